@@ -1,0 +1,44 @@
+# mpdetour: `make demo` runs the main job, `make test` runs every test.
+# Both do their own setup (Debian packages, Go modules, staticcheck).
+
+GO        ?= go
+BIN       := bin/mpdetour
+GOBIN     := $(shell $(GO) env GOPATH)/bin
+VERSION   := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/mpdetour/mpdetour/internal/version.Version=$(VERSION)
+# Integration tests share the kernel and measure timing: one package at a time.
+TESTFLAGS ?= -p 1 -count=1 -timeout 15m
+FUZZTIME  ?= 10s
+
+.PHONY: all setup build test vet staticcheck unit fuzz demo clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/mpdetour
+
+vet:
+	$(GO) vet ./...
+
+staticcheck:
+	$(GOBIN)/staticcheck ./...
+
+unit:
+	$(GO) test $(TESTFLAGS) ./...
+
+# Every fuzz target runs for a bounded time (FUZZTIME each).
+fuzz:
+	@scripts/fuzz.sh $(FUZZTIME)
+
+test: setup build vet staticcheck unit fuzz
+	@echo "make test: all checks passed"
+	@leftover=$$(ip netns list 2>/dev/null); if [ -n "$$leftover" ]; then echo "leaked namespaces: $$leftover"; exit 1; fi
+
+demo: setup build
+	@scripts/demo.sh
+
+clean:
+	rm -rf bin

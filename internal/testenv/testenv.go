@@ -1,0 +1,60 @@
+// Package testenv gates integration tests on what the host offers.
+//
+// Outside CI a missing prerequisite skips the test with the reason; with
+// CI=true it fails the test instead, so that CI can never go green by
+// silently running nothing.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// InCI reports whether the tests run under CI (CI=true).
+func InCI() bool { return os.Getenv("CI") == "true" }
+
+// missing skips or fails t with the reason.
+func missing(t testing.TB, reason string) {
+	t.Helper()
+	if InCI() {
+		t.Fatalf("prerequisite missing (CI=true, not skipping): %s", reason)
+	}
+	t.Skipf("prerequisite missing: %s", reason)
+}
+
+// Root requires uid 0 and the ability to create network namespaces.
+func Root(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		missing(t, "must run as root (network namespaces)")
+	}
+	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
+		missing(t, "kernel without network namespaces")
+	}
+}
+
+// MPTCP requires root and an MPTCP-enabled kernel.
+func MPTCP(t testing.TB) {
+	t.Helper()
+	Root(t)
+	b, err := os.ReadFile("/proc/sys/net/mptcp/enabled")
+	if err != nil || strings.TrimSpace(string(b)) != "1" {
+		missing(t, "MPTCP is not enabled (net.mptcp.enabled)")
+	}
+}
+
+// Tools requires the named programs on PATH (tests use CLI tools to check state).
+func Tools(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			missing(t, fmt.Sprintf("%s not installed (run scripts/setup.sh)", n))
+		}
+	}
+}
