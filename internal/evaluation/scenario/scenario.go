@@ -1,0 +1,606 @@
+// Package scenario defines the benchmark scenario file read by
+// `mpdetour lab bench`: which topology to build, which link configurations
+// to apply to it, which measurement procedures to run in each, how many
+// trials, and the targets the report checks. The format is documented in
+// docs/bench.md; every validation error names the file and the field.
+package scenario
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Procedure names. Each is one way of moving bytes from client to server.
+const (
+	TCP         = "tcp"          // plain TCP over the default path
+	TCPNAT      = "tcp-nat"      // plain TCP to a relay's NAT port
+	TCPTunnel   = "tcp-tunnel"   // plain TCP through a WireGuard tunnel detour
+	MPTCP1      = "mptcp-1sf"    // MPTCP, no detour (MPTCP's own overhead)
+	MPTCPNAT    = "mptcp-nat"    // MPTCP, default path + NAT detour subflow(s)
+	MPTCPTunnel = "mptcp-tunnel" // MPTCP, default path + tunnel detour subflow(s)
+	TCPOpenVPN  = "tcp-openvpn"  // plain TCP through an OpenVPN tunnel (baseline)
+)
+
+// procInfo says what a procedure needs and how it is labelled in reports.
+type procInfo struct {
+	label string
+	// detours: 0 = uses none, 1 = exactly one, -1 = one or more (default all).
+	detours int
+	// single is, for an MPTCP procedure, the single-path procedure over one
+	// of its detours; ratios compare against it.
+	single string
+}
+
+var procs = map[string]procInfo{
+	TCP:         {"TCP", 0, ""},
+	TCPNAT:      {"TCP via NAT detour", 1, ""},
+	TCPTunnel:   {"TCP via tunnel detour", 1, ""},
+	MPTCP1:      {"MPTCP 1 subflow", 0, ""},
+	MPTCPNAT:    {"MPTCP + NAT detour", -1, TCPNAT},
+	MPTCPTunnel: {"MPTCP + tunnel detour", -1, TCPTunnel},
+	TCPOpenVPN:  {"TCP via OpenVPN", 1, ""},
+}
+
+// ProcedureNames lists every known procedure in report order.
+func ProcedureNames() []string {
+	return []string{MPTCP1, MPTCPNAT, MPTCPTunnel, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
+}
+
+// Label is the human name of procedure name ("" if unknown).
+func Label(name string) string { return procs[name].label }
+
+// SinglePath returns the single-path procedure an MPTCP detour procedure
+// aggregates with the default path (tcp-nat for mptcp-nat), or "".
+func SinglePath(name string) string { return procs[name].single }
+
+// Ratio kinds a target can check; see docs/bench.md.
+const (
+	RatioSum     = "sum"     // g / (g(tcp) + sum of g(single path via each detour))
+	RatioTCP     = "tcp"     // g / g(tcp)
+	RatioBest    = "best"    // g / max(g(tcp), g(single path via each detour))
+	RatioBenefit = "benefit" // aggregation benefit Ben, see stats.Benefit
+)
+
+var ratios = map[string]bool{RatioSum: true, RatioTCP: true, RatioBest: true, RatioBenefit: true}
+
+// Duration is a time.Duration written as "10s" or "500ms" in the file.
+type Duration time.Duration
+
+// UnmarshalYAML accepts Go duration strings.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: want a duration such as 10s", n.Line)
+	}
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: bad duration %q (want e.g. 10s or 500ms)", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration back as a string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// Param is one lab parameter, as for `lab up --set KEY=VALUE`.
+type Param struct{ Key, Value string }
+
+// Params keeps the file's order: later keys override earlier ones in the
+// lab (a profile first, then a per-link change).
+type Params []Param
+
+// UnmarshalYAML reads a mapping of scalars in document order.
+func (p *Params) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: want a mapping of KEY: VALUE", n.Line)
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode || k.Value == "" {
+			return fmt.Errorf("line %d: parameter name must be a non-empty string", k.Line)
+		}
+		if v.Kind != yaml.ScalarNode {
+			return fmt.Errorf("line %d: parameter %q: value must be a single value such as 1%% or 100ms", v.Line, k.Value)
+		}
+		if seen[k.Value] {
+			return fmt.Errorf("line %d: parameter %q given twice", k.Line, k.Value)
+		}
+		if strings.ContainsAny(k.Value, "= \t\n") {
+			return fmt.Errorf("line %d: parameter name %q must not contain '=' or spaces", k.Line, k.Value)
+		}
+		seen[k.Value] = true
+		*p = append(*p, Param{k.Value, v.Value})
+	}
+	return nil
+}
+
+// MarshalYAML writes the parameters as a mapping in order.
+func (p Params) MarshalYAML() (any, error) {
+	n := &yaml.Node{Kind: yaml.MappingNode}
+	for _, kv := range p {
+		n.Content = append(n.Content,
+			&yaml.Node{Kind: yaml.ScalarNode, Value: kv.Key},
+			&yaml.Node{Kind: yaml.ScalarNode, Value: kv.Value, Style: yaml.DoubleQuotedStyle})
+	}
+	return n, nil
+}
+
+// Strings renders the parameters as KEY=VALUE.
+func (p Params) Strings() []string {
+	var s []string
+	for _, kv := range p {
+		s = append(s, kv.Key+"="+kv.Value)
+	}
+	return s
+}
+
+// Roles names the lab nodes the procedures use.
+type Roles struct {
+	Client  string   `yaml:"client"`
+	Server  string   `yaml:"server"`
+	Detours []string `yaml:"detours"`
+}
+
+// ProcedureSpec is one entry of a procedures list: a name, or a mapping
+// {procedure: NAME, detour: NODE|each|all}.
+type ProcedureSpec struct {
+	Procedure string `yaml:"procedure"`
+	// Detour picks the detour node(s): a node name, "each" (single-path
+	// procedures: one cell per detour) or "all" (MPTCP: one subflow via
+	// every detour, the default). Empty = the procedure's default.
+	Detour string `yaml:"detour"`
+}
+
+// UnmarshalYAML accepts the short form "tcp" as well as the mapping.
+func (s *ProcedureSpec) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		s.Procedure = n.Value
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: want a procedure name or {procedure: NAME, detour: NODE}", n.Line)
+	}
+	type plain ProcedureSpec
+	var p plain
+	if err := decodeStrict(n, &p); err != nil {
+		return err
+	}
+	*s = ProcedureSpec(p)
+	return nil
+}
+
+// Configuration is one set of link parameters applied to the topology.
+type Configuration struct {
+	Name   string `yaml:"name"`
+	Label  string `yaml:"label"`
+	Set    Params `yaml:"set"`
+	Trials int    `yaml:"trials"` // 0 = the scenario's
+	Roles  *Roles `yaml:"roles"`  // nil = the scenario's
+	// Procedures, if given, replaces the scenario's list for this configuration.
+	Procedures []ProcedureSpec `yaml:"procedures"`
+}
+
+// Target is a ratio the report checks, e.g. core-limited mptcp-nat sum >= 0.99.
+type Target struct {
+	Configuration string  `yaml:"configuration"`
+	Procedure     string  `yaml:"procedure"`
+	Ratio         string  `yaml:"ratio"`
+	Min           float64 `yaml:"min"`
+	Note          string  `yaml:"note"`
+}
+
+// Reference holds published numbers to print beside ours.
+type Reference struct {
+	Source string `yaml:"source"`
+	// Results maps configuration -> procedure -> [mean, sd] in Mbit/s.
+	Results map[string]map[string][]float64 `yaml:"results"`
+}
+
+// Scenario is a parsed, validated scenario file.
+type Scenario struct {
+	Name           string          `yaml:"name"`
+	Description    string          `yaml:"description"`
+	Topology       string          `yaml:"topology"`
+	Roles          Roles           `yaml:"roles"`
+	Trials         int             `yaml:"trials"`
+	Duration       Duration        `yaml:"duration"`
+	Warmup         Duration        `yaml:"warmup"`
+	CC             string          `yaml:"cc"`
+	Set            Params          `yaml:"set"`
+	Configurations []Configuration `yaml:"configurations"`
+	Procedures     []ProcedureSpec `yaml:"procedures"`
+	Targets        []Target        `yaml:"targets"`
+	Reference      *Reference      `yaml:"reference"`
+
+	// Source is where the scenario came from (file path or "builtin:NAME").
+	Source string `yaml:"-"`
+}
+
+// Cell is one (configuration, procedure) pair of the plan.
+type Cell struct {
+	Configuration string
+	// ID identifies the procedure instance: the procedure name, plus
+	// "@node" when a single-path procedure was expanded per detour.
+	ID        string
+	Procedure string
+	// Detours are the detour nodes this cell uses (empty for tcp, mptcp-1sf).
+	Detours []string
+	Trials  int
+}
+
+// Label is the cell's procedure label, with the detour when expanded.
+func (c Cell) Label() string {
+	l := Label(c.Procedure)
+	if i := strings.IndexByte(c.ID, '@'); i >= 0 {
+		l += " (" + c.ID[i+1:] + ")"
+	}
+	return l
+}
+
+const maxTrials = 10000
+
+var unknownFieldRE = regexp.MustCompile(`field (\S+) not found in type \S+`)
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// Parse reads and validates a scenario. source names it in errors.
+func Parse(source string, data []byte) (*Scenario, error) {
+	s, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", source, err)
+	}
+	s.Source = source
+	return s, nil
+}
+
+func parse(data []byte) (*Scenario, error) {
+	var s Scenario
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&s); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("empty file")
+		}
+		return nil, cleanYAMLError(err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, errors.New("more than one YAML document; want exactly one")
+	}
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+func decodeStrict(n *yaml.Node, v any) error {
+	// yaml.Node.Decode does not honour KnownFields, so re-encode and decode
+	// strictly: unknown keys inside procedure mappings must be errors too.
+	b, err := yaml.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("line %d: %v", n.Line, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("line %d: %s", n.Line, strings.TrimPrefix(cleanYAMLError(err).Error(), "line 1: "))
+	}
+	return nil
+}
+
+// cleanYAMLError turns yaml.v3's "yaml: unmarshal errors:\n  line 3: ..."
+// into one line per problem.
+func cleanYAMLError(err error) error {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "yaml: unmarshal errors:\n")
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	lines := strings.Split(msg, "\n")
+	for i := range lines {
+		lines[i] = strings.TrimSpace(lines[i])
+		lines[i] = unknownFieldRE.ReplaceAllString(lines[i], `unknown field "$1"`)
+	}
+	return errors.New(strings.Join(lines, "; "))
+}
+
+func (s *Scenario) validate() error {
+	if s.Name == "" {
+		return errors.New("name: missing")
+	}
+	if !nameRE.MatchString(s.Name) {
+		return fmt.Errorf("name: %q must be letters, digits, '.', '_' or '-' (max 64)", s.Name)
+	}
+	if s.Topology == "" {
+		return errors.New("topology: missing (a built-in topology name or a topology file)")
+	}
+	if s.Roles.Client == "" {
+		s.Roles.Client = "client"
+	}
+	if s.Roles.Server == "" {
+		s.Roles.Server = "server"
+	}
+	if s.Trials == 0 {
+		s.Trials = 10
+	}
+	if s.Trials < 1 || s.Trials > maxTrials {
+		return fmt.Errorf("trials: %d out of range 1..%d", s.Trials, maxTrials)
+	}
+	if s.Duration == 0 {
+		s.Duration = Duration(10 * time.Second)
+	}
+	if s.Warmup == 0 {
+		s.Warmup = Duration(time.Second)
+	}
+	if s.Duration < Duration(time.Second) || s.Duration > Duration(time.Hour) {
+		return fmt.Errorf("duration: %s out of range 1s..1h", time.Duration(s.Duration))
+	}
+	if s.Warmup < 0 || s.Warmup >= s.Duration {
+		return fmt.Errorf("warmup: %s must be >= 0 and shorter than duration %s", time.Duration(s.Warmup), time.Duration(s.Duration))
+	}
+	if s.CC == "" {
+		s.CC = "cubic"
+	}
+	if !nameRE.MatchString(s.CC) {
+		return fmt.Errorf("cc: %q is not a congestion control name", s.CC)
+	}
+	if len(s.Configurations) == 0 {
+		return errors.New("configurations: at least one is needed")
+	}
+	if err := checkRoles("roles", &s.Roles); err != nil {
+		return err
+	}
+	if err := checkProcs("procedures", s.Procedures); err != nil {
+		return err
+	}
+	configs := map[string]bool{}
+	for i := range s.Configurations {
+		c := &s.Configurations[i]
+		field := fmt.Sprintf("configurations[%d]", i)
+		if c.Name == "" {
+			return fmt.Errorf("%s.name: missing", field)
+		}
+		if !nameRE.MatchString(c.Name) {
+			return fmt.Errorf("%s.name: %q must be letters, digits, '.', '_' or '-' (max 64)", field, c.Name)
+		}
+		if configs[c.Name] {
+			return fmt.Errorf("%s.name: %q used twice", field, c.Name)
+		}
+		configs[c.Name] = true
+		if c.Label == "" {
+			c.Label = c.Name
+		}
+		if c.Trials < 0 || c.Trials > maxTrials {
+			return fmt.Errorf("%s.trials: %d out of range 1..%d", field, c.Trials, maxTrials)
+		}
+		if c.Roles != nil {
+			if c.Roles.Client == "" {
+				c.Roles.Client = s.Roles.Client
+			}
+			if c.Roles.Server == "" {
+				c.Roles.Server = s.Roles.Server
+			}
+			if err := checkRoles(field+".roles", c.Roles); err != nil {
+				return err
+			}
+		}
+		if c.Procedures != nil {
+			if err := checkProcs(field+".procedures", c.Procedures); err != nil {
+				return err
+			}
+		} else if len(s.Procedures) == 0 {
+			return fmt.Errorf("%s.procedures: none here and no scenario-wide procedures list", field)
+		}
+		if _, err := s.cells(c); err != nil {
+			return fmt.Errorf("%s: %w", field, err)
+		}
+	}
+	for i, t := range s.Targets {
+		field := fmt.Sprintf("targets[%d]", i)
+		if !configs[t.Configuration] {
+			return fmt.Errorf("%s.configuration: %q is not one of the configurations", field, t.Configuration)
+		}
+		if _, ok := procs[t.Procedure]; !ok {
+			return fmt.Errorf("%s.procedure: unknown procedure %q (known: %s)", field, t.Procedure, strings.Join(ProcedureNames(), ", "))
+		}
+		if !ratios[t.Ratio] {
+			return fmt.Errorf("%s.ratio: unknown ratio %q (known: sum, tcp, best, benefit)", field, t.Ratio)
+		}
+		if t.Ratio != RatioTCP && procs[t.Procedure].single == "" {
+			return fmt.Errorf("%s.ratio: %q needs an MPTCP detour procedure, not %q", field, t.Ratio, t.Procedure)
+		}
+	}
+	if s.Reference != nil {
+		for cfg, m := range s.Reference.Results {
+			if !configs[cfg] {
+				return fmt.Errorf("reference.results: %q is not one of the configurations", cfg)
+			}
+			for p, v := range m {
+				if _, ok := procs[p]; !ok {
+					return fmt.Errorf("reference.results.%s: unknown procedure %q", cfg, p)
+				}
+				if len(v) != 2 {
+					return fmt.Errorf("reference.results.%s.%s: want [mean, sd]", cfg, p)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func checkRoles(field string, r *Roles) error {
+	for _, n := range append([]string{r.Client, r.Server}, r.Detours...) {
+		if !nameRE.MatchString(n) {
+			return fmt.Errorf("%s: %q is not a node name", field, n)
+		}
+	}
+	if r.Client == r.Server {
+		return fmt.Errorf("%s: client and server are the same node %q", field, r.Client)
+	}
+	seen := map[string]bool{r.Client: true, r.Server: true}
+	for _, d := range r.Detours {
+		if seen[d] {
+			return fmt.Errorf("%s.detours: %q listed twice or also client/server", field, d)
+		}
+		seen[d] = true
+	}
+	return nil
+}
+
+func checkProcs(field string, ps []ProcedureSpec) error {
+	for i, p := range ps {
+		if _, ok := procs[p.Procedure]; !ok {
+			return fmt.Errorf("%s[%d]: unknown procedure %q (known: %s)", field, i, p.Procedure, strings.Join(ProcedureNames(), ", "))
+		}
+	}
+	return nil
+}
+
+// Cells expands the scenario into its plan, configuration by configuration.
+func (s *Scenario) Cells() []Cell {
+	var out []Cell
+	for i := range s.Configurations {
+		cs, _ := s.cells(&s.Configurations[i]) // validated by Parse
+		out = append(out, cs...)
+	}
+	return out
+}
+
+// RolesFor returns the node roles in effect for configuration c.
+func (s *Scenario) RolesFor(c *Configuration) Roles {
+	if c.Roles != nil {
+		return *c.Roles
+	}
+	return s.Roles
+}
+
+// Configuration returns the named configuration or nil.
+func (s *Scenario) Configuration(name string) *Configuration {
+	for i := range s.Configurations {
+		if s.Configurations[i].Name == name {
+			return &s.Configurations[i]
+		}
+	}
+	return nil
+}
+
+func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
+	roles := s.RolesFor(c)
+	list := s.Procedures
+	field := "procedures"
+	if c.Procedures != nil {
+		list = c.Procedures
+		field = "procedures (of the configuration)"
+	}
+	trials := s.Trials
+	if c.Trials > 0 {
+		trials = c.Trials
+	}
+	var out []Cell
+	seen := map[string]bool{}
+	add := func(i int, cell Cell) error {
+		if seen[cell.ID] {
+			return fmt.Errorf("%s[%d]: %s listed twice", field, i, cell.ID)
+		}
+		seen[cell.ID] = true
+		cell.Configuration, cell.Trials = c.Name, trials
+		out = append(out, cell)
+		return nil
+	}
+	isDetour := func(n string) bool {
+		for _, d := range roles.Detours {
+			if d == n {
+				return true
+			}
+		}
+		return false
+	}
+	for i, p := range list {
+		info := procs[p.Procedure]
+		if info.detours == 0 {
+			if p.Detour != "" {
+				return nil, fmt.Errorf("%s[%d].detour: %s uses no detour", field, i, p.Procedure)
+			}
+			if err := add(i, Cell{ID: p.Procedure, Procedure: p.Procedure}); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if len(roles.Detours) == 0 {
+			return nil, fmt.Errorf("%s[%d]: %s needs a detour node but roles.detours is empty", field, i, p.Procedure)
+		}
+		switch {
+		case p.Detour == "" && info.detours == 1:
+			err := add(i, Cell{ID: p.Procedure, Procedure: p.Procedure, Detours: roles.Detours[:1]})
+			if err != nil {
+				return nil, err
+			}
+		case p.Detour == "" || p.Detour == "all":
+			if info.detours == 1 {
+				return nil, fmt.Errorf("%s[%d].detour: %s uses exactly one detour; use \"each\" or a node name", field, i, p.Procedure)
+			}
+			err := add(i, Cell{ID: p.Procedure, Procedure: p.Procedure, Detours: append([]string(nil), roles.Detours...)})
+			if err != nil {
+				return nil, err
+			}
+		case p.Detour == "each":
+			for _, d := range roles.Detours {
+				if err := add(i, Cell{ID: p.Procedure + "@" + d, Procedure: p.Procedure, Detours: []string{d}}); err != nil {
+					return nil, err
+				}
+			}
+		case isDetour(p.Detour):
+			if err := add(i, Cell{ID: p.Procedure + "@" + p.Detour, Procedure: p.Procedure, Detours: []string{p.Detour}}); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("%s[%d].detour: %q is not a detour node (roles.detours: %s), \"each\" or \"all\"", field, i, p.Detour, strings.Join(roles.Detours, ", "))
+		}
+	}
+	return out, nil
+}
+
+// SinglePathCells returns, for an MPTCP detour cell, the IDs of the
+// single-path cells of the same configuration it is compared against: TCP
+// over the default path, then the single-path procedure via each of its
+// detours ("tcp-nat@d" if measured per detour, else "tcp-nat" for the
+// first detour). ok is false if some are not in the plan.
+func (s *Scenario) SinglePathCells(c Cell) (ids []string, ok bool) {
+	single := SinglePath(c.Procedure)
+	if single == "" {
+		return nil, false
+	}
+	plan := map[string]Cell{}
+	for _, x := range s.Cells() {
+		if x.Configuration == c.Configuration {
+			plan[x.ID] = x
+		}
+	}
+	ids = []string{TCP}
+	ok = true
+	if _, has := plan[TCP]; !has {
+		ok = false
+	}
+	for _, d := range c.Detours {
+		if _, has := plan[single+"@"+d]; has {
+			ids = append(ids, single+"@"+d)
+			continue
+		}
+		if x, has := plan[single]; has && len(x.Detours) == 1 && x.Detours[0] == d {
+			ids = append(ids, single)
+			continue
+		}
+		ok = false
+	}
+	return ids, ok
+}
+
+// FileSafe reports whether name can be used in a file name.
+func FileSafe(name string) bool { return nameRE.MatchString(name) && path.Base(name) == name }

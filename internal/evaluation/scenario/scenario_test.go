@@ -1,0 +1,192 @@
+package scenario
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestBuiltinsParse(t *testing.T) {
+	names := Builtins()
+	for _, want := range []string{"brennan2017", "smoke", "demo"} {
+		found := false
+		for _, n := range names {
+			found = found || n == want
+		}
+		if !found {
+			t.Fatalf("built-in %q missing from %v", want, names)
+		}
+	}
+	for _, n := range names {
+		s, err := Builtin(n)
+		if err != nil {
+			t.Fatalf("built-in %s: %v", n, err)
+		}
+		if s.Name != n {
+			t.Errorf("built-in file %s.yaml names itself %q", n, s.Name)
+		}
+		if len(s.Cells()) == 0 {
+			t.Errorf("built-in %s: empty plan", n)
+		}
+	}
+}
+
+func TestBrennan2017Plan(t *testing.T) {
+	s, err := Builtin("brennan2017")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cells := s.Cells()
+	if len(cells) != 36 {
+		t.Fatalf("brennan2017: %d cells, want 6 configurations x 6 procedures", len(cells))
+	}
+	if time.Duration(s.Duration) != 10*time.Second || s.CC != "cubic" || s.Trials != 10 {
+		t.Errorf("brennan2017: duration %v cc %s trials %d", time.Duration(s.Duration), s.CC, s.Trials)
+	}
+	c := s.Configuration("core-limited-loss1")
+	if c == nil || len(c.Set) != 2 || c.Set[0] != (Param{"profile", "core-limited"}) || c.Set[1] != (Param{"L2.loss", "1%"}) {
+		t.Fatalf("core-limited-loss1 parameters not in file order: %+v", c)
+	}
+	for _, cell := range cells {
+		if cell.Procedure == MPTCPNAT {
+			ids, ok := s.SinglePathCells(cell)
+			if !ok || strings.Join(ids, ",") != "tcp,tcp-nat" {
+				t.Errorf("%s/%s: single paths %v %v", cell.Configuration, cell.ID, ids, ok)
+			}
+		}
+	}
+	if got := s.Reference.Results["core-limited"][MPTCPNAT]; len(got) != 2 || got[0] != 18.81 {
+		t.Errorf("reference core-limited mptcp-nat = %v", got)
+	}
+}
+
+const base = `
+name: x
+topology: brennan2017
+roles: {detours: [d1, d2]}
+configurations:
+  - name: a
+    set: {profile: core-limited, detours: 2}
+procedures: [tcp, mptcp-nat, {procedure: tcp-nat, detour: each}]
+`
+
+func TestExpansion(t *testing.T) {
+	s, err := Parse("t.yaml", []byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, c := range s.Cells() {
+		ids = append(ids, c.ID+"="+strings.Join(c.Detours, "+"))
+	}
+	if got := strings.Join(ids, " "); got != "tcp= mptcp-nat=d1+d2 tcp-nat@d1=d1 tcp-nat@d2=d2" {
+		t.Fatalf("cells: %s", got)
+	}
+	mp := s.Cells()[1]
+	if ids, ok := s.SinglePathCells(mp); !ok || strings.Join(ids, ",") != "tcp,tcp-nat@d1,tcp-nat@d2" {
+		t.Fatalf("single paths: %v %v", ids, ok)
+	}
+	if s.Configurations[0].Set[1].Value != "2" {
+		t.Fatalf("numeric parameter: %+v", s.Configurations[0].Set)
+	}
+	if s.Trials != 10 || s.Roles.Client != "client" || s.Roles.Server != "server" {
+		t.Fatalf("defaults not applied: %+v", s)
+	}
+}
+
+func TestBadFiles(t *testing.T) {
+	cases := []struct{ name, text, want string }{
+		{"empty", ``, "empty file"},
+		{"syntax", "name: [", "t.yaml"},
+		{"unknown top field", base + "trails: 3\n", `unknown field "trails"`},
+		{"unknown field line", base + "trails: 3\n", `line 9`},
+		{"no name", strings.Replace(base, "name: x", "", 1), "name: missing"},
+		{"bad name", strings.Replace(base, "name: x", "name: ../x", 1), "name:"},
+		{"no topology", strings.Replace(base, "topology: brennan2017", "", 1), "topology: missing"},
+		{"bad duration", base + "duration: 10\n", "bad duration"},
+		{"warmup too long", base + "duration: 2s\nwarmup: 3s\n", "warmup"},
+		{"trials negative", base + "trials: -1\n", "trials: -1"},
+		{"unknown procedure", strings.Replace(base, "[tcp,", "[tpc,", 1), `procedures[0]: unknown procedure "tpc"`},
+		{"unknown detour", strings.Replace(base, "detour: each", "detour: d9", 1), `procedures[2].detour: "d9" is not a detour node`},
+		{"detour on tcp", strings.Replace(base, "[tcp,", "[{procedure: tcp, detour: d1},", 1), "uses no detour"},
+		{"unknown key in procedure", strings.Replace(base, "detour: each", "detuor: each", 1), "detuor"},
+		{"duplicate cell", strings.Replace(base, "[tcp,", "[tcp, tcp,", 1), "tcp listed twice"},
+		{"duplicate configuration", base + "  - {name: a, set: {}}\n", ""},
+		{"nested parameter", strings.Replace(base, "detours: 2}", "detours: {k: 2}}", 1), `parameter "detours": value must be a single value`},
+		{"duplicate parameter", strings.Replace(base, "detours: 2}", "profile: x}", 1), `parameter "profile" given twice`},
+		{"no detours", strings.Replace(base, "roles: {detours: [d1, d2]}", "", 1), "roles.detours is empty"},
+		{"target config", base + "targets: [{configuration: b, procedure: mptcp-nat, ratio: sum, min: 1}]\n", `targets[0].configuration: "b"`},
+		{"target ratio", base + "targets: [{configuration: a, procedure: mptcp-nat, ratio: xx, min: 1}]\n", `targets[0].ratio: unknown ratio "xx"`},
+		{"target ratio on tcp", base + "targets: [{configuration: a, procedure: tcp, ratio: sum, min: 1}]\n", `targets[0].ratio: "sum" needs an MPTCP`},
+		{"reference shape", base + "reference: {results: {a: {tcp: [1]}}}\n", "reference.results.a.tcp: want [mean, sd]"},
+		{"two documents", base + "---\nname: y\n", "more than one YAML document"},
+		{"same client server", base + "roles: {client: s, server: s}\n", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(c.text))
+			if err == nil {
+				t.Fatalf("accepted:\n%s", c.text)
+			}
+			if !strings.HasPrefix(err.Error(), "scenario t.yaml: ") || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q does not name the file and %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "s.yaml")
+	if err := os.WriteFile(p, []byte(base), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Load(p)
+	if err != nil || s.Name != "x" || s.Source != p {
+		t.Fatalf("Load(file) = %+v, %v", s, err)
+	}
+	if s, err := Load("smoke"); err != nil || s.Source != "builtin:smoke" {
+		t.Fatalf("Load(builtin) = %+v, %v", s, err)
+	}
+	if _, err := Load("nosuch"); err == nil || !strings.Contains(err.Error(), "built-in: ") {
+		t.Fatalf("Load(nosuch) error %v does not list the built-ins", err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Fatalf("Load(missing file) error %v", err)
+	}
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "directory") {
+		t.Fatalf("Load(dir) error %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(base))
+	for _, n := range Builtins() {
+		b, _ := os.ReadFile(filepath.Join("../../../lab/scenarios", n+".yaml"))
+		f.Add(b)
+	}
+	f.Add([]byte("name: x\ntopology: t\nconfigurations: [{name: a}]\nprocedures: [{procedure: mptcp-nat, detour: all}]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := Parse("fuzz", data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "scenario fuzz: ") {
+				t.Fatalf("error does not name the source: %v", err)
+			}
+			return
+		}
+		// A valid scenario has a plan whose cells all name known procedures
+		// and configurations, and parses again to the same plan.
+		cells := s.Cells()
+		for _, c := range cells {
+			if Label(c.Procedure) == "" || s.Configuration(c.Configuration) == nil || c.Trials < 1 {
+				t.Fatalf("bad cell %+v", c)
+			}
+		}
+		s2, err := Parse("fuzz", data)
+		if err != nil || len(s2.Cells()) != len(cells) {
+			t.Fatalf("reparse differs: %v", err)
+		}
+	})
+}
