@@ -1,0 +1,290 @@
+// Package results stores benchmark trials: one JSON line per trial,
+// appended and synced as soon as the trial ends so that an interrupted run
+// loses at most the trial in progress, plus JSON and CSV exports.
+package results
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Trial outcomes.
+const (
+	OK          = "ok"
+	Failed      = "failed"      // the procedure ran and broke; no goodput
+	Unavailable = "unavailable" // the procedure's component is missing here
+)
+
+// Subflow is one TCP subflow of a trial, as the sender's kernel saw it.
+type Subflow struct {
+	// Path says which way the subflow went: "default", "nat:NODE", "tunnel:NODE".
+	Path   string  `json:"path"`
+	Local  string  `json:"local"`
+	Remote string  `json:"remote"`
+	Bytes  uint64  `json:"bytes"` // bytes acked by the receiver
+	RTTms  float64 `json:"rtt_ms"`
+	// Retrans counts retransmitted segments.
+	Retrans uint64 `json:"retrans"`
+}
+
+// Record is one trial of one cell.
+type Record struct {
+	Scenario      string    `json:"scenario"`
+	Configuration string    `json:"configuration"`
+	Cell          string    `json:"cell"` // procedure instance, e.g. "tcp-nat@relay2"
+	Procedure     string    `json:"procedure"`
+	Detours       []string  `json:"detours,omitempty"`
+	Trial         int       `json:"trial"` // 1-based
+	Start         time.Time `json:"start"`
+	Status        string    `json:"status"`
+	Reason        string    `json:"reason,omitempty"`
+	// GoodputMbps is the bytes received between warm-up and the end of
+	// the transfer over that time (the reference method), in Mbit/s.
+	GoodputMbps float64   `json:"goodput_mbps"`
+	WindowBytes uint64    `json:"window_bytes"`
+	Subflows    []Subflow `json:"subflows,omitempty"`
+	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
+	Params   []string          `json:"params"`
+	CC       string            `json:"cc"`
+	Duration float64           `json:"duration_s"`
+	Warmup   float64           `json:"warmup_s"`
+	Versions map[string]string `json:"versions"`
+}
+
+// Key identifies a cell.
+type Key struct{ Configuration, Cell string }
+
+// Done counts, per cell, the trials that ran (ok or failed): the ones
+// --resume does not repeat. Unavailable records do not count, so a later
+// run retries procedures whose component has appeared since.
+func Done(recs []Record) map[Key]int {
+	m := map[Key]int{}
+	for _, r := range recs {
+		if r.Status == OK || r.Status == Failed {
+			m[Key{r.Configuration, r.Cell}]++
+		}
+	}
+	return m
+}
+
+// File names inside a result directory.
+const (
+	TrialsFile = "trials.jsonl"
+	JSONFile   = "results.json"
+	CSVFile    = "results.csv"
+)
+
+// Store appends records to DIR/trials.jsonl.
+type Store struct {
+	f *os.File
+}
+
+// Open opens (creating) the trial log in dir. Unless resume is set, an
+// existing non-empty log is an error: results of different runs must not
+// mix silently.
+func Open(dir string, resume bool) (*Store, []Record, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	p := filepath.Join(dir, TrialsFile)
+	recs, err := Load(p)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, err
+	}
+	if len(recs) > 0 && !resume {
+		return nil, nil, fmt.Errorf("%s already holds %d trials: pass --resume to continue that run, or choose another --out", p, len(recs))
+	}
+	if err := dropTornTail(p); err != nil {
+		return nil, nil, err
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Store{f: f}, recs, nil
+}
+
+// dropTornTail cuts a final line without newline (a write interrupted by a
+// crash), so that the next record starts on a line of its own.
+func dropTornTail(p string) error {
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) || len(b) == 0 || b[len(b)-1] == '\n' {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return os.Truncate(p, int64(bytes.LastIndexByte(b, '\n')+1))
+}
+
+// Append writes one record and syncs it to disk.
+func (s *Store) Append(r Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := s.f.Write(append(b, '\n')); err != nil {
+		return err
+	}
+	return s.f.Sync()
+}
+
+// Close closes the log.
+func (s *Store) Close() error { return s.f.Close() }
+
+// Load reads a trial log. A last line cut short by a crash is ignored
+// (the trial it described is simply run again); any other bad line is an
+// error naming its line number.
+func Load(path string) ([]Record, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parse(path, b)
+}
+
+func parse(path string, b []byte) ([]Record, error) {
+	var recs []Record
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 64*1024), 16<<20)
+	line := 0
+	for sc.Scan() {
+		line++
+		text := bytes.TrimSpace(sc.Bytes())
+		if len(text) == 0 {
+			continue
+		}
+		var r Record
+		dec := json.NewDecoder(bytes.NewReader(text))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&r); err != nil {
+			if !bytes.HasSuffix(b, []byte("\n")) && isLastLine(b, line) {
+				break // torn final write
+			}
+			return nil, fmt.Errorf("%s:%d: %v", path, line, err)
+		}
+		if err := r.check(); err != nil {
+			return nil, fmt.Errorf("%s:%d: %v", path, line, err)
+		}
+		recs = append(recs, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	return recs, nil
+}
+
+func isLastLine(b []byte, line int) bool { return bytes.Count(b, []byte("\n")) == line-1 }
+
+func (r *Record) check() error {
+	switch {
+	case r.Configuration == "" || r.Cell == "" || r.Procedure == "":
+		return errors.New("record without configuration, cell or procedure")
+	case r.Status != OK && r.Status != Failed && r.Status != Unavailable:
+		return fmt.Errorf("record with unknown status %q", r.Status)
+	case r.GoodputMbps < 0 || r.GoodputMbps != r.GoodputMbps:
+		return fmt.Errorf("record with goodput %v", r.GoodputMbps)
+	}
+	return nil
+}
+
+// WriteJSON writes all records as one indented JSON array.
+func WriteJSON(path string, recs []Record) error {
+	if recs == nil {
+		recs = []Record{}
+	}
+	b, err := json.MarshalIndent(recs, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFile(path, append(b, '\n'))
+}
+
+// CSVHeader is the fixed part of the CSV header; per-subflow columns
+// sf1_path, sf1_bytes, sf1_rtt_ms, sf1_retrans, ... follow.
+var CSVHeader = []string{
+	"scenario", "configuration", "cell", "procedure", "detours", "trial", "start", "status", "reason",
+	"goodput_mbps", "window_bytes", "cc", "duration_s", "warmup_s", "params", "versions",
+}
+
+// WriteCSV writes one row per trial.
+func WriteCSV(path string, recs []Record) error {
+	var buf bytes.Buffer
+	if err := EncodeCSV(&buf, recs); err != nil {
+		return err
+	}
+	return writeFile(path, buf.Bytes())
+}
+
+// EncodeCSV writes the CSV form of recs to w.
+func EncodeCSV(w io.Writer, recs []Record) error {
+	maxSF := 0
+	for _, r := range recs {
+		maxSF = max(maxSF, len(r.Subflows))
+	}
+	header := append([]string(nil), CSVHeader...)
+	for i := 1; i <= maxSF; i++ {
+		p := "sf" + strconv.Itoa(i) + "_"
+		header = append(header, p+"path", p+"bytes", p+"rtt_ms", p+"retrans")
+	}
+	cw := csv.NewWriter(w)
+	if err := cw.Write(header); err != nil {
+		return err
+	}
+	f := func(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
+	for _, r := range recs {
+		row := []string{
+			r.Scenario, r.Configuration, r.Cell, r.Procedure, strings.Join(r.Detours, " "),
+			strconv.Itoa(r.Trial), r.Start.UTC().Format(time.RFC3339), r.Status, r.Reason,
+			f(r.GoodputMbps), strconv.FormatUint(r.WindowBytes, 10), r.CC, f(r.Duration), f(r.Warmup),
+			strings.Join(r.Params, " "), versions(r.Versions),
+		}
+		for i := 0; i < maxSF; i++ {
+			if i < len(r.Subflows) {
+				s := r.Subflows[i]
+				row = append(row, s.Path, strconv.FormatUint(s.Bytes, 10), f(s.RTTms), strconv.FormatUint(s.Retrans, 10))
+			} else {
+				row = append(row, "", "", "", "")
+			}
+		}
+		if err := cw.Write(row); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+func versions(m map[string]string) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	var parts []string
+	for _, k := range ks {
+		parts = append(parts, k+"="+m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// writeFile replaces path atomically so a reader never sees half a file.
+func writeFile(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
