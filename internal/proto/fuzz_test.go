@@ -1,0 +1,113 @@
+package proto
+
+import (
+	"github.com/flynn/noise"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+func FuzzParseRequest(f *testing.F) {
+	for _, r := range []Request{
+		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("198.51.100.1:80"), Port: 4000},
+		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
+		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing},
+	} {
+		b, _ := MarshalRequest(r)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseRequest(b)
+		if err != nil {
+			if ReasonOf(err) == OK {
+				t.Fatalf("error without reason: %v", err)
+			}
+			return
+		}
+		again, err := MarshalRequest(r)
+		if err != nil {
+			t.Fatalf("parsed %+v does not marshal: %v", r, err)
+		}
+		if r2, err := ParseRequest(again); err != nil || r2 != r {
+			t.Fatalf("re-parse %+v: %+v %v", r, r2, err)
+		}
+	})
+}
+
+func FuzzParseReply(f *testing.F) {
+	for _, r := range []Reply{
+		{Op: OpGrant, Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: time.Minute},
+		{Op: OpTunnel, Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}},
+		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied},
+	} {
+		b, _ := MarshalReply(r)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseReply(b)
+		if err != nil {
+			return
+		}
+		again, err := MarshalReply(r)
+		if err != nil {
+			t.Fatalf("parsed %+v does not marshal: %v", r, err)
+		}
+		if r2, err := ParseReply(again); err != nil || r2 != r {
+			t.Fatalf("re-parse %+v: %+v %v", r, r2, err)
+		}
+	})
+}
+
+// FuzzPackets feeds arbitrary datagrams to every outer parser and to the
+// relay-side handshake, which must refuse them without panicking.
+func FuzzPackets(f *testing.F) {
+	relay, _ := GenerateKey()
+	client, _ := GenerateKey()
+	in, _ := NewInitiation(client, relay.Public(), 1, time.Now())
+	f.Add(in.Packet)
+	f.Add(MarshalError(ErrorPacket{Reason: ReasonQuota, Index: 1}))
+	f.Add(make([]byte, ResponseLen))
+	f.Add([]byte{TypeTransport, Version, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		typ, err := PacketType(b)
+		if err != nil {
+			return
+		}
+		switch typ {
+		case TypeInit:
+			if pi, err := ParseInit(b); err == nil {
+				_, _ = ConsumeInitiation(relay, pi)
+			}
+		case TypeResponse:
+			_, _ = ParseResponse(b)
+		case TypeError:
+			_, _ = ParseError(b)
+		case TypeTransport:
+			if tp, err := ParseTransport(b); err == nil {
+				s := &Session{}
+				s.recv = fuzzCipher
+				_, _ = s.Open(tp)
+			}
+		}
+	})
+}
+
+func FuzzParseLegacy(f *testing.F) {
+	b, _ := MarshalLegacy(LegacyMsg{Server: netip.MustParseAddrPort("10.0.3.2:5201"), Port: 40000})
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseLegacy(b)
+		if err != nil {
+			return
+		}
+		again, err := MarshalLegacy(m)
+		if err != nil || string(again) != string(b) {
+			t.Fatalf("legacy %+v re-encodes to % x (%v), want % x", m, again, err, b)
+		}
+	})
+}
+
+var fuzzCipher = func() noise.Cipher {
+	k, _ := GenerateKey()
+	return suite.Cipher([32]byte(k))
+}()

@@ -1,0 +1,402 @@
+package proto
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Version is the protocol version carried by every v2 packet and message.
+// Version 1 is the unauthenticated legacy format (legacy.go).
+const Version = 2
+
+// Op is a request type.
+type Op uint8
+
+// Operations. Values are part of the wire format: never renumber.
+const (
+	OpPing    Op = 1 // liveness; no body
+	OpGrant   Op = 2 // NAT detour toward a server
+	OpRenew   Op = 3 // extend the lease of a granted port
+	OpRelease Op = 4 // drop a granted port
+	OpTunnel  Op = 5 // allocate a tunnel address (tunnel detours)
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpPing:
+		return "ping"
+	case OpGrant:
+		return "grant"
+	case OpRenew:
+		return "renew"
+	case OpRelease:
+		return "release"
+	case OpTunnel:
+		return "tunnel"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Reason is the result code of a request. Values and names are stable: they
+// appear on the wire, in logs and in metrics labels.
+type Reason uint8
+
+// Result codes.
+const (
+	OK                   Reason = 0
+	ReasonUnauthorized   Reason = 1  // unknown key, or the packet does not authenticate
+	ReasonQuota          Reason = 2  // per-member or global mapping quota reached
+	ReasonPolicyDenied   Reason = 3  // destination address or port refused by policy
+	ReasonNoPorts        Reason = 4  // no free detour port
+	ReasonRateLimited    Reason = 5  // too many requests from this member or address
+	ReasonReplay         Reason = 6  // replayed handshake or transport counter
+	ReasonMalformed      Reason = 7  // message does not parse
+	ReasonBadVersion     Reason = 8  // unsupported protocol version
+	ReasonNotFound       Reason = 9  // renew/release of a port this member does not hold
+	ReasonUnsupported    Reason = 10 // operation not offered by this relay (e.g. tunnels)
+	ReasonNoSession      Reason = 11 // transport message for an unknown or expired session
+	ReasonAddressChanged Reason = 12 // transport message from an address other than the handshake's
+	ReasonInternal       Reason = 13 // relay-side failure (e.g. nftables error)
+)
+
+var reasonNames = map[Reason]string{
+	OK:                   "ok",
+	ReasonUnauthorized:   "unauthorized",
+	ReasonQuota:          "quota",
+	ReasonPolicyDenied:   "policy-denied",
+	ReasonNoPorts:        "no-ports",
+	ReasonRateLimited:    "rate-limited",
+	ReasonReplay:         "replay",
+	ReasonMalformed:      "malformed",
+	ReasonBadVersion:     "bad-version",
+	ReasonNotFound:       "not-found",
+	ReasonUnsupported:    "unsupported",
+	ReasonNoSession:      "no-session",
+	ReasonAddressChanged: "address-changed",
+	ReasonInternal:       "internal",
+}
+
+func (r Reason) String() string {
+	if s, ok := reasonNames[r]; ok {
+		return s
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// Error is a refusal as seen by a client: it carries the stable code.
+type Error struct {
+	Op     Op
+	Reason Reason
+}
+
+func (e *Error) Error() string {
+	if e.Op == 0 {
+		return fmt.Sprintf("relay refused: %s", e.Reason)
+	}
+	return fmt.Sprintf("relay refused %s: %s", e.Op, e.Reason)
+}
+
+// ReasonOf returns the refusal code in err's chain, or OK if none.
+func ReasonOf(err error) Reason {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return OK
+}
+
+// Request is a decoded client request.
+type Request struct {
+	Op Op
+	ID uint32 // chosen by the client to match the reply; retransmissions reuse it
+	// Grant: the server to reach and the detour port the client proposes
+	// (0 = any). Renew/Release: Port is the granted detour port.
+	Server netip.AddrPort
+	Port   uint16
+}
+
+// Reply is a decoded relay reply.
+type Reply struct {
+	Op     Op
+	ID     uint32
+	Reason Reason
+	// Grant: where to connect (relay data-plane address and granted port).
+	Detour netip.AddrPort
+	// Grant, Renew, Tunnel: lease length.
+	Lease time.Duration
+	// Release: bytes counted on the mapping so far (both directions).
+	Bytes uint64
+	// Tunnel: see TunnelGrant.
+	Tunnel TunnelGrant
+}
+
+// TunnelGrant is what a client needs to bring up a tunnel detour: its own
+// tunnel address and the relay's WireGuard endpoint and key. The client's
+// WireGuard key is its control-protocol static key (the member key).
+type TunnelGrant struct {
+	ClientPrefix netip.Prefix // the client's tunnel address and prefix length
+	Endpoint     netip.AddrPort
+	PublicKey    Key // the relay's WireGuard public key
+}
+
+// Message layout (inside an encrypted transport packet; big-endian):
+//
+//	request: version:u8 op:u8 reserved:u16 id:u32 body
+//	  grant:   addr port:u16 proposed:u16
+//	  renew:   port:u16
+//	  release: port:u16
+//	  ping, tunnel: empty
+//	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
+//	  grant:   addr port:u16 lease_s:u32
+//	  renew:   lease_s:u32
+//	  release: bytes:u64
+//	  tunnel:  prefix_addr prefix_len:u8 endpoint_addr endpoint_port:u16 pubkey[32] lease_s:u32
+//	addr = family:u8 (4 or 6) + 4 or 16 bytes
+const msgHeaderLen = 8
+
+// MaxMessageLen bounds any request or reply body; larger input is refused.
+const MaxMessageLen = 256
+
+// MarshalRequest encodes r.
+func MarshalRequest(r Request) ([]byte, error) {
+	b := make([]byte, msgHeaderLen, 32)
+	b[0] = Version
+	b[1] = byte(r.Op)
+	binary.BigEndian.PutUint32(b[4:], r.ID)
+	switch r.Op {
+	case OpPing, OpTunnel:
+	case OpGrant:
+		if !r.Server.IsValid() || r.Server.Port() == 0 {
+			return nil, fmt.Errorf("grant needs a server address and port, got %v", r.Server)
+		}
+		b = appendAddr(b, r.Server.Addr())
+		b = binary.BigEndian.AppendUint16(b, r.Server.Port())
+		b = binary.BigEndian.AppendUint16(b, r.Port)
+	case OpRenew, OpRelease:
+		if r.Port == 0 {
+			return nil, fmt.Errorf("%s needs a port", r.Op)
+		}
+		b = binary.BigEndian.AppendUint16(b, r.Port)
+	default:
+		return nil, fmt.Errorf("unknown op %d", r.Op)
+	}
+	return b, nil
+}
+
+// ParseRequest decodes an untrusted request. The error wraps a *Error whose
+// reason says how to answer (malformed, bad-version).
+func ParseRequest(b []byte) (Request, error) {
+	var r Request
+	if len(b) < msgHeaderLen {
+		return r, malformed(0, "request of %d bytes is shorter than its %d-byte header", len(b), msgHeaderLen)
+	}
+	if len(b) > MaxMessageLen {
+		return r, malformed(0, "request of %d bytes exceeds %d", len(b), MaxMessageLen)
+	}
+	r.Op = Op(b[1])
+	r.ID = binary.BigEndian.Uint32(b[4:])
+	if b[0] != Version {
+		return r, fmt.Errorf("request version %d: %w", b[0], &Error{Op: r.Op, Reason: ReasonBadVersion})
+	}
+	body := b[msgHeaderLen:]
+	switch r.Op {
+	case OpPing, OpTunnel:
+		if len(body) != 0 {
+			return r, malformed(r.Op, "%d unexpected body bytes", len(body))
+		}
+	case OpGrant:
+		addr, rest, err := parseAddr(body)
+		if err != nil {
+			return r, malformed(r.Op, "server address: %v", err)
+		}
+		if len(rest) != 4 {
+			return r, malformed(r.Op, "want 4 bytes of ports after the address, got %d", len(rest))
+		}
+		r.Server = netip.AddrPortFrom(addr, binary.BigEndian.Uint16(rest))
+		r.Port = binary.BigEndian.Uint16(rest[2:])
+		if r.Server.Port() == 0 {
+			return r, malformed(r.Op, "server port 0")
+		}
+	case OpRenew, OpRelease:
+		if len(body) != 2 {
+			return r, malformed(r.Op, "want a 2-byte port, got %d bytes", len(body))
+		}
+		r.Port = binary.BigEndian.Uint16(body)
+		if r.Port == 0 {
+			return r, malformed(r.Op, "port 0")
+		}
+	default:
+		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
+	}
+	return r, nil
+}
+
+// MarshalReply encodes r. A refusal carries no body.
+func MarshalReply(r Reply) ([]byte, error) {
+	b := make([]byte, msgHeaderLen, 96)
+	b[0] = Version
+	b[1] = byte(r.Op)
+	b[2] = byte(r.Reason)
+	binary.BigEndian.PutUint32(b[4:], r.ID)
+	if r.Reason != OK {
+		return b, nil
+	}
+	switch r.Op {
+	case OpPing:
+	case OpGrant:
+		if !r.Detour.IsValid() {
+			return nil, fmt.Errorf("grant reply without detour address")
+		}
+		b = appendAddr(b, r.Detour.Addr())
+		b = binary.BigEndian.AppendUint16(b, r.Detour.Port())
+		b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
+	case OpRenew:
+		b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
+	case OpRelease:
+		b = binary.BigEndian.AppendUint64(b, r.Bytes)
+	case OpTunnel:
+		t := r.Tunnel
+		if !t.ClientPrefix.IsValid() || !t.Endpoint.IsValid() {
+			return nil, fmt.Errorf("tunnel reply needs a client prefix and an endpoint")
+		}
+		b = appendAddr(b, t.ClientPrefix.Addr())
+		b = append(b, byte(t.ClientPrefix.Bits()))
+		b = appendAddr(b, t.Endpoint.Addr())
+		b = binary.BigEndian.AppendUint16(b, t.Endpoint.Port())
+		b = append(b, t.PublicKey[:]...)
+		b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
+	default:
+		return nil, fmt.Errorf("unknown op %d", r.Op)
+	}
+	return b, nil
+}
+
+// ParseReply decodes an untrusted reply.
+func ParseReply(b []byte) (Reply, error) {
+	var r Reply
+	if len(b) < msgHeaderLen {
+		return r, fmt.Errorf("reply of %d bytes is shorter than its %d-byte header", len(b), msgHeaderLen)
+	}
+	if len(b) > MaxMessageLen {
+		return r, fmt.Errorf("reply of %d bytes exceeds %d", len(b), MaxMessageLen)
+	}
+	if b[0] != Version {
+		return r, fmt.Errorf("reply version %d, want %d", b[0], Version)
+	}
+	r.Op = Op(b[1])
+	r.Reason = Reason(b[2])
+	r.ID = binary.BigEndian.Uint32(b[4:])
+	body := b[msgHeaderLen:]
+	if r.Reason != OK {
+		if len(body) != 0 {
+			return r, fmt.Errorf("refusal with %d body bytes", len(body))
+		}
+		return r, nil
+	}
+	switch r.Op {
+	case OpPing:
+		if len(body) != 0 {
+			return r, fmt.Errorf("ping reply with %d body bytes", len(body))
+		}
+	case OpGrant:
+		addr, rest, err := parseAddr(body)
+		if err != nil {
+			return r, fmt.Errorf("grant reply detour address: %w", err)
+		}
+		if len(rest) != 6 {
+			return r, fmt.Errorf("grant reply: want 6 bytes after the address, got %d", len(rest))
+		}
+		r.Detour = netip.AddrPortFrom(addr, binary.BigEndian.Uint16(rest))
+		if r.Detour.Port() == 0 {
+			return r, fmt.Errorf("grant reply with port 0")
+		}
+		r.Lease = time.Duration(binary.BigEndian.Uint32(rest[2:])) * time.Second
+	case OpRenew:
+		if len(body) != 4 {
+			return r, fmt.Errorf("renew reply: want 4 bytes, got %d", len(body))
+		}
+		r.Lease = time.Duration(binary.BigEndian.Uint32(body)) * time.Second
+	case OpRelease:
+		if len(body) != 8 {
+			return r, fmt.Errorf("release reply: want 8 bytes, got %d", len(body))
+		}
+		r.Bytes = binary.BigEndian.Uint64(body)
+	case OpTunnel:
+		addr, rest, err := parseAddr(body)
+		if err != nil {
+			return r, fmt.Errorf("tunnel reply prefix: %w", err)
+		}
+		if len(rest) < 1 {
+			return r, fmt.Errorf("tunnel reply: missing prefix length")
+		}
+		p, err := addr.Prefix(int(rest[0]))
+		if err != nil || p.Bits() != int(rest[0]) {
+			return r, fmt.Errorf("tunnel reply: bad prefix length %d for %v", rest[0], addr)
+		}
+		r.Tunnel.ClientPrefix = netip.PrefixFrom(addr, int(rest[0]))
+		ep, rest, err := parseAddr(rest[1:])
+		if err != nil {
+			return r, fmt.Errorf("tunnel reply endpoint: %w", err)
+		}
+		if len(rest) != 2+KeyLen+4 {
+			return r, fmt.Errorf("tunnel reply: want %d bytes after the endpoint, got %d", 2+KeyLen+4, len(rest))
+		}
+		r.Tunnel.Endpoint = netip.AddrPortFrom(ep, binary.BigEndian.Uint16(rest))
+		copy(r.Tunnel.PublicKey[:], rest[2:])
+		r.Lease = time.Duration(binary.BigEndian.Uint32(rest[2+KeyLen:])) * time.Second
+	default:
+		return r, fmt.Errorf("reply for unknown op %d", r.Op)
+	}
+	return r, nil
+}
+
+func malformed(op Op, format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), &Error{Op: op, Reason: ReasonMalformed})
+}
+
+func leaseSeconds(d time.Duration) uint32 {
+	s := d / time.Second
+	if s < 0 {
+		return 0
+	}
+	if s > 1<<32-1 {
+		return 1<<32 - 1
+	}
+	return uint32(s)
+}
+
+func appendAddr(b []byte, a netip.Addr) []byte {
+	a = a.Unmap()
+	if a.Is4() {
+		v := a.As4()
+		return append(append(b, 4), v[:]...)
+	}
+	v := a.As16()
+	return append(append(b, 6), v[:]...)
+}
+
+func parseAddr(b []byte) (netip.Addr, []byte, error) {
+	if len(b) < 1 {
+		return netip.Addr{}, nil, errors.New("missing address family")
+	}
+	switch b[0] {
+	case 4:
+		if len(b) < 5 {
+			return netip.Addr{}, nil, errors.New("truncated IPv4 address")
+		}
+		return netip.AddrFrom4([4]byte(b[1:5])), b[5:], nil
+	case 6:
+		if len(b) < 17 {
+			return netip.Addr{}, nil, errors.New("truncated IPv6 address")
+		}
+		a := netip.AddrFrom16([16]byte(b[1:17]))
+		if a.Is4In6() {
+			return netip.Addr{}, nil, errors.New("IPv4-mapped address must use family 4")
+		}
+		return a, b[17:], nil
+	}
+	return netip.Addr{}, nil, fmt.Errorf("unknown address family %d", b[0])
+}

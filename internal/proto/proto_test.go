@@ -1,0 +1,295 @@
+package proto
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+func mustKey(t testing.TB) Key {
+	t.Helper()
+	k, err := GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestKeyText(t *testing.T) {
+	k := mustKey(t)
+	got, err := ParseKey(k.String())
+	if err != nil || got != k {
+		t.Fatalf("round trip: %v %v", got, err)
+	}
+	if len(k.String()) != 44 {
+		t.Fatalf("base64 key is %d chars", len(k.String()))
+	}
+	for _, bad := range []string{"", "abc", "!!!!", "AAAA", Key{}.String()} {
+		if _, err := ParseKey(bad); err == nil {
+			t.Errorf("ParseKey(%q) accepted", bad)
+		}
+	}
+	if k.Public() == k || k.Public().IsZero() {
+		t.Fatal("public key derivation")
+	}
+}
+
+// A known X25519 vector (RFC 7748 section 6.1) pins our key derivation.
+func TestKeyPublicRFC7748(t *testing.T) {
+	priv, _ := ParseKey("dwdtCnMYpX08FsFyUbJmRd9ML4frwJkqsXf7pR25LCo=")
+	want := "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo="
+	if got := priv.Public().String(); got != want {
+		t.Fatalf("public = %s, want %s", got, want)
+	}
+}
+
+func TestRequestRoundTrip(t *testing.T) {
+	cases := []Request{
+		{Op: OpPing, ID: 1},
+		{Op: OpGrant, ID: 2, Server: netip.MustParseAddrPort("198.51.100.7:443"), Port: 40000},
+		{Op: OpGrant, ID: 3, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
+		{Op: OpRenew, ID: 4, Port: 1234},
+		{Op: OpRelease, ID: 5, Port: 65535},
+		{Op: OpTunnel, ID: 6},
+	}
+	for _, r := range cases {
+		b, err := MarshalRequest(r)
+		if err != nil {
+			t.Fatalf("%+v: %v", r, err)
+		}
+		got, err := ParseRequest(b)
+		if err != nil || got != r {
+			t.Fatalf("round trip %+v: got %+v, %v", r, got, err)
+		}
+	}
+	if _, err := MarshalRequest(Request{Op: OpGrant}); err == nil {
+		t.Fatal("grant without server accepted")
+	}
+}
+
+func TestRequestRefusals(t *testing.T) {
+	good, _ := MarshalRequest(Request{Op: OpGrant, ID: 9, Server: netip.MustParseAddrPort("198.51.100.7:443")})
+	bad := func(mut func([]byte) []byte) []byte { return mut(append([]byte(nil), good...)) }
+	cases := map[string]struct {
+		b    []byte
+		want Reason
+	}{
+		"short":       {good[:5], ReasonMalformed},
+		"truncated":   {good[:len(good)-1], ReasonMalformed},
+		"trailing":    {append(append([]byte(nil), good...), 0), ReasonMalformed},
+		"version":     {bad(func(b []byte) []byte { b[0] = 3; return b }), ReasonBadVersion},
+		"unknown op":  {bad(func(b []byte) []byte { b[1] = 99; return b }), ReasonUnsupported},
+		"family":      {bad(func(b []byte) []byte { b[8] = 5; return b }), ReasonMalformed},
+		"server port": {bad(func(b []byte) []byte { b[13], b[14] = 0, 0; return b }), ReasonMalformed},
+		"huge":        {make([]byte, MaxMessageLen+1), ReasonMalformed},
+	}
+	for name, c := range cases {
+		_, err := ParseRequest(c.b)
+		if got := ReasonOf(err); got != c.want {
+			t.Errorf("%s: reason %v (err %v), want %v", name, got, err, c.want)
+		}
+	}
+}
+
+func TestReplyRoundTrip(t *testing.T) {
+	pub := mustKey(t).Public()
+	cases := []Reply{
+		{Op: OpPing, ID: 1},
+		{Op: OpGrant, ID: 2, Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: 90 * time.Second},
+		{Op: OpRenew, ID: 3, Lease: time.Hour},
+		{Op: OpRelease, ID: 4, Bytes: 1 << 40},
+		{Op: OpTunnel, ID: 5, Lease: time.Minute, Tunnel: TunnelGrant{
+			ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"),
+			Endpoint:     netip.MustParseAddrPort("203.0.113.1:51820"),
+			PublicKey:    pub,
+		}},
+		{Op: OpGrant, ID: 6, Reason: ReasonQuota},
+	}
+	for _, r := range cases {
+		b, err := MarshalReply(r)
+		if err != nil {
+			t.Fatalf("%+v: %v", r, err)
+		}
+		got, err := ParseReply(b)
+		if err != nil || got != r {
+			t.Fatalf("round trip %+v: got %+v, %v", r, got, err)
+		}
+	}
+}
+
+func TestLegacyRoundTrip(t *testing.T) {
+	m := LegacyMsg{Server: netip.MustParseAddrPort("10.0.3.2:5201"), Port: 40000}
+	b, err := MarshalLegacy(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []byte{1, 0, 0, 0, 10, 0, 3, 2, 0x14, 0x51, 0x9c, 0x40}
+	if !bytes.Equal(b, want) {
+		t.Fatalf("encoding % x, want % x", b, want)
+	}
+	got, err := ParseLegacy(b)
+	if err != nil || got != m {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	for _, bad := range [][]byte{b[:11], {2, 0, 0, 0, 10, 0, 3, 2, 0, 1, 0, 1}, {1, 7, 0, 0, 10, 0, 3, 2, 0, 1, 0, 1}, {1, 0, 0, 1, 10, 0, 3, 2, 0, 1, 0, 1}, {1, 0, 0, 0, 10, 0, 3, 2, 0, 0, 0, 1}} {
+		if _, err := ParseLegacy(bad); err == nil {
+			t.Errorf("accepted % x", bad)
+		}
+	}
+	if _, err := MarshalLegacy(LegacyMsg{Server: netip.MustParseAddrPort("[2001:db8::1]:1")}); err == nil {
+		t.Fatal("IPv6 accepted by v1")
+	}
+}
+
+// handshake runs a full IK exchange and returns both sessions.
+func handshake(t *testing.T, client, relay Key) (*Session, *Session) {
+	t.Helper()
+	in, err := NewInitiation(client, relay.Public(), 7, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Packet) != InitLen {
+		t.Fatalf("init %d bytes", len(in.Packet))
+	}
+	pi, err := ParseInit(in.Packet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc, err := ConsumeInitiation(relay, pi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acc.Peer != client.Public() {
+		t.Fatal("relay sees the wrong peer key")
+	}
+	resp, rs, err := acc.Respond(99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp) > len(in.Packet) {
+		t.Fatalf("response (%d) larger than initiation (%d): amplification", len(resp), len(in.Packet))
+	}
+	pr, err := ParseResponse(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := in.Finish(pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs, rs
+}
+
+func TestHandshakeAndTransport(t *testing.T) {
+	client, relay := mustKey(t), mustKey(t)
+	cs, rs := handshake(t, client, relay)
+	if cs.Remote != 99 || rs.Remote != 7 {
+		t.Fatalf("indices: client remote %d relay remote %d", cs.Remote, rs.Remote)
+	}
+	pkt, err := cs.Seal([]byte("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := ParseTransport(pkt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tp.Receiver != 99 {
+		t.Fatalf("receiver %d", tp.Receiver)
+	}
+	msg, err := rs.Open(tp)
+	if err != nil || string(msg) != "hello" {
+		t.Fatalf("open: %q %v", msg, err)
+	}
+	if _, err := rs.Open(tp); ReasonOf(err) != ReasonReplay {
+		t.Fatalf("replayed transport: %v", err)
+	}
+	// A flipped bit fails authentication and does not burn the counter.
+	pkt2, _ := cs.Seal([]byte("again"))
+	forged := append([]byte(nil), pkt2...)
+	forged[len(forged)-1] ^= 1
+	tf, _ := ParseTransport(forged)
+	if _, err := rs.Open(tf); ReasonOf(err) != ReasonUnauthorized {
+		t.Fatalf("forged: %v", err)
+	}
+	tp2, _ := ParseTransport(pkt2)
+	if msg, err := rs.Open(tp2); err != nil || string(msg) != "again" {
+		t.Fatalf("after forgery: %q %v", msg, err)
+	}
+	// Replies flow the other way with the other key.
+	back, _ := rs.Seal([]byte("reply"))
+	tb, _ := ParseTransport(back)
+	if msg, err := cs.Open(tb); err != nil || string(msg) != "reply" {
+		t.Fatalf("reply: %q %v", msg, err)
+	}
+}
+
+func TestHandshakeWrongRelayKey(t *testing.T) {
+	client, relay, other := mustKey(t), mustKey(t), mustKey(t)
+	in, _ := NewInitiation(client, other.Public(), 1, time.Now())
+	pi, _ := ParseInit(in.Packet)
+	if _, err := ConsumeInitiation(relay, pi); ReasonOf(err) != ReasonUnauthorized {
+		t.Fatalf("initiation for another relay: %v", err)
+	}
+}
+
+func TestTimestampOrder(t *testing.T) {
+	t0 := time.Unix(1700000000, 5)
+	if !TAI64N(t0.Add(time.Nanosecond)).After(TAI64N(t0)) || TAI64N(t0).After(TAI64N(t0)) {
+		t.Fatal("TAI64N order")
+	}
+}
+
+func TestReplayWindow(t *testing.T) {
+	var w ReplayWindow
+	for _, n := range []uint64{0, 1, 5, 3, 2000, 1999, 1500} {
+		if !w.Accept(n) {
+			t.Fatalf("fresh %d refused", n)
+		}
+	}
+	for _, n := range []uint64{0, 5, 2000, 1999, 1500, 900} {
+		if w.Accept(n) {
+			t.Fatalf("stale or repeated %d accepted", n)
+		}
+	}
+	// Jumping far ahead clears the whole window.
+	if !w.Accept(100000) || !w.Accept(99999) || w.Accept(100000) {
+		t.Fatal("window after a jump")
+	}
+	// Sequential use over several wraps: every counter once, none twice.
+	var s ReplayWindow
+	for n := uint64(0); n < 5000; n++ {
+		if !s.Accept(n) {
+			t.Fatalf("sequential %d refused", n)
+		}
+		if n >= 10 && s.Accept(n-10) {
+			t.Fatalf("%d accepted twice", n-10)
+		}
+	}
+	if s.Accept(RejectAfterMessages) {
+		t.Fatal("counter past the limit accepted")
+	}
+}
+
+func TestErrorPacket(t *testing.T) {
+	e := ErrorPacket{Reason: ReasonQuota, Index: 42, Counter: 7}
+	b := MarshalError(e)
+	got, err := ParseError(b)
+	if err != nil || got != e {
+		t.Fatalf("%+v %v", got, err)
+	}
+	if len(b) >= InitLen || len(b) >= transportHdrLen+tagLen+msgHeaderLen {
+		t.Fatal("error packet not smaller than any request")
+	}
+}
+
+func TestPacketType(t *testing.T) {
+	if _, err := PacketType([]byte{4, 9, 0, 0, 0, 0, 0, 0}); ReasonOf(err) != ReasonBadVersion {
+		t.Fatalf("bad version: %v", err)
+	}
+	if _, err := PacketType([]byte{9, Version, 0, 0, 0, 0, 0, 0}); !errors.As(err, new(*Error)) {
+		t.Fatalf("bad type: %v", err)
+	}
+}
