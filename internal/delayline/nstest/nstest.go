@@ -1,0 +1,211 @@
+// Package nstest builds small network-namespace topologies for the
+// integration tests of the delay line and the goodput tool, entirely through
+// netlink and ioctls, and removes them with t.Cleanup.
+//
+// It never touches the root namespace: veths are created from inside a
+// test namespace with their peer placed directly in another one.
+package nstest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+var counter atomic.Int64
+
+// NS is a named network namespace under /run/netns.
+type NS struct {
+	Name string
+	Path string
+	h    netns.NsHandle
+	nl   *netlink.Handle
+}
+
+// New creates a namespace named prefix-pid-N with lo up; t.Cleanup deletes it.
+func New(t testing.TB, prefix string) *NS {
+	t.Helper()
+	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), counter.Add(1))
+	var h netns.NsHandle
+	err := OnThread(func() error {
+		var err error
+		h, err = netns.NewNamed(name)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	ns := &NS{Name: name, Path: "/run/netns/" + name, h: h}
+	t.Cleanup(func() {
+		if ns.nl != nil {
+			ns.nl.Close()
+		}
+		h.Close()
+		if err := netns.DeleteNamed(name); err != nil {
+			t.Errorf("delete namespace %s: %v", name, err)
+		}
+	})
+	ns.nl, err = netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatalf("netlink handle in %s: %v", name, err)
+	}
+	lo, err := ns.nl.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.nl.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// Netlink returns a netlink handle operating inside the namespace.
+func (ns *NS) Netlink() *netlink.Handle { return ns.nl }
+
+// OnThread runs fn on a fresh locked OS thread that is discarded afterwards,
+// so a namespace switch inside fn can never leak to other goroutines.
+func OnThread(fn func() error) error {
+	ch := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		ch <- fn()
+	}()
+	return <-ch
+}
+
+// Do runs fn with the calling code inside ns: sockets created by fn belong
+// to ns. Goroutines started by fn do not inherit the namespace, but sockets
+// they use keep the namespace they were created in.
+func (ns *NS) Do(fn func() error) error {
+	return OnThread(func() error {
+		if err := netns.Set(ns.h); err != nil {
+			return fmt.Errorf("enter %s: %w", ns.Name, err)
+		}
+		return fn()
+	})
+}
+
+// Veth connects ns:name to peer:peerName, brings both up with offloads off
+// (the delay line needs wire-size frames with complete checksums).
+func Veth(t testing.TB, ns *NS, name string, peer *NS, peerName string) {
+	t.Helper()
+	v := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: name, MTU: 1500},
+		PeerName:      peerName,
+		PeerNamespace: netlink.NsFd(int(peer.h)),
+	}
+	if err := ns.nl.LinkAdd(v); err != nil {
+		t.Fatalf("veth %s:%s -- %s:%s: %v", ns.Name, name, peer.Name, peerName, err)
+	}
+	for _, side := range []struct {
+		ns   *NS
+		name string
+	}{{ns, name}, {peer, peerName}} {
+		l, err := side.ns.nl.LinkByName(side.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := side.ns.OffloadsOff(side.name); err != nil {
+			t.Fatal(err)
+		}
+		if err := side.ns.nl.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Addr adds cidr (e.g. "10.9.0.1/24") to ns:ifname.
+func (ns *NS) Addr(t testing.TB, ifname, cidr string) {
+	t.Helper()
+	l, err := ns.nl.LinkByName(ifname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No DAD: an address must be usable at once.
+	a.Flags |= unix.IFA_F_NODAD
+	if err := ns.nl.AddrAdd(l, a); err != nil {
+		t.Fatalf("addr %s on %s:%s: %v", cidr, ns.Name, ifname, err)
+	}
+}
+
+// Route adds dst via gw in ns.
+func (ns *NS) Route(t testing.TB, dst, gw string) {
+	t.Helper()
+	_, d, err := net.ParseCIDR(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.nl.RouteAdd(&netlink.Route{Dst: d, Gw: net.ParseIP(gw)}); err != nil {
+		t.Fatalf("route %s via %s in %s: %v", dst, gw, ns.Name, err)
+	}
+}
+
+// Tbf shapes egress of ns:ifname to rateBits bit/s with a tail-drop queue
+// of limitBytes, as the lab does.
+func (ns *NS) Tbf(t testing.TB, ifname string, rateBits uint64, limitBytes uint32) {
+	t.Helper()
+	l, err := ns.nl.LinkByName(ifname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := rateBits / 8
+	burst := uint32(max(rate/250, 3200)) // 4 ms worth, at least two frames
+	q := &netlink.Tbf{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
+		Rate:       rate,
+		Limit:      limitBytes,
+		Buffer:     netlink.Xmittime(rate, burst),
+	}
+	if err := ns.nl.QdiscAdd(q); err != nil {
+		t.Fatalf("tbf on %s:%s: %v", ns.Name, ifname, err)
+	}
+}
+
+// Sysctl writes /proc/sys/<key> inside ns (key with slashes, e.g. "net/ipv6/conf/all/disable_ipv6").
+func (ns *NS) Sysctl(key, value string) error {
+	return ns.Do(func() error {
+		// /proc/sys/net resolves to the namespace of the opening thread.
+		return os.WriteFile("/proc/sys/"+key, []byte(value), 0o644)
+	})
+}
+
+// OffloadsOff turns off TX checksumming, TSO, GSO and GRO on ns:ifname with
+// the legacy ethtool ioctls.
+func (ns *NS) OffloadsOff(ifname string) error {
+	const (
+		ethtoolSTXCSUM = 0x17
+		ethtoolSTSO    = 0x1f
+		ethtoolSGSO    = 0x24
+		ethtoolSGRO    = 0x2c
+	)
+	return ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		for _, cmd := range []uint32{ethtoolSTSO, ethtoolSGSO, ethtoolSGRO, ethtoolSTXCSUM} {
+			val := struct{ cmd, data uint32 }{cmd, 0}
+			var ifr [40]byte
+			copy(ifr[:16], ifname)
+			*(*uintptr)(unsafe.Pointer(&ifr[16])) = uintptr(unsafe.Pointer(&val))
+			if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr[0]))); e != 0 {
+				return fmt.Errorf("ethtool 0x%x on %s: %w", cmd, ifname, e)
+			}
+			runtime.KeepAlive(&val)
+		}
+		return nil
+	})
+}
