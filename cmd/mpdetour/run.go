@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/mptcpize"
+)
+
+func init() {
+	// mpdetour run re-executes this binary for its supervisor; that helper
+	// must not go through the command framework or signal handling of main.
+	if mptcpize.Internal() {
+		os.Exit(mptcpize.InternalMain())
+	}
+	var (
+		check     bool
+		mechanism string
+		logPath   string
+	)
+	cli.Register(&cli.Command{
+		Name:    "run",
+		Summary: "run a program with its TCP sockets turned into MPTCP sockets",
+		Usage:   "[--mechanism auto|seccomp|preload] [--log FILE] [--] CMD [ARGS...] | --check",
+		Order:   20,
+		Flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&check, "check", false, "report which mechanism this host supports and why, then exit")
+			fs.StringVar(&mechanism, "mechanism", "auto", "auto, seccomp (covers static binaries) or preload (LD_PRELOAD libmptcpwrap, dynamic binaries only)")
+			fs.StringVar(&logPath, "log", "", "append the seccomp supervisor's log to `FILE` (default: discarded)")
+		},
+		Run: func(ctx context.Context, args []string) error {
+			mech, err := mptcpize.ParseMechanism(mechanism)
+			if err != nil {
+				return cli.Usagef("%v", err)
+			}
+			if check {
+				if len(args) > 0 {
+					return cli.Usagef("--check takes no command")
+				}
+				r := mptcpize.Check()
+				r.Format(os.Stdout)
+				if r.Mechanism() == "" {
+					return &cli.ExitError{Code: 1}
+				}
+				return nil
+			}
+			if len(args) == 0 {
+				return cli.Usagef("missing command to run")
+			}
+			err = mptcpize.Exec(mptcpize.Options{Mechanism: mech, Argv: args, LogPath: logPath, Warn: os.Stderr})
+			var ee *mptcpize.ExitError
+			if errors.As(err, &ee) {
+				fmt.Fprintf(os.Stderr, "mpdetour run: %v\n", ee.Err)
+				return &cli.ExitError{Code: ee.Code}
+			}
+			return err
+		},
+	})
+}
