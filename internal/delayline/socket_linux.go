@@ -1,6 +1,7 @@
 package delayline
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"os"
@@ -128,20 +129,23 @@ func sendmmsg(fd uintptr, hs []unix.Mmsghdr) (int, unix.Errno) {
 // ctrlSize holds one SCM_TIMESTAMPNS message with room to spare.
 const ctrlSize = 64
 
-// parseTimestamp returns the SCM_TIMESTAMPNS time in Unix ns, or 0.
+// parseTimestamp returns the SCM_TIMESTAMPNS time in Unix ns, or 0. It
+// reads the cmsghdr fields byte-wise so that no length the buffer holds can
+// make it read out of bounds.
 func parseTimestamp(ctrl []byte) int64 {
-	const hdr = int(unsafe.Sizeof(unix.Cmsghdr{}))
+	const hdr = 16 // struct cmsghdr on 64-bit Linux: len u64, level i32, type i32
+	ne := binary.NativeEndian
 	for len(ctrl) >= hdr {
-		h := (*unix.Cmsghdr)(unsafe.Pointer(&ctrl[0]))
-		l := int(h.Len)
-		if l < hdr || l > len(ctrl) {
+		l := ne.Uint64(ctrl)
+		if l < hdr || l > uint64(len(ctrl)) {
 			return 0
 		}
-		if h.Level == unix.SOL_SOCKET && h.Type == unix.SCM_TIMESTAMPNS && l >= hdr+16 {
-			ts := (*unix.Timespec)(unsafe.Pointer(&ctrl[hdr]))
-			return ts.Nano()
+		level, typ := int32(ne.Uint32(ctrl[8:])), int32(ne.Uint32(ctrl[12:]))
+		if level == unix.SOL_SOCKET && typ == unix.SCM_TIMESTAMPNS && l >= hdr+16 {
+			sec, nsec := int64(ne.Uint64(ctrl[hdr:])), int64(ne.Uint64(ctrl[hdr+8:]))
+			return sec*1e9 + nsec
 		}
-		ctrl = ctrl[min(unix.CmsgSpace(l-hdr), len(ctrl)):]
+		ctrl = ctrl[min(unix.CmsgSpace(int(l)-hdr), len(ctrl)):]
 	}
 	return 0
 }
