@@ -48,7 +48,7 @@ type Stats struct {
 
 type counters struct {
 	packets, bytes, dropFull, dropOversize, dropLoss, sendErrors, kernelDrops atomic.Uint64
-	lateSum, lateMax, late1ms                                                  atomic.Uint64
+	lateSum, lateMax, late1ms                                                 atomic.Uint64
 }
 
 type direction struct {
