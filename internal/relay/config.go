@@ -1,0 +1,302 @@
+package relay
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// DefaultPort is the v2 control port.
+const DefaultPort = 45673
+
+// Config is the relay's configuration file (YAML, documented in docs/relay.md).
+type Config struct {
+	Listen         string   `yaml:"listen"`           // UDP address of the control protocol
+	PrivateKey     string   `yaml:"private_key"`      // base64; or:
+	PrivateKeyFile string   `yaml:"private_key_file"` // file holding the base64 key
+	DetourAddress  string   `yaml:"detour_address"`   // address clients connect to; default: where the request arrived
+	Ports          string   `yaml:"ports"`            // detour port range "lo-hi"
+	Lease          Duration `yaml:"lease"`
+	Members        []Member `yaml:"members"`
+
+	AllowDestinations []string `yaml:"allow_destinations"` // prefixes allowed although special (private, own networks...)
+	DenyDestinations  []string `yaml:"deny_destinations"`  // extra prefixes always refused
+	DenyPorts         []uint16 `yaml:"deny_ports"`         // destination ports refused; default [25]
+
+	Quota struct {
+		PerMember int `yaml:"per_member"`
+		Global    int `yaml:"global"`
+	} `yaml:"quota"`
+	Rate struct {
+		PerMember float64 `yaml:"per_member"` // requests per second
+		Burst     int     `yaml:"burst"`
+	} `yaml:"rate"`
+
+	AttributionLog string `yaml:"attribution_log"` // file path, "-" for stdout, "" for none
+	Metrics        struct {
+		Listen string `yaml:"listen"` // e.g. 127.0.0.1:9464; empty = off
+	} `yaml:"metrics"`
+
+	LegacyV1 struct {
+		Enabled   bool     `yaml:"enabled"`
+		Listen    string   `yaml:"listen"`
+		Lease     Duration `yaml:"lease"`
+		PerClient int      `yaml:"per_client"` // mapping quota per client address
+	} `yaml:"legacy_v1"`
+
+	// Tunnel is handed untouched to the registered tunnel factory (see
+	// RegisterTunnel); absent = no tunnel detours.
+	Tunnel yaml.Node `yaml:"tunnel"`
+}
+
+// Member is one client identity allowed to use the relay.
+type Member struct {
+	Name      string `yaml:"name"`
+	PublicKey string `yaml:"public_key"`
+}
+
+// Duration is a time.Duration written as "90s", "2m".
+type Duration time.Duration
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (e.g. 90s, 2m)", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Settings is a validated configuration.
+type Settings struct {
+	Listen        netip.AddrPort
+	PrivateKey    proto.Key
+	DetourAddress netip.Addr // zero = the request's destination address
+	PortLo        uint16
+	PortHi        uint16
+	Lease         time.Duration
+	Members       map[proto.Key]string // public key -> name
+
+	Allow     []netip.Prefix
+	Deny      []netip.Prefix
+	DenyPorts map[uint16]bool
+
+	QuotaPerMember int
+	QuotaGlobal    int
+	Rate           float64
+	Burst          int
+
+	AttributionLog string
+	MetricsListen  string
+
+	Legacy          bool
+	LegacyListen    netip.AddrPort
+	LegacyLease     time.Duration
+	LegacyPerClient int
+
+	Tunnel *yaml.Node
+}
+
+// LoadConfig reads and validates a configuration file.
+func LoadConfig(path string) (*Settings, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("relay config: %w", err)
+	}
+	s, err := ParseConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("relay config %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// ParseConfig validates a configuration; every error names the field.
+func ParseConfig(b []byte) (*Settings, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("empty configuration")
+		}
+		return nil, err
+	}
+	s := &Settings{
+		Lease:           2 * time.Minute,
+		PortLo:          20000,
+		PortHi:          59999,
+		Members:         map[proto.Key]string{},
+		DenyPorts:       map[uint16]bool{25: true},
+		QuotaPerMember:  256,
+		QuotaGlobal:     100000,
+		Rate:            50,
+		Burst:           100,
+		AttributionLog:  c.AttributionLog,
+		MetricsListen:   c.Metrics.Listen,
+		Legacy:          c.LegacyV1.Enabled,
+		LegacyLease:     10 * time.Minute,
+		LegacyPerClient: 16,
+	}
+	var err error
+	listen := c.Listen
+	if listen == "" {
+		listen = "0.0.0.0:" + strconv.Itoa(DefaultPort)
+	}
+	if s.Listen, err = netip.ParseAddrPort(listen); err != nil {
+		return nil, fmt.Errorf("listen: %q is not address:port: %w", listen, err)
+	}
+	if !s.Listen.Addr().Unmap().Is4() {
+		return nil, fmt.Errorf("listen: %v: only IPv4 is supported (the NAT data plane is IPv4)", s.Listen)
+	}
+	keyText := c.PrivateKey
+	switch {
+	case c.PrivateKey != "" && c.PrivateKeyFile != "":
+		return nil, errors.New("private_key and private_key_file are exclusive")
+	case c.PrivateKeyFile != "":
+		kb, err := os.ReadFile(c.PrivateKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("private_key_file: %w", err)
+		}
+		keyText = string(kb)
+	case c.PrivateKey == "":
+		return nil, errors.New("private_key (or private_key_file) is required; create one with `mpdetour relay genkey`")
+	}
+	if s.PrivateKey, err = proto.ParseKey(keyText); err != nil {
+		return nil, fmt.Errorf("private_key: %w", err)
+	}
+	if c.DetourAddress != "" {
+		if s.DetourAddress, err = netip.ParseAddr(c.DetourAddress); err != nil || !s.DetourAddress.Is4() {
+			return nil, fmt.Errorf("detour_address: %q is not an IPv4 address", c.DetourAddress)
+		}
+	}
+	if c.Ports != "" {
+		lo, hi, ok := strings.Cut(c.Ports, "-")
+		l, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+		h, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+		if !ok || err1 != nil || err2 != nil || l == 0 || l > h {
+			return nil, fmt.Errorf("ports: %q is not a range lo-hi within 1-65535", c.Ports)
+		}
+		s.PortLo, s.PortHi = uint16(l), uint16(h)
+	}
+	if c.Lease != 0 {
+		s.Lease = time.Duration(c.Lease)
+		if s.Lease < 10*time.Second || s.Lease > 24*time.Hour {
+			return nil, fmt.Errorf("lease: %v is outside 10s..24h", s.Lease)
+		}
+	}
+	if len(c.Members) == 0 && !c.LegacyV1.Enabled {
+		return nil, errors.New("members: no member keys, nobody could use the relay")
+	}
+	names := map[string]bool{}
+	for i, m := range c.Members {
+		if m.Name == "" {
+			return nil, fmt.Errorf("members[%d]: name is required", i)
+		}
+		if names[m.Name] {
+			return nil, fmt.Errorf("members[%d]: duplicate name %q", i, m.Name)
+		}
+		names[m.Name] = true
+		k, err := proto.ParseKey(m.PublicKey)
+		if err != nil {
+			return nil, fmt.Errorf("members[%d] (%s): public_key: %w", i, m.Name, err)
+		}
+		if prev, dup := s.Members[k]; dup {
+			return nil, fmt.Errorf("members[%d] (%s): same key as %s", i, m.Name, prev)
+		}
+		s.Members[k] = m.Name
+	}
+	for i, p := range c.AllowDestinations {
+		pf, err := parsePrefix(p)
+		if err != nil {
+			return nil, fmt.Errorf("allow_destinations[%d]: %w", i, err)
+		}
+		s.Allow = append(s.Allow, pf)
+	}
+	for i, p := range c.DenyDestinations {
+		pf, err := parsePrefix(p)
+		if err != nil {
+			return nil, fmt.Errorf("deny_destinations[%d]: %w", i, err)
+		}
+		s.Deny = append(s.Deny, pf)
+	}
+	if c.DenyPorts != nil {
+		s.DenyPorts = map[uint16]bool{}
+		for _, p := range c.DenyPorts {
+			s.DenyPorts[p] = true
+		}
+	}
+	if c.Quota.PerMember < 0 || c.Quota.Global < 0 {
+		return nil, errors.New("quota: values must be positive")
+	}
+	if c.Quota.PerMember > 0 {
+		s.QuotaPerMember = c.Quota.PerMember
+	}
+	if c.Quota.Global > 0 {
+		s.QuotaGlobal = c.Quota.Global
+	}
+	if c.Rate.PerMember < 0 || c.Rate.Burst < 0 {
+		return nil, errors.New("rate: values must be positive")
+	}
+	if c.Rate.PerMember > 0 {
+		s.Rate = c.Rate.PerMember
+	}
+	if c.Rate.Burst > 0 {
+		s.Burst = c.Rate.Burst
+	}
+	if s.Legacy {
+		ll := c.LegacyV1.Listen
+		if ll == "" {
+			ll = "0.0.0.0:" + strconv.Itoa(proto.LegacyPort)
+		}
+		if s.LegacyListen, err = netip.ParseAddrPort(ll); err != nil || !s.LegacyListen.Addr().Is4() {
+			return nil, fmt.Errorf("legacy_v1.listen: %q is not an IPv4 address:port", ll)
+		}
+		if c.LegacyV1.Lease != 0 {
+			s.LegacyLease = time.Duration(c.LegacyV1.Lease)
+			if s.LegacyLease < 10*time.Second {
+				return nil, fmt.Errorf("legacy_v1.lease: %v is shorter than 10s", s.LegacyLease)
+			}
+		}
+		if c.LegacyV1.PerClient < 0 {
+			return nil, errors.New("legacy_v1.per_client: must be positive")
+		}
+		if c.LegacyV1.PerClient > 0 {
+			s.LegacyPerClient = c.LegacyV1.PerClient
+		}
+	}
+	if c.Metrics.Listen != "" {
+		if _, err := netip.ParseAddrPort(c.Metrics.Listen); err != nil {
+			return nil, fmt.Errorf("metrics.listen: %q is not address:port", c.Metrics.Listen)
+		}
+	}
+	if c.Tunnel.Kind != 0 {
+		n := c.Tunnel
+		s.Tunnel = &n
+	}
+	return s, nil
+}
+
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		if p.Masked() != p {
+			return p, fmt.Errorf("%q has host bits set (did you mean %v?)", s, p.Masked())
+		}
+		return p, nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither a prefix nor an address", s)
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}

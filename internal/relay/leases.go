@@ -1,0 +1,134 @@
+package relay
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// mapping is one granted NAT detour.
+type mapping struct {
+	Key     mapKey
+	Server  netip.AddrPort
+	Owner   owner
+	Granted time.Time
+	Expires time.Time
+}
+
+// owner is who a mapping is attributed to: a member key, or for legacy v1
+// (no identity) the client address.
+type owner struct {
+	Key  proto.Key // zero for legacy v1
+	Name string
+}
+
+func (o owner) id() string {
+	if o.Key.IsZero() {
+		return "v1"
+	}
+	return o.Key.ID()
+}
+
+type serverKey struct {
+	Owner  proto.Key
+	Client netip.Addr
+	Server netip.AddrPort
+}
+
+// leaseTable is the relay's record of mappings. It is used only from the
+// server's event loop, so it has no locks.
+type leaseTable struct {
+	byKey    map[mapKey]*mapping
+	byServer map[serverKey]*mapping
+	count    map[string]int // per owner quota accounting (member id, or v1 client)
+	// closing holds mappings whose DNAT element is gone but whose counter
+	// has not been read yet; their ports stay taken until then.
+	closing map[mapKey]closed
+}
+
+type closed struct {
+	m      *mapping
+	reason string
+	at     time.Time
+}
+
+func newLeaseTable() *leaseTable {
+	return &leaseTable{
+		byKey:    map[mapKey]*mapping{},
+		byServer: map[serverKey]*mapping{},
+		count:    map[string]int{},
+		closing:  map[mapKey]closed{},
+	}
+}
+
+func quotaKey(o owner, client netip.Addr) string {
+	if o.Key.IsZero() {
+		return "v1/" + client.String()
+	}
+	return o.Key.String()
+}
+
+func (t *leaseTable) active() int { return len(t.byKey) }
+
+func (t *leaseTable) find(o owner, client netip.Addr, server netip.AddrPort) *mapping {
+	return t.byServer[serverKey{o.Key, client, server}]
+}
+
+func (t *leaseTable) taken(k mapKey) bool {
+	if _, ok := t.byKey[k]; ok {
+		return true
+	}
+	_, ok := t.closing[k]
+	return ok
+}
+
+// pickPort returns the proposed port if usable, else a free one in
+// [lo, hi]; ok=false when none is free. usable excludes ports the relay
+// listens on.
+func (t *leaseTable) pickPort(client netip.Addr, proposed, lo, hi uint16, reserved func(uint16) bool) (uint16, bool) {
+	free := func(p uint16) bool {
+		return !t.taken(mapKey{client, p}) && !reserved(p)
+	}
+	if proposed >= lo && proposed <= hi && free(proposed) {
+		return proposed, true
+	}
+	n := int(hi) - int(lo) + 1
+	start := rand.IntN(n)
+	for i := 0; i < n; i++ {
+		p := uint16(int(lo) + (start+i)%n)
+		if free(p) {
+			return p, true
+		}
+	}
+	return 0, false
+}
+
+func (t *leaseTable) add(m *mapping) {
+	t.byKey[m.Key] = m
+	t.byServer[serverKey{m.Owner.Key, m.Key.Client, m.Server}] = m
+	t.count[quotaKey(m.Owner, m.Key.Client)]++
+}
+
+// remove moves a mapping to closing.
+func (t *leaseTable) remove(m *mapping, reason string, now time.Time) {
+	delete(t.byKey, m.Key)
+	delete(t.byServer, serverKey{m.Owner.Key, m.Key.Client, m.Server})
+	q := quotaKey(m.Owner, m.Key.Client)
+	if t.count[q]--; t.count[q] <= 0 {
+		delete(t.count, q)
+	}
+	t.closing[m.Key] = closed{m: m, reason: reason, at: now}
+}
+
+// expired returns mappings whose lease ended at or before now.
+func (t *leaseTable) expired(now time.Time) []*mapping {
+	var out []*mapping
+	for _, m := range t.byKey {
+		if !m.Expires.After(now) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
