@@ -1,0 +1,129 @@
+package lab
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+)
+
+// PingResult is the outcome of a series of ICMP echo requests.
+type PingResult struct {
+	Sent, Received int
+	RTTs           []time.Duration // of the replies, in order
+}
+
+// Min returns the smallest RTT (0 if none).
+func (r PingResult) Min() time.Duration {
+	var m time.Duration
+	for i, d := range r.RTTs {
+		if i == 0 || d < m {
+			m = d
+		}
+	}
+	return m
+}
+
+// Median returns the median RTT (0 if none).
+func (r PingResult) Median() time.Duration {
+	if len(r.RTTs) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), r.RTTs...)
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	return s[len(s)/2]
+}
+
+var pingID uint32
+
+// Ping sends count ICMP echo requests from node to dst, interval apart,
+// each carrying its send time, and collects the replies until timeout
+// after the last one. A raw ICMP socket opened inside the node's namespace
+// measures what any host would: no helper program is needed.
+func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, interval, timeout time.Duration) (PingResult, error) {
+	var conn *icmp.PacketConn
+	err := l.Do(node, func() error {
+		var err error
+		conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		return err
+	})
+	if err != nil {
+		return PingResult{}, fmt.Errorf("%s: icmp socket: %w", node, err)
+	}
+	defer conn.Close()
+	// A raw socket sees every echo reply in the namespace: tell ours apart
+	// by an identifier unique to this call.
+	pingID++
+	id := int(uint32(os.Getpid())^pingID*7919) & 0xffff
+	res := PingResult{}
+	done := make(chan struct{})
+	got := make(map[int]bool)
+
+	go func() {
+		defer close(done)
+		buf := make([]byte, 1500)
+		for {
+			n, _, err := conn.ReadFrom(buf)
+			now := time.Now()
+			if err != nil {
+				return
+			}
+			m, err := icmp.ParseMessage(1, buf[:n])
+			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+				continue
+			}
+			e, ok := m.Body.(*icmp.Echo)
+			if !ok || e.ID != id || len(e.Data) < 8 || got[e.Seq] {
+				continue
+			}
+			got[e.Seq] = true
+			sent := time.Unix(0, int64(binary.BigEndian.Uint64(e.Data)))
+			res.RTTs = append(res.RTTs, now.Sub(sent))
+			res.Received++
+			if res.Received == count {
+				return
+			}
+		}
+	}()
+	to := &net.IPAddr{IP: dst.AsSlice()}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for seq := range count {
+		payload := make([]byte, 56)
+		binary.BigEndian.PutUint64(payload, uint64(time.Now().UnixNano()))
+		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: payload}}
+		b, _ := msg.Marshal(nil)
+		if _, err := conn.WriteTo(b, to); err != nil && !errors.Is(err, net.ErrClosed) {
+			conn.Close()
+			<-done
+			res.Sent = seq
+			return res, fmt.Errorf("%s: ping %s: %w", node, dst, err)
+		}
+		if seq == count-1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			conn.Close()
+			<-done
+			res.Sent = seq + 1
+			return res, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	conn.SetReadDeadline(time.Now().Add(timeout))
+	<-done
+	res.Sent = count
+	return res, nil
+}

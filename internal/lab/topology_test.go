@@ -1,0 +1,214 @@
+package lab
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseRate(t *testing.T) {
+	for in, want := range map[string]Rate{"10mbit": 10e6, "20Mbit/s": 20e6, "500kbit": 500e3, "1gbit": 1e9, "0": 0, "1.5mbit": 1.5e6} {
+		got, err := ParseRate(in)
+		if err != nil || got != want {
+			t.Errorf("ParseRate(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"10", "10mbps", "fast", "-1mbit", "200gbit", "10 furlongs", "1bit"} {
+		if _, err := ParseRate(in); err == nil {
+			t.Errorf("ParseRate(%q) accepted", in)
+		}
+	}
+}
+
+func TestParseLossDelayQueue(t *testing.T) {
+	if l, err := ParseLoss("1%"); err != nil || l != 0.01 {
+		t.Errorf("1%%: %v %v", l, err)
+	}
+	if l, err := ParseLoss("0.5 %"); err != nil || l != 0.005 {
+		t.Errorf("0.5%%: %v %v", l, err)
+	}
+	for _, in := range []string{"1", "101%", "-1%", "x%", "NaN%"} {
+		if _, err := ParseLoss(in); err == nil {
+			t.Errorf("ParseLoss(%q) accepted", in)
+		}
+	}
+	if d, err := ParseDelay("100ms"); err != nil || d != 100*time.Millisecond {
+		t.Errorf("100ms: %v %v", d, err)
+	}
+	for _, in := range []string{"100", "-5ms", "11s", "5 ms"} {
+		if _, err := ParseDelay(in); err == nil {
+			t.Errorf("ParseDelay(%q) accepted", in)
+		}
+	}
+	if _, err := ParseQueue("0"); err == nil {
+		t.Error("queue 0 accepted")
+	}
+}
+
+func TestBuiltins(t *testing.T) {
+	b, err := Builtin("brennan2017")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"client": "10.0.1.1", "r1": "10.0.1.2", "r2": "10.0.2.2", "r3": "10.0.4.2", "server": "10.0.3.2", "detour": "10.0.6.2"}
+	for n, a := range want {
+		if got := b.Primary(n).String(); got != a {
+			t.Errorf("%s primary %s, want %s", n, got, a)
+		}
+	}
+	// core-limited by default: access 20, core 10.
+	if b.Link("L1").AB.Rate != 20e6 || b.Link("L2").BA.Rate != 10e6 {
+		t.Errorf("default profile rates: L1 %v L2 %v", b.Link("L1").AB.Rate, b.Link("L2").BA.Rate)
+	}
+	if err := b.Set("L2.loss", "2%"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Set("profile", "symmetric"); err != nil {
+		t.Fatal(err)
+	}
+	// The parameter change regenerates the topology and keeps the override.
+	if b.Link("L1").AB.Rate != 10e6 || b.Link("L2").AB.Loss != 0.02 {
+		t.Errorf("after profile=symmetric: L1 %v, L2 loss %v", b.Link("L1").AB.Rate, b.Link("L2").AB.Loss)
+	}
+	if err := b.Set("variant", "delayed"); err != nil {
+		t.Fatal(err)
+	}
+	if b.Link("L2").AB.Delay != 100*time.Millisecond || b.Link("L4").AB.Delay != 5*time.Millisecond {
+		t.Errorf("delayed variant: L2 %v L4 %v", b.Link("L2").AB.Delay, b.Link("L4").AB.Delay)
+	}
+	if err := b.Set("L2.ab.rate", "5mbit"); err != nil {
+		t.Fatal(err)
+	}
+	if b.Link("L2").AB.Rate != 5e6 || b.Link("L2").BA.Rate != 10e6 {
+		t.Errorf("L2.ab.rate: %v / %v", b.Link("L2").AB.Rate, b.Link("L2").BA.Rate)
+	}
+	if err := b.Set("core.queue", "20"); err != nil || b.Link("L5").BA.Queue != 20 || b.Link("L1").AB.Queue != 0 {
+		t.Errorf("core.queue: %v", err)
+	}
+	for _, kv := range [][2]string{{"L9.rate", "1mbit"}, {"L2.rate", "10mbps"}, {"L2.xy.rate", "1mbit"}, {"profile", "fast"}, {"L2.color", "red"}, {"detours", "3"}} {
+		if err := b.Set(kv[0], kv[1]); err == nil {
+			t.Errorf("Set(%s=%s) accepted", kv[0], kv[1])
+		}
+	}
+
+	d, err := Builtin("detours")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Set("detours", "3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if d.Node("detour3") == nil || d.Node("detour4") != nil || d.Primary("detour2").String() != "10.1.2.2" {
+		t.Errorf("detours=3: %v", d.Nodes)
+	}
+	if err := d.Set("C3.delay", "50ms"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Set("detours", "2"); err == nil {
+		t.Error("detours=2 accepted although C3 is overridden")
+	}
+	for _, k := range []string{"0", "9", "x"} {
+		if err := d.Set("detours", k); err == nil {
+			t.Errorf("detours=%s accepted", k)
+		}
+	}
+	if _, err := Builtin("nope"); err == nil {
+		t.Error("unknown built-in accepted")
+	}
+}
+
+func TestLoadExample(t *testing.T) {
+	topo, err := LoadFile("../../lab/triangle.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	core := topo.Link("core")
+	if core.AB.Loss != 0.005 || core.BA.Loss != 0 || core.AB.Queue != 50 || core.BA.Rate != 10e6 {
+		t.Errorf("core link: %+v", core)
+	}
+	if topo.Primary("server").String() != "10.9.2.2" {
+		t.Errorf("server %v", topo.Primary("server"))
+	}
+}
+
+const goodFile = `name: t
+nodes:
+  - name: a
+    routes:
+      - {to: default, via: 10.0.0.2}
+  - name: b
+links:
+  - name: x
+    a: a
+    b: b
+    subnet: 10.0.0.0/24
+    rate: 10mbit
+`
+
+func TestParseErrors(t *testing.T) {
+	if _, err := Parse("f.yaml", []byte(goodFile)); err != nil {
+		t.Fatalf("good file: %v", err)
+	}
+	cases := []struct{ name, from, to, want string }{
+		{"unknown node", "    b: b\n", "    b: zz\n", `f.yaml:8: link x: unknown node "zz"`},
+		{"bad unit", "rate: 10mbit", "rate: 10mbps", `f.yaml:12: links[0].rate: bad rate "10mbps": unknown unit`},
+		{"route to nowhere", "via: 10.0.0.2}", "via: 10.0.9.2}", `f.yaml:5: node a.routes[0]: route to 0.0.0.0/0 via 10.0.9.2 goes nowhere`},
+		{"route to unassigned", "via: 10.0.0.2}", "via: 10.0.0.7}", `goes nowhere: no node has address 10.0.0.7`},
+		{"unknown field", "    rate: 10mbit\n", "    rate: 10mbit\n    colour: red\n", `f.yaml:13: links[0].colour: unknown field`},
+		{"duplicate address", "    subnet: 10.0.0.0/24\n", "    a_addr: 10.0.0.1/24\n    b_addr: 10.0.0.1/24\n", `duplicate address 10.0.0.1`},
+		{"duplicate node", "  - name: b\n", "  - name: a\n", `duplicate node "a"`},
+		{"bad subnet", "10.0.0.0/24\n", "10.0.0.1/24\n", `f.yaml:11: link x.subnet: bad subnet`},
+		{"not yaml", "nodes:", "nodes: [", `f.yaml`},
+		{"bad sysctl", "  - name: b\n", "  - name: b\n    sysctls: {kernel.panic: 1}\n", `only net.* keys`},
+		{"link named like node", "  - name: x\n", "  - name: a\n", `f.yaml:8: link a: link "a" has the name of a node`},
+	}
+	for _, c := range cases {
+		in := strings.Replace(goodFile, c.from, c.to, 1)
+		if in == goodFile {
+			t.Fatalf("%s: replacement did not apply", c.name)
+		}
+		_, err := Parse("f.yaml", []byte(in))
+		if err == nil {
+			t.Errorf("%s: accepted", c.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %q does not contain %q", c.name, err, c.want)
+		}
+		var le *Error
+		if !errors.As(err, &le) || le.Source != "f.yaml" {
+			t.Errorf("%s: error %v does not name the file", c.name, err)
+		}
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	f.Add([]byte(goodFile))
+	f.Add([]byte("nodes: [{name: a}]\nlinks: []\n"))
+	f.Add([]byte("nodes:\n  - name: a\n    sysctls: {net.x: 1}\nlinks:\n  - {name: l, a: a, b: a, a_addr: 1.2.3.4/24, b_addr: 1.2.3.5/24, ab: {delay: 5ms}}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		topo, err := Parse("fuzz.yaml", data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			return
+		}
+		// Whatever parses must validate again and have a consistent model.
+		if err := topo.Validate(); err != nil {
+			t.Fatalf("parsed topology fails validation: %v", err)
+		}
+		for _, l := range topo.Links {
+			if topo.Node(l.A.Node) == nil || topo.Node(l.B.Node) == nil {
+				t.Fatalf("link %s with unknown endpoint", l.Name)
+			}
+		}
+	})
+}
