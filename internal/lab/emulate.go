@@ -183,4 +183,3 @@ func nftLoss(ns netns.NsHandle, ifname string, p Loss) error {
 	}
 	return nil
 }
-

@@ -3,8 +3,8 @@ package lab
 import (
 	"context"
 	"fmt"
-	"os"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"sync/atomic"

@@ -1,7 +1,7 @@
 package lab
 
 import (
-		"fmt"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -426,4 +426,3 @@ func (p *parser) link(n *yaml.Node, field string) (*Link, error) {
 	}
 	return l, nil
 }
-
