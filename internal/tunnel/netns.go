@@ -1,0 +1,93 @@
+package tunnel
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// nsRef is the network namespace a Server or Client configures. Products run
+// one per process in the process's own namespace (spec ""); tests drive
+// several namespaces from one process, so every kernel object is created
+// through a handle bound to the namespace rather than the calling thread's.
+type nsRef struct {
+	spec   string // "" = the process's namespace
+	handle netns.NsHandle
+}
+
+// openNetns resolves spec: "" (current namespace), a name under
+// /var/run/netns, or an absolute path to a namespace file.
+func openNetns(spec string) (*nsRef, error) {
+	var (
+		h   netns.NsHandle
+		err error
+	)
+	switch {
+	case spec == "":
+		h, err = netns.Get()
+	case strings.HasPrefix(spec, "/"):
+		h, err = netns.GetFromPath(spec)
+	default:
+		h, err = netns.GetFromName(spec)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("network namespace %q: %w", spec, err)
+	}
+	return &nsRef{spec: spec, handle: h}, nil
+}
+
+func (n *nsRef) close() {
+	if n != nil && n.handle.IsOpen() {
+		n.handle.Close()
+	}
+}
+
+func (n *nsRef) String() string {
+	if n.spec == "" {
+		return "current namespace"
+	}
+	return "netns " + n.spec
+}
+
+// netlink returns a netlink handle whose socket lives in the namespace.
+func (n *nsRef) netlink() (*netlink.Handle, error) {
+	h, err := netlink.NewHandleAt(n.handle)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in %s: %w", n, err)
+	}
+	return h, nil
+}
+
+// nft returns an nftables connection in the namespace.
+func (n *nsRef) nft() (*nftables.Conn, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.handle)))
+	if err != nil {
+		return nil, fmt.Errorf("nftables in %s: %w", n, err)
+	}
+	return c, nil
+}
+
+// do runs fn on a dedicated OS thread switched into the namespace, for the
+// few things that take their namespace from the calling thread (TUN and UDP
+// socket creation, wgctrl, /proc/sys/net). The thread is never unlocked, so
+// the Go runtime discards it afterwards instead of reusing a thread whose
+// namespace was changed.
+func (n *nsRef) do(fn func() error) error {
+	if n.spec == "" {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := netns.Set(n.handle); err != nil {
+			errc <- fmt.Errorf("enter %s: %w", n, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

@@ -1,0 +1,195 @@
+package tunnel
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// TableName is the relay's nftables table for tunnel detours (family ip). A
+// fixed name lets a restarted relay find and delete what a crashed one left.
+const TableName = "mpdetour_tunnel"
+
+// Policy is the destination policy for traffic leaving the tunnel. The relay
+// passes the same lists its NAT-detour policy uses, so one definition of
+// "not a private range" governs both kinds of detour.
+type Policy struct {
+	// Deny lists destinations tunnel traffic must not reach (private ranges,
+	// loopback, link-local, multicast, ...). IPv6 entries are ignored: the
+	// tunnel carries IPv4 only.
+	Deny []netip.Prefix
+	// Allow lists exceptions inside Deny (e.g. an allowed private server
+	// network); they are checked first.
+	Allow []netip.Prefix
+}
+
+// Validate names the first bad entry.
+func (p Policy) Validate() error {
+	for _, l := range []struct {
+		name string
+		ps   []netip.Prefix
+	}{{"deny", p.Deny}, {"allow", p.Allow}} {
+		for i, pr := range l.ps {
+			if !pr.IsValid() {
+				return fmt.Errorf("tunnel policy: %s entry %d is not a valid prefix", l.name, i)
+			}
+		}
+	}
+	return nil
+}
+
+func ifname(name string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
+
+// matchIface loads iifname/oifname and compares it with name.
+func matchIface(key expr.MetaKey, op expr.CmpOp, name string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: op, Register: 1, Data: ifname(name)},
+	}
+}
+
+// matchDaddr / matchSaddr compare the IPv4 address under a prefix mask.
+func matchAddr(offset uint32, p netip.Prefix) []expr.Any {
+	p = p.Masked()
+	mask := netipMask4(p.Bits())
+	a := p.Addr().As4()
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]},
+	}
+}
+
+func netipMask4(bits int) []byte {
+	m := uint32(0)
+	if bits > 0 {
+		m = ^uint32(0) << (32 - bits)
+	}
+	return binaryutil.BigEndian.PutUint32(m)
+}
+
+// matchSYN: tcp flags syn / syn,rst (SYN and SYN-ACK, not RST).
+func matchSYN() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x06}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x02}},
+	}
+}
+
+// setMSS writes register 1 (host order for rt, network order for a
+// constant) into the TCP MSS option. The kernel only ever lowers an MSS
+// with this, so it acts as a clamp.
+func writeMSS() expr.Any {
+	return &expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2, SourceRegister: 1}
+}
+
+func concat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// installTable (re)creates the relay's tunnel table atomically: one netlink
+// batch deletes any previous table of that name and adds the new one, so a
+// failure leaves the old state and never a half-built table.
+func installTable(c *nftables.Conn, iface string, subnet netip.Prefix, mtu int, pol Policy) error {
+	if err := pol.Validate(); err != nil {
+		return err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
+	// Adding then deleting makes the delete valid whether or not the table
+	// exists, within the same transaction.
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+	accept := nftables.ChainPolicyAccept
+	clamp := c.AddChain(&nftables.Chain{Name: "clamp", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityMangle, Policy: &accept})
+	// Toward the client: the route MTU into the tunnel is the tunnel MTU.
+	c.AddRule(&nftables.Rule{Table: t, Chain: clamp, Exprs: concat(
+		matchIface(expr.MetaKeyOIFNAME, expr.CmpOpEq, iface), matchSYN(),
+		[]expr.Any{
+			&expr.Rt{Register: 1, Key: expr.RtTCPMSS},
+			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 2, Size: 2},
+			writeMSS(),
+		})})
+	// From the client toward the server the route MTU is the uplink's, so
+	// clamp to the tunnel MTU explicitly: the server must not send segments
+	// that do not fit the tunnel back to the client.
+	mss := mtu - 40
+	c.AddRule(&nftables.Rule{Table: t, Chain: clamp, Exprs: concat(
+		matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface), matchSYN(),
+		[]expr.Any{
+			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(mss))},
+			writeMSS(),
+		})})
+
+	filter := c.AddChain(&nftables.Chain{Name: "destinations", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	for _, p := range pol.Allow {
+		if !p.Addr().Is4() {
+			continue
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+			matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface), matchAddr(16, p),
+			[]expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})})
+	}
+	// Client to client through the relay is not a detour.
+	c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+		matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface),
+		matchIface(expr.MetaKeyOIFNAME, expr.CmpOpEq, iface),
+		[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
+	for _, p := range pol.Deny {
+		if !p.Addr().Is4() {
+			continue
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+			matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface), matchAddr(16, p),
+			[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
+	}
+
+	// The relay's own services (control port, ssh, ...) are not reachable
+	// through the tunnel.
+	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(
+		matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface),
+		[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
+
+	nat := c.AddChain(&nftables.Chain{Name: "masquerade", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: concat(
+		matchAddr(12, subnet),
+		matchIface(expr.MetaKeyOIFNAME, expr.CmpOpNeq, iface),
+		[]expr.Any{&expr.Counter{}, &expr.Masq{}})})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("install nftables table %s: %w", TableName, err)
+	}
+	return nil
+}
+
+// deleteTable removes the tunnel table if present.
+func deleteTable(c *nftables.Conn) error {
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
+	c.AddTable(t)
+	c.DelTable(t)
+	if err := c.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete nftables table %s: %w", TableName, err)
+	}
+	return nil
+}
