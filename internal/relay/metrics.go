@@ -1,0 +1,62 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are always counted (cheap); they are served only when configured.
+type metrics struct {
+	reg      *prometheus.Registry
+	active   prometheus.Gauge
+	requests *prometheus.CounterVec
+	// closedBytes accumulates the final counters of forgotten mappings; the
+	// bytes metric adds the live counters at scrape time.
+	closedBytes atomic.Uint64
+}
+
+func newMetrics(live func() uint64) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mpdetour_relay_active_mappings", Help: "NAT mappings currently granted.",
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mpdetour_relay_requests_total", Help: "Requests by operation and result code.",
+		}, []string{"op", "result"}),
+	}
+	bytes := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "mpdetour_relay_bytes_total", Help: "Bytes forwarded through mappings (both directions).",
+	}, func() float64 { return float64(m.closedBytes.Load() + live()) })
+	m.reg.MustRegister(m.active, m.requests, bytes)
+	return m
+}
+
+// serve runs the metrics endpoint until ctx ends.
+func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics endpoint stopped", "err", err)
+		}
+	}()
+	return nil
+}

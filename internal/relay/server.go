@@ -1,0 +1,668 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"golang.org/x/net/ipv4"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// Pre-authentication limits per source address: handshakes cost two X25519
+// operations each and refusals are answered, so both are bounded.
+const (
+	addrRate        = 20.0
+	addrBurst       = 40
+	maxSessionsPer  = 4 // per member: older sessions are dropped
+	unconfirmedLife = 10 * time.Second
+	sweepEvery      = 500 * time.Millisecond
+	closeEvery      = 2 * time.Second
+)
+
+// packet is a datagram handed from a reader to the event loop.
+type packet struct {
+	data   []byte
+	from   netip.AddrPort
+	dst    netip.Addr // local address it arrived at (zero if unknown)
+	legacy bool
+}
+
+type session struct {
+	s         *proto.Session
+	peer      proto.Key
+	name      string
+	addr      netip.AddrPort
+	local     netip.Addr
+	confirmed bool
+	created   time.Time
+}
+
+// Server is the relay daemon's core: one event loop owns every table, so
+// there are no locks on the request path.
+type Server struct {
+	set    *Settings
+	log    *slog.Logger
+	dp     dataPlane
+	pc     *ipv4.PacketConn
+	conn   *net.UDPConn
+	legacy *net.UDPConn
+
+	leases    *leaseTable
+	pol       *policy
+	lis       listeners
+	sessions  map[uint32]*session
+	byMember  map[proto.Key][]uint32
+	lastTS    map[proto.Key]proto.Timestamp
+	rates     map[proto.Key]*bucket
+	addrRates map[netip.Addr]*bucket
+	tunnels   TunnelAllocator
+	attr      *attrLog
+	met       *metrics
+	lastCount map[mapKey]Counter
+
+	in     chan packet
+	reload chan *Settings
+	now    func() time.Time
+}
+
+// NewServer sets up the data plane (removing any leftover table) and the
+// sockets. The caller runs Serve and then nothing else: Serve cleans up.
+func NewServer(set *Settings, log *slog.Logger) (*Server, error) {
+	s := &Server{
+		set:       set,
+		log:       log,
+		leases:    newLeaseTable(),
+		sessions:  map[uint32]*session{},
+		byMember:  map[proto.Key][]uint32{},
+		lastTS:    map[proto.Key]proto.Timestamp{},
+		rates:     map[proto.Key]*bucket{},
+		addrRates: map[netip.Addr]*bucket{},
+		in:        make(chan packet, 4096),
+		reload:    make(chan *Settings, 1),
+		now:       time.Now,
+	}
+	s.applyPolicy(set)
+	if err := s.pol.refreshOwn(); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.attr, err = openAttrLog(set.AttributionLog); err != nil {
+		return nil, err
+	}
+	s.met = newMetrics(s.liveBytes)
+	if s.tunnels, err = newTunnelAllocator(set.Tunnel, set.PrivateKey, log); err != nil {
+		s.attr.Close()
+		return nil, err
+	}
+	s.conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(set.Listen))
+	if err != nil {
+		s.closeAll()
+		return nil, fmt.Errorf("listen %v: %w", set.Listen, err)
+	}
+	s.pc = ipv4.NewPacketConn(s.conn)
+	if err := s.pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
+		s.closeAll()
+		return nil, fmt.Errorf("IP_PKTINFO: %w", err)
+	}
+	if set.Legacy {
+		s.legacy, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(set.LegacyListen))
+		if err != nil {
+			s.closeAll()
+			return nil, fmt.Errorf("legacy v1 listen %v: %w", set.LegacyListen, err)
+		}
+		log.Warn("legacy v1 protocol enabled: unauthenticated, spoofable, see docs/relay.md", "listen", set.LegacyListen)
+	}
+	if s.dp, err = newNFT(); err != nil {
+		s.closeAll()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Addr is the control socket's address (useful with port 0).
+func (s *Server) Addr() netip.AddrPort { return s.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+func (s *Server) closeAll() {
+	if s.conn != nil {
+		s.conn.Close()
+	}
+	if s.legacy != nil {
+		s.legacy.Close()
+	}
+	if s.tunnels != nil {
+		_ = s.tunnels.Close()
+	}
+	if s.attr != nil {
+		_ = s.attr.Close()
+	}
+}
+
+func (s *Server) applyPolicy(set *Settings) {
+	p := &policy{allow: set.Allow, deny: set.Deny, denyPorts: set.DenyPorts}
+	if s.pol != nil {
+		p.ownAddrs, p.ownNets = s.pol.ownAddrs, s.pol.ownNets
+	}
+	s.pol = p
+}
+
+// Reload hands new settings to the event loop (SIGHUP). Mappings survive;
+// mappings and sessions of members no longer listed are revoked.
+func (s *Server) Reload(set *Settings) {
+	select {
+	case s.reload <- set:
+	default:
+		s.log.Warn("reload already pending; ignoring")
+	}
+}
+
+// Serve runs until ctx ends, then removes every mapping and the table.
+func (s *Server) Serve(ctx context.Context) error {
+	if s.set.MetricsListen != "" {
+		if err := s.met.serve(ctx, s.set.MetricsListen, s.log); err != nil {
+			s.shutdown()
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go s.readV2(rctx)
+	if s.legacy != nil {
+		go s.readLegacy(rctx)
+	}
+	s.log.Info("relay serving", "listen", s.Addr(), "members", len(s.set.Members),
+		"ports", fmt.Sprintf("%d-%d", s.set.PortLo, s.set.PortHi), "lease", s.set.Lease)
+	sweep := time.NewTicker(sweepEvery)
+	defer sweep.Stop()
+	lastClose := s.now()
+	for {
+		select {
+		case <-ctx.Done():
+			s.shutdown()
+			return nil
+		case p := <-s.in:
+			if p.legacy {
+				s.handleLegacy(p)
+			} else {
+				s.handle(p)
+			}
+		case set := <-s.reload:
+			s.applyReload(set)
+		case <-sweep.C:
+			now := s.now()
+			s.expire(now)
+			if now.Sub(lastClose) >= closeEvery {
+				s.reap(now)
+				s.prune(now)
+				lastClose = now
+			}
+		}
+	}
+}
+
+func (s *Server) readV2(ctx context.Context) {
+	for {
+		buf := make([]byte, 2048)
+		n, cm, from, err := s.pc.ReadFrom(buf)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Warn("control socket read", "err", err)
+			continue
+		}
+		ua, ok := from.(*net.UDPAddr)
+		if !ok {
+			continue
+		}
+		p := packet{data: buf[:n], from: ua.AddrPort()}
+		if cm != nil {
+			p.dst, _ = netip.AddrFromSlice(cm.Dst.To4())
+		}
+		p.from = netip.AddrPortFrom(p.from.Addr().Unmap(), p.from.Port())
+		select {
+		case s.in <- p:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Server) readLegacy(ctx context.Context) {
+	for {
+		buf := make([]byte, 64)
+		n, from, err := s.legacy.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		p := packet{data: buf[:n], from: netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), legacy: true}
+		select {
+		case s.in <- p:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Server) send(b []byte, to netip.AddrPort, src netip.Addr) {
+	var cm *ipv4.ControlMessage
+	if src.IsValid() && !s.set.Listen.Addr().IsValid() || src.IsValid() && s.set.Listen.Addr().IsUnspecified() {
+		cm = &ipv4.ControlMessage{Src: src.AsSlice()}
+	}
+	if _, err := s.pc.WriteTo(b, cm, net.UDPAddrFromAddrPort(to)); err != nil {
+		s.log.Debug("send", "to", to, "err", err)
+	}
+}
+
+func (s *Server) count(op string, r proto.Reason) {
+	s.met.requests.WithLabelValues(op, r.String()).Inc()
+}
+
+// refuse answers a pre-session failure in clear text, smaller than any
+// request, at a bounded rate per source address.
+func (s *Server) refuse(p packet, r proto.Reason, index uint32, counter uint64) {
+	if !s.addrAllowed(p.from.Addr()) {
+		return
+	}
+	s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: index, Counter: counter}), p.from, p.dst)
+}
+
+func (s *Server) addrAllowed(a netip.Addr) bool {
+	b := s.addrRates[a]
+	if b == nil {
+		if len(s.addrRates) > 100000 {
+			return false // under a spoofed flood nobody new gets answers
+		}
+		b = &bucket{}
+		s.addrRates[a] = b
+	}
+	return b.take(s.now(), addrRate, addrBurst)
+}
+
+func (s *Server) handle(p packet) {
+	typ, err := proto.PacketType(p.data)
+	if err != nil {
+		s.count("packet", proto.ReasonOf(err))
+		if r := proto.ReasonOf(err); r != proto.OK && len(p.data) >= proto.ErrorLen {
+			s.refuse(p, r, 0, 0)
+		}
+		return
+	}
+	switch typ {
+	case proto.TypeInit:
+		s.handleInit(p)
+	case proto.TypeTransport:
+		s.handleTransport(p)
+	default:
+		// Responses and errors are for clients; never answer them.
+	}
+}
+
+func (s *Server) handleInit(p packet) {
+	in, err := proto.ParseInit(p.data)
+	if err != nil {
+		s.count("handshake", proto.ReasonOf(err))
+		return // too short to answer without amplifying
+	}
+	if !s.addrAllowed(p.from.Addr()) {
+		s.count("handshake", proto.ReasonRateLimited)
+		return
+	}
+	acc, err := proto.ConsumeInitiation(s.set.PrivateKey, in)
+	if err != nil {
+		r := proto.ReasonOf(err)
+		s.count("handshake", r)
+		s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: in.Sender}), p.from, p.dst)
+		return
+	}
+	name, member := s.set.Members[acc.Peer]
+	if !member {
+		s.count("handshake", proto.ReasonUnauthorized)
+		s.log.Info("handshake from unknown key", "from", p.from, "key_id", acc.Peer.ID())
+		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonUnauthorized, Index: in.Sender}), p.from, p.dst)
+		return
+	}
+	if last, ok := s.lastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
+		s.count("handshake", proto.ReasonReplay)
+		s.log.Info("replayed handshake", "member", name, "from", p.from)
+		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonReplay, Index: in.Sender}), p.from, p.dst)
+		return
+	}
+	s.lastTS[acc.Peer] = acc.Timestamp
+	idx := s.newIndex()
+	resp, ss, err := acc.Respond(idx)
+	if err != nil {
+		s.count("handshake", proto.ReasonInternal)
+		s.log.Error("handshake response", "err", err)
+		return
+	}
+	s.sessions[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now()}
+	ids := append(s.byMember[acc.Peer], idx)
+	for len(ids) > maxSessionsPer {
+		delete(s.sessions, ids[0])
+		ids = ids[1:]
+	}
+	s.byMember[acc.Peer] = ids
+	s.count("handshake", proto.OK)
+	s.send(resp, p.from, p.dst)
+}
+
+func (s *Server) newIndex() uint32 {
+	var b [4]byte
+	for {
+		_, _ = rand.Read(b[:])
+		i := binary.BigEndian.Uint32(b[:])
+		if _, taken := s.sessions[i]; !taken && i != 0 {
+			return i
+		}
+	}
+}
+
+func (s *Server) handleTransport(p packet) {
+	t, err := proto.ParseTransport(p.data)
+	if err != nil {
+		s.count("transport", proto.ReasonOf(err))
+		return
+	}
+	ses := s.sessions[t.Receiver]
+	if ses == nil || s.now().Sub(ses.created) > proto.SessionLifetime {
+		s.count("transport", proto.ReasonNoSession)
+		s.refuse(p, proto.ReasonNoSession, t.Receiver, t.Counter)
+		return
+	}
+	// Checked before decrypting so a copy sent from elsewhere cannot burn
+	// the genuine packet's counter.
+	if p.from != ses.addr {
+		s.count("transport", proto.ReasonAddressChanged)
+		s.log.Info("transport packet from another address", "member", ses.name, "session_addr", ses.addr, "from", p.from)
+		s.refuse(p, proto.ReasonAddressChanged, t.Receiver, t.Counter)
+		return
+	}
+	msg, err := ses.s.Open(t)
+	if err != nil {
+		r := proto.ReasonOf(err)
+		s.count("transport", r)
+		s.refuse(p, r, t.Receiver, t.Counter)
+		return
+	}
+	ses.confirmed = true // only a receiver of our response can get here
+	req, err := proto.ParseRequest(msg)
+	var rep proto.Reply
+	if err != nil {
+		rep = proto.Reply{Op: req.Op, ID: req.ID, Reason: proto.ReasonOf(err)}
+	} else {
+		rep = s.serveRequest(ses, req)
+	}
+	s.count(req.Op.String(), rep.Reason)
+	b, err := proto.MarshalReply(rep)
+	if err != nil {
+		s.log.Error("marshal reply", "err", err)
+		return
+	}
+	out, err := ses.s.Seal(b)
+	if err != nil {
+		return
+	}
+	s.send(out, p.from, p.dst)
+}
+
+func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
+	rep := proto.Reply{Op: req.Op, ID: req.ID}
+	b := s.rates[ses.peer]
+	if b == nil {
+		b = &bucket{}
+		s.rates[ses.peer] = b
+	}
+	if !b.take(s.now(), s.set.Rate, s.set.Burst) {
+		rep.Reason = proto.ReasonRateLimited
+		return rep
+	}
+	o := owner{Key: ses.peer, Name: ses.name}
+	client := ses.addr.Addr()
+	switch req.Op {
+	case proto.OpPing:
+	case proto.OpGrant:
+		detour := s.set.DetourAddress
+		if !detour.IsValid() {
+			detour = ses.local
+		}
+		if !detour.IsValid() {
+			detour = s.set.Listen.Addr()
+		}
+		m, r := s.grant(o, client, req.Server, req.Port, s.set.Lease, s.set.QuotaPerMember)
+		rep.Reason = r
+		if r == proto.OK {
+			rep.Detour = netip.AddrPortFrom(detour, m.Key.Port)
+			rep.Lease = m.Expires.Sub(s.now())
+		}
+	case proto.OpRenew:
+		m := s.leases.byKey[mapKey{client, req.Port}]
+		if m == nil || m.Owner.Key != ses.peer {
+			rep.Reason = proto.ReasonNotFound
+			break
+		}
+		now := s.now()
+		m.Expires = now.Add(s.set.Lease)
+		rep.Lease = s.set.Lease
+		s.logAttr(mappingEvent("renew", m, now))
+	case proto.OpRelease:
+		m := s.leases.byKey[mapKey{client, req.Port}]
+		if m == nil || m.Owner.Key != ses.peer {
+			rep.Reason = proto.ReasonNotFound
+			break
+		}
+		rep.Bytes = s.lastCount[m.Key].Bytes
+		if err := s.close([]*mapping{m}, "release"); err != nil {
+			rep.Reason = proto.ReasonInternal
+		}
+	case proto.OpTunnel:
+		if s.tunnels == nil {
+			rep.Reason = proto.ReasonUnsupported
+			break
+		}
+		g, lease, err := s.tunnels.Allocate(ses.peer, client)
+		if err != nil {
+			rep.Reason = proto.ReasonOf(err)
+			if rep.Reason == proto.OK {
+				rep.Reason = proto.ReasonInternal
+			}
+			s.log.Warn("tunnel allocation", "member", ses.name, "err", err)
+			break
+		}
+		rep.Tunnel, rep.Lease = g, lease
+	default:
+		rep.Reason = proto.ReasonUnsupported
+	}
+	return rep
+}
+
+// grant applies policy, quotas and port choice, then installs the mapping.
+func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, proposed uint16, lease time.Duration, quota int) (*mapping, proto.Reason) {
+	now := s.now()
+	if !client.Is4() {
+		return nil, proto.ReasonPolicyDenied
+	}
+	if err := s.pol.check(server); err != nil {
+		s.log.Info("destination refused", "member", o.Name, "client", client, "server", server, "why", err)
+		return nil, proto.ReasonPolicyDenied
+	}
+	if m := s.leases.find(o, client, server); m != nil {
+		// Idempotent: a retransmitted or repeated grant gets the same port.
+		m.Expires = now.Add(lease)
+		s.logAttr(mappingEvent("renew", m, now))
+		return m, proto.OK
+	}
+	if s.leases.count[quotaKey(o, client)] >= quota || s.leases.active() >= s.set.QuotaGlobal {
+		return nil, proto.ReasonQuota
+	}
+	port, ok := s.leases.pickPort(client, proposed, s.set.PortLo, s.set.PortHi, func(p uint16) bool { return s.lis.has(p, now) })
+	if !ok {
+		return nil, proto.ReasonNoPorts
+	}
+	m := &mapping{Key: mapKey{client, port}, Server: server, Owner: o, Granted: now, Expires: now.Add(lease)}
+	if err := s.dp.Map([]mapping{*m}); err != nil {
+		s.log.Error("installing mapping", "mapping", m.Key, "err", err)
+		return nil, proto.ReasonInternal
+	}
+	s.leases.add(m)
+	s.met.active.Set(float64(s.leases.active()))
+	s.logAttr(mappingEvent("grant", m, now))
+	return m, proto.OK
+}
+
+// close unmaps mappings; their counters are read and logged by reap.
+func (s *Server) close(ms []*mapping, reason string) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	keys := make([]mapKey, len(ms))
+	for i, m := range ms {
+		keys[i] = m.Key
+	}
+	err := s.dp.Unmap(keys)
+	if err != nil {
+		s.log.Error("removing mappings", "n", len(keys), "err", err)
+	}
+	now := s.now()
+	for _, m := range ms {
+		s.leases.remove(m, reason, now)
+	}
+	s.met.active.Set(float64(s.leases.active()))
+	return err
+}
+
+func (s *Server) expire(now time.Time) {
+	if ex := s.leases.expired(now); len(ex) > 0 {
+		_ = s.close(ex, "expiry")
+	}
+}
+
+// reap reads the counters of closed mappings, logs them and forgets them.
+func (s *Server) reap(now time.Time) {
+	if len(s.leases.closing) == 0 {
+		return
+	}
+	cnt, err := s.dp.Counters()
+	if err != nil {
+		s.log.Error("reading counters", "err", err)
+	}
+	s.lastCount = cnt
+	keys := make([]mapKey, 0, len(s.leases.closing))
+	for k, c := range s.leases.closing {
+		s.logAttr(withCounter(mappingEvent(c.reason, c.m, c.at), cnt[k]))
+		s.met.closedBytes.Add(cnt[k].Bytes)
+		keys = append(keys, k)
+	}
+	if err := s.dp.Forget(keys); err != nil {
+		s.log.Error("removing counters", "err", err)
+	}
+	clear(s.leases.closing)
+}
+
+func (s *Server) prune(now time.Time) {
+	for idx, ses := range s.sessions {
+		if now.Sub(ses.created) > proto.SessionLifetime || !ses.confirmed && now.Sub(ses.created) > unconfirmedLife {
+			delete(s.sessions, idx)
+			ids := s.byMember[ses.peer]
+			for i, v := range ids {
+				if v == idx {
+					s.byMember[ses.peer] = append(ids[:i:i], ids[i+1:]...)
+					break
+				}
+			}
+		}
+	}
+	for a, b := range s.addrRates {
+		if now.Sub(b.last) > time.Minute {
+			delete(s.addrRates, a)
+		}
+	}
+	_ = s.pol.refreshOwn()
+}
+
+func (s *Server) logAttr(ev attrEvent) {
+	if err := s.attr.write(ev); err != nil {
+		s.log.Error("attribution log", "err", err)
+	}
+}
+
+func (s *Server) liveBytes() uint64 {
+	cnt, err := s.dp.Counters()
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for _, c := range cnt {
+		n += c.Bytes
+	}
+	return n
+}
+
+func (s *Server) applyReload(set *Settings) {
+	if set.Listen != s.set.Listen || set.PrivateKey != s.set.PrivateKey || set.Legacy != s.set.Legacy {
+		s.log.Warn("reload: listen address, private key and legacy_v1 change only on restart")
+		set.Listen, set.PrivateKey, set.Legacy, set.LegacyListen = s.set.Listen, s.set.PrivateKey, s.set.Legacy, s.set.LegacyListen
+	}
+	var revoked []*mapping
+	for _, m := range s.leases.byKey {
+		if !m.Owner.Key.IsZero() {
+			if _, ok := set.Members[m.Owner.Key]; !ok {
+				revoked = append(revoked, m)
+			}
+		}
+	}
+	for key, ids := range s.byMember {
+		if _, ok := set.Members[key]; !ok {
+			for _, id := range ids {
+				delete(s.sessions, id)
+			}
+			delete(s.byMember, key)
+			if s.tunnels != nil {
+				s.tunnels.Release(key)
+			}
+		}
+	}
+	_ = s.close(revoked, "revoked")
+	if set.AttributionLog != s.set.AttributionLog || set.AttributionLog != "" && set.AttributionLog != "-" {
+		// Reopening also follows a rotated file.
+		if l, err := openAttrLog(set.AttributionLog); err != nil {
+			s.log.Error("reload: attribution log", "err", err)
+			set.AttributionLog = s.set.AttributionLog
+		} else {
+			_ = s.attr.Close()
+			s.attr = l
+		}
+	}
+	set.Tunnel = s.set.Tunnel
+	s.set = set
+	s.applyPolicy(set)
+	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", len(revoked), "active", s.leases.active())
+}
+
+// shutdown logs every mapping's final counters and removes the table.
+func (s *Server) shutdown() {
+	now := s.now()
+	var all []*mapping
+	for _, m := range s.leases.byKey {
+		all = append(all, m)
+	}
+	for _, m := range all {
+		s.leases.remove(m, "shutdown", now)
+	}
+	s.reap(now)
+	if err := s.dp.Close(); err != nil {
+		s.log.Error("removing nftables table", "err", err)
+	}
+	s.closeAll()
+	s.log.Info("relay stopped", "mappings_removed", len(all))
+}
