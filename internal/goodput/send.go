@@ -7,10 +7,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"slices"
-	"strings"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/goodput"
+)
+
+func init() {
+	var (
+		recvPort  int
+		recvMPTCP bool
+		recvBind  string
+
+		sendDur    time.Duration
+		sendWarm   time.Duration
+		sendMPTCP  bool
+		sendJSON   bool
+		sendCC     string
+		sendNetnsP string
+	)
+	cli.Register(&cli.Command{
+		Name:    "bench",
+		Summary: "measure goodput (reference method) with per-subflow statistics",
+		Order:   60,
+		Sub: []*cli.Command{
+			{
+				Name:    "recv",
+				Summary: "receive bulk transfers and report goodput to each sender (serves clients until killed)",
+				Usage:   "--port P [--mptcp] [--bind ADDR]",
+				Flags: func(fs *flag.FlagSet) {
+					fs.IntVar(&recvPort, "port", 5201, "TCP port to listen on")
+					fs.BoolVar(&recvMPTCP, "mptcp", false, "listen with MPTCP (plain TCP clients are still served)")
+					fs.StringVar(&recvBind, "bind", "", "local address to listen on (default all)")
+				},
+				Run: func(ctx context.Context, args []string) error {
+					if len(args) > 0 {
+						return cli.Usagef("recv takes no arguments, got %q", args[0])
+					}
+					if recvPort < 1 || recvPort > 65535 {
+						return cli.Usagef("--port %d out of range 1-65535", recvPort)
+					}
+					log := slog.New(slog.NewTextHandler(cli.Stderr, nil))
+					s, err := goodput.Listen(goodput.ServeOptions{
+						Addr: joinHostPort(recvBind, recvPort), MPTCP: recvMPTCP, Log: log,
+					})
+					if err != nil {
+						return err
+					}
+					log.Info("listening", "addr", s.Addr().String(), "mptcp", s.MPTCP())
+					return s.Serve(ctx)
+				},
+			},
+			{
+				Name:         "send",
+				Summary:      "send a bulk transfer to a bench receiver and print its goodput",
+				Usage:        "HOST:PORT [--duration 10s] [--mptcp] [--json] [--cc cubic]",
+				Interspersed: true,
+				Flags: func(fs *flag.FlagSet) {
+					fs.DurationVar(&sendDur, "duration", 10*time.Second, "how long to send")
+					fs.DurationVar(&sendWarm, "warmup", goodput.DefaultWarmup, "start of the goodput window (reference method: 1s)")
+					fs.BoolVar(&sendMPTCP, "mptcp", false, "use MPTCP (fallback to TCP is reported)")
+					fs.BoolVar(&sendJSON, "json", false, "print the full result as JSON")
+					fs.StringVar(&sendCC, "cc", goodput.DefaultCC, "congestion control for the socket")
+					fs.StringVar(&sendNetnsP, "netns", "", "network namespace path to send from (e.g. /run/netns/X)")
+				},
+				Run: func(ctx context.Context, args []string) error {
+					if len(args) != 1 {
+						return cli.Usagef("send needs exactly one HOST:PORT")
+					}
+					if sendDur <= sendWarm {
+						return cli.Usagef("--duration %v must be longer than --warmup %v", sendDur, sendWarm)
+					}
+					r, err := goodput.Send(ctx, goodput.SendOptions{
+						Addr: args[0], Duration: sendDur, Warmup: sendWarm,
+						MPTCP: sendMPTCP, CC: sendCC, Netns: sendNetnsP,
+					})
+					if err != nil {
+						return err
+					}
+					if sendJSON {
+						enc := json.NewEncoder(os.Stdout)
+						enc.SetIndent("", "  ")
+						return enc.Encode(r)
+					}
+					printResult(r)
+					return nil
+				},
+			},
+		},
+	})
+}
+
+func joinHostPort(host string, port int) string {
+	if host == "" {
+		return fmt.Sprintf(":%d", port)
+	}
+	return fmt.Sprintf("[%s]:%d", host, port)
+}
+
+func printResult(r *goodput.Result) {
+	proto := "TCP"
+	if r.MPTCP {
+		proto = "MPTCP"
+	} else if r.Fallback {
+		proto = "TCP (MPTCP requested, fell back)"
+	}
+	fmt.Printf("%s to %s, congestion control %s\n", proto, r.Addr, r.CongestionControl)
+	for _, s := range r.Samples {
+		fmt.Printf("  %5.1f-%5.1f s  %10d bytes  %8.2f Mbit/s\n", s.Start, s.Start+s.Seconds, s.Bytes, s.Mbps)
+	}
+	for _, s := range r.Subflows {
+		fmt.Printf("  subflow %d %v -> %v: %d bytes acked (%d in window), rtt %.1f ms (min %.1f), %d retransmits\n",
+			s.ID, s.Local, s.Remote, s.BytesAcked, s.WindowBytesAcked, s.RTT, s.MinRTT, s.Retransmits)
+	}
+	fmt.Printf("goodput %.2f Mbit/s (%d bytes from t=%.0fs over %.3f s)\n", r.Goodput, r.WindowBytes, r.Warmup, r.WindowSeconds)
+}
