@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/delayline/nstest"
+	"github.com/mpdetour/mpdetour/internal/goodput"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
@@ -31,22 +32,43 @@ const (
 
 func newWire(t *testing.T, ab, ba time.Duration) *wire {
 	t.Helper()
+	ws := newWires(t, 1, ab, ba)
+	return ws[0]
+}
+
+// newWires builds n independent A -- mid -- B wires sharing one middle
+// namespace (interfaces a0/b0, a1/b1, ...) and one delay line config.
+func newWires(t *testing.T, n int, ab, ba time.Duration) []*wire {
+	t.Helper()
 	testenv.Root(t)
-	w := &wire{A: nstest.New(t, "tdA"), Mid: nstest.New(t, "tdM"), B: nstest.New(t, "tdB")}
+	mid := nstest.New(t, "tdM")
 	// The middle namespace must stay silent: no IPv6 link-local chatter
 	// mixed into the measured traffic.
-	if err := w.Mid.Sysctl("net/ipv6/conf/default/disable_ipv6", "1"); err != nil {
+	if err := mid.Sysctl("net/ipv6/conf/default/disable_ipv6", "1"); err != nil {
 		t.Fatal(err)
 	}
-	nstest.Veth(t, w.A, "eth0", w.Mid, "a")
-	nstest.Veth(t, w.B, "eth0", w.Mid, "b")
-	w.A.Addr(t, "eth0", addrA+"/24")
-	w.B.Addr(t, "eth0", addrB+"/24")
-	w.cfg = Config{Links: []Link{{
-		Name: "l1", Netns: w.Mid.Path, A: "a", B: "b",
-		DelayAB: Duration(ab), DelayBA: Duration(ba),
-	}}}
-	return w
+	var cfg Config
+	var ws []*wire
+	for i := range n {
+		w := &wire{A: nstest.New(t, "tdA"), Mid: mid, B: nstest.New(t, "tdB")}
+		a, b := "a", "b"
+		if n > 1 {
+			a, b = fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i)
+		}
+		nstest.Veth(t, w.A, "eth0", mid, a)
+		nstest.Veth(t, w.B, "eth0", mid, b)
+		w.A.Addr(t, "eth0", addrA+"/24")
+		w.B.Addr(t, "eth0", addrB+"/24")
+		cfg.Links = append(cfg.Links, Link{
+			Name: fmt.Sprintf("l%d", i), Netns: mid.Path, A: a, B: b,
+			DelayAB: Duration(ab), DelayBA: Duration(ba),
+		})
+		ws = append(ws, w)
+	}
+	for _, w := range ws {
+		w.cfg = cfg
+	}
+	return ws
 }
 
 // start runs the delay line in this process until the test ends.
@@ -245,5 +267,40 @@ func TestLoss(t *testing.T) {
 	// Other frames of A (ARP, IPv6 neighbour discovery) may be dropped too.
 	if n := l.Stats()[0].DropLoss - before; n < uint64(lost) || n > uint64(lost)+10 {
 		t.Errorf("counted %d losses, %d echo requests lost", n, lost)
+	}
+}
+
+// TestGoodputThroughDelay: TCP through tbf (10 Mbit/s) and the delay line
+// (5 ms each way) gets close to the shaped rate, and the delay line itself
+// drops nothing.
+func TestGoodputThroughDelay(t *testing.T) {
+	w := newWire(t, 5*time.Millisecond, 5*time.Millisecond)
+	w.A.Tbf(t, "eth0", 10_000_000, 100*1514)
+	l := w.start(t)
+	srv, err := goodput.Listen(goodput.ServeOptions{Addr: addrB + ":5201", Netns: w.B.Path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-served }()
+	r, err := goodput.Send(ctx, goodput.SendOptions{Addr: addrB + ":5201", Duration: 3 * time.Second, Netns: w.A.Path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ideal := 10 * 1448.0 / 1514
+	t.Logf("goodput %.3f Mbit/s (ideal %.3f), rtt %.2f ms, retransmits %d", r.Goodput, ideal, r.Subflows[0].RTT, r.Retransmits)
+	// Loose bounds for a shared CI machine; docs/lab.md has the measured table.
+	if r.Goodput < 0.8*ideal || r.Goodput > 1.02*ideal {
+		t.Errorf("goodput %.3f Mbit/s through a 10 Mbit/s link, ideal %.3f", r.Goodput, ideal)
+	}
+	for _, s := range l.Stats() {
+		if s.DropFull+s.DropOversize+s.SendErrors+s.KernelDrops != 0 {
+			t.Errorf("delay line dropped frames: %+v", s)
+		}
+	}
+	if r.Subflows[0].MinRTT < 10 {
+		t.Errorf("min RTT %.2f ms below the configured 10 ms", r.Subflows[0].MinRTT)
 	}
 }
