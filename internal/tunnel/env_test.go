@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -268,5 +267,3 @@ func newClient(t *testing.T, ns string, index int, key wgtypes.Key, a Allocation
 	t.Cleanup(func() { c.Close() })
 	return c
 }
-
-var errNoHandshake = errors.New("no handshake")
