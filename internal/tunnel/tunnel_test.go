@@ -244,4 +244,3 @@ func TestAllocationLostRefresh(t *testing.T) {
 	assertClean(t, tp.c1)
 	assertClean(t, tp.relay)
 }
-
