@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // BenchmarkSocket measures socket()+close() inside the static probe: plain
@@ -91,15 +92,17 @@ func iperfOnce(b *testing.B, ns, mech string) float64 {
 		b.Fatal(err)
 	}
 	defer func() { srv.Process.Kill(); srv.Wait(); reapAndListSupervisors() }()
-	var out []byte
-	var err error
-	for try := 0; try < 50; try++ {
-		out, err = wrap("iperf3", "-c", "127.0.0.1", "-p", "7100", "-t", "3", "-C", "cubic", "-J").Output()
-		if err == nil {
+	for try := 0; ; try++ {
+		o, _ := exec.Command("ip", "netns", "exec", ns, "ss", "-Hln", "sport", "=", ":7100").Output()
+		if strings.TrimSpace(string(o)) != "" {
 			break
 		}
-		exec.Command("sleep", "0.1").Run()
+		if try > 200 {
+			b.Fatal("iperf3 server did not listen")
+		}
+		time.Sleep(25 * time.Millisecond)
 	}
+	out, err := wrap("iperf3", "-c", "127.0.0.1", "-p", "7100", "-t", "3", "-C", "cubic", "-J").Output()
 	if err != nil {
 		b.Fatalf("iperf3: %v %s", err, out)
 	}
