@@ -1,0 +1,393 @@
+package lab
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/goodput"
+)
+
+// CheckOptions tune Check. The zero value measures everything with the
+// defaults below.
+type CheckOptions struct {
+	Pings        int           // echo requests per direction; default 20
+	PingInterval time.Duration // default 20 ms
+	// RateDuration is each TCP transfer's length (goodput window starts
+	// after 1 s); default 4 s. NoRate skips the goodput measurement.
+	RateDuration time.Duration
+	NoRate       bool
+	// Sequential measures goodput one direction at a time instead of every
+	// link's a->b direction at once, then every b->a.
+	Sequential bool
+	// LossSamples is the number of UDP probes per direction; default 2000.
+	LossSamples int
+	// Confidence of the loss interval; default 0.99.
+	Confidence float64
+	// Links restricts the check to these links (default: all).
+	Links []string
+}
+
+// Tolerances of the fidelity targets.
+const (
+	RTTTolAbs     = time.Millisecond
+	RTTTolRel     = 0.03
+	GoodputTolRel = 0.03
+)
+
+// TCPEfficiency converts a link rate into the TCP goodput it should carry:
+// a 1448-byte payload (MSS with timestamps) per 1514-byte frame, which is
+// what tbf counts.
+const TCPEfficiency = 1448.0 / 1514.0
+
+// DirCheck is the measurement of one direction of one link.
+type DirCheck struct {
+	Link string `json:"link"`
+	Dir  string `json:"dir"` // "ab" or "ba"
+	From string `json:"from"`
+	To   string `json:"to"`
+
+	// RTT is measured from From to To's address on the link; the
+	// expectation is both directions' delay plus the probes' serialization.
+	RTTSpec   time.Duration `json:"rtt_spec_ns"`
+	RTTMedian time.Duration `json:"rtt_median_ns"`
+	RTTMin    time.Duration `json:"rtt_min_ns"`
+	RTTOK     bool          `json:"rtt_ok"`
+
+	Rate        Rate    `json:"rate_bps"` // 0 = unlimited (goodput not checked)
+	GoodputSpec float64 `json:"goodput_spec_mbps,omitempty"`
+	Goodput     float64 `json:"goodput_mbps,omitempty"`
+	GoodputOK   bool    `json:"goodput_ok"`
+	GoodputErr  string  `json:"goodput_error,omitempty"`
+	GoodputNote string  `json:"goodput_note,omitempty"`
+
+	LossSpec float64 `json:"loss_spec"`
+	Sent     int     `json:"loss_sent"`
+	Lost     int     `json:"loss_lost"`
+	LossLo   float64 `json:"loss_lo"`
+	LossHi   float64 `json:"loss_hi"`
+	LossOK   bool    `json:"loss_ok"`
+}
+
+// OK reports whether every measured quantity of the direction is within
+// its tolerance.
+func (d DirCheck) OK() bool { return d.RTTOK && d.GoodputOK && d.LossOK }
+
+// CheckReport is the result of Check.
+type CheckReport struct {
+	Lab        string     `json:"lab"`
+	Confidence float64    `json:"confidence"`
+	Samples    int        `json:"loss_samples"`
+	Directions []DirCheck `json:"directions"`
+	OK         bool       `json:"ok"`
+}
+
+// Failures lists a line per quantity off its target.
+func (r *CheckReport) Failures() []string {
+	var out []string
+	for _, d := range r.Directions {
+		w := fmt.Sprintf("%s %s->%s", d.Link, d.From, d.To)
+		if !d.RTTOK {
+			out = append(out, fmt.Sprintf("%s: RTT %v, spec %v (tolerance max(1ms, 3%%))", w, d.RTTMedian.Round(10*time.Microsecond), d.RTTSpec))
+		}
+		if !d.GoodputOK {
+			if d.GoodputErr != "" {
+				out = append(out, fmt.Sprintf("%s: goodput not measured: %s", w, d.GoodputErr))
+			} else {
+				out = append(out, fmt.Sprintf("%s: goodput %.2f Mbit/s, spec %.2f (rate %v × %.4f, tolerance 3%%)", w, d.Goodput, d.GoodputSpec, d.Rate, TCPEfficiency))
+			}
+		}
+		if !d.LossOK {
+			out = append(out, fmt.Sprintf("%s: loss %d/%d, %.0f%% interval [%.3f%%, %.3f%%] excludes spec %.3f%%", w, d.Lost, d.Sent, r.Confidence*100, d.LossLo*100, d.LossHi*100, d.LossSpec*100))
+		}
+	}
+	return out
+}
+
+func withinRTT(got, want time.Duration) bool {
+	tol := max(RTTTolAbs, time.Duration(float64(want)*RTTTolRel))
+	diff := got - want
+	return diff <= tol && -diff <= tol
+}
+
+// Check measures every link direction of the lab against its spec: RTT by
+// ICMP echo between the link's endpoints, TCP goodput with the goodput
+// tool (cubic) where the direction has a rate, and loss with numbered UDP
+// probes. The measurement happens between direct neighbours, so each
+// figure belongs to one link.
+func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
+	if o.Pings <= 0 {
+		o.Pings = 20
+	}
+	if o.PingInterval <= 0 {
+		o.PingInterval = 20 * time.Millisecond
+	}
+	if o.RateDuration <= 0 {
+		o.RateDuration = 4 * time.Second
+	}
+	if o.LossSamples <= 0 {
+		o.LossSamples = 2000
+	}
+	if o.Confidence <= 0 || o.Confidence >= 1 {
+		o.Confidence = 0.99
+	}
+	var links []*Link
+	for _, k := range l.topo.Links {
+		if len(o.Links) == 0 || containsStr(o.Links, k.Name) {
+			links = append(links, k)
+		}
+	}
+	for _, n := range o.Links {
+		if l.topo.Link(n) == nil {
+			return nil, fmt.Errorf("lab %s has no link %q", l.name, n)
+		}
+	}
+	rep := &CheckReport{Lab: l.name, Confidence: o.Confidence, Samples: o.LossSamples}
+	for _, k := range links {
+		for _, dir := range []string{"ab", "ba"} {
+			d := DirCheck{Link: k.Name, Dir: dir, From: k.A.Node, To: k.B.Node}
+			sh := k.AB
+			if dir == "ba" {
+				d.From, d.To, sh = k.B.Node, k.A.Node, k.BA
+			}
+			d.RTTSpec = k.AB.Delay + k.BA.Delay + serialization(k.AB.Rate) + serialization(k.BA.Rate)
+			d.Rate = sh.Rate
+			d.LossSpec = float64(sh.Loss)
+			if sh.Rate > 0 && (k.AB.Loss > 0 || k.BA.Loss > 0) {
+				// TCP over a lossy link is limited by the loss, not the rate
+				// (Mathis et al.), so its goodput says nothing about tbf.
+				d.GoodputNote = "lossy link: TCP is loss-limited, rate not checked"
+				d.GoodputOK = true
+			} else if sh.Rate > 0 && !o.NoRate {
+				d.GoodputSpec = sh.Rate.Mbit() * TCPEfficiency
+			} else {
+				d.GoodputOK = true
+			}
+			rep.Directions = append(rep.Directions, d)
+		}
+	}
+	dst := func(d *DirCheck) netip.Addr {
+		k := l.topo.Link(d.Link)
+		if d.Dir == "ab" {
+			return k.B.Addr.Addr()
+		}
+		return k.A.Addr.Addr()
+	}
+	// 1. RTT, idle links, all at once (echo traffic is light).
+	var wg sync.WaitGroup
+	errs := make([]error, len(rep.Directions))
+	for i := range rep.Directions {
+		d := &rep.Directions[i]
+		wg.Go(func() {
+			r, err := l.Ping(ctx, d.From, dst(d), o.Pings, o.PingInterval, 2*time.Second+2*d.RTTSpec)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			d.RTTMedian, d.RTTMin = r.Median(), r.Min()
+			d.RTTOK = r.Received > 0 && withinRTT(d.RTTMedian, d.RTTSpec)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	// 2. Loss: numbered UDP probes, every direction at once.
+	for i := range rep.Directions {
+		d := &rep.Directions[i]
+		wg.Go(func() {
+			sent, lost, err := l.udpLoss(ctx, d.From, d.To, dst(d), o.LossSamples, d.Rate)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			d.Sent, d.Lost = sent, lost
+			d.LossLo, d.LossHi = BinomialInterval(lost, sent, o.Confidence)
+			d.LossOK = d.LossSpec >= d.LossLo && d.LossSpec <= d.LossHi
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	// 3. Goodput. The two directions of a link never run together: the
+	// reverse flow's ACKs would share the measured queue.
+	if !o.NoRate {
+		groups := [][]int{}
+		for _, dir := range []string{"ab", "ba"} {
+			var g []int
+			for i, d := range rep.Directions {
+				if d.Dir == dir && d.GoodputSpec > 0 {
+					if o.Sequential {
+						groups = append(groups, []int{i})
+					} else {
+						g = append(g, i)
+					}
+				}
+			}
+			if len(g) > 0 {
+				groups = append(groups, g)
+			}
+		}
+		for _, g := range groups {
+			for _, i := range g {
+				d := &rep.Directions[i]
+				wg.Go(func() {
+					gp, err := l.goodput(ctx, d.From, d.To, dst(d), o.RateDuration)
+					if err != nil {
+						d.GoodputErr = err.Error()
+						return
+					}
+					d.Goodput = gp
+					d.GoodputOK = math.Abs(gp-d.GoodputSpec) <= GoodputTolRel*d.GoodputSpec
+				})
+			}
+			wg.Wait()
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	rep.OK = true
+	for _, d := range rep.Directions {
+		rep.OK = rep.OK && d.OK()
+	}
+	return rep, nil
+}
+
+// serialization is the time a 98-byte echo frame takes at rate r.
+func serialization(r Rate) time.Duration {
+	if r == 0 {
+		return 0
+	}
+	return time.Duration(98 * 8 * float64(time.Second) / float64(r))
+}
+
+// linkOf returns the name of the (first) link between nodes a and b.
+func linkOf(t *Topology, a, b string) string {
+	for _, k := range t.Links {
+		if (k.A.Node == a && k.B.Node == b) || (k.A.Node == b && k.B.Node == a) {
+			return k.Name
+		}
+	}
+	return ""
+}
+
+func containsStr(s []string, x string) bool {
+	for _, v := range s {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// goodput runs one TCP transfer from node to dst (in node "to") and
+// returns the reference-method goodput in Mbit/s.
+func (l *Lab) goodput(ctx context.Context, from, to string, dst netip.Addr, dur time.Duration) (float64, error) {
+	srv, err := goodput.Listen(goodput.ServeOptions{Addr: netip.AddrPortFrom(dst, 0).String(), Netns: l.NetnsPath(to)})
+	if err != nil {
+		return 0, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { srv.Serve(sctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	res, err := goodput.Send(ctx, goodput.SendOptions{Addr: srv.Addr().String(), Duration: dur, Netns: l.NetnsPath(from)})
+	if err != nil {
+		return 0, err
+	}
+	return res.Goodput, nil
+}
+
+// udpLoss sends n numbered datagrams from node from to dst (in node to),
+// paced well below the link rate so that no queue overflows, and counts
+// the distinct ones that arrive.
+func (l *Lab) udpLoss(ctx context.Context, from, to string, dst netip.Addr, n int, rate Rate) (sent, lost int, err error) {
+	var rx, tx *net.UDPConn
+	if err := l.Do(to, func() error {
+		var err error
+		rx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
+		return err
+	}); err != nil {
+		return 0, 0, fmt.Errorf("%s: %w", to, err)
+	}
+	defer rx.Close()
+	if err := l.Do(from, func() error {
+		var err error
+		tx, err = net.DialUDP("udp4", nil, rx.LocalAddr().(*net.UDPAddr))
+		return err
+	}); err != nil {
+		return 0, 0, fmt.Errorf("%s: %w", from, err)
+	}
+	defer tx.Close()
+	// 74-byte frames (8 bytes of payload) at most a tenth of the rate.
+	interval := 500 * time.Microsecond
+	if rate > 0 {
+		interval = max(interval, time.Duration(10*74*8*float64(time.Second)/float64(rate)))
+	}
+	seen := make([]bool, n)
+	got := 0
+	done := make(chan struct{})
+	all := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64)
+		for {
+			m, err := rx.Read(buf)
+			if err != nil {
+				return
+			}
+			if m != 8 {
+				continue
+			}
+			i := binary.BigEndian.Uint64(buf)
+			if i < uint64(n) && !seen[i] {
+				seen[i] = true
+				got++
+				if got == n {
+					close(all)
+				}
+			}
+		}
+	}()
+	start := time.Now()
+	msg := make([]byte, 8)
+	for i := 0; i < n; i++ {
+		// Pace by the clock, not by sleeping per packet: a sleep overshoots.
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			time.Sleep(wait)
+		}
+		if ctx.Err() != nil {
+			rx.Close()
+			<-done
+			return 0, 0, ctx.Err()
+		}
+		binary.BigEndian.PutUint64(msg, uint64(i))
+		if _, err := tx.Write(msg); err != nil {
+			rx.Close()
+			<-done
+			return 0, 0, fmt.Errorf("%s: udp probe: %w", from, err)
+		}
+	}
+	// Wait for stragglers as long as the link's delay allows, plus margin.
+	k := l.topo.Link(linkOf(l.topo, from, to))
+	wait := time.Second
+	if k != nil {
+		wait += 2 * max(k.AB.Delay, k.BA.Delay)
+	}
+	select {
+	case <-all:
+	case <-time.After(wait):
+	case <-ctx.Done():
+	}
+	rx.Close()
+	<-done
+	return n, n - got, nil
+}
