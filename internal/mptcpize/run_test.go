@@ -38,6 +38,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	buildErr = build(dir)
+	_ = os.Chmod(dir, 0o755) // TestUnprivileged runs the binaries as nobody
 	// Supervisors are detached (their starter exits), so they are re-parented
 	// to the nearest subreaper: this test process, which reaps and checks them.
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -599,5 +600,48 @@ func TestCheck(t *testing.T) {
 	out = output(t, inNS(ns, false, nil, mpdetour, "run", "--check"))
 	if !strings.Contains(out, "MPTCP is disabled") || !strings.Contains(out, "SO_PROTOCOL 6") {
 		t.Errorf("--check with MPTCP disabled:\n%s", out)
+	}
+}
+
+// Without CAP_SYS_ADMIN, run sets no_new_privs (the kernel's condition for
+// an unprivileged seccomp filter) and still converts; as root it does not,
+// so setuid programs inside CMD keep working.
+func TestUnprivileged(t *testing.T) {
+	setup(t, "setpriv")
+	ns := newNS(t)
+	nobody := []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"}
+	var conv map[string]sock
+	decode(t, output(t, inNS(ns, false, nil, append(nobody, mpdetour, "run", "--", sockprobe, "report")...)), &conv)
+	if conv["tcp4"].Proto != unix.IPPROTO_TCP+256 || conv["udp4"].Proto != unix.IPPROTO_UDP {
+		t.Errorf("unprivileged run: tcp4 %d udp4 %d, want 262 17", conv["tcp4"].Proto, conv["udp4"].Proto)
+	}
+	nnp := func(cmd *exec.Cmd) string {
+		for _, l := range strings.Split(output(t, cmd), "\n") {
+			if strings.HasPrefix(l, "NoNewPrivs:") {
+				return strings.TrimSpace(strings.TrimPrefix(l, "NoNewPrivs:"))
+			}
+		}
+		return "?"
+	}
+	if v := nnp(inNS(ns, false, nil, append(nobody, mpdetour, "run", "--", "cat", "/proc/self/status")...)); v != "1" {
+		t.Errorf("unprivileged run: NoNewPrivs %s, want 1", v)
+	}
+	if v := nnp(inNS(ns, true, nil, "cat", "/proc/self/status")); v != "0" {
+		t.Errorf("root run: NoNewPrivs %s, want 0", v)
+	}
+}
+
+// The supervisor (root here) creates sockets with the caller's filesystem
+// uid, so a server that dropped privileges owns its sockets as before.
+func TestSocketOwner(t *testing.T) {
+	setup(t, "setpriv", "ss")
+	ns := newNS(t)
+	srv := background(t, inNS(ns, true, nil, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", sockprobe, "serve", "127.0.0.1:7006"))
+	if line, err := srv.ReadString('\n'); err != nil || line != "listening 262\n" {
+		t.Fatalf("server: %q %v", line, err)
+	}
+	out := mustRun(t, "ip", "netns", "exec", ns, "ss", "-HMlne", "sport", "=", ":7006")
+	if !strings.Contains(out, "uid:65534") {
+		t.Errorf("MPTCP listener of a uid-65534 server not owned by 65534: %q", out)
 	}
 }
