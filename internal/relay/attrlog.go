@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -92,5 +91,3 @@ func withCounter(ev attrEvent, c Counter) attrEvent {
 	ev.Bytes, ev.Packets = &b, &p
 	return ev
 }
-
-var _ = netip.Addr{}

@@ -191,8 +191,8 @@ func ParseConfig(b []byte) (*Settings, error) {
 	}
 	if c.Lease != 0 {
 		s.Lease = time.Duration(c.Lease)
-		if s.Lease < 10*time.Second || s.Lease > 24*time.Hour {
-			return nil, fmt.Errorf("lease: %v is outside 10s..24h", s.Lease)
+		if s.Lease < 2*time.Second || s.Lease > 24*time.Hour {
+			return nil, fmt.Errorf("lease: %v is outside 2s..24h", s.Lease)
 		}
 	}
 	if len(c.Members) == 0 && !c.LegacyV1.Enabled {

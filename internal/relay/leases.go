@@ -24,13 +24,6 @@ type owner struct {
 	Name string
 }
 
-func (o owner) id() string {
-	if o.Key.IsZero() {
-		return "v1"
-	}
-	return o.Key.ID()
-}
-
 type serverKey struct {
 	Owner  proto.Key
 	Client netip.Addr

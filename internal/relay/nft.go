@@ -19,8 +19,8 @@ const TableName = "mpdetour_relay"
 
 // Names inside the table (tests and docs refer to them).
 const (
-	dnatMapName = "fwd"  // client . detour port : server . port ("dnat" is an nft keyword)
-	acctSetName = "acct" // client . detour port, with a counter per element
+	dnatMapName = "detours" // client . detour port : server . port ("dnat", "fwd" are nft keywords)
+	acctSetName = "acct"    // client . detour port, with a counter per element
 	// natMark is the packet-mark bit that tells postrouting to masquerade a
 	// connection our prerouting rule DNATed (and nothing else).
 	natMark uint32 = 0x4d500000

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-
-	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
 // special lists destination ranges refused unless a configured allow prefix
@@ -199,6 +197,3 @@ func (b *bucket) take(now time.Time, rate float64, burst int) bool {
 	b.tokens--
 	return true
 }
-
-// refusal makes a *proto.Error for op.
-func refusal(op proto.Op, r proto.Reason) error { return &proto.Error{Op: op, Reason: r} }

@@ -1,0 +1,589 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+)
+
+type relayProc struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+	done   chan error
+}
+
+// startRelay runs the relay (this test binary, see TestMain) in ns and waits
+// for its table.
+func startRelay(t *testing.T, ns, cfgPath string) *relayProc {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TR_RELAY_CONFIG="+cfgPath)
+	p := &relayProc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("relay log:\n%s", p.stderr.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := nftList(t, ns, "list", "table", "ip", TableName); err == nil {
+			// The table exists before the socket is bound: give it a moment.
+			time.Sleep(100 * time.Millisecond)
+			return p
+		}
+		select {
+		case err := <-p.done:
+			t.Fatalf("relay exited: %v\n%s", err, p.stderr.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatalf("relay did not come up:\n%s", p.stderr.String())
+	return nil
+}
+
+func (p *relayProc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	// ip netns exec execs the binary, so the pid is the relay's.
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (p *relayProc) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("relay did not exit")
+	}
+	return nil
+}
+
+type keys struct{ relay, member, stranger proto.Key }
+
+func newKeys(t *testing.T) keys {
+	var k keys
+	for _, p := range []*proto.Key{&k.relay, &k.member, &k.stranger} {
+		var err error
+		if *p, err = proto.GenerateKey(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return k
+}
+
+func writeConfig(t *testing.T, path string, k keys, extra string) {
+	t.Helper()
+	cfg := fmt.Sprintf(`listen: %s:%d
+private_key: %s
+ports: 40000-40999
+members:
+  - name: alice
+    public_key: %s
+allow_destinations: [10.0.2.0/24]
+attribution_log: %s
+%s`, fxRelay, DefaultPort, k.relay, k.member.Public(), filepath.Join(filepath.Dir(path), "attribution.jsonl"), extra)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func relayAddr() netip.AddrPort {
+	return netip.MustParseAddrPort(fmt.Sprintf("%s:%d", fxRelay, DefaultPort))
+}
+
+// udpIn creates a UDP socket inside ns, bound to bind (may be "").
+func udpIn(t *testing.T, ns, bind string) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	var err error
+	in(t, ns, func() {
+		var la *net.UDPAddr
+		if bind != "" {
+			la = net.UDPAddrFromAddrPort(netip.MustParseAddrPort(bind))
+		}
+		c, err = net.ListenUDP("udp4", la)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func dialRelay(t *testing.T, ns string, k keys, priv proto.Key) *relayclient.Conn {
+	t.Helper()
+	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, priv,
+		relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, ns, ""), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// elements counts the mappings in the relay's DNAT map.
+func elements(t *testing.T, ns string) int {
+	t.Helper()
+	out, err := nftList(t, ns, "-j", "list", "map", "ip", TableName, dnatMapName)
+	if err != nil {
+		t.Fatalf("nft list map: %v\n%s", err, out)
+	}
+	var doc struct {
+		Nftables []map[string]json.RawMessage `json:"nftables"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("nft json: %v\n%s", err, out)
+	}
+	for _, o := range doc.Nftables {
+		if m, ok := o["map"]; ok {
+			var mm struct {
+				Elem []json.RawMessage `json:"elem"`
+			}
+			_ = json.Unmarshal(m, &mm)
+			return len(mm.Elem)
+		}
+	}
+	t.Fatalf("no map in nft output:\n%s", out)
+	return 0
+}
+
+// rawSession performs a handshake by hand from sock, for tests that forge
+// and replay packets.
+func rawSession(t *testing.T, sock *net.UDPConn, k keys, priv proto.Key) (*proto.Session, []byte) {
+	t.Helper()
+	in, err := proto.NewInitiation(priv, k.relay.Public(), 77, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := exchange(t, sock, in.Packet)
+	r, err := proto.ParseResponse(resp)
+	if err != nil {
+		t.Fatalf("handshake: %v (% x)", err, resp)
+	}
+	s, err := in.Finish(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, in.Packet
+}
+
+func exchange(t *testing.T, sock *net.UDPConn, pkt []byte) []byte {
+	t.Helper()
+	return exchangeFrom(t, sock, sock, pkt)
+}
+
+// exchangeFrom sends from one socket and reads the answer on another.
+func exchangeFrom(t *testing.T, send, recv *net.UDPConn, pkt []byte) []byte {
+	t.Helper()
+	if _, err := send.WriteToUDPAddrPort(pkt, relayAddr()); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2048)
+	_ = recv.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, _, err := recv.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("no answer from relay: %v", err)
+	}
+	return buf[:n]
+}
+
+func errorReason(t *testing.T, b []byte) proto.Reason {
+	t.Helper()
+	e, err := proto.ParseError(b)
+	if err != nil {
+		t.Fatalf("want a cleartext refusal, got % x (%v)", b, err)
+	}
+	return e.Reason
+}
+
+func readAttribution(t *testing.T, path string) []attrEvent {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var evs []attrEvent
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var ev attrEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("attribution line %q: %v", sc.Text(), err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(8 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestRelayIntegration(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	f := newFixture(t)
+	k := newKeys(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "relay.yaml")
+	attrPath := filepath.Join(dir, "attribution.jsonl")
+	writeConfig(t, cfgPath, k, "quota: {per_member: 3}\nlegacy_v1: {enabled: true, per_client: 1}\n")
+	startSink(t, f.Server, fxServer+":5201")
+	for _, p := range []string{"5202", "5203", "5204"} {
+		startSink(t, f.Server, fxServer+":"+p)
+	}
+	p := startRelay(t, f.Relay, cfgPath)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	server := netip.MustParseAddrPort(fxServer + ":5201")
+
+	c := dialRelay(t, f.Client, k, k.member)
+	d, lease, err := c.Grant(ctx, server, 40500)
+	if err != nil {
+		t.Fatalf("grant: %v", err)
+	}
+	if d != netip.MustParseAddrPort(fxRelay+":40500") || lease <= 0 {
+		t.Fatalf("grant = %v lease %v, want the proposed port on %s", d, lease, fxRelay)
+	}
+	if n := elements(t, f.Relay); n != 1 {
+		t.Fatalf("%d elements after one grant", n)
+	}
+	t.Run("tcp through the detour", func(t *testing.T) {
+		conn, err := dialFrom(t, f.Client, d.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := echo(conn, 50000); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("repeated grant is idempotent", func(t *testing.T) {
+		d2, _, err := c.Grant(ctx, server, 0)
+		if err != nil || d2 != d {
+			t.Fatalf("second grant = %v, %v; want %v", d2, err, d)
+		}
+		if n := elements(t, f.Relay); n != 1 {
+			t.Fatalf("%d elements", n)
+		}
+	})
+	t.Run("unknown key", func(t *testing.T) {
+		u := dialRelay(t, f.Client, k, k.stranger)
+		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+		defer scancel()
+		_, _, err := u.Grant(sctx, netip.MustParseAddrPort(fxServer+":5202"), 0)
+		if r := proto.ReasonOf(err); r != proto.ReasonUnauthorized {
+			t.Fatalf("unknown key: reason %v (%v), want unauthorized", r, err)
+		}
+		if n := elements(t, f.Relay); n != 1 {
+			t.Fatalf("%d elements", n)
+		}
+	})
+	t.Run("denied destinations", func(t *testing.T) {
+		for _, dst := range []string{"127.0.0.1:80", "192.168.1.1:80", "169.254.1.1:80", "224.0.0.1:80", fxRelayServer + ":80", fxServer + ":25", "10.9.9.9:80"} {
+			_, _, err := c.Grant(ctx, netip.MustParseAddrPort(dst), 0)
+			if r := proto.ReasonOf(err); r != proto.ReasonPolicyDenied {
+				t.Errorf("%s: reason %v (%v), want policy-denied", dst, r, err)
+			}
+		}
+		if n := elements(t, f.Relay); n != 1 {
+			t.Fatalf("%d elements", n)
+		}
+	})
+	t.Run("quota", func(t *testing.T) {
+		for _, port := range []string{"5202", "5203"} {
+			if _, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":"+port), 0); err != nil {
+				t.Fatalf("grant within quota: %v", err)
+			}
+		}
+		_, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5204"), 0)
+		if r := proto.ReasonOf(err); r != proto.ReasonQuota {
+			t.Fatalf("over quota: reason %v (%v)", r, err)
+		}
+		if n := elements(t, f.Relay); n != 3 {
+			t.Fatalf("%d elements, want 3", n)
+		}
+	})
+	t.Run("replays", func(t *testing.T) {
+		sock := udpIn(t, f.Client, "")
+		s, initPkt := rawSession(t, sock, k, k.member)
+		if r := errorReason(t, exchange(t, sock, initPkt)); r != proto.ReasonReplay {
+			t.Fatalf("replayed initiation: %v", r)
+		}
+		req, _ := proto.MarshalRequest(proto.Request{Op: proto.OpRelease, ID: 1, Port: d.Port()})
+		pkt, _ := s.Seal(req)
+		tp, _ := proto.ParseTransport(exchange(t, sock, pkt))
+		msg, err := s.Open(tp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep, _ := proto.ParseReply(msg); rep.Reason != proto.ReasonNotFound {
+			// Another session's member may release (same key and client
+			// address own the mapping), so this is found. Re-grant.
+			if rep.Reason != proto.OK {
+				t.Fatalf("release: %v", rep.Reason)
+			}
+		}
+		if r := errorReason(t, exchange(t, sock, pkt)); r != proto.ReasonReplay {
+			t.Fatalf("replayed request: %v", r)
+		}
+		if n := elements(t, f.Relay); n != 2 {
+			t.Fatalf("%d elements after one release and a replayed release, want 2", n)
+		}
+		// The released port stays reserved until its counter is read, so
+		// the new grant may get another one.
+		if d, _, err = c.Grant(ctx, server, d.Port()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("spoofed source", func(t *testing.T) {
+		run(t, "ip", "-n", f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
+		real := udpIn(t, f.Client, fxClient+":0")
+		spoof := udpIn(t, f.Client, "10.0.1.3:0")
+		s, _ := rawSession(t, real, k, k.member)
+		req, _ := proto.MarshalRequest(proto.Request{Op: proto.OpRelease, ID: 2, Port: d.Port()})
+		pkt, _ := s.Seal(req)
+		if r := errorReason(t, exchangeFrom(t, spoof, spoof, pkt)); r != proto.ReasonAddressChanged {
+			t.Fatalf("request from another address: %v", r)
+		}
+		// The genuine packet still works afterwards (its counter was not burnt).
+		tp, _ := proto.ParseTransport(exchange(t, real, pkt))
+		if msg, err := s.Open(tp); err != nil {
+			t.Fatal(err)
+		} else if rep, _ := proto.ParseReply(msg); rep.Reason != proto.OK {
+			t.Fatalf("genuine release: %v", rep.Reason)
+		}
+		// An initiation from an address that never confirms gets no mapping.
+		in, _ := proto.NewInitiation(k.member, k.relay.Public(), 5, time.Now())
+		if _, err := spoof.WriteToUDPAddrPort(in.Packet, relayAddr()); err != nil {
+			t.Fatal(err)
+		}
+		if n := elements(t, f.Relay); n != 2 {
+			t.Fatalf("%d elements, want 2", n)
+		}
+		// The released port stays reserved until its counter is read, so
+		// the new grant may get another one.
+		if d, _, err = c.Grant(ctx, server, d.Port()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("legacy v1", func(t *testing.T) {
+		sock := udpIn(t, f.Client, "")
+		req, _ := proto.MarshalLegacy(proto.LegacyMsg{Server: netip.MustParseAddrPort(fxServer + ":5202"), Port: 40900})
+		if _, err := sock.WriteToUDPAddrPort(req, netip.MustParseAddrPort(fmt.Sprintf("%s:%d", fxRelay, proto.LegacyPort))); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		_ = sock.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, _, err := sock.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := proto.ParseLegacy(buf[:n])
+		if err != nil || !rep.Response || rep.Port != 40900 {
+			t.Fatalf("v1 response %+v %v", rep, err)
+		}
+		conn, err := dialFrom(t, f.Client, fmt.Sprintf("%s:%d", fxRelay, rep.Port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := echo(conn, 1000); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+	})
+	t.Run("release and attribution", func(t *testing.T) {
+		conn, err := dialFrom(t, f.Client, d.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := echo(conn, 60000); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+		if err := c.Release(ctx, d.Port()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "release line with bytes", func() bool {
+			for _, ev := range readAttribution(t, attrPath) {
+				if ev.Event == "release" && ev.DetourPort == d.Port() && ev.Bytes != nil && *ev.Bytes >= 100000 && ev.Member == "alice" && ev.KeyID == k.member.Public().ID() && ev.Client == fxClient {
+					return true
+				}
+			}
+			return false
+		})
+	})
+	t.Run("sighup keeps mappings", func(t *testing.T) {
+		before := elements(t, f.Relay)
+		writeConfig(t, cfgPath, k, "quota: {per_member: 10}\nlegacy_v1: {enabled: true, per_client: 1}\n")
+		p.signal(t, syscall.SIGHUP)
+		waitFor(t, "reload", func() bool { return strings.Contains(p.stderr.String(), "configuration reloaded") })
+		if n := elements(t, f.Relay); n != before {
+			t.Fatalf("%d elements after reload, want %d", n, before)
+		}
+		if _, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5204"), 0); err != nil {
+			t.Fatalf("grant under the reloaded quota: %v", err)
+		}
+	})
+	t.Run("sigterm removes the table", func(t *testing.T) {
+		p.signal(t, syscall.SIGTERM)
+		if err := p.wait(t); err != nil {
+			t.Fatalf("relay exit: %v", err)
+		}
+		if out, err := nftList(t, f.Relay, "list", "table", "ip", TableName); err == nil {
+			t.Fatalf("table left after SIGTERM:\n%s", out)
+		}
+		var shutdown int
+		for _, ev := range readAttribution(t, attrPath) {
+			if ev.Event == "shutdown" {
+				shutdown++
+			}
+		}
+		if shutdown == 0 {
+			t.Fatal("no shutdown lines in the attribution log")
+		}
+	})
+}
+
+// kill -9 leaves the table; the next start replaces it. Leases expire.
+func TestRelayCrashAndExpiry(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	f := newFixture(t)
+	k := newKeys(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "relay.yaml")
+	writeConfig(t, cfgPath, k, "lease: 2s\n")
+	startSink(t, f.Server, fxServer+":5201")
+	p := startRelay(t, f.Relay, cfgPath)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	server := netip.MustParseAddrPort(fxServer + ":5201")
+	c := dialRelay(t, f.Client, k, k.member)
+	if _, _, err := c.Grant(ctx, server, 0); err != nil {
+		t.Fatal(err)
+	}
+	p.signal(t, syscall.SIGKILL)
+	_ = p.wait(t)
+	if n := elements(t, f.Relay); n != 1 {
+		t.Fatalf("expected the killed relay's element to remain, got %d", n)
+	}
+	startRelay(t, f.Relay, cfgPath)
+	if n := elements(t, f.Relay); n != 0 {
+		t.Fatalf("restart left %d stale elements", n)
+	}
+
+	// The client's session died with the relay: it hand shakes again.
+	d, _, err := c.Grant(ctx, server, 0)
+	if err != nil {
+		t.Fatalf("grant after restart: %v", err)
+	}
+	conn, err := dialFrom(t, f.Client, d.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	waitFor(t, "lease expiry", func() bool { return elements(t, f.Relay) == 0 })
+	if err := echo(conn, 1000); err != nil {
+		t.Fatalf("established connection cut by expiry: %v", err)
+	}
+	if c2, err := dialFrom(t, f.Client, d.String()); err == nil {
+		c2.Close()
+		t.Fatal("new connection after expiry")
+	}
+	waitFor(t, "expiry line", func() bool {
+		for _, ev := range readAttribution(t, filepath.Join(dir, "attribution.jsonl")) {
+			if ev.Event == "expiry" && ev.DetourPort == d.Port() && ev.Bytes != nil {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// The Source renews leases and serves detours without blocking.
+func TestSourceRenews(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	f := newFixture(t)
+	k := newKeys(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "relay.yaml")
+	writeConfig(t, cfgPath, k, "lease: 2s\n")
+	startSink(t, f.Server, fxServer+":5201")
+	startRelay(t, f.Relay, cfgPath)
+	src, err := relayclient.NewSource(relayclient.SourceConfig{
+		PrivateKey: k.member,
+		Relays:     []relayclient.Relay{{Name: "r1", Addr: relayAddr(), PublicKey: k.relay.Public()}},
+		Options:    relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	server := netip.MustParseAddrPort(fxServer + ":5201")
+	if ds := src.Detours(server); len(ds) != 0 {
+		t.Fatalf("detours before Prepare: %v", ds)
+	}
+	start := time.Now()
+	src.Prepare(server)
+	if time.Since(start) > 50*time.Millisecond {
+		t.Fatalf("Prepare blocked for %v", time.Since(start))
+	}
+	waitFor(t, "detour", func() bool { return len(src.Detours(server)) == 1 })
+	d := src.Detours(server)[0]
+	if d.Relay != "r1" || d.Remote.Addr() != netip.MustParseAddr(fxRelay) {
+		t.Fatalf("detour %v", d)
+	}
+	// Three lease lengths later the mapping is still there: renewed.
+	time.Sleep(6 * time.Second)
+	if ds := src.Detours(server); len(ds) != 1 || ds[0].Remote != d.Remote {
+		t.Fatalf("detours after 3 leases: %v", ds)
+	}
+	conn, err := dialFrom(t, f.Client, d.Remote.String())
+	if err != nil {
+		t.Fatalf("detour after renewals: %v", err)
+	}
+	conn.Close()
+	if err := src.Release(context.Background(), server); err != nil {
+		t.Fatal(err)
+	}
+	if ds := src.Detours(server); len(ds) != 0 {
+		t.Fatalf("detours after release: %v", ds)
+	}
+	if n := elements(t, f.Relay); n != 0 {
+		t.Fatalf("%d elements after release", n)
+	}
+}

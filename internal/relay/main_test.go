@@ -1,0 +1,30 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"testing"
+)
+
+// The integration tests run the relay as a separate process inside a
+// namespace, so that kill -9 and SIGTERM are real. The test binary itself is
+// that process when TR_RELAY_CONFIG is set (no dependency on cmd/mpdetour
+// building while others edit it).
+func TestMain(m *testing.M) {
+	if cfg := os.Getenv("TR_RELAY_CONFIG"); cfg != "" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		err := Run(ctx, cfg, log)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "relay:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}

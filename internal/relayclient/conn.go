@@ -1,0 +1,409 @@
+// Package relayclient is the client side of the relay control protocol
+// (internal/proto): Conn talks to one relay, Source turns grants from a set of
+// relays into detours for the agent (it implements detour.Source and
+// detour.Releaser).
+package relayclient
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// Relay names a relay and how to reach and authenticate it.
+type Relay struct {
+	Name      string
+	Addr      netip.AddrPort // control address (UDP)
+	PublicKey proto.Key
+}
+
+// Options tune a Conn; the zero value is usable.
+type Options struct {
+	// ListenPacket creates the UDP socket (tests create it inside a network
+	// namespace). Default: an unbound udp4 socket.
+	ListenPacket func() (net.PacketConn, error)
+	Logger       *slog.Logger
+	// Retransmit is the first retransmission interval (default 250 ms,
+	// doubled up to 2 s).
+	Retransmit time.Duration
+}
+
+// Conn is a control-protocol association with one relay. It hand shakes in
+// the background at Dial and again every proto.RekeyAfter, so a request
+// normally costs one round trip. Safe for concurrent use.
+type Conn struct {
+	relay Relay
+	priv  proto.Key
+	pc    net.PacketConn
+	log   *slog.Logger
+	rtx   time.Duration
+
+	mu       sync.Mutex
+	ses      *proto.Session
+	sesReady chan struct{} // closed when ses is set; replaced when dropped
+	inits    map[uint32]*pendingInit
+	pending  map[uint32]chan proto.Reply
+	nextID   uint32
+	hsErr    error // last handshake refusal, reported to waiters
+	kick     chan struct{}
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type pendingInit struct {
+	in   *proto.Initiation
+	sent time.Time
+}
+
+// Dial creates the socket and starts the handshake; it does not wait for it.
+func Dial(relay Relay, priv proto.Key, opt Options) (*Conn, error) {
+	if !relay.Addr.IsValid() || relay.PublicKey.IsZero() {
+		return nil, fmt.Errorf("relay %q: address and public key are required", relay.Name)
+	}
+	listen := opt.ListenPacket
+	if listen == nil {
+		listen = func() (net.PacketConn, error) { return net.ListenUDP("udp4", nil) }
+	}
+	pc, err := listen()
+	if err != nil {
+		return nil, fmt.Errorf("relay %q: %w", relay.Name, err)
+	}
+	c := &Conn{
+		relay:    relay,
+		priv:     priv,
+		pc:       pc,
+		log:      opt.Logger,
+		rtx:      opt.Retransmit,
+		sesReady: make(chan struct{}),
+		inits:    map[uint32]*pendingInit{},
+		pending:  map[uint32]chan proto.Reply{},
+		kick:     make(chan struct{}, 1),
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if c.rtx <= 0 {
+		c.rtx = 250 * time.Millisecond
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	c.nextID = binary.BigEndian.Uint32(b[:])
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.wg.Add(2)
+	go c.reader()
+	go c.handshaker()
+	return c, nil
+}
+
+// Close stops the Conn. Outstanding requests fail.
+func (c *Conn) Close() error {
+	c.cancel()
+	err := c.pc.Close()
+	c.wg.Wait()
+	return err
+}
+
+// Relay returns the relay this Conn talks to.
+func (c *Conn) Relay() Relay { return c.relay }
+
+func randIndex() uint32 {
+	var b [4]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if i := binary.BigEndian.Uint32(b[:]); i != 0 {
+			return i
+		}
+	}
+}
+
+// handshaker keeps a fresh session: at start, every RekeyAfter, and when the
+// relay says it lost ours. Initiations are resent with fresh timestamps
+// (a resent copy would be refused as a replay).
+func (c *Conn) handshaker() {
+	defer c.wg.Done()
+	wait := c.rtx
+	for {
+		c.mu.Lock()
+		ses := c.ses
+		c.mu.Unlock()
+		need := ses == nil || time.Since(ses.Created) > proto.RekeyAfter
+		if need {
+			if err := c.sendInit(); err != nil {
+				c.log.Debug("handshake send", "relay", c.relay.Name, "err", err)
+			}
+		} else {
+			wait = c.rtx
+		}
+		var timer <-chan time.Time
+		if need {
+			timer = time.After(wait)
+			if wait < 4*time.Second {
+				wait *= 2
+			}
+		} else {
+			timer = time.After(time.Until(ses.Created.Add(proto.RekeyAfter)) + 10*time.Millisecond)
+		}
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.kick:
+		case <-timer:
+		}
+	}
+}
+
+func (c *Conn) sendInit() error {
+	idx := randIndex()
+	in, err := proto.NewInitiation(c.priv, c.relay.PublicKey, idx, time.Now())
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	// Keep only recent initiations: a late response to an old one is fine.
+	for k, v := range c.inits {
+		if time.Since(v.sent) > 10*time.Second {
+			delete(c.inits, k)
+		}
+	}
+	c.inits[idx] = &pendingInit{in: in, sent: time.Now()}
+	c.mu.Unlock()
+	_, err = c.pc.WriteTo(in.Packet, net.UDPAddrFromAddrPort(c.relay.Addr))
+	return err
+}
+
+func (c *Conn) dropSession(s *proto.Session) {
+	c.mu.Lock()
+	if c.ses == s && s != nil {
+		c.ses = nil
+		c.sesReady = make(chan struct{})
+	}
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Conn) reader() {
+	defer c.wg.Done()
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := c.pc.ReadFrom(buf)
+		if err != nil {
+			if c.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		ua, ok := from.(*net.UDPAddr)
+		if !ok || ua.AddrPort().Addr().Unmap() != c.relay.Addr.Addr().Unmap() || ua.AddrPort().Port() != c.relay.Addr.Port() {
+			continue
+		}
+		c.dispatch(buf[:n])
+	}
+}
+
+func (c *Conn) dispatch(b []byte) {
+	typ, err := proto.PacketType(b)
+	if err != nil {
+		return
+	}
+	switch typ {
+	case proto.TypeResponse:
+		r, err := proto.ParseResponse(b)
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		pi := c.inits[r.Receiver]
+		delete(c.inits, r.Receiver)
+		c.mu.Unlock()
+		if pi == nil {
+			return
+		}
+		s, err := pi.in.Finish(r)
+		if err != nil {
+			c.log.Warn("handshake response rejected", "relay", c.relay.Name, "err", err)
+			return
+		}
+		c.mu.Lock()
+		old := c.ses
+		c.ses, c.hsErr = s, nil
+		if old == nil {
+			close(c.sesReady)
+		}
+		c.mu.Unlock()
+		// Prove our address at once, so the first real request is not
+		// the one that pays for it (and errors show up early).
+		go func() {
+			ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+			defer cancel()
+			_, _ = c.Do(ctx, proto.Request{Op: proto.OpPing})
+		}()
+	case proto.TypeError:
+		e, err := proto.ParseError(b)
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		_, forInit := c.inits[e.Index]
+		ses := c.ses
+		if forInit && e.Reason != proto.ReasonRateLimited {
+			// Unauthenticated, so only a hint: remembered for callers
+			// waiting on the handshake, which keeps being retried.
+			c.hsErr = &proto.Error{Reason: e.Reason}
+		}
+		c.mu.Unlock()
+		if forInit {
+			c.log.Debug("handshake refused", "relay", c.relay.Name, "reason", e.Reason)
+		}
+		if ses != nil && e.Index == ses.Remote && (e.Reason == proto.ReasonNoSession || e.Reason == proto.ReasonAddressChanged) {
+			c.log.Debug("relay dropped our session", "relay", c.relay.Name, "reason", e.Reason)
+			c.dropSession(ses)
+		}
+	case proto.TypeTransport:
+		t, err := proto.ParseTransport(b)
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		ses := c.ses
+		c.mu.Unlock()
+		if ses == nil || t.Receiver != ses.Local {
+			return
+		}
+		msg, err := ses.Open(t)
+		if err != nil {
+			return
+		}
+		rep, err := proto.ParseReply(msg)
+		if err != nil {
+			c.log.Warn("bad reply from relay", "relay", c.relay.Name, "err", err)
+			return
+		}
+		c.mu.Lock()
+		ch := c.pending[rep.ID]
+		delete(c.pending, rep.ID)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- rep
+		}
+	}
+}
+
+// session waits for a usable session.
+func (c *Conn) session(ctx context.Context) (*proto.Session, error) {
+	for {
+		c.mu.Lock()
+		s, ready := c.ses, c.sesReady
+		c.mu.Unlock()
+		if s != nil {
+			return s, nil
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			c.mu.Lock()
+			hsErr := c.hsErr
+			c.mu.Unlock()
+			if hsErr != nil {
+				return nil, fmt.Errorf("relay %q: no session: %w", c.relay.Name, hsErr)
+			}
+			return nil, fmt.Errorf("relay %q: no handshake response: %w", c.relay.Name, ctx.Err())
+		case <-c.ctx.Done():
+			return nil, net.ErrClosed
+		}
+	}
+}
+
+// Do sends a request and waits for its reply, retransmitting until ctx
+// ends. A refusal returns the reply and a *proto.Error with its reason.
+func (c *Conn) Do(ctx context.Context, req proto.Request) (proto.Reply, error) {
+	c.mu.Lock()
+	c.nextID++
+	req.ID = c.nextID
+	ch := make(chan proto.Reply, 1)
+	c.pending[req.ID] = ch
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, req.ID)
+		c.mu.Unlock()
+	}()
+	msg, err := proto.MarshalRequest(req)
+	if err != nil {
+		return proto.Reply{}, err
+	}
+	wait := c.rtx
+	for {
+		s, err := c.session(ctx)
+		if err != nil {
+			return proto.Reply{}, err
+		}
+		pkt, err := s.Seal(msg)
+		if err != nil {
+			c.dropSession(s)
+			continue
+		}
+		if _, err := c.pc.WriteTo(pkt, net.UDPAddrFromAddrPort(c.relay.Addr)); err != nil && c.ctx.Err() != nil {
+			return proto.Reply{}, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case rep := <-ch:
+			t.Stop()
+			if rep.Op != req.Op {
+				return rep, fmt.Errorf("relay %q answered %s to %s", c.relay.Name, rep.Op, req.Op)
+			}
+			if rep.Reason != proto.OK {
+				return rep, fmt.Errorf("relay %q: %w", c.relay.Name, &proto.Error{Op: req.Op, Reason: rep.Reason})
+			}
+			return rep, nil
+		case <-ctx.Done():
+			t.Stop()
+			return proto.Reply{}, fmt.Errorf("relay %q: %s: %w", c.relay.Name, req.Op, ctx.Err())
+		case <-c.ctx.Done():
+			t.Stop()
+			return proto.Reply{}, net.ErrClosed
+		case <-t.C:
+			if wait < 2*time.Second {
+				wait *= 2
+			}
+		}
+	}
+}
+
+// Grant asks for a NAT mapping toward server; proposed 0 lets the relay pick.
+func (c *Conn) Grant(ctx context.Context, server netip.AddrPort, proposed uint16) (netip.AddrPort, time.Duration, error) {
+	rep, err := c.Do(ctx, proto.Request{Op: proto.OpGrant, Server: server, Port: proposed})
+	return rep.Detour, rep.Lease, err
+}
+
+// Renew extends the lease of a granted port.
+func (c *Conn) Renew(ctx context.Context, port uint16) (time.Duration, error) {
+	rep, err := c.Do(ctx, proto.Request{Op: proto.OpRenew, Port: port})
+	return rep.Lease, err
+}
+
+// Release gives a granted port back.
+func (c *Conn) Release(ctx context.Context, port uint16) error {
+	_, err := c.Do(ctx, proto.Request{Op: proto.OpRelease, Port: port})
+	return err
+}
+
+// Tunnel asks for a tunnel address (tunnel detours).
+func (c *Conn) Tunnel(ctx context.Context) (proto.TunnelGrant, time.Duration, error) {
+	rep, err := c.Do(ctx, proto.Request{Op: proto.OpTunnel})
+	return rep.Tunnel, rep.Lease, err
+}

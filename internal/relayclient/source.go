@@ -1,0 +1,296 @@
+package relayclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// SourceConfig configures a Source.
+type SourceConfig struct {
+	PrivateKey proto.Key // the member key (also its WireGuard key for tunnels)
+	Relays     []Relay
+	Options    Options
+	// RequestTimeout bounds one grant or renew (default 5 s).
+	RequestTimeout time.Duration
+	// RetryAfter is how long a refused or failed grant is not asked again
+	// (default 10 s), so a busy agent does not hammer a relay that said no.
+	RetryAfter time.Duration
+}
+
+// Source asks relays for NAT detours: Prepare starts a grant in the
+// background, Detours returns the ones ready, leases are renewed at half
+// their length until Release. Grants are cached per (relay, server
+// address and port), so every connection to the same server shares them.
+type Source struct {
+	cfg   SourceConfig
+	log   *slog.Logger
+	conns []*Conn
+
+	mu      sync.Mutex
+	entries map[entryKey]*entry
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type entryKey struct {
+	relay  int
+	server netip.AddrPort
+}
+
+type entry struct {
+	pending  bool
+	detour   netip.AddrPort
+	expires  time.Time
+	renewAt  time.Time
+	failedAt time.Time
+	err      error
+}
+
+var (
+	_ detour.Source   = (*Source)(nil)
+	_ detour.Releaser = (*Source)(nil)
+)
+
+// NewSource dials every relay (handshakes start at once, in the background).
+func NewSource(cfg SourceConfig) (*Source, error) {
+	if cfg.PrivateKey.IsZero() {
+		return nil, errors.New("relay source: private key is required")
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 5 * time.Second
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = 10 * time.Second
+	}
+	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	for _, r := range cfg.Relays {
+		c, err := Dial(r, cfg.PrivateKey, cfg.Options)
+		if err != nil {
+			s.closeConns()
+			return nil, err
+		}
+		s.conns = append(s.conns, c)
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.renewer()
+	return s, nil
+}
+
+func (s *Source) closeConns() {
+	for _, c := range s.conns {
+		_ = c.Close()
+	}
+}
+
+// Conns returns the per-relay connections (e.g. for tunnel requests).
+func (s *Source) Conns() []*Conn { return s.conns }
+
+// Prepare implements detour.Source: it never blocks.
+func (s *Source) Prepare(server netip.AddrPort) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return
+	}
+	for i := range s.conns {
+		k := entryKey{i, server}
+		e := s.entries[k]
+		if e != nil && (e.pending || e.detour.IsValid() || now.Sub(e.failedAt) < s.cfg.RetryAfter) {
+			continue
+		}
+		e = &entry{pending: true}
+		s.entries[k] = e
+		s.wg.Add(1)
+		go s.grant(k, e)
+	}
+}
+
+func (s *Source) grant(k entryKey, e *entry) {
+	defer s.wg.Done()
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	c := s.conns[k.relay]
+	d, lease, err := c.Grant(ctx, k.server, 0)
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.entries[k] != e { // released meanwhile
+		if err == nil {
+			s.wg.Add(1)
+			go s.release(c, d.Port())
+		}
+		return
+	}
+	e.pending = false
+	if err != nil {
+		e.failedAt, e.err = now, err
+		s.log.Info("relay grant failed", "relay", c.relay.Name, "server", k.server, "err", err)
+		return
+	}
+	e.detour, e.expires, e.renewAt = d, now.Add(lease), now.Add(lease/2)
+	s.log.Debug("relay grant", "relay", c.relay.Name, "server", k.server, "detour", d, "lease", lease)
+}
+
+func (s *Source) release(c *Conn, port uint16) {
+	defer s.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
+	defer cancel()
+	if err := c.Release(ctx, port); err != nil && proto.ReasonOf(err) != proto.ReasonNotFound {
+		s.log.Debug("relay release", "relay", c.relay.Name, "port", port, "err", err)
+	}
+}
+
+// Detours implements detour.Source: grants ready now for server.
+func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []detour.Detour
+	for i, c := range s.conns {
+		e := s.entries[entryKey{i, server}]
+		if e == nil || !e.detour.IsValid() || !e.expires.After(now) {
+			continue
+		}
+		out = append(out, detour.Detour{Kind: detour.NAT, Relay: c.relay.Name, Remote: e.detour, Expires: e.expires})
+	}
+	return out
+}
+
+// Err returns why the last grant toward server from relay i failed, if so.
+func (s *Source) Err(relay int, server netip.AddrPort) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[entryKey{relay, server}]; e != nil {
+		return e.err
+	}
+	return nil
+}
+
+// Release implements detour.Releaser: the grants toward server are given
+// back to every relay.
+func (s *Source) Release(ctx context.Context, server netip.AddrPort) error {
+	type rel struct {
+		c    *Conn
+		port uint16
+	}
+	var todo []rel
+	s.mu.Lock()
+	for i, c := range s.conns {
+		k := entryKey{i, server}
+		if e := s.entries[k]; e != nil {
+			delete(s.entries, k)
+			if e.detour.IsValid() {
+				todo = append(todo, rel{c, e.detour.Port()})
+			}
+		}
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, r := range todo {
+		if err := r.c.Release(ctx, r.port); err != nil && proto.ReasonOf(err) != proto.ReasonNotFound {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// renewer renews leases at half their length; a relay that lost the mapping
+// (restart) gets a fresh grant, and the detour changes port.
+func (s *Source) renewer() {
+	defer s.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		s.mu.Lock()
+		for k, e := range s.entries {
+			if e.pending || !e.detour.IsValid() || now.Before(e.renewAt) {
+				continue
+			}
+			e.pending = true
+			s.wg.Add(1)
+			go s.renew(k, e)
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *Source) renew(k entryKey, e *entry) {
+	defer s.wg.Done()
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	c := s.conns[k.relay]
+	s.mu.Lock()
+	port := e.detour.Port()
+	s.mu.Unlock()
+	lease, err := c.Renew(ctx, port)
+	if proto.ReasonOf(err) == proto.ReasonNotFound {
+		var d netip.AddrPort
+		d, lease, err = c.Grant(ctx, k.server, port)
+		if err == nil {
+			s.mu.Lock()
+			e.detour = d
+			s.mu.Unlock()
+		}
+	}
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e.pending = false
+	if err != nil {
+		// Try again soon; the detour stays until its lease runs out.
+		e.renewAt = now.Add(time.Second)
+		if !e.expires.After(now) {
+			delete(s.entries, k)
+		}
+		s.log.Info("relay renew failed", "relay", c.relay.Name, "server", k.server, "err", err)
+		return
+	}
+	e.expires, e.renewAt = now.Add(lease), now.Add(lease/2)
+}
+
+// Close releases every grant (best effort, bounded) and stops.
+func (s *Source) Close() error {
+	s.mu.Lock()
+	var servers []netip.AddrPort
+	seen := map[netip.AddrPort]bool{}
+	for k := range s.entries {
+		if !seen[k.server] {
+			seen[k.server] = true
+			servers = append(servers, k.server)
+		}
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, srv := range servers {
+		_ = s.Release(ctx, srv)
+	}
+	s.cancel()
+	s.closeConns()
+	s.wg.Wait()
+	return nil
+}
+
+// String describes the source for logs.
+func (s *Source) String() string { return fmt.Sprintf("relays(%d)", len(s.conns)) }
