@@ -17,15 +17,16 @@ func link(t *testing.T, a, b, ifA, ifB, addrA, addrB string) {
 }
 
 // An unmodified server under run accepts an extra subflow (MP_JOIN) when
-// its namespace's in-kernel PM limit allows it, and refuses it at 0: the
-// limit that docs/run.md tells server operators to check.
+// its namespace's in-kernel PM limit allows it, and refuses it at subflows 0
+// or under the userspace PM with no daemon: what --check warns about.
 func TestServerAcceptsJoins(t *testing.T) {
 	setup(t, "iperf3", "ss")
 	for _, c := range []struct {
 		serverSubflows string
+		pmType         string
 		wantJoin       bool
-	}{{"2", true}, {"0", false}} {
-		t.Run("subflows="+c.serverSubflows, func(t *testing.T) {
+	}{{"2", "0", true}, {"0", "0", false}, {"2", "1", false}} {
+		t.Run("subflows="+c.serverSubflows+",pm_type="+c.pmType, func(t *testing.T) {
 			cl, sv := newNS(t), newNS(t)
 			id := fmt.Sprintf("%d", os.Getpid()%10000)
 			link(t, cl, sv, "tua"+id, "tub"+id, "10.231.1.1/24", "10.231.1.2/24")
@@ -35,15 +36,16 @@ func TestServerAcceptsJoins(t *testing.T) {
 			mustRun(t, "ip", "-n", cl, "mptcp", "limits", "set", "subflows", "2")
 			mustRun(t, "ip", "-n", cl, "mptcp", "endpoint", "add", "10.231.2.1", "dev", "tuc"+id, "subflow")
 			mustRun(t, "ip", "-n", sv, "mptcp", "limits", "set", "subflows", c.serverSubflows)
+			mustRun(t, "ip", "netns", "exec", sv, "sysctl", "-qw", "net.mptcp.pm_type="+c.pmType)
 			background(t, inNS(sv, true, nil, "iperf3", "-s", "-1", "-B", "10.231.1.2", "-p", "7005"))
 			waitMPTCPListener(t, sv, 7005)
-			output(t, inNS(cl, true, nil, "iperf3", "-c", "10.231.1.2", "-p", "7005", "-t", "2", "-J"))
+			output(t, inNS(cl, true, nil, "iperf3", "-c", "10.231.1.2", "-p", "7005", "-t", "1", "-J"))
 			s := mptcpCounters(t, sv)
 			if c.wantJoin && (s["MPJoinSynRx"] < 1 || s["MPJoinAckRx"] < 1) {
 				t.Errorf("server took no join with subflows %s: MPJoinSynRx %d MPJoinAckRx %d", c.serverSubflows, s["MPJoinSynRx"], s["MPJoinAckRx"])
 			}
 			if !c.wantJoin && (s["MPJoinAckRx"] != 0 || s["MPJoinSynRx"] < 1) {
-				t.Errorf("server with subflows 0: MPJoinSynRx %d MPJoinAckRx %d, want a refused join", s["MPJoinSynRx"], s["MPJoinAckRx"])
+				t.Errorf("server with subflows %s pm_type %s: MPJoinSynRx %d MPJoinAckRx %d, want a refused join", c.serverSubflows, c.pmType, s["MPJoinSynRx"], s["MPJoinAckRx"])
 			}
 			t.Logf("server MPJoinSynRx %d MPJoinAckRx %d MPJoinRejected %d", s["MPJoinSynRx"], s["MPJoinAckRx"], s["MPJoinRejected"])
 		})

@@ -596,6 +596,11 @@ func TestCheck(t *testing.T) {
 	if !strings.Contains(out, "warning: in-kernel PM limit subflows is 0") {
 		t.Errorf("no warning for subflows 0:\n%s", out)
 	}
+	mustRun(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.mptcp.pm_type=1")
+	out = output(t, inNS(ns, false, nil, mpdetour, "run", "--check"))
+	if !strings.Contains(out, "path manager: userspace") || !strings.Contains(out, "reject MP_JOINs") {
+		t.Errorf("no warning for the userspace PM:\n%s", out)
+	}
 	mustRun(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.mptcp.enabled=0")
 	out = output(t, inNS(ns, false, nil, mpdetour, "run", "--check"))
 	if !strings.Contains(out, "MPTCP is disabled") || !strings.Contains(out, "SO_PROTOCOL 6") {
