@@ -1,0 +1,183 @@
+package relay
+
+import (
+	"bufio"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+func testKey(t *testing.T) proto.Key {
+	k, err := proto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestParseConfig(t *testing.T) {
+	priv, member := testKey(t), testKey(t).Public()
+	good := "private_key: " + priv.String() + "\nmembers:\n  - {name: a, public_key: " + member.String() + "}\n"
+	s, err := ParseConfig([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Listen.Port() != DefaultPort || s.PortLo != 20000 || !s.DenyPorts[25] || s.Members[member] != "a" || s.Legacy {
+		t.Fatalf("defaults: %+v", s)
+	}
+	s, err = ParseConfig([]byte(good + "ports: 40000-40010\nlease: 30s\ndeny_ports: [22]\nallow_destinations: [10.0.0.0/8, 192.0.2.1]\nlegacy_v1: {enabled: true}\nquota: {per_member: 5, global: 7}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.PortLo != 40000 || s.PortHi != 40010 || s.Lease != 30*time.Second || s.DenyPorts[25] || !s.DenyPorts[22] ||
+		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 {
+		t.Fatalf("parsed: %+v", s)
+	}
+	bad := map[string]string{
+		"":                           "empty",
+		"private_key: x\n":           "private_key",
+		good + "ports: 9-1\n":        "ports",
+		good + "lease: forever\n":    "duration",
+		good + "lease: 1s\n":         "lease",
+		good + "listen: nowhere\n":   "listen",
+		good + "listen: '[::1]:1'\n": "IPv4",
+		good + "allow_destinations: [10.0.0.1/8]\n":                                "host bits",
+		good + "unknown_field: 1\n":                                                "unknown_field",
+		"private_key: " + priv.String() + "\n":                                     "members",
+		good + "  - {name: a, public_key: " + testKey(t).Public().String() + "}\n": "duplicate",
+		good + "  - {name: b, public_key: " + member.String() + "}\n":              "same key",
+		good + "metrics: {listen: x}\n":                                            "metrics.listen",
+	}
+	for cfg, want := range bad {
+		_, err := ParseConfig([]byte(cfg))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("config %q: error %v, want one mentioning %q", cfg, err, want)
+		}
+	}
+}
+
+func TestPolicy(t *testing.T) {
+	p := &policy{
+		allow:     []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
+		deny:      []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+		denyPorts: map[uint16]bool{25: true},
+		ownAddrs:  []netip.Addr{netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("10.1.0.1")},
+		ownNets:   []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("10.1.0.0/24")},
+	}
+	ok := []string{"8.8.8.8:443", "10.1.2.3:80", "10.1.0.9:80", "203.0.114.1:80"}
+	refused := []string{"8.8.8.8:25", "127.0.0.1:80", "10.2.0.1:80", "192.168.1.1:80", "172.16.0.1:80", "169.254.0.1:80",
+		"224.0.0.1:80", "255.255.255.255:80", "0.0.0.0:80", "203.0.113.5:80", "203.0.113.9:80", "10.1.0.1:80",
+		"198.51.100.1:80", "100.64.0.1:80", "[2001:db8::1]:80"}
+	for _, s := range ok {
+		if err := p.check(netip.MustParseAddrPort(s)); err != nil {
+			t.Errorf("%s refused: %v", s, err)
+		}
+	}
+	for _, s := range refused {
+		if err := p.check(netip.MustParseAddrPort(s)); err == nil {
+			t.Errorf("%s allowed", s)
+		}
+	}
+}
+
+func TestParseProcNetTCP(t *testing.T) {
+	const table = `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:0035 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
+   2: 0201000A:9C40 0101000A:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0000000000000000 20 4 30 10 -1
+`
+	ports := map[uint16]bool{}
+	if err := parseProcNetTCP(bufio.NewScanner(strings.NewReader(table)), ports); err != nil {
+		t.Fatal(err)
+	}
+	if len(ports) != 2 || !ports[8080] || !ports[53] || ports[40000] {
+		t.Fatalf("listening ports %v, want 8080 and 53 only (40000 is an established socket)", ports)
+	}
+	if err := parseProcNetTCP(bufio.NewScanner(strings.NewReader("hdr\n 0: zz 0 0A\n")), ports); err == nil {
+		t.Fatal("garbage accepted")
+	}
+	// The real tables parse.
+	if _, err := listeningPorts(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPickPort(t *testing.T) {
+	lt := newLeaseTable()
+	c := netip.MustParseAddr("192.0.2.1")
+	reserved := func(p uint16) bool { return p == 101 }
+	if p, ok := lt.pickPort(c, 100, 100, 102, reserved); !ok || p != 100 {
+		t.Fatalf("proposed free port: %d %v", p, ok)
+	}
+	lt.add(&mapping{Key: mapKey{c, 100}, Server: netip.MustParseAddrPort("198.51.100.1:1")})
+	if p, ok := lt.pickPort(c, 100, 100, 102, reserved); !ok || p != 102 {
+		t.Fatalf("taken proposed port: got %d %v, want 102 (101 is a listener)", p, ok)
+	}
+	lt.add(&mapping{Key: mapKey{c, 102}, Server: netip.MustParseAddrPort("198.51.100.1:2")})
+	if _, ok := lt.pickPort(c, 0, 100, 102, reserved); ok {
+		t.Fatal("port found in a full range")
+	}
+	// Another client has the whole range to itself.
+	if _, ok := lt.pickPort(netip.MustParseAddr("192.0.2.2"), 100, 100, 102, reserved); !ok {
+		t.Fatal("ports are per client")
+	}
+	// A closing mapping keeps its port until its counter is read.
+	m := lt.byKey[mapKey{c, 100}]
+	lt.remove(m, "release", time.Now())
+	if _, ok := lt.pickPort(c, 100, 100, 100, reserved); ok {
+		t.Fatal("closing port reused")
+	}
+	if lt.count[quotaKey(m.Owner, c)] != 1 {
+		t.Fatalf("quota count %v", lt.count)
+	}
+}
+
+func TestBucket(t *testing.T) {
+	var b bucket
+	now := time.Unix(1000, 0)
+	for i := 0; i < 3; i++ {
+		if !b.take(now, 1, 3) {
+			t.Fatalf("burst request %d refused", i)
+		}
+	}
+	if b.take(now, 1, 3) {
+		t.Fatal("beyond burst accepted")
+	}
+	if !b.take(now.Add(1100*time.Millisecond), 1, 3) {
+		t.Fatal("refill not applied")
+	}
+}
+
+type fakePeers struct{ peers map[proto.Key]netip.Prefix }
+
+func (f *fakePeers) SetPeer(k proto.Key, p netip.Prefix) error { f.peers[k] = p; return nil }
+func (f *fakePeers) RemovePeer(k proto.Key) error              { delete(f.peers, k); return nil }
+func (f *fakePeers) Endpoint() netip.AddrPort                  { return netip.MustParseAddrPort("192.0.2.1:51820") }
+func (f *fakePeers) PublicKey() proto.Key                      { return proto.Key{1} }
+
+func TestPool(t *testing.T) {
+	fp := &fakePeers{peers: map[proto.Key]netip.Prefix{}}
+	p := &Pool{Prefix: netip.MustParsePrefix("100.64.0.0/30"), Lease: time.Minute, Peers: fp}
+	a, b := testKey(t).Public(), testKey(t).Public()
+	g, lease, err := p.Allocate(a, netip.Addr{})
+	if err != nil || g.ClientPrefix != netip.MustParsePrefix("100.64.0.2/30") || lease != time.Minute || fp.peers[a] != netip.MustParsePrefix("100.64.0.2/32") {
+		t.Fatalf("first allocation %+v %v %v", g, lease, err)
+	}
+	if g2, _, _ := p.Allocate(a, netip.Addr{}); g2 != g {
+		t.Fatalf("repeat allocation %v, want %v", g2, g)
+	}
+	// /30: network, relay, one client, broadcast.
+	if _, _, err := p.Allocate(b, netip.Addr{}); proto.ReasonOf(err) != proto.ReasonNoPorts {
+		t.Fatalf("exhausted pool: %v", err)
+	}
+	p.Release(a)
+	if _, ok := fp.peers[a]; ok {
+		t.Fatal("peer kept after release")
+	}
+	if g, _, err := p.Allocate(b, netip.Addr{}); err != nil || g.ClientPrefix.Addr() != netip.MustParseAddr("100.64.0.2") {
+		t.Fatalf("reuse after release: %+v %v", g, err)
+	}
+}
