@@ -432,13 +432,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 	switch req.Op {
 	case proto.OpPing:
 	case proto.OpGrant:
-		detour := s.set.DetourAddress
-		if !detour.IsValid() {
-			detour = ses.local
-		}
-		if !detour.IsValid() {
-			detour = s.set.Listen.Addr()
-		}
+		detour := s.detourAddr(ses)
 		m, r := s.grant(o, client, req.Server, req.Port, s.set.Lease, s.set.QuotaPerMember)
 		rep.Reason = r
 		if r == proto.OK {
@@ -470,7 +464,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 			rep.Reason = proto.ReasonUnsupported
 			break
 		}
-		g, lease, err := s.tunnels.Allocate(ses.peer, client)
+		g, lease, err := s.tunnels.Allocate(ses.peer, client, s.detourAddr(ses))
 		if err != nil {
 			rep.Reason = proto.ReasonOf(err)
 			if rep.Reason == proto.OK {
@@ -484,6 +478,18 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		rep.Reason = proto.ReasonUnsupported
 	}
 	return rep
+}
+
+// detourAddr is the address clients connect to for this session: the
+// configured one, else the address its requests arrive at.
+func (s *Server) detourAddr(ses *session) netip.Addr {
+	if s.set.DetourAddress.IsValid() {
+		return s.set.DetourAddress
+	}
+	if ses.local.IsValid() {
+		return ses.local
+	}
+	return s.set.Listen.Addr()
 }
 
 // grant applies policy, quotas and port choice, then installs the mapping.

@@ -16,11 +16,13 @@ import (
 // TunnelAllocator serves the control protocol's tunnel request (tunnel
 // detours, internal/tunnel). The relay calls it from its event loop with the
 // authenticated member key, which is also the member's WireGuard public key,
-// and the client's address as seen by the relay. Allocate must be idempotent
+// the client's address as seen by the relay, and the relay address the
+// request arrived at (the natural WireGuard endpoint address to return).
+// Allocate must be idempotent
 // per member (a repeat returns the same address and extends the lease).
 // Errors wrapping a *proto.Error send that reason; others send "internal".
 type TunnelAllocator interface {
-	Allocate(member proto.Key, client netip.Addr) (proto.TunnelGrant, time.Duration, error)
+	Allocate(member proto.Key, client, relay netip.Addr) (proto.TunnelGrant, time.Duration, error)
 	// Release drops a member's tunnel (member removed from the config).
 	Release(member proto.Key)
 	Close() error
@@ -79,7 +81,7 @@ type Pool struct {
 }
 
 // Allocate implements TunnelAllocator.
-func (p *Pool) Allocate(member proto.Key, _ netip.Addr) (proto.TunnelGrant, time.Duration, error) {
+func (p *Pool) Allocate(member proto.Key, _, _ netip.Addr) (proto.TunnelGrant, time.Duration, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.addrs == nil {

@@ -162,22 +162,22 @@ func TestPool(t *testing.T) {
 	fp := &fakePeers{peers: map[proto.Key]netip.Prefix{}}
 	p := &Pool{Prefix: netip.MustParsePrefix("100.64.0.0/30"), Lease: time.Minute, Peers: fp}
 	a, b := testKey(t).Public(), testKey(t).Public()
-	g, lease, err := p.Allocate(a, netip.Addr{})
+	g, lease, err := p.Allocate(a, netip.Addr{}, netip.Addr{})
 	if err != nil || g.ClientPrefix != netip.MustParsePrefix("100.64.0.2/30") || lease != time.Minute || fp.peers[a] != netip.MustParsePrefix("100.64.0.2/32") {
 		t.Fatalf("first allocation %+v %v %v", g, lease, err)
 	}
-	if g2, _, _ := p.Allocate(a, netip.Addr{}); g2 != g {
+	if g2, _, _ := p.Allocate(a, netip.Addr{}, netip.Addr{}); g2 != g {
 		t.Fatalf("repeat allocation %v, want %v", g2, g)
 	}
 	// /30: network, relay, one client, broadcast.
-	if _, _, err := p.Allocate(b, netip.Addr{}); proto.ReasonOf(err) != proto.ReasonNoPorts {
+	if _, _, err := p.Allocate(b, netip.Addr{}, netip.Addr{}); proto.ReasonOf(err) != proto.ReasonNoPorts {
 		t.Fatalf("exhausted pool: %v", err)
 	}
 	p.Release(a)
 	if _, ok := fp.peers[a]; ok {
 		t.Fatal("peer kept after release")
 	}
-	if g, _, err := p.Allocate(b, netip.Addr{}); err != nil || g.ClientPrefix.Addr() != netip.MustParseAddr("100.64.0.2") {
+	if g, _, err := p.Allocate(b, netip.Addr{}, netip.Addr{}); err != nil || g.ClientPrefix.Addr() != netip.MustParseAddr("100.64.0.2") {
 		t.Fatalf("reuse after release: %+v %v", g, err)
 	}
 }
