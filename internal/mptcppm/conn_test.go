@@ -224,6 +224,12 @@ func TestSubflowCreateSetFlagsDestroy(t *testing.T) {
 	if len(conns) != 1 || conns[0].Token != tok || len(conns[0].Subflows) != 2 || conns[0].Remote != p.server {
 		t.Fatalf("inet_diag dump = %+v, want token %08x with 2 subflows", conns, tok)
 	}
+	if conns[0].ServerSide {
+		t.Error("client connection reported as server side")
+	}
+	if sconns, err := mptcppm.Dump(mptcppm.Options{NetNS: p.s.Name}); err != nil || len(sconns) != 1 || !sconns[0].ServerSide {
+		t.Errorf("server-side dump = %+v, %v; want one server-side connection", sconns, err)
+	}
 	ss := p.c.Run("ss", "-Mn")
 	if !strings.Contains(ss, p.server.String()) {
 		t.Errorf("ss -M does not show the connection: %s", ss)

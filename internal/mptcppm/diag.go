@@ -87,12 +87,15 @@ func DecodeMPTCPInfo(b []byte) (MPTCPInfo, error) {
 
 // Connection is one MPTCP socket found by inet_diag.
 type Connection struct {
-	Token    uint32
-	Local    netip.AddrPort
-	Remote   netip.AddrPort
-	State    uint8 // TCP state numbering (1 = ESTABLISHED)
-	Info     MPTCPInfo
-	Subflows []Subflow
+	Token  uint32
+	Local  netip.AddrPort
+	Remote netip.AddrPort
+	State  uint8 // TCP state numbering (1 = ESTABLISHED)
+	// ServerSide: the connection was accepted from an MPTCP listener of
+	// this namespace (inet_diag does not say so directly).
+	ServerSide bool
+	Info       MPTCPInfo
+	Subflows   []Subflow
 }
 
 // Subflow is one TCP subflow of an MPTCP connection found by inet_diag.
@@ -129,6 +132,20 @@ func Dump(o Options) ([]Connection, error) {
 	}
 	defer c.Close()
 
+	listeners := map[netip.AddrPort]bool{}
+	for _, fam := range []uint8{afInet, afInet6} {
+		msgs, err := diagDumpStates(c, fam, protoMPTCP, 1<<tcpListen)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			_, l, _, _, err := diagHeader(m)
+			if err != nil {
+				return nil, err
+			}
+			listeners[l] = true
+		}
+	}
 	byToken := map[uint32]*Connection{}
 	var order []uint32
 	for _, fam := range []uint8{afInet, afInet6} {
@@ -144,6 +161,9 @@ func Dump(o Options) ([]Connection, error) {
 			if _, dup := byToken[conn.Token]; !dup {
 				order = append(order, conn.Token)
 			}
+			any4, any6 := netip.IPv4Unspecified(), netip.IPv6Unspecified()
+			conn.ServerSide = listeners[conn.Local] || listeners[netip.AddrPortFrom(any4, conn.Local.Port())] ||
+				listeners[netip.AddrPortFrom(any6, conn.Local.Port())]
 			cc := conn
 			byToken[conn.Token] = &cc
 		}
@@ -175,11 +195,14 @@ func Dump(o Options) ([]Connection, error) {
 }
 
 func diagDump(c *netlink.Conn, family uint8, proto uint32) ([][]byte, error) {
+	return diagDumpStates(c, family, proto, uint32(0xfff)&^(1<<tcpListen|1<<tcpTimeWait|1<<tcpNewSynRecv))
+}
+
+func diagDumpStates(c *netlink.Conn, family uint8, proto, states uint32) ([][]byte, error) {
 	req := make([]byte, 56)
 	req[0] = family
 	req[1] = unix.IPPROTO_TCP // MPTCP (262) does not fit: see the protocol attribute
 	req[2] = 1 << (diagInfo - 1)
-	states := uint32(0xfff) &^ (1<<tcpListen | 1<<tcpTimeWait | 1<<tcpNewSynRecv)
 	binary.NativeEndian.PutUint32(req[4:], states)
 	// cookie = INET_DIAG_NOCOOKIE: no specific socket.
 	binary.NativeEndian.PutUint32(req[48:], ^uint32(0))

@@ -127,5 +127,9 @@ func unmapAP(ap netip.AddrPort) netip.AddrPort {
 
 // Key identifies a detour across calls of Source.Detours.
 func Key(d detour.Detour) string {
-	return fmt.Sprintf("%s/%s/%s/%s", d.Kind, d.Relay, d.Local, d.Remote)
+	local := "default"
+	if d.Local.IsValid() {
+		local = d.Local.String()
+	}
+	return fmt.Sprintf("%s/%s/%s/%s", d.Kind, d.Relay, local, d.Remote)
 }

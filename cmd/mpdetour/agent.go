@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/cli"
+)
+
+func init() {
+	var config, netns, socket string
+	cli.Register(&cli.Command{
+		Name:    "agent",
+		Summary: "add detour subflows to MPTCP connections (userspace path manager)",
+		Usage:   "--config FILE [--netns NS] [--socket PATH]",
+		Order:   10,
+		Flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&config, "config", "", "agent configuration (YAML, see docs/agent.md)")
+			fs.StringVar(&netns, "netns", "", "manage this network namespace instead of the config's or our own")
+			fs.StringVar(&socket, "socket", "", "status socket (overrides the config)")
+		},
+		Run: func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return cli.Usagef("agent takes no arguments")
+			}
+			if config == "" {
+				return cli.Usagef("agent needs --config FILE")
+			}
+			cfg, err := agent.LoadConfig(config)
+			if err != nil {
+				return err
+			}
+			if netns != "" {
+				cfg.NetNS = netns
+			}
+			if socket != "" {
+				cfg.Socket = socket
+			}
+			level := slog.LevelInfo
+			switch strings.ToLower(cfg.LogLevel) {
+			case "debug":
+				level = slog.LevelDebug
+			case "warn":
+				level = slog.LevelWarn
+			case "error":
+				level = slog.LevelError
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			return agent.New(cfg, log, nil).Run(ctx)
+		},
+	})
+}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/cli"
+)
+
+func init() {
+	var socket string
+	var asJSON bool
+	cli.Register(&cli.Command{
+		Name:    "status",
+		Summary: "show the agent's connections, subflows and detours",
+		Usage:   "[--json] [--socket PATH]",
+		Order:   11,
+		Flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&socket, "socket", agent.DefaultSocket, "the agent's status socket")
+			fs.BoolVar(&asJSON, "json", false, "print JSON")
+		},
+		Run: func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return cli.Usagef("status takes no arguments")
+			}
+			st, err := agent.FetchStatus(socket)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			printStatus(st)
+			return nil
+		},
+	})
+}
+
+func printStatus(st agent.Status) {
+	c := st.Counters
+	fmt.Printf("agent since %s, netns %q (pm_type before: %s)\n", st.Started.Format("2006-01-02 15:04:05"), st.NetNS, st.PMTypeSaved)
+	fmt.Printf("events %d, lost %d, resyncs %d, adopted %d, commands %d (%d failed)\n",
+		c.Events, c.EventsLost, c.Resyncs, c.Adopted, c.Commands, c.CommandErrors)
+	if l := st.Latency; l.Samples > 0 {
+		fmt.Printf("ESTABLISHED -> SUBFLOW_CREATE: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples)\n", l.P50ms, l.P99ms, l.Maxms, l.Samples)
+	}
+	if st.DiagError != "" {
+		fmt.Printf("inet_diag: %s\n", st.DiagError)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "\nCONNECTION\tLOCAL\tREMOTE\tPATH\tSTATE\tBACKUP\tSENT\tRECEIVED\tRTT ms\n")
+	for _, cs := range st.Connections {
+		tag := cs.Token
+		if cs.Adopted {
+			tag += " (adopted)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t\t%s\t\t\t\t\n", tag, cs.Local, cs.Remote, map[bool]string{true: "established", false: "connecting"}[cs.Established])
+		for _, s := range cs.Subflows {
+			fmt.Fprintf(w, "  \t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.2f\n", s.Local, s.Remote, s.Path, s.State, s.Backup, s.BytesSent, s.BytesReceived, s.RTTms)
+		}
+	}
+	w.Flush()
+	w = tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "\nDETOUR\tLOCAL\tREMOTE\tSUBFLOWS\tESTABLISHED\tFAILED\tHEALTH\tLAST ERROR\n")
+	for _, d := range st.Detours {
+		health := "ok"
+		if !d.Healthy {
+			health = "backoff until " + d.BackoffTill.Format("15:04:05")
+		}
+		local := d.Local
+		if local == "" {
+			local = "default"
+		}
+		fmt.Fprintf(w, "%s:%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", d.Kind, d.Relay, local, d.Remote, d.Subflows, d.Established, d.Failed, health, d.LastError)
+	}
+	w.Flush()
+}

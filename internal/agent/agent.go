@@ -1,0 +1,601 @@
+// Package agent is the client-side MPTCP path manager behind "mpdetour
+// agent": it switches its namespace to the userspace path manager, turns
+// mptcp_pm events into Policy calls and the Policy's intents into commands,
+// adopts connections that already exist, and serves its state on a unix
+// socket for "mpdetour status".
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/policy"
+)
+
+// Agent manages the MPTCP connections of one namespace.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	pol     *syncPolicy
+	sources []detour.Source
+	opts    mptcppm.Options
+
+	jobs    chan job
+	results chan result
+
+	mu      sync.Mutex // guards the view below (read by status)
+	conns   map[uint32]*connView
+	detours map[string]*detourView
+	started time.Time
+	pmOld   string
+
+	stats struct {
+		events, lost, resyncs, commands, cmdErrors, adopted atomic.Uint64
+	}
+	lat latency
+}
+
+type connView struct {
+	c           policy.Conn
+	established bool
+	adopted     bool
+	since       time.Time
+	subs        map[subKey]*subView
+}
+
+type subKey struct {
+	local  netip.Addr
+	remote netip.AddrPort
+}
+
+func keyOf(local netip.Addr, remote netip.AddrPort) subKey {
+	return subKey{local.Unmap(), netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())}
+}
+
+type subView struct {
+	sf     policy.Subflow
+	detour *detour.Detour // nil: initial subflow or toward an announced address
+	path   string
+	up     bool
+	since  time.Time
+}
+
+type detourView struct {
+	d                   detour.Detour
+	up                  int
+	established, failed uint64
+	lastErr             string
+	lastChange          time.Time
+}
+
+type job struct {
+	in    policy.Intent
+	since time.Time // when the event that caused it arrived (latency)
+}
+
+type result struct {
+	in  policy.Intent
+	err error
+}
+
+// New builds an agent; sources supply detours (the config's static ones
+// come first). A nil pol means the default KeepN policy.
+func New(cfg Config, log *slog.Logger, pol policy.Policy, sources ...detour.Source) *Agent {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	srcs := append([]detour.Source{NewStaticSource(cfg.Detours)}, sources...)
+	if pol == nil {
+		pol = policy.NewKeepN(policy.KeepNConfig{
+			Subflows: cfg.Subflows, Announced: announcedLimit(cfg.AnnouncedSubflows),
+			Selectors: cfg.Selectors, MaxConns: cfg.MaxConnections,
+			Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Log: log,
+		}, srcs)
+	}
+	return &Agent{
+		cfg: cfg, log: log, pol: &syncPolicy{p: pol}, sources: srcs,
+		opts:    mptcppm.Options{NetNS: cfg.NetNS},
+		conns:   map[uint32]*connView{},
+		detours: map[string]*detourView{},
+	}
+}
+
+func announcedLimit(n int) int {
+	if n == 0 {
+		return -1 // KeepN: negative disables
+	}
+	return n
+}
+
+type batch struct {
+	evs  []mptcppm.Event
+	lost bool
+	at   time.Time
+}
+
+// Run manages connections until ctx ends, then restores the namespace's
+// path manager. Subflows already open stay open.
+func (a *Agent) Run(ctx context.Context) (err error) {
+	// Listen before switching the path manager and before the adoption
+	// dump, so no connection falls between the two.
+	ev, err := mptcppm.ListenEvents(a.opts)
+	if err != nil {
+		return err
+	}
+	defer ev.Close()
+	a.pmOld, _ = readSysctl(a.cfg.NetNS, "net.mptcp.pm_type")
+	restore, err := useUserspacePM(a.cfg.NetNS)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := restore(); rerr != nil && err == nil {
+			err = rerr
+		} else if rerr == nil {
+			a.log.Info("path manager restored", "pm_type", a.pmOld)
+		}
+	}()
+	a.started = time.Now()
+
+	workers := max(a.cfg.CommandWorkers, 1)
+	a.jobs = make(chan job, 1024)
+	a.results = make(chan result, 4096)
+	var wg sync.WaitGroup
+	for range workers {
+		pm, err := mptcppm.Dial(a.opts)
+		if err != nil {
+			close(a.jobs)
+			wg.Wait()
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer pm.Close()
+			a.worker(pm)
+		}()
+	}
+	defer func() { close(a.jobs); wg.Wait() }()
+
+	var queue []job
+	queue = append(queue, a.resync("start")...)
+
+	if a.cfg.Socket != "" {
+		srv, err := a.serveStatus(a.cfg.Socket)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+	}
+
+	evc := make(chan batch, 256)
+	go func() {
+		defer close(evc)
+		errs := 0
+		for {
+			evs, err := ev.Receive()
+			now := time.Now()
+			switch {
+			case errors.Is(err, mptcppm.ErrEventsLost):
+				evc <- batch{lost: true, at: now}
+			case err != nil:
+				if ctx.Err() != nil || errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
+					return
+				}
+				// An undecodable message is skipped; a socket that keeps
+				// failing ends the agent rather than spinning.
+				a.log.Warn("event socket", "err", err)
+				if errs++; errs > 100 {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+				continue
+			default:
+				errs = 0
+				select {
+				case evc <- batch{evs: evs, at: now}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+
+	a.log.Info("agent running", "netns", a.cfg.NetNS, "pm_type_before", a.pmOld, "subflows", a.cfg.Subflows,
+		"detours", len(a.cfg.Detours), "workers", workers, "status", a.cfg.Socket)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var out chan job
+		var head job
+		if len(queue) > 0 {
+			out, head = a.jobs, queue[0]
+		}
+		select {
+		case <-ctx.Done():
+			a.log.Info("agent stopping", "connections", len(a.conns))
+			ev.Close()
+			return nil
+		case out <- head:
+			queue = queue[1:]
+			if len(queue) == 0 {
+				queue = nil // let the backing array go after bursts
+			}
+		case b, ok := <-evc:
+			if !ok {
+				return fmt.Errorf("event socket closed")
+			}
+			if b.lost {
+				a.stats.lost.Add(1)
+				a.log.Warn("events lost; resynchronising from inet_diag")
+				queue = append(queue, a.resync("events lost")...)
+				continue
+			}
+			for _, e := range b.evs {
+				queue = append(queue, a.handle(e, b.at)...)
+			}
+		case r := <-a.results:
+			queue = append(queue, a.failed(r)...)
+		case now := <-tick.C:
+			queue = append(queue, a.jobsFor(a.pol.Tick(now), time.Time{})...)
+		}
+	}
+}
+
+func (a *Agent) worker(pm *mptcppm.Conn) {
+	for j := range a.jobs {
+		in := j.in
+		local := mptcppm.Addr{ID: in.LocalID, IP: in.Local.Addr(), Port: in.Local.Port()}
+		remote := mptcppm.AddrFrom(in.Remote, 0)
+		var err error
+		switch in.Action {
+		case policy.CreateSubflow:
+			err = pm.SubflowCreate(in.Token, local, remote)
+			if err == nil && !j.since.IsZero() {
+				a.lat.add(time.Since(j.since))
+			}
+		case policy.DestroySubflow:
+			err = pm.SubflowDestroy(in.Token, local, remote)
+		case policy.SetBackup:
+			err = pm.SetBackup(in.Token, local, remote, in.Backup)
+		}
+		a.stats.commands.Add(1)
+		if err != nil {
+			a.stats.cmdErrors.Add(1)
+			a.results <- result{in: in, err: err}
+		}
+	}
+}
+
+func (a *Agent) jobsFor(ins []policy.Intent, since time.Time) []job {
+	if len(ins) == 0 {
+		return nil
+	}
+	out := make([]job, 0, len(ins))
+	a.mu.Lock()
+	for _, in := range ins {
+		a.log.Debug("intent", "intent", in.String())
+		if in.Action == policy.CreateSubflow {
+			if cv := a.conns[in.Token]; cv != nil {
+				k := keyOf(in.Local.Addr(), in.Remote)
+				if cv.subs[k] == nil {
+					cv.subs[k] = &subView{sf: policy.Subflow{Token: in.Token, Local: in.Local, Remote: in.Remote},
+						detour: in.Detour, path: pathName(in.Detour, "announced"), since: time.Now()}
+				}
+			}
+		}
+		out = append(out, job{in: in, since: since})
+	}
+	a.mu.Unlock()
+	return out
+}
+
+func pathName(d *detour.Detour, otherwise string) string {
+	if d == nil {
+		return otherwise
+	}
+	return d.Kind.String() + ":" + d.Relay
+}
+
+func (a *Agent) failed(r result) []job {
+	a.log.Info("command failed", "intent", r.in.String(), "err", r.err)
+	a.mu.Lock()
+	if cv := a.conns[r.in.Token]; cv != nil && r.in.Action == policy.CreateSubflow {
+		delete(cv.subs, keyOf(r.in.Local.Addr(), r.in.Remote))
+	}
+	if r.in.Detour != nil && r.in.Action == policy.CreateSubflow {
+		dv := a.detourView(*r.in.Detour)
+		dv.failed++
+		dv.lastErr, dv.lastChange = r.err.Error(), time.Now()
+	}
+	a.mu.Unlock()
+	return a.jobsFor(a.pol.Failed(r.in, r.err), time.Time{})
+}
+
+func (a *Agent) detourView(d detour.Detour) *detourView {
+	k := policy.Key(d)
+	dv := a.detours[k]
+	if dv == nil {
+		// Bounded: detours come from configuration and relay grants; forget
+		// idle ones when too many accumulate.
+		if len(a.detours) >= 4096 {
+			for k2, v := range a.detours {
+				if v.up == 0 {
+					delete(a.detours, k2)
+				}
+			}
+		}
+		dv = &detourView{d: d}
+		a.detours[k] = dv
+	}
+	return dv
+}
+
+func isServerSide(e mptcppm.Event) bool {
+	// Newer kernels flag it in flags (MPTCP_PM_EV_FLAG_SERVER_SIDE), older
+	// ones in the server_side attribute.
+	return e.ServerSide != 0 || e.Flags&2 != 0
+}
+
+func conn(e mptcppm.Event) policy.Conn {
+	return policy.Conn{Token: e.Token, Local: unmap(e.Local), Remote: unmap(e.Remote)}
+}
+
+func unmap(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+func subflow(e mptcppm.Event) policy.Subflow {
+	return policy.Subflow{Token: e.Token, LocalID: e.LocalID, RemoteID: e.RemoteID,
+		Local: unmap(e.Local), Remote: unmap(e.Remote), Backup: e.Backup != 0, Errno: e.Error}
+}
+
+// handle applies one event to the view and asks the policy what to do.
+func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
+	a.stats.events.Add(1)
+	a.log.Debug("event", "event", e.String())
+	var ins []policy.Intent
+	var since time.Time
+	switch e.Type {
+	case mptcppm.EventCreated, mptcppm.EventEstablished:
+		if isServerSide(e) {
+			return nil
+		}
+		a.mu.Lock()
+		cv := a.conns[e.Token]
+		if cv == nil {
+			if len(a.conns) >= a.cfg.MaxConnections {
+				a.mu.Unlock()
+				return nil
+			}
+			cv = &connView{c: conn(e), since: at, subs: map[subKey]*subView{}}
+			a.conns[e.Token] = cv
+		}
+		est := e.Type == mptcppm.EventEstablished
+		cv.established = cv.established || est
+		a.mu.Unlock()
+		if est {
+			ins, since = a.pol.Established(conn(e)), at
+		} else {
+			ins = a.pol.Created(conn(e))
+		}
+	case mptcppm.EventClosed:
+		a.mu.Lock()
+		cv := a.conns[e.Token]
+		if cv != nil {
+			for _, sv := range cv.subs {
+				if sv.detour != nil && sv.up {
+					a.detourView(*sv.detour).up--
+				}
+			}
+			delete(a.conns, e.Token)
+		}
+		a.mu.Unlock()
+		if cv != nil {
+			ins = a.pol.Closed(e.Token)
+		}
+	case mptcppm.EventAnnounced:
+		if a.tracked(e.Token) {
+			ins = a.pol.Announced(e.Token, e.RemoteID, unmap(e.Remote))
+		}
+	case mptcppm.EventRemoved:
+		if a.tracked(e.Token) {
+			ins = a.pol.Removed(e.Token, e.RemoteID)
+		}
+	case mptcppm.EventSubEstablished:
+		sf := subflow(e)
+		if !a.subUp(sf) {
+			return nil
+		}
+		ins = a.pol.SubflowEstablished(sf)
+	case mptcppm.EventSubClosed:
+		sf := subflow(e)
+		if !a.subDown(sf) {
+			return nil
+		}
+		ins = a.pol.SubflowClosed(sf)
+	case mptcppm.EventSubPriority:
+		sf := subflow(e)
+		a.mu.Lock()
+		if cv := a.conns[e.Token]; cv != nil {
+			if sv := cv.subs[keyOf(sf.Local.Addr(), sf.Remote)]; sv != nil {
+				sv.sf.Backup = sf.Backup
+			}
+		}
+		a.mu.Unlock()
+		ins = a.pol.Priority(sf)
+	}
+	return a.jobsFor(ins, since)
+}
+
+func (a *Agent) tracked(token uint32) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conns[token] != nil
+}
+
+// subUp records an established subflow; false if its connection is not ours.
+func (a *Agent) subUp(sf policy.Subflow) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cv := a.conns[sf.Token]
+	if cv == nil {
+		return false
+	}
+	k := keyOf(sf.Local.Addr(), sf.Remote)
+	sv := cv.subs[k]
+	if sv == nil {
+		sv = &subView{path: "other"}
+		if d, ok := a.match(cv.c.Remote, sf); ok {
+			sv.detour, sv.path = &d, pathName(&d, "")
+		}
+		cv.subs[k] = sv
+	}
+	if !sv.up && sv.detour != nil {
+		dv := a.detourView(*sv.detour)
+		dv.up++
+		dv.established++
+		dv.lastChange = time.Now()
+	}
+	sv.sf, sv.up, sv.since = sf, true, time.Now()
+	return true
+}
+
+func (a *Agent) subDown(sf policy.Subflow) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cv := a.conns[sf.Token]
+	if cv == nil {
+		return false
+	}
+	k := keyOf(sf.Local.Addr(), sf.Remote)
+	if sv := cv.subs[k]; sv != nil {
+		if sv.detour != nil {
+			dv := a.detourView(*sv.detour)
+			if sv.up {
+				dv.up--
+			}
+			if !sv.up || sf.Errno != 0 {
+				dv.failed++
+				dv.lastErr = fmt.Sprintf("subflow closed: errno %d", sf.Errno)
+			}
+			dv.lastChange = time.Now()
+		}
+		delete(cv.subs, k)
+	}
+	return true
+}
+
+func (a *Agent) match(server netip.AddrPort, sf policy.Subflow) (detour.Detour, bool) {
+	var ds []detour.Detour
+	for _, s := range a.sources {
+		ds = append(ds, s.Detours(server)...)
+	}
+	return policy.Match(ds, sf.Local.Addr(), sf.Remote)
+}
+
+// resync rebuilds the view from inet_diag: adopts connections we do not
+// know, forgets those gone, and reconciles subflows (at start and after the
+// kernel dropped events).
+func (a *Agent) resync(reason string) []job {
+	a.stats.resyncs.Add(1)
+	conns, err := mptcppm.Dump(a.opts)
+	if err != nil {
+		a.log.Error("resync: inet_diag dump failed", "reason", reason, "err", err)
+		return nil
+	}
+	now := time.Now()
+	var ins []policy.Intent
+	seen := map[uint32]bool{}
+	adopted := 0
+	for _, mc := range conns {
+		if mc.ServerSide || mc.State != 1 /* ESTABLISHED */ || mc.Token == 0 {
+			continue
+		}
+		seen[mc.Token] = true
+		c := policy.Conn{Token: mc.Token, Local: unmap(mc.Local), Remote: unmap(mc.Remote)}
+		var live []policy.Subflow
+		for _, s := range mc.Subflows {
+			live = append(live, policy.Subflow{Token: mc.Token, LocalID: s.LocalID, RemoteID: s.RemoteID,
+				Local: unmap(s.Local), Remote: unmap(s.Remote), Backup: s.Backup()})
+		}
+		if !a.tracked(mc.Token) {
+			a.mu.Lock()
+			if len(a.conns) >= a.cfg.MaxConnections {
+				a.mu.Unlock()
+				continue
+			}
+			a.conns[mc.Token] = &connView{c: c, established: true, adopted: true, since: now, subs: map[subKey]*subView{}}
+			a.mu.Unlock()
+			for _, sf := range live {
+				if keyOf(sf.Local.Addr(), sf.Remote) != keyOf(c.Local.Addr(), c.Remote) {
+					a.subUp(sf)
+				}
+			}
+			adopted++
+			a.stats.adopted.Add(1)
+			ins = append(ins, a.pol.Adopt(c, live)...)
+			continue
+		}
+		// Known connection: replay what the lost events would have said.
+		liveKeys := map[subKey]policy.Subflow{}
+		for _, sf := range live {
+			liveKeys[keyOf(sf.Local.Addr(), sf.Remote)] = sf
+		}
+		a.mu.Lock()
+		cv := a.conns[mc.Token]
+		wasEst := cv.established
+		cv.established = true
+		var gone []policy.Subflow
+		for k, sv := range cv.subs {
+			if _, ok := liveKeys[k]; !ok && sv.up {
+				gone = append(gone, sv.sf)
+			}
+		}
+		var fresh []policy.Subflow
+		for k, sf := range liveKeys {
+			if sv := cv.subs[k]; (sv == nil || !sv.up) && k != keyOf(c.Local.Addr(), c.Remote) {
+				fresh = append(fresh, sf)
+			}
+		}
+		a.mu.Unlock()
+		if !wasEst {
+			ins = append(ins, a.pol.Established(c)...)
+		}
+		for _, sf := range gone {
+			a.subDown(sf)
+			ins = append(ins, a.pol.SubflowClosed(sf)...)
+		}
+		for _, sf := range fresh {
+			a.subUp(sf)
+			ins = append(ins, a.pol.SubflowEstablished(sf)...)
+		}
+	}
+	a.mu.Lock()
+	var closed []uint32
+	for tok, cv := range a.conns {
+		// Connections still in the handshake are not in ESTABLISHED yet.
+		if !seen[tok] && cv.established {
+			closed = append(closed, tok)
+		}
+	}
+	a.mu.Unlock()
+	var extra []job
+	for _, tok := range closed {
+		extra = append(extra, a.handle(mptcppm.Event{Type: mptcppm.EventClosed, Token: tok}, now)...)
+	}
+	if adopted > 0 || len(closed) > 0 || reason != "start" {
+		a.log.Info("resynchronised", "reason", reason, "adopted", adopted, "forgotten", len(closed), "connections", len(seen))
+	}
+	return append(a.jobsFor(ins, time.Time{}), extra...)
+}

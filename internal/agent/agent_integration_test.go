@@ -1,0 +1,347 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+)
+
+// detourLab is the lab's "detours" topology (client, server, K relays)
+// with static NAT detours installed by the test in each relay: relay:4000
+// is DNATed to the server's port 5201 and masqueraded.
+type detourLab struct {
+	l      *lab.Lab
+	server netip.AddrPort
+	relays []netip.AddrPort // relay address:4000 per detour node
+}
+
+var labSeq int
+
+func upDetourLab(t *testing.T, k int) *detourLab {
+	testenv.MPTCP(t)
+	testenv.Tools(t, "nft", "ip")
+	topo, err := lab.Builtin("detours")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := topo.Set("detours", fmt.Sprint(k)); err != nil {
+		t.Fatal(err)
+	}
+	// Functional test: no delay (it would need the user-space delay line).
+	if err := topo.Set("all.delay", "0"); err != nil {
+		t.Fatal(err)
+	}
+	labSeq++
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	l, err := lab.Up(ctx, topo, fmt.Sprintf("ta%d-%d", os.Getpid(), labSeq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	dl := &detourLab{l: l, server: netip.AddrPortFrom(l.Addr("server"), 5201)}
+	for i := 1; i <= k; i++ {
+		node := fmt.Sprintf("detour%d", i)
+		dl.nft(t, node, fmt.Sprintf(`table ip tanat {
+	chain pre { type nat hook prerouting priority -100; tcp dport 4000 dnat to %s; }
+	chain post { type nat hook postrouting priority 100; ip daddr %s tcp dport %d masquerade; }
+}`, dl.server, dl.server.Addr(), dl.server.Port()))
+		dl.relays = append(dl.relays, netip.AddrPortFrom(l.Addr(node), 4000))
+	}
+	dl.run(t, "server", "ip", "mptcp", "limits", "set", "subflows", "8", "add_addr_accepted", "8")
+	return dl
+}
+
+func (dl *detourLab) run(t *testing.T, node string, argv ...string) string {
+	t.Helper()
+	out, err := dl.l.Command(t.Context(), node, argv...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %s: %v: %s", node, strings.Join(argv, " "), err, out)
+	}
+	return string(out)
+}
+
+func (dl *detourLab) nft(t *testing.T, node, rules string) {
+	t.Helper()
+	cmd := dl.l.Command(t.Context(), node, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: nft: %v: %s", node, err, out)
+	}
+}
+
+// kill makes relay i reset every subflow packet it forwards: the path dies
+// the way a crashed relay's NAT would.
+func (dl *detourLab) kill(t *testing.T, i int) {
+	dl.nft(t, fmt.Sprintf("detour%d", i), `table ip takill {
+	chain fw { type filter hook forward priority 0; tcp dport 5201 reject with tcp reset; }
+}`)
+}
+
+func (dl *detourLab) revive(t *testing.T, i int) {
+	dl.run(t, fmt.Sprintf("detour%d", i), "nft", "delete", "table", "ip", "takill")
+}
+
+// serve runs an MPTCP sink on the server; dial opens an MPTCP connection
+// from the client that keeps sending until the test ends.
+func (dl *detourLab) serve(t *testing.T) {
+	var ln net.Listener
+	err := dl.l.Do("server", func() (err error) {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(true)
+		ln, err = lc.Listen(context.Background(), "tcp4", dl.server.String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+}
+
+func (dl *detourLab) dial(t *testing.T) net.Conn {
+	var c net.Conn
+	err := dl.l.Do("client", func() (err error) {
+		d := &net.Dialer{Timeout: 5 * time.Second}
+		d.SetMultipathTCP(true) // an unmodified application would use mptcpize
+		c, err = d.Dial("tcp4", dl.server.String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 16<<10)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			if _, err := c.Write(buf); err != nil && !os.IsTimeout(err) {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); c.Close(); wg.Wait() })
+	return c
+}
+
+func (dl *detourLab) config(t *testing.T, subflows int) Config {
+	cfg, err := ParseConfig([]byte(fmt.Sprintf("subflows: %d\nbackoff: 300ms\n", subflows)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NetNS = dl.l.NetnsName("client")
+	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	for i, r := range dl.relays {
+		cfg.Detours = append(cfg.Detours, StaticDetour{
+			Detour:  detour.Detour{Kind: detour.NAT, Relay: fmt.Sprintf("d%d", i+1), Remote: r},
+			Servers: []netip.Prefix{netip.PrefixFrom(dl.server.Addr(), 32)}, Port: dl.server.Port(),
+		})
+	}
+	return cfg
+}
+
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+	socket string
+}
+
+func start(t *testing.T, cfg Config) *running {
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	r := &running{cancel: cancel, done: make(chan error, 1), socket: cfg.Socket}
+	go func() { r.done <- New(cfg, log, nil).Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	// Ready once the status socket answers.
+	waitFor(t, 10*time.Second, "agent status socket", func() (bool, string) {
+		_, err := FetchStatus(cfg.Socket)
+		return err == nil, fmt.Sprint(err)
+	})
+	return r
+}
+
+func (r *running) stop(t *testing.T) {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("agent did not stop within 10s")
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		last = msg
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s; last: %s", d, what, last)
+}
+
+// kernelSubflows asks the kernel (inet_diag) which remotes the connection's
+// subflows go to.
+func kernelSubflows(t *testing.T, ns string, local netip.AddrPort) []netip.AddrPort {
+	conns, err := mptcppm.Dump(mptcppm.Options{NetNS: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conns {
+		if c.Local == local {
+			var out []netip.AddrPort
+			for _, s := range c.Subflows {
+				out = append(out, s.Remote)
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+func has(list []netip.AddrPort, x netip.AddrPort) bool {
+	for _, y := range list {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+func TestAgentDetourSubflowReplaceAndAdopt(t *testing.T) {
+	dl := upDetourLab(t, 2)
+	ns := dl.l.NetnsName("client")
+	pmBefore, err := readSysctl(ns, "net.mptcp.pm_type")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl.serve(t)
+	cfg := dl.config(t, 1)
+	ag := start(t, cfg)
+	if v, _ := readSysctl(ns, "net.mptcp.pm_type"); v != "1" {
+		t.Fatalf("pm_type while the agent runs = %s, want 1", v)
+	}
+
+	c := dl.dial(t)
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	d1, d2 := dl.relays[0], dl.relays[1]
+
+	// 1. A second subflow through the first detour, carrying data.
+	waitFor(t, 10*time.Second, "a subflow via d1", func() (bool, string) {
+		sfs := kernelSubflows(t, ns, local)
+		return has(sfs, d1) && len(sfs) == 2, fmt.Sprint(sfs)
+	})
+	var st Status
+	waitFor(t, 10*time.Second, "status: nat:d1 established and carrying data", func() (bool, string) {
+		var err error
+		if st, err = FetchStatus(cfg.Socket); err != nil {
+			return false, err.Error()
+		}
+		if len(st.Connections) != 1 {
+			return false, fmt.Sprintf("%+v", st.Connections)
+		}
+		paths := map[string]SubflowStatus{}
+		for _, s := range st.Connections[0].Subflows {
+			paths[s.Path] = s
+		}
+		s, ok := paths["nat:d1"]
+		_, def := paths["default"]
+		return ok && def && len(paths) == 2 && s.State == "ESTABLISHED" && s.BytesSent > 0 && s.Remote == d1.String(),
+			fmt.Sprintf("%+v", st.Connections[0].Subflows)
+	})
+
+	// 2. d1's path dies: the agent replaces the subflow through d2.
+	dl.kill(t, 1)
+	waitFor(t, 15*time.Second, "the d1 subflow replaced via d2", func() (bool, string) {
+		sfs := kernelSubflows(t, ns, local)
+		return has(sfs, d2) && !has(sfs, d1), fmt.Sprint(sfs)
+	})
+	st, _ = FetchStatus(cfg.Socket)
+	t.Logf("status after d1 died: detours %+v", st.Detours)
+	for _, d := range st.Detours {
+		if d.Relay == "d1" && d.Failed == 0 {
+			t.Errorf("status: d1 shows no failure after its path died: %+v", d)
+		}
+	}
+
+	// 3. Restart: the agent restores pm_type on exit, and the new one adopts
+	// the connection, recognising the d2 subflow.
+	ag.stop(t)
+	if v, _ := readSysctl(ns, "net.mptcp.pm_type"); v != pmBefore {
+		t.Fatalf("pm_type after the agent stopped = %s, want %s", v, pmBefore)
+	}
+	dl.revive(t, 1)
+	start(t, cfg)
+	st, err = FetchStatus(cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Connections) != 1 || !st.Connections[0].Adopted || st.Counters.Adopted != 1 {
+		t.Fatalf("restarted agent did not adopt the connection: %+v", st)
+	}
+	adoptedPaths := ""
+	for _, s := range st.Connections[0].Subflows {
+		adoptedPaths += s.Path + " "
+	}
+	if !strings.Contains(adoptedPaths, "nat:d2") {
+		t.Fatalf("adopted connection's subflows %q: want the d2 subflow recognised", adoptedPaths)
+	}
+	// The adopted connection is managed: when d2 dies, d1 takes over.
+	dl.kill(t, 2)
+	waitFor(t, 15*time.Second, "the adopted connection's d2 subflow replaced via d1", func() (bool, string) {
+		sfs := kernelSubflows(t, ns, local)
+		return has(sfs, d1) && !has(sfs, d2), fmt.Sprint(sfs)
+	})
+}

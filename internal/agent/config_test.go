@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+)
+
+const goodConfig = `
+netns: client
+socket: /tmp/x.sock
+subflows: 3
+announced_subflows: 1
+backoff: 500ms
+max_backoff: 30s
+command_workers: 4
+log_level: debug
+selectors:
+  - prefixes: [10.0.3.0/24, 192.0.2.7]
+    ports: ["5201", "8000-8100"]
+detours:
+  - kind: nat
+    relay: d1
+    address: 10.1.1.2:4000
+    server: 10.0.3.2:5201
+  - kind: tunnel
+    relay: wg
+    local: 10.9.0.2
+    servers: [10.0.3.0/24]
+`
+
+func TestParseConfig(t *testing.T) {
+	c, err := ParseConfig([]byte(goodConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NetNS != "client" || c.Subflows != 3 || c.AnnouncedSubflows != 1 || c.Backoff != 500*time.Millisecond ||
+		c.MaxBackoff != 30*time.Second || c.CommandWorkers != 4 || len(c.Selectors) != 1 || len(c.Detours) != 2 {
+		t.Fatalf("parsed %+v", c)
+	}
+	if p := c.Selectors[0].Prefixes[1]; p != netip.MustParsePrefix("192.0.2.7/32") {
+		t.Errorf("bare address parsed as %s", p)
+	}
+	src := NewStaticSource(c.Detours)
+	ds := src.Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
+	if len(ds) != 2 || ds[0].Kind != detour.NAT || ds[0].Remote != netip.MustParseAddrPort("10.1.1.2:4000") ||
+		ds[1].Kind != detour.Tunnel || ds[1].Remote != netip.MustParseAddrPort("10.0.3.2:5201") {
+		t.Fatalf("detours toward the server: %v", ds)
+	}
+	// The NAT port leads to one server:port only; the tunnel reaches the prefix.
+	if ds := src.Detours(netip.MustParseAddrPort("10.0.3.2:80")); len(ds) != 1 || ds[0].Kind != detour.Tunnel {
+		t.Fatalf("detours toward another port: %v", ds)
+	}
+	if ds := src.Detours(netip.MustParseAddrPort("10.7.0.1:5201")); len(ds) != 0 {
+		t.Fatalf("detours toward an unrelated server: %v", ds)
+	}
+
+	def, err := ParseConfig(nil)
+	if err != nil || def.Subflows != 2 || def.Socket != DefaultSocket || def.Backoff != time.Second {
+		t.Fatalf("empty config: %+v %v", def, err)
+	}
+}
+
+func TestParseConfigRejects(t *testing.T) {
+	for in, want := range map[string]string{
+		"subflows: 9":                            "subflows",
+		"subflows: many":                         "subflows",
+		"sublows: 2":                             "sublows",
+		"backoff: soon":                          "backoff",
+		"backoff: 2s\nmax_backoff: 1s":           "max_backoff",
+		"log_level: loud":                        "log_level",
+		"command_workers: -1":                    "command_workers",
+		"selectors: [{prefixes: [10.0.0.0/40]}]": "selectors[0].prefixes[0]",
+		"selectors: [{ports: [\"0\"]}]":          "selectors[0].ports[0]",
+		"selectors: [{ports: [\"9-3\"]}]":        "selectors[0].ports[0]",
+		"detours: [{kind: nat, relay: a, address: 10.1.1.2, server: 10.0.3.2:1}]":                         "detours[0].address",
+		"detours: [{kind: nat, relay: a, address: 127.0.0.1:4000, server: 10.0.3.2:1}]":                   "detours[0].address",
+		"detours: [{kind: nat, relay: a, address: 10.1.1.2:4000}]":                                        "detours[0].server",
+		"detours: [{kind: nat, address: 10.1.1.2:4000, server: 10.0.3.2:1}]":                              "detours[0].relay",
+		"detours: [{kind: gre, relay: a}]":                                                                "detours[0].kind",
+		"detours: [{relay: a}]":                                                                           "detours[0].kind",
+		"detours: [{kind: tunnel, relay: a, local: fe80::1}]":                                             "detours[0].local",
+		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, servers: [x]}]":                              "detours[0].servers[0]",
+		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, address: 10.1.1.2:4000}]":                    "detours[0].kind",
+		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2}, {kind: tunnel, relay: a, local: 10.9.0.2}]": "detours[1]",
+		"{": "",
+	} {
+		_, err := ParseConfig([]byte(in))
+		if err == nil {
+			t.Errorf("%q: accepted", in)
+			continue
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %q does not name %q", in, err, want)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "agent.yaml")
+	os.WriteFile(path, []byte("subflows: 20\n"), 0o644)
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "subflows") {
+		t.Errorf("LoadConfig error %v: want the file and the field named", err)
+	}
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml")); err == nil {
+		t.Error("missing file accepted")
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(goodConfig))
+	f.Add([]byte("detours: [{kind: nat, relay: a, address: 10.1.1.2:4000, server: 10.0.3.2:1}]"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := ParseConfig(b)
+		if err != nil {
+			return
+		}
+		if c.Subflows < 0 || c.Subflows > 8 || c.Backoff <= 0 || c.MaxBackoff < c.Backoff {
+			t.Fatalf("accepted out-of-range config %+v", c)
+		}
+		_ = NewStaticSource(c.Detours).Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
+	})
+}
