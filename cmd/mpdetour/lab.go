@@ -275,6 +275,9 @@ func printCheck(r *lab.CheckReport) {
 			d.LossSpec*100, float64(d.Lost)/float64(max(d.Sent, 1))*100, d.LossLo*100, d.LossHi*100, mark(d.LossOK))
 	}
 	w.Flush()
+	if r.DelayLineCPU > 0 {
+		fmt.Printf("delay line CPU during the goodput phase: %.2f cores\n", r.DelayLineCPU)
+	}
 	if r.OK {
 		fmt.Println("lab check: all links within spec (RTT max(1ms,3%), goodput 3% of rate×1448/1514, loss in interval)")
 	}

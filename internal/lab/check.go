@@ -8,10 +8,14 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/goodput"
+	"golang.org/x/sys/unix"
 )
 
 // CheckOptions tune Check. The zero value measures everything with the
@@ -86,6 +90,9 @@ type CheckReport struct {
 	Samples    int        `json:"loss_samples"`
 	Directions []DirCheck `json:"directions"`
 	OK         bool       `json:"ok"`
+	// DelayLineCPU is the delay line's CPU use during the goodput phase,
+	// in cores (1.0 = one core busy); 0 without a delay line.
+	DelayLineCPU float64 `json:"delay_line_cpu_cores"`
 }
 
 // Failures lists a line per quantity off its target.
@@ -185,6 +192,12 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 	for i := range rep.Directions {
 		d := &rep.Directions[i]
 		wg.Go(func() {
+			// One echo first: ARP resolution would add a round trip to the
+			// requests queued behind it.
+			if _, err := l.Ping(ctx, d.From, dst(d), 1, time.Millisecond, time.Second+2*d.RTTSpec); err != nil {
+				errs[i] = err
+				return
+			}
 			r, err := l.Ping(ctx, d.From, dst(d), o.Pings, o.PingInterval, 2*time.Second+2*d.RTTSpec)
 			if err != nil {
 				errs[i] = err
@@ -235,6 +248,7 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 				groups = append(groups, g)
 			}
 		}
+		cpu0, t0 := l.delayLineCPU(), time.Now()
 		for _, g := range groups {
 			for _, i := range g {
 				d := &rep.Directions[i]
@@ -252,6 +266,9 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
+		}
+		if cpu0 > 0 {
+			rep.DelayLineCPU = (l.delayLineCPU() - cpu0).Seconds() / time.Since(t0).Seconds()
 		}
 	}
 	rep.OK = true
@@ -311,9 +328,20 @@ func (l *Lab) goodput(ctx context.Context, from, to string, dst netip.Addr, dur 
 // the distinct ones that arrive.
 func (l *Lab) udpLoss(ctx context.Context, from, to string, dst netip.Addr, n int, rate Rate) (sent, lost int, err error) {
 	var rx, tx *net.UDPConn
+	var overflow0 uint64
 	if err := l.Do(to, func() error {
 		var err error
 		rx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
+		if err != nil {
+			return err
+		}
+		// A reader descheduled for a moment must not turn into "loss".
+		if rc, err := rx.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) {
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
+			})
+		}
+		overflow0, err = udpRcvbufErrors()
 		return err
 	}); err != nil {
 		return 0, 0, fmt.Errorf("%s: %w", to, err)
@@ -389,5 +417,67 @@ func (l *Lab) udpLoss(ctx context.Context, from, to string, dst netip.Addr, n in
 	}
 	rx.Close()
 	<-done
+	var overflow1 uint64
+	if err := l.Do(to, func() (err error) { overflow1, err = udpRcvbufErrors(); return }); err != nil {
+		return 0, 0, err
+	}
+	if overflow1 != overflow0 {
+		return 0, 0, fmt.Errorf("%s: %d UDP probes dropped by the receiving socket, not the link: measurement invalid (CPU starved?)", to, overflow1-overflow0)
+	}
 	return n, n - got, nil
+}
+
+// udpRcvbufErrors reads Udp RcvbufErrors of the current namespace.
+func udpRcvbufErrors() (uint64, error) {
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return 0, err
+	}
+	var hdr []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if hdr == nil {
+			hdr = f
+			continue
+		}
+		for i, h := range hdr {
+			if h == "RcvbufErrors" && i < len(f) {
+				return strconv.ParseUint(f[i], 10, 64)
+			}
+		}
+	}
+	return 0, errors.New("no Udp RcvbufErrors in /proc/net/snmp")
+}
+
+// delayLineCPU returns the CPU time the lab's delay line has used so far
+// (0 if there is none).
+func (l *Lab) delayLineCPU() time.Duration {
+	p := l.st.DelayLine
+	if !p.alive() {
+		return 0
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.PID) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 15 {
+		return 0
+	}
+	ut, _ := strconv.ParseUint(f[11], 10, 64)
+	st, _ := strconv.ParseUint(f[12], 10, 64)
+	// USER_HZ is 100 on every Linux ABI Go supports.
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// DelayLinePID returns the pid of the lab's delay line (0 if none runs).
+func (l *Lab) DelayLinePID() int {
+	if !l.st.DelayLine.alive() {
+		return 0
+	}
+	return l.st.DelayLine.PID
 }

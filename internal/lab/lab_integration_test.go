@@ -27,6 +27,15 @@ func upLab(t *testing.T, topo *Topology) *Lab {
 	t.Helper()
 	name := testLabName()
 	t.Cleanup(func() {
+		if t.Failed() {
+			// The delay line logs its per-direction counters when it stops.
+			if st, err := loadState(name); err == nil {
+				stopDelayLine(st.DelayLine)
+			}
+			if b, err := os.ReadFile(StateDir(name) + "/delayline.log"); err == nil {
+				t.Logf("delay line log:\n%s", b)
+			}
+		}
 		if err := Down(name); err != nil {
 			t.Errorf("Down(%s): %v", name, err)
 		}
@@ -188,7 +197,7 @@ func TestDetoursK3(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("RTT client->detour1 %v, ->detour2 %v", r1.Median(), r2.Median())
-	if r1.Received == 0 || r2.Received == 0 || r2.Min()-r1.Min() < 25*time.Millisecond {
+	if r1.Received == 0 || r2.Received == 0 || r2.Min() < 50*time.Millisecond || r1.Min() < 20*time.Millisecond || r2.Min()-r1.Min() < 20*time.Millisecond {
 		t.Errorf("C2 delay not applied: detour1 %v, detour2 %v", r1.Min(), r2.Min())
 	}
 	if tso, gso, gro := offloads(t, l, "r1", "C1"); tso != 0 || gso != 0 || gro != 0 {
