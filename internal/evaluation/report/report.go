@@ -520,3 +520,21 @@ func (d *Data) WriteAll(dir string, m Meta) error {
 	}
 	return os.Rename(filepath.Join(dir, "report.md.tmp"), filepath.Join(dir, "report.md"))
 }
+
+// Table renders the cells as a small text table for the terminal.
+func (d *Data) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-24s %-28s %4s %8s %6s %8s\n", "configuration", "procedure", "n", "Mbit/s", "sd", "median")
+	for _, c := range d.Cells {
+		label := d.Scenario.Configuration(c.Configuration).Label
+		switch {
+		case c.Goodput.N > 0:
+			fmt.Fprintf(&b, "%-24s %-28s %4d %8.2f %6.2f %8.2f\n", label, c.Label(), c.Goodput.N, c.Goodput.Mean, c.Goodput.SD, c.Goodput.Median)
+		case c.Unavailable != "":
+			fmt.Fprintf(&b, "%-24s %-28s unavailable: %s\n", label, c.Label(), c.Unavailable)
+		default:
+			fmt.Fprintf(&b, "%-24s %-28s %4d %8s (%d failed)\n", label, c.Label(), 0, "-", c.Failed)
+		}
+	}
+	return b.String()
+}

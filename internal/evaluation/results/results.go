@@ -30,11 +30,14 @@ const (
 // Subflow is one TCP subflow of a trial, as the sender's kernel saw it.
 type Subflow struct {
 	// Path says which way the subflow went: "default", "nat:NODE", "tunnel:NODE".
-	Path   string  `json:"path"`
-	Local  string  `json:"local"`
-	Remote string  `json:"remote"`
-	Bytes  uint64  `json:"bytes"` // bytes acked by the receiver
-	RTTms  float64 `json:"rtt_ms"`
+	Path   string `json:"path"`
+	Local  string `json:"local"`
+	Remote string `json:"remote"`
+	Bytes  uint64 `json:"bytes"` // bytes acked by the receiver, whole transfer
+	// WindowBytes were acked within the goodput window (after the warm-up).
+	WindowBytes uint64  `json:"window_bytes"`
+	RTTms       float64 `json:"rtt_ms"` // smoothed RTT at the end
+	MinRTTms    float64 `json:"min_rtt_ms"`
 	// Retrans counts retransmitted segments.
 	Retrans uint64 `json:"retrans"`
 }
@@ -213,7 +216,8 @@ func WriteJSON(path string, recs []Record) error {
 }
 
 // CSVHeader is the fixed part of the CSV header; per-subflow columns
-// sf1_path, sf1_bytes, sf1_rtt_ms, sf1_retrans, ... follow.
+// sf1_path, sf1_bytes, sf1_window_bytes, sf1_rtt_ms, sf1_min_rtt_ms,
+// sf1_retrans, ... follow.
 var CSVHeader = []string{
 	"scenario", "configuration", "cell", "procedure", "detours", "trial", "start", "status", "reason",
 	"goodput_mbps", "window_bytes", "cc", "duration_s", "warmup_s", "params", "versions",
@@ -237,7 +241,7 @@ func EncodeCSV(w io.Writer, recs []Record) error {
 	header := append([]string(nil), CSVHeader...)
 	for i := 1; i <= maxSF; i++ {
 		p := "sf" + strconv.Itoa(i) + "_"
-		header = append(header, p+"path", p+"bytes", p+"rtt_ms", p+"retrans")
+		header = append(header, p+"path", p+"bytes", p+"window_bytes", p+"rtt_ms", p+"min_rtt_ms", p+"retrans")
 	}
 	cw := csv.NewWriter(w)
 	if err := cw.Write(header); err != nil {
@@ -254,9 +258,10 @@ func EncodeCSV(w io.Writer, recs []Record) error {
 		for i := 0; i < maxSF; i++ {
 			if i < len(r.Subflows) {
 				s := r.Subflows[i]
-				row = append(row, s.Path, strconv.FormatUint(s.Bytes, 10), f(s.RTTms), strconv.FormatUint(s.Retrans, 10))
+				row = append(row, s.Path, strconv.FormatUint(s.Bytes, 10), strconv.FormatUint(s.WindowBytes, 10),
+					f(s.RTTms), f(s.MinRTTms), strconv.FormatUint(s.Retrans, 10))
 			} else {
-				row = append(row, "", "", "", "")
+				row = append(row, "", "", "", "", "", "")
 			}
 		}
 		if err := cw.Write(row); err != nil {

@@ -94,7 +94,7 @@ func TestCSV(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CSV does not parse: %v", err)
 	}
-	if len(rows) != 3 || len(rows[0]) != len(CSVHeader)+8 {
+	if len(rows) != 3 || len(rows[0]) != len(CSVHeader)+12 {
 		t.Fatalf("rows %d, columns %d", len(rows), len(rows[0]))
 	}
 	col := map[string]int{}

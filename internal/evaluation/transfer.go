@@ -1,0 +1,127 @@
+package evaluation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/evaluation/results"
+	"github.com/mpdetour/mpdetour/internal/evaluation/scenario"
+	"github.com/mpdetour/mpdetour/internal/goodput"
+)
+
+func init() {
+	procedures[scenario.TCP] = func(ctx context.Context, env *Env) (Session, error) {
+		return &transfer{env: env, dst: env.serverAddr()}, nil
+	}
+	procedures[scenario.MPTCP1] = func(ctx context.Context, env *Env) (Session, error) {
+		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1}, nil
+	}
+}
+
+// pauseBetweenTrials lets queues drain and TIME_WAIT settle so that one
+// trial's tail does not eat into the next one's warm-up.
+const pauseBetweenTrials = 500 * time.Millisecond
+
+// transfer is a session that measures client -> dst with the goodput tool.
+type transfer struct {
+	env   *Env
+	dst   netip.AddrPort
+	mptcp bool
+	// wantSubflows > 0 makes a trial fail when the MPTCP connection ends
+	// with fewer subflows (a detour that never came up is not a detour
+	// measurement).
+	wantSubflows int
+	// paths names subflows by their local or remote address.
+	paths map[netip.Addr]string
+	close func() error
+}
+
+func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
+	if n > 1 {
+		select {
+		case <-time.After(pauseBetweenTrials):
+		case <-ctx.Done():
+			return Measurement{}, ctx.Err()
+		}
+	}
+	e := t.env
+	res, err := goodput.Send(ctx, goodput.SendOptions{
+		Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, CC: e.CC,
+		Netns: e.Lab.NetnsPath(e.Roles.Client),
+	})
+	if err != nil {
+		return Measurement{}, err
+	}
+	if res.CongestionControl != e.CC {
+		return Measurement{}, fmt.Errorf("congestion control is %q, not %q", res.CongestionControl, e.CC)
+	}
+	if t.mptcp && !res.MPTCP {
+		return Measurement{}, errors.New("the connection fell back to plain TCP")
+	}
+	if !t.mptcp && res.MPTCP {
+		return Measurement{}, errors.New("plain TCP was requested but the connection is MPTCP")
+	}
+	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes}
+	client := e.Lab.Addr(e.Roles.Client)
+	for _, sf := range res.Subflows {
+		p := t.paths[sf.Local.Addr()]
+		if p == "" {
+			p = t.paths[sf.Remote.Addr()]
+		}
+		if p == "" {
+			switch {
+			case sf.Local.Addr() == client && sf.Remote.Addr() == e.serverAddr().Addr():
+				p = "default"
+			default:
+				p = sf.Local.Addr().String() + ">" + sf.Remote.Addr().String()
+			}
+		}
+		m.Subflows = append(m.Subflows, results.Subflow{
+			Path: p, Local: sf.Local.String(), Remote: sf.Remote.String(),
+			Bytes: sf.BytesAcked, WindowBytes: sf.WindowBytesAcked,
+			RTTms: sf.RTT, MinRTTms: sf.MinRTT, Retrans: uint64(sf.Retransmits),
+		})
+	}
+	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows {
+		return m, fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows)
+	}
+	return m, nil
+}
+
+func (t *transfer) Close() error {
+	if t.close != nil {
+		return t.close()
+	}
+	return nil
+}
+
+func (e *Env) serverAddr() netip.AddrPort {
+	return netip.AddrPortFrom(e.Lab.Addr(e.Roles.Server), uint16(e.Port))
+}
+
+// startReceiver serves goodput transfers in the server node until ctx ends.
+func startReceiver(ctx context.Context, env *Env) (stop func(), err error) {
+	srv, err := goodput.Listen(goodput.ServeOptions{
+		Addr:  ":" + strconv.Itoa(env.Port),
+		MPTCP: true,
+		Netns: env.Lab.NetnsPath(env.Roles.Server),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !srv.MPTCP() {
+		srv.Close()
+		return nil, errors.New("the receiver could not open an MPTCP listener (MPTCP disabled in the server node?)")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ctx)
+	}()
+	return func() { cancel(); <-done }, nil
+}
