@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/delayline"
+	"github.com/mpdetour/mpdetour/internal/evaluation"
 	"github.com/mpdetour/mpdetour/internal/lab"
 )
 
@@ -210,7 +211,7 @@ func init() {
 		Name:    "lab",
 		Summary: "emulated networks in namespaces: up, exec, check, down, list",
 		Order:   50,
-		Sub:     []*cli.Command{up, execCmd, check, down, list, delayline.Command()},
+		Sub:     []*cli.Command{up, execCmd, check, down, list, delayline.Command(), evaluation.BenchCommand()},
 	})
 }
 
