@@ -104,6 +104,16 @@ func (t *leaseTable) add(m *mapping) {
 	t.count[quotaKey(m.Owner, m.Key.Client)]++
 }
 
+// drop forgets a mapping that never reached the kernel.
+func (t *leaseTable) drop(m *mapping) {
+	delete(t.byKey, m.Key)
+	delete(t.byServer, serverKey{m.Owner.Key, m.Key.Client, m.Server})
+	q := quotaKey(m.Owner, m.Key.Client)
+	if t.count[q]--; t.count[q] <= 0 {
+		delete(t.count, q)
+	}
+}
+
 // remove moves a mapping to closing.
 func (t *leaseTable) remove(m *mapping, reason string, now time.Time) {
 	delete(t.byKey, m.Key)

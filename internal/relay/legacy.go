@@ -26,11 +26,6 @@ func (s *Server) handleLegacy(p packet) {
 	if r == proto.OK {
 		resp.Port = mp.Key.Port
 	}
-	b, err := proto.MarshalLegacy(resp)
-	if err != nil {
-		return
-	}
-	if _, err := s.legacy.WriteToUDPAddrPort(b, p.from); err != nil {
-		s.log.Debug("legacy send", "err", err)
-	}
+	s.replies = append(s.replies, deferred{legacy: resp, to: p.from, m: s.lastNew, rep: proto.Reply{Op: proto.OpGrant}})
+	s.lastNew = nil
 }

@@ -25,6 +25,7 @@ const (
 	unconfirmedLife = 10 * time.Second
 	sweepEvery      = 500 * time.Millisecond
 	closeEvery      = 2 * time.Second
+	maxBatch        = 256
 )
 
 // packet is a datagram handed from a reader to the event loop.
@@ -67,6 +68,9 @@ type Server struct {
 	attr      *attrLog
 	met       *metrics
 	lastCount map[mapKey]Counter
+	batch     []*mapping // new mappings not yet in the kernel
+	replies   []deferred // replies held until batch is installed
+	lastNew   *mapping   // set by grant when it created a mapping
 
 	in     chan packet
 	reload chan *Settings
@@ -188,11 +192,19 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.shutdown()
 			return nil
 		case p := <-s.in:
-			if p.legacy {
-				s.handleLegacy(p)
-			} else {
-				s.handle(p)
+			s.dispatch(p)
+			// Group commit: take what else is queued, then install all new
+			// mappings in one nftables transaction before any reply leaves.
+		drain:
+			for i := 0; i < maxBatch; i++ {
+				select {
+				case p := <-s.in:
+					s.dispatch(p)
+				default:
+					break drain
+				}
 			}
+			s.flush()
 		case set := <-s.reload:
 			s.applyReload(set)
 		case <-sweep.C:
@@ -205,6 +217,81 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+func (s *Server) dispatch(p packet) {
+	if p.legacy {
+		s.handleLegacy(p)
+	} else {
+		s.handle(p)
+	}
+}
+
+// deferred is a reply held until the batch's mappings are installed.
+type deferred struct {
+	ses    *session // nil for legacy v1
+	rep    proto.Reply
+	legacy proto.LegacyMsg
+	to     netip.AddrPort
+	src    netip.Addr
+	m      *mapping // the new mapping the reply announces, if any
+}
+
+// flush installs the batch's new mappings and sends the held replies. If
+// the kernel refuses the transaction, none of its mappings exist and every
+// grant in it is answered "internal".
+func (s *Server) flush() {
+	if len(s.batch) > 0 {
+		ms := make([]mapping, len(s.batch))
+		for i, m := range s.batch {
+			ms[i] = *m
+		}
+		now := s.now()
+		if err := s.dp.Map(ms); err != nil {
+			s.log.Error("installing mappings", "n", len(ms), "err", err)
+			failed := map[*mapping]bool{}
+			for _, m := range s.batch {
+				s.leases.drop(m)
+				failed[m] = true
+			}
+			for i := range s.replies {
+				if d := &s.replies[i]; d.m != nil && failed[d.m] {
+					d.rep = proto.Reply{Op: d.rep.Op, ID: d.rep.ID, Reason: proto.ReasonInternal}
+					d.legacy.Port = 0
+					s.count(d.rep.Op.String(), proto.ReasonInternal)
+				}
+			}
+		} else {
+			for _, m := range s.batch {
+				s.logAttr(mappingEvent("grant", m, now))
+			}
+		}
+		s.met.active.Set(float64(s.leases.active()))
+		s.batch = s.batch[:0]
+	}
+	for _, d := range s.replies {
+		if d.ses == nil {
+			b, err := proto.MarshalLegacy(d.legacy)
+			if err == nil {
+				if _, err := s.legacy.WriteToUDPAddrPort(b, d.to); err != nil {
+					s.log.Debug("legacy send", "err", err)
+				}
+			}
+			continue
+		}
+		b, err := proto.MarshalReply(d.rep)
+		if err != nil {
+			s.log.Error("marshal reply", "err", err)
+			continue
+		}
+		out, err := d.ses.s.Seal(b)
+		if err != nil {
+			continue
+		}
+		s.send(out, d.to, d.src)
+	}
+	clear(s.replies)
+	s.replies = s.replies[:0]
 }
 
 func (s *Server) readV2(ctx context.Context) {
@@ -404,16 +491,8 @@ func (s *Server) handleTransport(p packet) {
 		rep = s.serveRequest(ses, req)
 	}
 	s.count(req.Op.String(), rep.Reason)
-	b, err := proto.MarshalReply(rep)
-	if err != nil {
-		s.log.Error("marshal reply", "err", err)
-		return
-	}
-	out, err := ses.s.Seal(b)
-	if err != nil {
-		return
-	}
-	s.send(out, p.from, p.dst)
+	s.replies = append(s.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: s.lastNew})
+	s.lastNew = nil
 }
 
 func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
@@ -516,13 +595,11 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 		return nil, proto.ReasonNoPorts
 	}
 	m := &mapping{Key: mapKey{client, port}, Server: server, Owner: o, Granted: now, Expires: now.Add(lease)}
-	if err := s.dp.Map([]mapping{*m}); err != nil {
-		s.log.Error("installing mapping", "mapping", m.Key, "err", err)
-		return nil, proto.ReasonInternal
-	}
+	// Recorded now so that quotas and port choice see it within the batch;
+	// flush installs it (or drops it again).
 	s.leases.add(m)
-	s.met.active.Set(float64(s.leases.active()))
-	s.logAttr(mappingEvent("grant", m, now))
+	s.batch = append(s.batch, m)
+	s.lastNew = m
 	return m, proto.OK
 }
 
@@ -530,6 +607,10 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 func (s *Server) close(ms []*mapping, reason string) error {
 	if len(ms) == 0 {
 		return nil
+	}
+	if len(s.batch) > 0 {
+		// A mapping granted earlier in this batch is not in the kernel yet.
+		s.flush()
 	}
 	keys := make([]mapKey, len(ms))
 	for i, m := range ms {

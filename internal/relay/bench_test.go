@@ -1,0 +1,197 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+)
+
+// TestBenchRelay measures what docs/relay.md reports: grants per second,
+// relay RSS and nft state at 100,000 mappings, TCP goodput through the relay
+// with 1 and 100,000 mappings, and NAT versus plain routing. It takes about
+// a minute and only runs with TR_BENCH=1:
+//
+//	TR_BENCH=1 go test -run TestBenchRelay -v ./internal/relay
+func TestBenchRelay(t *testing.T) {
+	if os.Getenv("TR_BENCH") != "1" {
+		t.Skip("benchmark: set TR_BENCH=1")
+	}
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft", "iperf3")
+	total := 100000
+	if v, err := strconv.Atoi(os.Getenv("TR_BENCH_MAPPINGS")); err == nil {
+		total = v
+	}
+	f := newFixture(t)
+	run(t, "ip", "-n", f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
+	k := newKeys(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "relay.yaml")
+	extra := "quota: {per_member: 200000, global: 200000}\nrate: {per_member: 1000000, burst: 1000000}\nlease: 1h\n"
+	writeConfig(t, cfgPath, k, extra)
+	// Wider port range than the tests' default.
+	b, _ := os.ReadFile(cfgPath)
+	_ = os.WriteFile(cfgPath, []byte(strings.Replace(string(b), "ports: 40000-40999", "ports: 1024-65535", 1)), 0o600)
+
+	iperf := exec.Command("ip", "netns", "exec", f.Server, "iperf3", "-s", "-p", "5201")
+	if err := iperf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = iperf.Process.Kill(); _ = iperf.Wait() })
+
+	// 1 mapping.
+	p := startRelay(t, f.Relay, cfgPath)
+	ctx := context.Background()
+	server := netip.MustParseAddrPort(fxServer + ":5201")
+	c1 := dialRelayFrom(t, f.Client, k, fxClient)
+	d, _, err := c1.Grant(ctx, server, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Plain routing needs a way back from the server.
+	run(t, "ip", "-n", f.Server, "route", "add", "10.0.1.0/24", "via", fxRelayServer)
+	var nat1, plain []float64
+	for i := 0; i < 3; i++ {
+		nat1 = append(nat1, iperfGbps(t, f.Client, d))
+		plain = append(plain, iperfGbps(t, f.Client, server))
+	}
+
+	// 100,000 mappings: two client addresses (a client has 64k ports).
+	c3 := dialRelayFrom(t, f.Client, k, "10.0.1.3")
+	var done atomic.Int64
+	var failed atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	per := total / 2
+	for ci, c := range []*relayclient.Conn{c1, c3} {
+		jobs := make(chan int)
+		for w := 0; w < 32; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := range jobs {
+					srv := netip.AddrPortFrom(netip.MustParseAddr(fxServer), uint16(10000+j))
+					gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					if _, _, err := c.Grant(gctx, srv, 0); err != nil {
+						if failed.Add(1) < 5 {
+							t.Logf("grant %d/%d: %v", ci, j, err)
+						}
+					} else {
+						done.Add(1)
+					}
+					cancel()
+				}
+			}()
+		}
+		go func() {
+			for j := 0; j < per; j++ {
+				jobs <- j
+			}
+			close(jobs)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	rate := float64(done.Load()) / elapsed.Seconds()
+	t.Logf("grants: %d ok, %d failed in %v: %.0f grants/s", done.Load(), failed.Load(), elapsed.Round(time.Millisecond), rate)
+
+	n := elements(t, f.Relay)
+	rss := procStatus(t, p.cmd.Process.Pid, "VmRSS")
+	out, _ := nftList(t, f.Relay, "list", "table", "ip", TableName)
+	slab := slabOf(t)
+	t.Logf("at %d mappings: relay VmRSS %s, nft list output %d bytes, kernel slab (nf_tables-related, whole host) %s", n, rss, len(out), slab)
+
+	var natN []float64
+	for i := 0; i < 3; i++ {
+		natN = append(natN, iperfGbps(t, f.Client, d))
+		plain = append(plain, iperfGbps(t, f.Client, server))
+		nat1 = append(nat1, iperfGbps(t, f.Client, d)) // same mapping, same table: the 1-mapping case is measured before
+	}
+	m1, mN, mp := median(nat1[:3]), median(natN), median(plain)
+	t.Logf("goodput Gbit/s (medians): NAT with 1 mapping %.2f %v; NAT with %d mappings %.2f %v; plain routing %.2f %v",
+		m1, nat1[:3], n, mN, natN, mp, plain)
+	t.Logf("ratios: %d vs 1 mapping %.3f; NAT vs plain routing %.3f", n, mN/m1, m1/mp)
+	fmt.Fprintf(os.Stderr, "BENCH grants_per_s=%.0f mappings=%d rss=%q nft_bytes=%d gbps_nat1=%.2f gbps_natN=%.2f gbps_plain=%.2f\n",
+		rate, n, rss, len(out), m1, mN, mp)
+}
+
+func dialRelayFrom(t *testing.T, ns string, k keys, addr string) *relayclient.Conn {
+	t.Helper()
+	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, k.member,
+		relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, ns, addr+":0"), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func iperfGbps(t *testing.T, ns string, to netip.AddrPort) float64 {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", ns, "iperf3", "-c", to.Addr().String(), "-p", strconv.Itoa(int(to.Port())),
+		"-t", "3", "-O", "1", "-C", "cubic", "-J").Output()
+	if err != nil {
+		t.Fatalf("iperf3 to %v: %v\n%s", to, err, out)
+	}
+	var r struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r.End.SumReceived.BitsPerSecond / 1e9
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func procStatus(t *testing.T, pid int, field string) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "?"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, field+":") {
+			return strings.TrimSpace(strings.TrimPrefix(l, field+":"))
+		}
+	}
+	return "?"
+}
+
+func slabOf(t *testing.T) string {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return "?"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "Slab:") {
+			return strings.TrimSpace(strings.TrimPrefix(l, "Slab:"))
+		}
+	}
+	return "?"
+}
+
+var _ = proto.Version
