@@ -34,7 +34,7 @@ var (
 	deniedAddr  = netip.MustParseAddr("10.200.0.1")
 	tunSubnet   = netip.MustParsePrefix("100.80.0.0/16")
 	relayPort   = 51820
-	testPolicy  = Policy{Deny: []netip.Prefix{
+	testPolicy  = Policy{Restricted: []netip.Prefix{
 		netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
 		netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("127.0.0.0/8"),
 		netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("224.0.0.0/4"),

@@ -16,17 +16,16 @@ import (
 // fixed name lets a restarted relay find and delete what a crashed one left.
 const TableName = "mpdetour_tunnel"
 
-// Policy is the destination policy for traffic leaving the tunnel. The relay
-// passes the same lists its NAT-detour policy uses, so one definition of
-// "not a private range" governs both kinds of detour.
+// Policy is the destination policy for traffic leaving the tunnel, with the
+// NAT-detour policy's semantics (internal/relay): Deny is refused always,
+// Restricted (private, loopback, link-local, multicast, the relay's own
+// networks, ...) is refused unless Allow covers it. The relay passes the
+// lists its NAT-detour policy uses, so one definition governs both kinds of
+// detour. IPv6 entries are ignored: the tunnel carries IPv4 only.
 type Policy struct {
-	// Deny lists destinations tunnel traffic must not reach (private ranges,
-	// loopback, link-local, multicast, ...). IPv6 entries are ignored: the
-	// tunnel carries IPv4 only.
-	Deny []netip.Prefix
-	// Allow lists exceptions inside Deny (e.g. an allowed private server
-	// network); they are checked first.
-	Allow []netip.Prefix
+	Deny       []netip.Prefix
+	Restricted []netip.Prefix
+	Allow      []netip.Prefix
 }
 
 // Validate names the first bad entry.
@@ -34,7 +33,7 @@ func (p Policy) Validate() error {
 	for _, l := range []struct {
 		name string
 		ps   []netip.Prefix
-	}{{"deny", p.Deny}, {"allow", p.Allow}} {
+	}{{"deny", p.Deny}, {"restricted", p.Restricted}, {"allow", p.Allow}} {
 		for i, pr := range l.ps {
 			if !pr.IsValid() {
 				return fmt.Errorf("tunnel policy: %s entry %d is not a valid prefix", l.name, i)
@@ -141,13 +140,10 @@ func installTable(c *nftables.Conn, iface string, subnet netip.Prefix, mtu int, 
 
 	filter := c.AddChain(&nftables.Chain{Name: "destinations", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	for _, p := range pol.Allow {
-		if !p.Addr().Is4() {
-			continue
-		}
+	drop := func(p netip.Prefix) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
 			matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface), matchAddr(16, p),
-			[]expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})})
+			[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
 	}
 	// Client to client through the relay is not a detour.
 	c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
@@ -155,12 +151,23 @@ func installTable(c *nftables.Conn, iface string, subnet netip.Prefix, mtu int, 
 		matchIface(expr.MetaKeyOIFNAME, expr.CmpOpEq, iface),
 		[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
 	for _, p := range pol.Deny {
-		if !p.Addr().Is4() {
-			continue
+		if p.Addr().Is4() {
+			drop(p)
 		}
-		c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
-			matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface), matchAddr(16, p),
-			[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
+	}
+	// An accept only ends this chain: other tables' forward chains still
+	// see the packet, as they would for a NAT detour.
+	for _, p := range pol.Allow {
+		if p.Addr().Is4() {
+			c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+				matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface), matchAddr(16, p),
+				[]expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})})
+		}
+	}
+	for _, p := range pol.Restricted {
+		if p.Addr().Is4() {
+			drop(p)
+		}
 	}
 
 	// The relay's own services (control port, ssh, ...) are not reachable

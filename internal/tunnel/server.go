@@ -363,6 +363,26 @@ func (s *Server) RemovePeer(key wgtypes.Key) error {
 	return s.saveState()
 }
 
+// SetPolicy replaces the destination policy (e.g. on a relay config
+// reload). The table is rebuilt in one transaction; established
+// connections keep their conntrack state.
+func (s *Server) SetPolicy(p Policy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nc, err := s.ns.nft()
+	if err != nil {
+		return err
+	}
+	if err := installTable(nc, s.cfg.Iface, s.cfg.Subnet, s.cfg.MTU, p); err != nil {
+		return err
+	}
+	s.cfg.Policy = p
+	return nil
+}
+
 // Status reports the device and its peers (handshakes, byte counters).
 func (s *Server) Status() (*wgtypes.Device, error) { return s.dev.Status() }
 

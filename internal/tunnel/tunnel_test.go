@@ -100,6 +100,28 @@ func TestTunnelEndToEnd(t *testing.T) {
 		if !strings.Contains(out, "10.0.0.0/8") {
 			t.Errorf("policy chain lacks the deny rule:\n%s", out)
 		}
+		// An allow exception opens the private address...
+		allowed := testPolicy
+		allowed.Allow = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/24")}
+		if err := srv.SetPolicy(allowed); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := exchange(t, tp.c1, c1.Address(), denied, 100, 3*time.Second); err != nil {
+			t.Errorf("allowed %s not reachable through the tunnel: %v", deniedAddr, err)
+		}
+		// ...but an explicit deny beats the allow, also for public addresses.
+		allowed.Deny = []netip.Prefix{netip.PrefixFrom(deniedAddr, 32), netip.PrefixFrom(serverAddr, 32)}
+		if err := srv.SetPolicy(allowed); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range []netip.AddrPort{denied, echo} {
+			if _, err := exchange(t, tp.c1, c1.Address(), d, 100, 2*time.Second); err == nil {
+				t.Errorf("denied %s reached through the tunnel", d)
+			}
+		}
+		if err := srv.SetPolicy(testPolicy); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("unknown-key", func(t *testing.T) {
