@@ -66,7 +66,7 @@ func Check() *Report {
 			r.PMType = "in-kernel"
 		case "1":
 			r.PMType = "userspace"
-			r.Warnings = append(r.Warnings, "path manager is userspace (net.mptcp.pm_type=1): servers in this namespace reject MP_JOINs unless a userspace path manager accepts them; a host that serves detour subflows needs pm_type 0 and subflows > 0")
+			r.Warnings = append(r.Warnings, "path manager is userspace (net.mptcp.pm_type=1): servers in this namespace reject MP_JOINs unless a userspace path manager is listening for mptcp_pm events; for serving detour subflows use pm_type 0 with subflows > 0")
 		}
 	}
 	if l, err := ReadPMLimits(); err != nil {

@@ -71,7 +71,7 @@ const (
 func Internal() bool {
 	switch os.Args[0] {
 	case argv0Fork, argv0Supervisor, argv0Probe:
-		return len(os.Args) >= 1 && os.Getenv("MPDETOUR_RUN_INTERNAL") == "1"
+		return os.Getenv("MPDETOUR_RUN_INTERNAL") == "1"
 	}
 	return false
 }
@@ -123,7 +123,15 @@ func Exec(o Options) error {
 	case Preload:
 		return execPreload(path, o.Argv, env, o.Warn)
 	case Seccomp:
-		return execSeccomp(path, o.Argv, env, o.LogPath)
+		err := execSeccomp(path, o.Argv, env, o.LogPath)
+		var nf *noFilterError
+		if errors.As(err, &nf) && (o.Mechanism == "" || o.Mechanism == Auto) {
+			// Nothing irreversible happened (no filter): e.g. a container
+			// policy that forbids seccomp().
+			fmt.Fprintf(o.Warn, "mpdetour run: %v; using LD_PRELOAD fallback\n", nf.err)
+			return execPreload(path, o.Argv, env, o.Warn)
+		}
+		return err
 	}
 	return &ExitError{ExitSetup, fmt.Errorf("unknown mechanism %q", mech)}
 }
@@ -147,7 +155,8 @@ func execSeccomp(path string, argv, env []string, logPath string) error {
 	runtime.LockOSThread()
 	lfd, err := installFilter()
 	if err != nil {
-		return setup(err)
+		runtime.UnlockOSThread()
+		return setup(&noFilterError{err})
 	}
 	// The filter cannot be removed again: any failure below must end this
 	// process rather than run anything else under an unserved filter.
@@ -166,6 +175,12 @@ func execSeccomp(path string, argv, env []string, logPath string) error {
 	err = syscall.Exec(path, argv, env)
 	return &ExitError{ExitCannotExec, fmt.Errorf("exec %s: %w", path, err)}
 }
+
+// noFilterError reports a seccomp setup failure before the filter was
+// installed, when another mechanism can still be used.
+type noFilterError struct{ err error }
+
+func (e *noFilterError) Error() string { return e.err.Error() }
 
 // startSupervisor starts the supervisor detached from CMD: an intermediate
 // process starts it and exits, so the supervisor is never a child of CMD
@@ -205,6 +220,9 @@ func startSupervisor(end *os.File, logPath string) error {
 // forkMain is the intermediate: it starts the supervisor in its own session
 // (no terminal signals reach it) and exits.
 func forkMain() int {
+	// Descriptors mpdetour inherited without close-on-exec (a caller's pipe,
+	// a jobserver) must not stay open in the long-lived supervisor.
+	_ = unix.CloseRange(4, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mpdetour run:", err)

@@ -17,15 +17,17 @@ func link(t *testing.T, a, b, ifA, ifB, addrA, addrB string) {
 }
 
 // An unmodified server under run accepts an extra subflow (MP_JOIN) when
-// its namespace's in-kernel PM limit allows it, and refuses it at subflows 0
-// or under the userspace PM with no daemon: what --check warns about.
+// its namespace's in-kernel PM limit allows it, and refuses it at subflows 0:
+// what --check warns about. (Under the userspace PM, pm_type=1, the outcome
+// depends on whether any process on the host listens for mptcp_pm events,
+// so it is not tested here; see docs/run.md.)
 func TestServerAcceptsJoins(t *testing.T) {
 	setup(t, "iperf3", "ss")
 	for _, c := range []struct {
 		serverSubflows string
 		pmType         string
 		wantJoin       bool
-	}{{"2", "0", true}, {"0", "0", false}, {"2", "1", false}} {
+	}{{"2", "0", true}, {"0", "0", false}} {
 		t.Run("subflows="+c.serverSubflows+",pm_type="+c.pmType, func(t *testing.T) {
 			cl, sv := newNS(t), newNS(t)
 			id := fmt.Sprintf("%d", os.Getpid()%10000)

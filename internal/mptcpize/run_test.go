@@ -650,3 +650,42 @@ func TestSocketOwner(t *testing.T) {
 		t.Errorf("MPTCP listener of a uid-65534 server not owned by 65534: %q", out)
 	}
 }
+
+// The long-lived supervisor must not keep descriptors that mpdetour
+// inherited: a caller reading a pipe to EOF would otherwise hang until the
+// whole tree ends. CMD closes its copies and blocks on stdin; EOF must come
+// while it is still blocked.
+func TestSupervisorHoldsNoInheritedFDs(t *testing.T) {
+	setup(t)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	cmd := exec.Command(mpdetour, "run", "--", "sh", "-c", "exec 4>&- 3>&-; read x")
+	cmd.ExtraFiles = []*os.File{pw, pw} // fds 3 and 4, without close-on-exec
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
+	eof := make(chan error, 1)
+	go func() { _, err := io.ReadAll(pr); eof <- err }()
+	select {
+	case err := <-eof:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no EOF while CMD runs: a helper process holds the inherited pipe")
+	}
+	io.WriteString(stdin, "x\n")
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("CMD: %v", err)
+	}
+}

@@ -72,7 +72,10 @@ func Serve(lfd int, log *slog.Logger) (Stats, error) {
 func (s *supervisor) handle() error {
 	var n seccompNotif
 	if err := notifRecv(s.lfd, &n); err != nil {
-		if err == unix.ENOENT || err == unix.EINTR {
+		switch err {
+		case unix.EINTR:
+			return nil // still pending; poll reports it again
+		case unix.ENOENT:
 			s.stats.Gone++ // the caller left between poll and receive
 			return nil
 		}
@@ -101,7 +104,11 @@ func (s *supervisor) handle() error {
 	if typ&unix.SOCK_CLOEXEC != 0 {
 		add.NewfdFlags = unix.O_CLOEXEC
 	}
-	_, err = notifAddfd(s.lfd, &add)
+	for {
+		if _, err = notifAddfd(s.lfd, &add); err != unix.EINTR {
+			break
+		}
+	}
 	unix.Close(fd)
 	switch {
 	case err == nil:
