@@ -100,26 +100,6 @@ func FuzzParseStatusFsIDs(f *testing.F) {
 	})
 }
 
-func TestParseLimits(t *testing.T) {
-	b := []byte{8, 0, pmAttrRcvAddAddrs, 0, 1, 0, 0, 0, 8, 0, pmAttrSubflows, 0, 2, 0, 0, 0}
-	l, err := parseLimits(b)
-	if err != nil || l != (PMLimits{Subflows: 2, AddAddrAccepted: 1}) {
-		t.Fatalf("got %+v %v", l, err)
-	}
-	for _, bad := range [][]byte{nil, b[:8], {6, 0, pmAttrSubflows, 0, 2, 0, 0, 0, 8, 0, pmAttrRcvAddAddrs, 0, 1, 0, 0, 0}, {3, 0}} {
-		if _, err := parseLimits(bad); err == nil {
-			t.Errorf("% x: no error", bad)
-		}
-	}
-}
-
-func FuzzParseLimits(f *testing.F) {
-	f.Add([]byte{8, 0, pmAttrRcvAddAddrs, 0, 1, 0, 0, 0, 8, 0, pmAttrSubflows, 0, 2, 0, 0, 0})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = parseLimits(b) // must not panic
-	})
-}
-
 func TestWithPreload(t *testing.T) {
 	got := withPreload([]string{"A=1", "LD_PRELOAD=/x.so"}, "/w.so")
 	if len(got) != 2 || got[0] != "A=1" || got[1] != "LD_PRELOAD=/w.so:/x.so" {
