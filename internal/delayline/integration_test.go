@@ -7,7 +7,7 @@ import (
 	"net"
 	"os"
 	"slices"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
 )
 
 // wire is A -- mid -- B: two endpoint namespaces whose veths meet in a
@@ -91,32 +92,46 @@ func (w *wire) start(t *testing.T) *Line {
 }
 
 // pingRTTs sends n ICMP echo requests from ns to dst, every gap, and
-// returns the RTTs of the replies.
+// returns the RTTs of the replies. Replies are timed by the kernel's receive
+// timestamp (SO_TIMESTAMPNS), so that a busy test process reading late does
+// not inflate what is really the network's RTT.
 func pingRTTs(t *testing.T, ns *nstest.NS, dst string, n int, gap time.Duration) []time.Duration {
 	t.Helper()
-	var c *icmp.PacketConn
+	var fd int
 	if err := ns.Do(func() (err error) {
-		c, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
 	id := os.Getpid() & 0xffff
-	sent := make([]time.Time, n)
-	var mu sync.Mutex
+	sent := make([]atomic.Int64, n)
 	var rtts []time.Duration
+	var stop atomic.Bool
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
 		buf := make([]byte, 1500)
-		for {
-			k, _, err := c.ReadFrom(buf)
-			now := time.Now()
+		oob := make([]byte, 128)
+		for !stop.Load() {
+			k, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, 0)
 			if err != nil {
-				return
+				continue
 			}
-			m, err := icmp.ParseMessage(1, buf[:k])
+			ts := parseTimestamp(oob[:oobn])
+			if ts == 0 || k < 20 {
+				continue
+			}
+			ihl := int(buf[0]&0x0f) * 4
+			m, err := icmp.ParseMessage(1, buf[ihl:k])
 			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
 				continue
 			}
@@ -124,29 +139,24 @@ func pingRTTs(t *testing.T, ns *nstest.NS, dst string, n int, gap time.Duration)
 			if !ok || e.ID != id || e.Seq >= n {
 				continue
 			}
-			mu.Lock()
-			rtts = append(rtts, now.Sub(sent[e.Seq]))
-			mu.Unlock()
+			rtts = append(rtts, time.Duration(ts-sent[e.Seq].Load()))
 		}
 	}()
+	to := &unix.SockaddrInet4{Addr: [4]byte(net.ParseIP(dst).To4())}
 	for i := range n {
 		m := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: i, Data: make([]byte, 56)}}
 		b, _ := m.Marshal(nil)
-		mu.Lock()
-		sent[i] = time.Now()
-		mu.Unlock()
-		if _, err := c.WriteTo(b, &net.IPAddr{IP: net.ParseIP(dst)}); err != nil {
+		sent[i].Store(time.Now().UnixNano())
+		if err := unix.Sendto(fd, b, 0, to); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(gap)
 	}
 	// Wait for the last replies: the largest RTT in these tests is ~200 ms.
 	time.Sleep(time.Second)
-	c.Close()
+	stop.Store(true)
 	<-readDone
-	mu.Lock()
-	defer mu.Unlock()
-	return slices.Clone(rtts)
+	return rtts
 }
 
 func median(d []time.Duration) time.Duration {

@@ -198,8 +198,22 @@ func (l *Line) Stats() []Stats {
 	return out
 }
 
-// Run serves cfg until ctx is done. It is what "mpdetour lab delayline" runs.
+// DefaultPriority is what Run applies to its process; see docs/lab.md for
+// the measurements behind the choice.
+const DefaultPriority = PriorityRealtime
+
+// Run serves cfg until ctx is done. It is what the lab's delay-line process
+// runs, and it assumes it owns that process: it raises the process's
+// scheduling priority (DefaultPriority) so that frames leave on time even
+// when the traffic saturates the CPUs. A refused priority is logged, not
+// fatal. Tests that embed a delay line use New and Line.Run instead.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := SetPriority(DefaultPriority); err != nil {
+		log.Warn("delay line keeps normal priority", "err", err)
+	}
 	l, err := New(cfg, log)
 	if err != nil {
 		return err
