@@ -79,7 +79,11 @@ func BenchCommand() *cli.Command {
 				printSummary(d)
 			}
 			if errors.Is(err, context.Canceled) {
-				return fmt.Errorf("interrupted; the lab is down; continue with: mpdetour lab bench %s --out %s --resume", args[0], out)
+				again := fmt.Sprintf("mpdetour lab bench %s --out %s --resume", args[0], out)
+				if name != "bench" {
+					again += " --name " + name
+				}
+				return fmt.Errorf("interrupted; the lab is down; continue with: %s", again)
 			}
 			return err
 		},

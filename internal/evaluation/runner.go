@@ -153,7 +153,7 @@ func (r *runner) run(ctx context.Context) error {
 			return err
 		}
 	}
-	fmt.Fprintf(r.o.Progress, "%s: all %d trials done\n", r.s.Name, r.total)
+	fmt.Fprintf(r.o.Progress, "%s: done, %d trials recorded\n", r.s.Name, r.done)
 	return nil
 }
 

@@ -532,8 +532,10 @@ func (d *Data) Table() string {
 			fmt.Fprintf(&b, "%-24s %-28s %4d %8.2f %6.2f %8.2f\n", label, c.Label(), c.Goodput.N, c.Goodput.Mean, c.Goodput.SD, c.Goodput.Median)
 		case c.Unavailable != "":
 			fmt.Fprintf(&b, "%-24s %-28s unavailable: %s\n", label, c.Label(), c.Unavailable)
+		case c.Failed > 0:
+			fmt.Fprintf(&b, "%-24s %-28s %4d %8s (%d failed: %s)\n", label, c.Label(), 0, "-", c.Failed, strings.Join(dedupe(c.FailReasons), "; "))
 		default:
-			fmt.Fprintf(&b, "%-24s %-28s %4d %8s (%d failed)\n", label, c.Label(), 0, "-", c.Failed)
+			fmt.Fprintf(&b, "%-24s %-28s %4d %8s (not run)\n", label, c.Label(), 0, "-")
 		}
 	}
 	return b.String()

@@ -1,0 +1,223 @@
+package evaluation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/evaluation/scenario"
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+)
+
+func init() {
+	procedures[scenario.TCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
+		rs, err := startRelays(ctx, env, "")
+		if err != nil {
+			return nil, err
+		}
+		d := env.Cell.Detours[0]
+		granted, err := rs.grant(ctx, env, d)
+		if err != nil {
+			rs.close()
+			return nil, err
+		}
+		return &transfer{env: env, dst: granted, paths: rs.paths, close: rs.close}, nil
+	}
+	procedures[scenario.MPTCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
+		rs, err := startRelays(ctx, env, "")
+		if err != nil {
+			return nil, err
+		}
+		var ds []agentDetour
+		for _, d := range env.Cell.Detours {
+			granted, err := rs.grant(ctx, env, d)
+			if err != nil {
+				rs.close()
+				return nil, err
+			}
+			ds = append(ds, agentDetour{kind: "nat", relay: d, address: granted})
+		}
+		ag, err := startAgent(ctx, env, ds)
+		if err != nil {
+			rs.close()
+			return nil, err
+		}
+		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(ds), paths: rs.paths,
+			close: func() error { return errors.Join(ag.stop(), rs.close()) }}, nil
+	}
+}
+
+// relayLease outlasts any cell: an expired grant would refuse the next
+// trial's connection.
+const relayLease = 6 * time.Hour
+
+// relays are `mpdetour relay` processes, one per detour node of a cell.
+type relays struct {
+	member  proto.Key
+	keys    map[string]proto.Key // node -> relay private key
+	daemons []*daemon
+	paths   map[netip.Addr]string
+}
+
+// startRelays starts a relay in each of the cell's detour nodes. tunnel,
+// if not empty, is the relay config's tunnel section.
+func startRelays(ctx context.Context, env *Env, tunnel string) (_ *relays, err error) {
+	rs := &relays{keys: map[string]proto.Key{}, paths: map[netip.Addr]string{}}
+	defer func() {
+		if err != nil {
+			rs.close()
+		}
+	}()
+	if rs.member, err = proto.GenerateKey(); err != nil {
+		return nil, err
+	}
+	server := env.Lab.Addr(env.Roles.Server)
+	for _, node := range env.Cell.Detours {
+		k, err := proto.GenerateKey()
+		if err != nil {
+			return nil, err
+		}
+		rs.keys[node] = k
+		rs.paths[env.Lab.Addr(node)] = "nat:" + node
+		// A NAT detour forwards: the relay warns but does not switch it on
+		// (that is the operator's call; here the lab is ours).
+		if err := env.Lab.Do(node, func() error {
+			return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+		}); err != nil {
+			return nil, fmt.Errorf("ip_forward in %s: %w", node, err)
+		}
+		cfg := fmt.Sprintf(`listen: 0.0.0.0:%d
+private_key: %s
+ports: 40000-40999
+lease: %s
+members:
+  - {name: bench, public_key: %s}
+allow_destinations: [%s/32]
+%s`, relay.DefaultPort, k, relayLease, rs.member.Public(), server, tunnel)
+		path := filepath.Join(env.Dir, "relay-"+node+".yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			return nil, err
+		}
+		d, err := startDaemon(ctx, env, node, "relay-"+node, "relay", "--config", path)
+		if err != nil {
+			return nil, err
+		}
+		rs.daemons = append(rs.daemons, d)
+	}
+	return rs, nil
+}
+
+func (rs *relays) close() error {
+	var errs []error
+	for _, d := range rs.daemons {
+		errs = append(errs, d.stop())
+	}
+	rs.daemons = nil
+	return errors.Join(errs...)
+}
+
+func (rs *relays) daemon(node string) *daemon {
+	for _, d := range rs.daemons {
+		if d.name == "relay-"+node {
+			return d
+		}
+	}
+	return nil
+}
+
+// conn opens an authenticated control channel from the client node to the
+// relay in node.
+func (rs *relays) conn(env *Env, node string) (*relayclient.Conn, error) {
+	r := relayclient.Relay{
+		Name:      node,
+		Addr:      netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort),
+		PublicKey: rs.keys[node].Public(),
+	}
+	listen := func() (net.PacketConn, error) {
+		var pc net.PacketConn
+		err := env.Lab.Do(env.Roles.Client, func() error {
+			var err error
+			pc, err = net.ListenUDP("udp4", nil)
+			return err
+		})
+		return pc, err
+	}
+	return relayclient.Dial(r, rs.member, relayclient.Options{ListenPacket: listen})
+}
+
+// grant asks the relay in node for a NAT mapping to the receiver, the way
+// the agent does, and returns the relay address and port to connect to.
+func (rs *relays) grant(ctx context.Context, env *Env, node string) (netip.AddrPort, error) {
+	c, err := rs.conn(env, node)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	defer c.Close()
+	// The relay may still be starting: the client retransmits its
+	// handshake, so one request with a deadline covers the start-up.
+	gctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	granted, _, err := c.Grant(gctx, env.serverAddr(), 0)
+	if err != nil {
+		if d := rs.daemon(node); d != nil {
+			if ok, _ := d.exited(); ok {
+				return netip.AddrPort{}, d.failure()
+			}
+			return netip.AddrPort{}, fmt.Errorf("grant from relay %s: %w (relay log: %s)", node, err, d.tail())
+		}
+		return netip.AddrPort{}, fmt.Errorf("grant from relay %s: %w", node, err)
+	}
+	return granted, nil
+}
+
+// agentDetour is one static detour in the agent's config.
+type agentDetour struct {
+	kind    string // nat or tunnel
+	relay   string
+	address netip.AddrPort // nat: relay address and granted port
+	local   netip.Addr     // tunnel: the tunnel's address
+}
+
+// startAgent runs `mpdetour agent` in the client node with the detours and
+// waits for its status socket (it appears once the agent listens for MPTCP
+// events and has switched the node to the userspace path manager).
+func startAgent(ctx context.Context, env *Env, ds []agentDetour) (*daemon, error) {
+	sock := filepath.Join(env.Dir, "agent.sock")
+	server := env.serverAddr()
+	var b strings.Builder
+	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: info\n", sock, len(ds))
+	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [\"%d\"]}\ndetours:\n", server.Addr(), server.Port())
+	for _, d := range ds {
+		switch d.kind {
+		case "nat":
+			fmt.Fprintf(&b, "  - {kind: nat, relay: %s, address: %s, server: %s}\n", d.relay, d.address, server)
+		case "tunnel":
+			fmt.Fprintf(&b, "  - {kind: tunnel, relay: %s, local: %s, servers: [%s/32]}\n", d.relay, d.local, server.Addr())
+		}
+	}
+	path := filepath.Join(env.Dir, "agent.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return nil, err
+	}
+	d, err := startDaemon(ctx, env, env.Roles.Client, "agent", "agent", "--config", path)
+	if err != nil {
+		return nil, err
+	}
+	err = d.waitFor(ctx, "status socket", 15*time.Second, func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	})
+	if err != nil {
+		d.stop()
+		return nil, err
+	}
+	return d, nil
+}
