@@ -82,7 +82,7 @@ func (a *allocator) alloc(key wgtypes.Key) (netip.Addr, error) {
 			return ad, nil
 		}
 	}
-	return netip.Addr{}, fmt.Errorf("tunnel subnet %s is full (%d clients)", a.subnet, n)
+	return netip.Addr{}, fmt.Errorf("tunnel subnet %s: %w (%d clients)", a.subnet, ErrSubnetFull, n)
 }
 
 func (a *allocator) free(key wgtypes.Key) {
@@ -107,6 +107,9 @@ func (a *allocator) restore(key wgtypes.Key, ad netip.Addr) error {
 	a.byKey[key], a.byAddr[ad] = ad, key
 	return nil
 }
+
+// ErrSubnetFull: every client address of the relay's subnet is taken.
+var ErrSubnetFull = errors.New("subnet full")
 
 // stateFile is the persisted allocation table.
 type stateFile struct {

@@ -235,6 +235,42 @@ func checkOverlap(nl *netlink.Handle, subnet netip.Prefix) error {
 	return nil
 }
 
+// ConnectedNetworks lists the IPv4 networks of namespace spec's addresses
+// (except this package's interfaces): the relay's own networks, which the
+// destination policy restricts like private ranges.
+func ConnectedNetworks(spec string) ([]netip.Prefix, error) {
+	ns, err := openNetns(spec)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.close()
+	nl, err := ns.netlink()
+	if err != nil {
+		return nil, err
+	}
+	defer nl.Close()
+	links, err := nl.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	var out []netip.Prefix
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, IfacePrefix) {
+			continue
+		}
+		addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("list addresses of %s: %w", l.Attrs().Name, err)
+		}
+		for _, a := range addrs {
+			if p, ok := netipPrefix(a.IPNet); ok {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out, nil
+}
+
 func netipPrefix(n *net.IPNet) (netip.Prefix, bool) {
 	if n == nil {
 		return netip.Prefix{}, false

@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
@@ -33,7 +34,7 @@ func TestAllocatorStableDistinctAndFull(t *testing.T) {
 		}
 		seen[ad] = true
 	}
-	if _, err := a.alloc(mustKey(t)); err == nil || !strings.Contains(err.Error(), "full") {
+	if _, err := a.alloc(mustKey(t)); !errors.Is(err, ErrSubnetFull) {
 		t.Fatalf("6th client in a /29: err = %v, want full", err)
 	}
 	// Same key, same address; after a fresh start too (no collisions: one key).

@@ -1,0 +1,185 @@
+// Package tunnelctl connects tunnel detours (internal/tunnel) to the relay
+// control protocol: on the relay it is the registered TunnelFactory that
+// serves the "tunnel" request (importing this package registers it); on the
+// client, Open asks a relay over a relayclient.Conn and brings the tunnel up,
+// and re-asks through the same channel when the tunnel goes stale.
+//
+// Identities: the member's control-protocol static key is its WireGuard key
+// and the relay's static key is the relay's WireGuard key (both Curve25519),
+// so admitting a member to the relay admits it to the tunnel, and removing
+// it from the relay config (Release) removes its WireGuard peer.
+package tunnelctl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	"gopkg.in/yaml.v3"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/tunnel"
+)
+
+func init() { relay.RegisterTunnel(Factory) }
+
+// Config is the relay config's `tunnel:` section (docs/tunnel.md).
+type Config struct {
+	Subnet     string `yaml:"subnet"`      // default 100.80.0.0/16
+	ListenPort int    `yaml:"listen_port"` // default 51820
+	// Endpoint is what clients are told to send WireGuard to; default: the
+	// address their control request arrived at, with listen_port (set it
+	// when the relay is behind a port-forwarding NAT).
+	Endpoint  string `yaml:"endpoint"`
+	MTU       int    `yaml:"mtu"`        // default 1420
+	StateFile string `yaml:"state_file"` // keeps allocations across restarts
+	Backend   string `yaml:"backend"`    // kernel, embedded; default: kernel if available
+	// Destination policy for tunnel traffic: the ranges the NAT-detour
+	// policy treats as special (relay.SpecialDestinations) plus the relay's
+	// own networks are refused unless allowed; deny is absolute. The
+	// factory is not handed the relay's top-level allow/deny lists, so
+	// tunnel traffic has its own (integration point: relay could pass them).
+	AllowDestinations []string `yaml:"allow_destinations"`
+	DenyDestinations  []string `yaml:"deny_destinations"`
+}
+
+// ParseConfig decodes and checks a `tunnel:` section; unknown keys are
+// errors naming the line.
+func ParseConfig(n *yaml.Node) (tunnel.ServerConfig, netip.AddrPort, error) {
+	var c Config
+	if n != nil {
+		// Re-encode so the decoder can reject unknown keys (Node.Decode cannot).
+		b, err := yaml.Marshal(n)
+		if err != nil {
+			return tunnel.ServerConfig{}, netip.AddrPort{}, fmt.Errorf("tunnel: %w", err)
+		}
+		d := yaml.NewDecoder(bytes.NewReader(b))
+		d.KnownFields(true)
+		if err := d.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+			return tunnel.ServerConfig{}, netip.AddrPort{}, fmt.Errorf("tunnel: %w", err)
+		}
+	}
+	sc := tunnel.ServerConfig{ListenPort: c.ListenPort, MTU: c.MTU, StateFile: c.StateFile, Backend: tunnel.Backend(c.Backend)}
+	if c.Subnet == "" {
+		c.Subnet = "100.80.0.0/16"
+	}
+	var err error
+	if sc.Subnet, err = netip.ParsePrefix(c.Subnet); err != nil {
+		return sc, netip.AddrPort{}, fmt.Errorf("tunnel: subnet %q: %w", c.Subnet, err)
+	}
+	if sc.ListenPort == 0 {
+		sc.ListenPort = 51820
+	}
+	switch sc.Backend {
+	case tunnel.Auto, tunnel.Kernel, tunnel.Embedded:
+	default:
+		return sc, netip.AddrPort{}, fmt.Errorf("tunnel: backend %q is not kernel or embedded", c.Backend)
+	}
+	var ep netip.AddrPort
+	if c.Endpoint != "" {
+		if ep, err = netip.ParseAddrPort(c.Endpoint); err != nil {
+			return sc, ep, fmt.Errorf("tunnel: endpoint %q: %w", c.Endpoint, err)
+		}
+	}
+	for _, l := range []struct {
+		name string
+		in   []string
+		out  *[]netip.Prefix
+	}{{"allow_destinations", c.AllowDestinations, &sc.Policy.Allow}, {"deny_destinations", c.DenyDestinations, &sc.Policy.Deny}} {
+		for _, s := range l.in {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return sc, ep, fmt.Errorf("tunnel: %s: %q is not a prefix", l.name, s)
+			}
+			*l.out = append(*l.out, p)
+		}
+	}
+	sc.Policy.Restricted = relay.SpecialDestinations()
+	return sc, ep, nil
+}
+
+// Factory is the relay's tunnel factory.
+func Factory(n *yaml.Node, relayKey proto.Key, log *slog.Logger) (relay.TunnelAllocator, error) {
+	sc, ep, err := ParseConfig(n)
+	if err != nil {
+		return nil, err
+	}
+	sc.PrivateKey = wgtypes.Key(relayKey)
+	sc.Logger = log
+	own, err := tunnel.ConnectedNetworks(sc.Netns)
+	if err != nil {
+		return nil, err
+	}
+	sc.Policy.Restricted = append(sc.Policy.Restricted, own...)
+	srv, err := tunnel.NewServer(sc)
+	if err != nil {
+		return nil, err
+	}
+	return &allocator{srv: srv, endpoint: ep}, nil
+}
+
+type allocator struct {
+	srv      *tunnel.Server
+	endpoint netip.AddrPort
+}
+
+// Allocate implements relay.TunnelAllocator. The tunnel has no lease: the
+// peer stays until the member is removed from the relay (Release).
+func (a *allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.TunnelGrant, time.Duration, error) {
+	p, err := a.srv.AddPeer(wgtypes.Key(member))
+	if err != nil {
+		if errors.Is(err, tunnel.ErrSubnetFull) {
+			err = fmt.Errorf("%w: %w", err, &proto.Error{Op: proto.OpTunnel, Reason: proto.ReasonNoPorts})
+		}
+		return proto.TunnelGrant{}, 0, err
+	}
+	ep := a.endpoint
+	if !ep.IsValid() {
+		ep = netip.AddrPortFrom(relayAddr, uint16(a.srv.ListenPort()))
+	}
+	return proto.TunnelGrant{ClientPrefix: p, Endpoint: ep, PublicKey: proto.Key(a.srv.PublicKey())}, 0, nil
+}
+
+// Release implements relay.TunnelAllocator.
+func (a *allocator) Release(member proto.Key) { _ = a.srv.RemovePeer(wgtypes.Key(member)) }
+
+// Close implements relay.TunnelAllocator.
+func (a *allocator) Close() error { return a.srv.Close() }
+
+// FromGrant converts a control-protocol grant into a tunnel allocation.
+func FromGrant(g proto.TunnelGrant) tunnel.Allocation {
+	return tunnel.Allocation{Address: g.ClientPrefix, Endpoint: g.Endpoint, RelayKey: wgtypes.Key(g.PublicKey)}
+}
+
+// Open asks the relay behind conn for a tunnel and brings it up with cfg
+// (Netns, Index, PrivateKey = the member key; Relay defaults to the relay's
+// name). The client's watchdog re-asks through conn when the tunnel has had
+// no handshake for cfg.StaleAfter (relay restarted without its state).
+func Open(ctx context.Context, conn *relayclient.Conn, cfg tunnel.ClientConfig) (*tunnel.Client, error) {
+	ask := func(ctx context.Context) (tunnel.Allocation, error) {
+		g, _, err := conn.Tunnel(ctx)
+		if err != nil {
+			return tunnel.Allocation{}, fmt.Errorf("tunnel request to relay %s: %w", conn.Relay().Name, err)
+		}
+		a := FromGrant(g)
+		return a, a.Validate()
+	}
+	a, err := ask(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Allocation = a
+	cfg.Refresh = ask
+	if cfg.Relay == "" {
+		cfg.Relay = conn.Relay().Name
+	}
+	return tunnel.NewClient(cfg)
+}

@@ -1,0 +1,251 @@
+package tunnelctl
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	"gopkg.in/yaml.v3"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/tunnel"
+)
+
+func TestMain(m *testing.M) {
+	if cfg := os.Getenv("TWC_RELAY_CONFIG"); cfg != "" {
+		// `mpdetour relay` as the binary runs it, in the namespace the test
+		// started us in (ip netns exec).
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		if err := relay.Run(ctx, cfg, log); err != nil {
+			fmt.Fprintln(os.Stderr, "relay:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func TestParseConfig(t *testing.T) {
+	parse := func(s string) error {
+		var n yaml.Node
+		if err := yaml.Unmarshal([]byte(s), &n); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := ParseConfig(n.Content[0])
+		return err
+	}
+	if err := parse("subnet: 100.90.0.0/16\nlisten_port: 5000\nendpoint: 192.0.2.1:5000\nallow_destinations: [10.1.0.0/16]\n"); err != nil {
+		t.Errorf("valid config: %v", err)
+	}
+	var empty yaml.Node
+	if sc, _, err := ParseConfig(&empty); err != nil || sc.ListenPort != 51820 || sc.Subnet.String() != "100.80.0.0/16" || len(sc.Policy.Restricted) == 0 {
+		t.Errorf("defaults: %+v, %v", sc, err)
+	}
+	for _, bad := range []string{"subnett: 1.0.0.0/8", "subnet: nope", "endpoint: 1.2.3.4", "backend: magic", "allow_destinations: [x]", "listen_port: [1]"} {
+		if err := parse(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestKeysShared(t *testing.T) {
+	k, err := proto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wgtypes.Key(k).PublicKey() != wgtypes.Key(k.Public()) {
+		t.Fatal("a member's WireGuard public key differs from its control-protocol public key")
+	}
+}
+
+func run(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func inNS(t testing.TB, name string, fn func() error) error {
+	t.Helper()
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if err := netns.Set(h); err != nil {
+			errc <- err
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// TestControlChannelTunnel: `mpdetour relay` (relay.Run with a tunnel:
+// section) serves the tunnel request; a member asks over the Noise control
+// channel with relayclient and gets a working tunnel; a non-member gets
+// nothing; SIGTERM leaves no tunnel state on the relay.
+func TestControlChannelTunnel(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	p := fmt.Sprintf("twc%d-", os.Getpid())
+	cl, rl, sv := p+"c", p+"r", p+"s"
+	for _, ns := range []string{cl, rl, sv} {
+		run(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	run(t, "ip", "link", "add", "r0", "netns", cl, "type", "veth", "peer", "c0", "netns", rl)
+	run(t, "ip", "link", "add", "s0", "netns", rl, "type", "veth", "peer", "r0", "netns", sv)
+	for _, c := range [][]string{{cl, "r0", "192.0.2.2/24"}, {rl, "c0", "192.0.2.1/24"}, {rl, "s0", "203.0.113.1/24"}, {sv, "r0", "203.0.113.10/24"}} {
+		run(t, "ip", "-n", c[0], "addr", "add", c[2], "dev", c[1])
+		run(t, "ip", "-n", c[0], "link", "set", c[1], "up")
+	}
+
+	relayKey, _ := proto.GenerateKey()
+	member, _ := proto.GenerateKey()
+	stranger, _ := proto.GenerateKey()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "relay.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 192.0.2.1:45673
+private_key: %s
+ports: 40000-40100
+members:
+  - name: m1
+    public_key: %s
+tunnel:
+  subnet: 100.88.0.0/16
+  listen_port: 51820
+  state_file: %s
+  # the server is on one of the relay's own networks, restricted by default
+  allow_destinations: [203.0.113.10/32]
+`, keyText(relayKey), keyText(member.Public()), filepath.Join(dir, "tunnel.json"))), 0o600)
+	cmd := exec.Command("ip", "netns", "exec", rl, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TWC_RELAY_CONFIG="+cfg)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	dialRelay := func(priv proto.Key) *relayclient.Conn {
+		c, err := relayclient.Dial(relayclient.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
+			priv, relayclient.Options{ListenPacket: func() (net.PacketConn, error) {
+				var pc net.PacketConn
+				err := inNS(t, cl, func() (err error) { pc, err = net.ListenPacket("udp4", ":0"); return err })
+				return pc, err
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var client *tunnel.Client
+	var err error
+	for client == nil && ctx.Err() == nil { // the relay process may still be starting
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		client, err = Open(rctx, dialRelay(member), tunnel.ClientConfig{Netns: cl, Index: 0, PrivateKey: wgtypes.Key(member)})
+		rcancel()
+	}
+	if client == nil {
+		t.Fatalf("tunnel over the control channel: %v", err)
+	}
+	defer client.Close()
+	if !netip.MustParsePrefix("100.88.0.0/16").Contains(client.Address()) {
+		t.Fatalf("client address %s not from the relay's subnet", client.Address())
+	}
+
+	// Server: say which address connected.
+	var ln net.Listener
+	if err := inNS(t, sv, func() (err error) { ln, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	var seen string
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var c net.Conn
+		err = inNS(t, cl, func() (err error) {
+			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(client.Address(), 0))}
+			c, err = d.Dial("tcp4", ln.Addr().String())
+			return err
+		})
+		if err == nil {
+			seen, err = bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if err == nil || err == io.EOF {
+				break
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.HasPrefix(seen, "203.0.113.1:") {
+		t.Fatalf("through the tunnel the server saw %q (err %v), want the relay 203.0.113.1", seen, err)
+	}
+
+	out := run(t, "ip", "netns", "exec", rl, "nft", "list", "chain", "ip", tunnel.TableName, "destinations")
+	for _, want := range []string{"ip daddr 203.0.113.10 accept", "ip daddr 203.0.113.0/24", "ip daddr 10.0.0.0/8"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tunnel policy lacks %q:\n%s", want, out)
+		}
+	}
+
+	// A key that is not a member gets no tunnel: the control handshake is refused.
+	sctx, scancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer scancel()
+	if c, err := Open(sctx, dialRelay(stranger), tunnel.ClientConfig{Netns: cl, Index: 1, PrivateKey: wgtypes.Key(stranger)}); err == nil {
+		c.Close()
+		t.Fatal("a non-member got a tunnel")
+	}
+
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("relay exit: %v", err)
+	}
+	if out := run(t, "ip", "-n", rl, "-o", "link"); strings.Contains(out, tunnel.IfacePrefix) {
+		t.Errorf("relay left a tunnel interface:\n%s", out)
+	}
+	if out := run(t, "ip", "netns", "exec", rl, "nft", "list", "tables"); strings.Contains(out, tunnel.TableName) {
+		t.Errorf("relay left its tunnel table:\n%s", out)
+	}
+}
+
+func keyText(k proto.Key) string { return wgtypes.Key(k).String() }
