@@ -22,7 +22,9 @@ const IfacePrefix = "mpdt"
 // DefaultServerIface is the relay's tunnel interface.
 const DefaultServerIface = "mpdt-relay"
 
-// ServerConfig configures the relay side.
+// ServerConfig configures the relay side. One Server per network namespace:
+// the nftables table has a fixed name so that a restart finds what a crashed
+// run left.
 type ServerConfig struct {
 	// Netns is where the interface and nftables table live: "" for the
 	// process's own namespace (the product), a name or path (tests).
