@@ -49,11 +49,20 @@ type wgDevice interface {
 // with EOPNOTSUPP, which is the detection (no module-list parsing, works
 // inside containers whose /sys/module is not the host's).
 func newDevice(ns *nsRef, nl *netlink.Handle, name string, mtu int, b Backend, log *slog.Logger) (wgDevice, error) {
+	// Typed nil pointers must not escape as non-nil interfaces.
 	switch b {
 	case Kernel:
-		return newKernelDevice(ns, nl, name, mtu)
+		d, err := newKernelDevice(ns, nl, name, mtu)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
 	case Embedded:
-		return newEmbeddedDevice(ns, name, mtu, log)
+		d, err := newEmbeddedDevice(ns, name, mtu, log)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
 	case Auto:
 		d, err := newKernelDevice(ns, nl, name, mtu)
 		if err == nil {
@@ -63,7 +72,11 @@ func newDevice(ns *nsRef, nl *netlink.Handle, name string, mtu int, b Backend, l
 			return nil, err
 		}
 		log.Debug("kernel WireGuard unavailable, using embedded wireguard-go", "iface", name)
-		return newEmbeddedDevice(ns, name, mtu, log)
+		e, err := newEmbeddedDevice(ns, name, mtu, log)
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
 	}
 	return nil, fmt.Errorf("unknown tunnel backend %q (want %q or %q)", b, Kernel, Embedded)
 }
