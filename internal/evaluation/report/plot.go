@@ -109,6 +109,17 @@ func (d *Data) boxPlot(cfg, label string) (*plot.Plot, bool, error) {
 		p.Legend.Top = true
 	}
 	p.NominalX(names...)
+	// Every procedure gets its slot, also those without data, and the
+	// tallest box keeps some headroom below the title.
+	p.X.Min, p.X.Max = -0.5, float64(len(cells))-0.5
+	top := 0.0
+	for _, c := range cells {
+		top = math.Max(top, c.Goodput.Max)
+	}
+	for _, xy := range ref {
+		top = math.Max(top, xy.Y)
+	}
+	p.Y.Max = 1.12 * top
 	p.Add(plotter.NewGrid())
 	return p, true, nil
 }
