@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
@@ -38,48 +37,57 @@ func TestBenchRelay(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("TR_BENCH_MAPPINGS")); err == nil {
 		total = v
 	}
-	f := newFixture(t)
-	run(t, "ip", "-n", f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
-	k := newKeys(t)
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "relay.yaml")
-	extra := "quota: {per_member: 200000, global: 200000}\nrate: {per_member: 1000000, burst: 1000000}\nlease: 1h\n"
-	writeConfig(t, cfgPath, k, extra)
-	// Wider port range than the tests' default.
-	b, _ := os.ReadFile(cfgPath)
-	_ = os.WriteFile(cfgPath, []byte(strings.Replace(string(b), "ports: 40000-40999", "ports: 1024-65535", 1)), 0o600)
-
-	iperf := exec.Command("ip", "netns", "exec", f.Server, "iperf3", "-s", "-p", "5201")
-	if err := iperf.Start(); err != nil {
-		t.Fatal(err)
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("TR_BENCH_ROUNDS")); err == nil {
+		rounds = v
 	}
-	t.Cleanup(func() { _ = iperf.Process.Kill(); _ = iperf.Wait() })
-
-	// 1 mapping.
-	p := startRelay(t, f.Relay, cfgPath)
+	// Two identical client-relay-server lines: relay A holds one mapping,
+	// relay B the same plus total-1 others, so runs can alternate between
+	// them (this host is shared and its load drifts).
+	type line struct {
+		f   *fixture
+		p   *relayProc
+		k   keys
+		d   netip.AddrPort
+		c1  *relayclient.Conn
+		cfg string
+	}
 	ctx := context.Background()
 	server := netip.MustParseAddrPort(fxServer + ":5201")
-	c1 := dialRelayFrom(t, f.Client, k, fxClient)
-	d, _, err := c1.Grant(ctx, server, 0)
-	if err != nil {
-		t.Fatal(err)
+	var lines [2]*line
+	for i := range lines {
+		l := &line{f: newFixture(t), k: newKeys(t)}
+		run(t, "ip", "-n", l.f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
+		l.cfg = filepath.Join(t.TempDir(), "relay.yaml")
+		writeConfig(t, l.cfg, l.k, "quota: {per_member: 200000, global: 200000}\nrate: {per_member: 1000000, burst: 1000000}\nlease: 1h\n")
+		b, _ := os.ReadFile(l.cfg)
+		_ = os.WriteFile(l.cfg, []byte(strings.Replace(string(b), "ports: 40000-40999", "ports: 1024-65535", 1)), 0o600)
+		iperf := exec.Command("ip", "netns", "exec", l.f.Server, "iperf3", "-s", "-p", "5201")
+		if err := iperf.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = iperf.Process.Kill(); _ = iperf.Wait() })
+		l.p = startRelay(t, l.f.Relay, l.cfg)
+		l.c1 = dialRelayFrom(t, l.f.Client, l.k, fxClient)
+		var err error
+		if l.d, _, err = l.c1.Grant(ctx, server, 0); err != nil {
+			t.Fatal(err)
+		}
+		lines[i] = l
 	}
-	// Plain routing needs a way back from the server.
-	run(t, "ip", "-n", f.Server, "route", "add", "10.0.1.0/24", "via", fxRelayServer)
-	var nat1, plain []float64
-	for i := 0; i < 3; i++ {
-		nat1 = append(nat1, iperfGbps(t, f.Client, d))
-		plain = append(plain, iperfGbps(t, f.Client, server))
-	}
+	a, b := lines[0], lines[1]
+	// Plain routing (line A) needs a way back from the server.
+	run(t, "ip", "-n", a.f.Server, "route", "add", "10.0.1.0/24", "via", fxRelayServer)
+	rssBefore := procStatus(t, b.p.cmd.Process.Pid, "VmRSS")
 
-	// 100,000 mappings: two client addresses (a client has 64k ports).
-	c3 := dialRelayFrom(t, f.Client, k, "10.0.1.3")
+	// Fill relay B: two client addresses (a client address has 64k ports).
+	c3 := dialRelayFrom(t, b.f.Client, b.k, "10.0.1.3")
 	var done atomic.Int64
 	var failed atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
-	per := total / 2
-	for ci, c := range []*relayclient.Conn{c1, c3} {
+	per := (total - 1 + 1) / 2
+	for ci, c := range []*relayclient.Conn{b.c1, c3} {
 		jobs := make(chan int)
 		for w := 0; w < 32; w++ {
 			wg.Add(1)
@@ -109,26 +117,27 @@ func TestBenchRelay(t *testing.T) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	rate := float64(done.Load()) / elapsed.Seconds()
-	t.Logf("grants: %d ok, %d failed in %v: %.0f grants/s", done.Load(), failed.Load(), elapsed.Round(time.Millisecond), rate)
+	t.Logf("grants: %d ok, %d failed in %v: %.0f grants/s (64 requests in flight, 2 client addresses)", done.Load(), failed.Load(), elapsed.Round(time.Millisecond), rate)
 
-	n := elements(t, f.Relay)
-	rss := procStatus(t, p.cmd.Process.Pid, "VmRSS")
-	out, _ := nftList(t, f.Relay, "list", "table", "ip", TableName)
-	slab := slabOf(t)
-	t.Logf("at %d mappings: relay VmRSS %s, nft list output %d bytes, kernel slab (nf_tables-related, whole host) %s", n, rss, len(out), slab)
+	n := elements(t, b.f.Relay)
+	rss := procStatus(t, b.p.cmd.Process.Pid, "VmRSS")
+	out, _ := nftList(t, b.f.Relay, "list", "table", "ip", TableName)
+	t.Logf("relay B at %d mappings: VmRSS %s (%s with 1 mapping), `nft list table` %d bytes", n, rss, rssBefore, len(out))
 
-	var natN []float64
-	for i := 0; i < 3; i++ {
-		natN = append(natN, iperfGbps(t, f.Client, d))
-		plain = append(plain, iperfGbps(t, f.Client, server))
-		nat1 = append(nat1, iperfGbps(t, f.Client, d)) // same mapping, same table: the 1-mapping case is measured before
+	var nat1, natN, plain []float64
+	_ = iperfGbps(t, a.f.Client, a.d) // warm-up (ARP, conntrack, page cache)
+	_ = iperfGbps(t, b.f.Client, b.d)
+	for i := 0; i < rounds; i++ {
+		nat1 = append(nat1, iperfGbps(t, a.f.Client, a.d))
+		natN = append(natN, iperfGbps(t, b.f.Client, b.d))
+		plain = append(plain, iperfGbps(t, a.f.Client, server))
 	}
-	m1, mN, mp := median(nat1[:3]), median(natN), median(plain)
-	t.Logf("goodput Gbit/s (medians): NAT with 1 mapping %.2f %v; NAT with %d mappings %.2f %v; plain routing %.2f %v",
-		m1, nat1[:3], n, mN, natN, mp, plain)
+	m1, mN, mp := median(nat1), median(natN), median(plain)
+	t.Logf("goodput Gbit/s, medians of %d alternating 3-s runs (cubic): NAT 1 mapping %.2f %.2f; NAT %d mappings %.2f %.2f; plain routing %.2f %.2f",
+		rounds, m1, nat1, n, mN, natN, mp, plain)
 	t.Logf("ratios: %d vs 1 mapping %.3f; NAT vs plain routing %.3f", n, mN/m1, m1/mp)
-	fmt.Fprintf(os.Stderr, "BENCH grants_per_s=%.0f mappings=%d rss=%q nft_bytes=%d gbps_nat1=%.2f gbps_natN=%.2f gbps_plain=%.2f\n",
-		rate, n, rss, len(out), m1, mN, mp)
+	fmt.Fprintf(os.Stderr, "BENCH grants_per_s=%.0f mappings=%d rss=%q rss1=%q nft_bytes=%d gbps_nat1=%.2f gbps_natN=%.2f gbps_plain=%.2f\n",
+		rate, n, rss, rssBefore, len(out), m1, mN, mp)
 }
 
 func dialRelayFrom(t *testing.T, ns string, k keys, addr string) *relayclient.Conn {
@@ -180,18 +189,3 @@ func procStatus(t *testing.T, pid int, field string) string {
 	}
 	return "?"
 }
-
-func slabOf(t *testing.T) string {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return "?"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "Slab:") {
-			return strings.TrimSpace(strings.TrimPrefix(l, "Slab:"))
-		}
-	}
-	return "?"
-}
-
-var _ = proto.Version
