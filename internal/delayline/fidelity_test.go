@@ -195,8 +195,8 @@ func TestFidelityReport(t *testing.T) {
 	}
 	testenv.Root(t)
 	var md strings.Builder
-	fmt.Fprintf(&md, "Measured %s, kernel %s, %d CPUs, delay line priority %s, transfers 10 s, goodput from t=1 s, cubic.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), kernel(), numCPU(), reportPriority())
+	fmt.Fprintf(&md, "Measured %s, kernel %s, %d CPUs, load average at start %s, delay line priority %s, transfers 10 s, goodput from t=1 s, cubic.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), kernel(), numCPU(), loadavg(), reportPriority())
 
 	// RTT on an idle link.
 	md.WriteString("| one-way delay | RTT spec | min | median | p99 | max | target | ok |\n|---|---|---|---|---|---|---|---|\n")
@@ -343,10 +343,38 @@ func TestFidelityReport(t *testing.T) {
 				slices.Min(pcts), retrans, cpu, pk, drops, fmt.Sprintf("%.0f", float64(mean)/1e3), ms(maxLate), late1, ms(median(rtts)), ms(pct(rtts, 0.99)))
 		})
 	}
-	if err := os.WriteFile(out, []byte(md.String()), 0o644); err != nil {
-		t.Fatal(err)
+	// Throughput ceiling: one unshaped TCP flow through a 1 ms delay line.
+	if only("max") {
+		t.Run("max", func(t *testing.T) {
+			w := newWire(t, time.Millisecond, time.Millisecond)
+			c := startChild(t, w.cfg)
+			cpu0, t0 := c.cpu(t), time.Now()
+			r, err := flow(t, w.A, w.B, addrB, 5201, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cpu := 100 * float64(c.cpu(t)-cpu0) / float64(time.Since(t0))
+			pk, drops, late1, mean, _ := sumStats(c.stop(t))
+			fmt.Fprintf(&md, "\nUnshaped TCP through a 1 ms delay line (throughput ceiling): %.0f Mbit/s, %d frames (%.0f frames/s both directions), delay line CPU %.0f%% of one core, %d drops, release late mean %.0f µs, %d frames late > 1 ms, %d retransmits.\n",
+				r.Goodput, pk, float64(pk)/time.Since(t0).Seconds(), cpu, drops, float64(mean)/1e3, late1, r.Retransmits)
+		})
 	}
-	t.Logf("\n%s", md.String())
+	defer func() {
+		fmt.Fprintf(&md, "\nLoad average at the end: %s.\n", loadavg())
+		if err := os.WriteFile(out, []byte(md.String()), 0o644); err != nil {
+			t.Error(err)
+		}
+		t.Logf("\n%s", md.String())
+	}()
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // reportPriority is the delay line priority the report measures
