@@ -146,14 +146,14 @@ ip -n $B addr add 10.94.0.2/24 dev $WGB; ip -n $B link set $WGB mtu 1420 up
 ip -n $A route add 10.92.0.4/32 dev $WGA
 add_variant "wireguard-go (Debian $(dpkg-query -W -f='${Version}' wireguard-go 2>/dev/null || echo '?'))" 10.92.0.4 "" "$WPA $WPB"
 
-read -r _ u0 n0 s0 idle0 _ </proc/stat
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq "$RUNS"); do
   for i in "${!NAMES[@]}"; do run_once "$i"; done
 done
-read -r _ u1 n1 s1 idle1 _ </proc/stat
+LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 
 echo "# bench-tunnel $(date -u +%FT%TZ) kernel $(uname -r), $(nproc) CPUs, ${DURATION}s x $RUNS interleaved, iperf3 -C cubic"
-echo "# machine idle during the runs: $(awk -v a=$((idle1 - idle0)) -v b=$(( (u1-u0)+(n1-n0)+(s1-s0) )) 'BEGIN{printf "%.0f%%", 100*a/(a+b)}') (other jobs may share the CPUs)"
+echo "# load average before: $LOAD0, after: $LOAD1 (other jobs share the CPUs; compare rows of one run)"
 echo
 echo "| path | median Mbit/s | runs Mbit/s | MSS | tunnel CPU, cores per Gbit/s (median) |"
 echo "|---|---|---|---|---|"
