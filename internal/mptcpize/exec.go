@@ -172,8 +172,19 @@ func execSeccomp(path string, argv, env []string, logPath string) error {
 		return setup(fmt.Errorf("supervisor did not confirm (n=%d): %v", n, err))
 	}
 	ours.Close()
+	restoreSignals()
 	err = syscall.Exec(path, argv, env)
 	return &ExitError{ExitCannotExec, fmt.Errorf("exec %s: %w", path, err)}
+}
+
+// restoreSignals undoes mpdetour's own signal handling before execve, so
+// that the SIG_IGN a caller set for SIGINT or SIGHUP (background jobs,
+// nohup) reaches CMD as it would without mpdetour: the Go runtime keeps
+// those two ignored unless a handler is installed, and Reset reinstates
+// the inherited disposition. (Other inherited SIG_IGNs, e.g. SIGQUIT, are
+// replaced by the Go runtime before any of our code runs; see docs/run.md.)
+func restoreSignals() {
+	signal.Reset(syscall.SIGINT, syscall.SIGTERM)
 }
 
 // noFilterError reports a seccomp setup failure before the filter was

@@ -1,6 +1,7 @@
 package mptcpize
 
 import (
+	"bytes"
 	"debug/elf"
 	"fmt"
 	"io"
@@ -41,9 +42,20 @@ func FindPreloadLibrary() (string, error) {
 		filepath.Dir(libCandidates[0]))
 }
 
-// IsStatic reports whether the ELF executable at path has no program
-// interpreter, i.e. LD_PRELOAD cannot reach it.
+// IsStatic reports whether the program at path is an ELF executable
+// without program interpreter, i.e. LD_PRELOAD cannot reach it. For a "#!"
+// script it answers for the script's interpreter.
 func IsStatic(path string) (bool, error) {
+	for depth := 0; depth < 4; depth++ {
+		interp, err := shebang(path)
+		if err != nil {
+			return false, err
+		}
+		if interp == "" {
+			break
+		}
+		path = interp
+	}
 	f, err := elf.Open(path)
 	if err != nil {
 		return false, err
@@ -68,6 +80,7 @@ func execPreload(path string, argv, env []string, warn io.Writer) error {
 		fmt.Fprintf(warn, "mpdetour run: warning: LD_PRELOAD mechanism: only dynamically linked programs are covered (%s: %v)\n", path, err)
 	}
 	env = withPreload(env, lib)
+	restoreSignals()
 	err = syscall.Exec(path, argv, env)
 	return &ExitError{ExitCannotExec, fmt.Errorf("exec %s: %w", path, err)}
 }
@@ -86,4 +99,25 @@ func withPreload(env []string, lib string) []string {
 		out = append(out, kv)
 	}
 	return append(out, "LD_PRELOAD="+val)
+}
+
+// shebang returns the interpreter named by a "#!" line, or "".
+func shebang(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b := make([]byte, 256)
+	n, _ := io.ReadFull(f, b)
+	b = b[:n]
+	if !bytes.HasPrefix(b, []byte("#!")) {
+		return "", nil
+	}
+	line, _, _ := bytes.Cut(b[2:], []byte("\n"))
+	fields := strings.Fields(string(line))
+	if len(fields) == 0 {
+		return "", fmt.Errorf("%s: empty #! line", path)
+	}
+	return fields[0], nil
 }

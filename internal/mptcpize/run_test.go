@@ -29,6 +29,7 @@ var (
 	sockprobe string
 	probePy   string
 	buildErr  error
+	python    = "python3"
 )
 
 func TestMain(m *testing.M) {
@@ -38,6 +39,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	buildErr = build(dir)
+	// Debian's interpreter, not a version manager's shim script in PATH
+	// (slow, and not what the tests mean by "python3").
+	if _, err := os.Stat("/usr/bin/python3"); err == nil {
+		python = "/usr/bin/python3"
+	}
 	_ = os.Chmod(dir, 0o755) // TestUnprivileged runs the binaries as nobody
 	// Supervisors are detached (their starter exits), so they are re-parented
 	// to the nearest subreaper: this test process, which reaps and checks them.
@@ -332,8 +338,8 @@ func TestPythonSockets(t *testing.T) {
 		UnixFamily int  `json:"unix_stream_family"`
 	}
 	var base, conv rep
-	decode(t, output(t, inNS(ns, false, nil, "python3", probePy, "report")), &base)
-	decode(t, output(t, inNS(ns, true, nil, "python3", probePy, "report")), &conv)
+	decode(t, output(t, inNS(ns, false, nil, python, probePy, "report")), &base)
+	decode(t, output(t, inNS(ns, true, nil, python, probePy, "report")), &conv)
 	if base.TCP4 != 6 || base.TCP6 != 6 {
 		t.Fatalf("baseline without run is not TCP: %+v", base)
 	}
@@ -343,7 +349,7 @@ func TestPythonSockets(t *testing.T) {
 	}
 	// Children inherit the filter: a shell starting python is served too.
 	var viaShell rep
-	decode(t, output(t, inNS(ns, true, nil, "sh", "-c", "python3 "+probePy+" report")), &viaShell)
+	decode(t, output(t, inNS(ns, true, nil, "sh", "-c", python+" "+probePy+" report")), &viaShell)
 	if viaShell != want {
 		t.Errorf("child of CMD: %+v, want %+v", viaShell, want)
 	}
@@ -356,7 +362,7 @@ func TestDescendantOutlivesCommand(t *testing.T) {
 	ns := newNS(t)
 	out := filepath.Join(t.TempDir(), "out")
 	start := time.Now()
-	output(t, inNS(ns, true, nil, "sh", "-c", "(sleep 1; python3 "+probePy+" report > "+out+".tmp; mv "+out+".tmp "+out+") >/dev/null 2>&1 &"))
+	output(t, inNS(ns, true, nil, "sh", "-c", "(sleep 1; "+python+" "+probePy+" report > "+out+".tmp; mv "+out+".tmp "+out+") >/dev/null 2>&1 &"))
 	if d := time.Since(start); d > 900*time.Millisecond {
 		t.Logf("run returned after %v (expected at once)", d)
 	}
@@ -418,7 +424,7 @@ func TestCurlHTTPServer(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "hello.txt"), []byte("hello over mptcp\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	srv := inNS(ns, true, nil, "python3", "-m", "http.server", "--bind", "127.0.0.1", "7003")
+	srv := inNS(ns, true, nil, python, "-m", "http.server", "--bind", "127.0.0.1", "7003")
 	srv.Dir = dir
 	background(t, srv)
 	waitMPTCPListener(t, ns, 7003)
@@ -438,7 +444,7 @@ func TestCurlHTTPServer(t *testing.T) {
 func TestFallbackNonMPTCPPeer(t *testing.T) {
 	setup(t)
 	ns := newNS(t)
-	srv := background(t, inNS(ns, false, nil, "python3", probePy, "serve", "127.0.0.1", "7004"))
+	srv := background(t, inNS(ns, false, nil, python, probePy, "serve", "127.0.0.1", "7004"))
 	if line, err := srv.ReadString('\n'); err != nil || line != "listening 6\n" {
 		t.Fatalf("plain server: %q %v", line, err)
 	}
@@ -528,7 +534,7 @@ func TestExitCodesAndSignals(t *testing.T) {
 	}
 	// CMD keeps mpdetour's PID, so a signal sent to the process the caller
 	// started reaches CMD's own handler.
-	cmd := exec.Command(mpdetour, "run", "--", "python3", "-c",
+	cmd := exec.Command(mpdetour, "run", "--", python, "-c",
 		"import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\nprint('ready', flush=True)\ntime.sleep(30)")
 	out := background(t, cmd)
 	if line, err := out.ReadString('\n'); err != nil || line != "ready\n" {
@@ -561,7 +567,7 @@ func TestPreloadMechanism(t *testing.T) {
 		TCP4 int `json:"tcp4"`
 		UDP4 int `json:"udp4"`
 	}
-	decode(t, output(t, inNS(ns, true, []string{"--mechanism", "preload"}, "python3", probePy, "report")), &py)
+	decode(t, output(t, inNS(ns, true, []string{"--mechanism", "preload"}, python, probePy, "report")), &py)
 	if py.TCP4 != 262 || py.UDP4 != 17 {
 		t.Errorf("python under preload: %+v, want tcp4 262 udp4 17", py)
 	}
@@ -687,5 +693,24 @@ func TestSupervisorHoldsNoInheritedFDs(t *testing.T) {
 	stdin.Close()
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("CMD: %v", err)
+	}
+}
+
+// Dispositions a caller sets up for CMD survive mpdetour: SIGINT ignored in
+// a shell's background job, SIGHUP ignored by nohup.
+func TestInheritedIgnoredSignals(t *testing.T) {
+	setup(t)
+	py := "import signal; print(int(signal.getsignal(signal.SIGINT) == signal.SIG_IGN), int(signal.getsignal(signal.SIGHUP) == signal.SIG_IGN))"
+	for _, c := range []struct{ name, script, want string }{
+		{"background job", "%s "+python+" -c '" + py + "' & wait", "1 0\n"},
+		{"trap", "trap '' INT HUP; %s "+python+" -c '" + py + "'", "1 1\n"},
+		{"default", "%s "+python+" -c '" + py + "'", "0 0\n"},
+	} {
+		for _, wrap := range []string{"", mpdetour + " run --", mpdetour + " run --mechanism preload --"} {
+			out, err := exec.Command("sh", "-c", fmt.Sprintf(c.script, wrap)).Output()
+			if err != nil || string(out) != c.want {
+				t.Errorf("%s via %q: SIGINT/SIGHUP ignored = %q (%v), want %q", c.name, wrap, out, err, c.want)
+			}
+		}
 	}
 }
