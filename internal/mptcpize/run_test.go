@@ -702,9 +702,9 @@ func TestInheritedIgnoredSignals(t *testing.T) {
 	setup(t)
 	py := "import signal; print(int(signal.getsignal(signal.SIGINT) == signal.SIG_IGN), int(signal.getsignal(signal.SIGHUP) == signal.SIG_IGN))"
 	for _, c := range []struct{ name, script, want string }{
-		{"background job", "%s "+python+" -c '" + py + "' & wait", "1 0\n"},
-		{"trap", "trap '' INT HUP; %s "+python+" -c '" + py + "'", "1 1\n"},
-		{"default", "%s "+python+" -c '" + py + "'", "0 0\n"},
+		{"background job", "%s " + python + " -c '" + py + "' & wait", "1 0\n"},
+		{"trap", "trap '' INT HUP; %s " + python + " -c '" + py + "'", "1 1\n"},
+		{"default", "%s " + python + " -c '" + py + "'", "0 0\n"},
 	} {
 		for _, wrap := range []string{"", mpdetour + " run --", mpdetour + " run --mechanism preload --"} {
 			out, err := exec.Command("sh", "-c", fmt.Sprintf(c.script, wrap)).Output()
