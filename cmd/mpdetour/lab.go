@@ -119,16 +119,18 @@ func init() {
 	}
 	var (
 		jsonOut    bool
+		saveJSON   string
 		opts       lab.CheckOptions
 		checkLinks string
 	)
 	check := &cli.Command{
 		Name:         "check",
 		Summary:      "measure every link (RTT, goodput, loss) against its spec; exit 1 if any is off",
-		Usage:        "NAME [--json] [--duration D] [--samples N] [--links L1,L2] [--sequential] [--no-rate]",
+		Usage:        "NAME [--json] [--save FILE] [--duration D] [--samples N] [--links L1,L2] [--sequential] [--no-rate]",
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&jsonOut, "json", false, "print the report as JSON")
+			fs.StringVar(&saveJSON, "save", "", "also write the JSON report to this file")
 			fs.DurationVar(&opts.RateDuration, "duration", 4*time.Second, "length of each TCP goodput transfer (window starts at 1 s)")
 			fs.IntVar(&opts.LossSamples, "samples", 2000, "UDP probes per direction for the loss estimate")
 			fs.IntVar(&opts.Pings, "pings", 20, "echo requests per direction for the RTT")
@@ -151,6 +153,15 @@ func init() {
 			rep, err := l.Check(ctx, opts)
 			if err != nil {
 				return err
+			}
+			if saveJSON != "" {
+				b, err := json.MarshalIndent(rep, "", "  ")
+				if err == nil {
+					err = os.WriteFile(saveJSON, append(b, '\n'), 0o644)
+				}
+				if err != nil {
+					return err
+				}
 			}
 			if jsonOut {
 				enc := json.NewEncoder(os.Stdout)

@@ -8,10 +8,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
 )
 
 // PingResult is the outcome of a series of ICMP echo requests.
@@ -45,17 +47,28 @@ func (r PingResult) Median() time.Duration {
 	return s[len(s)/2]
 }
 
-var pingID uint32
+var pingID atomic.Uint32
 
 // Ping sends count ICMP echo requests from node to dst, interval apart,
 // each carrying its send time, and collects the replies until timeout
 // after the last one. A raw ICMP socket opened inside the node's namespace
 // measures what any host would: no helper program is needed.
 func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, interval, timeout time.Duration) (PingResult, error) {
-	var conn *icmp.PacketConn
+	var conn *net.IPConn
 	err := l.Do(node, func() error {
-		var err error
-		conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		c, err := net.ListenPacket("ip4:icmp", "0.0.0.0")
+		if err != nil {
+			return err
+		}
+		conn = c.(*net.IPConn)
+		// Kernel receive timestamps: a measuring process that is slow to
+		// wake up must not inflate the RTT it reports.
+		rc, err := conn.SyscallConn()
+		if err == nil {
+			err = rc.Control(func(fd uintptr) {
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
+			})
+		}
 		return err
 	})
 	if err != nil {
@@ -64,8 +77,7 @@ func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, 
 	defer conn.Close()
 	// A raw socket sees every echo reply in the namespace: tell ours apart
 	// by an identifier unique to this call.
-	pingID++
-	id := int(uint32(os.Getpid())^pingID*7919) & 0xffff
+	id := int(uint32(os.Getpid())^pingID.Add(1)*7919) & 0xffff
 	res := PingResult{}
 	done := make(chan struct{})
 	got := make(map[int]bool)
@@ -73,13 +85,22 @@ func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, 
 	go func() {
 		defer close(done)
 		buf := make([]byte, 1500)
+		oob := make([]byte, 128)
 		for {
-			n, _, err := conn.ReadFrom(buf)
+			n, oobn, _, _, err := conn.ReadMsgIP(buf, oob)
 			now := time.Now()
 			if err != nil {
 				return
 			}
-			m, err := icmp.ParseMessage(1, buf[:n])
+			if ts, ok := rxTimestamp(oob[:oobn]); ok {
+				now = ts
+			}
+			pkt := buf[:n]
+			// Raw IPv4 sockets may hand over the IP header too.
+			if len(pkt) >= 20 && pkt[0]>>4 == 4 {
+				pkt = pkt[int(pkt[0]&0x0f)*4:]
+			}
+			m, err := icmp.ParseMessage(1, pkt)
 			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
 				continue
 			}
@@ -126,4 +147,20 @@ func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, 
 	<-done
 	res.Sent = count
 	return res, nil
+}
+
+// rxTimestamp extracts SCM_TIMESTAMPNS from a control message.
+func rxTimestamp(oob []byte) (time.Time, bool) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return time.Time{}, false
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_TIMESTAMPNS && len(m.Data) >= 16 {
+			sec := int64(binary.NativeEndian.Uint64(m.Data[0:8]))
+			nsec := int64(binary.NativeEndian.Uint64(m.Data[8:16]))
+			return time.Unix(sec, nsec), true
+		}
+	}
+	return time.Time{}, false
 }
