@@ -120,5 +120,5 @@ func printResult(r *goodput.Result) {
 		fmt.Printf("  subflow %d %v -> %v: %d bytes acked (%d in window), rtt %.1f ms (min %.1f), %d retransmits\n",
 			s.ID, s.Local, s.Remote, s.BytesAcked, s.WindowBytesAcked, s.RTT, s.MinRTT, s.Retransmits)
 	}
-	fmt.Printf("goodput %.2f Mbit/s (%d bytes from t=%.0fs over %.3f s)\n", r.Goodput, r.WindowBytes, r.Warmup, r.WindowSeconds)
+	fmt.Printf("goodput %.2f Mbit/s (%d bytes from t=%gs over %.3f s)\n", r.Goodput, r.WindowBytes, r.Warmup, r.WindowSeconds)
 }

@@ -97,6 +97,10 @@ func (s *Server) Serve(ctx context.Context) error {
 			log.Warn("client failed", "err", err)
 			continue
 		}
+		if sum.WindowBytes == 0 {
+			log.Warn("client stopped before the end of its warm-up (interrupted?)", "bytes", sum.Bytes)
+			continue
+		}
 		g := 0.0
 		if sum.LastNs > sum.WarmupNs {
 			g = float64(sum.WindowBytes) * 8 / time.Duration(sum.LastNs-sum.WarmupNs).Seconds() / 1e6
