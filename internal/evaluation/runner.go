@@ -312,6 +312,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 		if ctx.Err() != nil {
 			return ctx.Err() // an interrupted trial is not recorded
 		}
+		rec.LoadAvg = loadAvg()
 		if err != nil {
 			rec.Status, rec.Reason = results.Failed, err.Error()
 		} else {
@@ -372,6 +373,15 @@ func versions() map[string]string {
 		v["kernel"] = unix.ByteSliceToString(u.Release[:])
 	}
 	return v
+}
+
+// loadAvg returns the 1-minute load average (0 if unknown).
+func loadAvg() float64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return 0
+	}
+	return float64(si.Loads[0]) / 65536
 }
 
 func hostDescription() string {

@@ -51,12 +51,14 @@ type Data struct {
 	Scenario *scenario.Scenario
 	Cells    []*Cell // plan order
 	byKey    map[results.Key]*Cell
+	// loads holds the host load averages of each configuration's trials.
+	loads map[string][]float64
 }
 
 // Build summarises recs along s's plan. Records for cells that are not in
 // the plan (an edited scenario file) are ignored.
 func Build(s *scenario.Scenario, recs []results.Record) *Data {
-	d := &Data{Scenario: s, byKey: map[results.Key]*Cell{}}
+	d := &Data{Scenario: s, byKey: map[results.Key]*Cell{}, loads: map[string][]float64{}}
 	for _, c := range s.Cells() {
 		cell := &Cell{Cell: c}
 		d.Cells = append(d.Cells, cell)
@@ -75,6 +77,9 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 		switch r.Status {
 		case results.OK:
 			cell.Values = append(cell.Values, r.GoodputMbps)
+			if r.LoadAvg > 0 {
+				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
+			}
 			if paths[cell] == nil {
 				paths[cell] = map[string]*acc{}
 			}
@@ -392,7 +397,11 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 	p.f("## Per configuration\n")
 	for _, cfg := range s.Configurations {
 		p.f("\n### %s\n\n", cfg.Label)
-		p.f("Lab parameters: `%s`.\n\n", strings.Join(cfg.Set.Strings(), " "))
+		p.f("Lab parameters: `%s`.", strings.Join(cfg.Set.Strings(), " "))
+		if l := stats.Summarize(d.loads[cfg.Name]); l.N > 0 {
+			p.f(" Host load average (1 min) at the end of the trials: median %.1f, max %.1f (2 CPUs).", l.Median, l.Max)
+		}
+		p.f("\n\n")
 		p.row([]string{"procedure", "n", "mean", "sd", "median", "min", "max", "original", "failed / unavailable"})
 		p.row([]string{"---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"})
 		for _, c := range d.Cells {

@@ -64,6 +64,9 @@ type Record struct {
 	Duration float64           `json:"duration_s"`
 	Warmup   float64           `json:"warmup_s"`
 	Versions map[string]string `json:"versions"`
+	// LoadAvg is the host's 1-minute load average when the trial ended:
+	// the machine is shared, and contention shows in the numbers.
+	LoadAvg float64 `json:"loadavg_1m"`
 }
 
 // Key identifies a cell.
@@ -220,7 +223,7 @@ func WriteJSON(path string, recs []Record) error {
 // sf1_retrans, ... follow.
 var CSVHeader = []string{
 	"scenario", "configuration", "cell", "procedure", "detours", "trial", "start", "status", "reason",
-	"goodput_mbps", "window_bytes", "cc", "duration_s", "warmup_s", "params", "versions",
+	"goodput_mbps", "window_bytes", "cc", "duration_s", "warmup_s", "params", "versions", "loadavg_1m",
 }
 
 // WriteCSV writes one row per trial.
@@ -253,7 +256,7 @@ func EncodeCSV(w io.Writer, recs []Record) error {
 			r.Scenario, r.Configuration, r.Cell, r.Procedure, strings.Join(r.Detours, " "),
 			strconv.Itoa(r.Trial), r.Start.UTC().Format(time.RFC3339), r.Status, r.Reason,
 			f(r.GoodputMbps), strconv.FormatUint(r.WindowBytes, 10), r.CC, f(r.Duration), f(r.Warmup),
-			strings.Join(r.Params, " "), versions(r.Versions),
+			strings.Join(r.Params, " "), versions(r.Versions), f(r.LoadAvg),
 		}
 		for i := 0; i < maxSF; i++ {
 			if i < len(r.Subflows) {
