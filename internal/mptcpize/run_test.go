@@ -27,9 +27,11 @@ import (
 var (
 	mpdetour  string
 	sockprobe string
-	probePy   string
-	buildErr  error
-	python    = "python3"
+	// sockprobe386 is the same probe for i386 (compat syscalls).
+	sockprobe386 string
+	probePy      string
+	buildErr     error
+	python       = "python3"
 )
 
 func TestMain(m *testing.M) {
@@ -56,6 +58,7 @@ func TestMain(m *testing.M) {
 func build(dir string) error {
 	mpdetour = filepath.Join(dir, "mpdetour")
 	sockprobe = filepath.Join(dir, "sockprobe")
+	sockprobe386 = filepath.Join(dir, "sockprobe386")
 	var err error
 	if probePy, err = filepath.Abs("testdata/probe.py"); err != nil {
 		return err
@@ -64,10 +67,12 @@ func build(dir string) error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build mpdetour: %v\n%s", err, out)
 	}
-	cmd = exec.Command("go", "build", "-o", sockprobe, "./testdata/sockprobe")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build sockprobe: %v\n%s", err, out)
+	for _, b := range []struct{ out, arch string }{{sockprobe, "amd64"}, {sockprobe386, "386"}} {
+		cmd = exec.Command("go", "build", "-o", b.out, "./testdata/sockprobe")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOARCH="+b.arch)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build sockprobe (%s): %v\n%s", b.arch, err, out)
+		}
 	}
 	return nil
 }
@@ -279,7 +284,7 @@ func TestStaticGoBinarySockets(t *testing.T) {
 	var base, conv map[string]sock
 	decode(t, output(t, inNS(ns, false, nil, sockprobe, "report")), &base)
 	decode(t, output(t, inNS(ns, true, nil, sockprobe, "report")), &conv)
-	for _, k := range []string{"tcp4", "tcp6", "tcp4_ipproto", "tcp4_flags", "tcp6_cloexec"} {
+	for _, k := range []string{"tcp4", "tcp6", "tcp4_ipproto", "tcp4_flags", "tcp6_cloexec", "tcp4_direct"} {
 		if base[k].Proto != unix.IPPROTO_TCP {
 			t.Errorf("%s without run: protocol %d, want 6", k, base[k].Proto)
 		}
@@ -293,7 +298,7 @@ func TestStaticGoBinarySockets(t *testing.T) {
 	if !conv["tcp4_flags"].NonBlock || !conv["tcp4_flags"].CloExec || conv["tcp4"].CloExec || conv["tcp4"].NonBlock {
 		t.Errorf("SOCK_NONBLOCK/SOCK_CLOEXEC not carried over: %+v %+v", conv["tcp4_flags"], conv["tcp4"])
 	}
-	for _, k := range []string{"udp4", "udp6", "unix_stream", "unix_dgram", "explicit_mptcp", "tcp4_badflag"} {
+	for _, k := range []string{"udp4", "udp6", "udp4_direct", "unix_stream", "unix_dgram", "explicit_mptcp", "tcp4_badflag"} {
 		if base[k] != conv[k] {
 			t.Errorf("%s: run changed an untouched socket: %+v -> %+v", k, base[k], conv[k])
 		}
@@ -711,6 +716,31 @@ func TestInheritedIgnoredSignals(t *testing.T) {
 			if err != nil || string(out) != c.want {
 				t.Errorf("%s via %q: SIGINT/SIGHUP ignored = %q (%v), want %q", c.name, wrap, out, err, c.want)
 			}
+		}
+	}
+}
+
+// A 32-bit (i386) static program: its direct socket syscall (359, what C
+// libraries use) is converted, Go's own socketcall(2)-based socket() is not
+// (documented limit), and nothing else changes.
+func TestI386Program(t *testing.T) {
+	setup(t)
+	if err := exec.Command(sockprobe386, "report").Run(); err != nil {
+		t.Skipf("kernel cannot run i386 programs (IA32 emulation): %v", err)
+	}
+	ns := newNS(t)
+	var base, conv map[string]sock
+	decode(t, output(t, inNS(ns, false, nil, sockprobe386, "report")), &base)
+	decode(t, output(t, inNS(ns, true, nil, sockprobe386, "report")), &conv)
+	if base["tcp4_direct"].Proto != unix.IPPROTO_TCP || conv["tcp4_direct"].Proto != unix.IPPROTO_MPTCP || !conv["tcp4_direct"].CloExec {
+		t.Errorf("i386 socket(2): %+v without run, %+v with run; want 6, then 262 with FD_CLOEXEC", base["tcp4_direct"], conv["tcp4_direct"])
+	}
+	if conv["tcp4"].Proto != unix.IPPROTO_TCP {
+		t.Errorf("i386 socketcall(2) socket: protocol %d, want 6 (not convertible)", conv["tcp4"].Proto)
+	}
+	for _, k := range []string{"udp4", "udp4_direct", "unix_stream", "explicit_mptcp", "tcp4_badflag"} {
+		if base[k] != conv[k] {
+			t.Errorf("i386 %s changed under run: %+v -> %+v", k, base[k], conv[k])
 		}
 	}
 }

@@ -29,6 +29,21 @@ type Sock struct {
 
 func probe(domain, typ, proto int) Sock {
 	fd, err := unix.Socket(domain, typ, proto)
+	return describe(fd, err)
+}
+
+// probeDirect calls the socket syscall itself: on 386, Go's own Socket goes
+// through socketcall(2), which the filter cannot inspect, while C libraries
+// use the direct socket syscall (359) since Linux 4.3.
+func probeDirect(domain, typ, proto int) Sock {
+	r, _, errno := unix.RawSyscall(unix.SYS_SOCKET, uintptr(domain), uintptr(typ), uintptr(proto))
+	if errno != 0 {
+		return describe(-1, errno)
+	}
+	return describe(int(r), nil)
+}
+
+func describe(fd int, err error) Sock {
 	if err != nil {
 		return Sock{Proto: -1, Errno: err.(syscall.Errno).Error()}
 	}
@@ -78,6 +93,8 @@ func main() {
 			"udp6":           probe(unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_UDP),
 			"unix_stream":    probe(unix.AF_UNIX, unix.SOCK_STREAM, 0),
 			"unix_dgram":     probe(unix.AF_UNIX, unix.SOCK_DGRAM, 0),
+			"tcp4_direct":    probeDirect(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0),
+			"udp4_direct":    probeDirect(unix.AF_INET, unix.SOCK_DGRAM, 0),
 		})
 	case "dial":
 		// Go's Dialer uses plain TCP by default, so any MPTCP comes from outside.
