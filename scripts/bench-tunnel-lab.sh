@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Tunnel detour in the lab (issue 6): brennan2017, core-limited profile.
+# The relay side of mpdetour's tunnel runs on the lab's "detour" node, the
+# client side on "client" (both from internal/tunnel/cmd/twbench, i.e. the
+# shipped internal/tunnel code). Three measurements, interleaved, median of
+# RUNS, iperf3 -C cubic, DURATION s each:
+#   TCP            client -> server on the default path (L1, L2, L3)
+#   TCP via tunnel the same from the tunnel address (L1, L4, L6 to the relay,
+#                  then L6, L5, L3 to the server, masqueraded)
+#   MPTCP + tunnel mptcpize'd iperf3; a second subflow from the tunnel
+#                  address (in-kernel PM subflow endpoint: the data plane the
+#                  agent's SUBFLOW_CREATE produces)
+# Target: MPTCP + tunnel >= 0.97 x (TCP + TCP via tunnel).
+#
+# Usage: scripts/bench-tunnel-lab.sh [-d seconds] [-n runs]   (root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=8
+RUNS=3
+while getopts d:n: o; do
+  case $o in
+    d) DURATION=$OPTARG ;;
+    n) RUNS=$OPTARG ;;
+    *) echo "usage: $0 [-d seconds] [-n runs]" >&2; exit 2 ;;
+  esac
+done
+for t in ip iperf3 mptcpize jq go; do
+  command -v "$t" >/dev/null || { echo "bench-tunnel-lab: $t not installed (scripts/setup.sh)" >&2; exit 1; }
+done
+[ "$(id -u)" = 0 ] || { echo "bench-tunnel-lab: must run as root" >&2; exit 1; }
+
+LAB=twlab$$
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+  set +e
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  "$TMP/mpdetour" lab down "$LAB" >/dev/null 2>&1
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+go build -o "$TMP/mpdetour" ./cmd/mpdetour
+go build -o "$TMP/twbench" ./internal/tunnel/cmd/twbench
+"$TMP/mpdetour" lab up brennan2017 --name "$LAB" >"$TMP/lab.log" 2>&1 || { cat "$TMP/lab.log" >&2; exit 1; }
+ns() { echo "$LAB-$1"; }
+SERVER=10.0.3.2  # lab.Addr("server"); .1 is r2
+
+"$TMP/twbench" -relay-ns "$(ns detour)" -client-ns "$(ns client)" -relay-addr 10.0.6.2 \
+  >"$TMP/twbench.out" 2>"$TMP/twbench.err" &
+PIDS+=($!)
+for _ in $(seq 50); do grep -q ready "$TMP/twbench.out" 2>/dev/null && break; sleep 0.1; done
+grep -q ready "$TMP/twbench.out" || { cat "$TMP/twbench.err" >&2; exit 1; }
+TUNADDR=$(awk '/^addr/{print $2}' "$TMP/twbench.out")
+
+ip netns exec "$(ns server)" mptcpize run iperf3 -s >/dev/null 2>&1 &
+PIDS+=($!)
+ip -n "$(ns server)" mptcp limits set subflows 2
+ip -n "$(ns client)" mptcp limits set subflows 2
+ip -n "$(ns client)" mptcp endpoint add "$TUNADDR" dev mpdtc0 subflow
+sleep 0.5
+
+run() { # name, then the command prefix before iperf3 args
+  local name=$1; shift
+  "$@" -c $SERVER -t "$DURATION" -C cubic -J >"$TMP/run.json" 2>"$TMP/run.err" || { cat "$TMP/run.err" >&2; return 1; }
+  jq '.end.sum_received.bits_per_second' "$TMP/run.json" >>"$TMP/res.$name"
+}
+for _ in $(seq "$RUNS"); do
+  run tcp ip netns exec "$(ns client)" iperf3
+  run tunnel ip netns exec "$(ns client)" iperf3 -B "$TUNADDR"
+  run mptcp ip netns exec "$(ns client)" mptcpize run iperf3
+done
+med() { sort -g "$TMP/res.$1" | awk '{a[NR]=$1} END{printf "%.2f", a[int((NR+1)/2)]/1e6}'; }
+all() { awk '{printf "%s%.2f", (NR>1?", ":""), $1/1e6}' "$TMP/res.$1"; }
+T=$(med tcp) U=$(med tunnel) M=$(med mptcp)
+echo "# bench-tunnel-lab $(date -u +%FT%TZ) brennan2017 core-limited, ${DURATION}s x $RUNS interleaved, iperf3 -C cubic, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "| measurement | median Mbit/s | runs |"
+echo "|---|---|---|"
+echo "| TCP (default path) | $T | $(all tcp) |"
+echo "| TCP via tunnel detour | $U | $(all tunnel) |"
+echo "| MPTCP + tunnel detour | $M | $(all mptcp) |"
+echo
+awk -v t="$T" -v u="$U" -v m="$M" 'BEGIN{printf "MPTCP + tunnel / (TCP + TCP via tunnel) = %.3f (target >= 0.97)\n", m/(t+u)}'
