@@ -660,6 +660,28 @@ func TestSocketOwner(t *testing.T) {
 	if !strings.Contains(out, "uid:65534") {
 		t.Errorf("MPTCP listener of a uid-65534 server not owned by 65534: %q", out)
 	}
+	// Switching the supervisor thread's fsuid back and forth must not cost
+	// it access to the next caller's /proc entries: nobody, root, nobody.
+	logf := filepath.Join(t.TempDir(), "sup.log")
+	nobody := "setpriv --reuid=65534 --regid=65534 --clear-groups -- " + sockprobe + " report"
+	script := nobody + " && " + sockprobe + " report && " + nobody
+	outs := output(t, inNS(ns, true, []string{"--log", logf}, "sh", "-c", script))
+	for i, line := range strings.Split(strings.TrimSpace(outs), "\n") {
+		var r map[string]sock
+		decode(t, line, &r)
+		if r["tcp4"].Proto != unix.IPPROTO_MPTCP {
+			t.Errorf("report %d: tcp4 protocol %d, want 262", i, r["tcp4"].Proto)
+		}
+	}
+	var log []byte
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if log, _ = os.ReadFile(logf); bytes.Contains(log, []byte("supervisor done")) {
+			break
+		}
+	}
+	if !bytes.Contains(log, []byte("fallback=0")) || bytes.Contains(log, []byte("level=WARN")) {
+		t.Errorf("supervisor log: %s", log)
+	}
 }
 
 // The long-lived supervisor must not keep descriptors that mpdetour
