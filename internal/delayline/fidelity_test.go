@@ -29,11 +29,24 @@ const (
 	childStateEnv = "DELAYLINE_CHILD_STATE"
 	childStatsEnv = "DELAYLINE_CHILD_STATS"
 	childPrioEnv  = "DELAYLINE_CHILD_PRIORITY"
+	// childCommandEnv runs the "delayline" subcommand with this state file.
+	childCommandEnv = "DELAYLINE_CHILD_COMMAND"
 )
 
 func TestMain(m *testing.M) {
 	if state := os.Getenv(childStateEnv); state != "" {
 		os.Exit(childMain(state, os.Getenv(childStatsEnv)))
+	}
+	if state := os.Getenv(childCommandEnv); state != "" {
+		// As main does: SIGTERM cancels the command's context.
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		err := runCommand(ctx, "--state", state)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }

@@ -211,12 +211,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := SetPriority(DefaultPriority); err != nil {
-		log.Warn("delay line keeps normal priority", "err", err)
-	}
 	l, err := New(cfg, log)
 	if err != nil {
 		return err
+	}
+	if err := SetPriority(DefaultPriority); err != nil {
+		log.Warn("delay line keeps normal priority", "err", err)
 	}
 	return l.Run(ctx)
 }
