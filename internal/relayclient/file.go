@@ -1,0 +1,120 @@
+package relayclient
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// FileConfig is the `relays:` section of the agent's configuration file:
+//
+//	relays:
+//	  key_file: /etc/mpdetour/member.key     # or key: <base64 private key>
+//	  servers:
+//	    - {name: detour1, address: 203.0.113.1:45673, public_key: <relay's base64 public key>}
+type FileConfig struct {
+	Key     string      `yaml:"key"`
+	KeyFile string      `yaml:"key_file"`
+	Servers []FileRelay `yaml:"servers"`
+}
+
+// FileRelay is one relay in FileConfig.
+type FileRelay struct {
+	Name      string `yaml:"name"`
+	Address   string `yaml:"address"`
+	PublicKey string `yaml:"public_key"`
+}
+
+// Build validates the section; errors name the field.
+func (f *FileConfig) Build() (SourceConfig, error) {
+	var sc SourceConfig
+	text := f.Key
+	switch {
+	case f.Key != "" && f.KeyFile != "":
+		return sc, errors.New("key and key_file are exclusive")
+	case f.KeyFile != "":
+		b, err := os.ReadFile(f.KeyFile)
+		if err != nil {
+			return sc, fmt.Errorf("key_file: %w", err)
+		}
+		text = string(b)
+	case f.Key == "":
+		return sc, errors.New("key (or key_file) is required: the member's private key (`mpdetour relay genkey`)")
+	}
+	k, err := proto.ParseKey(text)
+	if err != nil {
+		return sc, fmt.Errorf("key: %w", err)
+	}
+	sc.PrivateKey = k
+	if len(f.Servers) == 0 {
+		return sc, errors.New("servers: at least one relay is required")
+	}
+	names := map[string]bool{}
+	for i, r := range f.Servers {
+		if r.Name == "" || names[r.Name] {
+			return sc, fmt.Errorf("servers[%d].name: missing or duplicate %q", i, r.Name)
+		}
+		names[r.Name] = true
+		ap, err := netip.ParseAddrPort(r.Address)
+		if err != nil || !ap.Addr().Unmap().Is4() || ap.Port() == 0 {
+			return sc, fmt.Errorf("servers[%d].address: %q is not an IPv4 ADDRESS:PORT (the relay's control port, 45673 by default)", i, r.Address)
+		}
+		pub, err := proto.ParseKey(r.PublicKey)
+		if err != nil {
+			return sc, fmt.Errorf("servers[%d].public_key: %w", i, err)
+		}
+		sc.Relays = append(sc.Relays, Relay{Name: r.Name, Addr: ap, PublicKey: pub})
+	}
+	return sc, nil
+}
+
+// ListenIn returns an Options.ListenPacket that creates the UDP socket in
+// network namespace ns (a name under /run/netns or a path; "" = the
+// caller's own), so requests leave from the address the agent's
+// connections use.
+func ListenIn(ns string) func() (net.PacketConn, error) {
+	return func() (net.PacketConn, error) {
+		if ns == "" {
+			return net.ListenUDP("udp4", nil)
+		}
+		var h netns.NsHandle
+		var err error
+		if strings.Contains(ns, "/") {
+			h, err = netns.GetFromPath(ns)
+		} else {
+			h, err = netns.GetFromName(ns)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("namespace %q: %w", ns, err)
+		}
+		defer h.Close()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			return nil, err
+		}
+		defer orig.Close()
+		if err := netns.Set(h); err != nil {
+			return nil, fmt.Errorf("entering namespace %q: %w", ns, err)
+		}
+		pc, lerr := net.ListenUDP("udp4", nil)
+		if err := netns.Set(orig); err != nil {
+			// The thread is unusable; let it die with the goroutine.
+			runtime.LockOSThread()
+			if pc != nil {
+				pc.Close()
+			}
+			return nil, fmt.Errorf("leaving namespace %q: %w", ns, err)
+		}
+		return pc, lerr
+	}
+}
