@@ -9,6 +9,8 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
 )
 
 func init() {
@@ -50,7 +52,19 @@ func init() {
 				level = slog.LevelError
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			return agent.New(cfg, log, nil).Run(ctx)
+			var sources []detour.Source
+			if cfg.Relays != nil {
+				rc := *cfg.Relays
+				rc.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)
+				rc.Options.Logger = log
+				src, err := relayclient.NewSource(rc)
+				if err != nil {
+					return err
+				}
+				defer src.Close()
+				sources = append(sources, src)
+			}
+			return agent.New(cfg, log, nil, sources...).Run(ctx)
 		},
 	})
 }

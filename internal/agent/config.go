@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
 )
 
 // DefaultSocket is where the agent serves its status.
@@ -31,9 +32,13 @@ type Config struct {
 	Backoff           time.Duration
 	MaxBackoff        time.Duration
 	CommandWorkers    int
-	LogLevel          string
-	Selectors         []policy.Selector
-	Detours           []StaticDetour
+	// EventBuffer is the event socket's receive buffer in bytes.
+	EventBuffer int
+	LogLevel    string
+	Selectors   []policy.Selector
+	Detours     []StaticDetour
+	// Relays, when set, are asked for NAT detours (relayclient.Source).
+	Relays *relayclient.SourceConfig
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -54,9 +59,12 @@ type fileConfig struct {
 	Backoff           string       `yaml:"backoff"`
 	MaxBackoff        string       `yaml:"max_backoff"`
 	CommandWorkers    int          `yaml:"command_workers"`
+	EventBuffer       int          `yaml:"event_buffer"`
 	LogLevel          string       `yaml:"log_level"`
 	Selectors         []fileSel    `yaml:"selectors"`
 	Detours           []fileDetour `yaml:"detours"`
+	// Relays is documented in docs/relay.md (relayclient.FileConfig).
+	Relays *relayclient.FileConfig `yaml:"relays"`
 }
 
 type fileSel struct {
@@ -126,6 +134,13 @@ func ParseConfig(b []byte) (Config, error) {
 	if c.CommandWorkers == 0 {
 		c.CommandWorkers = 2
 	}
+	c.EventBuffer = f.EventBuffer
+	if c.EventBuffer < 0 || c.EventBuffer > 1<<30 {
+		return c, fmt.Errorf("event_buffer: %d bytes out of range 1-1073741824", c.EventBuffer)
+	}
+	if c.EventBuffer == 0 {
+		c.EventBuffer = 8 << 20
+	}
 	switch strings.ToLower(c.LogLevel) {
 	case "", "debug", "info", "warn", "error":
 	default:
@@ -177,6 +192,13 @@ func ParseConfig(b []byte) (Config, error) {
 		}
 		names[k] = true
 		c.Detours = append(c.Detours, sd)
+	}
+	if f.Relays != nil {
+		sc, err := f.Relays.Build()
+		if err != nil {
+			return c, fmt.Errorf("relays.%v", err)
+		}
+		c.Relays = &sc
 	}
 	return c, nil
 }
