@@ -234,9 +234,10 @@ func TestOrderAndNoLoss(t *testing.T) {
 		if _, err := tx.Write(payload); err != nil {
 			t.Fatal(err)
 		}
-		// Short pauses keep the burst (still ~20x faster than the 20 ms
-		// delay drains it) from overrunning the kernel's per-CPU backlog
-		// (1000 frames) on a loaded machine, which is not what this tests.
+		// Short pauses keep the burst (which still leaves hundreds of
+		// frames queued in the delay line at once) from overrunning the
+		// kernel's per-CPU backlog (1000 frames) on a loaded machine,
+		// which is not what this tests.
 		if i%20 == 19 {
 			time.Sleep(200 * time.Microsecond)
 		}

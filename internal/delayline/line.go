@@ -23,6 +23,8 @@ const (
 	window = 25 * time.Microsecond
 	// lateThreshold counts frames released noticeably after their due time.
 	lateThreshold = time.Millisecond
+	// statsInterval is how often Run checks for drops and late releases.
+	statsInterval = 10 * time.Second
 )
 
 // Stats counts what one direction of one link did.
@@ -155,10 +157,31 @@ func (l *Line) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); errs <- d.writeLoop(ctx.Done()) }()
 	}
 	l.log.Info("delay line running", "directions", len(l.dirs))
+	// Drops and late releases mean the emulation is off; say so while it
+	// happens, not only at exit.
+	tick := time.NewTicker(statsInterval)
+	defer tick.Stop()
+	last := l.Stats()
 	var first error
-	select {
-	case <-ctx.Done():
-	case first = <-errs:
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case first = <-errs:
+			break wait
+		case <-tick.C:
+			now := l.Stats()
+			for i, s := range now {
+				p := last[i]
+				drops := s.DropFull + s.DropOversize + s.SendErrors + s.KernelDrops - (p.DropFull + p.DropOversize + p.SendErrors + p.KernelDrops)
+				if late := s.Late1ms - p.Late1ms; drops > 0 || late > 0 {
+					l.log.Warn("delay line off its spec", "link", s.Link, "dir", s.Direction,
+						"interval", statsInterval, "drops", drops, "late_over_1ms", late, "frames", s.Packets-p.Packets)
+				}
+			}
+			last = now
+		}
 	}
 	cancel()
 	l.Close()
