@@ -49,6 +49,7 @@ func Serve(lfd int, log *slog.Logger) (Stats, error) {
 		log.Warn("cannot read own network namespace; sockets are created in the supervisor's namespace", "err", err)
 	}
 	fds := []unix.PollFd{{Fd: int32(lfd), Events: unix.POLLIN}}
+	failures := 0
 	for {
 		fds[0].Revents = 0
 		if _, err := unix.Poll(fds, -1); err != nil {
@@ -60,8 +61,17 @@ func Serve(lfd int, log *slog.Logger) (Stats, error) {
 		re := fds[0].Revents
 		switch {
 		case re&unix.POLLIN != 0:
+			// One bad notification must not end the supervisor: every later
+			// socket() of the tree would then fail with ENOSYS. Only an
+			// error that keeps repeating does.
 			if err := s.handle(); err != nil {
-				return s.stats, err
+				failures++
+				log.Error("notification failed", "err", err, "consecutive", failures)
+				if failures >= 100 {
+					return s.stats, err
+				}
+			} else {
+				failures = 0
 			}
 		case re&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0:
 			return s.stats, nil
