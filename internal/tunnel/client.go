@@ -375,12 +375,14 @@ func (c *Client) Close() error {
 
 func (c *Client) teardown() error {
 	var err error
-	if c.nl != nil {
-		err = removeClientState(c.nl, c.iface, c.table)
-	}
+	// Device first: deleting the link under a running wireguard-go makes it
+	// log failed TUN writes.
 	if c.dev != nil {
-		err = errors.Join(err, c.dev.Close())
+		err = c.dev.Close()
 		c.dev = nil
+	}
+	if c.nl != nil {
+		err = errors.Join(err, removeClientState(c.nl, c.iface, c.table))
 	}
 	if c.nl != nil {
 		c.nl.Close()

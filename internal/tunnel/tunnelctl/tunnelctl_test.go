@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -113,72 +114,10 @@ func inNS(t testing.TB, name string, fn func() error) error {
 func TestControlChannelTunnel(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
-	p := fmt.Sprintf("twc%d-", os.Getpid())
-	cl, rl, sv := p+"c", p+"r", p+"s"
-	for _, ns := range []string{cl, rl, sv} {
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
-	}
-	run(t, "ip", "link", "add", "r0", "netns", cl, "type", "veth", "peer", "c0", "netns", rl)
-	run(t, "ip", "link", "add", "s0", "netns", rl, "type", "veth", "peer", "r0", "netns", sv)
-	for _, c := range [][]string{{cl, "r0", "192.0.2.2/24"}, {rl, "c0", "192.0.2.1/24"}, {rl, "s0", "203.0.113.1/24"}, {sv, "r0", "203.0.113.10/24"}} {
-		run(t, "ip", "-n", c[0], "addr", "add", c[2], "dev", c[1])
-		run(t, "ip", "-n", c[0], "link", "set", c[1], "up")
-	}
-
-	relayKey, _ := proto.GenerateKey()
-	member, _ := proto.GenerateKey()
-	stranger, _ := proto.GenerateKey()
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "relay.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 192.0.2.1:45673
-private_key: %s
-ports: 40000-40100
-members:
-  - name: m1
-    public_key: %s
-tunnel:
-  subnet: 100.88.0.0/16
-  listen_port: 51820
-  state_file: %s
-  # the server is on one of the relay's own networks, restricted by default
-  allow_destinations: [203.0.113.10/32]
-`, keyText(relayKey), keyText(member.Public()), filepath.Join(dir, "tunnel.json"))), 0o600)
-	cmd := exec.Command("ip", "netns", "exec", rl, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "TWC_RELAY_CONFIG="+cfg)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-
-	dialRelay := func(priv proto.Key) *relayclient.Conn {
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
-			priv, relayclient.Options{ListenPacket: func() (net.PacketConn, error) {
-				var pc net.PacketConn
-				err := inNS(t, cl, func() (err error) { pc, err = net.ListenPacket("udp4", ":0"); return err })
-				return pc, err
-			}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var client *tunnel.Client
-	var err error
-	for client == nil && ctx.Err() == nil { // the relay process may still be starting
-		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
-		client, err = Open(rctx, dialRelay(member), tunnel.ClientConfig{Netns: cl, Index: 0, PrivateKey: wgtypes.Key(member)})
-		rcancel()
-	}
-	if client == nil {
-		t.Fatalf("tunnel over the control channel: %v", err)
-	}
-	defer client.Close()
+	line := newLine(t)
+	cl, rl, sv, cmd, dialRelay := line.cl, line.rl, line.sv, line.cmd, line.dial
+	stranger := line.stranger
+	client := openTunnel(t, line, line.member)
 	if !netip.MustParsePrefix("100.88.0.0/16").Contains(client.Address()) {
 		t.Fatalf("client address %s not from the relay's subnet", client.Address())
 	}
@@ -200,6 +139,7 @@ tunnel:
 		}
 	}()
 	var seen string
+	var err error
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		var c net.Conn
@@ -249,3 +189,95 @@ tunnel:
 }
 
 func keyText(k proto.Key) string { return wgtypes.Key(k).String() }
+
+var lineSeq atomic.Int32
+
+// line: client -- relay -- server; the relay runs `mpdetour relay` (this
+// test binary re-executed under ip netns exec) with a tunnel: section.
+type line struct {
+	cl, rl, sv       string
+	cmd              *exec.Cmd
+	member, stranger proto.Key
+	dial             func(priv proto.Key) *relayclient.Conn
+}
+
+func newLine(t *testing.T) *line {
+	t.Helper()
+	p := fmt.Sprintf("twc%d-%d-", os.Getpid(), lineSeq.Add(1))
+	cl, rl, sv := p+"c", p+"r", p+"s"
+	for _, ns := range []string{cl, rl, sv} {
+		run(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	run(t, "ip", "link", "add", "r0", "netns", cl, "type", "veth", "peer", "c0", "netns", rl)
+	run(t, "ip", "link", "add", "s0", "netns", rl, "type", "veth", "peer", "r0", "netns", sv)
+	for _, c := range [][]string{{cl, "r0", "192.0.2.2/24"}, {rl, "c0", "192.0.2.1/24"}, {rl, "s0", "203.0.113.1/24"}, {sv, "r0", "203.0.113.10/24"}} {
+		run(t, "ip", "-n", c[0], "addr", "add", c[2], "dev", c[1])
+		run(t, "ip", "-n", c[0], "link", "set", c[1], "up")
+	}
+	// The default path: routed (not masqueraded) by the relay namespace.
+	run(t, "ip", "-n", cl, "route", "add", "default", "via", "192.0.2.1")
+	run(t, "ip", "-n", sv, "route", "add", "192.0.2.0/24", "via", "203.0.113.1")
+
+	relayKey, _ := proto.GenerateKey()
+	member, _ := proto.GenerateKey()
+	stranger, _ := proto.GenerateKey()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "relay.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 192.0.2.1:45673
+private_key: %s
+ports: 40000-40100
+members:
+  - name: m1
+    public_key: %s
+tunnel:
+  subnet: 100.88.0.0/16
+  listen_port: 51820
+  state_file: %s
+  # the server is on one of the relay's own networks, restricted by default
+  allow_destinations: [203.0.113.10/32]
+`, keyText(relayKey), keyText(member.Public()), filepath.Join(dir, "tunnel.json"))), 0o600)
+	cmd := exec.Command("ip", "netns", "exec", rl, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TWC_RELAY_CONFIG="+cfg)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	dialRelay := func(priv proto.Key) *relayclient.Conn {
+		c, err := relayclient.Dial(relayclient.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
+			priv, relayclient.Options{ListenPacket: func() (net.PacketConn, error) {
+				var pc net.PacketConn
+				err := inNS(t, cl, func() (err error) { pc, err = net.ListenPacket("udp4", ":0"); return err })
+				return pc, err
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	return &line{cl: cl, rl: rl, sv: sv, cmd: cmd, member: member, stranger: stranger, dial: dialRelay}
+}
+
+// openTunnel asks the relay until it answers (it may still be starting).
+func openTunnel(t *testing.T, ln *line, priv proto.Key) *tunnel.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var err error
+	for ctx.Err() == nil {
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		var c *tunnel.Client
+		c, err = Open(rctx, ln.dial(priv), tunnel.ClientConfig{Netns: ln.cl, Index: 0, PrivateKey: wgtypes.Key(priv)})
+		rcancel()
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+	}
+	t.Fatalf("tunnel over the control channel: %v", err)
+	return nil
+}

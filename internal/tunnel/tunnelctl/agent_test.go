@@ -1,0 +1,136 @@
+package tunnelctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/tunnel"
+)
+
+// TestAgentTunnelSubflow: the agent (userspace path manager) gets the tunnel
+// as a detour.Source and adds a subflow from the tunnel address to the
+// server with SUBFLOW_CREATE; that subflow carries data through WireGuard.
+func TestAgentTunnelSubflow(t *testing.T) {
+	testenv.MPTCP(t)
+	testenv.Tools(t, "ip", "nft")
+	line := newLine(t)
+	client := openTunnel(t, line, line.member)
+	run(t, "ip", "-n", line.sv, "mptcp", "limits", "set", "subflows", "2")
+
+	var ln net.Listener
+	if err := inNS(t, line.sv, func() (err error) {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(true)
+		ln, err = lc.Listen(context.Background(), "tcp4", "203.0.113.10:5201")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+
+	cfg, err := agent.ParseConfig([]byte("subflows: 1\nbackoff: 300ms\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NetNS = line.cl
+	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	go func() { done <- agent.New(cfg, log, nil, client).Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := agent.FetchStatus(cfg.Socket); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("agent not ready: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	tx0 := peerTx(t, client)
+
+	var c net.Conn
+	if err := inNS(t, line.cl, func() (err error) {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		d.SetMultipathTCP(true)
+		c, err = d.Dial("tcp4", "203.0.113.10:5201")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			if _, err := c.Write(buf); err != nil && !os.IsTimeout(err) {
+				return
+			}
+		}
+	}()
+
+	want := fmt.Sprintf("tunnel:%s", "r1")
+	var last string
+	deadline = time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := agent.FetchStatus(cfg.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range st.Connections {
+			for _, sf := range cs.Subflows {
+				last = fmt.Sprintf("%+v", cs.Subflows)
+				if sf.Path == want && strings.HasPrefix(sf.Local, client.Address().String()+":") && sf.BytesSent > 1<<20 {
+					if tx := peerTx(t, client) - tx0; tx < 1<<20 {
+						t.Fatalf("agent reports %d bytes on the tunnel subflow, WireGuard sent only %d", sf.BytesSent, tx)
+					}
+					t.Logf("tunnel subflow %s -> %s: %d bytes sent", sf.Local, sf.Remote, sf.BytesSent)
+					return
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no %s subflow from %s carrying data; last subflows: %s", want, client.Address(), last)
+}
+
+func peerTx(t *testing.T, c *tunnel.Client) int64 {
+	t.Helper()
+	st, err := c.Status()
+	if err != nil || len(st.Peers) != 1 {
+		t.Fatalf("tunnel status: %v, %v", st, err)
+	}
+	return st.Peers[0].TransmitBytes
+}
