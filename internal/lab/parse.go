@@ -358,11 +358,13 @@ func (p *parser) link(n *yaml.Node, field string) (*Link, error) {
 		"a": func(_, v *yaml.Node) error {
 			s, err := p.scalar(v, field+".a")
 			l.A.Node = s
+			l.endPos[0].line = v.Line
 			return err
 		},
 		"b": func(_, v *yaml.Node) error {
 			s, err := p.scalar(v, field+".b")
 			l.B.Node = s
+			l.endPos[1].line = v.Line
 			return err
 		},
 		"subnet": func(_, v *yaml.Node) error { subnetNode = v; return nil },
@@ -380,6 +382,19 @@ func (p *parser) link(n *yaml.Node, field string) (*Link, error) {
 	if l.Name != "" {
 		field = "link " + l.Name
 		l.pos.field = field
+	}
+	for i, k := range []string{".a", ".b"} {
+		l.endPos[i].field = field + k
+	}
+	if subnetNode != nil {
+		l.addrPos[0] = pos{line: subnetNode.Line, field: field + ".subnet"}
+		l.addrPos[1] = l.addrPos[0]
+	}
+	if aAddrNode != nil {
+		l.addrPos[0] = pos{line: aAddrNode.Line, field: field + ".a_addr"}
+	}
+	if bAddrNode != nil {
+		l.addrPos[1] = pos{line: bAddrNode.Line, field: field + ".b_addr"}
 	}
 	for _, kv := range dirBlocks {
 		sh := &l.AB

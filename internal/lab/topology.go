@@ -65,6 +65,8 @@ type Link struct {
 	// AB shapes traffic from A to B, BA from B to A.
 	AB, BA Shape
 	pos    pos
+	// endPos locates the a:/b: fields, addrPos the address fields.
+	endPos, addrPos [2]pos
 }
 
 // End is one endpoint of a link.

@@ -78,25 +78,32 @@ func (t *Topology) Validate() error {
 				return errAt(l.pos, "%v", err)
 			}
 		}
-		for _, e := range []struct {
+		for i, e := range []struct {
 			side string
 			end  End
 		}{{"a", l.A}, {"b", l.B}} {
+			ep, ap := l.pos, l.pos
+			if l.endPos[i].line > 0 {
+				ep = l.endPos[i]
+			}
+			if l.addrPos[i].line > 0 {
+				ap = l.addrPos[i]
+			}
 			if e.end.Node == "" {
 				return errAt(l.pos, "missing endpoint %s:", e.side)
 			}
 			if nodes[e.end.Node] == nil {
-				return errAt(l.pos, "unknown node %q (endpoint %s)", e.end.Node, e.side)
+				return errAt(ep, "unknown node %q", e.end.Node)
 			}
 			a := e.end.Addr.Addr()
 			if !e.end.Addr.IsValid() || !a.Is4() {
 				return errAt(l.pos, "endpoint %s has no IPv4 address", e.side)
 			}
 			if a.IsLoopback() || a.IsMulticast() || a.IsUnspecified() || a == e.end.Addr.Masked().Addr() || isBroadcast(e.end.Addr) {
-				return errAt(l.pos, "address %s of endpoint %s is not a usable host address", e.end.Addr, e.side)
+				return errAt(ap, "address %s of endpoint %s is not a usable host address", e.end.Addr, e.side)
 			}
 			if other, dup := addrs[a]; dup {
-				return errAt(l.pos, "duplicate address %s (already on %s)", a, other)
+				return errAt(ap, "duplicate address %s (already on %s)", a, other)
 			}
 			addrs[a] = "link " + l.Name
 		}
