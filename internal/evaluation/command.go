@@ -25,6 +25,7 @@ func BenchCommand() *cli.Command {
 		resume     bool
 		reportOnly bool
 		duration   time.Duration
+		procs      string
 	)
 	return &cli.Command{
 		Name:         "bench",
@@ -40,6 +41,7 @@ func BenchCommand() *cli.Command {
 			fs.StringVar(&bin, "bin", "", "mpdetour binary to start in lab nodes (default: this one)")
 			fs.StringVar(&note, "note", "", "note printed at the top of the report")
 			fs.BoolVar(&reportOnly, "report", false, "only regenerate JSON, CSV, report and plots from --out")
+			fs.StringVar(&procs, "procedures", "", "comma-separated procedures replacing the scenario's, e.g. tcp,tcp-tunnel,tcp-openvpn")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) != 1 {
@@ -54,6 +56,11 @@ func BenchCommand() *cli.Command {
 			s, err := scenario.Load(args[0])
 			if err != nil {
 				return err
+			}
+			if procs != "" {
+				if err := s.SetProcedures(strings.Split(procs, ",")); err != nil {
+					return cli.Usagef("%v", err)
+				}
 			}
 			if out == "" {
 				out = filepath.Join("bench-results", s.Name)

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// daemon is an mpdetour process (relay, agent) running in a lab node.
+// daemon is a process (relay, agent, openvpn) running in a lab node.
 type daemon struct {
 	name    string
 	cmd     *exec.Cmd
@@ -21,17 +21,17 @@ type daemon struct {
 	err     error
 }
 
-// startDaemon runs env.Binary ARGS in node. Its stderr goes to a log file
+// startDaemon runs argv in node (argv[0] a path or a program on PATH). Its stderr goes to a log file
 // in env.Dir, quoted in errors. The process gets SIGTERM (and time to
 // remove its kernel state) when ctx ends or stop is called.
-func startDaemon(ctx context.Context, env *Env, node, name string, args ...string) (*daemon, error) {
+func startDaemon(ctx context.Context, env *Env, node, name string, argv ...string) (*daemon, error) {
 	logPath := filepath.Join(env.Dir, name+".log")
 	lf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	defer lf.Close()
-	cmd := env.Lab.Command(ctx, node, append([]string{env.Binary}, args...)...)
+	cmd := env.Lab.Command(ctx, node, argv...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second

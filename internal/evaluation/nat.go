@@ -87,12 +87,8 @@ func startRelays(ctx context.Context, env *Env, tunnel string) (_ *relays, err e
 		}
 		rs.keys[node] = k
 		rs.paths[env.Lab.Addr(node)] = "nat:" + node
-		// A NAT detour forwards: the relay warns but does not switch it on
-		// (that is the operator's call; here the lab is ours).
-		if err := env.Lab.Do(node, func() error {
-			return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
-		}); err != nil {
-			return nil, fmt.Errorf("ip_forward in %s: %w", node, err)
+		if err := enableForwarding(env, node); err != nil {
+			return nil, err
 		}
 		cfg := fmt.Sprintf(`listen: 0.0.0.0:%d
 private_key: %s
@@ -106,13 +102,26 @@ allow_destinations: [%s/32]
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 			return nil, err
 		}
-		d, err := startDaemon(ctx, env, node, "relay-"+node, "relay", "--config", path)
+		d, err := startDaemon(ctx, env, node, "relay-"+node, env.Binary, "relay", "--config", path)
 		if err != nil {
 			return nil, err
 		}
 		rs.daemons = append(rs.daemons, d)
 	}
 	return rs, nil
+}
+
+// enableForwarding turns on IPv4 forwarding in node: a detour forwards.
+// The relay only warns when it is off (the operator's call; here the lab
+// is ours).
+func enableForwarding(env *Env, node string) error {
+	err := env.Lab.Do(node, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	})
+	if err != nil {
+		return fmt.Errorf("ip_forward in %s: %w", node, err)
+	}
+	return nil
 }
 
 func (rs *relays) close() error {
@@ -207,7 +216,7 @@ func startAgent(ctx context.Context, env *Env, ds []agentDetour) (*daemon, error
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		return nil, err
 	}
-	d, err := startDaemon(ctx, env, env.Roles.Client, "agent", "agent", "--config", path)
+	d, err := startDaemon(ctx, env, env.Roles.Client, "agent", env.Binary, "agent", "--config", path)
 	if err != nil {
 		return nil, err
 	}

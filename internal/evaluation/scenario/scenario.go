@@ -604,3 +604,32 @@ func (s *Scenario) SinglePathCells(c Cell) (ids []string, ok bool) {
 
 // FileSafe reports whether name can be used in a file name.
 func FileSafe(name string) bool { return nameRE.MatchString(name) && path.Base(name) == name }
+
+// SetProcedures replaces the procedures of every configuration with names
+// (`lab bench --procedures`) and validates the result.
+func (s *Scenario) SetProcedures(names []string) error {
+	var ps []ProcedureSpec
+	for _, n := range names {
+		n = strings.TrimSpace(n)
+		if n != "" {
+			ps = append(ps, ProcedureSpec{Procedure: n})
+		}
+	}
+	if len(ps) == 0 {
+		return errors.New("no procedures given")
+	}
+	old, oldCfg := s.Procedures, make([][]ProcedureSpec, len(s.Configurations))
+	s.Procedures = ps
+	for i := range s.Configurations {
+		oldCfg[i] = s.Configurations[i].Procedures
+		s.Configurations[i].Procedures = nil
+	}
+	if err := s.validate(); err != nil {
+		s.Procedures = old
+		for i := range s.Configurations {
+			s.Configurations[i].Procedures = oldCfg[i]
+		}
+		return fmt.Errorf("--procedures: %w", err)
+	}
+	return nil
+}

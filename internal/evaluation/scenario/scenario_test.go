@@ -190,3 +190,23 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestSetProcedures(t *testing.T) {
+	s, err := Builtin("brennan2017")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetProcedures([]string{"tcp", "tcp-openvpn"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.Cells()); n != 12 {
+		t.Fatalf("%d cells after --procedures tcp,tcp-openvpn", n)
+	}
+	err = s.SetProcedures([]string{"tcp", "udp"})
+	if err == nil || !strings.Contains(err.Error(), `unknown procedure "udp"`) {
+		t.Fatalf("bad procedure accepted: %v", err)
+	}
+	if n := len(s.Cells()); n != 12 {
+		t.Fatalf("failed SetProcedures changed the plan: %d cells", n)
+	}
+}
