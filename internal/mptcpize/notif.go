@@ -81,7 +81,7 @@ func checkNotifSizes() error {
 	var s seccompNotifSizes
 	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, seccompGetNotifSizes, 0, uintptr(unsafe.Pointer(&s)))
 	if errno != 0 {
-		return errno
+		return fmt.Errorf("seccomp(SECCOMP_GET_NOTIF_SIZES): %w", errno)
 	}
 	if int(s.Notif) != int(unsafe.Sizeof(seccompNotif{})) || int(s.NotifResp) != int(unsafe.Sizeof(seccompNotifResp{})) ||
 		int(s.Data) != int(unsafe.Sizeof(seccompData{})) {

@@ -600,14 +600,15 @@ func TestPreloadMechanism(t *testing.T) {
 func TestCheck(t *testing.T) {
 	setup(t)
 	ns := newNS(t)
+	mustRun(t, "ip", "-n", ns, "mptcp", "limits", "set", "subflows", "3", "add_addr_accepted", "1")
 	out := output(t, inNS(ns, false, nil, mpdetour, "run", "--check"))
-	for _, want := range []string{"seccomp user notification: available", "SO_PROTOCOL 262", "mechanism: seccomp", "in-kernel PM limits: subflows 2, add_addr_accepted 0"} {
+	for _, want := range []string{"seccomp user notification: available", "SO_PROTOCOL 262", "mechanism: seccomp", "in-kernel PM limits: subflows 3, add_addr_accepted 1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--check output lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "subflows is 0") {
-		t.Errorf("warned about subflows with the default limit:\n%s", out)
+	if strings.Contains(out, "warning") {
+		t.Errorf("warnings with MPTCP on and non-zero limits:\n%s", out)
 	}
 	mustRun(t, "ip", "-n", ns, "mptcp", "limits", "set", "subflows", "0", "add_addr_accepted", "0")
 	out = output(t, inNS(ns, false, nil, mpdetour, "run", "--check"))
@@ -771,5 +772,39 @@ func TestI386Program(t *testing.T) {
 		if base[k] != conv[k] {
 			t.Errorf("i386 %s changed under run: %+v -> %+v", k, base[k], conv[k])
 		}
+	}
+}
+
+// Where seccomp() itself is refused (a container policy), --check says so
+// and auto falls back to LD_PRELOAD with a warning; forcing seccomp fails
+// with status 125.
+func TestAutoFallsBackWhenSeccompRefused(t *testing.T) {
+	setup(t)
+	ns := newNS(t)
+	deny := []string{sockprobe, "deny-seccomp"}
+	cmd := inNS(ns, false, nil, append(deny, mpdetour, "run", "--check")...)
+	out, _ := cmd.Output()
+	if !strings.Contains(string(out), "seccomp user notification: unavailable") || !strings.Contains(string(out), "mechanism: preload") {
+		t.Errorf("--check under a seccomp-denying policy:\n%s", out)
+	}
+	cmd = inNS(ns, false, nil, append(deny, mpdetour, "run", "--", python, probePy, "report")...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr.String())
+	}
+	var r struct {
+		TCP4 int `json:"tcp4"`
+	}
+	decode(t, string(stdout), &r)
+	if r.TCP4 != unix.IPPROTO_MPTCP || !strings.Contains(stderr.String(), "using LD_PRELOAD fallback") {
+		t.Errorf("auto under a seccomp-denying policy: tcp4 %d, stderr %q; want 262 via preload and a warning", r.TCP4, stderr.String())
+	}
+	cmd = inNS(ns, false, nil, append(deny, mpdetour, "run", "--mechanism", "seccomp", "--", "true")...)
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 125 {
+		t.Errorf("forced seccomp under a seccomp-denying policy: %v, want exit status 125", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -156,6 +157,27 @@ func main() {
 			unix.Close(fd)
 		}
 		fmt.Println(time.Since(start).Nanoseconds() / int64(n))
+	case "deny-seccomp":
+		// Exec the rest of the command line under a filter that refuses
+		// seccomp(2) with EPERM, as some container runtimes do.
+		prog := []unix.SockFilter{
+			{Code: 0x20, K: 0}, // ld [nr]
+			{Code: 0x15, Jt: 0, Jf: 1, K: uint32(unix.SYS_SECCOMP)},
+			{Code: 0x06, K: unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)},
+			{Code: 0x06, K: unix.SECCOMP_RET_ALLOW},
+		}
+		fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog))); e != 0 {
+			fmt.Fprintln(os.Stderr, "seccomp:", e)
+			os.Exit(1)
+		}
+		err := syscall.Exec(os.Args[2], os.Args[2:], os.Environ())
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode")
 		os.Exit(2)
