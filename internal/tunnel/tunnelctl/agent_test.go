@@ -12,19 +12,31 @@ import (
 	"testing"
 	"time"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
-// TestAgentTunnelSubflow: the agent (userspace path manager) gets the tunnel
-// as a detour.Source and adds a subflow from the tunnel address to the
+// TestAgentTunnelSubflow: the agent (userspace path manager) gets a tunnel
+// Source (tunnelctl.NewSource, as the agent wires it) as a detour.Source and adds a subflow from the tunnel address to the
 // server with SUBFLOW_CREATE; that subflow carries data through WireGuard.
 func TestAgentTunnelSubflow(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "nft")
 	line := newLine(t)
-	client := openTunnel(t, line, line.member)
+	// The relay may still be starting: the Source retries until it answers.
+	src := NewSource(line.dial(line.member), tunnel.ClientConfig{Netns: line.cl, PrivateKey: wgtypes.Key(line.member)}, nil)
+	defer src.Close()
+	up := time.Now().Add(20 * time.Second)
+	for src.Client() == nil && time.Now().Before(up) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	client := src.Client()
+	if client == nil {
+		t.Fatal("tunnel source never came up")
+	}
 	run(t, "ip", "-n", line.sv, "mptcp", "limits", "set", "subflows", "2")
 
 	var ln net.Listener
@@ -56,7 +68,7 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	go func() { done <- agent.New(cfg, log, nil, client).Run(ctx) }()
+	go func() { done <- agent.New(cfg, log, nil, src).Run(ctx) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

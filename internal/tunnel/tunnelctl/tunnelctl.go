@@ -2,7 +2,17 @@
 // control protocol: on the relay it is the registered TunnelFactory that
 // serves the "tunnel" request (importing this package registers it); on the
 // client, Open asks a relay over a relayclient.Conn and brings the tunnel up,
-// and re-asks through the same channel when the tunnel goes stale.
+// and re-asks through the same channel when the tunnel goes stale. Source
+// wraps Open for the agent: a detour.Source per relay that keeps retrying
+// until the relay answers.
+//
+// Agent wiring (integration point for internal/agent): at start call
+// tunnel.CleanupClients(netns) once, then per relay i with tunnels enabled
+//
+//	src := tunnelctl.NewSource(conn, tunnel.ClientConfig{Netns: netns, Index: i,
+//		PrivateKey: wgtypes.Key(memberKey)}, log)
+//
+// and pass src to agent.New with the other sources; src.Close() at exit.
 //
 // Identities: the member's control-protocol static key is its WireGuard key
 // and the relay's static key is the relay's WireGuard key (both Curve25519),

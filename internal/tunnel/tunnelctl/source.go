@@ -1,0 +1,104 @@
+package tunnelctl
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/tunnel"
+)
+
+// Source keeps a tunnel to one relay: it asks for it in the background,
+// retrying with backoff while the relay is unreachable or refuses, and
+// serves as a detour.Source that offers nothing until the tunnel is up.
+// This is what the agent passes to agent.New, one per relay.
+type Source struct {
+	conn   *relayclient.Conn
+	cfg    tunnel.ClientConfig
+	log    *slog.Logger
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	client *tunnel.Client
+}
+
+var _ detour.Source = (*Source)(nil)
+
+// Retry bounds for the background tunnel request.
+const (
+	minRetry = 500 * time.Millisecond
+	maxRetry = 30 * time.Second
+)
+
+// NewSource starts bringing up the tunnel to conn's relay with cfg (see
+// Open). Close stops it and removes the tunnel.
+func NewSource(conn *relayclient.Conn, cfg tunnel.ClientConfig, log *slog.Logger) *Source {
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Source{conn: conn, cfg: cfg, log: log.With("relay", conn.Relay().Name), cancel: cancel, done: make(chan struct{})}
+	go s.run(ctx)
+	return s
+}
+
+func (s *Source) run(ctx context.Context) {
+	defer close(s.done)
+	wait := minRetry
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		c, err := Open(rctx, s.conn, s.cfg)
+		cancel()
+		if err == nil {
+			s.mu.Lock()
+			s.client = c
+			s.mu.Unlock()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("tunnel not up yet, retrying", "in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if wait *= 2; wait > maxRetry {
+			wait = maxRetry
+		}
+	}
+}
+
+// Client returns the tunnel once it is up (nil before).
+func (s *Source) Client() *tunnel.Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.client
+}
+
+// Prepare implements detour.Source (a tunnel needs no per-server request).
+func (s *Source) Prepare(netip.AddrPort) {}
+
+// Detours implements detour.Source.
+func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
+	if c := s.Client(); c != nil {
+		return c.Detours(server)
+	}
+	return nil
+}
+
+// Close stops the background request and removes the tunnel.
+func (s *Source) Close() error {
+	s.cancel()
+	<-s.done
+	if c := s.Client(); c != nil {
+		return c.Close()
+	}
+	return nil
+}
