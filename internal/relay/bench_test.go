@@ -37,9 +37,12 @@ func TestBenchRelay(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("TR_BENCH_MAPPINGS")); err == nil {
 		total = v
 	}
-	rounds := 5
+	rounds := 15
 	if v, err := strconv.Atoi(os.Getenv("TR_BENCH_ROUNDS")); err == nil {
 		rounds = v
+	}
+	if v := os.Getenv("TR_BENCH_SECONDS"); v != "" {
+		benchSeconds = v
 	}
 	// Two identical client-relay-server lines: relay A holds one mapping,
 	// relay B the same plus total-1 others, so runs can alternate between
@@ -124,20 +127,32 @@ func TestBenchRelay(t *testing.T) {
 	out, _ := nftList(t, b.f.Relay, "list", "table", "ip", TableName)
 	t.Logf("relay B at %d mappings: VmRSS %s (%s with 1 mapping), `nft list table` %d bytes", n, rss, rssBefore, len(out))
 
-	var nat1, natN, plain []float64
+	var nat1, natN, plain, c1, cN, cP []float64
 	_ = iperfGbps(t, a.f.Client, a.d) // warm-up (ARP, conntrack, page cache)
 	_ = iperfGbps(t, b.f.Client, b.d)
 	for i := 0; i < rounds; i++ {
-		nat1 = append(nat1, iperfGbps(t, a.f.Client, a.d))
-		natN = append(natN, iperfGbps(t, b.f.Client, b.d))
-		plain = append(plain, iperfGbps(t, a.f.Client, server))
+		g, c := iperfRun(t, a.f.Client, a.d)
+		nat1, c1 = append(nat1, g), append(c1, c)
+		g, c = iperfRun(t, b.f.Client, b.d)
+		natN, cN = append(natN, g), append(cN, c)
+		g, c = iperfRun(t, a.f.Client, server)
+		plain, cP = append(plain, g), append(cP, c)
 	}
+	t.Logf("CPU-seconds per GB (sender+receiver), medians: NAT 1 mapping %.3f; NAT %d mappings %.3f; plain %.3f",
+		median(c1), n, median(cN), median(cP))
 	m1, mN, mp := median(nat1), median(natN), median(plain)
-	t.Logf("goodput Gbit/s, medians of %d alternating 3-s runs (cubic): NAT 1 mapping %.2f %.2f; NAT %d mappings %.2f %.2f; plain routing %.2f %.2f",
-		rounds, m1, nat1, n, mN, natN, mp, plain)
-	t.Logf("ratios: %d vs 1 mapping %.3f; NAT vs plain routing %.3f", n, mN/m1, m1/mp)
-	fmt.Fprintf(os.Stderr, "BENCH grants_per_s=%.0f mappings=%d rss=%q rss1=%q nft_bytes=%d gbps_nat1=%.2f gbps_natN=%.2f gbps_plain=%.2f\n",
-		rate, n, rss, rssBefore, len(out), m1, mN, mp)
+	// Runs next to each other share the host's load: ratios per round.
+	var rN, rP []float64
+	for i := range nat1 {
+		rN = append(rN, natN[i]/nat1[i])
+		rP = append(rP, nat1[i]/plain[i])
+	}
+	t.Logf("goodput Gbit/s, medians of %d alternating %s-s runs (cubic): NAT 1 mapping %.2f %.2f; NAT %d mappings %.2f %.2f; plain routing %.2f %.2f",
+		rounds, benchSeconds, m1, nat1, n, mN, natN, mp, plain)
+	t.Logf("ratios of medians: %d vs 1 mapping %.3f; NAT vs plain routing %.3f", n, mN/m1, m1/mp)
+	t.Logf("per-round ratios: %d vs 1 mapping %.3f (median %.3f); NAT vs plain %.3f (median %.3f)", n, rN, median(rN), rP, median(rP))
+	fmt.Fprintf(os.Stderr, "BENCH grants_per_s=%.0f mappings=%d rss=%q rss1=%q nft_bytes=%d gbps_nat1=%.2f gbps_natN=%.2f gbps_plain=%.2f ratioN=%.3f ratioP=%.3f cpu1=%.3f cpuN=%.3f cpuP=%.3f\n",
+		rate, n, rss, rssBefore, len(out), m1, mN, mp, median(rN), median(rP), median(c1), median(cN), median(cP))
 }
 
 func dialRelayFrom(t *testing.T, ns string, k keys, addr string) *relayclient.Conn {
@@ -151,24 +166,42 @@ func dialRelayFrom(t *testing.T, ns string, k keys, addr string) *relayclient.Co
 	return c
 }
 
-func iperfGbps(t *testing.T, ns string, to netip.AddrPort) float64 {
+// iperfRun runs one iperf3 transfer and returns goodput and CPU cost
+// (CPU-seconds of sender and receiver per GB, from iperf3's own rusage
+// accounting: less sensitive than goodput to other load on the host).
+func iperfRun(t *testing.T, ns string, to netip.AddrPort) (gbps, cpuPerGB float64) {
 	t.Helper()
 	out, err := exec.Command("ip", "netns", "exec", ns, "iperf3", "-c", to.Addr().String(), "-p", strconv.Itoa(int(to.Port())),
-		"-t", "3", "-O", "1", "-C", "cubic", "-J").Output()
+		"-t", benchSeconds, "-C", "cubic", "-J").Output()
 	if err != nil {
 		t.Fatalf("iperf3 to %v: %v\n%s", to, err, out)
 	}
 	var r struct {
 		End struct {
 			SumReceived struct {
+				Bytes         float64 `json:"bytes"`
+				Seconds       float64 `json:"seconds"`
 				BitsPerSecond float64 `json:"bits_per_second"`
 			} `json:"sum_received"`
+			CPU struct {
+				Host   float64 `json:"host_total"`
+				Remote float64 `json:"remote_total"`
+			} `json:"cpu_utilization_percent"`
 		} `json:"end"`
 	}
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatal(err)
 	}
-	return r.End.SumReceived.BitsPerSecond / 1e9
+	e := r.End
+	cpu := (e.CPU.Host + e.CPU.Remote) / 100 * e.SumReceived.Seconds
+	return e.SumReceived.BitsPerSecond / 1e9, cpu / (e.SumReceived.Bytes / 1e9)
+}
+
+var benchSeconds = "1"
+
+func iperfGbps(t *testing.T, ns string, to netip.AddrPort) float64 {
+	g, _ := iperfRun(t, ns, to)
+	return g
 }
 
 func median(v []float64) float64 {

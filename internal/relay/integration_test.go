@@ -542,6 +542,10 @@ func TestSourceRenews(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "relay.yaml")
 	writeConfig(t, cfgPath, k, "lease: 2s\n")
+	// Listening on the wildcard address: the detour address in grants is
+	// the address the request arrived at (IP_PKTINFO).
+	b, _ := os.ReadFile(cfgPath)
+	_ = os.WriteFile(cfgPath, []byte(strings.Replace(string(b), "listen: "+fxRelay+":", "listen: 0.0.0.0:", 1)), 0o600)
 	startSink(t, f.Server, fxServer+":5201")
 	startRelay(t, f.Relay, cfgPath)
 	src, err := relayclient.NewSource(relayclient.SourceConfig{
