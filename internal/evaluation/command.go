@@ -26,6 +26,7 @@ func BenchCommand() *cli.Command {
 		reportOnly bool
 		duration   time.Duration
 		procs      string
+		interleave bool
 	)
 	return &cli.Command{
 		Name:         "bench",
@@ -41,6 +42,7 @@ func BenchCommand() *cli.Command {
 			fs.StringVar(&bin, "bin", "", "mpdetour binary to start in lab nodes (default: this one)")
 			fs.StringVar(&note, "note", "", "note printed at the top of the report")
 			fs.BoolVar(&reportOnly, "report", false, "only regenerate JSON, CSV, report and plots from --out")
+			fs.BoolVar(&interleave, "interleave", false, "run trials in rounds (trial 1 of every cell, then trial 2, ...): a run stopped early stays balanced")
 			fs.StringVar(&procs, "procedures", "", "comma-separated procedures replacing the scenario's, e.g. tcp,tcp-tunnel,tcp-openvpn")
 		},
 		Run: func(ctx context.Context, args []string) error {
@@ -79,7 +81,7 @@ func BenchCommand() *cli.Command {
 			}
 			d, err := Run(ctx, Options{
 				Scenario: s, Out: out, Trials: trials, Duration: duration, Resume: resume,
-				LabName: name, Binary: bin, Progress: os.Stdout, Note: note,
+				LabName: name, Binary: bin, Progress: os.Stdout, Note: note, Interleave: interleave,
 			})
 			if d != nil {
 				fmt.Printf("results: %s (report.md, results.json, results.csv, plots)\n", out)

@@ -35,6 +35,12 @@ type Options struct {
 	// Duration overrides the scenario's transfer duration when > 0.
 	Duration time.Duration
 	Resume   bool
+	// Interleave runs the trials in rounds (trial 1 of every cell, then
+	// trial 2, ...) instead of cell by cell, so that a run stopped early
+	// has every cell with about the same number of trials and slow changes
+	// in the host's load spread over all cells. It rebuilds the lab for
+	// each configuration in every round.
+	Interleave bool
 	// LabName is the lab (and namespace prefix) to build; default "bench".
 	LabName string
 	// Binary is the mpdetour executable started in lab nodes (relay,
@@ -118,6 +124,11 @@ type runner struct {
 	recs     []results.Record
 	versions map[string]string
 
+	// doneBy counts the trials recorded per cell (ok or failed);
+	// unavailable cells are skipped for the rest of the run.
+	doneBy      map[results.Key]int
+	unavailable map[results.Key]bool
+
 	// progress accounting
 	total, done int
 	started     time.Time
@@ -125,32 +136,43 @@ type runner struct {
 }
 
 func (r *runner) run(ctx context.Context) error {
-	done := results.Done(r.recs)
-	remaining := map[results.Key]int{}
+	r.doneBy = results.Done(r.recs)
+	r.unavailable = map[results.Key]bool{}
+	rounds := 1
 	for _, c := range r.s.Cells() {
 		k := results.Key{Configuration: c.Configuration, Cell: c.ID}
-		n := max(0, c.Trials-done[k])
-		remaining[k] = n
 		r.total += c.Trials
-		r.done += c.Trials - n
+		r.done += min(c.Trials, r.doneBy[k])
+		if r.o.Interleave {
+			rounds = max(rounds, c.Trials)
+		}
 	}
 	r.started = time.Now()
 	if r.done > 0 {
 		fmt.Fprintf(r.o.Progress, "resuming %s: %d of %d trials already done\n", r.s.Name, r.done, r.total)
 	}
-	for i := range r.s.Configurations {
-		cfg := &r.s.Configurations[i]
-		var cells []scenario.Cell
-		for _, c := range r.s.Cells() {
-			if c.Configuration == cfg.Name && remaining[results.Key{Configuration: c.Configuration, Cell: c.ID}] > 0 {
-				cells = append(cells, c)
+	for round := 1; round <= rounds; round++ {
+		for i := range r.s.Configurations {
+			cfg := &r.s.Configurations[i]
+			plan := map[results.Key]int{}
+			var cells []scenario.Cell
+			for _, c := range r.s.Cells() {
+				k := results.Key{Configuration: c.Configuration, Cell: c.ID}
+				limit := c.Trials
+				if r.o.Interleave {
+					limit = min(round, c.Trials)
+				}
+				if c.Configuration == cfg.Name && !r.unavailable[k] && r.doneBy[k] < limit {
+					plan[k] = limit - r.doneBy[k]
+					cells = append(cells, c)
+				}
 			}
-		}
-		if len(cells) == 0 {
-			continue
-		}
-		if err := r.configuration(ctx, cfg, cells, remaining); err != nil {
-			return err
+			if len(cells) == 0 {
+				continue
+			}
+			if err := r.configuration(ctx, cfg, cells, plan); err != nil {
+				return err
+			}
 		}
 	}
 	fmt.Fprintf(r.o.Progress, "%s: done, %d trials recorded\n", r.s.Name, r.done)
@@ -264,7 +286,8 @@ func (r *runner) topology(cfg *scenario.Configuration) (*lab.Topology, error) {
 // cell runs n trials of one cell.
 func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env, n int) error {
 	c := env.Cell
-	first := c.Trials - n + 1
+	key := results.Key{Configuration: c.Configuration, Cell: c.ID}
+	first := r.doneBy[key] + 1
 	base := results.Record{
 		Scenario: r.s.Name, Configuration: c.Configuration, Cell: c.ID, Procedure: c.Procedure,
 		Detours: c.Detours, CC: r.s.CC, Duration: env.Duration.Seconds(), Warmup: env.Warmup.Seconds(),
@@ -287,7 +310,8 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 		var ue *UnavailableError
 		if errors.As(err, &ue) {
 			rec.Status, rec.Reason = results.Unavailable, ue.Reason
-			r.total -= n // not run: do not count it in the ETA
+			r.unavailable[key] = true
+			r.total -= c.Trials - r.doneBy[key] // not run: not in the ETA
 			fmt.Fprintf(r.o.Progress, "[%s] %s: unavailable: %s\n", c.Configuration, c.Label(), ue.Reason)
 			return r.append(rec)
 		}
@@ -300,6 +324,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 				return err
 			}
 			r.done++
+			r.doneBy[key]++
 		}
 		return nil
 	}
@@ -323,6 +348,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 			return err
 		}
 		r.done++
+		r.doneBy[key]++
 		r.ranNow++
 		r.progress(rec, c)
 	}

@@ -141,7 +141,9 @@ procedures: [tcp, mptcp-1sf]
 		t.Fatal("a second run into the same --out without resume was accepted")
 	}
 	var progress strings.Builder
-	d, err := Run(context.Background(), Options{Scenario: s, Out: out, LabName: name, Resume: true, Progress: &progress})
+	// Resumed in rounds: the missing trial 1 of mptcp-1sf first, then
+	// trial 2 of each.
+	d, err := Run(context.Background(), Options{Scenario: s, Out: out, LabName: name, Resume: true, Interleave: true, Progress: &progress})
 	t.Log(progress.String())
 	if err != nil {
 		t.Fatal(err)
@@ -150,9 +152,11 @@ procedures: [tcp, mptcp-1sf]
 	if err != nil || len(recs) != 4 {
 		t.Fatalf("after resume: %d records, %v", len(recs), err)
 	}
+	var order []string
 	seen := map[string]bool{}
 	for _, r := range recs {
 		key := fmt.Sprintf("%s#%d", r.Cell, r.Trial)
+		order = append(order, key)
 		if seen[key] {
 			t.Errorf("trial %s run twice", key)
 		}
@@ -160,6 +164,9 @@ procedures: [tcp, mptcp-1sf]
 		if r.Status != results.OK || r.GoodputMbps <= 0 || len(r.Subflows) != 1 || r.Subflows[0].Path != "default" || r.CC != "cubic" {
 			t.Errorf("record %+v", r)
 		}
+	}
+	if got := strings.Join(order, " "); got != "tcp#1 mptcp-1sf#1 tcp#2 mptcp-1sf#2" {
+		t.Errorf("trial order %s, want rounds", got)
 	}
 	if c := d.Get("cl", "mptcp-1sf"); c.Goodput.N != 2 {
 		t.Errorf("report cell mptcp-1sf: %+v", c.Goodput)
