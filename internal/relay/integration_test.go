@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -259,7 +261,8 @@ func TestRelayIntegration(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "relay.yaml")
 	attrPath := filepath.Join(dir, "attribution.jsonl")
-	writeConfig(t, cfgPath, k, "quota: {per_member: 3}\nlegacy_v1: {enabled: true, per_client: 1}\n")
+	const metricsAddr = "127.0.0.1:9464"
+	writeConfig(t, cfgPath, k, "quota: {per_member: 3}\nlegacy_v1: {enabled: true, per_client: 1}\nmetrics: {listen: '"+metricsAddr+"'}\n")
 	startSink(t, f.Server, fxServer+":5201")
 	for _, p := range []string{"5202", "5203", "5204"} {
 		startSink(t, f.Server, fxServer+":"+p)
@@ -455,6 +458,51 @@ func TestRelayIntegration(t *testing.T) {
 		}
 		if _, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5204"), 0); err != nil {
 			t.Fatalf("grant under the reloaded quota: %v", err)
+		}
+	})
+	t.Run("metrics", func(t *testing.T) {
+		hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
+			DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
+				in(t, f.Relay, func() { conn, err = net.Dial(network, addr) })
+				return conn, err
+			},
+		}}
+		resp, err := hc.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		text := string(body)
+		want := []string{
+			fmt.Sprintf("mpdetour_relay_active_mappings %d", elements(t, f.Relay)),
+			`mpdetour_relay_requests_total{op="grant",result="quota"} 1`,
+			`mpdetour_relay_requests_total{op="grant",result="policy-denied"} 7`,
+			`mpdetour_relay_requests_total{op="handshake",result="replay"}`,
+			`mpdetour_relay_requests_total{op="transport",result="address-changed"} 1`,
+			"mpdetour_relay_bytes_total ",
+		}
+		for _, w := range want {
+			if !strings.Contains(text, w) {
+				t.Errorf("metrics lack %q:\n%s", w, text)
+			}
+		}
+	})
+	t.Run("rate limit", func(t *testing.T) {
+		before := elements(t, f.Relay)
+		limited := 0
+		for i := 0; i < 150; i++ {
+			if _, err := c.Do(ctx, proto.Request{Op: proto.OpPing}); proto.ReasonOf(err) == proto.ReasonRateLimited {
+				limited++
+			} else if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if limited == 0 {
+			t.Fatal("150 requests in a burst of 100 at 50/s: none rate-limited")
+		}
+		if n := elements(t, f.Relay); n != before {
+			t.Fatalf("%d elements, want %d", n, before)
 		}
 	})
 	t.Run("sigterm removes the table", func(t *testing.T) {
