@@ -104,7 +104,7 @@ func New(cfg Config, log *slog.Logger, pol policy.Policy, sources ...detour.Sour
 	}
 	return &Agent{
 		cfg: cfg, log: log, pol: &syncPolicy{p: pol}, sources: srcs,
-		opts:    mptcppm.Options{NetNS: cfg.NetNS},
+		opts:    mptcppm.Options{NetNS: cfg.NetNS, ReadBuffer: cfg.EventBuffer},
 		conns:   map[uint32]*connView{},
 		detours: map[string]*detourView{},
 	}
@@ -215,6 +215,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		"detours", len(a.cfg.Detours), "workers", workers, "status", a.cfg.Socket)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	// After a loss, one more resync once things settle catches events
+	// dropped after the first one.
+	var settle <-chan time.Time
 	for {
 		var out chan job
 		var head job
@@ -233,12 +236,17 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			}
 		case b, ok := <-evc:
 			if !ok {
+				if ctx.Err() != nil {
+					a.log.Info("agent stopping", "connections", len(a.conns))
+					return nil
+				}
 				return fmt.Errorf("event socket closed")
 			}
 			if b.lost {
 				a.stats.lost.Add(1)
 				a.log.Warn("events lost; resynchronising from inet_diag")
 				queue = append(queue, a.resync("events lost")...)
+				settle = time.After(time.Second)
 				continue
 			}
 			for _, e := range b.evs {
@@ -246,6 +254,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			}
 		case r := <-a.results:
 			queue = append(queue, a.failed(r)...)
+		case <-settle:
+			settle = nil
+			queue = append(queue, a.resync("settle after loss")...)
 		case now := <-tick.C:
 			queue = append(queue, a.jobsFor(a.pol.Tick(now), time.Time{})...)
 		}
@@ -558,7 +569,9 @@ func (a *Agent) resync(reason string) []job {
 		cv.established = true
 		var gone []policy.Subflow
 		for k, sv := range cv.subs {
-			if _, ok := liveKeys[k]; !ok && sv.up {
+			// A subflow asked for more than a second ago that the kernel no
+			// longer lists (not even in SYN_SENT) failed; its event was lost.
+			if _, ok := liveKeys[k]; !ok && (sv.up || now.Sub(sv.since) > time.Second) {
 				gone = append(gone, sv.sf)
 			}
 		}

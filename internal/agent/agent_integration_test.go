@@ -345,3 +345,47 @@ func TestAgentDetourSubflowReplaceAndAdopt(t *testing.T) {
 		return has(sfs, d1) && !has(sfs, d2), fmt.Sprint(sfs)
 	})
 }
+
+// With a receive buffer too small for a burst, the kernel drops events; the
+// agent notices (ENOBUFS), resynchronises from inet_diag and still gives
+// every connection its detour subflow.
+func TestAgentResyncAfterLostEvents(t *testing.T) {
+	dl := upDetourLab(t, 1)
+	ns := dl.l.NetnsName("client")
+	dl.serve(t)
+	cfg := dl.config(t, 1)
+	cfg.EventBuffer = 1 // the kernel rounds it up to its minimum (a few events)
+	start(t, cfg)
+	const n = 20
+	locals := make([]netip.AddrPort, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			locals[i] = netip.MustParseAddrPort(dl.dial(t).LocalAddr().String())
+		}()
+	}
+	wg.Wait()
+	waitFor(t, 20*time.Second, "every connection with a subflow via d1", func() (bool, string) {
+		var missing []string
+		for _, l := range locals {
+			if sfs := kernelSubflows(t, ns, l); !has(sfs, dl.relays[0]) {
+				missing = append(missing, fmt.Sprintf("%s: kernel %v", l, sfs))
+			}
+		}
+		if len(missing) == 0 {
+			return true, ""
+		}
+		st, _ := FetchStatus(cfg.Socket)
+		return false, fmt.Sprintf("%d of %d connections without a detour subflow: %v; agent: %+v", len(missing), n, missing, st.Connections)
+	})
+	st, err := FetchStatus(cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters.EventsLost == 0 || st.Counters.Resyncs < 2 {
+		t.Fatalf("counters %+v: the burst should have overflowed the buffer and caused a resync", st.Counters)
+	}
+	t.Logf("counters: %+v", st.Counters)
+}

@@ -410,3 +410,83 @@ func TestAnnounceRemove(t *testing.T) {
 		t.Fatalf("SUB_CLOSED = %v, want error %d", sc, unix.ECONNREFUSED)
 	}
 }
+
+// A tunnel detour's subflow leaves from another local address, with a
+// local id of its own.
+func TestSubflowFromSecondAddress(t *testing.T) {
+	p := newPair(t)
+	events := listen(t, p.c.Name, "client2")
+	pm, err := mptcppm.Dial(mptcppm.Options{NetNS: p.c.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Close()
+	cdev := strings.TrimSpace(strings.Split(strings.Split(p.c.Run("ip", "-o", "link", "show", "type", "veth"), ":")[1], "@")[0])
+	p.c.Run("ip", "addr", "add", "10.0.1.5/24", "dev", cdev)
+	p.dial(t)
+	est := waitEvent(t, events, mptcppm.EventEstablished, 0)
+	second := netip.MustParseAddr("10.0.1.5")
+	if err := pm.SubflowCreate(est.Token, mptcppm.Addr{ID: 5, IP: second}, mptcppm.AddrFrom(p.server, 0)); err != nil {
+		t.Fatalf("SUBFLOW_CREATE from a second address with id 5: %v", err)
+	}
+	sub := waitEvent(t, events, mptcppm.EventSubEstablished, est.Token)
+	if sub.Local.Addr() != second || sub.LocalID != 5 || sub.Remote != p.server {
+		t.Fatalf("SUB_ESTABLISHED = %v, want from %s with local id 5", sub, second)
+	}
+	// The same address under another id is refused.
+	err = pm.SubflowCreate(est.Token, mptcppm.Addr{ID: 6, IP: second}, mptcppm.AddrFrom(netip.AddrPortFrom(p.alt, 5201), 0))
+	if !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("second address under another id: %v, want EINVAL", err)
+	}
+}
+
+// A burst the receive buffer cannot hold is reported as ErrEventsLost, and
+// the socket keeps delivering afterwards.
+func TestEventsLost(t *testing.T) {
+	p := newPair(t)
+	ev, err := mptcppm.ListenEvents(mptcppm.Options{NetNS: p.c.Name, ReadBuffer: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.Close()
+	for range 20 {
+		p.dial(t).Close()
+	}
+	lost := false
+	for {
+		ev.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		_, err := ev.Receive()
+		if errors.Is(err, mptcppm.ErrEventsLost) {
+			lost = true
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
+			break // drained
+		} else if err != nil {
+			t.Fatalf("after the burst: %v", err)
+		}
+	}
+	if !lost {
+		t.Fatal("no ErrEventsLost after overflowing a minimal receive buffer")
+	}
+	ev.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make(chan mptcppm.Event, 64)
+	go func() {
+		defer close(got)
+		for {
+			evs, err := ev.Receive()
+			if err != nil && !errors.Is(err, mptcppm.ErrEventsLost) {
+				return
+			}
+			for _, e := range evs {
+				got <- e
+			}
+		}
+	}()
+	c := p.dial(t)
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	for e := range got {
+		if e.Type == mptcppm.EventEstablished && e.Local == local {
+			return
+		}
+	}
+	t.Fatal("no event for a new connection after the overflow")
+}

@@ -3,6 +3,7 @@ package mptcppm
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mdlayher/genetlink"
 	"golang.org/x/sys/unix"
@@ -105,6 +106,9 @@ func (e *Events) ReceiveRaw() ([]genetlink.Message, error) {
 	}
 	return msgs, err
 }
+
+// SetReadDeadline bounds how long Receive blocks.
+func (e *Events) SetReadDeadline(t time.Time) error { return e.c.SetReadDeadline(t) }
 
 // Close closes the socket, unblocking Receive.
 func (e *Events) Close() error { return e.c.Close() }

@@ -43,7 +43,12 @@ type KeepN struct {
 	conns   map[uint32]*kconn
 	health  map[string]*health
 	servers map[netip.AddrPort]int // connections per server, for Release
-	wake    wakeHeap
+	// localIDs gives each extra local address (tunnel detours) one MPTCP
+	// address id for all connections: the kernel refuses an address
+	// under two ids within a connection.
+	localIDs map[netip.Addr]uint8
+	nextID   int
+	wake     wakeHeap
 	// Untracked counts connections ignored because MaxConns was reached.
 	Untracked uint64
 }
@@ -57,6 +62,7 @@ type kconn struct {
 	pollWait    time.Duration // retry interval while no detour is available
 	retryAt     time.Time
 	pollUntil   time.Time
+	notConn     int // SUBFLOW_CREATE refused with ENOTCONN so far
 }
 
 // subKey leaves the local port out: it is unknown until the SYN goes out.
@@ -103,7 +109,7 @@ func NewKeepN(cfg KeepNConfig, sources []detour.Source) *KeepN {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	return &KeepN{cfg: cfg, sources: sources, conns: map[uint32]*kconn{},
-		health: map[string]*health{}, servers: map[netip.AddrPort]int{}}
+		health: map[string]*health{}, servers: map[netip.AddrPort]int{}, localIDs: map[netip.Addr]uint8{}, nextID: 1}
 }
 
 func key(local netip.Addr, remote netip.AddrPort) subKey {
@@ -249,6 +255,12 @@ func (p *KeepN) SubflowEstablished(sf Subflow) []Intent {
 		k.subs[key(sf.Local.Addr(), sf.Remote)] = s
 	}
 	s.up, s.upSince, s.port, s.backup = true, p.cfg.Now(), sf.Local.Port(), sf.Backup
+	// Learn ids the kernel already uses (subflows from before a restart).
+	if a := sf.Local.Addr().Unmap(); sf.LocalID != 0 && a != k.c.Local.Addr() {
+		if _, ok := p.localIDs[a]; !ok {
+			p.localIDs[a] = sf.LocalID
+		}
+	}
 	if s.d != nil {
 		if h := p.health[Key(*s.d)]; h != nil {
 			h.fails = 0
@@ -310,8 +322,20 @@ func (p *KeepN) Failed(in Intent, err error) []Intent {
 		return nil
 	}
 	delete(k.subs, key(in.Local.Addr(), in.Remote))
-	// The connection is gone or closing: nothing to retry, no one to blame.
-	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.EBADF) {
+	// Not fully established yet (a connection adopted from inet_diag before
+	// its first data ack): try again shortly, for a while.
+	if errors.Is(err, syscall.ENOTCONN) {
+		if k.notConn++; k.notConn <= 50 {
+			at := p.cfg.Now().Add(200 * time.Millisecond)
+			if k.retryAt.IsZero() || at.Before(k.retryAt) {
+				k.retryAt = at
+				heap.Push(&p.wake, wakeup{at: at, token: k.c.Token})
+			}
+		}
+		return nil
+	}
+	// The connection is gone: nothing to retry, no one to blame.
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EBADF) {
 		return nil
 	}
 	if in.Detour == nil {
@@ -390,12 +414,38 @@ func (p *KeepN) fill(k *kconn) []Intent {
 		dd := d
 		k.subs[sk] = &ksub{d: &dd}
 		have++
-		out = append(out, Intent{Action: CreateSubflow, Token: k.c.Token, Local: netip.AddrPortFrom(local, 0), Remote: unmapAP(d.Remote), Detour: &dd})
+		out = append(out, Intent{Action: CreateSubflow, Token: k.c.Token, LocalID: p.localID(k, local),
+			Local: netip.AddrPortFrom(local, 0), Remote: unmapAP(d.Remote), Detour: &dd})
 	}
 	if have < p.cfg.Subflows {
 		p.scheduleRetry(k, now, soonest, len(seen) == 0)
 	}
 	return out
+}
+
+// localID is 0 for the connection's own address (the kernel's "initial
+// address"), else a stable id per address.
+func (p *KeepN) localID(k *kconn, a netip.Addr) uint8 {
+	a = a.Unmap()
+	if a == k.c.Local.Addr() {
+		return 0
+	}
+	if id, ok := p.localIDs[a]; ok {
+		return id
+	}
+	used := map[uint8]bool{}
+	for _, id := range p.localIDs {
+		used[id] = true
+	}
+	for range 255 {
+		id := uint8(p.nextID)
+		p.nextID = p.nextID%255 + 1
+		if !used[id] {
+			p.localIDs[a] = id
+			return id
+		}
+	}
+	return 0 // 255 extra addresses: let the kernel decide
 }
 
 func (p *KeepN) fails(d detour.Detour) int {

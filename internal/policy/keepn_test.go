@@ -77,8 +77,13 @@ func TestKeepNOpensNDetourSubflows(t *testing.T) {
 	// N=3 reaches the tunnel detour, which leaves from the tunnel address.
 	p3, _, _ := newKeepN(3, d1, d2, d3)
 	ins = p3.Established(c)
-	if len(ins) != 3 || ins[2].Local.Addr() != d3.Local || ins[2].Remote != server {
-		t.Fatalf("tunnel intent = %v, want %s -> %s", ins, d3.Local, server)
+	if len(ins) != 3 || ins[2].Local.Addr() != d3.Local || ins[2].Remote != server || ins[2].LocalID == 0 {
+		t.Fatalf("tunnel intent = %+v, want %s -> %s with a local id of its own", ins, d3.Local, server)
+	}
+	// The same tunnel address keeps its id on other connections.
+	again := p3.Established(Conn{Token: 2, Local: netip.MustParseAddrPort("10.0.1.1:40001"), Remote: server})
+	if len(again) != 3 || again[2].LocalID != ins[2].LocalID {
+		t.Fatalf("tunnel id changed between connections: %+v", again)
 	}
 }
 
@@ -163,10 +168,23 @@ func TestKeepNCleanCloseIsNotAFailure(t *testing.T) {
 }
 
 func TestKeepNConnectionGoneIsNotAFailure(t *testing.T) {
-	p, _, _ := newKeepN(1, d1)
+	p, _, clk := newKeepN(1, d1)
 	ins := p.Established(Conn{Token: 3, Local: client, Remote: server})
 	if got := p.Failed(ins[0], syscall.ENOENT); len(got) != 0 || !p.Backoff(d1).IsZero() {
 		t.Fatalf("ENOENT (connection gone): intents %v, backoff %v", got, p.Backoff(d1))
+	}
+	clk.advance(time.Second)
+	if got := p.Tick(clk.t); len(got) != 0 {
+		t.Fatalf("retried a connection that is gone: %v", got)
+	}
+	// ENOTCONN: not fully established yet; retried soon, detour not blamed.
+	ins = p.Established(Conn{Token: 4, Local: client, Remote: server})
+	if got := p.Failed(ins[0], syscall.ENOTCONN); len(got) != 0 || !p.Backoff(d1).IsZero() {
+		t.Fatalf("ENOTCONN: intents %v, backoff %v", got, p.Backoff(d1))
+	}
+	clk.advance(300 * time.Millisecond)
+	if got := p.Tick(clk.t); len(got) != 1 || got[0].Token != 4 {
+		t.Fatalf("after ENOTCONN got %v, want a retry", got)
 	}
 }
 
@@ -200,7 +218,7 @@ func TestKeepNBoundedUnderChurn(t *testing.T) {
 	src := &list{ds: []detour.Detour{d1, d2}}
 	clk := &clock{t: time.Unix(0, 0)}
 	p := NewKeepN(KeepNConfig{MaxConns: 100, Now: clk.now}, []detour.Source{src})
-	for tok := uint32(1); tok <= 100000; tok++ {
+	for tok := uint32(1); tok <= 20000; tok++ {
 		c := Conn{Token: tok, Local: client, Remote: server}
 		p.Created(c)
 		for _, in := range p.Established(c) {
