@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/mptcppm/nstest"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+)
+
+func TestAgentRejectsBadConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.yaml")
+	os.WriteFile(path, []byte("detours:\n  - kind: nat\n    relay: r1\n    address: 10.1.1.2\n    server: 10.0.3.2:5201\n"), 0o644)
+	var out, errb bytes.Buffer
+	code := cli.Main(context.Background(), "mpdetour", []string{"agent", "--config", path}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "detours[0].address") || !strings.Contains(errb.String(), path) {
+		t.Fatalf("exit %d, stderr %q: want 1 and the file and field named", code, errb.String())
+	}
+	errb.Reset()
+	if code := cli.Main(context.Background(), "mpdetour", []string{"agent"}, &out, &errb); code != cli.ExitUsage {
+		t.Fatalf("agent without --config: exit %d (%s), want %d", code, errb.String(), cli.ExitUsage)
+	}
+	errb.Reset()
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	if code := cli.Main(context.Background(), "mpdetour", []string{"status", "--socket", sock}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "is mpdetour agent running") {
+		t.Fatalf("status without agent: exit %d, %q", code, errb.String())
+	}
+}
+
+// The real binary in a namespace: status over the socket, and SIGTERM
+// restores the namespace's path manager.
+func TestAgentProcess(t *testing.T) {
+	testenv.MPTCP(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "mpdetour")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	ns := nstest.New(t, "ta", "p")
+	sock := filepath.Join(dir, "agent.sock")
+	cfg := filepath.Join(dir, "agent.yaml")
+	os.WriteFile(cfg, []byte("socket: "+sock+"\ndetours:\n  - {kind: nat, relay: r1, address: 10.1.1.2:4000, server: 10.0.3.2:5201}\n"), 0o644)
+	cmd := exec.Command("ip", "netns", "exec", ns.Name, bin, "agent", "--config", cfg)
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	var st agent.Status
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := exec.Command(bin, "status", "--json", "--socket", sock).Output()
+		if err == nil {
+			if err := json.Unmarshal(out, &st); err != nil {
+				t.Fatalf("status --json: %v: %s", err, out)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent status never answered: %v; agent log: %s", err, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st.PMTypeSaved != "0" || len(st.Detours) != 1 || st.Detours[0].Relay != "r1" || !st.Detours[0].Healthy {
+		t.Fatalf("status %+v", st)
+	}
+	if v := strings.TrimSpace(ns.Run("sysctl", "-n", "net.mptcp.pm_type")); v != "1" {
+		t.Fatalf("pm_type under the agent = %s", v)
+	}
+	text, err := exec.Command(bin, "status", "--socket", sock).CombinedOutput()
+	if err != nil || !strings.Contains(string(text), "nat:r1") || !strings.Contains(string(text), "DETOUR") {
+		t.Fatalf("status table: %v: %s", err, text)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("agent exit after SIGTERM: %v; log: %s", err, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent ignored SIGTERM")
+	}
+	if v := strings.TrimSpace(ns.Run("sysctl", "-n", "net.mptcp.pm_type")); v != "0" {
+		t.Fatalf("pm_type after SIGTERM = %s, want 0 restored", v)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("status socket left behind: %v", err)
+	}
+}
