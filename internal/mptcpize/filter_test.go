@@ -3,6 +3,7 @@ package mptcpize
 import (
 	"encoding/binary"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -127,5 +128,11 @@ func TestParseMechanism(t *testing.T) {
 	}
 	if _, err := ParseMechanism("bpf"); err == nil {
 		t.Error("bpf accepted")
+	}
+}
+
+func TestPidfdInfoSize(t *testing.T) {
+	if n := unsafe.Sizeof(pidfdInfo{}); n != 64 {
+		t.Fatalf("pidfdInfo is %d bytes, want 64 (PIDFD_INFO_SIZE_VER0)", n)
 	}
 }

@@ -96,3 +96,29 @@ func (e *sizeError) Error() string {
 	return fmt.Sprintf("kernel seccomp notification sizes (notif %d, resp %d, data %d) differ from this build",
 		e.s.Notif, e.s.NotifResp, e.s.Data)
 }
+
+// struct pidfd_info, version 0 (64 bytes) of <linux/pidfd.h>.
+type pidfdInfo struct {
+	Mask     uint64
+	CgroupID uint64
+	Pid      uint32
+	Tgid     uint32
+	Ppid     uint32
+	Ruid     uint32
+	Rgid     uint32
+	Euid     uint32
+	Egid     uint32
+	Suid     uint32
+	Sgid     uint32
+	Fsuid    uint32
+	Fsgid    uint32
+	_        uint32
+}
+
+const (
+	pidfdThread    = unix.O_EXCL // PIDFD_THREAD (Linux 6.9)
+	pidfdInfoCreds = 1 << 1      // PIDFD_INFO_CREDS
+	// pidfdGetInfo is PIDFD_GET_INFO = _IOWR(0xFF, 11, struct pidfd_info)
+	// for the 64-byte version 0 of the struct (Linux 6.13).
+	pidfdGetInfo = 3<<30 | 64<<16 | 0xFF<<8 | 11
+)

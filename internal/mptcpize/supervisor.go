@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -34,6 +35,8 @@ type supervisor struct {
 	fsuid     int
 	fsgid     int
 	procCheck bool
+	// noPidfdInfo: the kernel lacks PIDFD_GET_INFO; read /proc instead.
+	noPidfdInfo bool
 }
 
 // Serve handles notifications on the listener lfd until no task uses the
@@ -163,12 +166,9 @@ func (s *supervisor) become(n *seccompNotif) error {
 	}
 	uid, gid := s.fsuid, s.fsgid
 	if s.root {
-		b, err := os.ReadFile("/proc/" + tid + "/status")
-		if err != nil {
+		var err error
+		if uid, gid, err = s.callerFsIDs(int(n.Pid), tid); err != nil {
 			return notifIDValid(s.lfd, n.ID)
-		}
-		if uid, gid, err = parseStatusFsIDs(b); err != nil {
-			return err
 		}
 	}
 	if st.Dev != s.nsDev || st.Ino != s.nsIno {
@@ -195,6 +195,33 @@ func (s *supervisor) become(n *seccompNotif) error {
 		s.fsuid, s.fsgid = uid, gid
 	}
 	return nil
+}
+
+// callerFsIDs returns the filesystem uid and gid of thread tid: through
+// PIDFD_GET_INFO (Linux 6.13) when available, a few microseconds, else from
+// /proc/TID/status, which costs ~13 us to generate.
+func (s *supervisor) callerFsIDs(pid int, tid string) (int, int, error) {
+	if !s.noPidfdInfo {
+		fd, err := unix.PidfdOpen(pid, pidfdThread)
+		if err == nil {
+			info := pidfdInfo{Mask: pidfdInfoCreds}
+			_, err = ioctlPtr(fd, pidfdGetInfo, unsafe.Pointer(&info))
+			unix.Close(fd)
+			if err == nil && info.Mask&pidfdInfoCreds != 0 {
+				return int(info.Fsuid), int(info.Fsgid), nil
+			}
+		}
+		if err == unix.ESRCH {
+			return 0, 0, err
+		}
+		// EINVAL/ENOTTY: older kernel (no thread pidfds or no GET_INFO).
+		s.noPidfdInfo = true
+	}
+	b, err := os.ReadFile("/proc/" + tid + "/status")
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseStatusFsIDs(b)
 }
 
 // parseStatusFsIDs extracts the filesystem uid and gid (the fourth value of
