@@ -36,21 +36,20 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		var ds []agentDetour
+		// The agent asks the relays itself, when each connection is
+		// created; a probe grant first makes sure they are up.
 		for _, d := range env.Cell.Detours {
-			granted, err := rs.grant(ctx, env, d)
-			if err != nil {
+			if err := rs.probe(ctx, env, d); err != nil {
 				rs.close()
 				return nil, err
 			}
-			ds = append(ds, agentDetour{kind: "nat", relay: d, address: granted})
 		}
-		ag, err := startAgent(ctx, env, ds)
+		ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env))
 		if err != nil {
 			rs.close()
 			return nil, err
 		}
-		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(ds), paths: rs.paths,
+		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours), paths: rs.paths,
 			close: func() error { return errors.Join(ag.stop(), rs.close()) }}, nil
 	}
 }
@@ -187,6 +186,37 @@ func (rs *relays) grant(ctx context.Context, env *Env, node string) (netip.AddrP
 	return granted, nil
 }
 
+// probe checks that the relay in node grants, and gives the port back.
+func (rs *relays) probe(ctx context.Context, env *Env, node string) error {
+	granted, err := rs.grant(ctx, env, node)
+	if err != nil {
+		return err
+	}
+	c, err := rs.conn(env, node)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Release(rctx, granted.Port()); err != nil {
+		return fmt.Errorf("release at relay %s: %w", node, err)
+	}
+	return nil
+}
+
+// agentSection is the agent config's relays section: the member key and
+// every relay of the cell.
+func (rs *relays) agentSection(env *Env) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "relays:\n  key: %s\n  servers:\n", rs.member)
+	for _, node := range env.Cell.Detours {
+		fmt.Fprintf(&b, "    - {name: %s, address: %s, public_key: %s}\n",
+			node, netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort), rs.keys[node].Public())
+	}
+	return b.String()
+}
+
 // agentDetour is one static detour in the agent's config.
 type agentDetour struct {
 	kind    string // nat or tunnel
@@ -195,15 +225,20 @@ type agentDetour struct {
 	local   netip.Addr     // tunnel: the tunnel's address
 }
 
-// startAgent runs `mpdetour agent` in the client node with the detours and
-// waits for its status socket (it appears once the agent listens for MPTCP
-// events and has switched the node to the userspace path manager).
-func startAgent(ctx context.Context, env *Env, ds []agentDetour) (*daemon, error) {
+// startAgent runs `mpdetour agent` in the client node, keeping `subflows`
+// detour subflows per connection, with static detours ds and the extra
+// config text (a relays section), and waits for its status socket (it
+// appears once the agent listens for MPTCP events and has switched the
+// node to the userspace path manager).
+func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, extra string) (*daemon, error) {
 	sock := filepath.Join(env.Dir, "agent.sock")
 	server := env.serverAddr()
 	var b strings.Builder
-	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: info\n", sock, len(ds))
-	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [\"%d\"]}\ndetours:\n", server.Addr(), server.Port())
+	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: info\n", sock, subflows)
+	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [\"%d\"]}\n", server.Addr(), server.Port())
+	if len(ds) > 0 {
+		b.WriteString("detours:\n")
+	}
 	for _, d := range ds {
 		switch d.kind {
 		case "nat":
@@ -212,6 +247,7 @@ func startAgent(ctx context.Context, env *Env, ds []agentDetour) (*daemon, error
 			fmt.Fprintf(&b, "  - {kind: tunnel, relay: %s, local: %s, servers: [%s/32]}\n", d.relay, d.local, server.Addr())
 		}
 	}
+	b.WriteString(extra)
 	path := filepath.Join(env.Dir, "agent.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		return nil, err

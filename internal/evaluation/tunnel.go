@@ -45,7 +45,7 @@ func init() {
 		for i, c := range ts.clients {
 			ds = append(ds, agentDetour{kind: "tunnel", relay: env.Cell.Detours[i], local: c.Address()})
 		}
-		ag, err := startAgent(ctx, env, ds)
+		ag, err := startAgent(ctx, env, len(ds), ds, "")
 		if err != nil {
 			ts.close()
 			return nil, err
