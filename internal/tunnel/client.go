@@ -32,6 +32,12 @@ const (
 	// while the persistent keepalive runs and rejects sessions older than
 	// 3 minutes, so no handshake for this long means the tunnel is dead.
 	DefaultStaleAfter = 200 * time.Second
+	// DefaultDeadAfter: traffic went into the tunnel (more than deadBytes)
+	// but nothing came back for this long. TCP through the tunnel always
+	// gets something back (ACKs) within a few RTTs, so this is how a relay
+	// restart that lost our peer shows up while subflows are in use.
+	DefaultDeadAfter = 5 * time.Second
+	deadBytes        = 1024
 )
 
 // Allocation is what a relay's control channel hands a client.
@@ -70,11 +76,13 @@ type ClientConfig struct {
 	PrivateKey wgtypes.Key // the member's static key
 	Allocation Allocation
 	// Refresh re-requests the allocation over the control channel. The
-	// watchdog calls it when the tunnel has had no handshake for StaleAfter
-	// (the relay lost our peer or gave our address away). nil: the watchdog
-	// only restarts the handshake.
+	// watchdog calls it when the tunnel carried traffic out but nothing back
+	// for DeadAfter, or had no handshake for StaleAfter (the relay restarted
+	// without our peer, or gave our address away). nil: the watchdog only
+	// restarts the handshake.
 	Refresh    func(ctx context.Context) (Allocation, error)
 	StaleAfter time.Duration // 0 = DefaultStaleAfter
+	DeadAfter  time.Duration // 0 = DefaultDeadAfter
 	Keepalive  time.Duration // 0 = DefaultKeepalive
 	Backend    Backend
 	Logger     *slog.Logger
@@ -115,6 +123,9 @@ func (c *ClientConfig) check() error {
 	}
 	if c.StaleAfter == 0 {
 		c.StaleAfter = DefaultStaleAfter
+	}
+	if c.DeadAfter == 0 {
+		c.DeadAfter = DefaultDeadAfter
 	}
 	if c.Keepalive == 0 {
 		c.Keepalive = DefaultKeepalive
@@ -317,36 +328,53 @@ func (c *Client) Detours(server netip.AddrPort) []detour.Detour {
 }
 
 // watchdog re-requests the allocation (or at least restarts the handshake)
-// when the tunnel has gone without a handshake for StaleAfter.
+// when the tunnel looks dead: traffic out but nothing back for DeadAfter, or
+// no handshake for StaleAfter.
 func (c *Client) watchdog(ctx context.Context) {
 	defer close(c.done)
-	tick := c.cfg.StaleAfter / 4
-	if tick > 30*time.Second {
-		tick = 30 * time.Second
-	}
+	tick := min(c.cfg.DeadAfter, c.cfg.StaleAfter) / 5
+	tick = max(tick, 100*time.Millisecond)
 	t := time.NewTicker(tick)
 	defer t.Stop()
+	var (
+		lastRx, txAtRx int64
+		rxTime         = time.Now()
+	)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		hs, err := c.LastHandshake()
-		if err != nil {
-			c.log.Warn("tunnel status", "err", err)
+		st, err := c.dev.Status()
+		if err != nil || len(st.Peers) == 0 {
+			if err != nil {
+				c.log.Warn("tunnel status", "err", err)
+			}
 			continue
+		}
+		p := st.Peers[0]
+		now := time.Now()
+		if p.ReceiveBytes != lastRx || p.TransmitBytes < txAtRx { // progress, or a new peer (counters reset)
+			lastRx, txAtRx, rxTime = p.ReceiveBytes, p.TransmitBytes, now
 		}
 		c.mu.Lock()
 		since := c.since
 		c.mu.Unlock()
+		hs := p.LastHandshakeTime
 		if hs.Before(since) {
 			hs = since
 		}
-		if time.Since(hs) < c.cfg.StaleAfter {
+		why := ""
+		switch {
+		case p.TransmitBytes-txAtRx > deadBytes && now.Sub(rxTime) >= c.cfg.DeadAfter:
+			why = "traffic out, nothing back"
+		case now.Sub(hs) >= c.cfg.StaleAfter:
+			why = "no handshake"
+		default:
 			continue
 		}
-		c.log.Warn("tunnel stale, re-establishing", "last_handshake", hs)
+		c.log.Warn("tunnel dead, re-establishing", "why", why, "last_handshake", p.LastHandshakeTime)
 		if c.cfg.Refresh == nil {
 			err = c.Reconnect()
 		} else {
@@ -361,6 +389,8 @@ func (c *Client) watchdog(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			c.log.Warn("tunnel re-establishment failed", "err", err)
 		}
+		// Judge the new attempt afresh.
+		lastRx, txAtRx, rxTime = p.ReceiveBytes, p.TransmitBytes, time.Now()
 	}
 }
 

@@ -22,7 +22,7 @@ type helper struct {
 	allocs map[string]netip.Prefix
 }
 
-func startHelper(t *testing.T, ns string, key wgtypes.Key, state string, peers ...wgtypes.Key) *helper {
+func startHelper(t *testing.T, ns string, key wgtypes.Key, state string, restore bool, peers ...wgtypes.Key) *helper {
 	t.Helper()
 	var ps []string
 	for _, p := range peers {
@@ -31,6 +31,9 @@ func startHelper(t *testing.T, ns string, key wgtypes.Key, state string, peers .
 	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "TW_HELPER=server", "TW_KEY="+key.String(), "TW_SUBNET="+tunSubnet.String(),
 		fmt.Sprintf("TW_PORT=%d", relayPort), "TW_STATE="+state, "TW_PEERS="+strings.Join(ps, " "))
+	if restore {
+		cmd.Env = append(cmd.Env, "TW_RESTORE=1")
+	}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -71,7 +74,7 @@ func TestRelayCrashRestart(t *testing.T) {
 	tp := newTopo(t)
 	relayKey, k1 := genKey(t), genKey(t)
 	state := filepath.Join(t.TempDir(), "tunnel.json")
-	h := startHelper(t, tp.relay, relayKey, state, k1.PublicKey())
+	h := startHelper(t, tp.relay, relayKey, state, true, k1.PublicKey())
 	addr, ok := h.allocs[k1.PublicKey().String()]
 	if !ok {
 		t.Fatalf("helper allocated nothing: %v", h.allocs)
@@ -87,12 +90,12 @@ func TestRelayCrashRestart(t *testing.T) {
 	if out := nsRun(t, tp.relay, "nft", "list", "tables"); !strings.Contains(out, TableName) {
 		t.Fatalf("expected the crashed relay's table to remain (test premise), got:\n%s", out)
 	}
-	h = startHelper(t, tp.relay, relayKey, state) // peers come from the state file
+	h = startHelper(t, tp.relay, relayKey, state, true) // peers come from the state file
 	_, took, err := retryExchange(t, tp.c1, c1.Address(), echo, 40*time.Second)
 	if err != nil {
 		t.Fatalf("tunnel not restored after relay restart: %v", err)
 	}
-	t.Logf("tunnel restored %v after the relay restarted (WireGuard handshake retry)", took.Round(100*time.Millisecond))
+	t.Logf("tunnel restored %v after the relay restarted (WireGuard retry timer, client watchdog Reconnect)", took.Round(100*time.Millisecond))
 	if c1.Address() != addr.Addr() {
 		t.Errorf("client address changed to %s", c1.Address())
 	}

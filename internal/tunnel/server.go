@@ -41,11 +41,17 @@ type ServerConfig struct {
 	PrivateKey wgtypes.Key
 	MTU        int // 0 = DefaultMTU
 	Policy     Policy
-	// StateFile, if set, keeps allocations across restarts so returning
-	// clients resume with a WireGuard handshake alone.
+	// StateFile, if set, keeps allocations across restarts: a returning
+	// client gets its old address back.
 	StateFile string
-	Backend   Backend
-	Logger    *slog.Logger
+	// RestorePeers also re-admits the saved keys as WireGuard peers at
+	// start, so clients resume with a handshake alone. Only for callers
+	// whose authorisation cannot have changed across the restart: the relay
+	// (tunnelctl) leaves it off and re-admits a key only when a current
+	// member asks again over the control channel.
+	RestorePeers bool
+	Backend      Backend
+	Logger       *slog.Logger
 }
 
 // Server is the relay's WireGuard endpoint: one interface, one peer per
@@ -130,8 +136,10 @@ func NewServer(cfg ServerConfig) (_ *Server, err error) {
 		return nil, err
 	}
 	wc := wgtypes.Config{PrivateKey: &cfg.PrivateKey, ListenPort: &cfg.ListenPort, ReplacePeers: true}
-	for k, ad := range s.alloc.byKey {
-		wc.Peers = append(wc.Peers, serverPeer(k, ad))
+	if cfg.RestorePeers {
+		for k, ad := range s.alloc.byKey {
+			wc.Peers = append(wc.Peers, serverPeer(k, ad))
+		}
 	}
 	if err = s.dev.Configure(wc); err != nil {
 		return nil, err
@@ -158,7 +166,7 @@ func NewServer(cfg ServerConfig) (_ *Server, err error) {
 		return nil, err
 	}
 	s.log.Info("tunnel server up", "backend", s.dev.Backend(), "subnet", cfg.Subnet,
-		"port", cfg.ListenPort, "peers", len(wc.Peers), "mtu", cfg.MTU)
+		"port", cfg.ListenPort, "peers", len(wc.Peers), "reserved", len(s.alloc.byKey), "mtu", cfg.MTU)
 	return s, nil
 }
 
@@ -366,8 +374,8 @@ func (s *Server) AddPeer(key wgtypes.Key) (netip.Prefix, error) {
 		if err := s.saveState(); err != nil {
 			s.log.Warn("tunnel state not saved", "err", err)
 		}
-		s.log.Info("tunnel peer added", "key", key, "address", ad)
 	}
+	s.log.Debug("tunnel peer admitted", "key", key, "address", ad, "new", !known)
 	return netip.PrefixFrom(ad, s.alloc.subnet.Bits()), nil
 }
 

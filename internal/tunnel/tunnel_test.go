@@ -213,8 +213,9 @@ func TestStaleStateRemoved(t *testing.T) {
 }
 
 // TestAllocationLostRefresh: the relay comes back without its allocations
-// (new subnet, no state file); the client's watchdog re-requests through
-// Refresh (the control channel in the product) and the tunnel works again.
+// (new subnet, no state file); traffic into the tunnel gets nothing back, so
+// the client's watchdog re-requests through Refresh (the control channel in
+// the product) and the tunnel works again.
 func TestAllocationLostRefresh(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
@@ -233,18 +234,28 @@ func TestAllocationLostRefresh(t *testing.T) {
 		return s.Offer(k1.PublicKey(), tp.relayEndpoint(1).Addr())
 	}
 	c1 := newClient(t, tp.c1, 0, k1, a1, func(c *ClientConfig) {
-		c.StaleAfter = 2 * time.Second
+		c.DeadAfter = time.Second
 		c.Refresh = func(ctx context.Context) (Allocation, error) { return refresh(ctx) }
 	})
 	echo := echoServer(t, tp.server, serverAddr, false)
 	if _, _, err := retryExchange(t, tp.c1, c1.Address(), echo, 10*time.Second); err != nil {
 		t.Fatalf("before restart: %v", err)
 	}
+	// A connection in use when the relay goes away: its retransmissions are
+	// the traffic that gets nothing back.
+	inUse, err := dial(t, tp.c1, c1.Address(), echo, false, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inUse.Close()
 	old := <-current
 	old.Close()
 	other := netip.MustParsePrefix("100.81.0.0/16")
 	srv2 := newServer(t, tp, relayKey, func(c *ServerConfig) { c.Subnet = other })
 	current <- srv2
+	if _, err := inUse.Write(make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for !other.Contains(c1.Address()) && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)

@@ -199,6 +199,9 @@ type line struct {
 	cmd              *exec.Cmd
 	member, stranger proto.Key
 	dial             func(priv proto.Key) *relayclient.Conn
+	// restart kills the relay (no cleanup) and starts it again with these
+	// members, keeping its key and state file.
+	restart func(members ...proto.Key)
 }
 
 func newLine(t *testing.T) *line {
@@ -225,26 +228,37 @@ func newLine(t *testing.T) *line {
 	stranger, _ := proto.GenerateKey()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "relay.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 192.0.2.1:45673
+	writeConfig := func(members ...proto.Key) {
+		var m strings.Builder
+		for i, k := range members {
+			fmt.Fprintf(&m, "  - name: m%d\n    public_key: %s\n", i+1, keyText(k.Public()))
+		}
+		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 192.0.2.1:45673
 private_key: %s
 ports: 40000-40100
 members:
-  - name: m1
-    public_key: %s
-tunnel:
+%stunnel:
   subnet: 100.88.0.0/16
   listen_port: 51820
   state_file: %s
   # the server is on one of the relay's own networks, restricted by default
   allow_destinations: [203.0.113.10/32]
-`, keyText(relayKey), keyText(member.Public()), filepath.Join(dir, "tunnel.json"))), 0o600)
-	cmd := exec.Command("ip", "netns", "exec", rl, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "TWC_RELAY_CONFIG="+cfg)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+`, keyText(relayKey), m.String(), filepath.Join(dir, "tunnel.json"))), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	start := func() *exec.Cmd {
+		cmd := exec.Command("ip", "netns", "exec", rl, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "TWC_RELAY_CONFIG="+cfg)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	writeConfig(member)
+	cmd := start()
 
 	dialRelay := func(priv proto.Key) *relayclient.Conn {
 		c, err := relayclient.Dial(relayclient.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
@@ -259,7 +273,14 @@ tunnel:
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	return &line{cl: cl, rl: rl, sv: sv, cmd: cmd, member: member, stranger: stranger, dial: dialRelay}
+	ln := &line{cl: cl, rl: rl, sv: sv, cmd: cmd, member: member, stranger: stranger, dial: dialRelay}
+	ln.restart = func(members ...proto.Key) {
+		ln.cmd.Process.Signal(syscall.SIGKILL)
+		ln.cmd.Wait()
+		writeConfig(members...)
+		ln.cmd = start()
+	}
+	return ln
 }
 
 // openTunnel asks the relay until it answers (it may still be starting).

@@ -1,0 +1,145 @@
+package tunnelctl
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/tunnel"
+)
+
+// TestRelayRestartReadmits: `mpdetour relay` is killed and restarted. It
+// does not re-admit saved keys by itself; the client's watchdog sees its
+// traffic get nothing back, asks again over the control channel, gets the
+// same address and the tunnel carries traffic again. A member removed from
+// the config before the restart asks too and is refused: no tunnel.
+func TestRelayRestartReadmits(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	line := newLine(t)
+	second, _ := proto.GenerateKey()
+	line.restart(line.member, second) // two members
+	c1 := openTunnel(t, line, line.member)
+	c2 := openTunnelIndex(t, line, second, 1)
+	addr := c1.Address()
+
+	var ln net.Listener
+	if err := inNS(t, line.sv, func() (err error) { ln, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				r := bufio.NewReader(c)
+				for {
+					if _, err := r.ReadString('\n'); err != nil {
+						c.Close()
+						return
+					}
+					fmt.Fprintln(c, "ok")
+				}
+			}()
+		}
+	}()
+	// ping sends a line from local and waits for the answer.
+	ping := func(local netip.Addr, timeout time.Duration) error {
+		var c net.Conn
+		if err := inNS(t, line.cl, func() (err error) {
+			d := net.Dialer{Timeout: timeout, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
+			c, err = d.Dial("tcp4", ln.Addr().String())
+			return err
+		}); err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(timeout))
+		fmt.Fprintln(c, "hello")
+		_, err := bufio.NewReader(c).ReadString('\n')
+		return err
+	}
+	for _, c := range []*tunnel.Client{c1, c2} {
+		if err := retry(10*time.Second, func() error { return ping(c.Address(), 2*time.Second) }); err != nil {
+			t.Fatalf("before restart, %s: %v", c.Address(), err)
+		}
+	}
+	// Connections in use across the restart: their traffic is what the
+	// watchdogs see go unanswered.
+	keep := func(local netip.Addr) (stop func()) {
+		var c net.Conn
+		if err := inNS(t, line.cl, func() (err error) {
+			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
+			c, err = d.Dial("tcp4", ln.Addr().String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(200 * time.Millisecond):
+				}
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				fmt.Fprintln(c, strings.Repeat("x", 1000))
+			}
+		}()
+		return func() { close(done); c.Close() }
+	}
+	stop1, stop2 := keep(c1.Address()), keep(c2.Address())
+	defer stop1()
+	defer stop2()
+
+	restarted := time.Now()
+	line.restart(line.member) // the second member is removed
+	if err := retry(40*time.Second, func() error { return ping(addr, 2*time.Second) }); err != nil {
+		t.Fatalf("tunnel not back after the relay restart: %v", err)
+	}
+	t.Logf("tunnel back %v after the relay restarted (watchdog re-request over the control channel)",
+		time.Since(restarted).Round(100*time.Millisecond))
+	if c1.Address() != addr {
+		t.Errorf("address changed from %s to %s", addr, c1.Address())
+	}
+	if err := ping(c2.Address(), 3*time.Second); err == nil {
+		t.Error("a member removed from the relay config still has a tunnel after the restart")
+	}
+}
+
+func retry(d time.Duration, fn func() error) error {
+	end := time.Now().Add(d)
+	for {
+		err := fn()
+		if err == nil || time.Now().After(end) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func openTunnelIndex(t *testing.T, ln *line, priv proto.Key, index int) *tunnel.Client {
+	t.Helper()
+	src := NewSource(ln.dial(priv), tunnel.ClientConfig{Netns: ln.cl, Index: index, PrivateKey: wgtypes.Key(priv)}, nil)
+	t.Cleanup(func() { src.Close() })
+	end := time.Now().Add(20 * time.Second)
+	for src.Client() == nil && time.Now().Before(end) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if src.Client() == nil {
+		t.Fatalf("no tunnel for index %d", index)
+	}
+	return src.Client()
+}
