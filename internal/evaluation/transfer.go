@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sort"
 	"strconv"
 	"time"
 
@@ -86,6 +87,17 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 			RTTms: sf.RTT, MinRTTms: sf.MinRTT, Retrans: uint64(sf.Retransmits),
 		})
 	}
+	// Default path first, then detours in name order (detour2 before detour10).
+	sort.SliceStable(m.Subflows, func(i, j int) bool {
+		a, b := m.Subflows[i].Path, m.Subflows[j].Path
+		if (a == "default") != (b == "default") {
+			return a == "default"
+		}
+		if len(a) != len(b) {
+			return len(a) < len(b)
+		}
+		return a < b
+	})
 	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows {
 		return m, fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows)
 	}
