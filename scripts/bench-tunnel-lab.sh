@@ -24,7 +24,7 @@ while getopts d:n: o; do
     *) echo "usage: $0 [-d seconds] [-n runs]" >&2; exit 2 ;;
   esac
 done
-for t in ip iperf3 mptcpize jq go; do
+for t in ip iperf3 mptcpize jq go wg; do
   command -v "$t" >/dev/null || { echo "bench-tunnel-lab: $t not installed (scripts/setup.sh)" >&2; exit 1; }
 done
 [ "$(id -u)" = 0 ] || { echo "bench-tunnel-lab: must run as root" >&2; exit 1; }
@@ -47,12 +47,19 @@ go build -o "$TMP/twbench" ./internal/tunnel/cmd/twbench
 ns() { echo "$LAB-$1"; }
 SERVER=10.0.3.2  # lab.Addr("server"); .1 is r2
 
-"$TMP/twbench" -relay-ns "$(ns detour)" -client-ns "$(ns client)" -relay-addr 10.0.6.2 \
-  >"$TMP/twbench.out" 2>"$TMP/twbench.err" &
+wg genkey >"$TMP/tr.key"; wg genkey >"$TMP/tc.key"
+ip netns exec "$(ns detour)" "$TMP/twbench" relay -key "$(cat "$TMP/tr.key")" -peer "$(wg pubkey <"$TMP/tc.key")" \
+  -subnet 100.80.0.0/16 >"$TMP/twr.out" 2>"$TMP/twr.err" &
 PIDS+=($!)
-for _ in $(seq 50); do grep -q ready "$TMP/twbench.out" 2>/dev/null && break; sleep 0.1; done
-grep -q ready "$TMP/twbench.out" || { cat "$TMP/twbench.err" >&2; exit 1; }
-TUNADDR=$(awk '/^addr/{print $2}' "$TMP/twbench.out")
+for _ in $(seq 50); do grep -q ready "$TMP/twr.out" 2>/dev/null && break; sleep 0.1; done
+grep -q ready "$TMP/twr.out" || { cat "$TMP/twr.err" >&2; exit 1; }
+TUNPREFIX=$(awk '/^address/{print $2}' "$TMP/twr.out")
+TUNADDR=${TUNPREFIX%/*}
+ip netns exec "$(ns client)" "$TMP/twbench" client -key "$(cat "$TMP/tc.key")" -address "$TUNPREFIX" \
+  -relay-key "$(awk '/^key/{print $2}' "$TMP/twr.out")" -endpoint 10.0.6.2:51820 >"$TMP/twc.out" 2>"$TMP/twc.err" &
+PIDS+=($!)
+for _ in $(seq 50); do grep -q ready "$TMP/twc.out" 2>/dev/null && break; sleep 0.1; done
+grep -q ready "$TMP/twc.out" || { cat "$TMP/twc.err" >&2; exit 1; }
 
 ip netns exec "$(ns server)" mptcpize run iperf3 -s >/dev/null 2>&1 &
 PIDS+=($!)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tunnel benchmark (issue 6): TCP goodput A -> C through B over unshaped veths,
 # side by side in one run: plain routing, mpdetour's embedded WireGuard
-# (internal/tunnel, via internal/tunnel/cmd/twbench), OpenVPN 2.6 (Debian,
+# (internal/tunnel, one process per end via internal/tunnel/cmd/twbench), OpenVPN 2.6 (Debian,
 # default data cipher, TLS peer-to-peer with self-signed certificates pinned
 # by fingerprint) and the Debian wireguard-go binary (configured with wg).
 # The tunnel runs A <-> B, B forwards to C (the server), for every variant.
@@ -100,15 +100,24 @@ ip -n $C addr add 10.92.0.4/24 dev b0
 ip -n $A route add 10.92.0.0/24 via 10.91.0.2
 add_variant "plain routing (veth, forwarded by B)" $SERVER "" ""
 
-# 2. mpdetour embedded WireGuard (Server in B, Client in A, one process);
+# 2. mpdetour WireGuard as shipped: internal/tunnel's Server in B and Client
+#    in A, each in its own process and namespace (as mpdetour relay / agent);
 #    only packets from the tunnel address use the tunnel (policy routing).
-"$TMP/twbench" -relay-ns $B -client-ns $A -relay-addr 10.91.0.2 >"$TMP/twbench.out" 2>"$TMP/twbench.err" &
-TWPID=$!; PIDS+=($TWPID)
-for _ in $(seq 50); do grep -q ready "$TMP/twbench.out" 2>/dev/null && break; sleep 0.1; done
-grep -q ready "$TMP/twbench.out" || { cat "$TMP/twbench.err" >&2; exit 1; }
-TUNADDR=$(awk '/^addr/{print $2}' "$TMP/twbench.out")
-BACKEND=$(awk '/^backend/{print $2}' "$TMP/twbench.out")
-add_variant "mpdetour WireGuard ($BACKEND, as shipped)" $SERVER "-B $TUNADDR" "$TWPID"
+wg genkey >"$TMP/tr.key"; wg genkey >"$TMP/tc.key"
+ip netns exec $B "$TMP/twbench" relay -key "$(cat "$TMP/tr.key")" -peer "$(wg pubkey <"$TMP/tc.key")" \
+  >"$TMP/twr.out" 2>"$TMP/twr.err" &
+TWR=$!; PIDS+=($TWR)
+for _ in $(seq 50); do grep -q ready "$TMP/twr.out" 2>/dev/null && break; sleep 0.1; done
+grep -q ready "$TMP/twr.out" || { cat "$TMP/twr.err" >&2; exit 1; }
+TUNPREFIX=$(awk '/^address/{print $2}' "$TMP/twr.out")
+TUNADDR=${TUNPREFIX%/*}
+BACKEND=$(awk '/^backend/{print $2}' "$TMP/twr.out")
+ip netns exec $A "$TMP/twbench" client -key "$(cat "$TMP/tc.key")" -address "$TUNPREFIX" \
+  -relay-key "$(awk '/^key/{print $2}' "$TMP/twr.out")" -endpoint 10.91.0.2:51820 >"$TMP/twc.out" 2>"$TMP/twc.err" &
+TWC=$!; PIDS+=($TWC)
+for _ in $(seq 50); do grep -q ready "$TMP/twc.out" 2>/dev/null && break; sleep 0.1; done
+grep -q ready "$TMP/twc.out" || { cat "$TMP/twc.err" >&2; exit 1; }
+add_variant "mpdetour WireGuard ($BACKEND, as shipped)" $SERVER "-B $TUNADDR" "$TWC $TWR"
 
 # 3. OpenVPN 2.6, TLS peer-to-peer, default data ciphers (negotiates AES-256-GCM)
 for s in a b; do
