@@ -29,7 +29,7 @@ func init() {
 			rs.close()
 			return nil, err
 		}
-		return &transfer{env: env, dst: granted, paths: rs.paths, close: rs.close}, nil
+		return &transfer{env: env, dst: granted, paths: rs.paths, close: rs.close, daemons: rs.daemons}, nil
 	}
 	procedures[scenario.MPTCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
 		rs, err := startRelays(ctx, env, "")
@@ -50,7 +50,7 @@ func init() {
 			return nil, err
 		}
 		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours), paths: rs.paths,
-			close: func() error { return errors.Join(ag.stop(), rs.close()) }}, nil
+			close: func() error { return errors.Join(ag.stop(), rs.close()) }, daemons: append([]*daemon{ag}, rs.daemons...)}, nil
 	}
 }
 

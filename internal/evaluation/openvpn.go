@@ -99,7 +99,8 @@ func setupOpenVPN(ctx context.Context, env *Env) (_ Session, err error) {
 	if err != nil {
 		return nil, err
 	}
-	return &transfer{env: env, dst: env.serverAddr(), paths: map[netip.Addr]string{ovpnClient: "openvpn:" + node}, close: closeAll}, nil
+	return &transfer{env: env, dst: env.serverAddr(), paths: map[netip.Addr]string{ovpnClient: "openvpn:" + node},
+		close: closeAll, daemons: []*daemon{peer, cl}}, nil
 }
 
 // writeStaticKey writes an OpenVPN static key file (2048 random bits).

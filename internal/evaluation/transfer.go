@@ -39,6 +39,19 @@ type transfer struct {
 	// paths names subflows by their local or remote address.
 	paths map[netip.Addr]string
 	close func() error
+	// daemons are the cell's relay/agent processes: one that died
+	// explains a failed trial.
+	daemons []*daemon
+}
+
+// explain adds to err what became of the cell's daemons.
+func (t *transfer) explain(err error) error {
+	for _, d := range t.daemons {
+		if ok, _ := d.exited(); ok {
+			return fmt.Errorf("%w; %w", err, d.failure())
+		}
+	}
+	return err
 }
 
 func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
@@ -55,7 +68,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		Netns: e.Lab.NetnsPath(e.Roles.Client),
 	})
 	if err != nil {
-		return Measurement{}, err
+		return Measurement{}, t.explain(err)
 	}
 	if res.CongestionControl != e.CC {
 		return Measurement{}, fmt.Errorf("congestion control is %q, not %q", res.CongestionControl, e.CC)
@@ -99,7 +112,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		return a < b
 	})
 	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows {
-		return m, fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows)
+		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
 	}
 	return m, nil
 }

@@ -33,7 +33,7 @@ func init() {
 			ts.close()
 			return nil, err
 		}
-		return &transfer{env: env, dst: env.serverAddr(), paths: ts.paths,
+		return &transfer{env: env, dst: env.serverAddr(), paths: ts.paths, daemons: ts.rs.daemons,
 			close: func() error { return errors.Join(undo(), ts.close()) }}, nil
 	}
 	procedures[scenario.MPTCPTunnel] = func(ctx context.Context, env *Env) (Session, error) {
@@ -51,7 +51,8 @@ func init() {
 			return nil, err
 		}
 		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(ds), paths: ts.paths,
-			close: func() error { return errors.Join(ag.stop(), ts.close()) }}, nil
+			daemons: append([]*daemon{ag}, ts.rs.daemons...),
+			close:   func() error { return errors.Join(ag.stop(), ts.close()) }}, nil
 	}
 }
 
