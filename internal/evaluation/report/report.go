@@ -42,7 +42,8 @@ type PathStat struct {
 	Path       string
 	MeanBytes  float64 // per trial
 	Share      float64 // of all subflow bytes in the cell
-	MeanRTTms  float64
+	MeanRTTms  float64 // smoothed RTT at the end of the transfer
+	MinRTTms   float64 // mean of the subflows' minimum RTTs (no queueing)
 	MeanRetran float64
 }
 
@@ -91,6 +92,7 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 				}
 				a.bytes += float64(sf.Bytes)
 				a.rtt += sf.RTTms
+				a.minRTT += sf.MinRTTms
 				a.retrans += float64(sf.Retrans)
 				a.n++
 			}
@@ -113,7 +115,7 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 			total += a.bytes
 		}
 		for p, a := range paths[cell] {
-			ps := PathStat{Path: p, MeanBytes: a.bytes / float64(cell.Goodput.N), MeanRTTms: a.rtt / float64(a.n), MeanRetran: a.retrans / float64(cell.Goodput.N)}
+			ps := PathStat{Path: p, MeanBytes: a.bytes / float64(cell.Goodput.N), MeanRTTms: a.rtt / float64(a.n), MinRTTms: a.minRTT / float64(a.n), MeanRetran: a.retrans / float64(cell.Goodput.N)}
 			if total > 0 {
 				ps.Share = a.bytes / total
 			}
@@ -434,12 +436,12 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 				continue
 			}
 			for _, ps := range c.Subflows {
-				sf = append(sf, fmt.Sprintf("| %s | %s | %.1f | %.1f%% | %.1f | %.1f |", c.Label(), ps.Path, ps.MeanBytes/1e6, 100*ps.Share, ps.MeanRTTms, ps.MeanRetran))
+				sf = append(sf, fmt.Sprintf("| %s | %s | %.1f | %.1f%% | %.1f | %.1f | %.1f |", c.Label(), ps.Path, ps.MeanBytes/1e6, 100*ps.Share, ps.MeanRTTms, ps.MinRTTms, ps.MeanRetran))
 			}
 		}
 		if len(sf) > 0 {
 			p.f("\nPer-subflow (sender's kernel, end of transfer, mean per trial):\n\n")
-			p.f("| procedure | path | MB acked | share | RTT ms | retransmits |\n|---|---|---:|---:|---:|---:|\n")
+			p.f("| procedure | path | MB acked | share | RTT ms | min RTT ms | retransmits |\n|---|---|---:|---:|---:|---:|---:|\n")
 			p.f("%s\n", strings.Join(sf, "\n"))
 		}
 		if f := plots[cfg.Name]; f != "" {
