@@ -66,8 +66,8 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 		d.byKey[results.Key{Configuration: c.Configuration, Cell: c.ID}] = cell
 	}
 	type acc struct {
-		bytes, rtt, retrans float64
-		n                   int
+		bytes, rtt, minRTT, retrans float64
+		n                           int
 	}
 	paths := map[*Cell]map[string]*acc{}
 	for _, r := range recs {
