@@ -287,6 +287,9 @@ func printCheck(r *lab.CheckReport) {
 			d.LossSpec*100, float64(d.Lost)/float64(max(d.Sent, 1))*100, d.LossLo*100, d.LossHi*100, mark(d.LossOK))
 	}
 	w.Flush()
+	if r.LoadAvg > float64(r.CPUs) {
+		fmt.Printf("note: load average %.1f on %d CPUs: goodput shortfalls may be the traffic endpoints starving, not the links\n", r.LoadAvg, r.CPUs)
+	}
 	if r.DelayLineCPU > 0 {
 		fmt.Printf("delay line CPU during the goodput phase: %.2f cores\n", r.DelayLineCPU)
 	}

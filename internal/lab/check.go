@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,6 +91,11 @@ type CheckReport struct {
 	Samples    int        `json:"loss_samples"`
 	Directions []DirCheck `json:"directions"`
 	OK         bool       `json:"ok"`
+	// LoadAvg is the 1-minute load average when the check ended and CPUs
+	// the number of CPUs: above CPUs, the traffic endpoints themselves
+	// may be starved, which shows as goodput below spec.
+	LoadAvg float64 `json:"load_avg"`
+	CPUs    int     `json:"cpus"`
 	// DelayLineCPU is the delay line's CPU use during the goodput phase,
 	// in cores (1.0 = one core busy); 0 without a delay line.
 	DelayLineCPU float64 `json:"delay_line_cpu_cores"`
@@ -269,6 +275,12 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 		}
 		if cpu0 > 0 {
 			rep.DelayLineCPU = (l.delayLineCPU() - cpu0).Seconds() / time.Since(t0).Seconds()
+		}
+	}
+	rep.CPUs = runtime.NumCPU()
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			rep.LoadAvg, _ = strconv.ParseFloat(f[0], 64)
 		}
 	}
 	rep.OK = true
