@@ -380,8 +380,19 @@ func (r *runner) progress(rec results.Record, c scenario.Cell) {
 		}
 		res += " (" + strings.Join(parts, ", ") + ")"
 	}
-	fmt.Fprintf(r.o.Progress, "[%d/%d trials, ETA %s] %s / %s #%d: %s\n",
-		r.done, r.total, eta, c.Configuration, c.Label(), rec.Trial, res)
+	cells, full := 0, 0
+	for _, x := range r.s.Cells() {
+		k := results.Key{Configuration: x.Configuration, Cell: x.ID}
+		if r.unavailable[k] {
+			continue
+		}
+		cells++
+		if r.doneBy[k] >= x.Trials {
+			full++
+		}
+	}
+	fmt.Fprintf(r.o.Progress, "[%d/%d cells, %d/%d trials, ETA %s] %s / %s #%d: %s\n",
+		full, cells, r.done, r.total, eta, c.Configuration, c.Label(), rec.Trial, res)
 }
 
 func saveScenario(dir string, s *scenario.Scenario) error {
