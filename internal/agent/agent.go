@@ -43,6 +43,9 @@ type Agent struct {
 		events, lost, resyncs, commands, cmdErrors, adopted atomic.Uint64
 	}
 	lat latency
+
+	errMu    sync.Mutex
+	errnoCnt map[string]uint64 // command failures by errno name
 }
 
 type connView struct {
@@ -283,6 +286,17 @@ func (a *Agent) worker(pm *mptcppm.Conn) {
 		a.stats.commands.Add(1)
 		if err != nil {
 			a.stats.cmdErrors.Add(1)
+			name := "other"
+			var pe *mptcppm.Error
+			if errors.As(err, &pe) && pe.Errno != 0 {
+				name = pe.Errno.Error()
+			}
+			a.errMu.Lock()
+			if a.errnoCnt == nil {
+				a.errnoCnt = map[string]uint64{}
+			}
+			a.errnoCnt[name]++
+			a.errMu.Unlock()
 			a.results <- result{in: in, err: err}
 		}
 	}

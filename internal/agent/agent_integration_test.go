@@ -31,7 +31,7 @@ type detourLab struct {
 
 var labSeq int
 
-func upDetourLab(t *testing.T, k int) *detourLab {
+func upDetourLab(t testing.TB, k int) *detourLab {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "nft", "ip")
 	topo, err := lab.Builtin("detours")
@@ -70,7 +70,7 @@ func upDetourLab(t *testing.T, k int) *detourLab {
 	return dl
 }
 
-func (dl *detourLab) run(t *testing.T, node string, argv ...string) string {
+func (dl *detourLab) run(t testing.TB, node string, argv ...string) string {
 	t.Helper()
 	out, err := dl.l.Command(t.Context(), node, argv...).CombinedOutput()
 	if err != nil {
@@ -79,7 +79,7 @@ func (dl *detourLab) run(t *testing.T, node string, argv ...string) string {
 	return string(out)
 }
 
-func (dl *detourLab) nft(t *testing.T, node, rules string) {
+func (dl *detourLab) nft(t testing.TB, node, rules string) {
 	t.Helper()
 	cmd := dl.l.Command(t.Context(), node, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)

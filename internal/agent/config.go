@@ -132,7 +132,9 @@ func ParseConfig(b []byte) (Config, error) {
 		return c, fmt.Errorf("command_workers: %d out of range 1-64", c.CommandWorkers)
 	}
 	if c.CommandWorkers == 0 {
-		c.CommandWorkers = 2
+		// SUBFLOW_CREATE does the connect in the caller's syscall; with
+		// one or two sockets bursts queue up (docs/agent.md, benchmark).
+		c.CommandWorkers = 4
 	}
 	c.EventBuffer = f.EventBuffer
 	if c.EventBuffer < 0 || c.EventBuffer > 1<<30 {

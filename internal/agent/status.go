@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -39,6 +40,8 @@ type Counters struct {
 	Adopted       uint64 `json:"adopted"`
 	Commands      uint64 `json:"commands"`
 	CommandErrors uint64 `json:"command_errors"`
+	// ErrorsByErrno splits CommandErrors by the kernel's errno.
+	ErrorsByErrno map[string]uint64 `json:"errors_by_errno,omitempty"`
 }
 
 // ConnStatus is one managed connection.
@@ -135,6 +138,11 @@ func (a *Agent) Status() Status {
 	st.Counters = Counters{Events: a.stats.events.Load(), EventsLost: a.stats.lost.Load(),
 		Resyncs: a.stats.resyncs.Load(), Adopted: a.stats.adopted.Load(),
 		Commands: a.stats.commands.Load(), CommandErrors: a.stats.cmdErrors.Load()}
+	a.errMu.Lock()
+	if len(a.errnoCnt) > 0 {
+		st.Counters.ErrorsByErrno = maps.Clone(a.errnoCnt)
+	}
+	a.errMu.Unlock()
 	live := map[uint32]mptcppm.Connection{}
 	if conns, err := mptcppm.Dump(a.opts); err != nil {
 		st.DiagError = err.Error()
