@@ -92,6 +92,18 @@ func BenchCommand() *cli.Command {
 				if name != "bench" {
 					again += " --name " + name
 				}
+				if procs != "" {
+					again += " --procedures " + procs
+				}
+				if trials > 0 {
+					again += fmt.Sprintf(" --trials %d", trials)
+				}
+				if duration > 0 {
+					again += " --duration " + duration.String()
+				}
+				if interleave {
+					again += " --interleave"
+				}
 				return fmt.Errorf("interrupted; the lab is down; continue with: %s", again)
 			}
 			return err
