@@ -1,9 +1,11 @@
 // Package goodput measures bulk-transfer goodput the way the reference
 // evaluation did: a sender writes for a fixed duration, the receiver counts
-// the bytes it reads, and goodput is the bytes read from t = warm-up (1 s)
-// to the last byte, divided by that elapsed time. Starting the window late
-// drops slow start; ending it at the last byte (not at a fixed 10 s) keeps
-// MPTCP's slower close out of the measurement.
+// the bytes it reads, and goodput is the bytes that arrived from t = warm-up
+// (1 s) to the last byte, divided by that elapsed time. Starting the window
+// late drops slow start; ending it at the last byte (not at a fixed 10 s)
+// keeps MPTCP's slower close out of the measurement. Arrival times are the
+// receiving kernel's timestamps, so a receiver that is short of CPU and
+// reads late does not shift bytes into the window.
 //
 // The sender sets the congestion control of its socket (default cubic,
 // whatever the host default) and reports what the kernel applied. For MPTCP
@@ -52,7 +54,8 @@ type Result struct {
 	WindowSeconds float64 `json:"window_s"`
 	// Goodput is the reference method: WindowBytes*8 / WindowSeconds.
 	Goodput float64 `json:"goodput_mbps"`
-	// Samples are the receiver's per-second counts, from acceptance.
+	// Samples are the receiver's per-second counts, from the arrival of the
+	// first data.
 	Samples []Sample `json:"samples"`
 
 	// Subflows is the sender's kernel view at the end of the transfer: every

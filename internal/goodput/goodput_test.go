@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -294,5 +295,31 @@ func TestMPTCPTwoSubflows(t *testing.T) {
 	// Two paths must carry more than one can.
 	if r.Goodput < 21 {
 		t.Errorf("goodput %.2f Mbit/s: the second subflow added nothing", r.Goodput)
+	}
+}
+
+// TestConcurrentClients: two flows at once are measured independently (a
+// one-at-a-time receiver would leave the second's data in its socket buffer
+// and read it in one burst, with no goodput window).
+func TestConcurrentClients(t *testing.T) {
+	s := serve(t, ServeOptions{Addr: "127.0.0.1:0"})
+	var wg sync.WaitGroup
+	res := make([]*Result, 2)
+	errs := make([]error, 2)
+	for i := range res {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = Send(context.Background(), SendOptions{Addr: s.Addr().String(), Duration: 1500 * time.Millisecond, Warmup: 500 * time.Millisecond})
+		}()
+	}
+	wg.Wait()
+	for i, r := range res {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if r.WindowSeconds < 0.5 || r.Goodput <= 0 {
+			t.Errorf("client %d: window %.3f s, goodput %.0f Mbit/s", i, r.WindowSeconds, r.Goodput)
+		}
 	}
 }

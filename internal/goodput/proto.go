@@ -61,7 +61,8 @@ func parseHello(b []byte) (hello, error) {
 
 // Sample is the data received during one second of the transfer.
 type Sample struct {
-	// Start is the offset of the second from the connection's acceptance.
+	// Start is the offset of the second from the arrival of the sender's
+	// first bytes (its hello), by the receiving kernel's clock.
 	Start float64 `json:"start_s"`
 	// Seconds is the length of the sample: 1 except for the last one.
 	Seconds float64 `json:"seconds"`
@@ -76,12 +77,12 @@ type Summary struct {
 	MPTCP bool `json:"mptcp"`
 	// Bytes counts every data byte after the hello.
 	Bytes uint64 `json:"bytes"`
-	// WarmupNs is the warm-up the receiver applied; bytes read before it
-	// (from acceptance) are excluded from the goodput window.
+	// WarmupNs is the warm-up the receiver applied; bytes that arrived
+	// before it (counted from the hello) are excluded from the goodput window.
 	WarmupNs int64 `json:"warmup_ns"`
-	// LastNs is when the last data byte was read (offset from acceptance).
+	// LastNs is when the last data byte arrived (offset from the hello).
 	LastNs int64 `json:"last_ns"`
-	// WindowBytes were read at or after the warm-up, up to LastNs.
+	// WindowBytes arrived at or after the warm-up, up to LastNs.
 	WindowBytes uint64   `json:"window_bytes"`
 	Samples     []Sample `json:"samples"`
 }
@@ -135,16 +136,17 @@ func ParseSummary(b []byte) (*Summary, error) {
 
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
-// counter turns the receiver's reads into a Summary.
+// counter turns the receiver's reads, stamped with their arrival times,
+// into a Summary.
 type counter struct {
 	warmup time.Duration
 	bytes  uint64
 	window uint64
 	last   time.Duration
-	per    []uint64 // bytes per second since acceptance
+	per    []uint64 // bytes per second since the hello
 }
 
-// add records n bytes read at offset t from acceptance.
+// add records n bytes that arrived at offset t from the hello.
 func (c *counter) add(t time.Duration, n int) {
 	if n <= 0 {
 		return

@@ -2,6 +2,7 @@ package goodput
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ServeOptions configure a receiver.
@@ -22,8 +27,9 @@ type ServeOptions struct {
 	IdleTimeout time.Duration
 }
 
-// Server is a listening receiver. It serves clients one at a time, so that
-// measurements never share the link with each other.
+// Server is a listening receiver. Each client is measured on its own, so
+// concurrent clients (flows sharing a bottleneck) each get their own
+// summary.
 type Server struct {
 	ln    *net.TCPListener
 	o     ServeOptions
@@ -70,19 +76,19 @@ func (s *Server) MPTCP() bool { return s.mptcp }
 // Close stops listening.
 func (s *Server) Close() error { return s.ln.Close() }
 
-// Serve accepts clients until ctx is done, then closes the listener and
-// returns nil. A misbehaving client is logged and dropped.
+// Serve accepts clients until ctx is done, then closes the listener, ends
+// the transfers in progress and returns nil. A misbehaving client is logged
+// and dropped.
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
 	defer stop()
 	defer s.ln.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		c, err := s.ln.AcceptTCP()
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, net.ErrClosed) {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
 			var ne net.Error
@@ -91,22 +97,27 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
-		sum, err := s.handle(ctx, c)
-		log := s.o.Log.With("client", c.RemoteAddr().String())
-		if err != nil {
-			log.Warn("client failed", "err", err)
-			continue
-		}
-		if sum.WindowBytes == 0 {
-			log.Warn("client stopped before the end of its warm-up (interrupted?)", "bytes", sum.Bytes)
-			continue
-		}
-		g := 0.0
-		if sum.LastNs > sum.WarmupNs {
-			g = float64(sum.WindowBytes) * 8 / time.Duration(sum.LastNs-sum.WarmupNs).Seconds() / 1e6
-		}
-		log.Info("client done", "bytes", sum.Bytes, "goodput_mbps", fmt.Sprintf("%.3f", g), "mptcp", sum.MPTCP)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveOne(ctx, c)
+		}()
 	}
+}
+
+func (s *Server) serveOne(ctx context.Context, c *net.TCPConn) {
+	log := s.o.Log.With("client", c.RemoteAddr().String())
+	sum, err := s.handle(ctx, c)
+	if err != nil {
+		log.Warn("client failed", "err", err)
+		return
+	}
+	if sum.WindowBytes == 0 {
+		log.Warn("client stopped before the end of its warm-up (interrupted?)", "bytes", sum.Bytes)
+		return
+	}
+	g := float64(sum.WindowBytes) * 8 / time.Duration(sum.LastNs-sum.WarmupNs).Seconds() / 1e6
+	log.Info("client done", "bytes", sum.Bytes, "goodput_mbps", fmt.Sprintf("%.3f", g), "mptcp", sum.MPTCP)
 }
 
 // Serve listens and serves until ctx is done.
@@ -118,17 +129,35 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	return s.Serve(ctx)
 }
 
+// handle measures one client. Times come from the kernel's receive
+// timestamps (SO_TIMESTAMPNS, supported by TCP and MPTCP sockets): when a
+// busy receiver reads late, the bytes still count at the time they arrived.
+// t = 0 is the arrival of the client's hello, i.e. the start of its data.
 func (s *Server) handle(ctx context.Context, c *net.TCPConn) (*Summary, error) {
-	accepted := time.Now()
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	mp, _ := c.MultipathTCP()
+	r, err := newStampedReader(c)
+	if err != nil {
+		return nil, err
+	}
 
 	h := make([]byte, helloSize)
-	_ = c.SetReadDeadline(accepted.Add(s.o.IdleTimeout))
-	if _, err := io.ReadFull(c, h); err != nil {
-		return nil, fmt.Errorf("reading hello: %w", err)
+	var start int64
+	for got := 0; got < helloSize; {
+		_ = c.SetReadDeadline(time.Now().Add(s.o.IdleTimeout))
+		n, ts, err := r.read(h[got:])
+		if err != nil {
+			return nil, fmt.Errorf("reading hello: %w", err)
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("reading hello: %w", io.ErrUnexpectedEOF)
+		}
+		if got == 0 {
+			start = ts
+		}
+		got += n
 	}
 	hl, err := parseHello(h)
 	if err != nil {
@@ -138,17 +167,17 @@ func (s *Server) handle(ctx context.Context, c *net.TCPConn) (*Summary, error) {
 	buf := make([]byte, 256<<10)
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(s.o.IdleTimeout))
-		n, err := c.Read(buf)
-		cnt.add(time.Since(accepted), n)
-		if err == io.EOF {
-			break
-		}
+		n, ts, err := r.read(buf)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return nil, fmt.Errorf("no data for %v", s.o.IdleTimeout)
 			}
 			return nil, err
 		}
+		if n == 0 {
+			break
+		}
+		cnt.add(time.Duration(ts-start), n)
 	}
 	sum := cnt.summary(mp)
 	b, err := json.Marshal(sum)
@@ -160,4 +189,66 @@ func (s *Server) handle(ctx context.Context, c *net.TCPConn) (*Summary, error) {
 		return nil, fmt.Errorf("writing summary: %w", err)
 	}
 	return &sum, nil
+}
+
+// stampedReader reads a stream socket with recvmsg to get, with each read,
+// the kernel's arrival time of the newest data it returned.
+type stampedReader struct {
+	rc  syscall.RawConn
+	oob []byte
+}
+
+func newStampedReader(c *net.TCPConn) (*stampedReader, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
+	}); err != nil {
+		return nil, err
+	}
+	if serr != nil {
+		return nil, fmt.Errorf("SO_TIMESTAMPNS: %w", serr)
+	}
+	return &stampedReader{rc: rc, oob: make([]byte, 128)}, nil
+}
+
+// read returns n = 0 at end of stream. ts is Unix ns: the kernel's stamp,
+// or the current time when the kernel sent none.
+func (r *stampedReader) read(p []byte) (n int, ts int64, err error) {
+	var oobn int
+	var rerr error
+	err = r.rc.Read(func(fd uintptr) bool {
+		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), p, r.oob, 0)
+		return rerr != unix.EAGAIN
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	ts = rxTimestamp(r.oob[:oobn])
+	if ts == 0 {
+		ts = time.Now().UnixNano()
+	}
+	return n, ts, nil
+}
+
+// rxTimestamp returns the SCM_TIMESTAMPNS time in Unix ns, or 0.
+func rxTimestamp(oob []byte) int64 {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_TIMESTAMPNS && len(m.Data) >= 16 {
+			sec := int64(binary.NativeEndian.Uint64(m.Data))
+			nsec := int64(binary.NativeEndian.Uint64(m.Data[8:]))
+			return sec*1e9 + nsec
+		}
+	}
+	return 0
 }
