@@ -24,6 +24,7 @@ run() { # label, check flags..., --, up flags...
 
 run core-limited --duration 10s -- --set profile=core-limited
 run core-limited-sequential --duration 10s --sequential -- --set profile=core-limited
+run core-limited-all-at-once --duration 10s --all-at-once -- --set profile=core-limited
 run symmetric --duration 10s -- --set profile=symmetric
 run lossy-1pct --samples 20000 --no-rate -- --set variant=lossy
 run delayed-100ms --duration 10s -- --set variant=delayed

@@ -126,7 +126,7 @@ func init() {
 	check := &cli.Command{
 		Name:         "check",
 		Summary:      "measure every link (RTT, goodput, loss) against its spec; exit 1 if any is off",
-		Usage:        "NAME [--json] [--save FILE] [--duration D] [--samples N] [--links L1,L2] [--sequential] [--no-rate]",
+		Usage:        "NAME [--json] [--save FILE] [--duration D] [--samples N] [--links L1,L2] [--sequential | --all-at-once] [--no-rate]",
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&jsonOut, "json", false, "print the report as JSON")
@@ -138,10 +138,14 @@ func init() {
 			fs.StringVar(&checkLinks, "links", "", "comma-separated links to check (default: all)")
 			fs.BoolVar(&opts.Sequential, "sequential", false, "measure goodput one direction at a time (default: all links' a->b at once, then b->a)")
 			fs.BoolVar(&opts.NoRate, "no-rate", false, "skip the goodput measurement")
+			fs.BoolVar(&opts.AllAtOnce, "all-at-once", false, "load every direction of every link at once (full load; spec reduced by the reverse flow's ACKs)")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) != 1 {
 				return cli.Usagef("lab check takes one lab NAME")
+			}
+			if opts.Sequential && opts.AllAtOnce {
+				return cli.Usagef("--sequential and --all-at-once exclude each other")
 			}
 			if checkLinks != "" {
 				opts.Links = strings.Split(checkLinks, ",")
