@@ -284,7 +284,11 @@ func supervisorMain() int {
 	unix.Close(3)
 	start := time.Now()
 	st, err := Serve(lfd, log)
-	log.Info("supervisor done", "mptcp", st.MPTCP, "fallback", st.Fallback, "gone", st.Gone, "uptime", time.Since(start).Round(time.Millisecond))
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	log.Info("supervisor done", "mptcp", st.MPTCP, "fallback", st.Fallback, "gone", st.Gone,
+		"uptime", time.Since(start).Round(time.Millisecond), "cpu", cpu.Round(time.Microsecond))
 	if err != nil {
 		log.Error("supervisor failed", "err", err)
 		return 1
