@@ -323,3 +323,48 @@ func TestConcurrentClients(t *testing.T) {
 		}
 	}
 }
+
+// TestArrivalTimestamps: data read 50 ms after it arrived is stamped with
+// its arrival, for TCP and MPTCP sockets alike.
+func TestArrivalTimestamps(t *testing.T) {
+	for _, mp := range []bool{false, true} {
+		if mp {
+			testenv.MPTCP(t)
+		}
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(mp)
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		var d net.Dialer
+		d.SetMultipathTCP(mp)
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		sc, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sc.Close()
+		r, err := newStampedReader(sc.(*net.TCPConn))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := time.Now()
+		if _, err := c.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		n, ts, err := r.read(make([]byte, 16))
+		if err != nil || n != 5 {
+			t.Fatalf("read %d, %v", n, err)
+		}
+		if arrived := time.Unix(0, ts); arrived.Sub(sent) > 40*time.Millisecond {
+			t.Errorf("mptcp=%v: stamped %v after sending, want the arrival time, not the read time", mp, arrived.Sub(sent))
+		}
+	}
+}
