@@ -324,7 +324,7 @@ func TestConcurrentClients(t *testing.T) {
 	}
 }
 
-// TestArrivalTimestamps: data read 50 ms after it arrived is stamped with
+// TestArrivalTimestamps: data read 300 ms after it arrived is stamped with
 // its arrival, for TCP and MPTCP sockets alike.
 func TestArrivalTimestamps(t *testing.T) {
 	for _, mp := range []bool{false, true} {
@@ -358,12 +358,12 @@ func TestArrivalTimestamps(t *testing.T) {
 		if _, err := c.Write([]byte("hello")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond)
 		n, ts, err := r.read(make([]byte, 16))
 		if err != nil || n != 5 {
 			t.Fatalf("read %d, %v", n, err)
 		}
-		if arrived := time.Unix(0, ts); arrived.Sub(sent) > 40*time.Millisecond {
+		if arrived := time.Unix(0, ts); arrived.Sub(sent) > 200*time.Millisecond {
 			t.Errorf("mptcp=%v: stamped %v after sending, want the arrival time, not the read time", mp, arrived.Sub(sent))
 		}
 	}
