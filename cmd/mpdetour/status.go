@@ -49,7 +49,9 @@ func printStatus(st agent.Status) {
 	fmt.Printf("events %d, lost %d, resyncs %d, adopted %d, commands %d (%d failed)\n",
 		c.Events, c.EventsLost, c.Resyncs, c.Adopted, c.Commands, c.CommandErrors)
 	if l := st.Latency; l.Samples > 0 {
-		fmt.Printf("ESTABLISHED -> SUBFLOW_CREATE: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples)\n", l.P50ms, l.P99ms, l.Maxms, l.Samples)
+		fmt.Printf("ESTABLISHED -> SUBFLOW_CREATE sent: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples)\n", l.P50ms, l.P99ms, l.Maxms, l.Samples)
+		a := st.LatencyAck
+		fmt.Printf("ESTABLISHED -> SUBFLOW_CREATE acked: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", a.P50ms, a.P99ms, a.Maxms)
 	}
 	if st.DiagError != "" {
 		fmt.Printf("inet_diag: %s\n", st.DiagError)

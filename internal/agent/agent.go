@@ -42,7 +42,9 @@ type Agent struct {
 	stats struct {
 		events, lost, resyncs, commands, cmdErrors, adopted atomic.Uint64
 	}
-	lat latency
+	// lat: ESTABLISHED event received -> SUBFLOW_CREATE sent; latAck: ->
+	// the kernel's acknowledgement (it connects within the syscall).
+	lat, latAck latency
 
 	errMu    sync.Mutex
 	errnoCnt map[string]uint64 // command failures by errno name
@@ -274,9 +276,12 @@ func (a *Agent) worker(pm *mptcppm.Conn) {
 		var err error
 		switch in.Action {
 		case policy.CreateSubflow:
+			if !j.since.IsZero() {
+				a.lat.add(time.Since(j.since))
+			}
 			err = pm.SubflowCreate(in.Token, local, remote)
 			if err == nil && !j.since.IsZero() {
-				a.lat.add(time.Since(j.since))
+				a.latAck.add(time.Since(j.since))
 			}
 		case policy.DestroySubflow:
 			err = pm.SubflowDestroy(in.Token, local, remote)

@@ -148,15 +148,16 @@ func BenchmarkAgentConnectionRate(b *testing.B) {
 	b.ReportMetric(float64(st.Counters.EventsLost-st0.Counters.EventsLost), "lost-overflows")
 	b.ReportMetric(st.Latency.P50ms, "p50-ms")
 	b.ReportMetric(st.Latency.P99ms, "p99-ms")
+	b.ReportMetric(st.LatencyAck.P99ms, "p99-ack-ms")
 	b.ReportMetric(100*float64(cpu1-cpu0)/float64(wall), "agent-cpu-%")
 	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/1000/float64(max(opened.Load(), 1)), "agent-cpu-ms/conn")
 	b.ReportMetric(float64(est)/float64(max(opened.Load(), 1)), "detour-subflows/conn")
 	b.Logf("offered %d conns at %d/s: opened %d (%d failed, %d not dialed in time) in %s; events %d, overflows %d, resyncs %d; "+
-		"ESTABLISHED->SUBFLOW_CREATE p50 %.3f p99 %.3f max %.3f ms (%d samples); detour subflows established %d, failed %d; "+
+		"ESTABLISHED->SUBFLOW_CREATE sent p50 %.3f p99 %.3f max %.3f ms (%d samples), acked p50 %.3f p99 %.3f max %.3f ms; detour subflows established %d, failed %d; "+
 		"commands %d (%d errors: %v); agent CPU %s over %s; load average %s",
 		b.N, *benchRate, opened.Load(), failed.Load(), late, elapsed.Round(time.Millisecond), st.Counters.Events,
 		st.Counters.EventsLost, st.Counters.Resyncs, st.Latency.P50ms, st.Latency.P99ms, st.Latency.Maxms, st.Latency.Samples,
-		est, fail, st.Counters.Commands, st.Counters.CommandErrors, st.Counters.ErrorsByErrno, cpu1-cpu0, wall.Round(time.Millisecond), loadavg())
+		st.LatencyAck.P50ms, st.LatencyAck.P99ms, st.LatencyAck.Maxms, est, fail, st.Counters.Commands, st.Counters.CommandErrors, st.Counters.ErrorsByErrno, cpu1-cpu0, wall.Round(time.Millisecond), loadavg())
 	if s := bufio.NewScanner(&logs); s.Scan() {
 		b.Logf("agent log (first line): %s", s.Text())
 	}

@@ -27,6 +27,7 @@ type Status struct {
 	Started     time.Time      `json:"started"`
 	Counters    Counters       `json:"counters"`
 	Latency     LatencySummary `json:"established_to_subflow_create"`
+	LatencyAck  LatencySummary `json:"established_to_subflow_create_ack"`
 	Connections []ConnStatus   `json:"connections"`
 	Detours     []DetourStatus `json:"detours"`
 	DiagError   string         `json:"diag_error,omitempty"`
@@ -84,7 +85,8 @@ type DetourStatus struct {
 	Healthy     bool      `json:"healthy"`
 }
 
-// LatencySummary describes ESTABLISHED event -> SUBFLOW_CREATE acknowledged.
+// LatencySummary describes the time from an ESTABLISHED event's arrival
+// to a SUBFLOW_CREATE it caused (sent, or acknowledged by the kernel).
 type LatencySummary struct {
 	Samples int     `json:"samples"`
 	P50ms   float64 `json:"p50_ms"`
@@ -134,7 +136,7 @@ var tcpStates = [...]string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT
 
 // Status collects the agent's view and live subflow statistics.
 func (a *Agent) Status() Status {
-	st := Status{NetNS: a.cfg.NetNS, PMTypeSaved: a.pmOld, Started: a.started, Latency: a.lat.summary()}
+	st := Status{NetNS: a.cfg.NetNS, PMTypeSaved: a.pmOld, Started: a.started, Latency: a.lat.summary(), LatencyAck: a.latAck.summary()}
 	st.Counters = Counters{Events: a.stats.events.Load(), EventsLost: a.stats.lost.Load(),
 		Resyncs: a.stats.resyncs.Load(), Adopted: a.stats.adopted.Load(),
 		Commands: a.stats.commands.Load(), CommandErrors: a.stats.cmdErrors.Load()}
