@@ -3,7 +3,8 @@
 # The relay side of mpdetour's tunnel runs on the lab's "detour" node, the
 # client side on "client" (both from internal/tunnel/cmd/twbench, i.e. the
 # shipped internal/tunnel code). Three measurements, interleaved, median of
-# RUNS, iperf3 -C cubic, DURATION s each:
+# RUNS, iperf3 -C cubic, DURATION s each after OMIT s of ramp-up (iperf3 -O;
+# the second subflow starts one handshake later than the first):
 #   TCP            client -> server on the default path (L1, L2, L3)
 #   TCP via tunnel the same from the tunnel address (L1, L4, L6 to the relay,
 #                  then L6, L5, L3 to the server, masqueraded)
@@ -12,13 +13,16 @@
 #                  agent's SUBFLOW_CREATE produces)
 # Target: MPTCP + tunnel >= 0.97 x (TCP + TCP via tunnel).
 #
-# Usage: scripts/bench-tunnel-lab.sh [-d seconds] [-n runs]   (root)
+# Usage: scripts/bench-tunnel-lab.sh [-d seconds] [-n runs] [-m tunnel-mtu]   (root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=8
+DURATION=10
+OMIT=2 # seconds of slow start left out of every measurement (iperf3 -O)
 RUNS=3
-while getopts d:n: o; do
+MTU=0 # tunnel MTU, 0 = the default 1420
+while getopts d:n:m: o; do
   case $o in
+    m) MTU=$OPTARG ;;
     d) DURATION=$OPTARG ;;
     n) RUNS=$OPTARG ;;
     *) echo "usage: $0 [-d seconds] [-n runs]" >&2; exit 2 ;;
@@ -49,14 +53,14 @@ SERVER=10.0.3.2  # lab.Addr("server"); .1 is r2
 
 wg genkey >"$TMP/tr.key"; wg genkey >"$TMP/tc.key"
 ip netns exec "$(ns detour)" "$TMP/twbench" relay -key "$(cat "$TMP/tr.key")" -peer "$(wg pubkey <"$TMP/tc.key")" \
-  -subnet 100.80.0.0/16 >"$TMP/twr.out" 2>"$TMP/twr.err" &
+  -subnet 100.80.0.0/16 -mtu "$MTU" >"$TMP/twr.out" 2>"$TMP/twr.err" &
 PIDS+=($!)
 for _ in $(seq 50); do grep -q ready "$TMP/twr.out" 2>/dev/null && break; sleep 0.1; done
 grep -q ready "$TMP/twr.out" || { cat "$TMP/twr.err" >&2; exit 1; }
 TUNPREFIX=$(awk '/^address/{print $2}' "$TMP/twr.out")
 TUNADDR=${TUNPREFIX%/*}
 ip netns exec "$(ns client)" "$TMP/twbench" client -key "$(cat "$TMP/tc.key")" -address "$TUNPREFIX" \
-  -relay-key "$(awk '/^key/{print $2}' "$TMP/twr.out")" -endpoint 10.0.6.2:51820 >"$TMP/twc.out" 2>"$TMP/twc.err" &
+  -relay-key "$(awk '/^key/{print $2}' "$TMP/twr.out")" -endpoint 10.0.6.2:51820 -mtu "$MTU" >"$TMP/twc.out" 2>"$TMP/twc.err" &
 PIDS+=($!)
 for _ in $(seq 50); do grep -q ready "$TMP/twc.out" 2>/dev/null && break; sleep 0.1; done
 grep -q ready "$TMP/twc.out" || { cat "$TMP/twc.err" >&2; exit 1; }
@@ -70,7 +74,7 @@ sleep 0.5
 
 run() { # name, then the command prefix before iperf3 args
   local name=$1; shift
-  "$@" -c $SERVER -t "$DURATION" -C cubic -J >"$TMP/run.json" 2>"$TMP/run.err" || { cat "$TMP/run.err" >&2; return 1; }
+  "$@" -c $SERVER -t "$DURATION" -O "$OMIT" -C cubic -J >"$TMP/run.json" 2>"$TMP/run.err" || { cat "$TMP/run.err" >&2; return 1; }
   jq '.end.sum_received.bits_per_second' "$TMP/run.json" >>"$TMP/res.$name"
 }
 for _ in $(seq "$RUNS"); do
@@ -81,7 +85,7 @@ done
 med() { sort -g "$TMP/res.$1" | awk '{a[NR]=$1} END{printf "%.2f", a[int((NR+1)/2)]/1e6}'; }
 all() { awk '{printf "%s%.2f", (NR>1?", ":""), $1/1e6}' "$TMP/res.$1"; }
 T=$(med tcp) U=$(med tunnel) M=$(med mptcp)
-echo "# bench-tunnel-lab $(date -u +%FT%TZ) brennan2017 core-limited, ${DURATION}s x $RUNS interleaved, iperf3 -C cubic, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# bench-tunnel-lab $(date -u +%FT%TZ) tunnel MTU ${MTU/#0/1420}, brennan2017 core-limited, ${DURATION}s (after ${OMIT}s omitted) x $RUNS interleaved, iperf3 -C cubic, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| measurement | median Mbit/s | runs |"
 echo "|---|---|---|"

@@ -47,6 +47,7 @@ func run(args []string) error {
 	relayKey := fs.String("relay-key", "", "client: relay public key")
 	endpoint := fs.String("endpoint", "", "client: relay endpoint addr:port")
 	backend := fs.String("backend", "", "kernel, embedded or empty for auto")
+	mtu := fs.Int("mtu", 0, "tunnel MTU (0 = 1420)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile to this file")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -78,7 +79,7 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("-subnet: %w", err)
 		}
-		srv, err := tunnel.NewServer(tunnel.ServerConfig{Subnet: sn, ListenPort: *port, PrivateKey: priv,
+		srv, err := tunnel.NewServer(tunnel.ServerConfig{Subnet: sn, ListenPort: *port, PrivateKey: priv, MTU: *mtu,
 			Backend: tunnel.Backend(*backend), Logger: log})
 		if err != nil {
 			return err
@@ -104,7 +105,7 @@ func run(args []string) error {
 			return fmt.Errorf("-endpoint: %w", err)
 		}
 		c, err := tunnel.NewClient(tunnel.ClientConfig{Relay: "bench", PrivateKey: priv,
-			Allocation: tunnel.Allocation{Address: a, Endpoint: ep, RelayKey: rk}, Backend: tunnel.Backend(*backend), Logger: log})
+			Allocation: tunnel.Allocation{Address: a, Endpoint: ep, RelayKey: rk, MTU: *mtu}, Backend: tunnel.Backend(*backend), Logger: log})
 		if err != nil {
 			return err
 		}
