@@ -3,11 +3,13 @@
 // commands it sends, plus the inet_diag queries it needs to find existing
 // MPTCP connections and their subflows.
 //
-// The family codec is our own: when this package was written no maintained
-// Go codec for mptcp_pm existed (mptcpd is C; Go MPTCP code elsewhere only
-// toggles the socket protocol), so attribute numbers and layouts are taken
+// The family codec is our own: searching (2026-11) found no Go codec for
+// mptcp_pm; the existing ones are mptcpd (C), the Rust crate mptcp-pm
+// (endpoints and limits, no events or userspace-PM commands) and a Haskell
+// package for the out-of-tree kernel. Attribute numbers and layouts come
 // from upstream include/uapi/linux/mptcp_pm.h, include/uapi/linux/mptcp.h
-// and Documentation/netlink/specs/mptcp_pm.yaml. Sockets come from
+// and Documentation/netlink/specs/mptcp_pm.yaml, checked against the
+// kernel (see docs/agent.md for where the spec and the kernel differ). Sockets come from
 // mdlayher/genetlink and mdlayher/netlink; no cgo, no kernel patch.
 //
 // Events arrive on a multicast group. Under load the kernel may drop them
