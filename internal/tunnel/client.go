@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -104,6 +105,10 @@ type Client struct {
 	mu    sync.Mutex
 	alloc Allocation
 	since time.Time // when the current peer configuration was applied
+	// dead: the watchdog found the tunnel dead and nothing has come back
+	// since; Detours offers nothing meanwhile so the agent does not open
+	// subflows into a black hole.
+	dead atomic.Bool
 }
 
 var _ detour.Source = (*Client)(nil)
@@ -316,9 +321,10 @@ func (c *Client) LastHandshake() (time.Time, error) {
 func (c *Client) Prepare(netip.AddrPort) {}
 
 // Detours implements detour.Source: the tunnel reaches any IPv4 server,
-// with the tunnel address as the subflow's source.
+// with the tunnel address as the subflow's source. Nothing while the
+// watchdog is re-establishing a dead tunnel.
 func (c *Client) Detours(server netip.AddrPort) []detour.Detour {
-	if !server.Addr().Unmap().Is4() {
+	if !server.Addr().Unmap().Is4() || c.dead.Load() {
 		return nil
 	}
 	return []detour.Detour{{
@@ -355,7 +361,13 @@ func (c *Client) watchdog(ctx context.Context) {
 		}
 		p := st.Peers[0]
 		now := time.Now()
-		if p.ReceiveBytes != lastRx || p.TransmitBytes < txAtRx { // progress, or a new peer (counters reset)
+		// A re-created peer starts its counters at zero; anything it
+		// received (a handshake response counts) shows the relay has us.
+		reset := p.TransmitBytes < txAtRx || p.ReceiveBytes < lastRx
+		if reset || p.ReceiveBytes != lastRx {
+			if (reset && p.ReceiveBytes > 0 || !reset && p.ReceiveBytes > lastRx) && c.dead.Swap(false) {
+				c.log.Info("tunnel alive again")
+			}
 			lastRx, txAtRx, rxTime = p.ReceiveBytes, p.TransmitBytes, now
 		}
 		c.mu.Lock()
@@ -375,6 +387,7 @@ func (c *Client) watchdog(ctx context.Context) {
 			continue
 		}
 		c.log.Warn("tunnel dead, re-establishing", "why", why, "last_handshake", p.LastHandshakeTime)
+		c.dead.Store(true)
 		if c.cfg.Refresh == nil {
 			err = c.Reconnect()
 		} else {

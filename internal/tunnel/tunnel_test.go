@@ -257,7 +257,9 @@ func TestAllocationLostRefresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
+	sawWithdrawn := false
 	for !other.Contains(c1.Address()) && time.Now().Before(deadline) {
+		sawWithdrawn = sawWithdrawn || len(c1.Detours(echo)) == 0
 		time.Sleep(100 * time.Millisecond)
 	}
 	if !other.Contains(c1.Address()) {
@@ -270,7 +272,15 @@ func TestAllocationLostRefresh(t *testing.T) {
 		}
 		t.Fatalf("after re-allocation: %v", err)
 	} else {
-		t.Logf("tunnel back %v after re-allocation", took)
+		t.Logf("tunnel back %v after re-allocation (detour withdrawn meanwhile: %v)", took, sawWithdrawn)
+	}
+	// Alive again: the detour is offered again once traffic came back.
+	back := time.Now().Add(5 * time.Second)
+	for len(c1.Detours(echo)) == 0 && time.Now().Before(back) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ds := c1.Detours(echo); len(ds) != 1 || ds[0].Local != c1.Address() {
+		t.Errorf("after recovery Detours = %v", ds)
 	}
 	c1.Close()
 	srv2.Close()
