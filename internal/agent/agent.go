@@ -102,7 +102,7 @@ func New(cfg Config, log *slog.Logger, pol policy.Policy, sources ...detour.Sour
 	srcs := append([]detour.Source{NewStaticSource(cfg.Detours)}, sources...)
 	if pol == nil {
 		pol = policy.NewKeepN(policy.KeepNConfig{
-			Subflows: cfg.Subflows, Announced: announcedLimit(cfg.AnnouncedSubflows),
+			Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),
 			Selectors: cfg.Selectors, MaxConns: cfg.MaxConnections,
 			Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Log: log,
 		}, srcs)
@@ -115,9 +115,11 @@ func New(cfg Config, log *slog.Logger, pol policy.Policy, sources ...detour.Sour
 	}
 }
 
-func announcedLimit(n int) int {
+// noneIsNegative maps the config's explicit 0 to KeepN's "none" (its 0
+// means "default").
+func noneIsNegative(n int) int {
 	if n == 0 {
-		return -1 // KeepN: negative disables
+		return -1
 	}
 	return n
 }

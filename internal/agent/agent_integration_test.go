@@ -107,7 +107,7 @@ func (dl *detourLab) serve(t *testing.T) {
 	err := dl.l.Do("server", func() (err error) {
 		var lc net.ListenConfig
 		lc.SetMultipathTCP(true)
-		ln, err = lc.Listen(context.Background(), "tcp4", dl.server.String())
+		ln, err = lc.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", dl.server.Port())) // any address: the server may announce others
 		return err
 	})
 	if err != nil {
@@ -182,7 +182,7 @@ type running struct {
 
 func start(t *testing.T, cfg Config) *running {
 	ctx, cancel := context.WithCancel(context.Background())
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: testLogLevel}))
 	r := &running{cancel: cancel, done: make(chan error, 1), socket: cfg.Socket}
 	go func() { r.done <- New(cfg, log, nil).Run(ctx) }()
 	t.Cleanup(func() { r.stop(t) })
@@ -389,3 +389,42 @@ func TestAgentResyncAfterLostEvents(t *testing.T) {
 	}
 	t.Logf("counters: %+v", st.Counters)
 }
+
+// Replacing the in-kernel path manager must not lose what it did for the
+// client: the server's ADD_ADDR announcements still get subflows.
+func TestAgentHonoursServerAnnouncements(t *testing.T) {
+	dl := upDetourLab(t, 1)
+	ns := dl.l.NetnsName("client")
+	extra := netip.MustParseAddr("10.0.3.3")
+	dl.run(t, "server", "ip", "addr", "add", extra.String()+"/24", "dev", "A2")
+	dl.run(t, "server", "ip", "mptcp", "endpoint", "add", extra.String(), "id", "5", "signal")
+	dl.serve(t)
+	cfg := dl.config(t, 0) // no detours: only the announcement
+	cfg.Detours = nil
+	start(t, cfg)
+	c := dl.dial(t)
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	want := netip.AddrPortFrom(extra, dl.server.Port())
+	waitFor(t, 10*time.Second, "a subflow to the announced address", func() (bool, string) {
+		sfs := kernelSubflows(t, ns, local)
+		return has(sfs, want) && len(sfs) == 2, fmt.Sprint(sfs)
+	})
+	st, err := FetchStatus(cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range st.Connections[0].Subflows {
+		found = found || s.Path == "announced" && s.Remote == want.String()
+	}
+	if !found {
+		t.Fatalf("status does not show the announced subflow: %+v", st.Connections[0].Subflows)
+	}
+}
+
+var testLogLevel = func() slog.Level {
+	if os.Getenv("MPDETOUR_AGENT_DEBUG") != "" {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
+}()

@@ -16,7 +16,7 @@ import (
 // KeepNConfig configures the default policy.
 type KeepNConfig struct {
 	// Subflows is how many detour subflows each selected connection keeps
-	// besides its initial one (default 2).
+	// besides its initial one (0 = default 2, negative = none).
 	Subflows int
 	// Announced caps subflows opened toward addresses the server announced,
 	// per connection (default 2, like the in-kernel PM's add_addr_accepted
@@ -89,6 +89,8 @@ type health struct {
 func NewKeepN(cfg KeepNConfig, sources []detour.Source) *KeepN {
 	if cfg.Subflows == 0 {
 		cfg.Subflows = 2
+	} else if cfg.Subflows < 0 {
+		cfg.Subflows = 0
 	}
 	if cfg.Announced == 0 {
 		cfg.Announced = 2
