@@ -302,6 +302,27 @@ func TestRelayIntegration(t *testing.T) {
 			t.Fatalf("%d elements", n)
 		}
 	})
+	t.Run("never on a listening port", func(t *testing.T) {
+		var ln net.Listener
+		var err error
+		in(t, f.Relay, func() { ln, err = net.Listen("tcp4", "0.0.0.0:40700") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		time.Sleep(1100 * time.Millisecond) // the relay caches its listeners for 1 s
+		srv := netip.MustParseAddrPort(fxServer + ":5202")
+		d2, _, err := c.Grant(ctx, srv, 40700)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d2.Port() == 40700 {
+			t.Fatal("granted the port the relay listens on")
+		}
+		if err := c.Release(ctx, d2.Port()); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("unknown key", func(t *testing.T) {
 		u := dialRelay(t, f.Client, k, k.stranger)
 		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
