@@ -159,6 +159,17 @@ func TestBrennanDelayed(t *testing.T) {
 			t.Errorf("client -> %s: RTT min %v (%d replies), want %v..%v", c.dst, r.Min(), r.Received, c.min, c.max)
 		}
 	}
+	// lab check on L2: 200 ms RTT spec, tolerance 6 ms (3%).
+	rep, err := l.Check(context.Background(), CheckOptions{NoRate: true, Links: []string{"L2"}, LossSamples: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range rep.Directions {
+		t.Logf("check L2 %s: RTT median %v spec %v, loss %d/%d", d.Dir, d.RTTMedian, d.RTTSpec, d.Lost, d.Sent)
+		if !d.RTTOK || !d.LossOK {
+			t.Errorf("lab check of the delayed L2 failed: %v", rep.Failures())
+		}
+	}
 }
 
 // TestKill9Builder builds a lab in a child process, kills it with SIGKILL

@@ -200,6 +200,16 @@ func TestDetoursK3(t *testing.T) {
 	if r1.Received == 0 || r2.Received == 0 || r2.Min() < 50*time.Millisecond || r1.Min() < 20*time.Millisecond || r2.Min()-r1.Min() < 20*time.Millisecond {
 		t.Errorf("C2 delay not applied: detour1 %v, detour2 %v", r1.Min(), r2.Min())
 	}
+	rep, err := l.Check(context.Background(), CheckOptions{NoRate: true, Links: []string{"C2", "E3"}, LossSamples: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range rep.Directions {
+		t.Logf("check %s %s: RTT median %v spec %v, loss %d/%d", d.Link, d.Dir, d.RTTMedian, d.RTTSpec, d.Lost, d.Sent)
+	}
+	if !rep.OK {
+		t.Errorf("lab check of C2 (20 ms) and E3 failed: %v", rep.Failures())
+	}
 	if tso, gso, gro := offloads(t, l, "r1", "C1"); tso != 0 || gso != 0 || gro != 0 {
 		t.Errorf("offloads on emulated link C1: tso %d gso %d gro %d", tso, gso, gro)
 	}
