@@ -27,9 +27,11 @@
 //   - a reader that takes up to 64 frames per recvmmsg and stamps each with
 //     the kernel's arrival time (SO_TIMESTAMPNS), so time spent waiting to be
 //     read counts towards the delay instead of adding to it;
-//   - a writer that sleeps on an absolute CLOCK_REALTIME timerfd through Go's
-//     poller until the oldest frame is due, then hands every frame due within
-//     the next 25 µs to one sendmmsg.
+//   - a writer that sleeps on an absolute CLOCK_MONOTONIC timerfd through
+//     Go's poller until the oldest frame is due, then hands every frame due
+//     within the next 25 µs to one sendmmsg. Arrival stamps are converted to
+//     the monotonic clock on reading, so wall-clock steps do not disturb the
+//     delays.
 //
 // Release times are max(arrival + delay, previous release), so a direction
 // never reorders frames, whatever the clock or timestamps do. Sockets are

@@ -189,10 +189,13 @@ func TestRTT(t *testing.T) {
 			if lo < spec-2*window {
 				t.Errorf("RTT %v shorter than the configured %v", lo, spec)
 			}
-			// Generous upper bound for a loaded CI machine; the fidelity
-			// target itself is reported by TestFidelityReport, not asserted.
-			if med > spec+20*time.Millisecond {
-				t.Errorf("median RTT %v, want about %v", med, spec)
+			// The best of 20 samples shows the delay line's own precision
+			// (a systematic overshoot such as a millisecond sleep granularity
+			// shows in every sample) while staying robust to a machine so
+			// loaded that some samples wait for a CPU. The fidelity target
+			// itself is measured by TestFidelityReport, not asserted.
+			if lo > spec+5*time.Millisecond {
+				t.Errorf("best RTT %v, want about %v", lo, spec)
 			}
 			for _, s := range l.Stats() {
 				if s.Packets < 21 {
@@ -274,16 +277,16 @@ func TestLoss(t *testing.T) {
 	}
 	before := l.Stats()[0].DropLoss
 	rtts := pingRTTs(t, w.A, addrB, 400, time.Millisecond)
-	// Replies lost = requests lost (BA has no loss), expected 80 of 400;
-	// 99.9% binomial interval is about 80 +- 26. ARP frames may also be lost,
-	// which only costs a few more requests.
-	lost := 400 - len(rtts)
-	if lost < 50 || lost > 115 {
-		t.Errorf("lost %d of 400 echo requests at 20%% loss", lost)
+	// 20% of 400 echo requests: 80 expected, 99.9% binomial interval about
+	// 80 +- 26. The counter may also include A's ARP and IPv6 frames; echo
+	// replies can additionally go missing on a starved machine, so only the
+	// counter gets an upper bound.
+	n := l.Stats()[0].DropLoss - before
+	if n < 50 || n > 125 {
+		t.Errorf("dropped %d frames at 20%% loss while sending 400 echo requests", n)
 	}
-	// Other frames of A (ARP, IPv6 neighbour discovery) may be dropped too.
-	if n := l.Stats()[0].DropLoss - before; n < uint64(lost) || n > uint64(lost)+10 {
-		t.Errorf("counted %d losses, %d echo requests lost", n, lost)
+	if lost := 400 - len(rtts); uint64(lost) < min(n, 50) {
+		t.Errorf("only %d of 400 echo requests lost, %d frames dropped", lost, n)
 	}
 }
 
@@ -308,8 +311,10 @@ func TestGoodputThroughDelay(t *testing.T) {
 	}
 	ideal := 10 * 1448.0 / 1514
 	t.Logf("goodput %.3f Mbit/s (ideal %.3f), rtt %.2f ms, retransmits %d", r.Goodput, ideal, r.Subflows[0].RTT, r.Retransmits)
-	// Loose bounds for a shared CI machine; docs/lab.md has the measured table.
-	if r.Goodput < 0.8*ideal || r.Goodput > 1.02*ideal {
+	// Very loose lower bound: on a shared 2-core machine real-time
+	// processes elsewhere can starve this test's sender and in-process delay
+	// line; docs/lab.md has the measured table. Drops are checked exactly.
+	if r.Goodput < 0.5*ideal || r.Goodput > 1.02*ideal {
 		t.Errorf("goodput %.3f Mbit/s through a 10 Mbit/s link, ideal %.3f", r.Goodput, ideal)
 	}
 	for _, s := range l.Stats() {

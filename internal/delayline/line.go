@@ -62,6 +62,12 @@ type direction struct {
 	rng       *rand.Rand
 	notify    chan struct{}
 	timer     *timer
+	// writer's sendmmsg state, kept here so that its callback is one
+	// method value instead of a closure allocated per batch.
+	sendFn    func(uintptr) bool
+	sendBatch []unix.Mmsghdr
+	sent      int
+	sendErr   unix.Errno
 	log       *slog.Logger
 	c         counters
 }
@@ -117,7 +123,7 @@ func New(cfg Config, log *slog.Logger) (*Line, error) {
 				return nil, err
 			}
 			l.timers = append(l.timers, t)
-			l.dirs = append(l.dirs, &direction{
+			dir := &direction{
 				link: name, dir: d.dir, in: d.in, out: d.out,
 				ring:   newRing(queueSlots(lk.QueueLimit, time.Duration(d.delay)), slot),
 				sched:  scheduler{delay: int64(d.delay)},
@@ -126,7 +132,9 @@ func New(cfg Config, log *slog.Logger) (*Line, error) {
 				notify: make(chan struct{}, 1),
 				timer:  t,
 				log:    log.With("link", name, "dir", d.dir),
-			})
+			}
+			dir.sendFn = dir.sendOnce
+			l.dirs = append(l.dirs, dir)
 		}
 	}
 	return l, nil
@@ -261,6 +269,17 @@ func (d *direction) readLoop() error {
 	ctrl := make([]byte, batch*ctrlSize)
 	scratch := make([]byte, d.ring.slotSize)
 	var warnedOversize bool
+	// One closure for the whole loop: a closure per recvmmsg would be a heap
+	// allocation per batch for the garbage collector to chase.
+	var (
+		pending []unix.Mmsghdr
+		n       int
+		errno   unix.Errno
+	)
+	recv := func(fd uintptr) bool {
+		n, errno = recvmmsg(fd, pending)
+		return errno != unix.EAGAIN
+	}
 	for {
 		tail, free := d.ring.free()
 		k := min(free, batch)
@@ -283,12 +302,8 @@ func (d *direction) readLoop() error {
 			hs[i].Hdr.SetControllen(ctrlSize)
 			hs[i].Hdr.Flags = 0
 		}
-		var n int
-		var errno unix.Errno
-		err := d.in.rc.Read(func(fd uintptr) bool {
-			n, errno = recvmmsg(fd, hs[:k])
-			return errno != unix.EAGAIN
-		})
+		pending = hs[:k]
+		err := d.in.rc.Read(recv)
 		if err != nil {
 			return err
 		}
@@ -298,7 +313,7 @@ func (d *direction) readLoop() error {
 			}
 			return fmt.Errorf("delay line %s/%s: recvmmsg: %w", d.link, d.dir, errno)
 		}
-		now := time.Now().UnixNano()
+		realNow, now := time.Now().UnixNano(), monotonic()
 		if full {
 			d.c.dropFull.Add(uint64(n))
 			continue
@@ -319,7 +334,7 @@ func (d *direction) readLoop() error {
 			ts := parseTimestamp(ctrl[i*ctrlSize : i*ctrlSize+int(hs[i].Hdr.Controllen)])
 			j := d.ring.idx(tail + uint64(i))
 			d.ring.length[j] = l
-			d.ring.due[j] = d.sched.due(ts, now)
+			d.ring.due[j] = d.sched.due(arrival(ts, realNow, now), now)
 		}
 		d.ring.commit(n)
 		select {
@@ -342,7 +357,7 @@ func (d *direction) writeLoop(done <-chan struct{}) error {
 				return nil
 			}
 		}
-		now := time.Now().UnixNano()
+		now := monotonic()
 		if first := d.ring.due[d.ring.idx(head)]; first > now+int64(window) {
 			if err := d.timer.waitUntil(first); err != nil {
 				return err
@@ -393,25 +408,46 @@ func (d *direction) writeLoop(done <-chan struct{}) error {
 // when needed. A frame the kernel refuses is counted and skipped so one bad
 // frame cannot stall the direction.
 func (d *direction) send(hs []unix.Mmsghdr) (failed int, err error) {
-	for len(hs) > 0 {
-		var n int
-		var errno unix.Errno
-		err := d.out.rc.Write(func(fd uintptr) bool {
-			n, errno = sendmmsg(fd, hs)
-			return errno != unix.EAGAIN
-		})
+	d.sendBatch = hs
+	for len(d.sendBatch) > 0 {
+		err := d.out.rc.Write(d.sendFn)
 		if err != nil {
 			return failed, err
 		}
-		if errno != 0 {
-			if !transient(errno) && errno != unix.EMSGSIZE {
-				return failed, fmt.Errorf("delay line %s/%s: sendmmsg: %w", d.link, d.dir, errno)
+		n := d.sent
+		if d.sendErr != 0 {
+			if !transient(d.sendErr) && d.sendErr != unix.EMSGSIZE {
+				return failed, fmt.Errorf("delay line %s/%s: sendmmsg: %w", d.link, d.dir, d.sendErr)
 			}
 			d.c.sendErrors.Add(1)
 			failed++
 			n = 1
 		}
-		hs = hs[n:]
+		d.sendBatch = d.sendBatch[n:]
 	}
 	return failed, nil
+}
+
+// sendOnce is the writer's sendmmsg callback, bound once per direction.
+func (d *direction) sendOnce(fd uintptr) bool {
+	d.sent, d.sendErr = sendmmsg(fd, d.sendBatch)
+	return d.sendErr != unix.EAGAIN
+}
+
+// monotonic is CLOCK_MONOTONIC in ns: release times are kept on it so that
+// a wall-clock step (NTP) cannot hold frames back or release them early.
+func monotonic() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
+// arrival converts a kernel receive timestamp (CLOCK_REALTIME, Unix ns) to
+// the monotonic clock: the frame arrived realNow-ts ago. A missing stamp, or
+// one from the future (the wall clock stepped back), means "just now".
+func arrival(ts, realNow, monoNow int64) int64 {
+	if ts <= 0 || ts > realNow {
+		return monoNow
+	}
+	return monoNow - (realNow - ts)
 }

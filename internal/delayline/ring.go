@@ -15,7 +15,7 @@ type ring struct {
 	slotSize int
 	n        uint64
 	length   []int32 // 0 marks a frame to discard (truncated or lost)
-	due      []int64 // release time, Unix ns (CLOCK_REALTIME, like kernel timestamps)
+	due      []int64 // release time, CLOCK_MONOTONIC ns
 	head     atomic.Uint64
 	tail     atomic.Uint64
 }

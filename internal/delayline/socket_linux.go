@@ -150,17 +150,23 @@ func parseTimestamp(ctrl []byte) int64 {
 	return 0
 }
 
-// timer is an absolute CLOCK_REALTIME timerfd waited on through Go's poller.
-// time.Sleep rounds its deadline up to the poller's millisecond timeout
-// (measured ~0.97 ms late here); a timerfd fires from an hrtimer, ~35 µs late
-// at the median, without spinning.
+// timer is an absolute CLOCK_MONOTONIC timerfd waited on through Go's
+// poller. time.Sleep rounds its deadline up to the poller's millisecond
+// timeout (measured ~0.97 ms late here); a timerfd fires from an hrtimer,
+// ~35 µs late at the median, without spinning.
 type timer struct {
-	f  *os.File
-	rc syscall.RawConn
+	f    *os.File
+	rc   syscall.RawConn
+	spec unix.ItimerSpec
+	serr error
+	buf  [8]byte
+	// callbacks bound once, so that waiting allocates nothing
+	read   func(uintptr) bool
+	setCtl func(uintptr)
 }
 
 func newTimer() (*timer, error) {
-	fd, err := unix.TimerfdCreate(unix.CLOCK_REALTIME, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("timerfd: %w", err)
 	}
@@ -170,24 +176,23 @@ func newTimer() (*timer, error) {
 		f.Close()
 		return nil, fmt.Errorf("timerfd: %w", err)
 	}
-	return &timer{f: f, rc: rc}, nil
+	t := &timer{f: f, rc: rc}
+	t.setCtl = func(fd uintptr) { t.serr = unix.TimerfdSettime(int(fd), unix.TFD_TIMER_ABSTIME, &t.spec, nil) }
+	t.read = func(fd uintptr) bool {
+		_, err := unix.Read(int(fd), t.buf[:])
+		return err != unix.EAGAIN
+	}
+	return t, nil
 }
 
-// waitUntil blocks until the wall clock reaches t (Unix ns) or the timer is closed.
+// waitUntil blocks until CLOCK_MONOTONIC reaches ns or the timer is closed.
 func (t *timer) waitUntil(ns int64) error {
-	var serr error
-	if err := t.rc.Control(func(fd uintptr) {
-		spec := unix.ItimerSpec{Value: unix.NsecToTimespec(ns)}
-		serr = unix.TimerfdSettime(int(fd), unix.TFD_TIMER_ABSTIME, &spec, nil)
-	}); err != nil {
+	t.spec.Value = unix.NsecToTimespec(ns)
+	if err := t.rc.Control(t.setCtl); err != nil {
 		return err
 	}
-	if serr != nil {
-		return fmt.Errorf("timerfd_settime: %w", serr)
+	if t.serr != nil {
+		return fmt.Errorf("timerfd_settime: %w", t.serr)
 	}
-	var buf [8]byte
-	return t.rc.Read(func(fd uintptr) bool {
-		_, err := unix.Read(int(fd), buf[:])
-		return err != unix.EAGAIN
-	})
+	return t.rc.Read(t.read)
 }

@@ -153,3 +153,16 @@ func FuzzParseTimestamp(f *testing.F) {
 		_ = parseTimestamp(b)
 	})
 }
+
+func TestArrivalOnMonotonicClock(t *testing.T) {
+	const real, mono = int64(1_700_000_000e9), int64(5_000e9)
+	for _, c := range []struct{ ts, want int64 }{
+		{real - 3e6, mono - 3e6}, // arrived 3 ms before it was read
+		{0, mono},                // no stamp
+		{real + 1e9, mono},       // wall clock stepped back since: treat as now
+	} {
+		if got := arrival(c.ts, real, mono); got != c.want {
+			t.Errorf("arrival(%d) = %d, want %d", c.ts, got, c.want)
+		}
+	}
+}
