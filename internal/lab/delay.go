@@ -50,8 +50,6 @@ func delayLineMain(flag, path string) int {
 	return 0
 }
 
-func delayLineAvailable() bool { return true }
-
 // delayReady is what the delay line logs once every socket is open.
 const delayReady = "delay line running"
 

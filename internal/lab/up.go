@@ -351,13 +351,9 @@ func (b *builder) link(l *Link) error {
 	emu := LinkEmu{Link: l.Name}
 	delayed := l.AB.Delay > 0 || l.BA.Delay > 0
 	if delayed {
+		emu.Delay = "delayline"
 		if b.netem {
 			emu.Delay = "netem"
-		} else if delayLineAvailable() {
-			emu.Delay = "delayline"
-		} else {
-			slog.Warn("no netem and no delay line: link delay not emulated", "link", l.Name)
-			emu.Delay = "unavailable"
 		}
 	}
 	if l.AB.Loss > 0 || l.BA.Loss > 0 {
