@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,8 +26,26 @@ import (
 
 type relayProc struct {
 	cmd    *exec.Cmd
-	stderr *bytes.Buffer
+	stderr *syncBuffer
 	done   chan error
+}
+
+// syncBuffer collects the relay's log while tests read it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // startRelay runs the relay (this test binary, see TestMain) in ns and waits
@@ -35,7 +54,7 @@ func startRelay(t *testing.T, ns, cfgPath string) *relayProc {
 	t.Helper()
 	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "TR_RELAY_CONFIG="+cfgPath)
-	p := &relayProc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -616,11 +635,12 @@ func TestSourceRenews(t *testing.T) {
 	b, _ := os.ReadFile(cfgPath)
 	_ = os.WriteFile(cfgPath, []byte(strings.Replace(string(b), "listen: "+fxRelay+":", "listen: 0.0.0.0:", 1)), 0o600)
 	startSink(t, f.Server, fxServer+":5201")
-	startRelay(t, f.Relay, cfgPath)
+	p := startRelay(t, f.Relay, cfgPath)
 	src, err := relayclient.NewSource(relayclient.SourceConfig{
 		PrivateKey: k.member,
 		Relays:     []relayclient.Relay{{Name: "r1", Addr: relayAddr(), PublicKey: k.relay.Public()}},
-		Options:    relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }},
+		// Rekeying every second: renewals keep working across session changes.
+		Options: relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }, RekeyAfter: time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -644,6 +664,9 @@ func TestSourceRenews(t *testing.T) {
 	time.Sleep(6 * time.Second)
 	if ds := src.Detours(server); len(ds) != 1 || ds[0].Remote != d.Remote {
 		t.Fatalf("detours after 3 leases: %v", ds)
+	}
+	if n := strings.Count(p.stderr.String(), "session established"); n < 4 {
+		t.Fatalf("%d handshakes in 6 s with RekeyAfter 1s", n)
 	}
 	conn, err := dialFrom(t, f.Client, d.Remote.String())
 	if err != nil {

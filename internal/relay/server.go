@@ -441,6 +441,7 @@ func (s *Server) handleInit(p packet) {
 	}
 	s.byMember[acc.Peer] = ids
 	s.count("handshake", proto.OK)
+	s.log.Debug("session established", "member", name, "from", p.from, "index", idx)
 	s.send(resp, p.from, p.dst)
 }
 

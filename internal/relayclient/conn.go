@@ -35,6 +35,9 @@ type Options struct {
 	// Retransmit is the first retransmission interval (default 250 ms,
 	// doubled up to 2 s).
 	Retransmit time.Duration
+	// RekeyAfter is how often the session is renewed by a fresh handshake
+	// (default proto.RekeyAfter; must stay below proto.SessionLifetime).
+	RekeyAfter time.Duration
 }
 
 // Conn is a control-protocol association with one relay. It hand shakes in
@@ -46,9 +49,11 @@ type Conn struct {
 	pc    net.PacketConn
 	log   *slog.Logger
 	rtx   time.Duration
+	rekey time.Duration
 
 	mu       sync.Mutex
 	ses      *proto.Session
+	prev     *proto.Session // replaced by a rekey; replies may still arrive on it
 	sesReady chan struct{} // closed when ses is set; replaced when dropped
 	inits    map[uint32]*pendingInit
 	pending  map[uint32]chan proto.Reply
@@ -96,6 +101,10 @@ func Dial(relay Relay, priv proto.Key, opt Options) (*Conn, error) {
 	if c.rtx <= 0 {
 		c.rtx = 250 * time.Millisecond
 	}
+	c.rekey = opt.RekeyAfter
+	if c.rekey <= 0 || c.rekey >= proto.SessionLifetime {
+		c.rekey = proto.RekeyAfter
+	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	c.nextID = binary.BigEndian.Uint32(b[:])
@@ -137,7 +146,7 @@ func (c *Conn) handshaker() {
 		c.mu.Lock()
 		ses := c.ses
 		c.mu.Unlock()
-		need := ses == nil || time.Since(ses.Created) > proto.RekeyAfter
+		need := ses == nil || time.Since(ses.Created) > c.rekey
 		if need {
 			if err := c.sendInit(); err != nil {
 				c.log.Debug("handshake send", "relay", c.relay.Name, "err", err)
@@ -152,7 +161,7 @@ func (c *Conn) handshaker() {
 				wait *= 2
 			}
 		} else {
-			timer = time.After(time.Until(ses.Created.Add(proto.RekeyAfter)) + 10*time.Millisecond)
+			timer = time.After(time.Until(ses.Created.Add(c.rekey)) + 10*time.Millisecond)
 		}
 		select {
 		case <-c.ctx.Done():
@@ -239,7 +248,7 @@ func (c *Conn) dispatch(b []byte) {
 		}
 		c.mu.Lock()
 		old := c.ses
-		c.ses, c.hsErr = s, nil
+		c.ses, c.prev, c.hsErr = s, old, nil
 		if old == nil {
 			close(c.sesReady)
 		}
@@ -279,6 +288,9 @@ func (c *Conn) dispatch(b []byte) {
 		}
 		c.mu.Lock()
 		ses := c.ses
+		if prev := c.prev; ses == nil || t.Receiver != ses.Local {
+			ses = prev
+		}
 		c.mu.Unlock()
 		if ses == nil || t.Receiver != ses.Local {
 			return
