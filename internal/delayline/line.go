@@ -436,11 +436,19 @@ func (d *direction) sendOnce(fd uintptr) bool {
 
 // monotonic is CLOCK_MONOTONIC in ns: release times are kept on it so that
 // a wall-clock step (NTP) cannot hold frames back or release them early.
-func monotonic() int64 {
+func monotonic() int64 { return int64(time.Since(monoBase)) + monoOffset }
+
+// Go's monotonic clock is CLOCK_MONOTONIC read through the vDSO; only its
+// origin is hidden. One clock_gettime at start recovers the origin, so each
+// later reading costs no system call.
+var monoBase, monoOffset = func() (time.Time, int64) {
+	base := time.Now()
 	var ts unix.Timespec
+	before := time.Since(base)
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
-}
+	after := time.Since(base)
+	return base, ts.Nano() - int64(before+after)/2
+}()
 
 // arrival converts a kernel receive timestamp (CLOCK_REALTIME, Unix ns) to
 // the monotonic clock: the frame arrived realNow-ts ago. A missing stamp, or

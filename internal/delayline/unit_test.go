@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestSchedulerNeverReorders(t *testing.T) {
@@ -164,5 +166,16 @@ func TestArrivalOnMonotonicClock(t *testing.T) {
 		if got := arrival(c.ts, real, mono); got != c.want {
 			t.Errorf("arrival(%d) = %d, want %d", c.ts, got, c.want)
 		}
+	}
+}
+
+func TestMonotonicMatchesKernelClock(t *testing.T) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	// Same clock, read microseconds apart: the timerfd deadlines depend on it.
+	if d := monotonic() - ts.Nano(); d < -int64(time.Millisecond) || d > int64(50*time.Millisecond) {
+		t.Errorf("monotonic() is %v off CLOCK_MONOTONIC", time.Duration(d))
 	}
 }
