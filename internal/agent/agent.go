@@ -68,11 +68,12 @@ func keyOf(local netip.Addr, remote netip.AddrPort) subKey {
 }
 
 type subView struct {
-	sf     policy.Subflow
-	detour *detour.Detour // nil: initial subflow or toward an announced address
-	path   string
-	up     bool
-	since  time.Time
+	sf      policy.Subflow
+	stalled bool
+	detour  *detour.Detour // nil: initial subflow or toward an announced address
+	path    string
+	up      bool
+	since   time.Time
 }
 
 type detourView struct {
@@ -104,7 +105,7 @@ func New(cfg Config, log *slog.Logger, pol policy.Policy, sources ...detour.Sour
 		pol = policy.NewKeepN(policy.KeepNConfig{
 			Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),
 			Selectors: cfg.Selectors, MaxConns: cfg.MaxConnections,
-			Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Log: log,
+			Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, ConnectTimeout: cfg.ConnectTimeout, Log: log,
 		}, srcs)
 	}
 	return &Agent{
@@ -225,6 +226,15 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	// After a loss, one more resync once things settle catches events
 	// dropped after the first one.
 	var settle <-chan time.Time
+	// Stall probes: an inet_diag dump off the loop, results back into it.
+	var probeTick <-chan time.Time
+	if a.cfg.ProbeInterval > 0 {
+		pt := time.NewTicker(a.cfg.ProbeInterval)
+		defer pt.Stop()
+		probeTick = pt.C
+	}
+	probec := make(chan []mptcppm.Connection, 1)
+	probing := false
 	for {
 		var out chan job
 		var head job
@@ -261,6 +271,20 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			}
 		case r := <-a.results:
 			queue = append(queue, a.failed(r)...)
+		case <-probeTick:
+			if !probing {
+				probing = true
+				go func() {
+					conns, err := mptcppm.Dump(a.opts)
+					if err != nil {
+						a.log.Warn("stall probe", "err", err)
+					}
+					probec <- conns
+				}()
+			}
+		case conns := <-probec:
+			probing = false
+			queue = append(queue, a.stalls(conns)...)
 		case <-settle:
 			settle = nil
 			queue = append(queue, a.resync("settle after loss")...)
@@ -468,6 +492,39 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		ins = a.pol.Priority(sf)
 	}
 	return a.jobsFor(ins, since)
+}
+
+// stalls reports established detour subflows whose path went silent:
+// StallRetransmits consecutive retransmission timeouts.
+func (a *Agent) stalls(conns []mptcppm.Connection) []job {
+	var stalled []policy.Subflow
+	a.mu.Lock()
+	for _, mc := range conns {
+		cv := a.conns[mc.Token]
+		if cv == nil {
+			continue
+		}
+		for _, s := range mc.Subflows {
+			if int(s.Retransmits) < a.cfg.StallRetransmits {
+				continue
+			}
+			if sv := cv.subs[keyOf(s.Local.Addr(), s.Remote)]; sv != nil && sv.up && sv.detour != nil && !sv.stalled {
+				sv.stalled = true
+				dv := a.detourView(*sv.detour)
+				dv.failed++
+				dv.lastErr = fmt.Sprintf("subflow stalled: %d retransmission timeouts", s.Retransmits)
+				dv.lastChange = time.Now()
+				stalled = append(stalled, sv.sf)
+			}
+		}
+	}
+	a.mu.Unlock()
+	var ins []policy.Intent
+	for _, sf := range stalled {
+		a.log.Info("detour subflow stalled", "token", fmt.Sprintf("%08x", sf.Token), "local", sf.Local, "remote", sf.Remote)
+		ins = append(ins, a.pol.Stalled(sf)...)
+	}
+	return a.jobsFor(ins, time.Time{})
 }
 
 func (a *Agent) tracked(token uint32) bool {

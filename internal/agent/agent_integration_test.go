@@ -233,7 +233,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, stri
 }
 
 // kernelSubflows asks the kernel (inet_diag) which remotes the connection's
-// subflows go to.
+// established subflows go to (a destroyed subflow on a silent path lingers
+// in FIN_WAIT1 until its FIN times out; it carries nothing).
 func kernelSubflows(t *testing.T, ns string, local netip.AddrPort) []netip.AddrPort {
 	conns, err := mptcppm.Dump(mptcppm.Options{NetNS: ns})
 	if err != nil {
@@ -243,7 +244,9 @@ func kernelSubflows(t *testing.T, ns string, local netip.AddrPort) []netip.AddrP
 		if c.Local == local {
 			var out []netip.AddrPort
 			for _, s := range c.Subflows {
-				out = append(out, s.Remote)
+				if s.State == 1 {
+					out = append(out, s.Remote)
+				}
 			}
 			return out
 		}
@@ -428,3 +431,50 @@ var testLogLevel = func() slog.Level {
 	}
 	return slog.LevelInfo
 }()
+
+// blackhole makes relay i drop every subflow packet silently (no reset).
+func (dl *detourLab) blackhole(t *testing.T, i int) {
+	dl.nft(t, fmt.Sprintf("detour%d", i), `table ip tadrop {
+	chain fw { type filter hook forward priority 0; tcp dport 5201 drop; }
+}`)
+}
+
+// Paths that die silently: a detour that swallows the SYN is abandoned
+// after connect_timeout, and an established detour subflow whose path
+// stops answering is detected by its retransmission timeouts, closed and
+// replaced.
+func TestAgentSilentDetourFailures(t *testing.T) {
+	dl := upDetourLab(t, 2)
+	ns := dl.l.NetnsName("client")
+	dl.serve(t)
+	cfg := dl.config(t, 1)
+	cfg.ConnectTimeout = time.Second
+	cfg.ProbeInterval = 500 * time.Millisecond
+	start(t, cfg)
+	d1, d2 := dl.relays[0], dl.relays[1]
+
+	dl.blackhole(t, 1)
+	c := dl.dial(t)
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	waitFor(t, 15*time.Second, "a subflow via d2 after d1 swallowed the SYN", func() (bool, string) {
+		sfs := kernelSubflows(t, ns, local)
+		return has(sfs, d2), fmt.Sprint(sfs)
+	})
+
+	// d1 comes back, d2 goes silent under traffic.
+	dl.run(t, "detour1", "nft", "delete", "table", "ip", "tadrop")
+	dl.blackhole(t, 2)
+	waitFor(t, 30*time.Second, "the silent d2 subflow closed and replaced via d1", func() (bool, string) {
+		sfs := kernelSubflows(t, ns, local)
+		return has(sfs, d1) && !has(sfs, d2), fmt.Sprint(sfs)
+	})
+	st, err := FetchStatus(cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range st.Detours {
+		if d.Relay == "d2" && (d.Failed == 0 || !strings.Contains(d.LastError, "stalled")) {
+			t.Errorf("status: d2 does not show the stall: %+v", d)
+		}
+	}
+}

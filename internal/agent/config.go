@@ -31,7 +31,13 @@ type Config struct {
 	MaxConnections    int
 	Backoff           time.Duration
 	MaxBackoff        time.Duration
-	CommandWorkers    int
+	ConnectTimeout    time.Duration
+	// ProbeInterval is how often subflows are checked for stalls through
+	// inet_diag (0 = never); StallRetransmits is the number of consecutive
+	// retransmission timeouts that marks an established subflow dead.
+	ProbeInterval    time.Duration
+	StallRetransmits int
+	CommandWorkers   int
 	// EventBuffer is the event socket's receive buffer in bytes.
 	EventBuffer int
 	LogLevel    string
@@ -58,6 +64,9 @@ type fileConfig struct {
 	MaxConnections    int          `yaml:"max_connections"`
 	Backoff           string       `yaml:"backoff"`
 	MaxBackoff        string       `yaml:"max_backoff"`
+	ConnectTimeout    string       `yaml:"connect_timeout"`
+	ProbeInterval     string       `yaml:"probe_interval"`
+	StallRetransmits  *int         `yaml:"stall_retransmits"`
 	CommandWorkers    int          `yaml:"command_workers"`
 	EventBuffer       int          `yaml:"event_buffer"`
 	LogLevel          string       `yaml:"log_level"`
@@ -106,6 +115,7 @@ func ParseConfig(b []byte) (Config, error) {
 		NetNS: f.NetNS, Socket: f.Socket, Subflows: 2, AnnouncedSubflows: 2,
 		MaxConnections: f.MaxConnections, CommandWorkers: f.CommandWorkers, LogLevel: f.LogLevel,
 		Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, ProbeInterval: time.Second, StallRetransmits: 3,
 	}
 	if c.Socket == "" {
 		c.Socket = DefaultSocket
@@ -151,8 +161,9 @@ func ParseConfig(b []byte) (Config, error) {
 	for name, pair := range map[string]struct {
 		s string
 		d *time.Duration
-	}{"backoff": {f.Backoff, &c.Backoff}, "max_backoff": {f.MaxBackoff, &c.MaxBackoff}} {
-		if pair.s == "" {
+	}{"backoff": {f.Backoff, &c.Backoff}, "max_backoff": {f.MaxBackoff, &c.MaxBackoff},
+		"connect_timeout": {f.ConnectTimeout, &c.ConnectTimeout}, "probe_interval": {f.ProbeInterval, &c.ProbeInterval}} {
+		if pair.s == "" || name == "probe_interval" && (pair.s == "0" || pair.s == "0s") {
 			continue
 		}
 		d, err := time.ParseDuration(pair.s)
@@ -160,6 +171,15 @@ func ParseConfig(b []byte) (Config, error) {
 			return c, fmt.Errorf("%s: %q is not a positive duration (e.g. 1s)", name, pair.s)
 		}
 		*pair.d = d
+	}
+	if f.ProbeInterval == "0" || f.ProbeInterval == "0s" {
+		c.ProbeInterval = 0
+	}
+	if f.StallRetransmits != nil {
+		if *f.StallRetransmits < 1 || *f.StallRetransmits > 15 {
+			return c, fmt.Errorf("stall_retransmits: %d out of range 1-15", *f.StallRetransmits)
+		}
+		c.StallRetransmits = *f.StallRetransmits
 	}
 	if c.MaxBackoff < c.Backoff {
 		return c, fmt.Errorf("max_backoff: %s is below backoff %s", c.MaxBackoff, c.Backoff)

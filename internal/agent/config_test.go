@@ -60,6 +60,9 @@ func TestParseConfig(t *testing.T) {
 		t.Fatalf("detours toward an unrelated server: %v", ds)
 	}
 
+	if c, err := ParseConfig([]byte("probe_interval: 0\nconnect_timeout: 5s\nstall_retransmits: 5\n")); err != nil || c.ProbeInterval != 0 || c.ConnectTimeout != 5*time.Second || c.StallRetransmits != 5 {
+		t.Fatalf("probe_interval 0: %+v %v", c, err)
+	}
 	def, err := ParseConfig(nil)
 	if err != nil || def.Subflows != 2 || def.Socket != DefaultSocket || def.Backoff != time.Second {
 		t.Fatalf("empty config: %+v %v", def, err)

@@ -64,6 +64,12 @@ func (s *syncPolicy) Priority(sf policy.Subflow) []policy.Intent {
 	return s.p.Priority(sf)
 }
 
+func (s *syncPolicy) Stalled(sf policy.Subflow) []policy.Intent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p.Stalled(sf)
+}
+
 func (s *syncPolicy) Failed(in policy.Intent, err error) []policy.Intent {
 	s.mu.Lock()
 	defer s.mu.Unlock()

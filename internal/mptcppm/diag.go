@@ -100,14 +100,17 @@ type Connection struct {
 
 // Subflow is one TCP subflow of an MPTCP connection found by inet_diag.
 type Subflow struct {
-	Token         uint32 // the connection's local token
-	RemoteToken   uint32
-	LocalID       uint8
-	RemoteID      uint8
-	Flags         uint32 // MPTCP_SUBFLOW_FLAG_*
-	Local         netip.AddrPort
-	Remote        netip.AddrPort
-	State         uint8
+	Token       uint32 // the connection's local token
+	RemoteToken uint32
+	LocalID     uint8
+	RemoteID    uint8
+	Flags       uint32 // MPTCP_SUBFLOW_FLAG_*
+	Local       netip.AddrPort
+	Remote      netip.AddrPort
+	State       uint8
+	// Retransmits counts consecutive retransmission timeouts (tcpi_retransmits):
+	// a path that swallows everything makes it grow.
+	Retransmits   uint8
 	RTT           time.Duration
 	BytesSent     uint64
 	BytesReceived uint64
@@ -332,6 +335,9 @@ func parseSubflowDiag(b []byte) (Subflow, bool, error) {
 // decodeTCPInfo picks the struct tcp_info fields status needs.
 func decodeTCPInfo(b []byte, sf *Subflow) {
 	ne := binary.NativeEndian
+	if len(b) >= 3 {
+		sf.Retransmits = b[2]
+	}
 	if len(b) >= 72 {
 		sf.RTT = time.Duration(ne.Uint32(b[68:])) * time.Microsecond
 	}

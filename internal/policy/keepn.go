@@ -29,6 +29,11 @@ type KeepNConfig struct {
 	// Backoff is the first wait before a failed detour is tried again,
 	// doubling per consecutive failure up to MaxBackoff (1s, 60s).
 	Backoff, MaxBackoff time.Duration
+	// ConnectTimeout: a detour subflow still not established after this
+	// (its SYN black-holed) stops counting and its detour is backed off, so
+	// another detour is tried without waiting minutes for the kernel's SYN
+	// retries to give up (default 3s).
+	ConnectTimeout time.Duration
 	// Now is the clock (tests); time.Now by default.
 	Now func() time.Time
 	Log *slog.Logger
@@ -75,6 +80,8 @@ type ksub struct {
 	d       *detour.Detour
 	up      bool
 	upSince time.Time
+	created time.Time
+	stale   bool // connect timeout passed; no longer counted
 	port    uint16
 	backup  bool
 }
@@ -103,6 +110,9 @@ func NewKeepN(cfg KeepNConfig, sources []detour.Source) *KeepN {
 	}
 	if cfg.MaxBackoff < cfg.Backoff {
 		cfg.MaxBackoff = 60 * time.Second
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 3 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -256,7 +266,7 @@ func (p *KeepN) SubflowEstablished(sf Subflow) []Intent {
 		}
 		k.subs[key(sf.Local.Addr(), sf.Remote)] = s
 	}
-	s.up, s.upSince, s.port, s.backup = true, p.cfg.Now(), sf.Local.Port(), sf.Backup
+	s.up, s.stale, s.upSince, s.port, s.backup = true, false, p.cfg.Now(), sf.Local.Port(), sf.Backup
 	// Learn ids the kernel already uses (subflows from before a restart).
 	if a := sf.Local.Addr().Unmap(); sf.LocalID != 0 && a != k.c.Local.Addr() {
 		if _, ok := p.localIDs[a]; !ok {
@@ -287,7 +297,7 @@ func (p *KeepN) SubflowClosed(sf Subflow) []Intent {
 	}
 	// A subflow that never came up, or died with an error, says the detour
 	// is broken; a clean close (error 0) does not.
-	if !s.up || sf.Errno != 0 {
+	if (!s.up || sf.Errno != 0) && !s.stale {
 		p.penalise(*s.d, s.up)
 	}
 	return p.fill(k)
@@ -307,6 +317,22 @@ func (p *KeepN) penalise(d detour.Detour, wasUp bool) {
 	}
 	h.until, h.last = now.Add(wait), now
 	p.cfg.Log.Info("detour failed", "detour", d.String(), "fails", h.fails, "retry_after", wait)
+}
+
+func (p *KeepN) Stalled(sf Subflow) []Intent {
+	k := p.conns[sf.Token]
+	if k == nil {
+		return nil
+	}
+	s := k.subs[key(sf.Local.Addr(), sf.Remote)]
+	if s == nil || s.d == nil || s.stale {
+		return nil
+	}
+	s.stale = true
+	p.penalise(*s.d, s.up)
+	// Close it (its SUB_CLOSED then only removes it) and replace it now.
+	out := []Intent{{Action: DestroySubflow, Token: sf.Token, LocalID: sf.LocalID, Local: sf.Local, Remote: sf.Remote, Detour: s.d}}
+	return append(out, p.fill(k)...)
 }
 
 func (p *KeepN) Priority(sf Subflow) []Intent {
@@ -371,7 +397,9 @@ func (p *KeepN) fill(k *kconn) []Intent {
 	used := map[string]bool{}
 	for _, s := range k.subs {
 		if s.d != nil {
-			have++
+			if !s.stale {
+				have++
+			}
 			used[Key(*s.d)] = true
 		}
 	}
@@ -414,13 +442,16 @@ func (p *KeepN) fill(k *kconn) []Intent {
 			continue
 		}
 		dd := d
-		k.subs[sk] = &ksub{d: &dd}
+		k.subs[sk] = &ksub{d: &dd, created: now}
 		have++
 		out = append(out, Intent{Action: CreateSubflow, Token: k.c.Token, LocalID: p.localID(k, local),
 			Local: netip.AddrPortFrom(local, 0), Remote: unmapAP(d.Remote), Detour: &dd})
 	}
 	if have < p.cfg.Subflows {
 		p.scheduleRetry(k, now, soonest, len(seen) == 0)
+	}
+	if len(out) > 0 {
+		heap.Push(&p.wake, wakeup{at: now.Add(p.cfg.ConnectTimeout), token: k.c.Token, check: true})
 	}
 	return out
 }
@@ -487,6 +518,10 @@ func (p *KeepN) Tick(now time.Time) []Intent {
 	for len(p.wake) > 0 && !p.wake[0].at.After(now) {
 		w := heap.Pop(&p.wake).(wakeup)
 		k := p.conns[w.token]
+		if k != nil && w.check {
+			out = append(out, p.expire(k, now)...)
+			continue
+		}
 		if k == nil || !k.retryAt.Equal(w.at) {
 			continue // closed, or rescheduled
 		}
@@ -504,6 +539,22 @@ func (p *KeepN) Tick(now time.Time) []Intent {
 	return out
 }
 
+// expire gives up on detour subflows that did not connect in time.
+func (p *KeepN) expire(k *kconn, now time.Time) []Intent {
+	n := 0
+	for _, s := range k.subs {
+		if s.d != nil && !s.up && !s.stale && now.Sub(s.created) >= p.cfg.ConnectTimeout {
+			s.stale = true
+			p.penalise(*s.d, false)
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return p.fill(k)
+}
+
 // Conns is the number of tracked connections.
 func (p *KeepN) Conns() int { return len(p.conns) }
 
@@ -518,6 +569,7 @@ func (p *KeepN) Backoff(d detour.Detour) time.Time {
 type wakeup struct {
 	at    time.Time
 	token uint32
+	check bool // connect-timeout check rather than a retry
 }
 
 type wakeHeap []wakeup

@@ -230,7 +230,9 @@ func TestKeepNBoundedUnderChurn(t *testing.T) {
 		clk.advance(time.Millisecond)
 		p.Tick(clk.t)
 	}
-	if p.Conns() > 100 || len(p.wake) > 1000 {
+	// Wakeups: one connect-timeout check per connection lives 3 s, at one
+	// connection per (simulated) millisecond.
+	if p.Conns() > 100 || len(p.wake) > 3000+100 {
 		t.Fatalf("after churn: %d conns, %d wakeups", p.Conns(), len(p.wake))
 	}
 	// Beyond MaxConns new connections are left alone.
@@ -283,5 +285,49 @@ func TestKeepNAdopt(t *testing.T) {
 	}
 	if again := p.Adopt(c, nil); len(again) != 0 {
 		t.Fatalf("adopting twice opened more subflows: %v", again)
+	}
+}
+
+func TestKeepNConnectTimeout(t *testing.T) {
+	p, _, clk := newKeepN(1, d1, d2)
+	c := Conn{Token: 5, Local: client, Remote: server}
+	ins := p.Established(c)
+	if len(ins) != 1 || ins[0].Detour.Relay != "r1" {
+		t.Fatalf("first %v", ins)
+	}
+	clk.advance(time.Second)
+	if got := p.Tick(clk.t); len(got) != 0 {
+		t.Fatalf("gave up before the connect timeout: %v", got)
+	}
+	// r1 swallows the SYN: after 3 s r2 is tried and r1 backs off.
+	clk.advance(2100 * time.Millisecond)
+	ins = p.Tick(clk.t)
+	if len(ins) != 1 || ins[0].Detour.Relay != "r2" || p.Backoff(d1).IsZero() {
+		t.Fatalf("after the connect timeout: %v, r1 backoff %v", ins, p.Backoff(d1))
+	}
+	p.SubflowEstablished(up(ins[0], 43000))
+	// The kernel finally gives up on r1's SYN: no second penalty, no new subflow.
+	fails := p.fails(d1)
+	late := Subflow{Token: 5, Local: client, Remote: d1.Remote, Errno: 110}
+	if got := p.SubflowClosed(late); len(got) != 0 || p.fails(d1) != fails {
+		t.Fatalf("late close of a timed-out subflow: %v, fails %d -> %d", got, fails, p.fails(d1))
+	}
+}
+
+func TestKeepNStalledSubflowIsReplaced(t *testing.T) {
+	p, _, _ := newKeepN(1, d1, d2)
+	ins := p.Established(Conn{Token: 6, Local: client, Remote: server})
+	sf := up(ins[0], 44000)
+	p.SubflowEstablished(sf)
+	ins = p.Stalled(sf)
+	if len(ins) != 2 || ins[0].Action != DestroySubflow || ins[0].Local != sf.Local || ins[1].Detour.Relay != "r2" || p.Backoff(d1).IsZero() {
+		t.Fatalf("stalled: %v (r1 backoff %v), want destroy + create via r2", ins, p.Backoff(d1))
+	}
+	if again := p.Stalled(sf); len(again) != 0 {
+		t.Fatalf("stalled twice: %v", again)
+	}
+	fails := p.fails(d1)
+	if got := p.SubflowClosed(sf); len(got) != 0 || p.fails(d1) != fails {
+		t.Fatalf("close after destroy: %v, fails %d -> %d", got, fails, p.fails(d1))
 	}
 }

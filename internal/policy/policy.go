@@ -92,6 +92,9 @@ type Policy interface {
 	SubflowEstablished(sf Subflow) []Intent
 	SubflowClosed(sf Subflow) []Intent
 	Priority(sf Subflow) []Intent
+	// Stalled: an established subflow keeps timing out (its path went
+	// silent without a reset); the kernel would take minutes to close it.
+	Stalled(sf Subflow) []Intent
 	// Failed: the kernel refused an intent outright.
 	Failed(in Intent, err error) []Intent
 	// Adopt hands over an established connection that existed before the
