@@ -19,8 +19,15 @@ import (
 // Pre-authentication limits per source address: handshakes cost two X25519
 // operations each and refusals are answered, so both are bounded.
 const (
-	addrRate        = 20.0
-	addrBurst       = 40
+	addrRate  = 20.0
+	addrBurst = 40
+	// A global cap on initiations bounds the X25519 work a flood from many
+	// (spoofed) addresses can cause: an initiation costs the relay about
+	// 0.1-1 ms of CPU (BenchmarkRelayHandshake; the high end on this loaded
+	// host), so at most ~0.2 core; 200/s still lets 24,000 members rekey
+	// every two minutes.
+	initRate        = 200.0
+	initBurst       = 400
 	maxSessionsPer  = 4 // per member: older sessions are dropped
 	unconfirmedLife = 10 * time.Second
 	sweepEvery      = 500 * time.Millisecond
@@ -64,6 +71,7 @@ type Server struct {
 	lastTS    map[proto.Key]proto.Timestamp
 	rates     map[proto.Key]*bucket
 	addrRates map[netip.Addr]*bucket
+	inits     bucket
 	tunnels   TunnelAllocator
 	attr      *attrLog
 	met       *metrics
@@ -401,7 +409,7 @@ func (s *Server) handleInit(p packet) {
 		s.count("handshake", proto.ReasonOf(err))
 		return // too short to answer without amplifying
 	}
-	if !s.addrAllowed(p.from.Addr()) {
+	if !s.addrAllowed(p.from.Addr()) || !s.inits.take(s.now(), initRate, initBurst) {
 		s.count("handshake", proto.ReasonRateLimited)
 		return
 	}
