@@ -42,9 +42,11 @@ type leaseTable struct {
 }
 
 type closed struct {
-	m      *mapping
-	reason string
-	at     time.Time
+	m         *mapping
+	reason    string
+	at        time.Time
+	seen      bool   // counter read at least once since closing
+	lastBytes uint64 // its value then
 }
 
 func newLeaseTable() *leaseTable {

@@ -33,6 +33,9 @@ const (
 	sweepEvery      = 500 * time.Millisecond
 	closeEvery      = 2 * time.Second
 	maxBatch        = 256
+	// maxLinger bounds how long a closed mapping's counter is kept for
+	// connections still running through conntrack.
+	maxLinger = 10 * time.Minute
 )
 
 // packet is a datagram handed from a reader to the event loop.
@@ -219,7 +222,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			now := s.now()
 			s.expire(now)
 			if now.Sub(lastClose) >= closeEvery {
-				s.reap(now)
+				s.reap(now, false)
 				s.prune(now)
 				lastClose = now
 			}
@@ -643,26 +646,39 @@ func (s *Server) expire(now time.Time) {
 	}
 }
 
-// reap reads the counters of closed mappings, logs them and forgets them.
-func (s *Server) reap(now time.Time) {
+// reap reads the counters of closed mappings and, once a mapping's counter
+// has stood still for a reap interval (its connections have finished) or
+// maxLinger has passed, logs its final count and forgets it. Connections
+// that outlive their mapping (conntrack keeps them going) are counted until
+// then. final logs and forgets everything (shutdown).
+func (s *Server) reap(now time.Time, final bool) {
 	if len(s.leases.closing) == 0 {
 		return
 	}
 	cnt, err := s.dp.Counters()
 	if err != nil {
 		s.log.Error("reading counters", "err", err)
+		if !final {
+			return
+		}
 	}
 	s.lastCount = cnt
 	keys := make([]mapKey, 0, len(s.leases.closing))
 	for k, c := range s.leases.closing {
-		s.logAttr(withCounter(mappingEvent(c.reason, c.m, c.at), cnt[k]))
-		s.met.closedBytes.Add(cnt[k].Bytes)
+		cur := cnt[k]
+		if !final && (!c.seen || cur.Bytes != c.lastBytes) && now.Sub(c.at) < maxLinger {
+			c.seen, c.lastBytes = true, cur.Bytes
+			s.leases.closing[k] = c
+			continue
+		}
+		s.logAttr(withCounter(mappingEvent(c.reason, c.m, c.at), cur))
+		s.met.closedBytes.Add(cur.Bytes)
 		keys = append(keys, k)
+		delete(s.leases.closing, k)
 	}
 	if err := s.dp.Forget(keys); err != nil {
 		s.log.Error("removing counters", "err", err)
 	}
-	clear(s.leases.closing)
 }
 
 func (s *Server) prune(now time.Time) {
@@ -755,7 +771,7 @@ func (s *Server) shutdown() {
 	for _, m := range all {
 		s.leases.remove(m, "shutdown", now)
 	}
-	s.reap(now)
+	s.reap(now, true)
 	if err := s.dp.Close(); err != nil {
 		s.log.Error("removing nftables table", "err", err)
 	}
