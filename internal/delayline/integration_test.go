@@ -326,3 +326,41 @@ func TestGoodputThroughDelay(t *testing.T) {
 		t.Errorf("min RTT %.2f ms below the configured 10 ms", r.Subflows[0].MinRTT)
 	}
 }
+
+// TestOversizeFramesCounted: frames larger than the slots sized at start
+// (here: the MTU raised while the delay line runs) are dropped and counted,
+// never truncated and forwarded.
+func TestOversizeFramesCounted(t *testing.T) {
+	w := newWire(t, time.Millisecond, time.Millisecond)
+	l := w.start(t)
+	for _, side := range []struct {
+		ns  *nstest.NS
+		ifc string
+	}{{w.A, "eth0"}, {w.Mid, "a"}} {
+		link, err := side.ns.Netlink().LinkByName(side.ifc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := side.ns.Netlink().LinkSetMTU(link, 9000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var c *net.UDPConn
+	if err := w.A.Do(func() (err error) {
+		c, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(addrB), Port: 9002})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Resolve ARP with a small datagram first, then send jumbo ones.
+	_, _ = c.Write([]byte("x"))
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Stats()[0].DropOversize == 0 && time.Now().Before(deadline) {
+		_, _ = c.Write(make([]byte, 8000))
+		time.Sleep(50 * time.Millisecond)
+	}
+	if s := l.Stats()[0]; s.DropOversize == 0 {
+		t.Errorf("no oversize frames counted: %+v", s)
+	}
+}
