@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -530,16 +531,24 @@ func TestRelayIntegration(t *testing.T) {
 	})
 	t.Run("rate limit", func(t *testing.T) {
 		before := elements(t, f.Relay)
-		limited := 0
-		for i := 0; i < 150; i++ {
-			if _, err := c.Do(ctx, proto.Request{Op: proto.OpPing}); proto.ReasonOf(err) == proto.ReasonRateLimited {
-				limited++
-			} else if err != nil {
-				t.Fatal(err)
-			}
+		// All at once, so that even a slow host cannot refill the bucket
+		// (burst 100, 50/s) in between.
+		var limited, other atomic.Int32
+		var wg sync.WaitGroup
+		for i := 0; i < 300; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := c.Do(ctx, proto.Request{Op: proto.OpPing}); proto.ReasonOf(err) == proto.ReasonRateLimited {
+					limited.Add(1)
+				} else if err != nil {
+					other.Add(1)
+				}
+			}()
 		}
-		if limited == 0 {
-			t.Fatal("150 requests in a burst of 100 at 50/s: none rate-limited")
+		wg.Wait()
+		if limited.Load() == 0 || other.Load() != 0 {
+			t.Fatalf("300 concurrent requests against a burst of 100: %d rate-limited, %d other errors", limited.Load(), other.Load())
 		}
 		if n := elements(t, f.Relay); n != before {
 			t.Fatalf("%d elements, want %d", n, before)
