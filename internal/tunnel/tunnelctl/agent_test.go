@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
@@ -26,9 +25,18 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "nft")
 	line := newLine(t)
+	// Leftovers of a crashed agent, removed by StartAll.
+	run(t, "ip", "-n", line.cl, "rule", "add", "from", "100.88.7.7", "lookup", "52007", "priority", "5200")
 	// The relay may still be starting: the Source retries until it answers.
-	src := NewSource(line.dial(line.member), tunnel.ClientConfig{Netns: line.cl, PrivateKey: wgtypes.Key(line.member)}, nil)
+	srcs, err := StartAll(line.cl, []*relayclient.Conn{line.dial(line.member)}, line.member, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := srcs[0]
 	defer src.Close()
+	if out := run(t, "ip", "-n", line.cl, "rule"); strings.Contains(out, "52007") {
+		t.Errorf("stale rule survived StartAll:\n%s", out)
+	}
 	up := time.Now().Add(20 * time.Second)
 	for src.Client() == nil && time.Now().Before(up) {
 		time.Sleep(100 * time.Millisecond)

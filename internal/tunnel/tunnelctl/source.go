@@ -2,12 +2,16 @@ package tunnelctl
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"sync"
 	"time"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
@@ -101,4 +105,22 @@ func (s *Source) Close() error {
 		return c.Close()
 	}
 	return nil
+}
+
+// StartAll is the agent's single call: it removes the tunnels a crashed
+// agent left in netns ("" = the agent's own namespace), then starts one
+// Source per relay connection (tunnel index = position in conns). Pass the
+// sources to agent.New; close them at exit.
+func StartAll(netns string, conns []*relayclient.Conn, member proto.Key, log *slog.Logger) ([]*Source, error) {
+	if err := tunnel.CleanupClients(netns); err != nil {
+		return nil, err
+	}
+	if len(conns) > tunnel.MaxClients {
+		return nil, fmt.Errorf("%d relays: at most %d tunnels", len(conns), tunnel.MaxClients)
+	}
+	out := make([]*Source, 0, len(conns))
+	for i, c := range conns {
+		out = append(out, NewSource(c, tunnel.ClientConfig{Netns: netns, Index: i, PrivateKey: wgtypes.Key(member)}, log))
+	}
+	return out, nil
 }

@@ -6,18 +6,12 @@
 // wraps Open for the agent: a detour.Source per relay that keeps retrying
 // until the relay answers.
 //
-// Agent wiring (integration point for internal/agent): at start call
-// tunnel.CleanupClients(netns) once, then per relay i with tunnels enabled
+// Agent wiring (integration point for internal/agent): at start
 //
-//	src := tunnelctl.NewSource(conn, tunnel.ClientConfig{Netns: netns, Index: i,
-//		PrivateKey: wgtypes.Key(memberKey)}, log)
+//	srcs, err := tunnelctl.StartAll(netns, relayConns, memberKey, log)
 //
-// and pass src to agent.New with the other sources; src.Close() at exit.
-//
-// Identities: the member's control-protocol static key is its WireGuard key
-// and the relay's static key is the relay's WireGuard key (both Curve25519),
-// so admitting a member to the relay admits it to the tunnel, and removing
-// it from the relay config (Release) removes its WireGuard peer.
+// (removes a crashed agent's tunnels, then one Source per relay), pass the
+// sources to agent.New with the others, and Close them at exit.
 package tunnelctl
 
 import (
