@@ -27,6 +27,10 @@ const (
 	statsInterval = 10 * time.Second
 )
 
+// ReadyMessage is logged once every socket is open and frames flow; a
+// process supervising the delay line can wait for it.
+const ReadyMessage = "delay line running"
+
 // Stats counts what one direction of one link did.
 type Stats struct {
 	Link      string `json:"link"`
@@ -164,7 +168,8 @@ func (l *Line) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); errs <- d.readLoop() }()
 		go func() { defer wg.Done(); errs <- d.writeLoop(ctx.Done()) }()
 	}
-	l.log.Info("delay line running", "directions", len(l.dirs))
+	// internal/lab waits for this exact message before "lab up" returns.
+	l.log.Info(ReadyMessage, "directions", len(l.dirs))
 	// Drops and late releases mean the emulation is off; say so while it
 	// happens, not only at exit.
 	tick := time.NewTicker(statsInterval)
