@@ -11,6 +11,8 @@
 #   MPTCP + tunnel mptcpize'd iperf3; a second subflow from the tunnel
 #                  address (in-kernel PM subflow endpoint: the data plane the
 #                  agent's SUBFLOW_CREATE produces)
+#   both           TCP and TCP via tunnel concurrently (sum): what two flows
+#                  on these paths get together (they share the access link)
 # Target: MPTCP + tunnel >= 0.97 x (TCP + TCP via tunnel).
 #
 # Usage: scripts/bench-tunnel-lab.sh [-d seconds] [-n runs] [-m tunnel-mtu]   (root)
@@ -67,6 +69,8 @@ grep -q ready "$TMP/twc.out" || { cat "$TMP/twc.err" >&2; exit 1; }
 
 ip netns exec "$(ns server)" mptcpize run iperf3 -s >/dev/null 2>&1 &
 PIDS+=($!)
+ip netns exec "$(ns server)" iperf3 -s -p 5202 >/dev/null 2>&1 &
+PIDS+=($!)
 ip -n "$(ns server)" mptcp limits set subflows 2
 ip -n "$(ns client)" mptcp limits set subflows 2
 ip -n "$(ns client)" mptcp endpoint add "$TUNADDR" dev mpdtc0 subflow
@@ -77,14 +81,24 @@ run() { # name, then the command prefix before iperf3 args
   "$@" -c $SERVER -t "$DURATION" -O "$OMIT" -C cubic -J >"$TMP/run.json" 2>"$TMP/run.err" || { cat "$TMP/run.err" >&2; return 1; }
   jq '.end.sum_received.bits_per_second' "$TMP/run.json" >>"$TMP/res.$name"
 }
+# both TCP flows at once: what the topology lets two flows on these two
+# paths achieve together (they share the client's access link L1)
+run_both() {
+  ip netns exec "$(ns client)" iperf3 -c $SERVER -t "$DURATION" -O "$OMIT" -C cubic -J >"$TMP/b1.json" &
+  local p1=$!
+  ip netns exec "$(ns client)" iperf3 -c $SERVER -p 5202 -B "$TUNADDR" -t "$DURATION" -O "$OMIT" -C cubic -J >"$TMP/b2.json"
+  wait $p1
+  jq -s '.[0].end.sum_received.bits_per_second + .[1].end.sum_received.bits_per_second' "$TMP/b1.json" "$TMP/b2.json" >>"$TMP/res.both"
+}
 for _ in $(seq "$RUNS"); do
   run tcp ip netns exec "$(ns client)" iperf3
   run tunnel ip netns exec "$(ns client)" iperf3 -B "$TUNADDR"
   run mptcp ip netns exec "$(ns client)" mptcpize run iperf3
+  run_both
 done
 med() { sort -g "$TMP/res.$1" | awk '{a[NR]=$1} END{printf "%.2f", a[int((NR+1)/2)]/1e6}'; }
 all() { awk '{printf "%s%.2f", (NR>1?", ":""), $1/1e6}' "$TMP/res.$1"; }
-T=$(med tcp) U=$(med tunnel) M=$(med mptcp)
+T=$(med tcp) U=$(med tunnel) M=$(med mptcp) B=$(med both)
 echo "# bench-tunnel-lab $(date -u +%FT%TZ) tunnel MTU ${MTU/#0/1420}, brennan2017 core-limited, ${DURATION}s (after ${OMIT}s omitted) x $RUNS interleaved, iperf3 -C cubic, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| measurement | median Mbit/s | runs |"
@@ -92,5 +106,6 @@ echo "|---|---|---|"
 echo "| TCP (default path) | $T | $(all tcp) |"
 echo "| TCP via tunnel detour | $U | $(all tunnel) |"
 echo "| MPTCP + tunnel detour | $M | $(all mptcp) |"
+echo "| TCP and TCP via tunnel at the same time (sum) | $B | $(all both) |"
 echo
-awk -v t="$T" -v u="$U" -v m="$M" 'BEGIN{printf "MPTCP + tunnel / (TCP + TCP via tunnel) = %.3f (target >= 0.97)\n", m/(t+u)}'
+awk -v t="$T" -v u="$U" -v m="$M" -v b="$B" 'BEGIN{printf "MPTCP + tunnel / (TCP + TCP via tunnel) = %.3f (target >= 0.97); / concurrent sum = %.3f\n", m/(t+u), m/b}'
