@@ -212,3 +212,34 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestBrennanFileMatchesBuiltin keeps lab/brennan2017.yaml equal to the
+// built-in (core-limited).
+func TestBrennanFileMatchesBuiltin(t *testing.T) {
+	f, err := LoadFile("../../lab/brennan2017.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Builtin("brennan2017")
+	if len(f.Nodes) != len(b.Nodes) || len(f.Links) != len(b.Links) {
+		t.Fatalf("file has %d nodes/%d links, built-in %d/%d", len(f.Nodes), len(f.Links), len(b.Nodes), len(b.Links))
+	}
+	for i, n := range b.Nodes {
+		fn := f.Nodes[i]
+		if fn.Name != n.Name || fn.Forward != n.Forward || len(fn.Routes) != len(n.Routes) {
+			t.Errorf("node %d: file %+v, built-in %+v", i, fn, n)
+			continue
+		}
+		for j, r := range n.Routes {
+			if fn.Routes[j].Dst != r.Dst || fn.Routes[j].Via != r.Via {
+				t.Errorf("node %s route %d: file %v via %v, built-in %v via %v", n.Name, j, fn.Routes[j].Dst, fn.Routes[j].Via, r.Dst, r.Via)
+			}
+		}
+	}
+	for i, l := range b.Links {
+		fl := f.Links[i]
+		if fl.Name != l.Name || fl.Class != l.Class || fl.A != l.A || fl.B != l.B || fl.AB != l.AB || fl.BA != l.BA {
+			t.Errorf("link %d: file %+v, built-in %+v", i, fl, l)
+		}
+	}
+}
