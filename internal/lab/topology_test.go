@@ -2,6 +2,7 @@ package lab
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -191,6 +192,11 @@ func TestParseErrors(t *testing.T) {
 
 func FuzzLoad(f *testing.F) {
 	f.Add([]byte(goodFile))
+	for _, name := range []string{"../../lab/brennan2017.yaml", "../../lab/triangle.yaml"} {
+		if b, err := os.ReadFile(name); err == nil {
+			f.Add(b)
+		}
+	}
 	f.Add([]byte("nodes: [{name: a}]\nlinks: []\n"))
 	f.Add([]byte("nodes:\n  - name: a\n    sysctls: {net.x: 1}\nlinks:\n  - {name: l, a: a, b: a, a_addr: 1.2.3.4/24, b_addr: 1.2.3.5/24, ab: {delay: 5ms}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
