@@ -177,25 +177,35 @@ func TestRTT(t *testing.T) {
 			l := w.start(t)
 			// First exchange resolves ARP through the delay line.
 			pingRTTs(t, w.A, addrB, 1, 0)
-			rtts := pingRTTs(t, w.A, addrB, 20, 20*time.Millisecond)
-			if len(rtts) != 20 {
-				t.Fatalf("got %d of 20 echo replies", len(rtts))
-			}
 			spec := tc.ab + tc.ba
-			lo, med := slices.Min(rtts), median(rtts)
-			t.Logf("spec %v: min %v median %v max %v", spec, lo, med, slices.Max(rtts))
-			// The delay line can never deliver early: each direction holds a
-			// frame at least its delay minus the release window.
-			if lo < spec-2*window {
-				t.Errorf("RTT %v shorter than the configured %v", lo, spec)
+			// The best of 20 samples shows the delay line's own precision: a
+			// systematic overshoot (such as a millisecond sleep granularity)
+			// shows in every sample and every attempt. Up to three attempts
+			// keep the test robust to a shared machine where other
+			// (real-time) work starves this process for a second at a time.
+			// The fidelity target itself is measured by TestFidelityReport.
+			var attempts []string
+			for range 3 {
+				rtts := pingRTTs(t, w.A, addrB, 20, 20*time.Millisecond)
+				if len(rtts) == 0 {
+					attempts = append(attempts, "no replies")
+					continue
+				}
+				lo := slices.Min(rtts)
+				t.Logf("spec %v: %d replies, min %v median %v max %v", spec, len(rtts), lo, median(rtts), slices.Max(rtts))
+				// The delay line can never deliver early: each direction
+				// holds a frame at least its delay minus the release window.
+				if lo < spec-2*window {
+					t.Fatalf("RTT %v shorter than the configured %v", lo, spec)
+				}
+				if len(rtts) >= 15 && lo <= spec+5*time.Millisecond {
+					attempts = nil
+					break
+				}
+				attempts = append(attempts, fmt.Sprintf("%d replies, best %v", len(rtts), lo))
 			}
-			// The best of 20 samples shows the delay line's own precision
-			// (a systematic overshoot such as a millisecond sleep granularity
-			// shows in every sample) while staying robust to a machine so
-			// loaded that some samples wait for a CPU. The fidelity target
-			// itself is measured by TestFidelityReport, not asserted.
-			if lo > spec+5*time.Millisecond {
-				t.Errorf("best RTT %v, want about %v", lo, spec)
+			if attempts != nil {
+				t.Errorf("RTT far from %v in every attempt: %v", spec, attempts)
 			}
 			for _, s := range l.Stats() {
 				if s.Packets < 21 {
@@ -305,17 +315,28 @@ func TestGoodputThroughDelay(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx) }()
 	defer func() { cancel(); <-served }()
-	r, err := goodput.Send(ctx, goodput.SendOptions{Addr: addrB + ":5201", Duration: 3 * time.Second, Netns: w.A.Path})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ideal := 10 * 1448.0 / 1514
-	t.Logf("goodput %.3f Mbit/s (ideal %.3f), rtt %.2f ms, retransmits %d", r.Goodput, ideal, r.Subflows[0].RTT, r.Retransmits)
-	// Very loose lower bound: on a shared 2-core machine real-time
-	// processes elsewhere can starve this test's sender and in-process delay
-	// line; docs/lab.md has the measured table. Drops are checked exactly.
-	if r.Goodput < 0.5*ideal || r.Goodput > 1.02*ideal {
-		t.Errorf("goodput %.3f Mbit/s through a 10 Mbit/s link, ideal %.3f", r.Goodput, ideal)
+	// Up to two transfers: on a shared 2-core machine, real-time processes
+	// elsewhere can starve this test's sender and in-process delay line for
+	// a second; a delay line that limits the rate does so every time.
+	// docs/lab.md has the measured table. Drops are checked exactly below.
+	var r *goodput.Result
+	for try := range 2 {
+		var err error
+		r, err = goodput.Send(ctx, goodput.SendOptions{Addr: addrB + ":5201", Duration: 3 * time.Second, Netns: w.A.Path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("goodput %.3f Mbit/s (ideal %.3f), rtt %.2f ms, retransmits %d", r.Goodput, ideal, r.Subflows[0].RTT, r.Retransmits)
+		if r.Goodput > 1.02*ideal {
+			t.Fatalf("goodput %.3f Mbit/s above the %.3f a 10 Mbit/s link allows", r.Goodput, ideal)
+		}
+		if r.Goodput >= 0.8*ideal {
+			break
+		}
+		if try == 1 {
+			t.Errorf("goodput %.3f Mbit/s through a 10 Mbit/s link, ideal %.3f", r.Goodput, ideal)
+		}
 	}
 	for _, s := range l.Stats() {
 		if s.DropFull+s.DropOversize+s.SendErrors+s.KernelDrops != 0 {
