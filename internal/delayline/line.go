@@ -238,6 +238,10 @@ func (l *Line) Stats() []Stats {
 // the measurements behind the choice.
 const DefaultPriority = PriorityRealtime
 
+// PriorityEnv overrides DefaultPriority ("normal", "nice", "realtime"),
+// e.g. on a machine shared with other work that must not be starved.
+const PriorityEnv = "MPDETOUR_DELAYLINE_PRIORITY"
+
 // Run serves cfg until ctx is done. It is what the lab's delay-line process
 // runs, and it assumes it owns that process: it raises the process's
 // scheduling priority (DefaultPriority) so that frames leave on time even
@@ -251,7 +255,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := SetPriority(DefaultPriority); err != nil {
+	prio := DefaultPriority
+	if p := os.Getenv(PriorityEnv); p != "" {
+		prio = Priority(p)
+	}
+	if err := SetPriority(prio); err != nil {
 		log.Warn("delay line keeps normal priority", "err", err)
 	}
 	return l.Run(ctx)
