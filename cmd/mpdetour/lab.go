@@ -268,7 +268,7 @@ func containsS(s []string, x string) bool {
 
 func printCheck(r *lab.CheckReport) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "LINK\tDIRECTION\tRTT spec\tRTT median\t\tGOODPUT spec\tGOODPUT\t\tLOSS spec\tLOSS (n=%d, %.0f%% interval)\t\n", r.Samples, r.Confidence*100)
+	fmt.Fprintf(w, "LINK\tDIRECTION\tRTT spec\tRTT median\t\tRATE spec\tRATE (UDP)\t\tGOODPUT spec\tGOODPUT (TCP)\t\tLOSS spec\tLOSS (n=%d, %.0f%% interval)\t\n", r.Samples, r.Confidence*100)
 	mark := func(ok bool) string {
 		if ok {
 			return "ok"
@@ -284,9 +284,14 @@ func printCheck(r *lab.CheckReport) {
 				g = "error"
 			}
 		}
-		fmt.Fprintf(w, "%s\t%s->%s\t%.2fms\t%.2fms\t%s\t%s\t%s\t%s\t%.2f%%\t%.2f%% [%.2f, %.2f]\t%s\n",
+		rs, rm := "-", "-"
+		if d.RateSpec > 0 {
+			rs, rm = fmt.Sprintf("%.2f", d.RateSpec), fmt.Sprintf("%.2f", d.RateMeasured)
+		}
+		fmt.Fprintf(w, "%s\t%s->%s\t%.2fms\t%.2fms\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f%%\t%.2f%% [%.2f, %.2f]\t%s\n",
 			d.Link, d.From, d.To,
 			ms(d.RTTSpec), ms(d.RTTMedian), mark(d.RTTOK),
+			rs, rm, mark(d.RateOK),
 			gs, g, mark(d.GoodputOK),
 			d.LossSpec*100, float64(d.Lost)/float64(max(d.Sent, 1))*100, d.LossLo*100, d.LossHi*100, mark(d.LossOK))
 	}
@@ -298,7 +303,7 @@ func printCheck(r *lab.CheckReport) {
 		fmt.Printf("delay line CPU during the goodput phase: %.2f cores\n", r.DelayLineCPU)
 	}
 	if r.OK {
-		fmt.Println("lab check: all links within spec (RTT max(1ms,3%), goodput 3% of rate×1448/1514, loss in interval)")
+		fmt.Println("lab check: all links within spec (RTT max(1ms,3%), rate 3%, goodput 3% of rate×1448/1514, loss in interval)")
 	}
 }
 

@@ -81,6 +81,14 @@ type DirCheck struct {
 	GoodputErr  string  `json:"goodput_error,omitempty"`
 	GoodputNote string  `json:"goodput_note,omitempty"`
 
+	// RateMeasured is the frame rate a paced UDP flood (1.2 × the rate)
+	// got through, in Mbit/s of Ethernet frames as tbf counts them; the
+	// spec is rate × (1 - loss). It checks the rate where TCP cannot (on
+	// lossy links) and does not depend on a TCP sender being scheduled.
+	RateSpec     float64 `json:"rate_spec_mbps,omitempty"`
+	RateMeasured float64 `json:"rate_mbps,omitempty"`
+	RateOK       bool    `json:"rate_ok"`
+
 	LossSpec float64 `json:"loss_spec"`
 	Sent     int     `json:"loss_sent"`
 	Lost     int     `json:"loss_lost"`
@@ -91,7 +99,7 @@ type DirCheck struct {
 
 // OK reports whether every measured quantity of the direction is within
 // its tolerance.
-func (d DirCheck) OK() bool { return d.RTTOK && d.GoodputOK && d.LossOK }
+func (d DirCheck) OK() bool { return d.RTTOK && d.RateOK && d.GoodputOK && d.LossOK }
 
 // CheckReport is the result of Check.
 type CheckReport struct {
@@ -117,6 +125,9 @@ func (r *CheckReport) Failures() []string {
 		w := fmt.Sprintf("%s %s->%s", d.Link, d.From, d.To)
 		if !d.RTTOK {
 			out = append(out, fmt.Sprintf("%s: RTT %v, spec %v (tolerance max(1ms, 3%%))", w, d.RTTMedian.Round(10*time.Microsecond), d.RTTSpec))
+		}
+		if !d.RateOK {
+			out = append(out, fmt.Sprintf("%s: rate %.2f Mbit/s (UDP, Ethernet frames), spec %.2f = %v × (1 - loss) (tolerance 3%%)", w, d.RateMeasured, d.RateSpec, d.Rate))
 		}
 		if !d.GoodputOK {
 			if d.GoodputErr != "" {
@@ -181,6 +192,11 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 			d.RTTSpec = k.AB.Delay + k.BA.Delay + serialization(k.AB.Rate) + serialization(k.BA.Rate)
 			d.Rate = sh.Rate
 			d.LossSpec = float64(sh.Loss)
+			if sh.Rate > 0 && !o.NoRate {
+				d.RateSpec = sh.Rate.Mbit() * (1 - float64(sh.Loss))
+			} else {
+				d.RateOK = true
+			}
 			if sh.Rate > 0 && (k.AB.Loss > 0 || k.BA.Loss > 0) {
 				// TCP over a lossy link is limited by the loss, not the rate
 				// (Mathis et al.), so its goodput says nothing about tbf.
@@ -247,9 +263,28 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	// 3. Goodput. The two directions of a link never run together: the
-	// reverse flow's ACKs would share the measured queue.
+	// 3. Rate with a paced UDP flood, then goodput with TCP. The two
+	// directions of a link never run together: TCP's ACKs would share the
+	// measured queue, and the UDP phase is grouped the same way.
 	if !o.NoRate {
+		for _, g := range phases(rep.Directions, o, func(d DirCheck) bool { return d.RateSpec > 0 }) {
+			for _, i := range g {
+				d := &rep.Directions[i]
+				wg.Go(func() {
+					r, err := l.udpRate(ctx, d.From, d.To, dst(d), d.Rate)
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					d.RateMeasured = r
+					d.RateOK = math.Abs(r-d.RateSpec) <= GoodputTolRel*d.RateSpec
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return nil, err
+			}
+		}
 		groups := [][]int{}
 		for _, dir := range []string{"ab", "ba"} {
 			var g []int
@@ -303,6 +338,135 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 		rep.OK = rep.OK && d.OK()
 	}
 	return rep, nil
+}
+
+// phases groups the directions that pass sel for measurements that load
+// links: every a->b direction together, then every b->a (one at a time
+// with Sequential, all together with AllAtOnce).
+func phases(ds []DirCheck, o CheckOptions, sel func(DirCheck) bool) [][]int {
+	var groups [][]int
+	for _, dir := range []string{"ab", "ba"} {
+		var g []int
+		for i, d := range ds {
+			if d.Dir == dir && sel(d) {
+				if o.Sequential {
+					groups = append(groups, []int{i})
+				} else {
+					g = append(g, i)
+				}
+			}
+		}
+		if len(g) > 0 {
+			groups = append(groups, g)
+		}
+	}
+	if o.AllAtOnce && len(groups) == 2 {
+		groups = [][]int{append(groups[0], groups[1]...)}
+	}
+	return groups
+}
+
+// udpFrame and udpPayload: full-size frames, so tbf sees what TCP sends.
+const (
+	udpFrame   = 1514
+	udpPayload = udpFrame - 14 - 20 - 8
+)
+
+// udpRate sends full-size UDP datagrams from node from to dst (in node
+// to) at 1.2 × rate for 2 s, so that the sender's tbf always has a
+// backlog, and returns the frame rate that arrived after the first
+// 0.5 s, in Mbit/s.
+func (l *Lab) udpRate(ctx context.Context, from, to string, dst netip.Addr, rate Rate) (float64, error) {
+	var rx, tx *net.UDPConn
+	if err := l.Do(to, func() error {
+		var err error
+		rx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
+		if err != nil {
+			return err
+		}
+		if rc, err := rx.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) {
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
+			})
+		}
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("%s: %w", to, err)
+	}
+	defer rx.Close()
+	if err := l.Do(from, func() error {
+		var err error
+		tx, err = net.DialUDP("udp4", nil, rx.LocalAddr().(*net.UDPAddr))
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("%s: %w", from, err)
+	}
+	defer tx.Close()
+	const (
+		dur    = 2 * time.Second
+		warmup = 500 * time.Millisecond
+	)
+	type result struct {
+		bytes int
+		first time.Time
+		last  time.Time
+		start time.Time
+	}
+	resc := make(chan result, 1)
+	go func() {
+		var r result
+		buf := make([]byte, 2048)
+		for {
+			n, err := rx.Read(buf)
+			now := time.Now()
+			if err != nil {
+				resc <- r
+				return
+			}
+			if r.first.IsZero() {
+				r.first = now
+				r.start = now.Add(warmup)
+			}
+			if now.After(r.start) {
+				r.bytes += n
+				r.last = now
+			}
+		}
+	}()
+	pps := 1.2 * float64(rate) / (udpFrame * 8)
+	msg := make([]byte, udpPayload)
+	start := time.Now()
+	sent := 0
+	for {
+		el := time.Since(start)
+		if el >= dur || ctx.Err() != nil {
+			break
+		}
+		for due := int(el.Seconds() * pps); sent < due; sent++ {
+			// ENOBUFS and the like: the local queue is full, which is the
+			// point of sending faster than the rate.
+			tx.Write(msg)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Let the queue and the delay drain, then stop reading.
+	k := l.topo.Link(linkOf(l.topo, from, to))
+	drain := 200 * time.Millisecond
+	if k != nil {
+		drain += 2 * max(k.AB.Delay, k.BA.Delay)
+	}
+	time.Sleep(drain)
+	rx.Close()
+	r := <-resc
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	win := r.last.Sub(r.start).Seconds()
+	if r.bytes == 0 || win < 0.5 {
+		return 0, fmt.Errorf("%s -> %s: UDP rate probe: too little arrived (%d bytes over %.2f s)", from, to, r.bytes, win)
+	}
+	frames := float64(r.bytes) / udpPayload
+	return frames * udpFrame * 8 / win / 1e6, nil
 }
 
 // serialization is the time a 98-byte echo frame takes at rate r.
