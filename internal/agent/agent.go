@@ -134,6 +134,12 @@ type batch struct {
 // Run manages connections until ctx ends, then restores the namespace's
 // path manager. Subflows already open stay open.
 func (a *Agent) Run(ctx context.Context) (err error) {
+	// Before any thread is created for namespace work, so they inherit it.
+	if a.cfg.Nice != 0 {
+		if err := renice(a.cfg.Nice); err != nil {
+			return err
+		}
+	}
 	// Listen before switching the path manager and before the adoption
 	// dump, so no connection falls between the two.
 	ev, err := mptcppm.ListenEvents(a.opts)
@@ -275,10 +281,12 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			if !probing {
 				probing = true
 				go func() {
+					t0 := time.Now()
 					conns, err := mptcppm.Dump(a.opts)
 					if err != nil {
 						a.log.Warn("stall probe", "err", err)
 					}
+					a.log.Debug("stall probe", "took", time.Since(t0), "connections", len(conns))
 					probec <- conns
 				}()
 			}

@@ -25,6 +25,8 @@ var (
 	benchRate    = flag.Int("agent.rate", 1000, "new MPTCP connections per second in BenchmarkAgentConnectionRate")
 	benchHold    = flag.Duration("agent.hold", time.Second, "how long each benchmark connection stays open")
 	benchWorkers = flag.Int("agent.workers", 4, "the agent's command_workers")
+	benchProbe   = flag.String("agent.probe", "1s", "the agent's probe_interval (0 = off)")
+	benchNice    = flag.Int("agent.nice", 0, "the agent's nice setting (negative = higher priority)")
 )
 
 // procCPU returns the user+system CPU time a process has used.
@@ -55,7 +57,7 @@ func BenchmarkAgentConnectionRate(b *testing.B) {
 	sock := filepath.Join(dir, "agent.sock")
 	cfgPath := filepath.Join(dir, "agent.yaml")
 	var cfg strings.Builder
-	fmt.Fprintf(&cfg, "socket: %s\nnetns: %s\nsubflows: 2\nlog_level: warn\ncommand_workers: %d\ndetours:\n", sock, dl.l.NetnsName("client"), *benchWorkers)
+	fmt.Fprintf(&cfg, "socket: %s\nnetns: %s\nsubflows: 2\nlog_level: warn\ncommand_workers: %d\nprobe_interval: %s\nnice: %d\ndetours:\n", sock, dl.l.NetnsName("client"), *benchWorkers, *benchProbe, *benchNice)
 	for i, r := range dl.relays {
 		fmt.Fprintf(&cfg, "  - {kind: nat, relay: d%d, address: %s, server: %s}\n", i+1, r, dl.server)
 	}
@@ -158,8 +160,8 @@ func BenchmarkAgentConnectionRate(b *testing.B) {
 		b.N, *benchRate, opened.Load(), failed.Load(), late, elapsed.Round(time.Millisecond), st.Counters.Events,
 		st.Counters.EventsLost, st.Counters.Resyncs, st.Latency.P50ms, st.Latency.P99ms, st.Latency.Maxms, st.Latency.Samples,
 		st.LatencyAck.P50ms, st.LatencyAck.P99ms, st.LatencyAck.Maxms, est, fail, st.Counters.Commands, st.Counters.CommandErrors, st.Counters.ErrorsByErrno, cpu1-cpu0, wall.Round(time.Millisecond), loadavg())
-	if s := bufio.NewScanner(&logs); s.Scan() {
-		b.Logf("agent log (first line): %s", s.Text())
+	for s := bufio.NewScanner(&logs); s.Scan(); {
+		b.Logf("agent log: %s", s.Text())
 	}
 }
 

@@ -38,6 +38,8 @@ type Config struct {
 	ProbeInterval    time.Duration
 	StallRetransmits int
 	CommandWorkers   int
+	// Nice, when non-zero, is applied to the agent's threads at start.
+	Nice int
 	// EventBuffer is the event socket's receive buffer in bytes.
 	EventBuffer int
 	LogLevel    string
@@ -68,6 +70,7 @@ type fileConfig struct {
 	ProbeInterval     string       `yaml:"probe_interval"`
 	StallRetransmits  *int         `yaml:"stall_retransmits"`
 	CommandWorkers    int          `yaml:"command_workers"`
+	Nice              int          `yaml:"nice"`
 	EventBuffer       int          `yaml:"event_buffer"`
 	LogLevel          string       `yaml:"log_level"`
 	Selectors         []fileSel    `yaml:"selectors"`
@@ -146,6 +149,10 @@ func ParseConfig(b []byte) (Config, error) {
 		// one or two sockets bursts queue up (docs/agent.md, benchmark).
 		c.CommandWorkers = 4
 	}
+	if f.Nice < -20 || f.Nice > 19 {
+		return c, fmt.Errorf("nice: %d out of range -20..19", f.Nice)
+	}
+	c.Nice = f.Nice
 	c.EventBuffer = f.EventBuffer
 	if c.EventBuffer < 0 || c.EventBuffer > 1<<30 {
 		return c, fmt.Errorf("event_buffer: %d bytes out of range 1-1073741824", c.EventBuffer)
