@@ -239,7 +239,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		defer pt.Stop()
 		probeTick = pt.C
 	}
-	probec := make(chan []mptcppm.Connection, 1)
+	probec := make(chan []mptcppm.Subflow, 1)
 	probing := false
 	for {
 		var out chan job
@@ -282,17 +282,17 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 				probing = true
 				go func() {
 					t0 := time.Now()
-					conns, err := mptcppm.Dump(a.opts)
+					sfs, err := mptcppm.DumpSubflows(a.opts)
 					if err != nil {
 						a.log.Warn("stall probe", "err", err)
 					}
-					a.log.Debug("stall probe", "took", time.Since(t0), "connections", len(conns))
-					probec <- conns
+					a.log.Debug("stall probe", "took", time.Since(t0), "subflows", len(sfs))
+					probec <- sfs
 				}()
 			}
-		case conns := <-probec:
+		case sfs := <-probec:
 			probing = false
-			queue = append(queue, a.stalls(conns)...)
+			queue = append(queue, a.stalls(sfs)...)
 		case <-settle:
 			settle = nil
 			queue = append(queue, a.resync("settle after loss")...)
@@ -504,26 +504,24 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 
 // stalls reports established detour subflows whose path went silent:
 // StallRetransmits consecutive retransmission timeouts.
-func (a *Agent) stalls(conns []mptcppm.Connection) []job {
+func (a *Agent) stalls(sfs []mptcppm.Subflow) []job {
 	var stalled []policy.Subflow
 	a.mu.Lock()
-	for _, mc := range conns {
-		cv := a.conns[mc.Token]
+	for _, s := range sfs {
+		if int(s.Retransmits) < a.cfg.StallRetransmits {
+			continue
+		}
+		cv := a.conns[s.Token]
 		if cv == nil {
 			continue
 		}
-		for _, s := range mc.Subflows {
-			if int(s.Retransmits) < a.cfg.StallRetransmits {
-				continue
-			}
-			if sv := cv.subs[keyOf(s.Local.Addr(), s.Remote)]; sv != nil && sv.up && sv.detour != nil && !sv.stalled {
-				sv.stalled = true
-				dv := a.detourView(*sv.detour)
-				dv.failed++
-				dv.lastErr = fmt.Sprintf("subflow stalled: %d retransmission timeouts", s.Retransmits)
-				dv.lastChange = time.Now()
-				stalled = append(stalled, sv.sf)
-			}
+		if sv := cv.subs[keyOf(s.Local.Addr(), s.Remote)]; sv != nil && sv.up && sv.detour != nil && !sv.stalled {
+			sv.stalled = true
+			dv := a.detourView(*sv.detour)
+			dv.failed++
+			dv.lastErr = fmt.Sprintf("subflow stalled: %d retransmission timeouts", s.Retransmits)
+			dv.lastChange = time.Now()
+			stalled = append(stalled, sv.sf)
 		}
 	}
 	a.mu.Unlock()

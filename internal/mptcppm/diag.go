@@ -197,6 +197,39 @@ func Dump(o Options) ([]Connection, error) {
 	return out, nil
 }
 
+// DumpSubflows lists only the MPTCP subflows (TCP sockets with MPTCP ULP
+// info) of namespace o.NetNS: the cheaper half of Dump, for periodic
+// health checks.
+func DumpSubflows(o Options) ([]Subflow, error) {
+	fd, done, err := openNS(o.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: fd})
+	if err != nil {
+		return nil, fmt.Errorf("sock_diag netlink: %w", err)
+	}
+	defer c.Close()
+	var out []Subflow
+	for _, fam := range []uint8{afInet, afInet6} {
+		msgs, err := diagDump(c, fam, unix.IPPROTO_TCP)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			sf, ok, err := parseSubflowDiag(m)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				out = append(out, sf)
+			}
+		}
+	}
+	return out, nil
+}
+
 func diagDump(c *netlink.Conn, family uint8, proto uint32) ([][]byte, error) {
 	return diagDumpStates(c, family, proto, uint32(0xfff)&^(1<<tcpListen|1<<tcpTimeWait|1<<tcpNewSynRecv))
 }
