@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -55,8 +56,11 @@ type dataPlane interface {
 	// Unmap removes the DNAT elements: new connections stop, established
 	// ones continue through conntrack and stay counted until Forget.
 	Unmap(keys []mapKey) error
-	// Counters dumps the per-mapping counters.
+	// Counters dumps every per-mapping counter (cost grows with the
+	// number of mappings: seconds at 100,000).
 	Counters() (map[mapKey]Counter, error)
+	// CountersOf reads the counters of the given (existing) mappings only.
+	CountersOf(keys []mapKey) (map[mapKey]Counter, error)
 	// Forget removes accounting elements.
 	Forget(keys []mapKey) error
 	// Close removes the table.
@@ -66,6 +70,7 @@ type dataPlane interface {
 type nftDataPlane struct {
 	mu   sync.Mutex
 	conn *nftables.Conn
+	get  *netlink.Conn // element reads (nftget.go)
 	tab  *nftables.Table
 	dnat *nftables.Set
 	acct *nftables.Set
@@ -80,7 +85,12 @@ func newNFT() (*nftDataPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	d := &nftDataPlane{conn: conn, tab: &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}}
+	get, err := dialNetfilter()
+	if err != nil {
+		_ = conn.CloseLasting()
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	d := &nftDataPlane{conn: conn, get: get, tab: &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}}
 	// add+delete removes a leftover table without failing when there is none.
 	conn.AddTable(d.tab)
 	conn.DelTable(d.tab)
@@ -151,6 +161,7 @@ func newNFT() (*nftDataPlane, error) {
 	}
 	if err := conn.Flush(); err != nil {
 		_ = conn.CloseLasting()
+		get.Close()
 		return nil, fmt.Errorf("nftables: creating table %s: %w", TableName, err)
 	}
 	return d, nil
@@ -253,9 +264,16 @@ func (d *nftDataPlane) Counters() (map[mapKey]Counter, error) {
 	return out, nil
 }
 
+func (d *nftDataPlane) CountersOf(keys []mapKey) (map[mapKey]Counter, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return countersOf(d.get, keys)
+}
+
 func (d *nftDataPlane) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.get.Close()
 	d.conn.DelTable(d.tab)
 	err := d.conn.Flush()
 	if errors.Is(err, unix.ENOENT) {

@@ -97,6 +97,14 @@ func TestNFTDataPlane(t *testing.T) {
 	if got := cnt[key]; got.Bytes < 200000 || got.Packets == 0 {
 		t.Fatalf("counter %+v, want >= 200000 bytes (100 kB each way)", got)
 	}
+	// Reading one element gives the same as the dump.
+	one, err := d.CountersOf([]mapKey{key})
+	if err != nil || one[key] != cnt[key] {
+		t.Fatalf("CountersOf = %+v (%v), dump = %+v", one, err, cnt[key])
+	}
+	if _, err := d.CountersOf([]mapKey{{netip.MustParseAddr(fxClient), 1}}); err == nil {
+		t.Fatal("CountersOf of a missing element succeeded")
+	}
 
 	// Unmap: new connections stop, the established one goes on.
 	if err := d.Unmap([]mapKey{key}); err != nil {

@@ -78,7 +78,6 @@ type Server struct {
 	tunnels   TunnelAllocator
 	attr      *attrLog
 	met       *metrics
-	lastCount map[mapKey]Counter
 	batch     []*mapping // new mappings not yet in the kernel
 	replies   []deferred // replies held until batch is installed
 	lastNew   *mapping   // set by grant when it created a mapping
@@ -112,7 +111,7 @@ func NewServer(set *Settings, log *slog.Logger) (*Server, error) {
 	if s.attr, err = openAttrLog(set.AttributionLog); err != nil {
 		return nil, err
 	}
-	s.met = newMetrics(s.liveBytes)
+	s.met = newMetrics()
 	if s.tunnels, err = newTunnelAllocator(set.Tunnel, set.PrivateKey, log); err != nil {
 		s.attr.Close()
 		return nil, err
@@ -546,7 +545,9 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 			rep.Reason = proto.ReasonNotFound
 			break
 		}
-		rep.Bytes = s.lastCount[m.Key].Bytes
+		if cnt, err := s.dp.CountersOf([]mapKey{m.Key}); err == nil {
+			rep.Bytes = cnt[m.Key].Bytes
+		}
 		if err := s.close([]*mapping{m}, "release"); err != nil {
 			rep.Reason = proto.ReasonInternal
 		}
@@ -655,15 +656,23 @@ func (s *Server) reap(now time.Time, final bool) {
 	if len(s.leases.closing) == 0 {
 		return
 	}
-	cnt, err := s.dp.Counters()
+	keys := make([]mapKey, 0, len(s.leases.closing))
+	for k := range s.leases.closing {
+		keys = append(keys, k)
+	}
+	cnt, err := s.dp.CountersOf(keys)
 	if err != nil {
-		s.log.Error("reading counters", "err", err)
-		if !final {
-			return
+		// Should not happen (every closing mapping has its element); the
+		// full dump is slow but tolerates surprises.
+		s.log.Warn("reading counters of closed mappings; falling back to a dump", "err", err)
+		if cnt, err = s.dp.Counters(); err != nil {
+			s.log.Error("reading counters", "err", err)
+			if !final {
+				return
+			}
 		}
 	}
-	s.lastCount = cnt
-	keys := make([]mapKey, 0, len(s.leases.closing))
+	keys = keys[:0]
 	for k, c := range s.leases.closing {
 		cur := cnt[k]
 		if !final && (!c.seen || cur.Bytes != c.lastBytes) && now.Sub(c.at) < maxLinger {
@@ -706,18 +715,6 @@ func (s *Server) logAttr(ev attrEvent) {
 	if err := s.attr.write(ev); err != nil {
 		s.log.Error("attribution log", "err", err)
 	}
-}
-
-func (s *Server) liveBytes() uint64 {
-	cnt, err := s.dp.Counters()
-	if err != nil {
-		return 0
-	}
-	var n uint64
-	for _, c := range cnt {
-		n += c.Bytes
-	}
-	return n
 }
 
 func (s *Server) applyReload(set *Settings) {
