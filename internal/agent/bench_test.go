@@ -26,6 +26,7 @@ var (
 	benchHold    = flag.Duration("agent.hold", time.Second, "how long each benchmark connection stays open")
 	benchWorkers = flag.Int("agent.workers", 4, "the agent's command_workers")
 	benchProbe   = flag.String("agent.probe", "1s", "the agent's probe_interval (0 = off)")
+	benchPorts   = flag.String("agent.ports", "", "client ip_local_port_range for the run, e.g. \"1024 65535\" (default: the kernel's)")
 	benchNice    = flag.Int("agent.nice", 0, "the agent's nice setting (negative = higher priority)")
 )
 
@@ -49,6 +50,9 @@ func procCPU(pid int) (time.Duration, error) {
 //	go test -run XXX -bench AgentConnectionRate -benchtime 10000x ./internal/agent
 func BenchmarkAgentConnectionRate(b *testing.B) {
 	dl := upDetourLab(b, 2)
+	if *benchPorts != "" {
+		dl.run(b, "client", "sysctl", "-qw", "net.ipv4.ip_local_port_range="+*benchPorts)
+	}
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "mpdetour")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/mpdetour").CombinedOutput(); err != nil {
