@@ -225,6 +225,15 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 	}()
 
+	// Each detour subflow reserves an ephemeral port exclusively and keeps
+	// it 60 s in TIME_WAIT after closing (docs/agent.md, benchmark).
+	if v, err := readSysctl(a.cfg.NetNS, "net.ipv4.ip_local_port_range"); err == nil {
+		var lo, hi int
+		if _, err := fmt.Sscan(v, &lo, &hi); err == nil && hi >= lo {
+			a.log.Info("ephemeral ports", "range", fmt.Sprintf("%d-%d", lo, hi),
+				"sustained_subflows_per_second", (hi-lo+1)/60)
+		}
+	}
 	a.log.Info("agent running", "netns", a.cfg.NetNS, "pm_type_before", a.pmOld, "subflows", a.cfg.Subflows,
 		"detours", len(a.cfg.Detours), "workers", workers, "status", a.cfg.Socket)
 	tick := time.NewTicker(100 * time.Millisecond)
