@@ -11,6 +11,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
 func init() {
@@ -63,6 +64,17 @@ func init() {
 				}
 				defer src.Close()
 				sources = append(sources, src)
+				if cfg.Tunnels {
+					// Removes tunnels a crashed agent left, then one source per relay.
+					tsrcs, err := tunnelctl.StartAll(cfg.NetNS, src.Conns(), rc.PrivateKey, log)
+					if err != nil {
+						return err
+					}
+					for _, t := range tsrcs {
+						defer t.Close()
+						sources = append(sources, t)
+					}
+				}
 			}
 			return agent.New(cfg, log, nil, sources...).Run(ctx)
 		},

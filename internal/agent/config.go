@@ -47,6 +47,8 @@ type Config struct {
 	Detours     []StaticDetour
 	// Relays, when set, are asked for NAT detours (relayclient.Source).
 	Relays *relayclient.SourceConfig
+	// Tunnels: also ask every relay for a WireGuard tunnel detour.
+	Tunnels bool
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -76,7 +78,8 @@ type fileConfig struct {
 	Selectors         []fileSel    `yaml:"selectors"`
 	Detours           []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays *relayclient.FileConfig `yaml:"relays"`
+	Relays  *relayclient.FileConfig `yaml:"relays"`
+	Tunnels bool                    `yaml:"tunnels"`
 }
 
 type fileSel struct {
@@ -229,6 +232,10 @@ func ParseConfig(b []byte) (Config, error) {
 		}
 		c.Relays = &sc
 	}
+	if f.Tunnels && c.Relays == nil {
+		return c, fmt.Errorf("tunnels: needs a relays section (tunnels are asked from the relays)")
+	}
+	c.Tunnels = f.Tunnels
 	return c, nil
 }
 
