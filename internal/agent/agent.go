@@ -623,7 +623,7 @@ func (a *Agent) resync(reason string) []job {
 	seen := map[uint32]bool{}
 	adopted := 0
 	for _, mc := range conns {
-		if mc.ServerSide || mc.State != 1 /* ESTABLISHED */ || mc.Token == 0 {
+		if mc.ServerSide || mc.State != 1 /* ESTABLISHED */ || mc.Token == 0 || mc.Info.Flags&mptcppm.InfoFlagFallback != 0 {
 			continue
 		}
 		seen[mc.Token] = true

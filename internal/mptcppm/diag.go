@@ -85,6 +85,10 @@ func DecodeMPTCPInfo(b []byte) (MPTCPInfo, error) {
 	return i, nil
 }
 
+// InfoFlagFallback (MPTCP_INFO_FLAG_FALLBACK): the connection fell back
+// to plain TCP; it can never take another subflow.
+const InfoFlagFallback = 1 << 0
+
 // Connection is one MPTCP socket found by inet_diag.
 type Connection struct {
 	Token  uint32
