@@ -19,7 +19,7 @@ import (
 
 func init() {
 	procedures[scenario.TCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
-		rs, err := startRelays(ctx, env, "")
+		rs, err := startRelays(ctx, env, natOnly)
 		if err != nil {
 			return nil, err
 		}
@@ -32,7 +32,7 @@ func init() {
 		return &transfer{env: env, dst: granted, paths: rs.paths, close: rs.close, daemons: rs.daemons}, nil
 	}
 	procedures[scenario.MPTCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
-		rs, err := startRelays(ctx, env, "")
+		rs, err := startRelays(ctx, env, natOnly)
 		if err != nil {
 			return nil, err
 		}
@@ -64,12 +64,28 @@ type relays struct {
 	keys    map[string]proto.Key // node -> relay private key
 	daemons []*daemon
 	paths   map[netip.Addr]string
+	// prefixes name tunnel subflows by their local address.
+	prefixes map[netip.Prefix]string
 }
 
-// startRelays starts a relay in each of the cell's detour nodes. tunnel,
-// if not empty, is the relay config's tunnel section.
-func startRelays(ctx context.Context, env *Env, tunnel string) (_ *relays, err error) {
-	rs := &relays{keys: map[string]proto.Key{}, paths: map[netip.Addr]string{}}
+// relayMode says which detours the relays offer.
+type relayMode int
+
+const (
+	natOnly    relayMode = iota
+	natTunnel            // NAT detours and WireGuard tunnels
+	tunnelOnly           // tunnels; NAT grants to the server are refused by policy
+)
+
+// tunnelSubnet is relay i's tunnel subnet: distinct per relay so that a
+// subflow's local address tells which tunnel it took.
+func tunnelSubnet(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 80, byte(i + 1), 0}), 24)
+}
+
+// startRelays starts a relay in each of the cell's detour nodes.
+func startRelays(ctx context.Context, env *Env, mode relayMode) (_ *relays, err error) {
+	rs := &relays{keys: map[string]proto.Key{}, paths: map[netip.Addr]string{}, prefixes: map[netip.Prefix]string{}}
 	defer func() {
 		if err != nil {
 			rs.close()
@@ -79,7 +95,7 @@ func startRelays(ctx context.Context, env *Env, tunnel string) (_ *relays, err e
 		return nil, err
 	}
 	server := env.Lab.Addr(env.Roles.Server)
-	for _, node := range env.Cell.Detours {
+	for i, node := range env.Cell.Detours {
 		k, err := proto.GenerateKey()
 		if err != nil {
 			return nil, err
@@ -95,8 +111,15 @@ ports: 40000-40999
 lease: %s
 members:
   - {name: bench, public_key: %s}
-allow_destinations: [%s/32]
-%s`, relay.DefaultPort, k, relayLease, rs.member.Public(), server, tunnel)
+`, relay.DefaultPort, k, relayLease, rs.member.Public())
+		if mode != tunnelOnly {
+			// The lab's server has a private address, refused unless allowed.
+			cfg += fmt.Sprintf("allow_destinations: [%s/32]\n", server)
+		}
+		if mode != natOnly {
+			cfg += fmt.Sprintf("tunnel:\n  subnet: %s\n  allow_destinations: [%s/32]\n", tunnelSubnet(i), server)
+			rs.prefixes[tunnelSubnet(i)] = "tunnel:" + node
+		}
 		path := filepath.Join(env.Dir, "relay-"+node+".yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 			return nil, err

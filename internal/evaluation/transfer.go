@@ -36,8 +36,10 @@ type transfer struct {
 	// with fewer subflows (a detour that never came up is not a detour
 	// measurement).
 	wantSubflows int
-	// paths names subflows by their local or remote address.
-	paths map[netip.Addr]string
+	// paths names subflows by their local or remote address, prefixes by
+	// the prefix of their local address (tunnel addresses the relay chose).
+	paths    map[netip.Addr]string
+	prefixes map[netip.Prefix]string
 	close func() error
 	// daemons are the cell's relay/agent processes: one that died
 	// explains a failed trial.
@@ -86,6 +88,11 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		if p == "" {
 			p = t.paths[sf.Remote.Addr()]
 		}
+		for pf, name := range t.prefixes {
+			if p == "" && pf.Contains(sf.Local.Addr()) {
+				p = name
+			}
+		}
 		if p == "" {
 			switch {
 			case sf.Local.Addr() == client && sf.Remote.Addr() == e.serverAddr().Addr():
@@ -115,6 +122,29 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
 	}
 	return m, nil
+}
+
+// warmUp runs short unrecorded transfers until one ends with the wanted
+// subflows: detours the agent sets up in the background (tunnels) are
+// then ready before the first trial.
+func (t *transfer) warmUp(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	e := *t.env
+	e.Duration, e.Warmup = 2*time.Second, 500*time.Millisecond
+	w := *t
+	w.env = &e
+	var last error
+	for time.Now().Before(deadline) {
+		_, err := w.Trial(ctx, 1)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		last = err
+	}
+	return fmt.Errorf("detours not ready after %s: %w", timeout, last)
 }
 
 func (t *transfer) Close() error {

@@ -37,22 +37,26 @@ func init() {
 			close: func() error { return errors.Join(undo(), ts.close()) }}, nil
 	}
 	procedures[scenario.MPTCPTunnel] = func(ctx context.Context, env *Env) (Session, error) {
-		ts, err := openTunnels(ctx, env)
+		// The product path: the agent asks each relay for a tunnel
+		// (`tunnels: true`) and brings it up itself. The relays refuse NAT
+		// grants to the server here, so only tunnel subflows are added.
+		rs, err := startRelays(ctx, env, tunnelOnly)
 		if err != nil {
 			return nil, err
 		}
-		var ds []agentDetour
-		for i, c := range ts.clients {
-			ds = append(ds, agentDetour{kind: "tunnel", relay: env.Cell.Detours[i], local: c.Address()})
-		}
-		ag, err := startAgent(ctx, env, len(ds), ds, "")
+		ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env)+"tunnels: true\n")
 		if err != nil {
-			ts.close()
+			rs.close()
 			return nil, err
 		}
-		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(ds), paths: ts.paths,
-			daemons: append([]*daemon{ag}, ts.rs.daemons...),
-			close:   func() error { return errors.Join(ag.stop(), ts.close()) }}, nil
+		t := &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours),
+			paths: rs.paths, prefixes: rs.prefixes, daemons: append([]*daemon{ag}, rs.daemons...),
+			close: func() error { return errors.Join(ag.stop(), rs.close()) }}
+		if err := t.warmUp(ctx, 20*time.Second); err != nil {
+			t.Close()
+			return nil, err
+		}
+		return t, nil
 	}
 }
 
@@ -66,8 +70,7 @@ type tunnels struct {
 }
 
 func openTunnels(ctx context.Context, env *Env) (_ *tunnels, err error) {
-	server := env.serverAddr().Addr()
-	rs, err := startRelays(ctx, env, fmt.Sprintf("tunnel:\n  allow_destinations: [%s/32]\n", server))
+	rs, err := startRelays(ctx, env, natTunnel)
 	if err != nil {
 		return nil, err
 	}
