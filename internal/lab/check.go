@@ -88,6 +88,7 @@ type DirCheck struct {
 	RateSpec     float64 `json:"rate_spec_mbps,omitempty"`
 	RateMeasured float64 `json:"rate_mbps,omitempty"`
 	RateOK       bool    `json:"rate_ok"`
+	RateErr      string  `json:"rate_error,omitempty"`
 
 	LossSpec float64 `json:"loss_spec"`
 	Sent     int     `json:"loss_sent"`
@@ -126,7 +127,9 @@ func (r *CheckReport) Failures() []string {
 		if !d.RTTOK {
 			out = append(out, fmt.Sprintf("%s: RTT %v, spec %v (tolerance max(1ms, 3%%))", w, d.RTTMedian.Round(10*time.Microsecond), d.RTTSpec))
 		}
-		if !d.RateOK {
+		if !d.RateOK && d.RateErr != "" {
+			out = append(out, fmt.Sprintf("%s: rate not measured: %s", w, d.RateErr))
+		} else if !d.RateOK {
 			out = append(out, fmt.Sprintf("%s: rate %.2f Mbit/s (UDP, Ethernet frames), spec %.2f = %v × (1 - loss) (tolerance 3%%)", w, d.RateMeasured, d.RateSpec, d.Rate))
 		}
 		if !d.GoodputOK {
@@ -273,7 +276,9 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 				wg.Go(func() {
 					r, err := l.udpRate(ctx, d.From, d.To, dst(d), d.Rate)
 					if err != nil {
-						errs[i] = err
+						// A link that carried (almost) nothing fails the
+						// check; it does not abort the other measurements.
+						d.RateErr = err.Error()
 						return
 					}
 					d.RateMeasured = r
