@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/delayline/nstest"
 	"github.com/mpdetour/mpdetour/internal/goodput"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // The fidelity report runs the delay line as a separate process (this test
@@ -157,7 +157,7 @@ func (c *child) stop(t *testing.T) []Stats {
 
 // flow runs one goodput measurement from src to dst (both in their own
 // namespace) over port.
-func flow(t *testing.T, src, dst *nstest.NS, dstAddr string, port int, d time.Duration) (*goodput.Result, error) {
+func flow(t *testing.T, src, dst *netnstest.NS, dstAddr string, port int, d time.Duration) (*goodput.Result, error) {
 	addr := fmt.Sprintf("%s:%d", dstAddr, port)
 	srv, err := goodput.Listen(goodput.ServeOptions{Addr: addr, Netns: dst.Path})
 	if err != nil {
@@ -242,12 +242,12 @@ func TestFidelityReport(t *testing.T) {
 			t.Run("goodput", func(t *testing.T) {
 				// Queue: the lab's default 100 frames, or the BDP when larger.
 				q := max(100, int(rate*1e6/8*(2*d).Seconds()/1514))
-				var src, dst *nstest.NS
+				var src, dst *netnstest.NS
 				var c *child
 				if d == 0 {
 					testenv.Root(t)
-					src, dst = nstest.New(t, "tdA"), nstest.New(t, "tdB")
-					nstest.Veth(t, src, "eth0", dst, "eth0")
+					src, dst = netnstest.New(t, "tdA"), netnstest.New(t, "tdB")
+					netnstest.Veth(t, src, "eth0", dst, "eth0")
 					src.Addr(t, "eth0", addrA+"/24")
 					dst.Addr(t, "eth0", addrB+"/24")
 				} else {

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/delayline/nstest"
 	"github.com/mpdetour/mpdetour/internal/goodput"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
@@ -22,7 +22,7 @@ import (
 // wire is A -- mid -- B: two endpoint namespaces whose veths meet in a
 // middle namespace where the delay line runs, as the lab builds it.
 type wire struct {
-	A, Mid, B *nstest.NS
+	A, Mid, B *netnstest.NS
 	cfg       Config
 }
 
@@ -42,7 +42,7 @@ func newWire(t *testing.T, ab, ba time.Duration) *wire {
 func newWires(t *testing.T, n int, ab, ba time.Duration) []*wire {
 	t.Helper()
 	testenv.Root(t)
-	mid := nstest.New(t, "tdM")
+	mid := netnstest.New(t, "tdM")
 	// The middle namespace must stay silent: no IPv6 link-local chatter
 	// mixed into the measured traffic.
 	if err := mid.Sysctl("net/ipv6/conf/default/disable_ipv6", "1"); err != nil {
@@ -51,13 +51,13 @@ func newWires(t *testing.T, n int, ab, ba time.Duration) []*wire {
 	var cfg Config
 	var ws []*wire
 	for i := range n {
-		w := &wire{A: nstest.New(t, "tdA"), Mid: mid, B: nstest.New(t, "tdB")}
+		w := &wire{A: netnstest.New(t, "tdA"), Mid: mid, B: netnstest.New(t, "tdB")}
 		a, b := "a", "b"
 		if n > 1 {
 			a, b = fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i)
 		}
-		nstest.Veth(t, w.A, "eth0", mid, a)
-		nstest.Veth(t, w.B, "eth0", mid, b)
+		netnstest.Veth(t, w.A, "eth0", mid, a)
+		netnstest.Veth(t, w.B, "eth0", mid, b)
 		w.A.Addr(t, "eth0", addrA+"/24")
 		w.B.Addr(t, "eth0", addrB+"/24")
 		cfg.Links = append(cfg.Links, Link{
@@ -95,7 +95,7 @@ func (w *wire) start(t *testing.T) *Line {
 // returns the RTTs of the replies. Replies are timed by the kernel's receive
 // timestamp (SO_TIMESTAMPNS), so that a busy test process reading late does
 // not inflate what is really the network's RTT.
-func pingRTTs(t *testing.T, ns *nstest.NS, dst string, n int, gap time.Duration) []time.Duration {
+func pingRTTs(t *testing.T, ns *netnstest.NS, dst string, n int, gap time.Duration) []time.Duration {
 	t.Helper()
 	var fd int
 	if err := ns.Do(func() (err error) {
@@ -355,7 +355,7 @@ func TestOversizeFramesCounted(t *testing.T) {
 	w := newWire(t, time.Millisecond, time.Millisecond)
 	l := w.start(t)
 	for _, side := range []struct {
-		ns  *nstest.NS
+		ns  *netnstest.NS
 		ifc string
 	}{{w.A, "eth0"}, {w.Mid, "a"}} {
 		link, err := side.ns.Netlink().LinkByName(side.ifc)

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/delayline/nstest"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 func TestHelloRoundTrip(t *testing.T) {
@@ -244,9 +244,9 @@ func TestNotABenchClient(t *testing.T) {
 func TestMPTCPTwoSubflows(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip")
-	c, s := nstest.New(t, "tdC"), nstest.New(t, "tdS")
-	nstest.Veth(t, c, "eth0", s, "eth0")
-	nstest.Veth(t, c, "eth1", s, "eth1")
+	c, s := netnstest.New(t, "tdC"), netnstest.New(t, "tdS")
+	netnstest.Veth(t, c, "eth0", s, "eth0")
+	netnstest.Veth(t, c, "eth1", s, "eth1")
 	c.Addr(t, "eth0", "10.78.1.1/24")
 	s.Addr(t, "eth0", "10.78.1.2/24")
 	c.Addr(t, "eth1", "10.78.2.1/24")

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
-	"github.com/mpdetour/mpdetour/internal/mptcppm/nstest"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,7 +24,7 @@ var record = flag.Bool("record", false, "write the kernel's raw events to testda
 // pair is a client namespace on the userspace PM and a server namespace
 // with two addresses, joined by one veth link.
 type pair struct {
-	c, s   *nstest.NS
+	c, s   *netnstest.NS
 	server netip.AddrPort // first server address
 	alt    netip.Addr     // second server address, for extra subflows
 	ln     net.Listener
@@ -33,8 +33,8 @@ type pair struct {
 func newPair(t *testing.T) *pair {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "ss")
-	p := &pair{c: nstest.New(t, "ta", "c"), s: nstest.New(t, "ta", "s")}
-	nstest.Link(t, p.c, "10.0.1.1/24", p.s, "10.0.1.2/24")
+	p := &pair{c: netnstest.New(t, "tac"), s: netnstest.New(t, "tas")}
+	netnstest.Link(t, p.c, "10.0.1.1/24", p.s, "10.0.1.2/24")
 	_, sdev := "", ""
 	links := p.s.Run("ip", "-o", "link", "show", "type", "veth")
 	sdev = strings.TrimSpace(strings.Split(strings.Split(links, ":")[1], "@")[0])
@@ -316,8 +316,8 @@ func TestCommandErrors(t *testing.T) {
 
 func TestLimitsAndEndpoints(t *testing.T) {
 	testenv.MPTCP(t)
-	ns := nstest.New(t, "ta", "l")
-	nstest.Link(t, ns, "10.0.9.1/24", nstest.New(t, "ta", "m"), "10.0.9.2/24")
+	ns := netnstest.New(t, "tal")
+	netnstest.Link(t, ns, "10.0.9.1/24", netnstest.New(t, "tam"), "10.0.9.2/24")
 	pm, err := mptcppm.Dial(mptcppm.Options{NetNS: ns.Name})
 	if err != nil {
 		t.Fatal(err)

@@ -1,16 +1,22 @@
-// Package nstest builds small network-namespace topologies for the
-// integration tests of the delay line and the goodput tool, entirely through
-// netlink and ioctls, and removes them with t.Cleanup.
+// Package netnstest builds small network-namespace topologies for
+// integration tests: namespaces, veth links, addresses, routes, tbf shaping,
+// and running code or commands inside a namespace. Everything it creates is
+// removed in t.Cleanup, also when the test fails.
 //
-// It never touches the root namespace: veths are created from inside a
-// test namespace with their peer placed directly in another one.
-package nstest
+// Namespaces and links are made through netlink and ioctls. It never touches
+// the root namespace: veths are created from inside a test namespace with
+// their peer placed directly in another one. internal/lab builds whole
+// emulated networks from a topology; this package is for tests that need a
+// handful of namespaces wired by hand.
+package netnstest
 
 import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -26,11 +32,13 @@ var counter atomic.Int64
 type NS struct {
 	Name string
 	Path string
+	t    testing.TB
 	h    netns.NsHandle
 	nl   *netlink.Handle
 }
 
-// New creates a namespace named prefix-pid-N with lo up; t.Cleanup deletes it.
+// New creates a namespace named <prefix>-<pid>-<n> with lo up; t.Cleanup
+// deletes it. The prefix keeps each package's namespaces apart.
 func New(t testing.TB, prefix string) *NS {
 	t.Helper()
 	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), counter.Add(1))
@@ -43,7 +51,7 @@ func New(t testing.TB, prefix string) *NS {
 	if err != nil {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
-	ns := &NS{Name: name, Path: "/run/netns/" + name, h: h}
+	ns := &NS{Name: name, Path: "/run/netns/" + name, t: t, h: h}
 	t.Cleanup(func() {
 		if ns.nl != nil {
 			ns.nl.Close()
@@ -93,9 +101,62 @@ func (ns *NS) Do(fn func() error) error {
 	})
 }
 
-// Veth connects ns:name to peer:peerName, brings both up with offloads off
-// (the delay line needs wire-size frames with complete checksums).
-func Veth(t testing.TB, ns *NS, name string, peer *NS, peerName string) {
+// DoNamed is Do for a namespace known only by name (/run/netns/<name>).
+func DoNamed(name string, fn func() error) error {
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", name, err)
+	}
+	defer h.Close()
+	return OnThread(func() error {
+		if err := netns.Set(h); err != nil {
+			return fmt.Errorf("enter %s: %w", name, err)
+		}
+		return fn()
+	})
+}
+
+// Run runs argv inside the namespace (ip netns exec) and fails the test on
+// error; it returns the combined output.
+func (ns *NS) Run(argv ...string) string {
+	ns.t.Helper()
+	out, err := ns.Try(argv...)
+	if err != nil {
+		ns.t.Fatalf("%s: %s: %v: %s", ns.Name, strings.Join(argv, " "), err, out)
+	}
+	return out
+}
+
+// Try runs argv inside the namespace and returns its combined output.
+func (ns *NS) Try(argv ...string) (string, error) {
+	args := append([]string{"netns", "exec", ns.Name}, argv...)
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	return string(out), err
+}
+
+// Listen opens a listener inside the namespace.
+func (ns *NS) Listen(lc net.ListenConfig, network, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := ns.Do(func() (err error) {
+		l, err = lc.Listen(ns.t.Context(), network, addr)
+		return err
+	})
+	return l, err
+}
+
+// Dial connects from inside the namespace.
+func (ns *NS) Dial(d *net.Dialer, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := ns.Do(func() (err error) {
+		c, err = d.Dial(network, addr)
+		return err
+	})
+	return c, err
+}
+
+// addVeth creates ns:name -- peer:peerName and brings both ends up, with
+// offloads off if asked.
+func addVeth(t testing.TB, ns *NS, name string, peer *NS, peerName string, offloadsOff bool) {
 	t.Helper()
 	v := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: name, MTU: 1500},
@@ -113,13 +174,41 @@ func Veth(t testing.TB, ns *NS, name string, peer *NS, peerName string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := side.ns.OffloadsOff(side.name); err != nil {
-			t.Fatal(err)
+		if offloadsOff {
+			if err := side.ns.OffloadsOff(side.name); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := side.ns.nl.LinkSetUp(l); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// Veth connects ns:name to peer:peerName, brings both up with offloads off
+// (the delay line needs wire-size frames with complete checksums).
+func Veth(t testing.TB, ns *NS, name string, peer *NS, peerName string) {
+	t.Helper()
+	addVeth(t, ns, name, peer, peerName, true)
+}
+
+// LinkNamed connects a:aName and b:bName with a veth pair (offloads left
+// as the kernel sets them), gives each end an address (CIDR form, e.g.
+// "10.0.1.1/24") and brings both up.
+func LinkNamed(t testing.TB, a *NS, aName, aAddr string, b *NS, bName, bAddr string) {
+	t.Helper()
+	addVeth(t, a, aName, b, bName, false)
+	a.Addr(t, aName, aAddr)
+	b.Addr(t, bName, bAddr)
+}
+
+// Link is LinkNamed with generated interface names, which it returns.
+func Link(t testing.TB, a *NS, aAddr string, b *NS, bAddr string) (string, string) {
+	t.Helper()
+	i := counter.Add(1)
+	an, bn := fmt.Sprintf("ta%da", i), fmt.Sprintf("ta%db", i)
+	LinkNamed(t, a, an, aAddr, b, bn, bAddr)
+	return an, bn
 }
 
 // Addr adds cidr (e.g. "10.9.0.1/24") to ns:ifname.
@@ -140,7 +229,7 @@ func (ns *NS) Addr(t testing.TB, ifname, cidr string) {
 	}
 }
 
-// Route adds dst via gw in ns.
+// Route adds dst (CIDR; "0.0.0.0/0" for the default route) via gw in ns.
 func (ns *NS) Route(t testing.TB, dst, gw string) {
 	t.Helper()
 	_, d, err := net.ParseCIDR(dst)
