@@ -1,15 +1,11 @@
 package relay
 
 import (
-	"fmt"
-	"os"
 	"os/exec"
-	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 
-	"github.com/vishvananda/netns"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // fixture is a three-namespace line: client -- relay -- server. The server
@@ -26,8 +22,6 @@ const (
 	fxServer      = "10.0.2.2"
 )
 
-var fxCounter atomic.Int32
-
 func run(t testing.TB, argv ...string) string {
 	t.Helper()
 	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
@@ -39,54 +33,23 @@ func run(t testing.TB, argv ...string) string {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	n := fxCounter.Add(1)
-	id := fmt.Sprintf("%d-%d", os.Getpid(), n)
-	f := &fixture{Client: "trc" + id, Relay: "trr" + id, Server: "trs" + id}
-	for _, ns := range []string{f.Client, f.Relay, f.Server} {
-		run(t, "ip", "netns", "add", ns)
-		name := ns
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	c, r, s := netnstest.New(t, "trc"), netnstest.New(t, "trr"), netnstest.New(t, "trs")
+	netnstest.LinkNamed(t, c, "c0", fxClient+"/24", r, "r0", fxRelay+"/24")
+	netnstest.LinkNamed(t, r, "r1", fxRelayServer+"/24", s, "s0", fxServer+"/24")
+	c.Route(t, "0.0.0.0/0", fxRelay)
+	if err := r.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
+		t.Fatalf("ip_forward in %s: %v", r.Name, err)
 	}
-	run(t, "ip", "-n", f.Client, "link", "add", "c0", "type", "veth", "peer", "name", "r0", "netns", f.Relay)
-	run(t, "ip", "-n", f.Relay, "link", "add", "r1", "type", "veth", "peer", "name", "s0", "netns", f.Server)
-	for _, c := range [][]string{
-		{f.Client, "c0", fxClient + "/24"}, {f.Relay, "r0", fxRelay + "/24"},
-		{f.Relay, "r1", fxRelayServer + "/24"}, {f.Server, "s0", fxServer + "/24"},
-	} {
-		run(t, "ip", "-n", c[0], "addr", "add", c[2], "dev", c[1])
-		run(t, "ip", "-n", c[0], "link", "set", c[1], "up")
-	}
-	run(t, "ip", "-n", f.Client, "route", "add", "default", "via", fxRelay)
-	run(t, "ip", "netns", "exec", f.Relay, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	return f
+	return &fixture{Client: c.Name, Relay: r.Name, Server: s.Name}
 }
 
-// in runs fn with the calling goroutine's thread inside namespace ns.
-// Sockets created in fn stay in ns after it returns.
+// in runs fn on a thread inside namespace ns. Sockets created in fn stay
+// in ns after it returns.
 func in(t testing.TB, ns string, fn func()) {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
+	if err := netnstest.DoNamed(ns, func() error { fn(); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	defer orig.Close()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(err) // a thread stuck in another namespace would poison later tests
-		}
-	}()
-	fn()
 }
 
 // nftElements returns the element lines of a set or map in the relay's
