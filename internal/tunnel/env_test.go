@@ -8,19 +8,17 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
-	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
-// Test topology (namespaces named tw<pid>-<n>-<role>):
+// Test topology (namespaces named tw<role>-<pid>-<n>):
 //
 //	c1 ──198.18.1.0/24── relay ──203.0.113.0/24── server (203.0.113.10, 10.200.0.1 on lo)
 //	c2 ──198.18.2.0/24──┘                          │
@@ -41,8 +39,6 @@ var (
 		netip.MustParsePrefix("100.64.0.0/10"),
 	}}
 )
-
-var nsCounter atomic.Int32
 
 type topo struct {
 	c1, c2, relay, server string
@@ -68,51 +64,25 @@ func nsRun(t testing.TB, ns string, args ...string) string {
 
 func newTopo(t *testing.T) topo {
 	t.Helper()
-	p := fmt.Sprintf("tw%d-%d-", os.Getpid(), nsCounter.Add(1))
-	tp := topo{c1: p + "c1", c2: p + "c2", relay: p + "r", server: p + "s"}
-	for _, ns := range []string{tp.c1, tp.c2, tp.relay, tp.server} {
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-		nsRun(t, ns, "ip", "link", "set", "lo", "up")
-	}
-	veth := func(a, aif, aaddr, b, bif, baddr string) {
-		run(t, "ip", "link", "add", aif, "netns", a, "type", "veth", "peer", bif, "netns", b)
-		nsRun(t, a, "ip", "addr", "add", aaddr, "dev", aif)
-		nsRun(t, b, "ip", "addr", "add", baddr, "dev", bif)
-		nsRun(t, a, "ip", "link", "set", aif, "up")
-		nsRun(t, b, "ip", "link", "set", bif, "up")
-	}
-	veth(tp.c1, "r0", "198.18.1.2/24", tp.relay, "c1", "198.18.1.1/24")
-	veth(tp.c2, "r0", "198.18.2.2/24", tp.relay, "c2", "198.18.2.1/24")
-	veth(tp.relay, "s0", "203.0.113.1/24", tp.server, "r0", "203.0.113.10/24")
-	veth(tp.c1, "s0", "192.0.2.2/24", tp.server, "c1", "192.0.2.1/24")
-	nsRun(t, tp.server, "ip", "addr", "add", "10.200.0.1/32", "dev", "lo")
-	nsRun(t, tp.relay, "ip", "route", "add", "10.200.0.0/24", "via", "203.0.113.10")
+	c1, c2 := netnstest.New(t, "twc1"), netnstest.New(t, "twc2")
+	relay, server := netnstest.New(t, "twr"), netnstest.New(t, "tws")
+	netnstest.LinkNamed(t, c1, "r0", "198.18.1.2/24", relay, "c1", "198.18.1.1/24")
+	netnstest.LinkNamed(t, c2, "r0", "198.18.2.2/24", relay, "c2", "198.18.2.1/24")
+	netnstest.LinkNamed(t, relay, "s0", "203.0.113.1/24", server, "r0", "203.0.113.10/24")
+	netnstest.LinkNamed(t, c1, "s0", "192.0.2.2/24", server, "c1", "192.0.2.1/24")
+	server.Addr(t, "lo", "10.200.0.1/32")
+	relay.Route(t, "10.200.0.0/24", "203.0.113.10")
 	// c1 reaches the server directly; only tunnel-sourced packets go to the relay.
-	nsRun(t, tp.c1, "ip", "route", "add", serverAddr.String()+"/32", "via", "192.0.2.1")
-	nsRun(t, tp.c1, "ip", "route", "add", "10.200.0.0/24", "via", "192.0.2.1")
-	return tp
+	c1.Route(t, serverAddr.String()+"/32", "192.0.2.1")
+	c1.Route(t, "10.200.0.0/24", "192.0.2.1")
+	return topo{c1: c1.Name, c2: c2.Name, relay: relay.Name, server: server.Name}
 }
 
 // inNS runs fn on a thread inside namespace name (sockets created there stay
 // there).
 func inNS(t testing.TB, name string, fn func() error) error {
 	t.Helper()
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatalf("netns %s: %v", name, err)
-	}
-	defer h.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return netnstest.DoNamed(name, fn)
 }
 
 // echoServer listens on addr:port in ns; each connection first gets the
