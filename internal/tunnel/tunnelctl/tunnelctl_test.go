@@ -12,14 +12,11 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"gopkg.in/yaml.v3"
 
@@ -27,6 +24,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
@@ -90,21 +88,7 @@ func run(t testing.TB, args ...string) string {
 
 func inNS(t testing.TB, name string, fn func() error) error {
 	t.Helper()
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return netnstest.DoNamed(name, fn)
 }
 
 // TestControlChannelTunnel: `mpdetour relay` (relay.Run with a tunnel:
@@ -190,8 +174,6 @@ func TestControlChannelTunnel(t *testing.T) {
 
 func keyText(k proto.Key) string { return wgtypes.Key(k).String() }
 
-var lineSeq atomic.Int32
-
 // line: client -- relay -- server; the relay runs `mpdetour relay` (this
 // test binary re-executed under ip netns exec) with a tunnel: section.
 type line struct {
@@ -206,22 +188,13 @@ type line struct {
 
 func newLine(t *testing.T) *line {
 	t.Helper()
-	p := fmt.Sprintf("twc%d-%d-", os.Getpid(), lineSeq.Add(1))
-	cl, rl, sv := p+"c", p+"r", p+"s"
-	for _, ns := range []string{cl, rl, sv} {
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
-	}
-	run(t, "ip", "link", "add", "r0", "netns", cl, "type", "veth", "peer", "c0", "netns", rl)
-	run(t, "ip", "link", "add", "s0", "netns", rl, "type", "veth", "peer", "r0", "netns", sv)
-	for _, c := range [][]string{{cl, "r0", "192.0.2.2/24"}, {rl, "c0", "192.0.2.1/24"}, {rl, "s0", "203.0.113.1/24"}, {sv, "r0", "203.0.113.10/24"}} {
-		run(t, "ip", "-n", c[0], "addr", "add", c[2], "dev", c[1])
-		run(t, "ip", "-n", c[0], "link", "set", c[1], "up")
-	}
+	c, r, v := netnstest.New(t, "twlc"), netnstest.New(t, "twlr"), netnstest.New(t, "twls")
+	cl, rl, sv := c.Name, r.Name, v.Name
+	netnstest.LinkNamed(t, c, "r0", "192.0.2.2/24", r, "c0", "192.0.2.1/24")
+	netnstest.LinkNamed(t, r, "s0", "203.0.113.1/24", v, "r0", "203.0.113.10/24")
 	// The default path: routed (not masqueraded) by the relay namespace.
-	run(t, "ip", "-n", cl, "route", "add", "default", "via", "192.0.2.1")
-	run(t, "ip", "-n", sv, "route", "add", "192.0.2.0/24", "via", "203.0.113.1")
+	c.Route(t, "0.0.0.0/0", "192.0.2.1")
+	v.Route(t, "192.0.2.0/24", "203.0.113.1")
 
 	relayKey, _ := proto.GenerateKey()
 	member, _ := proto.GenerateKey()
