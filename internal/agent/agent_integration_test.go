@@ -16,6 +16,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
@@ -34,29 +35,10 @@ var labSeq int
 func upDetourLab(t testing.TB, k int) *detourLab {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "nft", "ip")
-	topo, err := lab.Builtin("detours")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := topo.Set("detours", fmt.Sprint(k)); err != nil {
-		t.Fatal(err)
-	}
-	// Functional test: no delay (it would need the user-space delay line).
-	if err := topo.Set("all.delay", "0"); err != nil {
-		t.Fatal(err)
-	}
 	labSeq++
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	l, err := lab.Up(ctx, topo, fmt.Sprintf("ta%d-%d", os.Getpid(), labSeq))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l := labtest.UpDetours(ctx, t, fmt.Sprintf("ta%d-%d", os.Getpid(), labSeq), k)
 	dl := &detourLab{l: l, server: netip.AddrPortFrom(l.Addr("server"), 5201)}
 	for i := 1; i <= k; i++ {
 		node := fmt.Sprintf("detour%d", i)

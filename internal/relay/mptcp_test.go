@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
-	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
@@ -35,27 +35,9 @@ func (w logWriter) Write(b []byte) (int, error) {
 func TestMPTCPThroughRelay(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "nft")
-	topo, err := lab.Builtin("detours")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := topo.Set("detours", "1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := topo.Set("all.delay", "0"); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
 	defer cancel()
-	l, err := lab.Up(ctx, topo, fmt.Sprintf("tr%d", os.Getpid()%100000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l := labtest.UpDetours(ctx, t, fmt.Sprintf("tr%d", os.Getpid()%100000), 1)
 	relayNS := l.NetnsName("detour1")
 	relayIP := l.Addr("detour1")
 	server := netip.AddrPortFrom(l.Addr("server"), 5201)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/detour"
-	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"golang.org/x/sys/unix"
@@ -98,27 +98,9 @@ func TestRunWithAgentGetsDetourSubflow(t *testing.T) {
 	testenv.Tools(t, "nft", "ip", "iperf3")
 	t.Cleanup(func() { reapZombies(t) })
 
-	topo, err := lab.Builtin("detours")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := topo.Set("detours", "1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := topo.Set("all.delay", "0"); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	l, err := lab.Up(ctx, topo, fmt.Sprintf("tu%de", os.Getpid()))
+	l := labtest.UpDetours(ctx, t, fmt.Sprintf("tu%de", os.Getpid()), 1)
 	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
 	server := netip.AddrPortFrom(l.Addr("server"), 5201)
 	relay := netip.AddrPortFrom(l.Addr("detour1"), 4000)
 	in := func(node string, argv ...string) *exec.Cmd {
