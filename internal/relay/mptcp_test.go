@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
@@ -71,17 +72,8 @@ func TestMPTCPThroughRelay(t *testing.T) {
 	}
 	defer src.Close()
 
-	actx, acancel := context.WithCancel(ctx)
-	adone := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	go func() { adone <- agent.New(acfg, log, nil, src).Run(actx) }()
-	defer func() {
-		acancel()
-		if err := <-adone; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	}()
-	waitFor(t, "agent status socket", func() bool { _, err := agent.FetchStatus(acfg.Socket); return err == nil })
+	defer agenttest.Start(ctx, t, acfg, log, src).Stop(t)
 
 	// MPTCP sink on the server, counting what arrives.
 	var got atomic.Int64

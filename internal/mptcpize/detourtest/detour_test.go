@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
@@ -131,30 +132,8 @@ func TestRunWithAgentGetsDetourSubflow(t *testing.T) {
 		Detour:  detour.Detour{Kind: detour.NAT, Relay: "d1", Remote: relay},
 		Servers: []netip.Prefix{netip.PrefixFrom(server.Addr(), 32)}, Port: server.Port(),
 	}}
-	actx, acancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- agent.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil).Run(actx)
-	}()
-	t.Cleanup(func() {
-		acancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("agent did not stop")
-		}
-	})
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := agent.FetchStatus(cfg.Socket); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("agent status socket never answered")
-		}
-	}
+	a := agenttest.Start(context.Background(), t, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(func() { a.Stop(t) })
 
 	srv := in("server", mpdetour, "run", "--", "iperf3", "-s", "-1", "-B", server.Addr().String(), "-p", "5201")
 	if err := srv.Start(); err != nil {

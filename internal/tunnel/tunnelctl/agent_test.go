@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
@@ -73,25 +74,8 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	}
 	cfg.NetNS = line.cl
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	go func() { done <- agent.New(cfg, log, nil, src).Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := agent.FetchStatus(cfg.Socket); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("agent not ready: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	defer agenttest.Start(context.Background(), t, cfg, log, src).Stop(t)
 	tx0 := peerTx(t, client)
 
 	var c net.Conn
@@ -123,7 +107,7 @@ func TestAgentTunnelSubflow(t *testing.T) {
 
 	want := fmt.Sprintf("tunnel:%s", "r1")
 	var last string
-	deadline = time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		st, err := agent.FetchStatus(cfg.Socket)
 		if err != nil {
