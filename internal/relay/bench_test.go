@@ -19,6 +19,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // TestBenchRelay measures what docs/relay.md reports: grants per second,
@@ -60,7 +61,7 @@ func TestBenchRelay(t *testing.T) {
 	var lines [2]*line
 	for i := range lines {
 		l := &line{f: newFixture(t), k: newKeys(t)}
-		run(t, "ip", "-n", l.f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
+		netnstest.MustRun(t, "ip", "-n", l.f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
 		l.cfg = filepath.Join(t.TempDir(), "relay.yaml")
 		writeConfig(t, l.cfg, l.k, "quota: {per_member: 200000, global: 200000}\nrate: {per_member: 1000000, burst: 1000000}\nlease: 1h\n")
 		b, _ := os.ReadFile(l.cfg)
@@ -84,7 +85,7 @@ func TestBenchRelay(t *testing.T) {
 	}
 	a, b := lines[0], lines[1]
 	// Plain routing (line A) needs a way back from the server.
-	run(t, "ip", "-n", a.f.Server, "route", "add", "10.0.1.0/24", "via", fxRelayServer)
+	netnstest.MustRun(t, "ip", "-n", a.f.Server, "route", "add", "10.0.1.0/24", "via", fxRelayServer)
 	rssBefore := procStatus(t, b.p.cmd.Process.Pid, "VmRSS")
 
 	// Baseline: both relays with one mapping, run at the same time. The

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
@@ -21,15 +20,6 @@ const (
 	fxRelayServer = "10.0.2.1"
 	fxServer      = "10.0.2.2"
 )
-
-func run(t testing.TB, argv ...string) string {
-	t.Helper()
-	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
-	}
-	return string(out)
-}
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()

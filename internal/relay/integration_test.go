@@ -23,6 +23,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 type relayProc struct {
@@ -413,7 +414,7 @@ func TestRelayIntegration(t *testing.T) {
 		}
 	})
 	t.Run("spoofed source", func(t *testing.T) {
-		run(t, "ip", "-n", f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
+		netnstest.MustRun(t, "ip", "-n", f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
 		real := udpIn(t, f.Client, fxClient+":0")
 		spoof := udpIn(t, f.Client, "10.0.1.3:0")
 		s, _ := rawSession(t, real, k, k.member)

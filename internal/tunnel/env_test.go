@@ -48,18 +48,9 @@ func (tp topo) relayEndpoint(client int) netip.AddrPort {
 	return netip.AddrPortFrom(netip.MustParseAddr(fmt.Sprintf("198.18.%d.1", client)), uint16(relayPort))
 }
 
-func run(t testing.TB, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
 func nsRun(t testing.TB, ns string, args ...string) string {
 	t.Helper()
-	return run(t, append([]string{"ip", "netns", "exec", ns}, args...)...)
+	return netnstest.MustRun(t, append([]string{"ip", "netns", "exec", ns}, args...)...)
 }
 
 func newTopo(t *testing.T) topo {
@@ -78,20 +69,13 @@ func newTopo(t *testing.T) topo {
 	return topo{c1: c1.Name, c2: c2.Name, relay: relay.Name, server: server.Name}
 }
 
-// inNS runs fn on a thread inside namespace name (sockets created there stay
-// there).
-func inNS(t testing.TB, name string, fn func() error) error {
-	t.Helper()
-	return netnstest.DoNamed(name, fn)
-}
-
 // echoServer listens on addr:port in ns; each connection first gets the
 // peer address it sees as one line, then everything it sends is discarded
 // and the byte count written back on close of the write side.
 func echoServer(t *testing.T, ns string, addr netip.Addr, mptcp bool) netip.AddrPort {
 	t.Helper()
 	var ln net.Listener
-	err := inNS(t, ns, func() error {
+	err := netnstest.DoNamed(ns, func() error {
 		var lc net.ListenConfig
 		lc.SetMultipathTCP(mptcp)
 		var err error
@@ -122,7 +106,7 @@ func echoServer(t *testing.T, ns string, addr netip.Addr, mptcp bool) netip.Addr
 // dial connects from local (zero = kernel's choice) to remote inside ns.
 func dial(t testing.TB, ns string, local netip.Addr, remote netip.AddrPort, mptcp bool, timeout time.Duration) (*net.TCPConn, error) {
 	var c net.Conn
-	err := inNS(t, ns, func() error {
+	err := netnstest.DoNamed(ns, func() error {
 		d := net.Dialer{Timeout: timeout}
 		d.SetMultipathTCP(mptcp)
 		if local.IsValid() {

@@ -298,3 +298,15 @@ func (ns *NS) OffloadsOff(ifname string) error {
 		return nil
 	})
 }
+
+// MustRun runs argv (a CLI tool that checks or sets up state, e.g.
+// "ip -n NS rule") and fails the test on error; it returns the combined
+// output.
+func MustRun(t testing.TB, argv ...string) string {
+	t.Helper()
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
+	}
+	return string(out)
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
@@ -27,7 +28,7 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	testenv.Tools(t, "ip", "nft")
 	line := newLine(t)
 	// Leftovers of a crashed agent, removed by StartAll.
-	run(t, "ip", "-n", line.cl, "rule", "add", "from", "100.88.7.7", "lookup", "52007", "priority", "5200")
+	netnstest.MustRun(t, "ip", "-n", line.cl, "rule", "add", "from", "100.88.7.7", "lookup", "52007", "priority", "5200")
 	// The relay may still be starting: the Source retries until it answers.
 	srcs, err := StartAll(line.cl, []*relayclient.Conn{line.dial(line.member)}, line.member, nil)
 	if err != nil {
@@ -35,7 +36,7 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	}
 	src := srcs[0]
 	defer src.Close()
-	if out := run(t, "ip", "-n", line.cl, "rule"); strings.Contains(out, "52007") {
+	if out := netnstest.MustRun(t, "ip", "-n", line.cl, "rule"); strings.Contains(out, "52007") {
 		t.Errorf("stale rule survived StartAll:\n%s", out)
 	}
 	up := time.Now().Add(20 * time.Second)
@@ -46,10 +47,10 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	if client == nil {
 		t.Fatal("tunnel source never came up")
 	}
-	run(t, "ip", "-n", line.sv, "mptcp", "limits", "set", "subflows", "2")
+	netnstest.MustRun(t, "ip", "-n", line.sv, "mptcp", "limits", "set", "subflows", "2")
 
 	var ln net.Listener
-	if err := inNS(t, line.sv, func() (err error) {
+	if err := netnstest.DoNamed(line.sv, func() (err error) {
 		var lc net.ListenConfig
 		lc.SetMultipathTCP(true)
 		ln, err = lc.Listen(context.Background(), "tcp4", "203.0.113.10:5201")
@@ -79,7 +80,7 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	tx0 := peerTx(t, client)
 
 	var c net.Conn
-	if err := inNS(t, line.cl, func() (err error) {
+	if err := netnstest.DoNamed(line.cl, func() (err error) {
 		d := net.Dialer{Timeout: 5 * time.Second}
 		d.SetMultipathTCP(true)
 		c, err = d.Dial("tcp4", "203.0.113.10:5201")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
@@ -32,7 +33,7 @@ func TestRelayRestartReadmits(t *testing.T) {
 	addr := c1.Address()
 
 	var ln net.Listener
-	if err := inNS(t, line.sv, func() (err error) { ln, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
+	if err := netnstest.DoNamed(line.sv, func() (err error) { ln, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
@@ -57,7 +58,7 @@ func TestRelayRestartReadmits(t *testing.T) {
 	// ping sends a line from local and waits for the answer.
 	ping := func(local netip.Addr, timeout time.Duration) error {
 		var c net.Conn
-		if err := inNS(t, line.cl, func() (err error) {
+		if err := netnstest.DoNamed(line.cl, func() (err error) {
 			d := net.Dialer{Timeout: timeout, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
 			c, err = d.Dial("tcp4", ln.Addr().String())
 			return err
@@ -79,7 +80,7 @@ func TestRelayRestartReadmits(t *testing.T) {
 	// watchdogs see go unanswered.
 	keep := func(local netip.Addr) (stop func()) {
 		var c net.Conn
-		if err := inNS(t, line.cl, func() (err error) {
+		if err := netnstest.DoNamed(line.cl, func() (err error) {
 			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
 			c, err = d.Dial("tcp4", ln.Addr().String())
 			return err

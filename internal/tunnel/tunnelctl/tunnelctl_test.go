@@ -77,20 +77,6 @@ func TestKeysShared(t *testing.T) {
 	}
 }
 
-func run(t testing.TB, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-func inNS(t testing.TB, name string, fn func() error) error {
-	t.Helper()
-	return netnstest.DoNamed(name, fn)
-}
-
 // TestControlChannelTunnel: `mpdetour relay` (relay.Run with a tunnel:
 // section) serves the tunnel request; a member asks over the Noise control
 // channel with relayclient and gets a working tunnel; a non-member gets
@@ -108,7 +94,7 @@ func TestControlChannelTunnel(t *testing.T) {
 
 	// Server: say which address connected.
 	var ln net.Listener
-	if err := inNS(t, sv, func() (err error) { ln, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
+	if err := netnstest.DoNamed(sv, func() (err error) { ln, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
@@ -127,7 +113,7 @@ func TestControlChannelTunnel(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		var c net.Conn
-		err = inNS(t, cl, func() (err error) {
+		err = netnstest.DoNamed(cl, func() (err error) {
 			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(client.Address(), 0))}
 			c, err = d.Dial("tcp4", ln.Addr().String())
 			return err
@@ -145,7 +131,7 @@ func TestControlChannelTunnel(t *testing.T) {
 		t.Fatalf("through the tunnel the server saw %q (err %v), want the relay 203.0.113.1", seen, err)
 	}
 
-	out := run(t, "ip", "netns", "exec", rl, "nft", "list", "chain", "ip", tunnel.TableName, "destinations")
+	out := netnstest.MustRun(t, "ip", "netns", "exec", rl, "nft", "list", "chain", "ip", tunnel.TableName, "destinations")
 	for _, want := range []string{"ip daddr 203.0.113.10 accept", "ip daddr 203.0.113.0/24", "ip daddr 10.0.0.0/8"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("tunnel policy lacks %q:\n%s", want, out)
@@ -164,10 +150,10 @@ func TestControlChannelTunnel(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("relay exit: %v", err)
 	}
-	if out := run(t, "ip", "-n", rl, "-o", "link"); strings.Contains(out, tunnel.IfacePrefix) {
+	if out := netnstest.MustRun(t, "ip", "-n", rl, "-o", "link"); strings.Contains(out, tunnel.IfacePrefix) {
 		t.Errorf("relay left a tunnel interface:\n%s", out)
 	}
-	if out := run(t, "ip", "netns", "exec", rl, "nft", "list", "tables"); strings.Contains(out, tunnel.TableName) {
+	if out := netnstest.MustRun(t, "ip", "netns", "exec", rl, "nft", "list", "tables"); strings.Contains(out, tunnel.TableName) {
 		t.Errorf("relay left its tunnel table:\n%s", out)
 	}
 }
@@ -237,7 +223,7 @@ members:
 		c, err := relayclient.Dial(relayclient.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
 			priv, relayclient.Options{ListenPacket: func() (net.PacketConn, error) {
 				var pc net.PacketConn
-				err := inNS(t, cl, func() (err error) { pc, err = net.ListenPacket("udp4", ":0"); return err })
+				err := netnstest.DoNamed(cl, func() (err error) { pc, err = net.ListenPacket("udp4", ":0"); return err })
 				return pc, err
 			}})
 		if err != nil {
