@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // BenchmarkSocket measures socket()+close() inside the static probe: plain
@@ -68,15 +70,7 @@ func BenchmarkIperf3(b *testing.B) {
 }
 
 func benchNS(b *testing.B) string {
-	ns := "tu-bench-" + strconv.Itoa(int(nsCounter.Add(1)))
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		b.Fatalf("%v %s", err, out)
-	}
-	b.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	if out, err := exec.Command("ip", "-n", ns, "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		b.Fatalf("%v %s", err, out)
-	}
-	return ns
+	return netnstest.New(b, "tu-bench").Name
 }
 
 func iperfOnce(b *testing.B, ns, mech string) float64 {

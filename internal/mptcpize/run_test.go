@@ -12,12 +12,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -89,22 +89,10 @@ func setup(t *testing.T, tools ...string) {
 	t.Cleanup(func() { supervisorsGone(t) })
 }
 
-var nsCounter atomic.Int32
-
 // newNS creates a network namespace with loopback up.
 func newNS(t *testing.T) string {
 	t.Helper()
-	ns := fmt.Sprintf("tu%dn%d", os.Getpid(), nsCounter.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v %s", ns, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v %s", ns, err, out)
-		}
-	})
-	mustRun(t, "ip", "-n", ns, "link", "set", "lo", "up")
-	return ns
+	return netnstest.New(t, "tun").Name
 }
 
 func mustRun(t *testing.T, name string, args ...string) string {
