@@ -42,9 +42,9 @@ func TestAgentRejectsBadConfig(t *testing.T) {
 func TestAgentProcess(t *testing.T) {
 	testenv.MPTCP(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "mpdetour")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v: %s", err, out)
+	bin, err := testenv.BuildMpdetour(dir)
+	if err != nil {
+		t.Fatal(err)
 	}
 	ns := netnstest.New(t, "tap")
 	sock := filepath.Join(dir, "agent.sock")

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
 var (
@@ -54,9 +56,9 @@ func BenchmarkAgentConnectionRate(b *testing.B) {
 		dl.run(b, "client", "sysctl", "-qw", "net.ipv4.ip_local_port_range="+*benchPorts)
 	}
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "mpdetour")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/mpdetour").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v: %s", err, out)
+	bin, err := testenv.BuildMpdetour(dir)
+	if err != nil {
+		b.Fatal(err)
 	}
 	sock := filepath.Join(dir, "agent.sock")
 	cfgPath := filepath.Join(dir, "agent.yaml")

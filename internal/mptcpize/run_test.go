@@ -56,19 +56,17 @@ func TestMain(m *testing.M) {
 }
 
 func build(dir string) error {
-	mpdetour = filepath.Join(dir, "mpdetour")
 	sockprobe = filepath.Join(dir, "sockprobe")
 	sockprobe386 = filepath.Join(dir, "sockprobe386")
 	var err error
 	if probePy, err = filepath.Abs("testdata/probe.py"); err != nil {
 		return err
 	}
-	cmd := exec.Command("go", "build", "-o", mpdetour, "../../cmd/mpdetour/main.go", "../../cmd/mpdetour/run.go")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build mpdetour: %v\n%s", err, out)
+	if mpdetour, err = testenv.BuildMpdetour(dir, "main.go", "run.go"); err != nil {
+		return err
 	}
 	for _, b := range []struct{ out, arch string }{{sockprobe, "amd64"}, {sockprobe386, "386"}} {
-		cmd = exec.Command("go", "build", "-o", b.out, "./testdata/sockprobe")
+		cmd := exec.Command("go", "build", "-o", b.out, "./testdata/sockprobe")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOARCH="+b.arch)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("build sockprobe (%s): %v\n%s", b.arch, err, out)

@@ -33,10 +33,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	mpdetour = filepath.Join(dir, "mpdetour")
-	out, err := exec.Command("go", "build", "-o", mpdetour, "../../../cmd/mpdetour/main.go", "../../../cmd/mpdetour/run.go").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build mpdetour: %v\n%s", err, out)
+	if mpdetour, err = testenv.BuildMpdetour(dir, "main.go", "run.go"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	// Detached supervisors are re-parented here; reapZombies collects them.
