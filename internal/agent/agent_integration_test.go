@@ -19,6 +19,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // detourLab is the lab's "detours" topology (client, server, K relays)
@@ -96,15 +97,7 @@ func (dl *detourLab) serve(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	netnstest.Serve(ln, func(c net.Conn) { io.Copy(io.Discard, c); c.Close() })
 }
 
 func (dl *detourLab) dial(t *testing.T) net.Conn {

@@ -51,15 +51,7 @@ func newPair(t *testing.T) *pair {
 	}
 	p.ln = ln
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
+	netnstest.Serve(ln, func(c net.Conn) { io.Copy(c, c); c.Close() })
 	return p
 }
 

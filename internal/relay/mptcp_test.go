@@ -20,6 +20,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 type logWriter struct{ t *testing.T }
@@ -87,15 +88,7 @@ func TestMPTCPThroughRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { n, _ := io.Copy(io.Discard, c); got.Add(n); c.Close() }()
-		}
-	}()
+	netnstest.Serve(ln, func(c net.Conn) { n, _ := io.Copy(io.Discard, c); got.Add(n); c.Close() })
 
 	var c net.Conn
 	if err := l.Do("client", func() (err error) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // startSink listens on addr inside ns and discards what it receives.
@@ -21,15 +22,7 @@ func startSink(t testing.TB, ns, addr string) net.Listener {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(c, c); c.Close() }() // echo
-		}
-	}()
+	netnstest.Serve(ln, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() }) // echo
 	return ln
 }
 

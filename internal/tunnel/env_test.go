@@ -86,20 +86,12 @@ func echoServer(t *testing.T, ns string, addr netip.Addr, mptcp bool) netip.Addr
 		t.Fatalf("listen in %s: %v", ns, err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				fmt.Fprintf(c, "%s\n", c.RemoteAddr())
-				n, _ := io.Copy(io.Discard, c)
-				fmt.Fprintf(c, "%d\n", n)
-			}()
-		}
-	}()
+	netnstest.Serve(ln, func(c net.Conn) {
+		defer c.Close()
+		fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+		n, _ := io.Copy(io.Discard, c)
+		fmt.Fprintf(c, "%d\n", n)
+	})
 	return netip.MustParseAddrPort(ln.Addr().String())
 }
 

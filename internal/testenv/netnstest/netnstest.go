@@ -310,3 +310,17 @@ func MustRun(t testing.TB, argv ...string) string {
 	}
 	return string(out)
 }
+
+// Serve accepts connections on ln until it fails (the test closes ln) and
+// runs handle for each one in its own goroutine.
+func Serve(ln net.Listener, handle func(net.Conn)) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+}

@@ -59,15 +59,7 @@ func TestAgentTunnelSubflow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	netnstest.Serve(ln, func(c net.Conn) { io.Copy(io.Discard, c); c.Close() })
 
 	cfg, err := agent.ParseConfig([]byte("subflows: 1\nbackoff: 300ms\n"))
 	if err != nil {

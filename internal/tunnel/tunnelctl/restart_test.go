@@ -37,24 +37,16 @@ func TestRelayRestartReadmits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
+	netnstest.Serve(ln, func(c net.Conn) {
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if _, err := r.ReadString('\n'); err != nil {
+				c.Close()
 				return
 			}
-			go func() {
-				r := bufio.NewReader(c)
-				for {
-					if _, err := r.ReadString('\n'); err != nil {
-						c.Close()
-						return
-					}
-					fmt.Fprintln(c, "ok")
-				}
-			}()
+			fmt.Fprintln(c, "ok")
 		}
-	}()
+	})
 	// ping sends a line from local and waits for the answer.
 	ping := func(local netip.Addr, timeout time.Duration) error {
 		var c net.Conn

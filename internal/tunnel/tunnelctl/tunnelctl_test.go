@@ -98,16 +98,10 @@ func TestControlChannelTunnel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s\n", c.RemoteAddr())
-			c.Close()
-		}
-	}()
+	netnstest.Serve(ln, func(c net.Conn) {
+		fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+		c.Close()
+	})
 	var seen string
 	var err error
 	deadline := time.Now().Add(10 * time.Second)
