@@ -42,8 +42,8 @@ func in(t testing.TB, ns string, fn func()) {
 	}
 }
 
-// nftElements returns the element lines of a set or map in the relay's
-// table as the nft CLI lists them ("" if the table does not exist).
+// nftList runs the nft CLI with what inside namespace ns and returns its
+// combined output (an error if, for example, the table does not exist).
 func nftList(t testing.TB, ns string, what ...string) (string, error) {
 	t.Helper()
 	args := append([]string{"netns", "exec", ns, "nft"}, what...)
