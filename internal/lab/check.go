@@ -290,25 +290,7 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 				return nil, err
 			}
 		}
-		groups := [][]int{}
-		for _, dir := range []string{"ab", "ba"} {
-			var g []int
-			for i, d := range rep.Directions {
-				if d.Dir == dir && d.GoodputSpec > 0 {
-					if o.Sequential {
-						groups = append(groups, []int{i})
-					} else {
-						g = append(g, i)
-					}
-				}
-			}
-			if len(g) > 0 {
-				groups = append(groups, g)
-			}
-		}
-		if o.AllAtOnce && len(groups) == 2 {
-			groups = [][]int{append(groups[0], groups[1]...)}
-		}
+		groups := phases(rep.Directions, o, func(d DirCheck) bool { return d.GoodputSpec > 0 })
 		cpu0, t0 := l.delayLineCPU(), time.Now()
 		for _, g := range groups {
 			for _, i := range g {
