@@ -128,14 +128,9 @@ func (s Subflow) Backup() bool { return s.Flags&subflowBackupLoc != 0 }
 // Dump lists the MPTCP connections of namespace o.NetNS (not listeners)
 // with their subflows, sorted by token.
 func Dump(o Options) ([]Connection, error) {
-	fd, done, err := openNS(o.NetNS)
+	c, err := dialDiag(o)
 	if err != nil {
 		return nil, err
-	}
-	defer done()
-	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: fd})
-	if err != nil {
-		return nil, fmt.Errorf("sock_diag netlink: %w", err)
 	}
 	defer c.Close()
 
@@ -175,22 +170,13 @@ func Dump(o Options) ([]Connection, error) {
 			byToken[conn.Token] = &cc
 		}
 	}
-	for _, fam := range []uint8{afInet, afInet6} {
-		msgs, err := diagDump(c, fam, unix.IPPROTO_TCP)
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range msgs {
-			sf, ok, err := parseSubflowDiag(m)
-			if err != nil {
-				return nil, err
-			}
-			if !ok {
-				continue
-			}
-			if conn := byToken[sf.Token]; conn != nil {
-				conn.Subflows = append(conn.Subflows, sf)
-			}
+	sfs, err := dumpSubflows(c)
+	if err != nil {
+		return nil, err
+	}
+	for _, sf := range sfs {
+		if conn := byToken[sf.Token]; conn != nil {
+			conn.Subflows = append(conn.Subflows, sf)
 		}
 	}
 	out := make([]Connection, 0, len(order))
@@ -205,6 +191,16 @@ func Dump(o Options) ([]Connection, error) {
 // info) of namespace o.NetNS: the cheaper half of Dump, for periodic
 // health checks.
 func DumpSubflows(o Options) ([]Subflow, error) {
+	c, err := dialDiag(o)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return dumpSubflows(c)
+}
+
+// dialDiag opens a sock_diag socket inside namespace o.NetNS.
+func dialDiag(o Options) (*netlink.Conn, error) {
 	fd, done, err := openNS(o.NetNS)
 	if err != nil {
 		return nil, err
@@ -214,7 +210,11 @@ func DumpSubflows(o Options) ([]Subflow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sock_diag netlink: %w", err)
 	}
-	defer c.Close()
+	return c, nil
+}
+
+// dumpSubflows lists the TCP sockets that carry MPTCP subflow info.
+func dumpSubflows(c *netlink.Conn) ([]Subflow, error) {
 	var out []Subflow
 	for _, fam := range []uint8{afInet, afInet6} {
 		msgs, err := diagDump(c, fam, unix.IPPROTO_TCP)
