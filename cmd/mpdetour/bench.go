@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
@@ -86,9 +84,7 @@ func init() {
 						return err
 					}
 					if sendJSON {
-						enc := json.NewEncoder(os.Stdout)
-						enc.SetIndent("", "  ")
-						return enc.Encode(r)
+						return printJSON(r)
 					}
 					printResult(r)
 					return nil

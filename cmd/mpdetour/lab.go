@@ -168,9 +168,7 @@ func init() {
 				}
 			}
 			if jsonOut {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
+				if err := printJSON(rep); err != nil {
 					return err
 				}
 			} else {
