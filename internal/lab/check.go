@@ -270,45 +270,46 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 	// directions of a link never run together: TCP's ACKs would share the
 	// measured queue, and the UDP phase is grouped the same way.
 	if !o.NoRate {
-		for _, g := range phases(rep.Directions, o, func(d DirCheck) bool { return d.RateSpec > 0 }) {
-			for _, i := range g {
-				d := &rep.Directions[i]
-				wg.Go(func() {
-					r, err := l.udpRate(ctx, d.From, d.To, dst(d), d.Rate)
-					if err != nil {
-						// A link that carried (almost) nothing fails the
-						// check; it does not abort the other measurements.
-						d.RateErr = err.Error()
-						return
-					}
-					d.RateMeasured = r
-					d.RateOK = math.Abs(r-d.RateSpec) <= GoodputTolRel*d.RateSpec
-				})
+		// Each group of directions is measured at once; groups run one after
+		// the other (see phases).
+		measure := func(sel func(DirCheck) bool, fn func(d *DirCheck)) error {
+			for _, g := range phases(rep.Directions, o, sel) {
+				for _, i := range g {
+					wg.Go(func() { fn(&rep.Directions[i]) })
+				}
+				wg.Wait()
+				if err := ctx.Err(); err != nil {
+					return err
+				}
 			}
-			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
-				return nil, err
-			}
+			return nil
 		}
-		groups := phases(rep.Directions, o, func(d DirCheck) bool { return d.GoodputSpec > 0 })
+		err := measure(func(d DirCheck) bool { return d.RateSpec > 0 }, func(d *DirCheck) {
+			r, err := l.udpRate(ctx, d.From, d.To, dst(d), d.Rate)
+			if err != nil {
+				// A link that carried (almost) nothing fails the check; it
+				// does not abort the other measurements.
+				d.RateErr = err.Error()
+				return
+			}
+			d.RateMeasured = r
+			d.RateOK = math.Abs(r-d.RateSpec) <= GoodputTolRel*d.RateSpec
+		})
+		if err != nil {
+			return nil, err
+		}
 		cpu0, t0 := l.delayLineCPU(), time.Now()
-		for _, g := range groups {
-			for _, i := range g {
-				d := &rep.Directions[i]
-				wg.Go(func() {
-					gp, err := l.goodput(ctx, d.From, d.To, dst(d), o.RateDuration)
-					if err != nil {
-						d.GoodputErr = err.Error()
-						return
-					}
-					d.Goodput = gp
-					d.GoodputOK = math.Abs(gp-d.GoodputSpec) <= GoodputTolRel*d.GoodputSpec
-				})
+		err = measure(func(d DirCheck) bool { return d.GoodputSpec > 0 }, func(d *DirCheck) {
+			gp, err := l.goodput(ctx, d.From, d.To, dst(d), o.RateDuration)
+			if err != nil {
+				d.GoodputErr = err.Error()
+				return
 			}
-			wg.Wait()
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
+			d.Goodput = gp
+			d.GoodputOK = math.Abs(gp-d.GoodputSpec) <= GoodputTolRel*d.GoodputSpec
+		})
+		if err != nil {
+			return nil, err
 		}
 		if cpu0 > 0 {
 			rep.DelayLineCPU = (l.delayLineCPU() - cpu0).Seconds() / time.Since(t0).Seconds()
