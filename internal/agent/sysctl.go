@@ -3,48 +3,14 @@ package agent
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 
-	"github.com/vishvananda/netns"
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
-
-// inNetNS runs fn on a thread inside namespace ns ("" = the current one).
-// /proc/sys/net resolves against the opening thread's namespace, so sysctl
-// files must be opened there.
-func inNetNS(ns string, fn func() error) error {
-	if ns == "" {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: Go then retires the thread instead of reusing a
-		// thread left in another namespace.
-		runtime.LockOSThread()
-		var h netns.NsHandle
-		var err error
-		if strings.ContainsRune(ns, '/') {
-			h, err = netns.GetFromPath(ns)
-		} else {
-			h, err = netns.GetFromName(ns)
-		}
-		if err != nil {
-			errc <- fmt.Errorf("network namespace %q: %w", ns, err)
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- fmt.Errorf("enter network namespace %q: %w", ns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
 
 func readSysctl(ns, name string) (string, error) {
 	var v string
-	err := inNetNS(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		b, err := os.ReadFile("/proc/sys/" + strings.ReplaceAll(name, ".", "/"))
 		v = strings.TrimSpace(string(b))
 		return err
@@ -56,7 +22,7 @@ func readSysctl(ns, name string) (string, error) {
 }
 
 func writeSysctl(ns, name, value string) error {
-	err := inNetNS(ns, func() error {
+	err := netnsx.Do(ns, func() error {
 		return os.WriteFile("/proc/sys/"+strings.ReplaceAll(name, ".", "/"), []byte(value), 0)
 	})
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/mdlayher/genetlink"
 	"github.com/mdlayher/netlink"
-	"github.com/vishvananda/netns"
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,15 +28,9 @@ func openNS(ns string) (int, func(), error) {
 	if ns == "" {
 		return 0, func() {}, nil
 	}
-	var h netns.NsHandle
-	var err error
-	if strings.ContainsRune(ns, '/') {
-		h, err = netns.GetFromPath(ns)
-	} else {
-		h, err = netns.GetFromName(ns)
-	}
+	h, err := netnsx.Open(ns)
 	if err != nil {
-		return 0, nil, fmt.Errorf("network namespace %q: %w", ns, err)
+		return 0, nil, err
 	}
 	return int(h), func() { h.Close() }, nil
 }

@@ -54,7 +54,7 @@ type Conn struct {
 	mu       sync.Mutex
 	ses      *proto.Session
 	prev     *proto.Session // replaced by a rekey; replies may still arrive on it
-	sesReady chan struct{} // closed when ses is set; replaced when dropped
+	sesReady chan struct{}  // closed when ses is set; replaced when dropped
 	inits    map[uint32]*pendingInit
 	pending  map[uint32]chan proto.Reply
 	nextID   uint32

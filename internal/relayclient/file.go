@@ -6,10 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
-	"strings"
 
-	"github.com/vishvananda/netns"
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
@@ -85,36 +83,14 @@ func ListenIn(ns string) func() (net.PacketConn, error) {
 		if ns == "" {
 			return net.ListenUDP("udp4", nil)
 		}
-		var h netns.NsHandle
-		var err error
-		if strings.Contains(ns, "/") {
-			h, err = netns.GetFromPath(ns)
-		} else {
-			h, err = netns.GetFromName(ns)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("namespace %q: %w", ns, err)
-		}
-		defer h.Close()
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
+		var pc *net.UDPConn
+		err := netnsx.Do(ns, func() (err error) {
+			pc, err = net.ListenUDP("udp4", nil)
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
-		defer orig.Close()
-		if err := netns.Set(h); err != nil {
-			return nil, fmt.Errorf("entering namespace %q: %w", ns, err)
-		}
-		pc, lerr := net.ListenUDP("udp4", nil)
-		if err := netns.Set(orig); err != nil {
-			// The thread is unusable; let it die with the goroutine.
-			runtime.LockOSThread()
-			if pc != nil {
-				pc.Close()
-			}
-			return nil, fmt.Errorf("leaving namespace %q: %w", ns, err)
-		}
-		return pc, lerr
+		return pc, nil
 	}
 }

@@ -3,9 +3,9 @@ package tunnel
 import (
 	"fmt"
 	"runtime"
-	"strings"
 
 	"github.com/google/nftables"
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -22,20 +22,9 @@ type nsRef struct {
 // openNetns resolves spec: "" (current namespace), a name under
 // /var/run/netns, or an absolute path to a namespace file.
 func openNetns(spec string) (*nsRef, error) {
-	var (
-		h   netns.NsHandle
-		err error
-	)
-	switch {
-	case spec == "":
-		h, err = netns.Get()
-	case strings.HasPrefix(spec, "/"):
-		h, err = netns.GetFromPath(spec)
-	default:
-		h, err = netns.GetFromName(spec)
-	}
+	h, err := netnsx.Open(spec)
 	if err != nil {
-		return nil, fmt.Errorf("network namespace %q: %w", spec, err)
+		return nil, err
 	}
 	return &nsRef{spec: spec, handle: h}, nil
 }
