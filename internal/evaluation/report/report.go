@@ -308,7 +308,7 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.f(" on %s", m.Host)
 	}
 	p.f(".\n")
-	p.f("- Measured on a shared 2-core machine while other jobs may have been running: goodput and especially delay emulation (a user-space delay line) are sensitive to CPU contention.\n\n")
+	p.f("- Goodput and especially delay emulation (a user-space delay line) are sensitive to CPU contention: each configuration below gives the host's load average during its trials.\n\n")
 	if m.Note != "" {
 		p.f("> %s\n\n", strings.ReplaceAll(strings.TrimSpace(m.Note), "\n", "\n> "))
 	}
@@ -364,18 +364,15 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.f("\n")
 	}
 
-	p.f("## Ratios of MPTCP with detours to single paths\n\n")
-	p.f("From the means. *sum* = MPTCP / (TCP + TCP via each detour); *tcp* = MPTCP / TCP; *best* = MPTCP / the best single path; *Ben* = aggregation benefit (g - Cmax)/(ΣC - Cmax) if g >= Cmax else (g - Cmax)/Cmax, with the measured single-path goodputs as capacities (0 = as good as the best path, 1 = perfect aggregation).\n\n")
-	p.row([]string{"configuration", "procedure", "goodput", "single paths", "sum", "tcp", "best", "Ben"})
-	p.row([]string{"---", "---", "---:", "---", "---:", "---:", "---:", "---:"})
+	var multipath []*Cell
 	for _, c := range d.Cells {
-		if scenario.SinglePath(c.Procedure) == "" || c.Goodput.N == 0 {
-			continue
+		if scenario.SinglePath(c.Procedure) != "" && c.Goodput.N > 0 {
+			multipath = append(multipath, c)
 		}
-		r := d.Ratios(c)
-		p.row([]string{s.Configuration(c.Configuration).Label, c.Label(), f2(r.Goodput), joinSum(r.TCP, r.Singles), f3(r.Sum), f3(r.OverTCP), f3(r.Best), f3(r.Benefit)})
 	}
-	p.f("\n")
+	if len(multipath) > 0 {
+		d.writeRatios(p, multipath)
+	}
 	if f := plots[""]; f != "" {
 		p.f("![aggregation efficiency](%s)\n\n", f)
 	}
@@ -550,4 +547,19 @@ func (d *Data) Table() string {
 		}
 	}
 	return b.String()
+}
+
+// writeRatios prints the table of multipath cells against their single
+// paths; scenarios without MPTCP procedures (e.g. tunnels) have none.
+func (d *Data) writeRatios(p *printer, cells []*Cell) {
+	s := d.Scenario
+	p.f("## Ratios of MPTCP with detours to single paths\n\n")
+	p.f("From the means. *sum* = MPTCP / (TCP + TCP via each detour); *tcp* = MPTCP / TCP; *best* = MPTCP / the best single path; *Ben* = aggregation benefit (g - Cmax)/(ΣC - Cmax) if g >= Cmax else (g - Cmax)/Cmax, with the measured single-path goodputs as capacities (0 = as good as the best path, 1 = perfect aggregation).\n\n")
+	p.row([]string{"configuration", "procedure", "goodput", "single paths", "sum", "tcp", "best", "Ben"})
+	p.row([]string{"---", "---", "---:", "---", "---:", "---:", "---:", "---:"})
+	for _, c := range cells {
+		r := d.Ratios(c)
+		p.row([]string{s.Configuration(c.Configuration).Label, c.Label(), f2(r.Goodput), joinSum(r.TCP, r.Singles), f3(r.Sum), f3(r.OverTCP), f3(r.Best), f3(r.Benefit)})
+	}
+	p.f("\n")
 }

@@ -107,7 +107,7 @@ func TestWriteAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"# Benchmark report: t", "shared 2-core machine", "> partial", "**Partial run**",
+		"# Benchmark report: t", "load average during its trials", "> partial", "**Partial run**",
 		"| Core-limited | 9.50 (0.10) n=3 |", "18.81 (0.02)", "| 1.005 |",
 		"unavailable: internal/tunnel not built", "1 failed: receiver: timeout",
 		"| 0.995 |",
@@ -141,5 +141,31 @@ func TestWriteAll(t *testing.T) {
 		if !strings.Contains(string(md), "("+f+")") {
 			t.Errorf("report does not link %s", f)
 		}
+	}
+}
+
+// A run without MPTCP results (e.g. the tunnels scenario) gets no empty
+// ratios table.
+func TestMarkdownWithoutMultipathOmitsRatios(t *testing.T) {
+	s, recs := data(t)
+	var single []results.Record
+	for _, r := range recs {
+		if scenario.SinglePath(r.Procedure) == "" {
+			single = append(single, r)
+		}
+	}
+	var md bytes.Buffer
+	if err := Build(s, single).WriteMarkdown(&md, Meta{Generated: time.Now()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(md.String(), "## Ratios") || !strings.Contains(md.String(), "| Core-limited | 9.50 (0.10) n=3 |") {
+		t.Errorf("report without multipath cells:\n%s", md.String())
+	}
+	var full bytes.Buffer
+	if err := Build(s, recs).WriteMarkdown(&full, Meta{Generated: time.Now()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(full.String(), "## Ratios") {
+		t.Errorf("report with multipath cells lacks the ratios table:\n%s", full.String())
 	}
 }
