@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"syscall"
 	"unsafe"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // packetSocket is an AF_PACKET socket bound to one interface of a middle
@@ -30,34 +30,20 @@ const (
 	sndBuf = 4 << 20
 )
 
-// openPacketSocket opens the socket inside the namespace at nsPath. The
-// namespace switch happens on a dedicated, locked thread that is never
-// unlocked, so the Go runtime discards it instead of reusing a thread that
-// might be left in the wrong namespace.
-func openPacketSocket(nsPath, ifname string) (*packetSocket, error) {
-	type result struct {
-		ps  *packetSocket
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		ps, err := openInNetns(nsPath, ifname)
-		ch <- result{ps, err}
-	}()
-	r := <-ch
-	return r.ps, r.err
+// openPacketSocket opens the socket inside the namespace at nsPath, on a
+// thread netnsx.Do discards afterwards.
+func openPacketSocket(nsPath, ifname string) (ps *packetSocket, err error) {
+	err = netnsx.Do(nsPath, func() error {
+		var e error
+		ps, e = openHere(nsPath, ifname)
+		return e
+	})
+	return ps, err
 }
 
-func openInNetns(nsPath, ifname string) (*packetSocket, error) {
-	ns, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		return nil, fmt.Errorf("open namespace %s: %w", nsPath, err)
-	}
-	defer ns.Close()
-	if err := netns.Set(ns); err != nil {
-		return nil, fmt.Errorf("enter namespace %s: %w", nsPath, err)
-	}
+// openHere opens the socket in the calling thread's namespace; nsPath only
+// names it in errors.
+func openHere(nsPath, ifname string) (*packetSocket, error) {
 	ifc, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return nil, fmt.Errorf("interface %s in %s: %w", ifname, nsPath, err)

@@ -8,14 +8,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // SendOptions configure one measurement.
@@ -25,8 +25,9 @@ type SendOptions struct {
 	Warmup   time.Duration // start of the goodput window; default 1 s
 	MPTCP    bool
 	CC       string // congestion control; default DefaultCC
-	// Netns, if set, is the path of a network namespace to open the socket
-	// in (e.g. /run/netns/NAME); the calling thread is not affected.
+	// Netns, if set, names the network namespace to open the socket in (a
+	// netnsx spec: NAME under /run/netns or a path); the calling thread is
+	// not affected.
 	Netns string
 	// ConnectTimeout bounds the handshake; default 10 s.
 	ConnectTimeout time.Duration
@@ -184,7 +185,7 @@ func dial(ctx context.Context, o SendOptions) (*net.TCPConn, error) {
 		return ccErr
 	}
 	var c net.Conn
-	err := inNetns(o.Netns, func() error {
+	err := netnsx.Do(o.Netns, func() error {
 		var err error
 		c, err = d.DialContext(ctx, "tcp", o.Addr)
 		return err
@@ -196,32 +197,6 @@ func dial(ctx context.Context, o SendOptions) (*net.TCPConn, error) {
 		return nil, fmt.Errorf("connect to %s: %w", o.Addr, err)
 	}
 	return c.(*net.TCPConn), nil
-}
-
-// inNetns runs fn on a locked thread inside the namespace at path (or
-// directly when path is empty). The thread is discarded afterwards rather
-// than switched back, so a failure cannot leave a runtime thread in the
-// wrong namespace. Sockets fn creates stay in that namespace.
-func inNetns(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	ch := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			ch <- fmt.Errorf("namespace %s: %w", path, err)
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			ch <- fmt.Errorf("enter namespace %s: %w", path, err)
-			return
-		}
-		ch <- fn()
-	}()
-	return <-ch
 }
 
 // subflowSnapshot reads the kernel's view of every subflow, keyed by the

@@ -15,13 +15,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // ServeOptions configure a receiver.
 type ServeOptions struct {
 	Addr  string // listen address, e.g. ":5201" or "10.0.3.2:0"
 	MPTCP bool   // accept MPTCP (plain TCP clients are still served)
-	Netns string // optional namespace path to listen in
+	Netns string // optional namespace to listen in (netnsx spec: name or path)
 	Log   *slog.Logger
 	// IdleTimeout aborts a client that sends nothing for this long; default 30 s.
 	IdleTimeout time.Duration
@@ -47,7 +49,7 @@ func Listen(o ServeOptions) (*Server, error) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(o.MPTCP)
 	var ln net.Listener
-	err := inNetns(o.Netns, func() error {
+	err := netnsx.Do(o.Netns, func() error {
 		var err error
 		ln, err = lc.Listen(context.Background(), "tcp", o.Addr)
 		return err

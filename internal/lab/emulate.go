@@ -11,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // frameBytes is the size of a full-size Ethernet frame as qdiscs count it
@@ -90,7 +92,7 @@ func offloadsOff(nsPath, ifname string, csum bool) error {
 	if csum {
 		cmds = append(cmds, unix.ETHTOOL_STXCSUM)
 	}
-	return inNetns(nsPath, func() error {
+	return netnsx.Do(nsPath, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // nsExecMarker is argv[0] of a re-execution of the current binary that
@@ -71,5 +73,5 @@ func (l *Lab) Do(node string, fn func() error) error {
 	if path == "" {
 		return fmt.Errorf("lab %s has no node %q", l.name, node)
 	}
-	return inNetns(path, fn)
+	return netnsx.Do(path, fn)
 }

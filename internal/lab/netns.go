@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -149,37 +148,4 @@ func listNetns(lab string) []string {
 		}
 	}
 	return out
-}
-
-// inNetns runs fn on a locked thread inside the namespace at path and
-// switches back afterwards. If switching back fails the thread stays
-// locked, so the runtime destroys it rather than reuse it in the wrong
-// namespace.
-func inNetns(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			errc <- fmt.Errorf("opening %s: %w", path, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("entering %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- ferr
-	}()
-	return <-errc
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // Lab is a running lab: a set of named namespaces and the state that
@@ -277,7 +279,7 @@ func (b *builder) newNetns(x string) error {
 // sysctls writes keys under /proc/sys inside namespace ns. Optional keys
 // that the kernel lacks are skipped.
 func (b *builder) sysctls(ns string, kv []Sysctl, optional bool) error {
-	return inNetns(filepath.Join(NetnsDir, ns), func() error {
+	return netnsx.Do(filepath.Join(NetnsDir, ns), func() error {
 		for _, s := range kv {
 			path := sysctlPath(s.Key)
 			if err := os.WriteFile(path, []byte(s.Value), 0); err != nil {
