@@ -14,13 +14,13 @@ import (
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
-func init() {
+// agentCommand builds the agent subcommand.
+func agentCommand() *cli.Command {
 	var config, netns, socket string
-	cli.Register(&cli.Command{
+	return &cli.Command{
 		Name:    "agent",
 		Summary: "add detour subflows to MPTCP connections (userspace path manager)",
 		Usage:   "--config FILE [--netns NS] [--socket PATH]",
-		Order:   10,
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&config, "config", "", "agent configuration (YAML, see docs/agent.md)")
 			fs.StringVar(&netns, "netns", "", "manage this network namespace instead of the config's or our own")
@@ -78,5 +78,5 @@ func init() {
 			}
 			return agent.New(cfg, log, nil, sources...).Run(ctx)
 		},
-	})
+	}
 }

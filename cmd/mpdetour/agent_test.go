@@ -22,17 +22,17 @@ func TestAgentRejectsBadConfig(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "agent.yaml")
 	os.WriteFile(path, []byte("detours:\n  - kind: nat\n    relay: r1\n    address: 10.1.1.2\n    server: 10.0.3.2:5201\n"), 0o644)
 	var out, errb bytes.Buffer
-	code := cli.Main(context.Background(), "mpdetour", []string{"agent", "--config", path}, &out, &errb)
+	code := cli.Main(context.Background(), "mpdetour", commands(), []string{"agent", "--config", path}, &out, &errb)
 	if code != 1 || !strings.Contains(errb.String(), "detours[0].address") || !strings.Contains(errb.String(), path) {
 		t.Fatalf("exit %d, stderr %q: want 1 and the file and field named", code, errb.String())
 	}
 	errb.Reset()
-	if code := cli.Main(context.Background(), "mpdetour", []string{"agent"}, &out, &errb); code != cli.ExitUsage {
+	if code := cli.Main(context.Background(), "mpdetour", commands(), []string{"agent"}, &out, &errb); code != cli.ExitUsage {
 		t.Fatalf("agent without --config: exit %d (%s), want %d", code, errb.String(), cli.ExitUsage)
 	}
 	errb.Reset()
 	sock := filepath.Join(t.TempDir(), "none.sock")
-	if code := cli.Main(context.Background(), "mpdetour", []string{"status", "--socket", sock}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "is mpdetour agent running") {
+	if code := cli.Main(context.Background(), "mpdetour", commands(), []string{"status", "--socket", sock}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "is mpdetour agent running") {
 		t.Fatalf("status without agent: exit %d, %q", code, errb.String())
 	}
 }

@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
-	"github.com/mpdetour/mpdetour/internal/goodput"
+	"github.com/mpdetour/mpdetour/internal/benchtool"
 )
 
-func init() {
+// benchCommand builds the bench subcommand.
+func benchCommand() *cli.Command {
 	var (
 		recvPort  int
 		recvMPTCP bool
@@ -24,10 +25,9 @@ func init() {
 		sendCC     string
 		sendNetnsP string
 	)
-	cli.Register(&cli.Command{
+	return &cli.Command{
 		Name:    "bench",
 		Summary: "measure goodput (reference method) with per-subflow statistics",
-		Order:   60,
 		Sub: []*cli.Command{
 			{
 				Name:    "recv",
@@ -46,7 +46,7 @@ func init() {
 						return cli.Usagef("--port %d out of range 1-65535", recvPort)
 					}
 					log := slog.New(slog.NewTextHandler(cli.Stderr, nil))
-					s, err := goodput.Listen(goodput.ServeOptions{
+					s, err := benchtool.Listen(benchtool.ServeOptions{
 						Addr: joinHostPort(recvBind, recvPort), MPTCP: recvMPTCP, Log: log,
 					})
 					if err != nil {
@@ -63,10 +63,10 @@ func init() {
 				Interspersed: true,
 				Flags: func(fs *flag.FlagSet) {
 					fs.DurationVar(&sendDur, "duration", 10*time.Second, "how long to send")
-					fs.DurationVar(&sendWarm, "warmup", goodput.DefaultWarmup, "start of the goodput window (reference method: 1s)")
+					fs.DurationVar(&sendWarm, "warmup", benchtool.DefaultWarmup, "start of the goodput window (reference method: 1s)")
 					fs.BoolVar(&sendMPTCP, "mptcp", false, "use MPTCP (fallback to TCP is reported)")
 					fs.BoolVar(&sendJSON, "json", false, "print the full result as JSON")
-					fs.StringVar(&sendCC, "cc", goodput.DefaultCC, "congestion control for the socket")
+					fs.StringVar(&sendCC, "cc", benchtool.DefaultCC, "congestion control for the socket")
 					fs.StringVar(&sendNetnsP, "netns", "", "network namespace path to send from (e.g. /run/netns/X)")
 				},
 				Run: func(ctx context.Context, args []string) error {
@@ -76,7 +76,7 @@ func init() {
 					if sendDur <= sendWarm {
 						return cli.Usagef("--duration %v must be longer than --warmup %v", sendDur, sendWarm)
 					}
-					r, err := goodput.Send(ctx, goodput.SendOptions{
+					r, err := benchtool.Send(ctx, benchtool.SendOptions{
 						Addr: args[0], Duration: sendDur, Warmup: sendWarm,
 						MPTCP: sendMPTCP, CC: sendCC, Netns: sendNetnsP,
 					})
@@ -91,7 +91,7 @@ func init() {
 				},
 			},
 		},
-	})
+	}
 }
 
 func joinHostPort(host string, port int) string {
@@ -101,7 +101,7 @@ func joinHostPort(host string, port int) string {
 	return fmt.Sprintf("[%s]:%d", host, port)
 }
 
-func printResult(r *goodput.Result) {
+func printResult(r *benchtool.Result) {
 	proto := "TCP"
 	if r.MPTCP {
 		proto = "MPTCP"

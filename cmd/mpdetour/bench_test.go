@@ -21,7 +21,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "send", "127.0.0.1:1", "--no-such-flag"},
 	} {
 		var out, errb bytes.Buffer
-		if code := cli.Main(context.Background(), "mpdetour", args, &out, &errb); code != cli.ExitUsage {
+		if code := cli.Main(context.Background(), "mpdetour", commands(), args, &out, &errb); code != cli.ExitUsage {
 			t.Errorf("%v: exit %d, want %d (%s)", args, code, cli.ExitUsage, errb.String())
 		}
 	}
@@ -41,13 +41,13 @@ func TestBenchRecvSend(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		var out, errb bytes.Buffer
-		done <- cli.Main(ctx, "mpdetour", []string{"bench", "recv", "--port", strconv.Itoa(port), "--bind", "127.0.0.1"}, &out, &errb)
+		done <- cli.Main(ctx, "mpdetour", commands(), []string{"bench", "recv", "--port", strconv.Itoa(port), "--bind", "127.0.0.1"}, &out, &errb)
 	}()
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	var code int
 	for i := 0; i < 50; i++ {
 		var out, errb bytes.Buffer
-		code = cli.Main(context.Background(), "mpdetour", []string{"bench", "send", addr, "--duration", "700ms", "--warmup", "200ms", "--json"}, &out, &errb)
+		code = cli.Main(context.Background(), "mpdetour", commands(), []string{"bench", "send", addr, "--duration", "700ms", "--warmup", "200ms", "--json"}, &out, &errb)
 		if code == 0 {
 			break
 		}

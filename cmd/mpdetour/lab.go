@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
-	"github.com/mpdetour/mpdetour/internal/delayline"
-	"github.com/mpdetour/mpdetour/internal/evaluation"
+	"github.com/mpdetour/mpdetour/internal/lab/delayline"
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab"
 )
 
@@ -40,7 +40,8 @@ func loadTopology(arg string) (*lab.Topology, error) {
 	return lab.Builtin(arg)
 }
 
-func init() {
+// labCommand builds the lab command group.
+func labCommand() *cli.Command {
 	var (
 		name string
 		sets setFlags
@@ -220,12 +221,11 @@ func init() {
 			return w.Flush()
 		},
 	}
-	cli.Register(&cli.Command{
+	return &cli.Command{
 		Name:    "lab",
-		Summary: "emulated networks in namespaces: up, exec, check, down, list",
-		Order:   50,
-		Sub:     []*cli.Command{up, execCmd, check, down, list, delayline.Command(), evaluation.BenchCommand()},
-	})
+		Summary: "emulated networks in namespaces: up, exec, check, down, list, bench",
+		Sub:     []*cli.Command{up, execCmd, check, down, list, delayline.Command(), bench.BenchCommand()},
+	}
 }
 
 func printLab(l *lab.Lab) {

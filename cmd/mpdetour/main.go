@@ -1,8 +1,8 @@
 // Command mpdetour lets unmodified TCP applications use several Internet
 // paths at once by adding Multipath TCP subflows through detour hosts.
 //
-// Each subcommand lives in its own file and registers itself with
-// internal/cli from init.
+// Wiring is explicit: main lists every subcommand, and each subcommand's
+// constructor (one file each) builds its daemon from its parts.
 package main
 
 import (
@@ -14,10 +14,23 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 )
 
+// commands lists the top-level subcommands in the order --help shows them.
+func commands() []*cli.Command {
+	return []*cli.Command{
+		agentCommand(),
+		statusCommand(),
+		runCommand(),
+		relayCommand(),
+		labCommand(),
+		benchCommand(),
+		versionCommand(),
+	}
+}
+
 func main() {
 	// Commands watch ctx so that Ctrl-C and SIGTERM roll back what they set up.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, "mpdetour", os.Args[1:], os.Stdout, os.Stderr)
+	code := cli.Main(ctx, "mpdetour", commands(), os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }

@@ -13,16 +13,16 @@ import (
 	"github.com/mpdetour/mpdetour/internal/relay"
 )
 
-func init() {
+// relayCommand builds the relay subcommand.
+func relayCommand() *cli.Command {
 	var (
 		config  string
 		verbose bool
 	)
-	cli.Register(&cli.Command{
+	return &cli.Command{
 		Name:    "relay",
 		Summary: "run a detour host: authenticated NAT detours on nftables (see docs/relay.md)",
 		Usage:   "--config FILE | genkey | pubkey < PRIVATE",
-		Order:   30,
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&config, "config", "", "relay configuration file (YAML)")
 			fs.BoolVar(&verbose, "v", false, "debug logging")
@@ -64,5 +64,5 @@ func init() {
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			return relay.Run(ctx, config, log)
 		},
-	})
+	}
 }

@@ -8,32 +8,32 @@ import (
 	"os"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
-	"github.com/mpdetour/mpdetour/internal/mptcpize"
+	"github.com/mpdetour/mpdetour/internal/run"
 )
 
-func init() {
+// runCommand builds the run subcommand.
+func runCommand() *cli.Command {
 	// mpdetour run re-executes this binary for its supervisor; that helper
 	// must not go through the command framework or signal handling of main.
-	if mptcpize.Internal() {
-		os.Exit(mptcpize.InternalMain())
+	if run.Internal() {
+		os.Exit(run.InternalMain())
 	}
 	var (
 		check     bool
 		mechanism string
 		logPath   string
 	)
-	cli.Register(&cli.Command{
+	return &cli.Command{
 		Name:    "run",
 		Summary: "run a program with its TCP sockets turned into MPTCP sockets",
 		Usage:   "[--mechanism auto|seccomp|preload] [--log FILE] [--] CMD [ARGS...] | --check",
-		Order:   20,
 		Flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&check, "check", false, "report which mechanism this host supports and why, then exit")
 			fs.StringVar(&mechanism, "mechanism", "auto", "auto, seccomp (covers static binaries) or preload (LD_PRELOAD libmptcpwrap, dynamic binaries only)")
 			fs.StringVar(&logPath, "log", "", "append the seccomp supervisor's log to `FILE` (default: discarded)")
 		},
 		Run: func(ctx context.Context, args []string) error {
-			mech, err := mptcpize.ParseMechanism(mechanism)
+			mech, err := run.ParseMechanism(mechanism)
 			if err != nil {
 				return cli.Usagef("%v", err)
 			}
@@ -41,7 +41,7 @@ func init() {
 				if len(args) > 0 {
 					return cli.Usagef("--check takes no command")
 				}
-				r := mptcpize.Check()
+				r := run.Check()
 				r.Format(os.Stdout)
 				if r.Mechanism() == "" {
 					return &cli.ExitError{Code: 1}
@@ -51,13 +51,13 @@ func init() {
 			if len(args) == 0 {
 				return cli.Usagef("missing command to run")
 			}
-			err = mptcpize.Exec(mptcpize.Options{Mechanism: mech, Argv: args, LogPath: logPath, Warn: os.Stderr})
-			var ee *mptcpize.ExitError
+			err = run.Exec(run.Options{Mechanism: mech, Argv: args, LogPath: logPath, Warn: os.Stderr})
+			var ee *run.ExitError
 			if errors.As(err, &ee) {
 				fmt.Fprintf(os.Stderr, "mpdetour run: %v\n", ee.Err)
 				return &cli.ExitError{Code: ee.Code}
 			}
 			return err
 		},
-	})
+	}
 }

@@ -11,14 +11,14 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 )
 
-func init() {
+// statusCommand builds the status subcommand.
+func statusCommand() *cli.Command {
 	var socket string
 	var asJSON bool
-	cli.Register(&cli.Command{
+	return &cli.Command{
 		Name:    "status",
 		Summary: "show the agent's connections, subflows and detours",
 		Usage:   "[--json] [--socket PATH]",
-		Order:   11,
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&socket, "socket", agent.DefaultSocket, "the agent's status socket")
 			fs.BoolVar(&asJSON, "json", false, "print JSON")
@@ -37,7 +37,7 @@ func init() {
 			printStatus(st)
 			return nil
 		},
-	})
+	}
 }
 
 func printStatus(st agent.Status) {

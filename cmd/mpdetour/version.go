@@ -8,11 +8,11 @@ import (
 	"github.com/mpdetour/mpdetour/internal/version"
 )
 
-func init() {
-	cli.Register(&cli.Command{
+// versionCommand builds the version subcommand.
+func versionCommand() *cli.Command {
+	return &cli.Command{
 		Name:    "version",
 		Summary: "print the mpdetour version",
-		Order:   100,
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
 				return cli.Usagef("version takes no arguments")
@@ -20,5 +20,5 @@ func init() {
 			fmt.Println("mpdetour", version.String())
 			return nil
 		},
-	})
+	}
 }

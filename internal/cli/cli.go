@@ -1,5 +1,5 @@
 // Package cli is the small command framework behind the mpdetour binary:
-// every subcommand registers itself, parses its own flags with the standard
+// cmd/mpdetour hands Main the list of subcommands, each parses its own flags with the standard
 // flag package, and reports usage errors with exit status 2 so that scripts
 // can tell "you called it wrong" from "it failed".
 package cli
@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 )
 
@@ -32,8 +31,6 @@ type Command struct {
 	Run func(ctx context.Context, args []string) error
 	// Sub lists the sub-subcommands of a group such as "lab".
 	Sub []*Command
-	// Order sorts top-level commands in help; lower first.
-	Order int
 	// Interspersed allows flags after positional arguments (e.g. "lab up brennan2017 --set x=y").
 	// Arguments after "--" are never treated as flags.
 	Interspersed bool
@@ -50,26 +47,10 @@ func (e *UsageError) Error() string { return e.Msg }
 // Usagef returns a UsageError; commands return it for bad positional arguments.
 func Usagef(format string, a ...any) error { return &UsageError{Msg: fmt.Sprintf(format, a...)} }
 
-var registry []*Command
-
-// Register adds a top-level command; subcommand files call it from init.
-func Register(c *Command) { registry = append(registry, c) }
-
-// Commands returns the registered top-level commands in help order.
-func Commands() []*Command {
-	cs := append([]*Command(nil), registry...)
-	sort.SliceStable(cs, func(i, j int) bool {
-		if cs[i].Order != cs[j].Order {
-			return cs[i].Order < cs[j].Order
-		}
-		return cs[i].Name < cs[j].Name
-	})
-	return cs
-}
-
-// Main runs the program named prog with args and returns the exit status.
-func Main(ctx context.Context, prog string, args []string, stdout, stderr io.Writer) int {
-	root := &Command{Name: prog, Summary: "multipath TCP through detour hosts", Sub: Commands()}
+// Main runs the program named prog, whose subcommands are cmds (in help
+// order), with args and returns the exit status.
+func Main(ctx context.Context, prog string, cmds []*Command, args []string, stdout, stderr io.Writer) int {
+	root := &Command{Name: prog, Summary: "multipath TCP through detour hosts", Sub: cmds}
 	err := dispatch(ctx, root, []string{prog}, args, stdout)
 	if err == nil {
 		return 0

@@ -29,9 +29,7 @@ func testRoot(got *[]string, n *int) []*Command {
 func TestDispatch(t *testing.T) {
 	var got []string
 	var n int
-	saved := registry
-	t.Cleanup(func() { registry = saved })
-	registry = testRoot(&got, &n)
+	root := testRoot(&got, &n)
 
 	cases := []struct {
 		args     []string
@@ -53,7 +51,7 @@ func TestDispatch(t *testing.T) {
 	for _, c := range cases {
 		got, n = nil, 0
 		var out, errb bytes.Buffer
-		code := Main(context.Background(), "mpdetour", c.args, &out, &errb)
+		code := Main(context.Background(), "mpdetour", root, c.args, &out, &errb)
 		if code != c.code {
 			t.Errorf("%v: exit %d, want %d (stderr %q)", c.args, code, c.code, errb.String())
 		}
@@ -69,16 +67,14 @@ func TestDispatch(t *testing.T) {
 func TestHelpListsCommandsAndFlags(t *testing.T) {
 	var got []string
 	var n int
-	saved := registry
-	t.Cleanup(func() { registry = saved })
-	registry = testRoot(&got, &n)
+	root := testRoot(&got, &n)
 	var out bytes.Buffer
-	Main(context.Background(), "mpdetour", []string{"--help"}, &out, &out)
+	Main(context.Background(), "mpdetour", root, []string{"--help"}, &out, &out)
 	if !strings.Contains(out.String(), "lab        lab things") {
 		t.Errorf("root help lacks the lab line:\n%s", out.String())
 	}
 	out.Reset()
-	Main(context.Background(), "mpdetour", []string{"lab", "up", "-h"}, &out, &out)
+	Main(context.Background(), "mpdetour", root, []string{"lab", "up", "-h"}, &out, &out)
 	if !strings.Contains(out.String(), "bring a lab up") || !strings.Contains(out.String(), "-n int") {
 		t.Errorf("command help lacks summary or flags:\n%s", out.String())
 	}

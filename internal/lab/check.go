@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/goodput"
+	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"golang.org/x/sys/unix"
 )
 
@@ -502,7 +502,7 @@ func containsStr(s []string, x string) bool {
 // goodput runs one TCP transfer from node to dst (in node "to") and
 // returns the reference-method goodput in Mbit/s.
 func (l *Lab) goodput(ctx context.Context, from, to string, dst netip.Addr, dur time.Duration) (float64, error) {
-	srv, err := goodput.Listen(goodput.ServeOptions{Addr: netip.AddrPortFrom(dst, 0).String(), Netns: l.NetnsPath(to)})
+	srv, err := benchtool.Listen(benchtool.ServeOptions{Addr: netip.AddrPortFrom(dst, 0).String(), Netns: l.NetnsPath(to)})
 	if err != nil {
 		return 0, err
 	}
@@ -510,7 +510,7 @@ func (l *Lab) goodput(ctx context.Context, from, to string, dst netip.Addr, dur 
 	done := make(chan struct{})
 	go func() { srv.Serve(sctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	res, err := goodput.Send(ctx, goodput.SendOptions{Addr: srv.Addr().String(), Duration: dur, Netns: l.NetnsPath(from)})
+	res, err := benchtool.Send(ctx, benchtool.SendOptions{Addr: srv.Addr().String(), Duration: dur, Netns: l.NetnsPath(from)})
 	if err != nil {
 		return 0, err
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/goodput"
+	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
@@ -238,4 +238,4 @@ func TestHelperBuilder(t *testing.T) {
 	time.Sleep(time.Minute)
 }
 
-var _ = goodput.DefaultCC
+var _ = benchtool.DefaultCC

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/delayline"
+	"github.com/mpdetour/mpdetour/internal/lab/delayline"
 )
 
 // delayLineMarker is argv[0] of the re-executed binary that runs a lab's

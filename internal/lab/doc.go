@@ -51,7 +51,7 @@
 // nftables netdev ingress chain on the receiving interface (numgen random
 // mod 10^6 < p·10^6 drop) — dropped at the receiver so that the sender's
 // TCP sees a real loss, not a local congestion signal. Delay: netem where
-// present, otherwise the user-space delay line (internal/delayline): the
+// present, otherwise the user-space delay line (internal/lab/delayline): the
 // link then runs through a hidden middle namespace "<lab>-<link>" holding
 // interfaces "a" and "b", and one detached process per lab (this binary
 // re-executed, logs in /run/mpdetour/lab/NAME/delayline.log) moves frames

@@ -1,5 +1,5 @@
 // Package agenttest runs an agent inside the test process for integration
-// tests of the packages that feed it (relay, tunnels, mptcpize). The agent's
+// tests of the packages that feed it (relay, tunnels, run). The agent's
 // own tests cannot use it (import cycle) and keep their own helper.
 package agenttest
 

@@ -1,0 +1,85 @@
+// Package benchtool is "mpdetour bench": it measures bulk-transfer goodput the way the reference
+// evaluation did: a sender writes for a fixed duration, the receiver counts
+// the bytes it reads, and goodput is the bytes that arrived from t = warm-up
+// (1 s) to the last byte, divided by that elapsed time. Starting the window
+// late drops slow start; ending it at the last byte (not at a fixed 10 s)
+// keeps MPTCP's slower close out of the measurement. Arrival times are the
+// receiving kernel's timestamps, so a receiver that is short of CPU and
+// reads late does not shift bytes into the window.
+//
+// The sender sets the congestion control of its socket (default cubic,
+// whatever the host default) and reports what the kernel applied. For MPTCP
+// it reads every subflow's TCP_INFO from the kernel (MPTCP_FULL_INFO, or
+// MPTCP_TCPINFO + MPTCP_SUBFLOW_ADDRS on older kernels) just after the
+// warm-up and just before it stops writing, so per-subflow bytes include
+// subflows that joined late. Per-subflow bytes are the sender's
+// tcpi_bytes_acked: the receiver sees only the reassembled MPTCP stream.
+//
+// Send and Serve are used by "mpdetour bench", by "mpdetour lab check" and
+// by the benchmark runner; Result is their JSON output format.
+package benchtool
+
+import (
+	"net/netip"
+	"time"
+)
+
+// DefaultCC is the congestion control the reference evaluation used. The
+// host default (BBR here) overruns small tbf queues.
+const DefaultCC = "cubic"
+
+// DefaultWarmup is the start of the goodput window.
+const DefaultWarmup = time.Second
+
+// Result is one measured transfer. All rates are in Mbit/s (10^6 bit/s).
+type Result struct {
+	Addr string `json:"addr"`
+	// MPTCPRequested is --mptcp. MPTCP is whether the connection really is
+	// MPTCP at the sender; Fallback is set when MPTCP was requested but the
+	// socket could not be created as MPTCP or the connection fell back to
+	// TCP (e.g. the server or a middlebox does not speak it).
+	MPTCPRequested bool `json:"mptcp_requested"`
+	MPTCP          bool `json:"mptcp"`
+	ServerMPTCP    bool `json:"server_mptcp"`
+	Fallback       bool `json:"fallback"`
+	// CongestionControl is read back from the socket after connecting.
+	CongestionControl string `json:"congestion_control"`
+
+	Duration float64 `json:"duration_s"` // how long the sender wrote
+	Warmup   float64 `json:"warmup_s"`
+	// Bytes is every byte the receiver read; WindowBytes those read after
+	// the warm-up, over WindowSeconds (warm-up to last byte).
+	Bytes         uint64  `json:"bytes"`
+	WindowBytes   uint64  `json:"window_bytes"`
+	WindowSeconds float64 `json:"window_s"`
+	// Goodput is the reference method: WindowBytes*8 / WindowSeconds.
+	Goodput float64 `json:"goodput_mbps"`
+	// Samples are the receiver's per-second counts, from the arrival of the
+	// first data.
+	Samples []Sample `json:"samples"`
+
+	// Subflows is the sender's kernel view at the end of the transfer: every
+	// MPTCP subflow, or the TCP connection itself as one entry.
+	Subflows []Subflow `json:"subflows"`
+	// Retransmits sums the subflows' retransmitted segments.
+	Retransmits uint64 `json:"retransmits"`
+}
+
+// Subflow is one TCP subflow (or the plain TCP connection) as the sender's
+// kernel reports it.
+type Subflow struct {
+	ID     uint32         `json:"id"` // kernel subflow id (0 for TCP or old kernels)
+	Local  netip.AddrPort `json:"local"`
+	Remote netip.AddrPort `json:"remote"`
+	// BytesAcked over the whole connection and within the goodput window
+	// (difference to the sample taken at the warm-up).
+	BytesAcked       uint64 `json:"bytes_acked"`
+	WindowBytesAcked uint64 `json:"window_bytes_acked"`
+	BytesRetrans     uint64 `json:"bytes_retrans"`
+	Retransmits      uint32 `json:"retransmits"` // segments (tcpi_total_retrans)
+	// RTT is the smoothed RTT, MinRTT the lowest seen, both in ms.
+	RTT    float64 `json:"rtt_ms"`
+	MinRTT float64 `json:"min_rtt_ms"`
+	Cwnd   uint32  `json:"cwnd"`
+	MSS    uint32  `json:"mss"`
+}

@@ -1,0 +1,291 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+)
+
+func init() {
+	procedures[scenario.TCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
+		rs, err := startRelays(ctx, env, natOnly)
+		if err != nil {
+			return nil, err
+		}
+		d := env.Cell.Detours[0]
+		granted, err := rs.grant(ctx, env, d)
+		if err != nil {
+			rs.close()
+			return nil, err
+		}
+		return &transfer{env: env, dst: granted, paths: rs.paths, close: rs.close, daemons: rs.daemons}, nil
+	}
+	procedures[scenario.MPTCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
+		rs, err := startRelays(ctx, env, natOnly)
+		if err != nil {
+			return nil, err
+		}
+		// The agent asks the relays itself, when each connection is
+		// created; a probe grant first makes sure they are up.
+		for _, d := range env.Cell.Detours {
+			if err := rs.probe(ctx, env, d); err != nil {
+				rs.close()
+				return nil, err
+			}
+		}
+		ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env))
+		if err != nil {
+			rs.close()
+			return nil, err
+		}
+		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours), paths: rs.paths,
+			close: func() error { return errors.Join(ag.stop(), rs.close()) }, daemons: append([]*daemon{ag}, rs.daemons...)}, nil
+	}
+}
+
+// relayLease outlasts any cell: an expired grant would refuse the next
+// trial's connection.
+const relayLease = 6 * time.Hour
+
+// relays are `mpdetour relay` processes, one per detour node of a cell.
+type relays struct {
+	member  proto.Key
+	keys    map[string]proto.Key // node -> relay private key
+	daemons []*daemon
+	paths   map[netip.Addr]string
+	// prefixes name tunnel subflows by their local address.
+	prefixes map[netip.Prefix]string
+}
+
+// relayMode says which detours the relays offer.
+type relayMode int
+
+const (
+	natOnly    relayMode = iota
+	natTunnel            // NAT detours and WireGuard tunnels
+	tunnelOnly           // tunnels; NAT grants to the server are refused by policy
+)
+
+// tunnelSubnet is relay i's tunnel subnet: distinct per relay so that a
+// subflow's local address tells which tunnel it took.
+func tunnelSubnet(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 80, byte(i + 1), 0}), 24)
+}
+
+// startRelays starts a relay in each of the cell's detour nodes.
+func startRelays(ctx context.Context, env *Env, mode relayMode) (_ *relays, err error) {
+	rs := &relays{keys: map[string]proto.Key{}, paths: map[netip.Addr]string{}, prefixes: map[netip.Prefix]string{}}
+	defer func() {
+		if err != nil {
+			rs.close()
+		}
+	}()
+	if rs.member, err = proto.GenerateKey(); err != nil {
+		return nil, err
+	}
+	server := env.Lab.Addr(env.Roles.Server)
+	for i, node := range env.Cell.Detours {
+		k, err := proto.GenerateKey()
+		if err != nil {
+			return nil, err
+		}
+		rs.keys[node] = k
+		rs.paths[env.Lab.Addr(node)] = "nat:" + node
+		if err := enableForwarding(env, node); err != nil {
+			return nil, err
+		}
+		cfg := fmt.Sprintf(`listen: 0.0.0.0:%d
+private_key: %s
+ports: 40000-40999
+lease: %s
+members:
+  - {name: bench, public_key: %s}
+`, relay.DefaultPort, k, relayLease, rs.member.Public())
+		if mode != tunnelOnly {
+			// The lab's server has a private address, refused unless allowed.
+			cfg += fmt.Sprintf("allow_destinations: [%s/32]\n", server)
+		}
+		if mode != natOnly {
+			cfg += fmt.Sprintf("tunnel:\n  subnet: %s\n  allow_destinations: [%s/32]\n", tunnelSubnet(i), server)
+			rs.prefixes[tunnelSubnet(i)] = "tunnel:" + node
+		}
+		path := filepath.Join(env.Dir, "relay-"+node+".yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			return nil, err
+		}
+		d, err := startDaemon(ctx, env, node, "relay-"+node, env.Binary, "relay", "--config", path)
+		if err != nil {
+			return nil, err
+		}
+		rs.daemons = append(rs.daemons, d)
+	}
+	return rs, nil
+}
+
+// enableForwarding turns on IPv4 forwarding in node: a detour forwards.
+// The relay only warns when it is off (the operator's call; here the lab
+// is ours).
+func enableForwarding(env *Env, node string) error {
+	err := env.Lab.Do(node, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	})
+	if err != nil {
+		return fmt.Errorf("ip_forward in %s: %w", node, err)
+	}
+	return nil
+}
+
+func (rs *relays) close() error {
+	var errs []error
+	for _, d := range rs.daemons {
+		errs = append(errs, d.stop())
+	}
+	rs.daemons = nil
+	return errors.Join(errs...)
+}
+
+func (rs *relays) daemon(node string) *daemon {
+	for _, d := range rs.daemons {
+		if d.name == "relay-"+node {
+			return d
+		}
+	}
+	return nil
+}
+
+// conn opens an authenticated control channel from the client node to the
+// relay in node.
+func (rs *relays) conn(env *Env, node string) (*relayclient.Conn, error) {
+	r := relayclient.Relay{
+		Name:      node,
+		Addr:      netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort),
+		PublicKey: rs.keys[node].Public(),
+	}
+	listen := func() (net.PacketConn, error) {
+		var pc net.PacketConn
+		err := env.Lab.Do(env.Roles.Client, func() error {
+			var err error
+			pc, err = net.ListenUDP("udp4", nil)
+			return err
+		})
+		return pc, err
+	}
+	return relayclient.Dial(r, rs.member, relayclient.Options{ListenPacket: listen})
+}
+
+// grant asks the relay in node for a NAT mapping to the receiver, the way
+// the agent does, and returns the relay address and port to connect to.
+func (rs *relays) grant(ctx context.Context, env *Env, node string) (netip.AddrPort, error) {
+	c, err := rs.conn(env, node)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	defer c.Close()
+	// The relay may still be starting: the client retransmits its
+	// handshake, so one request with a deadline covers the start-up.
+	gctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	granted, _, err := c.Grant(gctx, env.serverAddr(), 0)
+	if err != nil {
+		if d := rs.daemon(node); d != nil {
+			if ok, _ := d.exited(); ok {
+				return netip.AddrPort{}, d.failure()
+			}
+			return netip.AddrPort{}, fmt.Errorf("grant from relay %s: %w (relay log: %s)", node, err, d.tail())
+		}
+		return netip.AddrPort{}, fmt.Errorf("grant from relay %s: %w", node, err)
+	}
+	return granted, nil
+}
+
+// probe checks that the relay in node grants, and gives the port back.
+func (rs *relays) probe(ctx context.Context, env *Env, node string) error {
+	granted, err := rs.grant(ctx, env, node)
+	if err != nil {
+		return err
+	}
+	c, err := rs.conn(env, node)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Release(rctx, granted.Port()); err != nil {
+		return fmt.Errorf("release at relay %s: %w", node, err)
+	}
+	return nil
+}
+
+// agentSection is the agent config's relays section: the member key and
+// every relay of the cell.
+func (rs *relays) agentSection(env *Env) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "relays:\n  key: %s\n  servers:\n", rs.member)
+	for _, node := range env.Cell.Detours {
+		fmt.Fprintf(&b, "    - {name: %s, address: %s, public_key: %s}\n",
+			node, netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort), rs.keys[node].Public())
+	}
+	return b.String()
+}
+
+// agentDetour is one static detour in the agent's config.
+type agentDetour struct {
+	kind    string // nat or tunnel
+	relay   string
+	address netip.AddrPort // nat: relay address and granted port
+	local   netip.Addr     // tunnel: the tunnel's address
+}
+
+// startAgent runs `mpdetour agent` in the client node, keeping `subflows`
+// detour subflows per connection, with static detours ds and the extra
+// config text (a relays section), and waits for its status socket (it
+// appears once the agent listens for MPTCP events and has switched the
+// node to the userspace path manager).
+func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, extra string) (*daemon, error) {
+	sock := filepath.Join(env.Dir, "agent.sock")
+	server := env.serverAddr()
+	var b strings.Builder
+	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: info\n", sock, subflows)
+	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [\"%d\"]}\n", server.Addr(), server.Port())
+	if len(ds) > 0 {
+		b.WriteString("detours:\n")
+	}
+	for _, d := range ds {
+		switch d.kind {
+		case "nat":
+			fmt.Fprintf(&b, "  - {kind: nat, relay: %s, address: %s, server: %s}\n", d.relay, d.address, server)
+		case "tunnel":
+			fmt.Fprintf(&b, "  - {kind: tunnel, relay: %s, local: %s, servers: [%s/32]}\n", d.relay, d.local, server.Addr())
+		}
+	}
+	b.WriteString(extra)
+	path := filepath.Join(env.Dir, "agent.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return nil, err
+	}
+	d, err := startDaemon(ctx, env, env.Roles.Client, "agent", env.Binary, "agent", "--config", path)
+	if err != nil {
+		return nil, err
+	}
+	err = d.waitFor(ctx, "status socket", 15*time.Second, func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	})
+	if err != nil {
+		d.stop()
+		return nil, err
+	}
+	return d, nil
+}

@@ -1,0 +1,565 @@
+// Package report turns a scenario's trial records into a Markdown report
+// (goodput statistics, ratios, targets, per-subflow breakdown, the
+// published numbers beside ours) and box plots in PNG and SVG.
+package report
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/lab/bench/stats"
+)
+
+// Meta describes where and how the numbers were measured.
+type Meta struct {
+	Generated time.Time
+	Host      string // e.g. "kernel 6.18, 2 CPUs"
+	// Note is printed near the top (e.g. why a run is partial).
+	Note string
+}
+
+// Cell is the summary of one (configuration, procedure instance).
+type Cell struct {
+	scenario.Cell
+	Goodput     stats.Summary
+	Values      []float64
+	Failed      int
+	Unavailable string // reason, when no trial ran because a component is missing
+	FailReasons []string
+	Subflows    []PathStat
+}
+
+// PathStat summarises the subflows of one path over a cell's trials.
+type PathStat struct {
+	Path       string
+	MeanBytes  float64 // per trial
+	Share      float64 // of all subflow bytes in the cell
+	MeanRTTms  float64 // smoothed RTT at the end of the transfer
+	MinRTTms   float64 // mean of the subflows' minimum RTTs (no queueing)
+	MeanRetran float64
+}
+
+// Data is everything the report and the plots are made of.
+type Data struct {
+	Scenario *scenario.Scenario
+	Cells    []*Cell // plan order
+	byKey    map[results.Key]*Cell
+	// loads holds the host load averages of each configuration's trials.
+	loads map[string][]float64
+}
+
+// Build summarises recs along s's plan. Records for cells that are not in
+// the plan (an edited scenario file) are ignored.
+func Build(s *scenario.Scenario, recs []results.Record) *Data {
+	d := &Data{Scenario: s, byKey: map[results.Key]*Cell{}, loads: map[string][]float64{}}
+	for _, c := range s.Cells() {
+		cell := &Cell{Cell: c}
+		d.Cells = append(d.Cells, cell)
+		d.byKey[results.Key{Configuration: c.Configuration, Cell: c.ID}] = cell
+	}
+	type acc struct {
+		bytes, rtt, minRTT, retrans float64
+		n                           int
+	}
+	paths := map[*Cell]map[string]*acc{}
+	for _, r := range recs {
+		cell := d.byKey[results.Key{Configuration: r.Configuration, Cell: r.Cell}]
+		if cell == nil {
+			continue
+		}
+		switch r.Status {
+		case results.OK:
+			cell.Values = append(cell.Values, r.GoodputMbps)
+			if r.LoadAvg > 0 {
+				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
+			}
+			if paths[cell] == nil {
+				paths[cell] = map[string]*acc{}
+			}
+			for _, sf := range r.Subflows {
+				a := paths[cell][sf.Path]
+				if a == nil {
+					a = &acc{}
+					paths[cell][sf.Path] = a
+				}
+				a.bytes += float64(sf.Bytes)
+				a.rtt += sf.RTTms
+				a.minRTT += sf.MinRTTms
+				a.retrans += float64(sf.Retrans)
+				a.n++
+			}
+		case results.Failed:
+			cell.Failed++
+			if len(cell.FailReasons) < 3 {
+				cell.FailReasons = append(cell.FailReasons, r.Reason)
+			}
+		case results.Unavailable:
+			cell.Unavailable = r.Reason
+		}
+	}
+	for _, cell := range d.Cells {
+		cell.Goodput = stats.Summarize(cell.Values)
+		if cell.Goodput.N > 0 {
+			cell.Unavailable = ""
+		}
+		var total float64
+		for _, a := range paths[cell] {
+			total += a.bytes
+		}
+		for p, a := range paths[cell] {
+			ps := PathStat{Path: p, MeanBytes: a.bytes / float64(cell.Goodput.N), MeanRTTms: a.rtt / float64(a.n), MinRTTms: a.minRTT / float64(a.n), MeanRetran: a.retrans / float64(cell.Goodput.N)}
+			if total > 0 {
+				ps.Share = a.bytes / total
+			}
+			cell.Subflows = append(cell.Subflows, ps)
+		}
+		sort.Slice(cell.Subflows, func(i, j int) bool { return pathOrder(cell.Subflows[i].Path) < pathOrder(cell.Subflows[j].Path) })
+	}
+	return d
+}
+
+func pathOrder(p string) string {
+	if p == "default" {
+		return ""
+	}
+	return p
+}
+
+// Get returns the cell of configuration cfg and procedure instance id.
+func (d *Data) Get(cfg, id string) *Cell {
+	return d.byKey[results.Key{Configuration: cfg, Cell: id}]
+}
+
+// Ratios of one MPTCP detour cell against the single paths it combines.
+type Ratios struct {
+	Goodput  float64
+	TCP      float64   // mean goodput of plain TCP on the default path
+	Singles  []float64 // mean goodput of TCP via each detour of the cell
+	Sum      float64   // Goodput / (TCP + sum Singles)
+	OverTCP  float64   // Goodput / TCP
+	Best     float64   // Goodput / max(TCP, Singles...)
+	Benefit  float64   // stats.Benefit with the single-path goodputs as capacities
+	Complete bool      // every single path was measured
+}
+
+// Ratios computes c's ratios from the means; NaN where a needed cell has
+// no data. Single-path goodputs stand in for path capacities.
+func (d *Data) Ratios(c *Cell) Ratios {
+	nan := math.NaN()
+	r := Ratios{Goodput: nan, TCP: nan, Sum: nan, OverTCP: nan, Best: nan, Benefit: nan}
+	if c.Goodput.N == 0 {
+		return r
+	}
+	r.Goodput = c.Goodput.Mean
+	if t := d.Get(c.Configuration, scenario.TCP); t != nil && t.Goodput.N > 0 {
+		r.TCP = t.Goodput.Mean
+		r.OverTCP = r.Goodput / r.TCP
+	}
+	ids, ok := d.Scenario.SinglePathCells(c.Cell)
+	if !ok || math.IsNaN(r.TCP) {
+		return r
+	}
+	caps := []float64{r.TCP}
+	for _, id := range ids[1:] {
+		s := d.Get(c.Configuration, id)
+		if s == nil || s.Goodput.N == 0 {
+			return r
+		}
+		r.Singles = append(r.Singles, s.Goodput.Mean)
+		caps = append(caps, s.Goodput.Mean)
+	}
+	var sum, best float64
+	for _, x := range caps {
+		sum += x
+		best = math.Max(best, x)
+	}
+	r.Complete = true
+	r.Sum = r.Goodput / sum
+	r.Best = r.Goodput / best
+	r.Benefit = stats.Benefit(r.Goodput, caps)
+	return r
+}
+
+// TargetResult is one scenario target checked against the data.
+type TargetResult struct {
+	scenario.Target
+	Value  float64 // NaN = not measured
+	Met    bool
+	Detail string
+}
+
+// Targets checks the scenario's targets.
+func (d *Data) Targets() []TargetResult {
+	var out []TargetResult
+	for _, t := range d.Scenario.Targets {
+		tr := TargetResult{Target: t, Value: math.NaN()}
+		c := d.Get(t.Configuration, t.Procedure)
+		if c != nil {
+			r := d.Ratios(c)
+			switch t.Ratio {
+			case scenario.RatioSum:
+				tr.Value = r.Sum
+				tr.Detail = fmt.Sprintf("%s / (%s)", f2(r.Goodput), joinSum(r.TCP, r.Singles))
+			case scenario.RatioTCP:
+				tr.Value = r.OverTCP
+				tr.Detail = fmt.Sprintf("%s / %s", f2(r.Goodput), f2(r.TCP))
+			case scenario.RatioBest:
+				tr.Value = r.Best
+				tr.Detail = fmt.Sprintf("%s / max(%s)", f2(r.Goodput), strings.ReplaceAll(joinSum(r.TCP, r.Singles), " + ", ", "))
+			case scenario.RatioBenefit:
+				tr.Value = r.Benefit
+			}
+		}
+		tr.Met = !math.IsNaN(tr.Value) && tr.Value >= t.Min
+		out = append(out, tr)
+	}
+	return out
+}
+
+func joinSum(tcp float64, singles []float64) string {
+	parts := []string{f2(tcp)}
+	for _, s := range singles {
+		parts = append(parts, f2(s))
+	}
+	return strings.Join(parts, " + ")
+}
+
+func f2(x float64) string {
+	if math.IsNaN(x) {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", x)
+}
+
+func f3(x float64) string {
+	if math.IsNaN(x) {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f", x)
+}
+
+// columns returns the procedure instances of the plan in first-seen order.
+func (d *Data) columns() []string {
+	var ids []string
+	seen := map[string]bool{}
+	for _, c := range d.Cells {
+		if !seen[c.ID] {
+			seen[c.ID] = true
+			ids = append(ids, c.ID)
+		}
+	}
+	return ids
+}
+
+func (d *Data) labelOf(id string) string {
+	for _, c := range d.Cells {
+		if c.ID == id {
+			return c.Label()
+		}
+	}
+	return id
+}
+
+// Gains returns one line per configuration and MPTCP detour procedure,
+// e.g. "aggregation: MPTCP+NAT detour = 1.97x TCP (18.6 vs 9.5 Mbit/s)".
+func (d *Data) Gains() []string {
+	var out []string
+	multi := len(d.Scenario.Configurations) > 1
+	for _, c := range d.Cells {
+		if scenario.SinglePath(c.Procedure) == "" {
+			continue
+		}
+		r := d.Ratios(c)
+		if math.IsNaN(r.OverTCP) {
+			continue
+		}
+		name := strings.ReplaceAll(c.Label(), " + ", "+")
+		where := ""
+		if multi {
+			where = " [" + d.Scenario.Configuration(c.Configuration).Label + "]"
+		}
+		out = append(out, fmt.Sprintf("aggregation%s: %s = %.2fx TCP (%.1f vs %.1f Mbit/s)", where, name, r.OverTCP, r.Goodput, r.TCP))
+	}
+	return out
+}
+
+// WriteMarkdown writes the report; plots names the plot files (relative
+// to the report) per configuration, "" for none.
+func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error {
+	s := d.Scenario
+	p := &printer{w: w}
+	p.f("# Benchmark report: %s\n\n", s.Name)
+	if s.Description != "" {
+		p.f("%s.\n\n", strings.TrimSuffix(s.Description, "."))
+	}
+	p.f("- Scenario: `%s`; topology `%s`; %d configuration(s), %d cell(s).\n", s.Source, s.Topology, len(s.Configurations), len(d.Cells))
+	p.f("- Transfer: %s bulk transfer client -> server, goodput = bytes received between t=%s and the end, divided by that time (reference method); congestion control `%s` set per socket.\n",
+		time.Duration(s.Duration), time.Duration(s.Warmup), s.CC)
+	p.f("- Generated %s", m.Generated.UTC().Format("2006-01-02 15:04 UTC"))
+	if m.Host != "" {
+		p.f(" on %s", m.Host)
+	}
+	p.f(".\n")
+	p.f("- Goodput and especially delay emulation (a user-space delay line) are sensitive to CPU contention: each configuration below gives the host's load average during its trials.\n\n")
+	if m.Note != "" {
+		p.f("> %s\n\n", strings.ReplaceAll(strings.TrimSpace(m.Note), "\n", "\n> "))
+	}
+	planned, ran := 0, 0
+	for _, c := range d.Cells {
+		planned += c.Trials
+		ran += min(c.Goodput.N+c.Failed, c.Trials)
+	}
+	if ran < planned {
+		p.f("**Partial run**: %d of %d planned trials done; cells below show their own n.\n\n", ran, planned)
+	}
+
+	cols := d.columns()
+	p.f("## Goodput (Mbit/s): mean (sd), n trials\n\n")
+	p.tableHeader("configuration", cols, d.labelOf)
+	for _, cfg := range s.Configurations {
+		row := []string{cfg.Label}
+		for _, id := range cols {
+			row = append(row, d.cellText(d.Get(cfg.Name, id)))
+		}
+		p.row(row)
+	}
+	p.f("\n")
+	if ref := s.Reference; ref != nil && len(ref.Results) > 0 {
+		p.f("### Original results (Mbit/s, mean (sd))\n\n%s.\n\n", strings.TrimSuffix(ref.Source, "."))
+		p.tableHeader("configuration", cols, d.labelOf)
+		for _, cfg := range s.Configurations {
+			row := []string{cfg.Label}
+			for _, id := range cols {
+				if v, ok := ref.Results[cfg.Name][id]; ok {
+					row = append(row, fmt.Sprintf("%.2f (%.2f)", v[0], v[1]))
+				} else {
+					row = append(row, "")
+				}
+			}
+			p.row(row)
+		}
+		p.f("\n### Ours / original (ratio of means)\n\n")
+		p.tableHeader("configuration", cols, d.labelOf)
+		for _, cfg := range s.Configurations {
+			row := []string{cfg.Label}
+			for _, id := range cols {
+				c := d.Get(cfg.Name, id)
+				v, ok := ref.Results[cfg.Name][id]
+				if c == nil || c.Goodput.N == 0 || !ok || v[0] == 0 {
+					row = append(row, "")
+					continue
+				}
+				row = append(row, fmt.Sprintf("%.3f", c.Goodput.Mean/v[0]))
+			}
+			p.row(row)
+		}
+		p.f("\n")
+	}
+
+	var multipath []*Cell
+	for _, c := range d.Cells {
+		if scenario.SinglePath(c.Procedure) != "" && c.Goodput.N > 0 {
+			multipath = append(multipath, c)
+		}
+	}
+	if len(multipath) > 0 {
+		d.writeRatios(p, multipath)
+	}
+	if f := plots[""]; f != "" {
+		p.f("![aggregation efficiency](%s)\n\n", f)
+	}
+
+	if trs := d.Targets(); len(trs) > 0 {
+		p.f("## Targets\n\n")
+		p.row([]string{"configuration", "procedure", "ratio", "target", "measured", "", "from", "note"})
+		p.row([]string{"---", "---", "---", "---:", "---:", "---", "---", "---"})
+		for _, t := range trs {
+			res := "**missed**"
+			if math.IsNaN(t.Value) {
+				res = "not measured"
+			} else if t.Met {
+				res = "met"
+			}
+			p.row([]string{s.Configuration(t.Configuration).Label, scenario.Label(t.Procedure), t.Ratio, fmt.Sprintf(">= %.3f", t.Min), f3(t.Value), res, t.Detail, t.Note})
+		}
+		p.f("\n")
+	}
+
+	p.f("## Per configuration\n")
+	for _, cfg := range s.Configurations {
+		p.f("\n### %s\n\n", cfg.Label)
+		p.f("Lab parameters: `%s`.", strings.Join(cfg.Set.Strings(), " "))
+		if l := stats.Summarize(d.loads[cfg.Name]); l.N > 0 {
+			p.f(" Host load average (1 min) at the end of the trials: median %.1f, max %.1f (2 CPUs).", l.Median, l.Max)
+		}
+		p.f("\n\n")
+		p.row([]string{"procedure", "n", "mean", "sd", "median", "min", "max", "original", "failed / unavailable"})
+		p.row([]string{"---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"})
+		for _, c := range d.Cells {
+			if c.Configuration != cfg.Name {
+				continue
+			}
+			g := c.Goodput
+			orig := ""
+			if s.Reference != nil {
+				if v, ok := s.Reference.Results[cfg.Name][c.ID]; ok {
+					orig = fmt.Sprintf("%.2f", v[0])
+				}
+			}
+			var notes []string
+			if c.Failed > 0 {
+				notes = append(notes, fmt.Sprintf("%d failed: %s", c.Failed, strings.Join(dedupe(c.FailReasons), "; ")))
+			}
+			if c.Unavailable != "" {
+				notes = append(notes, "unavailable: "+c.Unavailable)
+			}
+			if g.N == 0 {
+				p.row([]string{c.Label(), "0", "", "", "", "", "", orig, esc(strings.Join(notes, "; "))})
+				continue
+			}
+			p.row([]string{c.Label(), fmt.Sprint(g.N), f2(g.Mean), f2(g.SD), f2(g.Median), f2(g.Min), f2(g.Max), orig, esc(strings.Join(notes, "; "))})
+		}
+		var sf []string
+		for _, c := range d.Cells {
+			if c.Configuration != cfg.Name || len(c.Subflows) == 0 {
+				continue
+			}
+			for _, ps := range c.Subflows {
+				sf = append(sf, fmt.Sprintf("| %s | %s | %.1f | %.1f%% | %.1f | %.1f | %.1f |", c.Label(), ps.Path, ps.MeanBytes/1e6, 100*ps.Share, ps.MeanRTTms, ps.MinRTTms, ps.MeanRetran))
+			}
+		}
+		if len(sf) > 0 {
+			p.f("\nPer-subflow (sender's kernel, end of transfer, mean per trial):\n\n")
+			p.f("| procedure | path | MB acked | share | RTT ms | min RTT ms | retransmits |\n|---|---|---:|---:|---:|---:|---:|\n")
+			p.f("%s\n", strings.Join(sf, "\n"))
+		}
+		if f := plots[cfg.Name]; f != "" {
+			p.f("\n![%s](%s)\n", cfg.Label, f)
+		}
+	}
+	return p.err
+}
+
+func (d *Data) cellText(c *Cell) string {
+	switch {
+	case c == nil:
+		return ""
+	case c.Goodput.N > 0:
+		t := fmt.Sprintf("%.2f (%.2f) n=%d", c.Goodput.Mean, c.Goodput.SD, c.Goodput.N)
+		if c.Failed > 0 {
+			t += fmt.Sprintf(", %d failed", c.Failed)
+		}
+		return t
+	case c.Unavailable != "":
+		return "unavailable"
+	case c.Failed > 0:
+		return fmt.Sprintf("failed (%d)", c.Failed)
+	}
+	return "not run"
+}
+
+func dedupe(xs []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, x := range xs {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func esc(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "|", "\\|"), "\n", " ") }
+
+type printer struct {
+	w   io.Writer
+	err error
+}
+
+func (p *printer) f(format string, a ...any) {
+	if p.err == nil {
+		_, p.err = fmt.Fprintf(p.w, format, a...)
+	}
+}
+
+func (p *printer) row(cells []string) {
+	for i := range cells {
+		cells[i] = esc(cells[i])
+	}
+	p.f("| %s |\n", strings.Join(cells, " | "))
+}
+
+func (p *printer) tableHeader(first string, ids []string, label func(string) string) {
+	h := []string{first}
+	sep := []string{"---"}
+	for _, id := range ids {
+		h = append(h, label(id))
+		sep = append(sep, "---:")
+	}
+	p.row(h)
+	p.row(sep)
+}
+
+// WriteAll writes report.md and the plots into dir.
+func (d *Data) WriteAll(dir string, m Meta) error {
+	plots, err := d.WritePlots(dir)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "report.md.tmp"))
+	if err != nil {
+		return err
+	}
+	if err := d.WriteMarkdown(f, m, plots); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(filepath.Join(dir, "report.md.tmp"), filepath.Join(dir, "report.md"))
+}
+
+// Table renders the cells as a small text table for the terminal.
+func (d *Data) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-24s %-28s %4s %8s %6s %8s\n", "configuration", "procedure", "n", "Mbit/s", "sd", "median")
+	for _, c := range d.Cells {
+		label := d.Scenario.Configuration(c.Configuration).Label
+		switch {
+		case c.Goodput.N > 0:
+			fmt.Fprintf(&b, "%-24s %-28s %4d %8.2f %6.2f %8.2f\n", label, c.Label(), c.Goodput.N, c.Goodput.Mean, c.Goodput.SD, c.Goodput.Median)
+		case c.Unavailable != "":
+			fmt.Fprintf(&b, "%-24s %-28s unavailable: %s\n", label, c.Label(), c.Unavailable)
+		case c.Failed > 0:
+			fmt.Fprintf(&b, "%-24s %-28s %4d %8s (%d failed: %s)\n", label, c.Label(), 0, "-", c.Failed, strings.Join(dedupe(c.FailReasons), "; "))
+		default:
+			fmt.Fprintf(&b, "%-24s %-28s %4d %8s (not run)\n", label, c.Label(), 0, "-")
+		}
+	}
+	return b.String()
+}
+
+// writeRatios prints the table of multipath cells against their single
+// paths; scenarios without MPTCP procedures (e.g. tunnels) have none.
+func (d *Data) writeRatios(p *printer, cells []*Cell) {
+	s := d.Scenario
+	p.f("## Ratios of MPTCP with detours to single paths\n\n")
+	p.f("From the means. *sum* = MPTCP / (TCP + TCP via each detour); *tcp* = MPTCP / TCP; *best* = MPTCP / the best single path; *Ben* = aggregation benefit (g - Cmax)/(ΣC - Cmax) if g >= Cmax else (g - Cmax)/Cmax, with the measured single-path goodputs as capacities (0 = as good as the best path, 1 = perfect aggregation).\n\n")
+	p.row([]string{"configuration", "procedure", "goodput", "single paths", "sum", "tcp", "best", "Ben"})
+	p.row([]string{"---", "---", "---:", "---", "---:", "---:", "---:", "---:"})
+	for _, c := range cells {
+		r := d.Ratios(c)
+		p.row([]string{s.Configuration(c.Configuration).Label, c.Label(), f2(r.Goodput), joinSum(r.TCP, r.Singles), f3(r.Sum), f3(r.OverTCP), f3(r.Best), f3(r.Benefit)})
+	}
+	p.f("\n")
+}

@@ -1,0 +1,171 @@
+package report
+
+import (
+	"bytes"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+)
+
+const scen = `
+name: t
+topology: brennan2017
+roles: {detours: [detour]}
+trials: 3
+configurations:
+  - {name: cl, label: Core-limited, set: {profile: core-limited}}
+  - {name: sym, label: Symmetric, set: {profile: symmetric}}
+procedures: [tcp, tcp-nat, mptcp-nat, tcp-tunnel, mptcp-tunnel]
+targets:
+  - {configuration: cl, procedure: mptcp-nat, ratio: sum, min: 0.99}
+  - {configuration: sym, procedure: mptcp-nat, ratio: tcp, min: 0.985}
+  - {configuration: cl, procedure: mptcp-tunnel, ratio: sum, min: 0.97}
+reference:
+  source: "original"
+  results: {cl: {tcp: [9.55, 0.0], mptcp-nat: [18.81, 0.02]}}
+`
+
+func data(t *testing.T) (*scenario.Scenario, []results.Record) {
+	t.Helper()
+	s, err := scenario.Parse("t.yaml", []byte(scen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []results.Record
+	add := func(cfg, cell string, vals ...float64) {
+		for i, v := range vals {
+			r := results.Record{Configuration: cfg, Cell: cell, Procedure: cell, Trial: i + 1, Status: results.OK, GoodputMbps: v}
+			if cell == "mptcp-nat" {
+				r.Subflows = []results.Subflow{{Path: "nat:detour", Bytes: 1e6, RTTms: 60}, {Path: "default", Bytes: 3e6, RTTms: 30}}
+			}
+			recs = append(recs, r)
+		}
+	}
+	add("cl", "tcp", 9.5, 9.6, 9.4)
+	add("cl", "tcp-nat", 9.4, 9.5, 9.6)
+	add("cl", "mptcp-nat", 18.8, 19.0, 18.9)
+	add("sym", "tcp", 9.5, 9.5)
+	add("sym", "mptcp-nat", 9.2, 9.3)
+	recs = append(recs,
+		results.Record{Configuration: "sym", Cell: "tcp", Procedure: "tcp", Trial: 3, Status: results.Failed, Reason: "receiver: timeout"},
+		results.Record{Configuration: "cl", Cell: "tcp-tunnel", Procedure: "tcp-tunnel", Status: results.Unavailable, Reason: "internal/tunnel not built"},
+		results.Record{Configuration: "gone", Cell: "tcp", Procedure: "tcp", Status: results.OK, GoodputMbps: 99})
+	return s, recs
+}
+
+func TestRatiosAndTargets(t *testing.T) {
+	s, recs := data(t)
+	d := Build(s, recs)
+	mp := d.Get("cl", "mptcp-nat")
+	if mp.Goodput.N != 3 || math.Abs(mp.Goodput.Mean-18.9) > 1e-9 {
+		t.Fatalf("mptcp-nat summary %+v", mp.Goodput)
+	}
+	r := d.Ratios(mp)
+	if !r.Complete || math.Abs(r.Sum-18.9/19) > 1e-9 || math.Abs(r.OverTCP-18.9/9.5) > 1e-9 || math.Abs(r.Best-18.9/9.5) > 1e-9 {
+		t.Fatalf("ratios %+v", r)
+	}
+	if math.Abs(r.Benefit-(18.9-9.5)/9.5) > 1e-9 {
+		t.Fatalf("benefit %v", r.Benefit)
+	}
+	if len(mp.Subflows) != 2 || mp.Subflows[0].Path != "default" || math.Abs(mp.Subflows[0].Share-0.75) > 1e-9 {
+		t.Fatalf("subflows %+v", mp.Subflows)
+	}
+	// Symmetric has no tcp-nat: sum is undefined, tcp ratio is not.
+	rs := d.Ratios(d.Get("sym", "mptcp-nat"))
+	if rs.Complete || !math.IsNaN(rs.Sum) || math.Abs(rs.OverTCP-9.25/9.5) > 1e-9 {
+		t.Fatalf("symmetric ratios %+v", rs)
+	}
+	trs := d.Targets()
+	if !trs[0].Met || trs[1].Met || !math.IsNaN(trs[2].Value) || trs[2].Met {
+		t.Fatalf("targets %+v", trs)
+	}
+	if d.Get("sym", "tcp").Failed != 1 || d.Get("cl", "tcp-tunnel").Unavailable == "" {
+		t.Fatal("failed/unavailable not counted")
+	}
+	g := d.Gains()
+	if len(g) != 2 || g[0] != "aggregation [Core-limited]: MPTCP+NAT detour = 1.99x TCP (18.9 vs 9.5 Mbit/s)" {
+		t.Fatalf("gains %q", g)
+	}
+}
+
+func TestWriteAll(t *testing.T) {
+	s, recs := data(t)
+	d := Build(s, recs)
+	dir := t.TempDir()
+	if err := d.WriteAll(dir, Meta{Generated: time.Now(), Host: "kernel test", Note: "partial"}); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"# Benchmark report: t", "load average during its trials", "> partial", "**Partial run**",
+		"| Core-limited | 9.50 (0.10) n=3 |", "18.81 (0.02)", "| 1.005 |",
+		"unavailable: internal/tunnel not built", "1 failed: receiver: timeout",
+		"| 0.995 |",
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	if !strings.Contains(string(md), "| Symmetric | MPTCP + NAT detour | tcp | >= 0.985 | 0.974 | **missed** |") {
+		t.Errorf("missed target row missing:\n%s", md)
+	}
+	if !strings.Contains(string(md), "| Core-limited | MPTCP + NAT detour | sum | >= 0.990 | 0.995 | met |") {
+		t.Errorf("target row missing:\n%s", md)
+	}
+	// One configuration with a complete sum ratio is no curve.
+	if _, err := os.Stat(filepath.Join(dir, "aggregation.png")); err == nil {
+		t.Error("aggregation plot drawn from a single point")
+	}
+	for _, f := range []string{"plot-cl.png", "plot-sym.png"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := png.Decode(bytes.NewReader(b)); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		svg, err := os.ReadFile(filepath.Join(dir, strings.TrimSuffix(f, ".png")+".svg"))
+		if err != nil || !bytes.Contains(svg, []byte("<svg")) {
+			t.Fatalf("%s svg: %v", f, err)
+		}
+		if !strings.Contains(string(md), "("+f+")") {
+			t.Errorf("report does not link %s", f)
+		}
+	}
+}
+
+// A run without MPTCP results (e.g. the tunnels scenario) gets no empty
+// ratios table.
+func TestMarkdownWithoutMultipathOmitsRatios(t *testing.T) {
+	s, recs := data(t)
+	var single []results.Record
+	for _, r := range recs {
+		if scenario.SinglePath(r.Procedure) == "" {
+			single = append(single, r)
+		}
+	}
+	var md bytes.Buffer
+	if err := Build(s, single).WriteMarkdown(&md, Meta{Generated: time.Now()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(md.String(), "## Ratios") || !strings.Contains(md.String(), "| Core-limited | 9.50 (0.10) n=3 |") {
+		t.Errorf("report without multipath cells:\n%s", md.String())
+	}
+	var full bytes.Buffer
+	if err := Build(s, recs).WriteMarkdown(&full, Meta{Generated: time.Now()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(full.String(), "## Ratios") {
+		t.Errorf("report with multipath cells lacks the ratios table:\n%s", full.String())
+	}
+}

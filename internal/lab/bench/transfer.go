@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/benchtool"
+)
+
+func init() {
+	procedures[scenario.TCP] = func(ctx context.Context, env *Env) (Session, error) {
+		return &transfer{env: env, dst: env.serverAddr()}, nil
+	}
+	procedures[scenario.MPTCP1] = func(ctx context.Context, env *Env) (Session, error) {
+		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1}, nil
+	}
+}
+
+// pauseBetweenTrials lets queues drain and TIME_WAIT settle so that one
+// trial's tail does not eat into the next one's warm-up.
+const pauseBetweenTrials = 500 * time.Millisecond
+
+// transfer is a session that measures client -> dst with the goodput tool.
+type transfer struct {
+	env   *Env
+	dst   netip.AddrPort
+	mptcp bool
+	// wantSubflows > 0 makes a trial fail when the MPTCP connection ends
+	// with fewer subflows (a detour that never came up is not a detour
+	// measurement).
+	wantSubflows int
+	// paths names subflows by their local or remote address, prefixes by
+	// the prefix of their local address (tunnel addresses the relay chose).
+	paths    map[netip.Addr]string
+	prefixes map[netip.Prefix]string
+	close func() error
+	// daemons are the cell's relay/agent processes: one that died
+	// explains a failed trial.
+	daemons []*daemon
+}
+
+// explain adds to err what became of the cell's daemons.
+func (t *transfer) explain(err error) error {
+	for _, d := range t.daemons {
+		if ok, _ := d.exited(); ok {
+			return fmt.Errorf("%w; %w", err, d.failure())
+		}
+	}
+	return err
+}
+
+func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
+	if n > 1 {
+		select {
+		case <-time.After(pauseBetweenTrials):
+		case <-ctx.Done():
+			return Measurement{}, ctx.Err()
+		}
+	}
+	e := t.env
+	res, err := benchtool.Send(ctx, benchtool.SendOptions{
+		Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, CC: e.CC,
+		Netns: e.Lab.NetnsPath(e.Roles.Client),
+	})
+	if err != nil {
+		return Measurement{}, t.explain(err)
+	}
+	if res.CongestionControl != e.CC {
+		return Measurement{}, fmt.Errorf("congestion control is %q, not %q", res.CongestionControl, e.CC)
+	}
+	if t.mptcp && !res.MPTCP {
+		return Measurement{}, errors.New("the connection fell back to plain TCP")
+	}
+	if !t.mptcp && res.MPTCP {
+		return Measurement{}, errors.New("plain TCP was requested but the connection is MPTCP")
+	}
+	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes}
+	client := e.Lab.Addr(e.Roles.Client)
+	for _, sf := range res.Subflows {
+		p := t.paths[sf.Local.Addr()]
+		if p == "" {
+			p = t.paths[sf.Remote.Addr()]
+		}
+		for pf, name := range t.prefixes {
+			if p == "" && pf.Contains(sf.Local.Addr()) {
+				p = name
+			}
+		}
+		if p == "" {
+			switch {
+			case sf.Local.Addr() == client && sf.Remote.Addr() == e.serverAddr().Addr():
+				p = "default"
+			default:
+				p = sf.Local.Addr().String() + ">" + sf.Remote.Addr().String()
+			}
+		}
+		m.Subflows = append(m.Subflows, results.Subflow{
+			Path: p, Local: sf.Local.String(), Remote: sf.Remote.String(),
+			Bytes: sf.BytesAcked, WindowBytes: sf.WindowBytesAcked,
+			RTTms: sf.RTT, MinRTTms: sf.MinRTT, Retrans: uint64(sf.Retransmits),
+		})
+	}
+	// Default path first, then detours in name order (detour2 before detour10).
+	sort.SliceStable(m.Subflows, func(i, j int) bool {
+		a, b := m.Subflows[i].Path, m.Subflows[j].Path
+		if (a == "default") != (b == "default") {
+			return a == "default"
+		}
+		if len(a) != len(b) {
+			return len(a) < len(b)
+		}
+		return a < b
+	})
+	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows {
+		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
+	}
+	return m, nil
+}
+
+// warmUp runs short unrecorded transfers until one ends with the wanted
+// subflows: detours the agent sets up in the background (tunnels) are
+// then ready before the first trial.
+func (t *transfer) warmUp(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	e := *t.env
+	e.Duration, e.Warmup = 2*time.Second, 500*time.Millisecond
+	w := *t
+	w.env = &e
+	var last error
+	for time.Now().Before(deadline) {
+		_, err := w.Trial(ctx, 1)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		last = err
+	}
+	return fmt.Errorf("detours not ready after %s: %w", timeout, last)
+}
+
+func (t *transfer) Close() error {
+	if t.close != nil {
+		return t.close()
+	}
+	return nil
+}
+
+func (e *Env) serverAddr() netip.AddrPort {
+	return netip.AddrPortFrom(e.Lab.Addr(e.Roles.Server), uint16(e.Port))
+}
+
+// startReceiver serves goodput transfers in the server node until ctx ends.
+func startReceiver(ctx context.Context, env *Env) (stop func(), err error) {
+	srv, err := benchtool.Listen(benchtool.ServeOptions{
+		Addr:  ":" + strconv.Itoa(env.Port),
+		MPTCP: true,
+		Netns: env.Lab.NetnsPath(env.Roles.Server),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !srv.MPTCP() {
+		srv.Close()
+		return nil, errors.New("the receiver could not open an MPTCP listener (MPTCP disabled in the server node?)")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ctx)
+	}()
+	return func() { cancel(); <-done }, nil
+}
