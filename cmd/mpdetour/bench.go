@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/benchtool"
+	"github.com/mpdetour/mpdetour/internal/cli"
 )
 
 // benchCommand builds the bench subcommand.

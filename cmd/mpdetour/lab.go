@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
-	"github.com/mpdetour/mpdetour/internal/lab/delayline"
-	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
+	"github.com/mpdetour/mpdetour/internal/lab/delayline"
 )
 
 // setFlags collects repeated --set KEY=VALUE flags in order.

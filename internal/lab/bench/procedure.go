@@ -7,9 +7,9 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
-	"github.com/mpdetour/mpdetour/internal/lab"
 )
 
 // Env is what a procedure gets to run one cell.

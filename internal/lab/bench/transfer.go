@@ -9,9 +9,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
-	"github.com/mpdetour/mpdetour/internal/benchtool"
 )
 
 func init() {
@@ -40,7 +40,7 @@ type transfer struct {
 	// the prefix of their local address (tunnel addresses the relay chose).
 	paths    map[netip.Addr]string
 	prefixes map[netip.Prefix]string
-	close func() error
+	close    func() error
 	// daemons are the cell's relay/agent processes: one that died
 	// explains a failed trial.
 	daemons []*daemon
