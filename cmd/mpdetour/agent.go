@@ -76,7 +76,7 @@ func agentCommand() *cli.Command {
 					}
 				}
 			}
-			return agent.New(cfg, log, nil, sources...).Run(ctx)
+			return agent.RunLinux(ctx, cfg, log, nil, sources...)
 		},
 	}
 }

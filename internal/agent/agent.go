@@ -1,8 +1,10 @@
 // Package agent is the client-side MPTCP path manager behind "mpdetour
-// agent": it switches its namespace to the userspace path manager, turns
-// mptcp_pm events into Policy calls and the Policy's intents into commands,
-// adopts connections that already exist, and serves its state on a unix
-// socket for "mpdetour status".
+// agent": it turns the kernel's mptcp_pm events and subflow measurements
+// into Policy calls and the Policy's intents into commands, adopts
+// connections that already exist, and serves its state on a unix socket
+// for "mpdetour status". It reaches the kernel only through the Kernel
+// interface; one goroutine (Run's loop) owns all connection state and the
+// policy, and status reads them through it.
 package agent
 
 import (
@@ -26,18 +28,20 @@ import (
 type Agent struct {
 	cfg     Config
 	log     *slog.Logger
-	pol     *syncPolicy
+	k       Kernel
+	pol     policy.Policy
 	sources []detour.Source
-	opts    mptcppm.Options
 
 	jobs    chan job
 	results chan result
+	// statusReq carries status requests to the loop, which owns the state.
+	statusReq chan chan Status
 
-	mu      sync.Mutex // guards the view below (read by status)
-	conns   map[uint32]*connView
-	detours map[string]*detourView
-	started time.Time
-	pmOld   string
+	// Owned by Run's loop.
+	conns    map[uint32]*connView
+	detours  map[string]*detourView
+	errnoCnt map[string]uint64 // command failures by errno name
+	started  time.Time
 
 	stats struct {
 		events, lost, resyncs, commands, cmdErrors, adopted atomic.Uint64
@@ -45,9 +49,6 @@ type Agent struct {
 	// lat: ESTABLISHED event received -> SUBFLOW_CREATE sent; latAck: ->
 	// the kernel's acknowledgement (it connects within the syscall).
 	lat, latAck latency
-
-	errMu    sync.Mutex
-	errnoCnt map[string]uint64 // command failures by errno name
 }
 
 type connView struct {
@@ -94,26 +95,41 @@ type result struct {
 	err error
 }
 
-// New builds an agent; sources supply detours (the config's static ones
-// come first). A nil pol means the default KeepN policy.
-func New(cfg Config, log *slog.Logger, pol policy.Policy, sources ...detour.Source) *Agent {
+// New builds an agent on kernel k; sources supply detours (the config's
+// static ones come first). A nil pol means the policy cfg.Policy names,
+// built by NewPolicy.
+func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...detour.Source) *Agent {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	srcs := append([]detour.Source{NewStaticSource(cfg.Detours)}, sources...)
 	if pol == nil {
-		pol = policy.NewKeepN(policy.KeepNConfig{
-			Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),
-			Selectors: cfg.Selectors, MaxConns: cfg.MaxConnections,
-			Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, ConnectTimeout: cfg.ConnectTimeout, Log: log,
-		}, srcs)
+		pol = NewPolicy(cfg, log, srcs)
 	}
 	return &Agent{
-		cfg: cfg, log: log, pol: &syncPolicy{p: pol}, sources: srcs,
-		opts:    mptcppm.Options{NetNS: cfg.NetNS, ReadBuffer: cfg.EventBuffer},
-		conns:   map[uint32]*connView{},
-		detours: map[string]*detourView{},
+		cfg: cfg, log: log, k: k, pol: pol, sources: srcs,
+		statusReq: make(chan chan Status),
+		conns:     map[uint32]*connView{},
+		detours:   map[string]*detourView{},
+		errnoCnt:  map[string]uint64{},
 	}
+}
+
+// NewPolicy builds the policy cfg.Policy names (static unless adaptive)
+// from the configuration's knobs.
+func NewPolicy(cfg Config, log *slog.Logger, sources []detour.Source) *policy.Manager {
+	mode := cfg.Policy
+	if mode == 0 {
+		mode = policy.Static
+	}
+	return policy.New(policy.Config{
+		Mode:     mode,
+		Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),
+		Selectors: cfg.Selectors, MaxConns: cfg.MaxConnections,
+		Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, ConnectTimeout: cfg.ConnectTimeout,
+		StallRetransmits: cfg.StallRetransmits, Watchdog: cfg.Watchdog, Window: cfg.Window, Hold: cfg.Hold,
+		Log: log,
+	}, sources)
 }
 
 // noneIsNegative maps the config's explicit 0 to KeepN's "none" (its 0
@@ -131,53 +147,17 @@ type batch struct {
 	at   time.Time
 }
 
-// Run manages connections until ctx ends, then restores the namespace's
-// path manager. Subflows already open stay open.
-func (a *Agent) Run(ctx context.Context) (err error) {
-	// Before any thread is created for namespace work, so they inherit it.
-	if a.cfg.Nice != 0 {
-		if err := renice(a.cfg.Nice); err != nil {
-			return err
-		}
-	}
-	// Listen before switching the path manager and before the adoption
-	// dump, so no connection falls between the two.
-	ev, err := mptcppm.ListenEvents(a.opts)
-	if err != nil {
-		return err
-	}
-	defer ev.Close()
-	a.pmOld, _ = readSysctl(a.cfg.NetNS, "net.mptcp.pm_type")
-	restore, err := useUserspacePM(a.cfg.NetNS)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if rerr := restore(); rerr != nil && err == nil {
-			err = rerr
-		} else if rerr == nil {
-			a.log.Info("path manager restored", "pm_type", a.pmOld)
-		}
-	}()
+// Run manages connections until ctx ends. The caller owns the kernel
+// (closing a LinuxKernel restores the path manager); subflows already
+// open stay open.
+func (a *Agent) Run(ctx context.Context) error {
 	a.started = time.Now()
-
 	workers := max(a.cfg.CommandWorkers, 1)
 	a.jobs = make(chan job, 1024)
 	a.results = make(chan result, 4096)
 	var wg sync.WaitGroup
 	for range workers {
-		pm, err := mptcppm.Dial(a.opts)
-		if err != nil {
-			close(a.jobs)
-			wg.Wait()
-			return err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer pm.Close()
-			a.worker(pm)
-		}()
+		wg.Go(a.worker)
 	}
 	defer func() { close(a.jobs); wg.Wait() }()
 
@@ -193,37 +173,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	}
 
 	evc := make(chan batch, 256)
-	go func() {
-		defer close(evc)
-		errs := 0
-		for {
-			evs, err := ev.Receive()
-			now := time.Now()
-			switch {
-			case errors.Is(err, mptcppm.ErrEventsLost):
-				evc <- batch{lost: true, at: now}
-			case err != nil:
-				if ctx.Err() != nil || errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
-					return
-				}
-				// An undecodable message is skipped; a socket that keeps
-				// failing ends the agent rather than spinning.
-				a.log.Warn("event socket", "err", err)
-				if errs++; errs > 100 {
-					return
-				}
-				time.Sleep(10 * time.Millisecond)
-				continue
-			default:
-				errs = 0
-				select {
-				case evc <- batch{evs: evs, at: now}:
-				case <-ctx.Done():
-					return
-				}
-			}
-		}
-	}()
+	go a.readEvents(ctx, evc)
 
 	// Each detour subflow reserves an ephemeral port exclusively and keeps
 	// it 60 s in TIME_WAIT after closing (docs/agent.md, benchmark).
@@ -234,21 +184,21 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 				"sustained_subflows_per_second", (hi-lo+1)/60)
 		}
 	}
-	a.log.Info("agent running", "netns", a.cfg.NetNS, "pm_type_before", a.pmOld, "subflows", a.cfg.Subflows,
+	a.log.Info("agent running", "netns", a.cfg.NetNS, "policy", a.cfg.Policy.String(), "subflows", a.cfg.Subflows,
 		"detours", len(a.cfg.Detours), "workers", workers, "status", a.cfg.Socket)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	// After a loss, one more resync once things settle catches events
 	// dropped after the first one.
 	var settle <-chan time.Time
-	// Stall probes: an inet_diag dump off the loop, results back into it.
+	// Measurements: an inet_diag dump off the loop, results back into it.
 	var probeTick <-chan time.Time
 	if a.cfg.ProbeInterval > 0 {
 		pt := time.NewTicker(a.cfg.ProbeInterval)
 		defer pt.Stop()
 		probeTick = pt.C
 	}
-	probec := make(chan []mptcppm.Subflow, 1)
+	probec := make(chan probe, 1)
 	probing := false
 	for {
 		var out chan job
@@ -259,7 +209,6 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		select {
 		case <-ctx.Done():
 			a.log.Info("agent stopping", "connections", len(a.conns))
-			ev.Close()
 			return nil
 		case out <- head:
 			queue = queue[1:]
@@ -286,22 +235,22 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			}
 		case r := <-a.results:
 			queue = append(queue, a.failed(r)...)
+		case reply := <-a.statusReq:
+			reply <- a.snapshot()
 		case <-probeTick:
-			if !probing {
+			if !probing && len(a.conns) > 0 {
 				probing = true
 				go func() {
-					t0 := time.Now()
-					sfs, err := mptcppm.DumpSubflows(a.opts)
+					sfs, err := a.k.Subflows()
 					if err != nil {
-						a.log.Warn("stall probe", "err", err)
+						a.log.Warn("subflow measurement", "err", err)
 					}
-					a.log.Debug("stall probe", "took", time.Since(t0), "subflows", len(sfs))
-					probec <- sfs
+					probec <- probe{sfs: sfs, at: time.Now()}
 				}()
 			}
-		case sfs := <-probec:
+		case pr := <-probec:
 			probing = false
-			queue = append(queue, a.stalls(sfs)...)
+			queue = append(queue, a.measured(pr)...)
 		case <-settle:
 			settle = nil
 			queue = append(queue, a.resync("settle after loss")...)
@@ -311,43 +260,83 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	}
 }
 
-func (a *Agent) worker(pm *mptcppm.Conn) {
+type probe struct {
+	sfs []mptcppm.Subflow
+	at  time.Time
+}
+
+// readEvents forwards the kernel's events to the loop until the kernel is
+// closed or ctx ends.
+func (a *Agent) readEvents(ctx context.Context, evc chan<- batch) {
+	defer close(evc)
+	errs := 0
+	for {
+		evs, err := a.k.Events()
+		now := time.Now()
+		switch {
+		case errors.Is(err, mptcppm.ErrEventsLost):
+			select {
+			case evc <- batch{lost: true, at: now}:
+			case <-ctx.Done():
+				return
+			}
+		case err != nil:
+			if ctx.Err() != nil || errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// An undecodable message is skipped; a socket that keeps
+			// failing ends the agent rather than spinning.
+			a.log.Warn("event socket", "err", err)
+			if errs++; errs > 100 {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		default:
+			errs = 0
+			select {
+			case evc <- batch{evs: evs, at: now}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+func (a *Agent) worker() {
 	for j := range a.jobs {
 		in := j.in
-		local := mptcppm.Addr{ID: in.LocalID, IP: in.Local.Addr(), Port: in.Local.Port()}
-		remote := mptcppm.AddrFrom(in.Remote, 0)
-		var err error
-		switch in.Action {
-		case policy.CreateSubflow:
-			if !j.since.IsZero() {
-				a.lat.add(time.Since(j.since))
-			}
-			err = pm.SubflowCreate(in.Token, local, remote)
-			if err == nil && !j.since.IsZero() {
-				a.latAck.add(time.Since(j.since))
-			}
-		case policy.DestroySubflow:
-			err = pm.SubflowDestroy(in.Token, local, remote)
-		case policy.SetBackup:
-			err = pm.SetBackup(in.Token, local, remote, in.Backup)
+		if in.Action == policy.CreateSubflow && !j.since.IsZero() {
+			a.lat.add(time.Since(j.since))
+		}
+		err := a.k.Command(in)
+		if err == nil && in.Action == policy.CreateSubflow && !j.since.IsZero() {
+			a.latAck.add(time.Since(j.since))
 		}
 		a.stats.commands.Add(1)
 		if err != nil {
 			a.stats.cmdErrors.Add(1)
-			name := "other"
-			var pe *mptcppm.Error
-			if errors.As(err, &pe) && pe.Errno != 0 {
-				name = pe.Errno.Error()
-			}
-			a.errMu.Lock()
-			if a.errnoCnt == nil {
-				a.errnoCnt = map[string]uint64{}
-			}
-			a.errnoCnt[name]++
-			a.errMu.Unlock()
 			a.results <- result{in: in, err: err}
 		}
 	}
+}
+
+// measured hands the subflows of tracked connections to the policy.
+func (a *Agent) measured(pr probe) []job {
+	ms := make([]policy.Measurement, 0, len(pr.sfs))
+	for _, s := range pr.sfs {
+		if a.conns[s.Token] == nil {
+			continue
+		}
+		ms = append(ms, policy.Measurement{Token: s.Token, Local: unmap(s.Local), Remote: unmap(s.Remote),
+			Backup: s.Backup(), RTT: s.RTT, RTTVar: s.RTTVar, MinRTT: s.MinRTT, Retransmits: s.Retransmits,
+			TotalRetrans: s.TotalRetrans, SegsOut: s.SegsOut, Unacked: s.Unacked,
+			BytesAcked: s.BytesAcked, BytesReceived: s.BytesReceived, BytesSent: s.BytesSent, BytesRetrans: s.BytesRetrans,
+			DeliveryRate: s.DeliveryRate, SinceDataSent: s.SinceDataSent, SinceDataRecv: s.SinceDataRecv, SinceAckRecv: s.SinceAckRecv})
+	}
+	if len(ms) == 0 {
+		return nil
+	}
+	return a.jobsFor(a.pol.Measured(pr.at, ms), time.Time{})
 }
 
 func (a *Agent) jobsFor(ins []policy.Intent, since time.Time) []job {
@@ -355,7 +344,6 @@ func (a *Agent) jobsFor(ins []policy.Intent, since time.Time) []job {
 		return nil
 	}
 	out := make([]job, 0, len(ins))
-	a.mu.Lock()
 	for _, in := range ins {
 		a.log.Debug("intent", "intent", in.String())
 		if in.Action == policy.CreateSubflow {
@@ -369,7 +357,6 @@ func (a *Agent) jobsFor(ins []policy.Intent, since time.Time) []job {
 		}
 		out = append(out, job{in: in, since: since})
 	}
-	a.mu.Unlock()
 	return out
 }
 
@@ -382,7 +369,14 @@ func pathName(d *detour.Detour, otherwise string) string {
 
 func (a *Agent) failed(r result) []job {
 	a.log.Info("command failed", "intent", r.in.String(), "err", r.err)
-	a.mu.Lock()
+	name := "other"
+	var pe *mptcppm.Error
+	if errors.As(r.err, &pe) && pe.Errno != 0 {
+		name = pe.Errno.Error()
+	}
+	if len(a.errnoCnt) < 64 || a.errnoCnt[name] > 0 {
+		a.errnoCnt[name]++
+	}
 	if cv := a.conns[r.in.Token]; cv != nil && r.in.Action == policy.CreateSubflow {
 		delete(cv.subs, keyOf(r.in.Local.Addr(), r.in.Remote))
 	}
@@ -391,7 +385,6 @@ func (a *Agent) failed(r result) []job {
 		dv.failed++
 		dv.lastErr, dv.lastChange = r.err.Error(), time.Now()
 	}
-	a.mu.Unlock()
 	return a.jobsFor(a.pol.Failed(r.in, r.err), time.Time{})
 }
 
@@ -444,11 +437,9 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		if isServerSide(e) {
 			return nil
 		}
-		a.mu.Lock()
 		cv := a.conns[e.Token]
 		if cv == nil {
 			if len(a.conns) >= a.cfg.MaxConnections {
-				a.mu.Unlock()
 				return nil
 			}
 			cv = &connView{c: conn(e), since: at, subs: map[subKey]*subView{}}
@@ -456,14 +447,12 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		}
 		est := e.Type == mptcppm.EventEstablished
 		cv.established = cv.established || est
-		a.mu.Unlock()
 		if est {
 			ins, since = a.pol.Established(conn(e)), at
 		} else {
 			ins = a.pol.Created(conn(e))
 		}
 	case mptcppm.EventClosed:
-		a.mu.Lock()
 		cv := a.conns[e.Token]
 		if cv != nil {
 			for _, sv := range cv.subs {
@@ -473,7 +462,6 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 			}
 			delete(a.conns, e.Token)
 		}
-		a.mu.Unlock()
 		if cv != nil {
 			ins = a.pol.Closed(e.Token)
 		}
@@ -499,59 +487,22 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		ins = a.pol.SubflowClosed(sf)
 	case mptcppm.EventSubPriority:
 		sf := subflow(e)
-		a.mu.Lock()
 		if cv := a.conns[e.Token]; cv != nil {
 			if sv := cv.subs[keyOf(sf.Local.Addr(), sf.Remote)]; sv != nil {
 				sv.sf.Backup = sf.Backup
 			}
 		}
-		a.mu.Unlock()
 		ins = a.pol.Priority(sf)
 	}
 	return a.jobsFor(ins, since)
 }
 
-// stalls reports established detour subflows whose path went silent:
-// StallRetransmits consecutive retransmission timeouts.
-func (a *Agent) stalls(sfs []mptcppm.Subflow) []job {
-	var stalled []policy.Subflow
-	a.mu.Lock()
-	for _, s := range sfs {
-		if int(s.Retransmits) < a.cfg.StallRetransmits {
-			continue
-		}
-		cv := a.conns[s.Token]
-		if cv == nil {
-			continue
-		}
-		if sv := cv.subs[keyOf(s.Local.Addr(), s.Remote)]; sv != nil && sv.up && sv.detour != nil && !sv.stalled {
-			sv.stalled = true
-			dv := a.detourView(*sv.detour)
-			dv.failed++
-			dv.lastErr = fmt.Sprintf("subflow stalled: %d retransmission timeouts", s.Retransmits)
-			dv.lastChange = time.Now()
-			stalled = append(stalled, sv.sf)
-		}
-	}
-	a.mu.Unlock()
-	var ins []policy.Intent
-	for _, sf := range stalled {
-		a.log.Info("detour subflow stalled", "token", fmt.Sprintf("%08x", sf.Token), "local", sf.Local, "remote", sf.Remote)
-		ins = append(ins, a.pol.Stalled(sf)...)
-	}
-	return a.jobsFor(ins, time.Time{})
-}
-
 func (a *Agent) tracked(token uint32) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	return a.conns[token] != nil
 }
 
 // subUp records an established subflow; false if its connection is not ours.
 func (a *Agent) subUp(sf policy.Subflow) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	cv := a.conns[sf.Token]
 	if cv == nil {
 		return false
@@ -576,8 +527,6 @@ func (a *Agent) subUp(sf policy.Subflow) bool {
 }
 
 func (a *Agent) subDown(sf policy.Subflow) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	cv := a.conns[sf.Token]
 	if cv == nil {
 		return false
@@ -613,7 +562,7 @@ func (a *Agent) match(server netip.AddrPort, sf policy.Subflow) (detour.Detour, 
 // kernel dropped events).
 func (a *Agent) resync(reason string) []job {
 	a.stats.resyncs.Add(1)
-	conns, err := mptcppm.Dump(a.opts)
+	conns, err := a.k.Connections()
 	if err != nil {
 		a.log.Error("resync: inet_diag dump failed", "reason", reason, "err", err)
 		return nil
@@ -634,13 +583,10 @@ func (a *Agent) resync(reason string) []job {
 				Local: unmap(s.Local), Remote: unmap(s.Remote), Backup: s.Backup()})
 		}
 		if !a.tracked(mc.Token) {
-			a.mu.Lock()
 			if len(a.conns) >= a.cfg.MaxConnections {
-				a.mu.Unlock()
 				continue
 			}
 			a.conns[mc.Token] = &connView{c: c, established: true, adopted: true, since: now, subs: map[subKey]*subView{}}
-			a.mu.Unlock()
 			for _, sf := range live {
 				if keyOf(sf.Local.Addr(), sf.Remote) != keyOf(c.Local.Addr(), c.Remote) {
 					a.subUp(sf)
@@ -656,7 +602,6 @@ func (a *Agent) resync(reason string) []job {
 		for _, sf := range live {
 			liveKeys[keyOf(sf.Local.Addr(), sf.Remote)] = sf
 		}
-		a.mu.Lock()
 		cv := a.conns[mc.Token]
 		wasEst := cv.established
 		cv.established = true
@@ -674,7 +619,6 @@ func (a *Agent) resync(reason string) []job {
 				fresh = append(fresh, sf)
 			}
 		}
-		a.mu.Unlock()
 		if !wasEst {
 			ins = append(ins, a.pol.Established(c)...)
 		}
@@ -687,7 +631,6 @@ func (a *Agent) resync(reason string) []job {
 			ins = append(ins, a.pol.SubflowEstablished(sf)...)
 		}
 	}
-	a.mu.Lock()
 	var closed []uint32
 	for tok, cv := range a.conns {
 		// Connections still in the handshake are not in ESTABLISHED yet.
@@ -695,7 +638,6 @@ func (a *Agent) resync(reason string) []job {
 			closed = append(closed, tok)
 		}
 	}
-	a.mu.Unlock()
 	var extra []job
 	for _, tok := range closed {
 		extra = append(extra, a.handle(mptcppm.Event{Type: mptcppm.EventClosed, Token: tok}, now)...)

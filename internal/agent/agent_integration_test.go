@@ -159,7 +159,7 @@ func start(t *testing.T, cfg Config) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: testLogLevel}))
 	r := &running{cancel: cancel, done: make(chan error, 1), socket: cfg.Socket}
-	go func() { r.done <- New(cfg, log, nil).Run(ctx) }()
+	go func() { r.done <- RunLinux(ctx, cfg, log, nil) }()
 	t.Cleanup(func() { r.stop(t) })
 	// Ready once the status socket answers.
 	waitFor(t, 10*time.Second, "agent status socket", func() (bool, string) {

@@ -37,7 +37,12 @@ type Config struct {
 	// retransmission timeouts that marks an established subflow dead.
 	ProbeInterval    time.Duration
 	StallRetransmits int
-	CommandWorkers   int
+	// Policy chooses subflows: static (keep N) or adaptive (measure, keep
+	// the best, back up, fail over); Watchdog, Window and Hold tune the
+	// adaptive one (policy.Config).
+	Policy                 policy.Mode
+	Watchdog, Window, Hold time.Duration
+	CommandWorkers         int
 	// Nice, when non-zero, is applied to the agent's threads at start.
 	Nice int
 	// EventBuffer is the event socket's receive buffer in bytes.

@@ -23,6 +23,7 @@ import (
 // Status is what "mpdetour status" shows (JSON field names are stable).
 type Status struct {
 	NetNS       string         `json:"netns"`
+	Policy      string         `json:"policy"`
 	PMTypeSaved string         `json:"pm_type_saved"`
 	Started     time.Time      `json:"started"`
 	Counters    Counters       `json:"counters"`
@@ -54,6 +55,12 @@ type ConnStatus struct {
 	Adopted     bool            `json:"adopted"`
 	Since       time.Time       `json:"since"`
 	Subflows    []SubflowStatus `json:"subflows"`
+	// Refusals counts refused subflows by reason; while HoldUntil is in
+	// the future no new subflow is tried (backoff).
+	Refusals  map[string]int `json:"refusals,omitempty"`
+	HoldUntil time.Time      `json:"hold_until,omitzero"`
+	Decision  string         `json:"decision,omitempty"`
+	token     uint32
 }
 
 // SubflowStatus is one subflow; byte counts and RTT come from inet_diag.
@@ -68,6 +75,13 @@ type SubflowStatus struct {
 	BytesSent     uint64  `json:"bytes_sent"`
 	BytesReceived uint64  `json:"bytes_received"`
 	RTTms         float64 `json:"rtt_ms"`
+	// Role is the policy's: connecting, active, backup, probing, evicted, failed.
+	Role     string  `json:"role"`
+	RateMbps float64 `json:"rate_mbps"`
+	LossPct  float64 `json:"loss_pct"`
+	Decision string  `json:"decision,omitempty"`
+	// local and remote match the row with inet_diag's subflows.
+	local, remote netip.AddrPort
 }
 
 // DetourStatus is one detour's health.
@@ -134,19 +148,19 @@ func (l *latency) summary() LatencySummary {
 var tcpStates = [...]string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",
 	"TIME_WAIT", "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING"}
 
-// Status collects the agent's view and live subflow statistics.
+// Status collects the agent's view (from the loop that owns it) and live
+// subflow statistics (from inet_diag).
 func (a *Agent) Status() Status {
-	st := Status{NetNS: a.cfg.NetNS, PMTypeSaved: a.pmOld, Started: a.started, Latency: a.lat.summary(), LatencyAck: a.latAck.summary()}
-	st.Counters = Counters{Events: a.stats.events.Load(), EventsLost: a.stats.lost.Load(),
-		Resyncs: a.stats.resyncs.Load(), Adopted: a.stats.adopted.Load(),
-		Commands: a.stats.commands.Load(), CommandErrors: a.stats.cmdErrors.Load()}
-	a.errMu.Lock()
-	if len(a.errnoCnt) > 0 {
-		st.Counters.ErrorsByErrno = maps.Clone(a.errnoCnt)
+	reply := make(chan Status, 1)
+	var st Status
+	select {
+	case a.statusReq <- reply:
+		st = <-reply
+	case <-time.After(5 * time.Second):
+		return Status{NetNS: a.cfg.NetNS, DiagError: "agent loop busy: no answer within 5s"}
 	}
-	a.errMu.Unlock()
 	live := map[uint32]mptcppm.Connection{}
-	if conns, err := mptcppm.Dump(a.opts); err != nil {
+	if conns, err := a.k.Connections(); err != nil {
 		st.DiagError = err.Error()
 	} else {
 		for _, c := range conns {
@@ -154,40 +168,94 @@ func (a *Agent) Status() Status {
 		}
 	}
 	type diagKey struct{ l, r netip.AddrPort }
-	a.mu.Lock()
-	for tok, cv := range a.conns {
-		cs := ConnStatus{Token: fmt.Sprintf("%08x", tok), Local: cv.c.Local.String(), Remote: cv.c.Remote.String(),
-			Established: cv.established, Adopted: cv.adopted, Since: cv.since}
+	for i := range st.Connections {
+		cs := &st.Connections[i]
 		stats := map[diagKey]mptcppm.Subflow{}
-		for _, s := range live[tok].Subflows {
+		for _, s := range live[cs.token].Subflows {
 			stats[diagKey{unmap(s.Local), unmap(s.Remote)}] = s
 		}
-		// The initial subflow never produces a SUB_ESTABLISHED event.
-		if s, ok := stats[diagKey{cv.c.Local, cv.c.Remote}]; ok {
-			cs.Subflows = append(cs.Subflows, subStatus("default", s))
+		for j := range cs.Subflows {
+			ss := &cs.Subflows[j]
+			if s, ok := stats[diagKey{ss.local, ss.remote}]; ok {
+				ss.State = tcpState(s.State)
+				ss.Local, ss.LocalID, ss.RemoteID, ss.Backup = unmap(s.Local).String(), s.LocalID, s.RemoteID, s.Backup()
+				ss.BytesSent, ss.BytesReceived, ss.RTTms = s.BytesSent, s.BytesReceived, float64(s.RTT.Microseconds())/1000
+			}
 		}
-		for _, sv := range cv.subs {
-			ss := SubflowStatus{Path: sv.path, Local: sv.sf.Local.String(), Remote: sv.sf.Remote.String(),
-				LocalID: sv.sf.LocalID, RemoteID: sv.sf.RemoteID, Backup: sv.sf.Backup, State: "connecting"}
-			if s, ok := stats[diagKey{sv.sf.Local, sv.sf.Remote}]; ok && sv.up {
-				ss = subStatus(sv.path, s)
-			} else if sv.up {
-				ss.State = "up"
+	}
+	return st
+}
+
+// snapshot is the loop's view; it runs on the loop.
+func (a *Agent) snapshot() Status {
+	st := Status{NetNS: a.cfg.NetNS, Policy: a.cfg.Policy.String(), Started: a.started,
+		Latency: a.lat.summary(), LatencyAck: a.latAck.summary()}
+	if k, ok := a.k.(*LinuxKernel); ok {
+		st.PMTypeSaved = k.PMTypeBefore
+	}
+	st.Counters = Counters{Events: a.stats.events.Load(), EventsLost: a.stats.lost.Load(),
+		Resyncs: a.stats.resyncs.Load(), Adopted: a.stats.adopted.Load(),
+		Commands: a.stats.commands.Load(), CommandErrors: a.stats.cmdErrors.Load()}
+	if len(a.errnoCnt) > 0 {
+		st.Counters.ErrorsByErrno = maps.Clone(a.errnoCnt)
+	}
+	rep := a.pol.Report()
+	byToken := map[uint32]policy.ConnReport{}
+	for _, c := range rep.Conns {
+		byToken[c.Token] = c
+	}
+	for tok, cv := range a.conns {
+		cr := byToken[tok]
+		cs := ConnStatus{Token: fmt.Sprintf("%08x", tok), Local: cv.c.Local.String(), Remote: cv.c.Remote.String(),
+			Established: cv.established, Adopted: cv.adopted, Since: cv.since,
+			Refusals: cr.Refusals, HoldUntil: cr.HoldUntil, Decision: cr.Decision, token: tok}
+		seen := map[subKey]bool{}
+		for _, r := range cr.Subflows {
+			k := keyOf(r.Local, r.Remote)
+			seen[k] = true
+			ss := SubflowStatus{Path: r.Path, Local: r.Local.String(), Remote: r.Remote.String(), State: "up",
+				Role: string(r.Role), RateMbps: r.Rate * 8 / 1e6, LossPct: 100 * r.Loss, Decision: r.Decision,
+				RTTms: float64(r.RTT.Microseconds()) / 1000, local: unmap(netip.AddrPortFrom(r.Local, 0)), remote: r.Remote}
+			if sv := cv.subs[k]; sv != nil {
+				ss.Local, ss.local = sv.sf.Local.String(), sv.sf.Local
+				ss.LocalID, ss.RemoteID, ss.Backup = sv.sf.LocalID, sv.sf.RemoteID, sv.sf.Backup
+				if !sv.up {
+					ss.State = "connecting"
+				}
+			} else if r.Path == "default" {
+				ss.Local, ss.local = cv.c.Local.String(), cv.c.Local
+			}
+			if r.Role == policy.RoleFailed || r.Role == policy.RoleEvicted {
+				ss.State = "closing"
 			}
 			cs.Subflows = append(cs.Subflows, ss)
+		}
+		// Subflows the policy does not track (opened by someone else).
+		for k, sv := range cv.subs {
+			if !seen[k] && sv.up {
+				cs.Subflows = append(cs.Subflows, SubflowStatus{Path: sv.path, Local: sv.sf.Local.String(), Remote: sv.sf.Remote.String(),
+					LocalID: sv.sf.LocalID, RemoteID: sv.sf.RemoteID, Backup: sv.sf.Backup, State: "up", Role: "untracked",
+					local: sv.sf.Local, remote: sv.sf.Remote})
+			}
 		}
 		sort.Slice(cs.Subflows, func(i, j int) bool {
 			return cs.Subflows[i].Path+cs.Subflows[i].Remote < cs.Subflows[j].Path+cs.Subflows[j].Remote
 		})
 		st.Connections = append(st.Connections, cs)
 	}
+	sort.Slice(st.Connections, func(i, j int) bool { return st.Connections[i].Token < st.Connections[j].Token })
+
 	known := map[string]detourView{}
 	for k, dv := range a.detours {
 		known[k] = *dv
 	}
-	a.mu.Unlock()
-	sort.Slice(st.Connections, func(i, j int) bool { return st.Connections[i].Token < st.Connections[j].Token })
-
+	health := map[string]policy.DetourReport{}
+	for _, d := range rep.Detours {
+		health[policy.Key(d.Detour)] = d
+		if _, ok := known[policy.Key(d.Detour)]; !ok {
+			known[policy.Key(d.Detour)] = detourView{d: d.Detour}
+		}
+	}
 	// Configured detours show even before first use.
 	for _, s := range a.sources {
 		if all, ok := s.(interface{ All() []detour.Detour }); ok {
@@ -204,8 +272,13 @@ func (a *Agent) Status() Status {
 		if dv.d.Local.IsValid() {
 			ds.Local = dv.d.Local.String()
 		}
-		if t := a.pol.backoff(dv.d); !t.IsZero() {
-			ds.BackoffTill, ds.Healthy = t, false
+		if h, ok := health[k]; ok {
+			if !h.BackoffUntil.IsZero() {
+				ds.BackoffTill, ds.Healthy = h.BackoffUntil, false
+			}
+			if h.LastError != "" {
+				ds.LastError = h.LastError
+			}
 		}
 		st.Detours = append(st.Detours, ds)
 	}
@@ -213,14 +286,11 @@ func (a *Agent) Status() Status {
 	return st
 }
 
-func subStatus(path string, s mptcppm.Subflow) SubflowStatus {
-	state := fmt.Sprintf("state(%d)", s.State)
-	if int(s.State) < len(tcpStates) && s.State > 0 {
-		state = tcpStates[s.State]
+func tcpState(s uint8) string {
+	if int(s) < len(tcpStates) && s > 0 {
+		return tcpStates[s]
 	}
-	return SubflowStatus{Path: path, Local: unmap(s.Local).String(), Remote: unmap(s.Remote).String(),
-		LocalID: s.LocalID, RemoteID: s.RemoteID, State: state, Backup: s.Backup(),
-		BytesSent: s.BytesSent, BytesReceived: s.BytesReceived, RTTms: float64(s.RTT.Microseconds()) / 1000}
+	return fmt.Sprintf("state(%d)", s)
 }
 
 // serveStatus answers each connection on the unix socket with one JSON

@@ -120,6 +120,15 @@ type Subflow struct {
 	BytesReceived uint64
 	BytesAcked    uint64
 	BytesRetrans  uint64
+	// The rest of struct tcp_info the path manager judges a path by.
+	RTTVar, MinRTT time.Duration
+	TotalRetrans   uint32 // segments retransmitted over the subflow's life
+	Unacked        uint32 // segments in flight
+	Lost           uint32
+	SegsOut        uint32
+	DeliveryRate   uint64 // bytes per second, the kernel's estimate
+	// Time since the subflow last sent data, received data and received an ACK.
+	SinceDataSent, SinceDataRecv, SinceAckRecv time.Duration
 }
 
 // Backup reports whether this end marked the subflow as backup.
@@ -369,14 +378,28 @@ func parseSubflowDiag(b []byte) (Subflow, bool, error) {
 	return sf, isMPTCP, nil
 }
 
-// decodeTCPInfo picks the struct tcp_info fields status needs.
+// decodeTCPInfo picks the struct tcp_info fields status and the path
+// manager need (offsets from uapi linux/tcp.h; shorter structs from older
+// kernels leave the tail zero).
 func decodeTCPInfo(b []byte, sf *Subflow) {
 	ne := binary.NativeEndian
 	if len(b) >= 3 {
 		sf.Retransmits = b[2]
 	}
-	if len(b) >= 72 {
-		sf.RTT = time.Duration(ne.Uint32(b[68:])) * time.Microsecond
+	ms := func(off int) time.Duration { return time.Duration(ne.Uint32(b[off:])) * time.Millisecond }
+	us := func(off int) time.Duration { return time.Duration(ne.Uint32(b[off:])) * time.Microsecond }
+	if len(b) >= 60 {
+		sf.Unacked, sf.Lost = ne.Uint32(b[24:]), ne.Uint32(b[32:])
+		sf.SinceDataSent, sf.SinceDataRecv, sf.SinceAckRecv = ms(44), ms(52), ms(56)
+	}
+	if len(b) >= 104 {
+		sf.RTT, sf.RTTVar = us(68), us(72)
+		sf.TotalRetrans = ne.Uint32(b[100:])
+	}
+	if len(b) >= 168 {
+		sf.SegsOut = ne.Uint32(b[136:])
+		sf.MinRTT = us(148)
+		sf.DeliveryRate = ne.Uint64(b[160:])
 	}
 	if len(b) >= 136 {
 		sf.BytesAcked = ne.Uint64(b[120:])

@@ -92,9 +92,11 @@ type Policy interface {
 	SubflowEstablished(sf Subflow) []Intent
 	SubflowClosed(sf Subflow) []Intent
 	Priority(sf Subflow) []Intent
-	// Stalled: an established subflow keeps timing out (its path went
-	// silent without a reset); the kernel would take minutes to close it.
-	Stalled(sf Subflow) []Intent
+	// Measured hands over the kernel's per-subflow TCP_INFO (sock_diag) for
+	// the connections the policy tracks, every probe interval: how a policy
+	// notices a path that went silent (the kernel would take minutes to
+	// close it), and what an adaptive one judges paths by.
+	Measured(now time.Time, ms []Measurement) []Intent
 	// Failed: the kernel refused an intent outright.
 	Failed(in Intent, err error) []Intent
 	// Adopt hands over an established connection that existed before the
@@ -102,6 +104,86 @@ type Policy interface {
 	Adopt(c Conn, subflows []Subflow) []Intent
 	// Tick lets the policy act on time (retries after backoff).
 	Tick(now time.Time) []Intent
+	// Report describes the policy's view for "mpdetour status": per
+	// subflow its role and the last decision with its reason, per detour
+	// its health. It is called from the same goroutine as the rest.
+	Report() Report
+}
+
+// Measurement is one subflow's state as the kernel reports it in struct
+// tcp_info (through sock_diag, without the application's socket).
+type Measurement struct {
+	Token         uint32
+	Local, Remote netip.AddrPort
+	Backup        bool
+	// RTT is the smoothed round-trip time; Retransmits the consecutive
+	// retransmission timeouts now (0 on a healthy path).
+	RTT, RTTVar, MinRTT                                time.Duration
+	Retransmits                                        uint8
+	TotalRetrans, SegsOut, Unacked                     uint32
+	BytesAcked, BytesReceived, BytesSent, BytesRetrans uint64
+	DeliveryRate                                       uint64 // bytes/s
+	SinceDataSent, SinceDataRecv, SinceAckRecv         time.Duration
+}
+
+// Role is what a subflow is for, as a policy sees it.
+type Role string
+
+const (
+	RoleConnecting Role = "connecting" // SYN sent, not established yet
+	RoleActive     Role = "active"     // carries data
+	RoleBackup     Role = "backup"     // marked backup: used only when no active subflow works
+	RoleProbing    Role = "probing"    // on trial: set aside to see what the connection does without it
+	RoleEvicted    Role = "evicted"    // closed because it added nothing or harmed
+	RoleFailed     Role = "failed"     // stopped delivering (watchdog) or refused
+)
+
+// Report is a policy's view for status.
+type Report struct {
+	Conns   []ConnReport
+	Detours []DetourReport
+}
+
+// ConnReport is one tracked connection.
+type ConnReport struct {
+	Token    uint32
+	Selected bool // matched the selectors: detours are added
+	Subflows []SubflowReport
+	// Refusals counts the kernel's and the server's refusals of subflows
+	// of this connection by reason ("EADDRINUSE", "closed within 2s", ...).
+	Refusals map[string]int
+	// HoldUntil: no new subflow is tried before this (backoff after
+	// repeated refusals); zero when none.
+	HoldUntil time.Time
+	Decision  string // the last decision about the connection, with its reason
+}
+
+// SubflowReport is one subflow as the policy sees it.
+type SubflowReport struct {
+	Local    netip.Addr
+	Remote   netip.AddrPort
+	Path     string // "default", "announced", or kind:relay
+	Role     Role
+	RTT      time.Duration
+	Rate     float64 // bytes/s delivered (both directions), smoothed
+	Loss     float64 // retransmitted share of segments sent, smoothed
+	Decision string
+}
+
+// DetourReport is one detour's health.
+type DetourReport struct {
+	Detour       detour.Detour
+	Fails        int
+	BackoffUntil time.Time
+	LastError    string
+}
+
+// PathName names a subflow's path for status and logs.
+func PathName(d *detour.Detour, otherwise string) string {
+	if d == nil {
+		return otherwise
+	}
+	return d.Kind.String() + ":" + d.Relay
 }
 
 // Match finds the detour a subflow uses: a NAT detour by its relay

@@ -19,7 +19,7 @@ type Agent struct {
 	done   chan error
 }
 
-// Start runs agent.New(cfg, log, nil, sources...) until ctx ends or Stop,
+// Start runs agent.RunLinux(ctx, cfg, log, nil, sources...) until ctx ends or Stop,
 // and returns once its status socket (cfg.Socket) answers; it fails the
 // test if that takes more than 10 s. The caller stops it with Stop (a
 // defer or t.Cleanup, whichever order its other resources need).
@@ -27,7 +27,7 @@ func Start(ctx context.Context, t testing.TB, cfg agent.Config, log *slog.Logger
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	a := &Agent{cancel: cancel, done: make(chan error, 1)}
-	go func() { a.done <- agent.New(cfg, log, nil, sources...).Run(ctx) }()
+	go func() { a.done <- agent.RunLinux(ctx, cfg, log, nil, sources...) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := agent.FetchStatus(cfg.Socket)

@@ -46,18 +46,18 @@ type clock struct{ t time.Time }
 func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
-func newKeepN(n int, ds ...detour.Detour) (*KeepN, *list, *clock) {
+func newStatic(n int, ds ...detour.Detour) (*Manager, *list, *clock) {
 	src := &list{ds: ds, released: make(chan netip.AddrPort, 4)}
 	clk := &clock{t: time.Unix(1000, 0)}
-	return NewKeepN(KeepNConfig{Subflows: n, Now: clk.now}, []detour.Source{src}), src, clk
+	return NewStatic(Config{Subflows: n, Now: clk.now}, []detour.Source{src}), src, clk
 }
 
 func up(in Intent, port uint16) Subflow {
 	return Subflow{Token: in.Token, Local: netip.AddrPortFrom(in.Local.Addr(), port), Remote: in.Remote}
 }
 
-func TestKeepNOpensNDetourSubflows(t *testing.T) {
-	p, src, _ := newKeepN(2, d1, d2, d3)
+func TestStaticOpensNDetourSubflows(t *testing.T) {
+	p, src, _ := newStatic(2, d1, d2, d3)
 	c := Conn{Token: 1, Local: client, Remote: server}
 	if got := p.Created(c); got != nil {
 		t.Fatalf("Created returned intents %v: subflows must wait for ESTABLISHED", got)
@@ -75,7 +75,7 @@ func TestKeepNOpensNDetourSubflows(t *testing.T) {
 		}
 	}
 	// N=3 reaches the tunnel detour, which leaves from the tunnel address.
-	p3, _, _ := newKeepN(3, d1, d2, d3)
+	p3, _, _ := newStatic(3, d1, d2, d3)
 	ins = p3.Established(c)
 	if len(ins) != 3 || ins[2].Local.Addr() != d3.Local || ins[2].Remote != server || ins[2].LocalID == 0 {
 		t.Fatalf("tunnel intent = %+v, want %s -> %s with a local id of its own", ins, d3.Local, server)
@@ -87,7 +87,7 @@ func TestKeepNOpensNDetourSubflows(t *testing.T) {
 	}
 }
 
-func TestKeepNSelectors(t *testing.T) {
+func TestStaticSelectors(t *testing.T) {
 	sels := []Selector{{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/24")}, Ports: []PortRange{{5201, 5202}}}}
 	for dst, want := range map[string]bool{
 		"10.0.2.2:5201": true, "10.0.2.2:80": false, "10.0.3.2:5201": false,
@@ -100,7 +100,7 @@ func TestKeepNSelectors(t *testing.T) {
 	if Selected(nil, netip.MustParseAddrPort("127.0.0.1:1")) || !Selected(nil, server) {
 		t.Error("without selectors everything but loopback/link-local must be selected")
 	}
-	p := NewKeepN(KeepNConfig{Selectors: sels}, []detour.Source{&list{ds: []detour.Detour{d1}}})
+	p := NewStatic(Config{Selectors: sels}, []detour.Source{&list{ds: []detour.Detour{d1}}})
 	if ins := p.Established(Conn{Token: 1, Local: client, Remote: netip.MustParseAddrPort("10.0.2.2:22")}); len(ins) != 0 {
 		t.Fatalf("unselected connection got %v", ins)
 	}
@@ -112,8 +112,8 @@ func TestKeepNSelectors(t *testing.T) {
 	}
 }
 
-func TestKeepNReplacesFailedDetourWithBackoff(t *testing.T) {
-	p, _, clk := newKeepN(1, d1, d2)
+func TestStaticReplacesFailedDetourWithBackoff(t *testing.T) {
+	p, _, clk := newStatic(1, d1, d2)
 	c := Conn{Token: 7, Local: client, Remote: server}
 	ins := p.Established(c)
 	if len(ins) != 1 || ins[0].Detour.Relay != "r1" {
@@ -154,10 +154,11 @@ func TestKeepNReplacesFailedDetourWithBackoff(t *testing.T) {
 	}
 }
 
-func TestKeepNCleanCloseIsNotAFailure(t *testing.T) {
-	p, _, _ := newKeepN(1, d1, d2)
+func TestStaticCleanCloseIsNotAFailure(t *testing.T) {
+	p, _, clk := newStatic(1, d1, d2)
 	ins := p.Established(Conn{Token: 3, Local: client, Remote: server})
 	p.SubflowEstablished(up(ins[0], 41000))
+	clk.advance(5 * time.Second)
 	ins = p.SubflowClosed(up(ins[0], 41000))
 	if !p.Backoff(d1).IsZero() {
 		t.Fatal("a clean close backed the detour off")
@@ -167,8 +168,8 @@ func TestKeepNCleanCloseIsNotAFailure(t *testing.T) {
 	}
 }
 
-func TestKeepNConnectionGoneIsNotAFailure(t *testing.T) {
-	p, _, clk := newKeepN(1, d1)
+func TestStaticConnectionGoneIsNotAFailure(t *testing.T) {
+	p, _, clk := newStatic(1, d1)
 	ins := p.Established(Conn{Token: 3, Local: client, Remote: server})
 	if got := p.Failed(ins[0], syscall.ENOENT); len(got) != 0 || !p.Backoff(d1).IsZero() {
 		t.Fatalf("ENOENT (connection gone): intents %v, backoff %v", got, p.Backoff(d1))
@@ -188,8 +189,8 @@ func TestKeepNConnectionGoneIsNotAFailure(t *testing.T) {
 	}
 }
 
-func TestKeepNDropsStateAndReleases(t *testing.T) {
-	p, src, _ := newKeepN(2, d1, d2)
+func TestStaticDropsStateAndReleases(t *testing.T) {
+	p, src, _ := newStatic(2, d1, d2)
 	for tok := uint32(1); tok <= 3; tok++ {
 		p.Created(Conn{Token: tok, Local: client, Remote: server})
 		p.Established(Conn{Token: tok, Local: client, Remote: server})
@@ -214,10 +215,10 @@ func TestKeepNDropsStateAndReleases(t *testing.T) {
 	}
 }
 
-func TestKeepNBoundedUnderChurn(t *testing.T) {
+func TestStaticBoundedUnderChurn(t *testing.T) {
 	src := &list{ds: []detour.Detour{d1, d2}}
 	clk := &clock{t: time.Unix(0, 0)}
-	p := NewKeepN(KeepNConfig{MaxConns: 100, Now: clk.now}, []detour.Source{src})
+	p := NewStatic(Config{MaxConns: 100, Now: clk.now}, []detour.Source{src})
 	for tok := uint32(1); tok <= 20000; tok++ {
 		c := Conn{Token: tok, Local: client, Remote: server}
 		p.Created(c)
@@ -244,8 +245,8 @@ func TestKeepNBoundedUnderChurn(t *testing.T) {
 	}
 }
 
-func TestKeepNAnnouncements(t *testing.T) {
-	p, _, _ := newKeepN(1, d1)
+func TestStaticAnnouncements(t *testing.T) {
+	p, _, _ := newStatic(1, d1)
 	c := Conn{Token: 9, Local: client, Remote: server}
 	// An announcement before ESTABLISHED is honoured once established.
 	p.Created(c)
@@ -273,8 +274,8 @@ func TestKeepNAnnouncements(t *testing.T) {
 	}
 }
 
-func TestKeepNAdopt(t *testing.T) {
-	p, _, _ := newKeepN(2, d1, d2, d3)
+func TestStaticAdopt(t *testing.T) {
+	p, _, _ := newStatic(2, d1, d2, d3)
 	c := Conn{Token: 11, Local: client, Remote: server}
 	ins := p.Adopt(c, []Subflow{
 		{Token: 11, Local: client, Remote: server},                                                  // initial
@@ -288,8 +289,8 @@ func TestKeepNAdopt(t *testing.T) {
 	}
 }
 
-func TestKeepNConnectTimeout(t *testing.T) {
-	p, _, clk := newKeepN(1, d1, d2)
+func TestStaticConnectTimeout(t *testing.T) {
+	p, _, clk := newStatic(1, d1, d2)
 	c := Conn{Token: 5, Local: client, Remote: server}
 	ins := p.Established(c)
 	if len(ins) != 1 || ins[0].Detour.Relay != "r1" {
@@ -314,20 +315,24 @@ func TestKeepNConnectTimeout(t *testing.T) {
 	}
 }
 
-func TestKeepNStalledSubflowIsReplaced(t *testing.T) {
-	p, _, _ := newKeepN(1, d1, d2)
+func TestStaticStalledSubflowIsReplaced(t *testing.T) {
+	p, _, _ := newStatic(1, d1, d2)
 	ins := p.Established(Conn{Token: 6, Local: client, Remote: server})
 	sf := up(ins[0], 44000)
 	p.SubflowEstablished(sf)
-	ins = p.Stalled(sf)
+	ins = p.Measured(time.Unix(1001, 0), []Measurement{stalledM(sf, 3)})
 	if len(ins) != 2 || ins[0].Action != DestroySubflow || ins[0].Local != sf.Local || ins[1].Detour.Relay != "r2" || p.Backoff(d1).IsZero() {
 		t.Fatalf("stalled: %v (r1 backoff %v), want destroy + create via r2", ins, p.Backoff(d1))
 	}
-	if again := p.Stalled(sf); len(again) != 0 {
+	if again := p.Measured(time.Unix(1002, 0), []Measurement{stalledM(sf, 4)}); len(again) != 0 {
 		t.Fatalf("stalled twice: %v", again)
 	}
 	fails := p.fails(d1)
 	if got := p.SubflowClosed(sf); len(got) != 0 || p.fails(d1) != fails {
 		t.Fatalf("close after destroy: %v, fails %d -> %d", got, fails, p.fails(d1))
 	}
+}
+
+func stalledM(sf Subflow, rto uint8) Measurement {
+	return Measurement{Token: sf.Token, Local: sf.Local, Remote: sf.Remote, Retransmits: rto, Unacked: 10}
 }

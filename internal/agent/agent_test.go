@@ -1,0 +1,186 @@
+package agent_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agent/kerneltest"
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/policy"
+)
+
+// These tests run the agent's loop against kerneltest.Fake: no root, no
+// namespaces. The kernel path has its namespace tests
+// (agent_integration_test.go).
+
+var (
+	client = netip.MustParseAddrPort("10.0.1.1:40000")
+	server = netip.MustParseAddrPort("10.0.2.2:5201")
+	relay1 = netip.MustParseAddrPort("10.0.3.2:4000")
+	relay2 = netip.MustParseAddrPort("10.0.4.2:4000")
+)
+
+func natDetour(name string, at netip.AddrPort) agent.StaticDetour {
+	return agent.StaticDetour{Detour: detour.Detour{Kind: detour.NAT, Relay: name, Remote: at},
+		Servers: []netip.Prefix{netip.PrefixFrom(server.Addr(), 32)}, Port: server.Port()}
+}
+
+type harness struct {
+	t    *testing.T
+	k    *kerneltest.Fake
+	a    *agent.Agent
+	stop func()
+}
+
+func start(t *testing.T, mode policy.Mode, detours ...agent.StaticDetour) *harness {
+	t.Helper()
+	cfg := agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
+		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours}
+	k := kerneltest.New()
+	a := agent.New(cfg, nil, k, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	h := &harness{t: t, k: k, a: a}
+	h.stop = func() {
+		cancel()
+		k.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) connect(token uint32) {
+	e := mptcppm.Event{Token: token, Local: client, Remote: server}
+	e.Type = mptcppm.EventCreated
+	c := e
+	e.Type = mptcppm.EventEstablished
+	h.k.Emit(c, e)
+}
+
+func (h *harness) wait(from int, what string, match func(policy.Intent) bool) (policy.Intent, int) {
+	h.t.Helper()
+	in, i, ok := h.k.WaitCommand(from, 3*time.Second, match)
+	if !ok {
+		h.t.Fatalf("no %s; commands: %v", what, h.k.Commands())
+	}
+	return in, i
+}
+
+func creates(to netip.AddrPort) func(policy.Intent) bool {
+	return func(in policy.Intent) bool { return in.Action == policy.CreateSubflow && in.Remote == to }
+}
+
+func TestAgentOpensDetourSubflowAndReportsIt(t *testing.T) {
+	h := start(t, policy.Static, natDetour("r1", relay1))
+	h.connect(7)
+	in, _ := h.wait(0, "SUBFLOW_CREATE via r1", creates(relay1))
+	if in.Token != 7 || in.Local.Addr() != client.Addr() {
+		t.Fatalf("create %v", in)
+	}
+	sub := netip.AddrPortFrom(client.Addr(), 50001)
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 7, Local: sub, Remote: relay1})
+	var st agent.Status
+	roles := map[string]string{}
+	for range 50 {
+		st = h.a.Status()
+		if len(st.Connections) == 1 {
+			for _, s := range st.Connections[0].Subflows {
+				roles[s.Path] = s.Role
+			}
+			if roles["nat:r1"] == "active" {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if roles["default"] != "active" || roles["nat:r1"] != "active" {
+		t.Fatalf("roles %v, want default and nat:r1 active", roles)
+	}
+	// Closed connections disappear from status.
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventClosed, Token: 7})
+	for range 50 {
+		if st = h.a.Status(); len(st.Connections) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("closed connection still in status: %+v", st.Connections)
+}
+
+func TestAgentAdaptiveFailsOverDeadDetour(t *testing.T) {
+	h := start(t, policy.Adaptive, natDetour("r1", relay1), natDetour("r2", relay2))
+	h.connect(8)
+	h.wait(0, "SUBFLOW_CREATE via r1", creates(relay1))
+	sub := netip.AddrPortFrom(client.Addr(), 50001)
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 8, Local: sub, Remote: relay1})
+	// Data flows on both paths for a while, then r1 goes silent with data
+	// outstanding: bytes_acked stops, a retransmission timeout fires.
+	acked := uint64(0)
+	for range 10 {
+		acked += 100000
+		h.k.SetSubflows([]mptcppm.Subflow{
+			{Token: 8, Local: client, Remote: server, State: 1, RTT: 30 * time.Millisecond, BytesAcked: acked},
+			{Token: 8, Local: sub, Remote: relay1, State: 1, RTT: 30 * time.Millisecond, BytesAcked: acked},
+		})
+		time.Sleep(50 * time.Millisecond)
+	}
+	dead := time.Now()
+	for range 20 {
+		acked += 100000
+		h.k.SetSubflows([]mptcppm.Subflow{
+			{Token: 8, Local: client, Remote: server, State: 1, RTT: 30 * time.Millisecond, BytesAcked: acked},
+			{Token: 8, Local: sub, Remote: relay1, State: 1, RTT: 30 * time.Millisecond, BytesAcked: 1000000, Unacked: 20, Retransmits: 1},
+		})
+		time.Sleep(50 * time.Millisecond)
+		if _, _, ok := h.k.WaitCommand(0, 0, func(in policy.Intent) bool { return in.Action == policy.DestroySubflow }); ok {
+			break
+		}
+	}
+	_, i := h.wait(0, "SUBFLOW_DESTROY of the dead r1 subflow", func(in policy.Intent) bool {
+		return in.Action == policy.DestroySubflow && in.Remote == relay1
+	})
+	t.Logf("dead detour closed %s after it went silent", time.Since(dead).Round(time.Millisecond))
+	h.wait(i, "replacement SUBFLOW_CREATE via r2", creates(relay2))
+}
+
+func TestAgentServerRefusingJoinsIsBackedOff(t *testing.T) {
+	h := start(t, policy.Static, natDetour("r1", relay1), natDetour("r2", relay2))
+	h.connect(9)
+	// Every join is reset by the server right after it comes up.
+	deadline := time.Now().Add(3 * time.Second)
+	port := uint16(50000)
+	from := 0
+	for time.Now().Before(deadline) {
+		in, i, ok := h.k.WaitCommand(from, 100*time.Millisecond, func(in policy.Intent) bool { return in.Action == policy.CreateSubflow })
+		if !ok {
+			continue
+		}
+		from = i + 1
+		port++
+		sf := netip.AddrPortFrom(client.Addr(), port)
+		h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 9, Local: sf, Remote: in.Remote},
+			mptcppm.Event{Type: mptcppm.EventSubClosed, Token: 9, Local: sf, Remote: in.Remote})
+	}
+	n := 0
+	for _, in := range h.k.Commands() {
+		if in.Action == policy.CreateSubflow {
+			n++
+		}
+	}
+	if n > 6 {
+		t.Fatalf("%d SUBFLOW_CREATE in 3 s against a server refusing every join", n)
+	}
+	st := h.a.Status()
+	if len(st.Connections) != 1 || len(st.Connections[0].Refusals) == 0 || st.Connections[0].HoldUntil.IsZero() {
+		t.Fatalf("status does not show the refusals and the hold: %+v", st.Connections)
+	}
+}

@@ -1,0 +1,148 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/policy"
+)
+
+// Kernel is everything the agent needs of the kernel's MPTCP path manager:
+// events in, commands out, and the two sock_diag views (connections for
+// adoption and resynchronisation, subflows with TCP_INFO for measurement).
+// LinuxKernel is the real one; kerneltest.Fake stands in for it in tests
+// that run without root, as wireguard-go's conn/bindtest does for its Bind.
+type Kernel interface {
+	// Events blocks for the next batch of events. An error wrapping
+	// mptcppm.ErrEventsLost means the kernel dropped some (the agent then
+	// resynchronises); net.ErrClosed after Close.
+	Events() ([]mptcppm.Event, error)
+	// Command issues one intent and returns the kernel's answer. The agent
+	// calls it from several workers at once.
+	Command(in policy.Intent) error
+	// Connections lists the namespace's MPTCP connections with their subflows.
+	Connections() ([]mptcppm.Connection, error)
+	// Subflows lists the namespace's MPTCP subflows with their TCP_INFO.
+	Subflows() ([]mptcppm.Subflow, error)
+}
+
+// LinuxKernel talks to the kernel through generic netlink (mptcp_pm) and
+// sock_diag in one network namespace. OpenKernel switches the namespace to
+// the userspace path manager; Close restores the previous choice.
+type LinuxKernel struct {
+	opts    mptcppm.Options
+	ev      *mptcppm.Events
+	pool    chan *mptcppm.Conn
+	conns   []*mptcppm.Conn
+	restore func() error
+	// PMTypeBefore is net.mptcp.pm_type as found at start.
+	PMTypeBefore string
+	log          *slog.Logger
+}
+
+// OpenKernel prepares namespace cfg.NetNS: it applies cfg.Nice, listens
+// for events (before switching the path manager, so no connection falls
+// between the two), switches to the userspace path manager and opens
+// cfg.CommandWorkers command sockets.
+func OpenKernel(cfg Config, log *slog.Logger) (_ *LinuxKernel, err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	// Before any thread is created for namespace work, so they inherit it.
+	if cfg.Nice != 0 {
+		if err := renice(cfg.Nice); err != nil {
+			return nil, err
+		}
+	}
+	k := &LinuxKernel{opts: mptcppm.Options{NetNS: cfg.NetNS, ReadBuffer: cfg.EventBuffer}, log: log}
+	defer func() {
+		if err != nil {
+			k.Close()
+		}
+	}()
+	if k.ev, err = mptcppm.ListenEvents(k.opts); err != nil {
+		return nil, err
+	}
+	k.PMTypeBefore, _ = readSysctl(cfg.NetNS, "net.mptcp.pm_type")
+	if k.restore, err = useUserspacePM(cfg.NetNS); err != nil {
+		return nil, err
+	}
+	workers := max(cfg.CommandWorkers, 1)
+	k.pool = make(chan *mptcppm.Conn, workers)
+	for range workers {
+		c, err := mptcppm.Dial(k.opts)
+		if err != nil {
+			return nil, err
+		}
+		k.conns = append(k.conns, c)
+		k.pool <- c
+	}
+	return k, nil
+}
+
+// Events implements Kernel.
+func (k *LinuxKernel) Events() ([]mptcppm.Event, error) { return k.ev.Receive() }
+
+// Command implements Kernel: one command socket per concurrent caller.
+func (k *LinuxKernel) Command(in policy.Intent) error {
+	pm := <-k.pool
+	defer func() { k.pool <- pm }()
+	local := mptcppm.Addr{ID: in.LocalID, IP: in.Local.Addr(), Port: in.Local.Port()}
+	remote := mptcppm.AddrFrom(in.Remote, 0)
+	switch in.Action {
+	case policy.CreateSubflow:
+		return pm.SubflowCreate(in.Token, local, remote)
+	case policy.DestroySubflow:
+		return pm.SubflowDestroy(in.Token, local, remote)
+	case policy.SetBackup:
+		return pm.SetBackup(in.Token, local, remote, in.Backup)
+	}
+	return fmt.Errorf("unknown action %v", in.Action)
+}
+
+// Connections implements Kernel.
+func (k *LinuxKernel) Connections() ([]mptcppm.Connection, error) { return mptcppm.Dump(k.opts) }
+
+// Subflows implements Kernel.
+func (k *LinuxKernel) Subflows() ([]mptcppm.Subflow, error) { return mptcppm.DumpSubflows(k.opts) }
+
+// Close stops the event socket (Events returns) and restores the path
+// manager. Subflows already open stay open.
+func (k *LinuxKernel) Close() error {
+	var errs []error
+	if k.ev != nil {
+		k.ev.Close()
+	}
+	for _, c := range k.conns {
+		c.Close()
+	}
+	if k.restore != nil {
+		if err := k.restore(); err != nil {
+			errs = append(errs, err)
+		} else {
+			k.log.Info("path manager restored", "pm_type", k.PMTypeBefore)
+		}
+		k.restore = nil
+	}
+	return errors.Join(errs...)
+}
+
+// RunLinux runs an agent on the real kernel of cfg.NetNS until ctx ends,
+// then restores the namespace's path manager. A nil pol means the policy
+// the configuration names.
+func RunLinux(ctx context.Context, cfg Config, log *slog.Logger, pol policy.Policy, sources ...detour.Source) (err error) {
+	k, err := OpenKernel(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := k.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	return New(cfg, log, k, pol, sources...).Run(ctx)
+}

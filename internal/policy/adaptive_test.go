@@ -1,0 +1,283 @@
+package policy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+)
+
+// sim drives an adaptive Manager with synthetic measurements: every path
+// delivers at its own rate (bytes/s, 0 = dead) and the test advances time.
+type sim struct {
+	t     *testing.T
+	p     *Manager
+	clk   *clock
+	conn  Conn
+	paths map[subKey]*simPath
+	ins   []Intent // every intent returned so far
+}
+
+type simPath struct {
+	local, remote netip.AddrPort
+	rate          float64 // bytes/s; 0 = black hole
+	down          bool    // download: bytes received rather than acked
+	rtt           time.Duration
+	loss          float64
+	acked, rcvd   uint64
+	segs, retrans uint32
+	quietFor      time.Duration
+	backup        bool
+}
+
+func newSim(t *testing.T, k int, ds ...detour.Detour) *sim {
+	clk := &clock{t: time.Unix(1000, 0)}
+	p := NewAdaptive(Config{Subflows: k, Now: clk.now, Rand: func() float64 { return 0.5 }}, []detour.Source{&list{ds: ds}})
+	s := &sim{t: t, p: p, clk: clk, conn: Conn{Token: 9, Local: client, Remote: server}, paths: map[subKey]*simPath{}}
+	s.apply(p.Established(s.conn))
+	s.paths[key(client.Addr(), server)] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
+	return s
+}
+
+// apply records intents and brings requested subflows up (port 50000+n).
+func (s *sim) apply(ins []Intent) {
+	for _, in := range ins {
+		s.ins = append(s.ins, in)
+		sk := key(in.Local.Addr(), in.Remote)
+		switch in.Action {
+		case CreateSubflow:
+			local := netip.AddrPortFrom(in.Local.Addr(), uint16(50000+len(s.ins)))
+			s.paths[sk] = &simPath{local: local, remote: in.Remote, rate: 1e6, rtt: 30 * time.Millisecond}
+			s.apply(s.p.SubflowEstablished(Subflow{Token: in.Token, Local: local, Remote: in.Remote}))
+		case DestroySubflow:
+			if sp := s.paths[sk]; sp != nil {
+				delete(s.paths, sk)
+				s.apply(s.p.SubflowClosed(Subflow{Token: in.Token, Local: sp.local, Remote: sp.remote}))
+			}
+		case SetBackup:
+			if sp := s.paths[sk]; sp != nil {
+				sp.backup = in.Backup
+			}
+		}
+	}
+}
+
+// run advances time in 100 ms steps, measuring every path.
+func (s *sim) run(d time.Duration, set func(sk subKey, sp *simPath)) {
+	const step = 100 * time.Millisecond
+	for range int(d / step) {
+		s.clk.advance(step)
+		var ms []Measurement
+		for sk, sp := range s.paths {
+			if set != nil {
+				set(sk, sp)
+			}
+			m := Measurement{Token: s.conn.Token, Local: sp.local, Remote: sp.remote, RTT: sp.rtt, Backup: sp.backup}
+			if sp.rate > 0 {
+				n := uint64(sp.rate * step.Seconds())
+				segs := uint32(n/1400) + 1
+				sp.segs += segs
+				sp.retrans += uint32(float64(segs) * sp.loss)
+				if sp.down {
+					sp.rcvd += n
+				} else {
+					sp.acked += n
+				}
+				sp.quietFor = 0
+			} else {
+				sp.quietFor += step
+				if !sp.down {
+					m.Unacked, m.Retransmits = 10, 1
+				}
+			}
+			m.BytesAcked, m.BytesReceived, m.SegsOut, m.TotalRetrans = sp.acked, sp.rcvd, sp.segs, sp.retrans
+			m.SinceDataRecv = sp.quietFor
+			ms = append(ms, m)
+		}
+		s.apply(s.p.Measured(s.clk.t, ms))
+		s.apply(s.p.Tick(s.clk.t))
+	}
+}
+
+func (s *sim) count(a Action) int {
+	n := 0
+	for _, in := range s.ins {
+		if in.Action == a {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *sim) role(path string) Role {
+	for _, c := range s.p.Report().Conns {
+		for _, sf := range c.Subflows {
+			if sf.Path == path {
+				return sf.Role
+			}
+		}
+	}
+	return ""
+}
+
+func TestAdaptiveWatchdogReplacesDeadDetour(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		s := newSim(t, 1, d1, d2)
+		s.run(time.Second, func(_ subKey, sp *simPath) { sp.down = down })
+		dead := key(client.Addr(), d1.Remote)
+		start := s.clk.t
+		s.run(time.Second, func(sk subKey, _ *simPath) {
+			if sk == dead {
+				s.paths[sk].rate = 0
+			}
+		})
+		if _, ok := s.paths[dead]; ok {
+			t.Fatalf("download=%v: dead detour subflow still open after %s", down, s.clk.t.Sub(start))
+		}
+		if _, ok := s.paths[key(client.Addr(), d2.Remote)]; !ok {
+			t.Fatalf("download=%v: no replacement via r2; intents %v", down, s.ins)
+		}
+		// Destroyed within the watchdog's limit plus a sample or two.
+		var at int
+		for i, in := range s.ins {
+			if in.Action == DestroySubflow {
+				at = i
+			}
+		}
+		if at == 0 || s.p.Backoff(d1).IsZero() {
+			t.Fatalf("download=%v: no destroy or r1 not backed off: %v", down, s.ins)
+		}
+	}
+}
+
+func TestAdaptiveWatchdogFailsOverDefaultPathAndRevives(t *testing.T) {
+	s := newSim(t, 1, d1)
+	s.run(time.Second, nil)
+	def := key(client.Addr(), server)
+	var deadAt, backupAt time.Time
+	s.run(2*time.Second, func(sk subKey, sp *simPath) {
+		if sk == def {
+			if deadAt.IsZero() {
+				deadAt = s.clk.t
+			}
+			sp.rate = 0
+			if sp.backup && backupAt.IsZero() {
+				backupAt = s.clk.t
+			}
+		}
+	})
+	if backupAt.IsZero() || backupAt.Sub(deadAt) > 500*time.Millisecond {
+		t.Fatalf("default path not set aside within 500 ms (at %v after death); intents %v", backupAt.Sub(deadAt), s.ins)
+	}
+	if s.role("default") != RoleFailed {
+		t.Fatalf("default role %q, want failed", s.role("default"))
+	}
+	// The path comes back: its retransmissions are acknowledged again.
+	s.run(500*time.Millisecond, func(sk subKey, sp *simPath) {
+		if sk == def {
+			sp.rate = 1e6
+		}
+	})
+	if s.paths[def].backup || s.role("default") != RoleActive {
+		t.Fatalf("default path not revived: backup=%v role %q", s.paths[def].backup, s.role("default"))
+	}
+}
+
+func TestAdaptiveRefusingServerDoesNotLoop(t *testing.T) {
+	s := newSim(t, 2, d1, d2)
+	// The server resets every join right after it comes up.
+	creates := 0
+	for range 100 { // 10 s
+		s.clk.advance(100 * time.Millisecond)
+		for sk, sp := range s.paths {
+			if sk == key(client.Addr(), server) {
+				continue
+			}
+			delete(s.paths, sk)
+			s.apply(s.p.SubflowClosed(Subflow{Token: s.conn.Token, Local: sp.local, Remote: sp.remote}))
+		}
+		s.apply(s.p.Tick(s.clk.t))
+	}
+	creates = s.count(CreateSubflow)
+	if creates > 12 {
+		t.Fatalf("%d SUBFLOW_CREATE in 10 s against a server refusing every join, want a bounded few", creates)
+	}
+	r := s.p.Report().Conns[0]
+	if r.HoldUntil.IsZero() || len(r.Refusals) == 0 || !strings.Contains(r.Decision, "refusals") {
+		t.Fatalf("report does not show the hold: %+v", r)
+	}
+}
+
+func TestAdaptiveSetsHarmfulPathAsideAndKeepsUsefulOne(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// the detour's rate with the long, lossy default path active and
+		// with it set aside
+		with, without float64
+		wantBackup    bool
+	}{
+		// Head-of-line blocking behind the default path holds the detour
+		// back: the connection does better without it.
+		{"harmful", 6e5, 1e6, true},
+		// It looks bad (long RTT, loss) but the connection loses without it.
+		{"useful", 1e6, 1e6, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, 1, d1)
+			def := key(client.Addr(), server)
+			s.run(5*time.Second, func(sk subKey, sp *simPath) {
+				if sk == def {
+					sp.rtt, sp.loss, sp.rate = 400*time.Millisecond, 0.05, 3e5
+					if sp.backup {
+						sp.rate = 0.01 // in-flight only
+					}
+				} else if s.paths[def].backup {
+					sp.rate = tc.without
+				} else {
+					sp.rate = tc.with
+				}
+			})
+			got := s.paths[def].backup
+			if got != tc.wantBackup {
+				t.Fatalf("default path backup=%v, want %v; decision %q; intents %v", got, tc.wantBackup, s.p.Report().Conns[0].Decision, s.ins)
+			}
+			if s.count(SetBackup) == 0 {
+				t.Fatal("no trial was run")
+			}
+		})
+	}
+}
+
+func TestAdaptiveEvictsDetourThatAddsNothing(t *testing.T) {
+	// K=1; r1 shares the default path's bottleneck (adds nothing), r2 is
+	// disjoint. The policy tries r1, sees no loss without it, evicts it and
+	// keeps r2.
+	s := newSim(t, 1, d1, d2)
+	def := key(client.Addr(), server)
+	p1, p2 := key(client.Addr(), d1.Remote), key(client.Addr(), d2.Remote)
+	s.run(12*time.Second, func(sk subKey, sp *simPath) {
+		shared := s.paths[p1] != nil && !s.paths[p1].backup
+		switch sk {
+		case def:
+			sp.rate = 1e6
+			if shared {
+				sp.rate = 5e5
+			}
+		case p1:
+			sp.rate = 5e5
+			if sp.backup {
+				sp.rate = 0.01
+			}
+		case p2:
+			sp.rate = 1e6
+		}
+	})
+	if s.paths[p1] != nil || s.paths[p2] == nil {
+		t.Fatalf("after 12 s: r1 open=%v r2 open=%v, want r1 evicted for r2; intents %v", s.paths[p1] != nil, s.paths[p2] != nil, s.ins)
+	}
+	if s.role("nat:r2") != RoleActive {
+		t.Fatalf("r2 role %q", s.role("nat:r2"))
+	}
+}

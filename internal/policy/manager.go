@@ -1,0 +1,883 @@
+package policy
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+)
+
+// Mode selects how a Manager chooses subflows.
+type Mode int
+
+const (
+	// Static keeps N detour subflows per connection in the sources' order,
+	// replaces failed ones with backoff and closes stalled ones.
+	Static Mode = iota + 1
+	// Adaptive measures every subflow (Measured), fails over within a
+	// second when a path stops delivering, sets paths that lower the
+	// aggregate aside as backup, and replaces detours that add nothing with
+	// untried candidates (docs/agent.md, "The adaptive policy").
+	Adaptive
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Static:
+		return "static"
+	case Adaptive:
+		return "adaptive"
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// ParseMode reads a policy name from configuration.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "static":
+		return Static, nil
+	case "adaptive":
+		return Adaptive, nil
+	}
+	return 0, fmt.Errorf("unknown policy %q (want static or adaptive)", s)
+}
+
+// Config configures a Manager; zero fields take the defaults in brackets.
+type Config struct {
+	Mode Mode // [Static]
+	// Subflows is how many detour subflows each selected connection keeps
+	// besides its initial one (0 = default 2, negative = none).
+	Subflows int
+	// Announced caps subflows opened toward addresses the server announced,
+	// per connection (default 2, like the in-kernel PM's add_addr_accepted
+	// once raised). Negative disables them.
+	Announced int
+	Selectors []Selector
+	// MaxConns bounds tracked connections (default 65536); beyond it new
+	// connections are left alone so memory stays bounded.
+	MaxConns int
+	// Backoff is the first wait before a failed detour is tried again,
+	// doubling per consecutive failure up to MaxBackoff (1s, 60s). The same
+	// backoff, with jitter, holds a connection whose subflows keep being
+	// refused (a server at its subflow limit).
+	Backoff, MaxBackoff time.Duration
+	// ConnectTimeout: a detour subflow still not established after this
+	// (its SYN black-holed) stops counting and its detour is backed off, so
+	// another detour is tried without waiting minutes for the kernel's SYN
+	// retries to give up (default 3s).
+	ConnectTimeout time.Duration
+	// MinLifetime: a subflow closed sooner after it came up was refused
+	// (e.g. the server's subflow limit), not closed cleanly [2s].
+	MinLifetime time.Duration
+	// StallRetransmits (static): consecutive retransmission timeouts that
+	// mark a detour subflow stalled [3].
+	StallRetransmits int
+	// Watchdog (adaptive): the floor of the no-progress time that declares
+	// a path dead; the limit is max(3 x RTT, Watchdog) [200ms].
+	Watchdog time.Duration
+	// Window (adaptive): how long the connection is measured with and
+	// without a subflow before deciding [2s].
+	Window time.Duration
+	// Hold (adaptive): how long a decision stands before it is tested
+	// again (a path set aside is given another chance) [30s].
+	Hold time.Duration
+	// HarmLoss and HarmRTT (adaptive): a subflow retransmitting more than
+	// HarmLoss of its segments [2%], or whose RTT exceeds HarmRTT times
+	// the best path's plus 20 ms [3], is tested first.
+	HarmLoss float64
+	HarmRTT  float64
+	// Now is the clock and Rand the jitter source (tests).
+	Now  func() time.Time
+	Rand func() float64
+	Log  *slog.Logger
+}
+
+// Manager is the path manager's policy: static or adaptive (Config.Mode).
+// It is driven from one goroutine.
+type Manager struct {
+	cfg     Config
+	sources []detour.Source
+	conns   map[uint32]*kconn
+	health  map[string]*health
+	servers map[netip.AddrPort]int // connections per server, for Release
+	// avoid remembers detours evicted for a server (they added nothing).
+	avoid map[string]time.Time
+	// localIDs gives each extra local address (tunnel detours) one MPTCP
+	// address id for all connections: the kernel refuses an address
+	// under two ids within a connection.
+	localIDs map[netip.Addr]uint8
+	nextID   int
+	wake     wakeHeap
+	// Untracked counts connections ignored because MaxConns was reached.
+	Untracked uint64
+}
+
+type kconn struct {
+	c           Conn
+	selected    bool
+	established bool
+	subs        map[subKey]*ksub
+	announced   map[uint8]netip.AddrPort
+	pollWait    time.Duration // retry interval while no detour is available
+	retryAt     time.Time
+	pollUntil   time.Time
+	notConn     int // SUBFLOW_CREATE refused with ENOTCONN so far
+
+	// Refusals: consecutive ones hold the connection (no new subflow)
+	// until holdUntil; each reason is logged once.
+	fails     int
+	holdUntil time.Time
+	refusals  map[string]int
+	decision  string
+
+	// Adaptive measurement: delivered bytes (both directions, all
+	// subflows) sampled over time, for rates with and without a subflow.
+	delivered uint64
+	hist      []sample
+	lastRecv  time.Time // when any subflow last received data
+	trial     *trial
+	nextEval  time.Time
+	tried     map[string]bool // detours used by this connection so far
+}
+
+type sample struct {
+	at        time.Time
+	delivered uint64
+}
+
+type trial struct {
+	sub    subKey
+	revive bool // testing a backup subflow as active again
+	start  time.Time
+	until  time.Time
+	before float64 // connection rate (bytes/s) over the window before
+	why    string
+}
+
+// subKey leaves the local port out: it is unknown until the SYN goes out.
+type subKey struct {
+	local  netip.Addr
+	remote netip.AddrPort
+}
+
+type ksub struct {
+	d       *detour.Detour
+	initial bool // the connection's first subflow (default path)
+	up      bool
+	upSince time.Time
+	created time.Time
+	stale   bool // connect timeout passed or closed by us; no longer counted
+	port    uint16
+	localID uint8
+	backup  bool
+
+	role     Role
+	decision string
+	// Measurements (Measured).
+	seen         bool
+	sampledAt    time.Time
+	m            Measurement
+	lastProgress time.Time
+	rtt          time.Duration
+	rate, loss   float64
+	recvd        bool      // has ever received data
+	dead         bool      // the watchdog declared it dead (initial/announced: set backup)
+	keepUntil    time.Time // proven useful (or set aside): not tested again before
+	setAside     bool      // we marked it backup (not the configuration)
+}
+
+type health struct {
+	fails   int
+	until   time.Time
+	last    time.Time
+	lastErr string
+}
+
+// NewStatic returns the static policy drawing detours from sources.
+func NewStatic(cfg Config, sources []detour.Source) *Manager {
+	cfg.Mode = Static
+	return New(cfg, sources)
+}
+
+// NewAdaptive returns the adaptive policy drawing detours from sources.
+func NewAdaptive(cfg Config, sources []detour.Source) *Manager {
+	cfg.Mode = Adaptive
+	return New(cfg, sources)
+}
+
+// New returns a Manager in cfg.Mode (static when unset).
+func New(cfg Config, sources []detour.Source) *Manager {
+	if cfg.Mode == 0 {
+		cfg.Mode = Static
+	}
+	if cfg.Subflows == 0 {
+		cfg.Subflows = 2
+	} else if cfg.Subflows < 0 {
+		cfg.Subflows = 0
+	}
+	if cfg.Announced == 0 {
+		cfg.Announced = 2
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 65536
+	}
+	if cfg.Backoff <= 0 {
+		cfg.Backoff = time.Second
+	}
+	if cfg.MaxBackoff < cfg.Backoff {
+		cfg.MaxBackoff = 60 * time.Second
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 3 * time.Second
+	}
+	if cfg.MinLifetime <= 0 {
+		cfg.MinLifetime = 2 * time.Second
+	}
+	if cfg.StallRetransmits <= 0 {
+		cfg.StallRetransmits = 3
+	}
+	if cfg.Watchdog <= 0 {
+		cfg.Watchdog = 200 * time.Millisecond
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = 2 * time.Second
+	}
+	if cfg.Hold <= 0 {
+		cfg.Hold = 30 * time.Second
+	}
+	if cfg.HarmLoss <= 0 {
+		cfg.HarmLoss = 0.02
+	}
+	if cfg.HarmRTT <= 0 {
+		cfg.HarmRTT = 3
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{cfg: cfg, sources: sources, conns: map[uint32]*kconn{},
+		health: map[string]*health{}, servers: map[netip.AddrPort]int{}, avoid: map[string]time.Time{},
+		localIDs: map[netip.Addr]uint8{}, nextID: 1}
+}
+
+// Mode reports the manager's mode.
+func (p *Manager) Mode() Mode { return p.cfg.Mode }
+
+func key(local netip.Addr, remote netip.AddrPort) subKey {
+	return subKey{local.Unmap(), unmapAP(remote)}
+}
+
+func (p *Manager) adaptive() bool { return p.cfg.Mode == Adaptive }
+
+func (p *Manager) track(c Conn) *kconn {
+	if k := p.conns[c.Token]; k != nil {
+		return k
+	}
+	if len(p.conns) >= p.cfg.MaxConns {
+		p.Untracked++
+		return nil
+	}
+	c.Local, c.Remote = unmapAP(c.Local), unmapAP(c.Remote)
+	k := &kconn{c: c, selected: Selected(p.cfg.Selectors, c.Remote), subs: map[subKey]*ksub{}}
+	p.conns[c.Token] = k
+	if k.selected {
+		p.servers[c.Remote]++
+	}
+	return k
+}
+
+func (p *Manager) Created(c Conn) []Intent {
+	k := p.track(c)
+	if k != nil && k.selected {
+		for _, s := range p.sources {
+			s.Prepare(k.c.Remote)
+		}
+	}
+	return nil
+}
+
+func (p *Manager) Established(c Conn) []Intent {
+	k := p.track(c)
+	if k == nil {
+		return nil
+	}
+	k.established = true
+	p.trackInitial(k)
+	out := p.fill(k)
+	for id, a := range k.announced {
+		out = append(out, p.announcedSubflow(k, id, a)...)
+	}
+	return out
+}
+
+// trackInitial records the connection's first subflow (the default path),
+// which the adaptive policy measures like any other.
+func (p *Manager) trackInitial(k *kconn) {
+	sk := key(k.c.Local.Addr(), k.c.Remote)
+	if k.subs[sk] == nil {
+		now := p.cfg.Now()
+		k.subs[sk] = &ksub{initial: true, up: true, upSince: now, created: now, port: k.c.Local.Port(), role: RoleActive}
+	}
+}
+
+func (p *Manager) Closed(token uint32) []Intent {
+	k := p.conns[token]
+	if k == nil {
+		return nil
+	}
+	delete(p.conns, token)
+	if k.selected {
+		if p.servers[k.c.Remote]--; p.servers[k.c.Remote] <= 0 {
+			delete(p.servers, k.c.Remote)
+			p.release(k.c.Remote)
+		}
+	}
+	return nil
+}
+
+// release lets grant-holding sources give up what no connection uses.
+func (p *Manager) release(server netip.AddrPort) {
+	for _, s := range p.sources {
+		if r, ok := s.(detour.Releaser); ok {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := r.Release(ctx, server); err != nil {
+					p.cfg.Log.Debug("release detours", "server", server, "err", err)
+				}
+			}()
+		}
+	}
+}
+
+func (p *Manager) Announced(token uint32, id uint8, addr netip.AddrPort) []Intent {
+	k := p.conns[token]
+	if k == nil || p.cfg.Announced < 0 {
+		return nil
+	}
+	if addr.Port() == 0 {
+		addr = netip.AddrPortFrom(addr.Addr(), k.c.Remote.Port())
+	}
+	addr = unmapAP(addr)
+	if k.announced == nil {
+		k.announced = map[uint8]netip.AddrPort{}
+	}
+	if len(k.announced) >= 8 { // bounded whatever the server sends
+		return nil
+	}
+	k.announced[id] = addr
+	if !k.established {
+		return nil
+	}
+	return p.announcedSubflow(k, id, addr)
+}
+
+func (p *Manager) announcedSubflow(k *kconn, id uint8, addr netip.AddrPort) []Intent {
+	a := addr.Addr()
+	if a == k.c.Remote.Addr() && addr.Port() == k.c.Remote.Port() || a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() || a.IsMulticast() {
+		return nil
+	}
+	n := 0
+	for _, s := range k.subs {
+		if s.d == nil && !s.initial {
+			n++
+		}
+	}
+	sk := key(k.c.Local.Addr(), addr)
+	if n >= p.cfg.Announced || k.subs[sk] != nil {
+		return nil
+	}
+	k.subs[sk] = &ksub{created: p.cfg.Now(), role: RoleConnecting}
+	return []Intent{{Action: CreateSubflow, Token: k.c.Token, Local: netip.AddrPortFrom(k.c.Local.Addr(), 0), Remote: addr, RemoteID: id}}
+}
+
+func (p *Manager) Removed(token uint32, id uint8) []Intent {
+	// The kernel closes the subflows to a removed address itself.
+	if k := p.conns[token]; k != nil {
+		delete(k.announced, id)
+	}
+	return nil
+}
+
+func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
+	k := p.conns[sf.Token]
+	if k == nil {
+		return nil
+	}
+	sk := key(sf.Local.Addr(), sf.Remote)
+	s := k.subs[sk]
+	if s == nil {
+		// Not ours (opened before a restart, or by someone else): account
+		// for it if it runs through a known detour.
+		s = &ksub{created: p.cfg.Now()}
+		if d, ok := Match(p.detours(k.c.Remote), sf.Local.Addr(), sf.Remote); ok {
+			s.d = &d
+		}
+		k.subs[sk] = s
+	}
+	s.up, s.stale, s.upSince, s.port, s.backup, s.localID = true, false, p.cfg.Now(), sf.Local.Port(), sf.Backup, sf.LocalID
+	s.role = RoleActive
+	if s.backup {
+		s.role = RoleBackup
+	}
+	s.seen = false
+	// Learn ids the kernel already uses (subflows from before a restart).
+	if a := sf.Local.Addr().Unmap(); sf.LocalID != 0 && a != k.c.Local.Addr() {
+		if _, ok := p.localIDs[a]; !ok {
+			p.localIDs[a] = sf.LocalID
+		}
+	}
+	return nil
+}
+
+func (p *Manager) detours(server netip.AddrPort) []detour.Detour {
+	var ds []detour.Detour
+	for _, src := range p.sources {
+		ds = append(ds, src.Detours(server)...)
+	}
+	return ds
+}
+
+func (p *Manager) SubflowClosed(sf Subflow) []Intent {
+	k := p.conns[sf.Token]
+	if k == nil {
+		return nil
+	}
+	sk := key(sf.Local.Addr(), sf.Remote)
+	s := k.subs[sk]
+	if s == nil {
+		return nil
+	}
+	now := p.cfg.Now()
+	if s.initial {
+		// The default path's subflow is gone; the connection lives on
+		// through the others. Nothing to reopen on a path we do not choose.
+		delete(k.subs, sk)
+		return nil
+	}
+	delete(k.subs, sk)
+	if k.trial != nil && k.trial.sub == sk {
+		k.trial = nil
+	}
+	// A subflow that never came up, died with an error or was closed soon
+	// after it came up (the server refusing more subflows resets the join)
+	// was refused; a clean close of a subflow that lived is not a failure.
+	short := s.up && now.Sub(s.upSince) < p.cfg.MinLifetime
+	if !s.stale && (!s.up || sf.Errno != 0 || short) {
+		reason := closeReason(sf.Errno, s.up, short, p.cfg.MinLifetime)
+		if s.d != nil {
+			p.penalise(*s.d, reason)
+		}
+		p.refused(k, reason)
+	} else if s.up && !short {
+		k.fails = 0
+	}
+	if s.d == nil {
+		return nil // announced addresses are not retried, as in the kernel PM
+	}
+	return p.fill(k)
+}
+
+func closeReason(errno uint8, wasUp, short bool, min time.Duration) string {
+	switch {
+	case errno != 0:
+		return "subflow closed: " + syscall.Errno(errno).Error()
+	case !wasUp:
+		return "subflow closed before it was established"
+	case short:
+		return fmt.Sprintf("subflow closed within %s of joining (server refusing subflows?)", min)
+	}
+	return "subflow closed"
+}
+
+// refused counts a refusal against the connection; after three in a row the
+// connection is held (no new subflow) with exponential backoff and jitter,
+// so that a server that refuses every join is not asked thousands of times.
+func (p *Manager) refused(k *kconn, reason string) {
+	if k.refusals == nil {
+		k.refusals = map[string]int{}
+	}
+	short := reason
+	if len(k.refusals) >= 16 && k.refusals[reason] == 0 {
+		short = "other"
+	}
+	k.refusals[short]++
+	if k.refusals[short] == 1 {
+		p.cfg.Log.Info("subflow refused", "token", fmt.Sprintf("%08x", k.c.Token), "server", k.c.Remote, "reason", reason)
+	}
+	k.fails++
+	if k.fails < 3 {
+		return
+	}
+	wait := p.cfg.Backoff << min(k.fails-3, 20)
+	if wait > p.cfg.MaxBackoff || wait <= 0 {
+		wait = p.cfg.MaxBackoff
+	}
+	// ±25% jitter, so that many connections to one server spread out.
+	wait = time.Duration(float64(wait) * (0.75 + 0.5*p.cfg.Rand()))
+	now := p.cfg.Now()
+	k.holdUntil = now.Add(wait)
+	k.decision = fmt.Sprintf("holding new subflows for %s after %d refusals in a row (last: %s)", wait.Round(time.Millisecond), k.fails, reason)
+	if k.fails == 3 || k.fails%10 == 0 {
+		p.cfg.Log.Warn("connection keeps refusing subflows; backing off", "token", fmt.Sprintf("%08x", k.c.Token),
+			"server", k.c.Remote, "refusals", k.fails, "wait", wait, "last", reason)
+	}
+	heap.Push(&p.wake, wakeup{at: k.holdUntil, token: k.c.Token})
+}
+
+func (p *Manager) penalise(d detour.Detour, reason string) {
+	now := p.cfg.Now()
+	h := p.health[Key(d)]
+	if h == nil {
+		h = &health{}
+		p.health[Key(d)] = h
+	}
+	h.fails++
+	wait := p.cfg.Backoff << min(h.fails-1, 20)
+	if wait > p.cfg.MaxBackoff || wait <= 0 {
+		wait = p.cfg.MaxBackoff
+	}
+	h.until, h.last, h.lastErr = now.Add(wait), now, reason
+	p.cfg.Log.Info("detour failed", "detour", d.String(), "fails", h.fails, "retry_after", wait, "reason", reason)
+}
+
+func (p *Manager) Priority(sf Subflow) []Intent {
+	if k := p.conns[sf.Token]; k != nil {
+		if s := k.subs[key(sf.Local.Addr(), sf.Remote)]; s != nil {
+			s.backup = sf.Backup
+		}
+	}
+	return nil
+}
+
+func (p *Manager) Failed(in Intent, err error) []Intent {
+	k := p.conns[in.Token]
+	if k == nil {
+		return nil
+	}
+	if in.Action == SetBackup {
+		// A kernel without set_flags for this subflow: the policy keeps
+		// working without backup marks; say so once.
+		if s := k.subs[key(in.Local.Addr(), in.Remote)]; s != nil {
+			s.decision = "could not change the backup flag: " + err.Error()
+			s.setAside = false
+		}
+		p.refused(k, "set_flags: "+errnoName(err))
+		return nil
+	}
+	if in.Action != CreateSubflow {
+		return nil
+	}
+	delete(k.subs, key(in.Local.Addr(), in.Remote))
+	// Not fully established yet (a connection adopted from inet_diag before
+	// its first data ack): try again shortly, for a while.
+	if errors.Is(err, syscall.ENOTCONN) {
+		if k.notConn++; k.notConn <= 50 {
+			at := p.cfg.Now().Add(200 * time.Millisecond)
+			if k.retryAt.IsZero() || at.Before(k.retryAt) {
+				k.retryAt = at
+				heap.Push(&p.wake, wakeup{at: at, token: k.c.Token})
+			}
+		}
+		return nil
+	}
+	// The connection is gone: nothing to retry, no one to blame.
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EBADF) {
+		return nil
+	}
+	p.refused(k, "subflow_create: "+errnoName(err))
+	if in.Detour == nil {
+		return nil
+	}
+	p.penalise(*in.Detour, "subflow_create: "+err.Error())
+	return p.fill(k)
+}
+
+func errnoName(err error) string {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return en.Error()
+	}
+	return "error"
+}
+
+func (p *Manager) Adopt(c Conn, subflows []Subflow) []Intent {
+	k := p.track(c)
+	if k == nil {
+		return nil
+	}
+	k.established = true
+	p.trackInitial(k)
+	for _, sf := range subflows {
+		if key(sf.Local.Addr(), sf.Remote) == key(k.c.Local.Addr(), k.c.Remote) {
+			continue // the initial subflow
+		}
+		p.SubflowEstablished(sf)
+	}
+	return p.fill(k)
+}
+
+// fill opens detour subflows until the connection has N of them.
+func (p *Manager) fill(k *kconn) []Intent {
+	if !k.selected || !k.established {
+		return nil
+	}
+	now := p.cfg.Now()
+	if now.Before(k.holdUntil) {
+		return nil // a wakeup at holdUntil calls fill again
+	}
+	have := 0
+	used := map[string]bool{}
+	for _, s := range k.subs {
+		if s.d != nil {
+			if !s.stale {
+				have++
+			}
+			used[Key(*s.d)] = true
+		}
+	}
+	if have >= p.cfg.Subflows {
+		return nil
+	}
+	var cands []detour.Detour
+	var soonest time.Time
+	seen := map[string]bool{}
+	for _, d := range p.detours(k.c.Remote) {
+		dk := Key(d)
+		if seen[dk] || used[dk] || !d.Expires.IsZero() && !d.Expires.After(now) {
+			continue
+		}
+		seen[dk] = true
+		if h := p.health[dk]; h != nil && h.until.After(now) {
+			if soonest.IsZero() || h.until.Before(soonest) {
+				soonest = h.until
+			}
+			continue
+		}
+		if until, ok := p.avoid[avoidKey(k.c.Remote, dk)]; ok {
+			if until.After(now) {
+				continue
+			}
+			delete(p.avoid, avoidKey(k.c.Remote, dk))
+		}
+		cands = append(cands, d)
+	}
+	// Prefer detours with fewer recent failures, then (adaptive) ones this
+	// connection has not tried; keep the sources' order otherwise.
+	sort.SliceStable(cands, func(i, j int) bool {
+		if fi, fj := p.fails(cands[i]), p.fails(cands[j]); fi != fj {
+			return fi < fj
+		}
+		return p.adaptive() && !k.tried[Key(cands[i])] && k.tried[Key(cands[j])]
+	})
+	var out []Intent
+	for _, d := range cands {
+		if have >= p.cfg.Subflows {
+			break
+		}
+		local := d.Local
+		if !local.IsValid() {
+			local = k.c.Local.Addr()
+		}
+		sk := key(local, d.Remote)
+		if k.subs[sk] != nil {
+			continue
+		}
+		dd := d
+		k.subs[sk] = &ksub{d: &dd, created: now, role: RoleConnecting}
+		if k.tried == nil {
+			k.tried = map[string]bool{}
+		}
+		k.tried[Key(d)] = true
+		have++
+		out = append(out, Intent{Action: CreateSubflow, Token: k.c.Token, LocalID: p.localID(k, local),
+			Local: netip.AddrPortFrom(local, 0), Remote: unmapAP(d.Remote), Detour: &dd})
+	}
+	if have < p.cfg.Subflows {
+		p.scheduleRetry(k, now, soonest, len(seen) == 0)
+	}
+	if len(out) > 0 {
+		heap.Push(&p.wake, wakeup{at: now.Add(p.cfg.ConnectTimeout), token: k.c.Token, check: true})
+	}
+	return out
+}
+
+func avoidKey(server netip.AddrPort, detourKey string) string {
+	return server.String() + "|" + detourKey
+}
+
+// untried reports whether a detour this connection has not used is ready.
+func (p *Manager) untried(k *kconn, now time.Time) bool {
+	for _, d := range p.detours(k.c.Remote) {
+		dk := Key(d)
+		if k.tried[dk] || !d.Expires.IsZero() && !d.Expires.After(now) {
+			continue
+		}
+		if h := p.health[dk]; h != nil && h.until.After(now) {
+			continue
+		}
+		if until, ok := p.avoid[avoidKey(k.c.Remote, dk)]; ok && until.After(now) {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// localID is 0 for the connection's own address (the kernel's "initial
+// address"), else a stable id per address.
+func (p *Manager) localID(k *kconn, a netip.Addr) uint8 {
+	a = a.Unmap()
+	if a == k.c.Local.Addr() {
+		return 0
+	}
+	if id, ok := p.localIDs[a]; ok {
+		return id
+	}
+	used := map[uint8]bool{}
+	for _, id := range p.localIDs {
+		used[id] = true
+	}
+	for range 255 {
+		id := uint8(p.nextID)
+		p.nextID = p.nextID%255 + 1
+		if !used[id] {
+			p.localIDs[a] = id
+			return id
+		}
+	}
+	return 0 // 255 extra addresses: let the kernel decide
+}
+
+func (p *Manager) fails(d detour.Detour) int {
+	if h := p.health[Key(d)]; h != nil {
+		return h.fails
+	}
+	return 0
+}
+
+// scheduleRetry wakes the connection when a backed-off detour is usable
+// again, or polls the sources (a relay grant may still be in flight) with a
+// growing interval, for at most a minute after the last attempt.
+func (p *Manager) scheduleRetry(k *kconn, now, soonest time.Time, none bool) {
+	at := soonest
+	if none || at.IsZero() {
+		if k.pollWait == 0 {
+			k.pollWait = 250 * time.Millisecond
+			k.pollUntil = now.Add(time.Minute)
+		} else {
+			k.pollWait = min(2*k.pollWait, 30*time.Second)
+		}
+		if now.After(k.pollUntil) && soonest.IsZero() {
+			return
+		}
+		if at.IsZero() || now.Add(k.pollWait).Before(at) {
+			at = now.Add(k.pollWait)
+		}
+	}
+	if k.retryAt.IsZero() || !k.retryAt.After(now) || at.Before(k.retryAt) {
+		k.retryAt = at
+		heap.Push(&p.wake, wakeup{at: at, token: k.c.Token})
+	}
+}
+
+func (p *Manager) Tick(now time.Time) []Intent {
+	var out []Intent
+	for len(p.wake) > 0 && !p.wake[0].at.After(now) {
+		w := heap.Pop(&p.wake).(wakeup)
+		k := p.conns[w.token]
+		if k != nil && w.check {
+			out = append(out, p.expire(k, now)...)
+			continue
+		}
+		if k == nil {
+			continue
+		}
+		if w.at.Equal(k.holdUntil) {
+			k.holdUntil = time.Time{}
+			out = append(out, p.fill(k)...)
+			continue
+		}
+		if !k.retryAt.Equal(w.at) {
+			continue // rescheduled
+		}
+		k.retryAt = time.Time{}
+		out = append(out, p.fill(k)...)
+	}
+	// Forget detours that have been fine for a long time (bounded maps).
+	if len(p.health) > 1024 {
+		for dk, h := range p.health {
+			if now.Sub(h.last) > 10*p.cfg.MaxBackoff {
+				delete(p.health, dk)
+			}
+		}
+	}
+	if len(p.avoid) > 4096 {
+		for ak, until := range p.avoid {
+			if until.Before(now) {
+				delete(p.avoid, ak)
+			}
+		}
+	}
+	return out
+}
+
+// expire gives up on detour subflows that did not connect in time.
+func (p *Manager) expire(k *kconn, now time.Time) []Intent {
+	n := 0
+	for _, s := range k.subs {
+		if s.d != nil && !s.up && !s.stale && now.Sub(s.created) >= p.cfg.ConnectTimeout {
+			s.stale, s.role = true, RoleFailed
+			s.decision = fmt.Sprintf("not established within %s", p.cfg.ConnectTimeout)
+			p.penalise(*s.d, s.decision)
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return p.fill(k)
+}
+
+// Conns is the number of tracked connections.
+func (p *Manager) Conns() int { return len(p.conns) }
+
+// Backoff reports until when a detour is being avoided (zero if usable).
+func (p *Manager) Backoff(d detour.Detour) time.Time {
+	if h := p.health[Key(d)]; h != nil && h.until.After(p.cfg.Now()) {
+		return h.until
+	}
+	return time.Time{}
+}
+
+type wakeup struct {
+	at    time.Time
+	token uint32
+	check bool // connect-timeout check rather than a retry
+}
+
+type wakeHeap []wakeup
+
+func (h wakeHeap) Len() int           { return len(h) }
+func (h wakeHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h wakeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *wakeHeap) Push(x any)        { *h = append(*h, x.(wakeup)) }
+func (h *wakeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,444 @@
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"math"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// Measured applies the kernel's per-subflow measurements. Both policies
+// close a detour subflow whose path went silent; the adaptive one also runs
+// the watchdog on every path (the default one included) and tests, one
+// subflow at a time, what the connection delivers without it.
+func (p *Manager) Measured(now time.Time, ms []Measurement) []Intent {
+	touched := map[*kconn]bool{}
+	var out []Intent
+	for _, m := range ms {
+		k := p.conns[m.Token]
+		if k == nil || !k.established {
+			continue
+		}
+		s := k.subs[key(m.Local.Addr(), m.Remote)]
+		if s == nil || !s.up || s.stale {
+			continue
+		}
+		if s.initial && m.Local.Port() != 0 && s.port != 0 && m.Local.Port() != s.port {
+			continue // same addresses, another subflow
+		}
+		touched[k] = true
+		p.observe(k, s, m, now)
+		if !p.adaptive() && s.d != nil && int(m.Retransmits) >= p.cfg.StallRetransmits {
+			out = append(out, p.stalled(k, s, m, fmt.Sprintf("subflow stalled: %d retransmission timeouts", m.Retransmits))...)
+		}
+	}
+	if !p.adaptive() {
+		return out
+	}
+	for k := range touched {
+		k.hist = append(k.hist, sample{at: now, delivered: k.delivered})
+		if cut := now.Add(-4 * p.cfg.Window); len(k.hist) > 2 && k.hist[0].at.Before(cut) {
+			i := 0
+			for i < len(k.hist)-2 && k.hist[i].at.Before(cut) {
+				i++
+			}
+			k.hist = append(k.hist[:0], k.hist[i:]...)
+		}
+		out = append(out, p.watchdog(k, now)...)
+		out = append(out, p.evaluate(k, now)...)
+	}
+	return out
+}
+
+// observe updates a subflow's smoothed rate, loss and RTT from one sample.
+func (p *Manager) observe(k *kconn, s *ksub, m Measurement, now time.Time) {
+	if !s.seen {
+		s.seen, s.m, s.lastProgress = true, m, now
+		if m.RTT > 0 {
+			s.rtt = m.RTT
+		}
+		return
+	}
+	prev := s.m
+	s.m = m
+	dt := now.Sub(s.lastSample())
+	acked := sub64(m.BytesAcked, prev.BytesAcked)
+	rcvd := sub64(m.BytesReceived, prev.BytesReceived)
+	if acked+rcvd > 0 {
+		s.lastProgress = now
+		k.delivered += acked + rcvd
+	}
+	if rcvd > 0 {
+		s.recvd = true
+		k.lastRecv = now
+	}
+	if dt > 0 {
+		// Exponential moving averages with a one-second time constant.
+		a := 1 - math.Exp(-dt.Seconds())
+		s.rate += a * (float64(acked+rcvd)/dt.Seconds() - s.rate)
+		if segs := m.SegsOut - prev.SegsOut; segs > 0 && segs < 1<<30 {
+			re := float64(m.TotalRetrans-prev.TotalRetrans) / float64(segs)
+			s.loss += a * (min(max(re, 0), 1) - s.loss)
+		}
+	}
+	// The smoothed RTT freezes while a path is dead; keep the last good one.
+	if m.RTT > 0 && m.Retransmits == 0 {
+		s.rtt = m.RTT
+	}
+	s.sampledAt = now
+}
+
+func (s *ksub) lastSample() time.Time { return s.sampledAt }
+
+func sub64(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
+
+// stalled closes a detour subflow whose path went silent and replaces it.
+func (p *Manager) stalled(k *kconn, s *ksub, m Measurement, reason string) []Intent {
+	s.stale, s.role, s.decision = true, RoleFailed, reason
+	p.penalise(*s.d, reason)
+	p.cfg.Log.Info("detour subflow failed", "token", fmt.Sprintf("%08x", k.c.Token), "path", PathName(s.d, ""), "reason", reason)
+	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID, Local: m.Local, Remote: m.Remote, Detour: s.d}}
+	if k.trial != nil && k.trial.sub == key(m.Local.Addr(), m.Remote) {
+		k.trial = nil
+	}
+	return append(out, p.fill(k)...)
+}
+
+// watchdog declares dead a path that stopped delivering while data is
+// outstanding: no progress for max(3 x RTT, Watchdog) with segments
+// unacknowledged after a retransmission timeout (upload), or while other
+// subflows of the connection keep receiving (download). A dead detour
+// subflow is closed (the kernel reinjects its data) and replaced; a dead
+// default or announced path is set aside as backup, another backup is
+// promoted if nothing active is left, and it is revived once it delivers.
+func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
+	var out []Intent
+	for sk, s := range k.subs {
+		if !s.up || s.stale || !s.seen || s.sampledAt != now {
+			continue
+		}
+		limit := max(3*s.rtt, p.cfg.Watchdog)
+		quiet := now.Sub(s.lastProgress)
+		if s.dead {
+			if quiet == 0 {
+				s.dead, s.role = false, RoleActive
+				s.decision = "revived: delivering again"
+				p.cfg.Log.Info("path revived", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path())
+				if s.setAside {
+					s.setAside = false
+					out = append(out, p.setBackup(k, sk, s, false))
+				}
+			}
+			continue
+		}
+		if s.backup {
+			continue // the kernel sends nothing new on a backup subflow
+		}
+		sendStuck := s.m.Unacked > 0 && s.m.Retransmits > 0 && quiet > limit
+		recvStuck := s.recvd && k.lastRecv.After(s.lastProgress) && quiet > limit && s.m.SinceDataRecv > limit
+		if !sendStuck && !recvStuck {
+			continue
+		}
+		dir := "upload"
+		if !sendStuck {
+			dir = "download"
+		}
+		reason := fmt.Sprintf("watchdog: no progress for %s (limit %s, %s)", quiet.Round(time.Millisecond), limit.Round(time.Millisecond), dir)
+		if s.d != nil {
+			out = append(out, p.stalled(k, s, s.m, reason)...)
+			continue
+		}
+		s.dead, s.role, s.decision = true, RoleFailed, reason
+		p.cfg.Log.Info("path failed", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "reason", reason)
+		if !s.backup {
+			s.setAside = true
+			out = append(out, p.setBackup(k, sk, s, true))
+		}
+		if k.trial != nil && k.trial.sub == sk {
+			k.trial = nil
+		}
+	}
+	// Nothing active left that works: promote backups.
+	active := false
+	for _, s := range k.subs {
+		if s.up && !s.stale && !s.dead && !s.backup {
+			active = true
+		}
+	}
+	if !active {
+		for sk, s := range k.subs {
+			if s.up && !s.stale && !s.dead && s.backup {
+				s.decision = "promoted: no active path left"
+				s.setAside = false
+				out = append(out, p.setBackup(k, sk, s, false))
+			}
+		}
+	}
+	return out
+}
+
+func (s *ksub) path() string {
+	if s.initial {
+		return "default"
+	}
+	return PathName(s.d, "announced")
+}
+
+// setBackup asks the kernel to change a subflow's backup flag.
+func (p *Manager) setBackup(k *kconn, sk subKey, s *ksub, on bool) Intent {
+	s.backup = on
+	switch {
+	case s.dead:
+	case on:
+		s.role = RoleBackup
+	default:
+		s.role = RoleActive
+	}
+	return Intent{Action: SetBackup, Token: k.c.Token, LocalID: s.localID,
+		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Backup: on, Detour: s.d}
+}
+
+// rate is the connection's delivery rate (bytes/s) over [from, to].
+func (k *kconn) rate(from, to time.Time) (float64, bool) {
+	var a, b *sample
+	for i := range k.hist {
+		h := &k.hist[i]
+		if a == nil && !h.at.Before(from) {
+			a = h
+		}
+		if !h.at.After(to) {
+			b = h
+		}
+	}
+	if a == nil || b == nil || !b.at.After(a.at) {
+		return 0, false
+	}
+	return float64(b.delivered-a.delivered) / b.at.Sub(a.at).Seconds(), true
+}
+
+// minTrialRate: below this (bytes/s) a connection is too idle to judge.
+const minTrialRate = 64 << 10
+
+// evaluate ends a trial that ran its window, or starts one: it sets one
+// subflow aside (backup) for a window and compares what the connection
+// delivers without it with what it delivered before. Harmful-looking
+// subflows (loss, RTT far above the best path) are tested first; then,
+// while untried detours remain, the detour subflow delivering least.
+func (p *Manager) evaluate(k *kconn, now time.Time) []Intent {
+	w := p.cfg.Window
+	if t := k.trial; t != nil {
+		if now.Before(t.until) {
+			return nil
+		}
+		k.trial = nil
+		s := k.subs[t.sub]
+		if s == nil || !s.up || s.stale || s.dead {
+			return nil
+		}
+		// Skip the first quarter of the window: the kernel's scheduler
+		// takes a few RTTs to move the traffic.
+		after, ok := k.rate(t.start.Add(w/4), now)
+		if !ok {
+			return nil
+		}
+		k.nextEval = now.Add(w)
+		return p.conclude(k, t, s, after, now)
+	}
+	if now.Before(k.nextEval) || !k.selected {
+		return nil
+	}
+	k.nextEval = now.Add(w / 2)
+	before, ok := k.rate(now.Add(-w), now)
+	if !ok || before < minTrialRate || len(k.hist) == 0 || now.Sub(k.hist[0].at) < w {
+		return nil
+	}
+	sk, why, revive := p.pick(k, now)
+	if why == "" {
+		return nil
+	}
+	s := k.subs[sk]
+	k.trial = &trial{sub: sk, revive: revive, start: now, until: now.Add(w), before: before, why: why}
+	if revive {
+		s.decision = "probing: " + why
+		s.role = RoleProbing
+		in := p.setBackup(k, sk, s, false)
+		s.role = RoleProbing
+		return []Intent{in}
+	}
+	s.setAside = true
+	in := p.setBackup(k, sk, s, true)
+	s.role, s.decision = RoleProbing, "probing: "+why
+	return []Intent{in}
+}
+
+// pick chooses the subflow to test next, or why == "" for none.
+func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive bool) {
+	type cand struct {
+		sk    subKey
+		s     *ksub
+		score float64
+		why   string
+	}
+	var active []cand
+	best := time.Duration(0)
+	for sk, s := range k.subs {
+		if !s.up || s.stale || s.dead || !s.seen {
+			continue
+		}
+		if s.backup {
+			if s.setAside && now.After(s.keepUntil) {
+				return sk, "set aside for " + p.cfg.Hold.String() + "; testing it again", true
+			}
+			continue
+		}
+		active = append(active, cand{sk: sk, s: s})
+		if s.rtt > 0 && (best == 0 || s.rtt < best) {
+			best = s.rtt
+		}
+	}
+	if len(active) < 2 {
+		return sk, "", false // never set aside the only active path
+	}
+	var harmful []cand
+	for _, c := range active {
+		s := c.s
+		if now.Before(s.keepUntil) || now.Sub(s.upSince) < p.cfg.Window {
+			continue
+		}
+		switch {
+		case s.loss > p.cfg.HarmLoss:
+			harmful = append(harmful, cand{c.sk, s, s.loss * 100, fmt.Sprintf("loss %.1f%%", 100*s.loss)})
+		case best > 0 && float64(s.rtt) > p.cfg.HarmRTT*float64(best)+float64(20*time.Millisecond):
+			harmful = append(harmful, cand{c.sk, s, float64(s.rtt) / float64(best), fmt.Sprintf("RTT %s vs best %s", s.rtt.Round(time.Millisecond), best.Round(time.Millisecond))})
+		}
+	}
+	if len(harmful) > 0 {
+		slices.SortFunc(harmful, func(a, b cand) int { return cmp.Compare(b.score, a.score) })
+		return harmful[0].sk, harmful[0].why, false
+	}
+	// Explore: while untried detours remain, test the detour subflow that
+	// delivers least; one that adds nothing makes room for a candidate.
+	if !p.untried(k, now) {
+		return sk, "", false
+	}
+	var weakest *cand
+	for i := range active {
+		c := &active[i]
+		if c.s.d == nil || now.Before(c.s.keepUntil) || now.Sub(c.s.upSince) < p.cfg.Window {
+			continue
+		}
+		if weakest == nil || c.s.rate < weakest.s.rate {
+			weakest = c
+		}
+	}
+	if weakest == nil {
+		return sk, "", false
+	}
+	return weakest.sk, fmt.Sprintf("least delivering detour (%.1f Mbit/s) while untried candidates remain", weakest.s.rate*8/1e6), false
+}
+
+// conclude decides after a trial window.
+func (p *Manager) conclude(k *kconn, t *trial, s *ksub, after float64, now time.Time) []Intent {
+	mbit := func(r float64) string { return fmt.Sprintf("%.2f Mbit/s", r*8/1e6) }
+	s.keepUntil = now.Add(p.cfg.Hold)
+	if t.revive {
+		if after >= 1.03*t.before {
+			s.setAside = false
+			s.role = RoleActive
+			s.decision = fmt.Sprintf("active again: aggregate %s with it vs %s without", mbit(after), mbit(t.before))
+			k.decision = s.path() + ": " + s.decision
+			return nil
+		}
+		s.setAside = true
+		s.decision = fmt.Sprintf("backup: aggregate %s with it vs %s without", mbit(after), mbit(t.before))
+		k.decision = s.path() + ": " + s.decision
+		sk := t.sub
+		return []Intent{p.setBackup(k, sk, s, true)}
+	}
+	sk := t.sub
+	if after >= 0.97*t.before {
+		// The connection does as well without it.
+		verdict := fmt.Sprintf("aggregate %s without it vs %s with it (%s)", mbit(after), mbit(t.before), t.why)
+		k.decision = s.path() + ": set aside, " + verdict
+		p.cfg.Log.Info("subflow set aside", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "verdict", verdict)
+		if s.d != nil && p.untried(k, now) {
+			// Make room for an untried candidate.
+			s.stale, s.role, s.decision = true, RoleEvicted, "evicted: "+verdict
+			p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(p.cfg.Hold)
+			out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
+				Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
+			return append(out, p.fill(k)...)
+		}
+		s.role, s.decision = RoleBackup, "backup: "+verdict
+		return nil
+	}
+	s.setAside = false
+	s.decision = fmt.Sprintf("kept: aggregate %s without it vs %s with it", mbit(after), mbit(t.before))
+	k.decision = s.path() + ": " + s.decision
+	return []Intent{p.setBackup(k, sk, s, false)}
+}
+
+// Report describes every tracked connection and detour.
+func (p *Manager) Report() Report {
+	var r Report
+	now := p.cfg.Now()
+	for _, k := range p.conns {
+		cr := ConnReport{Token: k.c.Token, Selected: k.selected, Decision: k.decision}
+		if now.Before(k.holdUntil) {
+			cr.HoldUntil = k.holdUntil
+		}
+		if len(k.refusals) > 0 {
+			cr.Refusals = make(map[string]int, len(k.refusals))
+			maps.Copy(cr.Refusals, k.refusals)
+		}
+		for sk, s := range k.subs {
+			role := s.role
+			if role == "" {
+				role = RoleActive
+			}
+			cr.Subflows = append(cr.Subflows, SubflowReport{Local: sk.local, Remote: sk.remote, Path: s.path(),
+				Role: role, RTT: s.rtt, Rate: s.rate, Loss: s.loss, Decision: s.decision})
+		}
+		slices.SortFunc(cr.Subflows, func(a, b SubflowReport) int {
+			if c := a.Local.Compare(b.Local); c != 0 {
+				return c
+			}
+			return a.Remote.Compare(b.Remote)
+		})
+		r.Conns = append(r.Conns, cr)
+	}
+	slices.SortFunc(r.Conns, func(a, b ConnReport) int { return cmp.Compare(a.Token, b.Token) })
+	seen := map[string]bool{}
+	for server := range p.servers {
+		for _, d := range p.detours(server) {
+			dk := Key(d)
+			if seen[dk] {
+				continue
+			}
+			seen[dk] = true
+			dr := DetourReport{Detour: d}
+			if h := p.health[dk]; h != nil {
+				dr.Fails, dr.LastError = h.fails, h.lastErr
+				if h.until.After(now) {
+					dr.BackoffUntil = h.until
+				}
+			}
+			r.Detours = append(r.Detours, dr)
+		}
+	}
+	slices.SortFunc(r.Detours, func(a, b DetourReport) int {
+		if c := cmp.Compare(a.Detour.Relay, b.Detour.Relay); c != 0 {
+			return c
+		}
+		return a.Detour.Remote.Compare(b.Detour.Remote)
+	})
+	return r
+}
