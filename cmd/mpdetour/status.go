@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
@@ -15,34 +16,54 @@ import (
 func statusCommand() *cli.Command {
 	var socket string
 	var asJSON bool
+	var watch time.Duration
 	return &cli.Command{
 		Name:    "status",
-		Summary: "show the agent's connections, subflows and detours",
-		Usage:   "[--json] [--socket PATH]",
+		Summary: "show the agent's connections, subflows (path, role, RTT, rate, loss, last decision) and detours",
+		Usage:   "[--json] [--watch INTERVAL] [--socket PATH]",
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&socket, "socket", agent.DefaultSocket, "the agent's status socket")
-			fs.BoolVar(&asJSON, "json", false, "print JSON")
+			fs.BoolVar(&asJSON, "json", false, "print JSON (one document per refresh with --watch)")
+			fs.DurationVar(&watch, "watch", 0, "refresh every INTERVAL (e.g. 1s) until interrupted")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
 				return cli.Usagef("status takes no arguments")
 			}
-			st, err := agent.FetchStatus(socket)
-			if err != nil {
-				return err
+			if watch < 0 || watch > 0 && watch < 100*time.Millisecond {
+				return cli.Usagef("status --watch: interval %s too short (at least 100ms)", watch)
 			}
-			if asJSON {
-				return printJSON(st)
+			for {
+				st, err := agent.FetchStatus(socket)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if err := printJSON(st); err != nil {
+						return err
+					}
+				} else {
+					if watch > 0 {
+						fmt.Print("\033[H\033[2J") // clear the terminal
+					}
+					printStatus(st)
+				}
+				if watch == 0 {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(watch):
+				}
 			}
-			printStatus(st)
-			return nil
 		},
 	}
 }
 
 func printStatus(st agent.Status) {
 	c := st.Counters
-	fmt.Printf("agent since %s, netns %q (pm_type before: %s)\n", st.Started.Format("2006-01-02 15:04:05"), st.NetNS, st.PMTypeSaved)
+	fmt.Printf("agent since %s, netns %q, policy %s (pm_type before: %s)\n", st.Started.Format("2006-01-02 15:04:05"), st.NetNS, st.Policy, st.PMTypeSaved)
 	fmt.Printf("events %d, lost %d, resyncs %d, adopted %d, commands %d (%d failed)\n",
 		c.Events, c.EventsLost, c.Resyncs, c.Adopted, c.Commands, c.CommandErrors)
 	if l := st.Latency; l.Samples > 0 {
@@ -54,15 +75,23 @@ func printStatus(st agent.Status) {
 		fmt.Printf("inet_diag: %s\n", st.DiagError)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "\nCONNECTION\tLOCAL\tREMOTE\tPATH\tSTATE\tBACKUP\tSENT\tRECEIVED\tRTT ms\n")
+	fmt.Fprintf(w, "\nCONNECTION\tLOCAL\tREMOTE\tPATH\tROLE\tSTATE\tBACKUP\tSENT\tRECEIVED\tRTT ms\tMbit/s\tLOSS %%\tDECISION\n")
 	for _, cs := range st.Connections {
 		tag := cs.Token
 		if cs.Adopted {
 			tag += " (adopted)"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t\t%s\t\t\t\t\n", tag, cs.Local, cs.Remote, map[bool]string{true: "established", false: "connecting"}[cs.Established])
+		note := cs.Decision
+		if !cs.HoldUntil.IsZero() {
+			note = fmt.Sprintf("holding until %s: %s", cs.HoldUntil.Format("15:04:05.000"), note)
+		}
+		if len(cs.Refusals) > 0 {
+			note += fmt.Sprintf(" refusals %v", cs.Refusals)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t\t\t%s\t\t\t\t\t\t\t%s\n", tag, cs.Local, cs.Remote, map[bool]string{true: "established", false: "connecting"}[cs.Established], note)
 		for _, s := range cs.Subflows {
-			fmt.Fprintf(w, "  \t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.2f\n", s.Local, s.Remote, s.Path, s.State, s.Backup, s.BytesSent, s.BytesReceived, s.RTTms)
+			fmt.Fprintf(w, "  \t%s\t%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.1f\t%.2f\t%.1f\t%s\n", s.Local, s.Remote, s.Path, s.Role, s.State, s.Backup,
+				s.BytesSent, s.BytesReceived, s.RTTms, s.RateMbps, s.LossPct, s.Decision)
 		}
 	}
 	w.Flush()

@@ -103,6 +103,9 @@ func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...d
 		log = slog.New(slog.DiscardHandler)
 	}
 	srcs := append([]detour.Source{NewStaticSource(cfg.Detours)}, sources...)
+	if cfg.Policy == 0 {
+		cfg.Policy = policy.Static
+	}
 	if pol == nil {
 		pol = NewPolicy(cfg, log, srcs)
 	}
@@ -118,12 +121,8 @@ func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...d
 // NewPolicy builds the policy cfg.Policy names (static unless adaptive)
 // from the configuration's knobs.
 func NewPolicy(cfg Config, log *slog.Logger, sources []detour.Source) *policy.Manager {
-	mode := cfg.Policy
-	if mode == 0 {
-		mode = policy.Static
-	}
 	return policy.New(policy.Config{
-		Mode:     mode,
+		Mode:     cfg.Policy,
 		Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),
 		Selectors: cfg.Selectors, MaxConns: cfg.MaxConnections,
 		Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, ConnectTimeout: cfg.ConnectTimeout,

@@ -273,6 +273,7 @@ func (a *Agent) snapshot() Status {
 			ds.Local = dv.d.Local.String()
 		}
 		if h, ok := health[k]; ok {
+			ds.Failed = max(ds.Failed, uint64(h.Total))
 			if !h.BackoffUntil.IsZero() {
 				ds.BackoffTill, ds.Healthy = h.BackoffUntil, false
 			}

@@ -192,10 +192,12 @@ type ksub struct {
 	dead         bool      // the watchdog declared it dead (initial/announced: set backup)
 	keepUntil    time.Time // proven useful (or set aside): not tested again before
 	setAside     bool      // we marked it backup (not the configuration)
+	proven       bool      // delivered after MinLifetime: its detour is healthy
 }
 
 type health struct {
-	fails   int
+	fails   int // consecutive failures (backoff)
+	total   int
 	until   time.Time
 	last    time.Time
 	lastErr string
@@ -483,7 +485,7 @@ func (p *Manager) SubflowClosed(sf Subflow) []Intent {
 		}
 		p.refused(k, reason)
 	} else if s.up && !short {
-		k.fails = 0
+		p.healthy(k, s)
 	}
 	if s.d == nil {
 		return nil // announced addresses are not retried, as in the kernel PM
@@ -546,6 +548,7 @@ func (p *Manager) penalise(d detour.Detour, reason string) {
 		p.health[Key(d)] = h
 	}
 	h.fails++
+	h.total++
 	wait := p.cfg.Backoff << min(h.fails-1, 20)
 	if wait > p.cfg.MaxBackoff || wait <= 0 {
 		wait = p.cfg.MaxBackoff
@@ -880,4 +883,15 @@ func (h *wakeHeap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
+}
+
+// healthy records that a subflow lived: its detour's and its connection's
+// consecutive failures are forgotten.
+func (p *Manager) healthy(k *kconn, s *ksub) {
+	k.fails = 0
+	if s.d != nil {
+		if h := p.health[Key(*s.d)]; h != nil {
+			h.fails = 0
+		}
+	}
 }

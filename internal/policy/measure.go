@@ -70,6 +70,10 @@ func (p *Manager) observe(k *kconn, s *ksub, m Measurement, now time.Time) {
 	if acked+rcvd > 0 {
 		s.lastProgress = now
 		k.delivered += acked + rcvd
+		if !s.proven && now.Sub(s.upSince) >= p.cfg.MinLifetime {
+			s.proven = true
+			p.healthy(k, s)
+		}
 	}
 	if rcvd > 0 {
 		s.recvd = true
@@ -426,7 +430,7 @@ func (p *Manager) Report() Report {
 			seen[dk] = true
 			dr := DetourReport{Detour: d}
 			if h := p.health[dk]; h != nil {
-				dr.Fails, dr.LastError = h.fails, h.lastErr
+				dr.Fails, dr.Total, dr.LastError = h.fails, h.total, h.lastErr
 				if h.until.After(now) {
 					dr.BackoffUntil = h.until
 				}

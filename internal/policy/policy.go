@@ -173,7 +173,8 @@ type SubflowReport struct {
 // DetourReport is one detour's health.
 type DetourReport struct {
 	Detour       detour.Detour
-	Fails        int
+	Fails        int // consecutive failures (the backoff grows with them)
+	Total        int // failures since the agent started
 	BackoffUntil time.Time
 	LastError    string
 }
