@@ -95,6 +95,9 @@ func (k *LinuxKernel) Command(in policy.Intent) error {
 	remote := mptcppm.AddrFrom(in.Remote, 0)
 	switch in.Action {
 	case policy.CreateSubflow:
+		if in.Backup {
+			local.Flags |= mptcppm.FlagBackup // the join's SYN carries the B flag
+		}
 		return pm.SubflowCreate(in.Token, local, remote)
 	case policy.DestroySubflow:
 		return pm.SubflowDestroy(in.Token, local, remote)

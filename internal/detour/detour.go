@@ -44,6 +44,10 @@ type Detour struct {
 	Remote netip.AddrPort
 	// Expires is when the grant behind the detour lapses; zero = never.
 	Expires time.Time
+	// Backup: subflows through it are opened as backup (MPTCP's B flag):
+	// the kernel sends on them only when no other subflow can send. Backup
+	// detours come on top of a policy's N.
+	Backup bool
 }
 
 func (d Detour) String() string {

@@ -281,3 +281,19 @@ func TestAdaptiveEvictsDetourThatAddsNothing(t *testing.T) {
 		t.Fatalf("r2 role %q", s.role("nat:r2"))
 	}
 }
+
+func TestBackupDetourOpenedBesidesNAsBackup(t *testing.T) {
+	bk := detour.Detour{Kind: detour.NAT, Relay: "rb", Remote: netip.MustParseAddrPort("10.0.5.2:4000"), Backup: true}
+	for _, mode := range []Mode{Static, Adaptive} {
+		p := New(Config{Mode: mode, Subflows: 1}, []detour.Source{&list{ds: []detour.Detour{bk, d1}}})
+		ins := p.Established(Conn{Token: 1, Local: client, Remote: server})
+		if len(ins) != 2 {
+			t.Fatalf("%s: intents %v, want the backup detour and one more", mode, ins)
+		}
+		for _, in := range ins {
+			if in.Backup != (in.Detour.Relay == "rb") {
+				t.Fatalf("%s: %v: backup flag %v", mode, in, in.Backup)
+			}
+		}
+	}
+}

@@ -646,16 +646,14 @@ func (p *Manager) fill(k *kconn) []Intent {
 	used := map[string]bool{}
 	for _, s := range k.subs {
 		if s.d != nil {
-			if !s.stale {
+			if !s.stale && !s.d.Backup {
 				have++
 			}
 			used[Key(*s.d)] = true
 		}
 	}
-	if have >= p.cfg.Subflows {
-		return nil
-	}
 	var cands []detour.Detour
+	var out []Intent
 	var soonest time.Time
 	seen := map[string]bool{}
 	for _, d := range p.detours(k.c.Remote) {
@@ -676,7 +674,15 @@ func (p *Manager) fill(k *kconn) []Intent {
 			}
 			delete(p.avoid, avoidKey(k.c.Remote, dk))
 		}
+		if d.Backup {
+			// Configured backups are opened besides the N (as backup).
+			out = append(out, p.open(k, d, now))
+			continue
+		}
 		cands = append(cands, d)
+	}
+	if have >= p.cfg.Subflows && len(out) == 0 {
+		return nil
 	}
 	// Prefer detours with fewer recent failures, then (adaptive) ones this
 	// connection has not tried; keep the sources' order otherwise.
@@ -686,7 +692,6 @@ func (p *Manager) fill(k *kconn) []Intent {
 		}
 		return p.adaptive() && !k.tried[Key(cands[i])] && k.tried[Key(cands[j])]
 	})
-	var out []Intent
 	for _, d := range cands {
 		if have >= p.cfg.Subflows {
 			break
@@ -695,19 +700,11 @@ func (p *Manager) fill(k *kconn) []Intent {
 		if !local.IsValid() {
 			local = k.c.Local.Addr()
 		}
-		sk := key(local, d.Remote)
-		if k.subs[sk] != nil {
+		if k.subs[key(local, d.Remote)] != nil {
 			continue
 		}
-		dd := d
-		k.subs[sk] = &ksub{d: &dd, created: now, role: RoleConnecting}
-		if k.tried == nil {
-			k.tried = map[string]bool{}
-		}
-		k.tried[Key(d)] = true
 		have++
-		out = append(out, Intent{Action: CreateSubflow, Token: k.c.Token, LocalID: p.localID(k, local),
-			Local: netip.AddrPortFrom(local, 0), Remote: unmapAP(d.Remote), Detour: &dd})
+		out = append(out, p.open(k, d, now))
 	}
 	if have < p.cfg.Subflows {
 		p.scheduleRetry(k, now, soonest, len(seen) == 0)
@@ -716,6 +713,22 @@ func (p *Manager) fill(k *kconn) []Intent {
 		heap.Push(&p.wake, wakeup{at: now.Add(p.cfg.ConnectTimeout), token: k.c.Token, check: true})
 	}
 	return out
+}
+
+// open records a new subflow through d and returns the intent creating it.
+func (p *Manager) open(k *kconn, d detour.Detour, now time.Time) Intent {
+	local := d.Local
+	if !local.IsValid() {
+		local = k.c.Local.Addr()
+	}
+	role := RoleConnecting
+	k.subs[key(local, d.Remote)] = &ksub{d: &d, created: now, role: role, backup: d.Backup}
+	if k.tried == nil {
+		k.tried = map[string]bool{}
+	}
+	k.tried[Key(d)] = true
+	return Intent{Action: CreateSubflow, Token: k.c.Token, LocalID: p.localID(k, local),
+		Local: netip.AddrPortFrom(local, 0), Remote: unmapAP(d.Remote), Backup: d.Backup, Detour: &d}
 }
 
 func avoidKey(server netip.AddrPort, detourKey string) string {
