@@ -62,7 +62,7 @@ func build(dir string) error {
 	if probePy, err = filepath.Abs("testdata/probe.py"); err != nil {
 		return err
 	}
-	if mpdetour, err = testenv.BuildMpdetour(dir, "main.go", "run.go"); err != nil {
+	if mpdetour, err = testenv.BuildMpdetour(dir); err != nil {
 		return err
 	}
 	for _, b := range []struct{ out, arch string }{{sockprobe, "amd64"}, {sockprobe386, "386"}} {

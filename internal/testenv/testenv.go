@@ -61,20 +61,14 @@ func Tools(t testing.TB, names ...string) {
 }
 
 // BuildMpdetour compiles the mpdetour command into dir and returns the
-// binary's path. With files (names inside cmd/mpdetour, e.g. "main.go",
-// "run.go") only those are compiled, so a test of one subcommand does not
-// depend on every other subcommand compiling.
-func BuildMpdetour(dir string, files ...string) (string, error) {
+// binary's path.
+func BuildMpdetour(dir string) (string, error) {
 	gomod, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil || strings.TrimSpace(string(gomod)) == "" || strings.TrimSpace(string(gomod)) == os.DevNull {
 		return "", fmt.Errorf("build mpdetour: cannot find the module root (go env GOMOD: %q, %v)", gomod, err)
 	}
 	bin := filepath.Join(dir, "mpdetour")
-	args := append([]string{"build", "-o", bin}, files...)
-	if len(files) == 0 {
-		args = append(args, ".")
-	}
-	cmd := exec.Command("go", args...)
+	cmd := exec.Command("go", "build", "-o", bin, ".")
 	cmd.Dir = filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), "cmd", "mpdetour")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build mpdetour: %v\n%s", err, out)

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if mpdetour, err = testenv.BuildMpdetour(dir, "main.go", "run.go"); err != nil {
+	if mpdetour, err = testenv.BuildMpdetour(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
