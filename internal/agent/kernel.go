@@ -5,9 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
@@ -39,10 +44,65 @@ type LinuxKernel struct {
 	pool    chan *mptcppm.Conn
 	conns   []*mptcppm.Conn
 	restore func() error
-	// PMTypeBefore is net.mptcp.pm_type as found at start.
+	// PMTypeBefore is net.mptcp.pm_type as found before the first agent
+	// switched it (kept in stateFile, so a killed agent's successor
+	// restores the original, not the userspace PM it finds).
 	PMTypeBefore string
+	stateFile    string
 	log          *slog.Logger
 }
+
+// savePMType returns the namespace's path manager from before any agent
+// changed it: from the state file a previous agent left if it did not stop
+// cleanly, else the current value, which it records (synced) before the
+// switch. The file lives beside the status socket, named by the
+// namespace's inode.
+func (k *LinuxKernel) savePMType(cfg Config) (string, error) {
+	cur, err := readSysctl(cfg.NetNS, "net.mptcp.pm_type")
+	if err != nil {
+		return "", fmt.Errorf("MPTCP unavailable: %w", err)
+	}
+	dir := DefaultStateDir
+	if cfg.Socket != "" {
+		dir = filepath.Dir(cfg.Socket)
+	}
+	var st syscall.Stat_t
+	if err := netnsx.Do(cfg.NetNS, func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) }); err != nil {
+		return "", fmt.Errorf("identify namespace %q: %w", cfg.NetNS, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("state directory: %w", err)
+	}
+	k.stateFile = filepath.Join(dir, fmt.Sprintf("pm_type.%d", st.Ino))
+	if b, err := os.ReadFile(k.stateFile); err == nil {
+		if v := strings.TrimSpace(string(b)); v == "0" || v == "1" {
+			if v != cur {
+				k.log.Warn("a previous agent did not stop cleanly; will restore the path manager it found",
+					"pm_type_original", v, "pm_type_now", cur, "state", k.stateFile)
+			}
+			return v, nil
+		}
+	}
+	f, err := os.CreateTemp(dir, ".pm_type-*")
+	if err != nil {
+		return "", fmt.Errorf("state file: %w", err)
+	}
+	_, werr := f.WriteString(cur + "\n")
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("state file: %w", err)
+	}
+	if err := os.Rename(f.Name(), k.stateFile); err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("state file: %w", err)
+	}
+	return cur, nil
+}
+
+// DefaultStateDir holds the agent's state when it has no status socket.
+const DefaultStateDir = "/run/mpdetour"
 
 // OpenKernel prepares namespace cfg.NetNS: it applies cfg.Nice, listens
 // for events (before switching the path manager, so no connection falls
@@ -67,8 +127,10 @@ func OpenKernel(cfg Config, log *slog.Logger) (_ *LinuxKernel, err error) {
 	if k.ev, err = mptcppm.ListenEvents(k.opts); err != nil {
 		return nil, err
 	}
-	k.PMTypeBefore, _ = readSysctl(cfg.NetNS, "net.mptcp.pm_type")
-	if k.restore, err = useUserspacePM(cfg.NetNS); err != nil {
+	if k.PMTypeBefore, err = k.savePMType(cfg); err != nil {
+		return nil, err
+	}
+	if k.restore, err = useUserspacePM(cfg.NetNS, k.PMTypeBefore); err != nil {
 		return nil, err
 	}
 	workers := max(cfg.CommandWorkers, 1)
@@ -128,6 +190,11 @@ func (k *LinuxKernel) Close() error {
 			errs = append(errs, err)
 		} else {
 			k.log.Info("path manager restored", "pm_type", k.PMTypeBefore)
+			if k.stateFile != "" {
+				if err := os.Remove(k.stateFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, err)
+				}
+			}
 		}
 		k.restore = nil
 	}

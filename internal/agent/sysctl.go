@@ -32,16 +32,12 @@ func writeSysctl(ns, name, value string) error {
 }
 
 // useUserspacePM switches the namespace to the userspace path manager and
-// returns a function restoring the previous choice.
-func useUserspacePM(ns string) (restore func() error, err error) {
+// returns a function restoring old.
+func useUserspacePM(ns, old string) (restore func() error, err error) {
 	if v, err := readSysctl(ns, "net.mptcp.enabled"); err != nil {
 		return nil, fmt.Errorf("MPTCP unavailable: %w", err)
 	} else if v != "1" {
 		return nil, fmt.Errorf("MPTCP is disabled in this namespace (net.mptcp.enabled=%s)", v)
-	}
-	old, err := readSysctl(ns, "net.mptcp.pm_type")
-	if err != nil {
-		return nil, err
 	}
 	if err := writeSysctl(ns, "net.mptcp.pm_type", "1"); err != nil {
 		return nil, err

@@ -622,6 +622,13 @@ func (p *Manager) Adopt(c Conn, subflows []Subflow) []Intent {
 	if k == nil {
 		return nil
 	}
+	// Managed like a new connection: relays are asked for grants (after an
+	// agent restart the old ones may be gone), fill polls until they come.
+	if k.selected && !k.established {
+		for _, s := range p.sources {
+			s.Prepare(k.c.Remote)
+		}
+	}
 	k.established = true
 	p.trackInitial(k)
 	for _, sf := range subflows {

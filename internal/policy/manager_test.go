@@ -275,7 +275,7 @@ func TestStaticAnnouncements(t *testing.T) {
 }
 
 func TestStaticAdopt(t *testing.T) {
-	p, _, _ := newStatic(2, d1, d2, d3)
+	p, src, _ := newStatic(2, d1, d2, d3)
 	c := Conn{Token: 11, Local: client, Remote: server}
 	ins := p.Adopt(c, []Subflow{
 		{Token: 11, Local: client, Remote: server},                                                  // initial
@@ -286,6 +286,10 @@ func TestStaticAdopt(t *testing.T) {
 	}
 	if again := p.Adopt(c, nil); len(again) != 0 {
 		t.Fatalf("adopting twice opened more subflows: %v", again)
+	}
+	// Relays are asked for grants as for a new connection (issue 16 #6).
+	if len(src.prepared) != 1 || src.prepared[0] != server {
+		t.Fatalf("Prepare calls %v, want one for %s", src.prepared, server)
 	}
 }
 
