@@ -69,12 +69,11 @@ func keyOf(local netip.Addr, remote netip.AddrPort) subKey {
 }
 
 type subView struct {
-	sf      policy.Subflow
-	stalled bool
-	detour  *detour.Detour // nil: initial subflow or toward an announced address
-	path    string
-	up      bool
-	since   time.Time
+	sf     policy.Subflow
+	detour *detour.Detour // nil: initial subflow or toward an announced address
+	path   string
+	up     bool
+	since  time.Time
 }
 
 type detourView struct {
