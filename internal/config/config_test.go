@@ -1,0 +1,128 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+type inner struct {
+	Address string   `yaml:"address"`
+	Every   Duration `yaml:"every"`
+}
+
+type sample struct {
+	Name    string   `yaml:"name"`
+	Count   int      `yaml:"count"`
+	Lease   Duration `yaml:"lease"`
+	Level   LogLevel `yaml:"log_level"`
+	Items   []inner  `yaml:"items"`
+	Nested  inner    `yaml:"nested"`
+	Section Node     `yaml:"section"`
+	Map     map[string]inner
+	Skip    string `yaml:"-"`
+}
+
+func TestParseValid(t *testing.T) {
+	src := "name: a\ncount: 3\nlease: 90s\nlog_level: debug\nitems:\n  - address: x\n    every: 250ms\nmap:\n  k: {address: y}\nsection:\n  free: form\n"
+	var s sample
+	d, err := Parse("a.yaml", []byte(src), &s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "a" || s.Count != 3 || s.Lease.D() != 90*time.Second || s.Level.Level != slog.LevelDebug || !s.Level.Set ||
+		len(s.Items) != 1 || s.Items[0].Every.D() != 250*time.Millisecond || s.Map["k"].Address != "y" {
+		t.Fatalf("decoded %+v", s)
+	}
+	sec := NewDoc(d.File(), "section", &s.Section)
+	var free struct {
+		Other string `yaml:"other"`
+	}
+	err = sec.Decode(&free)
+	assertErr(t, err, "a.yaml:11:3: section.free: unknown key")
+}
+
+func assertErr(t *testing.T, err error, want string) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v, want it to contain %q", err, want)
+	}
+	var ce *Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("error %T is not *config.Error", err)
+	}
+}
+
+func TestErrorsArePositioned(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"name: a\nbogus: 1\n", "f.yaml:2:1: bogus: unknown key \"bogus\" (known here: count, items, lease, log_level, map, name, nested, section)"},
+		{"items:\n  - address: x\n    typo: 1\n", "f.yaml:3:5: items[0].typo: unknown key"},
+		{"nested:\n  every: soon\n", "f.yaml:2:10: \"soon\" is not a duration"},
+		{"count: many\n", "f.yaml:1:8: count: cannot use !!str `many` into int"},
+		{"log_level: loud\n", "f.yaml:1:12: log level \"loud\" is not debug"},
+		{"name: [\n", "f.yaml:1: YAML syntax"},
+		{"map:\n  k:\n    nope: 1\n", "f.yaml:3:5: map.k.nope: unknown key"},
+	} {
+		var s sample
+		_, err := Parse("f.yaml", []byte(tc.src), &s)
+		assertErr(t, err, tc.want)
+	}
+}
+
+func TestLocateAndErrorf(t *testing.T) {
+	src := "name: a\nitems:\n  - address: x\n  - address: bad\n"
+	var s sample
+	d, err := Parse("g.yaml", []byte(src), &s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertErr(t, d.Errorf("items[1].address", "%q is no address", "bad"), "g.yaml:4:14: items[1].address: \"bad\" is no address")
+	// Absent field: positioned at the nearest ancestor.
+	assertErr(t, d.Errorf("items[1].every", "missing"), "g.yaml:4:5: items[1].every: missing")
+	assertErr(t, d.Locate(fmt.Errorf("items[0].address: %s", "wrong")), "g.yaml:3:14: items[0].address: wrong")
+	assertErr(t, d.Locate(errors.New("needs at least one item")), "g.yaml:1:1: needs at least one item")
+	sub := d.Sub("items[1]")
+	if sub == nil {
+		t.Fatal("Sub(items[1]) = nil")
+	}
+	assertErr(t, sub.Errorf("address", "no"), "g.yaml:4:14: items[1].address: no")
+	if d.Sub("nested") != nil {
+		t.Fatal("Sub of an absent section is not nil")
+	}
+}
+
+func TestEmpty(t *testing.T) {
+	var s sample
+	d, err := Parse("e.yaml", []byte("# only a comment\n"), &s)
+	if err != nil || !d.Empty() {
+		t.Fatalf("empty doc: %v %v", d, err)
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	var s sample
+	if _, err := Load("/nonexistent/x.yaml", &s); err == nil || !strings.Contains(err.Error(), "/nonexistent/x.yaml") {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"name: a\n", "items:\n  - address: x\n", "lease: 1s\nlog_level: warn\n", "a: &x {b: 1}\nc: *x\n", "[", "map: {k: {address: 1}}"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s sample
+		d, err := Parse("fuzz.yaml", b, &s)
+		if err != nil {
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %T %v is not positioned", err, err)
+			}
+			return
+		}
+		_ = d.Locate(errors.New("items[0].address: x"))
+	})
+}
