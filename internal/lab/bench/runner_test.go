@@ -59,13 +59,7 @@ func binary(t *testing.T) string {
 			buildErr = err
 			return
 		}
-		p := filepath.Join(dir, "mpdetour")
-		out, err := exec.Command("go", "build", "-o", p, "../../cmd/mpdetour").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-			return
-		}
-		bin = p
+		bin, buildErr = testenv.BuildMpdetour(dir)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
