@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -17,14 +18,16 @@ import (
 // agentCommand builds the agent subcommand.
 func agentCommand() *cli.Command {
 	var config, netns, socket string
+	var check bool
 	return &cli.Command{
 		Name:    "agent",
 		Summary: "add detour subflows to MPTCP connections (userspace path manager)",
-		Usage:   "--config FILE [--netns NS] [--socket PATH]",
+		Usage:   "--config FILE [--netns NS] [--socket PATH] [--check]",
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&config, "config", "", "agent configuration (YAML, see docs/agent.md)")
 			fs.StringVar(&netns, "netns", "", "manage this network namespace instead of the config's or our own")
 			fs.StringVar(&socket, "socket", "", "status socket (overrides the config)")
+			fs.BoolVar(&check, "check", false, "validate the configuration file, print a summary and exit (0 = valid)")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
@@ -36,6 +39,15 @@ func agentCommand() *cli.Command {
 			cfg, err := agent.LoadConfig(config)
 			if err != nil {
 				return err
+			}
+			if check {
+				relays := 0
+				if cfg.Relays != nil {
+					relays = len(cfg.Relays.Relays)
+				}
+				fmt.Printf("%s: valid: policy %s, %d detour subflows per connection, %d static detours, %d relays, socket %s\n",
+					config, cfg.Policy, cfg.Subflows, len(cfg.Detours), relays, cfg.Socket)
+				return nil
 			}
 			if netns != "" {
 				cfg.NetNS = netns

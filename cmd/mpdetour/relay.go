@@ -16,16 +16,17 @@ import (
 // relayCommand builds the relay subcommand.
 func relayCommand() *cli.Command {
 	var (
-		config  string
-		verbose bool
+		config         string
+		verbose, check bool
 	)
 	return &cli.Command{
 		Name:    "relay",
 		Summary: "run a detour host: authenticated NAT detours on nftables (see docs/relay.md)",
-		Usage:   "--config FILE | genkey | pubkey < PRIVATE",
+		Usage:   "--config FILE [--check] | genkey | pubkey < PRIVATE",
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&config, "config", "", "relay configuration file (YAML)")
 			fs.BoolVar(&verbose, "v", false, "debug logging")
+			fs.BoolVar(&check, "check", false, "validate the configuration file, print a summary and exit (0 = valid)")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
@@ -56,6 +57,15 @@ func relayCommand() *cli.Command {
 			}
 			if config == "" {
 				return cli.Usagef("relay: --config FILE is required")
+			}
+			if check {
+				s, err := relay.LoadConfig(config)
+				if err != nil {
+					return err
+				}
+				fmt.Printf("%s: valid: listen %s, %d members, ports %d-%d, lease %s, tunnel section: %v\n",
+					config, s.Listen, len(s.Members), s.PortLo, s.PortHi, s.Lease, s.Tunnel != nil)
+				return nil
 			}
 			level := slog.LevelInfo
 			if verbose {
