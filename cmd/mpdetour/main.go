@@ -23,6 +23,7 @@ func commands() []*cli.Command {
 		relayCommand(),
 		labCommand(),
 		benchCommand(),
+		doctorCommand(),
 		versionCommand(),
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -86,7 +88,12 @@ func printStatus(st agent.Status) {
 			note = fmt.Sprintf("holding until %s: %s", cs.HoldUntil.Format("15:04:05.000"), note)
 		}
 		if len(cs.Refusals) > 0 {
-			note += fmt.Sprintf(" refusals %v", cs.Refusals)
+			reasons := make([]string, 0, len(cs.Refusals))
+			for r, n := range cs.Refusals {
+				reasons = append(reasons, fmt.Sprintf("%dx %s", n, r))
+			}
+			sort.Strings(reasons)
+			note += " refused: " + strings.Join(reasons, ", ")
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t\t\t%s\t\t\t\t\t\t\t%s\n", tag, cs.Local, cs.Remote, map[bool]string{true: "established", false: "connecting"}[cs.Established], note)
 		for _, s := range cs.Subflows {

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"golang.org/x/sys/unix"
 )
 
 // Agent manages the MPTCP connections of one namespace.
@@ -375,8 +377,16 @@ func (a *Agent) failed(r result) []job {
 	if len(a.errnoCnt) < 64 || a.errnoCnt[name] > 0 {
 		a.errnoCnt[name]++
 	}
-	if cv := a.conns[r.in.Token]; cv != nil && r.in.Action == policy.CreateSubflow {
+	cv := a.conns[r.in.Token]
+	if cv != nil && r.in.Action == policy.CreateSubflow {
 		delete(cv.subs, keyOf(r.in.Local.Addr(), r.in.Remote))
+	}
+	if cv == nil || connectionGone(r.err) {
+		// The connection closed while the command was queued (a short
+		// connection, or one the peer reset): nothing to blame on the
+		// detour, and its CLOSED event tells the policy.
+		a.log.Debug("command for a closed connection", "intent", r.in.String(), "err", r.err)
+		return nil
 	}
 	if r.in.Detour != nil && r.in.Action == policy.CreateSubflow {
 		dv := a.detourView(*r.in.Detour)
@@ -384,6 +394,13 @@ func (a *Agent) failed(r result) []job {
 		dv.lastErr, dv.lastChange = r.err.Error(), time.Now()
 	}
 	return a.jobsFor(a.pol.Failed(r.in, r.err), time.Time{})
+}
+
+// connectionGone says whether a command failed because its connection no
+// longer exists: the kernel finds no MPTCP socket for the token.
+func connectionGone(err error) bool {
+	var pe *mptcppm.Error
+	return errors.As(err, &pe) && pe.Errno == unix.EINVAL && strings.Contains(pe.Msg, "invalid token")
 }
 
 func (a *Agent) detourView(d detour.Detour) *detourView {

@@ -11,6 +11,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"golang.org/x/sys/unix"
 )
 
 // These tests run the agent's loop against kerneltest.Fake: no root, no
@@ -182,5 +183,31 @@ func TestAgentServerRefusingJoinsIsBackedOff(t *testing.T) {
 	st := h.a.Status()
 	if len(st.Connections) != 1 || len(st.Connections[0].Refusals) == 0 || st.Connections[0].HoldUntil.IsZero() {
 		t.Fatalf("status does not show the refusals and the hold: %+v", st.Connections)
+	}
+}
+
+// A short connection that is gone by the time its SUBFLOW_CREATE runs (the
+// kernel answers EINVAL "invalid token") says nothing about the detour: the
+// next connection gets a detour subflow at once, not after a backoff.
+func TestAgentClosedConnectionDoesNotBlameDetour(t *testing.T) {
+	h := start(t, policy.Static, natDetour("r1", relay1))
+	h.k.Reply(func(in policy.Intent) error {
+		if in.Token == 11 {
+			return &mptcppm.Error{Cmd: "SUBFLOW_CREATE", Token: 11, Errno: unix.EINVAL, Msg: "invalid token"}
+		}
+		return nil
+	})
+	h.connect(11)
+	_, i := h.wait(0, "SUBFLOW_CREATE for the short connection", creates(relay1))
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventClosed, Token: 11})
+	h.connect(12)
+	in, _ := h.wait(i+1, "SUBFLOW_CREATE for the next connection", creates(relay1))
+	if in.Token != 12 {
+		t.Fatalf("create %v, want token 12", in)
+	}
+	for _, d := range h.a.Status().Detours {
+		if d.Failed != 0 {
+			t.Fatalf("detour %s counts %d failures for a connection that was gone: %s", d.Relay, d.Failed, d.LastError)
+		}
 	}
 }

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/doctor"
+	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+)
+
+// doctorCommand builds the doctor subcommand.
+func doctorCommand() *cli.Command {
+	var agentConfig, relayConfig, server string
+	var subflows int
+	return &cli.Command{
+		Name:    "doctor",
+		Summary: "check this host for what mpdetour needs (kernel, relay data plane, relays, MPTCP through each detour) and print what to fix",
+		Usage:   "[--agent-config FILE [--server HOST:PORT]] [--relay-config FILE] [--subflows N]",
+		Flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&agentConfig, "agent-config", "", "a client: check every relay of this agent config with a real handshake")
+			fs.StringVar(&server, "server", "", "with --agent-config: ask each relay for a detour to this MPTCP server and check that MPTCP options survive the path (the detour is released at once)")
+			fs.StringVar(&relayConfig, "relay-config", "", "a relay: check its config, forwarding, nftables and WireGuard")
+			fs.IntVar(&subflows, "subflows", 0, "a server: the MPTCP subflow limit it needs (detours per client + 1); 0 = do not judge")
+		},
+		Run: func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return cli.Usagef("doctor takes no arguments")
+			}
+			if server != "" && agentConfig == "" {
+				return cli.Usagef("doctor: --server needs --agent-config (the relays to ask)")
+			}
+			if subflows < 0 || subflows > 255 {
+				return cli.Usagef("doctor: --subflows %d out of range 0-255", subflows)
+			}
+			r := doctor.Kernel(doctor.Paths{}, subflows)
+			if relayConfig != "" {
+				s, err := relay.LoadConfig(relayConfig)
+				if err != nil {
+					r = append(r, doctor.Result{Area: "relay", Check: "config", Status: doctor.Fail, Detail: err.Error()})
+				} else {
+					r = append(r, doctor.Result{Area: "relay", Check: "config", Status: doctor.OK, Detail: relayConfig + " is valid"})
+					r = append(r, doctor.RelayHost(doctor.Paths{}, relay.TableName, s.Tunnel != nil)...)
+				}
+			}
+			if agentConfig != "" {
+				cfg, err := agent.LoadConfig(agentConfig)
+				switch {
+				case err != nil:
+					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.Fail, Detail: err.Error()})
+				case cfg.Relays == nil:
+					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.OK, Detail: agentConfig + " is valid; it has no relays section, nothing to reach"})
+				default:
+					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.OK, Detail: agentConfig + " is valid"})
+					cc := doctor.ClientConfig{Source: *cfg.Relays}
+					cc.Source.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)
+					if server != "" {
+						ap, err := netip.ParseAddrPort(server)
+						if err != nil {
+							return cli.Usagef("doctor: --server %q is not HOST:PORT (numeric address)", server)
+						}
+						cc.Server = ap
+					}
+					r = append(r, doctor.Client(ctx, cc)...)
+				}
+			}
+			r.Print(os.Stdout)
+			if r.Failed() {
+				return errors.New("doctor: some checks failed (FAIL lines above say what to fix)")
+			}
+			fmt.Println("doctor: no failed check")
+			return nil
+		},
+	}
+}

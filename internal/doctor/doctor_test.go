@@ -1,0 +1,137 @@
+package doctor
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+)
+
+func fakeProc(t *testing.T, sysctls map[string]string) Paths {
+	t.Helper()
+	dir := t.TempDir()
+	for name, v := range sysctls {
+		p := filepath.Join(dir, "sys", strings.ReplaceAll(name, ".", "/"))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return Paths{Proc: dir, Dev: dir}
+}
+
+func find(r Report, check string) Result {
+	for _, x := range r {
+		if x.Check == check {
+			return x
+		}
+	}
+	return Result{Check: "(missing " + check + ")", Status: -1}
+}
+
+func TestKernelMPTCPDisabledAndMissing(t *testing.T) {
+	r := Kernel(fakeProc(t, map[string]string{"net.mptcp.enabled": "0"}), 0)
+	if x := find(r, "MPTCP"); x.Status != Fail || !strings.Contains(x.Fix, "sysctl -w net.mptcp.enabled=1") {
+		t.Fatalf("disabled MPTCP: %+v", x)
+	}
+	if !r.Failed() {
+		t.Fatal("report with a FAIL says it did not fail")
+	}
+	r = Kernel(fakeProc(t, nil), 0)
+	if len(r) != 1 || r[0].Status != Fail || !strings.Contains(r[0].Detail, "kernel without MPTCP") {
+		t.Fatalf("no MPTCP sysctl: %+v", r)
+	}
+}
+
+func TestRelayForwardingOff(t *testing.T) {
+	r := RelayHost(fakeProc(t, map[string]string{"net.ipv4.ip_forward": "0"}), "mpdetour_test_none", true)
+	if x := find(r, "forwarding"); x.Status != Fail || !strings.Contains(x.Fix, "ip_forward = 1") {
+		t.Fatalf("forwarding off: %+v", x)
+	}
+	// No kernel module check can be forced here, but the WireGuard check
+	// must say something either way; with no /dev/net/tun in the fake dev
+	// directory it fails unless the module exists.
+	if x := find(r, "WireGuard"); x.Status == -1 {
+		t.Fatalf("no WireGuard check in %+v", r)
+	}
+}
+
+// A relay that does not answer is a FAIL that names the UDP port to open.
+func TestClientRelayNoAnswer(t *testing.T) {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0") // bound, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	relayKey, _ := proto.GenerateKey()
+	member, _ := proto.GenerateKey()
+	addr := netip.MustParseAddrPort(pc.LocalAddr().String())
+	r := Client(context.Background(), ClientConfig{
+		Source:  relayclient.SourceConfig{PrivateKey: member, Relays: []relayclient.Relay{{Name: "r1", Addr: addr, PublicKey: relayKey.Public()}}},
+		Timeout: 400 * time.Millisecond,
+	})
+	x := find(r, "relay r1")
+	if x.Status != Fail || !strings.Contains(x.Detail, "no answer") || !strings.Contains(x.Fix, "UDP port") {
+		t.Fatalf("silent relay: %+v", x)
+	}
+	var b bytes.Buffer
+	r.Print(&b)
+	if !strings.Contains(b.String(), "FAIL") || !strings.Contains(b.String(), "-> check the address") {
+		t.Fatalf("printed report:\n%s", b.String())
+	}
+}
+
+// The direct MPTCP check against a plain TCP listener reports the fallback.
+func TestClientFallbackDetected(t *testing.T) {
+	// Plain TCP (Go listens with MPTCP by default since 1.24).
+	var plain net.ListenConfig
+	plain.SetMultipathTCP(false)
+	ln, err := plain.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	r := Client(context.Background(), ClientConfig{Server: netip.MustParseAddrPort(ln.Addr().String()), Timeout: time.Second})
+	if x := find(r, "direct"); x.Status != Fail || !strings.Contains(x.Detail, "fell back to plain TCP") {
+		t.Fatalf("fallback: %+v", r)
+	}
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(true)
+	mln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mln.Close()
+	go func() {
+		for {
+			c, err := mln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	r = Client(context.Background(), ClientConfig{Server: netip.MustParseAddrPort(mln.Addr().String()), Timeout: time.Second})
+	if x := find(r, "direct"); x.Status != OK {
+		t.Fatalf("MPTCP server: %+v", r)
+	}
+}
