@@ -2,7 +2,9 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 )
 
@@ -208,6 +211,47 @@ func TestAgentClosedConnectionDoesNotBlameDetour(t *testing.T) {
 	for _, d := range h.a.Status().Detours {
 		if d.Failed != 0 {
 			t.Fatalf("detour %s counts %d failures for a connection that was gone: %s", d.Relay, d.Failed, d.LastError)
+		}
+	}
+}
+
+// The metrics come from the same snapshot as status, with bounded labels.
+func TestAgentMetrics(t *testing.T) {
+	h := start(t, policy.Static, natDetour("r1", relay1))
+	h.connect(21)
+	h.wait(0, "SUBFLOW_CREATE via r1", creates(relay1))
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 21, Local: netip.AddrPortFrom(client.Addr(), 50021), Remote: relay1})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(agent.NewMetrics(h.a))
+	want := map[string]bool{}
+	for range 50 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = map[string]bool{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				labels := []string{}
+				for _, l := range m.GetLabel() {
+					labels = append(labels, l.GetName()+"="+l.GetValue())
+				}
+				v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				want[fmt.Sprintf("%s{%s} %g", mf.GetName(), strings.Join(labels, ","), v)] = true
+			}
+		}
+		if want["mpdetour_agent_subflows{path=nat,role=active} 1"] {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, k := range []string{
+		"mpdetour_agent_connections{} 1",
+		"mpdetour_agent_subflows{path=nat,role=active} 1",
+		"mpdetour_agent_detour_subflows_established_total{detour=nat:r1} 1",
+	} {
+		if !want[k] {
+			t.Errorf("missing %s in %v", k, want)
 		}
 	}
 }
