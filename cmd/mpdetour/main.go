@@ -23,6 +23,7 @@ func commands() []*cli.Command {
 		relayCommand(),
 		labCommand(),
 		benchCommand(),
+		collectiveCommand(),
 		doctorCommand(),
 		versionCommand(),
 	}
