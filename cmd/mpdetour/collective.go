@@ -33,7 +33,9 @@ func collectiveInit() *cli.Command {
 		Name:    "init",
 		Summary: "make a new authority key: DIR/authority.key (private, keep offline) and DIR/authority.pub",
 		Usage:   "--dir DIR",
-		Flags:   func(fs *flag.FlagSet) { fs.StringVar(&dir, "dir", "", "directory for authority.key and authority.pub (created; existing keys are never overwritten)") },
+		Flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&dir, "dir", "", "directory for authority.key and authority.pub (created; existing keys are never overwritten)")
+		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 || dir == "" {
 				return cli.Usagef("collective init needs --dir DIR and no arguments")

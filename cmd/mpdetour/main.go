@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/lab"
 )
 
 // commands lists the top-level subcommands in the order --help shows them.
@@ -30,6 +31,9 @@ func commands() []*cli.Command {
 }
 
 func main() {
+	// A re-execution of this binary as a lab helper (namespace exec shim,
+	// delay line) runs as that and never returns.
+	lab.Reexec()
 	// Commands watch ctx so that Ctrl-C and SIGTERM roll back what they set up.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Main(ctx, "mpdetour", commands(), os.Args[1:], os.Stdout, os.Stderr)

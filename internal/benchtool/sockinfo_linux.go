@@ -57,13 +57,6 @@ type mptcpSubflowData struct {
 	SizeUser        uint32
 }
 
-func init() {
-	// A layout mistake would silently shift every field: fail loudly.
-	if unsafe.Sizeof(mptcpSubflowInfo{}) != 264 || unsafe.Sizeof(mptcpFullInfoT{}) != 136 || unsafe.Sizeof(mptcpSubflowData{}) != 16 {
-		panic("goodput: MPTCP struct layout mismatch")
-	}
-}
-
 // rawSubflow is one subflow's kernel view at one instant.
 type rawSubflow struct {
 	id            uint32

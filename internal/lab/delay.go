@@ -21,12 +21,6 @@ import (
 // binary) lets any program that builds labs, tests included, run one.
 const delayLineMarker = "mpdetour-lab-delayline"
 
-func init() {
-	if len(os.Args) == 3 && os.Args[0] == delayLineMarker {
-		os.Exit(delayLineMain(os.Args[1], os.Args[2]))
-	}
-}
-
 func delayLineMain(flag, path string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if flag != "--state" {
@@ -90,6 +84,9 @@ func (b *builder) startDelayLine() error {
 		return err
 	}
 	defer devnull.Close()
+	if !reexecCalled.Load() {
+		return errNoReexec()
+	}
 	cmd := &exec.Cmd{
 		Path:   "/proc/self/exe",
 		Args:   []string{delayLineMarker, "--state", cfgPath},

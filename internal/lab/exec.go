@@ -2,9 +2,12 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -17,15 +20,36 @@ import (
 // exec.Cmd from any thread, so the switch happens in the child instead.
 const nsExecMarker = "mpdetour-lab-nsexec"
 
-func init() {
-	if len(os.Args) >= 3 && os.Args[0] == nsExecMarker {
+// Reexec runs this process as one of the lab's helpers when it was started
+// as one: the shim that enters a namespace and executes a command
+// (Lab.Command), or a lab's delay line. Every program that brings up labs
+// calls it first thing (cmd/mpdetour's main, and TestMain of the test
+// binaries that build labs, since the helpers are re-executions of the
+// current binary); it returns at once in any other process, and never
+// returns in a helper.
+func Reexec() {
+	reexecCalled.Store(true)
+	switch {
+	case len(os.Args) >= 3 && os.Args[0] == nsExecMarker:
 		nsExec(os.Args[1], os.Args[2:])
+	case len(os.Args) == 3 && os.Args[0] == delayLineMarker:
+		os.Exit(delayLineMain(os.Args[1], os.Args[2]))
 	}
 }
 
-// nsExec runs during package initialisation of the re-executed binary,
-// on the main thread, before any other code of the program.
+// reexecCalled guards against a program that starts helpers without having
+// called Reexec: its re-executions would run the program itself.
+var reexecCalled atomic.Bool
+
+func errNoReexec() error {
+	return errors.New("this program does not call lab.Reexec() at start, so it cannot run lab helpers (namespace exec, delay line)")
+}
+
+// nsExec replaces the process with argv inside the namespace at nsPath. It
+// enters the namespace on the locked main thread and execs from it: the
+// executed program keeps that thread's namespace.
 func nsExec(nsPath string, argv []string) {
+	runtime.LockOSThread()
 	fail := func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "mpdetour lab: "+format+"\n", a...)
 		os.Exit(127)
@@ -59,6 +83,8 @@ func (l *Lab) Command(ctx context.Context, node string, argv ...string) *exec.Cm
 		cmd.Err = fmt.Errorf("lab %s has no node %q", l.name, node)
 	case len(argv) == 0:
 		cmd.Err = fmt.Errorf("lab %s: empty command", l.name)
+	case !reexecCalled.Load():
+		cmd.Err = errNoReexec()
 	default:
 		cmd.Args = append([]string{nsExecMarker, path}, argv...)
 	}

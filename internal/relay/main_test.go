@@ -8,6 +8,8 @@ import (
 	"os/signal"
 	"syscall"
 	"testing"
+
+	"github.com/mpdetour/mpdetour/internal/lab"
 )
 
 // The integration tests run the relay as a separate process inside a
@@ -15,6 +17,7 @@ import (
 // that process when TR_RELAY_CONFIG is set (no dependency on cmd/mpdetour
 // building while others edit it).
 func TestMain(m *testing.M) {
+	lab.Reexec()
 	if cfg := os.Getenv("TR_RELAY_CONFIG"); cfg != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

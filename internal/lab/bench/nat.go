@@ -11,47 +11,45 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 )
 
-func init() {
-	procedures[scenario.TCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
-		rs, err := startRelays(ctx, env, natOnly)
-		if err != nil {
-			return nil, err
-		}
-		d := env.Cell.Detours[0]
-		granted, err := rs.grant(ctx, env, d)
-		if err != nil {
+func setupTCPNAT(ctx context.Context, env *Env) (Session, error) {
+	rs, err := startRelays(ctx, env, natOnly)
+	if err != nil {
+		return nil, err
+	}
+	d := env.Cell.Detours[0]
+	granted, err := rs.grant(ctx, env, d)
+	if err != nil {
+		rs.close()
+		return nil, err
+	}
+	return &transfer{env: env, dst: granted, paths: rs.paths, close: rs.close, daemons: rs.daemons}, nil
+}
+
+func setupMPTCPNAT(ctx context.Context, env *Env) (Session, error) {
+	rs, err := startRelays(ctx, env, natOnly)
+	if err != nil {
+		return nil, err
+	}
+	// The agent asks the relays itself, when each connection is
+	// created; a probe grant first makes sure they are up.
+	for _, d := range env.Cell.Detours {
+		if err := rs.probe(ctx, env, d); err != nil {
 			rs.close()
 			return nil, err
 		}
-		return &transfer{env: env, dst: granted, paths: rs.paths, close: rs.close, daemons: rs.daemons}, nil
 	}
-	procedures[scenario.MPTCPNAT] = func(ctx context.Context, env *Env) (Session, error) {
-		rs, err := startRelays(ctx, env, natOnly)
-		if err != nil {
-			return nil, err
-		}
-		// The agent asks the relays itself, when each connection is
-		// created; a probe grant first makes sure they are up.
-		for _, d := range env.Cell.Detours {
-			if err := rs.probe(ctx, env, d); err != nil {
-				rs.close()
-				return nil, err
-			}
-		}
-		ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env))
-		if err != nil {
-			rs.close()
-			return nil, err
-		}
-		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours), paths: rs.paths,
-			close: func() error { return errors.Join(ag.stop(), rs.close()) }, daemons: append([]*daemon{ag}, rs.daemons...)}, nil
+	ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env))
+	if err != nil {
+		rs.close()
+		return nil, err
 	}
+	return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours), paths: rs.paths,
+		close: func() error { return errors.Join(ag.stop(), rs.close()) }, daemons: append([]*daemon{ag}, rs.daemons...)}, nil
 }
 
 // relayLease outlasts any cell: an expired grant would refuse the next

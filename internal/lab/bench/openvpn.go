@@ -17,8 +17,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netns"
-
-	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
 
 // The OpenVPN baseline: plain TCP through an OpenVPN tunnel from the
@@ -35,10 +33,6 @@ const (
 	ovpnIface = "tunovpn"
 	ovpnTable = "mpdetour_bench_ovpn"
 )
-
-func init() {
-	procedures[scenario.TCPOpenVPN] = setupOpenVPN
-}
 
 func setupOpenVPN(ctx context.Context, env *Env) (_ Session, err error) {
 	prog, err := exec.LookPath("openvpn")

@@ -43,9 +43,20 @@ type Session interface {
 // the procedure needs is missing from this build or host.
 type Setup func(ctx context.Context, env *Env) (Session, error)
 
-// procedures maps procedure names to their implementation; a procedure
-// missing here is reported as unavailable.
-var procedures = map[string]Setup{}
+// Procedures maps every procedure name to its implementation: the one
+// list of what the bench can run (a procedure missing here is reported as
+// unavailable).
+func Procedures() map[string]Setup {
+	return map[string]Setup{
+		scenario.TCP:         setupTCP,
+		scenario.MPTCP1:      setupMPTCP1,
+		scenario.TCPNAT:      setupTCPNAT,
+		scenario.MPTCPNAT:    setupMPTCPNAT,
+		scenario.TCPTunnel:   setupTCPTunnel,
+		scenario.MPTCPTunnel: setupMPTCPTunnel,
+		scenario.TCPOpenVPN:  setupOpenVPN,
+	}
+}
 
 // UnavailableError says a procedure cannot run here, and why.
 type UnavailableError struct{ Reason string }

@@ -293,7 +293,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 		Detours: c.Detours, CC: r.s.CC, Duration: env.Duration.Seconds(), Warmup: env.Warmup.Seconds(),
 		Params: append(r.s.Set.Strings(), cfg.Set.Strings()...), Versions: r.versions,
 	}
-	proc, ok := procedures[c.Procedure]
+	proc, ok := Procedures()[c.Procedure]
 	var sess Session
 	var err error
 	if !ok {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 	"github.com/mpdetour/mpdetour/internal/testenv"
@@ -68,6 +69,7 @@ func binary(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	lab.Reexec()
 	code := m.Run()
 	if bin != "" {
 		os.RemoveAll(filepath.Dir(bin))

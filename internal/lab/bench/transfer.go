@@ -11,16 +11,14 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
-	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
 
-func init() {
-	procedures[scenario.TCP] = func(ctx context.Context, env *Env) (Session, error) {
-		return &transfer{env: env, dst: env.serverAddr()}, nil
-	}
-	procedures[scenario.MPTCP1] = func(ctx context.Context, env *Env) (Session, error) {
-		return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1}, nil
-	}
+func setupTCP(ctx context.Context, env *Env) (Session, error) {
+	return &transfer{env: env, dst: env.serverAddr()}, nil
+}
+
+func setupMPTCP1(ctx context.Context, env *Env) (Session, error) {
+	return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1}, nil
 }
 
 // pauseBetweenTrials lets queues drain and TIME_WAIT settle so that one

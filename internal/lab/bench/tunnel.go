@@ -13,51 +13,49 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
-	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
-func init() {
-	procedures[scenario.TCPTunnel] = func(ctx context.Context, env *Env) (Session, error) {
-		ts, err := openTunnels(ctx, env)
-		if err != nil {
-			return nil, err
-		}
-		// Plain TCP has no say in its source address: route the server
-		// into the tunnel for this cell, as the OpenVPN baseline did.
-		c := ts.clients[0]
-		undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), c.Address())
-		if err != nil {
-			ts.close()
-			return nil, err
-		}
-		return &transfer{env: env, dst: env.serverAddr(), paths: ts.paths, daemons: ts.rs.daemons,
-			close: func() error { return errors.Join(undo(), ts.close()) }}, nil
+func setupTCPTunnel(ctx context.Context, env *Env) (Session, error) {
+	ts, err := openTunnels(ctx, env)
+	if err != nil {
+		return nil, err
 	}
-	procedures[scenario.MPTCPTunnel] = func(ctx context.Context, env *Env) (Session, error) {
-		// The product path: the agent asks each relay for a tunnel
-		// (`tunnels: true`) and brings it up itself. The relays refuse NAT
-		// grants to the server here, so only tunnel subflows are added.
-		rs, err := startRelays(ctx, env, tunnelOnly)
-		if err != nil {
-			return nil, err
-		}
-		ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env)+"tunnels: true\n")
-		if err != nil {
-			rs.close()
-			return nil, err
-		}
-		t := &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours),
-			paths: rs.paths, prefixes: rs.prefixes, daemons: append([]*daemon{ag}, rs.daemons...),
-			close: func() error { return errors.Join(ag.stop(), rs.close()) }}
-		if err := t.warmUp(ctx, 20*time.Second); err != nil {
-			t.Close()
-			return nil, err
-		}
-		return t, nil
+	// Plain TCP has no say in its source address: route the server
+	// into the tunnel for this cell, as the OpenVPN baseline did.
+	c := ts.clients[0]
+	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), c.Address())
+	if err != nil {
+		ts.close()
+		return nil, err
 	}
+	return &transfer{env: env, dst: env.serverAddr(), paths: ts.paths, daemons: ts.rs.daemons,
+		close: func() error { return errors.Join(undo(), ts.close()) }}, nil
+}
+
+func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
+	// The product path: the agent asks each relay for a tunnel
+	// (`tunnels: true`) and brings it up itself. The relays refuse NAT
+	// grants to the server here, so only tunnel subflows are added.
+	rs, err := startRelays(ctx, env, tunnelOnly)
+	if err != nil {
+		return nil, err
+	}
+	ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env)+"tunnels: true\n")
+	if err != nil {
+		rs.close()
+		return nil, err
+	}
+	t := &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours),
+		paths: rs.paths, prefixes: rs.prefixes, daemons: append([]*daemon{ag}, rs.daemons...),
+		close: func() error { return errors.Join(ag.stop(), rs.close()) }}
+	if err := t.warmUp(ctx, 20*time.Second); err != nil {
+		t.Close()
+		return nil, err
+	}
+	return t, nil
 }
 
 // tunnels are WireGuard tunnel detours from the client node, one per

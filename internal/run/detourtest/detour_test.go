@@ -19,6 +19,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/testenv"
@@ -28,6 +29,7 @@ import (
 var mpdetour string
 
 func TestMain(m *testing.M) {
+	lab.Reexec()
 	dir, err := os.MkdirTemp("", "tu-detourtest-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
