@@ -14,6 +14,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -71,9 +72,16 @@ func Load(path string, v any) (*Doc, error) {
 // that need content check for it).
 func Parse(name string, b []byte, v any) (*Doc, error) {
 	var top yaml.Node
-	err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&top)
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	err := dec.Decode(&top)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, syntaxError(name, err)
+	}
+	if err == nil {
+		var extra yaml.Node
+		if dec.Decode(&extra) == nil {
+			return nil, &Error{File: name, Line: extra.Line, Col: extra.Column, Msg: "more than one YAML document; want exactly one"}
+		}
 	}
 	d := &Doc{file: name}
 	if len(top.Content) > 0 {
@@ -273,6 +281,11 @@ func (d *Doc) decodeError(err error) error {
 		if ce.File == "" {
 			ce.File = d.file
 		}
+		if ce.Line > 0 {
+			if p, _ := fieldAtLine(d.root, ce.Line, d.path); p != "" && !strings.HasPrefix(ce.Msg, p) {
+				ce.Msg = p + ": " + ce.Msg
+			}
+		}
 		return ce
 	}
 	var te *yaml.TypeError
@@ -291,6 +304,20 @@ func (d *Doc) decodeError(err error) error {
 			return e
 		}
 		return &Error{File: d.file, Msg: msg}
+	}
+	// A custom unmarshaler's "line N: ..." (the library gives them no
+	// column): position it at that line's field.
+	if m := lineMsg.FindStringSubmatch(err.Error()); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		p, n := fieldAtLine(d.root, line, d.path)
+		e := &Error{File: d.file, Line: line, Msg: m[2]}
+		if n != nil {
+			e.Col = n.Column
+		}
+		if p != "" && !strings.HasPrefix(m[2], p) {
+			e.Msg = p + ": " + m[2]
+		}
+		return e
 	}
 	return d.Locate(err)
 }
@@ -442,6 +469,25 @@ func (x *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML writes the duration as time.Duration prints it.
 func (x Duration) MarshalYAML() (any, error) { return time.Duration(x).String(), nil }
+
+// MarshalJSON writes the duration as a string ("5ms"), so state files stay
+// readable.
+func (x Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(x).String()) }
+
+// UnmarshalJSON accepts a duration string; bare numbers are refused (the
+// nanoseconds-or-milliseconds ambiguity is the mistake this type prevents).
+func (x *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string such as \"5ms\", got %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("bad duration %q: %v", s, err)
+	}
+	*x = Duration(v)
+	return nil
+}
 
 // D is the value as a time.Duration.
 func (x Duration) D() time.Duration { return time.Duration(x) }

@@ -60,9 +60,9 @@ func TestErrorsArePositioned(t *testing.T) {
 	for _, tc := range []struct{ src, want string }{
 		{"name: a\nbogus: 1\n", "f.yaml:2:1: bogus: unknown key \"bogus\" (known here: count, items, lease, log_level, map, name, nested, section)"},
 		{"items:\n  - address: x\n    typo: 1\n", "f.yaml:3:5: items[0].typo: unknown key"},
-		{"nested:\n  every: soon\n", "f.yaml:2:10: \"soon\" is not a duration"},
+		{"nested:\n  every: soon\n", "f.yaml:2:10: nested.every: \"soon\" is not a duration"},
 		{"count: many\n", "f.yaml:1:8: count: cannot use !!str `many` into int"},
-		{"log_level: loud\n", "f.yaml:1:12: log level \"loud\" is not debug"},
+		{"log_level: loud\n", "f.yaml:1:12: log_level: log level \"loud\" is not debug"},
 		{"name: [\n", "f.yaml:1: YAML syntax"},
 		{"map:\n  k:\n    nope: 1\n", "f.yaml:3:5: map.k.nope: unknown key"},
 	} {

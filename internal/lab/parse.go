@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Error is a problem with a topology, located in its source: a file line
@@ -16,6 +16,7 @@ import (
 type Error struct {
 	Source string // file path or "builtin:NAME"
 	Line   int    // 0 when unknown
+	Col    int    // 0 when unknown
 	Field  string // e.g. "links[1].rate" or "link L2"
 	Msg    string
 }
@@ -25,6 +26,9 @@ func (e *Error) Error() string {
 	b.WriteString(e.Source)
 	if e.Line > 0 {
 		fmt.Fprintf(&b, ":%d", e.Line)
+		if e.Col > 0 {
+			fmt.Fprintf(&b, ":%d", e.Col)
+		}
 	}
 	b.WriteString(": ")
 	if e.Field != "" {
@@ -104,11 +108,11 @@ func Parse(source string, data []byte) (*Topology, error) {
 type parser struct{ src string }
 
 func (p *parser) errf(n *yaml.Node, field, format string, a ...any) error {
-	line := 0
+	line, col := 0, 0
 	if n != nil {
-		line = n.Line
+		line, col = n.Line, n.Column
 	}
-	return &Error{Source: p.src, Line: line, Field: field, Msg: fmt.Sprintf(format, a...)}
+	return &Error{Source: p.src, Line: line, Col: col, Field: field, Msg: fmt.Sprintf(format, a...)}
 }
 
 func join(prefix, key string) string {
@@ -190,7 +194,7 @@ func (p *parser) bool(n *yaml.Node, field string) (bool, error) {
 }
 
 func (p *parser) node(n *yaml.Node, field string) (*Node, error) {
-	node := &Node{pos: pos{line: n.Line, field: field}}
+	node := &Node{pos: pos{line: n.Line, col: n.Column, field: field}}
 	err := p.mapping(n, field, map[string]func(k, v *yaml.Node) error{
 		"name": func(_, v *yaml.Node) error {
 			s, err := p.scalar(v, field+".name")
@@ -213,14 +217,14 @@ func (p *parser) node(n *yaml.Node, field string) (*Node, error) {
 				if err != nil {
 					return err
 				}
-				node.Sysctls = append(node.Sysctls, Sysctl{Key: k.Value, Value: s, pos: pos{line: k.Line, field: f}})
+				node.Sysctls = append(node.Sysctls, Sysctl{Key: k.Value, Value: s, pos: pos{line: k.Line, col: k.Column, field: f}})
 			}
 			return nil
 		},
 		"routes": func(_, v *yaml.Node) error {
 			return p.sequence(v, field+".routes", func(i int, rn *yaml.Node) error {
 				rf := fmt.Sprintf("%s.routes[%d]", field, i)
-				r := Route{pos: pos{line: rn.Line, field: rf}}
+				r := Route{pos: pos{line: rn.Line, col: rn.Column, field: rf}}
 				var haveTo, haveVia bool
 				err := p.mapping(rn, rf, map[string]func(k, v *yaml.Node) error{
 					"to": func(_, v *yaml.Node) error {
@@ -337,7 +341,7 @@ func (p *parser) shapeFields(field string, shapes []*Shape, set map[string]bool)
 }
 
 func (p *parser) link(n *yaml.Node, field string) (*Link, error) {
-	l := &Link{pos: pos{line: n.Line, field: field}}
+	l := &Link{pos: pos{line: n.Line, col: n.Column, field: field}}
 	var subnet netip.Prefix
 	var subnetNode, aAddrNode, bAddrNode *yaml.Node
 	// Both-direction fields are applied first, per-direction blocks after,
@@ -387,14 +391,14 @@ func (p *parser) link(n *yaml.Node, field string) (*Link, error) {
 		l.endPos[i].field = field + k
 	}
 	if subnetNode != nil {
-		l.addrPos[0] = pos{line: subnetNode.Line, field: field + ".subnet"}
+		l.addrPos[0] = pos{line: subnetNode.Line, col: subnetNode.Column, field: field + ".subnet"}
 		l.addrPos[1] = l.addrPos[0]
 	}
 	if aAddrNode != nil {
-		l.addrPos[0] = pos{line: aAddrNode.Line, field: field + ".a_addr"}
+		l.addrPos[0] = pos{line: aAddrNode.Line, col: aAddrNode.Column, field: field + ".a_addr"}
 	}
 	if bAddrNode != nil {
-		l.addrPos[1] = pos{line: bAddrNode.Line, field: field + ".b_addr"}
+		l.addrPos[1] = pos{line: bAddrNode.Line, col: bAddrNode.Column, field: field + ".b_addr"}
 	}
 	for _, kv := range dirBlocks {
 		sh := &l.AB

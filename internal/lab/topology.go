@@ -245,8 +245,8 @@ func CheckLabName(s string) error {
 
 // pos locates a value for error messages: a file line or a field path.
 type pos struct {
-	line  int
-	field string
+	line, col int
+	field     string
 }
 
 // Node returns the node named name, or nil.

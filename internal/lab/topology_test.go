@@ -159,16 +159,16 @@ func TestParseErrors(t *testing.T) {
 	}
 	cases := []struct{ name, from, to, want string }{
 		{"unknown node", "    b: b\n", "    b: zz\n", `f.yaml:10: link x.b: unknown node "zz"`},
-		{"bad unit", "rate: 10mbit", "rate: 10mbps", `f.yaml:12: links[0].rate: bad rate "10mbps": unknown unit`},
-		{"route to nowhere", "via: 10.0.0.2}", "via: 10.0.9.2}", `f.yaml:5: node a.routes[0]: route to 0.0.0.0/0 via 10.0.9.2 goes nowhere`},
+		{"bad unit", "rate: 10mbit", "rate: 10mbps", `f.yaml:12:11: links[0].rate: bad rate "10mbps": unknown unit`},
+		{"route to nowhere", "via: 10.0.0.2}", "via: 10.0.9.2}", `f.yaml:5:9: node a.routes[0]: route to 0.0.0.0/0 via 10.0.9.2 goes nowhere`},
 		{"route to unassigned", "via: 10.0.0.2}", "via: 10.0.0.7}", `goes nowhere: no node has address 10.0.0.7`},
-		{"unknown field", "    rate: 10mbit\n", "    rate: 10mbit\n    colour: red\n", `f.yaml:13: links[0].colour: unknown field`},
-		{"duplicate address", "    subnet: 10.0.0.0/24\n", "    a_addr: 10.0.0.1/24\n    b_addr: 10.0.0.1/24\n", `f.yaml:12: link x.b_addr: duplicate address 10.0.0.1`},
+		{"unknown field", "    rate: 10mbit\n", "    rate: 10mbit\n    colour: red\n", `f.yaml:13:5: links[0].colour: unknown field`},
+		{"duplicate address", "    subnet: 10.0.0.0/24\n", "    a_addr: 10.0.0.1/24\n    b_addr: 10.0.0.1/24\n", `f.yaml:12:13: link x.b_addr: duplicate address 10.0.0.1`},
 		{"duplicate node", "  - name: b\n", "  - name: a\n", `duplicate node "a"`},
-		{"bad subnet", "10.0.0.0/24\n", "10.0.0.1/24\n", `f.yaml:11: link x.subnet: bad subnet`},
+		{"bad subnet", "10.0.0.0/24\n", "10.0.0.1/24\n", `f.yaml:11:13: link x.subnet: bad subnet`},
 		{"not yaml", "nodes:", "nodes: [", `f.yaml`},
 		{"bad sysctl", "  - name: b\n", "  - name: b\n    sysctls: {kernel.panic: 1}\n", `only net.* keys`},
-		{"link named like node", "  - name: x\n", "  - name: a\n", `f.yaml:8: link a: link "a" has the name of a node`},
+		{"link named like node", "  - name: x\n", "  - name: a\n", `f.yaml:8:5: link a: link "a" has the name of a node`},
 	}
 	for _, c := range cases {
 		in := strings.Replace(goodFile, c.from, c.to, 1)

@@ -21,7 +21,7 @@ var sysctlRE = regexp.MustCompile(`^net\.[A-Za-z0-9_.-]+$`)
 // cannot slip past it.
 func (t *Topology) Validate() error {
 	errAt := func(p pos, format string, a ...any) error {
-		return &Error{Source: t.Source, Line: p.line, Field: p.field, Msg: fmt.Sprintf(format, a...)}
+		return &Error{Source: t.Source, Line: p.line, Col: p.col, Field: p.field, Msg: fmt.Sprintf(format, a...)}
 	}
 	if len(t.Nodes) == 0 {
 		return &Error{Source: t.Source, Msg: "no nodes"}

@@ -7,36 +7,17 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/mpdetour/mpdetour/internal/config"
 )
 
 // MaxDelay bounds a configured one-way delay; longer values are almost
 // certainly a unit mistake ("100s" for "100ms") and would pin a lot of memory.
 const MaxDelay = 10 * time.Second
 
-// Duration is a time.Duration that reads and writes JSON as a Go duration
-// string such as "5ms", so that state files stay readable by people.
-type Duration time.Duration
-
-// MarshalJSON writes the duration as a string.
-func (d Duration) MarshalJSON() ([]byte, error) {
-	return json.Marshal(time.Duration(d).String())
-}
-
-// UnmarshalJSON accepts a duration string ("5ms", "1.5s"). Bare numbers are
-// refused: nanoseconds-or-milliseconds ambiguity is exactly the mistake
-// this type exists to prevent.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("duration must be a string such as \"5ms\", got %s", b)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("bad duration %q: %v", s, err)
-	}
-	*d = Duration(v)
-	return nil
-}
+// Duration is the config layer's duration; in the JSON state file it is a
+// string such as "5ms".
+type Duration = config.Duration
 
 // Config lists the links one delay-line process serves.
 type Config struct {

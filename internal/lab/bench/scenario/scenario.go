@@ -9,13 +9,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"path"
 	"regexp"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/mpdetour/mpdetour/internal/config"
 )
 
 // Procedure names. Each is one way of moving bytes from client to server.
@@ -71,24 +72,8 @@ const (
 
 var ratios = map[string]bool{RatioSum: true, RatioTCP: true, RatioBest: true, RatioBenefit: true}
 
-// Duration is a time.Duration written as "10s" or "500ms" in the file.
-type Duration time.Duration
-
-// UnmarshalYAML accepts Go duration strings.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("line %d: want a duration such as 10s", n.Line)
-	}
-	v, err := time.ParseDuration(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: bad duration %q (want e.g. 10s or 500ms)", n.Line, n.Value)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// MarshalYAML writes the duration back as a string.
-func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+// Duration is the config layer's duration ("10s", "500ms").
+type Duration = config.Duration
 
 // Param is one lab parameter, as for `lab up --set KEY=VALUE`.
 type Param struct{ Key, Value string }
@@ -254,31 +239,18 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
 // Parse reads and validates a scenario. source names it in errors.
 func Parse(source string, data []byte) (*Scenario, error) {
-	s, err := parse(data)
-	if err != nil {
-		return nil, fmt.Errorf("scenario %s: %w", source, err)
-	}
-	s.Source = source
-	return s, nil
-}
-
-func parse(data []byte) (*Scenario, error) {
 	var s Scenario
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&s); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("empty file")
-		}
-		return nil, cleanYAMLError(err)
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); err == nil {
-		return nil, errors.New("more than one YAML document; want exactly one")
-	}
-	if err := s.validate(); err != nil {
+	doc, err := config.Parse(source, data, &s)
+	if err != nil {
 		return nil, err
 	}
+	if doc.Empty() {
+		return nil, &config.Error{File: source, Msg: "empty scenario file"}
+	}
+	if err := s.validate(); err != nil {
+		return nil, doc.Locate(err)
+	}
+	s.Source = source
 	return &s, nil
 }
 

@@ -98,14 +98,14 @@ func TestExpansion(t *testing.T) {
 
 func TestBadFiles(t *testing.T) {
 	cases := []struct{ name, text, want string }{
-		{"empty", ``, "empty file"},
+		{"empty", ``, "empty scenario file"},
 		{"syntax", "name: [", "t.yaml"},
-		{"unknown top field", base + "trails: 3\n", `unknown field "trails"`},
-		{"unknown field line", base + "trails: 3\n", `line 9`},
+		{"unknown top field", base + "trails: 3\n", "unknown key \"trails\""},
+		{"unknown field line", base + "trails: 3\n", "t.yaml:9:1"},
 		{"no name", strings.Replace(base, "name: x", "", 1), "name: missing"},
 		{"bad name", strings.Replace(base, "name: x", "name: ../x", 1), "name:"},
 		{"no topology", strings.Replace(base, "topology: brennan2017", "", 1), "topology: missing"},
-		{"bad duration", base + "duration: 10\n", "bad duration"},
+		{"bad duration", base + "duration: 10\n", "duration: \"10\" is not a duration"},
 		{"warmup too long", base + "duration: 2s\nwarmup: 3s\n", "warmup"},
 		{"trials negative", base + "trials: -1\n", "trials: -1"},
 		{"unknown procedure", strings.Replace(base, "[tcp,", "[tpc,", 1), `procedures[0]: unknown procedure "tpc"`},
@@ -130,7 +130,7 @@ func TestBadFiles(t *testing.T) {
 			if err == nil {
 				t.Fatalf("accepted:\n%s", c.text)
 			}
-			if !strings.HasPrefix(err.Error(), "scenario t.yaml: ") || !strings.Contains(err.Error(), c.want) {
+			if !strings.HasPrefix(err.Error(), "t.yaml:") || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %q does not name the file and %q", err, c.want)
 			}
 		})
@@ -164,14 +164,14 @@ func TestLoad(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(base))
 	for _, n := range Builtins() {
-		b, _ := os.ReadFile(filepath.Join("../../../lab/scenarios", n+".yaml"))
+		b, _ := os.ReadFile(filepath.Join("../../../../lab/scenarios", n+".yaml"))
 		f.Add(b)
 	}
 	f.Add([]byte("name: x\ntopology: t\nconfigurations: [{name: a}]\nprocedures: [{procedure: mptcp-nat, detour: all}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := Parse("fuzz", data)
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "scenario fuzz: ") {
+			if !strings.HasPrefix(err.Error(), "fuzz") {
 				t.Fatalf("error does not name the source: %v", err)
 			}
 			return
