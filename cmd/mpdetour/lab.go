@@ -14,8 +14,6 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/lab"
-	"github.com/mpdetour/mpdetour/internal/lab/bench"
-	"github.com/mpdetour/mpdetour/internal/lab/delayline"
 )
 
 // setFlags collects repeated --set KEY=VALUE flags in order.
@@ -224,7 +222,7 @@ func labCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "lab",
 		Summary: "emulated networks in namespaces: up, exec, check, down, list, bench",
-		Sub:     []*cli.Command{up, execCmd, check, down, list, delayline.Command(), bench.BenchCommand()},
+		Sub:     []*cli.Command{up, execCmd, check, down, list, labDelaylineCommand(), labBenchCommand()},
 	}
 }
 

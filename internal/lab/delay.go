@@ -27,16 +27,9 @@ func delayLineMain(flag, path string) int {
 		log.Error("usage: --state FILE")
 		return 2
 	}
-	data, err := os.ReadFile(path)
-	if err == nil {
-		var cfg delayline.Config
-		cfg, err = delayline.ParseConfig(data)
-		if err == nil {
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-			defer stop()
-			err = delayline.Run(ctx, cfg, log)
-		}
-	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	err := delayline.RunStateFile(ctx, path, log)
 	if err != nil {
 		log.Error("delay line failed", "state", path, "err", err)
 		return 1

@@ -5,7 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,33 +14,21 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/mpdetour/mpdetour/internal/cli"
 )
 
-func runCommand(ctx context.Context, args ...string) error {
-	c := Command()
-	fs := flag.NewFlagSet(c.Name, flag.ContinueOnError)
-	c.Flags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	return c.Run(ctx, fs.Args())
+func runCommand(ctx context.Context, state string) error {
+	return RunStateFile(ctx, state, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 }
 
 func TestCommandErrors(t *testing.T) {
-	var ue *cli.UsageError
-	if err := runCommand(context.Background()); !errors.As(err, &ue) {
-		t.Errorf("no --state: %v, want a usage error", err)
-	}
-	if err := runCommand(context.Background(), "--state", "x", "extra"); !errors.As(err, &ue) {
-		t.Errorf("extra argument: %v, want a usage error", err)
+	if err := runCommand(context.Background(), filepath.Join(t.TempDir(), "none.json")); err == nil || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing state file: %v", err)
 	}
 	bad := filepath.Join(t.TempDir(), "state.json")
 	if err := os.WriteFile(bad, []byte(`{"links":[{"netns":"/n","a":"a","b":"b","delay_ab":"5"}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := runCommand(context.Background(), "--state", bad)
+	err := runCommand(context.Background(), bad)
 	if err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "delay_ab") && !strings.Contains(err.Error(), "bad duration") {
 		t.Errorf("bad state: %v, want the file and the problem named", err)
 	}
@@ -48,7 +36,7 @@ func TestCommandErrors(t *testing.T) {
 	if err := os.WriteFile(missingNs, []byte(`{"links":[{"netns":"/run/netns/td-no-such-ns","a":"a","b":"b"}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := runCommand(context.Background(), "--state", missingNs); err == nil || !strings.Contains(err.Error(), "td-no-such-ns") {
+	if err := runCommand(context.Background(), missingNs); err == nil || !strings.Contains(err.Error(), "td-no-such-ns") {
 		t.Errorf("missing namespace: %v", err)
 	}
 }

@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 	if state := os.Getenv(childCommandEnv); state != "" {
 		// As main does: SIGTERM cancels the command's context.
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-		err := runCommand(ctx, "--state", state)
+		err := runCommand(ctx, state)
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

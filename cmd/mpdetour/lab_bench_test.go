@@ -1,4 +1,4 @@
-package bench
+package main
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 )
 
 func runBench(args ...string) error {
-	c := BenchCommand()
+	c := labBenchCommand()
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	c.Flags(fs)

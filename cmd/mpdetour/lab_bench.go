@@ -1,4 +1,4 @@
-package bench
+package main
 
 import (
 	"context"
@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/report"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
 
-// BenchCommand is `mpdetour lab bench`, added to the lab command group.
-func BenchCommand() *cli.Command {
+// labBenchCommand is `mpdetour lab bench`, added to the lab command group.
+func labBenchCommand() *cli.Command {
 	var (
 		trials     int
 		out, name  string
@@ -72,20 +73,20 @@ func BenchCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				d, err := Write(out, s, recs, note)
+				d, err := bench.Write(out, s, recs, note)
 				if err != nil {
 					return err
 				}
-				printSummary(d)
+				printBenchSummary(d)
 				return nil
 			}
-			d, err := Run(ctx, Options{
+			d, err := bench.Run(ctx, bench.Options{
 				Scenario: s, Out: out, Trials: trials, Duration: duration, Resume: resume,
 				LabName: name, Binary: bin, Progress: os.Stdout, Note: note, Interleave: interleave,
 			})
 			if d != nil {
 				fmt.Printf("results: %s (report.md, results.json, results.csv, plots)\n", out)
-				printSummary(d)
+				printBenchSummary(d)
 			}
 			if errors.Is(err, context.Canceled) {
 				again := fmt.Sprintf("mpdetour lab bench %s --out %s --resume", args[0], out)
@@ -111,7 +112,7 @@ func BenchCommand() *cli.Command {
 	}
 }
 
-func printSummary(d *report.Data) {
+func printBenchSummary(d *report.Data) {
 	fmt.Print(d.Table())
 	for _, g := range d.Gains() {
 		fmt.Println(g)
