@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
@@ -55,17 +55,18 @@ func agentCommand() *cli.Command {
 			if socket != "" {
 				cfg.Socket = socket
 			}
-			level := slog.LevelInfo
-			switch strings.ToLower(cfg.LogLevel) {
-			case "debug":
-				level = slog.LevelDebug
-			case "warn":
-				level = slog.LevelWarn
-			case "error":
-				level = slog.LevelError
-			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 			var sources []detour.Source
+			if len(cfg.LegacyV1) > 0 {
+				// Unauthenticated v1 daemons, opt-in (docs/agent.md).
+				src, err := legacyclient.New(legacyclient.Config{Relays: cfg.LegacyV1, Lease: cfg.LegacyLease,
+					ListenPacket: relayclient.ListenIn(cfg.NetNS), Logger: log})
+				if err != nil {
+					return err
+				}
+				defer src.Close()
+				sources = append(sources, src)
+			}
 			if cfg.Relays != nil {
 				rc := *cfg.Relays
 				rc.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)

@@ -1,18 +1,16 @@
 package agent
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
+	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 )
@@ -47,7 +45,14 @@ type Config struct {
 	Nice int
 	// EventBuffer is the event socket's receive buffer in bytes.
 	EventBuffer int
-	LogLevel    string
+	LogLevel    slog.Level
+	// MetricsListen, when set, serves Prometheus metrics (e.g. 127.0.0.1:9465).
+	MetricsListen string
+	// LegacyV1 are original-prototype daemons asked for detours (v1,
+	// unauthenticated; legacyclient).
+	LegacyV1 []legacyclient.Relay
+	// LegacyLease is how long a v1 grant is assumed to last.
+	LegacyLease time.Duration
 	Selectors   []policy.Selector
 	Detours     []StaticDetour
 	// Relays, when set, are asked for NAT detours (relayclient.Source).
@@ -66,25 +71,40 @@ type StaticDetour struct {
 }
 
 type fileConfig struct {
-	NetNS             string       `yaml:"netns"`
-	Socket            string       `yaml:"socket"`
-	Subflows          *int         `yaml:"subflows"`
-	AnnouncedSubflows *int         `yaml:"announced_subflows"`
-	MaxConnections    int          `yaml:"max_connections"`
-	Backoff           string       `yaml:"backoff"`
-	MaxBackoff        string       `yaml:"max_backoff"`
-	ConnectTimeout    string       `yaml:"connect_timeout"`
-	ProbeInterval     string       `yaml:"probe_interval"`
-	StallRetransmits  *int         `yaml:"stall_retransmits"`
-	CommandWorkers    int          `yaml:"command_workers"`
-	Nice              int          `yaml:"nice"`
-	EventBuffer       int          `yaml:"event_buffer"`
-	LogLevel          string       `yaml:"log_level"`
-	Selectors         []fileSel    `yaml:"selectors"`
-	Detours           []fileDetour `yaml:"detours"`
+	NetNS             string           `yaml:"netns"`
+	Socket            string           `yaml:"socket"`
+	Subflows          *int             `yaml:"subflows"`
+	AnnouncedSubflows *int             `yaml:"announced_subflows"`
+	MaxConnections    int              `yaml:"max_connections"`
+	Backoff           *config.Duration `yaml:"backoff"`
+	MaxBackoff        *config.Duration `yaml:"max_backoff"`
+	ConnectTimeout    *config.Duration `yaml:"connect_timeout"`
+	ProbeInterval     *config.Duration `yaml:"probe_interval"`
+	StallRetransmits  *int             `yaml:"stall_retransmits"`
+	Policy            string           `yaml:"policy"`
+	Watchdog          *config.Duration `yaml:"watchdog"`
+	Window            *config.Duration `yaml:"window"`
+	Hold              *config.Duration `yaml:"hold"`
+	CommandWorkers    int              `yaml:"command_workers"`
+	Nice              int              `yaml:"nice"`
+	EventBuffer       int              `yaml:"event_buffer"`
+	LogLevel          config.LogLevel  `yaml:"log_level"`
+	Metrics           struct {
+		Listen string `yaml:"listen"`
+	} `yaml:"metrics"`
+	Selectors []fileSel    `yaml:"selectors"`
+	Detours   []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays  *relayclient.FileConfig `yaml:"relays"`
-	Tunnels bool                    `yaml:"tunnels"`
+	Relays   *relayclient.FileConfig `yaml:"relays"`
+	Tunnels  bool                    `yaml:"tunnels"`
+	LegacyV1 []fileLegacy            `yaml:"legacy_v1"`
+}
+
+// fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
+type fileLegacy struct {
+	Name    string           `yaml:"name"`
+	Address string           `yaml:"address"`
+	Lease   *config.Duration `yaml:"lease"`
 }
 
 type fileSel struct {
@@ -98,35 +118,44 @@ type fileDetour struct {
 	Address string   `yaml:"address"` // NAT: relay address:port
 	Server  string   `yaml:"server"`  // NAT: where the relay forwards (addr:port)
 	Local   string   `yaml:"local"`   // tunnel: the tunnel's address
+	Backup  bool     `yaml:"backup"`  // subflows through it carry the B flag
 	Servers []string `yaml:"servers"` // tunnel: reachable prefixes
 }
 
-// LoadConfig reads and validates a config file.
+// LoadConfig reads and validates a config file; errors name
+// file:line:column and the field.
 func LoadConfig(path string) (Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
-	c, err := ParseConfig(b)
+	return parseConfig(path, b)
+}
+
+// ParseConfig parses YAML (errors are positioned in "config").
+func ParseConfig(b []byte) (Config, error) { return parseConfig("config", b) }
+
+func parseConfig(name string, b []byte) (Config, error) {
+	var f fileConfig
+	doc, err := config.Parse(name, b, &f)
 	if err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", path, err)
+		return Config{}, err
+	}
+	c, err := build(f)
+	if err != nil {
+		return Config{}, doc.Locate(err)
 	}
 	return c, nil
 }
 
-// ParseConfig parses YAML; errors name the offending field.
-func ParseConfig(b []byte) (Config, error) {
-	var f fileConfig
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, yamlError(b, err)
-	}
+// build validates the decoded file; every error starts with the field path.
+func build(f fileConfig) (Config, error) {
 	c := Config{
 		NetNS: f.NetNS, Socket: f.Socket, Subflows: 2, AnnouncedSubflows: 2,
-		MaxConnections: f.MaxConnections, CommandWorkers: f.CommandWorkers, LogLevel: f.LogLevel,
+		MaxConnections: f.MaxConnections, CommandWorkers: f.CommandWorkers, LogLevel: f.LogLevel.Level,
 		Backoff: time.Second, MaxBackoff: time.Minute,
 		ConnectTimeout: 3 * time.Second, ProbeInterval: time.Second, StallRetransmits: 3,
+		Policy: policy.Static, MetricsListen: f.Metrics.Listen, LegacyLease: 10 * time.Minute,
 	}
 	if c.Socket == "" {
 		c.Socket = DefaultSocket
@@ -168,27 +197,30 @@ func ParseConfig(b []byte) (Config, error) {
 	if c.EventBuffer == 0 {
 		c.EventBuffer = 8 << 20
 	}
-	switch strings.ToLower(c.LogLevel) {
-	case "", "debug", "info", "warn", "error":
-	default:
-		return c, fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)
-	}
-	for name, pair := range map[string]struct {
-		s string
-		d *time.Duration
-	}{"backoff": {f.Backoff, &c.Backoff}, "max_backoff": {f.MaxBackoff, &c.MaxBackoff},
-		"connect_timeout": {f.ConnectTimeout, &c.ConnectTimeout}, "probe_interval": {f.ProbeInterval, &c.ProbeInterval}} {
-		if pair.s == "" || name == "probe_interval" && (pair.s == "0" || pair.s == "0s") {
+	for _, d := range []struct {
+		name   string
+		v      *config.Duration
+		to     *time.Duration
+		zeroOK bool
+	}{
+		{"backoff", f.Backoff, &c.Backoff, false}, {"max_backoff", f.MaxBackoff, &c.MaxBackoff, false},
+		{"connect_timeout", f.ConnectTimeout, &c.ConnectTimeout, false}, {"probe_interval", f.ProbeInterval, &c.ProbeInterval, true},
+		{"watchdog", f.Watchdog, &c.Watchdog, false}, {"window", f.Window, &c.Window, false}, {"hold", f.Hold, &c.Hold, false},
+	} {
+		if d.v == nil {
 			continue
 		}
-		d, err := time.ParseDuration(pair.s)
-		if err != nil || d <= 0 {
-			return c, fmt.Errorf("%s: %q is not a positive duration (e.g. 1s)", name, pair.s)
+		if v := d.v.D(); v < 0 || v == 0 && !d.zeroOK || v > 24*time.Hour {
+			return c, fmt.Errorf("%s: %s is not a positive duration up to 24h (e.g. 1s)", d.name, v)
 		}
-		*pair.d = d
+		*d.to = d.v.D()
 	}
-	if f.ProbeInterval == "0" || f.ProbeInterval == "0s" {
-		c.ProbeInterval = 0
+	if f.Policy != "" {
+		m, err := policy.ParseMode(f.Policy)
+		if err != nil {
+			return c, fmt.Errorf("policy: %v", err)
+		}
+		c.Policy = m
 	}
 	if f.StallRetransmits != nil {
 		if *f.StallRetransmits < 1 || *f.StallRetransmits > 15 {
@@ -198,6 +230,11 @@ func ParseConfig(b []byte) (Config, error) {
 	}
 	if c.MaxBackoff < c.Backoff {
 		return c, fmt.Errorf("max_backoff: %s is below backoff %s", c.MaxBackoff, c.Backoff)
+	}
+	if c.MetricsListen != "" {
+		if _, err := netip.ParseAddrPort(c.MetricsListen); err != nil {
+			return c, fmt.Errorf("metrics.listen: %q is not ADDRESS:PORT (e.g. 127.0.0.1:9465)", c.MetricsListen)
+		}
 	}
 	for i, s := range f.Selectors {
 		var sel policy.Selector
@@ -241,6 +278,22 @@ func ParseConfig(b []byte) (Config, error) {
 		return c, fmt.Errorf("tunnels: needs a relays section (tunnels are asked from the relays)")
 	}
 	c.Tunnels = f.Tunnels
+	for i, l := range f.LegacyV1 {
+		ap, err := netip.ParseAddrPort(l.Address)
+		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {
+			return c, fmt.Errorf("legacy_v1[%d].address: %q is not a usable IPv4 ADDRESS:PORT (v1 daemons listen on 45672)", i, l.Address)
+		}
+		if l.Name == "" {
+			return c, fmt.Errorf("legacy_v1[%d].name: missing (a name for logs and status)", i)
+		}
+		if l.Lease != nil {
+			if v := l.Lease.D(); v < 10*time.Second || v > 24*time.Hour {
+				return c, fmt.Errorf("legacy_v1[%d].lease: %s out of range 10s-24h (the daemon's lease; v1 cannot renew)", i, v)
+			}
+			c.LegacyLease = l.Lease.D()
+		}
+		c.LegacyV1 = append(c.LegacyV1, legacyclient.Relay{Name: l.Name, Addr: ap})
+	}
 	return c, nil
 }
 
@@ -270,6 +323,7 @@ func parseDetour(d fileDetour) (StaticDetour, error) {
 		return sd, fmt.Errorf("relay: missing (a name for logs and status)")
 	}
 	sd.Detour.Relay = d.Relay
+	sd.Detour.Backup = d.Backup
 	switch d.Kind {
 	case "nat":
 		sd.Detour.Kind = detour.NAT
@@ -310,62 +364,4 @@ func parseDetour(d fileDetour) (StaticDetour, error) {
 		return sd, fmt.Errorf("kind: %q is not nat or tunnel", d.Kind)
 	}
 	return sd, nil
-}
-
-// yamlError rewrites yaml.v3's "line N: cannot unmarshal ..." so that it
-// names the field at that line (yaml.v3 only names unknown fields).
-func yamlError(src []byte, err error) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "yaml: "))
-	}
-	var root yaml.Node
-	_ = yaml.Unmarshal(src, &root)
-	var msgs []string
-	for _, m := range te.Errors {
-		var line int
-		if _, serr := fmt.Sscanf(m, "line %d:", &line); serr == nil {
-			if f := fieldAtLine(&root, line, ""); f != "" && !strings.Contains(m, "field "+f) {
-				m = f + ": " + m
-			}
-		}
-		msgs = append(msgs, m)
-	}
-	return errors.New(strings.Join(msgs, "; "))
-}
-
-func fieldAtLine(n *yaml.Node, line int, path string) string {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			if f := fieldAtLine(c, line, path); f != "" {
-				return f
-			}
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
-			if f := fieldAtLine(v, line, p); f != "" {
-				return f
-			}
-			if k.Line == line || v.Line == line && v.Kind == yaml.ScalarNode {
-				return p
-			}
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := fmt.Sprintf("%s[%d]", path, i)
-			if f := fieldAtLine(c, line, p); f != "" {
-				return f
-			}
-			if c.Kind == yaml.ScalarNode && c.Line == line {
-				return p
-			}
-		}
-	}
-	return ""
 }

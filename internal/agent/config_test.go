@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
@@ -91,7 +94,14 @@ func TestParseConfigRejects(t *testing.T) {
 		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, servers: [x]}]":                              "detours[0].servers[0]",
 		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, address: 10.1.1.2:4000}]":                    "detours[0].kind",
 		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2}, {kind: tunnel, relay: a, local: 10.9.0.2}]": "detours[1]",
-		"{": "",
+		"{":                          "",
+		"policy: greedy":             "policy",
+		"watchdog: 0s":               "watchdog",
+		"window: -1s":                "window",
+		"metrics: {listen: nowhere}": "metrics.listen",
+		"legacy_v1: [{name: v1, address: \"[::1]:45672\"}]":           "legacy_v1[0].address",
+		"legacy_v1: [{address: 10.1.1.2:45672}]":                      "legacy_v1[0].name",
+		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]": "legacy_v1[0].lease",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil {
@@ -109,6 +119,46 @@ func TestParseConfigRejects(t *testing.T) {
 	}
 	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml")); err == nil {
 		t.Error("missing file accepted")
+	}
+}
+
+// The adaptive policy's knobs, backup detours, metrics and v1 daemons.
+func TestParseConfigPolicyAndExtras(t *testing.T) {
+	c, err := ParseConfig([]byte(`policy: adaptive
+watchdog: 300ms
+window: 4s
+hold: 20s
+metrics: {listen: 127.0.0.1:9465}
+log_level: debug
+detours:
+  - {kind: nat, relay: a, address: 10.1.1.2:4000, server: 10.0.3.2:5201, backup: true}
+legacy_v1:
+  - {name: old, address: 10.1.1.3:45672, lease: 5m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Policy != policy.Adaptive || c.Watchdog != 300*time.Millisecond || c.Window != 4*time.Second || c.Hold != 20*time.Second ||
+		c.MetricsListen != "127.0.0.1:9465" || c.LogLevel != slog.LevelDebug || !c.Detours[0].Detour.Backup ||
+		len(c.LegacyV1) != 1 || c.LegacyV1[0].Name != "old" || c.LegacyLease != 5*time.Minute {
+		t.Fatalf("parsed %+v", c)
+	}
+	if d, _ := ParseConfig(nil); d.Policy != policy.Static {
+		t.Fatalf("default policy %v, want static", d.Policy)
+	}
+}
+
+// Errors carry file:line:column of the whole file and the field.
+func TestConfigErrorPositions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.yaml")
+	os.WriteFile(path, []byte("subflows: 2\ndetours:\n  - kind: nat\n    relay: a\n    address: 10.1.1.2\n    server: 10.0.3.2:1\n"), 0o644)
+	_, err := LoadConfig(path)
+	if err == nil || !strings.HasPrefix(err.Error(), path+":5:14: detours[0].address:") {
+		t.Fatalf("error %v, want %s:5:14: detours[0].address: ...", err, path)
+	}
+	os.WriteFile(path, []byte("subflows: 2\nwatchdog: soon\n"), 0o644)
+	if _, err := LoadConfig(path); err == nil || !strings.HasPrefix(err.Error(), path+":2:11: watchdog:") {
+		t.Fatalf("error %v, want %s:2:11: watchdog: ...", err, path)
 	}
 }
 

@@ -214,5 +214,13 @@ func RunLinux(ctx context.Context, cfg Config, log *slog.Logger, pol policy.Poli
 			err = cerr
 		}
 	}()
-	return New(cfg, log, k, pol, sources...).Run(ctx)
+	a := New(cfg, log, k, pol, sources...)
+	if cfg.MetricsListen != "" {
+		stop, err := ServeMetrics(cfg.MetricsListen, a, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	return a.Run(ctx)
 }

@@ -1,10 +1,44 @@
 package agent
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
+
+// ServeMetrics serves /metrics for a on addr (e.g. 127.0.0.1:9465) until
+// the returned stop is called. The listener is opened before it returns,
+// so a busy port is an error at start, not a log line later.
+func ServeMetrics(addr string, a *Agent, log *slog.Logger) (stop func(), err error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewMetrics(a))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	log.Info("metrics", "listen", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
 
 // Metrics exports the agent's state for Prometheus. Every scrape reads one
 // Status snapshot through the goroutine that owns the state (no second copy
