@@ -42,8 +42,9 @@ type Config struct {
 		Burst     int     `yaml:"burst"`
 	} `yaml:"rate"`
 
-	AttributionLog string `yaml:"attribution_log"` // file path, "-" for stdout, "" for none
-	Metrics        struct {
+	AttributionLog   string   `yaml:"attribution_log"`   // file path, "-" for stdout, "" for none
+	AttributionFlush Duration `yaml:"attribution_flush"` // running counts of active mappings written this often
+	Metrics          struct {
 		Listen string `yaml:"listen"` // e.g. 127.0.0.1:9464; empty = off
 	} `yaml:"metrics"`
 
@@ -97,8 +98,9 @@ type Settings struct {
 	Rate           float64
 	Burst          int
 
-	AttributionLog string
-	MetricsListen  string
+	AttributionLog   string
+	AttributionFlush time.Duration
+	MetricsListen    string
 
 	Legacy          bool
 	LegacyListen    netip.AddrPort
@@ -133,20 +135,21 @@ func ParseConfig(b []byte) (*Settings, error) {
 		return nil, err
 	}
 	s := &Settings{
-		Lease:           2 * time.Minute,
-		PortLo:          20000,
-		PortHi:          59999,
-		Members:         map[proto.Key]string{},
-		DenyPorts:       map[uint16]bool{25: true},
-		QuotaPerMember:  256,
-		QuotaGlobal:     100000,
-		Rate:            50,
-		Burst:           100,
-		AttributionLog:  c.AttributionLog,
-		MetricsListen:   c.Metrics.Listen,
-		Legacy:          c.LegacyV1.Enabled,
-		LegacyLease:     10 * time.Minute,
-		LegacyPerClient: 16,
+		Lease:            2 * time.Minute,
+		PortLo:           20000,
+		PortHi:           59999,
+		Members:          map[proto.Key]string{},
+		DenyPorts:        map[uint16]bool{25: true},
+		QuotaPerMember:   256,
+		QuotaGlobal:      100000,
+		Rate:             50,
+		Burst:            100,
+		AttributionLog:   c.AttributionLog,
+		AttributionFlush: time.Minute,
+		MetricsListen:    c.Metrics.Listen,
+		Legacy:           c.LegacyV1.Enabled,
+		LegacyLease:      10 * time.Minute,
+		LegacyPerClient:  16,
 	}
 	var err error
 	listen := c.Listen
@@ -188,6 +191,12 @@ func ParseConfig(b []byte) (*Settings, error) {
 			return nil, fmt.Errorf("ports: %q is not a range lo-hi within 1-65535", c.Ports)
 		}
 		s.PortLo, s.PortHi = uint16(l), uint16(h)
+	}
+	if c.AttributionFlush != 0 {
+		s.AttributionFlush = time.Duration(c.AttributionFlush)
+		if s.AttributionFlush < time.Second || s.AttributionFlush > time.Hour {
+			return nil, fmt.Errorf("attribution_flush: %v is outside 1s..1h", s.AttributionFlush)
+		}
 	}
 	if c.Lease != 0 {
 		s.Lease = time.Duration(c.Lease)

@@ -583,16 +583,35 @@ func TestRelayCrashAndExpiry(t *testing.T) {
 	k := newKeys(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "relay.yaml")
-	writeConfig(t, cfgPath, k, "lease: 2s\n")
+	writeConfig(t, cfgPath, k, "lease: 2s\nattribution_flush: 1s\n")
 	startSink(t, f.Server, fxServer+":5201")
 	p := startRelay(t, f.Relay, cfgPath)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	server := netip.MustParseAddrPort(fxServer + ":5201")
 	c := dialRelay(t, f.Client, k, k.member)
-	if _, _, err := c.Grant(ctx, server, 0); err != nil {
+	d0, _, err := c.Grant(ctx, server, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
+	// Bytes through a mapping reach the attribution log within one
+	// attribution_flush, before any release: a kill -9 loses at most that.
+	conn0, err := dialFrom(t, f.Client, d0.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := echo(conn0, 50000); err != nil {
+		t.Fatal(err)
+	}
+	conn0.Close()
+	waitFor(t, "usage line before the kill", func() bool {
+		for _, ev := range readAttribution(t, filepath.Join(dir, "attribution.jsonl")) {
+			if ev.Event == "usage" && ev.DetourPort == d0.Port() && ev.Bytes != nil && *ev.Bytes >= 100000 {
+				return true
+			}
+		}
+		return false
+	})
 	p.signal(t, syscall.SIGKILL)
 	_ = p.wait(t)
 	if n := elements(t, f.Relay); n != 1 {

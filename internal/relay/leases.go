@@ -15,6 +15,8 @@ type mapping struct {
 	Owner   owner
 	Granted time.Time
 	Expires time.Time
+	// usageBytes is the count last written as a "usage" line.
+	usageBytes uint64
 }
 
 // owner is who a mapping is attributed to: a member key, or for legacy v1

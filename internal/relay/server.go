@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -196,6 +197,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	sweep := time.NewTicker(sweepEvery)
 	defer sweep.Stop()
 	lastClose := s.now()
+	usage := time.NewTicker(s.set.AttributionFlush)
+	defer usage.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -217,6 +220,8 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.flush()
 		case set := <-s.reload:
 			s.applyReload(set)
+		case <-usage.C:
+			s.logUsage(s.now())
 		case <-sweep.C:
 			now := s.now()
 			s.expire(now)
@@ -362,7 +367,26 @@ func (s *Server) send(b []byte, to netip.AddrPort, src netip.Addr) {
 }
 
 func (s *Server) count(op string, r proto.Reason) {
-	s.met.requests.WithLabelValues(op, r.String()).Inc()
+	s.met.requests.WithLabelValues(metricLabels(op, r)).Inc()
+}
+
+// metricOps and metricReasons bound the labels of the requests counter: an
+// operation or reason code read from the wire that is not one of these is
+// counted as "other", so a client cannot create series at will.
+var (
+	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
+		"packet": true, "handshake": true, "transport": true, "legacy": true}
+)
+
+func metricLabels(op string, r proto.Reason) (string, string) {
+	if !metricOps[op] {
+		op = "other"
+	}
+	reason := r.String()
+	if strings.HasPrefix(reason, "reason(") { // a code this relay does not know
+		reason = "other"
+	}
+	return op, reason
 }
 
 // refuse answers a pre-session failure in clear text, smaller than any
@@ -709,6 +733,38 @@ func (s *Server) prune(now time.Time) {
 		}
 	}
 	_ = s.pol.refreshOwn()
+}
+
+// logUsage writes a "usage" line with the running byte and packet counts
+// of every active mapping that moved since its last line, so that a relay
+// killed with SIGKILL loses at most one attribution_flush period of
+// attribution (the closing line is written only on release, expiry or a
+// clean shutdown). Counts are cumulative per mapping: the last line of a
+// mapping is its total so far.
+func (s *Server) logUsage(now time.Time) {
+	if s.attr == nil || s.attr.path == "" || len(s.leases.byKey) == 0 {
+		return
+	}
+	keys := make([]mapKey, 0, len(s.leases.byKey))
+	for k := range s.leases.byKey {
+		keys = append(keys, k)
+	}
+	if len(s.batch) > 0 {
+		s.flush() // mappings of this batch are not in the kernel yet
+	}
+	cnt, err := s.dp.CountersOf(keys)
+	if err != nil {
+		s.log.Error("reading counters for the attribution log", "err", err)
+		return
+	}
+	for k, c := range cnt {
+		m := s.leases.byKey[k]
+		if m == nil || c.Bytes == m.usageBytes {
+			continue
+		}
+		m.usageBytes = c.Bytes
+		s.logAttr(withCounter(mappingEvent("usage", m, now), c))
+	}
 }
 
 func (s *Server) logAttr(ev attrEvent) {

@@ -181,3 +181,21 @@ func TestPool(t *testing.T) {
 		t.Fatalf("reuse after release: %+v %v", g, err)
 	}
 }
+
+// Metric labels never take values from the wire beyond fixed sets.
+func TestMetricLabelsBounded(t *testing.T) {
+	for _, c := range []struct {
+		op      string
+		r       proto.Reason
+		op2, r2 string
+	}{
+		{"grant", proto.OK, "grant", "ok"},
+		{"handshake", proto.ReasonReplay, "handshake", "replay"},
+		{proto.Op(77).String(), proto.ReasonQuota, "other", "quota"},
+		{"transport", proto.Reason(200), "transport", "other"},
+	} {
+		if op, r := metricLabels(c.op, c.r); op != c.op2 || r != c.r2 {
+			t.Errorf("metricLabels(%q, %d) = %q, %q; want %q, %q", c.op, c.r, op, r, c.op2, c.r2)
+		}
+	}
+}
