@@ -713,3 +713,58 @@ func TestSourceRenews(t *testing.T) {
 		t.Fatalf("%d elements after release", n)
 	}
 }
+
+// One relay per network namespace: a second one is refused with the first
+// one's pid and leaves the first one's table alone; a table removed under a
+// running relay is recreated with its mappings (issue 16 #1).
+func TestRelaySecondInstanceAndTableRemoval(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	f := newFixture(t)
+	k := newKeys(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "relay.yaml")
+	writeConfig(t, cfgPath, k, "")
+	startSink(t, f.Server, fxServer+":5201")
+	p := startRelay(t, f.Relay, cfgPath)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := dialRelay(t, f.Client, k, k.member)
+	d, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5201"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	second := exec.Command("ip", "netns", "exec", f.Relay, os.Args[0], "-test.run=^$")
+	second.Env = append(os.Environ(), "TR_RELAY_CONFIG="+cfgPath)
+	out, err := second.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another mpdetour relay is running in this network namespace") ||
+		!strings.Contains(string(out), fmt.Sprintf("pid %d", p.cmd.Process.Pid)) {
+		t.Fatalf("second relay: err %v, output %s", err, out)
+	}
+	if n := elements(t, f.Relay); n != 1 {
+		t.Fatalf("after the refused second relay: %d elements, want 1", n)
+	}
+
+	if out, err := exec.Command("ip", "netns", "exec", f.Relay, "nft", "delete", "table", "ip", TableName).CombinedOutput(); err != nil {
+		t.Fatalf("nft delete table: %v %s", err, out)
+	}
+	waitFor(t, "table recreated with the mapping", func() bool {
+		_, err := nftList(t, f.Relay, "list", "table", "ip", TableName)
+		return err == nil && elements(t, f.Relay) == 1
+	})
+	if !strings.Contains(p.stderr.String(), "recreated it") {
+		t.Errorf("no log line about the recreation:\n%s", p.stderr.String())
+	}
+	conn, err := dialFrom(t, f.Client, d.String())
+	if err != nil {
+		t.Fatalf("mapping after recreation: %v", err)
+	}
+	defer conn.Close()
+	if err := echo(conn, 10000); err != nil {
+		t.Fatalf("traffic after recreation: %v", err)
+	}
+	if _, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5202"), 0); err != nil {
+		t.Fatalf("grant after recreation: %v", err)
+	}
+}

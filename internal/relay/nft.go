@@ -63,6 +63,11 @@ type dataPlane interface {
 	CountersOf(keys []mapKey) (map[mapKey]Counter, error)
 	// Forget removes accounting elements.
 	Forget(keys []mapKey) error
+	// Exists says whether the table is still installed (someone may
+	// delete it: nft flush ruleset, another tool, a second relay).
+	Exists() (bool, error)
+	// Recreate installs the table afresh with ms mapped.
+	Recreate(ms []mapping) error
 	// Close removes the table.
 	Close() error
 }
@@ -90,7 +95,47 @@ func newNFT() (*nftDataPlane, error) {
 		_ = conn.CloseLasting()
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	d := &nftDataPlane{conn: conn, get: get, tab: &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}}
+	d := &nftDataPlane{conn: conn, get: get}
+	if err := d.install(); err != nil {
+		_ = conn.CloseLasting()
+		get.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Exists implements dataPlane.
+func (d *nftDataPlane) Exists() (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	tabs, err := d.conn.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return false, fmt.Errorf("nftables: listing tables: %w", err)
+	}
+	for _, t := range tabs {
+		if t.Name == TableName {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Recreate implements dataPlane.
+func (d *nftDataPlane) Recreate(ms []mapping) error {
+	d.mu.Lock()
+	err := d.install()
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return d.Map(ms)
+}
+
+// install deletes the table if present and creates it afresh, in one
+// atomic transaction. Called with d.mu held (or before d is shared).
+func (d *nftDataPlane) install() error {
+	conn := d.conn
+	d.tab = &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
 	// add+delete removes a leftover table without failing when there is none.
 	conn.AddTable(d.tab)
 	conn.DelTable(d.tab)
@@ -100,10 +145,10 @@ func newNFT() (*nftDataPlane, error) {
 	d.acct = &nftables.Set{Table: d.tab, Name: acctSetName, Concatenation: true, Counter: true,
 		KeyType: concatAddrPort}
 	if err := conn.AddSet(d.dnat, nil); err != nil {
-		return nil, fmt.Errorf("nftables: dnat map: %w", err)
+		return fmt.Errorf("nftables: dnat map: %w", err)
 	}
 	if err := conn.AddSet(d.acct, nil); err != nil {
-		return nil, fmt.Errorf("nftables: acct set: %w", err)
+		return fmt.Errorf("nftables: acct set: %w", err)
 	}
 	pre := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: d.tab, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
@@ -160,11 +205,9 @@ func newNFT() (*nftDataPlane, error) {
 		}})
 	}
 	if err := conn.Flush(); err != nil {
-		_ = conn.CloseLasting()
-		get.Close()
-		return nil, fmt.Errorf("nftables: creating table %s: %w", TableName, err)
+		return fmt.Errorf("nftables: creating table %s: %w", TableName, err)
 	}
-	return d, nil
+	return nil
 }
 
 // IPS_DST_NAT from linux/netfilter/nf_conntrack_common.h.

@@ -63,6 +63,7 @@ type Server struct {
 	set    *Settings
 	log    *slog.Logger
 	dp     dataPlane
+	lock   *net.UnixListener // one relay per network namespace
 	pc     *ipv4.PacketConn
 	conn   *net.UDPConn
 	legacy *net.UDPConn
@@ -104,17 +105,23 @@ func NewServer(set *Settings, log *slog.Logger) (*Server, error) {
 		reload:    make(chan *Settings, 1),
 		now:       time.Now,
 	}
-	s.applyPolicy(set)
-	if err := s.pol.refreshOwn(); err != nil {
+	var err error
+	if s.lock, err = lockNetns(); err != nil {
 		return nil, err
 	}
-	var err error
+	s.applyPolicy(set)
+	if err := s.pol.refreshOwn(); err != nil {
+		s.lock.Close()
+		return nil, err
+	}
 	if s.attr, err = openAttrLog(set.AttributionLog); err != nil {
+		s.lock.Close()
 		return nil, err
 	}
 	s.met = newMetrics()
 	if s.tunnels, err = newTunnelAllocator(set.Tunnel, set.PrivateKey, log); err != nil {
 		s.attr.Close()
+		s.lock.Close()
 		return nil, err
 	}
 	s.conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(set.Listen))
@@ -157,6 +164,9 @@ func (s *Server) closeAll() {
 	}
 	if s.attr != nil {
 		_ = s.attr.Close()
+	}
+	if s.lock != nil {
+		_ = s.lock.Close() // last: the table is gone by now
 	}
 }
 
@@ -226,6 +236,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			now := s.now()
 			s.expire(now)
 			if now.Sub(lastClose) >= closeEvery {
+				s.ensureTable()
 				s.reap(now, false)
 				s.prune(now)
 				lastClose = now
@@ -262,7 +273,11 @@ func (s *Server) flush() {
 			ms[i] = *m
 		}
 		now := s.now()
-		if err := s.dp.Map(ms); err != nil {
+		err := s.dp.Map(ms)
+		if err != nil && s.ensureTable() {
+			err = s.dp.Map(ms) // the table was gone: once more on the new one
+		}
+		if err != nil {
 			s.log.Error("installing mappings", "n", len(ms), "err", err)
 			failed := map[*mapping]bool{}
 			for _, m := range s.batch {
@@ -733,6 +748,26 @@ func (s *Server) prune(now time.Time) {
 		}
 	}
 	_ = s.pol.refreshOwn()
+}
+
+// ensureTable recreates the relay's nftables table, with every active
+// mapping, when someone removed it (nft flush ruleset, another tool); it
+// says whether it did.
+func (s *Server) ensureTable() bool {
+	ok, err := s.dp.Exists()
+	if err != nil || ok {
+		return false
+	}
+	ms := make([]mapping, 0, len(s.leases.byKey))
+	for _, m := range s.leases.byKey {
+		ms = append(ms, *m)
+	}
+	if err := s.dp.Recreate(ms); err != nil {
+		s.log.Error("the relay's nftables table was removed and could not be recreated", "table", TableName, "err", err)
+		return false
+	}
+	s.log.Warn("the relay's nftables table was removed by someone else: recreated it", "table", TableName, "mappings", len(ms))
+	return true
 }
 
 // logUsage writes a "usage" line with the running byte and packet counts
