@@ -11,6 +11,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
 // relayCommand builds the relay subcommand.
@@ -21,7 +22,7 @@ func relayCommand() *cli.Command {
 	)
 	return &cli.Command{
 		Name:    "relay",
-		Summary: "run a detour host: authenticated NAT detours on nftables (see docs/relay.md)",
+		Summary: "run a detour host: authenticated NAT detours on nftables and WireGuard tunnel detours (see docs/relay.md)",
 		Usage:   "--config FILE [--check] | genkey | pubkey < PRIVATE",
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&config, "config", "", "relay configuration file (YAML)")
@@ -63,6 +64,11 @@ func relayCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
+				if s.Tunnel != nil {
+					if _, _, err := tunnelctl.ParseConfig(s.Tunnel); err != nil {
+						return err
+					}
+				}
 				fmt.Printf("%s: valid: listen %s, %d members, ports %d-%d, lease %s, tunnel section: %v\n",
 					config, s.Listen, len(s.Members), s.PortLo, s.PortHi, s.Lease, s.Tunnel != nil)
 				return nil
@@ -72,7 +78,7 @@ func relayCommand() *cli.Command {
 				level = slog.LevelDebug
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			return relay.Run(ctx, config, log)
+			return relay.Run(ctx, config, log, relayTunnels)
 		},
 	}
 }

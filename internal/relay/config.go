@@ -1,18 +1,15 @@
 package relay
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
+	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
@@ -55,9 +52,9 @@ type Config struct {
 		PerClient int      `yaml:"per_client"` // mapping quota per client address
 	} `yaml:"legacy_v1"`
 
-	// Tunnel is handed untouched to the registered tunnel factory (see
-	// RegisterTunnel); absent = no tunnel detours.
-	Tunnel yaml.Node `yaml:"tunnel"`
+	// Tunnel is handed to the tunnel factory (TunnelFactory) as a section
+	// of the file; absent = no tunnel detours.
+	Tunnel config.Node `yaml:"tunnel"`
 }
 
 // Member is one client identity allowed to use the relay.
@@ -66,18 +63,8 @@ type Member struct {
 	PublicKey string `yaml:"public_key"`
 }
 
-// Duration is a time.Duration written as "90s", "2m".
-type Duration time.Duration
-
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	v, err := time.ParseDuration(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration (e.g. 90s, 2m)", n.Line, n.Value)
-	}
-	*d = Duration(v)
-	return nil
-}
+// Duration is the config layer's duration ("90s", "2m").
+type Duration = config.Duration
 
 // Settings is a validated configuration.
 type Settings struct {
@@ -107,33 +94,45 @@ type Settings struct {
 	LegacyLease     time.Duration
 	LegacyPerClient int
 
-	Tunnel *yaml.Node
+	// Tunnel is the `tunnel:` section (nil: none), for the TunnelFactory.
+	Tunnel *config.Doc
 }
 
-// LoadConfig reads and validates a configuration file.
+// LoadConfig reads and validates a configuration file; errors name
+// file:line:column and the field.
 func LoadConfig(path string) (*Settings, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("relay config: %w", err)
 	}
-	s, err := ParseConfig(b)
+	return parseConfig(path, b)
+}
+
+// ParseConfig validates a configuration (errors positioned in "config").
+func ParseConfig(b []byte) (*Settings, error) { return parseConfig("config", b) }
+
+func parseConfig(name string, b []byte) (*Settings, error) {
+	var c Config
+	doc, err := config.Parse(name, b, &c)
 	if err != nil {
-		return nil, fmt.Errorf("relay config %s: %w", path, err)
+		return nil, err
+	}
+	if doc.Empty() {
+		return nil, &config.Error{File: name, Msg: "empty configuration"}
+	}
+	s, err := build(&c)
+	if err != nil {
+		return nil, doc.Locate(err)
+	}
+	if c.Tunnel.Kind != 0 {
+		n := c.Tunnel
+		s.Tunnel = config.NewDoc(name, "tunnel", &n)
 	}
 	return s, nil
 }
 
-// ParseConfig validates a configuration; every error names the field.
-func ParseConfig(b []byte) (*Settings, error) {
-	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("empty configuration")
-		}
-		return nil, err
-	}
+// build validates the decoded file; every error starts with the field path.
+func build(c *Config) (*Settings, error) {
 	s := &Settings{
 		Lease:            2 * time.Minute,
 		PortLo:           20000,
@@ -165,7 +164,7 @@ func ParseConfig(b []byte) (*Settings, error) {
 	keyText := c.PrivateKey
 	switch {
 	case c.PrivateKey != "" && c.PrivateKeyFile != "":
-		return nil, errors.New("private_key and private_key_file are exclusive")
+		return nil, errors.New("private_key_file: private_key and private_key_file are exclusive")
 	case c.PrivateKeyFile != "":
 		kb, err := os.ReadFile(c.PrivateKeyFile)
 		if err != nil {
@@ -210,7 +209,7 @@ func ParseConfig(b []byte) (*Settings, error) {
 	names := map[string]bool{}
 	for i, m := range c.Members {
 		if m.Name == "" {
-			return nil, fmt.Errorf("members[%d]: name is required", i)
+			return nil, fmt.Errorf("members[%d].name: required", i)
 		}
 		if names[m.Name] {
 			return nil, fmt.Errorf("members[%d]: duplicate name %q", i, m.Name)
@@ -218,7 +217,7 @@ func ParseConfig(b []byte) (*Settings, error) {
 		names[m.Name] = true
 		k, err := proto.ParseKey(m.PublicKey)
 		if err != nil {
-			return nil, fmt.Errorf("members[%d] (%s): public_key: %w", i, m.Name, err)
+			return nil, fmt.Errorf("members[%d].public_key: %s: %w", i, m.Name, err)
 		}
 		if prev, dup := s.Members[k]; dup {
 			return nil, fmt.Errorf("members[%d] (%s): same key as %s", i, m.Name, prev)
@@ -288,10 +287,6 @@ func ParseConfig(b []byte) (*Settings, error) {
 		if _, err := netip.ParseAddrPort(c.Metrics.Listen); err != nil {
 			return nil, fmt.Errorf("metrics.listen: %q is not address:port", c.Metrics.Listen)
 		}
-	}
-	if c.Tunnel.Kind != 0 {
-		n := c.Tunnel
-		s.Tunnel = &n
 	}
 	return s, nil
 }

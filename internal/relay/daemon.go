@@ -4,7 +4,7 @@
 // as elements of nftables maps in one table it owns (see nft.go), with
 // leases, per-mapping counters and an attribution log.
 //
-// Tunnel detours plug in through TunnelAllocator / RegisterTunnel.
+// Tunnel detours plug in through the TunnelFactory the caller passes.
 package relay
 
 import (
@@ -20,7 +20,7 @@ import (
 // removes everything it installed. SIGHUP reloads the configuration file
 // without dropping mappings; a file that does not validate is ignored with an
 // error in the log.
-func Run(ctx context.Context, path string, log *slog.Logger) error {
+func Run(ctx context.Context, path string, log *slog.Logger, tunnels TunnelFactory) error {
 	set, err := LoadConfig(path)
 	if err != nil {
 		return err
@@ -28,7 +28,7 @@ func Run(ctx context.Context, path string, log *slog.Logger) error {
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err == nil && strings.TrimSpace(string(b)) != "1" {
 		log.Warn("net.ipv4.ip_forward is off in this namespace: mappings will not forward")
 	}
-	srv, err := NewServer(set, log)
+	srv, err := NewServer(set, log, tunnels)
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv("TR_RELAY_CONFIG"); cfg != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		err := Run(ctx, cfg, log)
+		err := Run(ctx, cfg, log, nil)
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "relay:", err)

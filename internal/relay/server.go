@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/net/ipv4"
 
+	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
@@ -69,7 +70,7 @@ type Server struct {
 	legacy *net.UDPConn
 
 	leases    *leaseTable
-	pol       *policy
+	pol       *destination.Policy
 	lis       listeners
 	sessions  map[uint32]*session
 	byMember  map[proto.Key][]uint32
@@ -91,7 +92,7 @@ type Server struct {
 
 // NewServer sets up the data plane (removing any leftover table) and the
 // sockets. The caller runs Serve and then nothing else: Serve cleans up.
-func NewServer(set *Settings, log *slog.Logger) (*Server, error) {
+func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server, error) {
 	s := &Server{
 		set:       set,
 		log:       log,
@@ -110,7 +111,7 @@ func NewServer(set *Settings, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s.applyPolicy(set)
-	if err := s.pol.refreshOwn(); err != nil {
+	if err := s.pol.RefreshOwn(); err != nil {
 		s.lock.Close()
 		return nil, err
 	}
@@ -119,7 +120,7 @@ func NewServer(set *Settings, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s.met = newMetrics()
-	if s.tunnels, err = newTunnelAllocator(set.Tunnel, set.PrivateKey, log); err != nil {
+	if s.tunnels, err = newTunnelAllocator(tunnels, set.Tunnel, set.PrivateKey, log); err != nil {
 		s.attr.Close()
 		s.lock.Close()
 		return nil, err
@@ -171,9 +172,9 @@ func (s *Server) closeAll() {
 }
 
 func (s *Server) applyPolicy(set *Settings) {
-	p := &policy{allow: set.Allow, deny: set.Deny, denyPorts: set.DenyPorts}
+	p := &destination.Policy{Allow: set.Allow, Deny: set.Deny, DenyPorts: set.DenyPorts}
 	if s.pol != nil {
-		p.ownAddrs, p.ownNets = s.pol.ownAddrs, s.pol.ownNets
+		p.SetOwn(s.pol.Own())
 	}
 	s.pol = p
 }
@@ -629,7 +630,7 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 	if !client.Is4() {
 		return nil, proto.ReasonPolicyDenied
 	}
-	if err := s.pol.check(server); err != nil {
+	if err := s.pol.Check(server); err != nil {
 		s.log.Info("destination refused", "member", o.Name, "client", client, "server", server, "why", err)
 		return nil, proto.ReasonPolicyDenied
 	}
@@ -747,7 +748,7 @@ func (s *Server) prune(now time.Time) {
 			delete(s.addrRates, a)
 		}
 	}
-	_ = s.pol.refreshOwn()
+	_ = s.pol.RefreshOwn()
 }
 
 // ensureTable recreates the relay's nftables table, with every active

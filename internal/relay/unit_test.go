@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
@@ -60,24 +61,24 @@ func TestParseConfig(t *testing.T) {
 }
 
 func TestPolicy(t *testing.T) {
-	p := &policy{
-		allow:     []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
-		deny:      []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
-		denyPorts: map[uint16]bool{25: true},
-		ownAddrs:  []netip.Addr{netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("10.1.0.1")},
-		ownNets:   []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("10.1.0.0/24")},
+	p := &destination.Policy{
+		Allow:     []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
+		Deny:      []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+		DenyPorts: map[uint16]bool{25: true},
 	}
+	p.SetOwn([]netip.Addr{netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("10.1.0.1")},
+		[]netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("10.1.0.0/24")})
 	ok := []string{"8.8.8.8:443", "10.1.2.3:80", "10.1.0.9:80", "203.0.114.1:80"}
 	refused := []string{"8.8.8.8:25", "127.0.0.1:80", "10.2.0.1:80", "192.168.1.1:80", "172.16.0.1:80", "169.254.0.1:80",
 		"224.0.0.1:80", "255.255.255.255:80", "0.0.0.0:80", "203.0.113.5:80", "203.0.113.9:80", "10.1.0.1:80",
 		"198.51.100.1:80", "100.64.0.1:80", "[2001:db8::1]:80"}
 	for _, s := range ok {
-		if err := p.check(netip.MustParseAddrPort(s)); err != nil {
+		if err := p.Check(netip.MustParseAddrPort(s)); err != nil {
 			t.Errorf("%s refused: %v", s, err)
 		}
 	}
 	for _, s := range refused {
-		if err := p.check(netip.MustParseAddrPort(s)); err == nil {
+		if err := p.Check(netip.MustParseAddrPort(s)); err == nil {
 			t.Errorf("%s allowed", s)
 		}
 	}
@@ -148,37 +149,6 @@ func TestBucket(t *testing.T) {
 	}
 	if !b.take(now.Add(1100*time.Millisecond), 1, 3) {
 		t.Fatal("refill not applied")
-	}
-}
-
-type fakePeers struct{ peers map[proto.Key]netip.Prefix }
-
-func (f *fakePeers) SetPeer(k proto.Key, p netip.Prefix) error { f.peers[k] = p; return nil }
-func (f *fakePeers) RemovePeer(k proto.Key) error              { delete(f.peers, k); return nil }
-func (f *fakePeers) Endpoint() netip.AddrPort                  { return netip.MustParseAddrPort("192.0.2.1:51820") }
-func (f *fakePeers) PublicKey() proto.Key                      { return proto.Key{1} }
-
-func TestPool(t *testing.T) {
-	fp := &fakePeers{peers: map[proto.Key]netip.Prefix{}}
-	p := &Pool{Prefix: netip.MustParsePrefix("100.64.0.0/30"), Lease: time.Minute, Peers: fp}
-	a, b := testKey(t).Public(), testKey(t).Public()
-	g, lease, err := p.Allocate(a, netip.Addr{}, netip.Addr{})
-	if err != nil || g.ClientPrefix != netip.MustParsePrefix("100.64.0.2/30") || lease != time.Minute || fp.peers[a] != netip.MustParsePrefix("100.64.0.2/32") {
-		t.Fatalf("first allocation %+v %v %v", g, lease, err)
-	}
-	if g2, _, _ := p.Allocate(a, netip.Addr{}, netip.Addr{}); g2 != g {
-		t.Fatalf("repeat allocation %v, want %v", g2, g)
-	}
-	// /30: network, relay, one client, broadcast.
-	if _, _, err := p.Allocate(b, netip.Addr{}, netip.Addr{}); proto.ReasonOf(err) != proto.ReasonNoPorts {
-		t.Fatalf("exhausted pool: %v", err)
-	}
-	p.Release(a)
-	if _, ok := fp.peers[a]; ok {
-		t.Fatal("peer kept after release")
-	}
-	if g, _, err := p.Allocate(b, netip.Addr{}, netip.Addr{}); err != nil || g.ClientPrefix.Addr() != netip.MustParseAddr("100.64.0.2") {
-		t.Fatalf("reuse after release: %+v %v", g, err)
 	}
 }
 

@@ -83,29 +83,6 @@ func newDevice(ns *nsRef, nl *netlink.Handle, name string, mtu int, b Backend, l
 
 var errNoKernelWireGuard = errors.New("kernel has no WireGuard (link type wireguard unknown)")
 
-// KernelAvailable reports whether the kernel of namespace spec ("" = current)
-// can create WireGuard links, by creating and deleting a probe link.
-func KernelAvailable(spec string) (bool, error) {
-	ns, err := openNetns(spec)
-	if err != nil {
-		return false, err
-	}
-	defer ns.close()
-	nl, err := ns.netlink()
-	if err != nil {
-		return false, err
-	}
-	defer nl.Close()
-	d, err := newKernelDevice(ns, nl, "mpdt-probe", DefaultMTU)
-	if errors.Is(err, errNoKernelWireGuard) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return true, d.Close()
-}
-
 // ---- kernel backend ----
 
 type kernelDevice struct {

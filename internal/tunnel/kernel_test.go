@@ -7,8 +7,8 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
-// TestKernelDetection: KernelAvailable agrees with what iproute2 can create
-// in a fresh namespace, and Auto picks the matching backend.
+// TestKernelDetection: Auto picks the backend that matches what iproute2
+// can create in a fresh namespace.
 func TestKernelDetection(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
@@ -16,13 +16,6 @@ func TestKernelDetection(t *testing.T) {
 	cliCan := exec.Command("ip", "-n", tp.relay, "link", "add", "twprobe", "type", "wireguard").Run() == nil
 	if cliCan {
 		_ = exec.Command("ip", "-n", tp.relay, "link", "del", "twprobe").Run()
-	}
-	got, err := KernelAvailable(tp.relay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != cliCan {
-		t.Fatalf("KernelAvailable = %v, but ip link add type wireguard succeeded = %v", got, cliCan)
 	}
 	srv := newServer(t, tp, genKey(t))
 	want := Embedded

@@ -1,6 +1,6 @@
 // Package tunnelctl connects tunnel detours (internal/tunnel) to the relay
-// control protocol: on the relay it is the registered TunnelFactory that
-// serves the "tunnel" request (importing this package registers it); on the
+// control protocol: on the relay, Factory builds what serves the "tunnel"
+// request (cmd/mpdetour hands it to the relay as its TunnelFactory); on the
 // client, Open asks a relay over a relayclient.Conn and brings the tunnel up,
 // and re-asks through the same channel when the tunnel goes stale. Source
 // wraps Open for the agent: a detour.Source per relay that keeps retrying
@@ -15,25 +15,21 @@
 package tunnelctl
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/netip"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-	"gopkg.in/yaml.v3"
 
+	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
-
-func init() { relay.RegisterTunnel(Factory) }
 
 // Config is the relay config's `tunnel:` section (docs/tunnel.md).
 type Config struct {
@@ -47,7 +43,7 @@ type Config struct {
 	StateFile string `yaml:"state_file"` // keeps allocations across restarts
 	Backend   string `yaml:"backend"`    // kernel, embedded; default: kernel if available
 	// Destination policy for tunnel traffic: the ranges the NAT-detour
-	// policy treats as special (relay.SpecialDestinations) plus the relay's
+	// policy treats as special (destination.Special) plus the relay's
 	// own networks are refused unless allowed; deny is absolute. The
 	// factory is not handed the relay's top-level allow/deny lists, so
 	// tunnel traffic has its own (integration point: relay could pass them).
@@ -55,29 +51,34 @@ type Config struct {
 	DenyDestinations  []string `yaml:"deny_destinations"`
 }
 
-// ParseConfig decodes and checks a `tunnel:` section; unknown keys are
-// errors naming the line.
-func ParseConfig(n *yaml.Node) (tunnel.ServerConfig, netip.AddrPort, error) {
+// ParseConfig decodes and checks a relay config's `tunnel:` section (nil:
+// defaults). Unknown keys and bad values are errors with the
+// file:line:column of the whole file.
+func ParseConfig(section *config.Doc) (tunnel.ServerConfig, netip.AddrPort, error) {
 	var c Config
-	if n != nil {
-		// Re-encode so the decoder can reject unknown keys (Node.Decode cannot).
-		b, err := yaml.Marshal(n)
-		if err != nil {
-			return tunnel.ServerConfig{}, netip.AddrPort{}, fmt.Errorf("tunnel: %w", err)
+	if section != nil {
+		if err := section.Decode(&c); err != nil {
+			return tunnel.ServerConfig{}, netip.AddrPort{}, err
 		}
-		d := yaml.NewDecoder(bytes.NewReader(b))
-		d.KnownFields(true)
-		if err := d.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-			return tunnel.ServerConfig{}, netip.AddrPort{}, fmt.Errorf("tunnel: %w", err)
-		}
+	} else {
+		section = config.NewDoc("config", "tunnel", nil)
 	}
+	sc, ep, err := build(c)
+	if err != nil {
+		return sc, ep, section.Locate(err)
+	}
+	return sc, ep, nil
+}
+
+// build validates the decoded section; errors start with the field path.
+func build(c Config) (tunnel.ServerConfig, netip.AddrPort, error) {
 	sc := tunnel.ServerConfig{ListenPort: c.ListenPort, MTU: c.MTU, StateFile: c.StateFile, Backend: tunnel.Backend(c.Backend)}
 	if c.Subnet == "" {
 		c.Subnet = "100.80.0.0/16"
 	}
 	var err error
 	if sc.Subnet, err = netip.ParsePrefix(c.Subnet); err != nil {
-		return sc, netip.AddrPort{}, fmt.Errorf("tunnel: subnet %q: %w", c.Subnet, err)
+		return sc, netip.AddrPort{}, fmt.Errorf("subnet: %q: %w", c.Subnet, err)
 	}
 	if sc.ListenPort == 0 {
 		sc.ListenPort = 51820
@@ -85,12 +86,12 @@ func ParseConfig(n *yaml.Node) (tunnel.ServerConfig, netip.AddrPort, error) {
 	switch sc.Backend {
 	case tunnel.Auto, tunnel.Kernel, tunnel.Embedded:
 	default:
-		return sc, netip.AddrPort{}, fmt.Errorf("tunnel: backend %q is not kernel or embedded", c.Backend)
+		return sc, netip.AddrPort{}, fmt.Errorf("backend: %q is not kernel or embedded", c.Backend)
 	}
 	var ep netip.AddrPort
 	if c.Endpoint != "" {
 		if ep, err = netip.ParseAddrPort(c.Endpoint); err != nil {
-			return sc, ep, fmt.Errorf("tunnel: endpoint %q: %w", c.Endpoint, err)
+			return sc, ep, fmt.Errorf("endpoint: %q: %w", c.Endpoint, err)
 		}
 	}
 	for _, l := range []struct {
@@ -98,21 +99,23 @@ func ParseConfig(n *yaml.Node) (tunnel.ServerConfig, netip.AddrPort, error) {
 		in   []string
 		out  *[]netip.Prefix
 	}{{"allow_destinations", c.AllowDestinations, &sc.Policy.Allow}, {"deny_destinations", c.DenyDestinations, &sc.Policy.Deny}} {
-		for _, s := range l.in {
+		for i, s := range l.in {
 			p, err := netip.ParsePrefix(s)
 			if err != nil {
-				return sc, ep, fmt.Errorf("tunnel: %s: %q is not a prefix", l.name, s)
+				return sc, ep, fmt.Errorf("%s[%d]: %q is not a prefix", l.name, i, s)
 			}
 			*l.out = append(*l.out, p)
 		}
 	}
-	sc.Policy.Restricted = relay.SpecialDestinations()
+	sc.Policy.Restricted = destination.Special()
 	return sc, ep, nil
 }
 
-// Factory is the relay's tunnel factory.
-func Factory(n *yaml.Node, relayKey proto.Key, log *slog.Logger) (relay.TunnelAllocator, error) {
-	sc, ep, err := ParseConfig(n)
+// Factory builds the relay's tunnel allocator from its `tunnel:` section:
+// the WireGuard device and its destination policy. The result satisfies
+// relay.TunnelAllocator (this package does not import the relay).
+func Factory(section *config.Doc, relayKey proto.Key, log *slog.Logger) (*Allocator, error) {
+	sc, ep, err := ParseConfig(section)
 	if err != nil {
 		return nil, err
 	}
@@ -127,17 +130,18 @@ func Factory(n *yaml.Node, relayKey proto.Key, log *slog.Logger) (relay.TunnelAl
 	if err != nil {
 		return nil, err
 	}
-	return &allocator{srv: srv, endpoint: ep}, nil
+	return &Allocator{srv: srv, endpoint: ep}, nil
 }
 
-type allocator struct {
+// Allocator hands out tunnel addresses and keeps the WireGuard peers.
+type Allocator struct {
 	srv      *tunnel.Server
 	endpoint netip.AddrPort
 }
 
 // Allocate implements relay.TunnelAllocator. The tunnel has no lease: the
 // peer stays until the member is removed from the relay (Release).
-func (a *allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.TunnelGrant, time.Duration, error) {
+func (a *Allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.TunnelGrant, time.Duration, error) {
 	p, err := a.srv.AddPeer(wgtypes.Key(member))
 	if err != nil {
 		if errors.Is(err, tunnel.ErrSubnetFull) {
@@ -153,10 +157,10 @@ func (a *allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.T
 }
 
 // Release implements relay.TunnelAllocator.
-func (a *allocator) Release(member proto.Key) { _ = a.srv.RemovePeer(wgtypes.Key(member)) }
+func (a *Allocator) Release(member proto.Key) { _ = a.srv.RemovePeer(wgtypes.Key(member)) }
 
 // Close implements relay.TunnelAllocator.
-func (a *allocator) Close() error { return a.srv.Close() }
+func (a *Allocator) Close() error { return a.srv.Close() }
 
 // FromGrant converts a control-protocol grant into a tunnel allocation.
 func FromGrant(g proto.TunnelGrant) tunnel.Allocation {

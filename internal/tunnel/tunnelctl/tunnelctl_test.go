@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-	"gopkg.in/yaml.v3"
 
+	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
@@ -35,7 +35,14 @@ func TestMain(m *testing.M) {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		if err := relay.Run(ctx, cfg, log); err != nil {
+		tunnels := func(sec *config.Doc, key proto.Key, log *slog.Logger) (relay.TunnelAllocator, error) {
+			a, err := Factory(sec, key, log)
+			if err != nil {
+				return nil, err
+			}
+			return a, nil
+		}
+		if err := relay.Run(ctx, cfg, log, tunnels); err != nil {
 			fmt.Fprintln(os.Stderr, "relay:", err)
 			os.Exit(1)
 		}
@@ -46,24 +53,53 @@ func TestMain(m *testing.M) {
 
 func TestParseConfig(t *testing.T) {
 	parse := func(s string) error {
-		var n yaml.Node
-		if err := yaml.Unmarshal([]byte(s), &n); err != nil {
+		var top struct {
+			Tunnel config.Node `yaml:"tunnel"`
+		}
+		if _, err := config.Parse("relay.yaml", []byte("tunnel:\n"+indent(s)), &top); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := ParseConfig(n.Content[0])
+		_, _, err := ParseConfig(config.NewDoc("relay.yaml", "tunnel", &top.Tunnel))
 		return err
 	}
 	if err := parse("subnet: 100.90.0.0/16\nlisten_port: 5000\nendpoint: 192.0.2.1:5000\nallow_destinations: [10.1.0.0/16]\n"); err != nil {
 		t.Errorf("valid config: %v", err)
 	}
-	var empty yaml.Node
-	if sc, _, err := ParseConfig(&empty); err != nil || sc.ListenPort != 51820 || sc.Subnet.String() != "100.80.0.0/16" || len(sc.Policy.Restricted) == 0 {
+	if sc, _, err := ParseConfig(nil); err != nil || sc.ListenPort != 51820 || sc.Subnet.String() != "100.80.0.0/16" || len(sc.Policy.Restricted) == 0 {
 		t.Errorf("defaults: %+v, %v", sc, err)
 	}
 	for _, bad := range []string{"subnett: 1.0.0.0/8", "subnet: nope", "endpoint: 1.2.3.4", "backend: magic", "allow_destinations: [x]", "listen_port: [1]"} {
 		if err := parse(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+func indent(s string) string {
+	return "  " + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n  ") + "\n"
+}
+
+// Tunnel-section errors are positioned in the whole relay file (issue 16 #9).
+func TestParseConfigPositions(t *testing.T) {
+	src := "listen: 0.0.0.0:45673\ntunnel:\n  subnet: 100.90.0.0/16\n  allow_destinations: [10.0.0.0/8, nope]\n  endpoint: 192.0.2.1\n"
+	var top struct {
+		Listen string      `yaml:"listen"`
+		Tunnel config.Node `yaml:"tunnel"`
+	}
+	if _, err := config.Parse("relay.yaml", []byte(src), &top); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := ParseConfig(config.NewDoc("relay.yaml", "tunnel", &top.Tunnel))
+	if err == nil || !strings.HasPrefix(err.Error(), "relay.yaml:5:13: tunnel.endpoint:") {
+		t.Fatalf("error %v, want relay.yaml:5:13: tunnel.endpoint: ...", err)
+	}
+	bad := strings.Replace(src, "  subnet:", "  subnett:", 1)
+	if _, err := config.Parse("relay.yaml", []byte(bad), &top); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = ParseConfig(config.NewDoc("relay.yaml", "tunnel", &top.Tunnel))
+	if err == nil || !strings.HasPrefix(err.Error(), "relay.yaml:3:3: tunnel.subnett: unknown key") {
+		t.Fatalf("error %v, want relay.yaml:3:3: tunnel.subnett: unknown key", err)
 	}
 }
 
