@@ -54,6 +54,10 @@ type Result struct {
 	WindowSeconds float64 `json:"window_s"`
 	// Goodput is the reference method: WindowBytes*8 / WindowSeconds.
 	Goodput float64 `json:"goodput_mbps"`
+	// MaxGap is the longest stall of the receiver (no data delivered), in
+	// seconds, and MaxGapEnd when it ended (from the hello).
+	MaxGap    float64 `json:"max_gap_s"`
+	MaxGapEnd float64 `json:"max_gap_end_s"`
 	// Samples are the receiver's per-second counts, from the arrival of the
 	// first data.
 	Samples []Sample `json:"samples"`

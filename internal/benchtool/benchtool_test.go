@@ -54,6 +54,10 @@ func TestCounterReferenceMethod(t *testing.T) {
 	if want := 2000.0 * 8 / 1.5 / 1e6; r.Goodput != want {
 		t.Errorf("goodput %v, want %v", r.Goodput, want)
 	}
+	// The longest stall: nothing between 1.0 s and 2.5 s.
+	if r.MaxGap != 1.5 || r.MaxGapEnd != 2.5 {
+		t.Errorf("max gap %v s ending at %v s, want 1.5 s ending at 2.5 s", r.MaxGap, r.MaxGapEnd)
+	}
 }
 
 func TestParseSummaryRejects(t *testing.T) {

@@ -85,6 +85,11 @@ type Summary struct {
 	// WindowBytes arrived at or after the warm-up, up to LastNs.
 	WindowBytes uint64   `json:"window_bytes"`
 	Samples     []Sample `json:"samples"`
+	// MaxGapNs is the longest time between two reads that delivered data
+	// (after the first), MaxGapEndNs when it ended (offset from the hello):
+	// how long the transfer stalled, e.g. while a path failed over.
+	MaxGapNs    int64 `json:"max_gap_ns,omitempty"`
+	MaxGapEndNs int64 `json:"max_gap_end_ns,omitempty"`
 }
 
 const summaryVersion = 1
@@ -105,6 +110,9 @@ func ParseSummary(b []byte) (*Summary, error) {
 	}
 	if s.WarmupNs < 0 || s.LastNs < 0 {
 		return nil, errors.New("receiver summary: negative warmup_ns or last_ns")
+	}
+	if s.MaxGapNs < 0 || s.MaxGapEndNs < s.MaxGapNs || s.MaxGapEndNs > s.LastNs {
+		return nil, errors.New("receiver summary: max_gap_ns/max_gap_end_ns inconsistent with last_ns")
 	}
 	if s.WindowBytes > s.Bytes {
 		return nil, fmt.Errorf("receiver summary: window_bytes %d exceed bytes %d", s.WindowBytes, s.Bytes)
@@ -144,6 +152,9 @@ type counter struct {
 	window uint64
 	last   time.Duration
 	per    []uint64 // bytes per second since the hello
+	// gap is the longest time between data-carrying reads, gapEnd when it
+	// ended.
+	gap, gapEnd time.Duration
 }
 
 // add records n bytes that arrived at offset t from the hello.
@@ -162,6 +173,9 @@ func (c *counter) add(t time.Duration, n int) {
 		c.per = append(c.per, 0)
 	}
 	c.per[sec] += uint64(n)
+	if c.bytes > 0 && t-c.last > c.gap {
+		c.gap, c.gapEnd = t-c.last, t
+	}
 	c.bytes += uint64(n)
 	if t >= c.warmup {
 		c.window += uint64(n)
@@ -173,7 +187,8 @@ func (c *counter) add(t time.Duration, n int) {
 
 func (c *counter) summary(mptcp bool) Summary {
 	s := Summary{Version: summaryVersion, MPTCP: mptcp, Bytes: c.bytes, WarmupNs: int64(c.warmup),
-		LastNs: int64(c.last), WindowBytes: c.window, Samples: []Sample{}}
+		LastNs: int64(c.last), WindowBytes: c.window, Samples: []Sample{},
+		MaxGapNs: int64(c.gap), MaxGapEndNs: int64(c.gapEnd)}
 	if c.window > 0 && c.last <= c.warmup {
 		// Everything after the warm-up arrived within the same nanosecond
 		// reading; there is no window to divide by.

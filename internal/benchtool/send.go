@@ -161,6 +161,7 @@ func fill(res *Result, s *Summary) {
 	res.Bytes = s.Bytes
 	res.WindowBytes = s.WindowBytes
 	res.Samples = s.Samples
+	res.MaxGap, res.MaxGapEnd = time.Duration(s.MaxGapNs).Seconds(), time.Duration(s.MaxGapEndNs).Seconds()
 	if s.LastNs > s.WarmupNs {
 		res.WindowSeconds = time.Duration(s.LastNs - s.WarmupNs).Seconds()
 		res.Goodput = float64(s.WindowBytes) * 8 / res.WindowSeconds / 1e6

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
@@ -256,6 +257,12 @@ func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, e
 	server := env.serverAddr()
 	var b strings.Builder
 	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: info\n", sock, subflows)
+	if pol := scenario.Policy(env.Cell.Procedure); pol != "" {
+		// Procedures that name a policy compare policies side by side; the
+		// adaptive one measures every 100 ms, so the static one probes as
+		// often (its stall check), to compare policies, not probe rates.
+		fmt.Fprintf(&b, "policy: %s\nprobe_interval: 100ms\n", pol)
+	}
 	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [\"%d\"]}\n", server.Addr(), server.Port())
 	if len(ds) > 0 {
 		b.WriteString("detours:\n")

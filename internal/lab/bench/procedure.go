@@ -29,7 +29,10 @@ type Env struct {
 type Measurement struct {
 	GoodputMbps float64
 	WindowBytes uint64
-	Subflows    []results.Subflow
+	// MaxGapS is the longest time the receiver got no data (s), and
+	// MaxGapEndS when that stall ended (s after the transfer started).
+	MaxGapS, MaxGapEndS float64
+	Subflows            []results.Subflow
 }
 
 // Session is a cell prepared for its trials (daemons started, grants
@@ -55,6 +58,11 @@ func Procedures() map[string]Setup {
 		scenario.TCPTunnel:   setupTCPTunnel,
 		scenario.MPTCPTunnel: setupMPTCPTunnel,
 		scenario.TCPOpenVPN:  setupOpenVPN,
+
+		scenario.MPTCPNATStatic:      setupMPTCPNAT,
+		scenario.MPTCPNATAdaptive:    setupMPTCPNAT,
+		scenario.MPTCPTunnelStatic:   setupMPTCPTunnel,
+		scenario.MPTCPTunnelAdaptive: setupMPTCPTunnel,
 	}
 }
 

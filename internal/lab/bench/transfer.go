@@ -7,10 +7,12 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
 
 func setupTCP(ctx context.Context, env *Env) (Session, error) {
@@ -63,6 +65,13 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		}
 	}
 	e := t.env
+	if f := e.Cell.Fault; f != nil {
+		stop, err := t.scheduleFault(ctx, f)
+		if err != nil {
+			return Measurement{}, err
+		}
+		defer stop()
+	}
 	res, err := benchtool.Send(ctx, benchtool.SendOptions{
 		Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, CC: e.CC,
 		Netns: e.Lab.NetnsPath(e.Roles.Client),
@@ -79,7 +88,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	if !t.mptcp && res.MPTCP {
 		return Measurement{}, errors.New("plain TCP was requested but the connection is MPTCP")
 	}
-	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes}
+	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd}
 	client := e.Lab.Addr(e.Roles.Client)
 	for _, sf := range res.Subflows {
 		p := t.paths[sf.Local.Addr()]
@@ -116,10 +125,63 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		}
 		return a < b
 	})
-	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows {
+	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows && e.Cell.Fault == nil {
 		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
 	}
 	return m, nil
+}
+
+// scheduleFault black-holes the fault's link at f.At after now and
+// restores it after f.For; stop cancels what has not happened yet and
+// restores the link in any case (a failed trial must not leave it dead).
+func (t *transfer) scheduleFault(ctx context.Context, f *scenario.Fault) (stop func(), err error) {
+	lab := t.env.Lab
+	if lab.Topology().Link(f.Link) == nil {
+		return nil, fmt.Errorf("fault: lab has no link %q", f.Link)
+	}
+	var mu sync.Mutex
+	var restore func() error
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-time.After(f.At.D()):
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		}
+		mu.Lock()
+		r, err := lab.BlackHole(f.Link)
+		if err == nil {
+			restore = r
+		}
+		mu.Unlock()
+		if f.For.D() <= 0 {
+			return
+		}
+		select {
+		case <-time.After(f.For.D()):
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		}
+		mu.Lock()
+		if restore != nil {
+			_ = restore()
+			restore = nil
+		}
+		mu.Unlock()
+	}()
+	return func() {
+		close(done)
+		mu.Lock()
+		defer mu.Unlock()
+		if restore != nil {
+			_ = restore()
+			restore = nil
+		}
+	}, nil
 }
 
 // warmUp runs short unrecorded transfers until one ends with the wanted

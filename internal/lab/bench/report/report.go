@@ -35,6 +35,8 @@ type Cell struct {
 	Unavailable string // reason, when no trial ran because a component is missing
 	FailReasons []string
 	Subflows    []PathStat
+	// MaxGaps are the trials' longest receiver stalls (s).
+	MaxGaps []float64
 }
 
 // PathStat summarises the subflows of one path over a cell's trials.
@@ -78,6 +80,7 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 		switch r.Status {
 		case results.OK:
 			cell.Values = append(cell.Values, r.GoodputMbps)
+			cell.MaxGaps = append(cell.MaxGaps, r.MaxGapS)
 			if r.LoadAvg > 0 {
 				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
 			}
@@ -332,6 +335,7 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.row(row)
 	}
 	p.f("\n")
+	d.writeStalls(p, cols)
 	if ref := s.Reference; ref != nil && len(ref.Results) > 0 {
 		p.f("### Original results (Mbit/s, mean (sd))\n\n%s.\n\n", strings.TrimSuffix(ref.Source, "."))
 		p.tableHeader("configuration", cols, d.labelOf)
@@ -560,6 +564,37 @@ func (d *Data) writeRatios(p *printer, cells []*Cell) {
 	for _, c := range cells {
 		r := d.Ratios(c)
 		p.row([]string{s.Configuration(c.Configuration).Label, c.Label(), f2(r.Goodput), joinSum(r.TCP, r.Singles), f3(r.Sum), f3(r.OverTCP), f3(r.Best), f3(r.Benefit)})
+	}
+	p.f("\n")
+}
+
+// writeStalls is the failover table: for configurations with a fault, the
+// longest time the receiver got nothing, per trial.
+func (d *Data) writeStalls(p *printer, cols []string) {
+	var faulty []scenario.Configuration
+	for _, cfg := range d.Scenario.Configurations {
+		if cfg.Fault != nil {
+			faulty = append(faulty, cfg)
+		}
+	}
+	if len(faulty) == 0 {
+		return
+	}
+	p.f("## Longest stall (s): the longest time the receiver got no data, median / max over trials\n\n")
+	p.f("Fault: the link is black-holed (every packet dropped, nothing sent back) from `at` after the transfer starts, for `for`.\n\n")
+	p.tableHeader("configuration (fault)", cols, d.labelOf)
+	for _, cfg := range faulty {
+		row := []string{fmt.Sprintf("%s (%s at %s for %s)", cfg.Label, cfg.Fault.Link, cfg.Fault.At, cfg.Fault.For)}
+		for _, id := range cols {
+			c := d.Get(cfg.Name, id)
+			if c == nil || len(c.MaxGaps) == 0 {
+				row = append(row, "")
+				continue
+			}
+			g := stats.Summarize(c.MaxGaps)
+			row = append(row, fmt.Sprintf("%.2f / %.2f (n=%d)", g.Median, g.Max, g.N))
+		}
+		p.row(row)
 	}
 	p.f("\n")
 }

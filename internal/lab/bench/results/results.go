@@ -55,9 +55,13 @@ type Record struct {
 	Reason        string    `json:"reason,omitempty"`
 	// GoodputMbps is the bytes received between warm-up and the end of
 	// the transfer over that time (the reference method), in Mbit/s.
-	GoodputMbps float64   `json:"goodput_mbps"`
-	WindowBytes uint64    `json:"window_bytes"`
-	Subflows    []Subflow `json:"subflows,omitempty"`
+	GoodputMbps float64 `json:"goodput_mbps"`
+	WindowBytes uint64  `json:"window_bytes"`
+	// MaxGapS is the longest stall of the receiver (no data delivered) in
+	// seconds, MaxGapEndS when it ended (failover scenarios).
+	MaxGapS    float64   `json:"max_gap_s,omitempty"`
+	MaxGapEndS float64   `json:"max_gap_end_s,omitempty"`
+	Subflows   []Subflow `json:"subflows,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
 	CC       string            `json:"cc"`

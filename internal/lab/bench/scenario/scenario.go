@@ -28,6 +28,12 @@ const (
 	MPTCPNAT    = "mptcp-nat"    // MPTCP, default path + NAT detour subflow(s)
 	MPTCPTunnel = "mptcp-tunnel" // MPTCP, default path + tunnel detour subflow(s)
 	TCPOpenVPN  = "tcp-openvpn"  // plain TCP through an OpenVPN tunnel (baseline)
+	// The same as mptcp-nat and mptcp-tunnel with the agent's policy named,
+	// so that one run compares the policies side by side.
+	MPTCPNATStatic      = "mptcp-nat-static"
+	MPTCPNATAdaptive    = "mptcp-nat-adaptive"
+	MPTCPTunnelStatic   = "mptcp-tunnel-static"
+	MPTCPTunnelAdaptive = "mptcp-tunnel-adaptive"
 )
 
 // procInfo says what a procedure needs and how it is labelled in reports.
@@ -48,11 +54,28 @@ var procs = map[string]procInfo{
 	MPTCPNAT:    {"MPTCP + NAT detour", -1, TCPNAT},
 	MPTCPTunnel: {"MPTCP + tunnel detour", -1, TCPTunnel},
 	TCPOpenVPN:  {"TCP via OpenVPN", 1, ""},
+
+	MPTCPNATStatic:      {"MPTCP + NAT detour, static policy", -1, TCPNAT},
+	MPTCPNATAdaptive:    {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
+	MPTCPTunnelStatic:   {"MPTCP + tunnel detour, static policy", -1, TCPTunnel},
+	MPTCPTunnelAdaptive: {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
+}
+
+// Policy is the agent policy a procedure names ("" = the agent's default).
+func Policy(procedure string) string {
+	switch procedure {
+	case MPTCPNATStatic, MPTCPTunnelStatic:
+		return "static"
+	case MPTCPNATAdaptive, MPTCPTunnelAdaptive:
+		return "adaptive"
+	}
+	return ""
 }
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCPNAT, MPTCPTunnel, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
+	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
+		TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
@@ -172,6 +195,17 @@ type Configuration struct {
 	Roles  *Roles `yaml:"roles"`  // nil = the scenario's
 	// Procedures, if given, replaces the scenario's list for this configuration.
 	Procedures []ProcedureSpec `yaml:"procedures"`
+	// Fault, if given, black-holes a link during every trial.
+	Fault *Fault `yaml:"fault"`
+}
+
+// Fault black-holes a lab link (both directions, every packet dropped
+// where the link leaves its first node) from At after the transfer starts,
+// for For (0: until the end): failover scenarios.
+type Fault struct {
+	Link string   `yaml:"link"`
+	At   Duration `yaml:"at"`
+	For  Duration `yaml:"for"`
 }
 
 // Target is a ratio the report checks, e.g. core-limited mptcp-nat sum >= 0.99.
@@ -220,6 +254,8 @@ type Cell struct {
 	// Detours are the detour nodes this cell uses (empty for tcp, mptcp-1sf).
 	Detours []string
 	Trials  int
+	// Fault is the configuration's, if any.
+	Fault *Fault
 }
 
 // Label is the cell's procedure label, with the detour when expanded.
@@ -352,6 +388,16 @@ func (s *Scenario) validate() error {
 		if c.Trials < 0 || c.Trials > maxTrials {
 			return fmt.Errorf("%s.trials: %d out of range 1..%d", field, c.Trials, maxTrials)
 		}
+		if f := c.Fault; f != nil {
+			switch {
+			case f.Link == "":
+				return fmt.Errorf("%s.fault.link: missing (the lab link to black-hole)", field)
+			case f.At.D() <= 0 || f.At.D() >= s.Duration.D():
+				return fmt.Errorf("%s.fault.at: %s must be within the transfer (duration %s)", field, f.At, s.Duration)
+			case f.For.D() < 0:
+				return fmt.Errorf("%s.fault.for: must not be negative", field)
+			}
+		}
 		if c.Roles != nil {
 			if c.Roles.Client == "" {
 				c.Roles.Client = s.Roles.Client
@@ -482,7 +528,7 @@ func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
 			return fmt.Errorf("%s[%d]: %s listed twice", field, i, cell.ID)
 		}
 		seen[cell.ID] = true
-		cell.Configuration, cell.Trials = c.Name, trials
+		cell.Configuration, cell.Trials, cell.Fault = c.Name, trials, c.Fault
 		out = append(out, cell)
 		return nil
 	}
