@@ -578,8 +578,24 @@ func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
 			if err := add(i, Cell{ID: p.Procedure + "@" + p.Detour, Procedure: p.Procedure, Detours: []string{p.Detour}}); err != nil {
 				return nil, err
 			}
+		case strings.Contains(p.Detour, "+"):
+			// A subset of the detours, e.g. "detour1+detour3" (MPTCP only).
+			if info.detours == 1 {
+				return nil, fmt.Errorf("%s[%d].detour: %s uses exactly one detour, not the set %q", field, i, p.Procedure, p.Detour)
+			}
+			set := strings.Split(p.Detour, "+")
+			seenD := map[string]bool{}
+			for _, d := range set {
+				if !isDetour(d) || seenD[d] {
+					return nil, fmt.Errorf("%s[%d].detour: %q in %q is not a detour node or is repeated (roles.detours: %s)", field, i, d, p.Detour, strings.Join(roles.Detours, ", "))
+				}
+				seenD[d] = true
+			}
+			if err := add(i, Cell{ID: p.Procedure + "@" + p.Detour, Procedure: p.Procedure, Detours: set}); err != nil {
+				return nil, err
+			}
 		default:
-			return nil, fmt.Errorf("%s[%d].detour: %q is not a detour node (roles.detours: %s), \"each\" or \"all\"", field, i, p.Detour, strings.Join(roles.Detours, ", "))
+			return nil, fmt.Errorf("%s[%d].detour: %q is not a detour node (roles.detours: %s), \"each\", \"all\" or a set \"a+b\"", field, i, p.Detour, strings.Join(roles.Detours, ", "))
 		}
 	}
 	return out, nil

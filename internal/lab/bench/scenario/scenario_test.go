@@ -210,3 +210,32 @@ func TestSetProcedures(t *testing.T) {
 		t.Fatalf("failed SetProcedures changed the plan: %d cells", n)
 	}
 }
+
+// A subset of detours for an MPTCP procedure, and faults.
+func TestDetourSetsAndFaults(t *testing.T) {
+	src := strings.Replace(base, "procedures: [tcp, mptcp-nat,", "procedures: [tcp, mptcp-nat, {procedure: mptcp-nat-static, detour: d2+d1},", 1)
+	src = strings.Replace(src, "    set: {profile: core-limited, detours: 2}\n", "    set: {profile: core-limited, detours: 2}\n    fault: {link: L2, at: 4s, for: 2s}\n", 1)
+	s, err := Parse("t.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, c := range s.Cells() {
+		if c.ID == "mptcp-nat-static@d2+d1" {
+			found = len(c.Detours) == 2 && c.Detours[0] == "d2" && c.Fault != nil && c.Fault.Link == "L2"
+		}
+	}
+	if !found {
+		t.Fatalf("cells %+v", s.Cells())
+	}
+	for bad, want := range map[string]string{
+		strings.Replace(src, "d2+d1", "d2+d9", 1):              `"d9" in "d2+d9" is not a detour node`,
+		strings.Replace(src, "d2+d1", "d2+d2", 1):              "is repeated",
+		strings.Replace(src, "at: 4s, for: 2s", "at: 20s", 1): "fault.at",
+		strings.Replace(src, "link: L2, ", "", 1):             "fault.link: missing",
+	} {
+		if _, err := Parse("t.yaml", []byte(bad)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %q", err, want)
+		}
+	}
+}
