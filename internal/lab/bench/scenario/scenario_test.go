@@ -229,8 +229,8 @@ func TestDetourSetsAndFaults(t *testing.T) {
 		t.Fatalf("cells %+v", s.Cells())
 	}
 	for bad, want := range map[string]string{
-		strings.Replace(src, "d2+d1", "d2+d9", 1):              `"d9" in "d2+d9" is not a detour node`,
-		strings.Replace(src, "d2+d1", "d2+d2", 1):              "is repeated",
+		strings.Replace(src, "d2+d1", "d2+d9", 1):             `"d9" in "d2+d9" is not a detour node`,
+		strings.Replace(src, "d2+d1", "d2+d2", 1):             "is repeated",
 		strings.Replace(src, "at: 4s, for: 2s", "at: 20s", 1): "fault.at",
 		strings.Replace(src, "link: L2, ", "", 1):             "fault.link: missing",
 	} {
