@@ -132,19 +132,6 @@ func ethtoolSet(fd int, ifname string, cmd, value uint32) error {
 	return nil
 }
 
-// ethtoolGet reads one legacy ethtool flag (used by tests and lab check).
-func ethtoolGet(fd int, ifname string, cmd uint32) (uint32, error) {
-	v := ethtoolValue{cmd: cmd}
-	var ifr ifreqData
-	copy(ifr.name[:], ifname)
-	ifr.data = uintptr(unsafe.Pointer(&v))
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return v.data, nil
-}
-
 // NftTable is the nftables table the lab owns in each node namespace.
 const NftTable = "mpdetour_lab"
 

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"golang.org/x/sys/unix"
@@ -332,4 +333,17 @@ func contains(s []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// ethtoolGet reads one legacy ethtool flag (tests check the offloads the lab turns off).
+func ethtoolGet(fd int, ifname string, cmd uint32) (uint32, error) {
+	v := ethtoolValue{cmd: cmd}
+	var ifr ifreqData
+	copy(ifr.name[:], ifname)
+	ifr.data = uintptr(unsafe.Pointer(&v))
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return v.data, nil
 }

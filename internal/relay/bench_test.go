@@ -22,16 +22,14 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
-// TestBenchRelay measures what docs/relay.md reports: grants per second,
-// relay RSS and nft state at 100,000 mappings, TCP goodput through the relay
-// with 1 and 100,000 mappings, and NAT versus plain routing. It takes about
-// a minute and only runs with TR_BENCH=1:
+// BenchmarkRelayReport measures what docs/relay.md reports: grants per
+// second, relay RSS and nft state at 100,000 mappings, TCP goodput through
+// the relay with 1 and 100,000 mappings, and NAT versus plain routing. One
+// run takes about a minute (it is a report, not a loop: -benchtime 1x):
 //
-//	TR_BENCH=1 go test -run TestBenchRelay -v ./internal/relay
-func TestBenchRelay(t *testing.T) {
-	if os.Getenv("TR_BENCH") != "1" {
-		t.Skip("benchmark: set TR_BENCH=1")
-	}
+//	go test -run '^$' -bench RelayReport -benchtime 1x -v ./internal/relay
+func BenchmarkRelayReport(tb *testing.B) {
+	t := tb
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft", "iperf3")
 	total := 100000
@@ -186,7 +184,7 @@ func TestBenchRelay(t *testing.T) {
 		rate, n, rss, rssBefore, len(out), m1, mN, mp, median(rN), median(rP), median(c1), median(cN), median(cP), median(pN0), median(pN), median(pP))
 }
 
-func dialRelayFrom(t *testing.T, ns string, k keys, addr string) *relayclient.Conn {
+func dialRelayFrom(t testing.TB, ns string, k keys, addr string) *relayclient.Conn {
 	t.Helper()
 	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, k.member,
 		relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, ns, addr+":0"), nil }})
@@ -200,7 +198,7 @@ func dialRelayFrom(t *testing.T, ns string, k keys, addr string) *relayclient.Co
 // iperfRun runs one iperf3 transfer and returns goodput and CPU cost
 // (CPU-seconds of sender and receiver per GB, from iperf3's own rusage
 // accounting: less sensitive than goodput to other load on the host).
-func iperfRun(t *testing.T, ns string, to netip.AddrPort) (gbps, cpuPerGB float64) {
+func iperfRun(t testing.TB, ns string, to netip.AddrPort) (gbps, cpuPerGB float64) {
 	t.Helper()
 	out, err := exec.Command("ip", "netns", "exec", ns, "iperf3", "-c", to.Addr().String(), "-p", strconv.Itoa(int(to.Port())),
 		"-t", benchSeconds, "-C", "cubic", "-J").Output()
@@ -232,7 +230,7 @@ var benchSeconds = "1"
 
 // iperfConcurrent starts one iperf3 client per {namespace, destination}
 // at the same time and returns their goodputs in Gbit/s.
-func iperfConcurrent(t *testing.T, runs [][2]any) []float64 {
+func iperfConcurrent(t testing.TB, runs [][2]any) []float64 {
 	t.Helper()
 	cmds := make([]*exec.Cmd, len(runs))
 	outs := make([]*strings.Builder, len(runs))
@@ -268,14 +266,14 @@ func iperfConcurrent(t *testing.T, runs [][2]any) []float64 {
 	return res
 }
 
-func iperfGbps(t *testing.T, ns string, to netip.AddrPort) float64 {
+func iperfGbps(t testing.TB, ns string, to netip.AddrPort) float64 {
 	g, _ := iperfRun(t, ns, to)
 	return g
 }
 
 // procCPU is the user+system CPU time of a process (including the kernel
 // work its syscalls do, such as nftables transactions).
-func procCPU(t *testing.T, pid int) time.Duration {
+func procCPU(t testing.TB, pid int) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		t.Fatal(err)
@@ -293,7 +291,7 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-func procStatus(t *testing.T, pid int, field string) string {
+func procStatus(t testing.TB, pid int, field string) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return "?"

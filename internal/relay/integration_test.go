@@ -52,7 +52,7 @@ func (b *syncBuffer) String() string {
 
 // startRelay runs the relay (this test binary, see TestMain) in ns and waits
 // for its table.
-func startRelay(t *testing.T, ns, cfgPath string) *relayProc {
+func startRelay(t testing.TB, ns, cfgPath string) *relayProc {
 	t.Helper()
 	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "TR_RELAY_CONFIG="+cfgPath)
@@ -94,7 +94,7 @@ func (p *relayProc) signal(t *testing.T, sig syscall.Signal) {
 	}
 }
 
-func (p *relayProc) wait(t *testing.T) error {
+func (p *relayProc) wait(t testing.TB) error {
 	t.Helper()
 	select {
 	case err := <-p.done:
@@ -108,7 +108,7 @@ func (p *relayProc) wait(t *testing.T) error {
 
 type keys struct{ relay, member, stranger proto.Key }
 
-func newKeys(t *testing.T) keys {
+func newKeys(t testing.TB) keys {
 	var k keys
 	for _, p := range []*proto.Key{&k.relay, &k.member, &k.stranger} {
 		var err error
@@ -119,7 +119,7 @@ func newKeys(t *testing.T) keys {
 	return k
 }
 
-func writeConfig(t *testing.T, path string, k keys, extra string) {
+func writeConfig(t testing.TB, path string, k keys, extra string) {
 	t.Helper()
 	cfg := fmt.Sprintf(`listen: %s:%d
 private_key: %s
@@ -140,7 +140,7 @@ func relayAddr() netip.AddrPort {
 }
 
 // udpIn creates a UDP socket inside ns, bound to bind (may be "").
-func udpIn(t *testing.T, ns, bind string) *net.UDPConn {
+func udpIn(t testing.TB, ns, bind string) *net.UDPConn {
 	t.Helper()
 	var c *net.UDPConn
 	var err error
@@ -170,7 +170,7 @@ func dialRelay(t *testing.T, ns string, k keys, priv proto.Key) *relayclient.Con
 }
 
 // elements counts the mappings in the relay's DNAT map.
-func elements(t *testing.T, ns string) int {
+func elements(t testing.TB, ns string) int {
 	t.Helper()
 	out, err := nftList(t, ns, "-j", "list", "map", "ip", TableName, dnatMapName)
 	if err != nil {

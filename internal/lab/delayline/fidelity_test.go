@@ -90,7 +90,7 @@ type child struct {
 	stats string
 }
 
-func startChild(t *testing.T, cfg Config) *child {
+func startChild(t testing.TB, cfg Config) *child {
 	t.Helper()
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state.json")
@@ -127,7 +127,7 @@ func startChild(t *testing.T, cfg Config) *child {
 }
 
 // cpu is the child's user+system CPU time so far.
-func (c *child) cpu(t *testing.T) time.Duration {
+func (c *child) cpu(t testing.TB) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +138,7 @@ func (c *child) cpu(t *testing.T) time.Duration {
 	return time.Duration(ut+st) * (time.Second / 100) // USER_HZ = 100
 }
 
-func (c *child) stop(t *testing.T) []Stats {
+func (c *child) stop(t testing.TB) []Stats {
 	t.Helper()
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	if err := c.cmd.Wait(); err != nil {
@@ -157,7 +157,7 @@ func (c *child) stop(t *testing.T) []Stats {
 
 // flow runs one goodput measurement from src to dst (both in their own
 // namespace) over port.
-func flow(t *testing.T, src, dst *netnstest.NS, dstAddr string, port int, d time.Duration) (*benchtool.Result, error) {
+func flow(t testing.TB, src, dst *netnstest.NS, dstAddr string, port int, d time.Duration) (*benchtool.Result, error) {
 	addr := fmt.Sprintf("%s:%d", dstAddr, port)
 	srv, err := benchtool.Listen(benchtool.ServeOptions{Addr: addr, Netns: dst.Path})
 	if err != nil {
@@ -197,15 +197,14 @@ func sumStats(ss []Stats) (pk, drops, late1 uint64, mean, maxLate time.Duration)
 	return
 }
 
-// TestFidelityReport measures the table in docs/lab.md ("Delay line"). It
-// takes about two minutes and only runs when asked:
+// BenchmarkFidelityReport measures the table in docs/lab.md ("Delay
+// line"), written to $MPDETOUR_FIDELITY (default: the benchmark log). One
+// run takes about two minutes (a report, not a loop: -benchtime 1x):
 //
-//	MPDETOUR_FIDELITY=/tmp/fidelity.md go test -run TestFidelityReport -v -timeout 10m ./internal/lab/delayline/
-func TestFidelityReport(t *testing.T) {
+//	MPDETOUR_FIDELITY=/tmp/fidelity.md go test -run '^$' -bench FidelityReport -benchtime 1x -timeout 10m ./internal/lab/delayline/
+func BenchmarkFidelityReport(b *testing.B) {
+	t := b
 	out := os.Getenv("MPDETOUR_FIDELITY")
-	if out == "" {
-		t.Skip("set MPDETOUR_FIDELITY=FILE to measure the delay line's fidelity table")
-	}
 	testenv.Root(t)
 	var md strings.Builder
 	fmt.Fprintf(&md, "Measured %s, kernel %s, %d CPUs, load average at start %s, delay line priority %s, transfers 10 s, goodput from t=1 s, cubic.\n\n",
@@ -217,7 +216,7 @@ func TestFidelityReport(t *testing.T) {
 		if !only("rtt") {
 			break
 		}
-		t.Run("rtt", func(t *testing.T) {
+		t.Run("rtt", func(t *testing.B) {
 			w := newWire(t, d, d)
 			c := startChild(t, w.cfg)
 			pingRTTs(t, w.A, addrB, 1, 0)
@@ -239,7 +238,7 @@ func TestFidelityReport(t *testing.T) {
 		}
 		var base float64
 		for _, d := range []time.Duration{0, 5 * time.Millisecond, 50 * time.Millisecond} {
-			t.Run("goodput", func(t *testing.T) {
+			t.Run("goodput", func(t *testing.B) {
 				// Queue: the lab's default 100 frames, or the BDP when larger.
 				q := max(100, int(rate*1e6/8*(2*d).Seconds()/1514))
 				var src, dst *netnstest.NS
@@ -292,7 +291,7 @@ func TestFidelityReport(t *testing.T) {
 			break
 		}
 		hog := lc.hog
-		t.Run("load", func(t *testing.T) {
+		t.Run("load", func(t *testing.B) {
 			ws := newWires(t, 7, 5*time.Millisecond, 5*time.Millisecond)
 			rates := []float64{20, 20, 20, 10, 10, 10}
 			for i, r := range rates {
@@ -358,7 +357,7 @@ func TestFidelityReport(t *testing.T) {
 	}
 	// Throughput ceiling: one unshaped TCP flow through a 1 ms delay line.
 	if only("max") {
-		t.Run("max", func(t *testing.T) {
+		t.Run("max", func(t *testing.B) {
 			w := newWire(t, time.Millisecond, time.Millisecond)
 			c := startChild(t, w.cfg)
 			cpu0, t0 := c.cpu(t), time.Now()
@@ -374,8 +373,10 @@ func TestFidelityReport(t *testing.T) {
 	}
 	defer func() {
 		fmt.Fprintf(&md, "\nLoad average at the end: %s.\n", loadavg())
-		if err := os.WriteFile(out, []byte(md.String()), 0o644); err != nil {
-			t.Error(err)
+		if out != "" {
+			if err := os.WriteFile(out, []byte(md.String()), 0o644); err != nil {
+				t.Error(err)
+			}
 		}
 		t.Logf("\n%s", md.String())
 	}()

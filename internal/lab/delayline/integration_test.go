@@ -31,7 +31,7 @@ const (
 	addrB = "10.77.0.2"
 )
 
-func newWire(t *testing.T, ab, ba time.Duration) *wire {
+func newWire(t testing.TB, ab, ba time.Duration) *wire {
 	t.Helper()
 	ws := newWires(t, 1, ab, ba)
 	return ws[0]
@@ -39,7 +39,7 @@ func newWire(t *testing.T, ab, ba time.Duration) *wire {
 
 // newWires builds n independent A -- mid -- B wires sharing one middle
 // namespace (interfaces a0/b0, a1/b1, ...) and one delay line config.
-func newWires(t *testing.T, n int, ab, ba time.Duration) []*wire {
+func newWires(t testing.TB, n int, ab, ba time.Duration) []*wire {
 	t.Helper()
 	testenv.Root(t)
 	mid := netnstest.New(t, "tdM")
@@ -95,7 +95,7 @@ func (w *wire) start(t *testing.T) *Line {
 // returns the RTTs of the replies. Replies are timed by the kernel's receive
 // timestamp (SO_TIMESTAMPNS), so that a busy test process reading late does
 // not inflate what is really the network's RTT.
-func pingRTTs(t *testing.T, ns *netnstest.NS, dst string, n int, gap time.Duration) []time.Duration {
+func pingRTTs(t testing.TB, ns *netnstest.NS, dst string, n int, gap time.Duration) []time.Duration {
 	t.Helper()
 	var fd int
 	if err := ns.Do(func() (err error) {
