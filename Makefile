@@ -10,7 +10,7 @@ LDFLAGS   := -X github.com/mpdetour/mpdetour/internal/version.Version=$(VERSION)
 TESTFLAGS ?= -p 1 -count=1 -timeout 15m
 FUZZTIME  ?= 10s
 
-.PHONY: all setup build test vet staticcheck unit fuzz demo clean
+.PHONY: all setup build build-host test vet staticcheck unit fuzz demo clean
 
 all: build
 
@@ -20,8 +20,14 @@ setup:
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/mpdetour
 
+# The binary for relay and agent hosts: without `lab bench` (its report
+# links the plotting library); every other subcommand is there.
+build-host:
+	$(GO) build -tags nolab -ldflags "$(LDFLAGS)" -o bin/mpdetour-host ./cmd/mpdetour
+
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags nolab ./cmd/mpdetour
 
 staticcheck:
 	$(GOBIN)/staticcheck ./...
