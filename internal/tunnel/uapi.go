@@ -13,6 +13,17 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
+// Why this file exists (the one hand-written piece of WireGuard plumbing):
+// the embedded device is configured in-process through wireguard-go's
+// Device.IpcSet/IpcGet, which take and return the cross-platform UAPI text.
+// wgctrl speaks that text only in its internal wguser package, over the
+// UAPI unix socket in /var/run/wireguard; using the socket instead would
+// work but its directory is one per host, not per network namespace, so
+// two embedded devices of the same name in different namespaces (every lab
+// and test topology has them) would collide. wireguard-go exports no
+// encoder or decoder. So the two small translations live here, tested
+// against wireguard-go itself (unit_test.go) and fuzzed.
+
 // uapiSet renders a wgctrl configuration as WireGuard's cross-platform
 // configuration protocol ("set=1" body) for wireguard-go's IpcSet, so both
 // backends are configured from the same value.
