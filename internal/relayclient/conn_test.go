@@ -1,0 +1,286 @@
+package relayclient
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// fakeRelay is a minimal relay on loopback built from the protocol's own
+// responder pieces (no nftables, no root): it hand shakes, keeps sessions by
+// index, and answers requests with answer (default: grants port 40000+n,
+// renew and release ok). forget drops every session (a restarted relay).
+type fakeRelay struct {
+	t      *testing.T
+	priv   proto.Key
+	pc     *net.UDPConn
+	mu     sync.Mutex
+	ses    map[uint32]*proto.Session
+	next   uint32
+	inits  atomic.Int32
+	reqs   atomic.Int32
+	ops    sync.Map // proto.Op -> *atomic.Int32
+	answer func(req proto.Request, n int32) proto.Reply
+	silent atomic.Bool
+	grants atomic.Int32
+	member proto.Key
+}
+
+func newFakeRelay(t *testing.T, member proto.Key) *fakeRelay {
+	t.Helper()
+	priv, err := proto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &fakeRelay{t: t, priv: priv, pc: pc, ses: map[uint32]*proto.Session{}, member: member}
+	t.Cleanup(func() { pc.Close() })
+	go r.serve()
+	return r
+}
+
+func (r *fakeRelay) relay() Relay {
+	return Relay{Name: "fake", Addr: r.pc.LocalAddr().(*net.UDPAddr).AddrPort(), PublicKey: r.priv.Public()}
+}
+
+func (r *fakeRelay) count(op proto.Op) int32 {
+	v, _ := r.ops.LoadOrStore(op, new(atomic.Int32))
+	return v.(*atomic.Int32).Load()
+}
+
+func (r *fakeRelay) forget() {
+	r.mu.Lock()
+	r.ses = map[uint32]*proto.Session{}
+	r.mu.Unlock()
+}
+
+func (r *fakeRelay) serve() {
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := r.pc.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return
+		}
+		if r.silent.Load() {
+			continue
+		}
+		b := append([]byte(nil), buf[:n]...)
+		typ, err := proto.PacketType(b)
+		if err != nil {
+			continue
+		}
+		switch typ {
+		case proto.TypeInit:
+			in, err := proto.ParseInit(b)
+			if err != nil {
+				continue
+			}
+			acc, err := proto.ConsumeInitiation(r.priv, in)
+			if err != nil || acc.Peer != r.member {
+				continue
+			}
+			r.inits.Add(1)
+			r.mu.Lock()
+			r.next++
+			idx := r.next
+			pkt, s, err := acc.Respond(idx)
+			if err == nil {
+				r.ses[idx] = s
+			}
+			r.mu.Unlock()
+			if err == nil {
+				_, _ = r.pc.WriteToUDPAddrPort(pkt, from)
+			}
+		case proto.TypeTransport:
+			tr, err := proto.ParseTransport(b)
+			if err != nil {
+				continue
+			}
+			r.mu.Lock()
+			s := r.ses[tr.Receiver]
+			r.mu.Unlock()
+			if s == nil {
+				_, _ = r.pc.WriteToUDPAddrPort(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonNoSession, Index: tr.Receiver, Counter: tr.Counter}), from)
+				continue
+			}
+			msg, err := s.Open(tr)
+			if err != nil {
+				continue
+			}
+			req, err := proto.ParseRequest(msg)
+			if err != nil {
+				continue
+			}
+			c := r.reqs.Add(1)
+			v, _ := r.ops.LoadOrStore(req.Op, new(atomic.Int32))
+			v.(*atomic.Int32).Add(1)
+			rep := proto.Reply{Op: req.Op, ID: req.ID}
+			r.mu.Lock()
+			answer := r.answer
+			r.mu.Unlock()
+			if answer != nil {
+				rep = answer(req, c)
+				rep.Op, rep.ID = req.Op, req.ID
+			} else if req.Op == proto.OpGrant {
+				g := r.grants.Add(1)
+				rep.Detour = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(40000+g))
+				rep.Lease = 2 * time.Second
+			} else if req.Op == proto.OpRenew {
+				rep.Lease = 2 * time.Second
+			}
+			out, err := proto.MarshalReply(rep)
+			if err != nil {
+				continue
+			}
+			sealed, err := s.Seal(out)
+			if err == nil {
+				_, _ = r.pc.WriteToUDPAddrPort(sealed, from)
+			}
+		}
+	}
+}
+
+func memberKey(t *testing.T) proto.Key {
+	t.Helper()
+	k, err := proto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestConnGrantRenewRelease(t *testing.T) {
+	m := memberKey(t)
+	r := newFakeRelay(t, m.Public())
+	c, err := Dial(r.relay(), m, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	server := netip.MustParseAddrPort("192.0.2.10:5201")
+	d, lease, err := c.Grant(ctx, server, 0)
+	if err != nil || d.Port() != 40001 || lease != 2*time.Second {
+		t.Fatalf("grant: %v %v %v", d, lease, err)
+	}
+	if l, err := c.Renew(ctx, d.Port()); err != nil || l != 2*time.Second {
+		t.Fatalf("renew: %v %v", l, err)
+	}
+	if err := c.Release(ctx, d.Port()); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if r.count(proto.OpGrant) != 1 || r.count(proto.OpRenew) != 1 || r.count(proto.OpRelease) != 1 {
+		t.Fatalf("relay saw grant %d renew %d release %d", r.count(proto.OpGrant), r.count(proto.OpRenew), r.count(proto.OpRelease))
+	}
+}
+
+// A relay that lost its sessions (restart) answers no-session: the client
+// hand shakes again and the request goes through.
+func TestConnRehandshakeAfterRelayRestart(t *testing.T) {
+	m := memberKey(t)
+	r := newFakeRelay(t, m.Public())
+	c, err := Dial(r.relay(), m, Options{Retransmit: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, _, err := c.Grant(ctx, netip.MustParseAddrPort("192.0.2.10:5201"), 0); err != nil {
+		t.Fatal(err)
+	}
+	before := r.inits.Load()
+	r.forget()
+	if _, _, err := c.Grant(ctx, netip.MustParseAddrPort("192.0.2.10:5202"), 0); err != nil {
+		t.Fatalf("grant after the relay forgot the session: %v", err)
+	}
+	if r.inits.Load() <= before {
+		t.Fatal("no new handshake after no-session")
+	}
+}
+
+// Refusals come back as *proto.Error with the relay's reason; a silent relay
+// is a context error, not a hang.
+func TestConnErrors(t *testing.T) {
+	m := memberKey(t)
+	r := newFakeRelay(t, m.Public())
+	r.mu.Lock()
+	r.answer = func(req proto.Request, n int32) proto.Reply {
+		return proto.Reply{Reason: proto.ReasonPolicyDenied}
+	}
+	r.mu.Unlock()
+	c, err := Dial(r.relay(), m, Options{Retransmit: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _, err = c.Grant(ctx, netip.MustParseAddrPort("192.0.2.10:25"), 0)
+	var pe *proto.Error
+	if !errors.As(err, &pe) || pe.Reason != proto.ReasonPolicyDenied {
+		t.Fatalf("refused grant: %v, want a proto.Error with policy-denied", err)
+	}
+	r.silent.Store(true)
+	sctx, scancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer scancel()
+	if err := c.Release(sctx, 40001); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("silent relay: %v, want the context's deadline", err)
+	}
+	// A relay that does not know the member never answers the handshake.
+	stranger := newFakeRelay(t, memberKey(t).Public())
+	c2, err := Dial(stranger.relay(), m, Options{Retransmit: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, _, err := c2.Grant(sctx, netip.MustParseAddrPort("192.0.2.10:5201"), 0); err == nil {
+		t.Fatal("grant from a relay that refuses the member")
+	}
+}
+
+// The Source renews a grant at half its lease and releases it.
+func TestSourceRenewsAndReleases(t *testing.T) {
+	m := memberKey(t)
+	r := newFakeRelay(t, m.Public())
+	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	server := netip.MustParseAddrPort("192.0.2.10:5201")
+	s.Prepare(server)
+	deadline := time.Now().Add(3 * time.Second)
+	for len(s.Detours(server)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if ds := s.Detours(server); len(ds) != 1 || ds[0].Remote.Port() != 40001 {
+		t.Fatalf("detours %v", ds)
+	}
+	// Lease 2 s: renewed at about 1 s.
+	for r.count(proto.OpRenew) == 0 && time.Now().Before(deadline.Add(2*time.Second)) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r.count(proto.OpRenew) == 0 {
+		t.Fatal("no renewal within the lease")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.Release(ctx, server); err != nil {
+		t.Fatal(err)
+	}
+	if r.count(proto.OpRelease) != 1 {
+		t.Fatalf("%d releases", r.count(proto.OpRelease))
+	}
+}
