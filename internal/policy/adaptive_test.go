@@ -297,3 +297,45 @@ func TestBackupDetourOpenedBesidesNAsBackup(t *testing.T) {
 		}
 	}
 }
+
+// A dead default path set aside as backup carries no new data (the kernel
+// does not schedule on backup subflows), so it cannot show by itself that it
+// came back: the policy retries it (after 1 s, then 2 s, ... up to Hold), and
+// a retry on a path still dead is set aside again by the watchdog.
+func TestAdaptiveRetriesDeadDefaultPathUntilItIsBack(t *testing.T) {
+	s := newSim(t, 1, d1)
+	s.run(time.Second, nil)
+	def := key(client.Addr(), server)
+	restored := false
+	realistic := func(sk subKey, sp *simPath) {
+		if sk != def {
+			return
+		}
+		switch {
+		case !restored:
+			sp.rate = 0
+		case sp.backup:
+			sp.rate = 0 // nothing new is sent on a backup subflow
+		default:
+			sp.rate = 1e6
+		}
+	}
+	s.run(4*time.Second, realistic) // dead for 4 s: set aside, retried, set aside again
+	if !s.paths[def].backup {
+		t.Fatalf("dead default path not set aside; role %q", s.role("default"))
+	}
+	backups := 0
+	for _, in := range s.ins {
+		if in.Action == SetBackup && key(in.Local.Addr(), in.Remote) == def && in.Backup {
+			backups++
+		}
+	}
+	if backups < 2 {
+		t.Fatalf("dead default path set aside %d times in 4 s, want retries (>= 2)", backups)
+	}
+	restored = true
+	s.run(5*time.Second, realistic)
+	if s.paths[def].backup || s.role("default") == RoleFailed {
+		t.Fatalf("restored default path not used again within 5 s: backup=%v role %q", s.paths[def].backup, s.role("default"))
+	}
+}

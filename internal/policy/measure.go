@@ -132,7 +132,8 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 		limit := max(3*s.rtt, p.cfg.Watchdog)
 		quiet := now.Sub(s.lastProgress)
 		if s.dead {
-			if quiet == 0 {
+			switch {
+			case quiet == 0:
 				s.dead, s.role = false, RoleActive
 				s.decision = "revived: delivering again"
 				p.cfg.Log.Info("path revived", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path())
@@ -140,6 +141,14 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 					s.setAside = false
 					out = append(out, p.setBackup(k, sk, s, false))
 				}
+			case s.setAside && !now.Before(s.retryAt):
+				// Retry: active again, judged afresh by the watchdog; if
+				// the path is still dead it is set aside again, later.
+				s.dead, s.setAside, s.role = false, false, RoleProbing
+				s.lastProgress = now
+				s.decision = "retrying a dead path"
+				s.retryGap = min(2*s.retryGap, p.cfg.Hold)
+				out = append(out, p.setBackup(k, sk, s, false))
 			}
 			continue
 		}
@@ -161,6 +170,10 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 			continue
 		}
 		s.dead, s.role, s.decision = true, RoleFailed, reason
+		if s.retryGap == 0 || now.Sub(s.retryAt) > p.cfg.Hold {
+			s.retryGap = time.Second // first failure, or the last one long ago
+		}
+		s.retryAt = now.Add(s.retryGap)
 		p.cfg.Log.Info("path failed", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "reason", reason)
 		if !s.backup {
 			s.setAside = true
