@@ -271,6 +271,7 @@ func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, e
 		}
 	}
 	b.WriteString(extra)
+	b.WriteString(env.AgentConfig)
 	path := filepath.Join(env.Dir, "agent.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		return nil, err
