@@ -16,6 +16,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/delayline"
+	"github.com/mpdetour/mpdetour/internal/lab/design"
 )
 
 // setFlags collects repeated --set KEY=VALUE flags in order.
@@ -223,8 +224,8 @@ func labCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:    "lab",
-		Summary: "emulated networks in namespaces: up, exec, check, down, list, bench",
-		Sub:     []*cli.Command{up, execCmd, check, down, list, delayline.Command(), bench.BenchCommand()},
+		Summary: "emulated networks in namespaces: up, exec, check, down, list, bench, design",
+		Sub:     []*cli.Command{up, execCmd, check, down, list, delayline.Command(), bench.BenchCommand(), design.Command()},
 	}
 }
 

@@ -1,0 +1,143 @@
+package design
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/cli"
+)
+
+// rangeFlag is a Range as a flag value.
+type rangeFlag struct{ r *Range }
+
+func (f rangeFlag) String() string {
+	if f.r == nil {
+		return ""
+	}
+	return f.r.String()
+}
+
+func (f rangeFlag) Set(s string) error {
+	r, err := ParseRange(s)
+	if err != nil {
+		return err
+	}
+	*f.r = r
+	return nil
+}
+
+// Command is `mpdetour lab design`, added to the lab command group.
+func Command() *cli.Command {
+	var (
+		spec                  Spec
+		paths                 int
+		seed                  uint64
+		out, name, bin, note  string
+		resume, report, dry   bool
+		capR, rttR, lossR, bR Range
+	)
+	def := DefaultSpace(2)
+	capR, rttR, lossR, bR = def.Capacity, def.RTT, def.Loss, def.Buffer
+	return &cli.Command{
+		Name:         "design",
+		Summary:      "evaluate over a WSP space-filling design of path conditions: Ben per point, report and plots",
+		Usage:        "[--points N] [--seed S] [--paths 2|3] [--procedures tcp-path1,tcp-path2,mptcp] [--out DIR] [--resume]",
+		Interspersed: true,
+		Flags: func(fs *flag.FlagSet) {
+			fs.IntVar(&spec.Points, "points", 40, "number of design points")
+			fs.Uint64Var(&seed, "seed", 1, "seed of the design (same seed, same points)")
+			fs.IntVar(&paths, "paths", 2, "paths per point: the default path plus paths-1 NAT detours")
+			fs.Var(rangeFlag{&capR}, "capacity", "capacity range per path, Mbit/s (MIN:MAX)")
+			fs.Var(rangeFlag{&rttR}, "rtt", "RTT range per path, ms")
+			fs.Var(rangeFlag{&lossR}, "loss", "loss range per path and direction, %")
+			fs.Var(rangeFlag{&bR}, "buffer", "bottleneck buffer range per path, in BDPs")
+			fs.Float64Var(&spec.LowBDP, "low-bdp", DefaultLowBDP, "a point is low-BDP when every path's BDP is at most this many bytes")
+			fs.StringVar(&spec.Procedures, "procedures", "", "comma-separated: tcp-path1..tcp-pathN, mptcp (agent default policy), mptcp-static, mptcp-adaptive (default: every tcp-pathK and mptcp)")
+			fs.DurationVar(&spec.Duration, "duration", 10*time.Second, "transfer duration")
+			fs.DurationVar(&spec.Warmup, "warmup", time.Second, "goodput counts from here")
+			fs.StringVar(&spec.CC, "cc", "cubic", "congestion control")
+			fs.StringVar(&out, "out", "", "result directory (default bench-results/design)")
+			fs.BoolVar(&resume, "resume", false, "continue the design in --out")
+			fs.BoolVar(&report, "report", false, "only regenerate results and report from --out")
+			fs.BoolVar(&dry, "dry-run", false, "print the design's points and lab parameters, run nothing")
+			fs.StringVar(&name, "name", "design", "lab name (namespaces are NAME-NODE)")
+			fs.StringVar(&bin, "bin", "", "mpdetour binary to start in lab nodes (default: this one)")
+			fs.StringVar(&note, "note", "", "note printed at the top of the report")
+		},
+		Run: func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return cli.Usagef("design takes no arguments, got %q", args[0])
+			}
+			if out == "" {
+				out = "bench-results/design"
+			}
+			if report {
+				d, err := Load(out)
+				if err != nil {
+					return err
+				}
+				rep, err := WriteReport(out, d, note)
+				if err != nil {
+					return err
+				}
+				printSummary(rep, out)
+				return nil
+			}
+			spec.Seed = seed
+			spec.Space = Space{Paths: paths, Capacity: capR, RTT: rttR, Loss: lossR, Buffer: bR}
+			d, err := New(spec)
+			if err != nil {
+				return cli.Usagef("%v", err)
+			}
+			if dry {
+				printDesign(d)
+				return nil
+			}
+			for _, p := range d.Procedures {
+				if pol, ok := strings.CutPrefix(p, mptcpName+"-"); ok {
+					if err := AgentHasPolicy(pol); err != nil {
+						return cli.Usagef("%v", err)
+					}
+				}
+			}
+			rep, err := Run(ctx, d, Options{Out: out, Resume: resume, LabName: name, Binary: bin, Progress: os.Stdout, Note: note})
+			if rep != nil {
+				printSummary(rep, out)
+			}
+			if errors.Is(err, context.Canceled) {
+				return fmt.Errorf("interrupted; the lab is down; continue with the same flags and --resume")
+			}
+			return err
+		},
+	}
+}
+
+func printDesign(d *Design) {
+	fmt.Printf("%d points, seed %d, min. distance %.3f (unit cube of %d dimensions)\n", len(d.Points), d.Seed, d.MinDistance, 4*d.Space.Paths)
+	fmt.Printf("base: %s\n", strings.Join(BaseSet(d.Space.Paths).Strings(), " "))
+	for _, pt := range d.Points {
+		fmt.Printf("%s %-4s %s\n", pt.ID, pt.Class(d.LowBDP), strings.Join(pt.Set().Strings(), " "))
+	}
+}
+
+func printSummary(rep *Report, out string) {
+	fmt.Printf("results: %s (report.md, results.json, results.csv, plots)\n", out)
+	for _, proc := range rep.Design.mptcpProcs() {
+		for _, class := range []string{LowBDP, HighBDP, ""} {
+			v := rep.bens(proc, class)
+			if len(v) == 0 {
+				continue
+			}
+			if class == "" {
+				class = "all"
+			}
+			fmt.Printf("%s %s BDP: n=%d median Ben %.2f, Ben>=0.85 %s, Ben>=0 %s\n", proc, class, len(v), quantile(v, 0.5),
+				pct(fracAtLeast(v, TargetLowBen)), pct(fracAtLeast(v, 0)))
+		}
+	}
+}
