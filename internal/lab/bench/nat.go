@@ -223,6 +223,13 @@ func (rs *relays) probe(ctx context.Context, env *Env, node string) error {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Release(rctx, granted.Port()); err != nil {
+		// Under link loss the client resends a release whose reply was
+		// lost, and the relay answers the copy with not-found: the port
+		// is released, which is all the probe needs.
+		var pe *proto.Error
+		if errors.As(err, &pe) && pe.Reason == proto.ReasonNotFound {
+			return nil
+		}
 		return fmt.Errorf("release at relay %s: %w", node, err)
 	}
 	return nil
