@@ -39,6 +39,7 @@ func Command() *cli.Command {
 		seed                  uint64
 		out, name, bin, note  string
 		resume, report, dry   bool
+		shard                 string
 		capR, rttR, lossR, bR Range
 	)
 	def := DefaultSpace(2)
@@ -68,6 +69,7 @@ func Command() *cli.Command {
 			fs.StringVar(&name, "name", "design", "lab name (namespaces are NAME-NODE)")
 			fs.StringVar(&bin, "bin", "", "mpdetour binary to start in lab nodes (default: this one)")
 			fs.StringVar(&note, "note", "", "note printed at the top of the report")
+			fs.StringVar(&shard, "shard", "", "K/N: run only every N-th point starting at the K-th (runs/NAME.shardK), so N processes with different --name can share a design")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
@@ -105,7 +107,13 @@ func Command() *cli.Command {
 					}
 				}
 			}
-			rep, err := Run(ctx, d, Options{Out: out, Resume: resume, LabName: name, Binary: bin, Progress: os.Stdout, Note: note})
+			o := Options{Out: out, Resume: resume, LabName: name, Binary: bin, Progress: os.Stdout, Note: note}
+			if shard != "" {
+				if _, err := fmt.Sscanf(shard, "%d/%d", &o.Shard, &o.Shards); err != nil || o.Shards < 1 || o.Shard < 1 || o.Shard > o.Shards {
+					return cli.Usagef("--shard %q: want K/N with 1 <= K <= N", shard)
+				}
+			}
+			rep, err := Run(ctx, d, o)
 			if rep != nil {
 				printSummary(rep, out)
 			}

@@ -214,6 +214,10 @@ type Options struct {
 	Note     string
 	// Interleave is passed to the bench runner (no effect with 1 trial).
 	Interleave bool
+	// Shard K of Shards (1-based) runs only the points whose index is
+	// K-1 modulo Shards, into runs/NAME.shardK; shards can run at once
+	// with different LabNames. Shards <= 1: every point, runs/NAME.
+	Shard, Shards int
 }
 
 // Run runs the design's remaining points into o.Out (design.json, runs/NAME
@@ -226,13 +230,13 @@ func Run(ctx context.Context, d *Design, o Options) (*Report, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	if o.Shards > 1 && (o.Shard < 1 || o.Shard > o.Shards) {
+		return nil, fmt.Errorf("shard %d of %d", o.Shard, o.Shards)
+	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, err
 	}
 	if old, err := Load(o.Out); err == nil {
-		if !o.Resume {
-			return nil, fmt.Errorf("%s already holds a design: use --resume to continue it or another --out", o.Out)
-		}
 		if !sameDesign(old, d) {
 			return nil, fmt.Errorf("%s holds another design (seed %d, %d points, %d paths): choose another --out", o.Out, old.Seed, len(old.Points), old.Space.Paths)
 		}
@@ -242,6 +246,8 @@ func Run(ctx context.Context, d *Design, o Options) (*Report, error) {
 	if err := d.Save(o.Out); err != nil {
 		return nil, err
 	}
+	// An existing design without --resume is fine only for a shard's
+	// first run: bench.Run refuses a run directory that holds trials.
 	runs, err := d.runs()
 	if err != nil {
 		return nil, err
@@ -257,6 +263,16 @@ func Run(ctx context.Context, d *Design, o Options) (*Report, error) {
 			return nil, err
 		}
 		dir := filepath.Join(o.Out, "runs", r.Name)
+		if o.Shards > 1 {
+			dir += fmt.Sprintf(".shard%d", o.Shard)
+			var cfgs []scenario.Configuration
+			for i, c := range s.Configurations {
+				if i%o.Shards == o.Shard-1 {
+					cfgs = append(cfgs, c)
+				}
+			}
+			s.Configurations = cfgs
+		}
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
@@ -321,31 +337,47 @@ func AgentHasPolicy(policy string) error {
 	return nil
 }
 
-// loadRecords reads the trials of every run of d in dir, each tagged
-// with its run.
-func (d *Design) loadRecords(dir string) (map[string][]results.Record, []run, error) {
+// loadRecords reads the trials of every run of d in dir (all shards of
+// it), by run name, and each shard directory's point start times.
+func (d *Design) loadRecords(dir string) (map[string][]results.Record, []run, [][]time.Time, error) {
 	runs, err := d.runs()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	out := map[string][]results.Record{}
+	var starts [][]time.Time
 	for _, r := range runs {
-		p := filepath.Join(dir, "runs", r.Name, results.TrialsFile)
-		b, err := os.ReadFile(p)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
+		dirs, err := filepath.Glob(filepath.Join(dir, "runs", r.Name+".shard*"))
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		if len(bytes.TrimSpace(b)) == 0 {
-			continue
+		for _, sd := range append([]string{filepath.Join(dir, "runs", r.Name)}, dirs...) {
+			p := filepath.Join(sd, results.TrialsFile)
+			b, err := os.ReadFile(p)
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			if len(bytes.TrimSpace(b)) == 0 {
+				continue
+			}
+			recs, err := results.Load(p)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			out[r.Name] = append(out[r.Name], recs...)
+			var st []time.Time
+			seen := map[string]bool{}
+			for _, rec := range recs {
+				if !seen[rec.Configuration] {
+					seen[rec.Configuration] = true
+					st = append(st, rec.Start)
+				}
+			}
+			starts = append(starts, st)
 		}
-		recs, err := results.Load(p)
-		if err != nil {
-			return nil, nil, err
-		}
-		out[r.Name] = recs
 	}
-	return out, runs, nil
+	return out, runs, starts, nil
 }

@@ -170,12 +170,12 @@ const (
 // WriteReport loads the trials in dir and writes results.json, results.csv,
 // report.md and the plots.
 func WriteReport(dir string, d *Design, note string) (*Report, error) {
-	recs, runs, err := d.loadRecords(dir)
+	recs, runs, starts, err := d.loadRecords(dir)
 	if err != nil {
 		return nil, err
 	}
 	rep := &Report{Design: d, Rows: d.Rows(recs, runs)}
-	rep.timing(recs, runs)
+	rep.timing(recs, runs, starts)
 	if err := writeJSON(filepath.Join(dir, "results.json"), rep.Rows); err != nil {
 		return nil, err
 	}
@@ -190,32 +190,34 @@ func WriteReport(dir string, d *Design, note string) (*Report, error) {
 }
 
 // timing estimates the wall clock per point from the trials' start times:
-// within a run, the time from one point's first trial to the next point's
-// first trial (gaps over 15 min, i.e. interrupted runs, are left out).
-func (rep *Report) timing(recs map[string][]results.Record, runs []run) {
+// all directories' point starts merged in time order, the mean gap between
+// consecutive starts (gaps over 15 min, i.e. interrupted runs, left out) is
+// the time per point and run, shards running at once included.
+func (rep *Report) timing(recs map[string][]results.Record, runs []run, starts [][]time.Time) {
 	dur, _ := time.ParseDuration(rep.Design.Duration)
 	rep.TransferSeconds = dur.Seconds()
+	if len(runs) == 0 {
+		return
+	}
+	done := map[string]bool{}
+	for _, rec := range recs[runs[0].Name] {
+		done[rec.Configuration] = true
+	}
+	rep.PointsDone = len(done)
+	for _, r := range runs {
+		rep.ProceduresPerPoint += len(r.Procs)
+	}
+	var all []time.Time
+	for _, st := range starts {
+		all = append(all, st...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
 	var total float64
 	var n int
-	for _, r := range runs {
-		rs := recs[r.Name]
-		var starts []time.Time
-		seen := map[string]bool{}
-		for _, rec := range rs {
-			if !seen[rec.Configuration] {
-				seen[rec.Configuration] = true
-				starts = append(starts, rec.Start)
-			}
-		}
-		if r.Name == runs[0].Name {
-			rep.PointsDone = len(seen)
-		}
-		rep.ProceduresPerPoint += len(r.Procs)
-		for i := 1; i < len(starts); i++ {
-			if gap := starts[i].Sub(starts[i-1]).Seconds(); gap > 0 && gap < 900 {
-				total += gap
-				n++
-			}
+	for i := 1; i < len(all); i++ {
+		if gap := all[i].Sub(all[i-1]).Seconds(); gap >= 0 && gap < 900 {
+			total += gap
+			n++
 		}
 	}
 	if n > 0 {
