@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -184,7 +185,11 @@ func (d *Design) scenario(r run) (*scenario.Scenario, error) {
 	for _, p := range r.Procs {
 		s.Procedures = append(s.Procedures, p.spec())
 	}
-	for _, pt := range d.Points {
+	// In a seeded random order: WSP walks from each point to its nearest
+	// neighbour, so in design order a run stopped early would have covered
+	// one region; in random order it has a random subset of the design.
+	for _, i := range rand.New(rand.NewPCG(d.Seed, 1)).Perm(len(d.Points)) {
+		pt := d.Points[i]
 		s.Configurations = append(s.Configurations, scenario.Configuration{Name: pt.ID, Set: pt.Set()})
 	}
 	// Through the parser, so the scenario is validated like a file.
