@@ -51,6 +51,7 @@ func Command() *cli.Command {
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.IntVar(&spec.Points, "points", 40, "number of design points")
+			fs.IntVar(&spec.Trials, "trials", 1, "trials per point and procedure (Ben uses the mean single-path goodputs)")
 			fs.Uint64Var(&seed, "seed", 1, "seed of the design (same seed, same points)")
 			fs.IntVar(&paths, "paths", 2, "paths per point: the default path plus paths-1 NAT detours")
 			fs.Var(rangeFlag{&capR}, "capacity", "capacity range per path, Mbit/s (MIN:MAX)")

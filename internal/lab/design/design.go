@@ -32,6 +32,8 @@ type Design struct {
 	Duration   string   `json:"duration"`
 	Warmup     string   `json:"warmup"`
 	CC         string   `json:"cc"`
+	// Trials per point and procedure (0 = 1).
+	Trials int `json:"trials,omitempty"`
 	// MinDistance is the smallest distance between two points in the unit
 	// cube (the WSP dmin).
 	MinDistance float64 `json:"min_distance"`
@@ -48,6 +50,7 @@ type Spec struct {
 	Duration   time.Duration
 	Warmup     time.Duration
 	CC         string
+	Trials     int // per point and procedure; 0 = 1
 }
 
 // New generates the design of spec.
@@ -68,6 +71,12 @@ func New(spec Spec) (*Design, error) {
 	if spec.Warmup >= spec.Duration {
 		return nil, fmt.Errorf("duration %s must be longer than the warm-up %s", spec.Duration, spec.Warmup)
 	}
+	if spec.Trials < 0 || spec.Trials > 100 {
+		return nil, fmt.Errorf("trials %d: want 1..100", spec.Trials)
+	}
+	if spec.Trials == 1 {
+		spec.Trials = 0 // the default, as design.json writes it
+	}
 	if spec.CC == "" {
 		spec.CC = "cubic"
 	}
@@ -80,7 +89,7 @@ func New(spec Spec) (*Design, error) {
 	}
 	d := &Design{
 		Seed: spec.Seed, Space: spec.Space, LowBDP: spec.LowBDP,
-		Duration: spec.Duration.String(), Warmup: spec.Warmup.String(), CC: spec.CC,
+		Duration: spec.Duration.String(), Warmup: spec.Warmup.String(), CC: spec.CC, Trials: spec.Trials,
 		MinDistance: dmin, Points: spec.Space.Points(unit),
 	}
 	for _, p := range procs {
@@ -166,7 +175,7 @@ func (d *Design) scenario(r run) (*scenario.Scenario, error) {
 		Description: fmt.Sprintf("WSP design, %d points over %d paths, seed %d", len(d.Points), d.Space.Paths, d.Seed),
 		Topology:    Topology,
 		Roles:       scenario.Roles{Client: "client", Server: "server"},
-		Trials:      1,
+		Trials:      max(1, d.Trials),
 		CC:          d.CC,
 		Set:         BaseSet(d.Space.Paths),
 	}
@@ -311,7 +320,7 @@ func procNames(ps []Proc) []string {
 
 // sameDesign compares the parts that decide what runs.
 func sameDesign(a, b *Design) bool {
-	return a.Seed == b.Seed && a.Space == b.Space && a.Duration == b.Duration && a.Warmup == b.Warmup &&
+	return a.Seed == b.Seed && a.Space == b.Space && a.Duration == b.Duration && a.Warmup == b.Warmup && a.Trials == b.Trials &&
 		a.CC == b.CC && reflect.DeepEqual(a.Points, b.Points) && reflect.DeepEqual(a.Procedures, b.Procedures)
 }
 

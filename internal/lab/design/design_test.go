@@ -326,10 +326,24 @@ func TestReport(t *testing.T) {
 		}
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, "report.md"))
-	for _, s := range []string{"Worst points: mptcp", "| p002 |", "p003 tcp-path2: failed: boom", "Ben >= 0 in >= 95 %"} {
+	for _, s := range []string{"Worst points: mptcp", "| p002#1 |", "p003 tcp-path2: failed: boom", "Ben >= 0 in >= 95 %"} {
 		if !strings.Contains(string(md), s) {
 			t.Errorf("report lacks %q", s)
 		}
+	}
+}
+
+func TestSingleMeans(t *testing.T) {
+	rows := []Row{
+		{Point: "p1", Procedure: "tcp-path1", Status: results.OK, GoodputMbps: 2},
+		{Point: "p1", Procedure: "tcp-path1", Status: results.OK, GoodputMbps: 4},
+		{Point: "p1", Procedure: "tcp-path1", Status: results.Failed},
+		{Point: "p1", Procedure: "mptcp", Status: results.OK, GoodputMbps: 9},
+		{Point: "p2", Procedure: "tcp-path2", Status: results.OK, GoodputMbps: 5},
+	}
+	m := singleMeans(rows)
+	if len(m) != 2 || m["p1"]["tcp-path1"] != 3 || len(m["p1"]) != 1 || m["p2"]["tcp-path2"] != 5 {
+		t.Errorf("%v", m)
 	}
 }
 

@@ -46,9 +46,9 @@ func (rep *Report) writeCSV(path string) error {
 	}
 	w := csv.NewWriter(f)
 	keys := rep.Design.paramKeys()
-	_ = w.Write(append([]string{"point", "bdp", "procedure", "status", "goodput_mbps", "ben", "ben_capacity"}, keys...))
+	_ = w.Write(append([]string{"point", "trial", "bdp", "procedure", "status", "goodput_mbps", "ben", "ben_capacity"}, keys...))
 	for _, r := range rep.Rows {
-		rec := []string{r.Point, r.BDP, r.Procedure, r.Status, fmt.Sprintf("%.3f", r.GoodputMbps), optF(r.Ben), optF(r.BenCapacity)}
+		rec := []string{r.Point, strconv.Itoa(r.Trial), r.BDP, r.Procedure, r.Status, fmt.Sprintf("%.3f", r.GoodputMbps), optF(r.Ben), optF(r.BenCapacity)}
 		for _, k := range keys {
 			rec = append(rec, strconv.FormatFloat(r.Params[k], 'f', -1, 64))
 		}
@@ -288,15 +288,7 @@ func verdict(f, want float64, n int) string {
 // worst lists the n lowest-Ben rows per MPTCP procedure with the point's
 // parameters, the single-path goodputs and the subflows.
 func (rep *Report) worst(b *strings.Builder, n int) {
-	single := map[string]map[string]float64{}
-	for _, r := range rep.Rows {
-		if strings.HasPrefix(r.Procedure, tcpPathPrefix) && r.Status == results.OK {
-			if single[r.Point] == nil {
-				single[r.Point] = map[string]float64{}
-			}
-			single[r.Point][r.Procedure] = r.GoodputMbps
-		}
-	}
+	single := singleMeans(rep.Rows)
 	d := rep.Design
 	for _, proc := range d.mptcpProcs() {
 		var rows []Row
@@ -310,7 +302,7 @@ func (rep *Report) worst(b *strings.Builder, n int) {
 		}
 		sort.SliceStable(rows, func(i, j int) bool { return *rows[i].Ben < *rows[j].Ben })
 		fmt.Fprintf(b, "## Worst points: %s\n\n", proc)
-		b.WriteString("Per path: capacity Mbit/s / RTT ms / loss % / buffer BDP (queue packets); TCP = single-path goodput there. " +
+		b.WriteString("Per path: capacity Mbit/s / RTT ms / loss % / buffer BDP (queue packets); TCP = single-path goodput there (mean of its trials). " +
 			"Subflows: path, MB acked, smoothed RTT, retransmitted segments.\n\n")
 		b.WriteString("| point | BDP | Ben | MPTCP Mbit/s |")
 		for p := 1; p <= d.Space.Paths; p++ {
@@ -322,7 +314,7 @@ func (rep *Report) worst(b *strings.Builder, n int) {
 		}
 		b.WriteString("---|\n")
 		for _, r := range rows[:min(n, len(rows))] {
-			fmt.Fprintf(b, "| %s | %s | %.2f | %.2f |", r.Point, r.BDP, *r.Ben, r.GoodputMbps)
+			fmt.Fprintf(b, "| %s#%d | %s | %.2f | %.2f |", r.Point, r.Trial, r.BDP, *r.Ben, r.GoodputMbps)
 			for p := 1; p <= d.Space.Paths; p++ {
 				k := strconv.Itoa(p)
 				fmt.Fprintf(b, " %.1f / %.0f / %.2f / %.2f (%.0f) | %.2f |", r.Params["capacity"+k+"_mbps"], r.Params["rtt"+k+"_ms"],

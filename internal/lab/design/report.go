@@ -1,11 +1,11 @@
 package design
 
 import (
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 // Row is one (point, procedure) measurement in results.json.
 type Row struct {
 	Point     string `json:"point"`
+	Trial     int    `json:"trial"`
 	BDP       string `json:"bdp"` // "low" or "high"
 	Procedure string `json:"procedure"`
 	// Policy is the agent policy of an MPTCP row ("" = the agent's default).
@@ -24,8 +25,8 @@ type Row struct {
 	Reason      string  `json:"reason,omitempty"`
 	GoodputMbps float64 `json:"goodput_mbps"`
 	// Ben is the aggregation benefit of an MPTCP row against the measured
-	// single-path goodputs (tcp-path1..N rows of the same point); absent
-	// when one of them is missing.
+	// single-path goodputs (the mean of the tcp-path1..N rows of the same
+	// point); absent when one of them is missing.
 	Ben *float64 `json:"ben,omitempty"`
 	// BenCapacity is Ben against the nominal capacities instead.
 	BenCapacity *float64           `json:"ben_capacity,omitempty"`
@@ -71,49 +72,57 @@ func (d *Design) Rows(recs map[string][]results.Record, runs []run) []Row {
 				continue
 			}
 			rows = append(rows, Row{
-				Point: pt.ID, BDP: pt.Class(d.LowBDP), Procedure: p.Name, Policy: p.Policy,
+				Point: pt.ID, Trial: rec.Trial, BDP: pt.Class(d.LowBDP), Procedure: p.Name, Policy: p.Policy,
 				Status: rec.Status, Reason: rec.Reason, GoodputMbps: rec.GoodputMbps,
 				Params: pt.Params(), Subflows: rec.Subflows, Start: rec.Start, LoadAvg: rec.LoadAvg,
 			})
 		}
 	}
-	// Single-path goodputs per point (the last ok trial of each path).
-	single := map[string][]float64{}
-	for _, row := range rows {
-		var k int
-		if _, err := fmt.Sscanf(row.Procedure, tcpPathPrefix+"%d", &k); err != nil || row.Status != results.OK {
-			continue
-		}
-		if single[row.Point] == nil {
-			single[row.Point] = make([]float64, d.Space.Paths)
-			for i := range single[row.Point] {
-				single[row.Point][i] = math.NaN()
-			}
-		}
-		single[row.Point][k-1] = row.GoodputMbps
-	}
+	// Single-path goodputs per point: the mean of each path's ok trials.
+	single := singleMeans(rows)
 	for i := range rows {
 		row := &rows[i]
 		if strings.HasPrefix(row.Procedure, tcpPathPrefix) || row.Status != results.OK {
 			continue
 		}
 		pt := points[row.Point]
-		var caps []float64
-		for _, p := range pt.Paths {
+		var caps, c []float64
+		for k, p := range pt.Paths {
 			caps = append(caps, p.CapacityMbps)
+			if g, ok := single[row.Point][tcpPathPrefix+strconv.Itoa(k+1)]; ok {
+				c = append(c, g)
+			}
 		}
 		row.BenCapacity = finite(Ben(row.GoodputMbps, caps))
-		c := single[row.Point]
-		complete := c != nil
-		for _, v := range c {
-			complete = complete && !math.IsNaN(v)
-		}
-		if complete {
+		if len(c) == len(pt.Paths) {
 			row.Ben = finite(Ben(row.GoodputMbps, c))
 		}
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Point < rows[j].Point })
 	return rows
+}
+
+// singleMeans is, per point, the mean goodput of each single-path
+// procedure over its ok trials.
+func singleMeans(rows []Row) map[string]map[string]float64 {
+	sum := map[string]map[string]float64{}
+	n := map[string]map[string]float64{}
+	for _, r := range rows {
+		if !strings.HasPrefix(r.Procedure, tcpPathPrefix) || r.Status != results.OK {
+			continue
+		}
+		if sum[r.Point] == nil {
+			sum[r.Point], n[r.Point] = map[string]float64{}, map[string]float64{}
+		}
+		sum[r.Point][r.Procedure] += r.GoodputMbps
+		n[r.Point][r.Procedure]++
+	}
+	for pt, m := range sum {
+		for proc := range m {
+			m[proc] /= n[pt][proc]
+		}
+	}
+	return sum
 }
 
 func finite(v float64) *float64 {
