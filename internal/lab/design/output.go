@@ -125,6 +125,9 @@ func (rep *Report) writePlots(dir string) ([]string, error) {
 	}
 	cdf.Legend.Top, cdf.Legend.Left = true, true
 	cdf.Add(plotter.NewGrid())
+	if err := addTargets(cdf, true); err != nil {
+		return nil, err
+	}
 	if err := save(cdf, "ben-cdf"); err != nil {
 		return nil, err
 	}
@@ -159,11 +162,33 @@ func (rep *Report) writePlots(dir string) ([]string, error) {
 			}
 		}
 		p.Add(plotter.NewGrid())
+		if err := addTargets(p, false); err != nil {
+			return nil, err
+		}
 		if err := save(p, "ben-vs-"+dim); err != nil {
 			return nil, err
 		}
 	}
 	return names, nil
+}
+
+// addTargets marks Ben = 0 and Ben = TargetLowBen with grey lines,
+// vertical in a CDF, horizontal otherwise.
+func addTargets(p *plot.Plot, vertical bool) error {
+	for _, v := range []float64{0, TargetLowBen} {
+		xy := plotter.XYs{{X: p.X.Min, Y: v}, {X: p.X.Max, Y: v}}
+		if vertical {
+			xy = plotter.XYs{{X: v, Y: 0}, {X: v, Y: 1}}
+		}
+		l, err := plotter.NewLine(xy)
+		if err != nil {
+			return err
+		}
+		l.Color = color.Gray{Y: 120}
+		l.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
+		p.Add(l)
+	}
+	return nil
 }
 
 // dimKey is a dimension's row parameter: capacity1 -> capacity1_mbps.
