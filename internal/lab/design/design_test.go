@@ -317,7 +317,7 @@ func TestReport(t *testing.T) {
 	if bens["p001"] == nil || *bens["p001"] != 1 || bens["p002"] == nil || *bens["p002"] != -0.25 || bens["p003"] != nil {
 		t.Errorf("Ben per point: %v %v %v", bens["p001"], bens["p002"], bens["p003"])
 	}
-	if rep.PointsDone != 3 || rep.SecondsPerPoint != 60 || rep.OverheadPerPoint != 30 {
+	if rep.PointsDone != 3 || rep.SecondsPerPoint != 60 || rep.OverheadPerPoint != 30 || rep.EffectiveSecondsPerPoint != 60 {
 		t.Errorf("timing: %d points, %g s per point, %g s overhead", rep.PointsDone, rep.SecondsPerPoint, rep.OverheadPerPoint)
 	}
 	for _, f := range []string{"results.json", "results.csv", "report.md", "ben-cdf.png", "ben-vs-rtt2.svg"} {

@@ -41,11 +41,14 @@ type Report struct {
 	Design *Design
 	Rows   []Row
 	// Timing of the runs, from the trials' start times.
-	PointsDone         int
-	SecondsPerPoint    float64 // mean wall clock per point (all its procedures)
-	OverheadPerPoint   float64 // SecondsPerPoint minus the transfers' durations
-	TransferSeconds    float64 // per procedure and point
-	ProceduresPerPoint int
+	PointsDone      int
+	SecondsPerPoint float64 // mean wall clock per point (all its procedures) in one runner
+	// EffectiveSecondsPerPoint is the wall clock per point with all
+	// shards that ran at once: SecondsPerPoint / the parallel speed-up.
+	EffectiveSecondsPerPoint float64
+	OverheadPerPoint         float64 // SecondsPerPoint minus the transfers' durations
+	TransferSeconds          float64 // per procedure and point
+	ProceduresPerPoint       int
 }
 
 // Ben is the aggregation benefit of goodput g over paths of capacities
@@ -198,10 +201,11 @@ func WriteReport(dir string, d *Design, note string) (*Report, error) {
 	return rep, os.WriteFile(filepath.Join(dir, "report.md"), []byte(rep.Markdown(plots, note)), 0o644)
 }
 
-// timing estimates the wall clock per point from the trials' start times:
-// all directories' point starts merged in time order, the mean gap between
-// consecutive starts (gaps over 15 min, i.e. interrupted runs, left out) is
-// the time per point and run, shards running at once included.
+// timing estimates the wall clock per point from the trials' start times
+// (gaps over 15 min, i.e. interrupted runs, are left out): per runner, the
+// mean time from one point's first trial to the next point's in the same
+// run directory; overall, the same over all directories' starts merged in
+// time order, which is shorter when shards run at once.
 func (rep *Report) timing(recs map[string][]results.Record, runs []run, starts [][]time.Time) {
 	dur, _ := time.ParseDuration(rep.Design.Duration)
 	rep.TransferSeconds = dur.Seconds()
@@ -216,21 +220,34 @@ func (rep *Report) timing(recs map[string][]results.Record, runs []run, starts [
 	for _, r := range runs {
 		rep.ProceduresPerPoint += len(r.Procs)
 	}
-	var all []time.Time
-	for _, st := range starts {
-		all = append(all, st...)
+	meanGap := func(ts []time.Time) (float64, int) {
+		var total float64
+		var n int
+		for i := 1; i < len(ts); i++ {
+			if gap := ts[i].Sub(ts[i-1]).Seconds(); gap >= 0 && gap < 900 {
+				total += gap
+				n++
+			}
+		}
+		return total, n
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
+	var all []time.Time
 	var total float64
 	var n int
-	for i := 1; i < len(all); i++ {
-		if gap := all[i].Sub(all[i-1]).Seconds(); gap >= 0 && gap < 900 {
-			total += gap
-			n++
-		}
+	for _, st := range starts {
+		all = append(all, st...)
+		t, k := meanGap(st)
+		total, n = total+t, n+k
 	}
-	if n > 0 {
-		rep.SecondsPerPoint = total / float64(n) * float64(len(runs))
-		rep.OverheadPerPoint = rep.SecondsPerPoint - float64(rep.ProceduresPerPoint)*rep.TransferSeconds
+	if n == 0 {
+		return
+	}
+	// Runs of several policies run one after the other: a point costs
+	// the sum of its runs.
+	rep.SecondsPerPoint = total / float64(n) * float64(len(runs))
+	rep.OverheadPerPoint = rep.SecondsPerPoint - float64(rep.ProceduresPerPoint)*rep.TransferSeconds
+	sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
+	if t, k := meanGap(all); k > 0 {
+		rep.EffectiveSecondsPerPoint = t / float64(k) * float64(len(runs))
 	}
 }
