@@ -21,3 +21,14 @@ func labBenchCommand() *cli.Command {
 		},
 	}
 }
+
+// labDesignCommand in a `nolab` build is a stub like labBenchCommand.
+func labDesignCommand() *cli.Command {
+	return &cli.Command{
+		Name:    "design",
+		Summary: "not in this build (built with -tags nolab; use the full build for benchmarks)",
+		Run: func(ctx context.Context, args []string) error {
+			return errors.New("lab design: this mpdetour was built with -tags nolab; build it without the tag")
+		},
+	}
+}

@@ -222,6 +222,13 @@ func (rs *relays) probe(ctx context.Context, env *Env, node string) error {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Release(rctx, granted.Port()); err != nil {
+		// Under link loss the client resends a release whose reply was
+		// lost, and the relay answers the copy with not-found: the port
+		// is released, which is all the probe needs.
+		var pe *proto.Error
+		if errors.As(err, &pe) && pe.Reason == proto.ReasonNotFound {
+			return nil
+		}
 		return fmt.Errorf("release at relay %s: %w", node, err)
 	}
 	return nil
@@ -276,6 +283,7 @@ func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, e
 		}
 	}
 	b.WriteString(extra)
+	b.WriteString(env.AgentConfig)
 	path := filepath.Join(env.Dir, "agent.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ type Env struct {
 	Binary           string // mpdetour executable for daemons in lab nodes
 	Dir              string // private scratch directory of the cell
 	Port             int    // the receiver's port on the server
+	AgentConfig      string // YAML appended to agent configurations (Options.AgentConfig)
 }
 
 // Measurement is the outcome of one trial.

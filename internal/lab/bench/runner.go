@@ -50,6 +50,9 @@ type Options struct {
 	Progress io.Writer
 	// Note is added to the report (e.g. why the run is partial).
 	Note string
+	// AgentConfig is YAML appended to every agent configuration the run
+	// writes (e.g. "policy: adaptive\n" once the agent has that key).
+	AgentConfig string
 }
 
 // Run executes the scenario's remaining trials and writes the outputs. On
@@ -215,7 +218,7 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 	base := Env{
 		Lab: l, Roles: roles, CC: r.s.CC,
 		Duration: time.Duration(r.s.Duration), Warmup: time.Duration(r.s.Warmup),
-		Binary: r.o.Binary, Port: receiverPort,
+		Binary: r.o.Binary, Port: receiverPort, AgentConfig: r.o.AgentConfig,
 	}
 	if err := serverJoinLimits(l, roles.Server); err != nil {
 		return fmt.Errorf("configuration %s: %w", cfg.Name, err)

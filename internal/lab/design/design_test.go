@@ -1,0 +1,396 @@
+package design
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
+)
+
+// randomMinDistance is the mean minimum pairwise distance of n uniform
+// random points in [0,1]^dims over a few seeds: what a design that is not
+// space-filling achieves.
+func randomMinDistance(dims, n int) float64 {
+	var sum float64
+	const reps = 5
+	for s := range reps {
+		rng := rand.New(rand.NewPCG(uint64(s), 7))
+		pts := make([][]float64, n)
+		for i := range pts {
+			pts[i] = make([]float64, dims)
+			for j := range pts[i] {
+				pts[i][j] = rng.Float64()
+			}
+		}
+		sum += MinDistance(pts)
+	}
+	return sum / reps
+}
+
+func TestWSPSpaceFilling(t *testing.T) {
+	for _, c := range []struct{ dims, n int }{{2, 20}, {8, 6}, {8, 40}, {8, 200}, {12, 60}} {
+		pts, dmin, err := WSP(c.dims, c.n, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pts) != c.n {
+			t.Fatalf("dims %d: %d points, want %d", c.dims, len(pts), c.n)
+		}
+		for _, p := range pts {
+			if len(p) != c.dims {
+				t.Fatalf("point of %d dims, want %d", len(p), c.dims)
+			}
+			for _, v := range p {
+				if v < 0 || v > 1 {
+					t.Fatalf("coordinate %g outside [0,1]", v)
+				}
+			}
+		}
+		md := MinDistance(pts)
+		if md < dmin {
+			t.Errorf("dims %d n %d: min distance %.4f below the WSP dmin %.4f", c.dims, c.n, md, dmin)
+		}
+		// Space-filling: clearly above random sampling's minimum distance,
+		// and above half the spacing of a regular grid of n points.
+		rnd := randomMinDistance(c.dims, c.n)
+		grid := math.Pow(float64(c.n), -1/float64(c.dims))
+		if md < 1.5*rnd || md < 0.5*grid {
+			t.Errorf("dims %d n %d: min distance %.4f, random %.4f, grid spacing %.4f", c.dims, c.n, md, rnd, grid)
+		}
+		t.Logf("dims %d n %d: min distance %.3f (random %.3f, grid %.3f)", c.dims, c.n, md, rnd, grid)
+	}
+}
+
+func TestWSPReproducible(t *testing.T) {
+	a, _, err := WSP(8, 30, 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, _ := WSP(8, 30, 42)
+	if !reflect.DeepEqual(a, b) {
+		t.Error("same seed, different designs")
+	}
+	c, _, _ := WSP(8, 30, 43)
+	if reflect.DeepEqual(a, c) {
+		t.Error("seeds 42 and 43 gave the same design")
+	}
+}
+
+func TestWSPErrors(t *testing.T) {
+	for _, c := range []struct{ dims, n int }{{0, 5}, {4, 0}, {4, MaxPoints + 1}} {
+		if _, _, err := WSP(c.dims, c.n, 1); err == nil {
+			t.Errorf("WSP(%d, %d): no error", c.dims, c.n)
+		}
+	}
+}
+
+func TestPointsInsideRanges(t *testing.T) {
+	for _, paths := range []int{2, 3} {
+		s := DefaultSpace(paths)
+		d, err := New(Spec{Space: s, Points: 50, Seed: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Points) != 50 {
+			t.Fatalf("%d points", len(d.Points))
+		}
+		for _, pt := range d.Points {
+			if len(pt.Paths) != paths {
+				t.Fatalf("%s: %d paths", pt.ID, len(pt.Paths))
+			}
+			for _, p := range pt.Paths {
+				in := func(v float64, r Range) bool { return v >= r.Min && v <= r.Max }
+				if !in(p.CapacityMbps, s.Capacity) || !in(p.RTTms, s.RTT) || !in(p.LossPct, s.Loss) || !in(p.BufferBDP, s.Buffer) {
+					t.Errorf("%s: %+v outside %+v", pt.ID, p, s)
+				}
+				if p.QueuePackets() < MinQueue {
+					t.Errorf("%s: queue %d", pt.ID, p.QueuePackets())
+				}
+			}
+		}
+		// Every point's parameters are accepted by the lab's topology.
+		topo, err := lab.Builtin(Topology)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range BaseSet(paths) {
+			if err := topo.Set(kv.Key, kv.Value); err != nil {
+				t.Fatalf("%s=%s: %v", kv.Key, kv.Value, err)
+			}
+		}
+		for _, pt := range d.Points[:5] {
+			for _, kv := range pt.Set() {
+				if err := topo.Set(kv.Key, kv.Value); err != nil {
+					t.Fatalf("%s: %s=%s: %v", pt.ID, kv.Key, kv.Value, err)
+				}
+			}
+		}
+		// And the generated scenarios parse, with one cell per procedure.
+		runs, err := d.runs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s0, err := d.scenario(runs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(s0.Cells()); got != 50*(paths+1) {
+			t.Errorf("%d cells, want %d", got, 50*(paths+1))
+		}
+	}
+}
+
+func TestPointMapping(t *testing.T) {
+	pt := Point{ID: "p001", Paths: []Path{
+		{CapacityMbps: 10, RTTms: 100, LossPct: 0.5, BufferBDP: 1},     // BDP 125000 B: 83 packets
+		{CapacityMbps: 1.5, RTTms: 10.002, LossPct: 0, BufferBDP: 0.1}, // tiny: MinQueue
+	}}
+	got := strings.Join(pt.Set().Strings(), " ")
+	want := "C0.rate=10000kbit C0.delay=50000us C0.loss=0.5% C0.queue=83 C1.rate=1500kbit C1.delay=5001us C1.loss=0% C1.queue=2"
+	if got != want {
+		t.Errorf("Set:\n got %s\nwant %s", got, want)
+	}
+	if c := pt.Class(DefaultLowBDP); c != LowBDP {
+		t.Errorf("class %s", c)
+	}
+	pt.Paths[1].CapacityMbps = 100 // 100 Mbit/s x 10 ms: still low
+	if c := pt.Class(DefaultLowBDP); c != LowBDP {
+		t.Errorf("class %s", c)
+	}
+	pt.Paths[0].RTTms = 600 // 750 kB: above 625 kB
+	if c := pt.Class(DefaultLowBDP); c != HighBDP {
+		t.Errorf("class %s", c)
+	}
+}
+
+func TestBen(t *testing.T) {
+	nan := math.NaN()
+	for _, c := range []struct {
+		g    float64
+		caps []float64
+		want float64
+	}{
+		{10, []float64{10, 10}, 0},      // as good as the best path
+		{20, []float64{10, 10}, 1},      // perfect pooling
+		{15, []float64{10, 10}, 0.5},    // half of the second path
+		{5, []float64{10, 10}, -0.5},    // worse than the best path
+		{0, []float64{10, 4}, -1},       // nothing
+		{14, []float64{4, 10}, 1},       // order does not matter
+		{12, []float64{10, 4}, 0.5},     // unequal paths
+		{11, []float64{10, 2, 2}, 0.25}, // three paths
+		{30, []float64{10, 10}, 2},      // above the sum (loss-limited single paths)
+		{10, []float64{}, nan},          // no paths
+		{10, []float64{0, 0}, nan},      // nothing to compare with
+		{12, []float64{10}, nan},        // above a single path: undefined
+		{8, []float64{10}, -0.2},        // below a single path
+	} {
+		got := Ben(c.g, c.caps)
+		if math.IsNaN(c.want) != math.IsNaN(got) || (!math.IsNaN(c.want) && math.Abs(got-c.want) > 1e-9) {
+			t.Errorf("Ben(%g, %v) = %g, want %g", c.g, c.caps, got, c.want)
+		}
+	}
+}
+
+func TestParseRange(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want Range
+		ok   bool
+	}{
+		{"1:100", Range{1, 100}, true},
+		{" 0.1 : 2 ", Range{0.1, 2}, true},
+		{"5", Range{5, 5}, true},
+		{"2:1", Range{}, false},
+		{"a:b", Range{}, false},
+		{"1:", Range{}, false},
+		{"NaN:1", Range{}, false},
+		{"0:Inf", Range{}, false},
+		{"", Range{}, false},
+	} {
+		got, err := ParseRange(c.in)
+		if (err == nil) != c.ok || (c.ok && got != c.want) {
+			t.Errorf("ParseRange(%q) = %v, %v", c.in, got, err)
+		}
+	}
+}
+
+func TestParseProcedures(t *testing.T) {
+	ps, err := ParseProcedures("", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(procNames(ps), ","); got != "tcp-path1,tcp-path2,tcp-path3,mptcp" {
+		t.Errorf("default: %s", got)
+	}
+	cells := []string{}
+	for _, p := range ps {
+		cells = append(cells, p.cellID())
+	}
+	if got := strings.Join(cells, ","); got != "tcp,tcp-nat@detour1,tcp-nat@detour2,mptcp-nat" {
+		t.Errorf("cells: %s", got)
+	}
+	for _, bad := range []string{"tcp-path3", "tcp-path0", "tcp-path01", "mptcp-foo", "tcp", "mptcp,mptcp", ""} {
+		if bad == "" {
+			continue
+		}
+		if _, err := ParseProcedures(bad, 2); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	ps, err = ParseProcedures("mptcp-adaptive, tcp-path2", 2)
+	if err != nil || ps[0].Policy != "adaptive" || ps[1].Path != 2 {
+		t.Errorf("%+v %v", ps, err)
+	}
+}
+
+func TestRuns(t *testing.T) {
+	d := &Design{Space: DefaultSpace(2), Procedures: []string{"mptcp-static", "tcp-path1", "mptcp-adaptive", "tcp-path2", "mptcp"}}
+	rs, err := d.runs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rs {
+		got = append(got, r.Name+":"+strings.Join(procNames(r.Procs), "+"))
+	}
+	want := "static:tcp-path1+tcp-path2+mptcp-static adaptive:mptcp-adaptive default:mptcp"
+	if strings.Join(got, " ") != want {
+		t.Errorf("runs %s, want %s", strings.Join(got, " "), want)
+	}
+}
+
+// TestReport builds rows and the report from synthetic trials (no lab).
+func TestReport(t *testing.T) {
+	d, err := New(Spec{Space: DefaultSpace(2), Points: 4, Seed: 9, Duration: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := d.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	d2, err := Load(dir)
+	if err != nil || !sameDesign(d, d2) {
+		t.Fatalf("reloaded design differs: %v", err)
+	}
+	st, _, err := results.Open(filepath.Join(dir, "runs", "default"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	good := map[string][3]float64{"p001": {10, 5, 15}, "p002": {4, 8, 6}, "p003": {2, 2, 4}}
+	i := 0
+	for _, pt := range []string{"p001", "p002", "p003"} {
+		for k, cell := range []string{"tcp", "tcp-nat@detour1", "mptcp-nat"} {
+			rec := results.Record{Scenario: "design-default", Configuration: pt, Cell: cell, Procedure: strings.Split(cell, "@")[0], Trial: 1, Status: results.OK,
+				GoodputMbps: good[pt][k], Start: t0.Add(time.Duration(i) * 20 * time.Second)}
+			if pt == "p003" && k == 1 {
+				rec.Status, rec.GoodputMbps, rec.Reason = results.Failed, 0, "boom"
+			}
+			if err := st.Append(rec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		i += 3
+	}
+	st.Close()
+	rep, err := WriteReport(dir, d, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bens := map[string]*float64{}
+	for _, r := range rep.Rows {
+		if r.Procedure == "mptcp" {
+			bens[r.Point] = r.Ben
+		}
+		if r.Params["capacity1_mbps"] == 0 || r.BDP == "" {
+			t.Errorf("row without parameters: %+v", r)
+		}
+	}
+	if bens["p001"] == nil || *bens["p001"] != 1 || bens["p002"] == nil || *bens["p002"] != -0.25 || bens["p003"] != nil {
+		t.Errorf("Ben per point: %v %v %v", bens["p001"], bens["p002"], bens["p003"])
+	}
+	if rep.PointsDone != 3 || rep.SecondsPerPoint != 60 || rep.OverheadPerPoint != 30 || rep.EffectiveSecondsPerPoint != 60 {
+		t.Errorf("timing: %d points, %g s per point, %g s overhead", rep.PointsDone, rep.SecondsPerPoint, rep.OverheadPerPoint)
+	}
+	for _, f := range []string{"results.json", "results.csv", "report.md", "ben-cdf.png", "ben-vs-rtt2.svg"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+	for _, s := range []string{"Worst points: mptcp", "| p002#1 |", "p003 tcp-path2: failed: boom", "Ben >= 0 in >= 95 %"} {
+		if !strings.Contains(string(md), s) {
+			t.Errorf("report lacks %q", s)
+		}
+	}
+}
+
+func TestSingleMeans(t *testing.T) {
+	rows := []Row{
+		{Point: "p1", Procedure: "tcp-path1", Status: results.OK, GoodputMbps: 2},
+		{Point: "p1", Procedure: "tcp-path1", Status: results.OK, GoodputMbps: 4},
+		{Point: "p1", Procedure: "tcp-path1", Status: results.Failed},
+		{Point: "p1", Procedure: "mptcp", Status: results.OK, GoodputMbps: 9},
+		{Point: "p2", Procedure: "tcp-path2", Status: results.OK, GoodputMbps: 5},
+	}
+	m := singleMeans(rows)
+	if len(m) != 2 || m["p1"]["tcp-path1"] != 3 || len(m["p1"]) != 1 || m["p2"]["tcp-path2"] != 5 {
+		t.Errorf("%v", m)
+	}
+}
+
+func TestAgentPolicyHook(t *testing.T) {
+	// Whatever this build's agent says, the answer names the policy.
+	if err := AgentHasPolicy("adaptive"); err != nil && !strings.Contains(err.Error(), "adaptive") {
+		t.Error(err)
+	}
+}
+
+func FuzzParseRange(f *testing.F) {
+	for _, s := range []string{"1:100", "0.1:2", "5", "2:1", ":", "1e308:1e309", "-0:0", "0x10:0x20", "NaN"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParseRange(s)
+		if err != nil {
+			return
+		}
+		if math.IsNaN(r.Min) || math.IsInf(r.Min, 0) || math.IsInf(r.Max, 0) || r.Min > r.Max {
+			t.Fatalf("%q -> %+v", s, r)
+		}
+		if r2, err := ParseRange(r.String()); err != nil || r2 != r {
+			t.Fatalf("%q -> %+v -> %q -> %+v, %v", s, r, r.String(), r2, err)
+		}
+	})
+}
+
+func FuzzParseProcedures(f *testing.F) {
+	for _, s := range []string{"", "tcp-path1,tcp-path2,mptcp", "mptcp-adaptive", "tcp-path9", "tcp-path+1", "mptcp,,"} {
+		f.Add(s, 2)
+	}
+	f.Fuzz(func(t *testing.T, s string, paths int) {
+		if paths < 2 || paths > MaxPaths {
+			return
+		}
+		ps, err := ParseProcedures(s, paths)
+		if err != nil {
+			return
+		}
+		for _, p := range ps {
+			if p.Path < 0 || p.Path > paths {
+				t.Fatalf("%q: path %d of %d", s, p.Path, paths)
+			}
+			if q, err := parseProc(p.Name, paths); err != nil || q != p {
+				t.Fatalf("%q: %+v does not round-trip: %+v %v", s, p, q, err)
+			}
+		}
+	})
+}
