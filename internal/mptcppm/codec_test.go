@@ -153,3 +153,12 @@ func FuzzDecodeDiag(f *testing.F) {
 		_, _ = DecodeMPTCPInfo(b)
 	})
 }
+
+// The address attribute of mptcp_pm messages (issue 16 #14).
+func FuzzDecodeAddr(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{0x06, 0x00, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, 0x08, 0x00, 0x03, 0x00, 0x0a, 0x00, 0x00, 0x01})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = decodeAddr(b)
+	})
+}

@@ -291,3 +291,21 @@ func openTunnel(t *testing.T, ln *line, priv proto.Key) *tunnel.Client {
 	t.Fatalf("tunnel over the control channel: %v", err)
 	return nil
 }
+
+// The relay config's tunnel section (issue 16 #14).
+func FuzzParseTunnelSection(f *testing.F) {
+	f.Add([]byte("tunnel:\n  subnet: 100.90.0.0/16\n  listen_port: 5000\n  allow_destinations: [10.0.0.0/8]\n"))
+	f.Add([]byte("tunnel: {backend: magic, endpoint: 1.2.3.4}\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var top struct {
+			Tunnel config.Node `yaml:"tunnel"`
+		}
+		if _, err := config.Parse("f.yaml", b, &top); err != nil || top.Tunnel.Kind == 0 {
+			return
+		}
+		sc, _, err := ParseConfig(config.NewDoc("f.yaml", "tunnel", &top.Tunnel))
+		if err == nil && (!sc.Subnet.IsValid() || sc.ListenPort == 0) {
+			t.Fatalf("accepted an inconsistent section: %+v", sc)
+		}
+	})
+}

@@ -1,0 +1,44 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"testing"
+)
+
+// Untrusted or external bytes the relay parses (issue 16 #14): its config
+// file, the kernel's /proc/net/tcp, nftables element replies. Errors, never
+// panics; what is accepted is consistent.
+
+func FuzzRelayParseConfig(f *testing.F) {
+	f.Add([]byte("listen: 0.0.0.0:45673\nprivate_key: qEXS+hHDGLa3JUTbhhAoKZfn801wYM7dNt+pqnuC4XA=\nmembers:\n  - {name: a, public_key: mN2TeWHHug6AVNfO1hbb4+4npFJSyQH6lJZp/9ysN3s=}\n"))
+	f.Add([]byte("members: []\nlegacy_v1: {enabled: true}\nprivate_key: qEXS+hHDGLa3JUTbhhAoKZfn801wYM7dNt+pqnuC4XA=\nports: 1-2\nlease: 2s\n"))
+	f.Add([]byte("tunnel: {subnet: 100.80.0.0/16}\nquota: {per_member: -1}\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := ParseConfig(b)
+		if err != nil {
+			return
+		}
+		if s.PortLo == 0 || s.PortLo > s.PortHi || s.Lease <= 0 || (len(s.Members) == 0 && !s.Legacy) {
+			t.Fatalf("accepted an inconsistent config: %+v", s)
+		}
+	})
+}
+
+func FuzzParseProcNetTCP(f *testing.F) {
+	f.Add([]byte("  sl  local_address rem_address   st\n   0: 00000000:1F90 00000000:0000 0A\n   1: 0100007F:0035 00000000:0000 0A\n"))
+	f.Add([]byte("hdr\n 0: zz 0 0A\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ports := map[uint16]bool{}
+		_ = parseProcNetTCP(bufio.NewScanner(bytes.NewReader(b)), ports)
+	})
+}
+
+func FuzzParseElemReply(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{0x02, 0, 0, 0, 0x08, 0, 0x01, 0, 'x', 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out := map[mapKey]Counter{}
+		_ = parseElemReply(b, out)
+	})
+}
