@@ -188,17 +188,17 @@ type ksub struct {
 	lastProgress time.Time
 	rtt          time.Duration
 	rate, loss   float64
-	recvd        bool      // has ever received data
-	dead         bool      // the watchdog declared it dead (initial/announced: set backup)
+	recvd        bool // has ever received data
+	dead         bool // the watchdog declared it dead (initial/announced: set backup)
 	// retryAt is when a dead default or announced path is given another
 	// chance as active (a backup subflow carries nothing new, so it cannot
 	// show by itself that its path came back); retryGap doubles per failed
 	// retry, from 1 s up to Hold.
-	retryAt  time.Time
-	retryGap time.Duration
-	keepUntil    time.Time // proven useful (or set aside): not tested again before
-	setAside     bool      // we marked it backup (not the configuration)
-	proven       bool      // delivered after MinLifetime: its detour is healthy
+	retryAt   time.Time
+	retryGap  time.Duration
+	keepUntil time.Time // proven useful (or set aside): not tested again before
+	setAside  bool      // we marked it backup (not the configuration)
+	proven    bool      // delivered after MinLifetime: its detour is healthy
 }
 
 type health struct {
