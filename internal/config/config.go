@@ -100,6 +100,30 @@ func NewDoc(file, path string, n *yaml.Node) *Doc {
 	return &Doc{file: file, root: n, path: path}
 }
 
+// Same says whether two documents (or sections) have the same content,
+// positions and comments aside: what a reload compares.
+func (d *Doc) Same(o *Doc) bool {
+	if d == nil || o == nil || d.root == nil || o.root == nil {
+		return (d == nil || d.root == nil) == (o == nil || o.root == nil)
+	}
+	a, errA := yaml.Marshal(stripped(d.root))
+	b, errB := yaml.Marshal(stripped(o.root))
+	return errA == nil && errB == nil && bytes.Equal(a, b)
+}
+
+// stripped copies a node tree without comments, positions and styles
+// (flow or block, quoting): the tag says what a scalar is.
+func stripped(n *yaml.Node) *yaml.Node {
+	c := &yaml.Node{Kind: n.Kind, Tag: n.ShortTag(), Value: n.Value}
+	if n.Alias != nil {
+		c.Alias = stripped(n.Alias)
+	}
+	for _, x := range n.Content {
+		c.Content = append(c.Content, stripped(x))
+	}
+	return c
+}
+
 // File is the file name errors carry.
 func (d *Doc) File() string { return d.file }
 

@@ -126,3 +126,22 @@ func FuzzParse(f *testing.F) {
 		_ = d.Locate(errors.New("items[0].address: x"))
 	})
 }
+
+func TestSame(t *testing.T) {
+	parse := func(src string) *Doc {
+		var v struct {
+			Section Node `yaml:"section"`
+		}
+		d, err := Parse("f.yaml", []byte(src), &v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return NewDoc(d.File(), "section", &v.Section)
+	}
+	a := parse("section: {a: 1, b: [x, y]}\n")
+	b := parse("# moved and commented\n\nsection:\n  a: 1   # same\n  b: [x, y]\n")
+	c := parse("section: {a: 2, b: [x, y]}\n")
+	if !a.Same(b) || a.Same(c) || !(*Doc)(nil).Same(nil) || a.Same(nil) {
+		t.Fatalf("Same: a~b %v a~c %v", a.Same(b), a.Same(c))
+	}
+}

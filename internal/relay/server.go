@@ -814,6 +814,12 @@ func (s *Server) applyReload(set *Settings) {
 		s.log.Warn("reload: listen address, private key and legacy_v1 change only on restart")
 		set.Listen, set.PrivateKey, set.Legacy, set.LegacyListen = s.set.Listen, s.set.PrivateKey, s.set.Legacy, s.set.LegacyListen
 	}
+	if !set.Tunnel.Same(s.set.Tunnel) {
+		// The WireGuard device, its subnet, port and destination policy are
+		// set up once; re-creating them would drop every tunnel.
+		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
+	}
+	set.Tunnel = s.set.Tunnel
 	var revoked []*mapping
 	for _, m := range s.leases.byKey {
 		if !m.Owner.Key.IsZero() {
