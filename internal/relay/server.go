@@ -65,6 +65,8 @@ type Server struct {
 	log    *slog.Logger
 	dp     dataPlane
 	lock   *net.UnixListener // one relay per network namespace
+	// refusals summarises refused handshakes in the log (bounded lines).
+	refusals refusalLog
 	pc     *ipv4.PacketConn
 	conn   *net.UDPConn
 	legacy *net.UDPConn
@@ -236,6 +238,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		case <-sweep.C:
 			now := s.now()
 			s.expire(now)
+			s.refusals.flush(s.log, now)
 			if now.Sub(lastClose) >= closeEvery {
 				s.ensureTable()
 				s.reap(now, false)
@@ -453,25 +456,27 @@ func (s *Server) handleInit(p packet) {
 	}
 	if !s.addrAllowed(p.from.Addr()) || !s.inits.take(s.now(), initRate, initBurst) {
 		s.count("handshake", proto.ReasonRateLimited)
+		s.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
 		return
 	}
 	acc, err := proto.ConsumeInitiation(s.set.PrivateKey, in)
 	if err != nil {
 		r := proto.ReasonOf(err)
 		s.count("handshake", r)
+		s.refusals.note(s.log, s.now(), r, p.from, "")
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: in.Sender}), p.from, p.dst)
 		return
 	}
 	name, member := s.set.Members[acc.Peer]
 	if !member {
 		s.count("handshake", proto.ReasonUnauthorized)
-		s.log.Info("handshake from unknown key", "from", p.from, "key_id", acc.Peer.ID())
+		s.refusals.note(s.log, s.now(), proto.ReasonUnauthorized, p.from, "unknown key "+acc.Peer.ID())
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonUnauthorized, Index: in.Sender}), p.from, p.dst)
 		return
 	}
 	if last, ok := s.lastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
 		s.count("handshake", proto.ReasonReplay)
-		s.log.Info("replayed handshake", "member", name, "from", p.from)
+		s.refusals.note(s.log, s.now(), proto.ReasonReplay, p.from, "member "+name)
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonReplay, Index: in.Sender}), p.from, p.dst)
 		return
 	}

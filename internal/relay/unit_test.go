@@ -2,6 +2,8 @@ package relay
 
 import (
 	"bufio"
+	"bytes"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
@@ -167,5 +169,24 @@ func TestMetricLabelsBounded(t *testing.T) {
 		if op, r := metricLabels(c.op, c.r); op != c.op2 || r != c.r2 {
 			t.Errorf("metricLabels(%q, %d) = %q, %q; want %q, %q", c.op, c.r, op, r, c.op2, c.r2)
 		}
+	}
+}
+
+// Refused handshakes: the first of a window is logged, the rest summarised
+// in one line per window (a flood must not flood the log).
+func TestRefusalLogBounded(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	var r refusalLog
+	t0 := time.Unix(1000, 0)
+	from := netip.MustParseAddrPort("192.0.2.1:1000")
+	for i := 0; i < 5000; i++ {
+		r.note(log, t0.Add(time.Duration(i)*time.Millisecond), proto.ReasonUnauthorized, from, "unknown key")
+		r.flush(log, t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	r.flush(log, t0.Add(11*time.Second))
+	lines := strings.Count(buf.String(), "\n")
+	if lines != 2 || !strings.Contains(buf.String(), "unauthorized=4999") {
+		t.Fatalf("%d log lines for 5000 refusals:\n%s", lines, buf.String())
 	}
 }
