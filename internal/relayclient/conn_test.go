@@ -284,3 +284,32 @@ func TestSourceRenewsAndReleases(t *testing.T) {
 		t.Fatalf("%d releases", r.count(proto.OpRelease))
 	}
 }
+
+// A connection that closes before its grant arrives (issue 16 #12): the
+// grant is given back as soon as it arrives, not kept until its lease ends.
+func TestSourceReleasesGrantThatArrivesAfterRelease(t *testing.T) {
+	m := memberKey(t)
+	r := newFakeRelay(t, m.Public())
+	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	server := netip.MustParseAddrPort("192.0.2.10:5201")
+	s.Prepare(server)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.Release(ctx, server); err != nil { // before the grant's reply
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for r.count(proto.OpRelease) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r.count(proto.OpGrant) != 1 || r.count(proto.OpRelease) != 1 {
+		t.Fatalf("relay saw %d grants and %d releases, want 1 and 1", r.count(proto.OpGrant), r.count(proto.OpRelease))
+	}
+	if ds := s.Detours(server); len(ds) != 0 {
+		t.Fatalf("released server still has detours %v", ds)
+	}
+}
