@@ -54,6 +54,11 @@ type Conn struct {
 	mu       sync.Mutex
 	ses      *proto.Session
 	prev     *proto.Session // replaced by a rekey; replies may still arrive on it
+	// suspect is the session an (unauthenticated) error packet said the
+	// relay lost: a new handshake starts, the session stays until it
+	// completes (make-before-break), so a forged error cannot cut us off.
+	suspect     *proto.Session
+	suspectSent time.Time
 	sesReady chan struct{}  // closed when ses is set; replaced when dropped
 	inits    map[uint32]*pendingInit
 	pending  map[uint32]chan proto.Reply
@@ -147,6 +152,18 @@ func (c *Conn) handshaker() {
 		ses := c.ses
 		c.mu.Unlock()
 		need := ses == nil || time.Since(ses.Created) > c.rekey
+		if !need && c.suspected(ses) {
+			// At most one extra handshake per second however many error
+			// packets arrive (they are unauthenticated).
+			need = true
+			c.mu.Lock()
+			if time.Since(c.suspectSent) < time.Second {
+				need = false
+			} else {
+				c.suspectSent = time.Now()
+			}
+			c.mu.Unlock()
+		}
 		if need {
 			if err := c.sendInit(); err != nil {
 				c.log.Debug("handshake send", "relay", c.relay.Name, "err", err)
@@ -189,6 +206,13 @@ func (c *Conn) sendInit() error {
 	c.mu.Unlock()
 	_, err = c.pc.WriteTo(in.Packet, net.UDPAddrFromAddrPort(c.relay.Addr))
 	return err
+}
+
+// suspected says whether ses is the session an error packet put in doubt.
+func (c *Conn) suspected(ses *proto.Session) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.suspect != nil && c.suspect == ses
 }
 
 func (c *Conn) dropSession(s *proto.Session) {
@@ -278,8 +302,16 @@ func (c *Conn) dispatch(b []byte) {
 			c.log.Debug("handshake refused", "relay", c.relay.Name, "reason", e.Reason)
 		}
 		if ses != nil && e.Index == ses.Remote && (e.Reason == proto.ReasonNoSession || e.Reason == proto.ReasonAddressChanged) {
-			c.log.Debug("relay dropped our session", "relay", c.relay.Name, "reason", e.Reason)
-			c.dropSession(ses)
+			// Error packets are not authenticated: hand shake again but
+			// keep the session until the new one is up (make-before-break).
+			c.log.Debug("relay says it lost our session; handshaking again", "relay", c.relay.Name, "reason", e.Reason)
+			c.mu.Lock()
+			c.suspect = ses
+			c.mu.Unlock()
+			select {
+			case c.kick <- struct{}{}:
+			default:
+			}
 		}
 	case proto.TypeTransport:
 		t, err := proto.ParseTransport(b)

@@ -313,3 +313,52 @@ func TestSourceReleasesGrantThatArrivesAfterRelease(t *testing.T) {
 		t.Fatalf("released server still has detours %v", ds)
 	}
 }
+
+// Error packets are not authenticated (issue 16 #3): forged
+// "address-changed" errors naming our session must not cut the client off.
+// It hand shakes again (at most once a second) but keeps its session until
+// the new one is up, so requests keep working throughout.
+func TestForgedErrorsDoNotDropTheSession(t *testing.T) {
+	m := memberKey(t)
+	r := newFakeRelay(t, m.Public())
+	c, err := Dial(r.relay(), m, Options{Retransmit: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Do(ctx, proto.Request{Op: proto.OpPing}); err != nil {
+		t.Fatal(err)
+	}
+	// An on-path attacker spoofs the relay's address: send from its socket.
+	attacker := r.pc
+	port := c.pc.LocalAddr().(*net.UDPAddr).Port
+	inits := r.inits.Load()
+	dropped := 0
+	for i := 0; i < 200; i++ {
+		// The attacker sees the current session's index on the wire.
+		c.mu.Lock()
+		cur := c.ses
+		c.mu.Unlock()
+		if cur == nil {
+			dropped++
+			time.Sleep(2 * time.Millisecond)
+			continue
+		}
+		forged := proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonAddressChanged, Index: cur.Remote})
+		if _, err := attacker.WriteToUDP(forged, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if dropped > 0 {
+		t.Errorf("the session was gone %d times during the forged errors", dropped)
+	}
+	if _, err := c.Do(ctx, proto.Request{Op: proto.OpPing}); err != nil {
+		t.Fatalf("request after forged errors: %v", err)
+	}
+	if n := r.inits.Load() - inits; n < 1 || n > 3 {
+		t.Fatalf("%d handshakes for 200 forged errors in ~0.5 s, want 1-3 (bounded)", n)
+	}
+}
