@@ -3,8 +3,9 @@
 // data plane (forwarding, nftables, WireGuard), a client's relays (a real
 // handshake with each) and, given a server, whether MPTCP options survive
 // the path through each relay. It only reads state and opens short-lived
-// connections; it changes nothing on the host (a granted test detour is
-// released before it returns).
+// connections; it changes nothing on the host. A test detour it asks a relay
+// for is not released (a running agent of the same member may share it: a
+// relay hands one mapping per member and server); it lapses with its lease.
 package doctor
 
 import (
@@ -219,9 +220,6 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 	if to <= 0 {
 		to = 3 * time.Second
 	}
-	if cfg.Server.IsValid() {
-		r.mptcpPath(ctx, "direct", cfg.Server, to)
-	}
 	for _, rel := range cfg.Source.Relays {
 		c, err := relayclient.Dial(rel, cfg.Source.PrivateKey, cfg.Source.Options)
 		if err != nil {
@@ -248,6 +246,12 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 		}
 		c.Close()
 	}
+	// Direct last: a running agent reacts to this connection by asking the
+	// relays for the same server, and grants are shared per member and
+	// server; the detour checks above are done by then.
+	if cfg.Server.IsValid() {
+		r.mptcpPath(ctx, "direct", cfg.Server, to)
+	}
 	return r
 }
 
@@ -270,11 +274,9 @@ func (r *Report) detourPath(ctx context.Context, c *relayclient.Conn, name strin
 		r.add("client", "detour via "+name, Fail, "grant to "+server.String()+": "+err.Error(), fixFor(err))
 		return
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(ctx, to)
-		defer cancel()
-		_ = c.Release(rctx, d.Port())
-	}()
+	// Not released: a relay returns the same mapping to every request of a
+	// member for a server, so a running agent may be using this very one;
+	// it lapses with its lease if nobody renews it.
 	r.mptcpPath(ctx, "detour via "+name, d, to)
 }
 
