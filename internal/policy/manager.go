@@ -221,6 +221,13 @@ func NewAdaptive(cfg Config, sources []detour.Source) *Manager {
 	return New(cfg, sources)
 }
 
+// positive sets *p to def unless it is positive already.
+func positive[T int | float64 | time.Duration](p *T, def T) {
+	if *p <= 0 {
+		*p = def
+	}
+}
+
 // New returns a Manager in cfg.Mode (static when unset).
 func New(cfg Config, sources []detour.Source) *Manager {
 	if cfg.Mode == 0 {
@@ -234,39 +241,19 @@ func New(cfg Config, sources []detour.Source) *Manager {
 	if cfg.Announced == 0 {
 		cfg.Announced = 2
 	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = 65536
-	}
-	if cfg.Backoff <= 0 {
-		cfg.Backoff = time.Second
-	}
+	positive(&cfg.MaxConns, 65536)
+	positive(&cfg.Backoff, time.Second)
 	if cfg.MaxBackoff < cfg.Backoff {
 		cfg.MaxBackoff = 60 * time.Second
 	}
-	if cfg.ConnectTimeout <= 0 {
-		cfg.ConnectTimeout = 3 * time.Second
-	}
-	if cfg.MinLifetime <= 0 {
-		cfg.MinLifetime = 2 * time.Second
-	}
-	if cfg.StallRetransmits <= 0 {
-		cfg.StallRetransmits = 3
-	}
-	if cfg.Watchdog <= 0 {
-		cfg.Watchdog = 200 * time.Millisecond
-	}
-	if cfg.Window <= 0 {
-		cfg.Window = 2 * time.Second
-	}
-	if cfg.Hold <= 0 {
-		cfg.Hold = 30 * time.Second
-	}
-	if cfg.HarmLoss <= 0 {
-		cfg.HarmLoss = 0.02
-	}
-	if cfg.HarmRTT <= 0 {
-		cfg.HarmRTT = 3
-	}
+	positive(&cfg.ConnectTimeout, 3*time.Second)
+	positive(&cfg.MinLifetime, 2*time.Second)
+	positive(&cfg.StallRetransmits, 3)
+	positive(&cfg.Watchdog, 200*time.Millisecond)
+	positive(&cfg.Window, 2*time.Second)
+	positive(&cfg.Hold, 30*time.Second)
+	positive(&cfg.HarmLoss, 0.02)
+	positive(&cfg.HarmRTT, 3)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
