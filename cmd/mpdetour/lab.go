@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 )
 
 // setFlags collects repeated --set KEY=VALUE flags in order.
@@ -31,11 +32,11 @@ func (s *setFlags) Set(v string) error {
 }
 
 // loadTopology takes a built-in name or a file path.
-func loadTopology(arg string) (*lab.Topology, error) {
+func loadTopology(arg string) (*topology.Topology, error) {
 	if _, err := os.Stat(arg); err == nil || strings.ContainsAny(arg, "/.") {
-		return lab.LoadFile(arg)
+		return topology.LoadFile(arg)
 	}
-	return lab.Builtin(arg)
+	return topology.Builtin(arg)
 }
 
 // labCommand builds the lab command group.
@@ -55,7 +56,7 @@ func labCommand() *cli.Command {
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) != 1 {
-				return cli.Usagef("lab up takes one TOPOLOGY (a file or one of: %s)", strings.Join(lab.Builtins(), ", "))
+				return cli.Usagef("lab up takes one TOPOLOGY (a file or one of: %s)", strings.Join(topology.Builtins(), ", "))
 			}
 			t, err := loadTopology(args[0])
 			if err != nil {
@@ -69,7 +70,7 @@ func labCommand() *cli.Command {
 			if name == "" {
 				name = t.Name
 			}
-			if err := lab.CheckLabName(name); err != nil {
+			if err := topology.CheckLabName(name); err != nil {
 				return cli.Usagef("%v", err)
 			}
 			start := time.Now()
@@ -190,7 +191,7 @@ func labCommand() *cli.Command {
 			if len(args) != 1 {
 				return cli.Usagef("lab down takes one lab NAME")
 			}
-			if err := lab.CheckLabName(args[0]); err != nil {
+			if err := topology.CheckLabName(args[0]); err != nil {
 				return cli.Usagef("%v", err)
 			}
 			return lab.Down(args[0])

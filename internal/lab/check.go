@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"math"
 	"net"
 	"net/netip"
@@ -74,12 +75,12 @@ type DirCheck struct {
 	RTTMin    time.Duration `json:"rtt_min_ns"`
 	RTTOK     bool          `json:"rtt_ok"`
 
-	Rate        Rate    `json:"rate_bps"` // 0 = unlimited (goodput not checked)
-	GoodputSpec float64 `json:"goodput_spec_mbps,omitempty"`
-	Goodput     float64 `json:"goodput_mbps,omitempty"`
-	GoodputOK   bool    `json:"goodput_ok"`
-	GoodputErr  string  `json:"goodput_error,omitempty"`
-	GoodputNote string  `json:"goodput_note,omitempty"`
+	Rate        topology.Rate `json:"rate_bps"` // 0 = unlimited (goodput not checked)
+	GoodputSpec float64       `json:"goodput_spec_mbps,omitempty"`
+	Goodput     float64       `json:"goodput_mbps,omitempty"`
+	GoodputOK   bool          `json:"goodput_ok"`
+	GoodputErr  string        `json:"goodput_error,omitempty"`
+	GoodputNote string        `json:"goodput_note,omitempty"`
 
 	// RateMeasured is the frame rate a paced UDP flood (1.2 × the rate)
 	// got through, in Mbit/s of Ethernet frames as tbf counts them; the
@@ -173,7 +174,7 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 	if o.Confidence <= 0 || o.Confidence >= 1 {
 		o.Confidence = 0.99
 	}
-	var links []*Link
+	var links []*topology.Link
 	for _, k := range l.topo.Links {
 		if len(o.Links) == 0 || containsStr(o.Links, k.Name) {
 			links = append(links, k)
@@ -365,7 +366,7 @@ const (
 // to) at 1.2 × rate for 2 s, so that the sender's tbf always has a
 // backlog, and returns the frame rate that arrived after the first
 // 0.5 s, in Mbit/s.
-func (l *Lab) udpRate(ctx context.Context, from, to string, dst netip.Addr, rate Rate) (float64, error) {
+func (l *Lab) udpRate(ctx context.Context, from, to string, dst netip.Addr, rate topology.Rate) (float64, error) {
 	var rx, tx *net.UDPConn
 	if err := l.Do(to, func() error {
 		var err error
@@ -473,7 +474,7 @@ func (l *Lab) udpRate(ctx context.Context, from, to string, dst netip.Addr, rate
 }
 
 // serialization is the time a 98-byte echo frame takes at rate r.
-func serialization(r Rate) time.Duration {
+func serialization(r topology.Rate) time.Duration {
 	if r == 0 {
 		return 0
 	}
@@ -481,7 +482,7 @@ func serialization(r Rate) time.Duration {
 }
 
 // linkOf returns the name of the (first) link between nodes a and b.
-func linkOf(t *Topology, a, b string) string {
+func linkOf(t *topology.Topology, a, b string) string {
 	for _, k := range t.Links {
 		if (k.A.Node == a && k.B.Node == b) || (k.A.Node == b && k.B.Node == a) {
 			return k.Name
@@ -520,7 +521,7 @@ func (l *Lab) goodput(ctx context.Context, from, to string, dst netip.Addr, dur 
 // udpLoss sends n numbered datagrams from node from to dst (in node to),
 // paced well below the link rate so that no queue overflows, and counts
 // the distinct ones that arrive.
-func (l *Lab) udpLoss(ctx context.Context, from, to string, dst netip.Addr, n int, rate Rate) (sent, lost int, err error) {
+func (l *Lab) udpLoss(ctx context.Context, from, to string, dst netip.Addr, n int, rate topology.Rate) (sent, lost int, err error) {
 	var rx, tx *net.UDPConn
 	var overflow0 uint64
 	if err := l.Do(to, func() error {

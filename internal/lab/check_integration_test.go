@@ -3,6 +3,7 @@ package lab
 import (
 	"bufio"
 	"context"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -32,7 +33,7 @@ func e2eGoodput(t *testing.T, l *Lab, dur time.Duration) float64 {
 // missing delay or a wrong path, not a percent.
 func TestBrennanCoreLimited(t *testing.T) {
 	testenv.MPTCP(t)
-	topo, _ := Builtin("brennan2017")
+	topo, _ := topology.Builtin("brennan2017")
 	l := upLab(t, topo)
 	if _, err := l.Ping(context.Background(), "client", l.Addr("server"), 1, time.Millisecond, 2*time.Second); err != nil {
 		t.Fatal(err)
@@ -60,7 +61,7 @@ func TestBrennanCoreLimited(t *testing.T) {
 func TestCheckDetectsBrokenEmulation(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "tc")
-	topo, _ := Builtin("brennan2017")
+	topo, _ := topology.Builtin("brennan2017")
 	l := upLab(t, topo)
 	rep, err := l.Check(context.Background(), CheckOptions{RateDuration: 3 * time.Second, Links: []string{"L1", "L2"}, LossSamples: 500})
 	if err != nil {
@@ -111,7 +112,7 @@ func TestCheckDetectsBrokenEmulation(t *testing.T) {
 func TestBrennanLossySymmetric(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "tc")
-	topo, _ := Builtin("brennan2017")
+	topo, _ := topology.Builtin("brennan2017")
 	for _, kv := range [][2]string{{"profile", "symmetric"}, {"variant", "lossy"}} {
 		if err := topo.Set(kv[0], kv[1]); err != nil {
 			t.Fatal(err)
@@ -137,7 +138,7 @@ func TestBrennanLossySymmetric(t *testing.T) {
 // 2*(5+100+5) = 220 ms while the detour path stays at 30 ms.
 func TestBrennanDelayed(t *testing.T) {
 	testenv.Root(t)
-	topo, _ := Builtin("brennan2017")
+	topo, _ := topology.Builtin("brennan2017")
 	if err := topo.Set("variant", "delayed"); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +231,7 @@ func TestHelperBuilder(t *testing.T) {
 	if name == "" {
 		t.Skip("helper process for TestKill9Builder")
 	}
-	topo, _ := Builtin("brennan2017")
+	topo, _ := topology.Builtin("brennan2017")
 	if _, err := Up(context.Background(), topo, name); err != nil {
 		t.Fatal(err)
 	}

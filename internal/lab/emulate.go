@@ -3,6 +3,7 @@ package lab
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"log/slog"
 	"unsafe"
 
@@ -39,14 +40,14 @@ func (b *builder) detectNetem(ns string) bool {
 
 // tbfBurst is the token bucket depth: at least two full frames (tbf can
 // never send a frame larger than its bucket) and about 1 ms at the rate.
-func tbfBurst(r Rate) uint32 {
+func tbfBurst(r topology.Rate) uint32 {
 	return uint32(max(2*frameBytes, uint64(r)/8/1000))
 }
 
 // shapeEgress installs the qdiscs of one direction on its sender's
 // interface: tbf for the rate, with netem below it where the kernel has
 // netem and the direction is delayed or lossy.
-func (b *builder) shapeEgress(h *netlink.Handle, dev netlink.Link, s Shape, emu LinkEmu) error {
+func (b *builder) shapeEgress(h *netlink.Handle, dev netlink.Link, s topology.Shape, emu LinkEmu) error {
 	idx := dev.Attrs().Index
 	useNetem := b.netem && (s.Delay > 0 || s.Loss > 0)
 	parent := uint32(netlink.HANDLE_ROOT)
@@ -141,7 +142,7 @@ const lossModulus = 1_000_000
 // nftLoss drops packets arriving on ifname with probability p, with a
 // netdev ingress chain in the receiving namespace:
 // numgen random mod 1000000 < p*1000000 drop.
-func nftLoss(ns netns.NsHandle, ifname string, p Loss) error {
+func nftLoss(ns netns.NsHandle, ifname string, p topology.Loss) error {
 	if p <= 0 {
 		return nil
 	}

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -24,7 +25,7 @@ func testLabName() string {
 }
 
 // upLab builds t and removes it when the test ends, also on failure.
-func upLab(t *testing.T, topo *Topology) *Lab {
+func upLab(t *testing.T, topo *topology.Topology) *Lab {
 	t.Helper()
 	name := testLabName()
 	t.Cleanup(func() {
@@ -75,7 +76,7 @@ func ping(t *testing.T, l *Lab, from, to string) error {
 func TestBrennanUpDown(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "tc")
-	topo, err := Builtin("brennan2017")
+	topo, err := topology.Builtin("brennan2017")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func offloads(t *testing.T, l *Lab, node, ifname string) (tso, gso, gro uint32) 
 func TestDetoursK3(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip")
-	topo, err := Builtin("detours")
+	topo, err := topology.Builtin("detours")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +222,7 @@ func TestDetoursK3(t *testing.T) {
 // including processes running inside the namespaces.
 func TestCrashCleanup(t *testing.T) {
 	testenv.Root(t)
-	topo, err := Builtin("brennan2017")
+	topo, err := topology.Builtin("brennan2017")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,14 +282,14 @@ func TestCrashCleanup(t *testing.T) {
 // TestRollback cancels Up half way and checks nothing is left.
 func TestRollback(t *testing.T) {
 	testenv.Root(t)
-	topo, err := Builtin("brennan2017")
+	topo, err := topology.Builtin("brennan2017")
 	if err != nil {
 		t.Fatal(err)
 	}
 	name := testLabName()
 	t.Cleanup(func() { Down(name) })
 	// A failure late in the build: a sysctl the kernel refuses on the last node.
-	topo.Node("detour").Sysctls = []Sysctl{{Key: "net.ipv4.no_such_sysctl", Value: "1"}}
+	topo.Node("detour").Sysctls = []topology.Sysctl{{Key: "net.ipv4.no_such_sysctl", Value: "1"}}
 	if _, err := Up(context.Background(), topo, name); err == nil {
 		t.Fatal("Up with a bad sysctl succeeded")
 	} else {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -32,11 +33,11 @@ type state struct {
 	Builder  int               `json:"builder_pid"`
 	Complete bool              `json:"complete"`
 	// Namespaces lists every namespace created or about to be created.
-	Namespaces []string  `json:"namespaces"`
-	Nodes      []*Node   `json:"nodes"`
-	Links      []*Link   `json:"links"`
-	Emulation  []LinkEmu `json:"emulation"`
-	DelayLine  *procRef  `json:"delay_line,omitempty"`
+	Namespaces []string         `json:"namespaces"`
+	Nodes      []*topology.Node `json:"nodes"`
+	Links      []*topology.Link `json:"links"`
+	Emulation  []LinkEmu        `json:"emulation"`
+	DelayLine  *procRef         `json:"delay_line,omitempty"`
 }
 
 // LinkEmu records how a link is emulated on this kernel.
@@ -129,7 +130,7 @@ func List() ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
-		if e.IsDir() && CheckLabName(e.Name()) == nil {
+		if e.IsDir() && topology.CheckLabName(e.Name()) == nil {
 			out = append(out, e.Name())
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -23,7 +24,7 @@ import (
 type Lab struct {
 	name string
 	st   *state
-	topo *Topology
+	topo *topology.Topology
 }
 
 // Name returns the lab's name.
@@ -31,7 +32,7 @@ func (l *Lab) Name() string { return l.name }
 
 // Topology returns the topology the lab was built from (with --set
 // overrides applied). Callers must not modify it.
-func (l *Lab) Topology() *Topology { return l.topo }
+func (l *Lab) Topology() *topology.Topology { return l.topo }
 
 // Nodes returns the node names in topology order.
 func (l *Lab) Nodes() []string {
@@ -68,10 +69,10 @@ func (l *Lab) Addr(node string) netip.Addr { return l.topo.Primary(node) }
 
 // Iface describes one interface of a node.
 type Iface struct {
-	Name string       // interface name inside the node (= link name)
-	Link *Link        // the link
-	Addr netip.Prefix // the node's address on it
-	Peer string       // the node at the other end
+	Name string         // interface name inside the node (= link name)
+	Link *topology.Link // the link
+	Addr netip.Prefix   // the node's address on it
+	Peer string         // the node at the other end
 	// PeerAddr is the other end's address (the gateway for routes over it).
 	PeerAddr netip.Addr
 }
@@ -98,7 +99,7 @@ func (l *Lab) Down() error { return Down(l.name) }
 
 // Open returns a lab built earlier (by this or another process).
 func Open(name string) (*Lab, error) {
-	if err := CheckLabName(name); err != nil {
+	if err := topology.CheckLabName(name); err != nil {
 		return nil, err
 	}
 	st, err := loadState(name)
@@ -111,15 +112,15 @@ func Open(name string) (*Lab, error) {
 	if !st.Complete {
 		return nil, fmt.Errorf("lab %s is incomplete (being built, or its builder died): mpdetour lab down %s", name, name)
 	}
-	t := &Topology{Name: st.Topology, Source: st.Source, Nodes: st.Nodes, Links: st.Links, params: st.Params}
+	t := topology.Restored(st.Topology, st.Source, st.Nodes, st.Links, st.Params)
 	return &Lab{name: name, st: st, topo: t}, nil
 }
 
 // Up validates t completely, then builds it as lab name. On any error,
 // and when ctx is cancelled before it returns, everything created so far
 // is removed again.
-func Up(ctx context.Context, t *Topology, name string) (_ *Lab, err error) {
-	if err := CheckLabName(name); err != nil {
+func Up(ctx context.Context, t *topology.Topology, name string) (_ *Lab, err error) {
+	if err := topology.CheckLabName(name); err != nil {
 		return nil, err
 	}
 	if err := t.Validate(); err != nil {
@@ -179,7 +180,7 @@ func Up(ctx context.Context, t *Topology, name string) (_ *Lab, err error) {
 // by name prefix, so a builder killed half way is cleaned up too) and the
 // state. Removing a lab that does not exist is not an error.
 func Down(name string) error {
-	if err := CheckLabName(name); err != nil {
+	if err := topology.CheckLabName(name); err != nil {
 		return err
 	}
 	st, err := loadState(name)
@@ -220,7 +221,7 @@ func Down(name string) error {
 // builder holds what Up has opened while it builds.
 type builder struct {
 	ctx     context.Context
-	t       *Topology
+	t       *topology.Topology
 	st      *state
 	handles map[string]*netlink.Handle // by namespace name
 	nsfd    map[string]netns.NsHandle
@@ -270,7 +271,7 @@ func (b *builder) newNetns(x string) error {
 	}
 	// The topology is IPv4; IPv6 would only add router solicitations and
 	// MLD reports to links whose loss and rate we measure.
-	return b.sysctls(ns, []Sysctl{
+	return b.sysctls(ns, []topology.Sysctl{
 		{Key: "net.ipv6.conf.all.disable_ipv6", Value: "1"},
 		{Key: "net.ipv6.conf.default.disable_ipv6", Value: "1"},
 	}, false)
@@ -278,7 +279,7 @@ func (b *builder) newNetns(x string) error {
 
 // sysctls writes keys under /proc/sys inside namespace ns. Optional keys
 // that the kernel lacks are skipped.
-func (b *builder) sysctls(ns string, kv []Sysctl, optional bool) error {
+func (b *builder) sysctls(ns string, kv []topology.Sysctl, optional bool) error {
 	return netnsx.Do(filepath.Join(NetnsDir, ns), func() error {
 		for _, s := range kv {
 			path := sysctlPath(s.Key)
@@ -311,14 +312,14 @@ func (b *builder) build() error {
 		ns := b.nsName(n.Name)
 		// MPTCP is on by default in new namespaces; make it explicit so a
 		// host that turned it off still gets an MPTCP lab.
-		if err := b.sysctls(ns, []Sysctl{{Key: "net.mptcp.enabled", Value: "1"}}, true); err != nil {
+		if err := b.sysctls(ns, []topology.Sysctl{{Key: "net.mptcp.enabled", Value: "1"}}, true); err != nil {
 			return err
 		}
 		fwd := "0"
 		if n.Forward {
 			fwd = "1"
 		}
-		if err := b.sysctls(ns, append([]Sysctl{{Key: "net.ipv4.ip_forward", Value: fwd}}, n.Sysctls...), false); err != nil {
+		if err := b.sysctls(ns, append([]topology.Sysctl{{Key: "net.ipv4.ip_forward", Value: fwd}}, n.Sysctls...), false); err != nil {
 			return err
 		}
 	}
@@ -345,7 +346,7 @@ func (b *builder) build() error {
 
 // link creates one link: a veth pair between the endpoints, or two pairs
 // through a hidden middle namespace when the delay line must carry it.
-func (b *builder) link(l *Link) error {
+func (b *builder) link(l *topology.Link) error {
 	if err := b.ctx.Err(); err != nil {
 		return err
 	}
@@ -399,7 +400,7 @@ func (b *builder) link(l *Link) error {
 	for _, e := range []struct {
 		ns     string
 		addr   netip.Prefix
-		egress Shape
+		egress topology.Shape
 	}{{nsA, l.A.Addr, l.AB}, {nsB, l.B.Addr, l.BA}} {
 		h := b.handles[e.ns]
 		dev, err := h.LinkByName(l.Name)

@@ -61,15 +61,15 @@ type session struct {
 // Server is the relay daemon's core: one event loop owns every table, so
 // there are no locks on the request path.
 type Server struct {
-	set    *Settings
-	log    *slog.Logger
-	dp     dataPlane
-	lock   *net.UnixListener // one relay per network namespace
+	set  *Settings
+	log  *slog.Logger
+	dp   dataPlane
+	lock *net.UnixListener // one relay per network namespace
 	// refusals summarises refused handshakes in the log (bounded lines).
 	refusals refusalLog
-	pc     *ipv4.PacketConn
-	conn   *net.UDPConn
-	legacy *net.UDPConn
+	pc       *ipv4.PacketConn
+	conn     *net.UDPConn
+	legacy   *net.UDPConn
 
 	leases    *leaseTable
 	pol       *destination.Policy

@@ -51,20 +51,20 @@ type Conn struct {
 	rtx   time.Duration
 	rekey time.Duration
 
-	mu       sync.Mutex
-	ses      *proto.Session
-	prev     *proto.Session // replaced by a rekey; replies may still arrive on it
+	mu   sync.Mutex
+	ses  *proto.Session
+	prev *proto.Session // replaced by a rekey; replies may still arrive on it
 	// suspect is the session an (unauthenticated) error packet said the
 	// relay lost: a new handshake starts, the session stays until it
 	// completes (make-before-break), so a forged error cannot cut us off.
 	suspect     *proto.Session
 	suspectSent time.Time
-	sesReady chan struct{}  // closed when ses is set; replaced when dropped
-	inits    map[uint32]*pendingInit
-	pending  map[uint32]chan proto.Reply
-	nextID   uint32
-	hsErr    error // last handshake refusal, reported to waiters
-	kick     chan struct{}
+	sesReady    chan struct{} // closed when ses is set; replaced when dropped
+	inits       map[uint32]*pendingInit
+	pending     map[uint32]chan proto.Reply
+	nextID      uint32
+	hsErr       error // last handshake refusal, reported to waiters
+	kick        chan struct{}
 
 	ctx    context.Context
 	cancel context.CancelFunc

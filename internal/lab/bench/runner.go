@@ -22,6 +22,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/bench/report"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/version"
 )
@@ -263,17 +264,17 @@ func serverJoinLimits(l *lab.Lab, server string) error {
 	return nil
 }
 
-func (r *runner) topology(cfg *scenario.Configuration) (*lab.Topology, error) {
-	var t *lab.Topology
+func (r *runner) topology(cfg *scenario.Configuration) (*topology.Topology, error) {
+	var t *topology.Topology
 	var err error
 	if _, serr := os.Stat(r.s.Topology); serr == nil || strings.ContainsAny(r.s.Topology, "/.") {
 		p := r.s.Topology
 		if !filepath.IsAbs(p) && !strings.HasPrefix(r.s.Source, "builtin:") {
 			p = filepath.Join(filepath.Dir(r.s.Source), p)
 		}
-		t, err = lab.LoadFile(p)
+		t, err = topology.LoadFile(p)
 	} else {
-		t, err = lab.Builtin(r.s.Topology)
+		t, err = topology.Builtin(r.s.Topology)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("scenario %s: topology: %w", r.s.Source, err)

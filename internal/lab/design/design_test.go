@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 )
 
 // randomMinDistance is the mean minimum pairwise distance of n uniform
@@ -116,7 +116,7 @@ func TestPointsInsideRanges(t *testing.T) {
 			}
 		}
 		// Every point's parameters are accepted by the lab's topology.
-		topo, err := lab.Builtin(Topology)
+		topo, err := topology.Builtin(Topology)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 )
 
 // UpDetours builds the built-in "detours" topology with the given number
@@ -16,7 +17,7 @@ import (
 // "<name>-<node>".
 func UpDetours(ctx context.Context, t testing.TB, name string, detours int) *lab.Lab {
 	t.Helper()
-	topo, err := lab.Builtin("detours")
+	topo, err := topology.Builtin("detours")
 	if err != nil {
 		t.Fatal(err)
 	}

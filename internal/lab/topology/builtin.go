@@ -1,4 +1,4 @@
-package lab
+package topology
 
 import (
 	"fmt"
@@ -84,6 +84,12 @@ func (b *builtin) instantiate(params map[string]string) *Topology {
 	t.builtin = b
 	t.params = params
 	return t
+}
+
+// Restored rebuilds a topology recorded in a lab's state file (its nodes,
+// links and the built-in parameters it was made with).
+func Restored(name, source string, nodes []*Node, links []*Link, params map[string]string) *Topology {
+	return &Topology{Name: name, Source: source, Nodes: nodes, Links: links, params: params}
 }
 
 // Params returns a built-in's parameters (nil for files).

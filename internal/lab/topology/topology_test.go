@@ -1,4 +1,4 @@
-package lab
+package topology
 
 import (
 	"errors"
@@ -126,7 +126,7 @@ func TestBuiltins(t *testing.T) {
 }
 
 func TestLoadExample(t *testing.T) {
-	topo, err := LoadFile("../../lab/triangle.yaml")
+	topo, err := LoadFile("../../../lab/triangle.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestParseErrors(t *testing.T) {
 
 func FuzzLoad(f *testing.F) {
 	f.Add([]byte(goodFile))
-	for _, name := range []string{"../../lab/brennan2017.yaml", "../../lab/triangle.yaml"} {
+	for _, name := range []string{"../../../lab/brennan2017.yaml", "../../../lab/triangle.yaml"} {
 		if b, err := os.ReadFile(name); err == nil {
 			f.Add(b)
 		}
@@ -222,7 +222,7 @@ func FuzzLoad(f *testing.F) {
 // TestBrennanFileMatchesBuiltin keeps lab/brennan2017.yaml equal to the
 // built-in (core-limited).
 func TestBrennanFileMatchesBuiltin(t *testing.T) {
-	f, err := LoadFile("../../lab/brennan2017.yaml")
+	f, err := LoadFile("../../../lab/brennan2017.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
