@@ -6,28 +6,28 @@
 //
 // # API
 //
-// Describing a topology:
+// Describing a topology is package topology (internal/lab/topology):
 //
-//	func Builtin(name string) (*Topology, error)   // "brennan2017", "detours"
-//	func LoadFile(path string) (*Topology, error)  // YAML; errors name file:line and field
-//	func Parse(source string, data []byte) (*Topology, error)
+//	func topology.Builtin(name string) (*Topology, error)   // "brennan2017", "detours"
+//	func topology.LoadFile(path string) (*Topology, error)  // YAML; errors name file:line:column and field
+//	func topology.Parse(source string, data []byte) (*Topology, error)
 //	func (t *Topology) Set(key, value string) error // --set: profile=core-limited, variant=lossy,
 //	                                                // detours=3, L2.loss=1%, L2.ab.delay=100ms,
 //	                                                // core.rate=20mbit, all.queue=50
 //	func (t *Topology) Validate() error
 //	func (t *Topology) Node(name) *Node; Link(name) *Link; Primary(node) netip.Addr
 //
-// Errors about a topology are *Error values (Source, Line, Field, Msg).
+// Errors about a topology are *topology.Error values (Source, Line, Col, Field, Msg).
 //
 // Running labs (all need root):
 //
-//	func Up(ctx context.Context, t *Topology, name string) (*Lab, error)
+//	func Up(ctx context.Context, t *topology.Topology, name string) (*Lab, error)
 //	func Open(name string) (*Lab, error)  // a lab built by any process, from /run/mpdetour/lab/NAME
 //	func Down(name string) error          // idempotent; works after kill -9 of the builder
 //	func List() ([]string, error)
 //	func (l *Lab) Down() error
 //	func (l *Lab) Name() string
-//	func (l *Lab) Topology() *Topology
+//	func (l *Lab) Topology() *topology.Topology
 //	func (l *Lab) Nodes() []string
 //	func (l *Lab) NetnsName(node string) string  // "<lab>-<node>", for ip netns exec / ip -n
 //	func (l *Lab) NetnsPath(node string) string  // /run/netns/<lab>-<node>
