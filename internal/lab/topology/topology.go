@@ -1,3 +1,8 @@
+// Package topology is the lab's network model: nodes, links with their
+// per-direction shapes (rate, delay, loss, queue), routes and sysctls; the
+// YAML topology files, the built-in generators (brennan2017, triangle,
+// detours) and "--set" overrides. It only describes networks; package lab
+// builds them in namespaces (docs/lab.md).
 package topology
 
 import (
