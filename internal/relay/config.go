@@ -18,13 +18,13 @@ const DefaultPort = 45673
 
 // Config is the relay's configuration file (YAML, documented in docs/relay.md).
 type Config struct {
-	Listen         string   `yaml:"listen"`           // UDP address of the control protocol
-	PrivateKey     string   `yaml:"private_key"`      // base64; or:
-	PrivateKeyFile string   `yaml:"private_key_file"` // file holding the base64 key
-	DetourAddress  string   `yaml:"detour_address"`   // address clients connect to; default: where the request arrived
-	Ports          string   `yaml:"ports"`            // detour port range "lo-hi"
-	Lease          Duration `yaml:"lease"`
-	Members        []Member `yaml:"members"`
+	Listen         string          `yaml:"listen"`           // UDP address of the control protocol
+	PrivateKey     string          `yaml:"private_key"`      // base64; or:
+	PrivateKeyFile string          `yaml:"private_key_file"` // file holding the base64 key
+	DetourAddress  string          `yaml:"detour_address"`   // address clients connect to; default: where the request arrived
+	Ports          string          `yaml:"ports"`            // detour port range "lo-hi"
+	Lease          config.Duration `yaml:"lease"`
+	Members        []Member        `yaml:"members"`
 
 	AllowDestinations []string `yaml:"allow_destinations"` // prefixes allowed although special (private, own networks...)
 	DenyDestinations  []string `yaml:"deny_destinations"`  // extra prefixes always refused
@@ -39,17 +39,17 @@ type Config struct {
 		Burst     int     `yaml:"burst"`
 	} `yaml:"rate"`
 
-	AttributionLog   string   `yaml:"attribution_log"`   // file path, "-" for stdout, "" for none
-	AttributionFlush Duration `yaml:"attribution_flush"` // running counts of active mappings written this often
+	AttributionLog   string          `yaml:"attribution_log"`   // file path, "-" for stdout, "" for none
+	AttributionFlush config.Duration `yaml:"attribution_flush"` // running counts of active mappings written this often
 	Metrics          struct {
 		Listen string `yaml:"listen"` // e.g. 127.0.0.1:9464; empty = off
 	} `yaml:"metrics"`
 
 	LegacyV1 struct {
-		Enabled   bool     `yaml:"enabled"`
-		Listen    string   `yaml:"listen"`
-		Lease     Duration `yaml:"lease"`
-		PerClient int      `yaml:"per_client"` // mapping quota per client address
+		Enabled   bool            `yaml:"enabled"`
+		Listen    string          `yaml:"listen"`
+		Lease     config.Duration `yaml:"lease"`
+		PerClient int             `yaml:"per_client"` // mapping quota per client address
 	} `yaml:"legacy_v1"`
 
 	// Tunnel is handed to the tunnel factory (TunnelFactory) as a section
@@ -62,9 +62,6 @@ type Member struct {
 	Name      string `yaml:"name"`
 	PublicKey string `yaml:"public_key"`
 }
-
-// Duration is the config layer's duration ("90s", "2m").
-type Duration = config.Duration
 
 // Settings is a validated configuration.
 type Settings struct {

@@ -27,12 +27,12 @@ import (
 // The relay's tunnel subnet is 100.80.0.0/16; its policy denies private
 // ranges, so 10.200.0.1 on the server must stay unreachable through it.
 var (
-	serverAddr  = netip.MustParseAddr("203.0.113.10")
-	relayUplink = netip.MustParseAddr("203.0.113.1")
-	deniedAddr  = netip.MustParseAddr("10.200.0.1")
-	tunSubnet   = netip.MustParsePrefix("100.80.0.0/16")
-	relayPort   = 51820
-	testPolicy  = Policy{Restricted: []netip.Prefix{
+	serverAddr       = netip.MustParseAddr("203.0.113.10")
+	relayUplink      = netip.MustParseAddr("203.0.113.1")
+	deniedAddr       = netip.MustParseAddr("10.200.0.1")
+	tunSubnet        = netip.MustParsePrefix("100.80.0.0/16")
+	relayPort        = 51820
+	testDestinations = Destinations{Restricted: []netip.Prefix{
 		netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
 		netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("127.0.0.0/8"),
 		netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("224.0.0.0/4"),
@@ -188,7 +188,7 @@ func assertClean(t testing.TB, ns string) {
 func newServer(t *testing.T, tp topo, key wgtypes.Key, mut ...func(*ServerConfig)) *Server {
 	t.Helper()
 	cfg := ServerConfig{Netns: tp.relay, Subnet: tunSubnet, ListenPort: relayPort, PrivateKey: key,
-		Policy: testPolicy, MTU: 1380}
+		Destinations: testDestinations, MTU: 1380}
 	for _, m := range mut {
 		m(&cfg)
 	}

@@ -37,7 +37,7 @@ func serverHelper() int {
 	port, _ := strconv.Atoi(os.Getenv("TW_PORT"))
 	s, err := NewServer(ServerConfig{
 		Subnet: netip.MustParsePrefix(os.Getenv("TW_SUBNET")), ListenPort: port, PrivateKey: key,
-		Policy: testPolicy, StateFile: os.Getenv("TW_STATE"), RestorePeers: os.Getenv("TW_RESTORE") != "",
+		Destinations: testDestinations, StateFile: os.Getenv("TW_STATE"), RestorePeers: os.Getenv("TW_RESTORE") != "",
 	})
 	if err != nil {
 		return fail(err)

@@ -16,20 +16,20 @@ import (
 // fixed name lets a restarted relay find and delete what a crashed one left.
 const TableName = "mpdetour_tunnel"
 
-// Policy is the destination policy for traffic leaving the tunnel, with the
+// Destinations is the destination policy for traffic leaving the tunnel, with the
 // NAT-detour policy's semantics (internal/relay): Deny is refused always,
 // Restricted (private, loopback, link-local, multicast, the relay's own
 // networks, ...) is refused unless Allow covers it. The relay passes the
 // lists its NAT-detour policy uses, so one definition governs both kinds of
 // detour. IPv6 entries are ignored: the tunnel carries IPv4 only.
-type Policy struct {
+type Destinations struct {
 	Deny       []netip.Prefix
 	Restricted []netip.Prefix
 	Allow      []netip.Prefix
 }
 
 // Validate names the first bad entry.
-func (p Policy) Validate() error {
+func (p Destinations) Validate() error {
 	for _, l := range []struct {
 		name string
 		ps   []netip.Prefix
@@ -106,7 +106,7 @@ func concat(parts ...[]expr.Any) []expr.Any {
 // installTable (re)creates the relay's tunnel table atomically: one netlink
 // batch deletes any previous table of that name and adds the new one, so a
 // failure leaves the old state and never a half-built table.
-func installTable(c *nftables.Conn, iface string, subnet netip.Prefix, mtu int, pol Policy) error {
+func installTable(c *nftables.Conn, iface string, subnet netip.Prefix, mtu int, pol Destinations) error {
 	if err := pol.Validate(); err != nil {
 		return err
 	}

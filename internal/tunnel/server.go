@@ -38,9 +38,9 @@ type ServerConfig struct {
 	ListenPort int
 	// PrivateKey is the relay's static key (the control protocol's
 	// identity: Curve25519 keys serve both).
-	PrivateKey wgtypes.Key
-	MTU        int // 0 = DefaultMTU
-	Policy     Policy
+	PrivateKey   wgtypes.Key
+	MTU          int // 0 = DefaultMTU
+	Destinations Destinations
 	// StateFile, if set, keeps allocations across restarts: a returning
 	// client gets its old address back.
 	StateFile string
@@ -91,7 +91,7 @@ func (c *ServerConfig) check() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return c.Policy.Validate()
+	return c.Destinations.Validate()
 }
 
 func checkIface(name string) error {
@@ -162,7 +162,7 @@ func NewServer(cfg ServerConfig) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err = installTable(nc, cfg.Iface, cfg.Subnet, cfg.MTU, cfg.Policy); err != nil {
+	if err = installTable(nc, cfg.Iface, cfg.Subnet, cfg.MTU, cfg.Destinations); err != nil {
 		return nil, err
 	}
 	s.log.Info("tunnel server up", "backend", s.dev.Backend(), "subnet", cfg.Subnet,
@@ -409,10 +409,10 @@ func (s *Server) RemovePeer(key wgtypes.Key) error {
 	return s.saveState()
 }
 
-// SetPolicy replaces the destination policy (e.g. on a relay config
+// SetDestinations replaces the destination policy (e.g. on a relay config
 // reload). The table is rebuilt in one transaction; established
 // connections keep their conntrack state.
-func (s *Server) SetPolicy(p Policy) error {
+func (s *Server) SetDestinations(p Destinations) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
@@ -425,7 +425,7 @@ func (s *Server) SetPolicy(p Policy) error {
 	if err := installTable(nc, s.cfg.Iface, s.cfg.Subnet, s.cfg.MTU, p); err != nil {
 		return err
 	}
-	s.cfg.Policy = p
+	s.cfg.Destinations = p
 	return nil
 }
 

@@ -101,9 +101,9 @@ func TestTunnelEndToEnd(t *testing.T) {
 			t.Errorf("policy chain lacks the deny rule:\n%s", out)
 		}
 		// An allow exception opens the private address...
-		allowed := testPolicy
+		allowed := testDestinations
 		allowed.Allow = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/24")}
-		if err := srv.SetPolicy(allowed); err != nil {
+		if err := srv.SetDestinations(allowed); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := exchange(t, tp.c1, c1.Address(), denied, 100, 3*time.Second); err != nil {
@@ -111,7 +111,7 @@ func TestTunnelEndToEnd(t *testing.T) {
 		}
 		// ...but an explicit deny beats the allow, also for public addresses.
 		allowed.Deny = []netip.Prefix{netip.PrefixFrom(deniedAddr, 32), netip.PrefixFrom(serverAddr, 32)}
-		if err := srv.SetPolicy(allowed); err != nil {
+		if err := srv.SetDestinations(allowed); err != nil {
 			t.Fatal(err)
 		}
 		for _, d := range []netip.AddrPort{denied, echo} {
@@ -119,7 +119,7 @@ func TestTunnelEndToEnd(t *testing.T) {
 				t.Errorf("denied %s reached through the tunnel", d)
 			}
 		}
-		if err := srv.SetPolicy(testPolicy); err != nil {
+		if err := srv.SetDestinations(testDestinations); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -183,7 +183,7 @@ func TestServerRefusesOverlap(t *testing.T) {
 	tp := newTopo(t)
 	for _, p := range []string{"203.0.113.0/25", "10.200.0.0/16", "198.18.0.0/15"} {
 		_, err := NewServer(ServerConfig{Netns: tp.relay, Subnet: netip.MustParsePrefix(p), ListenPort: relayPort,
-			PrivateKey: genKey(t), Policy: testPolicy})
+			PrivateKey: genKey(t), Destinations: testDestinations})
 		if err == nil || !strings.Contains(err.Error(), "overlaps") {
 			t.Errorf("subnet %s: err = %v, want an overlap error", p, err)
 		}

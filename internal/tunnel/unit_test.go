@@ -196,7 +196,7 @@ func TestConfigErrors(t *testing.T) {
 		"key":          func(c *ServerConfig) { c.PrivateKey = wgtypes.Key{} },
 		"mtu":          func(c *ServerConfig) { c.MTU = 100000 },
 		"subnet":       func(c *ServerConfig) { c.Subnet = netip.MustParsePrefix("10.0.0.0/31") },
-		"policy":       func(c *ServerConfig) { c.Policy.Deny = []netip.Prefix{{}} },
+		"policy":       func(c *ServerConfig) { c.Destinations.Deny = []netip.Prefix{{}} },
 		"backend":      func(c *ServerConfig) { c.Backend = "magic"; c.Netns = "/nonexistent" },
 	} {
 		c := base

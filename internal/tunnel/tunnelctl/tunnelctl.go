@@ -98,7 +98,7 @@ func build(c Config) (tunnel.ServerConfig, netip.AddrPort, error) {
 		name string
 		in   []string
 		out  *[]netip.Prefix
-	}{{"allow_destinations", c.AllowDestinations, &sc.Policy.Allow}, {"deny_destinations", c.DenyDestinations, &sc.Policy.Deny}} {
+	}{{"allow_destinations", c.AllowDestinations, &sc.Destinations.Allow}, {"deny_destinations", c.DenyDestinations, &sc.Destinations.Deny}} {
 		for i, s := range l.in {
 			p, err := netip.ParsePrefix(s)
 			if err != nil {
@@ -107,7 +107,7 @@ func build(c Config) (tunnel.ServerConfig, netip.AddrPort, error) {
 			*l.out = append(*l.out, p)
 		}
 	}
-	sc.Policy.Restricted = destination.Special()
+	sc.Destinations.Restricted = destination.Special()
 	return sc, ep, nil
 }
 
@@ -125,7 +125,7 @@ func Factory(section *config.Doc, relayKey proto.Key, log *slog.Logger) (*Alloca
 	if err != nil {
 		return nil, err
 	}
-	sc.Policy.Restricted = append(sc.Policy.Restricted, own...)
+	sc.Destinations.Restricted = append(sc.Destinations.Restricted, own...)
 	srv, err := tunnel.NewServer(sc)
 	if err != nil {
 		return nil, err

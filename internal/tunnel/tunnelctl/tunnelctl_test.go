@@ -65,7 +65,7 @@ func TestParseConfig(t *testing.T) {
 	if err := parse("subnet: 100.90.0.0/16\nlisten_port: 5000\nendpoint: 192.0.2.1:5000\nallow_destinations: [10.1.0.0/16]\n"); err != nil {
 		t.Errorf("valid config: %v", err)
 	}
-	if sc, _, err := ParseConfig(nil); err != nil || sc.ListenPort != 51820 || sc.Subnet.String() != "100.80.0.0/16" || len(sc.Policy.Restricted) == 0 {
+	if sc, _, err := ParseConfig(nil); err != nil || sc.ListenPort != 51820 || sc.Subnet.String() != "100.80.0.0/16" || len(sc.Destinations.Restricted) == 0 {
 		t.Errorf("defaults: %+v, %v", sc, err)
 	}
 	for _, bad := range []string{"subnett: 1.0.0.0/8", "subnet: nope", "endpoint: 1.2.3.4", "backend: magic", "allow_destinations: [x]", "listen_port: [1]"} {
