@@ -408,12 +408,10 @@ func (p *Manager) Removed(token uint32, id uint8) []Intent {
 }
 
 func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
-	k := p.conns[sf.Token]
+	k, sk, s := p.lookup(sf)
 	if k == nil {
 		return nil
 	}
-	sk := key(sf.Local.Addr(), sf.Remote)
-	s := k.subs[sk]
 	if s == nil {
 		// Not ours (opened before a restart, or by someone else): account
 		// for it if it runs through a known detour.
@@ -438,6 +436,16 @@ func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
 	return nil
 }
 
+// lookup finds a subflow's connection and its record (nil when unknown).
+func (p *Manager) lookup(sf Subflow) (*kconn, subKey, *ksub) {
+	k := p.conns[sf.Token]
+	sk := key(sf.Local.Addr(), sf.Remote)
+	if k == nil {
+		return nil, sk, nil
+	}
+	return k, sk, k.subs[sk]
+}
+
 func (p *Manager) detours(server netip.AddrPort) []detour.Detour {
 	var ds []detour.Detour
 	for _, src := range p.sources {
@@ -447,12 +455,7 @@ func (p *Manager) detours(server netip.AddrPort) []detour.Detour {
 }
 
 func (p *Manager) SubflowClosed(sf Subflow) []Intent {
-	k := p.conns[sf.Token]
-	if k == nil {
-		return nil
-	}
-	sk := key(sf.Local.Addr(), sf.Remote)
-	s := k.subs[sk]
+	k, sk, s := p.lookup(sf)
 	if s == nil {
 		return nil
 	}
@@ -551,10 +554,8 @@ func (p *Manager) penalise(d detour.Detour, reason string) {
 }
 
 func (p *Manager) Priority(sf Subflow) []Intent {
-	if k := p.conns[sf.Token]; k != nil {
-		if s := k.subs[key(sf.Local.Addr(), sf.Remote)]; s != nil {
-			s.backup = sf.Backup
-		}
+	if _, _, s := p.lookup(sf); s != nil {
+		s.backup = sf.Backup
 	}
 	return nil
 }
