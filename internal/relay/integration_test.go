@@ -577,19 +577,11 @@ func TestRelayIntegration(t *testing.T) {
 
 // kill -9 leaves the table; the next start replaces it. Leases expire.
 func TestRelayCrashAndExpiry(t *testing.T) {
-	testenv.Root(t)
-	testenv.Tools(t, "ip", "nft")
-	f := newFixture(t)
-	k := newKeys(t)
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "relay.yaml")
-	writeConfig(t, cfgPath, k, "lease: 2s\nattribution_flush: 1s\n")
-	startSink(t, f.Server, fxServer+":5201")
-	p := startRelay(t, f.Relay, cfgPath)
+	f, _, cfgPath, p, c := relayLine(t, "lease: 2s\nattribution_flush: 1s\n")
+	dir := filepath.Dir(cfgPath)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	server := netip.MustParseAddrPort(fxServer + ":5201")
-	c := dialRelay(t, f.Client, k, k.member)
 	d0, _, err := c.Grant(ctx, server, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -718,18 +710,9 @@ func TestSourceRenews(t *testing.T) {
 // one's pid and leaves the first one's table alone; a table removed under a
 // running relay is recreated with its mappings (issue 16 #1).
 func TestRelaySecondInstanceAndTableRemoval(t *testing.T) {
-	testenv.Root(t)
-	testenv.Tools(t, "ip", "nft")
-	f := newFixture(t)
-	k := newKeys(t)
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "relay.yaml")
-	writeConfig(t, cfgPath, k, "")
-	startSink(t, f.Server, fxServer+":5201")
-	p := startRelay(t, f.Relay, cfgPath)
+	f, _, cfgPath, p, c := relayLine(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c := dialRelay(t, f.Client, k, k.member)
 	d, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5201"), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -767,4 +750,20 @@ func TestRelaySecondInstanceAndTableRemoval(t *testing.T) {
 	if _, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5202"), 0); err != nil {
 		t.Fatalf("grant after recreation: %v", err)
 	}
+}
+
+// relayLine is a client-relay-server fixture with a relay running config
+// extra, a sink on the server's port 5201 and a control connection of the
+// member.
+func relayLine(t *testing.T, extra string) (*fixture, keys, string, *relayProc, *relayclient.Conn) {
+	t.Helper()
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	f := newFixture(t)
+	k := newKeys(t)
+	cfgPath := filepath.Join(t.TempDir(), "relay.yaml")
+	writeConfig(t, cfgPath, k, extra)
+	startSink(t, f.Server, fxServer+":5201")
+	p := startRelay(t, f.Relay, cfgPath)
+	return f, k, cfgPath, p, dialRelay(t, f.Client, k, k.member)
 }
