@@ -80,7 +80,7 @@ ip -n "$ns_relay" route add 203.0.113.0/24 via 198.51.100.10
 
 for h in server relay client; do
   r="$work/$h"
-  mkdir -p "$r/etc/mpdetour" "$r/etc/systemd/system" "$r/etc/sysctl.d" "$r/var/log/mpdetour" "$r/run/mpdetour" "$r/usr/local/bin"
+  mkdir -p "$r/etc/mpdetour" "$r/etc/systemd/system" "$r/etc/sysctl.d" "$r/var/log/mpdetour" "$r/var/lib/mpdetour" "$r/run/mpdetour" "$r/usr/local/bin"
 done
 
 # rewrite moves the host directories of text on stdin into host $1's root.
@@ -90,6 +90,7 @@ rewrite() {
       -e "s|/etc/systemd/system|$r/etc/systemd/system|g" \
       -e "s|/etc/sysctl.d|$r/etc/sysctl.d|g" \
       -e "s|/var/log/mpdetour|$r/var/log/mpdetour|g" \
+      -e "s|/var/lib/mpdetour|$r/var/lib/mpdetour|g" \
       -e "s|/run/mpdetour|$r/run/mpdetour|g" \
       -e "s|/usr/local/bin/mpdetour|$r/usr/local/bin/mpdetour|g" \
       -e "s|0755 bin/mpdetour|0755 $bin|g" \

@@ -5,11 +5,14 @@
 // and each member knows the relay's public key.
 //
 // Handshake: Noise IK (25519, ChaChaPoly, BLAKE2s) via github.com/flynn/noise,
-// as in WireGuard. The initiation (168 bytes) carries a TAI64N timestamp the
-// relay requires to increase per member key, so a captured initiation cannot
-// be replayed. The response (60 bytes) is smaller than the initiation, and
-// cleartext refusals (16 bytes) smaller still, so a spoofed source never
-// receives more than it sent.
+// as in WireGuard. The initiation (200 bytes) carries a TAI64N timestamp the
+// relay requires to increase per member key (and remembers across restarts
+// when it has a state file), so a captured initiation cannot be replayed.
+// The response (60 bytes) is smaller than the initiation, and cookie replies
+// (64 bytes) and cleartext refusals (16 bytes) smaller still, so a spoofed
+// source never receives more than it sent. Initiations carry WireGuard's
+// mac1/mac2; under load the relay answers initiations without a valid mac2
+// with a cookie bound to the source address (cookie.go).
 //
 // Address proof: a session becomes usable only when the relay receives the
 // first transport packet from the address the response went to; only a

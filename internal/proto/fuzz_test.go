@@ -67,6 +67,12 @@ func FuzzPackets(f *testing.F) {
 	f.Add(in.Packet)
 	f.Add(MarshalError(ErrorPacket{Reason: ReasonQuota, Index: 1}))
 	f.Add(make([]byte, ResponseLen))
+	jar := NewCookieJar(relay.Public())
+	src := netip.MustParseAddrPort("192.0.2.1:4000")
+	if reply, err := jar.Reply(in.Packet, src, time.Now()); err == nil {
+		reply[len(reply)-1] ^= 1 // the fuzzer must not find an authentic one by copying
+		f.Add(reply)
+	}
 	f.Add([]byte{TypeTransport, Version, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		typ, err := PacketType(b)
@@ -75,8 +81,16 @@ func FuzzPackets(f *testing.F) {
 		}
 		switch typ {
 		case TypeInit:
+			jar.CheckMAC1(b)
+			jar.CheckMAC2(b, src, time.Now())
 			if pi, err := ParseInit(b); err == nil {
 				_, _ = ConsumeInitiation(relay, pi)
+			}
+		case TypeCookieReply:
+			if r, err := ParseCookieReply(b); err == nil {
+				if _, err := in.OpenCookieReply(relay.Public(), r); err == nil {
+					t.Fatalf("a fuzzed cookie reply authenticated: % x", b)
+				}
 			}
 		case TypeResponse:
 			_, _ = ParseResponse(b)

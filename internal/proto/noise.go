@@ -81,6 +81,8 @@ func NewInitiation(priv, relayPub Key, index uint32, now time.Time) (*Initiation
 	if err != nil {
 		return nil, err
 	}
+	pkt = append(pkt, make([]byte, 2*macLen)...)
+	setMAC1(pkt, relayPub)
 	if len(pkt) != InitLen {
 		return nil, fmt.Errorf("internal: initiation is %d bytes, want %d", len(pkt), InitLen)
 	}

@@ -7,25 +7,28 @@ import (
 
 // Packet types (first byte of every v2 datagram). Part of the wire format.
 const (
-	TypeInit      = 1 // handshake initiation: Noise IK message 1
-	TypeResponse  = 2 // handshake response: Noise IK message 2
-	TypeError     = 3 // cleartext refusal before a session can carry it
-	TypeTransport = 4 // encrypted request or reply
+	TypeInit        = 1 // handshake initiation: Noise IK message 1
+	TypeResponse    = 2 // handshake response: Noise IK message 2
+	TypeError       = 3 // cleartext refusal before a session can carry it
+	TypeTransport   = 4 // encrypted request or reply
+	TypeCookieReply = 5 // the relay is under load: prove your address (cookie.go)
 )
 
 // Packet layout (big-endian):
 //
-//	init:      type:u8 version:u8 reserved:u16 sender:u32 noise1[initNoiseLen]
+//	init:      type:u8 version:u8 reserved:u16 sender:u32 noise1[initNoiseLen] mac1[16] mac2[16]
 //	response:  type:u8 version:u8 reserved:u16 sender:u32 receiver:u32 noise2[respNoiseLen]
 //	error:     type:u8 version:u8 reason:u8 reserved:u8 index:u32 counter:u64
 //	transport: type:u8 version:u8 reserved:u16 receiver:u32 counter:u64 ciphertext
+//	cookie:    type:u8 version:u8 reserved:u16 receiver:u32 nonce[24] sealed_cookie[32]
 //
 // Sizes are fixed so that a relay's answer to an unproven address is never
-// larger than what it received: init is 168 bytes, response 60, error 16.
+// larger than what it received: init is 200 bytes, response 60, cookie reply
+// 64, error 16.
 const (
 	initPayloadLen  = 64                                   // TAI64N timestamp + zero padding
 	initNoiseLen    = 32 + (32 + 16) + initPayloadLen + 16 // e, encrypted s, encrypted payload
-	InitLen         = 8 + initNoiseLen
+	InitLen         = 8 + initNoiseLen + 2*macLen
 	respNoiseLen    = 32 + 16 // e, empty encrypted payload
 	ResponseLen     = 12 + respNoiseLen
 	ErrorLen        = 16
@@ -78,7 +81,7 @@ func PacketType(b []byte) (byte, error) {
 		return b[0], fmt.Errorf("packet version %d: %w", b[1], &Error{Reason: ReasonBadVersion})
 	}
 	switch b[0] {
-	case TypeInit, TypeResponse, TypeError, TypeTransport:
+	case TypeInit, TypeResponse, TypeError, TypeTransport, TypeCookieReply:
 		return b[0], nil
 	}
 	return b[0], malformed(0, "unknown packet type %d", b[0])
@@ -92,7 +95,7 @@ func ParseInit(b []byte) (Init, error) {
 	if b[1] != Version {
 		return Init{}, &Error{Reason: ReasonBadVersion}
 	}
-	return Init{Sender: binary.BigEndian.Uint32(b[4:]), Noise: b[8:]}, nil
+	return Init{Sender: binary.BigEndian.Uint32(b[4:]), Noise: b[8 : 8+initNoiseLen]}, nil
 }
 
 // ParseResponse parses a handshake response datagram.

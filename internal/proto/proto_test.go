@@ -293,3 +293,74 @@ func TestPacketType(t *testing.T) {
 		t.Fatalf("bad type: %v", err)
 	}
 }
+
+func TestCookies(t *testing.T) {
+	relay, _ := GenerateKey()
+	other, _ := GenerateKey()
+	client, _ := GenerateKey()
+	in, err := NewInitiation(client, relay.Public(), 9, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	jar := NewCookieJar(relay.Public())
+	if !jar.CheckMAC1(in.Packet) {
+		t.Fatal("mac1 of a genuine initiation refused")
+	}
+	if NewCookieJar(other.Public()).CheckMAC1(in.Packet) {
+		t.Fatal("mac1 accepted by a relay with another key")
+	}
+	bad := append([]byte(nil), in.Packet...)
+	bad[40] ^= 1
+	if jar.CheckMAC1(bad) {
+		t.Fatal("mac1 accepted after a change to the initiation")
+	}
+	now := time.Now()
+	src := netip.MustParseAddrPort("192.0.2.1:4000")
+	if jar.CheckMAC2(in.Packet, src, now) {
+		t.Fatal("an initiation without a cookie passed mac2")
+	}
+	reply, err := jar.Reply(in.Packet, src, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reply) != CookieReplyLen || len(reply) >= InitLen {
+		t.Fatalf("cookie reply of %d bytes, want %d (< %d)", len(reply), CookieReplyLen, InitLen)
+	}
+	if typ, err := PacketType(reply); err != nil || typ != TypeCookieReply {
+		t.Fatalf("cookie reply type %d %v", typ, err)
+	}
+	r, err := ParseCookieReply(reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the initiation the reply answers opens it.
+	in2, _ := NewInitiation(client, relay.Public(), 9, time.Now().Add(time.Second))
+	if _, err := in2.OpenCookieReply(relay.Public(), r); err == nil {
+		t.Fatal("a cookie reply opened with another initiation's mac1")
+	}
+	c, err := in.OpenCookieReply(relay.Public(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkt := in2.WithCookie(c)
+	if !jar.CheckMAC1(pkt) || !jar.CheckMAC2(pkt, src, now) {
+		t.Fatal("an initiation with the cookie failed mac1 or mac2")
+	}
+	for _, wrong := range []string{"192.0.2.1:4001", "192.0.2.2:4000"} {
+		if jar.CheckMAC2(pkt, netip.MustParseAddrPort(wrong), now) {
+			t.Fatalf("the cookie of %v passed from %s", src, wrong)
+		}
+	}
+	if pi, err := ParseInit(pkt); err != nil {
+		t.Fatal(err)
+	} else if _, err := ConsumeInitiation(relay, pi); err != nil {
+		t.Fatalf("the Noise part no longer authenticates with mac2 set: %v", err)
+	}
+	// After one rotation the previous secret still counts; after two not.
+	if !jar.CheckMAC2(pkt, src, now.Add(CookieLifetime)) {
+		t.Fatal("cookie refused right after one rotation")
+	}
+	if jar.CheckMAC2(pkt, src, now.Add(2*CookieLifetime)) {
+		t.Fatal("cookie accepted after two rotations")
+	}
+}

@@ -41,6 +41,7 @@ type Config struct {
 
 	AttributionLog   string          `yaml:"attribution_log"`   // file path, "-" for stdout, "" for none
 	AttributionFlush config.Duration `yaml:"attribution_flush"` // running counts of active mappings written this often
+	StateFile        string          `yaml:"state_file"`        // replay protection across restarts; "" = none
 	Metrics          struct {
 		Listen string `yaml:"listen"` // e.g. 127.0.0.1:9464; empty = off
 	} `yaml:"metrics"`
@@ -84,6 +85,7 @@ type Settings struct {
 
 	AttributionLog   string
 	AttributionFlush time.Duration
+	StateFile        string
 	MetricsListen    string
 
 	Legacy          bool
@@ -143,6 +145,7 @@ func build(c *Config) (*Settings, error) {
 		AttributionLog:   c.AttributionLog,
 		AttributionFlush: time.Minute,
 		MetricsListen:    c.Metrics.Listen,
+		StateFile:        c.StateFile,
 		Legacy:           c.LegacyV1.Enabled,
 		LegacyLease:      10 * time.Minute,
 		LegacyPerClient:  16,

@@ -199,20 +199,33 @@ func elements(t testing.TB, ns string) int {
 // and replay packets.
 func rawSession(t *testing.T, sock *net.UDPConn, k keys, priv proto.Key) (*proto.Session, []byte) {
 	t.Helper()
+	s, pkt, err := rawSessionErr(sock, k, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, pkt
+}
+
+func rawSessionErr(sock *net.UDPConn, k keys, priv proto.Key) (*proto.Session, []byte, error) {
 	in, err := proto.NewInitiation(priv, k.relay.Public(), 77, time.Now())
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	resp := exchange(t, sock, in.Packet)
-	r, err := proto.ParseResponse(resp)
+	if _, err := sock.WriteToUDPAddrPort(in.Packet, relayAddr()); err != nil {
+		return nil, nil, err
+	}
+	buf := make([]byte, 2048)
+	_ = sock.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, _, err := sock.ReadFromUDPAddrPort(buf)
 	if err != nil {
-		t.Fatalf("handshake: %v (% x)", err, resp)
+		return nil, nil, fmt.Errorf("no answer from relay: %w", err)
+	}
+	r, err := proto.ParseResponse(buf[:n])
+	if err != nil {
+		return nil, nil, fmt.Errorf("handshake: %v (% x)", err, buf[:n])
 	}
 	s, err := in.Finish(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, in.Packet
+	return s, in.Packet, err
 }
 
 func exchange(t *testing.T, sock *net.UDPConn, pkt []byte) []byte {
@@ -766,4 +779,58 @@ func relayLine(t *testing.T, extra string) (*fixture, keys, string, *relayProc, 
 	startSink(t, f.Server, fxServer+":5201")
 	p := startRelay(t, f.Relay, cfgPath)
 	return f, k, cfgPath, p, dialRelay(t, f.Client, k, k.member)
+}
+
+// An initiation captured before a relay restart (even a kill -9) is refused
+// as a replay after it, because the accepted timestamps are on disk before
+// any handshake response leaves; without a state file it would be answered.
+func TestReplayAcrossRestart(t *testing.T) {
+	for _, withState := range []bool{true, false} {
+		t.Run(fmt.Sprintf("state_file=%v", withState), func(t *testing.T) {
+			extra := ""
+			statePath := filepath.Join(t.TempDir(), "relay-state.json")
+			if withState {
+				extra = "state_file: " + statePath + "\n"
+			}
+			f, k, cfgPath, p, _ := relayLine(t, extra)
+			sock := udpIn(t, f.Client, "")
+			_, captured := rawSession(t, sock, k, k.member)
+			p.signal(t, syscall.SIGKILL)
+			_ = p.wait(t)
+			p2 := startRelay(t, f.Relay, cfgPath)
+			// The killed relay's table is still there when startRelay
+			// returns: wait for the new one to serve.
+			waitFor(t, "relay serving", func() bool { return strings.Contains(p2.stderr.String(), "relay serving") })
+			b := exchange(t, sock, captured)
+			if !withState {
+				if _, err := proto.ParseResponse(b); err != nil {
+					t.Fatalf("without a state file the replay was expected to be answered (what the state file prevents), got % x", b)
+				}
+				return
+			}
+			if r := errorReason(t, b); r != proto.ReasonReplay {
+				t.Fatalf("replayed initiation after restart: %v, want replay", r)
+			}
+			// A fresh initiation of the same member still works.
+			if _, _, err := rawSessionErr(sock, k, k.member); err != nil {
+				t.Fatalf("fresh handshake after restart: %v", err)
+			}
+		})
+	}
+}
+
+// A state file that does not parse stops the relay with an error naming it.
+func TestBadStateFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.json")
+	for _, bad := range []string{"{", `{"version": 7}`, `{"version": 1, "timestamps": {"nokey": "00"}}`} {
+		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ts := map[proto.Key]proto.Timestamp{}
+		err := loadReplayState(path, ts)
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("state %q: error %v, want one naming %s", bad, err, path)
+		}
+	}
 }

@@ -18,6 +18,7 @@ type metrics struct {
 	reg      *prometheus.Registry
 	active   prometheus.Gauge
 	requests *prometheus.CounterVec
+	cookies  prometheus.Counter
 	// closedBytes accumulates the final counters of closed mappings. Live
 	// counters are not added at scrape time: that would need a dump of the
 	// whole set (seconds at 100,000 mappings, and not consistent while the
@@ -34,11 +35,14 @@ func newMetrics() *metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mpdetour_relay_requests_total", Help: "Requests by operation and result code.",
 		}, []string{"op", "result"}),
+		cookies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mpdetour_relay_cookie_replies_total", Help: "Initiations answered with a cookie (the relay was under load and the sender had not proven its address).",
+		}),
 	}
 	bytes := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mpdetour_relay_bytes_total", Help: "Bytes forwarded through mappings, counted when each mapping closes (both directions).",
 	}, func() float64 { return float64(m.closedBytes.Load()) })
-	m.reg.MustRegister(m.active, m.requests, bytes)
+	m.reg.MustRegister(m.active, m.requests, m.cookies, bytes)
 	return m
 }
 

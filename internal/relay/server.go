@@ -46,6 +46,9 @@ type packet struct {
 	from   netip.AddrPort
 	dst    netip.Addr // local address it arrived at (zero if unknown)
 	legacy bool
+	// proven: an initiation whose mac2 shows its sender received our
+	// cookie at this source address while we were under load.
+	proven bool
 }
 
 type session struct {
@@ -77,14 +80,17 @@ type Server struct {
 	sessions  map[uint32]*session
 	byMember  map[proto.Key][]uint32
 	lastTS    map[proto.Key]proto.Timestamp
+	state     *replayState // nil: lastTS lives in memory only
 	rates     map[proto.Key]*bucket
 	addrRates map[netip.Addr]*bucket
 	inits     bucket
+	jar       *proto.CookieJar
 	tunnels   TunnelAllocator
 	attr      *attrLog
 	met       *metrics
 	batch     []*mapping // new mappings not yet in the kernel
 	replies   []deferred // replies held until batch is installed
+	responses []rawReply // handshake responses held until lastTS is saved
 	lastNew   *mapping   // set by grant when it created a mapping
 
 	in     chan packet
@@ -107,10 +113,26 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		in:        make(chan packet, 4096),
 		reload:    make(chan *Settings, 1),
 		now:       time.Now,
+		jar:       proto.NewCookieJar(set.PrivateKey.Public()),
 	}
 	var err error
 	if s.lock, err = lockNetns(); err != nil {
 		return nil, err
+	}
+	if set.StateFile != "" {
+		if err := loadReplayState(set.StateFile, s.lastTS); err != nil {
+			s.lock.Close()
+			return nil, err
+		}
+		// Write it once now: a state file we cannot write is a start-up
+		// error, not a surprise at the first handshake.
+		s.state = &replayState{path: set.StateFile, dirty: true}
+		if err := s.state.save(s.lastTS); err != nil {
+			s.lock.Close()
+			return nil, err
+		}
+	} else {
+		log.Warn("no state_file: replay protection of handshakes does not survive a restart (see docs/relay.md)")
 	}
 	s.applyPolicy(set)
 	if err := s.pol.RefreshOwn(); err != nil {
@@ -257,6 +279,14 @@ func (s *Server) dispatch(p packet) {
 	}
 }
 
+// rawReply is a handshake response held until the timestamp it accepted is
+// on disk (state_file), so a kill -9 cannot lose it.
+type rawReply struct {
+	b   []byte
+	to  netip.AddrPort
+	src netip.Addr
+}
+
 // deferred is a reply held until the batch's mappings are installed.
 type deferred struct {
 	ses    *session // nil for legacy v1
@@ -271,6 +301,18 @@ type deferred struct {
 // the kernel refuses the transaction, none of its mappings exist and every
 // grant in it is answered "internal".
 func (s *Server) flush() {
+	if len(s.responses) > 0 {
+		if err := s.state.save(s.lastTS); err != nil {
+			// Answer anyway: refusing every handshake would be worse than
+			// a replay window that does not survive this restart.
+			s.log.Error("saving replay state", "err", err)
+		}
+		for _, r := range s.responses {
+			s.send(r.b, r.to, r.src)
+		}
+		clear(s.responses)
+		s.responses = s.responses[:0]
+	}
 	if len(s.batch) > 0 {
 		ms := make([]mapping, len(s.batch))
 		for i, m := range s.batch {
@@ -328,7 +370,59 @@ func (s *Server) flush() {
 	s.replies = s.replies[:0]
 }
 
+// Load detection for initiations (read by readV2 only): the relay is under
+// load while more than loadInits initiations arrived in the last second or
+// its queue is an eighth full, and for a second after.
+const (
+	loadInits  = initRate / 2
+	loadLinger = time.Second
+)
+
+// screenInit runs on the reader for every initiation, before it is queued:
+// it drops those whose mac1 shows the sender does not know our public key,
+// and under load answers those without a valid mac2 with a cookie instead of
+// queuing them, so a spoofed flood costs one MAC and one small reply per
+// datagram and never reaches the handshake budget. It returns false when
+// the packet must not be queued.
+func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) bool {
+	now := time.Now()
+	if !s.jar.CheckMAC1(p.data) {
+		s.count("handshake", proto.ReasonUnauthorized)
+		return false
+	}
+	if now.Sub(ld.windowStart) >= time.Second {
+		ld.windowStart, ld.n = now, 0
+	}
+	ld.n++
+	if ld.n > loadInits || len(s.in) > cap(s.in)/8 {
+		ld.until = now.Add(loadLinger)
+	}
+	if now.After(ld.until) {
+		return true
+	}
+	if s.jar.CheckMAC2(p.data, p.from, now) {
+		p.proven = true
+		return true
+	}
+	reply, err := s.jar.Reply(p.data, p.from, now)
+	if err != nil {
+		return false
+	}
+	s.met.cookies.Inc()
+	sendFrom(s.pc, listen, reply, p.from, p.dst, s.log)
+	return false
+}
+
+// loadState is the reader's view of initiation load.
+type loadState struct {
+	windowStart time.Time
+	n           int
+	until       time.Time
+}
+
 func (s *Server) readV2(ctx context.Context) {
+	var ld loadState
+	listen := s.set.Listen // fixed for the server's life (reload keeps it)
 	for {
 		buf := make([]byte, 2048)
 		n, cm, from, err := s.pc.ReadFrom(buf)
@@ -348,6 +442,9 @@ func (s *Server) readV2(ctx context.Context) {
 			p.dst, _ = netip.AddrFromSlice(cm.Dst.To4())
 		}
 		p.from = netip.AddrPortFrom(p.from.Addr().Unmap(), p.from.Port())
+		if n > 0 && buf[0] == proto.TypeInit && !s.screenInit(&p, &ld, listen) {
+			continue
+		}
 		select {
 		case s.in <- p:
 		case <-ctx.Done():
@@ -376,12 +473,18 @@ func (s *Server) readLegacy(ctx context.Context) {
 }
 
 func (s *Server) send(b []byte, to netip.AddrPort, src netip.Addr) {
+	sendFrom(s.pc, s.set.Listen, b, to, src, s.log)
+}
+
+// sendFrom sends b to to; when the relay listens on the wildcard address
+// it answers from src, the address the request arrived at.
+func sendFrom(pc *ipv4.PacketConn, listen netip.AddrPort, b []byte, to netip.AddrPort, src netip.Addr, log *slog.Logger) {
 	var cm *ipv4.ControlMessage
-	if src.IsValid() && !s.set.Listen.Addr().IsValid() || src.IsValid() && s.set.Listen.Addr().IsUnspecified() {
+	if src.IsValid() && (!listen.Addr().IsValid() || listen.Addr().IsUnspecified()) {
 		cm = &ipv4.ControlMessage{Src: src.AsSlice()}
 	}
-	if _, err := s.pc.WriteTo(b, cm, net.UDPAddrFromAddrPort(to)); err != nil {
-		s.log.Debug("send", "to", to, "err", err)
+	if _, err := pc.WriteTo(b, cm, net.UDPAddrFromAddrPort(to)); err != nil {
+		log.Debug("send", "to", to, "err", err)
 	}
 }
 
@@ -454,7 +557,9 @@ func (s *Server) handleInit(p packet) {
 		s.count("handshake", proto.ReasonOf(err))
 		return // too short to answer without amplifying
 	}
-	if !s.addrAllowed(p.from.Addr()) || !s.inits.take(s.now(), initRate, initBurst) {
+	// A proven initiation (valid mac2 under load) skips the global budget,
+	// which is what a spoofed flood exhausts, but not the per-address one.
+	if !s.addrAllowed(p.from.Addr()) || !p.proven && !s.inits.take(s.now(), initRate, initBurst) {
 		s.count("handshake", proto.ReasonRateLimited)
 		s.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
 		return
@@ -481,6 +586,9 @@ func (s *Server) handleInit(p packet) {
 		return
 	}
 	s.lastTS[acc.Peer] = acc.Timestamp
+	if s.state != nil {
+		s.state.dirty = true
+	}
 	idx := s.newIndex()
 	resp, ss, err := acc.Respond(idx)
 	if err != nil {
@@ -497,7 +605,7 @@ func (s *Server) handleInit(p packet) {
 	s.byMember[acc.Peer] = ids
 	s.count("handshake", proto.OK)
 	s.log.Debug("session established", "member", name, "from", p.from, "index", idx)
-	s.send(resp, p.from, p.dst)
+	s.responses = append(s.responses, rawReply{b: resp, to: p.from, src: p.dst})
 }
 
 func (s *Server) newIndex() uint32 {

@@ -65,6 +65,10 @@ type Conn struct {
 	nextID      uint32
 	hsErr       error // last handshake refusal, reported to waiters
 	kick        chan struct{}
+	// cookie is the relay's proof-of-address cookie for our socket, given
+	// when it is under load; initiations carry it (mac2) while it is fresh.
+	cookie   proto.Cookie
+	cookieAt time.Time
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -203,8 +207,12 @@ func (c *Conn) sendInit() error {
 		}
 	}
 	c.inits[idx] = &pendingInit{in: in, sent: time.Now()}
+	pkt := in.Packet
+	if !c.cookieAt.IsZero() && time.Since(c.cookieAt) < proto.CookieLifetime-10*time.Second {
+		pkt = in.WithCookie(c.cookie)
+	}
 	c.mu.Unlock()
-	_, err = c.pc.WriteTo(in.Packet, net.UDPAddrFromAddrPort(c.relay.Addr))
+	_, err = c.pc.WriteTo(pkt, net.UDPAddrFromAddrPort(c.relay.Addr))
 	return err
 }
 
@@ -284,6 +292,31 @@ func (c *Conn) dispatch(b []byte) {
 			defer cancel()
 			_, _ = c.Do(ctx, proto.Request{Op: proto.OpPing})
 		}()
+	case proto.TypeCookieReply:
+		// The relay is under load and wants proof that we receive at our
+		// address: answer at once with a fresh initiation carrying mac2.
+		r, err := proto.ParseCookieReply(b)
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		pi := c.inits[r.Receiver]
+		delete(c.inits, r.Receiver) // one retry per initiation, not a loop
+		c.mu.Unlock()
+		if pi == nil {
+			return
+		}
+		cookie, err := pi.in.OpenCookieReply(c.relay.PublicKey, r)
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		c.cookie, c.cookieAt = cookie, time.Now()
+		c.mu.Unlock()
+		c.log.Debug("relay under load: retrying the handshake with its cookie", "relay", c.relay.Name)
+		if err := c.sendInit(); err != nil {
+			c.log.Debug("handshake send", "relay", c.relay.Name, "err", err)
+		}
 	case proto.TypeError:
 		e, err := proto.ParseError(b)
 		if err != nil {
