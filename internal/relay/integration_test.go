@@ -459,7 +459,9 @@ func TestRelayIntegration(t *testing.T) {
 	})
 	t.Run("legacy v1", func(t *testing.T) {
 		sock := udpIn(t, f.Client, "")
-		req, _ := proto.MarshalLegacy(proto.LegacyMsg{Server: netip.MustParseAddrPort(fxServer + ":5202"), Port: 40900})
+		// The original clients expect the port they proposed back: 51234
+		// is outside this relay's range (40000-40999) and still echoed.
+		req, _ := proto.MarshalLegacy(proto.LegacyMsg{Server: netip.MustParseAddrPort(fxServer + ":5202"), Port: 51234})
 		if _, err := sock.WriteToUDPAddrPort(req, netip.MustParseAddrPort(fmt.Sprintf("%s:%d", fxRelay, proto.LegacyPort))); err != nil {
 			t.Fatal(err)
 		}
@@ -470,7 +472,7 @@ func TestRelayIntegration(t *testing.T) {
 			t.Fatal(err)
 		}
 		rep, err := proto.ParseLegacy(buf[:n])
-		if err != nil || !rep.Response || rep.Port != 40900 {
+		if err != nil || !rep.Response || rep.Port != 51234 {
 			t.Fatalf("v1 response %+v %v", rep, err)
 		}
 		conn, err := dialFrom(t, f.Client, fmt.Sprintf("%s:%d", fxRelay, rep.Port))

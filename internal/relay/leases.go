@@ -83,12 +83,15 @@ func (t *leaseTable) taken(k mapKey) bool {
 
 // pickPort returns the proposed port if usable, else a free one in
 // [lo, hi]; ok=false when none is free. usable excludes ports the relay
-// listens on.
-func (t *leaseTable) pickPort(client netip.Addr, proposed, lo, hi uint16, reserved func(uint16) bool) (uint16, bool) {
+// listens on. With anywhere (legacy v1, whose clients expect the port they
+// proposed back), a proposed port outside [lo, hi] is usable too if it is
+// not privileged (>= 1024).
+func (t *leaseTable) pickPort(client netip.Addr, proposed, lo, hi uint16, anywhere bool, reserved func(uint16) bool) (uint16, bool) {
 	free := func(p uint16) bool {
 		return !t.taken(mapKey{client, p}) && !reserved(p)
 	}
-	if proposed >= lo && proposed <= hi && free(proposed) {
+	inRange := proposed >= lo && proposed <= hi || anywhere && proposed >= 1024
+	if inRange && free(proposed) {
 		return proposed, true
 	}
 	n := int(hi) - int(lo) + 1

@@ -739,6 +739,7 @@ func (s *Server) detourAddr(ses *session) netip.Addr {
 
 // grant applies policy, quotas and port choice, then installs the mapping.
 func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, proposed uint16, lease time.Duration, quota int) (*mapping, proto.Reason) {
+	legacy := o == legacyOwner
 	now := s.now()
 	if !client.Is4() {
 		return nil, proto.ReasonPolicyDenied
@@ -756,7 +757,7 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 	if s.leases.count[quotaKey(o, client)] >= quota || s.leases.active() >= s.set.QuotaGlobal {
 		return nil, proto.ReasonQuota
 	}
-	port, ok := s.leases.pickPort(client, proposed, s.set.PortLo, s.set.PortHi, func(p uint16) bool { return s.lis.has(p, now) })
+	port, ok := s.leases.pickPort(client, proposed, s.set.PortLo, s.set.PortHi, legacy, func(p uint16) bool { return s.lis.has(p, now) })
 	if !ok {
 		return nil, proto.ReasonNoPorts
 	}

@@ -112,29 +112,37 @@ func TestPickPort(t *testing.T) {
 	lt := newLeaseTable()
 	c := netip.MustParseAddr("192.0.2.1")
 	reserved := func(p uint16) bool { return p == 101 }
-	if p, ok := lt.pickPort(c, 100, 100, 102, reserved); !ok || p != 100 {
+	if p, ok := lt.pickPort(c, 100, 100, 102, false, reserved); !ok || p != 100 {
 		t.Fatalf("proposed free port: %d %v", p, ok)
 	}
 	lt.add(&mapping{Key: mapKey{c, 100}, Server: netip.MustParseAddrPort("198.51.100.1:1")})
-	if p, ok := lt.pickPort(c, 100, 100, 102, reserved); !ok || p != 102 {
+	if p, ok := lt.pickPort(c, 100, 100, 102, false, reserved); !ok || p != 102 {
 		t.Fatalf("taken proposed port: got %d %v, want 102 (101 is a listener)", p, ok)
 	}
 	lt.add(&mapping{Key: mapKey{c, 102}, Server: netip.MustParseAddrPort("198.51.100.1:2")})
-	if _, ok := lt.pickPort(c, 0, 100, 102, reserved); ok {
+	if _, ok := lt.pickPort(c, 0, 100, 102, false, reserved); ok {
 		t.Fatal("port found in a full range")
 	}
 	// Another client has the whole range to itself.
-	if _, ok := lt.pickPort(netip.MustParseAddr("192.0.2.2"), 100, 100, 102, reserved); !ok {
+	if _, ok := lt.pickPort(netip.MustParseAddr("192.0.2.2"), 100, 100, 102, false, reserved); !ok {
 		t.Fatal("ports are per client")
 	}
 	// A closing mapping keeps its port until its counter is read.
 	m := lt.byKey[mapKey{c, 100}]
 	lt.remove(m, "release", time.Now())
-	if _, ok := lt.pickPort(c, 100, 100, 100, reserved); ok {
+	if _, ok := lt.pickPort(c, 100, 100, 100, false, reserved); ok {
 		t.Fatal("closing port reused")
 	}
 	if lt.count[quotaKey(m.Owner, c)] != 1 {
 		t.Fatalf("quota count %v", lt.count)
+	}
+	// Legacy v1 (anywhere): an unprivileged proposal outside the range is
+	// echoed; a privileged one is not.
+	if p, ok := lt.pickPort(c, 50000, 100, 102, true, reserved); !ok || p != 50000 {
+		t.Fatalf("legacy proposal outside the range: %d %v, want 50000", p, ok)
+	}
+	if p, ok := lt.pickPort(c, 80, 100, 102, true, reserved); ok && p == 80 {
+		t.Fatal("legacy proposal of a privileged port echoed")
 	}
 }
 
