@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -23,13 +25,16 @@ func relayCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "relay",
 		Summary: "run a detour host: authenticated NAT detours on nftables and WireGuard tunnel detours (see docs/relay.md)",
-		Usage:   "--config FILE [--check] | genkey | pubkey < PRIVATE",
+		Usage:   "--config FILE [--check] | status [--json] | genkey | pubkey < PRIVATE",
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&config, "config", "", "relay configuration file (YAML)")
 			fs.BoolVar(&verbose, "v", false, "debug logging")
 			fs.BoolVar(&check, "check", false, "validate the configuration file, print a summary and exit (0 = valid)")
 		},
 		Run: func(ctx context.Context, args []string) error {
+			if len(args) > 0 && args[0] == "status" {
+				return relayStatus(args[1:])
+			}
 			if len(args) > 0 {
 				if len(args) > 1 || config != "" {
 					return cli.Usagef("relay: %s takes no arguments or flags", args[0])
@@ -54,7 +59,7 @@ func relayCommand() *cli.Command {
 					fmt.Println(k.Public())
 					return nil
 				}
-				return cli.Usagef("relay: unknown argument %q (want --config FILE, genkey or pubkey)", args[0])
+				return cli.Usagef("relay: unknown argument %q (want --config FILE, status, genkey or pubkey)", args[0])
 			}
 			if config == "" {
 				return cli.Usagef("relay: --config FILE is required")
@@ -81,4 +86,80 @@ func relayCommand() *cli.Command {
 			return relay.Run(ctx, config, log, relayTunnels)
 		},
 	}
+}
+
+// relayStatus prints the state of the relay running in this network
+// namespace, as `wg show` does for WireGuard: members, their sessions and
+// mappings with live byte counts, and the tunnel peers.
+func relayStatus(args []string) error {
+	fs := flag.NewFlagSet("relay status", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print the status as JSON")
+	if err := fs.Parse(args); err != nil {
+		return cli.Usagef("relay status: %v", err)
+	}
+	if fs.NArg() > 0 {
+		return cli.Usagef("relay status: unexpected argument %q", fs.Arg(0))
+	}
+	st, err := relay.QueryStatus(5 * time.Second)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(st)
+	}
+	ago := func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return st.Now.Sub(t).Round(time.Second).String() + " ago"
+	}
+	fmt.Printf("relay %s (pid %d), up %s, ports %s, %d mappings\n", st.Listen, st.PID,
+		st.Now.Sub(st.Started).Round(time.Second), st.Ports, st.Mappings)
+	if !st.CounterOK {
+		fmt.Println("  (byte counters could not be read from the kernel: bytes show 0)")
+	}
+	for _, m := range st.Members {
+		id := ""
+		if m.Key != "" {
+			id = " (key " + m.Key[:8] + ")"
+		}
+		fmt.Printf("\nmember %s%s\n", m.Name, id)
+		if m.Key != "" {
+			fmt.Printf("  sessions: %d, last handshake: %s", m.Sessions, ago(m.LastHandshake))
+			if m.LastAddress != "" {
+				fmt.Printf(" from %s", m.LastAddress)
+			}
+			fmt.Println()
+		}
+		fmt.Printf("  mappings: %d, bytes: %s\n", len(m.Mappings), humanBytes(m.Bytes))
+		for _, mp := range m.Mappings {
+			fmt.Printf("    %s -> %s  %s  expires in %s\n", mp.Client, mp.Server, humanBytes(mp.Bytes),
+				mp.Expires.Sub(st.Now).Round(time.Second))
+		}
+	}
+	if t := st.Tunnel; t != nil {
+		fmt.Printf("\ntunnel %s (UDP %d), %d peers\n", t.Device, t.ListenPort, len(t.Peers))
+		for _, p := range t.Peers {
+			name := p.Member
+			if name == "" {
+				name = "(not a member)"
+			}
+			fmt.Printf("  peer %s (key %s) %s  endpoint %s  latest handshake: %s  rx %s  tx %s\n", name, p.Key[:8],
+				strings.Join(p.Addresses, ","), p.Endpoint, ago(p.LastHandshake), humanBytes(uint64(p.RxBytes)), humanBytes(uint64(p.TxBytes)))
+		}
+	}
+	return nil
+}
+
+func humanBytes(b uint64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }

@@ -538,6 +538,10 @@ func TestRelayIntegration(t *testing.T) {
 			`mpdetour_relay_requests_total{op="handshake",result="replay"}`,
 			`mpdetour_relay_requests_total{op="transport",result="address-changed"} 1`,
 			"mpdetour_relay_bytes_total ",
+			`mpdetour_relay_member_bytes_total{member="alice"} `, // the released mapping above
+			"mpdetour_relay_grant_seconds_count ",
+			"mpdetour_relay_sessions ",
+			"mpdetour_relay_cookie_replies_total 0",
 		}
 		for _, w := range want {
 			if !strings.Contains(text, w) {
@@ -834,5 +838,44 @@ func TestBadStateFile(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), path) {
 			t.Fatalf("state %q: error %v, want one naming %s", bad, err, path)
 		}
+	}
+}
+
+// relay status: a running relay answers on its lock socket with members,
+// sessions and mappings with live byte counts.
+func TestRelayStatus(t *testing.T) {
+	f, _, _, _, c := relayLine(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	d, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5201"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dialFrom(t, f.Client, d.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := echo(conn, 40000); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	var st *Status
+	in(t, f.Relay, func() { st, err = QueryStatus(5 * time.Second) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Members) != 1 || st.Mappings != 1 || !st.CounterOK {
+		t.Fatalf("status %+v", st)
+	}
+	m := st.Members[0]
+	if m.Name != "alice" || m.Sessions < 1 || !strings.HasPrefix(m.LastAddress, fxClient+":") || len(m.Mappings) != 1 {
+		t.Fatalf("member %+v", m)
+	}
+	if mp := m.Mappings[0]; mp.Client != fmt.Sprintf("%s:%d", fxClient, d.Port()) || mp.Server != fxServer+":5201" || mp.Bytes < 80000 {
+		t.Fatalf("mapping %+v, want %s:%d -> %s:5201 with >= 80000 bytes", mp, fxClient, d.Port(), fxServer)
+	}
+	// Outside the relay's namespace there is no relay to ask.
+	if _, err := QueryStatus(time.Second); err == nil || !strings.Contains(err.Error(), "no mpdetour relay is running") {
+		t.Fatalf("status outside the namespace: %v", err)
 	}
 }

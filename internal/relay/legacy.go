@@ -26,6 +26,6 @@ func (s *Server) handleLegacy(p packet) {
 	if r == proto.OK {
 		resp.Port = mp.Key.Port
 	}
-	s.replies = append(s.replies, deferred{legacy: resp, to: p.from, m: s.lastNew, rep: proto.Reply{Op: proto.OpGrant}})
+	s.replies = append(s.replies, deferred{legacy: resp, to: p.from, m: s.lastNew, rep: proto.Reply{Op: proto.OpGrant}, at: p.at})
 	s.lastNew = nil
 }

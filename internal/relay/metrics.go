@@ -19,6 +19,11 @@ type metrics struct {
 	active   prometheus.Gauge
 	requests *prometheus.CounterVec
 	cookies  prometheus.Counter
+	// memberBytes: final counters of closed mappings per member name (names
+	// come from the configuration, a fixed set, never from the wire).
+	memberBytes *prometheus.CounterVec
+	sessions    prometheus.Gauge
+	grantTime   prometheus.Histogram
 	// closedBytes accumulates the final counters of closed mappings. Live
 	// counters are not added at scrape time: that would need a dump of the
 	// whole set (seconds at 100,000 mappings, and not consistent while the
@@ -35,6 +40,16 @@ func newMetrics() *metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mpdetour_relay_requests_total", Help: "Requests by operation and result code.",
 		}, []string{"op", "result"}),
+		memberBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mpdetour_relay_member_bytes_total", Help: "Bytes forwarded through a member's mappings, counted when each mapping closes (legacy v1: member legacy-v1).",
+		}, []string{"member"}),
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mpdetour_relay_sessions", Help: "Control-protocol sessions currently held.",
+		}),
+		grantTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "mpdetour_relay_grant_seconds", Help: "Time from a grant request's arrival to its reply (new mappings installed in the kernel first).",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1},
+		}),
 		cookies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mpdetour_relay_cookie_replies_total", Help: "Initiations answered with a cookie (the relay was under load and the sender had not proven its address).",
 		}),
@@ -42,7 +57,7 @@ func newMetrics() *metrics {
 	bytes := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mpdetour_relay_bytes_total", Help: "Bytes forwarded through mappings, counted when each mapping closes (both directions).",
 	}, func() float64 { return float64(m.closedBytes.Load()) })
-	m.reg.MustRegister(m.active, m.requests, m.cookies, bytes)
+	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, bytes)
 	return m
 }
 

@@ -49,6 +49,7 @@ type packet struct {
 	// proven: an initiation whose mac2 shows its sender received our
 	// cookie at this source address while we were under load.
 	proven bool
+	at     time.Time // when the reader got it
 }
 
 type session struct {
@@ -93,9 +94,11 @@ type Server struct {
 	responses []rawReply // handshake responses held until lastTS is saved
 	lastNew   *mapping   // set by grant when it created a mapping
 
-	in     chan packet
-	reload chan *Settings
-	now    func() time.Time
+	in        chan packet
+	reload    chan *Settings
+	statusReq chan statusRequest
+	started   time.Time
+	now       func() time.Time
 }
 
 // NewServer sets up the data plane (removing any leftover table) and the
@@ -112,6 +115,7 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		addrRates: map[netip.Addr]*bucket{},
 		in:        make(chan packet, 4096),
 		reload:    make(chan *Settings, 1),
+		statusReq: make(chan statusRequest),
 		now:       time.Now,
 		jar:       proto.NewCookieJar(set.PrivateKey.Public()),
 	}
@@ -224,6 +228,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go s.readV2(rctx)
+	s.started = s.now()
+	go s.serveStatus(rctx)
 	if s.legacy != nil {
 		go s.readLegacy(rctx)
 	}
@@ -255,10 +261,13 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.flush()
 		case set := <-s.reload:
 			s.applyReload(set)
+		case req := <-s.statusReq:
+			req <- s.status()
 		case <-usage.C:
 			s.logUsage(s.now())
 		case <-sweep.C:
 			now := s.now()
+			s.met.sessions.Set(float64(len(s.sessions)))
 			s.expire(now)
 			s.refusals.flush(s.log, now)
 			if now.Sub(lastClose) >= closeEvery {
@@ -294,7 +303,8 @@ type deferred struct {
 	legacy proto.LegacyMsg
 	to     netip.AddrPort
 	src    netip.Addr
-	m      *mapping // the new mapping the reply announces, if any
+	m      *mapping  // the new mapping the reply announces, if any
+	at     time.Time // when the request arrived
 }
 
 // flush installs the batch's new mappings and sends the held replies. If
@@ -351,6 +361,8 @@ func (s *Server) flush() {
 			if err == nil {
 				if _, err := s.legacy.WriteToUDPAddrPort(b, d.to); err != nil {
 					s.log.Debug("legacy send", "err", err)
+				} else if !d.at.IsZero() {
+					s.met.grantTime.Observe(time.Since(d.at).Seconds())
 				}
 			}
 			continue
@@ -365,6 +377,9 @@ func (s *Server) flush() {
 			continue
 		}
 		s.send(out, d.to, d.src)
+		if d.rep.Op == proto.OpGrant && !d.at.IsZero() {
+			s.met.grantTime.Observe(time.Since(d.at).Seconds())
+		}
 	}
 	clear(s.replies)
 	s.replies = s.replies[:0]
@@ -437,7 +452,7 @@ func (s *Server) readV2(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		p := packet{data: buf[:n], from: ua.AddrPort()}
+		p := packet{data: buf[:n], from: ua.AddrPort(), at: time.Now()}
 		if cm != nil {
 			p.dst, _ = netip.AddrFromSlice(cm.Dst.To4())
 		}
@@ -463,7 +478,7 @@ func (s *Server) readLegacy(ctx context.Context) {
 			}
 			continue
 		}
-		p := packet{data: buf[:n], from: netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), legacy: true}
+		p := packet{data: buf[:n], from: netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), legacy: true, at: time.Now()}
 		select {
 		case s.in <- p:
 		case <-ctx.Done():
@@ -655,7 +670,7 @@ func (s *Server) handleTransport(p packet) {
 		rep = s.serveRequest(ses, req)
 	}
 	s.count(req.Op.String(), rep.Reason)
-	s.replies = append(s.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: s.lastNew})
+	s.replies = append(s.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: s.lastNew, at: p.at})
 	s.lastNew = nil
 }
 
@@ -836,6 +851,7 @@ func (s *Server) reap(now time.Time, final bool) {
 		}
 		s.logAttr(withCounter(mappingEvent(c.reason, c.m, c.at), cur))
 		s.met.closedBytes.Add(cur.Bytes)
+		s.met.memberBytes.WithLabelValues(c.m.Owner.Name).Add(float64(cur.Bytes))
 		keys = append(keys, k)
 		delete(s.leases.closing, k)
 	}

@@ -162,6 +162,9 @@ func (a *Allocator) Release(member proto.Key) { _ = a.srv.RemovePeer(wgtypes.Key
 // Close implements relay.TunnelAllocator.
 func (a *Allocator) Close() error { return a.srv.Close() }
 
+// Status reports the WireGuard device and its peers (for relay status).
+func (a *Allocator) Status() (*wgtypes.Device, error) { return a.srv.Status() }
+
 // FromGrant converts a control-protocol grant into a tunnel allocation.
 func FromGrant(g proto.TunnelGrant) tunnel.Allocation {
 	return tunnel.Allocation{Address: g.ClientPrefix, Endpoint: g.Endpoint, RelayKey: wgtypes.Key(g.PublicKey)}

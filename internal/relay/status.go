@@ -1,0 +1,246 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// Status is a running relay's state as `mpdetour relay status` shows it (a
+// `wg show` for the relay). It is served on the relay's lock socket (an
+// abstract unix socket of its network namespace), to root or the relay's
+// own user only.
+type Status struct {
+	PID       int            `json:"pid"`
+	Listen    string         `json:"listen"`
+	Started   time.Time      `json:"started"`
+	Now       time.Time      `json:"now"`
+	Ports     string         `json:"ports"`
+	Mappings  int            `json:"mappings"`
+	Members   []MemberStatus `json:"members"`
+	Tunnel    *TunnelStatus  `json:"tunnel,omitempty"`
+	CounterOK bool           `json:"counters_ok"` // false: the kernel's counters could not be read
+}
+
+// MemberStatus is one configured member.
+type MemberStatus struct {
+	Name          string          `json:"name"`
+	Key           string          `json:"key"` // public key, base64
+	Sessions      int             `json:"sessions"`
+	LastHandshake time.Time       `json:"last_handshake,omitzero"`
+	LastAddress   string          `json:"last_address,omitempty"`
+	Bytes         uint64          `json:"bytes"` // through its current mappings
+	Mappings      []MappingStatus `json:"mappings"`
+}
+
+// MappingStatus is one NAT detour. Legacy v1 mappings are listed under the
+// member name "legacy-v1".
+type MappingStatus struct {
+	Client  string    `json:"client"` // client address : detour port
+	Server  string    `json:"server"`
+	Granted time.Time `json:"granted"`
+	Expires time.Time `json:"expires"`
+	Bytes   uint64    `json:"bytes"`
+	Packets uint64    `json:"packets"`
+}
+
+// TunnelStatus is the WireGuard side, when the relay offers tunnels.
+type TunnelStatus struct {
+	Device     string       `json:"device"`
+	ListenPort int          `json:"listen_port"`
+	Peers      []TunnelPeer `json:"peers"`
+}
+
+// TunnelPeer is one member's tunnel.
+type TunnelPeer struct {
+	Member        string    `json:"member"`
+	Key           string    `json:"key"`
+	Endpoint      string    `json:"endpoint,omitempty"`
+	Addresses     []string  `json:"addresses"`
+	LastHandshake time.Time `json:"last_handshake,omitzero"`
+	RxBytes       int64     `json:"rx_bytes"`
+	TxBytes       int64     `json:"tx_bytes"`
+}
+
+// tunnelStatuser is implemented by tunnel allocators that can report their
+// WireGuard device (tunnelctl's does).
+type tunnelStatuser interface {
+	Status() (*wgtypes.Device, error)
+}
+
+// statusRequest asks the event loop for a snapshot.
+type statusRequest chan *Status
+
+// serveStatus answers status requests on the lock socket until it closes.
+// Each connection sends one line ("status") and gets one JSON document.
+func (s *Server) serveStatus(ctx context.Context) {
+	for {
+		c, err := s.lock.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		go s.answerStatus(ctx, c)
+	}
+}
+
+func (s *Server) answerStatus(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if uid, ok := peerUID(c); !ok || uid != 0 && int(uid) != os.Getuid() {
+		fmt.Fprintln(c, `{"error": "permission denied: relay status is for root or the relay's user"}`)
+		return
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "status" {
+		return // e.g. a second relay asking who holds the lock
+	}
+	req := make(statusRequest, 1)
+	select {
+	case s.statusReq <- req:
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case st := <-req:
+		_ = json.NewEncoder(c).Encode(st)
+	case <-ctx.Done():
+	}
+}
+
+func peerUID(c *net.UnixConn) (uint32, bool) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var uid uint32
+	ok := false
+	_ = rc.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			uid, ok = cred.Uid, true
+		}
+	})
+	return uid, ok
+}
+
+// status builds the snapshot (event loop only).
+func (s *Server) status() *Status {
+	now := s.now()
+	st := &Status{PID: os.Getpid(), Listen: s.Addr().String(), Started: s.started, Now: now,
+		Ports: fmt.Sprintf("%d-%d", s.set.PortLo, s.set.PortHi), Mappings: s.leases.active()}
+	if len(s.batch) > 0 {
+		s.flush() // mappings of this batch are not in the kernel yet
+	}
+	keys := make([]mapKey, 0, len(s.leases.byKey))
+	for k := range s.leases.byKey {
+		keys = append(keys, k)
+	}
+	cnt, err := s.dp.CountersOf(keys)
+	st.CounterOK = err == nil
+	byName := map[string]*MemberStatus{}
+	for key, name := range s.set.Members {
+		ms := &MemberStatus{Name: name, Key: key.String(), Mappings: []MappingStatus{}}
+		var last *session
+		for _, id := range s.byMember[key] {
+			if ses := s.sessions[id]; ses != nil {
+				ms.Sessions++
+				if last == nil || ses.created.After(last.created) {
+					last = ses
+				}
+			}
+		}
+		if last != nil {
+			ms.LastHandshake, ms.LastAddress = last.created, last.addr.String()
+		}
+		byName[key.String()] = ms
+	}
+	for _, m := range s.leases.byKey {
+		k := m.Owner.Key.String()
+		if m.Owner.Key.IsZero() {
+			k = legacyOwner.Name
+		}
+		ms := byName[k]
+		if ms == nil {
+			ms = &MemberStatus{Name: m.Owner.Name, Mappings: []MappingStatus{}}
+			if !m.Owner.Key.IsZero() {
+				ms.Key = k
+			}
+			byName[k] = ms
+		}
+		c := cnt[m.Key]
+		ms.Bytes += c.Bytes
+		ms.Mappings = append(ms.Mappings, MappingStatus{
+			Client: netip.AddrPortFrom(m.Key.Client, m.Key.Port).String(), Server: m.Server.String(),
+			Granted: m.Granted, Expires: m.Expires, Bytes: c.Bytes, Packets: c.Packets})
+	}
+	for _, ms := range byName {
+		sort.Slice(ms.Mappings, func(i, j int) bool { return ms.Mappings[i].Client < ms.Mappings[j].Client })
+		st.Members = append(st.Members, *ms)
+	}
+	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
+	if ts, ok := s.tunnels.(tunnelStatuser); ok {
+		if dev, err := ts.Status(); err == nil {
+			t := &TunnelStatus{Device: dev.Name, ListenPort: dev.ListenPort, Peers: []TunnelPeer{}}
+			for _, p := range dev.Peers {
+				tp := TunnelPeer{Key: p.PublicKey.String(), Member: s.set.Members[proto.Key(p.PublicKey)],
+					LastHandshake: p.LastHandshakeTime, RxBytes: p.ReceiveBytes, TxBytes: p.TransmitBytes, Addresses: []string{}}
+				if p.Endpoint != nil {
+					tp.Endpoint = p.Endpoint.String()
+				}
+				for _, a := range p.AllowedIPs {
+					tp.Addresses = append(tp.Addresses, a.String())
+				}
+				t.Peers = append(t.Peers, tp)
+			}
+			st.Tunnel = t
+		} else {
+			s.log.Warn("relay status: tunnel device", "err", err)
+		}
+	}
+	return st
+}
+
+// QueryStatus asks the relay running in this network namespace for its
+// status.
+func QueryStatus(timeout time.Duration) (*Status, error) {
+	d := net.Dialer{Timeout: timeout}
+	c, err := d.Dial("unix", lockName)
+	if err != nil {
+		return nil, fmt.Errorf("no mpdetour relay is running in this network namespace (%s: %v)", lockName, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintln(c, "status"); err != nil {
+		return nil, fmt.Errorf("relay status: %w", err)
+	}
+	var raw json.RawMessage
+	if err := json.NewDecoder(c).Decode(&raw); err != nil {
+		return nil, fmt.Errorf("relay status: no answer from the relay (%v); is it an older version?", err)
+	}
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(raw, &e) == nil && e.Error != "" {
+		return nil, fmt.Errorf("relay status: %s", e.Error)
+	}
+	var st Status
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return nil, fmt.Errorf("relay status: %w", err)
+	}
+	return &st, nil
+}
