@@ -3,8 +3,11 @@ package relay
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"log/slog"
 	"net/netip"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +199,61 @@ func TestRefusalLogBounded(t *testing.T) {
 	lines := strings.Count(buf.String(), "\n")
 	if lines != 2 || !strings.Contains(buf.String(), "unauthorized=4999") {
 		t.Fatalf("%d log lines for 5000 refusals:\n%s", lines, buf.String())
+	}
+}
+
+// dashboardNames returns the metric names with prefix that the Grafana
+// dashboard in deploy/ queries (histogram suffixes removed).
+func dashboardNames(t *testing.T, prefix string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile("../../deploy/grafana-mpdetour.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Targets []struct{ Expr string } `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("deploy/grafana-mpdetour.json: %v", err)
+	}
+	names := map[string]bool{}
+	re := regexp.MustCompile(prefix + `[a-z_]+`)
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			for _, n := range re.FindAllString(tg.Expr, -1) {
+				for _, suf := range []string{"_bucket", "_count", "_sum"} {
+					n = strings.TrimSuffix(n, suf)
+				}
+				names[n] = true
+			}
+		}
+	}
+	return names
+}
+
+// Every relay metric the dashboard shows exists (a renamed metric would
+// leave an empty panel).
+func TestDashboardRelayMetrics(t *testing.T) {
+	m := newMetrics()
+	m.requests.WithLabelValues("grant", "ok")
+	m.memberBytes.WithLabelValues("x")
+	fams, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range fams {
+		have[f.GetName()] = true
+	}
+	names := dashboardNames(t, "mpdetour_relay_")
+	if len(names) < 5 {
+		t.Fatalf("dashboard queries only %v", names)
+	}
+	for n := range names {
+		if !have[n] {
+			t.Errorf("the dashboard queries %s, which the relay does not export (it has %v)", n, have)
+		}
 	}
 }
