@@ -200,6 +200,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	probec := make(chan probe, 1)
 	probing := false
+	// The sweep forgets connections the kernel no longer has although no
+	// CLOSED event said so (seen with connections closed while joins were
+	// pending): their grants would be renewed forever.
+	every := a.cfg.SweepEvery
+	if every <= 0 {
+		every = defaultSweepEvery
+	}
+	sweepTick := time.NewTicker(every)
+	defer sweepTick.Stop()
+	sweepc := make(chan sweep, 1)
+	sweeping := false
+	var swept uint64
+	lastSweepLog := time.Time{}
 	for {
 		var out chan job
 		var head job
@@ -251,6 +264,23 @@ func (a *Agent) Run(ctx context.Context) error {
 		case pr := <-probec:
 			probing = false
 			queue = append(queue, a.measured(pr)...)
+		case <-sweepTick.C:
+			if !sweeping && len(a.conns) > 0 {
+				sweeping = true
+				at := time.Now()
+				go func() {
+					conns, err := a.k.Connections()
+					sweepc <- sweep{conns: conns, at: at, err: err}
+				}()
+			}
+		case sw := <-sweepc:
+			sweeping = false
+			jobs, n := a.swept(sw, every/2)
+			queue = append(queue, jobs...)
+			if swept += uint64(n); swept > 0 && time.Since(lastSweepLog) >= time.Minute {
+				a.log.Info("forgot connections the kernel no longer has (no CLOSED event came)", "connections", swept)
+				swept, lastSweepLog = 0, time.Now()
+			}
 		case <-settle:
 			settle = nil
 			queue = append(queue, a.resync("settle after loss")...)
@@ -258,6 +288,42 @@ func (a *Agent) Run(ctx context.Context) error {
 			queue = append(queue, a.jobsFor(a.pol.Tick(now), time.Time{})...)
 		}
 	}
+}
+
+// defaultSweepEvery is how often tracked connections are checked against
+// the kernel's table (Config.SweepEvery).
+const defaultSweepEvery = 10 * time.Second
+
+type sweep struct {
+	conns []mptcppm.Connection
+	at    time.Time
+	err   error
+}
+
+// swept forgets the tracked connections absent from a dump, as if their
+// CLOSED event had come; it returns the jobs and how many it forgot. Only
+// connections tracked for longer than grace count: a dump started just
+// before a connection's first event cannot list it.
+func (a *Agent) swept(sw sweep, grace time.Duration) ([]job, int) {
+	if sw.err != nil {
+		a.log.Debug("sweep: inet_diag dump failed", "err", sw.err)
+		return nil, 0
+	}
+	present := make(map[uint32]bool, len(sw.conns))
+	for _, mc := range sw.conns {
+		present[mc.Token] = true
+	}
+	var gone []uint32
+	for tok, cv := range a.conns {
+		if !present[tok] && sw.at.Sub(cv.since) > grace {
+			gone = append(gone, tok)
+		}
+	}
+	var jobs []job
+	for _, tok := range gone {
+		jobs = append(jobs, a.handle(mptcppm.Event{Type: mptcppm.EventClosed, Token: tok}, time.Now())...)
+	}
+	return jobs, len(gone)
 }
 
 type probe struct {

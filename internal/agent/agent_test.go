@@ -255,3 +255,40 @@ func TestAgentMetrics(t *testing.T) {
 		}
 	}
 }
+
+// A connection the kernel no longer lists is forgotten although its CLOSED
+// event never came, and its grants are released (the soak found one
+// tracked forever, its NAT mapping renewed forever); one the kernel lists
+// stays.
+func TestAgentSweepsConnectionsWithoutClosedEvent(t *testing.T) {
+	cfg := agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, SweepEvery: 100 * time.Millisecond,
+		Detours: []agent.StaticDetour{natDetour("r1", relay1)}}
+	k := kerneltest.New()
+	a := agent.New(cfg, nil, k, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); k.Close(); <-done }()
+	for _, tok := range []uint32{21, 22} {
+		k.Emit(mptcppm.Event{Type: mptcppm.EventCreated, Token: tok, Local: client, Remote: server},
+			mptcppm.Event{Type: mptcppm.EventEstablished, Token: tok, Local: client, Remote: server})
+	}
+	// The kernel still has 22 (in any state), not 21.
+	k.SetConnections([]mptcppm.Connection{{Token: 22, State: 4, Local: client, Remote: server}})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st := a.Status()
+		has := map[string]bool{}
+		for _, c := range st.Connections {
+			has[c.Token] = true
+		}
+		if !has[fmt.Sprintf("%08x", 21)] && has[fmt.Sprintf("%08x", 22)] {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after sweeps: connections %v, want only 00000016", has)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

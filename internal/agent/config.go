@@ -35,6 +35,10 @@ type Config struct {
 	// retransmission timeouts that marks an established subflow dead.
 	ProbeInterval    time.Duration
 	StallRetransmits int
+	// SweepEvery is how often tracked connections are checked against the
+	// kernel's table, to forget those whose CLOSED event never came
+	// (0 = 10 s; not in the YAML: tests shorten it).
+	SweepEvery time.Duration
 	// Policy chooses subflows: static (keep N) or adaptive (measure, keep
 	// the best, back up, fail over); Watchdog, Window and Hold tune the
 	// adaptive one (policy.Config).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -19,7 +20,10 @@ import (
 // so a busy port is an error at start, not a log line later.
 func ServeMetrics(addr string, a *Agent, log *slog.Logger) (stop func(), err error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewMetrics(a))
+	// The Go runtime and process collectors (go_goroutines,
+	// process_open_fds, process_resident_memory_bytes...) are what a soak
+	// test or an operator watches for leaks.
+	reg.MustRegister(NewMetrics(a), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)

@@ -859,7 +859,16 @@ func (p *Manager) expire(k *kconn, now time.Time) []Intent {
 		if s.d != nil && !s.up && !s.stale && now.Sub(s.created) >= p.cfg.ConnectTimeout {
 			s.stale, s.role = true, RoleFailed
 			s.decision = fmt.Sprintf("not established within %s", p.cfg.ConnectTimeout)
-			p.penalise(*s.d, s.decision)
+			if p.detourUpElsewhere(*s.d, k) {
+				// The path works: the join failed for reasons of this
+				// connection (typically it was closing: a short transfer
+				// ends before its joins complete, and the server refuses
+				// them). Blaming the detour would put it in backoff for
+				// every connection.
+				s.decision += " (the detour carries other connections: not held against it)"
+			} else {
+				p.penalise(*s.d, s.decision)
+			}
 			n++
 		}
 	}
@@ -867,6 +876,23 @@ func (p *Manager) expire(k *kconn, now time.Time) []Intent {
 		return nil
 	}
 	return p.fill(k)
+}
+
+// detourUpElsewhere says whether another connection than k has a live
+// subflow through d.
+func (p *Manager) detourUpElsewhere(d detour.Detour, k *kconn) bool {
+	dk := Key(d)
+	for _, o := range p.conns {
+		if o == k {
+			continue
+		}
+		for _, s := range o.subs {
+			if s.d != nil && s.up && !s.stale && Key(*s.d) == dk {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Conns is the number of tracked connections.

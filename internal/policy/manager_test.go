@@ -340,3 +340,36 @@ func TestStaticStalledSubflowIsReplaced(t *testing.T) {
 func stalledM(sf Subflow, rto uint8) Measurement {
 	return Measurement{Token: sf.Token, Local: sf.Local, Remote: sf.Remote, Retransmits: rto, Unacked: 10}
 }
+
+// A join that times out while the same detour carries another connection
+// is the connection's problem (typically a short transfer that closed
+// before its joins completed), not the detour's: no backoff for everyone.
+func TestTimeoutOnWorkingDetourIsNotHeldAgainstIt(t *testing.T) {
+	p, _, clk := newStatic(1, d1)
+	a := Conn{Token: 1, Local: client, Remote: server}
+	ins := p.Established(a)
+	if len(ins) != 1 {
+		t.Fatalf("first connection: %v", ins)
+	}
+	p.SubflowEstablished(up(ins[0], 43000))
+	b := Conn{Token: 2, Local: netip.MustParseAddrPort("10.0.1.1:40001"), Remote: server}
+	if ins = p.Established(b); len(ins) != 1 {
+		t.Fatalf("second connection: %v", ins)
+	}
+	clk.advance(3100 * time.Millisecond)
+	p.Tick(clk.t)
+	if !p.Backoff(d1).IsZero() || p.fails(d1) != 0 {
+		t.Fatalf("detour carrying connection 1 was penalised for connection 2's timeout: backoff %v fails %d", p.Backoff(d1), p.fails(d1))
+	}
+	// Once connection 1 is gone, a timeout counts again.
+	p.Closed(1)
+	c := Conn{Token: 3, Local: netip.MustParseAddrPort("10.0.1.1:40002"), Remote: server}
+	if ins = p.Established(c); len(ins) != 1 {
+		t.Fatalf("third connection: %v", ins)
+	}
+	clk.advance(3100 * time.Millisecond)
+	p.Tick(clk.t)
+	if p.Backoff(d1).IsZero() {
+		t.Fatal("a timeout on a detour that carries nothing did not count")
+	}
+}
