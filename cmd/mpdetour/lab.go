@@ -222,8 +222,8 @@ func labCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:    "lab",
-		Summary: "emulated networks in namespaces: up, exec, check, down, list, bench, design",
-		Sub:     []*cli.Command{up, execCmd, check, down, list, labDelaylineCommand(), labBenchCommand(), labDesignCommand()},
+		Summary: "emulated networks in namespaces: up, exec, check, down, list, bench, design, soak",
+		Sub:     []*cli.Command{up, execCmd, check, down, list, labDelaylineCommand(), labBenchCommand(), labDesignCommand(), labSoakCommand()},
 	}
 }
 

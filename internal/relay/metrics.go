@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -57,7 +58,8 @@ func newMetrics() *metrics {
 	bytes := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mpdetour_relay_bytes_total", Help: "Bytes forwarded through mappings, counted when each mapping closes (both directions).",
 	}, func() float64 { return float64(m.closedBytes.Load()) })
-	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, bytes)
+	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, bytes,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -94,6 +94,10 @@ func startRelays(ctx context.Context, env *Env, mode relayMode) (_ *relays, err 
 		return nil, err
 	}
 	server := env.Lab.Addr(env.Roles.Server)
+	lease := relayLease
+	if env.RelayLease > 0 {
+		lease = env.RelayLease
+	}
 	for i, node := range env.Cell.Detours {
 		k, err := proto.GenerateKey()
 		if err != nil {
@@ -110,13 +114,20 @@ ports: 40000-40999
 lease: %s
 members:
   - {name: bench, public_key: %s}
-`, relay.DefaultPort, k, relayLease, rs.member.Public())
+`, relay.DefaultPort, k, lease, rs.member.Public())
+		cfg += env.RelayConfig
 		if mode != tunnelOnly {
 			// The lab's server has a private address, refused unless allowed.
 			cfg += fmt.Sprintf("allow_destinations: [%s/32]\n", server)
 		}
+		if env.RelayState {
+			cfg += fmt.Sprintf("state_file: %s\n", filepath.Join(env.Dir, "relay-"+node+".state.json"))
+		}
 		if mode != natOnly {
 			cfg += fmt.Sprintf("tunnel:\n  subnet: %s\n  allow_destinations: [%s/32]\n", tunnelSubnet(i), server)
+			if env.RelayState {
+				cfg += fmt.Sprintf("  state_file: %s\n", filepath.Join(env.Dir, "tunnel-"+node+".state.json"))
+			}
 			rs.prefixes[tunnelSubnet(i)] = "tunnel:" + node
 		}
 		path := filepath.Join(env.Dir, "relay-"+node+".yaml")

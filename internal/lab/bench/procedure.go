@@ -24,6 +24,13 @@ type Env struct {
 	Dir              string // private scratch directory of the cell
 	Port             int    // the receiver's port on the server
 	AgentConfig      string // YAML appended to agent configurations (Options.AgentConfig)
+	// RelayLease is the relays' lease (0: relayLease, longer than any cell)
+	// and RelayConfig YAML appended to their configurations.
+	RelayLease  time.Duration
+	RelayConfig string
+	// RelayState gives each relay a state_file (replay protection) and a
+	// tunnel state_file (allocations survive restarts), in Dir.
+	RelayState bool
 }
 
 // Measurement is the outcome of one trial.

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
+)
+
+// labSoakCommand is `mpdetour lab soak`: churn against real relays and an
+// agent in a lab of its own, checking that nothing leaks.
+func labSoakCommand() *cli.Command {
+	var (
+		o         bench.SoakOptions
+		out, name string
+	)
+	return &cli.Command{
+		Name:         "soak",
+		Summary:      "churn for a while (connections, relay restarts, a flapping detour link) and check nothing leaks",
+		Usage:        "[--duration 5m] [--out DIR] [--restart-every D] [--flap-every D] [--flap-for D] [--conns N] [--long N]",
+		Interspersed: true,
+		Flags: func(fs *flag.FlagSet) {
+			fs.DurationVar(&o.Duration, "duration", 5*time.Minute, "how long the churn lasts (the issue's soak: 1h)")
+			fs.DurationVar(&o.RestartEvery, "restart-every", 0, "restart a relay (alternating; every third with SIGKILL) this often (default duration/12)")
+			fs.DurationVar(&o.FlapEvery, "flap-every", 30*time.Second, "black-hole detour1's core link this often")
+			fs.DurationVar(&o.FlapFor, "flap-for", 5*time.Second, "... for this long")
+			fs.Float64Var(&o.ConnsPerSecond, "conns", 5, "short MPTCP connections opened (and closed) per second")
+			fs.IntVar(&o.Long, "long", 2, "long-lived connections sending ~2 Mbit/s each")
+			fs.DurationVar(&o.Sample, "sample", 10*time.Second, "sampling period")
+			fs.StringVar(&out, "out", "", "write report.md and samples.json here")
+			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
+		},
+		Run: func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return cli.Usagef("lab soak: unexpected argument %q", args[0])
+			}
+			if o.Duration < 30*time.Second {
+				return cli.Usagef("lab soak: --duration %s is too short to compare start and end (at least 30s)", o.Duration)
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("finding the mpdetour binary: %w", err)
+			}
+			o.Binary = exe
+			dir, err := os.MkdirTemp("", "mpdetour-soak-")
+			if err != nil {
+				return err
+			}
+			keep := false
+			defer func() {
+				if keep {
+					fmt.Printf("daemon logs and configs kept in %s\n", dir)
+				} else {
+					os.RemoveAll(dir)
+				}
+			}()
+			o.Dir = dir
+			topo, err := topology.Builtin("detours")
+			if err != nil {
+				return err
+			}
+			if err := topo.Set("all.delay", "0"); err != nil {
+				return err
+			}
+			l, err := lab.Up(ctx, topo, name)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				if err := l.Down(); err != nil {
+					fmt.Fprintf(os.Stderr, "lab soak: taking the lab down: %v\n", err)
+				}
+			}()
+			o.Lab, o.Progress = l, os.Stdout
+			rep, err := bench.Soak(ctx, o)
+			if err != nil {
+				return fmt.Errorf("lab soak: %w", err)
+			}
+			if out != "" {
+				if err := bench.WriteSoakReport(out, rep); err != nil {
+					return err
+				}
+			}
+			for _, c := range rep.Checks {
+				res := "ok  "
+				if !c.OK {
+					res = "FAIL"
+				}
+				fmt.Printf("%s %s: %s\n", res, c.Name, c.Detail)
+			}
+			if err := bench.SoakError(rep); err != nil {
+				keep = true
+				return errors.New("lab soak: " + err.Error())
+			}
+			return nil
+		},
+	}
+}

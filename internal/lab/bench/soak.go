@@ -1,0 +1,613 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/relay"
+)
+
+// SoakOptions configure Soak. Zero values take the defaults in brackets.
+type SoakOptions struct {
+	// Lab is a "detours" topology with at least two detour nodes
+	// (detour1, detour2), a client and a server.
+	Lab    *lab.Lab
+	Binary string // mpdetour executable for the daemons
+	Dir    string // scratch directory: configs, daemon logs
+	// Duration of the churn [5m]. RestartEvery: a relay (alternating) is
+	// restarted this often, every third time with SIGKILL [Duration/12,
+	// i.e. 5 min in an hour]. FlapEvery/FlapFor: detour1's core link (C1)
+	// is black-holed for FlapFor this often [30s / 5s].
+	Duration, RestartEvery, FlapEvery, FlapFor time.Duration
+	// ConnsPerSecond short MPTCP connections (open, send 32 KB, close) [5];
+	// Long connections keep sending ~2 Mbit/s each for the whole run [2].
+	ConnsPerSecond float64
+	Long           int
+	Sample         time.Duration // sampling period [10s]
+	Progress       io.Writer     // one line per sample (nil: none)
+}
+
+// SoakSample is one look at every daemon.
+type SoakSample struct {
+	T      float64              `json:"t"` // seconds since the churn started
+	Agent  ProcStats            `json:"agent"`
+	Relays map[string]RelayLook `json:"relays"`
+	// Connections opened and failed so far (short and long).
+	Opened int64 `json:"opened"`
+	Failed int64 `json:"failed"`
+}
+
+// ProcStats are a daemon's resources, from its Prometheus endpoint.
+type ProcStats struct {
+	RSSBytes   float64 `json:"rss_bytes"`
+	FDs        float64 `json:"fds"`
+	Goroutines float64 `json:"goroutines"`
+}
+
+// RelayLook is a relay's resources and state.
+type RelayLook struct {
+	ProcStats
+	Mappings    int `json:"mappings"`     // the relay's table (relay status)
+	NftElements int `json:"nft_elements"` // its DNAT map in the kernel
+	TunnelPeers int `json:"tunnel_peers"` // WireGuard peers
+	Restarts    int `json:"restarts"`
+}
+
+// SoakCheck is one pass/fail criterion.
+type SoakCheck struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// SoakReport is what Soak measured.
+type SoakReport struct {
+	Options struct {
+		Duration, RestartEvery, FlapEvery, FlapFor string
+		ConnsPerSecond                             float64
+		Long                                       int
+	} `json:"options"`
+	Samples  []SoakSample `json:"samples"`
+	Restarts []string     `json:"restarts"` // "t=..s relay detour1 SIGTERM"
+	Final    map[string]RelayLook
+	Checks   []SoakCheck `json:"checks"`
+}
+
+// Failed lists the checks that did not pass.
+func (r *SoakReport) Failed() []SoakCheck {
+	var f []SoakCheck
+	for _, c := range r.Checks {
+		if !c.OK {
+			f = append(f, c)
+		}
+	}
+	return f
+}
+
+const (
+	soakAgentMetrics = "127.0.0.1:9465"
+	soakRelayMetrics = "127.0.0.1:9464"
+)
+
+// Soak runs relays in detour1 and detour2 and an agent in the client with
+// NAT and tunnel detours, and for Duration opens and closes connections,
+// keeps long ones sending, restarts relays and flaps a detour link, sampling
+// every daemon's memory, file descriptors and goroutines and the relays'
+// mappings, nft elements and WireGuard peers. Afterwards it checks that
+// nothing grew and no mapping was left behind. An error means the soak could
+// not run; failed checks are in the report.
+func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
+	if o.Duration <= 0 {
+		o.Duration = 5 * time.Minute
+	}
+	if o.RestartEvery <= 0 {
+		o.RestartEvery = o.Duration / 12
+	}
+	if o.FlapEvery <= 0 {
+		o.FlapEvery = 30 * time.Second
+	}
+	if o.FlapFor <= 0 {
+		o.FlapFor = 5 * time.Second
+	}
+	if o.ConnsPerSecond <= 0 {
+		o.ConnsPerSecond = 5
+	}
+	if o.Long <= 0 {
+		o.Long = 2
+	}
+	if o.Sample <= 0 {
+		o.Sample = 10 * time.Second
+	}
+	rep := &SoakReport{Final: map[string]RelayLook{}}
+	rep.Options.Duration, rep.Options.RestartEvery = o.Duration.String(), o.RestartEvery.String()
+	rep.Options.FlapEvery, rep.Options.FlapFor = o.FlapEvery.String(), o.FlapFor.String()
+	rep.Options.ConnsPerSecond, rep.Options.Long = o.ConnsPerSecond, o.Long
+	detours := []string{"detour1", "detour2"}
+	env := &Env{Lab: o.Lab, Cell: scenario.Cell{Procedure: "soak", Detours: detours},
+		Roles: scenario.Roles{Client: "client", Server: "server"}, Binary: o.Binary, Dir: o.Dir, Port: 5201,
+		RelayLease: 30 * time.Second, RelayConfig: "metrics: {listen: " + soakRelayMetrics + "}\n", RelayState: true}
+	if out, err := o.Lab.Command(ctx, "server", "ip", "mptcp", "limits", "set", "subflows", "8", "add_addr_accepted", "8").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("server MPTCP limits: %v: %s", err, out)
+	}
+	var ln net.Listener
+	err := o.Lab.Do("server", func() (err error) {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(true)
+		ln, err = lc.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", env.Port))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("server sink: %w", err)
+	}
+	defer ln.Close()
+	go func() { // a sink: reads until the client closes
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	rs, err := startRelays(ctx, env, natTunnel)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.close()
+	for _, node := range detours {
+		if err := rs.probe(ctx, env, node); err != nil {
+			return nil, err
+		}
+	}
+	agent, err := startAgent(ctx, env, 2, nil, rs.agentSection(env)+"tunnels: true\nmetrics: {listen: "+soakAgentMetrics+"}\n")
+	if err != nil {
+		return nil, err
+	}
+	defer agent.stop()
+
+	var opened, failed atomic.Int64
+	runCtx, stopRun := context.WithTimeout(ctx, o.Duration)
+	defer stopRun()
+	var wg sync.WaitGroup
+	start := time.Now()
+	dial := func() (net.Conn, error) {
+		var c net.Conn
+		err := o.Lab.Do("client", func() (err error) {
+			d := &net.Dialer{Timeout: 5 * time.Second}
+			d.SetMultipathTCP(true)
+			c, err = d.Dial("tcp4", env.serverAddr().String())
+			return err
+		})
+		opened.Add(1)
+		if err != nil {
+			failed.Add(1)
+		}
+		return c, err
+	}
+	// Short connections.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(time.Duration(float64(time.Second) / o.ConnsPerSecond))
+		defer tick.Stop()
+		buf := make([]byte, 32<<10)
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-tick.C:
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := dial()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				if _, err := c.Write(buf); err != nil {
+					failed.Add(1)
+				}
+			}()
+		}
+	}()
+	// Long connections: reopened if one breaks (counted as failed).
+	for i := 0; i < o.Long; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 25<<10) // every 100 ms: ~2 Mbit/s
+			for runCtx.Err() == nil {
+				c, err := dial()
+				if err != nil {
+					time.Sleep(time.Second)
+					continue
+				}
+				tick := time.NewTicker(100 * time.Millisecond)
+				for runCtx.Err() == nil {
+					_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+					if _, err := c.Write(buf); err != nil {
+						failed.Add(1)
+						break
+					}
+					select {
+					case <-runCtx.Done():
+					case <-tick.C:
+					}
+				}
+				tick.Stop()
+				c.Close()
+			}
+		}()
+	}
+	// Relay restarts.
+	restarts := map[string]int{}
+	var restartMu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(o.RestartEvery)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-tick.C:
+			}
+			node := detours[n%len(detours)]
+			how := "SIGTERM"
+			if n%3 == 2 {
+				how = "SIGKILL"
+			}
+			err := rs.restart(ctx, env, node, how == "SIGKILL")
+			restartMu.Lock()
+			restarts[node]++
+			line := fmt.Sprintf("t=%.0fs relay %s %s", time.Since(start).Seconds(), node, how)
+			if err != nil {
+				line += ": " + err.Error()
+			}
+			rep.Restarts = append(rep.Restarts, line)
+			restartMu.Unlock()
+		}
+	}()
+	// Link flaps.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(o.FlapEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-tick.C:
+			}
+			restore, err := o.Lab.BlackHole("C1")
+			if err != nil {
+				continue
+			}
+			select {
+			case <-runCtx.Done():
+			case <-time.After(o.FlapFor):
+			}
+			_ = restore()
+		}
+	}()
+	// Samples.
+	sample := func() SoakSample {
+		s := SoakSample{T: time.Since(start).Seconds(), Relays: map[string]RelayLook{}, Opened: opened.Load(), Failed: failed.Load()}
+		s.Agent, _ = scrapeProc(o.Lab, "client", soakAgentMetrics)
+		restartMu.Lock()
+		defer restartMu.Unlock()
+		for _, node := range detours {
+			look := lookRelay(ctx, o.Lab, o.Binary, node)
+			look.Restarts = restarts[node]
+			s.Relays[node] = look
+		}
+		return s
+	}
+	tick := time.NewTicker(o.Sample)
+sampling:
+	for {
+		select {
+		case <-runCtx.Done():
+			break sampling
+		case <-tick.C:
+			s := sample()
+			rep.Samples = append(rep.Samples, s)
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB fds=%.0f goroutines=%.0f | %s | conns %d failed %d\n",
+					s.T, s.Agent.RSSBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, relayLine(s), s.Opened, s.Failed)
+			}
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	if ok, _ := agent.exited(); ok {
+		rep.Checks = append(rep.Checks, SoakCheck{Name: "agent alive", Detail: agent.failure().Error()})
+		return rep, nil
+	}
+	// After the churn: every connection is closed, so the agent releases
+	// its grants (or they expire with the lease): no mapping may remain.
+	deadline := time.Now().Add(env.RelayLease + 20*time.Second)
+	var final map[string]RelayLook
+	for {
+		final = map[string]RelayLook{}
+		clean := true
+		for _, node := range detours {
+			look := lookRelay(ctx, o.Lab, o.Binary, node)
+			final[node] = look
+			if look.Mappings != 0 || look.NftElements != 0 {
+				clean = false
+			}
+		}
+		if clean || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	rep.Final = final
+	rep.Checks = append(rep.Checks, soakChecks(rep, o)...)
+	return rep, nil
+}
+
+func relayLine(s SoakSample) string {
+	var parts []string
+	for _, node := range []string{"detour1", "detour2"} {
+		r := s.Relays[node]
+		parts = append(parts, fmt.Sprintf("%s rss=%.1fMB fds=%.0f gr=%.0f map=%d nft=%d wg=%d", node, r.RSSBytes/1e6, r.FDs, r.Goroutines, r.Mappings, r.NftElements, r.TunnelPeers))
+	}
+	return strings.Join(parts, " | ")
+}
+
+// soakChecks compares the start and the end of the run (the first samples
+// after a warm-up of a fifth of the run against the last fifth): resources
+// must stay flat, and no mapping may be left behind.
+func soakChecks(rep *SoakReport, o SoakOptions) []SoakCheck {
+	var checks []SoakCheck
+	n := len(rep.Samples)
+	if n < 5 {
+		return []SoakCheck{{Name: "samples", Detail: fmt.Sprintf("only %d samples: run longer", n)}}
+	}
+	w := n / 5
+	first, last := rep.Samples[w:2*w], rep.Samples[n-w:]
+	flat := func(name string, get func(SoakSample) float64, slack, ratio float64) {
+		a, b := maxOf(first, get), maxOf(last, get)
+		ok := b <= a*ratio+slack
+		checks = append(checks, SoakCheck{Name: name + " flat", OK: ok,
+			Detail: fmt.Sprintf("max %.1f early, %.1f late (allowed %.1f)", a, b, a*ratio+slack)})
+	}
+	flat("agent RSS (MB)", func(s SoakSample) float64 { return s.Agent.RSSBytes / 1e6 }, 10, 1.25)
+	flat("agent fds", func(s SoakSample) float64 { return s.Agent.FDs }, 10, 1)
+	flat("agent goroutines", func(s SoakSample) float64 { return s.Agent.Goroutines }, 30, 1.25)
+	for _, node := range []string{"detour1", "detour2"} {
+		node := node
+		flat("relay "+node+" RSS (MB)", func(s SoakSample) float64 { return s.Relays[node].RSSBytes / 1e6 }, 10, 1.25)
+		flat("relay "+node+" fds", func(s SoakSample) float64 { return s.Relays[node].FDs }, 10, 1)
+		flat("relay "+node+" goroutines", func(s SoakSample) float64 { return s.Relays[node].Goroutines }, 20, 1.25)
+		flat("relay "+node+" mappings", func(s SoakSample) float64 { return float64(s.Relays[node].Mappings) }, 10, 1.5)
+		peers := maxOf(rep.Samples, func(s SoakSample) float64 { return float64(s.Relays[node].TunnelPeers) })
+		checks = append(checks, SoakCheck{Name: "relay " + node + " WireGuard peers bounded", OK: peers <= 1,
+			Detail: fmt.Sprintf("at most %.0f peer(s) (one member)", peers)})
+		f := rep.Final[node]
+		checks = append(checks, SoakCheck{Name: "relay " + node + " no mapping left", OK: f.Mappings == 0 && f.NftElements == 0,
+			Detail: fmt.Sprintf("after the churn: %d mappings, %d nft elements", f.Mappings, f.NftElements)})
+	}
+	lastS := rep.Samples[n-1]
+	rate := 0.0
+	if lastS.Opened > 0 {
+		rate = float64(lastS.Failed) / float64(lastS.Opened)
+	}
+	checks = append(checks, SoakCheck{Name: "connections", OK: rate <= 0.01,
+		Detail: fmt.Sprintf("%d opened, %d failed (%.2f%%; allowed 1%%)", lastS.Opened, lastS.Failed, 100*rate)})
+	restartsOK := len(rep.Restarts) >= 1
+	for _, r := range rep.Restarts {
+		if strings.Contains(r, ": ") {
+			restartsOK = false
+		}
+	}
+	checks = append(checks, SoakCheck{Name: "relay restarts", OK: restartsOK, Detail: fmt.Sprintf("%d: %s", len(rep.Restarts), strings.Join(rep.Restarts, "; "))})
+	return checks
+}
+
+func maxOf(ss []SoakSample, get func(SoakSample) float64) float64 {
+	m := math.Inf(-1)
+	for _, s := range ss {
+		m = math.Max(m, get(s))
+	}
+	return m
+}
+
+// scrapeProc reads a daemon's process metrics from its endpoint in node.
+func scrapeProc(l *lab.Lab, node, addr string) (ProcStats, error) {
+	var st ProcStats
+	var body []byte
+	err := l.Do(node, func() error {
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		req, _ := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
+		if err := req.Write(c); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
+		return err
+	})
+	if err != nil {
+		return st, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		name, val, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "process_resident_memory_bytes":
+			st.RSSBytes = v
+		case "process_open_fds":
+			st.FDs = v
+		case "go_goroutines":
+			st.Goroutines = v
+		}
+	}
+	return st, nil
+}
+
+// lookRelay reads a relay's resources, its table (relay status) and its
+// nftables map in node.
+func lookRelay(ctx context.Context, l *lab.Lab, bin, node string) RelayLook {
+	var look RelayLook
+	look.ProcStats, _ = scrapeProc(l, node, soakRelayMetrics)
+	if out, err := l.Command(ctx, node, bin, "relay", "status", "--json").Output(); err == nil {
+		var st relay.Status
+		if json.Unmarshal(out, &st) == nil {
+			look.Mappings = st.Mappings
+			if st.Tunnel != nil {
+				look.TunnelPeers = len(st.Tunnel.Peers)
+			}
+		}
+	}
+	if out, err := l.Command(ctx, node, "nft", "-j", "list", "table", "ip", relay.TableName).Output(); err == nil {
+		var doc struct {
+			Nftables []map[string]json.RawMessage `json:"nftables"`
+		}
+		if json.Unmarshal(out, &doc) == nil {
+			for _, o := range doc.Nftables {
+				if m, ok := o["map"]; ok {
+					var mm struct {
+						Name string            `json:"name"`
+						Elem []json.RawMessage `json:"elem"`
+					}
+					if json.Unmarshal(m, &mm) == nil && mm.Name == "detours" {
+						look.NftElements = len(mm.Elem)
+					}
+				}
+			}
+		}
+	}
+	return look
+}
+
+// restart stops the relay in node (SIGKILL if kill) and starts it again
+// with the same configuration, waiting until it grants.
+func (rs *relays) restart(ctx context.Context, env *Env, node string, kill bool) error {
+	for i, d := range rs.daemons {
+		if d.name != "relay-"+node {
+			continue
+		}
+		if kill {
+			_ = d.cmd.Process.Kill()
+			<-d.done
+		} else if err := d.stop(); err != nil {
+			return err
+		}
+		nd, err := startDaemon(ctx, env, node, "relay-"+node, env.Binary, "relay", "--config", filepath.Join(env.Dir, "relay-"+node+".yaml"))
+		if err != nil {
+			return err
+		}
+		rs.daemons[i] = nd
+		return rs.probe(ctx, env, node)
+	}
+	return fmt.Errorf("no relay in %s", node)
+}
+
+// WriteSoakReport writes report.md and samples.json into dir.
+func WriteSoakReport(dir string, rep *SoakReport) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(rep, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "samples.json"), b, 0o644); err != nil {
+		return err
+	}
+	var m strings.Builder
+	fmt.Fprintf(&m, "# Soak: %s of churn\n\n", rep.Options.Duration)
+	fmt.Fprintf(&m, "Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (2 detour subflows per connection, tunnels on), a server sink. For %s: %.0f short MPTCP connections/s (32 KB each), %d long ones sending ~2 Mbit/s, one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link black-holed for %s every %s.\n\n",
+		rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)
+	m.WriteString("## Checks\n\n| check | result | detail |\n|---|---|---|\n")
+	for _, c := range rep.Checks {
+		res := "pass"
+		if !c.OK {
+			res = "**FAIL**"
+		}
+		fmt.Fprintf(&m, "| %s | %s | %s |\n", c.Name, res, c.Detail)
+	}
+	m.WriteString("\n## Samples\n\n| t (s) | agent RSS MB | agent fds | agent goroutines | relay1 RSS MB / fds / goroutines | relay1 mappings / nft / wg peers | relay2 RSS MB / fds / goroutines | relay2 mappings / nft / wg peers | conns opened / failed |\n|---|---|---|---|---|---|---|---|---|\n")
+	step := 1
+	if len(rep.Samples) > 40 {
+		step = int(math.Ceil(float64(len(rep.Samples)) / 40))
+	}
+	for i, s := range rep.Samples {
+		if i%step != 0 && i != len(rep.Samples)-1 {
+			continue
+		}
+		r1, r2 := s.Relays["detour1"], s.Relays["detour2"]
+		fmt.Fprintf(&m, "| %.0f | %.1f | %.0f | %.0f | %.1f / %.0f / %.0f | %d / %d / %d | %.1f / %.0f / %.0f | %d / %d / %d | %d / %d |\n",
+			s.T, s.Agent.RSSBytes/1e6, s.Agent.FDs, s.Agent.Goroutines,
+			r1.RSSBytes/1e6, r1.FDs, r1.Goroutines, r1.Mappings, r1.NftElements, r1.TunnelPeers,
+			r2.RSSBytes/1e6, r2.FDs, r2.Goroutines, r2.Mappings, r2.NftElements, r2.TunnelPeers, s.Opened, s.Failed)
+	}
+	m.WriteString("\nRestarts: " + strings.Join(rep.Restarts, "; ") + "\n")
+	names := make([]string, 0, len(rep.Final))
+	for k := range rep.Final {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		f := rep.Final[k]
+		fmt.Fprintf(&m, "\nAfter the churn, relay %s: %d mappings, %d nft elements, %d WireGuard peers.\n", k, f.Mappings, f.NftElements, f.TunnelPeers)
+	}
+	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(m.String()), 0o644)
+}
+
+// errSoakFailed is returned by callers when checks failed.
+var errSoakFailed = errors.New("soak checks failed")
+
+// SoakError describes failed checks.
+func SoakError(rep *SoakReport) error {
+	f := rep.Failed()
+	if len(f) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	for _, c := range f {
+		fmt.Fprintf(&b, "\n  %s: %s", c.Name, c.Detail)
+	}
+	return fmt.Errorf("%w:%s", errSoakFailed, b.String())
+}
