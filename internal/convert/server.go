@@ -80,9 +80,12 @@ type Server struct {
 	// zero. When it is reached the converter stops accepting: new
 	// clients wait in the listen backlog.
 	MaxConns int
-	// Dialer opens destination connections (plain TCP: MPTCP is turned
-	// off on a copy); nil means a zero net.Dialer.
-	Dialer *net.Dialer
+	// Dial opens the connection to the destination; it must return a
+	// *net.TCPConn (splice). Nil means a net.Dialer with MPTCP off: the
+	// destination does not speak MPTCP, that is the point. The relay can
+	// pass its own (source address, namespace); tests pass one that dials
+	// from the converter's namespace.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
 // Refusal is why the converter refused a connection: the Error TLV it sent
@@ -280,13 +283,14 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn) {
 	}
 	log = log.With("dst", dst.String())
 
-	d := net.Dialer{}
-	if s.Dialer != nil {
-		d = *s.Dialer
+	dial := s.Dial
+	if dial == nil {
+		var d net.Dialer
+		d.SetMultipathTCP(false)
+		dial = d.DialContext
 	}
-	d.SetMultipathTCP(false) // the destination does not speak MPTCP: that is the point
 	dctx, dcancel := context.WithTimeout(ctx, orDefault(s.DialTimeout, DefaultDialTimeout))
-	c, err := d.DialContext(dctx, "tcp", dst.String())
+	c, err := dial(dctx, "tcp", dst.String())
 	dcancel()
 	if err != nil {
 		code, value := dialErrorCode(err)
