@@ -674,3 +674,60 @@ func TestMaxConns(t *testing.T) {
 		t.Fatal("second Dial still waiting 5 s after the slot was freed")
 	}
 }
+
+// TestClientNeverReads: the destination sends without end, the client
+// never reads; with StallTimeout the converter gives up on the zero window
+// and resets both sides instead of holding the conversion forever.
+func TestClientNeverReads(t *testing.T) {
+	l := newLine(t, func(s *Server) { s.StallTimeout = time.Second })
+	serverErr := make(chan error, 1)
+	dst := l.destination(t, func(c *net.TCPConn) {
+		buf := make([]byte, 1<<16)
+		c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		for {
+			if _, err := c.Write(buf); err != nil {
+				serverErr <- err
+				return
+			}
+		}
+	})
+	if _, err := l.dial(t, dst.addr, goodTicket); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	d := l.done(t)
+	t.Logf("conversion ended after %v: down %d bytes, %v", time.Since(start), d.down, d.err)
+	if d.err == nil {
+		t.Fatalf("Done without error for a client that never reads")
+	}
+	if err := <-serverErr; !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("destination write after the stall: %v, want a reset", err)
+	}
+}
+
+// TestIdleIsNotStall: StallTimeout does not end an idle conversion, nor one
+// whose client reads slowly but steadily.
+func TestIdleIsNotStall(t *testing.T) {
+	l := newLine(t, func(s *Server) { s.StallTimeout = 300 * time.Millisecond })
+	dst := l.destination(t, func(c *net.TCPConn) { io.Copy(c, c) })
+	c, err := l.dial(t, dst.addr, goodTicket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // idle for three stall timeouts
+	for i := range 10 {     // then a slow reader: 100 ms between small exchanges
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, 4)); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case d := <-l.dones:
+		t.Fatalf("conversion ended: %+v", d)
+	default:
+	}
+}

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -72,9 +74,11 @@ type Server struct {
 	DialTimeout time.Duration
 	// LingerTimeout bounds the drain after an Error TLV; DefaultLingerTimeout if zero.
 	LingerTimeout time.Duration
-	// StallTimeout, if positive, is set as TCP_USER_TIMEOUT on both
-	// sockets of a conversion (best effort), so a peer that stops reading
-	// or vanishes ends the conversion rather than holding it forever.
+	// StallTimeout, if positive, ends a conversion (resetting both sides)
+	// when a side has had data outstanding and none of it acknowledged for
+	// that long: a peer that stops reading (zero window) or vanishes. It is
+	// TCP_USER_TIMEOUT on plain TCP sockets and a watch of MPTCP_INFO on
+	// MPTCP ones, which refuse that option. Zero: no limit (keepalives only).
 	StallTimeout time.Duration
 	// MaxConns bounds the connections handled at once; DefaultMaxConns if
 	// zero. When it is reached the converter stops accepting: new
@@ -320,15 +324,22 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn) {
 		return
 	}
 	client.SetDeadline(time.Time{})
+	var watch []*net.TCPConn
 	if s.StallTimeout > 0 {
 		ms := int(s.StallTimeout / time.Millisecond)
 		for _, tc := range []*net.TCPConn{client, server} {
+			// MPTCP sockets refuse TCP_USER_TIMEOUT (ENOPROTOOPT, 6.18):
+			// those are watched from user space instead.
 			if err := setsockopt(tc, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms); err != nil {
-				log.Debug("convert: TCP_USER_TIMEOUT", "err", err)
+				watch = append(watch, tc)
 			}
 		}
 	}
+	stalled := watchStalls(watch, s.StallTimeout, func() { abort(client); abort(server) })
 	up, down, err := relay(client, server)
+	if stalled() {
+		err = fmt.Errorf("no data acknowledged for %v (a peer stopped reading or vanished): %w", s.StallTimeout, err)
+	}
 	log.Info("convert: done", "up", up, "down", down, "err", err)
 	s.done(member, dst, up, down, err)
 }
@@ -385,6 +396,80 @@ func relay(client, server *net.TCPConn) (up, down int64, err error) {
 		abort(server)
 	}
 	return up, down, err
+}
+
+// watchStalls polls the MPTCP-level send state (MPTCP_INFO) of conns: a
+// connection with data outstanding whose snd_una has not moved for timeout
+// is stalled (the peer's window stays shut or the peer is gone), and
+// onStall runs. That is TCP_USER_TIMEOUT for sockets that lack it, without
+// touching the payload path. The returned function stops the watch and
+// reports whether a stall was seen.
+func watchStalls(conns []*net.TCPConn, timeout time.Duration, onStall func()) (stop func() bool) {
+	if len(conns) == 0 {
+		return func() bool { return false }
+	}
+	quit, finished := make(chan struct{}), make(chan bool, 1)
+	go func() {
+		every := max(timeout/4, 50*time.Millisecond)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		last := make([]uint64, len(conns))
+		since := make([]time.Time, len(conns))
+		for {
+			select {
+			case <-quit:
+				finished <- false
+				return
+			case now := <-tick.C:
+				for i, c := range conns {
+					writeSeq, sndUna, err := mptcpSendState(c)
+					if err != nil || writeSeq == sndUna || sndUna != last[i] || since[i].IsZero() {
+						last[i], since[i] = sndUna, now
+						continue
+					}
+					if now.Sub(since[i]) >= timeout {
+						onStall()
+						<-quit
+						finished <- true
+						return
+					}
+				}
+			}
+		}
+	}()
+	return func() bool {
+		close(quit)
+		return <-finished
+	}
+}
+
+// mptcpSendState reads write_seq and snd_una from struct mptcp_info
+// (getsockopt SOL_MPTCP, MPTCP_INFO; offsets 16 and 24 since Linux 5.16).
+func mptcpSendState(c *net.TCPConn) (writeSeq, sndUna uint64, err error) {
+	const mptcpInfo = 1
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, 0, err
+	}
+	var buf [32]byte
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		l := uint32(len(buf))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_MPTCP, mptcpInfo,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&l)), 0)
+		if e != 0 {
+			serr = e
+		} else if l < 32 {
+			serr = fmt.Errorf("mptcp_info of %d bytes", l)
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return binary.NativeEndian.Uint64(buf[16:24]), binary.NativeEndian.Uint64(buf[24:32]), nil
 }
 
 // refuse answers with an Error TLV, drains what the client still sends for
