@@ -731,3 +731,53 @@ func TestIdleIsNotStall(t *testing.T) {
 	default:
 	}
 }
+
+// TestSpliceUsed: while a conversion moves data, the process holds splice
+// pipes (Go's splice path keeps a pipe per transfer; the plain copy
+// fallback would not create any).
+func TestSpliceUsed(t *testing.T) {
+	l := newLine(t, nil)
+	release := make(chan struct{})
+	dst := l.destination(t, func(c *net.TCPConn) {
+		<-release // let the pipeline fill and the splice loop block
+		io.Copy(io.Discard, c)
+	})
+	before := countPipes(t)
+	c, err := l.dial(t, dst.addr, goodTicket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		_, err := c.Write(make([]byte, 16<<20))
+		wrote <- err
+	}()
+	during := before
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) && during <= before; time.Sleep(20 * time.Millisecond) {
+		during = countPipes(t)
+	}
+	close(release)
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if during <= before {
+		t.Fatalf("no splice pipe appeared during the transfer (%d pipe fds before, %d during)", before, during)
+	}
+	t.Logf("pipe fds: %d before, %d during the transfer", before, during)
+}
+
+func countPipes(t *testing.T) int {
+	t.Helper()
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range es {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "pipe:") {
+			n++
+		}
+	}
+	return n
+}
