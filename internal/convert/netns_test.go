@@ -732,9 +732,9 @@ func TestIdleIsNotStall(t *testing.T) {
 	}
 }
 
-// TestSpliceUsed: while a conversion moves data, the process holds splice
-// pipes (Go's splice path keeps a pipe per transfer; the plain copy
-// fallback would not create any).
+// TestSpliceUsed: while a conversion moves data, the process holds new
+// pipes: Go's splice path takes a pipe per transfer; the plain copy
+// fallback would create none.
 func TestSpliceUsed(t *testing.T) {
 	l := newLine(t, nil)
 	release := make(chan struct{})
@@ -742,6 +742,12 @@ func TestSpliceUsed(t *testing.T) {
 		<-release // let the pipeline fill and the splice loop block
 		io.Copy(io.Discard, c)
 	})
+	// Go keeps splice pipes in a sync.Pool (closed by a finalizer): empty
+	// it so the transfer below has to create its own.
+	for range 5 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
 	before := countPipes(t)
 	c, err := l.dial(t, dst.addr, goodTicket)
 	if err != nil {
