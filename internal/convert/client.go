@@ -126,18 +126,33 @@ func Dial(ctx context.Context, converter, dst netip.AddrPort, ticket []byte, opt
 	}
 	d.SetMultipathTCP(true)
 	if !opts.NoFastOpen {
-		base := d.Control
-		d.Control = func(network, address string, c syscall.RawConn) error {
-			if base != nil {
-				if err := base(network, address, c); err != nil {
-					return err
-				}
-			}
-			// Best effort: without it the message goes after the handshake.
+		// Best effort: without it the message goes after the handshake.
+		fastOpen := func(c syscall.RawConn) {
 			_ = c.Control(func(fd uintptr) {
 				_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_FASTOPEN_CONNECT, 1)
 			})
-			return nil
+		}
+		// The Dialer's own hook runs first; ControlContext, if set, is the
+		// one net.Dialer calls.
+		if base := d.ControlContext; base != nil {
+			d.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
+				if err := base(ctx, network, address, c); err != nil {
+					return err
+				}
+				fastOpen(c)
+				return nil
+			}
+		} else {
+			base := d.Control
+			d.Control = func(network, address string, c syscall.RawConn) error {
+				if base != nil {
+					if err := base(network, address, c); err != nil {
+						return err
+					}
+				}
+				fastOpen(c)
+				return nil
+			}
 		}
 	}
 	c, err := d.DialContext(ctx, "tcp", converter.String())
