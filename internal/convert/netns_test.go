@@ -638,8 +638,9 @@ func TestFastOpen(t *testing.T) {
 	}
 }
 
-// TestMaxConns: with one slot, a second client waits until the first
-// conversion ends, then gets through.
+// TestMaxConns: with one slot taken, the next client is told Resource
+// Exceeded at once (EAGAIN, no connection to the destination); once the
+// slot is free, clients get through again.
 func TestMaxConns(t *testing.T) {
 	l := newLine(t, func(s *Server) { s.MaxConns = 1 })
 	dst := l.destination(t, func(c *net.TCPConn) { io.Copy(c, c) })
@@ -647,31 +648,33 @@ func TestMaxConns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := make(chan error, 1)
-	go func() {
-		var c net.Conn
-		err := l.client.Do(func() (err error) {
-			c, err = Dial(context.Background(), l.convAddr, dst.addr, goodTicket, DialOptions{Timeout: 5 * time.Second})
-			return err
-		})
-		if c != nil {
-			c.Close()
-		}
-		second <- err
-	}()
-	select {
-	case err := <-second:
-		t.Fatalf("second Dial returned (%v) while the only slot was taken", err)
-	case <-time.After(500 * time.Millisecond):
+	start := time.Now()
+	_, err = l.dial(t, dst.addr, goodTicket)
+	var re *RemoteError
+	if !errors.Is(err, syscall.EAGAIN) || !errors.As(err, &re) || re.Code != CodeResourceExceeded {
+		t.Fatalf("second Dial while the only slot is taken: %v, want Resource Exceeded (EAGAIN)", err)
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Errorf("Resource Exceeded took %v", el)
+	}
+	if d := l.done(t); d.err == nil || d.member != "" {
+		t.Errorf("Done for the overflow: %+v", d)
+	}
+	if n := dst.accepted.Load(); n != 1 {
+		t.Errorf("destination accepted %d connections, want 1", n)
 	}
 	c1.Close()
-	select {
-	case err := <-second:
-		if err != nil {
-			t.Fatalf("second Dial after the first ended: %v", err)
+	l.done(t) // the first conversion ends; its slot frees right after Done
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		_, err := l.dial(t, dst.addr, goodTicket)
+		if err == nil {
+			break
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("second Dial still waiting 5 s after the slot was freed")
+		if !errors.Is(err, syscall.EAGAIN) || time.Now().After(deadline) {
+			t.Fatalf("Dial after the slot was freed: %v", err)
+		}
+		l.done(t)
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

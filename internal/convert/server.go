@@ -58,7 +58,8 @@ type Server struct {
 	// Allowed is the destination policy (the relay passes
 	// (*destination.Policy).Check).
 	Allowed func(dst netip.AddrPort) error
-	// Done is called once per connection whose Convert message was read:
+	// Done is called once per connection whose Convert message was read,
+	// and for Resource Exceeded refusals (member "", no destination):
 	// member ("" if not authenticated), destination (invalid if none),
 	// bytes client to destination (up) and back (down), and why it ended
 	// (nil after a clean close in both directions; a *Refusal if the
@@ -80,9 +81,10 @@ type Server struct {
 	// TCP_USER_TIMEOUT on plain TCP sockets and a watch of MPTCP_INFO on
 	// MPTCP ones, which refuse that option. Zero: no limit (keepalives only).
 	StallTimeout time.Duration
-	// MaxConns bounds the connections handled at once; DefaultMaxConns if
-	// zero. When it is reached the converter stops accepting: new
-	// clients wait in the listen backlog.
+	// MaxConns bounds the conversions handled at once; DefaultMaxConns if
+	// zero. Beyond it a few connections (MaxConns/16, at least 4) are
+	// answered Resource Exceeded at once; beyond those the converter stops
+	// accepting and new clients wait in the listen backlog.
 	MaxConns int
 	// Dial opens the connection to the destination; it must return a
 	// *net.TCPConn (splice). Nil means a net.Dialer with MPTCP off: the
@@ -153,20 +155,34 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	sem := make(chan struct{}, orDefault(s.MaxConns, DefaultMaxConns))
+	maxConns := orDefault(s.MaxConns, DefaultMaxConns)
+	sem := make(chan struct{}, maxConns)
+	// A few more connections than MaxConns are accepted only to be told
+	// Resource Exceeded at once (the client can go direct instead of
+	// waiting); beyond those, new clients wait in the listen backlog.
+	overflow := make(chan struct{}, max(maxConns/16, 4))
 	var wg sync.WaitGroup
 	var err error
 	backoff := 5 * time.Millisecond
 accept:
 	for {
+		slot := sem
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			break accept
+		default:
+			select {
+			case sem <- struct{}{}:
+			case overflow <- struct{}{}:
+				slot = overflow
+			case <-ctx.Done():
+				break accept
+			}
 		}
 		c, aerr := ln.Accept()
 		if aerr != nil {
-			<-sem
+			<-slot
 			if ctx.Err() != nil {
 				break
 			}
@@ -185,16 +201,28 @@ accept:
 			break
 		}
 		backoff = 5 * time.Millisecond
+		if slot == overflow { // a slot may have freed while Accept waited
+			select {
+			case sem <- struct{}{}:
+				<-overflow
+				slot = sem
+			default:
+			}
+		}
 		tc, ok := c.(*net.TCPConn)
 		if !ok { // only TCP listeners make sense; splice needs *net.TCPConn
 			c.Close()
-			<-sem
+			<-slot
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
+			defer func() { <-slot }()
+			if slot == overflow {
+				s.busy(ctx, tc, maxConns)
+				return
+			}
 			s.handle(ctx, tc)
 		}()
 	}
@@ -202,6 +230,15 @@ accept:
 	ln.Close()
 	wg.Wait()
 	return err
+}
+
+// busy answers Resource Exceeded without reading the message.
+func (s *Server) busy(ctx context.Context, client *net.TCPConn, maxConns int) {
+	stop := context.AfterFunc(ctx, func() { abort(client) })
+	defer stop()
+	defer client.Close()
+	log := s.log().With("from", addrPort(client.RemoteAddr()).String())
+	s.refuse(client, "", netip.AddrPort{}, log, &Refusal{Code: CodeResourceExceeded, Err: fmt.Errorf("%d connections already", maxConns)})
 }
 
 // handle converts one connection.
