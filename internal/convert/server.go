@@ -322,8 +322,6 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn) {
 		s.refuse(client, member, dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedDestination, Err: fmt.Errorf("destination policy: %w", err)})
 		return
 	}
-	log = log.With("dst", dst.String())
-
 	dial := s.Dial
 	if dial == nil {
 		var d net.Dialer
@@ -344,6 +342,7 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn) {
 		s.refuse(client, member, dst, log, &Refusal{Code: CodeNetworkFailure, Err: fmt.Errorf("dialer returned %T, not a TCP connection", c)})
 		return
 	}
+	log = log.With("dst", dst.String())
 	stopServer := context.AfterFunc(ctx, func() { abort(server) })
 	defer stopServer()
 	defer server.Close()
@@ -513,7 +512,10 @@ func mptcpSendState(c *net.TCPConn) (writeSeq, sndUna uint64, err error) {
 // a moment (a close with unread data would reset the connection and could
 // take the error with it) and closes. Nothing read is forwarded anywhere.
 func (s *Server) refuse(client *net.TCPConn, member string, dst netip.AddrPort, log *slog.Logger, r *Refusal) {
-	log.Info("convert: refused", "member", member, "dst", dst.String(), "code", r.Code.String(), "value", r.Value, "err", r.Err)
+	if dst.IsValid() {
+		log = log.With("dst", dst.String())
+	}
+	log.Info("convert: refused", "code", r.Code.String(), "value", r.Value, "err", r.Err)
 	m := Message{Error: &ErrorTLV{Code: r.Code, Value: []byte{r.Value}}}
 	s.answerAndLinger(client, &m, log)
 	s.done(member, dst, 0, 0, r)
