@@ -3,6 +3,7 @@ package proto
 import (
 	"github.com/flynn/noise"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -11,7 +12,7 @@ func FuzzParseRequest(f *testing.F) {
 	for _, r := range []Request{
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("198.51.100.1:80"), Port: 4000},
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
-		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing},
+		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4},
 	} {
 		b, _ := MarshalRequest(r)
 		f.Add(b)
@@ -39,6 +40,7 @@ func FuzzParseReply(f *testing.F) {
 		{Op: OpGrant, Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: time.Minute},
 		{Op: OpTunnel, Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}},
 		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied},
+		{Op: OpConvert, Converter: netip.MustParseAddrPort("203.0.113.1:45674"), Lease: time.Minute, Tickets: [][TicketLen]byte{{9}}},
 	} {
 		b, _ := MarshalReply(r)
 		f.Add(b)
@@ -52,7 +54,7 @@ func FuzzParseReply(f *testing.F) {
 		if err != nil {
 			t.Fatalf("parsed %+v does not marshal: %v", r, err)
 		}
-		if r2, err := ParseReply(again); err != nil || r2 != r {
+		if r2, err := ParseReply(again); err != nil || !reflect.DeepEqual(r2, r) {
 			t.Fatalf("re-parse %+v: %+v %v", r, r2, err)
 		}
 	})

@@ -22,6 +22,14 @@ const (
 	OpRenew   Op = 3 // extend the lease of a granted port
 	OpRelease Op = 4 // drop a granted port
 	OpTunnel  Op = 5 // allocate a tunnel address (tunnel detours)
+	OpConvert Op = 6 // converter tickets (RFC 8803 converter on the relay, internal/convert)
+)
+
+// MaxTickets bounds the converter tickets one request asks for; TicketLen
+// is a ticket's size.
+const (
+	MaxTickets = 8
+	TicketLen  = 16
 )
 
 func (o Op) String() string {
@@ -36,6 +44,8 @@ func (o Op) String() string {
 		return "release"
 	case OpTunnel:
 		return "tunnel"
+	case OpConvert:
+		return "convert"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -116,6 +126,8 @@ type Request struct {
 	// (0 = any). Renew/Release: Port is the granted detour port.
 	Server netip.AddrPort
 	Port   uint16
+	// Convert: how many tickets (1..MaxTickets).
+	Count uint8
 }
 
 // Reply is a decoded relay reply.
@@ -131,6 +143,10 @@ type Reply struct {
 	Bytes uint64
 	// Tunnel: see TunnelGrant.
 	Tunnel TunnelGrant
+	// Convert: the converter's address and single-use tickets (valid for
+	// Lease, from the address this session's requests come from).
+	Converter netip.AddrPort
+	Tickets   [][TicketLen]byte
 }
 
 // TunnelGrant is what a client needs to bring up a tunnel detour: its own
@@ -148,12 +164,14 @@ type TunnelGrant struct {
 //	  grant:   addr port:u16 proposed:u16
 //	  renew:   port:u16
 //	  release: port:u16
+//	  convert: count:u8 (1..8)
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
 //	  renew:   lease_s:u32
 //	  release: bytes:u64
 //	  tunnel:  prefix_addr prefix_len:u8 endpoint_addr endpoint_port:u16 pubkey[32] lease_s:u32
+//	  convert: addr port:u16 lease_s:u32 count:u8 tickets[count][16]
 //	addr = family:u8 (4 or 6) + 4 or 16 bytes
 const msgHeaderLen = 8
 
@@ -180,6 +198,11 @@ func MarshalRequest(r Request) ([]byte, error) {
 			return nil, fmt.Errorf("%s needs a port", r.Op)
 		}
 		b = binary.BigEndian.AppendUint16(b, r.Port)
+	case OpConvert:
+		if r.Count == 0 || r.Count > MaxTickets {
+			return nil, fmt.Errorf("convert asks for 1..%d tickets, not %d", MaxTickets, r.Count)
+		}
+		b = append(b, r.Count)
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -228,6 +251,11 @@ func ParseRequest(b []byte) (Request, error) {
 		if r.Port == 0 {
 			return r, malformed(r.Op, "port 0")
 		}
+	case OpConvert:
+		if len(body) != 1 || body[0] == 0 || body[0] > MaxTickets {
+			return r, malformed(r.Op, "want a ticket count 1..%d, got % x", MaxTickets, body)
+		}
+		r.Count = body[0]
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -236,7 +264,7 @@ func ParseRequest(b []byte) (Request, error) {
 
 // MarshalReply encodes r. A refusal carries no body.
 func MarshalReply(r Reply) ([]byte, error) {
-	b := make([]byte, msgHeaderLen, 96)
+	b := make([]byte, msgHeaderLen, 192)
 	b[0] = Version
 	b[1] = byte(r.Op)
 	b[2] = byte(r.Reason)
@@ -268,6 +296,17 @@ func MarshalReply(r Reply) ([]byte, error) {
 		b = binary.BigEndian.AppendUint16(b, t.Endpoint.Port())
 		b = append(b, t.PublicKey[:]...)
 		b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
+	case OpConvert:
+		if !r.Converter.IsValid() || r.Converter.Port() == 0 || len(r.Tickets) == 0 || len(r.Tickets) > MaxTickets {
+			return nil, fmt.Errorf("convert reply needs a converter address and 1..%d tickets", MaxTickets)
+		}
+		b = appendAddr(b, r.Converter.Addr())
+		b = binary.BigEndian.AppendUint16(b, r.Converter.Port())
+		b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
+		b = append(b, byte(len(r.Tickets)))
+		for _, t := range r.Tickets {
+			b = append(b, t[:]...)
+		}
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -347,6 +386,24 @@ func ParseReply(b []byte) (Reply, error) {
 		r.Tunnel.Endpoint = netip.AddrPortFrom(ep, binary.BigEndian.Uint16(rest))
 		copy(r.Tunnel.PublicKey[:], rest[2:])
 		r.Lease = time.Duration(binary.BigEndian.Uint32(rest[2+KeyLen:])) * time.Second
+	case OpConvert:
+		addr, rest, err := parseAddr(body)
+		if err != nil {
+			return r, fmt.Errorf("convert reply converter address: %w", err)
+		}
+		if len(rest) < 7 {
+			return r, fmt.Errorf("convert reply: want port, lease and count after the address, got %d bytes", len(rest))
+		}
+		r.Converter = netip.AddrPortFrom(addr, binary.BigEndian.Uint16(rest))
+		r.Lease = time.Duration(binary.BigEndian.Uint32(rest[2:])) * time.Second
+		n := int(rest[6])
+		rest = rest[7:]
+		if r.Converter.Port() == 0 || n == 0 || n > MaxTickets || len(rest) != n*TicketLen {
+			return r, fmt.Errorf("convert reply: port %d, %d tickets in %d bytes (want 1..%d tickets of %d bytes)", r.Converter.Port(), n, len(rest), MaxTickets, TicketLen)
+		}
+		for i := 0; i < n; i++ {
+			r.Tickets = append(r.Tickets, [TicketLen]byte(rest[i*TicketLen:]))
+		}
 	default:
 		return r, fmt.Errorf("reply for unknown op %d", r.Op)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -106,6 +107,8 @@ func TestReplyRoundTrip(t *testing.T) {
 			PublicKey:    pub,
 		}},
 		{Op: OpGrant, ID: 6, Reason: ReasonQuota},
+		{Op: OpConvert, ID: 7, Lease: time.Minute, Converter: netip.MustParseAddrPort("203.0.113.1:45674"),
+			Tickets: [][TicketLen]byte{{1, 2, 3}, {4, 5, 6}}},
 	}
 	for _, r := range cases {
 		b, err := MarshalReply(r)
@@ -113,7 +116,7 @@ func TestReplyRoundTrip(t *testing.T) {
 			t.Fatalf("%+v: %v", r, err)
 		}
 		got, err := ParseReply(b)
-		if err != nil || got != r {
+		if err != nil || !reflect.DeepEqual(got, r) {
 			t.Fatalf("round trip %+v: got %+v, %v", r, got, err)
 		}
 	}

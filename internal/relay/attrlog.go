@@ -13,7 +13,7 @@ import (
 // show which member sent what through the relay, and when.
 type attrEvent struct {
 	Time       time.Time `json:"time"`
-	Event      string    `json:"event"` // grant, renew, release, expiry, shutdown, revoked
+	Event      string    `json:"event"` // grant, renew, release, expiry, shutdown, revoked, usage, convert
 	Member     string    `json:"member"`
 	KeyID      string    `json:"key_id,omitempty"`
 	Client     string    `json:"client"`
@@ -24,6 +24,11 @@ type attrEvent struct {
 	// absent on grant and renew.
 	Bytes   *uint64 `json:"bytes,omitempty"`
 	Packets *uint64 `json:"packets,omitempty"`
+	// Converted connections (event "convert"): bytes member to server
+	// (up) and back (down), and how it ended (ok or a refusal).
+	BytesUp   *uint64 `json:"bytes_up,omitempty"`
+	BytesDown *uint64 `json:"bytes_down,omitempty"`
+	Result    string  `json:"result,omitempty"`
 }
 
 type attrLog struct {

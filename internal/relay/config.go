@@ -53,6 +53,15 @@ type Config struct {
 		PerClient int             `yaml:"per_client"` // mapping quota per client address
 	} `yaml:"legacy_v1"`
 
+	// Convert is the RFC 8803 converter role (docs/convert.md); off unless
+	// enabled.
+	Convert struct {
+		Enabled      bool            `yaml:"enabled"`
+		Listen       string          `yaml:"listen"`        // TCP address; default 0.0.0.0:45674
+		MaxConns     int             `yaml:"max_conns"`     // conversions at once; default 1024
+		StallTimeout config.Duration `yaml:"stall_timeout"` // end a conversion whose peer stops reading; default 2m, 0s = never
+	} `yaml:"convert"`
+
 	// Tunnel is handed to the tunnel factory (TunnelFactory) as a section
 	// of the file; absent = no tunnel detours.
 	Tunnel config.Node `yaml:"tunnel"`
@@ -93,8 +102,19 @@ type Settings struct {
 	LegacyLease     time.Duration
 	LegacyPerClient int
 
+	// Convert: the converter role (Convert.Enabled false: off).
+	Convert ConvertSettings
+
 	// Tunnel is the `tunnel:` section (nil: none), for the TunnelFactory.
 	Tunnel *config.Doc
+}
+
+// ConvertSettings are the validated `convert:` section.
+type ConvertSettings struct {
+	Enabled      bool
+	Listen       netip.AddrPort
+	MaxConns     int
+	StallTimeout time.Duration
 }
 
 // LoadConfig reads and validates a configuration file; errors name
@@ -281,6 +301,28 @@ func build(c *Config) (*Settings, error) {
 		}
 		if c.LegacyV1.PerClient > 0 {
 			s.LegacyPerClient = c.LegacyV1.PerClient
+		}
+	}
+	if cv := c.Convert; cv.Enabled {
+		s.Convert = ConvertSettings{Enabled: true, MaxConns: 1024, StallTimeout: 2 * time.Minute}
+		l := cv.Listen
+		if l == "" {
+			l = "0.0.0.0:" + strconv.Itoa(DefaultConvertPort)
+		}
+		if s.Convert.Listen, err = netip.ParseAddrPort(l); err != nil || !s.Convert.Listen.Addr().Is4() || s.Convert.Listen.Port() == 0 {
+			return nil, fmt.Errorf("convert.listen: %q is not an IPv4 address:port", l)
+		}
+		if cv.MaxConns < 0 {
+			return nil, errors.New("convert.max_conns: must be positive")
+		}
+		if cv.MaxConns > 0 {
+			s.Convert.MaxConns = cv.MaxConns
+		}
+		if cv.StallTimeout < 0 {
+			return nil, errors.New("convert.stall_timeout: must not be negative")
+		}
+		if cv.StallTimeout != 0 {
+			s.Convert.StallTimeout = time.Duration(cv.StallTimeout)
 		}
 	}
 	if c.Metrics.Listen != "" {

@@ -25,6 +25,9 @@ type metrics struct {
 	memberBytes *prometheus.CounterVec
 	sessions    prometheus.Gauge
 	grantTime   prometheus.Histogram
+	// conversions by result (a fixed set: conversionResult) and their bytes.
+	conversions  *prometheus.CounterVec
+	convertBytes prometheus.Counter
 	// closedBytes accumulates the final counters of closed mappings. Live
 	// counters are not added at scrape time: that would need a dump of the
 	// whole set (seconds at 100,000 mappings, and not consistent while the
@@ -51,6 +54,12 @@ func newMetrics() *metrics {
 			Name: "mpdetour_relay_grant_seconds", Help: "Time from a grant request's arrival to its reply (new mappings installed in the kernel first).",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1},
 		}),
+		conversions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mpdetour_relay_conversions_total", Help: "Converted connections (convert role) by result: ok, not-authorized, refused, unreachable, resource-exceeded, malformed, refused-other, error.",
+		}, []string{"result"}),
+		convertBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mpdetour_relay_convert_bytes_total", Help: "Bytes copied by the converter (both directions), counted when each conversion ends.",
+		}),
 		cookies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mpdetour_relay_cookie_replies_total", Help: "Initiations answered with a cookie (the relay was under load and the sender had not proven its address).",
 		}),
@@ -58,7 +67,7 @@ func newMetrics() *metrics {
 	bytes := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mpdetour_relay_bytes_total", Help: "Bytes forwarded through mappings, counted when each mapping closes (both directions).",
 	}, func() float64 { return float64(m.closedBytes.Load()) })
-	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, bytes,
+	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, m.conversions, m.convertBytes, bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

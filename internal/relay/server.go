@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -86,6 +87,8 @@ type Server struct {
 	addrRates map[netip.Addr]*bucket
 	inits     bucket
 	jar       *proto.CookieJar
+	conv      *converter // nil: no convert role
+	convDone  chan convertDone
 	tunnels   TunnelAllocator
 	attr      *attrLog
 	met       *metrics
@@ -116,6 +119,7 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		in:        make(chan packet, 4096),
 		reload:    make(chan *Settings, 1),
 		statusReq: make(chan statusRequest),
+		convDone:  make(chan convertDone, 1024),
 		now:       time.Now,
 		jar:       proto.NewCookieJar(set.PrivateKey.Public()),
 	}
@@ -171,6 +175,12 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		}
 		log.Warn("legacy v1 protocol enabled: unauthenticated, spoofable, see docs/relay.md", "listen", set.LegacyListen)
 	}
+	if set.Convert.Enabled {
+		if err := s.startConverter(context.Background()); err != nil {
+			s.closeAll()
+			return nil, err
+		}
+	}
 	if s.dp, err = newNFT(); err != nil {
 		s.closeAll()
 		return nil, err
@@ -184,6 +194,9 @@ func (s *Server) Addr() netip.AddrPort { return s.conn.LocalAddr().(*net.UDPAddr
 func (s *Server) closeAll() {
 	if s.conn != nil {
 		s.conn.Close()
+	}
+	if s.conv != nil {
+		s.conv.ln.Close() // Serve closes it too; closing twice is harmless
 	}
 	if s.legacy != nil {
 		s.legacy.Close()
@@ -205,6 +218,7 @@ func (s *Server) applyPolicy(set *Settings) {
 		p.SetOwn(s.pol.Own())
 	}
 	s.pol = p
+	s.syncConverterPolicy()
 }
 
 // Reload hands new settings to the event loop (SIGHUP). Mappings survive;
@@ -227,6 +241,17 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var convWG sync.WaitGroup
+	if s.conv != nil {
+		convWG.Go(func() {
+			if err := s.conv.srv.Serve(rctx, s.conv.ln); err != nil {
+				s.log.Error("converter stopped", "err", err)
+			}
+		})
+		// Conversions end before the loop stops logging them.
+		defer convWG.Wait()
+		defer cancel()
+	}
 	go s.readV2(rctx)
 	s.started = s.now()
 	go s.serveStatus(rctx)
@@ -263,6 +288,8 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.applyReload(set)
 		case req := <-s.statusReq:
 			req <- s.status()
+		case d := <-s.convDone:
+			s.logConversion(d)
 		case <-usage.C:
 			s.logUsage(s.now())
 		case <-sweep.C:
@@ -512,7 +539,7 @@ func (s *Server) count(op string, r proto.Reason) {
 // counted as "other", so a client cannot create series at will.
 var (
 	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
-		"packet": true, "handshake": true, "transport": true, "legacy": true}
+		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true}
 )
 
 func metricLabels(op string, r proto.Reason) (string, string) {
@@ -719,6 +746,8 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		if err := s.close([]*mapping{m}, "release"); err != nil {
 			rep.Reason = proto.ReasonInternal
 		}
+	case proto.OpConvert:
+		s.serveConvert(ses, req, &rep)
 	case proto.OpTunnel:
 		if s.tunnels == nil {
 			rep.Reason = proto.ReasonUnsupported
@@ -879,6 +908,7 @@ func (s *Server) prune(now time.Time) {
 		}
 	}
 	_ = s.pol.RefreshOwn()
+	s.syncConverterPolicy()
 }
 
 // ensureTable recreates the relay's nftables table, with every active
@@ -950,6 +980,10 @@ func (s *Server) applyReload(set *Settings) {
 		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
 	}
 	set.Tunnel = s.set.Tunnel
+	if set.Convert != s.set.Convert {
+		s.log.Warn("reload: the convert section changed but is applied only at start: restart the relay to apply it")
+		set.Convert = s.set.Convert
+	}
 	var revoked []*mapping
 	for _, m := range s.leases.byKey {
 		if !m.Owner.Key.IsZero() {
@@ -970,6 +1004,9 @@ func (s *Server) applyReload(set *Settings) {
 		}
 	}
 	_ = s.close(revoked, "revoked")
+	if s.conv != nil {
+		s.conv.tickets.revoke(set.Members)
+	}
 	if set.AttributionLog != s.set.AttributionLog || set.AttributionLog != "" && set.AttributionLog != "-" {
 		// Reopening also follows a rotated file.
 		if l, err := openAttrLog(set.AttributionLog); err != nil {

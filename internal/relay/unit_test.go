@@ -42,6 +42,10 @@ func TestParseConfig(t *testing.T) {
 		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 {
 		t.Fatalf("parsed: %+v", s)
 	}
+	s, err = ParseConfig([]byte(good + "convert: {enabled: true}\n"))
+	if err != nil || !s.Convert.Enabled || s.Convert.Listen.Port() != DefaultConvertPort || s.Convert.MaxConns != 1024 {
+		t.Fatalf("convert defaults: %+v %v", s.Convert, err)
+	}
 	bad := map[string]string{
 		"":                           "empty",
 		"private_key: x\n":           "private_key",
@@ -56,6 +60,8 @@ func TestParseConfig(t *testing.T) {
 		good + "  - {name: a, public_key: " + testKey(t).Public().String() + "}\n": "duplicate",
 		good + "  - {name: b, public_key: " + member.String() + "}\n":              "same key",
 		good + "metrics: {listen: x}\n":                                            "metrics.listen",
+		good + "convert: {enabled: true, listen: nowhere}\n":                       "convert.listen",
+		good + "convert: {enabled: true, max_conns: -1}\n":                         "convert.max_conns",
 	}
 	for cfg, want := range bad {
 		_, err := ParseConfig([]byte(cfg))

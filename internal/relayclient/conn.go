@@ -484,3 +484,17 @@ func (c *Conn) Tunnel(ctx context.Context) (proto.TunnelGrant, time.Duration, er
 	rep, err := c.Do(ctx, proto.Request{Op: proto.OpTunnel})
 	return rep.Tunnel, rep.Lease, err
 }
+
+// Convert asks the relay for n (1..proto.MaxTickets) single-use converter
+// tickets: the converter's address and the tickets, valid for the lease
+// from this connection's address (see internal/convert.Dial).
+func (c *Conn) Convert(ctx context.Context, n int) (netip.AddrPort, [][proto.TicketLen]byte, time.Duration, error) {
+	if n < 1 || n > proto.MaxTickets {
+		return netip.AddrPort{}, nil, 0, fmt.Errorf("convert: ask for 1..%d tickets, not %d", proto.MaxTickets, n)
+	}
+	rep, err := c.Do(ctx, proto.Request{Op: proto.OpConvert, Count: uint8(n)})
+	if err != nil {
+		return netip.AddrPort{}, nil, 0, err
+	}
+	return rep.Converter, rep.Tickets, rep.Lease, nil
+}
