@@ -157,6 +157,14 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		s.lock.Close()
 		return nil, err
 	}
+	if ra, ok := s.tunnels.(tunnelReadmitter); ok {
+		n, err := ra.Readmit(func(k proto.Key) bool { _, ok := set.Members[k]; return ok })
+		if err != nil {
+			log.Warn("tunnel: re-admitting saved peers", "err", err)
+		} else if n > 0 {
+			log.Info("tunnel: re-admitted the saved peers of current members", "peers", n)
+		}
+	}
 	s.conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(set.Listen))
 	if err != nil {
 		s.closeAll()

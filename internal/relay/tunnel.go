@@ -25,6 +25,13 @@ type TunnelAllocator interface {
 	Close() error
 }
 
+// tunnelReadmitter is implemented by allocators that keep allocations
+// across restarts (tunnelctl's, with the tunnel section's state_file): the
+// relay re-admits its current members at start.
+type tunnelReadmitter interface {
+	Readmit(member func(proto.Key) bool) (int, error)
+}
+
 // TunnelFactory builds an allocator from the relay config's `tunnel:`
 // section (errors positioned in the whole file through section). The relay
 // command passes tunnelctl's; a relay built without one refuses a config

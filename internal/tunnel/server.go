@@ -379,6 +379,29 @@ func (s *Server) AddPeer(key wgtypes.Key) (netip.Prefix, error) {
 	return netip.PrefixFrom(ad, s.alloc.subnet.Bits()), nil
 }
 
+// Readmit re-admits, as WireGuard peers, the saved allocations (StateFile)
+// whose key allowed accepts: a caller that knows who is authorised now (the
+// relay: its current members) lets clients resume after a restart with a
+// handshake alone, instead of after their watchdog noticed. It returns how
+// many it admitted.
+func (s *Server) Readmit(allowed func(wgtypes.Key) bool) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var peers []wgtypes.PeerConfig
+	for k, ad := range s.alloc.byKey {
+		if allowed(k) {
+			peers = append(peers, serverPeer(k, ad))
+		}
+	}
+	if len(peers) == 0 {
+		return 0, nil
+	}
+	if err := s.dev.Configure(wgtypes.Config{Peers: peers}); err != nil {
+		return 0, err
+	}
+	return len(peers), nil
+}
+
 // Offer admits key and returns everything the client needs; relayAddr is
 // the relay's address as the client reaches it.
 func (s *Server) Offer(key wgtypes.Key, relayAddr netip.Addr) (Allocation, error) {

@@ -12,15 +12,18 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
-// TestRelayRestartReadmits: `mpdetour relay` is killed and restarted. It
-// does not re-admit saved keys by itself; the client's watchdog sees its
-// traffic get nothing back, asks again over the control channel, gets the
-// same address and the tunnel carries traffic again. A member removed from
+// TestRelayRestartReadmits: `mpdetour relay` is killed and restarted. At
+// start it re-admits the saved keys of its current members (the tunnel
+// state_file), so a client's next WireGuard handshake succeeds; the client's
+// watchdog sees its traffic get nothing back (its old session is gone),
+// asks again over the control channel, gets the same address and the
+// tunnel carries traffic again. A member removed from
 // the config before the restart asks too and is refused: no tunnel.
 func TestRelayRestartReadmits(t *testing.T) {
 	testenv.Root(t)
@@ -99,6 +102,29 @@ func TestRelayRestartReadmits(t *testing.T) {
 
 	restarted := time.Now()
 	line.restart(line.member) // the second member is removed
+	// At start the relay re-admits the saved peers of current members
+	// (tunnel state_file), before anyone asks: the removed one stays out.
+	var peers []string
+	if err := retry(10*time.Second, func() error {
+		var st *relay.Status
+		err := netnstest.DoNamed(line.rl, func() (err error) { st, err = relay.QueryStatus(time.Second); return err })
+		if err != nil {
+			return err
+		}
+		if st.Tunnel == nil {
+			return fmt.Errorf("no tunnel in the relay status")
+		}
+		peers = peers[:0]
+		for _, p := range st.Tunnel.Peers {
+			peers = append(peers, p.Key)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("relay status after the restart: %v", err)
+	}
+	if len(peers) != 1 || peers[0] != line.member.Public().String() {
+		t.Fatalf("peers right after the restart: %v, want only the remaining member %s", peers, line.member.Public())
+	}
 	if err := retry(40*time.Second, func() error { return ping(addr, 2*time.Second) }); err != nil {
 		t.Fatalf("tunnel not back after the relay restart: %v", err)
 	}

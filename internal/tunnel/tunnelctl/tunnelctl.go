@@ -162,6 +162,12 @@ func (a *Allocator) Release(member proto.Key) { _ = a.srv.RemovePeer(wgtypes.Key
 // Close implements relay.TunnelAllocator.
 func (a *Allocator) Close() error { return a.srv.Close() }
 
+// Readmit re-admits the saved allocations of keys member accepts (the
+// relay's current members) after a restart.
+func (a *Allocator) Readmit(member func(proto.Key) bool) (int, error) {
+	return a.srv.Readmit(func(k wgtypes.Key) bool { return member(proto.Key(k)) })
+}
+
 // Status reports the WireGuard device and its peers (for relay status).
 func (a *Allocator) Status() (*wgtypes.Device, error) { return a.srv.Status() }
 
