@@ -139,6 +139,16 @@ func ParseCertificate(s string) (*Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certificate: not base64: %w", err)
 	}
+	return ParseCertificateBytes(b)
+}
+
+// Bytes is the certificate's binary form (what the control protocol
+// carries: OpCertify).
+func (c *Certificate) Bytes() []byte { return append(c.body(), c.Signature[:]...) }
+
+// ParseCertificateBytes decodes the binary form (untrusted bytes); like
+// ParseCertificate it checks the format only.
+func ParseCertificateBytes(b []byte) (*Certificate, error) {
 	if len(b) < certFixedLen+1+ed25519.SignatureSize {
 		return nil, fmt.Errorf("certificate: %d bytes, too short", len(b))
 	}
@@ -429,6 +439,26 @@ func (t *Trust) Check(text string, member proto.Key, need Roles, now time.Time) 
 	if err != nil {
 		return nil, err
 	}
+	return t.verify(c, member, need, now)
+}
+
+// CheckBytes is Check for the binary form (OpCertify).
+func (t *Trust) CheckBytes(b []byte, member proto.Key, need Roles, now time.Time) (*Certificate, error) {
+	c, err := ParseCertificateBytes(b)
+	if err != nil {
+		return nil, err
+	}
+	return t.verify(c, member, need, now)
+}
+
+// Revoked reports whether serial is on the current revocation list.
+func (t *Trust) Revoked(serial uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.crl != nil && t.crl.Revoked(serial)
+}
+
+func (t *Trust) verify(c *Certificate, member proto.Key, need Roles, now time.Time) (*Certificate, error) {
 	if c.Member != member {
 		return nil, ErrWrongMember
 	}

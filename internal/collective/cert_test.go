@@ -170,3 +170,23 @@ func FuzzParseRevocationList(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseCertificateBytes: the binary form a relay reads from the wire
+// (OpCertify).
+func FuzzParseCertificateBytes(f *testing.F) {
+	a, _ := NewAuthority()
+	k, _ := proto.GenerateKey()
+	c, _ := a.Issue(k.Public(), "fuzz", RoleClient, t0, t0.Add(time.Hour))
+	f.Add(c.Bytes())
+	f.Add([]byte{1, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := ParseCertificateBytes(b)
+		if err != nil {
+			return
+		}
+		if got := c.Bytes(); string(got) != string(b) {
+			t.Fatalf("re-encodes to % x, want % x", got, b)
+		}
+		_ = c.Verify(a.Public(), t0, nil, RoleClient)
+	})
+}

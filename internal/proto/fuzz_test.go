@@ -12,7 +12,7 @@ func FuzzParseRequest(f *testing.F) {
 	for _, r := range []Request{
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("198.51.100.1:80"), Port: 4000},
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
-		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4},
+		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4}, {Op: OpCertify, ID: 4, Cert: []byte{1, 2, 3}},
 	} {
 		b, _ := MarshalRequest(r)
 		f.Add(b)
@@ -29,7 +29,7 @@ func FuzzParseRequest(f *testing.F) {
 		if err != nil {
 			t.Fatalf("parsed %+v does not marshal: %v", r, err)
 		}
-		if r2, err := ParseRequest(again); err != nil || r2 != r {
+		if r2, err := ParseRequest(again); err != nil || !reflect.DeepEqual(r2, r) {
 			t.Fatalf("re-parse %+v: %+v %v", r, r2, err)
 		}
 	})

@@ -23,6 +23,7 @@ const (
 	OpRelease Op = 4 // drop a granted port
 	OpTunnel  Op = 5 // allocate a tunnel address (tunnel detours)
 	OpConvert Op = 6 // converter tickets (RFC 8803 converter on the relay, internal/convert)
+	OpCertify Op = 7 // present a collective member certificate (internal/collective)
 )
 
 // MaxTickets bounds the converter tickets one request asks for; TicketLen
@@ -46,6 +47,8 @@ func (o Op) String() string {
 		return "tunnel"
 	case OpConvert:
 		return "convert"
+	case OpCertify:
+		return "certify"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -128,6 +131,8 @@ type Request struct {
 	Port   uint16
 	// Convert: how many tickets (1..MaxTickets).
 	Count uint8
+	// Certify: the member certificate, binary form (collective.Certificate.Bytes).
+	Cert []byte
 }
 
 // Reply is a decoded relay reply.
@@ -165,6 +170,7 @@ type TunnelGrant struct {
 //	  renew:   port:u16
 //	  release: port:u16
 //	  convert: count:u8 (1..8)
+//	  certify: certificate (binary form, 1..MaxMessageLen-8 bytes)
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
@@ -203,6 +209,11 @@ func MarshalRequest(r Request) ([]byte, error) {
 			return nil, fmt.Errorf("convert asks for 1..%d tickets, not %d", MaxTickets, r.Count)
 		}
 		b = append(b, r.Count)
+	case OpCertify:
+		if len(r.Cert) == 0 || len(r.Cert) > MaxMessageLen-msgHeaderLen {
+			return nil, fmt.Errorf("certify needs a certificate of 1..%d bytes, not %d", MaxMessageLen-msgHeaderLen, len(r.Cert))
+		}
+		b = append(b, r.Cert...)
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -256,6 +267,11 @@ func ParseRequest(b []byte) (Request, error) {
 			return r, malformed(r.Op, "want a ticket count 1..%d, got % x", MaxTickets, body)
 		}
 		r.Count = body[0]
+	case OpCertify:
+		if len(body) == 0 {
+			return r, malformed(r.Op, "empty certificate")
+		}
+		r.Cert = append([]byte(nil), body...)
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -273,7 +289,7 @@ func MarshalReply(r Reply) ([]byte, error) {
 		return b, nil
 	}
 	switch r.Op {
-	case OpPing:
+	case OpPing, OpCertify:
 	case OpGrant:
 		if !r.Detour.IsValid() {
 			return nil, fmt.Errorf("grant reply without detour address")
@@ -336,9 +352,9 @@ func ParseReply(b []byte) (Reply, error) {
 		return r, nil
 	}
 	switch r.Op {
-	case OpPing:
+	case OpPing, OpCertify:
 		if len(body) != 0 {
-			return r, fmt.Errorf("ping reply with %d body bytes", len(body))
+			return r, fmt.Errorf("%s reply with %d body bytes", r.Op, len(body))
 		}
 	case OpGrant:
 		addr, rest, err := parseAddr(body)

@@ -61,7 +61,7 @@ func TestRequestRoundTrip(t *testing.T) {
 			t.Fatalf("%+v: %v", r, err)
 		}
 		got, err := ParseRequest(b)
-		if err != nil || got != r {
+		if err != nil || !reflect.DeepEqual(got, r) {
 			t.Fatalf("round trip %+v: got %+v, %v", r, got, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
@@ -52,6 +53,13 @@ type Config struct {
 		Lease     config.Duration `yaml:"lease"`
 		PerClient int             `yaml:"per_client"` // mapping quota per client address
 	} `yaml:"legacy_v1"`
+
+	// Collective: accept members certified by this authority besides the
+	// static list (docs/collective.md).
+	Collective struct {
+		Authority string `yaml:"authority"` // the authority's public key (mpdetour collective show)
+		CRLFile   string `yaml:"crl_file"`  // signed revocation list, re-read when it changes
+	} `yaml:"collective"`
 
 	// Convert is the RFC 8803 converter role (docs/convert.md); off unless
 	// enabled.
@@ -104,6 +112,11 @@ type Settings struct {
 
 	// Convert: the converter role (Convert.Enabled false: off).
 	Convert ConvertSettings
+
+	// Trust is the collective's authority and revocation list (nil: static
+	// members only); CRLFile is re-read when it changes.
+	Trust   *collective.Trust
+	CRLFile string
 
 	// Tunnel is the `tunnel:` section (nil: none), for the TunnelFactory.
 	Tunnel *config.Doc
@@ -223,7 +236,26 @@ func build(c *Config) (*Settings, error) {
 			return nil, fmt.Errorf("lease: %v is outside 2s..24h", s.Lease)
 		}
 	}
-	if len(c.Members) == 0 && !c.LegacyV1.Enabled {
+	if c.Collective.Authority != "" {
+		ak, err := collective.ParseAuthorityKey(c.Collective.Authority)
+		if err != nil {
+			return nil, fmt.Errorf("collective.authority: %w", err)
+		}
+		s.Trust = collective.NewTrust(ak)
+		if f := c.Collective.CRLFile; f != "" {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("collective.crl_file: %w", err)
+			}
+			if err := s.Trust.UpdateCRL(string(b)); err != nil {
+				return nil, fmt.Errorf("collective.crl_file: %s: %w", f, err)
+			}
+			s.CRLFile = f
+		}
+	} else if c.Collective.CRLFile != "" {
+		return nil, errors.New("collective.crl_file: needs collective.authority")
+	}
+	if len(c.Members) == 0 && !c.LegacyV1.Enabled && s.Trust == nil {
 		return nil, errors.New("members: no member keys, nobody could use the relay")
 	}
 	names := map[string]bool{}

@@ -98,12 +98,12 @@ func (t *ticketStore) take(ticket []byte, from netip.AddrPort, now time.Time) (s
 	return ti.member, nil
 }
 
-// revoke drops every ticket of members no longer configured.
-func (t *ticketStore) revoke(members map[proto.Key]string) {
+// revoke drops every ticket of keys keep refuses (members removed).
+func (t *ticketStore) revoke(keep func(proto.Key) bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, ti := range t.tickets {
-		if _, ok := members[ti.key]; !ok {
+		if !keep(ti.key) {
 			delete(t.tickets, k)
 			t.perMember[ti.key]--
 		}

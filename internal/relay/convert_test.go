@@ -51,7 +51,7 @@ func TestTicketStore(t *testing.T) {
 	if _, err := ts.issue(k1, "alice", client, maxTicketsPerMember-1, now.Add(time.Minute), now); err != nil {
 		t.Fatalf("within the bound: %v", err)
 	}
-	ts.revoke(map[proto.Key]string{})
+	ts.revoke(func(proto.Key) bool { return false })
 	if _, err := ts.take(tk[2][:], from, now); err == nil {
 		t.Fatal("ticket of a removed member accepted")
 	}

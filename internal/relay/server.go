@@ -61,6 +61,9 @@ type session struct {
 	local     netip.Addr
 	confirmed bool
 	created   time.Time
+	// pending: a collective relay's session of a key that has not
+	// presented a valid certificate yet (only ping and certify allowed).
+	pending bool
 }
 
 // Server is the relay daemon's core: one event loop owns every table, so
@@ -82,6 +85,9 @@ type Server struct {
 	sessions  map[uint32]*session
 	byMember  map[proto.Key][]uint32
 	lastTS    map[proto.Key]proto.Timestamp
+	// certified: keys that presented a valid collective certificate.
+	certified map[proto.Key]certMember
+	crlMod    time.Time // modification time of the CRL file last read
 	state     *replayState // nil: lastTS lives in memory only
 	rates     map[proto.Key]*bucket
 	addrRates map[netip.Addr]*bucket
@@ -114,6 +120,7 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		sessions:  map[uint32]*session{},
 		byMember:  map[proto.Key][]uint32{},
 		lastTS:    map[proto.Key]proto.Timestamp{},
+		certified: map[proto.Key]certMember{},
 		rates:     map[proto.Key]*bucket{},
 		addrRates: map[netip.Addr]*bucket{},
 		in:        make(chan packet, 4096),
@@ -306,6 +313,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.expire(now)
 			s.refusals.flush(s.log, now)
 			if now.Sub(lastClose) >= closeEvery {
+				s.checkCollective(now)
 				s.ensureTable()
 				s.reap(now, false)
 				s.prune(now)
@@ -623,6 +631,17 @@ func (s *Server) handleInit(p packet) {
 		return
 	}
 	name, member := s.set.Members[acc.Peer]
+	provisional := false
+	if !member {
+		if cm, ok := s.certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
+			name, member = cm.name, true
+		} else if s.set.Trust != nil {
+			// A collective relay: any key may hand shake; its session
+			// can only present a certificate (OpCertify) or ping until
+			// one verifies.
+			member, provisional = true, true
+		}
+	}
 	if !member {
 		s.count("handshake", proto.ReasonUnauthorized)
 		s.refusals.note(s.log, s.now(), proto.ReasonUnauthorized, p.from, "unknown key "+acc.Peer.ID())
@@ -646,7 +665,7 @@ func (s *Server) handleInit(p packet) {
 		s.log.Error("handshake response", "err", err)
 		return
 	}
-	s.sessions[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now()}
+	s.sessions[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now(), pending: provisional}
 	ids := append(s.byMember[acc.Peer], idx)
 	for len(ids) > maxSessionsPer {
 		delete(s.sessions, ids[0])
@@ -720,9 +739,15 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		rep.Reason = proto.ReasonRateLimited
 		return rep
 	}
+	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify {
+		rep.Reason = proto.ReasonUnauthorized
+		return rep
+	}
 	o := owner{Key: ses.peer, Name: ses.name}
 	client := ses.addr.Addr()
 	switch req.Op {
+	case proto.OpCertify:
+		s.certify(ses, req, &rep)
 	case proto.OpPing:
 	case proto.OpGrant:
 		detour := s.detourAddr(ses)
@@ -988,33 +1013,23 @@ func (s *Server) applyReload(set *Settings) {
 		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
 	}
 	set.Tunnel = s.set.Tunnel
+	switch {
+	case set.Trust != nil && s.set.Trust != nil && set.Trust.Authority() == s.set.Trust.Authority() && set.CRLFile == s.set.CRLFile:
+		set.Trust = s.set.Trust // keeps the newest revocation list seen
+	case set.Trust == nil && s.set.Trust == nil:
+	default:
+		// Another authority (or none): nobody is certified any more.
+		clear(s.certified)
+		s.crlMod = time.Time{}
+	}
 	if set.Convert != s.set.Convert {
 		s.log.Warn("reload: the convert section changed but is applied only at start: restart the relay to apply it")
 		set.Convert = s.set.Convert
 	}
-	var revoked []*mapping
-	for _, m := range s.leases.byKey {
-		if !m.Owner.Key.IsZero() {
-			if _, ok := set.Members[m.Owner.Key]; !ok {
-				revoked = append(revoked, m)
-			}
-		}
-	}
-	for key, ids := range s.byMember {
-		if _, ok := set.Members[key]; !ok {
-			for _, id := range ids {
-				delete(s.sessions, id)
-			}
-			delete(s.byMember, key)
-			if s.tunnels != nil {
-				s.tunnels.Release(key)
-			}
-		}
-	}
-	_ = s.close(revoked, "revoked")
-	if s.conv != nil {
-		s.conv.tickets.revoke(set.Members)
-	}
+	revoked := s.revokeKeys(func(k proto.Key) bool {
+		_, ok := set.Members[k]
+		return ok || s.certifiedOK(k, s.now())
+	}, "revoked")
 	if set.AttributionLog != s.set.AttributionLog || set.AttributionLog != "" && set.AttributionLog != "-" {
 		// Reopening also follows a rotated file.
 		if l, err := openAttrLog(set.AttributionLog); err != nil {
@@ -1028,7 +1043,7 @@ func (s *Server) applyReload(set *Settings) {
 	set.Tunnel = s.set.Tunnel
 	s.set = set
 	s.applyPolicy(set)
-	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", len(revoked), "active", s.leases.active())
+	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", revoked, "active", s.leases.active())
 }
 
 // shutdown logs every mapping's final counters and removes the table.

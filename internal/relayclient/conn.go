@@ -38,6 +38,11 @@ type Options struct {
 	// RekeyAfter is how often the session is renewed by a fresh handshake
 	// (default proto.RekeyAfter; must stay below proto.SessionLifetime).
 	RekeyAfter time.Duration
+	// Certificate, when set, is the member's collective certificate
+	// (binary form, collective.Certificate.Bytes): every new session
+	// presents it (OpCertify) before it is used, so relays that accept
+	// certificates instead of listing the key serve this member.
+	Certificate []byte
 }
 
 // Conn is a control-protocol association with one relay. It hand shakes in
@@ -46,6 +51,7 @@ type Options struct {
 type Conn struct {
 	relay Relay
 	priv  proto.Key
+	cert  []byte
 	pc    net.PacketConn
 	log   *slog.Logger
 	rtx   time.Duration
@@ -54,6 +60,9 @@ type Conn struct {
 	mu   sync.Mutex
 	ses  *proto.Session
 	prev *proto.Session // replaced by a rekey; replies may still arrive on it
+	// certifying is a new session presenting the certificate, not yet in
+	// use; its replies are accepted like ses's.
+	certifying *proto.Session
 	// suspect is the session an (unauthenticated) error packet said the
 	// relay lost: a new handshake starts, the session stays until it
 	// completes (make-before-break), so a forged error cannot cut us off.
@@ -96,6 +105,7 @@ func Dial(relay Relay, priv proto.Key, opt Options) (*Conn, error) {
 	c := &Conn{
 		relay:    relay,
 		priv:     priv,
+		cert:     opt.Certificate,
 		pc:       pc,
 		log:      opt.Logger,
 		rtx:      opt.Retransmit,
@@ -278,13 +288,33 @@ func (c *Conn) dispatch(b []byte) {
 			c.log.Warn("handshake response rejected", "relay", c.relay.Name, "err", err)
 			return
 		}
-		c.mu.Lock()
-		old := c.ses
-		c.ses, c.prev, c.hsErr = s, old, nil
-		if old == nil {
-			close(c.sesReady)
+		if c.cert != nil {
+			// The session is used only once the relay accepted the
+			// certificate (the request also proves our address).
+			c.mu.Lock()
+			c.certifying = s
+			c.mu.Unlock()
+			go func() {
+				ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+				defer cancel()
+				_, err := c.doOn(ctx, proto.Request{Op: proto.OpCertify, Cert: c.cert}, func(context.Context) (*proto.Session, error) { return s, nil })
+				c.mu.Lock()
+				if c.certifying == s {
+					c.certifying = nil
+				}
+				c.mu.Unlock()
+				if err != nil {
+					c.log.Warn("relay did not accept our certificate", "relay", c.relay.Name, "err", err)
+					c.mu.Lock()
+					c.hsErr = err
+					c.mu.Unlock()
+					return
+				}
+				c.install(s)
+			}()
+			return
 		}
-		c.mu.Unlock()
+		c.install(s)
 		// Prove our address at once, so the first real request is not
 		// the one that pays for it (and errors show up early).
 		go func() {
@@ -356,6 +386,9 @@ func (c *Conn) dispatch(b []byte) {
 		if prev := c.prev; ses == nil || t.Receiver != ses.Local {
 			ses = prev
 		}
+		if cs := c.certifying; cs != nil && t.Receiver == cs.Local {
+			ses = cs
+		}
 		c.mu.Unlock()
 		if ses == nil || t.Receiver != ses.Local {
 			return
@@ -404,9 +437,25 @@ func (c *Conn) session(ctx context.Context) (*proto.Session, error) {
 	}
 }
 
+// install makes s the session requests use.
+func (c *Conn) install(s *proto.Session) {
+	c.mu.Lock()
+	old := c.ses
+	c.ses, c.prev, c.hsErr = s, old, nil
+	if old == nil {
+		close(c.sesReady)
+	}
+	c.mu.Unlock()
+}
+
 // Do sends a request and waits for its reply, retransmitting until ctx
 // ends. A refusal returns the reply and a *proto.Error with its reason.
 func (c *Conn) Do(ctx context.Context, req proto.Request) (proto.Reply, error) {
+	return c.doOn(ctx, req, c.session)
+}
+
+// doOn is Do on the sessions session returns.
+func (c *Conn) doOn(ctx context.Context, req proto.Request, session func(context.Context) (*proto.Session, error)) (proto.Reply, error) {
 	c.mu.Lock()
 	c.nextID++
 	req.ID = c.nextID
@@ -424,7 +473,7 @@ func (c *Conn) Do(ctx context.Context, req proto.Request) (proto.Reply, error) {
 	}
 	wait := c.rtx
 	for {
-		s, err := c.session(ctx)
+		s, err := session(ctx)
 		if err != nil {
 			return proto.Reply{}, err
 		}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 
+	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/netnsx"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -16,12 +17,17 @@ import (
 //
 //	relays:
 //	  key_file: /etc/mpdetour/member.key     # or key: <base64 private key>
+//	  certificate_file: /etc/mpdetour/member.cert  # optional: collective certificate (mpdetour collective issue)
 //	  servers:
 //	    - {name: detour1, address: 203.0.113.1:45673, public_key: <relay's base64 public key>}
 type FileConfig struct {
-	Key     string      `yaml:"key"`
-	KeyFile string      `yaml:"key_file"`
-	Servers []FileRelay `yaml:"servers"`
+	Key     string `yaml:"key"`
+	KeyFile string `yaml:"key_file"`
+	// CertificateFile holds the member's collective certificate (text
+	// form); every relay connection presents it (relays that accept the
+	// collective's certificates serve the member without listing its key).
+	CertificateFile string      `yaml:"certificate_file"`
+	Servers         []FileRelay `yaml:"servers"`
 }
 
 // FileRelay is one relay in FileConfig.
@@ -52,6 +58,20 @@ func (f *FileConfig) Build() (SourceConfig, error) {
 		return sc, fmt.Errorf("key: %w", err)
 	}
 	sc.PrivateKey = k
+	if f.CertificateFile != "" {
+		b, err := os.ReadFile(f.CertificateFile)
+		if err != nil {
+			return sc, fmt.Errorf("certificate_file: %w", err)
+		}
+		c, err := collective.ParseCertificate(string(b))
+		if err != nil {
+			return sc, fmt.Errorf("certificate_file: %s: %w", f.CertificateFile, err)
+		}
+		if c.Member != k.Public() {
+			return sc, fmt.Errorf("certificate_file: %s is for key %s, not this member's %s", f.CertificateFile, c.Member.ID(), k.Public().ID())
+		}
+		sc.Options.Certificate = c.Bytes()
+	}
 	if len(f.Servers) == 0 {
 		return sc, errors.New("servers: at least one relay is required")
 	}

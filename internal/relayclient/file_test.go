@@ -1,9 +1,13 @@
 package relayclient
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
@@ -27,5 +31,39 @@ func TestFileConfig(t *testing.T) {
 		if _, err := fc.Build(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%+v: error %v, want %q", fc, err, want)
 		}
+	}
+}
+
+func TestFileConfigCertificate(t *testing.T) {
+	auth, _ := collective.NewAuthority()
+	k, _ := proto.GenerateKey()
+	other, _ := proto.GenerateKey()
+	relay, _ := proto.GenerateKey()
+	dir := t.TempDir()
+	write := func(member proto.Key) string {
+		c, err := auth.Issue(member.Public(), "m", collective.RoleClient, time.Now(), time.Now().Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, member.Public().ID()+".cert")
+		if err := os.WriteFile(p, []byte(c.String()+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	base := FileConfig{Key: k.String(), Servers: []FileRelay{{Name: "r", Address: "192.0.2.1:45673", PublicKey: relay.Public().String()}}}
+	f := base
+	f.CertificateFile = write(k)
+	sc, err := f.Build()
+	if err != nil || len(sc.Options.Certificate) == 0 {
+		t.Fatalf("valid certificate: %v, %d bytes", err, len(sc.Options.Certificate))
+	}
+	f.CertificateFile = write(other)
+	if _, err := f.Build(); err == nil || !strings.Contains(err.Error(), "certificate_file") {
+		t.Fatalf("certificate for another key: %v", err)
+	}
+	f.CertificateFile = filepath.Join(dir, "missing")
+	if _, err := f.Build(); err == nil || !strings.Contains(err.Error(), "certificate_file") {
+		t.Fatalf("missing certificate: %v", err)
 	}
 }

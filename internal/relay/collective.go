@@ -1,0 +1,145 @@
+package relay
+
+import (
+	"os"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// A collective relay (config `collective:`) accepts any member whose
+// certificate the collective's authority signed, besides the static
+// `members` list: a key that is not listed may hand shake, and its session
+// may only ping or present its certificate (OpCertify) until one verifies
+// (signature, dates, revocation list, role client). The key is then
+// remembered until its certificate expires or is revoked: its later
+// sessions are members from the handshake on. The revocation list file is
+// re-read when it changes (checked every 2 s): a revoked or expired member
+// loses its sessions, mappings, tunnel and converter tickets at once.
+
+// certMember is a key that presented a valid certificate.
+type certMember struct {
+	name     string
+	serial   uint64
+	notAfter time.Time
+}
+
+// certifiedOK says whether key holds a certificate that is still valid.
+func (s *Server) certifiedOK(key proto.Key, now time.Time) bool {
+	cm, ok := s.certified[key]
+	if !ok || s.set.Trust == nil {
+		return false
+	}
+	return now.Before(cm.notAfter) && !s.set.Trust.Revoked(cm.serial)
+}
+
+// isMember: a static member or a currently certified one.
+func (s *Server) isMember(key proto.Key, now time.Time) bool {
+	_, ok := s.set.Members[key]
+	return ok || s.certifiedOK(key, now)
+}
+
+// certify handles OpCertify.
+func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
+	if s.set.Trust == nil {
+		rep.Reason = proto.ReasonUnsupported
+		return
+	}
+	now := s.now()
+	c, err := s.set.Trust.CheckBytes(req.Cert, ses.peer, collective.RoleClient, now)
+	if err != nil {
+		rep.Reason = proto.ReasonUnauthorized
+		s.count("certify", proto.ReasonUnauthorized)
+		s.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr, "certificate of "+ses.peer.ID()+": "+err.Error())
+		return
+	}
+	if _, static := s.set.Members[ses.peer]; static {
+		return // listed anyway: the static name stays
+	}
+	first := s.certified[ses.peer].serial != c.Serial
+	s.certified[ses.peer] = certMember{name: c.Name, serial: c.Serial, notAfter: c.NotAfter}
+	for _, id := range s.byMember[ses.peer] {
+		if o := s.sessions[id]; o != nil {
+			o.pending, o.name = false, c.Name
+		}
+	}
+	if first {
+		s.log.Info("certified member", "member", c.Name, "key", ses.peer.ID(), "serial", c.Serial, "until", c.NotAfter.Format(time.RFC3339))
+	}
+}
+
+// checkCollective re-reads the revocation list when its file changed and
+// drops certified members that are revoked or expired.
+func (s *Server) checkCollective(now time.Time) {
+	if s.set.Trust == nil {
+		return
+	}
+	if s.set.CRLFile != "" {
+		if fi, err := os.Stat(s.set.CRLFile); err == nil && !fi.ModTime().Equal(s.crlMod) {
+			b, err := os.ReadFile(s.set.CRLFile)
+			if err == nil {
+				err = s.set.Trust.UpdateCRL(string(b))
+			}
+			if err != nil {
+				s.log.Error("revocation list not applied, keeping the previous one", "file", s.set.CRLFile, "err", err)
+			} else {
+				s.log.Info("revocation list applied", "file", s.set.CRLFile)
+			}
+			s.crlMod = fi.ModTime()
+		}
+	}
+	var gone []proto.Key
+	for k, cm := range s.certified {
+		if !s.certifiedOK(k, now) {
+			gone = append(gone, k)
+			s.log.Info("certified member dropped", "member", cm.name, "key", k.ID(), "serial", cm.serial,
+				"revoked", s.set.Trust.Revoked(cm.serial), "expired", !now.Before(cm.notAfter))
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	n := s.revokeKeys(func(k proto.Key) bool { return s.isMember(k, now) }, "revoked")
+	for _, k := range gone {
+		delete(s.certified, k)
+	}
+	s.log.Info("revoked certified members", "members", len(gone), "mappings", n)
+}
+
+// revokeKeys closes the mappings, sessions, tunnels and converter tickets
+// of every key keep refuses; it returns how many mappings it closed.
+func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
+	var revoked []*mapping
+	for _, m := range s.leases.byKey {
+		if !m.Owner.Key.IsZero() && !keep(m.Owner.Key) {
+			revoked = append(revoked, m)
+		}
+	}
+	for key, ids := range s.byMember {
+		if keep(key) {
+			continue
+		}
+		pendingOnly := true
+		for _, id := range ids {
+			if ses := s.sessions[id]; ses != nil && !ses.pending {
+				pendingOnly = false
+			}
+		}
+		if pendingOnly && s.set.Trust != nil {
+			continue // still presenting its certificate
+		}
+		for _, id := range ids {
+			delete(s.sessions, id)
+		}
+		delete(s.byMember, key)
+		if s.tunnels != nil {
+			s.tunnels.Release(key)
+		}
+	}
+	_ = s.close(revoked, reason)
+	if s.conv != nil {
+		s.conv.tickets.revoke(keep)
+	}
+	return len(revoked)
+}

@@ -1,0 +1,98 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayclient"
+)
+
+// A collective relay serves a key it does not list once it presents a
+// certificate of the authority; refuses one without, or with a forged,
+// wrong-key or role-less certificate; and drops a revoked member (sessions,
+// mappings) within seconds of the new revocation list appearing.
+func TestCollectiveCertificates(t *testing.T) {
+	auth, err := collective.NewAuthority()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := collective.NewAuthority()
+	dir := t.TempDir()
+	crlPath := filepath.Join(dir, "crl.txt")
+	crl := auth.Revoke(nil, time.Now())
+	if err := os.WriteFile(crlPath, []byte(crl.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, k, cfgPath, p, _ := relayLine(t, fmt.Sprintf("collective: {authority: %s, crl_file: %s}\n", auth.Public(), crlPath))
+	now := time.Now()
+	bob, err := auth.Issue(k.stranger.Public(), "bob", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(cert []byte) *relayclient.Conn {
+		c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, k.stranger,
+			relayclient.Options{Certificate: cert, ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	server := netip.MustParseAddrPort(fxServer + ":5201")
+	grant := func(c *relayclient.Conn) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, _, err := c.Grant(ctx, server, 0)
+		return err
+	}
+	forged, _ := other.Issue(k.stranger.Public(), "bob", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
+	wrongKey, _ := auth.Issue(k.member.Public(), "alice2", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
+	relayOnly, _ := auth.Issue(k.stranger.Public(), "bob", collective.RoleRelay, now.Add(-time.Minute), now.Add(time.Hour))
+	for name, cert := range map[string][]byte{"none": nil, "forged": forged.Bytes(), "another key's": wrongKey.Bytes(), "relay-only": relayOnly.Bytes()} {
+		if err := grant(dial(cert)); err == nil {
+			t.Fatalf("grant with %s certificate succeeded", name)
+		}
+	}
+	c := dial(bob.Bytes())
+	if err := grant(c); err != nil {
+		t.Fatalf("grant with a valid certificate: %v\n%s", err, p.stderr.String())
+	}
+	waitFor(t, "attribution to the certified name", func() bool {
+		for _, ev := range readAttribution(t, filepath.Join(filepath.Dir(cfgPath), "attribution.jsonl")) {
+			if ev.Event == "grant" && ev.Member == "bob" && ev.KeyID == k.stranger.Public().ID() {
+				return true
+			}
+		}
+		return false
+	})
+	if n := elements(t, f.Relay); n != 1 {
+		t.Fatalf("%d elements, want 1", n)
+	}
+	// Revocation: a new list, written atomically as an operator would.
+	crl = auth.Revoke(crl, time.Now(), bob.Serial)
+	tmp := crlPath + ".new"
+	if err := os.WriteFile(tmp, []byte(crl.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	revokedAt := time.Now()
+	if err := os.Rename(tmp, crlPath); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the revoked member's mapping removed", func() bool { return elements(t, f.Relay) == 0 })
+	took := time.Since(revokedAt)
+	if err := grant(c); proto.ReasonOf(err) != proto.ReasonUnauthorized && err == nil {
+		t.Fatalf("grant after revocation: %v", err)
+	}
+	t.Logf("revoked member refused %v after the new list was written (target 10 s)", took.Round(100*time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("revocation took %v, more than 10 s", took)
+	}
+}
