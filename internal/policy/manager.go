@@ -198,6 +198,7 @@ type ksub struct {
 	retryGap  time.Duration
 	keepUntil time.Time // proven useful (or set aside): not tested again before
 	setAside  bool      // we marked it backup (not the configuration)
+	promoted  bool      // a backup made active because no active path worked
 	proven    bool      // delivered after MinLifetime: its detour is healthy
 }
 

@@ -183,20 +183,26 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 			k.trial = nil
 		}
 	}
-	// Nothing active left that works: promote backups.
+	// Nothing active left that works: promote backups. Promoted ones do
+	// not count as active paths, so that once a path of its own works
+	// again they go back to backup (a configured backup must not stay a
+	// primary path: its share while the primary is healthy is the point).
 	active := false
 	for _, s := range k.subs {
-		if s.up && !s.stale && !s.dead && !s.backup {
+		if s.up && !s.stale && !s.dead && !s.backup && !s.promoted {
 			active = true
 		}
 	}
-	if !active {
-		for sk, s := range k.subs {
-			if s.up && !s.stale && !s.dead && s.backup {
-				s.decision = "promoted: no active path left"
-				s.setAside = false
-				out = append(out, p.setBackup(k, sk, s, false))
-			}
+	for sk, s := range k.subs {
+		switch {
+		case !active && s.up && !s.stale && !s.dead && s.backup:
+			s.decision = "promoted: no active path left"
+			s.setAside, s.promoted = false, true
+			out = append(out, p.setBackup(k, sk, s, false))
+		case active && s.promoted && s.up && !s.stale:
+			s.promoted = false
+			s.decision = "back to backup: an active path works again"
+			out = append(out, p.setBackup(k, sk, s, true))
 		}
 	}
 	return out

@@ -24,6 +24,9 @@ type Relay struct {
 	Name      string
 	Addr      netip.AddrPort // control address (UDP)
 	PublicKey proto.Key
+	// Backup: detours granted by this relay are backups (subflows with
+	// MPTCP's B flag, used only when no other subflow can send).
+	Backup bool
 }
 
 // Options tune a Conn; the zero value is usable.

@@ -20,6 +20,7 @@ import (
 //	  certificate_file: /etc/mpdetour/member.cert  # optional: collective certificate (mpdetour collective issue)
 //	  servers:
 //	    - {name: detour1, address: 203.0.113.1:45673, public_key: <relay's base64 public key>}
+//	    - {name: detour2, address: 198.51.100.1:45673, public_key: <...>, backup: true}  # its NAT detours are backups
 type FileConfig struct {
 	Key     string `yaml:"key"`
 	KeyFile string `yaml:"key_file"`
@@ -35,6 +36,8 @@ type FileRelay struct {
 	Name      string `yaml:"name"`
 	Address   string `yaml:"address"`
 	PublicKey string `yaml:"public_key"`
+	// Backup: its NAT detours are backup subflows (MPTCP B flag).
+	Backup bool `yaml:"backup"`
 }
 
 // Build validates the section; errors name the field.
@@ -89,7 +92,7 @@ func (f *FileConfig) Build() (SourceConfig, error) {
 		if err != nil {
 			return sc, fmt.Errorf("servers[%d].public_key: %w", i, err)
 		}
-		sc.Relays = append(sc.Relays, Relay{Name: r.Name, Addr: ap, PublicKey: pub})
+		sc.Relays = append(sc.Relays, Relay{Name: r.Name, Addr: ap, PublicKey: pub, Backup: r.Backup})
 	}
 	return sc, nil
 }

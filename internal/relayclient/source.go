@@ -166,7 +166,7 @@ func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
 		if e == nil || !e.detour.IsValid() || !e.expires.After(now) {
 			continue
 		}
-		out = append(out, detour.Detour{Kind: detour.NAT, Relay: c.relay.Name, Remote: e.detour, Expires: e.expires})
+		out = append(out, detour.Detour{Kind: detour.NAT, Relay: c.relay.Name, Remote: e.detour, Expires: e.expires, Backup: c.relay.Backup})
 	}
 	return out
 }

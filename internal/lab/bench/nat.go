@@ -32,6 +32,16 @@ func setupTCPNAT(ctx context.Context, env *Env) (Session, error) {
 }
 
 func setupMPTCPNAT(ctx context.Context, env *Env) (Session, error) {
+	return setupNATAgent(ctx, env, false)
+}
+
+// setupMPTCPNATBackup is setupMPTCPNAT with every relay of the cell marked
+// backup in the agent's config: its detour subflows carry the B flag.
+func setupMPTCPNATBackup(ctx context.Context, env *Env) (Session, error) {
+	return setupNATAgent(ctx, env, true)
+}
+
+func setupNATAgent(ctx context.Context, env *Env, backup bool) (Session, error) {
 	rs, err := startRelays(ctx, env, natOnly)
 	if err != nil {
 		return nil, err
@@ -44,7 +54,7 @@ func setupMPTCPNAT(ctx context.Context, env *Env) (Session, error) {
 			return nil, err
 		}
 	}
-	ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env))
+	ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env, backup))
 	if err != nil {
 		rs.close()
 		return nil, err
@@ -247,12 +257,12 @@ func (rs *relays) probe(ctx context.Context, env *Env, node string) error {
 
 // agentSection is the agent config's relays section: the member key and
 // every relay of the cell.
-func (rs *relays) agentSection(env *Env) string {
+func (rs *relays) agentSection(env *Env, backup bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "relays:\n  key: %s\n  servers:\n", rs.member)
 	for _, node := range env.Cell.Detours {
-		fmt.Fprintf(&b, "    - {name: %s, address: %s, public_key: %s}\n",
-			node, netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort), rs.keys[node].Public())
+		fmt.Fprintf(&b, "    - {name: %s, address: %s, public_key: %s, backup: %v}\n",
+			node, netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort), rs.keys[node].Public(), backup)
 	}
 	return b.String()
 }

@@ -71,6 +71,9 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPNATAdaptive:    setupMPTCPNAT,
 		scenario.MPTCPTunnelStatic:   setupMPTCPTunnel,
 		scenario.MPTCPTunnelAdaptive: setupMPTCPTunnel,
+
+		scenario.MPTCPNATBackupStatic:   setupMPTCPNATBackup,
+		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,
 	}
 }
 

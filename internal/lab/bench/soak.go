@@ -179,7 +179,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			return nil, err
 		}
 	}
-	agent, err := startAgent(ctx, env, 2, nil, rs.agentSection(env)+"tunnels: true\nmetrics: {listen: "+soakAgentMetrics+"}\n")
+	agent, err := startAgent(ctx, env, 2, nil, rs.agentSection(env, false)+"tunnels: true\nmetrics: {listen: "+soakAgentMetrics+"}\n")
 	if err != nil {
 		return nil, err
 	}

@@ -43,7 +43,7 @@ func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env)+"tunnels: true\n")
+	ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env, false)+"tunnels: true\n")
 	if err != nil {
 		rs.close()
 		return nil, err

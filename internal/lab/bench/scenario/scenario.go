@@ -34,6 +34,10 @@ const (
 	MPTCPNATAdaptive    = "mptcp-nat-adaptive"
 	MPTCPTunnelStatic   = "mptcp-tunnel-static"
 	MPTCPTunnelAdaptive = "mptcp-tunnel-adaptive"
+	// The cell's detours as backups (relays marked backup: true): the
+	// default path carries the data while it works.
+	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
+	MPTCPNATBackupAdaptive = "mptcp-nat-backup-adaptive"
 )
 
 // procInfo says what a procedure needs and how it is labelled in reports.
@@ -59,14 +63,17 @@ var procs = map[string]procInfo{
 	MPTCPNATAdaptive:    {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
 	MPTCPTunnelStatic:   {"MPTCP + tunnel detour, static policy", -1, TCPTunnel},
 	MPTCPTunnelAdaptive: {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
+
+	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
+	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
 func Policy(procedure string) string {
 	switch procedure {
-	case MPTCPNATStatic, MPTCPTunnelStatic:
+	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic:
 		return "static"
-	case MPTCPNATAdaptive, MPTCPTunnelAdaptive:
+	case MPTCPNATAdaptive, MPTCPTunnelAdaptive, MPTCPNATBackupAdaptive:
 		return "adaptive"
 	}
 	return ""
@@ -74,7 +81,7 @@ func Policy(procedure string) string {
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
+	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
 		TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
 }
 
