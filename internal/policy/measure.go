@@ -187,15 +187,21 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 	// not count as active paths, so that once a path of its own works
 	// again they go back to backup (a configured backup must not stay a
 	// primary path: its share while the primary is healthy is the point).
-	active := false
+	// Promotion needs a path that died: at a connection's start the
+	// default path may not be measured yet, which is no reason to use a
+	// backup.
+	active, died := false, false
 	for _, s := range k.subs {
-		if s.up && !s.stale && !s.dead && !s.backup && !s.promoted {
+		if s.up && !s.stale && !s.dead && !s.backup && !s.promoted && !s.configuredBackup() {
 			active = true
+		}
+		if s.dead {
+			died = true
 		}
 	}
 	for sk, s := range k.subs {
 		switch {
-		case !active && s.up && !s.stale && !s.dead && s.backup:
+		case !active && died && s.up && !s.stale && !s.dead && s.backup:
 			s.decision = "promoted: no active path left"
 			s.setAside, s.promoted = false, true
 			out = append(out, p.setBackup(k, sk, s, false))
@@ -207,6 +213,11 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 	}
 	return out
 }
+
+// configuredBackup: a subflow through a detour the configuration marks
+// backup. It is never a primary path: not counted as one, never tested
+// (set aside or revived) by trials, used only while no primary works.
+func (s *ksub) configuredBackup() bool { return s.d != nil && s.d.Backup }
 
 func (s *ksub) path() string {
 	if s.initial {
@@ -313,7 +324,7 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 	var active []cand
 	best := time.Duration(0)
 	for sk, s := range k.subs {
-		if !s.up || s.stale || s.dead || !s.seen {
+		if !s.up || s.stale || s.dead || !s.seen || s.promoted || s.configuredBackup() {
 			continue
 		}
 		if s.backup {

@@ -209,7 +209,11 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	if os.Getenv("MPDETOUR_BENCH_KEEP") == "" { // debugging: keep daemon logs and configs
+		defer os.RemoveAll(tmp)
+	} else {
+		fmt.Fprintf(os.Stderr, "daemon logs and configs kept in %s\n", tmp)
+	}
 	roles := r.s.RolesFor(cfg)
 	for _, n := range append([]string{roles.Client, roles.Server}, roles.Detours...) {
 		if l.NetnsName(n) == "" {

@@ -39,6 +39,7 @@ type SoakOptions struct {
 	// ConnsPerSecond short MPTCP connections (open, send 32 KB, close) [5];
 	// Long connections keep sending ~2 Mbit/s each for the whole run [2].
 	ConnsPerSecond float64
+	ConnBytes      int // bytes each short connection sends [32 KiB]
 	Long           int
 	Sample         time.Duration // sampling period [10s]
 	Progress       io.Writer     // one line per sample (nil: none)
@@ -59,6 +60,10 @@ type ProcStats struct {
 	RSSBytes   float64 `json:"rss_bytes"`
 	FDs        float64 `json:"fds"`
 	Goroutines float64 `json:"goroutines"`
+	CPUSeconds float64 `json:"cpu_seconds"` // since the process started
+	// P99CreateS is the agent's ESTABLISHED -> SUBFLOW_CREATE p99 over its
+	// recent samples (agent only).
+	P99CreateS float64 `json:"p99_create_s,omitempty"`
 }
 
 // RelayLook is a relay's resources and state.
@@ -82,7 +87,7 @@ type SoakReport struct {
 	Options struct {
 		Duration, RestartEvery, FlapEvery, FlapFor string
 		ConnsPerSecond                             float64
-		Long                                       int
+		ConnBytes, Long                            int
 	} `json:"options"`
 	Samples  []SoakSample `json:"samples"`
 	Restarts []string     `json:"restarts"` // "t=..s relay detour1 SIGTERM"
@@ -129,8 +134,11 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if o.ConnsPerSecond <= 0 {
 		o.ConnsPerSecond = 5
 	}
-	if o.Long <= 0 {
-		o.Long = 2
+	if o.Long < 0 {
+		o.Long = 0
+	}
+	if o.ConnBytes <= 0 {
+		o.ConnBytes = 32 << 10
 	}
 	if o.Sample <= 0 {
 		o.Sample = 10 * time.Second
@@ -138,7 +146,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	rep := &SoakReport{Final: map[string]RelayLook{}}
 	rep.Options.Duration, rep.Options.RestartEvery = o.Duration.String(), o.RestartEvery.String()
 	rep.Options.FlapEvery, rep.Options.FlapFor = o.FlapEvery.String(), o.FlapFor.String()
-	rep.Options.ConnsPerSecond, rep.Options.Long = o.ConnsPerSecond, o.Long
+	rep.Options.ConnsPerSecond, rep.Options.Long, rep.Options.ConnBytes = o.ConnsPerSecond, o.Long, o.ConnBytes
 	detours := []string{"detour1", "detour2"}
 	env := &Env{Lab: o.Lab, Cell: scenario.Cell{Procedure: "soak", Detours: detours},
 		Roles: scenario.Roles{Client: "client", Server: "server"}, Binary: o.Binary, Dir: o.Dir, Port: 5201,
@@ -210,7 +218,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 		defer wg.Done()
 		tick := time.NewTicker(time.Duration(float64(time.Second) / o.ConnsPerSecond))
 		defer tick.Stop()
-		buf := make([]byte, 32<<10)
+		buf := make([]byte, o.ConnBytes)
 		for {
 			select {
 			case <-runCtx.Done():
@@ -337,8 +345,8 @@ sampling:
 			s := sample()
 			rep.Samples = append(rep.Samples, s)
 			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB fds=%.0f goroutines=%.0f | %s | conns %d failed %d\n",
-					s.T, s.Agent.RSSBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, relayLine(s), s.Opened, s.Failed)
+				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms | %s | conns %d failed %d\n",
+					s.T, s.Agent.RSSBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, relayLine(s), s.Opened, s.Failed)
 			}
 		}
 	}
@@ -481,6 +489,10 @@ func scrapeProc(l *lab.Lab, node, addr string) (ProcStats, error) {
 			st.FDs = v
 		case "go_goroutines":
 			st.Goroutines = v
+		case "process_cpu_seconds_total":
+			st.CPUSeconds = v
+		case `mpdetour_agent_established_to_subflow_create_seconds{quantile="0.99"}`:
+			st.P99CreateS = v
 		}
 	}
 	return st, nil
@@ -558,8 +570,24 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 	}
 	var m strings.Builder
 	fmt.Fprintf(&m, "# Soak: %s of churn\n\n", rep.Options.Duration)
-	fmt.Fprintf(&m, "Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (2 detour subflows per connection, tunnels on), a server sink. For %s: %.0f short MPTCP connections/s (32 KB each), %d long ones sending ~2 Mbit/s, one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link black-holed for %s every %s.\n\n",
-		rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)
+	fmt.Fprintf(&m, "Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (2 detour subflows per connection, tunnels on), a server sink. For %s: %.0f short MPTCP connections/s (%d bytes each), %d long ones sending ~2 Mbit/s, one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link black-holed for %s every %s.\n\n",
+		rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.ConnBytes, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)
+	if n := len(rep.Samples); n >= 2 {
+		a, b := rep.Samples[0], rep.Samples[n-1]
+		var p99 []float64
+		for _, s := range rep.Samples {
+			if s.Agent.P99CreateS > 0 {
+				p99 = append(p99, s.Agent.P99CreateS)
+			}
+		}
+		sort.Float64s(p99)
+		worst := 0.0
+		if len(p99) > 0 {
+			worst = p99[len(p99)-1]
+		}
+		fmt.Fprintf(&m, "Agent CPU over the run: %.1f%% of one core (%.1f s in %.0f s); ESTABLISHED -> SUBFLOW_CREATE p99 (agent's recent samples), worst sample: %.2f ms; connections opened %d, failed %d.\n\n",
+			100*(b.Agent.CPUSeconds-a.Agent.CPUSeconds)/(b.T-a.T), b.Agent.CPUSeconds-a.Agent.CPUSeconds, b.T-a.T, 1000*worst, b.Opened, b.Failed)
+	}
 	m.WriteString("## Checks\n\n| check | result | detail |\n|---|---|---|\n")
 	for _, c := range rep.Checks {
 		res := "pass"
