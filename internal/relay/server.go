@@ -79,15 +79,15 @@ type Server struct {
 	conn     *net.UDPConn
 	legacy   *net.UDPConn
 
-	leases    *leaseTable
-	pol       *destination.Policy
-	lis       listeners
-	sessions  map[uint32]*session
-	byMember  map[proto.Key][]uint32
-	lastTS    map[proto.Key]proto.Timestamp
+	leases   *leaseTable
+	pol      *destination.Policy
+	lis      listeners
+	sessions map[uint32]*session
+	byMember map[proto.Key][]uint32
+	lastTS   map[proto.Key]proto.Timestamp
 	// certified: keys that presented a valid collective certificate.
 	certified map[proto.Key]certMember
-	crlMod    time.Time // modification time of the CRL file last read
+	crlMod    time.Time    // modification time of the CRL file last read
 	state     *replayState // nil: lastTS lives in memory only
 	rates     map[proto.Key]*bucket
 	addrRates map[netip.Addr]*bucket
