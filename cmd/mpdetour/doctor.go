@@ -46,7 +46,7 @@ func doctorCommand() *cli.Command {
 					r = append(r, doctor.Result{Area: "relay", Check: "config", Status: doctor.Fail, Detail: err.Error()})
 				} else {
 					r = append(r, doctor.Result{Area: "relay", Check: "config", Status: doctor.OK, Detail: relayConfig + " is valid"})
-					r = append(r, doctor.RelayHost(doctor.Paths{}, relay.TableName, s.Tunnel != nil)...)
+					r = append(r, doctor.RelayHost(doctor.Paths{}, relay.TableName, s.Tunnel != nil, s.Convert.Enabled)...)
 				}
 			}
 			if agentConfig != "" {

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -154,8 +155,9 @@ func Kernel(p Paths, minSubflows int) Report {
 
 // RelayHost checks what a relay's data plane needs: forwarding, nftables
 // through netlink, whether a relay's table is already installed (one relay
-// per namespace), WireGuard (kernel module, or TUN for the embedded one).
-func RelayHost(p Paths, table string, tunnels bool) Report {
+// per namespace), WireGuard (kernel module, or TUN for the embedded one),
+// and for the convert role TCP Fast Open on the server side.
+func RelayHost(p Paths, table string, tunnels, convert bool) Report {
 	var r Report
 	switch v, err := readSysctl(p, "net.ipv4.ip_forward"); {
 	case err != nil:
@@ -165,6 +167,19 @@ func RelayHost(p Paths, table string, tunnels bool) Report {
 			"echo 'net.ipv4.ip_forward = 1' > /etc/sysctl.d/90-mpdetour.conf; sysctl -p /etc/sysctl.d/90-mpdetour.conf")
 	default:
 		r.add("relay", "forwarding", OK, "net.ipv4.ip_forward = 1", "")
+	}
+	if convert {
+		v, err := readSysctl(p, "net.ipv4.tcp_fastopen")
+		n, perr := strconv.Atoi(v)
+		switch {
+		case err != nil:
+			r.add("relay", "converter TCP Fast Open", Warn, err.Error(), "")
+		case perr != nil || n&2 == 0:
+			r.add("relay", "converter TCP Fast Open", Warn, "net.ipv4.tcp_fastopen = "+v+": the converter cannot take data in the SYN, each converted connection costs one round trip more",
+				"echo 'net.ipv4.tcp_fastopen = 3' >> /etc/sysctl.d/90-mpdetour.conf; sysctl -p /etc/sysctl.d/90-mpdetour.conf")
+		default:
+			r.add("relay", "converter TCP Fast Open", OK, "net.ipv4.tcp_fastopen = "+v, "")
+		}
 	}
 	nc, err := nftables.New()
 	if err == nil {

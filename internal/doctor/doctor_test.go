@@ -54,9 +54,12 @@ func TestKernelMPTCPDisabledAndMissing(t *testing.T) {
 }
 
 func TestRelayForwardingOff(t *testing.T) {
-	r := RelayHost(fakeProc(t, map[string]string{"net.ipv4.ip_forward": "0"}), "mpdetour_test_none", true)
+	r := RelayHost(fakeProc(t, map[string]string{"net.ipv4.ip_forward": "0", "net.ipv4.tcp_fastopen": "1"}), "mpdetour_test_none", true, true)
 	if x := find(r, "forwarding"); x.Status != Fail || !strings.Contains(x.Fix, "ip_forward = 1") {
 		t.Fatalf("forwarding off: %+v", x)
+	}
+	if x := find(r, "converter TCP Fast Open"); x.Status != Warn || !strings.Contains(x.Fix, "tcp_fastopen = 3") {
+		t.Fatalf("converter without server TFO: %+v", x)
 	}
 	// No kernel module check can be forced here, but the WireGuard check
 	// must say something either way; with no /dev/net/tun in the fake dev
