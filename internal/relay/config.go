@@ -52,6 +52,10 @@ type Config struct {
 		PerClient int             `yaml:"per_client"` // mapping quota per client address
 	} `yaml:"legacy_v1"`
 
+	// FastPath offloads established detour connections to a software
+	// flowtable (default false; docs/relay.md).
+	FastPath *bool `yaml:"fast_path"`
+
 	// Tunnel is handed to the tunnel factory (TunnelFactory) as a section
 	// of the file; absent = no tunnel detours.
 	Tunnel config.Node `yaml:"tunnel"`
@@ -90,6 +94,10 @@ type Settings struct {
 	LegacyListen    netip.AddrPort
 	LegacyLease     time.Duration
 	LegacyPerClient int
+
+	// FastPath: flowtable offload of established detour connections,
+	// attribution through conntrack accounting.
+	FastPath bool
 
 	// Tunnel is the `tunnel:` section (nil: none), for the TunnelFactory.
 	Tunnel *config.Doc
@@ -146,6 +154,9 @@ func build(c *Config) (*Settings, error) {
 		Legacy:           c.LegacyV1.Enabled,
 		LegacyLease:      10 * time.Minute,
 		LegacyPerClient:  16,
+	}
+	if c.FastPath != nil {
+		s.FastPath = *c.FastPath
 	}
 	var err error
 	listen := c.Listen

@@ -28,15 +28,15 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Listen.Port() != DefaultPort || s.PortLo != 20000 || !s.DenyPorts[25] || s.Members[member] != "a" || s.Legacy {
+	if s.Listen.Port() != DefaultPort || s.PortLo != 20000 || !s.DenyPorts[25] || s.Members[member] != "a" || s.Legacy || s.FastPath {
 		t.Fatalf("defaults: %+v", s)
 	}
-	s, err = ParseConfig([]byte(good + "ports: 40000-40010\nlease: 30s\ndeny_ports: [22]\nallow_destinations: [10.0.0.0/8, 192.0.2.1]\nlegacy_v1: {enabled: true}\nquota: {per_member: 5, global: 7}\n"))
+	s, err = ParseConfig([]byte(good + "ports: 40000-40010\nlease: 30s\ndeny_ports: [22]\nallow_destinations: [10.0.0.0/8, 192.0.2.1]\nlegacy_v1: {enabled: true}\nquota: {per_member: 5, global: 7}\nfast_path: true\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.PortLo != 40000 || s.PortHi != 40010 || s.Lease != 30*time.Second || s.DenyPorts[25] || !s.DenyPorts[22] ||
-		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 {
+		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 || !s.FastPath {
 		t.Fatalf("parsed: %+v", s)
 	}
 	bad := map[string]string{
@@ -53,6 +53,7 @@ func TestParseConfig(t *testing.T) {
 		good + "  - {name: a, public_key: " + testKey(t).Public().String() + "}\n": "duplicate",
 		good + "  - {name: b, public_key: " + member.String() + "}\n":              "same key",
 		good + "metrics: {listen: x}\n":                                            "metrics.listen",
+		good + "fast_path: sometimes\n":                                            "fast_path",
 	}
 	for cfg, want := range bad {
 		_, err := ParseConfig([]byte(cfg))
