@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Where the CPU goes when the relay NATs (issue 18): TCP goodput client ->
 # relay -> server over unshaped veths, alternating per round between
-#   plain   routing through the relay namespace (conntrack active there, no NAT)
+#   bare    routing through the relay namespace with no table there (no
+#           conntrack: a router without any netfilter state)
+#   plain   routing through the relay namespace with the relay's table present
+#           (conntrack active, as on any relay; no NAT for this connection)
 #   nat     the relay's NAT: DNAT on a detour port, masquerade on the mark,
 #           ct mark set (fast_path: true; attribution via conntrack accounting)
 #   natacct the same plus the relay's per-packet accounting rules in forward
@@ -51,6 +54,7 @@ ip -n $S addr add 10.0.2.2/24 dev s0; ip -n $S link set s0 up
 ip -n $C route add default via 10.0.1.2
 ip -n $S route add 10.0.1.0/24 via 10.0.2.1   # for plain routing
 ip netns exec $R sysctl -qw net.ipv4.ip_forward=1
+table_on() {
 ip netns exec $R nft -f - <<'NFT'
 table ip mpdetour_relay {
   map detours { type ipv4_addr . inet_service : ipv4_addr . inet_service; elements = { 10.0.1.1 . 40000 : 10.0.2.2 . 5201 } }
@@ -69,15 +73,20 @@ table ip mpdetour_relay {
   }
 }
 NFT
+}
+table_on
+table_off() { ip netns exec $R nft delete table ip mpdetour_relay 2>/dev/null || true; }
 # The relay keys its rules on "ct original proto-dst", which this nft CLI
 # cannot put in a concatenation; th dport/sport (the server's port after
 # DNAT) costs the same per packet (ct, payload, set lookup, element counter).
 acct_on() {
+  ensure_table
   acct_off
   ip netns exec $R nft add rule ip mpdetour_relay forward ct status dnat ct direction original ip saddr . th dport @acct
   ip netns exec $R nft add rule ip mpdetour_relay forward ct status dnat ct direction reply ip daddr . th sport @acct
 }
-acct_off() { ip netns exec $R nft flush chain ip mpdetour_relay forward; }
+acct_off() { ensure_table; ip netns exec $R nft flush chain ip mpdetour_relay forward; }
+ensure_table() { ip netns exec $R nft list table ip mpdetour_relay >/dev/null 2>&1 || table_on; }
 
 ip netns exec $S iperf3 -s -p 5201 >/dev/null 2>&1 &
 PIDS+=($!)
@@ -86,6 +95,7 @@ sleep 0.5
 run() { # mode
   local mode=$1 dst
   case $mode in
+    bare) dst="10.0.2.2 -p 5201"; table_off ;;
     plain) dst="10.0.2.2 -p 5201"; acct_off ;;
     nat) dst="10.0.1.2 -p 40000"; acct_off ;;
     natacct) dst="10.0.1.2 -p 40000"; acct_on ;;
@@ -115,9 +125,9 @@ PY
 run plain >/dev/null; : >"$TMP/rows"   # warm-up
 for r in $(seq "$ROUNDS"); do
   case $((r % 3)) in
-    1) order="plain nat natacct" ;;
-    2) order="nat natacct plain" ;;
-    0) order="natacct plain nat" ;;
+    1) order="bare plain nat natacct" ;;
+    2) order="plain nat natacct bare" ;;
+    0) order="nat natacct bare plain" ;;
   esac
   for m in $order; do run "$m"; done
 done
@@ -130,12 +140,12 @@ for r in rows:
     by.setdefault(r[0], []).append([float(x) for x in r[1:]])
 print("| path | goodput Gbit/s (median; runs) | busy CPU % | netfilter + routing, % of busy | NAT-only functions | nft rule evaluation | copies |")
 print("|---|---|---|---|---|---|---|")
-for m in ("plain", "nat", "natacct"):
+for m in ("bare", "plain", "nat", "natacct"):
     v = by.get(m, [])
     col = lambda i: st.median(x[i] for x in v)
     runs = " ".join(f"{x[0]:.1f}" for x in v)
     print(f"| {m} | {col(0):.2f} ({runs}) | {col(1):.1f} | {col(2):.2f} | {col(3):.2f} | {col(4):.2f} | {col(5):.1f} |")
-for m in ("nat", "natacct"):
-    rs = [a[0] / b[0] for a, b in zip(by[m], by["plain"])]
-    print(f"{m} / plain goodput, per round: " + " ".join(f"{x:.3f}" for x in rs) + f" (median {st.median(rs):.3f})")
+for m, base in (("nat", "plain"), ("natacct", "plain"), ("nat", "bare"), ("natacct", "bare"), ("plain", "bare")):
+    rs = [a[0] / b[0] for a, b in zip(by[m], by[base])]
+    print(f"{m} / {base} goodput, per round: " + " ".join(f"{x:.3f}" for x in rs) + f" (median {st.median(rs):.3f})")
 PY
