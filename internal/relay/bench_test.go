@@ -48,9 +48,13 @@ func BenchmarkRelayReport(tb *testing.B) {
 	// them (this host is shared and its load drifts).
 	ctx := context.Background()
 	server := netip.MustParseAddrPort(fxServer + ":5201")
+	extra := ""
+	if os.Getenv("TR_BENCH_FAST_PATH") == "1" {
+		extra = "fast_path: true\n" // both relays
+	}
 	var lines [2]*benchLine
 	for i := range lines {
-		lines[i] = newBenchLine(t, "")
+		lines[i] = newBenchLine(t, extra)
 	}
 	a, b := lines[0], lines[1]
 	// Plain routing (line A) needs a way back from the server.
