@@ -2,11 +2,12 @@ package relay
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -79,6 +80,7 @@ type ctAccount struct {
 	known    map[mapKey]bool    // mappings with an element (Map .. Forget)
 	finished map[mapKey]Counter // sums of destroyed connections
 	done     chan struct{}
+	closing  atomic.Bool
 }
 
 // newCTAccount subscribes to destroy events in the calling thread's
@@ -104,11 +106,14 @@ func (a *ctAccount) loop() {
 	for {
 		msgs, err := a.events.Receive()
 		if err != nil {
-			if errors.Is(err, unix.ENOBUFS) {
-				a.log.Error("conntrack destroy events lost (socket buffer overrun): attribution of connections closed just now is low")
-				continue
+			if a.closing.Load() {
+				return
 			}
-			return // closed
+			// Not expected with NETLINK_NO_ENOBUFS and reliable delivery;
+			// keep listening (a stopped loop would undercount silently).
+			a.log.Error("conntrack destroy events: receive failed; attribution of connections closed just now may be low", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
 		for _, m := range msgs {
 			if m.Header.Type != netlink.HeaderType(nfnlSubsysCtnetlink<<8|ipctnlMsgCtDelete) {
@@ -176,6 +181,7 @@ func (a *ctAccount) counters(c *netlink.Conn, keys []mapKey) (map[mapKey]Counter
 }
 
 func (a *ctAccount) close() {
+	a.closing.Store(true)
 	a.events.Close()
 	<-a.done
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -42,8 +44,10 @@ const flowtableName = "ft"
 // group RTNLGRP_LINK; mdlayher/netlink, whose Close wakes a blocked
 // receive, so stopping does not wait for the next link event).
 type linkWatch struct {
-	conn *netlink.Conn
-	done chan struct{}
+	conn    *netlink.Conn // subscribed to link changes
+	list    *netlink.Conn // for dumps; created in the namespace like conn
+	done    chan struct{}
+	closing atomic.Bool
 }
 
 // link is what the flowtable needs of a link message.
@@ -65,8 +69,15 @@ func (d *nftDataPlane) startFastPath() error {
 		ct.close()
 		return fmt.Errorf("fast path: link updates: %w", err)
 	}
-	links, err := listLinks()
+	list, err := netlink.Dial(unix.NETLINK_ROUTE, nil)
 	if err != nil {
+		ev.Close()
+		ct.close()
+		return fmt.Errorf("fast path: listing links: %w", err)
+	}
+	links, err := listLinks(list)
+	if err != nil {
+		list.Close()
 		ev.Close()
 		ct.close()
 		return fmt.Errorf("fast path: listing links: %w", err)
@@ -76,17 +87,13 @@ func (d *nftDataPlane) startFastPath() error {
 			d.devs = append(d.devs, l.name)
 		}
 	}
-	d.ct, d.links = ct, &linkWatch{conn: ev, done: make(chan struct{})}
+	d.ct, d.links = ct, &linkWatch{conn: ev, list: list, done: make(chan struct{})}
 	go d.watchLinks(d.links)
 	return nil
 }
 
-func listLinks() ([]link, error) {
-	c, err := netlink.Dial(unix.NETLINK_ROUTE, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
+// listLinks dumps the links of c's namespace.
+func listLinks(c *netlink.Conn) ([]link, error) {
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{Type: unix.RTM_GETLINK, Flags: netlink.Request | netlink.Dump},
 		Data:   make([]byte, unix.SizeofIfInfomsg),
@@ -128,10 +135,20 @@ func (d *nftDataPlane) watchLinks(w *linkWatch) {
 	for {
 		msgs, err := w.conn.Receive()
 		if err != nil {
-			if errors.Is(err, unix.ENOBUFS) {
-				continue
+			if w.closing.Load() {
+				return
 			}
-			return // closed
+			if !errors.Is(err, unix.ENOBUFS) {
+				d.log.Warn("fast path: link updates: receive failed", "err", err)
+				time.Sleep(100 * time.Millisecond)
+			}
+			// A lost update could be a new device: read the list again.
+			if links, err := listLinks(w.list); err == nil {
+				for _, l := range links {
+					d.linkChanged(l)
+				}
+			}
+			continue
 		}
 		for _, m := range msgs {
 			if l, ok := parseLink(m); ok {
@@ -203,8 +220,10 @@ func (d *nftDataPlane) FastPath() bool {
 
 func (d *nftDataPlane) stopFastPath() {
 	if d.links != nil {
+		d.links.closing.Store(true)
 		d.links.conn.Close()
 		<-d.links.done
+		d.links.list.Close()
 		d.links = nil
 	}
 	if d.ct != nil {

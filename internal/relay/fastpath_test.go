@@ -85,6 +85,25 @@ func TestNFTFastPath(t *testing.T) {
 	} else {
 		t.Logf("this kernel refused the flowtable (no nf_flow_table): offload not checked, attribution through conntrack checked")
 	}
+	// Devices follow the namespace's links: a new veth pair is added, a
+	// deleted one removed (the flowtable is updated where there is one).
+	devs := func() []string {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return append([]string(nil), d.devs...)
+	}
+	if got := strings.Join(devs(), ","); got != "r0,r1" {
+		t.Fatalf("devices %q, want r0,r1 (no loopback)", got)
+	}
+	netnstest.MustRun(t, "ip", "-n", f.Relay, "link", "add", "r9", "type", "veth", "peer", "name", "r9p")
+	waitFor(t, "new links in the device list", func() bool { return strings.Join(devs(), ",") == "r0,r1,r9p,r9" || strings.Join(devs(), ",") == "r0,r1,r9,r9p" })
+	if offload {
+		if out, _ := nftList(t, f.Relay, "list", "flowtable", "ip", TableName, flowtableName); !strings.Contains(out, "r9") {
+			t.Fatalf("flowtable not updated with the new device:\n%s", out)
+		}
+	}
+	netnstest.MustRun(t, "ip", "-n", f.Relay, "link", "del", "r9")
+	waitFor(t, "deleted links out of the device list", func() bool { return strings.Join(devs(), ",") == "r0,r1" })
 	if acct, _ := exec.Command("ip", "netns", "exec", f.Relay, "cat", "/proc/sys/net/netfilter/nf_conntrack_acct").Output(); strings.TrimSpace(string(acct)) != "1" {
 		t.Fatalf("conntrack accounting not on in the relay's namespace: %q", acct)
 	}
