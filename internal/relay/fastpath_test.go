@@ -96,7 +96,9 @@ func TestNFTFastPath(t *testing.T) {
 		t.Fatalf("devices %q, want r0,r1 (no loopback)", got)
 	}
 	netnstest.MustRun(t, "ip", "-n", f.Relay, "link", "add", "r9", "type", "veth", "peer", "name", "r9p")
-	waitFor(t, "new links in the device list", func() bool { return strings.Join(devs(), ",") == "r0,r1,r9p,r9" || strings.Join(devs(), ",") == "r0,r1,r9,r9p" })
+	waitFor(t, "new links in the device list", func() bool {
+		return strings.Join(devs(), ",") == "r0,r1,r9p,r9" || strings.Join(devs(), ",") == "r0,r1,r9,r9p"
+	})
 	if offload {
 		if out, _ := nftList(t, f.Relay, "list", "flowtable", "ip", TableName, flowtableName); !strings.Contains(out, "r9") {
 			t.Fatalf("flowtable not updated with the new device:\n%s", out)
