@@ -54,7 +54,7 @@ type Config struct {
 
 	// FastPath offloads established detour connections to a software
 	// flowtable (default false; docs/relay.md).
-	FastPath *bool `yaml:"fast_path"`
+	FastPath bool `yaml:"fast_path"`
 
 	// Tunnel is handed to the tunnel factory (TunnelFactory) as a section
 	// of the file; absent = no tunnel detours.
@@ -154,9 +154,7 @@ func build(c *Config) (*Settings, error) {
 		Legacy:           c.LegacyV1.Enabled,
 		LegacyLease:      10 * time.Minute,
 		LegacyPerClient:  16,
-	}
-	if c.FastPath != nil {
-		s.FastPath = *c.FastPath
+		FastPath:         c.FastPath,
 	}
 	var err error
 	listen := c.Listen

@@ -36,9 +36,14 @@ import (
 // is written.
 //
 // A connection destroyed between a dump and the processing of its event is
-// missing from that one reading (low, never high); the next reading has
-// it. The reaper logs a closed mapping only once its count has stood still
-// for a reap interval.
+// missing from that one reading (low, never high: a dumped connection whose
+// destroy event was processed before the sum is skipped by its conntrack
+// id); the next reading has it. The reaper logs a closed mapping only once
+// its count has stood still for a reap interval.
+
+// goneKeep is how long the id of a destroyed connection is remembered: far
+// longer than a dump takes.
+const goneKeep = 30 * time.Second
 
 // ctnetlink constants (linux/netfilter/nfnetlink_conntrack.h); x/sys/unix
 // does not have them.
@@ -79,8 +84,12 @@ type ctAccount struct {
 	mu       sync.Mutex
 	known    map[mapKey]bool    // mappings with an element (Map .. Forget)
 	finished map[mapKey]Counter // sums of destroyed connections
-	done     chan struct{}
-	closing  atomic.Bool
+	// gone holds the conntrack ids of recently destroyed connections, so
+	// that a dump that still saw one is not added to its final count.
+	gone      map[uint32]time.Time
+	lastPrune time.Time
+	done      chan struct{}
+	closing   atomic.Bool
 }
 
 // newCTAccount subscribes to destroy events in the calling thread's
@@ -96,7 +105,8 @@ func newCTAccount(log *slog.Logger) (*ctAccount, error) {
 	}
 	_ = ev.SetOption(netlink.NoENOBUFS, true)
 	_ = ev.SetReadBuffer(4 << 20)
-	a := &ctAccount{log: log, events: ev, known: map[mapKey]bool{}, finished: map[mapKey]Counter{}, done: make(chan struct{})}
+	a := &ctAccount{log: log, events: ev, known: map[mapKey]bool{}, finished: map[mapKey]Counter{},
+		gone: map[uint32]time.Time{}, done: make(chan struct{})}
 	go a.loop()
 	return a, nil
 }
@@ -129,6 +139,16 @@ func (a *ctAccount) loop() {
 				c.Bytes += f.Cnt.Bytes
 				c.Packets += f.Cnt.Packets
 				a.finished[f.Key] = c
+				now := time.Now()
+				a.gone[f.ID] = now
+				if now.Sub(a.lastPrune) > goneKeep {
+					for id, at := range a.gone {
+						if now.Sub(at) > goneKeep {
+							delete(a.gone, id)
+						}
+					}
+					a.lastPrune = now
+				}
 			}
 			a.mu.Unlock()
 		}
@@ -171,6 +191,9 @@ func (a *ctAccount) counters(c *netlink.Conn, keys []mapKey) (map[mapKey]Counter
 		out[k] = a.finished[k]
 	}
 	for _, f := range live {
+		if _, dead := a.gone[f.ID]; dead {
+			continue // dumped just before its destroy event: counted in finished
+		}
 		if c, ok := out[f.Key]; ok {
 			c.Bytes += f.Cnt.Bytes
 			c.Packets += f.Cnt.Packets
