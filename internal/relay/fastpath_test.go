@@ -42,11 +42,6 @@ func TestNFTFastPath(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
 	f := newFixture(t)
-	// Finished connections leave conntrack quickly, so destroy events are
-	// part of the test (time_wait is 120 s by default).
-	for _, s := range []string{"time_wait", "close", "fin_wait", "last_ack", "close_wait"} {
-		netnstest.MustRun(t, "ip", "netns", "exec", f.Relay, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_timeout_"+s+"=1")
-	}
 	var d *nftDataPlane
 	var err error
 	in(t, f.Relay, func() {
@@ -56,6 +51,12 @@ func TestNFTFastPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Close() })
+	// Finished connections leave conntrack quickly, so destroy events are
+	// part of the test (time_wait is 120 s by default). After newNFT: where
+	// conntrack is a module, the table loads it.
+	for _, s := range []string{"time_wait", "close", "fin_wait", "last_ack", "close_wait"} {
+		netnstest.MustRun(t, "ip", "netns", "exec", f.Relay, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_timeout_"+s+"=1")
+	}
 	startSink(t, f.Server, fxServer+":5201")
 	key := mapKey{netip.MustParseAddr(fxClient), 40000}
 	if err := d.Map([]mapping{{Key: key, Server: netip.MustParseAddrPort(fxServer + ":5201")}}); err != nil {
