@@ -46,40 +46,15 @@ func BenchmarkRelayReport(tb *testing.B) {
 	// Two identical client-relay-server lines: relay A holds one mapping,
 	// relay B the same plus total-1 others, so runs can alternate between
 	// them (this host is shared and its load drifts).
-	type line struct {
-		f   *fixture
-		p   *relayProc
-		k   keys
-		d   netip.AddrPort
-		c1  *relayclient.Conn
-		cfg string
-	}
 	ctx := context.Background()
 	server := netip.MustParseAddrPort(fxServer + ":5201")
-	var lines [2]*line
+	extra := ""
+	if os.Getenv("TR_BENCH_FAST_PATH") == "1" {
+		extra = "fast_path: true\n" // both relays
+	}
+	var lines [2]*benchLine
 	for i := range lines {
-		l := &line{f: newFixture(t), k: newKeys(t)}
-		netnstest.MustRun(t, "ip", "-n", l.f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
-		l.cfg = filepath.Join(t.TempDir(), "relay.yaml")
-		writeConfig(t, l.cfg, l.k, "quota: {per_member: 200000, global: 200000}\nrate: {per_member: 1000000, burst: 1000000}\nlease: 1h\n")
-		b, _ := os.ReadFile(l.cfg)
-		_ = os.WriteFile(l.cfg, []byte(strings.Replace(string(b), "ports: 40000-40999", "ports: 1024-65535", 1)), 0o600)
-		// 5201 behind the mapping; 5202 for plain routing run at the same
-		// time (one iperf3 server serves one test at a time).
-		for _, port := range []string{"5201", "5202"} {
-			iperf := exec.Command("ip", "netns", "exec", l.f.Server, "iperf3", "-s", "-p", port)
-			if err := iperf.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = iperf.Process.Kill(); _ = iperf.Wait() })
-		}
-		l.p = startRelay(t, l.f.Relay, l.cfg)
-		l.c1 = dialRelayFrom(t, l.f.Client, l.k, fxClient)
-		var err error
-		if l.d, _, err = l.c1.Grant(ctx, server, 0); err != nil {
-			t.Fatal(err)
-		}
-		lines[i] = l
+		lines[i] = newBenchLine(t, extra)
 	}
 	a, b := lines[0], lines[1]
 	// Plain routing (line A) needs a way back from the server.
@@ -182,6 +157,45 @@ func BenchmarkRelayReport(tb *testing.B) {
 	t.Logf("per-round ratios: %d vs 1 mapping %.3f (median %.3f); NAT vs plain %.3f (median %.3f)", n, rN, median(rN), rP, median(rP))
 	fmt.Fprintf(os.Stderr, "BENCH grants_per_s=%.0f mappings=%d rss=%q rss1=%q nft_bytes=%d gbps_nat1=%.2f gbps_natN=%.2f gbps_plain=%.2f ratioN=%.3f ratioP=%.3f cpu1=%.3f cpuN=%.3f cpuP=%.3f pairN0=%.3f pairN=%.3f pairP=%.3f\n",
 		rate, n, rss, rssBefore, len(out), m1, mN, mp, median(rN), median(rP), median(c1), median(cN), median(cP), median(pN0), median(pN), median(pP))
+}
+
+// benchLine is a client-relay-server line for benchmarks: a relay (config
+// extra added) with one mapping to the server's iperf3 on 5201, a second
+// iperf3 on 5202 for plain routing at the same time, and the client's
+// second address 10.0.1.3.
+type benchLine struct {
+	f   *fixture
+	p   *relayProc
+	k   keys
+	d   netip.AddrPort
+	c1  *relayclient.Conn
+	cfg string
+}
+
+func newBenchLine(t testing.TB, extra string) *benchLine {
+	t.Helper()
+	l := &benchLine{f: newFixture(t), k: newKeys(t)}
+	netnstest.MustRun(t, "ip", "-n", l.f.Client, "addr", "add", "10.0.1.3/24", "dev", "c0")
+	l.cfg = filepath.Join(t.TempDir(), "relay.yaml")
+	writeConfig(t, l.cfg, l.k, "quota: {per_member: 200000, global: 200000}\nrate: {per_member: 1000000, burst: 1000000}\nlease: 1h\n"+extra)
+	b, _ := os.ReadFile(l.cfg)
+	_ = os.WriteFile(l.cfg, []byte(strings.Replace(string(b), "ports: 40000-40999", "ports: 1024-65535", 1)), 0o600)
+	// 5201 behind the mapping; 5202 for plain routing run at the same
+	// time (one iperf3 server serves one test at a time).
+	for _, port := range []string{"5201", "5202"} {
+		iperf := exec.Command("ip", "netns", "exec", l.f.Server, "iperf3", "-s", "-p", port)
+		if err := iperf.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = iperf.Process.Kill(); _ = iperf.Wait() })
+	}
+	l.p = startRelay(t, l.f.Relay, l.cfg)
+	l.c1 = dialRelayFrom(t, l.f.Client, l.k, fxClient)
+	var err error
+	if l.d, _, err = l.c1.Grant(context.Background(), netip.MustParseAddrPort(fxServer+":5201"), 0); err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 func dialRelayFrom(t testing.TB, ns string, k keys, addr string) *relayclient.Conn {

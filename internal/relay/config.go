@@ -70,6 +70,10 @@ type Config struct {
 		StallTimeout config.Duration `yaml:"stall_timeout"` // end a conversion whose peer stops reading; default 2m, 0s = never
 	} `yaml:"convert"`
 
+	// FastPath offloads established detour connections to a software
+	// flowtable (default false; docs/relay.md).
+	FastPath bool `yaml:"fast_path"`
+
 	// Tunnel is handed to the tunnel factory (TunnelFactory) as a section
 	// of the file; absent = no tunnel detours.
 	Tunnel config.Node `yaml:"tunnel"`
@@ -117,6 +121,10 @@ type Settings struct {
 	// members only); CRLFile is re-read when it changes.
 	Trust   *collective.Trust
 	CRLFile string
+
+	// FastPath: flowtable offload of established detour connections,
+	// attribution through conntrack accounting.
+	FastPath bool
 
 	// Tunnel is the `tunnel:` section (nil: none), for the TunnelFactory.
 	Tunnel *config.Doc
@@ -182,6 +190,7 @@ func build(c *Config) (*Settings, error) {
 		Legacy:           c.LegacyV1.Enabled,
 		LegacyLease:      10 * time.Minute,
 		LegacyPerClient:  16,
+		FastPath:         c.FastPath,
 	}
 	var err error
 	listen := c.Listen

@@ -276,7 +276,7 @@ func readAttribution(t *testing.T, path string) []attrEvent {
 	return evs
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(8 * time.Second)
 	for !cond() {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"sync"
 
@@ -74,18 +75,38 @@ type dataPlane interface {
 
 type nftDataPlane struct {
 	mu   sync.Mutex
+	log  *slog.Logger
 	conn *nftables.Conn
-	get  *netlink.Conn // element reads (nftget.go)
+	get  *netlink.Conn // element reads (nftget.go), conntrack dumps (ctacct.go)
 	tab  *nftables.Table
 	dnat *nftables.Set
 	acct *nftables.Set
+	fwd  *nftables.Chain
+
+	// fast path (fastpath.go); zero when off
+	fast  bool
+	ct    *ctAccount          // attribution through conntrack accounting
+	ft    *nftables.Flowtable // nil: the kernel refused it (no nf_flow_table)
+	devs  []string            // the flowtable's devices
+	links *linkWatch
+}
+
+// nftOptions are the data plane's settings.
+type nftOptions struct {
+	// FastPath offloads established detour connections to a software
+	// flowtable and counts them through conntrack (docs/relay.md).
+	FastPath bool
+	Log      *slog.Logger // nil: discard
 }
 
 var concatAddrPort = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
 
 // newNFT deletes whatever an earlier run left (crash, kill -9) and creates the
 // table afresh, in one atomic transaction.
-func newNFT() (*nftDataPlane, error) {
+func newNFT(opt nftOptions) (*nftDataPlane, error) {
+	if opt.Log == nil {
+		opt.Log = slog.New(slog.DiscardHandler)
+	}
 	conn, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
@@ -95,8 +116,16 @@ func newNFT() (*nftDataPlane, error) {
 		_ = conn.CloseLasting()
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	d := &nftDataPlane{conn: conn, get: get}
+	d := &nftDataPlane{conn: conn, get: get, log: opt.Log, fast: opt.FastPath}
+	if d.fast {
+		if err := d.startFastPath(); err != nil {
+			_ = conn.CloseLasting()
+			get.Close()
+			return nil, err
+		}
+	}
 	if err := d.install(); err != nil {
+		d.stopFastPath()
 		_ = conn.CloseLasting()
 		get.Close()
 		return nil, err
@@ -154,13 +183,13 @@ func (d *nftDataPlane) install() error {
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 	post := conn.AddChain(&nftables.Chain{Name: "postrouting", Table: d.tab, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	fwd := conn.AddChain(&nftables.Chain{Name: "forward", Table: d.tab, Type: nftables.ChainTypeFilter,
+	d.fwd = conn.AddChain(&nftables.Chain{Name: "forward", Table: d.tab, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
 
 	// prerouting: meta l4proto tcp fib daddr type local
 	//   meta mark set meta mark | natMark dnat ip to ip saddr . tcp dport map @dnat
 	// The map lookup is a hash lookup: O(1) whatever the number of mappings.
-	conn.AddRule(&nftables.Rule{Table: d.tab, Chain: pre, Exprs: []expr.Any{
+	dnatRule := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regAux},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: regAux, Data: []byte{unix.IPPROTO_TCP}},
 		&expr.Fib{Register: regAux, FlagDADDR: true, ResultADDRTYPE: true},
@@ -172,8 +201,19 @@ func (d *nftDataPlane) install() error {
 		&expr.Bitwise{SourceRegister: 10, DestRegister: 10, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(^natMark), Xor: binaryutil.NativeEndian.PutUint32(natMark)},
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 10},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg32x0, RegProtoMin: reg32x1, Specified: true},
-	}})
+	}
+	if d.fast {
+		// ... ct mark set ct mark | natMark: the connection stays
+		// recognisable for the offload rule and the conntrack dump.
+		dnatRule = append(dnatRule,
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 10},
+			&expr.Bitwise{SourceRegister: 10, DestRegister: 10, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(^natMark), Xor: binaryutil.NativeEndian.PutUint32(natMark)},
+			&expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: 10})
+	}
+	dnatRule = append(dnatRule,
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg32x0, RegProtoMin: reg32x1, Specified: true})
+	conn.AddRule(&nftables.Rule{Table: d.tab, Chain: pre, Exprs: dnatRule})
 	// postrouting: meta mark & natMark == natMark masquerade
 	conn.AddRule(&nftables.Rule{Table: d.tab, Chain: post, Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: regAux},
@@ -182,6 +222,22 @@ func (d *nftDataPlane) install() error {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: regAux, Data: binaryutil.NativeEndian.PutUint32(natMark)},
 		&expr.Masq{},
 	}})
+	if d.fast {
+		// Attribution through conntrack (ctacct.go): no per-packet
+		// accounting rule. This rule never matches; reading "ct bytes" in
+		// the ruleset turns conntrack accounting on in the namespace. In the
+		// NAT chain it is evaluated once per connection.
+		conn.AddRule(&nftables.Rule{Table: d.tab, Chain: post, Exprs: []expr.Any{
+			&expr.Ct{Key: expr.CtKeyBYTES, Register: regAux},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: regAux, Data: []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+			&expr.Counter{},
+		}})
+		if err := conn.Flush(); err != nil {
+			return fmt.Errorf("nftables: creating table %s: %w", TableName, err)
+		}
+		d.installFlowtable()
+		return nil
+	}
 	// forward: every forwarded packet of a DNATed connection, both
 	// directions, bumps the counter of its mapping's element:
 	//   ct status dnat ct direction original ip saddr . ct original proto-dst @acct
@@ -192,7 +248,7 @@ func (d *nftDataPlane) install() error {
 		dir byte
 		off uint32
 	}{{0, 12}, {1, 16}} {
-		conn.AddRule(&nftables.Rule{Table: d.tab, Chain: fwd, Exprs: []expr.Any{
+		conn.AddRule(&nftables.Rule{Table: d.tab, Chain: d.fwd, Exprs: []expr.Any{
 			&expr.Ct{Key: expr.CtKeySTATUS, Register: regAux},
 			&expr.Bitwise{SourceRegister: regAux, DestRegister: regAux, Len: 4,
 				Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
@@ -247,6 +303,17 @@ func (d *nftDataPlane) Map(ms []mapping) error {
 	if err := d.conn.SetAddElements(d.dnat, dn); err != nil {
 		return err
 	}
+	if d.fast {
+		if err := d.conn.Flush(); err != nil {
+			return err
+		}
+		keys := make([]mapKey, len(ms))
+		for i, m := range ms {
+			keys[i] = m.Key
+		}
+		d.ct.add(keys)
+		return nil
+	}
 	if err := d.conn.SetAddElements(d.acct, ac); err != nil {
 		return err
 	}
@@ -277,6 +344,10 @@ func (d *nftDataPlane) Forget(keys []mapKey) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	if d.fast {
+		d.ct.forget(keys)
+		return nil
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.conn.SetDeleteElements(d.acct, keyElems(keys)); err != nil {
@@ -288,6 +359,9 @@ func (d *nftDataPlane) Forget(keys []mapKey) error {
 func (d *nftDataPlane) Counters() (map[mapKey]Counter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.fast {
+		return d.ct.counters(d.get, nil)
+	}
 	els, err := d.conn.GetSetElements(d.acct)
 	if err != nil {
 		return nil, fmt.Errorf("nftables: reading counters: %w", err)
@@ -310,10 +384,14 @@ func (d *nftDataPlane) Counters() (map[mapKey]Counter, error) {
 func (d *nftDataPlane) CountersOf(keys []mapKey) (map[mapKey]Counter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.fast {
+		return d.ct.counters(d.get, keys)
+	}
 	return countersOf(d.get, keys)
 }
 
 func (d *nftDataPlane) Close() error {
+	d.stopFastPath()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.get.Close()

@@ -51,7 +51,7 @@ func TestNFTDataPlane(t *testing.T) {
 	f := newFixture(t)
 	var d *nftDataPlane
 	var err error
-	in(t, f.Relay, func() { d, err = newNFT() })
+	in(t, f.Relay, func() { d, err = newNFT(nftOptions{}) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestNFTReplacesLeftover(t *testing.T) {
 	f := newFixture(t)
 	var d *nftDataPlane
 	var err error
-	in(t, f.Relay, func() { d, err = newNFT() })
+	in(t, f.Relay, func() { d, err = newNFT(nftOptions{}) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestNFTReplacesLeftover(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = d.conn.CloseLasting() // "crash": the table stays
-	in(t, f.Relay, func() { d, err = newNFT() })
+	in(t, f.Relay, func() { d, err = newNFT(nftOptions{}) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -196,7 +196,7 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 			return nil, err
 		}
 	}
-	if s.dp, err = newNFT(); err != nil {
+	if s.dp, err = newNFT(nftOptions{FastPath: set.FastPath, Log: log}); err != nil {
 		s.closeAll()
 		return nil, err
 	}
@@ -1003,9 +1003,9 @@ func (s *Server) logAttr(ev attrEvent) {
 }
 
 func (s *Server) applyReload(set *Settings) {
-	if set.Listen != s.set.Listen || set.PrivateKey != s.set.PrivateKey || set.Legacy != s.set.Legacy {
-		s.log.Warn("reload: listen address, private key and legacy_v1 change only on restart")
-		set.Listen, set.PrivateKey, set.Legacy, set.LegacyListen = s.set.Listen, s.set.PrivateKey, s.set.Legacy, s.set.LegacyListen
+	if set.Listen != s.set.Listen || set.PrivateKey != s.set.PrivateKey || set.Legacy != s.set.Legacy || set.FastPath != s.set.FastPath {
+		s.log.Warn("reload: listen address, private key, legacy_v1 and fast_path change only on restart")
+		set.Listen, set.PrivateKey, set.Legacy, set.LegacyListen, set.FastPath = s.set.Listen, s.set.PrivateKey, s.set.Legacy, s.set.LegacyListen, s.set.FastPath
 	}
 	if !set.Tunnel.Same(s.set.Tunnel) {
 		// The WireGuard device, its subnet, port and destination policy are

@@ -31,15 +31,15 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Listen.Port() != DefaultPort || s.PortLo != 20000 || !s.DenyPorts[25] || s.Members[member] != "a" || s.Legacy {
+	if s.Listen.Port() != DefaultPort || s.PortLo != 20000 || !s.DenyPorts[25] || s.Members[member] != "a" || s.Legacy || s.FastPath {
 		t.Fatalf("defaults: %+v", s)
 	}
-	s, err = ParseConfig([]byte(good + "ports: 40000-40010\nlease: 30s\ndeny_ports: [22]\nallow_destinations: [10.0.0.0/8, 192.0.2.1]\nlegacy_v1: {enabled: true}\nquota: {per_member: 5, global: 7}\n"))
+	s, err = ParseConfig([]byte(good + "ports: 40000-40010\nlease: 30s\ndeny_ports: [22]\nallow_destinations: [10.0.0.0/8, 192.0.2.1]\nlegacy_v1: {enabled: true}\nquota: {per_member: 5, global: 7}\nfast_path: true\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.PortLo != 40000 || s.PortHi != 40010 || s.Lease != 30*time.Second || s.DenyPorts[25] || !s.DenyPorts[22] ||
-		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 {
+		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 || !s.FastPath {
 		t.Fatalf("parsed: %+v", s)
 	}
 	s, err = ParseConfig([]byte(good + "convert: {enabled: true}\n"))
@@ -62,6 +62,7 @@ func TestParseConfig(t *testing.T) {
 		good + "metrics: {listen: x}\n":                                            "metrics.listen",
 		good + "convert: {enabled: true, listen: nowhere}\n":                       "convert.listen",
 		good + "convert: {enabled: true, max_conns: -1}\n":                         "convert.max_conns",
+		good + "fast_path: sometimes\n":                                            "fast_path",
 	}
 	for cfg, want := range bad {
 		_, err := ParseConfig([]byte(cfg))

@@ -49,6 +49,12 @@ var builtins = map[string]*builtin{
 		},
 		gen: genDetours,
 	},
+	"line": {
+		name:     "line",
+		defaults: map[string]string{},
+		check:    func(key, value string) error { return fmt.Errorf("line has no parameters") },
+		gen:      genLine,
+	},
 }
 
 // MaxDetours bounds the detours topology's K.
@@ -189,5 +195,20 @@ func genDetours(p map[string]string) *Topology {
 		b.link(fmt.Sprintf("C%d", i), "core", "r1", name, fmt.Sprintf("10.1.%d.0/24", i), 10*mbit, d)
 		b.link(fmt.Sprintf("E%d", i), "egress", name, "r2", fmt.Sprintf("10.2.%d.0/24", i), 20*mbit, d)
 	}
+	return b.t
+}
+
+// genLine builds client -- relay -- server over two unshaped links (no
+// rate, delay or loss, so offloads stay on): plain routing and every
+// detour kind through the same middle node, for data-plane speed (issue
+// 18). The relay node forwards, so plain TCP takes the same path as a
+// detour.
+func genLine(map[string]string) *Topology {
+	b := &topoBuilder{t: &Topology{}}
+	b.node("client", false, "default", "10.0.1.2")
+	b.node("relay", true)
+	b.node("server", false, "default", "10.0.2.1")
+	b.link("A", "access", "client", "relay", "10.0.1.0/24", 0, 0)
+	b.link("B", "access", "relay", "server", "10.0.2.0/24", 0, 0)
 	return b.t
 }

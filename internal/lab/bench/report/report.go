@@ -219,6 +219,11 @@ func (d *Data) Targets() []TargetResult {
 				tr.Detail = fmt.Sprintf("%s / max(%s)", f2(r.Goodput), strings.ReplaceAll(joinSum(r.TCP, r.Singles), " + ", ", "))
 			case scenario.RatioBenefit:
 				tr.Value = r.Benefit
+			default: // a procedure: g / g(procedure)
+				if o := d.Get(t.Configuration, t.Ratio); o != nil && o.Goodput.N > 0 && c.Goodput.N > 0 {
+					tr.Value = c.Goodput.Mean / o.Goodput.Mean
+					tr.Detail = fmt.Sprintf("%s / %s", f2(c.Goodput.Mean), f2(o.Goodput.Mean))
+				}
 			}
 		}
 		tr.Met = !math.IsNaN(tr.Value) && tr.Value >= t.Min

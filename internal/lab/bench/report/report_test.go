@@ -27,6 +27,8 @@ targets:
   - {configuration: cl, procedure: mptcp-nat, ratio: sum, min: 0.99}
   - {configuration: sym, procedure: mptcp-nat, ratio: tcp, min: 0.985}
   - {configuration: cl, procedure: mptcp-tunnel, ratio: sum, min: 0.97}
+  - {configuration: cl, procedure: tcp-nat, ratio: tcp, min: 0.95}
+  - {configuration: cl, procedure: mptcp-nat, ratio: tcp-nat, min: 2}
 reference:
   source: "original"
   results: {cl: {tcp: [9.55, 0.0], mptcp-nat: [18.81, 0.02]}}
@@ -85,6 +87,11 @@ func TestRatiosAndTargets(t *testing.T) {
 	trs := d.Targets()
 	if !trs[0].Met || trs[1].Met || !math.IsNaN(trs[2].Value) || trs[2].Met {
 		t.Fatalf("targets %+v", trs)
+	}
+	// A procedure as the ratio: tcp-nat / tcp (9.5 / 9.5) and mptcp-nat
+	// / tcp-nat (18.9 / 9.5, below 2).
+	if !trs[3].Met || math.Abs(trs[3].Value-1) > 1e-9 || trs[4].Met || math.Abs(trs[4].Value-18.9/9.5) > 1e-9 || trs[4].Detail != "18.90 / 9.50" {
+		t.Fatalf("procedure ratios %+v %+v", trs[3], trs[4])
 	}
 	if d.Get("sym", "tcp").Failed != 1 || d.Get("cl", "tcp-tunnel").Unavailable == "" {
 		t.Fatal("failed/unavailable not counted")

@@ -98,6 +98,8 @@ const (
 	RatioTCP     = "tcp"     // g / g(tcp)
 	RatioBest    = "best"    // g / max(g(tcp), g(single path via each detour))
 	RatioBenefit = "benefit" // aggregation benefit Ben, see stats.Benefit
+	// Any other procedure name P: g / g(P) in the same configuration (e.g.
+	// tcp-tunnel over tcp-openvpn).
 )
 
 var ratios = map[string]bool{RatioSum: true, RatioTCP: true, RatioBest: true, RatioBenefit: true}
@@ -435,10 +437,11 @@ func (s *Scenario) validate() error {
 		if _, ok := procs[t.Procedure]; !ok {
 			return fmt.Errorf("%s.procedure: unknown procedure %q (known: %s)", field, t.Procedure, strings.Join(ProcedureNames(), ", "))
 		}
-		if !ratios[t.Ratio] {
-			return fmt.Errorf("%s.ratio: unknown ratio %q (known: sum, tcp, best, benefit)", field, t.Ratio)
+		_, isProc := procs[t.Ratio]
+		if !ratios[t.Ratio] && !isProc {
+			return fmt.Errorf("%s.ratio: unknown ratio %q (known: sum, tcp, best, benefit, or a procedure name)", field, t.Ratio)
 		}
-		if t.Ratio != RatioTCP && procs[t.Procedure].single == "" {
+		if ratios[t.Ratio] && t.Ratio != RatioTCP && procs[t.Procedure].single == "" {
 			return fmt.Errorf("%s.ratio: %q needs an MPTCP detour procedure, not %q", field, t.Ratio, t.Procedure)
 		}
 	}
