@@ -123,6 +123,9 @@ func relayStatus(args []string) error {
 		if m.Key != "" {
 			id = " (key " + m.Key[:8] + ")"
 		}
+		if !m.CertifiedUntil.IsZero() {
+			id += ", certified until " + m.CertifiedUntil.Format(time.RFC3339)
+		}
 		fmt.Printf("\nmember %s%s\n", m.Name, id)
 		if m.Key != "" {
 			fmt.Printf("  sessions: %d, last handshake: %s", m.Sessions, ago(m.LastHandshake))
@@ -136,6 +139,9 @@ func relayStatus(args []string) error {
 			fmt.Printf("    %s -> %s  %s  expires in %s\n", mp.Client, mp.Server, humanBytes(mp.Bytes),
 				mp.Expires.Sub(st.Now).Round(time.Second))
 		}
+	}
+	if c := st.Converter; c != nil {
+		fmt.Printf("\nconverter %s, %d tickets outstanding\n", c.Listen, c.Tickets)
 	}
 	if t := st.Tunnel; t != nil {
 		fmt.Printf("\ntunnel %s (UDP %d), %d peers\n", t.Device, t.ListenPort, len(t.Peers))

@@ -76,6 +76,20 @@ func TestCollectiveCertificates(t *testing.T) {
 	if n := elements(t, f.Relay); n != 1 {
 		t.Fatalf("%d elements, want 1", n)
 	}
+	var st *Status
+	in(t, f.Relay, func() { st, err = QueryStatus(5 * time.Second) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	certified := false
+	for _, m := range st.Members {
+		if m.Name == "bob" && m.Key == k.stranger.Public().String() && !m.CertifiedUntil.IsZero() && len(m.Mappings) == 1 {
+			certified = true
+		}
+	}
+	if !certified {
+		t.Fatalf("relay status does not list bob as a certified member with his mapping: %+v", st.Members)
+	}
 	// Revocation: a new list, written atomically as an operator would.
 	crl = auth.Revoke(crl, time.Now(), bob.Serial)
 	tmp := crlPath + ".new"

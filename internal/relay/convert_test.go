@@ -117,6 +117,11 @@ func TestConverterRole(t *testing.T) {
 		}
 		return n == 2
 	})
+	var st *Status
+	in(t, f.Relay, func() { st, err = QueryStatus(5 * time.Second) })
+	if err != nil || st.Converter == nil || st.Converter.Tickets != 1 {
+		t.Fatalf("relay status converter: %+v %v, want 1 ticket outstanding", st, err)
+	}
 	if !strings.Contains(p.stderr.String(), "converter listening") {
 		t.Fatalf("no start line:\n%s", p.stderr.String())
 	}

@@ -24,26 +24,37 @@ import (
 // abstract unix socket of its network namespace), to root or the relay's
 // own user only.
 type Status struct {
-	PID       int            `json:"pid"`
-	Listen    string         `json:"listen"`
-	Started   time.Time      `json:"started"`
-	Now       time.Time      `json:"now"`
-	Ports     string         `json:"ports"`
-	Mappings  int            `json:"mappings"`
-	Members   []MemberStatus `json:"members"`
-	Tunnel    *TunnelStatus  `json:"tunnel,omitempty"`
-	CounterOK bool           `json:"counters_ok"` // false: the kernel's counters could not be read
+	PID      int            `json:"pid"`
+	Listen   string         `json:"listen"`
+	Started  time.Time      `json:"started"`
+	Now      time.Time      `json:"now"`
+	Ports    string         `json:"ports"`
+	Mappings int            `json:"mappings"`
+	Members  []MemberStatus `json:"members"`
+	Tunnel   *TunnelStatus  `json:"tunnel,omitempty"`
+	// Converter: the convert role's address and outstanding tickets.
+	Converter *ConverterStatus `json:"converter,omitempty"`
+	CounterOK bool             `json:"counters_ok"` // false: the kernel's counters could not be read
 }
 
-// MemberStatus is one configured member.
+// ConverterStatus is the convert role at a glance.
+type ConverterStatus struct {
+	Listen  string `json:"listen"`
+	Tickets int    `json:"tickets"` // issued, not used or expired yet
+}
+
+// MemberStatus is one member: configured, or certified by the collective.
 type MemberStatus struct {
-	Name          string          `json:"name"`
-	Key           string          `json:"key"` // public key, base64
-	Sessions      int             `json:"sessions"`
-	LastHandshake time.Time       `json:"last_handshake,omitzero"`
-	LastAddress   string          `json:"last_address,omitempty"`
-	Bytes         uint64          `json:"bytes"` // through its current mappings
-	Mappings      []MappingStatus `json:"mappings"`
+	Name string `json:"name"`
+	Key  string `json:"key"` // public key, base64
+	// CertifiedUntil: a collective member, served until its certificate
+	// expires (zero for members of the static list).
+	CertifiedUntil time.Time       `json:"certified_until,omitzero"`
+	Sessions       int             `json:"sessions"`
+	LastHandshake  time.Time       `json:"last_handshake,omitzero"`
+	LastAddress    string          `json:"last_address,omitempty"`
+	Bytes          uint64          `json:"bytes"` // through its current mappings
+	Mappings       []MappingStatus `json:"mappings"`
 }
 
 // MappingStatus is one NAT detour. Legacy v1 mappings are listed under the
@@ -153,8 +164,20 @@ func (s *Server) status() *Status {
 	cnt, err := s.dp.CountersOf(keys)
 	st.CounterOK = err == nil
 	byName := map[string]*MemberStatus{}
+	members := map[proto.Key]string{}
 	for key, name := range s.set.Members {
+		members[key] = name
+	}
+	for key, cm := range s.certified {
+		if _, static := members[key]; !static && s.certifiedOK(key, now) {
+			members[key] = cm.name
+		}
+	}
+	for key, name := range members {
 		ms := &MemberStatus{Name: name, Key: key.String(), Mappings: []MappingStatus{}}
+		if cm, ok := s.certified[key]; ok && s.set.Members[key] == "" {
+			ms.CertifiedUntil = cm.notAfter
+		}
 		var last *session
 		for _, id := range s.byMember[key] {
 			if ses := s.sessions[id]; ses != nil {
@@ -193,11 +216,16 @@ func (s *Server) status() *Status {
 		st.Members = append(st.Members, *ms)
 	}
 	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
+	if s.conv != nil {
+		s.conv.tickets.mu.Lock()
+		st.Converter = &ConverterStatus{Listen: s.conv.ln.Addr().String(), Tickets: len(s.conv.tickets.tickets)}
+		s.conv.tickets.mu.Unlock()
+	}
 	if ts, ok := s.tunnels.(tunnelStatuser); ok {
 		if dev, err := ts.Status(); err == nil {
 			t := &TunnelStatus{Device: dev.Name, ListenPort: dev.ListenPort, Peers: []TunnelPeer{}}
 			for _, p := range dev.Peers {
-				tp := TunnelPeer{Key: p.PublicKey.String(), Member: s.set.Members[proto.Key(p.PublicKey)],
+				tp := TunnelPeer{Key: p.PublicKey.String(), Member: members[proto.Key(p.PublicKey)],
 					LastHandshake: p.LastHandshakeTime, RxBytes: p.ReceiveBytes, TxBytes: p.TransmitBytes, Addresses: []string{}}
 				if p.Endpoint != nil {
 					tp.Endpoint = p.Endpoint.String()
