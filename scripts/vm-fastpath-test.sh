@@ -52,6 +52,9 @@ ARGS=("$@")
   for v in $(compgen -e | grep '^TR_' || true); do printf 'export %s=%q\n' "$v" "${!v}"; done
   echo 'mount -t proc proc /proc; mount -t sysfs sys /sys 2>/dev/null'
   echo 'mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; mkdir -p /run/netns'
+  # Load the modules the tests need up front: loading them on first use over
+  # 9p under TCG takes longer than a relay subprocess is given to start.
+  echo 'modprobe -a veth nf_tables nf_conntrack nf_nat nft_ct nft_nat nft_masq nft_fib_ipv4 nft_chain_nat nf_flow_table nf_flow_table_inet nft_flow_offload 2>/dev/null'
   echo 'ip link set lo up; echo "VM kernel: $(uname -r)"; cd /tmp'
   printf '%q ' "$DIR/relay.test" "${ARGS[@]}"; echo '2>&1'
   echo 'echo "VM test exit: $?"; poweroff -f'
