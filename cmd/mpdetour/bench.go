@@ -22,6 +22,7 @@ func benchCommand() *cli.Command {
 		sendWarm   time.Duration
 		sendMPTCP  bool
 		sendJSON   bool
+		sendDown   bool
 		sendCC     string
 		sendNetnsP string
 	)
@@ -59,13 +60,14 @@ func benchCommand() *cli.Command {
 			{
 				Name:         "send",
 				Summary:      "send a bulk transfer to a bench receiver and print its goodput",
-				Usage:        "HOST:PORT [--duration 10s] [--mptcp] [--json] [--cc cubic]",
+				Usage:        "HOST:PORT [--duration 10s] [--mptcp] [--download] [--json] [--cc cubic]",
 				Interspersed: true,
 				Flags: func(fs *flag.FlagSet) {
 					fs.DurationVar(&sendDur, "duration", 10*time.Second, "how long to send")
 					fs.DurationVar(&sendWarm, "warmup", benchtool.DefaultWarmup, "start of the goodput window (reference method: 1s)")
 					fs.BoolVar(&sendMPTCP, "mptcp", false, "use MPTCP (fallback to TCP is reported)")
 					fs.BoolVar(&sendJSON, "json", false, "print the full result as JSON")
+					fs.BoolVar(&sendDown, "download", false, "the receiver sends for --duration and this side counts (goodput, stalls, bytes per subflow received)")
 					fs.StringVar(&sendCC, "cc", benchtool.DefaultCC, "congestion control for the socket")
 					fs.StringVar(&sendNetnsP, "netns", "", "network namespace path to send from (e.g. /run/netns/X)")
 				},
@@ -78,7 +80,7 @@ func benchCommand() *cli.Command {
 					}
 					r, err := benchtool.Send(ctx, benchtool.SendOptions{
 						Addr: args[0], Duration: sendDur, Warmup: sendWarm,
-						MPTCP: sendMPTCP, CC: sendCC, Netns: sendNetnsP,
+						MPTCP: sendMPTCP, CC: sendCC, Netns: sendNetnsP, Download: sendDown,
 					})
 					if err != nil {
 						return err

@@ -46,6 +46,9 @@ type Result struct {
 	CongestionControl string `json:"congestion_control"`
 
 	Duration float64 `json:"duration_s"` // how long the sender wrote
+	// Download: the server sent and this side counted; per-subflow
+	// BytesAcked are then the bytes each subflow received.
+	Download bool    `json:"download,omitempty"`
 	Warmup   float64 `json:"warmup_s"`
 	// Bytes is every byte the receiver read; WindowBytes those read after
 	// the warm-up, over WindowSeconds (warm-up to last byte).

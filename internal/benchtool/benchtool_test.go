@@ -19,8 +19,15 @@ import (
 
 func TestHelloRoundTrip(t *testing.T) {
 	h, err := parseHello(hello{Warmup: 1500 * time.Millisecond}.marshal())
-	if err != nil || h.Warmup != 1500*time.Millisecond {
+	if err != nil || h.Warmup != 1500*time.Millisecond || h.Download {
 		t.Fatalf("got %+v, %v", h, err)
+	}
+	h, err = parseHello(hello{Warmup: time.Second, Download: true, Duration: 12 * time.Second}.marshal())
+	if err != nil || !h.Download || h.Duration != 12*time.Second {
+		t.Fatalf("download hello: %+v, %v", h, err)
+	}
+	if _, err := parseHello(hello{Warmup: time.Second, Download: true, Duration: time.Second}.marshal()); err == nil {
+		t.Fatal("download no longer than its warm-up accepted")
 	}
 	for _, bad := range [][]byte{nil, []byte("GET / HTTP/1.1\r\n"), append([]byte(helloMagic), 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0)} {
 		if _, err := parseHello(bad); err == nil {
@@ -371,6 +378,38 @@ func TestArrivalTimestamps(t *testing.T) {
 		}
 		if arrived := time.Unix(0, ts); arrived.Sub(sent) > 200*time.Millisecond {
 			t.Errorf("mptcp=%v: stamped %v after sending, want the arrival time, not the read time", mp, arrived.Sub(sent))
+		}
+	}
+}
+
+// A download: the receiver sends for the duration, the client counts; the
+// per-subflow bytes are what each subflow received.
+func TestLoopbackDownload(t *testing.T) {
+	for _, mp := range []bool{false, true} {
+		if mp {
+			testenv.MPTCP(t)
+		}
+		s := serve(t, ServeOptions{Addr: "127.0.0.1:0", MPTCP: mp})
+		start := time.Now()
+		r, err := Send(context.Background(), SendOptions{Addr: s.Addr().String(), Duration: 1500 * time.Millisecond, Warmup: 500 * time.Millisecond, MPTCP: mp, Download: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkConsistent(t, r)
+		if !r.Download || r.MPTCP != mp || len(r.Subflows) != 1 {
+			t.Fatalf("download result %+v", r)
+		}
+		if took := time.Since(start); took < 1400*time.Millisecond || took > 10*time.Second {
+			t.Errorf("download took %v for a 1.5 s duration", took)
+		}
+		// Everything the client read arrived on its one subflow (MPTCP may
+		// receive some data twice at the subflow level: its own
+		// retransmissions, dropped as duplicates by the connection).
+		if got := r.Subflows[0].BytesAcked; got < r.Bytes || float64(got) > 1.01*float64(r.Bytes)+1 {
+			t.Errorf("mptcp=%v: subflow received %d bytes, client read %d", mp, got, r.Bytes)
+		}
+		if w := r.Subflows[0].WindowBytesAcked; w == 0 || w > r.Subflows[0].BytesAcked {
+			t.Errorf("window bytes %d of %d", w, r.Subflows[0].BytesAcked)
 		}
 	}
 }

@@ -29,15 +29,25 @@ const (
 	maxSamples = 100_000
 )
 
-// hello is the sender's preamble.
+// hello is the client's preamble. With Download the roles swap: the
+// server sends for Duration and the client counts what arrives.
 type hello struct {
-	Warmup time.Duration
+	Warmup   time.Duration
+	Download bool
+	Duration time.Duration // download only
 }
+
+// downloadFlag marks a download in the hello's last word, whose other 31
+// bits carry the duration in ms (an upload leaves the word zero).
+const downloadFlag = 1 << 31
 
 func (h hello) marshal() []byte {
 	b := make([]byte, helloSize)
 	copy(b, helloMagic)
 	binary.BigEndian.PutUint32(b[8:], uint32(h.Warmup/time.Millisecond))
+	if h.Download {
+		binary.BigEndian.PutUint32(b[12:], downloadFlag|uint32(h.Duration/time.Millisecond))
+	}
 	return b
 }
 
@@ -53,10 +63,18 @@ func parseHello(b []byte) (hello, error) {
 	if ms > 3600_000 {
 		return hello{}, fmt.Errorf("warm-up %d ms is longer than an hour", ms)
 	}
-	if binary.BigEndian.Uint32(b[12:]) != 0 {
-		return hello{}, errors.New("reserved hello bytes are not zero")
+	h := hello{Warmup: time.Duration(ms) * time.Millisecond}
+	if w := binary.BigEndian.Uint32(b[12:]); w != 0 {
+		if w&downloadFlag == 0 {
+			return hello{}, errors.New("reserved hello bytes are not zero")
+		}
+		d := w &^ downloadFlag
+		if d == 0 || d > 24*3600_000 || time.Duration(d)*time.Millisecond <= h.Warmup {
+			return hello{}, fmt.Errorf("download of %d ms (warm-up %d ms): want a duration longer than the warm-up, at most a day", d, ms)
+		}
+		h.Download, h.Duration = true, time.Duration(d)*time.Millisecond
 	}
-	return hello{Warmup: time.Duration(ms) * time.Millisecond}, nil
+	return h, nil
 }
 
 // Sample is the data received during one second of the transfer.

@@ -31,6 +31,9 @@ type SendOptions struct {
 	Netns string
 	// ConnectTimeout bounds the handshake; default 10 s.
 	ConnectTimeout time.Duration
+	// Download swaps the roles: the receiver sends for Duration, this side
+	// counts (goodput, longest stall, per-subflow bytes received).
+	Download bool
 }
 
 // notsentLowat keeps the sender's unsent backlog small, so that it stops
@@ -84,6 +87,9 @@ func Send(ctx context.Context, o SendOptions) (*Result, error) {
 	}
 	res.Fallback = o.MPTCP && !res.MPTCP
 
+	if o.Download {
+		return download(ctx, conn, rc, o, res)
+	}
 	if _, err := conn.Write(hello{Warmup: o.Warmup}.marshal()); err != nil {
 		return nil, sendErr(ctx, "hello", err)
 	}
@@ -152,6 +158,64 @@ func Send(ctx context.Context, o SendOptions) (*Result, error) {
 		return nil, err
 	}
 	fill(res, sum)
+	return res, nil
+}
+
+// download sends the hello, counts what the server sends with the
+// kernel's receive timestamps (as the receiver of an upload does) and takes
+// the per-subflow bytes received at the warm-up and at the end.
+func download(ctx context.Context, conn *net.TCPConn, rc syscall.RawConn, o SendOptions, res *Result) (*Result, error) {
+	r, err := newStampedReader(conn)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if _, err := conn.Write(hello{Warmup: o.Warmup, Download: true, Duration: o.Duration}.marshal()); err != nil {
+		return nil, sendErr(ctx, "hello", err)
+	}
+	startNs := start.UnixNano()
+	warm := make(chan map[string]rawSubflow, 1)
+	wt := time.AfterFunc(o.Warmup, func() { warm <- subflowSnapshot(conn, rc, res.MPTCP) })
+	defer wt.Stop()
+	cnt := counter{warmup: o.Warmup}
+	buf := make([]byte, 256<<10)
+	_ = conn.SetReadDeadline(time.Now().Add(o.Duration + 30*time.Second))
+	for {
+		n, ts, err := r.read(buf)
+		if err != nil {
+			return nil, sendErr(ctx, "download read", err)
+		}
+		if n == 0 {
+			break
+		}
+		cnt.add(time.Duration(ts-startNs), n)
+	}
+	end := subflowSnapshot(conn, rc, res.MPTCP)
+	_ = conn.CloseWrite()
+	var base map[string]rawSubflow
+	select {
+	case base = <-warm:
+	default:
+	}
+	res.Subflows = subflowResults(end, base)
+	for i := range res.Subflows {
+		// Downloads: the bytes each subflow received (tcpi_bytes_received).
+		k := res.Subflows[i].Local.String() + "-" + res.Subflows[i].Remote.String()
+		if _, ok := end[k]; !ok {
+			k = "tcp"
+		}
+		e := end[k]
+		res.Subflows[i].BytesAcked = e.info.Bytes_received
+		res.Subflows[i].WindowBytesAcked = e.info.Bytes_received
+		if w, ok := base[k]; ok && w.info.Bytes_received <= e.info.Bytes_received {
+			res.Subflows[i].WindowBytesAcked = e.info.Bytes_received - w.info.Bytes_received
+		}
+		res.Retransmits += uint64(res.Subflows[i].Retransmits)
+	}
+	sum := cnt.summary(res.MPTCP)
+	fill(res, &sum)
+	res.ServerMPTCP = res.MPTCP
+	res.Download = true
 	return res, nil
 }
 

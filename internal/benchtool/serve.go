@@ -114,6 +114,10 @@ func (s *Server) serveOne(ctx context.Context, c *net.TCPConn) {
 		log.Warn("client failed", "err", err)
 		return
 	}
+	if sum == nil {
+		log.Info("download served")
+		return
+	}
 	if sum.WindowBytes == 0 {
 		log.Warn("client stopped before the end of its warm-up (interrupted?)", "bytes", sum.Bytes)
 		return
@@ -165,6 +169,9 @@ func (s *Server) handle(ctx context.Context, c *net.TCPConn) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
+	if hl.Download {
+		return nil, s.sendDownload(c, hl)
+	}
 	cnt := counter{warmup: hl.Warmup}
 	buf := make([]byte, 256<<10)
 	for {
@@ -191,6 +198,44 @@ func (s *Server) handle(ctx context.Context, c *net.TCPConn) (*Summary, error) {
 		return nil, fmt.Errorf("writing summary: %w", err)
 	}
 	return &sum, nil
+}
+
+// sendDownload writes to a downloading client for the hello's duration,
+// then closes its direction and waits for the client to close (it counts).
+func (s *Server) sendDownload(c *net.TCPConn, h hello) error {
+	if rc, err := c.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, notsentLowat)
+		})
+	}
+	if err := writeFor(c, h.Duration); err != nil {
+		return fmt.Errorf("download: %w", err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		return fmt.Errorf("download: close: %w", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(s.o.IdleTimeout))
+	_, _ = io.Copy(io.Discard, c)
+	return nil
+}
+
+// writeFor writes a fixed pattern to c for d (the deadline ends it).
+func writeFor(c *net.TCPConn, d time.Duration) error {
+	buf := make([]byte, 256<<10)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	if err := c.SetWriteDeadline(time.Now().Add(d)); err != nil {
+		return err
+	}
+	for {
+		if _, err := c.Write(buf); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return nil
+			}
+			return err
+		}
+	}
 }
 
 // stampedReader reads a stream socket with recvmsg to get, with each read,

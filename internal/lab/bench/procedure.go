@@ -28,6 +28,8 @@ type Env struct {
 	// and RelayConfig YAML appended to their configurations.
 	RelayLease  time.Duration
 	RelayConfig string
+	// Download: the server sends, the client counts (scenario direction).
+	Download bool
 	// RelayState gives each relay a state_file (replay protection) and a
 	// tunnel state_file (allocations survive restarts), in Dir.
 	RelayState bool

@@ -224,6 +224,7 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 		Lab: l, Roles: roles, CC: r.s.CC,
 		Duration: time.Duration(r.s.Duration), Warmup: time.Duration(r.s.Warmup),
 		Binary: r.o.Binary, Port: receiverPort, AgentConfig: r.o.AgentConfig,
+		Download: r.s.Direction == "download",
 	}
 	if err := serverJoinLimits(l, roles.Server); err != nil {
 		return fmt.Errorf("configuration %s: %w", cfg.Name, err)

@@ -74,7 +74,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	}
 	res, err := benchtool.Send(ctx, benchtool.SendOptions{
 		Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, CC: e.CC,
-		Netns: e.Lab.NetnsPath(e.Roles.Client),
+		Netns: e.Lab.NetnsPath(e.Roles.Client), Download: e.Download,
 	})
 	if err != nil {
 		return Measurement{}, t.explain(err)

@@ -235,14 +235,17 @@ type Reference struct {
 
 // Scenario is a parsed, validated scenario file.
 type Scenario struct {
-	Name           string          `yaml:"name"`
-	Description    string          `yaml:"description"`
-	Topology       string          `yaml:"topology"`
-	Roles          Roles           `yaml:"roles"`
-	Trials         int             `yaml:"trials"`
-	Duration       Duration        `yaml:"duration"`
-	Warmup         Duration        `yaml:"warmup"`
-	CC             string          `yaml:"cc"`
+	Name        string   `yaml:"name"`
+	Description string   `yaml:"description"`
+	Topology    string   `yaml:"topology"`
+	Roles       Roles    `yaml:"roles"`
+	Trials      int      `yaml:"trials"`
+	Duration    Duration `yaml:"duration"`
+	Warmup      Duration `yaml:"warmup"`
+	CC          string   `yaml:"cc"`
+	// Direction of the transfers: upload (client sends, the default) or
+	// download (the server sends, the client counts).
+	Direction      string          `yaml:"direction"`
 	Set            Params          `yaml:"set"`
 	Configurations []Configuration `yaml:"configurations"`
 	Procedures     []ProcedureSpec `yaml:"procedures"`
@@ -364,6 +367,13 @@ func (s *Scenario) validate() error {
 	}
 	if s.CC == "" {
 		s.CC = "cubic"
+	}
+	switch s.Direction {
+	case "":
+		s.Direction = "upload"
+	case "upload", "download":
+	default:
+		return fmt.Errorf("direction: %q is not upload or download", s.Direction)
 	}
 	if !nameRE.MatchString(s.CC) {
 		return fmt.Errorf("cc: %q is not a congestion control name", s.CC)
