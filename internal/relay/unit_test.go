@@ -3,17 +3,15 @@ package relay
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"log/slog"
 	"net/netip"
-	"os"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
 func testKey(t *testing.T) proto.Key {
@@ -209,37 +207,6 @@ func TestRefusalLogBounded(t *testing.T) {
 	}
 }
 
-// dashboardNames returns the metric names with prefix that the Grafana
-// dashboard in deploy/ queries (histogram suffixes removed).
-func dashboardNames(t *testing.T, prefix string) map[string]bool {
-	t.Helper()
-	b, err := os.ReadFile("../../deploy/grafana-mpdetour.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d struct {
-		Panels []struct {
-			Targets []struct{ Expr string } `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(b, &d); err != nil {
-		t.Fatalf("deploy/grafana-mpdetour.json: %v", err)
-	}
-	names := map[string]bool{}
-	re := regexp.MustCompile(prefix + `[a-z_]+`)
-	for _, p := range d.Panels {
-		for _, tg := range p.Targets {
-			for _, n := range re.FindAllString(tg.Expr, -1) {
-				for _, suf := range []string{"_bucket", "_count", "_sum"} {
-					n = strings.TrimSuffix(n, suf)
-				}
-				names[n] = true
-			}
-		}
-	}
-	return names
-}
-
 // Every relay metric the dashboard shows exists (a renamed metric would
 // leave an empty panel).
 func TestDashboardRelayMetrics(t *testing.T) {
@@ -254,7 +221,7 @@ func TestDashboardRelayMetrics(t *testing.T) {
 	for _, f := range fams {
 		have[f.GetName()] = true
 	}
-	names := dashboardNames(t, "mpdetour_relay_")
+	names := testenv.DashboardMetrics(t, "../../deploy/grafana-mpdetour.json", "mpdetour_relay_")
 	if len(names) < 5 {
 		t.Fatalf("dashboard queries only %v", names)
 	}

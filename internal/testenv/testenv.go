@@ -6,10 +6,12 @@
 package testenv
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -74,4 +76,36 @@ func BuildMpdetour(dir string) (string, error) {
 		return "", fmt.Errorf("build mpdetour: %v\n%s", err, out)
 	}
 	return bin, nil
+}
+
+// DashboardMetrics returns the metric names starting with prefix that the
+// Grafana dashboard at path (deploy/grafana-mpdetour.json) queries, with the
+// histogram suffixes (_bucket, _count, _sum) removed.
+func DashboardMetrics(t testing.TB, path, prefix string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Targets []struct{ Expr string } `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	names := map[string]bool{}
+	re := regexp.MustCompile(regexp.QuoteMeta(prefix) + `[a-z_]+`)
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			for _, n := range re.FindAllString(tg.Expr, -1) {
+				for _, suf := range []string{"_bucket", "_count", "_sum"} {
+					n = strings.TrimSuffix(n, suf)
+				}
+				names[n] = true
+			}
+		}
+	}
+	return names
 }
