@@ -61,6 +61,10 @@ type Result struct {
 	// seconds, and MaxGapEnd when it ended (from the hello).
 	MaxGap    float64 `json:"max_gap_s"`
 	MaxGapEnd float64 `json:"max_gap_end_s"`
+	// Series, when SendOptions.SeriesEvery is set: this side's per-subflow
+	// byte counts (acked for uploads, received for downloads) sampled
+	// during the transfer, to see when a path carried data again.
+	Series []SeriesPoint `json:"series,omitempty"`
 	// Samples are the receiver's per-second counts, from the arrival of the
 	// first data.
 	Samples []Sample `json:"samples"`
@@ -89,4 +93,11 @@ type Subflow struct {
 	MinRTT float64 `json:"min_rtt_ms"`
 	Cwnd   uint32  `json:"cwnd"`
 	MSS    uint32  `json:"mss"`
+}
+
+// SeriesPoint is one sample of every subflow's byte count, T seconds after
+// the transfer started; Bytes is keyed by "local-remote".
+type SeriesPoint struct {
+	T     float64           `json:"t"`
+	Bytes map[string]uint64 `json:"bytes"`
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,6 +32,9 @@ type SendOptions struct {
 	Netns string
 	// ConnectTimeout bounds the handshake; default 10 s.
 	ConnectTimeout time.Duration
+	// SeriesEvery, if positive, samples every subflow's bytes this often
+	// during the transfer (Result.Series).
+	SeriesEvery time.Duration
 	// Download swaps the roles: the receiver sends for Duration, this side
 	// counts (goodput, longest stall, per-subflow bytes received).
 	Download bool
@@ -94,6 +98,8 @@ func Send(ctx context.Context, o SendOptions) (*Result, error) {
 		return nil, sendErr(ctx, "hello", err)
 	}
 	start := time.Now()
+	stopSeries := sampleSeries(conn, rc, res, start, o.SeriesEvery, false)
+	defer stopSeries()
 	// The warm-up sample is taken concurrently with the writes; the
 	// kernel answers getsockopt while another thread blocks in write.
 	warm := make(chan map[string]rawSubflow, 1)
@@ -115,6 +121,7 @@ func Send(ctx context.Context, o SendOptions) (*Result, error) {
 			return nil, sendErr(ctx, "write", err)
 		}
 	}
+	stopSeries()
 	// First look before the close can tear subflows down.
 	end := subflowSnapshot(conn, rc, res.MPTCP)
 	if err := conn.CloseWrite(); err != nil {
@@ -174,6 +181,8 @@ func download(ctx context.Context, conn *net.TCPConn, rc syscall.RawConn, o Send
 		return nil, sendErr(ctx, "hello", err)
 	}
 	startNs := start.UnixNano()
+	stopSeries := sampleSeries(conn, rc, res, start, o.SeriesEvery, true)
+	defer stopSeries()
 	warm := make(chan map[string]rawSubflow, 1)
 	wt := time.AfterFunc(o.Warmup, func() { warm <- subflowSnapshot(conn, rc, res.MPTCP) })
 	defer wt.Stop()
@@ -190,6 +199,7 @@ func download(ctx context.Context, conn *net.TCPConn, rc syscall.RawConn, o Send
 		}
 		cnt.add(time.Duration(ts-startNs), n)
 	}
+	stopSeries()
 	end := subflowSnapshot(conn, rc, res.MPTCP)
 	_ = conn.CloseWrite()
 	var base map[string]rawSubflow
@@ -217,6 +227,39 @@ func download(ctx context.Context, conn *net.TCPConn, rc syscall.RawConn, o Send
 	res.ServerMPTCP = res.MPTCP
 	res.Download = true
 	return res, nil
+}
+
+// sampleSeries appends a SeriesPoint to res.Series every `every` until
+// stop is called (idempotent; a no-op when every <= 0).
+func sampleSeries(conn *net.TCPConn, rc syscall.RawConn, res *Result, start time.Time, every time.Duration, received bool) (stop func()) {
+	if every <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			pt := SeriesPoint{T: time.Since(start).Seconds(), Bytes: map[string]uint64{}}
+			for k, sf := range subflowSnapshot(conn, rc, res.MPTCP) {
+				if received {
+					pt.Bytes[k] = sf.info.Bytes_received
+				} else {
+					pt.Bytes[k] = sf.info.Bytes_acked
+				}
+			}
+			res.Series = append(res.Series, pt)
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-finished }) }
 }
 
 // fill copies the receiver's counts into res and computes the goodput.

@@ -42,7 +42,10 @@ type Measurement struct {
 	// MaxGapS is the longest time the receiver got no data (s), and
 	// MaxGapEndS when that stall ended (s after the transfer started).
 	MaxGapS, MaxGapEndS float64
-	Subflows            []results.Subflow
+	// ResumeS: with a fault, how long after it ended the faulted path
+	// carried data again (-1: not before the end; nil: unknown).
+	ResumeS  *float64
+	Subflows []results.Subflow
 }
 
 // Session is a cell prepared for its trials (daemons started, grants

@@ -12,7 +12,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
@@ -252,5 +254,41 @@ func TestSmoke(t *testing.T) {
 	}
 	if len(d.Gains()) == 0 {
 		t.Error("no gain line for the MPTCP detour procedures")
+	}
+}
+
+func TestResumeAfter(t *testing.T) {
+	f := &scenario.Fault{Link: "C1", At: scenario.Duration(4 * time.Second), For: scenario.Duration(4 * time.Second)}
+	pathOf := func(k string) string {
+		switch k {
+		case "a":
+			return "default"
+		case "b", "b2":
+			return "nat:detour1"
+		}
+		return ""
+	}
+	pt := func(t float64, b map[string]uint64) benchtool.SeriesPoint {
+		return benchtool.SeriesPoint{T: t, Bytes: b}
+	}
+	series := []benchtool.SeriesPoint{
+		pt(7.9, map[string]uint64{"a": 100, "b": 50}),
+		pt(8.1, map[string]uint64{"a": 150, "b": 50}),  // the default path only
+		pt(8.6, map[string]uint64{"a": 200, "b2": 0}),  // the detour subflow replaced
+		pt(9.3, map[string]uint64{"a": 250, "b2": 10}), // the replacement delivers
+		pt(9.9, map[string]uint64{"a": 300, "b2": 20, "b": 60}),
+	}
+	if got := resumeAfter(series, f, pathOf); got == nil || *got < 1.29 || *got > 1.31 {
+		t.Fatalf("resume %v, want 1.3 s (the replacement's first bytes)", got)
+	}
+	if got := resumeAfter(series[:3], f, pathOf); got == nil || *got != -1 {
+		t.Fatalf("resume %v, want -1 (never before the end)", got)
+	}
+	f.Link = "C5"
+	if got := resumeAfter(series, f, pathOf); got != nil {
+		t.Fatalf("resume %v for a link no subflow uses, want unknown", *got)
+	}
+	if got := resumeAfter(nil, f, pathOf); got != nil {
+		t.Fatal("resume without samples")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,7 +75,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	}
 	res, err := benchtool.Send(ctx, benchtool.SendOptions{
 		Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, CC: e.CC,
-		Netns: e.Lab.NetnsPath(e.Roles.Client), Download: e.Download,
+		Netns: e.Lab.NetnsPath(e.Roles.Client), Download: e.Download, SeriesEvery: seriesEvery(e.Cell.Fault),
 	})
 	if err != nil {
 		return Measurement{}, t.explain(err)
@@ -90,24 +91,42 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	}
 	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd}
 	client := e.Lab.Addr(e.Roles.Client)
-	for _, sf := range res.Subflows {
-		p := t.paths[sf.Local.Addr()]
+	pathOf := func(local, remote netip.AddrPort) string {
+		p := t.paths[local.Addr()]
 		if p == "" {
-			p = t.paths[sf.Remote.Addr()]
+			p = t.paths[remote.Addr()]
 		}
 		for pf, name := range t.prefixes {
-			if p == "" && pf.Contains(sf.Local.Addr()) {
+			if p == "" && pf.Contains(local.Addr()) {
 				p = name
 			}
 		}
 		if p == "" {
 			switch {
-			case sf.Local.Addr() == client && sf.Remote.Addr() == e.serverAddr().Addr():
+			case local.Addr() == client && remote.Addr() == e.serverAddr().Addr():
 				p = "default"
 			default:
-				p = sf.Local.Addr().String() + ">" + sf.Remote.Addr().String()
+				p = local.Addr().String() + ">" + remote.Addr().String()
 			}
 		}
+		return p
+	}
+	if f := e.Cell.Fault; f != nil {
+		m.ResumeS = resumeAfter(res.Series, f, func(key string) string {
+			if key == "tcp" {
+				return "default"
+			}
+			l, r, ok := strings.Cut(key, "-")
+			la, err1 := netip.ParseAddrPort(l)
+			ra, err2 := netip.ParseAddrPort(r)
+			if !ok || err1 != nil || err2 != nil {
+				return ""
+			}
+			return pathOf(la, ra)
+		})
+	}
+	for _, sf := range res.Subflows {
+		p := pathOf(sf.Local, sf.Remote)
 		m.Subflows = append(m.Subflows, results.Subflow{
 			Path: p, Local: sf.Local.String(), Remote: sf.Remote.String(),
 			Bytes: sf.BytesAcked, WindowBytes: sf.WindowBytesAcked,
@@ -239,4 +258,59 @@ func startReceiver(ctx context.Context, env *Env) (stop func(), err error) {
 		_ = srv.Serve(ctx)
 	}()
 	return func() { cancel(); <-done }, nil
+}
+
+// seriesEvery samples the subflows during trials with a fault, to see when
+// the restored path carries data again.
+func seriesEvery(f *scenario.Fault) time.Duration {
+	if f == nil {
+		return 0
+	}
+	return 100 * time.Millisecond
+}
+
+// faultPath is the path name a fault's link carries: C0 is the default
+// path, Ck detour k's core link (its NAT and tunnel subflows).
+func faultPath(link, path string) bool {
+	if link == "C0" {
+		return path == "default"
+	}
+	if k, ok := strings.CutPrefix(link, "C"); ok {
+		return strings.HasSuffix(path, ":detour"+k)
+	}
+	return false
+}
+
+// resumeAfter is how long after the fault ended one of the faulted path's
+// subflows (a replacement counts) had delivered more than when it ended;
+// -1 if not before the transfer's end, nil if unknown (no samples, or no
+// subflow on that path).
+func resumeAfter(series []benchtool.SeriesPoint, f *scenario.Fault, pathOf func(key string) string) *float64 {
+	end := (time.Duration(f.At) + time.Duration(f.For)).Seconds()
+	var base map[string]uint64
+	onPath := false
+	for _, pt := range series {
+		if pt.T <= end {
+			base = pt.Bytes
+			continue
+		}
+		if base == nil {
+			return nil
+		}
+		for k, b := range pt.Bytes {
+			if !faultPath(f.Link, pathOf(k)) {
+				continue
+			}
+			onPath = true
+			if b > base[k] {
+				v := pt.T - end
+				return &v
+			}
+		}
+	}
+	if !onPath {
+		return nil
+	}
+	v := -1.0
+	return &v
 }

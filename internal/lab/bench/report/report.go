@@ -37,6 +37,9 @@ type Cell struct {
 	Subflows    []PathStat
 	// MaxGaps are the trials' longest receiver stalls (s).
 	MaxGaps []float64
+	// Resumes: with a fault, when the faulted path carried data again after
+	// it ended (s; -1 = not before the transfer ended).
+	Resumes []float64
 }
 
 // PathStat summarises the subflows of one path over a cell's trials.
@@ -81,6 +84,9 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 		case results.OK:
 			cell.Values = append(cell.Values, r.GoodputMbps)
 			cell.MaxGaps = append(cell.MaxGaps, r.MaxGapS)
+			if r.ResumeS != nil {
+				cell.Resumes = append(cell.Resumes, *r.ResumeS)
+			}
 			if r.LoadAvg > 0 {
 				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
 			}
@@ -598,6 +604,54 @@ func (d *Data) writeStalls(p *printer, cols []string) {
 			}
 			g := stats.Summarize(c.MaxGaps)
 			row = append(row, fmt.Sprintf("%.2f / %.2f (n=%d)", g.Median, g.Max, g.N))
+		}
+		p.row(row)
+	}
+	p.f("\n")
+	d.writeResumes(p, cols, faulty)
+}
+
+// writeResumes: how long after the fault ended the restored path carried
+// data again (subflows sampled every 100 ms during the transfer).
+func (d *Data) writeResumes(p *printer, cols []string, faulty []scenario.Configuration) {
+	any := false
+	for _, cfg := range faulty {
+		for _, id := range cols {
+			if c := d.Get(cfg.Name, id); c != nil && len(c.Resumes) > 0 {
+				any = true
+			}
+		}
+	}
+	if !any {
+		return
+	}
+	p.f("## Restored path used again (s after the fault ended), median / max over trials\n\n")
+	p.f("The faulted link's subflows (a replacement counts) sampled every 100 ms: the first sample after the fault ended in which one of them had delivered more. *never*: not before the transfer ended.\n\n")
+	p.tableHeader("configuration (fault)", cols, d.labelOf)
+	for _, cfg := range faulty {
+		row := []string{fmt.Sprintf("%s (%s at %s for %s)", cfg.Label, cfg.Fault.Link, cfg.Fault.At, cfg.Fault.For)}
+		for _, id := range cols {
+			c := d.Get(cfg.Name, id)
+			if c == nil || len(c.Resumes) == 0 {
+				row = append(row, "")
+				continue
+			}
+			var ok []float64
+			for _, v := range c.Resumes {
+				if v >= 0 {
+					ok = append(ok, v)
+				}
+			}
+			never := len(c.Resumes) - len(ok)
+			cell := ""
+			if len(ok) > 0 {
+				g := stats.Summarize(ok)
+				cell = fmt.Sprintf("%.2f / %.2f", g.Median, g.Max)
+			}
+			if never > 0 {
+				cell = strings.TrimSpace(cell + fmt.Sprintf(" never in %d", never))
+			}
+			row = append(row, fmt.Sprintf("%s (n=%d)", cell, len(c.Resumes)))
 		}
 		p.row(row)
 	}

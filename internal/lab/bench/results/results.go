@@ -59,9 +59,12 @@ type Record struct {
 	WindowBytes uint64  `json:"window_bytes"`
 	// MaxGapS is the longest stall of the receiver (no data delivered) in
 	// seconds, MaxGapEndS when it ended (failover scenarios).
-	MaxGapS    float64   `json:"max_gap_s,omitempty"`
-	MaxGapEndS float64   `json:"max_gap_end_s,omitempty"`
-	Subflows   []Subflow `json:"subflows,omitempty"`
+	MaxGapS    float64 `json:"max_gap_s,omitempty"`
+	MaxGapEndS float64 `json:"max_gap_end_s,omitempty"`
+	// ResumeS: with a fault, seconds after it ended until the faulted
+	// path carried data again (-1: not before the transfer ended).
+	ResumeS  *float64  `json:"resume_s,omitempty"`
+	Subflows []Subflow `json:"subflows,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
 	CC       string            `json:"cc"`
