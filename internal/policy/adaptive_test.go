@@ -377,3 +377,44 @@ func TestAdaptiveConfiguredBackupReturnsToBackup(t *testing.T) {
 		t.Fatalf("backup detour after the default path came back: role %q, want backup", r)
 	}
 }
+
+// While the default path stays dead, its retries (active again for a
+// while) must not demote the backup that carries the connection: only a
+// path that delivered again counts.
+func TestAdaptiveRetryDoesNotDemoteBackup(t *testing.T) {
+	bk := detour.Detour{Kind: detour.NAT, Relay: "rb", Remote: netip.MustParseAddrPort("10.0.5.2:4000"), Backup: true}
+	s := newSim(t, 1, bk)
+	def := key(client.Addr(), server)
+	set := func(sk subKey, sp *simPath) {
+		switch {
+		case sk == def:
+			sp.rate = 0 // dead for the whole test
+		case sp.backup:
+			sp.rate, sp.down = 0, true
+		default:
+			sp.rate, sp.down = 1e6, false
+		}
+	}
+	s.run(2*time.Second, func(sk subKey, sp *simPath) {
+		if sk == def {
+			sp.rate = 1e6
+		} else {
+			set(sk, sp)
+		}
+	})
+	before := len(s.ins)
+	s.run(30*time.Second, set)
+	bkKey := key(client.Addr(), bk.Remote)
+	demotions := 0
+	for _, in := range s.ins[before:] {
+		if in.Action == SetBackup && key(in.Local.Addr(), in.Remote) == bkKey && in.Backup {
+			demotions++
+		}
+	}
+	if demotions != 0 {
+		t.Fatalf("the backup carrying the connection was demoted %d times while the default path stayed dead", demotions)
+	}
+	if r := s.role("nat:rb"); r != RoleActive {
+		t.Fatalf("backup role %q after 30 s of dead default path, want active", r)
+	}
+}

@@ -199,6 +199,7 @@ type ksub struct {
 	keepUntil time.Time // proven useful (or set aside): not tested again before
 	setAside  bool      // we marked it backup (not the configuration)
 	promoted  bool      // a backup made active because no active path worked
+	retrying  bool      // a dead path made active again to see if it is back
 	proven    bool      // delivered after MinLifetime: its detour is healthy
 }
 

@@ -69,6 +69,7 @@ func (p *Manager) observe(k *kconn, s *ksub, m Measurement, now time.Time) {
 	rcvd := sub64(m.BytesReceived, prev.BytesReceived)
 	if acked+rcvd > 0 {
 		s.lastProgress = now
+		s.retrying = false // a retried path that delivers works again
 		k.delivered += acked + rcvd
 		if !s.proven && now.Sub(s.upSince) >= p.cfg.MinLifetime {
 			s.proven = true
@@ -144,11 +145,12 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 			case s.setAside && !now.Before(s.retryAt):
 				// Retry: active again, judged afresh by the watchdog; if
 				// the path is still dead it is set aside again, later.
-				s.dead, s.setAside, s.role = false, false, RoleProbing
+				s.dead, s.setAside, s.retrying = false, false, true
 				s.lastProgress = now
 				s.decision = "retrying a dead path"
 				s.retryGap = min(2*s.retryGap, p.cfg.Hold)
 				out = append(out, p.setBackup(k, sk, s, false))
+				s.role = RoleProbing
 			}
 			continue
 		}
@@ -192,7 +194,10 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 	// backup.
 	active, died := false, false
 	for _, s := range k.subs {
-		if s.up && !s.stale && !s.dead && !s.backup && !s.promoted && !s.configuredBackup() {
+		// A dead path being retried (probing) is not a working path yet:
+		// demoting the backup for it would stall until the watchdog
+		// kills the retry; it counts once it delivered (revived: active).
+		if s.up && !s.stale && !s.dead && !s.backup && !s.promoted && !s.configuredBackup() && !s.retrying {
 			active = true
 		}
 		if s.dead {

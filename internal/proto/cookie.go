@@ -151,7 +151,10 @@ func (j *CookieJar) secrets(now time.Time) (cur, prev [32]byte, hasPrev bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.rotatedAt.IsZero() || now.Sub(j.rotatedAt) >= CookieLifetime {
-		j.prev, j.hasPrev = j.secret, !j.rotatedAt.IsZero()
+		// The old secret still counts only if it was in use up to now: a
+		// jar idle for longer (no load for a while) forgets it, so a
+		// cookie from an earlier episode never proves a current address.
+		j.prev, j.hasPrev = j.secret, !j.rotatedAt.IsZero() && now.Sub(j.rotatedAt) < 2*CookieLifetime
 		if _, err := rand.Read(j.secret[:]); err != nil {
 			panic(err) // crypto/rand does not fail on Linux
 		}

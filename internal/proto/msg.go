@@ -8,9 +8,13 @@ import (
 	"time"
 )
 
-// Version is the protocol version carried by every v2 packet and message.
-// Version 1 is the unauthenticated legacy format (legacy.go).
-const Version = 2
+// Version is the protocol version carried by every packet and message of
+// the authenticated protocol ("v2" in the docs). Version 1 is the
+// unauthenticated legacy format (legacy.go); 2 was the first authenticated
+// one; 3 added mac1/mac2 to initiations (200 bytes) and cookie replies, so
+// a peer of the other generation gets a clear bad-version instead of
+// silence.
+const Version = 3
 
 // Op is a request type.
 type Op uint8

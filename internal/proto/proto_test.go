@@ -80,7 +80,7 @@ func TestRequestRefusals(t *testing.T) {
 		"short":       {good[:5], ReasonMalformed},
 		"truncated":   {good[:len(good)-1], ReasonMalformed},
 		"trailing":    {append(append([]byte(nil), good...), 0), ReasonMalformed},
-		"version":     {bad(func(b []byte) []byte { b[0] = 3; return b }), ReasonBadVersion},
+		"version":     {bad(func(b []byte) []byte { b[0] = Version + 1; return b }), ReasonBadVersion},
 		"unknown op":  {bad(func(b []byte) []byte { b[1] = 99; return b }), ReasonUnsupported},
 		"family":      {bad(func(b []byte) []byte { b[8] = 5; return b }), ReasonMalformed},
 		"server port": {bad(func(b []byte) []byte { b[13], b[14] = 0, 0; return b }), ReasonMalformed},
@@ -365,5 +365,17 @@ func TestCookies(t *testing.T) {
 	}
 	if jar.CheckMAC2(pkt, src, now.Add(2*CookieLifetime)) {
 		t.Fatal("cookie accepted after two rotations")
+	}
+	// A jar idle for longer than a lifetime forgets its old secret: a
+	// cookie from an earlier load episode proves nothing now.
+	jar2 := NewCookieJar(relay.Public())
+	reply2, _ := jar2.Reply(in.Packet, src, now)
+	r2, _ := ParseCookieReply(reply2)
+	c2, err := in.OpenCookieReply(relay.Public(), r2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if jar2.CheckMAC2(in2.WithCookie(c2), src, now.Add(3*CookieLifetime)) {
+		t.Fatal("a cookie from an episode long ago accepted after an idle jar rotated once")
 	}
 }

@@ -46,6 +46,9 @@ func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
 		rep.Reason = proto.ReasonUnsupported
 		return
 	}
+	if _, static := s.set.Members[ses.peer]; static {
+		return // listed: served whatever its certificate says; the static name stays
+	}
 	now := s.now()
 	c, err := s.set.Trust.CheckBytes(req.Cert, ses.peer, collective.RoleClient, now)
 	if err != nil {
@@ -54,14 +57,18 @@ func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
 		s.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr, "certificate of "+ses.peer.ID()+": "+err.Error())
 		return
 	}
-	if _, static := s.set.Members[ses.peer]; static {
-		return // listed anyway: the static name stays
-	}
 	first := s.certified[ses.peer].serial != c.Serial
 	s.certified[ses.peer] = certMember{name: c.Name, serial: c.Serial, notAfter: c.NotAfter}
 	for _, id := range s.byMember[ses.peer] {
-		if o := s.sessions[id]; o != nil {
+		if o := s.sessions[id]; o != nil && o.pending {
 			o.pending, o.name = false, c.Name
+			// Now a member: its handshake timestamps count for replays.
+			if last, ok := s.lastTS[o.peer]; !ok || o.ts.After(last) {
+				s.lastTS[o.peer] = o.ts
+				if s.state != nil {
+					s.state.dirty = true
+				}
+			}
 		}
 	}
 	if first {
@@ -103,6 +110,10 @@ func (s *Server) checkCollective(now time.Time) {
 	n := s.revokeKeys(func(k proto.Key) bool { return s.isMember(k, now) }, "revoked")
 	for _, k := range gone {
 		delete(s.certified, k)
+		delete(s.lastTS, k)
+		if s.tunnels != nil {
+			s.tunnels.Release(k) // also when no session of it is left
+		}
 	}
 	s.log.Info("revoked certified members", "members", len(gone), "mappings", n)
 }
@@ -120,9 +131,9 @@ func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
 		if keep(key) {
 			continue
 		}
-		pendingOnly := true
+		pendingOnly := len(ids) > 0
 		for _, id := range ids {
-			if ses := s.sessions[id]; ses != nil && !ses.pending {
+			if ses := s.sessions[id]; ses == nil || !ses.pending {
 				pendingOnly = false
 			}
 		}

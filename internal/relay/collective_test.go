@@ -110,3 +110,35 @@ func TestCollectiveCertificates(t *testing.T) {
 		t.Errorf("revocation took %v, more than 10 s", took)
 	}
 }
+
+// A member whose agent carries a certificate keeps working on relays that
+// list its key: one without a collective (answers unsupported to the
+// certificate) and a collective one where the certificate has expired.
+func TestCertificateOnListingRelays(t *testing.T) {
+	auth, _ := collective.NewAuthority()
+	for _, withCollective := range []bool{false, true} {
+		t.Run(fmt.Sprintf("collective=%v", withCollective), func(t *testing.T) {
+			extra := ""
+			if withCollective {
+				extra = fmt.Sprintf("collective: {authority: %s}\n", auth.Public())
+			}
+			f, k, _, p, _ := relayLine(t, extra)
+			now := time.Now()
+			expired, err := auth.Issue(k.member.Public(), "alice", collective.RoleClient, now.Add(-2*time.Hour), now.Add(-time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, k.member,
+				relayclient.Options{Certificate: expired.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5201"), 0); err != nil {
+				t.Fatalf("listed member with a certificate: %v\n%s", err, p.stderr.String())
+			}
+		})
+	}
+}

@@ -879,3 +879,20 @@ func TestRelayStatus(t *testing.T) {
 		t.Fatalf("status outside the namespace: %v", err)
 	}
 }
+
+// An initiation of another protocol generation (an agent from before the
+// cookies: version 2, 168 bytes) gets a clear bad-version refusal, not
+// silence.
+func TestOldVersionInitiationRefused(t *testing.T) {
+	f, k, _, _, _ := relayLine(t, "")
+	sock := udpIn(t, f.Client, "")
+	in, err := proto.NewInitiation(k.member, k.relay.Public(), 7, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := append([]byte(nil), in.Packet[:168]...)
+	old[1] = proto.Version - 1
+	if r := errorReason(t, exchange(t, sock, old)); r != proto.ReasonBadVersion {
+		t.Fatalf("old initiation: %v, want bad-version", r)
+	}
+}

@@ -64,6 +64,7 @@ type session struct {
 	// pending: a collective relay's session of a key that has not
 	// presented a valid certificate yet (only ping and certify allowed).
 	pending bool
+	ts      proto.Timestamp // of the initiation (recorded when pending ends)
 }
 
 // Server is the relay daemon's core: one event loop owns every table, so
@@ -263,11 +264,8 @@ func (s *Server) Serve(ctx context.Context) error {
 				s.log.Error("converter stopped", "err", err)
 			}
 		})
-		// Conversions end before the loop stops logging them.
-		defer convWG.Wait()
-		defer cancel()
 	}
-	go s.readV2(rctx)
+	go s.readV2(rctx, s.set.Listen)
 	s.started = s.now()
 	go s.serveStatus(rctx)
 	if s.legacy != nil {
@@ -283,6 +281,18 @@ func (s *Server) Serve(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			// Conversions end first, so that their lines reach the
+			// attribution log before shutdown closes it.
+			cancel()
+			convWG.Wait()
+			for drained := false; !drained; {
+				select {
+				case d := <-s.convDone:
+					s.logConversion(d)
+				default:
+					drained = true
+				}
+			}
 			s.shutdown()
 			return nil
 		case p := <-s.in:
@@ -478,9 +488,10 @@ type loadState struct {
 	until       time.Time
 }
 
-func (s *Server) readV2(ctx context.Context) {
+// readV2 reads control datagrams; listen is the configured address (fixed
+// for the server's life: a reload keeps it).
+func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
 	var ld loadState
-	listen := s.set.Listen // fixed for the server's life (reload keeps it)
 	for {
 		buf := make([]byte, 2048)
 		n, cm, from, err := s.pc.ReadFrom(buf)
@@ -500,7 +511,9 @@ func (s *Server) readV2(ctx context.Context) {
 			p.dst, _ = netip.AddrFromSlice(cm.Dst.To4())
 		}
 		p.from = netip.AddrPortFrom(p.from.Addr().Unmap(), p.from.Port())
-		if n > 0 && buf[0] == proto.TypeInit && !s.screenInit(&p, &ld, listen) {
+		// Another version's initiation goes on to handle, which answers
+		// bad-version (mac1 would only say "wrong length").
+		if n > 1 && buf[0] == proto.TypeInit && buf[1] == proto.Version && !s.screenInit(&p, &ld, listen) {
 			continue
 		}
 		select {
@@ -654,9 +667,15 @@ func (s *Server) handleInit(p packet) {
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonReplay, Index: in.Sender}), p.from, p.dst)
 		return
 	}
-	s.lastTS[acc.Peer] = acc.Timestamp
-	if s.state != nil {
-		s.state.dirty = true
+	if !provisional {
+		// A provisional key (no certificate shown yet) is remembered only
+		// once it certifies: anyone can make fresh keys, and the table and
+		// the state file must not grow with them. Its sessions can do
+		// nothing but certify, which a replay cannot use (no session keys).
+		s.lastTS[acc.Peer] = acc.Timestamp
+		if s.state != nil {
+			s.state.dirty = true
+		}
 	}
 	idx := s.newIndex()
 	resp, ss, err := acc.Respond(idx)
@@ -665,7 +684,7 @@ func (s *Server) handleInit(p packet) {
 		s.log.Error("handshake response", "err", err)
 		return
 	}
-	s.sessions[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now(), pending: provisional}
+	s.sessions[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now(), pending: provisional, ts: acc.Timestamp}
 	ids := append(s.byMember[acc.Peer], idx)
 	for len(ids) > maxSessionsPer {
 		delete(s.sessions, ids[0])
@@ -933,6 +952,14 @@ func (s *Server) prune(now time.Time) {
 					break
 				}
 			}
+			if len(s.byMember[ses.peer]) == 0 {
+				delete(s.byMember, ses.peer)
+			}
+		}
+	}
+	for k, b := range s.rates {
+		if now.Sub(b.last) > time.Minute {
+			delete(s.rates, k)
 		}
 	}
 	for a, b := range s.addrRates {
@@ -1026,10 +1053,16 @@ func (s *Server) applyReload(set *Settings) {
 		s.log.Warn("reload: the convert section changed but is applied only at start: restart the relay to apply it")
 		set.Convert = s.set.Convert
 	}
-	revoked := s.revokeKeys(func(k proto.Key) bool {
+	keep := func(k proto.Key) bool {
 		_, ok := set.Members[k]
 		return ok || s.certifiedOK(k, s.now())
-	}, "revoked")
+	}
+	revoked := s.revokeKeys(keep, "revoked")
+	for k := range s.set.Members {
+		if !keep(k) && s.tunnels != nil {
+			s.tunnels.Release(k) // also when no session of it is left
+		}
+	}
 	if set.AttributionLog != s.set.AttributionLog || set.AttributionLog != "" && set.AttributionLog != "-" {
 		// Reopening also follows a rotated file.
 		if l, err := openAttrLog(set.AttributionLog); err != nil {

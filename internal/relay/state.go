@@ -96,6 +96,11 @@ func (r *replayState) save(ts map[proto.Key]proto.Timestamp) error {
 	if err := os.Rename(tmp.Name(), r.path); err != nil {
 		return fmt.Errorf("state file: %w", err)
 	}
+	// The rename itself must survive a power loss.
+	if d, err := os.Open(filepath.Dir(r.path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
 	r.dirty = false
 	return nil
 }

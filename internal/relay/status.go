@@ -218,6 +218,7 @@ func (s *Server) status() *Status {
 	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
 	if s.conv != nil {
 		s.conv.tickets.mu.Lock()
+		s.conv.tickets.expireLocked(now)
 		st.Converter = &ConverterStatus{Listen: s.conv.ln.Addr().String(), Tickets: len(s.conv.tickets.tickets)}
 		s.conv.tickets.mu.Unlock()
 	}

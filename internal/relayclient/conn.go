@@ -63,9 +63,9 @@ type Conn struct {
 	mu   sync.Mutex
 	ses  *proto.Session
 	prev *proto.Session // replaced by a rekey; replies may still arrive on it
-	// certifying is a new session presenting the certificate, not yet in
-	// use; its replies are accepted like ses's.
-	certifying *proto.Session
+	// certifying are new sessions presenting the certificate (by local
+	// index), not yet in use; their replies are accepted like ses's.
+	certifying map[uint32]*proto.Session
 	// suspect is the session an (unauthenticated) error packet said the
 	// relay lost: a new handshake starts, the session stays until it
 	// completes (make-before-break), so a forged error cannot cut us off.
@@ -293,27 +293,35 @@ func (c *Conn) dispatch(b []byte) {
 		}
 		if c.cert != nil {
 			// The session is used only once the relay accepted the
-			// certificate (the request also proves our address).
+			// certificate (the request also proves our address). A relay
+			// that does not take certificates answers unsupported: the
+			// session is used as is (the relay may list our key).
 			c.mu.Lock()
-			c.certifying = s
+			if c.certifying == nil {
+				c.certifying = map[uint32]*proto.Session{}
+			}
+			c.certifying[s.Local] = s
 			c.mu.Unlock()
 			go func() {
 				ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 				defer cancel()
 				_, err := c.doOn(ctx, proto.Request{Op: proto.OpCertify, Cert: c.cert}, func(context.Context) (*proto.Session, error) { return s, nil })
 				c.mu.Lock()
-				if c.certifying == s {
-					c.certifying = nil
-				}
+				delete(c.certifying, s.Local)
+				installed := c.ses != nil && c.ses.Created.After(s.Created)
 				c.mu.Unlock()
-				if err != nil {
-					c.log.Warn("relay did not accept our certificate", "relay", c.relay.Name, "err", err)
-					c.mu.Lock()
-					c.hsErr = err
-					c.mu.Unlock()
+				if err != nil && proto.ReasonOf(err) != proto.ReasonUnsupported {
+					if !installed {
+						c.log.Warn("relay did not accept our certificate", "relay", c.relay.Name, "err", err)
+						c.mu.Lock()
+						c.hsErr = err
+						c.mu.Unlock()
+					}
 					return
 				}
-				c.install(s)
+				if !installed {
+					c.install(s)
+				}
 			}()
 			return
 		}
@@ -334,18 +342,22 @@ func (c *Conn) dispatch(b []byte) {
 		}
 		c.mu.Lock()
 		pi := c.inits[r.Receiver]
-		delete(c.inits, r.Receiver) // one retry per initiation, not a loop
 		c.mu.Unlock()
 		if pi == nil {
 			return
 		}
 		cookie, err := pi.in.OpenCookieReply(c.relay.PublicKey, r)
 		if err != nil {
-			return
+			return // forged: the initiation stays pending for the real answer
 		}
 		c.mu.Lock()
+		_, still := c.inits[r.Receiver]
+		delete(c.inits, r.Receiver) // one retry per initiation, not a loop
 		c.cookie, c.cookieAt = cookie, time.Now()
 		c.mu.Unlock()
+		if !still {
+			return // a copy of the reply: already retried
+		}
 		c.log.Debug("relay under load: retrying the handshake with its cookie", "relay", c.relay.Name)
 		if err := c.sendInit(); err != nil {
 			c.log.Debug("handshake send", "relay", c.relay.Name, "err", err)
@@ -389,7 +401,7 @@ func (c *Conn) dispatch(b []byte) {
 		if prev := c.prev; ses == nil || t.Receiver != ses.Local {
 			ses = prev
 		}
-		if cs := c.certifying; cs != nil && t.Receiver == cs.Local {
+		if cs := c.certifying[t.Receiver]; cs != nil {
 			ses = cs
 		}
 		c.mu.Unlock()

@@ -366,8 +366,8 @@ sampling:
 		for _, node := range detours {
 			look := lookRelay(ctx, o.Lab, o.Binary, node)
 			final[node] = look
-			if look.Mappings != 0 || look.NftElements != 0 {
-				clean = false
+			if look.Mappings != 0 || look.NftElements != 0 || look.RSSBytes == 0 {
+				clean = false // RSS 0: the relay did not answer, nothing is known
 			}
 		}
 		if clean || time.Now().After(deadline) {
@@ -419,8 +419,30 @@ func soakChecks(rep *SoakReport, o SoakOptions) []SoakCheck {
 		checks = append(checks, SoakCheck{Name: "relay " + node + " WireGuard peers bounded", OK: peers <= 1,
 			Detail: fmt.Sprintf("at most %.0f peer(s) (one member)", peers)})
 		f := rep.Final[node]
-		checks = append(checks, SoakCheck{Name: "relay " + node + " no mapping left", OK: f.Mappings == 0 && f.NftElements == 0,
-			Detail: fmt.Sprintf("after the churn: %d mappings, %d nft elements", f.Mappings, f.NftElements)})
+		checks = append(checks, SoakCheck{Name: "relay " + node + " no mapping left", OK: f.Mappings == 0 && f.NftElements == 0 && f.RSSBytes > 0,
+			Detail: fmt.Sprintf("after the churn: %d mappings, %d nft elements (relay answered: %v)", f.Mappings, f.NftElements, f.RSSBytes > 0)})
+	}
+	// The checks above compare what was measured: make sure something was.
+	// A relay being restarted may miss one sample per restart.
+	answered := func(name string, restarts int, get func(SoakSample) float64) {
+		ok := 0
+		for _, x := range rep.Samples {
+			if get(x) > 0 {
+				ok++
+			}
+		}
+		allowed := restarts + n/10
+		checks = append(checks, SoakCheck{Name: name + " answered", OK: n-ok <= allowed,
+			Detail: fmt.Sprintf("%d of %d samples (at most %d missed: one per restart and 10%%)", ok, n, allowed)})
+	}
+	answered("agent metrics", 0, func(x SoakSample) float64 { return x.Agent.RSSBytes })
+	for _, node := range []string{"detour1", "detour2"} {
+		node := node
+		answered("relay "+node+" metrics", rep.Samples[n-1].Relays[node].Restarts, func(x SoakSample) float64 { return x.Relays[node].RSSBytes })
+		maps := maxOf(rep.Samples, func(x SoakSample) float64 { return float64(x.Relays[node].Mappings) })
+		peers := maxOf(rep.Samples, func(x SoakSample) float64 { return float64(x.Relays[node].TunnelPeers) })
+		checks = append(checks, SoakCheck{Name: "relay " + node + " used", OK: maps >= 1 && peers >= 1,
+			Detail: fmt.Sprintf("at most %.0f mappings and %.0f WireGuard peers seen (a detour and a tunnel must have been granted)", maps, peers)})
 	}
 	lastS := rep.Samples[n-1]
 	rate := 0.0
