@@ -580,7 +580,8 @@ func (d *Data) writeRatios(p *printer, cells []*Cell) {
 }
 
 // writeStalls is the failover table: for configurations with a fault, the
-// longest time the receiver got nothing, per trial.
+// longest time the receiver got nothing, per trial; then, when measured,
+// when the restored path carried data again.
 func (d *Data) writeStalls(p *printer, cols []string) {
 	var faulty []scenario.Configuration
 	for _, cfg := range d.Scenario.Configurations {
@@ -591,50 +592,20 @@ func (d *Data) writeStalls(p *printer, cols []string) {
 	if len(faulty) == 0 {
 		return
 	}
-	p.f("## Longest stall (s): the longest time the receiver got no data, median / max over trials\n\n")
-	p.f("Fault: the link is black-holed (every packet dropped, nothing sent back) from `at` after the transfer starts, for `for`.\n\n")
-	p.tableHeader("configuration (fault)", cols, d.labelOf)
-	for _, cfg := range faulty {
-		row := []string{fmt.Sprintf("%s (%s at %s for %s)", cfg.Label, cfg.Fault.Link, cfg.Fault.At, cfg.Fault.For)}
-		for _, id := range cols {
-			c := d.Get(cfg.Name, id)
-			if c == nil || len(c.MaxGaps) == 0 {
-				row = append(row, "")
-				continue
+	d.faultTable(p, cols, faulty, "## Longest stall (s): the longest time the receiver got no data, median / max over trials\n\n"+
+		"Fault: the link is black-holed (every packet dropped, nothing sent back) from `at` after the transfer starts, for `for`.\n\n",
+		func(c *Cell) string {
+			if len(c.MaxGaps) == 0 {
+				return ""
 			}
 			g := stats.Summarize(c.MaxGaps)
-			row = append(row, fmt.Sprintf("%.2f / %.2f (n=%d)", g.Median, g.Max, g.N))
-		}
-		p.row(row)
-	}
-	p.f("\n")
-	d.writeResumes(p, cols, faulty)
-}
-
-// writeResumes: how long after the fault ended the restored path carried
-// data again (subflows sampled every 100 ms during the transfer).
-func (d *Data) writeResumes(p *printer, cols []string, faulty []scenario.Configuration) {
-	any := false
-	for _, cfg := range faulty {
-		for _, id := range cols {
-			if c := d.Get(cfg.Name, id); c != nil && len(c.Resumes) > 0 {
-				any = true
-			}
-		}
-	}
-	if !any {
-		return
-	}
-	p.f("## Restored path used again (s after the fault ended), median / max over trials\n\n")
-	p.f("The faulted link's subflows (a replacement counts) sampled every 100 ms: the first sample after the fault ended in which one of them had delivered more. *never*: not before the transfer ended.\n\n")
-	p.tableHeader("configuration (fault)", cols, d.labelOf)
-	for _, cfg := range faulty {
-		row := []string{fmt.Sprintf("%s (%s at %s for %s)", cfg.Label, cfg.Fault.Link, cfg.Fault.At, cfg.Fault.For)}
-		for _, id := range cols {
-			c := d.Get(cfg.Name, id)
-			if c == nil || len(c.Resumes) == 0 {
-				row = append(row, "")
-				continue
+			return fmt.Sprintf("%.2f / %.2f (n=%d)", g.Median, g.Max, g.N)
+		})
+	d.faultTable(p, cols, faulty, "## Restored path used again (s after the fault ended), median / max over trials\n\n"+
+		"The faulted link's subflows (a replacement counts) sampled every 100 ms: the first sample after the fault ended in which one of them had delivered more. *never*: not before the transfer ended.\n\n",
+		func(c *Cell) string {
+			if len(c.Resumes) == 0 {
+				return ""
 			}
 			var ok []float64
 			for _, v := range c.Resumes {
@@ -642,18 +613,42 @@ func (d *Data) writeResumes(p *printer, cols []string, faulty []scenario.Configu
 					ok = append(ok, v)
 				}
 			}
-			never := len(c.Resumes) - len(ok)
 			cell := ""
 			if len(ok) > 0 {
 				g := stats.Summarize(ok)
 				cell = fmt.Sprintf("%.2f / %.2f", g.Median, g.Max)
 			}
-			if never > 0 {
+			if never := len(c.Resumes) - len(ok); never > 0 {
 				cell = strings.TrimSpace(cell + fmt.Sprintf(" never in %d", never))
 			}
-			row = append(row, fmt.Sprintf("%s (n=%d)", cell, len(c.Resumes)))
+			return fmt.Sprintf("%s (n=%d)", cell, len(c.Resumes))
+		})
+}
+
+// faultTable prints one row per faulted configuration with value(cell)
+// per procedure column; nothing when every value is empty.
+func (d *Data) faultTable(p *printer, cols []string, faulty []scenario.Configuration, head string, value func(*Cell) string) {
+	var rows [][]string
+	any := false
+	for _, cfg := range faulty {
+		row := []string{fmt.Sprintf("%s (%s at %s for %s)", cfg.Label, cfg.Fault.Link, cfg.Fault.At, cfg.Fault.For)}
+		for _, id := range cols {
+			v := ""
+			if c := d.Get(cfg.Name, id); c != nil {
+				v = value(c)
+			}
+			any = any || v != ""
+			row = append(row, v)
 		}
-		p.row(row)
+		rows = append(rows, row)
+	}
+	if !any {
+		return
+	}
+	p.f("%s", head)
+	p.tableHeader("configuration (fault)", cols, d.labelOf)
+	for _, r := range rows {
+		p.row(r)
 	}
 	p.f("\n")
 }
