@@ -162,13 +162,7 @@ func memberKey(t *testing.T) proto.Key {
 func TestConnGrantRenewRelease(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())
-	c, err := Dial(r.relay(), m, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	c, ctx := dialFake(t, r, m, Options{})
 	server := netip.MustParseAddrPort("192.0.2.10:5201")
 	d, lease, err := c.Grant(ctx, server, 0)
 	if err != nil || d.Port() != 40001 || lease != 2*time.Second {
@@ -190,13 +184,7 @@ func TestConnGrantRenewRelease(t *testing.T) {
 func TestConnRehandshakeAfterRelayRestart(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())
-	c, err := Dial(r.relay(), m, Options{Retransmit: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	c, ctx := dialFake(t, r, m, Options{Retransmit: 50 * time.Millisecond})
 	if _, _, err := c.Grant(ctx, netip.MustParseAddrPort("192.0.2.10:5201"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -220,14 +208,8 @@ func TestConnErrors(t *testing.T) {
 		return proto.Reply{Reason: proto.ReasonPolicyDenied}
 	}
 	r.mu.Unlock()
-	c, err := Dial(r.relay(), m, Options{Retransmit: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, _, err = c.Grant(ctx, netip.MustParseAddrPort("192.0.2.10:25"), 0)
+	c, ctx := dialFake(t, r, m, Options{Retransmit: 50 * time.Millisecond})
+	_, _, err := c.Grant(ctx, netip.MustParseAddrPort("192.0.2.10:25"), 0)
 	var pe *proto.Error
 	if !errors.As(err, &pe) || pe.Reason != proto.ReasonPolicyDenied {
 		t.Fatalf("refused grant: %v, want a proto.Error with policy-denied", err)
@@ -321,13 +303,7 @@ func TestSourceReleasesGrantThatArrivesAfterRelease(t *testing.T) {
 func TestForgedErrorsDoNotDropTheSession(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())
-	c, err := Dial(r.relay(), m, Options{Retransmit: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	c, ctx := dialFake(t, r, m, Options{Retransmit: 50 * time.Millisecond})
 	if _, err := c.Do(ctx, proto.Request{Op: proto.OpPing}); err != nil {
 		t.Fatal(err)
 	}
@@ -361,4 +337,18 @@ func TestForgedErrorsDoNotDropTheSession(t *testing.T) {
 	if n := r.inits.Load() - inits; n < 1 || n > 3 {
 		t.Fatalf("%d handshakes for 200 forged errors in ~0.5 s, want 1-3 (bounded)", n)
 	}
+}
+
+// dialFake connects to the fake relay r as member m; the connection and a
+// 5 s context end with the test.
+func dialFake(t *testing.T, r *fakeRelay, m proto.Key, opt Options) (*Conn, context.Context) {
+	t.Helper()
+	c, err := Dial(r.relay(), m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return c, ctx
 }
