@@ -997,18 +997,25 @@ func (s *Server) ensureTable() bool {
 // attribution (the closing line is written only on release, expiry or a
 // clean shutdown). Counts are cumulative per mapping: the last line of a
 // mapping is its total so far.
-func (s *Server) logUsage(now time.Time) {
-	if s.attr == nil || s.attr.path == "" || len(s.leases.byKey) == 0 {
-		return
+// liveCounters reads the kernel's counters of every granted mapping
+// (installing the pending batch first: its mappings are not in the kernel
+// yet). Used by the attribution flush and relay status.
+func (s *Server) liveCounters() (map[mapKey]Counter, error) {
+	if len(s.batch) > 0 {
+		s.flush()
 	}
 	keys := make([]mapKey, 0, len(s.leases.byKey))
 	for k := range s.leases.byKey {
 		keys = append(keys, k)
 	}
-	if len(s.batch) > 0 {
-		s.flush() // mappings of this batch are not in the kernel yet
+	return s.dp.CountersOf(keys)
+}
+
+func (s *Server) logUsage(now time.Time) {
+	if s.attr == nil || s.attr.path == "" || len(s.leases.byKey) == 0 {
+		return
 	}
-	cnt, err := s.dp.CountersOf(keys)
+	cnt, err := s.liveCounters()
 	if err != nil {
 		s.log.Error("reading counters for the attribution log", "err", err)
 		return

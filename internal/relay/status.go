@@ -154,14 +154,7 @@ func (s *Server) status() *Status {
 	now := s.now()
 	st := &Status{PID: os.Getpid(), Listen: s.Addr().String(), Started: s.started, Now: now,
 		Ports: fmt.Sprintf("%d-%d", s.set.PortLo, s.set.PortHi), Mappings: s.leases.active()}
-	if len(s.batch) > 0 {
-		s.flush() // mappings of this batch are not in the kernel yet
-	}
-	keys := make([]mapKey, 0, len(s.leases.byKey))
-	for k := range s.leases.byKey {
-		keys = append(keys, k)
-	}
-	cnt, err := s.dp.CountersOf(keys)
+	cnt, err := s.liveCounters()
 	st.CounterOK = err == nil
 	byName := map[string]*MemberStatus{}
 	members := map[proto.Key]string{}
