@@ -96,6 +96,13 @@ var reasonNames = map[Reason]string{
 	ReasonInternal:       "internal",
 }
 
+// Known reports whether r is a code this version defines (a peer may send
+// others; logs and metric labels bound them).
+func (r Reason) Known() bool {
+	_, ok := reasonNames[r]
+	return ok
+}
+
 func (r Reason) String() string {
 	if s, ok := reasonNames[r]; ok {
 		return s

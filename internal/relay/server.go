@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"time"
 
@@ -575,11 +574,10 @@ func metricLabels(op string, r proto.Reason) (string, string) {
 	if !metricOps[op] {
 		op = "other"
 	}
-	reason := r.String()
-	if strings.HasPrefix(reason, "reason(") { // a code this relay does not know
-		reason = "other"
+	if !r.Known() { // a code this relay does not know
+		return op, "other"
 	}
-	return op, reason
+	return op, r.String()
 }
 
 // refuse answers a pre-session failure in clear text, smaller than any
