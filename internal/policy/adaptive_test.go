@@ -25,6 +25,7 @@ type simPath struct {
 	rate          float64 // bytes/s; 0 = black hole
 	down          bool    // download: bytes received rather than acked
 	rtt           time.Duration
+	minRTT        time.Duration // 0: the same as rtt
 	loss          float64
 	acked, rcvd   uint64
 	segs, retrans uint32
@@ -74,7 +75,10 @@ func (s *sim) run(d time.Duration, set func(sk subKey, sp *simPath)) {
 			if set != nil {
 				set(sk, sp)
 			}
-			m := Measurement{Token: s.conn.Token, Local: sp.local, Remote: sp.remote, RTT: sp.rtt, Backup: sp.backup}
+			m := Measurement{Token: s.conn.Token, Local: sp.local, Remote: sp.remote, RTT: sp.rtt, MinRTT: sp.minRTT, Backup: sp.backup}
+			if m.MinRTT == 0 {
+				m.MinRTT = sp.rtt
+			}
 			if sp.rate > 0 {
 				n := uint64(sp.rate * step.Seconds())
 				segs := uint32(n/1400) + 1
@@ -416,5 +420,99 @@ func TestAdaptiveRetryDoesNotDemoteBackup(t *testing.T) {
 	}
 	if r := s.role("nat:rb"); r != RoleActive {
 		t.Fatalf("backup role %q after 30 s of dead default path, want active", r)
+	}
+}
+
+// A bulk transfer fills every path's queue: the smoothed RTTs grow far above
+// the base delays (120-160 ms on 30-40 ms paths in the candidates scenario).
+// Only a long base RTT makes a path suspect.
+func TestAdaptiveJudgesRTTByBaseDelayNotQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		minRTT      time.Duration
+		wantProbing bool
+	}{
+		{"queued", 40 * time.Millisecond, false},
+		{"long", 330 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, 1, d1)
+			det := key(client.Addr(), d1.Remote)
+			def := key(client.Addr(), server)
+			s.run(6*time.Second, func(sk subKey, sp *simPath) {
+				switch sk {
+				case def:
+					sp.rtt, sp.minRTT = 35*time.Millisecond, 30*time.Millisecond
+				case det:
+					sp.rtt, sp.minRTT = 150*time.Millisecond+tc.minRTT, tc.minRTT
+				}
+			})
+			probed := s.count(SetBackup) > 0
+			if probed != tc.wantProbing {
+				t.Fatalf("base RTT %s: trial started=%v, want %v; intents %v", tc.minRTT, probed, tc.wantProbing, s.ins)
+			}
+			if tc.wantProbing {
+				for _, c := range s.p.Report().Conns {
+					if !strings.Contains(c.Decision, "base RTT 330ms") {
+						t.Fatalf("decision %q does not give the base RTT", c.Decision)
+					}
+				}
+			}
+		})
+	}
+}
+
+// Two lossy detours: the second trial starts as the first ends (its window
+// measured the configuration that stands), not a window later; the worse
+// loss is tried first.
+func TestAdaptiveTrialsFollowEachOtherWhenPathStaysAside(t *testing.T) {
+	s := newSim(t, 2, d1, d2)
+	p1, p2 := key(client.Addr(), d1.Remote), key(client.Addr(), d2.Remote)
+	var aside []time.Time
+	was := map[subKey]bool{}
+	s.run(12*time.Second, func(sk subKey, sp *simPath) {
+		switch sk {
+		case p1:
+			sp.loss = 0.05
+		case p2:
+			sp.loss = 0.08
+		default:
+			// Head-of-line blocking: each active lossy detour holds the
+			// default path back by more than it delivers itself.
+			sp.rate = 1.2e6
+			for _, o := range []subKey{p1, p2} {
+				if q := s.paths[o]; q != nil && !q.backup {
+					sp.rate -= 5e5
+				}
+			}
+			return
+		}
+		if sp.backup {
+			sp.rate = 0.01
+		} else {
+			sp.rate = 4e5
+		}
+		if sp.backup && !was[sk] {
+			aside = append(aside, s.clk.t)
+		}
+		was[sk] = sp.backup
+	})
+	if !s.paths[p1].backup || !s.paths[p2].backup {
+		t.Fatalf("lossy detours not set aside: %v %v; intents %v", s.paths[p1].backup, s.paths[p2].backup, s.ins)
+	}
+	if len(aside) != 2 {
+		t.Fatalf("set aside at %v, want two trials", aside)
+	}
+	if gap := aside[1].Sub(aside[0]); gap > s.p.cfg.Window+300*time.Millisecond {
+		t.Fatalf("second trial %s after the first, want one window (%s)", gap, s.p.cfg.Window)
+	}
+	// The 8% one first.
+	for _, in := range s.ins {
+		if in.Action == SetBackup {
+			if in.Remote != d2.Remote {
+				t.Fatalf("first trial on %s, want the lossier %s", in.Remote, d2.Remote)
+			}
+			break
+		}
 	}
 }

@@ -145,6 +145,12 @@ type kconn struct {
 	lastRecv  time.Time // when any subflow last received data
 	trial     *trial
 	nextEval  time.Time
+	// baseline, when set, is the connection's rate (bytes/s) measured in
+	// the last trial's window with the configuration that stands now (the
+	// subflow stayed aside): the next trial can start from it at once
+	// instead of measuring a window first.
+	baseline     float64
+	baselineFrom time.Time
 	tried     map[string]bool // detours used by this connection so far
 }
 
@@ -187,6 +193,7 @@ type ksub struct {
 	m            Measurement
 	lastProgress time.Time
 	rtt          time.Duration
+	minRTT       time.Duration // the kernel's minimum RTT: the path's base delay, without queueing
 	rate, loss   float64
 	recvd        bool // has ever received data
 	dead         bool // the watchdog declared it dead (initial/announced: set backup)

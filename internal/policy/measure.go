@@ -60,6 +60,9 @@ func (p *Manager) observe(k *kconn, s *ksub, m Measurement, now time.Time) {
 		if m.RTT > 0 {
 			s.rtt = m.RTT
 		}
+		if m.MinRTT > 0 {
+			s.minRTT = m.MinRTT
+		}
 		return
 	}
 	prev := s.m
@@ -92,6 +95,9 @@ func (p *Manager) observe(k *kconn, s *ksub, m Measurement, now time.Time) {
 	// The smoothed RTT freezes while a path is dead; keep the last good one.
 	if m.RTT > 0 && m.Retransmits == 0 {
 		s.rtt = m.RTT
+	}
+	if m.MinRTT > 0 {
+		s.minRTT = m.MinRTT
 	}
 	s.sampledAt = now
 }
@@ -269,8 +275,9 @@ const minTrialRate = 64 << 10
 // evaluate ends a trial that ran its window, or starts one: it sets one
 // subflow aside (backup) for a window and compares what the connection
 // delivers without it with what it delivered before. Harmful-looking
-// subflows (loss, RTT far above the best path) are tested first; then,
-// while untried detours remain, the detour subflow delivering least.
+// subflows (loss, then a base RTT far above the best path's) are tested
+// first; then, while untried detours remain, the detour subflow delivering
+// least.
 func (p *Manager) evaluate(k *kconn, now time.Time) []Intent {
 	w := p.cfg.Window
 	if t := k.trial; t != nil {
@@ -284,18 +291,32 @@ func (p *Manager) evaluate(k *kconn, now time.Time) []Intent {
 		}
 		// Skip the first quarter of the window: the kernel's scheduler
 		// takes a few RTTs to move the traffic.
-		after, ok := k.rate(t.start.Add(w/4), now)
+		from := t.start.Add(w / 4)
+		after, ok := k.rate(from, now)
 		if !ok {
 			return nil
 		}
 		k.nextEval = now.Add(w)
-		return p.conclude(k, t, s, after, now)
+		out := p.conclude(k, t, s, after, now)
+		if !t.revive && s.setAside && !s.stale {
+			// The subflow stays aside: the trial's window measured the
+			// configuration that stands now, the next trial may start
+			// from it without waiting a window.
+			k.baseline, k.baselineFrom = after, from
+			k.nextEval = now
+		}
+		return out
 	}
 	if now.Before(k.nextEval) || !k.selected {
 		return nil
 	}
 	k.nextEval = now.Add(w / 2)
 	before, ok := k.rate(now.Add(-w), now)
+	if k.baseline > 0 {
+		// Measured in the last trial's window (at least 3/4 of one).
+		before, ok = k.baseline, true
+		k.baseline = 0
+	}
 	if !ok || before < minTrialRate || len(k.hist) == 0 || now.Sub(k.hist[0].at) < w {
 		return nil
 	}
@@ -305,6 +326,7 @@ func (p *Manager) evaluate(k *kconn, now time.Time) []Intent {
 	}
 	s := k.subs[sk]
 	k.trial = &trial{sub: sk, revive: revive, start: now, until: now.Add(w), before: before, why: why}
+	p.cfg.Log.Debug("subflow on trial", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "revive", revive, "why", why)
 	if revive {
 		s.decision = "probing: " + why
 		s.role = RoleProbing
@@ -339,8 +361,8 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 			continue
 		}
 		active = append(active, cand{sk: sk, s: s})
-		if s.rtt > 0 && (best == 0 || s.rtt < best) {
-			best = s.rtt
+		if r := s.baseRTT(); r > 0 && (best == 0 || r < best) {
+			best = r
 		}
 	}
 	if len(active) < 2 {
@@ -352,11 +374,13 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 		if now.Before(s.keepUntil) || now.Sub(s.upSince) < p.cfg.Window {
 			continue
 		}
-		switch {
+		// Loss first (scores above 1000), then base RTT: a lossy path
+		// stalls the connection's in-order delivery more than a long one.
+		switch r := s.baseRTT(); {
 		case s.loss > p.cfg.HarmLoss:
-			harmful = append(harmful, cand{c.sk, s, s.loss * 100, fmt.Sprintf("loss %.1f%%", 100*s.loss)})
-		case best > 0 && float64(s.rtt) > p.cfg.HarmRTT*float64(best)+float64(20*time.Millisecond):
-			harmful = append(harmful, cand{c.sk, s, float64(s.rtt) / float64(best), fmt.Sprintf("RTT %s vs best %s", s.rtt.Round(time.Millisecond), best.Round(time.Millisecond))})
+			harmful = append(harmful, cand{c.sk, s, 1000 + s.loss*100, fmt.Sprintf("loss %.1f%%", 100*s.loss)})
+		case best > 0 && float64(r) > p.cfg.HarmRTT*float64(best)+float64(20*time.Millisecond):
+			harmful = append(harmful, cand{c.sk, s, float64(r) / float64(best), fmt.Sprintf("base RTT %s vs best %s", r.Round(time.Millisecond), best.Round(time.Millisecond))})
 		}
 	}
 	if len(harmful) > 0 {
@@ -382,6 +406,17 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 		return sk, "", false
 	}
 	return weakest.sk, fmt.Sprintf("least delivering detour (%.1f Mbit/s) while untried candidates remain", weakest.s.rate*8/1e6), false
+}
+
+// baseRTT is the path's RTT without queueing: the kernel's minimum RTT,
+// else the smoothed one. Judging by the smoothed RTT would call every path
+// whose queue a bulk transfer fills "long" (measured in the candidates
+// scenario: 120-160 ms smoothed on 30-40 ms paths), and test them first.
+func (s *ksub) baseRTT() time.Duration {
+	if s.minRTT > 0 {
+		return s.minRTT
+	}
+	return s.rtt
 }
 
 // conclude decides after a trial window.
@@ -422,6 +457,7 @@ func (p *Manager) conclude(k *kconn, t *trial, s *ksub, after float64, now time.
 	s.setAside = false
 	s.decision = fmt.Sprintf("kept: aggregate %s without it vs %s with it", mbit(after), mbit(t.before))
 	k.decision = s.path() + ": " + s.decision
+	p.cfg.Log.Debug("subflow kept", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "verdict", s.decision)
 	return []Intent{p.setBackup(k, sk, s, false)}
 }
 

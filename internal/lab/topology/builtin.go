@@ -15,7 +15,9 @@ type builtin struct {
 	defaults map[string]string
 	// check validates one parameter value.
 	check func(key, value string) error
-	gen   func(p map[string]string) *Topology
+	// checkAll, if set, validates the parameters together (after check).
+	checkAll func(p map[string]string) error
+	gen      func(p map[string]string) *Topology
 }
 
 var builtins = map[string]*builtin{
@@ -39,11 +41,27 @@ var builtins = map[string]*builtin{
 	},
 	"detours": {
 		name:     "detours",
-		defaults: map[string]string{"detours": "2"},
+		defaults: map[string]string{"detours": "2", "shared": "none"},
 		check: func(key, value string) error {
-			k, err := strconv.Atoi(value)
-			if key == "detours" && (err != nil || k < 1 || k > MaxDetours) {
-				return fmt.Errorf("detours must be a number from 1 to %d, not %q", MaxDetours, value)
+			switch key {
+			case "detours":
+				k, err := strconv.Atoi(value)
+				if err != nil || k < 1 || k > MaxDetours {
+					return fmt.Errorf("detours must be a number from 1 to %d, not %q", MaxDetours, value)
+				}
+			case "shared":
+				_, err := sharedDetours(value)
+				return err
+			}
+			return nil
+		},
+		checkAll: func(p map[string]string) error {
+			k, _ := strconv.Atoi(p["detours"])
+			shared, _ := sharedDetours(p["shared"])
+			for i := range shared {
+				if i > k {
+					return fmt.Errorf("shared names detour%d but the topology has %d detours", i, k)
+				}
 			}
 			return nil
 		},
@@ -171,10 +189,34 @@ func genBrennan(p map[string]string) *Topology {
 	return b.t
 }
 
+// sharedDetours parses the detours topology's `shared` parameter: "none"
+// or detour numbers joined by '+' ("3+5"), the detours whose traffic to
+// the server crosses the default path's bottleneck C0.
+func sharedDetours(value string) (map[int]bool, error) {
+	m := map[int]bool{}
+	if value == "none" || value == "" {
+		return m, nil
+	}
+	for _, f := range strings.Split(value, "+") {
+		i, err := strconv.Atoi(f)
+		if err != nil || i < 1 || i > MaxDetours {
+			return nil, fmt.Errorf("shared must be none or detour numbers 1..%d joined by '+' (e.g. 3+5), not %q", MaxDetours, value)
+		}
+		if m[i] {
+			return nil, fmt.Errorf("shared names detour%d twice", i)
+		}
+		m[i] = true
+	}
+	return m, nil
+}
+
 // genDetours builds one client, one server, a default path and K detour
-// relays, each reached over its own core link (see docs/lab.md).
+// relays, each reached over its own core link (see docs/lab.md). A shared
+// detour has no egress link of its own: it reaches the server back through
+// r1 and the default path's core link C0, so it shares that bottleneck.
 func genDetours(p map[string]string) *Topology {
 	k, _ := strconv.Atoi(p["detours"])
+	shared, _ := sharedDetours(p["shared"])
 	b := &topoBuilder{t: &Topology{}}
 	const d = 5 * time.Millisecond
 	accessRate := Rate(k+1) * 10 * mbit
@@ -182,7 +224,9 @@ func genDetours(p map[string]string) *Topology {
 	b.node("r1", true, "10.0.0.0/8", "10.0.2.2")
 	r2routes := []string{"10.0.0.0/8", "10.0.2.1"}
 	for i := 1; i <= k; i++ {
-		r2routes = append(r2routes, fmt.Sprintf("10.1.%d.0/24", i), fmt.Sprintf("10.2.%d.1", i))
+		if !shared[i] {
+			r2routes = append(r2routes, fmt.Sprintf("10.1.%d.0/24", i), fmt.Sprintf("10.2.%d.1", i))
+		}
 	}
 	b.node("r2", true, r2routes...)
 	b.node("server", false, "default", "10.0.3.1")
@@ -191,6 +235,11 @@ func genDetours(p map[string]string) *Topology {
 	b.link("A2", "access", "r2", "server", "10.0.3.0/24", accessRate, d)
 	for i := 1; i <= k; i++ {
 		name := fmt.Sprintf("detour%d", i)
+		if shared[i] {
+			b.node(name, true, "default", fmt.Sprintf("10.1.%d.1", i))
+			b.link(fmt.Sprintf("C%d", i), "core", "r1", name, fmt.Sprintf("10.1.%d.0/24", i), 10*mbit, d)
+			continue
+		}
 		b.node(name, true, "default", fmt.Sprintf("10.1.%d.1", i), "10.0.3.0/24", fmt.Sprintf("10.2.%d.2", i))
 		b.link(fmt.Sprintf("C%d", i), "core", "r1", name, fmt.Sprintf("10.1.%d.0/24", i), 10*mbit, d)
 		b.link(fmt.Sprintf("E%d", i), "egress", name, "r2", fmt.Sprintf("10.2.%d.0/24", i), 20*mbit, d)

@@ -8,7 +8,7 @@ import (
 
 // Set applies one --set override. Keys:
 //
-//	profile, variant, detours      built-in parameters (regenerate the topology)
+//	profile, variant, detours, shared  built-in parameters (regenerate the topology)
 //	LINK.FIELD                     both directions of one link
 //	LINK.ab.FIELD, LINK.ba.FIELD   one direction (ab = from endpoint a to b)
 //	CLASS.FIELD, all.FIELD         every link of a class ("core", "access") or every link
@@ -26,6 +26,11 @@ func (t *Topology) Set(key, value string) error {
 			}
 			params := t.Params()
 			params[key] = value
+			if t.builtin.checkAll != nil {
+				if err := t.builtin.checkAll(params); err != nil {
+					return bad("%v", err)
+				}
+			}
 			nt := t.builtin.instantiate(params)
 			for _, kv := range t.sets {
 				if err := nt.setLink(kv[0], kv[1]); err != nil {

@@ -125,6 +125,39 @@ func TestBuiltins(t *testing.T) {
 	}
 }
 
+// A shared detour has no egress link: it reaches the server through r1 and
+// the default path's core link C0.
+func TestDetoursShared(t *testing.T) {
+	d, err := Builtin("detours")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range [][2]string{{"detours", "4"}, {"shared", "2+4"}} {
+		if err := d.Set(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if d.Link("E1") == nil || d.Link("E2") != nil || d.Link("E3") == nil || d.Link("E4") != nil || d.Link("C2") == nil {
+		t.Errorf("shared=2+4: links %v", d.Links)
+	}
+	for _, r := range d.Node("detour2").Routes {
+		if r.Dst.String() != "0.0.0.0/0" || r.Via.String() != "10.1.2.1" {
+			t.Errorf("detour2 route %v: want only the default route via r1", r)
+		}
+	}
+	if err := d.Set("detours", "3"); err == nil {
+		t.Error("detours=3 accepted with shared=2+4")
+	}
+	for _, v := range []string{"0", "9", "2+2", "x", "2,4", ""} {
+		if err := d.Set("shared", v); err == nil && v != "" {
+			t.Errorf("shared=%q accepted", v)
+		}
+	}
+}
+
 func TestLoadExample(t *testing.T) {
 	topo, err := LoadFile("../../../lab/triangle.yaml")
 	if err != nil {
