@@ -415,7 +415,10 @@ func (a *Agent) jobsFor(ins []policy.Intent, since time.Time) []job {
 		if in.Action == policy.CreateSubflow {
 			if cv := a.conns[in.Token]; cv != nil {
 				k := keyOf(in.Local.Addr(), in.Remote)
-				if cv.subs[k] == nil {
+				// A redial of the default path (same addresses as the
+				// initial subflow) is the policy's to report, like the
+				// initial subflow.
+				if cv.subs[k] == nil && k != keyOf(cv.c.Local.Addr(), cv.c.Remote) {
 					cv.subs[k] = &subView{sf: policy.Subflow{Token: in.Token, Local: in.Local, Remote: in.Remote},
 						detour: in.Detour, path: pathName(in.Detour, "announced"), since: time.Now()}
 				}
@@ -589,6 +592,9 @@ func (a *Agent) subUp(sf policy.Subflow) bool {
 		return false
 	}
 	k := keyOf(sf.Local.Addr(), sf.Remote)
+	if k == keyOf(cv.c.Local.Addr(), cv.c.Remote) {
+		return true // a redial of the default path: the policy reports it
+	}
 	sv := cv.subs[k]
 	if sv == nil {
 		sv = &subView{path: "other"}
@@ -613,6 +619,9 @@ func (a *Agent) subDown(sf policy.Subflow) bool {
 		return false
 	}
 	k := keyOf(sf.Local.Addr(), sf.Remote)
+	if k == keyOf(cv.c.Local.Addr(), cv.c.Remote) {
+		return true // the default path's subflow or a redial of it
+	}
 	if sv := cv.subs[k]; sv != nil {
 		if sv.detour != nil {
 			dv := a.detourView(*sv.detour)

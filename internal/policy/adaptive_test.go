@@ -18,7 +18,14 @@ type sim struct {
 	conn  Conn
 	paths map[subKey]*simPath
 	ins   []Intent // every intent returned so far
+	// joinable, when set, says whether a new subflow's SYN gets through
+	// now; creates that do not are retried every step (SYN retransmits).
+	joinable func(sk subKey) bool
+	pending  []Intent
 }
+
+// onDefault: the default path's subflow or a redial of it.
+func onDefault(sk subKey) bool { return sk.local == client.Addr() && sk.remote == server }
 
 type simPath struct {
 	local, remote netip.AddrPort
@@ -43,19 +50,38 @@ func newSim(t *testing.T, k int, ds ...detour.Detour) *sim {
 }
 
 // apply records intents and brings requested subflows up (port 50000+n).
-func (s *sim) apply(ins []Intent) {
+func (s *sim) apply(ins []Intent) { s.exec(ins, true) }
+
+func (s *sim) exec(ins []Intent, record bool) {
 	for _, in := range ins {
-		s.ins = append(s.ins, in)
+		if record {
+			s.ins = append(s.ins, in)
+		}
 		sk := key(in.Local.Addr(), in.Remote)
 		switch in.Action {
 		case CreateSubflow:
+			if s.paths[sk] != nil {
+				sk.redial = true // a second subflow on the default path
+			}
+			if s.joinable != nil && !s.joinable(sk) {
+				s.pending = append(s.pending, in)
+				continue
+			}
 			local := netip.AddrPortFrom(in.Local.Addr(), uint16(50000+len(s.ins)))
 			s.paths[sk] = &simPath{local: local, remote: in.Remote, rate: 1e6, rtt: 30 * time.Millisecond, backup: in.Backup}
 			s.apply(s.p.SubflowEstablished(Subflow{Token: in.Token, Local: local, Remote: in.Remote, Backup: in.Backup}))
 		case DestroySubflow:
-			if sp := s.paths[sk]; sp != nil {
-				delete(s.paths, sk)
+			for psk, sp := range s.paths {
+				if sp.remote != in.Remote || sp.local.Addr() != in.Local.Addr() || in.Local.Port() != 0 && sp.local.Port() != in.Local.Port() {
+					continue
+				}
+				delete(s.paths, psk)
+				if rk := (subKey{local: psk.local, remote: psk.remote, redial: true}); !psk.redial && s.paths[rk] != nil {
+					s.paths[psk] = s.paths[rk] // the redial is the default subflow now
+					delete(s.paths, rk)
+				}
 				s.apply(s.p.SubflowClosed(Subflow{Token: in.Token, Local: sp.local, Remote: sp.remote}))
+				break
 			}
 		case SetBackup:
 			if sp := s.paths[sk]; sp != nil {
@@ -70,6 +96,9 @@ func (s *sim) run(d time.Duration, set func(sk subKey, sp *simPath)) {
 	const step = 100 * time.Millisecond
 	for range int(d / step) {
 		s.clk.advance(step)
+		pending := s.pending
+		s.pending = nil
+		s.exec(pending, false)
 		var ms []Measurement
 		for sk, sp := range s.paths {
 			if set != nil {
@@ -161,8 +190,10 @@ func TestAdaptiveWatchdogFailsOverDefaultPathAndRevives(t *testing.T) {
 	s.run(time.Second, nil)
 	def := key(client.Addr(), server)
 	var deadAt, backupAt time.Time
+	dead := true
+	s.joinable = func(sk subKey) bool { return !dead || !onDefault(sk) }
 	s.run(2*time.Second, func(sk subKey, sp *simPath) {
-		if sk == def {
+		if onDefault(sk) {
 			if deadAt.IsZero() {
 				deadAt = s.clk.t
 			}
@@ -180,7 +211,7 @@ func TestAdaptiveWatchdogFailsOverDefaultPathAndRevives(t *testing.T) {
 	}
 	// The path comes back: its retransmissions are acknowledged again.
 	s.run(500*time.Millisecond, func(sk subKey, sp *simPath) {
-		if sk == def {
+		if onDefault(sk) {
 			sp.rate = 1e6
 		}
 	})
@@ -311,8 +342,9 @@ func TestAdaptiveRetriesDeadDefaultPathUntilItIsBack(t *testing.T) {
 	s.run(time.Second, nil)
 	def := key(client.Addr(), server)
 	restored := false
+	s.joinable = func(sk subKey) bool { return restored || !onDefault(sk) }
 	realistic := func(sk subKey, sp *simPath) {
-		if sk != def {
+		if !onDefault(sk) {
 			return
 		}
 		switch {
@@ -352,13 +384,13 @@ func TestAdaptiveRetriesDeadDefaultPathUntilItIsBack(t *testing.T) {
 func TestAdaptiveConfiguredBackupReturnsToBackup(t *testing.T) {
 	bk := detour.Detour{Kind: detour.NAT, Relay: "rb", Remote: netip.MustParseAddrPort("10.0.5.2:4000"), Backup: true}
 	s := newSim(t, 1, bk)
-	def := key(client.Addr(), server)
 	defaultDead := false
+	s.joinable = func(sk subKey) bool { return !defaultDead || !onDefault(sk) }
 	set := func(sk subKey, sp *simPath) {
 		switch {
-		case sk == def && defaultDead:
+		case onDefault(sk) && defaultDead:
 			sp.rate = 0
-		case sk == def:
+		case onDefault(sk):
 			sp.rate = 1e6
 		case sp.backup:
 			sp.rate, sp.down = 0, true // the kernel sends nothing new on it
@@ -388,10 +420,10 @@ func TestAdaptiveConfiguredBackupReturnsToBackup(t *testing.T) {
 func TestAdaptiveRetryDoesNotDemoteBackup(t *testing.T) {
 	bk := detour.Detour{Kind: detour.NAT, Relay: "rb", Remote: netip.MustParseAddrPort("10.0.5.2:4000"), Backup: true}
 	s := newSim(t, 1, bk)
-	def := key(client.Addr(), server)
+	s.joinable = func(sk subKey) bool { return !onDefault(sk) }
 	set := func(sk subKey, sp *simPath) {
 		switch {
-		case sk == def:
+		case onDefault(sk):
 			sp.rate = 0 // dead for the whole test
 		case sp.backup:
 			sp.rate, sp.down = 0, true
@@ -400,7 +432,7 @@ func TestAdaptiveRetryDoesNotDemoteBackup(t *testing.T) {
 		}
 	}
 	s.run(2*time.Second, func(sk subKey, sp *simPath) {
-		if sk == def {
+		if onDefault(sk) {
 			sp.rate = 1e6
 		} else {
 			set(sk, sp)
@@ -515,4 +547,64 @@ func TestAdaptiveTrialsFollowEachOtherWhenPathStaysAside(t *testing.T) {
 			break
 		}
 	}
+}
+
+// In a download the server's subflow on a dead default path backs off its
+// retransmission timer: after the path comes back it may send nothing for
+// seconds (the kernel alone took 6 s after a 4 s outage). The policy redials
+// the default path on a fresh subflow when it retries it; the first of the
+// two to deliver stays, the other is closed. While the path stays dead the
+// redials are bounded by the retry schedule.
+func TestAdaptiveRedialsDeadDefaultPath(t *testing.T) {
+	s := newSim(t, 1, d1)
+	s.run(time.Second, func(_ subKey, sp *simPath) { sp.down = true })
+	def := key(client.Addr(), server)
+	old := s.paths[def].local
+	restored := false
+	s.joinable = func(sk subKey) bool { return restored || !onDefault(sk) }
+	backedOff := func(sk subKey, sp *simPath) {
+		sp.down = true
+		switch {
+		case !onDefault(sk):
+		case !restored, sp.local == old:
+			sp.rate = 0 // the old subflow stays silent: the server's RTO backed off
+		case sp.backup:
+			sp.rate = 0
+		default:
+			sp.rate = 1e6
+		}
+	}
+	s.run(10*time.Second, backedOff)
+	redials := 0
+	for _, in := range s.ins {
+		if in.Action == CreateSubflow && in.Remote == server {
+			redials++
+		}
+	}
+	if redials == 0 || redials > 5 {
+		t.Fatalf("%d redials of the default path in 10 s dead, want a few (retry schedule)", redials)
+	}
+	restored = true
+	start := s.clk.t
+	var usedAt time.Time
+	s.run(5*time.Second, func(sk subKey, sp *simPath) {
+		backedOff(sk, sp)
+		if onDefault(sk) && sp.rate > 0 && usedAt.IsZero() {
+			usedAt = s.clk.t
+		}
+	})
+	if usedAt.IsZero() {
+		t.Fatalf("restored default path not used within 5 s; intents %v", s.ins)
+	}
+	p := s.paths[def]
+	if p == nil || p.local == old {
+		t.Fatalf("default subflow still the old one (%v)", p)
+	}
+	if len(s.paths) != 2 {
+		t.Fatalf("paths %v: want the redialled default and the detour", s.paths)
+	}
+	if r := s.role("default"); r != RoleActive {
+		t.Fatalf("default role %q after the redial delivered", r)
+	}
+	t.Logf("default path used again %s after it came back, %d redials while dead", usedAt.Sub(start), redials)
 }

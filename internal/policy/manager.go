@@ -149,9 +149,8 @@ type kconn struct {
 	// the last trial's window with the configuration that stands now (the
 	// subflow stayed aside): the next trial can start from it at once
 	// instead of measuring a window first.
-	baseline     float64
-	baselineFrom time.Time
-	tried     map[string]bool // detours used by this connection so far
+	baseline float64
+	tried    map[string]bool // detours used by this connection so far
 }
 
 type sample struct {
@@ -169,9 +168,12 @@ type trial struct {
 }
 
 // subKey leaves the local port out: it is unknown until the SYN goes out.
+// redial tells apart a second subflow on the default path (same
+// addresses, another local port): see redial in measure.go.
 type subKey struct {
 	local  netip.Addr
 	remote netip.AddrPort
+	redial bool
 }
 
 type ksub struct {
@@ -208,6 +210,7 @@ type ksub struct {
 	promoted  bool      // a backup made active because no active path worked
 	retrying  bool      // a dead path made active again to see if it is back
 	proven    bool      // delivered after MinLifetime: its detour is healthy
+	redial    bool      // a fresh subflow on the default path replacing a dead one
 }
 
 type health struct {
@@ -281,7 +284,7 @@ func New(cfg Config, sources []detour.Source) *Manager {
 func (p *Manager) Mode() Mode { return p.cfg.Mode }
 
 func key(local netip.Addr, remote netip.AddrPort) subKey {
-	return subKey{local.Unmap(), unmapAP(remote)}
+	return subKey{local: local.Unmap(), remote: unmapAP(remote)}
 }
 
 func (p *Manager) adaptive() bool { return p.cfg.Mode == Adaptive }
@@ -421,7 +424,17 @@ func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
 	if k == nil {
 		return nil
 	}
+	if s != nil && s.redial && s.up && s.port != sf.Local.Port() {
+		// An older redial attempt whose SYN got through after all: one
+		// fresh subflow on the default path is enough.
+		return []Intent{{Action: DestroySubflow, Token: sf.Token, LocalID: sf.LocalID, Local: sf.Local, Remote: sf.Remote}}
+	}
 	if s == nil {
+		if sk.redial {
+			// A second subflow on the default path we did not open (or
+			// gave up on): not tracked; the kernel carries it.
+			return nil
+		}
 		// Not ours (opened before a restart, or by someone else): account
 		// for it if it runs through a known detour.
 		s = &ksub{created: p.cfg.Now()}
@@ -448,11 +461,28 @@ func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
 // lookup finds a subflow's connection and its record (nil when unknown).
 func (p *Manager) lookup(sf Subflow) (*kconn, subKey, *ksub) {
 	k := p.conns[sf.Token]
-	sk := key(sf.Local.Addr(), sf.Remote)
 	if k == nil {
-		return nil, sk, nil
+		return nil, key(sf.Local.Addr(), sf.Remote), nil
 	}
-	return k, sk, k.subs[sk]
+	sk, s := k.find(sf.Local, sf.Remote)
+	return k, sk, s
+}
+
+// find is the record of the subflow local -> remote. Subflows are keyed by
+// addresses; the one exception is a second subflow on the default path
+// (same addresses as the initial subflow, another local port): the redial.
+func (k *kconn) find(local, remote netip.AddrPort) (subKey, *ksub) {
+	sk := key(local.Addr(), remote)
+	s := k.subs[sk]
+	rk := sk
+	rk.redial = true
+	switch {
+	case s != nil && s.initial && s.port != 0 && local.Port() != 0 && local.Port() != s.port:
+		return rk, k.subs[rk]
+	case s == nil && k.subs[rk] != nil:
+		return rk, k.subs[rk] // the old default subflow is gone, its redial not yet promoted
+	}
+	return sk, s
 }
 
 func (p *Manager) detours(server netip.AddrPort) []detour.Detour {
@@ -587,7 +617,11 @@ func (p *Manager) Failed(in Intent, err error) []Intent {
 	if in.Action != CreateSubflow {
 		return nil
 	}
-	delete(k.subs, key(in.Local.Addr(), in.Remote))
+	sk := key(in.Local.Addr(), in.Remote)
+	if s := k.subs[sk]; s != nil && s.initial {
+		sk.redial = true // the create was a redial of the default path
+	}
+	delete(k.subs, sk)
 	// Not fully established yet (a connection adopted from inet_diag before
 	// its first data ack): try again shortly, for a while.
 	if errors.Is(err, syscall.ENOTCONN) {
@@ -865,6 +899,12 @@ func (p *Manager) Tick(now time.Time) []Intent {
 func (p *Manager) expire(k *kconn, now time.Time) []Intent {
 	n := 0
 	for _, s := range k.subs {
+		if s.redial && !s.up && !s.stale && now.Sub(s.created) >= p.cfg.ConnectTimeout {
+			// The default path is still dead; the next retry redials.
+			s.stale, s.role = true, RoleFailed
+			s.decision = fmt.Sprintf("redial not established within %s", p.cfg.ConnectTimeout)
+			continue
+		}
 		if s.d != nil && !s.up && !s.stale && now.Sub(s.created) >= p.cfg.ConnectTimeout {
 			s.stale, s.role = true, RoleFailed
 			s.decision = fmt.Sprintf("not established within %s", p.cfg.ConnectTimeout)
