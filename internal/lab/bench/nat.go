@@ -54,12 +54,12 @@ func setupNATAgent(ctx context.Context, env *Env, backup bool) (Session, error) 
 			return nil, err
 		}
 	}
-	ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env, backup))
+	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, backup))
 	if err != nil {
 		rs.close()
 		return nil, err
 	}
-	return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours), paths: rs.paths,
+	return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + min(env.Cell.K(), len(env.Cell.Detours)), paths: rs.paths,
 		close: func() error { return errors.Join(ag.stop(), rs.close()) }, daemons: append([]*daemon{ag}, rs.daemons...)}, nil
 }
 
@@ -284,7 +284,13 @@ func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, e
 	sock := filepath.Join(env.Dir, "agent.sock")
 	server := env.serverAddr()
 	var b strings.Builder
-	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: info\n", sock, subflows)
+	// MPDETOUR_BENCH_LOG=debug: the agent logs every intent and trial
+	// (with MPDETOUR_BENCH_KEEP=1 to keep the logs).
+	level := "info"
+	if v := os.Getenv("MPDETOUR_BENCH_LOG"); v != "" {
+		level = v
+	}
+	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: %s\n", sock, subflows, level)
 	if pol := scenario.Policy(env.Cell.Procedure); pol != "" {
 		// Procedures that name a policy compare policies side by side; the
 		// adaptive one measures every 100 ms, so the static one probes as

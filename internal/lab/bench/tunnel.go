@@ -43,12 +43,12 @@ func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ag, err := startAgent(ctx, env, len(env.Cell.Detours), nil, rs.agentSection(env, false)+"tunnels: true\n")
+	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, false)+"tunnels: true\n")
 	if err != nil {
 		rs.close()
 		return nil, err
 	}
-	t := &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + len(env.Cell.Detours),
+	t := &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + min(env.Cell.K(), len(env.Cell.Detours)),
 		paths: rs.paths, prefixes: rs.prefixes, daemons: append([]*daemon{ag}, rs.daemons...),
 		close: func() error { return errors.Join(ag.stop(), rs.close()) }}
 	if err := t.warmUp(ctx, 20*time.Second); err != nil {

@@ -175,6 +175,10 @@ type ProcedureSpec struct {
 	// procedures: one cell per detour) or "all" (MPTCP: one subflow via
 	// every detour, the default). Empty = the procedure's default.
 	Detour string `yaml:"detour"`
+	// Subflows is the agent's `subflows` (K, the detour subflows kept per
+	// connection) for an MPTCP procedure through detours; 0 = one per
+	// detour of the cell.
+	Subflows int `yaml:"subflows"`
 }
 
 // UnmarshalYAML accepts the short form "tcp" as well as the mapping.
@@ -265,7 +269,9 @@ type Cell struct {
 	Procedure string
 	// Detours are the detour nodes this cell uses (empty for tcp, mptcp-1sf).
 	Detours []string
-	Trials  int
+	// Subflows is the agent's K (0 = len(Detours)); the ID ends in "/kK".
+	Subflows int
+	Trials   int
 	// Fault is the configuration's, if any.
 	Fault *Fault
 }
@@ -273,10 +279,22 @@ type Cell struct {
 // Label is the cell's procedure label, with the detour when expanded.
 func (c Cell) Label() string {
 	l := Label(c.Procedure)
-	if i := strings.IndexByte(c.ID, '@'); i >= 0 {
-		l += " (" + c.ID[i+1:] + ")"
+	id, _, _ := strings.Cut(c.ID, "/k")
+	if i := strings.IndexByte(id, '@'); i >= 0 {
+		l += " (" + id[i+1:] + ")"
+	}
+	if c.Subflows > 0 {
+		l += fmt.Sprintf(" K=%d", c.Subflows)
 	}
 	return l
+}
+
+// K is the number of detour subflows the cell's agent keeps.
+func (c Cell) K() int {
+	if c.Subflows > 0 {
+		return c.Subflows
+	}
+	return len(c.Detours)
 }
 
 const maxTrials = 10000
@@ -543,7 +561,12 @@ func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
 	}
 	var out []Cell
 	seen := map[string]bool{}
+	var spec ProcedureSpec
 	add := func(i int, cell Cell) error {
+		if spec.Subflows != 0 {
+			cell.Subflows = spec.Subflows
+			cell.ID += fmt.Sprintf("/k%d", spec.Subflows)
+		}
 		if seen[cell.ID] {
 			return fmt.Errorf("%s[%d]: %s listed twice", field, i, cell.ID)
 		}
@@ -561,7 +584,11 @@ func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
 		return false
 	}
 	for i, p := range list {
+		spec = p
 		info := procs[p.Procedure]
+		if p.Subflows != 0 && (info.detours != -1 || p.Subflows < 1 || p.Subflows > 8) {
+			return nil, fmt.Errorf("%s[%d].subflows: %d: only an MPTCP procedure through detours takes subflows, from 1 to 8", field, i, p.Subflows)
+		}
 		if info.detours == 0 {
 			if p.Detour != "" {
 				return nil, fmt.Errorf("%s[%d].detour: %s uses no detour", field, i, p.Procedure)

@@ -123,6 +123,8 @@ func TestBadFiles(t *testing.T) {
 		{"reference shape", base + "reference: {results: {a: {tcp: [1]}}}\n", "reference.results.a.tcp: want [mean, sd]"},
 		{"two documents", base + "---\nname: y\n", "more than one YAML document"},
 		{"same client server", base + "roles: {client: s, server: s}\n", ""},
+		{"subflows on tcp", strings.Replace(base, "[tcp,", "[{procedure: tcp, subflows: 2},", 1), "procedures[0].subflows: 2: only an MPTCP procedure"},
+		{"subflows too many", strings.Replace(base, "[tcp,", "[{procedure: mptcp-nat, subflows: 9},", 1), "procedures[0].subflows: 9"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -222,11 +224,24 @@ func TestDetourSetsAndFaults(t *testing.T) {
 	var found bool
 	for _, c := range s.Cells() {
 		if c.ID == "mptcp-nat-static@d2+d1" {
-			found = len(c.Detours) == 2 && c.Detours[0] == "d2" && c.Fault != nil && c.Fault.Link == "L2"
+			found = len(c.Detours) == 2 && c.Detours[0] == "d2" && c.Fault != nil && c.Fault.Link == "L2" && c.K() == 2
 		}
 	}
 	if !found {
 		t.Fatalf("cells %+v", s.Cells())
+	}
+	k1, err := Parse("t.yaml", []byte(strings.Replace(src, "detour: d2+d1}", "detour: d2+d1, subflows: 1}", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found = false
+	for _, c := range k1.Cells() {
+		if c.ID == "mptcp-nat-static@d2+d1/k1" {
+			found = c.K() == 1 && len(c.Detours) == 2 && c.Label() == "MPTCP + NAT detour, static policy (d2+d1) K=1"
+		}
+	}
+	if !found {
+		t.Fatalf("subflows: 1: cells %+v", k1.Cells())
 	}
 	for bad, want := range map[string]string{
 		strings.Replace(src, "d2+d1", "d2+d9", 1):             `"d9" in "d2+d9" is not a detour node`,
