@@ -18,6 +18,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -472,6 +473,83 @@ func TestAgentSilentDetourFailures(t *testing.T) {
 	for _, d := range st.Detours {
 		if d.Relay == "d2" && (d.Failed == 0 || !strings.Contains(d.LastError, "stalled")) {
 			t.Errorf("status: d2 does not show the stall: %+v", d)
+		}
+	}
+}
+
+// The adaptive policy redials a dead default path on a fresh subflow (same
+// addresses, another local port) when it retries it, and once the path is
+// back the fresh subflow carries data and the old one is closed: the real
+// kernel accepts a second subflow between the initial addresses from the
+// userspace path manager. After the outage the old subflow's own 4-tuple
+// stays dropped (a middlebox on the default path that lost its state, or,
+// in effect, a peer whose retransmission timer backed off for seconds), so
+// only the redial can bring the path back.
+func TestAgentAdaptiveRedialsDeadDefaultPath(t *testing.T) {
+	dl := upDetourLab(t, 1)
+	ns := dl.l.NetnsName("client")
+	dl.serve(t)
+	cfg := dl.config(t, 1)
+	cfg.Policy = policy.Adaptive
+	cfg.ProbeInterval = 100 * time.Millisecond
+	start(t, cfg)
+	c := dl.dial(t)
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	waitFor(t, 10*time.Second, "a subflow via the detour", func() (bool, string) {
+		sfs := kernelSubflows(t, ns, local)
+		return has(sfs, dl.relays[0]), fmt.Sprint(sfs)
+	})
+	time.Sleep(time.Second)
+	// Black-hole the default path (client <-> server through r1) both ways;
+	// the detour's packets are addressed to the relay and pass.
+	client := dl.l.Addr("client")
+	dl.nft(t, "r1", fmt.Sprintf(`table ip tahole {
+	chain fw { type filter hook forward priority 0;
+		ip saddr %s ip daddr %s drop; ip saddr %s ip daddr %s drop; }
+}`, client, dl.server.Addr(), dl.server.Addr(), client))
+	time.Sleep(3 * time.Second)
+	dl.nft(t, "r1", fmt.Sprintf(`flush table ip tahole
+table ip tahole {
+	chain fw { type filter hook forward priority 0;
+		ip saddr %s tcp sport %d drop; ip daddr %s tcp dport %d drop; }
+}`, client, local.Port(), client, local.Port()))
+	restored := time.Now()
+	var fresh mptcppm.Subflow
+	waitFor(t, 10*time.Second, "a fresh default-path subflow carrying data, the old one closed", func() (bool, string) {
+		conns, err := mptcppm.Dump(mptcppm.Options{NetNS: ns})
+		if err != nil {
+			return false, err.Error()
+		}
+		var desc []string
+		old, ok := false, false
+		for _, mc := range conns {
+			if mc.Local != local {
+				continue
+			}
+			for _, s := range mc.Subflows {
+				desc = append(desc, fmt.Sprintf("%s->%s state %d acked %d", s.Local, s.Remote, s.State, s.BytesAcked))
+				if s.Remote != dl.server || s.State != 1 {
+					continue
+				}
+				if s.Local == local {
+					old = true
+				} else if s.BytesAcked > 0 {
+					ok, fresh = true, s
+				}
+			}
+		}
+		return ok && !old, strings.Join(desc, "; ")
+	})
+	t.Logf("default path redialled from %s, carrying data %s after the path came back", fresh.Local, time.Since(restored).Round(100*time.Millisecond))
+	st, err := FetchStatus(cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cs := range st.Connections {
+		for _, sf := range cs.Subflows {
+			if sf.Path == "default" && sf.Role != "active" {
+				t.Errorf("status: default path %+v, want active", sf)
+			}
 		}
 	}
 }

@@ -3,6 +3,7 @@ package policy
 import (
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -607,4 +608,23 @@ func TestAdaptiveRedialsDeadDefaultPath(t *testing.T) {
 		t.Fatalf("default role %q after the redial delivered", r)
 	}
 	t.Logf("default path used again %s after it came back, %d redials while dead", usedAt.Sub(start), redials)
+}
+
+// SET_FLAGS refused for a live subflow (a kernel without set_flags) is a
+// refusal; refused for a subflow that closed meanwhile (a redial replaced
+// it) is not.
+func TestSetBackupFailureOnGoneSubflowIsNotARefusal(t *testing.T) {
+	s := newSim(t, 1, d1)
+	s.run(time.Second, nil)
+	sp := s.paths[key(client.Addr(), d1.Remote)]
+	gone := Intent{Action: SetBackup, Token: s.conn.Token, Local: netip.AddrPortFrom(client.Addr(), 1), Remote: server, Backup: true}
+	s.p.Failed(gone, syscall.EINVAL)
+	if r := s.p.Report().Conns[0].Refusals; len(r) != 0 {
+		t.Fatalf("refusals %v after SET_FLAGS on a subflow that no longer exists", r)
+	}
+	live := Intent{Action: SetBackup, Token: s.conn.Token, Local: sp.local, Remote: sp.remote, Backup: true}
+	s.p.Failed(live, syscall.EOPNOTSUPP)
+	if r := s.p.Report().Conns[0].Refusals; r["set_flags: operation not supported"] != 1 {
+		t.Fatalf("refusals %v after SET_FLAGS refused on a live subflow", r)
+	}
 }

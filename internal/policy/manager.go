@@ -605,12 +605,16 @@ func (p *Manager) Failed(in Intent, err error) []Intent {
 		return nil
 	}
 	if in.Action == SetBackup {
+		_, s := k.find(in.Local, in.Remote)
+		if s == nil || s.stale || in.Local.Port() != 0 && s.port != 0 && in.Local.Port() != s.port {
+			// The subflow closed meanwhile (e.g. a redialled default path
+			// replaced it): nothing refused anything.
+			return nil
+		}
 		// A kernel without set_flags for this subflow: the policy keeps
 		// working without backup marks; say so once.
-		if s := k.subs[key(in.Local.Addr(), in.Remote)]; s != nil {
-			s.decision = "could not change the backup flag: " + err.Error()
-			s.setAside = false
-		}
+		s.decision = "could not change the backup flag: " + err.Error()
+		s.setAside = false
 		p.refused(k, "set_flags: "+errnoName(err))
 		return nil
 	}
