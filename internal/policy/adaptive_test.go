@@ -263,7 +263,7 @@ func TestAdaptiveSetsHarmfulPathAsideAndKeepsUsefulOne(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(t, 1, d1)
 			def := key(client.Addr(), server)
-			s.run(5*time.Second, func(sk subKey, sp *simPath) {
+			s.run(7*time.Second, func(sk subKey, sp *simPath) {
 				if sk == def {
 					sp.rtt, sp.loss, sp.rate = 400*time.Millisecond, 0.05, 3e5
 					if sp.backup {
@@ -472,7 +472,7 @@ func TestAdaptiveJudgesRTTByBaseDelayNotQueue(t *testing.T) {
 			s := newSim(t, 1, d1)
 			det := key(client.Addr(), d1.Remote)
 			def := key(client.Addr(), server)
-			s.run(6*time.Second, func(sk subKey, sp *simPath) {
+			s.run(8*time.Second, func(sk subKey, sp *simPath) {
 				switch sk {
 				case def:
 					sp.rtt, sp.minRTT = 35*time.Millisecond, 30*time.Millisecond
@@ -626,5 +626,26 @@ func TestSetBackupFailureOnGoneSubflowIsNotARefusal(t *testing.T) {
 	s.p.Failed(live, syscall.EOPNOTSUPP)
 	if r := s.p.Report().Conns[0].Refusals; r["set_flags: operation not supported"] != 1 {
 		t.Fatalf("refusals %v after SET_FLAGS refused on a live subflow", r)
+	}
+}
+
+// A new subflow on a long path is not judged before it could ramp up
+// (10 base RTTs), so it is not evicted as "least delivering" while slow
+// start still runs.
+func TestAdaptiveLetsLongPathRampUp(t *testing.T) {
+	s := newSim(t, 1, d1, d2)
+	det := key(client.Addr(), d1.Remote)
+	var triedAt time.Duration
+	start := s.clk.t
+	s.run(6*time.Second, func(sk subKey, sp *simPath) {
+		if sk == det {
+			sp.rtt, sp.rate = 330*time.Millisecond, 2e5 // still ramping
+			if sp.backup && triedAt == 0 {
+				triedAt = s.clk.t.Sub(start)
+			}
+		}
+	})
+	if triedAt == 0 || triedAt < 3300*time.Millisecond {
+		t.Fatalf("long path put on trial %s after it came up, want >= 10 base RTTs (3.3 s)", triedAt)
 	}
 }

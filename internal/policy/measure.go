@@ -456,7 +456,7 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 	var harmful []cand
 	for _, c := range active {
 		s := c.s
-		if now.Before(s.keepUntil) || now.Sub(s.upSince) < p.cfg.Window {
+		if now.Before(s.keepUntil) || now.Sub(s.upSince) < p.rampUp(s) {
 			continue
 		}
 		// Loss first (scores above 1000), then base RTT: a lossy path
@@ -480,7 +480,7 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 	var weakest *cand
 	for i := range active {
 		c := &active[i]
-		if c.s.d == nil || now.Before(c.s.keepUntil) || now.Sub(c.s.upSince) < p.cfg.Window {
+		if c.s.d == nil || now.Before(c.s.keepUntil) || now.Sub(c.s.upSince) < p.rampUp(c.s) {
 			continue
 		}
 		if weakest == nil || c.s.rate < weakest.s.rate {
@@ -491,6 +491,14 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 		return sk, "", false
 	}
 	return weakest.sk, fmt.Sprintf("least delivering detour (%.1f Mbit/s) while untried candidates remain", weakest.s.rate*8/1e6), false
+}
+
+// rampUp is how long a new subflow is left alone before it is judged: a
+// window, or 10 base RTTs where that is longer (slow start and cubic's
+// growth take RTTs, not seconds: a 300 ms path needs ~3 s to carry its
+// share, and judged after 2 s it looked like the least useful one).
+func (p *Manager) rampUp(s *ksub) time.Duration {
+	return max(p.cfg.Window, 10*s.baseRTT())
 }
 
 // baseRTT is the path's RTT without queueing: the kernel's minimum RTT,
