@@ -649,3 +649,59 @@ func TestAdaptiveLetsLongPathRampUp(t *testing.T) {
 		t.Fatalf("long path put on trial %s after it came up, want >= 10 base RTTs (3.3 s)", triedAt)
 	}
 }
+
+// A trial that shows at once that the connection needs the subflow ends
+// early: the aggregate without it fell below 80% of before.
+func TestAdaptiveTrialOfClearlyUsefulPathEndsEarly(t *testing.T) {
+	s := newSim(t, 1, d1)
+	det := key(client.Addr(), d1.Remote)
+	var asideAt, backAt time.Time
+	s.run(8*time.Second, func(sk subKey, sp *simPath) {
+		if sk != det {
+			return
+		}
+		sp.loss = 0.05 // looks harmful: tried first
+		sp.rate = 4e6
+		if sp.backup {
+			sp.rate = 0.01
+			if asideAt.IsZero() {
+				asideAt = s.clk.t
+			}
+		} else if !asideAt.IsZero() && backAt.IsZero() {
+			backAt = s.clk.t
+		}
+	})
+	if asideAt.IsZero() || backAt.IsZero() {
+		t.Fatalf("no trial of the lossy detour: intents %v", s.ins)
+	}
+	if d := backAt.Sub(asideAt); d > s.p.cfg.Window/4+700*time.Millisecond {
+		t.Fatalf("useful detour kept aside %s, want the trial cut short (< %s)", d, s.p.cfg.Window/4+700*time.Millisecond)
+	}
+	if !strings.Contains(s.p.Report().Conns[0].Decision, "kept") {
+		t.Fatalf("decision %q", s.p.Report().Conns[0].Decision)
+	}
+}
+
+// While untried detours remain, a detour that adds little (here 6% of the
+// aggregate, less than half a fair share) makes room for a candidate, even
+// though the connection does a little worse without it.
+func TestAdaptiveExploresPastDetourThatAddsLittle(t *testing.T) {
+	s := newSim(t, 1, d1, d2)
+	p1, p2 := key(client.Addr(), d1.Remote), key(client.Addr(), d2.Remote)
+	s.run(12*time.Second, func(sk subKey, sp *simPath) {
+		switch sk {
+		case p1:
+			sp.loss, sp.rate = 0.05, 6e4
+		case p2:
+			sp.rate = 1e6
+		default:
+			return
+		}
+		if sp.backup {
+			sp.rate = 0.01
+		}
+	})
+	if _, ok := s.paths[p2]; !ok || s.paths[p1] != nil {
+		t.Fatalf("paths %v: want the lossy detour (adding 6%%) replaced by the untried one; intents %v", s.paths, s.ins)
+	}
+}

@@ -165,6 +165,7 @@ type trial struct {
 	until  time.Time
 	before float64 // connection rate (bytes/s) over the window before
 	why    string
+	paths  int // active paths when the trial started, the subflow included
 }
 
 // subKey leaves the local port out: it is unknown until the SYN goes out.

@@ -366,7 +366,7 @@ const minTrialRate = 64 << 10
 func (p *Manager) evaluate(k *kconn, now time.Time) []Intent {
 	w := p.cfg.Window
 	if t := k.trial; t != nil {
-		if now.Before(t.until) {
+		if now.Before(t.until) && !p.clearlyUseful(k, t, now) {
 			return nil
 		}
 		k.trial = nil
@@ -410,7 +410,13 @@ func (p *Manager) evaluate(k *kconn, now time.Time) []Intent {
 		return nil
 	}
 	s := k.subs[sk]
-	k.trial = &trial{sub: sk, revive: revive, start: now, until: now.Add(w), before: before, why: why}
+	paths := 0
+	for _, o := range k.subs {
+		if o.up && !o.stale && !o.dead && !o.backup && !o.configuredBackup() {
+			paths++
+		}
+	}
+	k.trial = &trial{sub: sk, revive: revive, start: now, until: now.Add(w), before: before, why: why, paths: paths}
 	p.cfg.Log.Debug("subflow on trial", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "revive", revive, "why", why)
 	if revive {
 		s.decision = "probing: " + why
@@ -423,6 +429,25 @@ func (p *Manager) evaluate(k *kconn, now time.Time) []Intent {
 	in := p.setBackup(k, sk, s, true)
 	s.role, s.decision = RoleProbing, "probing: "+why
 	return []Intent{in}
+}
+
+// clearlyUseful ends a trial early when the connection already delivers
+// far less without the subflow (below 80% of before over at least half a
+// second after the first quarter of the window): it is useful, and every
+// further moment without it costs. Measured in the candidates scenario:
+// setting a 300 ms path aside for a whole window dropped the aggregate
+// from 40 to 14 Mbit/s (its data in flight blocks the others' in-order
+// delivery), a trial that cost more than the path could ever harm.
+func (p *Manager) clearlyUseful(k *kconn, t *trial, now time.Time) bool {
+	if t.revive {
+		return false
+	}
+	from := t.start.Add(p.cfg.Window / 4)
+	if now.Sub(from) < 500*time.Millisecond {
+		return false
+	}
+	r, ok := k.rate(from, now)
+	return ok && r < 0.8*t.before
 }
 
 // pick chooses the subflow to test next, or why == "" for none.
@@ -531,12 +556,24 @@ func (p *Manager) conclude(k *kconn, t *trial, s *ksub, after float64, now time.
 		return []Intent{p.setBackup(k, sk, s, true)}
 	}
 	sk := t.sub
-	if after >= 0.97*t.before {
-		// The connection does as well without it.
+	// Explore: while this connection has untried detours, a detour that
+	// adds less than half a fair share (1/paths of the aggregate) makes room
+	// for one: a disjoint candidate is expected to add about a fair share.
+	// Otherwise a path goes only if the connection does as well without it.
+	// Found in the candidates scenario with K=2: two lossy detours, each
+	// adding 6%, were "kept" and no good candidate was ever tried.
+	keep := 0.97
+	explore := s.d != nil && p.untried(k, now)
+	if explore && t.paths > 1 {
+		keep = min(keep, 1-0.5/float64(t.paths))
+	}
+	if after >= keep*t.before {
+		// The connection does as well without it (or it adds too little
+		// while candidates remain).
 		verdict := fmt.Sprintf("aggregate %s without it vs %s with it (%s)", mbit(after), mbit(t.before), t.why)
 		k.decision = s.path() + ": set aside, " + verdict
 		p.cfg.Log.Info("subflow set aside", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "verdict", verdict)
-		if s.d != nil && p.untried(k, now) {
+		if explore {
 			// Make room for an untried candidate.
 			s.stale, s.role, s.decision = true, RoleEvicted, "evicted: "+verdict
 			p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(p.cfg.Hold)

@@ -240,7 +240,7 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 		}
 		k := results.Key{Configuration: c.Configuration, Cell: c.ID}
 		env := base
-		env.Cell, env.Dir = c, filepath.Join(tmp, c.ID)
+		env.Cell, env.Dir = c, filepath.Join(tmp, strings.ReplaceAll(c.ID, "/", "_")) // "/kK" cells
 		if err := os.MkdirAll(env.Dir, 0o700); err != nil {
 			return err
 		}
