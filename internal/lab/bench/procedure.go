@@ -44,7 +44,11 @@ type Measurement struct {
 	MaxGapS, MaxGapEndS float64
 	// ResumeS: with a fault, how long after it ended the faulted path
 	// carried data again (-1: not before the end; nil: unknown).
-	ResumeS  *float64
+	ResumeS *float64
+	// TailMbps: with a fault, the goodput of the transfer's last third
+	// (s 2/3 duration to the end) from the sender's per-subflow samples:
+	// what a policy reached once it had time to choose.
+	TailMbps *float64
 	Subflows []results.Subflow
 }
 

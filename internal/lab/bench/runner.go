@@ -352,7 +352,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 		} else {
 			rec.Status = results.OK
 			rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
-			rec.MaxGapS, rec.MaxGapEndS, rec.ResumeS = m.MaxGapS, m.MaxGapEndS, m.ResumeS
+			rec.MaxGapS, rec.MaxGapEndS, rec.ResumeS, rec.TailMbps = m.MaxGapS, m.MaxGapEndS, m.ResumeS, m.TailMbps
 		}
 		if err := r.append(rec); err != nil {
 			return err

@@ -292,3 +292,25 @@ func TestResumeAfter(t *testing.T) {
 		t.Fatal("resume without samples")
 	}
 }
+
+func TestTailRate(t *testing.T) {
+	pt := func(t float64, b map[string]uint64) benchtool.SeriesPoint {
+		return benchtool.SeriesPoint{T: t, Bytes: b}
+	}
+	series := []benchtool.SeriesPoint{
+		pt(9.0, map[string]uint64{"a": 1_000_000, "b": 500_000}),
+		pt(10.0, map[string]uint64{"a": 2_000_000, "b": 1_000_000}),
+		pt(11.0, map[string]uint64{"a": 3_000_000, "b": 1_250_000}), // b closes after this sample
+		pt(12.0, map[string]uint64{"a": 4_000_000, "c": 250_000}),   // c is new
+	}
+	// From 10 s: a +2 MB, b +0.25 MB, c +0.25 MB = 2.5 MB in 2 s = 10 Mbit/s.
+	if got := tailRate(series, 10); got == nil || *got < 9.99 || *got > 10.01 {
+		t.Fatalf("tail %v, want 10 Mbit/s", got)
+	}
+	if got := tailRate(series, 12); got != nil {
+		t.Fatalf("tail %v with no sample after 12 s, want unknown", *got)
+	}
+	if got := tailRate(series, 8); got != nil {
+		t.Fatalf("tail %v with no sample before 8 s, want unknown", *got)
+	}
+}

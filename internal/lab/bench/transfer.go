@@ -125,6 +125,9 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 			return pathOf(la, ra)
 		})
 	}
+	if e.Cell.Fault != nil {
+		m.TailMbps = tailRate(res.Series, 2*e.Duration.Seconds()/3)
+	}
 	for _, sf := range res.Subflows {
 		p := pathOf(sf.Local, sf.Remote)
 		m.Subflows = append(m.Subflows, results.Subflow{
@@ -279,6 +282,38 @@ func faultPath(link, path string) bool {
 		return strings.HasSuffix(path, ":detour"+k)
 	}
 	return false
+}
+
+// tailRate is the rate (Mbit/s) at which the sampled subflows together
+// delivered after from (s): per subflow the most it reached after the
+// last sample at or before from, less its bytes then (a subflow closed
+// meanwhile keeps what it delivered), over the time sampled; nil without
+// samples on both sides of from.
+func tailRate(series []benchtool.SeriesPoint, from float64) *float64 {
+	var base map[string]uint64
+	var baseT, lastT float64
+	most := map[string]uint64{}
+	for _, pt := range series {
+		if pt.T <= from {
+			base, baseT = pt.Bytes, pt.T
+			continue
+		}
+		lastT = pt.T
+		for k, b := range pt.Bytes {
+			most[k] = max(most[k], b)
+		}
+	}
+	if base == nil || lastT <= baseT {
+		return nil
+	}
+	var sum uint64
+	for k, b := range most {
+		if b > base[k] {
+			sum += b - base[k]
+		}
+	}
+	v := float64(sum) * 8 / 1e6 / (lastT - baseT)
+	return &v
 }
 
 // resumeAfter is how long after the fault ended one of the faulted path's

@@ -40,6 +40,8 @@ type Cell struct {
 	// Resumes: with a fault, when the faulted path carried data again after
 	// it ended (s; -1 = not before the transfer ended).
 	Resumes []float64
+	// Tails: with a fault, goodput over the last third (Mbit/s).
+	Tails []float64
 }
 
 // PathStat summarises the subflows of one path over a cell's trials.
@@ -86,6 +88,9 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 			cell.MaxGaps = append(cell.MaxGaps, r.MaxGapS)
 			if r.ResumeS != nil {
 				cell.Resumes = append(cell.Resumes, *r.ResumeS)
+			}
+			if r.TailMbps != nil {
+				cell.Tails = append(cell.Tails, *r.TailMbps)
 			}
 			if r.LoadAvg > 0 {
 				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
@@ -622,6 +627,15 @@ func (d *Data) writeStalls(p *printer, cols []string) {
 				cell = strings.TrimSpace(cell + fmt.Sprintf(" never in %d", never))
 			}
 			return fmt.Sprintf("%s (n=%d)", cell, len(c.Resumes))
+		})
+	d.faultTable(p, cols, faulty, "## Goodput over the last third of the transfer (Mbit/s), mean (sd)\n\n"+
+		"From the sender's per-subflow samples (every 100 ms): what each procedure delivered once a policy had had two thirds of the transfer to choose its paths.\n\n",
+		func(c *Cell) string {
+			if len(c.Tails) == 0 {
+				return ""
+			}
+			g := stats.Summarize(c.Tails)
+			return fmt.Sprintf("%.2f (%.2f) n=%d", g.Mean, g.SD, g.N)
 		})
 }
 

@@ -63,7 +63,10 @@ type Record struct {
 	MaxGapEndS float64 `json:"max_gap_end_s,omitempty"`
 	// ResumeS: with a fault, seconds after it ended until the faulted
 	// path carried data again (-1: not before the transfer ended).
-	ResumeS  *float64  `json:"resume_s,omitempty"`
+	ResumeS *float64 `json:"resume_s,omitempty"`
+	// TailMbps: with a fault, goodput over the last third of the
+	// transfer from the sender's per-subflow samples (Mbit/s).
+	TailMbps *float64  `json:"tail_mbps,omitempty"`
 	Subflows []Subflow `json:"subflows,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
