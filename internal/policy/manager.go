@@ -166,6 +166,9 @@ type trial struct {
 	before float64 // connection rate (bytes/s) over the window before
 	why    string
 	paths  int // active paths when the trial started, the subflow included
+	// settle: the least time the rate without it is measured before the
+	// trial may end early (3 base RTTs of the longest active path).
+	settle time.Duration
 }
 
 // subKey leaves the local port out: it is unknown until the SYN goes out.
