@@ -143,8 +143,15 @@ legacy_v1:
 		len(c.LegacyV1) != 1 || c.LegacyV1[0].Name != "old" || c.LegacyLease != 5*time.Minute {
 		t.Fatalf("parsed %+v", c)
 	}
-	if d, _ := ParseConfig(nil); d.Policy != policy.Static {
-		t.Fatalf("default policy %v, want static", d.Policy)
+	if d, _ := ParseConfig(nil); d.Policy != policy.Static || d.Subflows != 2 || d.ProbeInterval != time.Second {
+		t.Fatalf("default policy %v, subflows %d, probe %s; want static, 2, 1s", d.Policy, d.Subflows, d.ProbeInterval)
+	}
+	// The adaptive policy's own defaults, unless set.
+	if a, _ := ParseConfig([]byte("policy: adaptive\n")); a.Subflows != 8 || a.ProbeInterval != 100*time.Millisecond {
+		t.Fatalf("adaptive defaults: subflows %d, probe %s; want 8, 100ms", a.Subflows, a.ProbeInterval)
+	}
+	if a, _ := ParseConfig([]byte("policy: adaptive\nsubflows: 3\nprobe_interval: 1s\n")); a.Subflows != 3 || a.ProbeInterval != time.Second {
+		t.Fatalf("adaptive with subflows/probe_interval set: %d, %s", a.Subflows, a.ProbeInterval)
 	}
 }
 
