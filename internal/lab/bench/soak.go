@@ -42,7 +42,9 @@ type SoakOptions struct {
 	ConnBytes      int // bytes each short connection sends [32 KiB]
 	Long           int
 	Sample         time.Duration // sampling period [10s]
-	Progress       io.Writer     // one line per sample (nil: none)
+	// Policy is the agent's policy ("" = its default).
+	Policy   string
+	Progress io.Writer // one line per sample (nil: none)
 }
 
 // SoakSample is one look at every daemon.
@@ -88,6 +90,7 @@ type SoakReport struct {
 		Duration, RestartEvery, FlapEvery, FlapFor string
 		ConnsPerSecond                             float64
 		ConnBytes, Long                            int
+		Policy                                     string `json:",omitempty"`
 	} `json:"options"`
 	Samples  []SoakSample `json:"samples"`
 	Restarts []string     `json:"restarts"` // "t=..s relay detour1 SIGTERM"
@@ -147,6 +150,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	rep.Options.Duration, rep.Options.RestartEvery = o.Duration.String(), o.RestartEvery.String()
 	rep.Options.FlapEvery, rep.Options.FlapFor = o.FlapEvery.String(), o.FlapFor.String()
 	rep.Options.ConnsPerSecond, rep.Options.Long, rep.Options.ConnBytes = o.ConnsPerSecond, o.Long, o.ConnBytes
+	rep.Options.Policy = o.Policy
 	detours := []string{"detour1", "detour2"}
 	env := &Env{Lab: o.Lab, Cell: scenario.Cell{Procedure: "soak", Detours: detours},
 		Roles: scenario.Roles{Client: "client", Server: "server"}, Binary: o.Binary, Dir: o.Dir, Port: 5201,
@@ -187,7 +191,11 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			return nil, err
 		}
 	}
-	agent, err := startAgent(ctx, env, 2, nil, rs.agentSection(env, false)+"tunnels: true\nmetrics: {listen: "+soakAgentMetrics+"}\n")
+	extra := rs.agentSection(env, false) + "tunnels: true\nmetrics: {listen: " + soakAgentMetrics + "}\n"
+	if o.Policy != "" {
+		extra += "policy: " + o.Policy + "\n"
+	}
+	agent, err := startAgent(ctx, env, 2, nil, extra)
 	if err != nil {
 		return nil, err
 	}
@@ -594,8 +602,12 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 	}
 	var m strings.Builder
 	fmt.Fprintf(&m, "# Soak: %s of churn\n\n", rep.Options.Duration)
-	fmt.Fprintf(&m, "Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (2 detour subflows per connection, tunnels on), a server sink. For %s: %.0f short MPTCP connections/s (%d bytes each), %d long ones sending ~2 Mbit/s, one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link black-holed for %s every %s.\n\n",
-		rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.ConnBytes, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)
+	policy := rep.Options.Policy
+	if policy == "" {
+		policy = "default"
+	}
+	fmt.Fprintf(&m, "Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (%s policy, 2 detour subflows per connection, tunnels on), a server sink. For %s: %.0f short MPTCP connections/s (%d bytes each), %d long ones sending ~2 Mbit/s, one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link black-holed for %s every %s.\n\n",
+		policy, rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.ConnBytes, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)
 	if n := len(rep.Samples); n >= 2 {
 		a, b := rep.Samples[0], rep.Samples[n-1]
 		var p99 []float64
