@@ -12,6 +12,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
+	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
 // labSoakCommand is `mpdetour lab soak`: churn against real relays and an
@@ -45,6 +46,11 @@ func labSoakCommand() *cli.Command {
 			}
 			if o.Duration < 30*time.Second {
 				return cli.Usagef("lab soak: --duration %s is too short to compare start and end (at least 30s)", o.Duration)
+			}
+			if o.Policy != "" {
+				if _, err := policy.ParseMode(o.Policy); err != nil {
+					return cli.Usagef("lab soak: --policy: %v", err)
+				}
 			}
 			exe, err := os.Executable()
 			if err != nil {

@@ -545,11 +545,18 @@ table ip tahole {
 	if err != nil {
 		t.Fatal(err)
 	}
+	found := false
 	for _, cs := range st.Connections {
 		for _, sf := range cs.Subflows {
-			if sf.Path == "default" && sf.Role != "active" {
-				t.Errorf("status: default path %+v, want active", sf)
+			if sf.Path == "default" {
+				found = true
+				if sf.Role != "active" || sf.Local != fresh.Local.String() {
+					t.Errorf("status: default path %+v, want active from %s", sf, fresh.Local)
+				}
 			}
 		}
+	}
+	if !found {
+		t.Errorf("status shows no default path: %+v", st.Connections)
 	}
 }

@@ -239,6 +239,9 @@ func build(f fileConfig) (Config, error) {
 		if f.ProbeInterval == nil {
 			c.ProbeInterval = 100 * time.Millisecond
 		}
+		if c.ProbeInterval == 0 {
+			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the adaptive policy decides by; set one (e.g. 100ms) or use policy: static")
+		}
 	}
 	if f.StallRetransmits != nil {
 		if *f.StallRetransmits < 1 || *f.StallRetransmits > 15 {

@@ -153,6 +153,9 @@ legacy_v1:
 	if a, _ := ParseConfig([]byte("policy: adaptive\nsubflows: 3\nprobe_interval: 1s\n")); a.Subflows != 3 || a.ProbeInterval != time.Second {
 		t.Fatalf("adaptive with subflows/probe_interval set: %d, %s", a.Subflows, a.ProbeInterval)
 	}
+	if _, err := ParseConfig([]byte("policy: adaptive\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "probe_interval") {
+		t.Fatalf("adaptive without measurements accepted: %v", err)
+	}
 }
 
 // Errors carry file:line:column of the whole file and the field.

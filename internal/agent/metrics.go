@@ -99,6 +99,9 @@ var knownErrnos = map[string]bool{
 
 func pathKind(path string) string {
 	kind, _, _ := strings.Cut(path, ":")
+	if path == "default (redial)" {
+		kind = "default"
+	}
 	switch kind {
 	case "default", "nat", "tunnel", "announced":
 		return kind

@@ -222,8 +222,13 @@ func (a *Agent) snapshot() Status {
 				if !sv.up {
 					ss.State = "connecting"
 				}
-			} else if r.Path == "default" {
+			} else if r.Path == "default" || r.Path == "default (redial)" {
 				ss.Local, ss.local = cv.c.Local.String(), cv.c.Local
+				if r.Port != 0 {
+					// A redial replaced (or may replace) the initial subflow.
+					ss.local = netip.AddrPortFrom(r.Local, r.Port)
+					ss.Local = ss.local.String()
+				}
 			}
 			if r.Role == policy.RoleFailed || r.Role == policy.RoleEvicted {
 				ss.State = "closing"

@@ -23,6 +23,10 @@ type sim struct {
 	// now; creates that do not are retried every step (SYN retransmits).
 	joinable func(sk subKey) bool
 	pending  []Intent
+	port     uint16 // the last local port given to a subflow
+	// extra holds further subflows on the default path's addresses (a
+	// second redial attempt that came up), by local port: not measured.
+	extra map[uint16]*simPath
 }
 
 // onDefault: the default path's subflow or a redial of it.
@@ -68,10 +72,27 @@ func (s *sim) exec(ins []Intent, record bool) {
 				s.pending = append(s.pending, in)
 				continue
 			}
-			local := netip.AddrPortFrom(in.Local.Addr(), uint16(50000+len(s.ins)))
-			s.paths[sk] = &simPath{local: local, remote: in.Remote, rate: 1e6, rtt: 30 * time.Millisecond, backup: in.Backup}
+			if s.port == 0 {
+				s.port = 50000
+			}
+			s.port++
+			local := netip.AddrPortFrom(in.Local.Addr(), s.port)
+			sp := &simPath{local: local, remote: in.Remote, rate: 1e6, rtt: 30 * time.Millisecond, backup: in.Backup}
+			if sk.redial && s.paths[sk] != nil {
+				if s.extra == nil {
+					s.extra = map[uint16]*simPath{}
+				}
+				s.extra[s.port] = sp
+			} else {
+				s.paths[sk] = sp
+			}
 			s.apply(s.p.SubflowEstablished(Subflow{Token: in.Token, Local: local, Remote: in.Remote, Backup: in.Backup}))
 		case DestroySubflow:
+			if sp := s.extra[in.Local.Port()]; sp != nil && in.Local.Port() != 0 {
+				delete(s.extra, in.Local.Port())
+				s.apply(s.p.SubflowClosed(Subflow{Token: in.Token, Local: sp.local, Remote: sp.remote}))
+				continue
+			}
 			for psk, sp := range s.paths {
 				if sp.remote != in.Remote || sp.local.Addr() != in.Local.Addr() || in.Local.Port() != 0 && sp.local.Port() != in.Local.Port() {
 					continue
@@ -703,5 +724,107 @@ func TestAdaptiveExploresPastDetourThatAddsLittle(t *testing.T) {
 	})
 	if _, ok := s.paths[p2]; !ok || s.paths[p1] != nil {
 		t.Fatalf("paths %v: want the lossy detour (adding 6%%) replaced by the untried one; intents %v", s.paths, s.ins)
+	}
+}
+
+// Redial bookkeeping against the kernel's events (review findings): an
+// older attempt that comes up after the tracked redial is closed, and its
+// close event does not drop the tracked redial; an attempt in SYN_SENT that
+// ends while a newer one is outstanding keeps the record.
+func TestRedialAttemptsKeepTheirRecord(t *testing.T) {
+	p := NewAdaptive(Config{Subflows: 1, Now: (&clock{t: time.Unix(1000, 0)}).now}, []detour.Source{&list{}})
+	c := Conn{Token: 7, Local: client, Remote: server}
+	p.Established(c)
+	k := p.conns[7]
+	now := p.cfg.Now()
+	// Two attempts outstanding (the first given up on, the second pending).
+	p.redial(k, now)
+	rk := key(client.Addr(), server)
+	rk.redial = true
+	k.subs[rk].stale = true
+	p.redial(k, now)
+	if r := k.subs[rk]; r == nil || r.attempts != 2 {
+		t.Fatalf("record %+v, want 2 attempts", k.subs[rk])
+	}
+	// One attempt's SYN retries end: the record stays for the other.
+	p.SubflowClosed(Subflow{Token: 7, Local: netip.AddrPortFrom(client.Addr(), 0), Remote: server, Errno: 110})
+	if k.subs[rk] == nil {
+		t.Fatal("record dropped while an attempt is outstanding")
+	}
+	// The other comes up on port 60001 and is tracked.
+	a := netip.AddrPortFrom(client.Addr(), 60001)
+	p.SubflowEstablished(Subflow{Token: 7, Local: a, Remote: server})
+	if r := k.subs[rk]; r == nil || !r.up || r.port != 60001 {
+		t.Fatalf("redial not tracked: %+v", k.subs[rk])
+	}
+	// A late attempt on 60002: closed, and its close keeps 60001 tracked.
+	b := netip.AddrPortFrom(client.Addr(), 60002)
+	ins := p.SubflowEstablished(Subflow{Token: 7, Local: b, Remote: server})
+	if len(ins) != 1 || ins[0].Action != DestroySubflow || ins[0].Local != b {
+		t.Fatalf("intents %v, want the late attempt destroyed", ins)
+	}
+	p.SubflowClosed(Subflow{Token: 7, Local: b, Remote: server})
+	if r := k.subs[rk]; r == nil || r.port != 60001 {
+		t.Fatalf("tracked redial lost to the late attempt's close: %+v", k.subs[rk])
+	}
+	p.SubflowClosed(Subflow{Token: 7, Local: a, Remote: server})
+	if k.subs[rk] != nil {
+		t.Fatal("redial record kept after its own close")
+	}
+	if r := p.Report().Conns[0]; len(r.Refusals) != 0 {
+		t.Fatalf("refusals %v from redial attempts", r.Refusals)
+	}
+}
+
+// A trial ended early because the connection clearly needs the subflow
+// keeps it, also while untried candidates would otherwise make a weak
+// detour go.
+func TestAdaptiveTrialCutShortKeepsSubflow(t *testing.T) {
+	s := newSim(t, 1, d1, d2)
+	p1 := key(client.Addr(), d1.Remote)
+	s.run(8*time.Second, func(sk subKey, sp *simPath) {
+		if sk != p1 {
+			return
+		}
+		sp.loss, sp.rate = 0.05, 3e5 // 23% of the aggregate: the cut (80%) comes before explore's 75%
+		if sp.backup {
+			sp.rate = 0.01
+		}
+	})
+	if s.paths[p1] == nil {
+		t.Fatalf("detour evicted after a trial cut short; decision %q", s.p.Report().Conns[0].Decision)
+	}
+}
+
+// A server that resets joins beyond its limit (2 extra subflows) teaches
+// the policy the limit: no detour is blamed, the connection is not held,
+// and no more joins are asked for than it accepts.
+func TestAdaptiveLearnsServerSubflowLimit(t *testing.T) {
+	d3 := detour.Detour{Kind: detour.NAT, Relay: "r3", Remote: netip.MustParseAddrPort("10.0.6.2:4000")}
+	d4 := detour.Detour{Kind: detour.NAT, Relay: "r4", Remote: netip.MustParseAddrPort("10.0.7.2:4000")}
+	s := newSim(t, 4, d1, d2, d3, d4)
+	// The server resets every join beyond the first two (the kernel's
+	// SUB_ESTABLISHED then SUB_CLOSED with ECONNRESET).
+	for sk, sp := range s.paths {
+		if sk.remote == d3.Remote || sk.remote == d4.Remote {
+			delete(s.paths, sk)
+			s.apply(s.p.SubflowClosed(Subflow{Token: s.conn.Token, Local: sp.local, Remote: sp.remote, Errno: 104}))
+		}
+	}
+	s.run(10*time.Second, nil)
+	for _, d := range []detour.Detour{d1, d2, d3, d4} {
+		if !s.p.Backoff(d).IsZero() {
+			t.Errorf("%s blamed for the server's limit", d.Relay)
+		}
+	}
+	r := s.p.Report().Conns[0]
+	if !r.HoldUntil.IsZero() {
+		t.Fatalf("connection held: %+v", r)
+	}
+	if n := len(s.paths) - 1; n != 2 {
+		t.Fatalf("%d detour subflows, want the server's 2; intents %v", n, s.ins)
+	}
+	if creates := s.count(CreateSubflow); creates != 4 {
+		t.Fatalf("%d creates, want 4 (no retries beyond the limit)", creates)
 	}
 }

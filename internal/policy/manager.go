@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sort"
 	"syscall"
 	"time"
@@ -110,6 +111,9 @@ type Manager struct {
 	servers map[netip.AddrPort]int // connections per server, for Release
 	// avoid remembers detours evicted for a server (they added nothing).
 	avoid map[string]time.Time
+	// caps: servers that reset joins beyond a number of extra subflows
+	// (their `ip mptcp limits`), learned from the resets, until a time.
+	caps map[netip.AddrPort]serverCap
 	// localIDs gives each extra local address (tunnel detours) one MPTCP
 	// address id for all connections: the kernel refuses an address
 	// under two ids within a connection.
@@ -118,6 +122,12 @@ type Manager struct {
 	wake     wakeHeap
 	// Untracked counts connections ignored because MaxConns was reached.
 	Untracked uint64
+}
+
+// serverCap is a learned limit of a server's extra subflows.
+type serverCap struct {
+	n     int
+	until time.Time
 }
 
 type kconn struct {
@@ -169,6 +179,7 @@ type trial struct {
 	// settle: the least time the rate without it is measured before the
 	// trial may end early (3 base RTTs of the longest active path).
 	settle time.Duration
+	cut    bool // ended early: the connection clearly needs the subflow
 }
 
 // subKey leaves the local port out: it is unknown until the SYN goes out.
@@ -215,6 +226,7 @@ type ksub struct {
 	retrying  bool      // a dead path made active again to see if it is back
 	proven    bool      // delivered after MinLifetime: its detour is healthy
 	redial    bool      // a fresh subflow on the default path replacing a dead one
+	attempts  int       // redial: SYNs outstanding (attempts not up, not closed)
 }
 
 type health struct {
@@ -280,7 +292,7 @@ func New(cfg Config, sources []detour.Source) *Manager {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Manager{cfg: cfg, sources: sources, conns: map[uint32]*kconn{},
-		health: map[string]*health{}, servers: map[netip.AddrPort]int{}, avoid: map[string]time.Time{},
+		health: map[string]*health{}, servers: map[netip.AddrPort]int{}, avoid: map[string]time.Time{}, caps: map[netip.AddrPort]serverCap{},
 		localIDs: map[netip.Addr]uint8{}, nextID: 1}
 }
 
@@ -428,17 +440,19 @@ func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
 	if k == nil {
 		return nil
 	}
-	if s != nil && s.redial && s.up && s.port != sf.Local.Port() {
+	if s != nil && s.redial && s.up && !s.stale && s.port != sf.Local.Port() {
 		// An older redial attempt whose SYN got through after all: one
 		// fresh subflow on the default path is enough.
 		return []Intent{{Action: DestroySubflow, Token: sf.Token, LocalID: sf.LocalID, Local: sf.Local, Remote: sf.Remote}}
 	}
+	if s == nil && sk.redial {
+		// A second subflow on the default path with no record (an attempt
+		// given up on, or opened before a restart): tracked as the
+		// redial, which then replaces the old subflow or is closed.
+		s = &ksub{redial: true, created: p.cfg.Now()}
+		k.subs[sk] = s
+	}
 	if s == nil {
-		if sk.redial {
-			// A second subflow on the default path we did not open (or
-			// gave up on): not tracked; the kernel carries it.
-			return nil
-		}
 		// Not ours (opened before a restart, or by someone else): account
 		// for it if it runs through a known detour.
 		s = &ksub{created: p.cfg.Now()}
@@ -446,6 +460,9 @@ func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
 			s.d = &d
 		}
 		k.subs[sk] = s
+	}
+	if s.redial && !s.up {
+		s.attempts-- // this attempt is up; older ones may still come
 	}
 	s.up, s.stale, s.upSince, s.port, s.backup, s.localID = true, false, p.cfg.Now(), sf.Local.Port(), sf.Backup, sf.LocalID
 	s.role = RoleActive
@@ -504,9 +521,29 @@ func (p *Manager) SubflowClosed(sf Subflow) []Intent {
 	}
 	now := p.cfg.Now()
 	if s.initial {
+		if s.port != 0 && sf.Local.Port() != 0 && sf.Local.Port() != s.port {
+			return nil // another subflow on the default path's addresses
+		}
 		// The default path's subflow is gone; the connection lives on
 		// through the others. Nothing to reopen on a path we do not choose.
 		delete(k.subs, sk)
+		return nil
+	}
+	if s.redial {
+		switch {
+		case s.up && sf.Local.Port() != s.port:
+			return nil // an older attempt, not the tracked redial
+		case !s.up:
+			// One of the attempts in SYN_SENT ended; the record stays
+			// while others are outstanding.
+			if s.attempts--; s.attempts > 0 {
+				return nil
+			}
+		}
+		delete(k.subs, sk)
+		if !s.stale && s.up && sf.Errno != 0 {
+			p.refused(k, closeReason(sf.Errno, true, false, p.cfg.MinLifetime), true)
+		}
 		return nil
 	}
 	delete(k.subs, sk)
@@ -517,12 +554,21 @@ func (p *Manager) SubflowClosed(sf Subflow) []Intent {
 	// after it came up (the server refusing more subflows resets the join)
 	// was refused; a clean close of a subflow that lived is not a failure.
 	short := s.up && now.Sub(s.upSince) < p.cfg.MinLifetime
+	if short && !s.stale && s.d != nil {
+		// A join reset right after it came up while others of this
+		// connection live: the server's limit of extra subflows (`ip mptcp
+		// limits`, 2 by default), not the detour. Learn it, ask no more.
+		if n := k.joined(); n > 0 {
+			p.learnCap(k, n, now)
+			return nil
+		}
+	}
 	if !s.stale && (!s.up || sf.Errno != 0 || short) {
 		reason := closeReason(sf.Errno, s.up, short, p.cfg.MinLifetime)
 		if s.d != nil {
 			p.penalise(*s.d, reason)
 		}
-		p.refused(k, reason)
+		p.refused(k, reason, true)
 	} else if s.up && !short {
 		p.healthy(k, s)
 	}
@@ -544,10 +590,50 @@ func closeReason(errno uint8, wasUp, short bool, min time.Duration) string {
 	return "subflow closed"
 }
 
+// joined counts the connection's extra subflows that are up (detours,
+// announced addresses, a redial): what its server accepted.
+func (k *kconn) joined() int {
+	n := 0
+	for _, s := range k.subs {
+		if !s.initial && s.up && !s.stale {
+			n++
+		}
+	}
+	return n
+}
+
+// learnCap records that k's server accepts at most n extra subflows.
+func (p *Manager) learnCap(k *kconn, n int, now time.Time) {
+	c, had := p.caps[k.c.Remote]
+	if had && now.Before(c.until) && c.n <= n {
+		n = c.n
+	}
+	p.caps[k.c.Remote] = serverCap{n: n, until: now.Add(10 * p.cfg.Hold)}
+	reason := fmt.Sprintf("server accepts at most %d extra subflows (joins beyond are reset)", n)
+	p.refused(k, reason, false)
+	if !had || c.n != n {
+		p.cfg.Log.Info("server subflow limit learned", "server", k.c.Remote, "extra_subflows", n, "for", 10*p.cfg.Hold)
+	}
+}
+
+// capFor is the number of detour subflows to keep toward server.
+func (p *Manager) capFor(server netip.AddrPort, now time.Time) int {
+	n := p.cfg.Subflows
+	if c, ok := p.caps[server]; ok {
+		if now.Before(c.until) {
+			n = min(n, c.n)
+		} else {
+			delete(p.caps, server)
+		}
+	}
+	return n
+}
+
 // refused counts a refusal against the connection; after three in a row the
 // connection is held (no new subflow) with exponential backoff and jitter,
 // so that a server that refuses every join is not asked thousands of times.
-func (p *Manager) refused(k *kconn, reason string) {
+// hold=false only records it (status, log) without counting towards a hold.
+func (p *Manager) refused(k *kconn, reason string, hold bool) {
 	if k.refusals == nil {
 		k.refusals = map[string]int{}
 	}
@@ -558,6 +644,9 @@ func (p *Manager) refused(k *kconn, reason string) {
 	k.refusals[short]++
 	if k.refusals[short] == 1 {
 		p.cfg.Log.Info("subflow refused", "token", fmt.Sprintf("%08x", k.c.Token), "server", k.c.Remote, "reason", reason)
+	}
+	if !hold {
+		return
 	}
 	k.fails++
 	if k.fails < 3 {
@@ -619,7 +708,7 @@ func (p *Manager) Failed(in Intent, err error) []Intent {
 		// working without backup marks; say so once.
 		s.decision = "could not change the backup flag: " + err.Error()
 		s.setAside = false
-		p.refused(k, "set_flags: "+errnoName(err))
+		p.refused(k, "set_flags: "+errnoName(err), true)
 		return nil
 	}
 	if in.Action != CreateSubflow {
@@ -628,6 +717,13 @@ func (p *Manager) Failed(in Intent, err error) []Intent {
 	sk := key(in.Local.Addr(), in.Remote)
 	if s := k.subs[sk]; s != nil && s.initial {
 		sk.redial = true // the create was a redial of the default path
+		if r := k.subs[sk]; r != nil && !r.up {
+			if r.attempts--; r.attempts > 0 {
+				return nil
+			}
+		} else {
+			return nil
+		}
 	}
 	delete(k.subs, sk)
 	// Not fully established yet (a connection adopted from inet_diag before
@@ -646,7 +742,7 @@ func (p *Manager) Failed(in Intent, err error) []Intent {
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EBADF) {
 		return nil
 	}
-	p.refused(k, "subflow_create: "+errnoName(err))
+	p.refused(k, "subflow_create: "+errnoName(err), true)
 	if in.Detour == nil {
 		return nil
 	}
@@ -676,9 +772,20 @@ func (p *Manager) Adopt(c Conn, subflows []Subflow) []Intent {
 	}
 	k.established = true
 	p.trackInitial(k)
+	var onDefault []uint16
 	for _, sf := range subflows {
 		if key(sf.Local.Addr(), sf.Remote) == key(k.c.Local.Addr(), k.c.Remote) {
-			continue // the initial subflow
+			onDefault = append(onDefault, sf.Local.Port())
+		}
+	}
+	if b := k.subs[key(k.c.Local.Addr(), k.c.Remote)]; b != nil && len(onDefault) > 0 && !slices.Contains(onDefault, b.port) {
+		// The initial subflow is gone: a redial (before a restart)
+		// carries the default path now.
+		b.port = onDefault[0]
+	}
+	for _, sf := range subflows {
+		if key(sf.Local.Addr(), sf.Remote) == key(k.c.Local.Addr(), k.c.Remote) {
+			continue // the initial subflow (or what replaced it)
 		}
 		p.SubflowEstablished(sf)
 	}
@@ -733,7 +840,8 @@ func (p *Manager) fill(k *kconn) []Intent {
 		}
 		cands = append(cands, d)
 	}
-	if have >= p.cfg.Subflows && len(out) == 0 {
+	limit := p.capFor(k.c.Remote, now)
+	if have >= limit && len(out) == 0 {
 		return nil
 	}
 	// Prefer detours with fewer recent failures, then (adaptive) ones this
@@ -745,7 +853,7 @@ func (p *Manager) fill(k *kconn) []Intent {
 		return p.adaptive() && !k.tried[Key(cands[i])] && k.tried[Key(cands[j])]
 	})
 	for _, d := range cands {
-		if have >= p.cfg.Subflows {
+		if have >= limit {
 			break
 		}
 		local := d.Local
@@ -758,7 +866,7 @@ func (p *Manager) fill(k *kconn) []Intent {
 		have++
 		out = append(out, p.open(k, d, now))
 	}
-	if have < p.cfg.Subflows {
+	if have < limit {
 		p.scheduleRetry(k, now, soonest, len(seen) == 0)
 	}
 	if len(out) > 0 {

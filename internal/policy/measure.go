@@ -182,9 +182,9 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 			continue
 		}
 		if s.redial {
-			// A redial that stopped delivering: close it; the default
-			// path's retries redial again.
-			s.stale, s.role, s.decision = true, RoleFailed, reason
+			// A redial that stopped delivering: close it (its close event
+			// then finds no record); the default path's retries redial.
+			delete(k.subs, sk)
 			out = append(out, Intent{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
 				Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote})
 			continue
@@ -252,10 +252,18 @@ func (p *Manager) watchdog(k *kconn, now time.Time) []Intent {
 func (p *Manager) redial(k *kconn, now time.Time) []Intent {
 	rk := key(k.c.Local.Addr(), k.c.Remote)
 	rk.redial = true
-	if r := k.subs[rk]; r != nil && !r.stale {
+	r := k.subs[rk]
+	if r != nil && !r.stale {
 		return nil
 	}
-	k.subs[rk] = &ksub{redial: true, created: now, role: RoleConnecting, decision: "redialling the dead default path"}
+	if r == nil {
+		r = &ksub{redial: true}
+		k.subs[rk] = r
+	}
+	// Earlier attempts given up on may still come up (attempts counts
+	// them): the record serves them all.
+	r.stale, r.created, r.role, r.decision = false, now, RoleConnecting, "redialling the dead default path"
+	r.attempts++
 	heap.Push(&p.wake, wakeup{at: now.Add(p.cfg.ConnectTimeout), token: k.c.Token, check: true})
 	return []Intent{{Action: CreateSubflow, Token: k.c.Token, Local: netip.AddrPortFrom(k.c.Local.Addr(), 0), Remote: k.c.Remote}}
 }
@@ -449,7 +457,8 @@ func (p *Manager) clearlyUseful(k *kconn, t *trial, now time.Time) bool {
 		return false
 	}
 	r, ok := k.rate(from, now)
-	return ok && r < 0.8*t.before
+	t.cut = ok && r < 0.8*t.before
+	return t.cut
 }
 
 // pick chooses the subflow to test next, or why == "" for none.
@@ -569,7 +578,7 @@ func (p *Manager) conclude(k *kconn, t *trial, s *ksub, after float64, now time.
 	if explore && t.paths > 1 {
 		keep = min(keep, 1-0.5/float64(t.paths))
 	}
-	if after >= keep*t.before {
+	if !t.cut && after >= keep*t.before {
 		// The connection does as well without it (or it adds too little
 		// while candidates remain).
 		verdict := fmt.Sprintf("aggregate %s without it vs %s with it (%s)", mbit(after), mbit(t.before), t.why)
@@ -611,7 +620,7 @@ func (p *Manager) Report() Report {
 			if role == "" {
 				role = RoleActive
 			}
-			cr.Subflows = append(cr.Subflows, SubflowReport{Local: sk.local, Remote: sk.remote, Path: s.path(),
+			cr.Subflows = append(cr.Subflows, SubflowReport{Local: sk.local, Port: s.port, Remote: sk.remote, Path: s.path(),
 				Role: role, RTT: s.rtt, Rate: s.rate, Loss: s.loss, Decision: s.decision})
 		}
 		slices.SortFunc(cr.Subflows, func(a, b SubflowReport) int {

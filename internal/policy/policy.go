@@ -160,7 +160,10 @@ type ConnReport struct {
 
 // SubflowReport is one subflow as the policy sees it.
 type SubflowReport struct {
-	Local    netip.Addr
+	Local netip.Addr
+	// Port is the local port once the subflow is up (0 before): the
+	// default path's changes when a redial replaces its subflow.
+	Port     uint16
 	Remote   netip.AddrPort
 	Path     string // "default", "announced", or kind:relay
 	Role     Role

@@ -45,9 +45,11 @@ type Measurement struct {
 	// ResumeS: with a fault, how long after it ended the faulted path
 	// carried data again (-1: not before the end; nil: unknown).
 	ResumeS *float64
-	// TailMbps: with a fault, the goodput of the transfer's last third
-	// (s 2/3 duration to the end) from the sender's per-subflow samples:
-	// what a policy reached once it had time to choose.
+	// TailMbps: with a fault, the rate of the transfer's last third (2/3
+	// of the duration to the end) from the client's per-subflow samples
+	// (bytes acknowledged in an upload, received in a download): what a
+	// policy reached once it had time to choose. Per subflow, so data
+	// reinjected on another subflow after a loss counts twice.
 	TailMbps *float64
 	Subflows []results.Subflow
 }

@@ -143,10 +143,8 @@ func TestDetoursShared(t *testing.T) {
 	if d.Link("E1") == nil || d.Link("E2") != nil || d.Link("E3") == nil || d.Link("E4") != nil || d.Link("C2") == nil {
 		t.Errorf("shared=2+4: links %v", d.Links)
 	}
-	for _, r := range d.Node("detour2").Routes {
-		if r.Dst.String() != "0.0.0.0/0" || r.Via.String() != "10.1.2.1" {
-			t.Errorf("detour2 route %v: want only the default route via r1", r)
-		}
+	if rs := d.Node("detour2").Routes; len(rs) != 1 || rs[0].Dst.String() != "0.0.0.0/0" || rs[0].Via.String() != "10.1.2.1" {
+		t.Errorf("detour2 routes %v: want only the default route via r1", rs)
 	}
 	if err := d.Set("detours", "3"); err == nil {
 		t.Error("detours=3 accepted with shared=2+4")

@@ -628,8 +628,8 @@ func (d *Data) writeStalls(p *printer, cols []string) {
 			}
 			return fmt.Sprintf("%s (n=%d)", cell, len(c.Resumes))
 		})
-	d.faultTable(p, cols, faulty, "## Goodput over the last third of the transfer (Mbit/s), mean (sd)\n\n"+
-		"From the sender's per-subflow samples (every 100 ms): what each procedure delivered once a policy had had two thirds of the transfer to choose its paths.\n\n",
+	d.faultTable(p, cols, faulty, "## Rate over the last third of the transfer (Mbit/s), mean (sd)\n\n"+
+		"From the client's per-subflow samples every 100 ms (acknowledged bytes in an upload, received in a download; data reinjected on another subflow counts twice): what each procedure delivered once a policy had had two thirds of the transfer to choose its paths.\n\n",
 		func(c *Cell) string {
 			if len(c.Tails) == 0 {
 				return ""
