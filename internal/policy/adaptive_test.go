@@ -498,7 +498,10 @@ func TestAdaptiveJudgesRTTByBaseDelayNotQueue(t *testing.T) {
 				case def:
 					sp.rtt, sp.minRTT = 35*time.Millisecond, 30*time.Millisecond
 				case det:
-					sp.rtt, sp.minRTT = 150*time.Millisecond+tc.minRTT, tc.minRTT
+					// It delivers a tenth of the default path: a long path
+					// that carries little is suspect, one that carries its
+					// share is not (TestAdaptiveLongPathCarryingItsShare).
+					sp.rtt, sp.minRTT, sp.rate = 150*time.Millisecond+tc.minRTT, tc.minRTT, 1e5
 				}
 			})
 			probed := s.count(SetBackup) > 0
@@ -826,5 +829,20 @@ func TestAdaptiveLearnsServerSubflowLimit(t *testing.T) {
 	}
 	if creates := s.count(CreateSubflow); creates != 4 {
 		t.Fatalf("%d creates, want 4 (no retries beyond the limit)", creates)
+	}
+}
+
+// A long path that carries its share of the connection is not put on
+// trial for its RTT alone.
+func TestAdaptiveLongPathCarryingItsShare(t *testing.T) {
+	s := newSim(t, 1, d1)
+	def := key(client.Addr(), server)
+	s.run(10*time.Second, func(sk subKey, sp *simPath) {
+		if sk == def {
+			sp.rtt, sp.minRTT = 240*time.Millisecond, 220*time.Millisecond // 1e6 B/s, half the aggregate
+		}
+	})
+	if n := s.count(SetBackup); n != 0 {
+		t.Fatalf("%d set-backup intents for a long path carrying half the aggregate; intents %v", n, s.ins)
 	}
 }

@@ -489,6 +489,11 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 	if len(active) < 2 {
 		return sk, "", false // never set aside the only active path
 	}
+	var total float64
+	for _, c := range active {
+		total += c.s.rate
+	}
+	fair := total / float64(len(active))
 	var harmful []cand
 	for _, c := range active {
 		s := c.s
@@ -497,10 +502,14 @@ func (p *Manager) pick(k *kconn, now time.Time) (sk subKey, why string, revive b
 		}
 		// Loss first (scores above 1000), then base RTT: a lossy path
 		// stalls the connection's in-order delivery more than a long one.
+		// A long path is suspect only while it delivers less than half a
+		// fair share: one that carries its share adds more than reordering
+		// (brennan2017 core-limited with 100 ms on the default path: the
+		// trial of that path, carrying half the aggregate, cost 7%).
 		switch r := s.baseRTT(); {
 		case s.loss > p.cfg.HarmLoss:
 			harmful = append(harmful, cand{c.sk, s, 1000 + s.loss*100, fmt.Sprintf("loss %.1f%%", 100*s.loss)})
-		case best > 0 && float64(r) > p.cfg.HarmRTT*float64(best)+float64(20*time.Millisecond):
+		case best > 0 && float64(r) > p.cfg.HarmRTT*float64(best)+float64(20*time.Millisecond) && s.rate < fair/2:
 			harmful = append(harmful, cand{c.sk, s, float64(r) / float64(best), fmt.Sprintf("base RTT %s vs best %s", r.Round(time.Millisecond), best.Round(time.Millisecond))})
 		}
 	}
