@@ -155,12 +155,7 @@ type kconn struct {
 	lastRecv  time.Time // when any subflow last received data
 	trial     *trial
 	nextEval  time.Time
-	// baseline, when set, is the connection's rate (bytes/s) measured in
-	// the last trial's window with the configuration that stands now (the
-	// subflow stayed aside): the next trial can start from it at once
-	// instead of measuring a window first.
-	baseline float64
-	tried    map[string]bool // detours used by this connection so far
+	tried     map[string]bool // detours used by this connection so far
 }
 
 type sample struct {
