@@ -68,7 +68,7 @@ func TestFilterDecisions(t *testing.T) {
 }
 
 func TestAssembleFilter(t *testing.T) {
-	p, err := assembleFilter()
+	p, err := assembleFilter(false)
 	if err != nil {
 		t.Fatal(err)
 	}
