@@ -80,18 +80,10 @@ func (s *supervisor) connect(n *seccompNotif) error {
 		s.stats.Gone++
 		return nil
 	}
-	s.convs.connects.Add(1)
-	d, err := s.conv.Route(dst)
-	if err != nil {
-		s.log.Debug("no conversion decision; going direct", "dst", dst, "err", err)
-		return s.cont(n.ID)
-	}
-	if !d.Convert && !d.Learn {
-		return s.cont(n.ID)
-	}
-	if d.Learn && s.convs.learners.Load() >= maxLearning {
-		return s.cont(n.ID)
-	}
+	// Only MPTCP stream sockets not yet connected (what run made of the
+	// caller's TCP socket) are ours to convert or learn from: UDP
+	// connect()s (resolvers), sockets the kernel left TCP and the rest
+	// continue without asking the agent.
 	dup, err := s.dupCallerFD(n.Pid, fd)
 	if err != nil {
 		s.log.Debug("cannot take the caller's socket; going direct", "pid", n.Pid, "fd", fd, "err", err)
@@ -105,6 +97,15 @@ func (s *supervisor) connect(n *seccompNotif) error {
 		unix.Close(dup)
 		s.stats.Gone++
 		return nil
+	}
+	s.convs.connects.Add(1)
+	d, err := s.conv.Route(dst)
+	if err != nil {
+		s.log.Debug("no conversion decision; going direct", "dst", dst, "err", err)
+	}
+	if err != nil || !d.Convert && !d.Learn || d.Learn && s.convs.learners.Load() >= maxLearning {
+		unix.Close(dup)
+		return s.cont(n.ID)
 	}
 	if d.Learn {
 		s.convs.learners.Add(1)
@@ -185,7 +186,11 @@ func (s *supervisor) learn(dup int, dst netip.AddrPort) {
 	defer unix.Close(dup)
 	deadline := time.Now().Add(learnTimeout)
 	for delay := 2 * time.Millisecond; time.Now().Before(deadline); delay = min(2*delay, 100*time.Millisecond) {
-		time.Sleep(delay)
+		select {
+		case <-time.After(delay):
+		case <-s.done: // no program left: nothing to learn for
+			return
+		}
 		if _, err := unix.Getpeername(dup); err != nil {
 			continue // SYN_SENT (or failed: then nothing to learn)
 		}

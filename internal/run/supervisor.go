@@ -40,6 +40,7 @@ type supervisor struct {
 	conv  *convclient.Client
 	convs convStats
 	wg    sync.WaitGroup
+	done  chan struct{} // closed when no task uses the filter any more
 
 	root      bool
 	nsDev     uint64
@@ -59,10 +60,10 @@ func Serve(lfd int, log *slog.Logger) (Stats, error) { return serve(lfd, log, ni
 func serve(lfd int, log *slog.Logger, conv *convclient.Client) (stats Stats, err error) {
 	runtime.LockOSThread()
 	defer unix.Close(lfd)
-	s := &supervisor{lfd: lfd, log: log, root: os.Geteuid() == 0, fsuid: os.Geteuid(), fsgid: os.Getegid(), conv: conv}
+	s := &supervisor{lfd: lfd, log: log, root: os.Geteuid() == 0, fsuid: os.Geteuid(), fsgid: os.Getegid(), conv: conv, done: make(chan struct{})}
 	// Conversions in progress answer their notification from their own
 	// goroutine: wait for them before the listener goes.
-	defer func() { s.wg.Wait(); stats = s.convs.add(stats) }()
+	defer func() { close(s.done); s.wg.Wait(); stats = s.convs.add(stats) }()
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/thread-self/ns/net", &st); err == nil {
 		s.nsDev, s.nsIno, s.procCheck = st.Dev, st.Ino, true

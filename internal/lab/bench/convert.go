@@ -106,11 +106,15 @@ func setupConverted(ctx context.Context, env *Env) (_ Session, err error) {
 func (t *transfer) learn(ctx context.Context, sock string) error {
 	e := t.env
 	ports := []int{e.Port}
+	// A short transfer to the goodput receiver, one probe to the latency
+	// responder: each the first connection to its port.
+	if _, err := t.output(ctx, append(append([]string{}, t.wrap...), e.Binary, "bench", "send", e.serverAddr().String(),
+		"--duration", "1500ms", "--warmup", "500ms", "--json")); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
 	if e.LatencyPort > 0 {
 		ports = append(ports, e.LatencyPort)
-	}
-	for _, port := range ports {
-		dst := netip.AddrPortFrom(e.serverAddr().Addr(), uint16(port))
+		dst := netip.AddrPortFrom(e.serverAddr().Addr(), uint16(e.LatencyPort))
 		if _, err := t.output(ctx, append(append([]string{}, t.wrap...), e.Binary, "bench", "latency", dst.String(), "--count", "1")); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
