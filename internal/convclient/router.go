@@ -103,6 +103,10 @@ const (
 	// refused for its own reasons (ticket, resources, protocol); it is
 	// held for Config.Hold and the connection went direct.
 	OutcomeConverterFailed Outcome = "converter-failed"
+	// OutcomeTicketRefused: the converter refused the ticket (Not
+	// Authorized, value 1): the stock is dropped and refetched; a second
+	// refusal within Hold holds the converter.
+	OutcomeTicketRefused Outcome = "ticket-refused"
 	// OutcomePolicy: the converter refused the destination by policy:
 	// it is not converted again for TTL.
 	OutcomePolicy Outcome = "policy"
@@ -134,7 +138,9 @@ type conv struct {
 	failedUntil time.Time
 	lastErr     string
 	fetchErrAt  time.Time
-	used, fails uint64
+	// ticketRefusedAt: the last refusal of a ticket (stale stock).
+	ticketRefusedAt time.Time
+	used, fails     uint64
 }
 
 // Conversion is a recent successful conversion (for status).
@@ -400,12 +406,30 @@ func (r *Router) Report(dst netip.AddrPort, name string, out Outcome, local neti
 			r.recent = slices.Delete(r.recent, 0, len(r.recent)-maxRecent+1)
 		}
 		r.recent = append(r.recent, cv)
-	case OutcomeConverterFailed:
+	case OutcomeConverterFailed, OutcomeTicketRefused:
 		r.ctr.ConverterFailed++
-		if c != nil {
-			c.failedUntil, c.lastErr = now.Add(r.cfg.Hold), detail
-			c.fails++
+		if c == nil {
+			break
 		}
+		c.lastErr = detail
+		c.fails++
+		if out == OutcomeTicketRefused {
+			// Most likely the relay restarted and forgot the tickets it
+			// issued: the rest of the stock is stale too. Refetch at
+			// once; hold the converter only when fresh tickets are
+			// refused as well.
+			c.tickets = nil
+			select {
+			case r.wake <- struct{}{}:
+			default:
+			}
+			if now.Sub(c.ticketRefusedAt) > r.cfg.Hold {
+				c.ticketRefusedAt = now
+				r.log.Info("converter refused a ticket; fetching fresh ones", "relay", name, "err", detail)
+				break
+			}
+		}
+		c.failedUntil = now.Add(r.cfg.Hold)
 		r.log.Warn("converter failed; connections go direct meanwhile", "relay", name, "for", r.cfg.Hold, "err", detail)
 	case OutcomePolicy:
 		r.ctr.PolicyRefused++

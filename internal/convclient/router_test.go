@@ -140,6 +140,28 @@ func TestPickByRTTAndHold(t *testing.T) {
 	}
 }
 
+func TestTicketRefusedRefetches(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:1")}
+	r := New(Config{Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	dst := netip.MustParseAddrPort("198.51.100.7:80")
+	r.Learn(dst, false)
+	r.Route(dst)
+	r.Report(dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	if st := r.Status(); st.Converters[0].Tickets != 0 || !st.Converters[0].FailedUntil.IsZero() {
+		t.Fatalf("after one refusal: %+v (want the stock dropped, no hold)", st.Converters[0])
+	}
+	fill(t, r)
+	if d := r.Route(dst); !d.Convert {
+		t.Fatalf("fresh tickets not used: %+v", d)
+	}
+	r.Report(dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	if st := r.Status(); st.Converters[0].FailedUntil.IsZero() {
+		t.Fatalf("a second refusal within the hold did not hold: %+v", st.Converters[0])
+	}
+}
+
 func TestFetchErrorsBackOff(t *testing.T) {
 	ck := &clock{t: time.Unix(1000, 0)}
 	f := &fake{err: errors.New("relay: unsupported")}

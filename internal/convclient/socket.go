@@ -131,7 +131,7 @@ func (r *Router) answer(req request) reply {
 	case "report":
 		out := Outcome(req.Outcome)
 		switch out {
-		case OutcomeOK, OutcomeConverterFailed, OutcomePolicy, OutcomeDestination:
+		case OutcomeOK, OutcomeConverterFailed, OutcomeTicketRefused, OutcomePolicy, OutcomeDestination:
 		default:
 			return reply{Error: fmt.Sprintf("outcome %q unknown", req.Outcome)}
 		}

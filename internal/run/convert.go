@@ -246,8 +246,13 @@ func (s *supervisor) convert(id uint64, pid uint32, fd, dup int, dst netip.AddrP
 	}
 	out := convclient.OutcomeConverterFailed
 	var re *convert.RemoteError
-	if errors.As(err, &re) && re.Code == convert.CodeNotAuthorized && len(re.Value) > 0 && re.Value[0] == convert.NotAuthorizedDestination {
-		out = convclient.OutcomePolicy
+	if errors.As(err, &re) && re.Code == convert.CodeNotAuthorized && len(re.Value) > 0 {
+		switch re.Value[0] {
+		case convert.NotAuthorizedDestination:
+			out = convclient.OutcomePolicy
+		case convert.NotAuthorizedTicket:
+			out = convclient.OutcomeTicketRefused
+		}
 	}
 	s.report(dst, d.Name, out, netip.AddrPort{}, err.Error())
 	// Go direct on a fresh socket in place of the used one.

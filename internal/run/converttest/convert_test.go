@@ -361,15 +361,22 @@ func TestConverterRefusesGoesDirect(t *testing.T) {
 	e.learn(t, 7000)
 	e.refuse.Store(true)
 	// The converter refuses the ticket: this connection still works,
-	// direct, on a fresh socket in place of the used one.
+	// direct, on a fresh socket in place of the used one. The stock is
+	// dropped and refetched (a restarted relay forgot its tickets).
 	r := e.app(t, 7000, "timeout")
 	if r.Reply != direct || r.Proto != unix.IPPROTO_MPTCP {
 		t.Fatalf("refused conversion: %+v, want %q (direct fallback)", r, direct)
 	}
 	st := e.waitFor(t, "converter failure reported", func(st convclient.Status) bool { return st.Counters.ConverterFailed == 1 })
-	if st.Converters[0].FailedUntil.IsZero() || !strings.Contains(st.Converters[0].LastError, "ticket refused") {
-		t.Fatalf("converter not held: %+v", st.Converters[0])
+	if !st.Converters[0].FailedUntil.IsZero() || st.Converters[0].Failures != 1 {
+		t.Fatalf("first ticket refusal: %+v, want fresh tickets and no hold", st.Converters[0])
 	}
+	e.waitFor(t, "fresh tickets", func(st convclient.Status) bool { return st.Converters[0].Tickets > 0 })
+	// Fresh tickets refused too: direct again, and now the converter is held.
+	if r := e.app(t, 7000, "blocking"); r.Reply != direct {
+		t.Fatalf("second refused conversion: %+v", r)
+	}
+	st = e.waitFor(t, "converter held", func(st convclient.Status) bool { return !st.Converters[0].FailedUntil.IsZero() })
 	used := st.Converters[0].Used
 	// Held: the next connection goes direct without trying it.
 	r = e.app(t, 7000, "blocking")
