@@ -123,6 +123,9 @@ func TestBadFiles(t *testing.T) {
 		{"reference shape", base + "reference: {results: {a: {tcp: [1]}}}\n", "reference.results.a.tcp: want [mean, sd]"},
 		{"two documents", base + "---\nname: y\n", "more than one YAML document"},
 		{"same client server", base + "roles: {client: s, server: s}\n", ""},
+		{"converted without converter", strings.Replace(base, "[tcp,", "[converted, tcp,", 1), "converted needs roles.converter"},
+		{"converter is a detour", strings.Replace(base, "roles: {detours: [d1, d2]}", "roles: {detours: [d1, d2], converter: d1}", 1), `roles.converter: "d1" is also`},
+		{"server_mptcp not a bool", base + "server_mptcp: maybe\n", "server_mptcp"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
