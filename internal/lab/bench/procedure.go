@@ -2,8 +2,8 @@ package bench
 
 import (
 	"context"
-	"net/netip"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"go.yaml.in/yaml/v3"

@@ -63,13 +63,13 @@ type Record struct {
 	MaxGapEndS float64 `json:"max_gap_end_s,omitempty"`
 	// ResumeS: with a fault, seconds after it ended until the faulted
 	// path carried data again (-1: not before the transfer ended).
-	ResumeS  *float64  `json:"resume_s,omitempty"`
+	ResumeS *float64 `json:"resume_s,omitempty"`
 	// SetupMs is the median setup latency of the trial's probe
 	// connections (connect() to first byte of a one-byte request/response;
 	// scenario converter), SetupAllMs every probe.
 	SetupMs    *float64  `json:"setup_ms,omitempty"`
 	SetupAllMs []float64 `json:"setup_all_ms,omitempty"`
-	Subflows []Subflow `json:"subflows,omitempty"`
+	Subflows   []Subflow `json:"subflows,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
 	CC       string            `json:"cc"`

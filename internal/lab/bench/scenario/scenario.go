@@ -254,11 +254,11 @@ type Scenario struct {
 	CC          string   `yaml:"cc"`
 	// Direction of the transfers: upload (client sends, the default) or
 	// download (the server sends, the client counts).
-	Direction      string          `yaml:"direction"`
+	Direction string `yaml:"direction"`
 	// ServerMPTCP false disables MPTCP in the server node
 	// (net.mptcp.enabled=0) and serves plain TCP: a server that does not
 	// speak MPTCP (scenario converter). Default true.
-	ServerMPTCP *bool `yaml:"server_mptcp,omitempty"`
+	ServerMPTCP    *bool           `yaml:"server_mptcp,omitempty"`
 	Set            Params          `yaml:"set"`
 	Configurations []Configuration `yaml:"configurations"`
 	Procedures     []ProcedureSpec `yaml:"procedures"`
