@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
@@ -77,6 +79,13 @@ func agentCommand() *cli.Command {
 				}
 				defer src.Close()
 				sources = append(sources, src)
+				if cfg.Convert != nil {
+					stop, err := startConverterRouter(ctx, &cfg, src.Conns(), log)
+					if err != nil {
+						return err
+					}
+					defer stop()
+				}
 				if cfg.Tunnels {
 					// Removes tunnels a crashed agent left, then one source per relay.
 					tsrcs, err := tunnelctl.StartAll(cfg.NetNS, src.Conns(), rc.PrivateKey, log)
@@ -92,4 +101,34 @@ func agentCommand() *cli.Command {
 			return agent.RunLinux(ctx, cfg, log, nil, sources...)
 		},
 	}
+}
+
+// startConverterRouter keeps converter tickets in stock and answers
+// "mpdetour run" on the conversion socket (docs/convert.md).
+func startConverterRouter(ctx context.Context, cfg *agent.Config, conns []*relayclient.Conn, log *slog.Logger) (stop func(), err error) {
+	var convs []convclient.Converter
+	for _, c := range conns {
+		name := c.Relay().Name
+		if cfg.Convert.Relays == nil || slices.Contains(cfg.Convert.Relays, name) {
+			convs = append(convs, convclient.Converter{Name: name, Source: c})
+		}
+	}
+	r := convclient.New(cfg.Convert.Router, log.With("part", "convert"), convs...)
+	l, err := convclient.Listen(cfg.Convert.Socket)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{}, 2)
+	go func() { r.Run(ctx); done <- struct{}{} }()
+	go func() { _ = r.Serve(l); done <- struct{}{} }()
+	cfg.ConvertStatus = r.Status
+	log.Info("serving conversions", "socket", cfg.Convert.Socket, "converters", len(convs))
+	return func() {
+		cancel()
+		l.Close()
+		<-done
+		<-done
+		_ = os.Remove(cfg.Convert.Socket)
+	}, nil
 }

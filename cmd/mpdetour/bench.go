@@ -25,11 +25,16 @@ func benchCommand() *cli.Command {
 		sendDown   bool
 		sendCC     string
 		sendNetnsP string
+
+		latCount int
+		latPause time.Duration
+		latJSON  bool
 	)
 	return &cli.Command{
 		Name:    "bench",
 		Summary: "measure goodput (reference method) with per-subflow statistics",
 		Sub: []*cli.Command{
+			latencyCommand(&latCount, &latPause, &latJSON),
 			{
 				Name:    "recv",
 				Summary: "receive bulk transfers and report goodput to each sender (serves clients until killed)",
@@ -92,6 +97,45 @@ func benchCommand() *cli.Command {
 					return nil
 				},
 			},
+		},
+	}
+}
+
+// latencyCommand measures setup latency (connect() to first byte) against
+// the lab's latency responder.
+func latencyCommand(count *int, pause *time.Duration, asJSON *bool) *cli.Command {
+	return &cli.Command{
+		Name:         "latency",
+		Summary:      "measure connect() to first byte against a latency responder (plain TCP sockets, as an unmodified program)",
+		Usage:        "HOST:PORT [--count N] [--pause D] [--json]",
+		Interspersed: true,
+		Flags: func(fs *flag.FlagSet) {
+			fs.IntVar(count, "count", 5, "connections, one after the other")
+			fs.DurationVar(pause, "pause", 50*time.Millisecond, "pause between connections")
+			fs.BoolVar(asJSON, "json", false, "print the times in ms as a JSON array")
+		},
+		Run: func(ctx context.Context, args []string) error {
+			if len(args) != 1 {
+				return cli.Usagef("latency needs exactly one HOST:PORT")
+			}
+			if *count < 1 || *count > 10000 {
+				return cli.Usagef("--count %d out of range 1-10000", *count)
+			}
+			ds, err := benchtool.Latency(ctx, args[0], *count, *pause)
+			if err != nil {
+				return err
+			}
+			ms := make([]float64, len(ds))
+			for i, d := range ds {
+				ms[i] = float64(d.Microseconds()) / 1000
+			}
+			if *asJSON {
+				return printJSON(ms)
+			}
+			for _, v := range ms {
+				fmt.Printf("%.3f ms\n", v)
+			}
+			return nil
 		},
 	}
 }

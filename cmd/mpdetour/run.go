@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/run"
 )
 
@@ -22,15 +23,17 @@ func runCommand() *cli.Command {
 		check     bool
 		mechanism string
 		logPath   string
+		convert   string
 	)
 	return &cli.Command{
 		Name:    "run",
 		Summary: "run a program with its TCP sockets turned into MPTCP sockets",
-		Usage:   "[--mechanism auto|seccomp|preload] [--log FILE] [--] CMD [ARGS...] | --check",
+		Usage:   "[--mechanism auto|seccomp|preload] [--log FILE] [--convert SOCKET|off] [--] CMD [ARGS...] | --check",
 		Flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&check, "check", false, "report which mechanism this host supports and why, then exit")
 			fs.StringVar(&mechanism, "mechanism", "auto", "auto, seccomp (covers static binaries) or preload (LD_PRELOAD libmptcpwrap, dynamic binaries only)")
 			fs.StringVar(&logPath, "log", "", "append the seccomp supervisor's log to `FILE` (default: discarded)")
+			fs.StringVar(&convert, "convert", "", "the agent's conversion `SOCKET`: connections to servers known not to speak MPTCP go through a converter (docs/convert.md); default "+convclient.DefaultSocket+" when it exists, off to disable")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			mech, err := run.ParseMechanism(mechanism)
@@ -51,7 +54,19 @@ func runCommand() *cli.Command {
 			if len(args) == 0 {
 				return cli.Usagef("missing command to run")
 			}
-			err = run.Exec(run.Options{Mechanism: mech, Argv: args, LogPath: logPath, Warn: os.Stderr})
+			switch convert {
+			case "off":
+				convert = ""
+			case "":
+				if _, err := os.Stat(convclient.DefaultSocket); err == nil {
+					convert = convclient.DefaultSocket
+				}
+			default:
+				if _, err := os.Stat(convert); err != nil {
+					fmt.Fprintf(os.Stderr, "mpdetour run: --convert %s: %v; connections are not converted\n", convert, err)
+				}
+			}
+			err = run.Exec(run.Options{Mechanism: mech, Argv: args, LogPath: logPath, Warn: os.Stderr, Convert: convert})
 			var ee *run.ExitError
 			if errors.As(err, &ee) {
 				fmt.Fprintf(os.Stderr, "mpdetour run: %v\n", ee.Err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/convclient"
 )
 
 // statusCommand builds the status subcommand.
@@ -78,8 +79,17 @@ func printStatus(st agent.Status) {
 	}
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "\nCONNECTION\tLOCAL\tREMOTE\tPATH\tROLE\tSTATE\tBACKUP\tSENT\tRECEIVED\tRTT ms\tMbit/s\tLOSS %%\tDECISION\n")
+	convertedTo := map[string]string{} // local address -> destination
+	if st.Conversions != nil {
+		for _, c := range st.Conversions.Recent {
+			convertedTo[c.Local] = c.Destination
+		}
+	}
 	for _, cs := range st.Connections {
 		tag := cs.Token
+		if dst, ok := convertedTo[cs.Local]; ok {
+			tag += " (converted to " + dst + ")"
+		}
 		if cs.Adopted {
 			tag += " (adopted)"
 		}
@@ -116,4 +126,51 @@ func printStatus(st agent.Status) {
 		fmt.Fprintf(w, "%s:%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", d.Kind, d.Relay, local, d.Remote, d.Subflows, d.Established, d.Failed, health, d.LastError)
 	}
 	w.Flush()
+	if st.Conversions != nil {
+		printConversions(*st.Conversions, st.Connections)
+	}
+}
+
+// printConversions shows the conversion Router: converters, counters, the
+// destinations learned not to speak MPTCP, and the converted connections
+// the agent manages now.
+func printConversions(cv convclient.Status, conns []agent.ConnStatus) {
+	c := cv.Counters
+	var direct []string
+	for why, n := range c.Direct {
+		direct = append(direct, fmt.Sprintf("%s %d", why, n))
+	}
+	sort.Strings(direct)
+	fmt.Printf("\nconversions: %d converted of %d connects; direct: %s; learned %d (%d without MPTCP); converter failures %d, policy refusals %d, destination errors %d; tickets fetched %d (%d request errors)\n",
+		c.Converted, c.Routed, strings.Join(direct, ", "), c.Learned, c.LearnedNoMPTCP, c.ConverterFailed, c.PolicyRefused, c.DestinationError, c.TicketsFetched, c.TicketErrors)
+	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "CONVERTER\tADDRESS\tTICKETS\tRTT ms\tUSED\tFAILURES\tSTATE\tLAST ERROR\n")
+	for _, x := range cv.Converters {
+		state := "ok"
+		if !x.FailedUntil.IsZero() {
+			state = "held until " + x.FailedUntil.Format("15:04:05")
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%.1f\t%d\t%d\t%s\t%s\n", x.Relay, x.Address, x.Tickets, x.RTTms, x.Used, x.Failures, state, x.LastError)
+	}
+	w.Flush()
+	live := map[string]bool{}
+	for _, cs := range conns {
+		live[cs.Local] = true
+	}
+	w = tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "\nCONVERTED CONNECTION\tCONVERTER\tDESTINATION\tSINCE\n")
+	for _, x := range cv.Recent {
+		if live[x.Local] {
+			fmt.Fprintf(w, "%s\t%s (%s)\t%s\t%s\n", x.Local, x.Converter, x.Name, x.Destination, x.Since.Format("15:04:05"))
+		}
+	}
+	w.Flush()
+	if len(cv.NoMPTCP) > 0 {
+		w = tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintf(w, "\nWITHOUT MPTCP (%d destinations known)\tUNTIL\tCONVERTED\tCONVERTIBLE\n", cv.Destinations)
+		for _, d := range cv.NoMPTCP {
+			fmt.Fprintf(w, "%s\t%s\t%d\t%v\n", d.Destination, d.Expires.Format("15:04:05"), d.Conversions, d.Convertible)
+		}
+		w.Flush()
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/policy"
@@ -63,6 +64,12 @@ type Config struct {
 	Relays *relayclient.SourceConfig
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
 	Tunnels bool
+	// Convert, when set, serves conversion decisions to "mpdetour run"
+	// (convclient; docs/convert.md).
+	Convert *convclient.Settings
+	// ConvertStatus, when set, adds the conversion Router's view to the
+	// status (wired by cmd/mpdetour; not in the YAML).
+	ConvertStatus func() convclient.Status
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -102,6 +109,8 @@ type fileConfig struct {
 	Relays   *relayclient.FileConfig `yaml:"relays"`
 	Tunnels  bool                    `yaml:"tunnels"`
 	LegacyV1 []fileLegacy            `yaml:"legacy_v1"`
+	// Convert is documented in docs/convert.md (convclient.FileConfig).
+	Convert *convclient.FileConfig `yaml:"convert"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -299,6 +308,19 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("tunnels: needs a relays section (tunnels are asked from the relays)")
 	}
 	c.Tunnels = f.Tunnels
+	if f.Convert != nil && f.Convert.Enabled {
+		var names []string
+		if c.Relays != nil {
+			for _, r := range c.Relays.Relays {
+				names = append(names, r.Name)
+			}
+		}
+		cs, err := f.Convert.Build(names)
+		if err != nil {
+			return c, fmt.Errorf("convert.%v", err)
+		}
+		c.Convert = &cs
+	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {

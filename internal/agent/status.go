@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
@@ -32,6 +33,8 @@ type Status struct {
 	Connections []ConnStatus   `json:"connections"`
 	Detours     []DetourStatus `json:"detours"`
 	DiagError   string         `json:"diag_error,omitempty"`
+	// Conversions: connections sent through a converter (docs/convert.md).
+	Conversions *convclient.Status `json:"conversions,omitempty"`
 }
 
 // Counters are totals since start.
@@ -158,6 +161,10 @@ func (a *Agent) Status() Status {
 		st = <-reply
 	case <-time.After(5 * time.Second):
 		return Status{NetNS: a.cfg.NetNS, DiagError: "agent loop busy: no answer within 5s"}
+	}
+	if a.cfg.ConvertStatus != nil {
+		cs := a.cfg.ConvertStatus()
+		st.Conversions = &cs
 	}
 	live := map[uint32]mptcppm.Connection{}
 	if conns, err := a.k.Connections(); err != nil {

@@ -349,8 +349,12 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn) {
 
 	b, err := reply.Marshal()
 	if err == nil {
-		client.SetWriteDeadline(time.Now().Add(orDefault(s.HeaderTimeout, DefaultHeaderTimeout)))
-		_, err = client.Write(b)
+		deadline := time.Now().Add(orDefault(s.HeaderTimeout, DefaultHeaderTimeout))
+		err = waitRemoteKey(client, deadline)
+		if err == nil {
+			client.SetWriteDeadline(deadline)
+			_, err = client.Write(b)
+		}
 	}
 	if err != nil {
 		abort(client)
@@ -479,6 +483,44 @@ func watchStalls(conns []*net.TCPConn, timeout time.Duration, onStall func()) (s
 	}
 }
 
+// waitRemoteKey works around what 6.18 does with a reply written on a TCP
+// Fast Open MPTCP connection before the client's final ACK arrived (the
+// destination answered faster than half the client's round trip): the
+// bytes stay in the MPTCP send queue and are never pushed, the client
+// waits forever (seen in the lab: write_seq ahead of snd_una, the subflow
+// with nothing sent). The final ACK carries the keys; once the remote key
+// is known (MPTCP_INFO_FLAG_REMOTE_KEY_RECEIVED) a write goes out. Without
+// TFO the handshake is complete before accept and this returns at once.
+// It polls every millisecond: the wait is at most half a client round trip.
+func waitRemoteKey(c *net.TCPConn, deadline time.Time) error {
+	const mptcpInfo, flagRemoteKey = 1, 1 << 1
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for {
+		var buf [16]byte
+		var e unix.Errno
+		l := uint32(len(buf))
+		if err := rc.Control(func(fd uintptr) {
+			_, _, e = unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_MPTCP, mptcpInfo,
+				uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&l)), 0)
+		}); err != nil {
+			return err
+		}
+		if e != 0 || l < 12 {
+			return nil // plain TCP (fallback) or an old kernel: nothing to wait for
+		}
+		if binary.NativeEndian.Uint32(buf[8:12])&flagRemoteKey != 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the client did not complete the handshake: %w", os.ErrDeadlineExceeded)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // mptcpSendState reads write_seq and snd_una from struct mptcp_info
 // (getsockopt SOL_MPTCP, MPTCP_INFO; offsets 16 and 24 since Linux 5.16).
 func mptcpSendState(c *net.TCPConn) (writeSeq, sndUna uint64, err error) {
@@ -525,6 +567,12 @@ func (s *Server) answerAndLinger(client *net.TCPConn, m *Message, log *slog.Logg
 	b, err := m.Marshal()
 	if err != nil { // cannot happen with the messages the server builds
 		log.Error("convert: encoding reply", "err", err)
+		abort(client)
+		return
+	}
+	// The answer must not be written before the handshake is complete
+	// (waitRemoteKey): it would stay queued and the close reset it.
+	if err := waitRemoteKey(client, time.Now().Add(orDefault(s.HeaderTimeout, DefaultHeaderTimeout))); err != nil {
 		abort(client)
 		return
 	}

@@ -235,7 +235,7 @@ func probeSeccomp() (int, error) {
 
 func probeMain() int {
 	runtime.LockOSThread()
-	lfd, err := installFilter()
+	lfd, err := installFilter(false)
 	if err != nil {
 		fmt.Println(err)
 		return 3

@@ -13,7 +13,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/convclient"
 )
+
+// envConvert passes the conversion socket to the supervisor.
+const envConvert = "MPDETOUR_RUN_CONVERT"
 
 // Mechanism names how CMD's sockets are converted.
 type Mechanism string
@@ -57,6 +62,10 @@ type Options struct {
 	Env       []string  // CMD's environment; nil means os.Environ()
 	LogPath   string    // where the supervisor logs (appending); "" discards
 	Warn      io.Writer // warnings about the chosen mechanism
+	// Convert is the agent's conversion socket (convclient): connect()s
+	// to destinations known not to speak MPTCP go through a converter
+	// (seccomp only; docs/convert.md). "" = no conversion.
+	Convert string
 }
 
 // Argv[0] values that mark mpdetour re-executing itself for internal work.
@@ -121,9 +130,12 @@ func Exec(o Options) error {
 	}
 	switch mech {
 	case Preload:
+		if o.Convert != "" {
+			fmt.Fprintf(o.Warn, "mpdetour run: the preload mechanism does not convert connections through a converter (seccomp only)\n")
+		}
 		return execPreload(path, o.Argv, env, o.Warn)
 	case Seccomp:
-		err := execSeccomp(path, o.Argv, env, o.LogPath)
+		err := execSeccomp(path, o.Argv, env, o.LogPath, o.Convert)
 		var nf *noFilterError
 		if errors.As(err, &nf) && (o.Mechanism == "" || o.Mechanism == Auto) {
 			// Nothing irreversible happened (no filter): e.g. a container
@@ -136,7 +148,7 @@ func Exec(o Options) error {
 	return &ExitError{ExitSetup, fmt.Errorf("unknown mechanism %q", mech)}
 }
 
-func execSeccomp(path string, argv, env []string, logPath string) error {
+func execSeccomp(path string, argv, env []string, logPath, convert string) error {
 	setup := func(err error) error { return &ExitError{ExitSetup, err} }
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -145,7 +157,7 @@ func execSeccomp(path string, argv, env []string, logPath string) error {
 	ours := os.NewFile(uintptr(sp[0]), "supervisor")
 	theirs := os.NewFile(uintptr(sp[1]), "supervisor-end")
 	defer ours.Close()
-	if err := startSupervisor(theirs, logPath); err != nil {
+	if err := startSupervisor(theirs, logPath, convert); err != nil {
 		theirs.Close()
 		return setup(err)
 	}
@@ -153,7 +165,7 @@ func execSeccomp(path string, argv, env []string, logPath string) error {
 
 	// From here on this thread installs the filter and calls execve.
 	runtime.LockOSThread()
-	lfd, err := installFilter()
+	lfd, err := installFilter(convert != "")
 	if err != nil {
 		runtime.UnlockOSThread()
 		return setup(&noFilterError{err})
@@ -196,7 +208,7 @@ func (e *noFilterError) Error() string { return e.err.Error() }
 // startSupervisor starts the supervisor detached from CMD: an intermediate
 // process starts it and exits, so the supervisor is never a child of CMD
 // (which could otherwise reap it or be confused by its SIGCHLD).
-func startSupervisor(end *os.File, logPath string) error {
+func startSupervisor(end *os.File, logPath, convert string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("locate own binary: %w", err)
@@ -212,7 +224,7 @@ func startSupervisor(end *os.File, logPath string) error {
 	}
 	p, err := os.StartProcess(self, args, &os.ProcAttr{
 		Dir:   "/",
-		Env:   []string{"MPDETOUR_RUN_INTERNAL=1"},
+		Env:   []string{"MPDETOUR_RUN_INTERNAL=1", envConvert + "=" + convert},
 		Files: []*os.File{devnull, devnull, os.Stderr, end},
 	})
 	if err != nil {
@@ -256,7 +268,7 @@ func forkMain() int {
 	// for EOF before reaping CMD would otherwise wait forever.
 	_, err = os.StartProcess(self, []string{argv0Supervisor}, &os.ProcAttr{
 		Dir:   "/",
-		Env:   []string{"MPDETOUR_RUN_INTERNAL=1"},
+		Env:   []string{"MPDETOUR_RUN_INTERNAL=1", envConvert + "=" + os.Getenv(envConvert)},
 		Files: []*os.File{devnull, devnull, logf, os.NewFile(3, "supervisor-end")},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})
@@ -283,11 +295,17 @@ func supervisorMain() int {
 	}
 	unix.Close(3)
 	start := time.Now()
-	st, err := Serve(lfd, log)
+	var conv *convclient.Client
+	if p := os.Getenv(envConvert); p != "" {
+		conv = convclient.NewClient(p, 0)
+		defer conv.Close()
+	}
+	st, err := serve(lfd, log, conv)
 	var ru unix.Rusage
 	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
 	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	log.Info("supervisor done", "mptcp", st.MPTCP, "fallback", st.Fallback, "gone", st.Gone,
+		"connects", st.Connects, "converted", st.Converted, "convert_failed_direct", st.ConvertDirect, "learning", st.Learning,
 		"uptime", time.Since(start).Round(time.Millisecond), "cpu", cpu.Round(time.Microsecond))
 	if err != nil {
 		log.Error("supervisor failed", "err", err)

@@ -19,9 +19,11 @@ const (
 )
 
 const (
-	sysSocketX86_64 = 41         // __NR_socket, x86_64
-	x32SyscallBit   = 0x40000000 // __X32_SYSCALL_BIT
-	sysSocketI386   = 359        // __NR_socket, i386 (since 4.3; socketcall(2) is not covered)
+	sysSocketX86_64  = 41         // __NR_socket, x86_64
+	x32SyscallBit    = 0x40000000 // __X32_SYSCALL_BIT
+	sysSocketI386    = 359        // __NR_socket, i386 (since 4.3; socketcall(2) is not covered)
+	sysConnectX86_64 = 42         // __NR_connect, x86_64
+	sysConnectI386   = 362        // __NR_connect, i386
 	// typeFlags are the flags the kernel strips from socket()'s type before
 	// looking at the socket type; any other bit makes socket() fail with
 	// EINVAL, which the kernel must keep reporting itself.
@@ -31,40 +33,98 @@ const (
 // filterProgram is the classic BPF seccomp program. Every syscall except a
 // TCP stream socket() is allowed without leaving the kernel, so the
 // supervisor only sees socket() calls it will convert.
-func filterProgram() []bpf.Instruction {
+func filterProgram() []bpf.Instruction { return filterProgramFor(false) }
+
+// filterProgramFor builds the program; with connect, every connect() also
+// goes to the supervisor (conversion, docs/convert.md): BPF cannot read the
+// sockaddr behind the pointer, so the supervisor looks at the family and
+// lets anything but IPv4/IPv6 continue at once.
+func filterProgramFor(connect bool) []bpf.Instruction {
 	const (
 		notify = unix.SECCOMP_RET_USER_NOTIF
 		allow  = unix.SECCOMP_RET_ALLOW
 	)
-	return []bpf.Instruction{
-		/* 0 */ bpf.LoadAbsolute{Off: offArch, Size: 4},
-		/* 1 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AUDIT_ARCH_X86_64, SkipTrue: 1},
-		/* 2 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AUDIT_ARCH_I386, SkipTrue: 3, SkipFalse: 15}, // -> 6, else allow
-		// x86_64 and x32 (same audit arch, syscall numbers with bit 30 set).
-		/* 3 */ bpf.LoadAbsolute{Off: offNr, Size: 4},
-		/* 4 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: sysSocketX86_64, SkipTrue: 3},
-		/* 5 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: sysSocketX86_64 | x32SyscallBit, SkipTrue: 2, SkipFalse: 12},
-		// i386 compat.
-		/* 6 */ bpf.LoadAbsolute{Off: offNr, Size: 4},
-		/* 7 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: sysSocketI386, SkipFalse: 10},
-		// socket(domain, type, protocol)
-		/* 8 */ bpf.LoadAbsolute{Off: offArg0, Size: 4},
-		/* 9 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_INET, SkipTrue: 1},
-		/* 10 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_INET6, SkipFalse: 7},
-		/* 11 */ bpf.LoadAbsolute{Off: offArg1, Size: 4},
-		/* 12 */ bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: ^uint32(typeFlags)},
-		/* 13 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_STREAM, SkipFalse: 4},
-		/* 14 */ bpf.LoadAbsolute{Off: offArg2, Size: 4},
-		/* 15 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipTrue: 1},
-		/* 16 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.IPPROTO_TCP, SkipFalse: 1},
-		/* 17 */ bpf.RetConstant{Val: notify},
-		/* 18 */ bpf.RetConstant{Val: allow},
+	// A tiny assembler: jumps name labels, resolved below (offsets by hand
+	// broke too easily once connect() joined).
+	type jmp struct {
+		val     uint32
+		yes, no string // label; "" = next instruction
+		cond    bpf.JumpTest
 	}
+	type ins struct {
+		label string
+		i     bpf.Instruction
+		j     *jmp
+	}
+	var prog []ins
+	add := func(label string, i bpf.Instruction) { prog = append(prog, ins{label: label, i: i}) }
+	jeq := func(label string, val uint32, yes, no string) {
+		prog = append(prog, ins{label: label, j: &jmp{val: val, yes: yes, no: no, cond: bpf.JumpEqual}})
+	}
+	add("", bpf.LoadAbsolute{Off: offArch, Size: 4})
+	jeq("", unix.AUDIT_ARCH_X86_64, "x86", "")
+	jeq("", unix.AUDIT_ARCH_I386, "i386", "allow")
+	// x86_64 and x32 (same audit arch, syscall numbers with bit 30 set).
+	add("x86", bpf.LoadAbsolute{Off: offNr, Size: 4})
+	jeq("", sysSocketX86_64, "args", "")
+	if connect {
+		jeq("", sysSocketX86_64|x32SyscallBit, "args", "")
+		jeq("", sysConnectX86_64, "notify", "")
+		jeq("", sysConnectX86_64|x32SyscallBit, "notify", "allow")
+	} else {
+		jeq("", sysSocketX86_64|x32SyscallBit, "args", "allow")
+	}
+	// i386 compat.
+	add("i386", bpf.LoadAbsolute{Off: offNr, Size: 4})
+	if connect {
+		jeq("", sysSocketI386, "args", "")
+		jeq("", sysConnectI386, "notify", "allow")
+	} else {
+		jeq("", sysSocketI386, "args", "allow")
+	}
+	// socket(domain, type, protocol)
+	add("args", bpf.LoadAbsolute{Off: offArg0, Size: 4})
+	jeq("", unix.AF_INET, "type", "")
+	jeq("", unix.AF_INET6, "type", "allow")
+	add("type", bpf.LoadAbsolute{Off: offArg1, Size: 4})
+	add("", bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: ^uint32(typeFlags)})
+	jeq("", unix.SOCK_STREAM, "", "allow")
+	add("", bpf.LoadAbsolute{Off: offArg2, Size: 4})
+	jeq("", 0, "notify", "")
+	jeq("", unix.IPPROTO_TCP, "notify", "allow")
+	add("notify", bpf.RetConstant{Val: notify})
+	add("allow", bpf.RetConstant{Val: allow})
+
+	at := map[string]int{}
+	for i, in := range prog {
+		if in.label != "" {
+			at[in.label] = i
+		}
+	}
+	out := make([]bpf.Instruction, len(prog))
+	for i, in := range prog {
+		if in.j == nil {
+			out[i] = in.i
+			continue
+		}
+		skip := func(l string) uint8 {
+			if l == "" {
+				return 0
+			}
+			t, ok := at[l]
+			if !ok || t <= i {
+				panic("seccomp filter: bad label " + l)
+			}
+			return uint8(t - i - 1)
+		}
+		out[i] = bpf.JumpIf{Cond: in.j.cond, Val: in.j.val, SkipTrue: skip(in.j.yes), SkipFalse: skip(in.j.no)}
+	}
+	return out
 }
 
 // assembleFilter turns the program into the kernel's sock_filter form.
-func assembleFilter() ([]unix.SockFilter, error) {
-	raw, err := bpf.Assemble(filterProgram())
+func assembleFilter(connect bool) ([]unix.SockFilter, error) {
+	raw, err := bpf.Assemble(filterProgramFor(connect))
 	if err != nil {
 		return nil, fmt.Errorf("assemble seccomp filter: %w", err)
 	}
@@ -79,8 +139,8 @@ func assembleFilter() ([]unix.SockFilter, error) {
 // and returns the notification listener. The caller must hold its OS thread
 // locked: without CAP_SYS_ADMIN the kernel requires no_new_privs on the
 // calling thread, and the thread that later calls execve must be filtered.
-func installFilter() (int, error) {
-	prog, err := assembleFilter()
+func installFilter(connect bool) (int, error) {
+	prog, err := assembleFilter(connect)
 	if err != nil {
 		return -1, err
 	}

@@ -67,8 +67,47 @@ func TestFilterDecisions(t *testing.T) {
 	}
 }
 
+func TestFilterDecisionsConvert(t *testing.T) {
+	vm, err := bpf.NewVM(filterProgramFor(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const x86, i386 = unix.AUDIT_ARCH_X86_64, unix.AUDIT_ARCH_I386
+	const notify, allow = unix.SECCOMP_RET_USER_NOTIF, unix.SECCOMP_RET_ALLOW
+	for _, c := range []struct {
+		name       string
+		arch, nr   uint32
+		d, ty, pro uint64
+		want       uint32
+	}{
+		{"tcp4", x86, 41, unix.AF_INET, unix.SOCK_STREAM, 0, notify},
+		{"x32 socket", x86, 41 | x32SyscallBit, unix.AF_INET, unix.SOCK_STREAM, 0, notify},
+		{"udp", x86, 41, unix.AF_INET, unix.SOCK_DGRAM, 0, allow},
+		{"already mptcp", x86, 41, unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP, allow},
+		{"connect", x86, unix.SYS_CONNECT, 3, 0, 16, notify},
+		{"x32 connect", x86, unix.SYS_CONNECT | x32SyscallBit, 3, 0, 16, notify},
+		{"i386 connect", i386, 362, 3, 0, 16, notify},
+		{"i386 socket", i386, 359, unix.AF_INET6, unix.SOCK_STREAM, 0, notify},
+		{"accept", x86, unix.SYS_ACCEPT, 3, 0, 0, allow},
+		{"sendto", x86, unix.SYS_SENDTO, 3, 0, 0, allow},
+		{"i386 socketcall", i386, 102, 3, 0, 0, allow},
+		{"other arch", 0xc00000b7, 203, 3, 0, 16, allow},
+	} {
+		got, err := vm.Run(seccompBytes(c.arch, c.nr, [6]uint64{c.d, c.ty, c.pro}))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if uint32(got) != c.want {
+			t.Errorf("%s: filter returned %#x, want %#x", c.name, got, c.want)
+		}
+	}
+	if _, err := assembleFilter(true); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestAssembleFilter(t *testing.T) {
-	p, err := assembleFilter()
+	p, err := assembleFilter(false)
 	if err != nil {
 		t.Fatal(err)
 	}

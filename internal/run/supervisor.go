@@ -8,9 +8,12 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/convclient"
 )
 
 // Stats counts what the supervisor did with the socket() calls it saw.
@@ -18,6 +21,11 @@ type Stats struct {
 	MPTCP    int // converted: CMD got an IPPROTO_MPTCP socket
 	Fallback int // MPTCP socket creation failed; the original call ran unchanged
 	Gone     int // the caller vanished or was interrupted before the answer
+
+	// With conversion (docs/convert.md): IPv4/IPv6 connect()s seen,
+	// connections converted, conversions that failed at the converter and
+	// went direct, direct connections watched to learn about MPTCP.
+	Connects, Converted, ConvertDirect, Learning int
 }
 
 // supervisor answers notifications on one locked OS thread. That thread
@@ -28,6 +36,11 @@ type supervisor struct {
 	lfd   int
 	log   *slog.Logger
 	stats Stats
+	// conv is the conversion client (nil: connect() is not trapped).
+	conv  *convclient.Client
+	convs convStats
+	wg    sync.WaitGroup
+	done  chan struct{} // closed when no task uses the filter any more
 
 	root      bool
 	nsDev     uint64
@@ -41,10 +54,16 @@ type supervisor struct {
 
 // Serve handles notifications on the listener lfd until no task uses the
 // filter any more (POLLHUP), then closes lfd.
-func Serve(lfd int, log *slog.Logger) (Stats, error) {
+func Serve(lfd int, log *slog.Logger) (Stats, error) { return serve(lfd, log, nil) }
+
+// serve is Serve with conversion of connect()s through conv (nil: none).
+func serve(lfd int, log *slog.Logger, conv *convclient.Client) (stats Stats, err error) {
 	runtime.LockOSThread()
 	defer unix.Close(lfd)
-	s := &supervisor{lfd: lfd, log: log, root: os.Geteuid() == 0, fsuid: os.Geteuid(), fsgid: os.Getegid()}
+	s := &supervisor{lfd: lfd, log: log, root: os.Geteuid() == 0, fsuid: os.Geteuid(), fsgid: os.Getegid(), conv: conv, done: make(chan struct{})}
+	// Conversions in progress answer their notification from their own
+	// goroutine: wait for them before the listener goes.
+	defer func() { close(s.done); s.wg.Wait(); stats = s.convs.add(stats) }()
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/thread-self/ns/net", &st); err == nil {
 		s.nsDev, s.nsIno, s.procCheck = st.Dev, st.Ino, true
@@ -93,6 +112,10 @@ func (s *supervisor) handle() error {
 			return nil
 		}
 		return fmt.Errorf("SECCOMP_IOCTL_NOTIF_RECV: %w", err)
+	}
+	if nr := n.Data.Nr &^ x32SyscallBit; nr == sysConnectX86_64 && n.Data.Arch == unix.AUDIT_ARCH_X86_64 ||
+		nr == sysConnectI386 && n.Data.Arch == unix.AUDIT_ARCH_I386 {
+		return s.connect(&n)
 	}
 	// socket() takes ints: only the low 32 bits count, as in the kernel.
 	domain := int(int32(n.Data.Args[0]))

@@ -128,7 +128,11 @@ members:
 		cfg += env.RelayConfig
 		if mode != tunnelOnly {
 			// The lab's server has a private address, refused unless allowed.
-			cfg += fmt.Sprintf("allow_destinations: [%s/32]\n", server)
+			allow := []string{server.String() + "/32"}
+			for _, a := range env.RelayAllow {
+				allow = append(allow, a.String()+"/32")
+			}
+			cfg += fmt.Sprintf("allow_destinations: [%s]\n", strings.Join(allow, ", "))
 		}
 		if env.RelayState {
 			cfg += fmt.Sprintf("state_file: %s\n", filepath.Join(env.Dir, "relay-"+node+".state.json"))
@@ -281,6 +285,12 @@ type agentDetour struct {
 // appears once the agent listens for MPTCP events and has switched the
 // node to the userspace path manager).
 func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, extra string) (*daemon, error) {
+	return startAgentFor(ctx, env, subflows, ds, extra, env.serverAddr())
+}
+
+// startAgentFor is startAgent with detours for connections to target (the
+// converter for procedure converted) instead of the server.
+func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour, extra string, target netip.AddrPort) (*daemon, error) {
 	sock := filepath.Join(env.Dir, "agent.sock")
 	server := env.serverAddr()
 	var b strings.Builder
@@ -297,7 +307,7 @@ func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, e
 		// often (its stall check), to compare policies, not probe rates.
 		fmt.Fprintf(&b, "policy: %s\nprobe_interval: 100ms\n", pol)
 	}
-	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [\"%d\"]}\n", server.Addr(), server.Port())
+	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [\"%d\"]}\n", target.Addr(), target.Port())
 	if len(ds) > 0 {
 		b.WriteString("detours:\n")
 	}

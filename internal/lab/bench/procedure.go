@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -33,6 +34,13 @@ type Env struct {
 	// RelayState gives each relay a state_file (replay protection) and a
 	// tunnel state_file (allocations survive restarts), in Dir.
 	RelayState bool
+	// ServerMPTCP is false when the server node has MPTCP disabled;
+	// LatencyPort is its setup-latency responder (0: none).
+	ServerMPTCP bool
+	LatencyPort int
+	// RelayAllow are destinations the detour relays allow besides the
+	// server (the converter's address for procedure converted).
+	RelayAllow []netip.Addr
 }
 
 // Measurement is the outcome of one trial.
@@ -52,6 +60,9 @@ type Measurement struct {
 	// reinjected on another subflow after a loss counts twice.
 	TailMbps *float64
 	Subflows []results.Subflow
+	// SetupMs: the trial's setup latency probes (connect() to first
+	// byte), in ms, when the procedure measures them.
+	SetupMs []float64
 }
 
 // Session is a cell prepared for its trials (daemons started, grants
@@ -85,6 +96,8 @@ func Procedures() map[string]Setup {
 
 		scenario.MPTCPNATBackupStatic:   setupMPTCPNATBackup,
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,
+
+		scenario.Converted: setupConverted,
 	}
 }
 

@@ -13,11 +13,14 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/report"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
@@ -224,7 +227,19 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 		Lab: l, Roles: roles, CC: r.s.CC,
 		Duration: time.Duration(r.s.Duration), Warmup: time.Duration(r.s.Warmup),
 		Binary: r.o.Binary, Port: receiverPort, AgentConfig: r.o.AgentConfig,
-		Download: r.s.Direction == "download",
+		Download: r.s.Direction == "download", ServerMPTCP: r.s.ServerSpeaksMPTCP(),
+	}
+	if roles.Converter != "" && l.NetnsName(roles.Converter) == "" {
+		return fmt.Errorf("configuration %s: topology %s has no node %q (roles.converter)", cfg.Name, r.s.Topology, roles.Converter)
+	}
+	if !base.ServerMPTCP {
+		// A server that does not speak MPTCP: its kernel refuses MPTCP
+		// sockets, as on most of today's Internet.
+		if err := l.Do(roles.Server, func() error {
+			return os.WriteFile("/proc/sys/net/mptcp/enabled", []byte("0"), 0o644)
+		}); err != nil {
+			return fmt.Errorf("configuration %s: MPTCP off in %s: %w", cfg.Name, roles.Server, err)
+		}
 	}
 	if err := serverJoinLimits(l, roles.Server); err != nil {
 		return fmt.Errorf("configuration %s: %w", cfg.Name, err)
@@ -234,6 +249,12 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 		return fmt.Errorf("configuration %s: goodput receiver: %w", cfg.Name, err)
 	}
 	defer stop()
+	lat, err := benchtool.ListenLatency(":"+strconv.Itoa(latencyPort), l.NetnsPath(roles.Server), base.ServerMPTCP)
+	if err != nil {
+		return fmt.Errorf("configuration %s: latency responder: %w", cfg.Name, err)
+	}
+	defer lat.Close()
+	base.LatencyPort = latencyPort
 	for _, c := range cells {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -251,8 +272,23 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 	return nil
 }
 
-// receiverPort is where the goodput receiver listens in the server node.
-const receiverPort = 5201
+// receiverPort is where the goodput receiver listens in the server node,
+// latencyPort its setup-latency responder (benchtool.ListenLatency).
+const (
+	receiverPort = 5201
+	latencyPort  = 5202
+)
+
+// median of a non-empty slice.
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+}
 
 // serverJoinLimits lets the server accept a join per detour: a new
 // namespace accepts only 2 extra subflows, the K-detour study needs up to
@@ -353,6 +389,10 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 			rec.Status = results.OK
 			rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
 			rec.MaxGapS, rec.MaxGapEndS, rec.ResumeS, rec.TailMbps = m.MaxGapS, m.MaxGapEndS, m.ResumeS, m.TailMbps
+			if len(m.SetupMs) > 0 {
+				med := median(m.SetupMs)
+				rec.SetupMs, rec.SetupAllMs = &med, m.SetupMs
+			}
 		}
 		if err := r.append(rec); err != nil {
 			return err

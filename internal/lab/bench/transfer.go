@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -17,7 +19,9 @@ import (
 )
 
 func setupTCP(ctx context.Context, env *Env) (Session, error) {
-	return &transfer{env: env, dst: env.serverAddr()}, nil
+	// Beside a converter (scenario converter), plain TCP is the baseline
+	// for setup latency too.
+	return &transfer{env: env, dst: env.serverAddr(), probeSetup: env.Roles.Converter != "" && env.LatencyPort > 0}, nil
 }
 
 func setupMPTCP1(ctx context.Context, env *Env) (Session, error) {
@@ -45,6 +49,16 @@ type transfer struct {
 	// daemons are the cell's relay/agent processes: one that died
 	// explains a failed trial.
 	daemons []*daemon
+	// wrap, when set, runs the sender as a process in the client node
+	// behind these arguments ("mpdetour run --convert SOCKET --"), as an
+	// unmodified program, instead of in-process.
+	wrap []string
+	// probeSetup measures setup latency (connect() to first byte) before
+	// each transfer, through wrap if set.
+	probeSetup bool
+	// check, when set, runs after each trial (e.g. that the connection was
+	// converted).
+	check func(res *benchtool.Result) error
 }
 
 // explain adds to err what became of the cell's daemons.
@@ -73,12 +87,21 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		}
 		defer stop()
 	}
-	res, err := benchtool.Send(ctx, benchtool.SendOptions{
-		Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, CC: e.CC,
-		Netns: e.Lab.NetnsPath(e.Roles.Client), Download: e.Download, SeriesEvery: seriesEvery(e.Cell.Fault),
-	})
+	var setup []float64
+	if t.probeSetup {
+		var err error
+		if setup, err = t.setupLatency(ctx, setupProbes); err != nil {
+			return Measurement{}, t.explain(err)
+		}
+	}
+	res, err := t.send(ctx)
 	if err != nil {
 		return Measurement{}, t.explain(err)
+	}
+	if t.check != nil {
+		if err := t.check(res); err != nil {
+			return Measurement{}, t.explain(err)
+		}
 	}
 	if res.CongestionControl != e.CC {
 		return Measurement{}, fmt.Errorf("congestion control is %q, not %q", res.CongestionControl, e.CC)
@@ -86,10 +109,10 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	if t.mptcp && !res.MPTCP {
 		return Measurement{}, errors.New("the connection fell back to plain TCP")
 	}
-	if !t.mptcp && res.MPTCP {
+	if !t.mptcp && res.MPTCP && t.wrap == nil {
 		return Measurement{}, errors.New("plain TCP was requested but the connection is MPTCP")
 	}
-	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd}
+	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup}
 	client := e.Lab.Addr(e.Roles.Client)
 	pathOf := func(local, remote netip.AddrPort) string {
 		p := t.paths[local.Addr()]
@@ -151,6 +174,64 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
 	}
 	return m, nil
+}
+
+// setupProbes is how many setup-latency connections a trial makes.
+const setupProbes = 5
+
+// send runs the transfer: in-process, or as "mpdetour bench send" behind
+// t.wrap in the client node.
+func (t *transfer) send(ctx context.Context) (*benchtool.Result, error) {
+	e := t.env
+	if t.wrap == nil {
+		return benchtool.Send(ctx, benchtool.SendOptions{
+			Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, CC: e.CC,
+			Netns: e.Lab.NetnsPath(e.Roles.Client), Download: e.Download, SeriesEvery: seriesEvery(e.Cell.Fault),
+		})
+	}
+	argv := append(append([]string{}, t.wrap...), e.Binary, "bench", "send", t.dst.String(), "--json",
+		"--duration", e.Duration.String(), "--warmup", e.Warmup.String(), "--cc", e.CC)
+	if e.Download {
+		argv = append(argv, "--download")
+	}
+	out, err := t.output(ctx, argv)
+	if err != nil {
+		return nil, err
+	}
+	var res benchtool.Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		return nil, fmt.Errorf("bench send output: %w", err)
+	}
+	return &res, nil
+}
+
+// setupLatency runs "mpdetour bench latency" (behind t.wrap) against the
+// server's latency responder.
+func (t *transfer) setupLatency(ctx context.Context, n int) ([]float64, error) {
+	e := t.env
+	dst := netip.AddrPortFrom(e.serverAddr().Addr(), uint16(e.LatencyPort))
+	argv := append(append([]string{}, t.wrap...), e.Binary, "bench", "latency", dst.String(), "--json", "--count", strconv.Itoa(n))
+	out, err := t.output(ctx, argv)
+	if err != nil {
+		return nil, err
+	}
+	var ms []float64
+	if err := json.Unmarshal(out, &ms); err != nil || len(ms) != n {
+		return nil, fmt.Errorf("bench latency output %q: %v", out, err)
+	}
+	return ms, nil
+}
+
+// output runs argv in the client node and returns its stdout.
+func (t *transfer) output(ctx context.Context, argv []string) ([]byte, error) {
+	cmd := t.env.Lab.Command(ctx, t.env.Roles.Client, argv...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v: %s", strings.Join(argv[len(t.wrap):min(len(argv), len(t.wrap)+3)], " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
 }
 
 // scheduleFault black-holes the fault's link at f.At after now and
@@ -244,13 +325,13 @@ func (e *Env) serverAddr() netip.AddrPort {
 func startReceiver(ctx context.Context, env *Env) (stop func(), err error) {
 	srv, err := benchtool.Listen(benchtool.ServeOptions{
 		Addr:  ":" + strconv.Itoa(env.Port),
-		MPTCP: true,
+		MPTCP: env.ServerMPTCP,
 		Netns: env.Lab.NetnsPath(env.Roles.Server),
 	})
 	if err != nil {
 		return nil, err
 	}
-	if !srv.MPTCP() {
+	if env.ServerMPTCP && !srv.MPTCP() {
 		srv.Close()
 		return nil, errors.New("the receiver could not open an MPTCP listener (MPTCP disabled in the server node?)")
 	}

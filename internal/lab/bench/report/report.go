@@ -42,6 +42,9 @@ type Cell struct {
 	Resumes []float64
 	// Tails: with a fault, goodput over the last third (Mbit/s).
 	Tails []float64
+	// Setup: every setup-latency probe of the cell's trials (ms, connect()
+	// to first byte).
+	Setup []float64
 }
 
 // PathStat summarises the subflows of one path over a cell's trials.
@@ -86,6 +89,7 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 		case results.OK:
 			cell.Values = append(cell.Values, r.GoodputMbps)
 			cell.MaxGaps = append(cell.MaxGaps, r.MaxGapS)
+			cell.Setup = append(cell.Setup, r.SetupAllMs...)
 			if r.ResumeS != nil {
 				cell.Resumes = append(cell.Resumes, *r.ResumeS)
 			}
@@ -461,11 +465,31 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 			p.f("| procedure | path | MB acked | share | RTT ms | min RTT ms | retransmits |\n|---|---|---:|---:|---:|---:|---:|\n")
 			p.f("%s\n", strings.Join(sf, "\n"))
 		}
+		d.writeSetup(p, cfg.Name)
 		if f := plots[cfg.Name]; f != "" {
 			p.f("\n![%s](%s)\n", cfg.Label, f)
 		}
 	}
 	return p.err
+}
+
+// writeSetup prints the setup latency probes of a configuration's cells,
+// with each cell's median over the first cell's (the baseline, e.g. tcp).
+func (d *Data) writeSetup(p *printer, cfg string) {
+	var base float64
+	first := true
+	for _, c := range d.Cells {
+		if c.Configuration != cfg || len(c.Setup) == 0 {
+			continue
+		}
+		g := stats.Summarize(c.Setup)
+		if first {
+			p.f("\nSetup latency (connect() to the first byte of a one-byte request/response, ms, every probe of every trial):\n\n")
+			p.f("| procedure | probes | median | mean | min | max | median / first row |\n|---|---:|---:|---:|---:|---:|---:|\n")
+			base, first = g.Median, false
+		}
+		p.f("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f |\n", c.Label(), g.N, g.Median, g.Mean, g.Min, g.Max, g.Median/base)
+	}
 }
 
 func (d *Data) cellText(c *Cell) string {

@@ -64,10 +64,15 @@ type Record struct {
 	// ResumeS: with a fault, seconds after it ended until the faulted
 	// path carried data again (-1: not before the transfer ended).
 	ResumeS *float64 `json:"resume_s,omitempty"`
-	// TailMbps: with a fault, goodput over the last third of the
-	// transfer from the sender's per-subflow samples (Mbit/s).
-	TailMbps *float64  `json:"tail_mbps,omitempty"`
-	Subflows []Subflow `json:"subflows,omitempty"`
+	// TailMbps: with a fault, the rate over the last third of the
+	// transfer from the client's per-subflow samples (Mbit/s).
+	TailMbps *float64 `json:"tail_mbps,omitempty"`
+	// SetupMs is the median setup latency of the trial's probe
+	// connections (connect() to first byte of a one-byte request/response;
+	// scenario converter), SetupAllMs every probe.
+	SetupMs    *float64  `json:"setup_ms,omitempty"`
+	SetupAllMs []float64 `json:"setup_all_ms,omitempty"`
+	Subflows   []Subflow `json:"subflows,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
 	CC       string            `json:"cc"`

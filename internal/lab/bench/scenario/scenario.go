@@ -38,6 +38,10 @@ const (
 	// default path carries the data while it works.
 	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
 	MPTCPNATBackupAdaptive = "mptcp-nat-backup-adaptive"
+	// Converted: a plain TCP program under "mpdetour run" whose server
+	// does not speak MPTCP, through the converter in roles.converter
+	// (docs/convert.md) and the cell's NAT detours to the converter.
+	Converted = "converted"
 )
 
 // procInfo says what a procedure needs and how it is labelled in reports.
@@ -66,6 +70,8 @@ var procs = map[string]procInfo{
 
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
+
+	Converted: {"TCP program under run, via converter + NAT detour", -1, ""},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -82,7 +88,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
-		TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
+		Converted, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
@@ -165,6 +171,9 @@ type Roles struct {
 	Client  string   `yaml:"client"`
 	Server  string   `yaml:"server"`
 	Detours []string `yaml:"detours"`
+	// Converter is the node whose relay runs the converter (procedure
+	// converted).
+	Converter string `yaml:"converter,omitempty"`
 }
 
 // ProcedureSpec is one entry of a procedures list: a name, or a mapping
@@ -249,7 +258,11 @@ type Scenario struct {
 	CC          string   `yaml:"cc"`
 	// Direction of the transfers: upload (client sends, the default) or
 	// download (the server sends, the client counts).
-	Direction      string          `yaml:"direction"`
+	Direction string `yaml:"direction"`
+	// ServerMPTCP false disables MPTCP in the server node
+	// (net.mptcp.enabled=0) and serves plain TCP: a server that does not
+	// speak MPTCP (scenario converter). Default true.
+	ServerMPTCP    *bool           `yaml:"server_mptcp,omitempty"`
 	Set            Params          `yaml:"set"`
 	Configurations []Configuration `yaml:"configurations"`
 	Procedures     []ProcedureSpec `yaml:"procedures"`
@@ -442,6 +455,9 @@ func (s *Scenario) validate() error {
 			if c.Roles.Server == "" {
 				c.Roles.Server = s.Roles.Server
 			}
+			if c.Roles.Converter == "" {
+				c.Roles.Converter = s.Roles.Converter
+			}
 			if err := checkRoles(field+".roles", c.Roles); err != nil {
 				return err
 			}
@@ -507,6 +523,14 @@ func checkRoles(field string, r *Roles) error {
 		}
 		seen[d] = true
 	}
+	if r.Converter != "" {
+		if !nameRE.MatchString(r.Converter) {
+			return fmt.Errorf("%s.converter: %q is not a node name", field, r.Converter)
+		}
+		if seen[r.Converter] {
+			return fmt.Errorf("%s.converter: %q is also the client, the server or a detour", field, r.Converter)
+		}
+	}
 	return nil
 }
 
@@ -528,6 +552,10 @@ func (s *Scenario) Cells() []Cell {
 	}
 	return out
 }
+
+// ServerSpeaksMPTCP reports whether the server node keeps MPTCP on
+// (server_mptcp, default true).
+func (s *Scenario) ServerSpeaksMPTCP() bool { return s.ServerMPTCP == nil || *s.ServerMPTCP }
 
 // RolesFor returns the node roles in effect for configuration c.
 func (s *Scenario) RolesFor(c *Configuration) Roles {
@@ -588,6 +616,9 @@ func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
 		info := procs[p.Procedure]
 		if p.Subflows != 0 && (info.detours != -1 || p.Subflows < 1 || p.Subflows > 8) {
 			return nil, fmt.Errorf("%s[%d].subflows: %d: only an MPTCP procedure through detours takes subflows, from 1 to 8", field, i, p.Subflows)
+		}
+		if p.Procedure == Converted && roles.Converter == "" {
+			return nil, fmt.Errorf("%s[%d]: %s needs roles.converter (the node that runs the converter)", field, i, p.Procedure)
 		}
 		if info.detours == 0 {
 			if p.Detour != "" {

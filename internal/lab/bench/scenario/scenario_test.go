@@ -125,6 +125,9 @@ func TestBadFiles(t *testing.T) {
 		{"same client server", base + "roles: {client: s, server: s}\n", ""},
 		{"subflows on tcp", strings.Replace(base, "[tcp,", "[{procedure: tcp, subflows: 2},", 1), "procedures[0].subflows: 2: only an MPTCP procedure"},
 		{"subflows too many", strings.Replace(base, "[tcp,", "[{procedure: mptcp-nat, subflows: 9},", 1), "procedures[0].subflows: 9"},
+		{"converted without converter", strings.Replace(base, "[tcp,", "[converted, tcp,", 1), "converted needs roles.converter"},
+		{"converter is a detour", strings.Replace(base, "roles: {detours: [d1, d2]}", "roles: {detours: [d1, d2], converter: d1}", 1), `roles.converter: "d1" is also`},
+		{"server_mptcp not a bool", base + "server_mptcp: maybe\n", "server_mptcp"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,0 +1,522 @@
+// Package convclient is the client side of conversion (issue 14, docs/convert.md):
+// the Router, which lives in the agent, keeps a few converter tickets per
+// converter in stock (fetched over the relays' control sessions in the
+// background), measures each converter's round-trip time, and remembers which
+// destinations do not speak MPTCP (learned from fallbacks, with a lifetime);
+// it answers "mpdetour run" supervisors over a unix socket (Serve / Client):
+// for each connect() of an application, convert through which converter with
+// which ticket, or go direct.
+package convclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// TicketSource hands out converter tickets: relayclient.Conn.Convert over
+// the authenticated control session (tests use fakes).
+type TicketSource interface {
+	Convert(ctx context.Context, n int) (netip.AddrPort, [][proto.TicketLen]byte, time.Duration, error)
+}
+
+// Converter is one relay asked for tickets.
+type Converter struct {
+	Name   string
+	Source TicketSource
+}
+
+// Config tunes the Router; zero values take the defaults.
+type Config struct {
+	// TTL is how long a destination's learned answer (speaks MPTCP or
+	// not) is kept (default 1h).
+	TTL time.Duration
+	// Tickets is the stock kept per converter (default 4, at most
+	// proto.MaxTickets).
+	Tickets int
+	// Hold is how long a converter that failed is not used (default 30s):
+	// the connections in between go direct.
+	Hold time.Duration
+	// MaxDestinations bounds the learned cache (default 65536).
+	MaxDestinations int
+	// Refill is how often stocks are checked (default 1s; a used ticket
+	// also wakes the refiller).
+	Refill time.Duration
+	// RequestTimeout bounds one ticket request (default 5s).
+	RequestTimeout time.Duration
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) defaults() {
+	if c.TTL <= 0 {
+		c.TTL = time.Hour
+	}
+	if c.Tickets <= 0 {
+		c.Tickets = 4
+	}
+	c.Tickets = min(c.Tickets, proto.MaxTickets)
+	if c.Hold <= 0 {
+		c.Hold = 30 * time.Second
+	}
+	if c.MaxDestinations <= 0 {
+		c.MaxDestinations = 65536
+	}
+	if c.Refill <= 0 {
+		c.Refill = time.Second
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 5 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Decision is the Router's answer for one connect().
+type Decision struct {
+	Convert   bool
+	Converter netip.AddrPort // when Convert
+	Name      string         // the converter's relay name
+	Ticket    []byte
+	// Learn: the destination is unknown; the caller goes direct and
+	// reports with Learn whether it spoke MPTCP.
+	Learn bool
+	// Why the decision (for logs and counters): "unknown", "mptcp",
+	// "no-mptcp", "no-converter", "not-convertible".
+	Why string
+}
+
+// Outcome of a conversion the caller reports back.
+type Outcome string
+
+const (
+	OutcomeOK Outcome = "ok"
+	// OutcomeConverterFailed: the converter could not be reached or
+	// refused for its own reasons (ticket, resources, protocol); it is
+	// held for Config.Hold and the connection went direct.
+	OutcomeConverterFailed Outcome = "converter-failed"
+	// OutcomeTicketRefused: the converter refused the ticket (Not
+	// Authorized, value 1): the stock is dropped and refetched; a second
+	// refusal within Hold holds the converter.
+	OutcomeTicketRefused Outcome = "ticket-refused"
+	// OutcomePolicy: the converter refused the destination by policy:
+	// it is not converted again for TTL.
+	OutcomePolicy Outcome = "policy"
+	// OutcomeDestination: the destination refused or was unreachable;
+	// the application got that error, as directly.
+	OutcomeDestination Outcome = "destination"
+)
+
+type destEntry struct {
+	native      bool // speaks MPTCP
+	noConvert   bool // the converters refuse it (policy)
+	expires     time.Time
+	learnedAt   time.Time
+	conversions uint64
+}
+
+type ticket struct {
+	b       [proto.TicketLen]byte
+	expires time.Time
+}
+
+type conv struct {
+	Converter
+	addr        netip.AddrPort
+	tickets     []ticket
+	rtt         time.Duration // minimum request round trip seen
+	lastRTT     time.Duration
+	fetching    bool
+	failedUntil time.Time
+	lastErr     string
+	fetchErrAt  time.Time
+	// ticketRefusedAt: the last refusal of a ticket (stale stock).
+	ticketRefusedAt time.Time
+	used, fails     uint64
+}
+
+// Conversion is a recent successful conversion (for status).
+type Conversion struct {
+	Local       string    `json:"local"`
+	Converter   string    `json:"converter"`
+	Name        string    `json:"relay"`
+	Destination string    `json:"destination"`
+	Since       time.Time `json:"since"`
+}
+
+// Router decides per connect(); safe for concurrent use.
+type Router struct {
+	cfg  Config
+	log  *slog.Logger
+	mu   sync.Mutex
+	conv []*conv
+	dest map[netip.AddrPort]*destEntry
+	// recent successful conversions, newest last, bounded.
+	recent []Conversion
+	ctr    Counters
+	wake   chan struct{}
+}
+
+// Counters are totals since start (status, JSON names stable).
+type Counters struct {
+	Routed           uint64            `json:"routed"`
+	Converted        uint64            `json:"converted"`
+	Direct           map[string]uint64 `json:"direct"` // by reason
+	Learned          uint64            `json:"learned"`
+	LearnedNoMPTCP   uint64            `json:"learned_no_mptcp"`
+	ConverterFailed  uint64            `json:"converter_failed"`
+	PolicyRefused    uint64            `json:"policy_refused"`
+	DestinationError uint64            `json:"destination_error"`
+	TicketsFetched   uint64            `json:"tickets_fetched"`
+	TicketErrors     uint64            `json:"ticket_errors"`
+}
+
+// New builds a Router over the converters (one per relay that may run one).
+func New(cfg Config, log *slog.Logger, convs ...Converter) *Router {
+	cfg.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &Router{cfg: cfg, log: log, dest: map[netip.AddrPort]*destEntry{}, wake: make(chan struct{}, 1)}
+	r.ctr.Direct = map[string]uint64{}
+	for _, c := range convs {
+		r.conv = append(r.conv, &conv{Converter: c})
+	}
+	return r
+}
+
+// Run keeps the ticket stocks filled until ctx ends.
+func (r *Router) Run(ctx context.Context) {
+	t := time.NewTicker(r.cfg.Refill)
+	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		r.refill(ctx, &wg)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.wake:
+		}
+	}
+}
+
+// refill starts a ticket request for every converter below its stock.
+func (r *Router) refill(ctx context.Context, wg *sync.WaitGroup) {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.conv {
+		c.dropExpired(now)
+		// A failed request is retried after Hold (a relay without a
+		// converter answers "unsupported": no need to ask every second).
+		if c.fetching || len(c.tickets) > r.cfg.Tickets/2 || now.Sub(c.fetchErrAt) < r.cfg.Hold {
+			continue
+		}
+		n := r.cfg.Tickets - len(c.tickets)
+		c.fetching = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.fetch(ctx, c, n)
+		}()
+	}
+}
+
+func (r *Router) fetch(ctx context.Context, c *conv, n int) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
+	defer cancel()
+	start := time.Now()
+	addr, ts, lease, err := c.Source.Convert(ctx, n)
+	rtt := time.Since(start)
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c.fetching = false
+	if err != nil {
+		c.fetchErrAt, c.lastErr = now, err.Error()
+		r.ctr.TicketErrors++
+		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
+			r.log.Debug("converter tickets", "relay", c.Name, "err", err)
+		}
+		return
+	}
+	if !addr.IsValid() || len(ts) == 0 {
+		c.fetchErrAt, c.lastErr = now, "no converter address or tickets in the reply"
+		r.ctr.TicketErrors++
+		return
+	}
+	if c.addr != addr {
+		// A new address makes the old tickets useless.
+		c.tickets = nil
+		c.addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	}
+	// Keep a margin: a ticket must still be valid when the SYN arrives.
+	exp := now.Add(lease - min(lease/10, 5*time.Second))
+	for _, t := range ts {
+		c.tickets = append(c.tickets, ticket{b: t, expires: exp})
+	}
+	r.ctr.TicketsFetched += uint64(len(ts))
+	c.lastRTT = rtt
+	if c.rtt == 0 || rtt < c.rtt {
+		c.rtt = rtt
+	}
+	c.lastErr = ""
+}
+
+func (c *conv) dropExpired(now time.Time) {
+	c.tickets = slices.DeleteFunc(c.tickets, func(t ticket) bool { return !now.Before(t.expires) })
+}
+
+// Route decides for a connect() to dst.
+func (r *Router) Route(dst netip.AddrPort) Decision {
+	dst = unmap(dst)
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ctr.Routed++
+	e := r.dest[dst]
+	if e != nil && !now.Before(e.expires) {
+		delete(r.dest, dst)
+		e = nil
+	}
+	var d Decision
+	switch {
+	case e == nil:
+		d = Decision{Learn: true, Why: "unknown"}
+	case e.native:
+		d = Decision{Why: "mptcp"}
+	case e.noConvert:
+		d = Decision{Why: "not-convertible"}
+	default:
+		c := r.pick(now)
+		if c == nil {
+			d = Decision{Why: "no-converter"}
+			break
+		}
+		t := c.tickets[0]
+		c.tickets = c.tickets[1:]
+		c.used++
+		e.conversions++
+		d = Decision{Convert: true, Converter: c.addr, Name: c.Name, Ticket: append([]byte{}, t.b[:]...), Why: "no-mptcp"}
+		if len(c.tickets) <= r.cfg.Tickets/2 {
+			select {
+			case r.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	if !d.Convert {
+		r.ctr.Direct[d.Why]++
+	}
+	return d
+}
+
+// pick returns the usable converter with the lowest measured round trip.
+func (r *Router) pick(now time.Time) *conv {
+	var best *conv
+	for _, c := range r.conv {
+		c.dropExpired(now)
+		if len(c.tickets) == 0 || now.Before(c.failedUntil) || !c.addr.IsValid() {
+			continue
+		}
+		if best == nil || c.rtt < best.rtt {
+			best = c
+		}
+	}
+	return best
+}
+
+// Learn records whether dst spoke MPTCP (a direct connection's fallback).
+func (r *Router) Learn(dst netip.AddrPort, native bool) {
+	dst = unmap(dst)
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e := r.dest[dst]; e != nil && now.Before(e.expires) && e.native == native && !e.noConvert {
+		return // already known: the lifetime runs from the first lesson
+	}
+	if len(r.dest) >= r.cfg.MaxDestinations {
+		r.evict(now)
+	}
+	r.dest[dst] = &destEntry{native: native, expires: now.Add(r.cfg.TTL), learnedAt: now}
+	r.ctr.Learned++
+	if !native {
+		r.ctr.LearnedNoMPTCP++
+		r.log.Info("destination does not speak MPTCP: later connections go through a converter", "dst", dst, "for", r.cfg.TTL)
+	}
+}
+
+// evict drops expired entries, or the oldest quarter when none expired.
+func (r *Router) evict(now time.Time) {
+	for k, e := range r.dest {
+		if !now.Before(e.expires) {
+			delete(r.dest, k)
+		}
+	}
+	if len(r.dest) < r.cfg.MaxDestinations {
+		return
+	}
+	type ke struct {
+		k netip.AddrPort
+		t time.Time
+	}
+	all := make([]ke, 0, len(r.dest))
+	for k, e := range r.dest {
+		all = append(all, ke{k, e.learnedAt})
+	}
+	slices.SortFunc(all, func(a, b ke) int { return a.t.Compare(b.t) })
+	for _, x := range all[:len(all)/4+1] {
+		delete(r.dest, x.k)
+	}
+}
+
+// maxRecent bounds the recent conversions kept for status.
+const maxRecent = 256
+
+// Report records a conversion's outcome.
+func (r *Router) Report(dst netip.AddrPort, name string, out Outcome, local netip.AddrPort, detail string) {
+	dst = unmap(dst)
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var c *conv
+	for _, x := range r.conv {
+		if x.Name == name {
+			c = x
+		}
+	}
+	switch out {
+	case OutcomeOK:
+		r.ctr.Converted++
+		cv := Conversion{Local: local.String(), Name: name, Destination: dst.String(), Since: now}
+		if c != nil {
+			cv.Converter = c.addr.String()
+		}
+		if len(r.recent) >= maxRecent {
+			r.recent = slices.Delete(r.recent, 0, len(r.recent)-maxRecent+1)
+		}
+		r.recent = append(r.recent, cv)
+	case OutcomeConverterFailed, OutcomeTicketRefused:
+		r.ctr.ConverterFailed++
+		if c == nil {
+			break
+		}
+		c.lastErr = detail
+		c.fails++
+		if out == OutcomeTicketRefused {
+			// Most likely the relay restarted and forgot the tickets it
+			// issued: the rest of the stock is stale too. Refetch at
+			// once; hold the converter only when fresh tickets are
+			// refused as well.
+			c.tickets = nil
+			select {
+			case r.wake <- struct{}{}:
+			default:
+			}
+			if now.Sub(c.ticketRefusedAt) > r.cfg.Hold {
+				c.ticketRefusedAt = now
+				r.log.Info("converter refused a ticket; fetching fresh ones", "relay", name, "err", detail)
+				break
+			}
+		}
+		c.failedUntil = now.Add(r.cfg.Hold)
+		r.log.Warn("converter failed; connections go direct meanwhile", "relay", name, "for", r.cfg.Hold, "err", detail)
+	case OutcomePolicy:
+		r.ctr.PolicyRefused++
+		if e := r.dest[dst]; e != nil {
+			e.noConvert = true
+		}
+		r.log.Info("converter refuses destination by policy; it goes direct", "relay", name, "dst", dst, "for", r.cfg.TTL)
+	case OutcomeDestination:
+		r.ctr.DestinationError++
+	}
+}
+
+// Status is the Router's view for "mpdetour status" (JSON names stable).
+type Status struct {
+	Counters     Counters          `json:"counters"`
+	Converters   []ConverterStatus `json:"converters"`
+	Destinations int               `json:"destinations_known"`
+	NoMPTCP      []DestStatus      `json:"no_mptcp"`
+	Recent       []Conversion      `json:"recent"`
+}
+
+// ConverterStatus is one converter's state.
+type ConverterStatus struct {
+	Relay       string    `json:"relay"`
+	Address     string    `json:"address,omitempty"`
+	Tickets     int       `json:"tickets"`
+	RTTms       float64   `json:"rtt_ms"`
+	Used        uint64    `json:"used"`
+	Failures    uint64    `json:"failures"`
+	FailedUntil time.Time `json:"failed_until,omitzero"`
+	LastError   string    `json:"last_error,omitempty"`
+}
+
+// DestStatus is a destination learned not to speak MPTCP.
+type DestStatus struct {
+	Destination string    `json:"destination"`
+	Expires     time.Time `json:"expires"`
+	Convertible bool      `json:"convertible"`
+	Conversions uint64    `json:"conversions"`
+}
+
+// maxStatusDests bounds the destinations listed in a status.
+const maxStatusDests = 100
+
+// Status returns a snapshot.
+func (r *Router) Status() Status {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := Status{Counters: r.ctr, Destinations: len(r.dest), Recent: slices.Clone(r.recent)}
+	st.Counters.Direct = map[string]uint64{}
+	for k, v := range r.ctr.Direct {
+		st.Counters.Direct[k] = v
+	}
+	for _, c := range r.conv {
+		c.dropExpired(now)
+		cs := ConverterStatus{Relay: c.Name, Tickets: len(c.tickets), RTTms: float64(c.rtt.Microseconds()) / 1000,
+			Used: c.used, Failures: c.fails, LastError: c.lastErr}
+		if c.addr.IsValid() {
+			cs.Address = c.addr.String()
+		}
+		if now.Before(c.failedUntil) {
+			cs.FailedUntil = c.failedUntil
+		}
+		st.Converters = append(st.Converters, cs)
+	}
+	for k, e := range r.dest {
+		if e.native || !now.Before(e.expires) {
+			continue
+		}
+		st.NoMPTCP = append(st.NoMPTCP, DestStatus{Destination: k.String(), Expires: e.expires, Convertible: !e.noConvert, Conversions: e.conversions})
+	}
+	slices.SortFunc(st.NoMPTCP, func(a, b DestStatus) int { return b.Expires.Compare(a.Expires) })
+	if len(st.NoMPTCP) > maxStatusDests {
+		st.NoMPTCP = st.NoMPTCP[:maxStatusDests]
+	}
+	return st
+}
+
+func unmap(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// String names a decision for logs.
+func (d Decision) String() string {
+	if d.Convert {
+		return fmt.Sprintf("convert via %s (%v)", d.Name, d.Converter)
+	}
+	return "direct (" + d.Why + ")"
+}

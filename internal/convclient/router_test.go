@@ -1,0 +1,286 @@
+package convclient
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type fake struct {
+	addr  netip.AddrPort
+	delay time.Duration
+	err   error
+	mu    sync.Mutex
+	asked int
+	next  byte
+}
+
+func (f *fake) Convert(ctx context.Context, n int) (netip.AddrPort, [][proto.TicketLen]byte, time.Duration, error) {
+	time.Sleep(f.delay)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.asked++
+	if f.err != nil {
+		return netip.AddrPort{}, nil, 0, f.err
+	}
+	ts := make([][proto.TicketLen]byte, n)
+	for i := range ts {
+		f.next++
+		ts[i][0] = f.next
+	}
+	return f.addr, ts, time.Minute, nil
+}
+
+func fill(t testing.TB, r *Router) {
+	t.Helper()
+	var wg sync.WaitGroup
+	r.refill(context.Background(), &wg)
+	wg.Wait()
+}
+
+func TestRouteLearnConvertExpire(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
+	r := New(Config{TTL: time.Minute, Tickets: 4, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	dst := netip.MustParseAddrPort("198.51.100.7:443")
+	if d := r.Route(dst); d.Convert || !d.Learn || d.Why != "unknown" {
+		t.Fatalf("unknown destination: %+v", d)
+	}
+	r.Learn(dst, false)
+	// No tickets yet: direct, the connection is not held up.
+	if d := r.Route(dst); d.Convert || d.Why != "no-converter" {
+		t.Fatalf("without tickets: %+v", d)
+	}
+	fill(t, r)
+	seen := map[byte]bool{}
+	for i := 0; i < 4; i++ {
+		d := r.Route(dst)
+		if !d.Convert || d.Converter != f.addr || d.Name != "a" || len(d.Ticket) != proto.TicketLen || seen[d.Ticket[0]] {
+			t.Fatalf("conversion %d: %+v", i, d)
+		}
+		seen[d.Ticket[0]] = true // single use: never handed out twice
+	}
+	if d := r.Route(dst); d.Convert {
+		t.Fatalf("stock exhausted but converted: %+v", d)
+	}
+	fill(t, r)
+	if !r.Route(dst).Convert {
+		t.Fatal("refilled stock not used")
+	}
+	// A destination that speaks MPTCP goes direct.
+	native := netip.MustParseAddrPort("198.51.100.8:443")
+	r.Learn(native, true)
+	if d := r.Route(native); d.Convert || d.Learn || d.Why != "mptcp" {
+		t.Fatalf("MPTCP destination: %+v", d)
+	}
+	// Expiry: unknown again.
+	ck.add(time.Minute)
+	if d := r.Route(dst); d.Convert || !d.Learn {
+		t.Fatalf("after the TTL: %+v", d)
+	}
+	// Tickets expire too (lease minus a margin).
+	fill(t, r)
+	r.Learn(dst, false)
+	ck.add(56 * time.Second)
+	if d := r.Route(dst); d.Convert {
+		t.Fatalf("expired ticket handed out: %+v", d)
+	}
+}
+
+func TestPickByRTTAndHold(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	slow := &fake{addr: netip.MustParseAddrPort("192.0.2.1:1"), delay: 30 * time.Millisecond}
+	fast := &fake{addr: netip.MustParseAddrPort("192.0.2.2:1")}
+	r := New(Config{Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "slow", Source: slow}, Converter{Name: "fast", Source: fast})
+	fill(t, r)
+	dst := netip.MustParseAddrPort("198.51.100.7:80")
+	r.Learn(dst, false)
+	if d := r.Route(dst); d.Name != "fast" {
+		t.Fatalf("picked %q, want the converter with the lower RTT", d.Name)
+	}
+	r.Report(dst, "fast", OutcomeConverterFailed, netip.AddrPort{}, "reset")
+	if d := r.Route(dst); d.Name != "slow" {
+		t.Fatalf("picked %q while fast is held", d.Name)
+	}
+	r.Report(dst, "slow", OutcomeConverterFailed, netip.AddrPort{}, "reset")
+	if d := r.Route(dst); d.Convert || d.Why != "no-converter" {
+		t.Fatalf("both held: %+v", d)
+	}
+	ck.add(10 * time.Second)
+	if d := r.Route(dst); d.Name != "fast" {
+		t.Fatalf("after the hold: %+v", d)
+	}
+	// Policy refusals stop conversions to that destination only.
+	r.Report(dst, "fast", OutcomePolicy, netip.AddrPort{}, "")
+	if d := r.Route(dst); d.Convert || d.Why != "not-convertible" {
+		t.Fatalf("policy-refused destination: %+v", d)
+	}
+	st := r.Status()
+	if st.Counters.ConverterFailed != 2 || st.Counters.PolicyRefused != 1 || len(st.Converters) != 2 {
+		t.Fatalf("status: %+v", st)
+	}
+}
+
+func TestTicketRefusedRefetches(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:1")}
+	r := New(Config{Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	dst := netip.MustParseAddrPort("198.51.100.7:80")
+	r.Learn(dst, false)
+	r.Route(dst)
+	r.Report(dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	if st := r.Status(); st.Converters[0].Tickets != 0 || !st.Converters[0].FailedUntil.IsZero() {
+		t.Fatalf("after one refusal: %+v (want the stock dropped, no hold)", st.Converters[0])
+	}
+	fill(t, r)
+	if d := r.Route(dst); !d.Convert {
+		t.Fatalf("fresh tickets not used: %+v", d)
+	}
+	r.Report(dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	if st := r.Status(); st.Converters[0].FailedUntil.IsZero() {
+		t.Fatalf("a second refusal within the hold did not hold: %+v", st.Converters[0])
+	}
+}
+
+func TestFetchErrorsBackOff(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{err: errors.New("relay: unsupported")}
+	r := New(Config{Hold: 30 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	fill(t, r)
+	if f.asked != 1 {
+		t.Fatalf("asked %d times within the hold", f.asked)
+	}
+	ck.add(30 * time.Second)
+	fill(t, r)
+	if f.asked != 2 {
+		t.Fatalf("asked %d times after the hold", f.asked)
+	}
+	if st := r.Status(); st.Converters[0].LastError == "" || st.Counters.TicketErrors != 2 {
+		t.Fatalf("status: %+v", st)
+	}
+}
+
+func TestCacheBounded(t *testing.T) {
+	r := New(Config{MaxDestinations: 100}, nil)
+	for i := range 1000 {
+		r.Learn(netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 80), false)
+	}
+	if n := r.Status().Destinations; n > 100 {
+		t.Fatalf("%d destinations kept, bound 100", n)
+	}
+}
+
+func TestSocketProtocol(t *testing.T) {
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
+	r := New(Config{}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	path := filepath.Join(t.TempDir(), "c.sock")
+	l, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(l) }()
+	defer func() {
+		l.Close()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if _, err := Listen(path); err == nil {
+		t.Fatal("a second Listen on a live socket succeeded")
+	}
+	c := NewClient(path, time.Second)
+	defer c.Close()
+	dst := netip.MustParseAddrPort("[2001:db8::1]:443")
+	d, err := c.Route(dst)
+	if err != nil || !d.Learn || d.Convert {
+		t.Fatalf("route: %+v %v", d, err)
+	}
+	if err := c.Learn(dst, false); err != nil {
+		t.Fatal(err)
+	}
+	d, err = c.Route(dst)
+	if err != nil || !d.Convert || d.Converter != f.addr || len(d.Ticket) != proto.TicketLen {
+		t.Fatalf("route after learning: %+v %v", d, err)
+	}
+	if err := c.Report(dst, "a", OutcomeOK, netip.MustParseAddrPort("192.0.2.9:5000"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Report(dst, "a", "bogus", netip.AddrPort{}, ""); err == nil {
+		t.Fatal("unknown outcome accepted")
+	}
+	st, err := FetchStatus(path)
+	if err != nil || st.Counters.Converted != 1 || len(st.Recent) != 1 || st.Recent[0].Local != "192.0.2.9:5000" {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+	// Garbage gets an error answer, not a dropped agent.
+	if _, err := c.do(request{Op: "route", Dst: "nonsense"}); err == nil {
+		t.Fatal("bad destination accepted")
+	}
+	// No agent: direct, quickly, and no hang later.
+	none := NewClient(filepath.Join(t.TempDir(), "none.sock"), 100*time.Millisecond)
+	if d, err := none.Route(dst); err == nil || d.Convert || d.Learn {
+		t.Fatalf("without agent: %+v %v", d, err)
+	}
+}
+
+func TestConfigBuild(t *testing.T) {
+	relays := []string{"r1", "r2"}
+	if _, err := (FileConfig{Enabled: true}).Build(nil); err == nil {
+		t.Error("no relays accepted")
+	}
+	if _, err := (FileConfig{Enabled: true, Relays: []string{"r3"}}).Build(relays); err == nil {
+		t.Error("unknown relay accepted")
+	}
+	if _, err := (FileConfig{Enabled: true, Socket: "rel/x.sock"}).Build(relays); err == nil {
+		t.Error("relative socket accepted")
+	}
+	if _, err := (FileConfig{Enabled: true, Tickets: 9}).Build(relays); err == nil {
+		t.Error("9 tickets accepted")
+	}
+	s, err := (FileConfig{Enabled: true, Relays: []string{"r2"}}).Build(relays)
+	if err != nil || s.Socket != DefaultSocket || len(s.Relays) != 1 {
+		t.Fatalf("%+v %v", s, err)
+	}
+}
+
+// FuzzRequest: whatever a local program writes to the socket gets an
+// answer (or an error), never a panic.
+func FuzzRequest(f *testing.F) {
+	f.Add([]byte(`{"op":"route","dst":"192.0.2.1:80"}`))
+	f.Add([]byte(`{"op":"learn","dst":"[::1]:1","native":true}`))
+	f.Add([]byte(`{"op":"report","dst":"192.0.2.1:80","relay":"a","outcome":"ok","local":"x"}`))
+	f.Add([]byte(`{"op":"status"}`))
+	f.Add([]byte(`{"op":7}`))
+	r := New(Config{MaxDestinations: 64}, nil, Converter{Name: "a", Source: &fake{addr: netip.MustParseAddrPort("192.0.2.1:1")}})
+	fill(f, r)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req request
+		if json.Unmarshal(b, &req) != nil {
+			return
+		}
+		_ = r.answer(req)
+	})
+}
