@@ -23,7 +23,7 @@ func collectiveCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "collective",
 		Summary: "a Detour Collective's authority: init, issue and revoke member certificates, show them (docs/collective.md)",
-		Sub:     []*cli.Command{collectiveInit(), collectiveIssue(), collectiveRevoke(), collectiveShow()},
+		Sub:     []*cli.Command{collectiveInit(), collectiveIssue(), collectiveRevoke(), collectiveShow(), collectivePresent()},
 	}
 }
 

@@ -135,9 +135,28 @@ func relayStatus(args []string) error {
 			fmt.Println()
 		}
 		fmt.Printf("  mappings: %d, bytes: %s\n", len(m.Mappings), humanBytes(m.Bytes))
+		if l := m.Ledger; l != nil {
+			fmt.Printf("  ledger: relayed %s, earned %s (%d receipts), credit %s\n", humanBytes(l.Consumed), humanBytes(l.Earned), l.Receipts, creditText(l.CreditUnits))
+		}
 		for _, mp := range m.Mappings {
 			fmt.Printf("    %s -> %s  %s  expires in %s\n", mp.Client, mp.Server, humanBytes(mp.Bytes),
 				mp.Expires.Sub(st.Now).Round(time.Second))
+		}
+	}
+	if f := st.Fair; f != nil {
+		capacity := "no capacity limit"
+		if f.Capacity > 0 {
+			capacity = fmt.Sprintf("capacity %d mappings (%d in use)", f.Capacity, f.Active)
+		}
+		ledger := "in memory only"
+		if f.LedgerFile != "" {
+			ledger = f.LedgerFile + ", saved " + ago(f.LedgerSaved)
+		}
+		fmt.Printf("\nfair sharing: %s; credit unit %s, start credit %s; ledger %s; receipts issued: %d\n",
+			capacity, humanBytes(uint64(f.UnitBytes)), humanBytes(uint64(f.StartCredit)), ledger, f.IssuedSeq)
+		for _, o := range f.Others {
+			fmt.Printf("  former member %s (key %s): relayed %s, earned %s, credit %s\n", o.Name, o.Key[:8],
+				humanBytes(o.Ledger.Consumed), humanBytes(o.Ledger.Earned), creditText(o.Ledger.CreditUnits))
 		}
 	}
 	if c := st.Converter; c != nil {
@@ -168,4 +187,9 @@ func humanBytes(b uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+// creditText shows a credit in units (MiB, collective.CreditUnit).
+func creditText(units float64) string {
+	return fmt.Sprintf("%+.1f units (MiB)", units)
 }
