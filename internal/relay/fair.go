@@ -76,6 +76,10 @@ func buildFair(c *FairShareConfig, stateFile string) (FairSettings, error) {
 // mappings from each other back and forth.
 const preemptMargin = collective.CreditUnit
 
+// refreshEvery bounds how often admission at capacity reads the live
+// counters (a netlink read of every mapping's counter).
+const refreshEvery = time.Second
+
 // fairState is the server's fair-sharing state (event loop only).
 type fairState struct {
 	led *ledger
@@ -86,7 +90,8 @@ type fairState struct {
 	preempted prometheus.Counter
 	capacity  prometheus.Counter
 	lastLog   time.Time
-	quiet     int // refusals not logged since lastLog
+	quiet     int       // refusals not logged since lastLog
+	refreshed time.Time // live counters last read into the ledger
 }
 
 func newFairState(set *Settings, met *metrics, log *slog.Logger, now time.Time) (*fairState, error) {
@@ -154,23 +159,29 @@ func (s *Server) keyOfName(name string) (proto.Key, bool) {
 // mappings, WireGuard peers), issues receipts when due and saves it: run
 // every attribution_flush, so a kill -9 loses at most one period.
 func (s *Server) flushLedger(now time.Time) {
-	led, rc := s.fair.led, s.receiptsOn()
-	if len(s.leases.byKey) > 0 {
-		cnt, err := s.liveCounters()
-		if err != nil {
-			s.log.Error("reading counters for the ledger", "err", err)
-		} else {
-			for k, c := range cnt {
-				if m := s.leases.byKey[k]; m != nil {
-					led.mapping(m, c.Bytes, now, rc)
-				}
-			}
-		}
-	}
+	s.refreshLedger(now)
 	s.ledgerTunnels(now)
 	s.issueReceipts(now)
-	if err := led.save(now); err != nil {
+	if err := s.fair.led.save(now); err != nil {
 		s.log.Error("saving the ledger", "err", err)
+	}
+}
+
+// refreshLedger counts the live mappings' counters.
+func (s *Server) refreshLedger(now time.Time) {
+	s.fair.refreshed = now
+	if len(s.leases.byKey) == 0 {
+		return
+	}
+	cnt, err := s.liveCounters()
+	if err != nil {
+		s.log.Error("reading counters for the ledger", "err", err)
+		return
+	}
+	for k, c := range cnt {
+		if m := s.leases.byKey[k]; m != nil {
+			s.fair.led.mapping(m, c.Bytes, now, s.receiptsOn())
+		}
 	}
 }
 
@@ -417,6 +428,11 @@ func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.
 	if capacity == 0 || s.leases.find(o, client, server) != nil || s.leases.active() < capacity {
 		return proto.OK
 	}
+	// Credit from the current counters, not the last flush's (at most one
+	// read of the live counters a second).
+	if now := s.now(); now.Sub(s.fair.refreshed) >= refreshEvery {
+		s.refreshLedger(now)
+	}
 	req := s.fair.led.members[o.Key].credit()
 	byKey := map[proto.Key]*holder{}
 	var legacy *holder // legacy v1 mappings have no member and no credit: they go first
@@ -515,13 +531,7 @@ func ledgerStatus(e *ledgerEntry) *LedgerStatus {
 // current count.
 func (s *Server) fairStatus(st *Status) {
 	led := s.fair.led
-	if cnt, err := s.liveCounters(); err == nil {
-		for k, c := range cnt {
-			if m := s.leases.byKey[k]; m != nil {
-				led.mapping(m, c.Bytes, st.Now, s.receiptsOn())
-			}
-		}
-	}
+	s.refreshLedger(st.Now)
 	s.ledgerTunnels(st.Now)
 	shown := map[string]bool{}
 	for i := range st.Members {
