@@ -182,3 +182,76 @@ func TestFairShare(t *testing.T) {
 	}
 	_ = os.Remove(ledgerPath)
 }
+
+// Receipts from end to end: relay A (whose key is also its operator's
+// member key) serves alice and writes a signed receipt to its receipts
+// file; its operator presents the file to relay B (relayclient.PresentAll,
+// what `mpdetour collective present` runs) and earns credit there; a second
+// run presents nothing new, and the same receipts again are replays.
+func TestReceiptsEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	receipts := filepath.Join(dir, "receipts.txt")
+	fa, ka, _, pa, alice := relayLine(t, fmt.Sprintf("attribution_flush: 1s\nfair_share: {receipts_file: %s, receipt_every: 1s}\n", receipts))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	d, _, err := alice.Grant(ctx, netip.MustParseAddrPort(fxServer+":5201"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dialFrom(t, fa.Client, d.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		if err := echo(conn, 256<<10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Close()
+	var rs []*collective.Receipt
+	waitFor(t, "a receipt for alice's 2 MiB", func() bool {
+		rs, err = relayclient.ReadReceipts(receipts)
+		var sum uint64
+		for _, r := range rs {
+			sum += r.Relayed
+		}
+		return err == nil && sum >= 2<<20
+	})
+	for _, r := range rs {
+		if r.Issuer != ka.relay.Public() || r.Served != ka.member.Public() || r.Check(time.Now()) != nil {
+			t.Fatalf("receipt %+v: want issuer relay A, served alice, valid (%v)\n%s", r, r.Check(time.Now()), pa.stderr.String())
+		}
+	}
+
+	auth, _ := collective.NewAuthority()
+	fb, kb, _, pb, _ := relayLine(t, fmt.Sprintf("collective: {authority: %s}\n", auth.Public()))
+	now := time.Now()
+	cert, err := auth.Issue(ka.relay.Public(), "relay-a-operator", collective.RoleClient|collective.RoleRelay, now.Add(-time.Minute), now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := relayclient.Dial(relayclient.Relay{Name: "b", Addr: relayAddr(), PublicKey: kb.relay.Public()}, ka.relay,
+		relayclient.Options{Certificate: cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, fb.Client, ""), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	progress := relayclient.Presented{}
+	res, err := relayclient.PresentAll(ctx, op, rs, progress, time.Now())
+	if err != nil || res.Accepted != len(rs) || res.Refused != 0 {
+		t.Fatalf("present: %+v %v\n%s", res, err, pb.stderr.String())
+	}
+	var sum int64
+	for _, r := range rs {
+		sum += int64(r.Relayed)
+	}
+	if res.Credit != collective.StartCredit+sum {
+		t.Fatalf("credit %d, want %d", res.Credit, collective.StartCredit+sum)
+	}
+	if res, err := relayclient.PresentAll(ctx, op, rs, progress, time.Now()); err != nil || res.Skipped != len(rs) || res.Accepted+res.Refused != 0 {
+		t.Fatalf("second run: %+v %v", res, err)
+	}
+	if res, err := relayclient.PresentAll(ctx, op, rs, relayclient.Presented{}, time.Now()); err != nil || res.Reasons["replay"] != len(rs) {
+		t.Fatalf("without progress: %+v %v", res, err)
+	}
+}
