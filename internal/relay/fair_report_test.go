@@ -28,8 +28,10 @@ import (
 // (not a pass/fail test: it runs only with MPDETOUR_FAIRNESS_REPORT set to
 // a directory, where it writes results.json):
 //
-//	flock /work/runs/heavy.lock env MPDETOUR_FAIRNESS_REPORT=docs/results/fairness \
+//	flock /work/runs/heavy.lock env MPDETOUR_FAIRNESS_REPORT=$PWD/docs/results/fairness \
 //	    go test -count=1 -run TestFairnessReport -v -timeout 10m ./internal/relay/
+//
+// (an absolute path: go test runs in the package's directory).
 //
 // 1. share: two members compete for a relay at capacity (4 NAT mappings),
 // four workers each asking for a mapping, sending through it for 0.5 s,
