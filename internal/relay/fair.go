@@ -477,12 +477,18 @@ func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.
 	return proto.OK
 }
 
-// reloadFair applies a reloaded fair_share section: capacity and receipts
-// change at once; the ledger file only on restart.
+// reloadFair applies a reloaded fair_share section (called by applyReload
+// after it settled the collective's Trust): capacity and receipts change
+// at once; the ledger file only on restart.
 func (s *Server) reloadFair(set *Settings) {
 	if set.Fair.LedgerFile != s.set.Fair.LedgerFile {
 		s.log.Warn("reload: fair_share.ledger_file changes only on restart")
 		set.Fair.LedgerFile = s.set.Fair.LedgerFile
+	}
+	if set.Trust != s.set.Trust {
+		// Another authority (or none; applyReload keeps the same one's
+		// Trust): relay certificates verified under the old one count no more.
+		clear(s.fair.relays)
 	}
 }
 
