@@ -285,3 +285,22 @@ func TestFairConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestReloadFair(t *testing.T) {
+	la := filepath.Join(t.TempDir(), "ledger-a")
+	s, _ := newFairServer(t, 0, la)
+	a, _ := collective.NewAuthority()
+	b, _ := collective.NewAuthority()
+	s.set.Trust = collective.NewTrust(a.Public())
+	k := testKey(t).Public()
+	s.fair.relays[k] = certMember{name: "r"}
+	same := &Settings{Trust: s.set.Trust, Fair: FairSettings{LedgerFile: la + "-b", Capacity: 3}}
+	s.reloadFair(same)
+	if len(s.fair.relays) != 1 || same.Fair.LedgerFile != la || same.Fair.Capacity != 3 {
+		t.Fatalf("same authority: relays %d, settings %+v", len(s.fair.relays), same.Fair)
+	}
+	s.reloadFair(&Settings{Trust: collective.NewTrust(b.Public()), Fair: FairSettings{LedgerFile: la}})
+	if len(s.fair.relays) != 0 {
+		t.Fatal("another authority: relay certificates kept")
+	}
+}
