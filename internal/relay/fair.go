@@ -37,7 +37,8 @@ type FairShareConfig struct {
 	// one line each, for its operator to present to other relays
 	// (`mpdetour collective present`); "" = issue none.
 	ReceiptsFile string `yaml:"receipts_file"`
-	// ReceiptEvery: how often receipts are issued (default 10m, 1s..24h).
+	// ReceiptEvery: how often receipts are issued (default 10m, 1s..24h;
+	// checked at every attribution_flush, with the ledger's save).
 	ReceiptEvery config.Duration `yaml:"receipt_every"`
 }
 
