@@ -135,12 +135,12 @@ func relayStatus(args []string) error {
 			fmt.Println()
 		}
 		fmt.Printf("  mappings: %d, bytes: %s\n", len(m.Mappings), humanBytes(m.Bytes))
-		if l := m.Ledger; l != nil {
-			fmt.Printf("  ledger: relayed %s, earned %s (%d receipts), credit %s\n", humanBytes(l.Consumed), humanBytes(l.Earned), l.Receipts, creditText(l.CreditUnits))
-		}
 		for _, mp := range m.Mappings {
 			fmt.Printf("    %s -> %s  %s  expires in %s\n", mp.Client, mp.Server, humanBytes(mp.Bytes),
 				mp.Expires.Sub(st.Now).Round(time.Second))
+		}
+		if l := m.Ledger; l != nil {
+			fmt.Printf("  ledger: relayed %s, earned %s (%d receipts), credit %s\n", humanBytes(l.Consumed), humanBytes(l.Earned), l.Receipts, creditText(l.CreditUnits))
 		}
 	}
 	if f := st.Fair; f != nil {
