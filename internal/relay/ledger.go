@@ -236,6 +236,9 @@ func (l *ledger) mapping(m *mapping, cur uint64, now time.Time, receipts bool) {
 		return // legacy v1: no member to account to
 	}
 	seen := l.mapSeen[m]
+	if cur == 0 && seen > 0 {
+		return // no reading (the element was missing), not a reset: keep what was seen
+	}
 	delta := cur - seen
 	if cur < seen {
 		delta = cur
