@@ -162,7 +162,11 @@ func TestFairShare(t *testing.T) {
 
 	// kill -9 after a flush: the ledger and the replay window survive.
 	before := ledgerOf("bob").Consumed
-	time.Sleep(1500 * time.Millisecond) // one attribution_flush
+	waitFor(t, "a flush of the ledger file", func() bool { // every attribution_flush (1 s)
+		l, err := loadLedger(ledgerPath)
+		return err == nil && l.members[bobKey.Public()] != nil && l.members[bobKey.Public()].Consumed == before &&
+			l.members[aliceKey.Public()] != nil && l.members[aliceKey.Public()].Earned == 100<<20
+	})
 	p.signal(t, syscall.SIGKILL)
 	_ = p.wait(t)
 	l, err := loadLedger(ledgerPath)
