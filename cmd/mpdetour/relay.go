@@ -139,6 +139,25 @@ func relayStatus(args []string) error {
 			fmt.Printf("    %s -> %s  %s  expires in %s\n", mp.Client, mp.Server, humanBytes(mp.Bytes),
 				mp.Expires.Sub(st.Now).Round(time.Second))
 		}
+		if l := m.Ledger; l != nil {
+			fmt.Printf("  ledger: relayed %s, earned %s (%d receipts), credit %s\n", humanBytes(l.Consumed), humanBytes(l.Earned), l.Receipts, creditText(l.CreditUnits))
+		}
+	}
+	if f := st.Fair; f != nil {
+		capacity := "no capacity limit"
+		if f.Capacity > 0 {
+			capacity = fmt.Sprintf("capacity %d mappings (%d in use)", f.Capacity, f.Active)
+		}
+		ledger := "in memory only"
+		if f.LedgerFile != "" {
+			ledger = f.LedgerFile + ", saved " + ago(f.LedgerSaved)
+		}
+		fmt.Printf("\nfair sharing: %s; credit unit %s, start credit %s; ledger %s; receipts issued: %d\n",
+			capacity, humanBytes(uint64(f.UnitBytes)), humanBytes(uint64(f.StartCredit)), ledger, f.IssuedSeq)
+		for _, o := range f.Others {
+			fmt.Printf("  former member %s (key %s): relayed %s, earned %s, credit %s\n", o.Name, o.Key[:8],
+				humanBytes(o.Ledger.Consumed), humanBytes(o.Ledger.Earned), creditText(o.Ledger.CreditUnits))
+		}
 	}
 	if c := st.Converter; c != nil {
 		fmt.Printf("\nconverter %s, %d tickets outstanding\n", c.Listen, c.Tickets)
@@ -168,4 +187,9 @@ func humanBytes(b uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+// creditText shows a credit in units (MiB, collective.CreditUnit).
+func creditText(units float64) string {
+	return fmt.Sprintf("%+.1f units (MiB)", units)
 }

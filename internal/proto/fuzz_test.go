@@ -12,7 +12,7 @@ func FuzzParseRequest(f *testing.F) {
 	for _, r := range []Request{
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("198.51.100.1:80"), Port: 4000},
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
-		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4}, {Op: OpCertify, ID: 4, Cert: []byte{1, 2, 3}},
+		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4}, {Op: OpCertify, ID: 4, Cert: []byte{1, 2, 3}}, {Op: OpReceipt, ID: 5, Receipt: make([]byte, 161)},
 	} {
 		b, _ := MarshalRequest(r)
 		f.Add(b)
@@ -39,7 +39,7 @@ func FuzzParseReply(f *testing.F) {
 	for _, r := range []Reply{
 		{Op: OpGrant, Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: time.Minute},
 		{Op: OpTunnel, Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}},
-		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied},
+		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied}, {Op: OpReceipt, Credit: -5}, {Op: OpGrant, Reason: ReasonCapacity},
 		{Op: OpConvert, Converter: netip.MustParseAddrPort("203.0.113.1:45674"), Lease: time.Minute, Tickets: [][TicketLen]byte{{9}}},
 	} {
 		b, _ := MarshalReply(r)

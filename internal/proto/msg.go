@@ -28,6 +28,7 @@ const (
 	OpTunnel  Op = 5 // allocate a tunnel address (tunnel detours)
 	OpConvert Op = 6 // converter tickets (RFC 8803 converter on the relay, internal/convert)
 	OpCertify Op = 7 // present a collective member certificate (internal/collective)
+	OpReceipt Op = 8 // present a usage receipt a relay issued (fair sharing, internal/collective)
 )
 
 // MaxTickets bounds the converter tickets one request asks for; TicketLen
@@ -53,6 +54,8 @@ func (o Op) String() string {
 		return "convert"
 	case OpCertify:
 		return "certify"
+	case OpReceipt:
+		return "receipt"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -77,6 +80,8 @@ const (
 	ReasonNoSession      Reason = 11 // transport message for an unknown or expired session
 	ReasonAddressChanged Reason = 12 // transport message from an address other than the handshake's
 	ReasonInternal       Reason = 13 // relay-side failure (e.g. nftables error)
+	ReasonCapacity       Reason = 14 // relay at capacity and members with more credit hold it
+	ReasonExpired        Reason = 15 // a receipt (or certificate) too old or not yet valid
 )
 
 var reasonNames = map[Reason]string{
@@ -94,6 +99,8 @@ var reasonNames = map[Reason]string{
 	ReasonNoSession:      "no-session",
 	ReasonAddressChanged: "address-changed",
 	ReasonInternal:       "internal",
+	ReasonCapacity:       "capacity",
+	ReasonExpired:        "expired",
 }
 
 // Known reports whether r is a code this version defines (a peer may send
@@ -144,6 +151,8 @@ type Request struct {
 	Count uint8
 	// Certify: the member certificate, binary form (collective.Certificate.Bytes).
 	Cert []byte
+	// Receipt: a usage receipt, binary form (collective.Receipt.Bytes).
+	Receipt []byte
 }
 
 // Reply is a decoded relay reply.
@@ -163,6 +172,9 @@ type Reply struct {
 	// Lease, from the address this session's requests come from).
 	Converter netip.AddrPort
 	Tickets   [][TicketLen]byte
+	// Receipt: the presenting member's credit at this relay afterwards,
+	// in bytes (negative: it consumed more than it contributed).
+	Credit int64
 }
 
 // TunnelGrant is what a client needs to bring up a tunnel detour: its own
@@ -182,6 +194,7 @@ type TunnelGrant struct {
 //	  release: port:u16
 //	  convert: count:u8 (1..8)
 //	  certify: certificate (binary form, 1..MaxMessageLen-8 bytes)
+//	  receipt: usage receipt (binary form, 1..MaxMessageLen-8 bytes)
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
@@ -189,6 +202,7 @@ type TunnelGrant struct {
 //	  release: bytes:u64
 //	  tunnel:  prefix_addr prefix_len:u8 endpoint_addr endpoint_port:u16 pubkey[32] lease_s:u32
 //	  convert: addr port:u16 lease_s:u32 count:u8 tickets[count][16]
+//	  receipt: credit:i64 (bytes)
 //	addr = family:u8 (4 or 6) + 4 or 16 bytes
 const msgHeaderLen = 8
 
@@ -225,6 +239,11 @@ func MarshalRequest(r Request) ([]byte, error) {
 			return nil, fmt.Errorf("certify needs a certificate of 1..%d bytes, not %d", MaxMessageLen-msgHeaderLen, len(r.Cert))
 		}
 		b = append(b, r.Cert...)
+	case OpReceipt:
+		if len(r.Receipt) == 0 || len(r.Receipt) > MaxMessageLen-msgHeaderLen {
+			return nil, fmt.Errorf("receipt needs 1..%d bytes, not %d", MaxMessageLen-msgHeaderLen, len(r.Receipt))
+		}
+		b = append(b, r.Receipt...)
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -283,6 +302,11 @@ func ParseRequest(b []byte) (Request, error) {
 			return r, malformed(r.Op, "empty certificate")
 		}
 		r.Cert = append([]byte(nil), body...)
+	case OpReceipt:
+		if len(body) == 0 {
+			return r, malformed(r.Op, "empty receipt")
+		}
+		r.Receipt = append([]byte(nil), body...)
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -312,6 +336,8 @@ func MarshalReply(r Reply) ([]byte, error) {
 		b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
 	case OpRelease:
 		b = binary.BigEndian.AppendUint64(b, r.Bytes)
+	case OpReceipt:
+		b = binary.BigEndian.AppendUint64(b, uint64(r.Credit))
 	case OpTunnel:
 		t := r.Tunnel
 		if !t.ClientPrefix.IsValid() || !t.Endpoint.IsValid() {
@@ -390,6 +416,11 @@ func ParseReply(b []byte) (Reply, error) {
 			return r, fmt.Errorf("release reply: want 8 bytes, got %d", len(body))
 		}
 		r.Bytes = binary.BigEndian.Uint64(body)
+	case OpReceipt:
+		if len(body) != 8 {
+			return r, fmt.Errorf("receipt reply: want 8 bytes, got %d", len(body))
+		}
+		r.Credit = int64(binary.BigEndian.Uint64(body))
 	case OpTunnel:
 		addr, rest, err := parseAddr(body)
 		if err != nil {

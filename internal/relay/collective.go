@@ -46,6 +46,7 @@ func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
 		rep.Reason = proto.ReasonUnsupported
 		return
 	}
+	s.noteRelayCert(ses.peer, req.Cert) // fair sharing: its relay's receipts count here
 	if _, static := s.set.Members[ses.peer]; static {
 		return // listed: served whatever its certificate says; the static name stays
 	}

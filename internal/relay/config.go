@@ -74,6 +74,9 @@ type Config struct {
 	// flowtable (default false; docs/relay.md).
 	FastPath bool `yaml:"fast_path"`
 
+	// FairShare: ledger, receipts and capacity (docs/collective.md).
+	FairShare FairShareConfig `yaml:"fair_share"`
+
 	// Tunnel is handed to the tunnel factory (TunnelFactory) as a section
 	// of the file; absent = no tunnel detours.
 	Tunnel config.Node `yaml:"tunnel"`
@@ -128,6 +131,9 @@ type Settings struct {
 
 	// Tunnel is the `tunnel:` section (nil: none), for the TunnelFactory.
 	Tunnel *config.Doc
+
+	// Fair is the validated `fair_share:` section.
+	Fair FairSettings
 }
 
 // ConvertSettings are the validated `convert:` section.
@@ -365,6 +371,9 @@ func build(c *Config) (*Settings, error) {
 		if cv.StallTimeout != 0 {
 			s.Convert.StallTimeout = time.Duration(cv.StallTimeout)
 		}
+	}
+	if s.Fair, err = buildFair(&c.FairShare, s.StateFile); err != nil {
+		return nil, err
 	}
 	if c.Metrics.Listen != "" {
 		if _, err := netip.ParseAddrPort(c.Metrics.Listen); err != nil {

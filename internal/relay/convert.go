@@ -245,6 +245,7 @@ func (s *Server) serveConvert(ses *session, req proto.Request, rep *proto.Reply)
 
 // logConversion writes a finished conversion to the attribution log.
 func (s *Server) logConversion(d convertDone) {
+	s.ledgerConversion(d)
 	ev := attrEvent{Time: d.at, Event: "convert", Member: d.member, Server: d.dst.String()}
 	b := uint64(d.up + d.down)
 	ev.Bytes = &b

@@ -102,6 +102,7 @@ type Server struct {
 	replies   []deferred // replies held until batch is installed
 	responses []rawReply // handshake responses held until lastTS is saved
 	lastNew   *mapping   // set by grant when it created a mapping
+	fair      *fairState // ledger, receipts, capacity (fair.go)
 
 	in        chan packet
 	reload    chan *Settings
@@ -159,6 +160,11 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		return nil, err
 	}
 	s.met = newMetrics()
+	if s.fair, err = newFairState(set, s.met, log, s.now()); err != nil {
+		s.attr.Close()
+		s.lock.Close()
+		return nil, err
+	}
 	if s.tunnels, err = newTunnelAllocator(tunnels, set.Tunnel, set.PrivateKey, log); err != nil {
 		s.attr.Close()
 		s.lock.Close()
@@ -316,6 +322,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.logConversion(d)
 		case <-usage.C:
 			s.logUsage(s.now())
+			s.flushLedger(s.now())
 		case <-sweep.C:
 			now := s.now()
 			s.met.sessions.Set(float64(len(s.sessions)))
@@ -567,7 +574,7 @@ func (s *Server) count(op string, r proto.Reason) {
 // counted as "other", so a client cannot create series at will.
 var (
 	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
-		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true}
+		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true}
 )
 
 func metricLabels(op string, r proto.Reason) (string, string) {
@@ -767,6 +774,9 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		s.certify(ses, req, &rep)
 	case proto.OpPing:
 	case proto.OpGrant:
+		if rep.Reason = s.admit(o, client, req.Server); rep.Reason != proto.OK {
+			break
+		}
 		detour := s.detourAddr(ses)
 		m, r := s.grant(o, client, req.Server, req.Port, s.set.Lease, s.set.QuotaPerMember)
 		rep.Reason = r
@@ -798,6 +808,8 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		}
 	case proto.OpConvert:
 		s.serveConvert(ses, req, &rep)
+	case proto.OpReceipt:
+		s.serveReceipt(ses, req, &rep)
 	case proto.OpTunnel:
 		if s.tunnels == nil {
 			rep.Reason = proto.ReasonUnsupported
@@ -926,8 +938,10 @@ func (s *Server) reap(now time.Time, final bool) {
 		if !final && (!c.seen || cur.Bytes != c.lastBytes) && now.Sub(c.at) < maxLinger {
 			c.seen, c.lastBytes = true, cur.Bytes
 			s.leases.closing[k] = c
+			s.ledgerClosing(c.m, cur.Bytes, false)
 			continue
 		}
+		s.ledgerClosing(c.m, cur.Bytes, true)
 		s.logAttr(withCounter(mappingEvent(c.reason, c.m, c.at), cur))
 		s.met.closedBytes.Add(cur.Bytes)
 		s.met.memberBytes.WithLabelValues(c.m.Owner.Name).Add(float64(cur.Bytes))
@@ -1079,6 +1093,7 @@ func (s *Server) applyReload(set *Settings) {
 		}
 	}
 	set.Tunnel = s.set.Tunnel
+	s.reloadFair(set)
 	s.set = set
 	s.applyPolicy(set)
 	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", revoked, "active", s.leases.active())
@@ -1095,6 +1110,10 @@ func (s *Server) shutdown() {
 		s.leases.remove(m, "shutdown", now)
 	}
 	s.reap(now, true)
+	s.ledgerTunnels(now)
+	if err := s.fair.led.save(now); err != nil {
+		s.log.Error("saving the ledger", "err", err)
+	}
 	if err := s.dp.Close(); err != nil {
 		s.log.Error("removing nftables table", "err", err)
 	}

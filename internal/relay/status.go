@@ -35,6 +35,8 @@ type Status struct {
 	// Converter: the convert role's address and outstanding tickets.
 	Converter *ConverterStatus `json:"converter,omitempty"`
 	CounterOK bool             `json:"counters_ok"` // false: the kernel's counters could not be read
+	// Fair: capacity, credit unit and the ledger's file (fair.go).
+	Fair *FairStatus `json:"fair,omitempty"`
 }
 
 // ConverterStatus is the convert role at a glance.
@@ -55,6 +57,9 @@ type MemberStatus struct {
 	LastAddress    string          `json:"last_address,omitempty"`
 	Bytes          uint64          `json:"bytes"` // through its current mappings
 	Mappings       []MappingStatus `json:"mappings"`
+	// Ledger: bytes relayed here for the member, earned by its relay
+	// (receipts) and its credit (fair sharing).
+	Ledger *LedgerStatus `json:"ledger,omitempty"`
 }
 
 // MappingStatus is one NAT detour. Legacy v1 mappings are listed under the
@@ -209,6 +214,7 @@ func (s *Server) status() *Status {
 		st.Members = append(st.Members, *ms)
 	}
 	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
+	s.fairStatus(st)
 	if s.conv != nil {
 		s.conv.tickets.mu.Lock()
 		s.conv.tickets.expireLocked(now)
