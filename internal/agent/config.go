@@ -13,6 +13,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/serverrole"
 )
 
 // DefaultSocket is where the agent serves its status.
@@ -63,6 +64,9 @@ type Config struct {
 	Relays *relayclient.SourceConfig
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
 	Tunnels bool
+	// Server, when set, runs the server role beside the client one
+	// (internal/serverrole: ADD_ADDR of detours, C flag).
+	Server *serverrole.Config
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -102,6 +106,8 @@ type fileConfig struct {
 	Relays   *relayclient.FileConfig `yaml:"relays"`
 	Tunnels  bool                    `yaml:"tunnels"`
 	LegacyV1 []fileLegacy            `yaml:"legacy_v1"`
+	// Server is documented in docs/agent.md (serverrole.FileConfig).
+	Server *serverrole.FileConfig `yaml:"server"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -282,6 +288,13 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("tunnels: needs a relays section (tunnels are asked from the relays)")
 	}
 	c.Tunnels = f.Tunnels
+	if f.Server != nil {
+		sc, err := f.Server.Build()
+		if err != nil {
+			return c, fmt.Errorf("server.%v", err)
+		}
+		c.Server = &sc
+	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {

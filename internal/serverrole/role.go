@@ -1,0 +1,159 @@
+package serverrole
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
+
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
+)
+
+// Kernel is what the role needs of the kernel: events in, ANNOUNCE out,
+// and the connection dump to catch up after lost events. LinuxKernel is the
+// real one; tests use a fake.
+type Kernel interface {
+	// Events blocks for the next batch; an error wrapping
+	// mptcppm.ErrEventsLost means some were dropped; net.ErrClosed ends.
+	Events() ([]mptcppm.Event, error)
+	Announce(token uint32, a mptcppm.Addr) error
+	Connections() ([]mptcppm.Connection, error)
+}
+
+// Stats are the role's counters.
+type Stats struct {
+	Connections   uint64 // server-side connections announced to
+	Announcements uint64 // ANNOUNCE commands the kernel accepted
+	Errors        uint64 // ANNOUNCE commands refused
+	Resyncs       uint64 // catch-ups after lost events
+}
+
+// Role announces cfg.Announce on every selected server-side connection.
+type Role struct {
+	cfg Config
+	k   Kernel
+	log *slog.Logger
+	// done holds the tokens announced to (forgotten on CLOSED), so a
+	// resync does not announce twice; bounded by maxTracked.
+	done  map[uint32]struct{}
+	stats struct{ conns, anns, errs, resyncs atomic.Uint64 }
+	// errLogged limits refusal logs to one per distinct message.
+	errLogged map[string]bool
+}
+
+// maxTracked bounds the token set (a connection whose CLOSED event was lost
+// stays until a resync); beyond it the set is rebuilt from the kernel.
+const maxTracked = 1 << 20
+
+// New returns a role; Run drives it.
+func New(cfg Config, k Kernel, log *slog.Logger) *Role {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Role{cfg: cfg, k: k, log: log, done: map[uint32]struct{}{}, errLogged: map[string]bool{}}
+}
+
+// Stats returns the counters (safe from any goroutine).
+func (r *Role) Stats() Stats {
+	return Stats{Connections: r.stats.conns.Load(), Announcements: r.stats.anns.Load(),
+		Errors: r.stats.errs.Load(), Resyncs: r.stats.resyncs.Load()}
+}
+
+// Run handles events until the kernel's event source is closed (nil) or
+// fails. ctx only ends it between batches; close the Kernel to unblock.
+func (r *Role) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		evs, err := r.k.Events()
+		if errors.Is(err, mptcppm.ErrEventsLost) {
+			r.log.Warn("server role: kernel dropped MPTCP events; catching up from the connection table")
+			r.resync()
+			continue
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			r.handle(ev)
+		}
+	}
+	return nil
+}
+
+func serverSide(e mptcppm.Event) bool {
+	// Newer kernels flag it in flags (MPTCP_PM_EV_FLAG_SERVER_SIDE), older
+	// ones in the server_side attribute.
+	return e.ServerSide != 0 || e.Flags&2 != 0
+}
+
+func (r *Role) handle(e mptcppm.Event) {
+	switch e.Type {
+	case mptcppm.EventEstablished:
+		// ANNOUNCE needs a fully established connection: the ADD_ADDR
+		// travels on an ACK with a DSS and is echoed by the client.
+		if serverSide(e) && r.cfg.selects(e.Local.Port()) {
+			r.announce(e.Token)
+		}
+	case mptcppm.EventClosed:
+		delete(r.done, e.Token)
+	}
+}
+
+func (r *Role) announce(token uint32) {
+	if _, ok := r.done[token]; ok {
+		return
+	}
+	if len(r.done) >= maxTracked {
+		r.done = map[uint32]struct{}{}
+	}
+	r.done[token] = struct{}{}
+	r.stats.conns.Add(1)
+	for _, a := range r.cfg.Announce {
+		err := r.k.Announce(token, mptcppm.Addr{ID: a.ID, IP: a.Addr, Port: a.Port})
+		if err != nil {
+			r.stats.errs.Add(1)
+			// One line per distinct cause (tokens differ, the rest repeats).
+			key := a.String() + " " + err.Error()
+			var pe *mptcppm.Error
+			if errors.As(err, &pe) {
+				key = fmt.Sprintf("%s %d %s %v", a, pe.Errno, pe.Msg, pe.Err)
+			}
+			if !r.errLogged[key] && len(r.errLogged) < 64 {
+				r.errLogged[key] = true
+				r.log.Warn("server role: ANNOUNCE refused (logged once per cause)", "address", a.String(), "err", err)
+			}
+			continue
+		}
+		r.stats.anns.Add(1)
+		r.log.Debug("server role: announced", "token", token, "address", a.String())
+	}
+}
+
+// resync announces to established server-side connections not seen yet
+// (their ESTABLISHED event was among those lost) and forgets closed ones.
+func (r *Role) resync() {
+	r.stats.resyncs.Add(1)
+	cs, err := r.k.Connections()
+	if err != nil {
+		r.log.Warn("server role: connection dump failed", "err", err)
+		return
+	}
+	live := make(map[uint32]struct{}, len(cs))
+	for _, c := range cs {
+		live[c.Token] = struct{}{}
+	}
+	for t := range r.done {
+		if _, ok := live[t]; !ok {
+			delete(r.done, t)
+		}
+	}
+	for _, c := range cs {
+		if c.ServerSide && c.State == 1 && c.Token != 0 && c.Info.Flags&mptcppm.InfoFlagFallback == 0 && r.cfg.selects(c.Local.Port()) {
+			r.announce(c.Token)
+		}
+	}
+}
