@@ -79,6 +79,8 @@ func Procedures() map[string]Setup {
 
 		scenario.MPTCPNATBackupStatic:   setupMPTCPNATBackup,
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,
+
+		scenario.Announced: setupAnnounced,
 	}
 }
 

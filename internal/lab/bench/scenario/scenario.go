@@ -38,6 +38,9 @@ const (
 	// default path carries the data while it works.
 	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
 	MPTCPNATBackupAdaptive = "mptcp-nat-backup-adaptive"
+	// A client without agent (in-kernel PM) and the server's agent (server
+	// role) announcing each detour node's waypoint with ADD_ADDR.
+	Announced = "announced"
 )
 
 // procInfo says what a procedure needs and how it is labelled in reports.
@@ -66,6 +69,8 @@ var procs = map[string]procInfo{
 
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
+
+	Announced: {"MPTCP + detour announced by the server (client without agent)", -1, TCPNAT},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -82,7 +87,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
-		TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
+		Announced, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
