@@ -46,6 +46,7 @@ type Measurement struct {
 	// carried data again (-1: not before the end; nil: unknown).
 	ResumeS  *float64
 	Subflows []results.Subflow
+	Churn    *results.Churn
 }
 
 // Session is a cell prepared for its trials (daemons started, grants
@@ -81,6 +82,10 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,
 
 		scenario.Announced: setupAnnounced,
+
+		scenario.LBConnections:          setupLBConnections,
+		scenario.LBConnectionsAnnounced: setupLBConnectionsAnnounced,
+		scenario.LBBulkAnnounced:        setupLBBulkAnnounced,
 	}
 }
 

@@ -40,6 +40,8 @@ type Cell struct {
 	// Resumes: with a fault, when the faulted path carried data again after
 	// it ended (s; -1 = not before the transfer ended).
 	Resumes []float64
+	// Churns: trials of many connections across route changes.
+	Churns []results.Churn
 }
 
 // PathStat summarises the subflows of one path over a cell's trials.
@@ -86,6 +88,9 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 			cell.MaxGaps = append(cell.MaxGaps, r.MaxGapS)
 			if r.ResumeS != nil {
 				cell.Resumes = append(cell.Resumes, *r.ResumeS)
+			}
+			if r.Churn != nil {
+				cell.Churns = append(cell.Churns, *r.Churn)
 			}
 			if r.LoadAvg > 0 {
 				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
@@ -347,6 +352,7 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 	}
 	p.f("\n")
 	d.writeStalls(p, cols)
+	d.writeChurn(p)
 	if ref := s.Reference; ref != nil && len(ref.Results) > 0 {
 		p.f("### Original results (Mbit/s, mean (sd))\n\n%s.\n\n", strings.TrimSuffix(ref.Source, "."))
 		p.tableHeader("configuration", cols, d.labelOf)
@@ -647,6 +653,40 @@ func (d *Data) faultTable(p *printer, cols []string, faulty []scenario.Configura
 	}
 	p.f("%s", head)
 	p.tableHeader("configuration (fault)", cols, d.labelOf)
+	for _, r := range rows {
+		p.row(r)
+	}
+	p.f("\n")
+}
+
+// writeChurn is the table of cells that ran many connections across route
+// changes (loadbalancer): broken connections summed over the trials.
+func (d *Data) writeChurn(p *printer) {
+	var rows [][]string
+	for _, c := range d.Cells {
+		if len(c.Churns) == 0 {
+			continue
+		}
+		var conns, broken, changes int
+		var reasons []string
+		per := make([]string, 0, len(c.Churns))
+		for _, ch := range c.Churns {
+			conns += ch.Connections
+			broken += ch.Broken
+			changes += ch.RouteChanges
+			reasons = append(reasons, ch.Reasons...)
+			per = append(per, fmt.Sprint(ch.Broken))
+		}
+		rows = append(rows, []string{d.Scenario.Configuration(c.Configuration).Label, c.Label(), fmt.Sprint(len(c.Churns)),
+			fmt.Sprint(conns), fmt.Sprint(changes), fmt.Sprintf("**%d**", broken), strings.Join(per, ", "), esc(strings.Join(dedupe(reasons), "; "))})
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p.f("## Connections across route changes\n\n")
+	p.f("Every trial runs its connections at once for the whole transfer while the network changes under them; a connection is *broken* when its transfer ends with an error or without the receiver's summary (reset, stalled, timed out).\n\n")
+	p.row([]string{"configuration", "procedure", "trials", "connections", "route changes", "broken", "broken per trial", "errors"})
+	p.row([]string{"---", "---", "---:", "---:", "---:", "---:", "---", "---"})
 	for _, r := range rows {
 		p.row(r)
 	}
