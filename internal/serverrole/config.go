@@ -17,7 +17,9 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
+	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
@@ -56,13 +58,23 @@ type Config struct {
 	// net.mptcp.allow_join_initial_addr_port (true -> 0: the C flag is set
 	// on new connections) and restored at stop; nil = leave it, report it.
 	DenyJoinInitial *bool
+	// Interval separates one connection's announcements: the kernel holds
+	// one pending ADD_ADDR per connection, and an ANNOUNCE issued before
+	// the previous one went out on the wire is dropped without an error
+	// (only the MIB counter AddAddrTxDrop says so), to be retransmitted
+	// after net.mptcp.add_addr_timeout (120 s by default).
+	Interval time.Duration
 }
+
+// DefaultInterval is Config.Interval when not configured.
+const DefaultInterval = 50 * time.Millisecond
 
 // FileConfig is the YAML form (the agent config's `server:` section).
 type FileConfig struct {
 	Announce        []FileAnnouncement `yaml:"announce"`
 	Ports           []string           `yaml:"ports"`
 	DenyJoinInitial *bool              `yaml:"deny_join_initial"`
+	Interval        *config.Duration   `yaml:"announce_interval"`
 }
 
 // FileAnnouncement is one entry of announce.
@@ -130,6 +142,13 @@ func (f *FileConfig) Build() (Config, error) {
 		c.Ports = append(c.Ports, r)
 	}
 	c.DenyJoinInitial = f.DenyJoinInitial
+	c.Interval = DefaultInterval
+	if f.Interval != nil {
+		if v := f.Interval.D(); v < 0 || v > 10*time.Second {
+			return c, fmt.Errorf("announce_interval: %s out of range 0-10s", v)
+		}
+		c.Interval = f.Interval.D()
+	}
 	return c, nil
 }
 

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"golang.org/x/sys/unix"
 )
 
 // Kernel is what the role needs of the kernel: events in, ANNOUNCE out,
@@ -27,6 +30,7 @@ type Stats struct {
 	Connections   uint64 // server-side connections announced to
 	Announcements uint64 // ANNOUNCE commands the kernel accepted
 	Errors        uint64 // ANNOUNCE commands refused
+	Gone          uint64 // delayed announcements to connections closed meanwhile
 	Resyncs       uint64 // catch-ups after lost events
 }
 
@@ -38,8 +42,10 @@ type Role struct {
 	// done holds the tokens announced to (forgotten on CLOSED), so a
 	// resync does not announce twice; bounded by maxTracked.
 	done  map[uint32]struct{}
-	stats struct{ conns, anns, errs, resyncs atomic.Uint64 }
-	// errLogged limits refusal logs to one per distinct message.
+	stats struct{ conns, anns, errs, gone, resyncs atomic.Uint64 }
+	// errLogged limits refusal logs to one per distinct message (timers
+	// send too: under mu).
+	mu        sync.Mutex
 	errLogged map[string]bool
 }
 
@@ -58,7 +64,7 @@ func New(cfg Config, k Kernel, log *slog.Logger) *Role {
 // Stats returns the counters (safe from any goroutine).
 func (r *Role) Stats() Stats {
 	return Stats{Connections: r.stats.conns.Load(), Announcements: r.stats.anns.Load(),
-		Errors: r.stats.errs.Load(), Resyncs: r.stats.resyncs.Load()}
+		Errors: r.stats.errs.Load(), Gone: r.stats.gone.Load(), Resyncs: r.stats.resyncs.Load()}
 }
 
 // Run handles events until the kernel's event source is closed (nil) or
@@ -112,24 +118,44 @@ func (r *Role) announce(token uint32) {
 	}
 	r.done[token] = struct{}{}
 	r.stats.conns.Add(1)
-	for _, a := range r.cfg.Announce {
-		err := r.k.Announce(token, mptcppm.Addr{ID: a.ID, IP: a.Addr, Port: a.Port})
-		if err != nil {
-			r.stats.errs.Add(1)
-			// One line per distinct cause (tokens differ, the rest repeats).
-			key := a.String() + " " + err.Error()
-			var pe *mptcppm.Error
-			if errors.As(err, &pe) {
-				key = fmt.Sprintf("%s %d %s %v", a, pe.Errno, pe.Msg, pe.Err)
-			}
-			if !r.errLogged[key] && len(r.errLogged) < 64 {
-				r.errLogged[key] = true
-				r.log.Warn("server role: ANNOUNCE refused (logged once per cause)", "address", a.String(), "err", err)
-			}
+	for i, a := range r.cfg.Announce {
+		if i == 0 || r.cfg.Interval <= 0 {
+			r.send(token, a)
 			continue
 		}
+		// The kernel keeps one pending ADD_ADDR per connection (Config.Interval).
+		time.AfterFunc(time.Duration(i)*r.cfg.Interval, func() { r.send(token, a) })
+	}
+}
+
+// send issues one ANNOUNCE; called from the loop and from timers.
+func (r *Role) send(token uint32, a Announcement) {
+	err := r.k.Announce(token, mptcppm.Addr{ID: a.ID, IP: a.Addr, Port: a.Port})
+	if err == nil {
 		r.stats.anns.Add(1)
 		r.log.Debug("server role: announced", "token", token, "address", a.String())
+		return
+	}
+	var pe *mptcppm.Error
+	if errors.As(err, &pe) && pe.Errno == unix.EINVAL && pe.Msg == "invalid token" {
+		// Closed before a delayed announcement: nothing to announce to.
+		r.stats.gone.Add(1)
+		return
+	}
+	r.stats.errs.Add(1)
+	// One line per distinct cause (tokens differ, the rest repeats).
+	key := a.String() + " " + err.Error()
+	if pe != nil {
+		key = fmt.Sprintf("%s %d %s %v", a, pe.Errno, pe.Msg, pe.Err)
+	}
+	r.mu.Lock()
+	first := !r.errLogged[key] && len(r.errLogged) < 64
+	if first {
+		r.errLogged[key] = true
+	}
+	r.mu.Unlock()
+	if first {
+		r.log.Warn("server role: ANNOUNCE refused (logged once per cause)", "address", a.String(), "err", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
@@ -89,6 +90,7 @@ type fakeKernel struct {
 	events  chan []mptcppm.Event
 	lost    chan struct{}
 	sent    []string
+	at      []time.Time
 	refuse  map[uint32]error
 	conns   []mptcppm.Connection
 	dumpErr error
@@ -113,6 +115,7 @@ func (f *fakeKernel) Announce(token uint32, a mptcppm.Addr) error {
 		return err
 	}
 	f.sent = append(f.sent, fmt.Sprintf("%08x %s", token, a))
+	f.at = append(f.at, time.Now())
 	return nil
 }
 
@@ -128,7 +131,7 @@ func est(token uint32, server bool, lport uint16) mptcppm.Event {
 }
 
 func TestRoleAnnounces(t *testing.T) {
-	cfg, err := parse(t, `{announce: [{name: d1, address: 10.0.6.2:5201}, {name: u, address: 10.0.31.2}], ports: ["5201"]}`)
+	cfg, err := parse(t, `{announce: [{name: d1, address: 10.0.6.2:5201}, {name: u, address: 10.0.31.2}], ports: ["5201"], announce_interval: 0s}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,3 +191,57 @@ type errKernel struct {
 }
 
 func (e errKernel) Events() ([]mptcppm.Event, error) { return nil, e.err }
+
+// A connection's second announcement waits Interval (the kernel drops an
+// ANNOUNCE issued while the previous ADD_ADDR is still pending); one whose
+// connection closed meanwhile ("invalid token") is not an error.
+func TestRoleSpacesAnnouncements(t *testing.T) {
+	cfg, err := parse(t, `{announce: [{name: a, address: 10.0.6.2:5201}, {name: b, address: 10.0.31.2}, {name: c, address: 10.0.32.2}], announce_interval: 40ms}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := parse(t, `announce: [{name: a, address: 10.0.6.2}]`); d.Interval != DefaultInterval {
+		t.Errorf("default interval %v", d.Interval)
+	}
+	if _, err := parse(t, `{announce: [{name: a, address: 10.0.6.2}], announce_interval: 1m}`); err == nil || !strings.Contains(err.Error(), "announce_interval") {
+		t.Errorf("announce_interval 1m: %v", err)
+	}
+	k := &fakeKernel{events: make(chan []mptcppm.Event), lost: make(chan struct{}),
+		refuse: map[uint32]error{9: &mptcppm.Error{Cmd: "ANNOUNCE", Token: 9, Errno: unix.EINVAL, Msg: "invalid token"}}}
+	r := New(cfg, k, nil)
+	done := make(chan error)
+	go func() { done <- r.Run(context.Background()) }()
+	start := time.Now()
+	k.events <- []mptcppm.Event{est(1, true, 5201), est(9, true, 5201)}
+	close(k.events)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.sent) != 3 {
+		t.Fatalf("sent %v, want 3 announcements to connection 1", k.sent)
+	}
+	for i, at := range k.at {
+		if min := time.Duration(i) * 40 * time.Millisecond; at.Sub(start) < min-5*time.Millisecond {
+			t.Errorf("announcement %d after %v, want >= %v", i, at.Sub(start), min)
+		}
+	}
+	if s := r.Stats(); s.Errors != 0 || s.Gone != 3 || s.Announcements != 3 {
+		t.Errorf("stats %+v, want 3 sent, 3 gone (closed connection), 0 errors", s)
+	}
+}
+
+func TestParseMIB(t *testing.T) {
+	b := []byte("TcpExt: A B\nTcpExt: 1 2\nMPTcpExt: MPCapableSYNRX AddAddrTxDrop\nMPTcpExt: 7 3\n")
+	m, err := ParseMIB(b, "MPTcpExt")
+	if err != nil || m["AddAddrTxDrop"] != 3 || m["MPCapableSYNRX"] != 7 || len(m) != 2 {
+		t.Fatalf("ParseMIB = %v %v", m, err)
+	}
+	for _, bad := range []string{"", "MPTcpExt: A B\nMPTcpExt: 1\n", "MPTcpExt: A\nMPTcpExt: x\n"} {
+		if _, err := ParseMIB([]byte(bad), "MPTcpExt"); err == nil {
+			t.Errorf("ParseMIB(%q) accepted", bad)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
+	"github.com/mpdetour/mpdetour/internal/serverrole"
 )
 
 // The loadbalancer scenario (issue 19, after Duchene ch. 5): an L4 load
@@ -41,6 +42,15 @@ const (
 	// (lbDetourPort+i -> backend i's receiver).
 	lbDetourPort = 6001
 )
+
+// lbCounters are the kernel counters recorded per trial: announcements
+// received and joins on the client, announcements sent and dropped, joins
+// and resets on the backends.
+var lbCounters = map[string][]string{
+	"client": {"AddAddr", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx"},
+	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx"},
+	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx"},
+}
 
 var (
 	lbInstances = []string{"lb1", "lb2"}
@@ -232,6 +242,20 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 			return Measurement{}, d.failure()
 		}
 	}
+	mib := func() map[string]uint64 {
+		m := map[string]uint64{}
+		for node, names := range lbCounters {
+			c, err := serverrole.MPTCPMIB(e.Lab.NetnsPath(node))
+			if err != nil {
+				continue
+			}
+			for _, n := range names {
+				m[node+"."+n] = c[n]
+			}
+		}
+		return m
+	}
+	before := mib()
 	// Connections start over the first 10% of the duration; the route
 	// changes run from 25% to 95% of it, evenly spaced: every connection
 	// has had at least 15% of the duration (2.5 s at 17 s) to complete its
@@ -290,7 +314,10 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 	if routeErr != nil {
 		return Measurement{}, routeErr
 	}
-	ch := &results.Churn{Connections: lbConnections, RouteChanges: changes}
+	ch := &results.Churn{Connections: lbConnections, RouteChanges: changes, Counters: map[string]uint64{}}
+	for k, v := range mib() {
+		ch.Counters[k] = v - before[k]
+	}
 	reasons := map[string]int{}
 	var goodput float64
 	var bytes uint64

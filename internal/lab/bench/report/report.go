@@ -691,4 +691,25 @@ func (d *Data) writeChurn(p *printer) {
 		p.row(r)
 	}
 	p.f("\n")
+	for _, c := range d.Cells {
+		sum := map[string]uint64{}
+		for _, ch := range c.Churns {
+			for k, v := range ch.Counters {
+				sum[k] += v
+			}
+		}
+		if len(sum) == 0 {
+			continue
+		}
+		var keys []string
+		for k := range sum {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s %d", k, sum[k]))
+		}
+		p.f("Kernel MPTCP counters, %s / %s, summed over %d trial(s): %s.\n\n", d.Scenario.Configuration(c.Configuration).Label, c.Label(), len(c.Churns), strings.Join(parts, ", "))
+	}
 }

@@ -87,6 +87,9 @@ type Churn struct {
 	RouteChanges int `json:"route_changes"`
 	// Reasons are the distinct errors of the broken connections (at most 5).
 	Reasons []string `json:"reasons,omitempty"`
+	// Counters are kernel MPTCP counters over the trial, "node.Name" ->
+	// increase (e.g. "client.AddAddr": ADD_ADDRs the clients received).
+	Counters map[string]uint64 `json:"counters,omitempty"`
 }
 
 // Key identifies a cell.
