@@ -47,7 +47,7 @@ const (
 // received and joins on the client, announcements sent and dropped, joins
 // and resets on the backends.
 var lbCounters = map[string][]string{
-	"client": {"AddAddr", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx"},
+	"client": {"AddAddr", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx", "MPJoinSynTxConnectErr"},
 	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx"},
 	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx"},
 }
@@ -80,7 +80,16 @@ func (s *lbSetup) close() error {
 // setupLB builds the balancer instances, a receiver on each backend the
 // runner did not start one on, and, with announce, the server role on
 // every backend (C flag, unique address, detour waypoint announced).
-func setupLB(ctx context.Context, env *Env, withRole bool) (_ *lbSetup, err error) {
+// lbMode is what the backends run.
+type lbMode int
+
+const (
+	lbPlain   lbMode = iota // no server role: the kernel as it is
+	lbRole                  // server role: C flag, unique address and waypoint announced
+	lbNoCFlag               // server role announcing, C flag explicitly off
+)
+
+func setupLB(ctx context.Context, env *Env, mode lbMode) (_ *lbSetup, err error) {
 	s := &lbSetup{env: env, paths: map[netip.Addr]string{}, subflows: 1,
 		vip: netip.AddrPortFrom(topology.LoadBalancerVIP, uint16(env.Port))}
 	defer func() {
@@ -135,7 +144,7 @@ func setupLB(ctx context.Context, env *Env, withRole bool) (_ *lbSetup, err erro
 		}
 		s.undo = append(s.undo, func() error { stop(); return nil })
 	}
-	if !withRole {
+	if mode == lbPlain {
 		return s, nil
 	}
 	if len(env.Cell.Detours) != 1 {
@@ -145,7 +154,7 @@ func setupLB(ctx context.Context, env *Env, withRole bool) (_ *lbSetup, err erro
 	if err := enableForwarding(env, det); err != nil {
 		return nil, err
 	}
-	deny := true
+	deny := mode == lbRole
 	for i, b := range lbBackends {
 		port := uint16(lbDetourPort + i)
 		rm, err := waypoint(ctx, env, det, port, netip.AddrPortFrom(env.Lab.Addr(b), uint16(env.Port)))
@@ -165,13 +174,53 @@ func setupLB(ctx context.Context, env *Env, withRole bool) (_ *lbSetup, err erro
 		s.daemons = append(s.daemons, ag)
 	}
 	s.paths[env.Lab.Addr(det)] = "announced:" + det
-	restore, err := acceptAnnouncements(env, env.Roles.Client, 2)
+	restore, err := acceptAnnouncements(env, env.Roles.Client, 3)
 	if err != nil {
 		return nil, err
 	}
 	s.undo = append(s.undo, restore)
 	s.subflows = 3
+	// The C flag only changes what a client with another local address
+	// does: its in-kernel PM joins the service address from it unless
+	// the flag forbids. Give the client one (a `subflow` endpoint) so
+	// the difference shows.
+	rm, err := secondClientAddress(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	s.undo = append(s.undo, rm)
 	return s, nil
+}
+
+// lbSecondAddr is the client's second address in the -announced cells.
+const lbSecondAddr = "10.0.1.3"
+
+// secondClientAddress adds lbSecondAddr on the client's link and an
+// in-kernel PM `subflow` endpoint for it; it returns the removal. (Lab
+// code: the ip CLI is fine here.)
+func secondClientAddress(ctx context.Context, env *Env) (func() error, error) {
+	ifs := env.Lab.Ifaces(env.Roles.Client)
+	if len(ifs) == 0 {
+		return nil, fmt.Errorf("client has no interface")
+	}
+	dev := ifs[0].Name
+	run := func(args ...string) error {
+		out, err := env.Lab.Command(context.Background(), env.Roles.Client, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s in client: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	if err := run("ip", "addr", "add", lbSecondAddr+"/24", "dev", dev); err != nil {
+		return nil, err
+	}
+	if err := run("ip", "mptcp", "endpoint", "add", lbSecondAddr, "dev", dev, "id", "5", "subflow"); err != nil {
+		run("ip", "addr", "del", lbSecondAddr+"/24", "dev", dev)
+		return nil, err
+	}
+	return func() error {
+		return errors.Join(run("ip", "mptcp", "endpoint", "delete", "id", "5"), run("ip", "addr", "del", lbSecondAddr+"/24", "dev", dev))
+	}, nil
 }
 
 // route points r2's anycast route for the service at balancer instance i.
@@ -191,7 +240,15 @@ func (s *lbSetup) route(i int) error {
 }
 
 func setupLBConnections(ctx context.Context, env *Env) (Session, error) {
-	s, err := setupLB(ctx, env, false)
+	s, err := setupLB(ctx, env, lbPlain)
+	if err != nil {
+		return nil, err
+	}
+	return &lbChurn{s: s}, nil
+}
+
+func setupLBConnectionsNoCFlag(ctx context.Context, env *Env) (Session, error) {
+	s, err := setupLB(ctx, env, lbNoCFlag)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +256,7 @@ func setupLBConnections(ctx context.Context, env *Env) (Session, error) {
 }
 
 func setupLBConnectionsAnnounced(ctx context.Context, env *Env) (Session, error) {
-	s, err := setupLB(ctx, env, true)
+	s, err := setupLB(ctx, env, lbRole)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +267,7 @@ func setupLBConnectionsAnnounced(ctx context.Context, env *Env) (Session, error)
 // server role on the backends (no route change): the aggregation through
 // the balancer, to compare with `announced` straight to a backend.
 func setupLBBulkAnnounced(ctx context.Context, env *Env) (Session, error) {
-	s, err := setupLB(ctx, env, true)
+	s, err := setupLB(ctx, env, lbRole)
 	if err != nil {
 		return nil, err
 	}

@@ -85,6 +85,7 @@ func Procedures() map[string]Setup {
 
 		scenario.LBConnections:          setupLBConnections,
 		scenario.LBConnectionsAnnounced: setupLBConnectionsAnnounced,
+		scenario.LBConnectionsNoCFlag:   setupLBConnectionsNoCFlag,
 		scenario.LBBulkAnnounced:        setupLBBulkAnnounced,
 	}
 }

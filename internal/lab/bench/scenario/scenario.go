@@ -47,6 +47,7 @@ const (
 	// announced); one bulk transfer to the service with the server role.
 	LBConnections          = "lb-connections"
 	LBConnectionsAnnounced = "lb-connections-announced"
+	LBConnectionsNoCFlag   = "lb-connections-no-cflag"
 	LBBulkAnnounced        = "lb-bulk-announced"
 )
 
@@ -81,6 +82,7 @@ var procs = map[string]procInfo{
 
 	LBConnections:          {"100 connections via the balancer, 16 route changes, backends as they are", 0, ""},
 	LBConnectionsAnnounced: {"100 connections via the balancer, 16 route changes, backends with the server role", -1, ""},
+	LBConnectionsNoCFlag:   {"100 connections via the balancer, 16 route changes, server role without the C flag", -1, ""},
 	LBBulkAnnounced:        {"MPTCP via the balancer, backends with the server role", -1, ""},
 }
 
@@ -98,7 +100,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
-		Announced, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
+		Announced, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
