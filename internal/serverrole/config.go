@@ -64,7 +64,14 @@ type Config struct {
 	// (only the MIB counter AddAddrTxDrop says so), to be retransmitted
 	// after net.mptcp.add_addr_timeout (120 s by default).
 	Interval time.Duration
+	// Repeat: a connection with fewer joins than announced addresses
+	// after Repeat gets its announcements again (then after 2x, 4x); 0 =
+	// rely on the kernel's retransmission (add_addr_timeout, 120 s).
+	Repeat time.Duration
 }
+
+// DefaultRepeat is Config.Repeat when not configured.
+const DefaultRepeat = time.Second
 
 // DefaultInterval is Config.Interval when not configured.
 const DefaultInterval = 50 * time.Millisecond
@@ -75,6 +82,7 @@ type FileConfig struct {
 	Ports           []string           `yaml:"ports"`
 	DenyJoinInitial *bool              `yaml:"deny_join_initial"`
 	Interval        *config.Duration   `yaml:"announce_interval"`
+	Repeat          *config.Duration   `yaml:"announce_repeat"`
 }
 
 // FileAnnouncement is one entry of announce.
@@ -148,6 +156,13 @@ func (f *FileConfig) Build() (Config, error) {
 			return c, fmt.Errorf("announce_interval: %s out of range 0-10s", v)
 		}
 		c.Interval = f.Interval.D()
+	}
+	c.Repeat = DefaultRepeat
+	if f.Repeat != nil {
+		if v := f.Repeat.D(); v < 0 || v > time.Minute {
+			return c, fmt.Errorf("announce_repeat: %s out of range 0-1m", v)
+		}
+		c.Repeat = f.Repeat.D()
 	}
 	return c, nil
 }

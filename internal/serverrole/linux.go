@@ -171,7 +171,7 @@ func Start(ctx context.Context, netns string, cfg Config, log *slog.Logger) (sto
 			err = restore()
 			s := r.Stats()
 			log.Info("server role stopped", "connections", s.Connections, "announcements", s.Announcements,
-				"refused", s.Errors, "closed_before_announced", s.Gone, "resyncs", s.Resyncs,
+				"refused", s.Errors, "closed_before_announced", s.Gone, "repeated_rounds", s.Repeats, "resyncs", s.Resyncs,
 				"kernel_add_addr_tx_drop", drops()-drops0)
 		})
 		return err

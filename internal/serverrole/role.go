@@ -32,20 +32,31 @@ type Stats struct {
 	Errors        uint64 // ANNOUNCE commands refused
 	Gone          uint64 // delayed announcements to connections closed meanwhile
 	Resyncs       uint64 // catch-ups after lost events
+	Repeats       uint64 // rounds of announcements repeated (fewer joins than addresses)
 }
+
+// conn is a connection announced to.
+type conn struct {
+	joins int // server-side subflows established after the first
+}
+
+// maxRepeats bounds the repeated rounds per connection (after Repeat,
+// 2 x Repeat, 4 x Repeat).
+const maxRepeats = 3
 
 // Role announces cfg.Announce on every selected server-side connection.
 type Role struct {
 	cfg Config
 	k   Kernel
 	log *slog.Logger
-	// done holds the tokens announced to (forgotten on CLOSED), so a
+	// mu guards done and errLogged: timers (spaced and repeated
+	// announcements) use them too.
+	mu sync.Mutex
+	// done holds the connections announced to (forgotten on CLOSED), so a
 	// resync does not announce twice; bounded by maxTracked.
-	done  map[uint32]struct{}
-	stats struct{ conns, anns, errs, gone, resyncs atomic.Uint64 }
-	// errLogged limits refusal logs to one per distinct message (timers
-	// send too: under mu).
-	mu        sync.Mutex
+	done  map[uint32]*conn
+	stats struct{ conns, anns, errs, gone, resyncs, repeats atomic.Uint64 }
+	// errLogged limits refusal logs to one per distinct message.
 	errLogged map[string]bool
 }
 
@@ -58,13 +69,13 @@ func New(cfg Config, k Kernel, log *slog.Logger) *Role {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Role{cfg: cfg, k: k, log: log, done: map[uint32]struct{}{}, errLogged: map[string]bool{}}
+	return &Role{cfg: cfg, k: k, log: log, done: map[uint32]*conn{}, errLogged: map[string]bool{}}
 }
 
 // Stats returns the counters (safe from any goroutine).
 func (r *Role) Stats() Stats {
 	return Stats{Connections: r.stats.conns.Load(), Announcements: r.stats.anns.Load(),
-		Errors: r.stats.errs.Load(), Gone: r.stats.gone.Load(), Resyncs: r.stats.resyncs.Load()}
+		Errors: r.stats.errs.Load(), Gone: r.stats.gone.Load(), Resyncs: r.stats.resyncs.Load(), Repeats: r.stats.repeats.Load()}
 }
 
 // Run handles events until the kernel's event source is closed (nil) or
@@ -104,20 +115,40 @@ func (r *Role) handle(e mptcppm.Event) {
 		if serverSide(e) && r.cfg.selects(e.Local.Port()) {
 			r.announce(e.Token)
 		}
+	case mptcppm.EventSubEstablished:
+		// Tokens are per namespace: a tracked token is our server side.
+		r.mu.Lock()
+		if c := r.done[e.Token]; c != nil {
+			c.joins++
+		}
+		r.mu.Unlock()
 	case mptcppm.EventClosed:
+		r.mu.Lock()
 		delete(r.done, e.Token)
+		r.mu.Unlock()
 	}
 }
 
 func (r *Role) announce(token uint32) {
+	r.mu.Lock()
 	if _, ok := r.done[token]; ok {
+		r.mu.Unlock()
 		return
 	}
 	if len(r.done) >= maxTracked {
-		r.done = map[uint32]struct{}{}
+		r.done = map[uint32]*conn{}
 	}
-	r.done[token] = struct{}{}
+	r.done[token] = &conn{}
+	r.mu.Unlock()
 	r.stats.conns.Add(1)
+	r.round(token)
+	if r.cfg.Repeat > 0 {
+		time.AfterFunc(r.cfg.Repeat, func() { r.recheck(token, 1) })
+	}
+}
+
+// round sends every announcement, spaced by Interval.
+func (r *Role) round(token uint32) {
 	for i, a := range r.cfg.Announce {
 		if i == 0 || r.cfg.Interval <= 0 {
 			r.send(token, a)
@@ -125,6 +156,26 @@ func (r *Role) announce(token uint32) {
 		}
 		// The kernel keeps one pending ADD_ADDR per connection (Config.Interval).
 		time.AfterFunc(time.Duration(i)*r.cfg.Interval, func() { r.send(token, a) })
+	}
+}
+
+// recheck repeats the announcements while the connection has fewer joins
+// than announced addresses: an ADD_ADDR the client dropped (its path
+// manager busy with the previous one) or lost on the way is otherwise
+// repeated by the kernel only after net.mptcp.add_addr_timeout (120 s).
+// The client ignores an address it already has a subflow to.
+func (r *Role) recheck(token uint32, n int) {
+	r.mu.Lock()
+	c := r.done[token]
+	short := c != nil && c.joins < len(r.cfg.Announce)
+	r.mu.Unlock()
+	if !short {
+		return
+	}
+	r.stats.repeats.Add(1)
+	r.round(token)
+	if n < maxRepeats {
+		time.AfterFunc(r.cfg.Repeat<<n, func() { r.recheck(token, n+1) })
 	}
 }
 
@@ -172,11 +223,13 @@ func (r *Role) resync() {
 	for _, c := range cs {
 		live[c.Token] = struct{}{}
 	}
+	r.mu.Lock()
 	for t := range r.done {
 		if _, ok := live[t]; !ok {
 			delete(r.done, t)
 		}
 	}
+	r.mu.Unlock()
 	for _, c := range cs {
 		if c.ServerSide && c.State == 1 && c.Token != 0 && c.Info.Flags&mptcppm.InfoFlagFallback == 0 && r.cfg.selects(c.Local.Port()) {
 			r.announce(c.Token)

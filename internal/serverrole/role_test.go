@@ -131,7 +131,7 @@ func est(token uint32, server bool, lport uint16) mptcppm.Event {
 }
 
 func TestRoleAnnounces(t *testing.T) {
-	cfg, err := parse(t, `{announce: [{name: d1, address: 10.0.6.2:5201}, {name: u, address: 10.0.31.2}], ports: ["5201"], announce_interval: 0s}`)
+	cfg, err := parse(t, `{announce: [{name: d1, address: 10.0.6.2:5201}, {name: u, address: 10.0.31.2}], ports: ["5201"], announce_interval: 0s, announce_repeat: 0s}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func (e errKernel) Events() ([]mptcppm.Event, error) { return nil, e.err }
 // ANNOUNCE issued while the previous ADD_ADDR is still pending); one whose
 // connection closed meanwhile ("invalid token") is not an error.
 func TestRoleSpacesAnnouncements(t *testing.T) {
-	cfg, err := parse(t, `{announce: [{name: a, address: 10.0.6.2:5201}, {name: b, address: 10.0.31.2}, {name: c, address: 10.0.32.2}], announce_interval: 40ms}`)
+	cfg, err := parse(t, `{announce: [{name: a, address: 10.0.6.2:5201}, {name: b, address: 10.0.31.2}, {name: c, address: 10.0.32.2}], announce_interval: 40ms, announce_repeat: 0s}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,5 +243,45 @@ func TestParseMIB(t *testing.T) {
 		if _, err := ParseMIB([]byte(bad), "MPTcpExt"); err == nil {
 			t.Errorf("ParseMIB(%q) accepted", bad)
 		}
+	}
+}
+
+// A connection with fewer joins than announced addresses gets its
+// announcements again after Repeat, 2 x Repeat, 4 x Repeat; one whose
+// client joined every address, or that closed, does not.
+func TestRoleRepeatsUntilJoined(t *testing.T) {
+	cfg, err := parse(t, `{announce: [{name: a, address: 10.0.6.2:5201}, {name: b, address: 10.0.31.2}], announce_interval: 0s, announce_repeat: 30ms}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := parse(t, `announce: [{name: a, address: 10.0.6.2}]`); d.Repeat != DefaultRepeat {
+		t.Errorf("default repeat %v", d.Repeat)
+	}
+	k := &fakeKernel{events: make(chan []mptcppm.Event), lost: make(chan struct{})}
+	r := New(cfg, k, nil)
+	done := make(chan error)
+	go func() { done <- r.Run(context.Background()) }()
+	sub := func(token uint32) mptcppm.Event { return mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: token} }
+	// 1: never joined -> 1 + 3 rounds; 2: joined both -> 1 round;
+	// 3: joined one -> repeated until closed.
+	k.events <- []mptcppm.Event{est(1, true, 5201), est(2, true, 5201), sub(2), sub(2), est(3, true, 5201), sub(3)}
+	time.Sleep(45 * time.Millisecond) // after the first repeat (30 ms), before the second (90 ms)
+	k.events <- []mptcppm.Event{{Type: mptcppm.EventClosed, Token: 3}}
+	time.Sleep(300 * time.Millisecond) // 30 + 60 + 120 ms: all repeats of 1 done
+	close(k.events)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	count := map[string]int{}
+	for _, s := range k.sent {
+		count[s[:8]]++
+	}
+	if count["00000001"] != 8 || count["00000002"] != 2 || count["00000003"] != 4 {
+		t.Errorf("announcements per connection %v, want 1: 8 (4 rounds), 2: 2 (joined), 3: 4 (closed after one repeat)", count)
+	}
+	if s := r.Stats(); s.Repeats != 4 {
+		t.Errorf("repeats %d, want 4", s.Repeats)
 	}
 }
