@@ -22,7 +22,7 @@ func agentCommand() *cli.Command {
 	var check bool
 	return &cli.Command{
 		Name:    "agent",
-		Summary: "add detour subflows to MPTCP connections (userspace path manager)",
+		Summary: "add detour subflows to MPTCP connections (userspace path manager); with server: in the config, announce detours to clients (ADD_ADDR, C flag)",
 		Usage:   "--config FILE [--netns NS] [--socket PATH] [--check]",
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&config, "config", "", "agent configuration (YAML, see docs/agent.md)")
