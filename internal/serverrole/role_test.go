@@ -261,7 +261,9 @@ func TestRoleRepeatsUntilJoined(t *testing.T) {
 	r := New(cfg, k, nil)
 	done := make(chan error)
 	go func() { done <- r.Run(context.Background()) }()
-	sub := func(token uint32) mptcppm.Event { return mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: token} }
+	sub := func(token uint32) mptcppm.Event {
+		return mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: token}
+	}
 	// 1: never joined -> 1 + 3 rounds; 2: joined both -> 1 round;
 	// 3: joined one -> repeated until closed.
 	k.events <- []mptcppm.Event{est(1, true, 5201), est(2, true, 5201), sub(2), sub(2), est(3, true, 5201), sub(3)}
