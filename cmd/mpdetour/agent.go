@@ -14,6 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/serverrole"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
@@ -23,7 +24,7 @@ func agentCommand() *cli.Command {
 	var check bool
 	return &cli.Command{
 		Name:    "agent",
-		Summary: "add detour subflows to MPTCP connections (userspace path manager)",
+		Summary: "add detour subflows to MPTCP connections (userspace path manager); with server: in the config, announce detours to clients (ADD_ADDR, C flag)",
 		Usage:   "--config FILE [--netns NS] [--socket PATH] [--check]",
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&config, "config", "", "agent configuration (YAML, see docs/agent.md)")
@@ -47,8 +48,12 @@ func agentCommand() *cli.Command {
 				if cfg.Relays != nil {
 					relays = len(cfg.Relays.Relays)
 				}
-				fmt.Printf("%s: valid: policy %s, %d detour subflows per connection, %d static detours, %d relays, socket %s\n",
-					config, cfg.Policy, cfg.Subflows, len(cfg.Detours), relays, cfg.Socket)
+				server := ""
+				if cfg.Server != nil {
+					server = fmt.Sprintf(", server role announcing %d addresses", len(cfg.Server.Announce))
+				}
+				fmt.Printf("%s: valid: policy %s, %d detour subflows per connection, %d static detours, %d relays%s, socket %s\n",
+					config, cfg.Policy, cfg.Subflows, len(cfg.Detours), relays, server, cfg.Socket)
 				return nil
 			}
 			if netns != "" {
@@ -97,6 +102,15 @@ func agentCommand() *cli.Command {
 						sources = append(sources, t)
 					}
 				}
+			}
+			if cfg.Server != nil {
+				// Its event socket opens before the agent switches the
+				// namespace to the userspace PM (docs/agent.md, Server role).
+				stop, err := serverrole.Start(ctx, cfg.NetNS, *cfg.Server, log)
+				if err != nil {
+					return err
+				}
+				defer stop()
 			}
 			return agent.RunLinux(ctx, cfg, log, nil, sources...)
 		},

@@ -27,6 +27,12 @@ func TestAgentRejectsBadConfig(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q: want 1 and the file and field named", code, errb.String())
 	}
 	errb.Reset()
+	os.WriteFile(path, []byte("server:\n  announce:\n    - {name: d, address: 127.0.0.1:5201}\n"), 0o644)
+	code = cli.Main(context.Background(), "mpdetour", commands(), []string{"agent", "--check", "--config", path}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), path+":3:") || !strings.Contains(errb.String(), "server.announce[0].address") {
+		t.Fatalf("bad server section: exit %d, stderr %q: want 1 and file:line and the field named", code, errb.String())
+	}
+	errb.Reset()
 	if code := cli.Main(context.Background(), "mpdetour", commands(), []string{"agent"}, &out, &errb); code != cli.ExitUsage {
 		t.Fatalf("agent without --config: exit %d (%s), want %d", code, errb.String(), cli.ExitUsage)
 	}

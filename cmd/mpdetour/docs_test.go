@@ -55,4 +55,9 @@ func TestDocsConfigExamplesParse(t *testing.T) {
 	if _, err := agent.ParseConfig([]byte(agentYAML)); err != nil {
 		t.Fatalf("docs/agent.md example: %v", err)
 	}
+	for _, marker := range []string{"announce_interval", "name: unique, address: 10.0.31.2"} {
+		if c, err := agent.ParseConfig([]byte(yamlBlock(t, "agent.md", marker))); err != nil || c.Server == nil {
+			t.Fatalf("docs/agent.md server-role example (%s): %v", marker, err)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/serverrole"
 )
 
 // DefaultSocket is where the agent serves its status.
@@ -70,6 +71,9 @@ type Config struct {
 	// ConvertStatus, when set, adds the conversion Router's view to the
 	// status (wired by cmd/mpdetour; not in the YAML).
 	ConvertStatus func() convclient.Status
+	// Server, when set, runs the server role beside the client one
+	// (internal/serverrole: ADD_ADDR of detours, C flag).
+	Server *serverrole.Config
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -111,6 +115,8 @@ type fileConfig struct {
 	LegacyV1 []fileLegacy            `yaml:"legacy_v1"`
 	// Convert is documented in docs/convert.md (convclient.FileConfig).
 	Convert *convclient.FileConfig `yaml:"convert"`
+	// Server is documented in docs/agent.md (serverrole.FileConfig).
+	Server *serverrole.FileConfig `yaml:"server"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -320,6 +326,13 @@ func build(f fileConfig) (Config, error) {
 			return c, fmt.Errorf("convert.%v", err)
 		}
 		c.Convert = &cs
+	}
+	if f.Server != nil {
+		sc, err := f.Server.Build()
+		if err != nil {
+			return c, fmt.Errorf("server.%v", err)
+		}
+		c.Server = &sc
 	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)

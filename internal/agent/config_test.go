@@ -102,6 +102,8 @@ func TestParseConfigRejects(t *testing.T) {
 		"legacy_v1: [{name: v1, address: \"[::1]:45672\"}]":           "legacy_v1[0].address",
 		"legacy_v1: [{address: 10.1.1.2:45672}]":                      "legacy_v1[0].name",
 		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]": "legacy_v1[0].lease",
+		"server: {announce: [{name: d, address: 127.0.0.1}]}":         "server.announce[0].address",
+		"server: {}": "server.announce: nothing to do",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil {
@@ -166,6 +168,10 @@ func TestConfigErrorPositions(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), path+":5:14: detours[0].address:") {
 		t.Fatalf("error %v, want %s:5:14: detours[0].address: ...", err, path)
 	}
+	os.WriteFile(path, []byte("server:\n  announce:\n    - {name: d, address: 10.0.6.2:0}\n"), 0o644)
+	if _, err := LoadConfig(path); err == nil || !strings.HasPrefix(err.Error(), path+":3:26: server.announce[0].address:") {
+		t.Fatalf("error %v, want %s:3:26: server.announce[0].address: ...", err, path)
+	}
 	os.WriteFile(path, []byte("subflows: 2\nwatchdog: soon\n"), 0o644)
 	if _, err := LoadConfig(path); err == nil || !strings.HasPrefix(err.Error(), path+":2:11: watchdog:") {
 		t.Fatalf("error %v, want %s:2:11: watchdog: ...", err, path)
@@ -175,6 +181,7 @@ func TestConfigErrorPositions(t *testing.T) {
 func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(goodConfig))
 	f.Add([]byte("detours: [{kind: nat, relay: a, address: 10.1.1.2:4000, server: 10.0.3.2:1}]"))
+	f.Add([]byte("server: {announce: [{name: d, address: 10.0.6.2:5201}, {name: u, address: 10.0.31.2, id: 9}], ports: [\"5201\"], deny_join_initial: true}"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := ParseConfig(b)
 		if err != nil {

@@ -140,3 +140,20 @@ func subflowReq(cmd uint8, token uint32, local, remote Addr) request {
 		return nil
 	}}
 }
+
+func announceReq(token uint32, a Addr) request {
+	a.Flags |= FlagSignal
+	return request{cmd: CmdAnnounce, token: token, enc: func(ae *netlink.AttributeEncoder) error {
+		ae.Uint32(attrToken, token)
+		nested(ae, attrAddr, a)
+		return nil
+	}}
+}
+
+func removeReq(token uint32, id uint8) request {
+	return request{cmd: CmdRemove, token: token, enc: func(ae *netlink.AttributeEncoder) error {
+		ae.Uint32(attrToken, token)
+		ae.Uint8(attrLocID, id)
+		return nil
+	}}
+}

@@ -190,23 +190,10 @@ func (c *Conn) SetFlags(token uint32, local Addr, remote *Addr) error {
 
 // Announce sends ADD_ADDR for a on connection token (a.ID must be non-zero).
 // The kernel insists on the signal flag, so it is always set.
-func (c *Conn) Announce(token uint32, a Addr) error {
-	a.Flags |= FlagSignal
-	return c.ack(request{cmd: CmdAnnounce, token: token, enc: func(ae *netlink.AttributeEncoder) error {
-		ae.Uint32(attrToken, token)
-		nested(ae, attrAddr, a)
-		return nil
-	}})
-}
+func (c *Conn) Announce(token uint32, a Addr) error { return c.ack(announceReq(token, a)) }
 
 // Remove sends RM_ADDR for local address id on connection token.
-func (c *Conn) Remove(token uint32, id uint8) error {
-	return c.ack(request{cmd: CmdRemove, token: token, enc: func(ae *netlink.AttributeEncoder) error {
-		ae.Uint32(attrToken, token)
-		ae.Uint8(attrLocID, id)
-		return nil
-	}})
-}
+func (c *Conn) Remove(token uint32, id uint8) error { return c.ack(removeReq(token, id)) }
 
 func endpointReq(cmd uint8, a Addr) request {
 	return request{cmd: cmd, enc: func(ae *netlink.AttributeEncoder) error {

@@ -63,6 +63,7 @@ type Measurement struct {
 	// SetupMs: the trial's setup latency probes (connect() to first
 	// byte), in ms, when the procedure measures them.
 	SetupMs []float64
+	Churn   *results.Churn
 }
 
 // Session is a cell prepared for its trials (daemons started, grants
@@ -98,6 +99,12 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,
 
 		scenario.Converted: setupConverted,
+		scenario.Announced: setupAnnounced,
+
+		scenario.LBConnections:          setupLBConnections,
+		scenario.LBConnectionsAnnounced: setupLBConnectionsAnnounced,
+		scenario.LBConnectionsNoCFlag:   setupLBConnectionsNoCFlag,
+		scenario.LBBulkAnnounced:        setupLBBulkAnnounced,
 	}
 }
 

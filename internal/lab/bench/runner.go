@@ -393,6 +393,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 				med := median(m.SetupMs)
 				rec.SetupMs, rec.SetupAllMs = &med, m.SetupMs
 			}
+			rec.Churn = m.Churn
 		}
 		if err := r.append(rec); err != nil {
 			return err
@@ -421,6 +422,9 @@ func (r *runner) progress(rec results.Record, c scenario.Cell) {
 		eta = left.Round(time.Second).String()
 	}
 	res := fmt.Sprintf("%.2f Mbit/s", rec.GoodputMbps)
+	if ch := rec.Churn; ch != nil {
+		res += fmt.Sprintf(", %d of %d connections broken across %d route changes", ch.Broken, ch.Connections, ch.RouteChanges)
+	}
 	if rec.Status != results.OK {
 		res = "FAILED: " + rec.Reason
 	} else if len(rec.Subflows) > 1 {

@@ -67,6 +67,12 @@ var builtins = map[string]*builtin{
 		},
 		gen: genDetours,
 	},
+	"loadbalancer": {
+		name:     "loadbalancer",
+		defaults: map[string]string{},
+		check:    func(key, value string) error { return fmt.Errorf("loadbalancer has no parameters") },
+		gen:      genLoadBalancer,
+	},
 	"line": {
 		name:     "line",
 		defaults: map[string]string{},

@@ -45,6 +45,8 @@ type Cell struct {
 	// Setup: every setup-latency probe of the cell's trials (ms, connect()
 	// to first byte).
 	Setup []float64
+	// Churns: trials of many connections across route changes.
+	Churns []results.Churn
 }
 
 // PathStat summarises the subflows of one path over a cell's trials.
@@ -95,6 +97,9 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 			}
 			if r.TailMbps != nil {
 				cell.Tails = append(cell.Tails, *r.TailMbps)
+			}
+			if r.Churn != nil {
+				cell.Churns = append(cell.Churns, *r.Churn)
 			}
 			if r.LoadAvg > 0 {
 				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
@@ -356,6 +361,7 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 	}
 	p.f("\n")
 	d.writeStalls(p, cols)
+	d.writeChurn(p)
 	if ref := s.Reference; ref != nil && len(ref.Results) > 0 {
 		p.f("### Original results (Mbit/s, mean (sd))\n\n%s.\n\n", strings.TrimSuffix(ref.Source, "."))
 		p.tableHeader("configuration", cols, d.labelOf)
@@ -689,4 +695,59 @@ func (d *Data) faultTable(p *printer, cols []string, faulty []scenario.Configura
 		p.row(r)
 	}
 	p.f("\n")
+}
+
+// writeChurn is the table of cells that ran many connections across route
+// changes (loadbalancer): broken connections summed over the trials.
+func (d *Data) writeChurn(p *printer) {
+	var rows [][]string
+	for _, c := range d.Cells {
+		if len(c.Churns) == 0 {
+			continue
+		}
+		var conns, broken, changes int
+		var reasons []string
+		per := make([]string, 0, len(c.Churns))
+		for _, ch := range c.Churns {
+			conns += ch.Connections
+			broken += ch.Broken
+			changes += ch.RouteChanges
+			reasons = append(reasons, ch.Reasons...)
+			per = append(per, fmt.Sprint(ch.Broken))
+		}
+		rows = append(rows, []string{d.Scenario.Configuration(c.Configuration).Label, c.Label(), fmt.Sprint(len(c.Churns)),
+			fmt.Sprint(conns), fmt.Sprint(changes), fmt.Sprintf("**%d**", broken), strings.Join(per, ", "), esc(strings.Join(dedupe(reasons), "; "))})
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p.f("## Connections across route changes\n\n")
+	p.f("Every trial runs its connections at once for the whole transfer while the network changes under them; a connection is *broken* when its transfer ends with an error or without the receiver's summary (reset, stalled, timed out).\n\n")
+	p.row([]string{"configuration", "procedure", "trials", "connections", "route changes", "broken", "broken per trial", "errors"})
+	p.row([]string{"---", "---", "---:", "---:", "---:", "---:", "---", "---"})
+	for _, r := range rows {
+		p.row(r)
+	}
+	p.f("\n")
+	for _, c := range d.Cells {
+		sum := map[string]uint64{}
+		for _, ch := range c.Churns {
+			for k, v := range ch.Counters {
+				sum[k] += v
+			}
+		}
+		if len(sum) == 0 {
+			continue
+		}
+		var keys []string
+		for k := range sum {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s %d", k, sum[k]))
+		}
+		p.f("Kernel MPTCP counters, %s / %s, summed over %d trial(s): %s.\n\n", d.Scenario.Configuration(c.Configuration).Label, c.Label(), len(c.Churns), strings.Join(parts, ", "))
+	}
 }

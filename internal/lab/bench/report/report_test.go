@@ -176,3 +176,42 @@ func TestMarkdownWithoutMultipathOmitsRatios(t *testing.T) {
 		t.Errorf("report with multipath cells lacks the ratios table:\n%s", full.String())
 	}
 }
+
+// Trials of many connections across route changes get their own table:
+// broken connections summed and per trial, the errors, the kernel counters.
+func TestChurnTable(t *testing.T) {
+	s, err := scenario.Parse("lb.yaml", []byte(`
+name: lb
+topology: loadbalancer
+roles: {server: b1, detours: [detour]}
+configurations: [{name: lb, label: LB}]
+procedures: [lb-connections, lb-connections-announced]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := func(broken int, reasons ...string) *results.Churn {
+		return &results.Churn{Connections: 100, Broken: broken, RouteChanges: 16, Reasons: reasons,
+			Counters: map[string]uint64{"client.AddAddr": 200, "b1.AddAddrTxDrop": 1}}
+	}
+	recs := []results.Record{
+		{Configuration: "lb", Cell: "lb-connections", Procedure: "lb-connections", Trial: 1, Status: results.OK, Churn: ch(100, "100 x write: connection reset by peer")},
+		{Configuration: "lb", Cell: "lb-connections-announced", Procedure: "lb-connections-announced", Trial: 1, Status: results.OK, GoodputMbps: 18, Churn: ch(0)},
+		{Configuration: "lb", Cell: "lb-connections-announced", Procedure: "lb-connections-announced", Trial: 2, Status: results.OK, GoodputMbps: 18, Churn: ch(1, "1 x write: connection reset by peer")},
+	}
+	var md bytes.Buffer
+	if err := Build(s, recs).WriteMarkdown(&md, Meta{Generated: time.Now()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := md.String()
+	for _, want := range []string{
+		"## Connections across route changes",
+		"| 1 | 100 | 16 | **100** | 100 | 100 x write: connection reset by peer |",
+		"| 2 | 200 | 32 | **1** | 0, 1 | 1 x write: connection reset by peer |",
+		"summed over 2 trial(s): b1.AddAddrTxDrop 2, client.AddAddr 400.",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}

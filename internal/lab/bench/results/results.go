@@ -73,6 +73,9 @@ type Record struct {
 	SetupMs    *float64  `json:"setup_ms,omitempty"`
 	SetupAllMs []float64 `json:"setup_all_ms,omitempty"`
 	Subflows   []Subflow `json:"subflows,omitempty"`
+	// Churn: trials of many connections across route changes
+	// (loadbalancer scenario).
+	Churn *Churn `json:"churn,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
 	CC       string            `json:"cc"`
@@ -82,6 +85,19 @@ type Record struct {
 	// LoadAvg is the host's 1-minute load average when the trial ended:
 	// the machine is shared, and contention shows in the numbers.
 	LoadAvg float64 `json:"loadavg_1m"`
+}
+
+// Churn is the outcome of a trial that runs many connections at once while
+// the network changes under them.
+type Churn struct {
+	Connections  int `json:"connections"`
+	Broken       int `json:"broken"` // ended with an error or never delivered the receiver's summary
+	RouteChanges int `json:"route_changes"`
+	// Reasons are the distinct errors of the broken connections (at most 5).
+	Reasons []string `json:"reasons,omitempty"`
+	// Counters are kernel MPTCP counters over the trial, "node.Name" ->
+	// increase (e.g. "client.AddAddr": ADD_ADDRs the clients received).
+	Counters map[string]uint64 `json:"counters,omitempty"`
 }
 
 // Key identifies a cell.

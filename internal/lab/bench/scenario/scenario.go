@@ -42,6 +42,17 @@ const (
 	// does not speak MPTCP, through the converter in roles.converter
 	// (docs/convert.md) and the cell's NAT detours to the converter.
 	Converted = "converted"
+	// A client without agent (in-kernel PM) and the server's agent (server
+	// role) announcing each detour node's waypoint with ADD_ADDR.
+	Announced = "announced"
+	// Load balancer (topology loadbalancer): 100 connections to the
+	// service address across 16 anycast route changes, the backends
+	// without / with the server role (C flag, unique address and detour
+	// announced); one bulk transfer to the service with the server role.
+	LBConnections          = "lb-connections"
+	LBConnectionsAnnounced = "lb-connections-announced"
+	LBConnectionsNoCFlag   = "lb-connections-no-cflag"
+	LBBulkAnnounced        = "lb-bulk-announced"
 )
 
 // procInfo says what a procedure needs and how it is labelled in reports.
@@ -72,6 +83,12 @@ var procs = map[string]procInfo{
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
 
 	Converted: {"TCP program under run, via converter + NAT detour", -1, ""},
+	Announced: {"MPTCP + detour announced by the server (client without agent)", -1, TCPNAT},
+
+	LBConnections:          {"100 connections via the balancer, 16 route changes, backends as they are", 0, ""},
+	LBConnectionsAnnounced: {"100 connections via the balancer, 16 route changes, backends with the server role", -1, ""},
+	LBConnectionsNoCFlag:   {"100 connections via the balancer, 16 route changes, server role without the C flag", -1, ""},
+	LBBulkAnnounced:        {"MPTCP via the balancer, backends with the server role", -1, ""},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -88,7 +105,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
-		Converted, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
+		Converted, Announced, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
