@@ -566,7 +566,7 @@ func (s *Server) count(op string, r proto.Reason) {
 // operation or reason code read from the wire that is not one of these is
 // counted as "other", so a client cannot create series at will.
 var (
-	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
+	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true, "encap": true,
 		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true}
 )
 
@@ -813,6 +813,8 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 			break
 		}
 		rep.Tunnel, rep.Lease = g, lease
+	case proto.OpEncap:
+		s.serveEncap(ses, client, req, &rep)
 	default:
 		rep.Reason = proto.ReasonUnsupported
 	}
