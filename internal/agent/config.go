@@ -63,6 +63,9 @@ type Config struct {
 	Relays *relayclient.SourceConfig
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
 	Tunnels bool
+	// TunnelKind is "wireguard" (default) or "vxlan": the unencrypted
+	// kernel encapsulation, opt-in for trusted networks (docs/tunnel.md).
+	TunnelKind string
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -99,9 +102,11 @@ type fileConfig struct {
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays   *relayclient.FileConfig `yaml:"relays"`
-	Tunnels  bool                    `yaml:"tunnels"`
-	LegacyV1 []fileLegacy            `yaml:"legacy_v1"`
+	Relays  *relayclient.FileConfig `yaml:"relays"`
+	Tunnels bool                    `yaml:"tunnels"`
+	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
+	TunnelKind string       `yaml:"tunnel_kind"`
+	LegacyV1   []fileLegacy `yaml:"legacy_v1"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -282,6 +287,15 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("tunnels: needs a relays section (tunnels are asked from the relays)")
 	}
 	c.Tunnels = f.Tunnels
+	switch f.TunnelKind {
+	case "", "wireguard", "vxlan":
+		if f.TunnelKind != "" && !f.Tunnels {
+			return c, fmt.Errorf("tunnel_kind: set, but tunnels is not true")
+		}
+		c.TunnelKind = f.TunnelKind
+	default:
+		return c, fmt.Errorf("tunnel_kind: %q is not wireguard or vxlan (vxlan: unencrypted, trusted networks only)", f.TunnelKind)
+	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {

@@ -385,4 +385,3 @@ func (s *EncapServer) Close() error {
 	s.ns.close()
 	return errors.Join(errs...)
 }
-

@@ -202,7 +202,7 @@ type line struct {
 	restart func(members ...proto.Key)
 }
 
-func newLine(t *testing.T) *line {
+func newLine(t *testing.T, tunnelExtra ...string) *line {
 	t.Helper()
 	c, r, v := netnstest.New(t, "twlc"), netnstest.New(t, "twlr"), netnstest.New(t, "twls")
 	cl, rl, sv := c.Name, r.Name, v.Name
@@ -232,7 +232,7 @@ members:
   state_file: %s
   # the server is on one of the relay's own networks, restricted by default
   allow_destinations: [203.0.113.10/32]
-`, keyText(relayKey), m.String(), filepath.Join(dir, "tunnel.json"))), 0o600); err != nil {
+%s`, keyText(relayKey), m.String(), filepath.Join(dir, "tunnel.json"), strings.Join(tunnelExtra, ""))), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
