@@ -93,6 +93,7 @@ func TestEncapEndToEnd(t *testing.T) {
 		t.Fatalf("allocation %+v", a1)
 	}
 	c1 := newEncapClient(t, tp.c1, 0, a1)
+	t.Logf("relay table:\n%s", nsRun(t, tp.relay, "nft", "list", "table", "ip", EncapTableName))
 	echo := echoServer(t, tp.server, serverAddr, false)
 
 	seen, _, err := retryExchange(t, tp.c1, c1.Address(), echo, 5*time.Second)
