@@ -102,6 +102,8 @@ func TestParseConfigRejects(t *testing.T) {
 		"legacy_v1: [{name: v1, address: \"[::1]:45672\"}]":           "legacy_v1[0].address",
 		"legacy_v1: [{address: 10.1.1.2:45672}]":                      "legacy_v1[0].name",
 		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]": "legacy_v1[0].lease",
+		"tunnel_kind: vxlan":                                          "tunnel_kind: set, but tunnels is not true",
+		"tunnel_kind: gre":                                            "tunnel_kind",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil {
