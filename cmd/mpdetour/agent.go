@@ -91,7 +91,17 @@ func agentCommand() *cli.Command {
 					}
 					defer stop()
 				}
-				if cfg.Tunnels {
+				if cfg.Tunnels && cfg.TunnelKind == "vxlan" {
+					// Unencrypted kernel encapsulation, opted into by tunnel_kind (docs/tunnel.md).
+					esrcs, err := tunnelctl.StartAllEncap(cfg.NetNS, src.Conns(), log)
+					if err != nil {
+						return err
+					}
+					for _, t := range esrcs {
+						defer t.Close()
+						sources = append(sources, t)
+					}
+				} else if cfg.Tunnels {
 					// Removes tunnels a crashed agent left, then one source per relay.
 					tsrcs, err := tunnelctl.StartAll(cfg.NetNS, src.Conns(), rc.PrivateKey, log)
 					if err != nil {

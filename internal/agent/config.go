@@ -74,6 +74,9 @@ type Config struct {
 	// Server, when set, runs the server role beside the client one
 	// (internal/serverrole: ADD_ADDR of detours, C flag).
 	Server *serverrole.Config
+	// TunnelKind is "wireguard" (default) or "vxlan": the unencrypted
+	// kernel encapsulation, opt-in for trusted networks (docs/tunnel.md).
+	TunnelKind string
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -110,9 +113,11 @@ type fileConfig struct {
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays   *relayclient.FileConfig `yaml:"relays"`
-	Tunnels  bool                    `yaml:"tunnels"`
-	LegacyV1 []fileLegacy            `yaml:"legacy_v1"`
+	Relays  *relayclient.FileConfig `yaml:"relays"`
+	Tunnels bool                    `yaml:"tunnels"`
+	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
+	TunnelKind string       `yaml:"tunnel_kind"`
+	LegacyV1   []fileLegacy `yaml:"legacy_v1"`
 	// Convert is documented in docs/convert.md (convclient.FileConfig).
 	Convert *convclient.FileConfig `yaml:"convert"`
 	// Server is documented in docs/agent.md (serverrole.FileConfig).
@@ -333,6 +338,15 @@ func build(f fileConfig) (Config, error) {
 			return c, fmt.Errorf("server.%v", err)
 		}
 		c.Server = &sc
+	}
+	switch f.TunnelKind {
+	case "", "wireguard", "vxlan":
+		if f.TunnelKind != "" && !f.Tunnels {
+			return c, fmt.Errorf("tunnel_kind: set, but tunnels is not true")
+		}
+		c.TunnelKind = f.TunnelKind
+	default:
+		return c, fmt.Errorf("tunnel_kind: %q is not wireguard or vxlan (vxlan: unencrypted, trusted networks only)", f.TunnelKind)
 	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)

@@ -103,7 +103,9 @@ func TestParseConfigRejects(t *testing.T) {
 		"legacy_v1: [{address: 10.1.1.2:45672}]":                      "legacy_v1[0].name",
 		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]": "legacy_v1[0].lease",
 		"server: {announce: [{name: d, address: 127.0.0.1}]}":         "server.announce[0].address",
-		"server: {}": "server.announce: nothing to do",
+		"server: {}":         "server.announce: nothing to do",
+		"tunnel_kind: vxlan": "tunnel_kind: set, but tunnels is not true",
+		"tunnel_kind: gre":   "tunnel_kind",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil {

@@ -13,6 +13,7 @@ func FuzzParseRequest(f *testing.F) {
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("198.51.100.1:80"), Port: 4000},
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
 		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4}, {Op: OpCertify, ID: 4, Cert: []byte{1, 2, 3}}, {Op: OpReceipt, ID: 5, Receipt: make([]byte, 161)},
+		{Op: OpEncap, ID: 5, Action: EncapOpen}, {Op: OpEncap, ID: 6, Action: EncapRelease},
 	} {
 		b, _ := MarshalRequest(r)
 		f.Add(b)
@@ -41,6 +42,10 @@ func FuzzParseReply(f *testing.F) {
 		{Op: OpTunnel, Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}},
 		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied}, {Op: OpReceipt, Credit: -5}, {Op: OpGrant, Reason: ReasonCapacity},
 		{Op: OpConvert, Converter: netip.MustParseAddrPort("203.0.113.1:45674"), Lease: time.Minute, Tickets: [][TicketLen]byte{{9}}},
+		{Op: OpEncap, Lease: 5 * time.Minute, Encap: EncapGrant{ClientPrefix: netip.MustParsePrefix("100.81.0.7/16"),
+			Gateway: netip.MustParseAddr("100.81.0.1"), Endpoint: netip.MustParseAddrPort("198.18.1.1:4789"),
+			Member: netip.MustParseAddr("198.18.1.2"), VNI: 7, MTU: 1450}},
+		{Op: OpEncap},
 	} {
 		b, _ := MarshalReply(r)
 		f.Add(b)

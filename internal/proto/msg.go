@@ -29,6 +29,13 @@ const (
 	OpConvert Op = 6 // converter tickets (RFC 8803 converter on the relay, internal/convert)
 	OpCertify Op = 7 // present a collective member certificate (internal/collective)
 	OpReceipt Op = 8 // present a usage receipt a relay issued (fair sharing, internal/collective)
+	OpEncap   Op = 9 // open/renew or release an unencrypted VXLAN tunnel (docs/tunnel.md)
+)
+
+// Encap request actions (Request.Action for OpEncap).
+const (
+	EncapOpen    uint8 = 1 // allocate or renew (the lease restarts)
+	EncapRelease uint8 = 2 // tear the member's encapsulation down now
 )
 
 // MaxTickets bounds the converter tickets one request asks for; TicketLen
@@ -56,6 +63,8 @@ func (o Op) String() string {
 		return "certify"
 	case OpReceipt:
 		return "receipt"
+	case OpEncap:
+		return "encap"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -153,6 +162,8 @@ type Request struct {
 	Cert []byte
 	// Receipt: a usage receipt, binary form (collective.Receipt.Bytes).
 	Receipt []byte
+	// Encap: EncapOpen or EncapRelease.
+	Action uint8
 }
 
 // Reply is a decoded relay reply.
@@ -175,6 +186,22 @@ type Reply struct {
 	// Receipt: the presenting member's credit at this relay afterwards,
 	// in bytes (negative: it consumed more than it contributed).
 	Credit int64
+	// Encap: see EncapGrant (zero in the reply to a release).
+	Encap EncapGrant
+}
+
+// EncapGrant is an unencrypted VXLAN tunnel (opt-in on both sides, trusted
+// networks only): the client's inner address, the relay's inner address
+// (next hop), the relay's VXLAN endpoint, the member address the relay
+// accepts encapsulated packets from (the control session's source: the
+// client must send from it), the VNI and the inner MTU.
+type EncapGrant struct {
+	ClientPrefix netip.Prefix
+	Gateway      netip.Addr
+	Endpoint     netip.AddrPort
+	Member       netip.Addr
+	VNI          uint32 // 1..2^24-1
+	MTU          uint16
 }
 
 // TunnelGrant is what a client needs to bring up a tunnel detour: its own
@@ -195,6 +222,7 @@ type TunnelGrant struct {
 //	  convert: count:u8 (1..8)
 //	  certify: certificate (binary form, 1..MaxMessageLen-8 bytes)
 //	  receipt: usage receipt (binary form, 1..MaxMessageLen-8 bytes)
+//	  encap:   action:u8 (1 open/renew, 2 release)
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
@@ -203,6 +231,8 @@ type TunnelGrant struct {
 //	  tunnel:  prefix_addr prefix_len:u8 endpoint_addr endpoint_port:u16 pubkey[32] lease_s:u32
 //	  convert: addr port:u16 lease_s:u32 count:u8 tickets[count][16]
 //	  receipt: credit:i64 (bytes)
+//	  encap:   empty (release) or prefix_addr prefix_len:u8 gateway_addr endpoint_addr
+//	           endpoint_port:u16 member_addr vni:u32 mtu:u16 lease_s:u32
 //	addr = family:u8 (4 or 6) + 4 or 16 bytes
 const msgHeaderLen = 8
 
@@ -244,6 +274,11 @@ func MarshalRequest(r Request) ([]byte, error) {
 			return nil, fmt.Errorf("receipt needs 1..%d bytes, not %d", MaxMessageLen-msgHeaderLen, len(r.Receipt))
 		}
 		b = append(b, r.Receipt...)
+	case OpEncap:
+		if r.Action != EncapOpen && r.Action != EncapRelease {
+			return nil, fmt.Errorf("encap action %d is not open (1) or release (2)", r.Action)
+		}
+		b = append(b, r.Action)
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -307,6 +342,11 @@ func ParseRequest(b []byte) (Request, error) {
 			return r, malformed(r.Op, "empty receipt")
 		}
 		r.Receipt = append([]byte(nil), body...)
+	case OpEncap:
+		if len(body) != 1 || (body[0] != EncapOpen && body[0] != EncapRelease) {
+			return r, malformed(r.Op, "want one action byte (1 open, 2 release), got % x", body)
+		}
+		r.Action = body[0]
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -360,6 +400,23 @@ func MarshalReply(r Reply) ([]byte, error) {
 		for _, t := range r.Tickets {
 			b = append(b, t[:]...)
 		}
+	case OpEncap:
+		e := r.Encap
+		if e == (EncapGrant{}) {
+			break // release
+		}
+		if err := e.Validate(); err != nil {
+			return nil, err
+		}
+		b = appendAddr(b, e.ClientPrefix.Addr())
+		b = append(b, byte(e.ClientPrefix.Bits()))
+		b = appendAddr(b, e.Gateway)
+		b = appendAddr(b, e.Endpoint.Addr())
+		b = binary.BigEndian.AppendUint16(b, e.Endpoint.Port())
+		b = appendAddr(b, e.Member)
+		b = binary.BigEndian.AppendUint32(b, e.VNI)
+		b = binary.BigEndian.AppendUint16(b, e.MTU)
+		b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -462,6 +519,15 @@ func ParseReply(b []byte) (Reply, error) {
 		for i := 0; i < n; i++ {
 			r.Tickets = append(r.Tickets, [TicketLen]byte(rest[i*TicketLen:]))
 		}
+	case OpEncap:
+		if len(body) == 0 {
+			return r, nil // release
+		}
+		e, lease, err := parseEncap(body)
+		if err != nil {
+			return r, fmt.Errorf("encap reply: %w", err)
+		}
+		r.Encap, r.Lease = e, lease
 	default:
 		return r, fmt.Errorf("reply for unknown op %d", r.Op)
 	}
@@ -514,4 +580,66 @@ func parseAddr(b []byte) (netip.Addr, []byte, error) {
 		return a, b[17:], nil
 	}
 	return netip.Addr{}, nil, fmt.Errorf("unknown address family %d", b[0])
+}
+
+func parseEncap(b []byte) (EncapGrant, time.Duration, error) {
+	var e EncapGrant
+	addr, rest, err := parseAddr(b)
+	if err != nil {
+		return e, 0, fmt.Errorf("client address: %w", err)
+	}
+	if len(rest) < 1 {
+		return e, 0, errors.New("missing prefix length")
+	}
+	if p, err := addr.Prefix(int(rest[0])); err != nil || p.Bits() != int(rest[0]) {
+		return e, 0, fmt.Errorf("bad prefix length %d for %v", rest[0], addr)
+	}
+	e.ClientPrefix = netip.PrefixFrom(addr, int(rest[0]))
+	if e.Gateway, rest, err = parseAddr(rest[1:]); err != nil {
+		return e, 0, fmt.Errorf("gateway: %w", err)
+	}
+	ep, rest, err := parseAddr(rest)
+	if err != nil {
+		return e, 0, fmt.Errorf("endpoint: %w", err)
+	}
+	if len(rest) < 2 {
+		return e, 0, errors.New("missing endpoint port")
+	}
+	e.Endpoint = netip.AddrPortFrom(ep, binary.BigEndian.Uint16(rest))
+	if e.Member, rest, err = parseAddr(rest[2:]); err != nil {
+		return e, 0, fmt.Errorf("member address: %w", err)
+	}
+	if len(rest) != 10 {
+		return e, 0, fmt.Errorf("want vni, mtu and lease (10 bytes) after the member address, got %d", len(rest))
+	}
+	e.VNI = binary.BigEndian.Uint32(rest)
+	e.MTU = binary.BigEndian.Uint16(rest[4:])
+	lease := time.Duration(binary.BigEndian.Uint32(rest[6:])) * time.Second
+	return e, lease, e.Validate()
+}
+
+// MaxVNI is the largest VXLAN network identifier (24 bits).
+const MaxVNI = 1<<24 - 1
+
+// Validate checks a grant (received from the network, or about to be sent).
+// The encapsulation is IPv4 inside and outside.
+func (e EncapGrant) Validate() error {
+	ok4 := func(a netip.Addr) bool {
+		return a.Is4() && !a.IsUnspecified() && !a.IsMulticast() && !a.IsLoopback() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+	}
+	switch {
+	case !e.ClientPrefix.IsValid() || !ok4(e.ClientPrefix.Addr()) || e.ClientPrefix.Bits() < 8:
+		return fmt.Errorf("encap: client prefix %s is not a usable IPv4 prefix of /8 or longer", e.ClientPrefix)
+	case !ok4(e.Gateway) || e.Gateway == e.ClientPrefix.Addr():
+		return fmt.Errorf("encap: gateway %s is not a usable IPv4 address distinct from the client's", e.Gateway)
+	case !ok4(e.Endpoint.Addr()) || e.Endpoint.Port() == 0:
+		return fmt.Errorf("encap: endpoint %s is not an IPv4 address:port", e.Endpoint)
+	case !ok4(e.Member):
+		return fmt.Errorf("encap: member address %s is not a usable IPv4 address", e.Member)
+	case e.VNI == 0 || e.VNI > MaxVNI:
+		return fmt.Errorf("encap: VNI %d out of range 1-%d", e.VNI, MaxVNI)
+	case e.MTU < 576 || e.MTU > 9000:
+		return fmt.Errorf("encap: MTU %d out of range 576-9000", e.MTU)
+	}
+	return nil
 }

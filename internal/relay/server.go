@@ -574,7 +574,7 @@ func (s *Server) count(op string, r proto.Reason) {
 // counted as "other", so a client cannot create series at will.
 var (
 	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
-		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true}
+		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true, "encap": true}
 )
 
 func metricLabels(op string, r proto.Reason) (string, string) {
@@ -825,6 +825,8 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 			break
 		}
 		rep.Tunnel, rep.Lease = g, lease
+	case proto.OpEncap:
+		s.serveEncap(ses, client, req, &rep)
 	default:
 		rep.Reason = proto.ReasonUnsupported
 	}

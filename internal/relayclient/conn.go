@@ -549,6 +549,20 @@ func (c *Conn) Tunnel(ctx context.Context) (proto.TunnelGrant, time.Duration, er
 	return rep.Tunnel, rep.Lease, err
 }
 
+// Encap asks the relay for an unencrypted VXLAN tunnel (or renews it: the
+// lease restarts). The grant names the member address the relay accepts
+// encapsulated packets from; see docs/tunnel.md.
+func (c *Conn) Encap(ctx context.Context) (proto.EncapGrant, time.Duration, error) {
+	rep, err := c.Do(ctx, proto.Request{Op: proto.OpEncap, Action: proto.EncapOpen})
+	return rep.Encap, rep.Lease, err
+}
+
+// EncapRelease tells the relay to remove this member's VXLAN tunnel now.
+func (c *Conn) EncapRelease(ctx context.Context) error {
+	_, err := c.Do(ctx, proto.Request{Op: proto.OpEncap, Action: proto.EncapRelease})
+	return err
+}
+
 // Convert asks the relay for n (1..proto.MaxTickets) single-use converter
 // tickets: the converter's address and the tickets, valid for the lease
 // from this connection's address (see internal/convert.Dial).

@@ -84,7 +84,14 @@ const (
 	natOnly    relayMode = iota
 	natTunnel            // NAT detours and WireGuard tunnels
 	tunnelOnly           // tunnels; NAT grants to the server are refused by policy
+	natEncap             // NAT detours and both tunnel kinds (wireguard, vxlan)
+	encapOnly            // both tunnel kinds; NAT grants to the server refused
 )
+
+// encapSubnet is relay i's VXLAN subnet (distinct per relay, like tunnelSubnet).
+func encapSubnet(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 81, byte(i + 1), 0}), 24)
+}
 
 // tunnelSubnet is relay i's tunnel subnet: distinct per relay so that a
 // subflow's local address tells which tunnel it took.
@@ -126,7 +133,7 @@ members:
   - {name: bench, public_key: %s}
 `, relay.DefaultPort, k, lease, rs.member.Public())
 		cfg += env.RelayConfig
-		if mode != tunnelOnly {
+		if mode != tunnelOnly && mode != encapOnly {
 			// The lab's server has a private address, refused unless allowed.
 			allow := []string{server.String() + "/32"}
 			for _, a := range env.RelayAllow {
@@ -143,6 +150,10 @@ members:
 				cfg += fmt.Sprintf("  state_file: %s\n", filepath.Join(env.Dir, "tunnel-"+node+".state.json"))
 			}
 			rs.prefixes[tunnelSubnet(i)] = "tunnel:" + node
+			if mode == natEncap || mode == encapOnly {
+				cfg += fmt.Sprintf("  kinds: [wireguard, vxlan]\n  vxlan: {subnet: %s}\n", encapSubnet(i))
+				rs.prefixes[encapSubnet(i)] = "vxlan:" + node
+			}
 		}
 		path := filepath.Join(env.Dir, "relay-"+node+".yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {

@@ -89,6 +89,8 @@ func Procedures() map[string]Setup {
 		scenario.TCPTunnel:   setupTCPTunnel,
 		scenario.MPTCPTunnel: setupMPTCPTunnel,
 		scenario.TCPOpenVPN:  setupOpenVPN,
+		scenario.TCPEncap:    setupTCPEncap,
+		scenario.MPTCPEncap:  setupMPTCPEncap,
 
 		scenario.MPTCPNATStatic:      setupMPTCPNAT,
 		scenario.MPTCPNATAdaptive:    setupMPTCPNAT,

@@ -49,25 +49,112 @@ type Config struct {
 	// tunnel traffic has its own (integration point: relay could pass them).
 	AllowDestinations []string `yaml:"allow_destinations"`
 	DenyDestinations  []string `yaml:"deny_destinations"`
+	// Kinds the relay offers: wireguard (default) and/or vxlan. vxlan is
+	// unencrypted and unauthenticated on the wire: trusted networks only
+	// (docs/tunnel.md).
+	Kinds []string     `yaml:"kinds"`
+	VXLAN *VXLANConfig `yaml:"vxlan"`
+}
+
+// VXLANConfig is the `tunnel.vxlan:` subsection (only with kinds: [..., vxlan]).
+type VXLANConfig struct {
+	Subnet string          `yaml:"subnet"` // default 100.81.0.0/16
+	Port   int             `yaml:"port"`   // default 4789
+	MTU    int             `yaml:"mtu"`    // default 1450
+	Lease  config.Duration `yaml:"lease"`  // default 5m; members renew at a third
+}
+
+// Kind names (the `kinds:` list).
+const (
+	KindWireGuard = "wireguard"
+	KindVXLAN     = "vxlan"
+)
+
+// Settings is the checked `tunnel:` section.
+type Settings struct {
+	WireGuard bool
+	Server    tunnel.ServerConfig
+	Endpoint  netip.AddrPort
+	VXLAN     bool
+	Encap     tunnel.EncapServerConfig
+}
+
+// ParseSettings decodes and checks the whole `tunnel:` section, the kinds
+// and the vxlan subsection included; errors carry file:line:column.
+func ParseSettings(section *config.Doc) (Settings, error) {
+	var c Config
+	if section != nil {
+		if err := section.Decode(&c); err != nil {
+			return Settings{}, err
+		}
+	} else {
+		section = config.NewDoc("config", "tunnel", nil)
+	}
+	st, err := buildSettings(c)
+	if err != nil {
+		return st, section.Locate(err)
+	}
+	return st, nil
+}
+
+func buildSettings(c Config) (Settings, error) {
+	var st Settings
+	var err error
+	if st.Server, st.Endpoint, err = build(c); err != nil {
+		return st, err
+	}
+	if len(c.Kinds) == 0 {
+		c.Kinds = []string{KindWireGuard}
+	}
+	for i, k := range c.Kinds {
+		dup := (k == KindWireGuard && st.WireGuard) || (k == KindVXLAN && st.VXLAN)
+		switch {
+		case dup:
+			return st, fmt.Errorf("kinds[%d]: %q listed twice", i, k)
+		case k == KindWireGuard:
+			st.WireGuard = true
+		case k == KindVXLAN:
+			st.VXLAN = true
+		default:
+			return st, fmt.Errorf("kinds[%d]: %q is not wireguard or vxlan", i, k)
+		}
+	}
+	if c.VXLAN != nil && !st.VXLAN {
+		return st, errors.New("vxlan: set, but kinds does not list vxlan (the unencrypted kind is opt-in)")
+	}
+	if !st.VXLAN {
+		return st, nil
+	}
+	v := VXLANConfig{}
+	if c.VXLAN != nil {
+		v = *c.VXLAN
+	}
+	if v.Subnet == "" {
+		v.Subnet = "100.81.0.0/16"
+	}
+	st.Encap = tunnel.EncapServerConfig{Port: v.Port, MTU: v.MTU, Lease: time.Duration(v.Lease), Destinations: st.Server.Destinations}
+	if st.Encap.Subnet, err = netip.ParsePrefix(v.Subnet); err != nil {
+		return st, fmt.Errorf("vxlan.subnet: %q: %w", v.Subnet, err)
+	}
+	switch {
+	case v.Port < 0 || v.Port > 65535:
+		return st, fmt.Errorf("vxlan.port: %d out of range 1-65535", v.Port)
+	case v.MTU != 0 && (v.MTU < 576 || v.MTU > 9000):
+		return st, fmt.Errorf("vxlan.mtu: %d out of range 576-9000", v.MTU)
+	case v.Lease != 0 && time.Duration(v.Lease) < 10*time.Second:
+		return st, fmt.Errorf("vxlan.lease: %s is shorter than 10s", time.Duration(v.Lease))
+	case st.WireGuard && st.Encap.Subnet.Overlaps(st.Server.Subnet):
+		return st, fmt.Errorf("vxlan.subnet: %s overlaps the WireGuard subnet %s", st.Encap.Subnet, st.Server.Subnet)
+	}
+	return st, nil
 }
 
 // ParseConfig decodes and checks a relay config's `tunnel:` section (nil:
 // defaults). Unknown keys and bad values are errors with the
 // file:line:column of the whole file.
 func ParseConfig(section *config.Doc) (tunnel.ServerConfig, netip.AddrPort, error) {
-	var c Config
-	if section != nil {
-		if err := section.Decode(&c); err != nil {
-			return tunnel.ServerConfig{}, netip.AddrPort{}, err
-		}
-	} else {
-		section = config.NewDoc("config", "tunnel", nil)
-	}
-	sc, ep, err := build(c)
-	if err != nil {
-		return sc, ep, section.Locate(err)
-	}
-	return sc, ep, nil
+	st, err := ParseSettings(section)
+	return st.Server, st.Endpoint, err
 }
 
 // build validates the decoded section; errors start with the field path.
@@ -114,11 +201,15 @@ func build(c Config) (tunnel.ServerConfig, netip.AddrPort, error) {
 // Factory builds the relay's tunnel allocator from its `tunnel:` section:
 // the WireGuard device and its destination policy. The result satisfies
 // relay.TunnelAllocator (this package does not import the relay).
-func Factory(section *config.Doc, relayKey proto.Key, log *slog.Logger) (*Allocator, error) {
-	sc, ep, err := ParseConfig(section)
+func Factory(section *config.Doc, relayKey proto.Key, log *slog.Logger) (_ *Allocator, err error) {
+	st, err := ParseSettings(section)
 	if err != nil {
 		return nil, err
 	}
+	if log == nil {
+		log = slog.Default()
+	}
+	sc := st.Server
 	sc.PrivateKey = wgtypes.Key(relayKey)
 	sc.Logger = log
 	own, err := tunnel.ConnectedNetworks(sc.Netns)
@@ -126,22 +217,48 @@ func Factory(section *config.Doc, relayKey proto.Key, log *slog.Logger) (*Alloca
 		return nil, err
 	}
 	sc.Destinations.Restricted = append(sc.Destinations.Restricted, own...)
-	srv, err := tunnel.NewServer(sc)
-	if err != nil {
-		return nil, err
+	a := &Allocator{endpoint: st.Endpoint}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if st.WireGuard {
+		if a.srv, err = tunnel.NewServer(sc); err != nil {
+			return nil, err
+		}
 	}
-	return &Allocator{srv: srv, endpoint: ep}, nil
+	if st.VXLAN {
+		ec := st.Encap
+		ec.Netns, ec.Logger, ec.Seed = sc.Netns, log, sc.PrivateKey.PublicKey()
+		ec.Destinations = sc.Destinations
+		if a.encap, err = tunnel.NewEncapServer(ec); err != nil {
+			return nil, err
+		}
+		a.lease = ec.Lease
+		if a.lease == 0 {
+			a.lease = tunnel.DefaultEncapLease
+		}
+		log.Warn("tunnel: the vxlan kind is enabled: tunnels of this kind are neither encrypted nor authenticated on the wire, use it only inside a trusted network")
+	}
+	return a, nil
 }
 
-// Allocator hands out tunnel addresses and keeps the WireGuard peers.
+// Allocator hands out tunnel addresses and keeps the WireGuard peers and
+// the VXLAN members (each kind only when the section enables it).
 type Allocator struct {
-	srv      *tunnel.Server
+	srv      *tunnel.Server // nil: wireguard not offered
 	endpoint netip.AddrPort
+	encap    *tunnel.EncapServer // nil: vxlan not offered
+	lease    time.Duration
 }
 
 // Allocate implements relay.TunnelAllocator. The tunnel has no lease: the
 // peer stays until the member is removed from the relay (Release).
 func (a *Allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.TunnelGrant, time.Duration, error) {
+	if a.srv == nil {
+		return proto.TunnelGrant{}, 0, fmt.Errorf("wireguard tunnels not offered (tunnel.kinds): %w", &proto.Error{Op: proto.OpTunnel, Reason: proto.ReasonUnsupported})
+	}
 	p, err := a.srv.AddPeer(wgtypes.Key(member))
 	if err != nil {
 		if errors.Is(err, tunnel.ErrSubnetFull) {
@@ -156,20 +273,114 @@ func (a *Allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.T
 	return proto.TunnelGrant{ClientPrefix: p, Endpoint: ep, PublicKey: proto.Key(a.srv.PublicKey())}, 0, nil
 }
 
-// Release implements relay.TunnelAllocator.
-func (a *Allocator) Release(member proto.Key) { _ = a.srv.RemovePeer(wgtypes.Key(member)) }
+// Release implements relay.TunnelAllocator (member removed from the
+// config): both kinds.
+func (a *Allocator) Release(member proto.Key) {
+	if a.srv != nil {
+		_ = a.srv.RemovePeer(wgtypes.Key(member))
+	}
+	if a.encap != nil {
+		_ = a.encap.Remove(wgtypes.Key(member))
+	}
+}
 
 // Close implements relay.TunnelAllocator.
-func (a *Allocator) Close() error { return a.srv.Close() }
+func (a *Allocator) Close() error {
+	var errs []error
+	if a.srv != nil {
+		errs = append(errs, a.srv.Close())
+	}
+	if a.encap != nil {
+		errs = append(errs, a.encap.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // Readmit re-admits the saved allocations of keys member accepts (the
 // relay's current members) after a restart.
 func (a *Allocator) Readmit(member func(proto.Key) bool) (int, error) {
+	if a.srv == nil {
+		return 0, nil
+	}
 	return a.srv.Readmit(func(k wgtypes.Key) bool { return member(proto.Key(k)) })
 }
 
 // Status reports the WireGuard device and its peers (for relay status).
-func (a *Allocator) Status() (*wgtypes.Device, error) { return a.srv.Status() }
+func (a *Allocator) Status() (*wgtypes.Device, error) {
+	if a.srv == nil {
+		return nil, errors.New("wireguard tunnels not offered")
+	}
+	return a.srv.Status()
+}
+
+// Encap implements relay.EncapAllocator: the member's VXLAN tunnel from the
+// session's address client (the only source the relay accepts its
+// encapsulated packets from).
+func (a *Allocator) Encap(member proto.Key, client, relayAddr netip.Addr) (proto.EncapGrant, time.Duration, error) {
+	if a.encap == nil {
+		return proto.EncapGrant{}, 0, fmt.Errorf("vxlan tunnels not offered (tunnel.kinds): %w", &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported})
+	}
+	if !client.Unmap().Is4() || !relayAddr.Unmap().Is4() {
+		return proto.EncapGrant{}, 0, fmt.Errorf("vxlan needs IPv4 control addresses: %w", &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported})
+	}
+	e, err := a.encap.Open(wgtypes.Key(member), client, relayAddr)
+	if err != nil {
+		if errors.Is(err, tunnel.ErrSubnetFull) {
+			err = fmt.Errorf("%w: %w", err, &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonNoPorts})
+		}
+		return proto.EncapGrant{}, 0, err
+	}
+	return ToEncapGrant(e), a.lease, nil
+}
+
+// EncapRelease implements relay.EncapAllocator.
+func (a *Allocator) EncapRelease(member proto.Key) error {
+	if a.encap == nil {
+		return &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported}
+	}
+	return a.encap.Remove(wgtypes.Key(member))
+}
+
+// EncapMembers lists the VXLAN tunnels (nil when the kind is off).
+func (a *Allocator) EncapMembers() map[wgtypes.Key]tunnel.EncapAllocation {
+	if a.encap == nil {
+		return nil
+	}
+	return a.encap.Members()
+}
+
+// ToEncapGrant / FromEncapGrant convert between the wire and tunnel forms.
+func ToEncapGrant(e tunnel.EncapAllocation) proto.EncapGrant {
+	return proto.EncapGrant{ClientPrefix: e.Address, Gateway: e.Gateway, Endpoint: e.Endpoint, Member: e.Member, VNI: e.VNI, MTU: uint16(e.MTU)}
+}
+
+// FromEncapGrant converts a received grant.
+func FromEncapGrant(g proto.EncapGrant) tunnel.EncapAllocation {
+	return tunnel.EncapAllocation{Address: g.ClientPrefix, Gateway: g.Gateway, Endpoint: g.Endpoint, Member: g.Member, VNI: g.VNI, MTU: int(g.MTU)}
+}
+
+// OpenEncap asks the relay behind conn for a VXLAN tunnel and brings it up
+// with cfg (Netns, Index; Relay defaults to the relay's name); the client
+// renews through conn at a third of the lease.
+func OpenEncap(ctx context.Context, conn *relayclient.Conn, cfg tunnel.EncapClientConfig) (*tunnel.EncapClient, error) {
+	ask := func(ctx context.Context) (tunnel.EncapAllocation, time.Duration, error) {
+		g, lease, err := conn.Encap(ctx)
+		if err != nil {
+			return tunnel.EncapAllocation{}, 0, fmt.Errorf("vxlan request to relay %s: %w", conn.Relay().Name, err)
+		}
+		a := FromEncapGrant(g)
+		return a, lease, a.Validate()
+	}
+	a, lease, err := ask(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Allocation, cfg.Lease, cfg.Refresh = a, lease, ask
+	if cfg.Relay == "" {
+		cfg.Relay = conn.Relay().Name
+	}
+	return tunnel.NewEncapClient(cfg)
+}
 
 // FromGrant converts a control-protocol grant into a tunnel allocation.
 func FromGrant(g proto.TunnelGrant) tunnel.Allocation {

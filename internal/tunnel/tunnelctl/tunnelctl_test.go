@@ -202,7 +202,7 @@ type line struct {
 	restart func(members ...proto.Key)
 }
 
-func newLine(t *testing.T) *line {
+func newLine(t *testing.T, tunnelExtra ...string) *line {
 	t.Helper()
 	c, r, v := netnstest.New(t, "twlc"), netnstest.New(t, "twlr"), netnstest.New(t, "twls")
 	cl, rl, sv := c.Name, r.Name, v.Name
@@ -232,7 +232,7 @@ members:
   state_file: %s
   # the server is on one of the relay's own networks, restricted by default
   allow_destinations: [203.0.113.10/32]
-`, keyText(relayKey), m.String(), filepath.Join(dir, "tunnel.json"))), 0o600); err != nil {
+%s`, keyText(relayKey), m.String(), filepath.Join(dir, "tunnel.json"), strings.Join(tunnelExtra, ""))), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -296,6 +296,8 @@ func openTunnel(t *testing.T, ln *line, priv proto.Key) *tunnel.Client {
 func FuzzParseTunnelSection(f *testing.F) {
 	f.Add([]byte("tunnel:\n  subnet: 100.90.0.0/16\n  listen_port: 5000\n  allow_destinations: [10.0.0.0/8]\n"))
 	f.Add([]byte("tunnel: {backend: magic, endpoint: 1.2.3.4}\n"))
+	f.Add([]byte("tunnel:\n  kinds: [wireguard, vxlan]\n  vxlan: {subnet: 100.81.0.0/16, port: 4789, mtu: 1450, lease: 5m}\n"))
+	f.Add([]byte("tunnel: {kinds: [vxlan, gre], vxlan: {lease: 1s}}\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var top struct {
 			Tunnel config.Node `yaml:"tunnel"`
@@ -303,9 +305,11 @@ func FuzzParseTunnelSection(f *testing.F) {
 		if _, err := config.Parse("f.yaml", b, &top); err != nil || top.Tunnel.Kind == 0 {
 			return
 		}
-		sc, _, err := ParseConfig(config.NewDoc("f.yaml", "tunnel", &top.Tunnel))
-		if err == nil && (!sc.Subnet.IsValid() || sc.ListenPort == 0) {
-			t.Fatalf("accepted an inconsistent section: %+v", sc)
+		st, err := ParseSettings(config.NewDoc("f.yaml", "tunnel", &top.Tunnel))
+		sc := st.Server
+		if err == nil && (!sc.Subnet.IsValid() || sc.ListenPort == 0 || (!st.WireGuard && !st.VXLAN) ||
+			(st.VXLAN && !st.Encap.Subnet.IsValid())) {
+			t.Fatalf("accepted an inconsistent section: %+v", st)
 		}
 	})
 }

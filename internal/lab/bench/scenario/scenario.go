@@ -28,6 +28,9 @@ const (
 	MPTCPNAT    = "mptcp-nat"    // MPTCP, default path + NAT detour subflow(s)
 	MPTCPTunnel = "mptcp-tunnel" // MPTCP, default path + tunnel detour subflow(s)
 	TCPOpenVPN  = "tcp-openvpn"  // plain TCP through an OpenVPN tunnel (baseline)
+	// The unencrypted VXLAN tunnel kind (opt-in, trusted networks).
+	TCPEncap   = "tcp-encap"   // plain TCP through a VXLAN tunnel detour
+	MPTCPEncap = "mptcp-encap" // MPTCP, default path + VXLAN tunnel detour subflow(s)
 	// The same as mptcp-nat and mptcp-tunnel with the agent's policy named,
 	// so that one run compares the policies side by side.
 	MPTCPNATStatic      = "mptcp-nat-static"
@@ -73,6 +76,8 @@ var procs = map[string]procInfo{
 	MPTCPNAT:    {"MPTCP + NAT detour", -1, TCPNAT},
 	MPTCPTunnel: {"MPTCP + tunnel detour", -1, TCPTunnel},
 	TCPOpenVPN:  {"TCP via OpenVPN", 1, ""},
+	TCPEncap:    {"TCP via VXLAN tunnel detour (unencrypted)", 1, ""},
+	MPTCPEncap:  {"MPTCP + VXLAN tunnel detour (unencrypted)", -1, TCPEncap},
 
 	MPTCPNATStatic:      {"MPTCP + NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATAdaptive:    {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
@@ -105,7 +110,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
-		Converted, Announced, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, TCP, TCPNAT, TCPTunnel, TCPOpenVPN}
+		Converted, Announced, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).

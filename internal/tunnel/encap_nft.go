@@ -1,0 +1,162 @@
+package tunnel
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// encapRule is what the table needs to know of one member.
+type encapRule struct {
+	iface  string
+	member netip.Addr // underlay source the relay accepts
+	inner  netip.Addr // the member's inner address
+	vni    uint32
+}
+
+// matchIfacePrefix compares the first len(prefix) bytes of iifname/oifname
+// (nft's `iifname "mpdtvr*"`).
+func matchIfacePrefix(key expr.MetaKey, op expr.CmpOp, prefix string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: op, Register: 1, Data: []byte(prefix)},
+	}
+}
+
+// matchUDPDport: meta l4proto udp, udp dport port.
+func matchUDPDport(port int) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(port))},
+	}
+}
+
+// matchVNI compares the VXLAN header's VNI (UDP payload bytes 4-6, i.e.
+// transport header offset 12).
+func matchVNI(vni uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 12, Len: 3},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{byte(vni >> 16), byte(vni >> 8), byte(vni)}},
+	}
+}
+
+// installEncapTable (re)creates the relay's VXLAN table atomically (delete
+// and add in one batch):
+//
+//   - input: VXLAN (udp dport port) is accepted only from a member's address
+//     with that member's VNI, everything else to the port is dropped (the
+//     encapsulation is unauthenticated: this source filter is all that
+//     stands between the relay and injected packets); nothing arriving
+//     through a VXLAN device reaches the relay's own services;
+//   - forward: a member's device only carries its own inner address
+//     (no inner spoofing), no member-to-member traffic, and the destination
+//     policy of the WireGuard kind;
+//   - MSS clamping both ways, masquerade of the subnet to the uplink.
+func installEncapTable(c *nftables.Conn, subnet netip.Prefix, port, mtu int, pol Destinations, members []encapRule) error {
+	if err := pol.Validate(); err != nil {
+		return err
+	}
+	const devs = EncapServerIfacePrefix
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: EncapTableName}
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+	accept := nftables.ChainPolicyAccept
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+
+	// Before the usual filter priority so that another table's accept
+	// cannot come first; policy accept leaves other traffic alone.
+	prio := nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 10)
+	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: prio, Policy: &accept})
+	for _, m := range members {
+		c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(
+			matchAddr(12, netip.PrefixFrom(m.member, 32)), matchUDPDport(port), matchVNI(m.vni),
+			[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept}})})
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(matchUDPDport(port), drop)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(
+		matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs), drop)})
+
+	clamp := c.AddChain(&nftables.Chain{Name: "clamp", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityMangle, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: clamp, Exprs: concat(
+		matchIfacePrefix(expr.MetaKeyOIFNAME, expr.CmpOpEq, devs), matchSYN(),
+		[]expr.Any{
+			&expr.Rt{Register: 1, Key: expr.RtTCPMSS},
+			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 2, Size: 2},
+			writeMSS(),
+		})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: clamp, Exprs: concat(
+		matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs), matchSYN(),
+		[]expr.Any{
+			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(mtu - 40))},
+			writeMSS(),
+		})})
+
+	filter := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+		matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs),
+		matchIfacePrefix(expr.MetaKeyOIFNAME, expr.CmpOpEq, devs), drop)})
+	for _, m := range members {
+		a := m.inner.As4()
+		c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+			matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, m.iface),
+			[]expr.Any{
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: a[:]},
+			}, drop)})
+	}
+	dropDst := func(p netip.Prefix) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+			matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs), matchAddr(16, p), drop)})
+	}
+	for _, p := range pol.Deny {
+		if p.Addr().Is4() {
+			dropDst(p)
+		}
+	}
+	for _, p := range pol.Allow {
+		if p.Addr().Is4() {
+			c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+				matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs), matchAddr(16, p),
+				[]expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})})
+		}
+	}
+	for _, p := range pol.Restricted {
+		if p.Addr().Is4() {
+			dropDst(p)
+		}
+	}
+
+	nat := c.AddChain(&nftables.Chain{Name: "masquerade", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: concat(
+		matchAddr(12, subnet),
+		matchIfacePrefix(expr.MetaKeyOIFNAME, expr.CmpOpNeq, devs),
+		[]expr.Any{&expr.Counter{}, &expr.Masq{}})})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("install nftables table %s: %w", EncapTableName, err)
+	}
+	return nil
+}
+
+// deleteNamedTable removes an ip-family table if present.
+func deleteNamedTable(c *nftables.Conn, name string) error {
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: name}
+	c.AddTable(t)
+	c.DelTable(t)
+	if err := c.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete nftables table %s: %w", name, err)
+	}
+	return nil
+}
