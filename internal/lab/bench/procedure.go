@@ -46,6 +46,9 @@ type Measurement struct {
 	// carried data again (-1: not before the end; nil: unknown).
 	ResumeS  *float64
 	Subflows []results.Subflow
+	// Attack: with an attack, what it did and the kernels' MPTCP counters
+	// over the trial (attack.Run.Stop), also for a failed trial.
+	Attack map[string]float64
 }
 
 // Session is a cell prepared for its trials (daemons started, grants

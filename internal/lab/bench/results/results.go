@@ -63,8 +63,11 @@ type Record struct {
 	MaxGapEndS float64 `json:"max_gap_end_s,omitempty"`
 	// ResumeS: with a fault, seconds after it ended until the faulted
 	// path carried data again (-1: not before the transfer ended).
-	ResumeS  *float64  `json:"resume_s,omitempty"`
-	Subflows []Subflow `json:"subflows,omitempty"`
+	ResumeS *float64 `json:"resume_s,omitempty"`
+	// Attack: in attack configurations, the attack's and the prober's
+	// counts and the kernels' MPTCP counter deltas over the trial.
+	Attack   map[string]float64 `json:"attack,omitempty"`
+	Subflows []Subflow          `json:"subflows,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
 	CC       string            `json:"cc"`
