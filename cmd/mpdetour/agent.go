@@ -11,6 +11,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
+	"github.com/mpdetour/mpdetour/internal/pathcheck"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
@@ -76,7 +77,14 @@ func agentCommand() *cli.Command {
 					return err
 				}
 				defer src.Close()
-				sources = append(sources, src)
+				if cfg.PathCheck {
+					// NAT detours that strip MPTCP options are withheld.
+					f := pathcheck.NewFilter(src, pathcheck.FilterConfig{Netns: cfg.NetNS, Log: log})
+					defer f.Close()
+					sources = append(sources, f)
+				} else {
+					sources = append(sources, src)
+				}
 				if cfg.Tunnels {
 					// Removes tunnels a crashed agent left, then one source per relay.
 					tsrcs, err := tunnelctl.StartAll(cfg.NetNS, src.Conns(), rc.PrivateKey, log)

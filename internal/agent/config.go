@@ -63,6 +63,9 @@ type Config struct {
 	Relays *relayclient.SourceConfig
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
 	Tunnels bool
+	// PathCheck: probe every NAT detour a relay grants (pathcheck.Filter)
+	// and do not use those that strip MPTCP options.
+	PathCheck bool
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -99,9 +102,10 @@ type fileConfig struct {
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays   *relayclient.FileConfig `yaml:"relays"`
-	Tunnels  bool                    `yaml:"tunnels"`
-	LegacyV1 []fileLegacy            `yaml:"legacy_v1"`
+	Relays    *relayclient.FileConfig `yaml:"relays"`
+	Tunnels   bool                    `yaml:"tunnels"`
+	PathCheck bool                    `yaml:"path_check"`
+	LegacyV1  []fileLegacy            `yaml:"legacy_v1"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -282,6 +286,10 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("tunnels: needs a relays section (tunnels are asked from the relays)")
 	}
 	c.Tunnels = f.Tunnels
+	if f.PathCheck && c.Relays == nil {
+		return c, fmt.Errorf("path_check: needs a relays section (it checks the NAT detours relays grant)")
+	}
+	c.PathCheck = f.PathCheck
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {

@@ -102,6 +102,7 @@ func TestParseConfigRejects(t *testing.T) {
 		"legacy_v1: [{name: v1, address: \"[::1]:45672\"}]":           "legacy_v1[0].address",
 		"legacy_v1: [{address: 10.1.1.2:45672}]":                      "legacy_v1[0].name",
 		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]": "legacy_v1[0].lease",
+		"path_check: true": "path_check",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil {

@@ -13,6 +13,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
@@ -303,5 +304,45 @@ func TestCleanPath(t *testing.T) {
 	}
 	if v := rep.Paths[0].Verdict; v != Closed {
 		t.Errorf("closed port: %s (%s), want %s", v, rep.Paths[0].Detail, Closed)
+	}
+}
+
+// TestFilterInNamespaces: the agent's filter (path_check: true) with real
+// probes withholds the NAT detour through the stripping middlebox and
+// keeps it once the middlebox stops stripping.
+func TestFilterInNamespaces(t *testing.T) {
+	w := build(t, false)
+	d := detour.Detour{Kind: detour.NAT, Relay: "relay", Remote: w.nat}
+	verdict := func() (string, bool) {
+		t.Helper()
+		f := NewFilter(&listSource{ds: []detour.Detour{d}}, FilterConfig{Netns: w.cl.Name, Wait: 700 * time.Millisecond})
+		defer f.Close()
+		f.Prepare(w.server)
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			f.mu.Lock()
+			e := f.state[d.Remote]
+			done := e != nil && e.done
+			f.mu.Unlock()
+			if done {
+				why, bad := f.Unusable(d)
+				if got := f.Detours(w.server); bad == (len(got) == 1) {
+					t.Errorf("Detours %v disagrees with Unusable %v", got, bad)
+				}
+				return why, bad
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatal("check never finished")
+		return "", false
+	}
+	if why, bad := verdict(); !bad {
+		t.Errorf("NAT detour through the stripping middlebox kept (%q)", why)
+	} else {
+		t.Logf("withheld: %s", why)
+	}
+	netnstest.MustRun(t, "ip", "netns", "exec", w.mb.Name, "nft", "delete", "table", "inet", "mpstrip")
+	if why, bad := verdict(); bad {
+		t.Errorf("clean NAT detour withheld: %s", why)
 	}
 }
