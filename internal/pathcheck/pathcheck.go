@@ -657,7 +657,7 @@ func crossCheck(rep *Report) {
 		for s := range mptcpServers {
 			if s == pr.Probes[0].Final.From || pr.Path.Kind == NAT {
 				rep.Paths[i].Verdict = Stripped
-				rep.Paths[i].Detail = "the server answered plain TCP here but MP_CAPABLE on another path: a hop that sends no ICMP error strips the option"
+				rep.Paths[i].Detail = "the server answered plain TCP here but MP_CAPABLE on another path: the option is lost on the way (by a hop that sent no ICMP error, or unprobed with --no-ttl)"
 				break
 			}
 		}

@@ -23,7 +23,8 @@
 //     runs in every kind).
 //
 // Every kind also runs a prober in the client node: short genuine MPTCP
-// connections to the server at a fixed rate, counted as established,
+// connections to the server at a fixed rate (to a listener of its own on
+// the next port, which the join flood hits too), counted as established,
 // MPTCP or failed, the "genuine connection success rate".
 //
 // Packets are built with internal/mptcpwire and sent through raw sockets
@@ -86,7 +87,13 @@ type Config struct {
 	// second (add-addr, remove-addr).
 	Rate int
 	// ProbeRate is the prober's genuine connections per second (0: none).
+	// They go to ProbePort on the target's address (default its port + 1),
+	// where Start runs an MPTCP listener in the server node that accepts
+	// and closes: a port of its own, so that an agent's grants for the
+	// genuine transfer's server:port are not churned by the probes (grants
+	// are cached per server address and port). Floods go to both ports.
 	ProbeRate int
+	ProbePort uint16
 }
 
 // counters are the MPTcpExt fields reported (delta over the trial).
@@ -121,10 +128,19 @@ func Start(ctx context.Context, l Lab, cfg Config) (*Run, error) {
 	if cfg.Rate <= 0 {
 		cfg.Rate = 1000
 	}
+	if cfg.ProbePort == 0 {
+		cfg.ProbePort = cfg.Target.Port() + 1
+	}
 	r := &Run{cfg: cfg, lab: l}
 	var err error
 	if r.before, err = r.counters(); err != nil {
 		return nil, err
+	}
+	if cfg.ProbeRate > 0 {
+		if err := r.probeListener(); err != nil {
+			r.runCleanup()
+			return nil, err
+		}
 	}
 	ctx, r.cancel = context.WithCancel(ctx)
 	if err := r.startAttack(ctx); err != nil {
@@ -356,9 +372,13 @@ func (r *Run) startAttack(ctx context.Context) error {
 		r.wg.Add(1)
 		go r.paced(ctx, func() error {
 			src := netip.AddrFrom4([4]byte{198, 18, byte(random32()), byte(1 + random32()%254)})
+			port := r.cfg.Target.Port()
+			if r.cfg.ProbeRate > 0 && random32()%2 == 0 {
+				port = r.cfg.ProbePort // the prober's listener too
+			}
 			return s.send(&mptcpwire.Segment{
 				Src: src, Dst: r.cfg.Target.Addr(), ID: uint16(random32()),
-				SrcPort: uint16(1024 + random32()%60000), DstPort: r.cfg.Target.Port(), Seq: random32(),
+				SrcPort: uint16(1024 + random32()%60000), DstPort: port, Seq: random32(),
 				Flags: mptcpwire.SYN, Window: 64240,
 				Options: []mptcpwire.Option{{Kind: mptcpwire.OptMSS, Data: []byte{0x05, 0xb4}}, mptcpwire.JoinSYN(1, false, random32(), random32())},
 			})
@@ -545,6 +565,40 @@ func (r *Run) sniff(f *os.File, fn func(*mptcpwire.Segment)) {
 	}
 }
 
+// probeTarget is where the prober connects.
+func (r *Run) probeTarget() netip.AddrPort {
+	return netip.AddrPortFrom(r.cfg.Target.Addr(), r.cfg.ProbePort)
+}
+
+// probeListener accepts the prober's connections in the server node and
+// closes them.
+func (r *Run) probeListener() error {
+	var ln net.Listener
+	err := r.lab.Do(r.cfg.Server, func() error {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(true)
+		var err error
+		ln, err = lc.Listen(context.Background(), "tcp4", r.probeTarget().String())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("attack: prober's listener in %s: %w", r.cfg.Server, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	r.cleanup = append(r.cleanup, func() { ln.Close(); <-done })
+	return nil
+}
+
 // prober opens short genuine MPTCP connections from the client to the
 // target at ProbeRate per second, each given 2 s to establish.
 func (r *Run) prober(ctx context.Context) {
@@ -569,7 +623,7 @@ func (r *Run) prober(ctx context.Context) {
 				d := net.Dialer{Timeout: 2 * time.Second}
 				d.SetMultipathTCP(true)
 				var err error
-				c, err = d.Dial("tcp4", r.cfg.Target.String())
+				c, err = d.Dial("tcp4", r.probeTarget().String())
 				return err
 			})
 			if err != nil {
