@@ -147,3 +147,49 @@ func TestRemoveAddrProcessed(t *testing.T) {
 		t.Errorf("remove-addr: injected %.0f, client RmAddr %.0f: want the forged REMOVE_ADDR processed", m["attack.injected"], m["client.RmAddr"])
 	}
 }
+
+// The attacker on a NAT relay (detour1 DNATs 10.1.1.2:4000 to the server,
+// as a relay's mapping does) sees the subflow only after its own NAT and
+// must inject past its conntrack: the join with the learnt token is
+// refused at the third ACK, the forged ADD_ADDR ignored, the echo controls
+// counted.
+func TestAttacksFromNATRelay(t *testing.T) {
+	e := newEnv(t)
+	ns := e.l.NetnsName("detour1")
+	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	nft := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+	nft.Stdin = strings.NewReader(`table ip natdetour {
+		chain pre { type nat hook prerouting priority dstnat; tcp dport 4000 ip daddr 10.1.1.2 dnat to 10.0.3.2:5201; }
+		chain post { type nat hook postrouting priority srcnat; ip daddr 10.0.3.2 masquerade; }
+	}`)
+	if out, err := nft.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v %s", err, out)
+	}
+	e.target = netip.MustParseAddrPort("10.1.1.2:4000") // the genuine transfer goes through the NAT
+	under := func(kind string) map[string]float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		r, err := Start(ctx, e.l, Config{Kind: kind, Attacker: "detour1", Rate: 50, Client: "client", Server: "server",
+			Target: netip.AddrPortFrom(e.l.Addr("server"), 5201)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, serr := benchtool.Send(ctx, benchtool.SendOptions{Addr: e.target.String(), Duration: 2 * time.Second, Warmup: time.Second,
+			MPTCP: true, Netns: e.l.NetnsPath("client")})
+		m, err := r.Stop()
+		if err != nil || serr != nil {
+			t.Fatalf("%s: attack %v, transfer %v", kind, err, serr)
+		}
+		return m
+	}
+	m := under(JoinHMAC)
+	if m["attack.tokens"] < 1 || m["attack.injected"] < 10 || m["server.MPJoinAckHMacFailure"] < 0.9*m["attack.injected"] {
+		t.Errorf("join-hmac from the relay: tokens %.0f, forged third ACKs %.0f, server MPJoinAckHMacFailure %.0f", m["attack.tokens"], m["attack.injected"], m["server.MPJoinAckHMacFailure"])
+	}
+	m = under(AddAddr)
+	if m["attack.controls"] < 2 || m["client.EchoAdd"] < 0.8*m["attack.controls"] || m["client.AddAddr"] != 0 {
+		t.Errorf("add-addr from the relay: %.0f echo controls, client EchoAdd %.0f, AddAddr %.0f", m["attack.controls"], m["client.EchoAdd"], m["client.AddAddr"])
+	}
+}
