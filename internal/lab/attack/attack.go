@@ -114,6 +114,7 @@ type Run struct {
 	errMu                                    sync.Mutex
 	err                                      error
 	cleanup                                  []func()
+	started                                  time.Time
 }
 
 // Start begins the attack and the prober; Stop ends them.
@@ -143,6 +144,7 @@ func Start(ctx context.Context, l Lab, cfg Config) (*Run, error) {
 		}
 	}
 	ctx, r.cancel = context.WithCancel(ctx)
+	r.started = time.Now()
 	if err := r.startAttack(ctx); err != nil {
 		r.cancel()
 		r.runCleanup()
@@ -185,6 +187,7 @@ func (r *Run) Stop() (map[string]float64, error) {
 		"attack.sent": float64(r.sent.Load()), "attack.injected": float64(r.injected.Load()),
 		"attack.sniffed": float64(r.sniffed.Load()), "attack.tokens": float64(r.tokens.Load()),
 		"attack.synacks": float64(r.synacks.Load()), "attack.controls": float64(r.controls.Load()),
+		"attack.seconds": time.Since(r.started).Seconds(),
 		"probe.attempts": float64(r.probes.Load()), "probe.established": float64(r.probeOK.Load()),
 		"probe.mptcp": float64(r.probeMPTCP.Load()),
 	}
