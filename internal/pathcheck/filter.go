@@ -27,8 +27,9 @@ type Filter struct {
 	check func(ctx context.Context, d detour.Detour) (stripped bool, detail string, err error)
 	log   *slog.Logger
 
-	mu    sync.Mutex
-	state map[netip.AddrPort]*verdictEntry // by the detour's relay address:port
+	mu       sync.Mutex
+	state    map[netip.AddrPort]*verdictEntry // by the detour's relay address:port
+	watching map[netip.AddrPort]bool          // servers whose grants Prepare waits for
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -57,7 +58,7 @@ func NewFilter(inner detour.Source, cfg FilterConfig) *Filter {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	f := &Filter{inner: inner, log: cfg.Log, state: map[netip.AddrPort]*verdictEntry{}}
+	f := &Filter{inner: inner, log: cfg.Log, state: map[netip.AddrPort]*verdictEntry{}, watching: map[netip.AddrPort]bool{}}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.check = func(ctx context.Context, d detour.Detour) (bool, string, error) {
 		rep, err := Run(ctx, Options{Netns: cfg.Netns, NoTTL: true, Wait: cfg.Wait, Join: true,
@@ -86,9 +87,21 @@ func StrippedByAnswer(p PathResult) (bool, string) {
 // that they are checked before the connection is established.
 func (f *Filter) Prepare(server netip.AddrPort) {
 	f.inner.Prepare(server)
+	f.mu.Lock()
+	if f.watching[server] { // one watcher per server, however many connections
+		f.mu.Unlock()
+		return
+	}
+	f.watching[server] = true
+	f.mu.Unlock()
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
+		defer func() {
+			f.mu.Lock()
+			delete(f.watching, server)
+			f.mu.Unlock()
+		}()
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		deadline := time.After(5 * time.Second)
