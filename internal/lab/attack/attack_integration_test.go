@@ -193,3 +193,17 @@ func TestAttacksFromNATRelay(t *testing.T) {
 		t.Errorf("add-addr from the relay: %.0f echo controls, client EchoAdd %.0f, AddAddr %.0f", m["attack.controls"], m["client.EchoAdd"], m["client.AddAddr"])
 	}
 }
+
+// An eavesdropper on the initial handshake (RFC 8684's residual threat):
+// the keys travel in clear, so its ADD_ADDR carries the right HMAC and the
+// client's kernel accepts it (AddAddr), announcing the attacker's address
+// to the path manager. This is what the HMAC cannot prevent; it is why
+// mpdetour keeps the handshake off the relays (docs/security.md).
+func TestStolenKeysAddAddrAccepted(t *testing.T) {
+	e := newEnv(t)
+	_, m := e.under(t, Config{Kind: StolenKeys, Attacker: "r1", Rate: 20})
+	if m["attack.tokens"] < 1 || m["attack.injected"] < 10 || m["client.AddAddr"] < 1 {
+		t.Errorf("stolen-keys: key pairs learnt %.0f, injected %.0f, client AddAddr %.0f: want the forged announcement accepted",
+			m["attack.tokens"], m["attack.injected"], m["client.AddAddr"])
+	}
+}
