@@ -13,6 +13,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
+	"github.com/mpdetour/mpdetour/internal/pathcheck"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/serverrole"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
@@ -83,7 +84,14 @@ func agentCommand() *cli.Command {
 					return err
 				}
 				defer src.Close()
-				sources = append(sources, src)
+				if cfg.PathCheck {
+					// NAT detours that strip MPTCP options are withheld.
+					f := pathcheck.NewFilter(src, pathcheck.FilterConfig{Netns: cfg.NetNS, Log: log})
+					defer f.Close()
+					sources = append(sources, f)
+				} else {
+					sources = append(sources, src)
+				}
 				if cfg.Convert != nil {
 					stop, err := startConverterRouter(ctx, &cfg, src.Conns(), log)
 					if err != nil {

@@ -26,6 +26,7 @@ func commands() []*cli.Command {
 		benchCommand(),
 		collectiveCommand(),
 		doctorCommand(),
+		pathCheckCommand(),
 		versionCommand(),
 	}
 }

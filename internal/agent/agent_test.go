@@ -292,3 +292,50 @@ func TestAgentSweepsConnectionsWithoutClosedEvent(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// strippedSource stands for pathcheck.Filter: it hands out one NAT detour
+// and withholds another that strips MPTCP options.
+type strippedSource struct{ good, bad detour.Detour }
+
+func (s strippedSource) Prepare(netip.AddrPort)                 {}
+func (s strippedSource) Detours(netip.AddrPort) []detour.Detour { return []detour.Detour{s.good} }
+func (s strippedSource) Stripped() []detour.Detour              { return []detour.Detour{s.bad} }
+func (s strippedSource) Unusable(d detour.Detour) (string, bool) {
+	return "mptcp-stripped: test", d == s.bad
+}
+
+// A detour withheld by the path check shows in status, unhealthy, with
+// the reason; subflows go through the other one only.
+func TestAgentStatusShowsStrippedDetour(t *testing.T) {
+	good := detour.Detour{Kind: detour.NAT, Relay: "r1", Remote: relay1}
+	bad := detour.Detour{Kind: detour.NAT, Relay: "r2", Remote: relay2}
+	cfg := agent.Config{Subflows: 2, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
+		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static}
+	k := kerneltest.New()
+	a := agent.New(cfg, nil, k, nil, strippedSource{good, bad})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); k.Close(); <-done }()
+	h := &harness{t: t, k: k, a: a}
+	h.connect(21)
+	h.wait(0, "SUBFLOW_CREATE through the clean detour", creates(relay1))
+	for _, c := range k.Commands() {
+		if c.Remote == relay2 {
+			t.Fatalf("subflow through the withheld detour: %v", c)
+		}
+	}
+	found := false
+	for _, d := range a.Status().Detours {
+		if d.Relay == "r2" {
+			found = true
+			if d.Healthy || d.LastError != "mptcp-stripped: test" {
+				t.Errorf("withheld detour in status: healthy %v, last error %q", d.Healthy, d.LastError)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("withheld detour missing from status: %+v", a.Status().Detours)
+	}
+}

@@ -77,6 +77,9 @@ type Config struct {
 	// TunnelKind is "wireguard" (default) or "vxlan": the unencrypted
 	// kernel encapsulation, opt-in for trusted networks (docs/tunnel.md).
 	TunnelKind string
+	// PathCheck: probe every NAT detour a relay grants (pathcheck.Filter)
+	// and do not use those that strip MPTCP options.
+	PathCheck bool
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -113,8 +116,9 @@ type fileConfig struct {
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays  *relayclient.FileConfig `yaml:"relays"`
-	Tunnels bool                    `yaml:"tunnels"`
+	Relays    *relayclient.FileConfig `yaml:"relays"`
+	Tunnels   bool                    `yaml:"tunnels"`
+	PathCheck bool                    `yaml:"path_check"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
 	TunnelKind string       `yaml:"tunnel_kind"`
 	LegacyV1   []fileLegacy `yaml:"legacy_v1"`
@@ -348,6 +352,10 @@ func build(f fileConfig) (Config, error) {
 	default:
 		return c, fmt.Errorf("tunnel_kind: %q is not wireguard or vxlan (vxlan: unencrypted, trusted networks only)", f.TunnelKind)
 	}
+	if f.PathCheck && c.Relays == nil {
+		return c, fmt.Errorf("path_check: needs a relays section (it checks the NAT detours relays grant)")
+	}
+	c.PathCheck = f.PathCheck
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {

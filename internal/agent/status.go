@@ -268,8 +268,16 @@ func (a *Agent) snapshot() Status {
 			known[policy.Key(d.Detour)] = detourView{d: d.Detour}
 		}
 	}
-	// Configured detours show even before first use.
+	// Configured detours show even before first use, withheld ones
+	// (pathcheck.Filter: they strip MPTCP options) although unused.
 	for _, s := range a.sources {
+		if w, ok := s.(interface{ Stripped() []detour.Detour }); ok {
+			for _, d := range w.Stripped() {
+				if _, ok := known[policy.Key(d)]; !ok {
+					known[policy.Key(d)] = detourView{d: d}
+				}
+			}
+		}
 		if all, ok := s.(interface{ All() []detour.Detour }); ok {
 			for _, d := range all.All() {
 				if _, ok := known[policy.Key(d)]; !ok && d.Kind == detour.NAT {
@@ -291,6 +299,15 @@ func (a *Agent) snapshot() Status {
 			}
 			if h.LastError != "" {
 				ds.LastError = h.LastError
+			}
+		}
+		for _, s := range a.sources {
+			if u, ok := s.(interface {
+				Unusable(detour.Detour) (string, bool)
+			}); ok {
+				if why, bad := u.Unusable(dv.d); bad {
+					ds.Healthy, ds.LastError = false, why
+				}
 			}
 		}
 		st.Detours = append(st.Detours, ds)

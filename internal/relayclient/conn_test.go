@@ -31,6 +31,9 @@ type fakeRelay struct {
 	silent atomic.Bool
 	grants atomic.Int32
 	member proto.Key
+	// dropOnce: the next request of this op (if non-zero) is dropped
+	// unanswered, as a lost packet (the client retransmits it).
+	dropOnce atomic.Int32
 }
 
 func newFakeRelay(t *testing.T, member proto.Key) *fakeRelay {
@@ -119,6 +122,9 @@ func (r *fakeRelay) serve() {
 			}
 			req, err := proto.ParseRequest(msg)
 			if err != nil {
+				continue
+			}
+			if op := r.dropOnce.Load(); op != 0 && int32(req.Op) == op && r.dropOnce.CompareAndSwap(op, 0) {
 				continue
 			}
 			c := r.reqs.Add(1)
@@ -351,4 +357,81 @@ func dialFake(t *testing.T, r *fakeRelay, m proto.Key, opt Options) (*Conn, cont
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	t.Cleanup(cancel)
 	return c, ctx
+}
+
+// A release still in flight when a new connection asks for the same server
+// (issue 19, found by the attack suite's connection churn): the relay hands
+// one mapping per member and server, so a grant answered before the
+// release would return the very mapping the release then removes, and the
+// agent would keep a detour to a port the relay no longer maps. The grant
+// waits for the release.
+func TestSourceGrantWaitsForReleaseInFlight(t *testing.T) {
+	m := memberKey(t)
+	r := newFakeRelay(t, m.Public())
+	var mu sync.Mutex
+	mapped := map[uint16]bool{}
+	var port uint16
+	next := uint16(40000)
+	r.mu.Lock()
+	r.answer = func(req proto.Request, _ int32) proto.Reply {
+		mu.Lock()
+		defer mu.Unlock()
+		var rep proto.Reply
+		switch req.Op {
+		case proto.OpGrant: // one mapping per member and server, as the relay
+			if port == 0 {
+				next++
+				port = next
+				mapped[port] = true
+			}
+			rep.Detour, rep.Lease = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), time.Minute
+		case proto.OpRelease:
+			delete(mapped, req.Port)
+			if req.Port == port {
+				port = 0
+			}
+		}
+		return rep
+	}
+	r.mu.Unlock()
+	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()}, Options: Options{Retransmit: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	server := netip.MustParseAddrPort("192.0.2.10:5201")
+	waitDetour := func() netip.AddrPort {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			if ds := s.Detours(server); len(ds) == 1 {
+				return ds[0].Remote
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatal("no detour")
+		return netip.AddrPort{}
+	}
+	s.Prepare(server)
+	first := waitDetour()
+	r.dropOnce.Store(int32(proto.OpRelease)) // the release is retransmitted 200 ms later
+	released := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		released <- s.Release(ctx, server)
+	}()
+	for deadline := time.Now().Add(time.Second); len(s.Detours(server)) != 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	s.Prepare(server) // a new connection toward the same server
+	second := waitDetour()
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !mapped[second.Port()] {
+		t.Fatalf("the detour handed out (%v, first %v) is not mapped on the relay (mapped: %v)", second, first, mapped)
+	}
 }

@@ -36,6 +36,11 @@ type Source struct {
 
 	mu      sync.Mutex
 	entries map[entryKey]*entry
+	// releasing: a release of that key's grant is in flight; the channel
+	// closes when it is done. A new grant for the key waits for it: the
+	// relay hands one mapping per member and server, so a grant answered
+	// first would return the mapping the release then removes.
+	releasing map[entryKey]chan struct{}
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -72,7 +77,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 10 * time.Second
 	}
-	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}}
+	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -125,14 +130,29 @@ func (s *Source) grant(k entryKey, e *entry) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	c := s.conns[k.relay]
+	s.mu.Lock()
+	inFlight := s.releasing[k]
+	s.mu.Unlock()
+	if inFlight != nil {
+		select {
+		case <-inFlight:
+		case <-ctx.Done():
+		}
+	}
 	d, lease, err := c.Grant(ctx, k.server, 0)
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.entries[k] != e { // released meanwhile
-		if err == nil {
+		// Given back unless a newer entry waits for a grant: the relay
+		// answers that one with this same mapping.
+		if err == nil && s.entries[k] == nil {
+			done := s.markReleasing(k)
 			s.wg.Add(1)
-			go s.release(c, d.Port())
+			go func() {
+				s.release(c, d.Port())
+				s.releaseDone(k, done)
+			}()
 		}
 		return
 	}
@@ -189,6 +209,7 @@ func (s *Source) Release(ctx context.Context, server netip.AddrPort) error {
 		port uint16
 	}
 	var todo []rel
+	var done []func()
 	s.mu.Lock()
 	for i, c := range s.conns {
 		k := entryKey{i, server}
@@ -196,17 +217,37 @@ func (s *Source) Release(ctx context.Context, server netip.AddrPort) error {
 			delete(s.entries, k)
 			if e.detour.IsValid() {
 				todo = append(todo, rel{c, e.detour.Port()})
+				ch := s.markReleasing(k)
+				done = append(done, func() { s.releaseDone(k, ch) })
 			}
 		}
 	}
 	s.mu.Unlock()
 	var errs []error
-	for _, r := range todo {
+	for i, r := range todo {
 		if err := r.c.Release(ctx, r.port); err != nil && proto.ReasonOf(err) != proto.ReasonNotFound {
 			errs = append(errs, err)
 		}
+		done[i]()
 	}
 	return errors.Join(errs...)
+}
+
+// markReleasing records a release of k's grant in flight (s.mu held).
+func (s *Source) markReleasing(k entryKey) chan struct{} {
+	ch := make(chan struct{})
+	s.releasing[k] = ch
+	return ch
+}
+
+// releaseDone ends what markReleasing recorded.
+func (s *Source) releaseDone(k entryKey, ch chan struct{}) {
+	s.mu.Lock()
+	if s.releasing[k] == ch {
+		delete(s.releasing, k)
+	}
+	s.mu.Unlock()
+	close(ch)
 }
 
 // renewer renews leases at half their length; a relay that lost the mapping

@@ -64,6 +64,9 @@ type Measurement struct {
 	// byte), in ms, when the procedure measures them.
 	SetupMs []float64
 	Churn   *results.Churn
+	// Attack: with an attack, what it did and the kernels' MPTCP counters
+	// over the trial (attack.Run.Stop), also for a failed trial.
+	Attack map[string]float64
 }
 
 // Session is a cell prepared for its trials (daemons started, grants

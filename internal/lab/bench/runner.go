@@ -383,6 +383,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 			return ctx.Err() // an interrupted trial is not recorded
 		}
 		rec.LoadAvg = loadAvg()
+		rec.Attack = m.Attack
 		if err != nil {
 			rec.Status, rec.Reason = results.Failed, err.Error()
 		} else {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/benchtool"
+	"github.com/mpdetour/mpdetour/internal/lab/attack"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
@@ -94,9 +95,29 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 			return Measurement{}, t.explain(err)
 		}
 	}
+	var atk *attack.Run
+	if a := e.Cell.Attack; a != nil {
+		// An attack may break the genuine connection: a stalled transfer
+		// fails the trial after twice its duration plus 10 s.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*e.Duration+10*time.Second)
+		defer cancel()
+		var err error
+		if atk, err = startAttack(ctx, e, a); err != nil {
+			return Measurement{}, err
+		}
+	}
 	res, err := t.send(ctx)
+	var attackStats map[string]float64
+	if atk != nil {
+		var aerr error
+		attackStats, aerr = atk.Stop()
+		if aerr != nil && err == nil {
+			return Measurement{}, aerr
+		}
+	}
 	if err != nil {
-		return Measurement{}, t.explain(err)
+		return Measurement{Attack: attackStats}, t.explain(err)
 	}
 	if t.check != nil {
 		if err := t.check(res); err != nil {
@@ -112,7 +133,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	if !t.mptcp && res.MPTCP && t.wrap == nil {
 		return Measurement{}, errors.New("plain TCP was requested but the connection is MPTCP")
 	}
-	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup}
+	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup, Attack: attackStats}
 	client := e.Lab.Addr(e.Roles.Client)
 	pathOf := func(local, remote netip.AddrPort) string {
 		p := t.paths[local.Addr()]
@@ -170,7 +191,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		}
 		return a < b
 	})
-	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows && e.Cell.Fault == nil {
+	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows && e.Cell.Fault == nil && e.Cell.Attack == nil {
 		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
 	}
 	return m, nil
@@ -429,4 +450,17 @@ func resumeAfter(series []benchtool.SeriesPoint, f *scenario.Fault, pathOf func(
 	}
 	v := -1.0
 	return &v
+}
+
+// startAttack starts the configuration's attack for one trial; the
+// prober's connections go to the goodput receiver (it drops clients
+// without its hello).
+func startAttack(ctx context.Context, e *Env, a *scenario.Attack) (*attack.Run, error) {
+	if a.From != "" && e.Lab.NetnsName(a.From) == "" {
+		return nil, fmt.Errorf("attack: lab has no node %q", a.From)
+	}
+	return attack.Start(ctx, e.Lab, attack.Config{
+		Kind: a.Kind, Attacker: a.From, Client: e.Roles.Client, Server: e.Roles.Server,
+		Target: e.serverAddr(), Rate: a.Rate, ProbeRate: a.Probes,
+	})
 }

