@@ -13,6 +13,7 @@ func FuzzParseRequest(f *testing.F) {
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("198.51.100.1:80"), Port: 4000},
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
 		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4}, {Op: OpCertify, ID: 4, Cert: []byte{1, 2, 3}},
+		{Op: OpRoster, ID: 5, Start: 3},
 	} {
 		b, _ := MarshalRequest(r)
 		f.Add(b)
@@ -41,6 +42,8 @@ func FuzzParseReply(f *testing.F) {
 		{Op: OpTunnel, Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}},
 		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied},
 		{Op: OpConvert, Converter: netip.MustParseAddrPort("203.0.113.1:45674"), Lease: time.Minute, Tickets: [][TicketLen]byte{{9}}},
+		{Op: OpRoster, Roster: RosterPage{Total: 5, Start: 1, Entries: [][]byte{{1, 2, 3}, make([]byte, 300)}}},
+		{Op: OpRoster, Roster: RosterPage{Total: 0}},
 	} {
 		b, _ := MarshalReply(r)
 		f.Add(b)

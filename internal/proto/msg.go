@@ -28,7 +28,23 @@ const (
 	OpTunnel  Op = 5 // allocate a tunnel address (tunnel detours)
 	OpConvert Op = 6 // converter tickets (RFC 8803 converter on the relay, internal/convert)
 	OpCertify Op = 7 // present a collective member certificate (internal/collective)
+	OpRoster  Op = 8 // a page of the collective's relay roster (internal/roster)
 )
+
+// Roster pages: at most MaxRosterPage entries of 1..MaxRosterEntry bytes
+// (the binary form of roster.Entry, opaque here) in one reply.
+const (
+	MaxRosterPage  = 8
+	MaxRosterEntry = 512
+)
+
+// RosterPage is a roster reply: entries Start.. of Total, in the relay's
+// order.
+type RosterPage struct {
+	Total   uint16
+	Start   uint16
+	Entries [][]byte
+}
 
 // MaxTickets bounds the converter tickets one request asks for; TicketLen
 // is a ticket's size.
@@ -53,6 +69,8 @@ func (o Op) String() string {
 		return "convert"
 	case OpCertify:
 		return "certify"
+	case OpRoster:
+		return "roster"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -144,6 +162,8 @@ type Request struct {
 	Count uint8
 	// Certify: the member certificate, binary form (collective.Certificate.Bytes).
 	Cert []byte
+	// Roster: index of the first entry wanted.
+	Start uint16
 }
 
 // Reply is a decoded relay reply.
@@ -163,6 +183,8 @@ type Reply struct {
 	// Lease, from the address this session's requests come from).
 	Converter netip.AddrPort
 	Tickets   [][TicketLen]byte
+	// Roster: one page of signed roster entries.
+	Roster RosterPage
 }
 
 // TunnelGrant is what a client needs to bring up a tunnel detour: its own
@@ -182,6 +204,7 @@ type TunnelGrant struct {
 //	  release: port:u16
 //	  convert: count:u8 (1..8)
 //	  certify: certificate (binary form, 1..MaxMessageLen-8 bytes)
+//	  roster:  start:u16 (index of the first entry wanted)
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
@@ -189,11 +212,18 @@ type TunnelGrant struct {
 //	  release: bytes:u64
 //	  tunnel:  prefix_addr prefix_len:u8 endpoint_addr endpoint_port:u16 pubkey[32] lease_s:u32
 //	  convert: addr port:u16 lease_s:u32 count:u8 tickets[count][16]
+//	  roster:  total:u16 start:u16 count:u8 (len:u16 entry[len])*count
+//	           (count <= MaxRosterPage, 1 <= len <= MaxRosterEntry, start+count <= total)
 //	addr = family:u8 (4 or 6) + 4 or 16 bytes
 const msgHeaderLen = 8
 
-// MaxMessageLen bounds any request or reply body; larger input is refused.
+// MaxMessageLen bounds any request and every reply but roster pages;
+// larger input is refused.
 const MaxMessageLen = 256
+
+// MaxReplyLen bounds a roster reply (the only larger one): it keeps a
+// transport packet within 1,280 bytes with IPv6 and UDP headers.
+const MaxReplyLen = 1200
 
 // MarshalRequest encodes r.
 func MarshalRequest(r Request) ([]byte, error) {
@@ -225,6 +255,8 @@ func MarshalRequest(r Request) ([]byte, error) {
 			return nil, fmt.Errorf("certify needs a certificate of 1..%d bytes, not %d", MaxMessageLen-msgHeaderLen, len(r.Cert))
 		}
 		b = append(b, r.Cert...)
+	case OpRoster:
+		b = binary.BigEndian.AppendUint16(b, r.Start)
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -283,6 +315,11 @@ func ParseRequest(b []byte) (Request, error) {
 			return r, malformed(r.Op, "empty certificate")
 		}
 		r.Cert = append([]byte(nil), body...)
+	case OpRoster:
+		if len(body) != 2 {
+			return r, malformed(r.Op, "want a 2-byte start index, got %d bytes", len(body))
+		}
+		r.Start = binary.BigEndian.Uint16(body)
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -334,6 +371,24 @@ func MarshalReply(r Reply) ([]byte, error) {
 		for _, t := range r.Tickets {
 			b = append(b, t[:]...)
 		}
+	case OpRoster:
+		p := r.Roster
+		if len(p.Entries) > MaxRosterPage || int(p.Start)+len(p.Entries) > int(p.Total) {
+			return nil, fmt.Errorf("roster reply: %d entries from %d of %d", len(p.Entries), p.Start, p.Total)
+		}
+		b = binary.BigEndian.AppendUint16(b, p.Total)
+		b = binary.BigEndian.AppendUint16(b, p.Start)
+		b = append(b, byte(len(p.Entries)))
+		for _, e := range p.Entries {
+			if len(e) == 0 || len(e) > MaxRosterEntry {
+				return nil, fmt.Errorf("roster reply: entry of %d bytes", len(e))
+			}
+			b = binary.BigEndian.AppendUint16(b, uint16(len(e)))
+			b = append(b, e...)
+		}
+		if len(b) > MaxReplyLen {
+			return nil, fmt.Errorf("roster reply of %d bytes exceeds %d", len(b), MaxReplyLen)
+		}
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -346,7 +401,7 @@ func ParseReply(b []byte) (Reply, error) {
 	if len(b) < msgHeaderLen {
 		return r, fmt.Errorf("reply of %d bytes is shorter than its %d-byte header", len(b), msgHeaderLen)
 	}
-	if len(b) > MaxMessageLen {
+	if len(b) > MaxMessageLen && (len(b) > MaxReplyLen || Op(b[1]) != OpRoster) {
 		return r, fmt.Errorf("reply of %d bytes exceeds %d", len(b), MaxMessageLen)
 	}
 	if b[0] != Version {
@@ -431,6 +486,30 @@ func ParseReply(b []byte) (Reply, error) {
 		for i := 0; i < n; i++ {
 			r.Tickets = append(r.Tickets, [TicketLen]byte(rest[i*TicketLen:]))
 		}
+	case OpRoster:
+		if len(body) < 5 {
+			return r, fmt.Errorf("roster reply: %d bytes, want at least 5", len(body))
+		}
+		p := RosterPage{Total: binary.BigEndian.Uint16(body), Start: binary.BigEndian.Uint16(body[2:])}
+		n, rest := int(body[4]), body[5:]
+		if n > MaxRosterPage || int(p.Start)+n > int(p.Total) {
+			return r, fmt.Errorf("roster reply: %d entries from %d of %d (at most %d a page)", n, p.Start, p.Total, MaxRosterPage)
+		}
+		for i := 0; i < n; i++ {
+			if len(rest) < 2 {
+				return r, fmt.Errorf("roster reply: entry %d truncated", i)
+			}
+			l := int(binary.BigEndian.Uint16(rest))
+			if l == 0 || l > MaxRosterEntry || len(rest) < 2+l {
+				return r, fmt.Errorf("roster reply: entry %d of %d bytes (1..%d) with %d left", i, l, MaxRosterEntry, len(rest)-2)
+			}
+			p.Entries = append(p.Entries, append([]byte(nil), rest[2:2+l]...))
+			rest = rest[2+l:]
+		}
+		if len(rest) != 0 {
+			return r, fmt.Errorf("roster reply: %d trailing bytes", len(rest))
+		}
+		r.Roster = p
 	default:
 		return r, fmt.Errorf("reply for unknown op %d", r.Op)
 	}
