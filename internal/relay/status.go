@@ -35,6 +35,8 @@ type Status struct {
 	// Converter: the convert role's address and outstanding tickets.
 	Converter *ConverterStatus `json:"converter,omitempty"`
 	CounterOK bool             `json:"counters_ok"` // false: the kernel's counters could not be read
+	// Roster: the collective's relays as gossip shows them (nil: no gossip).
+	Roster *RosterStatus `json:"roster,omitempty"`
 }
 
 // ConverterStatus is the convert role at a glance.
@@ -209,6 +211,7 @@ func (s *Server) status() *Status {
 		st.Members = append(st.Members, *ms)
 	}
 	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
+	st.Roster = s.rosterStatus()
 	if s.conv != nil {
 		s.conv.tickets.mu.Lock()
 		s.conv.tickets.expireLocked(now)

@@ -47,8 +47,10 @@ type Config struct {
 
 	Log *slog.Logger
 	Now func() time.Time
-	// OnChange is called (without locks held) after the roster changed.
-	OnChange func()
+	// OnChange is called (without locks held) after the roster changed;
+	// OnRefused when an entry is dropped, with its Reason label.
+	OnChange  func()
+	OnRefused func(reason string)
 
 	// Transport replaces memberlist's UDP/TCP transport (the simulation's
 	// in-process network); Name then names the node's address on it.
@@ -75,10 +77,11 @@ type Node struct {
 	list *memberlist.Memberlist
 
 	mu       sync.Mutex
+	trust    *collective.Trust
 	self     []byte // our signed entry
 	info     Info
 	entries  map[string]*known // by node name
-	rejected map[string]uint64 // by Reason
+	refused map[string]uint64 // by Reason
 	changes  uint64
 
 	stop chan struct{}
@@ -120,7 +123,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 	if cfg.RejoinEvery <= 0 {
 		cfg.RejoinEvery = 5 * time.Second
 	}
-	n := &Node{cfg: cfg, log: cfg.Log, entries: map[string]*known{}, rejected: map[string]uint64{}, stop: make(chan struct{})}
+	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, stop: make(chan struct{})}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
@@ -225,7 +228,30 @@ func (n *Node) Update(info Info) error {
 	if err := n.sign(info); err != nil {
 		return err
 	}
-	return n.list.UpdateNode(time.Second)
+	return n.list.UpdateNode(0) // spreads in the background
+}
+
+// SetTrust replaces the authority and revocation list entries are checked
+// against (a relay's configuration reload); entries already held are
+// checked again.
+func (n *Node) SetTrust(t *collective.Trust) {
+	n.mu.Lock()
+	if n.trust == t {
+		n.mu.Unlock()
+		return
+	}
+	n.trust = t
+	n.cfg.Trust = t
+	var nodes []*memberlist.Node
+	for name, k := range n.entries {
+		nodes = append(nodes, &memberlist.Node{Name: name, Meta: k.meta})
+	}
+	clear(n.entries)
+	n.mu.Unlock()
+	for _, nd := range nodes {
+		n.learn(nd)
+	}
+	n.changed()
 }
 
 // Entries returns the verified entries of the relays alive now (this one
@@ -237,7 +263,7 @@ func (n *Node) Entries() []*Entry {
 	out := make([]*Entry, 0, len(n.entries))
 	for _, k := range n.entries {
 		c := k.entry.Cert
-		if now.Before(c.NotAfter) && !n.cfg.Trust.Revoked(c.Serial) {
+		if now.Before(c.NotAfter) && !n.trust.Revoked(c.Serial) {
 			out = append(out, k.entry)
 		}
 	}
@@ -254,12 +280,12 @@ func (n *Node) Entries() []*Entry {
 	return out
 }
 
-// Rejected counts dropped entries by reason (Reason's labels).
-func (n *Node) Rejected() map[string]uint64 {
+// Refused counts dropped entries by reason (Reason's labels).
+func (n *Node) Refused() map[string]uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	m := make(map[string]uint64, len(n.rejected))
-	for k, v := range n.rejected {
+	m := make(map[string]uint64, len(n.refused))
+	for k, v := range n.refused {
 		m[k] = v
 	}
 	return m
@@ -297,7 +323,10 @@ func (n *Node) verify(meta []byte, now time.Time) (*Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.Verify(n.cfg.Trust, now); err != nil {
+	n.mu.Lock()
+	t := n.trust
+	n.mu.Unlock()
+	if err := e.Verify(t, now); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -319,11 +348,14 @@ func (n *Node) learn(node *memberlist.Node) {
 	n.mu.Lock()
 	if err != nil {
 		reason := Reason(err)
-		n.rejected[reason]++
+		n.refused[reason]++
 		_, had := n.entries[node.Name]
 		delete(n.entries, node.Name)
 		n.mu.Unlock()
 		n.log.Warn("roster: entry refused", "node", node.Name, "addr", node.Address(), "reason", reason, "err", err)
+		if n.cfg.OnRefused != nil {
+			n.cfg.OnRefused(reason)
+		}
 		if had {
 			n.changed()
 		}

@@ -304,7 +304,7 @@ func TestClusterJoinForgedAndDeath(t *testing.T) {
 	defer bad.Kill()
 	waitFor(t, 10*time.Second, "the intruder refused everywhere", func() bool {
 		for _, nd := range nodes {
-			if nd.Members() != 4 || nd.Rejected()["certificate-forged"] == 0 {
+			if nd.Members() != 4 || nd.Refused()["certificate-forged"] == 0 {
 				return false
 			}
 		}
