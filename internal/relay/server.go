@@ -94,7 +94,7 @@ type Server struct {
 	addrRates map[netip.Addr]*bucket
 	inits     bucket
 	jar       *proto.CookieJar
-	conv      *converter // nil: no convert role
+	conv      *converter   // nil: no convert role
 	roster    *roster.Node // nil: no gossip (gossip.go)
 	rosterAt  time.Time
 	convDone  chan convertDone

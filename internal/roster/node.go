@@ -76,13 +76,13 @@ type Node struct {
 	log  *slog.Logger
 	list *memberlist.Memberlist
 
-	mu       sync.Mutex
-	trust    *collective.Trust
-	self     []byte // our signed entry
-	info     Info
-	entries  map[string]*known // by node name
+	mu      sync.Mutex
+	trust   *collective.Trust
+	self    []byte // our signed entry
+	info    Info
+	entries map[string]*known // by node name
 	refused map[string]uint64 // by Reason
-	changes  uint64
+	changes uint64
 
 	stop chan struct{}
 	wg   sync.WaitGroup
