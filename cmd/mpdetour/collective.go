@@ -22,8 +22,8 @@ import (
 func collectiveCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "collective",
-		Summary: "a Detour Collective's authority: init, issue and revoke member certificates, show them (docs/collective.md)",
-		Sub:     []*cli.Command{collectiveInit(), collectiveIssue(), collectiveRevoke(), collectiveShow()},
+		Summary: "a Detour Collective's authority: init, issue and revoke member certificates, show them; simulate relay discovery (docs/collective.md)",
+		Sub:     []*cli.Command{collectiveInit(), collectiveIssue(), collectiveRevoke(), collectiveShow(), collectiveSimulate()},
 	}
 }
 

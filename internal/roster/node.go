@@ -366,7 +366,9 @@ func (n *Node) learn(node *memberlist.Node) {
 		return // an older entry of the same relay (replayed or reordered)
 	}
 	_, had := n.entries[node.Name]
-	n.entries[node.Name] = &known{meta: slices.Clone(node.Meta), entry: e, since: now}
+	// node.Meta is not modified by memberlist (an update brings a new
+	// slice), so it is kept without a copy.
+	n.entries[node.Name] = &known{meta: node.Meta, entry: e, since: now}
 	n.mu.Unlock()
 	if !had {
 		n.log.Info("roster: relay joined", "relay", e.Name(), "key", e.Key().ID(), "addrs", e.Addrs, "region", e.Region)
