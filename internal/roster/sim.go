@@ -34,7 +34,9 @@ import (
 type SimConfig struct {
 	Relays        int
 	Kill          int           // relays killed (no leave) after convergence
+	JoinRate      float64       // relays started per second (0: as fast as possible)
 	Window        time.Duration // steady-state bandwidth measurement (default 10 s)
+	Settle        time.Duration // wait after convergence before measuring (default 15 s: gossip queues drain)
 	Timeout       time.Duration // for each phase (default 5 min)
 	ProbeInterval time.Duration // defaults as Config
 	ProbeTimeout  time.Duration
@@ -72,6 +74,9 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	if cfg.Window <= 0 {
 		cfg.Window = 10 * time.Second
 	}
+	if cfg.Settle <= 0 {
+		cfg.Settle = 15 * time.Second
+	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Minute
 	}
@@ -108,6 +113,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		return e, nil
 	}
 	res := &SimResult{Relays: cfg.Relays, Killed: cfg.Kill}
+	defer func() { res.Dropped, res.Verified = sn.dropped.Load(), verified.Load() }()
 	nodes := make([]*Node, cfg.Relays)
 	alive := make([]bool, cfg.Relays)
 	defer func() {
@@ -141,6 +147,11 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			return nil, fmt.Errorf("relay %d: %w", i, err)
 		}
 		nodes[i], alive[i] = n, true
+		if cfg.JoinRate > 0 {
+			if d := time.Duration(float64(i+1)/cfg.JoinRate*float64(time.Second)) - time.Since(t0); d > 0 {
+				time.Sleep(d)
+			}
+		}
 		if (i+1)%100 == 0 {
 			say("started %d relays (%v)", i+1, time.Since(t0).Round(time.Millisecond))
 		}
@@ -150,26 +161,20 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	}
 	res.StartTime = time.Since(t0)
 	t1 := time.Now()
-	complete := func(want int, ok func(e *Entry) bool) (int, error) {
+	complete := func(want int) (int, error) {
 		deadline := time.Now().Add(cfg.Timeout)
 		last := time.Now()
 		for {
 			done := 0
+			lo, hi, mlo, mhi := 1<<30, 0, 1<<30, 0
 			for i, n := range nodes {
 				if !alive[i] {
 					continue
 				}
-				es := n.Entries()
-				good := len(es) == want
-				if good && ok != nil {
-					for _, e := range es {
-						if !ok(e) {
-							good = false
-							break
-						}
-					}
-				}
-				if good {
+				c := n.Count()
+				lo, hi = min(lo, c), max(hi, c)
+				mlo, mhi = min(mlo, n.Members()), max(mhi, n.Members())
+				if c == want {
 					done++
 				}
 			}
@@ -183,7 +188,8 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 				return done, nil
 			}
 			if time.Since(last) > 5*time.Second {
-				say("  %d of %d rosters complete (%v)", done, live, time.Since(t1).Round(time.Millisecond))
+				say("  %d of %d rosters complete (%v): rosters of %d-%d relays, memberlist sees %d-%d; %d datagrams dropped, %d verifications",
+					done, live, time.Since(t1).Round(time.Millisecond), lo, hi, mlo, mhi, sn.dropped.Load(), verified.Load())
 				last = time.Now()
 			}
 			if time.Now().After(deadline) {
@@ -192,10 +198,10 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			if err := ctx.Err(); err != nil {
 				return done, err
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(250 * time.Millisecond)
 		}
 	}
-	if _, err := complete(cfg.Relays, nil); err != nil {
+	if _, err := complete(cfg.Relays); err != nil {
 		return res, err
 	}
 	res.Convergence = time.Since(t1)
@@ -203,9 +209,13 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	res.BytesPerRelay = float64(b) / float64(cfg.Relays)
 	say("converged: every roster lists %d relays %v after the last start", cfg.Relays, res.Convergence.Round(time.Millisecond))
 
-	// Steady state: nothing changes, memberlist probes and gossips.
+	// Steady state: nothing changes, memberlist probes, gossips and syncs.
+	select {
+	case <-time.After(cfg.Settle):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
 	b0, p0 := sn.totals()
-	removals0 := sn.removals.Load()
 	tw := time.Now()
 	select {
 	case <-time.After(cfg.Window):
@@ -217,7 +227,6 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	res.SteadyBps = float64(b1-b0) / secs / float64(cfg.Relays)
 	res.SteadyPps = float64(p1-p0) / secs / float64(cfg.Relays)
 	say("steady state over %v: %.0f B/s and %.1f datagrams/s sent per relay", cfg.Window, res.SteadyBps, res.SteadyPps)
-	_ = removals0
 
 	if cfg.Kill > 0 {
 		dead := map[proto.Key]bool{}
@@ -270,19 +279,16 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			}
 		}
 	}
-	res.Dropped = sn.dropped.Load()
-	res.Verified = verified.Load()
 	return res, nil
 }
 
 // simNet is an in-process lossy datagram and stream network.
 type simNet struct {
-	mu       sync.RWMutex
-	nodes    map[string]*simTransport
-	bytes    atomic.Uint64
-	packets  atomic.Uint64
-	dropped  atomic.Uint64
-	removals atomic.Uint64
+	mu      sync.RWMutex
+	nodes   map[string]*simTransport
+	bytes   atomic.Uint64
+	packets atomic.Uint64
+	dropped atomic.Uint64
 }
 
 func (n *simNet) add(addr string) *simTransport {
