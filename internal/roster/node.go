@@ -85,6 +85,7 @@ type Node struct {
 	changes uint64
 
 	stop chan struct{}
+	kick chan struct{}
 	wg   sync.WaitGroup
 }
 
@@ -123,7 +124,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 	if cfg.RejoinEvery <= 0 {
 		cfg.RejoinEvery = 5 * time.Second
 	}
-	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, stop: make(chan struct{})}
+	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
@@ -176,8 +177,9 @@ func Start(cfg Config, info Info) (*Node, error) {
 			n.log.Warn("roster: no relay to join answered yet, retrying", "join", cfg.Join, "err", err)
 		}
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.rejoin()
+	go n.updater()
 	return n, nil
 }
 
@@ -231,7 +233,27 @@ func (n *Node) Update(info Info) error {
 	if err := n.sign(info); err != nil {
 		return err
 	}
-	return n.list.UpdateNode(0) // spreads in the background
+	select { // the updater spreads it (memberlist's UpdateNode waits for the broadcast)
+	case n.kick <- struct{}{}:
+	default: // one is pending already: it reads the newest entry
+	}
+	return nil
+}
+
+// updater runs memberlist's UpdateNode, which blocks until the new
+// metadata has been broadcast, away from the caller (the relay's loop).
+func (n *Node) updater() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.kick:
+		}
+		if err := n.list.UpdateNode(5 * time.Second); err != nil {
+			n.log.Debug("roster: spreading this relay's entry", "err", err)
+		}
+	}
 }
 
 // SetTrust replaces the authority and revocation list entries are checked
@@ -364,17 +386,16 @@ func (n *Node) learn(node *memberlist.Node) {
 	}
 	n.mu.Lock()
 	if err != nil {
+		// A previous valid entry of the node stays: without a gossip
+		// secret anybody in the cluster can gossip a node's metadata, and
+		// a forged update must not remove a relay (the relay refutes it).
+		// Its certificate's expiry and revocation still apply (Entries).
 		reason := Reason(err)
 		n.refused[reason]++
-		_, had := n.entries[node.Name]
-		delete(n.entries, node.Name)
 		n.mu.Unlock()
 		n.log.Warn("roster: entry refused", "node", node.Name, "addr", node.Address(), "reason", reason, "err", err)
 		if n.cfg.OnRefused != nil {
 			n.cfg.OnRefused(reason)
-		}
-		if had {
-			n.changed()
 		}
 		return
 	}

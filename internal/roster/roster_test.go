@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
@@ -367,5 +369,51 @@ func TestClusterJoinForgedAndDeath(t *testing.T) {
 	t.Logf("leaving relay out of the roster after %v", left.Round(time.Millisecond))
 	if os.Getenv("ROSTER_LOGS") != "" {
 		t.Log(logs.String())
+	}
+}
+
+// A forged update of a relay's metadata (anybody in an unencrypted gossip
+// cluster can send one) is refused and counted; the relay's valid entry
+// stays.
+func TestForgedUpdateKeepsEntry(t *testing.T) {
+	f := newFixture(t)
+	var logs syncBuf
+	nodes := startCluster(t, f, 1, &logs)
+	n := nodes[0]
+	k, e := f.entry(t, "relay-x")
+	good, _ := e.Bytes()
+	name := NodeName(k.Public())
+	n.learn(&memberlist.Node{Name: name, Meta: good})
+	if n.Count() != 2 {
+		t.Fatalf("%d entries after a valid one", n.Count())
+	}
+	forged := append([]byte{}, good...)
+	forged[15] ^= 0xff // load
+	n.learn(&memberlist.Node{Name: name, Meta: forged})
+	if n.Count() != 2 || n.Refused()["forged"] != 1 {
+		t.Fatalf("after a forged update: %d entries, refused %v", n.Count(), n.Refused())
+	}
+	// Carried by a node named for another key: refused.
+	n.learn(&memberlist.Node{Name: "relay-somebody-else", Meta: good})
+	if n.Refused()["name-mismatch"] != 1 || n.Count() != 2 {
+		t.Fatalf("name mismatch: %d entries, refused %v", n.Count(), n.Refused())
+	}
+	// An older entry of the same relay (replayed) does not replace the newer.
+	older := *e
+	older.Issued = e.Issued.Add(-time.Minute)
+	older.Load = 99
+	if err := older.Sign(k); err != nil {
+		t.Fatal(err)
+	}
+	ob, _ := older.Bytes()
+	n.learn(&memberlist.Node{Name: name, Meta: ob})
+	for _, x := range n.Entries() {
+		if x.Key() == k.Public() && x.Load == 99 {
+			t.Fatal("an older entry replaced the newer")
+		}
+	}
+	n.forget(&memberlist.Node{Name: name})
+	if n.Count() != 1 {
+		t.Fatalf("%d entries after the relay left", n.Count())
 	}
 }

@@ -16,7 +16,7 @@ func TestSimulateSmall(t *testing.T) {
 	if s := os.Getenv("ROSTER_SIM_RELAYS"); s != "" {
 		n, _ = strconv.Atoi(s)
 	}
-	res, err := Simulate(context.Background(), SimConfig{Relays: n, Kill: 2, Window: 2 * time.Second, Timeout: time.Minute, Progress: testWriter{t}})
+	res, err := Simulate(context.Background(), SimConfig{Relays: n, Kill: 2, Window: 2 * time.Second, Settle: time.Second, Timeout: time.Minute, Progress: testWriter{t}})
 	if err != nil {
 		t.Fatal(err)
 	}
