@@ -134,11 +134,11 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		addr := fmt.Sprintf("10.%d.%d.%d:%d", i>>16&255, i>>8&255, i&255+1, DefaultPort)
+		addr := simAddrOf(i)
 		tr := sn.add(addr)
 		var join []string
 		if i > 0 {
-			join = []string{fmt.Sprintf("10.%d.%d.%d:%d", (i/2)>>16&255, (i/2)>>8&255, (i/2)&255+1, DefaultPort)}
+			join = []string{simAddrOf(i / 2)} // a join tree: every relay joins an earlier one
 		}
 		n, err := Start(Config{Transport: tr, Join: join, Key: k, Cert: c, Trust: trust, Verify: verify,
 			ProbeInterval: cfg.ProbeInterval, ProbeTimeout: cfg.ProbeTimeout, SuspicionMult: cfg.SuspicionMult},
@@ -405,4 +405,10 @@ func (c *countConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	c.n.bytes.Add(uint64(n))
 	return n, err
+}
+
+// simAddrOf is relay i's address on the simulated network (10.0.0.1, ...).
+func simAddrOf(i int) string {
+	j := i + 1
+	return fmt.Sprintf("10.%d.%d.%d:%d", j>>16&255, j>>8&255, j&255, DefaultPort)
 }

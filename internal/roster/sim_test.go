@@ -2,6 +2,7 @@ package roster
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"strconv"
 	"testing"
@@ -29,3 +30,14 @@ func TestSimulateSmall(t *testing.T) {
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func TestSimAddrs(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 100000; i++ {
+		a := simAddrOf(i)
+		if _, err := netip.ParseAddrPort(a); err != nil || seen[a] {
+			t.Fatalf("relay %d: address %q: %v (duplicate %v)", i, a, err, seen[a])
+		}
+		seen[a] = true
+	}
+}
