@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -162,6 +163,7 @@ func relayStatus(args []string) error {
 	if c := st.Converter; c != nil {
 		fmt.Printf("\nconverter %s, %d tickets outstanding\n", c.Listen, c.Tickets)
 	}
+	printRoster(st.Roster, ago)
 	if t := st.Tunnel; t != nil {
 		fmt.Printf("\ntunnel %s (UDP %d), %d peers\n", t.Device, t.ListenPort, len(t.Peers))
 		for _, p := range t.Peers {
@@ -192,4 +194,36 @@ func humanBytes(b uint64) string {
 // creditText shows a credit in units (MiB, collective.CreditUnit).
 func creditText(units float64) string {
 	return fmt.Sprintf("%+.1f units (MiB)", units)
+}
+
+// printRoster is the roster part of `relay status` (collective gossip).
+func printRoster(r *relay.RosterStatus, ago func(time.Time) string) {
+	if r == nil {
+		return
+	}
+	fmt.Printf("\nroster (gossip %s): %d relays verified, %d gossip members\n", r.Gossip, len(r.Relays), r.Members)
+	for _, e := range r.Relays {
+		self := ""
+		if e.Self {
+			self = " (this relay)"
+		}
+		addrs := make([]string, len(e.Addrs))
+		for i, a := range e.Addrs {
+			addrs[i] = a.String()
+		}
+		region := e.Region
+		if region == "" {
+			region = "-"
+		}
+		fmt.Printf("  %s%s key %s  %s  region %s  %s  load %d/%d  signed %s\n", e.Name, self, e.Key[:8],
+			strings.Join(addrs, ","), region, e.Kinds, e.Load, e.Capacity, ago(e.Issued))
+	}
+	if len(r.Refused) > 0 {
+		var rs []string
+		for k, v := range r.Refused {
+			rs = append(rs, fmt.Sprintf("%s %d", k, v))
+		}
+		sort.Strings(rs)
+		fmt.Printf("  refused entries: %s\n", strings.Join(rs, ", "))
+	}
 }

@@ -106,7 +106,7 @@ func TestParseConfigRejects(t *testing.T) {
 		"server: {}":         "server.announce: nothing to do",
 		"tunnel_kind: vxlan": "tunnel_kind: set, but tunnels is not true",
 		"tunnel_kind: gre":   "tunnel_kind",
-		"path_check: true": "path_check",
+		"path_check: true":   "path_check",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil {

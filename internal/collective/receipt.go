@@ -88,7 +88,7 @@ func SignReceipt(r *Receipt, relayPriv proto.Key) error {
 	if err := r.wellFormed(); err != nil {
 		return err
 	}
-	sig, err := xedSign(relayPriv, signed(receiptDomain, r.body()))
+	sig, err := XEdSign(relayPriv, signed(receiptDomain, r.body()))
 	if err != nil {
 		return err
 	}
@@ -159,7 +159,7 @@ func ParseReceipt(s string) (*Receipt, error) {
 // collective (its certificate) and whether the receipt was seen before are
 // the receiving relay's to check (Trust, ReplayWindow).
 func (r *Receipt) Check(now time.Time) error {
-	if !xedVerify(r.Issuer, signed(receiptDomain, r.body()), r.Signature[:]) {
+	if !XEdVerify(r.Issuer, signed(receiptDomain, r.body()), r.Signature[:]) {
 		return ErrReceiptForged
 	}
 	switch {

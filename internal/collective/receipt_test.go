@@ -26,7 +26,7 @@ func key(t testing.TB) proto.Key {
 func TestXEdDSAKeyConversion(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		priv := key(t)
-		A, err := edwardsOf(priv.Public())
+		A, err := EdwardsOf(priv.Public())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,17 +39,17 @@ func TestXEdDSAKeyConversion(t *testing.T) {
 			t.Fatalf("converted key's Montgomery form differs from the X25519 public key")
 		}
 		msg := []byte{byte(i)}
-		sig, err := xedSign(priv, msg)
+		sig, err := XEdSign(priv, msg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !xedVerify(priv.Public(), msg, sig[:]) {
+		if !XEdVerify(priv.Public(), msg, sig[:]) {
 			t.Fatal("own signature does not verify")
 		}
-		if xedVerify(key(t).Public(), msg, sig[:]) {
+		if XEdVerify(key(t).Public(), msg, sig[:]) {
 			t.Fatal("signature verifies under another key")
 		}
-		if xedVerify(priv.Public(), []byte{byte(i), 0}, sig[:]) {
+		if XEdVerify(priv.Public(), []byte{byte(i), 0}, sig[:]) {
 			t.Fatal("signature verifies for another message")
 		}
 	}
@@ -59,7 +59,7 @@ func TestXEdDSAKeyConversion(t *testing.T) {
 		minusOne[i] = 0xff
 	}
 	minusOne[31] = 0x7f
-	if _, err := edwardsOf(minusOne); err == nil {
+	if _, err := EdwardsOf(minusOne); err == nil {
 		t.Fatal("u = -1 accepted")
 	}
 }
@@ -104,7 +104,7 @@ func TestReceipt(t *testing.T) {
 	}
 	// Signed by another relay than the one it names.
 	forged := *r
-	sig, _ := xedSign(other, signed(receiptDomain, forged.body()))
+	sig, _ := XEdSign(other, signed(receiptDomain, forged.body()))
 	forged.Signature = sig
 	if err := forged.Check(now); !errors.Is(err, ErrReceiptForged) {
 		t.Fatalf("another key's signature: %v", err)
@@ -128,7 +128,7 @@ func TestReceipt(t *testing.T) {
 		"empty":       nil,
 		"zero":        make([]byte, ReceiptLen),
 		"zero seq":    mutate(r.Bytes(), 1+2*proto.KeyLen+7, 0, 1+2*proto.KeyLen, 0),
-		"end < start": mutate(r.Bytes(), 1+2*proto.KeyLen+8+7, 0xff),
+		"end < start": mutate(r.Bytes(), 1+2*proto.KeyLen+8+3, 0xff), // start far beyond end (the low byte alone was flaky: +255 s could stay below end)
 	} {
 		if _, err := ParseReceiptBytes(b); err == nil {
 			t.Errorf("%s: parsed", name)

@@ -24,8 +24,8 @@ import (
 
 var errXEdDSAKey = errors.New("not a valid Curve25519 public key for XEdDSA")
 
-// xedSign signs msg with the Curve25519 private key priv (XEdDSA).
-func xedSign(priv proto.Key, msg []byte) ([ed25519.SignatureSize]byte, error) {
+// XEdSign signs msg with the Curve25519 private key priv (XEdDSA).
+func XEdSign(priv proto.Key, msg []byte) ([ed25519.SignatureSize]byte, error) {
 	var sig [ed25519.SignatureSize]byte
 	k, err := edwards25519.NewScalar().SetBytesWithClamping(priv[:])
 	if err != nil {
@@ -72,9 +72,9 @@ func xedSign(priv proto.Key, msg []byte) ([ed25519.SignatureSize]byte, error) {
 	return sig, nil
 }
 
-// edwardsOf converts a Curve25519 (Montgomery u) public key to the Edwards
+// EdwardsOf converts a Curve25519 (Montgomery u) public key to the Edwards
 // public key XEdDSA verifies against: y = (u-1)/(u+1), sign bit 0.
-func edwardsOf(pub proto.Key) ([]byte, error) {
+func EdwardsOf(pub proto.Key) ([]byte, error) {
 	if pub[31]&0x80 != 0 {
 		return nil, errXEdDSAKey
 	}
@@ -98,9 +98,9 @@ func edwardsOf(pub proto.Key) ([]byte, error) {
 	return A, nil
 }
 
-// xedVerify checks an XEdDSA signature by the Curve25519 public key pub.
-func xedVerify(pub proto.Key, msg []byte, sig []byte) bool {
-	A, err := edwardsOf(pub)
+// XEdVerify checks an XEdDSA signature by the Curve25519 public key pub.
+func XEdVerify(pub proto.Key, msg []byte, sig []byte) bool {
+	A, err := EdwardsOf(pub)
 	if err != nil || len(sig) != ed25519.SignatureSize {
 		return false
 	}

@@ -14,6 +14,7 @@ func FuzzParseRequest(f *testing.F) {
 		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
 		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4}, {Op: OpCertify, ID: 4, Cert: []byte{1, 2, 3}}, {Op: OpReceipt, ID: 5, Receipt: make([]byte, 161)},
 		{Op: OpEncap, ID: 5, Action: EncapOpen}, {Op: OpEncap, ID: 6, Action: EncapRelease},
+		{Op: OpRoster, ID: 7, Start: 3},
 	} {
 		b, _ := MarshalRequest(r)
 		f.Add(b)
@@ -46,6 +47,8 @@ func FuzzParseReply(f *testing.F) {
 			Gateway: netip.MustParseAddr("100.81.0.1"), Endpoint: netip.MustParseAddrPort("198.18.1.1:4789"),
 			Member: netip.MustParseAddr("198.18.1.2"), VNI: 7, MTU: 1450}},
 		{Op: OpEncap},
+		{Op: OpRoster, Roster: RosterPage{Total: 5, Start: 1, Entries: [][]byte{{1, 2, 3}, make([]byte, 300)}}},
+		{Op: OpRoster, Roster: RosterPage{Total: 0}},
 	} {
 		b, _ := MarshalReply(r)
 		f.Add(b)

@@ -21,15 +21,16 @@ type Op uint8
 
 // Operations. Values are part of the wire format: never renumber.
 const (
-	OpPing    Op = 1 // liveness; no body
-	OpGrant   Op = 2 // NAT detour toward a server
-	OpRenew   Op = 3 // extend the lease of a granted port
-	OpRelease Op = 4 // drop a granted port
-	OpTunnel  Op = 5 // allocate a tunnel address (tunnel detours)
-	OpConvert Op = 6 // converter tickets (RFC 8803 converter on the relay, internal/convert)
-	OpCertify Op = 7 // present a collective member certificate (internal/collective)
-	OpReceipt Op = 8 // present a usage receipt a relay issued (fair sharing, internal/collective)
-	OpEncap   Op = 9 // open/renew or release an unencrypted VXLAN tunnel (docs/tunnel.md)
+	OpPing    Op = 1  // liveness; no body
+	OpGrant   Op = 2  // NAT detour toward a server
+	OpRenew   Op = 3  // extend the lease of a granted port
+	OpRelease Op = 4  // drop a granted port
+	OpTunnel  Op = 5  // allocate a tunnel address (tunnel detours)
+	OpConvert Op = 6  // converter tickets (RFC 8803 converter on the relay, internal/convert)
+	OpCertify Op = 7  // present a collective member certificate (internal/collective)
+	OpReceipt Op = 8  // present a usage receipt a relay issued (fair sharing, internal/collective)
+	OpEncap   Op = 9  // open/renew or release an unencrypted VXLAN tunnel (docs/tunnel.md)
+	OpRoster  Op = 10 // a page of the collective's relay roster (internal/roster)
 )
 
 // Encap request actions (Request.Action for OpEncap).
@@ -37,6 +38,21 @@ const (
 	EncapOpen    uint8 = 1 // allocate or renew (the lease restarts)
 	EncapRelease uint8 = 2 // tear the member's encapsulation down now
 )
+
+// Roster pages: at most MaxRosterPage entries of 1..MaxRosterEntry bytes
+// (the binary form of roster.Entry, opaque here) in one reply.
+const (
+	MaxRosterPage  = 8
+	MaxRosterEntry = 512
+)
+
+// RosterPage is a roster reply: entries Start.. of Total, in the relay's
+// order.
+type RosterPage struct {
+	Total   uint16
+	Start   uint16
+	Entries [][]byte
+}
 
 // MaxTickets bounds the converter tickets one request asks for; TicketLen
 // is a ticket's size.
@@ -65,6 +81,8 @@ func (o Op) String() string {
 		return "receipt"
 	case OpEncap:
 		return "encap"
+	case OpRoster:
+		return "roster"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -164,6 +182,8 @@ type Request struct {
 	Receipt []byte
 	// Encap: EncapOpen or EncapRelease.
 	Action uint8
+	// Roster: index of the first entry wanted.
+	Start uint16
 }
 
 // Reply is a decoded relay reply.
@@ -188,6 +208,8 @@ type Reply struct {
 	Credit int64
 	// Encap: see EncapGrant (zero in the reply to a release).
 	Encap EncapGrant
+	// Roster: one page of signed roster entries.
+	Roster RosterPage
 }
 
 // EncapGrant is an unencrypted VXLAN tunnel (opt-in on both sides, trusted
@@ -223,6 +245,7 @@ type TunnelGrant struct {
 //	  certify: certificate (binary form, 1..MaxMessageLen-8 bytes)
 //	  receipt: usage receipt (binary form, 1..MaxMessageLen-8 bytes)
 //	  encap:   action:u8 (1 open/renew, 2 release)
+//	  roster:  start:u16 (index of the first entry wanted)
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
@@ -233,11 +256,18 @@ type TunnelGrant struct {
 //	  receipt: credit:i64 (bytes)
 //	  encap:   empty (release) or prefix_addr prefix_len:u8 gateway_addr endpoint_addr
 //	           endpoint_port:u16 member_addr vni:u32 mtu:u16 lease_s:u32
+//	  roster:  total:u16 start:u16 count:u8 (len:u16 entry[len])*count
+//	           (count <= MaxRosterPage, 1 <= len <= MaxRosterEntry, start+count <= total)
 //	addr = family:u8 (4 or 6) + 4 or 16 bytes
 const msgHeaderLen = 8
 
-// MaxMessageLen bounds any request or reply body; larger input is refused.
+// MaxMessageLen bounds any request and every reply but roster pages;
+// larger input is refused.
 const MaxMessageLen = 256
+
+// MaxReplyLen bounds a roster reply (the only larger one): it keeps a
+// transport packet within 1,280 bytes with IPv6 and UDP headers.
+const MaxReplyLen = 1200
 
 // MarshalRequest encodes r.
 func MarshalRequest(r Request) ([]byte, error) {
@@ -279,6 +309,8 @@ func MarshalRequest(r Request) ([]byte, error) {
 			return nil, fmt.Errorf("encap action %d is not open (1) or release (2)", r.Action)
 		}
 		b = append(b, r.Action)
+	case OpRoster:
+		b = binary.BigEndian.AppendUint16(b, r.Start)
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -347,6 +379,11 @@ func ParseRequest(b []byte) (Request, error) {
 			return r, malformed(r.Op, "want one action byte (1 open, 2 release), got % x", body)
 		}
 		r.Action = body[0]
+	case OpRoster:
+		if len(body) != 2 {
+			return r, malformed(r.Op, "want a 2-byte start index, got %d bytes", len(body))
+		}
+		r.Start = binary.BigEndian.Uint16(body)
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -417,6 +454,24 @@ func MarshalReply(r Reply) ([]byte, error) {
 		b = binary.BigEndian.AppendUint32(b, e.VNI)
 		b = binary.BigEndian.AppendUint16(b, e.MTU)
 		b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
+	case OpRoster:
+		p := r.Roster
+		if len(p.Entries) > MaxRosterPage || int(p.Start)+len(p.Entries) > int(p.Total) {
+			return nil, fmt.Errorf("roster reply: %d entries from %d of %d", len(p.Entries), p.Start, p.Total)
+		}
+		b = binary.BigEndian.AppendUint16(b, p.Total)
+		b = binary.BigEndian.AppendUint16(b, p.Start)
+		b = append(b, byte(len(p.Entries)))
+		for _, e := range p.Entries {
+			if len(e) == 0 || len(e) > MaxRosterEntry {
+				return nil, fmt.Errorf("roster reply: entry of %d bytes", len(e))
+			}
+			b = binary.BigEndian.AppendUint16(b, uint16(len(e)))
+			b = append(b, e...)
+		}
+		if len(b) > MaxReplyLen {
+			return nil, fmt.Errorf("roster reply of %d bytes exceeds %d", len(b), MaxReplyLen)
+		}
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -429,7 +484,7 @@ func ParseReply(b []byte) (Reply, error) {
 	if len(b) < msgHeaderLen {
 		return r, fmt.Errorf("reply of %d bytes is shorter than its %d-byte header", len(b), msgHeaderLen)
 	}
-	if len(b) > MaxMessageLen {
+	if len(b) > MaxMessageLen && (len(b) > MaxReplyLen || Op(b[1]) != OpRoster) {
 		return r, fmt.Errorf("reply of %d bytes exceeds %d", len(b), MaxMessageLen)
 	}
 	if b[0] != Version {
@@ -528,6 +583,30 @@ func ParseReply(b []byte) (Reply, error) {
 			return r, fmt.Errorf("encap reply: %w", err)
 		}
 		r.Encap, r.Lease = e, lease
+	case OpRoster:
+		if len(body) < 5 {
+			return r, fmt.Errorf("roster reply: %d bytes, want at least 5", len(body))
+		}
+		p := RosterPage{Total: binary.BigEndian.Uint16(body), Start: binary.BigEndian.Uint16(body[2:])}
+		n, rest := int(body[4]), body[5:]
+		if n > MaxRosterPage || int(p.Start)+n > int(p.Total) {
+			return r, fmt.Errorf("roster reply: %d entries from %d of %d (at most %d a page)", n, p.Start, p.Total, MaxRosterPage)
+		}
+		for i := 0; i < n; i++ {
+			if len(rest) < 2 {
+				return r, fmt.Errorf("roster reply: entry %d truncated", i)
+			}
+			l := int(binary.BigEndian.Uint16(rest))
+			if l == 0 || l > MaxRosterEntry || len(rest) < 2+l {
+				return r, fmt.Errorf("roster reply: entry %d of %d bytes (1..%d) with %d left", i, l, MaxRosterEntry, len(rest)-2)
+			}
+			p.Entries = append(p.Entries, append([]byte(nil), rest[2:2+l]...))
+			rest = rest[2+l:]
+		}
+		if len(rest) != 0 {
+			return r, fmt.Errorf("roster reply: %d trailing bytes", len(rest))
+		}
+		r.Roster = p
 	default:
 		return r, fmt.Errorf("reply for unknown op %d", r.Op)
 	}

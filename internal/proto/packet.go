@@ -34,8 +34,9 @@ const (
 	ErrorLen        = 16
 	transportHdrLen = 16
 	tagLen          = 16
-	// MaxPacketLen bounds every datagram we accept.
-	MaxPacketLen = transportHdrLen + MaxMessageLen + tagLen
+	// MaxPacketLen bounds every datagram we accept (roster replies are
+	// the largest messages; requests are still bounded by MaxMessageLen).
+	MaxPacketLen = transportHdrLen + MaxReplyLen + tagLen
 )
 
 // Init is a parsed (still encrypted) handshake initiation.

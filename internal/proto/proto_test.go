@@ -379,3 +379,48 @@ func TestCookies(t *testing.T) {
 		t.Fatal("a cookie from an episode long ago accepted after an idle jar rotated once")
 	}
 }
+
+func TestRosterMessages(t *testing.T) {
+	b, err := MarshalRequest(Request{Op: OpRoster, ID: 7, Start: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ParseRequest(b)
+	if err != nil || r.Start != 300 || r.Op != OpRoster {
+		t.Fatalf("request round trip: %+v %v", r, err)
+	}
+	if _, err := ParseRequest(b[:len(b)-1]); ReasonOf(err) != ReasonMalformed {
+		t.Errorf("short roster request: %v", err)
+	}
+	page := RosterPage{Total: 10, Start: 8, Entries: [][]byte{make([]byte, MaxRosterEntry), make([]byte, 400)}}
+	page.Entries[0][0] = 1
+	rb, err := MarshalReply(Reply{Op: OpRoster, ID: 7, Roster: page})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rb) <= MaxMessageLen || len(rb) > MaxReplyLen {
+		t.Fatalf("page of %d bytes", len(rb))
+	}
+	rep, err := ParseReply(rb)
+	if err != nil || rep.Roster.Total != 10 || len(rep.Roster.Entries) != 2 || rep.Roster.Entries[0][0] != 1 {
+		t.Fatalf("reply round trip: %+v %v", rep.Roster, err)
+	}
+	bad := map[string][]byte{
+		"trailing":      append(append([]byte{}, rb...), 0),
+		"truncated":     rb[:len(rb)-1],
+		"beyond total":  func() []byte { x := append([]byte{}, rb...); x[msgHeaderLen+1] = 9; return x }(),
+		"zero length":   append(append([]byte{}, rb[:msgHeaderLen+4]...), 1, 0, 0),
+		"too long":      append(append([]byte{}, rb...), make([]byte, MaxReplyLen)...),
+		"large grant":   func() []byte { x := append([]byte{}, rb...); x[1] = byte(OpGrant); return x }(),
+		"too many":      append(append([]byte{}, rb[:msgHeaderLen]...), 0, 20, 0, 0, MaxRosterPage+1),
+		"entry too big": append(append([]byte{}, rb[:msgHeaderLen]...), 0, 1, 0, 0, 1, 2, 1),
+	}
+	for name, b := range bad {
+		if _, err := ParseReply(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := MarshalReply(Reply{Op: OpRoster, Roster: RosterPage{Total: 3, Entries: [][]byte{make([]byte, 512), make([]byte, 512), make([]byte, 512)}}}); err == nil {
+		t.Error("a page beyond MaxReplyLen marshalled")
+	}
+}

@@ -59,6 +59,10 @@ type Config struct {
 	Collective struct {
 		Authority string `yaml:"authority"` // the authority's public key (mpdetour collective show)
 		CRLFile   string `yaml:"crl_file"`  // signed revocation list, re-read when it changes
+		// CertificateFile is this relay's own certificate (role relay),
+		// needed by gossip; Gossip joins the roster cluster (gossip.go).
+		CertificateFile string        `yaml:"certificate_file"`
+		Gossip          *GossipConfig `yaml:"gossip"`
 	} `yaml:"collective"`
 
 	// Convert is the RFC 8803 converter role (docs/convert.md); off unless
@@ -124,6 +128,8 @@ type Settings struct {
 	// members only); CRLFile is re-read when it changes.
 	Trust   *collective.Trust
 	CRLFile string
+	// Gossip: relay discovery (nil: off; gossip.go).
+	Gossip *GossipSettings
 
 	// FastPath: flowtable offload of established detour connections,
 	// attribution through conntrack accounting.
@@ -269,6 +275,9 @@ func build(c *Config) (*Settings, error) {
 		}
 	} else if c.Collective.CRLFile != "" {
 		return nil, errors.New("collective.crl_file: needs collective.authority")
+	}
+	if s.Gossip, err = buildGossip(c, s); err != nil {
+		return nil, err
 	}
 	if len(c.Members) == 0 && !c.LegacyV1.Enabled && s.Trust == nil {
 		return nil, errors.New("members: no member keys, nobody could use the relay")

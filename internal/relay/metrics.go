@@ -28,6 +28,10 @@ type metrics struct {
 	// conversions by result (a fixed set: conversionResult) and their bytes.
 	conversions  *prometheus.CounterVec
 	convertBytes prometheus.Counter
+	// roster: entries refused by reason (roster.Reason's fixed set) and
+	// the verified roster's size.
+	rosterRefused *prometheus.CounterVec
+	rosterSize    prometheus.Gauge
 	// closedBytes accumulates the final counters of closed mappings. Live
 	// counters are not added at scrape time: that would need a dump of the
 	// whole set (seconds at 100,000 mappings, and not consistent while the
@@ -60,6 +64,12 @@ func newMetrics() *metrics {
 		convertBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mpdetour_relay_convert_bytes_total", Help: "Bytes copied by the converter (both directions), counted when each conversion ends.",
 		}),
+		rosterRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mpdetour_relay_roster_refused_total", Help: "Roster entries refused (collective gossip) by reason: malformed, forged, certificate-forged, certificate-dates, revoked, not-a-relay, future, name-mismatch.",
+		}, []string{"reason"}),
+		rosterSize: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mpdetour_relay_roster_relays", Help: "Relays in the verified roster (this one included).",
+		}),
 		cookies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mpdetour_relay_cookie_replies_total", Help: "Initiations answered with a cookie (the relay was under load and the sender had not proven its address).",
 		}),
@@ -67,7 +77,7 @@ func newMetrics() *metrics {
 	bytes := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mpdetour_relay_bytes_total", Help: "Bytes forwarded through mappings, counted when each mapping closes (both directions).",
 	}, func() float64 { return float64(m.closedBytes.Load()) })
-	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, m.conversions, m.convertBytes, bytes,
+	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, m.conversions, m.convertBytes, m.rosterRefused, m.rosterSize, bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // Pre-authentication limits per source address: handshakes cost two X25519
@@ -93,7 +94,9 @@ type Server struct {
 	addrRates map[netip.Addr]*bucket
 	inits     bucket
 	jar       *proto.CookieJar
-	conv      *converter // nil: no convert role
+	conv      *converter   // nil: no convert role
+	roster    *roster.Node // nil: no gossip (gossip.go)
+	rosterAt  time.Time
 	convDone  chan convertDone
 	tunnels   TunnelAllocator
 	attr      *attrLog
@@ -203,6 +206,11 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		}
 	}
 	if s.dp, err = newNFT(nftOptions{FastPath: set.FastPath, Log: log}); err != nil {
+		s.closeAll()
+		return nil, err
+	}
+	if err := s.startRoster(); err != nil {
+		_ = s.dp.Close()
 		s.closeAll()
 		return nil, err
 	}
@@ -330,6 +338,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.refusals.flush(s.log, now)
 			if now.Sub(lastClose) >= closeEvery {
 				s.checkCollective(now)
+				s.tickRoster(now)
 				s.ensureTable()
 				s.reap(now, false)
 				s.prune(now)
@@ -810,6 +819,8 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		s.serveConvert(ses, req, &rep)
 	case proto.OpReceipt:
 		s.serveReceipt(ses, req, &rep)
+	case proto.OpRoster:
+		s.serveRoster(req, &rep)
 	case proto.OpTunnel:
 		if s.tunnels == nil {
 			rep.Reason = proto.ReasonUnsupported
@@ -1061,6 +1072,7 @@ func (s *Server) applyReload(set *Settings) {
 		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
 	}
 	set.Tunnel = s.set.Tunnel
+	s.reloadRoster(set)
 	switch {
 	case set.Trust != nil && s.set.Trust != nil && set.Trust.Authority() == s.set.Trust.Authority() && set.CRLFile == s.set.CRLFile:
 		set.Trust = s.set.Trust // keeps the newest revocation list seen
@@ -1103,6 +1115,9 @@ func (s *Server) applyReload(set *Settings) {
 
 // shutdown logs every mapping's final counters and removes the table.
 func (s *Server) shutdown() {
+	if s.roster != nil {
+		_ = s.roster.Close() // leave first: the others drop this relay at once
+	}
 	now := s.now()
 	var all []*mapping
 	for _, m := range s.leases.byKey {

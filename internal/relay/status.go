@@ -37,6 +37,8 @@ type Status struct {
 	CounterOK bool             `json:"counters_ok"` // false: the kernel's counters could not be read
 	// Fair: capacity, credit unit and the ledger's file (fair.go).
 	Fair *FairStatus `json:"fair,omitempty"`
+	// Roster: the collective's relays as gossip shows them (nil: no gossip).
+	Roster *RosterStatus `json:"roster,omitempty"`
 }
 
 // ConverterStatus is the convert role at a glance.
@@ -215,6 +217,7 @@ func (s *Server) status() *Status {
 	}
 	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
 	s.fairStatus(st)
+	st.Roster = s.rosterStatus()
 	if s.conv != nil {
 		s.conv.tickets.mu.Lock()
 		s.conv.tickets.expireLocked(now)

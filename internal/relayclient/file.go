@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/netnsx"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -21,6 +23,10 @@ import (
 //	  servers:
 //	    - {name: detour1, address: 203.0.113.1:45673, public_key: <relay's base64 public key>}
 //	    - {name: detour2, address: 198.51.100.1:45673, public_key: <...>, backup: true}  # its NAT detours are backups
+//	  discovery:                             # optional: also use relays of the collective's roster
+//	    authority: mpdetour-authority-v1:... # the collective's authority (entries are verified against it)
+//	    max: 4                               # discovered relays used at once
+//	    interval: 2s                         # how often the roster is read from a configured relay
 type FileConfig struct {
 	Key     string `yaml:"key"`
 	KeyFile string `yaml:"key_file"`
@@ -29,6 +35,15 @@ type FileConfig struct {
 	// collective's certificates serve the member without listing its key).
 	CertificateFile string      `yaml:"certificate_file"`
 	Servers         []FileRelay `yaml:"servers"`
+	// Discovery: relays from the collective's roster (roster.go).
+	Discovery *FileDiscovery `yaml:"discovery"`
+}
+
+// FileDiscovery is the `relays.discovery` section.
+type FileDiscovery struct {
+	Authority string          `yaml:"authority"`
+	Max       int             `yaml:"max"`
+	Interval  config.Duration `yaml:"interval"`
 }
 
 // FileRelay is one relay in FileConfig.
@@ -93,6 +108,22 @@ func (f *FileConfig) Build() (SourceConfig, error) {
 			return sc, fmt.Errorf("servers[%d].public_key: %w", i, err)
 		}
 		sc.Relays = append(sc.Relays, Relay{Name: r.Name, Addr: ap, PublicKey: pub, Backup: r.Backup})
+	}
+	if d := f.Discovery; d != nil {
+		ak, err := collective.ParseAuthorityKey(d.Authority)
+		if err != nil {
+			return sc, fmt.Errorf("discovery.authority: %w", err)
+		}
+		if f.CertificateFile == "" {
+			return sc, errors.New("discovery: needs certificate_file: discovered relays serve certified members, they do not list this key")
+		}
+		if d.Max < 0 || d.Max > 32 {
+			return sc, fmt.Errorf("discovery.max: %d is outside 1..32", d.Max)
+		}
+		if d.Interval != 0 && (time.Duration(d.Interval) < 500*time.Millisecond || time.Duration(d.Interval) > 10*time.Minute) {
+			return sc, fmt.Errorf("discovery.interval: %v is outside 500ms..10m", time.Duration(d.Interval))
+		}
+		sc.Discovery = &Discovery{Trust: collective.NewTrust(ak), Max: d.Max, Every: time.Duration(d.Interval)}
 	}
 	return sc, nil
 }

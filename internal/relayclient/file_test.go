@@ -67,3 +67,42 @@ func TestFileConfigCertificate(t *testing.T) {
 		t.Fatalf("missing certificate: %v", err)
 	}
 }
+
+func TestFileConfigDiscovery(t *testing.T) {
+	auth, _ := collective.NewAuthority()
+	k, _ := proto.GenerateKey()
+	relay, _ := proto.GenerateKey()
+	c, err := auth.Issue(k.Public(), "m", collective.RoleClient, time.Now(), time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := filepath.Join(t.TempDir(), "m.cert")
+	if err := os.WriteFile(cert, []byte(c.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := FileConfig{Key: k.String(), CertificateFile: cert, Servers: []FileRelay{{Name: "r", Address: "192.0.2.1:45673", PublicKey: relay.Public().String()}}}
+	f := base
+	f.Discovery = &FileDiscovery{Authority: auth.Public().String(), Max: 3}
+	sc, err := f.Build()
+	if err != nil || sc.Discovery == nil || sc.Discovery.Max != 3 || sc.Discovery.Trust.Authority() != auth.Public() {
+		t.Fatalf("discovery: %+v %v", sc.Discovery, err)
+	}
+	bad := map[string]*FileDiscovery{
+		"discovery.authority": {Authority: "x"},
+		"discovery.max":       {Authority: auth.Public().String(), Max: 99},
+		"discovery.interval":  {Authority: auth.Public().String(), Interval: 1},
+	}
+	for want, d := range bad {
+		f := base
+		f.Discovery = d
+		if _, err := f.Build(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%+v: error %v, want %q", d, err, want)
+		}
+	}
+	f = base
+	f.CertificateFile = ""
+	f.Discovery = &FileDiscovery{Authority: auth.Public().String()}
+	if _, err := f.Build(); err == nil || !strings.Contains(err.Error(), "certificate_file") {
+		t.Errorf("discovery without a certificate: %v", err)
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
@@ -23,6 +25,9 @@ type SourceConfig struct {
 	// RetryAfter is how long a refused or failed grant is not asked again
 	// (default 10 s), so a busy agent does not hammer a relay that said no.
 	RetryAfter time.Duration
+	// Discovery: also use relays of the collective's roster (nil: only
+	// Relays; roster.go).
+	Discovery *Discovery
 }
 
 // Source asks relays for NAT detours: Prepare starts a grant in the
@@ -30,17 +35,24 @@ type SourceConfig struct {
 // their length until Release. Grants are cached per (relay, server
 // address and port), so every connection to the same server shares them.
 type Source struct {
-	cfg   SourceConfig
-	log   *slog.Logger
-	conns []*Conn
+	cfg    SourceConfig
+	log    *slog.Logger
+	static []*Conn // the configured relays (conns[:len(static)])
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// conns: the configured relays, then discovered ones (roster.go); a
+	// dropped discovered relay leaves nil, so indices stay stable.
+	conns   []*Conn
 	entries map[entryKey]*entry
 	// releasing: a release of that key's grant is in flight; the channel
 	// closes when it is done. A new grant for the key waits for it: the
 	// relay hands one mapping per member and server, so a grant answered
 	// first would return the mapping the release then removes.
 	releasing map[entryKey]chan struct{}
+	found     map[proto.Key]*discovered
+	// rosterFrom: the configured relay the roster was last read from.
+	rosterFrom int
+	refused    atomic.Uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -77,7 +89,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 10 * time.Second
 	}
-	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}}
+	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -89,20 +101,44 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 		}
 		s.conns = append(s.conns, c)
 	}
+	s.static = slices.Clone(s.conns)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.renewer()
+	if d := cfg.Discovery; d != nil {
+		if d.Trust == nil {
+			s.closeConns()
+			return nil, errors.New("relay source: discovery needs the collective's authority")
+		}
+		if d.Max <= 0 {
+			d.Max = 4
+		}
+		if d.Every <= 0 {
+			d.Every = 2 * time.Second
+		}
+		if d.Fetch <= 0 {
+			d.Fetch = 256
+		}
+		s.wg.Add(1)
+		go s.discover()
+	}
 	return s, nil
 }
 
 func (s *Source) closeConns() {
-	for _, c := range s.conns {
-		_ = c.Close()
+	s.mu.Lock()
+	conns := slices.Clone(s.conns)
+	s.mu.Unlock()
+	for _, c := range conns {
+		if c != nil {
+			_ = c.Close()
+		}
 	}
 }
 
-// Conns returns the per-relay connections (e.g. for tunnel requests).
-func (s *Source) Conns() []*Conn { return s.conns }
+// Conns returns the configured relays' connections (e.g. for tunnel
+// requests); discovered relays are not among them.
+func (s *Source) Conns() []*Conn { return s.static }
 
 // Prepare implements detour.Source: it never blocks.
 func (s *Source) Prepare(server netip.AddrPort) {
@@ -112,7 +148,10 @@ func (s *Source) Prepare(server netip.AddrPort) {
 	if s.ctx.Err() != nil {
 		return
 	}
-	for i := range s.conns {
+	for i, c := range s.conns {
+		if c == nil {
+			continue
+		}
 		k := entryKey{i, server}
 		e := s.entries[k]
 		if e != nil && (e.pending || e.detour.IsValid() || now.Sub(e.failedAt) < s.cfg.RetryAfter) {
@@ -129,10 +168,13 @@ func (s *Source) grant(k entryKey, e *entry) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
-	c := s.conns[k.relay]
 	s.mu.Lock()
+	c := s.conns[k.relay]
 	inFlight := s.releasing[k]
 	s.mu.Unlock()
+	if c == nil {
+		return // dropped meanwhile (roster)
+	}
 	if inFlight != nil {
 		select {
 		case <-inFlight:
@@ -183,7 +225,7 @@ func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
 	var out []detour.Detour
 	for i, c := range s.conns {
 		e := s.entries[entryKey{i, server}]
-		if e == nil || !e.detour.IsValid() || !e.expires.After(now) {
+		if c == nil || e == nil || !e.detour.IsValid() || !e.expires.After(now) {
 			continue
 		}
 		out = append(out, detour.Detour{Kind: detour.NAT, Relay: c.relay.Name, Remote: e.detour, Expires: e.expires, Backup: c.relay.Backup})
@@ -213,7 +255,7 @@ func (s *Source) Release(ctx context.Context, server netip.AddrPort) error {
 	s.mu.Lock()
 	for i, c := range s.conns {
 		k := entryKey{i, server}
-		if e := s.entries[k]; e != nil {
+		if e := s.entries[k]; e != nil && c != nil {
 			delete(s.entries, k)
 			if e.detour.IsValid() {
 				todo = append(todo, rel{c, e.detour.Port()})
@@ -280,10 +322,16 @@ func (s *Source) renew(k entryKey, e *entry) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
-	c := s.conns[k.relay]
 	s.mu.Lock()
+	c := s.conns[k.relay]
 	port := e.detour.Port()
 	s.mu.Unlock()
+	if c == nil {
+		s.mu.Lock()
+		e.pending = false
+		s.mu.Unlock()
+		return // dropped meanwhile (roster)
+	}
 	lease, err := c.Renew(ctx, port)
 	if proto.ReasonOf(err) == proto.ReasonNotFound {
 		var d netip.AddrPort
@@ -334,4 +382,4 @@ func (s *Source) Close() error {
 }
 
 // String describes the source for logs.
-func (s *Source) String() string { return fmt.Sprintf("relays(%d)", len(s.conns)) }
+func (s *Source) String() string { return fmt.Sprintf("relays(%d)", len(s.static)) }

@@ -1,0 +1,300 @@
+package relay
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/roster"
+)
+
+// Relay discovery (docs/collective.md, "Discovery"): with
+// `collective.gossip` the relay joins the collective's roster cluster
+// (internal/roster over hashicorp/memberlist), announces a signed entry
+// (its control addresses, capacity, kinds, load, region) and serves the
+// roster to members (OpRoster).
+
+// GossipConfig is the `collective.gossip` section.
+type GossipConfig struct {
+	Bind          string          `yaml:"bind"`           // gossip UDP+TCP address; default 0.0.0.0:45675
+	Advertise     string          `yaml:"advertise"`      // what other relays dial; default bind (must then be specific)
+	Join          []string        `yaml:"join"`           // gossip addresses of relays in the cluster
+	Announce      []string        `yaml:"announce"`       // control addresses agents use; default listen, or advertise's address with listen's port
+	Region        string          `yaml:"region"`         // label, 0-32 bytes
+	Capacity      int             `yaml:"capacity"`       // detours offered at once; default quota.global
+	SecretFile    string          `yaml:"secret_file"`    // optional: base64 32-byte key encrypting gossip
+	ProbeInterval config.Duration `yaml:"probe_interval"` // default 500ms
+	ProbeTimeout  config.Duration `yaml:"probe_timeout"`  // default 250ms
+}
+
+// GossipSettings are the validated section.
+type GossipSettings struct {
+	Bind, Advertise netip.AddrPort
+	Join            []string
+	Announce        []netip.AddrPort
+	Region          string
+	Capacity        uint32
+	Secret          []byte
+	ProbeInterval   time.Duration
+	ProbeTimeout    time.Duration
+	Cert            *collective.Certificate // the relay's own (role relay)
+}
+
+func (g *GossipSettings) same(o *GossipSettings) bool {
+	if g == nil || o == nil {
+		return g == o
+	}
+	return g.Bind == o.Bind && g.Advertise == o.Advertise && slices.Equal(g.Join, o.Join) && slices.Equal(g.Announce, o.Announce) &&
+		g.Region == o.Region && g.Capacity == o.Capacity && string(g.Secret) == string(o.Secret) &&
+		g.ProbeInterval == o.ProbeInterval && g.ProbeTimeout == o.ProbeTimeout && g.Cert.String() == o.Cert.String()
+}
+
+func buildGossip(c *Config, s *Settings) (*GossipSettings, error) {
+	gc := c.Collective.Gossip
+	if gc == nil {
+		if c.Collective.CertificateFile != "" && s.Trust == nil {
+			return nil, errors.New("collective.certificate_file: needs collective.authority")
+		}
+		return nil, nil
+	}
+	if s.Trust == nil {
+		return nil, errors.New("collective.gossip: needs collective.authority (entries are verified against it)")
+	}
+	if c.Collective.CertificateFile == "" {
+		return nil, errors.New("collective.certificate_file: required with gossip: this relay's certificate with the role relay (mpdetour collective issue --roles relay)")
+	}
+	b, err := os.ReadFile(c.Collective.CertificateFile)
+	if err != nil {
+		return nil, fmt.Errorf("collective.certificate_file: %w", err)
+	}
+	cert, err := collective.ParseCertificate(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, err)
+	}
+	if cert.Member != s.PrivateKey.Public() {
+		return nil, fmt.Errorf("collective.certificate_file: %s is for key %s, not this relay's %s", c.Collective.CertificateFile, cert.Member.ID(), s.PrivateKey.Public().ID())
+	}
+	if err := cert.Verify(s.Trust.Authority(), time.Now(), nil, collective.RoleRelay); err != nil {
+		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, err)
+	}
+	if s.Trust.Revoked(cert.Serial) {
+		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, collective.ErrRevoked)
+	}
+	g := &GossipSettings{Cert: cert, Region: gc.Region, Join: gc.Join, ProbeInterval: time.Duration(gc.ProbeInterval), ProbeTimeout: time.Duration(gc.ProbeTimeout)}
+	bind := gc.Bind
+	if bind == "" {
+		bind = fmt.Sprintf("0.0.0.0:%d", roster.DefaultPort)
+	}
+	if g.Bind, err = netip.ParseAddrPort(bind); err != nil || g.Bind.Port() == 0 {
+		return nil, fmt.Errorf("collective.gossip.bind: %q is not address:port", bind)
+	}
+	g.Advertise = g.Bind
+	if gc.Advertise != "" {
+		if g.Advertise, err = netip.ParseAddrPort(gc.Advertise); err != nil || g.Advertise.Port() == 0 || g.Advertise.Addr().IsUnspecified() {
+			return nil, fmt.Errorf("collective.gossip.advertise: %q is not a specific address:port", gc.Advertise)
+		}
+	} else if g.Bind.Addr().IsUnspecified() {
+		return nil, fmt.Errorf("collective.gossip.advertise: required when bind is %v (other relays need an address to reach this one)", g.Bind)
+	}
+	for i, j := range gc.Join {
+		if err := roster.ParseJoin(j); err != nil {
+			return nil, fmt.Errorf("collective.gossip.join[%d]: %w", i, err)
+		}
+	}
+	for i, a := range gc.Announce {
+		ap, err := netip.ParseAddrPort(a)
+		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || !ap.Addr().Unmap().Is4() {
+			return nil, fmt.Errorf("collective.gossip.announce[%d]: %q is not a specific IPv4 address:port", i, a)
+		}
+		g.Announce = append(g.Announce, ap)
+	}
+	if len(g.Announce) > roster.MaxAddrs {
+		return nil, fmt.Errorf("collective.gossip.announce: %d addresses, at most %d", len(g.Announce), roster.MaxAddrs)
+	}
+	if len(g.Announce) == 0 {
+		switch {
+		case !s.Listen.Addr().IsUnspecified():
+			g.Announce = []netip.AddrPort{s.Listen}
+		case g.Advertise.Addr().Unmap().Is4():
+			g.Announce = []netip.AddrPort{netip.AddrPortFrom(g.Advertise.Addr().Unmap(), s.Listen.Port())}
+		default:
+			return nil, errors.New("collective.gossip.announce: required: listen is unspecified and advertise is not IPv4")
+		}
+	}
+	if err := roster.ValidRegion(gc.Region); err != nil {
+		return nil, fmt.Errorf("collective.gossip.region: %w", err)
+	}
+	switch {
+	case gc.Capacity < 0:
+		return nil, errors.New("collective.gossip.capacity: must be positive")
+	case gc.Capacity == 0:
+		g.Capacity = uint32(s.QuotaGlobal)
+	default:
+		g.Capacity = uint32(gc.Capacity)
+	}
+	if gc.SecretFile != "" {
+		b, err := os.ReadFile(gc.SecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("collective.gossip.secret_file: %w", err)
+		}
+		k, err := base64.StdEncoding.Strict().DecodeString(strings.TrimSpace(string(b)))
+		if err != nil || len(k) != 32 {
+			return nil, fmt.Errorf("collective.gossip.secret_file: %s: not a base64 key of 32 bytes (head -c 32 /dev/urandom | base64)", gc.SecretFile)
+		}
+		g.Secret = k
+	}
+	if g.ProbeInterval != 0 && (g.ProbeInterval < 100*time.Millisecond || g.ProbeInterval > time.Minute) {
+		return nil, fmt.Errorf("collective.gossip.probe_interval: %v is outside 100ms..1m", g.ProbeInterval)
+	}
+	if g.ProbeTimeout != 0 && (g.ProbeTimeout < 10*time.Millisecond || g.ProbeTimeout > 30*time.Second) {
+		return nil, fmt.Errorf("collective.gossip.probe_timeout: %v is outside 10ms..30s", g.ProbeTimeout)
+	}
+	pi, pt := g.ProbeInterval, g.ProbeTimeout
+	if pi == 0 {
+		pi = roster.DefaultProbeInterval
+	}
+	if pt == 0 {
+		pt = roster.DefaultProbeTimeout
+	}
+	if pt >= pi {
+		return nil, fmt.Errorf("collective.gossip.probe_timeout: %v is not shorter than probe_interval %v", pt, pi)
+	}
+	return g, nil
+}
+
+// rosterUpdateEvery is how often the relay re-signs its entry when its
+// load changed (each update is gossiped to every relay).
+const rosterUpdateEvery = 10 * time.Second
+
+func (s *Server) kinds() roster.Kinds {
+	k := roster.KindNAT
+	if s.tunnels != nil {
+		k |= roster.KindTunnel
+	}
+	if s.conv != nil {
+		k |= roster.KindConvert
+	}
+	return k
+}
+
+func (s *Server) rosterInfo() roster.Info {
+	g := s.set.Gossip
+	return roster.Info{Addrs: g.Announce, Capacity: g.Capacity, Load: uint32(s.leases.active()), Kinds: s.kinds(), Region: g.Region}
+}
+
+// startRoster joins the cluster (NewServer, once the sockets exist).
+func (s *Server) startRoster() error {
+	g := s.set.Gossip
+	if g == nil {
+		return nil
+	}
+	n, err := roster.Start(roster.Config{
+		Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Secret: g.Secret,
+		ProbeInterval: g.ProbeInterval, ProbeTimeout: g.ProbeTimeout,
+		Key: s.set.PrivateKey, Cert: g.Cert, Trust: s.set.Trust,
+		Log: s.log.With("part", "roster"), Now: s.now,
+		OnRefused: func(reason string) { s.met.rosterRefused.WithLabelValues(reason).Inc() },
+	}, s.rosterInfo())
+	if err != nil {
+		return err
+	}
+	s.roster = n
+	s.log.Info("gossip started", "bind", g.Bind, "advertise", g.Advertise, "join", g.Join, "announce", g.Announce, "region", g.Region)
+	return nil
+}
+
+// tickRoster re-signs the entry with the current load (event loop).
+func (s *Server) tickRoster(now time.Time) {
+	if s.roster == nil || now.Sub(s.rosterAt) < rosterUpdateEvery {
+		return
+	}
+	s.rosterAt = now
+	if err := s.roster.Update(s.rosterInfo()); err != nil {
+		s.log.Warn("roster: updating this relay's entry", "err", err)
+	}
+	s.met.rosterSize.Set(float64(len(s.roster.Entries())))
+}
+
+// reloadRoster: gossip settings apply at start only; a new authority
+// applies to the entries at once.
+func (s *Server) reloadRoster(set *Settings) {
+	if !set.Gossip.same(s.set.Gossip) {
+		s.log.Warn("reload: collective.gossip and certificate_file changed but apply only at start: restart the relay to apply them")
+	}
+	set.Gossip = s.set.Gossip
+	if s.roster != nil && set.Trust != nil {
+		s.roster.SetTrust(set.Trust)
+	}
+}
+
+// serveRoster answers OpRoster: a page of the verified roster, in the
+// roster's order (by relay name), from req.Start.
+func (s *Server) serveRoster(req proto.Request, rep *proto.Reply) {
+	if s.roster == nil {
+		rep.Reason = proto.ReasonUnsupported
+		return
+	}
+	all := s.roster.Entries()
+	if len(all) > 1<<16-1 {
+		all = all[:1<<16-1]
+	}
+	p := proto.RosterPage{Total: uint16(len(all)), Start: req.Start}
+	if int(req.Start) > len(all) {
+		p.Start = uint16(len(all))
+	}
+	size := 5 + 8
+	for _, e := range all[p.Start:] {
+		b, err := e.Bytes()
+		if err != nil {
+			continue // verified entries encode
+		}
+		if len(p.Entries) == proto.MaxRosterPage || size+2+len(b) > proto.MaxReplyLen {
+			break
+		}
+		size += 2 + len(b)
+		p.Entries = append(p.Entries, b)
+	}
+	rep.Roster = p
+}
+
+// rosterStatus is the roster part of `mpdetour relay status`.
+func (s *Server) rosterStatus() *RosterStatus {
+	if s.roster == nil {
+		return nil
+	}
+	rs := &RosterStatus{Gossip: s.set.Gossip.Advertise.String(), Members: s.roster.Members(), Refused: s.roster.Refused()}
+	for _, e := range s.roster.Entries() {
+		rs.Relays = append(rs.Relays, RosterRelay{Name: e.Name(), Key: e.Key().String(), Addrs: e.Addrs, Region: e.Region,
+			Kinds: e.Kinds.String(), Capacity: e.Capacity, Load: e.Load, Issued: e.Issued, Self: e.Key() == s.set.PrivateKey.Public()})
+	}
+	return rs
+}
+
+// RosterStatus is the relay's view of the roster.
+type RosterStatus struct {
+	Gossip  string            `json:"gossip"`  // this relay's gossip address
+	Members int               `json:"members"` // gossip members alive (verified or not)
+	Relays  []RosterRelay     `json:"relays"`  // verified entries
+	Refused map[string]uint64 `json:"refused"` // entries refused, by reason
+}
+
+// RosterRelay is one verified roster entry.
+type RosterRelay struct {
+	Name     string           `json:"name"`
+	Key      string           `json:"key"`
+	Addrs    []netip.AddrPort `json:"addrs"`
+	Region   string           `json:"region"`
+	Kinds    string           `json:"kinds"`
+	Capacity uint32           `json:"capacity"`
+	Load     uint32           `json:"load"`
+	Issued   time.Time        `json:"issued"`
+	Self     bool             `json:"self,omitempty"`
+}

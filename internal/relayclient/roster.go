@@ -1,0 +1,256 @@
+package relayclient
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/roster"
+)
+
+// Roster reads the relay's roster of the collective (OpRoster), page by
+// page, up to max entries. The entries are untrusted bytes: verify them
+// (roster.Parse, Entry.Verify). total is the roster's size as the relay
+// reported it.
+func (c *Conn) Roster(ctx context.Context, max int) (entries [][]byte, total int, err error) {
+	start := 0
+	for {
+		rep, err := c.Do(ctx, proto.Request{Op: proto.OpRoster, Start: uint16(start)})
+		if err != nil {
+			return entries, total, err
+		}
+		p := rep.Roster
+		if int(p.Start) != start {
+			return entries, total, fmt.Errorf("relay %q: roster page from %d, asked from %d", c.relay.Name, p.Start, start)
+		}
+		total = int(p.Total)
+		entries = append(entries, p.Entries...)
+		start += len(p.Entries)
+		if start >= total || len(entries) >= max {
+			return entries[:min(len(entries), max)], total, nil
+		}
+		if len(p.Entries) == 0 {
+			return entries, total, fmt.Errorf("relay %q: empty roster page at %d of %d", c.relay.Name, start, total)
+		}
+	}
+}
+
+// Discovery configures a Source to use relays of the collective's roster
+// besides its configured ones: it reads the roster from a configured relay
+// every Every, verifies every entry (the authority's certificate with the
+// role relay, the relay's signature), and asks up to Max of the listed
+// relays (least loaded first) for grants as well. A relay that leaves the
+// roster is dropped, its grants released.
+type Discovery struct {
+	Trust *collective.Trust
+	Max   int           // discovered relays in use at once (default 4)
+	Every time.Duration // roster poll period (default 2 s)
+	Fetch int           // entries read per poll at most (default 256)
+}
+
+type discovered struct {
+	idx   int // in Source.conns
+	entry *roster.Entry
+}
+
+// discover polls the roster until the source closes.
+func (s *Source) discover() {
+	defer s.wg.Done()
+	d := s.cfg.Discovery
+	t := time.NewTicker(d.Every)
+	defer t.Stop()
+	for {
+		s.discoverOnce()
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// fetchRoster reads and verifies the roster from the first configured
+// relay that answers (starting after the last one that did).
+func (s *Source) fetchRoster() ([]*roster.Entry, error) {
+	d := s.cfg.Discovery
+	var errs []error
+	for i := range s.static {
+		j := (s.rosterFrom + i) % len(s.static)
+		c := s.static[j]
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
+		raw, _, err := c.Roster(ctx, d.Fetch)
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.rosterFrom = j
+		now := time.Now()
+		var out []*roster.Entry
+		for _, b := range raw {
+			e, err := roster.Parse(b)
+			if err == nil {
+				err = e.Verify(d.Trust, now)
+			}
+			if err != nil {
+				s.log.Warn("roster entry refused", "from", c.relay.Name, "reason", roster.Reason(err), "err", err)
+				s.refused.Add(1)
+				continue
+			}
+			out = append(out, e)
+		}
+		return out, nil
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (s *Source) discoverOnce() {
+	entries, err := s.fetchRoster()
+	if err != nil {
+		if s.ctx.Err() == nil {
+			s.log.Info("roster: no configured relay answered", "err", err)
+		}
+		return // keep what we have: a roster we cannot read says nothing
+	}
+	d := s.cfg.Discovery
+	own := s.cfg.PrivateKey.Public()
+	skip := map[proto.Key]bool{own: true}
+	for _, c := range s.static {
+		skip[c.relay.PublicKey] = true
+	}
+	listed := map[proto.Key]*roster.Entry{}
+	for _, e := range entries {
+		if !skip[e.Key()] && e.Kinds&roster.KindNAT != 0 {
+			if _, ok := controlAddr(e); ok {
+				listed[e.Key()] = e
+			}
+		}
+	}
+	s.mu.Lock()
+	if s.ctx.Err() != nil {
+		s.mu.Unlock()
+		return
+	}
+	// Drop relays that left the roster (or moved: they come back below).
+	for k, dr := range s.found {
+		e := listed[k]
+		if a, _ := controlAddr(e); e == nil || a != s.conns[dr.idx].relay.Addr {
+			s.dropLocked(k, dr)
+		}
+	}
+	// Add the least loaded listed relays up to Max.
+	var cand []*roster.Entry
+	for k, e := range listed {
+		if _, ok := s.found[k]; ok {
+			s.found[k].entry = e
+			continue
+		}
+		cand = append(cand, e)
+	}
+	rand.Shuffle(len(cand), func(i, j int) { cand[i], cand[j] = cand[j], cand[i] })
+	slices.SortStableFunc(cand, func(a, b *roster.Entry) int {
+		return cmp.Compare(float64(a.Load)/float64(a.Capacity), float64(b.Load)/float64(b.Capacity))
+	})
+	var added []int
+	for _, e := range cand {
+		if len(s.found) >= d.Max {
+			break
+		}
+		addr, _ := controlAddr(e)
+		r := Relay{Name: "roster:" + e.Name(), Addr: addr, PublicKey: e.Key()}
+		c, err := Dial(r, s.cfg.PrivateKey, s.cfg.Options)
+		if err != nil {
+			s.log.Warn("roster: dialling a discovered relay", "relay", e.Name(), "err", err)
+			continue
+		}
+		s.conns = append(s.conns, c)
+		s.found[e.Key()] = &discovered{idx: len(s.conns) - 1, entry: e}
+		added = append(added, len(s.conns)-1)
+		s.log.Info("roster: using discovered relay", "relay", e.Name(), "addr", addr, "region", e.Region, "load", e.Load, "capacity", e.Capacity)
+	}
+	// Servers already in use get grants from the new relays at once.
+	if len(added) > 0 {
+		servers := map[netip.AddrPort]bool{}
+		for k := range s.entries {
+			servers[k.server] = true
+		}
+		for _, i := range added {
+			for srv := range servers {
+				k := entryKey{i, srv}
+				e := &entry{pending: true}
+				s.entries[k] = e
+				s.wg.Add(1)
+				go s.grant(k, e)
+			}
+		}
+	}
+	s.mu.Unlock()
+}
+
+// dropLocked stops using a discovered relay: its detours disappear now,
+// its grants are released in the background (a relay that is gone does
+// not answer: bounded by RequestTimeout), then its connection closes.
+func (s *Source) dropLocked(k proto.Key, dr *discovered) {
+	c := s.conns[dr.idx]
+	var ports []uint16
+	for ek, e := range s.entries {
+		if ek.relay == dr.idx {
+			delete(s.entries, ek)
+			if e.detour.IsValid() {
+				ports = append(ports, e.detour.Port())
+			}
+		}
+	}
+	s.conns[dr.idx] = nil
+	delete(s.found, k)
+	s.log.Info("roster: relay left the roster, dropped", "relay", c.relay.Name, "released", len(ports))
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
+		defer cancel()
+		for _, p := range ports {
+			if err := c.Release(ctx, p); err != nil {
+				break
+			}
+		}
+		_ = c.Close()
+	}()
+}
+
+// controlAddr is the first IPv4 control address of an entry (the client
+// side is IPv4 only, like the configured relays).
+func controlAddr(e *roster.Entry) (netip.AddrPort, bool) {
+	if e == nil {
+		return netip.AddrPort{}, false
+	}
+	for _, a := range e.Addrs {
+		if a.Addr().Unmap().Is4() {
+			return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()), true
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
+// Discovered lists the roster relays in use now (name, control address).
+func (s *Source) Discovered() []Relay {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Relay
+	for _, dr := range s.found {
+		out = append(out, s.conns[dr.idx].relay)
+	}
+	slices.SortFunc(out, func(a, b Relay) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// RosterRefused counts roster entries this source refused (forged, expired,
+// revoked, not a relay...).
+func (s *Source) RosterRefused() uint64 { return s.refused.Load() }

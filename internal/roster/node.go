@@ -1,0 +1,490 @@
+package roster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// Config configures a relay's membership in the roster cluster.
+type Config struct {
+	// Bind is the gossip address (UDP and TCP, memberlist's); Advertise is
+	// what other relays are told to reach (default: Bind, which must then
+	// not be unspecified).
+	Bind      netip.AddrPort
+	Advertise netip.AddrPort
+	// Join: gossip addresses of relays already in the cluster (any one
+	// suffices); retried every RejoinEvery while this relay is alone.
+	Join []string
+	// Secret: optional 32-byte key encrypting gossip (memberlist's AES-GCM
+	// keyring); every relay of the cluster needs the same.
+	Secret []byte
+	// Failure detection (defaults 500 ms, 250 ms, 3: a dead relay leaves
+	// the roster within about 3 s in small clusters, see docs/collective.md).
+	ProbeInterval time.Duration
+	ProbeTimeout  time.Duration
+	SuspicionMult int
+	RejoinEvery   time.Duration // default 5 s
+
+	Key   proto.Key               // the relay's private control-protocol key
+	Cert  *collective.Certificate // its certificate (role relay)
+	Trust *collective.Trust       // authority and revocation list
+
+	Log *slog.Logger
+	Now func() time.Time
+	// OnChange is called (without locks held) after the roster changed;
+	// OnRefused when an entry is dropped, with its Reason label.
+	OnChange  func()
+	OnRefused func(reason string)
+
+	// Transport replaces memberlist's UDP/TCP transport (the simulation's
+	// in-process network); Name then names the node's address on it.
+	Transport memberlist.NodeAwareTransport
+	// Verify replaces Parse+Verify (the simulation shares one cache of
+	// verified entries among its relays); nil: Node's own.
+	Verify func(meta []byte, now time.Time) (*Entry, error)
+}
+
+// Info is what a relay announces about itself (signed into its entry).
+type Info struct {
+	Addrs    []netip.AddrPort
+	Capacity uint32
+	Load     uint32
+	Kinds    Kinds
+	Region   string
+}
+
+// Node is one relay's membership: it announces its own signed entry and
+// keeps the verified entries of the others.
+type Node struct {
+	cfg  Config
+	log  *slog.Logger
+	list *memberlist.Memberlist
+
+	mu      sync.Mutex
+	trust   *collective.Trust
+	self    []byte // our signed entry
+	info    Info
+	entries map[string]*known // by node name
+	refused map[string]uint64 // by Reason
+	changes uint64
+
+	stop chan struct{}
+	kick chan struct{}
+	wg   sync.WaitGroup
+}
+
+type known struct {
+	meta  []byte
+	entry *Entry
+	since time.Time
+}
+
+// Defaults of Config.
+const (
+	DefaultProbeInterval = 500 * time.Millisecond
+	DefaultProbeTimeout  = 250 * time.Millisecond
+	DefaultSuspicionMult = 3
+	DefaultPort          = 45675
+)
+
+// Start signs the relay's entry, starts memberlist and joins the cluster
+// (in the background if no Join address answers yet).
+func Start(cfg Config, info Info) (*Node, error) {
+	if cfg.Cert == nil || cfg.Trust == nil {
+		return nil, errors.New("roster: a relay certificate and the authority are required")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = DefaultProbeInterval
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = DefaultProbeTimeout
+	}
+	if cfg.SuspicionMult <= 0 {
+		cfg.SuspicionMult = DefaultSuspicionMult
+	}
+	if cfg.RejoinEvery <= 0 {
+		cfg.RejoinEvery = 5 * time.Second
+	}
+	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+	if n.log == nil {
+		n.log = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.Cert.Verify(cfg.Trust.Authority(), cfg.Now(), nil, collective.RoleRelay); err != nil {
+		return nil, fmt.Errorf("roster: this relay's certificate: %w", err)
+	}
+	if cfg.Cert.Member != cfg.Key.Public() {
+		return nil, fmt.Errorf("roster: the certificate is for key %s, not this relay's %s", cfg.Cert.Member.ID(), cfg.Key.Public().ID())
+	}
+	if err := n.sign(info); err != nil {
+		return nil, err
+	}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = NodeName(cfg.Key.Public())
+	mc.ProbeInterval = cfg.ProbeInterval
+	mc.ProbeTimeout = cfg.ProbeTimeout
+	mc.SuspicionMult = cfg.SuspicionMult
+	mc.DeadNodeReclaimTime = 5 * time.Second // a restarted relay may come back on another address
+	// Entries are mostly keys and signatures: LZW gains little on them and
+	// costs CPU on every gossip message.
+	mc.EnableCompression = false
+	mc.Delegate = (*delegate)(n)
+	mc.Events = (*events)(n)
+	mc.Logger = log.New(&logWriter{n.log}, "", 0)
+	if cfg.Secret != nil {
+		mc.SecretKey = cfg.Secret
+	}
+	if cfg.Transport != nil {
+		mc.Transport = cfg.Transport
+	} else {
+		mc.BindAddr = cfg.Bind.Addr().String()
+		mc.BindPort = int(cfg.Bind.Port())
+		adv := cfg.Advertise
+		if !adv.IsValid() {
+			adv = cfg.Bind
+		}
+		if adv.Addr().IsUnspecified() {
+			return nil, errors.New("roster: gossip bind address is unspecified: set an advertise address other relays can reach")
+		}
+		mc.AdvertiseAddr = adv.Addr().String()
+		mc.AdvertisePort = int(adv.Port())
+	}
+	list, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("roster: gossip on %v: %w", cfg.Bind, err)
+	}
+	n.list = list
+	if len(cfg.Join) > 0 {
+		if _, err := list.Join(cfg.Join); err != nil {
+			n.log.Warn("roster: no relay to join answered yet, retrying", "join", cfg.Join, "err", err)
+		}
+	}
+	n.wg.Add(2)
+	go n.rejoin()
+	go n.updater()
+	return n, nil
+}
+
+// rejoin retries the join addresses while this relay knows no other.
+func (n *Node) rejoin() {
+	defer n.wg.Done()
+	if len(n.cfg.Join) == 0 {
+		return
+	}
+	t := time.NewTicker(n.cfg.RejoinEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		if n.list.NumMembers() > 1 {
+			continue
+		}
+		if k, err := n.list.Join(n.cfg.Join); err == nil {
+			n.log.Info("roster: joined", "via", k)
+		}
+	}
+}
+
+func (n *Node) sign(info Info) error {
+	e := &Entry{Issued: n.cfg.Now(), Capacity: info.Capacity, Load: info.Load, Kinds: info.Kinds, Region: info.Region, Addrs: info.Addrs, Cert: n.cfg.Cert}
+	if err := e.Sign(n.cfg.Key); err != nil {
+		return err
+	}
+	b, err := e.Bytes()
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.self, n.info = b, info
+	n.mu.Unlock()
+	return nil
+}
+
+// Update re-signs the entry when info changed and spreads it.
+func (n *Node) Update(info Info) error {
+	n.mu.Lock()
+	same := slices.Equal(info.Addrs, n.info.Addrs) && info.Capacity == n.info.Capacity && info.Load == n.info.Load &&
+		info.Kinds == n.info.Kinds && info.Region == n.info.Region
+	n.mu.Unlock()
+	if same {
+		return nil
+	}
+	if err := n.sign(info); err != nil {
+		return err
+	}
+	select { // the updater spreads it (memberlist's UpdateNode waits for the broadcast)
+	case n.kick <- struct{}{}:
+	default: // one is pending already: it reads the newest entry
+	}
+	return nil
+}
+
+// updater runs memberlist's UpdateNode, which blocks until the new
+// metadata has been broadcast, away from the caller (the relay's loop).
+func (n *Node) updater() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.kick:
+		}
+		if err := n.list.UpdateNode(5 * time.Second); err != nil {
+			n.log.Debug("roster: spreading this relay's entry", "err", err)
+		}
+	}
+}
+
+// SetTrust replaces the authority and revocation list entries are checked
+// against (a relay's configuration reload); entries already held are
+// checked again.
+func (n *Node) SetTrust(t *collective.Trust) {
+	n.mu.Lock()
+	if n.trust == t {
+		n.mu.Unlock()
+		return
+	}
+	n.trust = t
+	n.cfg.Trust = t
+	var nodes []*memberlist.Node
+	for name, k := range n.entries {
+		nodes = append(nodes, &memberlist.Node{Name: name, Meta: k.meta})
+	}
+	clear(n.entries)
+	n.mu.Unlock()
+	for _, nd := range nodes {
+		n.learn(nd)
+	}
+	n.changed()
+}
+
+// Entries returns the verified entries of the relays alive now (this one
+// included), sorted by name; expired or since revoked certificates are
+// left out.
+func (n *Node) Entries() []*Entry {
+	now := n.cfg.Now()
+	n.mu.Lock()
+	out := make([]*Entry, 0, len(n.entries))
+	for _, k := range n.entries {
+		c := k.entry.Cert
+		if now.Before(c.NotAfter) && !n.trust.Revoked(c.Serial) {
+			out = append(out, k.entry)
+		}
+	}
+	n.mu.Unlock()
+	slices.SortFunc(out, func(a, b *Entry) int {
+		if a.Name() != b.Name() {
+			if a.Name() < b.Name() {
+				return -1
+			}
+			return 1
+		}
+		return bytes.Compare(a.Cert.Member[:], b.Cert.Member[:])
+	})
+	return out
+}
+
+// Count is len(Entries()) without building the list.
+func (n *Node) Count() int {
+	now := n.cfg.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c := 0
+	for _, k := range n.entries {
+		if now.Before(k.entry.Cert.NotAfter) && !n.trust.Revoked(k.entry.Cert.Serial) {
+			c++
+		}
+	}
+	return c
+}
+
+// Refused counts dropped entries by reason (Reason's labels).
+func (n *Node) Refused() map[string]uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := make(map[string]uint64, len(n.refused))
+	for k, v := range n.refused {
+		m[k] = v
+	}
+	return m
+}
+
+// Members is how many nodes memberlist sees alive (verified or not).
+func (n *Node) Members() int { return n.list.NumMembers() }
+
+// Name is this node's memberlist name.
+func (n *Node) Name() string { return n.list.LocalNode().Name }
+
+// Close leaves the cluster (others drop this relay at once) and stops.
+func (n *Node) Close() error {
+	close(n.stop)
+	n.wg.Wait()
+	err := n.list.Leave(time.Second)
+	if serr := n.list.Shutdown(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Kill stops without leaving (as a crash would; tests and the simulation).
+func (n *Node) Kill() error {
+	close(n.stop)
+	n.wg.Wait()
+	return n.list.Shutdown()
+}
+
+func (n *Node) verify(meta []byte, now time.Time) (*Entry, error) {
+	if n.cfg.Verify != nil {
+		return n.cfg.Verify(meta, now)
+	}
+	e, err := Parse(meta)
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	t := n.trust
+	n.mu.Unlock()
+	if err := e.Verify(t, now); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// learn verifies a node's metadata and stores or drops its entry.
+func (n *Node) learn(node *memberlist.Node) {
+	n.mu.Lock()
+	if k := n.entries[node.Name]; k != nil && bytes.Equal(k.meta, node.Meta) {
+		n.mu.Unlock()
+		return
+	}
+	n.mu.Unlock()
+	now := n.cfg.Now()
+	e, err := n.verify(node.Meta, now)
+	if err == nil && NodeName(e.Key()) != node.Name {
+		err = fmt.Errorf("%w: %s carries the entry of %s", errNameMismatch, node.Name, e.Name())
+	}
+	n.mu.Lock()
+	if err != nil {
+		// A previous valid entry of the node stays: without a gossip
+		// secret anybody in the cluster can gossip a node's metadata, and
+		// a forged update must not remove a relay (the relay refutes it).
+		// Its certificate's expiry and revocation still apply (Entries).
+		reason := Reason(err)
+		n.refused[reason]++
+		n.mu.Unlock()
+		n.log.Warn("roster: entry refused", "node", node.Name, "addr", node.Address(), "reason", reason, "err", err)
+		if n.cfg.OnRefused != nil {
+			n.cfg.OnRefused(reason)
+		}
+		return
+	}
+	if k := n.entries[node.Name]; k != nil && !e.Issued.After(k.entry.Issued) {
+		n.mu.Unlock()
+		return // an older entry of the same relay (replayed or reordered)
+	}
+	_, had := n.entries[node.Name]
+	// node.Meta is not modified by memberlist (an update brings a new
+	// slice), so it is kept without a copy.
+	n.entries[node.Name] = &known{meta: node.Meta, entry: e, since: now}
+	n.mu.Unlock()
+	if !had {
+		n.log.Info("roster: relay joined", "relay", e.Name(), "key", e.Key().ID(), "addrs", e.Addrs, "region", e.Region)
+	}
+	n.changed()
+}
+
+func (n *Node) forget(node *memberlist.Node) {
+	n.mu.Lock()
+	k, had := n.entries[node.Name]
+	delete(n.entries, node.Name)
+	n.mu.Unlock()
+	if had {
+		n.log.Info("roster: relay left", "relay", k.entry.Name(), "key", k.entry.Key().ID())
+		n.changed()
+	}
+}
+
+func (n *Node) changed() {
+	n.mu.Lock()
+	n.changes++
+	n.mu.Unlock()
+	if n.cfg.OnChange != nil {
+		n.cfg.OnChange()
+	}
+}
+
+// delegate carries the signed entry as node metadata; no user messages,
+// no extra push/pull state (metadata travels with memberlist's own alive
+// messages and state exchanges).
+type delegate Node
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.self) > limit {
+		return nil // cannot happen: MaxEntryLen <= memberlist.MetaMaxSize
+	}
+	return slices.Clone(d.self)
+}
+func (d *delegate) NotifyMsg([]byte)                           {}
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d *delegate) LocalState(join bool) []byte                { return nil }
+func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+type events Node
+
+func (e *events) NotifyJoin(node *memberlist.Node)   { (*Node)(e).learn(node) }
+func (e *events) NotifyUpdate(node *memberlist.Node) { (*Node)(e).learn(node) }
+func (e *events) NotifyLeave(node *memberlist.Node)  { (*Node)(e).forget(node) }
+
+// logWriter turns memberlist's log lines ("[DEBUG] memberlist: ...") into
+// slog records at the matching level.
+type logWriter struct{ l *slog.Logger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	s := string(bytes.TrimSpace(p))
+	lvl := slog.LevelDebug
+	switch {
+	case bytes.Contains(p, []byte("[ERR]")):
+		lvl = slog.LevelWarn // memberlist's errors are about peers, not us
+	case bytes.Contains(p, []byte("[WARN]")):
+		lvl = slog.LevelInfo
+	}
+	w.l.Log(context.Background(), lvl, "memberlist", "msg", s)
+	return len(p), nil
+}
+
+var _ io.Writer = (*logWriter)(nil)
+
+// ParseJoin checks a join address (host:port; host may be a name).
+func ParseJoin(s string) error {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil || h == "" {
+		return fmt.Errorf("%q is not host:port", s)
+	}
+	if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not 1-65535", s, p)
+	}
+	return nil
+}
