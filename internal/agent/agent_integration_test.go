@@ -402,6 +402,7 @@ func TestAgentHonoursServerAnnouncements(t *testing.T) {
 	dl.serve(t)
 	cfg := dl.config(t, 0) // no detours: only the announcement
 	cfg.Detours = nil
+	cfg.AnnouncedSubflows = 2 // opt-in (default 0, like the kernel's add_addr_accepted)
 	start(t, cfg)
 	c := dl.dial(t)
 	local := netip.MustParseAddrPort(c.LocalAddr().String())

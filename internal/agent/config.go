@@ -179,7 +179,7 @@ func parseConfig(name string, b []byte) (Config, error) {
 // build validates the decoded file; every error starts with the field path.
 func build(f fileConfig) (Config, error) {
 	c := Config{
-		NetNS: f.NetNS, Socket: f.Socket, Subflows: 2, AnnouncedSubflows: 2,
+		NetNS: f.NetNS, Socket: f.Socket, Subflows: 2, AnnouncedSubflows: 0,
 		MaxConnections: f.MaxConnections, CommandWorkers: f.CommandWorkers, LogLevel: f.LogLevel.Level,
 		Backoff: time.Second, MaxBackoff: time.Minute,
 		ConnectTimeout: 3 * time.Second, ProbeInterval: time.Second, StallRetransmits: 3,
