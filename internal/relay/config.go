@@ -384,6 +384,11 @@ func build(c *Config) (*Settings, error) {
 	if s.Fair, err = buildFair(&c.FairShare, s.StateFile); err != nil {
 		return nil, err
 	}
+	if g := s.Gossip; g != nil && c.Collective.Gossip != nil && c.Collective.Gossip.Capacity == 0 && s.Fair.Capacity > 0 && uint32(s.Fair.Capacity) < g.Capacity {
+		// The roster's default capacity is what the relay serves before
+		// credit decides: agents rank relays by load / capacity.
+		g.Capacity = uint32(s.Fair.Capacity)
+	}
 	if c.Metrics.Listen != "" {
 		if _, err := netip.ParseAddrPort(c.Metrics.Listen); err != nil {
 			return nil, fmt.Errorf("metrics.listen: %q is not address:port", c.Metrics.Listen)

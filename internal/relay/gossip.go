@@ -178,6 +178,9 @@ func (s *Server) kinds() roster.Kinds {
 	k := roster.KindNAT
 	if s.tunnels != nil {
 		k |= roster.KindTunnel
+		if w, ok := s.tunnels.(interface{ WireGuardOffered() bool }); ok && !w.WireGuardOffered() {
+			k &^= roster.KindTunnel // VXLAN only: OpTunnel is refused
+		}
 	}
 	if s.conv != nil {
 		k |= roster.KindConvert

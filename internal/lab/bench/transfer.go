@@ -124,14 +124,16 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 			return Measurement{}, t.explain(err)
 		}
 	}
+	// A failed trial keeps the attack's counters (an attack that forces a
+	// fallback is exactly what they show).
 	if res.CongestionControl != e.CC {
-		return Measurement{}, fmt.Errorf("congestion control is %q, not %q", res.CongestionControl, e.CC)
+		return Measurement{Attack: attackStats}, fmt.Errorf("congestion control is %q, not %q", res.CongestionControl, e.CC)
 	}
 	if t.mptcp && !res.MPTCP {
-		return Measurement{}, errors.New("the connection fell back to plain TCP")
+		return Measurement{Attack: attackStats}, errors.New("the connection fell back to plain TCP")
 	}
 	if !t.mptcp && res.MPTCP && t.wrap == nil {
-		return Measurement{}, errors.New("plain TCP was requested but the connection is MPTCP")
+		return Measurement{Attack: attackStats}, errors.New("plain TCP was requested but the connection is MPTCP")
 	}
 	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup, Attack: attackStats}
 	client := e.Lab.Addr(e.Roles.Client)
