@@ -226,4 +226,13 @@ func printRoster(r *relay.RosterStatus, ago func(time.Time) string) {
 		sort.Strings(rs)
 		fmt.Printf("  refused entries: %s\n", strings.Join(rs, ", "))
 	}
+	fmt.Printf("  revocation list: seq %d, %d serials (shared over gossip)\n", r.CRLSeq, r.CRLSerials)
+	if len(r.CRLRefused) > 0 {
+		var rs []string
+		for k, v := range r.CRLRefused {
+			rs = append(rs, fmt.Sprintf("%s %d", k, v))
+		}
+		sort.Strings(rs)
+		fmt.Printf("  revocation lists refused from gossip: %s\n", strings.Join(rs, ", "))
+	}
 }

@@ -274,13 +274,17 @@ func (a *Authority) Issue(member proto.Key, name string, roles Roles, notBefore,
 
 // Refusal reasons of Verify, stable for logs and metrics labels.
 var (
-	ErrForged         = errors.New("signature does not verify (forged, or another authority's)")
-	ErrNotYetValid    = errors.New("not yet valid")
-	ErrExpired        = errors.New("expired")
-	ErrRevoked        = errors.New("revoked")
-	ErrRole           = errors.New("role not granted")
-	ErrWrongMember    = errors.New("certificate is for another key")
-	errCRLWrongIssuer = errors.New("revocation list signature does not verify")
+	ErrForged      = errors.New("signature does not verify (forged, or another authority's)")
+	ErrNotYetValid = errors.New("not yet valid")
+	ErrExpired     = errors.New("expired")
+	ErrRevoked     = errors.New("revoked")
+	ErrRole        = errors.New("role not granted")
+	ErrWrongMember = errors.New("certificate is for another key")
+	// ErrCRLForged: a revocation list whose signature does not verify
+	// under the trusted authority (forged, altered or another authority's).
+	ErrCRLForged = errors.New("revocation list signature does not verify (forged, or another authority's)")
+	// ErrCRLStale: a validly signed list that is not newer than the one held.
+	ErrCRLStale = errors.New("revocation list is not newer than the current one")
 )
 
 // Verify checks the certificate against the authority at time now, the
@@ -334,7 +338,12 @@ func (l *RevocationList) body() []byte {
 
 // String is the list's text form.
 func (l *RevocationList) String() string {
-	return crlPrefix + base64.StdEncoding.EncodeToString(append(l.body(), l.Signature[:]...))
+	return crlPrefix + base64.StdEncoding.EncodeToString(l.Bytes())
+}
+
+// Bytes is the list's binary form (what the text form carries in base64).
+func (l *RevocationList) Bytes() []byte {
+	return append(l.body(), l.Signature[:]...)
 }
 
 // Revoked says whether serial is on the list.
@@ -369,6 +378,13 @@ func ParseRevocationList(s string, auth AuthorityKey) (*RevocationList, error) {
 	if err != nil {
 		return nil, fmt.Errorf("revocation list: not base64: %w", err)
 	}
+	return ParseRevocationListBytes(b, auth)
+}
+
+// ParseRevocationListBytes decodes and verifies the binary form (gossip).
+// A list that does not verify under auth fails with ErrCRLForged; any other
+// error means the bytes are malformed.
+func ParseRevocationListBytes(b []byte, auth AuthorityKey) (*RevocationList, error) {
 	if len(b) < crlFixedLen+ed25519.SignatureSize {
 		return nil, fmt.Errorf("revocation list: %d bytes, too short", len(b))
 	}
@@ -381,7 +397,7 @@ func ParseRevocationList(s string, auth AuthorityKey) (*RevocationList, error) {
 	}
 	body := b[:crlFixedLen+8*int(n)]
 	if !ed25519.Verify(auth[:], signed(crlDomain, body), b[len(body):]) {
-		return nil, errCRLWrongIssuer
+		return nil, ErrCRLForged
 	}
 	l := &RevocationList{Seq: binary.BigEndian.Uint64(b[1:]), Issued: time.Unix(int64(binary.BigEndian.Uint64(b[9:])), 0).UTC()}
 	for i := 0; i < int(n); i++ {
@@ -421,16 +437,33 @@ func (t *Trust) UpdateCRL(text string) error {
 	if err != nil {
 		return err
 	}
+	_, err = t.Install(l)
+	return err
+}
+
+// Install makes l (verified by the caller, e.g. ParseRevocationListBytes
+// with this Trust's authority) the current list if it is newer: installed
+// is true then. The very list held already is no error (installed false);
+// an older one, or another list of the same sequence number, fails with
+// ErrCRLStale.
+func (t *Trust) Install(l *RevocationList) (installed bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.crl != nil && l.Seq <= t.crl.Seq {
 		if l.Seq == t.crl.Seq && bytes.Equal(l.Signature[:], t.crl.Signature[:]) {
-			return nil // the same list again
+			return false, nil // the same list again
 		}
-		return fmt.Errorf("revocation list seq %d is not newer than the current %d", l.Seq, t.crl.Seq)
+		return false, fmt.Errorf("%w: seq %d, current %d", ErrCRLStale, l.Seq, t.crl.Seq)
 	}
 	t.crl = l
-	return nil
+	return true, nil
+}
+
+// CRL is the current revocation list (nil: none yet).
+func (t *Trust) CRL() *RevocationList {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.crl
 }
 
 // Check parses a certificate presented for member and verifies it now.

@@ -85,17 +85,29 @@ func (s *Server) checkCollective(now time.Time) {
 	}
 	if s.set.CRLFile != "" {
 		if fi, err := os.Stat(s.set.CRLFile); err == nil && !fi.ModTime().Equal(s.crlMod) {
+			s.crlMod = fi.ModTime()
+			var l *collective.RevocationList
+			installed := false
 			b, err := os.ReadFile(s.set.CRLFile)
 			if err == nil {
-				err = s.set.Trust.UpdateCRL(string(b))
+				l, err = collective.ParseRevocationList(string(b), s.set.Trust.Authority())
 			}
-			if err != nil {
+			if err == nil {
+				installed, err = s.set.Trust.Install(l)
+			}
+			switch {
+			case err != nil:
 				s.log.Error("revocation list not applied, keeping the previous one", "file", s.set.CRLFile, "err", err)
-			} else {
-				s.log.Info("revocation list applied", "file", s.set.CRLFile)
+			case installed:
+				s.log.Info("revocation list applied", "file", s.set.CRLFile, "seq", l.Seq, "serials", len(l.Serials))
+				if s.roster != nil {
+					s.roster.PublishCRL() // to every relay of the cluster
+				}
 			}
-			s.crlMod = fi.ModTime()
 		}
+	}
+	if l := s.set.Trust.CRL(); l != nil {
+		s.met.crlSeq.Set(float64(l.Seq))
 	}
 	var gone []proto.Key
 	for k, cm := range s.certified {
@@ -154,4 +166,43 @@ func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
 		s.conv.tickets.revoke(keep)
 	}
 	return len(revoked)
+}
+
+// crlFromGossip runs in the event loop after the roster installed a newer
+// revocation list learned from another relay: the list is written to
+// crl_file (so that a restart, even with no other relay up, keeps it) and
+// applied exactly as a new file would be.
+func (s *Server) crlFromGossip(now time.Time) {
+	if s.set.Trust == nil {
+		return
+	}
+	l := s.set.Trust.CRL()
+	if l == nil {
+		return
+	}
+	if s.set.CRLFile != "" {
+		s.writeBackCRL(l)
+	}
+	s.checkCollective(now)
+}
+
+// writeBackCRL replaces crl_file with l unless the file holds a list at
+// least as new (atomically: temporary file in the same directory, fsync,
+// rename, as the ledger; mode 0600). A failure (a read-only file, say) is logged; the list stays
+// applied in memory.
+func (s *Server) writeBackCRL(l *collective.RevocationList) {
+	f := s.set.CRLFile
+	if b, err := os.ReadFile(f); err == nil {
+		if cur, err := collective.ParseRevocationList(string(b), s.set.Trust.Authority()); err == nil && cur.Seq >= l.Seq {
+			return
+		}
+	}
+	if err := writeFileAtomic(f, []byte(l.String()+"\n")); err != nil {
+		s.log.Warn("revocation list from gossip applied but not written to crl_file", "file", f, "seq", l.Seq, "err", err)
+		return
+	}
+	if fi, err := os.Stat(f); err == nil {
+		s.crlMod = fi.ModTime() // our own write: nothing to re-read
+	}
+	s.log.Info("revocation list from gossip written to crl_file", "file", f, "seq", l.Seq)
 }

@@ -205,6 +205,13 @@ func (s *Server) startRoster() error {
 		Key: s.set.PrivateKey, Cert: g.Cert, Trust: s.set.Trust,
 		Log: s.log.With("part", "roster"), Now: s.now,
 		OnRefused: func(reason string) { s.met.rosterRefused.WithLabelValues(reason).Inc() },
+		OnCRL: func(*collective.RevocationList) {
+			select { // the event loop writes crl_file and drops the revoked
+			case s.crlKick <- struct{}{}:
+			default:
+			}
+		},
+		OnCRLRefused: func(reason string) { s.met.crlRefused.WithLabelValues(reason).Inc() },
 	}, s.rosterInfo())
 	if err != nil {
 		return err
@@ -273,7 +280,10 @@ func (s *Server) rosterStatus() *RosterStatus {
 	if s.roster == nil {
 		return nil
 	}
-	rs := &RosterStatus{Gossip: s.set.Gossip.Advertise.String(), Members: s.roster.Members(), Refused: s.roster.Refused()}
+	rs := &RosterStatus{Gossip: s.set.Gossip.Advertise.String(), Members: s.roster.Members(), Refused: s.roster.Refused(), CRLRefused: s.roster.CRLRefused()}
+	if l := s.set.Trust.CRL(); l != nil {
+		rs.CRLSeq, rs.CRLSerials = l.Seq, len(l.Serials)
+	}
 	for _, e := range s.roster.Entries() {
 		rs.Relays = append(rs.Relays, RosterRelay{Name: e.Name(), Key: e.Key().String(), Addrs: e.Addrs, Region: e.Region,
 			Kinds: e.Kinds.String(), Capacity: e.Capacity, Load: e.Load, Issued: e.Issued, Self: e.Key() == s.set.PrivateKey.Public()})
@@ -287,6 +297,11 @@ type RosterStatus struct {
 	Members int               `json:"members"` // gossip members alive (verified or not)
 	Relays  []RosterRelay     `json:"relays"`  // verified entries
 	Refused map[string]uint64 `json:"refused"` // entries refused, by reason
+	// The revocation list applied (seq 0: none) and gossiped lists refused
+	// by reason.
+	CRLSeq     uint64            `json:"crl_seq"`
+	CRLSerials int               `json:"crl_serials"`
+	CRLRefused map[string]uint64 `json:"crl_refused,omitempty"`
 }
 
 // RosterRelay is one verified roster entry.

@@ -32,6 +32,10 @@ type metrics struct {
 	// the verified roster's size.
 	rosterRefused *prometheus.CounterVec
 	rosterSize    prometheus.Gauge
+	// revocation list: gossiped lists refused by reason (roster's CRL*
+	// labels) and the sequence number of the list applied.
+	crlRefused *prometheus.CounterVec
+	crlSeq     prometheus.Gauge
 	// closedBytes accumulates the final counters of closed mappings. Live
 	// counters are not added at scrape time: that would need a dump of the
 	// whole set (seconds at 100,000 mappings, and not consistent while the
@@ -70,6 +74,12 @@ func newMetrics() *metrics {
 		rosterSize: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mpdetour_relay_roster_relays", Help: "Relays in the verified roster (this one included).",
 		}),
+		crlRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mpdetour_relay_crl_refused_total", Help: "Revocation lists from gossip refused, by reason: malformed, wrong-authority, forged, stale.",
+		}, []string{"reason"}),
+		crlSeq: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mpdetour_relay_crl_seq", Help: "Sequence number of the revocation list applied (0: none).",
+		}),
 		cookies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mpdetour_relay_cookie_replies_total", Help: "Initiations answered with a cookie (the relay was under load and the sender had not proven its address).",
 		}),
@@ -77,7 +87,7 @@ func newMetrics() *metrics {
 	bytes := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mpdetour_relay_bytes_total", Help: "Bytes forwarded through mappings, counted when each mapping closes (both directions).",
 	}, func() float64 { return float64(m.closedBytes.Load()) })
-	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, m.conversions, m.convertBytes, m.rosterRefused, m.rosterSize, bytes,
+	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, m.conversions, m.convertBytes, m.rosterRefused, m.rosterSize, m.crlRefused, m.crlSeq, bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

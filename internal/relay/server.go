@@ -109,6 +109,7 @@ type Server struct {
 
 	in        chan packet
 	reload    chan *Settings
+	crlKick   chan struct{} // the roster installed a revocation list from gossip
 	statusReq chan statusRequest
 	started   time.Time
 	now       func() time.Time
@@ -129,6 +130,7 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		addrRates: map[netip.Addr]*bucket{},
 		in:        make(chan packet, 4096),
 		reload:    make(chan *Settings, 1),
+		crlKick:   make(chan struct{}, 1),
 		statusReq: make(chan statusRequest),
 		convDone:  make(chan convertDone, 1024),
 		now:       time.Now,
@@ -324,6 +326,8 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.flush()
 		case set := <-s.reload:
 			s.applyReload(set)
+		case <-s.crlKick:
+			s.crlFromGossip(s.now())
 		case req := <-s.statusReq:
 			req <- s.status()
 		case d := <-s.convDone:
@@ -1072,16 +1076,23 @@ func (s *Server) applyReload(set *Settings) {
 		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
 	}
 	set.Tunnel = s.set.Tunnel
-	s.reloadRoster(set)
 	switch {
 	case set.Trust != nil && s.set.Trust != nil && set.Trust.Authority() == s.set.Trust.Authority() && set.CRLFile == s.set.CRLFile:
 		set.Trust = s.set.Trust // keeps the newest revocation list seen
+	case set.Trust != nil && s.set.Trust != nil && set.Trust.Authority() == s.set.Trust.Authority():
+		// Another crl_file of the same authority: the newest list seen
+		// (from the old file or gossip) stays if the new file's is older.
+		if l := s.set.Trust.CRL(); l != nil {
+			_, _ = set.Trust.Install(l)
+		}
+		s.crlMod = time.Time{}
 	case set.Trust == nil && s.set.Trust == nil:
 	default:
 		// Another authority (or none): nobody is certified any more.
 		clear(s.certified)
 		s.crlMod = time.Time{}
 	}
+	s.reloadRoster(set) // after: the roster shares the Trust kept
 	if set.Convert != s.set.Convert {
 		s.log.Warn("reload: the convert section changed but is applied only at start: restart the relay to apply it")
 		set.Convert = s.set.Convert

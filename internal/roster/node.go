@@ -51,6 +51,11 @@ type Config struct {
 	// OnRefused when an entry is dropped, with its Reason label.
 	OnChange  func()
 	OnRefused func(reason string)
+	// OnCRL is called (without locks held) after a newer revocation list
+	// learned from another relay was installed in Trust; OnCRLRefused when
+	// a gossiped list is refused, with its CRLReason label (crl.go).
+	OnCRL        func(l *collective.RevocationList)
+	OnCRLRefused func(reason string)
 
 	// Transport replaces memberlist's UDP/TCP transport (the simulation's
 	// in-process network); Name then names the node's address on it.
@@ -83,6 +88,7 @@ type Node struct {
 	entries map[string]*known // by node name
 	refused map[string]uint64 // by Reason
 	changes uint64
+	crl     crlState // the revocation list's gossip (crl.go)
 
 	stop chan struct{}
 	kick chan struct{}
@@ -128,6 +134,13 @@ func Start(cfg Config, info Info) (*Node, error) {
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
+	n.crl = crlState{refused: map[string]uint64{}, logged: map[string]time.Time{}, muted: map[string]uint64{},
+		queue: &memberlist.TransmitLimitedQueue{RetransmitMult: memberlist.DefaultLANConfig().RetransmitMult, NumNodes: func() int {
+			if l := n.list; l != nil {
+				return l.NumMembers()
+			}
+			return 1
+		}}}
 	if err := cfg.Cert.Verify(cfg.Trust.Authority(), cfg.Now(), nil, collective.RoleRelay); err != nil {
 		return nil, fmt.Errorf("roster: this relay's certificate: %w", err)
 	}
@@ -265,6 +278,7 @@ func (n *Node) SetTrust(t *collective.Trust) {
 		n.mu.Unlock()
 		return
 	}
+	authChanged := n.trust.Authority() != t.Authority()
 	n.trust = t
 	n.cfg.Trust = t
 	var nodes []*memberlist.Node
@@ -276,6 +290,13 @@ func (n *Node) SetTrust(t *collective.Trust) {
 	for _, nd := range nodes {
 		n.learn(nd)
 	}
+	if authChanged {
+		n.crl.mu.Lock()
+		n.crl.sent = 0
+		n.crl.mu.Unlock()
+		n.crl.queue.Reset()
+	}
+	n.spreadCRL(true)
 	n.changed()
 }
 
@@ -434,9 +455,9 @@ func (n *Node) changed() {
 	}
 }
 
-// delegate carries the signed entry as node metadata; no user messages,
-// no extra push/pull state (metadata travels with memberlist's own alive
-// messages and state exchanges).
+// delegate carries the signed entry as node metadata (it travels with
+// memberlist's own alive messages and state exchanges) and the revocation
+// list as user broadcasts, user messages and push/pull state (crl.go).
 type delegate Node
 
 func (d *delegate) NodeMeta(limit int) []byte {
@@ -447,10 +468,16 @@ func (d *delegate) NodeMeta(limit int) []byte {
 	}
 	return slices.Clone(d.self)
 }
-func (d *delegate) NotifyMsg([]byte)                           {}
-func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
-func (d *delegate) LocalState(join bool) []byte                { return nil }
-func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
+func (d *delegate) NotifyMsg(b []byte) { (*Node)(d).receiveCRL(b, "message") }
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	return d.crl.queue.GetBroadcasts(overhead, limit)
+}
+func (d *delegate) LocalState(join bool) []byte { return (*Node)(d).localCRL() }
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	if len(buf) > 0 { // a relay without a list sends none
+		(*Node)(d).receiveCRL(buf, "state-sync")
+	}
+}
 
 type events Node
 
