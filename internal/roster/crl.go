@@ -17,8 +17,9 @@ import (
 //
 //   - a relay that installs a newer list (from its crl_file or from a peer)
 //     queues it as a user broadcast (memberlist's TransmitLimitedQueue: each
-//     relay retransmits it RetransmitMult × log(n) times on its gossip
-//     rounds, every 200 ms), if it fits one UDP packet (MaxCRLBroadcast);
+//     relay passes it on crlRetransmitMult × ceil(log10(n+1)) times on its
+//     gossip rounds, every 200 ms, to 3 random relays), if it fits one UDP
+//     packet (MaxCRLBroadcast);
 //   - every push/pull state exchange (on join, and every 30 s with a random
 //     relay; TCP) carries the list as the delegate's LocalState, so a relay
 //     that joins, or missed the broadcasts, gets it there;
@@ -43,6 +44,12 @@ const (
 	// encryption and its own messages (longer ones go over TCP).
 	MaxCRLBroadcast = 1200
 	crlMinLen       = 1 + 32 + 21 + 64
+	// crlRetransmitMult: memberlist's default (4) lets a relay miss a
+	// broadcast that every relay passes on with a probability of about
+	// e^-4 (2 %), leaving it to the next state exchange (30 s); at 12 it is
+	// e^-12 (6 per million), for a few more packets of about 130 bytes per
+	// new list.
+	crlRetransmitMult = 12
 )
 
 // EncodeCRL is the gossip message carrying l, a list of auth.

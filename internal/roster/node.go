@@ -135,7 +135,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 		n.log = slog.New(slog.DiscardHandler)
 	}
 	n.crl = crlState{refused: map[string]uint64{}, logged: map[string]time.Time{}, muted: map[string]uint64{},
-		queue: &memberlist.TransmitLimitedQueue{RetransmitMult: memberlist.DefaultLANConfig().RetransmitMult, NumNodes: func() int {
+		queue: &memberlist.TransmitLimitedQueue{RetransmitMult: crlRetransmitMult, NumNodes: func() int {
 			if l := n.list; l != nil {
 				return l.NumMembers()
 			}
