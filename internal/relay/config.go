@@ -19,13 +19,18 @@ const DefaultPort = 45673
 
 // Config is the relay's configuration file (YAML, documented in docs/relay.md).
 type Config struct {
-	Listen         string          `yaml:"listen"`           // UDP address of the control protocol
-	PrivateKey     string          `yaml:"private_key"`      // base64; or:
-	PrivateKeyFile string          `yaml:"private_key_file"` // file holding the base64 key
-	DetourAddress  string          `yaml:"detour_address"`   // address clients connect to; default: where the request arrived
-	Ports          string          `yaml:"ports"`            // detour port range "lo-hi"
-	Lease          config.Duration `yaml:"lease"`
-	Members        []Member        `yaml:"members"`
+	Listen         string `yaml:"listen"`           // UDP address of the control protocol
+	PrivateKey     string `yaml:"private_key"`      // base64; or:
+	PrivateKeyFile string `yaml:"private_key_file"` // file holding the base64 key
+	// Key rotation: the key replaced, still accepted for handshakes
+	// addressed to it (members that know only the old public key) until it
+	// is removed from the configuration.
+	PreviousPrivateKey     string          `yaml:"previous_private_key"`
+	PreviousPrivateKeyFile string          `yaml:"previous_private_key_file"`
+	DetourAddress          string          `yaml:"detour_address"` // address clients connect to; default: where the request arrived
+	Ports                  string          `yaml:"ports"`          // detour port range "lo-hi"
+	Lease                  config.Duration `yaml:"lease"`
+	Members                []Member        `yaml:"members"`
 
 	AllowDestinations []string `yaml:"allow_destinations"` // prefixes allowed although special (private, own networks...)
 	DenyDestinations  []string `yaml:"deny_destinations"`  // extra prefixes always refused
@@ -94,8 +99,11 @@ type Member struct {
 
 // Settings is a validated configuration.
 type Settings struct {
-	Listen        netip.AddrPort
-	PrivateKey    proto.Key
+	Listen     netip.AddrPort
+	PrivateKey proto.Key
+	// PreviousKey (zero: none) is a replaced key whose handshakes are still
+	// answered (key rotation, docs/relay.md).
+	PreviousKey   proto.Key
 	DetourAddress netip.Addr // zero = the request's destination address
 	PortLo        uint16
 	PortHi        uint16
@@ -230,6 +238,25 @@ func build(c *Config) (*Settings, error) {
 	}
 	if s.PrivateKey, err = proto.ParseKey(keyText); err != nil {
 		return nil, fmt.Errorf("private_key: %w", err)
+	}
+	prevText := c.PreviousPrivateKey
+	switch {
+	case c.PreviousPrivateKey != "" && c.PreviousPrivateKeyFile != "":
+		return nil, errors.New("previous_private_key_file: previous_private_key and previous_private_key_file are exclusive")
+	case c.PreviousPrivateKeyFile != "":
+		kb, err := os.ReadFile(c.PreviousPrivateKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("previous_private_key_file: %w", err)
+		}
+		prevText = string(kb)
+	}
+	if prevText != "" {
+		if s.PreviousKey, err = proto.ParseKey(prevText); err != nil {
+			return nil, fmt.Errorf("previous_private_key: %w", err)
+		}
+		if s.PreviousKey == s.PrivateKey {
+			return nil, errors.New("previous_private_key: the same key as private_key")
+		}
 	}
 	if c.DetourAddress != "" {
 		if s.DetourAddress, err = netip.ParseAddr(c.DetourAddress); err != nil || !s.DetourAddress.Is4() {

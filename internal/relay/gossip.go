@@ -189,20 +189,25 @@ func (s *Server) kinds() roster.Kinds {
 }
 
 func (s *Server) rosterInfo() roster.Info {
-	g := s.set.Gossip
+	return s.rosterInfoOf(s.set)
+}
+
+func (s *Server) rosterInfoOf(set *Settings) roster.Info {
+	g := set.Gossip
 	return roster.Info{Addrs: g.Announce, Capacity: g.Capacity, Load: uint32(s.leases.active()), Kinds: s.kinds(), Region: g.Region}
 }
 
-// startRoster joins the cluster (NewServer, once the sockets exist).
-func (s *Server) startRoster() error {
-	g := s.set.Gossip
+// startRoster joins the cluster (NewServer, once the sockets exist; a
+// reload with a new key).
+func (s *Server) startRoster(set *Settings) error {
+	g := set.Gossip
 	if g == nil {
 		return nil
 	}
 	n, err := roster.Start(roster.Config{
 		Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Secret: g.Secret,
 		ProbeInterval: g.ProbeInterval, ProbeTimeout: g.ProbeTimeout,
-		Key: s.set.PrivateKey, Cert: g.Cert, Trust: s.set.Trust,
+		Key: set.PrivateKey, Cert: g.Cert, Trust: set.Trust,
 		Log: s.log.With("part", "roster"), Now: s.now,
 		OnRefused: func(reason string) { s.met.rosterRefused.WithLabelValues(reason).Inc() },
 		OnCRL: func(*collective.RevocationList) {
@@ -212,7 +217,7 @@ func (s *Server) startRoster() error {
 			}
 		},
 		OnCRLRefused: func(reason string) { s.met.crlRefused.WithLabelValues(reason).Inc() },
-	}, s.rosterInfo())
+	}, s.rosterInfoOf(set))
 	if err != nil {
 		return err
 	}
@@ -233,11 +238,22 @@ func (s *Server) tickRoster(now time.Time) {
 	s.met.rosterSize.Set(float64(len(s.roster.Entries())))
 }
 
-// reloadRoster: gossip settings apply at start only; a new authority
-// applies to the entries at once.
+// reloadRoster: gossip settings apply at start, except with a new relay
+// key (key rotation): the node is named for the key and its entry signed
+// with it, so the relay leaves the cluster under the old key and joins
+// under the new one, with the new gossip settings and certificate. A new
+// authority applies to the entries at once.
 func (s *Server) reloadRoster(set *Settings) {
+	if s.roster != nil && set.Gossip != nil && set.PrivateKey != s.set.PrivateKey {
+		_ = s.roster.Close() // the others drop the old identity at once
+		s.roster = nil
+		if err := s.startRoster(set); err != nil {
+			s.log.Error("reload: gossip with the new key failed; this relay is out of the roster until it is fixed and reloaded (or restarted)", "err", err)
+		}
+		return
+	}
 	if !set.Gossip.same(s.set.Gossip) {
-		s.log.Warn("reload: collective.gossip and certificate_file changed but apply only at start: restart the relay to apply them")
+		s.log.Warn("reload: collective.gossip and certificate_file changed but apply only at start (or with a new relay key): restart the relay to apply them")
 	}
 	set.Gossip = s.set.Gossip
 	if s.roster != nil && set.Trust != nil {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -50,6 +51,8 @@ type packet struct {
 	// proven: an initiation whose mac2 shows its sender received our
 	// cookie at this source address while we were under load.
 	proven bool
+	// id: the relay key an initiation is addressed to (its mac1).
+	id     *identity
 	at     time.Time // when the reader got it
 }
 
@@ -93,7 +96,7 @@ type Server struct {
 	rates     map[proto.Key]*bucket
 	addrRates map[netip.Addr]*bucket
 	inits     bucket
-	jar       *proto.CookieJar
+	keys      atomic.Pointer[keyring] // current and previous key (keys.go)
 	conv      *converter   // nil: no convert role
 	roster    *roster.Node // nil: no gossip (gossip.go)
 	rosterAt  time.Time
@@ -134,8 +137,8 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		statusReq: make(chan statusRequest),
 		convDone:  make(chan convertDone, 1024),
 		now:       time.Now,
-		jar:       proto.NewCookieJar(set.PrivateKey.Public()),
 	}
+	s.keys.Store(newKeyring(set.PrivateKey, set.PreviousKey, nil))
 	var err error
 	if s.lock, err = lockNetns(); err != nil {
 		return nil, err
@@ -211,7 +214,7 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		s.closeAll()
 		return nil, err
 	}
-	if err := s.startRoster(); err != nil {
+	if err := s.startRoster(s.set); err != nil {
 		_ = s.dp.Close()
 		s.closeAll()
 		return nil, err
@@ -473,10 +476,12 @@ const (
 // the packet must not be queued.
 func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) bool {
 	now := time.Now()
-	if !s.jar.CheckMAC1(p.data) {
+	id := s.keys.Load().match(p.data)
+	if id == nil {
 		s.count("handshake", proto.ReasonUnauthorized)
 		return false
 	}
+	p.id = id
 	if now.Sub(ld.windowStart) >= time.Second {
 		ld.windowStart, ld.n = now, 0
 	}
@@ -487,11 +492,11 @@ func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) boo
 	if now.After(ld.until) {
 		return true
 	}
-	if s.jar.CheckMAC2(p.data, p.from, now) {
+	if id.jar.CheckMAC2(p.data, p.from, now) {
 		p.proven = true
 		return true
 	}
-	reply, err := s.jar.Reply(p.data, p.from, now)
+	reply, err := id.jar.Reply(p.data, p.from, now)
 	if err != nil {
 		return false
 	}
@@ -653,7 +658,11 @@ func (s *Server) handleInit(p packet) {
 		s.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
 		return
 	}
-	acc, err := proto.ConsumeInitiation(s.set.PrivateKey, in)
+	priv := s.set.PrivateKey
+	if p.id != nil {
+		priv = p.id.priv
+	}
+	acc, err := proto.ConsumeInitiation(priv, in)
 	if err != nil {
 		r := proto.ReasonOf(err)
 		s.count("handshake", r)
@@ -1066,10 +1075,11 @@ func (s *Server) logAttr(ev attrEvent) {
 }
 
 func (s *Server) applyReload(set *Settings) {
-	if set.Listen != s.set.Listen || set.PrivateKey != s.set.PrivateKey || set.Legacy != s.set.Legacy || set.FastPath != s.set.FastPath {
-		s.log.Warn("reload: listen address, private key, legacy_v1 and fast_path change only on restart")
-		set.Listen, set.PrivateKey, set.Legacy, set.LegacyListen, set.FastPath = s.set.Listen, s.set.PrivateKey, s.set.Legacy, s.set.LegacyListen, s.set.FastPath
+	if set.Listen != s.set.Listen || set.Legacy != s.set.Legacy || set.FastPath != s.set.FastPath {
+		s.log.Warn("reload: listen address, legacy_v1 and fast_path change only on restart")
+		set.Listen, set.Legacy, set.LegacyListen, set.FastPath = s.set.Listen, s.set.Legacy, s.set.LegacyListen, s.set.FastPath
 	}
+	s.reloadKeys(set)
 	if !set.Tunnel.Same(s.set.Tunnel) {
 		// The WireGuard device, its subnet, port and destination policy are
 		// set up once; re-creating them would drop every tunnel.
