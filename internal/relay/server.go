@@ -52,8 +52,8 @@ type packet struct {
 	// cookie at this source address while we were under load.
 	proven bool
 	// id: the relay key an initiation is addressed to (its mac1).
-	id     *identity
-	at     time.Time // when the reader got it
+	id *identity
+	at time.Time // when the reader got it
 }
 
 type session struct {
@@ -97,8 +97,8 @@ type Server struct {
 	addrRates map[netip.Addr]*bucket
 	inits     bucket
 	keys      atomic.Pointer[keyring] // current and previous key (keys.go)
-	conv      *converter   // nil: no convert role
-	roster    *roster.Node // nil: no gossip (gossip.go)
+	conv      *converter              // nil: no convert role
+	roster    *roster.Node            // nil: no gossip (gossip.go)
 	rosterAt  time.Time
 	convDone  chan convertDone
 	tunnels   TunnelAllocator
