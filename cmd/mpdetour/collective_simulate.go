@@ -56,6 +56,9 @@ func collectiveSimulate() *cli.Command {
 				fmt.Printf("roster convergence:     %v after the last start\n", res.Convergence.Round(time.Millisecond))
 				fmt.Printf("join cost per relay:    %.1f KiB sent until convergence\n", res.BytesPerRelay/1024)
 				fmt.Printf("steady state per relay: %.0f B/s, %.1f datagrams/s sent (gossip, probes, state syncs)\n", res.SteadyBps, res.SteadyPps)
+				if res.CRLSpread > 0 {
+					fmt.Printf("revocation list:        given to one relay, applied by every relay after %v\n", res.CRLSpread.Round(time.Millisecond))
+				}
 				if res.Killed > 0 {
 					fmt.Printf("killed relays:          %d: out of the first roster after %v, out of every roster after %v\n",
 						res.Killed, res.KillDetectFirst.Round(time.Millisecond), res.KillDetection.Round(time.Millisecond))

@@ -61,6 +61,7 @@ type SimResult struct {
 	Dropped         uint64        // datagrams dropped by full queues (loss)
 	Verified        uint64        // signature verifications done
 	FalseRemovals   uint64        // live relays missing from a live roster after convergence (flapping)
+	CRLSpread       time.Duration // a revocation list given to one relay: until every relay applied it
 }
 
 // Simulate builds a collective of cfg.Relays relays and measures it.
@@ -116,6 +117,9 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	defer func() { res.Dropped, res.Verified = sn.dropped.Load(), verified.Load() }()
 	nodes := make([]*Node, cfg.Relays)
 	alive := make([]bool, cfg.Relays)
+	// Every relay holds its own revocation list (the entries' verification
+	// is shared, above, and ignores lists: the list revokes nobody here).
+	trusts := make([]*collective.Trust, cfg.Relays)
 	defer func() {
 		for i, n := range nodes {
 			if n != nil && alive[i] {
@@ -140,7 +144,8 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		if i > 0 {
 			join = []string{simAddrOf(i / 2)} // a join tree: every relay joins an earlier one
 		}
-		n, err := Start(Config{Transport: tr, Join: join, Key: k, Cert: c, Trust: trust, Verify: verify,
+		trusts[i] = collective.NewTrust(auth.Public())
+		n, err := Start(Config{Transport: tr, Join: join, Key: k, Cert: c, Trust: trusts[i], Verify: verify,
 			ProbeInterval: cfg.ProbeInterval, ProbeTimeout: cfg.ProbeTimeout, SuspicionMult: cfg.SuspicionMult},
 			Info{Addrs: []netip.AddrPort{netip.MustParseAddrPort(addr)}, Capacity: 1000, Kinds: KindNAT | KindTunnel, Region: "sim"})
 		if err != nil {
@@ -227,6 +232,35 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	res.SteadyBps = float64(b1-b0) / secs / float64(cfg.Relays)
 	res.SteadyPps = float64(p1-p0) / secs / float64(cfg.Relays)
 	say("steady state over %v: %.0f B/s and %.1f datagrams/s sent per relay", cfg.Window, res.SteadyBps, res.SteadyPps)
+
+	// A revocation list given to relay 0 (as its crl_file would): until
+	// every relay applied it (broadcast, crl.go).
+	l := auth.Revoke(nil, time.Now(), 1)
+	if _, err := trusts[0].Install(l); err != nil {
+		return res, err
+	}
+	tc := time.Now()
+	nodes[0].PublishCRL()
+	for {
+		missing := 0
+		for _, tr := range trusts {
+			if c := tr.CRL(); c == nil || c.Seq < l.Seq {
+				missing++
+			}
+		}
+		if missing == 0 {
+			break
+		}
+		if time.Since(tc) > cfg.Timeout {
+			return res, fmt.Errorf("simulate: the revocation list missing on %d relays after %v", missing, cfg.Timeout)
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res.CRLSpread = time.Since(tc)
+	say("revocation list given to one relay: applied by all %d after %v", cfg.Relays, res.CRLSpread.Round(time.Millisecond))
 
 	if cfg.Kill > 0 {
 		dead := map[proto.Key]bool{}
