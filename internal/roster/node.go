@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -89,6 +90,7 @@ type Node struct {
 	refused map[string]uint64 // by Reason
 	changes uint64
 	crl     crlState // the revocation list's gossip (crl.go)
+	ml      atomic.Pointer[memberlist.Memberlist]
 
 	stop chan struct{}
 	kick chan struct{}
@@ -136,7 +138,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 	}
 	n.crl = crlState{refused: map[string]uint64{}, logged: map[string]time.Time{}, muted: map[string]uint64{},
 		queue: &memberlist.TransmitLimitedQueue{RetransmitMult: crlRetransmitMult, NumNodes: func() int {
-			if l := n.list; l != nil {
+			if l := n.ml.Load(); l != nil { // memberlist gossips before Create returns
 				return l.NumMembers()
 			}
 			return 1
@@ -185,6 +187,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 		return nil, fmt.Errorf("roster: gossip on %v: %w", cfg.Bind, err)
 	}
 	n.list = list
+	n.ml.Store(list)
 	if len(cfg.Join) > 0 {
 		if _, err := list.Join(cfg.Join); err != nil {
 			n.log.Warn("roster: no relay to join answered yet, retrying", "join", cfg.Join, "err", err)
