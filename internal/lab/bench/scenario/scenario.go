@@ -235,15 +235,17 @@ type Configuration struct {
 	Name   string `yaml:"name"`
 	Label  string `yaml:"label"`
 	Set    Params `yaml:"set"`
-	Trials int    `yaml:"trials"` // 0 = the scenario's
-	Roles  *Roles `yaml:"roles"`  // nil = the scenario's
-	// Procedures, if given, replaces the scenario's list for this configuration.
-	Procedures []ProcedureSpec `yaml:"procedures"`
+	Trials int    `yaml:"trials,omitempty"` // 0 = the scenario's
+	Roles  *Roles `yaml:"roles,omitempty"`  // nil = the scenario's
+	// Procedures, if given, replaces the scenario's list for this
+	// configuration. omitempty: the "scenario as run" file a run writes
+	// must run the same cells again.
+	Procedures []ProcedureSpec `yaml:"procedures,omitempty"`
 	// Fault, if given, black-holes a link during every trial.
-	Fault *Fault `yaml:"fault"`
+	Fault *Fault `yaml:"fault,omitempty"`
 	// Attack, if given, runs an attack of the lab's attack suite
 	// (internal/lab/attack) during every trial.
-	Attack *Attack `yaml:"attack"`
+	Attack *Attack `yaml:"attack,omitempty"`
 }
 
 // Attack is one attack of the suite during every trial of a configuration:
@@ -478,6 +480,9 @@ func (s *Scenario) validate() error {
 		}
 		if c.Trials < 0 || c.Trials > maxTrials {
 			return fmt.Errorf("%s.trials: %d out of range 1..%d", field, c.Trials, maxTrials)
+		}
+		if c.Procedures != nil && len(c.Procedures) == 0 {
+			return fmt.Errorf("%s.procedures: empty list: the configuration would run nothing (leave the key out to use the scenario's procedures)", field)
 		}
 		if f := c.Fault; f != nil {
 			switch {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 func TestBuiltinsParse(t *testing.T) {
@@ -128,6 +130,7 @@ func TestBadFiles(t *testing.T) {
 		{"converted without converter", strings.Replace(base, "[tcp,", "[converted, tcp,", 1), "converted needs roles.converter"},
 		{"converter is a detour", strings.Replace(base, "roles: {detours: [d1, d2]}", "roles: {detours: [d1, d2], converter: d1}", 1), `roles.converter: "d1" is also`},
 		{"server_mptcp not a bool", base + "server_mptcp: maybe\n", "server_mptcp"},
+		{"empty procedures of a configuration", strings.Replace(base, "detours: 2}", "detours: 2}\n    procedures: []", 1), "configurations[0].procedures: empty list"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -293,5 +296,32 @@ func TestAttacks(t *testing.T) {
 	ok := strings.Replace(src, "kind: join-flood, from: r2, ", "kind: none, ", 1)
 	if _, err := Parse("t.yaml", []byte(ok)); err != nil {
 		t.Errorf("attack none: %v", err)
+	}
+}
+
+// The "scenario as run" a run writes (yaml.Marshal of the parsed scenario)
+// must parse again into the same cells: a configuration without its own
+// procedures must not come back as an empty list that runs nothing.
+func TestMarshalRoundTrip(t *testing.T) {
+	s, err := Parse("t.yaml", []byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := yaml.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Parse("again.yaml", b)
+	if err != nil {
+		t.Fatalf("as-run file does not parse: %v\n%s", err, b)
+	}
+	ids := func(s *Scenario) (out []string) {
+		for _, c := range s.Cells() {
+			out = append(out, c.Configuration+"/"+c.ID)
+		}
+		return out
+	}
+	if a, b := strings.Join(ids(s), " "), strings.Join(ids(again), " "); a != b || a == "" {
+		t.Fatalf("cells changed through the as-run file: %q -> %q", a, b)
 	}
 }
