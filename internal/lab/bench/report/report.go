@@ -47,6 +47,8 @@ type Cell struct {
 	Setup []float64
 	// Churns: trials of many connections across route changes.
 	Churns []results.Churn
+	// Collectives: trials of procedure collective (discovery, relay death).
+	Collectives []results.Collective
 	// Attack: with an attack, each counter's value per trial (ok and
 	// failed trials); SubflowCounts: subflows at the end of ok trials.
 	Attack        map[string][]float64
@@ -107,6 +109,9 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 			}
 			if r.Churn != nil {
 				cell.Churns = append(cell.Churns, *r.Churn)
+			}
+			if r.Collective != nil {
+				cell.Collectives = append(cell.Collectives, *r.Collective)
 			}
 			if r.LoadAvg > 0 {
 				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
@@ -357,18 +362,21 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 	}
 
 	cols := d.columns()
-	p.f("## Goodput (Mbit/s): mean (sd), n trials\n\n")
-	p.tableHeader("configuration", cols, d.labelOf)
-	for _, cfg := range s.Configurations {
-		row := []string{cfg.Label}
-		for _, id := range cols {
-			row = append(row, d.cellText(d.Get(cfg.Name, id)))
+	if !d.timesOnly() {
+		p.f("## Goodput (Mbit/s): mean (sd), n trials\n\n")
+		p.tableHeader("configuration", cols, d.labelOf)
+		for _, cfg := range s.Configurations {
+			row := []string{cfg.Label}
+			for _, id := range cols {
+				row = append(row, d.cellText(d.Get(cfg.Name, id)))
+			}
+			p.row(row)
 		}
-		p.row(row)
+		p.f("\n")
 	}
-	p.f("\n")
 	d.writeStalls(p, cols)
 	d.writeChurn(p)
+	d.writeCollective(p)
 	d.writeAttacks(p)
 	if ref := s.Reference; ref != nil && len(ref.Results) > 0 {
 		p.f("### Original results (Mbit/s, mean (sd))\n\n%s.\n\n", strings.TrimSuffix(ref.Source, "."))
