@@ -405,26 +405,29 @@ func (s *collSession) Trial(ctx context.Context, n int) (Measurement, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.err = s.discover(ctx, r.c, r.agent, r.t0, &r.out, &r.conn)
-			if r.conn != nil {
+			// A little traffic from the start: the client's MPTCP
+			// connection is fully established (the PM's ESTABLISHED
+			// event, when the agent adds subflows) only once data flows,
+			// as with any application; it also keeps every subflow in use.
+			r.err = s.discover(ctx, r.c, r.agent, r.t0, &r.out, &r.conn, func(conn net.Conn) {
 				writers.Add(1)
-				go func() { // a little traffic keeps every subflow in use
+				go func() {
 					defer writers.Done()
 					buf := make([]byte, 1024)
 					t := time.NewTicker(100 * time.Millisecond)
 					defer t.Stop()
 					for {
+						if _, err := conn.Write(buf); err != nil {
+							return
+						}
 						select {
 						case <-stopWriters:
 							return
 						case <-t.C:
-							if _, err := r.conn.Write(buf); err != nil {
-								return
-							}
 						}
 					}
 				}()
-			}
+			})
 		}()
 	}
 	wg.Wait()
@@ -584,7 +587,7 @@ func (s *collSession) Trial(ctx context.Context, n int) (Measurement, error) {
 // discover waits for the agent's status socket, opens the MPTCP
 // connection, and polls the client's subflows until they go through
 // collWant relays and collWant discovered relays (or collLimit).
-func (s *collSession) discover(ctx context.Context, c *collClient, agent *daemon, t0 time.Time, out *results.CollectiveClient, conn *net.Conn) error {
+func (s *collSession) discover(ctx context.Context, c *collClient, agent *daemon, t0 time.Time, out *results.CollectiveClient, conn *net.Conn, write func(net.Conn)) error {
 	err := agent.waitFor(ctx, "status socket", collLimit, func() bool {
 		_, err := os.Stat(c.sock)
 		return err == nil
@@ -605,6 +608,7 @@ func (s *collSession) discover(ctx context.Context, c *collClient, agent *daemon
 	if err != nil {
 		return fmt.Errorf("connecting to the sink %s: %w", sink, err)
 	}
+	write(*conn)
 	for time.Since(t0) < collLimit {
 		m, err := s.subflowRelays(c.node)
 		if err != nil {
