@@ -341,8 +341,12 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.f("%s.\n\n", strings.TrimSuffix(s.Description, "."))
 	}
 	p.f("- Scenario: `%s`; topology `%s`; %d configuration(s), %d cell(s).\n", s.Source, s.Topology, len(s.Configurations), len(d.Cells))
-	p.f("- Transfer: %s bulk transfer client -> server, goodput = bytes received between t=%s and the end, divided by that time (reference method); congestion control `%s` set per socket.\n",
-		time.Duration(s.Duration), time.Duration(s.Warmup), s.CC)
+	if d.timesOnly() {
+		p.f("- Times, not goodput (procedure collective: see docs/bench.md).\n")
+	} else {
+		p.f("- Transfer: %s bulk transfer client -> server, goodput = bytes received between t=%s and the end, divided by that time (reference method); congestion control `%s` set per socket.\n",
+			time.Duration(s.Duration), time.Duration(s.Warmup), s.CC)
+	}
 	p.f("- Generated %s", m.Generated.UTC().Format("2006-01-02 15:04 UTC"))
 	if m.Host != "" {
 		p.f(" on %s", m.Host)
@@ -439,6 +443,20 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.f("\n")
 	}
 
+	if d.timesOnly() {
+		for _, cfg := range s.Configurations {
+			if l := stats.Summarize(d.loads[cfg.Name]); l.N > 0 {
+				p.f("%s: lab parameters `%s`; host load average (1 min) at the end of the trials: median %.1f, max %.1f (2 CPUs).\n\n",
+					cfg.Label, strings.Join(cfg.Set.Strings(), " "), l.Median, l.Max)
+			}
+			for _, c := range d.cellsOf(cfg.Name) {
+				if c.Failed > 0 {
+					p.f("%s: %d failed trial(s): %s.\n\n", cfg.Label, c.Failed, esc(strings.Join(dedupe(c.FailReasons), "; ")))
+				}
+			}
+		}
+		return nil
+	}
 	p.f("## Per configuration\n")
 	for _, cfg := range s.Configurations {
 		p.f("\n### %s\n\n", cfg.Label)
