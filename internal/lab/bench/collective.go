@@ -76,11 +76,13 @@ type collSession struct {
 	clients []*collClient
 	byAddr  map[netip.Addr]int // relay address -> index
 	max     int
-	sink    net.Listener
-	sinkWG  sync.WaitGroup
-	sinkMu  sync.Mutex
-	sinkCs  []net.Conn
-	agents  []*daemon
+	// interval: the agents' discovery.interval ("" = their default).
+	interval string
+	sink     net.Listener
+	sinkWG   sync.WaitGroup
+	sinkMu   sync.Mutex
+	sinkCs   []net.Conn
+	agents   []*daemon
 }
 
 func setupCollective(ctx context.Context, env *Env) (_ Session, err error) {
@@ -158,6 +160,14 @@ collective:
 		s.relays = append(s.relays, &collRelay{node: node, addr: addr, key: k, cfg: path})
 		s.byAddr[addr] = i
 	}
+	// MPDETOUR_BENCH_DISCOVERY_INTERVAL sets the agents' roster poll
+	// (discovery.interval; default 2 s), recorded in every trial.
+	if v := os.Getenv("MPDETOUR_BENCH_DISCOVERY_INTERVAL"); v != "" {
+		if _, err := time.ParseDuration(v); err != nil {
+			return nil, fmt.Errorf("MPDETOUR_BENCH_DISCOVERY_INTERVAL: %w", err)
+		}
+		s.interval = v
+	}
 	level := "debug" // "relay grant" lines time (a)
 	if v := os.Getenv("MPDETOUR_BENCH_LOG"); v != "" {
 		level = v
@@ -190,6 +200,9 @@ relays:
     authority: %s
     max: %d
 `, c.sock, s.max+1, level, server, collSinkPort, k, cert, b.node, netip.AddrPortFrom(b.addr, relay.DefaultPort), b.key.Public(), auth.Public(), s.max)
+		if s.interval != "" {
+			cfg += "    interval: " + s.interval + "\n"
+		}
 		cfg += env.AgentConfig
 		if err := os.WriteFile(c.cfg, []byte(cfg), 0o600); err != nil {
 			return nil, err
@@ -368,7 +381,7 @@ func (s *collSession) Trial(ctx context.Context, n int) (Measurement, error) {
 	if err := s.converged(ctx); err != nil {
 		return Measurement{}, err
 	}
-	res := &results.Collective{Relays: len(s.relays)}
+	res := &results.Collective{Relays: len(s.relays), DiscoveryInterval: s.interval}
 	runs := make([]*collRun, len(s.clients))
 	for i, c := range s.clients {
 		_ = os.Remove(c.sock)

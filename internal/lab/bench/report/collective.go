@@ -110,8 +110,21 @@ func (d *Data) writeCollective(p *printer) {
 			out = append(out, t.OutOfRostersS)
 			dropped = append(dropped, t.DroppedByAgentsS)
 		}
-		relays := c.Collectives[0].Relays
-		p.f("## Collective: %s, %d relays (%d trials)\n\n", d.Scenario.Configuration(c.Configuration).Label, relays, len(c.Collectives))
+		p.f("## Collective: %s (%d relays, %d trials)\n\n", d.Scenario.Configuration(c.Configuration).Label, c.Collectives[0].Relays, len(c.Collectives))
+		intervals := map[string]int{}
+		for _, t := range c.Collectives {
+			iv := t.DiscoveryInterval
+			if iv == "" {
+				iv = "2s (default)"
+			}
+			intervals[iv]++
+		}
+		var ivs []string
+		for iv, n := range intervals {
+			ivs = append(ivs, fmt.Sprintf("%s (%d trials)", iv, n))
+		}
+		slices.Sort(ivs)
+		p.f("Agents' roster poll (`discovery.interval`): %s.\n\n", strings.Join(ivs, ", "))
 		p.f("Times in seconds. Discovery: from the start of each member's agent (one bootstrap relay configured); death: from the SIGKILL of a relay carrying detours. \"not reached\" counts values that did not happen within the trial's limit (20 s).\n\n")
 		p.row([]string{"measured", "per", "n", "median", "max", "not reached", "target", "verdict"})
 		p.row([]string{"---", "---", "---:", "---:", "---:", "---:", "---", "---"})

@@ -110,6 +110,9 @@ type Churn struct {
 // relay's death); -1 = not reached within the trial's limit.
 type Collective struct {
 	Relays int `json:"relays"`
+	// DiscoveryInterval is the agents' roster poll if not their default
+	// (MPDETOUR_BENCH_DISCOVERY_INTERVAL).
+	DiscoveryInterval string `json:"discovery_interval,omitempty"`
 	// Killed is the relay killed with SIGKILL (one carrying detours, no
 	// client's bootstrap), Affected the clients with a subflow through it.
 	Killed   string   `json:"killed,omitempty"`
