@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -497,11 +498,24 @@ func (s *collSession) Trial(ctx context.Context, n int) (Measurement, error) {
 		res.Affected = append(res.Affected, runs[ci].c.node)
 	}
 	// Phase 2: SIGKILL (no leave message; its nftables table stays, so
-	// subflows through it keep working until someone closes them).
+	// subflows through it keep working until someone closes them). The
+	// agents started together and read the roster every interval from
+	// their start: a random wait of up to one interval puts the kill at
+	// a random phase of their reads, as a relay's death would be.
+	iv := 2 * time.Second
+	if s.interval != "" {
+		iv, _ = time.ParseDuration(s.interval)
+	}
+	select {
+	case <-time.After(rand.N(iv)):
+	case <-ctx.Done():
+		return Measurement{}, ctx.Err()
+	}
 	if err := v.d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		return Measurement{}, err
 	}
 	tk := time.Now()
+	res.KilledAtS = secs(tk.Sub(runs[0].t0))
 	<-v.d.done
 	outAt := map[int]time.Duration{}
 	replaced := map[*collRun]time.Duration{}

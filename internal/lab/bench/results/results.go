@@ -117,6 +117,10 @@ type Collective struct {
 	// client's bootstrap), Affected the clients with a subflow through it.
 	Killed   string   `json:"killed,omitempty"`
 	Affected []string `json:"affected,omitempty"`
+	// KilledAtS: when it was killed, from the first agent's start (the
+	// agents read the roster every interval from their start; a random
+	// wait of up to one interval before the kill varies the phase).
+	KilledAtS float64 `json:"killed_at_s,omitempty"`
 	// OutOfRostersS: until the killed relay was absent from the roster of
 	// every other relay (polled in turn, every ~0.1 s); OutOfRosterEachS
 	// per relay, in roster order.
