@@ -137,8 +137,8 @@ func (d *Data) writeCollective(p *printer) {
 		p.row(timesOf(gone).row("SIGKILL -> the subflow through it closed (kernel)", "affected member", false))
 		p.row(timesOf(replaced).row("(d) SIGKILL -> subflows through as many live relays as before (kernel)", "affected member", false))
 		p.f("\n### Per trial\n\n")
-		p.row([]string{"trial", "killed", "affected", "(c) out of every roster", "median relay", "(c') agents dropped it", "(d) replaced, per affected member", "(b) max over members", "relays per member"})
-		p.row([]string{"---:", "---", "---", "---:", "---:", "---:", "---", "---:", "---"})
+		p.row([]string{"trial", "killed", "at (s after the agents' start)", "affected", "(c) out of every roster", "median relay", "(c') agents dropped it", "(d) replaced, per affected member", "(b) max over members", "relays per member"})
+		p.row([]string{"---:", "---", "---:", "---", "---:", "---:", "---:", "---", "---:", "---"})
 		for i, t := range c.Collectives {
 			var rep, per []string
 			bmax := 0.0
@@ -157,7 +157,11 @@ func (d *Data) writeCollective(p *printer) {
 			if st := timesOf(t.OutOfRosterEachS); st.n > st.missing {
 				first = fmt.Sprintf("%.2f", st.median)
 			}
-			p.row([]string{fmt.Sprint(i + 1), t.Killed, strings.Join(t.Affected, ", "), fmtS(t.OutOfRostersS), first,
+			at := ""
+			if t.KilledAtS > 0 {
+				at = fmt.Sprintf("%.2f", t.KilledAtS)
+			}
+			p.row([]string{fmt.Sprint(i + 1), t.Killed, at, strings.Join(t.Affected, ", "), fmtS(t.OutOfRostersS), first,
 				fmtS(t.DroppedByAgentsS), strings.Join(rep, ", "), fmtS(bmax), strings.Join(per, " ")})
 		}
 		p.f("\n")
