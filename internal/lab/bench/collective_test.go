@@ -87,10 +87,18 @@ procedures: [{procedure: collective, subflows: 3}]
 				continue
 			}
 			if cl.DroppedS == nil || *cl.DroppedS < 0 || cl.VictimGoneS == nil || *cl.VictimGoneS < 0 || cl.ReplacedS == nil || *cl.ReplacedS < 0 {
-				t.Errorf("trial %d %s: killed relay not dropped, its subflow not closed or not replaced: %+v", r.Trial, cl.Name, cl)
+				t.Errorf("trial %d %s: killed relay not dropped (%s), its subflow not closed (%s) or not replaced (%s) within the limit (-1: never)",
+					r.Trial, cl.Name, pv(cl.DroppedS), pv(cl.VictimGoneS), pv(cl.ReplacedS))
 			} else {
 				t.Logf("  %s: dropped %.2f s, its subflow closed %.2f s, replaced %.2f s after SIGKILL", cl.Name, *cl.DroppedS, *cl.VictimGoneS, *cl.ReplacedS)
 			}
 		}
 	}
+}
+
+func pv(p *float64) string {
+	if p == nil {
+		return "nil"
+	}
+	return fmt.Sprintf("%.2f s", *p)
 }

@@ -110,7 +110,7 @@ func (d *Data) writeCollective(p *printer) {
 			out = append(out, t.OutOfRostersS)
 			dropped = append(dropped, t.DroppedByAgentsS)
 		}
-		p.f("## Collective: %s (%d relays, %d trials)\n\n", d.Scenario.Configuration(c.Configuration).Label, c.Collectives[0].Relays, len(c.Collectives))
+		p.f("## Collective: %s (%d trials)\n\n", d.Scenario.Configuration(c.Configuration).Label, len(c.Collectives))
 		intervals := map[string]int{}
 		for _, t := range c.Collectives {
 			iv := t.DiscoveryInterval
