@@ -78,6 +78,18 @@ func (st timeStat) row(what, per string, target bool) []string {
 	return []string{what, per, fmt.Sprint(st.n), med, mx, fmt.Sprint(st.missing), t, verdict}
 }
 
+// short is "median / max" (and how many were not reached).
+func (st timeStat) short() string {
+	if st.n == st.missing {
+		return "-"
+	}
+	s := fmt.Sprintf("%.2f / %.2f", st.median, st.max)
+	if st.missing > 0 {
+		s += fmt.Sprintf(" (%d not reached)", st.missing)
+	}
+	return s
+}
+
 func fmtS(v float64) string {
 	if v < 0 {
 		return "not reached"

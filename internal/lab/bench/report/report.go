@@ -616,6 +616,23 @@ func (d *Data) WriteAll(dir string, m Meta) error {
 // Table renders the cells as a small text table for the terminal.
 func (d *Data) Table() string {
 	var b strings.Builder
+	if d.timesOnly() {
+		for _, c := range d.Cells {
+			label := d.Scenario.Configuration(c.Configuration).Label
+			var usable, disc, out, dropped []float64
+			for _, t := range c.Collectives {
+				for _, cl := range t.Clients {
+					usable = append(usable, cl.UsableS)
+					disc = append(disc, cl.DiscoveredDetoursS)
+				}
+				out = append(out, t.OutOfRostersS)
+				dropped = append(dropped, t.DroppedByAgentsS)
+			}
+			fmt.Fprintf(&b, "%s: %d trials, %d failed; median / max s: (a) %s, (b') %s, (c) %s, (c') %s (report.md)\n", label, len(c.Collectives), c.Failed,
+				timesOf(usable).short(), timesOf(disc).short(), timesOf(out).short(), timesOf(dropped).short())
+		}
+		return b.String()
+	}
 	fmt.Fprintf(&b, "%-24s %-28s %4s %8s %6s %8s\n", "configuration", "procedure", "n", "Mbit/s", "sd", "median")
 	for _, c := range d.Cells {
 		label := d.Scenario.Configuration(c.Configuration).Label
