@@ -47,7 +47,7 @@ func labCommand() *cli.Command {
 	)
 	up := &cli.Command{
 		Name:         "up",
-		Summary:      "build a lab from a topology file or built-in (brennan2017, detours)",
+		Summary:      "build a lab from a topology file or built-in (brennan2017, detours, loadbalancer, line, collective)",
 		Usage:        "TOPOLOGY [--name NAME] [--set KEY=VALUE ...]",
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {

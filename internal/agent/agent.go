@@ -174,6 +174,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	evc := make(chan batch, 256)
 	go a.readEvents(ctx, evc)
+	srcc := a.watchSources(ctx)
 
 	// Each detour subflow reserves an ephemeral port exclusively and keeps
 	// it 60 s in TIME_WAIT after closing (docs/agent.md, benchmark).
@@ -286,8 +287,39 @@ func (a *Agent) Run(ctx context.Context) error {
 			queue = append(queue, a.resync("settle after loss")...)
 		case now := <-tick.C:
 			queue = append(queue, a.jobsFor(a.pol.Tick(now), time.Time{})...)
+		case <-srcc:
+			queue = append(queue, a.jobsFor(a.pol.Refresh(time.Now()), time.Time{})...)
 		}
 	}
+}
+
+// watchSources merges the change notifications of the sources that give
+// them (detour.Notifier) into one channel (nil if none does).
+func (a *Agent) watchSources(ctx context.Context) <-chan struct{} {
+	var out chan struct{}
+	for _, s := range a.sources {
+		n, ok := s.(detour.Notifier)
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = make(chan struct{}, 1)
+		}
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-n.Changed():
+					select {
+					case out <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	return out
 }
 
 // defaultSweepEvery is how often tracked connections are checked against

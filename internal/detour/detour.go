@@ -75,3 +75,11 @@ type Source interface {
 type Releaser interface {
 	Release(ctx context.Context, server netip.AddrPort) error
 }
+
+// Notifier is implemented by sources whose detours change on their own (a
+// relay grant arrives, a discovered relay is dropped): the agent then
+// asks the policy to refresh its connections at once instead of at their
+// next poll. Changed's channel carries one value per burst of changes.
+type Notifier interface {
+	Changed() <-chan struct{}
+}

@@ -104,6 +104,9 @@ type Policy interface {
 	Adopt(c Conn, subflows []Subflow) []Intent
 	// Tick lets the policy act on time (retries after backoff).
 	Tick(now time.Time) []Intent
+	// Refresh: a source's detours changed (detour.Notifier); fill
+	// connections now, close subflows through withdrawn detours.
+	Refresh(now time.Time) []Intent
 	// Report describes the policy's view for "mpdetour status": per
 	// subflow its role and the last decision with its reason, per detour
 	// its health. It is called from the same goroutine as the rest.

@@ -248,14 +248,23 @@ func TestSourceRenewsAndReleases(t *testing.T) {
 	}
 	defer s.Close()
 	server := netip.MustParseAddrPort("192.0.2.10:5201")
+	select {
+	case <-s.Changed():
+		t.Fatal("change notified before any grant")
+	default:
+	}
 	s.Prepare(server)
-	deadline := time.Now().Add(3 * time.Second)
-	for len(s.Detours(server)) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	// The grant's arrival is notified (detour.Notifier): the agent fills
+	// connections at once.
+	select {
+	case <-s.Changed():
+	case <-time.After(3 * time.Second):
+		t.Fatal("no change notified for the grant")
 	}
 	if ds := s.Detours(server); len(ds) != 1 || ds[0].Remote.Port() != 40001 {
-		t.Fatalf("detours %v", ds)
+		t.Fatalf("detours %v after the notification", ds)
 	}
+	deadline := time.Now().Add(3 * time.Second)
 	// Lease 2 s: renewed at about 1 s.
 	for r.count(proto.OpRenew) == 0 && time.Now().Before(deadline.Add(2*time.Second)) {
 		time.Sleep(20 * time.Millisecond)

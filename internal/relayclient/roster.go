@@ -211,6 +211,7 @@ func (s *Source) dropLocked(k proto.Key, dr *discovered) {
 	s.conns[dr.idx] = nil
 	delete(s.found, k)
 	s.log.Info("roster: relay left the roster, dropped", "relay", c.relay.Name, "released", len(ports))
+	s.notify()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

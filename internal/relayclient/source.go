@@ -53,6 +53,9 @@ type Source struct {
 	// rosterFrom: the configured relay the roster was last read from.
 	rosterFrom int
 	refused    atomic.Uint64
+	// changed: a grant arrived or a discovered relay was dropped
+	// (detour.Notifier).
+	changed chan struct{}
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -76,6 +79,7 @@ type entry struct {
 var (
 	_ detour.Source   = (*Source)(nil)
 	_ detour.Releaser = (*Source)(nil)
+	_ detour.Notifier = (*Source)(nil)
 )
 
 // NewSource dials every relay (handshakes start at once, in the background).
@@ -89,7 +93,8 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 10 * time.Second
 	}
-	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{}}
+	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{},
+		changed: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -206,6 +211,18 @@ func (s *Source) grant(k entryKey, e *entry) {
 	}
 	e.detour, e.expires, e.renewAt = d, now.Add(lease), now.Add(lease/2)
 	s.log.Debug("relay grant", "relay", c.relay.Name, "server", k.server, "detour", d, "lease", lease)
+	s.notify()
+}
+
+// Changed implements detour.Notifier: a value arrives after a grant came
+// in or a discovered relay was dropped (one per burst).
+func (s *Source) Changed() <-chan struct{} { return s.changed }
+
+func (s *Source) notify() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
 }
 
 func (s *Source) release(c *Conn, port uint16) {
@@ -340,6 +357,7 @@ func (s *Source) renew(k entryKey, e *entry) {
 			s.mu.Lock()
 			e.detour = d
 			s.mu.Unlock()
+			s.notify() // the detour moved: subflows through the old port are dead
 		}
 	}
 	now := time.Now()

@@ -64,6 +64,8 @@ type Measurement struct {
 	// byte), in ms, when the procedure measures them.
 	SetupMs []float64
 	Churn   *results.Churn
+	// Collective: procedure collective's times.
+	Collective *results.Collective
 	// Attack: with an attack, what it did and the kernels' MPTCP counters
 	// over the trial (attack.Run.Stop), also for a failed trial.
 	Attack map[string]float64
@@ -110,6 +112,8 @@ func Procedures() map[string]Setup {
 		scenario.LBConnectionsAnnounced: setupLBConnectionsAnnounced,
 		scenario.LBConnectionsNoCFlag:   setupLBConnectionsNoCFlag,
 		scenario.LBBulkAnnounced:        setupLBBulkAnnounced,
+
+		scenario.Collective: setupCollective,
 	}
 }
 

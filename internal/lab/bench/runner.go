@@ -395,6 +395,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 				rec.SetupMs, rec.SetupAllMs = &med, m.SetupMs
 			}
 			rec.Churn = m.Churn
+			rec.Collective = m.Collective
 		}
 		if err := r.append(rec); err != nil {
 			return err

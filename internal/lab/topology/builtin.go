@@ -73,6 +73,12 @@ var builtins = map[string]*builtin{
 		check:    func(key, value string) error { return fmt.Errorf("loadbalancer has no parameters") },
 		gen:      genLoadBalancer,
 	},
+	"collective": {
+		name:     "collective",
+		defaults: map[string]string{"relays": "20", "clients": "5"},
+		check:    checkCollective,
+		gen:      genCollective,
+	},
 	"line": {
 		name:     "line",
 		defaults: map[string]string{},

@@ -22,6 +22,9 @@ import (
 // It returns the PNG name per configuration.
 func (d *Data) WritePlots(dir string) (map[string]string, error) {
 	out := map[string]string{}
+	if d.timesOnly() {
+		return out, nil // no goodput to plot
+	}
 	for _, cfg := range d.Scenario.Configurations {
 		p, ok, err := d.boxPlot(cfg.Name, cfg.Label)
 		if err != nil {

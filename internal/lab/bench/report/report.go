@@ -47,6 +47,8 @@ type Cell struct {
 	Setup []float64
 	// Churns: trials of many connections across route changes.
 	Churns []results.Churn
+	// Collectives: trials of procedure collective (discovery, relay death).
+	Collectives []results.Collective
 	// Attack: with an attack, each counter's value per trial (ok and
 	// failed trials); SubflowCounts: subflows at the end of ok trials.
 	Attack        map[string][]float64
@@ -107,6 +109,9 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 			}
 			if r.Churn != nil {
 				cell.Churns = append(cell.Churns, *r.Churn)
+			}
+			if r.Collective != nil {
+				cell.Collectives = append(cell.Collectives, *r.Collective)
 			}
 			if r.LoadAvg > 0 {
 				d.loads[r.Configuration] = append(d.loads[r.Configuration], r.LoadAvg)
@@ -336,8 +341,12 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.f("%s.\n\n", strings.TrimSuffix(s.Description, "."))
 	}
 	p.f("- Scenario: `%s`; topology `%s`; %d configuration(s), %d cell(s).\n", s.Source, s.Topology, len(s.Configurations), len(d.Cells))
-	p.f("- Transfer: %s bulk transfer client -> server, goodput = bytes received between t=%s and the end, divided by that time (reference method); congestion control `%s` set per socket.\n",
-		time.Duration(s.Duration), time.Duration(s.Warmup), s.CC)
+	if d.timesOnly() {
+		p.f("- Times, not goodput (procedure collective: see docs/bench.md).\n")
+	} else {
+		p.f("- Transfer: %s bulk transfer client -> server, goodput = bytes received between t=%s and the end, divided by that time (reference method); congestion control `%s` set per socket.\n",
+			time.Duration(s.Duration), time.Duration(s.Warmup), s.CC)
+	}
 	p.f("- Generated %s", m.Generated.UTC().Format("2006-01-02 15:04 UTC"))
 	if m.Host != "" {
 		p.f(" on %s", m.Host)
@@ -357,18 +366,21 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 	}
 
 	cols := d.columns()
-	p.f("## Goodput (Mbit/s): mean (sd), n trials\n\n")
-	p.tableHeader("configuration", cols, d.labelOf)
-	for _, cfg := range s.Configurations {
-		row := []string{cfg.Label}
-		for _, id := range cols {
-			row = append(row, d.cellText(d.Get(cfg.Name, id)))
+	if !d.timesOnly() {
+		p.f("## Goodput (Mbit/s): mean (sd), n trials\n\n")
+		p.tableHeader("configuration", cols, d.labelOf)
+		for _, cfg := range s.Configurations {
+			row := []string{cfg.Label}
+			for _, id := range cols {
+				row = append(row, d.cellText(d.Get(cfg.Name, id)))
+			}
+			p.row(row)
 		}
-		p.row(row)
+		p.f("\n")
 	}
-	p.f("\n")
 	d.writeStalls(p, cols)
 	d.writeChurn(p)
+	d.writeCollective(p)
 	d.writeAttacks(p)
 	if ref := s.Reference; ref != nil && len(ref.Results) > 0 {
 		p.f("### Original results (Mbit/s, mean (sd))\n\n%s.\n\n", strings.TrimSuffix(ref.Source, "."))
@@ -431,6 +443,20 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.f("\n")
 	}
 
+	if d.timesOnly() {
+		for _, cfg := range s.Configurations {
+			if l := stats.Summarize(d.loads[cfg.Name]); l.N > 0 {
+				p.f("%s: lab parameters `%s`; host load average (1 min) at the end of the trials: median %.1f, max %.1f (2 CPUs).\n\n",
+					cfg.Label, strings.Join(cfg.Set.Strings(), " "), l.Median, l.Max)
+			}
+			for _, c := range d.cellsOf(cfg.Name) {
+				if c.Failed > 0 {
+					p.f("%s: %d failed trial(s): %s.\n\n", cfg.Label, c.Failed, esc(strings.Join(dedupe(c.FailReasons), "; ")))
+				}
+			}
+		}
+		return nil
+	}
 	p.f("## Per configuration\n")
 	for _, cfg := range s.Configurations {
 		p.f("\n### %s\n\n", cfg.Label)
@@ -590,6 +616,23 @@ func (d *Data) WriteAll(dir string, m Meta) error {
 // Table renders the cells as a small text table for the terminal.
 func (d *Data) Table() string {
 	var b strings.Builder
+	if d.timesOnly() {
+		for _, c := range d.Cells {
+			label := d.Scenario.Configuration(c.Configuration).Label
+			var usable, disc, out, dropped []float64
+			for _, t := range c.Collectives {
+				for _, cl := range t.Clients {
+					usable = append(usable, cl.UsableS)
+					disc = append(disc, cl.DiscoveredDetoursS)
+				}
+				out = append(out, t.OutOfRostersS)
+				dropped = append(dropped, t.DroppedByAgentsS)
+			}
+			fmt.Fprintf(&b, "%s: %d trials, %d failed; median / max s: (a) %s, (b') %s, (c) %s, (c') %s (report.md)\n", label, len(c.Collectives), c.Failed,
+				timesOf(usable).short(), timesOf(disc).short(), timesOf(out).short(), timesOf(dropped).short())
+		}
+		return b.String()
+	}
 	fmt.Fprintf(&b, "%-24s %-28s %4s %8s %6s %8s\n", "configuration", "procedure", "n", "Mbit/s", "sd", "median")
 	for _, c := range d.Cells {
 		label := d.Scenario.Configuration(c.Configuration).Label

@@ -76,6 +76,8 @@ type Record struct {
 	// Churn: trials of many connections across route changes
 	// (loadbalancer scenario).
 	Churn *Churn `json:"churn,omitempty"`
+	// Collective: a trial of procedure collective (discovery, relay death).
+	Collective *Collective `json:"collective,omitempty"`
 	// Attack: in attack configurations, the attack's and the prober's
 	// counts and the kernels' MPTCP counter deltas over the trial.
 	Attack map[string]float64 `json:"attack,omitempty"`
@@ -101,6 +103,59 @@ type Churn struct {
 	// Counters are kernel MPTCP counters over the trial, "node.Name" ->
 	// increase (e.g. "client.AddAddr": ADD_ADDRs the clients received).
 	Counters map[string]uint64 `json:"counters,omitempty"`
+}
+
+// Collective is one trial of procedure collective (issue 15). Times are
+// seconds from the agents' start (discovery) or from the SIGKILL (the
+// relay's death); -1 = not reached within the trial's limit.
+type Collective struct {
+	Relays int `json:"relays"`
+	// DiscoveryInterval is the agents' roster poll if not their default
+	// (MPDETOUR_BENCH_DISCOVERY_INTERVAL).
+	DiscoveryInterval string `json:"discovery_interval,omitempty"`
+	// Killed is the relay killed with SIGKILL (one carrying detours, no
+	// client's bootstrap), Affected the clients with a subflow through it.
+	Killed   string   `json:"killed,omitempty"`
+	Affected []string `json:"affected,omitempty"`
+	// KilledAtS: when it was killed, from the first agent's start (the
+	// agents read the roster every interval from their start; a random
+	// wait of up to one interval before the kill varies the phase).
+	KilledAtS float64 `json:"killed_at_s,omitempty"`
+	// OutOfRostersS: until the killed relay was absent from the roster of
+	// every other relay (polled in turn, every ~0.1 s); OutOfRosterEachS
+	// per relay, in roster order.
+	OutOfRostersS    float64   `json:"out_of_rosters_s"`
+	OutOfRosterEachS []float64 `json:"out_of_roster_each_s,omitempty"`
+	// DroppedByAgentsS: until every affected agent had dropped it (its
+	// log line "relay left the roster").
+	DroppedByAgentsS float64            `json:"dropped_by_agents_s"`
+	Clients          []CollectiveClient `json:"clients"`
+}
+
+// CollectiveClient is one member's agent in a collective trial.
+type CollectiveClient struct {
+	Name      string `json:"name"`
+	Bootstrap string `json:"bootstrap"` // the one relay its configuration lists
+	// ConnectS: agent start -> its status socket, when the MPTCP
+	// connection to the server is opened.
+	ConnectS float64 `json:"connect_s"`
+	// UsableS: agent start -> grants from >= 3 discovered relays (agent
+	// log, "relay grant" lines of roster relays).
+	UsableS float64 `json:"usable_s"`
+	// DetoursS: agent start -> established subflows (kernel, inet_diag)
+	// through >= 3 distinct relays; DiscoveredDetoursS: through >= 3
+	// relays other than the bootstrap one.
+	DetoursS           float64 `json:"detours_s"`
+	DiscoveredDetoursS float64 `json:"discovered_detours_s"`
+	// Relays: relays with an established subflow when the relay was killed.
+	Relays []string `json:"relays"`
+	// Affected clients only (from the SIGKILL): DroppedS until its agent
+	// dropped the relay (log), ReplacedS until subflows were established
+	// through as many live relays as before, VictimGoneS until the subflow
+	// through the killed relay was gone from the kernel.
+	DroppedS    *float64 `json:"dropped_s,omitempty"`
+	ReplacedS   *float64 `json:"replaced_s,omitempty"`
+	VictimGoneS *float64 `json:"victim_gone_s,omitempty"`
 }
 
 // Key identifies a cell.

@@ -56,6 +56,12 @@ const (
 	LBConnectionsAnnounced = "lb-connections-announced"
 	LBConnectionsNoCFlag   = "lb-connections-no-cflag"
 	LBBulkAnnounced        = "lb-bulk-announced"
+	// Collective (topology collective, issue 15): relays with gossip
+	// (roles.detours), agents on roles.clients that know one bootstrap
+	// relay each; times to discover relays and add detour subflows through
+	// them, then to drop a relay killed with SIGKILL and replace its
+	// detours.
+	Collective = "collective"
 )
 
 // procInfo says what a procedure needs and how it is labelled in reports.
@@ -94,6 +100,8 @@ var procs = map[string]procInfo{
 	LBConnectionsAnnounced: {"100 connections via the balancer, 16 route changes, backends with the server role", -1, ""},
 	LBConnectionsNoCFlag:   {"100 connections via the balancer, 16 route changes, server role without the C flag", -1, ""},
 	LBBulkAnnounced:        {"MPTCP via the balancer, backends with the server role", -1, ""},
+
+	Collective: {"Discovery from one bootstrap relay, a relay killed", -1, ""},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -110,7 +118,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
-		Converted, Announced, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
+		Converted, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
@@ -196,6 +204,9 @@ type Roles struct {
 	// Converter is the node whose relay runs the converter (procedure
 	// converted).
 	Converter string `yaml:"converter,omitempty"`
+	// Clients are the member nodes of procedure collective, each running
+	// an agent (default: [client]).
+	Clients []string `yaml:"clients,omitempty"`
 }
 
 // ProcedureSpec is one entry of a procedures list: a name, or a mapping
@@ -520,6 +531,9 @@ func (s *Scenario) validate() error {
 			if c.Roles.Converter == "" {
 				c.Roles.Converter = s.Roles.Converter
 			}
+			if c.Roles.Clients == nil {
+				c.Roles.Clients = s.Roles.Clients
+			}
 			if err := checkRoles(field+".roles", c.Roles); err != nil {
 				return err
 			}
@@ -584,6 +598,16 @@ func checkRoles(field string, r *Roles) error {
 			return fmt.Errorf("%s.detours: %q listed twice or also client/server", field, d)
 		}
 		seen[d] = true
+	}
+	clients := map[string]bool{}
+	for _, c := range r.Clients {
+		if !nameRE.MatchString(c) {
+			return fmt.Errorf("%s.clients: %q is not a node name", field, c)
+		}
+		if clients[c] || c != r.Client && seen[c] {
+			return fmt.Errorf("%s.clients: %q listed twice or also the server or a detour", field, c)
+		}
+		clients[c] = true
 	}
 	if r.Converter != "" {
 		if !nameRE.MatchString(r.Converter) {
