@@ -28,3 +28,25 @@ func TestLatencyProbe(t *testing.T) {
 		t.Fatal("no error from a closed port")
 	}
 }
+
+// A flow to the sink completes only after every byte was read: its
+// subflow acknowledged at least the flow's size.
+func TestFlowSink(t *testing.T) {
+	s, err := ListenSink("127.0.0.1:0", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, size := range []int64{1, 15000, 3 << 20} {
+		r, err := Flow(context.Background(), FlowOptions{Addr: s.Addr().String(), Size: size, CC: "cubic"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.FCT <= 0 || len(r.Subflows) != 1 || r.Subflows[0].BytesAcked < uint64(size) {
+			t.Fatalf("size %d: %+v", size, r)
+		}
+	}
+	if _, err := Flow(context.Background(), FlowOptions{Addr: s.Addr().String(), Size: 0}); err == nil {
+		t.Error("size 0 accepted")
+	}
+}
