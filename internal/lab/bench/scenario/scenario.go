@@ -317,7 +317,8 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 func (b ByteSize) MarshalYAML() (any, error) { return b.String(), nil }
 
 // Attack is one attack of the suite during every trial of a configuration:
-// Kind (none, join-flood, join-hmac, add-addr, remove-addr, stolen-keys) sent from the
+// Kind (none, join-flood, join-hmac, add-addr, remove-addr, stolen-keys,
+// syn-flood, join-redirect, join-masquerade) sent from the
 // node From at Rate packets (or injections) per second, while a prober
 // opens Probes genuine MPTCP connections per second from the client.
 type Attack struct {
@@ -328,7 +329,7 @@ type Attack struct {
 }
 
 // AttackKinds are the kinds an attack may name (internal/lab/attack.Kinds).
-var AttackKinds = []string{"none", "join-flood", "join-hmac", "add-addr", "remove-addr", "stolen-keys"}
+var AttackKinds = []string{"none", "join-flood", "join-hmac", "add-addr", "remove-addr", "stolen-keys", "syn-flood", "join-redirect", "join-masquerade"}
 
 // Fault black-holes a lab link (both directions, every packet dropped
 // where the link leaves its first node) from At after the transfer starts,
