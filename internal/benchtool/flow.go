@@ -2,6 +2,7 @@ package benchtool
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,11 +13,13 @@ import (
 	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
-// Flow completion time (the rack scenario, issue 19): the sender connects,
-// writes Size bytes, shuts its side down and stops the clock when the sink
-// has read every byte and answered with one byte. FCT runs from the start
-// of connect() to that answer, so it includes the handshake, as a
-// request of that size would see it.
+// Flow completion time (the rack scenario, issue 19). The client connects
+// and sends a 9-byte header: 'U' or 'D' and the flow's size (big-endian
+// uint64). Upload: the client then writes Size bytes, shuts its side down
+// and stops the clock when the sink has read every byte and answered with
+// one byte. Download: the sink writes Size bytes and closes; the clock
+// stops at the last byte. FCT runs from the start of connect(), so it
+// includes the handshake, as a request of that size would see it.
 
 // FlowOptions configure one flow.
 type FlowOptions struct {
@@ -24,7 +27,9 @@ type FlowOptions struct {
 	Size  int64  // bytes to send, > 0
 	MPTCP bool
 	CC    string // congestion control; default DefaultCC
-	Netns string // network namespace of the sender (netnsx spec)
+	Netns string // network namespace of the client (netnsx spec)
+	// Download: the sink sends the Size bytes, the client receives.
+	Download bool
 	// Timeout bounds the whole flow; default 2 minutes.
 	Timeout time.Duration
 }
@@ -73,7 +78,44 @@ func Flow(ctx context.Context, o FlowOptions) (*FlowResult, error) {
 	if mp, err := conn.MultipathTCP(); err == nil {
 		res.MPTCP = mp && proto == ipprotoMPTCP
 	}
+	var hdr [9]byte
+	hdr[0] = 'U'
+	if o.Download {
+		hdr[0] = 'D'
+	}
+	binary.BigEndian.PutUint64(hdr[1:], uint64(o.Size))
+	if _, err := conn.Write(hdr[:]); err != nil {
+		return nil, sendErr(ctx, "write", err)
+	}
 	buf := make([]byte, 256<<10)
+	if o.Download {
+		var got int64
+		for {
+			n, err := conn.Read(buf)
+			got += int64(n)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, sendErr(ctx, "read", err)
+			}
+		}
+		res.FCT = time.Since(start)
+		if got != o.Size {
+			return nil, fmt.Errorf("download: %d bytes received, want %d", got, o.Size)
+		}
+		// Per subflow: bytes received (tcpi_bytes_received).
+		end := subflowSnapshot(conn, rc, res.MPTCP)
+		res.Subflows = subflowResults(end, nil)
+		for i := range res.Subflows {
+			k := res.Subflows[i].Local.String() + "-" + res.Subflows[i].Remote.String()
+			if _, ok := end[k]; !ok {
+				k = "tcp"
+			}
+			res.Subflows[i].BytesAcked = end[k].info.Bytes_received
+		}
+		return res, nil
+	}
 	for left := o.Size; left > 0; {
 		n := int64(len(buf))
 		if left < n {
@@ -97,14 +139,18 @@ func Flow(ctx context.Context, o FlowOptions) (*FlowResult, error) {
 	return res, nil
 }
 
+// MaxFlowSize bounds what a sink sends for one download request.
+const MaxFlowSize = 10_000_000_000
+
 // Sink reads each connection to its end, answers with one byte and closes.
 type Sink struct {
 	ln net.Listener
 	wg sync.WaitGroup
 }
 
-// ListenSink opens a sink on addr in netns (MPTCP if mptcp).
-func ListenSink(addr, netns string, mptcp bool) (*Sink, error) {
+// ListenSink opens a sink on addr in netns (MPTCP if mptcp); downloads
+// are sent with congestion control cc ("" = the namespace's default).
+func ListenSink(addr, netns string, mptcp bool, cc string) (*Sink, error) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(mptcp)
 	var ln net.Listener
@@ -127,7 +173,37 @@ func ListenSink(addr, netns string, mptcp bool) (*Sink, error) {
 				defer c.Close()
 				// A flow of 100 MB at a few Mbit/s still ends in time.
 				c.SetDeadline(time.Now().Add(5 * time.Minute))
+				var hdr [9]byte
+				if _, err := io.ReadFull(c, hdr[:]); err != nil {
+					return
+				}
+				size := binary.BigEndian.Uint64(hdr[1:])
 				buf := make([]byte, 256<<10)
+				if hdr[0] == 'D' {
+					if size > MaxFlowSize {
+						return
+					}
+					if cc != "" {
+						if rc, err := c.(*net.TCPConn).SyscallConn(); err == nil {
+							var cerr error
+							_ = rc.Control(func(fd uintptr) { cerr = setCongestion(fd, cc) })
+							if cerr != nil {
+								return
+							}
+						}
+					}
+					for left := int64(size); left > 0; {
+						n, err := c.Write(buf[:min(int64(len(buf)), left)])
+						if err != nil {
+							return
+						}
+						left -= int64(n)
+					}
+					return
+				}
+				if hdr[0] != 'U' {
+					return
+				}
 				for {
 					_, err := c.Read(buf)
 					if errors.Is(err, io.EOF) {

@@ -32,7 +32,7 @@ func TestLatencyProbe(t *testing.T) {
 // A flow to the sink completes only after every byte was read: its
 // subflow acknowledged at least the flow's size.
 func TestFlowSink(t *testing.T) {
-	s, err := ListenSink("127.0.0.1:0", "", false)
+	s, err := ListenSink("127.0.0.1:0", "", false, "cubic")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +44,13 @@ func TestFlowSink(t *testing.T) {
 		}
 		if r.FCT <= 0 || len(r.Subflows) != 1 || r.Subflows[0].BytesAcked < uint64(size) {
 			t.Fatalf("size %d: %+v", size, r)
+		}
+		d, err := Flow(context.Background(), FlowOptions{Addr: s.Addr().String(), Size: size, CC: "cubic", Download: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.FCT <= 0 || len(d.Subflows) != 1 || d.Subflows[0].BytesAcked < uint64(size) {
+			t.Fatalf("download size %d: %+v", size, d)
 		}
 	}
 	if _, err := Flow(context.Background(), FlowOptions{Addr: s.Addr().String(), Size: 0}); err == nil {

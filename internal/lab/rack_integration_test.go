@@ -46,8 +46,11 @@ func TestRack(t *testing.T) {
 	for _, c := range []struct{ dst, dev string }{
 		{"10.3.2.2", "P1_2"}, {"10.3.8.2", "P1_8"}, {"10.3.5.2", "U1"}, {"10.3.100.2", "U1"},
 	} {
-		if r := run(t, l, "s1", "ip", "route", "get", c.dst); !strings.Contains(r, "dev "+c.dev) {
-			t.Errorf("s1 route to %s: %s, want dev %s", c.dst, r, c.dev)
+		// Always from s1's primary address: a relay's grant is for the
+		// address its control packets come from, and the detour subflow
+		// leaves from the first subflow's address.
+		if r := run(t, l, "s1", "ip", "route", "get", c.dst); !strings.Contains(r, "dev "+c.dev) || !strings.Contains(r, "src 10.3.1.2") {
+			t.Errorf("s1 route to %s: %s, want dev %s src 10.3.1.2", c.dst, r, c.dev)
 		}
 		if err := ping(t, l, "s1", c.dst); err != nil {
 			t.Error(err)

@@ -17,9 +17,11 @@ import (
 // one after the other to the flow sink in the server node, each on a new
 // connection of the cell's kind (plain TCP, MPTCP, MPTCP with the agent's
 // detours), and records every flow's completion time (connect() to the
-// sink's answer after the last byte). With background, a plain TCP bulk
-// transfer from the client to the server's goodput receiver loads the
-// default path during the flows (started backgroundLead earlier).
+// sink's answer after the last byte; with the scenario's direction
+// download the sink sends and the clock stops at the last byte). With
+// background, a plain TCP flow too large to end (MaxFlowSize, same
+// direction, to the same sink) loads the default path during the flows
+// (started backgroundLead earlier).
 
 // backgroundLead lets the background transfer fill the bottleneck's queue
 // before the first flow.
@@ -43,9 +45,11 @@ func (t *transfer) flowTrial(ctx context.Context) (Measurement, error) {
 		bctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
-			_, err := benchtool.Send(bctx, benchtool.SendOptions{
-				Addr: e.serverAddr().String(), Duration: time.Hour, Warmup: time.Second, CC: e.CC,
-				Netns: e.Lab.NetnsPath(e.Roles.Client),
+			// A flow too large to end: plain TCP, the cell's direction,
+			// the scenario's congestion control at both ends.
+			_, err := benchtool.Flow(bctx, benchtool.FlowOptions{
+				Addr: dst.String(), Size: benchtool.MaxFlowSize, CC: e.CC, Timeout: time.Hour,
+				Netns: e.Lab.NetnsPath(e.Roles.Client), Download: e.Download,
 			})
 			done <- err
 		}()
@@ -71,7 +75,7 @@ func (t *transfer) flowTrial(ctx context.Context) (Measurement, error) {
 		}
 		res, err := benchtool.Flow(ctx, benchtool.FlowOptions{
 			Addr: dst.String(), Size: int64(f.Size), MPTCP: t.mptcp, CC: e.CC,
-			Netns: e.Lab.NetnsPath(e.Roles.Client),
+			Netns: e.Lab.NetnsPath(e.Roles.Client), Download: e.Download,
 		})
 		if err != nil {
 			return Measurement{}, t.explain(fmt.Errorf("flow %d of %d: %w", i+1, f.Flows, err))

@@ -256,7 +256,7 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 	defer lat.Close()
 	base.LatencyPort = latencyPort
 	if hasFlows(cells) {
-		sink, err := benchtool.ListenSink(":"+strconv.Itoa(flowPort), l.NetnsPath(roles.Server), base.ServerMPTCP)
+		sink, err := benchtool.ListenSink(":"+strconv.Itoa(flowPort), l.NetnsPath(roles.Server), base.ServerMPTCP, r.s.CC)
 		if err != nil {
 			return fmt.Errorf("configuration %s: %w", cfg.Name, err)
 		}

@@ -41,7 +41,8 @@ func RackNeighbours(i, degree int) []int {
 // Addresses: Ui 10.3.i.0/24 (tor .1, si .2: si's primary address), X
 // 10.3.100.0/24 (tor .1, remote .2), peer links 10.4.N.0/24 in creation
 // order. Each server routes by default via the ToR and reaches each
-// neighbour's primary address (10.3.j.2/32) over their direct link.
+// neighbour's primary address (10.3.j.2/32) over their direct link, with
+// its own primary address as the preferred source.
 func genRack(p map[string]string) *Topology {
 	degree, _ := strconv.Atoi(p["degree"])
 	b := &topoBuilder{t: &Topology{}}
@@ -72,6 +73,18 @@ func genRack(p map[string]string) *Topology {
 		}
 		// Forwarding on: a neighbour relays (its relay's NAT forwards).
 		b.node(fmt.Sprintf("s%d", i), true, routes...)
+	}
+	// A relay grants a NAT mapping to the address its control packets
+	// come from, and the agent opens the detour subflow from the address of
+	// the connection's first subflow (the server link's): the routes to
+	// the neighbours prefer that address as source.
+	for i := 1; i <= RackServers; i++ {
+		n := b.t.Node(fmt.Sprintf("s%d", i))
+		for k := range n.Routes {
+			if n.Routes[k].Dst.Bits() == 32 {
+				n.Routes[k].Src = netip.MustParseAddr(fmt.Sprintf("10.3.%d.2", i))
+			}
+		}
 	}
 	b.node("remote", false, "default", "10.3.100.1")
 	for i := 1; i <= RackServers; i++ {
