@@ -943,6 +943,9 @@ func randomFloodSource() netip.Addr {
 // port, so the prober's joins too): DNAT to the node's own address, ports
 // unchanged, where MPTCP listeners on the target's and the prober's ports
 // accept (join-redirect), or SNAT to its own address (join-masquerade).
+// join-redirect also takes the joins addressed to the node itself (a relay
+// or waypoint there, before its own NAT) to the listener on the target's
+// port: a malicious relay sending the detour's join elsewhere.
 // Stop reads the rule's counter (attack.injected: joins rewritten) and
 // removes the table.
 func (r *Run) startJoinSubst() error {
@@ -989,26 +992,39 @@ func (r *Run) startJoinSubst() error {
 		ch := c.AddChain(&nftables.Chain{Name: "subst", Table: t, Type: nftables.ChainTypeNAT, Hooknum: hook, Priority: prio})
 		dst := r.cfg.Target.Addr().As4()
 		a := own.As4()
-		exprs := []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		// match: an MP_JOIN SYN (SYN without ACK, tcp option 30 whose
+		// first data byte has subtype MP_JOIN); then count and NAT.
+		join := func(head ...expr.Any) []expr.Any {
+			return append(append([]expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			}, head...),
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{mptcpwire.SYN | mptcpwire.ACK}, Xor: []byte{0}},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{mptcpwire.SYN}},
+				&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: mptcpwire.OptMPTCP, Offset: 2, Len: 1, DestRegister: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0xf0}, Xor: []byte{0}},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{mptcpwire.MPJoin << 4}},
+				&expr.Counter{},
+				&expr.Immediate{Register: 1, Data: a[:]},
+			)
+		}
+		// Joins toward the target: the address rewritten, ports unchanged.
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(join(
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: dst[:]},
-			// SYN without ACK
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{mptcpwire.SYN | mptcpwire.ACK}, Xor: []byte{0}},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{mptcpwire.SYN}},
-			// tcp option 30 (MPTCP), first data byte: subtype MP_JOIN
-			&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: mptcpwire.OptMPTCP, Offset: 2, Len: 1, DestRegister: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0xf0}, Xor: []byte{0}},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{mptcpwire.MPJoin << 4}},
-			&expr.Counter{},
-			&expr.Immediate{Register: 1, Data: a[:]},
+		), &expr.NAT{Type: typ, Family: unix.NFPROTO_IPV4, RegAddrMin: 1})})
+		if r.cfg.Kind == JoinRedirect {
+			// Joins addressed to this node itself (to a relay's or a
+			// waypoint's port here, before that NAT): to the other peer's
+			// listener on the target's port.
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(join(
+				&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+			),
+				&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, r.cfg.Target.Port())},
+				&expr.NAT{Type: typ, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true})})
 		}
-		// Ports unchanged: a redirected join reaches the other peer's
-		// listener on the port it was sent to.
-		nat := &expr.NAT{Type: typ, Family: unix.NFPROTO_IPV4, RegAddrMin: 1}
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(exprs, nat)})
 		if err := c.Flush(); err != nil {
 			return fmt.Errorf("attack: nftables %s rule: %w", r.cfg.Kind, err)
 		}
@@ -1020,13 +1036,15 @@ func (r *Run) startJoinSubst() error {
 					return err
 				}
 				if rules, err := c.GetRules(t, ch); err == nil {
+					var n uint64
 					for _, rl := range rules {
 						for _, e := range rl.Exprs {
 							if ctr, ok := e.(*expr.Counter); ok {
-								r.injected.Store(ctr.Packets)
+								n += ctr.Packets
 							}
 						}
 					}
+					r.injected.Store(n)
 				}
 				c.DelTable(t)
 				return c.Flush()

@@ -152,7 +152,7 @@ func TestRemoveAddrProcessed(t *testing.T) {
 // as a relay's mapping does) sees the subflow only after its own NAT and
 // must inject past its conntrack: the join with the learnt token is
 // refused at the third ACK, the forged ADD_ADDR ignored, the echo controls
-// counted.
+// counted; a join it redirects to another peer is refused there.
 func TestAttacksFromNATRelay(t *testing.T) {
 	e := newEnv(t)
 	ns := e.l.NetnsName("detour1")
@@ -191,6 +191,14 @@ func TestAttacksFromNATRelay(t *testing.T) {
 	m = under(AddAddr)
 	if m["attack.controls"] < 2 || m["client.EchoAdd"] < 0.8*m["attack.controls"] || m["client.AddAddr"] != 0 {
 		t.Errorf("add-addr from the relay: %.0f echo controls, client EchoAdd %.0f, AddAddr %.0f", m["attack.controls"], m["client.EchoAdd"], m["client.AddAddr"])
+	}
+	// SYN/JOIN address substitution by the relay: the join it should NAT
+	// to the server goes to another peer (a listener of its own), which
+	// has no connection with that token.
+	m = under(JoinRedirect)
+	if m["attack.injected"] < 1 || m["attacker.MPJoinNoTokenFound"] < 1 || m["server.MPJoinSynRx"] != 0 {
+		t.Errorf("join-redirect from the relay: %.0f joins rewritten, other peer MPJoinNoTokenFound %.0f, server MPJoinSynRx %.0f",
+			m["attack.injected"], m["attacker.MPJoinNoTokenFound"], m["server.MPJoinSynRx"])
 	}
 }
 
