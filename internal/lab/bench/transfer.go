@@ -451,15 +451,20 @@ func resumeAfter(series []benchtool.SeriesPoint, f *scenario.Fault, pathOf func(
 	return &v
 }
 
+// attackProbePort is the attack prober's listener in the server node: not
+// the receiver's port + 1 (the attack package's default), which is the
+// setup-latency responder's (latencyPort) since every configuration runs
+// one.
+const attackProbePort = 5204
+
 // startAttack starts the configuration's attack for one trial; the
-// prober's connections go to the goodput receiver (it drops clients
-// without its hello).
+// prober's connections go to a listener of its own (attackProbePort).
 func startAttack(ctx context.Context, e *Env, a *scenario.Attack) (*attack.Run, error) {
 	if a.From != "" && e.Lab.NetnsName(a.From) == "" {
 		return nil, fmt.Errorf("attack: lab has no node %q", a.From)
 	}
 	return attack.Start(ctx, e.Lab, attack.Config{
 		Kind: a.Kind, Attacker: a.From, Client: e.Roles.Client, Server: e.Roles.Server,
-		Target: e.serverAddr(), Rate: a.Rate, ProbeRate: a.Probes,
+		Target: e.serverAddr(), Rate: a.Rate, ProbeRate: a.Probes, ProbePort: attackProbePort,
 	})
 }
