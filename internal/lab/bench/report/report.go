@@ -340,8 +340,17 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.f("%s.\n\n", strings.TrimSuffix(s.Description, "."))
 	}
 	p.f("- Scenario: `%s`; topology `%s`; %d configuration(s), %d cell(s).\n", s.Source, s.Topology, len(s.Configurations), len(d.Cells))
-	p.f("- Transfer: %s bulk transfer client -> server, goodput = bytes received between t=%s and the end, divided by that time (reference method); congestion control `%s` set per socket.\n",
-		time.Duration(s.Duration), time.Duration(s.Warmup), s.CC)
+	flows := false
+	for _, c := range s.Configurations {
+		flows = flows || c.Flow != nil
+	}
+	if flows {
+		p.f("- Flows (%s): each trial sends the configuration's flows one after the other, each on a new connection; goodput = flow size x 8 / the trial's median flow completion time; congestion control `%s` set per socket.\n",
+			s.Direction, s.CC)
+	} else {
+		p.f("- Transfer: %s bulk transfer client -> server, goodput = bytes received between t=%s and the end, divided by that time (reference method); congestion control `%s` set per socket.\n",
+			time.Duration(s.Duration), time.Duration(s.Warmup), s.CC)
+	}
 	p.f("- Generated %s", m.Generated.UTC().Format("2006-01-02 15:04 UTC"))
 	if m.Host != "" {
 		p.f(" on %s", m.Host)
