@@ -333,7 +333,11 @@ func (b *builder) build() error {
 		h := b.handles[b.nsName(n.Name)]
 		for _, r := range n.Routes {
 			dst := &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), 32)}
-			if err := h.RouteAdd(&netlink.Route{Dst: dst, Gw: r.Via.AsSlice()}); err != nil {
+			rt := &netlink.Route{Dst: dst, Gw: r.Via.AsSlice()}
+			if r.Src.IsValid() {
+				rt.Src = r.Src.AsSlice()
+			}
+			if err := h.RouteAdd(rt); err != nil {
 				return fmt.Errorf("node %s: route %s via %s: %w", n.Name, r.Dst, r.Via, err)
 			}
 		}

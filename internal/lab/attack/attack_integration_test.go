@@ -36,7 +36,7 @@ func newEnv(t *testing.T) *env {
 	testenv.Tools(t, "ip")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	name := fmt.Sprintf("atk%d", os.Getpid()%100000)
+	name := fmt.Sprintf("ak%d", os.Getpid()%100000)
 	l := labtest.UpDetours(ctx, t, name, 1)
 	run := func(node string, argv ...string) {
 		t.Helper()
@@ -152,7 +152,7 @@ func TestRemoveAddrProcessed(t *testing.T) {
 // as a relay's mapping does) sees the subflow only after its own NAT and
 // must inject past its conntrack: the join with the learnt token is
 // refused at the third ACK, the forged ADD_ADDR ignored, the echo controls
-// counted.
+// counted; a join it redirects to another peer is refused there.
 func TestAttacksFromNATRelay(t *testing.T) {
 	e := newEnv(t)
 	ns := e.l.NetnsName("detour1")
@@ -192,6 +192,14 @@ func TestAttacksFromNATRelay(t *testing.T) {
 	if m["attack.controls"] < 2 || m["client.EchoAdd"] < 0.8*m["attack.controls"] || m["client.AddAddr"] != 0 {
 		t.Errorf("add-addr from the relay: %.0f echo controls, client EchoAdd %.0f, AddAddr %.0f", m["attack.controls"], m["client.EchoAdd"], m["client.AddAddr"])
 	}
+	// SYN/JOIN address substitution by the relay: the join it should NAT
+	// to the server goes to another peer (a listener of its own), which
+	// has no connection with that token.
+	m = under(JoinRedirect)
+	if m["attack.injected"] < 1 || m["attacker.MPJoinNoTokenFound"] < 1 || m["server.MPJoinSynRx"] != 0 {
+		t.Errorf("join-redirect from the relay: %.0f joins rewritten, other peer MPJoinNoTokenFound %.0f, server MPJoinSynRx %.0f",
+			m["attack.injected"], m["attacker.MPJoinNoTokenFound"], m["server.MPJoinSynRx"])
+	}
 }
 
 // An eavesdropper on the initial handshake (RFC 8684's residual threat):
@@ -205,5 +213,84 @@ func TestStolenKeysAddAddrAccepted(t *testing.T) {
 	if m["attack.tokens"] < 1 || m["attack.injected"] < 10 || m["client.AddAddr"] < 1 {
 		t.Errorf("stolen-keys: key pairs learnt %.0f, injected %.0f, client AddAddr %.0f: want the forged announcement accepted",
 			m["attack.tokens"], m["attack.injected"], m["client.AddAddr"])
+	}
+}
+
+// SYN-flood amplification (RFC 7430 sec. 4): one spoofed MP_CAPABLE SYN
+// makes the server send what one plain SYN does (a SYN/ACK and its
+// retransmissions, counted on the attacker's tap at r2) and nothing of
+// MPTCP beyond the MP_CAPABLE of the SYN/ACK: no subflow, no ADD_ADDR, no
+// MPTCP connection before the handshake completes. Under a flood the
+// genuine transfer and connections are served (e.under) and the server
+// still opens nothing toward the spoofed sources.
+func TestSYNFloodAmplification(t *testing.T) {
+	e := newEnv(t)
+	one := func(plain bool) map[string]float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := Start(ctx, e.l, Config{Kind: SYNFlood, Attacker: "r2", Client: "client", Server: "server", Target: e.target,
+			Rate: 10, Count: 1, PlainSYN: plain})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// SYN/ACK retransmissions after 1, 3 and 7 s (tcp_synack_retries 5:
+		// two more would follow at 15 and 31 s).
+		time.Sleep(7500 * time.Millisecond)
+		m, err := r.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("one SYN (plain %v): in %.0f pkts %.0f bytes, out %.0f pkts %.0f bytes (%.0f SYN/ACKs, %.0f MP_CAPABLE, %.0f other MPTCP); server MPCapableSYNRX %.0f AddAddrTx %.0f MPJoinSynTx %.0f",
+			plain, m["attack.sent"], m["attack.in_bytes"], m["attack.out_pkts"], m["attack.out_bytes"], m["attack.synacks"],
+			m["attack.out_capable"], m["attack.out_other_mptcp"], m["server.MPCapableSYNRX"], m["server.AddAddrTx"], m["server.MPJoinSynTx"])
+		return m
+	}
+	mp, tcp := one(false), one(true)
+	if mp["attack.sent"] != 1 || mp["server.MPCapableSYNRX"] != 1 || mp["attack.synacks"] < 3 || mp["attack.out_capable"] != mp["attack.synacks"] {
+		t.Errorf("MP_CAPABLE SYN: sent %.0f, server MPCapableSYNRX %.0f, SYN/ACKs %.0f with MP_CAPABLE %.0f: want one SYN received, a SYN/ACK and its retransmissions all carrying MP_CAPABLE",
+			mp["attack.sent"], mp["server.MPCapableSYNRX"], mp["attack.synacks"], mp["attack.out_capable"])
+	}
+	if mp["attack.out_pkts"] != tcp["attack.out_pkts"] || tcp["attack.out_capable"] != 0 {
+		t.Errorf("the server sent %.0f packets for an MP_CAPABLE SYN, %.0f for a plain SYN (%.0f with MP_CAPABLE): want the same",
+			mp["attack.out_pkts"], tcp["attack.out_pkts"], tcp["attack.out_capable"])
+	}
+	for _, m := range []map[string]float64{mp, tcp} {
+		if m["attack.out_other_mptcp"] != 0 || m["server.AddAddrTx"] != 0 || m["server.MPJoinSynTx"] != 0 || m["server.MPCapableACKRX"] != 0 {
+			t.Errorf("the server signalled toward a half-open connection: %v", m)
+		}
+	}
+
+	_, m := e.under(t, Config{Kind: SYNFlood, Attacker: "r2", Rate: 2000})
+	t.Logf("flood: out/in %.2f packets, %.2f bytes", m["attack.out_pkts"]/m["attack.sent"], m["attack.out_bytes"]/m["attack.in_bytes"])
+	if m["attack.sent"] < 1000 || m["attack.out_pkts"] < 0.9*m["attack.sent"] || m["attack.out_other_mptcp"] != 0 || m["server.AddAddrTx"] != 0 {
+		t.Errorf("syn-flood: sent %.0f, server answered %.0f, other MPTCP options %.0f, AddAddrTx %.0f: want every SYN answered and nothing else sent",
+			m["attack.sent"], m["attack.out_pkts"], m["attack.out_other_mptcp"], m["server.AddAddrTx"])
+	}
+}
+
+// SYN/JOIN address substitution on the join's path (r1 forwards the
+// client's second subflow; in-kernel path managers, no mpdetour): the
+// MP_JOIN's HMAC binds it to the connection, not to addresses. A join
+// whose source r1 rewrites to its own address is accepted by the server
+// (it appears from r1, the subflow works through r1's NAT); a join whose
+// destination r1 rewrites to itself reaches "another peer" (an MPTCP
+// listener on r1) that has no connection with that token and refuses it:
+// no subflow, the connection goes on over its first subflow.
+func TestJoinSubstitution(t *testing.T) {
+	e := newEnv(t)
+	if out, err := exec.Command("ip", "netns", "exec", e.l.NetnsName("r1"), "sysctl", "-qw", "net.mptcp.enabled=1").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	res, m := e.under(t, Config{Kind: JoinMasquerade, Attacker: "r1"})
+	// Probe connections close at once, so some of their joins end early;
+	// the transfer's join must be accepted.
+	if m["attack.injected"] < 1 || m["server.MPJoinAckRx"] < 1 || len(res.Subflows) != 2 {
+		t.Errorf("join-masquerade: %.0f joins rewritten, server MPJoinAckRx %.0f, %d subflows at the end: want the rewritten join accepted",
+			m["attack.injected"], m["server.MPJoinAckRx"], len(res.Subflows))
+	}
+	res, m = e.under(t, Config{Kind: JoinRedirect, Attacker: "r1"})
+	if m["attack.injected"] < 1 || m["attacker.MPJoinNoTokenFound"] < m["attack.injected"] || m["server.MPJoinSynRx"] != 0 || m["attack.synacks"] != 0 || len(res.Subflows) != 1 {
+		t.Errorf("join-redirect: %.0f joins rewritten, other peer MPJoinNoTokenFound %.0f, server MPJoinSynRx %.0f, joins the other peer accepted %.0f, %d subflows: want every redirected join refused by the other peer",
+			m["attack.injected"], m["attacker.MPJoinNoTokenFound"], m["server.MPJoinSynRx"], m["attack.synacks"], len(res.Subflows))
 	}
 }

@@ -318,7 +318,12 @@ func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour
 		// often (its stall check), to compare policies, not probe rates.
 		fmt.Fprintf(&b, "policy: %s\nprobe_interval: 100ms\n", pol)
 	}
-	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [\"%d\"]}\n", target.Addr(), target.Port())
+	ports := fmt.Sprintf("\"%d\"", target.Port())
+	if env.FlowPort != 0 && target == server {
+		// Flow trials go to the flow sink's port.
+		ports += fmt.Sprintf(", \"%d\"", env.FlowPort)
+	}
+	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [%s]}\n", target.Addr(), ports)
 	if len(ds) > 0 {
 		b.WriteString("detours:\n")
 	}

@@ -38,6 +38,8 @@ type Env struct {
 	// LatencyPort is its setup-latency responder (0: none).
 	ServerMPTCP bool
 	LatencyPort int
+	// FlowPort is the flow sink's port in the server node (0: none).
+	FlowPort int
 	// RelayAllow are destinations the detour relays allow besides the
 	// server (the converter's address for procedure converted).
 	RelayAllow []netip.Addr
@@ -66,6 +68,8 @@ type Measurement struct {
 	Churn   *results.Churn
 	// Collective: procedure collective's times.
 	Collective *results.Collective
+	// FCTMs: with a flow configuration, every flow's completion time (ms).
+	FCTMs []float64
 	// Attack: with an attack, what it did and the kernels' MPTCP counters
 	// over the trial (attack.Run.Stop), also for a failed trial.
 	Attack map[string]float64

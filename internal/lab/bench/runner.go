@@ -255,6 +255,14 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 	}
 	defer lat.Close()
 	base.LatencyPort = latencyPort
+	if hasFlows(cells) {
+		sink, err := benchtool.ListenSink(":"+strconv.Itoa(flowPort), l.NetnsPath(roles.Server), base.ServerMPTCP, r.s.CC)
+		if err != nil {
+			return fmt.Errorf("configuration %s: %w", cfg.Name, err)
+		}
+		defer sink.Close()
+		base.FlowPort = flowPort
+	}
 	for _, c := range cells {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -277,7 +285,17 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 const (
 	receiverPort = 5201
 	latencyPort  = 5202
+	flowPort     = 5203 // the flow sink (configurations with flow:)
 )
+
+func hasFlows(cells []scenario.Cell) bool {
+	for _, c := range cells {
+		if c.Flow != nil {
+			return true
+		}
+	}
+	return false
+}
 
 // median of a non-empty slice.
 func median(v []float64) float64 {
@@ -396,6 +414,10 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 			}
 			rec.Churn = m.Churn
 			rec.Collective = m.Collective
+			if len(m.FCTMs) > 0 {
+				med := median(m.FCTMs)
+				rec.FCTMs, rec.FCTAllMs, rec.FlowBytes = &med, m.FCTMs, int64(c.Flow.Size)
+			}
 		}
 		if err := r.append(rec); err != nil {
 			return err
@@ -424,6 +446,9 @@ func (r *runner) progress(rec results.Record, c scenario.Cell) {
 		eta = left.Round(time.Second).String()
 	}
 	res := fmt.Sprintf("%.2f Mbit/s", rec.GoodputMbps)
+	if rec.FCTMs != nil {
+		res = fmt.Sprintf("%d flows of %s, median FCT %.2f ms (%.2f Mbit/s)", len(rec.FCTAllMs), scenario.ByteSize(rec.FlowBytes), *rec.FCTMs, rec.GoodputMbps)
+	}
 	if ch := rec.Churn; ch != nil {
 		res += fmt.Sprintf(", %d of %d connections broken across %d route changes", ch.Broken, ch.Connections, ch.RouteChanges)
 	}

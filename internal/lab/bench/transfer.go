@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,6 +80,9 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		}
 	}
 	e := t.env
+	if e.Cell.Flow != nil {
+		return t.flowTrial(ctx)
+	}
 	if f := e.Cell.Fault; f != nil {
 		stop, err := t.scheduleFault(ctx, f)
 		if err != nil {
@@ -136,27 +138,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 		return Measurement{Attack: attackStats}, errors.New("plain TCP was requested but the connection is MPTCP")
 	}
 	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup, Attack: attackStats}
-	client := e.Lab.Addr(e.Roles.Client)
-	pathOf := func(local, remote netip.AddrPort) string {
-		p := t.paths[local.Addr()]
-		if p == "" {
-			p = t.paths[remote.Addr()]
-		}
-		for pf, name := range t.prefixes {
-			if p == "" && pf.Contains(local.Addr()) {
-				p = name
-			}
-		}
-		if p == "" {
-			switch {
-			case local.Addr() == client && remote.Addr() == e.serverAddr().Addr():
-				p = "default"
-			default:
-				p = local.Addr().String() + ">" + remote.Addr().String()
-			}
-		}
-		return p
-	}
+	pathOf := t.pathOf
 	if f := e.Cell.Fault; f != nil {
 		m.ResumeS = resumeAfter(res.Series, f, func(key string) string {
 			if key == "tcp" {
@@ -182,21 +164,36 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 			RTTms: sf.RTT, MinRTTms: sf.MinRTT, Retrans: uint64(sf.Retransmits),
 		})
 	}
-	// Default path first, then detours in name order (detour2 before detour10).
-	sort.SliceStable(m.Subflows, func(i, j int) bool {
-		a, b := m.Subflows[i].Path, m.Subflows[j].Path
-		if (a == "default") != (b == "default") {
-			return a == "default"
-		}
-		if len(a) != len(b) {
-			return len(a) < len(b)
-		}
-		return a < b
-	})
+	sortSubflows(m.Subflows)
 	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows && e.Cell.Fault == nil && e.Cell.Attack == nil {
 		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
 	}
 	return m, nil
+}
+
+// pathOf names a subflow's path: by t.paths (local or remote address),
+// t.prefixes (local address), "default" for client -> server, else the
+// address pair.
+func (t *transfer) pathOf(local, remote netip.AddrPort) string {
+	e := t.env
+	p := t.paths[local.Addr()]
+	if p == "" {
+		p = t.paths[remote.Addr()]
+	}
+	for pf, name := range t.prefixes {
+		if p == "" && pf.Contains(local.Addr()) {
+			p = name
+		}
+	}
+	if p == "" {
+		switch {
+		case local.Addr() == e.Lab.Addr(e.Roles.Client) && remote.Addr() == e.serverAddr().Addr():
+			p = "default"
+		default:
+			p = local.Addr().String() + ">" + remote.Addr().String()
+		}
+	}
+	return p
 }
 
 // setupProbes is how many setup-latency connections a trial makes.
@@ -454,15 +451,20 @@ func resumeAfter(series []benchtool.SeriesPoint, f *scenario.Fault, pathOf func(
 	return &v
 }
 
+// attackProbePort is the attack prober's listener in the server node: not
+// the receiver's port + 1 (the attack package's default), which is the
+// setup-latency responder's (latencyPort) since every configuration runs
+// one.
+const attackProbePort = 5204
+
 // startAttack starts the configuration's attack for one trial; the
-// prober's connections go to the goodput receiver (it drops clients
-// without its hello).
+// prober's connections go to a listener of its own (attackProbePort).
 func startAttack(ctx context.Context, e *Env, a *scenario.Attack) (*attack.Run, error) {
 	if a.From != "" && e.Lab.NetnsName(a.From) == "" {
 		return nil, fmt.Errorf("attack: lab has no node %q", a.From)
 	}
 	return attack.Start(ctx, e.Lab, attack.Config{
 		Kind: a.Kind, Attacker: a.From, Client: e.Roles.Client, Server: e.Roles.Server,
-		Target: e.serverAddr(), Rate: a.Rate, ProbeRate: a.Probes,
+		Target: e.serverAddr(), Rate: a.Rate, ProbeRate: a.Probes, ProbePort: attackProbePort,
 	})
 }

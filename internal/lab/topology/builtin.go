@@ -79,6 +79,23 @@ var builtins = map[string]*builtin{
 		check:    checkCollective,
 		gen:      genCollective,
 	},
+	"rack": {
+		name:     "rack",
+		defaults: map[string]string{"degree": "4"},
+		check: func(key, value string) error {
+			switch key {
+			case "degree":
+				d, err := strconv.Atoi(value)
+				if err != nil || d < 1 || d > MaxRackDegree {
+					return fmt.Errorf("degree must be a number from 1 to %d, not %q", MaxRackDegree, value)
+				}
+			default:
+				return fmt.Errorf("rack has one parameter, degree, not %q", key)
+			}
+			return nil
+		},
+		gen: genRack,
+	},
 	"line": {
 		name:     "line",
 		defaults: map[string]string{},

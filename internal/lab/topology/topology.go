@@ -56,6 +56,10 @@ type Sysctl struct {
 type Route struct {
 	Dst netip.Prefix // 0.0.0.0/0 for "default"
 	Via netip.Addr
+	// Src, if set, is the preferred source address of the route (one of
+	// the node's addresses; built-in topologies only: the rack's servers
+	// reach their neighbours with their primary address as source).
+	Src netip.Addr
 	pos pos
 }
 

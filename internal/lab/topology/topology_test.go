@@ -2,7 +2,9 @@ package topology
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -278,5 +280,53 @@ func TestBrennanFileMatchesBuiltin(t *testing.T) {
 		if fl.Name != l.Name || fl.Class != l.Class || fl.A != l.A || fl.B != l.B || fl.AB != l.AB || fl.BA != l.BA {
 			t.Errorf("link %d: file %+v, built-in %+v", i, fl, l)
 		}
+	}
+}
+
+// The rack: 8 servers under a ToR, degree direct links per server, each
+// server reaching its neighbours' primary addresses over the direct link.
+func TestRack(t *testing.T) {
+	for d := 1; d <= MaxRackDegree; d++ {
+		r, err := Builtin("rack")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Set("degree", strconv.Itoa(d)); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Validate(); err != nil {
+			t.Fatalf("degree %d: %v", d, err)
+		}
+		peers := 0
+		for _, l := range r.Links {
+			if l.Class == "peer" {
+				peers++
+			}
+		}
+		if want := RackServers * d / 2; peers != want {
+			t.Errorf("degree %d: %d peer links, want %d", d, peers, want)
+		}
+		for i := 1; i <= RackServers; i++ {
+			s := r.Node(fmt.Sprintf("s%d", i))
+			if got := r.Primary(s.Name).String(); got != fmt.Sprintf("10.3.%d.2", i) {
+				t.Errorf("degree %d: %s primary %s", d, s.Name, got)
+			}
+			nb := RackNeighbours(i, d)
+			if len(nb) != d || len(s.Routes) != d+1 {
+				t.Errorf("degree %d: %s neighbours %v, routes %d", d, s.Name, nb, len(s.Routes))
+			}
+		}
+	}
+	if got := RackNeighbours(1, 4); fmt.Sprint(got) != "[2 8 3 7]" {
+		t.Errorf("neighbours of s1 at degree 4: %v", got)
+	}
+	r, _ := Builtin("rack")
+	for _, v := range []string{"0", "5", "x"} {
+		if err := r.Set("degree", v); err == nil {
+			t.Errorf("degree=%s accepted", v)
+		}
+	}
+	if err := r.Set("server.rate", "100mbit"); err != nil || r.Link("U3").AB.Rate != 100*mbit || r.Link("X").AB.Rate != 0 {
+		t.Errorf("server.rate: %v", err)
 	}
 }

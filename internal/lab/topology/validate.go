@@ -154,6 +154,9 @@ func (t *Topology) Validate() error {
 			if _, ok := addrs[r.Via]; !ok {
 				return errAt(r.pos, "route to %s via %s goes nowhere: no node has address %s", r.Dst, r.Via, r.Via)
 			}
+			if r.Src.IsValid() && !isOwn(t, n.Name, r.Src) {
+				return errAt(r.pos, "route to %s: source %s is not one of node %s's addresses", r.Dst, r.Src, n.Name)
+			}
 		}
 	}
 	return nil

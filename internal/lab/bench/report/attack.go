@@ -45,6 +45,18 @@ var attackColumns = []struct{ key, head string }{
 	{"client.RmAddr", "client RmAddr"},
 	{"client.RmSubflow", "client RmSubflow"},
 	{"client.MPJoinSynTx", "client MPJoinSynTx"},
+	{"client.MPJoinSynAckRx", "client MPJoinSynAckRx"},
+	{"attacker.MPJoinSynRx", "other peer MPJoinSynRx"},
+	{"attacker.MPJoinNoTokenFound", "other peer MPJoinNoTokenFound"},
+	{"attack.in_bytes", "flood bytes in"},
+	{"attack.out_pkts", "victim pkts to flood sources"},
+	{"attack.out_bytes", "victim bytes to flood sources"},
+	{"attack.out_capable", "victim MP_CAPABLE replies"},
+	{"attack.out_other_mptcp", "victim other MPTCP options to flood sources"},
+	{"server.MPCapableSYNRX", "server MPCapableSYNRX"},
+	{"server.TcpExt.SyncookiesSent", "server SyncookiesSent"},
+	{"server.MPCapableACKRX", "server MPCapableACKRX"},
+	{"server.AddAddrTx", "server AddAddrTx"},
 }
 
 // writeAttacks is the attack table: per configuration with an attack and
@@ -66,7 +78,7 @@ func (d *Data) writeAttacks(p *printer) {
 		if a.From != "" {
 			label += " from " + a.From
 		}
-		if a.Kind != "none" {
+		if a.Kind != "none" && a.Kind != "join-redirect" && a.Kind != "join-masquerade" {
 			rate := a.Rate
 			if rate == 0 {
 				rate = 1000

@@ -45,6 +45,9 @@ type Cell struct {
 	// Setup: every setup-latency probe of the cell's trials (ms, connect()
 	// to first byte).
 	Setup []float64
+	// FCT: with a flow configuration, every flow's completion time (ms)
+	// over the cell's trials.
+	FCT []float64
 	// Churns: trials of many connections across route changes.
 	Churns []results.Churn
 	// Collectives: trials of procedure collective (discovery, relay death).
@@ -101,6 +104,7 @@ func Build(s *scenario.Scenario, recs []results.Record) *Data {
 			cell.Values = append(cell.Values, r.GoodputMbps)
 			cell.MaxGaps = append(cell.MaxGaps, r.MaxGapS)
 			cell.Setup = append(cell.Setup, r.SetupAllMs...)
+			cell.FCT = append(cell.FCT, r.FCTAllMs...)
 			if r.ResumeS != nil {
 				cell.Resumes = append(cell.Resumes, *r.ResumeS)
 			}
@@ -341,8 +345,15 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		p.f("%s.\n\n", strings.TrimSuffix(s.Description, "."))
 	}
 	p.f("- Scenario: `%s`; topology `%s`; %d configuration(s), %d cell(s).\n", s.Source, s.Topology, len(s.Configurations), len(d.Cells))
+	flows := false
+	for _, c := range s.Configurations {
+		flows = flows || c.Flow != nil
+	}
 	if d.timesOnly() {
 		p.f("- Times, not goodput (procedure collective: see docs/bench.md).\n")
+	} else if flows {
+		p.f("- Flows (%s): each trial sends the configuration's flows one after the other, each on a new connection; goodput = flow size x 8 / the trial's median flow completion time; congestion control `%s` set per socket.\n",
+			s.Direction, s.CC)
 	} else {
 		p.f("- Transfer: %s bulk transfer client -> server, goodput = bytes received between t=%s and the end, divided by that time (reference method); congestion control `%s` set per socket.\n",
 			time.Duration(s.Duration), time.Duration(s.Warmup), s.CC)
@@ -413,6 +424,8 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		}
 		p.f("\n")
 	}
+
+	d.writeFCT(p)
 
 	var multipath []*Cell
 	for _, c := range d.Cells {
@@ -511,6 +524,76 @@ func (d *Data) WriteMarkdown(w io.Writer, m Meta, plots map[string]string) error
 		}
 	}
 	return p.err
+}
+
+// writeFCT prints the flow completion times of flow configurations: the
+// median with the interquartile range of every flow, and each cell's
+// median over plain TCP's in the same configuration (below 1: faster).
+func (d *Data) writeFCT(p *printer) {
+	var cfgs []scenario.Configuration
+	for _, cfg := range d.Scenario.Configurations {
+		if cfg.Flow != nil {
+			cfgs = append(cfgs, cfg)
+		}
+	}
+	if len(cfgs) == 0 {
+		return
+	}
+	var cols []string
+	seen := map[string]bool{}
+	for _, c := range d.Cells {
+		if c.Flow != nil && !seen[c.ID] {
+			seen[c.ID] = true
+			cols = append(cols, c.ID)
+		}
+	}
+	p.f("## Flow completion time (ms): median [25th–75th percentile] of every flow, n flows\n\n")
+	p.f("Connect() to the sink's answer after the last byte, flows one after the other.\n\n")
+	p.tableHeader("configuration", cols, d.labelOf)
+	for _, cfg := range cfgs {
+		row := []string{cfg.Label}
+		for _, id := range cols {
+			c := d.Get(cfg.Name, id)
+			if c == nil || len(c.FCT) == 0 {
+				row = append(row, d.cellText(c))
+				continue
+			}
+			g := stats.Summarize(c.FCT)
+			t := fmt.Sprintf("%s [%s–%s] n=%d", fms(g.Median), fms(g.Q1), fms(g.Q3), g.N)
+			if c.Failed > 0 {
+				t += fmt.Sprintf(", %d failed", c.Failed)
+			}
+			row = append(row, t)
+		}
+		p.row(row)
+	}
+	p.f("\n### Median FCT / plain TCP's median (below 1: faster than TCP)\n\n")
+	p.tableHeader("configuration", cols, d.labelOf)
+	for _, cfg := range cfgs {
+		row := []string{cfg.Label}
+		base := d.Get(cfg.Name, scenario.TCP)
+		for _, id := range cols {
+			c := d.Get(cfg.Name, id)
+			if c == nil || len(c.FCT) == 0 || base == nil || len(base.FCT) == 0 {
+				row = append(row, "–")
+				continue
+			}
+			row = append(row, f3(stats.Summarize(c.FCT).Median/stats.Summarize(base.FCT).Median))
+		}
+		p.row(row)
+	}
+	p.f("\n")
+}
+
+// fms formats a time in ms with 3 significant digits at least.
+func fms(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 // writeSetup prints the setup latency probes of a configuration's cells,

@@ -215,3 +215,41 @@ procedures: [lb-connections, lb-connections-announced]
 		}
 	}
 }
+
+// Flow configurations get the FCT table: median and quartiles of every
+// flow of every trial, and each median over plain TCP's.
+func TestFCTTable(t *testing.T) {
+	s, err := scenario.Parse("rack.yaml", []byte(`
+name: rack
+topology: rack
+roles: {client: s1, server: remote, detours: [s2]}
+configurations: [{name: small, label: 15 KB, flow: {size: 15KB, flows: 3}}]
+procedures: [tcp, mptcp-nat]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := func(cell string, trial int, fct ...float64) results.Record {
+		med := fct[len(fct)/2]
+		return results.Record{Configuration: "small", Cell: cell, Procedure: cell, Trial: trial, Status: results.OK,
+			GoodputMbps: 15000 * 8 / 1e3 / med, FCTMs: &med, FCTAllMs: fct, FlowBytes: 15000}
+	}
+	recs := []results.Record{
+		rec("tcp", 1, 1, 2, 3), rec("tcp", 2, 2, 2, 2),
+		rec("mptcp-nat", 1, 3, 4, 5), rec("mptcp-nat", 2, 4, 4, 4),
+	}
+	var md bytes.Buffer
+	if err := Build(s, recs).WriteMarkdown(&md, Meta{Generated: time.Now()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := md.String()
+	for _, want := range []string{
+		"## Flow completion time (ms)",
+		"| 15 KB | 2.00 [2.00–2.00] n=6 | 4.00 [4.00–4.00] n=6 |",
+		"| 15 KB | 1.000 | 2.000 |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}

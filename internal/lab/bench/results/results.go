@@ -73,6 +73,13 @@ type Record struct {
 	SetupMs    *float64  `json:"setup_ms,omitempty"`
 	SetupAllMs []float64 `json:"setup_all_ms,omitempty"`
 	Subflows   []Subflow `json:"subflows,omitempty"`
+	// FCTMs: with a flow configuration (rack scenario), the median flow
+	// completion time of the trial's flows, FCTAllMs every flow's (ms,
+	// connect() to the sink's answer after the last byte), FlowBytes the
+	// size of each flow; GoodputMbps is then FlowBytes*8 / FCTMs.
+	FCTMs     *float64  `json:"fct_ms,omitempty"`
+	FCTAllMs  []float64 `json:"fct_all_ms,omitempty"`
+	FlowBytes int64     `json:"flow_bytes,omitempty"`
 	// Churn: trials of many connections across route changes
 	// (loadbalancer scenario).
 	Churn *Churn `json:"churn,omitempty"`

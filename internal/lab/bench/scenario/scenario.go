@@ -257,10 +257,81 @@ type Configuration struct {
 	// Attack, if given, runs an attack of the lab's attack suite
 	// (internal/lab/attack) during every trial.
 	Attack *Attack `yaml:"attack,omitempty"`
+	// Flow, if given, makes every trial a series of flows of one size,
+	// measured by their completion time instead of a timed transfer.
+	Flow *Flow `yaml:"flow,omitempty"`
 }
 
+// Flow is the flow-completion-time measurement of a configuration (the
+// rack scenario): each trial sends Flows flows of Size bytes one after the
+// other (default 1), each on a new connection, optionally while a plain
+// TCP bulk transfer from the client to the server (Background) loads the
+// default path.
+type Flow struct {
+	Size       ByteSize `yaml:"size"`
+	Flows      int      `yaml:"flows"`
+	Background bool     `yaml:"background"`
+}
+
+// ByteSize is a byte count written with a decimal unit: "15KB", "1MB",
+// "100MB", "1500" (bytes); KB = 1000 bytes, MB = 10^6, GB = 10^9.
+type ByteSize int64
+
+// ParseByteSize parses a ByteSize.
+func ParseByteSize(s string) (ByteSize, error) {
+	t := strings.ToUpper(strings.TrimSpace(s))
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		m      int64
+	}{{"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}} {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.m
+			break
+		}
+	}
+	var n int64
+	if _, err := fmt.Sscanf(t, "%d", &n); err != nil || fmt.Sprint(n) != t {
+		return 0, fmt.Errorf("bad size %q: want a whole number with an optional unit B, KB, MB or GB (e.g. 15KB)", s)
+	}
+	if n <= 0 || n > 10e9/mult {
+		return 0, fmt.Errorf("bad size %q: must be between 1 byte and 10GB", s)
+	}
+	return ByteSize(n * mult), nil
+}
+
+// String writes the size with the largest unit that divides it.
+func (b ByteSize) String() string {
+	for _, u := range []struct {
+		suffix string
+		m      int64
+	}{{"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}} {
+		if int64(b) >= u.m && int64(b)%u.m == 0 {
+			return fmt.Sprintf("%d%s", int64(b)/u.m, u.suffix)
+		}
+	}
+	return fmt.Sprintf("%dB", int64(b))
+}
+
+// UnmarshalYAML reads "15KB" or a bare number of bytes.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: want a size such as 15KB", n.Line)
+	}
+	v, err := ParseByteSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %v", n.Line, err)
+	}
+	*b = v
+	return nil
+}
+
+// MarshalYAML writes the size with its unit.
+func (b ByteSize) MarshalYAML() (any, error) { return b.String(), nil }
+
 // Attack is one attack of the suite during every trial of a configuration:
-// Kind (none, join-flood, join-hmac, add-addr, remove-addr, stolen-keys) sent from the
+// Kind (none, join-flood, join-hmac, add-addr, remove-addr, stolen-keys,
+// syn-flood, join-redirect, join-masquerade) sent from the
 // node From at Rate packets (or injections) per second, while a prober
 // opens Probes genuine MPTCP connections per second from the client.
 type Attack struct {
@@ -271,7 +342,7 @@ type Attack struct {
 }
 
 // AttackKinds are the kinds an attack may name (internal/lab/attack.Kinds).
-var AttackKinds = []string{"none", "join-flood", "join-hmac", "add-addr", "remove-addr", "stolen-keys"}
+var AttackKinds = []string{"none", "join-flood", "join-hmac", "add-addr", "remove-addr", "stolen-keys", "syn-flood", "join-redirect", "join-masquerade"}
 
 // Fault black-holes a lab link (both directions, every packet dropped
 // where the link leaves its first node) from At after the transfer starts,
@@ -341,6 +412,8 @@ type Cell struct {
 	Fault *Fault
 	// Attack is the configuration's, if any.
 	Attack *Attack
+	// Flow is the configuration's, if any.
+	Flow *Flow
 }
 
 // Label is the cell's procedure label, with the detour when expanded.
@@ -521,6 +594,19 @@ func (s *Scenario) validate() error {
 				return fmt.Errorf("%s.attack.probes: %d out of range 0..100 connections/s", field, a.Probes)
 			}
 		}
+		if f := c.Flow; f != nil {
+			switch {
+			case f.Size <= 0:
+				return fmt.Errorf("%s.flow.size: missing (bytes per flow, e.g. 15KB)", field)
+			case f.Flows < 0 || f.Flows > 1000:
+				return fmt.Errorf("%s.flow.flows: %d out of range 1..1000 (0: 1)", field, f.Flows)
+			case c.Fault != nil || c.Attack != nil:
+				return fmt.Errorf("%s.flow: not together with a fault or an attack", field)
+			}
+			if f.Flows == 0 {
+				f.Flows = 1
+			}
+		}
 		if c.Roles != nil {
 			if c.Roles.Client == "" {
 				c.Roles.Client = s.Roles.Client
@@ -685,7 +771,7 @@ func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
 			return fmt.Errorf("%s[%d]: %s listed twice", field, i, cell.ID)
 		}
 		seen[cell.ID] = true
-		cell.Configuration, cell.Trials, cell.Fault, cell.Attack = c.Name, trials, c.Fault, c.Attack
+		cell.Configuration, cell.Trials, cell.Fault, cell.Attack, cell.Flow = c.Name, trials, c.Fault, c.Attack, c.Flow
 		out = append(out, cell)
 		return nil
 	}

@@ -325,3 +325,49 @@ func TestMarshalRoundTrip(t *testing.T) {
 		t.Fatalf("cells changed through the as-run file: %q -> %q", a, b)
 	}
 }
+
+// Flow configurations (rack scenario): sizes with units, copied to every
+// cell; bad ones are refused naming the field.
+func TestFlow(t *testing.T) {
+	src := strings.Replace(base, "    set: {profile: core-limited, detours: 2}\n", "    set: {profile: core-limited, detours: 2}\n    flow: {size: 75KB, flows: 20, background: true}\n", 1)
+	s, err := Parse("t.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range s.Cells() {
+		if c.Flow != nil {
+			n++
+			if c.Flow.Size != 75000 || c.Flow.Flows != 20 || !c.Flow.Background {
+				t.Fatalf("cell %s flow %+v", c.ID, c.Flow)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no cell carries the flow")
+	}
+	for bad, want := range map[string]string{
+		strings.Replace(src, "size: 75KB", "size: 75kib", 1):    "bad size",
+		strings.Replace(src, "size: 75KB", "size: 0", 1):        "bad size",
+		strings.Replace(src, "size: 75KB, ", "", 1):             "flow.size: missing",
+		strings.Replace(src, "flows: 20", "flows: 5000", 1):     "flow.flows",
+		strings.Replace(src, "flows: 20", "flows: 20, x: 1", 1): "x",
+	} {
+		if _, err := Parse("t.yaml", []byte(bad)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %q", err, want)
+		}
+	}
+	for in, want := range map[string]ByteSize{"15KB": 15000, "100MB": 100e6, "1500": 1500, "2 mb": 2e6, "1GB": 1e9} {
+		if got, err := ParseByteSize(in); err != nil || got != want {
+			t.Errorf("ParseByteSize(%q) = %d, %v", in, got, err)
+		}
+		if got, _ := ParseByteSize(want.String()); got != want {
+			t.Errorf("%d round trip via %s", want, want.String())
+		}
+	}
+	for _, in := range []string{"", "-1KB", "1.5MB", "11GB", "KB", "1e3"} {
+		if _, err := ParseByteSize(in); err == nil {
+			t.Errorf("ParseByteSize(%q) accepted", in)
+		}
+	}
+}
