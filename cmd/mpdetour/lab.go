@@ -223,7 +223,7 @@ func labCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "lab",
 		Summary: "emulated networks in namespaces: up, exec, check, down, list, bench, design, soak",
-		Sub:     []*cli.Command{up, execCmd, check, down, list, labDelaylineCommand(), labBenchCommand(), labDesignCommand(), labSoakCommand()},
+		Sub:     []*cli.Command{up, execCmd, check, down, list, labDelaylineCommand(), labBenchCommand(), labDesignCommand(), labSoakCommand(), labConvertLoadCommand()},
 	}
 }
 

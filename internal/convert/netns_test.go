@@ -736,8 +736,7 @@ func TestIdleIsNotStall(t *testing.T) {
 }
 
 // TestSpliceUsed: while a conversion moves data, the process holds new
-// pipes: Go's splice path takes a pipe per transfer; the plain copy
-// fallback would create none.
+// pipes: the copy splices through a pipe; a plain copy would create none.
 func TestSpliceUsed(t *testing.T) {
 	l := newLine(t, nil)
 	release := make(chan struct{})
@@ -745,8 +744,8 @@ func TestSpliceUsed(t *testing.T) {
 		<-release // let the pipeline fill and the splice loop block
 		io.Copy(io.Discard, c)
 	})
-	// Go keeps splice pipes in a sync.Pool (closed by a finalizer): empty
-	// it so the transfer below has to create its own.
+	// The Server's pool starts empty; Go's own splice pipes (sync.Pool,
+	// closed by a finalizer) are emptied so they do not blur the count.
 	for range 5 {
 		runtime.GC()
 		time.Sleep(10 * time.Millisecond)
@@ -789,4 +788,81 @@ func countPipes(t *testing.T) int {
 		}
 	}
 	return n
+}
+
+// TestIdleConversionsHoldNoPipes: an idle conversion holds its two sockets
+// and no splice pipe (the copy waits for data without one), so many idle
+// conversions cost two descriptors each; after data moved, only the
+// Server's bounded pool of spare pipes remains.
+func TestIdleConversionsHoldNoPipes(t *testing.T) {
+	l := newLine(t, nil)
+	// An echo with a buffer: io.Copy(c, c) would splice (with pipes of
+	// its own, in this process).
+	dst := l.destination(t, func(c *net.TCPConn) {
+		b := make([]byte, 32<<10)
+		for {
+			n, err := c.Read(b)
+			if n > 0 {
+				if _, err := c.Write(b[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				c.CloseWrite()
+				return
+			}
+		}
+	})
+	// More conversions than l.dones holds: drain it (until the test
+	// binary ends; the cleanups that end the conversions run after this
+	// test's own).
+	go func() {
+		for range l.dones {
+		}
+	}()
+	for range 5 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := countPipes(t)
+	const n = 100 // more than spareSplicePipes
+	var conns []net.Conn
+	for i := range n {
+		c, err := l.dial(t, dst.addr, goodTicket)
+		if err != nil {
+			t.Fatalf("conversion %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if p := countPipes(t) - before; p != 0 {
+		t.Errorf("%d pipe fds for %d idle conversions that never moved data, want 0", p, n)
+	}
+	// Data through every one of them at once, then idle again.
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for _, c := range conns {
+		wg.Go(func() {
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			b := make([]byte, 64<<10)
+			if _, err := c.Write(b); err != nil {
+				errs <- err
+				return
+			}
+			if _, err := io.ReadFull(c, b); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("echo: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if p := countPipes(t) - before; p > 2*spareSplicePipes {
+		t.Errorf("%d pipe fds for %d idle conversions after data moved, want at most the pool's %d", p, n, 2*spareSplicePipes)
+	} else {
+		t.Logf("pipe fds after the echo, conversions idle: %d (pool bound %d)", p, 2*spareSplicePipes)
+	}
 }

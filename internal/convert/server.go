@@ -46,6 +46,10 @@ const (
 	DefaultLingerTimeout = time.Second
 )
 
+// spareSplicePipes bounds the empty splice pipes a Server keeps for reuse
+// (two descriptors each); conversions moving data hold their own.
+const spareSplicePipes = 64
+
 // Server is a Transport Converter. Every dependency is a field; the zero
 // value refuses everything (nil Authorize or Allowed fail closed).
 type Server struct {
@@ -161,6 +165,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// Resource Exceeded at once (the client can go direct instead of
 	// waiting); beyond those, new clients wait in the listen backlog.
 	overflow := make(chan struct{}, max(maxConns/16, 4))
+	// Empty splice pipes for reuse, closed once every conversion is gone.
+	pipes := newPipePool(spareSplicePipes)
+	defer pipes.close()
 	var wg sync.WaitGroup
 	var err error
 	backoff := 5 * time.Millisecond
@@ -223,7 +230,7 @@ accept:
 				s.busy(ctx, tc, maxConns)
 				return
 			}
-			s.handle(ctx, tc)
+			s.handle(ctx, tc, pipes)
 		}()
 	}
 	cancel()
@@ -242,7 +249,7 @@ func (s *Server) busy(ctx context.Context, client *net.TCPConn, maxConns int) {
 }
 
 // handle converts one connection.
-func (s *Server) handle(ctx context.Context, client *net.TCPConn) {
+func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePool) {
 	stop := context.AfterFunc(ctx, func() { abort(client) })
 	defer stop()
 	defer client.Close()
@@ -376,7 +383,7 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn) {
 		}
 	}
 	stalled := watchStalls(watch, s.StallTimeout, func() { abort(client); abort(server) })
-	up, down, err := relay(client, server)
+	up, down, err := relay(client, server, pipes)
 	if stalled() {
 		err = fmt.Errorf("no data acknowledged for %v (a peer stopped reading or vanished): %w", s.StallTimeout, err)
 	}
@@ -384,18 +391,15 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn) {
 	s.done(member, dst, up, down, err)
 }
 
-// relay copies both ways until both directions ended. Both copies are
-// (*net.TCPConn).ReadFrom with another *net.TCPConn as the source: on Linux
-// that is splice(2) through a pipe, so payload never enters user space
-// (net.spliceFrom; it falls back to a plain copy only if the kernel says
-// EINVAL before moving a byte). Nothing may wrap the two conns (a
-// bufio.Reader, a counting io.Reader...) or that path is lost; the byte
-// counts come from ReadFrom itself.
+// relay copies both ways until both directions ended, each direction with
+// spliceCopy (splice(2) through a pipe taken only while data moves, see
+// splice.go), so payload never enters user space. Nothing may wrap the two
+// conns; the byte counts come from the copies.
 //
 // A FIN (EOF) is passed on as CloseWrite, so half-closed connections work;
 // any error in one direction (a reset, a write to a peer that reset) resets
 // both sockets, so the other side sees ECONNRESET as it would directly.
-func relay(client, server *net.TCPConn) (up, down int64, err error) {
+func relay(client, server *net.TCPConn, pipes *pipePool) (up, down int64, err error) {
 	type result struct {
 		n   int64
 		err error
@@ -403,11 +407,11 @@ func relay(client, server *net.TCPConn) (up, down int64, err error) {
 	}
 	ch := make(chan result, 2)
 	go func() {
-		n, err := server.ReadFrom(client)
+		n, err := spliceCopy(server, client, pipes)
 		ch <- result{n, err, true}
 	}()
 	go func() {
-		n, err := client.ReadFrom(server)
+		n, err := spliceCopy(client, server, pipes)
 		ch <- result{n, err, false}
 	}()
 	for range 2 {

@@ -48,7 +48,8 @@ func setupConverted(ctx context.Context, env *Env) (_ Session, err error) {
 			return nil, err
 		}
 	}
-	if err := startConverterRelay(ctx, env, rs, node); err != nil {
+	conv, err := startConverterRelay(ctx, env, rs, node)
+	if err != nil {
 		return nil, err
 	}
 	sock := filepath.Join(env.Dir, "convert.sock")
@@ -71,6 +72,8 @@ func setupConverted(ctx context.Context, env *Env) (_ Session, err error) {
 		probeSetup: env.LatencyPort > 0,
 		close:      func() error { return errors.Join(ag.stop(), rs.close()) },
 		daemons:    append([]*daemon{ag}, rs.daemons...),
+		cpuOf:      conv,
+		cpuName:    "converter",
 	}
 	for a, p := range rs.paths {
 		t.paths[a] = p
@@ -115,7 +118,11 @@ func (t *transfer) learn(ctx context.Context, sock string) error {
 	if e.LatencyPort > 0 {
 		ports = append(ports, e.LatencyPort)
 		dst := netip.AddrPortFrom(e.serverAddr().Addr(), uint16(e.LatencyPort))
-		if _, err := t.output(ctx, append(append([]string{}, t.wrap...), e.Binary, "bench", "latency", dst.String(), "--count", "1")); err != nil {
+		// Two probes 50 ms apart: the supervisor learns from the first
+		// connection only while the program still runs (it gives up when
+		// the program is gone), and one probe over unshaped veths ends in
+		// well under its first 2 ms poll.
+		if _, err := t.output(ctx, append(append([]string{}, t.wrap...), e.Binary, "bench", "latency", dst.String(), "--count", "2", "--pause", "50ms")); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -142,16 +149,16 @@ func (t *transfer) learn(ctx context.Context, sock string) error {
 // next to the server's network: the server is its allowed destination,
 // TCP Fast Open's server bit is set there (the relay never changes
 // sysctls itself).
-func startConverterRelay(ctx context.Context, env *Env, rs *relays, node string) error {
+func startConverterRelay(ctx context.Context, env *Env, rs *relays, node string) (*daemon, error) {
 	k, err := proto.GenerateKey()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rs.keys[node] = k
 	if err := env.Lab.Do(node, func() error {
 		return os.WriteFile("/proc/sys/net/ipv4/tcp_fastopen", []byte("3"), 0o644)
 	}); err != nil {
-		return fmt.Errorf("tcp_fastopen in %s: %w", node, err)
+		return nil, fmt.Errorf("tcp_fastopen in %s: %w", node, err)
 	}
 	lease := relayLease
 	if env.RelayLease > 0 {
@@ -164,12 +171,12 @@ func startConverterRelay(ctx context.Context, env *Env, rs *relays, node string)
 	fmt.Fprintf(&b, "convert:\n  enabled: true\n  listen: 0.0.0.0:%d\n", relay.DefaultConvertPort)
 	path := filepath.Join(env.Dir, "relay-"+node+".yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		return err
+		return nil, err
 	}
 	d, err := startDaemon(ctx, env, node, "relay-"+node, env.Binary, "relay", "--config", path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rs.daemons = append(rs.daemons, d)
-	return nil
+	return d, nil
 }

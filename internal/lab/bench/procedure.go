@@ -73,6 +73,9 @@ type Measurement struct {
 	// Attack: with an attack, what it did and the kernels' MPTCP counters
 	// over the trial (attack.Run.Stop), also for a failed trial.
 	Attack map[string]float64
+	// Process: CPU of a cell's daemon over the transfer (procedure
+	// converted: the converter's relay), see results.Record.Process.
+	Process map[string]float64
 }
 
 // Session is a cell prepared for its trials (daemons started, grants
@@ -109,8 +112,9 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPNATBackupStatic:   setupMPTCPNATBackup,
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,
 
-		scenario.Converted: setupConverted,
-		scenario.Announced: setupAnnounced,
+		scenario.Converted:       setupConverted,
+		scenario.ConvertedDirect: setupConverted,
+		scenario.Announced:       setupAnnounced,
 
 		scenario.LBConnections:          setupLBConnections,
 		scenario.LBConnectionsAnnounced: setupLBConnectionsAnnounced,

@@ -408,6 +408,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 			rec.Status = results.OK
 			rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
 			rec.MaxGapS, rec.MaxGapEndS, rec.ResumeS, rec.TailMbps = m.MaxGapS, m.MaxGapEndS, m.ResumeS, m.TailMbps
+			rec.Process = m.Process
 			if len(m.SetupMs) > 0 {
 				med := median(m.SetupMs)
 				rec.SetupMs, rec.SetupAllMs = &med, m.SetupMs

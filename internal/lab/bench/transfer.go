@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +60,10 @@ type transfer struct {
 	// check, when set, runs after each trial (e.g. that the connection was
 	// converted).
 	check func(res *benchtool.Result) error
+	// cpuOf, when set, is a daemon whose CPU time over each transfer is
+	// recorded (Measurement.Process, prefix cpuName).
+	cpuOf   *daemon
+	cpuName string
 }
 
 // explain adds to err what became of the cell's daemons.
@@ -109,7 +114,32 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 			return Measurement{}, err
 		}
 	}
+	var cpu0 time.Duration
+	var wall0 time.Time
+	if t.cpuOf != nil {
+		var err error
+		if cpu0, err = processCPU(t.cpuOf.cmd.Process.Pid); err != nil {
+			return Measurement{}, err
+		}
+		wall0 = time.Now()
+	}
 	res, err := t.send(ctx)
+	var process map[string]float64
+	if t.cpuOf != nil && err == nil {
+		cpu1, cerr := processCPU(t.cpuOf.cmd.Process.Pid)
+		if cerr != nil {
+			return Measurement{}, t.explain(cerr)
+		}
+		var bytes uint64
+		for _, sf := range res.Subflows {
+			bytes += sf.BytesAcked
+		}
+		cpu := (cpu1 - cpu0).Seconds()
+		process = map[string]float64{t.cpuName + ".cpu_s": cpu, t.cpuName + ".wall_s": time.Since(wall0).Seconds()}
+		if bytes > 0 {
+			process[t.cpuName+".cores_per_gbps"] = cpu / (float64(bytes) * 8 / 1e9)
+		}
+	}
 	var attackStats map[string]float64
 	if atk != nil {
 		var aerr error
@@ -137,7 +167,7 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	if !t.mptcp && res.MPTCP && t.wrap == nil {
 		return Measurement{Attack: attackStats}, errors.New("plain TCP was requested but the connection is MPTCP")
 	}
-	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup, Attack: attackStats}
+	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup, Attack: attackStats, Process: process}
 	pathOf := t.pathOf
 	if f := e.Cell.Fault; f != nil {
 		m.ResumeS = resumeAfter(res.Series, f, func(key string) string {
@@ -467,4 +497,28 @@ func startAttack(ctx context.Context, e *Env, a *scenario.Attack) (*attack.Run, 
 		Kind: a.Kind, Attacker: a.From, Client: e.Roles.Client, Server: e.Roles.Server,
 		Target: e.serverAddr(), Rate: a.Rate, ProbeRate: a.Probes, ProbePort: attackProbePort,
 	})
+}
+
+// processCPU returns the user + system CPU time pid has used
+// (/proc/PID/stat fields 14 and 15, in clock ticks of 1/100 s).
+func processCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }

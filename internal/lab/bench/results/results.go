@@ -88,6 +88,11 @@ type Record struct {
 	// Attack: in attack configurations, the attack's and the prober's
 	// counts and the kernels' MPTCP counter deltas over the trial.
 	Attack map[string]float64 `json:"attack,omitempty"`
+	// Process: the CPU a daemon of the cell used during the transfer
+	// (procedure converted: "converter.cpu_s", the relay process's user +
+	// system time, "converter.wall_s", and "converter.cores_per_gbps", CPU
+	// seconds per Gbit moved, i.e. cores busy per Gbit/s).
+	Process map[string]float64 `json:"process,omitempty"`
 	// Parameters: lab settings in order (KEY=VALUE), transfer settings.
 	Params   []string          `json:"params"`
 	CC       string            `json:"cc"`

@@ -45,6 +45,10 @@ const (
 	// does not speak MPTCP, through the converter in roles.converter
 	// (docs/convert.md) and the cell's NAT detours to the converter.
 	Converted = "converted"
+	// ConvertedDirect: the same through the converter without detours
+	// (one subflow to the converter): the converter's own cost, e.g. its
+	// throughput beside plain routing (scenario converter-speed).
+	ConvertedDirect = "converted-1sf"
 	// A client without agent (in-kernel PM) and the server's agent (server
 	// role) announcing each detour node's waypoint with ADD_ADDR.
 	Announced = "announced"
@@ -93,8 +97,9 @@ var procs = map[string]procInfo{
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
 
-	Converted: {"TCP program under run, via converter + NAT detour", -1, ""},
-	Announced: {"MPTCP + detour announced by the server (client without agent)", -1, TCPNAT},
+	Converted:       {"TCP program under run, via converter + NAT detour", -1, ""},
+	ConvertedDirect: {"TCP program under run, via converter (no detour)", 0, ""},
+	Announced:       {"MPTCP + detour announced by the server (client without agent)", -1, TCPNAT},
 
 	LBConnections:          {"100 connections via the balancer, 16 route changes, backends as they are", 0, ""},
 	LBConnectionsAnnounced: {"100 connections via the balancer, 16 route changes, backends with the server role", -1, ""},
@@ -118,7 +123,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
-		Converted, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
+		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
@@ -789,7 +794,7 @@ func (s *Scenario) cells(c *Configuration) ([]Cell, error) {
 		if p.Subflows != 0 && (info.detours != -1 || p.Subflows < 1 || p.Subflows > 8) {
 			return nil, fmt.Errorf("%s[%d].subflows: %d: only an MPTCP procedure through detours takes subflows, from 1 to 8", field, i, p.Subflows)
 		}
-		if p.Procedure == Converted && roles.Converter == "" {
+		if (p.Procedure == Converted || p.Procedure == ConvertedDirect) && roles.Converter == "" {
 			return nil, fmt.Errorf("%s[%d]: %s needs roles.converter (the node that runs the converter)", field, i, p.Procedure)
 		}
 		if info.detours == 0 {
