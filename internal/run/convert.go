@@ -185,14 +185,23 @@ func mptcpStreamUnconnected(fd int) bool {
 func (s *supervisor) learn(dup int, dst netip.AddrPort) {
 	defer unix.Close(dup)
 	deadline := time.Now().Add(learnTimeout)
-	for delay := 2 * time.Millisecond; time.Now().Before(deadline); delay = min(2*delay, 100*time.Millisecond) {
+	for delay := 2 * time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		last := false
 		select {
 		case <-time.After(delay):
-		case <-s.done: // no program left: nothing to learn for
-			return
+		case <-s.done:
+			// No program left, but the duplicate still holds the socket:
+			// look once more. A program that connects and exits within
+			// milliseconds must teach too (found by the converter-speed
+			// bench: such programs never taught, so every connection to
+			// that server went direct).
+			last = true
 		}
 		if _, err := unix.Getpeername(dup); err != nil {
-			continue // SYN_SENT (or failed: then nothing to learn)
+			if last || !time.Now().Before(deadline) {
+				return // SYN_SENT (or failed: then nothing to learn)
+			}
+			continue
 		}
 		native, err := mptcpNative(dup)
 		if err != nil {

@@ -243,7 +243,7 @@ func (e *env) serve(t *testing.T, port int) (stop func()) {
 // way. mode "timeout" uses a socket timeout (non-blocking connect inside
 // Python), "blocking" a plain blocking socket.
 const probe = `
-import json, socket, sys
+import json, os, socket, sys
 out = {}
 try:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -251,6 +251,9 @@ try:
         s.settimeout(10)
     s.connect((sys.argv[1], int(sys.argv[2])))
     out["proto"] = s.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL)
+    if sys.argv[3] == "exit":  # a program that connects and is gone at once
+        print(json.dumps(out), flush=True)
+        os._exit(0)
     s.sendall(b"ping\n")
     out["reply"] = s.makefile().readline().strip()
 except OSError as e:
@@ -312,6 +315,21 @@ func (e *env) learn(t *testing.T, port int) {
 		t.Fatalf("first connection to an unknown server: %+v, want %q over an MPTCP socket (direct, falling back)", r, direct)
 	}
 	e.waitFor(t, "learned that the server does not speak MPTCP", func(st convclient.Status) bool {
+		return st.Counters.LearnedNoMPTCP > before && len(st.NoMPTCP) > 0
+	})
+}
+
+// A program that connects and exits at once (before the supervisor's
+// first look at the socket) still teaches: the supervisor's duplicate
+// keeps the socket, and it looks once more when the program is gone.
+func TestLearnFromProgramThatExitsAtOnce(t *testing.T) {
+	e := newEnv(t, convclient.Config{})
+	e.serve(t, 7000)
+	before := e.router.Status().Counters.LearnedNoMPTCP
+	if r := e.app(t, 7000, "exit"); r.Proto != unix.IPPROTO_MPTCP || r.Errno != 0 {
+		t.Fatalf("connect and exit: %+v", r)
+	}
+	e.waitFor(t, "learned from a program that exited at once", func(st convclient.Status) bool {
 		return st.Counters.LearnedNoMPTCP > before && len(st.NoMPTCP) > 0
 	})
 }
