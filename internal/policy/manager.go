@@ -435,6 +435,12 @@ func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
 	if k == nil {
 		return nil
 	}
+	if s != nil && s.stale && !s.up && s.role == RoleEvicted {
+		// Evicted while its SYN was in flight (e.g. its detour withdrawn by
+		// Refresh): it must not come back as active and take the place of
+		// a replacement.
+		return []Intent{{Action: DestroySubflow, Token: sf.Token, LocalID: sf.LocalID, Local: sf.Local, Remote: sf.Remote, Detour: s.d}}
+	}
 	if s != nil && s.redial && s.up && !s.stale && s.port != sf.Local.Port() {
 		// An older redial attempt whose SYN got through after all: one
 		// fresh subflow on the default path is enough.

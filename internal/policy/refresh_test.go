@@ -64,3 +64,31 @@ func TestRefreshUsesNewAndClosesWithdrawnDetours(t *testing.T) {
 		}
 	}
 }
+
+// A detour withdrawn while its subflow is still connecting: the subflow
+// that comes up afterwards is closed, not counted as active (it would take
+// the place of the replacement).
+func TestRefreshWithdrawnWhileConnecting(t *testing.T) {
+	p, src, clk := newStatic(1, d1)
+	c := Conn{Token: 5, Local: client, Remote: server}
+	p.Created(c)
+	ins := p.Established(c)
+	if len(ins) != 1 || ins[0].Detour.Relay != "r1" {
+		t.Fatalf("Established: %v, want a subflow via r1", ins)
+	}
+	pending := ins[0]
+	src.mu.Lock()
+	src.ds = []detour.Detour{d2}
+	src.mu.Unlock()
+	ins = p.Refresh(clk.now())
+	if len(ins) != 1 || ins[0].Action != CreateSubflow || ins[0].Detour.Relay != "r2" {
+		t.Fatalf("Refresh while r1's subflow connects: %v, want one via r2 (nothing to close yet)", ins)
+	}
+	got := p.SubflowEstablished(up(pending, 41010))
+	if len(got) != 1 || got[0].Action != DestroySubflow || got[0].Local.Port() != 41010 {
+		t.Fatalf("r1's subflow came up after its detour was withdrawn: %v, want it destroyed", got)
+	}
+	if got := p.SubflowEstablished(up(ins[0], 41011)); len(got) != 0 {
+		t.Fatalf("the replacement via r2 came up: %v", got)
+	}
+}
