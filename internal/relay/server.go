@@ -660,6 +660,13 @@ func (s *Server) handleInit(p packet) {
 	}
 	priv := s.set.PrivateKey
 	if p.id != nil {
+		// The reader matched the key before the packet was queued; a
+		// reload since may have dropped it (a compromised key): queued
+		// initiations for it must not complete.
+		if s.keys.Load().find(p.id.priv) == nil {
+			s.count("handshake", proto.ReasonUnauthorized) // as the reader counts it now
+			return
+		}
 		priv = p.id.priv
 	}
 	acc, err := proto.ConsumeInitiation(priv, in)
