@@ -197,12 +197,11 @@ func (s *Server) writeBackCRL(l *collective.RevocationList) {
 			return
 		}
 	}
-	if err := writeFileAtomic(f, []byte(l.String()+"\n")); err != nil {
+	mod, err := writeFileAtomic(f, []byte(l.String()+"\n"))
+	if err != nil {
 		s.log.Warn("revocation list from gossip applied but not written to crl_file", "file", f, "seq", l.Seq, "err", err)
 		return
 	}
-	if fi, err := os.Stat(f); err == nil {
-		s.crlMod = fi.ModTime() // our own write: nothing to re-read
-	}
+	s.crlMod = mod // our own write: nothing to re-read (an operator's newer file has another mtime)
 	s.log.Info("revocation list from gossip written to crl_file", "file", f, "seq", l.Seq)
 }

@@ -163,7 +163,7 @@ func (l *ledger) save(now time.Time) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(l.path, append(b, '\n')); err != nil {
+	if _, err := writeFileAtomic(l.path, append(b, '\n')); err != nil {
 		return fmt.Errorf("ledger file: %w", err)
 	}
 	l.dirty, l.saved = false, now
@@ -172,31 +172,38 @@ func (l *ledger) save(now time.Time) error {
 
 // writeFileAtomic replaces path with b: temporary file, fsync, rename,
 // fsync of the directory (what replayState.save does).
-func writeFileAtomic(path string, b []byte) error {
+// writeFileAtomic writes b to path atomically and returns the new file's
+// modification time, taken before the rename (after it, a writer racing
+// in could be the one stat'ed).
+func writeFileAtomic(path string, b []byte) (time.Time, error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	defer os.Remove(tmp.Name()) // no-op after the rename
 	if _, err := tmp.Write(b); err != nil {
 		tmp.Close()
-		return err
+		return time.Time{}, err
 	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
-		return err
+		return time.Time{}, err
 	}
 	if err := tmp.Close(); err != nil {
-		return err
+		return time.Time{}, err
+	}
+	fi, err := os.Stat(tmp.Name())
+	if err != nil {
+		return time.Time{}, err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if d, err := os.Open(filepath.Dir(path)); err == nil {
 		_ = d.Sync()
 		d.Close()
 	}
-	return nil
+	return fi.ModTime(), nil
 }
 
 func (l *ledger) entry(k proto.Key, name string) *ledgerEntry {
