@@ -197,13 +197,23 @@ func (s *Server) rosterInfoOf(set *Settings) roster.Info {
 	return roster.Info{Addrs: g.Announce, Capacity: g.Capacity, Load: uint32(s.leases.active()), Kinds: s.kinds(), Region: g.Region}
 }
 
-// startRoster joins the cluster (NewServer, once the sockets exist; a
-// reload with a new key).
+// startRoster joins the cluster (NewServer, once the sockets exist).
 func (s *Server) startRoster(set *Settings) error {
-	g := set.Gossip
-	if g == nil {
+	if set.Gossip == nil {
 		return nil
 	}
+	n, err := s.newRoster(set, s.rosterInfoOf(set))
+	if err != nil {
+		return err
+	}
+	s.roster = n
+	return nil
+}
+
+// newRoster starts a roster node for set with the entry info (safe off the
+// event loop: it reads only set and info).
+func (s *Server) newRoster(set *Settings, info roster.Info) (*roster.Node, error) {
+	g := set.Gossip
 	n, err := roster.Start(roster.Config{
 		Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Secret: g.Secret,
 		ProbeInterval: g.ProbeInterval, ProbeTimeout: g.ProbeTimeout,
@@ -217,13 +227,54 @@ func (s *Server) startRoster(set *Settings) error {
 			}
 		},
 		OnCRLRefused: func(reason string) { s.met.crlRefused.WithLabelValues(reason).Inc() },
-	}, s.rosterInfoOf(set))
+	}, info)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	s.roster = n
 	s.log.Info("gossip started", "bind", g.Bind, "advertise", g.Advertise, "join", g.Join, "announce", g.Announce, "region", g.Region)
-	return nil
+	return n, nil
+}
+
+// rosterRestart is the outcome of a roster restarted off the event loop.
+type rosterRestart struct {
+	n   *roster.Node
+	err error
+}
+
+// restartRoster leaves the cluster under the old node (if any) and joins
+// with set, off the event loop: leaving waits up to a second and for the
+// node's goroutines (a join to an unreachable address takes up to
+// memberlist's 10 s TCP timeout), and joining again blocks on the join
+// addresses; handshakes, grants and renewals must not wait for that. The
+// new node reaches the loop through s.rosterDone; meanwhile the relay
+// serves no roster.
+func (s *Server) restartRoster(old *roster.Node, set *Settings) {
+	s.roster = nil
+	s.rosterRestarting = true
+	info := s.rosterInfoOf(set) // event-loop state: read here, not in the goroutine
+	go func() {
+		if old != nil {
+			_ = old.Close() // the others drop the old identity at once
+		}
+		n, err := s.newRoster(set, info)
+		s.rosterDone <- rosterRestart{n, err}
+	}()
+}
+
+// rosterRestarted installs a restarted roster node (event loop).
+func (s *Server) rosterRestarted(r rosterRestart, stopping bool) {
+	s.rosterRestarting = false
+	switch {
+	case r.err != nil:
+		s.log.Error("reload: gossip with the new key failed; this relay is out of the roster until a reload that fixes it (or a restart)", "err", r.err)
+	case stopping:
+		_ = r.n.Close()
+	default:
+		s.roster = r.n
+		if s.set.Trust != nil {
+			r.n.SetTrust(s.set.Trust) // a reload may have come meanwhile
+		}
+	}
 }
 
 // tickRoster re-signs the entry with the current load (event loop).
@@ -244,12 +295,17 @@ func (s *Server) tickRoster(now time.Time) {
 // under the new one, with the new gossip settings and certificate. A new
 // authority applies to the entries at once.
 func (s *Server) reloadRoster(set *Settings) {
-	if s.roster != nil && set.Gossip != nil && set.PrivateKey != s.set.PrivateKey {
-		_ = s.roster.Close() // the others drop the old identity at once
-		s.roster = nil
-		if err := s.startRoster(set); err != nil {
-			s.log.Error("reload: gossip with the new key failed; this relay is out of the roster until it is fixed and reloaded (or restarted)", "err", err)
+	if s.rosterRestarting {
+		if set.Gossip != nil && set.PrivateKey != s.set.PrivateKey {
+			s.log.Warn("reload: the roster is still restarting for the previous key change; gossip follows this key at the next reload")
 		}
+		set.Gossip = s.set.Gossip
+		return
+	}
+	if set.Gossip != nil && (s.roster != nil && set.PrivateKey != s.set.PrivateKey || s.roster == nil && s.set.Gossip != nil) {
+		// A new relay key (the node is named for it), or a roster that a
+		// failed restart left stopped: leave and join again, off the loop.
+		s.restartRoster(s.roster, set)
 		return
 	}
 	if !set.Gossip.same(s.set.Gossip) {

@@ -110,33 +110,38 @@ type Server struct {
 	lastNew   *mapping   // set by grant when it created a mapping
 	fair      *fairState // ledger, receipts, capacity (fair.go)
 
-	in        chan packet
-	reload    chan *Settings
-	crlKick   chan struct{} // the roster installed a revocation list from gossip
-	statusReq chan statusRequest
-	started   time.Time
-	now       func() time.Time
+	in      chan packet
+	reload  chan *Settings
+	crlKick chan struct{} // the roster installed a revocation list from gossip
+	// rosterDone: a roster restarted off the loop (key rotation);
+	// rosterRestarting while one is under way.
+	rosterDone       chan rosterRestart
+	rosterRestarting bool
+	statusReq        chan statusRequest
+	started          time.Time
+	now              func() time.Time
 }
 
 // NewServer sets up the data plane (removing any leftover table) and the
 // sockets. The caller runs Serve and then nothing else: Serve cleans up.
 func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server, error) {
 	s := &Server{
-		set:       set,
-		log:       log,
-		leases:    newLeaseTable(),
-		sessions:  map[uint32]*session{},
-		byMember:  map[proto.Key][]uint32{},
-		lastTS:    map[proto.Key]proto.Timestamp{},
-		certified: map[proto.Key]certMember{},
-		rates:     map[proto.Key]*bucket{},
-		addrRates: map[netip.Addr]*bucket{},
-		in:        make(chan packet, 4096),
-		reload:    make(chan *Settings, 1),
-		crlKick:   make(chan struct{}, 1),
-		statusReq: make(chan statusRequest),
-		convDone:  make(chan convertDone, 1024),
-		now:       time.Now,
+		set:        set,
+		log:        log,
+		leases:     newLeaseTable(),
+		sessions:   map[uint32]*session{},
+		byMember:   map[proto.Key][]uint32{},
+		lastTS:     map[proto.Key]proto.Timestamp{},
+		certified:  map[proto.Key]certMember{},
+		rates:      map[proto.Key]*bucket{},
+		addrRates:  map[netip.Addr]*bucket{},
+		in:         make(chan packet, 4096),
+		reload:     make(chan *Settings, 1),
+		crlKick:    make(chan struct{}, 1),
+		rosterDone: make(chan rosterRestart, 1),
+		statusReq:  make(chan statusRequest),
+		convDone:   make(chan convertDone, 1024),
+		now:        time.Now,
 	}
 	s.keys.Store(newKeyring(set.PrivateKey, set.PreviousKey, nil))
 	var err error
@@ -331,6 +336,8 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.applyReload(set)
 		case <-s.crlKick:
 			s.crlFromGossip(s.now())
+		case r := <-s.rosterDone:
+			s.rosterRestarted(r, false)
 		case req := <-s.statusReq:
 			req <- s.status()
 		case d := <-s.convDone:
@@ -1143,6 +1150,9 @@ func (s *Server) applyReload(set *Settings) {
 
 // shutdown logs every mapping's final counters and removes the table.
 func (s *Server) shutdown() {
+	if s.rosterRestarting {
+		s.rosterRestarted(<-s.rosterDone, true) // the node must not outlive the relay
+	}
 	if s.roster != nil {
 		_ = s.roster.Close() // leave first: the others drop this relay at once
 	}
