@@ -38,9 +38,10 @@ type pipePool struct {
 	free   []*pipe
 	max    int
 	closed bool
+	pipe2  func(fds []int, flags int) error // unix.Pipe2 (tests: descriptors exhausted)
 }
 
-func newPipePool(max int) *pipePool { return &pipePool{max: max} }
+func newPipePool(max int) *pipePool { return &pipePool{max: max, pipe2: unix.Pipe2} }
 
 func (pp *pipePool) get() (*pipe, error) {
 	pp.mu.Lock()
@@ -52,7 +53,7 @@ func (pp *pipePool) get() (*pipe, error) {
 	}
 	pp.mu.Unlock()
 	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+	if err := pp.pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return nil, os.NewSyscallError("pipe2", err)
 	}
 	// Best effort: the default (64 KiB) still works, with more syscalls.
@@ -121,16 +122,39 @@ func spliceCopy(dst, src *net.TCPConn, pool *pipePool) (written int64, err error
 			pool.put(p)
 		}
 	}()
+	// buf: when no pipe can be had because descriptors ran out (many idle
+	// conversions near the limit), a burst is copied through user space
+	// instead of resetting a conversion that was fine (Go's ReadFrom
+	// fell back the same way).
+	var buf []byte
 	for {
 		var n int
 		var serr error
+		viaBuf := false
 		rerr := sr.Read(func(fd uintptr) bool {
 			for {
 				if p == nil {
 					if !readable(int(fd)) {
 						return false // wait for data without a pipe
 					}
-					if p, serr = pool.get(); serr != nil {
+					var gerr error
+					if p, gerr = pool.get(); gerr != nil {
+						p = nil
+						if !errors.Is(gerr, unix.EMFILE) && !errors.Is(gerr, unix.ENFILE) {
+							serr = gerr
+							return true
+						}
+						if buf == nil {
+							buf = make([]byte, 64<<10)
+						}
+						m, err := unix.Read(int(fd), buf)
+						switch err {
+						case unix.EINTR:
+							continue
+						case unix.EAGAIN:
+							return false
+						}
+						n, serr, viaBuf = max(m, 0), err, true
 						return true
 					}
 				}
@@ -158,6 +182,33 @@ func spliceCopy(dst, src *net.TCPConn, pool *pipePool) (written int64, err error
 		}
 		if n == 0 {
 			return written, nil // EOF
+		}
+		if viaBuf {
+			off := 0
+			werr := dr.Write(func(fd uintptr) bool {
+				for off < n {
+					m, err := unix.Write(int(fd), buf[off:n])
+					switch {
+					case m > 0:
+						off += m
+						written += int64(m)
+					case err == unix.EINTR:
+					case err == unix.EAGAIN:
+						return false
+					case err != nil:
+						serr = err
+						return true
+					}
+				}
+				return true
+			})
+			if werr != nil {
+				return written, opError("write", dst, werr)
+			}
+			if serr != nil {
+				return written, opError("write", dst, os.NewSyscallError("write", serr))
+			}
+			continue
 		}
 		p.data += n
 		werr := dr.Write(func(fd uintptr) bool {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -152,4 +153,70 @@ func TestPipePoolBound(t *testing.T) {
 			t.Fatal("a pipe with data in it was kept")
 		}
 	}
+}
+
+// TestSpliceCopyWithoutDescriptors: when no pipe can be had because the
+// process ran out of descriptors (EMFILE), the data still arrives intact,
+// copied through user space, instead of the conversion being reset; once
+// pipes can be had again the copy splices again.
+func TestSpliceCopyWithoutDescriptors(t *testing.T) {
+	pool := newPipePool(4)
+	var refused atomic.Int32
+	exhausted := atomic.Bool{}
+	exhausted.Store(true)
+	pool.pipe2 = func(fds []int, flags int) error {
+		if exhausted.Load() {
+			refused.Add(1)
+			return syscall.EMFILE
+		}
+		return syscall.Pipe2(fds, flags)
+	}
+	src, in := tcpPair(t)
+	out, dst := tcpPair(t)
+	data := make([]byte, 4<<20+77)
+	rand.Read(data)
+	done := make(chan error, 1)
+	var n int64
+	go func() {
+		var err error
+		n, err = spliceCopy(out, in, pool)
+		done <- err
+	}()
+	go func() {
+		for off := 0; off < len(data); off += 1 << 20 {
+			if off >= 2<<20 {
+				exhausted.Store(false) // descriptors free again half way
+			}
+			src.Write(data[off:min(off+1<<20, len(data))])
+			time.Sleep(5 * time.Millisecond)
+		}
+		src.CloseWrite()
+	}()
+	h := sha256.New()
+	got := make(chan int64, 1)
+	go func() {
+		m, _ := io.Copy(h, dst)
+		got <- m
+	}()
+	if err := <-done; err != nil || n != int64(len(data)) {
+		t.Fatalf("spliceCopy without descriptors: %d bytes, %v; want %d, nil", n, err, len(data))
+	}
+	out.CloseWrite()
+	if m := <-got; m != int64(len(data)) {
+		t.Fatalf("received %d bytes", m)
+	}
+	want := sha256.Sum256(data)
+	if !bytes.Equal(h.Sum(nil), want[:]) {
+		t.Fatal("the bytes changed on the way")
+	}
+	if refused.Load() == 0 {
+		t.Fatal("the pool was never refused a pipe: the test did not exercise the fallback")
+	}
+	pool.mu.Lock()
+	free := len(pool.free)
+	pool.mu.Unlock()
+	if free != 1 {
+		t.Errorf("%d pipes in the pool after descriptors came back, want 1 (splicing again)", free)
+	}
+	pool.close()
 }
