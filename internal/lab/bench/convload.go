@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/benchtool"
@@ -108,7 +107,7 @@ func ConvertLoad(ctx context.Context, o ConvertLoadOptions) (*ConvertLoadReport,
 	// Descriptors: this process holds the destination's side of every
 	// conversion, the converter (a child, inheriting the limit) two
 	// sockets and two splice pipes (four fds) per conversion.
-	limit, err := raiseNofile(uint64(8*o.Idle + 65536))
+	limit, err := benchtool.RaiseNofile(uint64(8*o.Idle + 65536))
 	if err != nil {
 		return nil, err
 	}
@@ -371,27 +370,4 @@ func look(l *lab.Lab, pid int) (ProcessLook, error) {
 		}
 	}
 	return p, nil
-}
-
-// raiseNofile raises RLIMIT_NOFILE towards n: the soft limit up to the
-// hard one, the hard one too where the process may (CAP_SYS_RESOURCE). It
-// returns the soft limit in force.
-func raiseNofile(n uint64) (uint64, error) {
-	var r syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
-		return 0, err
-	}
-	if r.Cur >= n {
-		return r.Cur, nil
-	}
-	want := r
-	want.Cur, want.Max = n, max(r.Max, n)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err == nil {
-		return n, nil
-	}
-	r.Cur = r.Max // not allowed above the hard limit: as far as it goes
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
-		return 0, err
-	}
-	return r.Cur, nil
 }
