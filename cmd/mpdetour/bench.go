@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/benchtool"
