@@ -9,8 +9,6 @@ import (
 	"net"
 	"sync"
 	"time"
-
-	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // Flow completion time (the rack scenario, issue 19). The client connects
@@ -151,14 +149,7 @@ type Sink struct {
 // ListenSink opens a sink on addr in netns (MPTCP if mptcp); downloads
 // are sent with congestion control cc ("" = the namespace's default).
 func ListenSink(addr, netns string, mptcp bool, cc string) (*Sink, error) {
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(mptcp)
-	var ln net.Listener
-	err := netnsx.Do(netns, func() error {
-		var err error
-		ln, err = lc.Listen(context.Background(), "tcp", addr)
-		return err
-	})
+	ln, err := listenIn(addr, netns, mptcp)
 	if err != nil {
 		return nil, fmt.Errorf("flow sink on %s: %w", addr, err)
 	}

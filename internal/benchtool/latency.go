@@ -7,8 +7,6 @@ import (
 	"net"
 	"sync"
 	"time"
-
-	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // Setup latency ("connect() to first byte", docs/convert.md): the client
@@ -24,14 +22,7 @@ type LatencyServer struct {
 
 // ListenLatency opens a plain TCP (or MPTCP) responder on addr in netns.
 func ListenLatency(addr, netns string, mptcp bool) (*LatencyServer, error) {
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(mptcp)
-	var ln net.Listener
-	err := netnsx.Do(netns, func() error {
-		var err error
-		ln, err = lc.Listen(context.Background(), "tcp", addr)
-		return err
-	})
+	ln, err := listenIn(addr, netns, mptcp)
 	if err != nil {
 		return nil, fmt.Errorf("latency responder on %s: %w", addr, err)
 	}

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
 // ServeOptions configure a receiver.
@@ -46,14 +44,7 @@ func Listen(o ServeOptions) (*Server, error) {
 	if o.IdleTimeout == 0 {
 		o.IdleTimeout = 30 * time.Second
 	}
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(o.MPTCP)
-	var ln net.Listener
-	err := netnsx.Do(o.Netns, func() error {
-		var err error
-		ln, err = lc.Listen(context.Background(), "tcp", o.Addr)
-		return err
-	})
+	ln, err := listenIn(o.Addr, o.Netns, o.MPTCP)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", o.Addr, err)
 	}
