@@ -33,17 +33,7 @@ func TestCRLGossipRevocation(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
 	const nRelays = 3
-	hub := netnstest.New(t, "cgh")
-	if err := hub.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
-		t.Fatal(err)
-	}
-	attach := func(prefix string, i int) (*netnstest.NS, string) {
-		ns := netnstest.New(t, prefix)
-		addr := fmt.Sprintf("10.78.%d.2", i)
-		netnstest.Link(t, hub, fmt.Sprintf("10.78.%d.1/24", i), ns, addr+"/24")
-		ns.Route(t, "0.0.0.0/0", fmt.Sprintf("10.78.%d.1", i))
-		return ns, addr
-	}
+	attach := starNet(t, "cgh", 78) // a star: every namespace off a router on its own /24
 	client, _ := attach("cgc", 100)
 	server, serverAddr := attach("cgs", 200)
 	startSink(t, server.Name, serverAddr+":5201")
@@ -64,15 +54,7 @@ func TestCRLGossipRevocation(t *testing.T) {
 	}
 	relays := make([]*relayNS, nRelays)
 	issueRelay := func(i int, k proto.Key) string {
-		c, err := auth.Issue(k.Public(), fmt.Sprintf("relay%d", i), collective.RoleRelay, now.Add(-time.Minute), now.Add(time.Hour))
-		if err != nil {
-			t.Fatal(err)
-		}
-		certPath := filepath.Join(dir, fmt.Sprintf("relay%d-%s.cert", i, k.Public().ID()))
-		if err := os.WriteFile(certPath, []byte(c.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return certPath
+		return writeRelayCert(t, auth, dir, fmt.Sprintf("relay%d-%s.cert", i, k.Public().ID()), fmt.Sprintf("relay%d", i), k, now)
 	}
 	writeRelayCfg := func(i int, k, previous proto.Key, certPath string) string {
 		r := relays[i]

@@ -29,18 +29,7 @@ func TestGossipDiscovery(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
 	const nRelays = 4
-	// A star: every namespace hangs off a router on its own /24.
-	hub := netnstest.New(t, "tgh")
-	if err := hub.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
-		t.Fatal(err)
-	}
-	attach := func(prefix string, i int) (*netnstest.NS, string) {
-		ns := netnstest.New(t, prefix)
-		addr := fmt.Sprintf("10.77.%d.2", i)
-		netnstest.Link(t, hub, fmt.Sprintf("10.77.%d.1/24", i), ns, addr+"/24")
-		ns.Route(t, "0.0.0.0/0", fmt.Sprintf("10.77.%d.1", i))
-		return ns, addr
-	}
+	attach := starNet(t, "tgh", 77) // a star: every namespace off a router on its own /24
 	client, clientAddr := attach("tgc", 100)
 	server, serverAddr := attach("tgs", 200)
 	_ = clientAddr
@@ -65,14 +54,7 @@ func TestGossipDiscovery(t *testing.T) {
 			t.Fatal(err)
 		}
 		k, _ := proto.GenerateKey()
-		c, err := auth.Issue(k.Public(), fmt.Sprintf("relay%d", i), collective.RoleRelay, now.Add(-time.Minute), now.Add(time.Hour))
-		if err != nil {
-			t.Fatal(err)
-		}
-		certPath := filepath.Join(dir, fmt.Sprintf("relay%d.cert", i))
-		if err := os.WriteFile(certPath, []byte(c.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		certPath := writeRelayCert(t, auth, dir, fmt.Sprintf("relay%d.cert", i), fmt.Sprintf("relay%d", i), k, now)
 		cfg := fmt.Sprintf(`listen: %s:%d
 private_key: %s
 ports: 40000-40999

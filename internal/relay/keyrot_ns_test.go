@@ -16,7 +16,6 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
-	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // Key rotation without dropping detours (issue 15). A member holds a
@@ -32,17 +31,7 @@ import (
 func TestKeyRotation(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
-	hub := netnstest.New(t, "cgh")
-	if err := hub.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
-		t.Fatal(err)
-	}
-	attach := func(prefix string, i int) (*netnstest.NS, string) {
-		ns := netnstest.New(t, prefix)
-		addr := fmt.Sprintf("10.79.%d.2", i)
-		netnstest.Link(t, hub, fmt.Sprintf("10.79.%d.1/24", i), ns, addr+"/24")
-		ns.Route(t, "0.0.0.0/0", fmt.Sprintf("10.79.%d.1", i))
-		return ns, addr
-	}
+	attach := starNet(t, "cgh", 79) // a star: every namespace off a router on its own /24
 	client, _ := attach("cgc", 100)
 	server, serverAddr := attach("cgs", 200)
 	relayNS, relayAddr := attach("cgr", 1)
