@@ -701,16 +701,25 @@ func (r *Run) probeTarget() netip.AddrPort {
 // probeListener accepts the prober's connections in the server node and
 // closes them.
 func (r *Run) probeListener() error {
+	if err := r.acceptAndClose(r.cfg.Server, r.probeTarget(), nil); err != nil {
+		return fmt.Errorf("attack: prober's listener in %s: %w", r.cfg.Server, err)
+	}
+	return nil
+}
+
+// acceptAndClose listens (MPTCP) on addr in node, closes every connection
+// it accepts after calling onAccept (if any), and stops at cleanup.
+func (r *Run) acceptAndClose(node string, addr netip.AddrPort, onAccept func()) error {
 	var ln net.Listener
-	err := r.lab.Do(r.cfg.Server, func() error {
+	err := r.lab.Do(node, func() error {
 		var lc net.ListenConfig
 		lc.SetMultipathTCP(true)
 		var err error
-		ln, err = lc.Listen(context.Background(), "tcp4", r.probeTarget().String())
+		ln, err = lc.Listen(context.Background(), "tcp4", addr.String())
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("attack: prober's listener in %s: %w", r.cfg.Server, err)
+		return err
 	}
 	done := make(chan struct{})
 	go func() {
@@ -719,6 +728,9 @@ func (r *Run) probeListener() error {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if onAccept != nil {
+				onAccept()
 			}
 			c.Close()
 		}
@@ -954,30 +966,10 @@ func (r *Run) startJoinSubst() error {
 		if r.cfg.Kind != JoinRedirect {
 			break
 		}
-		var ln net.Listener
-		err := r.lab.Do(r.cfg.Attacker, func() error {
-			var lc net.ListenConfig
-			lc.SetMultipathTCP(true)
-			var err error
-			ln, err = lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(own, port).String())
-			return err
-		})
-		if err != nil {
+		// Joins the other peer completed are counted (none expected).
+		if err := r.acceptAndClose(r.cfg.Attacker, netip.AddrPortFrom(own, port), func() { r.synacks.Add(1) }); err != nil {
 			return fmt.Errorf("attack: the other peer's listener in %s: %w", r.cfg.Attacker, err)
 		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				r.synacks.Add(1) // joins the other peer completed (none expected)
-				c.Close()
-			}
-		}()
-		r.cleanup = append(r.cleanup, func() { ln.Close(); <-done })
 	}
 	return r.lab.Do(r.cfg.Attacker, func() error {
 		c, err := nftables.New()
