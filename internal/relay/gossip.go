@@ -206,7 +206,7 @@ func (s *Server) startRoster(set *Settings) error {
 	if err != nil {
 		return err
 	}
-	s.roster = n
+	s.roster, s.rosterKey = n, set.PrivateKey
 	return nil
 }
 
@@ -250,7 +250,7 @@ type rosterRestart struct {
 // serves no roster.
 func (s *Server) restartRoster(old *roster.Node, set *Settings) {
 	s.roster = nil
-	s.rosterRestarting = true
+	s.rosterRestarting, s.rosterKey = true, set.PrivateKey
 	info := s.rosterInfoOf(set) // event-loop state: read here, not in the goroutine
 	go func() {
 		if old != nil {
@@ -274,6 +274,9 @@ func (s *Server) rosterRestarted(r rosterRestart, stopping bool) {
 		if s.set.Trust != nil {
 			r.n.SetTrust(s.set.Trust) // a reload may have come meanwhile
 		}
+		if s.set.Gossip != nil && s.set.PrivateKey != s.rosterKey {
+			s.restartRoster(s.roster, s.set) // the key changed again meanwhile
+		}
 	}
 }
 
@@ -296,13 +299,15 @@ func (s *Server) tickRoster(now time.Time) {
 // authority applies to the entries at once.
 func (s *Server) reloadRoster(set *Settings) {
 	if s.rosterRestarting {
-		if set.Gossip != nil && set.PrivateKey != s.set.PrivateKey {
-			s.log.Warn("reload: the roster is still restarting for the previous key change; gossip follows this key at the next reload")
+		// A key newer than the one the restart under way joins with keeps
+		// its gossip settings (certificate): the roster restarts again for
+		// it once this restart ends (rosterRestarted).
+		if set.Gossip == nil || set.PrivateKey == s.rosterKey {
+			set.Gossip = s.set.Gossip
 		}
-		set.Gossip = s.set.Gossip
 		return
 	}
-	if set.Gossip != nil && (s.roster != nil && set.PrivateKey != s.set.PrivateKey || s.roster == nil && s.set.Gossip != nil) {
+	if set.Gossip != nil && (s.roster != nil && set.PrivateKey != s.rosterKey || s.roster == nil && s.set.Gossip != nil) {
 		// A new relay key (the node is named for it), or a roster that a
 		// failed restart left stopped: leave and join again, off the loop.
 		s.restartRoster(s.roster, set)

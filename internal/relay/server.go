@@ -114,9 +114,11 @@ type Server struct {
 	reload  chan *Settings
 	crlKick chan struct{} // the roster installed a revocation list from gossip
 	// rosterDone: a roster restarted off the loop (key rotation);
-	// rosterRestarting while one is under way.
+	// rosterRestarting while one is under way; rosterKey: the key the
+	// roster node runs (or is restarting) under.
 	rosterDone       chan rosterRestart
 	rosterRestarting bool
+	rosterKey        proto.Key
 	statusReq        chan statusRequest
 	started          time.Time
 	now              func() time.Time
