@@ -149,7 +149,10 @@ type Run struct {
 	lab    Lab
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	before map[string]uint64
+	// probing: the prober and its connections in flight; Stop waits for
+	// them before the cleanup closes the listener they dial.
+	probing sync.WaitGroup
+	before  map[string]uint64
 
 	sent, injected, sniffed, tokens, synacks atomic.Uint64
 	// syn-flood: bytes sent; what the server sent to the spoofed sources
@@ -198,7 +201,7 @@ func Start(ctx context.Context, l Lab, cfg Config) (*Run, error) {
 		return nil, err
 	}
 	if cfg.ProbeRate > 0 {
-		r.wg.Add(1)
+		r.probing.Add(1)
 		go r.prober(ctx)
 	}
 	return r, nil
@@ -224,6 +227,10 @@ func (r *Run) runCleanup() {
 // probe.* (genuine connections), server.<MIB> and client.<MIB> deltas.
 func (r *Run) Stop() (map[string]float64, error) {
 	r.cancel()
+	// Probes still dialling when the attack stops count as attempts: let
+	// them finish before the cleanup closes their listener (else the last
+	// one fails and a genuine connection looks refused).
+	r.probing.Wait()
 	r.runCleanup()
 	r.wg.Wait()
 	after, err := r.counters()
@@ -742,7 +749,7 @@ func (r *Run) acceptAndClose(node string, addr netip.AddrPort, onAccept func()) 
 // prober opens short genuine MPTCP connections from the client to the
 // target at ProbeRate per second, each given 2 s to establish.
 func (r *Run) prober(ctx context.Context) {
-	defer r.wg.Done()
+	defer r.probing.Done()
 	every := time.Second / time.Duration(r.cfg.ProbeRate)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
