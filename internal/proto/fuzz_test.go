@@ -15,6 +15,7 @@ func FuzzParseRequest(f *testing.F) {
 		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4}, {Op: OpCertify, ID: 4, Cert: []byte{1, 2, 3}}, {Op: OpReceipt, ID: 5, Receipt: make([]byte, 161)},
 		{Op: OpEncap, ID: 5, Action: EncapOpen}, {Op: OpEncap, ID: 6, Action: EncapRelease},
 		{Op: OpRoster, ID: 7, Start: 3},
+		{Op: OpRoster, ID: 8, Start: 0, Have: 0x1122334455667788},
 	} {
 		b, _ := MarshalRequest(r)
 		f.Add(b)
@@ -49,6 +50,7 @@ func FuzzParseReply(f *testing.F) {
 		{Op: OpEncap},
 		{Op: OpRoster, Roster: RosterPage{Total: 5, Start: 1, Entries: [][]byte{{1, 2, 3}, make([]byte, 300)}}},
 		{Op: OpRoster, Roster: RosterPage{Total: 0}},
+		{Op: OpRoster, Roster: RosterPage{Total: 20, Digest: 0xa1b2c3d4e5f60718}},
 	} {
 		b, _ := MarshalReply(r)
 		f.Add(b)

@@ -47,11 +47,16 @@ const (
 )
 
 // RosterPage is a roster reply: entries Start.. of Total, in the relay's
-// order.
+// order. Digest (0: the relay sent none, an older relay) fingerprints the
+// whole roster the page was cut from: a client that asks with the digest
+// it holds (Request.Have) gets a page without entries when nothing
+// changed, and a client reading several pages sees whether the roster
+// changed between them.
 type RosterPage struct {
 	Total   uint16
 	Start   uint16
 	Entries [][]byte
+	Digest  uint64
 }
 
 // MaxTickets bounds the converter tickets one request asks for; TicketLen
@@ -182,8 +187,14 @@ type Request struct {
 	Receipt []byte
 	// Encap: EncapOpen or EncapRelease.
 	Action uint8
-	// Roster: index of the first entry wanted.
-	Start uint16
+	// Roster: index of the first entry wanted, and the digest of the
+	// roster the client holds (0: none; RosterPage.Digest). A request
+	// with Have != 0 or HasDigest set asks for the digest in the reply;
+	// an older relay refuses it as malformed and the client asks again
+	// without.
+	Start     uint16
+	Have      uint64
+	HasDigest bool
 }
 
 // Reply is a decoded relay reply.
@@ -245,7 +256,7 @@ type TunnelGrant struct {
 //	  certify: certificate (binary form, 1..MaxMessageLen-8 bytes)
 //	  receipt: usage receipt (binary form, 1..MaxMessageLen-8 bytes)
 //	  encap:   action:u8 (1 open/renew, 2 release)
-//	  roster:  start:u16 (index of the first entry wanted)
+//	  roster:  start:u16 (index of the first entry wanted) [have:u64 (digest held, 0 none)]
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
@@ -256,8 +267,10 @@ type TunnelGrant struct {
 //	  receipt: credit:i64 (bytes)
 //	  encap:   empty (release) or prefix_addr prefix_len:u8 gateway_addr endpoint_addr
 //	           endpoint_port:u16 member_addr vni:u32 mtu:u16 lease_s:u32
-//	  roster:  total:u16 start:u16 count:u8 (len:u16 entry[len])*count
-//	           (count <= MaxRosterPage, 1 <= len <= MaxRosterEntry, start+count <= total)
+//	  roster:  total:u16 start:u16 count:u8 (len:u16 entry[len])*count [digest:u64]
+//	           (count <= MaxRosterPage, 1 <= len <= MaxRosterEntry, start+count <= total;
+//	           the digest when the request carried have, nonzero; count 0 and
+//	           digest = have: unchanged)
 //	addr = family:u8 (4 or 6) + 4 or 16 bytes
 const msgHeaderLen = 8
 
@@ -311,6 +324,9 @@ func MarshalRequest(r Request) ([]byte, error) {
 		b = append(b, r.Action)
 	case OpRoster:
 		b = binary.BigEndian.AppendUint16(b, r.Start)
+		if r.HasDigest || r.Have != 0 {
+			b = binary.BigEndian.AppendUint64(b, r.Have)
+		}
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -380,10 +396,13 @@ func ParseRequest(b []byte) (Request, error) {
 		}
 		r.Action = body[0]
 	case OpRoster:
-		if len(body) != 2 {
-			return r, malformed(r.Op, "want a 2-byte start index, got %d bytes", len(body))
+		if len(body) != 2 && len(body) != 10 {
+			return r, malformed(r.Op, "want a 2-byte start index and an optional 8-byte digest, got %d bytes", len(body))
 		}
 		r.Start = binary.BigEndian.Uint16(body)
+		if len(body) == 10 {
+			r.Have, r.HasDigest = binary.BigEndian.Uint64(body[2:]), true
+		}
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -468,6 +487,9 @@ func MarshalReply(r Reply) ([]byte, error) {
 			}
 			b = binary.BigEndian.AppendUint16(b, uint16(len(e)))
 			b = append(b, e...)
+		}
+		if p.Digest != 0 {
+			b = binary.BigEndian.AppendUint64(b, p.Digest)
 		}
 		if len(b) > MaxReplyLen {
 			return nil, fmt.Errorf("roster reply of %d bytes exceeds %d", len(b), MaxReplyLen)
@@ -603,8 +625,14 @@ func ParseReply(b []byte) (Reply, error) {
 			p.Entries = append(p.Entries, append([]byte(nil), rest[2:2+l]...))
 			rest = rest[2+l:]
 		}
-		if len(rest) != 0 {
-			return r, fmt.Errorf("roster reply: %d trailing bytes", len(rest))
+		switch len(rest) {
+		case 0:
+		case 8:
+			if p.Digest = binary.BigEndian.Uint64(rest); p.Digest == 0 {
+				return r, fmt.Errorf("roster reply: digest 0")
+			}
+		default:
+			return r, fmt.Errorf("roster reply: %d trailing bytes (0, or an 8-byte digest)", len(rest))
 		}
 		r.Roster = p
 	default:

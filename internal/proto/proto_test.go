@@ -423,4 +423,43 @@ func TestRosterMessages(t *testing.T) {
 	if _, err := MarshalReply(Reply{Op: OpRoster, Roster: RosterPage{Total: 3, Entries: [][]byte{make([]byte, 512), make([]byte, 512), make([]byte, 512)}}}); err == nil {
 		t.Error("a page beyond MaxReplyLen marshalled")
 	}
+
+	// The digest: a request that holds one (or asks for one with 0), a
+	// reply that carries one; an old-format request stays 2 bytes.
+	for _, req := range []Request{{Op: OpRoster, Start: 3, Have: 0xfeedface12345678}, {Op: OpRoster, HasDigest: true}} {
+		b, err := MarshalRequest(req)
+		if err != nil || len(b) != msgHeaderLen+10 {
+			t.Fatalf("digest request %+v: %d bytes, %v", req, len(b), err)
+		}
+		r, err := ParseRequest(b)
+		if err != nil || r.Have != req.Have || !r.HasDigest || r.Start != req.Start {
+			t.Fatalf("digest request round trip: %+v %v", r, err)
+		}
+		if _, err := ParseRequest(b[:len(b)-1]); ReasonOf(err) != ReasonMalformed {
+			t.Errorf("truncated digest request: %v", err)
+		}
+	}
+	page.Digest = 0x0102030405060708
+	rb, err = MarshalReply(Reply{Op: OpRoster, Roster: page})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := ParseReply(rb); err != nil || rep.Roster.Digest != page.Digest || len(rep.Roster.Entries) != 2 {
+		t.Fatalf("digest reply round trip: %+v %v", rep.Roster, err)
+	}
+	unchanged, err := MarshalReply(Reply{Op: OpRoster, Roster: RosterPage{Total: 40, Digest: 9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := ParseReply(unchanged); err != nil || rep.Roster.Digest != 9 || rep.Roster.Total != 40 || len(rep.Roster.Entries) != 0 || len(unchanged) != msgHeaderLen+5+8 {
+		t.Fatalf("unchanged page: %d bytes, %+v %v", len(unchanged), rep.Roster, err)
+	}
+	for name, b := range map[string][]byte{
+		"digest 0":         append(append([]byte{}, unchanged[:len(unchanged)-8]...), 0, 0, 0, 0, 0, 0, 0, 0),
+		"4 trailing bytes": append(append([]byte{}, unchanged[:len(unchanged)-8]...), 1, 2, 3, 4),
+	} {
+		if _, err := ParseReply(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -150,6 +151,46 @@ collective:
 		c.Close()
 	}
 
+	// The roster digest: a member that holds the roster gets "unchanged";
+	// an older member (no digest) gets the roster as before.
+	conn, err := relayclient.Dial(relayclient.Relay{Name: "r0", Addr: netip.MustParseAddrPort(relays[0].addr + ":45673"), PublicKey: relays[0].key.Public()},
+		member, relayclient.Options{Certificate: mc.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, client.Name, ""), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rosterRead := func(have uint64, digest bool) relayclient.RosterRead {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r, err := conn.RosterSince(ctx, 256, have, digest)
+		if err != nil {
+			t.Fatalf("roster read (have %x, digest %v): %v", have, digest, err)
+		}
+		return r
+	}
+	first := rosterRead(0, true)
+	if len(first.Entries) != nRelays || first.Digest == 0 || first.Unchanged {
+		t.Fatalf("first roster read: %d entries, digest %x, unchanged %v", len(first.Entries), first.Digest, first.Unchanged)
+	}
+	if again := rosterRead(first.Digest, true); !again.Unchanged || len(again.Entries) != 0 || again.Digest != first.Digest || again.Total != nRelays {
+		t.Fatalf("read with the digest held: %+v", again)
+	}
+	if stale := rosterRead(first.Digest^1, true); stale.Unchanged || len(stale.Entries) != nRelays {
+		t.Fatalf("read with a stale digest: unchanged %v, %d entries", stale.Unchanged, len(stale.Entries))
+	}
+	if old := rosterRead(0, false); old.Digest != 0 || len(old.Entries) != nRelays {
+		t.Fatalf("read without a digest (older member): digest %x, %d entries", old.Digest, len(old.Entries))
+	}
+	waitLong(t, 5*time.Second, "the member's source reading the roster unchanged (it polls every second)", func() bool {
+		_, unchanged := src.RosterReads()
+		return unchanged >= 2
+	})
+	// (Whole reads after the first: a relay re-signs its entry when its
+	// load changes, as the grants above did.)
+	full, unchanged := src.RosterReads()
+	t.Logf("member's roster reads so far: %d whole, %d unchanged", full, unchanged)
+
 	// Kill relay3 (no leave message): it leaves every roster and the
 	// member's relay set.
 	victim := relays[nRelays-1]
@@ -176,6 +217,9 @@ collective:
 	})
 	t.Logf("killed relay out of every roster %v after SIGKILL (target 5 s), dropped by the member after %v (roster poll 1 s)",
 		outOfRoster.Round(100*time.Millisecond), time.Since(killed).Round(100*time.Millisecond))
+	if after := rosterRead(first.Digest, true); after.Unchanged || len(after.Entries) != nRelays-1 || after.Digest == first.Digest {
+		t.Fatalf("read with the digest from before the kill: unchanged %v, %d entries, digest %x", after.Unchanged, len(after.Entries), after.Digest)
+	}
 }
 
 func indexOf[T comparable](s []T, x T) int {

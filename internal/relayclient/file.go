@@ -26,7 +26,7 @@ import (
 //	  discovery:                             # optional: also use relays of the collective's roster
 //	    authority: mpdetour-authority-v1:... # the collective's authority (entries are verified against it)
 //	    max: 4                               # discovered relays used at once
-//	    interval: 2s                         # how often the roster is read from a configured relay
+//	    interval: 500ms                       # how often the roster is read from a configured relay
 type FileConfig struct {
 	Key     string `yaml:"key"`
 	KeyFile string `yaml:"key_file"`
@@ -120,8 +120,8 @@ func (f *FileConfig) Build() (SourceConfig, error) {
 		if d.Max < 0 || d.Max > 32 {
 			return sc, fmt.Errorf("discovery.max: %d is outside 1..32", d.Max)
 		}
-		if d.Interval != 0 && (time.Duration(d.Interval) < 500*time.Millisecond || time.Duration(d.Interval) > 10*time.Minute) {
-			return sc, fmt.Errorf("discovery.interval: %v is outside 500ms..10m", time.Duration(d.Interval))
+		if d.Interval != 0 && (time.Duration(d.Interval) < 100*time.Millisecond || time.Duration(d.Interval) > 10*time.Minute) {
+			return sc, fmt.Errorf("discovery.interval: %v is outside 100ms..10m", time.Duration(d.Interval))
 		}
 		sc.Discovery = &Discovery{Trust: collective.NewTrust(ak), Max: d.Max, Every: time.Duration(d.Interval)}
 	}

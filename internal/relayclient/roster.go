@@ -20,24 +20,64 @@ import (
 // (roster.Parse, Entry.Verify). total is the roster's size as the relay
 // reported it.
 func (c *Conn) Roster(ctx context.Context, max int) (entries [][]byte, total int, err error) {
-	start := 0
-	for {
-		rep, err := c.Do(ctx, proto.Request{Op: proto.OpRoster, Start: uint16(start)})
-		if err != nil {
-			return entries, total, err
+	r, err := c.RosterSince(ctx, max, 0, false)
+	return r.Entries, r.Total, err
+}
+
+// RosterRead is what RosterSince read.
+type RosterRead struct {
+	Entries   [][]byte // empty when Unchanged
+	Total     int      // the roster's size as the relay reported it
+	Digest    uint64   // the roster's digest (0: the relay sent none)
+	Unchanged bool     // the relay holds the roster whose digest was passed in
+}
+
+// RosterSince is Roster for a client that holds the roster with digest
+// have (0: none): when the relay's roster still has that digest, the
+// relay answers with one small page and Unchanged is set. With digest
+// false the request carries no digest (for relays older than the
+// digest, which refuse it as malformed). When the roster changes between
+// pages (the digests differ) the read starts over, at most three times.
+func (c *Conn) RosterSince(ctx context.Context, max int, have uint64, digest bool) (RosterRead, error) {
+	var r RosterRead
+	for attempt := 0; ; attempt++ {
+		r = RosterRead{}
+		start, restart := 0, false
+		for !restart {
+			rep, err := c.Do(ctx, proto.Request{Op: proto.OpRoster, Start: uint16(start), Have: have, HasDigest: digest})
+			if err != nil {
+				return r, err
+			}
+			p := rep.Roster
+			if int(p.Start) != start {
+				return r, fmt.Errorf("relay %q: roster page from %d, asked from %d", c.relay.Name, p.Start, start)
+			}
+			if start == 0 {
+				r.Digest = p.Digest
+				if digest && p.Digest != 0 && p.Digest == have && len(p.Entries) == 0 {
+					r.Total, r.Unchanged = int(p.Total), true
+					return r, nil
+				}
+			} else if p.Digest != r.Digest {
+				restart = true // the roster changed between pages
+				break
+			}
+			r.Total = int(p.Total)
+			r.Entries = append(r.Entries, p.Entries...)
+			start += len(p.Entries)
+			if start >= r.Total || len(r.Entries) >= max {
+				r.Entries = r.Entries[:min(len(r.Entries), max)]
+				return r, nil
+			}
+			if len(p.Entries) == 0 {
+				return r, fmt.Errorf("relay %q: empty roster page at %d of %d", c.relay.Name, start, r.Total)
+			}
+			// Later pages: ask with no digest held, the reply's digest
+			// tells whether the roster is still the first page's.
+			have = 0
 		}
-		p := rep.Roster
-		if int(p.Start) != start {
-			return entries, total, fmt.Errorf("relay %q: roster page from %d, asked from %d", c.relay.Name, p.Start, start)
-		}
-		total = int(p.Total)
-		entries = append(entries, p.Entries...)
-		start += len(p.Entries)
-		if start >= total || len(entries) >= max {
-			return entries[:min(len(entries), max)], total, nil
-		}
-		if len(p.Entries) == 0 {
-			return entries, total, fmt.Errorf("relay %q: empty roster page at %d of %d", c.relay.Name, start, total)
+		if attempt == 2 {
+			return r, fmt.Errorf("relay %q: the roster changed while it was read, three times", c.relay.Name)
 		}
 	}
 }
@@ -51,9 +91,16 @@ func (c *Conn) Roster(ctx context.Context, max int) (entries [][]byte, total int
 type Discovery struct {
 	Trust *collective.Trust
 	Max   int           // discovered relays in use at once (default 4)
-	Every time.Duration // roster poll period (default 2 s)
+	Every time.Duration // roster poll period (default DefaultDiscoveryEvery)
 	Fetch int           // entries read per poll at most (default 256)
 }
+
+// DefaultDiscoveryEvery is how often an agent reads the roster by
+// default. An unchanged roster costs one small page (its digest), so the
+// agent can afford to look often: a relay that died is out of the relays'
+// rosters within 4 s (docs/collective.md), and out of the agents' use at
+// most one period later.
+const DefaultDiscoveryEvery = 500 * time.Millisecond
 
 type discovered struct {
 	idx   int // in Source.conns
@@ -77,24 +124,42 @@ func (s *Source) discover() {
 }
 
 // fetchRoster reads and verifies the roster from the first configured
-// relay that answers (starting after the last one that did).
+// relay that answers (starting after the last one that did). A roster
+// whose digest is the one read last is not sent again (a few dozen bytes
+// per poll) and its entries are not verified again.
 func (s *Source) fetchRoster() ([]*roster.Entry, error) {
 	d := s.cfg.Discovery
 	var errs []error
 	for i := range s.static {
 		j := (s.rosterFrom + i) % len(s.static)
 		c := s.static[j]
+		digest := !s.rosterNoDigest[j]
+		have := s.rosterDigest
+		if j != s.rosterFrom {
+			have = 0
+		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
-		raw, _, err := c.Roster(ctx, d.Fetch)
+		r, err := c.RosterSince(ctx, d.Fetch, have, digest)
+		if digest && proto.ReasonOf(err) == proto.ReasonMalformed {
+			// A relay older than the roster digest: read it whole.
+			s.log.Info("roster: relay does not know roster digests, reading the whole roster each time", "relay", c.relay.Name)
+			s.rosterNoDigest[j] = true
+			r, err = c.RosterSince(ctx, d.Fetch, 0, false)
+		}
 		cancel()
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		s.rosterFrom = j
+		if r.Unchanged {
+			s.rosterReads[1].Add(1)
+			return s.rosterLast, nil
+		}
+		s.rosterReads[0].Add(1)
 		now := time.Now()
 		var out []*roster.Entry
-		for _, b := range raw {
+		for _, b := range r.Entries {
 			e, err := roster.Parse(b)
 			if err == nil {
 				err = e.Verify(d.Trust, now)
@@ -106,6 +171,7 @@ func (s *Source) fetchRoster() ([]*roster.Entry, error) {
 			}
 			out = append(out, e)
 		}
+		s.rosterDigest, s.rosterLast = r.Digest, out
 		return out, nil
 	}
 	return nil, errors.Join(errs...)
@@ -250,6 +316,12 @@ func (s *Source) Discovered() []Relay {
 	}
 	slices.SortFunc(out, func(a, b Relay) int { return cmp.Compare(a.Name, b.Name) })
 	return out
+}
+
+// RosterReads counts the roster reads that got the roster (the first, and
+// those after a change) and those the relay answered "unchanged".
+func (s *Source) RosterReads() (full, unchanged uint64) {
+	return s.rosterReads[0].Load(), s.rosterReads[1].Load()
 }
 
 // RosterRefused counts roster entries this source refused (forged, expired,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // SourceConfig configures a Source.
@@ -50,9 +51,18 @@ type Source struct {
 	// first would return the mapping the release then removes.
 	releasing map[entryKey]chan struct{}
 	found     map[proto.Key]*discovered
-	// rosterFrom: the configured relay the roster was last read from.
-	rosterFrom int
-	refused    atomic.Uint64
+	// rosterFrom: the configured relay the roster was last read from;
+	// rosterDigest and rosterLast: the digest of what it sent (0: none)
+	// and its verified entries; rosterNoDigest: configured relays that
+	// refused a digest (older relays). Used by the discover goroutine
+	// only. rosterReads: reads that got the roster, reads answered
+	// "unchanged" (RosterReads).
+	rosterFrom     int
+	rosterDigest   uint64
+	rosterLast     []*roster.Entry
+	rosterNoDigest map[int]bool
+	rosterReads    [2]atomic.Uint64
+	refused        atomic.Uint64
 	// changed: a grant arrived or a discovered relay was dropped
 	// (detour.Notifier).
 	changed chan struct{}
@@ -93,7 +103,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 10 * time.Second
 	}
-	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{},
+	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{}, rosterNoDigest: map[int]bool{},
 		changed: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -119,7 +129,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 			d.Max = 4
 		}
 		if d.Every <= 0 {
-			d.Every = 2 * time.Second
+			d.Every = DefaultDiscoveryEvery
 		}
 		if d.Fetch <= 0 {
 			d.Fetch = 256

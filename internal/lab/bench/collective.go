@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
@@ -162,7 +163,8 @@ collective:
 		s.byAddr[addr] = i
 	}
 	// MPDETOUR_BENCH_DISCOVERY_INTERVAL sets the agents' roster poll
-	// (discovery.interval; default 2 s), recorded in every trial.
+	// (discovery.interval; default relayclient.DefaultDiscoveryEvery),
+	// recorded in every trial.
 	if v := os.Getenv("MPDETOUR_BENCH_DISCOVERY_INTERVAL"); v != "" {
 		if _, err := time.ParseDuration(v); err != nil {
 			return nil, fmt.Errorf("MPDETOUR_BENCH_DISCOVERY_INTERVAL: %w", err)
@@ -502,7 +504,7 @@ func (s *collSession) Trial(ctx context.Context, n int) (Measurement, error) {
 	// agents started together and read the roster every interval from
 	// their start: a random wait of up to one interval puts the kill at
 	// a random phase of their reads, as a relay's death would be.
-	iv := 2 * time.Second
+	iv := relayclient.DefaultDiscoveryEvery
 	if s.interval != "" {
 		iv, _ = time.ParseDuration(s.interval)
 	}
