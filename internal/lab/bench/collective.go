@@ -385,6 +385,9 @@ func (s *collSession) Trial(ctx context.Context, n int) (Measurement, error) {
 		return Measurement{}, err
 	}
 	res := &results.Collective{Relays: len(s.relays), DiscoveryInterval: s.interval}
+	if s.interval == "" {
+		res.DiscoveryInterval = relayclient.DefaultDiscoveryEvery.String() + " (default)"
+	}
 	runs := make([]*collRun, len(s.clients))
 	for i, c := range s.clients {
 		_ = os.Remove(c.sock)

@@ -127,7 +127,7 @@ func (d *Data) writeCollective(p *printer) {
 		for _, t := range c.Collectives {
 			iv := t.DiscoveryInterval
 			if iv == "" {
-				iv = "2s (default)"
+				iv = "2s (the default of records written before the roster digest)"
 			}
 			intervals[iv]++
 		}
