@@ -31,7 +31,22 @@ const (
 	OpReceipt Op = 8  // present a usage receipt a relay issued (fair sharing, internal/collective)
 	OpEncap   Op = 9  // open/renew or release an unencrypted VXLAN tunnel (docs/tunnel.md)
 	OpRoster  Op = 10 // a page of the collective's relay roster (internal/roster)
+	OpRotate  Op = 11 // carry the member state of an old member key over to this session's key
 )
+
+// RotateSigLen is the length of a rotation statement's signature (XEdDSA,
+// collective.SignRotation).
+const RotateSigLen = 64
+
+// Rotation is OpRotate's body: the session's key asks the relay to carry
+// the state of the member key Old over to it; Time (Unix seconds) and
+// Signature are the old key's statement that the session's key is its
+// successor (collective.SignRotation / VerifyRotation).
+type Rotation struct {
+	Old       Key
+	Time      uint64
+	Signature [RotateSigLen]byte
+}
 
 // Encap request actions (Request.Action for OpEncap).
 const (
@@ -83,6 +98,8 @@ func (o Op) String() string {
 		return "encap"
 	case OpRoster:
 		return "roster"
+	case OpRotate:
+		return "rotate"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -184,6 +201,8 @@ type Request struct {
 	Action uint8
 	// Roster: index of the first entry wanted.
 	Start uint16
+	// Rotate: the old key and its signed statement.
+	Rotate Rotation
 }
 
 // Reply is a decoded relay reply.
@@ -246,6 +265,7 @@ type TunnelGrant struct {
 //	  receipt: usage receipt (binary form, 1..MaxMessageLen-8 bytes)
 //	  encap:   action:u8 (1 open/renew, 2 release)
 //	  roster:  start:u16 (index of the first entry wanted)
+//	  rotate:  old_key[32] time:u64 signature[64] (exactly 104 bytes)
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
@@ -260,6 +280,9 @@ type TunnelGrant struct {
 //	           (count <= MaxRosterPage, 1 <= len <= MaxRosterEntry, start+count <= total)
 //	addr = family:u8 (4 or 6) + 4 or 16 bytes
 const msgHeaderLen = 8
+
+// rotateBodyLen is OpRotate's body: old key, time, signature.
+const rotateBodyLen = KeyLen + 8 + RotateSigLen
 
 // MaxMessageLen bounds any request and every reply but roster pages;
 // larger input is refused.
@@ -311,6 +334,13 @@ func MarshalRequest(r Request) ([]byte, error) {
 		b = append(b, r.Action)
 	case OpRoster:
 		b = binary.BigEndian.AppendUint16(b, r.Start)
+	case OpRotate:
+		if r.Rotate.Old.IsZero() || r.Rotate.Time == 0 {
+			return nil, fmt.Errorf("rotate needs the old key and the statement's time")
+		}
+		b = append(b, r.Rotate.Old[:]...)
+		b = binary.BigEndian.AppendUint64(b, r.Rotate.Time)
+		b = append(b, r.Rotate.Signature[:]...)
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -384,6 +414,16 @@ func ParseRequest(b []byte) (Request, error) {
 			return r, malformed(r.Op, "want a 2-byte start index, got %d bytes", len(body))
 		}
 		r.Start = binary.BigEndian.Uint16(body)
+	case OpRotate:
+		if len(body) != rotateBodyLen {
+			return r, malformed(r.Op, "want %d bytes (old key, time, signature), got %d", rotateBodyLen, len(body))
+		}
+		copy(r.Rotate.Old[:], body)
+		r.Rotate.Time = binary.BigEndian.Uint64(body[KeyLen:])
+		copy(r.Rotate.Signature[:], body[KeyLen+8:])
+		if r.Rotate.Old.IsZero() || r.Rotate.Time == 0 {
+			return Request{Op: r.Op, ID: r.ID}, malformed(r.Op, "zero old key or time")
+		}
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -401,7 +441,7 @@ func MarshalReply(r Reply) ([]byte, error) {
 		return b, nil
 	}
 	switch r.Op {
-	case OpPing, OpCertify:
+	case OpPing, OpCertify, OpRotate:
 	case OpGrant:
 		if !r.Detour.IsValid() {
 			return nil, fmt.Errorf("grant reply without detour address")
@@ -501,7 +541,7 @@ func ParseReply(b []byte) (Reply, error) {
 		return r, nil
 	}
 	switch r.Op {
-	case OpPing, OpCertify:
+	case OpPing, OpCertify, OpRotate:
 		if len(body) != 0 {
 			return r, fmt.Errorf("%s reply with %d body bytes", r.Op, len(body))
 		}

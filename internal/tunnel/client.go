@@ -285,6 +285,22 @@ func (c *Client) Reconnect() error {
 	return c.apply(a, a)
 }
 
+// Rekey switches the device to a new member key (a key rotation: the
+// relay has moved this member's peer to the new key, keeping the tunnel
+// address). The tunnel's address, routes and rule stay, so connections
+// inside it continue; the relay's peer is re-created so that the new
+// handshake starts at once.
+func (c *Client) Rekey(priv wgtypes.Key) error {
+	if err := c.dev.Configure(wgtypes.Config{PrivateKey: &priv}); err != nil {
+		return fmt.Errorf("tunnel %s: new private key: %w", c.iface, err)
+	}
+	if err := c.Reconnect(); err != nil {
+		return err
+	}
+	c.log.Info("tunnel rekeyed", "key", priv.PublicKey())
+	return nil
+}
+
 // Address is the tunnel's local address: subflows from it use the tunnel.
 func (c *Client) Address() netip.Addr {
 	c.mu.Lock()
