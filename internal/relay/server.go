@@ -93,7 +93,7 @@ type Server struct {
 	certified map[proto.Key]certMember
 	// rotated: old member key -> the key its state moved to (rotate.go),
 	// while the old key still has sessions.
-	rotated map[proto.Key]proto.Key
+	rotated   map[proto.Key]proto.Key
 	crlMod    time.Time    // modification time of the CRL file last read
 	state     *replayState // nil: lastTS lives in memory only
 	rates     map[proto.Key]*bucket
