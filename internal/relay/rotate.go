@@ -30,6 +30,7 @@ import (
 // Rotation results (the label values of mpdetour_relay_rotations_total).
 const (
 	rotateOK          = "ok"
+	rotateNewUncert   = "new-not-member"
 	rotateSameKey     = "same-key"
 	rotateForged      = "forged"
 	rotateStale       = "stale"
@@ -37,12 +38,12 @@ const (
 	rotateNameDiffers = "name-mismatch"
 )
 
-var rotateResults = []string{rotateOK, rotateSameKey, rotateForged, rotateStale, rotateNotMember, rotateNameDiffers}
+var rotateResults = []string{rotateOK, rotateNewUncert, rotateSameKey, rotateForged, rotateStale, rotateNotMember, rotateNameDiffers}
 
 func newRotationsMetric() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mpdetour_relay_rotations_total",
-		Help: "Member key rotations (OpRotate) by result: ok, same-key, forged, stale, old-not-member, name-mismatch.",
+		Help: "Member key rotations (OpRotate) by result: ok, new-not-member, same-key, forged, stale, old-not-member, name-mismatch.",
 	}, []string{"result"})
 }
 
@@ -61,6 +62,15 @@ func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) 
 		s.met.rotations.WithLabelValues(result).Inc()
 		s.log.Warn("key rotation refused, nothing moved", "reason", result, "member", ses.name, "new_key", ses.peer.ID(),
 			"old_key", r.Old.ID(), "from", ses.addr, "why", why)
+	}
+	if ses.pending {
+		// Any fresh key can get this far: counted, logged in the bounded
+		// summary of refusals.
+		rep.Reason = proto.ReasonUnauthorized
+		s.met.rotations.WithLabelValues(rotateNewUncert).Inc()
+		s.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr,
+			"key rotation refused, nothing moved: reason="+rotateNewUncert+": new key "+ses.peer.ID()+" has presented no valid certificate (forged, another authority's, expired or revoked) and is not listed")
+		return
 	}
 	if r.Old == ses.peer {
 		refuse(rotateSameKey, proto.ReasonMalformed, "the old key is the session's own key")

@@ -804,7 +804,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		rep.Reason = proto.ReasonRateLimited
 		return rep
 	}
-	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify {
+	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify && req.Op != proto.OpRotate {
 		rep.Reason = proto.ReasonUnauthorized
 		return rep
 	}
