@@ -604,7 +604,7 @@ func (s *Server) count(op string, r proto.Reason) {
 // counted as "other", so a client cannot create series at will.
 var (
 	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
-		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true, "encap": true, "roster": true}
+		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true, "encap": true, "roster": true, "rotate": true}
 )
 
 func metricLabels(op string, r proto.Reason) (string, string) {
