@@ -299,4 +299,3 @@ func writeAtomic(t *testing.T, path, s string) {
 		t.Fatal(err)
 	}
 }
-
