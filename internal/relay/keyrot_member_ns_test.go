@@ -140,10 +140,14 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 	defer stopWriter()
 
 	// detour returns the connection's subflow through the relay.
-	detour := func() (mptcppm.Subflow, bool) {
+	// detour returns the subflow; ok is false when the dump failed (a
+	// transient netlink error is no evidence about the subflow).
+	var dumpErrs int
+	detour := func() (_ mptcppm.Subflow, found, ok bool) {
 		conns, err := mptcppm.Dump(mptcppm.Options{NetNS: acfg.NetNS})
 		if err != nil {
-			return mptcppm.Subflow{}, false
+			dumpErrs++
+			return mptcppm.Subflow{}, false, false
 		}
 		for _, mc := range conns {
 			if mc.Local != local {
@@ -151,17 +155,17 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 			}
 			for _, s := range mc.Subflows {
 				if s.Remote.Addr() == relayIP {
-					return s, true
+					return s, true, true
 				}
 			}
 		}
-		return mptcppm.Subflow{}, false
+		return mptcppm.Subflow{}, false, true
 	}
 	var first mptcppm.Subflow
 	waitFor(t, "a subflow through the relay", func() bool {
-		var ok bool
-		first, ok = detour()
-		return ok && first.BytesAcked > 0
+		var found bool
+		first, found, _ = detour()
+		return found && first.BytesAcked > 0
 	})
 
 	// Sample the detour subflow's acknowledged bytes every 50 ms from now
@@ -184,8 +188,10 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 				return
 			case <-tk.C:
 			}
-			s, ok := detour()
-			ss = append(ss, sample{time.Now(), s.BytesAcked, ok && s.Local == first.Local && s.Remote == first.Remote})
+			s, found, ok := detour()
+			if ok {
+				ss = append(ss, sample{time.Now(), s.BytesAcked, found && s.Local == first.Local && s.Remote == first.Remote})
+			}
 		}
 	}()
 	time.Sleep(time.Second)
@@ -279,8 +285,8 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 		gap, gapAt = d, last.at
 	}
 	moved := ss[len(ss)-1].acked - ss[0].acked
-	t.Logf("rotation took %v; the detour subflow carried %d bytes over %v of samples (rotation and revocation included), longest stall %v at %s (rotation at %s)",
-		rotTook.Round(time.Millisecond), moved, ss[len(ss)-1].at.Sub(ss[0].at).Round(time.Millisecond), gap, gapAt.Format("15:04:05.000"), rotStart.Format("15:04:05.000"))
+	t.Logf("rotation took %v; the detour subflow carried %d bytes over %v of samples (rotation and revocation included), longest stall %v at %s (rotation at %s); %d failed dumps skipped",
+		rotTook.Round(time.Millisecond), moved, ss[len(ss)-1].at.Sub(ss[0].at).Round(time.Millisecond), gap, gapAt.Format("15:04:05.000"), rotStart.Format("15:04:05.000"), dumpErrs)
 	if gap > time.Second {
 		t.Fatalf("the detour subflow stalled for %v", gap)
 	}
