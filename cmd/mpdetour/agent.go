@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"slices"
+	"syscall"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
@@ -65,6 +69,8 @@ func agentCommand() *cli.Command {
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 			var sources []detour.Source
+			var relays *relayclient.Source
+			var tunnels []*tunnelctl.Source
 			if len(cfg.LegacyV1) > 0 {
 				// Unauthenticated v1 daemons, opt-in (docs/agent.md).
 				src, err := legacyclient.New(legacyclient.Config{Relays: cfg.LegacyV1, Lease: cfg.LegacyLease,
@@ -84,6 +90,7 @@ func agentCommand() *cli.Command {
 					return err
 				}
 				defer src.Close()
+				relays = src
 				if cfg.PathCheck {
 					// NAT detours that strip MPTCP options are withheld.
 					f := pathcheck.NewFilter(src, pathcheck.FilterConfig{Netns: cfg.NetNS, Log: log})
@@ -119,6 +126,7 @@ func agentCommand() *cli.Command {
 						defer t.Close()
 						sources = append(sources, t)
 					}
+					tunnels = tsrcs
 				}
 			}
 			if cfg.Server != nil {
@@ -130,9 +138,82 @@ func agentCommand() *cli.Command {
 				}
 				defer stop()
 			}
+			if relays != nil {
+				stop := rotateOnHangup(ctx, config, relays, tunnels, log)
+				defer stop()
+			}
 			return agent.RunLinux(ctx, cfg, log, nil, sources...)
 		},
 	}
+}
+
+// rotateOnHangup: on SIGHUP the agent re-reads its configuration file's
+// member key and certificate (relays: key/key_file, certificate_file) and,
+// when they changed, rotates them in place on every relay
+// (relayclient.Source.Rotate: each relay carries the old key's detours over
+// to the new key) and then on that relay's WireGuard tunnel. Nothing else
+// of the file is applied (docs/collective.md, "Key rotation").
+func rotateOnHangup(ctx context.Context, path string, relays *relayclient.Source, tunnels []*tunnelctl.Source, log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+			}
+			if err := rotateMemberKey(ctx, path, relays, tunnels, log); err != nil {
+				log.Error("SIGHUP: member key rotation", "err", err)
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		cancel()
+		<-done
+	}
+}
+
+// rotateMemberKey applies the key and certificate of the configuration
+// file at path.
+func rotateMemberKey(ctx context.Context, path string, relays *relayclient.Source, tunnels []*tunnelctl.Source, log *slog.Logger) error {
+	cfg, err := agent.LoadConfig(path)
+	if err != nil {
+		return fmt.Errorf("configuration not reloaded: %w", err)
+	}
+	if cfg.Relays == nil {
+		return errors.New("the configuration has no relays section any more; keeping the running key")
+	}
+	key, cert := cfg.Relays.PrivateKey, cfg.Relays.Options.Certificate
+	old := relays.Key()
+	if key == old {
+		relays.SetCertificate(cert)
+		log.Info("SIGHUP: member key unchanged (certificate re-read; the agent reloads nothing else)", "key", key.Public().ID())
+		return nil
+	}
+	log.Info("SIGHUP: rotating the member key on every relay (the agent reloads nothing else)", "old_key", old.Public().ID(), "new_key", key.Public().ID())
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = relays.Rotate(rctx, key, cert, func(c *relayclient.Conn, err error) {
+		for _, t := range tunnels {
+			if t.Conn() != c {
+				continue
+			}
+			if terr := t.Rekey(key); terr != nil {
+				log.Error("key rotation: tunnel", "relay", c.Relay().Name, "err", terr)
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("member key rotated: every relay carried the detours over", "new_key", key.Public().ID(), "took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // startConverterRouter keeps converter tickets in stock and answers

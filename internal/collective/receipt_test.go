@@ -195,3 +195,37 @@ func FuzzParseReceipt(f *testing.F) {
 		}
 	})
 }
+
+// A rotation statement verifies only for the successor it names, under
+// the old key, unaltered.
+func TestRotationStatement(t *testing.T) {
+	old, _ := proto.GenerateKey()
+	succ, _ := proto.GenerateKey()
+	other, _ := proto.GenerateKey()
+	r, err := SignRotation(old, succ.Public(), time.Unix(1764115200, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Old != old.Public() || r.Time != 1764115200 || !VerifyRotation(r, succ.Public()) {
+		t.Fatalf("genuine statement refused: %+v", r)
+	}
+	if VerifyRotation(r, other.Public()) {
+		t.Fatal("statement accepted for another successor")
+	}
+	for i, alter := range []func(*proto.Rotation){
+		func(r *proto.Rotation) { r.Time++ },
+		func(r *proto.Rotation) { r.Signature[0] ^= 1 },
+		func(r *proto.Rotation) { r.Old = other.Public() },
+		func(r *proto.Rotation) { r.Old = proto.Key{} },
+	} {
+		a := r
+		alter(&a)
+		if VerifyRotation(a, succ.Public()) {
+			t.Fatalf("altered statement %d accepted", i)
+		}
+	}
+	self, _ := SignRotation(old, old.Public(), time.Now())
+	if VerifyRotation(self, old.Public()) {
+		t.Fatal("a key named as its own successor")
+	}
+}

@@ -16,6 +16,7 @@ func FuzzParseRequest(f *testing.F) {
 		{Op: OpEncap, ID: 5, Action: EncapOpen}, {Op: OpEncap, ID: 6, Action: EncapRelease},
 		{Op: OpRoster, ID: 7, Start: 3},
 		{Op: OpRoster, ID: 8, Start: 0, Have: 0x1122334455667788},
+		{Op: OpRotate, ID: 8, Rotate: Rotation{Old: Key{1, 2, 3}, Time: 1764115200, Signature: [RotateSigLen]byte{9, 9}}},
 	} {
 		b, _ := MarshalRequest(r)
 		f.Add(b)
@@ -42,7 +43,7 @@ func FuzzParseReply(f *testing.F) {
 	for _, r := range []Reply{
 		{Op: OpGrant, Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: time.Minute},
 		{Op: OpTunnel, Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}},
-		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied}, {Op: OpReceipt, Credit: -5}, {Op: OpGrant, Reason: ReasonCapacity},
+		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied}, {Op: OpReceipt, Credit: -5}, {Op: OpRotate}, {Op: OpGrant, Reason: ReasonCapacity},
 		{Op: OpConvert, Converter: netip.MustParseAddrPort("203.0.113.1:45674"), Lease: time.Minute, Tickets: [][TicketLen]byte{{9}}},
 		{Op: OpEncap, Lease: 5 * time.Minute, Encap: EncapGrant{ClientPrefix: netip.MustParsePrefix("100.81.0.7/16"),
 			Gateway: netip.MustParseAddr("100.81.0.1"), Endpoint: netip.MustParseAddrPort("198.18.1.1:4789"),

@@ -31,7 +31,22 @@ const (
 	OpReceipt Op = 8  // present a usage receipt a relay issued (fair sharing, internal/collective)
 	OpEncap   Op = 9  // open/renew or release an unencrypted VXLAN tunnel (docs/tunnel.md)
 	OpRoster  Op = 10 // a page of the collective's relay roster (internal/roster)
+	OpRotate  Op = 11 // carry the member state of an old member key over to this session's key
 )
+
+// RotateSigLen is the length of a rotation statement's signature (XEdDSA,
+// collective.SignRotation).
+const RotateSigLen = 64
+
+// Rotation is OpRotate's body: the session's key asks the relay to carry
+// the state of the member key Old over to it; Time (Unix seconds) and
+// Signature are the old key's statement that the session's key is its
+// successor (collective.SignRotation / VerifyRotation).
+type Rotation struct {
+	Old       Key
+	Time      uint64
+	Signature [RotateSigLen]byte
+}
 
 // Encap request actions (Request.Action for OpEncap).
 const (
@@ -88,6 +103,8 @@ func (o Op) String() string {
 		return "encap"
 	case OpRoster:
 		return "roster"
+	case OpRotate:
+		return "rotate"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -195,6 +212,8 @@ type Request struct {
 	Start     uint16
 	Have      uint64
 	HasDigest bool
+	// Rotate: the old key and its signed statement.
+	Rotate Rotation
 }
 
 // Reply is a decoded relay reply.
@@ -257,6 +276,7 @@ type TunnelGrant struct {
 //	  receipt: usage receipt (binary form, 1..MaxMessageLen-8 bytes)
 //	  encap:   action:u8 (1 open/renew, 2 release)
 //	  roster:  start:u16 (index of the first entry wanted) [have:u64 (digest held, 0 none)]
+//	  rotate:  old_key[32] time:u64 signature[64] (exactly 104 bytes)
 //	  ping, tunnel: empty
 //	reply:   version:u8 op:u8 reason:u8 reserved:u8 id:u32 body (empty unless reason=ok)
 //	  grant:   addr port:u16 lease_s:u32
@@ -273,6 +293,9 @@ type TunnelGrant struct {
 //	           digest = have: unchanged)
 //	addr = family:u8 (4 or 6) + 4 or 16 bytes
 const msgHeaderLen = 8
+
+// rotateBodyLen is OpRotate's body: old key, time, signature.
+const rotateBodyLen = KeyLen + 8 + RotateSigLen
 
 // MaxMessageLen bounds any request and every reply but roster pages;
 // larger input is refused.
@@ -327,6 +350,13 @@ func MarshalRequest(r Request) ([]byte, error) {
 		if r.HasDigest || r.Have != 0 {
 			b = binary.BigEndian.AppendUint64(b, r.Have)
 		}
+	case OpRotate:
+		if r.Rotate.Old.IsZero() || r.Rotate.Time == 0 {
+			return nil, fmt.Errorf("rotate needs the old key and the statement's time")
+		}
+		b = append(b, r.Rotate.Old[:]...)
+		b = binary.BigEndian.AppendUint64(b, r.Rotate.Time)
+		b = append(b, r.Rotate.Signature[:]...)
 	default:
 		return nil, fmt.Errorf("unknown op %d", r.Op)
 	}
@@ -403,6 +433,16 @@ func ParseRequest(b []byte) (Request, error) {
 		if len(body) == 10 {
 			r.Have, r.HasDigest = binary.BigEndian.Uint64(body[2:]), true
 		}
+	case OpRotate:
+		if len(body) != rotateBodyLen {
+			return r, malformed(r.Op, "want %d bytes (old key, time, signature), got %d", rotateBodyLen, len(body))
+		}
+		copy(r.Rotate.Old[:], body)
+		r.Rotate.Time = binary.BigEndian.Uint64(body[KeyLen:])
+		copy(r.Rotate.Signature[:], body[KeyLen+8:])
+		if r.Rotate.Old.IsZero() || r.Rotate.Time == 0 {
+			return Request{Op: r.Op, ID: r.ID}, malformed(r.Op, "zero old key or time")
+		}
 	default:
 		return r, fmt.Errorf("op %d: %w", b[1], &Error{Op: r.Op, Reason: ReasonUnsupported})
 	}
@@ -420,7 +460,7 @@ func MarshalReply(r Reply) ([]byte, error) {
 		return b, nil
 	}
 	switch r.Op {
-	case OpPing, OpCertify:
+	case OpPing, OpCertify, OpRotate:
 	case OpGrant:
 		if !r.Detour.IsValid() {
 			return nil, fmt.Errorf("grant reply without detour address")
@@ -523,7 +563,7 @@ func ParseReply(b []byte) (Reply, error) {
 		return r, nil
 	}
 	switch r.Op {
-	case OpPing, OpCertify:
+	case OpPing, OpCertify, OpRotate:
 		if len(body) != 0 {
 			return r, fmt.Errorf("%s reply with %d body bytes", r.Op, len(body))
 		}

@@ -36,6 +36,8 @@ type metrics struct {
 	// labels) and the sequence number of the list applied.
 	crlRefused *prometheus.CounterVec
 	crlSeq     prometheus.Gauge
+	// rotations: member key rotations by result (rotate.go's fixed set).
+	rotations *prometheus.CounterVec
 	// closedBytes accumulates the final counters of closed mappings. Live
 	// counters are not added at scrape time: that would need a dump of the
 	// whole set (seconds at 100,000 mappings, and not consistent while the
@@ -84,10 +86,14 @@ func newMetrics() *metrics {
 			Name: "mpdetour_relay_cookie_replies_total", Help: "Initiations answered with a cookie (the relay was under load and the sender had not proven its address).",
 		}),
 	}
+	m.rotations = newRotationsMetric()
+	for _, r := range rotateResults {
+		m.rotations.WithLabelValues(r)
+	}
 	bytes := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mpdetour_relay_bytes_total", Help: "Bytes forwarded through mappings, counted when each mapping closes (both directions).",
 	}, func() float64 { return float64(m.closedBytes.Load()) })
-	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, m.conversions, m.convertBytes, m.rosterRefused, m.rosterSize, m.crlRefused, m.crlSeq, bytes,
+	m.reg.MustRegister(m.active, m.requests, m.cookies, m.memberBytes, m.sessions, m.grantTime, m.conversions, m.convertBytes, m.rosterRefused, m.rosterSize, m.crlRefused, m.crlSeq, m.rotations, bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -91,6 +91,9 @@ type Server struct {
 	lastTS   map[proto.Key]proto.Timestamp
 	// certified: keys that presented a valid collective certificate.
 	certified map[proto.Key]certMember
+	// rotated: old member key -> the key its state moved to (rotate.go),
+	// while the old key still has sessions.
+	rotated   map[proto.Key]proto.Key
 	crlMod    time.Time    // modification time of the CRL file last read
 	state     *replayState // nil: lastTS lives in memory only
 	rates     map[proto.Key]*bucket
@@ -601,7 +604,7 @@ func (s *Server) count(op string, r proto.Reason) {
 // counted as "other", so a client cannot create series at will.
 var (
 	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
-		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true, "encap": true, "roster": true}
+		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true, "encap": true, "roster": true, "rotate": true}
 )
 
 func metricLabels(op string, r proto.Reason) (string, string) {
@@ -801,7 +804,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		rep.Reason = proto.ReasonRateLimited
 		return rep
 	}
-	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify {
+	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify && req.Op != proto.OpRotate {
 		rep.Reason = proto.ReasonUnauthorized
 		return rep
 	}
@@ -824,7 +827,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		}
 	case proto.OpRenew:
 		m := s.leases.byKey[mapKey{client, req.Port}]
-		if m == nil || m.Owner.Key != ses.peer {
+		if m == nil || !s.owns(ses.peer, m) {
 			rep.Reason = proto.ReasonNotFound
 			break
 		}
@@ -850,6 +853,8 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		s.serveReceipt(ses, req, &rep)
 	case proto.OpRoster:
 		s.serveRoster(req, &rep)
+	case proto.OpRotate:
+		s.serveRotate(ses, req, &rep)
 	case proto.OpTunnel:
 		if s.tunnels == nil {
 			rep.Reason = proto.ReasonUnsupported
@@ -1008,6 +1013,7 @@ func (s *Server) prune(now time.Time) {
 			}
 			if len(s.byMember[ses.peer]) == 0 {
 				delete(s.byMember, ses.peer)
+				delete(s.rotated, ses.peer)
 			}
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
@@ -60,9 +61,16 @@ type Conn struct {
 	rtx   time.Duration
 	rekey time.Duration
 
-	mu   sync.Mutex
-	ses  *proto.Session
-	prev *proto.Session // replaced by a rekey; replies may still arrive on it
+	mu  sync.Mutex
+	ses *proto.Session
+	// sesPub: the member key ses was made with; a Rotate makes it stale.
+	sesPub proto.Key
+	// rotateFrom: the member key a Rotate replaced, until a session of
+	// the new key has carried its state over (OpRotate); rotateDone
+	// takes that request's result.
+	rotateFrom *proto.Key
+	rotateDone chan error
+	prev       *proto.Session // replaced by a rekey; replies may still arrive on it
 	// certifying are new sessions presenting the certificate (by local
 	// index), not yet in use; their replies are accepted like ses's.
 	certifying map[uint32]*proto.Session
@@ -89,6 +97,7 @@ type Conn struct {
 
 type pendingInit struct {
 	in   *proto.Initiation
+	priv proto.Key // the member key it was made with
 	sent time.Time
 }
 
@@ -167,8 +176,9 @@ func (c *Conn) handshaker() {
 	for {
 		c.mu.Lock()
 		ses := c.ses
+		stale := c.sesPub != c.priv.Public() // a Rotate: the new key hand shakes now
 		c.mu.Unlock()
-		need := ses == nil || time.Since(ses.Created) > c.rekey
+		need := ses == nil || time.Since(ses.Created) > c.rekey || stale
 		if !need && c.suspected(ses) {
 			// At most one extra handshake per second however many error
 			// packets arrive (they are unauthenticated).
@@ -208,7 +218,10 @@ func (c *Conn) handshaker() {
 
 func (c *Conn) sendInit() error {
 	idx := randIndex()
-	in, err := proto.NewInitiation(c.priv, c.relay.PublicKey, idx, time.Now())
+	c.mu.Lock()
+	priv := c.priv
+	c.mu.Unlock()
+	in, err := proto.NewInitiation(priv, c.relay.PublicKey, idx, time.Now())
 	if err != nil {
 		return err
 	}
@@ -219,7 +232,7 @@ func (c *Conn) sendInit() error {
 			delete(c.inits, k)
 		}
 	}
-	c.inits[idx] = &pendingInit{in: in, sent: time.Now()}
+	c.inits[idx] = &pendingInit{in: in, priv: priv, sent: time.Now()}
 	pkt := in.Packet
 	if !c.cookieAt.IsZero() && time.Since(c.cookieAt) < proto.CookieLifetime-10*time.Second {
 		pkt = in.WithCookie(c.cookie)
@@ -291,41 +304,26 @@ func (c *Conn) dispatch(b []byte) {
 			c.log.Warn("handshake response rejected", "relay", c.relay.Name, "err", err)
 			return
 		}
-		if c.cert != nil {
+		c.mu.Lock()
+		priv, cert, from := c.priv, c.cert, c.rotateFrom
+		c.mu.Unlock()
+		if pi.priv != priv {
+			return // made with a key a Rotate has replaced since
+		}
+		if cert != nil || from != nil {
 			// The session is used only once the relay accepted the
-			// certificate (the request also proves our address). A relay
-			// that does not take certificates answers unsupported: the
-			// session is used as is (the relay may list our key).
+			// certificate and, after a Rotate, carried the old key's
+			// state over (the requests also prove our address).
 			c.mu.Lock()
 			if c.certifying == nil {
 				c.certifying = map[uint32]*proto.Session{}
 			}
 			c.certifying[s.Local] = s
 			c.mu.Unlock()
-			go func() {
-				ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
-				defer cancel()
-				_, err := c.doOn(ctx, proto.Request{Op: proto.OpCertify, Cert: c.cert}, func(context.Context) (*proto.Session, error) { return s, nil })
-				c.mu.Lock()
-				delete(c.certifying, s.Local)
-				installed := c.ses != nil && c.ses.Created.After(s.Created)
-				c.mu.Unlock()
-				if err != nil && proto.ReasonOf(err) != proto.ReasonUnsupported {
-					if !installed {
-						c.log.Warn("relay did not accept our certificate", "relay", c.relay.Name, "err", err)
-						c.mu.Lock()
-						c.hsErr = err
-						c.mu.Unlock()
-					}
-					return
-				}
-				if !installed {
-					c.install(s)
-				}
-			}()
+			go c.prepare(s, priv, cert, from)
 			return
 		}
-		c.install(s)
+		c.install(s, priv.Public())
 		// Prove our address at once, so the first real request is not
 		// the one that pays for it (and errors show up early).
 		go func() {
@@ -452,11 +450,138 @@ func (c *Conn) session(ctx context.Context) (*proto.Session, error) {
 	}
 }
 
-// install makes s the session requests use.
-func (c *Conn) install(s *proto.Session) {
+// prepare readies a new session before it is used: it presents the
+// certificate (cert != nil) and, after a Rotate (from != nil), asks the
+// relay to carry the old key's state over to this session's key.
+func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from *proto.Key) {
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	on := func(context.Context) (*proto.Session, error) { return s, nil }
+	done := func() (newer bool) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.certifying, s.Local)
+		return c.ses != nil && c.ses.Created.After(s.Created) && c.sesPub == priv.Public()
+	}
+	if cert != nil {
+		// A relay that does not take certificates answers unsupported: the
+		// session is used as is (the relay may list our key).
+		_, err := c.doOn(ctx, proto.Request{Op: proto.OpCertify, Cert: cert}, on)
+		if err != nil && proto.ReasonOf(err) != proto.ReasonUnsupported {
+			if !done() {
+				c.log.Warn("relay did not accept our certificate", "relay", c.relay.Name, "err", err)
+				c.mu.Lock()
+				c.hsErr = err
+				ch := c.rotateDone
+				c.mu.Unlock()
+				if from != nil && ch != nil {
+					select { // the waiting Rotate learns why (the old key's session stays in use)
+					case ch <- fmt.Errorf("relay %q: new certificate refused: %w", c.relay.Name, err):
+					default:
+					}
+				}
+			}
+			return
+		}
+	}
+	if from != nil {
+		st, err := collective.SignRotation(*from, priv.Public(), time.Now())
+		if err == nil {
+			_, err = c.doOn(ctx, proto.Request{Op: proto.OpRotate, Rotate: st}, on)
+		}
+		if err != nil && proto.ReasonOf(err) == proto.OK && c.ctx.Err() == nil {
+			// No answer: the handshaker tries again with a new session
+			// (the old key's session stays in use meanwhile).
+			done()
+			c.log.Info("key rotation: no answer from the relay yet", "relay", c.relay.Name, "err", err)
+			return
+		}
+		c.mu.Lock()
+		var ch chan error
+		if c.rotateFrom == from {
+			c.rotateFrom, ch = nil, c.rotateDone
+		}
+		c.mu.Unlock()
+		switch {
+		case err == nil:
+			c.log.Info("key rotation: the relay carried our detours over to the new key", "relay", c.relay.Name,
+				"old_key", from.Public().ID(), "new_key", priv.Public().ID())
+		case proto.ReasonOf(err) == proto.ReasonUnsupported:
+			c.log.Warn("key rotation: the relay does not support it; detours of the old key stay until their leases end", "relay", c.relay.Name)
+		default:
+			c.log.Warn("key rotation refused by the relay; detours of the old key stay until their leases end", "relay", c.relay.Name, "err", err)
+		}
+		if ch != nil {
+			select {
+			case ch <- err:
+			default:
+			}
+		}
+	}
+	if !done() {
+		c.install(s, priv.Public())
+	}
+}
+
+// Rotate switches the Conn to the member key priv (and its certificate,
+// binary form; nil: none) without dropping what the relay holds for the
+// old key: a session of the new key is made, certified, and asks the relay
+// to carry the old key's mappings, tunnel, tickets and credit over
+// (OpRotate, with a statement signed by the old key); requests keep using
+// the old key's session until then. It returns the relay's answer (nil:
+// carried over; a *proto.Error: refused or unsupported, the new key is
+// used anyway) or ctx's error while no answer came (the Conn keeps trying).
+func (c *Conn) Rotate(ctx context.Context, priv proto.Key, cert []byte) error {
+	c.mu.Lock()
+	if priv == c.priv {
+		c.cert = cert
+		c.mu.Unlock()
+		return nil
+	}
+	from := c.priv
+	if c.rotateFrom != nil {
+		// The previous Rotate has not reached the relay: its state is
+		// still the first key's.
+		from = *c.rotateFrom
+	}
+	carry := !c.sesPub.IsZero() // no session yet: nothing to carry over
+	c.rotateFrom = nil
+	if carry {
+		c.rotateFrom = &from
+	}
+	done := make(chan error, 1)
+	c.priv, c.cert, c.rotateDone = priv, cert, done
+	clear(c.inits) // initiations of the old key
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	if !carry {
+		return nil
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("relay %q: key rotation: %w", c.relay.Name, ctx.Err())
+	case <-c.ctx.Done():
+		return net.ErrClosed
+	}
+}
+
+// Key is the member key the Conn uses (the newest after a Rotate).
+func (c *Conn) Key() proto.Key {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.priv
+}
+
+// install makes s, made with the member key pub, the session requests use.
+func (c *Conn) install(s *proto.Session, pub proto.Key) {
 	c.mu.Lock()
 	old := c.ses
-	c.ses, c.prev, c.hsErr = s, old, nil
+	c.ses, c.prev, c.hsErr, c.sesPub = s, old, nil, pub
 	if old == nil {
 		close(c.sesReady)
 	}

@@ -186,7 +186,9 @@ func (s *Source) discoverOnce() {
 		return // keep what we have: a roster we cannot read says nothing
 	}
 	d := s.cfg.Discovery
+	s.mu.Lock() // Rotate changes the key
 	own := s.cfg.PrivateKey.Public()
+	s.mu.Unlock()
 	skip := map[proto.Key]bool{own: true}
 	for _, c := range s.static {
 		skip[c.relay.PublicKey] = true

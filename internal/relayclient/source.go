@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -384,6 +385,81 @@ func (s *Source) renew(k entryKey, e *entry) {
 		return
 	}
 	e.expires, e.renewAt = now.Add(lease), now.Add(lease/2)
+}
+
+// Key is the member key in use (the newest after a Rotate).
+func (s *Source) Key() proto.Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.PrivateKey
+}
+
+// SetCertificate replaces the certificate of the key in use (a renewed
+// certificate for the same key): new sessions present it.
+func (s *Source) SetCertificate(cert []byte) {
+	s.mu.Lock()
+	s.cfg.Options.Certificate = cert
+	conns := slices.Clone(s.conns)
+	priv := s.cfg.PrivateKey
+	s.mu.Unlock()
+	for _, c := range conns {
+		if c != nil {
+			_ = c.Rotate(context.Background(), priv, cert) // same key: only the certificate changes
+		}
+	}
+}
+
+// Rotate switches every relay connection, configured and discovered, to
+// the member key priv and its certificate (binary form, nil: none), each
+// asking its relay to carry the old key's detours over (Conn.Rotate):
+// grants keep their detour ports and renew on the new key's sessions.
+// Relays discovered later are dialled with the new key. then, if not nil,
+// is called for each connection once its relay answered (nil: carried
+// over; else the refusal), also after Rotate returned: the tunnel of that
+// relay switches keys then. Rotate waits until every relay answered or ctx
+// ends and returns the refusals and the relays that have not answered yet
+// (those keep trying), joined.
+func (s *Source) Rotate(ctx context.Context, priv proto.Key, cert []byte, then func(*Conn, error)) error {
+	s.mu.Lock()
+	s.cfg.PrivateKey, s.cfg.Options.Certificate = priv, cert
+	var conns []*Conn
+	for _, c := range s.conns {
+		if c != nil {
+			conns = append(conns, c)
+		}
+	}
+	s.mu.Unlock()
+	type result struct {
+		c   *Conn
+		err error
+	}
+	res := make(chan result, len(conns))
+	for _, c := range conns {
+		go func() {
+			err := c.Rotate(s.ctx, priv, cert)
+			if then != nil && !errors.Is(err, net.ErrClosed) && s.ctx.Err() == nil {
+				then(c, err)
+			}
+			res <- result{c, err}
+		}()
+	}
+	var errs []error
+	answered := map[*Conn]bool{}
+	for range conns {
+		select {
+		case r := <-res:
+			answered[r.c] = true
+			errs = append(errs, r.err)
+		case <-ctx.Done():
+			for _, c := range conns {
+				if !answered[c] {
+					errs = append(errs, fmt.Errorf("relay %q: key rotation: no answer yet, still trying: %w", c.relay.Name, ctx.Err()))
+				}
+			}
+			return errors.Join(errs...)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Close releases every grant (best effort, bounded) and stops.

@@ -432,6 +432,39 @@ func (s *Server) RemovePeer(key wgtypes.Key) error {
 	return s.saveState()
 }
 
+// RekeyPeer moves the tunnel of old to the key successor (a member's key
+// rotation): the peer of old is replaced, in one device configuration, by
+// a peer of successor with the same tunnel address (allowed IPs), so the
+// connections inside the tunnel keep their addresses and continue once
+// the client hand shakes with its new key. A tunnel successor held
+// already is replaced by old's. It says whether old had a tunnel.
+func (s *Server) RekeyPeer(old, successor wgtypes.Key) (bool, error) {
+	if successor == (wgtypes.Key{}) || successor == s.PublicKey() || successor == old {
+		return false, errors.New("tunnel peer rekey: bad successor key")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ad, ok := s.alloc.byKey[old]
+	if !ok {
+		return false, nil
+	}
+	peers := []wgtypes.PeerConfig{{PublicKey: old, Remove: true}}
+	if _, held := s.alloc.byKey[successor]; held {
+		peers = append(peers, wgtypes.PeerConfig{PublicKey: successor, Remove: true})
+	}
+	peers = append(peers, serverPeer(successor, ad))
+	if err := s.dev.Configure(wgtypes.Config{Peers: peers}); err != nil {
+		return true, err
+	}
+	s.alloc.free(successor)
+	s.alloc.free(old)
+	if err := s.alloc.restore(successor, ad); err != nil {
+		return true, err // cannot happen: the address was just freed
+	}
+	s.log.Info("tunnel peer rekeyed", "old", old, "new", successor, "address", ad)
+	return true, s.saveState()
+}
+
 // SetDestinations replaces the destination policy (e.g. on a relay config
 // reload). The table is rebuilt in one transaction; established
 // connections keep their conntrack state.

@@ -56,7 +56,10 @@ func (s *Source) run(ctx context.Context) {
 	wait := minRetry
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		c, err := Open(rctx, s.conn, s.cfg)
+		s.mu.Lock()
+		cfg := s.cfg
+		s.mu.Unlock()
+		c, err := Open(rctx, s.conn, cfg)
 		cancel()
 		if err == nil {
 			s.mu.Lock()
@@ -85,6 +88,24 @@ func (s *Source) Client() *tunnel.Client {
 	defer s.mu.Unlock()
 	return s.client
 }
+
+// Rekey switches the tunnel to the member's new key after its relay
+// connection rotated (relayclient.Conn.Rotate moved the relay's peer to
+// the new key): the tunnel keeps its address, a new handshake follows.
+// A tunnel not up yet is asked for with the new key.
+func (s *Source) Rekey(priv proto.Key) error {
+	s.mu.Lock()
+	s.cfg.PrivateKey = wgtypes.Key(priv)
+	c := s.client
+	s.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.Rekey(wgtypes.Key(priv))
+}
+
+// Conn is the relay connection the tunnel is asked for on.
+func (s *Source) Conn() *relayclient.Conn { return s.conn }
 
 // Prepare implements detour.Source (a tunnel needs no per-server request).
 func (s *Source) Prepare(netip.AddrPort) {}

@@ -284,6 +284,20 @@ func (a *Allocator) Release(member proto.Key) {
 	}
 }
 
+// Rekey moves a member's WireGuard tunnel to its successor key, keeping
+// its tunnel address (a member's key rotation, relay.tunnelRekeyer). The
+// VXLAN kind is not carried over: a member's VXLAN tunnel is released
+// (its agent opens a new one with the new key).
+func (a *Allocator) Rekey(old, successor proto.Key) (bool, error) {
+	if a.encap != nil {
+		_ = a.encap.Remove(wgtypes.Key(old))
+	}
+	if a.srv == nil {
+		return false, nil
+	}
+	return a.srv.RekeyPeer(wgtypes.Key(old), wgtypes.Key(successor))
+}
+
 // Close implements relay.TunnelAllocator.
 func (a *Allocator) Close() error {
 	var errs []error

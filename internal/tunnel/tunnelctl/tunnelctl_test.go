@@ -204,7 +204,13 @@ type line struct {
 
 func newLine(t *testing.T, tunnelExtra ...string) *line {
 	t.Helper()
-	c, r, v := netnstest.New(t, "twlc"), netnstest.New(t, "twlr"), netnstest.New(t, "twls")
+	return newLineNamed(t, "twl", tunnelExtra...)
+}
+
+// newLineNamed is newLine with namespaces named prefix+c/r/s-...
+func newLineNamed(t *testing.T, prefix string, tunnelExtra ...string) *line {
+	t.Helper()
+	c, r, v := netnstest.New(t, prefix+"c"), netnstest.New(t, prefix+"r"), netnstest.New(t, prefix+"s")
 	cl, rl, sv := c.Name, r.Name, v.Name
 	netnstest.LinkNamed(t, c, "r0", "192.0.2.2/24", r, "c0", "192.0.2.1/24")
 	netnstest.LinkNamed(t, r, "s0", "203.0.113.1/24", v, "r0", "203.0.113.10/24")

@@ -1,0 +1,306 @@
+package relay
+
+import (
+	"bytes"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/proto"
+)
+
+// rotations reads mpdetour_relay_rotations_total{result}.
+func rotations(t *testing.T, s *Server, result string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := s.met.rotations.WithLabelValues(result).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// rotateFixture is a collective relay (fake data plane) where member alice
+// holds a NAT mapping, two converter tickets and some ledger under her old
+// key, certified by the authority.
+type rotateFixture struct {
+	s        *Server
+	dp       *fakeDP
+	logs     *bytes.Buffer
+	auth     *collective.Authority
+	old      proto.Key // private
+	oldCert  *collective.Certificate
+	oldSes   *session
+	mapping  *mapping
+	client   netip.Addr
+	server   netip.AddrPort
+	notAfter time.Time
+}
+
+func newRotateFixture(t *testing.T) *rotateFixture {
+	t.Helper()
+	s, dp := newFairServer(t, 0, "")
+	f := &rotateFixture{s: s, dp: dp, logs: &bytes.Buffer{}}
+	s.log = slog.New(slog.NewTextHandler(f.logs, nil))
+	s.set.Rate, s.set.Burst = 1000, 1000
+	s.rates = map[proto.Key]*bucket{}
+	s.sessions, s.byMember = map[uint32]*session{}, map[proto.Key][]uint32{}
+	s.lastTS = map[proto.Key]proto.Timestamp{}
+	s.conv = &converter{tickets: newTicketStore()}
+	var err error
+	if f.auth, err = collective.NewAuthority(); err != nil {
+		t.Fatal(err)
+	}
+	s.set.Trust = collective.NewTrust(f.auth.Public())
+	f.old = testKey(t)
+	now := time.Now()
+	f.notAfter = now.Add(time.Hour)
+	f.oldCert = f.issue(t, f.old.Public(), "alice", now.Add(-time.Minute), f.notAfter)
+	f.oldSes = f.session(t, f.old.Public(), f.oldCert.Bytes())
+	f.client = netip.MustParseAddr("10.0.1.1")
+	f.server = netip.MustParseAddrPort("198.51.100.1:5201")
+	rep := s.serveRequest(f.oldSes, proto.Request{Op: proto.OpGrant, Server: f.server})
+	if rep.Reason != proto.OK {
+		t.Fatalf("grant: %v", rep.Reason)
+	}
+	s.flush()
+	f.mapping = s.leases.byKey[mapKey{f.client, rep.Detour.Port()}]
+	if _, err := s.conv.tickets.issue(f.old.Public(), "alice", f.client, 2, now.Add(time.Minute), now); err != nil {
+		t.Fatal(err)
+	}
+	s.fair.led.consumed(f.old.Public(), "alice", 5000, now, false)
+	return f
+}
+
+func (f *rotateFixture) issue(t *testing.T, key proto.Key, name string, from, until time.Time) *collective.Certificate {
+	t.Helper()
+	c, err := f.auth.Issue(key, name, collective.RoleClient, from, until)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// session is a session of key from the fixture's client that presented
+// cert (nil: none; a listed key needs none).
+func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *session {
+	t.Helper()
+	_, listed := f.s.set.Members[key]
+	ses := &session{peer: key, name: f.s.set.Members[key], addr: netip.MustParseAddrPort("10.0.1.1:40000"), pending: !listed}
+	if cert != nil {
+		rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpCertify, Cert: cert})
+		if rep.Reason == proto.OK && !listed {
+			ses.pending, ses.name = false, f.s.certified[key].name
+		}
+	}
+	return ses
+}
+
+func (f *rotateFixture) rotate(ses *session, r proto.Rotation) proto.Reason {
+	rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRotate, Rotate: r})
+	f.s.flush()
+	return rep.Reason
+}
+
+// unmoved asserts that nothing of the old key moved.
+func (f *rotateFixture) unmoved(t *testing.T, what string) {
+	t.Helper()
+	old := f.old.Public()
+	if f.mapping.Owner.Key != old || f.s.leases.find(owner{Key: old}, f.client, f.server) != f.mapping {
+		t.Errorf("%s: the mapping moved to %s", what, f.mapping.Owner.Key.ID())
+	}
+	if f.s.conv.tickets.perMember[old] != 2 {
+		t.Errorf("%s: the tickets moved", what)
+	}
+	if e := f.s.fair.led.members[old]; e == nil || e.Consumed != 5000 {
+		t.Errorf("%s: the ledger moved", what)
+	}
+	if !f.dp.mapped[f.mapping.Key] {
+		t.Errorf("%s: the mapping left the data plane", what)
+	}
+}
+
+// Forged, misdirected, stale, wrong-authority, expired, renamed and other
+// bad rotations are refused with their reason in the log and the metric,
+// and nothing moves.
+func TestRotateRefusals(t *testing.T) {
+	f := newRotateFixture(t)
+	now := time.Now()
+	mallory := testKey(t)
+	newKey := testKey(t)
+	newCert := f.issue(t, newKey.Public(), "alice", now.Add(-time.Minute), now.Add(time.Hour))
+	other, _ := collective.NewAuthority()
+	sign := func(priv, successor proto.Key, at time.Time) proto.Rotation {
+		r, err := collective.SignRotation(priv, successor, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	good := sign(f.old, newKey.Public(), now)
+	forged := good
+	forged.Signature[7] ^= 1
+	cases := []struct {
+		name   string
+		ses    func() *session
+		r      proto.Rotation
+		want   proto.Reason
+		result string
+	}{
+		{"signed by another key", func() *session { return f.session(t, newKey.Public(), newCert.Bytes()) },
+			func() proto.Rotation { r := sign(mallory, newKey.Public(), now); r.Old = f.old.Public(); return r }(), proto.ReasonUnauthorized, rotateForged},
+		{"altered signature", func() *session { return f.session(t, newKey.Public(), newCert.Bytes()) }, forged, proto.ReasonUnauthorized, rotateForged},
+		{"statement for another successor", func() *session {
+			k := testKey(t)
+			return f.session(t, k.Public(), f.issue(t, k.Public(), "alice", now.Add(-time.Minute), now.Add(time.Hour)).Bytes())
+		}, good, proto.ReasonUnauthorized, rotateForged},
+		{"stale statement", func() *session { return f.session(t, newKey.Public(), newCert.Bytes()) },
+			sign(f.old, newKey.Public(), now.Add(-10*time.Minute)), proto.ReasonExpired, rotateStale},
+		{"future statement", func() *session { return f.session(t, newKey.Public(), newCert.Bytes()) },
+			sign(f.old, newKey.Public(), now.Add(10*time.Minute)), proto.ReasonExpired, rotateStale},
+		{"new certificate of another authority", func() *session {
+			c, err := other.Issue(newKey.Public(), "alice", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f.session(t, newKey.Public(), c.Bytes())
+		}, good, proto.ReasonUnauthorized, rotateNewUncert},
+		{"expired new certificate", func() *session {
+			return f.session(t, newKey.Public(), f.issue(t, newKey.Public(), "alice", now.Add(-2*time.Hour), now.Add(-time.Hour)).Bytes())
+		}, good, proto.ReasonUnauthorized, rotateNewUncert},
+		{"no new certificate", func() *session { return f.session(t, newKey.Public(), nil) }, good, proto.ReasonUnauthorized, rotateNewUncert},
+		{"another member's name", func() *session {
+			return f.session(t, newKey.Public(), f.issue(t, newKey.Public(), "mallory", now.Add(-time.Minute), now.Add(time.Hour)).Bytes())
+		}, good, proto.ReasonUnauthorized, rotateNameDiffers},
+		{"old key not a member", func() *session { return f.session(t, newKey.Public(), newCert.Bytes()) },
+			func() proto.Rotation { r := sign(mallory, newKey.Public(), now); return r }(), proto.ReasonUnauthorized, rotateNotMember},
+		{"old key is the session's", func() *session { return f.oldSes }, sign(f.old, f.old.Public(), now), proto.ReasonMalformed, rotateSameKey},
+	}
+	for _, c := range cases {
+		before := rotations(t, f.s, c.result)
+		f.logs.Reset()
+		ses := c.ses()
+		if got := f.rotate(ses, c.r); got != c.want {
+			t.Errorf("%s: answered %v, want %v", c.name, got, c.want)
+		}
+		if after := rotations(t, f.s, c.result); after != before+1 {
+			t.Errorf("%s: rotations_total{result=%s} %v -> %v", c.name, c.result, before, after)
+		}
+		if c.result != rotateNewUncert && !strings.Contains(f.logs.String(), "reason="+c.result) {
+			t.Errorf("%s: no log line with reason=%s:\n%s", c.name, c.result, f.logs.String())
+		}
+		f.unmoved(t, c.name)
+		// Names certified for the new key in one case must not leak into the next.
+		delete(f.s.certified, ses.peer)
+	}
+	if rotations(t, f.s, rotateOK) != 0 {
+		t.Fatal("a refused rotation counted as ok")
+	}
+	// A revoked old key cannot hand its state on either.
+	f.s.set.Trust.Install(f.auth.Revoke(nil, now, f.oldCert.Serial))
+	if got := f.rotate(f.session(t, newKey.Public(), newCert.Bytes()), good); got != proto.ReasonUnauthorized {
+		t.Fatalf("rotation away from a revoked key: %v", got)
+	}
+}
+
+// A valid rotation carries the mapping (same detour port, kernel element
+// untouched), the quota, the tickets and the ledger over to the new key;
+// the new key's session renews it, the old key's may renew but not
+// release it, a repeated grant of the new key returns it; revoking the old
+// key afterwards leaves it alone.
+func TestRotateCarriesOver(t *testing.T) {
+	f := newRotateFixture(t)
+	now := time.Now()
+	newKey := testKey(t)
+	newCert := f.issue(t, newKey.Public(), "alice", now.Add(-time.Minute), now.Add(time.Hour))
+	ses := f.session(t, newKey.Public(), newCert.Bytes())
+	r, err := collective.SignRotation(f.old, newKey.Public(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := f.mapping.Key.Port
+	if got := f.rotate(ses, r); got != proto.OK {
+		t.Fatalf("rotation: %v\n%s", got, f.logs.String())
+	}
+	nk, ok := newKey.Public(), f.old.Public()
+	if f.mapping.Owner != (owner{Key: nk, Name: "alice"}) || !f.dp.mapped[f.mapping.Key] || f.mapping.Key.Port != port {
+		t.Fatalf("mapping after rotation: %+v mapped=%v", f.mapping.Owner, f.dp.mapped[f.mapping.Key])
+	}
+	if f.s.leases.count[nk.String()] != 1 || f.s.leases.count[ok.String()] != 0 {
+		t.Fatalf("quota counts: %v", f.s.leases.count)
+	}
+	if f.s.conv.tickets.perMember[nk] != 2 || f.s.conv.tickets.perMember[ok] != 0 {
+		t.Fatalf("tickets: %v", f.s.conv.tickets.perMember)
+	}
+	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5000 || f.s.fair.led.members[ok] != nil {
+		t.Fatalf("ledger: %+v", f.s.fair.led.members)
+	}
+	if rotations(t, f.s, rotateOK) != 1 || !strings.Contains(f.logs.String(), "member key rotated") {
+		t.Fatalf("ok not counted or logged:\n%s", f.logs.String())
+	}
+	// Grants and renewals.
+	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpGrant, Server: f.server}); rep.Reason != proto.OK || rep.Detour.Port() != port {
+		t.Fatalf("repeated grant on the new key: %v port %d, want %d", rep.Reason, rep.Detour.Port(), port)
+	}
+	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+		t.Fatalf("renew on the new key: %v", rep.Reason)
+	}
+	if rep := f.s.serveRequest(f.oldSes, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+		t.Fatalf("renew on the old key's session during the switch: %v", rep.Reason)
+	}
+	if rep := f.s.serveRequest(f.oldSes, proto.Request{Op: proto.OpRelease, Port: port}); rep.Reason != proto.ReasonNotFound {
+		t.Fatalf("release on the old key's session: %v, want not-found", rep.Reason)
+	}
+	// A repeated statement (the member's retry) moves nothing more and harms nothing.
+	if got := f.rotate(ses, r); got != proto.OK {
+		t.Fatalf("repeated rotation: %v", got)
+	}
+	// Revoking the old key leaves the rotated member alone.
+	f.s.set.Trust.Install(f.auth.Revoke(nil, now, f.oldCert.Serial))
+	f.s.checkCollective(now)
+	if f.s.leases.byKey[f.mapping.Key] != f.mapping || !f.dp.mapped[f.mapping.Key] {
+		t.Fatal("revoking the old key removed the rotated mapping")
+	}
+	if f.s.isMember(ok, now) || !f.s.isMember(nk, now) {
+		t.Fatal("membership after revoking the old key")
+	}
+	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+		t.Fatalf("renew on the new key after the revocation: %v", rep.Reason)
+	}
+}
+
+// Static member list: both keys listed under the same name rotate; a new
+// key listed under another name does not.
+func TestRotateStaticMembers(t *testing.T) {
+	s, dp := newFairServer(t, 0, "")
+	s.set.Rate, s.set.Burst = 1000, 1000
+	s.rates = map[proto.Key]*bucket{}
+	old, newKey, other := testKey(t), testKey(t), testKey(t)
+	s.set.Members[old.Public()] = "bob"
+	s.set.Members[newKey.Public()] = "bob"
+	s.set.Members[other.Public()] = "carol"
+	addr := netip.MustParseAddrPort("10.0.1.1:40000")
+	oldSes := &session{peer: old.Public(), name: "bob", addr: addr}
+	server := netip.MustParseAddrPort("198.51.100.1:80")
+	rep := s.serveRequest(oldSes, proto.Request{Op: proto.OpGrant, Server: server})
+	s.flush()
+	if rep.Reason != proto.OK {
+		t.Fatal(rep.Reason)
+	}
+	m := s.leases.byKey[mapKey{addr.Addr(), rep.Detour.Port()}]
+	r, _ := collective.SignRotation(old, other.Public(), time.Now())
+	if rep := s.serveRequest(&session{peer: other.Public(), name: "carol", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.ReasonUnauthorized {
+		t.Fatalf("rotation to another listed member: %v", rep.Reason)
+	}
+	r, _ = collective.SignRotation(old, newKey.Public(), time.Now())
+	if rep := s.serveRequest(&session{peer: newKey.Public(), name: "bob", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.OK {
+		t.Fatalf("rotation between listed keys: %v", rep.Reason)
+	}
+	if m.Owner.Key != newKey.Public() || !dp.mapped[m.Key] {
+		t.Fatal("mapping not carried over")
+	}
+}
