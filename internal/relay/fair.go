@@ -179,6 +179,13 @@ func (s *Server) refreshLedger(now time.Time) {
 		s.log.Error("reading counters for the ledger", "err", err)
 		return
 	}
+	s.ledgerCounters(cnt, now)
+}
+
+// ledgerCounters brings the ledger up to the mappings' counters cnt
+// (one reading of the kernel's counters).
+func (s *Server) ledgerCounters(cnt map[mapKey]Counter, now time.Time) {
+	s.fair.refreshed = now
 	for k, c := range cnt {
 		if m := s.leases.byKey[k]; m != nil {
 			s.fair.led.mapping(m, c.Bytes, now, s.receiptsOn())
@@ -536,9 +543,16 @@ func ledgerStatus(e *ledgerEntry) *LedgerStatus {
 // fairStatus adds the ledger to a status snapshot (event loop only); the
 // counters are brought up to date first, so status shows the kernel's
 // current count.
-func (s *Server) fairStatus(st *Status) {
+func (s *Server) fairStatus(st *Status, cnt map[mapKey]Counter, cntErr error) {
 	led := s.fair.led
-	s.refreshLedger(st.Now)
+	if cntErr == nil {
+		// The reading the members' bytes in st come from: the ledger
+		// and the mappings show the same count (a second reading would
+		// include packets that passed in between, such as a FIN).
+		s.ledgerCounters(cnt, st.Now)
+	} else {
+		s.refreshLedger(st.Now)
+	}
 	s.ledgerTunnels(st.Now)
 	shown := map[string]bool{}
 	for i := range st.Members {

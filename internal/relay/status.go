@@ -216,7 +216,7 @@ func (s *Server) status() *Status {
 		st.Members = append(st.Members, *ms)
 	}
 	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
-	s.fairStatus(st)
+	s.fairStatus(st, cnt, err)
 	st.Roster = s.rosterStatus()
 	if s.conv != nil {
 		s.conv.tickets.mu.Lock()
