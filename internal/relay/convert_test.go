@@ -44,12 +44,19 @@ func TestTicketStore(t *testing.T) {
 	if _, err := ts.take([]byte("short"), from, now); err == nil {
 		t.Fatal("malformed ticket accepted")
 	}
-	// The per-member bound counts outstanding tickets only.
-	if _, err := ts.issue(k1, "alice", client, maxTicketsPerMember, now.Add(time.Minute), now); proto.ReasonOf(err) != proto.ReasonQuota {
-		t.Fatalf("over the per-member bound: %v, want quota", err)
+	// The per-member bound counts outstanding tickets only (tk[1] has
+	// expired, tk[2] is held): a request beyond it gets what is left, then
+	// a quota refusal.
+	if got, err := ts.issue(k1, "alice", client, maxTicketsPerMember, now.Add(time.Minute), now); err != nil || len(got) != maxTicketsPerMember-1 {
+		t.Fatalf("over the per-member bound: %d tickets, %v; want the %d left", len(got), err, maxTicketsPerMember-1)
 	}
-	if _, err := ts.issue(k1, "alice", client, maxTicketsPerMember-1, now.Add(time.Minute), now); err != nil {
-		t.Fatalf("within the bound: %v", err)
+	if _, err := ts.issue(k1, "alice", client, 1, now.Add(time.Minute), now); proto.ReasonOf(err) != proto.ReasonQuota {
+		t.Fatalf("at the per-member bound: %v, want quota", err)
+	}
+	// Another member has its own bound.
+	k2, _ := proto.GenerateKey()
+	if got, err := ts.issue(k2, "bob", client, proto.MaxTickets, now.Add(time.Minute), now); err != nil || len(got) != proto.MaxTickets {
+		t.Fatalf("another member: %d tickets, %v", len(got), err)
 	}
 	ts.revoke(func(proto.Key) bool { return false })
 	if _, err := ts.take(tk[2][:], from, now); err == nil {
