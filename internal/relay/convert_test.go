@@ -132,4 +132,18 @@ func TestConverterRole(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "converter listening") {
 		t.Fatalf("no start line:\n%s", p.stderr.String())
 	}
+	// Batches of proto.MaxTickets over the control protocol (a reply
+	// larger than proto.MaxMessageLen), the last one cut to the member's
+	// 64 outstanding tickets, then refused.
+	got := 1
+	for got < maxTicketsPerMember {
+		_, ts, _, err := c.Convert(ctx, proto.MaxTickets)
+		if err != nil || len(ts) != min(proto.MaxTickets, maxTicketsPerMember-got) {
+			t.Fatalf("batch after %d outstanding: %d tickets, %v", got, len(ts), err)
+		}
+		got += len(ts)
+	}
+	if _, _, _, err := c.Convert(ctx, 1); proto.ReasonOf(err) != proto.ReasonQuota {
+		t.Fatalf("beyond %d outstanding: %v, want quota", maxTicketsPerMember, err)
+	}
 }
