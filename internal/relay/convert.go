@@ -28,11 +28,9 @@ import (
 // cannot be replayed, even from the member's own (spoofed) address.
 
 // maxTicketsPerMember bounds the outstanding tickets of one member (a
-// member asks for a few at a time and refills). With the request rate
-// (rate.per_member) it bounds what a member can convert: at most this many
-// conversions at any instant beyond those it already holds tickets for,
-// and at most rate x proto.MaxTickets new ones per second (1,600/s with
-// the defaults 50/s x 32, docs/convert.md).
+// member asks for a few at a time and refills). The new conversions of a
+// member are bounded by its request rate (rate.per_member) times the batch
+// (proto.MaxTickets): 1,600/s with the defaults 50/s x 32 (docs/convert.md).
 const maxTicketsPerMember = 64
 
 // DefaultConvertPort is the converter's TCP port when `convert.listen`
