@@ -35,7 +35,7 @@ func labConvertLoadCommand() *cli.Command {
 			fs.Float64Var(&o.Rate, "rate", 0, "new conversions per second, each a one-byte request/response")
 			fs.DurationVar(&o.Duration, "duration", 30*time.Second, "rate: how long")
 			fs.IntVar(&o.MaxConns, "max-conns", 0, "the converter's max_conns (default max(1024, idle+1024))")
-			fs.Float64Var(&o.MemberRate, "member-rate", 0, "the relay's rate.per_member (control requests/s; default the relay's 50: 8 tickets each caps one member at 400 conversions/s)")
+			fs.Float64Var(&o.MemberRate, "member-rate", 0, "the relay's rate.per_member (control requests/s; default the relay's 50: up to 32 tickets each caps one member at 1,600 conversions/s)")
 			fs.StringVar(&out, "out", "", "write the report (JSON) to this file")
 			fs.StringVar(&name, "name", "cvload", "lab name (namespaces <name>-<node>)")
 		},

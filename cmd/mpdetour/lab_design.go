@@ -62,7 +62,7 @@ func labDesignCommand() *cli.Command {
 			fs.Var(rangeFlag{&lossR}, "loss", "loss range per path and direction, %")
 			fs.Var(rangeFlag{&bR}, "buffer", "bottleneck buffer range per path, in BDPs")
 			fs.Float64Var(&spec.LowBDP, "low-bdp", design.DefaultLowBDP, "a point is low-BDP when every path's BDP is at most this many bytes")
-			fs.StringVar(&spec.Procedures, "procedures", "", "comma-separated: tcp-path1..tcp-pathN, mptcp (agent default policy), mptcp-static, mptcp-adaptive (default: every tcp-pathK and mptcp)")
+			fs.StringVar(&spec.Procedures, "procedures", "", "comma-separated: tcp-path1..tcp-pathN, mptcp (agent default policy), mptcp-static, mptcp-adaptive, converted (server without MPTCP, via the converter on r2) (default: every tcp-pathK and mptcp)")
 			fs.DurationVar(&spec.Duration, "duration", 10*time.Second, "transfer duration")
 			fs.DurationVar(&spec.Warmup, "warmup", time.Second, "goodput counts from here")
 			fs.StringVar(&spec.CC, "cc", "cubic", "congestion control")

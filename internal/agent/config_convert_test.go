@@ -28,7 +28,7 @@ func TestParseConfigConvert(t *testing.T) {
 	for _, bad := range []struct{ yaml, want string }{
 		{"convert:\n  enabled: true\n", "convert.enabled: conversion needs a relays section"},
 		{convertRelays + "convert:\n  enabled: true\n  relays: [ams]\n", `convert.relays[0]: "ams" is not a relay`},
-		{convertRelays + "convert:\n  enabled: true\n  tickets: 20\n", "convert.tickets: 20 out of range"},
+		{convertRelays + "convert:\n  enabled: true\n  tickets: 33\n", "convert.tickets: 33 out of range"},
 		{convertRelays + "convert:\n  enabled: true\n  ttl: 0s\n", "convert.ttl"},
 		{convertRelays + "convert:\n  enabled: true\n  sockett: /x\n", "sockett"},
 	} {

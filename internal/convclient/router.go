@@ -39,7 +39,9 @@ type Config struct {
 	// not) is kept (default 1h).
 	TTL time.Duration
 	// Tickets is the stock kept per converter (default 4, at most
-	// proto.MaxTickets).
+	// proto.MaxTickets) while conversions are rare; a converter whose
+	// stock runs out doubles its stock, up to MaxStock, and halves it
+	// back after 30 s without running out.
 	Tickets int
 	// Hold is how long a converter that failed is not used (default 30s):
 	// the connections in between go direct.
@@ -128,10 +130,26 @@ type ticket struct {
 	expires time.Time
 }
 
+// MaxStock bounds a converter's stock when it grows under load: 3/4 of the
+// relay's 64 outstanding tickets per member, so that a refill (at most
+// proto.MaxTickets, asked when half the stock is used) always fits beside
+// the stock.
+const MaxStock = 48
+
+// shrinkAfter: a grown stock that has not run out for this long is halved.
+const shrinkAfter = 30 * time.Second
+
 type conv struct {
 	Converter
-	addr        netip.AddrPort
-	tickets     []ticket
+	addr    netip.AddrPort
+	tickets []ticket
+	// want is the stock kept (Config.Tickets .. MaxStock); emptied says
+	// a conversion found the stock empty since the last refill; grownAt
+	// when want last changed. batch bounds one request (proto.MaxTickets,
+	// proto.LegacyMaxTickets for a relay that refused more as malformed).
+	want, batch int
+	emptied     bool
+	grownAt     time.Time
 	rtt         time.Duration // minimum request round trip seen
 	lastRTT     time.Duration
 	fetching    bool
@@ -188,7 +206,7 @@ func New(cfg Config, log *slog.Logger, convs ...Converter) *Router {
 	r := &Router{cfg: cfg, log: log, dest: map[netip.AddrPort]*destEntry{}, wake: make(chan struct{}, 1)}
 	r.ctr.Direct = map[string]uint64{}
 	for _, c := range convs {
-		r.conv = append(r.conv, &conv{Converter: c})
+		r.conv = append(r.conv, &conv{Converter: c, want: cfg.Tickets, batch: proto.MaxTickets})
 	}
 	return r
 }
@@ -219,16 +237,33 @@ func (r *Router) refill(ctx context.Context, wg *sync.WaitGroup) {
 		c.dropExpired(now)
 		// A failed request is retried after Hold (a relay without a
 		// converter answers "unsupported": no need to ask every second).
-		if c.fetching || len(c.tickets) > r.cfg.Tickets/2 || now.Sub(c.fetchErrAt) < r.cfg.Hold {
+		c.resize(now, r.cfg.Tickets)
+		if c.fetching || len(c.tickets) > c.want/2 || now.Sub(c.fetchErrAt) < r.cfg.Hold {
 			continue
 		}
-		n := r.cfg.Tickets - len(c.tickets)
+		n := min(c.want-len(c.tickets), c.batch)
 		c.fetching = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			r.fetch(ctx, c, n)
 		}()
+	}
+}
+
+// resize grows the stock when it ran out (consumption faster than the
+// refills) and shrinks a grown one after shrinkAfter without running out.
+func (c *conv) resize(now time.Time, base int) {
+	switch {
+	case c.emptied:
+		c.emptied = false
+		if c.want < MaxStock {
+			c.want = min(2*c.want, MaxStock)
+			c.grownAt = now
+		}
+	case c.want > base && now.Sub(c.grownAt) >= shrinkAfter:
+		c.want = max(c.want/2, base)
+		c.grownAt = now
 	}
 }
 
@@ -242,6 +277,14 @@ func (r *Router) fetch(ctx context.Context, c *conv, n int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c.fetching = false
+	if err != nil && n > proto.LegacyMaxTickets && c.batch > proto.LegacyMaxTickets && proto.ReasonOf(err) == proto.ReasonMalformed {
+		// A relay from before proto.MaxTickets was raised: ask it for
+		// at most its bound, at once.
+		c.batch = proto.LegacyMaxTickets
+		c.lastErr = err.Error()
+		r.log.Info("converter relay takes at most 8 tickets per request", "relay", c.Name)
+		return
+	}
 	if err != nil {
 		c.fetchErrAt, c.lastErr = now, err.Error()
 		r.ctr.TicketErrors++
@@ -308,7 +351,10 @@ func (r *Router) Route(dst netip.AddrPort) Decision {
 		c.used++
 		e.conversions++
 		d = Decision{Convert: true, Converter: c.addr, Name: c.Name, Ticket: append([]byte{}, t.b[:]...), Why: "no-mptcp"}
-		if len(c.tickets) <= r.cfg.Tickets/2 {
+		if len(c.tickets) == 0 {
+			c.emptied = true
+		}
+		if len(c.tickets) <= c.want/2 {
 			select {
 			case r.wake <- struct{}{}:
 			default:
@@ -326,6 +372,9 @@ func (r *Router) pick(now time.Time) *conv {
 	var best *conv
 	for _, c := range r.conv {
 		c.dropExpired(now)
+		if len(c.tickets) == 0 && c.addr.IsValid() && !now.Before(c.failedUntil) {
+			c.emptied = true // a conversion wanted a ticket: stock too small
+		}
 		if len(c.tickets) == 0 || now.Before(c.failedUntil) || !c.addr.IsValid() {
 			continue
 		}

@@ -32,6 +32,8 @@ type fake struct {
 	mu    sync.Mutex
 	asked int
 	next  byte
+	ns    []int // tickets asked per request
+	maxN  int   // > 0: refuse larger requests as malformed (an old relay)
 }
 
 func (f *fake) Convert(ctx context.Context, n int) (netip.AddrPort, [][proto.TicketLen]byte, time.Duration, error) {
@@ -39,8 +41,12 @@ func (f *fake) Convert(ctx context.Context, n int) (netip.AddrPort, [][proto.Tic
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.asked++
+	f.ns = append(f.ns, n)
 	if f.err != nil {
 		return netip.AddrPort{}, nil, 0, f.err
+	}
+	if f.maxN > 0 && n > f.maxN {
+		return netip.AddrPort{}, nil, 0, &proto.Error{Op: proto.OpConvert, Reason: proto.ReasonMalformed}
 	}
 	ts := make([][proto.TicketLen]byte, n)
 	for i := range ts {
@@ -257,8 +263,8 @@ func TestConfigBuild(t *testing.T) {
 	if _, err := (FileConfig{Enabled: true, Socket: "rel/x.sock"}).Build(relays); err == nil {
 		t.Error("relative socket accepted")
 	}
-	if _, err := (FileConfig{Enabled: true, Tickets: 9}).Build(relays); err == nil {
-		t.Error("9 tickets accepted")
+	if _, err := (FileConfig{Enabled: true, Tickets: proto.MaxTickets + 1}).Build(relays); err == nil {
+		t.Errorf("%d tickets accepted", proto.MaxTickets+1)
 	}
 	s, err := (FileConfig{Enabled: true, Relays: []string{"r2"}}).Build(relays)
 	if err != nil || s.Socket != DefaultSocket || len(s.Relays) != 1 {
@@ -283,4 +289,81 @@ func FuzzRequest(f *testing.F) {
 		}
 		_ = r.answer(req)
 	})
+}
+
+// A stock that runs out grows (doubling up to MaxStock, requests of at
+// most proto.MaxTickets), and shrinks back to Config.Tickets after
+// shrinkAfter without running out.
+func TestStockGrowsUnderLoad(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
+	r := New(Config{TTL: time.Hour, Tickets: 4, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	dst := netip.MustParseAddrPort("198.51.100.7:443")
+	r.Learn(dst, false)
+	fill(t, r)
+	drain := func() int {
+		n := 0
+		for r.Route(dst).Convert {
+			n++
+		}
+		return n
+	}
+	var stocks []int
+	for range 6 {
+		fill(t, r)
+		stocks = append(stocks, drain())
+	}
+	// A refill asks for at most proto.MaxTickets: 32 of the 48 at once.
+	want := []int{4, 8, 16, 32, 32, 32}
+	for i := range want {
+		if stocks[i] != want[i] {
+			t.Fatalf("stocks after refills %v, want %v", stocks, want)
+		}
+	}
+	r.mu.Lock()
+	grown := r.conv[0].want
+	r.mu.Unlock()
+	if grown != MaxStock {
+		t.Fatalf("grown stock %d, want %d", grown, MaxStock)
+	}
+	for _, n := range f.ns {
+		if n > proto.MaxTickets {
+			t.Fatalf("asked for %d tickets in one request (requests %v)", n, f.ns)
+		}
+	}
+	// Rare conversions: no growth; after shrinkAfter the stock halves.
+	fill(t, r)
+	fill(t, r)
+	ck.add(shrinkAfter)
+	r.Route(dst)
+	fill(t, r)
+	ck.add(shrinkAfter)
+	fill(t, r)
+	r.mu.Lock()
+	got := r.conv[0].want
+	r.mu.Unlock()
+	if got != 12 {
+		t.Errorf("stock after two quiet periods: %d, want 12", got)
+	}
+}
+
+// A relay that refuses more than proto.LegacyMaxTickets as malformed is
+// asked for at most that many at once, without holding it back.
+func TestLegacyRelayBatch(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674"), maxN: proto.LegacyMaxTickets}
+	r := New(Config{TTL: time.Hour, Tickets: 4, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	dst := netip.MustParseAddrPort("198.51.100.7:443")
+	r.Learn(dst, false)
+	r.mu.Lock()
+	r.conv[0].want, r.conv[0].grownAt = MaxStock, ck.now() // as after growing
+	r.mu.Unlock()
+	fill(t, r)
+	fill(t, r)
+	if len(f.ns) != 2 || f.ns[0] != proto.MaxTickets || f.ns[1] != proto.LegacyMaxTickets {
+		t.Fatalf("requests %v, want [%d %d]", f.ns, proto.MaxTickets, proto.LegacyMaxTickets)
+	}
+	if d := r.Route(dst); !d.Convert {
+		t.Fatalf("after the fallback: %+v", d)
+	}
 }

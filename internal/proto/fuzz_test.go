@@ -45,6 +45,7 @@ func FuzzParseReply(f *testing.F) {
 		{Op: OpTunnel, Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}},
 		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied}, {Op: OpReceipt, Credit: -5}, {Op: OpRotate}, {Op: OpGrant, Reason: ReasonCapacity},
 		{Op: OpConvert, Converter: netip.MustParseAddrPort("203.0.113.1:45674"), Lease: time.Minute, Tickets: [][TicketLen]byte{{9}}},
+		{Op: OpConvert, Converter: netip.MustParseAddrPort("[2001:db8::1]:45674"), Lease: time.Minute, Tickets: make([][TicketLen]byte, MaxTickets)},
 		{Op: OpEncap, Lease: 5 * time.Minute, Encap: EncapGrant{ClientPrefix: netip.MustParsePrefix("100.81.0.7/16"),
 			Gateway: netip.MustParseAddr("100.81.0.1"), Endpoint: netip.MustParseAddrPort("198.18.1.1:4789"),
 			Member: netip.MustParseAddr("198.18.1.2"), VNI: 7, MTU: 1450}},

@@ -74,12 +74,17 @@ type RosterPage struct {
 	Digest  uint64
 }
 
-// MaxTickets bounds the converter tickets one request asks for; TicketLen
-// is a ticket's size.
+// MaxTickets bounds the converter tickets one request asks for (a convert
+// reply with 32 tickets is 544 bytes, one of the replies allowed up to
+// MaxReplyLen); TicketLen is a ticket's size. Relays before this bound
+// was raised from 8 refuse larger requests as malformed (docs/convert.md).
 const (
-	MaxTickets = 8
+	MaxTickets = 32
 	TicketLen  = 16
 )
+
+// LegacyMaxTickets is the bound of relays before MaxTickets was raised.
+const LegacyMaxTickets = 8
 
 func (o Op) String() string {
 	switch o {
@@ -301,8 +306,8 @@ const rotateBodyLen = KeyLen + 8 + RotateSigLen
 // larger input is refused.
 const MaxMessageLen = 256
 
-// MaxReplyLen bounds a roster reply (the only larger one): it keeps a
-// transport packet within 1,280 bytes with IPv6 and UDP headers.
+// MaxReplyLen bounds roster and convert replies (the only larger ones):
+// it keeps a transport packet within 1,280 bytes with IPv6 and UDP headers.
 const MaxReplyLen = 1200
 
 // MarshalRequest encodes r.
@@ -546,7 +551,7 @@ func ParseReply(b []byte) (Reply, error) {
 	if len(b) < msgHeaderLen {
 		return r, fmt.Errorf("reply of %d bytes is shorter than its %d-byte header", len(b), msgHeaderLen)
 	}
-	if len(b) > MaxMessageLen && (len(b) > MaxReplyLen || Op(b[1]) != OpRoster) {
+	if len(b) > MaxMessageLen && (len(b) > MaxReplyLen || (Op(b[1]) != OpRoster && Op(b[1]) != OpConvert)) {
 		return r, fmt.Errorf("reply of %d bytes exceeds %d", len(b), MaxMessageLen)
 	}
 	if b[0] != Version {

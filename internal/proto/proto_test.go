@@ -122,6 +122,49 @@ func TestReplyRoundTrip(t *testing.T) {
 	}
 }
 
+// A convert reply with MaxTickets tickets is larger than MaxMessageLen and
+// allowed (up to MaxReplyLen, IPv6 converter); one more ticket is refused
+// both ways, and so is a request for more than MaxTickets.
+func TestConvertBatch(t *testing.T) {
+	r := Reply{Op: OpConvert, ID: 9, Lease: time.Minute, Converter: netip.MustParseAddrPort("[2001:db8::1]:45674"),
+		Tickets: make([][TicketLen]byte, MaxTickets)}
+	r.Tickets[MaxTickets-1][0] = 7
+	b, err := MarshalReply(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) <= MaxMessageLen || len(b) > MaxReplyLen {
+		t.Fatalf("reply of %d bytes, want %d..%d", len(b), MaxMessageLen+1, MaxReplyLen)
+	}
+	got, err := ParseReply(b)
+	if err != nil || len(got.Tickets) != MaxTickets || got.Tickets[MaxTickets-1][0] != 7 {
+		t.Fatalf("round trip: %d tickets, %v", len(got.Tickets), err)
+	}
+	r.Tickets = append(r.Tickets, [TicketLen]byte{})
+	if _, err := MarshalReply(r); err == nil {
+		t.Error("a reply with MaxTickets+1 tickets marshalled")
+	}
+	over := append(append([]byte{}, b...), make([]byte, TicketLen)...)
+	over[msgHeaderLen+17+6]++ // the count
+	if _, err := ParseReply(over); err == nil {
+		t.Error("a reply with MaxTickets+1 tickets parsed")
+	}
+	rb, err := MarshalRequest(Request{Op: OpConvert, ID: 1, Count: MaxTickets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req, err := ParseRequest(rb); err != nil || req.Count != MaxTickets {
+		t.Fatalf("request for %d: %+v %v", MaxTickets, req, err)
+	}
+	rb[len(rb)-1] = MaxTickets + 1
+	if _, err := ParseRequest(rb); ReasonOf(err) != ReasonMalformed {
+		t.Errorf("request for %d tickets: %v, want malformed", MaxTickets+1, err)
+	}
+	if _, err := MarshalRequest(Request{Op: OpConvert, Count: MaxTickets + 1}); err == nil {
+		t.Error("a request for MaxTickets+1 marshalled")
+	}
+}
+
 func TestLegacyRoundTrip(t *testing.T) {
 	m := LegacyMsg{Server: netip.MustParseAddrPort("10.0.3.2:5201"), Port: 40000}
 	b, err := MarshalLegacy(m)

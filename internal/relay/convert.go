@@ -28,7 +28,9 @@ import (
 // cannot be replayed, even from the member's own (spoofed) address.
 
 // maxTicketsPerMember bounds the outstanding tickets of one member (a
-// member asks for a few at a time and refills).
+// member asks for a few at a time and refills). The new conversions of a
+// member are bounded by its request rate (rate.per_member) times the batch
+// (proto.MaxTickets): 1,600/s with the defaults 50/s x 32 (docs/convert.md).
 const maxTicketsPerMember = 64
 
 // DefaultConvertPort is the converter's TCP port when `convert.listen`
@@ -54,12 +56,15 @@ func newTicketStore() *ticketStore {
 	return &ticketStore{tickets: map[[proto.TicketLen]byte]ticketInfo{}, perMember: map[proto.Key]int{}}
 }
 
-// issue makes n tickets for the member at client, valid until expires.
+// issue makes up to n tickets for the member at client, valid until
+// expires: fewer when the member's outstanding tickets would exceed
+// maxTicketsPerMember, a quota refusal when it holds that many already.
 func (t *ticketStore) issue(key proto.Key, member string, client netip.Addr, n int, expires time.Time, now time.Time) ([][proto.TicketLen]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireLocked(now)
-	if t.perMember[key]+n > maxTicketsPerMember {
+	n = min(n, maxTicketsPerMember-t.perMember[key])
+	if n <= 0 {
 		return nil, &proto.Error{Op: proto.OpConvert, Reason: proto.ReasonQuota}
 	}
 	out := make([][proto.TicketLen]byte, n)

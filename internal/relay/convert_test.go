@@ -44,12 +44,19 @@ func TestTicketStore(t *testing.T) {
 	if _, err := ts.take([]byte("short"), from, now); err == nil {
 		t.Fatal("malformed ticket accepted")
 	}
-	// The per-member bound counts outstanding tickets only.
-	if _, err := ts.issue(k1, "alice", client, maxTicketsPerMember, now.Add(time.Minute), now); proto.ReasonOf(err) != proto.ReasonQuota {
-		t.Fatalf("over the per-member bound: %v, want quota", err)
+	// The per-member bound counts outstanding tickets only (tk[1] has
+	// expired, tk[2] is held): a request beyond it gets what is left, then
+	// a quota refusal.
+	if got, err := ts.issue(k1, "alice", client, maxTicketsPerMember, now.Add(time.Minute), now); err != nil || len(got) != maxTicketsPerMember-1 {
+		t.Fatalf("over the per-member bound: %d tickets, %v; want the %d left", len(got), err, maxTicketsPerMember-1)
 	}
-	if _, err := ts.issue(k1, "alice", client, maxTicketsPerMember-1, now.Add(time.Minute), now); err != nil {
-		t.Fatalf("within the bound: %v", err)
+	if _, err := ts.issue(k1, "alice", client, 1, now.Add(time.Minute), now); proto.ReasonOf(err) != proto.ReasonQuota {
+		t.Fatalf("at the per-member bound: %v, want quota", err)
+	}
+	// Another member has its own bound.
+	k2, _ := proto.GenerateKey()
+	if got, err := ts.issue(k2, "bob", client, proto.MaxTickets, now.Add(time.Minute), now); err != nil || len(got) != proto.MaxTickets {
+		t.Fatalf("another member: %d tickets, %v", len(got), err)
 	}
 	ts.revoke(func(proto.Key) bool { return false })
 	if _, err := ts.take(tk[2][:], from, now); err == nil {
@@ -124,5 +131,19 @@ func TestConverterRole(t *testing.T) {
 	}
 	if !strings.Contains(p.stderr.String(), "converter listening") {
 		t.Fatalf("no start line:\n%s", p.stderr.String())
+	}
+	// Batches of proto.MaxTickets over the control protocol (a reply
+	// larger than proto.MaxMessageLen), the last one cut to the member's
+	// 64 outstanding tickets, then refused.
+	got := 1
+	for got < maxTicketsPerMember {
+		_, ts, _, err := c.Convert(ctx, proto.MaxTickets)
+		if err != nil || len(ts) != min(proto.MaxTickets, maxTicketsPerMember-got) {
+			t.Fatalf("batch after %d outstanding: %d tickets, %v", got, len(ts), err)
+		}
+		got += len(ts)
+	}
+	if _, _, _, err := c.Convert(ctx, 1); proto.ReasonOf(err) != proto.ReasonQuota {
+		t.Fatalf("beyond %d outstanding: %v, want quota", maxTicketsPerMember, err)
 	}
 }

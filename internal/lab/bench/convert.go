@@ -27,7 +27,8 @@ import (
 // agent adds the detour subflows to the converter.
 func setupConverted(ctx context.Context, env *Env) (_ Session, err error) {
 	node := env.Roles.Converter
-	convAddr := netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultConvertPort)
+	convIP := converterAddr(env)
+	convAddr := netip.AddrPortFrom(convIP, relay.DefaultConvertPort)
 	renv := *env
 	renv.RelayAllow = append(append([]netip.Addr{}, env.RelayAllow...), convAddr.Addr())
 	rs, err := startRelays(ctx, &renv, natOnly)
@@ -54,7 +55,7 @@ func setupConverted(ctx context.Context, env *Env) (_ Session, err error) {
 	}
 	sock := filepath.Join(env.Dir, "convert.sock")
 	section := rs.agentSection(env, false) +
-		fmt.Sprintf("    - {name: %s, address: %s, public_key: %s}\n", node, netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort), rs.keys[node].Public()) +
+		fmt.Sprintf("    - {name: %s, address: %s, public_key: %s}\n", node, netip.AddrPortFrom(convIP, relay.DefaultPort), rs.keys[node].Public()) +
 		fmt.Sprintf("convert:\n  enabled: true\n  socket: %s\n  relays: [%s]\n", sock, node)
 	ag, err = startAgentFor(ctx, env, len(env.Cell.Detours), nil, section, convAddr)
 	if err != nil {
@@ -99,6 +100,27 @@ func setupConverted(ctx context.Context, env *Env) (_ Session, err error) {
 	}
 	before = st.Counters.Converted
 	return t, nil
+}
+
+// converterAddr is the converter node's address on the server's network
+// (a link it shares with the server), else its primary address. The relay
+// tells members the address their control session came to, so this is
+// also where the agent asks for tickets. In topology detours the primary
+// address of r2 is on the default path's core link C0, which the detour
+// relays would reach back through r1 and C0; its address on A2 is reached
+// by every path over its own links. In brennan2017 and line both addresses
+// are on the same node on the same paths.
+func converterAddr(env *Env) netip.Addr {
+	node := env.Roles.Converter
+	for _, l := range env.Lab.Topology().Links {
+		switch {
+		case l.A.Node == node && l.B.Node == env.Roles.Server:
+			return l.A.Addr.Addr()
+		case l.B.Node == node && l.A.Node == env.Roles.Server:
+			return l.B.Addr.Addr()
+		}
+	}
+	return env.Lab.Addr(node)
 }
 
 // learn is the warm-up: the first connection to each server port (the

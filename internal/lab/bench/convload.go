@@ -41,7 +41,8 @@ type ConvertLoadOptions struct {
 	MaxConns    int           // the converter's max_conns (default max(1024, Idle+1024))
 	// MemberRate, when > 0, is the relay's rate.per_member (control
 	// requests per second per member; burst twice that). The default (50)
-	// with 8 tickets per request caps one member at 400 conversions/s.
+	// with up to 32 tickets per request (proto.MaxTickets) caps one member at
+	// 1,600 conversions/s (400/s with 8 per request before 2026-11-26).
 	MemberRate float64
 	Progress   io.Writer
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
+	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
@@ -61,7 +62,7 @@ func TestConvertLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rep.Result
-	if r.Attempted != 100 || r.Converted != 100 || r.Failed != 0 || r.FirstByteMs.N != 100 || r.TicketRequests < 100/8 {
+	if r.Attempted != 100 || r.Converted != 100 || r.Failed != 0 || r.FirstByteMs.N != 100 || r.TicketRequests < (100+proto.MaxTickets-1)/proto.MaxTickets {
 		t.Fatalf("rate: %+v", r)
 	}
 	if rep.After.CPUS < rep.Before.CPUS {

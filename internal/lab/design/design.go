@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -131,9 +132,12 @@ func (d *Design) procs() ([]Proc, error) {
 // run is one `lab bench` run of a design: the procedures that share an
 // agent configuration. The first run holds the single-path procedures.
 type run struct {
-	Name   string // directory under runs/: the policy, or "default"
+	Name   string // directory under runs/: the policy, "default" or "converted"
 	Policy string
 	Procs  []Proc
+	// Converted: the server node has MPTCP disabled and r2 runs the
+	// converter (procedure converted only).
+	Converted bool
 }
 
 func (d *Design) runs() ([]run, error) {
@@ -153,15 +157,31 @@ func (d *Design) runs() ([]run, error) {
 		if name == "" {
 			name = "default"
 		}
+		if p.Converted {
+			name = ConvertedProcedure
+		}
 		if _, ok := idx[name]; !ok {
 			idx[name] = len(rs)
-			rs = append(rs, run{Name: name, Policy: p.Policy})
+			rs = append(rs, run{Name: name, Policy: p.Policy, Converted: p.Converted})
 		}
 		rs[idx[name]].Procs = append(rs[idx[name]].Procs, p)
 	}
+	// The converted run last: the runs with an MPTCP server first.
+	slices.SortStableFunc(rs, func(a, b run) int {
+		switch {
+		case a.Converted == b.Converted:
+			return 0
+		case a.Converted:
+			return 1
+		}
+		return -1
+	})
 	if len(single) > 0 {
-		if len(rs) == 0 {
-			rs = append(rs, run{Name: "default"})
+		// The single-path cells go into the first run, whose server
+		// speaks MPTCP (plain TCP does not care, but the converted run
+		// stays the converted procedure alone).
+		if len(rs) == 0 || rs[0].Converted {
+			rs = append([]run{{Name: "default"}}, rs...)
 		}
 		rs[0].Procs = append(single, rs[0].Procs...)
 	}
@@ -181,6 +201,11 @@ func (d *Design) scenario(r run) (*scenario.Scenario, error) {
 	}
 	for k := 2; k <= d.Space.Paths; k++ {
 		s.Roles.Detours = append(s.Roles.Detours, detourNode(k))
+	}
+	if r.Converted {
+		off := false
+		s.ServerMPTCP = &off
+		s.Roles.Converter = ConverterNode
 	}
 	dur, err := time.ParseDuration(d.Duration)
 	if err != nil {

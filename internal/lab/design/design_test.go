@@ -1,6 +1,7 @@
 package design
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -263,6 +264,41 @@ func TestRuns(t *testing.T) {
 	want := "static:tcp-path1+tcp-path2+mptcp-static adaptive:mptcp-adaptive default:mptcp"
 	if strings.Join(got, " ") != want {
 		t.Errorf("runs %s, want %s", strings.Join(got, " "), want)
+	}
+}
+
+// converted runs alone in its own run, with the server's MPTCP off and the
+// converter on r2; the single-path cells stay in a run whose server speaks
+// MPTCP, also when converted is listed first.
+func TestConvertedRun(t *testing.T) {
+	d := &Design{Space: DefaultSpace(2), Procedures: []string{"converted", "tcp-path1", "mptcp", "tcp-path2"},
+		Duration: "10s", Warmup: "1s", CC: "cubic", Points: []Point{{ID: "p001", Paths: []Path{{CapacityMbps: 10, RTTms: 20, BufferBDP: 1}, {CapacityMbps: 10, RTTms: 20, BufferBDP: 1}}}}}
+	rs, err := d.runs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rs {
+		got = append(got, fmt.Sprintf("%s:%s:%v", r.Name, strings.Join(procNames(r.Procs), "+"), r.Converted))
+	}
+	if want := "default:tcp-path1+tcp-path2+mptcp:false converted:converted:true"; strings.Join(got, " ") != want {
+		t.Fatalf("runs %s, want %s", strings.Join(got, " "), want)
+	}
+	for _, r := range rs {
+		s, err := d.scenario(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.ServerSpeaksMPTCP() == r.Converted || (s.Roles.Converter == ConverterNode) != r.Converted {
+			t.Errorf("run %s: server MPTCP %v, converter %q", r.Name, s.ServerSpeaksMPTCP(), s.Roles.Converter)
+		}
+		if r.Converted && (len(s.Procedures) != 1 || s.Procedures[0].Procedure != "converted" || s.Procedures[0].Detour != "all") {
+			t.Errorf("converted run procedures %+v", s.Procedures)
+		}
+	}
+	rs, err = (&Design{Space: DefaultSpace(2), Procedures: []string{"converted", "tcp-path1"}}).runs()
+	if err != nil || len(rs) != 2 || rs[0].Converted || rs[0].Name != "default" || !rs[1].Converted {
+		t.Errorf("converted first: %+v %v", rs, err)
 	}
 }
 

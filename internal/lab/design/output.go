@@ -278,9 +278,156 @@ func (rep *Report) Markdown(plots []string, note string) string {
 		fmt.Fprintf(&b, "![%s](%s)\n", strings.TrimSuffix(p, ".png"), p)
 	}
 	b.WriteString("\n")
+	rep.converted(&b)
 	rep.worst(&b, 10)
 	rep.failures(&b)
 	return b.String()
+}
+
+// nativeFor is the native MPTCP procedure converted is compared with: mptcp
+// (the same agent default policy), else the design's first MPTCP one.
+func (d *Design) nativeFor() string {
+	ps, _ := d.procs()
+	first := ""
+	for _, p := range ps {
+		if !p.MPTCP() || p.Converted {
+			continue
+		}
+		if p.Name == MPTCPProcedure {
+			return p.Name
+		}
+		if first == "" {
+			first = p.Name
+		}
+	}
+	return first
+}
+
+// pointMean is the mean goodput and Ben of one procedure's ok trials at a
+// point, and the subflows of its first ok trial.
+type pointMean struct {
+	n        int
+	goodput  float64
+	ben      float64
+	nBen     int
+	subflows []results.Subflow
+}
+
+func (rep *Report) pointMeans(proc string) map[string]*pointMean {
+	out := map[string]*pointMean{}
+	for _, r := range rep.Rows {
+		if r.Procedure != proc || r.Status != results.OK {
+			continue
+		}
+		m := out[r.Point]
+		if m == nil {
+			m = &pointMean{subflows: r.Subflows}
+			out[r.Point] = m
+		}
+		m.n++
+		m.goodput += r.GoodputMbps
+		if r.Ben != nil {
+			m.ben += *r.Ben
+			m.nBen++
+		}
+	}
+	for _, m := range out {
+		m.goodput /= float64(m.n)
+		if m.nBen > 0 {
+			m.ben /= float64(m.nBen)
+		}
+	}
+	return out
+}
+
+func subflowText(sf []results.Subflow) string {
+	var out []string
+	for _, s := range sf {
+		out = append(out, fmt.Sprintf("%s %.1f MB %.0f ms %d rtx", s.Path, float64(s.Bytes)/1e6, s.RTTms, s.Retrans))
+	}
+	return strings.Join(out, "; ")
+}
+
+// converted compares procedure converted with the native MPTCP procedure
+// point by point: goodput ratio, Ben of both, the subflows of both.
+func (rep *Report) converted(b *strings.Builder) {
+	d := rep.Design
+	ps, _ := d.procs()
+	has := false
+	for _, p := range ps {
+		has = has || p.Converted
+	}
+	native := d.nativeFor()
+	if !has || native == "" {
+		return
+	}
+	conv, nat := rep.pointMeans(ConvertedProcedure), rep.pointMeans(native)
+	single := singleMeans(rep.Rows)
+	var ids []string
+	for id := range conv {
+		if nat[id] != nil {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	fmt.Fprintf(b, "## Converted vs native: %s (server without MPTCP, via the converter) beside %s\n\n", ConvertedProcedure, native)
+	b.WriteString("Per point, the mean of the ok trials: goodput (Mbit/s) of both, gain = converted / native, Ben of both " +
+		"(against the same single-path TCP goodputs), and the subflows of the first trial (path, MB acked, smoothed RTT, " +
+		"retransmitted segments; `default` is the subflow to the converter on the default path).\n\n")
+	var ratios, dBen []float64
+	for _, id := range ids {
+		if nat[id].goodput > 0 {
+			ratios = append(ratios, conv[id].goodput/nat[id].goodput)
+		}
+		if conv[id].nBen > 0 && nat[id].nBen > 0 {
+			dBen = append(dBen, conv[id].ben-nat[id].ben)
+		}
+	}
+	sort.Float64s(ratios)
+	sort.Float64s(dBen)
+	if len(ratios) > 0 {
+		fmt.Fprintf(b, "Points with both: %d. Gain converted / native: min %.2f, p10 %.2f, median %.2f, max %.2f; "+
+			">= 0.9 at %s of the points. Ben converted - native: median %+.2f.\n\n",
+			len(ids), ratios[0], quantile(ratios, 0.1), quantile(ratios, 0.5), ratios[len(ratios)-1],
+			pct(fracAtLeast(ratios, 0.9)), quantile(dBen, 0.5))
+	}
+	b.WriteString("| point | BDP |")
+	for p := 1; p <= d.Space.Paths; p++ {
+		fmt.Fprintf(b, " path %d | TCP %d |", p, p)
+	}
+	fmt.Fprintf(b, " %s | converted | gain | Ben %s | Ben converted | subflows %s | subflows converted |\n|---|---|", native, native, native)
+	for p := 1; p <= d.Space.Paths; p++ {
+		b.WriteString("---|---:|")
+	}
+	b.WriteString("---:|---:|---:|---:|---:|---|---|\n")
+	points := map[string]Point{}
+	for _, pt := range d.Points {
+		points[pt.ID] = pt
+	}
+	for _, id := range ids {
+		pt := points[id]
+		par := pt.Params()
+		fmt.Fprintf(b, "| %s | %s |", id, pt.Class(d.LowBDP))
+		for p := 1; p <= d.Space.Paths; p++ {
+			k := strconv.Itoa(p)
+			fmt.Fprintf(b, " %.1f / %.0f / %.2f / %.2f (%.0f) | %.2f |", par["capacity"+k+"_mbps"], par["rtt"+k+"_ms"],
+				par["loss"+k+"_pct"], par["buffer"+k+"_bdp"], par["queue"+k+"_pkts"], single[id][tcpPathPrefix+k])
+		}
+		c, n := conv[id], nat[id]
+		gain := math.NaN()
+		if n.goodput > 0 {
+			gain = c.goodput / n.goodput
+		}
+		benS := func(m *pointMean) string {
+			if m.nBen == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", m.ben)
+		}
+		fmt.Fprintf(b, " %.2f | %.2f | %.2f | %s | %s | %s | %s |\n", n.goodput, c.goodput, gain, benS(n), benS(c),
+			subflowText(n.subflows), subflowText(c.subflows))
+	}
+	b.WriteString("\n")
 }
 
 func quantile(sorted []float64, p float64) float64 {
@@ -347,11 +494,7 @@ func (rep *Report) worst(b *strings.Builder, n int) {
 				fmt.Fprintf(b, " %.1f / %.0f / %.2f / %.2f (%.0f) | %.2f |", r.Params["capacity"+k+"_mbps"], r.Params["rtt"+k+"_ms"],
 					r.Params["loss"+k+"_pct"], r.Params["buffer"+k+"_bdp"], r.Params["queue"+k+"_pkts"], single[r.Point][tcpPathPrefix+k])
 			}
-			var sf []string
-			for _, s := range r.Subflows {
-				sf = append(sf, fmt.Sprintf("%s %.1f MB %.0f ms %d rtx", s.Path, float64(s.Bytes)/1e6, s.RTTms, s.Retrans))
-			}
-			fmt.Fprintf(b, " %s |\n", strings.Join(sf, "; "))
+			fmt.Fprintf(b, " %s |\n", subflowText(r.Subflows))
 		}
 		b.WriteString("\n")
 	}

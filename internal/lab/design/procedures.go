@@ -16,7 +16,12 @@ import (
 //   - mptcp: MPTCP with the agent adding one NAT detour subflow per detour
 //     (bench procedure mptcp-nat), the agent's default policy;
 //   - mptcp-POLICY: the same with `policy: POLICY` in the agent's
-//     configuration (static or adaptive), for agents that have the key.
+//     configuration (static or adaptive), for agents that have the key;
+//   - converted: the same paths, but the server does not speak MPTCP: a
+//     plain TCP program under "mpdetour run --convert" goes through the
+//     converter on r2 and the agent adds one NAT detour subflow per detour
+//     to the converter (bench procedure converted, issue 14). It runs in
+//     its own bench run with net.mptcp.enabled=0 in the server node.
 const (
 	tcpPathPrefix = "tcp-path"
 	mptcpName     = MPTCPProcedure
@@ -25,11 +30,23 @@ const (
 // MPTCPProcedure names the MPTCP procedure; "mptcp-POLICY" names a policy.
 const MPTCPProcedure = "mptcp"
 
+// ConvertedProcedure names the procedure through the converter, to a
+// server that does not speak MPTCP.
+const ConvertedProcedure = "converted"
+
+// ConverterNode runs the converter: r2, the router in front of the
+// server's network, where the default path and every detour meet after
+// their emulated core links (docs/design.md).
+const ConverterNode = "r2"
+
 // Proc is a parsed design procedure.
 type Proc struct {
 	Name   string
 	Path   int    // 1-based path of a single-path procedure; 0 for MPTCP
 	Policy string // MPTCP: agent policy, "" = the agent's default
+	// Converted: through the converter to a server without MPTCP (the
+	// agent's default policy).
+	Converted bool
 }
 
 // MPTCP says whether the procedure is a multipath one.
@@ -76,6 +93,9 @@ func parseProc(f string, paths int) (Proc, error) {
 	if f == mptcpName {
 		return Proc{Name: f}, nil
 	}
+	if f == ConvertedProcedure {
+		return Proc{Name: f, Converted: true}, nil
+	}
 	if pol, ok := strings.CutPrefix(f, mptcpName+"-"); ok {
 		for _, p := range Policies {
 			if pol == p {
@@ -83,7 +103,7 @@ func parseProc(f string, paths int) (Proc, error) {
 			}
 		}
 	}
-	return Proc{}, fmt.Errorf("unknown procedure %q (want tcp-path1..tcp-path%d, mptcp, mptcp-static or mptcp-adaptive)", f, paths)
+	return Proc{}, fmt.Errorf("unknown procedure %q (want tcp-path1..tcp-path%d, mptcp, mptcp-static, mptcp-adaptive or converted)", f, paths)
 }
 
 // detourNode is the detours topology's relay node of path k >= 2.
@@ -96,6 +116,8 @@ func (p Proc) spec() scenario.ProcedureSpec {
 		return scenario.ProcedureSpec{Procedure: scenario.TCP}
 	case p.Path > 1:
 		return scenario.ProcedureSpec{Procedure: scenario.TCPNAT, Detour: detourNode(p.Path)}
+	case p.Converted:
+		return scenario.ProcedureSpec{Procedure: scenario.Converted, Detour: "all"}
 	}
 	return scenario.ProcedureSpec{Procedure: scenario.MPTCPNAT, Detour: "all"}
 }
