@@ -690,7 +690,10 @@ func (c *Conn) EncapRelease(ctx context.Context) error {
 
 // Convert asks the relay for n (1..proto.MaxTickets) single-use converter
 // tickets: the converter's address and the tickets, valid for the lease
-// from this connection's address (see internal/convert.Dial).
+// from this connection's address (see internal/convert.Dial). The relay
+// may hand out fewer than n (what is left of the member's outstanding
+// ticket quota); a relay older than 32-ticket batches refuses n > 8 as
+// malformed.
 func (c *Conn) Convert(ctx context.Context, n int) (netip.AddrPort, [][proto.TicketLen]byte, time.Duration, error) {
 	if n < 1 || n > proto.MaxTickets {
 		return netip.AddrPort{}, nil, 0, fmt.Errorf("convert: ask for 1..%d tickets, not %d", proto.MaxTickets, n)
