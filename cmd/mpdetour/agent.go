@@ -61,6 +61,12 @@ func agentCommand() *cli.Command {
 					config, cfg.Policy, cfg.Subflows, len(cfg.Detours), relays, server, cfg.Socket)
 				return nil
 			}
+			// SIGHUP rotates the member key (rotateOnHangup). It is caught
+			// from here on, so that a reload (systemd's ExecReload) never
+			// ends the agent: not while it starts, not without relays.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
 			if netns != "" {
 				cfg.NetNS = netns
 			}
@@ -138,10 +144,8 @@ func agentCommand() *cli.Command {
 				}
 				defer stop()
 			}
-			if relays != nil {
-				stop := rotateOnHangup(ctx, config, relays, tunnels, log)
-				defer stop()
-			}
+			stop := rotateOnHangup(ctx, hup, config, relays, tunnels, log)
+			defer stop()
 			return agent.RunLinux(ctx, cfg, log, nil, sources...)
 		},
 	}
@@ -153,9 +157,10 @@ func agentCommand() *cli.Command {
 // (relayclient.Source.Rotate: each relay carries the old key's detours over
 // to the new key) and then on that relay's WireGuard tunnel. Nothing else
 // of the file is applied (docs/collective.md, "Key rotation").
-func rotateOnHangup(ctx context.Context, path string, relays *relayclient.Source, tunnels []*tunnelctl.Source, log *slog.Logger) (stop func()) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+//
+// hup is already registered for SIGHUP (signal.Notify) by the caller.
+// Without relays (nil) a SIGHUP is logged and changes nothing.
+func rotateOnHangup(ctx context.Context, hup <-chan os.Signal, path string, relays *relayclient.Source, tunnels []*tunnelctl.Source, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -166,13 +171,16 @@ func rotateOnHangup(ctx context.Context, path string, relays *relayclient.Source
 				return
 			case <-hup:
 			}
+			if relays == nil {
+				log.Info("SIGHUP: no relays section, no member key to rotate (the agent reloads nothing else)")
+				continue
+			}
 			if err := rotateMemberKey(ctx, path, relays, tunnels, log); err != nil {
 				log.Error("SIGHUP: member key rotation", "err", err)
 			}
 		}
 	}()
 	return func() {
-		signal.Stop(hup)
 		cancel()
 		<-done
 	}
@@ -202,6 +210,14 @@ func rotateMemberKey(ctx context.Context, path string, relays *relayclient.Sourc
 	err = relays.Rotate(rctx, key, cert, func(c *relayclient.Conn, err error) {
 		for _, t := range tunnels {
 			if t.Conn() != c {
+				continue
+			}
+			if c.SessionKey() != key.Public() {
+				// The relay still knows us by the old key (say, it refused
+				// the new certificate): so does its WireGuard peer. The
+				// tunnel follows once the connection switches
+				// (tunnelctl.Source.follow).
+				log.Warn("key rotation: tunnel keeps the old key for now", "relay", c.Relay().Name, "err", err)
 				continue
 			}
 			if terr := t.Rekey(key); terr != nil {

@@ -70,28 +70,8 @@ func TestAgentSIGHUPRotatesKey(t *testing.T) {
 	agentCfg := write("agent.yaml", fmt.Sprintf("socket: %s\nsubflows: 1\nbackoff: 300ms\nrelays:\n  key_file: %s\n  certificate_file: %s\n  servers:\n    - {name: r1, address: '192.0.2.1:45673', public_key: %s}\n",
 		sock, keyFile, certFile, relayKey.Public()))
 
-	start := func(ns *netnstest.NS, args ...string) (*exec.Cmd, *syncBuf) {
-		cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, bin}, args...)...)
-		logs := &syncBuf{}
-		cmd.Stderr = logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				cmd.Process.Kill()
-				<-done
-			}
-		})
-		return cmd, logs
-	}
-	_, relayLogs := start(r, "relay", "--config", relayCfg)
-	agentCmd, agentLogs := start(c, "agent", "--config", agentCfg)
+	_, relayLogs, _ := startIn(t, bin, r, "relay", "--config", relayCfg)
+	agentCmd, agentLogs, _ := startIn(t, bin, c, "agent", "--config", agentCfg)
 	defer func() {
 		if t.Failed() {
 			t.Logf("relay log:\n%s\nagent log:\n%s", relayLogs.String(), agentLogs.String())
@@ -178,6 +158,75 @@ func TestAgentSIGHUPRotatesKey(t *testing.T) {
 	if agentCmd.ProcessState != nil {
 		t.Fatal("the agent exited on SIGHUP")
 	}
+}
+
+// An agent without relays (nothing to rotate) keeps running on SIGHUP:
+// systemd's ExecReload sends it, and Go's default action would end the
+// agent (a clean exit for systemd: no restart).
+func TestAgentSIGHUPWithoutRelays(t *testing.T) {
+	testenv.MPTCP(t)
+	testenv.Tools(t, "ip")
+	dir := t.TempDir()
+	bin, err := testenv.BuildMpdetour(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := netnstest.New(t, "mkrh")
+	sock := filepath.Join(dir, "agent.sock")
+	cfg := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(cfg, []byte("socket: "+sock+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, logs, exited := startIn(t, bin, c, "agent", "--config", cfg)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no status socket after 10 s; agent log:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := 0; i < 2; i++ {
+		if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	select {
+	case <-exited:
+		t.Fatalf("the agent exited on SIGHUP; log:\n%s", logs.String())
+	case <-time.After(500 * time.Millisecond):
+	}
+	if n := strings.Count(logs.String(), "SIGHUP: no relays section"); n != 2 {
+		t.Fatalf("%d log lines for 2 SIGHUPs; log:\n%s", n, logs.String())
+	}
+}
+
+// startIn starts the mpdetour binary bin with args in namespace ns; it is
+// stopped (SIGTERM, then SIGKILL after 10 s) when the test ends. exited is
+// closed when the process has ended.
+func startIn(t *testing.T, bin string, ns *netnstest.NS, args ...string) (cmd *exec.Cmd, logs *syncBuf, exited <-chan struct{}) {
+	t.Helper()
+	cmd = exec.Command("ip", append([]string{"netns", "exec", ns.Name, bin}, args...)...)
+	logs = &syncBuf{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	return cmd, logs, done
 }
 
 // syncBuf is a bytes.Buffer a process writes while the test reads it.

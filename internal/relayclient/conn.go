@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,10 +66,13 @@ type Conn struct {
 	ses *proto.Session
 	// sesPub: the member key ses was made with; a Rotate makes it stale.
 	sesPub proto.Key
-	// rotateFrom: the member key a Rotate replaced, until a session of
-	// the new key has carried its state over (OpRotate); rotateDone
-	// takes that request's result.
-	rotateFrom *proto.Key
+	// rotateFrom: the member keys Rotates replaced whose state may still
+	// be the relay's, until a session of the newest key has carried it
+	// over (OpRotate, one per key: after two Rotates in a row the relay
+	// may hold the state under the first key or, when it applied the
+	// first rotation but its answer was lost, under the second);
+	// rotateDone takes the result.
+	rotateFrom []proto.Key
 	rotateDone chan error
 	prev       *proto.Session // replaced by a rekey; replies may still arrive on it
 	// certifying are new sessions presenting the certificate (by local
@@ -310,7 +314,7 @@ func (c *Conn) dispatch(b []byte) {
 		if pi.priv != priv {
 			return // made with a key a Rotate has replaced since
 		}
-		if cert != nil || from != nil {
+		if cert != nil || len(from) > 0 {
 			// The session is used only once the relay accepted the
 			// certificate and, after a Rotate, carried the old key's
 			// state over (the requests also prove our address).
@@ -453,7 +457,7 @@ func (c *Conn) session(ctx context.Context) (*proto.Session, error) {
 // prepare readies a new session before it is used: it presents the
 // certificate (cert != nil) and, after a Rotate (from != nil), asks the
 // relay to carry the old key's state over to this session's key.
-func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from *proto.Key) {
+func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from []proto.Key) {
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
 	on := func(context.Context) (*proto.Session, error) { return s, nil }
@@ -461,7 +465,9 @@ func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from *prot
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		delete(c.certifying, s.Local)
-		return c.ses != nil && c.ses.Created.After(s.Created) && c.sesPub == priv.Public()
+		// A newer session of this key is in use, or a Rotate has
+		// replaced the key this session was made with.
+		return c.ses != nil && c.ses.Created.After(s.Created) && c.sesPub == priv.Public() || c.priv != priv
 	}
 	if cert != nil {
 		// A relay that does not take certificates answers unsupported: the
@@ -474,7 +480,7 @@ func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from *prot
 				c.hsErr = err
 				ch := c.rotateDone
 				c.mu.Unlock()
-				if from != nil && ch != nil {
+				if len(from) > 0 && ch != nil {
 					select { // the waiting Rotate learns why (the old key's session stays in use)
 					case ch <- fmt.Errorf("relay %q: new certificate refused: %w", c.relay.Name, err):
 					default:
@@ -484,32 +490,57 @@ func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from *prot
 			return
 		}
 	}
-	if from != nil {
-		st, err := collective.SignRotation(*from, priv.Public(), time.Now())
-		if err == nil {
-			_, err = c.doOn(ctx, proto.Request{Op: proto.OpRotate, Rotate: st}, on)
+	if len(from) > 0 {
+		var err error
+		carried := false
+		for _, f := range from {
+			if f == priv {
+				continue
+			}
+			st, ferr := collective.SignRotation(f, priv.Public(), time.Now())
+			if ferr == nil {
+				_, ferr = c.doOn(ctx, proto.Request{Op: proto.OpRotate, Rotate: st}, on)
+			}
+			if ferr != nil && temporary(ferr) && c.ctx.Err() == nil {
+				// No answer, or a refusal that says "later" (rate
+				// limited, the relay's own failure): the handshaker
+				// tries again with a new session (the old key's session
+				// stays in use meanwhile).
+				done()
+				c.log.Info("key rotation: not done by the relay yet, trying again", "relay", c.relay.Name, "err", ferr)
+				return
+			}
+			// One key's refusal (say, revoked since) does not keep the
+			// others' state from moving.
+			if ferr == nil {
+				carried = true
+			} else {
+				err = ferr
+			}
 		}
-		if err != nil && proto.ReasonOf(err) == proto.OK && c.ctx.Err() == nil {
-			// No answer: the handshaker tries again with a new session
-			// (the old key's session stays in use meanwhile).
-			done()
-			c.log.Info("key rotation: no answer from the relay yet", "relay", c.relay.Name, "err", err)
-			return
+		if carried {
+			err = nil
 		}
 		c.mu.Lock()
 		var ch chan error
-		if c.rotateFrom == from {
+		if slices.Equal(c.rotateFrom, from) {
 			c.rotateFrom, ch = nil, c.rotateDone
 		}
 		c.mu.Unlock()
 		switch {
 		case err == nil:
 			c.log.Info("key rotation: the relay carried our detours over to the new key", "relay", c.relay.Name,
-				"old_key", from.Public().ID(), "new_key", priv.Public().ID())
+				"old_key", from[len(from)-1].Public().ID(), "new_key", priv.Public().ID())
 		case proto.ReasonOf(err) == proto.ReasonUnsupported:
 			c.log.Warn("key rotation: the relay does not support it; detours of the old key stay until their leases end", "relay", c.relay.Name)
 		default:
 			c.log.Warn("key rotation refused by the relay; detours of the old key stay until their leases end", "relay", c.relay.Name, "err", err)
+		}
+		// The new session is in use before the waiting Rotate hears of
+		// it: what it does next (a tunnel rekey, a request) goes out on
+		// the new key's session.
+		if !done() {
+			c.install(s, priv.Public())
 		}
 		if ch != nil {
 			select {
@@ -517,10 +548,22 @@ func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from *prot
 			default:
 			}
 		}
+		return
 	}
 	if !done() {
 		c.install(s, priv.Public())
 	}
+}
+
+// temporary reports whether a rotation's error is worth trying again: no
+// answer (no refusal code) or a refusal that is about now, not about the
+// request.
+func temporary(err error) bool {
+	switch proto.ReasonOf(err) {
+	case proto.OK, proto.ReasonRateLimited, proto.ReasonInternal, proto.ReasonNoSession:
+		return true
+	}
+	return false
 }
 
 // Rotate switches the Conn to the member key priv (and its certificate,
@@ -538,16 +581,14 @@ func (c *Conn) Rotate(ctx context.Context, priv proto.Key, cert []byte) error {
 		c.mu.Unlock()
 		return nil
 	}
-	from := c.priv
-	if c.rotateFrom != nil {
-		// The previous Rotate has not reached the relay: its state is
-		// still the first key's.
-		from = *c.rotateFrom
-	}
+	// A previous Rotate not confirmed yet: the relay's state is under
+	// one of its keys or under the key it replaced (a lost answer), so
+	// each carries over to priv.
+	from := append(slices.Clone(c.rotateFrom), c.priv)
 	carry := !c.sesPub.IsZero() // no session yet: nothing to carry over
 	c.rotateFrom = nil
 	if carry {
-		c.rotateFrom = &from
+		c.rotateFrom = from
 	}
 	done := make(chan error, 1)
 	c.priv, c.cert, c.rotateDone = priv, cert, done
@@ -568,6 +609,16 @@ func (c *Conn) Rotate(ctx context.Context, priv proto.Key, cert []byte) error {
 	case <-c.ctx.Done():
 		return net.ErrClosed
 	}
+}
+
+// SessionKey is the public member key of the session requests use now
+// (zero before the first): after a Rotate, the new key's once the relay
+// answered the rotation, the old key's while a refused certificate keeps
+// the old session in use.
+func (c *Conn) SessionKey() proto.Key {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sesPub
 }
 
 // Key is the member key the Conn uses (the newest after a Rotate).

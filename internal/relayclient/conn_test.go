@@ -34,6 +34,14 @@ type fakeRelay struct {
 	// dropOnce: the next request of this op (if non-zero) is dropped
 	// unanswered, as a lost packet (the client retransmits it).
 	dropOnce atomic.Int32
+	// Rotation tests: members (any key in it may handshake; nil: only
+	// member), peers (session index -> member key), answerFrom (like
+	// answer, with the session's member key; wins over answer) and
+	// swallow (the request was handled but its reply is lost).
+	members    map[proto.Key]bool
+	peers      map[uint32]proto.Key
+	answerFrom func(req proto.Request, peer proto.Key) proto.Reply
+	swallow    func(req proto.Request, peer proto.Key) bool
 }
 
 func newFakeRelay(t *testing.T, member proto.Key) *fakeRelay {
@@ -89,7 +97,10 @@ func (r *fakeRelay) serve() {
 				continue
 			}
 			acc, err := proto.ConsumeInitiation(r.priv, in)
-			if err != nil || acc.Peer != r.member {
+			r.mu.Lock()
+			allowed := acc.Peer == r.member || r.members[acc.Peer]
+			r.mu.Unlock()
+			if err != nil || !allowed {
 				continue
 			}
 			r.inits.Add(1)
@@ -99,6 +110,10 @@ func (r *fakeRelay) serve() {
 			pkt, s, err := acc.Respond(idx)
 			if err == nil {
 				r.ses[idx] = s
+				if r.peers == nil {
+					r.peers = map[uint32]proto.Key{}
+				}
+				r.peers[idx] = acc.Peer
 			}
 			r.mu.Unlock()
 			if err == nil {
@@ -132,9 +147,15 @@ func (r *fakeRelay) serve() {
 			v.(*atomic.Int32).Add(1)
 			rep := proto.Reply{Op: req.Op, ID: req.ID}
 			r.mu.Lock()
-			answer := r.answer
+			answer, answerFrom, swallow, peer := r.answer, r.answerFrom, r.swallow, r.peers[tr.Receiver]
 			r.mu.Unlock()
-			if answer != nil {
+			if answerFrom != nil {
+				rep = answerFrom(req, peer)
+				rep.Op, rep.ID = req.Op, req.ID
+				if swallow != nil && swallow(req, peer) {
+					continue
+				}
+			} else if answer != nil {
 				rep = answer(req, c)
 				rep.Op, rep.ID = req.Op, req.ID
 			} else if req.Op == proto.OpGrant {

@@ -154,7 +154,10 @@ func (s *Source) fetchRoster() ([]*roster.Entry, error) {
 		s.rosterFrom = j
 		if r.Unchanged {
 			s.rosterReads[1].Add(1)
-			return s.rosterLast, nil
+			// Verified at the whole read; their certificates may have
+			// expired since (on this host's clock).
+			now := time.Now()
+			return slices.DeleteFunc(slices.Clone(s.rosterLast), func(e *roster.Entry) bool { return !now.Before(e.Cert.NotAfter) }), nil
 		}
 		s.rosterReads[0].Add(1)
 		now := time.Now()
@@ -172,6 +175,12 @@ func (s *Source) fetchRoster() ([]*roster.Entry, error) {
 			out = append(out, e)
 		}
 		s.rosterDigest, s.rosterLast = r.Digest, out
+		if len(out) < len(r.Entries) {
+			// An entry was refused: read the roster whole again next
+			// time (an entry refused for this host's clock, say issued
+			// "in the future", may verify later).
+			s.rosterDigest = 0
+		}
 		return out, nil
 	}
 	return nil, errors.Join(errs...)

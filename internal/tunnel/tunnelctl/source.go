@@ -51,9 +51,48 @@ func NewSource(conn *relayclient.Conn, cfg tunnel.ClientConfig, log *slog.Logger
 	return s
 }
 
+// followEvery is how often a Source compares its tunnel's key with its
+// relay connection's.
+const followEvery = time.Second
+
+// follow keeps the tunnel on the member key of the relay connection's
+// session: after a key rotation the agent rekeys the tunnel at once
+// (Rekey), but a rotation whose new session came into use later (a new
+// certificate refused first, then fixed) is followed here.
+func (s *Source) follow(ctx context.Context) {
+	t := time.NewTicker(followEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		priv := s.conn.Key()
+		if s.conn.SessionKey() != priv.Public() {
+			continue // the relay still knows us by the old key
+		}
+		s.mu.Lock()
+		same := s.cfg.PrivateKey == wgtypes.Key(priv)
+		s.mu.Unlock()
+		if !same {
+			s.log.Info("tunnel: following the relay connection's new member key")
+			if err := s.Rekey(priv); err != nil {
+				s.log.Warn("tunnel: rekey", "err", err)
+			}
+		}
+	}
+}
+
 func (s *Source) run(ctx context.Context) {
 	defer close(s.done)
 	wait := minRetry
+	defer func() {
+		// Once the tunnel is up (or the source closes): follow rotations.
+		if ctx.Err() == nil {
+			s.follow(ctx)
+		}
+	}()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		s.mu.Lock()
@@ -64,7 +103,16 @@ func (s *Source) run(ctx context.Context) {
 		if err == nil {
 			s.mu.Lock()
 			s.client = c
+			rekeyed := s.cfg.PrivateKey != cfg.PrivateKey
+			key := s.cfg.PrivateKey
 			s.mu.Unlock()
+			if rekeyed {
+				// A Rekey came while the tunnel was being opened with
+				// the old key: it found no client to rekey.
+				if err := c.Rekey(key); err != nil {
+					s.log.Warn("tunnel: rekey after opening", "err", err)
+				}
+			}
 			return
 		}
 		if ctx.Err() != nil {
