@@ -18,6 +18,7 @@ func collectiveSimulate() *cli.Command {
 	var cfg roster.SimConfig
 	var asJSON bool
 	var gcPercent int
+	var memLimit int64
 	var cpuProfile, memProfile string
 	return &cli.Command{
 		Name: "simulate",
@@ -31,6 +32,7 @@ func collectiveSimulate() *cli.Command {
 			fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "time dilation K: every gossip interval and timeout, the join period, --settle and --window run K times slower; "+
 				"durations are reported as measured and divided by K, rates as measured and multiplied by K (docs/results/roster)")
 			fs.IntVar(&gcPercent, "gogc", 400, "GOGC for the simulation (N relays' state in one heap; memory is cheaper than GC CPU on 2 cores)")
+			fs.Int64Var(&memLimit, "memlimit", 8<<30, "soft memory limit in bytes (the Go runtime's; GC runs more often near it: 1,000 relays hold ~2.5 GB live, GOGC 400 alone would let the heap grow to 5 times that)")
 			fs.DurationVar(&cfg.Window, "window", 20*time.Second, "steady-state bandwidth measurement window (simulated time)")
 			fs.DurationVar(&cfg.Settle, "settle", 15*time.Second, "wait after convergence before the steady-state window, simulated time (gossip queues drain)")
 			fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "give up a phase after this long (wall clock)")
@@ -50,6 +52,9 @@ func collectiveSimulate() *cli.Command {
 				cfg.Progress = os.Stderr
 			}
 			debug.SetGCPercent(gcPercent)
+			if memLimit > 0 {
+				debug.SetMemoryLimit(memLimit)
+			}
 			fmt.Fprintf(os.Stderr, "simulating %d relays on %d CPUs (GOMAXPROCS %d), time scale %g\n", cfg.Relays, runtime.NumCPU(), runtime.GOMAXPROCS(0), cfg.TimeScale)
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
