@@ -16,14 +16,17 @@ import (
 )
 
 // TestSimulateSmall runs the simulation at a size every run can afford;
-// ROSTER_SIM_RELAYS sets another size (the report's runs use
-// `mpdetour collective simulate`).
+// ROSTER_SIM_RELAYS sets another size, ROSTER_SIM_SCALE a time dilation
+// (the report's runs use `mpdetour collective simulate`).
 func TestSimulateSmall(t *testing.T) {
-	n := 30
+	n, scale := 30, 1.0
 	if s := os.Getenv("ROSTER_SIM_RELAYS"); s != "" {
 		n, _ = strconv.Atoi(s)
 	}
-	res, err := Simulate(context.Background(), SimConfig{Relays: n, Kill: 2, Window: 2 * time.Second, Settle: time.Second, Timeout: time.Minute, Progress: testWriter{t}})
+	if s := os.Getenv("ROSTER_SIM_SCALE"); s != "" {
+		scale, _ = strconv.ParseFloat(s, 64)
+	}
+	res, err := Simulate(context.Background(), SimConfig{Relays: n, Kill: 2, Window: 2 * time.Second, Settle: time.Second, Timeout: time.Minute, TimeScale: scale, Progress: testWriter{t}})
 	if err != nil {
 		t.Fatal(err)
 	}
