@@ -499,7 +499,7 @@ func (n *Node) learn(node *memberlist.Node) {
 	// slice), so it is kept without a copy.
 	n.entries[node.Name] = &known{meta: node.Meta, entry: e, since: now}
 	n.mu.Unlock()
-	if !had {
+	if !had && n.log.Enabled(context.Background(), slog.LevelInfo) { // the key's ID is a hash
 		n.log.Info("roster: relay joined", "relay", e.Name(), "key", e.Key().ID(), "addrs", e.Addrs, "region", e.Region)
 	}
 	n.changed()
@@ -511,7 +511,9 @@ func (n *Node) forget(node *memberlist.Node) {
 	delete(n.entries, node.Name)
 	n.mu.Unlock()
 	if had {
-		n.log.Info("roster: relay left", "relay", k.entry.Name(), "key", k.entry.Key().ID())
+		if n.log.Enabled(context.Background(), slog.LevelInfo) {
+			n.log.Info("roster: relay left", "relay", k.entry.Name(), "key", k.entry.Key().ID())
+		}
 		n.changed()
 	}
 }

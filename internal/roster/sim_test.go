@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
 // TestSimulateSmall runs the simulation at a size every run can afford;
@@ -84,5 +85,22 @@ func TestScaleTimes(t *testing.T) {
 	}
 	if _, err := Start(Config{TimeScale: -1, Cert: &collective.Certificate{}, Trust: collective.NewTrust(collective.AuthorityKey{})}, Info{}); err == nil || !strings.Contains(err.Error(), "time scale") {
 		t.Fatalf("negative time scale: %v", err)
+	}
+}
+
+// TestNodeNameStable: the node name stays the one relays of earlier
+// builds use (standard base64 made URL-safe, padding trimmed), or mixed
+// clusters would refuse each other's entries as name mismatches.
+func TestNodeNameStable(t *testing.T) {
+	for i := 0; i < 200; i++ {
+		k, err := proto.GenerateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub := k.Public()
+		want := "relay-" + strings.TrimRight(strings.NewReplacer("+", "-", "/", "_").Replace(pub.String()), "=")
+		if got := NodeName(pub); got != want {
+			t.Fatalf("NodeName(%s) = %q, want %q", pub, got, want)
+		}
 	}
 }
