@@ -134,7 +134,19 @@ func printSimResult(res *roster.SimResult) {
 		fmt.Printf("time scale:             %g (durations below: simulated = measured / %g; rates: simulated = measured x %g)\n", k, k, k)
 	}
 	fmt.Printf("start (all joined):     %s\n", dur(res.StartTime))
-	fmt.Printf("roster convergence:     %s after the last start\n", dur(res.Convergence))
+	if res.Convergence > 0 {
+		fmt.Printf("roster convergence:     %s after the last start\n", dur(res.Convergence))
+	} else {
+		fmt.Printf("roster convergence:     not reached: %d rosters incomplete, %.3f %% of the entries known\n", res.Incomplete, 100*res.Known)
+	}
+	for _, m := range []struct {
+		q  int
+		at time.Duration
+	}{{50, res.Complete50}, {90, res.Complete90}, {99, res.Complete99}} {
+		if m.at > 0 {
+			fmt.Printf("%2d %% of rosters:        complete %s after the last start\n", m.q, dur(m.at))
+		}
+	}
 	fmt.Printf("join cost per relay:    %.1f KiB sent until convergence\n", res.BytesPerRelay/1024)
 	if k > 1 {
 		fmt.Printf("steady state per relay: %.0f B/s, %.1f datagrams/s sent per simulated second (measured %.0f B/s, %.1f datagrams/s per wall-clock second)\n",
