@@ -378,6 +378,9 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			if time.Now().After(deadline) {
 				return res, fmt.Errorf("simulate: killed relays still in %d of %d rosters after %v", live-clean, live, cfg.Timeout)
 			}
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		res.KillDetection, res.KillDetectFirst = time.Since(tk), first
