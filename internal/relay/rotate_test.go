@@ -304,3 +304,55 @@ func TestRotateStaticMembers(t *testing.T) {
 		t.Fatal("mapping not carried over")
 	}
 }
+
+// rotateTo rotates the fixture's member to a new certified key (same
+// name) and returns the new key's session.
+func (f *rotateFixture) rotateTo(t *testing.T, newKey proto.Key) *session {
+	t.Helper()
+	now := time.Now()
+	ses := f.session(t, newKey.Public(), f.issue(t, newKey.Public(), "alice", now.Add(-time.Minute), now.Add(time.Hour)).Bytes())
+	r, err := collective.SignRotation(f.old, newKey.Public(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.rotate(ses, r); got != proto.OK {
+		t.Fatalf("rotation: %v\n%s", got, f.logs.String())
+	}
+	return ses
+}
+
+// After a rotation, while the old certificate is still valid (two keys
+// named alice), a conversion on a moved ticket is charged to the new key,
+// and one that took its ticket before the rotation too.
+func TestRotateConversionCharged(t *testing.T) {
+	f := newRotateFixture(t)
+	newKey := testKey(t)
+	f.rotateTo(t, newKey)
+	nk := newKey.Public()
+	if !f.s.isMember(f.old.Public(), time.Now()) {
+		t.Fatal("the old key should still be a member (certificate valid)")
+	}
+	var ticket [proto.TicketLen]byte
+	for k := range f.s.conv.tickets.tickets {
+		ticket = k
+		break
+	}
+	member, key, err := f.s.conv.tickets.take(ticket[:], netip.AddrPortFrom(f.client, 40000), time.Now())
+	if err != nil || member != "alice" || key != nk {
+		t.Fatalf("moved ticket: %q %s %v", member, key.ID(), err)
+	}
+	f.s.ledgerConversion(convertDone{member: member, key: key, up: 100, down: 200, at: time.Now()})
+	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5300 {
+		t.Fatalf("conversion on the new key not charged: %+v", e)
+	}
+	f.s.ledgerConversion(convertDone{member: "alice", key: f.old.Public(), up: 1000, at: time.Now()})
+	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6300 || f.s.fair.led.members[f.old.Public()] != nil {
+		t.Fatalf("conversion on an old ticket: new %+v old %+v", e, f.s.fair.led.members[f.old.Public()])
+	}
+	// A key that is no member is not charged.
+	stranger := testKey(t).Public()
+	f.s.ledgerConversion(convertDone{member: "alice", key: stranger, up: 1000, at: time.Now()})
+	if f.s.fair.led.members[stranger] != nil {
+		t.Fatal("a non-member key was charged")
+	}
+}
