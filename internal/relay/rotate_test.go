@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -354,5 +356,102 @@ func TestRotateConversionCharged(t *testing.T) {
 	f.s.ledgerConversion(convertDone{member: "alice", key: stranger, up: 1000, at: time.Now()})
 	if f.s.fair.led.members[stranger] != nil {
 		t.Fatal("a non-member key was charged")
+	}
+}
+
+// fakeTunnels is a WireGuard tunnel allocator of one peer per key whose
+// byte counters the test sets; Rekey fails while failRekey is set (the
+// device configuration refused: the old peer stays).
+type fakeTunnels struct {
+	peers     map[proto.Key]int64
+	failRekey bool
+}
+
+func (f *fakeTunnels) Allocate(member proto.Key, _, _ netip.Addr) (proto.TunnelGrant, time.Duration, error) {
+	if _, ok := f.peers[member]; !ok {
+		f.peers[member] = 0
+	}
+	return proto.TunnelGrant{}, time.Minute, nil
+}
+func (f *fakeTunnels) Release(member proto.Key) { delete(f.peers, member) }
+func (f *fakeTunnels) Close() error             { return nil }
+func (f *fakeTunnels) Rekey(old, successor proto.Key) (bool, error) {
+	if _, ok := f.peers[old]; !ok {
+		return false, nil
+	}
+	if f.failRekey {
+		return true, errors.New("configuring the device: injected failure")
+	}
+	delete(f.peers, old)
+	f.peers[successor] = 0 // a new peer: counters start at zero
+	return true, nil
+}
+func (f *fakeTunnels) Status() (*wgtypes.Device, error) {
+	d := &wgtypes.Device{}
+	for k, b := range f.peers {
+		d.Peers = append(d.Peers, wgtypes.Peer{PublicKey: wgtypes.Key(k), ReceiveBytes: b})
+	}
+	return d, nil
+}
+
+// A tunnel that fails to move answers the rotation internal (the member
+// retries) and keeps the old peer's byte baseline: its bytes are not
+// charged twice; the retry moves it and answers OK.
+func TestRotateTunnelMoveFails(t *testing.T) {
+	f := newRotateFixture(t)
+	old := f.old.Public()
+	tun := &fakeTunnels{peers: map[proto.Key]int64{old: 1000}, failRekey: true}
+	f.s.tunnels = tun
+	now := time.Now()
+	f.s.ledgerTunnels(now) // the old peer's 1,000 bytes: 5,000 + 1,000
+	newKey := testKey(t)
+	nk := newKey.Public()
+	ses := f.session(t, nk, f.issue(t, nk, "alice", now.Add(-time.Minute), now.Add(time.Hour)).Bytes())
+	r, err := collective.SignRotation(f.old, nk, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.rotate(ses, r); got != proto.ReasonInternal {
+		t.Fatalf("rotation with a failed tunnel move answered %v, want internal", got)
+	}
+	if rotations(t, f.s, rotateInternal) != 1 || rotations(t, f.s, rotateOK) != 0 {
+		t.Fatal("a failed tunnel move counted as ok")
+	}
+	if f.mapping.Owner.Key != nk {
+		t.Fatal("the mapping did not move")
+	}
+	// The old peer is still there with its counters: the next reading
+	// charges nothing again.
+	f.s.ledgerTunnels(now)
+	consumed := func() uint64 {
+		var n uint64
+		for _, e := range f.s.fair.led.members {
+			n += e.Consumed
+		}
+		return n
+	}
+	if c := consumed(); c != 6000 {
+		t.Fatalf("after the failed move the ledger holds %d bytes, want 6000 (the old peer's bytes charged twice?)", c)
+	}
+	tun.peers[old] = 1500
+	f.s.ledgerTunnels(now)
+	if c := consumed(); c != 6500 {
+		t.Fatalf("the old peer's next 500 bytes: ledger %d, want 6500", c)
+	}
+	// The member's retry moves the tunnel.
+	tun.failRekey = false
+	if got := f.rotate(ses, r); got != proto.OK {
+		t.Fatalf("retried rotation: %v", got)
+	}
+	if _, ok := tun.peers[nk]; !ok {
+		t.Fatal("the retry did not move the tunnel")
+	}
+	tun.peers[nk] = 200
+	f.s.ledgerTunnels(now)
+	if c := consumed(); c != 6700 {
+		t.Fatalf("after the move: ledger %d, want 6700", c)
+	}
+	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6700 {
+		t.Fatalf("the new key's account: %+v", e)
 	}
 }
