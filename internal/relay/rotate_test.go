@@ -455,3 +455,39 @@ func TestRotateTunnelMoveFails(t *testing.T) {
 		t.Fatalf("the new key's account: %+v", e)
 	}
 }
+
+// A moved mapping whose (client, server) the new key holds already leaves
+// the lookup entry to the new key's mapping; removing or dropping the
+// moved one keeps that entry.
+func TestRotateLeaseLookupShared(t *testing.T) {
+	client := netip.MustParseAddr("10.0.1.1")
+	server := netip.MustParseAddrPort("198.51.100.1:443")
+	oldO := owner{Key: testKey(t).Public(), Name: "alice"}
+	newO := owner{Key: testKey(t).Public(), Name: "alice"}
+	for _, how := range []string{"remove", "drop"} {
+		lt := newLeaseTable()
+		held := &mapping{Key: mapKey{client, 40001}, Server: server, Owner: newO}
+		moved := &mapping{Key: mapKey{client, 40002}, Server: server, Owner: oldO}
+		lt.add(held)
+		lt.add(moved)
+		lt.rekey(oldO.Key, newO)
+		if lt.find(newO, client, server) != held {
+			t.Fatalf("%s: after the rekey the lookup finds %+v, want the mapping the new key held", how, lt.find(newO, client, server))
+		}
+		if how == "remove" {
+			lt.remove(moved, "released", time.Now())
+		} else {
+			lt.drop(moved)
+		}
+		if lt.find(newO, client, server) != held {
+			t.Fatalf("%s of the moved mapping took the other mapping's lookup entry", how)
+		}
+		if lt.count[quotaKey(newO, client)] != 1 {
+			t.Fatalf("%s: quota count %d, want 1", how, lt.count[quotaKey(newO, client)])
+		}
+		lt.remove(held, "released", time.Now())
+		if len(lt.byServer) != 0 || len(lt.byKey) != 0 {
+			t.Fatalf("%s: left %v %v", how, lt.byServer, lt.byKey)
+		}
+	}
+}
