@@ -203,7 +203,8 @@ func (s *Server) ledgerClosing(m *mapping, cur uint64, gone bool) {
 
 // ledgerConversion counts a finished conversion, charged to the key its
 // ticket was issued to (or moved to by a rotation; a conversion that took
-// its ticket before the rotation goes to the successor too): while a
+// its ticket before the rotation goes to the successor too, while the
+// rotation is remembered): while a
 // rotated member's old and new keys both carry its name, the name alone
 // does not tell the key. A key that is no member any more is not charged.
 func (s *Server) ledgerConversion(d convertDone) {

@@ -96,10 +96,15 @@ func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) 
 	}
 	o := owner{Key: ses.peer, Name: ses.name}
 	n := s.carryOver(r.Old, o, now)
-	if s.rotated == nil {
-		s.rotated = map[proto.Key]proto.Key{}
+	if len(s.byMember[r.Old]) > 0 {
+		// Renewals on the old key's sessions while they last (owns); the
+		// entry goes with its last session (prune) or when the old key
+		// stops being a member (revokeKeys).
+		if s.rotated == nil {
+			s.rotated = map[proto.Key]proto.Key{}
+		}
+		s.rotated[r.Old] = ses.peer
 	}
-	s.rotated[r.Old] = ses.peer
 	if n.tunnelFailed {
 		// What did move stays moved; the member's retry moves the tunnel
 		// (a repeated statement moves nothing else).

@@ -88,11 +88,18 @@ func (f *rotateFixture) issue(t *testing.T, key proto.Key, name string, from, un
 }
 
 // session is a session of key from the fixture's client that presented
-// cert (nil: none; a listed key needs none).
+// cert (nil: none; a listed key needs none), registered as a handshake
+// registers it.
 func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *session {
 	t.Helper()
 	_, listed := f.s.set.Members[key]
-	ses := &session{peer: key, name: f.s.set.Members[key], addr: netip.MustParseAddrPort("10.0.1.1:40000"), pending: !listed}
+	ses := &session{peer: key, name: f.s.set.Members[key], addr: netip.MustParseAddrPort("10.0.1.1:40000"), pending: !listed, created: time.Now()}
+	idx := uint32(len(f.s.sessions) + 1)
+	for f.s.sessions[idx] != nil {
+		idx++
+	}
+	f.s.sessions[idx] = ses
+	f.s.byMember[key] = append(f.s.byMember[key], idx)
 	if cert != nil {
 		rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpCertify, Cert: cert})
 		if rep.Reason == proto.OK && !listed {
@@ -490,4 +497,60 @@ func TestRotateLeaseLookupShared(t *testing.T) {
 			t.Fatalf("%s: left %v %v", how, lt.byServer, lt.byKey)
 		}
 	}
+}
+
+// The rotation record (renewals on the old key's sessions) exists only
+// while the old key has sessions and is no longer than its membership:
+// not made when the old key had no session, gone when the old key is
+// revoked (with its sessions) or leaves the member list, or when the new
+// key does.
+func TestRotatedRecordLifetime(t *testing.T) {
+	t.Run("no old session", func(t *testing.T) {
+		f := newRotateFixture(t)
+		old := f.old.Public()
+		for _, id := range f.s.byMember[old] {
+			delete(f.s.sessions, id)
+		}
+		delete(f.s.byMember, old)
+		f.rotateTo(t, testKey(t))
+		if _, ok := f.s.rotated[old]; ok {
+			t.Fatal("rotation record kept for an old key without sessions: nothing would ever clear it")
+		}
+	})
+	t.Run("old key revoked", func(t *testing.T) {
+		f := newRotateFixture(t)
+		old := f.old.Public()
+		f.rotateTo(t, testKey(t))
+		if _, ok := f.s.rotated[old]; !ok {
+			t.Fatal("no rotation record while the old key has a session")
+		}
+		f.s.set.Trust.Install(f.auth.Revoke(nil, time.Now(), f.oldCert.Serial))
+		f.s.checkCollective(time.Now())
+		if _, ok := f.s.rotated[old]; ok {
+			t.Fatal("rotation record outlived the old key's revocation")
+		}
+	})
+	t.Run("old key leaves the list", func(t *testing.T) {
+		f := newRotateFixture(t)
+		old := f.old.Public()
+		f.rotateTo(t, testKey(t))
+		// What a reload without the old key runs (server.go reload).
+		f.s.revokeKeys(func(k proto.Key) bool { return k != old }, "revoked")
+		if _, ok := f.s.rotated[old]; ok {
+			t.Fatal("rotation record outlived the old key's membership")
+		}
+	})
+	t.Run("new key revoked", func(t *testing.T) {
+		f := newRotateFixture(t)
+		old := f.old.Public()
+		nk := testKey(t).Public()
+		f.s.rotated = map[proto.Key]proto.Key{old: nk}
+		f.s.revokeKeys(func(k proto.Key) bool { return k != nk }, "revoked")
+		if _, ok := f.s.rotated[old]; ok {
+			t.Fatal("rotation record outlived the new key's membership")
+		}
+		if len(f.s.byMember[old]) == 0 {
+			t.Fatal("the old key's session was dropped")
+		}
+	})
 }
