@@ -82,11 +82,11 @@ func TestLoopback(t *testing.T) {
 		}
 	}()
 	srv := &Server{
-		Authorize: func(ticket []byte, _ netip.AddrPort) (string, error) {
+		Authorize: func(ticket []byte, _ netip.AddrPort) (string, any, error) {
 			if bytes.Equal(ticket, goodTicket) {
-				return "alice", nil
+				return "alice", nil, nil
 			}
-			return "", errors.New("no")
+			return "", nil, errors.New("no")
 		},
 		Allowed: func(netip.AddrPort) error { return nil },
 	}

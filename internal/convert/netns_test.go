@@ -74,11 +74,11 @@ func newLine(t *testing.T, tune func(*Server)) *line {
 		}
 	}
 	l.srv = &Server{
-		Authorize: func(ticket []byte, from netip.AddrPort) (string, error) {
+		Authorize: func(ticket []byte, from netip.AddrPort) (string, any, error) {
 			if bytes.Equal(ticket, goodTicket) {
-				return "alice", nil
+				return "alice", nil, nil
 			}
-			return "", errors.New("unknown ticket")
+			return "", nil, errors.New("unknown ticket")
 		},
 		Allowed: func(dst netip.AddrPort) error {
 			if netip.MustParsePrefix("10.0.2.0/24").Contains(dst.Addr()) {
@@ -94,7 +94,7 @@ func newLine(t *testing.T, tune func(*Server)) *line {
 			})
 			return c, err
 		},
-		Done: func(member string, dst netip.AddrPort, up, down int64, err error) {
+		Done: func(member string, _ any, dst netip.AddrPort, up, down int64, err error) {
 			l.dones <- doneCall{member, dst, up, down, err}
 		},
 		Log:           slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),

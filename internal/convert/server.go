@@ -54,21 +54,23 @@ const spareSplicePipes = 64
 // value refuses everything (nil Authorize or Allowed fail closed).
 type Server struct {
 	// Authorize validates a ticket from the member's address and returns
-	// the member's name. It is called before anything else happens with
+	// the member's name and an opaque tag handed back to Done (the relay:
+	// the ticket's member key). It is called before anything else happens with
 	// the connection: no byte of client data is forwarded, and no
 	// connection to the destination attempted, unless it returned nil.
 	// Replay protection is its job.
-	Authorize func(ticket []byte, from netip.AddrPort) (member string, err error)
+	Authorize func(ticket []byte, from netip.AddrPort) (member string, tag any, err error)
 	// Allowed is the destination policy (the relay passes
 	// (*destination.Policy).Check).
 	Allowed func(dst netip.AddrPort) error
 	// Done is called once per connection whose Convert message was read,
 	// and for Resource Exceeded refusals (member "", no destination):
-	// member ("" if not authenticated), destination (invalid if none),
+	// member ("" if not authenticated) and Authorize's tag (nil if not
+	// authenticated), destination (invalid if none),
 	// bytes client to destination (up) and back (down), and why it ended
 	// (nil after a clean close in both directions; a *Refusal if the
 	// converter refused it).
-	Done func(member string, dst netip.AddrPort, up, down int64, err error)
+	Done func(member string, tag any, dst netip.AddrPort, up, down int64, err error)
 	// Log gets one line per refusal and per ended conversion; nil discards.
 	Log *slog.Logger
 
@@ -245,7 +247,7 @@ func (s *Server) busy(ctx context.Context, client *net.TCPConn, maxConns int) {
 	defer stop()
 	defer client.Close()
 	log := s.log().With("from", addrPort(client.RemoteAddr()).String())
-	s.refuse(client, "", netip.AddrPort{}, log, &Refusal{Code: CodeResourceExceeded, Err: fmt.Errorf("%d connections already", maxConns)})
+	s.refuse(client, "", nil, netip.AddrPort{}, log, &Refusal{Code: CodeResourceExceeded, Err: fmt.Errorf("%d connections already", maxConns)})
 }
 
 // handle converts one connection.
@@ -261,7 +263,7 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePoo
 	if err != nil {
 		var pe *ParseError
 		if errors.As(err, &pe) {
-			s.refuse(client, "", netip.AddrPort{}, log, &Refusal{Code: pe.Code, Value: first(pe.Value), Err: pe})
+			s.refuse(client, "", nil, netip.AddrPort{}, log, &Refusal{Code: pe.Code, Value: first(pe.Value), Err: pe})
 			return
 		}
 		// Nothing usable arrived (silence, a slow drip, a close, a reset):
@@ -275,29 +277,29 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePoo
 		dst = msg.Connect.Dst
 	}
 	if msg.Ticket == nil {
-		s.refuse(client, "", dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedTicket, Err: errors.New("no ticket")})
+		s.refuse(client, "", nil, dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedTicket, Err: errors.New("no ticket")})
 		return
 	}
 	if s.Authorize == nil {
-		s.refuse(client, "", dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedTicket, Err: errors.New("no authorizer configured")})
+		s.refuse(client, "", nil, dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedTicket, Err: errors.New("no authorizer configured")})
 		return
 	}
-	member, err := s.Authorize(msg.Ticket, from)
+	member, tag, err := s.Authorize(msg.Ticket, from)
 	if err != nil {
-		s.refuse(client, "", dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedTicket, Err: fmt.Errorf("ticket: %w", err)})
+		s.refuse(client, "", nil, dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedTicket, Err: fmt.Errorf("ticket: %w", err)})
 		return
 	}
 	log = log.With("member", member)
 	// Authenticated from here on.
 	switch {
 	case msg.Error != nil:
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeUnsupportedMessage, Value: byte(TypeError), Err: errors.New("a client sent an Error TLV")})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeUnsupportedMessage, Value: byte(TypeError), Err: errors.New("a client sent an Error TLV")})
 		return
 	case msg.ExtendedTCPHeader != nil:
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeUnsupportedMessage, Value: byte(TypeExtendedTCPHeader), Err: errors.New("a client sent an Extended TCP Header TLV")})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeUnsupportedMessage, Value: byte(TypeExtendedTCPHeader), Err: errors.New("a client sent an Extended TCP Header TLV")})
 		return
 	case msg.SupportedTCPExtensions != nil:
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeUnsupportedMessage, Value: byte(TypeSupportedTCPExtensions), Err: errors.New("a client sent a Supported TCP Extensions TLV")})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeUnsupportedMessage, Value: byte(TypeSupportedTCPExtensions), Err: errors.New("a client sent a Supported TCP Extensions TLV")})
 		return
 	}
 	var reply Message
@@ -307,26 +309,26 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePoo
 	if msg.Connect == nil {
 		if msg.Info { // a query only: answer it and close
 			s.answerAndLinger(client, &reply, log)
-			s.done(member, dst, 0, 0, nil)
+			s.done(member, tag, dst, 0, 0, nil)
 			return
 		}
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeMalformedMessage, Err: errors.New("no Connect TLV")})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeMalformedMessage, Err: errors.New("no Connect TLV")})
 		return
 	}
 	if dst.Port() == 0 || dst.Addr().IsUnspecified() {
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeMalformedMessage, Err: fmt.Errorf("destination %v is not connectable", dst)})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeMalformedMessage, Err: fmt.Errorf("destination %v is not connectable", dst)})
 		return
 	}
 	if kinds := TCPOptionKinds(msg.Connect.TCPOptions); len(kinds) > 0 {
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeUnsupportedTCPOption, Value: kinds[0], Err: fmt.Errorf("TCP option kind %d asked for", kinds[0])})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeUnsupportedTCPOption, Value: kinds[0], Err: fmt.Errorf("TCP option kind %d asked for", kinds[0])})
 		return
 	}
 	if s.Allowed == nil {
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedDestination, Err: errors.New("no destination policy configured")})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedDestination, Err: errors.New("no destination policy configured")})
 		return
 	}
 	if err := s.Allowed(dst); err != nil {
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedDestination, Err: fmt.Errorf("destination policy: %w", err)})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeNotAuthorized, Value: NotAuthorizedDestination, Err: fmt.Errorf("destination policy: %w", err)})
 		return
 	}
 	dial := s.Dial
@@ -340,13 +342,13 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePoo
 	dcancel()
 	if err != nil {
 		code, value := dialErrorCode(err)
-		s.refuse(client, member, dst, log, &Refusal{Code: code, Value: value, Err: err})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: code, Value: value, Err: err})
 		return
 	}
 	server, ok := c.(*net.TCPConn)
 	if !ok {
 		c.Close()
-		s.refuse(client, member, dst, log, &Refusal{Code: CodeNetworkFailure, Err: fmt.Errorf("dialer returned %T, not a TCP connection", c)})
+		s.refuse(client, member, tag, dst, log, &Refusal{Code: CodeNetworkFailure, Err: fmt.Errorf("dialer returned %T, not a TCP connection", c)})
 		return
 	}
 	log = log.With("dst", dst.String())
@@ -367,7 +369,7 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePoo
 		abort(client)
 		abort(server)
 		log.Info("convert: reply", "err", err)
-		s.done(member, dst, 0, 0, err)
+		s.done(member, tag, dst, 0, 0, err)
 		return
 	}
 	client.SetDeadline(time.Time{})
@@ -388,7 +390,7 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePoo
 		err = fmt.Errorf("no data acknowledged for %v (a peer stopped reading or vanished): %w", s.StallTimeout, err)
 	}
 	log.Info("convert: done", "up", up, "down", down, "err", err)
-	s.done(member, dst, up, down, err)
+	s.done(member, tag, dst, up, down, err)
 }
 
 // relay copies both ways until both directions ended, each direction with
@@ -557,14 +559,14 @@ func mptcpSendState(c *net.TCPConn) (writeSeq, sndUna uint64, err error) {
 // refuse answers with an Error TLV, drains what the client still sends for
 // a moment (a close with unread data would reset the connection and could
 // take the error with it) and closes. Nothing read is forwarded anywhere.
-func (s *Server) refuse(client *net.TCPConn, member string, dst netip.AddrPort, log *slog.Logger, r *Refusal) {
+func (s *Server) refuse(client *net.TCPConn, member string, tag any, dst netip.AddrPort, log *slog.Logger, r *Refusal) {
 	if dst.IsValid() {
 		log = log.With("dst", dst.String())
 	}
 	log.Info("convert: refused", "code", r.Code.String(), "value", r.Value, "err", r.Err)
 	m := Message{Error: &ErrorTLV{Code: r.Code, Value: []byte{r.Value}}}
 	s.answerAndLinger(client, &m, log)
-	s.done(member, dst, 0, 0, r)
+	s.done(member, tag, dst, 0, 0, r)
 }
 
 func (s *Server) answerAndLinger(client *net.TCPConn, m *Message, log *slog.Logger) {
@@ -593,9 +595,9 @@ func (s *Server) answerAndLinger(client *net.TCPConn, m *Message, log *slog.Logg
 	}
 }
 
-func (s *Server) done(member string, dst netip.AddrPort, up, down int64, err error) {
+func (s *Server) done(member string, tag any, dst netip.AddrPort, up, down int64, err error) {
 	if s.Done != nil {
-		s.Done(member, dst, up, down, err)
+		s.Done(member, tag, dst, up, down, err)
 	}
 }
 

@@ -132,7 +132,8 @@ func (s *Server) checkCollective(now time.Time) {
 }
 
 // revokeKeys closes the mappings, sessions, tunnels and converter tickets
-// of every key keep refuses; it returns how many mappings it closed.
+// of every key keep refuses, and forgets rotations from or to such a key;
+// it returns how many mappings it closed.
 func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
 	var revoked []*mapping
 	for _, m := range s.leases.byKey {
@@ -159,6 +160,11 @@ func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
 		delete(s.byMember, key)
 		if s.tunnels != nil {
 			s.tunnels.Release(key)
+		}
+	}
+	for old, successor := range s.rotated {
+		if !keep(old) || !keep(successor) {
+			delete(s.rotated, old) // no renewal through a key that is no member
 		}
 	}
 	_ = s.close(revoked, reason)

@@ -79,28 +79,29 @@ func (t *ticketStore) issue(key proto.Key, member string, client netip.Addr, n i
 }
 
 // take consumes a ticket presented from from: it must exist, be unexpired
-// and come from the address it was issued to.
-func (t *ticketStore) take(ticket []byte, from netip.AddrPort, now time.Time) (string, error) {
+// and come from the address it was issued to. It returns the ticket's
+// member name and key (the key a rotation moved it to, ticketStore.rekey).
+func (t *ticketStore) take(ticket []byte, from netip.AddrPort, now time.Time) (string, proto.Key, error) {
 	if len(ticket) != proto.TicketLen {
-		return "", fmt.Errorf("ticket of %d bytes, want %d", len(ticket), proto.TicketLen)
+		return "", proto.Key{}, fmt.Errorf("ticket of %d bytes, want %d", len(ticket), proto.TicketLen)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := [proto.TicketLen]byte(ticket)
 	ti, ok := t.tickets[k]
 	if !ok {
-		return "", errors.New("unknown or already used ticket")
+		return "", proto.Key{}, errors.New("unknown or already used ticket")
 	}
 	if ti.client != from.Addr().Unmap() {
 		// Not consumed: the genuine member may still use it.
-		return "", fmt.Errorf("ticket of %s presented from %v", ti.client, from.Addr())
+		return "", proto.Key{}, fmt.Errorf("ticket of %s presented from %v", ti.client, from.Addr())
 	}
 	delete(t.tickets, k)
 	t.perMember[ti.key]--
 	if now.After(ti.expires) {
-		return "", errors.New("expired ticket")
+		return "", proto.Key{}, errors.New("expired ticket")
 	}
-	return ti.member, nil
+	return ti.member, ti.key, nil
 }
 
 // revoke drops every ticket of keys keep refuses (members removed).
@@ -142,6 +143,7 @@ type converter struct {
 // attribution log.
 type convertDone struct {
 	member   string
+	key      proto.Key // the ticket's member key (charged in the ledger)
 	dst      netip.AddrPort
 	up, down int64
 	err      error
@@ -165,8 +167,9 @@ func (s *Server) startConverter(ctx context.Context) error {
 	}
 	c := &converter{ln: ln, tickets: newTicketStore(), port: set.Listen.Port()}
 	c.srv = &convert.Server{
-		Authorize: func(ticket []byte, from netip.AddrPort) (string, error) {
-			return c.tickets.take(ticket, from, time.Now())
+		Authorize: func(ticket []byte, from netip.AddrPort) (string, any, error) {
+			member, key, err := c.tickets.take(ticket, from, time.Now())
+			return member, key, err
 		},
 		Allowed: func(dst netip.AddrPort) error {
 			p := c.pol.Load()
@@ -175,9 +178,10 @@ func (s *Server) startConverter(ctx context.Context) error {
 			}
 			return p.Check(dst)
 		},
-		Done: func(member string, dst netip.AddrPort, up, down int64, err error) {
+		Done: func(member string, tag any, dst netip.AddrPort, up, down int64, err error) {
+			key, _ := tag.(proto.Key)
 			select {
-			case s.convDone <- convertDone{member: member, dst: dst, up: up, down: down, err: err, at: time.Now()}:
+			case s.convDone <- convertDone{member: member, key: key, dst: dst, up: up, down: down, err: err, at: time.Now()}:
 			default: // the loop is far behind: metrics still count it
 			}
 			s.met.conversions.WithLabelValues(conversionResult(err)).Inc()

@@ -29,19 +29,19 @@ func TestTicketStore(t *testing.T) {
 	}
 	from := netip.AddrPortFrom(client, 40000)
 	// From another address: refused and not consumed.
-	if _, err := ts.take(tk[0][:], netip.MustParseAddrPort("192.0.2.9:40000"), now); err == nil {
+	if _, _, err := ts.take(tk[0][:], netip.MustParseAddrPort("192.0.2.9:40000"), now); err == nil {
 		t.Fatal("ticket accepted from another address")
 	}
-	if m, err := ts.take(tk[0][:], from, now); err != nil || m != "alice" {
-		t.Fatalf("genuine use: %q %v", m, err)
+	if m, k, err := ts.take(tk[0][:], from, now); err != nil || m != "alice" || k != k1 {
+		t.Fatalf("genuine use: %q %v %v", m, k.ID(), err)
 	}
-	if _, err := ts.take(tk[0][:], from, now); err == nil {
+	if _, _, err := ts.take(tk[0][:], from, now); err == nil {
 		t.Fatal("ticket used twice")
 	}
-	if _, err := ts.take(tk[1][:], from, now.Add(2*time.Minute)); err == nil {
+	if _, _, err := ts.take(tk[1][:], from, now.Add(2*time.Minute)); err == nil {
 		t.Fatal("expired ticket accepted")
 	}
-	if _, err := ts.take([]byte("short"), from, now); err == nil {
+	if _, _, err := ts.take([]byte("short"), from, now); err == nil {
 		t.Fatal("malformed ticket accepted")
 	}
 	// The per-member bound counts outstanding tickets only (tk[1] has
@@ -59,7 +59,7 @@ func TestTicketStore(t *testing.T) {
 		t.Fatalf("another member: %d tickets, %v", len(got), err)
 	}
 	ts.revoke(func(proto.Key) bool { return false })
-	if _, err := ts.take(tk[2][:], from, now); err == nil {
+	if _, _, err := ts.take(tk[2][:], from, now); err == nil {
 		t.Fatal("ticket of a removed member accepted")
 	}
 }

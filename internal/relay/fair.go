@@ -138,24 +138,6 @@ func (s *Server) memberName(k proto.Key) string {
 	return ""
 }
 
-// keyOfName finds the member key of a name (converted connections are
-// attributed by name); ok is false unless exactly one member has it.
-func (s *Server) keyOfName(name string) (proto.Key, bool) {
-	var found proto.Key
-	n := 0
-	for k, v := range s.set.Members {
-		if v == name {
-			found, n = k, n+1
-		}
-	}
-	for k, cm := range s.certified {
-		if _, static := s.set.Members[k]; !static && cm.name == name {
-			found, n = k, n+1
-		}
-	}
-	return found, n == 1
-}
-
 // flushLedger brings the ledger up to the kernel's counters (live
 // mappings, WireGuard peers), issues receipts when due and saves it: run
 // every attribution_flush, so a kill -9 loses at most one period.
@@ -219,11 +201,25 @@ func (s *Server) ledgerClosing(m *mapping, cur uint64, gone bool) {
 	}
 }
 
-// ledgerConversion counts a finished conversion.
+// ledgerConversion counts a finished conversion, charged to the key its
+// ticket was issued to (or moved to by a rotation; a conversion that took
+// its ticket before the rotation goes to the successor too, while the
+// rotation is remembered): while a
+// rotated member's old and new keys both carry its name, the name alone
+// does not tell the key. A key that is no member any more is not charged.
 func (s *Server) ledgerConversion(d convertDone) {
-	if k, ok := s.keyOfName(d.member); ok && d.up+d.down > 0 {
-		s.fair.led.consumed(k, d.member, uint64(d.up+d.down), d.at, s.receiptsOn())
+	if d.up+d.down <= 0 {
+		return
 	}
+	k := d.key
+	if to, ok := s.rotated[k]; ok {
+		k = to
+	}
+	name := s.memberName(k)
+	if k.IsZero() || name == "" {
+		return
+	}
+	s.fair.led.consumed(k, name, uint64(d.up+d.down), d.at, s.receiptsOn())
 }
 
 // issueReceipts signs a receipt for every member served since the last

@@ -114,7 +114,7 @@ func (t *leaseTable) add(m *mapping) {
 // drop forgets a mapping that never reached the kernel.
 func (t *leaseTable) drop(m *mapping) {
 	delete(t.byKey, m.Key)
-	delete(t.byServer, serverKey{m.Owner.Key, m.Key.Client, m.Server})
+	t.forgetServer(m)
 	q := quotaKey(m.Owner, m.Key.Client)
 	if t.count[q]--; t.count[q] <= 0 {
 		delete(t.count, q)
@@ -124,12 +124,22 @@ func (t *leaseTable) drop(m *mapping) {
 // remove moves a mapping to closing.
 func (t *leaseTable) remove(m *mapping, reason string, now time.Time) {
 	delete(t.byKey, m.Key)
-	delete(t.byServer, serverKey{m.Owner.Key, m.Key.Client, m.Server})
+	t.forgetServer(m)
 	q := quotaKey(m.Owner, m.Key.Client)
 	if t.count[q]--; t.count[q] <= 0 {
 		delete(t.count, q)
 	}
 	t.closing[m.Key] = closed{m: m, reason: reason, at: now}
+}
+
+// forgetServer deletes m's lookup entry if it is m's: after a key rotation
+// a moved mapping may share its (key, client, server) with a mapping the
+// new key held already, which keeps the entry (leaseTable.rekey).
+func (t *leaseTable) forgetServer(m *mapping) {
+	sk := serverKey{m.Owner.Key, m.Key.Client, m.Server}
+	if t.byServer[sk] == m {
+		delete(t.byServer, sk)
+	}
 }
 
 // expired returns mappings whose lease ended at or before now.

@@ -36,14 +36,15 @@ const (
 	rotateStale       = "stale"
 	rotateNotMember   = "old-not-member"
 	rotateNameDiffers = "name-mismatch"
+	rotateInternal    = "internal" // the tunnel did not move (the rest did): answered internal, the member retries
 )
 
-var rotateResults = []string{rotateOK, rotateNewUncert, rotateSameKey, rotateForged, rotateStale, rotateNotMember, rotateNameDiffers}
+var rotateResults = []string{rotateOK, rotateNewUncert, rotateSameKey, rotateForged, rotateStale, rotateNotMember, rotateNameDiffers, rotateInternal}
 
 func newRotationsMetric() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mpdetour_relay_rotations_total",
-		Help: "Member key rotations (OpRotate) by result: ok, new-not-member, same-key, forged, stale, old-not-member, name-mismatch.",
+		Help: "Member key rotations (OpRotate) by result: ok, new-not-member, same-key, forged, stale, old-not-member, name-mismatch, internal (the tunnel did not move).",
 	}, []string{"result"})
 }
 
@@ -95,10 +96,24 @@ func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) 
 	}
 	o := owner{Key: ses.peer, Name: ses.name}
 	n := s.carryOver(r.Old, o, now)
-	if s.rotated == nil {
-		s.rotated = map[proto.Key]proto.Key{}
+	if len(s.byMember[r.Old]) > 0 {
+		// Renewals on the old key's sessions while they last (owns); the
+		// entry goes with its last session (prune) or when the old key
+		// stops being a member (revokeKeys).
+		if s.rotated == nil {
+			s.rotated = map[proto.Key]proto.Key{}
+		}
+		s.rotated[r.Old] = ses.peer
 	}
-	s.rotated[r.Old] = ses.peer
+	if n.tunnelFailed {
+		// What did move stays moved; the member's retry moves the tunnel
+		// (a repeated statement moves nothing else).
+		rep.Reason = proto.ReasonInternal
+		s.met.rotations.WithLabelValues(rotateInternal).Inc()
+		s.log.Warn("member key rotation incomplete: the tunnel did not move, answered internal", "member", ses.name,
+			"old_key", r.Old.ID(), "new_key", ses.peer.ID(), "mappings", n.mappings, "tickets", n.tickets)
+		return
+	}
 	s.met.rotations.WithLabelValues(rotateOK).Inc()
 	s.log.Info("member key rotated", "member", ses.name, "old_key", r.Old.ID(), "new_key", ses.peer.ID(),
 		"mappings", n.mappings, "tunnel", n.tunnel, "tickets", n.tickets)
@@ -119,6 +134,7 @@ func (s *Server) owns(key proto.Key, m *mapping) bool {
 type carried struct {
 	mappings, tickets int
 	tunnel            bool
+	tunnelFailed      bool // the allocator failed to move the old key's tunnel
 }
 
 // carryOver gives everything held for old to o.
@@ -144,7 +160,10 @@ func (s *Server) carryOver(old proto.Key, o owner, now time.Time) carried {
 				s.log.Error("key rotation: moving the tunnel", "member", o.Name, "err", err)
 			}
 			c.tunnel = had && err == nil
-			if had && s.fair != nil {
+			c.tunnelFailed = err != nil
+			if c.tunnel && s.fair != nil {
+				// Only a peer that moved starts over at zero; a failed
+				// move keeps the old peer and its byte baseline.
 				s.fair.led.tunnelMoved(old, o.Key)
 			}
 		}

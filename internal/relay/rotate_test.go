@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -86,11 +88,18 @@ func (f *rotateFixture) issue(t *testing.T, key proto.Key, name string, from, un
 }
 
 // session is a session of key from the fixture's client that presented
-// cert (nil: none; a listed key needs none).
+// cert (nil: none; a listed key needs none), registered as a handshake
+// registers it.
 func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *session {
 	t.Helper()
 	_, listed := f.s.set.Members[key]
-	ses := &session{peer: key, name: f.s.set.Members[key], addr: netip.MustParseAddrPort("10.0.1.1:40000"), pending: !listed}
+	ses := &session{peer: key, name: f.s.set.Members[key], addr: netip.MustParseAddrPort("10.0.1.1:40000"), pending: !listed, created: time.Now()}
+	idx := uint32(len(f.s.sessions) + 1)
+	for f.s.sessions[idx] != nil {
+		idx++
+	}
+	f.s.sessions[idx] = ses
+	f.s.byMember[key] = append(f.s.byMember[key], idx)
 	if cert != nil {
 		rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpCertify, Cert: cert})
 		if rep.Reason == proto.OK && !listed {
@@ -303,4 +312,245 @@ func TestRotateStaticMembers(t *testing.T) {
 	if m.Owner.Key != newKey.Public() || !dp.mapped[m.Key] {
 		t.Fatal("mapping not carried over")
 	}
+}
+
+// rotateTo rotates the fixture's member to a new certified key (same
+// name) and returns the new key's session.
+func (f *rotateFixture) rotateTo(t *testing.T, newKey proto.Key) *session {
+	t.Helper()
+	now := time.Now()
+	ses := f.session(t, newKey.Public(), f.issue(t, newKey.Public(), "alice", now.Add(-time.Minute), now.Add(time.Hour)).Bytes())
+	r, err := collective.SignRotation(f.old, newKey.Public(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.rotate(ses, r); got != proto.OK {
+		t.Fatalf("rotation: %v\n%s", got, f.logs.String())
+	}
+	return ses
+}
+
+// After a rotation, while the old certificate is still valid (two keys
+// named alice), a conversion on a moved ticket is charged to the new key,
+// and one that took its ticket before the rotation too.
+func TestRotateConversionCharged(t *testing.T) {
+	f := newRotateFixture(t)
+	newKey := testKey(t)
+	f.rotateTo(t, newKey)
+	nk := newKey.Public()
+	if !f.s.isMember(f.old.Public(), time.Now()) {
+		t.Fatal("the old key should still be a member (certificate valid)")
+	}
+	var ticket [proto.TicketLen]byte
+	for k := range f.s.conv.tickets.tickets {
+		ticket = k
+		break
+	}
+	member, key, err := f.s.conv.tickets.take(ticket[:], netip.AddrPortFrom(f.client, 40000), time.Now())
+	if err != nil || member != "alice" || key != nk {
+		t.Fatalf("moved ticket: %q %s %v", member, key.ID(), err)
+	}
+	f.s.ledgerConversion(convertDone{member: member, key: key, up: 100, down: 200, at: time.Now()})
+	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5300 {
+		t.Fatalf("conversion on the new key not charged: %+v", e)
+	}
+	f.s.ledgerConversion(convertDone{member: "alice", key: f.old.Public(), up: 1000, at: time.Now()})
+	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6300 || f.s.fair.led.members[f.old.Public()] != nil {
+		t.Fatalf("conversion on an old ticket: new %+v old %+v", e, f.s.fair.led.members[f.old.Public()])
+	}
+	// A key that is no member is not charged.
+	stranger := testKey(t).Public()
+	f.s.ledgerConversion(convertDone{member: "alice", key: stranger, up: 1000, at: time.Now()})
+	if f.s.fair.led.members[stranger] != nil {
+		t.Fatal("a non-member key was charged")
+	}
+}
+
+// fakeTunnels is a WireGuard tunnel allocator of one peer per key whose
+// byte counters the test sets; Rekey fails while failRekey is set (the
+// device configuration refused: the old peer stays).
+type fakeTunnels struct {
+	peers     map[proto.Key]int64
+	failRekey bool
+}
+
+func (f *fakeTunnels) Allocate(member proto.Key, _, _ netip.Addr) (proto.TunnelGrant, time.Duration, error) {
+	if _, ok := f.peers[member]; !ok {
+		f.peers[member] = 0
+	}
+	return proto.TunnelGrant{}, time.Minute, nil
+}
+func (f *fakeTunnels) Release(member proto.Key) { delete(f.peers, member) }
+func (f *fakeTunnels) Close() error             { return nil }
+func (f *fakeTunnels) Rekey(old, successor proto.Key) (bool, error) {
+	if _, ok := f.peers[old]; !ok {
+		return false, nil
+	}
+	if f.failRekey {
+		return true, errors.New("configuring the device: injected failure")
+	}
+	delete(f.peers, old)
+	f.peers[successor] = 0 // a new peer: counters start at zero
+	return true, nil
+}
+func (f *fakeTunnels) Status() (*wgtypes.Device, error) {
+	d := &wgtypes.Device{}
+	for k, b := range f.peers {
+		d.Peers = append(d.Peers, wgtypes.Peer{PublicKey: wgtypes.Key(k), ReceiveBytes: b})
+	}
+	return d, nil
+}
+
+// A tunnel that fails to move answers the rotation internal (the member
+// retries) and keeps the old peer's byte baseline: its bytes are not
+// charged twice; the retry moves it and answers OK.
+func TestRotateTunnelMoveFails(t *testing.T) {
+	f := newRotateFixture(t)
+	old := f.old.Public()
+	tun := &fakeTunnels{peers: map[proto.Key]int64{old: 1000}, failRekey: true}
+	f.s.tunnels = tun
+	now := time.Now()
+	f.s.ledgerTunnels(now) // the old peer's 1,000 bytes: 5,000 + 1,000
+	newKey := testKey(t)
+	nk := newKey.Public()
+	ses := f.session(t, nk, f.issue(t, nk, "alice", now.Add(-time.Minute), now.Add(time.Hour)).Bytes())
+	r, err := collective.SignRotation(f.old, nk, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.rotate(ses, r); got != proto.ReasonInternal {
+		t.Fatalf("rotation with a failed tunnel move answered %v, want internal", got)
+	}
+	if rotations(t, f.s, rotateInternal) != 1 || rotations(t, f.s, rotateOK) != 0 {
+		t.Fatal("a failed tunnel move counted as ok")
+	}
+	if f.mapping.Owner.Key != nk {
+		t.Fatal("the mapping did not move")
+	}
+	// The old peer is still there with its counters: the next reading
+	// charges nothing again.
+	f.s.ledgerTunnels(now)
+	consumed := func() uint64 {
+		var n uint64
+		for _, e := range f.s.fair.led.members {
+			n += e.Consumed
+		}
+		return n
+	}
+	if c := consumed(); c != 6000 {
+		t.Fatalf("after the failed move the ledger holds %d bytes, want 6000 (the old peer's bytes charged twice?)", c)
+	}
+	tun.peers[old] = 1500
+	f.s.ledgerTunnels(now)
+	if c := consumed(); c != 6500 {
+		t.Fatalf("the old peer's next 500 bytes: ledger %d, want 6500", c)
+	}
+	// The member's retry moves the tunnel.
+	tun.failRekey = false
+	if got := f.rotate(ses, r); got != proto.OK {
+		t.Fatalf("retried rotation: %v", got)
+	}
+	if _, ok := tun.peers[nk]; !ok {
+		t.Fatal("the retry did not move the tunnel")
+	}
+	tun.peers[nk] = 200
+	f.s.ledgerTunnels(now)
+	if c := consumed(); c != 6700 {
+		t.Fatalf("after the move: ledger %d, want 6700", c)
+	}
+	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6700 {
+		t.Fatalf("the new key's account: %+v", e)
+	}
+}
+
+// A moved mapping whose (client, server) the new key holds already leaves
+// the lookup entry to the new key's mapping; removing or dropping the
+// moved one keeps that entry.
+func TestRotateLeaseLookupShared(t *testing.T) {
+	client := netip.MustParseAddr("10.0.1.1")
+	server := netip.MustParseAddrPort("198.51.100.1:443")
+	oldO := owner{Key: testKey(t).Public(), Name: "alice"}
+	newO := owner{Key: testKey(t).Public(), Name: "alice"}
+	for _, how := range []string{"remove", "drop"} {
+		lt := newLeaseTable()
+		held := &mapping{Key: mapKey{client, 40001}, Server: server, Owner: newO}
+		moved := &mapping{Key: mapKey{client, 40002}, Server: server, Owner: oldO}
+		lt.add(held)
+		lt.add(moved)
+		lt.rekey(oldO.Key, newO)
+		if lt.find(newO, client, server) != held {
+			t.Fatalf("%s: after the rekey the lookup finds %+v, want the mapping the new key held", how, lt.find(newO, client, server))
+		}
+		if how == "remove" {
+			lt.remove(moved, "released", time.Now())
+		} else {
+			lt.drop(moved)
+		}
+		if lt.find(newO, client, server) != held {
+			t.Fatalf("%s of the moved mapping took the other mapping's lookup entry", how)
+		}
+		if lt.count[quotaKey(newO, client)] != 1 {
+			t.Fatalf("%s: quota count %d, want 1", how, lt.count[quotaKey(newO, client)])
+		}
+		lt.remove(held, "released", time.Now())
+		if len(lt.byServer) != 0 || len(lt.byKey) != 0 {
+			t.Fatalf("%s: left %v %v", how, lt.byServer, lt.byKey)
+		}
+	}
+}
+
+// The rotation record (renewals on the old key's sessions) exists only
+// while the old key has sessions and is no longer than its membership:
+// not made when the old key had no session, gone when the old key is
+// revoked (with its sessions) or leaves the member list, or when the new
+// key does.
+func TestRotatedRecordLifetime(t *testing.T) {
+	t.Run("no old session", func(t *testing.T) {
+		f := newRotateFixture(t)
+		old := f.old.Public()
+		for _, id := range f.s.byMember[old] {
+			delete(f.s.sessions, id)
+		}
+		delete(f.s.byMember, old)
+		f.rotateTo(t, testKey(t))
+		if _, ok := f.s.rotated[old]; ok {
+			t.Fatal("rotation record kept for an old key without sessions: nothing would ever clear it")
+		}
+	})
+	t.Run("old key revoked", func(t *testing.T) {
+		f := newRotateFixture(t)
+		old := f.old.Public()
+		f.rotateTo(t, testKey(t))
+		if _, ok := f.s.rotated[old]; !ok {
+			t.Fatal("no rotation record while the old key has a session")
+		}
+		f.s.set.Trust.Install(f.auth.Revoke(nil, time.Now(), f.oldCert.Serial))
+		f.s.checkCollective(time.Now())
+		if _, ok := f.s.rotated[old]; ok {
+			t.Fatal("rotation record outlived the old key's revocation")
+		}
+	})
+	t.Run("old key leaves the list", func(t *testing.T) {
+		f := newRotateFixture(t)
+		old := f.old.Public()
+		f.rotateTo(t, testKey(t))
+		// What a reload without the old key runs (server.go reload).
+		f.s.revokeKeys(func(k proto.Key) bool { return k != old }, "revoked")
+		if _, ok := f.s.rotated[old]; ok {
+			t.Fatal("rotation record outlived the old key's membership")
+		}
+	})
+	t.Run("new key revoked", func(t *testing.T) {
+		f := newRotateFixture(t)
+		old := f.old.Public()
+		nk := testKey(t).Public()
+		f.s.rotated = map[proto.Key]proto.Key{old: nk}
+		f.s.revokeKeys(func(k proto.Key) bool { return k != nk }, "revoked")
+		if _, ok := f.s.rotated[old]; ok {
+			t.Fatal("rotation record outlived the new key's membership")
+		}
+		if len(f.s.byMember[old]) == 0 {
+			t.Fatal("the old key's session was dropped")
+		}
+	})
 }

@@ -127,14 +127,14 @@ func newEnv(t *testing.T, cfg convclient.Config) *env {
 		}
 	}
 	e.srv = &convert.Server{
-		Authorize: func(ticket []byte, from netip.AddrPort) (string, error) {
+		Authorize: func(ticket []byte, from netip.AddrPort) (string, any, error) {
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			if e.refuse.Load() || !e.issued[string(ticket)] {
-				return "", errors.New("unknown ticket")
+				return "", nil, errors.New("unknown ticket")
 			}
 			delete(e.issued, string(ticket))
-			return "alice", nil
+			return "alice", nil, nil
 		},
 		Allowed: func(dst netip.AddrPort) error {
 			if netip.MustParsePrefix("10.0.2.0/24").Contains(dst.Addr()) {
@@ -150,7 +150,7 @@ func newEnv(t *testing.T, cfg convclient.Config) *env {
 			})
 			return c, err
 		},
-		Done: func(member string, dst netip.AddrPort, up, down int64, err error) { e.dones <- err },
+		Done: func(member string, _ any, dst netip.AddrPort, up, down int64, err error) { e.dones <- err },
 		Log:  slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	var ln net.Listener
