@@ -498,9 +498,11 @@ func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from []pro
 				continue
 			}
 			st, ferr := collective.SignRotation(f, priv.Public(), time.Now())
-			if ferr == nil {
-				_, ferr = c.doOn(ctx, proto.Request{Op: proto.OpRotate, Rotate: st}, on)
+			if ferr != nil {
+				err = ferr // not a relay's answer: never worth a retry
+				continue
 			}
+			_, ferr = c.doOn(ctx, proto.Request{Op: proto.OpRotate, Rotate: st}, on)
 			if ferr != nil && temporary(ferr) && c.ctx.Err() == nil {
 				// No answer, or a refusal that says "later" (rate
 				// limited, the relay's own failure): the handshaker
