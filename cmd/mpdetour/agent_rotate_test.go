@@ -104,23 +104,7 @@ func TestAgentSIGHUPRotatesKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 16<<10)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			conn.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-			if _, err := conn.Write(buf); err != nil && !os.IsTimeout(err) {
-				return
-			}
-		}
-	}()
-	defer func() { close(stop); <-done }()
+	defer netnstest.KeepWriting(conn)()
 
 	holder := func() (key string, port string) {
 		var st *relay.Status

@@ -410,3 +410,25 @@ func decodeTCPInfo(b []byte, sf *Subflow) {
 		sf.BytesRetrans = ne.Uint64(b[208:])
 	}
 }
+
+// FindSubflow dumps o's MPTCP connections and returns the first subflow
+// that match accepts of the connection whose local address (its first
+// subflow's) is local; found is false when there is none. An error is the
+// dump's: no evidence either way about the subflow.
+func FindSubflow(o Options, local netip.AddrPort, match func(Subflow) bool) (s Subflow, found bool, err error) {
+	conns, err := Dump(o)
+	if err != nil {
+		return Subflow{}, false, err
+	}
+	for _, mc := range conns {
+		if mc.Local != local {
+			continue
+		}
+		for _, s := range mc.Subflows {
+			if match(s) {
+				return s, true, nil
+			}
+		}
+	}
+	return Subflow{}, false, nil
+}

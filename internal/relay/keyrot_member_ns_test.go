@@ -110,33 +110,7 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 	}
 	defer c.Close()
 	local := netip.MustParseAddrPort(c.LocalAddr().String())
-	stop := make(chan struct{})
-	writerDone := make(chan struct{})
-	var writeErr atomic.Value
-	go func() {
-		defer close(writerDone)
-		buf := make([]byte, 16<<10)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-			if _, err := c.Write(buf); err != nil && !os.IsTimeout(err) {
-				writeErr.Store(err)
-				return
-			}
-		}
-	}()
-	stopWriter := func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-writerDone
-	}
+	stopWriter := netnstest.KeepWriting(c)
 	defer stopWriter()
 
 	// detour returns the connection's subflow through the relay.
@@ -144,22 +118,11 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 	// transient netlink error is no evidence about the subflow).
 	var dumpErrs int
 	detour := func() (_ mptcppm.Subflow, found, ok bool) {
-		conns, err := mptcppm.Dump(mptcppm.Options{NetNS: acfg.NetNS})
+		s, found, err := mptcppm.FindSubflow(mptcppm.Options{NetNS: acfg.NetNS}, local, func(s mptcppm.Subflow) bool { return s.Remote.Addr() == relayIP })
 		if err != nil {
 			dumpErrs++
-			return mptcppm.Subflow{}, false, false
 		}
-		for _, mc := range conns {
-			if mc.Local != local {
-				continue
-			}
-			for _, s := range mc.Subflows {
-				if s.Remote.Addr() == relayIP {
-					return s, true, true
-				}
-			}
-		}
-		return mptcppm.Subflow{}, false, true
+		return s, found, err == nil
 	}
 	var first mptcppm.Subflow
 	waitFor(t, "a subflow through the relay", func() bool {
@@ -261,8 +224,7 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 	rccancel()
 	close(stopSampling)
 	ss := <-samples
-	stopWriter()
-	if err, _ := writeErr.Load().(error); err != nil {
+	if err := stopWriter(); err != nil {
 		t.Fatalf("the connection failed: %v", err)
 	}
 

@@ -17,8 +17,10 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -323,4 +325,35 @@ func Serve(ln net.Listener, handle func(net.Conn)) {
 			go handle(c)
 		}
 	}()
+}
+
+// KeepWriting writes 16 KiB chunks to c until stop is called (stop may be
+// called more than once; it waits for the writer and returns the write
+// error that ended it early, if any; a write timeout is not one). Tests
+// keep a connection busy this way while they change what carries it.
+func KeepWriting(c net.Conn) (stop func() error) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	var werr error
+	go func() {
+		defer close(done)
+		buf := make([]byte, 16<<10)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+			if _, err := c.Write(buf); err != nil && !os.IsTimeout(err) {
+				werr = err
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return func() error {
+		once.Do(func() { close(quit) })
+		<-done
+		return werr
+	}
 }

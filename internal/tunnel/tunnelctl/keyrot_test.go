@@ -97,50 +97,16 @@ func testTunnelKeyRotation(t *testing.T, explicit bool) {
 	}
 	defer c.Close()
 	local := netip.MustParseAddrPort(c.LocalAddr().String())
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 16<<10)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-			if _, err := c.Write(buf); err != nil && !os.IsTimeout(err) {
-				return
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-done
-	}()
+	defer netnstest.KeepWriting(c)()
 	// tunnelSubflow returns the subflow; ok is false when the dump failed (a
 	// transient netlink error is no evidence about the subflow).
 	var dumpErrs int
 	tunnelSubflow := func() (_ mptcppm.Subflow, found, ok bool) {
-		conns, err := mptcppm.Dump(mptcppm.Options{NetNS: line.cl})
+		s, found, err := mptcppm.FindSubflow(mptcppm.Options{NetNS: line.cl}, local, func(s mptcppm.Subflow) bool { return s.Local.Addr() == tunAddr })
 		if err != nil {
 			dumpErrs++
-			return mptcppm.Subflow{}, false, false
 		}
-		for _, mc := range conns {
-			if mc.Local != local {
-				continue
-			}
-			for _, s := range mc.Subflows {
-				if s.Local.Addr() == tunAddr {
-					return s, true, true
-				}
-			}
-		}
-		return mptcppm.Subflow{}, false, true
+		return s, found, err == nil
 	}
 	var first mptcppm.Subflow
 	deadline := time.Now().Add(15 * time.Second)
