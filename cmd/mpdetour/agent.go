@@ -250,7 +250,7 @@ func startConverterRouter(ctx context.Context, cfg *agent.Config, conns []*relay
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{}, 2)
 	go func() { r.Run(ctx); done <- struct{}{} }()
-	go func() { _ = r.Serve(l); done <- struct{}{} }()
+	go func() { _ = r.Serve(l, cfg.Convert.Users); done <- struct{}{} }()
 	cfg.ConvertStatus = r.Status
 	log.Info("serving conversions", "socket", cfg.Convert.Socket, "converters", len(convs))
 	return func() {
