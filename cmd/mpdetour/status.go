@@ -77,6 +77,7 @@ func printStatus(st agent.Status) {
 	if st.DiagError != "" {
 		fmt.Printf("inet_diag: %s\n", st.DiagError)
 	}
+	printBlackhole(st.Blackhole)
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "\nCONNECTION\tLOCAL\tREMOTE\tPATH\tROLE\tSTATE\tBACKUP\tSENT\tRECEIVED\tRTT ms\tMbit/s\tLOSS %%\tDECISION\n")
 	convertedTo := map[string]string{} // local address -> destination
@@ -172,5 +173,22 @@ func printConversions(cv convclient.Status, conns []agent.ConnStatus) {
 			fmt.Fprintf(w, "%s\t%s\t%d\t%v\n", d.Destination, d.Expires.Format("15:04:05"), d.Conversions, d.Convertible)
 		}
 		w.Flush()
+	}
+}
+
+// printBlackhole shows the kernel's MPTCP blackhole fallback when it
+// matters: disabled now (with the fix), or the reading failed.
+func printBlackhole(b *agent.BlackholeStatus) {
+	switch {
+	case b == nil:
+	case b.Error != "":
+		fmt.Printf("MPTCP blackhole detection: cannot read the kernel's counters: %s\n", b.Error)
+	case b.State == agent.BlackholeDisabled:
+		since := "since " + b.Since.Format("15:04:05")
+		if !b.Until.IsZero() {
+			since += ", at least until " + b.Until.Format("15:04:05")
+		}
+		fmt.Printf("WARNING: the kernel disabled MPTCP for new connections (%s; blackhole detection, %d connections made plain TCP since boot): they get no detours\n  fix: %s\n",
+			since, b.Fallbacks, b.Fix)
 	}
 }

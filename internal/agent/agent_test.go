@@ -45,6 +45,11 @@ func start(t *testing.T, mode policy.Mode, detours ...agent.StaticDetour) *harne
 	cfg := agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
 		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours}
+	return startConfig(t, cfg)
+}
+
+func startConfig(t *testing.T, cfg agent.Config) *harness {
+	t.Helper()
 	k := kerneltest.New()
 	a := agent.New(cfg, nil, k, nil)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -225,21 +230,7 @@ func TestAgentMetrics(t *testing.T) {
 	reg.MustRegister(agent.NewMetrics(h.a))
 	want := map[string]bool{}
 	for range 50 {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want = map[string]bool{}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				labels := []string{}
-				for _, l := range m.GetLabel() {
-					labels = append(labels, l.GetName()+"="+l.GetValue())
-				}
-				v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
-				want[fmt.Sprintf("%s{%s} %g", mf.GetName(), strings.Join(labels, ","), v)] = true
-			}
-		}
+		want = gather(t, reg)
 		if want["mpdetour_agent_subflows{path=nat,role=active} 1"] {
 			break
 		}
@@ -252,6 +243,46 @@ func TestAgentMetrics(t *testing.T) {
 	} {
 		if !want[k] {
 			t.Errorf("missing %s in %v", k, want)
+		}
+	}
+}
+
+// gather returns the registry's series as "name{label=value,...} value".
+func gather(t *testing.T, reg *prometheus.Registry) map[string]bool {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := []string{}
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			have[fmt.Sprintf("%s{%s} %g", mf.GetName(), strings.Join(labels, ","), v)] = true
+		}
+	}
+	return have
+}
+
+// The kernel's blackhole fallback is in the status and the metrics.
+func TestAgentBlackholeMetrics(t *testing.T) {
+	bh := agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Now(), TimeoutS: 3600, Disables: 2, Fallbacks: 7, Fix: agent.BlackholeFix(3600)}
+	h := startConfig(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Blackhole: func() agent.BlackholeStatus { return bh }})
+	if st := h.a.Status(); st.Blackhole == nil || st.Blackhole.State != agent.BlackholeDisabled {
+		t.Fatalf("status: %+v", st.Blackhole)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(agent.NewMetrics(h.a))
+	have := gather(t, reg)
+	for _, k := range []string{"mpdetour_agent_mptcp_blackhole_disabled{} 1", "mpdetour_agent_mptcp_blackhole_disables_total{} 2",
+		"mpdetour_agent_mptcp_blackhole_fallbacks_total{} 7"} {
+		if !have[k] {
+			t.Errorf("missing %s in %v", k, have)
 		}
 	}
 }

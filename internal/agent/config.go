@@ -71,6 +71,9 @@ type Config struct {
 	// ConvertStatus, when set, adds the conversion Router's view to the
 	// status (wired by cmd/mpdetour; not in the YAML).
 	ConvertStatus func() convclient.Status
+	// Blackhole, when set, adds the kernel's MPTCP blackhole fallback to
+	// the status (wired by RunLinux; not in the YAML).
+	Blackhole func() BlackholeStatus
 	// Server, when set, runs the server role beside the client one
 	// (internal/serverrole: ADD_ADDR of detours, C flag).
 	Server *serverrole.Config

@@ -214,6 +214,15 @@ func RunLinux(ctx context.Context, cfg Config, log *slog.Logger, pol policy.Poli
 			err = cerr
 		}
 	}()
+	bh := newBlackholeWatch(log)
+	bctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		bh.run(bctx, BlackholePoll, func() (map[string]uint64, int, error) { return readBlackhole(cfg.NetNS) })
+	}()
+	defer func() { stopWatch(); <-watched }()
+	cfg.Blackhole = bh.status
 	a := New(cfg, log, k, pol, sources...)
 	if cfg.MetricsListen != "" {
 		stop, err := ServeMetrics(cfg.MetricsListen, a, log)

@@ -55,6 +55,7 @@ type Metrics struct {
 	connections, subflows, detourUp, detourHealthy         *prometheus.Desc
 	events, eventsLost, resyncs, adopted, commands, cmdErr *prometheus.Desc
 	detourEstablished, detourFailed, latency               *prometheus.Desc
+	mptcpDisabled, mptcpDisables, mptcpFallbacks           *prometheus.Desc
 }
 
 // NewMetrics describes the agent's metrics; register it on a registry.
@@ -76,13 +77,17 @@ func NewMetrics(a *Agent) *Metrics {
 		commands:          d("commands_total", "mptcp_pm commands issued"),
 		cmdErr:            d("command_errors_total", "mptcp_pm commands that failed, by errno", "errno"),
 		latency:           d("established_to_subflow_create_seconds", "ESTABLISHED event to SUBFLOW_CREATE sent, over the recent samples", "quantile"),
+		mptcpDisabled:     d("mptcp_blackhole_disabled", "1 while the kernel's MPTCP blackhole detection has new connections made plain TCP (no detours); clear with sysctl -w net.mptcp.blackhole_timeout=N"),
+		mptcpDisables:     d("mptcp_blackhole_disables_total", "Times the kernel disabled MPTCP for new connections since boot (MPTcpExt Blackhole)"),
+		mptcpFallbacks:    d("mptcp_blackhole_fallbacks_total", "Connections made plain TCP because of a disable, since boot (MPTcpExt MPCapableSYNTXDisabled)"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.connections, m.subflows, m.detourUp, m.detourHealthy, m.detourEstablished, m.detourFailed,
-		m.events, m.eventsLost, m.resyncs, m.adopted, m.commands, m.cmdErr, m.latency} {
+		m.events, m.eventsLost, m.resyncs, m.adopted, m.commands, m.cmdErr, m.latency,
+		m.mptcpDisabled, m.mptcpDisables, m.mptcpFallbacks} {
 		ch <- d
 	}
 }
@@ -181,6 +186,11 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, n := range byErrno {
 		c(m.cmdErr, n, name)
+	}
+	if b := st.Blackhole; b != nil && b.Error == "" {
+		g(m.mptcpDisabled, map[bool]float64{true: 1}[b.State == BlackholeDisabled])
+		c(m.mptcpDisables, b.Disables)
+		c(m.mptcpFallbacks, b.Fallbacks)
 	}
 	if st.Latency.Samples > 0 {
 		g(m.latency, st.Latency.P50ms/1e3, "0.5")

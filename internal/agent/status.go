@@ -35,6 +35,8 @@ type Status struct {
 	DiagError   string         `json:"diag_error,omitempty"`
 	// Conversions: connections sent through a converter (docs/convert.md).
 	Conversions *convclient.Status `json:"conversions,omitempty"`
+	// Blackhole: the kernel's MPTCP blackhole fallback (issue 28, break 8).
+	Blackhole *BlackholeStatus `json:"mptcp_blackhole,omitempty"`
 }
 
 // Counters are totals since start.
@@ -165,6 +167,10 @@ func (a *Agent) Status() Status {
 	if a.cfg.ConvertStatus != nil {
 		cs := a.cfg.ConvertStatus()
 		st.Conversions = &cs
+	}
+	if a.cfg.Blackhole != nil {
+		bh := a.cfg.Blackhole()
+		st.Blackhole = &bh
 	}
 	live := map[uint32]mptcppm.Connection{}
 	if conns, err := a.k.Connections(); err != nil {

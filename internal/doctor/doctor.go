@@ -25,9 +25,11 @@ import (
 	"github.com/mdlayher/genetlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/serverrole"
 )
 
 // Status is a check's outcome.
@@ -149,6 +151,53 @@ func Kernel(p Paths, minSubflows int) Report {
 			fmt.Sprintf("a server refuses joins beyond its limit: ip mptcp limits set subflows %d add_addr_accepted %d", minSubflows, max(l.AddAddrAccepted, uint32(minSubflows))))
 	default:
 		r.add("kernel", "MPTCP limits", OK, fmt.Sprintf("subflows %d, add_addr_accepted %d", l.Subflows, l.AddAddrAccepted), "")
+	}
+	return r
+}
+
+// Blackhole checks the kernel's MPTCP blackhole fallback (issue 28,
+// break 8): from the MPTcpExt counters of p (disables since boot) and, when
+// an agent runs, its view (agentSt: whether the disable is in force now,
+// which counters read once cannot tell).
+func Blackhole(p Paths, agentSt *agent.BlackholeStatus) Report {
+	var r Report
+	const check = "MPTCP blackhole fallback"
+	v, err := readSysctl(p, "net.mptcp.blackhole_timeout")
+	if err != nil {
+		r.add("kernel", check, Info, "no net.mptcp.blackhole_timeout: this kernel has no blackhole fallback (before 6.12)", "")
+		return r
+	}
+	to, _ := strconv.Atoi(v)
+	if agentSt != nil && agentSt.State == agent.BlackholeDisabled {
+		r.add("kernel", check, Fail, fmt.Sprintf("the kernel disabled MPTCP for new connections (the agent saw it at %s): they are plain TCP and get no detours; %d connections made plain TCP since boot",
+			agentSt.Since.Format("15:04:05"), agentSt.Fallbacks), agent.BlackholeFix(to))
+		return r
+	}
+	if to == 0 {
+		r.add("kernel", check, Info, "net.mptcp.blackhole_timeout = 0: the kernel never disables MPTCP after dropped MP_CAPABLE SYNs", "")
+		return r
+	}
+	b, err := os.ReadFile(p.proc("net/netstat"))
+	var mib map[string]uint64
+	if err == nil {
+		mib, err = serverrole.ParseMIB(b, "MPTcpExt")
+	}
+	switch {
+	case err != nil:
+		r.add("kernel", check, Warn, "cannot read the MPTCP counters: "+err.Error(), "")
+	case mib["Blackhole"] == 0:
+		r.add("kernel", check, OK, "the kernel has not disabled MPTCP since boot", "")
+	default:
+		state := "no agent runs to tell whether it is in force now"
+		if agentSt != nil {
+			state = "not in force now (agent)"
+		}
+		st := Warn
+		if agentSt != nil {
+			st = Info
+		}
+		r.add("kernel", check, st, fmt.Sprintf("the kernel disabled MPTCP for new connections %d times since boot (MP_CAPABLE SYNs dropped on a path; each time for %d s or more); %d connections made plain TCP; %s",
+			mib["Blackhole"], to, mib["MPCapableSYNTXDisabled"], state), agent.BlackholeFix(to))
 	}
 	return r
 }
@@ -301,6 +350,7 @@ func (r *Report) mptcpPath(ctx context.Context, label string, dst netip.AddrPort
 	var d net.Dialer
 	d.Timeout = to
 	d.SetMultipathTCP(true)
+	before := fallbacks()
 	conn, err := d.DialContext(ctx, "tcp", dst.String())
 	if err != nil {
 		r.add("client", label, Fail, "connect "+dst.String()+": "+err.Error(), "the server (or the relay's NAT toward it) does not accept connections on that port")
@@ -311,10 +361,35 @@ func (r *Report) mptcpPath(ctx context.Context, label string, dst netip.AddrPort
 	switch {
 	case err != nil:
 		r.add("client", label, Warn, "cannot tell whether the connection is MPTCP: "+err.Error(), "")
+	case !mp && fallbacks() > before:
+		r.add("client", label, Fail, "connected to "+dst.String()+" as plain TCP: the kernel has MPTCP disabled for new connections (blackhole detection)",
+			agent.BlackholeFix(blackholeTimeout()))
 	case !mp:
 		r.add("client", label, Fail, "connected to "+dst.String()+" but fell back to plain TCP",
 			"the server does not speak MPTCP (run it under `mpdetour run`), or a middlebox on this path strips MPTCP options (compare with the direct check)")
 	default:
 		r.add("client", label, OK, "MPTCP options survive the path to "+dst.String(), "")
 	}
+}
+
+// fallbacks reads MPCapableSYNTXDisabled of this process's namespace: it
+// rises for each connection the kernel makes plain TCP because of a
+// blackhole disable (0 when unreadable); the caller keeps its thread.
+func fallbacks() uint64 {
+	// thread-self: the namespace of this (possibly switched) thread.
+	b, err := os.ReadFile("/proc/thread-self/net/netstat")
+	if err != nil {
+		return 0
+	}
+	mib, err := serverrole.ParseMIB(b, "MPTcpExt")
+	if err != nil {
+		return 0
+	}
+	return mib["MPCapableSYNTXDisabled"]
+}
+
+func blackholeTimeout() int {
+	v, _ := readSysctl(Paths{}, "net.mptcp.blackhole_timeout")
+	n, _ := strconv.Atoi(v)
+	return n
 }

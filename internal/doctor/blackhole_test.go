@@ -1,0 +1,97 @@
+package doctor
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
+)
+
+func withNetstat(t *testing.T, p Paths, blackhole, fallbacks string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(p.Proc, "net"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := "TcpExt: A B\nTcpExt: 1 2\nMPTcpExt: MPCapableSYNTX Blackhole MPCapableSYNTXDisabled\nMPTcpExt: 5 " + blackhole + " " + fallbacks + "\n"
+	if err := os.WriteFile(filepath.Join(p.Proc, "net", "netstat"), []byte(b), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Issue 28, break 8: doctor says when the kernel disabled MPTCP and how to
+// clear it.
+func TestBlackholeCheck(t *testing.T) {
+	const check = "MPTCP blackhole fallback"
+	p := fakeProc(t, map[string]string{"net.mptcp.blackhole_timeout": "3600"})
+	withNetstat(t, p, "0", "0")
+	if x := find(Blackhole(p, nil), check); x.Status != OK {
+		t.Fatalf("never disabled: %+v", x)
+	}
+	withNetstat(t, p, "2", "40")
+	x := find(Blackhole(p, nil), check)
+	if x.Status != Warn || !strings.Contains(x.Detail, "2 times since boot") || !strings.Contains(x.Detail, "40 connections") ||
+		!strings.HasPrefix(x.Fix, "sysctl -w net.mptcp.blackhole_timeout=3600") {
+		t.Fatalf("disabled since boot, no agent: %+v", x)
+	}
+	if x := find(Blackhole(p, &agent.BlackholeStatus{State: agent.BlackholeOK}), check); x.Status != Info || !strings.Contains(x.Detail, "not in force now") {
+		t.Fatalf("agent says not in force: %+v", x)
+	}
+	x = find(Blackhole(p, &agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Now(), Fallbacks: 40}), check)
+	if x.Status != Fail || !strings.Contains(x.Detail, "disabled MPTCP for new connections") || !strings.HasPrefix(x.Fix, "sysctl -w net.mptcp.blackhole_timeout=3600") {
+		t.Fatalf("agent says disabled: %+v", x)
+	}
+	off := fakeProc(t, map[string]string{"net.mptcp.blackhole_timeout": "0"})
+	if x := find(Blackhole(off, nil), check); x.Status != Info {
+		t.Fatalf("detection off: %+v", x)
+	}
+}
+
+// With MPTCP disabled by the kernel, doctor's connection check names the
+// kernel, not the server or a middlebox (real kernel, in a namespace whose
+// path dropped MP_CAPABLE SYNs once).
+func TestClientBlackholeNamed(t *testing.T) {
+	testenv.MPTCP(t)
+	testenv.Tools(t, "nft", "ip")
+	cl, srv := netnstest.New(t, "dbhc"), netnstest.New(t, "dbhs")
+	netnstest.Link(t, cl, "10.92.0.1/24", srv, "10.92.0.2/24")
+	if err := cl.Sysctl("net/mptcp/blackhole_timeout", "3600"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Run("nft", "add table inet bh")
+	srv.Run("nft", "add chain inet bh in { type filter hook input priority 0; }")
+	srv.Run("nft", "add rule inet bh in tcp flags syn tcp option mptcp exists drop")
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(true)
+	ln, err := srv.Listen(lc, "tcp", "10.92.0.2:7002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	netnstest.Serve(ln, func(c net.Conn) { c.Close() })
+	dst := netip.MustParseAddrPort("10.92.0.2:7002")
+	var first, second Report
+	if err := cl.Do(func() error {
+		runtime.LockOSThread()
+		first = Client(context.Background(), ClientConfig{Server: dst, Timeout: 10 * time.Second})
+		srv.Run("nft", "delete table inet bh")
+		second = Client(context.Background(), ClientConfig{Server: dst, Timeout: 10 * time.Second})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if x := find(first, "direct"); x.Status != Fail || strings.Contains(x.Detail, "blackhole") {
+		t.Fatalf("the connection whose SYNs were dropped: %+v", x)
+	}
+	if x := find(second, "direct"); x.Status != Fail || !strings.Contains(x.Detail, "the kernel has MPTCP disabled") || !strings.HasPrefix(x.Fix, "sysctl -w net.mptcp.blackhole_timeout=3600") {
+		t.Fatalf("the next connection: %+v", x)
+	}
+}
