@@ -3,7 +3,13 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -368,5 +374,43 @@ func TestAgentStatusShowsStrippedDetour(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("withheld detour missing from status: %+v", a.Status().Detours)
+	}
+}
+
+// Issue 28, break 9: a metrics endpoint on a unix socket is mode 0600, and
+// with a token a scrape without it gets 401.
+func TestServeMetricsPrivate(t *testing.T) {
+	h := start(t, policy.Static)
+	path := filepath.Join(t.TempDir(), "m.sock")
+	const token = "0123456789abcdef0123"
+	stop, err := agent.ServeMetrics("unix:"+path, token, h.a, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("metrics socket: %v %v", fi.Mode(), err)
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", path)
+	}}}
+	get := func(auth string) (int, string) {
+		req, _ := http.NewRequest("GET", "http://agent/metrics", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(""); code != http.StatusUnauthorized || strings.Contains(body, "mpdetour_agent_") {
+		t.Fatalf("without the token: %d %q", code, body)
+	}
+	if code, body := get("Bearer " + token); code != http.StatusOK || !strings.Contains(body, "mpdetour_agent_connections") {
+		t.Fatalf("with the token: %d %.200q", code, body)
 	}
 }

@@ -225,7 +225,7 @@ func RunLinux(ctx context.Context, cfg Config, log *slog.Logger, pol policy.Poli
 	cfg.Blackhole = bh.status
 	a := New(cfg, log, k, pol, sources...)
 	if cfg.MetricsListen != "" {
-		stop, err := ServeMetrics(cfg.MetricsListen, a, log)
+		stop, err := ServeMetrics(cfg.MetricsListen, cfg.MetricsToken, a, log)
 		if err != nil {
 			return err
 		}

@@ -5,31 +5,37 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// ServeMetrics serves /metrics for a on addr (e.g. 127.0.0.1:9465) until
-// the returned stop is called. The listener is opened before it returns,
-// so a busy port is an error at start, not a log line later.
-func ServeMetrics(addr string, a *Agent, log *slog.Logger) (stop func(), err error) {
+// ServeMetrics serves /metrics for a on addr (e.g. 127.0.0.1:9465, or
+// unix:/PATH, a socket of mode 0600) until the returned stop is called;
+// with a token every scrape must send it as a bearer token. The listener
+// is opened before it returns, so a busy port is an error at start, not a
+// log line later. An endpoint other local users can read is logged once
+// (docs/security.md, Metrics).
+func ServeMetrics(addr, token string, a *Agent, log *slog.Logger) (stop func(), err error) {
 	reg := prometheus.NewRegistry()
 	// The Go runtime and process collectors (go_goroutines,
 	// process_open_fds, process_resident_memory_bytes...) are what a soak
 	// test or an operator watches for leaks.
 	reg.MustRegister(NewMetrics(a), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ln, err := net.Listen("tcp", addr)
+	ln, err := metricsrv.Listen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
+	if why := metricsrv.Exposed(addr, token); why != "" {
+		log.Warn(why)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metricsrv.Protect(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), token))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
