@@ -117,8 +117,12 @@ func printStatus(st agent.Status) {
 	fmt.Fprintf(w, "\nDETOUR\tLOCAL\tREMOTE\tSUBFLOWS\tESTABLISHED\tFAILED\tHEALTH\tLAST ERROR\n")
 	for _, d := range st.Detours {
 		health := "ok"
-		if !d.Healthy {
+		switch {
+		case d.Healthy:
+		case !d.BackoffTill.IsZero():
 			health = "backoff until " + d.BackoffTill.Format("15:04:05")
+		default:
+			health = "unusable"
 		}
 		local := d.Local
 		if local == "" {
@@ -127,6 +131,7 @@ func printStatus(st agent.Status) {
 		fmt.Fprintf(w, "%s:%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", d.Kind, d.Relay, local, d.Remote, d.Subflows, d.Established, d.Failed, health, d.LastError)
 	}
 	w.Flush()
+	printRelays(st.Relays)
 	if st.Conversions != nil {
 		printConversions(*st.Conversions, st.Connections)
 	}
@@ -190,5 +195,34 @@ func printBlackhole(b *agent.BlackholeStatus) {
 		}
 		fmt.Printf("WARNING: the kernel disabled MPTCP for new connections (%s; blackhole detection, %d connections made plain TCP since boot): they get no detours\n  fix: %s\n",
 			since, b.Fallbacks, b.Fix)
+	}
+}
+
+// printRelays shows each relay's state as the client sees it, with what
+// to check when it is not ok.
+func printRelays(rs []agent.RelayStatus) {
+	if len(rs) == 0 {
+		return
+	}
+	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "\nRELAY\tSTATE\tSINCE\tLAST SUCCESS\tTUNNEL HANDSHAKE\tLAST ERROR\n")
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return t.Format("15:04:05")
+	}
+	for _, r := range rs {
+		hs := "-"
+		if r.Tunnel {
+			hs = at(r.LastHandshake)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.State, at(r.Since), at(r.LastSuccess), hs, r.LastError)
+	}
+	w.Flush()
+	for _, r := range rs {
+		if r.State != agent.RelayOK && r.State != agent.RelayUnknown && r.Detail != "" {
+			fmt.Printf("  %s: %s: %s\n", r.Name, r.State, r.Detail)
+		}
 	}
 }

@@ -73,3 +73,25 @@ func TestStatusShowsBlackhole(t *testing.T) {
 		t.Errorf("status warns without a disable in force:\n%s", out)
 	}
 }
+
+// Issue 29 item 2: status names each relay's state and what to check.
+func TestStatusShowsRelays(t *testing.T) {
+	st := agent.Status{
+		Detours: []agent.DetourStatus{{Kind: "nat", Relay: "fra1", Remote: "192.0.2.2:40000", Healthy: false, LastError: "relay revoked: removed"}},
+		Relays: []agent.RelayStatus{
+			{Name: "ams1", State: agent.RelayNoAnswer, Detail: "check the relay's address", LastError: "ping: no handshake response"},
+			{Name: "fra1", State: agent.RelayRevoked, Detail: "the relay accepted this member earlier", Tunnel: true},
+			{Name: "par1", State: agent.RelayOK, LastSuccess: time.Now()},
+		},
+	}
+	out := captureStatus(t, st)
+	for _, want := range []string{"RELAY", "ams1", "no-answer", "ping: no handshake response", "fra1: revoked: the relay accepted this member earlier",
+		"unusable", "relay revoked: removed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "par1: ok") {
+		t.Errorf("a detail line for a relay that is ok:\n%s", out)
+	}
+}

@@ -274,19 +274,39 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]bool {
 	return have
 }
 
-// The kernel's blackhole fallback is in the status and the metrics.
+// The kernel's blackhole fallback and each relay's state are in the status
+// and the metrics; a revoked relay's detours are not healthy.
 func TestAgentBlackholeMetrics(t *testing.T) {
 	bh := agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Now(), TimeoutS: 3600, Disables: 2, Fallbacks: 7, Fix: agent.BlackholeFix(3600)}
 	h := startConfig(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
-		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Blackhole: func() agent.BlackholeStatus { return bh }})
-	if st := h.a.Status(); st.Blackhole == nil || st.Blackhole.State != agent.BlackholeDisabled {
-		t.Fatalf("status: %+v", st.Blackhole)
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Blackhole: func() agent.BlackholeStatus { return bh },
+		Detours: []agent.StaticDetour{natDetour("r1", relay1)},
+		RelayStatus: func() []agent.RelayStatus {
+			return []agent.RelayStatus{{Name: "r1", State: agent.RelayRevoked, LastSuccess: time.Unix(1700000000, 0)}}
+		}})
+	st := h.a.Status()
+	if st.Blackhole == nil || st.Blackhole.State != agent.BlackholeDisabled || len(st.Relays) != 1 {
+		t.Fatalf("status: %+v %+v", st.Blackhole, st.Relays)
+	}
+	seen := 0
+	for _, d := range st.Detours {
+		if d.Relay == "r1" {
+			seen++
+			if d.Healthy || !strings.Contains(d.LastError, "revoked") {
+				t.Fatalf("a revoked relay's detour: %+v", d)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatalf("r1's detour not in the status: %+v", st.Detours)
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(agent.NewMetrics(h.a))
 	have := gather(t, reg)
 	for _, k := range []string{"mpdetour_agent_mptcp_blackhole_disabled{} 1", "mpdetour_agent_mptcp_blackhole_disables_total{} 2",
-		"mpdetour_agent_mptcp_blackhole_fallbacks_total{} 7"} {
+		"mpdetour_agent_mptcp_blackhole_fallbacks_total{} 7",
+		"mpdetour_agent_relay_state{relay=r1,state=revoked} 1", "mpdetour_agent_relay_state{relay=r1,state=ok} 0",
+		"mpdetour_agent_relay_last_success_timestamp_seconds{relay=r1} 1.7e+09"} {
 		if !have[k] {
 			t.Errorf("missing %s in %v", k, have)
 		}

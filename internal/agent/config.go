@@ -79,6 +79,9 @@ type Config struct {
 	// Blackhole, when set, adds the kernel's MPTCP blackhole fallback to
 	// the status (wired by RunLinux; not in the YAML).
 	Blackhole func() BlackholeStatus
+	// RelayStatus, when set, adds each relay's state (RelayHealth) to the
+	// status (wired by cmd/mpdetour; not in the YAML).
+	RelayStatus func() []RelayStatus
 	// Server, when set, runs the server role beside the client one
 	// (internal/serverrole: ADD_ADDR of detours, C flag).
 	Server *serverrole.Config

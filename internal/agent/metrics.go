@@ -62,6 +62,7 @@ type Metrics struct {
 	events, eventsLost, resyncs, adopted, commands, cmdErr *prometheus.Desc
 	detourEstablished, detourFailed, latency               *prometheus.Desc
 	mptcpDisabled, mptcpDisables, mptcpFallbacks           *prometheus.Desc
+	relayState, relaySuccess                               *prometheus.Desc
 }
 
 // NewMetrics describes the agent's metrics; register it on a registry.
@@ -86,6 +87,8 @@ func NewMetrics(a *Agent) *Metrics {
 		mptcpDisabled:     d("mptcp_blackhole_disabled", "1 while the kernel's MPTCP blackhole detection has new connections made plain TCP (no detours); clear with sysctl -w net.mptcp.blackhole_timeout=N"),
 		mptcpDisables:     d("mptcp_blackhole_disables_total", "Times the kernel disabled MPTCP for new connections since boot (MPTcpExt Blackhole)"),
 		mptcpFallbacks:    d("mptcp_blackhole_fallbacks_total", "Connections made plain TCP because of a disable, since boot (MPTcpExt MPCapableSYNTXDisabled)"),
+		relayState:        d("relay_state", "1 for each relay's current state as the client sees it (ok, no-answer, unauthorized, revoked, refused, policy-denied, tunnel-no-handshake, unknown), 0 for the others", "relay", "state"),
+		relaySuccess:      d("relay_last_success_timestamp_seconds", "When each relay last answered a grant, renewal or ping (0: never)", "relay"),
 	}
 }
 
@@ -93,7 +96,7 @@ func NewMetrics(a *Agent) *Metrics {
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.connections, m.subflows, m.detourUp, m.detourHealthy, m.detourEstablished, m.detourFailed,
 		m.events, m.eventsLost, m.resyncs, m.adopted, m.commands, m.cmdErr, m.latency,
-		m.mptcpDisabled, m.mptcpDisables, m.mptcpFallbacks} {
+		m.mptcpDisabled, m.mptcpDisables, m.mptcpFallbacks, m.relayState, m.relaySuccess} {
 		ch <- d
 	}
 }
@@ -197,6 +200,16 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		g(m.mptcpDisabled, map[bool]float64{true: 1}[b.State == BlackholeDisabled])
 		c(m.mptcpDisables, b.Disables)
 		c(m.mptcpFallbacks, b.Fallbacks)
+	}
+	for _, r := range st.Relays {
+		for _, state := range RelayStates {
+			g(m.relayState, map[bool]float64{true: 1}[r.State == state], r.Name, state)
+		}
+		last := 0.0
+		if !r.LastSuccess.IsZero() {
+			last = float64(r.LastSuccess.UnixNano()) / 1e9
+		}
+		g(m.relaySuccess, last, r.Name)
 	}
 	if st.Latency.Samples > 0 {
 		g(m.latency, st.Latency.P50ms/1e3, "0.5")
