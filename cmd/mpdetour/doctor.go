@@ -46,6 +46,7 @@ func doctorCommand() *cli.Command {
 				running = &st
 			}
 			r = append(r, doctor.Blackhole(doctor.Paths{}, blackholeOf(running))...)
+			r = append(r, doctor.RunningAgent(doctor.Paths{}, running)...)
 			if relayConfig != "" {
 				s, err := relay.LoadConfig(relayConfig)
 				if err != nil {

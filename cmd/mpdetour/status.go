@@ -78,6 +78,15 @@ func printStatus(st agent.Status) {
 		fmt.Printf("inet_diag: %s\n", st.DiagError)
 	}
 	printBlackhole(st.Blackhole)
+	if g := st.PMTypeGuard; g != nil && (g.Restores > 0 || g.Error != "") {
+		if g.Restores > 0 {
+			fmt.Printf("WARNING: net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1: another program changes it (mptcpd, NetworkManager, a sysctl.d file)\n",
+				g.Restores, g.LastFound, g.LastRestore.Format("15:04:05"))
+		}
+		if g.Error != "" {
+			fmt.Printf("ERROR: %s\n", g.Error)
+		}
+	}
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "\nCONNECTION\tLOCAL\tREMOTE\tPATH\tROLE\tSTATE\tBACKUP\tSENT\tRECEIVED\tRTT ms\tMbit/s\tLOSS %%\tDECISION\n")
 	convertedTo := map[string]string{} // local address -> destination

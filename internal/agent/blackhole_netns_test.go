@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -92,5 +94,45 @@ func TestBlackholeRealKernel(t *testing.T) {
 	read()
 	if st := w.status(); st.State != BlackholeOK {
 		t.Fatalf("after the fix: %+v", st)
+	}
+}
+
+// TestPMTypeRestoredRealKernel: another program sets pm_type to 0 under a
+// running agent; the agent sets it back within a poll and says so in its
+// status; on exit it restores the value it found at start.
+func TestPMTypeRestoredRealKernel(t *testing.T) {
+	testenv.MPTCP(t)
+	ns := netnstest.New(t, "pmg")
+	cfg, err := ParseConfig([]byte("subflows: 1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NetNS = ns.Name
+	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	r := start(t, cfg)
+	pmType := func() string {
+		v, err := readSysctl(ns.Name, "net.mptcp.pm_type")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := pmType(); v != "1" {
+		t.Fatalf("pm_type %s under the agent", v)
+	}
+	if err := ns.Sysctl("net/mptcp/pm_type", "0"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*BlackholePoll, "pm_type set back", func() (bool, string) {
+		st, err := FetchStatus(cfg.Socket)
+		if err != nil {
+			return false, err.Error()
+		}
+		g := st.PMTypeGuard
+		return pmType() == "1" && g != nil && g.Restores == 1 && g.LastFound == "0", fmt.Sprintf("pm_type %s, guard %+v", pmType(), g)
+	})
+	r.stop(t)
+	if v := pmType(); v != "0" {
+		t.Fatalf("pm_type %s after the agent stopped, want the 0 it found", v)
 	}
 }

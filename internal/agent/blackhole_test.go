@@ -68,3 +68,32 @@ func TestBlackholeWatchTransitions(t *testing.T) {
 	}
 	step(7, mib(3, 131, 4, 20), 3600, BlackholeOK)
 }
+
+// Issue 29 item 2: pm_type changed under the agent is set back, with one
+// WARN per change found.
+func TestPMTypeGuard(t *testing.T) {
+	var logs bytes.Buffer
+	g := &pmTypeGuard{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	val := "1"
+	read := func() (string, error) { return val, nil }
+	write := func(v string) error { val = v; return nil }
+	now := time.Unix(5000, 0)
+	g.check(now, read, write)
+	if st := g.status(); st.Restores != 0 || val != "1" {
+		t.Fatalf("untouched: %+v", st)
+	}
+	val = "0" // another program
+	g.check(now, read, write)
+	g.check(now, read, write)
+	if st := g.status(); st.Restores != 1 || st.LastFound != "0" || st.LastRestore != now || val != "1" {
+		t.Fatalf("after a change: %+v, pm_type %s", st, val)
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), "set back to 1") {
+		t.Fatalf("%d WARN lines, want 1:\n%s", n, logs.String())
+	}
+	val = "0"
+	g.check(now, read, func(string) error { return errors.New("permission denied") })
+	if st := g.status(); st.Error == "" || !strings.Contains(st.Error, "cannot be set back") {
+		t.Fatalf("restore failing: %+v", st)
+	}
+}

@@ -82,6 +82,9 @@ type Config struct {
 	// RelayStatus, when set, adds each relay's state (RelayHealth) to the
 	// status (wired by cmd/mpdetour; not in the YAML).
 	RelayStatus func() []RelayStatus
+	// PMType, when set, adds the pm_type guard's view to the status
+	// (wired by RunLinux).
+	PMType func() PMTypeStatus
 	// Server, when set, runs the server role beside the client one
 	// (internal/serverrole: ADD_ADDR of detours, C flag).
 	Server *serverrole.Config

@@ -39,6 +39,8 @@ type Status struct {
 	Blackhole *BlackholeStatus `json:"mptcp_blackhole,omitempty"`
 	// Relays: each relay's state as the client sees it (issue 29 item 2).
 	Relays []RelayStatus `json:"relays,omitempty"`
+	// PMTypeGuard: pm_type changed under the agent and set back.
+	PMTypeGuard *PMTypeStatus `json:"pm_type_guard,omitempty"`
 }
 
 // Counters are totals since start.
@@ -173,6 +175,10 @@ func (a *Agent) Status() Status {
 	if a.cfg.Blackhole != nil {
 		bh := a.cfg.Blackhole()
 		st.Blackhole = &bh
+	}
+	if a.cfg.PMType != nil {
+		g := a.cfg.PMType()
+		st.PMTypeGuard = &g
 	}
 	if a.cfg.RelayStatus != nil {
 		st.Relays = a.cfg.RelayStatus()

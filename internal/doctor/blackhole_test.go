@@ -95,3 +95,23 @@ func TestClientBlackholeNamed(t *testing.T) {
 		t.Fatalf("the next connection: %+v", x)
 	}
 }
+
+// Issue 29 item 2: doctor flags pm_type changed under a running agent.
+func TestRunningAgentPMType(t *testing.T) {
+	const check = "pm_type under the agent"
+	st := &agent.Status{Policy: "static"}
+	if x := find(RunningAgent(fakeProc(t, map[string]string{"net.mptcp.pm_type": "0"}), st), check); x.Status != Fail || !strings.Contains(x.Detail, "another program changed it") {
+		t.Fatalf("pm_type 0 under the agent: %+v", x)
+	}
+	p := fakeProc(t, map[string]string{"net.mptcp.pm_type": "1"})
+	if x := find(RunningAgent(p, st), check); x.Status != OK {
+		t.Fatalf("pm_type 1: %+v", x)
+	}
+	st.PMTypeGuard = &agent.PMTypeStatus{Restores: 3, LastFound: "0", LastRestore: time.Now()}
+	if x := find(RunningAgent(p, st), check); x.Status != Warn || !strings.Contains(x.Detail, "3 times") {
+		t.Fatalf("restored 3 times: %+v", x)
+	}
+	if x := find(RunningAgent(p, nil), "agent"); x.Status != Info {
+		t.Fatalf("no agent: %+v", x)
+	}
+}

@@ -202,6 +202,33 @@ func Blackhole(p Paths, agentSt *agent.BlackholeStatus) Report {
 	return r
 }
 
+// RunningAgent checks what a running agent (st, from its status socket)
+// depends on in this namespace: pm_type must stay 1 while it runs; a value
+// changed by another program is flagged, and restorations the agent made
+// are reported (issue 29 item 2).
+func RunningAgent(p Paths, st *agent.Status) Report {
+	var r Report
+	if st == nil {
+		r.add("client", "agent", Info, "no agent answers on its status socket (checks of a running agent skipped)", "")
+		return r
+	}
+	r.add("client", "agent", OK, fmt.Sprintf("running since %s, policy %s", st.Started.Format("2006-01-02 15:04:05"), st.Policy), "")
+	v, err := readSysctl(p, "net.mptcp.pm_type")
+	g := st.PMTypeGuard
+	switch {
+	case err != nil:
+	case v != "1":
+		r.add("client", "pm_type under the agent", Fail, "net.mptcp.pm_type = "+v+" while the agent runs: another program changed it; the kernel's own path manager decides and the agent's commands fail",
+			"the agent sets it back within 5 s; find what changes it (mptcpd, NetworkManager, a sysctl.d file applied by systemd-sysctl) and stop it")
+	case g != nil && g.Restores > 0:
+		r.add("client", "pm_type under the agent", Warn, fmt.Sprintf("net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1",
+			g.Restores, g.LastFound, g.LastRestore.Format("15:04:05")), "find what changes it (mptcpd, NetworkManager, a sysctl.d file applied by systemd-sysctl) and stop it")
+	default:
+		r.add("client", "pm_type under the agent", OK, "net.mptcp.pm_type = 1 (userspace, the agent's)", "")
+	}
+	return r
+}
+
 // RelayHost checks what a relay's data plane needs: forwarding, nftables
 // through netlink, whether a relay's table is already installed (one relay
 // per namespace), WireGuard (kernel module, or TUN for the embedded one),
