@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
@@ -75,6 +76,7 @@ func doctorCommand() *cli.Command {
 						cc.Server = ap
 					}
 					r = append(r, doctor.Client(ctx, cc)...)
+					r = append(r, doctor.Tunnels(ctx, running, cc.Server, 3*time.Second)...)
 				}
 			}
 			r.Print(os.Stdout)

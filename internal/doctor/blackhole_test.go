@@ -115,3 +115,55 @@ func TestRunningAgentPMType(t *testing.T) {
 		t.Fatalf("no agent: %+v", x)
 	}
 }
+
+// Issue 29 item 2: doctor checks a running agent's tunnel detours end to
+// end: the handshake, then a connection from the tunnel's address.
+func TestTunnelsChecked(t *testing.T) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	open := netip.MustParseAddrPort(ln.Addr().String())
+	closed := netip.AddrPortFrom(open.Addr(), 1) // nothing listens
+	st := &agent.Status{
+		Relays: []agent.RelayStatus{
+			{Name: "fresh", Tunnel: true, LastHandshake: time.Now().Add(-30 * time.Second)},
+			{Name: "never", Tunnel: true},
+			{Name: "stale", Tunnel: true, LastHandshake: time.Now().Add(-10 * time.Minute)},
+			{Name: "nat-only"},
+		},
+		Detours: []agent.DetourStatus{{Kind: "tunnel", Relay: "fresh", Local: "127.0.0.1"}},
+	}
+	r := Tunnels(context.Background(), st, open, time.Second)
+	if len(r) != 3 {
+		t.Fatalf("%d results, want one per tunnel: %+v", len(r), r)
+	}
+	if x := find(r, "tunnel via fresh"); x.Status != OK || !strings.Contains(x.Detail, "went through it") {
+		t.Fatalf("working tunnel: %+v", x)
+	}
+	if x := find(r, "tunnel via never"); x.Status != Fail || !strings.Contains(x.Fix, "51820") {
+		t.Fatalf("no handshake: %+v", x)
+	}
+	if x := find(r, "tunnel via stale"); x.Status != Fail || !strings.Contains(x.Detail, "10m0s ago") {
+		t.Fatalf("stale handshake: %+v", x)
+	}
+	r = Tunnels(context.Background(), st, closed, time.Second)
+	if x := find(r, "tunnel via fresh"); x.Status != Fail || !strings.Contains(x.Detail, "no TCP connection") || !strings.Contains(x.Fix, "allow_destinations") {
+		t.Fatalf("probe refused: %+v", x)
+	}
+	if r := Tunnels(context.Background(), nil, open, time.Second); len(r) != 0 {
+		t.Fatalf("without agent: %+v", r)
+	}
+}

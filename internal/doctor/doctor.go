@@ -229,6 +229,68 @@ func RunningAgent(p Paths, st *agent.Status) Report {
 	return r
 }
 
+// Tunnels checks a running agent's tunnel detours end to end (issue 29
+// item 2: a closed WireGuard port showed `ok` everywhere): the latest
+// handshake of each relay's tunnel, and, given a server, a TCP connection
+// from the tunnel's address (the agent's policy routing sends it through
+// the tunnel). The probe is plain TCP on purpose: the agent manages MPTCP
+// connections only, so it does not take the probe for one of its own.
+func Tunnels(ctx context.Context, st *agent.Status, server netip.AddrPort, to time.Duration) Report {
+	var r Report
+	if st == nil {
+		return r
+	}
+	now := time.Now()
+	for _, rel := range st.Relays {
+		if !rel.Tunnel {
+			continue
+		}
+		check := "tunnel via " + rel.Name
+		switch {
+		case rel.LastHandshake.IsZero():
+			r.add("client", check, Fail, "the tunnel has had no WireGuard handshake",
+				"open the relay's WireGuard UDP port (tunnel.listen, 51820 by default) on every firewall on the way; check the relay's tunnel section")
+			continue
+		case now.Sub(rel.LastHandshake) > 3*time.Minute:
+			r.add("client", check, Fail, fmt.Sprintf("latest WireGuard handshake %s ago (WireGuard hand shakes every 2 minutes while it sends)", now.Sub(rel.LastHandshake).Round(time.Second)),
+				"the relay's WireGuard UDP port is closed now, or the relay lost the tunnel (restart without state): the agent re-asks after its watchdog")
+			continue
+		}
+		detail := fmt.Sprintf("latest WireGuard handshake %s ago", now.Sub(rel.LastHandshake).Round(time.Second))
+		local := tunnelLocal(st, rel.Name)
+		if !server.IsValid() || !local.IsValid() {
+			if !server.IsValid() {
+				detail += " (give --server to probe a connection through it)"
+			}
+			r.add("client", check, OK, detail, "")
+			continue
+		}
+		d := net.Dialer{Timeout: to, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
+		d.SetMultipathTCP(false)
+		c, err := d.DialContext(ctx, "tcp", server.String())
+		if err != nil {
+			r.add("client", check, Fail, detail+"; but no TCP connection from "+local.String()+" to "+server.String()+" through it: "+err.Error(),
+				"the relay's tunnel section refuses this destination (its allow_destinations, inherited from the relay's unless it says otherwise) or the server refuses it; the relay logs policy drops")
+			continue
+		}
+		c.Close()
+		r.add("client", check, OK, detail+"; a TCP connection from "+local.String()+" to "+server.String()+" went through it", "")
+	}
+	return r
+}
+
+// tunnelLocal is the local address of relay's tunnel detour in st.
+func tunnelLocal(st *agent.Status, relay string) netip.Addr {
+	for _, d := range st.Detours {
+		if d.Kind == "tunnel" && d.Relay == relay {
+			if a, err := netip.ParseAddr(d.Local); err == nil {
+				return a
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
 // RelayHost checks what a relay's data plane needs: forwarding, nftables
 // through netlink, whether a relay's table is already installed (one relay
 // per namespace), WireGuard (kernel module, or TUN for the embedded one),
