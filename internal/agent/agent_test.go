@@ -434,3 +434,29 @@ func TestServeMetricsPrivate(t *testing.T) {
 		t.Fatalf("with the token: %d %.200q", code, body)
 	}
 }
+
+// Issue 29 item 2: a connection doctor marked as its test is not the
+// agent's: no detour, not in the status, no failed command.
+func TestAgentLeavesProbesAlone(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(client.Port())), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := startConfig(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Detours: []agent.StaticDetour{natDetour("r1", relay1)}, Probes: dir})
+	h.connect(31) // from client, whose port is marked
+	other := mptcppm.Event{Token: 32, Local: netip.AddrPortFrom(client.Addr(), 40001), Remote: server}
+	other.Type = mptcppm.EventEstablished
+	h.k.Emit(other)
+	_, i := h.wait(0, "SUBFLOW_CREATE for the unmarked connection", creates(relay1))
+	for _, in := range h.k.Commands()[:i+1] {
+		if in.Token == 31 {
+			t.Fatalf("a command for the probe: %+v", in)
+		}
+	}
+	for _, c := range h.a.Status().Connections {
+		if c.Token == fmt.Sprintf("%08x", 31) {
+			t.Fatalf("the probe is in the status: %+v", c)
+		}
+	}
+}

@@ -85,6 +85,10 @@ type Config struct {
 	// PMType, when set, adds the pm_type guard's view to the status
 	// (wired by RunLinux).
 	PMType func() PMTypeStatus
+	// Probes is the directory marking doctor's test connections, which
+	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
+	// none).
+	Probes string
 	// Server, when set, runs the server role beside the client one
 	// (internal/serverrole: ADD_ADDR of detours, C flag).
 	Server *serverrole.Config

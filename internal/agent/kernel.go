@@ -231,6 +231,9 @@ func RunLinux(ctx context.Context, cfg Config, log *slog.Logger, pol policy.Poli
 	}()
 	defer func() { stopWatch(); <-watched }()
 	cfg.Blackhole, cfg.PMType = bh.status, pm.status
+	if cfg.Probes == "" {
+		cfg.Probes = ProbeDir
+	}
 	a := New(cfg, log, k, pol, sources...)
 	if cfg.MetricsListen != "" {
 		stop, err := ServeMetrics(cfg.MetricsListen, cfg.MetricsToken, a, log)

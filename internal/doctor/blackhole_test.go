@@ -78,12 +78,13 @@ func TestClientBlackholeNamed(t *testing.T) {
 	defer ln.Close()
 	netnstest.Serve(ln, func(c net.Conn) { c.Close() })
 	dst := netip.MustParseAddrPort("10.92.0.2:7002")
+	probes := t.TempDir()
 	var first, second Report
 	if err := cl.Do(func() error {
 		runtime.LockOSThread()
-		first = Client(context.Background(), ClientConfig{Server: dst, Timeout: 10 * time.Second})
+		first = Client(context.Background(), ClientConfig{Server: dst, Timeout: 10 * time.Second, ProbeDir: probes})
 		srv.Run("nft", "delete table inet bh")
-		second = Client(context.Background(), ClientConfig{Server: dst, Timeout: 10 * time.Second})
+		second = Client(context.Background(), ClientConfig{Server: dst, Timeout: 10 * time.Second, ProbeDir: probes})
 		return nil
 	}); err != nil {
 		t.Fatal(err)

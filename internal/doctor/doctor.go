@@ -361,6 +361,9 @@ type ClientConfig struct {
 	Source  relayclient.SourceConfig
 	Server  netip.AddrPort // zero: skip the per-relay MPTCP path check
 	Timeout time.Duration  // per relay (default 3 s)
+	// ProbeDir marks the test connections for a running agent, which
+	// leaves them alone (default agent.ProbeDir).
+	ProbeDir string
 }
 
 // Client checks each relay with a real handshake and, given a server, asks
@@ -394,7 +397,7 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 		default:
 			r.add("client", "relay "+rel.Name, OK, fmt.Sprintf("handshake and ping in %s", time.Since(start).Round(time.Millisecond)), "")
 			if cfg.Server.IsValid() {
-				r.detourPath(ctx, c, rel.Name, cfg.Server, to)
+				r.detourPath(ctx, c, rel.Name, cfg.Server, to, cfg.probeDir())
 			}
 		}
 		c.Close()
@@ -403,7 +406,7 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 	// relays for the same server, and grants are shared per member and
 	// server; the detour checks above are done by then.
 	if cfg.Server.IsValid() {
-		r.mptcpPath(ctx, "direct", cfg.Server, to)
+		r.mptcpPath(ctx, "direct", cfg.Server, to, cfg.probeDir())
 	}
 	return r
 }
@@ -419,7 +422,14 @@ func fixFor(err error) string {
 	return ""
 }
 
-func (r *Report) detourPath(ctx context.Context, c *relayclient.Conn, name string, server netip.AddrPort, to time.Duration) {
+func (cfg ClientConfig) probeDir() string {
+	if cfg.ProbeDir == "" {
+		return agent.ProbeDir
+	}
+	return cfg.ProbeDir
+}
+
+func (r *Report) detourPath(ctx context.Context, c *relayclient.Conn, name string, server netip.AddrPort, to time.Duration, probes string) {
 	gctx, cancel := context.WithTimeout(ctx, to)
 	defer cancel()
 	d, _, err := c.Grant(gctx, server, 0)
@@ -430,15 +440,19 @@ func (r *Report) detourPath(ctx context.Context, c *relayclient.Conn, name strin
 	// Not released: a relay returns the same mapping to every request of a
 	// member for a server, so a running agent may be using this very one;
 	// it lapses with its lease if nobody renews it.
-	r.mptcpPath(ctx, "detour via "+name, d, to)
+	r.mptcpPath(ctx, "detour via "+name, d, to, probes)
 }
 
 // mptcpPath opens an MPTCP connection to dst and reports whether it stayed
 // MPTCP (a middlebox stripping options makes the kernel fall back to TCP).
-func (r *Report) mptcpPath(ctx context.Context, label string, dst netip.AddrPort, to time.Duration) {
+func (r *Report) mptcpPath(ctx context.Context, label string, dst netip.AddrPort, to time.Duration, probes string) {
 	var d net.Dialer
 	d.Timeout = to
 	d.SetMultipathTCP(true)
+	// Marked as a test connection: a running agent leaves it alone.
+	var unmark func()
+	d.Control, unmark = agent.MarkProbe(probes)
+	defer unmark()
 	before := fallbacks()
 	conn, err := d.DialContext(ctx, "tcp", dst.String())
 	if err != nil {
