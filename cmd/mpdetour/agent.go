@@ -59,6 +59,14 @@ func agentCommand() *cli.Command {
 				}
 				fmt.Printf("%s: valid: policy %s, %d detour subflows per connection, %d static detours, %d relays%s, socket %s\n",
 					config, cfg.Policy, cfg.Subflows, len(cfg.Detours), relays, server, cfg.Socket)
+				if cfg.Relays != nil {
+					for _, r := range cfg.Relays.Relays {
+						fmt.Printf("  relay %s at %s\n", r.Name, r.Addr)
+					}
+				}
+				for _, l := range cfg.LegacyV1 {
+					fmt.Printf("  legacy v1 daemon %s at %s (unauthenticated), lease %s\n", l.Name, l.Addr, l.Lease)
+				}
 				return nil
 			}
 			// SIGHUP rotates the member key (rotateOnHangup). It is caught

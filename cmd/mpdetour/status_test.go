@@ -43,13 +43,20 @@ func TestStatusShowsConversions(t *testing.T) {
 // captureStatus returns what printStatus prints for st.
 func captureStatus(t *testing.T, st agent.Status) string {
 	t.Helper()
+	return captureStdout(t, func() { printStatus(st) })
+}
+
+// captureStdout returns what fn prints on os.Stdout (less than a pipe's
+// buffer).
+func captureStdout(t *testing.T, fn func()) string {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := os.Stdout
 	os.Stdout = w
-	printStatus(st)
+	fn()
 	os.Stdout = old
 	w.Close()
 	b, _ := io.ReadAll(r)

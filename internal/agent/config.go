@@ -62,7 +62,9 @@ type Config struct {
 	// LegacyV1 are original-prototype daemons asked for detours (v1,
 	// unauthenticated; legacyclient).
 	LegacyV1 []legacyclient.Relay
-	// LegacyLease is how long a v1 grant is assumed to last.
+	// LegacyLease is how long a v1 grant is assumed to last for daemons
+	// without their own legacy_v1[].lease (each LegacyV1 entry carries its
+	// own).
 	LegacyLease time.Duration
 	Selectors   []policy.Selector
 	Detours     []StaticDetour
@@ -393,13 +395,19 @@ func build(f fileConfig) (Config, error) {
 		if l.Name == "" {
 			return c, fmt.Errorf("legacy_v1[%d].name: missing (a name for logs and status)", i)
 		}
+		r := legacyclient.Relay{Name: l.Name, Addr: ap, Lease: c.LegacyLease}
 		if l.Lease != nil {
 			if v := l.Lease.D(); v < 10*time.Second || v > 24*time.Hour {
 				return c, fmt.Errorf("legacy_v1[%d].lease: %s out of range 10s-24h (the daemon's lease; v1 cannot renew)", i, v)
 			}
-			c.LegacyLease = l.Lease.D()
+			r.Lease = l.Lease.D() // this daemon's alone
 		}
-		c.LegacyV1 = append(c.LegacyV1, legacyclient.Relay{Name: l.Name, Addr: ap})
+		for j, o := range c.LegacyV1 {
+			if o.Name == l.Name {
+				return c, fmt.Errorf("legacy_v1[%d].name: %q already names legacy_v1[%d]", i, l.Name, j)
+			}
+		}
+		c.LegacyV1 = append(c.LegacyV1, r)
 	}
 	return c, nil
 }

@@ -192,3 +192,20 @@ func TestMarkRelayTrouble(t *testing.T) {
 		t.Errorf("last error %q", ds[0].LastError)
 	}
 }
+
+// A detour whose every subflow failed is not healthy (issue 28: all
+// refused with errno 111 and HEALTH ok).
+func TestMarkNeverEstablished(t *testing.T) {
+	ds := []DetourStatus{
+		{Relay: "refused", Failed: 4, Healthy: true, LastError: "connection refused"},
+		{Relay: "worked", Failed: 4, Established: 1, Healthy: true},
+		{Relay: "fresh", Healthy: true},
+	}
+	markNeverEstablished(ds)
+	if ds[0].Healthy || ds[0].LastError != "all 4 subflows failed, none established; last: connection refused" {
+		t.Fatalf("all refused: %+v", ds[0])
+	}
+	if !ds[1].Healthy || !ds[2].Healthy {
+		t.Fatalf("a detour that worked or was never tried: %+v %+v", ds[1], ds[2])
+	}
+}

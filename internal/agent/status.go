@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -180,6 +181,7 @@ func (a *Agent) Status() Status {
 		g := a.cfg.PMType()
 		st.PMTypeGuard = &g
 	}
+	markNeverEstablished(st.Detours)
 	if a.cfg.RelayStatus != nil {
 		st.Relays = a.cfg.RelayStatus()
 		markRelayTrouble(st.Detours, st.Relays)
@@ -332,6 +334,23 @@ func (a *Agent) snapshot() Status {
 	}
 	sort.Slice(st.Detours, func(i, j int) bool { return st.Detours[i].Name < st.Detours[j].Name })
 	return st
+}
+
+// markNeverEstablished marks a detour unhealthy whose subflows all failed
+// (issue 28: a v1 detour whose every subflow was refused, errno 111,
+// showed HEALTH ok): failures, not one subflow established, none up.
+func markNeverEstablished(ds []DetourStatus) {
+	for i := range ds {
+		d := &ds[i]
+		if d.Failed > 0 && d.Established == 0 && d.Subflows == 0 {
+			d.Healthy = false
+			if d.LastError == "" {
+				d.LastError = "no subflow through it was ever established"
+			} else if !strings.HasPrefix(d.LastError, "all ") {
+				d.LastError = fmt.Sprintf("all %d subflows failed, none established; last: %s", d.Failed, d.LastError)
+			}
+		}
+	}
 }
 
 // markRelayTrouble marks the detours of a relay in trouble unhealthy, with
