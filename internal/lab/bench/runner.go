@@ -1,4 +1,4 @@
-// Package bench runs benchmark scenarios in the lab (`mpdetour lab
+// Package bench runs benchmark scenarios in the lab (`mpdetour-lab
 // bench`): for every configuration of a scenario it builds the lab, runs
 // each procedure's trials, appends one record per trial, and writes JSON,
 // CSV, a Markdown report and box plots. See docs/bench.md.
@@ -48,7 +48,7 @@ type Options struct {
 	// LabName is the lab (and namespace prefix) to build; default "bench".
 	LabName string
 	// Binary is the mpdetour executable started in lab nodes (relay,
-	// agent); default: this executable.
+	// agent, run, bench send); required.
 	Binary string
 	// Progress receives one line per trial; nil = discard.
 	Progress io.Writer
@@ -82,11 +82,7 @@ func Run(ctx context.Context, o Options) (*report.Data, error) {
 		}
 	}
 	if o.Binary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("finding the mpdetour binary: %w", err)
-		}
-		o.Binary = exe
+		return nil, errors.New("no mpdetour binary to start the daemons with (Options.Binary)")
 	}
 	store, old, err := results.Open(o.Out, o.Resume)
 	if err != nil {

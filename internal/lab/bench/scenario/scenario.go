@@ -1,5 +1,5 @@
 // Package scenario defines the benchmark scenario file read by
-// `mpdetour lab bench`: which topology to build, which link configurations
+// `mpdetour-lab bench`: which topology to build, which link configurations
 // to apply to it, which measurement procedures to run in each, how many
 // trials, and the targets the report checks. The format is documented in
 // docs/bench.md; every validation error names the file and the field.

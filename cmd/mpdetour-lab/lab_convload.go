@@ -15,13 +15,14 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
 )
 
-// labConvertLoadCommand is `mpdetour lab convert-load` (issue 14): many
+// labConvertLoadCommand is `mpdetour-lab convert-load`: many
 // idle conversions held at once, or new conversions at a rate, against the
 // real converter (a relay with `convert:`) in a lab of its own.
 func labConvertLoadCommand() *cli.Command {
 	var (
 		o         bench.ConvertLoadOptions
 		out, name string
+		bin       string
 	)
 	return &cli.Command{
 		Name:         "convert-load",
@@ -38,6 +39,7 @@ func labConvertLoadCommand() *cli.Command {
 			fs.Float64Var(&o.MemberRate, "member-rate", 0, "the relay's rate.per_member (control requests/s; default the relay's 50: up to 32 tickets each caps one member at 1,600 conversions/s)")
 			fs.StringVar(&out, "out", "", "write the report (JSON) to this file")
 			fs.StringVar(&name, "name", "cvload", "lab name (namespaces <name>-<node>)")
+			fs.StringVar(&bin, "bin", "", binFlagUsage)
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
@@ -52,11 +54,16 @@ func labConvertLoadCommand() *cli.Command {
 			if o.Rate > 0 && (o.Duration < time.Second || o.Duration > time.Hour) {
 				return cli.Usagef("lab convert-load: --duration %s out of range 1s-1h", o.Duration)
 			}
-			exe, err := os.Executable()
+			exe, err := productBinary(bin)
 			if err != nil {
-				return fmt.Errorf("finding the mpdetour binary: %w", err)
+				return err
 			}
-			o.Binary = exe
+			// The load generator is this binary's convert-load-member.
+			self, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("finding the mpdetour-lab binary: %w", err)
+			}
+			o.Binary, o.LabBinary = exe, self
 			dir, err := os.MkdirTemp("", "mpdetour-convload-")
 			if err != nil {
 				return err

@@ -1,5 +1,3 @@
-//go:build !nolab
-
 package main
 
 import (

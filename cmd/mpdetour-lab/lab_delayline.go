@@ -9,7 +9,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/delayline"
 )
 
-// labDelaylineCommand is the hidden "lab delayline" subcommand: the same
+// labDelaylineCommand is the hidden "mpdetour-lab delayline" command: the same
 // code the lab runs in its detached delay-line process, for running one by
 // hand from a state file.
 func labDelaylineCommand() *cli.Command {
@@ -17,6 +17,7 @@ func labDelaylineCommand() *cli.Command {
 	var debug bool
 	return &cli.Command{
 		Name:    "delayline",
+		Hidden:  true,
 		Summary: "internal: run a lab's user-space delay line (started by lab up)",
 		Usage:   "--state FILE",
 		Flags: func(fs *flag.FlagSet) {

@@ -1,5 +1,3 @@
-//go:build !nolab
-
 package main
 
 import (
@@ -34,7 +32,7 @@ func (f rangeFlag) Set(s string) error {
 	return nil
 }
 
-// labDesignCommand is `mpdetour lab design`, added to the lab command group.
+// labDesignCommand is `mpdetour-lab design`.
 func labDesignCommand() *cli.Command {
 	var (
 		spec                  design.Spec
@@ -71,7 +69,7 @@ func labDesignCommand() *cli.Command {
 			fs.BoolVar(&report, "report", false, "only regenerate results and report from --out")
 			fs.BoolVar(&dry, "dry-run", false, "print the design's points and lab parameters, run nothing")
 			fs.StringVar(&name, "name", "design", "lab name (namespaces are NAME-NODE)")
-			fs.StringVar(&bin, "bin", "", "mpdetour binary to start in lab nodes (default: this one)")
+			fs.StringVar(&bin, "bin", "", binFlagUsage)
 			fs.StringVar(&note, "note", "", "note printed at the top of the report")
 			fs.StringVar(&shard, "shard", "", "K/N: run only every N-th point starting at the K-th (runs/NAME.shardK), so N processes with different --name can share a design")
 		},
@@ -111,6 +109,9 @@ func labDesignCommand() *cli.Command {
 						return cli.Usagef("%v", err)
 					}
 				}
+			}
+			if bin, err = productBinary(bin); err != nil {
+				return err
 			}
 			o := design.Options{Out: out, Resume: resume, LabName: name, Binary: bin, Progress: os.Stdout, Note: note}
 			if shard != "" {

@@ -89,7 +89,7 @@ func collectiveSimulate() *cli.Command {
 			}
 			res, err := roster.Simulate(ctx, cfg)
 			if res != nil && asJSON {
-				if jerr := printJSON(res); jerr != nil {
+				if jerr := cli.PrintJSON(res); jerr != nil {
 					return jerr
 				}
 			} else if res != nil {

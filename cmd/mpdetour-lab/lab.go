@@ -39,8 +39,8 @@ func loadTopology(arg string) (*topology.Topology, error) {
 	return topology.Builtin(arg)
 }
 
-// labCommand builds the lab command group.
-func labCommand() *cli.Command {
+// labCommands builds the commands that manage labs: up, exec, check, down, list.
+func labCommands() []*cli.Command {
 	var (
 		name string
 		sets setFlags
@@ -168,7 +168,7 @@ func labCommand() *cli.Command {
 				}
 			}
 			if jsonOut {
-				if err := printJSON(rep); err != nil {
+				if err := cli.PrintJSON(rep); err != nil {
 					return err
 				}
 			} else {
@@ -220,11 +220,7 @@ func labCommand() *cli.Command {
 			return w.Flush()
 		},
 	}
-	return &cli.Command{
-		Name:    "lab",
-		Summary: "emulated networks in namespaces: up, exec, check, down, list, bench, design, soak",
-		Sub:     []*cli.Command{up, execCmd, check, down, list, labDelaylineCommand(), labBenchCommand(), labDesignCommand(), labSoakCommand(), labConvertLoadCommand()},
-	}
+	return []*cli.Command{up, execCmd, check, down, list}
 }
 
 func printLab(l *lab.Lab) {

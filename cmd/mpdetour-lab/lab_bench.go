@@ -1,5 +1,3 @@
-//go:build !nolab
-
 package main
 
 import (
@@ -19,7 +17,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
 
-// labBenchCommand is `mpdetour lab bench`, added to the lab command group.
+// labBenchCommand is `mpdetour-lab bench`.
 func labBenchCommand() *cli.Command {
 	var (
 		trials     int
@@ -42,7 +40,7 @@ func labBenchCommand() *cli.Command {
 			fs.BoolVar(&resume, "resume", false, "continue the run in --out, skipping finished cells and trials")
 			fs.DurationVar(&duration, "duration", 0, "transfer duration per trial (default: the scenario's)")
 			fs.StringVar(&name, "name", "bench", "lab name (namespaces are NAME-NODE)")
-			fs.StringVar(&bin, "bin", "", "mpdetour binary to start in lab nodes (default: this one)")
+			fs.StringVar(&bin, "bin", "", binFlagUsage)
 			fs.StringVar(&note, "note", "", "note printed at the top of the report")
 			fs.BoolVar(&reportOnly, "report", false, "only regenerate JSON, CSV, report and plots from --out")
 			fs.BoolVar(&interleave, "interleave", false, "run trials in rounds (trial 1 of every cell, then trial 2, ...): a run stopped early stays balanced")
@@ -82,6 +80,9 @@ func labBenchCommand() *cli.Command {
 				printBenchSummary(d)
 				return nil
 			}
+			if bin, err = productBinary(bin); err != nil {
+				return err
+			}
 			d, err := bench.Run(ctx, bench.Options{
 				Scenario: s, Out: out, Trials: trials, Duration: duration, Resume: resume,
 				LabName: name, Binary: bin, Progress: os.Stdout, Note: note, Interleave: interleave,
@@ -91,7 +92,7 @@ func labBenchCommand() *cli.Command {
 				printBenchSummary(d)
 			}
 			if errors.Is(err, context.Canceled) {
-				again := fmt.Sprintf("mpdetour lab bench %s --out %s --resume", args[0], out)
+				again := fmt.Sprintf("mpdetour-lab bench %s --out %s --resume", args[0], out)
 				if name != "bench" {
 					again += " --name " + name
 				}

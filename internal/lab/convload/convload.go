@@ -1,4 +1,14 @@
-package benchtool
+// Package convload is the converter's load generator (docs/convert.md,
+// docs/results/converter-speed), run by "mpdetour-lab convert-load" as
+// "mpdetour-lab convert-load-member" in a lab node: a member that asks a
+// relay for converter tickets over its control protocol, exactly as the
+// agent does, and opens conversions with convert.Dial to a destination that
+// answers the first byte with one byte and closes (Responder). Two
+// modes: Idle holds that many conversions open without traffic, then checks
+// that each still answers; Rate opens new conversions at a fixed rate (open
+// loop: a slow converter shows as latency and lateness, not as a lower
+// offered rate), each a one-byte request/response.
+package convload
 
 import (
 	"context"
@@ -18,21 +28,12 @@ import (
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 )
 
-// Converter load (issue 14, docs/results/converter-speed): a member that
-// asks a relay for converter tickets over its control protocol, exactly as
-// the agent does, and opens conversions with convert.Dial to a destination
-// that answers the first byte with one byte and closes (ConvertResponder).
-// Two modes: Idle holds that many conversions open without traffic, then
-// checks that each still answers; Rate opens new conversions at a fixed
-// rate (open loop: a slow converter shows as latency and lateness, not as a
-// lower offered rate), each a one-byte request/response.
-
-// ConvertLoadOptions configure ConvertLoad.
-type ConvertLoadOptions struct {
+// Options configure Run.
+type Options struct {
 	Relay    netip.AddrPort // relay control address (UDP)
 	RelayKey proto.Key      // relay public key
 	Key      proto.Key      // member private key
-	Dst      netip.AddrPort // destination (a ConvertResponder)
+	Dst      netip.AddrPort // destination (a Responder)
 
 	// Idle > 0: open this many conversions (Concurrency at a time), call
 	// Opened, hold them until Release is closed (or Hold elapses, if
@@ -41,7 +42,7 @@ type ConvertLoadOptions struct {
 	Concurrency int
 	Hold        time.Duration
 	Release     <-chan struct{}
-	Opened      func(ConvertLoadResult)
+	Opened      func(Result)
 
 	// Rate > 0: start Rate conversions per second for Duration.
 	Rate     float64
@@ -61,8 +62,8 @@ type Percentiles struct {
 	Max float64 `json:"max"`
 }
 
-// ConvertLoadResult is what ConvertLoad measured.
-type ConvertLoadResult struct {
+// Result is what Run measured.
+type Result struct {
 	Mode      string         `json:"mode"` // idle or rate
 	Attempted int            `json:"attempted"`
 	Converted int            `json:"converted"` // Dial returned a connection
@@ -90,8 +91,8 @@ type ConvertLoadResult struct {
 	TicketErrors   int `json:"ticket_errors"`
 }
 
-// ConvertLoad runs the load described by o.
-func ConvertLoad(ctx context.Context, o ConvertLoadOptions) (*ConvertLoadResult, error) {
+// Run runs the load described by o.
+func Run(ctx context.Context, o Options) (*Result, error) {
 	if (o.Idle > 0) == (o.Rate > 0) {
 		return nil, errors.New("convert load: exactly one of idle and rate")
 	}
@@ -113,7 +114,7 @@ func ConvertLoad(ctx context.Context, o ConvertLoadOptions) (*ConvertLoadResult,
 	}
 	pool.unget(t)
 	st := &loadStats{errors: map[string]int{}}
-	var res *ConvertLoadResult
+	var res *Result
 	if o.Idle > 0 {
 		res, err = idleLoad(ctx, o, pool, st)
 	} else {
@@ -140,7 +141,7 @@ func (s *loadStats) failure(err error) {
 	s.errors[errKind(err)]++
 }
 
-func (s *loadStats) fill(r *ConvertLoadResult) {
+func (s *loadStats) fill(r *Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r.Attempted, r.Converted, r.Failed = s.attempted, s.converted, s.fail
@@ -229,8 +230,8 @@ func ask(c *net.TCPConn, timeout time.Duration) error {
 	return nil
 }
 
-func idleLoad(ctx context.Context, o ConvertLoadOptions, pool *ticketPool, st *loadStats) (*ConvertLoadResult, error) {
-	res := &ConvertLoadResult{Mode: "idle"}
+func idleLoad(ctx context.Context, o Options, pool *ticketPool, st *loadStats) (*Result, error) {
+	res := &Result{Mode: "idle"}
 	conc := o.Concurrency
 	if conc <= 0 {
 		conc = 64
@@ -310,8 +311,8 @@ func idleLoad(ctx context.Context, o ConvertLoadOptions, pool *ticketPool, st *l
 	return res, nil
 }
 
-func rateLoad(ctx context.Context, o ConvertLoadOptions, pool *ticketPool, st *loadStats) (*ConvertLoadResult, error) {
-	res := &ConvertLoadResult{Mode: "rate", OfferedRate: o.Rate}
+func rateLoad(ctx context.Context, o Options, pool *ticketPool, st *loadStats) (*Result, error) {
+	res := &Result{Mode: "rate", OfferedRate: o.Rate}
 	maxIn := o.MaxInFlight
 	if maxIn <= 0 {
 		maxIn = 4096
@@ -482,20 +483,20 @@ func (p *ticketPool) converter() netip.AddrPort {
 	return a
 }
 
-// ConvertResponder answers each connection's first byte with '!' and
+// Responder answers each connection's first byte with '!' and
 // closes (so the responder side, not the client, keeps TIME_WAIT). Unlike
-// LatencyServer it has no deadline: an idle connection is held until its
+// benchtool.LatencyServer it has no deadline: an idle connection is held until its
 // byte comes.
-type ConvertResponder struct {
+type Responder struct {
 	ln    net.Listener
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 }
 
-// NewConvertResponder serves ln until Close.
-func NewConvertResponder(ln net.Listener) *ConvertResponder {
-	s := &ConvertResponder{ln: ln, conns: map[net.Conn]struct{}{}}
+// NewResponder serves ln until Close.
+func NewResponder(ln net.Listener) *Responder {
+	s := &Responder{ln: ln, conns: map[net.Conn]struct{}{}}
 	s.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
@@ -530,14 +531,14 @@ func NewConvertResponder(ln net.Listener) *ConvertResponder {
 }
 
 // Open is the number of connections held now.
-func (s *ConvertResponder) Open() int {
+func (s *Responder) Open() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.conns)
 }
 
 // Close stops accepting, closes every held connection and waits.
-func (s *ConvertResponder) Close() error {
+func (s *Responder) Close() error {
 	err := s.ln.Close()
 	s.mu.Lock()
 	for c := range s.conns {

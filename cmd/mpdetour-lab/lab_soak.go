@@ -15,12 +15,13 @@ import (
 	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
-// labSoakCommand is `mpdetour lab soak`: churn against real relays and an
+// labSoakCommand is `mpdetour-lab soak`: churn against real relays and an
 // agent in a lab of its own, checking that nothing leaks.
 func labSoakCommand() *cli.Command {
 	var (
 		o         bench.SoakOptions
 		out, name string
+		bin       string
 	)
 	return &cli.Command{
 		Name:         "soak",
@@ -39,6 +40,7 @@ func labSoakCommand() *cli.Command {
 			fs.StringVar(&out, "out", "", "write report.md and samples.json here")
 			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static or adaptive (default: the agent's default)")
 			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
+			fs.StringVar(&bin, "bin", "", binFlagUsage)
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
@@ -52,9 +54,9 @@ func labSoakCommand() *cli.Command {
 					return cli.Usagef("lab soak: --policy: %v", err)
 				}
 			}
-			exe, err := os.Executable()
+			exe, err := productBinary(bin)
 			if err != nil {
-				return fmt.Errorf("finding the mpdetour binary: %w", err)
+				return err
 			}
 			o.Binary = exe
 			dir, err := os.MkdirTemp("", "mpdetour-soak-")
