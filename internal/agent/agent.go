@@ -121,7 +121,7 @@ func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...d
 
 // NewPolicy builds the policy cfg.Policy names (static unless adaptive)
 // from the configuration's knobs.
-func NewPolicy(cfg Config, log *slog.Logger, sources []detour.Source) *policy.Manager {
+func NewPolicy(cfg Config, log *slog.Logger, sources []detour.Source) *policy.Engine {
 	return policy.New(policy.Config{
 		Mode:     cfg.Policy,
 		Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),

@@ -10,11 +10,11 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 )
 
-// sim drives an adaptive Manager with synthetic measurements: every path
+// sim drives an adaptive Engine with synthetic measurements: every path
 // delivers at its own rate (bytes/s, 0 = dead) and the test advances time.
 type sim struct {
 	t     *testing.T
-	p     *Manager
+	p     *Engine
 	clk   *clock
 	conn  Conn
 	paths map[subKey]*simPath
