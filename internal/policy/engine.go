@@ -100,7 +100,21 @@ type kconn struct {
 	pollWait    time.Duration // retry interval while no detour is available
 	retryAt     time.Time
 	pollUntil   time.Time
-	notConn     int // SUBFLOW_CREATE refused with ENOTCONN so far
+	notConn     int // rounds of SUBFLOW_CREATE retried after ENOTCONN
+	// finished says why no subflow is opened for the connection any more
+	// (the kernel refused in a way that is final for it); "" while open.
+	finished string
+	// budget is how many more SUBFLOW_CREATE the connection may issue
+	// before it is held (createBudget); set on its first fill.
+	budget    float64
+	budgetAt  time.Time
+	budgetSet bool
+	// lostAt: when one of its joined subflows last ended otherwise than
+	// by a clean close (destroyed by us, reset, timed out). The server
+	// may still hold such a subflow (a destroy over a black-holed path
+	// never reaches it), so a join it resets afterwards says nothing
+	// about its limit.
+	lostAt time.Time
 
 	// Refusals: consecutive ones hold the connection (no new subflow)
 	// until holdUntil; each reason is logged once.
@@ -254,6 +268,8 @@ func (p *Engine) Established(c Conn) []Intent {
 		return nil
 	}
 	k.established = true
+	k.c.Fully = k.c.Fully || c.Fully
+	k.c.DenyJoinInitial = k.c.DenyJoinInitial || c.DenyJoinInitial
 	p.trackInitial(k)
 	out := p.fill(k)
 	for id, a := range k.announced {
@@ -477,11 +493,24 @@ func (p *Engine) SubflowClosed(sf Subflow) []Intent {
 	if short && !s.stale && s.d != nil {
 		// A join reset right after it came up while others of this
 		// connection live: the server's limit of extra subflows (`ip mptcp
-		// limits`, 2 by default), not the detour. Learn it, ask no more.
+		// limits`, 2 by default), not the detour. Learn it, ask no more;
+		// unless this connection lost a joined subflow before, which the
+		// server may still count (issue 28: after a 4 s detour black-hole
+		// or a relay restart the agent learned "extra_subflows=1 for 5m"
+		// and the next connection got no NAT detour). Then the reset is
+		// held against this connection only, and no detour is blamed.
 		if n := k.joined(); n > 0 {
+			if !k.lostAt.IsZero() {
+				p.refused(k, "join reset right after it came up (the server may still hold a subflow this connection lost)", true)
+				p.scheduleRetry(k, now, now.Add(p.cfg.Backoff), false)
+				return nil
+			}
 			p.learnCap(k, n, now)
 			return nil
 		}
+	}
+	if s.up && (s.stale || sf.Errno != 0 || short) {
+		k.lostAt = now
 	}
 	if !s.stale && (!s.up || sf.Errno != 0 || short) {
 		reason := closeReason(sf.Errno, s.up, short, p.cfg.MinLifetime)
@@ -539,20 +568,38 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 		}
 	}
 	delete(k.subs, sk)
-	// Not fully established yet (a connection adopted from inet_diag before
-	// its first data ack): try again shortly, for a while.
-	if errors.Is(err, syscall.ENOTCONN) {
-		if k.notConn++; k.notConn <= 50 {
-			at := p.cfg.Now().Add(200 * time.Millisecond)
-			if k.retryAt.IsZero() || at.Before(k.retryAt) {
-				k.retryAt = at
-				heap.Push(&p.wake, wakeup{at: at, token: k.c.Token})
-			}
-		}
+	if k.finished != "" {
 		return nil
 	}
-	// The connection is gone: nothing to retry, no one to blame.
-	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EBADF) {
+	// The connection is gone (the kernel knows no such token): nothing to
+	// retry, no one to blame. Its CLOSED event (or the agent's sweep)
+	// forgets it; until then nothing is opened for it.
+	if errors.Is(err, ErrConnectionGone) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EBADF) {
+		p.finish(k, "the kernel no longer knows the connection ("+errnoName(err)+")")
+		return nil
+	}
+	if errors.Is(err, syscall.ENOTCONN) {
+		// A connection whose ESTABLISHED event came was fully established:
+		// ENOTCONN now means it is closing (or fell back to TCP), which
+		// is final. Measured under churn (issue 28): 200 connections/s
+		// made 19,074 creates, 8,001 refused with ENOTCONN or "invalid
+		// token", one token retried 160 times.
+		if k.c.Fully {
+			p.finish(k, "subflow_create: ENOTCONN after the connection was established (closing, or fell back to TCP)")
+			return nil
+		}
+		// Not fully established yet (adopted from inet_diag before its
+		// first data ack): try again after 0.2, 0.4, 0.8, 1.6 s, then
+		// give up.
+		now := p.cfg.Now()
+		if at := now.Add(200 * time.Millisecond << min(k.notConn, 4)); k.retryAt.IsZero() || !k.retryAt.After(now) {
+			if k.notConn++; k.notConn > maxNotConnRounds {
+				p.finish(k, fmt.Sprintf("subflow_create: ENOTCONN %d times (never fully established)", maxNotConnRounds))
+				return nil
+			}
+			k.retryAt = at
+			heap.Push(&p.wake, wakeup{at: at, token: k.c.Token})
+		}
 		return nil
 	}
 	p.refused(k, "subflow_create: "+errnoName(err), true)
@@ -599,7 +646,16 @@ func (p *Engine) Adopt(c Conn, subflows []Subflow) []Intent {
 
 // fill opens detour subflows until the connection has N of them.
 func (p *Engine) fill(k *kconn) []Intent {
-	if !k.selected || !k.established {
+	if !k.selected || !k.established || k.finished != "" {
+		return nil
+	}
+	if k.c.DenyJoinInitial {
+		// Every detour leads to the server's initial address (NAT: the
+		// relay DNATs to it; tunnel: straight to it), which the server
+		// said it will not accept joins to (the C flag).
+		if k.decision == "" {
+			k.decision = "no detour: the server set the C flag (no joins to its initial address, where detours lead)"
+		}
 		return nil
 	}
 	now := p.cfg.Now()
@@ -640,6 +696,9 @@ func (p *Engine) fill(k *kconn) []Intent {
 		}
 		if d.Backup {
 			// Configured backups are opened besides the N (as backup).
+			if !p.spend(k, now) {
+				return out
+			}
 			out = append(out, p.open(k, d, now))
 			continue
 		}
@@ -660,6 +719,9 @@ func (p *Engine) fill(k *kconn) []Intent {
 	for _, d := range cands {
 		if have >= limit {
 			break
+		}
+		if !p.spend(k, now) {
+			return out // held: a wakeup at holdUntil fills it
 		}
 		local := d.Local
 		if !local.IsValid() {

@@ -131,6 +131,9 @@ func (p *Engine) watchdog(k *kconn, now time.Time) []Intent {
 // stays in the kernel until its SYN retries end, and is adopted if it
 // comes up.
 func (p *Engine) redial(k *kconn, now time.Time) []Intent {
+	if k.c.DenyJoinInitial || k.finished != "" {
+		return nil // a redial is a join to the server's initial address
+	}
 	rk := key(k.c.Local.Addr(), k.c.Remote)
 	rk.redial = true
 	r := k.subs[rk]

@@ -15,6 +15,7 @@ import (
 type serverCap struct {
 	n     int
 	until time.Time
+	gap   time.Duration // how long it held when last learned
 }
 
 type health struct {
@@ -49,17 +50,35 @@ func (k *kconn) joined() int {
 	return n
 }
 
-// learnCap records that k's server accepts at most n extra subflows.
+// capCheck is how long a learned server limit first holds before a new
+// connection tries more joins again (re-checks it); each confirmation
+// doubles it, up to 10 x Hold.
+const capCheck = 10 * time.Second
+
+// learnCap records that k's server accepts at most n extra subflows, for a
+// while: the next connection after that re-checks it by asking for N
+// again. (It used to hold for 10 x Hold, 5 minutes, whatever the evidence;
+// a wrongly learned limit then cost every connection its detours.)
 func (p *Engine) learnCap(k *kconn, n int, now time.Time) {
 	c, had := p.caps[k.c.Remote]
-	if had && now.Before(c.until) && c.n <= n {
-		n = c.n
+	gap := capCheck
+	if had {
+		if now.Before(c.until) && c.n <= n {
+			n = c.n
+		}
+		if now.Sub(c.until) < c.gap {
+			// Confirmed soon after a re-check: hold it longer.
+			gap = min(2*c.gap, 10*p.cfg.Hold)
+		}
+		if now.Before(c.until) {
+			gap = max(gap, c.gap)
+		}
 	}
-	p.caps[k.c.Remote] = serverCap{n: n, until: now.Add(10 * p.cfg.Hold)}
+	p.caps[k.c.Remote] = serverCap{n: n, until: now.Add(gap), gap: gap}
 	reason := fmt.Sprintf("server accepts at most %d extra subflows (joins beyond are reset)", n)
 	p.refused(k, reason, false)
-	if !had || c.n != n {
-		p.cfg.Log.Info("server subflow limit learned", "server", k.c.Remote, "extra_subflows", n, "for", 10*p.cfg.Hold)
+	if !had || c.n != n || !now.Before(c.until) {
+		p.cfg.Log.Info("server subflow limit learned", "server", k.c.Remote, "extra_subflows", n, "recheck_after", gap)
 	}
 }
 
@@ -67,10 +86,69 @@ func (p *Engine) learnCap(k *kconn, n int, now time.Time) {
 func (p *Engine) capFor(server netip.AddrPort, now time.Time) int {
 	n := p.cfg.Subflows
 	if c, ok := p.caps[server]; ok {
-		if now.Before(c.until) {
+		switch {
+		case now.Before(c.until):
 			n = min(n, c.n)
-		} else {
-			delete(p.caps, server)
+		case now.Sub(c.until) > 10*p.cfg.Hold:
+			delete(p.caps, server) // long past: forget it (bounded map)
+		}
+	}
+	return n
+}
+
+// capDisproved forgets a learned limit once a connection to the server
+// keeps more extra subflows than it for MinLifetime.
+func (p *Engine) capDisproved(k *kconn) {
+	if c, ok := p.caps[k.c.Remote]; ok && k.joined() > c.n {
+		delete(p.caps, k.c.Remote)
+		p.cfg.Log.Info("server subflow limit no longer holds", "server", k.c.Remote, "extra_subflows", k.joined())
+	}
+}
+
+// maxNotConnRounds bounds the retries of a connection found by inet_diag
+// whose SUBFLOW_CREATE the kernel refuses with ENOTCONN.
+const maxNotConnRounds = 4
+
+// finish ends all work for a connection the kernel refused in a way that
+// is final for it: no subflow is opened, retried or redialled any more.
+func (p *Engine) finish(k *kconn, why string) {
+	k.finished, k.retryAt, k.decision = why, time.Time{}, "no more subflows: "+why
+	p.cfg.Log.Debug("connection finished", "token", fmt.Sprintf("%08x", k.c.Token), "server", k.c.Remote, "why", why)
+}
+
+// spend takes one SUBFLOW_CREATE from the connection's budget, a token
+// bucket: twice its slots (N detour subflows plus its configured backups)
+// to start with, refilled by one per Backoff (and by two when a subflow
+// lived: replacing it later is fair). An empty budget holds the connection
+// until the next token. Refusal holds and final errors end the retry
+// loops; this bounds whatever is left (issue 28 target: creates <= 2 x the
+// subflows that can exist).
+func (p *Engine) spend(k *kconn, now time.Time) bool {
+	full := float64(2 * p.slots(k))
+	if !k.budgetSet {
+		k.budgetSet, k.budget, k.budgetAt = true, full, now
+	}
+	k.budget = min(full, k.budget+float64(now.Sub(k.budgetAt))/float64(p.cfg.Backoff))
+	k.budgetAt = now
+	if k.budget >= 1 {
+		k.budget--
+		return true
+	}
+	if now.Before(k.holdUntil) {
+		return false
+	}
+	k.holdUntil = now.Add(time.Duration((1 - k.budget) * float64(p.cfg.Backoff)))
+	p.refused(k, "subflow budget used up (creates limited to one per backoff)", false)
+	heap.Push(&p.wake, wakeup{at: k.holdUntil, token: k.c.Token})
+	return false
+}
+
+// slots is how many detour subflows k may have at once.
+func (p *Engine) slots(k *kconn) int {
+	n := max(p.cfg.Subflows, 1)
+	for _, d := range p.detours(k.c.Remote) {
+		if d.Backup && n < 64 {
+			n++
 		}
 	}
 	return n
@@ -176,6 +254,12 @@ func (p *Engine) Backoff(d detour.Detour) time.Time {
 // consecutive failures are forgotten.
 func (p *Engine) healthy(k *kconn, s *ksub) {
 	k.fails = 0
+	if k.budgetSet {
+		k.budget = min(k.budget+2, float64(2*p.slots(k)))
+	}
+	if !s.initial {
+		p.capDisproved(k)
+	}
 	if s.d != nil {
 		if h := p.health[Key(*s.d)]; h != nil {
 			h.fails = 0

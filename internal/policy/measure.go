@@ -112,6 +112,7 @@ func sub64(a, b uint64) uint64 {
 
 // stalled closes a detour subflow whose path went silent and replaces it.
 func (p *Engine) stalled(k *kconn, s *ksub, m Measurement, reason string) []Intent {
+	k.lostAt = p.cfg.Now()
 	s.stale, s.role, s.decision = true, RoleFailed, reason
 	p.penalise(*s.d, reason)
 	p.cfg.Log.Info("detour subflow failed", "token", fmt.Sprintf("%08x", k.c.Token), "path", PathName(s.d, ""), "reason", reason)
