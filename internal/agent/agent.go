@@ -429,7 +429,9 @@ func (a *Agent) measured(pr probe) []job {
 			Backup: s.Backup(), RTT: s.RTT, RTTVar: s.RTTVar, MinRTT: s.MinRTT, Retransmits: s.Retransmits,
 			TotalRetrans: s.TotalRetrans, SegsOut: s.SegsOut, Unacked: s.Unacked,
 			BytesAcked: s.BytesAcked, BytesReceived: s.BytesReceived, BytesSent: s.BytesSent, BytesRetrans: s.BytesRetrans,
-			DeliveryRate: s.DeliveryRate, SinceDataSent: s.SinceDataSent, SinceDataRecv: s.SinceDataRecv, SinceAckRecv: s.SinceAckRecv})
+			DeliveryRate: s.DeliveryRate, SinceDataSent: s.SinceDataSent, SinceDataRecv: s.SinceDataRecv, SinceAckRecv: s.SinceAckRecv,
+			SndCwnd: s.SndCwnd, SndMSS: s.SndMSS, PacingRate: s.PacingRate, NotsentBytes: s.NotsentBytes, AppLimited: s.AppLimited,
+			BusyTime: s.BusyTime, RwndLimited: s.RwndLimited, SndbufLimited: s.SndbufLimited})
 	}
 	if len(ms) == 0 {
 		return nil

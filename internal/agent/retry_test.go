@@ -151,3 +151,26 @@ func TestAgentHonoursServerCFlag(t *testing.T) {
 		}
 	}
 }
+
+// policy: backup-first opens detour subflows with the B flag (the join's
+// SYN carries it) and status shows them as backups.
+func TestAgentBackupFirstJoinsAsBackup(t *testing.T) {
+	h := start(t, policy.BackupFirst, natDetour("r1", relay1))
+	h.connect(11)
+	in, _ := h.wait(0, "SUBFLOW_CREATE via r1", creates(relay1))
+	if !in.Backup {
+		t.Fatalf("create %v without the B flag", in)
+	}
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 11, Local: netip.AddrPortFrom(client.Addr(), 50011), Remote: relay1, Backup: 1})
+	for range 50 {
+		for _, c := range h.a.Status().Connections {
+			for _, s := range c.Subflows {
+				if s.Path == "nat:r1" && s.Role == "backup" {
+					return
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("status %+v: no backup subflow through r1", h.a.Status().Connections)
+}

@@ -60,6 +60,10 @@ type Config struct {
 	// the best path's plus 20 ms [3], is tested first.
 	HarmLoss float64
 	HarmRTT  float64
+	// RcvBuf (backup-first): the receive buffer, in bytes, that data
+	// arriving out of order while a slower path's segment is in flight
+	// must fit (BLEST's condition) [6 MiB, the kernel's tcp_rmem[2]].
+	RcvBuf int64
 	// Now is the clock and Rand the jitter source (tests).
 	Now  func() time.Time
 	Rand func() float64
@@ -170,8 +174,14 @@ type ksub struct {
 	rtt          time.Duration
 	minRTT       time.Duration // the kernel's minimum RTT: the path's base delay, without queueing
 	rate, loss   float64
-	recvd        bool // has ever received data
-	dead         bool // the watchdog declared it dead (initial/announced: set backup)
+	// sendLimited: the smoothed share of probes at which the subflow was
+	// limited by its congestion window or pacing (not by the application:
+	// its window full, or bytes waiting that it could not send yet);
+	// recvBusy: the smoothed share of probe intervals in which it received
+	// data. Backup-first reads both as "this path is full".
+	sendLimited, recvBusy float64
+	recvd                 bool // has ever received data
+	dead                  bool // the watchdog declared it dead (initial/announced: set backup)
 	// retryAt is when a dead default or announced path is given another
 	// chance as active (a backup subflow carries nothing new, so it cannot
 	// show by itself that its path came back); retryGap doubles per failed
@@ -188,7 +198,7 @@ type ksub struct {
 }
 
 // positive sets *p to def unless it is positive already.
-func positive[T int | float64 | time.Duration](p *T, def T) {
+func positive[T int | int64 | float64 | time.Duration](p *T, def T) {
 	if *p <= 0 {
 		*p = def
 	}
@@ -217,6 +227,7 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 	positive(&cfg.Hold, 30*time.Second)
 	positive(&cfg.HarmLoss, 0.02)
 	positive(&cfg.HarmRTT, 3)
+	positive(&cfg.RcvBuf, 6<<20)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

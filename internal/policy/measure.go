@@ -86,6 +86,16 @@ func (p *Engine) observe(k *kconn, s *ksub, m Measurement, now time.Time) {
 		// Exponential moving averages with a one-second time constant.
 		a := 1 - math.Exp(-dt.Seconds())
 		s.rate += a * (float64(acked+rcvd)/dt.Seconds() - s.rate)
+		limited := 0.0
+		if m.SndCwnd > 0 && !m.AppLimited && (m.Unacked+1 >= m.SndCwnd || m.NotsentBytes > 0) {
+			limited = 1
+		}
+		s.sendLimited += a * (limited - s.sendLimited)
+		busy := 0.0
+		if rcvd > 0 {
+			busy = 1
+		}
+		s.recvBusy += a * (busy - s.recvBusy)
 		if segs := m.SegsOut - prev.SegsOut; segs > 0 && segs < 1<<30 {
 			re := float64(m.TotalRetrans-prev.TotalRetrans) / float64(segs)
 			s.loss += a * (min(max(re, 0), 1) - s.loss)

@@ -144,7 +144,18 @@ type Measurement struct {
 	TotalRetrans, SegsOut, Unacked                     uint32
 	BytesAcked, BytesReceived, BytesSent, BytesRetrans uint64
 	DeliveryRate                                       uint64 // bytes/s
-	SinceDataSent, SinceDataRecv, SinceAckRecv         time.Duration
+	// What limits the sender: congestion window (segments) and MSS, the
+	// pacing rate (bytes/s), bytes not sent yet, whether the last rate
+	// sample was application limited, and cumulative busy time and the
+	// parts of it limited by the receive window and the send buffer
+	// (microseconds). Busy time that neither limit explains is time the
+	// subflow was limited by its congestion window or pacing.
+	SndCwnd, SndMSS                            uint32
+	PacingRate                                 uint64
+	NotsentBytes                               uint32
+	AppLimited                                 bool
+	BusyTime, RwndLimited, SndbufLimited       uint64
+	SinceDataSent, SinceDataRecv, SinceAckRecv time.Duration
 }
 
 // Role is what a subflow is for, as a policy sees it.

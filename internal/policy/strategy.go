@@ -46,10 +46,14 @@ const (
 	// backup, and replaces detours that add nothing with untried
 	// candidates (adaptive.go; docs/agent.md, "The adaptive policy").
 	Adaptive
+	// BackupFirst opens every detour subflow as backup and makes it carry
+	// data only while the measurements say it helps (backupfirst.go;
+	// docs/agent.md, "The backup-first policy").
+	BackupFirst
 )
 
 // Modes lists the strategies by configuration name, in order.
-var Modes = []Mode{Static, Adaptive}
+var Modes = []Mode{Static, Adaptive, BackupFirst}
 
 func (m Mode) String() string {
 	switch m {
@@ -57,13 +61,15 @@ func (m Mode) String() string {
 		return "static"
 	case Adaptive:
 		return "adaptive"
+	case BackupFirst:
+		return "backup-first"
 	}
 	return fmt.Sprintf("mode(%d)", int(m))
 }
 
 // Measures reports whether the strategy decides by measurements every
 // probe interval (the agent then probes every 100 ms by default).
-func (m Mode) Measures() bool { return m == Adaptive }
+func (m Mode) Measures() bool { return m == Adaptive || m == BackupFirst }
 
 // ParseMode reads a policy name from configuration.
 func ParseMode(s string) (Mode, error) {
@@ -72,7 +78,7 @@ func ParseMode(s string) (Mode, error) {
 			return m, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown policy %q (want static or adaptive)", s)
+	return 0, fmt.Errorf("unknown policy %q (want static, adaptive or backup-first)", s)
 }
 
 // New returns the Engine running the strategy cfg.Mode names (static when
@@ -82,6 +88,8 @@ func New(cfg Config, sources []detour.Source) *Engine {
 	switch e.cfg.Mode {
 	case Adaptive:
 		e.strat = &adaptive{e: e}
+	case BackupFirst:
+		e.strat = &backupFirst{e: e}
 	default:
 		e.cfg.Mode = Static
 		e.strat = &static{e: e}
@@ -98,6 +106,13 @@ func NewStatic(cfg Config, sources []detour.Source) *Engine {
 // NewAdaptive returns the adaptive policy drawing detours from sources.
 func NewAdaptive(cfg Config, sources []detour.Source) *Engine {
 	cfg.Mode = Adaptive
+	return New(cfg, sources)
+}
+
+// NewBackupFirst returns the backup-first policy drawing detours from
+// sources.
+func NewBackupFirst(cfg Config, sources []detour.Source) *Engine {
+	cfg.Mode = BackupFirst
 	return New(cfg, sources)
 }
 
