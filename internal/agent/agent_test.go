@@ -42,24 +42,9 @@ type harness struct {
 
 func start(t *testing.T, mode policy.Mode, detours ...agent.StaticDetour) *harness {
 	t.Helper()
-	cfg := agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	return run(t, agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
-		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours}
-	k := kerneltest.New()
-	a := agent.New(cfg, nil, k, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	h := &harness{t: t, k: k, a: a}
-	h.stop = func() {
-		cancel()
-		k.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}
-	t.Cleanup(h.stop)
-	return h
+		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours})
 }
 
 func (h *harness) connect(token uint32) {

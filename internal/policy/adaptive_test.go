@@ -176,15 +176,18 @@ func (s *sim) count(a Action) int {
 	return n
 }
 
-func (s *sim) role(path string) Role {
+func (s *sim) role(path string) Role { return s.report(path).Role }
+
+// report is the status line of the subflow on path (zero if none).
+func (s *sim) report(path string) SubflowReport {
 	for _, c := range s.p.Report().Conns {
 		for _, sf := range c.Subflows {
 			if sf.Path == path {
-				return sf.Role
+				return sf
 			}
 		}
 	}
-	return ""
+	return SubflowReport{}
 }
 
 func TestAdaptiveWatchdogReplacesDeadDetour(t *testing.T) {

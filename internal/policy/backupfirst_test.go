@@ -24,16 +24,7 @@ func newBackupFirst(t *testing.T) (*sim, subKey, subKey) {
 	return s, def, det
 }
 
-func (s *sim) decision(path string) string {
-	for _, c := range s.p.Report().Conns {
-		for _, sf := range c.Subflows {
-			if sf.Path == path {
-				return sf.Decision
-			}
-		}
-	}
-	return ""
-}
+func (s *sim) decision(path string) string { return s.report(path).Decision }
 
 // The default path is full (cwnd-limited) and the detour, as fast, adds
 // its own capacity: it is tried and kept active.
