@@ -617,6 +617,12 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 	if in.Detour == nil {
 		return nil
 	}
+	if localShortage(err) {
+		// This host ran short (ephemeral ports, memory): no detour's
+		// fault. Backing the detour off would deny it to every other
+		// connection; the refusal holds this one.
+		return p.fill(k)
+	}
 	p.penalise(*in.Detour, "subflow_create: "+err.Error())
 	return p.fill(k)
 }

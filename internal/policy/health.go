@@ -210,6 +210,14 @@ func (p *Engine) penalise(d detour.Detour, reason string) {
 	p.cfg.Log.Info("detour failed", "detour", d.String(), "fails", h.fails, "retry_after", wait, "reason", reason)
 }
 
+// localShortage: the kernel refused for want of a local resource
+// (ephemeral ports under churn: docs/agent.md, "Benchmark: connection
+// rate"), not because of the detour.
+func localShortage(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOBUFS)
+}
+
 func errnoName(err error) string {
 	var en syscall.Errno
 	if errors.As(err, &en) {
