@@ -38,7 +38,7 @@ func labSoakCommand() *cli.Command {
 			fs.IntVar(&o.Long, "long", 2, "long-lived connections sending ~2 Mbit/s each (0: none)")
 			fs.DurationVar(&o.Sample, "sample", 10*time.Second, "sampling period")
 			fs.StringVar(&out, "out", "", "write report.md and samples.json here")
-			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static or adaptive (default: the agent's default)")
+			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static, adaptive or backup-first (default: the agent's default)")
 			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
 			fs.StringVar(&bin, "bin", "", binFlagUsage)
 		},

@@ -37,6 +37,10 @@ const (
 	MPTCPNATAdaptive    = "mptcp-nat-adaptive"
 	MPTCPTunnelStatic   = "mptcp-tunnel-static"
 	MPTCPTunnelAdaptive = "mptcp-tunnel-adaptive"
+	// backup-first (issue 26): detours join as backup, carry data once
+	// the measurements say they help.
+	MPTCPNATBackupFirst    = "mptcp-nat-backup-first"
+	MPTCPTunnelBackupFirst = "mptcp-tunnel-backup-first"
 	// The cell's detours as backups (relays marked backup: true): the
 	// default path carries the data while it works.
 	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
@@ -89,10 +93,12 @@ var procs = map[string]procInfo{
 	TCPEncap:    {"TCP via VXLAN tunnel detour (unencrypted)", 1, ""},
 	MPTCPEncap:  {"MPTCP + VXLAN tunnel detour (unencrypted)", -1, TCPEncap},
 
-	MPTCPNATStatic:      {"MPTCP + NAT detour, static policy", -1, TCPNAT},
-	MPTCPNATAdaptive:    {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
-	MPTCPTunnelStatic:   {"MPTCP + tunnel detour, static policy", -1, TCPTunnel},
-	MPTCPTunnelAdaptive: {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
+	MPTCPNATStatic:         {"MPTCP + NAT detour, static policy", -1, TCPNAT},
+	MPTCPNATAdaptive:       {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
+	MPTCPTunnelStatic:      {"MPTCP + tunnel detour, static policy", -1, TCPTunnel},
+	MPTCPTunnelAdaptive:    {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
+	MPTCPNATBackupFirst:    {"MPTCP + NAT detour, backup-first policy", -1, TCPNAT},
+	MPTCPTunnelBackupFirst: {"MPTCP + tunnel detour, backup-first policy", -1, TCPTunnel},
 
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
@@ -116,13 +122,15 @@ func Policy(procedure string) string {
 		return "static"
 	case MPTCPNATAdaptive, MPTCPTunnelAdaptive, MPTCPNATBackupAdaptive:
 		return "adaptive"
+	case MPTCPNATBackupFirst, MPTCPTunnelBackupFirst:
+		return "backup-first"
 	}
 	return ""
 }
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
+	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 

@@ -16,42 +16,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 )
 
-// Mode selects how a Manager chooses subflows.
-type Mode int
-
-const (
-	// Static keeps N detour subflows per connection in the sources' order,
-	// replaces failed ones with backoff and closes stalled ones.
-	Static Mode = iota + 1
-	// Adaptive measures every subflow (Measured), fails over within a
-	// second when a path stops delivering, sets paths that lower the
-	// aggregate aside as backup, and replaces detours that add nothing with
-	// untried candidates (docs/agent.md, "The adaptive policy").
-	Adaptive
-)
-
-func (m Mode) String() string {
-	switch m {
-	case Static:
-		return "static"
-	case Adaptive:
-		return "adaptive"
-	}
-	return fmt.Sprintf("mode(%d)", int(m))
-}
-
-// ParseMode reads a policy name from configuration.
-func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "static":
-		return Static, nil
-	case "adaptive":
-		return Adaptive, nil
-	}
-	return 0, fmt.Errorf("unknown policy %q (want static or adaptive)", s)
-}
-
-// Config configures a Manager; zero fields take the defaults in brackets.
+// Config configures an Engine and its strategy; zero fields take the defaults in brackets.
 type Config struct {
 	Mode Mode // [Static]
 	// Subflows is how many detour subflows each selected connection keeps
@@ -95,16 +60,22 @@ type Config struct {
 	// the best path's plus 20 ms [3], is tested first.
 	HarmLoss float64
 	HarmRTT  float64
+	// RcvBuf (backup-first): the receive buffer, in bytes, that data
+	// arriving out of order while a slower path's segment is in flight
+	// must fit (BLEST's condition) [6 MiB, the kernel's tcp_rmem[2]].
+	RcvBuf int64
 	// Now is the clock and Rand the jitter source (tests).
 	Now  func() time.Time
 	Rand func() float64
 	Log  *slog.Logger
 }
 
-// Manager is the path manager's policy: static or adaptive (Config.Mode).
-// It is driven from one goroutine.
-type Manager struct {
+// Engine is the path manager's policy: the state and mechanisms every
+// strategy shares (strategy.go), driven by the strategy Config.Mode names.
+// It implements Policy and is driven from one goroutine.
+type Engine struct {
 	cfg     Config
+	strat   strategy
 	sources []detour.Source
 	conns   map[uint32]*kconn
 	health  map[string]*health
@@ -124,12 +95,6 @@ type Manager struct {
 	Untracked uint64
 }
 
-// serverCap is a learned limit of a server's extra subflows.
-type serverCap struct {
-	n     int
-	until time.Time
-}
-
 type kconn struct {
 	c           Conn
 	selected    bool
@@ -139,7 +104,21 @@ type kconn struct {
 	pollWait    time.Duration // retry interval while no detour is available
 	retryAt     time.Time
 	pollUntil   time.Time
-	notConn     int // SUBFLOW_CREATE refused with ENOTCONN so far
+	notConn     int // rounds of SUBFLOW_CREATE retried after ENOTCONN
+	// finished says why no subflow is opened for the connection any more
+	// (the kernel refused in a way that is final for it); "" while open.
+	finished string
+	// budget is how many more SUBFLOW_CREATE the connection may issue
+	// before it is held (createBudget); set on its first fill.
+	budget    float64
+	budgetAt  time.Time
+	budgetSet bool
+	// lostAt: when one of its joined subflows last ended otherwise than
+	// by a clean close (destroyed by us, reset, timed out). The server
+	// may still hold such a subflow (a destroy over a black-holed path
+	// never reaches it), so a join it resets afterwards says nothing
+	// about its limit.
+	lostAt time.Time
 
 	// Refusals: consecutive ones hold the connection (no new subflow)
 	// until holdUntil; each reason is logged once.
@@ -148,33 +127,20 @@ type kconn struct {
 	refusals  map[string]int
 	decision  string
 
-	// Adaptive measurement: delivered bytes (both directions, all
-	// subflows) sampled over time, for rates with and without a subflow.
+	// Measurements: delivered bytes (both directions, all subflows)
+	// sampled over time, for rates with and without a subflow.
 	delivered uint64
 	hist      []sample
-	lastRecv  time.Time // when any subflow last received data
-	trial     *trial
-	nextEval  time.Time
+	lastRecv  time.Time       // when any subflow last received data
 	tried     map[string]bool // detours used by this connection so far
+	// st is the strategy's own state for the connection (nil until it
+	// keeps any; dropped with the connection).
+	st any
 }
 
 type sample struct {
 	at        time.Time
 	delivered uint64
-}
-
-type trial struct {
-	sub    subKey
-	revive bool // testing a backup subflow as active again
-	start  time.Time
-	until  time.Time
-	before float64 // connection rate (bytes/s) over the window before
-	why    string
-	paths  int // active paths when the trial started, the subflow included
-	// settle: the least time the rate without it is measured before the
-	// trial may end early (3 base RTTs of the longest active path).
-	settle time.Duration
-	cut    bool // ended early: the connection clearly needs the subflow
 }
 
 // subKey leaves the local port out: it is unknown until the SYN goes out.
@@ -201,14 +167,21 @@ type ksub struct {
 	decision string
 	// Measurements (Measured).
 	seen         bool
+	probedAt     time.Time // the last probe that measured it
 	sampledAt    time.Time
 	m            Measurement
 	lastProgress time.Time
 	rtt          time.Duration
 	minRTT       time.Duration // the kernel's minimum RTT: the path's base delay, without queueing
 	rate, loss   float64
-	recvd        bool // has ever received data
-	dead         bool // the watchdog declared it dead (initial/announced: set backup)
+	// sendLimited: the smoothed share of probes at which the subflow was
+	// limited by its congestion window or pacing (not by the application:
+	// its window full, or bytes waiting that it could not send yet);
+	// recvBusy: the smoothed share of probe intervals in which it received
+	// data. Backup-first reads both as "this path is full".
+	sendLimited, recvBusy float64
+	recvd                 bool // has ever received data
+	dead                  bool // the watchdog declared it dead (initial/announced: set backup)
 	// retryAt is when a dead default or announced path is given another
 	// chance as active (a backup subflow carries nothing new, so it cannot
 	// show by itself that its path came back); retryGap doubles per failed
@@ -224,38 +197,15 @@ type ksub struct {
 	attempts  int       // redial: SYNs outstanding (attempts not up, not closed)
 }
 
-type health struct {
-	fails   int // consecutive failures (backoff)
-	total   int
-	until   time.Time
-	last    time.Time
-	lastErr string
-}
-
-// NewStatic returns the static policy drawing detours from sources.
-func NewStatic(cfg Config, sources []detour.Source) *Manager {
-	cfg.Mode = Static
-	return New(cfg, sources)
-}
-
-// NewAdaptive returns the adaptive policy drawing detours from sources.
-func NewAdaptive(cfg Config, sources []detour.Source) *Manager {
-	cfg.Mode = Adaptive
-	return New(cfg, sources)
-}
-
 // positive sets *p to def unless it is positive already.
-func positive[T int | float64 | time.Duration](p *T, def T) {
+func positive[T int | int64 | float64 | time.Duration](p *T, def T) {
 	if *p <= 0 {
 		*p = def
 	}
 }
 
-// New returns a Manager in cfg.Mode (static when unset).
-func New(cfg Config, sources []detour.Source) *Manager {
-	if cfg.Mode == 0 {
-		cfg.Mode = Static
-	}
+// newEngine applies the defaults; New adds the strategy.
+func newEngine(cfg Config, sources []detour.Source) *Engine {
 	if cfg.Subflows == 0 {
 		cfg.Subflows = 2
 	} else if cfg.Subflows < 0 {
@@ -277,6 +227,7 @@ func New(cfg Config, sources []detour.Source) *Manager {
 	positive(&cfg.Hold, 30*time.Second)
 	positive(&cfg.HarmLoss, 0.02)
 	positive(&cfg.HarmRTT, 3)
+	positive(&cfg.RcvBuf, 6<<20)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -286,21 +237,16 @@ func New(cfg Config, sources []detour.Source) *Manager {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{cfg: cfg, sources: sources, conns: map[uint32]*kconn{},
+	return &Engine{cfg: cfg, sources: sources, conns: map[uint32]*kconn{},
 		health: map[string]*health{}, servers: map[netip.AddrPort]int{}, avoid: map[string]time.Time{}, caps: map[netip.AddrPort]serverCap{},
 		localIDs: map[netip.Addr]uint8{}, nextID: 1}
 }
-
-// Mode reports the manager's mode.
-func (p *Manager) Mode() Mode { return p.cfg.Mode }
 
 func key(local netip.Addr, remote netip.AddrPort) subKey {
 	return subKey{local: local.Unmap(), remote: unmapAP(remote)}
 }
 
-func (p *Manager) adaptive() bool { return p.cfg.Mode == Adaptive }
-
-func (p *Manager) track(c Conn) *kconn {
+func (p *Engine) track(c Conn) *kconn {
 	if k := p.conns[c.Token]; k != nil {
 		return k
 	}
@@ -317,7 +263,7 @@ func (p *Manager) track(c Conn) *kconn {
 	return k
 }
 
-func (p *Manager) Created(c Conn) []Intent {
+func (p *Engine) Created(c Conn) []Intent {
 	k := p.track(c)
 	if k != nil && k.selected {
 		for _, s := range p.sources {
@@ -327,12 +273,14 @@ func (p *Manager) Created(c Conn) []Intent {
 	return nil
 }
 
-func (p *Manager) Established(c Conn) []Intent {
+func (p *Engine) Established(c Conn) []Intent {
 	k := p.track(c)
 	if k == nil {
 		return nil
 	}
 	k.established = true
+	k.c.Fully = k.c.Fully || c.Fully
+	k.c.DenyJoinInitial = k.c.DenyJoinInitial || c.DenyJoinInitial
 	p.trackInitial(k)
 	out := p.fill(k)
 	for id, a := range k.announced {
@@ -343,7 +291,7 @@ func (p *Manager) Established(c Conn) []Intent {
 
 // trackInitial records the connection's first subflow (the default path),
 // which the adaptive policy measures like any other.
-func (p *Manager) trackInitial(k *kconn) {
+func (p *Engine) trackInitial(k *kconn) {
 	sk := key(k.c.Local.Addr(), k.c.Remote)
 	if k.subs[sk] == nil {
 		now := p.cfg.Now()
@@ -351,7 +299,7 @@ func (p *Manager) trackInitial(k *kconn) {
 	}
 }
 
-func (p *Manager) Closed(token uint32) []Intent {
+func (p *Engine) Closed(token uint32) []Intent {
 	k := p.conns[token]
 	if k == nil {
 		return nil
@@ -367,7 +315,7 @@ func (p *Manager) Closed(token uint32) []Intent {
 }
 
 // release lets grant-holding sources give up what no connection uses.
-func (p *Manager) release(server netip.AddrPort) {
+func (p *Engine) release(server netip.AddrPort) {
 	for _, s := range p.sources {
 		if r, ok := s.(detour.Releaser); ok {
 			go func() {
@@ -381,7 +329,7 @@ func (p *Manager) release(server netip.AddrPort) {
 	}
 }
 
-func (p *Manager) Announced(token uint32, id uint8, addr netip.AddrPort) []Intent {
+func (p *Engine) Announced(token uint32, id uint8, addr netip.AddrPort) []Intent {
 	k := p.conns[token]
 	if k == nil || p.cfg.Announced < 0 {
 		return nil
@@ -403,7 +351,7 @@ func (p *Manager) Announced(token uint32, id uint8, addr netip.AddrPort) []Inten
 	return p.announcedSubflow(k, id, addr)
 }
 
-func (p *Manager) announcedSubflow(k *kconn, id uint8, addr netip.AddrPort) []Intent {
+func (p *Engine) announcedSubflow(k *kconn, id uint8, addr netip.AddrPort) []Intent {
 	a := addr.Addr()
 	if a == k.c.Remote.Addr() && addr.Port() == k.c.Remote.Port() || a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() || a.IsMulticast() {
 		return nil
@@ -422,7 +370,7 @@ func (p *Manager) announcedSubflow(k *kconn, id uint8, addr netip.AddrPort) []In
 	return []Intent{{Action: CreateSubflow, Token: k.c.Token, Local: netip.AddrPortFrom(k.c.Local.Addr(), 0), Remote: addr, RemoteID: id}}
 }
 
-func (p *Manager) Removed(token uint32, id uint8) []Intent {
+func (p *Engine) Removed(token uint32, id uint8) []Intent {
 	// The kernel closes the subflows to a removed address itself.
 	if k := p.conns[token]; k != nil {
 		delete(k.announced, id)
@@ -430,7 +378,7 @@ func (p *Manager) Removed(token uint32, id uint8) []Intent {
 	return nil
 }
 
-func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
+func (p *Engine) SubflowEstablished(sf Subflow) []Intent {
 	k, sk, s := p.lookup(sf)
 	if k == nil {
 		return nil
@@ -481,7 +429,7 @@ func (p *Manager) SubflowEstablished(sf Subflow) []Intent {
 }
 
 // lookup finds a subflow's connection and its record (nil when unknown).
-func (p *Manager) lookup(sf Subflow) (*kconn, subKey, *ksub) {
+func (p *Engine) lookup(sf Subflow) (*kconn, subKey, *ksub) {
 	k := p.conns[sf.Token]
 	if k == nil {
 		return nil, key(sf.Local.Addr(), sf.Remote), nil
@@ -507,7 +455,7 @@ func (k *kconn) find(local, remote netip.AddrPort) (subKey, *ksub) {
 	return sk, s
 }
 
-func (p *Manager) detours(server netip.AddrPort) []detour.Detour {
+func (p *Engine) detours(server netip.AddrPort) []detour.Detour {
 	var ds []detour.Detour
 	for _, src := range p.sources {
 		ds = append(ds, src.Detours(server)...)
@@ -515,7 +463,7 @@ func (p *Manager) detours(server netip.AddrPort) []detour.Detour {
 	return ds
 }
 
-func (p *Manager) SubflowClosed(sf Subflow) []Intent {
+func (p *Engine) SubflowClosed(sf Subflow) []Intent {
 	k, sk, s := p.lookup(sf)
 	if s == nil {
 		return nil
@@ -548,9 +496,7 @@ func (p *Manager) SubflowClosed(sf Subflow) []Intent {
 		return nil
 	}
 	delete(k.subs, sk)
-	if k.trial != nil && k.trial.sub == sk {
-		k.trial = nil
-	}
+	p.strat.gone(k, sk)
 	// A subflow that never came up, died with an error or was closed soon
 	// after it came up (the server refusing more subflows resets the join)
 	// was refused; a clean close of a subflow that lived is not a failure.
@@ -558,11 +504,24 @@ func (p *Manager) SubflowClosed(sf Subflow) []Intent {
 	if short && !s.stale && s.d != nil {
 		// A join reset right after it came up while others of this
 		// connection live: the server's limit of extra subflows (`ip mptcp
-		// limits`, 2 by default), not the detour. Learn it, ask no more.
+		// limits`, 2 by default), not the detour. Learn it, ask no more;
+		// unless this connection lost a joined subflow before, which the
+		// server may still count (issue 28: after a 4 s detour black-hole
+		// or a relay restart the agent learned "extra_subflows=1 for 5m"
+		// and the next connection got no NAT detour). Then the reset is
+		// held against this connection only, and no detour is blamed.
 		if n := k.joined(); n > 0 {
+			if !k.lostAt.IsZero() {
+				p.refused(k, "join reset right after it came up (the server may still hold a subflow this connection lost)", true)
+				p.scheduleRetry(k, now, now.Add(p.cfg.Backoff), false)
+				return nil
+			}
 			p.learnCap(k, n, now)
 			return nil
 		}
+	}
+	if s.up && (s.stale || sf.Errno != 0 || short) {
+		k.lostAt = now
 	}
 	if !s.stale && (!s.up || sf.Errno != 0 || short) {
 		reason := closeReason(sf.Errno, s.up, short, p.cfg.MinLifetime)
@@ -579,121 +538,14 @@ func (p *Manager) SubflowClosed(sf Subflow) []Intent {
 	return p.fill(k)
 }
 
-func closeReason(errno uint8, wasUp, short bool, min time.Duration) string {
-	switch {
-	case errno != 0:
-		return "subflow closed: " + syscall.Errno(errno).Error()
-	case !wasUp:
-		return "subflow closed before it was established"
-	case short:
-		return fmt.Sprintf("subflow closed within %s of joining (server refusing subflows?)", min)
-	}
-	return "subflow closed"
-}
-
-// joined counts the connection's extra subflows that are up (detours,
-// announced addresses, a redial): what its server accepted.
-func (k *kconn) joined() int {
-	n := 0
-	for _, s := range k.subs {
-		if !s.initial && s.up && !s.stale {
-			n++
-		}
-	}
-	return n
-}
-
-// learnCap records that k's server accepts at most n extra subflows.
-func (p *Manager) learnCap(k *kconn, n int, now time.Time) {
-	c, had := p.caps[k.c.Remote]
-	if had && now.Before(c.until) && c.n <= n {
-		n = c.n
-	}
-	p.caps[k.c.Remote] = serverCap{n: n, until: now.Add(10 * p.cfg.Hold)}
-	reason := fmt.Sprintf("server accepts at most %d extra subflows (joins beyond are reset)", n)
-	p.refused(k, reason, false)
-	if !had || c.n != n {
-		p.cfg.Log.Info("server subflow limit learned", "server", k.c.Remote, "extra_subflows", n, "for", 10*p.cfg.Hold)
-	}
-}
-
-// capFor is the number of detour subflows to keep toward server.
-func (p *Manager) capFor(server netip.AddrPort, now time.Time) int {
-	n := p.cfg.Subflows
-	if c, ok := p.caps[server]; ok {
-		if now.Before(c.until) {
-			n = min(n, c.n)
-		} else {
-			delete(p.caps, server)
-		}
-	}
-	return n
-}
-
-// refused counts a refusal against the connection; after three in a row the
-// connection is held (no new subflow) with exponential backoff and jitter,
-// so that a server that refuses every join is not asked thousands of times.
-// hold=false only records it (status, log) without counting towards a hold.
-func (p *Manager) refused(k *kconn, reason string, hold bool) {
-	if k.refusals == nil {
-		k.refusals = map[string]int{}
-	}
-	short := reason
-	if len(k.refusals) >= 16 && k.refusals[reason] == 0 {
-		short = "other"
-	}
-	k.refusals[short]++
-	if k.refusals[short] == 1 {
-		p.cfg.Log.Info("subflow refused", "token", fmt.Sprintf("%08x", k.c.Token), "server", k.c.Remote, "reason", reason)
-	}
-	if !hold {
-		return
-	}
-	k.fails++
-	if k.fails < 3 {
-		return
-	}
-	wait := p.cfg.Backoff << min(k.fails-3, 20)
-	if wait > p.cfg.MaxBackoff || wait <= 0 {
-		wait = p.cfg.MaxBackoff
-	}
-	// ±25% jitter, so that many connections to one server spread out.
-	wait = time.Duration(float64(wait) * (0.75 + 0.5*p.cfg.Rand()))
-	now := p.cfg.Now()
-	k.holdUntil = now.Add(wait)
-	k.decision = fmt.Sprintf("holding new subflows for %s after %d refusals in a row (last: %s)", wait.Round(time.Millisecond), k.fails, reason)
-	if k.fails == 3 || k.fails%10 == 0 {
-		p.cfg.Log.Warn("connection keeps refusing subflows; backing off", "token", fmt.Sprintf("%08x", k.c.Token),
-			"server", k.c.Remote, "refusals", k.fails, "wait", wait, "last", reason)
-	}
-	heap.Push(&p.wake, wakeup{at: k.holdUntil, token: k.c.Token})
-}
-
-func (p *Manager) penalise(d detour.Detour, reason string) {
-	now := p.cfg.Now()
-	h := p.health[Key(d)]
-	if h == nil {
-		h = &health{}
-		p.health[Key(d)] = h
-	}
-	h.fails++
-	h.total++
-	wait := p.cfg.Backoff << min(h.fails-1, 20)
-	if wait > p.cfg.MaxBackoff || wait <= 0 {
-		wait = p.cfg.MaxBackoff
-	}
-	h.until, h.last, h.lastErr = now.Add(wait), now, reason
-	p.cfg.Log.Info("detour failed", "detour", d.String(), "fails", h.fails, "retry_after", wait, "reason", reason)
-}
-
-func (p *Manager) Priority(sf Subflow) []Intent {
+func (p *Engine) Priority(sf Subflow) []Intent {
 	if _, _, s := p.lookup(sf); s != nil {
 		s.backup = sf.Backup
 	}
 	return nil
 }
 
-func (p *Manager) Failed(in Intent, err error) []Intent {
+func (p *Engine) Failed(in Intent, err error) []Intent {
 	k := p.conns[in.Token]
 	if k == nil {
 		return nil
@@ -727,39 +579,55 @@ func (p *Manager) Failed(in Intent, err error) []Intent {
 		}
 	}
 	delete(k.subs, sk)
-	// Not fully established yet (a connection adopted from inet_diag before
-	// its first data ack): try again shortly, for a while.
-	if errors.Is(err, syscall.ENOTCONN) {
-		if k.notConn++; k.notConn <= 50 {
-			at := p.cfg.Now().Add(200 * time.Millisecond)
-			if k.retryAt.IsZero() || at.Before(k.retryAt) {
-				k.retryAt = at
-				heap.Push(&p.wake, wakeup{at: at, token: k.c.Token})
-			}
-		}
+	if k.finished != "" {
 		return nil
 	}
-	// The connection is gone: nothing to retry, no one to blame.
-	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EBADF) {
+	// The connection is gone (the kernel knows no such token): nothing to
+	// retry, no one to blame. Its CLOSED event (or the agent's sweep)
+	// forgets it; until then nothing is opened for it.
+	if errors.Is(err, ErrConnectionGone) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EBADF) {
+		p.finish(k, "the kernel no longer knows the connection ("+errnoName(err)+")")
+		return nil
+	}
+	if errors.Is(err, syscall.ENOTCONN) {
+		// A connection whose ESTABLISHED event came was fully established:
+		// ENOTCONN now means it is closing (or fell back to TCP), which
+		// is final. Measured under churn (issue 28): 200 connections/s
+		// made 19,074 creates, 8,001 refused with ENOTCONN or "invalid
+		// token", one token retried 160 times.
+		if k.c.Fully {
+			p.finish(k, "subflow_create: ENOTCONN after the connection was established (closing, or fell back to TCP)")
+			return nil
+		}
+		// Not fully established yet (adopted from inet_diag before its
+		// first data ack): try again after 0.2, 0.4, 0.8, 1.6 s, then
+		// give up.
+		now := p.cfg.Now()
+		if at := now.Add(200 * time.Millisecond << min(k.notConn, 4)); k.retryAt.IsZero() || !k.retryAt.After(now) {
+			if k.notConn++; k.notConn > maxNotConnRounds {
+				p.finish(k, fmt.Sprintf("subflow_create: ENOTCONN %d times (never fully established)", maxNotConnRounds))
+				return nil
+			}
+			k.retryAt = at
+			heap.Push(&p.wake, wakeup{at: at, token: k.c.Token})
+		}
 		return nil
 	}
 	p.refused(k, "subflow_create: "+errnoName(err), true)
 	if in.Detour == nil {
 		return nil
 	}
+	if localShortage(err) {
+		// This host ran short (ephemeral ports, memory): no detour's
+		// fault. Backing the detour off would deny it to every other
+		// connection; the refusal holds this one.
+		return p.fill(k)
+	}
 	p.penalise(*in.Detour, "subflow_create: "+err.Error())
 	return p.fill(k)
 }
 
-func errnoName(err error) string {
-	var en syscall.Errno
-	if errors.As(err, &en) {
-		return en.Error()
-	}
-	return "error"
-}
-
-func (p *Manager) Adopt(c Conn, subflows []Subflow) []Intent {
+func (p *Engine) Adopt(c Conn, subflows []Subflow) []Intent {
 	k := p.track(c)
 	if k == nil {
 		return nil
@@ -794,8 +662,17 @@ func (p *Manager) Adopt(c Conn, subflows []Subflow) []Intent {
 }
 
 // fill opens detour subflows until the connection has N of them.
-func (p *Manager) fill(k *kconn) []Intent {
-	if !k.selected || !k.established {
+func (p *Engine) fill(k *kconn) []Intent {
+	if !k.selected || !k.established || k.finished != "" {
+		return nil
+	}
+	if k.c.DenyJoinInitial {
+		// Every detour leads to the server's initial address (NAT: the
+		// relay DNATs to it; tunnel: straight to it), which the server
+		// said it will not accept joins to (the C flag).
+		if k.decision == "" {
+			k.decision = "no detour: the server set the C flag (no joins to its initial address, where detours lead)"
+		}
 		return nil
 	}
 	now := p.cfg.Now()
@@ -836,6 +713,9 @@ func (p *Manager) fill(k *kconn) []Intent {
 		}
 		if d.Backup {
 			// Configured backups are opened besides the N (as backup).
+			if !p.spend(k, now) {
+				return out
+			}
 			out = append(out, p.open(k, d, now))
 			continue
 		}
@@ -851,11 +731,14 @@ func (p *Manager) fill(k *kconn) []Intent {
 		if fi, fj := p.fails(cands[i]), p.fails(cands[j]); fi != fj {
 			return fi < fj
 		}
-		return p.adaptive() && !k.tried[Key(cands[i])] && k.tried[Key(cands[j])]
+		return p.strat.prefer(k, cands[i], cands[j])
 	})
 	for _, d := range cands {
 		if have >= limit {
 			break
+		}
+		if !p.spend(k, now) {
+			return out // held: a wakeup at holdUntil fills it
 		}
 		local := d.Local
 		if !local.IsValid() {
@@ -877,46 +760,24 @@ func (p *Manager) fill(k *kconn) []Intent {
 }
 
 // open records a new subflow through d and returns the intent creating it.
-func (p *Manager) open(k *kconn, d detour.Detour, now time.Time) Intent {
+func (p *Engine) open(k *kconn, d detour.Detour, now time.Time) Intent {
 	local := d.Local
 	if !local.IsValid() {
 		local = k.c.Local.Addr()
 	}
-	role := RoleConnecting
-	k.subs[key(local, d.Remote)] = &ksub{d: &d, created: now, role: role, backup: d.Backup}
+	backup := d.Backup || p.strat.joinAsBackup(k, d)
+	k.subs[key(local, d.Remote)] = &ksub{d: &d, created: now, role: RoleConnecting, backup: backup}
 	if k.tried == nil {
 		k.tried = map[string]bool{}
 	}
 	k.tried[Key(d)] = true
 	return Intent{Action: CreateSubflow, Token: k.c.Token, LocalID: p.localID(k, local),
-		Local: netip.AddrPortFrom(local, 0), Remote: unmapAP(d.Remote), Backup: d.Backup, Detour: &d}
-}
-
-func avoidKey(server netip.AddrPort, detourKey string) string {
-	return server.String() + "|" + detourKey
-}
-
-// untried reports whether a detour this connection has not used is ready.
-func (p *Manager) untried(k *kconn, now time.Time) bool {
-	for _, d := range p.detours(k.c.Remote) {
-		dk := Key(d)
-		if k.tried[dk] || !d.Expires.IsZero() && !d.Expires.After(now) {
-			continue
-		}
-		if h := p.health[dk]; h != nil && h.until.After(now) {
-			continue
-		}
-		if until, ok := p.avoid[avoidKey(k.c.Remote, dk)]; ok && until.After(now) {
-			continue
-		}
-		return true
-	}
-	return false
+		Local: netip.AddrPortFrom(local, 0), Remote: unmapAP(d.Remote), Backup: backup, Detour: &d}
 }
 
 // localID is 0 for the connection's own address (the kernel's "initial
 // address"), else a stable id per address.
-func (p *Manager) localID(k *kconn, a netip.Addr) uint8 {
+func (p *Engine) localID(k *kconn, a netip.Addr) uint8 {
 	a = a.Unmap()
 	if a == k.c.Local.Addr() {
 		return 0
@@ -939,17 +800,10 @@ func (p *Manager) localID(k *kconn, a netip.Addr) uint8 {
 	return 0 // 255 extra addresses: let the kernel decide
 }
 
-func (p *Manager) fails(d detour.Detour) int {
-	if h := p.health[Key(d)]; h != nil {
-		return h.fails
-	}
-	return 0
-}
-
 // scheduleRetry wakes the connection when a backed-off detour is usable
 // again, or polls the sources (a relay grant may still be in flight) with a
 // growing interval, for at most a minute after the last attempt.
-func (p *Manager) scheduleRetry(k *kconn, now, soonest time.Time, none bool) {
+func (p *Engine) scheduleRetry(k *kconn, now, soonest time.Time, none bool) {
 	at := soonest
 	if none || at.IsZero() {
 		if k.pollWait == 0 {
@@ -971,7 +825,7 @@ func (p *Manager) scheduleRetry(k *kconn, now, soonest time.Time, none bool) {
 	}
 }
 
-func (p *Manager) Tick(now time.Time) []Intent {
+func (p *Engine) Tick(now time.Time) []Intent {
 	var out []Intent
 	for len(p.wake) > 0 && !p.wake[0].at.After(now) {
 		w := heap.Pop(&p.wake).(wakeup)
@@ -1013,7 +867,7 @@ func (p *Manager) Tick(now time.Time) []Intent {
 }
 
 // expire gives up on detour subflows that did not connect in time.
-func (p *Manager) expire(k *kconn, now time.Time) []Intent {
+func (p *Engine) expire(k *kconn, now time.Time) []Intent {
 	n := 0
 	for _, s := range k.subs {
 		if s.redial && !s.up && !s.stale && now.Sub(s.created) >= p.cfg.ConnectTimeout {
@@ -1044,60 +898,5 @@ func (p *Manager) expire(k *kconn, now time.Time) []Intent {
 	return p.fill(k)
 }
 
-// detourUpElsewhere says whether another connection than k has a live
-// subflow through d.
-func (p *Manager) detourUpElsewhere(d detour.Detour, k *kconn) bool {
-	dk := Key(d)
-	for _, o := range p.conns {
-		if o == k {
-			continue
-		}
-		for _, s := range o.subs {
-			if s.d != nil && s.up && !s.stale && Key(*s.d) == dk {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // Conns is the number of tracked connections.
-func (p *Manager) Conns() int { return len(p.conns) }
-
-// Backoff reports until when a detour is being avoided (zero if usable).
-func (p *Manager) Backoff(d detour.Detour) time.Time {
-	if h := p.health[Key(d)]; h != nil && h.until.After(p.cfg.Now()) {
-		return h.until
-	}
-	return time.Time{}
-}
-
-type wakeup struct {
-	at    time.Time
-	token uint32
-	check bool // connect-timeout check rather than a retry
-}
-
-type wakeHeap []wakeup
-
-func (h wakeHeap) Len() int           { return len(h) }
-func (h wakeHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h wakeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *wakeHeap) Push(x any)        { *h = append(*h, x.(wakeup)) }
-func (h *wakeHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
-// healthy records that a subflow lived: its detour's and its connection's
-// consecutive failures are forgotten.
-func (p *Manager) healthy(k *kconn, s *ksub) {
-	k.fails = 0
-	if s.d != nil {
-		if h := p.health[Key(*s.d)]; h != nil {
-			h.fails = 0
-		}
-	}
-}
+func (p *Engine) Conns() int { return len(p.conns) }

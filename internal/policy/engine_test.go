@@ -46,7 +46,7 @@ type clock struct{ t time.Time }
 func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
-func newStatic(n int, ds ...detour.Detour) (*Manager, *list, *clock) {
+func newStatic(n int, ds ...detour.Detour) (*Engine, *list, *clock) {
 	src := &list{ds: ds, released: make(chan netip.AddrPort, 4)}
 	clk := &clock{t: time.Unix(1000, 0)}
 	return NewStatic(Config{Subflows: n, Now: clk.now}, []detour.Source{src}), src, clk
