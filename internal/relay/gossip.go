@@ -2,14 +2,12 @@ package relay
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
@@ -32,7 +30,7 @@ type GossipConfig struct {
 	Announce      []string        `yaml:"announce"`       // control addresses agents use; default listen, or advertise's address with listen's port
 	Region        string          `yaml:"region"`         // label, 0-32 bytes
 	Capacity      int             `yaml:"capacity"`       // detours offered at once; default quota.global
-	SecretFile    string          `yaml:"secret_file"`    // optional: base64 32-byte key encrypting gossip
+	SecretFile    string          `yaml:"secret_file"`    // required: base64 32-byte key authenticating and encrypting gossip
 	ProbeInterval config.Duration `yaml:"probe_interval"` // default 500ms
 	ProbeTimeout  config.Duration `yaml:"probe_timeout"`  // default 250ms
 }
@@ -142,14 +140,20 @@ func buildGossip(c *Config, s *Settings) (*GossipSettings, error) {
 	default:
 		g.Capacity = uint32(gc.Capacity)
 	}
-	if gc.SecretFile != "" {
+	if gc.SecretFile == "" {
+		// Unauthenticated gossip lets anyone who reaches the port declare
+		// a live relay dead (issue 28, break 2; docs/security.md).
+		return nil, errors.New("collective.gossip.secret_file: required: the key every relay of the collective shares to authenticate gossip " +
+			"(create it once: head -c 32 /dev/urandom | base64 > gossip.key, copy it to every relay, mode 600)")
+	}
+	{
 		b, err := os.ReadFile(gc.SecretFile)
 		if err != nil {
 			return nil, fmt.Errorf("collective.gossip.secret_file: %w", err)
 		}
-		k, err := base64.StdEncoding.Strict().DecodeString(strings.TrimSpace(string(b)))
-		if err != nil || len(k) != 32 {
-			return nil, fmt.Errorf("collective.gossip.secret_file: %s: not a base64 key of 32 bytes (head -c 32 /dev/urandom | base64)", gc.SecretFile)
+		k, err := roster.ParseSecret(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("collective.gossip.secret_file: %s: %w", gc.SecretFile, err)
 		}
 		g.Secret = k
 	}
