@@ -101,7 +101,8 @@ type Node struct {
 	entries map[string]*known // by node name
 	refused map[string]uint64 // by Reason
 	changes uint64
-	crl     crlState // the revocation list's gossip (crl.go)
+	snap    *Snapshot // the last one built (snapshot.go)
+	crl     crlState  // the revocation list's gossip (crl.go)
 	ml      atomic.Pointer[memberlist.Memberlist]
 
 	stop chan struct{}
@@ -381,26 +382,7 @@ func (n *Node) SetTrust(t *collective.Trust) {
 // included), sorted by name; expired or since revoked certificates are
 // left out.
 func (n *Node) Entries() []*Entry {
-	now := n.cfg.Now()
-	n.mu.Lock()
-	out := make([]*Entry, 0, len(n.entries))
-	for _, k := range n.entries {
-		c := k.entry.Cert
-		if now.Before(c.NotAfter) && !n.trust.Revoked(c.Serial) {
-			out = append(out, k.entry)
-		}
-	}
-	n.mu.Unlock()
-	slices.SortFunc(out, func(a, b *Entry) int {
-		if a.Name() != b.Name() {
-			if a.Name() < b.Name() {
-				return -1
-			}
-			return 1
-		}
-		return bytes.Compare(a.Cert.Member[:], b.Cert.Member[:])
-	})
-	return out
+	return slices.Clone(n.Snapshot().Entries)
 }
 
 // Count is len(Entries()) without building the list.
