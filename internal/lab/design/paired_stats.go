@@ -192,6 +192,25 @@ type PointStat struct {
 	Load  []float64
 }
 
+// pairedKinds sorts the paired procedures: single paths, multipath ones,
+// and the first mptcp-1sf with its fixed path (0 = each point's BestPath).
+func (d *Design) pairedKinds() (singles, multi []string, one string, onePath int) {
+	ps, _ := d.pairedProcs()
+	for _, p := range ps {
+		switch {
+		case p.Path > 0:
+			singles = append(singles, p.Name)
+		case p.OneSubflow:
+			if one == "" {
+				one, onePath = p.Name, p.OnePath
+			}
+		case p.Multipath():
+			multi = append(multi, p.Name)
+		}
+	}
+	return singles, multi, one, onePath
+}
+
 // seedOf is a point's resampling seed: reports are reproducible.
 func seedOf(point string) uint64 {
 	h := fnv.New64a()
@@ -203,23 +222,7 @@ func seedOf(point string) uint64 {
 // paired run.
 func (rep *Report) PointStats() []PointStat {
 	d := rep.Design
-	ps, _ := d.pairedProcs()
-	var singles, multi []string
-	one := ""
-	onePath := map[string]int{}
-	for _, p := range ps {
-		switch {
-		case p.Path > 0:
-			singles = append(singles, p.Name)
-		case p.OneSubflow:
-			if one == "" {
-				one = p.Name
-				onePath[p.Name] = p.OnePath
-			}
-		case p.Multipath():
-			multi = append(multi, p.Name)
-		}
-	}
+	singles, multi, one, onePath := d.pairedKinds()
 	points := map[string]Point{}
 	for _, pt := range d.Points {
 		points[pt.ID] = pt
@@ -265,7 +268,7 @@ func (rep *Report) PointStats() []PointStat {
 			}
 		}
 		if one != "" && len(pt.Paths) > 0 {
-			k := onePath[one]
+			k := onePath
 			if k == 0 {
 				k = pt.BestPath()
 			}
@@ -328,21 +331,7 @@ func (rep *Report) paired(b *strings.Builder) {
 	if len(stats) == 0 {
 		return
 	}
-	ps, _ := d.pairedProcs()
-	var singles, multi []string
-	one := ""
-	for _, p := range ps {
-		switch {
-		case p.Path > 0:
-			singles = append(singles, p.Name)
-		case p.OneSubflow:
-			if one == "" {
-				one = p.Name
-			}
-		default:
-			multi = append(multi, p.Name)
-		}
-	}
+	singles, multi, one, _ := d.pairedKinds()
 	var loads []float64
 	for _, s := range stats {
 		loads = append(loads, s.Load...)
