@@ -70,6 +70,11 @@ type ProcStats struct {
 	FDs        float64 `json:"fds"`
 	Goroutines float64 `json:"goroutines"`
 	CPUSeconds float64 `json:"cpu_seconds"` // since the process started
+	// What of the RSS is Go's: the heap in use, goroutine stacks, and all
+	// memory the Go runtime obtained from the OS (go_memstats_*).
+	HeapInuseBytes  float64 `json:"heap_inuse_bytes,omitempty"`
+	StackInuseBytes float64 `json:"stack_inuse_bytes,omitempty"`
+	GoSysBytes      float64 `json:"go_sys_bytes,omitempty"`
 	// P99CreateS is the agent's ESTABLISHED -> SUBFLOW_CREATE p99 over its
 	// recent samples (agent only).
 	P99CreateS float64 `json:"p99_create_s,omitempty"`
@@ -373,8 +378,8 @@ sampling:
 			s := sample()
 			rep.Samples = append(rep.Samples, s)
 			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms | %s | conns %d verified %d failed %d, %.0f MB checked\n",
-					s.T, s.Agent.RSSBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, relayLine(s), s.Opened, s.Verified, s.Failed, float64(s.Bytes)/1e6)
+				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB (heap %.1f, stacks %.1f, go sys %.1f) fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms | %s | conns %d verified %d failed %d, %.0f MB checked\n",
+					s.T, s.Agent.RSSBytes/1e6, s.Agent.HeapInuseBytes/1e6, s.Agent.StackInuseBytes/1e6, s.Agent.GoSysBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, relayLine(s), s.Opened, s.Verified, s.Failed, float64(s.Bytes)/1e6)
 			}
 		}
 	}
@@ -417,7 +422,7 @@ func relayLine(s SoakSample) string {
 	var parts []string
 	for _, node := range []string{"detour1", "detour2"} {
 		r := s.Relays[node]
-		parts = append(parts, fmt.Sprintf("%s rss=%.1fMB fds=%.0f gr=%.0f map=%d nft=%d wg=%d", node, r.RSSBytes/1e6, r.FDs, r.Goroutines, r.Mappings, r.NftElements, r.TunnelPeers))
+		parts = append(parts, fmt.Sprintf("%s rss=%.1fMB heap=%.1fMB fds=%.0f gr=%.0f map=%d nft=%d wg=%d", node, r.RSSBytes/1e6, r.HeapInuseBytes/1e6, r.FDs, r.Goroutines, r.Mappings, r.NftElements, r.TunnelPeers))
 	}
 	return strings.Join(parts, " | ")
 }
@@ -553,6 +558,12 @@ func scrapeProc(l *lab.Lab, node, addr string) (ProcStats, error) {
 			st.Goroutines = v
 		case "process_cpu_seconds_total":
 			st.CPUSeconds = v
+		case "go_memstats_heap_inuse_bytes":
+			st.HeapInuseBytes = v
+		case "go_memstats_stack_inuse_bytes":
+			st.StackInuseBytes = v
+		case "go_memstats_sys_bytes":
+			st.GoSysBytes = v
 		case `mpdetour_agent_established_to_subflow_create_seconds{quantile="0.99"}`:
 			st.P99CreateS = v
 		}
@@ -654,6 +665,22 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 		fmt.Fprintf(&m, "Agent CPU over the run: %.1f%% of one core (%.1f s in %.0f s); ESTABLISHED -> SUBFLOW_CREATE p99 (agent's recent samples), worst sample: %.2f ms; short connections expected %d, started %d; connections started %d, verified %d, failed %d; %.1f MB checked each way; agent RSS trend %+.1f MB/h (95%% CI %+.1f..%+.1f).\n\n",
 			100*(b.Agent.CPUSeconds-a.Agent.CPUSeconds)/(b.T-a.T), b.Agent.CPUSeconds-a.Agent.CPUSeconds, b.T-a.T, 1000*worst,
 			rep.ExpectedShort, rep.StartedShort, b.Opened, b.Verified, b.Failed, float64(b.Bytes)/1e6, rep.AgentRSSTrend.Slope, rep.AgentRSSTrend.Lo, rep.AgentRSSTrend.Hi)
+	}
+	if n := len(rep.Samples); n > 0 {
+		mem := func(name string, p ProcStats) {
+			fmt.Fprintf(&m, "- %s: RSS %.1f MB; Go heap in use %.1f MB, goroutine stacks %.1f MB, all memory the Go runtime holds %.1f MB\n",
+				name, p.RSSBytes/1e6, p.HeapInuseBytes/1e6, p.StackInuseBytes/1e6, p.GoSysBytes/1e6)
+		}
+		m.WriteString("Memory at the last sample of the churn:\n\n")
+		at := rep.Samples[n-1]
+		if n > 1 {
+			at = rep.Samples[n-2] // the last one is taken after the churn
+		}
+		mem("agent", at.Agent)
+		for _, node := range []string{"detour1", "detour2"} {
+			mem("relay "+node, at.Relays[node].ProcStats)
+		}
+		m.WriteString("\n")
 	}
 	m.WriteString("## Checks\n\n| check | result | detail |\n|---|---|---|\n")
 	for _, c := range rep.Checks {
