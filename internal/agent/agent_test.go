@@ -48,29 +48,9 @@ type harness struct {
 
 func start(t *testing.T, mode policy.Mode, detours ...agent.StaticDetour) *harness {
 	t.Helper()
-	cfg := agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	return run(t, agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
-		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours}
-	return startConfig(t, cfg)
-}
-
-func startConfig(t *testing.T, cfg agent.Config) *harness {
-	t.Helper()
-	k := kerneltest.New()
-	a := agent.New(cfg, nil, k, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	h := &harness{t: t, k: k, a: a}
-	h.stop = func() {
-		cancel()
-		k.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}
-	t.Cleanup(h.stop)
-	return h
+		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours})
 }
 
 func (h *harness) connect(token uint32) {
@@ -278,7 +258,7 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]bool {
 // and the metrics; a revoked relay's detours are not healthy.
 func TestAgentBlackholeMetrics(t *testing.T) {
 	bh := agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Now(), TimeoutS: 3600, Disables: 2, Fallbacks: 7, Fix: agent.BlackholeFix(3600)}
-	h := startConfig(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+	h := run(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
 		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Blackhole: func() agent.BlackholeStatus { return bh },
 		Detours: []agent.StaticDetour{natDetour("r1", relay1)},
 		RelayStatus: func() []agent.RelayStatus {
@@ -442,7 +422,7 @@ func TestAgentLeavesProbesAlone(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(client.Port())), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h := startConfig(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+	h := run(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
 		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Detours: []agent.StaticDetour{natDetour("r1", relay1)}, Probes: dir})
 	h.connect(31) // from client, whose port is marked
 	other := mptcppm.Event{Token: 32, Local: netip.AddrPortFrom(client.Addr(), 40001), Remote: server}

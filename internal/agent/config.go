@@ -271,21 +271,22 @@ func build(f fileConfig) (Config, error) {
 		}
 		c.Policy = m
 	}
-	if c.Policy == policy.Adaptive {
-		// The adaptive policy's defaults, measured (docs/results, candidates):
+	if c.Policy == policy.Adaptive && f.Subflows == nil {
+		// The adaptive policy's default, measured (docs/results, candidates):
 		// it chooses among the detours it has, so it keeps all of them (up
 		// to the kernel's 8) unless told otherwise: with K=2 or 4 of 8
 		// candidates, exploring one at a time did not reach the good ones
 		// within a 15 s transfer (13.8 and 22.0 Mbit/s vs 31.3 with all).
-		// It judges paths from measurements every 100 ms.
-		if f.Subflows == nil {
-			c.Subflows = 8
-		}
+		c.Subflows = 8
+	}
+	if c.Policy.Measures() {
+		// adaptive and backup-first judge paths from measurements every
+		// 100 ms.
 		if f.ProbeInterval == nil {
 			c.ProbeInterval = 100 * time.Millisecond
 		}
 		if c.ProbeInterval == 0 {
-			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the adaptive policy decides by; set one (e.g. 100ms) or use policy: static")
+			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the %s policy decides by; set one (e.g. 100ms) or use policy: static", c.Policy)
 		}
 	}
 	if f.StallRetransmits != nil {

@@ -167,6 +167,13 @@ legacy_v1:
 	if _, err := ParseConfig([]byte("policy: adaptive\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "probe_interval") {
 		t.Fatalf("adaptive without measurements accepted: %v", err)
 	}
+	// backup-first: measured every 100 ms, the general subflow default.
+	if b, err := ParseConfig([]byte("policy: backup-first\n")); err != nil || b.Policy != policy.BackupFirst || b.Subflows != 2 || b.ProbeInterval != 100*time.Millisecond {
+		t.Fatalf("backup-first: %v, subflows %d, probe %s, err %v; want 2, 100ms", b.Policy, b.Subflows, b.ProbeInterval, err)
+	}
+	if _, err := ParseConfig([]byte("policy: backup-first\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "backup-first") {
+		t.Fatalf("backup-first without measurements accepted: %v", err)
+	}
 }
 
 // Errors carry file:line:column of the whole file and the field.
