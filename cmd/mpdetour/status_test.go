@@ -2,7 +2,9 @@ package main
 
 import (
 	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +102,40 @@ func TestStatusShowsRelays(t *testing.T) {
 	}
 	if strings.Contains(out, "par1: ok") {
 		t.Errorf("a detail line for a relay that is ok:\n%s", out)
+	}
+}
+
+// captureStderr returns what fn prints on os.Stderr.
+func captureStderr(t *testing.T, fn func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	fn()
+	os.Stderr = old
+	w.Close()
+	b, _ := io.ReadAll(r)
+	return string(b)
+}
+
+// Issue 29 item 2: run says once, before the program, that no agent
+// answers; a live agent socket gets no warning.
+func TestRunWarnsWithoutAgent(t *testing.T) {
+	dir := t.TempDir()
+	none := filepath.Join(dir, "none.sock")
+	out := captureStderr(t, func() { checkAgent(none, "") })
+	if strings.Count(out, "warning: no mpdetour agent answers on "+none) != 1 {
+		t.Fatalf("without agent: %q", out)
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if out := captureStderr(t, func() { checkAgent(filepath.Join(dir, "agent.sock"), "") }); out != "" {
+		t.Fatalf("with an agent: %q", out)
 	}
 }
