@@ -106,7 +106,7 @@ func agentCommand() *cli.Command {
 				for _, r := range rc.Relays {
 					names = append(names, r.Name)
 				}
-				health := agent.NewRelayHealth(agent.RelayHealthConfig{}, log, names...)
+				health := agent.NewRelayHealth(agent.RelayHealthConfig{Ping: cfg.RelayPing}, log, names...)
 				rc.Observe = health.Observe
 				src, err := relayclient.NewSource(rc)
 				if err != nil {

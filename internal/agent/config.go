@@ -70,6 +70,9 @@ type Config struct {
 	Detours     []StaticDetour
 	// Relays, when set, are asked for NAT detours (relayclient.Source).
 	Relays *relayclient.SourceConfig
+	// RelayPing: a relay silent this long is pinged (RelayHealth; 0 = the
+	// default 30 s).
+	RelayPing time.Duration
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
 	Tunnels bool
 	// Convert, when set, serves conversion decisions to "mpdetour run"
@@ -141,8 +144,9 @@ type fileConfig struct {
 	Tunnels   bool                    `yaml:"tunnels"`
 	PathCheck bool                    `yaml:"path_check"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
-	TunnelKind string       `yaml:"tunnel_kind"`
-	LegacyV1   []fileLegacy `yaml:"legacy_v1"`
+	TunnelKind string           `yaml:"tunnel_kind"`
+	LegacyV1   []fileLegacy     `yaml:"legacy_v1"`
+	RelayPing  *config.Duration `yaml:"relay_ping"`
 	// Convert is documented in docs/convert.md (convclient.FileConfig).
 	Convert *convclient.FileConfig `yaml:"convert"`
 	// Server is documented in docs/agent.md (serverrole.FileConfig).
@@ -388,6 +392,15 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("path_check: needs a relays section (it checks the NAT detours relays grant)")
 	}
 	c.PathCheck = f.PathCheck
+	if f.RelayPing != nil {
+		if f.Relays == nil {
+			return c, fmt.Errorf("relay_ping: set, but there is no relays section")
+		}
+		if v := f.RelayPing.D(); v < time.Second || v > 10*time.Minute {
+			return c, fmt.Errorf("relay_ping: %s out of range 1s-10m", v)
+		}
+		c.RelayPing = f.RelayPing.D()
+	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {

@@ -111,6 +111,7 @@ func TestParseConfigRejects(t *testing.T) {
 		"tunnel_kind: vxlan": "tunnel_kind: set, but tunnels is not true",
 		"tunnel_kind: gre":   "tunnel_kind",
 		"path_check: true":   "path_check",
+		"relay_ping: 5s":     "relay_ping: set, but there is no relays section",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil {

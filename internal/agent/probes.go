@@ -79,4 +79,3 @@ func MarkProbe(dir string) (control func(network, address string, c syscall.RawC
 		}
 	}
 }
-

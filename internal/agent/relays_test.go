@@ -132,7 +132,7 @@ func TestRelayHealthTransitions(t *testing.T) {
 	// Never accepted: unauthorized (a wrong key), not revoked.
 	h2 := NewRelayHealth(RelayHealthConfig{Now: ck.now}, nil, "r2")
 	h2.Observe("r2", "grant", srv, fmt.Errorf("relay %q: no session: %w", "r2", &proto.Error{Reason: proto.ReasonUnauthorized}))
-	if st := stateOf(h2, "r2"); st.State != RelayUnauthorized || !strings.Contains(st.Detail, "public_key") {
+	if st := stateOf(h2, "r2"); st.State != RelayUnauthorized || !strings.Contains(st.Detail, "members") {
 		t.Fatalf("unauthorized: %+v", st)
 	}
 }

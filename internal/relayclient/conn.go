@@ -691,6 +691,15 @@ func (c *Conn) doOn(ctx context.Context, req proto.Request, session func(context
 			return rep, nil
 		case <-ctx.Done():
 			t.Stop()
+			c.mu.Lock()
+			hsErr := c.hsErr
+			c.mu.Unlock()
+			if hsErr != nil {
+				// The session was dropped and the relay refuses the new
+				// handshake (say, the member was removed): that, not the
+				// timeout, is what the caller needs to know.
+				return proto.Reply{}, fmt.Errorf("relay %q: %s: no reply, and the relay refuses a new handshake: %w", c.relay.Name, req.Op, hsErr)
+			}
 			return proto.Reply{}, fmt.Errorf("relay %q: %s: %w", c.relay.Name, req.Op, ctx.Err())
 		case <-c.ctx.Done():
 			t.Stop()
