@@ -389,7 +389,7 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 		switch {
 		case err != nil && errors.Is(err, context.DeadlineExceeded):
 			r.add("client", "relay "+rel.Name, Fail, fmt.Sprintf("no answer from %s within %s", rel.Addr, to),
-				"check the address, that the relay runs, and that UDP port "+fmt.Sprint(rel.Addr.Port())+" is open on its firewall")
+				"check the address, that the relay runs, that UDP port "+fmt.Sprint(rel.Addr.Port())+" is open on its firewall, and the relay's public_key in the agent config (a relay cannot answer a handshake made for another key)")
 		case err != nil:
 			r.add("client", "relay "+rel.Name, Fail, err.Error(), fixFor(err))
 		case rep.Reason != proto.OK:
@@ -415,7 +415,7 @@ func fixFor(err error) string {
 	s := err.Error()
 	switch {
 	case strings.Contains(s, "unauthorized"):
-		return "the relay does not know this member key (members in its config), or the agent has a wrong relay public_key"
+		return "the relay does not know this member key (members in its config), or no longer: removed or certificate revoked"
 	case strings.Contains(s, "policy-denied"):
 		return "the relay refuses this destination (private ranges, port 25, deny lists): see docs/relay.md"
 	}
