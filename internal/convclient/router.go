@@ -53,6 +53,10 @@ type Config struct {
 	// (default 4096), MaxUsers the users with state (default 256; the
 	// least recently seen other user's state is dropped beyond it).
 	MaxUserDestinations, MaxUsers int
+	// UserRate bounds the conversions of each user other than root
+	// (tickets per second, default 50, burst twice that): one user's
+	// programs cannot drain the member's stock that the others share.
+	UserRate float64
 	// Refill is how often stocks are checked (default 1s; a used ticket
 	// also wakes the refiller).
 	Refill time.Duration
@@ -82,6 +86,9 @@ func (c *Config) defaults() {
 	if c.MaxUsers <= 0 {
 		c.MaxUsers = 256
 	}
+	if c.UserRate <= 0 {
+		c.UserRate = 50
+	}
 	if c.Refill <= 0 {
 		c.Refill = time.Second
 	}
@@ -103,7 +110,8 @@ type Decision struct {
 	// reports with Learn whether it spoke MPTCP.
 	Learn bool
 	// Why the decision (for logs and counters): "unknown", "mptcp",
-	// "no-mptcp", "no-converter", "not-convertible".
+	// "no-mptcp", "no-converter", "not-convertible", "user-rate" (a user
+	// other than root over Config.UserRate).
 	Why string
 }
 
@@ -160,6 +168,28 @@ type user struct {
 	held        map[string]time.Time // held for this user until
 	refusedAt   map[string]time.Time // its last ticket refusal
 	staleBefore map[string]time.Time // tickets fetched before are not its
+	// tokens, filled: the conversion bucket (Config.UserRate).
+	tokens float64
+	filled time.Time
+}
+
+// take spends one conversion of u's bucket (root's is unbounded).
+func (u *user) take(rate float64, now time.Time) bool {
+	if u.uid == Root {
+		return true
+	}
+	burst := 2 * rate
+	if u.filled.IsZero() {
+		u.tokens = burst
+	} else {
+		u.tokens = min(burst, u.tokens+rate*now.Sub(u.filled).Seconds())
+	}
+	u.filled = now
+	if u.tokens < 1 {
+		return false
+	}
+	u.tokens--
+	return true
 }
 
 // MaxStock bounds a converter's stock when it grows under load: 3/4 of the
@@ -418,6 +448,10 @@ func (r *Router) Route(uid uint32, dst netip.AddrPort) Decision {
 		c, i := r.pick(u, now)
 		if c == nil {
 			d = Decision{Why: "no-converter"}
+			break
+		}
+		if !u.take(r.cfg.UserRate, now) {
+			d = Decision{Why: "user-rate"}
 			break
 		}
 		t := c.tickets[i]

@@ -504,3 +504,35 @@ func TestConfigUsers(t *testing.T) {
 		}
 	}
 }
+
+// One user cannot drain the member's stock that the others share: a user
+// other than root converts at most UserRate per second (burst twice that).
+func TestUserRateBounded(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
+	r := New(Config{TTL: time.Hour, Tickets: 32, UserRate: 5, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	dst := netip.MustParseAddrPort("198.51.100.7:443")
+	r.Learn(Root, dst, false)
+	n := 0
+	for range 30 {
+		if d := r.Route(1000, dst); d.Convert {
+			n++
+		} else if d.Why != "user-rate" {
+			t.Fatalf("refusal: %+v", d)
+		}
+	}
+	if n != 10 {
+		t.Fatalf("%d conversions in a burst, want 10 (2 x rate 5)", n)
+	}
+	if d := r.Route(Root, dst); !d.Convert {
+		t.Fatalf("root after the user's burst: %+v", d)
+	}
+	if d := r.Route(1001, dst); !d.Convert {
+		t.Fatalf("another user after the first one's burst: %+v", d)
+	}
+	ck.add(time.Second)
+	if d := r.Route(1000, dst); !d.Convert {
+		t.Fatalf("the user a second later: %+v", d)
+	}
+}
