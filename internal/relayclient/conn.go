@@ -698,7 +698,7 @@ func (c *Conn) doOn(ctx context.Context, req proto.Request, session func(context
 				// The session was dropped and the relay refuses the new
 				// handshake (say, the member was removed): that, not the
 				// timeout, is what the caller needs to know.
-				return proto.Reply{}, fmt.Errorf("relay %q: %s: no reply, and the relay refuses a new handshake: %w", c.relay.Name, req.Op, hsErr)
+				return proto.Reply{}, fmt.Errorf("relay %q: %s: no reply (%w), and the relay refuses a new handshake: %w", c.relay.Name, req.Op, ctx.Err(), hsErr)
 			}
 			return proto.Reply{}, fmt.Errorf("relay %q: %s: %w", c.relay.Name, req.Op, ctx.Err())
 		case <-c.ctx.Done():
