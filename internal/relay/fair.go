@@ -177,11 +177,10 @@ func (s *Server) ledgerCounters(cnt map[mapKey]Counter, now time.Time) {
 
 // ledgerTunnels counts the WireGuard peers' bytes.
 func (s *Server) ledgerTunnels(now time.Time) {
-	ts, ok := s.tunnels.(tunnelStatuser)
-	if !ok {
+	if s.tunnels == nil {
 		return
 	}
-	dev, err := ts.Status()
+	dev, err := s.tunnels.Status()
 	if err != nil {
 		s.log.Warn("ledger: reading the tunnel device", "err", err)
 		return

@@ -180,7 +180,7 @@ func (s *Server) kinds() roster.Kinds {
 	k := roster.KindNAT
 	if s.tunnels != nil {
 		k |= roster.KindTunnel
-		if w, ok := s.tunnels.(interface{ WireGuardOffered() bool }); ok && !w.WireGuardOffered() {
+		if !s.tunnels.WireGuardOffered() {
 			k &^= roster.KindTunnel // VXLAN only: OpTunnel is refused
 		}
 	}

@@ -25,7 +25,8 @@ func (s *Server) handleLegacy(p packet) {
 	resp := proto.LegacyMsg{Response: true, Server: m.Server}
 	if r == proto.OK {
 		resp.Port = mp.Key.Port
+	} else {
+		mp = nil
 	}
-	s.replies = append(s.replies, deferred{legacy: resp, to: p.from, m: s.lastNew, rep: proto.Reply{Op: proto.OpGrant}, at: p.at})
-	s.lastNew = nil
+	s.replies = append(s.replies, deferred{legacy: resp, to: p.from, m: mp, rep: proto.Reply{Op: proto.OpGrant}, at: p.at})
 }

@@ -48,12 +48,6 @@ func newRotationsMetric() *prometheus.CounterVec {
 	}, []string{"result"})
 }
 
-// tunnelRekeyer is implemented by tunnel allocators that can move a
-// member's tunnel to its new key (tunnelctl's).
-type tunnelRekeyer interface {
-	Rekey(old, successor proto.Key) (bool, error)
-}
-
 // serveRotate handles OpRotate on a member's (new key's) session.
 func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) {
 	now := s.now()
@@ -151,21 +145,19 @@ func (s *Server) carryOver(old proto.Key, o owner, now time.Time) carried {
 		c.tickets = s.conv.tickets.rekey(old, o.Key, o.Name)
 	}
 	if s.tunnels != nil {
-		if rk, ok := s.tunnels.(tunnelRekeyer); ok {
-			if s.fair != nil {
-				s.ledgerTunnels(now) // the old peer's bytes so far, before it goes
-			}
-			had, err := rk.Rekey(old, o.Key)
-			if err != nil {
-				s.log.Error("key rotation: moving the tunnel", "member", o.Name, "err", err)
-			}
-			c.tunnel = had && err == nil
-			c.tunnelFailed = err != nil
-			if c.tunnel && s.fair != nil {
-				// Only a peer that moved starts over at zero; a failed
-				// move keeps the old peer and its byte baseline.
-				s.fair.led.tunnelMoved(old, o.Key)
-			}
+		if s.fair != nil {
+			s.ledgerTunnels(now) // the old peer's bytes so far, before it goes
+		}
+		had, err := s.tunnels.Rekey(old, o.Key)
+		if err != nil {
+			s.log.Error("key rotation: moving the tunnel", "member", o.Name, "err", err)
+		}
+		c.tunnel = had && err == nil
+		c.tunnelFailed = err != nil
+		if c.tunnel && s.fair != nil {
+			// Only a peer that moved starts over at zero; a failed
+			// move keeps the old peer and its byte baseline.
+			s.fair.led.tunnelMoved(old, o.Key)
 		}
 	}
 	if s.fair != nil {

@@ -65,7 +65,7 @@ func newRotateFixture(t *testing.T) *rotateFixture {
 	f.oldSes = f.session(t, f.old.Public(), f.oldCert.Bytes())
 	f.client = netip.MustParseAddr("10.0.1.1")
 	f.server = netip.MustParseAddrPort("198.51.100.1:5201")
-	rep := s.serveRequest(f.oldSes, proto.Request{Op: proto.OpGrant, Server: f.server})
+	rep := serveReq(s, f.oldSes, proto.Request{Op: proto.OpGrant, Server: f.server})
 	if rep.Reason != proto.OK {
 		t.Fatalf("grant: %v", rep.Reason)
 	}
@@ -101,7 +101,7 @@ func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *sessi
 	f.s.sessions[idx] = ses
 	f.s.byMember[key] = append(f.s.byMember[key], idx)
 	if cert != nil {
-		rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpCertify, Cert: cert})
+		rep := serveReq(f.s, ses, proto.Request{Op: proto.OpCertify, Cert: cert})
 		if rep.Reason == proto.OK && !listed {
 			ses.pending, ses.name = false, f.s.certified[key].name
 		}
@@ -110,7 +110,7 @@ func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *sessi
 }
 
 func (f *rotateFixture) rotate(ses *session, r proto.Rotation) proto.Reason {
-	rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRotate, Rotate: r})
+	rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRotate, Rotate: r})
 	f.s.flush()
 	return rep.Reason
 }
@@ -252,16 +252,16 @@ func TestRotateCarriesOver(t *testing.T) {
 		t.Fatalf("ok not counted or logged:\n%s", f.logs.String())
 	}
 	// Grants and renewals.
-	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpGrant, Server: f.server}); rep.Reason != proto.OK || rep.Detour.Port() != port {
+	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpGrant, Server: f.server}); rep.Reason != proto.OK || rep.Detour.Port() != port {
 		t.Fatalf("repeated grant on the new key: %v port %d, want %d", rep.Reason, rep.Detour.Port(), port)
 	}
-	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
 		t.Fatalf("renew on the new key: %v", rep.Reason)
 	}
-	if rep := f.s.serveRequest(f.oldSes, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, f.oldSes, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
 		t.Fatalf("renew on the old key's session during the switch: %v", rep.Reason)
 	}
-	if rep := f.s.serveRequest(f.oldSes, proto.Request{Op: proto.OpRelease, Port: port}); rep.Reason != proto.ReasonNotFound {
+	if rep := serveReq(f.s, f.oldSes, proto.Request{Op: proto.OpRelease, Port: port}); rep.Reason != proto.ReasonNotFound {
 		t.Fatalf("release on the old key's session: %v, want not-found", rep.Reason)
 	}
 	// A repeated statement (the member's retry) moves nothing more and harms nothing.
@@ -277,7 +277,7 @@ func TestRotateCarriesOver(t *testing.T) {
 	if f.s.isMember(ok, now) || !f.s.isMember(nk, now) {
 		t.Fatal("membership after revoking the old key")
 	}
-	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
 		t.Fatalf("renew on the new key after the revocation: %v", rep.Reason)
 	}
 }
@@ -295,18 +295,18 @@ func TestRotateStaticMembers(t *testing.T) {
 	addr := netip.MustParseAddrPort("10.0.1.1:40000")
 	oldSes := &session{peer: old.Public(), name: "bob", addr: addr}
 	server := netip.MustParseAddrPort("198.51.100.1:80")
-	rep := s.serveRequest(oldSes, proto.Request{Op: proto.OpGrant, Server: server})
+	rep := serveReq(s, oldSes, proto.Request{Op: proto.OpGrant, Server: server})
 	s.flush()
 	if rep.Reason != proto.OK {
 		t.Fatal(rep.Reason)
 	}
 	m := s.leases.byKey[mapKey{addr.Addr(), rep.Detour.Port()}]
 	r, _ := collective.SignRotation(old, other.Public(), time.Now())
-	if rep := s.serveRequest(&session{peer: other.Public(), name: "carol", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.ReasonUnauthorized {
+	if rep := serveReq(s, &session{peer: other.Public(), name: "carol", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.ReasonUnauthorized {
 		t.Fatalf("rotation to another listed member: %v", rep.Reason)
 	}
 	r, _ = collective.SignRotation(old, newKey.Public(), time.Now())
-	if rep := s.serveRequest(&session{peer: newKey.Public(), name: "bob", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.OK {
+	if rep := serveReq(s, &session{peer: newKey.Public(), name: "bob", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.OK {
 		t.Fatalf("rotation between listed keys: %v", rep.Reason)
 	}
 	if m.Owner.Key != newKey.Public() || !dp.mapped[m.Key] {
@@ -366,6 +366,12 @@ func TestRotateConversionCharged(t *testing.T) {
 	}
 }
 
+// serveReq is serveRequest's reply alone.
+func serveReq(s *Server, ses *session, req proto.Request) proto.Reply {
+	rep, _ := s.serveRequest(ses, req)
+	return rep
+}
+
 // fakeTunnels is a WireGuard tunnel allocator of one peer per key whose
 // byte counters the test sets; Rekey fails while failRekey is set (the
 // device configuration refused: the old peer stays).
@@ -393,6 +399,14 @@ func (f *fakeTunnels) Rekey(old, successor proto.Key) (bool, error) {
 	f.peers[successor] = 0 // a new peer: counters start at zero
 	return true, nil
 }
+func (f *fakeTunnels) Encap(proto.Key, netip.Addr, netip.Addr) (proto.EncapGrant, time.Duration, error) {
+	return proto.EncapGrant{}, 0, &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported}
+}
+func (f *fakeTunnels) EncapRelease(proto.Key) error {
+	return &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported}
+}
+func (f *fakeTunnels) Readmit(func(proto.Key) bool) (int, error) { return 0, nil }
+func (f *fakeTunnels) WireGuardOffered() bool                    { return true }
 func (f *fakeTunnels) Status() (*wgtypes.Device, error) {
 	d := &wgtypes.Device{}
 	for k, b := range f.peers {

@@ -104,13 +104,12 @@ type Server struct {
 	roster    *roster.Node            // nil: no gossip (gossip.go)
 	rosterAt  time.Time
 	convDone  chan convertDone
-	tunnels   TunnelAllocator
+	tunnels   Tunnels // nil: no tunnel section
 	attr      *attrLog
 	met       *metrics
 	batch     []*mapping // new mappings not yet in the kernel
 	replies   []deferred // replies held until batch is installed
 	responses []rawReply // handshake responses held until lastTS is saved
-	lastNew   *mapping   // set by grant when it created a mapping
 	fair      *fairState // ledger, receipts, capacity (fair.go)
 
 	in      chan packet
@@ -183,13 +182,13 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 		s.lock.Close()
 		return nil, err
 	}
-	if s.tunnels, err = newTunnelAllocator(tunnels, set.Tunnel, set.PrivateKey, log); err != nil {
+	if s.tunnels, err = NewTunnels(tunnels, set.Tunnel, set.PrivateKey, log); err != nil {
 		s.attr.Close()
 		s.lock.Close()
 		return nil, err
 	}
-	if ra, ok := s.tunnels.(tunnelReadmitter); ok {
-		n, err := ra.Readmit(func(k proto.Key) bool { _, ok := set.Members[k]; return ok })
+	if s.tunnels != nil {
+		n, err := s.tunnels.Readmit(func(k proto.Key) bool { _, ok := set.Members[k]; return ok })
 		if err != nil {
 			log.Warn("tunnel: re-admitting saved peers", "err", err)
 		} else if n > 0 {
@@ -783,18 +782,21 @@ func (s *Server) handleTransport(p packet) {
 	ses.confirmed = true // only a receiver of our response can get here
 	req, err := proto.ParseRequest(msg)
 	var rep proto.Reply
+	var m *mapping
 	if err != nil {
 		rep = proto.Reply{Op: req.Op, ID: req.ID, Reason: proto.ReasonOf(err)}
 	} else {
-		rep = s.serveRequest(ses, req)
+		rep, m = s.serveRequest(ses, req)
 	}
 	s.count(req.Op.String(), rep.Reason)
-	s.replies = append(s.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: s.lastNew, at: p.at})
-	s.lastNew = nil
+	s.replies = append(s.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: m, at: p.at})
 }
 
-func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
-	rep := proto.Reply{Op: req.Op, ID: req.ID}
+// serveRequest answers an authenticated request; granted is the mapping a
+// grant's reply announces (nil otherwise): if it is still in the batch and
+// the kernel refuses the batch, flush turns the reply into "internal".
+func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply, granted *mapping) {
+	rep = proto.Reply{Op: req.Op, ID: req.ID}
 	b := s.rates[ses.peer]
 	if b == nil {
 		b = &bucket{}
@@ -802,11 +804,11 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 	}
 	if !b.take(s.now(), s.set.Rate, s.set.Burst) {
 		rep.Reason = proto.ReasonRateLimited
-		return rep
+		return rep, nil
 	}
 	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify && req.Op != proto.OpRotate {
 		rep.Reason = proto.ReasonUnauthorized
-		return rep
+		return rep, nil
 	}
 	o := owner{Key: ses.peer, Name: ses.name}
 	client := ses.addr.Addr()
@@ -824,6 +826,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 		if r == proto.OK {
 			rep.Detour = netip.AddrPortFrom(detour, m.Key.Port)
 			rep.Lease = m.Expires.Sub(s.now())
+			granted = m
 		}
 	case proto.OpRenew:
 		m := s.leases.byKey[mapKey{client, req.Port}]
@@ -875,7 +878,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
 	default:
 		rep.Reason = proto.ReasonUnsupported
 	}
-	return rep
+	return rep, granted
 }
 
 // detourAddr is the address clients connect to for this session: the
@@ -919,7 +922,6 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 	// flush installs it (or drops it again).
 	s.leases.add(m)
 	s.batch = append(s.batch, m)
-	s.lastNew = m
 	return m, proto.OK
 }
 

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
@@ -91,12 +90,6 @@ type TunnelPeer struct {
 	LastHandshake time.Time `json:"last_handshake,omitzero"`
 	RxBytes       int64     `json:"rx_bytes"`
 	TxBytes       int64     `json:"tx_bytes"`
-}
-
-// tunnelStatuser is implemented by tunnel allocators that can report their
-// WireGuard device (tunnelctl's does).
-type tunnelStatuser interface {
-	Status() (*wgtypes.Device, error)
 }
 
 // statusRequest asks the event loop for a snapshot.
@@ -224,8 +217,8 @@ func (s *Server) status() *Status {
 		st.Converter = &ConverterStatus{Listen: s.conv.ln.Addr().String(), Tickets: len(s.conv.tickets.tickets)}
 		s.conv.tickets.mu.Unlock()
 	}
-	if ts, ok := s.tunnels.(tunnelStatuser); ok {
-		if dev, err := ts.Status(); err == nil {
+	if s.tunnels != nil {
+		if dev, err := s.tunnels.Status(); err == nil {
 			t := &TunnelStatus{Device: dev.Name, ListenPort: dev.ListenPort, Peers: []TunnelPeer{}}
 			for _, p := range dev.Peers {
 				tp := TunnelPeer{Key: p.PublicKey.String(), Member: members[proto.Key(p.PublicKey)],

@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		tunnels := func(sec *config.Doc, key proto.Key, log *slog.Logger) (relay.TunnelAllocator, error) {
+		tunnels := func(sec *config.Doc, key proto.Key, log *slog.Logger) (relay.Tunnels, error) {
 			a, err := Factory(sec, key, log)
 			if err != nil {
 				return nil, err
