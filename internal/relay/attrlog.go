@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 )
 
 // attrEvent is one line of the attribution log: enough for an operator to
@@ -91,7 +93,7 @@ func mappingEvent(event string, m *mapping, now time.Time) attrEvent {
 	return ev
 }
 
-func withCounter(ev attrEvent, c Counter) attrEvent {
+func withCounter(ev attrEvent, c dataplane.Counter) attrEvent {
 	b, p := c.Bytes, c.Packets
 	ev.Bytes, ev.Packets = &b, &p
 	return ev

@@ -9,12 +9,16 @@ package relay
 
 import (
 	"context"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 )
+
+// TableName is the nftables table the relay owns (internal/relay/dataplane).
+const TableName = dataplane.TableName
 
 // Run is `mpdetour relay`: it serves until ctx ends (SIGTERM/SIGINT), then
 // removes everything it installed. SIGHUP reloads the configuration file

@@ -14,6 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 )
 
 // Fair sharing (docs/collective.md, "Fair sharing"): the ledger
@@ -166,7 +167,7 @@ func (s *Server) refreshLedger(now time.Time) {
 
 // ledgerCounters brings the ledger up to the mappings' counters cnt
 // (one reading of the kernel's counters).
-func (s *Server) ledgerCounters(cnt map[mapKey]Counter, now time.Time) {
+func (s *Server) ledgerCounters(cnt map[dataplane.Key]dataplane.Counter, now time.Time) {
 	s.fair.refreshed = now
 	for k, c := range cnt {
 		if m := s.leases.byKey[k]; m != nil {
@@ -538,7 +539,7 @@ func ledgerStatus(e *ledgerEntry) *LedgerStatus {
 // fairStatus adds the ledger to a status snapshot (event loop only); the
 // counters are brought up to date first, so status shows the kernel's
 // current count.
-func (s *Server) fairStatus(st *Status, cnt map[mapKey]Counter, cntErr error) {
+func (s *Server) fairStatus(st *Status, cnt map[dataplane.Key]dataplane.Counter, cntErr error) {
 	led := s.fair.led
 	if cntErr == nil {
 		// The reading the members' bytes in st come from: the ledger

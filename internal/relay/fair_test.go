@@ -12,45 +12,8 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 )
-
-// fakeDP is a data plane in memory: counters are whatever the test sets.
-type fakeDP struct {
-	mapped   map[mapKey]bool
-	counters map[mapKey]Counter
-}
-
-func newFakeDP() *fakeDP { return &fakeDP{mapped: map[mapKey]bool{}, counters: map[mapKey]Counter{}} }
-
-func (f *fakeDP) Map(ms []mapping) error {
-	for _, m := range ms {
-		f.mapped[m.Key] = true
-	}
-	return nil
-}
-func (f *fakeDP) Unmap(keys []mapKey) error {
-	for _, k := range keys {
-		delete(f.mapped, k)
-	}
-	return nil
-}
-func (f *fakeDP) Counters() (map[mapKey]Counter, error) { return f.counters, nil }
-func (f *fakeDP) CountersOf(keys []mapKey) (map[mapKey]Counter, error) {
-	out := map[mapKey]Counter{}
-	for _, k := range keys {
-		out[k] = f.counters[k]
-	}
-	return out, nil
-}
-func (f *fakeDP) Forget(keys []mapKey) error {
-	for _, k := range keys {
-		delete(f.counters, k)
-	}
-	return nil
-}
-func (f *fakeDP) Exists() (bool, error)       { return true, nil }
-func (f *fakeDP) Recreate(ms []mapping) error { return nil }
-func (f *fakeDP) Close() error                { return nil }
 
 const mib = collective.CreditUnit
 
@@ -83,13 +46,13 @@ func TestPickVictim(t *testing.T) {
 
 // newFairServer is a Server with a fake data plane, enough for the grant
 // path, admission and the ledger.
-func newFairServer(t *testing.T, capacity int, ledgerFile string) (*Server, *fakeDP) {
+func newFairServer(t *testing.T, capacity int, ledgerFile string) (*Server, *dataplane.Fake) {
 	t.Helper()
 	priv := testKey(t)
 	set := &Settings{PrivateKey: priv, PortLo: 40000, PortHi: 40100, Lease: time.Minute, Members: map[proto.Key]string{},
 		QuotaPerMember: 100, QuotaGlobal: 1000, Fair: FairSettings{Capacity: capacity, LedgerFile: ledgerFile, ReceiptEvery: time.Minute}}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dp := newFakeDP()
+	dp := dataplane.NewFake()
 	s := &Server{set: set, log: log, dp: dp, leases: newLeaseTable(), certified: map[proto.Key]certMember{}, now: time.Now, met: newMetrics()}
 	s.attr, _ = openAttrLog("")
 	s.applyPolicy(set)
@@ -176,9 +139,9 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	}
 	s.flush()
 	now := time.Now()
-	dp.counters[m.Key] = Counter{Bytes: 1000}
+	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1000})
 	s.flushLedger(now)
-	dp.counters[m.Key] = Counter{Bytes: 1500}
+	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1500})
 	s.flushLedger(now)
 	if got := s.fair.led.members[alice].Consumed; got != 1500 {
 		t.Fatalf("consumed %d, want 1500", got)
@@ -187,7 +150,7 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	if err := s.close([]*mapping{m}, "release"); err != nil {
 		t.Fatal(err)
 	}
-	dp.counters[m.Key] = Counter{Bytes: 1700}
+	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1700})
 	s.reap(now, true)
 	if got := s.fair.led.members[alice].Consumed; got != 1700 {
 		t.Fatalf("consumed after reap %d, want 1700", got)
@@ -198,9 +161,9 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	// A counter that went back (the table was recreated) is new bytes.
 	m2, _ := s.grant(ow, client, netip.MustParseAddrPort("198.51.100.1:81"), 0, time.Minute, 100)
 	s.flush()
-	dp.counters[m2.Key] = Counter{Bytes: 900}
+	dp.SetCounter(m2.Key, dataplane.Counter{Bytes: 900})
 	s.flushLedger(now)
-	dp.counters[m2.Key] = Counter{Bytes: 100}
+	dp.SetCounter(m2.Key, dataplane.Counter{Bytes: 100})
 	s.flushLedger(now)
 	if got := s.fair.led.members[alice].Consumed; got != 1700+900+100 {
 		t.Fatalf("consumed after reset %d, want %d", got, 1700+900+100)

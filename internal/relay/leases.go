@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 )
 
 // mapping is one granted NAT detour.
 type mapping struct {
-	Key     mapKey
+	Key     dataplane.Key
 	Server  netip.AddrPort
 	Owner   owner
 	Granted time.Time
@@ -18,6 +19,9 @@ type mapping struct {
 	// usageBytes is the count last written as a "usage" line.
 	usageBytes uint64
 }
+
+// dp is what the data plane needs of m.
+func (m *mapping) dp() dataplane.Mapping { return dataplane.Mapping{Key: m.Key, Server: m.Server} }
 
 // owner is who a mapping is attributed to: a member key, or for legacy v1
 // (no identity) the client address.
@@ -35,12 +39,12 @@ type serverKey struct {
 // leaseTable is the relay's record of mappings. It is used only from the
 // server's event loop, so it has no locks.
 type leaseTable struct {
-	byKey    map[mapKey]*mapping
+	byKey    map[dataplane.Key]*mapping
 	byServer map[serverKey]*mapping
 	count    map[string]int // per owner quota accounting (member id, or v1 client)
 	// closing holds mappings whose DNAT element is gone but whose counter
 	// has not been read yet; their ports stay taken until then.
-	closing map[mapKey]closed
+	closing map[dataplane.Key]closed
 }
 
 type closed struct {
@@ -53,10 +57,10 @@ type closed struct {
 
 func newLeaseTable() *leaseTable {
 	return &leaseTable{
-		byKey:    map[mapKey]*mapping{},
+		byKey:    map[dataplane.Key]*mapping{},
 		byServer: map[serverKey]*mapping{},
 		count:    map[string]int{},
-		closing:  map[mapKey]closed{},
+		closing:  map[dataplane.Key]closed{},
 	}
 }
 
@@ -73,7 +77,7 @@ func (t *leaseTable) find(o owner, client netip.Addr, server netip.AddrPort) *ma
 	return t.byServer[serverKey{o.Key, client, server}]
 }
 
-func (t *leaseTable) taken(k mapKey) bool {
+func (t *leaseTable) taken(k dataplane.Key) bool {
 	if _, ok := t.byKey[k]; ok {
 		return true
 	}
@@ -88,7 +92,7 @@ func (t *leaseTable) taken(k mapKey) bool {
 // not privileged (>= 1024).
 func (t *leaseTable) pickPort(client netip.Addr, proposed, lo, hi uint16, anywhere bool, reserved func(uint16) bool) (uint16, bool) {
 	free := func(p uint16) bool {
-		return !t.taken(mapKey{client, p}) && !reserved(p)
+		return !t.taken(dataplane.Key{Client: client, Port: p}) && !reserved(p)
 	}
 	inRange := proposed >= lo && proposed <= hi || anywhere && proposed >= 1024
 	if inRange && free(proposed) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 )
 
 // rotations reads mpdetour_relay_rotations_total{result}.
@@ -31,7 +32,7 @@ func rotations(t *testing.T, s *Server, result string) float64 {
 // key, certified by the authority.
 type rotateFixture struct {
 	s        *Server
-	dp       *fakeDP
+	dp       *dataplane.Fake
 	logs     *bytes.Buffer
 	auth     *collective.Authority
 	old      proto.Key // private
@@ -70,7 +71,7 @@ func newRotateFixture(t *testing.T) *rotateFixture {
 		t.Fatalf("grant: %v", rep.Reason)
 	}
 	s.flush()
-	f.mapping = s.leases.byKey[mapKey{f.client, rep.Detour.Port()}]
+	f.mapping = s.leases.byKey[dataplane.Key{Client: f.client, Port: rep.Detour.Port()}]
 	if _, err := s.conv.tickets.issue(f.old.Public(), "alice", f.client, 2, now.Add(time.Minute), now); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func (f *rotateFixture) unmoved(t *testing.T, what string) {
 	if e := f.s.fair.led.members[old]; e == nil || e.Consumed != 5000 {
 		t.Errorf("%s: the ledger moved", what)
 	}
-	if !f.dp.mapped[f.mapping.Key] {
+	if !mapped(f.dp, f.mapping.Key) {
 		t.Errorf("%s: the mapping left the data plane", what)
 	}
 }
@@ -236,8 +237,8 @@ func TestRotateCarriesOver(t *testing.T) {
 		t.Fatalf("rotation: %v\n%s", got, f.logs.String())
 	}
 	nk, ok := newKey.Public(), f.old.Public()
-	if f.mapping.Owner != (owner{Key: nk, Name: "alice"}) || !f.dp.mapped[f.mapping.Key] || f.mapping.Key.Port != port {
-		t.Fatalf("mapping after rotation: %+v mapped=%v", f.mapping.Owner, f.dp.mapped[f.mapping.Key])
+	if f.mapping.Owner != (owner{Key: nk, Name: "alice"}) || !mapped(f.dp, f.mapping.Key) || f.mapping.Key.Port != port {
+		t.Fatalf("mapping after rotation: %+v mapped=%v", f.mapping.Owner, mapped(f.dp, f.mapping.Key))
 	}
 	if f.s.leases.count[nk.String()] != 1 || f.s.leases.count[ok.String()] != 0 {
 		t.Fatalf("quota counts: %v", f.s.leases.count)
@@ -271,7 +272,7 @@ func TestRotateCarriesOver(t *testing.T) {
 	// Revoking the old key leaves the rotated member alone.
 	f.s.set.Trust.Install(f.auth.Revoke(nil, now, f.oldCert.Serial))
 	f.s.checkCollective(now)
-	if f.s.leases.byKey[f.mapping.Key] != f.mapping || !f.dp.mapped[f.mapping.Key] {
+	if f.s.leases.byKey[f.mapping.Key] != f.mapping || !mapped(f.dp, f.mapping.Key) {
 		t.Fatal("revoking the old key removed the rotated mapping")
 	}
 	if f.s.isMember(ok, now) || !f.s.isMember(nk, now) {
@@ -300,7 +301,7 @@ func TestRotateStaticMembers(t *testing.T) {
 	if rep.Reason != proto.OK {
 		t.Fatal(rep.Reason)
 	}
-	m := s.leases.byKey[mapKey{addr.Addr(), rep.Detour.Port()}]
+	m := s.leases.byKey[dataplane.Key{Client: addr.Addr(), Port: rep.Detour.Port()}]
 	r, _ := collective.SignRotation(old, other.Public(), time.Now())
 	if rep := serveReq(s, &session{peer: other.Public(), name: "carol", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.ReasonUnauthorized {
 		t.Fatalf("rotation to another listed member: %v", rep.Reason)
@@ -309,7 +310,7 @@ func TestRotateStaticMembers(t *testing.T) {
 	if rep := serveReq(s, &session{peer: newKey.Public(), name: "bob", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.OK {
 		t.Fatalf("rotation between listed keys: %v", rep.Reason)
 	}
-	if m.Owner.Key != newKey.Public() || !dp.mapped[m.Key] {
+	if m.Owner.Key != newKey.Public() || !mapped(dp, m.Key) {
 		t.Fatal("mapping not carried over")
 	}
 }
@@ -364,6 +365,12 @@ func TestRotateConversionCharged(t *testing.T) {
 	if f.s.fair.led.members[stranger] != nil {
 		t.Fatal("a non-member key was charged")
 	}
+}
+
+// mapped says whether the fake data plane holds k.
+func mapped(dp *dataplane.Fake, k dataplane.Key) bool {
+	_, ok := dp.Mapped(k)
+	return ok
 }
 
 // serveReq is serveRequest's reply alone.
@@ -487,8 +494,8 @@ func TestRotateLeaseLookupShared(t *testing.T) {
 	newO := owner{Key: testKey(t).Public(), Name: "alice"}
 	for _, how := range []string{"remove", "drop"} {
 		lt := newLeaseTable()
-		held := &mapping{Key: mapKey{client, 40001}, Server: server, Owner: newO}
-		moved := &mapping{Key: mapKey{client, 40002}, Server: server, Owner: oldO}
+		held := &mapping{Key: dataplane.Key{Client: client, Port: 40001}, Server: server, Owner: newO}
+		moved := &mapping{Key: dataplane.Key{Client: client, Port: 40002}, Server: server, Owner: oldO}
 		lt.add(held)
 		lt.add(moved)
 		lt.rekey(oldO.Key, newO)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
@@ -75,7 +76,7 @@ type session struct {
 type Server struct {
 	set  *Settings
 	log  *slog.Logger
-	dp   dataPlane
+	dp   dataplane.DataPlane
 	lock *net.UnixListener // one relay per network namespace
 	// refusals summarises refused handshakes in the log (bounded lines).
 	refusals refusalLog
@@ -219,7 +220,7 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 			return nil, err
 		}
 	}
-	if s.dp, err = newNFT(nftOptions{FastPath: set.FastPath, Log: log}); err != nil {
+	if s.dp, err = dataplane.NewNFT(dataplane.Options{FastPath: set.FastPath, Log: log}); err != nil {
 		s.closeAll()
 		return nil, err
 	}
@@ -410,9 +411,9 @@ func (s *Server) flush() {
 		s.responses = s.responses[:0]
 	}
 	if len(s.batch) > 0 {
-		ms := make([]mapping, len(s.batch))
+		ms := make([]dataplane.Mapping, len(s.batch))
 		for i, m := range s.batch {
-			ms[i] = *m
+			ms[i] = m.dp()
 		}
 		now := s.now()
 		err := s.dp.Map(ms)
@@ -829,7 +830,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 			granted = m
 		}
 	case proto.OpRenew:
-		m := s.leases.byKey[mapKey{client, req.Port}]
+		m := s.leases.byKey[dataplane.Key{Client: client, Port: req.Port}]
 		if m == nil || !s.owns(ses.peer, m) {
 			rep.Reason = proto.ReasonNotFound
 			break
@@ -839,12 +840,12 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 		rep.Lease = s.set.Lease
 		s.logAttr(mappingEvent("renew", m, now))
 	case proto.OpRelease:
-		m := s.leases.byKey[mapKey{client, req.Port}]
+		m := s.leases.byKey[dataplane.Key{Client: client, Port: req.Port}]
 		if m == nil || m.Owner.Key != ses.peer {
 			rep.Reason = proto.ReasonNotFound
 			break
 		}
-		if cnt, err := s.dp.CountersOf([]mapKey{m.Key}); err == nil {
+		if cnt, err := s.dp.CountersOf([]dataplane.Key{m.Key}); err == nil {
 			rep.Bytes = cnt[m.Key].Bytes
 		}
 		if err := s.close([]*mapping{m}, "release"); err != nil {
@@ -917,7 +918,7 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 	if !ok {
 		return nil, proto.ReasonNoPorts
 	}
-	m := &mapping{Key: mapKey{client, port}, Server: server, Owner: o, Granted: now, Expires: now.Add(lease)}
+	m := &mapping{Key: dataplane.Key{Client: client, Port: port}, Server: server, Owner: o, Granted: now, Expires: now.Add(lease)}
 	// Recorded now so that quotas and port choice see it within the batch;
 	// flush installs it (or drops it again).
 	s.leases.add(m)
@@ -934,7 +935,7 @@ func (s *Server) close(ms []*mapping, reason string) error {
 		// A mapping granted earlier in this batch is not in the kernel yet.
 		s.flush()
 	}
-	keys := make([]mapKey, len(ms))
+	keys := make([]dataplane.Key, len(ms))
 	for i, m := range ms {
 		keys[i] = m.Key
 	}
@@ -965,7 +966,7 @@ func (s *Server) reap(now time.Time, final bool) {
 	if len(s.leases.closing) == 0 {
 		return
 	}
-	keys := make([]mapKey, 0, len(s.leases.closing))
+	keys := make([]dataplane.Key, 0, len(s.leases.closing))
 	for k := range s.leases.closing {
 		keys = append(keys, k)
 	}
@@ -1041,15 +1042,15 @@ func (s *Server) ensureTable() bool {
 	if err != nil || ok {
 		return false
 	}
-	ms := make([]mapping, 0, len(s.leases.byKey))
+	ms := make([]dataplane.Mapping, 0, len(s.leases.byKey))
 	for _, m := range s.leases.byKey {
-		ms = append(ms, *m)
+		ms = append(ms, m.dp())
 	}
 	if err := s.dp.Recreate(ms); err != nil {
-		s.log.Error("the relay's nftables table was removed and could not be recreated", "table", TableName, "err", err)
+		s.log.Error("the relay's nftables table was removed and could not be recreated", "table", dataplane.TableName, "err", err)
 		return false
 	}
-	s.log.Warn("the relay's nftables table was removed by someone else: recreated it", "table", TableName, "mappings", len(ms))
+	s.log.Warn("the relay's nftables table was removed by someone else: recreated it", "table", dataplane.TableName, "mappings", len(ms))
 	return true
 }
 
@@ -1062,11 +1063,11 @@ func (s *Server) ensureTable() bool {
 // liveCounters reads the kernel's counters of every granted mapping
 // (installing the pending batch first: its mappings are not in the kernel
 // yet). Used by the attribution flush and relay status.
-func (s *Server) liveCounters() (map[mapKey]Counter, error) {
+func (s *Server) liveCounters() (map[dataplane.Key]dataplane.Counter, error) {
 	if len(s.batch) > 0 {
 		s.flush()
 	}
-	keys := make([]mapKey, 0, len(s.leases.byKey))
+	keys := make([]dataplane.Key, 0, len(s.leases.byKey))
 	for k := range s.leases.byKey {
 		keys = append(keys, k)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
@@ -123,11 +124,11 @@ func TestPickPort(t *testing.T) {
 	if p, ok := lt.pickPort(c, 100, 100, 102, false, reserved); !ok || p != 100 {
 		t.Fatalf("proposed free port: %d %v", p, ok)
 	}
-	lt.add(&mapping{Key: mapKey{c, 100}, Server: netip.MustParseAddrPort("198.51.100.1:1")})
+	lt.add(&mapping{Key: dataplane.Key{Client: c, Port: 100}, Server: netip.MustParseAddrPort("198.51.100.1:1")})
 	if p, ok := lt.pickPort(c, 100, 100, 102, false, reserved); !ok || p != 102 {
 		t.Fatalf("taken proposed port: got %d %v, want 102 (101 is a listener)", p, ok)
 	}
-	lt.add(&mapping{Key: mapKey{c, 102}, Server: netip.MustParseAddrPort("198.51.100.1:2")})
+	lt.add(&mapping{Key: dataplane.Key{Client: c, Port: 102}, Server: netip.MustParseAddrPort("198.51.100.1:2")})
 	if _, ok := lt.pickPort(c, 0, 100, 102, false, reserved); ok {
 		t.Fatal("port found in a full range")
 	}
@@ -136,7 +137,7 @@ func TestPickPort(t *testing.T) {
 		t.Fatal("ports are per client")
 	}
 	// A closing mapping keeps its port until its counter is read.
-	m := lt.byKey[mapKey{c, 100}]
+	m := lt.byKey[dataplane.Key{Client: c, Port: 100}]
 	lt.remove(m, "release", time.Now())
 	if _, ok := lt.pickPort(c, 100, 100, 100, false, reserved); ok {
 		t.Fatal("closing port reused")
