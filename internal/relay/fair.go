@@ -26,8 +26,8 @@ import (
 // would take it from a member with as much credit or more is refused with
 // the reason "capacity".
 
-// FairShareConfig is the `fair_share:` section of the relay's file.
-type FairShareConfig struct {
+// FairShareFile is the `fair_share:` section of the relay's file.
+type FairShareFile struct {
 	// Capacity: NAT mappings at once before credit decides who is served
 	// (0 = no such limit; quota.global still applies).
 	Capacity int `yaml:"capacity"`
@@ -43,16 +43,16 @@ type FairShareConfig struct {
 	ReceiptEvery config.Duration `yaml:"receipt_every"`
 }
 
-// FairSettings is the validated section.
-type FairSettings struct {
+// FairConfig is the validated section.
+type FairConfig struct {
 	Capacity     int
 	LedgerFile   string
 	ReceiptsFile string
 	ReceiptEvery time.Duration
 }
 
-func buildFair(c *FairShareConfig, stateFile string) (FairSettings, error) {
-	f := FairSettings{Capacity: c.Capacity, LedgerFile: c.LedgerFile, ReceiptsFile: c.ReceiptsFile, ReceiptEvery: 10 * time.Minute}
+func buildFair(c *FairShareFile, stateFile string) (FairConfig, error) {
+	f := FairConfig{Capacity: c.Capacity, LedgerFile: c.LedgerFile, ReceiptsFile: c.ReceiptsFile, ReceiptEvery: 10 * time.Minute}
 	if c.Capacity < 0 {
 		return f, fmt.Errorf("fair_share.capacity: %d is negative (0 = no capacity limit)", c.Capacity)
 	}
@@ -96,7 +96,7 @@ type fairState struct {
 	refreshed time.Time // live counters last read into the ledger
 }
 
-func newFairState(set *Settings, met *metrics, log *slog.Logger, now time.Time) (*fairState, error) {
+func newFairState(set *Reloadable, met *metrics, log *slog.Logger, now time.Time) (*fairState, error) {
 	led, err := loadLedger(set.Fair.LedgerFile)
 	if err != nil {
 		return nil, err
@@ -133,7 +133,7 @@ func (s *Server) memberName(k proto.Key) string {
 	if n, ok := s.set.Members[k]; ok {
 		return n
 	}
-	if cm, ok := s.certified[k]; ok {
+	if cm, ok := s.trust.certified[k]; ok {
 		return cm.name
 	}
 	return ""
@@ -212,7 +212,7 @@ func (s *Server) ledgerConversion(d convertDone) {
 		return
 	}
 	k := d.key
-	if to, ok := s.rotated[k]; ok {
+	if to, ok := s.ses.rotated[k]; ok {
 		k = to
 	}
 	name := s.memberName(k)
@@ -295,10 +295,10 @@ func appendSync(path string, b []byte) error {
 // noteRelayCert records a presented certificate that holds the role relay
 // (called for every OpCertify): its key's receipts count here.
 func (s *Server) noteRelayCert(key proto.Key, cert []byte) {
-	if s.set.Trust == nil {
+	if s.trust.live == nil {
 		return
 	}
-	c, err := s.set.Trust.CheckBytes(cert, key, collective.RoleRelay, s.now())
+	c, err := s.trust.live.CheckBytes(cert, key, collective.RoleRelay, s.now())
 	if err != nil {
 		return
 	}
@@ -335,7 +335,7 @@ func (s *Server) acceptReceipt(b []byte, now time.Time) (*collective.Receipt, er
 		return r, errOwnReceipt
 	}
 	cm, ok := s.fair.relays[r.Issuer]
-	if !ok || !now.Before(cm.notAfter) || s.set.Trust.Revoked(cm.serial) {
+	if !ok || !now.Before(cm.notAfter) || s.trust.live.Revoked(cm.serial) {
 		return r, errNotRelay
 	}
 	if err := r.Check(now); err != nil {
@@ -359,7 +359,7 @@ func (s *Server) acceptReceipt(b []byte, now time.Time) (*collective.Receipt, er
 
 // serveReceipt handles OpReceipt; the reply carries the issuer's credit.
 func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply) {
-	if s.set.Trust == nil {
+	if s.trust.live == nil {
 		rep.Reason = proto.ReasonUnsupported
 		s.fair.receipts.WithLabelValues("unsupported").Inc()
 		return
@@ -482,16 +482,16 @@ func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.
 }
 
 // reloadFair applies a reloaded fair_share section (called by applyReload
-// after it settled the collective's Trust): capacity and receipts change
-// at once; the ledger file only on restart.
-func (s *Server) reloadFair(set *Settings) {
-	if set.Fair.LedgerFile != s.set.Fair.LedgerFile {
-		s.log.Warn("reload: fair_share.ledger_file changes only on restart")
-		set.Fair.LedgerFile = s.set.Fair.LedgerFile
+// after the trust part took the file's trust): capacity and receipts
+// change at once; the ledger file only on restart (the ledger keeps its
+// path).
+func (s *Server) reloadFair(set *Reloadable, authorityChanged bool) {
+	if set.Fair.LedgerFile != s.fair.led.path {
+		s.log.Warn("reload: fair_share.ledger_file changes only on restart", "ledger_file", s.fair.led.path)
 	}
-	if set.Trust != s.set.Trust {
-		// Another authority (or none; applyReload keeps the same one's
-		// Trust): relay certificates verified under the old one count no more.
+	if authorityChanged {
+		// Another authority (or none): relay certificates verified under
+		// the old one count no more.
 		clear(s.fair.relays)
 	}
 }

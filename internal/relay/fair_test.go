@@ -1,8 +1,6 @@
 package relay
 
 import (
-	"io"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -44,23 +42,18 @@ func TestPickVictim(t *testing.T) {
 	}
 }
 
-// newFairServer is a Server with a fake data plane, enough for the grant
+// fairConfig is enough configuration for the grant path, admission and
+// the ledger.
+func fairConfig(t *testing.T, capacity int, ledgerFile string) *Reloadable {
+	return &Reloadable{PrivateKey: testKey(t), PortLo: 40000, PortHi: 40100, Lease: time.Minute, Members: map[proto.Key]string{},
+		QuotaPerMember: 100, QuotaGlobal: 1000, Rate: 50, Burst: 100, Fair: FairConfig{Capacity: capacity, LedgerFile: ledgerFile, ReceiptEvery: time.Minute}}
+}
+
+// newFairServer is a relay with a fake data plane, enough for the grant
 // path, admission and the ledger.
 func newFairServer(t *testing.T, capacity int, ledgerFile string) (*Server, *dataplane.Fake) {
 	t.Helper()
-	priv := testKey(t)
-	set := &Settings{PrivateKey: priv, PortLo: 40000, PortHi: 40100, Lease: time.Minute, Members: map[proto.Key]string{},
-		QuotaPerMember: 100, QuotaGlobal: 1000, Fair: FairSettings{Capacity: capacity, LedgerFile: ledgerFile, ReceiptEvery: time.Minute}}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dp := dataplane.NewFake()
-	s := &Server{set: set, log: log, dp: dp, leases: newLeaseTable(), certified: map[proto.Key]certMember{}, now: time.Now, met: newMetrics()}
-	s.attr, _ = openAttrLog("")
-	s.applyPolicy(set)
-	var err error
-	if s.fair, err = newFairState(set, s.met, log, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	return s, dp
+	return newTestServer(t, Static{}, fairConfig(t, capacity, ledgerFile), nil, nil)
 }
 
 // admission at capacity, in the order members ask: a member with more
@@ -233,7 +226,7 @@ func TestFairConfig(t *testing.T) {
 		t.Fatalf("defaults: %+v", s.Fair)
 	}
 	s, err = ParseConfig([]byte(good + "fair_share: {capacity: 8, ledger_file: /tmp/l, receipts_file: /tmp/r, receipt_every: 30s}\n"))
-	if err != nil || s.Fair != (FairSettings{Capacity: 8, LedgerFile: "/tmp/l", ReceiptsFile: "/tmp/r", ReceiptEvery: 30 * time.Second}) {
+	if err != nil || s.Fair != (FairConfig{Capacity: 8, LedgerFile: "/tmp/l", ReceiptsFile: "/tmp/r", ReceiptEvery: 30 * time.Second}) {
 		t.Fatalf("parsed %+v %v", s.Fair, err)
 	}
 	for cfg, want := range map[string]string{
@@ -249,20 +242,28 @@ func TestFairConfig(t *testing.T) {
 	}
 }
 
+// A reload changes capacity at once and keeps the ledger file (start
+// only) without writing the running value into the new configuration;
+// relay certificates count until the authority changes.
 func TestReloadFair(t *testing.T) {
 	la := filepath.Join(t.TempDir(), "ledger-a")
-	s, _ := newFairServer(t, 0, la)
 	a, _ := collective.NewAuthority()
 	b, _ := collective.NewAuthority()
-	s.set.Trust = collective.NewTrust(a.Public())
+	set := fairConfig(t, 0, la)
+	set.Trust = collective.NewTrust(a.Public())
+	s, _ := newTestServer(t, Static{}, set, nil, nil)
 	k := testKey(t).Public()
 	s.fair.relays[k] = certMember{name: "r"}
-	same := &Settings{Trust: s.set.Trust, Fair: FairSettings{LedgerFile: la + "-b", Capacity: 3}}
-	s.reloadFair(same)
-	if len(s.fair.relays) != 1 || same.Fair.LedgerFile != la || same.Fair.Capacity != 3 {
-		t.Fatalf("same authority: relays %d, settings %+v", len(s.fair.relays), same.Fair)
+	same := *set
+	same.Trust = collective.NewTrust(a.Public())
+	same.Fair = FairConfig{LedgerFile: la + "-b", Capacity: 3, ReceiptEvery: time.Minute}
+	s.applyReload(&Config{Reloadable: same})
+	if len(s.fair.relays) != 1 || s.fair.led.path != la || s.set.Fair.Capacity != 3 || s.set.Fair.LedgerFile != la+"-b" {
+		t.Fatalf("same authority: relays %d, ledger %s, settings %+v", len(s.fair.relays), s.fair.led.path, s.set.Fair)
 	}
-	s.reloadFair(&Settings{Trust: collective.NewTrust(b.Public()), Fair: FairSettings{LedgerFile: la}})
+	other := *set
+	other.Trust = collective.NewTrust(b.Public())
+	s.applyReload(&Config{Reloadable: other})
 	if len(s.fair.relays) != 0 {
 		t.Fatal("another authority: relay certificates kept")
 	}

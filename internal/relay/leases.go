@@ -45,6 +45,8 @@ type leaseTable struct {
 	// closing holds mappings whose DNAT element is gone but whose counter
 	// has not been read yet; their ports stay taken until then.
 	closing map[dataplane.Key]closed
+	// lis: ports the namespace listens on, never handed out.
+	lis listeners
 }
 
 type closed struct {

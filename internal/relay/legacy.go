@@ -28,5 +28,5 @@ func (s *Server) handleLegacy(p packet) {
 	} else {
 		mp = nil
 	}
-	s.replies = append(s.replies, deferred{legacy: resp, to: p.from, m: mp, rep: proto.Reply{Op: proto.OpGrant}, at: p.at})
+	s.out.replies = append(s.out.replies, deferred{legacy: resp, to: p.from, m: mp, rep: proto.Reply{Op: proto.OpGrant}, at: p.at})
 }

@@ -63,7 +63,7 @@ func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) 
 		// summary of refusals.
 		rep.Reason = proto.ReasonUnauthorized
 		s.met.rotations.WithLabelValues(rotateNewUncert).Inc()
-		s.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr,
+		s.lim.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr,
 			"key rotation refused, nothing moved: reason="+rotateNewUncert+": new key "+ses.peer.ID()+" has presented no valid certificate (forged, another authority's, expired or revoked) and is not listed")
 		return
 	}
@@ -90,14 +90,14 @@ func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) 
 	}
 	o := owner{Key: ses.peer, Name: ses.name}
 	n := s.carryOver(r.Old, o, now)
-	if len(s.byMember[r.Old]) > 0 {
+	if len(s.ses.byMember[r.Old]) > 0 {
 		// Renewals on the old key's sessions while they last (owns); the
 		// entry goes with its last session (prune) or when the old key
 		// stops being a member (revokeKeys).
-		if s.rotated == nil {
-			s.rotated = map[proto.Key]proto.Key{}
+		if s.ses.rotated == nil {
+			s.ses.rotated = map[proto.Key]proto.Key{}
 		}
-		s.rotated[r.Old] = ses.peer
+		s.ses.rotated[r.Old] = ses.peer
 	}
 	if n.tunnelFailed {
 		// What did move stays moved; the member's retry moves the tunnel
@@ -121,7 +121,7 @@ func (s *Server) owns(key proto.Key, m *mapping) bool {
 	if m.Owner.Key == key {
 		return true
 	}
-	to, ok := s.rotated[key]
+	to, ok := s.ses.rotated[key]
 	return ok && to == m.Owner.Key
 }
 
@@ -134,7 +134,7 @@ type carried struct {
 // carryOver gives everything held for old to o.
 func (s *Server) carryOver(old proto.Key, o owner, now time.Time) carried {
 	var c carried
-	if len(s.batch) > 0 {
+	if len(s.out.batch) > 0 {
 		s.flush() // mappings granted in this batch reach the kernel under their first owner
 	}
 	for _, m := range s.leases.rekey(old, o) {

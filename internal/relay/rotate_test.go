@@ -46,19 +46,17 @@ type rotateFixture struct {
 
 func newRotateFixture(t *testing.T) *rotateFixture {
 	t.Helper()
-	s, dp := newFairServer(t, 0, "")
-	f := &rotateFixture{s: s, dp: dp, logs: &bytes.Buffer{}}
-	s.log = slog.New(slog.NewTextHandler(f.logs, nil))
-	s.set.Rate, s.set.Burst = 1000, 1000
-	s.rates = map[proto.Key]*bucket{}
-	s.sessions, s.byMember = map[uint32]*session{}, map[proto.Key][]uint32{}
-	s.lastTS = map[proto.Key]proto.Timestamp{}
-	s.conv = &converter{tickets: newTicketStore()}
+	f := &rotateFixture{logs: &bytes.Buffer{}}
 	var err error
 	if f.auth, err = collective.NewAuthority(); err != nil {
 		t.Fatal(err)
 	}
-	s.set.Trust = collective.NewTrust(f.auth.Public())
+	set := fairConfig(t, 0, "")
+	set.Rate, set.Burst = 1000, 1000
+	set.Trust = collective.NewTrust(f.auth.Public())
+	f.s, f.dp = newTestServer(t, Static{}, set, nil, slog.New(slog.NewTextHandler(f.logs, nil)))
+	s := f.s
+	s.conv = &converter{tickets: newTicketStore()}
 	f.old = testKey(t)
 	now := time.Now()
 	f.notAfter = now.Add(time.Hour)
@@ -95,16 +93,16 @@ func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *sessi
 	t.Helper()
 	_, listed := f.s.set.Members[key]
 	ses := &session{peer: key, name: f.s.set.Members[key], addr: netip.MustParseAddrPort("10.0.1.1:40000"), pending: !listed, created: time.Now()}
-	idx := uint32(len(f.s.sessions) + 1)
-	for f.s.sessions[idx] != nil {
+	idx := uint32(len(f.s.ses.all) + 1)
+	for f.s.ses.all[idx] != nil {
 		idx++
 	}
-	f.s.sessions[idx] = ses
-	f.s.byMember[key] = append(f.s.byMember[key], idx)
+	f.s.ses.all[idx] = ses
+	f.s.ses.byMember[key] = append(f.s.ses.byMember[key], idx)
 	if cert != nil {
 		rep := serveReq(f.s, ses, proto.Request{Op: proto.OpCertify, Cert: cert})
 		if rep.Reason == proto.OK && !listed {
-			ses.pending, ses.name = false, f.s.certified[key].name
+			ses.pending, ses.name = false, f.s.trust.certified[key].name
 		}
 	}
 	return ses
@@ -205,7 +203,7 @@ func TestRotateRefusals(t *testing.T) {
 		}
 		f.unmoved(t, c.name)
 		// Names certified for the new key in one case must not leak into the next.
-		delete(f.s.certified, ses.peer)
+		delete(f.s.trust.certified, ses.peer)
 	}
 	if rotations(t, f.s, rotateOK) != 0 {
 		t.Fatal("a refused rotation counted as ok")
@@ -288,7 +286,7 @@ func TestRotateCarriesOver(t *testing.T) {
 func TestRotateStaticMembers(t *testing.T) {
 	s, dp := newFairServer(t, 0, "")
 	s.set.Rate, s.set.Burst = 1000, 1000
-	s.rates = map[proto.Key]*bucket{}
+	s.lim.member = map[proto.Key]*bucket{}
 	old, newKey, other := testKey(t), testKey(t), testKey(t)
 	s.set.Members[old.Public()] = "bob"
 	s.set.Members[newKey.Public()] = "bob"
@@ -529,12 +527,12 @@ func TestRotatedRecordLifetime(t *testing.T) {
 	t.Run("no old session", func(t *testing.T) {
 		f := newRotateFixture(t)
 		old := f.old.Public()
-		for _, id := range f.s.byMember[old] {
-			delete(f.s.sessions, id)
+		for _, id := range f.s.ses.byMember[old] {
+			delete(f.s.ses.all, id)
 		}
-		delete(f.s.byMember, old)
+		delete(f.s.ses.byMember, old)
 		f.rotateTo(t, testKey(t))
-		if _, ok := f.s.rotated[old]; ok {
+		if _, ok := f.s.ses.rotated[old]; ok {
 			t.Fatal("rotation record kept for an old key without sessions: nothing would ever clear it")
 		}
 	})
@@ -542,12 +540,12 @@ func TestRotatedRecordLifetime(t *testing.T) {
 		f := newRotateFixture(t)
 		old := f.old.Public()
 		f.rotateTo(t, testKey(t))
-		if _, ok := f.s.rotated[old]; !ok {
+		if _, ok := f.s.ses.rotated[old]; !ok {
 			t.Fatal("no rotation record while the old key has a session")
 		}
 		f.s.set.Trust.Install(f.auth.Revoke(nil, time.Now(), f.oldCert.Serial))
 		f.s.checkCollective(time.Now())
-		if _, ok := f.s.rotated[old]; ok {
+		if _, ok := f.s.ses.rotated[old]; ok {
 			t.Fatal("rotation record outlived the old key's revocation")
 		}
 	})
@@ -557,7 +555,7 @@ func TestRotatedRecordLifetime(t *testing.T) {
 		f.rotateTo(t, testKey(t))
 		// What a reload without the old key runs (server.go reload).
 		f.s.revokeKeys(func(k proto.Key) bool { return k != old }, "revoked")
-		if _, ok := f.s.rotated[old]; ok {
+		if _, ok := f.s.ses.rotated[old]; ok {
 			t.Fatal("rotation record outlived the old key's membership")
 		}
 	})
@@ -565,12 +563,12 @@ func TestRotatedRecordLifetime(t *testing.T) {
 		f := newRotateFixture(t)
 		old := f.old.Public()
 		nk := testKey(t).Public()
-		f.s.rotated = map[proto.Key]proto.Key{old: nk}
+		f.s.ses.rotated = map[proto.Key]proto.Key{old: nk}
 		f.s.revokeKeys(func(k proto.Key) bool { return k != nk }, "revoked")
-		if _, ok := f.s.rotated[old]; ok {
+		if _, ok := f.s.ses.rotated[old]; ok {
 			t.Fatal("rotation record outlived the new key's membership")
 		}
-		if len(f.s.byMember[old]) == 0 {
+		if len(f.s.ses.byMember[old]) == 0 {
 			t.Fatal("the old key's session was dropped")
 		}
 	})

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -18,7 +17,6 @@ import (
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
-	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // Pre-authentication limits per source address: handshakes cost two X25519
@@ -74,95 +72,139 @@ type session struct {
 // Server is the relay daemon's core: one event loop owns every table, so
 // there are no locks on the request path.
 type Server struct {
-	set  *Settings
-	log  *slog.Logger
-	dp   dataplane.DataPlane
-	lock *net.UnixListener // one relay per network namespace
-	// refusals summarises refused handshakes in the log (bounded lines).
-	refusals refusalLog
-	pc       *ipv4.PacketConn
-	conn     *net.UDPConn
-	legacy   *net.UDPConn
+	static  Static      // fixed at New
+	set     *Reloadable // the running configuration, replaced by a reload
+	log     *slog.Logger
+	now     func() time.Time
+	io      sockets
+	dp      dataplane.DataPlane
+	leases  *leaseTable
+	pol     *destination.Policy
+	ses     sessionTable
+	lim     limits
+	trust   *trustState // keys, replay state, certified members, the live trust
+	gossip  gossipState
+	conv    *converter // nil: no convert role
+	tunnels Tunnels    // nil: no tunnel section
+	fair    *fairState // ledger, receipts, capacity (fair.go)
+	attr    *attrLog
+	met     *metrics
+	out     outbox
+	ev      events
+	started time.Time
+}
 
-	leases   *leaseTable
-	pol      *destination.Policy
-	lis      listeners
-	sessions map[uint32]*session
+// sockets are the relay's sockets (Deps).
+type sockets struct {
+	pc     *ipv4.PacketConn
+	conn   *net.UDPConn
+	legacy *net.UDPConn      // nil: no legacy v1
+	status *net.UnixListener // the namespace lock; answers relay status (nil: none)
+}
+
+// sessionTable holds the control sessions by receiver index and by member key.
+type sessionTable struct {
+	all      map[uint32]*session
 	byMember map[proto.Key][]uint32
-	lastTS   map[proto.Key]proto.Timestamp
-	// certified: keys that presented a valid collective certificate.
-	certified map[proto.Key]certMember
 	// rotated: old member key -> the key its state moved to (rotate.go),
 	// while the old key still has sessions.
-	rotated   map[proto.Key]proto.Key
-	crlMod    time.Time    // modification time of the CRL file last read
-	state     *replayState // nil: lastTS lives in memory only
-	rates     map[proto.Key]*bucket
-	addrRates map[netip.Addr]*bucket
-	inits     bucket
-	keys      atomic.Pointer[keyring] // current and previous key (keys.go)
-	conv      *converter              // nil: no convert role
-	roster    *roster.Node            // nil: no gossip (gossip.go)
-	rosterAt  time.Time
-	convDone  chan convertDone
-	tunnels   Tunnels // nil: no tunnel section
-	attr      *attrLog
-	met       *metrics
+	rotated map[proto.Key]proto.Key
+}
+
+// limits are the request rate limits: per member key, per source address
+// (pre-authentication) and the global initiation budget.
+type limits struct {
+	member map[proto.Key]*bucket
+	addr   map[netip.Addr]*bucket
+	inits  bucket
+	// refusals summarises refused handshakes in the log (bounded lines).
+	refusals refusalLog
+}
+
+// outbox is what one event-loop batch holds back until flush: mappings
+// not yet in the kernel and the replies that announce them, handshake
+// responses until their timestamps are saved.
+type outbox struct {
 	batch     []*mapping // new mappings not yet in the kernel
 	replies   []deferred // replies held until batch is installed
 	responses []rawReply // handshake responses held until lastTS is saved
-	fair      *fairState // ledger, receipts, capacity (fair.go)
-
-	in      chan packet
-	reload  chan *Settings
-	crlKick chan struct{} // the roster installed a revocation list from gossip
-	// rosterDone: a roster restarted off the loop (key rotation);
-	// rosterRestarting while one is under way; rosterKey: the key the
-	// roster node runs (or is restarting) under.
-	rosterDone       chan rosterRestart
-	rosterRestarting bool
-	rosterKey        proto.Key
-	statusReq        chan statusRequest
-	started          time.Time
-	now              func() time.Time
 }
 
-// NewServer sets up the data plane (removing any leftover table) and the
-// sockets. The caller runs Serve and then nothing else: Serve cleans up.
-func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server, error) {
+// events are the event loop's inputs besides its tickers.
+type events struct {
+	in       chan packet
+	reload   chan *Config
+	status   chan statusRequest
+	convDone chan convertDone
+}
+
+// Deps are the parts a relay runs on, opened by its caller
+// (internal/relayd for the daemon; tests pass fakes). From a successful
+// New on, the Server owns them and Serve closes them; when New fails the
+// caller still owns them.
+type Deps struct {
+	// PacketConn is the control socket (UDP, IPv4), bound to the listen
+	// address.
+	PacketConn *net.UDPConn
+	// Legacy is the legacy v1 socket (nil: legacy_v1 off).
+	Legacy *net.UDPConn
+	// Status is the network namespace's relay lock (Lock), which also
+	// answers `relay status` (nil: no status socket).
+	Status *net.UnixListener
+	// DataPlane installs mappings (dataplane.NewNFT; dataplane.Fake in
+	// tests).
+	DataPlane dataplane.DataPlane
+	// Tunnels serves tunnel detours (nil: none; NewTunnels).
+	Tunnels Tunnels
+	// Clock is the relay's clock (nil: time.Now).
+	Clock func() time.Time
+	// Log is where the relay logs (nil: discard).
+	Log *slog.Logger
+}
+
+// New builds a relay from its validated configuration and its parts. It
+// opens what belongs to its own parts: the replay state and ledger files,
+// the attribution log, the converter's listener and the gossip node. The
+// caller runs Serve and then nothing else: Serve cleans up.
+func New(static Static, set *Reloadable, d Deps) (*Server, error) {
+	if d.PacketConn == nil || d.DataPlane == nil {
+		return nil, errors.New("relay: a control socket and a data plane are required")
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Clock == nil {
+		d.Clock = time.Now
+	}
+	log := d.Log
 	s := &Server{
-		set:        set,
-		log:        log,
-		leases:     newLeaseTable(),
-		sessions:   map[uint32]*session{},
-		byMember:   map[proto.Key][]uint32{},
-		lastTS:     map[proto.Key]proto.Timestamp{},
-		certified:  map[proto.Key]certMember{},
-		rates:      map[proto.Key]*bucket{},
-		addrRates:  map[netip.Addr]*bucket{},
-		in:         make(chan packet, 4096),
-		reload:     make(chan *Settings, 1),
-		crlKick:    make(chan struct{}, 1),
-		rosterDone: make(chan rosterRestart, 1),
-		statusReq:  make(chan statusRequest),
-		convDone:   make(chan convertDone, 1024),
-		now:        time.Now,
+		static:  static,
+		set:     set,
+		log:     log,
+		now:     d.Clock,
+		io:      sockets{conn: d.PacketConn, pc: ipv4.NewPacketConn(d.PacketConn), legacy: d.Legacy, status: d.Status},
+		dp:      d.DataPlane,
+		tunnels: d.Tunnels,
+		leases:  newLeaseTable(),
+		ses:     sessionTable{all: map[uint32]*session{}, byMember: map[proto.Key][]uint32{}},
+		lim:     limits{member: map[proto.Key]*bucket{}, addr: map[netip.Addr]*bucket{}},
+		trust:   newTrustState(set),
+		gossip:  gossipState{done: make(chan rosterRestart, 1), crlKick: make(chan struct{}, 1)},
+		ev: events{in: make(chan packet, 4096), reload: make(chan *Config, 1),
+			status: make(chan statusRequest), convDone: make(chan convertDone, 1024)},
+		met: newMetrics(),
 	}
-	s.keys.Store(newKeyring(set.PrivateKey, set.PreviousKey, nil))
-	var err error
-	if s.lock, err = lockNetns(); err != nil {
-		return nil, err
+	if err := s.io.pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
+		return nil, fmt.Errorf("IP_PKTINFO: %w", err)
 	}
-	if set.StateFile != "" {
-		if err := loadReplayState(set.StateFile, s.lastTS); err != nil {
-			s.lock.Close()
+	if static.StateFile != "" {
+		if err := loadReplayState(static.StateFile, s.trust.lastTS); err != nil {
 			return nil, err
 		}
 		// Write it once now: a state file we cannot write is a start-up
 		// error, not a surprise at the first handshake.
-		s.state = &replayState{path: set.StateFile, dirty: true}
-		if err := s.state.save(s.lastTS); err != nil {
-			s.lock.Close()
+		s.trust.state = &replayState{path: static.StateFile, dirty: true}
+		if err := s.trust.state.save(s.trust.lastTS); err != nil {
 			return nil, err
 		}
 	} else {
@@ -170,22 +212,14 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 	}
 	s.applyPolicy(set)
 	if err := s.pol.RefreshOwn(); err != nil {
-		s.lock.Close()
 		return nil, err
 	}
+	var err error
 	if s.attr, err = openAttrLog(set.AttributionLog); err != nil {
-		s.lock.Close()
 		return nil, err
 	}
-	s.met = newMetrics()
 	if s.fair, err = newFairState(set, s.met, log, s.now()); err != nil {
 		s.attr.Close()
-		s.lock.Close()
-		return nil, err
-	}
-	if s.tunnels, err = NewTunnels(tunnels, set.Tunnel, set.PrivateKey, log); err != nil {
-		s.attr.Close()
-		s.lock.Close()
 		return nil, err
 	}
 	if s.tunnels != nil {
@@ -196,54 +230,37 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 			log.Info("tunnel: re-admitted the saved peers of current members", "peers", n)
 		}
 	}
-	s.conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(set.Listen))
-	if err != nil {
-		s.closeAll()
-		return nil, fmt.Errorf("listen %v: %w", set.Listen, err)
+	if s.io.legacy != nil {
+		log.Warn("legacy v1 protocol enabled: unauthenticated, spoofable, see docs/relay.md", "listen", s.io.legacy.LocalAddr())
 	}
-	s.pc = ipv4.NewPacketConn(s.conn)
-	if err := s.pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
-		s.closeAll()
-		return nil, fmt.Errorf("IP_PKTINFO: %w", err)
-	}
-	if set.Legacy {
-		s.legacy, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(set.LegacyListen))
-		if err != nil {
-			s.closeAll()
-			return nil, fmt.Errorf("legacy v1 listen %v: %w", set.LegacyListen, err)
-		}
-		log.Warn("legacy v1 protocol enabled: unauthenticated, spoofable, see docs/relay.md", "listen", set.LegacyListen)
-	}
-	if set.Convert.Enabled {
+	if static.Convert.Enabled {
 		if err := s.startConverter(context.Background()); err != nil {
-			s.closeAll()
+			s.attr.Close()
 			return nil, err
 		}
 	}
-	if s.dp, err = dataplane.NewNFT(dataplane.Options{FastPath: set.FastPath, Log: log}); err != nil {
-		s.closeAll()
-		return nil, err
-	}
 	if err := s.startRoster(s.set); err != nil {
-		_ = s.dp.Close()
-		s.closeAll()
+		if s.conv != nil {
+			s.conv.ln.Close()
+		}
+		s.attr.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
 // Addr is the control socket's address (useful with port 0).
-func (s *Server) Addr() netip.AddrPort { return s.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+func (s *Server) Addr() netip.AddrPort { return s.io.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
 
 func (s *Server) closeAll() {
-	if s.conn != nil {
-		s.conn.Close()
+	if s.io.conn != nil {
+		s.io.conn.Close()
 	}
 	if s.conv != nil {
 		s.conv.ln.Close() // Serve closes it too; closing twice is harmless
 	}
-	if s.legacy != nil {
-		s.legacy.Close()
+	if s.io.legacy != nil {
+		s.io.legacy.Close()
 	}
 	if s.tunnels != nil {
 		_ = s.tunnels.Close()
@@ -251,12 +268,12 @@ func (s *Server) closeAll() {
 	if s.attr != nil {
 		_ = s.attr.Close()
 	}
-	if s.lock != nil {
-		_ = s.lock.Close() // last: the table is gone by now
+	if s.io.status != nil {
+		_ = s.io.status.Close() // last: the table is gone by now
 	}
 }
 
-func (s *Server) applyPolicy(set *Settings) {
+func (s *Server) applyPolicy(set *Reloadable) {
 	p := &destination.Policy{Allow: set.Allow, Deny: set.Deny, DenyPorts: set.DenyPorts}
 	if s.pol != nil {
 		p.SetOwn(s.pol.Own())
@@ -267,9 +284,9 @@ func (s *Server) applyPolicy(set *Settings) {
 
 // Reload hands new settings to the event loop (SIGHUP). Mappings survive;
 // mappings and sessions of members no longer listed are revoked.
-func (s *Server) Reload(set *Settings) {
+func (s *Server) Reload(set *Config) {
 	select {
-	case s.reload <- set:
+	case s.ev.reload <- set:
 	default:
 		s.log.Warn("reload already pending; ignoring")
 	}
@@ -277,8 +294,8 @@ func (s *Server) Reload(set *Settings) {
 
 // Serve runs until ctx ends, then removes every mapping and the table.
 func (s *Server) Serve(ctx context.Context) error {
-	if s.set.MetricsListen != "" {
-		if err := s.met.serve(ctx, s.set.MetricsListen, s.log); err != nil {
+	if s.static.MetricsListen != "" {
+		if err := s.met.serve(ctx, s.static.MetricsListen, s.log); err != nil {
 			s.shutdown()
 			return fmt.Errorf("metrics: %w", err)
 		}
@@ -293,10 +310,12 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		})
 	}
-	go s.readV2(rctx, s.set.Listen)
+	go s.readV2(rctx, s.static.Listen)
 	s.started = s.now()
-	go s.serveStatus(rctx)
-	if s.legacy != nil {
+	if s.io.status != nil {
+		go s.serveStatus(rctx)
+	}
+	if s.io.legacy != nil {
 		go s.readLegacy(rctx)
 	}
 	s.log.Info("relay serving", "listen", s.Addr(), "members", len(s.set.Members),
@@ -315,7 +334,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			convWG.Wait()
 			for drained := false; !drained; {
 				select {
-				case d := <-s.convDone:
+				case d := <-s.ev.convDone:
 					s.logConversion(d)
 				default:
 					drained = true
@@ -323,38 +342,38 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 			s.shutdown()
 			return nil
-		case p := <-s.in:
+		case p := <-s.ev.in:
 			s.dispatch(p)
 			// Group commit: take what else is queued, then install all new
 			// mappings in one nftables transaction before any reply leaves.
 		drain:
 			for i := 0; i < maxBatch; i++ {
 				select {
-				case p := <-s.in:
+				case p := <-s.ev.in:
 					s.dispatch(p)
 				default:
 					break drain
 				}
 			}
 			s.flush()
-		case set := <-s.reload:
+		case set := <-s.ev.reload:
 			s.applyReload(set)
-		case <-s.crlKick:
+		case <-s.gossip.crlKick:
 			s.crlFromGossip(s.now())
-		case r := <-s.rosterDone:
+		case r := <-s.gossip.done:
 			s.rosterRestarted(r, false)
-		case req := <-s.statusReq:
+		case req := <-s.ev.status:
 			req <- s.status()
-		case d := <-s.convDone:
+		case d := <-s.ev.convDone:
 			s.logConversion(d)
 		case <-usage.C:
 			s.logUsage(s.now())
 			s.flushLedger(s.now())
 		case <-sweep.C:
 			now := s.now()
-			s.met.sessions.Set(float64(len(s.sessions)))
+			s.met.sessions.Set(float64(len(s.ses.all)))
 			s.expire(now)
-			s.refusals.flush(s.log, now)
+			s.lim.refusals.flush(s.log, now)
 			if now.Sub(lastClose) >= closeEvery {
 				s.checkCollective(now)
 				s.tickRoster(now)
@@ -398,21 +417,21 @@ type deferred struct {
 // the kernel refuses the transaction, none of its mappings exist and every
 // grant in it is answered "internal".
 func (s *Server) flush() {
-	if len(s.responses) > 0 {
-		if err := s.state.save(s.lastTS); err != nil {
+	if len(s.out.responses) > 0 {
+		if err := s.trust.state.save(s.trust.lastTS); err != nil {
 			// Answer anyway: refusing every handshake would be worse than
 			// a replay window that does not survive this restart.
 			s.log.Error("saving replay state", "err", err)
 		}
-		for _, r := range s.responses {
+		for _, r := range s.out.responses {
 			s.send(r.b, r.to, r.src)
 		}
-		clear(s.responses)
-		s.responses = s.responses[:0]
+		clear(s.out.responses)
+		s.out.responses = s.out.responses[:0]
 	}
-	if len(s.batch) > 0 {
-		ms := make([]dataplane.Mapping, len(s.batch))
-		for i, m := range s.batch {
+	if len(s.out.batch) > 0 {
+		ms := make([]dataplane.Mapping, len(s.out.batch))
+		for i, m := range s.out.batch {
 			ms[i] = m.dp()
 		}
 		now := s.now()
@@ -423,30 +442,30 @@ func (s *Server) flush() {
 		if err != nil {
 			s.log.Error("installing mappings", "n", len(ms), "err", err)
 			failed := map[*mapping]bool{}
-			for _, m := range s.batch {
+			for _, m := range s.out.batch {
 				s.leases.drop(m)
 				failed[m] = true
 			}
-			for i := range s.replies {
-				if d := &s.replies[i]; d.m != nil && failed[d.m] {
+			for i := range s.out.replies {
+				if d := &s.out.replies[i]; d.m != nil && failed[d.m] {
 					d.rep = proto.Reply{Op: d.rep.Op, ID: d.rep.ID, Reason: proto.ReasonInternal}
 					d.legacy.Port = 0
 					s.count(d.rep.Op.String(), proto.ReasonInternal)
 				}
 			}
 		} else {
-			for _, m := range s.batch {
+			for _, m := range s.out.batch {
 				s.logAttr(mappingEvent("grant", m, now))
 			}
 		}
 		s.met.active.Set(float64(s.leases.active()))
-		s.batch = s.batch[:0]
+		s.out.batch = s.out.batch[:0]
 	}
-	for _, d := range s.replies {
+	for _, d := range s.out.replies {
 		if d.ses == nil {
 			b, err := proto.MarshalLegacy(d.legacy)
 			if err == nil {
-				if _, err := s.legacy.WriteToUDPAddrPort(b, d.to); err != nil {
+				if _, err := s.io.legacy.WriteToUDPAddrPort(b, d.to); err != nil {
 					s.log.Debug("legacy send", "err", err)
 				} else if !d.at.IsZero() {
 					s.met.grantTime.Observe(time.Since(d.at).Seconds())
@@ -468,8 +487,8 @@ func (s *Server) flush() {
 			s.met.grantTime.Observe(time.Since(d.at).Seconds())
 		}
 	}
-	clear(s.replies)
-	s.replies = s.replies[:0]
+	clear(s.out.replies)
+	s.out.replies = s.out.replies[:0]
 }
 
 // Load detection for initiations (read by readV2 only): the relay is under
@@ -488,7 +507,7 @@ const (
 // the packet must not be queued.
 func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) bool {
 	now := time.Now()
-	id := s.keys.Load().match(p.data)
+	id := s.trust.keys.Load().match(p.data)
 	if id == nil {
 		s.count("handshake", proto.ReasonUnauthorized)
 		return false
@@ -498,7 +517,7 @@ func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) boo
 		ld.windowStart, ld.n = now, 0
 	}
 	ld.n++
-	if ld.n > loadInits || len(s.in) > cap(s.in)/8 {
+	if ld.n > loadInits || len(s.ev.in) > cap(s.ev.in)/8 {
 		ld.until = now.Add(loadLinger)
 	}
 	if now.After(ld.until) {
@@ -513,7 +532,7 @@ func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) boo
 		return false
 	}
 	s.met.cookies.Inc()
-	sendFrom(s.pc, listen, reply, p.from, p.dst, s.log)
+	sendFrom(s.io.pc, listen, reply, p.from, p.dst, s.log)
 	return false
 }
 
@@ -530,7 +549,7 @@ func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
 	var ld loadState
 	for {
 		buf := make([]byte, 2048)
-		n, cm, from, err := s.pc.ReadFrom(buf)
+		n, cm, from, err := s.io.pc.ReadFrom(buf)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -553,7 +572,7 @@ func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
 			continue
 		}
 		select {
-		case s.in <- p:
+		case s.ev.in <- p:
 		case <-ctx.Done():
 			return
 		}
@@ -563,7 +582,7 @@ func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
 func (s *Server) readLegacy(ctx context.Context) {
 	for {
 		buf := make([]byte, 64)
-		n, from, err := s.legacy.ReadFromUDPAddrPort(buf)
+		n, from, err := s.io.legacy.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -572,7 +591,7 @@ func (s *Server) readLegacy(ctx context.Context) {
 		}
 		p := packet{data: buf[:n], from: netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), legacy: true, at: time.Now()}
 		select {
-		case s.in <- p:
+		case s.ev.in <- p:
 		case <-ctx.Done():
 			return
 		}
@@ -580,7 +599,7 @@ func (s *Server) readLegacy(ctx context.Context) {
 }
 
 func (s *Server) send(b []byte, to netip.AddrPort, src netip.Addr) {
-	sendFrom(s.pc, s.set.Listen, b, to, src, s.log)
+	sendFrom(s.io.pc, s.static.Listen, b, to, src, s.log)
 }
 
 // sendFrom sends b to to; when the relay listens on the wildcard address
@@ -627,13 +646,13 @@ func (s *Server) refuse(p packet, r proto.Reason, index uint32, counter uint64) 
 }
 
 func (s *Server) addrAllowed(a netip.Addr) bool {
-	b := s.addrRates[a]
+	b := s.lim.addr[a]
 	if b == nil {
-		if len(s.addrRates) > 100000 {
+		if len(s.lim.addr) > 100000 {
 			return false // under a spoofed flood nobody new gets answers
 		}
 		b = &bucket{}
-		s.addrRates[a] = b
+		s.lim.addr[a] = b
 	}
 	return b.take(s.now(), addrRate, addrBurst)
 }
@@ -665,9 +684,9 @@ func (s *Server) handleInit(p packet) {
 	}
 	// A proven initiation (valid mac2 under load) skips the global budget,
 	// which is what a spoofed flood exhausts, but not the per-address one.
-	if !s.addrAllowed(p.from.Addr()) || !p.proven && !s.inits.take(s.now(), initRate, initBurst) {
+	if !s.addrAllowed(p.from.Addr()) || !p.proven && !s.lim.inits.take(s.now(), initRate, initBurst) {
 		s.count("handshake", proto.ReasonRateLimited)
-		s.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
+		s.lim.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
 		return
 	}
 	priv := s.set.PrivateKey
@@ -675,7 +694,7 @@ func (s *Server) handleInit(p packet) {
 		// The reader matched the key before the packet was queued; a
 		// reload since may have dropped it (a compromised key): queued
 		// initiations for it must not complete.
-		if s.keys.Load().find(p.id.priv) == nil {
+		if s.trust.keys.Load().find(p.id.priv) == nil {
 			s.count("handshake", proto.ReasonUnauthorized) // as the reader counts it now
 			return
 		}
@@ -685,16 +704,16 @@ func (s *Server) handleInit(p packet) {
 	if err != nil {
 		r := proto.ReasonOf(err)
 		s.count("handshake", r)
-		s.refusals.note(s.log, s.now(), r, p.from, "")
+		s.lim.refusals.note(s.log, s.now(), r, p.from, "")
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: in.Sender}), p.from, p.dst)
 		return
 	}
 	name, member := s.set.Members[acc.Peer]
 	provisional := false
 	if !member {
-		if cm, ok := s.certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
+		if cm, ok := s.trust.certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
 			name, member = cm.name, true
-		} else if s.set.Trust != nil {
+		} else if s.trust.live != nil {
 			// A collective relay: any key may hand shake; its session
 			// can only present a certificate (OpCertify) or ping until
 			// one verifies.
@@ -703,13 +722,13 @@ func (s *Server) handleInit(p packet) {
 	}
 	if !member {
 		s.count("handshake", proto.ReasonUnauthorized)
-		s.refusals.note(s.log, s.now(), proto.ReasonUnauthorized, p.from, "unknown key "+acc.Peer.ID())
+		s.lim.refusals.note(s.log, s.now(), proto.ReasonUnauthorized, p.from, "unknown key "+acc.Peer.ID())
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonUnauthorized, Index: in.Sender}), p.from, p.dst)
 		return
 	}
-	if last, ok := s.lastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
+	if last, ok := s.trust.lastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
 		s.count("handshake", proto.ReasonReplay)
-		s.refusals.note(s.log, s.now(), proto.ReasonReplay, p.from, "member "+name)
+		s.lim.refusals.note(s.log, s.now(), proto.ReasonReplay, p.from, "member "+name)
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonReplay, Index: in.Sender}), p.from, p.dst)
 		return
 	}
@@ -718,10 +737,7 @@ func (s *Server) handleInit(p packet) {
 		// once it certifies: anyone can make fresh keys, and the table and
 		// the state file must not grow with them. Its sessions can do
 		// nothing but certify, which a replay cannot use (no session keys).
-		s.lastTS[acc.Peer] = acc.Timestamp
-		if s.state != nil {
-			s.state.dirty = true
-		}
+		s.trust.noteTimestamp(acc.Peer, acc.Timestamp)
 	}
 	idx := s.newIndex()
 	resp, ss, err := acc.Respond(idx)
@@ -730,16 +746,16 @@ func (s *Server) handleInit(p packet) {
 		s.log.Error("handshake response", "err", err)
 		return
 	}
-	s.sessions[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now(), pending: provisional, ts: acc.Timestamp}
-	ids := append(s.byMember[acc.Peer], idx)
+	s.ses.all[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now(), pending: provisional, ts: acc.Timestamp}
+	ids := append(s.ses.byMember[acc.Peer], idx)
 	for len(ids) > maxSessionsPer {
-		delete(s.sessions, ids[0])
+		delete(s.ses.all, ids[0])
 		ids = ids[1:]
 	}
-	s.byMember[acc.Peer] = ids
+	s.ses.byMember[acc.Peer] = ids
 	s.count("handshake", proto.OK)
 	s.log.Debug("session established", "member", name, "from", p.from, "index", idx)
-	s.responses = append(s.responses, rawReply{b: resp, to: p.from, src: p.dst})
+	s.out.responses = append(s.out.responses, rawReply{b: resp, to: p.from, src: p.dst})
 }
 
 func (s *Server) newIndex() uint32 {
@@ -747,7 +763,7 @@ func (s *Server) newIndex() uint32 {
 	for {
 		_, _ = rand.Read(b[:])
 		i := binary.BigEndian.Uint32(b[:])
-		if _, taken := s.sessions[i]; !taken && i != 0 {
+		if _, taken := s.ses.all[i]; !taken && i != 0 {
 			return i
 		}
 	}
@@ -759,7 +775,7 @@ func (s *Server) handleTransport(p packet) {
 		s.count("transport", proto.ReasonOf(err))
 		return
 	}
-	ses := s.sessions[t.Receiver]
+	ses := s.ses.all[t.Receiver]
 	if ses == nil || s.now().Sub(ses.created) > proto.SessionLifetime {
 		s.count("transport", proto.ReasonNoSession)
 		s.refuse(p, proto.ReasonNoSession, t.Receiver, t.Counter)
@@ -790,7 +806,7 @@ func (s *Server) handleTransport(p packet) {
 		rep, m = s.serveRequest(ses, req)
 	}
 	s.count(req.Op.String(), rep.Reason)
-	s.replies = append(s.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: m, at: p.at})
+	s.out.replies = append(s.out.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: m, at: p.at})
 }
 
 // serveRequest answers an authenticated request; granted is the mapping a
@@ -798,10 +814,10 @@ func (s *Server) handleTransport(p packet) {
 // the kernel refuses the batch, flush turns the reply into "internal".
 func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply, granted *mapping) {
 	rep = proto.Reply{Op: req.Op, ID: req.ID}
-	b := s.rates[ses.peer]
+	b := s.lim.member[ses.peer]
 	if b == nil {
 		b = &bucket{}
-		s.rates[ses.peer] = b
+		s.lim.member[ses.peer] = b
 	}
 	if !b.take(s.now(), s.set.Rate, s.set.Burst) {
 		rep.Reason = proto.ReasonRateLimited
@@ -891,7 +907,7 @@ func (s *Server) detourAddr(ses *session) netip.Addr {
 	if ses.local.IsValid() {
 		return ses.local
 	}
-	return s.set.Listen.Addr()
+	return s.static.Listen.Addr()
 }
 
 // grant applies policy, quotas and port choice, then installs the mapping.
@@ -914,7 +930,7 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 	if s.leases.count[quotaKey(o, client)] >= quota || s.leases.active() >= s.set.QuotaGlobal {
 		return nil, proto.ReasonQuota
 	}
-	port, ok := s.leases.pickPort(client, proposed, s.set.PortLo, s.set.PortHi, legacy, func(p uint16) bool { return s.lis.has(p, now) })
+	port, ok := s.leases.pickPort(client, proposed, s.set.PortLo, s.set.PortHi, legacy, func(p uint16) bool { return s.leases.lis.has(p, now) })
 	if !ok {
 		return nil, proto.ReasonNoPorts
 	}
@@ -922,7 +938,7 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 	// Recorded now so that quotas and port choice see it within the batch;
 	// flush installs it (or drops it again).
 	s.leases.add(m)
-	s.batch = append(s.batch, m)
+	s.out.batch = append(s.out.batch, m)
 	return m, proto.OK
 }
 
@@ -931,7 +947,7 @@ func (s *Server) close(ms []*mapping, reason string) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	if len(s.batch) > 0 {
+	if len(s.out.batch) > 0 {
 		// A mapping granted earlier in this batch is not in the kernel yet.
 		s.flush()
 	}
@@ -1004,30 +1020,30 @@ func (s *Server) reap(now time.Time, final bool) {
 }
 
 func (s *Server) prune(now time.Time) {
-	for idx, ses := range s.sessions {
+	for idx, ses := range s.ses.all {
 		if now.Sub(ses.created) > proto.SessionLifetime || !ses.confirmed && now.Sub(ses.created) > unconfirmedLife {
-			delete(s.sessions, idx)
-			ids := s.byMember[ses.peer]
+			delete(s.ses.all, idx)
+			ids := s.ses.byMember[ses.peer]
 			for i, v := range ids {
 				if v == idx {
-					s.byMember[ses.peer] = append(ids[:i:i], ids[i+1:]...)
+					s.ses.byMember[ses.peer] = append(ids[:i:i], ids[i+1:]...)
 					break
 				}
 			}
-			if len(s.byMember[ses.peer]) == 0 {
-				delete(s.byMember, ses.peer)
-				delete(s.rotated, ses.peer)
+			if len(s.ses.byMember[ses.peer]) == 0 {
+				delete(s.ses.byMember, ses.peer)
+				delete(s.ses.rotated, ses.peer)
 			}
 		}
 	}
-	for k, b := range s.rates {
+	for k, b := range s.lim.member {
 		if now.Sub(b.last) > time.Minute {
-			delete(s.rates, k)
+			delete(s.lim.member, k)
 		}
 	}
-	for a, b := range s.addrRates {
+	for a, b := range s.lim.addr {
 		if now.Sub(b.last) > time.Minute {
-			delete(s.addrRates, a)
+			delete(s.lim.addr, a)
 		}
 	}
 	_ = s.pol.RefreshOwn()
@@ -1064,7 +1080,7 @@ func (s *Server) ensureTable() bool {
 // (installing the pending batch first: its mappings are not in the kernel
 // yet). Used by the attribution flush and relay status.
 func (s *Server) liveCounters() (map[dataplane.Key]dataplane.Counter, error) {
-	if len(s.batch) > 0 {
+	if len(s.out.batch) > 0 {
 		s.flush()
 	}
 	keys := make([]dataplane.Key, 0, len(s.leases.byKey))
@@ -1099,39 +1115,16 @@ func (s *Server) logAttr(ev attrEvent) {
 	}
 }
 
-func (s *Server) applyReload(set *Settings) {
-	if set.Listen != s.set.Listen || set.Legacy != s.set.Legacy || set.FastPath != s.set.FastPath {
-		s.log.Warn("reload: listen address, legacy_v1 and fast_path change only on restart")
-		set.Listen, set.Legacy, set.LegacyListen, set.FastPath = s.set.Listen, s.set.Legacy, s.set.LegacyListen, s.set.FastPath
-	}
+// applyReload applies a reloaded configuration. The static part stays
+// as it was at start (warnRestartOnly says what differs); each part takes
+// its share of the reloadable part: keys and the live trust (trust part),
+// gossip, fair share, the attribution log, policy and members.
+func (s *Server) applyReload(c *Config) {
+	s.warnRestartOnly(&c.Static)
+	set := &c.Reloadable
 	s.reloadKeys(set)
-	if !set.Tunnel.Same(s.set.Tunnel) {
-		// The WireGuard device, its subnet, port and destination policy are
-		// set up once; re-creating them would drop every tunnel.
-		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
-	}
-	set.Tunnel = s.set.Tunnel
-	switch {
-	case set.Trust != nil && s.set.Trust != nil && set.Trust.Authority() == s.set.Trust.Authority() && set.CRLFile == s.set.CRLFile:
-		set.Trust = s.set.Trust // keeps the newest revocation list seen
-	case set.Trust != nil && s.set.Trust != nil && set.Trust.Authority() == s.set.Trust.Authority():
-		// Another crl_file of the same authority: the newest list seen
-		// (from the old file or gossip) stays if the new file's is older.
-		if l := s.set.Trust.CRL(); l != nil {
-			_, _ = set.Trust.Install(l)
-		}
-		s.crlMod = time.Time{}
-	case set.Trust == nil && s.set.Trust == nil:
-	default:
-		// Another authority (or none): nobody is certified any more.
-		clear(s.certified)
-		s.crlMod = time.Time{}
-	}
-	s.reloadRoster(set) // after: the roster shares the Trust kept
-	if set.Convert != s.set.Convert {
-		s.log.Warn("reload: the convert section changed but is applied only at start: restart the relay to apply it")
-		set.Convert = s.set.Convert
-	}
+	authorityChanged := s.trust.reload(set.Trust, set.CRLFile, s.set.CRLFile)
+	s.reloadRoster(set) // after: the roster shares the live trust
 	keep := func(k proto.Key) bool {
 		_, ok := set.Members[k]
 		return ok || s.certifiedOK(k, s.now())
@@ -1142,30 +1135,47 @@ func (s *Server) applyReload(set *Settings) {
 			s.tunnels.Release(k) // also when no session of it is left
 		}
 	}
-	if set.AttributionLog != s.set.AttributionLog || set.AttributionLog != "" && set.AttributionLog != "-" {
+	if set.AttributionLog != s.attr.path || set.AttributionLog != "" && set.AttributionLog != "-" {
 		// Reopening also follows a rotated file.
 		if l, err := openAttrLog(set.AttributionLog); err != nil {
-			s.log.Error("reload: attribution log", "err", err)
-			set.AttributionLog = s.set.AttributionLog
+			s.log.Error("reload: attribution log: keeping the one open", "file", s.attr.path, "err", err)
 		} else {
 			_ = s.attr.Close()
 			s.attr = l
 		}
 	}
-	set.Tunnel = s.set.Tunnel
-	s.reloadFair(set)
+	s.reloadFair(set, authorityChanged)
 	s.set = set
 	s.applyPolicy(set)
 	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", revoked, "active", s.leases.active())
 }
 
+// warnRestartOnly logs what a reload asked for that applies only at the
+// next start.
+func (s *Server) warnRestartOnly(st *Static) {
+	if st.Listen != s.static.Listen || st.Legacy != s.static.Legacy || st.LegacyListen != s.static.LegacyListen || st.FastPath != s.static.FastPath {
+		s.log.Warn("reload: listen address, legacy_v1 and fast_path change only on restart")
+	}
+	if st.StateFile != s.static.StateFile || st.MetricsListen != s.static.MetricsListen {
+		s.log.Warn("reload: state_file and metrics change only on restart")
+	}
+	if !st.Tunnel.Same(s.static.Tunnel) {
+		// The WireGuard device, its subnet, port and destination policy are
+		// set up once; re-creating them would drop every tunnel.
+		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
+	}
+	if st.Convert != s.static.Convert {
+		s.log.Warn("reload: the convert section changed but is applied only at start: restart the relay to apply it")
+	}
+}
+
 // shutdown logs every mapping's final counters and removes the table.
 func (s *Server) shutdown() {
-	if s.rosterRestarting {
-		s.rosterRestarted(<-s.rosterDone, true) // the node must not outlive the relay
+	if s.gossip.restarting {
+		s.rosterRestarted(<-s.gossip.done, true) // the node must not outlive the relay
 	}
-	if s.roster != nil {
-		_ = s.roster.Close() // leave first: the others drop this relay at once
+	if s.gossip.node != nil {
+		_ = s.gossip.node.Close() // leave first: the others drop this relay at once
 	}
 	now := s.now()
 	var all []*mapping

@@ -99,7 +99,7 @@ type statusRequest chan *Status
 // Each connection sends one line ("status") and gets one JSON document.
 func (s *Server) serveStatus(ctx context.Context) {
 	for {
-		c, err := s.lock.AcceptUnix()
+		c, err := s.io.status.AcceptUnix()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -123,7 +123,7 @@ func (s *Server) answerStatus(ctx context.Context, c *net.UnixConn) {
 	}
 	req := make(statusRequest, 1)
 	select {
-	case s.statusReq <- req:
+	case s.ev.status <- req:
 	case <-ctx.Done():
 		return
 	}
@@ -161,19 +161,19 @@ func (s *Server) status() *Status {
 	for key, name := range s.set.Members {
 		members[key] = name
 	}
-	for key, cm := range s.certified {
+	for key, cm := range s.trust.certified {
 		if _, static := members[key]; !static && s.certifiedOK(key, now) {
 			members[key] = cm.name
 		}
 	}
 	for key, name := range members {
 		ms := &MemberStatus{Name: name, Key: key.String(), Mappings: []MappingStatus{}}
-		if cm, ok := s.certified[key]; ok && s.set.Members[key] == "" {
+		if cm, ok := s.trust.certified[key]; ok && s.set.Members[key] == "" {
 			ms.CertifiedUntil = cm.notAfter
 		}
 		var last *session
-		for _, id := range s.byMember[key] {
-			if ses := s.sessions[id]; ses != nil {
+		for _, id := range s.ses.byMember[key] {
+			if ses := s.ses.all[id]; ses != nil {
 				ms.Sessions++
 				if last == nil || ses.created.After(last.created) {
 					last = ses
