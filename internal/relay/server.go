@@ -417,6 +417,14 @@ type deferred struct {
 // the kernel refuses the transaction, none of its mappings exist and every
 // grant in it is answered "internal".
 func (s *Server) flush() {
+	s.install()
+	s.sendReplies()
+}
+
+// install saves the replay state and sends the handshake responses it
+// held, then installs the batch in the data plane, turning the held
+// replies of a refused batch's grants into "internal".
+func (s *Server) install() {
 	if len(s.out.responses) > 0 {
 		if err := s.trust.state.save(s.trust.lastTS); err != nil {
 			// Answer anyway: refusing every handshake would be worse than
@@ -461,6 +469,10 @@ func (s *Server) flush() {
 		s.met.active.Set(float64(s.leases.active()))
 		s.out.batch = s.out.batch[:0]
 	}
+}
+
+// sendReplies sends the held replies (after install).
+func (s *Server) sendReplies() {
 	for _, d := range s.out.replies {
 		if d.ses == nil {
 			b, err := proto.MarshalLegacy(d.legacy)

@@ -121,16 +121,25 @@ func (s *Server) answerStatus(ctx context.Context, c *net.UnixConn) {
 	if err != nil || strings.TrimSpace(line) != "status" {
 		return // e.g. a second relay asking who holds the lock
 	}
+	if st, err := s.Status(ctx); err == nil {
+		_ = json.NewEncoder(c).Encode(st)
+	}
+}
+
+// Status is a snapshot of the relay, taken by the event loop (Serve must
+// be running): what `relay status` prints.
+func (s *Server) Status(ctx context.Context) (*Status, error) {
 	req := make(statusRequest, 1)
 	select {
 	case s.ev.status <- req:
 	case <-ctx.Done():
-		return
+		return nil, ctx.Err()
 	}
 	select {
 	case st := <-req:
-		_ = json.NewEncoder(c).Encode(st)
+		return st, nil
 	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 
