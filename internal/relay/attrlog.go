@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // attrEvent is one line of the attribution log: enough for an operator to
@@ -75,7 +76,7 @@ func (l *attrLog) Close() error {
 	return nil
 }
 
-func mappingEvent(event string, m *mapping, now time.Time) attrEvent {
+func mappingEvent(event string, m *lease.Mapping, now time.Time) attrEvent {
 	ev := attrEvent{
 		Time:       now.UTC(),
 		Event:      event,

@@ -6,6 +6,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // A collective relay (config `collective:`) accepts any member whose
@@ -132,8 +133,8 @@ func (s *Server) checkCollective(now time.Time) {
 // of every key keep refuses, and forgets rotations from or to such a key;
 // it returns how many mappings it closed.
 func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
-	var revoked []*mapping
-	for _, m := range s.leases.byKey {
+	var revoked []*lease.Mapping
+	for _, m := range s.leases.ByKey {
 		if !m.Owner.Key.IsZero() && !keep(m.Owner.Key) {
 			revoked = append(revoked, m)
 		}

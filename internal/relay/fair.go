@@ -15,6 +15,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // Fair sharing (docs/collective.md, "Fair sharing"): the ledger
@@ -154,7 +155,7 @@ func (s *Server) flushLedger(now time.Time) {
 // refreshLedger counts the live mappings' counters.
 func (s *Server) refreshLedger(now time.Time) {
 	s.fair.refreshed = now
-	if len(s.leases.byKey) == 0 {
+	if len(s.leases.ByKey) == 0 {
 		return
 	}
 	cnt, err := s.liveCounters()
@@ -170,7 +171,7 @@ func (s *Server) refreshLedger(now time.Time) {
 func (s *Server) ledgerCounters(cnt map[dataplane.Key]dataplane.Counter, now time.Time) {
 	s.fair.refreshed = now
 	for k, c := range cnt {
-		if m := s.leases.byKey[k]; m != nil {
+		if m := s.leases.ByKey[k]; m != nil {
 			s.fair.led.mapping(m, c.Bytes, now, s.receiptsOn())
 		}
 	}
@@ -194,7 +195,7 @@ func (s *Server) ledgerTunnels(now time.Time) {
 
 // ledgerClosing counts a closing mapping's counter (reap); gone: its last
 // reading, the mapping is forgotten.
-func (s *Server) ledgerClosing(m *mapping, cur uint64, gone bool) {
+func (s *Server) ledgerClosing(m *lease.Mapping, cur uint64, gone bool) {
 	s.fair.led.mapping(m, cur, s.now(), s.receiptsOn())
 	if gone {
 		delete(s.fair.led.mapSeen, m)
@@ -401,7 +402,7 @@ func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply)
 type holder struct {
 	key    proto.Key
 	credit int64
-	newest *mapping // the member's most recently granted mapping
+	newest *lease.Mapping // the member's most recently granted mapping
 }
 
 // pickVictim says whose newest mapping gives way to a grant of a member
@@ -427,9 +428,9 @@ func pickVictim(req int64, hs []holder) int {
 // mapping of the member with the least credit if that is at least
 // preemptMargin below the requester's, else it is refused "capacity".
 // A repeated grant of a mapping the member holds is always answered.
-func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.Reason {
+func (s *Server) admit(o lease.Owner, client netip.Addr, server netip.AddrPort) proto.Reason {
 	capacity := s.set.Fair.Capacity
-	if capacity == 0 || s.leases.find(o, client, server) != nil || s.leases.active() < capacity {
+	if capacity == 0 || s.leases.Find(o, client, server) != nil || s.leases.Active() < capacity {
 		return proto.OK
 	}
 	// Credit from the current counters, not the last flush's (at most one
@@ -440,7 +441,7 @@ func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.
 	req := s.fair.led.members[o.Key].credit()
 	byKey := map[proto.Key]*holder{}
 	var legacy *holder // legacy v1 mappings have no member and no credit: they go first
-	for _, m := range s.leases.byKey {
+	for _, m := range s.leases.ByKey {
 		if m.Owner.Key == o.Key && !m.Owner.Key.IsZero() {
 			continue
 		}
@@ -475,7 +476,7 @@ func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.
 	s.fair.preempted.Inc()
 	s.log.Info("capacity: mapping given to a member with more credit", "member", o.Name, "credit", req,
 		"from", victim.Owner.Name, "from_credit", hs[v].credit, "detour_port", victim.Key.Port)
-	if err := s.close([]*mapping{victim}, "preempted"); err != nil {
+	if err := s.close([]*lease.Mapping{victim}, "preempted"); err != nil {
 		return proto.ReasonInternal
 	}
 	return proto.OK
@@ -560,7 +561,7 @@ func (s *Server) fairStatus(st *Status, cnt map[dataplane.Key]dataplane.Counter,
 		m.Ledger = ledgerStatus(led.members[k])
 		shown[m.Key] = true
 	}
-	fs := &FairStatus{Capacity: s.set.Fair.Capacity, Active: s.leases.active(), UnitBytes: collective.CreditUnit,
+	fs := &FairStatus{Capacity: s.set.Fair.Capacity, Active: s.leases.Active(), UnitBytes: collective.CreditUnit,
 		StartCredit: collective.StartCredit, LedgerFile: led.path, LedgerSaved: led.saved, IssuedSeq: led.seq}
 	for k, e := range led.members {
 		if !shown[k.String()] {

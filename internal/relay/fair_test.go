@@ -11,12 +11,13 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 const mib = collective.CreditUnit
 
 func TestPickVictim(t *testing.T) {
-	at := func(s int) *mapping { return &mapping{Granted: time.Unix(int64(s), 0)} }
+	at := func(s int) *lease.Mapping { return &lease.Mapping{Granted: time.Unix(int64(s), 0)} }
 	h := func(credit int64, granted int) holder { return holder{credit: credit, newest: at(granted)} }
 	cases := []struct {
 		name string
@@ -64,10 +65,10 @@ func TestAdmitAtCapacity(t *testing.T) {
 	rich, poor, newcomer := testKey(t).Public(), testKey(t).Public(), testKey(t).Public()
 	s.fair.led.entry(rich, "rich").Earned = 100 * mib
 	s.fair.led.entry(poor, "poor").Consumed = 50 * mib
-	o := func(k proto.Key, n string) owner { return owner{Key: k, Name: n} }
+	o := func(k proto.Key, n string) lease.Owner { return lease.Owner{Key: k, Name: n} }
 	client := netip.MustParseAddr("10.0.1.1")
 	srv := func(p uint16) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("198.51.100.1"), p) }
-	ask := func(ow owner, port uint16) proto.Reason {
+	ask := func(ow lease.Owner, port uint16) proto.Reason {
 		t.Helper()
 		if r := s.admit(ow, client, srv(port)); r != proto.OK {
 			return r
@@ -77,7 +78,7 @@ func TestAdmitAtCapacity(t *testing.T) {
 		return r
 	}
 	steps := []struct {
-		who  owner
+		who  lease.Owner
 		port uint16
 		want proto.Reason
 		held map[string]int // mappings per member name afterwards
@@ -97,7 +98,7 @@ func TestAdmitAtCapacity(t *testing.T) {
 			t.Fatalf("step %d (%s port %d): %v, want %v", i, st.who.Name, st.port, got, st.want)
 		}
 		held := map[string]int{}
-		for _, m := range s.leases.byKey {
+		for _, m := range s.leases.ByKey {
 			held[m.Owner.Name]++
 		}
 		if len(held) != len(st.held) {
@@ -124,7 +125,7 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	s, dp := newFairServer(t, 0, path)
 	alice := testKey(t).Public()
 	s.set.Members[alice] = "alice"
-	ow := owner{Key: alice, Name: "alice"}
+	ow := lease.Owner{Key: alice, Name: "alice"}
 	client := netip.MustParseAddr("10.0.1.1")
 	m, r := s.grant(ow, client, netip.MustParseAddrPort("198.51.100.1:80"), 0, time.Minute, 100)
 	if r != proto.OK {
@@ -140,7 +141,7 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 		t.Fatalf("consumed %d, want 1500", got)
 	}
 	// Closing: counted until reaped, then forgotten.
-	if err := s.close([]*mapping{m}, "release"); err != nil {
+	if err := s.close([]*lease.Mapping{m}, "release"); err != nil {
 		t.Fatal(err)
 	}
 	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1700})

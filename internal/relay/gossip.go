@@ -195,7 +195,7 @@ func (s *Server) rosterInfo() roster.Info {
 }
 
 func (s *Server) rosterInfoOf(g *GossipConfig) roster.Info {
-	return roster.Info{Addrs: g.Announce, Capacity: g.Capacity, Load: uint32(s.leases.active()), Kinds: s.kinds(), Region: g.Region}
+	return roster.Info{Addrs: g.Announce, Capacity: g.Capacity, Load: uint32(s.leases.Active()), Kinds: s.kinds(), Region: g.Region}
 }
 
 // startRoster joins the cluster (New).

@@ -104,11 +104,11 @@ func TestLeaseLifecycle(t *testing.T) {
 	l.s.reap(l.now, false)
 	l.dp.SetCounter(key, dataplane.Counter{Packets: 12, Bytes: 7000})
 	l.s.reap(l.now, false)
-	if len(l.s.leases.closing) != 1 {
+	if len(l.s.leases.Closing) != 1 {
 		t.Fatal("a closing mapping whose counter still moves was forgotten")
 	}
 	l.s.reap(l.now, false)
-	if len(l.s.leases.closing) != 0 {
+	if len(l.s.leases.Closing) != 0 {
 		t.Fatal("a closing mapping whose counter stood still was kept")
 	}
 	var expiry *attrEvent
@@ -143,8 +143,8 @@ func TestFlushRefusedBatch(t *testing.T) {
 	if len(got) != 2 || got[0] != proto.ReasonInternal || got[1] != proto.ReasonInternal {
 		t.Fatalf("replies after a refused batch: %v, want internal twice", got)
 	}
-	if l.s.leases.active() != 0 || l.dp.Len() != 0 {
-		t.Fatalf("after a refused batch: %d leases, %d mapped", l.s.leases.active(), l.dp.Len())
+	if l.s.leases.Active() != 0 || l.dp.Len() != 0 {
+		t.Fatalf("after a refused batch: %d leases, %d mapped", l.s.leases.Active(), l.dp.Len())
 	}
 }
 

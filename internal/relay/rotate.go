@@ -7,6 +7,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // A member's key rotation in place (OpRotate, docs/collective.md "Key
@@ -88,7 +89,7 @@ func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) 
 		refuse(rotateNameDiffers, proto.ReasonUnauthorized, "the old key is member "+oldName+", the new one "+ses.name)
 		return
 	}
-	o := owner{Key: ses.peer, Name: ses.name}
+	o := lease.Owner{Key: ses.peer, Name: ses.name}
 	n := s.carryOver(r.Old, o, now)
 	if len(s.ses.byMember[r.Old]) > 0 {
 		// Renewals on the old key's sessions while they last (owns); the
@@ -117,7 +118,7 @@ func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) 
 // it rotated from (a renewal sent on the old key's session while the
 // member switches sessions must not lose the mapping). Releases need the
 // owner itself.
-func (s *Server) owns(key proto.Key, m *mapping) bool {
+func (s *Server) owns(key proto.Key, m *lease.Mapping) bool {
 	if m.Owner.Key == key {
 		return true
 	}
@@ -132,12 +133,12 @@ type carried struct {
 }
 
 // carryOver gives everything held for old to o.
-func (s *Server) carryOver(old proto.Key, o owner, now time.Time) carried {
+func (s *Server) carryOver(old proto.Key, o lease.Owner, now time.Time) carried {
 	var c carried
 	if len(s.out.batch) > 0 {
 		s.flush() // mappings granted in this batch reach the kernel under their first owner
 	}
-	for _, m := range s.leases.rekey(old, o) {
+	for _, m := range s.leases.Rekey(old, o) {
 		s.logAttr(mappingEvent("rotate", m, now))
 		c.mappings++
 	}
@@ -164,37 +165,6 @@ func (s *Server) carryOver(old proto.Key, o owner, now time.Time) carried {
 		s.fair.led.merge(old, o.Key, o.Name)
 	}
 	return c
-}
-
-// rekey gives old's live and closing mappings to o; it returns the live ones.
-func (t *leaseTable) rekey(old proto.Key, o owner) []*mapping {
-	var moved []*mapping
-	for _, m := range t.byKey {
-		if m.Owner.Key != old {
-			continue
-		}
-		sk := serverKey{m.Owner.Key, m.Key.Client, m.Server}
-		if t.byServer[sk] == m {
-			delete(t.byServer, sk)
-		}
-		q := quotaKey(m.Owner, m.Key.Client)
-		if t.count[q]--; t.count[q] <= 0 {
-			delete(t.count, q)
-		}
-		m.Owner = o
-		nk := serverKey{o.Key, m.Key.Client, m.Server}
-		if _, held := t.byServer[nk]; !held {
-			t.byServer[nk] = m
-		}
-		t.count[quotaKey(o, m.Key.Client)]++
-		moved = append(moved, m)
-	}
-	for _, c := range t.closing {
-		if c.m.Owner.Key == old {
-			c.m.Owner = o // its last bytes are the new key's in the ledger
-		}
-	}
-	return moved
 }
 
 // rekey gives old's outstanding tickets to successor; it returns how many.

@@ -15,6 +15,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // rotations reads mpdetour_relay_rotations_total{result}.
@@ -38,7 +39,7 @@ type rotateFixture struct {
 	old      proto.Key // private
 	oldCert  *collective.Certificate
 	oldSes   *session
-	mapping  *mapping
+	mapping  *lease.Mapping
 	client   netip.Addr
 	server   netip.AddrPort
 	notAfter time.Time
@@ -69,7 +70,7 @@ func newRotateFixture(t *testing.T) *rotateFixture {
 		t.Fatalf("grant: %v", rep.Reason)
 	}
 	s.flush()
-	f.mapping = s.leases.byKey[dataplane.Key{Client: f.client, Port: rep.Detour.Port()}]
+	f.mapping = s.leases.ByKey[dataplane.Key{Client: f.client, Port: rep.Detour.Port()}]
 	if _, err := s.conv.tickets.issue(f.old.Public(), "alice", f.client, 2, now.Add(time.Minute), now); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func (f *rotateFixture) rotate(ses *session, r proto.Rotation) proto.Reason {
 func (f *rotateFixture) unmoved(t *testing.T, what string) {
 	t.Helper()
 	old := f.old.Public()
-	if f.mapping.Owner.Key != old || f.s.leases.find(owner{Key: old}, f.client, f.server) != f.mapping {
+	if f.mapping.Owner.Key != old || f.s.leases.Find(lease.Owner{Key: old}, f.client, f.server) != f.mapping {
 		t.Errorf("%s: the mapping moved to %s", what, f.mapping.Owner.Key.ID())
 	}
 	if f.s.conv.tickets.perMember[old] != 2 {
@@ -235,11 +236,11 @@ func TestRotateCarriesOver(t *testing.T) {
 		t.Fatalf("rotation: %v\n%s", got, f.logs.String())
 	}
 	nk, ok := newKey.Public(), f.old.Public()
-	if f.mapping.Owner != (owner{Key: nk, Name: "alice"}) || !mapped(f.dp, f.mapping.Key) || f.mapping.Key.Port != port {
+	if f.mapping.Owner != (lease.Owner{Key: nk, Name: "alice"}) || !mapped(f.dp, f.mapping.Key) || f.mapping.Key.Port != port {
 		t.Fatalf("mapping after rotation: %+v mapped=%v", f.mapping.Owner, mapped(f.dp, f.mapping.Key))
 	}
-	if f.s.leases.count[nk.String()] != 1 || f.s.leases.count[ok.String()] != 0 {
-		t.Fatalf("quota counts: %v", f.s.leases.count)
+	if a, b := f.s.leases.QuotaUsed(lease.Owner{Key: nk}, f.client), f.s.leases.QuotaUsed(lease.Owner{Key: ok}, f.client); a != 1 || b != 0 {
+		t.Fatalf("quota counts: new key %d, old key %d", a, b)
 	}
 	if f.s.conv.tickets.perMember[nk] != 2 || f.s.conv.tickets.perMember[ok] != 0 {
 		t.Fatalf("tickets: %v", f.s.conv.tickets.perMember)
@@ -270,7 +271,7 @@ func TestRotateCarriesOver(t *testing.T) {
 	// Revoking the old key leaves the rotated member alone.
 	f.s.set.Trust.Install(f.auth.Revoke(nil, now, f.oldCert.Serial))
 	f.s.checkCollective(now)
-	if f.s.leases.byKey[f.mapping.Key] != f.mapping || !mapped(f.dp, f.mapping.Key) {
+	if f.s.leases.ByKey[f.mapping.Key] != f.mapping || !mapped(f.dp, f.mapping.Key) {
 		t.Fatal("revoking the old key removed the rotated mapping")
 	}
 	if f.s.isMember(ok, now) || !f.s.isMember(nk, now) {
@@ -299,7 +300,7 @@ func TestRotateStaticMembers(t *testing.T) {
 	if rep.Reason != proto.OK {
 		t.Fatal(rep.Reason)
 	}
-	m := s.leases.byKey[dataplane.Key{Client: addr.Addr(), Port: rep.Detour.Port()}]
+	m := s.leases.ByKey[dataplane.Key{Client: addr.Addr(), Port: rep.Detour.Port()}]
 	r, _ := collective.SignRotation(old, other.Public(), time.Now())
 	if rep := serveReq(s, &session{peer: other.Public(), name: "carol", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.ReasonUnauthorized {
 		t.Fatalf("rotation to another listed member: %v", rep.Reason)
@@ -479,42 +480,6 @@ func TestRotateTunnelMoveFails(t *testing.T) {
 	}
 	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6700 {
 		t.Fatalf("the new key's account: %+v", e)
-	}
-}
-
-// A moved mapping whose (client, server) the new key holds already leaves
-// the lookup entry to the new key's mapping; removing or dropping the
-// moved one keeps that entry.
-func TestRotateLeaseLookupShared(t *testing.T) {
-	client := netip.MustParseAddr("10.0.1.1")
-	server := netip.MustParseAddrPort("198.51.100.1:443")
-	oldO := owner{Key: testKey(t).Public(), Name: "alice"}
-	newO := owner{Key: testKey(t).Public(), Name: "alice"}
-	for _, how := range []string{"remove", "drop"} {
-		lt := newLeaseTable()
-		held := &mapping{Key: dataplane.Key{Client: client, Port: 40001}, Server: server, Owner: newO}
-		moved := &mapping{Key: dataplane.Key{Client: client, Port: 40002}, Server: server, Owner: oldO}
-		lt.add(held)
-		lt.add(moved)
-		lt.rekey(oldO.Key, newO)
-		if lt.find(newO, client, server) != held {
-			t.Fatalf("%s: after the rekey the lookup finds %+v, want the mapping the new key held", how, lt.find(newO, client, server))
-		}
-		if how == "remove" {
-			lt.remove(moved, "released", time.Now())
-		} else {
-			lt.drop(moved)
-		}
-		if lt.find(newO, client, server) != held {
-			t.Fatalf("%s of the moved mapping took the other mapping's lookup entry", how)
-		}
-		if lt.count[quotaKey(newO, client)] != 1 {
-			t.Fatalf("%s: quota count %d, want 1", how, lt.count[quotaKey(newO, client)])
-		}
-		lt.remove(held, "released", time.Now())
-		if len(lt.byServer) != 0 || len(lt.byKey) != 0 {
-			t.Fatalf("%s: left %v %v", how, lt.byServer, lt.byKey)
-		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // Pre-authentication limits per source address: handshakes cost two X25519
@@ -78,7 +79,7 @@ type Server struct {
 	now     func() time.Time
 	io      sockets
 	dp      dataplane.DataPlane
-	leases  *leaseTable
+	leases  *lease.Table
 	pol     *destination.Policy
 	ses     sessionTable
 	lim     limits
@@ -125,9 +126,9 @@ type limits struct {
 // not yet in the kernel and the replies that announce them, handshake
 // responses until their timestamps are saved.
 type outbox struct {
-	batch     []*mapping // new mappings not yet in the kernel
-	replies   []deferred // replies held until batch is installed
-	responses []rawReply // handshake responses held until lastTS is saved
+	batch     []*lease.Mapping // new mappings not yet in the kernel
+	replies   []deferred       // replies held until batch is installed
+	responses []rawReply       // handshake responses held until lastTS is saved
 }
 
 // events are the event loop's inputs besides its tickers.
@@ -185,7 +186,7 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 		io:      sockets{conn: d.PacketConn, pc: ipv4.NewPacketConn(d.PacketConn), legacy: d.Legacy, status: d.Status},
 		dp:      d.DataPlane,
 		tunnels: d.Tunnels,
-		leases:  newLeaseTable(),
+		leases:  lease.NewTable(),
 		ses:     sessionTable{all: map[uint32]*session{}, byMember: map[proto.Key][]uint32{}},
 		lim:     limits{member: map[proto.Key]*bucket{}, addr: map[netip.Addr]*bucket{}},
 		trust:   newTrustState(set),
@@ -409,8 +410,8 @@ type deferred struct {
 	legacy proto.LegacyMsg
 	to     netip.AddrPort
 	src    netip.Addr
-	m      *mapping  // the new mapping the reply announces, if any
-	at     time.Time // when the request arrived
+	m      *lease.Mapping // the new mapping the reply announces, if any
+	at     time.Time      // when the request arrived
 }
 
 // flush installs the batch's new mappings and sends the held replies. If
@@ -440,7 +441,7 @@ func (s *Server) install() {
 	if len(s.out.batch) > 0 {
 		ms := make([]dataplane.Mapping, len(s.out.batch))
 		for i, m := range s.out.batch {
-			ms[i] = m.dp()
+			ms[i] = m.DP()
 		}
 		now := s.now()
 		err := s.dp.Map(ms)
@@ -449,9 +450,9 @@ func (s *Server) install() {
 		}
 		if err != nil {
 			s.log.Error("installing mappings", "n", len(ms), "err", err)
-			failed := map[*mapping]bool{}
+			failed := map[*lease.Mapping]bool{}
 			for _, m := range s.out.batch {
-				s.leases.drop(m)
+				s.leases.Drop(m)
 				failed[m] = true
 			}
 			for i := range s.out.replies {
@@ -466,7 +467,7 @@ func (s *Server) install() {
 				s.logAttr(mappingEvent("grant", m, now))
 			}
 		}
-		s.met.active.Set(float64(s.leases.active()))
+		s.met.active.Set(float64(s.leases.Active()))
 		s.out.batch = s.out.batch[:0]
 	}
 }
@@ -811,7 +812,7 @@ func (s *Server) handleTransport(p packet) {
 	ses.confirmed = true // only a receiver of our response can get here
 	req, err := proto.ParseRequest(msg)
 	var rep proto.Reply
-	var m *mapping
+	var m *lease.Mapping
 	if err != nil {
 		rep = proto.Reply{Op: req.Op, ID: req.ID, Reason: proto.ReasonOf(err)}
 	} else {
@@ -824,7 +825,7 @@ func (s *Server) handleTransport(p packet) {
 // serveRequest answers an authenticated request; granted is the mapping a
 // grant's reply announces (nil otherwise): if it is still in the batch and
 // the kernel refuses the batch, flush turns the reply into "internal".
-func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply, granted *mapping) {
+func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply, granted *lease.Mapping) {
 	rep = proto.Reply{Op: req.Op, ID: req.ID}
 	b := s.lim.member[ses.peer]
 	if b == nil {
@@ -839,7 +840,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 		rep.Reason = proto.ReasonUnauthorized
 		return rep, nil
 	}
-	o := owner{Key: ses.peer, Name: ses.name}
+	o := lease.Owner{Key: ses.peer, Name: ses.name}
 	client := ses.addr.Addr()
 	switch req.Op {
 	case proto.OpCertify:
@@ -858,7 +859,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 			granted = m
 		}
 	case proto.OpRenew:
-		m := s.leases.byKey[dataplane.Key{Client: client, Port: req.Port}]
+		m := s.leases.ByKey[dataplane.Key{Client: client, Port: req.Port}]
 		if m == nil || !s.owns(ses.peer, m) {
 			rep.Reason = proto.ReasonNotFound
 			break
@@ -868,7 +869,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 		rep.Lease = s.set.Lease
 		s.logAttr(mappingEvent("renew", m, now))
 	case proto.OpRelease:
-		m := s.leases.byKey[dataplane.Key{Client: client, Port: req.Port}]
+		m := s.leases.ByKey[dataplane.Key{Client: client, Port: req.Port}]
 		if m == nil || m.Owner.Key != ses.peer {
 			rep.Reason = proto.ReasonNotFound
 			break
@@ -876,7 +877,7 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 		if cnt, err := s.dp.CountersOf([]dataplane.Key{m.Key}); err == nil {
 			rep.Bytes = cnt[m.Key].Bytes
 		}
-		if err := s.close([]*mapping{m}, "release"); err != nil {
+		if err := s.close([]*lease.Mapping{m}, "release"); err != nil {
 			rep.Reason = proto.ReasonInternal
 		}
 	case proto.OpConvert:
@@ -923,8 +924,8 @@ func (s *Server) detourAddr(ses *session) netip.Addr {
 }
 
 // grant applies policy, quotas and port choice, then installs the mapping.
-func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, proposed uint16, lease time.Duration, quota int) (*mapping, proto.Reason) {
-	legacy := o == legacyOwner
+func (s *Server) grant(o lease.Owner, client netip.Addr, server netip.AddrPort, proposed uint16, life time.Duration, quota int) (*lease.Mapping, proto.Reason) {
+	legacy := o == lease.LegacyOwner
 	now := s.now()
 	if !client.Is4() {
 		return nil, proto.ReasonPolicyDenied
@@ -933,29 +934,29 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 		s.log.Info("destination refused", "member", o.Name, "client", client, "server", server, "why", err)
 		return nil, proto.ReasonPolicyDenied
 	}
-	if m := s.leases.find(o, client, server); m != nil {
+	if m := s.leases.Find(o, client, server); m != nil {
 		// Idempotent: a retransmitted or repeated grant gets the same port.
-		m.Expires = now.Add(lease)
+		m.Expires = now.Add(life)
 		s.logAttr(mappingEvent("renew", m, now))
 		return m, proto.OK
 	}
-	if s.leases.count[quotaKey(o, client)] >= quota || s.leases.active() >= s.set.QuotaGlobal {
+	if s.leases.QuotaUsed(o, client) >= quota || s.leases.Active() >= s.set.QuotaGlobal {
 		return nil, proto.ReasonQuota
 	}
-	port, ok := s.leases.pickPort(client, proposed, s.set.PortLo, s.set.PortHi, legacy, func(p uint16) bool { return s.leases.lis.has(p, now) })
+	port, ok := s.leases.PickPort(client, proposed, s.set.PortLo, s.set.PortHi, legacy, now)
 	if !ok {
 		return nil, proto.ReasonNoPorts
 	}
-	m := &mapping{Key: dataplane.Key{Client: client, Port: port}, Server: server, Owner: o, Granted: now, Expires: now.Add(lease)}
+	m := &lease.Mapping{Key: dataplane.Key{Client: client, Port: port}, Server: server, Owner: o, Granted: now, Expires: now.Add(life)}
 	// Recorded now so that quotas and port choice see it within the batch;
 	// flush installs it (or drops it again).
-	s.leases.add(m)
+	s.leases.Add(m)
 	s.out.batch = append(s.out.batch, m)
 	return m, proto.OK
 }
 
 // close unmaps mappings; their counters are read and logged by reap.
-func (s *Server) close(ms []*mapping, reason string) error {
+func (s *Server) close(ms []*lease.Mapping, reason string) error {
 	if len(ms) == 0 {
 		return nil
 	}
@@ -973,14 +974,14 @@ func (s *Server) close(ms []*mapping, reason string) error {
 	}
 	now := s.now()
 	for _, m := range ms {
-		s.leases.remove(m, reason, now)
+		s.leases.Remove(m, reason, now)
 	}
-	s.met.active.Set(float64(s.leases.active()))
+	s.met.active.Set(float64(s.leases.Active()))
 	return err
 }
 
 func (s *Server) expire(now time.Time) {
-	if ex := s.leases.expired(now); len(ex) > 0 {
+	if ex := s.leases.Expired(now); len(ex) > 0 {
 		_ = s.close(ex, "expiry")
 	}
 }
@@ -991,11 +992,11 @@ func (s *Server) expire(now time.Time) {
 // that outlive their mapping (conntrack keeps them going) are counted until
 // then. final logs and forgets everything (shutdown).
 func (s *Server) reap(now time.Time, final bool) {
-	if len(s.leases.closing) == 0 {
+	if len(s.leases.Closing) == 0 {
 		return
 	}
-	keys := make([]dataplane.Key, 0, len(s.leases.closing))
-	for k := range s.leases.closing {
+	keys := make([]dataplane.Key, 0, len(s.leases.Closing))
+	for k := range s.leases.Closing {
 		keys = append(keys, k)
 	}
 	cnt, err := s.dp.CountersOf(keys)
@@ -1011,20 +1012,20 @@ func (s *Server) reap(now time.Time, final bool) {
 		}
 	}
 	keys = keys[:0]
-	for k, c := range s.leases.closing {
+	for k, c := range s.leases.Closing {
 		cur := cnt[k]
-		if !final && (!c.seen || cur.Bytes != c.lastBytes) && now.Sub(c.at) < maxLinger {
-			c.seen, c.lastBytes = true, cur.Bytes
-			s.leases.closing[k] = c
-			s.ledgerClosing(c.m, cur.Bytes, false)
+		if !final && (!c.Seen || cur.Bytes != c.LastBytes) && now.Sub(c.At) < maxLinger {
+			c.Seen, c.LastBytes = true, cur.Bytes
+			s.leases.Closing[k] = c
+			s.ledgerClosing(c.M, cur.Bytes, false)
 			continue
 		}
-		s.ledgerClosing(c.m, cur.Bytes, true)
-		s.logAttr(withCounter(mappingEvent(c.reason, c.m, c.at), cur))
+		s.ledgerClosing(c.M, cur.Bytes, true)
+		s.logAttr(withCounter(mappingEvent(c.Reason, c.M, c.At), cur))
 		s.met.closedBytes.Add(cur.Bytes)
-		s.met.memberBytes.WithLabelValues(c.m.Owner.Name).Add(float64(cur.Bytes))
+		s.met.memberBytes.WithLabelValues(c.M.Owner.Name).Add(float64(cur.Bytes))
 		keys = append(keys, k)
-		delete(s.leases.closing, k)
+		delete(s.leases.Closing, k)
 	}
 	if err := s.dp.Forget(keys); err != nil {
 		s.log.Error("removing counters", "err", err)
@@ -1070,9 +1071,9 @@ func (s *Server) ensureTable() bool {
 	if err != nil || ok {
 		return false
 	}
-	ms := make([]dataplane.Mapping, 0, len(s.leases.byKey))
-	for _, m := range s.leases.byKey {
-		ms = append(ms, m.dp())
+	ms := make([]dataplane.Mapping, 0, len(s.leases.ByKey))
+	for _, m := range s.leases.ByKey {
+		ms = append(ms, m.DP())
 	}
 	if err := s.dp.Recreate(ms); err != nil {
 		s.log.Error("the relay's nftables table was removed and could not be recreated", "table", dataplane.TableName, "err", err)
@@ -1095,15 +1096,15 @@ func (s *Server) liveCounters() (map[dataplane.Key]dataplane.Counter, error) {
 	if len(s.out.batch) > 0 {
 		s.flush()
 	}
-	keys := make([]dataplane.Key, 0, len(s.leases.byKey))
-	for k := range s.leases.byKey {
+	keys := make([]dataplane.Key, 0, len(s.leases.ByKey))
+	for k := range s.leases.ByKey {
 		keys = append(keys, k)
 	}
 	return s.dp.CountersOf(keys)
 }
 
 func (s *Server) logUsage(now time.Time) {
-	if s.attr == nil || s.attr.path == "" || len(s.leases.byKey) == 0 {
+	if s.attr == nil || s.attr.path == "" || len(s.leases.ByKey) == 0 {
 		return
 	}
 	cnt, err := s.liveCounters()
@@ -1112,11 +1113,11 @@ func (s *Server) logUsage(now time.Time) {
 		return
 	}
 	for k, c := range cnt {
-		m := s.leases.byKey[k]
-		if m == nil || c.Bytes == m.usageBytes {
+		m := s.leases.ByKey[k]
+		if m == nil || c.Bytes == m.UsageBytes {
 			continue
 		}
-		m.usageBytes = c.Bytes
+		m.UsageBytes = c.Bytes
 		s.logAttr(withCounter(mappingEvent("usage", m, now), c))
 	}
 }
@@ -1159,7 +1160,7 @@ func (s *Server) applyReload(c *Config) {
 	s.reloadFair(set, authorityChanged)
 	s.set = set
 	s.applyPolicy(set)
-	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", revoked, "active", s.leases.active())
+	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", revoked, "active", s.leases.Active())
 }
 
 // warnRestartOnly logs what a reload asked for that applies only at the
@@ -1190,12 +1191,12 @@ func (s *Server) shutdown() {
 		_ = s.gossip.node.Close() // leave first: the others drop this relay at once
 	}
 	now := s.now()
-	var all []*mapping
-	for _, m := range s.leases.byKey {
+	var all []*lease.Mapping
+	for _, m := range s.leases.ByKey {
 		all = append(all, m)
 	}
 	for _, m := range all {
-		s.leases.remove(m, "shutdown", now)
+		s.leases.Remove(m, "shutdown", now)
 	}
 	s.reap(now, true)
 	s.ledgerTunnels(now)

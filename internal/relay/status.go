@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // Status is a running relay's state as `mpdetour relay status` shows it (a
@@ -162,7 +163,7 @@ func peerUID(c *net.UnixConn) (uint32, bool) {
 func (s *Server) status() *Status {
 	now := s.now()
 	st := &Status{PID: os.Getpid(), Listen: s.Addr().String(), Started: s.started, Now: now,
-		Ports: fmt.Sprintf("%d-%d", s.set.PortLo, s.set.PortHi), Mappings: s.leases.active()}
+		Ports: fmt.Sprintf("%d-%d", s.set.PortLo, s.set.PortHi), Mappings: s.leases.Active()}
 	cnt, err := s.liveCounters()
 	st.CounterOK = err == nil
 	byName := map[string]*MemberStatus{}
@@ -194,10 +195,10 @@ func (s *Server) status() *Status {
 		}
 		byName[key.String()] = ms
 	}
-	for _, m := range s.leases.byKey {
+	for _, m := range s.leases.ByKey {
 		k := m.Owner.Key.String()
 		if m.Owner.Key.IsZero() {
-			k = legacyOwner.Name
+			k = lease.LegacyOwner.Name
 		}
 		ms := byName[k]
 		if ms == nil {
