@@ -1,4 +1,9 @@
-package relay
+// Package dataplane is the relay's kernel side of NAT detours: one
+// nftables table the relay owns (DNAT map, per-mapping counters, optional
+// flowtable fast path with conntrack accounting), behind the DataPlane
+// interface. Fake is the in-memory implementation the relay's unit tests
+// use; the nftables one (NewNFT) keeps namespace tests of its own.
+package dataplane
 
 import (
 	"encoding/binary"
@@ -21,8 +26,8 @@ const TableName = "mpdetour_relay"
 
 // Names inside the table (tests and docs refer to them).
 const (
-	dnatMapName = "detours" // client . detour port : server . port ("dnat", "fwd" are nft keywords)
-	acctSetName = "acct"    // client . detour port, with a counter per element
+	DNATMapName = "detours" // client . detour port : server . port ("dnat", "fwd" are nft keywords)
+	AcctSetName = "acct"    // client . detour port, with a counter per element
 	// natMark is the packet-mark bit that tells postrouting to masquerade a
 	// connection our prerouting rule DNATed (and nothing else).
 	natMark uint32 = 0x4d500000
@@ -35,40 +40,47 @@ const (
 	regAux  = 1 // NFT_REG_1 (overlaps reg32x0..3; used before the key is loaded)
 )
 
-// mapKey identifies a mapping in the data plane: the client's address and
+// Key identifies a mapping in the data plane: the client's address and
 // the detour port it connects to.
-type mapKey struct {
+type Key struct {
 	Client netip.Addr
 	Port   uint16
 }
 
-func (k mapKey) String() string { return netip.AddrPortFrom(k.Client, k.Port).String() }
+func (k Key) String() string { return netip.AddrPortFrom(k.Client, k.Port).String() }
 
 // Counter is what the kernel counted on a mapping (both directions).
 type Counter struct{ Packets, Bytes uint64 }
 
-// dataPlane is the kernel side of mappings. The nftables implementation is
-// the only one in product code; keeping the interface small keeps the lease
-// logic testable on its own.
-type dataPlane interface {
+// Mapping is what the data plane needs of a granted detour: connections of
+// Key.Client to the relay's port Key.Port go to Server.
+type Mapping struct {
+	Key    Key
+	Server netip.AddrPort
+}
+
+// DataPlane is the kernel side of mappings. The nftables implementation is
+// the only one in product code (Fake is the tests'); keeping the interface
+// small keeps the lease logic testable on its own.
+type DataPlane interface {
 	// Map installs mappings (DNAT element + accounting element) in one
 	// transaction: all or none.
-	Map(ms []mapping) error
+	Map(ms []Mapping) error
 	// Unmap removes the DNAT elements: new connections stop, established
 	// ones continue through conntrack and stay counted until Forget.
-	Unmap(keys []mapKey) error
+	Unmap(keys []Key) error
 	// Counters dumps every per-mapping counter (cost grows with the
 	// number of mappings: seconds at 100,000).
-	Counters() (map[mapKey]Counter, error)
+	Counters() (map[Key]Counter, error)
 	// CountersOf reads the counters of the given (existing) mappings only.
-	CountersOf(keys []mapKey) (map[mapKey]Counter, error)
+	CountersOf(keys []Key) (map[Key]Counter, error)
 	// Forget removes accounting elements.
-	Forget(keys []mapKey) error
+	Forget(keys []Key) error
 	// Exists says whether the table is still installed (someone may
 	// delete it: nft flush ruleset, another tool, a second relay).
 	Exists() (bool, error)
 	// Recreate installs the table afresh with ms mapped.
-	Recreate(ms []mapping) error
+	Recreate(ms []Mapping) error
 	// Close removes the table.
 	Close() error
 }
@@ -91,8 +103,8 @@ type nftDataPlane struct {
 	links *linkWatch
 }
 
-// nftOptions are the data plane's settings.
-type nftOptions struct {
+// Options are the data plane's settings.
+type Options struct {
 	// FastPath offloads established detour connections to a software
 	// flowtable and counts them through conntrack (docs/relay.md).
 	FastPath bool
@@ -101,9 +113,9 @@ type nftOptions struct {
 
 var concatAddrPort = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
 
-// newNFT deletes whatever an earlier run left (crash, kill -9) and creates the
+// NewNFT deletes whatever an earlier run left (crash, kill -9) and creates the
 // table afresh, in one atomic transaction.
-func newNFT(opt nftOptions) (*nftDataPlane, error) {
+func NewNFT(opt Options) (*nftDataPlane, error) {
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.DiscardHandler)
 	}
@@ -133,7 +145,7 @@ func newNFT(opt nftOptions) (*nftDataPlane, error) {
 	return d, nil
 }
 
-// Exists implements dataPlane.
+// Exists implements DataPlane.
 func (d *nftDataPlane) Exists() (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -149,8 +161,8 @@ func (d *nftDataPlane) Exists() (bool, error) {
 	return false, nil
 }
 
-// Recreate implements dataPlane.
-func (d *nftDataPlane) Recreate(ms []mapping) error {
+// Recreate implements DataPlane.
+func (d *nftDataPlane) Recreate(ms []Mapping) error {
 	d.mu.Lock()
 	err := d.install()
 	d.mu.Unlock()
@@ -169,9 +181,9 @@ func (d *nftDataPlane) install() error {
 	conn.AddTable(d.tab)
 	conn.DelTable(d.tab)
 	conn.AddTable(d.tab)
-	d.dnat = &nftables.Set{Table: d.tab, Name: dnatMapName, IsMap: true, Concatenation: true,
+	d.dnat = &nftables.Set{Table: d.tab, Name: DNATMapName, IsMap: true, Concatenation: true,
 		KeyType: concatAddrPort, DataType: concatAddrPort}
-	d.acct = &nftables.Set{Table: d.tab, Name: acctSetName, Concatenation: true, Counter: true,
+	d.acct = &nftables.Set{Table: d.tab, Name: AcctSetName, Concatenation: true, Counter: true,
 		KeyType: concatAddrPort}
 	if err := conn.AddSet(d.dnat, nil); err != nil {
 		return fmt.Errorf("nftables: dnat map: %w", err)
@@ -284,7 +296,7 @@ func decodeAddrPort(b []byte) (netip.Addr, uint16, bool) {
 	return netip.AddrFrom4([4]byte(b[:4])), binary.BigEndian.Uint16(b[4:]), true
 }
 
-func (d *nftDataPlane) Map(ms []mapping) error {
+func (d *nftDataPlane) Map(ms []Mapping) error {
 	if len(ms) == 0 {
 		return nil
 	}
@@ -307,7 +319,7 @@ func (d *nftDataPlane) Map(ms []mapping) error {
 		if err := d.conn.Flush(); err != nil {
 			return err
 		}
-		keys := make([]mapKey, len(ms))
+		keys := make([]Key, len(ms))
 		for i, m := range ms {
 			keys[i] = m.Key
 		}
@@ -320,7 +332,7 @@ func (d *nftDataPlane) Map(ms []mapping) error {
 	return d.conn.Flush()
 }
 
-func keyElems(keys []mapKey) []nftables.SetElement {
+func keyElems(keys []Key) []nftables.SetElement {
 	el := make([]nftables.SetElement, 0, len(keys))
 	for _, k := range keys {
 		el = append(el, nftables.SetElement{Key: encodeAddrPort(k.Client, k.Port)})
@@ -328,7 +340,7 @@ func keyElems(keys []mapKey) []nftables.SetElement {
 	return el
 }
 
-func (d *nftDataPlane) Unmap(keys []mapKey) error {
+func (d *nftDataPlane) Unmap(keys []Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -340,7 +352,7 @@ func (d *nftDataPlane) Unmap(keys []mapKey) error {
 	return d.conn.Flush()
 }
 
-func (d *nftDataPlane) Forget(keys []mapKey) error {
+func (d *nftDataPlane) Forget(keys []Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -356,7 +368,7 @@ func (d *nftDataPlane) Forget(keys []mapKey) error {
 	return d.conn.Flush()
 }
 
-func (d *nftDataPlane) Counters() (map[mapKey]Counter, error) {
+func (d *nftDataPlane) Counters() (map[Key]Counter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fast {
@@ -366,7 +378,7 @@ func (d *nftDataPlane) Counters() (map[mapKey]Counter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: reading counters: %w", err)
 	}
-	out := make(map[mapKey]Counter, len(els))
+	out := make(map[Key]Counter, len(els))
 	for _, e := range els {
 		a, p, ok := decodeAddrPort(e.Key)
 		if !ok {
@@ -376,12 +388,12 @@ func (d *nftDataPlane) Counters() (map[mapKey]Counter, error) {
 		if e.Counter != nil {
 			c = Counter{Packets: e.Counter.Packets, Bytes: e.Counter.Bytes}
 		}
-		out[mapKey{a, p}] = c
+		out[Key{a, p}] = c
 	}
 	return out, nil
 }
 
-func (d *nftDataPlane) CountersOf(keys []mapKey) (map[mapKey]Counter, error) {
+func (d *nftDataPlane) CountersOf(keys []Key) (map[Key]Counter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fast {

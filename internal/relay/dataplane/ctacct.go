@@ -1,4 +1,4 @@
-package relay
+package dataplane
 
 import (
 	"encoding/binary"
@@ -71,7 +71,7 @@ const (
 // ctFlow is what the relay needs of one conntrack entry.
 type ctFlow struct {
 	ID   uint32
-	Key  mapKey // original source address . original destination port
+	Key  Key // original source address . original destination port
 	Mark uint32
 	Cnt  Counter // both directions
 }
@@ -82,8 +82,8 @@ type ctAccount struct {
 	events *netlink.Conn
 
 	mu       sync.Mutex
-	known    map[mapKey]bool    // mappings with an element (Map .. Forget)
-	finished map[mapKey]Counter // sums of destroyed connections
+	known    map[Key]bool    // mappings with an element (Map .. Forget)
+	finished map[Key]Counter // sums of destroyed connections
 	// gone holds the conntrack ids of recently destroyed connections, so
 	// that a dump that still saw one is not added to its final count.
 	gone      map[uint32]time.Time
@@ -105,7 +105,7 @@ func newCTAccount(log *slog.Logger) (*ctAccount, error) {
 	}
 	_ = ev.SetOption(netlink.NoENOBUFS, true)
 	_ = ev.SetReadBuffer(4 << 20)
-	a := &ctAccount{log: log, events: ev, known: map[mapKey]bool{}, finished: map[mapKey]Counter{},
+	a := &ctAccount{log: log, events: ev, known: map[Key]bool{}, finished: map[Key]Counter{},
 		gone: map[uint32]time.Time{}, done: make(chan struct{})}
 	go a.loop()
 	return a, nil
@@ -155,7 +155,7 @@ func (a *ctAccount) loop() {
 	}
 }
 
-func (a *ctAccount) add(keys []mapKey) {
+func (a *ctAccount) add(keys []Key) {
 	a.mu.Lock()
 	for _, k := range keys {
 		a.known[k] = true
@@ -163,7 +163,7 @@ func (a *ctAccount) add(keys []mapKey) {
 	a.mu.Unlock()
 }
 
-func (a *ctAccount) forget(keys []mapKey) {
+func (a *ctAccount) forget(keys []Key) {
 	a.mu.Lock()
 	for _, k := range keys {
 		delete(a.known, k)
@@ -174,7 +174,7 @@ func (a *ctAccount) forget(keys []mapKey) {
 
 // counters sums finished and live connections of keys (nil keys: every
 // known mapping). c is a netfilter netlink socket in the relay's namespace.
-func (a *ctAccount) counters(c *netlink.Conn, keys []mapKey) (map[mapKey]Counter, error) {
+func (a *ctAccount) counters(c *netlink.Conn, keys []Key) (map[Key]Counter, error) {
 	live, err := dumpCT(c)
 	if err != nil {
 		return nil, err
@@ -186,7 +186,7 @@ func (a *ctAccount) counters(c *netlink.Conn, keys []mapKey) (map[mapKey]Counter
 			keys = append(keys, k)
 		}
 	}
-	out := make(map[mapKey]Counter, len(keys))
+	out := make(map[Key]Counter, len(keys))
 	for _, k := range keys {
 		out[k] = a.finished[k]
 	}

@@ -1,4 +1,4 @@
-package relay
+package dataplane
 
 import (
 	"encoding/binary"
@@ -31,8 +31,8 @@ func dialNetfilter() (*netlink.Conn, error) {
 
 // countersOf reads the acct counters of keys. Every key must exist (the
 // kernel fails the whole request otherwise).
-func countersOf(c *netlink.Conn, keys []mapKey) (map[mapKey]Counter, error) {
-	out := make(map[mapKey]Counter, len(keys))
+func countersOf(c *netlink.Conn, keys []Key) (map[Key]Counter, error) {
+	out := make(map[Key]Counter, len(keys))
 	for len(keys) > 0 {
 		n := min(len(keys), getChunk)
 		if err := countersChunk(c, keys[:n], out); err != nil {
@@ -43,7 +43,7 @@ func countersOf(c *netlink.Conn, keys []mapKey) (map[mapKey]Counter, error) {
 	return out, nil
 }
 
-func countersChunk(c *netlink.Conn, keys []mapKey, out map[mapKey]Counter) error {
+func countersChunk(c *netlink.Conn, keys []Key, out map[Key]Counter) error {
 	list := make([]netlink.Attribute, 0, len(keys))
 	for _, k := range keys {
 		kv, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: encodeAddrPort(k.Client, k.Port)}})
@@ -62,7 +62,7 @@ func countersChunk(c *netlink.Conn, keys []mapKey, out map[mapKey]Counter) error
 	}
 	data, err := netlink.MarshalAttributes([]netlink.Attribute{
 		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(TableName + "\x00")},
-		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(acctSetName + "\x00")},
+		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(AcctSetName + "\x00")},
 		{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_LIST_ELEMENTS, Data: lb},
 	})
 	if err != nil {
@@ -113,7 +113,7 @@ func countersChunk(c *netlink.Conn, keys []mapKey, out map[mapKey]Counter) error
 
 // parseElemReply reads the key and counter of the element(s) in one
 // NEWSETELEM reply.
-func parseElemReply(b []byte, out map[mapKey]Counter) error {
+func parseElemReply(b []byte, out map[Key]Counter) error {
 	ad, err := netlink.NewAttributeDecoder(b)
 	if err != nil {
 		return err
@@ -155,7 +155,7 @@ func parseElemReply(b []byte, out map[mapKey]Counter) error {
 						}
 					}
 					if a, p, ok := decodeAddrPort(key); ok {
-						out[mapKey{a, p}] = c
+						out[Key{a, p}] = c
 					}
 					return nil
 				})

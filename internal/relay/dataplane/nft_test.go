@@ -1,4 +1,4 @@
-package relay
+package dataplane
 
 import (
 	"io"
@@ -51,15 +51,15 @@ func TestNFTDataPlane(t *testing.T) {
 	f := newFixture(t)
 	var d *nftDataPlane
 	var err error
-	in(t, f.Relay, func() { d, err = newNFT(nftOptions{}) })
+	in(t, f.Relay, func() { d, err = NewNFT(Options{}) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Close() })
 	startSink(t, f.Server, fxServer+":5201")
 
-	key := mapKey{netip.MustParseAddr(fxClient), 40000}
-	if err := d.Map([]mapping{{Key: key, Server: netip.MustParseAddrPort(fxServer + ":5201")}}); err != nil {
+	key := Key{netip.MustParseAddr(fxClient), 40000}
+	if err := d.Map([]Mapping{{Key: key, Server: netip.MustParseAddrPort(fxServer + ":5201")}}); err != nil {
 		t.Fatal(err)
 	}
 	out, err := nftList(t, f.Relay, "list", "table", "ip", TableName)
@@ -91,16 +91,16 @@ func TestNFTDataPlane(t *testing.T) {
 		t.Fatalf("counter %+v, want >= 200000 bytes (100 kB each way)", got)
 	}
 	// Reading one element gives the same as the dump.
-	one, err := d.CountersOf([]mapKey{key})
+	one, err := d.CountersOf([]Key{key})
 	if err != nil || one[key] != cnt[key] {
 		t.Fatalf("CountersOf = %+v (%v), dump = %+v", one, err, cnt[key])
 	}
-	if _, err := d.CountersOf([]mapKey{{netip.MustParseAddr(fxClient), 1}}); err == nil {
+	if _, err := d.CountersOf([]Key{{netip.MustParseAddr(fxClient), 1}}); err == nil {
 		t.Fatal("CountersOf of a missing element succeeded")
 	}
 
 	// Unmap: new connections stop, the established one goes on.
-	if err := d.Unmap([]mapKey{key}); err != nil {
+	if err := d.Unmap([]Key{key}); err != nil {
 		t.Fatal(err)
 	}
 	if c3, err := dialFrom(t, f.Client, fxRelay+":40000"); err == nil {
@@ -110,7 +110,7 @@ func TestNFTDataPlane(t *testing.T) {
 	if err := echo(c, 1000); err != nil {
 		t.Fatalf("established connection broken by unmap: %v", err)
 	}
-	if err := d.Forget([]mapKey{key}); err != nil {
+	if err := d.Forget([]Key{key}); err != nil {
 		t.Fatal(err)
 	}
 	if cnt, _ := d.Counters(); len(cnt) != 0 {
@@ -132,15 +132,15 @@ func TestNFTReplacesLeftover(t *testing.T) {
 	f := newFixture(t)
 	var d *nftDataPlane
 	var err error
-	in(t, f.Relay, func() { d, err = newNFT(nftOptions{}) })
+	in(t, f.Relay, func() { d, err = NewNFT(Options{}) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map([]mapping{{Key: mapKey{netip.MustParseAddr(fxClient), 40000}, Server: netip.MustParseAddrPort(fxServer + ":1")}}); err != nil {
+	if err := d.Map([]Mapping{{Key: Key{netip.MustParseAddr(fxClient), 40000}, Server: netip.MustParseAddrPort(fxServer + ":1")}}); err != nil {
 		t.Fatal(err)
 	}
 	_ = d.conn.CloseLasting() // "crash": the table stays
-	in(t, f.Relay, func() { d, err = newNFT(nftOptions{}) })
+	in(t, f.Relay, func() { d, err = NewNFT(Options{}) })
 	if err != nil {
 		t.Fatal(err)
 	}
