@@ -11,6 +11,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
@@ -49,7 +50,8 @@ type File struct {
 	AttributionFlush config.Duration `yaml:"attribution_flush"` // running counts of active mappings written this often
 	StateFile        string          `yaml:"state_file"`        // replay protection across restarts; "" = none
 	Metrics          struct {
-		Listen string `yaml:"listen"` // e.g. 127.0.0.1:9464; empty = off
+		Listen    string `yaml:"listen"`     // e.g. 127.0.0.1:9464, or unix:/PATH (mode 0600); empty = off
+		TokenFile string `yaml:"token_file"` // bearer token every scrape must send (metricsrv)
 	} `yaml:"metrics"`
 
 	LegacyV1 struct {
@@ -111,6 +113,7 @@ type Static struct {
 	Listen        netip.AddrPort
 	StateFile     string
 	MetricsListen string
+	MetricsToken  string // metrics.token_file's token ("" = none)
 
 	Legacy       bool
 	LegacyListen netip.AddrPort
@@ -437,8 +440,16 @@ func build(c *File) (*Config, error) {
 		g.Capacity = uint32(s.Fair.Capacity)
 	}
 	if c.Metrics.Listen != "" {
-		if _, err := netip.ParseAddrPort(c.Metrics.Listen); err != nil {
-			return nil, fmt.Errorf("metrics.listen: %q is not address:port", c.Metrics.Listen)
+		if err := metricsrv.Check(c.Metrics.Listen); err != nil {
+			return nil, fmt.Errorf("metrics.listen: %w", err)
+		}
+	}
+	if c.Metrics.TokenFile != "" {
+		if c.Metrics.Listen == "" {
+			return nil, errors.New("metrics.token_file: set without metrics.listen")
+		}
+		if s.MetricsToken, err = metricsrv.ReadToken(c.Metrics.TokenFile); err != nil {
+			return nil, fmt.Errorf("metrics.token_file: %w", err)
 		}
 	}
 	return s, nil

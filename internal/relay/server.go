@@ -296,7 +296,7 @@ func (s *Server) Reload(set *Config) {
 // Serve runs until ctx ends, then removes every mapping and the table.
 func (s *Server) Serve(ctx context.Context) error {
 	if s.static.MetricsListen != "" {
-		if err := s.met.serve(ctx, s.static.MetricsListen, s.log); err != nil {
+		if err := s.met.serve(ctx, s.static.MetricsListen, s.static.MetricsToken, s.log); err != nil {
 			s.shutdown()
 			return fmt.Errorf("metrics: %w", err)
 		}
