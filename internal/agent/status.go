@@ -434,6 +434,9 @@ func FetchStatus(path string) (Status, error) {
 		if errors.Is(err, os.ErrNotExist) {
 			return st, fmt.Errorf("no agent status socket at %s (is mpdetour agent running?)", path)
 		}
+		if errors.Is(err, os.ErrPermission) {
+			return st, fmt.Errorf("agent status socket %s: permission denied: the status shows every user's connections and is root's (run as root)", path)
+		}
 		return st, fmt.Errorf("agent status socket %s: %w", path, err)
 	}
 	defer c.Close()
