@@ -171,7 +171,15 @@ type user struct {
 	// tokens, filled: the conversion bucket (Config.UserRate).
 	tokens float64
 	filled time.Time
+	// routed: conversions handed to this user whose outcome it has not
+	// reported yet, by destination (other users only): a report must
+	// answer one, so a user cannot enter conversions it never made into
+	// the status others read.
+	routed map[netip.AddrPort]int
 }
+
+// maxRouted bounds a user's conversions awaiting their report.
+const maxRouted = 1024
 
 // take spends one conversion of u's bucket (root's is unbounded).
 func (u *user) take(rate float64, now time.Time) bool {
@@ -263,6 +271,9 @@ type Counters struct {
 	TicketErrors     uint64            `json:"ticket_errors"`
 	// Refused: socket connections of users not allowed (convert.users).
 	Refused uint64 `json:"refused_users"`
+	// Unsolicited: reports of a user other than root for a conversion it
+	// was not handed (ignored).
+	Unsolicited uint64 `json:"unsolicited_reports"`
 }
 
 // New builds a Router over the converters (one per relay that may run one).
@@ -406,7 +417,7 @@ func (r *Router) user(uid uint32, now time.Time) *user {
 			}
 		}
 		u = &user{uid: uid, dest: map[netip.AddrPort]*destEntry{}, held: map[string]time.Time{},
-			refusedAt: map[string]time.Time{}, staleBefore: map[string]time.Time{}}
+			refusedAt: map[string]time.Time{}, staleBefore: map[string]time.Time{}, routed: map[netip.AddrPort]int{}}
 		r.users[uid] = u
 	}
 	u.lastSeen = now
@@ -459,6 +470,9 @@ func (r *Router) Route(uid uint32, dst netip.AddrPort) Decision {
 		c.used++
 		e.conversions++
 		d = Decision{Convert: true, Converter: c.addr, Name: c.Name, Ticket: append([]byte{}, t.b[:]...), Why: "no-mptcp"}
+		if uid != Root && (u.routed[dst] > 0 || len(u.routed) < maxRouted) {
+			u.routed[dst]++
+		}
 		if len(c.tickets) == 0 {
 			c.emptied = true
 		}
@@ -569,6 +583,16 @@ func (r *Router) Report(uid uint32, dst netip.AddrPort, name string, out Outcome
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	u := r.user(uid, now)
+	if uid != Root {
+		// Only the outcome of a conversion this user was handed counts.
+		if u.routed[dst] == 0 {
+			r.ctr.Unsolicited++
+			return
+		}
+		if u.routed[dst]--; u.routed[dst] == 0 {
+			delete(u.routed, dst)
+		}
+	}
 	var c *conv
 	for _, x := range r.conv {
 		if x.Name == name {

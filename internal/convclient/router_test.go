@@ -374,7 +374,7 @@ func TestLegacyRelayBatch(t *testing.T) {
 func TestUsersIsolated(t *testing.T) {
 	ck := &clock{t: time.Unix(1000, 0)}
 	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
-	r := New(Config{TTL: time.Hour, Tickets: 8, Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	r := New(Config{TTL: time.Hour, Tickets: 32, Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
 	fill(t, r)
 	const mallory, alice uint32 = 1000, 1001
 	dst := netip.MustParseAddrPort("198.51.100.7:443")
@@ -404,6 +404,18 @@ func TestUsersIsolated(t *testing.T) {
 		t.Fatalf("alice does not use root's lesson: %+v", d)
 	}
 
+	// A report for a conversion mallory was not handed is ignored (it
+	// would enter a made-up conversion into the status root reads).
+	r.Report(mallory, conv, "a", OutcomeOK, netip.MustParseAddrPort("10.0.0.1:40000"), "")
+	if st := r.Status(); len(st.Recent) != 0 || st.Counters.Unsolicited != 1 {
+		t.Fatalf("unsolicited report taken: %+v", st)
+	}
+	// Mallory converts 4 times (to report on them).
+	for range 4 {
+		if d := r.Route(mallory, conv); !d.Convert {
+			t.Fatalf("mallory with root's lesson: %+v", d)
+		}
+	}
 	// Holding the converter: mallory's failure reports hold it for mallory.
 	r.Report(mallory, conv, "a", OutcomeConverterFailed, netip.AddrPort{}, "reset")
 	if d := r.Route(mallory, conv); d.Convert {
