@@ -289,6 +289,7 @@ func FuzzRequest(f *testing.F) {
 			return
 		}
 		_ = r.answer(Root, req)
+		_ = r.answer(1000, req) // another user's paths (per-uid state)
 	})
 }
 
