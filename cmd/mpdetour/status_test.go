@@ -26,12 +26,13 @@ func TestStatusShowsConversions(t *testing.T) {
 				{Local: "10.0.1.1:40000", Converter: "10.0.2.2:45674", Name: "r2", Destination: "10.0.3.2:5201", Since: time.Now()},
 				{Local: "10.0.1.1:39000", Converter: "10.0.2.2:45674", Name: "r2", Destination: "10.0.3.2:5201", Since: time.Now()},
 			},
-			NoMPTCP: []convclient.DestStatus{{Destination: "10.0.3.2:5201", Expires: time.Now().Add(time.Hour), Convertible: true, Conversions: 2}},
+			NoMPTCP: []convclient.DestStatus{{Destination: "10.0.3.2:5201", Expires: time.Now().Add(time.Hour), Convertible: true, Conversions: 2},
+				{UID: 1000, Destination: "10.0.3.3:80", Expires: time.Now().Add(time.Hour), Convertible: true}},
 		},
 	}
 	out := captureStatus(t, st)
 	for _, want := range []string{"0000abcd (converted to 10.0.3.2:5201)", "2 converted of 3 connects", "direct: unknown 1",
-		"r2", "20.5", "CONVERTED CONNECTION", "10.0.1.1:40000", "WITHOUT MPTCP"} {
+		"r2", "20.5", "CONVERTED CONNECTION", "10.0.1.1:40000", "WITHOUT MPTCP", "everyone (root)", "uid 1000 only"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
