@@ -1,4 +1,4 @@
-// Package convclient is the client side of conversion (issue 14, docs/convert.md):
+// Package convclient is the client side of conversion (docs/convert.md):
 // the Router, which lives in the agent, keeps a few converter tickets per
 // converter in stock (fetched over the relays' control sessions in the
 // background), measures each converter's round-trip time, and remembers which

@@ -60,7 +60,7 @@ const (
 	LBConnectionsAnnounced = "lb-connections-announced"
 	LBConnectionsNoCFlag   = "lb-connections-no-cflag"
 	LBBulkAnnounced        = "lb-bulk-announced"
-	// Collective (topology collective, issue 15): relays with gossip
+	// Collective (topology collective, docs/collective.md): relays with gossip
 	// (roles.detours), agents on roles.clients that know one bootstrap
 	// relay each; times to discover relays and add detour subflows through
 	// them, then to drop a relay killed with SIGKILL and replace its
