@@ -14,11 +14,11 @@ import (
 
 // The integration tests run the relay as a separate process inside a
 // namespace, so that kill -9 and SIGTERM are real. The test binary itself is
-// that process when TR_RELAY_CONFIG is set (no dependency on cmd/mpdetour
+// that process when MPDETOUR_TEST_RELAY_CONFIG is set (no dependency on cmd/mpdetour
 // building while others edit it).
 func TestMain(m *testing.M) {
 	lab.Reexec()
-	if cfg := os.Getenv("TR_RELAY_CONFIG"); cfg != "" {
+	if cfg := os.Getenv("MPDETOUR_TEST_RELAY_CONFIG"); cfg != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		err := Run(ctx, cfg, log, nil)
