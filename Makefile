@@ -13,7 +13,10 @@ FUZZTIME  ?= 10s
 # The soak in `make test` (docs/results/soak has the 1-hour one: make soak SOAKTIME=1h).
 SOAKTIME  ?= 5m
 
-.PHONY: all setup build build-host test vet staticcheck unit fuzz soak fuzz-and-soak demo clean
+# Debian packages (make package): into PKGDIR.
+PKGDIR    ?= dist
+
+.PHONY: all setup build build-host test vet staticcheck unit fuzz soak fuzz-and-soak demo clean package package-test tidy
 
 all: build
 
@@ -37,8 +40,14 @@ vet:
 staticcheck:
 	$(GOBIN)/staticcheck ./...
 
+# go test -json through testsummary: the usual output, then the list of
+# skipped tests; with CI=true a skip for a missing tool fails the run.
 unit:
-	$(GO) test $(TESTFLAGS) ./...
+	$(GO) run ./internal/testenv/testsummary -- $(GO) test -json $(TESTFLAGS) ./...
+
+# go.mod and go.sum are what `go mod tidy` makes of them.
+tidy:
+	$(GO) mod tidy -diff
 
 # Every fuzz target runs for a bounded time (FUZZTIME each).
 fuzz:
@@ -53,14 +62,24 @@ soak: build
 fuzz-and-soak:
 	@$(MAKE) --no-print-directory -j2 fuzz soak
 
+# mpdetour and mpdetour-relay .deb packages (packaging/build-deb.sh; GOARCH=arm64
+# for another architecture, PKGVERSION to override the version).
+package:
+	@packaging/build-deb.sh $(PKGDIR)
+
+# Installs them into a clean Debian root (mmdebstrap) and checks binary,
+# units, configs, keys and a reinstall over a changed config (~1 min).
+package-test: package
+	@packaging/test-deb.sh $(PKGDIR)
+
 # The leak check compares namespaces, root-namespace links and nft tables,
 # and mpdetour processes before and after the run and names what it left.
 test: setup
-	@scripts/leakcheck.sh $(MAKE) --no-print-directory build vet staticcheck unit fuzz-and-soak
+	@scripts/leakcheck.sh $(MAKE) --no-print-directory build vet tidy staticcheck unit fuzz-and-soak package-test
 	@echo "make test: all checks passed"
 
 demo: setup build
 	@scripts/demo.sh
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

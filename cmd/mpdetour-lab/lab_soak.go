@@ -25,20 +25,20 @@ func labSoakCommand() *cli.Command {
 	)
 	return &cli.Command{
 		Name:         "soak",
-		Summary:      "churn for a while (connections, relay restarts, a flapping detour link) and check nothing leaks",
+		Summary:      "churn for a while (echoed and checked connections, relay restarts, faults on a detour and the default path) and check nothing leaks or is lost",
 		Usage:        "[--duration 5m] [--out DIR] [--restart-every D] [--flap-every D] [--flap-for D] [--conns N] [--long N]",
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.DurationVar(&o.Duration, "duration", 5*time.Minute, "how long the churn lasts (the issue's soak: 1h)")
 			fs.DurationVar(&o.RestartEvery, "restart-every", 0, "restart a relay (alternating; every third with SIGKILL) this often (default duration/12)")
-			fs.DurationVar(&o.FlapEvery, "flap-every", 30*time.Second, "black-hole detour1's core link this often")
-			fs.DurationVar(&o.FlapFor, "flap-for", 5*time.Second, "... for this long")
+			fs.DurationVar(&o.FlapEvery, "flap-every", 30*time.Second, "black-hole detour1's core link this often, and half a period later the default path")
+			fs.DurationVar(&o.FlapFor, "flap-for", 5*time.Second, "... for this long (less than half of --flap-every)")
 			fs.Float64Var(&o.ConnsPerSecond, "conns", 5, "short MPTCP connections opened (and closed) per second")
 			fs.IntVar(&o.ConnBytes, "conn-bytes", 32<<10, "bytes each short connection sends")
 			fs.IntVar(&o.Long, "long", 2, "long-lived connections sending ~2 Mbit/s each (0: none)")
 			fs.DurationVar(&o.Sample, "sample", 10*time.Second, "sampling period")
 			fs.StringVar(&out, "out", "", "write report.md and samples.json here")
-			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static or adaptive (default: the agent's default)")
+			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static, adaptive or backup-first (default: the agent's default)")
 			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
 			fs.StringVar(&bin, "bin", "", binFlagUsage)
 		},

@@ -18,7 +18,7 @@ import (
 
 // TestSimulateSmall runs the simulation at a size every run can afford;
 // ROSTER_SIM_RELAYS sets another size, ROSTER_SIM_SCALE a time dilation
-// (the report's runs use `mpdetour collective simulate`).
+// (the report's runs use `mpdetour-lab collective simulate`).
 func TestSimulateSmall(t *testing.T) {
 	n, scale := 30, 1.0
 	if s := os.Getenv("ROSTER_SIM_RELAYS"); s != "" {
@@ -83,7 +83,7 @@ func TestScaleTimes(t *testing.T) {
 	if !reflect.DeepEqual(&same, orig) {
 		t.Fatal("scale 1 changed the configuration")
 	}
-	if _, err := Start(Config{TimeScale: -1, Cert: &collective.Certificate{}, Trust: collective.NewTrust(collective.AuthorityKey{})}, Info{}); err == nil || !strings.Contains(err.Error(), "time scale") {
+	if _, err := Start(Config{TimeScale: -1, Secret: testSecret, Cert: &collective.Certificate{}, Trust: collective.NewTrust(collective.AuthorityKey{})}, Info{}); err == nil || !strings.Contains(err.Error(), "time scale") {
 		t.Fatalf("negative time scale: %v", err)
 	}
 }
