@@ -36,7 +36,7 @@ type Design struct {
 	// Trials per point and procedure (0 = 1).
 	Trials int `json:"trials,omitempty"`
 	// Paired: every procedure but converted runs in one run (runs/paired),
-	// a point's trials interleaved on one lab build (issue 26). Designs
+	// a point's trials interleaved on one lab build. Designs
 	// written before it (false) keep one bench run per agent policy.
 	Paired bool `json:"paired,omitempty"`
 	// MinDistance is the smallest distance between two points in the unit

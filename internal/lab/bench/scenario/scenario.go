@@ -40,7 +40,7 @@ const (
 	MPTCPNATAdaptive    = "mptcp-nat-adaptive"
 	MPTCPTunnelStatic   = "mptcp-tunnel-static"
 	MPTCPTunnelAdaptive = "mptcp-tunnel-adaptive"
-	// backup-first (issue 26): detours join as backup, carry data once
+	// backup-first: detours join as backup, carry data once
 	// the measurements say they help.
 	MPTCPNATBackupFirst    = "mptcp-nat-backup-first"
 	MPTCPTunnelBackupFirst = "mptcp-tunnel-backup-first"
