@@ -18,7 +18,7 @@ import (
 
 // TestSimulateSmall runs the simulation at a size every run can afford;
 // ROSTER_SIM_RELAYS sets another size, ROSTER_SIM_SCALE a time dilation
-// (the report's runs use `mpdetour-lab collective simulate`).
+// (the report's runs use `mpdetour collective simulate`).
 func TestSimulateSmall(t *testing.T) {
 	n, scale := 30, 1.0
 	if s := os.Getenv("ROSTER_SIM_RELAYS"); s != "" {
