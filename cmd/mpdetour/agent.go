@@ -99,9 +99,9 @@ func agentCommand() *cli.Command {
 				rc := *cfg.Relays
 				rc.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)
 				rc.Options.Logger = log
-				// Each relay's state for status, metrics and the log
-				// (issue 29 item 2): from grants and renewals, pings
-				// of silent relays, tunnel handshakes.
+				// Each relay's state for status, metrics and the log:
+				// from grants and renewals, pings of silent relays,
+				// tunnel handshakes.
 				var names []string
 				for _, r := range rc.Relays {
 					names = append(names, r.Name)

@@ -66,7 +66,7 @@ func captureStdout(t *testing.T, fn func()) string {
 	return string(b)
 }
 
-// Issue 28, break 8: status says when the kernel made new connections
+// Status says when the kernel made new connections
 // plain TCP, and the fix; nothing when it did not.
 func TestStatusShowsBlackhole(t *testing.T) {
 	st := agent.Status{Blackhole: &agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Date(2026, 11, 26, 17, 0, 0, 0, time.Local),
@@ -84,7 +84,7 @@ func TestStatusShowsBlackhole(t *testing.T) {
 	}
 }
 
-// Issue 29 item 2: status names each relay's state and what to check.
+// Status names each relay's state and what to check.
 func TestStatusShowsRelays(t *testing.T) {
 	st := agent.Status{
 		Detours: []agent.DetourStatus{{Kind: "nat", Relay: "fra1", Remote: "192.0.2.2:40000", Healthy: false, LastError: "relay revoked: removed"}},

@@ -14,7 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// Relay states as the client sees them (issue 29 item 2: "the client says
+// Relay states as the client sees them ("the client says
 // what is wrong"). JSON values and metric labels are stable.
 const (
 	RelayUnknown      = "unknown"             // not asked yet

@@ -50,7 +50,7 @@ func stateOf(h *RelayHealth, name string) RelayStatus {
 	return RelayStatus{}
 }
 
-// Issue 29 item 2: every relay state the client can tell, from the
+// Every relay state the client can tell, from the
 // outcomes of its requests and pings against a fake relay and a fake
 // clock; one WARN per change to a bad state.
 func TestRelayHealthTransitions(t *testing.T) {
@@ -137,8 +137,8 @@ func TestRelayHealthTransitions(t *testing.T) {
 	}
 }
 
-// A tunnel detour whose WireGuard has no handshake is not "ok" (issue 29:
-// a closed UDP 51820 showed HEALTH ok).
+// A tunnel detour whose WireGuard has no handshake is not "ok" (a
+// closed UDP 51820 used to show HEALTH ok).
 func TestRelayHealthTunnelHandshake(t *testing.T) {
 	ck := &fakeClock{t: time.Unix(100000, 0)}
 	h := NewRelayHealth(RelayHealthConfig{Now: ck.now}, nil, "r1")

@@ -36,9 +36,9 @@ type Status struct {
 	DiagError   string         `json:"diag_error,omitempty"`
 	// Conversions: connections sent through a converter (docs/convert.md).
 	Conversions *convclient.Status `json:"conversions,omitempty"`
-	// Blackhole: the kernel's MPTCP blackhole fallback (issue 28, break 8).
+	// Blackhole: the kernel's MPTCP blackhole fallback.
 	Blackhole *BlackholeStatus `json:"mptcp_blackhole,omitempty"`
-	// Relays: each relay's state as the client sees it (issue 29 item 2).
+	// Relays: each relay's state as the client sees it.
 	Relays []RelayStatus `json:"relays,omitempty"`
 	// PMTypeGuard: pm_type changed under the agent and set back.
 	PMTypeGuard *PMTypeStatus `json:"pm_type_guard,omitempty"`
@@ -355,7 +355,7 @@ func markNeverEstablished(ds []DetourStatus) {
 
 // markRelayTrouble marks the detours of a relay in trouble unhealthy, with
 // the relay's state as their last error: a revoked member's or an
-// unreachable relay's detours are not "ok" (issue 29 item 2). A tunnel
+// unreachable relay's detours are not "ok". A tunnel
 // without handshake concerns the relay's tunnel detour only; refusals of
 // some destinations by policy concern none of the granted detours.
 func markRelayTrouble(ds []DetourStatus, rs []RelayStatus) {

@@ -1,4 +1,4 @@
-// Package convclient is the client side of conversion (issue 14, docs/convert.md):
+// Package convclient is the client side of conversion (docs/convert.md):
 // the Router, which lives in the agent, keeps a few converter tickets per
 // converter in stock (fetched over the relays' control sessions in the
 // background), measures each converter's round-trip time, and remembers which
@@ -154,8 +154,8 @@ type ticket struct {
 const Root uint32 = 0
 
 // user is what the Router learned from one local user's supervisors
-// (issue 28, break 3: the socket is open to the users the configuration
-// allows, and nothing one of them says changes another's decisions). Root's
+// (the socket is open to the users the configuration allows, and nothing
+// one of them says changes another's decisions). Root's
 // user is the shared one: its lessons answer every user that has none of
 // its own, its reports hold converters and drop stale stocks for everyone.
 // Another user's lessons, holds and ticket refusals change only its own

@@ -370,7 +370,7 @@ func TestLegacyRelayBatch(t *testing.T) {
 	}
 }
 
-// Issue 28, break 3: what one local user tells the Router changes only its
+// What one local user tells the Router changes only its
 // own decisions. Root's lessons and failure reports hold for everyone.
 func TestUsersIsolated(t *testing.T) {
 	ck := &clock{t: time.Unix(1000, 0)}

@@ -6,12 +6,11 @@
 // wraps Open for the agent: a detour.Source per relay that keeps retrying
 // until the relay answers.
 //
-// Agent wiring (integration point for internal/agent): at start
-//
-//	srcs, err := tunnelctl.StartAll(netns, relayConns, memberKey, log)
-//
-// (removes a crashed agent's tunnels, then one Source per relay), pass the
-// sources to agent.New with the others, and Close them at exit.
+// Wiring: cmd/mpdetour's agent command calls StartAll (WireGuard) or
+// StartAllEncap (VXLAN) with the relays' control connections; each removes
+// a crashed agent's tunnels, then returns one Source per relay, which the
+// agent gets with its other detour sources and closes at exit. The relay
+// command hands Factory to the relay (cmd/mpdetour/relay_tunnel.go).
 package tunnelctl
 
 import (
