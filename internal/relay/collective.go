@@ -42,22 +42,20 @@ func (s *Server) isMember(key proto.Key, now time.Time) bool {
 }
 
 // certify handles OpCertify.
-func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
+func (s *Server) certify(ses *session, req *proto.CertifyRequest) answer {
 	if s.trust.live == nil {
-		rep.Reason = proto.ReasonUnsupported
-		return
+		return refused(proto.ReasonUnsupported)
 	}
 	s.noteRelayCert(ses.peer, req.Cert) // fair sharing: its relay's receipts count here
 	if _, static := s.set.Members[ses.peer]; static {
-		return // listed: served whatever its certificate says; the static name stays
+		return success(&proto.CertifyReply{}) // listed: served whatever its certificate says; the static name stays
 	}
 	now := s.now()
 	c, err := s.trust.live.CheckBytes(req.Cert, ses.peer, collective.RoleClient, now)
 	if err != nil {
-		rep.Reason = proto.ReasonUnauthorized
 		s.count("certify", proto.ReasonUnauthorized)
 		s.lim.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr, "certificate of "+ses.peer.ID()+": "+err.Error())
-		return
+		return refused(proto.ReasonUnauthorized)
 	}
 	first := s.trust.certified[ses.peer].serial != c.Serial
 	s.trust.certified[ses.peer] = certMember{name: c.Name, serial: c.Serial, notAfter: c.NotAfter}
@@ -73,6 +71,7 @@ func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
 	if first {
 		s.log.Info("certified member", "member", c.Name, "key", ses.peer.ID(), "serial", c.Serial, "until", c.NotAfter.Format(time.RFC3339))
 	}
+	return success(&proto.CertifyReply{})
 }
 
 // checkCollective re-reads the revocation list when its file changed and

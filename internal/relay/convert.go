@@ -233,23 +233,17 @@ func conversionResult(err error) string {
 }
 
 // serveConvert handles OpConvert in the event loop.
-func (s *Server) serveConvert(ses *session, req proto.Request, rep *proto.Reply) {
+func (s *Server) serveConvert(ses *session, req *proto.ConvertRequest) answer {
 	if s.conv == nil {
-		rep.Reason = proto.ReasonUnsupported
-		return
+		return refused(proto.ReasonUnsupported)
 	}
 	now := s.now()
 	lease := s.set.Lease
 	tickets, err := s.conv.tickets.issue(ses.peer, ses.name, ses.addr.Addr(), int(req.Count), now.Add(lease), now)
 	if err != nil {
-		rep.Reason = proto.ReasonOf(err)
-		if rep.Reason == proto.OK {
-			rep.Reason = proto.ReasonInternal
-		}
-		return
+		return failed(err, proto.ReasonInternal)
 	}
-	rep.Converter = netip.AddrPortFrom(s.detourAddr(ses), s.conv.port)
-	rep.Tickets, rep.Lease = tickets, lease
+	return success(&proto.ConvertReply{Converter: netip.AddrPortFrom(s.detourAddr(ses), s.conv.port), Tickets: tickets, Lease: lease})
 }
 
 // logConversion writes a finished conversion to the attribution log.

@@ -359,19 +359,17 @@ func (s *Server) acceptReceipt(b []byte, now time.Time) (*collective.Receipt, er
 }
 
 // serveReceipt handles OpReceipt; the reply carries the issuer's credit.
-func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply) {
+func (s *Server) serveReceipt(ses *session, req *proto.ReceiptRequest) answer {
 	if s.trust.live == nil {
-		rep.Reason = proto.ReasonUnsupported
 		s.fair.receipts.WithLabelValues("unsupported").Inc()
-		return
+		return refused(proto.ReasonUnsupported)
 	}
 	now := s.now()
 	r, err := s.acceptReceipt(req.Receipt, now)
 	if err == nil {
 		s.fair.receipts.WithLabelValues("ok").Inc()
-		rep.Credit = s.fair.led.members[r.Issuer].credit()
 		s.log.Debug("receipt accepted", "issuer", s.memberName(r.Issuer), "served", r.Served.ID(), "seq", r.Seq, "bytes", r.Relayed, "by", ses.name)
-		return
+		return success(&proto.ReceiptReply{Credit: s.fair.led.members[r.Issuer].credit()})
 	}
 	label, reason := "malformed", proto.ReasonMalformed
 	for _, x := range receiptRefusals {
@@ -380,12 +378,11 @@ func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply)
 			break
 		}
 	}
-	rep.Reason = reason
 	s.fair.receipts.WithLabelValues(label).Inc()
 	// One line per second at most: a member may present many.
 	if now.Sub(s.fair.lastLog) < time.Second {
 		s.fair.quiet++
-		return
+		return refused(reason)
 	}
 	args := []any{"reason", label, "member", ses.name, "key", ses.peer.ID(), "detail", err.Error()}
 	if r != nil {
@@ -396,6 +393,7 @@ func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply)
 	}
 	s.log.Info("receipt refused", args...)
 	s.fair.lastLog, s.fair.quiet = now, 0
+	return refused(reason)
 }
 
 // holder is a member holding mappings, as admission sees it.

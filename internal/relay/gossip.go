@@ -343,10 +343,9 @@ func (s *Server) reloadRoster(set *Reloadable) {
 
 // serveRoster answers OpRoster: a page of the verified roster, in the
 // roster's order (by relay name), from req.Start.
-func (s *Server) serveRoster(req proto.Request, rep *proto.Reply) {
+func (s *Server) serveRoster(_ *session, req *proto.RosterRequest) answer {
 	if s.gossip.node == nil {
-		rep.Reason = proto.ReasonUnsupported
-		return
+		return refused(proto.ReasonUnsupported)
 	}
 	all := s.gossip.node.Entries()
 	if len(all) > 1<<16-1 {
@@ -364,8 +363,7 @@ func (s *Server) serveRoster(req proto.Request, rep *proto.Reply) {
 		// bytes instead of the whole roster).
 		p.Digest = rosterDigest(all)
 		if req.Have == p.Digest {
-			rep.Roster = p
-			return
+			return success(&proto.RosterReply{Roster: p})
 		}
 		size += 8
 	}
@@ -380,7 +378,7 @@ func (s *Server) serveRoster(req proto.Request, rep *proto.Reply) {
 		size += 2 + len(b)
 		p.Entries = append(p.Entries, b)
 	}
-	rep.Roster = p
+	return success(&proto.RosterReply{Roster: p})
 }
 
 // rosterDigest fingerprints a roster: the first 8 bytes of SHA-256 over

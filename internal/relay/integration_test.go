@@ -401,7 +401,7 @@ func TestRelayIntegration(t *testing.T) {
 		if r := errorReason(t, exchange(t, sock, initPkt)); r != proto.ReasonReplay {
 			t.Fatalf("replayed initiation: %v", r)
 		}
-		req, _ := proto.MarshalRequest(proto.Request{Op: proto.OpRelease, ID: 1, Port: d.Port()})
+		req, _ := proto.MarshalRequest(proto.NewRequest(1, &proto.ReleaseRequest{Port: d.Port()}))
 		pkt, _ := s.Seal(req)
 		tp, _ := proto.ParseTransport(exchange(t, sock, pkt))
 		msg, err := s.Open(tp)
@@ -432,7 +432,7 @@ func TestRelayIntegration(t *testing.T) {
 		real := udpIn(t, f.Client, fxClient+":0")
 		spoof := udpIn(t, f.Client, "10.0.1.3:0")
 		s, _ := rawSession(t, real, k, k.member)
-		req, _ := proto.MarshalRequest(proto.Request{Op: proto.OpRelease, ID: 2, Port: d.Port()})
+		req, _ := proto.MarshalRequest(proto.NewRequest(2, &proto.ReleaseRequest{Port: d.Port()}))
 		pkt, _ := s.Seal(req)
 		if r := errorReason(t, exchangeFrom(t, spoof, spoof, pkt)); r != proto.ReasonAddressChanged {
 			t.Fatalf("request from another address: %v", r)
@@ -560,7 +560,7 @@ func TestRelayIntegration(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := c.Do(ctx, proto.Request{Op: proto.OpPing}); proto.ReasonOf(err) == proto.ReasonRateLimited {
+				if _, err := c.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); proto.ReasonOf(err) == proto.ReasonRateLimited {
 					limited.Add(1)
 				} else if err != nil {
 					other.Add(1)
@@ -799,7 +799,14 @@ func TestReplayAcrossRestart(t *testing.T) {
 			if withState {
 				extra = "state_file: " + statePath + "\n"
 			}
-			f, k, cfgPath, p, _ := relayLine(t, extra)
+			f, k, cfgPath, p, c := relayLine(t, extra)
+			// The connection's own handshake first: one made after the
+			// captured initiation would make it an (earlier) replay.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := c.Ping(ctx); err != nil {
+				t.Fatal(err)
+			}
 			sock := udpIn(t, f.Client, "")
 			_, captured := rawSession(t, sock, k, k.member)
 			p.signal(t, syscall.SIGKILL)

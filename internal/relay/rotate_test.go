@@ -65,12 +65,12 @@ func newRotateFixture(t *testing.T) *rotateFixture {
 	f.oldSes = f.session(t, f.old.Public(), f.oldCert.Bytes())
 	f.client = netip.MustParseAddr("10.0.1.1")
 	f.server = netip.MustParseAddrPort("198.51.100.1:5201")
-	rep := serveReq(s, f.oldSes, proto.Request{Op: proto.OpGrant, Server: f.server})
+	rep := serveReq(s, f.oldSes, proto.NewRequest(0, &proto.GrantRequest{Server: f.server}))
 	if rep.Reason != proto.OK {
 		t.Fatalf("grant: %v", rep.Reason)
 	}
 	s.flush()
-	f.mapping = s.leases.ByKey[dataplane.Key{Client: f.client, Port: rep.Detour.Port()}]
+	f.mapping = s.leases.ByKey[dataplane.Key{Client: f.client, Port: detourOf(rep).Port()}]
 	if _, err := s.conv.tickets.issue(f.old.Public(), "alice", f.client, 2, now.Add(time.Minute), now); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *sessi
 	f.s.ses.all[idx] = ses
 	f.s.ses.byMember[key] = append(f.s.ses.byMember[key], idx)
 	if cert != nil {
-		rep := serveReq(f.s, ses, proto.Request{Op: proto.OpCertify, Cert: cert})
+		rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.CertifyRequest{Cert: cert}))
 		if rep.Reason == proto.OK && !listed {
 			ses.pending, ses.name = false, f.s.trust.certified[key].name
 		}
@@ -110,7 +110,7 @@ func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *sessi
 }
 
 func (f *rotateFixture) rotate(ses *session, r proto.Rotation) proto.Reason {
-	rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRotate, Rotate: r})
+	rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RotateRequest{Rotate: r}))
 	f.s.flush()
 	return rep.Reason
 }
@@ -252,16 +252,16 @@ func TestRotateCarriesOver(t *testing.T) {
 		t.Fatalf("ok not counted or logged:\n%s", f.logs.String())
 	}
 	// Grants and renewals.
-	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpGrant, Server: f.server}); rep.Reason != proto.OK || rep.Detour.Port() != port {
-		t.Fatalf("repeated grant on the new key: %v port %d, want %d", rep.Reason, rep.Detour.Port(), port)
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.GrantRequest{Server: f.server})); rep.Reason != proto.OK || detourOf(rep).Port() != port {
+		t.Fatalf("repeated grant on the new key: %v port %d, want %d", rep.Reason, detourOf(rep).Port(), port)
 	}
-	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the new key: %v", rep.Reason)
 	}
-	if rep := serveReq(f.s, f.oldSes, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, f.oldSes, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the old key's session during the switch: %v", rep.Reason)
 	}
-	if rep := serveReq(f.s, f.oldSes, proto.Request{Op: proto.OpRelease, Port: port}); rep.Reason != proto.ReasonNotFound {
+	if rep := serveReq(f.s, f.oldSes, proto.NewRequest(0, &proto.ReleaseRequest{Port: port})); rep.Reason != proto.ReasonNotFound {
 		t.Fatalf("release on the old key's session: %v, want not-found", rep.Reason)
 	}
 	// A repeated statement (the member's retry) moves nothing more and harms nothing.
@@ -277,7 +277,7 @@ func TestRotateCarriesOver(t *testing.T) {
 	if f.s.isMember(ok, now) || !f.s.isMember(nk, now) {
 		t.Fatal("membership after revoking the old key")
 	}
-	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the new key after the revocation: %v", rep.Reason)
 	}
 }
@@ -295,18 +295,18 @@ func TestRotateStaticMembers(t *testing.T) {
 	addr := netip.MustParseAddrPort("10.0.1.1:40000")
 	oldSes := &session{peer: old.Public(), name: "bob", addr: addr}
 	server := netip.MustParseAddrPort("198.51.100.1:80")
-	rep := serveReq(s, oldSes, proto.Request{Op: proto.OpGrant, Server: server})
+	rep := serveReq(s, oldSes, proto.NewRequest(0, &proto.GrantRequest{Server: server}))
 	s.flush()
 	if rep.Reason != proto.OK {
 		t.Fatal(rep.Reason)
 	}
-	m := s.leases.ByKey[dataplane.Key{Client: addr.Addr(), Port: rep.Detour.Port()}]
+	m := s.leases.ByKey[dataplane.Key{Client: addr.Addr(), Port: detourOf(rep).Port()}]
 	r, _ := collective.SignRotation(old, other.Public(), time.Now())
-	if rep := serveReq(s, &session{peer: other.Public(), name: "carol", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.ReasonUnauthorized {
+	if rep := serveReq(s, &session{peer: other.Public(), name: "carol", addr: addr}, proto.NewRequest(0, &proto.RotateRequest{Rotate: r})); rep.Reason != proto.ReasonUnauthorized {
 		t.Fatalf("rotation to another listed member: %v", rep.Reason)
 	}
 	r, _ = collective.SignRotation(old, newKey.Public(), time.Now())
-	if rep := serveReq(s, &session{peer: newKey.Public(), name: "bob", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.OK {
+	if rep := serveReq(s, &session{peer: newKey.Public(), name: "bob", addr: addr}, proto.NewRequest(0, &proto.RotateRequest{Rotate: r})); rep.Reason != proto.OK {
 		t.Fatalf("rotation between listed keys: %v", rep.Reason)
 	}
 	if m.Owner.Key != newKey.Public() || !mapped(dp, m.Key) {

@@ -822,9 +822,11 @@ func (s *Server) handleTransport(p packet) {
 	s.out.replies = append(s.out.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: m, at: p.at})
 }
 
-// serveRequest answers an authenticated request; granted is the mapping a
-// grant's reply announces (nil otherwise): if it is still in the batch and
-// the kernel refuses the batch, flush turns the reply into "internal".
+// serveRequest answers an authenticated request after the member's rate
+// limit, through the operation's handler (handlers.go); granted is the
+// mapping a grant's reply announces (nil otherwise): if it is still in the
+// batch and the kernel refuses the batch, flush turns the reply into
+// "internal".
 func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply, granted *lease.Mapping) {
 	rep = proto.Reply{Op: req.Op, ID: req.ID}
 	b := s.lim.member[ses.peer]
@@ -836,79 +838,21 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 		rep.Reason = proto.ReasonRateLimited
 		return rep, nil
 	}
-	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify && req.Op != proto.OpRotate {
+	h, ok := handlers[req.Op]
+	if !ok || req.Body == nil {
+		rep.Reason = proto.ReasonUnsupported
+		return rep, nil
+	}
+	if ses.pending && !h.beforeCertificate {
 		rep.Reason = proto.ReasonUnauthorized
 		return rep, nil
 	}
-	o := lease.Owner{Key: ses.peer, Name: ses.name}
-	client := ses.addr.Addr()
-	switch req.Op {
-	case proto.OpCertify:
-		s.certify(ses, req, &rep)
-	case proto.OpPing:
-	case proto.OpGrant:
-		if rep.Reason = s.admit(o, client, req.Server); rep.Reason != proto.OK {
-			break
-		}
-		detour := s.detourAddr(ses)
-		m, r := s.grant(o, client, req.Server, req.Port, s.set.Lease, s.set.QuotaPerMember)
-		rep.Reason = r
-		if r == proto.OK {
-			rep.Detour = netip.AddrPortFrom(detour, m.Key.Port)
-			rep.Lease = m.Expires.Sub(s.now())
-			granted = m
-		}
-	case proto.OpRenew:
-		m := s.leases.ByKey[dataplane.Key{Client: client, Port: req.Port}]
-		if m == nil || !s.owns(ses.peer, m) {
-			rep.Reason = proto.ReasonNotFound
-			break
-		}
-		now := s.now()
-		m.Expires = now.Add(s.set.Lease)
-		rep.Lease = s.set.Lease
-		s.logAttr(mappingEvent("renew", m, now))
-	case proto.OpRelease:
-		m := s.leases.ByKey[dataplane.Key{Client: client, Port: req.Port}]
-		if m == nil || m.Owner.Key != ses.peer {
-			rep.Reason = proto.ReasonNotFound
-			break
-		}
-		if cnt, err := s.dp.CountersOf([]dataplane.Key{m.Key}); err == nil {
-			rep.Bytes = cnt[m.Key].Bytes
-		}
-		if err := s.close([]*lease.Mapping{m}, "release"); err != nil {
-			rep.Reason = proto.ReasonInternal
-		}
-	case proto.OpConvert:
-		s.serveConvert(ses, req, &rep)
-	case proto.OpReceipt:
-		s.serveReceipt(ses, req, &rep)
-	case proto.OpRoster:
-		s.serveRoster(req, &rep)
-	case proto.OpRotate:
-		s.serveRotate(ses, req, &rep)
-	case proto.OpTunnel:
-		if s.tunnels == nil {
-			rep.Reason = proto.ReasonUnsupported
-			break
-		}
-		g, lease, err := s.tunnels.Allocate(ses.peer, client, s.detourAddr(ses))
-		if err != nil {
-			rep.Reason = proto.ReasonOf(err)
-			if rep.Reason == proto.OK {
-				rep.Reason = proto.ReasonInternal
-			}
-			s.log.Warn("tunnel allocation", "member", ses.name, "err", err)
-			break
-		}
-		rep.Tunnel, rep.Lease = g, lease
-	case proto.OpEncap:
-		s.serveEncap(ses, client, req, &rep)
-	default:
-		rep.Reason = proto.ReasonUnsupported
+	a := h.serve(s, ses, req.Body)
+	rep.Reason = a.reason
+	if a.reason == proto.OK {
+		rep.Body = a.body
 	}
-	return rep, granted
+	return rep, a.granted
 }
 
 // detourAddr is the address clients connect to for this session: the
