@@ -3,6 +3,7 @@ package proto
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 )
 
 // Body is the body of one operation's request or reply: one Go type per
@@ -204,4 +205,14 @@ func NewReplyBody(op Op) ReplyBody {
 		return d.reply()
 	}
 	return nil
+}
+
+// Ops lists the operations of the protocol, in numeric order.
+func Ops() []Op {
+	ops := make([]Op, 0, len(operations))
+	for op := range operations {
+		ops = append(ops, op)
+	}
+	slices.Sort(ops)
+	return ops
 }

@@ -631,13 +631,18 @@ func (s *Server) count(op string, r proto.Reason) {
 	s.met.requests.WithLabelValues(metricLabels(op, r)).Inc()
 }
 
-// metricOps and metricReasons bound the labels of the requests counter: an
-// operation or reason code read from the wire that is not one of these is
-// counted as "other", so a client cannot create series at will.
-var (
-	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
-		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true, "encap": true, "roster": true, "rotate": true}
-)
+// metricOps bounds the op label of the requests counter: the protocol's
+// operations and the packet-level events; an operation
+// read from the wire that is not one of these (or a reason code the relay
+// does not know) is counted as "other", so a client cannot create series
+// at will.
+var metricOps = func() map[string]bool {
+	m := map[string]bool{"packet": true, "handshake": true, "transport": true, "legacy": true}
+	for _, op := range proto.Ops() {
+		m[op.String()] = true
+	}
+	return m
+}()
 
 func metricLabels(op string, r proto.Reason) (string, string) {
 	if !metricOps[op] {
