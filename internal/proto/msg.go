@@ -32,6 +32,7 @@ const (
 	OpEncap   Op = 9  // open/renew or release an unencrypted VXLAN tunnel (docs/tunnel.md)
 	OpRoster  Op = 10 // a page of the collective's relay roster (internal/roster)
 	OpRotate  Op = 11 // carry the member state of an old member key over to this session's key
+	OpQuota   Op = 12 // the member's NAT mappings in use and its quota
 )
 
 // RotateSigLen is the length of a rotation statement's signature (XEdDSA,

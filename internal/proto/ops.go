@@ -30,6 +30,7 @@ var operations = map[Op]operation{
 	OpEncap:   {"encap", func() RequestBody { return &EncapRequest{} }, func() ReplyBody { return &EncapReply{} }},
 	OpRoster:  {"roster", func() RequestBody { return &RosterRequest{} }, func() ReplyBody { return &RosterReply{} }},
 	OpRotate:  {"rotate", func() RequestBody { return &RotateRequest{} }, func() ReplyBody { return &RotateReply{} }},
+	OpQuota:   {"quota", func() RequestBody { return &QuotaRequest{} }, func() ReplyBody { return &QuotaReply{} }},
 }
 
 // empty is the body of operations that carry nothing.
@@ -575,3 +576,26 @@ func (r *RotateRequest) parse(b []byte) error {
 }
 func (*RotateReply) Op() Op { return OpRotate }
 func (*RotateReply) reply() {}
+
+// QuotaRequest asks how many NAT mappings the member holds and may hold
+// (quota.per_member). Body: empty.
+type QuotaRequest struct{ empty }
+
+// QuotaReply is the member's mappings in use and its quota. Body:
+// used:u32 quota:u32.
+type QuotaReply struct{ Used, Quota uint32 }
+
+func (*QuotaRequest) Op() Op   { return OpQuota }
+func (*QuotaRequest) request() {}
+func (*QuotaReply) Op() Op     { return OpQuota }
+func (*QuotaReply) reply()     {}
+func (r *QuotaReply) appendTo(b []byte) ([]byte, error) {
+	return binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(b, r.Used), r.Quota), nil
+}
+func (r *QuotaReply) parse(b []byte) error {
+	if len(b) != 8 {
+		return fmt.Errorf("want 8 bytes, got %d", len(b))
+	}
+	r.Used, r.Quota = binary.BigEndian.Uint32(b), binary.BigEndian.Uint32(b[4:])
+	return nil
+}

@@ -54,6 +54,7 @@ func TestRequestRoundTrip(t *testing.T) {
 		NewRequest(4, &RenewRequest{Port: 1234}),
 		NewRequest(5, &ReleaseRequest{Port: 65535}),
 		NewRequest(6, &TunnelRequest{}),
+		NewRequest(7, &QuotaRequest{}),
 	}
 	for _, r := range cases {
 		b, err := MarshalRequest(r)
@@ -109,6 +110,7 @@ func TestReplyRoundTrip(t *testing.T) {
 		{Op: OpGrant, ID: 6, Reason: ReasonQuota},
 		{Op: OpConvert, ID: 7, Body: &ConvertReply{Lease: time.Minute, Converter: netip.MustParseAddrPort("203.0.113.1:45674"),
 			Tickets: [][TicketLen]byte{{1, 2, 3}, {4, 5, 6}}}},
+		{Op: OpQuota, ID: 8, Body: &QuotaReply{Used: 3, Quota: 256}},
 	}
 	for _, r := range cases {
 		b, err := MarshalReply(r)

@@ -55,6 +55,7 @@ var handlers = map[proto.Op]handler{
 	proto.OpConvert: {serve: handle((*Server).serveConvert)},
 	proto.OpReceipt: {serve: handle((*Server).serveReceipt)},
 	proto.OpRoster:  {serve: handle((*Server).serveRoster)},
+	proto.OpQuota:   {serve: handle((*Server).serveQuota)},
 }
 
 func (s *Server) servePing(*session, *proto.PingRequest) answer { return success(&proto.PingReply{}) }
@@ -111,4 +112,9 @@ func (s *Server) serveTunnel(ses *session, _ *proto.TunnelRequest) answer {
 		return failed(err, proto.ReasonInternal)
 	}
 	return success(&proto.TunnelReply{Tunnel: g, Lease: lease})
+}
+
+func (s *Server) serveQuota(ses *session, _ *proto.QuotaRequest) answer {
+	used := s.leases.QuotaUsed(lease.Owner{Key: ses.peer, Name: ses.name}, ses.addr.Addr())
+	return success(&proto.QuotaReply{Used: uint32(used), Quota: uint32(s.set.QuotaPerMember)})
 }

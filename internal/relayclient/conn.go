@@ -742,6 +742,16 @@ func (c *Conn) Grant(ctx context.Context, server netip.AddrPort, proposed uint16
 	return r.Detour, r.Lease, nil
 }
 
+// Quota returns how many NAT mappings this member holds at the relay and
+// may hold at once.
+func (c *Conn) Quota(ctx context.Context) (used, quota int, err error) {
+	r, err := call[*proto.QuotaReply](ctx, c, &proto.QuotaRequest{})
+	if err != nil {
+		return 0, 0, err
+	}
+	return int(r.Used), int(r.Quota), nil
+}
+
 // Renew extends the lease of a granted port.
 func (c *Conn) Renew(ctx context.Context, port uint16) (time.Duration, error) {
 	r, err := call[*proto.RenewReply](ctx, c, &proto.RenewRequest{Port: port})
