@@ -113,10 +113,14 @@ type sessionTable struct {
 }
 
 // limits are the request rate limits: per member key, per source address
-// (pre-authentication) and the global initiation budget.
+// (pre-authentication: unproven, and proven by a cookie) and the global
+// initiation budget.
 type limits struct {
 	member map[proto.Key]*bucket
-	addr   map[netip.Addr]*bucket
+	addr   *addrLimiter
+	// proven: initiations whose mac2 proves their source address; spoofed
+	// packets cannot use (or drain) these buckets.
+	proven *addrLimiter
 	inits  bucket
 	// refusals summarises refused handshakes in the log (bounded lines).
 	refusals refusalLog
@@ -188,7 +192,7 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 		tunnels: d.Tunnels,
 		leases:  lease.NewTable(),
 		ses:     sessionTable{all: map[uint32]*session{}, byMember: map[proto.Key][]uint32{}},
-		lim:     limits{member: map[proto.Key]*bucket{}, addr: map[netip.Addr]*bucket{}},
+		lim:     limits{member: map[proto.Key]*bucket{}, addr: newAddrLimiter(), proven: newAddrLimiter()},
 		trust:   newTrustState(set),
 		gossip:  gossipState{done: make(chan rosterRestart, 1), crlKick: make(chan struct{}, 1)},
 		ev: events{in: make(chan packet, 4096), reload: make(chan *Config, 1),
@@ -663,16 +667,11 @@ func (s *Server) refuse(p packet, r proto.Reason, index uint32, counter uint64) 
 	s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: index, Counter: counter}), p.from, p.dst)
 }
 
+// addrAllowed takes a token of a's (hashed, bounded) per-address budget
+// for unauthenticated work: refusals, legacy v1 requests, unproven
+// initiations. It creates no state per address.
 func (s *Server) addrAllowed(a netip.Addr) bool {
-	b := s.lim.addr[a]
-	if b == nil {
-		if len(s.lim.addr) > 100000 {
-			return false // under a spoofed flood nobody new gets answers
-		}
-		b = &bucket{}
-		s.lim.addr[a] = b
-	}
-	return b.take(s.now(), addrRate, addrBurst)
+	return s.lim.addr.take(a, s.now(), addrRate, addrBurst)
 }
 
 func (s *Server) handle(p packet) {
@@ -701,8 +700,10 @@ func (s *Server) handleInit(p packet) {
 		return // too short to answer without amplifying
 	}
 	// A proven initiation (valid mac2 under load) skips the global budget,
-	// which is what a spoofed flood exhausts, but not the per-address one.
-	if !s.addrAllowed(p.from.Addr()) || !p.proven && !s.lim.inits.take(s.now(), initRate, initBurst) {
+	// which is what a spoofed flood exhausts, and takes its per-address
+	// token from the proven buckets, which spoofed packets cannot drain.
+	if p.proven && !s.lim.proven.take(p.from.Addr(), s.now(), addrRate, addrBurst) ||
+		!p.proven && (!s.addrAllowed(p.from.Addr()) || !s.lim.inits.take(s.now(), initRate, initBurst)) {
 		s.count("handshake", proto.ReasonRateLimited)
 		s.lim.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
 		return
@@ -1001,11 +1002,6 @@ func (s *Server) prune(now time.Time) {
 	for k, b := range s.lim.member {
 		if now.Sub(b.last) > time.Minute {
 			delete(s.lim.member, k)
-		}
-	}
-	for a, b := range s.lim.addr {
-		if now.Sub(b.last) > time.Minute {
-			delete(s.lim.addr, a)
 		}
 	}
 	_ = s.pol.RefreshOwn()
