@@ -99,8 +99,8 @@ type Server struct {
 type sockets struct {
 	pc     *ipv4.PacketConn
 	conn   *net.UDPConn
-	legacy *net.UDPConn      // nil: no legacy v1
-	status *net.UnixListener // the namespace lock; answers relay status (nil: none)
+	legacy *net.UDPConn  // nil: no legacy v1
+	status *StatusSocket // the namespace lock; answers relay status (nil: none)
 }
 
 // sessionTable holds the control sessions by receiver index and by member key.
@@ -155,7 +155,7 @@ type Deps struct {
 	Legacy *net.UDPConn
 	// Status is the network namespace's relay lock (Lock), which also
 	// answers `relay status` (nil: no status socket).
-	Status *net.UnixListener
+	Status *StatusSocket
 	// DataPlane installs mappings (dataplane.NewNFT; dataplane.Fake in
 	// tests).
 	DataPlane dataplane.DataPlane
