@@ -128,8 +128,8 @@ func (s *Server) checkCollective(now time.Time) {
 	s.log.Info("revoked certified members", "members", len(gone), "mappings", n)
 }
 
-// revokeKeys closes the mappings, sessions, tunnels and converter tickets
-// of every key keep refuses, and forgets rotations from or to such a key;
+// revokeKeys closes the mappings, sessions, tunnels, converter tickets and
+// running conversions of every key keep refuses, and forgets rotations from or to such a key;
 // it returns how many mappings it closed.
 func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
 	var revoked []*lease.Mapping
@@ -167,6 +167,13 @@ func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
 	_ = s.close(revoked, reason)
 	if s.conv != nil {
 		s.conv.tickets.revoke(keep)
+		if s.conv.srv != nil {
+			// Running conversions end too: a revoked member moves no
+			// more bytes through the converter.
+			if n := s.conv.srv.End(func(tag any) bool { k, ok := tag.(proto.Key); return ok && !keep(k) }); n > 0 {
+				s.log.Info("conversions of revoked members ended", "conversions", n)
+			}
+		}
 	}
 	return len(revoked)
 }

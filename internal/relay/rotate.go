@@ -168,13 +168,13 @@ func (t *ticketStore) rekey(old, successor proto.Key, name string) int {
 	n := 0
 	for k, ti := range t.tickets {
 		if ti.key == old {
+			t.perMember[ti.member]--
 			ti.key, ti.member = successor, name
+			t.perMember[name]++
 			t.tickets[k] = ti
 			n++
 		}
 	}
-	t.perMember[successor] += n
-	delete(t.perMember, old)
 	return n
 }
 

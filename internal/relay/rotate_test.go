@@ -122,7 +122,7 @@ func (f *rotateFixture) unmoved(t *testing.T, what string) {
 	if f.mapping.Owner.Key != old || f.s.leases.Find(lease.Owner{Key: old}, f.client, f.server) != f.mapping {
 		t.Errorf("%s: the mapping moved to %s", what, f.mapping.Owner.Key.ID())
 	}
-	if f.s.conv.tickets.perMember[old] != 2 {
+	if ticketsOf(f.s, old) != 2 {
 		t.Errorf("%s: the tickets moved", what)
 	}
 	if e := f.s.fair.led.members[old]; e == nil || e.Consumed != 5000 {
@@ -239,11 +239,11 @@ func TestRotateCarriesOver(t *testing.T) {
 	if f.mapping.Owner != (lease.Owner{Key: nk, Name: "alice"}) || !mapped(f.dp, f.mapping.Key) || f.mapping.Key.Port != port {
 		t.Fatalf("mapping after rotation: %+v mapped=%v", f.mapping.Owner, mapped(f.dp, f.mapping.Key))
 	}
-	if a, b := f.s.leases.QuotaUsed(lease.Owner{Key: nk}, f.client), f.s.leases.QuotaUsed(lease.Owner{Key: ok}, f.client); a != 1 || b != 0 {
-		t.Fatalf("quota counts: new key %d, old key %d", a, b)
+	if n := f.s.leases.QuotaUsed(lease.Owner{Key: nk, Name: "alice"}, f.client); n != 1 {
+		t.Fatalf("alice's quota count after the rotation: %d, want 1", n)
 	}
-	if f.s.conv.tickets.perMember[nk] != 2 || f.s.conv.tickets.perMember[ok] != 0 {
-		t.Fatalf("tickets: %v", f.s.conv.tickets.perMember)
+	if ticketsOf(f.s, nk) != 2 || ticketsOf(f.s, ok) != 0 || f.s.conv.tickets.perMember["alice"] != 2 {
+		t.Fatalf("tickets: new key %d, old key %d, alice's count %d", ticketsOf(f.s, nk), ticketsOf(f.s, ok), f.s.conv.tickets.perMember["alice"])
 	}
 	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5000 || f.s.fair.led.members[ok] != nil {
 		t.Fatalf("ledger: %+v", f.s.fair.led.members)
@@ -364,6 +364,17 @@ func TestRotateConversionCharged(t *testing.T) {
 	if f.s.fair.led.members[stranger] != nil {
 		t.Fatal("a non-member key was charged")
 	}
+}
+
+// ticketsOf counts the outstanding converter tickets of key.
+func ticketsOf(s *Server, key proto.Key) int {
+	n := 0
+	for _, ti := range s.conv.tickets.tickets {
+		if ti.key == key {
+			n++
+		}
+	}
+	return n
 }
 
 // mapped says whether the fake data plane holds k.
@@ -537,4 +548,50 @@ func TestRotatedRecordLifetime(t *testing.T) {
 			t.Fatal("the old key's session was dropped")
 		}
 	})
+}
+
+// Quotas follow the member, not the key: after a rotation (two keys
+// named alice while the old certificate is valid), neither key gets
+// mappings or converter tickets beyond alice's quota. (Each key used to
+// have a quota of its own: repeated rotations multiplied it.)
+func TestQuotaFollowsTheMember(t *testing.T) {
+	f := newRotateFixture(t)
+	f.s.set.QuotaPerMember = 2
+	grant := func(ses *session, port uint16) proto.Reason {
+		t.Helper()
+		r := serveReq(f.s, ses, proto.NewRequest(0, &proto.GrantRequest{Server: netip.AddrPortFrom(f.server.Addr(), port)})).Reason
+		f.s.flush()
+		return r
+	}
+	if r := grant(f.oldSes, 1001); r != proto.OK {
+		t.Fatalf("alice's second mapping: %v", r)
+	}
+	ses := f.rotateTo(t, testKey(t))
+	if r := grant(f.oldSes, 1002); r != proto.ReasonQuota {
+		t.Errorf("a third mapping on the old key after the rotation: %v, want quota", r)
+	}
+	if r := grant(ses, 1003); r != proto.ReasonQuota {
+		t.Errorf("a third mapping on the new key: %v, want quota", r)
+	}
+	convert := func(ses *session, n int) (int, proto.Reason) {
+		rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.ConvertRequest{Count: uint8(n)}))
+		if rep.Reason != proto.OK {
+			return 0, rep.Reason
+		}
+		return len(rep.Body.(*proto.ConvertReply).Tickets), rep.Reason
+	}
+	got := 0
+	for {
+		n, r := convert(f.oldSes, proto.MaxTickets)
+		if r != proto.OK {
+			break
+		}
+		got += n
+	}
+	if n, r := convert(ses, 1); r != proto.ReasonQuota {
+		t.Errorf("a ticket on the new key after the old one took the rest: %d, %v, want quota", n, r)
+	}
+	if total := got + 2; total != maxTicketsPerMember {
+		t.Errorf("alice holds %d tickets over her two keys, quota %d", total, maxTicketsPerMember)
+	}
 }
