@@ -4,7 +4,7 @@ import (
 	"testing"
 )
 
-// Untrusted or external bytes the relay parses (issue 16 #14): its config
+// Untrusted or external bytes the relay parses: its config
 // file, the kernel's /proc/net/tcp, nftables element replies. Errors, never
 // panics; what is accepted is consistent.
 

@@ -56,7 +56,7 @@ func (b *syncBuffer) String() string {
 func startRelay(t testing.TB, ns, cfgPath string) *relayProc {
 	t.Helper()
 	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "TR_RELAY_CONFIG="+cfgPath)
+	cmd.Env = append(os.Environ(), "MPDETOUR_TEST_RELAY_CONFIG="+cfgPath)
 	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
@@ -728,7 +728,7 @@ func TestSourceRenews(t *testing.T) {
 
 // One relay per network namespace: a second one is refused with the first
 // one's pid and leaves the first one's table alone; a table removed under a
-// running relay is recreated with its mappings (issue 16 #1).
+// running relay is recreated with its mappings.
 func TestRelaySecondInstanceAndTableRemoval(t *testing.T) {
 	f, _, cfgPath, p, c := relayLine(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -739,7 +739,7 @@ func TestRelaySecondInstanceAndTableRemoval(t *testing.T) {
 	}
 
 	second := exec.Command("ip", "netns", "exec", f.Relay, os.Args[0], "-test.run=^$")
-	second.Env = append(os.Environ(), "TR_RELAY_CONFIG="+cfgPath)
+	second.Env = append(os.Environ(), "MPDETOUR_TEST_RELAY_CONFIG="+cfgPath)
 	out, err := second.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "another mpdetour relay is running in this network namespace") ||
 		!strings.Contains(string(out), fmt.Sprintf("pid %d", p.cmd.Process.Pid)) {

@@ -20,7 +20,7 @@ import (
 
 // The integration tests run the relay as a separate process inside a
 // namespace, so that kill -9 and SIGTERM are real. The test binary itself is
-// that process when TR_RELAY_CONFIG is set, running the daemon
+// that process when MPDETOUR_TEST_RELAY_CONFIG is set, running the daemon
 // (internal/relayd) as `mpdetour relay` does. TestMain is in the external
 // test package because relayd imports the relay.
 func TestMain(m *testing.M) {
@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("MPDETOUR_TEST_SQUATTER") != "" {
 		squat()
 	}
-	if cfg := os.Getenv("TR_RELAY_CONFIG"); cfg != "" {
+	if cfg := os.Getenv("MPDETOUR_TEST_RELAY_CONFIG"); cfg != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		err := relayd.Run(ctx, cfg, log, nil)

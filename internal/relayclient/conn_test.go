@@ -305,7 +305,7 @@ func TestSourceRenewsAndReleases(t *testing.T) {
 	}
 }
 
-// A connection that closes before its grant arrives (issue 16 #12): the
+// A connection that closes before its grant arrives: the
 // grant is given back as soon as it arrives, not kept until its lease ends.
 func TestSourceReleasesGrantThatArrivesAfterRelease(t *testing.T) {
 	m := memberKey(t)
@@ -334,7 +334,7 @@ func TestSourceReleasesGrantThatArrivesAfterRelease(t *testing.T) {
 	}
 }
 
-// Error packets are not authenticated (issue 16 #3): forged
+// Error packets are not authenticated: forged
 // "address-changed" errors naming our session must not cut the client off.
 // It hand shakes again (at most once a second) but keeps its session until
 // the new one is up, so requests keep working throughout.
@@ -392,7 +392,7 @@ func dialFake(t *testing.T, r *fakeRelay, m proto.Key, opt Options) (*Conn, cont
 }
 
 // A release still in flight when a new connection asks for the same server
-// (issue 19, found by the attack suite's connection churn): the relay hands
+// (found by the attack suite's connection churn): the relay hands
 // one mapping per member and server, so a grant answered before the
 // release would return the very mapping the release then removes, and the
 // agent would keep a detour to a port the relay no longer maps. The grant
