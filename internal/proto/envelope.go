@@ -94,10 +94,15 @@ const MaxMessageLen = 256
 // it keeps a transport packet within 1,280 bytes with IPv6 and UDP headers.
 const MaxReplyLen = 1200
 
-// MarshalRequest encodes r (its operation is its body's).
+// MarshalRequest encodes r (its operation is its body's). A request of an
+// operation whose body is empty (ping, tunnel) may leave Body nil.
 func MarshalRequest(r Request) ([]byte, error) {
 	if r.Body == nil {
-		return nil, fmt.Errorf("request %s without a body", r.Op)
+		d, ok := operations[r.Op]
+		if !ok {
+			return nil, fmt.Errorf("unknown op %d", r.Op)
+		}
+		r.Body = d.request()
 	}
 	op := r.Body.Op()
 	if _, ok := operations[op]; !ok {
@@ -138,7 +143,8 @@ func ParseRequest(b []byte) (Request, error) {
 	return r, nil
 }
 
-// MarshalReply encodes r. A refusal carries no body.
+// MarshalReply encodes r. A refusal carries no body; an accepted
+// operation whose reply is empty may leave Body nil.
 func MarshalReply(r Reply) ([]byte, error) {
 	op := r.Op
 	if r.Body != nil {
@@ -158,8 +164,8 @@ func MarshalReply(r Reply) ([]byte, error) {
 	if _, ok := operations[op]; !ok {
 		return nil, fmt.Errorf("unknown op %d", op)
 	}
-	if r.Body == nil {
-		return nil, fmt.Errorf("%s reply without a body", op)
+	if r.Body == nil { // an operation whose reply is empty (ping, certify, rotate)
+		r.Body = operations[op].reply()
 	}
 	return r.Body.appendTo(b)
 }

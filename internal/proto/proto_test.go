@@ -69,6 +69,15 @@ func TestRequestRoundTrip(t *testing.T) {
 	if _, err := MarshalRequest(NewRequest(0, &GrantRequest{})); err == nil {
 		t.Fatal("grant without server accepted")
 	}
+	// An operation without request content may leave the body nil.
+	if b, err := MarshalRequest(Request{Op: OpPing, ID: 9}); err != nil {
+		t.Fatalf("ping without a body: %v", err)
+	} else if r, err := ParseRequest(b); err != nil || r.Op != OpPing || r.ID != 9 {
+		t.Fatalf("ping without a body: %+v %v", r, err)
+	}
+	if _, err := MarshalRequest(Request{Op: OpGrant}); err == nil {
+		t.Fatal("a grant without a body marshalled")
+	}
 }
 
 func TestRequestRefusals(t *testing.T) {

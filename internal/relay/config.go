@@ -247,37 +247,33 @@ func build(c *File) (*Config, error) {
 	if !s.Listen.Addr().Unmap().Is4() {
 		return nil, fmt.Errorf("listen: %v: only IPv4 is supported (the NAT data plane is IPv4)", s.Listen)
 	}
-	keyText := c.PrivateKey
 	switch {
 	case c.PrivateKey != "" && c.PrivateKeyFile != "":
 		return nil, errors.New("private_key_file: private_key and private_key_file are exclusive")
 	case c.PrivateKeyFile != "":
-		kb, err := os.ReadFile(c.PrivateKeyFile)
-		if err != nil {
+		if s.PrivateKey, err = config.ReadKeyFile(c.PrivateKeyFile, proto.ParseKey); err != nil {
 			return nil, fmt.Errorf("private_key_file: %w", err)
 		}
-		keyText = string(kb)
 	case c.PrivateKey == "":
 		return nil, errors.New("private_key (or private_key_file) is required; create one with `mpdetour relay genkey`")
+	default:
+		if s.PrivateKey, err = proto.ParseKey(c.PrivateKey); err != nil {
+			return nil, fmt.Errorf("private_key: %w", err)
+		}
 	}
-	if s.PrivateKey, err = proto.ParseKey(keyText); err != nil {
-		return nil, fmt.Errorf("private_key: %w", err)
-	}
-	prevText := c.PreviousPrivateKey
 	switch {
 	case c.PreviousPrivateKey != "" && c.PreviousPrivateKeyFile != "":
 		return nil, errors.New("previous_private_key_file: previous_private_key and previous_private_key_file are exclusive")
 	case c.PreviousPrivateKeyFile != "":
-		kb, err := os.ReadFile(c.PreviousPrivateKeyFile)
-		if err != nil {
+		if s.PreviousKey, err = config.ReadKeyFile(c.PreviousPrivateKeyFile, proto.ParseKey); err != nil {
 			return nil, fmt.Errorf("previous_private_key_file: %w", err)
 		}
-		prevText = string(kb)
-	}
-	if prevText != "" {
-		if s.PreviousKey, err = proto.ParseKey(prevText); err != nil {
+	case c.PreviousPrivateKey != "":
+		if s.PreviousKey, err = proto.ParseKey(c.PreviousPrivateKey); err != nil {
 			return nil, fmt.Errorf("previous_private_key: %w", err)
 		}
+	}
+	if !s.PreviousKey.IsZero() {
 		if s.PreviousKey == s.PrivateKey {
 			return nil, errors.New("previous_private_key: the same key as private_key")
 		}

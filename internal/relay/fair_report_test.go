@@ -71,6 +71,7 @@ func TestFairnessReport(t *testing.T) {
 	res["kill9"] = kills
 	b, _ := json.MarshalIndent(res, "", "  ")
 	t.Logf("%s", b)
+	defer checkFairnessReport(t, res) // after results.json is written
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
 	}

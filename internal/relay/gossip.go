@@ -1,15 +1,11 @@
 package relay
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
@@ -32,7 +28,7 @@ type GossipFile struct {
 	Announce      []string        `yaml:"announce"`       // control addresses agents use; default listen, or advertise's address with listen's port
 	Region        string          `yaml:"region"`         // label, 0-32 bytes
 	Capacity      int             `yaml:"capacity"`       // detours offered at once; default quota.global
-	SecretFile    string          `yaml:"secret_file"`    // optional: base64 32-byte key encrypting gossip
+	SecretFile    string          `yaml:"secret_file"`    // required: base64 32-byte key authenticating and encrypting gossip
 	ProbeInterval config.Duration `yaml:"probe_interval"` // default 500ms
 	ProbeTimeout  config.Duration `yaml:"probe_timeout"`  // default 250ms
 }
@@ -142,14 +138,20 @@ func buildGossip(c *File, s *Config) (*GossipConfig, error) {
 	default:
 		g.Capacity = uint32(gc.Capacity)
 	}
-	if gc.SecretFile != "" {
+	if gc.SecretFile == "" {
+		// Unauthenticated gossip lets anyone who reaches the port declare
+		// a live relay dead (issue 28, break 2; docs/security.md).
+		return nil, errors.New("collective.gossip.secret_file: required: the key every relay of the collective shares to authenticate gossip " +
+			"(create it once: head -c 32 /dev/urandom | base64 > gossip.key, copy it to every relay, mode 600)")
+	}
+	{
 		b, err := os.ReadFile(gc.SecretFile)
 		if err != nil {
 			return nil, fmt.Errorf("collective.gossip.secret_file: %w", err)
 		}
-		k, err := base64.StdEncoding.Strict().DecodeString(strings.TrimSpace(string(b)))
-		if err != nil || len(k) != 32 {
-			return nil, fmt.Errorf("collective.gossip.secret_file: %s: not a base64 key of 32 bytes (head -c 32 /dev/urandom | base64)", gc.SecretFile)
+		k, err := roster.ParseSecret(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("collective.gossip.secret_file: %s: %w", gc.SecretFile, err)
 		}
 		g.Secret = k
 	}
@@ -347,55 +349,9 @@ func (s *Server) serveRoster(_ *session, req *proto.RosterRequest) answer {
 	if s.gossip.node == nil {
 		return refused(proto.ReasonUnsupported)
 	}
-	all := s.gossip.node.Entries()
-	if len(all) > 1<<16-1 {
-		all = all[:1<<16-1]
-	}
-	p := proto.RosterPage{Total: uint16(len(all)), Start: req.Start}
-	if int(req.Start) > len(all) {
-		p.Start = uint16(len(all))
-	}
-	size := 5 + 8
-	if req.HasDigest {
-		// A client that asks with a digest gets one; when it already
-		// holds this roster, the page carries no entries (an agent polls
-		// every discovery.interval: an unchanged roster costs it ~40
-		// bytes instead of the whole roster).
-		p.Digest = rosterDigest(all)
-		if req.Have == p.Digest {
-			return success(&proto.RosterReply{Roster: p})
-		}
-		size += 8
-	}
-	for _, e := range all[p.Start:] {
-		b, err := e.Bytes()
-		if err != nil {
-			continue // verified entries encode
-		}
-		if len(p.Entries) == proto.MaxRosterPage || size+2+len(b) > proto.MaxReplyLen {
-			break
-		}
-		size += 2 + len(b)
-		p.Entries = append(p.Entries, b)
-	}
-	return success(&proto.RosterReply{Roster: p})
-}
-
-// rosterDigest fingerprints a roster: the first 8 bytes of SHA-256 over
-// the entries' signatures in order (a signature covers everything an
-// entry says, so equal digests mean equal rosters), never 0 (0 means "no
-// digest" on the wire). 1,000 entries hash 64 KB: ~40 us per request.
-func rosterDigest(all []*roster.Entry) uint64 {
-	h := sha256.New()
-	for _, e := range all {
-		h.Write(e.Signature[:])
-	}
-	var sum [sha256.Size]byte
-	d := binary.BigEndian.Uint64(h.Sum(sum[:0]))
-	if d == 0 {
-		d = 1
-	}
-	return d
+	// From the snapshot built once per roster change (encoded once,
+	// digest once; internal/roster/snapshot.go).
+	return success(&proto.RosterReply{Roster: s.gossip.node.Snapshot().Page(req.Start, req.HasDigest, req.Have)})
 }
 
 // rosterStatus is the roster part of `mpdetour relay status`.
