@@ -2,7 +2,6 @@ package relay
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
-	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
@@ -27,51 +25,12 @@ import (
 // would take it from a member with as much credit or more is refused with
 // the reason "capacity".
 
-// FairShareFile is the `fair_share:` section of the relay's file.
-type FairShareFile struct {
-	// Capacity: NAT mappings at once before credit decides who is served
-	// (0 = no such limit; quota.global still applies).
-	Capacity int `yaml:"capacity"`
-	// LedgerFile: where the ledger is kept; default: state_file + ".ledger"
-	// when state_file is set, else the ledger lives in memory only.
-	LedgerFile string `yaml:"ledger_file"`
-	// ReceiptsFile: this relay appends the usage receipts it signs here,
-	// one line each, for its operator to present to other relays
-	// (`mpdetour collective present`); "" = issue none.
-	ReceiptsFile string `yaml:"receipts_file"`
-	// ReceiptEvery: how often receipts are issued (default 10m, 1s..24h;
-	// checked at every attribution_flush, with the ledger's save).
-	ReceiptEvery config.Duration `yaml:"receipt_every"`
-}
-
 // FairConfig is the validated section.
 type FairConfig struct {
 	Capacity     int
 	LedgerFile   string
 	ReceiptsFile string
 	ReceiptEvery time.Duration
-}
-
-func buildFair(c *FairShareFile, stateFile string) (FairConfig, error) {
-	f := FairConfig{Capacity: c.Capacity, LedgerFile: c.LedgerFile, ReceiptsFile: c.ReceiptsFile, ReceiptEvery: 10 * time.Minute}
-	if c.Capacity < 0 {
-		return f, fmt.Errorf("fair_share.capacity: %d is negative (0 = no capacity limit)", c.Capacity)
-	}
-	if f.LedgerFile == "" && stateFile != "" {
-		f.LedgerFile = stateFile + ".ledger"
-	}
-	if c.ReceiptEvery != 0 {
-		f.ReceiptEvery = time.Duration(c.ReceiptEvery)
-		if f.ReceiptEvery < time.Second || f.ReceiptEvery > 24*time.Hour {
-			return f, fmt.Errorf("fair_share.receipt_every: %v is outside 1s..24h", f.ReceiptEvery)
-		}
-	}
-	if f.ReceiptsFile != "" {
-		if fi, err := os.Stat(f.ReceiptsFile); err == nil && fi.IsDir() {
-			return f, fmt.Errorf("fair_share.receipts_file: %s is a directory", f.ReceiptsFile)
-		}
-	}
-	return f, nil
 }
 
 // preemptMargin: a grant takes a mapping only from a member with at least

@@ -216,33 +216,6 @@ func TestCreditSaturates(t *testing.T) {
 	}
 }
 
-func TestFairConfig(t *testing.T) {
-	priv, member := testKey(t), testKey(t).Public()
-	good := "private_key: " + priv.String() + "\nmembers:\n  - {name: a, public_key: " + member.String() + "}\n"
-	s, err := ParseConfig([]byte(good + "state_file: /var/lib/x/state.json\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Fair.LedgerFile != "/var/lib/x/state.json.ledger" || s.Fair.Capacity != 0 || s.Fair.ReceiptEvery != 10*time.Minute || s.Fair.ReceiptsFile != "" {
-		t.Fatalf("defaults: %+v", s.Fair)
-	}
-	s, err = ParseConfig([]byte(good + "fair_share: {capacity: 8, ledger_file: /tmp/l, receipts_file: /tmp/r, receipt_every: 30s}\n"))
-	if err != nil || s.Fair != (FairConfig{Capacity: 8, LedgerFile: "/tmp/l", ReceiptsFile: "/tmp/r", ReceiptEvery: 30 * time.Second}) {
-		t.Fatalf("parsed %+v %v", s.Fair, err)
-	}
-	for cfg, want := range map[string]string{
-		good + "fair_share: {capacity: -1}\n":         "fair_share.capacity",
-		good + "fair_share: {receipt_every: 100ms}\n": "fair_share.receipt_every",
-		good + "fair_share: {receipts_file: /tmp}\n":  "fair_share.receipts_file",
-		good + "fair_share: {capacity: lots}\n":       "capacity",
-		good + "fair_share: {unknown: 1}\n":           "unknown",
-	} {
-		if _, err := ParseConfig([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: %v, want an error mentioning %q", cfg, err, want)
-		}
-	}
-}
-
 // A reload changes capacity at once and keeps the ledger file (start
 // only) without writing the running value into the new configuration;
 // relay certificates count until the authority changes.

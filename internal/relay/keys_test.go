@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -58,31 +57,5 @@ func TestKeyringMatch(t *testing.T) {
 	}
 	if len(newKeyring(next, proto.Key{}, kr2).ids) != 1 {
 		t.Fatal("no previous key: one identity expected")
-	}
-}
-
-func TestPreviousKeyConfig(t *testing.T) {
-	cur, prev := testKey(t), testKey(t)
-	head := "listen: 10.0.0.1:45673\nmembers: [{name: alice, public_key: " + testKey(t).Public().String() + "}]\nprivate_key: " + cur.String() + "\n"
-	s, err := ParseConfig([]byte(head + "previous_private_key: " + prev.String() + "\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.PrivateKey != cur || s.PreviousKey != prev {
-		t.Fatal("keys not parsed")
-	}
-	if s, err := ParseConfig([]byte(head)); err != nil || !s.PreviousKey.IsZero() {
-		t.Fatalf("no previous key: %v %v", s, err)
-	}
-	for name, bad := range map[string]string{
-		"same key":   "previous_private_key: " + cur.String() + "\n",
-		"not a key":  "previous_private_key: nope\n",
-		"both forms": "previous_private_key: " + prev.String() + "\nprevious_private_key_file: /nonexistent\n",
-		"no file":    "previous_private_key_file: /nonexistent/key\n",
-	} {
-		_, err := ParseConfig([]byte(head + bad))
-		if err == nil || !strings.Contains(err.Error(), "previous_private_key") {
-			t.Errorf("%s: %v", name, err)
-		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 // The quota operation reports the member's mappings and quota, end to end
 // through the client method.
 func TestQuotaOperation(t *testing.T) {
-	l := startLoopRelay(t, "quota: {per_member: 5}\n")
+	l := startLoopRelay(t, func(c *Reloadable) { c.QuotaPerMember = 5 })
 	c := l.dial(t, l.k.member, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
