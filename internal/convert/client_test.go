@@ -67,20 +67,7 @@ func TestLoopback(t *testing.T) {
 	if tfoErr != nil {
 		t.Logf("no TFO: %v", tfoErr)
 	}
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	echo := startEcho(t)
 	srv := &Server{
 		Authorize: func(ticket []byte, _ netip.AddrPort) (string, any, error) {
 			if bytes.Equal(ticket, goodTicket) {
@@ -126,20 +113,7 @@ func TestEndConversions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	echo := startEcho(t)
 	tickets := map[byte]string{1: "alice", 2: "bob"}
 	srv := &Server{
 		Authorize: func(ticket []byte, _ netip.AddrPort) (string, any, error) {
@@ -188,4 +162,24 @@ func TestEndConversions(t *testing.T) {
 	if err := roundTrip(bob); err != nil {
 		t.Fatalf("bob's conversion was ended too: %v", err)
 	}
+}
+
+// startEcho runs a TCP echo server on loopback until the test ends.
+func startEcho(t *testing.T) net.Listener {
+	t.Helper()
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	return echo
 }
