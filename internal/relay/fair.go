@@ -14,6 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
+	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
 
 // Fair sharing (docs/collective.md, "Fair sharing"): the ledger
@@ -47,7 +48,7 @@ type fairState struct {
 	led *ledger
 	// relays: keys whose certificate with the role relay verified here
 	// (OpCertify): the issuers whose receipts count.
-	relays    map[proto.Key]certMember
+	relays    map[proto.Key]trust.Member
 	receipts  *prometheus.CounterVec
 	preempted prometheus.Counter
 	capacity  prometheus.Counter
@@ -70,7 +71,7 @@ func newFairState(set *Reloadable, met *metrics, log *slog.Logger, now time.Time
 		}
 	}
 	led.receipted = now
-	f := &fairState{led: led, relays: map[proto.Key]certMember{},
+	f := &fairState{led: led, relays: map[proto.Key]trust.Member{},
 		receipts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mpdetour_relay_receipts_total", Help: "Usage receipts presented (OpReceipt) by result: ok, malformed, forged, self-issued, own, not-relay, expired, future, replay, unsupported.",
 		}, []string{"result"}),
@@ -93,8 +94,8 @@ func (s *Server) memberName(k proto.Key) string {
 	if n, ok := s.set.Members[k]; ok {
 		return n
 	}
-	if cm, ok := s.trust.certified[k]; ok {
-		return cm.name
+	if cm, ok := s.trust.Certified[k]; ok {
+		return cm.Name
 	}
 	return ""
 }
@@ -255,14 +256,14 @@ func appendSync(path string, b []byte) error {
 // noteRelayCert records a presented certificate that holds the role relay
 // (called for every OpCertify): its key's receipts count here.
 func (s *Server) noteRelayCert(key proto.Key, cert []byte) {
-	if s.trust.live == nil {
+	if s.trust.Live == nil {
 		return
 	}
-	c, err := s.trust.live.CheckBytes(cert, key, collective.RoleRelay, s.now())
+	c, err := s.trust.Live.CheckBytes(cert, key, collective.RoleRelay, s.now())
 	if err != nil {
 		return
 	}
-	s.fair.relays[key] = certMember{name: c.Name, serial: c.Serial, notAfter: c.NotAfter}
+	s.fair.relays[key] = trust.Member{Name: c.Name, Serial: c.Serial, NotAfter: c.NotAfter}
 }
 
 // Receipt refusals: the metric label and the reason on the wire.
@@ -295,7 +296,7 @@ func (s *Server) acceptReceipt(b []byte, now time.Time) (*collective.Receipt, er
 		return r, errOwnReceipt
 	}
 	cm, ok := s.fair.relays[r.Issuer]
-	if !ok || !now.Before(cm.notAfter) || s.trust.live.Revoked(cm.serial) {
+	if !ok || !now.Before(cm.NotAfter) || s.trust.Live.Revoked(cm.Serial) {
 		return r, errNotRelay
 	}
 	if err := r.Check(now); err != nil {
@@ -319,7 +320,7 @@ func (s *Server) acceptReceipt(b []byte, now time.Time) (*collective.Receipt, er
 
 // serveReceipt handles OpReceipt; the reply carries the issuer's credit.
 func (s *Server) serveReceipt(ses *session, req *proto.ReceiptRequest) answer {
-	if s.trust.live == nil {
+	if s.trust.Live == nil {
 		s.fair.receipts.WithLabelValues("unsupported").Inc()
 		return refused(proto.ReasonUnsupported)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
+	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
 
 const mib = collective.CreditUnit
@@ -227,7 +228,7 @@ func TestReloadFair(t *testing.T) {
 	set.Trust = collective.NewTrust(a.Public())
 	s, _ := newTestServer(t, Static{}, set, nil, nil)
 	k := testKey(t).Public()
-	s.fair.relays[k] = certMember{name: "r"}
+	s.fair.relays[k] = trust.Member{Name: "r"}
 	same := *set
 	same.Trust = collective.NewTrust(a.Public())
 	same.Fair = FairConfig{LedgerFile: la + "-b", Capacity: 3, ReceiptEvery: time.Minute}

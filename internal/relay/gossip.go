@@ -69,7 +69,7 @@ func (s *Server) startRoster(set *Reloadable) error {
 	if set.Gossip == nil {
 		return nil
 	}
-	n, err := s.newRoster(set.PrivateKey, set.Gossip, s.rosterInfoOf(set.Gossip), s.trust.live)
+	n, err := s.newRoster(set.PrivateKey, set.Gossip, s.rosterInfoOf(set.Gossip), s.trust.Live)
 	if err != nil {
 		return err
 	}
@@ -133,7 +133,7 @@ type rosterRestart struct {
 func (s *Server) restartRoster(old *roster.Node, key proto.Key, g *GossipConfig) {
 	s.gossip.node = nil
 	s.gossip.restarting, s.gossip.key, s.gossip.cfg = true, key, g
-	info, trust := s.rosterInfoOf(g), s.trust.live // event-loop state: read here, not in the goroutine
+	info, trust := s.rosterInfoOf(g), s.trust.Live // event-loop state: read here, not in the goroutine
 	go func() {
 		if old != nil {
 			_ = old.Close() // the others drop the old identity at once
@@ -153,8 +153,8 @@ func (s *Server) rosterRestarted(r rosterRestart, stopping bool) {
 		_ = r.n.Close()
 	default:
 		s.gossip.node = r.n
-		if s.trust.live != nil {
-			r.n.SetTrust(s.trust.live) // a reload may have come meanwhile
+		if s.trust.Live != nil {
+			r.n.SetTrust(s.trust.Live) // a reload may have come meanwhile
 		}
 		if s.set.PrivateKey != s.gossip.key {
 			// The key changed again meanwhile: join under it, with the
@@ -202,8 +202,8 @@ func (s *Server) reloadRoster(set *Reloadable) {
 	if !set.Gossip.same(s.gossip.cfg) {
 		s.log.Warn("reload: collective.gossip and certificate_file changed but apply only at start (or with a new relay key): restart the relay to apply them")
 	}
-	if s.gossip.node != nil && s.trust.live != nil {
-		s.gossip.node.SetTrust(s.trust.live)
+	if s.gossip.node != nil && s.trust.Live != nil {
+		s.gossip.node.SetTrust(s.trust.Live)
 	}
 }
 
@@ -224,7 +224,7 @@ func (s *Server) rosterStatus() *RosterStatus {
 		return nil
 	}
 	rs := &RosterStatus{Gossip: s.gossip.cfg.Advertise.String(), Members: s.gossip.node.Members(), Refused: s.gossip.node.Refused(), CRLRefused: s.gossip.node.CRLRefused()}
-	if l := s.trust.live.CRL(); l != nil {
+	if l := s.trust.Live.CRL(); l != nil {
 		rs.CRLSeq, rs.CRLSerials = l.Seq, len(l.Serials)
 	}
 	for _, e := range s.gossip.node.Entries() {

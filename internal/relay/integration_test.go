@@ -833,22 +833,6 @@ func TestReplayAcrossRestart(t *testing.T) {
 	}
 }
 
-// A state file that does not parse stops the relay with an error naming it.
-func TestBadStateFile(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "state.json")
-	for _, bad := range []string{"{", `{"version": 7}`, `{"version": 1, "timestamps": {"nokey": "00"}}`} {
-		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		ts := map[proto.Key]proto.Timestamp{}
-		err := loadReplayState(path, ts)
-		if err == nil || !strings.Contains(err.Error(), path) {
-			t.Fatalf("state %q: error %v, want one naming %s", bad, err, path)
-		}
-	}
-}
-
 // relay status: a running relay answers on its lock socket with members,
 // sessions and mappings with live byte counts.
 func TestRelayStatus(t *testing.T) {

@@ -103,7 +103,7 @@ func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *sessi
 	if cert != nil {
 		rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.CertifyRequest{Cert: cert}))
 		if rep.Reason == proto.OK && !listed {
-			ses.pending, ses.name = false, f.s.trust.certified[key].name
+			ses.pending, ses.name = false, f.s.trust.Certified[key].Name
 		}
 	}
 	return ses
@@ -204,7 +204,7 @@ func TestRotateRefusals(t *testing.T) {
 		}
 		f.unmoved(t, c.name)
 		// Names certified for the new key in one case must not leak into the next.
-		delete(f.s.trust.certified, ses.peer)
+		delete(f.s.trust.Certified, ses.peer)
 	}
 	if rotations(t, f.s, rotateOK) != 0 {
 		t.Fatal("a refused rotation counted as ok")

@@ -18,6 +18,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
+	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
 
 // Pre-authentication limits per source address: handshakes cost two X25519
@@ -52,7 +53,7 @@ type packet struct {
 	// cookie at this source address while we were under load.
 	proven bool
 	// id: the relay key an initiation is addressed to (its mac1).
-	id *identity
+	id *trust.Identity
 	at time.Time // when the reader got it
 }
 
@@ -83,7 +84,7 @@ type Server struct {
 	pol     *destination.Policy
 	ses     sessionTable
 	lim     limits
-	trust   *trustState // keys, replay state, certified members, the live trust
+	trust   *trust.State // keys, replay state, certified members, the live trust
 	gossip  gossipState
 	conv    *converter // nil: no convert role
 	tunnels Tunnels    // nil: no tunnel section
@@ -193,7 +194,7 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 		leases:  lease.NewTable(),
 		ses:     sessionTable{all: map[uint32]*session{}, byMember: map[proto.Key][]uint32{}},
 		lim:     limits{member: map[proto.Key]*bucket{}, addr: newAddrLimiter(), proven: newAddrLimiter()},
-		trust:   newTrustState(set),
+		trust:   trust.New(set.PrivateKey, set.PreviousKey, set.Trust),
 		gossip:  gossipState{done: make(chan rosterRestart, 1), crlKick: make(chan struct{}, 1)},
 		ev: events{in: make(chan packet, 4096), reload: make(chan *Config, 1),
 			status: make(chan statusRequest), convDone: make(chan convertDone, 1024)},
@@ -203,13 +204,7 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 		return nil, fmt.Errorf("IP_PKTINFO: %w", err)
 	}
 	if static.StateFile != "" {
-		if err := loadReplayState(static.StateFile, s.trust.lastTS); err != nil {
-			return nil, err
-		}
-		// Write it once now: a state file we cannot write is a start-up
-		// error, not a surprise at the first handshake.
-		s.trust.state = &replayState{path: static.StateFile, dirty: true}
-		if err := s.trust.state.save(s.trust.lastTS); err != nil {
+		if err := s.trust.OpenReplay(static.StateFile); err != nil {
 			return nil, err
 		}
 	} else {
@@ -431,7 +426,7 @@ func (s *Server) flush() {
 // replies of a refused batch's grants into "internal".
 func (s *Server) install() {
 	if len(s.out.responses) > 0 {
-		if err := s.trust.state.save(s.trust.lastTS); err != nil {
+		if err := s.trust.SaveReplay(); err != nil {
 			// Answer anyway: refusing every handshake would be worse than
 			// a replay window that does not survive this restart.
 			s.log.Error("saving replay state", "err", err)
@@ -524,7 +519,7 @@ const (
 // the packet must not be queued.
 func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) bool {
 	now := time.Now()
-	id := s.trust.keys.Load().match(p.data)
+	id := s.trust.Keys().Match(p.data)
 	if id == nil {
 		s.count("handshake", proto.ReasonUnauthorized)
 		return false
@@ -540,11 +535,11 @@ func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) boo
 	if now.After(ld.until) {
 		return true
 	}
-	if id.jar.CheckMAC2(p.data, p.from, now) {
+	if id.Jar.CheckMAC2(p.data, p.from, now) {
 		p.proven = true
 		return true
 	}
-	reply, err := id.jar.Reply(p.data, p.from, now)
+	reply, err := id.Jar.Reply(p.data, p.from, now)
 	if err != nil {
 		return false
 	}
@@ -713,11 +708,11 @@ func (s *Server) handleInit(p packet) {
 		// The reader matched the key before the packet was queued; a
 		// reload since may have dropped it (a compromised key): queued
 		// initiations for it must not complete.
-		if s.trust.keys.Load().find(p.id.priv) == nil {
+		if s.trust.Keys().Find(p.id.Priv) == nil {
 			s.count("handshake", proto.ReasonUnauthorized) // as the reader counts it now
 			return
 		}
-		priv = p.id.priv
+		priv = p.id.Priv
 	}
 	acc, err := proto.ConsumeInitiation(priv, in)
 	if err != nil {
@@ -730,9 +725,9 @@ func (s *Server) handleInit(p packet) {
 	name, member := s.set.Members[acc.Peer]
 	provisional := false
 	if !member {
-		if cm, ok := s.trust.certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
-			name, member = cm.name, true
-		} else if s.trust.live != nil {
+		if cm, ok := s.trust.Certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
+			name, member = cm.Name, true
+		} else if s.trust.Live != nil {
 			// A collective relay: any key may hand shake; its session
 			// can only present a certificate (OpCertify) or ping until
 			// one verifies.
@@ -745,7 +740,7 @@ func (s *Server) handleInit(p packet) {
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonUnauthorized, Index: in.Sender}), p.from, p.dst)
 		return
 	}
-	if last, ok := s.trust.lastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
+	if last, ok := s.trust.LastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
 		s.count("handshake", proto.ReasonReplay)
 		s.lim.refusals.note(s.log, s.now(), proto.ReasonReplay, p.from, "member "+name)
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonReplay, Index: in.Sender}), p.from, p.dst)
@@ -756,7 +751,7 @@ func (s *Server) handleInit(p packet) {
 		// once it certifies: anyone can make fresh keys, and the table and
 		// the state file must not grow with them. Its sessions can do
 		// nothing but certify, which a replay cannot use (no session keys).
-		s.trust.noteTimestamp(acc.Peer, acc.Timestamp)
+		s.trust.NoteTimestamp(acc.Peer, acc.Timestamp)
 	}
 	idx := s.newIndex()
 	resp, ss, err := acc.Respond(idx)
@@ -1081,7 +1076,7 @@ func (s *Server) applyReload(c *Config) {
 	s.warnRestartOnly(&c.Static)
 	set := &c.Reloadable
 	s.reloadKeys(set)
-	authorityChanged := s.trust.reload(set.Trust, set.CRLFile, s.set.CRLFile)
+	authorityChanged := s.trust.Reload(set.Trust, set.CRLFile, s.set.CRLFile)
 	s.reloadRoster(set) // after: the roster shares the live trust
 	keep := func(k proto.Key) bool {
 		_, ok := set.Members[k]

@@ -159,15 +159,15 @@ func (s *Server) status() *Status {
 	for key, name := range s.set.Members {
 		members[key] = name
 	}
-	for key, cm := range s.trust.certified {
+	for key, cm := range s.trust.Certified {
 		if _, static := members[key]; !static && s.certifiedOK(key, now) {
-			members[key] = cm.name
+			members[key] = cm.Name
 		}
 	}
 	for key, name := range members {
 		ms := &MemberStatus{Name: name, Key: key.String(), Mappings: []MappingStatus{}}
-		if cm, ok := s.trust.certified[key]; ok && s.set.Members[key] == "" {
-			ms.CertifiedUntil = cm.notAfter
+		if cm, ok := s.trust.Certified[key]; ok && s.set.Members[key] == "" {
+			ms.CertifiedUntil = cm.NotAfter
 		}
 		var last *session
 		for _, id := range s.ses.byMember[key] {
