@@ -6,6 +6,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
 	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
@@ -196,7 +197,7 @@ func (s *Server) writeBackCRL(l *collective.RevocationList) {
 			return
 		}
 	}
-	mod, err := writeFileAtomic(f, []byte(l.String()+"\n"))
+	mod, err := fairshare.WriteFileAtomic(f, []byte(l.String()+"\n"))
 	if err != nil {
 		s.log.Warn("revocation list from gossip applied but not written to crl_file", "file", f, "seq", l.Seq, "err", err)
 		return

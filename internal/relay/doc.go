@@ -10,7 +10,8 @@
 // and a logger. Its parts keep their own state: the lease table
 // (internal/relay/lease), trust (internal/relay/trust: keys, replay state,
 // certified members, the live collective trust), gossip (gossip.go), fair
-// share (fair.go, ledger.go) and the converter's tickets (convert.go).
+// share (fair.go: admission and receipts; the ledger in
+// internal/relay/fairshare) and the converter's tickets (convert.go).
 // Each control operation is one handler in a table (handlers.go).
 //
 // The daemon around it, `mpdetour relay` (configuration file, locks,

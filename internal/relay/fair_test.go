@@ -11,6 +11,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
 	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
@@ -64,8 +65,8 @@ func newFairServer(t *testing.T, capacity int, ledgerFile string) (*Server, *dat
 func TestAdmitAtCapacity(t *testing.T) {
 	s, _ := newFairServer(t, 2, "")
 	rich, poor, newcomer := testKey(t).Public(), testKey(t).Public(), testKey(t).Public()
-	s.fair.led.entry(rich, "rich").Earned = 100 * mib
-	s.fair.led.entry(poor, "poor").Consumed = 50 * mib
+	s.fair.led.Entry(rich, "rich").Earned = 100 * mib
+	s.fair.led.Entry(poor, "poor").Consumed = 50 * mib
 	o := func(k proto.Key, n string) lease.Owner { return lease.Owner{Key: k, Name: n} }
 	client := netip.MustParseAddr("10.0.1.1")
 	srv := func(p uint16) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("198.51.100.1"), p) }
@@ -138,7 +139,7 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	s.flushLedger(now)
 	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1500})
 	s.flushLedger(now)
-	if got := s.fair.led.members[alice].Consumed; got != 1500 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1500 {
 		t.Fatalf("consumed %d, want 1500", got)
 	}
 	// Closing: counted until reaped, then forgotten.
@@ -147,10 +148,10 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	}
 	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1700})
 	s.reap(now, true)
-	if got := s.fair.led.members[alice].Consumed; got != 1700 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1700 {
 		t.Fatalf("consumed after reap %d, want 1700", got)
 	}
-	if len(s.fair.led.mapSeen) != 0 {
+	if len(s.fair.led.MapSeen) != 0 {
 		t.Fatalf("reaped mapping still tracked")
 	}
 	// A counter that went back (the table was recreated) is new bytes.
@@ -160,59 +161,59 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	s.flushLedger(now)
 	dp.SetCounter(m2.Key, dataplane.Counter{Bytes: 100})
 	s.flushLedger(now)
-	if got := s.fair.led.members[alice].Consumed; got != 1700+900+100 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1700+900+100 {
 		t.Fatalf("consumed after reset %d, want %d", got, 1700+900+100)
 	}
-	s.fair.led.windows[alice] = &collective.ReplayWindow{Top: 7, Bits: 5}
-	s.fair.led.seq = 42
-	s.fair.led.dirty = true
-	if err := s.fair.led.save(now); err != nil {
+	s.fair.led.Windows[alice] = &collective.ReplayWindow{Top: 7, Bits: 5}
+	s.fair.led.Seq = 42
+	s.fair.led.Dirty = true
+	if err := s.fair.led.Save(now); err != nil {
 		t.Fatal(err)
 	}
-	back, err := loadLedger(path)
+	back, err := fairshare.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := back.members[alice]
-	if e == nil || e.Consumed != 2700 || e.Name != "alice" || back.seq != 42 || *back.windows[alice] != (collective.ReplayWindow{Top: 7, Bits: 5}) {
-		t.Fatalf("reloaded %+v seq %d windows %v", e, back.seq, back.windows)
+	e := back.Members[alice]
+	if e == nil || e.Consumed != 2700 || e.Name != "alice" || back.Seq != 42 || *back.Windows[alice] != (collective.ReplayWindow{Top: 7, Bits: 5}) {
+		t.Fatalf("reloaded %+v seq %d windows %v", e, back.Seq, back.Windows)
 	}
-	if c := e.credit(); c != collective.StartCredit-2700 {
+	if c := e.Credit(); c != collective.StartCredit-2700 {
 		t.Fatalf("credit %d", c)
 	}
 	for _, bad := range []string{"{", `{"version": 2}`, `{"version": 1, "members": {"x": {}}}`, `{"version": 1, "members": {"` + alice.String() + `": null}}`} {
 		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := loadLedger(path); err == nil || !strings.Contains(err.Error(), path) {
+		if _, err := fairshare.Load(path); err == nil || !strings.Contains(err.Error(), path) {
 			t.Errorf("ledger %q: %v, want an error naming the file", bad, err)
 		}
 	}
 }
 
 func TestLedgerTunnelDeltas(t *testing.T) {
-	l := newLedger("")
+	l := fairshare.NewLedger("")
 	k := testKey(t).Public()
 	now := time.Now()
 	for _, cur := range []uint64{100, 250, 250, 40} { // 40: the peer was re-added
-		l.tunnelPeer(k, "t", cur, now, false)
+		l.TunnelPeer(k, "t", cur, now, false)
 	}
-	if got := l.members[k].Consumed; got != 250+40 {
+	if got := l.Members[k].Consumed; got != 250+40 {
 		t.Fatalf("consumed %d, want 290", got)
 	}
 }
 
 func TestCreditSaturates(t *testing.T) {
-	var nilEntry *ledgerEntry
-	if nilEntry.credit() != collective.StartCredit {
+	var nilEntry *fairshare.Entry
+	if nilEntry.Credit() != collective.StartCredit {
 		t.Fatal("unknown member does not start at StartCredit")
 	}
-	e := &ledgerEntry{Consumed: 1<<64 - 1}
-	if c := e.credit(); c >= 0 || c < -1<<62 {
+	e := &fairshare.Entry{Consumed: 1<<64 - 1}
+	if c := e.Credit(); c >= 0 || c < -1<<62 {
 		t.Fatalf("huge consumption: %d", c)
 	}
-	e = &ledgerEntry{Earned: 1<<64 - 1}
-	if c := e.credit(); c <= 0 {
+	e = &fairshare.Entry{Earned: 1<<64 - 1}
+	if c := e.Credit(); c <= 0 {
 		t.Fatalf("huge earnings: %d", c)
 	}
 }
@@ -233,8 +234,8 @@ func TestReloadFair(t *testing.T) {
 	same.Trust = collective.NewTrust(a.Public())
 	same.Fair = FairConfig{LedgerFile: la + "-b", Capacity: 3, ReceiptEvery: time.Minute}
 	s.applyReload(&Config{Reloadable: same})
-	if len(s.fair.relays) != 1 || s.fair.led.path != la || s.set.Fair.Capacity != 3 || s.set.Fair.LedgerFile != la+"-b" {
-		t.Fatalf("same authority: relays %d, ledger %s, settings %+v", len(s.fair.relays), s.fair.led.path, s.set.Fair)
+	if len(s.fair.relays) != 1 || s.fair.led.Path != la || s.set.Fair.Capacity != 3 || s.set.Fair.LedgerFile != la+"-b" {
+		t.Fatalf("same authority: relays %d, ledger %s, settings %+v", len(s.fair.relays), s.fair.led.Path, s.set.Fair)
 	}
 	other := *set
 	other.Trust = collective.NewTrust(b.Public())

@@ -152,11 +152,11 @@ func (s *Server) carryOver(old proto.Key, o lease.Owner, now time.Time) carried 
 		if c.tunnel && s.fair != nil {
 			// Only a peer that moved starts over at zero; a failed
 			// move keeps the old peer and its byte baseline.
-			s.fair.led.tunnelMoved(old, o.Key)
+			s.fair.led.TunnelMoved(old, o.Key)
 		}
 	}
 	if s.fair != nil {
-		s.fair.led.merge(old, o.Key, o.Name)
+		s.fair.led.Merge(old, o.Key, o.Name)
 	}
 	return c
 }
@@ -176,33 +176,4 @@ func (t *ticketStore) rekey(old, successor proto.Key, name string) int {
 		}
 	}
 	return n
-}
-
-// merge adds old's account to successor's and forgets old's.
-func (l *ledger) merge(old, successor proto.Key, name string) {
-	e := l.members[old]
-	if e == nil {
-		return
-	}
-	n := l.entry(successor, name)
-	n.Consumed += e.Consumed
-	n.Earned += e.Earned
-	n.Receipts += e.Receipts
-	if e.Unreceipted > 0 && (n.Unreceipted == 0 || e.UnreceiptedSince.Before(n.UnreceiptedSince)) {
-		n.UnreceiptedSince = e.UnreceiptedSince
-	}
-	n.Unreceipted += e.Unreceipted
-	if e.Updated.After(n.Updated) {
-		n.Updated = e.Updated
-	}
-	delete(l.members, old)
-	l.dirty = true
-}
-
-// tunnelMoved: the WireGuard peer of old is now successor's, a new peer
-// whose counters start at zero.
-func (l *ledger) tunnelMoved(old, successor proto.Key) {
-	delete(l.tunnel, old)
-	l.tunnel[successor] = 0
-	l.dirty = true
 }

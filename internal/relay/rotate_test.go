@@ -74,7 +74,7 @@ func newRotateFixture(t *testing.T) *rotateFixture {
 	if _, err := s.conv.tickets.issue(f.old.Public(), "alice", f.client, 2, now.Add(time.Minute), now); err != nil {
 		t.Fatal(err)
 	}
-	s.fair.led.consumed(f.old.Public(), "alice", 5000, now, false)
+	s.fair.led.AddConsumed(f.old.Public(), "alice", 5000, now, false)
 	return f
 }
 
@@ -125,7 +125,7 @@ func (f *rotateFixture) unmoved(t *testing.T, what string) {
 	if ticketsOf(f.s, old) != 2 {
 		t.Errorf("%s: the tickets moved", what)
 	}
-	if e := f.s.fair.led.members[old]; e == nil || e.Consumed != 5000 {
+	if e := f.s.fair.led.Members[old]; e == nil || e.Consumed != 5000 {
 		t.Errorf("%s: the ledger moved", what)
 	}
 	if !mapped(f.dp, f.mapping.Key) {
@@ -245,8 +245,8 @@ func TestRotateCarriesOver(t *testing.T) {
 	if ticketsOf(f.s, nk) != 2 || ticketsOf(f.s, ok) != 0 || f.s.conv.tickets.perMember["alice"] != 2 {
 		t.Fatalf("tickets: new key %d, old key %d, alice's count %d", ticketsOf(f.s, nk), ticketsOf(f.s, ok), f.s.conv.tickets.perMember["alice"])
 	}
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5000 || f.s.fair.led.members[ok] != nil {
-		t.Fatalf("ledger: %+v", f.s.fair.led.members)
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 5000 || f.s.fair.led.Members[ok] != nil {
+		t.Fatalf("ledger: %+v", f.s.fair.led.Members)
 	}
 	if rotations(t, f.s, rotateOK) != 1 || !strings.Contains(f.logs.String(), "member key rotated") {
 		t.Fatalf("ok not counted or logged:\n%s", f.logs.String())
@@ -351,17 +351,17 @@ func TestRotateConversionCharged(t *testing.T) {
 		t.Fatalf("moved ticket: %q %s %v", member, key.ID(), err)
 	}
 	f.s.ledgerConversion(convertDone{member: member, key: key, up: 100, down: 200, at: time.Now()})
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5300 {
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 5300 {
 		t.Fatalf("conversion on the new key not charged: %+v", e)
 	}
 	f.s.ledgerConversion(convertDone{member: "alice", key: f.old.Public(), up: 1000, at: time.Now()})
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6300 || f.s.fair.led.members[f.old.Public()] != nil {
-		t.Fatalf("conversion on an old ticket: new %+v old %+v", e, f.s.fair.led.members[f.old.Public()])
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 6300 || f.s.fair.led.Members[f.old.Public()] != nil {
+		t.Fatalf("conversion on an old ticket: new %+v old %+v", e, f.s.fair.led.Members[f.old.Public()])
 	}
 	// A key that is no member is not charged.
 	stranger := testKey(t).Public()
 	f.s.ledgerConversion(convertDone{member: "alice", key: stranger, up: 1000, at: time.Now()})
-	if f.s.fair.led.members[stranger] != nil {
+	if f.s.fair.led.Members[stranger] != nil {
 		t.Fatal("a non-member key was charged")
 	}
 }
@@ -463,7 +463,7 @@ func TestRotateTunnelMoveFails(t *testing.T) {
 	f.s.ledgerTunnels(now)
 	consumed := func() uint64 {
 		var n uint64
-		for _, e := range f.s.fair.led.members {
+		for _, e := range f.s.fair.led.Members {
 			n += e.Consumed
 		}
 		return n
@@ -489,7 +489,7 @@ func TestRotateTunnelMoveFails(t *testing.T) {
 	if c := consumed(); c != 6700 {
 		t.Fatalf("after the move: ledger %d, want 6700", c)
 	}
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6700 {
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 6700 {
 		t.Fatalf("the new key's account: %+v", e)
 	}
 }

@@ -1140,7 +1140,7 @@ func (s *Server) shutdown() {
 	}
 	s.reap(now, true)
 	s.ledgerTunnels(now)
-	if err := s.fair.led.save(now); err != nil {
+	if err := s.fair.led.Save(now); err != nil {
 		s.log.Error("saving the ledger", "err", err)
 	}
 	if err := s.dp.Close(); err != nil {
