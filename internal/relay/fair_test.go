@@ -191,33 +191,6 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	}
 }
 
-func TestLedgerTunnelDeltas(t *testing.T) {
-	l := fairshare.NewLedger("")
-	k := testKey(t).Public()
-	now := time.Now()
-	for _, cur := range []uint64{100, 250, 250, 40} { // 40: the peer was re-added
-		l.TunnelPeer(k, "t", cur, now, false)
-	}
-	if got := l.Members[k].Consumed; got != 250+40 {
-		t.Fatalf("consumed %d, want 290", got)
-	}
-}
-
-func TestCreditSaturates(t *testing.T) {
-	var nilEntry *fairshare.Entry
-	if nilEntry.Credit() != collective.StartCredit {
-		t.Fatal("unknown member does not start at StartCredit")
-	}
-	e := &fairshare.Entry{Consumed: 1<<64 - 1}
-	if c := e.Credit(); c >= 0 || c < -1<<62 {
-		t.Fatalf("huge consumption: %d", c)
-	}
-	e = &fairshare.Entry{Earned: 1<<64 - 1}
-	if c := e.Credit(); c <= 0 {
-		t.Fatalf("huge earnings: %d", c)
-	}
-}
-
 // A reload changes capacity at once and keeps the ledger file (start
 // only) without writing the running value into the new configuration;
 // relay certificates count until the authority changes.
