@@ -383,7 +383,7 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 		}
 		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, to)
-		rep, err := c.Do(pctx, proto.Request{Op: proto.OpPing})
+		rep, err := c.Do(pctx, proto.NewRequest(0, &proto.PingRequest{}))
 		cancel()
 		switch {
 		case err != nil && errors.Is(err, context.DeadlineExceeded):
