@@ -29,7 +29,6 @@ import (
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
-	"github.com/mpdetour/mpdetour/internal/serverrole"
 )
 
 // Status is a check's outcome.
@@ -179,7 +178,7 @@ func Blackhole(p Paths, agentSt *agent.BlackholeStatus) Report {
 	b, err := os.ReadFile(p.proc("net/netstat"))
 	var mib map[string]uint64
 	if err == nil {
-		mib, err = serverrole.ParseMIB(b, "MPTcpExt")
+		mib, err = mptcppm.ParseMIB(b, "MPTcpExt")
 	}
 	switch {
 	case err != nil:
@@ -483,7 +482,7 @@ func fallbacks() uint64 {
 	if err != nil {
 		return 0
 	}
-	mib, err := serverrole.ParseMIB(b, "MPTcpExt")
+	mib, err := mptcppm.ParseMIB(b, "MPTcpExt")
 	if err != nil {
 		return 0
 	}
