@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 )
@@ -36,7 +36,7 @@ func collectivePresent() *cli.Command {
 			if state == "" {
 				state = receipts + ".presented"
 			}
-			cfg, err := agent.LoadConfig(config)
+			cfg, err := agentd.LoadConfig(config)
 			if err != nil {
 				return err
 			}
@@ -54,7 +54,7 @@ func collectivePresent() *cli.Command {
 			sc := *cfg.Relays
 			opt := sc.Options
 			if opt.ListenPacket == nil {
-				opt.ListenPacket = relayclient.ListenIn(cfg.NetNS)
+				opt.ListenPacket = relayclient.ListenIn(cfg.Agent.NetNS)
 			}
 			var failed error
 			for _, r := range sc.Relays {

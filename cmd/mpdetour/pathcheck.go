@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/pathcheck"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
@@ -160,7 +160,7 @@ func pathCheckCommand() *cli.Command {
 // server. The grants are not released: a running agent of the same member
 // shares them (one mapping per member and server); unused, they lapse.
 func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pathcheck.Path, error) {
-	cfg, err := agent.LoadConfig(file)
+	cfg, err := agentd.LoadConfig(file)
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +168,7 @@ func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pa
 		return nil, fmt.Errorf("path-check: %s has no relays section: no detour to ask for", file)
 	}
 	src := *cfg.Relays
-	src.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)
+	src.Options.ListenPacket = relayclient.ListenIn(cfg.Agent.NetNS)
 	var ps []pathcheck.Path
 	var errs []error
 	for _, rel := range src.Relays {

@@ -28,7 +28,7 @@ import (
 
 // Agent manages the MPTCP connections of one namespace.
 type Agent struct {
-	cfg     Config
+	cfg     Options
 	log     *slog.Logger
 	k       Kernel
 	pol     policy.Policy
@@ -99,7 +99,7 @@ type result struct {
 // New builds an agent on kernel k; sources supply detours (the config's
 // static ones come first). A nil pol means the policy cfg.Policy names,
 // built by NewPolicy.
-func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...detour.Source) *Agent {
+func New(cfg Options, log *slog.Logger, k Kernel, pol policy.Policy, sources ...detour.Source) *Agent {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -121,7 +121,7 @@ func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...d
 
 // NewPolicy builds the policy cfg.Policy names (static unless adaptive)
 // from the configuration's knobs.
-func NewPolicy(cfg Config, log *slog.Logger, sources []detour.Source) *policy.Engine {
+func NewPolicy(cfg Options, log *slog.Logger, sources []detour.Source) *policy.Engine {
 	return policy.New(policy.Config{
 		Mode:     cfg.Policy,
 		Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),

@@ -134,11 +134,9 @@ func (dl *detourLab) dial(t *testing.T) net.Conn {
 	return c
 }
 
-func (dl *detourLab) config(t *testing.T, subflows int) Config {
-	cfg, err := ParseConfig([]byte(fmt.Sprintf("subflows: %d\nbackoff: 300ms\n", subflows)))
-	if err != nil {
-		t.Fatal(err)
-	}
+func (dl *detourLab) config(t *testing.T, subflows int) Options {
+	cfg := DefaultOptions()
+	cfg.Subflows, cfg.Backoff = subflows, 300*time.Millisecond
 	cfg.NetNS = dl.l.NetnsName("client")
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	for i, r := range dl.relays {
@@ -156,7 +154,7 @@ type running struct {
 	socket string
 }
 
-func start(t *testing.T, cfg Config) *running {
+func start(t *testing.T, cfg Options) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: testLogLevel}))
 	r := &running{cancel: cancel, done: make(chan error, 1), socket: cfg.Socket}

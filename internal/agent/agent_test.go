@@ -48,7 +48,7 @@ type harness struct {
 
 func start(t *testing.T, mode policy.Mode, detours ...agent.StaticDetour) *harness {
 	t.Helper()
-	return run(t, agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	return run(t, agent.Options{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
 		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours})
 }
@@ -258,7 +258,7 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]bool {
 // and the metrics; a revoked relay's detours are not healthy.
 func TestAgentBlackholeMetrics(t *testing.T) {
 	bh := agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Now(), TimeoutS: 3600, Disables: 2, Fallbacks: 7, Fix: agent.BlackholeFix(3600)}
-	h := run(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+	h := run(t, agent.Options{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
 		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Blackhole: func() agent.BlackholeStatus { return bh },
 		Detours: []agent.StaticDetour{natDetour("r1", relay1)},
 		RelayStatus: func() []agent.RelayStatus {
@@ -298,7 +298,7 @@ func TestAgentBlackholeMetrics(t *testing.T) {
 // tracked forever, its NAT mapping renewed forever); one the kernel lists
 // stays.
 func TestAgentSweepsConnectionsWithoutClosedEvent(t *testing.T) {
-	cfg := agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+	cfg := agent.Options{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
 		ConnectTimeout: 3 * time.Second, Policy: policy.Static, SweepEvery: 100 * time.Millisecond,
 		Detours: []agent.StaticDetour{natDetour("r1", relay1)}}
 	k := kerneltest.New()
@@ -346,7 +346,7 @@ func (s strippedSource) Unusable(d detour.Detour) (string, bool) {
 func TestAgentStatusShowsStrippedDetour(t *testing.T) {
 	good := detour.Detour{Kind: detour.NAT, Relay: "r1", Remote: relay1}
 	bad := detour.Detour{Kind: detour.NAT, Relay: "r2", Remote: relay2}
-	cfg := agent.Config{Subflows: 2, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	cfg := agent.Options{Subflows: 2, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
 		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static}
 	k := kerneltest.New()
@@ -422,7 +422,7 @@ func TestAgentLeavesProbesAlone(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(client.Port())), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h := run(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+	h := run(t, agent.Options{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
 		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Detours: []agent.StaticDetour{natDetour("r1", relay1)}, Probes: dir})
 	h.connect(31) // from client, whose port is marked
 	other := mptcppm.Event{Token: 32, Local: netip.AddrPortFrom(client.Addr(), 40001), Remote: server}

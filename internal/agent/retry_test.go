@@ -14,7 +14,7 @@ import (
 )
 
 // run starts an agent with cfg against a fake kernel until the test ends.
-func run(t *testing.T, cfg agent.Config) *harness {
+func run(t *testing.T, cfg agent.Options) *harness {
 	t.Helper()
 	k := kerneltest.New()
 	a := agent.New(cfg, nil, k, nil)
@@ -50,7 +50,7 @@ func createsBy(cmds []policy.Intent) map[uint32]int {
 // a retry every 200 ms (before the fix: 20 connections x 2 detours made
 // hundreds of creates in 2 s) nor a new one after every connect timeout.
 func TestAgentFinalCreateRefusalsEndRetries(t *testing.T) {
-	cfg := agent.Config{Subflows: 2, MaxConnections: 1000, CommandWorkers: 2,
+	cfg := agent.Options{Subflows: 2, MaxConnections: 1000, CommandWorkers: 2,
 		Backoff: 100 * time.Millisecond, MaxBackoff: time.Second, ConnectTimeout: 300 * time.Millisecond,
 		ProbeInterval: 0, StallRetransmits: 3, Policy: policy.Static,
 		Detours: []agent.StaticDetour{natDetour("r1", relay1), natDetour("r2", relay2)}}
@@ -91,7 +91,7 @@ func TestAgentFinalCreateRefusalsEndRetries(t *testing.T) {
 // connection got one detour subflow instead of two.
 func TestAgentJoinResetAfterOwnDestroyLearnsNoLimit(t *testing.T) {
 	relay3 := netip.MustParseAddrPort("10.0.5.2:4000")
-	cfg := agent.Config{Subflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	cfg := agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
 		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static,
 		Detours: []agent.StaticDetour{natDetour("r1", relay1), natDetour("r2", relay2), natDetour("r3", relay3)}}

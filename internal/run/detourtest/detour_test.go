@@ -122,10 +122,8 @@ func TestRunWithAgentGetsDetourSubflow(t *testing.T) {
 	must(nft)
 	must(in("server", "ip", "mptcp", "limits", "set", "subflows", "8"))
 
-	cfg, err := agent.ParseConfig([]byte("subflows: 1\nbackoff: 300ms\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := agent.DefaultOptions()
+	cfg.Subflows, cfg.Backoff = 1, 300*time.Millisecond
 	cfg.NetNS = l.NetnsName("client")
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	cfg.Detours = []agent.StaticDetour{{
@@ -159,6 +157,7 @@ func TestRunWithAgentGetsDetourSubflow(t *testing.T) {
 
 	var found *mptcppm.Subflow
 	var last []mptcppm.Connection
+	var err error
 	for deadline := time.Now().Add(10 * time.Second); found == nil && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if last, err = mptcppm.Dump(mptcppm.Options{NetNS: l.NetnsName("client")}); err != nil {
 			t.Fatal(err)

@@ -61,10 +61,8 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	defer ln.Close()
 	netnstest.Serve(ln, func(c net.Conn) { io.Copy(io.Discard, c); c.Close() })
 
-	cfg, err := agent.ParseConfig([]byte("subflows: 1\nbackoff: 300ms\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := agent.DefaultOptions()
+	cfg.Subflows, cfg.Backoff = 1, 300*time.Millisecond
 	cfg.NetNS = line.cl
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
