@@ -93,7 +93,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		for _, r := range rc.Relays {
 			names = append(names, r.Name)
 		}
-		health := agent.NewRelayHealth(agent.RelayHealthConfig{Ping: cfg.RelayPing}, log, names...)
+		health := NewRelayHealth(RelayHealthConfig{Ping: cfg.RelayPing}, log, names...)
 		rc.Observe = health.Observe
 		src, err := relayclient.NewSource(rc)
 		if err != nil {
@@ -192,7 +192,7 @@ func startConverterRouter(ctx context.Context, cs convclient.Settings, conns []*
 
 // watchRelays runs health's pings and handshake checks until the returned
 // stop is called.
-func watchRelays(ctx context.Context, health *agent.RelayHealth) (stop func()) {
+func watchRelays(ctx context.Context, health *RelayHealth) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -206,7 +206,7 @@ func watchRelays(ctx context.Context, health *agent.RelayHealth) (stop func()) {
 }
 
 // tunnelHandshake reads a WireGuard tunnel detour's last handshake.
-func tunnelHandshake(t *tunnelctl.Source) agent.HandshakeFunc {
+func tunnelHandshake(t *tunnelctl.Source) HandshakeFunc {
 	return func() (time.Time, bool, error) {
 		cl := t.Client()
 		if cl == nil {

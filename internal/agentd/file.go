@@ -32,7 +32,7 @@ type Config struct {
 	LegacyLease time.Duration
 	// Relays, when set, are asked for NAT detours (relayclient.Source).
 	Relays *relayclient.SourceConfig
-	// RelayPing: a relay silent this long is pinged (agent.RelayHealth; 0 =
+	// RelayPing: a relay silent this long is pinged (RelayHealth; 0 =
 	// the default 30 s).
 	RelayPing time.Duration
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
