@@ -31,7 +31,7 @@ type SourceConfig struct {
 	// Relays; roster.go).
 	Discovery *Discovery
 	// Observe, when set, is told the outcome of every grant and renewal
-	// (the agent's per-relay state: agent.RelayHealth). It must not block.
+	// (the agent's per-relay state: agentd.RelayHealth). It must not block.
 	Observe func(relay, op string, server netip.AddrPort, err error)
 }
 

@@ -5,7 +5,7 @@
 // relay over a relayclient.Conn and brings the tunnel up, and re-asks
 // through the same channel when the tunnel goes stale. Source wraps Open
 // for the agent: a detour.Source per relay that keeps retrying until the
-// relay answers. cmd/mpdetour/agent.go calls StartAll (and StartAllEncap)
+// relay answers. internal/agentd calls StartAll (and StartAllEncap)
 // at start, which removes a crashed agent's tunnels and returns one Source
 // per relay, passes the sources to the agent with the others and closes
 // them at exit.
