@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -32,19 +31,7 @@ func clientPackage(pkg string) bool {
 // The agent core takes its detour sources, it does not build them:
 // `go list -deps` of this package (tests excluded) names no client package.
 func TestCoreImportsNoClientPackage(t *testing.T) {
-	testenv.Tools(t, "go")
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("go list -deps: %v\n%s", err, stderr)
-	}
-	deps := strings.Fields(string(out))
-	if len(deps) < 5 || deps[len(deps)-1] != module+"/internal/agent" {
-		t.Fatalf("go list -deps printed %d packages, last %q: not this package's dependencies", len(deps), deps[len(deps)-1:])
-	}
+	deps := testenv.Deps(t, module+"/internal/agent")
 	for _, pkg := range deps {
 		if clientPackage(pkg) {
 			t.Errorf("internal/agent depends on %s: build sources and roles in internal/agentd and pass them in (find the chain with: go list -deps -f '{{.ImportPath}}: {{.Imports}}' ./internal/agent)", pkg)
