@@ -18,8 +18,12 @@ var clientPackages = []string{
 	"/internal/relay",
 }
 
-// clientPackage says whether pkg is (under) one of clientPackages.
+// clientPackage says whether pkg is (under) one of clientPackages or a
+// detour kind's package (under internal/detour/).
 func clientPackage(pkg string) bool {
+	if strings.HasPrefix(pkg, module+"/internal/detour/") {
+		return true
+	}
 	for _, p := range clientPackages {
 		if pkg == module+p || strings.HasPrefix(pkg, module+p+"/") {
 			return true
@@ -43,7 +47,8 @@ func TestCoreImportsNoClientPackage(t *testing.T) {
 // can fail) and lets the core's own dependencies through.
 func TestClientPackage(t *testing.T) {
 	for _, pkg := range []string{module + "/internal/relayclient", module + "/internal/tunnel/tunnelctl", module + "/internal/agentd",
-		module + "/internal/proto", module + "/internal/convclient", module + "/internal/serverrole", module + "/internal/relay/trust"} {
+		module + "/internal/proto", module + "/internal/convclient", module + "/internal/serverrole", module + "/internal/relay/trust",
+		module + "/internal/detour/static"} {
 		if !clientPackage(pkg) {
 			t.Errorf("%s not recognised as a client package", pkg)
 		}

@@ -2,10 +2,8 @@ package agent
 
 import (
 	"log/slog"
-	"net/netip"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
@@ -55,7 +53,6 @@ type Options struct {
 	// (metrics.token_file).
 	MetricsToken string
 	Selectors    []policy.Selector
-	Detours      []StaticDetour
 	// ConvertStatus, when set, adds the conversion Router's view to the
 	// status, as JSON (wired by internal/agentd; not in the YAML).
 	ConvertStatus func() any
@@ -72,15 +69,6 @@ type Options struct {
 	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
 	// none).
 	Probes string
-}
-
-// StaticDetour is a detour written in the config (until relays hand them out).
-type StaticDetour struct {
-	Detour detour.Detour
-	// Servers are the destinations the detour reaches: for a NAT detour the
-	// one server:port its DNAT leads to; for a tunnel, prefixes (any if empty).
-	Servers []netip.Prefix
-	Port    uint16 // NAT detours: the server port
 }
 
 // DefaultOptions are the defaults of the agent file's core fields

@@ -27,6 +27,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/pathcheck"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
@@ -46,7 +47,7 @@ func Summary(w io.Writer, path string, cfg Config) {
 	}
 	a := cfg.Agent
 	fmt.Fprintf(w, "%s: valid: policy %s, %d detour subflows per connection, %d static detours, %d relays%s, socket %s\n",
-		path, a.Policy, a.Subflows, len(a.Detours), relays, server, a.Socket)
+		path, a.Policy, a.Subflows, len(cfg.Detours), relays, server, a.Socket)
 	if cfg.Relays != nil {
 		for _, r := range cfg.Relays.Relays {
 			fmt.Fprintf(w, "  relay %s at %s\n", r.Name, r.Addr)
@@ -70,7 +71,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 	defer signal.Stop(hup)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.Agent.LogLevel}))
 	opts := cfg.Agent
-	var sources []detour.Source
+	sources := []detour.Source{static.New(cfg.Detours)}
 	var relays *relayclient.Source
 	var tunnels []*tunnelctl.Source
 	if len(cfg.LegacyV1) > 0 {

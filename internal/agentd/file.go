@@ -11,6 +11,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/mpdetour/mpdetour/internal/policy"
@@ -23,6 +24,8 @@ import (
 type Config struct {
 	// Agent are the core's settings (agent.Options).
 	Agent agent.Options
+	// Detours are the static detours (`detours:`), the first source.
+	Detours []static.Entry
 	// LegacyV1 are original-prototype daemons asked for detours (v1,
 	// unauthenticated; legacyclient).
 	LegacyV1 []legacyclient.Relay
@@ -277,6 +280,11 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		}
 		c.Selectors = append(c.Selectors, sel)
 	}
+	return c, nil
+}
+
+// buildKinds validates the detour kinds' sections into c.
+func buildKinds(f File, c Config) (Config, error) {
 	names := map[string]bool{}
 	for i, d := range f.Detours {
 		sd, err := parseDetour(d)
@@ -290,11 +298,6 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		names[k] = true
 		c.Detours = append(c.Detours, sd)
 	}
-	return c, nil
-}
-
-// buildKinds validates the detour kinds' sections into c.
-func buildKinds(f File, c Config) (Config, error) {
 	if f.Relays != nil {
 		sc, err := f.Relays.Build()
 		if err != nil {
@@ -393,8 +396,8 @@ func usable(a netip.Addr) bool {
 }
 
 // parseDetour's errors start with the field name (the caller adds detours[i].).
-func parseDetour(d fileDetour) (agent.StaticDetour, error) {
-	var sd agent.StaticDetour
+func parseDetour(d fileDetour) (static.Entry, error) {
+	var sd static.Entry
 	if d.Relay == "" {
 		return sd, fmt.Errorf("relay: missing (a name for logs and status)")
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 )
 
 const goodConfig = `
@@ -44,13 +45,13 @@ func TestParseConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Agent.NetNS != "client" || c.Agent.Subflows != 3 || c.Agent.AnnouncedSubflows != 1 || c.Agent.Backoff != 500*time.Millisecond ||
-		c.Agent.MaxBackoff != 30*time.Second || c.Agent.CommandWorkers != 4 || len(c.Agent.Selectors) != 1 || len(c.Agent.Detours) != 2 {
+		c.Agent.MaxBackoff != 30*time.Second || c.Agent.CommandWorkers != 4 || len(c.Agent.Selectors) != 1 || len(c.Detours) != 2 {
 		t.Fatalf("parsed %+v", c)
 	}
 	if p := c.Agent.Selectors[0].Prefixes[1]; p != netip.MustParsePrefix("192.0.2.7/32") {
 		t.Errorf("bare address parsed as %s", p)
 	}
-	src := agent.NewStaticSource(c.Agent.Detours)
+	src := static.New(c.Detours)
 	ds := src.Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
 	if len(ds) != 2 || ds[0].Kind != detour.NAT || ds[0].Remote != netip.MustParseAddrPort("10.1.1.2:4000") ||
 		ds[1].Kind != detour.Tunnel || ds[1].Remote != netip.MustParseAddrPort("10.0.3.2:5201") {
@@ -151,7 +152,7 @@ legacy_v1:
 		t.Fatal(err)
 	}
 	if c.Agent.Policy != policy.Adaptive || c.Agent.Watchdog != 300*time.Millisecond || c.Agent.Window != 4*time.Second || c.Agent.Hold != 20*time.Second ||
-		c.Agent.MetricsListen != "127.0.0.1:9465" || c.Agent.LogLevel != slog.LevelDebug || !c.Agent.Detours[0].Detour.Backup ||
+		c.Agent.MetricsListen != "127.0.0.1:9465" || c.Agent.LogLevel != slog.LevelDebug || !c.Detours[0].Detour.Backup ||
 		len(c.LegacyV1) != 2 || c.LegacyV1[0].Name != "old" || c.LegacyV1[0].Lease != 5*time.Minute ||
 		c.LegacyV1[1].Lease != 10*time.Minute { // per daemon (issue 28: one lease was stored for all)
 		t.Fatalf("parsed %+v", c)
@@ -208,6 +209,6 @@ func FuzzParseConfig(f *testing.F) {
 		if c.Agent.Subflows < 0 || c.Agent.Subflows > 8 || c.Agent.Backoff <= 0 || c.Agent.MaxBackoff < c.Agent.Backoff {
 			t.Fatalf("accepted out-of-range config %+v", c)
 		}
-		_ = agent.NewStaticSource(c.Agent.Detours).Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
+		_ = static.New(c.Detours).Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
 	})
 }
