@@ -405,7 +405,7 @@ func TestAgentHonoursServerAnnouncements(t *testing.T) {
 	dl.run(t, "server", "ip", "addr", "add", extra.String()+"/24", "dev", "A2")
 	dl.run(t, "server", "ip", "mptcp", "endpoint", "add", extra.String(), "id", "5", "signal")
 	dl.serve(t)
-	cfg := dl.config(t, 0) // no detours: only the announcement
+	cfg := dl.config(t, 0)    // no detours: only the announcement
 	cfg.AnnouncedSubflows = 2 // opt-in (default 0, like the kernel's add_addr_accepted)
 	start(t, cfg)
 	c := dl.dial(t)

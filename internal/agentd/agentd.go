@@ -72,8 +72,8 @@ func Run(ctx context.Context, path string, cfg Config) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.Agent.LogLevel}))
 	opts := cfg.Agent
 	sources := []detour.Source{static.New(cfg.Detours)}
-	var relays *relayclient.Source
-	var tunnels []*tunnelctl.Source
+	var relays *relayclient.NATSource
+	var tunnels []*tunnelctl.TunnelSource
 	if len(cfg.LegacyV1) > 0 {
 		// Unauthenticated v1 daemons, opt-in (docs/agent.md).
 		src, err := legacyclient.New(legacyclient.Config{Relays: cfg.LegacyV1, Lease: cfg.LegacyLease,
@@ -207,7 +207,7 @@ func watchRelays(ctx context.Context, health *RelayHealth) (stop func()) {
 }
 
 // tunnelHandshake reads a WireGuard tunnel detour's last handshake.
-func tunnelHandshake(t *tunnelctl.Source) HandshakeFunc {
+func tunnelHandshake(t *tunnelctl.TunnelSource) HandshakeFunc {
 	return func() (time.Time, bool, error) {
 		cl := t.Client()
 		if cl == nil {

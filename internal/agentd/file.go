@@ -33,7 +33,7 @@ type Config struct {
 	// without their own legacy_v1[].lease (each LegacyV1 entry carries its
 	// own).
 	LegacyLease time.Duration
-	// Relays, when set, are asked for NAT detours (relayclient.Source).
+	// Relays, when set, are asked for NAT detours (relayclient.NATSource).
 	Relays *relayclient.SourceConfig
 	// RelayPing: a relay silent this long is pinged (RelayHealth; 0 =
 	// the default 30 s).

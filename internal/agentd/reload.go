@@ -15,13 +15,13 @@ import (
 // reloadOnHangup: on SIGHUP the agent re-reads its file's member key and
 // certificate (relays: key/key_file, certificate_file) and, when they
 // changed, rotates them in place on every relay
-// (relayclient.Source.Rotate: each relay carries the old key's detours
+// (relayclient.NATSource.Rotate: each relay carries the old key's detours
 // over to the new key) and then on that relay's WireGuard tunnel. Nothing
 // else of the file is applied (docs/collective.md, "Key rotation").
 //
 // hup is already registered for SIGHUP (signal.Notify) by the caller.
 // Without relays (nil) a SIGHUP is logged and changes nothing.
-func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, path string, relays *relayclient.Source, tunnels []*tunnelctl.Source, log *slog.Logger) (stop func()) {
+func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, path string, relays *relayclient.NATSource, tunnels []*tunnelctl.TunnelSource, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -48,7 +48,7 @@ func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, path string, rela
 }
 
 // rotateMemberKey applies the key and certificate of the file at path.
-func rotateMemberKey(ctx context.Context, path string, relays *relayclient.Source, tunnels []*tunnelctl.Source, log *slog.Logger) error {
+func rotateMemberKey(ctx context.Context, path string, relays *relayclient.NATSource, tunnels []*tunnelctl.TunnelSource, log *slog.Logger) error {
 	cfg, err := LoadConfig(path)
 	if err != nil {
 		return fmt.Errorf("configuration not reloaded: %w", err)
@@ -76,7 +76,7 @@ func rotateMemberKey(ctx context.Context, path string, relays *relayclient.Sourc
 				// The relay still knows us by the old key (say, it refused
 				// the new certificate): so does its WireGuard peer. The
 				// tunnel follows once the connection switches
-				// (tunnelctl.Source.follow).
+				// (tunnelctl.TunnelSource.follow).
 				log.Warn("key rotation: tunnel keeps the old key for now", "relay", c.Relay().Name, "err", err)
 				continue
 			}

@@ -26,7 +26,7 @@ import (
 
 // A member rotates its key in place while an MPTCP connection has a
 // subflow through a NAT detour of a collective relay: the relay carries
-// the mapping over to the new key (relayclient.Source.Rotate, OpRotate),
+// the mapping over to the new key (relayclient.NATSource.Rotate, OpRotate),
 // the same subflow keeps carrying data without a gap, the relay attributes
 // the mapping to the member under its new key, and revoking the old key's
 // certificate afterwards does not cut the member.

@@ -31,7 +31,7 @@ func (w logWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// The whole chain: the agent asks the relay through relayclient.Source when
+// The whole chain: the agent asks the relay through relayclient.NATSource when
 // an MPTCP connection starts, opens a subflow through the granted port, and
 // the connection carries data over both the default path and the relay.
 // Lab "detours" with one relay: both paths have a 10 Mbit/s core link.

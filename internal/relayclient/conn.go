@@ -1,5 +1,5 @@
 // Package relayclient is the client side of the relay control protocol
-// (internal/proto): Conn talks to one relay, Source turns grants from a set of
+// (internal/proto): Conn talks to one relay, NATSource turns grants from a set of
 // relays into detours for the agent (it implements detour.Source and
 // detour.Releaser).
 package relayclient

@@ -261,7 +261,7 @@ func TestConnErrors(t *testing.T) {
 	}
 }
 
-// The Source renews a grant at half its lease and releases it.
+// The NATSource renews a grant at half its lease and releases it.
 func TestSourceRenewsAndReleases(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())

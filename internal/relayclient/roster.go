@@ -82,7 +82,7 @@ func (c *Conn) RosterSince(ctx context.Context, max int, have uint64, digest boo
 	}
 }
 
-// Discovery configures a Source to use relays of the collective's roster
+// Discovery configures a NATSource to use relays of the collective's roster
 // besides its configured ones: it reads the roster from a configured relay
 // every Every, verifies every entry (the authority's certificate with the
 // role relay, the relay's signature), and asks up to Max of the listed
@@ -103,12 +103,12 @@ type Discovery struct {
 const DefaultDiscoveryEvery = 500 * time.Millisecond
 
 type discovered struct {
-	idx   int // in Source.conns
+	idx   int // in NATSource.conns
 	entry *roster.Entry
 }
 
 // discover polls the roster until the source closes.
-func (s *Source) discover() {
+func (s *NATSource) discover() {
 	defer s.wg.Done()
 	d := s.cfg.Discovery
 	t := time.NewTicker(d.Every)
@@ -127,7 +127,7 @@ func (s *Source) discover() {
 // relay that answers (starting after the last one that did). A roster
 // whose digest is the one read last is not sent again (a few dozen bytes
 // per poll) and its entries are not verified again.
-func (s *Source) fetchRoster() ([]*roster.Entry, error) {
+func (s *NATSource) fetchRoster() ([]*roster.Entry, error) {
 	d := s.cfg.Discovery
 	var errs []error
 	for i := range s.static {
@@ -186,7 +186,7 @@ func (s *Source) fetchRoster() ([]*roster.Entry, error) {
 	return nil, errors.Join(errs...)
 }
 
-func (s *Source) discoverOnce() {
+func (s *NATSource) discoverOnce() {
 	entries, err := s.fetchRoster()
 	if err != nil {
 		if s.ctx.Err() == nil {
@@ -274,7 +274,7 @@ func (s *Source) discoverOnce() {
 // dropLocked stops using a discovered relay: its detours disappear now,
 // its grants are released in the background (a relay that is gone does
 // not answer: bounded by RequestTimeout), then its connection closes.
-func (s *Source) dropLocked(k proto.Key, dr *discovered) {
+func (s *NATSource) dropLocked(k proto.Key, dr *discovered) {
 	c := s.conns[dr.idx]
 	var ports []uint16
 	for ek, e := range s.entries {
@@ -318,7 +318,7 @@ func controlAddr(e *roster.Entry) (netip.AddrPort, bool) {
 }
 
 // Discovered lists the roster relays in use now (name, control address).
-func (s *Source) Discovered() []Relay {
+func (s *NATSource) Discovered() []Relay {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Relay
@@ -331,10 +331,10 @@ func (s *Source) Discovered() []Relay {
 
 // RosterReads counts the roster reads that got the roster (the first, and
 // those after a change) and those the relay answered "unchanged".
-func (s *Source) RosterReads() (full, unchanged uint64) {
+func (s *NATSource) RosterReads() (full, unchanged uint64) {
 	return s.rosterReads[0].Load(), s.rosterReads[1].Load()
 }
 
 // RosterRefused counts roster entries this source refused (forged, expired,
 // revoked, not a relay...).
-func (s *Source) RosterRefused() uint64 { return s.refused.Load() }
+func (s *NATSource) RosterRefused() uint64 { return s.refused.Load() }

@@ -17,7 +17,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
-// SourceConfig configures a Source.
+// SourceConfig configures a NATSource.
 type SourceConfig struct {
 	PrivateKey proto.Key // the member key (also its WireGuard key for tunnels)
 	Relays     []Relay
@@ -35,11 +35,11 @@ type SourceConfig struct {
 	Observe func(relay, op string, server netip.AddrPort, err error)
 }
 
-// Source asks relays for NAT detours: Prepare starts a grant in the
+// NATSource asks relays for NAT detours: Prepare starts a grant in the
 // background, Detours returns the ones ready, leases are renewed at half
 // their length until Release. Grants are cached per (relay, server
 // address and port), so every connection to the same server shares them.
-type Source struct {
+type NATSource struct {
 	cfg    SourceConfig
 	log    *slog.Logger
 	static []*Conn // the configured relays (conns[:len(static)])
@@ -91,13 +91,13 @@ type entry struct {
 }
 
 var (
-	_ detour.Source   = (*Source)(nil)
-	_ detour.Releaser = (*Source)(nil)
-	_ detour.Notifier = (*Source)(nil)
+	_ detour.Source   = (*NATSource)(nil)
+	_ detour.Releaser = (*NATSource)(nil)
+	_ detour.Notifier = (*NATSource)(nil)
 )
 
 // NewSource dials every relay (handshakes start at once, in the background).
-func NewSource(cfg SourceConfig) (*Source, error) {
+func NewSource(cfg SourceConfig) (*NATSource, error) {
 	if cfg.PrivateKey.IsZero() {
 		return nil, errors.New("relay source: private key is required")
 	}
@@ -107,7 +107,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 10 * time.Second
 	}
-	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{}, rosterNoDigest: map[int]bool{},
+	s := &NATSource{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{}, rosterNoDigest: map[int]bool{},
 		changed: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -144,7 +144,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	return s, nil
 }
 
-func (s *Source) closeConns() {
+func (s *NATSource) closeConns() {
 	s.mu.Lock()
 	conns := slices.Clone(s.conns)
 	s.mu.Unlock()
@@ -157,10 +157,10 @@ func (s *Source) closeConns() {
 
 // Conns returns the configured relays' connections (e.g. for tunnel
 // requests); discovered relays are not among them.
-func (s *Source) Conns() []*Conn { return s.static }
+func (s *NATSource) Conns() []*Conn { return s.static }
 
 // Prepare implements detour.Source: it never blocks.
-func (s *Source) Prepare(server netip.AddrPort) {
+func (s *NATSource) Prepare(server netip.AddrPort) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -183,7 +183,7 @@ func (s *Source) Prepare(server netip.AddrPort) {
 	}
 }
 
-func (s *Source) grant(k entryKey, e *entry) {
+func (s *NATSource) grant(k entryKey, e *entry) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
@@ -230,8 +230,8 @@ func (s *Source) grant(k entryKey, e *entry) {
 }
 
 // observe reports an outcome to SourceConfig.Observe (a cancelled request
-// of a closing Source is no outcome).
-func (s *Source) observe(c *Conn, op string, server netip.AddrPort, err error) {
+// of a closing NATSource is no outcome).
+func (s *NATSource) observe(c *Conn, op string, server netip.AddrPort, err error) {
 	if s.cfg.Observe != nil && s.ctx.Err() == nil {
 		s.cfg.Observe(c.relay.Name, op, server, err)
 	}
@@ -239,16 +239,16 @@ func (s *Source) observe(c *Conn, op string, server netip.AddrPort, err error) {
 
 // Changed implements detour.Notifier: a value arrives after a grant came
 // in or a discovered relay was dropped (one per burst).
-func (s *Source) Changed() <-chan struct{} { return s.changed }
+func (s *NATSource) Changed() <-chan struct{} { return s.changed }
 
-func (s *Source) notify() {
+func (s *NATSource) notify() {
 	select {
 	case s.changed <- struct{}{}:
 	default:
 	}
 }
 
-func (s *Source) release(c *Conn, port uint16) {
+func (s *NATSource) release(c *Conn, port uint16) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
 	defer cancel()
@@ -258,7 +258,7 @@ func (s *Source) release(c *Conn, port uint16) {
 }
 
 // Detours implements detour.Source: grants ready now for server.
-func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
+func (s *NATSource) Detours(server netip.AddrPort) []detour.Detour {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -274,7 +274,7 @@ func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
 }
 
 // Err returns why the last grant toward server from relay i failed, if so.
-func (s *Source) Err(relay int, server netip.AddrPort) error {
+func (s *NATSource) Err(relay int, server netip.AddrPort) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.entries[entryKey{relay, server}]; e != nil {
@@ -285,7 +285,7 @@ func (s *Source) Err(relay int, server netip.AddrPort) error {
 
 // Release implements detour.Releaser: the grants toward server are given
 // back to every relay.
-func (s *Source) Release(ctx context.Context, server netip.AddrPort) error {
+func (s *NATSource) Release(ctx context.Context, server netip.AddrPort) error {
 	type rel struct {
 		c    *Conn
 		port uint16
@@ -316,14 +316,14 @@ func (s *Source) Release(ctx context.Context, server netip.AddrPort) error {
 }
 
 // markReleasing records a release of k's grant in flight (s.mu held).
-func (s *Source) markReleasing(k entryKey) chan struct{} {
+func (s *NATSource) markReleasing(k entryKey) chan struct{} {
 	ch := make(chan struct{})
 	s.releasing[k] = ch
 	return ch
 }
 
 // releaseDone ends what markReleasing recorded.
-func (s *Source) releaseDone(k entryKey, ch chan struct{}) {
+func (s *NATSource) releaseDone(k entryKey, ch chan struct{}) {
 	s.mu.Lock()
 	if s.releasing[k] == ch {
 		delete(s.releasing, k)
@@ -334,7 +334,7 @@ func (s *Source) releaseDone(k entryKey, ch chan struct{}) {
 
 // renewer renews leases at half their length; a relay that lost the mapping
 // (restart) gets a fresh grant, and the detour changes port.
-func (s *Source) renewer() {
+func (s *NATSource) renewer() {
 	defer s.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -358,7 +358,7 @@ func (s *Source) renewer() {
 	}
 }
 
-func (s *Source) renew(k entryKey, e *entry) {
+func (s *NATSource) renew(k entryKey, e *entry) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
@@ -401,7 +401,7 @@ func (s *Source) renew(k entryKey, e *entry) {
 }
 
 // Key is the member key in use (the newest after a Rotate).
-func (s *Source) Key() proto.Key {
+func (s *NATSource) Key() proto.Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cfg.PrivateKey
@@ -409,7 +409,7 @@ func (s *Source) Key() proto.Key {
 
 // SetCertificate replaces the certificate of the key in use (a renewed
 // certificate for the same key): new sessions present it.
-func (s *Source) SetCertificate(cert []byte) {
+func (s *NATSource) SetCertificate(cert []byte) {
 	s.mu.Lock()
 	s.cfg.Options.Certificate = cert
 	conns := slices.Clone(s.conns)
@@ -432,7 +432,7 @@ func (s *Source) SetCertificate(cert []byte) {
 // relay switches keys then. Rotate waits until every relay answered or ctx
 // ends and returns the refusals and the relays that have not answered yet
 // (those keep trying), joined.
-func (s *Source) Rotate(ctx context.Context, priv proto.Key, cert []byte, then func(*Conn, error)) error {
+func (s *NATSource) Rotate(ctx context.Context, priv proto.Key, cert []byte, then func(*Conn, error)) error {
 	s.mu.Lock()
 	s.cfg.PrivateKey, s.cfg.Options.Certificate = priv, cert
 	var conns []*Conn
@@ -476,7 +476,7 @@ func (s *Source) Rotate(ctx context.Context, priv proto.Key, cert []byte, then f
 }
 
 // Close releases every grant (best effort, bounded) and stops.
-func (s *Source) Close() error {
+func (s *NATSource) Close() error {
 	s.mu.Lock()
 	var servers []netip.AddrPort
 	seen := map[netip.AddrPort]bool{}
@@ -499,4 +499,4 @@ func (s *Source) Close() error {
 }
 
 // String describes the source for logs.
-func (s *Source) String() string { return fmt.Sprintf("relays(%d)", len(s.static)) }
+func (s *NATSource) String() string { return fmt.Sprintf("relays(%d)", len(s.static)) }

@@ -21,7 +21,7 @@ import (
 )
 
 // TestAgentTunnelSubflow: the agent (userspace path manager) gets a tunnel
-// Source (tunnelctl.NewSource, as the agent wires it) as a detour.Source and adds a subflow from the tunnel address to the
+// TunnelSource (tunnelctl.NewSource, as the agent wires it) as a detour.Source and adds a subflow from the tunnel address to the
 // server with SUBFLOW_CREATE; that subflow carries data through WireGuard.
 func TestAgentTunnelSubflow(t *testing.T) {
 	testenv.MPTCP(t)
@@ -29,7 +29,7 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	line := newLine(t)
 	// Leftovers of a crashed agent, removed by StartAll.
 	netnstest.MustRun(t, "ip", "-n", line.cl, "rule", "add", "from", "100.88.7.7", "lookup", "52007", "priority", "5200")
-	// The relay may still be starting: the Source retries until it answers.
+	// The relay may still be starting: the TunnelSource retries until it answers.
 	srcs, err := StartAll(line.cl, []*relayclient.Conn{line.dial(line.member)}, line.member, nil)
 	if err != nil {
 		t.Fatal(err)

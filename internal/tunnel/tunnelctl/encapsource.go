@@ -13,7 +13,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
-// EncapSource is Source for the unencrypted VXLAN kind: it asks conn's
+// EncapSource is the TunnelSource of the unencrypted VXLAN kind: it asks conn's
 // relay in the background (retrying with backoff) and offers the tunnel
 // detour once it is up. Close releases the tunnel on the relay and removes
 // it here.

@@ -33,11 +33,11 @@ import (
 func TestTunnelKeyRotation(t *testing.T) { testTunnelKeyRotation(t, true) }
 
 // The same without the agent's explicit rekey: the tunnel source follows
-// its relay connection's new key by itself (Source.follow), within about
+// its relay connection's new key by itself (TunnelSource.follow), within about
 // one followEvery.
 func TestTunnelFollowsKeyRotation(t *testing.T) { testTunnelKeyRotation(t, false) }
 
-// explicit: the agent's path, Source.Rekey right after Conn.Rotate.
+// explicit: the agent's path, TunnelSource.Rekey right after Conn.Rotate.
 func testTunnelKeyRotation(t *testing.T, explicit bool) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "nft")

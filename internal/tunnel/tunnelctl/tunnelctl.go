@@ -3,10 +3,10 @@
 // serve the "tunnel" and "encap" requests (cmd/mpdetour passes it to
 // internal/relayd as the relay's TunnelFactory); on the client, Open asks a
 // relay over a relayclient.Conn and brings the tunnel up, and re-asks
-// through the same channel when the tunnel goes stale. Source wraps Open
+// through the same channel when the tunnel goes stale. TunnelSource wraps Open
 // for the agent: a detour.Source per relay that keeps retrying until the
 // relay answers. internal/agentd calls StartAll (and StartAllEncap)
-// at start, which removes a crashed agent's tunnels and returns one Source
+// at start, which removes a crashed agent's tunnels and returns one TunnelSource
 // per relay, passes the sources to the agent with the others and closes
 // them at exit.
 package tunnelctl
