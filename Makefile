@@ -3,6 +3,7 @@
 
 GO        ?= go
 BIN       := bin/mpdetour
+LABBIN    := bin/mpdetour-lab
 GOBIN     := $(shell $(GO) env GOPATH)/bin
 VERSION   := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X github.com/mpdetour/mpdetour/internal/version.Version=$(VERSION)
@@ -22,17 +23,19 @@ all: build
 setup:
 	@scripts/setup.sh
 
+# Both binaries: mpdetour (the product: relay and agent hosts need only
+# this one) and mpdetour-lab (the evaluation lab, which starts the mpdetour
+# beside it in its lab nodes).
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/mpdetour
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(LABBIN) ./cmd/mpdetour-lab
 
-# The binary for relay and agent hosts: without `lab bench` (its report
-# links the plotting library); every other subcommand is there.
+# The product binary alone (what relay and agent hosts install).
 build-host:
-	$(GO) build -tags nolab -ldflags "$(LDFLAGS)" -o bin/mpdetour-host ./cmd/mpdetour
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/mpdetour
 
 vet:
 	$(GO) vet ./...
-	$(GO) vet -tags nolab ./cmd/mpdetour
 
 staticcheck:
 	$(GOBIN)/staticcheck ./...
@@ -53,7 +56,7 @@ fuzz:
 # Churn against real relays and an agent in a lab of its own; fails when
 # memory, fds, goroutines, mappings or WireGuard peers grow (docs/lab.md).
 soak: build
-	$(BIN) lab soak --duration $(SOAKTIME) --name soakmk
+	$(LABBIN) soak --duration $(SOAKTIME) --name soakmk
 
 # The soak mostly waits: it runs beside the fuzzers.
 fuzz-and-soak:

@@ -52,3 +52,6 @@ require (
 	golang.zx2c4.com/wintun v0.0.0-20230126152724-0fa3db229ce2 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// Incarnation wrap-around fix (third_party/memberlist/PATCHES.md; issue 28, break 2).
+replace github.com/hashicorp/memberlist => ./third_party/memberlist

@@ -20,6 +20,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -336,7 +337,7 @@ func abs(x float64) float64 {
 // nftAcctBytes sums the byte counters of the relay's accounting set.
 func nftAcctBytes(t *testing.T, ns string) uint64 {
 	t.Helper()
-	out, err := nftList(t, ns, "-j", "list", "set", "ip", TableName, acctSetName)
+	out, err := nftList(t, ns, "-j", "list", "set", "ip", TableName, dataplane.AcctSetName)
 	if err != nil {
 		t.Fatalf("nft: %v\n%s", err, out)
 	}
