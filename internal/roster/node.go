@@ -45,6 +45,17 @@ type Config struct {
 	ProbeTimeout  time.Duration
 	SuspicionMult int
 	RejoinEvery   time.Duration // default 5 s
+	// Tuning (issue 30; 0: the defaults below, chosen by measurement in
+	// docs/results/roster): Lifeguard's cap on a suspicion's start
+	// (x the suspicion timeout), gossip fan-out and interval, the
+	// periodic state sync's interval (memberlist scales it up with
+	// log2(N/32)), and how often every relay retransmits a new message
+	// (x ceil(log10(N+1))).
+	SuspicionMaxTimeoutMult int
+	GossipNodes             int
+	GossipInterval          time.Duration
+	PushPullInterval        time.Duration
+	RetransmitMult          int
 
 	Key   proto.Key               // the relay's private control-protocol key
 	Cert  *collective.Certificate // its certificate (role relay)
@@ -190,6 +201,20 @@ func Start(cfg Config, info Info) (*Node, error) {
 	// collective scenario: docs/results/collective). 2 caps it at
 	// 2 x 1.95 s: a live relay still has that long to refute.
 	mc.SuspicionMaxTimeoutMult = suspicionMaxTimeoutMult
+	for _, o := range []struct {
+		v   int
+		dst *int
+	}{{cfg.SuspicionMaxTimeoutMult, &mc.SuspicionMaxTimeoutMult}, {cfg.GossipNodes, &mc.GossipNodes}, {cfg.RetransmitMult, &mc.RetransmitMult}} {
+		if o.v > 0 {
+			*o.dst = o.v
+		}
+	}
+	if cfg.GossipInterval > 0 {
+		mc.GossipInterval = cfg.GossipInterval
+	}
+	if cfg.PushPullInterval > 0 {
+		mc.PushPullInterval = cfg.PushPullInterval
+	}
 	mc.DeadNodeReclaimTime = 5 * time.Second // a restarted relay may come back on another address
 	// Entries are mostly keys and signatures: LZW gains little on them and
 	// costs CPU on every gossip message.
@@ -251,19 +276,19 @@ func scaleDuration(d time.Duration, k float64) time.Duration {
 	return time.Duration(float64(d) * k)
 }
 
-// size is how many entries the roster holds, expired or revoked ones
-// included (the simulation's progress check: its certificates are valid
-// for a day and nobody is revoked, so this is Count without the filter,
-// which costs O(N) per relay and poll, O(N^2) for N relays).
-func (n *Node) size() int {
+// Size is how many entries the roster holds, expired or revoked ones
+// included: O(1) (the simulation's progress check, whose certificates are
+// valid for a day and nobody is revoked; Count filters, O(N)).
+func (n *Node) Size() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return len(n.entries)
 }
 
-// listsAny tells whether the roster holds an entry of any of the named
-// relays (the simulation's kill check, without sorting Entries).
-func (n *Node) listsAny(names []string) bool {
+// ListsAny tells whether the roster holds an entry of any of the named
+// relays (memberlist node names; the simulation's checks, without
+// sorting Entries).
+func (n *Node) ListsAny(names ...string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, name := range names {
