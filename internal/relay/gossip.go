@@ -31,6 +31,14 @@ type GossipConfig struct {
 	SecretFile    string          `yaml:"secret_file"`    // required: base64 32-byte key authenticating and encrypting gossip
 	ProbeInterval config.Duration `yaml:"probe_interval"` // default 500ms
 	ProbeTimeout  config.Duration `yaml:"probe_timeout"`  // default 250ms
+	// Tuning of memberlist at scale (docs/collective.md, "Tuning"; 0 or
+	// absent: the defaults).
+	SuspicionMult    int             `yaml:"suspicion_mult"`     // default 3
+	SuspicionMaxMult int             `yaml:"suspicion_max_mult"` // default 2
+	GossipNodes      int             `yaml:"gossip_nodes"`       // default 3
+	GossipInterval   config.Duration `yaml:"gossip_interval"`    // default 200ms
+	PushPullInterval config.Duration `yaml:"push_pull_interval"` // default 30s (memberlist scales it with log2(N/32))
+	RetransmitMult   int             `yaml:"retransmit_mult"`    // default 4
 }
 
 // GossipSettings are the validated section.
@@ -43,6 +51,7 @@ type GossipSettings struct {
 	Secret          []byte
 	ProbeInterval   time.Duration
 	ProbeTimeout    time.Duration
+	Tuning          GossipTuning
 	Cert            *collective.Certificate // the relay's own (role relay)
 }
 
@@ -52,7 +61,33 @@ func (g *GossipSettings) same(o *GossipSettings) bool {
 	}
 	return g.Bind == o.Bind && g.Advertise == o.Advertise && slices.Equal(g.Join, o.Join) && slices.Equal(g.Announce, o.Announce) &&
 		g.Region == o.Region && g.Capacity == o.Capacity && string(g.Secret) == string(o.Secret) &&
-		g.ProbeInterval == o.ProbeInterval && g.ProbeTimeout == o.ProbeTimeout && g.Cert.String() == o.Cert.String()
+		g.ProbeInterval == o.ProbeInterval && g.ProbeTimeout == o.ProbeTimeout && g.Tuning == o.Tuning && g.Cert.String() == o.Cert.String()
+}
+
+// GossipTuning: memberlist's settings beyond the probe (0: the defaults).
+type GossipTuning struct {
+	SuspicionMult, SuspicionMaxMult, GossipNodes, RetransmitMult int
+	GossipInterval, PushPullInterval                             time.Duration
+}
+
+func (gc *GossipConfig) tuning() (GossipTuning, error) {
+	t := GossipTuning{SuspicionMult: gc.SuspicionMult, SuspicionMaxMult: gc.SuspicionMaxMult, GossipNodes: gc.GossipNodes, RetransmitMult: gc.RetransmitMult,
+		GossipInterval: time.Duration(gc.GossipInterval), PushPullInterval: time.Duration(gc.PushPullInterval)}
+	for _, c := range []struct {
+		name   string
+		v, max int
+	}{{"suspicion_mult", t.SuspicionMult, 20}, {"suspicion_max_mult", t.SuspicionMaxMult, 20}, {"gossip_nodes", t.GossipNodes, 20}, {"retransmit_mult", t.RetransmitMult, 30}} {
+		if c.v < 0 || c.v > c.max {
+			return t, fmt.Errorf("collective.gossip.%s: %d is outside 1..%d", c.name, c.v, c.max)
+		}
+	}
+	if t.GossipInterval != 0 && (t.GossipInterval < 10*time.Millisecond || t.GossipInterval > 10*time.Second) {
+		return t, fmt.Errorf("collective.gossip.gossip_interval: %v is outside 10ms..10s", t.GossipInterval)
+	}
+	if t.PushPullInterval != 0 && (t.PushPullInterval < time.Second || t.PushPullInterval > time.Hour) {
+		return t, fmt.Errorf("collective.gossip.push_pull_interval: %v is outside 1s..1h", t.PushPullInterval)
+	}
+	return t, nil
 }
 
 func buildGossip(c *Config, s *Settings) (*GossipSettings, error) {
@@ -161,6 +196,9 @@ func buildGossip(c *Config, s *Settings) (*GossipSettings, error) {
 	if g.ProbeTimeout != 0 && (g.ProbeTimeout < 10*time.Millisecond || g.ProbeTimeout > 30*time.Second) {
 		return nil, fmt.Errorf("collective.gossip.probe_timeout: %v is outside 10ms..30s", g.ProbeTimeout)
 	}
+	if g.Tuning, err = gc.tuning(); err != nil {
+		return nil, err
+	}
 	pi, pt := g.ProbeInterval, g.ProbeTimeout
 	if pi == 0 {
 		pi = roster.DefaultProbeInterval
@@ -221,6 +259,8 @@ func (s *Server) newRoster(set *Settings, info roster.Info) (*roster.Node, error
 	n, err := roster.Start(roster.Config{
 		Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Secret: g.Secret,
 		ProbeInterval: g.ProbeInterval, ProbeTimeout: g.ProbeTimeout,
+		SuspicionMult: g.Tuning.SuspicionMult, SuspicionMaxTimeoutMult: g.Tuning.SuspicionMaxMult, GossipNodes: g.Tuning.GossipNodes,
+		GossipInterval: g.Tuning.GossipInterval, PushPullInterval: g.Tuning.PushPullInterval, RetransmitMult: g.Tuning.RetransmitMult,
 		Key: set.PrivateKey, Cert: g.Cert, Trust: set.Trust,
 		Log: s.log.With("part", "roster"), Now: s.now,
 		OnRefused: func(reason string) { s.met.rosterRefused.WithLabelValues(reason).Inc() },
