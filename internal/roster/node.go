@@ -109,8 +109,10 @@ type Node struct {
 	trust   *collective.Trust
 	self    []byte // our signed entry
 	info    Info
-	entries map[string]*known // by node name
-	refused map[string]uint64 // by Reason
+	entries map[string]*known    // by node name
+	refused map[string]uint64    // by Reason
+	logged  map[string]time.Time // refusals: last logged, by reason
+	muted   map[string]uint64    // refusals not logged since
 	changes uint64
 	snap    *Snapshot // the last one built (snapshot.go)
 	crl     crlState  // the revocation list's gossip (crl.go)
@@ -168,7 +170,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 		cfg.TimeScale = 1
 	}
 	cfg.RejoinEvery = scaleDuration(cfg.RejoinEvery, cfg.TimeScale)
-	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, logged: map[string]time.Time{}, muted: map[string]uint64{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
@@ -220,6 +222,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 	// costs CPU on every gossip message.
 	mc.EnableCompression = false
 	mc.Delegate = (*delegate)(n)
+	mc.Alive = (*aliveFilter)(n)
 	mc.Events = (*events)(n)
 	mc.Logger = log.New(&logWriter{l: n.log, n: n}, "", 0)
 	// Authenticated and encrypted both ways (memberlist refuses
@@ -489,21 +492,14 @@ func (n *Node) learn(node *memberlist.Node) {
 	if err == nil && NodeName(e.Key()) != node.Name {
 		err = fmt.Errorf("%w: %s carries the entry of %s", errNameMismatch, node.Name, e.Name())
 	}
-	n.mu.Lock()
 	if err != nil {
-		// A previous valid entry of the node stays: without a gossip
-		// secret anybody in the cluster can gossip a node's metadata, and
-		// a forged update must not remove a relay (the relay refutes it).
-		// Its certificate's expiry and revocation still apply (Entries).
-		reason := Reason(err)
-		n.refused[reason]++
-		n.mu.Unlock()
-		n.log.Warn("roster: entry refused", "node", node.Name, "addr", node.Address(), "reason", reason, "err", err)
-		if n.cfg.OnRefused != nil {
-			n.cfg.OnRefused(reason)
-		}
+		// A previous valid entry of the node stays: a forged update must
+		// not remove a relay (the relay refutes it). Its certificate's
+		// expiry and revocation still apply (Entries).
+		n.refuse(node, Reason(err), err)
 		return
 	}
+	n.mu.Lock()
 	if k := n.entries[node.Name]; k != nil && !e.Issued.After(k.entry.Issued) {
 		n.mu.Unlock()
 		return // an older entry of the same relay (replayed or reordered)
@@ -517,6 +513,77 @@ func (n *Node) learn(node *memberlist.Node) {
 		n.log.Info("roster: relay joined", "relay", e.Name(), "key", e.Key().ID(), "addrs", e.Addrs, "region", e.Region)
 	}
 	n.changed()
+}
+
+// refuse counts a refused entry (or gossip) by reason and logs it, at
+// most once every 10 s per reason with the count not logged since: a
+// hostile peer can send many.
+func (n *Node) refuse(node *memberlist.Node, reason string, err error) {
+	now := time.Now()
+	n.mu.Lock()
+	n.refused[reason]++
+	log := now.Sub(n.logged[reason]) >= refuseLogEvery
+	muted := n.muted[reason]
+	if log {
+		n.logged[reason], n.muted[reason] = now, 0
+	} else {
+		n.muted[reason]++
+	}
+	n.mu.Unlock()
+	if log {
+		var name, addr string
+		if node != nil {
+			name, addr = node.Name, node.Address()
+		}
+		lvl := n.log.Warn
+		if reason == ReasonStale {
+			lvl = n.log.Info // routine for a moment while gossip reorders
+		}
+		lvl("roster: entry refused", "node", name, "addr", addr, "reason", reason, "err", err, "not_logged_since", muted)
+	}
+	if n.cfg.OnRefused != nil {
+		n.cfg.OnRefused(reason)
+	}
+}
+
+const refuseLogEvery = 10 * time.Second
+
+// aliveFilter is memberlist's AliveDelegate: an alive message (gossip or
+// state sync) whose metadata is not a valid entry of the node it names is
+// ignored before memberlist stores anything of it, so a hostile peer that
+// holds the gossip secret cannot grow every relay's node table with
+// invented relays, nor replace a relay's entry with an older or foreign
+// one. An unchanged entry costs one comparison.
+type aliveFilter Node
+
+func (a *aliveFilter) NotifyAlive(node *memberlist.Node) error {
+	n := (*Node)(a)
+	n.mu.Lock()
+	k := n.entries[node.Name]
+	self := n.self
+	n.mu.Unlock()
+	if k != nil && bytes.Equal(k.meta, node.Meta) || bytes.Equal(self, node.Meta) && node.Name == NodeName(n.cfg.Key.Public()) {
+		return nil
+	}
+	if len(node.Meta) > MaxEntryLen {
+		err := fmt.Errorf("entry of %d bytes exceeds %d", len(node.Meta), MaxEntryLen)
+		n.refuse(node, ReasonOversized, err)
+		return err
+	}
+	e, err := n.verify(node.Meta, n.cfg.Now())
+	if err == nil && NodeName(e.Key()) != node.Name {
+		err = fmt.Errorf("%w: %s carries the entry of %s", errNameMismatch, node.Name, e.Name())
+	}
+	if err == nil && k != nil && !e.Issued.After(k.entry.Issued) {
+		err = fmt.Errorf("entry issued %v, not newer than the one held (%v)", e.Issued, k.entry.Issued)
+		n.refuse(node, ReasonStale, err)
+		return err
+	}
+	if err != nil {
+		n.refuse(node, Reason(err), err)
+		return err
+	}
+	return nil
 }
 
 func (n *Node) forget(node *memberlist.Node) {
@@ -579,31 +646,11 @@ func (e *events) NotifyLeave(node *memberlist.Node)  { (*Node)(e).forget(node) }
 type logWriter struct {
 	l *slog.Logger
 	n *Node
-
-	mu    sync.Mutex
-	last  time.Time
-	muted uint64
 }
 
 func (w *logWriter) Write(p []byte) (int, error) {
 	if w.n != nil && (bytes.Contains(p, []byte("Decrypt packet failed")) || bytes.Contains(p, []byte("decrypt")) || bytes.Contains(p, []byte("Decrypt"))) {
-		w.n.mu.Lock()
-		w.n.refused[ReasonUnauthenticated]++
-		w.n.mu.Unlock()
-		if w.n.cfg.OnRefused != nil {
-			w.n.cfg.OnRefused(ReasonUnauthenticated)
-		}
-		w.mu.Lock()
-		now := time.Now()
-		if now.Sub(w.last) < 10*time.Second {
-			w.muted++
-			w.mu.Unlock()
-			return len(p), nil
-		}
-		muted := w.muted
-		w.last, w.muted = now, 0
-		w.mu.Unlock()
-		w.l.Warn("roster: gossip refused reason=unauthenticated (not sealed with this cluster's gossip secret)", "msg", string(bytes.TrimSpace(p)), "not_logged", muted)
+		w.n.refuse(nil, ReasonUnauthenticated, fmt.Errorf("not sealed with this cluster's gossip secret: %s", bytes.TrimSpace(p)))
 		return len(p), nil
 	}
 	s := string(bytes.TrimSpace(p))
