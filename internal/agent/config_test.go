@@ -94,15 +94,18 @@ func TestParseConfigRejects(t *testing.T) {
 		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, servers: [x]}]":                              "detours[0].servers[0]",
 		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, address: 10.1.1.2:4000}]":                    "detours[0].kind",
 		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2}, {kind: tunnel, relay: a, local: 10.9.0.2}]": "detours[1]",
-		"{":                          "",
-		"policy: greedy":             "policy",
-		"watchdog: 0s":               "watchdog",
-		"window: -1s":                "window",
-		"metrics: {listen: nowhere}": "metrics.listen",
-		"legacy_v1: [{name: v1, address: \"[::1]:45672\"}]":           "legacy_v1[0].address",
-		"legacy_v1: [{address: 10.1.1.2:45672}]":                      "legacy_v1[0].name",
-		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]": "legacy_v1[0].lease",
-		"server: {announce: [{name: d, address: 127.0.0.1}]}":         "server.announce[0].address",
+		"{":                                    "",
+		"policy: greedy":                       "policy",
+		"watchdog: 0s":                         "watchdog",
+		"window: -1s":                          "window",
+		"metrics: {listen: nowhere}":           "metrics.listen",
+		"metrics: {listen: \"unix:rel.sock\"}": "metrics.listen",
+		"metrics: {token_file: /nonexistent}":  "metrics.token_file: set without metrics.listen",
+		"metrics: {listen: 127.0.0.1:9465, token_file: /nonexistent/t}": "metrics.token_file",
+		"legacy_v1: [{name: v1, address: \"[::1]:45672\"}]":             "legacy_v1[0].address",
+		"legacy_v1: [{address: 10.1.1.2:45672}]":                        "legacy_v1[0].name",
+		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]":   "legacy_v1[0].lease",
+		"server: {announce: [{name: d, address: 127.0.0.1}]}":           "server.announce[0].address",
 		"server: {}":         "server.announce: nothing to do",
 		"tunnel_kind: vxlan": "tunnel_kind: set, but tunnels is not true",
 		"tunnel_kind: gre":   "tunnel_kind",
@@ -160,6 +163,13 @@ legacy_v1:
 	}
 	if _, err := ParseConfig([]byte("policy: adaptive\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "probe_interval") {
 		t.Fatalf("adaptive without measurements accepted: %v", err)
+	}
+	// backup-first: measured every 100 ms, the general subflow default.
+	if b, err := ParseConfig([]byte("policy: backup-first\n")); err != nil || b.Policy != policy.BackupFirst || b.Subflows != 2 || b.ProbeInterval != 100*time.Millisecond {
+		t.Fatalf("backup-first: %v, subflows %d, probe %s, err %v; want 2, 100ms", b.Policy, b.Subflows, b.ProbeInterval, err)
+	}
+	if _, err := ParseConfig([]byte("policy: backup-first\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "backup-first") {
+		t.Fatalf("backup-first without measurements accepted: %v", err)
 	}
 }
 

@@ -96,6 +96,7 @@ func Procedures() map[string]Setup {
 	return map[string]Setup{
 		scenario.TCP:         setupTCP,
 		scenario.MPTCP1:      setupMPTCP1,
+		scenario.MPTCP1NAT:   setupMPTCP1NAT,
 		scenario.TCPNAT:      setupTCPNAT,
 		scenario.MPTCPNAT:    setupMPTCPNAT,
 		scenario.TCPTunnel:   setupTCPTunnel,
@@ -104,10 +105,12 @@ func Procedures() map[string]Setup {
 		scenario.TCPEncap:    setupTCPEncap,
 		scenario.MPTCPEncap:  setupMPTCPEncap,
 
-		scenario.MPTCPNATStatic:      setupMPTCPNAT,
-		scenario.MPTCPNATAdaptive:    setupMPTCPNAT,
-		scenario.MPTCPTunnelStatic:   setupMPTCPTunnel,
-		scenario.MPTCPTunnelAdaptive: setupMPTCPTunnel,
+		scenario.MPTCPNATStatic:         setupMPTCPNAT,
+		scenario.MPTCPNATAdaptive:       setupMPTCPNAT,
+		scenario.MPTCPTunnelStatic:      setupMPTCPTunnel,
+		scenario.MPTCPTunnelAdaptive:    setupMPTCPTunnel,
+		scenario.MPTCPNATBackupFirst:    setupMPTCPNAT,
+		scenario.MPTCPTunnelBackupFirst: setupMPTCPTunnel,
 
 		scenario.MPTCPNATBackupStatic:   setupMPTCPNATBackup,
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,

@@ -35,8 +35,8 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 	"github.com/mpdetour/mpdetour/internal/roster"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
@@ -48,7 +48,7 @@ import (
 func TestMain(m *testing.M) {
 	if cfg := os.Getenv("ROSTERLOAD_RELAY_CONFIG"); cfg != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-		err := relay.Run(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
+		err := relayd.Run(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "relay:", err)
