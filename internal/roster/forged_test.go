@@ -92,14 +92,7 @@ func TestForgedDeadHighestIncarnation(t *testing.T) {
 // struct's fields) as a packet carries it.
 func deadMessage(inc uint32, node, from string) []byte {
 	b := []byte{5, 0x83}
-	str := func(s string) {
-		if len(s) < 32 {
-			b = append(b, 0xa0|byte(len(s)))
-		} else {
-			b = append(b, 0xd9, byte(len(s)))
-		}
-		b = append(b, s...)
-	}
+	str := func(s string) { b = msgpackStr(b, s) }
 	str("Incarnation")
 	b = binary.BigEndian.AppendUint32(append(b, 0xce), inc)
 	str("Node")
@@ -210,14 +203,7 @@ func TestHostileGossipPeer(t *testing.T) {
 // struct's fields) as a packet carries it.
 func aliveMessage(inc uint32, node string, meta []byte) []byte {
 	b := []byte{4, 0x86}
-	str := func(s string) {
-		if len(s) < 32 {
-			b = append(b, 0xa0|byte(len(s)))
-		} else {
-			b = append(b, 0xd9, byte(len(s)))
-		}
-		b = append(b, s...)
-	}
+	str := func(s string) { b = msgpackStr(b, s) }
 	bin := func(v []byte) {
 		if len(v) < 256 {
 			b = append(b, 0xc4, byte(len(v)))
@@ -239,4 +225,14 @@ func aliveMessage(inc uint32, node string, meta []byte) []byte {
 	str("Vsn")
 	bin([]byte{1, 5, 2, 2, 5, 4})
 	return b
+}
+
+// msgpackStr appends s as a msgpack string (fixstr or str8).
+func msgpackStr(b []byte, s string) []byte {
+	if len(s) < 32 {
+		b = append(b, 0xa0|byte(len(s)))
+	} else {
+		b = append(b, 0xd9, byte(len(s)))
+	}
+	return append(b, s...)
 }
