@@ -46,7 +46,7 @@ if [ -z "$bin" ]; then
   bin=$work/bin/mpdetour
   # Static (no cgo): the package depends on nothing, and cross-builds for
   # routers (GOARCH=arm64 or arm) need no C toolchain.
-  CGO_ENABLED=0 GOARCH=$goarch go build -trimpath -buildvcs=auto -tags nolab \
+  CGO_ENABLED=0 GOARCH=$goarch go build -trimpath -buildvcs=auto \
     -ldflags "-s -w -X github.com/mpdetour/mpdetour/internal/version.Version=$binversion" \
     -o "$bin" ./cmd/mpdetour
 fi

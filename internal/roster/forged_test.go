@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Issue 28, break 2: one forged memberlist "dead" message at the highest
+// One forged memberlist "dead" message at the highest
 // incarnation removed a live relay from the other relays' rosters for 10+
 // minutes (its refutation wrapped around to incarnation 0 and was ignored
 // as older). Gossip is now sealed with the cluster's secret, so a packet

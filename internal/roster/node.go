@@ -37,7 +37,7 @@ type Config struct {
 	// (memberlist's AES-GCM keyring; packets and streams without it are
 	// dropped); every relay of the cluster needs the same. Required:
 	// without it anyone who reaches the gossip port could declare a live
-	// relay dead (issue 28, break 2; docs/security.md).
+	// relay dead (docs/security.md).
 	Secret []byte
 	// Failure detection (defaults 500 ms, 250 ms, 3: a dead relay leaves
 	// the roster within about 3 s in small clusters, see docs/collective.md).
@@ -199,7 +199,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 	// suspicion timeout and shortens it as other relays confirm it. With
 	// memberlist's 6, a dead relay that only one relay has probed yet
 	// stays in the roster up to 6 x 1.95 s at 20 relays; the roster
-	// should lose a dead relay within 5 s (issue 15; measured in the
+	// should lose a dead relay within 5 s (measured in the
 	// collective scenario: docs/results/collective). 2 caps it at
 	// 2 x 1.95 s: a live relay still has that long to refute.
 	mc.SuspicionMaxTimeoutMult = suspicionMaxTimeoutMult

@@ -22,7 +22,6 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 	"github.com/mpdetour/mpdetour/internal/relay"
-	"github.com/mpdetour/mpdetour/internal/version"
 )
 
 // SoakOptions configure Soak. Zero values take the defaults in brackets.
@@ -104,7 +103,7 @@ type SoakReport struct {
 		ConnBytes, Long                            int
 		Policy                                     string `json:",omitempty"`
 	} `json:"options"`
-	Version  string       `json:"version"` // mpdetour version (internal/version)
+	Version  string       `json:"version"` // version of the mpdetour binary the soak runs
 	Samples  []SoakSample `json:"samples"`
 	Restarts []string     `json:"restarts"` // "t=..s relay detour1 SIGTERM"
 	Faults   []string     `json:"faults"`   // "t=..s C0 (default path) 5s"
@@ -173,7 +172,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if o.FlapFor >= o.FlapEvery/2 {
 		return nil, fmt.Errorf("flap-for %s must be shorter than half of flap-every %s (the detour and the default path are faulted in turn)", o.FlapFor, o.FlapEvery)
 	}
-	rep := &SoakReport{Final: map[string]RelayLook{}, Version: version.String()}
+	rep := &SoakReport{Final: map[string]RelayLook{}, Version: productVersion(o.Binary)}
 	rep.Options.Duration, rep.Options.RestartEvery = o.Duration.String(), o.RestartEvery.String()
 	rep.Options.FlapEvery, rep.Options.FlapFor = o.FlapEvery.String(), o.FlapFor.String()
 	rep.Options.ConnsPerSecond, rep.Options.Long, rep.Options.ConnBytes = o.ConnsPerSecond, o.Long, o.ConnBytes

@@ -33,7 +33,7 @@ import (
 // The simulation runs many relays in one process over memberlist with an
 // in-process network (simNet) instead of UDP/TCP sockets, to measure how
 // the roster converges and what gossip costs per relay at a scale no lab
-// reaches (issue 15: 1,000 relays). Everything but the network is the
+// reaches (1,000 relays). Everything but the network is the
 // product's code path: Node, signed entries, memberlist's SWIM.
 //
 // memberlist ships a MockNetwork, but its unbuffered channels block a
