@@ -239,9 +239,10 @@ func run(t *testing.T, conns []*relayclient.Conn, agents int, digest uint64, pid
 					defer rw.Done()
 					defer inflight.Add(-1)
 					ctx, cancel := context.WithTimeout(context.Background(), timeout)
-					rep, err := c.Do(ctx, proto.Request{Op: proto.OpRoster, Have: digest, HasDigest: true})
+					rep, err := c.Do(ctx, proto.Request{Op: proto.OpRoster, Body: &proto.RosterRequest{Have: digest, HasDigest: true}})
 					cancel()
-					if err != nil || rep.Reason != 0 || rep.Roster.Digest != digest {
+					rr, _ := rep.Body.(*proto.RosterReply)
+					if err != nil || rep.Reason != 0 || rr == nil || rr.Roster.Digest != digest {
 						lost.Add(1)
 						return
 					}
@@ -294,11 +295,11 @@ func cpuTicks(t *testing.T, pid int) uint64 {
 // wireLens: a digest read's request and "unchanged" reply as IPv4 packets
 // (20 IP + 8 UDP + 16 transport header + message + 16 tag).
 func wireLens(t *testing.T, digest uint64) (int, int) {
-	req, err := proto.MarshalRequest(proto.Request{Op: proto.OpRoster, Have: digest, HasDigest: true})
+	req, err := proto.MarshalRequest(proto.Request{Op: proto.OpRoster, Body: &proto.RosterRequest{Have: digest, HasDigest: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := proto.MarshalReply(proto.Reply{Op: proto.OpRoster, Roster: proto.RosterPage{Total: 1, Digest: digest}})
+	rep, err := proto.MarshalReply(proto.Reply{Op: proto.OpRoster, Body: &proto.RosterReply{Roster: proto.RosterPage{Total: 1, Digest: digest}}})
 	if err != nil {
 		t.Fatal(err)
 	}
