@@ -11,6 +11,7 @@ snapshot() {
   ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); print "link " $2}'
   nft list tables 2>/dev/null | sed 's/^table /nft /'
   pgrep -x mpdetour 2>/dev/null | sed 's/^/process mpdetour pid /'
+  pgrep -x mpdetour-lab 2>/dev/null | sed 's/^/process mpdetour-lab pid /'
 }
 
 before=$(mktemp) after=$(mktemp)

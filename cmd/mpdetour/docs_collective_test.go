@@ -38,6 +38,7 @@ func TestDocsCollectiveDiscoveryExamples(t *testing.T) {
 		"/etc/mpdetour/relay.key", write("relay.key", rk.String()),
 		"/etc/mpdetour/relay.cert", write("relay.cert", issue(rk, collective.RoleRelay)),
 		"/etc/mpdetour/crl.txt", write("crl.txt", auth.Revoke(nil, time.Now()).String()),
+		"/etc/mpdetour/gossip.key", write("gossip.key", "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI="),
 		"/etc/mpdetour/member.key", write("member.key", mk.String()),
 		"/etc/mpdetour/member.cert", write("member.cert", issue(mk, collective.RoleClient)),
 		"mpdetour-authority-v1:...", auth.Public().String(),

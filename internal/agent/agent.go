@@ -561,7 +561,7 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		}
 		cv := a.conns[e.Token]
 		if cv == nil {
-			if len(a.conns) >= a.cfg.MaxConnections {
+			if len(a.conns) >= a.cfg.MaxConnections || IsProbe(a.cfg.Probes, e.Local) {
 				return nil
 			}
 			cv = &connView{c: conn(e), since: at, subs: map[subKey]*subView{}}
@@ -715,7 +715,7 @@ func (a *Agent) resync(reason string) []job {
 				Local: unmap(s.Local), Remote: unmap(s.Remote), Backup: s.Backup()})
 		}
 		if !a.tracked(mc.Token) {
-			if len(a.conns) >= a.cfg.MaxConnections {
+			if len(a.conns) >= a.cfg.MaxConnections || IsProbe(a.cfg.Probes, mc.Local) {
 				continue
 			}
 			a.conns[mc.Token] = &connView{c: c, established: true, adopted: true, since: now, subs: map[subKey]*subView{}}

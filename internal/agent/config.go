@@ -12,6 +12,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
+	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/serverrole"
@@ -52,8 +53,12 @@ type Config struct {
 	// EventBuffer is the event socket's receive buffer in bytes.
 	EventBuffer int
 	LogLevel    slog.Level
-	// MetricsListen, when set, serves Prometheus metrics (e.g. 127.0.0.1:9465).
+	// MetricsListen, when set, serves Prometheus metrics (e.g. 127.0.0.1:9465,
+	// or unix:/run/mpdetour/agent-metrics.sock: mode 0600).
 	MetricsListen string
+	// MetricsToken, when set, is the bearer token every scrape must send
+	// (metrics.token_file).
+	MetricsToken string
 	// LegacyV1 are original-prototype daemons asked for detours (v1,
 	// unauthenticated; legacyclient).
 	LegacyV1 []legacyclient.Relay
@@ -71,6 +76,19 @@ type Config struct {
 	// ConvertStatus, when set, adds the conversion Router's view to the
 	// status (wired by cmd/mpdetour; not in the YAML).
 	ConvertStatus func() convclient.Status
+	// Blackhole, when set, adds the kernel's MPTCP blackhole fallback to
+	// the status (wired by RunLinux; not in the YAML).
+	Blackhole func() BlackholeStatus
+	// RelayStatus, when set, adds each relay's state (RelayHealth) to the
+	// status (wired by cmd/mpdetour; not in the YAML).
+	RelayStatus func() []RelayStatus
+	// PMType, when set, adds the pm_type guard's view to the status
+	// (wired by RunLinux).
+	PMType func() PMTypeStatus
+	// Probes is the directory marking doctor's test connections, which
+	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
+	// none).
+	Probes string
 	// Server, when set, runs the server role beside the client one
 	// (internal/serverrole: ADD_ADDR of detours, C flag).
 	Server *serverrole.Config
@@ -111,7 +129,8 @@ type fileConfig struct {
 	EventBuffer       int              `yaml:"event_buffer"`
 	LogLevel          config.LogLevel  `yaml:"log_level"`
 	Metrics           struct {
-		Listen string `yaml:"listen"`
+		Listen    string `yaml:"listen"`
+		TokenFile string `yaml:"token_file"`
 	} `yaml:"metrics"`
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
@@ -278,9 +297,19 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("max_backoff: %s is below backoff %s", c.MaxBackoff, c.Backoff)
 	}
 	if c.MetricsListen != "" {
-		if _, err := netip.ParseAddrPort(c.MetricsListen); err != nil {
-			return c, fmt.Errorf("metrics.listen: %q is not ADDRESS:PORT (e.g. 127.0.0.1:9465)", c.MetricsListen)
+		if err := metricsrv.Check(c.MetricsListen); err != nil {
+			return c, fmt.Errorf("metrics.listen: %w", err)
 		}
+	}
+	if f.Metrics.TokenFile != "" {
+		if c.MetricsListen == "" {
+			return c, fmt.Errorf("metrics.token_file: set without metrics.listen")
+		}
+		tok, err := metricsrv.ReadToken(f.Metrics.TokenFile)
+		if err != nil {
+			return c, fmt.Errorf("metrics.token_file: %w", err)
+		}
+		c.MetricsToken = tok
 	}
 	for i, s := range f.Selectors {
 		var sel policy.Selector

@@ -35,6 +35,12 @@ type Status struct {
 	DiagError   string         `json:"diag_error,omitempty"`
 	// Conversions: connections sent through a converter (docs/convert.md).
 	Conversions *convclient.Status `json:"conversions,omitempty"`
+	// Blackhole: the kernel's MPTCP blackhole fallback (issue 28, break 8).
+	Blackhole *BlackholeStatus `json:"mptcp_blackhole,omitempty"`
+	// Relays: each relay's state as the client sees it (issue 29 item 2).
+	Relays []RelayStatus `json:"relays,omitempty"`
+	// PMTypeGuard: pm_type changed under the agent and set back.
+	PMTypeGuard *PMTypeStatus `json:"pm_type_guard,omitempty"`
 }
 
 // Counters are totals since start.
@@ -165,6 +171,18 @@ func (a *Agent) Status() Status {
 	if a.cfg.ConvertStatus != nil {
 		cs := a.cfg.ConvertStatus()
 		st.Conversions = &cs
+	}
+	if a.cfg.Blackhole != nil {
+		bh := a.cfg.Blackhole()
+		st.Blackhole = &bh
+	}
+	if a.cfg.PMType != nil {
+		g := a.cfg.PMType()
+		st.PMTypeGuard = &g
+	}
+	if a.cfg.RelayStatus != nil {
+		st.Relays = a.cfg.RelayStatus()
+		markRelayTrouble(st.Detours, st.Relays)
 	}
 	live := map[uint32]mptcppm.Connection{}
 	if conns, err := a.k.Connections(); err != nil {
@@ -314,6 +332,35 @@ func (a *Agent) snapshot() Status {
 	}
 	sort.Slice(st.Detours, func(i, j int) bool { return st.Detours[i].Name < st.Detours[j].Name })
 	return st
+}
+
+// markRelayTrouble marks the detours of a relay in trouble unhealthy, with
+// the relay's state as their last error: a revoked member's or an
+// unreachable relay's detours are not "ok" (issue 29 item 2). A tunnel
+// without handshake concerns the relay's tunnel detour only; refusals of
+// some destinations by policy concern none of the granted detours.
+func markRelayTrouble(ds []DetourStatus, rs []RelayStatus) {
+	state := map[string]RelayStatus{}
+	for _, r := range rs {
+		state[r.Name] = r
+	}
+	for i := range ds {
+		r, ok := state[ds[i].Relay]
+		if !ok {
+			continue
+		}
+		switch r.State {
+		case RelayNoAnswer, RelayUnauthorized, RelayRevoked:
+		case RelayNoHandshake:
+			if ds[i].Kind != "tunnel" {
+				continue
+			}
+		default:
+			continue
+		}
+		ds[i].Healthy = false
+		ds[i].LastError = "relay " + r.State + ": " + r.Detail
+	}
 }
 
 func tcpState(s uint8) string {

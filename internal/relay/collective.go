@@ -6,6 +6,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // A collective relay (config `collective:`) accepts any member whose
@@ -27,11 +28,11 @@ type certMember struct {
 
 // certifiedOK says whether key holds a certificate that is still valid.
 func (s *Server) certifiedOK(key proto.Key, now time.Time) bool {
-	cm, ok := s.certified[key]
-	if !ok || s.set.Trust == nil {
+	cm, ok := s.trust.certified[key]
+	if !ok || s.trust.live == nil {
 		return false
 	}
-	return now.Before(cm.notAfter) && !s.set.Trust.Revoked(cm.serial)
+	return now.Before(cm.notAfter) && !s.trust.live.Revoked(cm.serial)
 }
 
 // isMember: a static member or a currently certified one.
@@ -42,7 +43,7 @@ func (s *Server) isMember(key proto.Key, now time.Time) bool {
 
 // certify handles OpCertify.
 func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
-	if s.set.Trust == nil {
+	if s.trust.live == nil {
 		rep.Reason = proto.ReasonUnsupported
 		return
 	}
@@ -51,24 +52,21 @@ func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
 		return // listed: served whatever its certificate says; the static name stays
 	}
 	now := s.now()
-	c, err := s.set.Trust.CheckBytes(req.Cert, ses.peer, collective.RoleClient, now)
+	c, err := s.trust.live.CheckBytes(req.Cert, ses.peer, collective.RoleClient, now)
 	if err != nil {
 		rep.Reason = proto.ReasonUnauthorized
 		s.count("certify", proto.ReasonUnauthorized)
-		s.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr, "certificate of "+ses.peer.ID()+": "+err.Error())
+		s.lim.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr, "certificate of "+ses.peer.ID()+": "+err.Error())
 		return
 	}
-	first := s.certified[ses.peer].serial != c.Serial
-	s.certified[ses.peer] = certMember{name: c.Name, serial: c.Serial, notAfter: c.NotAfter}
-	for _, id := range s.byMember[ses.peer] {
-		if o := s.sessions[id]; o != nil && o.pending {
+	first := s.trust.certified[ses.peer].serial != c.Serial
+	s.trust.certified[ses.peer] = certMember{name: c.Name, serial: c.Serial, notAfter: c.NotAfter}
+	for _, id := range s.ses.byMember[ses.peer] {
+		if o := s.ses.all[id]; o != nil && o.pending {
 			o.pending, o.name = false, c.Name
 			// Now a member: its handshake timestamps count for replays.
-			if last, ok := s.lastTS[o.peer]; !ok || o.ts.After(last) {
-				s.lastTS[o.peer] = o.ts
-				if s.state != nil {
-					s.state.dirty = true
-				}
+			if last, ok := s.trust.lastTS[o.peer]; !ok || o.ts.After(last) {
+				s.trust.noteTimestamp(o.peer, o.ts)
 			}
 		}
 	}
@@ -80,41 +78,41 @@ func (s *Server) certify(ses *session, req proto.Request, rep *proto.Reply) {
 // checkCollective re-reads the revocation list when its file changed and
 // drops certified members that are revoked or expired.
 func (s *Server) checkCollective(now time.Time) {
-	if s.set.Trust == nil {
+	if s.trust.live == nil {
 		return
 	}
 	if s.set.CRLFile != "" {
-		if fi, err := os.Stat(s.set.CRLFile); err == nil && !fi.ModTime().Equal(s.crlMod) {
-			s.crlMod = fi.ModTime()
+		if fi, err := os.Stat(s.set.CRLFile); err == nil && !fi.ModTime().Equal(s.trust.crlMod) {
+			s.trust.crlMod = fi.ModTime()
 			var l *collective.RevocationList
 			installed := false
 			b, err := os.ReadFile(s.set.CRLFile)
 			if err == nil {
-				l, err = collective.ParseRevocationList(string(b), s.set.Trust.Authority())
+				l, err = collective.ParseRevocationList(string(b), s.trust.live.Authority())
 			}
 			if err == nil {
-				installed, err = s.set.Trust.Install(l)
+				installed, err = s.trust.live.Install(l)
 			}
 			switch {
 			case err != nil:
 				s.log.Error("revocation list not applied, keeping the previous one", "file", s.set.CRLFile, "err", err)
 			case installed:
 				s.log.Info("revocation list applied", "file", s.set.CRLFile, "seq", l.Seq, "serials", len(l.Serials))
-				if s.roster != nil {
-					s.roster.PublishCRL() // to every relay of the cluster
+				if s.gossip.node != nil {
+					s.gossip.node.PublishCRL() // to every relay of the cluster
 				}
 			}
 		}
 	}
-	if l := s.set.Trust.CRL(); l != nil {
+	if l := s.trust.live.CRL(); l != nil {
 		s.met.crlSeq.Set(float64(l.Seq))
 	}
 	var gone []proto.Key
-	for k, cm := range s.certified {
+	for k, cm := range s.trust.certified {
 		if !s.certifiedOK(k, now) {
 			gone = append(gone, k)
 			s.log.Info("certified member dropped", "member", cm.name, "key", k.ID(), "serial", cm.serial,
-				"revoked", s.set.Trust.Revoked(cm.serial), "expired", !now.Before(cm.notAfter))
+				"revoked", s.trust.live.Revoked(cm.serial), "expired", !now.Before(cm.notAfter))
 		}
 	}
 	if len(gone) == 0 {
@@ -122,8 +120,8 @@ func (s *Server) checkCollective(now time.Time) {
 	}
 	n := s.revokeKeys(func(k proto.Key) bool { return s.isMember(k, now) }, "revoked")
 	for _, k := range gone {
-		delete(s.certified, k)
-		delete(s.lastTS, k)
+		delete(s.trust.certified, k)
+		delete(s.trust.lastTS, k)
 		if s.tunnels != nil {
 			s.tunnels.Release(k) // also when no session of it is left
 		}
@@ -135,36 +133,36 @@ func (s *Server) checkCollective(now time.Time) {
 // of every key keep refuses, and forgets rotations from or to such a key;
 // it returns how many mappings it closed.
 func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
-	var revoked []*mapping
-	for _, m := range s.leases.byKey {
+	var revoked []*lease.Mapping
+	for _, m := range s.leases.ByKey {
 		if !m.Owner.Key.IsZero() && !keep(m.Owner.Key) {
 			revoked = append(revoked, m)
 		}
 	}
-	for key, ids := range s.byMember {
+	for key, ids := range s.ses.byMember {
 		if keep(key) {
 			continue
 		}
 		pendingOnly := len(ids) > 0
 		for _, id := range ids {
-			if ses := s.sessions[id]; ses == nil || !ses.pending {
+			if ses := s.ses.all[id]; ses == nil || !ses.pending {
 				pendingOnly = false
 			}
 		}
-		if pendingOnly && s.set.Trust != nil {
+		if pendingOnly && s.trust.live != nil {
 			continue // still presenting its certificate
 		}
 		for _, id := range ids {
-			delete(s.sessions, id)
+			delete(s.ses.all, id)
 		}
-		delete(s.byMember, key)
+		delete(s.ses.byMember, key)
 		if s.tunnels != nil {
 			s.tunnels.Release(key)
 		}
 	}
-	for old, successor := range s.rotated {
+	for old, successor := range s.ses.rotated {
 		if !keep(old) || !keep(successor) {
-			delete(s.rotated, old) // no renewal through a key that is no member
+			delete(s.ses.rotated, old) // no renewal through a key that is no member
 		}
 	}
 	_ = s.close(revoked, reason)
@@ -179,10 +177,10 @@ func (s *Server) revokeKeys(keep func(proto.Key) bool, reason string) int {
 // crl_file (so that a restart, even with no other relay up, keeps it) and
 // applied exactly as a new file would be.
 func (s *Server) crlFromGossip(now time.Time) {
-	if s.set.Trust == nil {
+	if s.trust.live == nil {
 		return
 	}
-	l := s.set.Trust.CRL()
+	l := s.trust.live.CRL()
 	if l == nil {
 		return
 	}
@@ -199,7 +197,7 @@ func (s *Server) crlFromGossip(now time.Time) {
 func (s *Server) writeBackCRL(l *collective.RevocationList) {
 	f := s.set.CRLFile
 	if b, err := os.ReadFile(f); err == nil {
-		if cur, err := collective.ParseRevocationList(string(b), s.set.Trust.Authority()); err == nil && cur.Seq >= l.Seq {
+		if cur, err := collective.ParseRevocationList(string(b), s.trust.live.Authority()); err == nil && cur.Seq >= l.Seq {
 			return
 		}
 	}
@@ -208,6 +206,6 @@ func (s *Server) writeBackCRL(l *collective.RevocationList) {
 		s.log.Warn("revocation list from gossip applied but not written to crl_file", "file", f, "seq", l.Seq, "err", err)
 		return
 	}
-	s.crlMod = mod // our own write: nothing to re-read (an operator's newer file has another mtime)
+	s.trust.crlMod = mod // our own write: nothing to re-read (an operator's newer file has another mtime)
 	s.log.Info("revocation list from gossip written to crl_file", "file", f, "seq", l.Seq)
 }

@@ -17,8 +17,8 @@ import (
 // DefaultPort is the v2 control port.
 const DefaultPort = 45673
 
-// Config is the relay's configuration file (YAML, documented in docs/relay.md).
-type Config struct {
+// File is the relay's configuration file (YAML, documented in docs/relay.md).
+type File struct {
 	Listen         string `yaml:"listen"`           // UDP address of the control protocol
 	PrivateKey     string `yaml:"private_key"`      // base64; or:
 	PrivateKeyFile string `yaml:"private_key_file"` // file holding the base64 key
@@ -66,8 +66,8 @@ type Config struct {
 		CRLFile   string `yaml:"crl_file"`  // signed revocation list, re-read when it changes
 		// CertificateFile is this relay's own certificate (role relay),
 		// needed by gossip; Gossip joins the roster cluster (gossip.go).
-		CertificateFile string        `yaml:"certificate_file"`
-		Gossip          *GossipConfig `yaml:"gossip"`
+		CertificateFile string      `yaml:"certificate_file"`
+		Gossip          *GossipFile `yaml:"gossip"`
 	} `yaml:"collective"`
 
 	// Convert is the RFC 8803 converter role (docs/convert.md); off unless
@@ -84,7 +84,7 @@ type Config struct {
 	FastPath bool `yaml:"fast_path"`
 
 	// FairShare: ledger, receipts and capacity (docs/collective.md).
-	FairShare FairShareConfig `yaml:"fair_share"`
+	FairShare FairShareFile `yaml:"fair_share"`
 
 	// Tunnel is handed to the tunnel factory (TunnelFactory) as a section
 	// of the file; absent = no tunnel detours.
@@ -97,9 +97,38 @@ type Member struct {
 	PublicKey string `yaml:"public_key"`
 }
 
-// Settings is a validated configuration.
-type Settings struct {
-	Listen     netip.AddrPort
+// Config is a validated configuration: what applies at start only
+// (Static) and what a reload changes at once (Reloadable).
+type Config struct {
+	Static
+	Reloadable
+}
+
+// Static is the part of the configuration a reload does not change: a
+// reload with other values is applied only at the next start (the relay
+// says so in its log).
+type Static struct {
+	Listen        netip.AddrPort
+	StateFile     string
+	MetricsListen string
+
+	Legacy       bool
+	LegacyListen netip.AddrPort
+
+	// Convert: the converter role (Convert.Enabled false: off).
+	Convert ConvertConfig
+
+	// FastPath: flowtable offload of established detour connections,
+	// attribution through conntrack accounting.
+	FastPath bool
+
+	// Tunnel is the `tunnel:` section (nil: none), for the TunnelFactory.
+	Tunnel *config.Doc
+}
+
+// Reloadable is the part of the configuration a reload (SIGHUP) applies
+// at once.
+type Reloadable struct {
 	PrivateKey proto.Key
 	// PreviousKey (zero: none) is a replaced key whose handshakes are still
 	// answered (key rotation, docs/relay.md).
@@ -121,37 +150,28 @@ type Settings struct {
 
 	AttributionLog   string
 	AttributionFlush time.Duration
-	StateFile        string
-	MetricsListen    string
 
-	Legacy          bool
-	LegacyListen    netip.AddrPort
 	LegacyLease     time.Duration
 	LegacyPerClient int
 
-	// Convert: the converter role (Convert.Enabled false: off).
-	Convert ConvertSettings
-
-	// Trust is the collective's authority and revocation list (nil: static
-	// members only); CRLFile is re-read when it changes.
+	// Trust is the collective's authority and the revocation list of
+	// CRLFile as read from the file (nil: static members only). The
+	// running relay's live trust is its trust part's (trust.go), which
+	// keeps the newest list seen across reloads; CRLFile is re-read when
+	// it changes.
 	Trust   *collective.Trust
 	CRLFile string
-	// Gossip: relay discovery (nil: off; gossip.go).
-	Gossip *GossipSettings
+	// Gossip: relay discovery (nil: off; gossip.go). Applied at start, and
+	// again when the relay key changes.
+	Gossip *GossipConfig
 
-	// FastPath: flowtable offload of established detour connections,
-	// attribution through conntrack accounting.
-	FastPath bool
-
-	// Tunnel is the `tunnel:` section (nil: none), for the TunnelFactory.
-	Tunnel *config.Doc
-
-	// Fair is the validated `fair_share:` section.
-	Fair FairSettings
+	// Fair is the validated `fair_share:` section (its ledger_file applies
+	// at start only).
+	Fair FairConfig
 }
 
-// ConvertSettings are the validated `convert:` section.
-type ConvertSettings struct {
+// ConvertConfig are the validated `convert:` section.
+type ConvertConfig struct {
 	Enabled      bool
 	Listen       netip.AddrPort
 	MaxConns     int
@@ -160,7 +180,7 @@ type ConvertSettings struct {
 
 // LoadConfig reads and validates a configuration file; errors name
 // file:line:column and the field.
-func LoadConfig(path string) (*Settings, error) {
+func LoadConfig(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("relay config: %w", err)
@@ -169,10 +189,10 @@ func LoadConfig(path string) (*Settings, error) {
 }
 
 // ParseConfig validates a configuration (errors positioned in "config").
-func ParseConfig(b []byte) (*Settings, error) { return parseConfig("config", b) }
+func ParseConfig(b []byte) (*Config, error) { return parseConfig("config", b) }
 
-func parseConfig(name string, b []byte) (*Settings, error) {
-	var c Config
+func parseConfig(name string, b []byte) (*Config, error) {
+	var c File
 	doc, err := config.Parse(name, b, &c)
 	if err != nil {
 		return nil, err
@@ -192,25 +212,29 @@ func parseConfig(name string, b []byte) (*Settings, error) {
 }
 
 // build validates the decoded file; every error starts with the field path.
-func build(c *Config) (*Settings, error) {
-	s := &Settings{
-		Lease:            2 * time.Minute,
-		PortLo:           20000,
-		PortHi:           59999,
-		Members:          map[proto.Key]string{},
-		DenyPorts:        map[uint16]bool{25: true},
-		QuotaPerMember:   256,
-		QuotaGlobal:      100000,
-		Rate:             50,
-		Burst:            100,
-		AttributionLog:   c.AttributionLog,
-		AttributionFlush: time.Minute,
-		MetricsListen:    c.Metrics.Listen,
-		StateFile:        c.StateFile,
-		Legacy:           c.LegacyV1.Enabled,
-		LegacyLease:      10 * time.Minute,
-		LegacyPerClient:  16,
-		FastPath:         c.FastPath,
+func build(c *File) (*Config, error) {
+	s := &Config{
+		Static: Static{
+			MetricsListen: c.Metrics.Listen,
+			StateFile:     c.StateFile,
+			Legacy:        c.LegacyV1.Enabled,
+			FastPath:      c.FastPath,
+		},
+		Reloadable: Reloadable{
+			Lease:            2 * time.Minute,
+			PortLo:           20000,
+			PortHi:           59999,
+			Members:          map[proto.Key]string{},
+			DenyPorts:        map[uint16]bool{25: true},
+			QuotaPerMember:   256,
+			QuotaGlobal:      100000,
+			Rate:             50,
+			Burst:            100,
+			AttributionLog:   c.AttributionLog,
+			AttributionFlush: time.Minute,
+			LegacyLease:      10 * time.Minute,
+			LegacyPerClient:  16,
+		},
 	}
 	var err error
 	listen := c.Listen
@@ -223,37 +247,33 @@ func build(c *Config) (*Settings, error) {
 	if !s.Listen.Addr().Unmap().Is4() {
 		return nil, fmt.Errorf("listen: %v: only IPv4 is supported (the NAT data plane is IPv4)", s.Listen)
 	}
-	keyText := c.PrivateKey
 	switch {
 	case c.PrivateKey != "" && c.PrivateKeyFile != "":
 		return nil, errors.New("private_key_file: private_key and private_key_file are exclusive")
 	case c.PrivateKeyFile != "":
-		kb, err := os.ReadFile(c.PrivateKeyFile)
-		if err != nil {
+		if s.PrivateKey, err = config.ReadKeyFile(c.PrivateKeyFile, proto.ParseKey); err != nil {
 			return nil, fmt.Errorf("private_key_file: %w", err)
 		}
-		keyText = string(kb)
 	case c.PrivateKey == "":
 		return nil, errors.New("private_key (or private_key_file) is required; create one with `mpdetour relay genkey`")
+	default:
+		if s.PrivateKey, err = proto.ParseKey(c.PrivateKey); err != nil {
+			return nil, fmt.Errorf("private_key: %w", err)
+		}
 	}
-	if s.PrivateKey, err = proto.ParseKey(keyText); err != nil {
-		return nil, fmt.Errorf("private_key: %w", err)
-	}
-	prevText := c.PreviousPrivateKey
 	switch {
 	case c.PreviousPrivateKey != "" && c.PreviousPrivateKeyFile != "":
 		return nil, errors.New("previous_private_key_file: previous_private_key and previous_private_key_file are exclusive")
 	case c.PreviousPrivateKeyFile != "":
-		kb, err := os.ReadFile(c.PreviousPrivateKeyFile)
-		if err != nil {
+		if s.PreviousKey, err = config.ReadKeyFile(c.PreviousPrivateKeyFile, proto.ParseKey); err != nil {
 			return nil, fmt.Errorf("previous_private_key_file: %w", err)
 		}
-		prevText = string(kb)
-	}
-	if prevText != "" {
-		if s.PreviousKey, err = proto.ParseKey(prevText); err != nil {
+	case c.PreviousPrivateKey != "":
+		if s.PreviousKey, err = proto.ParseKey(c.PreviousPrivateKey); err != nil {
 			return nil, fmt.Errorf("previous_private_key: %w", err)
 		}
+	}
+	if !s.PreviousKey.IsZero() {
 		if s.PreviousKey == s.PrivateKey {
 			return nil, errors.New("previous_private_key: the same key as private_key")
 		}
@@ -387,7 +407,7 @@ func build(c *Config) (*Settings, error) {
 		}
 	}
 	if cv := c.Convert; cv.Enabled {
-		s.Convert = ConvertSettings{Enabled: true, MaxConns: 1024, StallTimeout: 2 * time.Minute}
+		s.Convert = ConvertConfig{Enabled: true, MaxConns: 1024, StallTimeout: 2 * time.Minute}
 		l := cv.Listen
 		if l == "" {
 			l = "0.0.0.0:" + strconv.Itoa(DefaultConvertPort)

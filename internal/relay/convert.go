@@ -152,7 +152,7 @@ type convertDone struct {
 
 // startConverter opens the converter's listener (MPTCP, TCP Fast Open).
 func (s *Server) startConverter(ctx context.Context) error {
-	set := s.set.Convert
+	set := s.static.Convert
 	ln, tfoErr, err := convert.Listen(ctx, "tcp4", set.Listen.String(), 0)
 	if err != nil {
 		return fmt.Errorf("convert.listen %v: %w", set.Listen, err)
@@ -181,7 +181,7 @@ func (s *Server) startConverter(ctx context.Context) error {
 		Done: func(member string, tag any, dst netip.AddrPort, up, down int64, err error) {
 			key, _ := tag.(proto.Key)
 			select {
-			case s.convDone <- convertDone{member: member, key: key, dst: dst, up: up, down: down, err: err, at: time.Now()}:
+			case s.ev.convDone <- convertDone{member: member, key: key, dst: dst, up: up, down: down, err: err, at: time.Now()}:
 			default: // the loop is far behind: metrics still count it
 			}
 			s.met.conversions.WithLabelValues(conversionResult(err)).Inc()

@@ -75,7 +75,8 @@ collective:
   gossip:
     bind: %s:7946
     join: [10.78.1.2:7946]
-`, r.addr, DefaultPort, k, prevLine, auth.Public(), crlLine, certPath, r.addr)
+    secret_file: %s
+`, r.addr, DefaultPort, k, prevLine, auth.Public(), crlLine, certPath, r.addr, writeGossipKey(t, dir))
 		cfgPath := filepath.Join(dir, fmt.Sprintf("relay%d.yaml", i))
 		if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)

@@ -2,27 +2,14 @@ package relay
 
 import (
 	"net/netip"
-	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// EncapAllocator serves the control protocol's "encap" request: an
-// unencrypted VXLAN tunnel for members in a trusted network (opt-in in the
-// tunnel section, docs/tunnel.md). The relay's TunnelAllocator implements it
-// when the section enables the vxlan kind. member is authenticated by the
-// control protocol; client is the session's source address, the only
-// address the relay then accepts encapsulated packets from; relay is the
-// address the request arrived at (the VXLAN endpoint).
-type EncapAllocator interface {
-	Encap(member proto.Key, client, relay netip.Addr) (proto.EncapGrant, time.Duration, error)
-	EncapRelease(member proto.Key) error
-}
-
 // serveEncap answers an encap request (open/renew or release).
 func (s *Server) serveEncap(ses *session, client netip.Addr, req proto.Request, rep *proto.Reply) {
-	ea, ok := s.tunnels.(EncapAllocator)
-	if !ok {
+	ea := s.tunnels
+	if ea == nil {
 		rep.Reason = proto.ReasonUnsupported
 		return
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // Fair sharing (docs/collective.md, "Fair sharing"): the ledger
@@ -25,8 +27,8 @@ import (
 // would take it from a member with as much credit or more is refused with
 // the reason "capacity".
 
-// FairShareConfig is the `fair_share:` section of the relay's file.
-type FairShareConfig struct {
+// FairShareFile is the `fair_share:` section of the relay's file.
+type FairShareFile struct {
 	// Capacity: NAT mappings at once before credit decides who is served
 	// (0 = no such limit; quota.global still applies).
 	Capacity int `yaml:"capacity"`
@@ -42,16 +44,16 @@ type FairShareConfig struct {
 	ReceiptEvery config.Duration `yaml:"receipt_every"`
 }
 
-// FairSettings is the validated section.
-type FairSettings struct {
+// FairConfig is the validated section.
+type FairConfig struct {
 	Capacity     int
 	LedgerFile   string
 	ReceiptsFile string
 	ReceiptEvery time.Duration
 }
 
-func buildFair(c *FairShareConfig, stateFile string) (FairSettings, error) {
-	f := FairSettings{Capacity: c.Capacity, LedgerFile: c.LedgerFile, ReceiptsFile: c.ReceiptsFile, ReceiptEvery: 10 * time.Minute}
+func buildFair(c *FairShareFile, stateFile string) (FairConfig, error) {
+	f := FairConfig{Capacity: c.Capacity, LedgerFile: c.LedgerFile, ReceiptsFile: c.ReceiptsFile, ReceiptEvery: 10 * time.Minute}
 	if c.Capacity < 0 {
 		return f, fmt.Errorf("fair_share.capacity: %d is negative (0 = no capacity limit)", c.Capacity)
 	}
@@ -95,7 +97,7 @@ type fairState struct {
 	refreshed time.Time // live counters last read into the ledger
 }
 
-func newFairState(set *Settings, met *metrics, log *slog.Logger, now time.Time) (*fairState, error) {
+func newFairState(set *Reloadable, met *metrics, log *slog.Logger, now time.Time) (*fairState, error) {
 	led, err := loadLedger(set.Fair.LedgerFile)
 	if err != nil {
 		return nil, err
@@ -132,7 +134,7 @@ func (s *Server) memberName(k proto.Key) string {
 	if n, ok := s.set.Members[k]; ok {
 		return n
 	}
-	if cm, ok := s.certified[k]; ok {
+	if cm, ok := s.trust.certified[k]; ok {
 		return cm.name
 	}
 	return ""
@@ -153,7 +155,7 @@ func (s *Server) flushLedger(now time.Time) {
 // refreshLedger counts the live mappings' counters.
 func (s *Server) refreshLedger(now time.Time) {
 	s.fair.refreshed = now
-	if len(s.leases.byKey) == 0 {
+	if len(s.leases.ByKey) == 0 {
 		return
 	}
 	cnt, err := s.liveCounters()
@@ -166,10 +168,10 @@ func (s *Server) refreshLedger(now time.Time) {
 
 // ledgerCounters brings the ledger up to the mappings' counters cnt
 // (one reading of the kernel's counters).
-func (s *Server) ledgerCounters(cnt map[mapKey]Counter, now time.Time) {
+func (s *Server) ledgerCounters(cnt map[dataplane.Key]dataplane.Counter, now time.Time) {
 	s.fair.refreshed = now
 	for k, c := range cnt {
-		if m := s.leases.byKey[k]; m != nil {
+		if m := s.leases.ByKey[k]; m != nil {
 			s.fair.led.mapping(m, c.Bytes, now, s.receiptsOn())
 		}
 	}
@@ -177,11 +179,10 @@ func (s *Server) ledgerCounters(cnt map[mapKey]Counter, now time.Time) {
 
 // ledgerTunnels counts the WireGuard peers' bytes.
 func (s *Server) ledgerTunnels(now time.Time) {
-	ts, ok := s.tunnels.(tunnelStatuser)
-	if !ok {
+	if s.tunnels == nil {
 		return
 	}
-	dev, err := ts.Status()
+	dev, err := s.tunnels.Status()
 	if err != nil {
 		s.log.Warn("ledger: reading the tunnel device", "err", err)
 		return
@@ -194,7 +195,7 @@ func (s *Server) ledgerTunnels(now time.Time) {
 
 // ledgerClosing counts a closing mapping's counter (reap); gone: its last
 // reading, the mapping is forgotten.
-func (s *Server) ledgerClosing(m *mapping, cur uint64, gone bool) {
+func (s *Server) ledgerClosing(m *lease.Mapping, cur uint64, gone bool) {
 	s.fair.led.mapping(m, cur, s.now(), s.receiptsOn())
 	if gone {
 		delete(s.fair.led.mapSeen, m)
@@ -212,7 +213,7 @@ func (s *Server) ledgerConversion(d convertDone) {
 		return
 	}
 	k := d.key
-	if to, ok := s.rotated[k]; ok {
+	if to, ok := s.ses.rotated[k]; ok {
 		k = to
 	}
 	name := s.memberName(k)
@@ -295,10 +296,10 @@ func appendSync(path string, b []byte) error {
 // noteRelayCert records a presented certificate that holds the role relay
 // (called for every OpCertify): its key's receipts count here.
 func (s *Server) noteRelayCert(key proto.Key, cert []byte) {
-	if s.set.Trust == nil {
+	if s.trust.live == nil {
 		return
 	}
-	c, err := s.set.Trust.CheckBytes(cert, key, collective.RoleRelay, s.now())
+	c, err := s.trust.live.CheckBytes(cert, key, collective.RoleRelay, s.now())
 	if err != nil {
 		return
 	}
@@ -335,7 +336,7 @@ func (s *Server) acceptReceipt(b []byte, now time.Time) (*collective.Receipt, er
 		return r, errOwnReceipt
 	}
 	cm, ok := s.fair.relays[r.Issuer]
-	if !ok || !now.Before(cm.notAfter) || s.set.Trust.Revoked(cm.serial) {
+	if !ok || !now.Before(cm.notAfter) || s.trust.live.Revoked(cm.serial) {
 		return r, errNotRelay
 	}
 	if err := r.Check(now); err != nil {
@@ -359,7 +360,7 @@ func (s *Server) acceptReceipt(b []byte, now time.Time) (*collective.Receipt, er
 
 // serveReceipt handles OpReceipt; the reply carries the issuer's credit.
 func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply) {
-	if s.set.Trust == nil {
+	if s.trust.live == nil {
 		rep.Reason = proto.ReasonUnsupported
 		s.fair.receipts.WithLabelValues("unsupported").Inc()
 		return
@@ -401,7 +402,7 @@ func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply)
 type holder struct {
 	key    proto.Key
 	credit int64
-	newest *mapping // the member's most recently granted mapping
+	newest *lease.Mapping // the member's most recently granted mapping
 }
 
 // pickVictim says whose newest mapping gives way to a grant of a member
@@ -427,9 +428,9 @@ func pickVictim(req int64, hs []holder) int {
 // mapping of the member with the least credit if that is at least
 // preemptMargin below the requester's, else it is refused "capacity".
 // A repeated grant of a mapping the member holds is always answered.
-func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.Reason {
+func (s *Server) admit(o lease.Owner, client netip.Addr, server netip.AddrPort) proto.Reason {
 	capacity := s.set.Fair.Capacity
-	if capacity == 0 || s.leases.find(o, client, server) != nil || s.leases.active() < capacity {
+	if capacity == 0 || s.leases.Find(o, client, server) != nil || s.leases.Active() < capacity {
 		return proto.OK
 	}
 	// Credit from the current counters, not the last flush's (at most one
@@ -440,7 +441,7 @@ func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.
 	req := s.fair.led.members[o.Key].credit()
 	byKey := map[proto.Key]*holder{}
 	var legacy *holder // legacy v1 mappings have no member and no credit: they go first
-	for _, m := range s.leases.byKey {
+	for _, m := range s.leases.ByKey {
 		if m.Owner.Key == o.Key && !m.Owner.Key.IsZero() {
 			continue
 		}
@@ -475,23 +476,23 @@ func (s *Server) admit(o owner, client netip.Addr, server netip.AddrPort) proto.
 	s.fair.preempted.Inc()
 	s.log.Info("capacity: mapping given to a member with more credit", "member", o.Name, "credit", req,
 		"from", victim.Owner.Name, "from_credit", hs[v].credit, "detour_port", victim.Key.Port)
-	if err := s.close([]*mapping{victim}, "preempted"); err != nil {
+	if err := s.close([]*lease.Mapping{victim}, "preempted"); err != nil {
 		return proto.ReasonInternal
 	}
 	return proto.OK
 }
 
 // reloadFair applies a reloaded fair_share section (called by applyReload
-// after it settled the collective's Trust): capacity and receipts change
-// at once; the ledger file only on restart.
-func (s *Server) reloadFair(set *Settings) {
-	if set.Fair.LedgerFile != s.set.Fair.LedgerFile {
-		s.log.Warn("reload: fair_share.ledger_file changes only on restart")
-		set.Fair.LedgerFile = s.set.Fair.LedgerFile
+// after the trust part took the file's trust): capacity and receipts
+// change at once; the ledger file only on restart (the ledger keeps its
+// path).
+func (s *Server) reloadFair(set *Reloadable, authorityChanged bool) {
+	if set.Fair.LedgerFile != s.fair.led.path {
+		s.log.Warn("reload: fair_share.ledger_file changes only on restart", "ledger_file", s.fair.led.path)
 	}
-	if set.Trust != s.set.Trust {
-		// Another authority (or none; applyReload keeps the same one's
-		// Trust): relay certificates verified under the old one count no more.
+	if authorityChanged {
+		// Another authority (or none): relay certificates verified under
+		// the old one count no more.
 		clear(s.fair.relays)
 	}
 }
@@ -539,7 +540,7 @@ func ledgerStatus(e *ledgerEntry) *LedgerStatus {
 // fairStatus adds the ledger to a status snapshot (event loop only); the
 // counters are brought up to date first, so status shows the kernel's
 // current count.
-func (s *Server) fairStatus(st *Status, cnt map[mapKey]Counter, cntErr error) {
+func (s *Server) fairStatus(st *Status, cnt map[dataplane.Key]dataplane.Counter, cntErr error) {
 	led := s.fair.led
 	if cntErr == nil {
 		// The reading the members' bytes in st come from: the ledger
@@ -560,7 +561,7 @@ func (s *Server) fairStatus(st *Status, cnt map[mapKey]Counter, cntErr error) {
 		m.Ledger = ledgerStatus(led.members[k])
 		shown[m.Key] = true
 	}
-	fs := &FairStatus{Capacity: s.set.Fair.Capacity, Active: s.leases.active(), UnitBytes: collective.CreditUnit,
+	fs := &FairStatus{Capacity: s.set.Fair.Capacity, Active: s.leases.Active(), UnitBytes: collective.CreditUnit,
 		StartCredit: collective.StartCredit, LedgerFile: led.path, LedgerSaved: led.saved, IssuedSeq: led.seq}
 	for k, e := range led.members {
 		if !shown[k.String()] {

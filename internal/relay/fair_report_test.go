@@ -20,6 +20,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -70,6 +71,7 @@ func TestFairnessReport(t *testing.T) {
 	res["kill9"] = kills
 	b, _ := json.MarshalIndent(res, "", "  ")
 	t.Logf("%s", b)
+	defer checkFairnessReport(t, res) // after results.json is written
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +337,7 @@ func abs(x float64) float64 {
 // nftAcctBytes sums the byte counters of the relay's accounting set.
 func nftAcctBytes(t *testing.T, ns string) uint64 {
 	t.Helper()
-	out, err := nftList(t, ns, "-j", "list", "set", "ip", TableName, acctSetName)
+	out, err := nftList(t, ns, "-j", "list", "set", "ip", TableName, dataplane.AcctSetName)
 	if err != nil {
 		t.Fatalf("nft: %v\n%s", err, out)
 	}

@@ -46,7 +46,7 @@ func TestParseGossipConfig(t *testing.T) {
 		len(g.Announce) != 1 || g.Announce[0] != s.Listen || g.Capacity != uint32(s.QuotaGlobal) || len(g.Secret) != 32 {
 		t.Fatalf("gossip settings: %+v", g)
 	}
-	s, err = ParseConfig([]byte(head + "  certificate_file: " + cert + "\n  gossip: {advertise: 192.0.2.1:45675}\n"))
+	s, err = ParseConfig([]byte(head + "  certificate_file: " + cert + "\n  gossip: {advertise: 192.0.2.1:45675, secret_file: " + secret + "}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,6 +54,7 @@ func TestParseGossipConfig(t *testing.T) {
 		t.Fatalf("gossip defaults: %+v", s.Gossip)
 	}
 	bad := map[string]string{
+		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946}\n":                                                                       "collective.gossip.secret_file: required",
 		head + "  gossip: {bind: 10.0.0.1:7946}\n":                                                                                                         "collective.certificate_file: required",
 		head + "  certificate_file: " + clientOnly + "\n  gossip: {bind: 10.0.0.1:7946}\n":                                                                 "role not granted",
 		head + "  certificate_file: " + expired + "\n  gossip: {bind: 10.0.0.1:7946}\n":                                                                    "expired",
@@ -64,7 +65,7 @@ func TestParseGossipConfig(t *testing.T) {
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, region: \"\\x01\"}\n":                                                    "collective.gossip.region",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, capacity: -1}\n":                                                         "collective.gossip.capacity",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, secret_file: " + cert + "}\n":                                            "collective.gossip.secret_file",
-		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, probe_timeout: 2s}\n":                                                    "probe_timeout",
+		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, probe_timeout: 2s, secret_file: " + secret + "}\n":                       "probe_timeout",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, announce: [0.0.0.0:1]}\n":                                                "collective.gossip.announce[0]",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, bogus: 1}\n":                                                             "bogus",
 		"private_key: " + priv.String() + "\nmembers: [{name: a, public_key: " + priv.Public().String() + "}]\ncollective: {gossip: {bind: 10.0.0.1:1}}\n": "needs collective.authority",

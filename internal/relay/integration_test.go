@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
@@ -172,7 +173,7 @@ func dialRelay(t *testing.T, ns string, k keys, priv proto.Key) *relayclient.Con
 // elements counts the mappings in the relay's DNAT map.
 func elements(t testing.TB, ns string) int {
 	t.Helper()
-	out, err := nftList(t, ns, "-j", "list", "map", "ip", TableName, dnatMapName)
+	out, err := nftList(t, ns, "-j", "list", "map", "ip", TableName, dataplane.DNATMapName)
 	if err != nil {
 		t.Fatalf("nft list map: %v\n%s", err, out)
 	}

@@ -73,12 +73,12 @@ func (kr *keyring) match(pkt []byte) *identity {
 // The WireGuard device keeps the key it was created with until a restart
 // (the tunnel section applies at start; a tunnel grant names the device's
 // public key, so members do not assume it is the control key).
-func (s *Server) reloadKeys(set *Settings) {
+func (s *Server) reloadKeys(set *Reloadable) {
 	if set.PrivateKey == s.set.PrivateKey && set.PreviousKey == s.set.PreviousKey {
 		return
 	}
-	old := s.keys.Load()
-	s.keys.Store(newKeyring(set.PrivateKey, set.PreviousKey, old))
+	old := s.trust.keys.Load()
+	s.trust.keys.Store(newKeyring(set.PrivateKey, set.PreviousKey, old))
 	prev := "none"
 	if !set.PreviousKey.IsZero() {
 		prev = set.PreviousKey.Public().ID()

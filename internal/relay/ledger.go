@@ -10,6 +10,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // The ledger is the relay's per-member account for fair sharing
@@ -72,7 +73,7 @@ type ledger struct {
 	windows map[proto.Key]*collective.ReplayWindow
 	tunnel  map[proto.Key]uint64
 	// mapSeen: bytes of each live or closing mapping already counted.
-	mapSeen   map[*mapping]uint64
+	mapSeen   map[*lease.Mapping]uint64
 	dirty     bool
 	saved     time.Time
 	receipted time.Time // when receipts were last issued
@@ -80,7 +81,7 @@ type ledger struct {
 
 func newLedger(path string) *ledger {
 	return &ledger{path: path, members: map[proto.Key]*ledgerEntry{}, windows: map[proto.Key]*collective.ReplayWindow{},
-		tunnel: map[proto.Key]uint64{}, mapSeen: map[*mapping]uint64{}}
+		tunnel: map[proto.Key]uint64{}, mapSeen: map[*lease.Mapping]uint64{}}
 }
 
 // loadLedger reads path; a missing file is a first start, one that does not
@@ -238,7 +239,7 @@ func (l *ledger) consumed(k proto.Key, name string, n uint64, now time.Time, rec
 // mapping counts what a mapping's counter moved since it was last seen.
 // A counter below the last value was reset (the table was recreated): all
 // of it is new.
-func (l *ledger) mapping(m *mapping, cur uint64, now time.Time, receipts bool) {
+func (l *ledger) mapping(m *lease.Mapping, cur uint64, now time.Time, receipts bool) {
 	if m.Owner.Key.IsZero() {
 		return // legacy v1: no member to account to
 	}

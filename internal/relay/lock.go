@@ -16,10 +16,11 @@ import (
 // cannot go stale, unlike a lock file.
 const lockName = "@mpdetour-relay"
 
-// lockNetns makes sure only one relay runs per network namespace: a second
+// Lock makes sure only one relay runs per network namespace: a second
 // one would replace the first one's nftables table (same name) and leave it
-// answering "internal" to every grant.
-func lockNetns() (*net.UnixListener, error) {
+// answering "internal" to every grant. Take it before the data plane; the
+// listener is also the relay's status socket (Deps.Status).
+func Lock() (*net.UnixListener, error) {
 	addr := &net.UnixAddr{Name: lockName, Net: "unix"}
 	l, err := net.ListenUnix("unix", addr)
 	if err == nil {

@@ -31,6 +31,18 @@ func setupTCPNAT(ctx context.Context, env *Env) (Session, error) {
 	return &transfer{env: env, dst: granted, paths: rs.paths, close: rs.close, daemons: rs.daemons}, nil
 }
 
+// setupMPTCP1NAT is MPTCP to the NAT port of the cell's detour, without an
+// agent: one subflow through the detour, MPTCP's own cost on that path.
+func setupMPTCP1NAT(ctx context.Context, env *Env) (Session, error) {
+	t, err := setupTCPNAT(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	tr := t.(*transfer)
+	tr.mptcp, tr.wantSubflows = true, 1
+	return tr, nil
+}
+
 func setupMPTCPNAT(ctx context.Context, env *Env) (Session, error) {
 	return setupNATAgent(ctx, env, false)
 }

@@ -96,6 +96,7 @@ func Procedures() map[string]Setup {
 	return map[string]Setup{
 		scenario.TCP:         setupTCP,
 		scenario.MPTCP1:      setupMPTCP1,
+		scenario.MPTCP1NAT:   setupMPTCP1NAT,
 		scenario.TCPNAT:      setupTCPNAT,
 		scenario.MPTCPNAT:    setupMPTCPNAT,
 		scenario.TCPTunnel:   setupTCPTunnel,

@@ -1,4 +1,4 @@
-// Package bench runs benchmark scenarios in the lab (`mpdetour lab
+// Package bench runs benchmark scenarios in the lab (`mpdetour-lab
 // bench`): for every configuration of a scenario it builds the lab, runs
 // each procedure's trials, appends one record per trial, and writes JSON,
 // CSV, a Markdown report and box plots. See docs/bench.md.
@@ -48,7 +48,7 @@ type Options struct {
 	// LabName is the lab (and namespace prefix) to build; default "bench".
 	LabName string
 	// Binary is the mpdetour executable started in lab nodes (relay,
-	// agent); default: this executable.
+	// agent, run, bench send); required.
 	Binary string
 	// Progress receives one line per trial; nil = discard.
 	Progress io.Writer
@@ -82,11 +82,7 @@ func Run(ctx context.Context, o Options) (*report.Data, error) {
 		}
 	}
 	if o.Binary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("finding the mpdetour binary: %w", err)
-		}
-		o.Binary = exe
+		return nil, errors.New("no mpdetour binary to start the daemons with (Options.Binary)")
 	}
 	store, old, err := results.Open(o.Out, o.Resume)
 	if err != nil {
@@ -189,48 +185,108 @@ func (r *runner) run(ctx context.Context) error {
 // configuration builds the lab for cfg, runs its cells and tears it down,
 // also when ctx is cancelled half-way.
 func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration, cells []scenario.Cell, remaining map[results.Key]int) (err error) {
-	topo, err := r.topology(cfg)
+	fmt.Fprintf(r.o.Progress, "[%s] lab up %s %s\n", cfg.Name, r.s.Topology, strings.Join(append(r.s.Set.Strings(), cfg.Set.Strings()...), " "))
+	cl, err := OpenConfiguration(ctx, r.s, cfg, ConfigOptions{LabName: r.o.LabName, Binary: r.o.Binary, AgentConfig: r.o.AgentConfig, Flows: hasFlows(cells)})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(r.o.Progress, "[%s] lab up %s %s\n", cfg.Name, r.s.Topology, strings.Join(append(r.s.Set.Strings(), cfg.Set.Strings()...), " "))
-	// A lab left by a killed earlier run would make Up fail; it is ours.
-	_ = lab.Down(r.o.LabName)
-	l, err := lab.Up(ctx, topo, r.o.LabName)
-	if err != nil {
-		return fmt.Errorf("configuration %s: lab up: %w", cfg.Name, err)
-	}
 	defer func() {
+		if cerr := cl.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	for _, c := range cells {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		k := results.Key{Configuration: c.Configuration, Cell: c.ID}
+		env, err := cl.CellEnv(c)
+		if err != nil {
+			return err
+		}
+		if err := r.cell(ctx, cfg, env, remaining[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ConfigOptions control OpenConfiguration.
+type ConfigOptions struct {
+	LabName     string // lab (namespace prefix); default "bench"
+	Binary      string // mpdetour executable for daemons in lab nodes
+	AgentConfig string // Env.AgentConfig of every cell
+	// Flows starts the flow sink (configurations with flow:).
+	Flows bool
+}
+
+// ConfigLab is one configuration's lab, built, with the goodput receiver
+// and the setup-latency responder running in the server node: cells run on
+// it one session at a time (the bench runner runs its cells in turn; a
+// paired design interleaves the trials of its procedures on it).
+type ConfigLab struct {
+	// Base is the environment every cell starts from (Cell and Dir unset).
+	Base    Env
+	tmp     string
+	cleanup []func() error
+}
+
+// OpenConfiguration builds the lab of configuration cfg of s (a lab of the
+// same name left by a killed earlier run is taken down first) and starts
+// the receivers. Close tears it all down; on error nothing is left.
+func OpenConfiguration(ctx context.Context, s *scenario.Scenario, cfg *scenario.Configuration, o ConfigOptions) (_ *ConfigLab, err error) {
+	if o.LabName == "" {
+		o.LabName = "bench"
+	}
+	r := &runner{o: Options{LabName: o.LabName}, s: s}
+	topo, err := r.topology(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// A lab left by a killed earlier run would make Up fail; it is ours.
+	_ = lab.Down(o.LabName)
+	l, err := lab.Up(ctx, topo, o.LabName)
+	if err != nil {
+		return nil, fmt.Errorf("configuration %s: lab up: %w", cfg.Name, err)
+	}
+	cl := &ConfigLab{}
+	cl.cleanup = append(cl.cleanup, func() error {
 		if derr := l.Down(); derr != nil {
-			slog.Error("lab down", "lab", r.o.LabName, "err", derr)
-			if err == nil {
-				err = derr
-			}
+			slog.Error("lab down", "lab", o.LabName, "err", derr)
+			return derr
+		}
+		return nil
+	})
+	defer func() {
+		if err != nil {
+			cl.Close()
 		}
 	}()
 	tmp, err := os.MkdirTemp("", "mpdetour-bench-")
 	if err != nil {
-		return err
+		return nil, err
 	}
+	cl.tmp = tmp
 	if os.Getenv("MPDETOUR_BENCH_KEEP") == "" { // debugging: keep daemon logs and configs
-		defer os.RemoveAll(tmp)
+		cl.cleanup = append(cl.cleanup, func() error { return os.RemoveAll(tmp) })
 	} else {
 		fmt.Fprintf(os.Stderr, "daemon logs and configs kept in %s\n", tmp)
 	}
-	roles := r.s.RolesFor(cfg)
+	roles := s.RolesFor(cfg)
 	for _, n := range append([]string{roles.Client, roles.Server}, roles.Detours...) {
 		if l.NetnsName(n) == "" {
-			return fmt.Errorf("configuration %s: topology %s has no node %q (nodes: %s)", cfg.Name, r.s.Topology, n, strings.Join(l.Nodes(), ", "))
+			return nil, fmt.Errorf("configuration %s: topology %s has no node %q (nodes: %s)", cfg.Name, s.Topology, n, strings.Join(l.Nodes(), ", "))
 		}
 	}
-	base := Env{
-		Lab: l, Roles: roles, CC: r.s.CC,
-		Duration: time.Duration(r.s.Duration), Warmup: time.Duration(r.s.Warmup),
-		Binary: r.o.Binary, Port: receiverPort, AgentConfig: r.o.AgentConfig,
-		Download: r.s.Direction == "download", ServerMPTCP: r.s.ServerSpeaksMPTCP(),
+	cl.Base = Env{
+		Lab: l, Roles: roles, CC: s.CC,
+		Duration: time.Duration(s.Duration), Warmup: time.Duration(s.Warmup),
+		Binary: o.Binary, Port: receiverPort, AgentConfig: o.AgentConfig,
+		Download: s.Direction == "download", ServerMPTCP: s.ServerSpeaksMPTCP(),
 	}
+	base := &cl.Base
 	if roles.Converter != "" && l.NetnsName(roles.Converter) == "" {
-		return fmt.Errorf("configuration %s: topology %s has no node %q (roles.converter)", cfg.Name, r.s.Topology, roles.Converter)
+		return nil, fmt.Errorf("configuration %s: topology %s has no node %q (roles.converter)", cfg.Name, s.Topology, roles.Converter)
 	}
 	if !base.ServerMPTCP {
 		// A server that does not speak MPTCP: its kernel refuses MPTCP
@@ -238,46 +294,65 @@ func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration,
 		if err := l.Do(roles.Server, func() error {
 			return os.WriteFile("/proc/sys/net/mptcp/enabled", []byte("0"), 0o644)
 		}); err != nil {
-			return fmt.Errorf("configuration %s: MPTCP off in %s: %w", cfg.Name, roles.Server, err)
+			return nil, fmt.Errorf("configuration %s: MPTCP off in %s: %w", cfg.Name, roles.Server, err)
 		}
 	}
 	if err := serverJoinLimits(l, roles.Server); err != nil {
-		return fmt.Errorf("configuration %s: %w", cfg.Name, err)
+		return nil, fmt.Errorf("configuration %s: %w", cfg.Name, err)
 	}
-	stop, err := startReceiver(ctx, &base)
+	stop, err := startReceiver(ctx, base)
 	if err != nil {
-		return fmt.Errorf("configuration %s: goodput receiver: %w", cfg.Name, err)
+		return nil, fmt.Errorf("configuration %s: goodput receiver: %w", cfg.Name, err)
 	}
-	defer stop()
+	cl.cleanup = append(cl.cleanup, func() error { stop(); return nil })
 	lat, err := benchtool.ListenLatency(":"+strconv.Itoa(latencyPort), l.NetnsPath(roles.Server), base.ServerMPTCP)
 	if err != nil {
-		return fmt.Errorf("configuration %s: latency responder: %w", cfg.Name, err)
+		return nil, fmt.Errorf("configuration %s: latency responder: %w", cfg.Name, err)
 	}
-	defer lat.Close()
+	cl.cleanup = append(cl.cleanup, func() error { lat.Close(); return nil })
 	base.LatencyPort = latencyPort
-	if hasFlows(cells) {
-		sink, err := benchtool.ListenSink(":"+strconv.Itoa(flowPort), l.NetnsPath(roles.Server), base.ServerMPTCP, r.s.CC)
+	if o.Flows {
+		sink, err := benchtool.ListenSink(":"+strconv.Itoa(flowPort), l.NetnsPath(roles.Server), base.ServerMPTCP, s.CC)
 		if err != nil {
-			return fmt.Errorf("configuration %s: %w", cfg.Name, err)
+			return nil, fmt.Errorf("configuration %s: %w", cfg.Name, err)
 		}
-		defer sink.Close()
+		cl.cleanup = append(cl.cleanup, func() error { sink.Close(); return nil })
 		base.FlowPort = flowPort
 	}
-	for _, c := range cells {
-		if err := ctx.Err(); err != nil {
-			return err
+	return cl, nil
+}
+
+// CellEnv is the environment of cell c on this lab, with a fresh scratch
+// directory (c.ID, plus a sequence number when the directory exists: a
+// paired design sets up the same cell once per trial).
+func (cl *ConfigLab) CellEnv(c scenario.Cell) (*Env, error) {
+	env := cl.Base
+	env.Cell = c
+	base := filepath.Join(cl.tmp, strings.ReplaceAll(c.ID, "/", "_")) // "/kK" cells
+	env.Dir = base
+	for i := 2; ; i++ {
+		err := os.Mkdir(env.Dir, 0o700)
+		if err == nil {
+			return &env, nil
 		}
-		k := results.Key{Configuration: c.Configuration, Cell: c.ID}
-		env := base
-		env.Cell, env.Dir = c, filepath.Join(tmp, strings.ReplaceAll(c.ID, "/", "_")) // "/kK" cells
-		if err := os.MkdirAll(env.Dir, 0o700); err != nil {
-			return err
+		if !errors.Is(err, os.ErrExist) {
+			return nil, err
 		}
-		if err := r.cell(ctx, cfg, &env, remaining[k]); err != nil {
-			return err
+		env.Dir = base + "." + strconv.Itoa(i)
+	}
+}
+
+// Close stops the receivers and takes the lab down (in reverse order of
+// setup); it returns the first error.
+func (cl *ConfigLab) Close() error {
+	var first error
+	for i := len(cl.cleanup) - 1; i >= 0; i-- {
+		if err := cl.cleanup[i](); err != nil && first == nil {
+			first = err
 		}
 	}
-	return nil
+	cl.cleanup = nil
+	return first
 }
 
 // receiverPort is where the goodput receiver listens in the server node,
@@ -511,3 +586,9 @@ func hostDescription() string {
 	}
 	return fmt.Sprintf("%s, %d CPUs", k, runtime.NumCPU())
 }
+
+// Versions are the versions a trial record carries (mpdetour, Go, kernel).
+func Versions() map[string]string { return versions() }
+
+// LoadAvg is the host's 1-minute load average (0 if unknown).
+func LoadAvg() float64 { return loadAvg() }

@@ -35,6 +35,10 @@ type Design struct {
 	CC         string   `json:"cc"`
 	// Trials per point and procedure (0 = 1).
 	Trials int `json:"trials,omitempty"`
+	// Paired: every procedure but converted runs in one run (runs/paired),
+	// a point's trials interleaved on one lab build (issue 26). Designs
+	// written before it (false) keep one bench run per agent policy.
+	Paired bool `json:"paired,omitempty"`
 	// MinDistance is the smallest distance between two points in the unit
 	// cube (the WSP dmin).
 	MinDistance float64 `json:"min_distance"`
@@ -52,6 +56,9 @@ type Spec struct {
 	Warmup     time.Duration
 	CC         string
 	Trials     int // per point and procedure; 0 = 1
+	// Sequential: the pre-issue-26 layout, one bench run per policy, each
+	// point's lab rebuilt per run (kept to extend old designs).
+	Sequential bool
 }
 
 // New generates the design of spec.
@@ -91,7 +98,7 @@ func New(spec Spec) (*Design, error) {
 	d := &Design{
 		Seed: spec.Seed, Space: spec.Space, LowBDP: spec.LowBDP,
 		Duration: spec.Duration.String(), Warmup: spec.Warmup.String(), CC: spec.CC, Trials: spec.Trials,
-		MinDistance: dmin, Points: spec.Space.Points(unit),
+		MinDistance: dmin, Points: spec.Space.Points(unit), Paired: !spec.Sequential,
 	}
 	for _, p := range procs {
 		d.Procedures = append(d.Procedures, p.Name)
@@ -257,6 +264,11 @@ type Options struct {
 	// K-1 modulo Shards, into runs/NAME.shardK; shards can run at once
 	// with different LabNames. Shards <= 1: every point, runs/NAME.
 	Shard, Shards int
+	// Limit (points) and Budget (wall clock) stop a paired run before
+	// its next point once reached (0 = no limit): chunks of a long design
+	// that --resume continues.
+	Limit  int
+	Budget time.Duration
 }
 
 // Run runs the design's remaining points into o.Out (design.json, runs/NAME
@@ -292,6 +304,21 @@ func Run(ctx context.Context, d *Design, o Options) (*Report, error) {
 		return nil, err
 	}
 	var runErr error
+	if d.Paired {
+		runErr = d.runPaired(ctx, o)
+		// Only converted (its own server without MPTCP) stays a bench
+		// run of its own, after the paired points.
+		var conv []run
+		for _, r := range runs {
+			if r.Converted {
+				conv = append(conv, r)
+			}
+		}
+		runs = conv
+		if runErr != nil || o.Limit > 0 || o.Budget > 0 {
+			runs = nil // chunked: converted when the paired part is complete
+		}
+	}
 	for _, r := range runs {
 		cfg, err := policyConfig(r.Policy)
 		if err != nil {
@@ -345,9 +372,11 @@ func procNames(ps []Proc) []string {
 
 // sameDesign compares the parts that decide what runs.
 func sameDesign(a, b *Design) bool {
-	return a.Seed == b.Seed && a.Space == b.Space && a.Duration == b.Duration && a.Warmup == b.Warmup && a.Trials == b.Trials &&
+	return a.Seed == b.Seed && a.Space == b.Space && a.Duration == b.Duration && a.Warmup == b.Warmup && a.Trials == b.Trials && a.Paired == b.Paired &&
 		a.CC == b.CC && reflect.DeepEqual(a.Points, b.Points) && reflect.DeepEqual(a.Procedures, b.Procedures)
 }
+
+func yamlScenario(s *scenario.Scenario) ([]byte, error) { return yaml.Marshal(s) }
 
 // policyConfig is the agent configuration line for a policy, refused when
 // this build's agent does not know the `policy:` key.
@@ -385,6 +414,19 @@ func (d *Design) loadRecords(dir string) (map[string][]results.Record, []run, []
 	}
 	out := map[string][]results.Record{}
 	var starts [][]time.Time
+	if d.Paired {
+		ps, err := d.pairedProcs()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		var conv []run
+		for _, r := range runs {
+			if r.Converted {
+				conv = append(conv, r)
+			}
+		}
+		runs = append([]run{{Name: PairedRun, Procs: ps}}, conv...)
+	}
 	for _, r := range runs {
 		dirs, err := filepath.Glob(filepath.Join(dir, "runs", r.Name+".shard*"))
 		if err != nil {

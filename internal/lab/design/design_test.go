@@ -205,9 +205,13 @@ func TestParseRange(t *testing.T) {
 		want Range
 		ok   bool
 	}{
-		{"1:100", Range{1, 100}, true},
-		{" 0.1 : 2 ", Range{0.1, 2}, true},
-		{"5", Range{5, 5}, true},
+		{"1:100", Range{1, 100, false}, true},
+		{" 0.1 : 2 ", Range{0.1, 2, false}, true},
+		{"5", Range{5, 5, false}, true},
+		{"0.001:2:log", Range{0.001, 2, true}, true},
+		{"0:2:log", Range{}, false},
+		{"1:log", Range{}, false},
+		{"2:2:log", Range{}, false},
 		{"2:1", Range{}, false},
 		{"a:b", Range{}, false},
 		{"1:", Range{}, false},
@@ -304,7 +308,7 @@ func TestConvertedRun(t *testing.T) {
 
 // TestReport builds rows and the report from synthetic trials (no lab).
 func TestReport(t *testing.T) {
-	d, err := New(Spec{Space: DefaultSpace(2), Points: 4, Seed: 9, Duration: 10 * time.Second})
+	d, err := New(Spec{Space: DefaultSpace(2), Points: 4, Seed: 9, Duration: 10 * time.Second, Sequential: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -278,6 +278,7 @@ func (rep *Report) Markdown(plots []string, note string) string {
 		fmt.Fprintf(&b, "![%s](%s)\n", strings.TrimSuffix(p, ".png"), p)
 	}
 	b.WriteString("\n")
+	rep.paired(&b)
 	rep.converted(&b)
 	rep.worst(&b, 10)
 	rep.failures(&b)

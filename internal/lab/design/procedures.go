@@ -16,7 +16,10 @@ import (
 //   - mptcp: MPTCP with the agent adding one NAT detour subflow per detour
 //     (bench procedure mptcp-nat), the agent's default policy;
 //   - mptcp-POLICY: the same with `policy: POLICY` in the agent's
-//     configuration (static or adaptive), for agents that have the key;
+//     configuration: any policy the agent accepts (static, adaptive, and
+//     every policy added to the agent later, without a change here);
+//   - mptcp-1sf: MPTCP over the point's best path alone, no agent
+//     (mptcp-1sf-pathK: over path K);
 //   - converted: the same paths, but the server does not speak MPTCP: a
 //     plain TCP program under "mpdetour run --convert" goes through the
 //     converter on r2 and the agent adds one NAT detour subflow per detour
@@ -39,6 +42,12 @@ const ConvertedProcedure = "converted"
 // their emulated core links (docs/design.md).
 const ConverterNode = "r2"
 
+// OneSubflowProcedure names MPTCP over one path alone, without an agent:
+// "mptcp-1sf" over the path the model expects to be the best
+// (Point.BestPath), "mptcp-1sf-pathK" over path K. Beside the single paths
+// it separates the kernel's own MPTCP cost from path-management harm.
+const OneSubflowProcedure = "mptcp-1sf"
+
 // Proc is a parsed design procedure.
 type Proc struct {
 	Name   string
@@ -47,13 +56,18 @@ type Proc struct {
 	// Converted: through the converter to a server without MPTCP (the
 	// agent's default policy).
 	Converted bool
+	// OneSubflow: MPTCP over one path, no agent; OnePath is that path
+	// (0 = the point's BestPath).
+	OneSubflow bool
+	OnePath    int
 }
 
-// MPTCP says whether the procedure is a multipath one.
+// MPTCP says whether the procedure is an MPTCP one (mptcp-1sf included).
 func (p Proc) MPTCP() bool { return p.Path == 0 }
 
-// Policies are the agent policies a design can ask for.
-var Policies = []string{"static", "adaptive"}
+// Multipath says whether the procedure pools paths (an agent adds detour
+// subflows): the procedures Ben and the harmed rule judge.
+func (p Proc) Multipath() bool { return p.Path == 0 && !p.OneSubflow }
 
 // ParseProcedures reads a comma-separated procedure list for a space of
 // the given number of paths. Empty = every single path and mptcp.
@@ -82,6 +96,20 @@ func ParseProcedures(s string, paths int) ([]Proc, error) {
 	return ps, nil
 }
 
+// policyName is what a policy may be called: lower-case letters, digits and
+// inner dashes (the agent's `policy:` value).
+func policyName(s string) bool {
+	if s == "" || s[0] == '-' || s[len(s)-1] == '-' || len(s) > 40 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 func parseProc(f string, paths int) (Proc, error) {
 	if rest, ok := strings.CutPrefix(f, tcpPathPrefix); ok {
 		k, err := strconv.Atoi(rest)
@@ -90,28 +118,43 @@ func parseProc(f string, paths int) (Proc, error) {
 		}
 		return Proc{Name: f, Path: k}, nil
 	}
-	if f == mptcpName {
+	switch f {
+	case mptcpName:
 		return Proc{Name: f}, nil
-	}
-	if f == ConvertedProcedure {
+	case ConvertedProcedure:
 		return Proc{Name: f, Converted: true}, nil
+	case OneSubflowProcedure:
+		return Proc{Name: f, OneSubflow: true}, nil
 	}
-	if pol, ok := strings.CutPrefix(f, mptcpName+"-"); ok {
-		for _, p := range Policies {
-			if pol == p {
-				return Proc{Name: f, Policy: pol}, nil
-			}
+	if rest, ok := strings.CutPrefix(f, OneSubflowProcedure+"-path"); ok {
+		k, err := strconv.Atoi(rest)
+		if err != nil || k < 1 || k > paths || rest != strconv.Itoa(k) {
+			return Proc{}, fmt.Errorf("procedure %q: want %s-path1..%s-path%d", f, OneSubflowProcedure, OneSubflowProcedure, paths)
 		}
+		return Proc{Name: f, OneSubflow: true, OnePath: k}, nil
 	}
-	return Proc{}, fmt.Errorf("unknown procedure %q (want tcp-path1..tcp-path%d, mptcp, mptcp-static, mptcp-adaptive or converted)", f, paths)
+	if pol, ok := strings.CutPrefix(f, mptcpName+"-"); ok && policyName(pol) {
+		// Any policy this build's agent accepts: a new policy is a new
+		// procedure without a change here.
+		if err := AgentHasPolicy(pol); err != nil {
+			return Proc{}, err
+		}
+		return Proc{Name: f, Policy: pol}, nil
+	}
+	return Proc{}, fmt.Errorf("unknown procedure %q (want tcp-path1..tcp-path%d, mptcp, mptcp-POLICY for a policy of the agent (static, adaptive, ...), %s, %s-pathK or converted)", f, paths, OneSubflowProcedure, OneSubflowProcedure)
 }
 
 // detourNode is the detours topology's relay node of path k >= 2.
 func detourNode(k int) string { return "detour" + strconv.Itoa(k-1) }
 
-// spec is the bench procedure running p.
+// spec is the bench procedure running p (mptcp-1sf: over the default
+// path; cell gives the path of a point).
 func (p Proc) spec() scenario.ProcedureSpec {
 	switch {
+	case p.OneSubflow && p.OnePath > 1:
+		return scenario.ProcedureSpec{Procedure: scenario.MPTCP1NAT, Detour: detourNode(p.OnePath)}
+	case p.OneSubflow:
+		return scenario.ProcedureSpec{Procedure: scenario.MPTCP1}
 	case p.Path == 1:
 		return scenario.ProcedureSpec{Procedure: scenario.TCP}
 	case p.Path > 1:

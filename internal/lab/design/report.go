@@ -66,7 +66,11 @@ func (d *Design) Rows(recs map[string][]results.Record, runs []run) []Row {
 	for _, r := range runs {
 		byCell := map[string]Proc{}
 		for _, p := range r.Procs {
-			byCell[p.cellID()] = p
+			if r.Name == PairedRun {
+				byCell[p.Name] = p // paired records name the design procedure
+			} else {
+				byCell[p.cellID()] = p
+			}
 		}
 		for _, rec := range recs[r.Name] {
 			p, ok := byCell[rec.Cell]
@@ -140,7 +144,7 @@ func (d *Design) mptcpProcs() []string {
 	var out []string
 	ps, _ := d.procs()
 	for _, p := range ps {
-		if p.MPTCP() {
+		if p.Multipath() {
 			out = append(out, p.Name)
 		}
 	}

@@ -9,16 +9,25 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
 
-// Range is a closed interval of one dimension.
+// Range is a closed interval of one dimension, sampled uniformly or, with
+// Log, log-uniformly (uniform in the logarithm: as many points between
+// 0.001 and 0.01 as between 0.1 and 1).
 type Range struct {
 	Min float64 `json:"min"`
 	Max float64 `json:"max"`
+	Log bool    `json:"log,omitempty"`
 }
 
 // ParseRange reads "MIN:MAX" (or one number, a fixed value), e.g. "1:100",
-// "0.1:2", "0". Both ends must be finite and MIN <= MAX.
+// "0.1:2", "0", and "MIN:MAX:log" for a log-uniform range (MIN > 0). Both
+// ends must be finite and MIN <= MAX.
 func ParseRange(s string) (Range, error) {
-	lo, hi, two := strings.Cut(strings.TrimSpace(s), ":")
+	t := strings.TrimSpace(s)
+	var log bool
+	if rest, ok := strings.CutSuffix(t, ":log"); ok {
+		t, log = rest, true
+	}
+	lo, hi, two := strings.Cut(t, ":")
 	if !two {
 		hi = lo
 	}
@@ -33,7 +42,10 @@ func ParseRange(s string) (Range, error) {
 	if a > b {
 		return Range{}, fmt.Errorf("range %q: minimum above maximum", s)
 	}
-	return Range{a, b}, nil
+	if log && (a <= 0 || !two || a == b) {
+		return Range{}, fmt.Errorf("range %q: a log range needs 0 < MIN < MAX", s)
+	}
+	return Range{Min: a, Max: b, Log: log}, nil
 }
 
 func parseNum(s string) (float64, error) {
@@ -51,11 +63,21 @@ func (r Range) String() string {
 	if r.Min == r.Max {
 		return strconv.FormatFloat(r.Min, 'g', -1, 64)
 	}
-	return strconv.FormatFloat(r.Min, 'g', -1, 64) + ":" + strconv.FormatFloat(r.Max, 'g', -1, 64)
+	s := strconv.FormatFloat(r.Min, 'g', -1, 64) + ":" + strconv.FormatFloat(r.Max, 'g', -1, 64)
+	if r.Log {
+		s += ":log"
+	}
+	return s
 }
 
-// at maps u in [0,1] into the range.
-func (r Range) at(u float64) float64 { return r.Min + u*(r.Max-r.Min) }
+// at maps u in [0,1] into the range (through the logarithm for a log
+// range), clamped to the range against rounding.
+func (r Range) at(u float64) float64 {
+	if r.Log {
+		return min(r.Max, max(r.Min, math.Exp(math.Log(r.Min)+u*(math.Log(r.Max)-math.Log(r.Min)))))
+	}
+	return r.Min + u*(r.Max-r.Min)
+}
 
 // Space is what a design samples: every path has the same four
 // dimensions with the same ranges.
@@ -70,8 +92,20 @@ type Space struct {
 // DefaultSpace is the issue's space: capacity 1-100 Mbit/s, RTT 10-400 ms,
 // loss 0-2 %, buffer 0.1-2 BDP per path.
 func DefaultSpace(paths int) Space {
-	return Space{Paths: paths, Capacity: Range{1, 100}, RTT: Range{10, 400}, Loss: Range{0, 2}, Buffer: Range{0.1, 2}}
+	return Space{Paths: paths, Capacity: Range{Min: 1, Max: 100}, RTT: Range{Min: 10, Max: 400}, Loss: Range{Min: 0, Max: 2}, Buffer: Range{Min: 0.1, Max: 2}}
 }
+
+// RealWorldSpace is the space of issue 26 whose loss is log-uniform over
+// 0.001-2 % and whose capacity and RTT span what published broadband and
+// mobile measurements report (docs/design.md, "The real-world space"):
+// capacity 2-100 Mbit/s and RTT 10-300 ms, both log-uniform; buffer
+// 0.1-2 BDP as in the default space.
+func RealWorldSpace(paths int) Space {
+	return Space{Paths: paths, Capacity: Range{2, 100, true}, RTT: Range{10, 300, true}, Loss: Range{0.001, 2, true}, Buffer: Range{0.1, 2, false}}
+}
+
+// Spaces are the named spaces of --space.
+var Spaces = map[string]func(paths int) Space{"default": DefaultSpace, "realworld": RealWorldSpace}
 
 // Limits of a space (the lab's: detours 1..8 means 2..9 paths; rates the
 // tbf takes; delays up to the lab's 10 s one way).
@@ -96,6 +130,9 @@ func (s Space) Validate() error {
 	} {
 		if c.r.Min < c.lo || c.r.Max > c.hi || c.r.Min > c.r.Max {
 			return fmt.Errorf("%s range %s outside %g:%g", c.name, c.r, c.lo, c.hi)
+		}
+		if c.r.Log && c.r.Min <= 0 {
+			return fmt.Errorf("%s range %s: a log range needs MIN > 0", c.name, c.r)
 		}
 	}
 	return nil

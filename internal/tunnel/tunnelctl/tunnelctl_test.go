@@ -23,6 +23,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
@@ -35,14 +36,14 @@ func TestMain(m *testing.M) {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		tunnels := func(sec *config.Doc, key proto.Key, log *slog.Logger) (relay.TunnelAllocator, error) {
+		tunnels := func(sec *config.Doc, key proto.Key, log *slog.Logger) (relay.Tunnels, error) {
 			a, err := Factory(sec, key, log)
 			if err != nil {
 				return nil, err
 			}
 			return a, nil
 		}
-		if err := relay.Run(ctx, cfg, log, tunnels); err != nil {
+		if err := relayd.Run(ctx, cfg, log, tunnels); err != nil {
 			fmt.Fprintln(os.Stderr, "relay:", err)
 			os.Exit(1)
 		}
@@ -113,7 +114,7 @@ func TestKeysShared(t *testing.T) {
 	}
 }
 
-// TestControlChannelTunnel: `mpdetour relay` (relay.Run with a tunnel:
+// TestControlChannelTunnel: `mpdetour relay` (relayd.Run with a tunnel:
 // section) serves the tunnel request; a member asks over the Noise control
 // channel with relayclient and gets a working tunnel; a non-member gets
 // nothing; SIGTERM leaves no tunnel state on the relay.

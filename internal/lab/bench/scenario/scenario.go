@@ -1,5 +1,5 @@
 // Package scenario defines the benchmark scenario file read by
-// `mpdetour lab bench`: which topology to build, which link configurations
+// `mpdetour-lab bench`: which topology to build, which link configurations
 // to apply to it, which measurement procedures to run in each, how many
 // trials, and the targets the report checks. The format is documented in
 // docs/bench.md; every validation error names the file and the field.
@@ -21,10 +21,13 @@ import (
 
 // Procedure names. Each is one way of moving bytes from client to server.
 const (
-	TCP         = "tcp"          // plain TCP over the default path
-	TCPNAT      = "tcp-nat"      // plain TCP to a relay's NAT port
-	TCPTunnel   = "tcp-tunnel"   // plain TCP through a WireGuard tunnel detour
-	MPTCP1      = "mptcp-1sf"    // MPTCP, no detour (MPTCP's own overhead)
+	TCP       = "tcp"        // plain TCP over the default path
+	TCPNAT    = "tcp-nat"    // plain TCP to a relay's NAT port
+	TCPTunnel = "tcp-tunnel" // plain TCP through a WireGuard tunnel detour
+	MPTCP1    = "mptcp-1sf"  // MPTCP, no detour (MPTCP's own overhead)
+	// MPTCP1NAT is MPTCP over one NAT detour alone, no agent: MPTCP's own
+	// cost on the detour's path (design procedure mptcp-1sf there).
+	MPTCP1NAT   = "mptcp-1sf-nat"
 	MPTCPNAT    = "mptcp-nat"    // MPTCP, default path + NAT detour subflow(s)
 	MPTCPTunnel = "mptcp-tunnel" // MPTCP, default path + tunnel detour subflow(s)
 	TCPOpenVPN  = "tcp-openvpn"  // plain TCP through an OpenVPN tunnel (baseline)
@@ -87,6 +90,7 @@ var procs = map[string]procInfo{
 	TCPNAT:      {"TCP via NAT detour", 1, ""},
 	TCPTunnel:   {"TCP via tunnel detour", 1, ""},
 	MPTCP1:      {"MPTCP 1 subflow", 0, ""},
+	MPTCP1NAT:   {"MPTCP 1 subflow via NAT detour", 1, ""},
 	MPTCPNAT:    {"MPTCP + NAT detour", -1, TCPNAT},
 	MPTCPTunnel: {"MPTCP + tunnel detour", -1, TCPTunnel},
 	TCPOpenVPN:  {"TCP via OpenVPN", 1, ""},
@@ -130,7 +134,7 @@ func Policy(procedure string) string {
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
+	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 

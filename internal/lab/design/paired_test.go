@@ -1,0 +1,320 @@
+package design
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+)
+
+func TestRotation(t *testing.T) {
+	procs := []string{"a", "b", "c", "d"}
+	// Over len(procs) trials every procedure takes every position once.
+	for _, off := range []int{0, 1, 5} {
+		pos := map[string]map[int]bool{}
+		for tr := 1; tr <= len(procs); tr++ {
+			o := rotation(procs, tr, off)
+			if len(o) != len(procs) {
+				t.Fatalf("rotation %v", o)
+			}
+			for i, p := range o {
+				if pos[p] == nil {
+					pos[p] = map[int]bool{}
+				}
+				pos[p][i] = true
+			}
+		}
+		for p, m := range pos {
+			if len(m) != len(procs) {
+				t.Errorf("offset %d: %s took positions %v", off, p, m)
+			}
+		}
+	}
+	if got := rotation(procs, 1, 0); !reflect.DeepEqual(got, procs) {
+		t.Errorf("trial 1 of the first point: %v", got)
+	}
+	if got := rotation(procs, 2, 0); !reflect.DeepEqual(got, []string{"b", "c", "d", "a"}) {
+		t.Errorf("trial 2: %v", got)
+	}
+	if got := rotation(procs, 1, 1); got[0] != "b" {
+		t.Errorf("the second point starts with %v", got)
+	}
+	if rotation(nil, 1, 0) != nil {
+		t.Error("empty list")
+	}
+	// The input is not modified.
+	if !reflect.DeepEqual(procs, []string{"a", "b", "c", "d"}) {
+		t.Errorf("input changed: %v", procs)
+	}
+}
+
+func TestBootstrapCI(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	// Identical trials: a point interval.
+	same := pointTrials{"x": {1: 5, 2: 5, 3: 5}}
+	mean := func(m map[string]float64) (float64, bool) { v, ok := m["x"]; return v, ok }
+	c := same.bootstrap(mean, 500, rng)
+	if !c.OK || c.Est != 5 || c.Lo != 5 || c.Hi != 5 {
+		t.Errorf("constant: %+v", c)
+	}
+	// Many trials from a known distribution: the interval of the mean
+	// covers the truth and has about the width of 2 x 1.96 standard errors.
+	big := pointTrials{"x": {}}
+	for i := 1; i <= 400; i++ {
+		big["x"][i] = 10 + rng.NormFloat64()*2
+	}
+	c = big.bootstrap(mean, 2000, rng)
+	se := 2 / math.Sqrt(400)
+	if !c.OK || c.Lo > 10 || c.Hi < 10 || math.Abs((c.Hi-c.Lo)-2*1.96*se) > 0.5*2*1.96*se {
+		t.Errorf("normal: %+v, want width about %.3f around 10", c, 2*1.96*se)
+	}
+	// With 3 trials the interval lies within the trials' range and is
+	// close to it.
+	three := pointTrials{"x": {1: 2, 2: 4, 3: 9}}
+	c = three.bootstrap(mean, 2000, rng)
+	if !c.OK || c.Lo < 2 || c.Hi > 9 || c.Lo > 3 || c.Hi < 7 || math.Abs(c.Est-5) > 1e-9 {
+		t.Errorf("three trials: %+v", c)
+	}
+	// Rounds are resampled together: a ratio of two procedures that move
+	// together round by round is tight although each varies a lot.
+	paired := pointTrials{"a": {1: 1, 2: 10, 3: 100}, "b": {1: 2, 2: 20, 3: 200}}
+	c = paired.bootstrap(pairStat("a", "b"), 1000, rng)
+	if !c.OK || math.Abs(c.Lo-0.5) > 1e-9 || math.Abs(c.Hi-0.5) > 1e-9 {
+		t.Errorf("paired ratio: %+v", c)
+	}
+	// A statistic without data is not OK and NaN.
+	c = pointTrials{"y": {1: 1}}.bootstrap(mean, 100, rng)
+	if c.OK || !math.IsNaN(c.Est) || !math.IsNaN(c.Lo) {
+		t.Errorf("missing: %+v", c)
+	}
+	// A procedure with a failed round: the means use its ok trials.
+	m := pointTrials{"a": {1: 2, 3: 4}, "b": {1: 1, 2: 1, 3: 1}}.means([]int{1, 2, 3})
+	if m["a"] != 3 || m["b"] != 1 {
+		t.Errorf("means %v", m)
+	}
+}
+
+func TestHarmedRule(t *testing.T) {
+	singles := []string{"tcp-path1", "tcp-path2"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, c := range []struct {
+		name   string
+		mptcp  [3]float64
+		harmed bool
+	}{
+		// best single path: tcp-path1, 10 in every round
+		{"well below in every trial", [3]float64{6, 7, 8}, true},
+		{"one trial at the best path", [3]float64{6, 7, 10}, false},
+		{"just below 0.95 throughout", [3]float64{9.4, 9.4, 9.4}, true},
+		{"at 0.95", [3]float64{9.5, 9.5, 9.5}, false},
+		{"above", [3]float64{12, 14, 15}, false},
+	} {
+		tr := pointTrials{"tcp-path1": {1: 10, 2: 10, 3: 10}, "tcp-path2": {1: 3, 2: 4, 3: 2}, "m": {1: c.mptcp[0], 2: c.mptcp[1], 3: c.mptcp[2]}}
+		r := tr.bootstrap(ratioStat("m", singles), 2000, rng)
+		if Harmed(r) != c.harmed {
+			t.Errorf("%s: ratio %+v, harmed %v", c.name, r, Harmed(r))
+		}
+	}
+	// An undefined interval never counts as harmed.
+	if Harmed(CI{Est: 0.1, Lo: math.NaN(), Hi: math.NaN()}) {
+		t.Error("harmed without an interval")
+	}
+	// Ben against the means.
+	tr := pointTrials{"tcp-path1": {1: 10}, "tcp-path2": {1: 5}, "m": {1: 12.5}}
+	if c := tr.bootstrap(benStat("m", singles), 10, rng); c.Est != 0.5 {
+		t.Errorf("Ben %+v", c)
+	}
+}
+
+func TestBestPathAndCells(t *testing.T) {
+	pt := Point{ID: "p1", Paths: []Path{
+		{CapacityMbps: 72.2, RTTms: 173, LossPct: 0.12, BufferBDP: 2}, // Mathis ~2.7 Mbit/s... capped below 72
+		{CapacityMbps: 25, RTTms: 136, LossPct: 1.31, BufferBDP: 1.6},
+	}}
+	if pt.BestPath() != 1 {
+		t.Errorf("best path %d (models %.2f, %.2f)", pt.BestPath(), pt.Paths[0].ModelMbps(), pt.Paths[1].ModelMbps())
+	}
+	pt.Paths[1].LossPct = 0
+	if pt.BestPath() != 2 || pt.Paths[1].ModelMbps() != 25 {
+		t.Errorf("lossless path 2: best %d", pt.BestPath())
+	}
+	d := &Design{Space: DefaultSpace(3), Trials: 3}
+	ps, err := ParseProcedures("tcp-path1,tcp-path3,mptcp-1sf,mptcp-1sf-path1,mptcp-static", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt.Paths = append(pt.Paths, Path{CapacityMbps: 50, RTTms: 10, BufferBDP: 1})
+	var got []string
+	for _, p := range ps {
+		c := d.cell(p, pt)
+		got = append(got, c.ID+"="+c.Procedure+strings.Join(c.Detours, "+"))
+		if c.Trials != 3 || c.Configuration != "p1" {
+			t.Errorf("cell %+v", c)
+		}
+	}
+	want := "tcp-path1=tcp tcp-path3=tcp-natdetour2 mptcp-1sf=" + scenario.MPTCP1NAT + "detour2 mptcp-1sf-path1=" + scenario.MPTCP1 + " mptcp-static=mptcp-natdetour1+detour2"
+	if strings.Join(got, " ") != want {
+		t.Errorf("cells\n %s\nwant\n %s", strings.Join(got, " "), want)
+	}
+	for _, bad := range []string{"mptcp-1sf-path4", "mptcp-1sf-path0", "mptcp-1sf-pathx", "mptcp-Static", "mptcp--x", "mptcp-nosuchpolicy"} {
+		if _, err := ParseProcedures(bad, 3); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// TestPairedReport writes paired trials by hand and checks the rows and the
+// paired analysis (no lab).
+func TestPairedReport(t *testing.T) {
+	d, err := New(Spec{Space: RealWorldSpace(2), Points: 3, Seed: 4, Trials: 3,
+		Procedures: "tcp-path1,tcp-path2,mptcp-1sf,mptcp-static,mptcp-adaptive"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Paired {
+		t.Fatal("a new design is not paired")
+	}
+	dir := t.TempDir()
+	st, _, err := results.Open(filepath.Join(dir, "runs", PairedRun), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// p001: MPTCP static well below the best path in every round
+	// (harmed), adaptive at the best path; p002: both above.
+	g := map[string]map[string][3]float64{
+		"p001": {"tcp-path1": {10, 10, 10}, "tcp-path2": {2, 2, 2}, "mptcp-1sf": {9.8, 9.8, 9.8}, "mptcp-static": {5, 6, 7}, "mptcp-adaptive": {10, 11, 12}},
+		"p002": {"tcp-path1": {4, 4, 4}, "tcp-path2": {4, 4, 4}, "mptcp-1sf": {4, 4, 4}, "mptcp-static": {8, 8, 8}, "mptcp-adaptive": {6, 6, 6}},
+	}
+	i := 0
+	for _, pt := range []string{"p001", "p002"} {
+		for tr := 1; tr <= 3; tr++ {
+			for _, proc := range []string{"tcp-path1", "tcp-path2", "mptcp-1sf", "mptcp-static", "mptcp-adaptive"} {
+				rec := results.Record{Scenario: pairedScenarioName, Configuration: pt, Cell: proc, Procedure: "x", Trial: tr, Status: results.OK,
+					GoodputMbps: g[pt][proc][tr-1], Start: t0.Add(time.Duration(i) * 12 * time.Second), LoadAvg: 1.5}
+				i++
+				if err := st.Append(rec); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	st.Close()
+	rep, err := WriteReport(dir, d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := rep.PointStats()
+	if len(ps) != 2 {
+		t.Fatalf("%d point stats", len(ps))
+	}
+	p1 := ps[0]
+	if !p1.Harmed["mptcp-static"] || p1.Harmed["mptcp-adaptive"] || p1.Best != "tcp-path1" {
+		t.Errorf("p001: %+v", p1)
+	}
+	if c := p1.Pairs["mptcp-static/mptcp-adaptive"]; !c.OK || c.Hi >= 1 {
+		t.Errorf("p001 static/adaptive %+v", c)
+	}
+	if b := ps[1].Ben["mptcp-static"]; b.Est != 1 {
+		t.Errorf("p002 Ben %+v", b)
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+	for _, s := range []string{"## Paired analysis", "| mptcp-static | 2 | 1 (50 %) | 1 (50 %) |", "harmed points <= 5 %", "0.50 [", "**H**",
+		"| mptcp-static / mptcp-adaptive | 2 |", "The kernel's own cost"} {
+		if !strings.Contains(string(md), s) {
+			t.Errorf("report lacks %q", s)
+		}
+	}
+	if rep.PointsDone != 2 {
+		t.Errorf("points done %d", rep.PointsDone)
+	}
+}
+
+func TestSubsets(t *testing.T) {
+	got := Subsets([]string{"a", "b", "c"})
+	want := [][]string{{}, {"a"}, {"b"}, {"c"}, {"a", "b"}, {"a", "c"}, {"b", "c"}, {"a", "b", "c"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Subsets = %v", got)
+	}
+	for n := 0; n <= 8; n++ {
+		items := make([]string, n)
+		for i := range items {
+			items[i] = string(rune('a' + i))
+		}
+		s := Subsets(items)
+		if len(s) != 1<<n {
+			t.Fatalf("%d items: %d subsets", n, len(s))
+		}
+		seen := map[string]bool{}
+		for _, x := range s {
+			k := strings.Join(x, "+")
+			if seen[k] {
+				t.Fatalf("%d items: %q twice", n, k)
+			}
+			seen[k] = true
+		}
+	}
+	o := OracleSpace{Detours: []string{"d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8"}, Shared: []string{"d2", "d5"}}
+	s, err := o.Subsets()
+	if err != nil || len(s) != 64 {
+		t.Fatalf("candidates: %d subsets, %v", len(s), err)
+	}
+	for _, x := range s {
+		if slices.Contains(x, "d2") || slices.Contains(x, "d5") {
+			t.Errorf("subset %v has a shared detour", x)
+		}
+	}
+	for _, bad := range []OracleSpace{{Detours: []string{"a", "a"}}, {Detours: []string{"a"}, Shared: []string{"b"}},
+		{Detours: strings.Split("a b c d e f g h i j k l m", " ")}} {
+		if _, err := bad.Subsets(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+// The candidates-oracle scenario lists exactly the enumerated subsets and
+// parses.
+func TestCandidatesOracleScenario(t *testing.T) {
+	p := filepath.Join("..", "..", "..", "lab", "scenarios", "candidates-oracle.yaml")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := scenario.Parse(p, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := OracleSpace{Detours: s.Roles.Detours, Shared: []string{"detour2", "detour5"}}
+	want, err := o.Subsets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	hasEmpty := false
+	for _, ps := range s.Procedures {
+		switch {
+		case ps.Procedure == scenario.MPTCP1:
+			hasEmpty = true
+		case ps.Procedure == scenario.MPTCPNATStatic && ps.Detour != "":
+			got = append(got, ps.Detour)
+		}
+	}
+	var w []string
+	for _, x := range want[1:] {
+		w = append(w, SubsetDetour(x))
+	}
+	if !hasEmpty || !reflect.DeepEqual(got, w) {
+		t.Errorf("oracle subsets in %s:\n%v\nwant (and mptcp-1sf for the empty one):\n%v", p, got, w)
+	}
+	if n := len(s.Cells()); n != 4+8+len(w) {
+		t.Errorf("%d cells", n)
+	}
+}
