@@ -453,7 +453,7 @@ func (a *Agent) jobsFor(ins []policy.Intent, since time.Time) []job {
 				// initial subflow) is the policy's to report, like the
 				// initial subflow.
 				if cv.subs[k] == nil && k != keyOf(cv.c.Local.Addr(), cv.c.Remote) {
-					cv.subs[k] = &subView{sf: policy.Subflow{Token: in.Token, Local: in.Local, Remote: in.Remote},
+					cv.subs[k] = &subView{sf: policy.Subflow{Token: in.Token, Local: in.Local, Remote: in.Remote, Backup: in.Backup},
 						detour: in.Detour, path: pathName(in.Detour, "announced"), since: time.Now()}
 				}
 			}
@@ -651,6 +651,9 @@ func (a *Agent) subUp(sf policy.Subflow) bool {
 		dv.established++
 		dv.lastChange = time.Now()
 	}
+	// A join asked for with the B flag is a backup although the kernel's
+	// SUB_ESTABLISHED says backup=0 (6.18; mptcppm's backup join test).
+	sf.Backup = sf.Backup || !sv.up && sv.sf.Backup
 	sv.sf, sv.up, sv.since = sf, true, time.Now()
 	return true
 }
