@@ -187,6 +187,22 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent running", "netns", a.cfg.NetNS, "policy", a.cfg.Policy.String(), "subflows", a.cfg.Subflows,
 		"detours", len(a.cfg.Detours), "workers", workers, "status", a.cfg.Socket)
+	var sizer *bufferSizer
+	if a.cfg.BufferSizing {
+		var err error
+		if sizer, err = newBufferSizer(a.cfg, a.log); err != nil {
+			a.log.Warn("socket buffer sizing off", "err", err)
+		} else {
+			defer func() {
+				if sizer == nil {
+					return // turned off after an error, restored then
+				}
+				if err := sizer.restore(); err != nil {
+					a.log.Warn("socket buffer sizes not restored", "err", err)
+				}
+			}()
+		}
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	// After a loss, one more resync once things settle catches events
@@ -265,6 +281,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		case pr := <-probec:
 			probing = false
 			queue = append(queue, a.measured(pr)...)
+			if adv, ok := a.pol.(interface{ BufferWanted() int64 }); ok && sizer != nil {
+				if err := sizer.apply(adv.BufferWanted()); err != nil {
+					a.log.Warn("socket buffer sizing off", "err", err)
+					if err := sizer.restore(); err != nil {
+						a.log.Warn("socket buffer sizes not restored", "err", err)
+					}
+					sizer = nil
+				}
+			}
 		case <-sweepTick.C:
 			if !sweeping && len(a.conns) > 0 {
 				sweeping = true

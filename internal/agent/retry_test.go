@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,12 +23,15 @@ func run(t *testing.T, cfg agent.Config) *harness {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	h := &harness{t: t, k: k, a: a}
-	h.stop = func() {
-		cancel()
-		k.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
+	var once sync.Once
+	h.stop = func() { // idempotent: tests may stop early, Cleanup stops again
+		once.Do(func() {
+			cancel()
+			k.Close()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
 	}
 	t.Cleanup(h.stop)
 	return h
