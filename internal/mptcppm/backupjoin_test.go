@@ -18,11 +18,7 @@ import (
 func TestBackupJoinCarriesDataOnlyOncePromoted(t *testing.T) {
 	p := newPair(t)
 	events := listen(t, p.c.Name, "client")
-	pm, err := mptcppm.Dial(mptcppm.Options{NetNS: p.c.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pm.Close()
+	pm := p.commands(t)
 	c := p.dial(t)
 	local := netip.MustParseAddrPort(c.LocalAddr().String())
 	tok := waitEvent(t, events, mptcppm.EventEstablished, 0).Token
