@@ -3,6 +3,7 @@
 
 GO        ?= go
 BIN       := bin/mpdetour
+LABBIN    := bin/mpdetour-lab
 GOBIN     := $(shell $(GO) env GOPATH)/bin
 VERSION   := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X github.com/mpdetour/mpdetour/internal/version.Version=$(VERSION)
@@ -12,30 +13,41 @@ FUZZTIME  ?= 10s
 # The soak in `make test` (docs/results/soak has the 1-hour one: make soak SOAKTIME=1h).
 SOAKTIME  ?= 5m
 
-.PHONY: all setup build build-host test vet staticcheck unit fuzz soak fuzz-and-soak demo clean
+# Debian packages (make package): into PKGDIR.
+PKGDIR    ?= dist
+
+.PHONY: all setup build build-host test vet staticcheck unit fuzz soak fuzz-and-soak demo clean package package-test tidy
 
 all: build
 
 setup:
 	@scripts/setup.sh
 
+# Both binaries: mpdetour (the product: relay and agent hosts need only
+# this one) and mpdetour-lab (the evaluation lab, which starts the mpdetour
+# beside it in its lab nodes).
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/mpdetour
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(LABBIN) ./cmd/mpdetour-lab
 
-# The binary for relay and agent hosts: without `lab bench` (its report
-# links the plotting library); every other subcommand is there.
+# The product binary alone (what relay and agent hosts install).
 build-host:
-	$(GO) build -tags nolab -ldflags "$(LDFLAGS)" -o bin/mpdetour-host ./cmd/mpdetour
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/mpdetour
 
 vet:
 	$(GO) vet ./...
-	$(GO) vet -tags nolab ./cmd/mpdetour
 
 staticcheck:
 	$(GOBIN)/staticcheck ./...
 
+# go test -json through testsummary: the usual output, then the list of
+# skipped tests; with CI=true a skip for a missing tool fails the run.
 unit:
-	$(GO) test $(TESTFLAGS) ./...
+	$(GO) run ./internal/testenv/testsummary -- $(GO) test -json $(TESTFLAGS) ./...
+
+# go.mod and go.sum are what `go mod tidy` makes of them.
+tidy:
+	$(GO) mod tidy -diff
 
 # Every fuzz target runs for a bounded time (FUZZTIME each).
 fuzz:
@@ -44,20 +56,30 @@ fuzz:
 # Churn against real relays and an agent in a lab of its own; fails when
 # memory, fds, goroutines, mappings or WireGuard peers grow (docs/lab.md).
 soak: build
-	$(BIN) lab soak --duration $(SOAKTIME) --name soakmk
+	$(LABBIN) soak --duration $(SOAKTIME) --name soakmk
 
 # The soak mostly waits: it runs beside the fuzzers.
 fuzz-and-soak:
 	@$(MAKE) --no-print-directory -j2 fuzz soak
 
+# mpdetour and mpdetour-relay .deb packages (packaging/build-deb.sh; GOARCH=arm64
+# for another architecture, PKGVERSION to override the version).
+package:
+	@packaging/build-deb.sh $(PKGDIR)
+
+# Installs them into a clean Debian root (mmdebstrap) and checks binary,
+# units, configs, keys and a reinstall over a changed config (~1 min).
+package-test: package
+	@packaging/test-deb.sh $(PKGDIR)
+
 # The leak check compares namespaces, root-namespace links and nft tables,
 # and mpdetour processes before and after the run and names what it left.
 test: setup
-	@scripts/leakcheck.sh $(MAKE) --no-print-directory build vet staticcheck unit fuzz-and-soak
+	@scripts/leakcheck.sh $(MAKE) --no-print-directory build vet tidy staticcheck unit fuzz-and-soak package-test
 	@echo "make test: all checks passed"
 
 demo: setup build
 	@scripts/demo.sh
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

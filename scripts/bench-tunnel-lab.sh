@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tunnel detour in the lab (issue 6): brennan2017, core-limited profile.
 # The relay side of mpdetour's tunnel runs on the lab's "detour" node, the
-# client side on "client" (both from internal/tunnel/cmd/twbench, i.e. the
+# client side on "client" (both from internal/lab/cmd/twbench, i.e. the
 # shipped internal/tunnel code). Three measurements, interleaved, median of
 # RUNS, iperf3 -C cubic, DURATION s each after OMIT s of ramp-up (iperf3 -O;
 # the second subflow starts one handshake later than the first):
@@ -42,14 +42,14 @@ cleanup() {
   set +e
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  "$TMP/mpdetour" lab down "$LAB" >/dev/null 2>&1
+  "$TMP/mpdetour-lab" down "$LAB" >/dev/null 2>&1
   rm -rf "$TMP"
 }
 trap cleanup EXIT
 
-go build -o "$TMP/mpdetour" ./cmd/mpdetour
-go build -o "$TMP/twbench" ./internal/tunnel/cmd/twbench
-"$TMP/mpdetour" lab up brennan2017 --name "$LAB" >"$TMP/lab.log" 2>&1 || { cat "$TMP/lab.log" >&2; exit 1; }
+go build -o "$TMP/mpdetour-lab" ./cmd/mpdetour-lab
+go build -o "$TMP/twbench" ./internal/lab/cmd/twbench
+"$TMP/mpdetour-lab" up brennan2017 --name "$LAB" >"$TMP/lab.log" 2>&1 || { cat "$TMP/lab.log" >&2; exit 1; }
 ns() { echo "$LAB-$1"; }
 SERVER=10.0.3.2  # lab.Addr("server"); .1 is r2
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tunnel benchmark (issue 6): TCP goodput A -> C through B over unshaped veths,
 # side by side in one run: plain routing, mpdetour's embedded WireGuard
-# (internal/tunnel, one process per end via internal/tunnel/cmd/twbench), OpenVPN 2.6 (Debian,
+# (internal/tunnel, one process per end via internal/lab/cmd/twbench), OpenVPN 2.6 (Debian,
 # default data cipher, TLS peer-to-peer with self-signed certificates pinned
 # by fingerprint) and the Debian wireguard-go binary (configured with wg).
 # The tunnel runs A <-> B, B forwards to C (the server), for every variant.
@@ -43,7 +43,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-go build -o "$TMP/twbench" ./internal/tunnel/cmd/twbench
+go build -o "$TMP/twbench" ./internal/lab/cmd/twbench
 
 for n in $A $B $C; do ip netns add "$n"; ip -n "$n" link set lo up; done
 ip link add b0 netns $A type veth peer a0 netns $B

@@ -7,20 +7,22 @@
 # everything down, also on Ctrl-C or failure. Scenario: lab/scenarios/demo.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="$PWD/bin/mpdetour"
-[ -x "$bin" ] || make build
+# The lab binary runs the measurement and starts bin/mpdetour (the product)
+# in the lab nodes.
+lab="$PWD/bin/mpdetour-lab"
+{ [ -x "$lab" ] && [ -x "$PWD/bin/mpdetour" ]; } || make build
 out="${DEMO_OUT:-$PWD/bench-results/demo}"
 name="demo$$"
 log="$(mktemp)"
 cleanup() {
   rm -f "$log"
   # The runner takes its lab down itself; this covers a kill -9 of it.
-  "$bin" lab down "$name" >/dev/null 2>&1 || true
+  "$lab" down "$name" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 rm -rf "$out"
 
-"$bin" lab bench demo --name "$name" --out "$out" | tee "$log"
+"$lab" bench demo --name "$name" --out "$out" | tee "$log"
 echo
 echo "report: $out/report.md"
 echo "plot:   $out/plot-core-limited.png (and .svg)"

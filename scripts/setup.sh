@@ -14,7 +14,9 @@ packages=(
   iproute2:ip nftables:nft iptables:iptables iperf3:iperf3 wireguard-tools:wg
   wireguard-go:wireguard-go openvpn:openvpn mptcpd:mptcpize tcpdump:tcpdump
   ethtool:ethtool procps:pgrep psmisc:killall curl:curl mptcpize:mptcpize python3:python3
-  jq:jq openssl:openssl
+  jq:jq openssl:openssl git:git
+  # packages (make package-test) and the unit files' check (TestDeployUnits)
+  mmdebstrap:mmdebstrap systemd:systemd-analyze
 )
 STATICCHECK_VERSION=v0.8.2 # staticcheck 2026.2.2, supports the Go release in go.mod
 

@@ -59,6 +59,14 @@ func agentCommand() *cli.Command {
 				}
 				fmt.Printf("%s: valid: policy %s, %d detour subflows per connection, %d static detours, %d relays%s, socket %s\n",
 					config, cfg.Policy, cfg.Subflows, len(cfg.Detours), relays, server, cfg.Socket)
+				if cfg.Relays != nil {
+					for _, r := range cfg.Relays.Relays {
+						fmt.Printf("  relay %s at %s\n", r.Name, r.Addr)
+					}
+				}
+				for _, l := range cfg.LegacyV1 {
+					fmt.Printf("  legacy v1 daemon %s at %s (unauthenticated), lease %s\n", l.Name, l.Addr, l.Lease)
+				}
 				return nil
 			}
 			// SIGHUP rotates the member key (rotateOnHangup). It is caught
@@ -91,12 +99,26 @@ func agentCommand() *cli.Command {
 				rc := *cfg.Relays
 				rc.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)
 				rc.Options.Logger = log
+				// Each relay's state for status, metrics and the log:
+				// from grants and renewals, pings of silent relays,
+				// tunnel handshakes.
+				var names []string
+				for _, r := range rc.Relays {
+					names = append(names, r.Name)
+				}
+				health := agent.NewRelayHealth(agent.RelayHealthConfig{Ping: cfg.RelayPing}, log, names...)
+				rc.Observe = health.Observe
 				src, err := relayclient.NewSource(rc)
 				if err != nil {
 					return err
 				}
 				defer src.Close()
 				relays = src
+				for _, c := range src.Conns() {
+					health.SetPinger(c.Relay().Name, c)
+				}
+				defer watchRelays(ctx, health)()
+				cfg.RelayStatus = health.Status
 				if cfg.PathCheck {
 					// NAT detours that strip MPTCP options are withheld.
 					f := pathcheck.NewFilter(src, pathcheck.FilterConfig{Netns: cfg.NetNS, Log: log})
@@ -131,6 +153,7 @@ func agentCommand() *cli.Command {
 					for _, t := range tsrcs {
 						defer t.Close()
 						sources = append(sources, t)
+						health.SetTunnel(t.Conn().Relay().Name, tunnelHandshake(t))
 					}
 					tunnels = tsrcs
 				}
@@ -250,7 +273,7 @@ func startConverterRouter(ctx context.Context, cfg *agent.Config, conns []*relay
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{}, 2)
 	go func() { r.Run(ctx); done <- struct{}{} }()
-	go func() { _ = r.Serve(l); done <- struct{}{} }()
+	go func() { _ = r.Serve(l, cfg.Convert.Users); done <- struct{}{} }()
 	cfg.ConvertStatus = r.Status
 	log.Info("serving conversions", "socket", cfg.Convert.Socket, "converters", len(convs))
 	return func() {
@@ -260,4 +283,31 @@ func startConverterRouter(ctx context.Context, cfg *agent.Config, conns []*relay
 		<-done
 		_ = os.Remove(cfg.Convert.Socket)
 	}, nil
+}
+
+// watchRelays runs health's pings and handshake checks until the returned
+// stop is called.
+func watchRelays(ctx context.Context, health *agent.RelayHealth) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		health.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// tunnelHandshake reads a WireGuard tunnel detour's last handshake.
+func tunnelHandshake(t *tunnelctl.Source) agent.HandshakeFunc {
+	return func() (time.Time, bool, error) {
+		cl := t.Client()
+		if cl == nil {
+			return time.Time{}, false, nil
+		}
+		last, err := cl.LastHandshake()
+		return last, true, err
+	}
 }

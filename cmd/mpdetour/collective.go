@@ -22,8 +22,8 @@ import (
 func collectiveCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "collective",
-		Summary: "a Detour Collective's authority: init, issue and revoke member certificates, show them; present usage receipts; simulate relay discovery (docs/collective.md)",
-		Sub:     []*cli.Command{collectiveInit(), collectiveIssue(), collectiveRevoke(), collectiveShow(), collectivePresent(), collectiveSimulate()},
+		Summary: "a Detour Collective's authority: init, issue and revoke member certificates, show them; present usage receipts (docs/collective.md)",
+		Sub:     []*cli.Command{collectiveInit(), collectiveIssue(), collectiveRevoke(), collectiveShow(), collectivePresent(), movedToLab("simulate", "mpdetour collective simulate", "mpdetour-lab collective simulate")},
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 )
 
 // The discovery examples of docs/collective.md parse, with the files and
@@ -38,6 +38,7 @@ func TestDocsCollectiveDiscoveryExamples(t *testing.T) {
 		"/etc/mpdetour/relay.key", write("relay.key", rk.String()),
 		"/etc/mpdetour/relay.cert", write("relay.cert", issue(rk, collective.RoleRelay)),
 		"/etc/mpdetour/crl.txt", write("crl.txt", auth.Revoke(nil, time.Now()).String()),
+		"/etc/mpdetour/gossip.key", write("gossip.key", "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI="),
 		"/etc/mpdetour/member.key", write("member.key", mk.String()),
 		"/etc/mpdetour/member.cert", write("member.cert", issue(mk, collective.RoleClient)),
 		"mpdetour-authority-v1:...", auth.Public().String(),
@@ -45,7 +46,7 @@ func TestDocsCollectiveDiscoveryExamples(t *testing.T) {
 	)
 	relayYAML := r.Replace(yamlBlock(t, "collective.md", "gossip:"))
 	p := write("relay.yaml", relayYAML)
-	s, err := relay.LoadConfig(p)
+	s, err := relayd.LoadConfig(p)
 	if err != nil {
 		t.Fatalf("docs/collective.md relay example: %v", err)
 	}

@@ -7,17 +7,19 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/doctor"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 )
 
 // doctorCommand builds the doctor subcommand.
 func doctorCommand() *cli.Command {
-	var agentConfig, relayConfig, server string
+	var agentConfig, relayConfig, server, socket string
 	var subflows int
 	return &cli.Command{
 		Name:    "doctor",
@@ -28,6 +30,7 @@ func doctorCommand() *cli.Command {
 			fs.StringVar(&server, "server", "", "with --agent-config: ask each relay for a detour to this MPTCP server and check that MPTCP options survive the path (the detour is released at once)")
 			fs.StringVar(&relayConfig, "relay-config", "", "a relay: check its config, forwarding, nftables and WireGuard")
 			fs.IntVar(&subflows, "subflows", 0, "a server: the MPTCP subflow limit it needs (detours per client + 1); 0 = do not judge")
+			fs.StringVar(&socket, "socket", agent.DefaultSocket, "a running agent's status socket: its view of the kernel is checked too (blackhole fallback)")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
@@ -40,8 +43,14 @@ func doctorCommand() *cli.Command {
 				return cli.Usagef("doctor: --subflows %d out of range 0-255", subflows)
 			}
 			r := doctor.Kernel(doctor.Paths{}, subflows)
+			var running *agent.Status
+			if st, err := agent.FetchStatus(socket); err == nil {
+				running = &st
+			}
+			r = append(r, doctor.Blackhole(doctor.Paths{}, blackholeOf(running))...)
+			r = append(r, doctor.RunningAgent(doctor.Paths{}, running)...)
 			if relayConfig != "" {
-				s, err := relay.LoadConfig(relayConfig)
+				s, err := relayd.LoadConfig(relayConfig)
 				if err != nil {
 					r = append(r, doctor.Result{Area: "relay", Check: "config", Status: doctor.Fail, Detail: err.Error()})
 				} else {
@@ -68,6 +77,7 @@ func doctorCommand() *cli.Command {
 						cc.Server = ap
 					}
 					r = append(r, doctor.Client(ctx, cc)...)
+					r = append(r, doctor.Tunnels(ctx, running, cc.Server, 3*time.Second)...)
 				}
 			}
 			r.Print(os.Stdout)
@@ -78,4 +88,12 @@ func doctorCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// blackholeOf is the running agent's blackhole view (nil without agent).
+func blackholeOf(st *agent.Status) *agent.BlackholeStatus {
+	if st == nil {
+		return nil
+	}
+	return st.Blackhole
 }

@@ -3,6 +3,11 @@
 //
 // Wiring is explicit: main lists every subcommand, and each subcommand's
 // constructor (one file each) builds its daemon from its parts.
+//
+// This binary holds the product only. The evaluation lab (emulated
+// networks, benchmarks, soaks, simulations, attack suite) is the second
+// binary, cmd/mpdetour-lab, which starts this one in its lab nodes;
+// deps_test.go keeps the lab's packages out of this binary.
 package main
 
 import (
@@ -12,7 +17,6 @@ import (
 	"syscall"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
-	"github.com/mpdetour/mpdetour/internal/lab"
 )
 
 // commands lists the top-level subcommands in the order --help shows them.
@@ -22,19 +26,16 @@ func commands() []*cli.Command {
 		statusCommand(),
 		runCommand(),
 		relayCommand(),
-		labCommand(),
 		benchCommand(),
 		collectiveCommand(),
 		doctorCommand(),
 		pathCheckCommand(),
 		versionCommand(),
+		movedToLab("lab", "mpdetour lab", "mpdetour-lab"),
 	}
 }
 
 func main() {
-	// A re-execution of this binary as a lab helper (namespace exec shim,
-	// delay line) runs as that and never returns.
-	lab.Reexec()
 	// Commands watch ctx so that Ctrl-C and SIGTERM roll back what they set up.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Main(ctx, "mpdetour", commands(), os.Args[1:], os.Stdout, os.Stderr)

@@ -1,13 +1,6 @@
 package main
 
-import (
-	"encoding/json"
-	"os"
-)
+import "github.com/mpdetour/mpdetour/internal/cli"
 
 // printJSON writes v to stdout as indented JSON, the form every --json flag prints.
-func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
+func printJSON(v any) error { return cli.PrintJSON(v) }

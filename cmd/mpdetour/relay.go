@@ -14,6 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
@@ -66,7 +67,7 @@ func relayCommand() *cli.Command {
 				return cli.Usagef("relay: --config FILE is required")
 			}
 			if check {
-				s, err := relay.LoadConfig(config)
+				s, err := relayd.LoadConfig(config)
 				if err != nil {
 					return err
 				}
@@ -84,7 +85,7 @@ func relayCommand() *cli.Command {
 				level = slog.LevelDebug
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			return relay.Run(ctx, config, log, relayTunnels)
+			return relayd.Run(ctx, config, log, relayTunnels)
 		},
 	}
 }

@@ -12,7 +12,7 @@ import (
 // relayTunnels is the relay's tunnel factory: WireGuard tunnel detours
 // (internal/tunnel) serving the config's `tunnel:` section. Spelled out here
 // so that a reader of cmd/mpdetour sees what the relay runs.
-func relayTunnels(section *config.Doc, key proto.Key, log *slog.Logger) (relay.TunnelAllocator, error) {
+func relayTunnels(section *config.Doc, key proto.Key, log *slog.Logger) (relay.Tunnels, error) {
 	a, err := tunnelctl.Factory(section, key, log)
 	if err != nil {
 		return nil, err // not a typed nil inside the interface

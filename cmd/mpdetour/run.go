@@ -5,8 +5,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"time"
 
+	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/run"
@@ -66,6 +69,7 @@ func runCommand() *cli.Command {
 					fmt.Fprintf(os.Stderr, "mpdetour run: --convert %s: %v; connections are not converted\n", convert, err)
 				}
 			}
+			convert = checkAgent(agent.DefaultSocket, convert)
 			err = run.Exec(run.Options{Mechanism: mech, Argv: args, LogPath: logPath, Warn: os.Stderr, Convert: convert})
 			var ee *run.ExitError
 			if errors.As(err, &ee) {
@@ -75,4 +79,33 @@ func runCommand() *cli.Command {
 			return err
 		},
 	}
+}
+
+// checkAgent warns once, before the program starts, when no agent answers
+// on its status socket (the program's connections are MPTCP but get no
+// detours) and when the agent's conversion socket refuses this user; it
+// returns the conversion socket to use ("" when refused).
+func checkAgent(status, convert string) string {
+	c, err := net.DialTimeout("unix", status, time.Second)
+	switch {
+	case err == nil:
+		c.Close()
+	case errors.Is(err, os.ErrPermission):
+		// Root's socket (mode 0600): someone serves it.
+	default:
+		fmt.Fprintf(os.Stderr, "mpdetour run: warning: no mpdetour agent answers on %s (%v): connections use MPTCP but get no detours; start it with: systemctl start mpdetour-agent (docs/run.md)\n", status, err)
+	}
+	if convert == "" {
+		return ""
+	}
+	if _, err := os.Stat(convert); err != nil {
+		return "" // said above
+	}
+	cc := convclient.NewClient(convert, time.Second)
+	defer cc.Close()
+	if err := cc.Hello(); err != nil {
+		fmt.Fprintf(os.Stderr, "mpdetour run: warning: %v; connections are not converted\n", err)
+		return ""
+	}
+	return convert
 }

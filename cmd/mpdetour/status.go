@@ -77,6 +77,16 @@ func printStatus(st agent.Status) {
 	if st.DiagError != "" {
 		fmt.Printf("inet_diag: %s\n", st.DiagError)
 	}
+	printBlackhole(st.Blackhole)
+	if g := st.PMTypeGuard; g != nil && (g.Restores > 0 || g.Error != "") {
+		if g.Restores > 0 {
+			fmt.Printf("WARNING: net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1: another program changes it (mptcpd, NetworkManager, a sysctl.d file)\n",
+				g.Restores, g.LastFound, g.LastRestore.Format("15:04:05"))
+		}
+		if g.Error != "" {
+			fmt.Printf("ERROR: %s\n", g.Error)
+		}
+	}
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "\nCONNECTION\tLOCAL\tREMOTE\tPATH\tROLE\tSTATE\tBACKUP\tSENT\tRECEIVED\tRTT ms\tMbit/s\tLOSS %%\tDECISION\n")
 	convertedTo := map[string]string{} // local address -> destination
@@ -116,8 +126,12 @@ func printStatus(st agent.Status) {
 	fmt.Fprintf(w, "\nDETOUR\tLOCAL\tREMOTE\tSUBFLOWS\tESTABLISHED\tFAILED\tHEALTH\tLAST ERROR\n")
 	for _, d := range st.Detours {
 		health := "ok"
-		if !d.Healthy {
+		switch {
+		case d.Healthy:
+		case !d.BackoffTill.IsZero():
 			health = "backoff until " + d.BackoffTill.Format("15:04:05")
+		default:
+			health = "unusable"
 		}
 		local := d.Local
 		if local == "" {
@@ -126,6 +140,7 @@ func printStatus(st agent.Status) {
 		fmt.Fprintf(w, "%s:%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", d.Kind, d.Relay, local, d.Remote, d.Subflows, d.Established, d.Failed, health, d.LastError)
 	}
 	w.Flush()
+	printRelays(st.Relays)
 	if st.Conversions != nil {
 		printConversions(*st.Conversions, st.Connections)
 	}
@@ -167,10 +182,60 @@ func printConversions(cv convclient.Status, conns []agent.ConnStatus) {
 	w.Flush()
 	if len(cv.NoMPTCP) > 0 {
 		w = tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintf(w, "\nWITHOUT MPTCP (%d destinations known)\tUNTIL\tCONVERTED\tCONVERTIBLE\n", cv.Destinations)
+		fmt.Fprintf(w, "\nWITHOUT MPTCP (%d destinations known)\tUNTIL\tCONVERTED\tCONVERTIBLE\tLEARNED FOR\n", cv.Destinations)
 		for _, d := range cv.NoMPTCP {
-			fmt.Fprintf(w, "%s\t%s\t%d\t%v\n", d.Destination, d.Expires.Format("15:04:05"), d.Conversions, d.Convertible)
+			who := "everyone (root)"
+			if d.UID != convclient.Root {
+				who = fmt.Sprintf("uid %d only", d.UID)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%d\t%v\t%s\n", d.Destination, d.Expires.Format("15:04:05"), d.Conversions, d.Convertible, who)
 		}
 		w.Flush()
+	}
+}
+
+// printBlackhole shows the kernel's MPTCP blackhole fallback when it
+// matters: disabled now (with the fix), or the reading failed.
+func printBlackhole(b *agent.BlackholeStatus) {
+	switch {
+	case b == nil:
+	case b.Error != "":
+		fmt.Printf("MPTCP blackhole detection: cannot read the kernel's counters: %s\n", b.Error)
+	case b.State == agent.BlackholeDisabled:
+		since := "since " + b.Since.Format("15:04:05")
+		if !b.Until.IsZero() {
+			since += ", at least until " + b.Until.Format("15:04:05")
+		}
+		fmt.Printf("WARNING: the kernel disabled MPTCP for new connections (%s; blackhole detection, %d connections made plain TCP since boot): they get no detours\n  fix: %s\n",
+			since, b.Fallbacks, b.Fix)
+	}
+}
+
+// printRelays shows each relay's state as the client sees it, with what
+// to check when it is not ok.
+func printRelays(rs []agent.RelayStatus) {
+	if len(rs) == 0 {
+		return
+	}
+	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "\nRELAY\tSTATE\tSINCE\tLAST SUCCESS\tTUNNEL HANDSHAKE\tLAST ERROR\n")
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return t.Format("15:04:05")
+	}
+	for _, r := range rs {
+		hs := "-"
+		if r.Tunnel {
+			hs = at(r.LastHandshake)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.State, at(r.Since), at(r.LastSuccess), hs, r.LastError)
+	}
+	w.Flush()
+	for _, r := range rs {
+		if r.State != agent.RelayOK && r.State != agent.RelayUnknown && r.Detail != "" {
+			fmt.Printf("  %s: %s: %s\n", r.Name, r.State, r.Detail)
+		}
 	}
 }

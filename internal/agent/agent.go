@@ -121,7 +121,7 @@ func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...d
 
 // NewPolicy builds the policy cfg.Policy names (static unless adaptive)
 // from the configuration's knobs.
-func NewPolicy(cfg Config, log *slog.Logger, sources []detour.Source) *policy.Manager {
+func NewPolicy(cfg Config, log *slog.Logger, sources []detour.Source) *policy.Engine {
 	return policy.New(policy.Config{
 		Mode:     cfg.Policy,
 		Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),
@@ -429,7 +429,9 @@ func (a *Agent) measured(pr probe) []job {
 			Backup: s.Backup(), RTT: s.RTT, RTTVar: s.RTTVar, MinRTT: s.MinRTT, Retransmits: s.Retransmits,
 			TotalRetrans: s.TotalRetrans, SegsOut: s.SegsOut, Unacked: s.Unacked,
 			BytesAcked: s.BytesAcked, BytesReceived: s.BytesReceived, BytesSent: s.BytesSent, BytesRetrans: s.BytesRetrans,
-			DeliveryRate: s.DeliveryRate, SinceDataSent: s.SinceDataSent, SinceDataRecv: s.SinceDataRecv, SinceAckRecv: s.SinceAckRecv})
+			DeliveryRate: s.DeliveryRate, SinceDataSent: s.SinceDataSent, SinceDataRecv: s.SinceDataRecv, SinceAckRecv: s.SinceAckRecv,
+			SndCwnd: s.SndCwnd, SndMSS: s.SndMSS, PacingRate: s.PacingRate, NotsentBytes: s.NotsentBytes, AppLimited: s.AppLimited,
+			BusyTime: s.BusyTime, RwndLimited: s.RwndLimited, SndbufLimited: s.SndbufLimited})
 	}
 	if len(ms) == 0 {
 		return nil
@@ -482,12 +484,16 @@ func (a *Agent) failed(r result) []job {
 	if cv != nil && r.in.Action == policy.CreateSubflow {
 		delete(cv.subs, keyOf(r.in.Local.Addr(), r.in.Remote))
 	}
-	if cv == nil || connectionGone(r.err) {
+	if cv == nil {
+		return nil // closed meanwhile: the policy forgot it
+	}
+	if connectionGone(r.err) {
 		// The connection closed while the command was queued (a short
 		// connection, or one the peer reset): nothing to blame on the
-		// detour, and its CLOSED event tells the policy.
+		// detour. The policy is told, so that it stops retrying: its
+		// CLOSED event may never come (retry storm).
 		a.log.Debug("command for a closed connection", "intent", r.in.String(), "err", r.err)
-		return nil
+		return a.jobsFor(a.pol.Failed(r.in, fmt.Errorf("%w: %w", policy.ErrConnectionGone, r.err)), time.Time{})
 	}
 	if r.in.Detour != nil && r.in.Action == policy.CreateSubflow {
 		dv := a.detourView(*r.in.Detour)
@@ -555,7 +561,7 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		}
 		cv := a.conns[e.Token]
 		if cv == nil {
-			if len(a.conns) >= a.cfg.MaxConnections {
+			if len(a.conns) >= a.cfg.MaxConnections || IsProbe(a.cfg.Probes, e.Local) {
 				return nil
 			}
 			cv = &connView{c: conn(e), since: at, subs: map[subKey]*subView{}}
@@ -564,7 +570,11 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		est := e.Type == mptcppm.EventEstablished
 		cv.established = cv.established || est
 		if est {
-			ins, since = a.pol.Established(conn(e)), at
+			c := conn(e)
+			// The event comes once the connection is fully established;
+			// flags bit 0 is the server's C flag.
+			c.Fully, c.DenyJoinInitial = true, e.Flags&mptcppm.EventFlagDenyJoinID0 != 0
+			ins, since = a.pol.Established(c), at
 		} else {
 			ins = a.pol.Created(conn(e))
 		}
@@ -705,7 +715,7 @@ func (a *Agent) resync(reason string) []job {
 				Local: unmap(s.Local), Remote: unmap(s.Remote), Backup: s.Backup()})
 		}
 		if !a.tracked(mc.Token) {
-			if len(a.conns) >= a.cfg.MaxConnections {
+			if len(a.conns) >= a.cfg.MaxConnections || IsProbe(a.cfg.Probes, mc.Local) {
 				continue
 			}
 			a.conns[mc.Token] = &connView{c: c, established: true, adopted: true, since: now, subs: map[subKey]*subView{}}

@@ -3,7 +3,13 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,24 +48,9 @@ type harness struct {
 
 func start(t *testing.T, mode policy.Mode, detours ...agent.StaticDetour) *harness {
 	t.Helper()
-	cfg := agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	return run(t, agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
-		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours}
-	k := kerneltest.New()
-	a := agent.New(cfg, nil, k, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	h := &harness{t: t, k: k, a: a}
-	h.stop = func() {
-		cancel()
-		k.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}
-	t.Cleanup(h.stop)
-	return h
+		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours})
 }
 
 func (h *harness) connect(token uint32) {
@@ -225,21 +216,7 @@ func TestAgentMetrics(t *testing.T) {
 	reg.MustRegister(agent.NewMetrics(h.a))
 	want := map[string]bool{}
 	for range 50 {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want = map[string]bool{}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				labels := []string{}
-				for _, l := range m.GetLabel() {
-					labels = append(labels, l.GetName()+"="+l.GetValue())
-				}
-				v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
-				want[fmt.Sprintf("%s{%s} %g", mf.GetName(), strings.Join(labels, ","), v)] = true
-			}
-		}
+		want = gather(t, reg)
 		if want["mpdetour_agent_subflows{path=nat,role=active} 1"] {
 			break
 		}
@@ -252,6 +229,66 @@ func TestAgentMetrics(t *testing.T) {
 	} {
 		if !want[k] {
 			t.Errorf("missing %s in %v", k, want)
+		}
+	}
+}
+
+// gather returns the registry's series as "name{label=value,...} value".
+func gather(t *testing.T, reg *prometheus.Registry) map[string]bool {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := []string{}
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			have[fmt.Sprintf("%s{%s} %g", mf.GetName(), strings.Join(labels, ","), v)] = true
+		}
+	}
+	return have
+}
+
+// The kernel's blackhole fallback and each relay's state are in the status
+// and the metrics; a revoked relay's detours are not healthy.
+func TestAgentBlackholeMetrics(t *testing.T) {
+	bh := agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Now(), TimeoutS: 3600, Disables: 2, Fallbacks: 7, Fix: agent.BlackholeFix(3600)}
+	h := run(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Blackhole: func() agent.BlackholeStatus { return bh },
+		Detours: []agent.StaticDetour{natDetour("r1", relay1)},
+		RelayStatus: func() []agent.RelayStatus {
+			return []agent.RelayStatus{{Name: "r1", State: agent.RelayRevoked, LastSuccess: time.Unix(1700000000, 0)}}
+		}})
+	st := h.a.Status()
+	if st.Blackhole == nil || st.Blackhole.State != agent.BlackholeDisabled || len(st.Relays) != 1 {
+		t.Fatalf("status: %+v %+v", st.Blackhole, st.Relays)
+	}
+	seen := 0
+	for _, d := range st.Detours {
+		if d.Relay == "r1" {
+			seen++
+			if d.Healthy || !strings.Contains(d.LastError, "revoked") {
+				t.Fatalf("a revoked relay's detour: %+v", d)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatalf("r1's detour not in the status: %+v", st.Detours)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(agent.NewMetrics(h.a))
+	have := gather(t, reg)
+	for _, k := range []string{"mpdetour_agent_mptcp_blackhole_disabled{} 1", "mpdetour_agent_mptcp_blackhole_disables_total{} 2",
+		"mpdetour_agent_mptcp_blackhole_fallbacks_total{} 7",
+		"mpdetour_agent_relay_state{relay=r1,state=revoked} 1", "mpdetour_agent_relay_state{relay=r1,state=ok} 0",
+		"mpdetour_agent_relay_last_success_timestamp_seconds{relay=r1} 1.7e+09"} {
+		if !have[k] {
+			t.Errorf("missing %s in %v", k, have)
 		}
 	}
 }
@@ -337,5 +374,69 @@ func TestAgentStatusShowsStrippedDetour(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("withheld detour missing from status: %+v", a.Status().Detours)
+	}
+}
+
+// A metrics endpoint on a unix socket is mode 0600, and
+// with a token a scrape without it gets 401.
+func TestServeMetricsPrivate(t *testing.T) {
+	h := start(t, policy.Static)
+	path := filepath.Join(t.TempDir(), "m.sock")
+	const token = "0123456789abcdef0123"
+	stop, err := agent.ServeMetrics("unix:"+path, token, h.a, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("metrics socket: %v %v", fi.Mode(), err)
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", path)
+	}}}
+	get := func(auth string) (int, string) {
+		req, _ := http.NewRequest("GET", "http://agent/metrics", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(""); code != http.StatusUnauthorized || strings.Contains(body, "mpdetour_agent_") {
+		t.Fatalf("without the token: %d %q", code, body)
+	}
+	if code, body := get("Bearer " + token); code != http.StatusOK || !strings.Contains(body, "mpdetour_agent_connections") {
+		t.Fatalf("with the token: %d %.200q", code, body)
+	}
+}
+
+// A connection doctor marked as its test is not the
+// agent's: no detour, not in the status, no failed command.
+func TestAgentLeavesProbesAlone(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(client.Port())), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := run(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Detours: []agent.StaticDetour{natDetour("r1", relay1)}, Probes: dir})
+	h.connect(31) // from client, whose port is marked
+	other := mptcppm.Event{Token: 32, Local: netip.AddrPortFrom(client.Addr(), 40001), Remote: server}
+	other.Type = mptcppm.EventEstablished
+	h.k.Emit(other)
+	_, i := h.wait(0, "SUBFLOW_CREATE for the unmarked connection", creates(relay1))
+	for _, in := range h.k.Commands()[:i+1] {
+		if in.Token == 31 {
+			t.Fatalf("a command for the probe: %+v", in)
+		}
+	}
+	for _, c := range h.a.Status().Connections {
+		if c.Token == fmt.Sprintf("%08x", 31) {
+			t.Fatalf("the probe is in the status: %+v", c)
+		}
 	}
 }

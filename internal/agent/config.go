@@ -12,6 +12,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
+	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/serverrole"
@@ -52,17 +53,26 @@ type Config struct {
 	// EventBuffer is the event socket's receive buffer in bytes.
 	EventBuffer int
 	LogLevel    slog.Level
-	// MetricsListen, when set, serves Prometheus metrics (e.g. 127.0.0.1:9465).
+	// MetricsListen, when set, serves Prometheus metrics (e.g. 127.0.0.1:9465,
+	// or unix:/run/mpdetour/agent-metrics.sock: mode 0600).
 	MetricsListen string
+	// MetricsToken, when set, is the bearer token every scrape must send
+	// (metrics.token_file).
+	MetricsToken string
 	// LegacyV1 are original-prototype daemons asked for detours (v1,
 	// unauthenticated; legacyclient).
 	LegacyV1 []legacyclient.Relay
-	// LegacyLease is how long a v1 grant is assumed to last.
+	// LegacyLease is how long a v1 grant is assumed to last for daemons
+	// without their own legacy_v1[].lease (each LegacyV1 entry carries its
+	// own).
 	LegacyLease time.Duration
 	Selectors   []policy.Selector
 	Detours     []StaticDetour
 	// Relays, when set, are asked for NAT detours (relayclient.Source).
 	Relays *relayclient.SourceConfig
+	// RelayPing: a relay silent this long is pinged (RelayHealth; 0 = the
+	// default 30 s).
+	RelayPing time.Duration
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
 	Tunnels bool
 	// Convert, when set, serves conversion decisions to "mpdetour run"
@@ -71,6 +81,19 @@ type Config struct {
 	// ConvertStatus, when set, adds the conversion Router's view to the
 	// status (wired by cmd/mpdetour; not in the YAML).
 	ConvertStatus func() convclient.Status
+	// Blackhole, when set, adds the kernel's MPTCP blackhole fallback to
+	// the status (wired by RunLinux; not in the YAML).
+	Blackhole func() BlackholeStatus
+	// RelayStatus, when set, adds each relay's state (RelayHealth) to the
+	// status (wired by cmd/mpdetour; not in the YAML).
+	RelayStatus func() []RelayStatus
+	// PMType, when set, adds the pm_type guard's view to the status
+	// (wired by RunLinux).
+	PMType func() PMTypeStatus
+	// Probes is the directory marking doctor's test connections, which
+	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
+	// none).
+	Probes string
 	// Server, when set, runs the server role beside the client one
 	// (internal/serverrole: ADD_ADDR of detours, C flag).
 	Server *serverrole.Config
@@ -111,7 +134,8 @@ type fileConfig struct {
 	EventBuffer       int              `yaml:"event_buffer"`
 	LogLevel          config.LogLevel  `yaml:"log_level"`
 	Metrics           struct {
-		Listen string `yaml:"listen"`
+		Listen    string `yaml:"listen"`
+		TokenFile string `yaml:"token_file"`
 	} `yaml:"metrics"`
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
@@ -120,8 +144,9 @@ type fileConfig struct {
 	Tunnels   bool                    `yaml:"tunnels"`
 	PathCheck bool                    `yaml:"path_check"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
-	TunnelKind string       `yaml:"tunnel_kind"`
-	LegacyV1   []fileLegacy `yaml:"legacy_v1"`
+	TunnelKind string           `yaml:"tunnel_kind"`
+	LegacyV1   []fileLegacy     `yaml:"legacy_v1"`
+	RelayPing  *config.Duration `yaml:"relay_ping"`
 	// Convert is documented in docs/convert.md (convclient.FileConfig).
 	Convert *convclient.FileConfig `yaml:"convert"`
 	// Server is documented in docs/agent.md (serverrole.FileConfig).
@@ -250,21 +275,22 @@ func build(f fileConfig) (Config, error) {
 		}
 		c.Policy = m
 	}
-	if c.Policy == policy.Adaptive {
-		// The adaptive policy's defaults, measured (docs/results, candidates):
+	if c.Policy == policy.Adaptive && f.Subflows == nil {
+		// The adaptive policy's default, measured (docs/results, candidates):
 		// it chooses among the detours it has, so it keeps all of them (up
 		// to the kernel's 8) unless told otherwise: with K=2 or 4 of 8
 		// candidates, exploring one at a time did not reach the good ones
 		// within a 15 s transfer (13.8 and 22.0 Mbit/s vs 31.3 with all).
-		// It judges paths from measurements every 100 ms.
-		if f.Subflows == nil {
-			c.Subflows = 8
-		}
+		c.Subflows = 8
+	}
+	if c.Policy.Measures() {
+		// adaptive and backup-first judge paths from measurements every
+		// 100 ms.
 		if f.ProbeInterval == nil {
 			c.ProbeInterval = 100 * time.Millisecond
 		}
 		if c.ProbeInterval == 0 {
-			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the adaptive policy decides by; set one (e.g. 100ms) or use policy: static")
+			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the %s policy decides by; set one (e.g. 100ms) or use policy: static", c.Policy)
 		}
 	}
 	if f.StallRetransmits != nil {
@@ -277,9 +303,19 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("max_backoff: %s is below backoff %s", c.MaxBackoff, c.Backoff)
 	}
 	if c.MetricsListen != "" {
-		if _, err := netip.ParseAddrPort(c.MetricsListen); err != nil {
-			return c, fmt.Errorf("metrics.listen: %q is not ADDRESS:PORT (e.g. 127.0.0.1:9465)", c.MetricsListen)
+		if err := metricsrv.Check(c.MetricsListen); err != nil {
+			return c, fmt.Errorf("metrics.listen: %w", err)
 		}
+	}
+	if f.Metrics.TokenFile != "" {
+		if c.MetricsListen == "" {
+			return c, fmt.Errorf("metrics.token_file: set without metrics.listen")
+		}
+		tok, err := metricsrv.ReadToken(f.Metrics.TokenFile)
+		if err != nil {
+			return c, fmt.Errorf("metrics.token_file: %w", err)
+		}
+		c.MetricsToken = tok
 	}
 	for i, s := range f.Selectors {
 		var sel policy.Selector
@@ -356,6 +392,15 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("path_check: needs a relays section (it checks the NAT detours relays grant)")
 	}
 	c.PathCheck = f.PathCheck
+	if f.RelayPing != nil {
+		if f.Relays == nil {
+			return c, fmt.Errorf("relay_ping: set, but there is no relays section")
+		}
+		if v := f.RelayPing.D(); v < time.Second || v > 10*time.Minute {
+			return c, fmt.Errorf("relay_ping: %s out of range 1s-10m", v)
+		}
+		c.RelayPing = f.RelayPing.D()
+	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {
@@ -364,13 +409,19 @@ func build(f fileConfig) (Config, error) {
 		if l.Name == "" {
 			return c, fmt.Errorf("legacy_v1[%d].name: missing (a name for logs and status)", i)
 		}
+		r := legacyclient.Relay{Name: l.Name, Addr: ap, Lease: c.LegacyLease}
 		if l.Lease != nil {
 			if v := l.Lease.D(); v < 10*time.Second || v > 24*time.Hour {
 				return c, fmt.Errorf("legacy_v1[%d].lease: %s out of range 10s-24h (the daemon's lease; v1 cannot renew)", i, v)
 			}
-			c.LegacyLease = l.Lease.D()
+			r.Lease = l.Lease.D() // this daemon's alone
 		}
-		c.LegacyV1 = append(c.LegacyV1, legacyclient.Relay{Name: l.Name, Addr: ap})
+		for j, o := range c.LegacyV1 {
+			if o.Name == l.Name {
+				return c, fmt.Errorf("legacy_v1[%d].name: %q already names legacy_v1[%d]", i, l.Name, j)
+			}
+		}
+		c.LegacyV1 = append(c.LegacyV1, r)
 	}
 	return c, nil
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
@@ -214,9 +215,28 @@ func RunLinux(ctx context.Context, cfg Config, log *slog.Logger, pol policy.Poli
 			err = cerr
 		}
 	}()
+	// The kernel's state the agent cannot get events for: the blackhole
+	// fallback and pm_type changed by another program.
+	bh := newBlackholeWatch(log)
+	pm := &pmTypeGuard{log: log}
+	bctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		bh.run(bctx, BlackholePoll, func() (map[string]uint64, int, error) {
+			pm.check(time.Now(), func() (string, error) { return readSysctl(cfg.NetNS, "net.mptcp.pm_type") },
+				func(v string) error { return writeSysctl(cfg.NetNS, "net.mptcp.pm_type", v) })
+			return readBlackhole(cfg.NetNS)
+		})
+	}()
+	defer func() { stopWatch(); <-watched }()
+	cfg.Blackhole, cfg.PMType = bh.status, pm.status
+	if cfg.Probes == "" {
+		cfg.Probes = ProbeDir
+	}
 	a := New(cfg, log, k, pol, sources...)
 	if cfg.MetricsListen != "" {
-		stop, err := ServeMetrics(cfg.MetricsListen, a, log)
+		stop, err := ServeMetrics(cfg.MetricsListen, cfg.MetricsToken, a, log)
 		if err != nil {
 			return err
 		}

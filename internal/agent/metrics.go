@@ -5,31 +5,37 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// ServeMetrics serves /metrics for a on addr (e.g. 127.0.0.1:9465) until
-// the returned stop is called. The listener is opened before it returns,
-// so a busy port is an error at start, not a log line later.
-func ServeMetrics(addr string, a *Agent, log *slog.Logger) (stop func(), err error) {
+// ServeMetrics serves /metrics for a on addr (e.g. 127.0.0.1:9465, or
+// unix:/PATH, a socket of mode 0600) until the returned stop is called;
+// with a token every scrape must send it as a bearer token. The listener
+// is opened before it returns, so a busy port is an error at start, not a
+// log line later. An endpoint other local users can read is logged once
+// (docs/security.md, Metrics).
+func ServeMetrics(addr, token string, a *Agent, log *slog.Logger) (stop func(), err error) {
 	reg := prometheus.NewRegistry()
 	// The Go runtime and process collectors (go_goroutines,
 	// process_open_fds, process_resident_memory_bytes...) are what a soak
 	// test or an operator watches for leaks.
 	reg.MustRegister(NewMetrics(a), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ln, err := net.Listen("tcp", addr)
+	ln, err := metricsrv.Listen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
+	if why := metricsrv.Exposed(addr, token); why != "" {
+		log.Warn(why)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metricsrv.Protect(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), token))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -55,6 +61,8 @@ type Metrics struct {
 	connections, subflows, detourUp, detourHealthy         *prometheus.Desc
 	events, eventsLost, resyncs, adopted, commands, cmdErr *prometheus.Desc
 	detourEstablished, detourFailed, latency               *prometheus.Desc
+	mptcpDisabled, mptcpDisables, mptcpFallbacks           *prometheus.Desc
+	relayState, relaySuccess                               *prometheus.Desc
 }
 
 // NewMetrics describes the agent's metrics; register it on a registry.
@@ -76,13 +84,19 @@ func NewMetrics(a *Agent) *Metrics {
 		commands:          d("commands_total", "mptcp_pm commands issued"),
 		cmdErr:            d("command_errors_total", "mptcp_pm commands that failed, by errno", "errno"),
 		latency:           d("established_to_subflow_create_seconds", "ESTABLISHED event to SUBFLOW_CREATE sent, over the recent samples", "quantile"),
+		mptcpDisabled:     d("mptcp_blackhole_disabled", "1 while the kernel's MPTCP blackhole detection has new connections made plain TCP (no detours); clear with sysctl -w net.mptcp.blackhole_timeout=N"),
+		mptcpDisables:     d("mptcp_blackhole_disables_total", "Times the kernel disabled MPTCP for new connections since boot (MPTcpExt Blackhole)"),
+		mptcpFallbacks:    d("mptcp_blackhole_fallbacks_total", "Connections made plain TCP because of a disable, since boot (MPTcpExt MPCapableSYNTXDisabled)"),
+		relayState:        d("relay_state", "1 for each relay's current state as the client sees it (ok, no-answer, unauthorized, revoked, refused, policy-denied, tunnel-no-handshake, unknown), 0 for the others", "relay", "state"),
+		relaySuccess:      d("relay_last_success_timestamp_seconds", "When each relay last answered a grant, renewal or ping (0: never)", "relay"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.connections, m.subflows, m.detourUp, m.detourHealthy, m.detourEstablished, m.detourFailed,
-		m.events, m.eventsLost, m.resyncs, m.adopted, m.commands, m.cmdErr, m.latency} {
+		m.events, m.eventsLost, m.resyncs, m.adopted, m.commands, m.cmdErr, m.latency,
+		m.mptcpDisabled, m.mptcpDisables, m.mptcpFallbacks, m.relayState, m.relaySuccess} {
 		ch <- d
 	}
 }
@@ -181,6 +195,21 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, n := range byErrno {
 		c(m.cmdErr, n, name)
+	}
+	if b := st.Blackhole; b != nil && b.Error == "" {
+		g(m.mptcpDisabled, map[bool]float64{true: 1}[b.State == BlackholeDisabled])
+		c(m.mptcpDisables, b.Disables)
+		c(m.mptcpFallbacks, b.Fallbacks)
+	}
+	for _, r := range st.Relays {
+		for _, state := range RelayStates {
+			g(m.relayState, map[bool]float64{true: 1}[r.State == state], r.Name, state)
+		}
+		last := 0.0
+		if !r.LastSuccess.IsZero() {
+			last = float64(r.LastSuccess.UnixNano()) / 1e9
+		}
+		g(m.relaySuccess, last, r.Name)
 	}
 	if st.Latency.Samples > 0 {
 		g(m.latency, st.Latency.P50ms/1e3, "0.5")

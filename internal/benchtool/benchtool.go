@@ -15,7 +15,7 @@
 // subflows that joined late. Per-subflow bytes are the sender's
 // tcpi_bytes_acked: the receiver sees only the reassembled MPTCP stream.
 //
-// Send and Serve are used by "mpdetour bench", by "mpdetour lab check" and
+// Send and Serve are used by "mpdetour bench", by "mpdetour-lab check" and
 // by the benchmark runner; Result is their JSON output format.
 package benchtool
 

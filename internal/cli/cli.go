@@ -1,11 +1,13 @@
-// Package cli is the small command framework behind the mpdetour binary:
-// cmd/mpdetour hands Main the list of subcommands, each parses its own flags with the standard
-// flag package, and reports usage errors with exit status 2 so that scripts
-// can tell "you called it wrong" from "it failed".
+// Package cli is the small command framework behind the mpdetour and
+// mpdetour-lab binaries: each main hands Main (or Program) its list of
+// subcommands, each parses its own flags with the standard flag package,
+// and reports usage errors with exit status 2 so that scripts can tell "you
+// called it wrong" from "it failed".
 package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,6 +36,12 @@ type Command struct {
 	// Interspersed allows flags after positional arguments (e.g. "lab up brennan2017 --set x=y").
 	// Arguments after "--" are never treated as flags.
 	Interspersed bool
+	// Hidden leaves the command out of its parent's help (internal helpers,
+	// pointers to commands that moved).
+	Hidden bool
+	// RawArgs hands Run every argument unparsed, flags and --help included
+	// (Flags is then unused).
+	RawArgs bool
 }
 
 // UsageError marks an error caused by how the command was called.
@@ -50,7 +58,14 @@ func Usagef(format string, a ...any) error { return &UsageError{Msg: fmt.Sprintf
 // Main runs the program named prog, whose subcommands are cmds (in help
 // order), with args and returns the exit status.
 func Main(ctx context.Context, prog string, cmds []*Command, args []string, stdout, stderr io.Writer) int {
-	root := &Command{Name: prog, Summary: "multipath TCP through detour hosts", Sub: cmds}
+	return Program(ctx, &Command{Name: prog, Summary: "multipath TCP through detour hosts", Sub: cmds}, args, stdout, stderr)
+}
+
+// Program runs the program root (root.Name is the program's name,
+// root.Summary the first line of its help, root.Sub its commands) with args
+// and returns the exit status.
+func Program(ctx context.Context, root *Command, args []string, stdout, stderr io.Writer) int {
+	prog := root.Name
 	err := dispatch(ctx, root, []string{prog}, args, stdout)
 	if err == nil {
 		return 0
@@ -111,6 +126,9 @@ func dispatch(ctx context.Context, c *Command, path, args []string, out io.Write
 		}
 		return withPath(Usagef("unknown command %q", args[0]), path)
 	}
+	if c.RawArgs {
+		return withPath(c.Run(ctx, args), path)
+	}
 	fs := flag.NewFlagSet(strings.Join(path, " "), flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	if c.Flags != nil {
@@ -166,7 +184,9 @@ func printHelp(out io.Writer, c *Command, path []string) {
 	}
 	fmt.Fprintln(out, "Commands:")
 	for _, s := range c.Sub {
-		fmt.Fprintf(out, "  %-10s %s\n", s.Name, s.Summary)
+		if !s.Hidden {
+			fmt.Fprintf(out, "  %-10s %s\n", s.Name, s.Summary)
+		}
 	}
 	fmt.Fprintf(out, "\nRun '%s <command> --help' for a command's flags.\n", strings.Join(path, " "))
 }
@@ -185,6 +205,13 @@ func printCommandHelp(out io.Writer, c *Command, path []string, fs *flag.FlagSet
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
 	}
+}
+
+// PrintJSON writes v to stdout as indented JSON, the form every --json flag prints.
+func PrintJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // Stderr is where commands write diagnostics; tests may replace it.

@@ -79,3 +79,28 @@ func TestHelpListsCommandsAndFlags(t *testing.T) {
 		t.Errorf("command help lacks summary or flags:\n%s", out.String())
 	}
 }
+
+// A Hidden command runs but is not listed; a RawArgs command gets every
+// argument, flags and --help included; Program names the program and its
+// summary.
+func TestHiddenRawArgsProgram(t *testing.T) {
+	var got []string
+	root := &Command{Name: "prog-lab", Summary: "the lab program", Sub: []*Command{
+		{Name: "shown", Summary: "a shown command", Run: func(context.Context, []string) error { return nil }},
+		{Name: "old", Summary: "moved", Hidden: true, RawArgs: true, Run: func(_ context.Context, args []string) error {
+			got = args
+			return nil
+		}},
+	}}
+	var out, errb bytes.Buffer
+	if code := Program(context.Background(), root, []string{"--help"}, &out, &errb); code != 0 {
+		t.Fatalf("--help: exit %d", code)
+	}
+	if !strings.Contains(out.String(), "prog-lab: the lab program.") || !strings.Contains(out.String(), "shown") || strings.Contains(out.String(), "old") {
+		t.Errorf("help:\n%s", out.String())
+	}
+	want := []string{"up", "--name", "x", "--help", "--", "-y"}
+	if code := Program(context.Background(), root, append([]string{"old"}, want...), &out, &errb); code != 0 || !reflect.DeepEqual(got, want) {
+		t.Errorf("raw args: exit %d, got %q, want %q (stderr %q)", code, got, want, errb.String())
+	}
+}

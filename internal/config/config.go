@@ -151,7 +151,7 @@ func (d *Doc) Decode(v any) error {
 		return err
 	}
 	if err := d.root.Decode(v); err != nil {
-		return d.decodeError(err)
+		return d.decodeError(err, reflect.TypeOf(v))
 	}
 	return nil
 }
@@ -298,8 +298,9 @@ func syntaxError(name string, err error) error {
 }
 
 // decodeError maps the library's "line N: cannot unmarshal ..." to the node
-// at that line (first error only: one clear error beats a list of echoes).
-func (d *Doc) decodeError(err error) error {
+// at that line (first error only: one clear error beats a list of echoes)
+// and says in our words what the field of t wants (typeMessage).
+func (d *Doc) decodeError(err error, t reflect.Type) error {
 	var ce *Error
 	if errors.As(err, &ce) {
 		if ce.File == "" {
@@ -318,16 +319,29 @@ func (d *Doc) decodeError(err error) error {
 		if m := lineMsg.FindStringSubmatch(msg); m != nil {
 			line, _ := strconv.Atoi(m[1])
 			p, n := fieldAtLine(d.root, line, d.path)
-			e := &Error{File: d.file, Line: line, Msg: m[2]}
+			if strings.HasPrefix(m[2], "cannot unmarshal !!seq ") {
+				if cp, cn := collectionAtLine(d.root, line, d.path, yaml.SequenceNode); cn != nil {
+					p, n = cp, cn
+				}
+			} else if strings.HasPrefix(m[2], "cannot unmarshal !!map ") {
+				if cp, cn := collectionAtLine(d.root, line, d.path, yaml.MappingNode); cn != nil {
+					p, n = cp, cn
+				}
+			}
+			var ft reflect.Type
+			if p != "" {
+				ft = typeAt(t, strings.TrimPrefix(strings.TrimPrefix(p, d.path), "."))
+			}
+			e := &Error{File: d.file, Line: line, Msg: typeMessage(m[2], n, ft)}
 			if n != nil {
 				e.Col = n.Column
 			}
 			if p != "" {
-				e.Msg = p + ": " + strings.Replace(m[2], "cannot unmarshal", "cannot use", 1)
+				e.Msg = p + ": " + e.Msg
 			}
 			return e
 		}
-		return &Error{File: d.file, Msg: msg}
+		return &Error{File: d.file, Msg: typeMessage(msg, nil, nil)}
 	}
 	// A custom unmarshaler's "line N: ..." (the library gives them no
 	// column): position it at that line's field.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +25,8 @@ type sample struct {
 	Nested  inner    `yaml:"nested"`
 	Section Node     `yaml:"section"`
 	Map     map[string]inner
+	Small   uint16 `yaml:"small"`
+	Flag    bool   `yaml:"flag"`
 	Skip    string `yaml:"-"`
 }
 
@@ -58,10 +62,19 @@ func assertErr(t *testing.T, err error, want string) {
 
 func TestErrorsArePositioned(t *testing.T) {
 	for _, tc := range []struct{ src, want string }{
-		{"name: a\nbogus: 1\n", "f.yaml:2:1: bogus: unknown key \"bogus\" (known here: count, items, lease, log_level, map, name, nested, section)"},
+		{"name: a\nbogus: 1\n", "f.yaml:2:1: bogus: unknown key \"bogus\" (known here: count, flag, items, lease, log_level, map, name, nested, section, small)"},
 		{"items:\n  - address: x\n    typo: 1\n", "f.yaml:3:5: items[0].typo: unknown key"},
 		{"nested:\n  every: soon\n", "f.yaml:2:10: nested.every: \"soon\" is not a duration"},
-		{"count: many\n", "f.yaml:1:8: count: cannot use !!str `many` into int"},
+		{"count: many\n", "f.yaml:1:8: count: want a whole number, got text \"many\""},
+		{"count: [1, 2]\n", "f.yaml:1:8: count: want a whole number, got a list"},
+		{"name: {a: 1}\n", "f.yaml:1:7: name: want text (put it in quotes if it looks like something else), got a mapping"},
+		{"items: {address: x}\n", "f.yaml:1:8: items: want a list (\"- item\" lines, or [a, b]), got a mapping"},
+		{"items:\n  - address: [x]\n", "f.yaml:2:14: items[0].address: want text"},
+		{"nested: 3\n", "f.yaml:1:9: nested: want a mapping (key: value lines, or {key: value}), got the number 3"},
+		{"map:\n  k: [1]\n", "f.yaml:2:6: map.k: want a mapping"},
+		{"small: 70000\n", "f.yaml:1:8: small: want a whole number 0..65535, got the number 70000"},
+		{"flag: maybe-not-a-boolean-at-all\n", "f.yaml:1:7: flag: want true or false, got text \"maybe-not-a-boolean-at-all\""},
+		{"name: a\nname: b\n", "f.yaml:2:7: name: key \"name\" is given twice (first at line 1); keep one"},
 		{"log_level: loud\n", "f.yaml:1:12: log_level: log level \"loud\" is not debug"},
 		{"name: [\n", "f.yaml:1: YAML syntax"},
 		{"map:\n  k:\n    nope: 1\n", "f.yaml:3:5: map.k.nope: unknown key"},
@@ -143,5 +156,71 @@ func TestSame(t *testing.T) {
 	c := parse("section: {a: 2, b: [x, y]}\n")
 	if !a.Same(b) || a.Same(c) || !(*Doc)(nil).Same(nil) || a.Same(nil) {
 		t.Fatalf("Same: a~b %v a~c %v", a.Same(b), a.Same(c))
+	}
+}
+
+// The library's own words never reach the user: every type error of a
+// field says what the field wants.
+func TestTypeErrorsInOurWords(t *testing.T) {
+	for _, src := range []string{"count: x\n", "items: 1\n", "nested: [1]\n", "small: -1\n", "flag: 2\n", "lease: [1]\n", "map: 1\n"} {
+		var s sample
+		_, err := Parse("f.yaml", []byte(src), &s)
+		if err == nil {
+			t.Errorf("%q: no error", src)
+			continue
+		}
+		for _, leak := range []string{"!!", "unmarshal", "cannot use", "config.", "[]config"} {
+			if strings.Contains(err.Error(), leak) {
+				t.Errorf("%q: error %q shows the YAML library's %q", src, err, leak)
+			}
+		}
+	}
+}
+
+func TestReadKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	parse := func(s string) (string, error) {
+		if s != "GOODKEY" {
+			return "", fmt.Errorf("key decodes to %d bytes, want 7", len(s))
+		}
+		return s, nil
+	}
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil { // umask aside
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name, content string
+		mode          os.FileMode
+		want          string // "" = accepted
+	}{
+		{"ok", "GOODKEY\n", 0o600, ""},
+		{"readonly", "GOODKEY", 0o400, ""},
+		{"world", "GOODKEY\n", 0o644, "readable or writable by group or others (mode 0644); run: chmod 600 " + filepath.Join(dir, "world")},
+		{"group", "GOODKEY\n", 0o640, "(mode 0640); run: chmod 600 " + filepath.Join(dir, "group")},
+		{"groupwrite", "GOODKEY\n", 0o620, "(mode 0620)"},
+		{"empty", "\n", 0o600, filepath.Join(dir, "empty") + " is empty; create a key with"},
+		{"bad", "nonsense\n", 0o600, filepath.Join(dir, "bad") + " does not hold a valid private key (key decodes to 8 bytes, want 7)"},
+	} {
+		p := write(tc.name, tc.content, tc.mode)
+		k, err := ReadKeyFile(p, parse)
+		switch {
+		case tc.want == "" && (err != nil || k != "GOODKEY"):
+			t.Errorf("%s: %q, %v; want the key", tc.name, k, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: error %v, want it to contain %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := ReadKeyFile(filepath.Join(dir, "missing"), parse); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "missing")) {
+		t.Errorf("missing file: %v", err)
+	}
+	if _, err := ReadKeyFile(dir, parse); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("directory: %v", err)
 	}
 }

@@ -2,8 +2,10 @@ package convclient
 
 import (
 	"fmt"
+	osuser "os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/config"
@@ -18,6 +20,9 @@ type FileConfig struct {
 	TTL     *config.Duration `yaml:"ttl"`
 	Tickets int              `yaml:"tickets"`
 	Hold    *config.Duration `yaml:"hold"`
+	// Users may convert besides root: user names or numeric uids, or
+	// "*" for every local user (docs/convert.md, docs/security.md).
+	Users []string `yaml:"users"`
 }
 
 // Settings are the validated section.
@@ -26,6 +31,8 @@ type Settings struct {
 	// Relays names the relays asked for tickets (nil: all).
 	Relays []string
 	Router Config
+	// Users allowed on the socket besides root.
+	Users Users
 }
 
 // Build validates the section against the relay names of the agent's
@@ -50,6 +57,23 @@ func (f FileConfig) Build(relays []string) (Settings, error) {
 		}
 	}
 	s.Relays = f.Relays
+	for i, name := range f.Users {
+		if name == "*" {
+			if len(f.Users) > 1 {
+				return s, fmt.Errorf("users[%d]: \"*\" (every user) stands alone", i)
+			}
+			s.Users.Any = true
+			break
+		}
+		uid, err := lookupUID(name)
+		if err != nil {
+			return s, fmt.Errorf("users[%d]: %w", i, err)
+		}
+		if slices.Contains(s.Users.UIDs, uid) {
+			return s, fmt.Errorf("users[%d]: %q listed twice", i, name)
+		}
+		s.Users.UIDs = append(s.Users.UIDs, uid)
+	}
 	if f.TTL != nil {
 		if v := f.TTL.D(); v < time.Second || v > 7*24*time.Hour {
 			return s, fmt.Errorf("ttl: %s out of range 1s-168h", v)
@@ -69,4 +93,20 @@ func (f FileConfig) Build(relays []string) (Settings, error) {
 		s.Router.Hold = f.Hold.D()
 	}
 	return s, nil
+}
+
+// lookupUID resolves a user name or a numeric uid.
+func lookupUID(name string) (uint32, error) {
+	if n, err := strconv.ParseUint(name, 10, 32); err == nil {
+		return uint32(n), nil
+	}
+	u, err := osuser.Lookup(name)
+	if err != nil {
+		return 0, fmt.Errorf("%q: no such user on this host (a name or a numeric uid)", name)
+	}
+	n, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("%q: uid %q is not a number", name, u.Uid)
+	}
+	return uint32(n), nil
 }

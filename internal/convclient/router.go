@@ -1,4 +1,4 @@
-// Package convclient is the client side of conversion (issue 14, docs/convert.md):
+// Package convclient is the client side of conversion (docs/convert.md):
 // the Router, which lives in the agent, keeps a few converter tickets per
 // converter in stock (fetched over the relays' control sessions in the
 // background), measures each converter's round-trip time, and remembers which
@@ -46,8 +46,17 @@ type Config struct {
 	// Hold is how long a converter that failed is not used (default 30s):
 	// the connections in between go direct.
 	Hold time.Duration
-	// MaxDestinations bounds the learned cache (default 65536).
+	// MaxDestinations bounds the learned cache of root's lessons (default
+	// 65536).
 	MaxDestinations int
+	// MaxUserDestinations bounds the lessons kept for each other user
+	// (default 4096), MaxUsers the users with state (default 256; the
+	// least recently seen other user's state is dropped beyond it).
+	MaxUserDestinations, MaxUsers int
+	// UserRate bounds the conversions of each user other than root
+	// (tickets per second, default 50, burst twice that): one user's
+	// programs cannot drain the member's stock that the others share.
+	UserRate float64
 	// Refill is how often stocks are checked (default 1s; a used ticket
 	// also wakes the refiller).
 	Refill time.Duration
@@ -71,6 +80,15 @@ func (c *Config) defaults() {
 	if c.MaxDestinations <= 0 {
 		c.MaxDestinations = 65536
 	}
+	if c.MaxUserDestinations <= 0 {
+		c.MaxUserDestinations = 4096
+	}
+	if c.MaxUsers <= 0 {
+		c.MaxUsers = 256
+	}
+	if c.UserRate <= 0 {
+		c.UserRate = 50
+	}
 	if c.Refill <= 0 {
 		c.Refill = time.Second
 	}
@@ -92,7 +110,8 @@ type Decision struct {
 	// reports with Learn whether it spoke MPTCP.
 	Learn bool
 	// Why the decision (for logs and counters): "unknown", "mptcp",
-	// "no-mptcp", "no-converter", "not-convertible".
+	// "no-mptcp", "no-converter", "not-convertible", "user-rate" (a user
+	// other than root over Config.UserRate).
 	Why string
 }
 
@@ -128,6 +147,57 @@ type destEntry struct {
 type ticket struct {
 	b       [proto.TicketLen]byte
 	expires time.Time
+	fetched time.Time
+}
+
+// Root is the uid whose lessons and reports hold for every user.
+const Root uint32 = 0
+
+// user is what the Router learned from one local user's supervisors
+// (the socket is open to the users the configuration allows, and nothing
+// one of them says changes another's decisions). Root's
+// user is the shared one: its lessons answer every user that has none of
+// its own, its reports hold converters and drop stale stocks for everyone.
+// Another user's lessons, holds and ticket refusals change only its own
+// decisions.
+type user struct {
+	uid      uint32
+	dest     map[netip.AddrPort]*destEntry
+	lastSeen time.Time
+	// per converter name (other users only; root's are on conv).
+	held        map[string]time.Time // held for this user until
+	refusedAt   map[string]time.Time // its last ticket refusal
+	staleBefore map[string]time.Time // tickets fetched before are not its
+	// tokens, filled: the conversion bucket (Config.UserRate).
+	tokens float64
+	filled time.Time
+	// routed: conversions handed to this user whose outcome it has not
+	// reported yet, by destination (other users only): a report must
+	// answer one, so a user cannot enter conversions it never made into
+	// the status others read.
+	routed map[netip.AddrPort]int
+}
+
+// maxRouted bounds a user's conversions awaiting their report.
+const maxRouted = 1024
+
+// take spends one conversion of u's bucket (root's is unbounded).
+func (u *user) take(rate float64, now time.Time) bool {
+	if u.uid == Root {
+		return true
+	}
+	burst := 2 * rate
+	if u.filled.IsZero() {
+		u.tokens = burst
+	} else {
+		u.tokens = min(burst, u.tokens+rate*now.Sub(u.filled).Seconds())
+	}
+	u.filled = now
+	if u.tokens < 1 {
+		return false
+	}
+	u.tokens--
+	return true
 }
 
 // MaxStock bounds a converter's stock when it grows under load: 3/4 of the
@@ -163,6 +233,7 @@ type conv struct {
 
 // Conversion is a recent successful conversion (for status).
 type Conversion struct {
+	UID         uint32    `json:"uid"`
 	Local       string    `json:"local"`
 	Converter   string    `json:"converter"`
 	Name        string    `json:"relay"`
@@ -176,11 +247,14 @@ type Router struct {
 	log  *slog.Logger
 	mu   sync.Mutex
 	conv []*conv
-	dest map[netip.AddrPort]*destEntry
+	// users by uid; users[Root] always exists.
+	users map[uint32]*user
 	// recent successful conversions, newest last, bounded.
 	recent []Conversion
 	ctr    Counters
 	wake   chan struct{}
+	// refusedUIDs: users refused on the socket, logged once each.
+	refusedUIDs map[uint32]bool
 }
 
 // Counters are totals since start (status, JSON names stable).
@@ -195,6 +269,11 @@ type Counters struct {
 	DestinationError uint64            `json:"destination_error"`
 	TicketsFetched   uint64            `json:"tickets_fetched"`
 	TicketErrors     uint64            `json:"ticket_errors"`
+	// Refused: socket connections of users not allowed (convert.users).
+	Refused uint64 `json:"refused_users"`
+	// Unsolicited: reports of a user other than root for a conversion it
+	// was not handed (ignored).
+	Unsolicited uint64 `json:"unsolicited_reports"`
 }
 
 // New builds a Router over the converters (one per relay that may run one).
@@ -203,7 +282,8 @@ func New(cfg Config, log *slog.Logger, convs ...Converter) *Router {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Router{cfg: cfg, log: log, dest: map[netip.AddrPort]*destEntry{}, wake: make(chan struct{}, 1)}
+	r := &Router{cfg: cfg, log: log, users: map[uint32]*user{}, wake: make(chan struct{}, 1)}
+	r.users[Root] = &user{uid: Root, dest: map[netip.AddrPort]*destEntry{}}
 	r.ctr.Direct = map[string]uint64{}
 	for _, c := range convs {
 		r.conv = append(r.conv, &conv{Converter: c, want: cfg.Tickets, batch: proto.MaxTickets})
@@ -306,7 +386,7 @@ func (r *Router) fetch(ctx context.Context, c *conv, n int) {
 	// Keep a margin: a ticket must still be valid when the SYN arrives.
 	exp := now.Add(lease - min(lease/10, 5*time.Second))
 	for _, t := range ts {
-		c.tickets = append(c.tickets, ticket{b: t, expires: exp})
+		c.tickets = append(c.tickets, ticket{b: t, expires: exp, fetched: now})
 	}
 	r.ctr.TicketsFetched += uint64(len(ts))
 	c.lastRTT = rtt
@@ -320,18 +400,53 @@ func (c *conv) dropExpired(now time.Time) {
 	c.tickets = slices.DeleteFunc(c.tickets, func(t ticket) bool { return !now.Before(t.expires) })
 }
 
-// Route decides for a connect() to dst.
-func (r *Router) Route(dst netip.AddrPort) Decision {
+// user returns uid's state, creating it (and dropping the least recently
+// seen other user's beyond Config.MaxUsers).
+func (r *Router) user(uid uint32, now time.Time) *user {
+	u := r.users[uid]
+	if u == nil {
+		if len(r.users) >= r.cfg.MaxUsers {
+			var old *user
+			for _, x := range r.users {
+				if x.uid != Root && (old == nil || x.lastSeen.Before(old.lastSeen)) {
+					old = x
+				}
+			}
+			if old != nil {
+				delete(r.users, old.uid)
+			}
+		}
+		u = &user{uid: uid, dest: map[netip.AddrPort]*destEntry{}, held: map[string]time.Time{},
+			refusedAt: map[string]time.Time{}, staleBefore: map[string]time.Time{}, routed: map[netip.AddrPort]int{}}
+		r.users[uid] = u
+	}
+	u.lastSeen = now
+	return u
+}
+
+// lookup returns what uid's decisions know of dst: its own lesson, else
+// root's (expired entries are dropped).
+func (r *Router) lookup(u *user, dst netip.AddrPort, now time.Time) *destEntry {
+	for _, x := range []*user{u, r.users[Root]} {
+		if e := x.dest[dst]; e != nil {
+			if now.Before(e.expires) {
+				return e
+			}
+			delete(x.dest, dst)
+		}
+	}
+	return nil
+}
+
+// Route decides for a connect() to dst by a program of user uid.
+func (r *Router) Route(uid uint32, dst netip.AddrPort) Decision {
 	dst = unmap(dst)
 	now := r.cfg.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ctr.Routed++
-	e := r.dest[dst]
-	if e != nil && !now.Before(e.expires) {
-		delete(r.dest, dst)
-		e = nil
-	}
+	u := r.user(uid, now)
+	e := r.lookup(u, dst, now)
 	var d Decision
 	switch {
 	case e == nil:
@@ -341,16 +456,23 @@ func (r *Router) Route(dst netip.AddrPort) Decision {
 	case e.noConvert:
 		d = Decision{Why: "not-convertible"}
 	default:
-		c := r.pick(now)
+		c, i := r.pick(u, now)
 		if c == nil {
 			d = Decision{Why: "no-converter"}
 			break
 		}
-		t := c.tickets[0]
-		c.tickets = c.tickets[1:]
+		if !u.take(r.cfg.UserRate, now) {
+			d = Decision{Why: "user-rate"}
+			break
+		}
+		t := c.tickets[i]
+		c.tickets = slices.Delete(c.tickets, i, i+1)
 		c.used++
 		e.conversions++
 		d = Decision{Convert: true, Converter: c.addr, Name: c.Name, Ticket: append([]byte{}, t.b[:]...), Why: "no-mptcp"}
+		if uid != Root && (u.routed[dst] > 0 || len(u.routed) < maxRouted) {
+			u.routed[dst]++
+		}
 		if len(c.tickets) == 0 {
 			c.emptied = true
 		}
@@ -367,77 +489,110 @@ func (r *Router) Route(dst netip.AddrPort) Decision {
 	return d
 }
 
-// pick returns the usable converter with the lowest measured round trip.
-func (r *Router) pick(now time.Time) *conv {
+// pick returns the usable converter with the lowest measured round trip
+// for user u and the index of the ticket u may take from its stock.
+func (r *Router) pick(u *user, now time.Time) (*conv, int) {
 	var best *conv
+	bestI := 0
 	for _, c := range r.conv {
 		c.dropExpired(now)
 		if len(c.tickets) == 0 && c.addr.IsValid() && !now.Before(c.failedUntil) {
 			c.emptied = true // a conversion wanted a ticket: stock too small
 		}
-		if len(c.tickets) == 0 || now.Before(c.failedUntil) || !c.addr.IsValid() {
+		if len(c.tickets) == 0 || now.Before(c.failedUntil) || !c.addr.IsValid() || now.Before(u.held[c.Name]) {
+			continue
+		}
+		// A user that had a ticket refused takes only tickets fetched
+		// after the refusal (the others' stock is not dropped for it).
+		i := slices.IndexFunc(c.tickets, func(t ticket) bool { return t.fetched.After(u.staleBefore[c.Name]) })
+		if i < 0 {
 			continue
 		}
 		if best == nil || c.rtt < best.rtt {
-			best = c
+			best, bestI = c, i
 		}
 	}
-	return best
+	return best, bestI
 }
 
-// Learn records whether dst spoke MPTCP (a direct connection's fallback).
-func (r *Router) Learn(dst netip.AddrPort, native bool) {
+// Learn records whether dst spoke MPTCP (a direct connection's fallback)
+// for the decisions of user uid (root's lessons: for every user without
+// one of its own).
+func (r *Router) Learn(uid uint32, dst netip.AddrPort, native bool) {
 	dst = unmap(dst)
 	now := r.cfg.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e := r.dest[dst]; e != nil && now.Before(e.expires) && e.native == native && !e.noConvert {
+	u := r.user(uid, now)
+	if e := u.dest[dst]; e != nil && now.Before(e.expires) && e.native == native && !e.noConvert {
 		return // already known: the lifetime runs from the first lesson
 	}
-	if len(r.dest) >= r.cfg.MaxDestinations {
-		r.evict(now)
+	bound := r.cfg.MaxDestinations
+	if uid != Root {
+		bound = r.cfg.MaxUserDestinations
 	}
-	r.dest[dst] = &destEntry{native: native, expires: now.Add(r.cfg.TTL), learnedAt: now}
+	if len(u.dest) >= bound {
+		evict(u.dest, bound, now)
+	}
+	u.dest[dst] = &destEntry{native: native, expires: now.Add(r.cfg.TTL), learnedAt: now}
 	r.ctr.Learned++
 	if !native {
 		r.ctr.LearnedNoMPTCP++
-		r.log.Info("destination does not speak MPTCP: later connections go through a converter", "dst", dst, "for", r.cfg.TTL)
+		if uid == Root {
+			r.log.Info("destination does not speak MPTCP: later connections go through a converter", "dst", dst, "for", r.cfg.TTL)
+		} else {
+			r.log.Debug("destination does not speak MPTCP for this user's connections", "uid", uid, "dst", dst, "for", r.cfg.TTL)
+		}
 	}
 }
 
-// evict drops expired entries, or the oldest quarter when none expired.
-func (r *Router) evict(now time.Time) {
-	for k, e := range r.dest {
+// evict drops expired entries of m, or the oldest quarter when none expired.
+func evict(m map[netip.AddrPort]*destEntry, bound int, now time.Time) {
+	for k, e := range m {
 		if !now.Before(e.expires) {
-			delete(r.dest, k)
+			delete(m, k)
 		}
 	}
-	if len(r.dest) < r.cfg.MaxDestinations {
+	if len(m) < bound {
 		return
 	}
 	type ke struct {
 		k netip.AddrPort
 		t time.Time
 	}
-	all := make([]ke, 0, len(r.dest))
-	for k, e := range r.dest {
+	all := make([]ke, 0, len(m))
+	for k, e := range m {
 		all = append(all, ke{k, e.learnedAt})
 	}
 	slices.SortFunc(all, func(a, b ke) int { return a.t.Compare(b.t) })
 	for _, x := range all[:len(all)/4+1] {
-		delete(r.dest, x.k)
+		delete(m, x.k)
 	}
 }
 
 // maxRecent bounds the recent conversions kept for status.
 const maxRecent = 256
 
-// Report records a conversion's outcome.
-func (r *Router) Report(dst netip.AddrPort, name string, out Outcome, local netip.AddrPort, detail string) {
+// Report records the outcome of a conversion by a program of user uid.
+// Root's failure reports hold the converter (and drop a refused stock) for
+// everyone; another user's hold it, and keep the refused stock away, for
+// that user only: a user cannot put the converter on hold for the others.
+func (r *Router) Report(uid uint32, dst netip.AddrPort, name string, out Outcome, local netip.AddrPort, detail string) {
 	dst = unmap(dst)
 	now := r.cfg.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	u := r.user(uid, now)
+	if uid != Root {
+		// Only the outcome of a conversion this user was handed counts.
+		if u.routed[dst] == 0 {
+			r.ctr.Unsolicited++
+			return
+		}
+		if u.routed[dst]--; u.routed[dst] == 0 {
+			delete(u.routed, dst)
+		}
+	}
 	var c *conv
 	for _, x := range r.conv {
 		if x.Name == name {
@@ -447,7 +602,7 @@ func (r *Router) Report(dst netip.AddrPort, name string, out Outcome, local neti
 	switch out {
 	case OutcomeOK:
 		r.ctr.Converted++
-		cv := Conversion{Local: local.String(), Name: name, Destination: dst.String(), Since: now}
+		cv := Conversion{UID: uid, Local: local.String(), Name: name, Destination: dst.String(), Since: now}
 		if c != nil {
 			cv.Converter = c.addr.String()
 		}
@@ -458,6 +613,10 @@ func (r *Router) Report(dst netip.AddrPort, name string, out Outcome, local neti
 	case OutcomeConverterFailed, OutcomeTicketRefused:
 		r.ctr.ConverterFailed++
 		if c == nil {
+			break
+		}
+		if uid != Root {
+			r.userFailure(u, c, out, now, detail)
 			break
 		}
 		c.lastErr = detail
@@ -482,13 +641,41 @@ func (r *Router) Report(dst netip.AddrPort, name string, out Outcome, local neti
 		r.log.Warn("converter failed; connections go direct meanwhile", "relay", name, "for", r.cfg.Hold, "err", detail)
 	case OutcomePolicy:
 		r.ctr.PolicyRefused++
-		if e := r.dest[dst]; e != nil {
+		if e := u.dest[dst]; e != nil {
 			e.noConvert = true
+		} else if e := r.lookup(u, dst, now); e != nil {
+			// Root's lesson: this user's own copy says "not convertible".
+			u.dest[dst] = &destEntry{noConvert: true, expires: e.expires, learnedAt: now}
 		}
-		r.log.Info("converter refuses destination by policy; it goes direct", "relay", name, "dst", dst, "for", r.cfg.TTL)
+		r.log.Info("converter refuses destination by policy; it goes direct", "relay", name, "dst", dst, "uid", uid, "for", r.cfg.TTL)
 	case OutcomeDestination:
 		r.ctr.DestinationError++
 	}
+}
+
+// userFailure is a failure reported by a user other than root: it changes
+// that user's decisions only. A refused ticket keeps the stock fetched
+// before it away from this user (tickets fetched later are its again); a
+// second refusal within Hold, or a converter failure, holds the converter
+// for this user. Logged once per hold.
+func (r *Router) userFailure(u *user, c *conv, out Outcome, now time.Time, detail string) {
+	c.fails++
+	if out == OutcomeTicketRefused {
+		u.staleBefore[c.Name] = now
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+		if now.Sub(u.refusedAt[c.Name]) > r.cfg.Hold {
+			u.refusedAt[c.Name] = now
+			return
+		}
+	}
+	if now.Before(u.held[c.Name]) {
+		return
+	}
+	u.held[c.Name] = now.Add(r.cfg.Hold)
+	r.log.Info("converter failed for one user's connections; they go direct meanwhile", "relay", c.Name, "uid", u.uid, "for", r.cfg.Hold, "err", detail)
 }
 
 // Status is the Router's view for "mpdetour status" (JSON names stable).
@@ -514,6 +701,8 @@ type ConverterStatus struct {
 
 // DestStatus is a destination learned not to speak MPTCP.
 type DestStatus struct {
+	// UID: whose lesson (0: root's, for every user).
+	UID         uint32    `json:"uid"`
 	Destination string    `json:"destination"`
 	Expires     time.Time `json:"expires"`
 	Convertible bool      `json:"convertible"`
@@ -528,7 +717,10 @@ func (r *Router) Status() Status {
 	now := r.cfg.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := Status{Counters: r.ctr, Destinations: len(r.dest), Recent: slices.Clone(r.recent)}
+	st := Status{Counters: r.ctr, Recent: slices.Clone(r.recent)}
+	for _, u := range r.users {
+		st.Destinations += len(u.dest)
+	}
 	st.Counters.Direct = map[string]uint64{}
 	for k, v := range r.ctr.Direct {
 		st.Counters.Direct[k] = v
@@ -545,11 +737,13 @@ func (r *Router) Status() Status {
 		}
 		st.Converters = append(st.Converters, cs)
 	}
-	for k, e := range r.dest {
-		if e.native || !now.Before(e.expires) {
-			continue
+	for _, u := range r.users {
+		for k, e := range u.dest {
+			if e.native || !now.Before(e.expires) {
+				continue
+			}
+			st.NoMPTCP = append(st.NoMPTCP, DestStatus{UID: u.uid, Destination: k.String(), Expires: e.expires, Convertible: !e.noConvert, Conversions: e.conversions})
 		}
-		st.NoMPTCP = append(st.NoMPTCP, DestStatus{Destination: k.String(), Expires: e.expires, Convertible: !e.noConvert, Conversions: e.conversions})
 	}
 	slices.SortFunc(st.NoMPTCP, func(a, b DestStatus) int { return b.Expires.Compare(a.Expires) })
 	if len(st.NoMPTCP) > maxStatusDests {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -68,46 +69,46 @@ func TestRouteLearnConvertExpire(t *testing.T) {
 	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
 	r := New(Config{TTL: time.Minute, Tickets: 4, Now: ck.now}, nil, Converter{Name: "a", Source: f})
 	dst := netip.MustParseAddrPort("198.51.100.7:443")
-	if d := r.Route(dst); d.Convert || !d.Learn || d.Why != "unknown" {
+	if d := r.Route(Root, dst); d.Convert || !d.Learn || d.Why != "unknown" {
 		t.Fatalf("unknown destination: %+v", d)
 	}
-	r.Learn(dst, false)
+	r.Learn(Root, dst, false)
 	// No tickets yet: direct, the connection is not held up.
-	if d := r.Route(dst); d.Convert || d.Why != "no-converter" {
+	if d := r.Route(Root, dst); d.Convert || d.Why != "no-converter" {
 		t.Fatalf("without tickets: %+v", d)
 	}
 	fill(t, r)
 	seen := map[byte]bool{}
 	for i := 0; i < 4; i++ {
-		d := r.Route(dst)
+		d := r.Route(Root, dst)
 		if !d.Convert || d.Converter != f.addr || d.Name != "a" || len(d.Ticket) != proto.TicketLen || seen[d.Ticket[0]] {
 			t.Fatalf("conversion %d: %+v", i, d)
 		}
 		seen[d.Ticket[0]] = true // single use: never handed out twice
 	}
-	if d := r.Route(dst); d.Convert {
+	if d := r.Route(Root, dst); d.Convert {
 		t.Fatalf("stock exhausted but converted: %+v", d)
 	}
 	fill(t, r)
-	if !r.Route(dst).Convert {
+	if !r.Route(Root, dst).Convert {
 		t.Fatal("refilled stock not used")
 	}
 	// A destination that speaks MPTCP goes direct.
 	native := netip.MustParseAddrPort("198.51.100.8:443")
-	r.Learn(native, true)
-	if d := r.Route(native); d.Convert || d.Learn || d.Why != "mptcp" {
+	r.Learn(Root, native, true)
+	if d := r.Route(Root, native); d.Convert || d.Learn || d.Why != "mptcp" {
 		t.Fatalf("MPTCP destination: %+v", d)
 	}
 	// Expiry: unknown again.
 	ck.add(time.Minute)
-	if d := r.Route(dst); d.Convert || !d.Learn {
+	if d := r.Route(Root, dst); d.Convert || !d.Learn {
 		t.Fatalf("after the TTL: %+v", d)
 	}
 	// Tickets expire too (lease minus a margin).
 	fill(t, r)
-	r.Learn(dst, false)
+	r.Learn(Root, dst, false)
 	ck.add(56 * time.Second)
-	if d := r.Route(dst); d.Convert {
+	if d := r.Route(Root, dst); d.Convert {
 		t.Fatalf("expired ticket handed out: %+v", d)
 	}
 }
@@ -119,25 +120,25 @@ func TestPickByRTTAndHold(t *testing.T) {
 	r := New(Config{Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "slow", Source: slow}, Converter{Name: "fast", Source: fast})
 	fill(t, r)
 	dst := netip.MustParseAddrPort("198.51.100.7:80")
-	r.Learn(dst, false)
-	if d := r.Route(dst); d.Name != "fast" {
+	r.Learn(Root, dst, false)
+	if d := r.Route(Root, dst); d.Name != "fast" {
 		t.Fatalf("picked %q, want the converter with the lower RTT", d.Name)
 	}
-	r.Report(dst, "fast", OutcomeConverterFailed, netip.AddrPort{}, "reset")
-	if d := r.Route(dst); d.Name != "slow" {
+	r.Report(Root, dst, "fast", OutcomeConverterFailed, netip.AddrPort{}, "reset")
+	if d := r.Route(Root, dst); d.Name != "slow" {
 		t.Fatalf("picked %q while fast is held", d.Name)
 	}
-	r.Report(dst, "slow", OutcomeConverterFailed, netip.AddrPort{}, "reset")
-	if d := r.Route(dst); d.Convert || d.Why != "no-converter" {
+	r.Report(Root, dst, "slow", OutcomeConverterFailed, netip.AddrPort{}, "reset")
+	if d := r.Route(Root, dst); d.Convert || d.Why != "no-converter" {
 		t.Fatalf("both held: %+v", d)
 	}
 	ck.add(10 * time.Second)
-	if d := r.Route(dst); d.Name != "fast" {
+	if d := r.Route(Root, dst); d.Name != "fast" {
 		t.Fatalf("after the hold: %+v", d)
 	}
 	// Policy refusals stop conversions to that destination only.
-	r.Report(dst, "fast", OutcomePolicy, netip.AddrPort{}, "")
-	if d := r.Route(dst); d.Convert || d.Why != "not-convertible" {
+	r.Report(Root, dst, "fast", OutcomePolicy, netip.AddrPort{}, "")
+	if d := r.Route(Root, dst); d.Convert || d.Why != "not-convertible" {
 		t.Fatalf("policy-refused destination: %+v", d)
 	}
 	st := r.Status()
@@ -152,17 +153,17 @@ func TestTicketRefusedRefetches(t *testing.T) {
 	r := New(Config{Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
 	fill(t, r)
 	dst := netip.MustParseAddrPort("198.51.100.7:80")
-	r.Learn(dst, false)
-	r.Route(dst)
-	r.Report(dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	r.Learn(Root, dst, false)
+	r.Route(Root, dst)
+	r.Report(Root, dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
 	if st := r.Status(); st.Converters[0].Tickets != 0 || !st.Converters[0].FailedUntil.IsZero() {
 		t.Fatalf("after one refusal: %+v (want the stock dropped, no hold)", st.Converters[0])
 	}
 	fill(t, r)
-	if d := r.Route(dst); !d.Convert {
+	if d := r.Route(Root, dst); !d.Convert {
 		t.Fatalf("fresh tickets not used: %+v", d)
 	}
-	r.Report(dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	r.Report(Root, dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
 	if st := r.Status(); st.Converters[0].FailedUntil.IsZero() {
 		t.Fatalf("a second refusal within the hold did not hold: %+v", st.Converters[0])
 	}
@@ -190,7 +191,7 @@ func TestFetchErrorsBackOff(t *testing.T) {
 func TestCacheBounded(t *testing.T) {
 	r := New(Config{MaxDestinations: 100}, nil)
 	for i := range 1000 {
-		r.Learn(netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 80), false)
+		r.Learn(Root, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 80), false)
 	}
 	if n := r.Status().Destinations; n > 100 {
 		t.Fatalf("%d destinations kept, bound 100", n)
@@ -207,7 +208,7 @@ func TestSocketProtocol(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- r.Serve(l) }()
+	go func() { done <- r.Serve(l, Users{}) }()
 	defer func() {
 		l.Close()
 		if err := <-done; err != nil {
@@ -287,7 +288,8 @@ func FuzzRequest(f *testing.F) {
 		if json.Unmarshal(b, &req) != nil {
 			return
 		}
-		_ = r.answer(req)
+		_ = r.answer(Root, req)
+		_ = r.answer(1000, req) // another user's paths (per-uid state)
 	})
 }
 
@@ -299,11 +301,11 @@ func TestStockGrowsUnderLoad(t *testing.T) {
 	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
 	r := New(Config{TTL: time.Hour, Tickets: 4, Now: ck.now}, nil, Converter{Name: "a", Source: f})
 	dst := netip.MustParseAddrPort("198.51.100.7:443")
-	r.Learn(dst, false)
+	r.Learn(Root, dst, false)
 	fill(t, r)
 	drain := func() int {
 		n := 0
-		for r.Route(dst).Convert {
+		for r.Route(Root, dst).Convert {
 			n++
 		}
 		return n
@@ -335,7 +337,7 @@ func TestStockGrowsUnderLoad(t *testing.T) {
 	fill(t, r)
 	fill(t, r)
 	ck.add(shrinkAfter)
-	r.Route(dst)
+	r.Route(Root, dst)
 	fill(t, r)
 	ck.add(shrinkAfter)
 	fill(t, r)
@@ -354,7 +356,7 @@ func TestLegacyRelayBatch(t *testing.T) {
 	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674"), maxN: proto.LegacyMaxTickets}
 	r := New(Config{TTL: time.Hour, Tickets: 4, Now: ck.now}, nil, Converter{Name: "a", Source: f})
 	dst := netip.MustParseAddrPort("198.51.100.7:443")
-	r.Learn(dst, false)
+	r.Learn(Root, dst, false)
 	r.mu.Lock()
 	r.conv[0].want, r.conv[0].grownAt = MaxStock, ck.now() // as after growing
 	r.mu.Unlock()
@@ -363,7 +365,187 @@ func TestLegacyRelayBatch(t *testing.T) {
 	if len(f.ns) != 2 || f.ns[0] != proto.MaxTickets || f.ns[1] != proto.LegacyMaxTickets {
 		t.Fatalf("requests %v, want [%d %d]", f.ns, proto.MaxTickets, proto.LegacyMaxTickets)
 	}
-	if d := r.Route(dst); !d.Convert {
+	if d := r.Route(Root, dst); !d.Convert {
 		t.Fatalf("after the fallback: %+v", d)
+	}
+}
+
+// What one local user tells the Router changes only its
+// own decisions. Root's lessons and failure reports hold for everyone.
+func TestUsersIsolated(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
+	r := New(Config{TTL: time.Hour, Tickets: 32, Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	const mallory, alice uint32 = 1000, 1001
+	dst := netip.MustParseAddrPort("198.51.100.7:443")
+
+	// Poisoning: mallory says dst does not speak MPTCP.
+	r.Learn(mallory, dst, false)
+	for _, uid := range []uint32{Root, alice} {
+		if d := r.Route(uid, dst); d.Convert || !d.Learn {
+			t.Fatalf("uid %d after another user's lesson: %+v (want unknown, learn itself)", uid, d)
+		}
+	}
+	if d := r.Route(mallory, dst); !d.Convert {
+		t.Fatalf("mallory's own lesson not used for mallory: %+v", d)
+	}
+	// Mallory cannot overrule root's lesson for the others either.
+	native := netip.MustParseAddrPort("198.51.100.8:443")
+	r.Learn(Root, native, true)
+	r.Learn(mallory, native, false)
+	if d := r.Route(alice, native); d.Why != "mptcp" {
+		t.Fatalf("alice after mallory contradicted root: %+v", d)
+	}
+
+	// Root's lesson answers every user.
+	conv := netip.MustParseAddrPort("198.51.100.9:443")
+	r.Learn(Root, conv, false)
+	if d := r.Route(alice, conv); !d.Convert {
+		t.Fatalf("alice does not use root's lesson: %+v", d)
+	}
+
+	// A report for a conversion mallory was not handed is ignored (it
+	// would enter a made-up conversion into the status root reads).
+	r.Report(mallory, conv, "a", OutcomeOK, netip.MustParseAddrPort("10.0.0.1:40000"), "")
+	if st := r.Status(); len(st.Recent) != 0 || st.Counters.Unsolicited != 1 {
+		t.Fatalf("unsolicited report taken: %+v", st)
+	}
+	// Mallory converts 4 times (to report on them).
+	for range 4 {
+		if d := r.Route(mallory, conv); !d.Convert {
+			t.Fatalf("mallory with root's lesson: %+v", d)
+		}
+	}
+	// Holding the converter: mallory's failure reports hold it for mallory.
+	r.Report(mallory, conv, "a", OutcomeConverterFailed, netip.AddrPort{}, "reset")
+	if d := r.Route(mallory, conv); d.Convert {
+		t.Fatalf("mallory's own report did not hold the converter for mallory: %+v", d)
+	}
+	for _, uid := range []uint32{Root, alice} {
+		if d := r.Route(uid, conv); !d.Convert {
+			t.Fatalf("uid %d: converter held by another user's report: %+v", uid, d)
+		}
+	}
+	// A ticket refusal by mallory does not drop the shared stock.
+	before := r.Status().Converters[0].Tickets
+	r.Report(mallory, conv, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	r.Report(mallory, conv, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	if st := r.Status(); st.Converters[0].Tickets != before || !st.Converters[0].FailedUntil.IsZero() {
+		t.Fatalf("mallory's refusals changed the shared converter: %+v (stock was %d)", st.Converters[0], before)
+	}
+	if d := r.Route(alice, conv); !d.Convert {
+		t.Fatalf("alice after mallory's ticket refusals: %+v", d)
+	}
+	// A policy refusal by mallory stops only mallory's conversions.
+	r.Report(mallory, conv, "a", OutcomePolicy, netip.AddrPort{}, "")
+	if d := r.Route(alice, conv); !d.Convert {
+		t.Fatalf("alice after mallory's policy report: %+v", d)
+	}
+	ck.add(10 * time.Second) // mallory's hold is over
+	if d := r.Route(mallory, conv); d.Why != "not-convertible" {
+		t.Fatalf("mallory's own policy report: %+v", d)
+	}
+	// Root's report holds the converter for everyone.
+	r.Report(Root, conv, "a", OutcomeConverterFailed, netip.AddrPort{}, "reset")
+	if d := r.Route(alice, conv); d.Convert {
+		t.Fatalf("root's report did not hold the converter for alice: %+v", d)
+	}
+}
+
+// A user that had a ticket refused gets only tickets fetched after the
+// refusal; the stock others use is kept.
+func TestUserTicketRefusedTakesFreshTickets(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
+	r := New(Config{TTL: time.Hour, Tickets: 4, Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	dst := netip.MustParseAddrPort("198.51.100.7:443")
+	r.Learn(Root, dst, false)
+	r.Route(1000, dst)
+	r.Route(1000, dst)
+	ck.add(time.Second)
+	r.Report(1000, dst, "a", OutcomeTicketRefused, netip.AddrPort{}, "ticket refused")
+	if d := r.Route(1000, dst); d.Convert {
+		t.Fatalf("stale stock handed to the user that had it refused: %+v", d)
+	}
+	ck.add(time.Second)
+	fill(t, r) // 2 left of 4: below half, refilled
+	d := r.Route(1000, dst)
+	if !d.Convert || d.Ticket[0] <= 4 {
+		t.Fatalf("after a refill: %+v (want a ticket of the new batch)", d)
+	}
+	if d := r.Route(Root, dst); !d.Convert || d.Ticket[0] > 4 {
+		t.Fatalf("root: %+v (want the older stock first)", d)
+	}
+}
+
+// The users' lessons are bounded per user and in number of users.
+func TestUserStateBounded(t *testing.T) {
+	r := New(Config{MaxUserDestinations: 10, MaxUsers: 4}, nil)
+	for uid := range uint32(20) {
+		for i := range 50 {
+			r.Learn(uid+1, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), 80), false)
+		}
+	}
+	if n := r.Status().Destinations; n > 4*10 {
+		t.Fatalf("%d destinations kept, bound 4 users x 10", n)
+	}
+	if len(r.users) > 4 || r.users[Root] == nil {
+		t.Fatalf("%d users kept (bound 4), root's state kept: %v", len(r.users), r.users[Root] != nil)
+	}
+}
+
+func TestConfigUsers(t *testing.T) {
+	relays := []string{"r1"}
+	s, err := (FileConfig{Enabled: true, Users: []string{"root", "1001"}}).Build(relays)
+	if err != nil || s.Users.Any || len(s.Users.UIDs) != 2 || s.Users.UIDs[1] != 1001 {
+		t.Fatalf("%+v %v", s.Users, err)
+	}
+	if !s.Users.Allows(1001) || !s.Users.Allows(Root) || s.Users.Allows(1002) {
+		t.Fatalf("allows: %+v", s.Users)
+	}
+	if (Users{}).Allows(1000) {
+		t.Fatal("the default allows another user than root")
+	}
+	if s, err := (FileConfig{Enabled: true, Users: []string{"*"}}).Build(relays); err != nil || !s.Users.Allows(4242) {
+		t.Fatalf("*: %+v %v", s.Users, err)
+	}
+	for _, bad := range [][]string{{"no-such-user-xq"}, {"*", "root"}, {"1001", "1001"}} {
+		if _, err := (FileConfig{Enabled: true, Users: bad}).Build(relays); err == nil || !strings.HasPrefix(err.Error(), "users[") {
+			t.Errorf("users %q: %v", bad, err)
+		}
+	}
+}
+
+// One user cannot drain the member's stock that the others share: a user
+// other than root converts at most UserRate per second (burst twice that).
+func TestUserRateBounded(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
+	r := New(Config{TTL: time.Hour, Tickets: 32, UserRate: 5, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	dst := netip.MustParseAddrPort("198.51.100.7:443")
+	r.Learn(Root, dst, false)
+	n := 0
+	for range 30 {
+		if d := r.Route(1000, dst); d.Convert {
+			n++
+		} else if d.Why != "user-rate" {
+			t.Fatalf("refusal: %+v", d)
+		}
+	}
+	if n != 10 {
+		t.Fatalf("%d conversions in a burst, want 10 (2 x rate 5)", n)
+	}
+	if d := r.Route(Root, dst); !d.Convert {
+		t.Fatalf("root after the user's burst: %+v", d)
+	}
+	if d := r.Route(1001, dst); !d.Convert {
+		t.Fatalf("another user after the first one's burst: %+v", d)
+	}
+	ck.add(time.Second)
+	if d := r.Route(1000, dst); !d.Convert {
+		t.Fatalf("the user a second later: %+v", d)
 	}
 }

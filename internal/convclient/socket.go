@@ -10,8 +10,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultSocket is where the agent serves conversion decisions to
@@ -21,7 +25,7 @@ const DefaultSocket = "/run/mpdetour/convert.sock"
 // The socket speaks newline-delimited JSON, one request and one reply at a
 // time per connection; a supervisor keeps one connection open.
 type request struct {
-	Op      string `json:"op"` // route, learn, report, status
+	Op      string `json:"op"` // route, learn, report, status, hello
 	Dst     string `json:"dst,omitempty"`
 	Native  bool   `json:"native,omitempty"`
 	Relay   string `json:"relay,omitempty"`
@@ -45,8 +49,9 @@ type reply struct {
 const maxRequest = 4096
 
 // Listen opens the unix socket at path (removing a stale one; refusing a
-// live one). Mode 0666: any local user's programs under "mpdetour run" may
-// convert, as the agent adds detours to every user's connections.
+// live one). Mode 0666: every local user can connect, and Serve then
+// answers only the users its Users allow (the peer's uid from SO_PEERCRED,
+// which the kernel sets at connect() and a client cannot choose).
 func Listen(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("convert socket: %w", err)
@@ -67,8 +72,47 @@ func Listen(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// Serve answers supervisors on l until it is closed.
-func (r *Router) Serve(l net.Listener) error {
+// Users are the local users whose programs may convert (config
+// convert.users). Root always may.
+type Users struct {
+	// Any: every local user ("*" in the configuration).
+	Any  bool
+	UIDs []uint32
+}
+
+// Allows says whether uid may use the socket.
+func (u Users) Allows(uid uint32) bool {
+	return uid == Root || u.Any || slices.Contains(u.UIDs, uid)
+}
+
+// PeerUID returns the uid of the process that connected c (SO_PEERCRED).
+func PeerUID(c net.Conn) (uint32, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, fmt.Errorf("peer credentials: %T is not a socket", c)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("peer credentials: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, fmt.Errorf("peer credentials: %w", err)
+	}
+	if cerr != nil {
+		return 0, fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return cred.Uid, nil
+}
+
+// Serve answers supervisors on l until it is closed: the users allowed
+// get decisions made from their own lessons and root's (Router.Route);
+// any other user gets one error reply naming the setting, and the
+// connection is closed.
+func (r *Router) Serve(l net.Listener, allowed Users) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -81,12 +125,44 @@ func (r *Router) Serve(l net.Listener) error {
 		}
 		wg.Go(func() {
 			defer c.Close()
-			r.serveConn(c)
+			uid, err := PeerUID(c)
+			if err == nil && !allowed.Allows(uid) {
+				err = fmt.Errorf("uid %d may not convert (the agent's convert.users)", uid)
+			}
+			if err != nil {
+				// The refusal answers the first request (a reply
+				// before it could meet a client still writing).
+				r.refused(uid, err)
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, rerr := bufio.NewReaderSize(c, maxRequest).ReadSlice('\n'); rerr == nil {
+					_ = json.NewEncoder(c).Encode(reply{Error: err.Error()})
+				}
+				return
+			}
+			r.serveConn(c, uid)
 		})
 	}
 }
 
-func (r *Router) serveConn(c net.Conn) {
+// refused counts a connection of a user not allowed, logged once per uid
+// (a bounded set: at most maxRefusedLogged uids are remembered).
+func (r *Router) refused(uid uint32, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ctr.Refused++
+	if r.refusedUIDs == nil {
+		r.refusedUIDs = map[uint32]bool{}
+	}
+	if r.refusedUIDs[uid] || len(r.refusedUIDs) >= maxRefusedLogged {
+		return
+	}
+	r.refusedUIDs[uid] = true
+	r.log.Warn("convert socket: refused a local user (logged once per user)", "err", err)
+}
+
+const maxRefusedLogged = 64
+
+func (r *Router) serveConn(c net.Conn, uid uint32) {
 	br := bufio.NewReaderSize(c, maxRequest)
 	enc := json.NewEncoder(c)
 	for {
@@ -102,7 +178,7 @@ func (r *Router) serveConn(c net.Conn) {
 		if err := json.Unmarshal(line, &req); err != nil {
 			rep.Error = "bad request: " + err.Error()
 		} else {
-			rep = r.answer(req)
+			rep = r.answer(uid, req)
 		}
 		if err := enc.Encode(rep); err != nil {
 			return
@@ -110,9 +186,9 @@ func (r *Router) serveConn(c net.Conn) {
 	}
 }
 
-func (r *Router) answer(req request) reply {
+func (r *Router) answer(uid uint32, req request) reply {
 	var dst netip.AddrPort
-	if req.Op != "status" {
+	if req.Op != "status" && req.Op != "hello" {
 		var err error
 		if dst, err = netip.ParseAddrPort(req.Dst); err != nil {
 			return reply{Error: fmt.Sprintf("dst: %v", err)}
@@ -120,14 +196,14 @@ func (r *Router) answer(req request) reply {
 	}
 	switch req.Op {
 	case "route":
-		d := r.Route(dst)
+		d := r.Route(uid, dst)
 		rep := reply{Convert: d.Convert, Relay: d.Name, Ticket: d.Ticket, Learn: d.Learn, Why: d.Why}
 		if d.Convert {
 			rep.Converter = d.Converter.String()
 		}
 		return rep
 	case "learn":
-		r.Learn(dst, req.Native)
+		r.Learn(uid, dst, req.Native)
 	case "report":
 		out := Outcome(req.Outcome)
 		switch out {
@@ -136,8 +212,15 @@ func (r *Router) answer(req request) reply {
 			return reply{Error: fmt.Sprintf("outcome %q unknown", req.Outcome)}
 		}
 		local, _ := netip.ParseAddrPort(req.Local)
-		r.Report(dst, req.Relay, out, local, req.Detail)
+		r.Report(uid, dst, req.Relay, out, local, req.Detail)
+	case "hello":
+		// A client checking that it may convert (refused users got the
+		// error before any request).
 	case "status":
+		// Every user's conversions and lessons: root's only.
+		if uid != Root {
+			return reply{Error: "status: root only (mpdetour status)"}
+		}
 		st := r.Status()
 		return reply{Status: &st}
 	default:
@@ -253,6 +336,13 @@ func (c *Client) Report(dst netip.AddrPort, relay string, out Outcome, local net
 		req.Local = local.String()
 	}
 	_, err := c.do(req)
+	return err
+}
+
+// Hello checks that the agent at the socket answers this user (a user not
+// in convert.users gets the agent's refusal as the error).
+func (c *Client) Hello() error {
+	_, err := c.do(request{Op: "hello"})
 	return err
 }
 

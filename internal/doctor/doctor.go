@@ -25,9 +25,11 @@ import (
 	"github.com/mdlayher/genetlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/serverrole"
 )
 
 // Status is a check's outcome.
@@ -153,6 +155,141 @@ func Kernel(p Paths, minSubflows int) Report {
 	return r
 }
 
+// Blackhole checks the kernel's MPTCP blackhole fallback: from the MPTcpExt counters of p (disables since boot) and, when
+// an agent runs, its view (agentSt: whether the disable is in force now,
+// which counters read once cannot tell).
+func Blackhole(p Paths, agentSt *agent.BlackholeStatus) Report {
+	var r Report
+	const check = "MPTCP blackhole fallback"
+	v, err := readSysctl(p, "net.mptcp.blackhole_timeout")
+	if err != nil {
+		r.add("kernel", check, Info, "no net.mptcp.blackhole_timeout: this kernel has no blackhole fallback (before 6.12)", "")
+		return r
+	}
+	to, _ := strconv.Atoi(v)
+	if agentSt != nil && agentSt.State == agent.BlackholeDisabled {
+		r.add("kernel", check, Fail, fmt.Sprintf("the kernel disabled MPTCP for new connections (the agent saw it at %s): they are plain TCP and get no detours; %d connections made plain TCP since boot",
+			agentSt.Since.Format("15:04:05"), agentSt.Fallbacks), agent.BlackholeFix(to))
+		return r
+	}
+	if to == 0 {
+		r.add("kernel", check, Info, "net.mptcp.blackhole_timeout = 0: the kernel never disables MPTCP after dropped MP_CAPABLE SYNs", "")
+		return r
+	}
+	b, err := os.ReadFile(p.proc("net/netstat"))
+	var mib map[string]uint64
+	if err == nil {
+		mib, err = serverrole.ParseMIB(b, "MPTcpExt")
+	}
+	switch {
+	case err != nil:
+		r.add("kernel", check, Warn, "cannot read the MPTCP counters: "+err.Error(), "")
+	case mib["Blackhole"] == 0:
+		r.add("kernel", check, OK, "the kernel has not disabled MPTCP since boot", "")
+	default:
+		state := "no agent runs to tell whether it is in force now"
+		if agentSt != nil {
+			state = "not in force now (agent)"
+		}
+		st := Warn
+		if agentSt != nil {
+			st = Info
+		}
+		r.add("kernel", check, st, fmt.Sprintf("the kernel disabled MPTCP for new connections %d times since boot (MP_CAPABLE SYNs dropped on a path; each time for %d s or more); %d connections made plain TCP; %s",
+			mib["Blackhole"], to, mib["MPCapableSYNTXDisabled"], state), agent.BlackholeFix(to))
+	}
+	return r
+}
+
+// RunningAgent checks what a running agent (st, from its status socket)
+// depends on in this namespace: pm_type must stay 1 while it runs; a value
+// changed by another program is flagged, and restorations the agent made
+// are reported.
+func RunningAgent(p Paths, st *agent.Status) Report {
+	var r Report
+	if st == nil {
+		r.add("client", "agent", Info, "no agent answers on its status socket (checks of a running agent skipped)", "")
+		return r
+	}
+	r.add("client", "agent", OK, fmt.Sprintf("running since %s, policy %s", st.Started.Format("2006-01-02 15:04:05"), st.Policy), "")
+	v, err := readSysctl(p, "net.mptcp.pm_type")
+	g := st.PMTypeGuard
+	switch {
+	case err != nil:
+	case v != "1":
+		r.add("client", "pm_type under the agent", Fail, "net.mptcp.pm_type = "+v+" while the agent runs: another program changed it; the kernel's own path manager decides and the agent's commands fail",
+			"the agent sets it back within 5 s; find what changes it (mptcpd, NetworkManager, a sysctl.d file applied by systemd-sysctl) and stop it")
+	case g != nil && g.Restores > 0:
+		r.add("client", "pm_type under the agent", Warn, fmt.Sprintf("net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1",
+			g.Restores, g.LastFound, g.LastRestore.Format("15:04:05")), "find what changes it (mptcpd, NetworkManager, a sysctl.d file applied by systemd-sysctl) and stop it")
+	default:
+		r.add("client", "pm_type under the agent", OK, "net.mptcp.pm_type = 1 (userspace, the agent's)", "")
+	}
+	return r
+}
+
+// Tunnels checks a running agent's tunnel detours end to end (a closed
+// WireGuard port used to show `ok` everywhere): the latest
+// handshake of each relay's tunnel, and, given a server, a TCP connection
+// from the tunnel's address (the agent's policy routing sends it through
+// the tunnel). The probe is plain TCP on purpose: the agent manages MPTCP
+// connections only, so it does not take the probe for one of its own.
+func Tunnels(ctx context.Context, st *agent.Status, server netip.AddrPort, to time.Duration) Report {
+	var r Report
+	if st == nil {
+		return r
+	}
+	now := time.Now()
+	for _, rel := range st.Relays {
+		if !rel.Tunnel {
+			continue
+		}
+		check := "tunnel via " + rel.Name
+		switch {
+		case rel.LastHandshake.IsZero():
+			r.add("client", check, Fail, "the tunnel has had no WireGuard handshake",
+				"open the relay's WireGuard UDP port (tunnel.listen, 51820 by default) on every firewall on the way; check the relay's tunnel section")
+			continue
+		case now.Sub(rel.LastHandshake) > 3*time.Minute:
+			r.add("client", check, Fail, fmt.Sprintf("latest WireGuard handshake %s ago (WireGuard hand shakes every 2 minutes while it sends)", now.Sub(rel.LastHandshake).Round(time.Second)),
+				"the relay's WireGuard UDP port is closed now, or the relay lost the tunnel (restart without state): the agent re-asks after its watchdog")
+			continue
+		}
+		detail := fmt.Sprintf("latest WireGuard handshake %s ago", now.Sub(rel.LastHandshake).Round(time.Second))
+		local := tunnelLocal(st, rel.Name)
+		if !server.IsValid() || !local.IsValid() {
+			if !server.IsValid() {
+				detail += " (give --server to probe a connection through it)"
+			}
+			r.add("client", check, OK, detail, "")
+			continue
+		}
+		d := net.Dialer{Timeout: to, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
+		d.SetMultipathTCP(false)
+		c, err := d.DialContext(ctx, "tcp", server.String())
+		if err != nil {
+			r.add("client", check, Fail, detail+"; but no TCP connection from "+local.String()+" to "+server.String()+" through it: "+err.Error(),
+				"the relay's tunnel section refuses this destination (its allow_destinations, inherited from the relay's unless it says otherwise) or the server refuses it; the relay logs policy drops")
+			continue
+		}
+		c.Close()
+		r.add("client", check, OK, detail+"; a TCP connection from "+local.String()+" to "+server.String()+" went through it", "")
+	}
+	return r
+}
+
+// tunnelLocal is the local address of relay's tunnel detour in st.
+func tunnelLocal(st *agent.Status, relay string) netip.Addr {
+	for _, d := range st.Detours {
+		if d.Kind == "tunnel" && d.Relay == relay {
+			if a, err := netip.ParseAddr(d.Local); err == nil {
+				return a
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
 // RelayHost checks what a relay's data plane needs: forwarding, nftables
 // through netlink, whether a relay's table is already installed (one relay
 // per namespace), WireGuard (kernel module, or TUN for the embedded one),
@@ -223,6 +360,9 @@ type ClientConfig struct {
 	Source  relayclient.SourceConfig
 	Server  netip.AddrPort // zero: skip the per-relay MPTCP path check
 	Timeout time.Duration  // per relay (default 3 s)
+	// ProbeDir marks the test connections for a running agent, which
+	// leaves them alone (default agent.ProbeDir).
+	ProbeDir string
 }
 
 // Client checks each relay with a real handshake and, given a server, asks
@@ -243,12 +383,12 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 		}
 		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, to)
-		rep, err := c.Do(pctx, proto.Request{Op: proto.OpPing})
+		rep, err := c.Do(pctx, proto.NewRequest(0, &proto.PingRequest{}))
 		cancel()
 		switch {
 		case err != nil && errors.Is(err, context.DeadlineExceeded):
 			r.add("client", "relay "+rel.Name, Fail, fmt.Sprintf("no answer from %s within %s", rel.Addr, to),
-				"check the address, that the relay runs, and that UDP port "+fmt.Sprint(rel.Addr.Port())+" is open on its firewall")
+				"check the address, that the relay runs, that UDP port "+fmt.Sprint(rel.Addr.Port())+" is open on its firewall, and the relay's public_key in the agent config (a relay cannot answer a handshake made for another key)")
 		case err != nil:
 			r.add("client", "relay "+rel.Name, Fail, err.Error(), fixFor(err))
 		case rep.Reason != proto.OK:
@@ -256,7 +396,7 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 		default:
 			r.add("client", "relay "+rel.Name, OK, fmt.Sprintf("handshake and ping in %s", time.Since(start).Round(time.Millisecond)), "")
 			if cfg.Server.IsValid() {
-				r.detourPath(ctx, c, rel.Name, cfg.Server, to)
+				r.detourPath(ctx, c, rel.Name, cfg.Server, to, cfg.probeDir())
 			}
 		}
 		c.Close()
@@ -265,7 +405,7 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 	// relays for the same server, and grants are shared per member and
 	// server; the detour checks above are done by then.
 	if cfg.Server.IsValid() {
-		r.mptcpPath(ctx, "direct", cfg.Server, to)
+		r.mptcpPath(ctx, "direct", cfg.Server, to, cfg.probeDir())
 	}
 	return r
 }
@@ -274,14 +414,21 @@ func fixFor(err error) string {
 	s := err.Error()
 	switch {
 	case strings.Contains(s, "unauthorized"):
-		return "the relay does not know this member key (members in its config), or the agent has a wrong relay public_key"
+		return "the relay does not know this member key (members in its config), or no longer: removed or certificate revoked"
 	case strings.Contains(s, "policy-denied"):
 		return "the relay refuses this destination (private ranges, port 25, deny lists): see docs/relay.md"
 	}
 	return ""
 }
 
-func (r *Report) detourPath(ctx context.Context, c *relayclient.Conn, name string, server netip.AddrPort, to time.Duration) {
+func (cfg ClientConfig) probeDir() string {
+	if cfg.ProbeDir == "" {
+		return agent.ProbeDir
+	}
+	return cfg.ProbeDir
+}
+
+func (r *Report) detourPath(ctx context.Context, c *relayclient.Conn, name string, server netip.AddrPort, to time.Duration, probes string) {
 	gctx, cancel := context.WithTimeout(ctx, to)
 	defer cancel()
 	d, _, err := c.Grant(gctx, server, 0)
@@ -292,15 +439,20 @@ func (r *Report) detourPath(ctx context.Context, c *relayclient.Conn, name strin
 	// Not released: a relay returns the same mapping to every request of a
 	// member for a server, so a running agent may be using this very one;
 	// it lapses with its lease if nobody renews it.
-	r.mptcpPath(ctx, "detour via "+name, d, to)
+	r.mptcpPath(ctx, "detour via "+name, d, to, probes)
 }
 
 // mptcpPath opens an MPTCP connection to dst and reports whether it stayed
 // MPTCP (a middlebox stripping options makes the kernel fall back to TCP).
-func (r *Report) mptcpPath(ctx context.Context, label string, dst netip.AddrPort, to time.Duration) {
+func (r *Report) mptcpPath(ctx context.Context, label string, dst netip.AddrPort, to time.Duration, probes string) {
 	var d net.Dialer
 	d.Timeout = to
 	d.SetMultipathTCP(true)
+	// Marked as a test connection: a running agent leaves it alone.
+	var unmark func()
+	d.Control, unmark = agent.MarkProbe(probes)
+	defer unmark()
+	before := fallbacks()
 	conn, err := d.DialContext(ctx, "tcp", dst.String())
 	if err != nil {
 		r.add("client", label, Fail, "connect "+dst.String()+": "+err.Error(), "the server (or the relay's NAT toward it) does not accept connections on that port")
@@ -311,10 +463,35 @@ func (r *Report) mptcpPath(ctx context.Context, label string, dst netip.AddrPort
 	switch {
 	case err != nil:
 		r.add("client", label, Warn, "cannot tell whether the connection is MPTCP: "+err.Error(), "")
+	case !mp && fallbacks() > before:
+		r.add("client", label, Fail, "connected to "+dst.String()+" as plain TCP: the kernel has MPTCP disabled for new connections (blackhole detection)",
+			agent.BlackholeFix(blackholeTimeout()))
 	case !mp:
 		r.add("client", label, Fail, "connected to "+dst.String()+" but fell back to plain TCP",
 			"the server does not speak MPTCP (run it under `mpdetour run`), or a middlebox on this path strips MPTCP options (compare with the direct check)")
 	default:
 		r.add("client", label, OK, "MPTCP options survive the path to "+dst.String(), "")
 	}
+}
+
+// fallbacks reads MPCapableSYNTXDisabled of this process's namespace: it
+// rises for each connection the kernel makes plain TCP because of a
+// blackhole disable (0 when unreadable); the caller keeps its thread.
+func fallbacks() uint64 {
+	// thread-self: the namespace of this (possibly switched) thread.
+	b, err := os.ReadFile("/proc/thread-self/net/netstat")
+	if err != nil {
+		return 0
+	}
+	mib, err := serverrole.ParseMIB(b, "MPTcpExt")
+	if err != nil {
+		return 0
+	}
+	return mib["MPCapableSYNTXDisabled"]
+}
+
+func blackholeTimeout() int {
+	v, _ := readSysctl(Paths{}, "net.mptcp.blackhole_timeout")
+	n, _ := strconv.Atoi(v)
+	return n
 }

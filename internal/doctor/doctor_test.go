@@ -113,7 +113,7 @@ func TestClientFallbackDetected(t *testing.T) {
 			c.Close()
 		}
 	}()
-	r := Client(context.Background(), ClientConfig{Server: netip.MustParseAddrPort(ln.Addr().String()), Timeout: time.Second})
+	r := Client(context.Background(), ClientConfig{Server: netip.MustParseAddrPort(ln.Addr().String()), Timeout: time.Second, ProbeDir: t.TempDir()})
 	if x := find(r, "direct"); x.Status != Fail || !strings.Contains(x.Detail, "fell back to plain TCP") {
 		t.Fatalf("fallback: %+v", r)
 	}
@@ -133,7 +133,7 @@ func TestClientFallbackDetected(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	r = Client(context.Background(), ClientConfig{Server: netip.MustParseAddrPort(mln.Addr().String()), Timeout: time.Second})
+	r = Client(context.Background(), ClientConfig{Server: netip.MustParseAddrPort(mln.Addr().String()), Timeout: time.Second, ProbeDir: t.TempDir()})
 	if x := find(r, "direct"); x.Status != OK {
 		t.Fatalf("MPTCP server: %+v", r)
 	}

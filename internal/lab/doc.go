@@ -1,7 +1,7 @@
 // Package lab builds emulated networks in Linux network namespaces: one
 // named namespace per node, veth pairs for links, static routes, and link
 // emulation (rate, delay, loss, queue) per direction. It is the project's
-// test bench and the engine behind "mpdetour lab". docs/lab.md describes
+// test bench and the engine behind mpdetour-lab. docs/lab.md describes
 // the topology file format, the built-ins and the measured fidelity.
 //
 // # API

@@ -23,7 +23,7 @@ const nsExecMarker = "mpdetour-lab-nsexec"
 // Reexec runs this process as one of the lab's helpers when it was started
 // as one: the shim that enters a namespace and executes a command
 // (Lab.Command), or a lab's delay line. Every program that brings up labs
-// calls it first thing (cmd/mpdetour's main, and TestMain of the test
+// calls it first thing (cmd/mpdetour-lab's main, and TestMain of the test
 // binaries that build labs, since the helpers are re-executions of the
 // current binary); it returns at once in any other process, and never
 // returns in a helper.
@@ -51,7 +51,7 @@ func errNoReexec() error {
 func nsExec(nsPath string, argv []string) {
 	runtime.LockOSThread()
 	fail := func(format string, a ...any) {
-		fmt.Fprintf(os.Stderr, "mpdetour lab: "+format+"\n", a...)
+		fmt.Fprintf(os.Stderr, "mpdetour-lab: "+format+"\n", a...)
 		os.Exit(127)
 	}
 	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)

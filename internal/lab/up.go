@@ -110,7 +110,7 @@ func Open(name string) (*Lab, error) {
 		return nil, err
 	}
 	if !st.Complete {
-		return nil, fmt.Errorf("lab %s is incomplete (being built, or its builder died): mpdetour lab down %s", name, name)
+		return nil, fmt.Errorf("lab %s is incomplete (being built, or its builder died): mpdetour-lab down %s", name, name)
 	}
 	t := topology.Restored(st.Topology, st.Source, st.Nodes, st.Links, st.Params)
 	return &Lab{name: name, st: st, topo: t}, nil
@@ -140,13 +140,13 @@ func Up(ctx context.Context, t *topology.Topology, name string) (_ *Lab, err err
 	}
 	if err := os.Mkdir(StateDir(name), 0o755); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return nil, fmt.Errorf("lab %s exists (remove it with: mpdetour lab down %s)", name, name)
+			return nil, fmt.Errorf("lab %s exists (remove it with: mpdetour-lab down %s)", name, name)
 		}
 		return nil, err
 	}
 	if left := listNetns(name); len(left) > 0 {
 		os.Remove(StateDir(name))
-		return nil, fmt.Errorf("namespaces of an earlier lab %s remain (%s): mpdetour lab down %s", name, left[0], name)
+		return nil, fmt.Errorf("namespaces of an earlier lab %s remain (%s): mpdetour-lab down %s", name, left[0], name)
 	}
 	st := &state{
 		Name: name, Topology: t.Name, Source: t.Source, Params: t.Params(),

@@ -127,6 +127,17 @@ type Subflow struct {
 	Lost           uint32
 	SegsOut        uint32
 	DeliveryRate   uint64 // bytes per second, the kernel's estimate
+	// What limits the sender (backup-first judges by these): the
+	// congestion window and MSS, the kernel's pacing rate (bytes/s), the
+	// bytes the socket holds not yet sent, whether the last delivery-rate
+	// sample was application limited, and the time (microseconds, over the
+	// subflow's life) it was busy sending, of which limited by the peer's
+	// receive window and by its own send buffer.
+	SndCwnd, SndMSS                      uint32
+	PacingRate                           uint64
+	NotsentBytes                         uint32
+	AppLimited                           bool
+	BusyTime, RwndLimited, SndbufLimited uint64
 	// Time since the subflow last sent data, received data and received an ACK.
 	SinceDataSent, SinceDataRecv, SinceAckRecv time.Duration
 }
@@ -388,7 +399,11 @@ func decodeTCPInfo(b []byte, sf *Subflow) {
 	}
 	ms := func(off int) time.Duration { return time.Duration(ne.Uint32(b[off:])) * time.Millisecond }
 	us := func(off int) time.Duration { return time.Duration(ne.Uint32(b[off:])) * time.Microsecond }
+	if len(b) >= 8 {
+		sf.AppLimited = b[7]&1 != 0 // tcpi_delivery_rate_app_limited
+	}
 	if len(b) >= 60 {
+		sf.SndMSS = ne.Uint32(b[16:])
 		sf.Unacked, sf.Lost = ne.Uint32(b[24:]), ne.Uint32(b[32:])
 		sf.SinceDataSent, sf.SinceDataRecv, sf.SinceAckRecv = ms(44), ms(52), ms(56)
 	}
@@ -396,10 +411,18 @@ func decodeTCPInfo(b []byte, sf *Subflow) {
 		sf.RTT, sf.RTTVar = us(68), us(72)
 		sf.TotalRetrans = ne.Uint32(b[100:])
 	}
+	if len(b) >= 112 {
+		sf.SndCwnd = ne.Uint32(b[80:])
+		sf.PacingRate = ne.Uint64(b[104:])
+	}
 	if len(b) >= 168 {
 		sf.SegsOut = ne.Uint32(b[136:])
 		sf.MinRTT = us(148)
 		sf.DeliveryRate = ne.Uint64(b[160:])
+		sf.NotsentBytes = ne.Uint32(b[144:])
+	}
+	if len(b) >= 192 {
+		sf.BusyTime, sf.RwndLimited, sf.SndbufLimited = ne.Uint64(b[168:]), ne.Uint64(b[176:]), ne.Uint64(b[184:])
 	}
 	if len(b) >= 136 {
 		sf.BytesAcked = ne.Uint64(b[120:])

@@ -64,6 +64,16 @@ const (
 	AttrServerSide  = evServerSide
 )
 
+// Event flags (Event.Flags, uapi MPTCP_PM_EV_FLAG_*).
+const (
+	// EventFlagDenyJoinID0: the peer set the C flag, it accepts no join to
+	// its initial address (address id 0).
+	EventFlagDenyJoinID0 = 1 << 0
+	// EventFlagServerSide: the event is about a connection this host
+	// accepted.
+	EventFlagServerSide = 1 << 1
+)
+
 // Event is one decoded mptcp_pm event with every attribute the kernel sends.
 // Local is saddr/sport and Remote daddr/dport as the kernel reports them
 // (for a server-side connection Remote is the client).

@@ -10,11 +10,11 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 )
 
-// sim drives an adaptive Manager with synthetic measurements: every path
+// sim drives an adaptive Engine with synthetic measurements: every path
 // delivers at its own rate (bytes/s, 0 = dead) and the test advances time.
 type sim struct {
 	t     *testing.T
-	p     *Manager
+	p     *Engine
 	clk   *clock
 	conn  Conn
 	paths map[subKey]*simPath
@@ -43,11 +43,16 @@ type simPath struct {
 	segs, retrans uint32
 	quietFor      time.Duration
 	backup        bool
+	full          bool // limited by its congestion window (backup-first's evidence)
 }
 
 func newSim(t *testing.T, k int, ds ...detour.Detour) *sim {
+	return newSimMode(t, Adaptive, k, ds...)
+}
+
+func newSimMode(t *testing.T, mode Mode, k int, ds ...detour.Detour) *sim {
 	clk := &clock{t: time.Unix(1000, 0)}
-	p := NewAdaptive(Config{Subflows: k, Now: clk.now, Rand: func() float64 { return 0.5 }}, []detour.Source{&list{ds: ds}})
+	p := New(Config{Mode: mode, Subflows: k, Now: clk.now, Rand: func() float64 { return 0.5 }}, []detour.Source{&list{ds: ds}})
 	s := &sim{t: t, p: p, clk: clk, conn: Conn{Token: 9, Local: client, Remote: server}, paths: map[subKey]*simPath{}}
 	s.apply(p.Established(s.conn))
 	s.paths[key(client.Addr(), server)] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
@@ -130,7 +135,12 @@ func (s *sim) run(d time.Duration, set func(sk subKey, sp *simPath)) {
 			if m.MinRTT == 0 {
 				m.MinRTT = sp.rtt
 			}
+			m.SndCwnd, m.SndMSS = 10, 1400
 			if sp.rate > 0 {
+				m.Unacked = 2
+				if sp.full {
+					m.Unacked = 10
+				}
 				n := uint64(sp.rate * step.Seconds())
 				segs := uint32(n/1400) + 1
 				sp.segs += segs
@@ -143,7 +153,7 @@ func (s *sim) run(d time.Duration, set func(sk subKey, sp *simPath)) {
 				sp.quietFor = 0
 			} else {
 				sp.quietFor += step
-				if !sp.down {
+				if !sp.down && !sp.backup { // a backup with nothing to send is idle, not stuck
 					m.Unacked, m.Retransmits = 10, 1
 				}
 			}
@@ -166,15 +176,18 @@ func (s *sim) count(a Action) int {
 	return n
 }
 
-func (s *sim) role(path string) Role {
+func (s *sim) role(path string) Role { return s.report(path).Role }
+
+// report is the status line of the subflow on path (zero if none).
+func (s *sim) report(path string) SubflowReport {
 	for _, c := range s.p.Report().Conns {
 		for _, sf := range c.Subflows {
 			if sf.Path == path {
-				return sf.Role
+				return sf
 			}
 		}
 	}
-	return ""
+	return SubflowReport{}
 }
 
 func TestAdaptiveWatchdogReplacesDeadDetour(t *testing.T) {

@@ -8,6 +8,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -20,7 +21,24 @@ type Conn struct {
 	Token  uint32
 	Local  netip.AddrPort
 	Remote netip.AddrPort
+	// Fully: the kernel's ESTABLISHED event said so (it comes once the
+	// connection is fully established); false for a connection found by
+	// inet_diag, which may still be waiting for its first data ack. A
+	// SUBFLOW_CREATE refused with ENOTCONN is final for the former (the
+	// connection is closing or fell back to TCP), transient for the latter.
+	Fully bool
+	// DenyJoinInitial: the server set the C flag (its ESTABLISHED event
+	// carries MPTCP_PM_EV_FLAG_DENY_JOIN_ID0): it accepts no join to its
+	// initial address, which is where every detour leads (a NAT detour
+	// DNATs to it, a tunnel detour goes to it). No detour subflow is
+	// opened; announced addresses are still joined.
+	DenyJoinInitial bool
 }
+
+// ErrConnectionGone marks a command error that says the connection no
+// longer exists (the kernel knows no such token): the agent wraps the
+// kernel's error in it, and the policy stops all work for the connection.
+var ErrConnectionGone = errors.New("connection gone")
 
 // Subflow is one subflow of a connection.
 type Subflow struct {
@@ -126,7 +144,18 @@ type Measurement struct {
 	TotalRetrans, SegsOut, Unacked                     uint32
 	BytesAcked, BytesReceived, BytesSent, BytesRetrans uint64
 	DeliveryRate                                       uint64 // bytes/s
-	SinceDataSent, SinceDataRecv, SinceAckRecv         time.Duration
+	// What limits the sender: congestion window (segments) and MSS, the
+	// pacing rate (bytes/s), bytes not sent yet, whether the last rate
+	// sample was application limited, and cumulative busy time and the
+	// parts of it limited by the receive window and the send buffer
+	// (microseconds). Busy time that neither limit explains is time the
+	// subflow was limited by its congestion window or pacing.
+	SndCwnd, SndMSS                            uint32
+	PacingRate                                 uint64
+	NotsentBytes                               uint32
+	AppLimited                                 bool
+	BusyTime, RwndLimited, SndbufLimited       uint64
+	SinceDataSent, SinceDataRecv, SinceAckRecv time.Duration
 }
 
 // Role is what a subflow is for, as a policy sees it.

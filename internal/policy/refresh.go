@@ -16,7 +16,7 @@ import (
 // connection short of detour subflows is filled at once, instead of at
 // its next poll (which backs off up to 30 s and stops a minute after the
 // connection's last attempt).
-func (p *Manager) Refresh(now time.Time) []Intent {
+func (p *Engine) Refresh(now time.Time) []Intent {
 	var out []Intent
 	offered := map[netip.AddrPort]map[string]bool{}
 	for _, k := range p.conns {
@@ -42,9 +42,7 @@ func (p *Manager) Refresh(now time.Time) []Intent {
 				out = append(out, Intent{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
 					Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d})
 			}
-			if k.trial != nil && k.trial.sub == sk {
-				k.trial = nil
-			}
+			p.strat.gone(k, sk)
 		}
 		out = append(out, p.fill(k)...)
 	}

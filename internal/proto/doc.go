@@ -34,5 +34,5 @@
 //
 // Tunnel detours (for internal/tunnel): the client's WireGuard public key is
 // its member key (the control-protocol static key), so the relay adds a peer
-// with that key and the allocated address; see relay.TunnelAllocator.
+// with that key and the allocated address; see relay.Tunnels.
 package proto

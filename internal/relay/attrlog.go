@@ -7,6 +7,9 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // attrEvent is one line of the attribution log: enough for an operator to
@@ -73,7 +76,7 @@ func (l *attrLog) Close() error {
 	return nil
 }
 
-func mappingEvent(event string, m *mapping, now time.Time) attrEvent {
+func mappingEvent(event string, m *lease.Mapping, now time.Time) attrEvent {
 	ev := attrEvent{
 		Time:       now.UTC(),
 		Event:      event,
@@ -91,7 +94,7 @@ func mappingEvent(event string, m *mapping, now time.Time) attrEvent {
 	return ev
 }
 
-func withCounter(ev attrEvent, c Counter) attrEvent {
+func withCounter(ev attrEvent, c dataplane.Counter) attrEvent {
 	b, p := c.Bytes, c.Packets
 	ev.Bytes, ev.Packets = &b, &p
 	return ev

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -31,21 +30,19 @@ func TestCollectiveCertificates(t *testing.T) {
 	if err := os.WriteFile(crlPath, []byte(crl.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f, k, cfgPath, p, _ := relayLine(t, fmt.Sprintf("collective: {authority: %s, crl_file: %s}\n", auth.Public(), crlPath))
+	l := startLoopRelay(t, func(c *Reloadable) {
+		c.Trust, c.CRLFile = collective.NewTrust(auth.Public()), crlPath
+		if err := c.Trust.UpdateCRL(crl.String()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	k := l.k
 	now := time.Now()
 	bob, err := auth.Issue(k.stranger.Public(), "bob", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dial := func(cert []byte) *relayclient.Conn {
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, k.stranger,
-			relayclient.Options{Certificate: cert, ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	dial := func(cert []byte) *relayclient.Conn { return l.dial(t, k.stranger, cert) }
 	server := netip.MustParseAddrPort(fxServer + ":5201")
 	grant := func(c *relayclient.Conn) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -63,24 +60,20 @@ func TestCollectiveCertificates(t *testing.T) {
 	}
 	c := dial(bob.Bytes())
 	if err := grant(c); err != nil {
-		t.Fatalf("grant with a valid certificate: %v\n%s", err, p.stderr.String())
+		t.Fatalf("grant with a valid certificate: %v", err)
 	}
 	waitFor(t, "attribution to the certified name", func() bool {
-		for _, ev := range readAttribution(t, filepath.Join(filepath.Dir(cfgPath), "attribution.jsonl")) {
+		for _, ev := range readAttribution(t, l.attrLog) {
 			if ev.Event == "grant" && ev.Member == "bob" && ev.KeyID == k.stranger.Public().ID() {
 				return true
 			}
 		}
 		return false
 	})
-	if n := elements(t, f.Relay); n != 1 {
-		t.Fatalf("%d elements, want 1", n)
+	if n := l.dp.Len(); n != 1 {
+		t.Fatalf("%d mappings in the data plane, want 1", n)
 	}
-	var st *Status
-	in(t, f.Relay, func() { st, err = QueryStatus(5 * time.Second) })
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := l.status(t)
 	certified := false
 	for _, m := range st.Members {
 		if m.Name == "bob" && m.Key == k.stranger.Public().String() && !m.CertifiedUntil.IsZero() && len(m.Mappings) == 1 {
@@ -100,7 +93,7 @@ func TestCollectiveCertificates(t *testing.T) {
 	if err := os.Rename(tmp, crlPath); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the revoked member's mapping removed", func() bool { return elements(t, f.Relay) == 0 })
+	waitFor(t, "the revoked member's mapping removed", func() bool { return l.dp.Len() == 0 })
 	took := time.Since(revokedAt)
 	if err := grant(c); proto.ReasonOf(err) != proto.ReasonUnauthorized && err == nil {
 		t.Fatalf("grant after revocation: %v", err)
@@ -118,26 +111,22 @@ func TestCertificateOnListingRelays(t *testing.T) {
 	auth, _ := collective.NewAuthority()
 	for _, withCollective := range []bool{false, true} {
 		t.Run(fmt.Sprintf("collective=%v", withCollective), func(t *testing.T) {
-			extra := ""
-			if withCollective {
-				extra = fmt.Sprintf("collective: {authority: %s}\n", auth.Public())
-			}
-			f, k, _, p, _ := relayLine(t, extra)
+			l := startLoopRelay(t, func(c *Reloadable) {
+				if withCollective {
+					c.Trust = collective.NewTrust(auth.Public())
+				}
+			})
+			k := l.k
 			now := time.Now()
 			expired, err := auth.Issue(k.member.Public(), "alice", collective.RoleClient, now.Add(-2*time.Hour), now.Add(-time.Hour))
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, k.member,
-				relayclient.Options{Certificate: expired.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := l.dial(t, k.member, expired.Bytes())
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if _, _, err := c.Grant(ctx, netip.MustParseAddrPort(fxServer+":5201"), 0); err != nil {
-				t.Fatalf("listed member with a certificate: %v\n%s", err, p.stderr.String())
+				t.Fatalf("listed member with a certificate: %v", err)
 			}
 		})
 	}

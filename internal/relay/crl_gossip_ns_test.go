@@ -19,8 +19,8 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
-// The revocation list over gossip (issue 15: "a revoked member is refused
-// everywhere within 10 s"): three relays in namespaces form a gossip
+// The revocation list over gossip (target: a revoked member is refused
+// everywhere within 10 s): three relays in namespaces form a gossip
 // cluster; two members hold a mapping on each. A new list revoking one of
 // them is written to ONE relay's crl_file; every relay drops that member's
 // mapping and refuses it, the other member keeps its mappings, and the
@@ -75,7 +75,8 @@ collective:
   gossip:
     bind: %s:7946
     join: [10.78.1.2:7946]
-`, r.addr, DefaultPort, k, prevLine, auth.Public(), crlLine, certPath, r.addr)
+    secret_file: %s
+`, r.addr, DefaultPort, k, prevLine, auth.Public(), crlLine, certPath, r.addr, writeGossipKey(t, dir))
 		cfgPath := filepath.Join(dir, fmt.Sprintf("relay%d.yaml", i))
 		if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
-	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
 // A list learned from gossip is written to crl_file unless the file holds
@@ -28,9 +27,9 @@ func TestCRLWriteBack(t *testing.T) {
 	path := filepath.Join(dir, "crl.txt")
 	var logs bytes.Buffer
 	newServer := func(file string) *Server {
-		tr := collective.NewTrust(auth.Public())
-		return &Server{set: &Settings{Trust: tr, CRLFile: file}, log: slog.New(slog.NewTextHandler(&logs, nil)),
-			met: newMetrics(), certified: map[proto.Key]certMember{}}
+		set := &Reloadable{PrivateKey: testKey(t), Trust: collective.NewTrust(auth.Public()), CRLFile: file}
+		s, _ := newTestServer(t, Static{}, set, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+		return s
 	}
 	read := func() string {
 		b, err := os.ReadFile(path)
@@ -44,7 +43,7 @@ func TestCRLWriteBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newServer(path)
-	if _, err := s.set.Trust.Install(l2); err != nil {
+	if _, err := s.trust.Live.Install(l2); err != nil {
 		t.Fatal(err)
 	}
 	s.writeBackCRL(l2)
@@ -52,7 +51,7 @@ func TestCRLWriteBack(t *testing.T) {
 		t.Fatal("older file not replaced by the newer list")
 	}
 	// The relay's own write is not read back as a change.
-	if fi, _ := os.Stat(path); !fi.ModTime().Equal(s.crlMod) {
+	if fi, _ := os.Stat(path); !fi.ModTime().Equal(s.trust.CRLMod) {
 		t.Fatal("crlMod not the written file's")
 	}
 	// A newer file (the operator wrote one meanwhile) is kept.

@@ -20,6 +20,8 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -70,6 +72,7 @@ func TestFairnessReport(t *testing.T) {
 	res["kill9"] = kills
 	b, _ := json.MarshalIndent(res, "", "  ")
 	t.Logf("%s", b)
+	defer checkFairnessReport(t, res) // after results.json is written
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +302,7 @@ func measureLedger(t *testing.T, dur time.Duration) map[string]any {
 	if err := p.wait(t); err != nil {
 		t.Fatalf("relay exit: %v", err)
 	}
-	l, err := loadLedger(ledgerPath)
+	l, err := fairshare.Load(ledgerPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +315,7 @@ func measureLedger(t *testing.T, dur time.Duration) map[string]any {
 	rows := map[string]any{}
 	var worst float64
 	for mi, m := range ms {
-		e := l.members[m.key.Public()]
+		e := l.Members[m.key.Public()]
 		if e == nil {
 			t.Fatalf("%s not in the ledger", m.name)
 		}
@@ -335,7 +338,7 @@ func abs(x float64) float64 {
 // nftAcctBytes sums the byte counters of the relay's accounting set.
 func nftAcctBytes(t *testing.T, ns string) uint64 {
 	t.Helper()
-	out, err := nftList(t, ns, "-j", "list", "set", "ip", TableName, acctSetName)
+	out, err := nftList(t, ns, "-j", "list", "set", "ip", TableName, dataplane.AcctSetName)
 	if err != nil {
 		t.Fatalf("nft: %v\n%s", err, out)
 	}
@@ -394,13 +397,13 @@ func measureKill(t *testing.T, run int, killAt time.Duration) map[string]any {
 	wg.Wait()
 	ran := time.Since(start)
 	kernel := nftAcctBytes(t, f.Relay) // the killed relay's table is still there
-	l, err := loadLedger(ledgerPath)
+	l, err := fairshare.Load(ledgerPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ledger uint64
 	var keys []string
-	for key, e := range l.members {
+	for key, e := range l.Members {
 		ledger += e.Consumed
 		keys = append(keys, key.ID())
 	}

@@ -1,8 +1,6 @@
 package relay
 
 import (
-	"io"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,50 +10,16 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
+	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
-
-// fakeDP is a data plane in memory: counters are whatever the test sets.
-type fakeDP struct {
-	mapped   map[mapKey]bool
-	counters map[mapKey]Counter
-}
-
-func newFakeDP() *fakeDP { return &fakeDP{mapped: map[mapKey]bool{}, counters: map[mapKey]Counter{}} }
-
-func (f *fakeDP) Map(ms []mapping) error {
-	for _, m := range ms {
-		f.mapped[m.Key] = true
-	}
-	return nil
-}
-func (f *fakeDP) Unmap(keys []mapKey) error {
-	for _, k := range keys {
-		delete(f.mapped, k)
-	}
-	return nil
-}
-func (f *fakeDP) Counters() (map[mapKey]Counter, error) { return f.counters, nil }
-func (f *fakeDP) CountersOf(keys []mapKey) (map[mapKey]Counter, error) {
-	out := map[mapKey]Counter{}
-	for _, k := range keys {
-		out[k] = f.counters[k]
-	}
-	return out, nil
-}
-func (f *fakeDP) Forget(keys []mapKey) error {
-	for _, k := range keys {
-		delete(f.counters, k)
-	}
-	return nil
-}
-func (f *fakeDP) Exists() (bool, error)       { return true, nil }
-func (f *fakeDP) Recreate(ms []mapping) error { return nil }
-func (f *fakeDP) Close() error                { return nil }
 
 const mib = collective.CreditUnit
 
 func TestPickVictim(t *testing.T) {
-	at := func(s int) *mapping { return &mapping{Granted: time.Unix(int64(s), 0)} }
+	at := func(s int) *lease.Mapping { return &lease.Mapping{Granted: time.Unix(int64(s), 0)} }
 	h := func(credit int64, granted int) holder { return holder{credit: credit, newest: at(granted)} }
 	cases := []struct {
 		name string
@@ -81,23 +45,18 @@ func TestPickVictim(t *testing.T) {
 	}
 }
 
-// newFairServer is a Server with a fake data plane, enough for the grant
+// fairConfig is enough configuration for the grant path, admission and
+// the ledger.
+func fairConfig(t *testing.T, capacity int, ledgerFile string) *Reloadable {
+	return &Reloadable{PrivateKey: testKey(t), PortLo: 40000, PortHi: 40100, Lease: time.Minute, Members: map[proto.Key]string{},
+		QuotaPerMember: 100, QuotaGlobal: 1000, Rate: 50, Burst: 100, Fair: FairConfig{Capacity: capacity, LedgerFile: ledgerFile, ReceiptEvery: time.Minute}}
+}
+
+// newFairServer is a relay with a fake data plane, enough for the grant
 // path, admission and the ledger.
-func newFairServer(t *testing.T, capacity int, ledgerFile string) (*Server, *fakeDP) {
+func newFairServer(t *testing.T, capacity int, ledgerFile string) (*Server, *dataplane.Fake) {
 	t.Helper()
-	priv := testKey(t)
-	set := &Settings{PrivateKey: priv, PortLo: 40000, PortHi: 40100, Lease: time.Minute, Members: map[proto.Key]string{},
-		QuotaPerMember: 100, QuotaGlobal: 1000, Fair: FairSettings{Capacity: capacity, LedgerFile: ledgerFile, ReceiptEvery: time.Minute}}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dp := newFakeDP()
-	s := &Server{set: set, log: log, dp: dp, leases: newLeaseTable(), certified: map[proto.Key]certMember{}, now: time.Now, met: newMetrics()}
-	s.attr, _ = openAttrLog("")
-	s.applyPolicy(set)
-	var err error
-	if s.fair, err = newFairState(set, s.met, log, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	return s, dp
+	return newTestServer(t, Static{}, fairConfig(t, capacity, ledgerFile), nil, nil)
 }
 
 // admission at capacity, in the order members ask: a member with more
@@ -106,12 +65,12 @@ func newFairServer(t *testing.T, capacity int, ledgerFile string) (*Server, *fak
 func TestAdmitAtCapacity(t *testing.T) {
 	s, _ := newFairServer(t, 2, "")
 	rich, poor, newcomer := testKey(t).Public(), testKey(t).Public(), testKey(t).Public()
-	s.fair.led.entry(rich, "rich").Earned = 100 * mib
-	s.fair.led.entry(poor, "poor").Consumed = 50 * mib
-	o := func(k proto.Key, n string) owner { return owner{Key: k, Name: n} }
+	s.fair.led.Entry(rich, "rich").Earned = 100 * mib
+	s.fair.led.Entry(poor, "poor").Consumed = 50 * mib
+	o := func(k proto.Key, n string) lease.Owner { return lease.Owner{Key: k, Name: n} }
 	client := netip.MustParseAddr("10.0.1.1")
 	srv := func(p uint16) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("198.51.100.1"), p) }
-	ask := func(ow owner, port uint16) proto.Reason {
+	ask := func(ow lease.Owner, port uint16) proto.Reason {
 		t.Helper()
 		if r := s.admit(ow, client, srv(port)); r != proto.OK {
 			return r
@@ -121,7 +80,7 @@ func TestAdmitAtCapacity(t *testing.T) {
 		return r
 	}
 	steps := []struct {
-		who  owner
+		who  lease.Owner
 		port uint16
 		want proto.Reason
 		held map[string]int // mappings per member name afterwards
@@ -141,7 +100,7 @@ func TestAdmitAtCapacity(t *testing.T) {
 			t.Fatalf("step %d (%s port %d): %v, want %v", i, st.who.Name, st.port, got, st.want)
 		}
 		held := map[string]int{}
-		for _, m := range s.leases.byKey {
+		for _, m := range s.leases.ByKey {
 			held[m.Owner.Name]++
 		}
 		if len(held) != len(st.held) {
@@ -168,7 +127,7 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	s, dp := newFairServer(t, 0, path)
 	alice := testKey(t).Public()
 	s.set.Members[alice] = "alice"
-	ow := owner{Key: alice, Name: "alice"}
+	ow := lease.Owner{Key: alice, Name: "alice"}
 	client := netip.MustParseAddr("10.0.1.1")
 	m, r := s.grant(ow, client, netip.MustParseAddrPort("198.51.100.1:80"), 0, time.Minute, 100)
 	if r != proto.OK {
@@ -176,130 +135,84 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	}
 	s.flush()
 	now := time.Now()
-	dp.counters[m.Key] = Counter{Bytes: 1000}
+	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1000})
 	s.flushLedger(now)
-	dp.counters[m.Key] = Counter{Bytes: 1500}
+	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1500})
 	s.flushLedger(now)
-	if got := s.fair.led.members[alice].Consumed; got != 1500 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1500 {
 		t.Fatalf("consumed %d, want 1500", got)
 	}
 	// Closing: counted until reaped, then forgotten.
-	if err := s.close([]*mapping{m}, "release"); err != nil {
+	if err := s.close([]*lease.Mapping{m}, "release"); err != nil {
 		t.Fatal(err)
 	}
-	dp.counters[m.Key] = Counter{Bytes: 1700}
+	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1700})
 	s.reap(now, true)
-	if got := s.fair.led.members[alice].Consumed; got != 1700 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1700 {
 		t.Fatalf("consumed after reap %d, want 1700", got)
 	}
-	if len(s.fair.led.mapSeen) != 0 {
+	if len(s.fair.led.MapSeen) != 0 {
 		t.Fatalf("reaped mapping still tracked")
 	}
 	// A counter that went back (the table was recreated) is new bytes.
 	m2, _ := s.grant(ow, client, netip.MustParseAddrPort("198.51.100.1:81"), 0, time.Minute, 100)
 	s.flush()
-	dp.counters[m2.Key] = Counter{Bytes: 900}
+	dp.SetCounter(m2.Key, dataplane.Counter{Bytes: 900})
 	s.flushLedger(now)
-	dp.counters[m2.Key] = Counter{Bytes: 100}
+	dp.SetCounter(m2.Key, dataplane.Counter{Bytes: 100})
 	s.flushLedger(now)
-	if got := s.fair.led.members[alice].Consumed; got != 1700+900+100 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1700+900+100 {
 		t.Fatalf("consumed after reset %d, want %d", got, 1700+900+100)
 	}
-	s.fair.led.windows[alice] = &collective.ReplayWindow{Top: 7, Bits: 5}
-	s.fair.led.seq = 42
-	s.fair.led.dirty = true
-	if err := s.fair.led.save(now); err != nil {
+	s.fair.led.Windows[alice] = &collective.ReplayWindow{Top: 7, Bits: 5}
+	s.fair.led.Seq = 42
+	s.fair.led.Dirty = true
+	if err := s.fair.led.Save(now); err != nil {
 		t.Fatal(err)
 	}
-	back, err := loadLedger(path)
+	back, err := fairshare.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := back.members[alice]
-	if e == nil || e.Consumed != 2700 || e.Name != "alice" || back.seq != 42 || *back.windows[alice] != (collective.ReplayWindow{Top: 7, Bits: 5}) {
-		t.Fatalf("reloaded %+v seq %d windows %v", e, back.seq, back.windows)
+	e := back.Members[alice]
+	if e == nil || e.Consumed != 2700 || e.Name != "alice" || back.Seq != 42 || *back.Windows[alice] != (collective.ReplayWindow{Top: 7, Bits: 5}) {
+		t.Fatalf("reloaded %+v seq %d windows %v", e, back.Seq, back.Windows)
 	}
-	if c := e.credit(); c != collective.StartCredit-2700 {
+	if c := e.Credit(); c != collective.StartCredit-2700 {
 		t.Fatalf("credit %d", c)
 	}
 	for _, bad := range []string{"{", `{"version": 2}`, `{"version": 1, "members": {"x": {}}}`, `{"version": 1, "members": {"` + alice.String() + `": null}}`} {
 		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := loadLedger(path); err == nil || !strings.Contains(err.Error(), path) {
+		if _, err := fairshare.Load(path); err == nil || !strings.Contains(err.Error(), path) {
 			t.Errorf("ledger %q: %v, want an error naming the file", bad, err)
 		}
 	}
 }
 
-func TestLedgerTunnelDeltas(t *testing.T) {
-	l := newLedger("")
-	k := testKey(t).Public()
-	now := time.Now()
-	for _, cur := range []uint64{100, 250, 250, 40} { // 40: the peer was re-added
-		l.tunnelPeer(k, "t", cur, now, false)
-	}
-	if got := l.members[k].Consumed; got != 250+40 {
-		t.Fatalf("consumed %d, want 290", got)
-	}
-}
-
-func TestCreditSaturates(t *testing.T) {
-	var nilEntry *ledgerEntry
-	if nilEntry.credit() != collective.StartCredit {
-		t.Fatal("unknown member does not start at StartCredit")
-	}
-	e := &ledgerEntry{Consumed: 1<<64 - 1}
-	if c := e.credit(); c >= 0 || c < -1<<62 {
-		t.Fatalf("huge consumption: %d", c)
-	}
-	e = &ledgerEntry{Earned: 1<<64 - 1}
-	if c := e.credit(); c <= 0 {
-		t.Fatalf("huge earnings: %d", c)
-	}
-}
-
-func TestFairConfig(t *testing.T) {
-	priv, member := testKey(t), testKey(t).Public()
-	good := "private_key: " + priv.String() + "\nmembers:\n  - {name: a, public_key: " + member.String() + "}\n"
-	s, err := ParseConfig([]byte(good + "state_file: /var/lib/x/state.json\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Fair.LedgerFile != "/var/lib/x/state.json.ledger" || s.Fair.Capacity != 0 || s.Fair.ReceiptEvery != 10*time.Minute || s.Fair.ReceiptsFile != "" {
-		t.Fatalf("defaults: %+v", s.Fair)
-	}
-	s, err = ParseConfig([]byte(good + "fair_share: {capacity: 8, ledger_file: /tmp/l, receipts_file: /tmp/r, receipt_every: 30s}\n"))
-	if err != nil || s.Fair != (FairSettings{Capacity: 8, LedgerFile: "/tmp/l", ReceiptsFile: "/tmp/r", ReceiptEvery: 30 * time.Second}) {
-		t.Fatalf("parsed %+v %v", s.Fair, err)
-	}
-	for cfg, want := range map[string]string{
-		good + "fair_share: {capacity: -1}\n":         "fair_share.capacity",
-		good + "fair_share: {receipt_every: 100ms}\n": "fair_share.receipt_every",
-		good + "fair_share: {receipts_file: /tmp}\n":  "fair_share.receipts_file",
-		good + "fair_share: {capacity: lots}\n":       "capacity",
-		good + "fair_share: {unknown: 1}\n":           "unknown",
-	} {
-		if _, err := ParseConfig([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: %v, want an error mentioning %q", cfg, err, want)
-		}
-	}
-}
-
+// A reload changes capacity at once and keeps the ledger file (start
+// only) without writing the running value into the new configuration;
+// relay certificates count until the authority changes.
 func TestReloadFair(t *testing.T) {
 	la := filepath.Join(t.TempDir(), "ledger-a")
-	s, _ := newFairServer(t, 0, la)
 	a, _ := collective.NewAuthority()
 	b, _ := collective.NewAuthority()
-	s.set.Trust = collective.NewTrust(a.Public())
+	set := fairConfig(t, 0, la)
+	set.Trust = collective.NewTrust(a.Public())
+	s, _ := newTestServer(t, Static{}, set, nil, nil)
 	k := testKey(t).Public()
-	s.fair.relays[k] = certMember{name: "r"}
-	same := &Settings{Trust: s.set.Trust, Fair: FairSettings{LedgerFile: la + "-b", Capacity: 3}}
-	s.reloadFair(same)
-	if len(s.fair.relays) != 1 || same.Fair.LedgerFile != la || same.Fair.Capacity != 3 {
-		t.Fatalf("same authority: relays %d, settings %+v", len(s.fair.relays), same.Fair)
+	s.fair.relays[k] = trust.Member{Name: "r"}
+	same := *set
+	same.Trust = collective.NewTrust(a.Public())
+	same.Fair = FairConfig{LedgerFile: la + "-b", Capacity: 3, ReceiptEvery: time.Minute}
+	s.applyReload(&Config{Reloadable: same})
+	if len(s.fair.relays) != 1 || s.fair.led.Path != la || s.set.Fair.Capacity != 3 || s.set.Fair.LedgerFile != la+"-b" {
+		t.Fatalf("same authority: relays %d, ledger %s, settings %+v", len(s.fair.relays), s.fair.led.Path, s.set.Fair)
 	}
-	s.reloadFair(&Settings{Trust: collective.NewTrust(b.Public()), Fair: FairSettings{LedgerFile: la}})
+	other := *set
+	other.Trust = collective.NewTrust(b.Public())
+	s.applyReload(&Config{Reloadable: other})
 	if len(s.fair.relays) != 0 {
 		t.Fatal("another authority: relay certificates kept")
 	}

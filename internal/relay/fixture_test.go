@@ -1,8 +1,11 @@
 package relay
 
 import (
+	"io"
+	"net"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -49,4 +52,37 @@ func nftList(t testing.TB, ns string, what ...string) (string, error) {
 	args := append([]string{"netns", "exec", ns, "nft"}, what...)
 	out, err := exec.Command("ip", args...).CombinedOutput()
 	return string(out), err
+}
+
+// startSink listens on addr inside ns and discards what it receives.
+func startSink(t testing.TB, ns, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	var err error
+	in(t, ns, func() { ln, err = net.Listen("tcp4", addr) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	netnstest.Serve(ln, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() }) // echo
+	return ln
+}
+
+// dialFrom connects from inside ns.
+func dialFrom(t testing.TB, ns, addr string) (net.Conn, error) {
+	t.Helper()
+	var c net.Conn
+	var err error
+	in(t, ns, func() { c, err = net.DialTimeout("tcp4", addr, 2*time.Second) })
+	return c, err
+}
+
+func echo(c net.Conn, n int) error {
+	buf := make([]byte, n)
+	if _, err := c.Write(buf); err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	_, err := io.ReadFull(c, buf)
+	return err
 }

@@ -1,19 +1,11 @@
 package relay
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/binary"
-	"errors"
-	"fmt"
 	"net/netip"
-	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
-	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
@@ -24,21 +16,8 @@ import (
 // (its control addresses, capacity, kinds, load, region) and serves the
 // roster to members (OpRoster).
 
-// GossipConfig is the `collective.gossip` section.
+// GossipConfig are the validated section.
 type GossipConfig struct {
-	Bind          string          `yaml:"bind"`           // gossip UDP+TCP address; default 0.0.0.0:45675
-	Advertise     string          `yaml:"advertise"`      // what other relays dial; default bind (must then be specific)
-	Join          []string        `yaml:"join"`           // gossip addresses of relays in the cluster
-	Announce      []string        `yaml:"announce"`       // control addresses agents use; default listen, or advertise's address with listen's port
-	Region        string          `yaml:"region"`         // label, 0-32 bytes
-	Capacity      int             `yaml:"capacity"`       // detours offered at once; default quota.global
-	SecretFile    string          `yaml:"secret_file"`    // optional: base64 32-byte key encrypting gossip
-	ProbeInterval config.Duration `yaml:"probe_interval"` // default 500ms
-	ProbeTimeout  config.Duration `yaml:"probe_timeout"`  // default 250ms
-}
-
-// GossipSettings are the validated section.
-type GossipSettings struct {
 	Bind, Advertise netip.AddrPort
 	Join            []string
 	Announce        []netip.AddrPort
@@ -50,126 +29,13 @@ type GossipSettings struct {
 	Cert            *collective.Certificate // the relay's own (role relay)
 }
 
-func (g *GossipSettings) same(o *GossipSettings) bool {
+func (g *GossipConfig) same(o *GossipConfig) bool {
 	if g == nil || o == nil {
 		return g == o
 	}
 	return g.Bind == o.Bind && g.Advertise == o.Advertise && slices.Equal(g.Join, o.Join) && slices.Equal(g.Announce, o.Announce) &&
 		g.Region == o.Region && g.Capacity == o.Capacity && string(g.Secret) == string(o.Secret) &&
 		g.ProbeInterval == o.ProbeInterval && g.ProbeTimeout == o.ProbeTimeout && g.Cert.String() == o.Cert.String()
-}
-
-func buildGossip(c *Config, s *Settings) (*GossipSettings, error) {
-	gc := c.Collective.Gossip
-	if gc == nil {
-		if c.Collective.CertificateFile != "" && s.Trust == nil {
-			return nil, errors.New("collective.certificate_file: needs collective.authority")
-		}
-		return nil, nil
-	}
-	if s.Trust == nil {
-		return nil, errors.New("collective.gossip: needs collective.authority (entries are verified against it)")
-	}
-	if c.Collective.CertificateFile == "" {
-		return nil, errors.New("collective.certificate_file: required with gossip: this relay's certificate with the role relay (mpdetour collective issue --roles relay)")
-	}
-	b, err := os.ReadFile(c.Collective.CertificateFile)
-	if err != nil {
-		return nil, fmt.Errorf("collective.certificate_file: %w", err)
-	}
-	cert, err := collective.ParseCertificate(string(b))
-	if err != nil {
-		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, err)
-	}
-	if cert.Member != s.PrivateKey.Public() {
-		return nil, fmt.Errorf("collective.certificate_file: %s is for key %s, not this relay's %s", c.Collective.CertificateFile, cert.Member.ID(), s.PrivateKey.Public().ID())
-	}
-	if err := cert.Verify(s.Trust.Authority(), time.Now(), nil, collective.RoleRelay); err != nil {
-		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, err)
-	}
-	if s.Trust.Revoked(cert.Serial) {
-		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, collective.ErrRevoked)
-	}
-	g := &GossipSettings{Cert: cert, Region: gc.Region, Join: gc.Join, ProbeInterval: time.Duration(gc.ProbeInterval), ProbeTimeout: time.Duration(gc.ProbeTimeout)}
-	bind := gc.Bind
-	if bind == "" {
-		bind = fmt.Sprintf("0.0.0.0:%d", roster.DefaultPort)
-	}
-	if g.Bind, err = netip.ParseAddrPort(bind); err != nil || g.Bind.Port() == 0 {
-		return nil, fmt.Errorf("collective.gossip.bind: %q is not address:port", bind)
-	}
-	g.Advertise = g.Bind
-	if gc.Advertise != "" {
-		if g.Advertise, err = netip.ParseAddrPort(gc.Advertise); err != nil || g.Advertise.Port() == 0 || g.Advertise.Addr().IsUnspecified() {
-			return nil, fmt.Errorf("collective.gossip.advertise: %q is not a specific address:port", gc.Advertise)
-		}
-	} else if g.Bind.Addr().IsUnspecified() {
-		return nil, fmt.Errorf("collective.gossip.advertise: required when bind is %v (other relays need an address to reach this one)", g.Bind)
-	}
-	for i, j := range gc.Join {
-		if err := roster.ParseJoin(j); err != nil {
-			return nil, fmt.Errorf("collective.gossip.join[%d]: %w", i, err)
-		}
-	}
-	for i, a := range gc.Announce {
-		ap, err := netip.ParseAddrPort(a)
-		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || !ap.Addr().Unmap().Is4() {
-			return nil, fmt.Errorf("collective.gossip.announce[%d]: %q is not a specific IPv4 address:port", i, a)
-		}
-		g.Announce = append(g.Announce, ap)
-	}
-	if len(g.Announce) > roster.MaxAddrs {
-		return nil, fmt.Errorf("collective.gossip.announce: %d addresses, at most %d", len(g.Announce), roster.MaxAddrs)
-	}
-	if len(g.Announce) == 0 {
-		switch {
-		case !s.Listen.Addr().IsUnspecified():
-			g.Announce = []netip.AddrPort{s.Listen}
-		case g.Advertise.Addr().Unmap().Is4():
-			g.Announce = []netip.AddrPort{netip.AddrPortFrom(g.Advertise.Addr().Unmap(), s.Listen.Port())}
-		default:
-			return nil, errors.New("collective.gossip.announce: required: listen is unspecified and advertise is not IPv4")
-		}
-	}
-	if err := roster.ValidRegion(gc.Region); err != nil {
-		return nil, fmt.Errorf("collective.gossip.region: %w", err)
-	}
-	switch {
-	case gc.Capacity < 0:
-		return nil, errors.New("collective.gossip.capacity: must be positive")
-	case gc.Capacity == 0:
-		g.Capacity = uint32(s.QuotaGlobal)
-	default:
-		g.Capacity = uint32(gc.Capacity)
-	}
-	if gc.SecretFile != "" {
-		b, err := os.ReadFile(gc.SecretFile)
-		if err != nil {
-			return nil, fmt.Errorf("collective.gossip.secret_file: %w", err)
-		}
-		k, err := base64.StdEncoding.Strict().DecodeString(strings.TrimSpace(string(b)))
-		if err != nil || len(k) != 32 {
-			return nil, fmt.Errorf("collective.gossip.secret_file: %s: not a base64 key of 32 bytes (head -c 32 /dev/urandom | base64)", gc.SecretFile)
-		}
-		g.Secret = k
-	}
-	if g.ProbeInterval != 0 && (g.ProbeInterval < 100*time.Millisecond || g.ProbeInterval > time.Minute) {
-		return nil, fmt.Errorf("collective.gossip.probe_interval: %v is outside 100ms..1m", g.ProbeInterval)
-	}
-	if g.ProbeTimeout != 0 && (g.ProbeTimeout < 10*time.Millisecond || g.ProbeTimeout > 30*time.Second) {
-		return nil, fmt.Errorf("collective.gossip.probe_timeout: %v is outside 10ms..30s", g.ProbeTimeout)
-	}
-	pi, pt := g.ProbeInterval, g.ProbeTimeout
-	if pi == 0 {
-		pi = roster.DefaultProbeInterval
-	}
-	if pt == 0 {
-		pt = roster.DefaultProbeTimeout
-	}
-	if pt >= pi {
-		return nil, fmt.Errorf("collective.gossip.probe_timeout: %v is not shorter than probe_interval %v", pt, pi)
-	}
-	return g, nil
 }
 
 // rosterUpdateEvery is how often the relay re-signs its entry when its
@@ -180,7 +46,7 @@ func (s *Server) kinds() roster.Kinds {
 	k := roster.KindNAT
 	if s.tunnels != nil {
 		k |= roster.KindTunnel
-		if w, ok := s.tunnels.(interface{ WireGuardOffered() bool }); ok && !w.WireGuardOffered() {
+		if !s.tunnels.WireGuardOffered() {
 			k &^= roster.KindTunnel // VXLAN only: OpTunnel is refused
 		}
 	}
@@ -191,40 +57,39 @@ func (s *Server) kinds() roster.Kinds {
 }
 
 func (s *Server) rosterInfo() roster.Info {
-	return s.rosterInfoOf(s.set)
+	return s.rosterInfoOf(s.gossip.cfg)
 }
 
-func (s *Server) rosterInfoOf(set *Settings) roster.Info {
-	g := set.Gossip
-	return roster.Info{Addrs: g.Announce, Capacity: g.Capacity, Load: uint32(s.leases.active()), Kinds: s.kinds(), Region: g.Region}
+func (s *Server) rosterInfoOf(g *GossipConfig) roster.Info {
+	return roster.Info{Addrs: g.Announce, Capacity: g.Capacity, Load: uint32(s.leases.Active()), Kinds: s.kinds(), Region: g.Region}
 }
 
-// startRoster joins the cluster (NewServer, once the sockets exist).
-func (s *Server) startRoster(set *Settings) error {
+// startRoster joins the cluster (New).
+func (s *Server) startRoster(set *Reloadable) error {
 	if set.Gossip == nil {
 		return nil
 	}
-	n, err := s.newRoster(set, s.rosterInfoOf(set))
+	n, err := s.newRoster(set.PrivateKey, set.Gossip, s.rosterInfoOf(set.Gossip), s.trust.Live)
 	if err != nil {
 		return err
 	}
-	s.roster, s.rosterKey = n, set.PrivateKey
+	s.gossip.node, s.gossip.key, s.gossip.cfg = n, set.PrivateKey, set.Gossip
 	return nil
 }
 
-// newRoster starts a roster node for set with the entry info (safe off the
-// event loop: it reads only set and info).
-func (s *Server) newRoster(set *Settings, info roster.Info) (*roster.Node, error) {
-	g := set.Gossip
+// newRoster starts a roster node under key with the gossip settings g
+// and the entry info, verifying entries against trust (safe off the event
+// loop: it reads only its arguments).
+func (s *Server) newRoster(key proto.Key, g *GossipConfig, info roster.Info, trust *collective.Trust) (*roster.Node, error) {
 	n, err := roster.Start(roster.Config{
 		Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Secret: g.Secret,
 		ProbeInterval: g.ProbeInterval, ProbeTimeout: g.ProbeTimeout,
-		Key: set.PrivateKey, Cert: g.Cert, Trust: set.Trust,
+		Key: key, Cert: g.Cert, Trust: trust,
 		Log: s.log.With("part", "roster"), Now: s.now,
 		OnRefused: func(reason string) { s.met.rosterRefused.WithLabelValues(reason).Inc() },
 		OnCRL: func(*collective.RevocationList) {
 			select { // the event loop writes crl_file and drops the revoked
-			case s.crlKick <- struct{}{}:
+			case s.gossip.crlKick <- struct{}{}:
 			default:
 			}
 		},
@@ -237,6 +102,21 @@ func (s *Server) newRoster(set *Settings, info roster.Info) (*roster.Node, error
 	return n, nil
 }
 
+// gossipState is the relay's gossip part (event loop only): the roster
+// node, when its entry was last signed, and its restarts off the loop.
+type gossipState struct {
+	node *roster.Node // nil: no gossip, or restarting
+	at   time.Time    // entry last re-signed
+	// done: a roster restarted off the loop (key rotation); restarting
+	// while one is under way; key: the key the node runs (or is
+	// restarting) under.
+	done       chan rosterRestart
+	restarting bool
+	key        proto.Key
+	cfg        *GossipConfig // the settings the node runs (or is restarting) with
+	crlKick    chan struct{} // the roster installed a revocation list from gossip
+}
+
 // rosterRestart is the outcome of a roster restarted off the event loop.
 type rosterRestart struct {
 	n   *roster.Node
@@ -244,54 +124,61 @@ type rosterRestart struct {
 }
 
 // restartRoster leaves the cluster under the old node (if any) and joins
-// with set, off the event loop: leaving waits up to a second and for the
+// under key with the settings g, off the event loop: leaving waits up to a second and for the
 // node's goroutines (a join to an unreachable address takes up to
 // memberlist's 10 s TCP timeout), and joining again blocks on the join
 // addresses; handshakes, grants and renewals must not wait for that. The
-// new node reaches the loop through s.rosterDone; meanwhile the relay
+// new node reaches the loop through s.gossip.done; meanwhile the relay
 // serves no roster.
-func (s *Server) restartRoster(old *roster.Node, set *Settings) {
-	s.roster = nil
-	s.rosterRestarting, s.rosterKey = true, set.PrivateKey
-	info := s.rosterInfoOf(set) // event-loop state: read here, not in the goroutine
+func (s *Server) restartRoster(old *roster.Node, key proto.Key, g *GossipConfig) {
+	s.gossip.node = nil
+	s.gossip.restarting, s.gossip.key, s.gossip.cfg = true, key, g
+	info, trust := s.rosterInfoOf(g), s.trust.Live // event-loop state: read here, not in the goroutine
 	go func() {
 		if old != nil {
 			_ = old.Close() // the others drop the old identity at once
 		}
-		n, err := s.newRoster(set, info)
-		s.rosterDone <- rosterRestart{n, err}
+		n, err := s.newRoster(key, g, info, trust)
+		s.gossip.done <- rosterRestart{n, err}
 	}()
 }
 
 // rosterRestarted installs a restarted roster node (event loop).
 func (s *Server) rosterRestarted(r rosterRestart, stopping bool) {
-	s.rosterRestarting = false
+	s.gossip.restarting = false
 	switch {
 	case r.err != nil:
 		s.log.Error("reload: gossip with the new key failed; this relay is out of the roster until a reload that fixes it (or a restart)", "err", r.err)
 	case stopping:
 		_ = r.n.Close()
 	default:
-		s.roster = r.n
-		if s.set.Trust != nil {
-			r.n.SetTrust(s.set.Trust) // a reload may have come meanwhile
+		s.gossip.node = r.n
+		if s.trust.Live != nil {
+			r.n.SetTrust(s.trust.Live) // a reload may have come meanwhile
 		}
-		if s.set.Gossip != nil && s.set.PrivateKey != s.rosterKey {
-			s.restartRoster(s.roster, s.set) // the key changed again meanwhile
+		if s.set.PrivateKey != s.gossip.key {
+			// The key changed again meanwhile: join under it, with the
+			// newest file's gossip settings (or the running ones if it has
+			// none: gossip stops only on restart).
+			g := s.set.Gossip
+			if g == nil {
+				g = s.gossip.cfg
+			}
+			s.restartRoster(s.gossip.node, s.set.PrivateKey, g)
 		}
 	}
 }
 
 // tickRoster re-signs the entry with the current load (event loop).
 func (s *Server) tickRoster(now time.Time) {
-	if s.roster == nil || now.Sub(s.rosterAt) < rosterUpdateEvery {
+	if s.gossip.node == nil || now.Sub(s.gossip.at) < rosterUpdateEvery {
 		return
 	}
-	s.rosterAt = now
-	if err := s.roster.Update(s.rosterInfo()); err != nil {
+	s.gossip.at = now
+	if err := s.gossip.node.Update(s.rosterInfo()); err != nil {
 		s.log.Warn("roster: updating this relay's entry", "err", err)
 	}
-	s.met.rosterSize.Set(float64(len(s.roster.Entries())))
+	s.met.rosterSize.Set(float64(len(s.gossip.node.Entries())))
 }
 
 // reloadRoster: gossip settings apply at start, except with a new relay
@@ -299,100 +186,48 @@ func (s *Server) tickRoster(now time.Time) {
 // with it, so the relay leaves the cluster under the old key and joins
 // under the new one, with the new gossip settings and certificate. A new
 // authority applies to the entries at once.
-func (s *Server) reloadRoster(set *Settings) {
-	if s.rosterRestarting {
-		// A key newer than the one the restart under way joins with keeps
-		// its gossip settings (certificate): the roster restarts again for
-		// it once this restart ends (rosterRestarted).
-		if set.Gossip == nil || set.PrivateKey == s.rosterKey {
-			set.Gossip = s.set.Gossip
-		}
+func (s *Server) reloadRoster(set *Reloadable) {
+	if s.gossip.restarting {
+		// A key newer than the one the restart under way joins with: the
+		// roster restarts again for it, with this file's gossip settings,
+		// once this restart ends (rosterRestarted).
 		return
 	}
-	if set.Gossip != nil && (s.roster != nil && set.PrivateKey != s.rosterKey || s.roster == nil && s.set.Gossip != nil) {
+	if set.Gossip != nil && (s.gossip.node != nil && set.PrivateKey != s.gossip.key || s.gossip.node == nil && s.gossip.cfg != nil) {
 		// A new relay key (the node is named for it), or a roster that a
 		// failed restart left stopped: leave and join again, off the loop.
-		s.restartRoster(s.roster, set)
+		s.restartRoster(s.gossip.node, set.PrivateKey, set.Gossip)
 		return
 	}
-	if !set.Gossip.same(s.set.Gossip) {
+	if !set.Gossip.same(s.gossip.cfg) {
 		s.log.Warn("reload: collective.gossip and certificate_file changed but apply only at start (or with a new relay key): restart the relay to apply them")
 	}
-	set.Gossip = s.set.Gossip
-	if s.roster != nil && set.Trust != nil {
-		s.roster.SetTrust(set.Trust)
+	if s.gossip.node != nil && s.trust.Live != nil {
+		s.gossip.node.SetTrust(s.trust.Live)
 	}
 }
 
 // serveRoster answers OpRoster: a page of the verified roster, in the
 // roster's order (by relay name), from req.Start.
-func (s *Server) serveRoster(req proto.Request, rep *proto.Reply) {
-	if s.roster == nil {
-		rep.Reason = proto.ReasonUnsupported
-		return
+func (s *Server) serveRoster(_ *session, req *proto.RosterRequest) answer {
+	if s.gossip.node == nil {
+		return refused(proto.ReasonUnsupported)
 	}
-	all := s.roster.Entries()
-	if len(all) > 1<<16-1 {
-		all = all[:1<<16-1]
-	}
-	p := proto.RosterPage{Total: uint16(len(all)), Start: req.Start}
-	if int(req.Start) > len(all) {
-		p.Start = uint16(len(all))
-	}
-	size := 5 + 8
-	if req.HasDigest {
-		// A client that asks with a digest gets one; when it already
-		// holds this roster, the page carries no entries (an agent polls
-		// every discovery.interval: an unchanged roster costs it ~40
-		// bytes instead of the whole roster).
-		p.Digest = rosterDigest(all)
-		if req.Have == p.Digest {
-			rep.Roster = p
-			return
-		}
-		size += 8
-	}
-	for _, e := range all[p.Start:] {
-		b, err := e.Bytes()
-		if err != nil {
-			continue // verified entries encode
-		}
-		if len(p.Entries) == proto.MaxRosterPage || size+2+len(b) > proto.MaxReplyLen {
-			break
-		}
-		size += 2 + len(b)
-		p.Entries = append(p.Entries, b)
-	}
-	rep.Roster = p
-}
-
-// rosterDigest fingerprints a roster: the first 8 bytes of SHA-256 over
-// the entries' signatures in order (a signature covers everything an
-// entry says, so equal digests mean equal rosters), never 0 (0 means "no
-// digest" on the wire). 1,000 entries hash 64 KB: ~40 us per request.
-func rosterDigest(all []*roster.Entry) uint64 {
-	h := sha256.New()
-	for _, e := range all {
-		h.Write(e.Signature[:])
-	}
-	var sum [sha256.Size]byte
-	d := binary.BigEndian.Uint64(h.Sum(sum[:0]))
-	if d == 0 {
-		d = 1
-	}
-	return d
+	// From the snapshot built once per roster change (encoded once,
+	// digest once; internal/roster/snapshot.go).
+	return success(&proto.RosterReply{Roster: s.gossip.node.Snapshot().Page(req.Start, req.HasDigest, req.Have)})
 }
 
 // rosterStatus is the roster part of `mpdetour relay status`.
 func (s *Server) rosterStatus() *RosterStatus {
-	if s.roster == nil {
+	if s.gossip.node == nil {
 		return nil
 	}
-	rs := &RosterStatus{Gossip: s.set.Gossip.Advertise.String(), Members: s.roster.Members(), Refused: s.roster.Refused(), CRLRefused: s.roster.CRLRefused()}
-	if l := s.set.Trust.CRL(); l != nil {
+	rs := &RosterStatus{Gossip: s.gossip.cfg.Advertise.String(), Members: s.gossip.node.Members(), Refused: s.gossip.node.Refused(), CRLRefused: s.gossip.node.CRLRefused()}
+	if l := s.trust.Live.CRL(); l != nil {
 		rs.CRLSeq, rs.CRLSerials = l.Seq, len(l.Serials)
 	}
-	for _, e := range s.roster.Entries() {
+	for _, e := range s.gossip.node.Entries() {
 		rs.Relays = append(rs.Relays, RosterRelay{Name: e.Name(), Key: e.Key().String(), Addrs: e.Addrs, Region: e.Region,
 			Kinds: e.Kinds.String(), Capacity: e.Capacity, Load: e.Load, Issued: e.Issued, Self: e.Key() == s.set.PrivateKey.Public()})
 	}

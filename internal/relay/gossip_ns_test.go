@@ -16,11 +16,12 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/roster"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
-// Relay discovery (issue 15): four relays in namespaces form a gossip
+// Relay discovery: four relays in namespaces form a gossip
 // cluster; a member whose agent knows one bootstrap relay reads the roster
 // from it, verifies it, and gets grants from the three others, usable for
 // a connection; a relay killed with SIGKILL leaves the roster of the
@@ -67,7 +68,8 @@ collective:
     bind: %s:7946
     join: [10.77.1.2:7946]
     region: lab-%d
-`, addr, DefaultPort, k, auth.Public(), certPath, addr, i%2)
+    secret_file: %s
+`, addr, DefaultPort, k, auth.Public(), certPath, addr, i%2, writeGossipKey(t, dir))
 		cfgPath := filepath.Join(dir, fmt.Sprintf("relay%d.yaml", i))
 		if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
@@ -240,4 +242,18 @@ func waitLong(t testing.TB, limit time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// writeGossipKey writes a gossip secret_file for the relays of a test
+// (gossip is authenticated; every relay of the cluster shares it).
+func writeGossipKey(t *testing.T, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, "gossip.key")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	if err := os.WriteFile(p, []byte(roster.NewSecret()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

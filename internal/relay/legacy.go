@@ -2,9 +2,8 @@ package relay
 
 import (
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
-
-var legacyOwner = owner{Name: "legacy-v1"}
 
 // handleLegacy serves the original prototype's 12-byte request. There is no
 // identity: the mapping is attributed to the source address, which anyone
@@ -20,12 +19,13 @@ func (s *Server) handleLegacy(p packet) {
 		s.count("legacy", proto.ReasonRateLimited)
 		return
 	}
-	mp, r := s.grant(legacyOwner, p.from.Addr(), m.Server, m.Port, s.set.LegacyLease, s.set.LegacyPerClient)
+	mp, r := s.grant(lease.LegacyOwner, p.from.Addr(), m.Server, m.Port, s.set.LegacyLease, s.set.LegacyPerClient)
 	s.count("legacy", r)
 	resp := proto.LegacyMsg{Response: true, Server: m.Server}
 	if r == proto.OK {
 		resp.Port = mp.Key.Port
+	} else {
+		mp = nil
 	}
-	s.replies = append(s.replies, deferred{legacy: resp, to: p.from, m: s.lastNew, rep: proto.Reply{Op: proto.OpGrant}, at: p.at})
-	s.lastNew = nil
+	s.out.replies = append(s.out.replies, deferred{legacy: resp, to: p.from, m: mp, rep: proto.Reply{Op: proto.OpGrant}, at: p.at})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
@@ -174,7 +175,7 @@ func TestMPTCPThroughRelay(t *testing.T) {
 	// log once the agent released the detour after the connection closed.
 	var relayBytes int64
 	waitFor(t, "the relay mapping's byte count", func() bool {
-		out, err := nftList(t, relayNS, "list", "set", "ip", TableName, acctSetName)
+		out, err := nftList(t, relayNS, "list", "set", "ip", TableName, dataplane.AcctSetName)
 		if err != nil {
 			t.Fatal(out)
 		}

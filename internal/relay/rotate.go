@@ -7,6 +7,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // A member's key rotation in place (OpRotate, docs/collective.md "Key
@@ -48,86 +49,74 @@ func newRotationsMetric() *prometheus.CounterVec {
 	}, []string{"result"})
 }
 
-// tunnelRekeyer is implemented by tunnel allocators that can move a
-// member's tunnel to its new key (tunnelctl's).
-type tunnelRekeyer interface {
-	Rekey(old, successor proto.Key) (bool, error)
-}
-
 // serveRotate handles OpRotate on a member's (new key's) session.
-func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) {
+func (s *Server) serveRotate(ses *session, req *proto.RotateRequest) answer {
 	now := s.now()
 	r := req.Rotate
-	refuse := func(result string, reason proto.Reason, why string) {
-		rep.Reason = reason
+	refuse := func(result string, reason proto.Reason, why string) answer {
 		s.met.rotations.WithLabelValues(result).Inc()
 		s.log.Warn("key rotation refused, nothing moved", "reason", result, "member", ses.name, "new_key", ses.peer.ID(),
 			"old_key", r.Old.ID(), "from", ses.addr, "why", why)
+		return refused(reason)
 	}
 	if ses.pending {
 		// Any fresh key can get this far: counted, logged in the bounded
 		// summary of refusals.
-		rep.Reason = proto.ReasonUnauthorized
 		s.met.rotations.WithLabelValues(rotateNewUncert).Inc()
-		s.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr,
+		s.lim.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr,
 			"key rotation refused, nothing moved: reason="+rotateNewUncert+": new key "+ses.peer.ID()+" has presented no valid certificate (forged, another authority's, expired or revoked) and is not listed")
-		return
+		return refused(proto.ReasonUnauthorized)
 	}
 	if r.Old == ses.peer {
-		refuse(rotateSameKey, proto.ReasonMalformed, "the old key is the session's own key")
-		return
+		return refuse(rotateSameKey, proto.ReasonMalformed, "the old key is the session's own key")
 	}
 	if !collective.VerifyRotation(r, ses.peer) {
-		refuse(rotateForged, proto.ReasonUnauthorized, "the statement's signature does not verify under the old key for this session's key")
-		return
+		return refuse(rotateForged, proto.ReasonUnauthorized, "the statement's signature does not verify under the old key for this session's key")
 	}
 	t := time.Unix(int64(min(r.Time, 1<<62)), 0)
 	if d := now.Sub(t); d > collective.RotationSkew || d < -collective.RotationSkew {
-		refuse(rotateStale, proto.ReasonExpired, "the statement was made at "+t.UTC().Format(time.RFC3339)+", more than "+collective.RotationSkew.String()+" from now")
-		return
+		return refuse(rotateStale, proto.ReasonExpired, "the statement was made at "+t.UTC().Format(time.RFC3339)+", more than "+collective.RotationSkew.String()+" from now")
 	}
 	if !s.isMember(r.Old, now) {
-		refuse(rotateNotMember, proto.ReasonUnauthorized, "the old key is not a member here (unknown, expired or revoked)")
-		return
+		return refuse(rotateNotMember, proto.ReasonUnauthorized, "the old key is not a member here (unknown, expired or revoked)")
 	}
 	if oldName := s.memberName(r.Old); oldName != ses.name {
-		refuse(rotateNameDiffers, proto.ReasonUnauthorized, "the old key is member "+oldName+", the new one "+ses.name)
-		return
+		return refuse(rotateNameDiffers, proto.ReasonUnauthorized, "the old key is member "+oldName+", the new one "+ses.name)
 	}
-	o := owner{Key: ses.peer, Name: ses.name}
+	o := lease.Owner{Key: ses.peer, Name: ses.name}
 	n := s.carryOver(r.Old, o, now)
-	if len(s.byMember[r.Old]) > 0 {
+	if len(s.ses.byMember[r.Old]) > 0 {
 		// Renewals on the old key's sessions while they last (owns); the
 		// entry goes with its last session (prune) or when the old key
 		// stops being a member (revokeKeys).
-		if s.rotated == nil {
-			s.rotated = map[proto.Key]proto.Key{}
+		if s.ses.rotated == nil {
+			s.ses.rotated = map[proto.Key]proto.Key{}
 		}
-		s.rotated[r.Old] = ses.peer
+		s.ses.rotated[r.Old] = ses.peer
 	}
 	if n.tunnelFailed {
 		// What did move stays moved; the member's retry moves the tunnel
 		// (a repeated statement moves nothing else).
-		rep.Reason = proto.ReasonInternal
 		s.met.rotations.WithLabelValues(rotateInternal).Inc()
 		s.log.Warn("member key rotation incomplete: the tunnel did not move, answered internal", "member", ses.name,
 			"old_key", r.Old.ID(), "new_key", ses.peer.ID(), "mappings", n.mappings, "tickets", n.tickets)
-		return
+		return refused(proto.ReasonInternal)
 	}
 	s.met.rotations.WithLabelValues(rotateOK).Inc()
 	s.log.Info("member key rotated", "member", ses.name, "old_key", r.Old.ID(), "new_key", ses.peer.ID(),
 		"mappings", n.mappings, "tunnel", n.tunnel, "tickets", n.tickets)
+	return success(&proto.RotateReply{})
 }
 
 // owns says whether a session of key may renew m: its owner, or the key
 // it rotated from (a renewal sent on the old key's session while the
 // member switches sessions must not lose the mapping). Releases need the
 // owner itself.
-func (s *Server) owns(key proto.Key, m *mapping) bool {
+func (s *Server) owns(key proto.Key, m *lease.Mapping) bool {
 	if m.Owner.Key == key {
 		return true
 	}
-	to, ok := s.rotated[key]
+	to, ok := s.ses.rotated[key]
 	return ok && to == m.Owner.Key
 }
 
@@ -138,12 +127,12 @@ type carried struct {
 }
 
 // carryOver gives everything held for old to o.
-func (s *Server) carryOver(old proto.Key, o owner, now time.Time) carried {
+func (s *Server) carryOver(old proto.Key, o lease.Owner, now time.Time) carried {
 	var c carried
-	if len(s.batch) > 0 {
+	if len(s.out.batch) > 0 {
 		s.flush() // mappings granted in this batch reach the kernel under their first owner
 	}
-	for _, m := range s.leases.rekey(old, o) {
+	for _, m := range s.leases.Rekey(old, o) {
 		s.logAttr(mappingEvent("rotate", m, now))
 		c.mappings++
 	}
@@ -151,58 +140,25 @@ func (s *Server) carryOver(old proto.Key, o owner, now time.Time) carried {
 		c.tickets = s.conv.tickets.rekey(old, o.Key, o.Name)
 	}
 	if s.tunnels != nil {
-		if rk, ok := s.tunnels.(tunnelRekeyer); ok {
-			if s.fair != nil {
-				s.ledgerTunnels(now) // the old peer's bytes so far, before it goes
-			}
-			had, err := rk.Rekey(old, o.Key)
-			if err != nil {
-				s.log.Error("key rotation: moving the tunnel", "member", o.Name, "err", err)
-			}
-			c.tunnel = had && err == nil
-			c.tunnelFailed = err != nil
-			if c.tunnel && s.fair != nil {
-				// Only a peer that moved starts over at zero; a failed
-				// move keeps the old peer and its byte baseline.
-				s.fair.led.tunnelMoved(old, o.Key)
-			}
+		if s.fair != nil {
+			s.ledgerTunnels(now) // the old peer's bytes so far, before it goes
+		}
+		had, err := s.tunnels.Rekey(old, o.Key)
+		if err != nil {
+			s.log.Error("key rotation: moving the tunnel", "member", o.Name, "err", err)
+		}
+		c.tunnel = had && err == nil
+		c.tunnelFailed = err != nil
+		if c.tunnel && s.fair != nil {
+			// Only a peer that moved starts over at zero; a failed
+			// move keeps the old peer and its byte baseline.
+			s.fair.led.TunnelMoved(old, o.Key)
 		}
 	}
 	if s.fair != nil {
-		s.fair.led.merge(old, o.Key, o.Name)
+		s.fair.led.Merge(old, o.Key, o.Name)
 	}
 	return c
-}
-
-// rekey gives old's live and closing mappings to o; it returns the live ones.
-func (t *leaseTable) rekey(old proto.Key, o owner) []*mapping {
-	var moved []*mapping
-	for _, m := range t.byKey {
-		if m.Owner.Key != old {
-			continue
-		}
-		sk := serverKey{m.Owner.Key, m.Key.Client, m.Server}
-		if t.byServer[sk] == m {
-			delete(t.byServer, sk)
-		}
-		q := quotaKey(m.Owner, m.Key.Client)
-		if t.count[q]--; t.count[q] <= 0 {
-			delete(t.count, q)
-		}
-		m.Owner = o
-		nk := serverKey{o.Key, m.Key.Client, m.Server}
-		if _, held := t.byServer[nk]; !held {
-			t.byServer[nk] = m
-		}
-		t.count[quotaKey(o, m.Key.Client)]++
-		moved = append(moved, m)
-	}
-	for _, c := range t.closing {
-		if c.m.Owner.Key == old {
-			c.m.Owner = o // its last bytes are the new key's in the ledger
-		}
-	}
-	return moved
 }
 
 // rekey gives old's outstanding tickets to successor; it returns how many.
@@ -212,41 +168,12 @@ func (t *ticketStore) rekey(old, successor proto.Key, name string) int {
 	n := 0
 	for k, ti := range t.tickets {
 		if ti.key == old {
+			t.perMember[ti.member]--
 			ti.key, ti.member = successor, name
+			t.perMember[name]++
 			t.tickets[k] = ti
 			n++
 		}
 	}
-	t.perMember[successor] += n
-	delete(t.perMember, old)
 	return n
-}
-
-// merge adds old's account to successor's and forgets old's.
-func (l *ledger) merge(old, successor proto.Key, name string) {
-	e := l.members[old]
-	if e == nil {
-		return
-	}
-	n := l.entry(successor, name)
-	n.Consumed += e.Consumed
-	n.Earned += e.Earned
-	n.Receipts += e.Receipts
-	if e.Unreceipted > 0 && (n.Unreceipted == 0 || e.UnreceiptedSince.Before(n.UnreceiptedSince)) {
-		n.UnreceiptedSince = e.UnreceiptedSince
-	}
-	n.Unreceipted += e.Unreceipted
-	if e.Updated.After(n.Updated) {
-		n.Updated = e.Updated
-	}
-	delete(l.members, old)
-	l.dirty = true
-}
-
-// tunnelMoved: the WireGuard peer of old is now successor's, a new peer
-// whose counters start at zero.
-func (l *ledger) tunnelMoved(old, successor proto.Key) {
-	delete(l.tunnel, old)
-	l.tunnel[successor] = 0
-	l.dirty = true
 }

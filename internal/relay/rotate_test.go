@@ -14,6 +14,8 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // rotations reads mpdetour_relay_rotations_total{result}.
@@ -31,13 +33,13 @@ func rotations(t *testing.T, s *Server, result string) float64 {
 // key, certified by the authority.
 type rotateFixture struct {
 	s        *Server
-	dp       *fakeDP
+	dp       *dataplane.Fake
 	logs     *bytes.Buffer
 	auth     *collective.Authority
 	old      proto.Key // private
 	oldCert  *collective.Certificate
 	oldSes   *session
-	mapping  *mapping
+	mapping  *lease.Mapping
 	client   netip.Addr
 	server   netip.AddrPort
 	notAfter time.Time
@@ -45,19 +47,17 @@ type rotateFixture struct {
 
 func newRotateFixture(t *testing.T) *rotateFixture {
 	t.Helper()
-	s, dp := newFairServer(t, 0, "")
-	f := &rotateFixture{s: s, dp: dp, logs: &bytes.Buffer{}}
-	s.log = slog.New(slog.NewTextHandler(f.logs, nil))
-	s.set.Rate, s.set.Burst = 1000, 1000
-	s.rates = map[proto.Key]*bucket{}
-	s.sessions, s.byMember = map[uint32]*session{}, map[proto.Key][]uint32{}
-	s.lastTS = map[proto.Key]proto.Timestamp{}
-	s.conv = &converter{tickets: newTicketStore()}
+	f := &rotateFixture{logs: &bytes.Buffer{}}
 	var err error
 	if f.auth, err = collective.NewAuthority(); err != nil {
 		t.Fatal(err)
 	}
-	s.set.Trust = collective.NewTrust(f.auth.Public())
+	set := fairConfig(t, 0, "")
+	set.Rate, set.Burst = 1000, 1000
+	set.Trust = collective.NewTrust(f.auth.Public())
+	f.s, f.dp = newTestServer(t, Static{}, set, nil, slog.New(slog.NewTextHandler(f.logs, nil)))
+	s := f.s
+	s.conv = &converter{tickets: newTicketStore()}
 	f.old = testKey(t)
 	now := time.Now()
 	f.notAfter = now.Add(time.Hour)
@@ -65,16 +65,16 @@ func newRotateFixture(t *testing.T) *rotateFixture {
 	f.oldSes = f.session(t, f.old.Public(), f.oldCert.Bytes())
 	f.client = netip.MustParseAddr("10.0.1.1")
 	f.server = netip.MustParseAddrPort("198.51.100.1:5201")
-	rep := s.serveRequest(f.oldSes, proto.Request{Op: proto.OpGrant, Server: f.server})
+	rep := serveReq(s, f.oldSes, proto.NewRequest(0, &proto.GrantRequest{Server: f.server}))
 	if rep.Reason != proto.OK {
 		t.Fatalf("grant: %v", rep.Reason)
 	}
 	s.flush()
-	f.mapping = s.leases.byKey[mapKey{f.client, rep.Detour.Port()}]
+	f.mapping = s.leases.ByKey[dataplane.Key{Client: f.client, Port: detourOf(rep).Port()}]
 	if _, err := s.conv.tickets.issue(f.old.Public(), "alice", f.client, 2, now.Add(time.Minute), now); err != nil {
 		t.Fatal(err)
 	}
-	s.fair.led.consumed(f.old.Public(), "alice", 5000, now, false)
+	s.fair.led.AddConsumed(f.old.Public(), "alice", 5000, now, false)
 	return f
 }
 
@@ -94,23 +94,23 @@ func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *sessi
 	t.Helper()
 	_, listed := f.s.set.Members[key]
 	ses := &session{peer: key, name: f.s.set.Members[key], addr: netip.MustParseAddrPort("10.0.1.1:40000"), pending: !listed, created: time.Now()}
-	idx := uint32(len(f.s.sessions) + 1)
-	for f.s.sessions[idx] != nil {
+	idx := uint32(len(f.s.ses.all) + 1)
+	for f.s.ses.all[idx] != nil {
 		idx++
 	}
-	f.s.sessions[idx] = ses
-	f.s.byMember[key] = append(f.s.byMember[key], idx)
+	f.s.ses.all[idx] = ses
+	f.s.ses.byMember[key] = append(f.s.ses.byMember[key], idx)
 	if cert != nil {
-		rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpCertify, Cert: cert})
+		rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.CertifyRequest{Cert: cert}))
 		if rep.Reason == proto.OK && !listed {
-			ses.pending, ses.name = false, f.s.certified[key].name
+			ses.pending, ses.name = false, f.s.trust.Certified[key].Name
 		}
 	}
 	return ses
 }
 
 func (f *rotateFixture) rotate(ses *session, r proto.Rotation) proto.Reason {
-	rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRotate, Rotate: r})
+	rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RotateRequest{Rotate: r}))
 	f.s.flush()
 	return rep.Reason
 }
@@ -119,16 +119,16 @@ func (f *rotateFixture) rotate(ses *session, r proto.Rotation) proto.Reason {
 func (f *rotateFixture) unmoved(t *testing.T, what string) {
 	t.Helper()
 	old := f.old.Public()
-	if f.mapping.Owner.Key != old || f.s.leases.find(owner{Key: old}, f.client, f.server) != f.mapping {
+	if f.mapping.Owner.Key != old || f.s.leases.Find(lease.Owner{Key: old}, f.client, f.server) != f.mapping {
 		t.Errorf("%s: the mapping moved to %s", what, f.mapping.Owner.Key.ID())
 	}
-	if f.s.conv.tickets.perMember[old] != 2 {
+	if ticketsOf(f.s, old) != 2 {
 		t.Errorf("%s: the tickets moved", what)
 	}
-	if e := f.s.fair.led.members[old]; e == nil || e.Consumed != 5000 {
+	if e := f.s.fair.led.Members[old]; e == nil || e.Consumed != 5000 {
 		t.Errorf("%s: the ledger moved", what)
 	}
-	if !f.dp.mapped[f.mapping.Key] {
+	if !mapped(f.dp, f.mapping.Key) {
 		t.Errorf("%s: the mapping left the data plane", what)
 	}
 }
@@ -204,7 +204,7 @@ func TestRotateRefusals(t *testing.T) {
 		}
 		f.unmoved(t, c.name)
 		// Names certified for the new key in one case must not leak into the next.
-		delete(f.s.certified, ses.peer)
+		delete(f.s.trust.Certified, ses.peer)
 	}
 	if rotations(t, f.s, rotateOK) != 0 {
 		t.Fatal("a refused rotation counted as ok")
@@ -236,32 +236,32 @@ func TestRotateCarriesOver(t *testing.T) {
 		t.Fatalf("rotation: %v\n%s", got, f.logs.String())
 	}
 	nk, ok := newKey.Public(), f.old.Public()
-	if f.mapping.Owner != (owner{Key: nk, Name: "alice"}) || !f.dp.mapped[f.mapping.Key] || f.mapping.Key.Port != port {
-		t.Fatalf("mapping after rotation: %+v mapped=%v", f.mapping.Owner, f.dp.mapped[f.mapping.Key])
+	if f.mapping.Owner != (lease.Owner{Key: nk, Name: "alice"}) || !mapped(f.dp, f.mapping.Key) || f.mapping.Key.Port != port {
+		t.Fatalf("mapping after rotation: %+v mapped=%v", f.mapping.Owner, mapped(f.dp, f.mapping.Key))
 	}
-	if f.s.leases.count[nk.String()] != 1 || f.s.leases.count[ok.String()] != 0 {
-		t.Fatalf("quota counts: %v", f.s.leases.count)
+	if n := f.s.leases.QuotaUsed(lease.Owner{Key: nk, Name: "alice"}, f.client); n != 1 {
+		t.Fatalf("alice's quota count after the rotation: %d, want 1", n)
 	}
-	if f.s.conv.tickets.perMember[nk] != 2 || f.s.conv.tickets.perMember[ok] != 0 {
-		t.Fatalf("tickets: %v", f.s.conv.tickets.perMember)
+	if ticketsOf(f.s, nk) != 2 || ticketsOf(f.s, ok) != 0 || f.s.conv.tickets.perMember["alice"] != 2 {
+		t.Fatalf("tickets: new key %d, old key %d, alice's count %d", ticketsOf(f.s, nk), ticketsOf(f.s, ok), f.s.conv.tickets.perMember["alice"])
 	}
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5000 || f.s.fair.led.members[ok] != nil {
-		t.Fatalf("ledger: %+v", f.s.fair.led.members)
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 5000 || f.s.fair.led.Members[ok] != nil {
+		t.Fatalf("ledger: %+v", f.s.fair.led.Members)
 	}
 	if rotations(t, f.s, rotateOK) != 1 || !strings.Contains(f.logs.String(), "member key rotated") {
 		t.Fatalf("ok not counted or logged:\n%s", f.logs.String())
 	}
 	// Grants and renewals.
-	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpGrant, Server: f.server}); rep.Reason != proto.OK || rep.Detour.Port() != port {
-		t.Fatalf("repeated grant on the new key: %v port %d, want %d", rep.Reason, rep.Detour.Port(), port)
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.GrantRequest{Server: f.server})); rep.Reason != proto.OK || detourOf(rep).Port() != port {
+		t.Fatalf("repeated grant on the new key: %v port %d, want %d", rep.Reason, detourOf(rep).Port(), port)
 	}
-	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the new key: %v", rep.Reason)
 	}
-	if rep := f.s.serveRequest(f.oldSes, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, f.oldSes, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the old key's session during the switch: %v", rep.Reason)
 	}
-	if rep := f.s.serveRequest(f.oldSes, proto.Request{Op: proto.OpRelease, Port: port}); rep.Reason != proto.ReasonNotFound {
+	if rep := serveReq(f.s, f.oldSes, proto.NewRequest(0, &proto.ReleaseRequest{Port: port})); rep.Reason != proto.ReasonNotFound {
 		t.Fatalf("release on the old key's session: %v, want not-found", rep.Reason)
 	}
 	// A repeated statement (the member's retry) moves nothing more and harms nothing.
@@ -271,13 +271,13 @@ func TestRotateCarriesOver(t *testing.T) {
 	// Revoking the old key leaves the rotated member alone.
 	f.s.set.Trust.Install(f.auth.Revoke(nil, now, f.oldCert.Serial))
 	f.s.checkCollective(now)
-	if f.s.leases.byKey[f.mapping.Key] != f.mapping || !f.dp.mapped[f.mapping.Key] {
+	if f.s.leases.ByKey[f.mapping.Key] != f.mapping || !mapped(f.dp, f.mapping.Key) {
 		t.Fatal("revoking the old key removed the rotated mapping")
 	}
 	if f.s.isMember(ok, now) || !f.s.isMember(nk, now) {
 		t.Fatal("membership after revoking the old key")
 	}
-	if rep := f.s.serveRequest(ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the new key after the revocation: %v", rep.Reason)
 	}
 }
@@ -287,7 +287,7 @@ func TestRotateCarriesOver(t *testing.T) {
 func TestRotateStaticMembers(t *testing.T) {
 	s, dp := newFairServer(t, 0, "")
 	s.set.Rate, s.set.Burst = 1000, 1000
-	s.rates = map[proto.Key]*bucket{}
+	s.lim.member = map[proto.Key]*bucket{}
 	old, newKey, other := testKey(t), testKey(t), testKey(t)
 	s.set.Members[old.Public()] = "bob"
 	s.set.Members[newKey.Public()] = "bob"
@@ -295,21 +295,21 @@ func TestRotateStaticMembers(t *testing.T) {
 	addr := netip.MustParseAddrPort("10.0.1.1:40000")
 	oldSes := &session{peer: old.Public(), name: "bob", addr: addr}
 	server := netip.MustParseAddrPort("198.51.100.1:80")
-	rep := s.serveRequest(oldSes, proto.Request{Op: proto.OpGrant, Server: server})
+	rep := serveReq(s, oldSes, proto.NewRequest(0, &proto.GrantRequest{Server: server}))
 	s.flush()
 	if rep.Reason != proto.OK {
 		t.Fatal(rep.Reason)
 	}
-	m := s.leases.byKey[mapKey{addr.Addr(), rep.Detour.Port()}]
+	m := s.leases.ByKey[dataplane.Key{Client: addr.Addr(), Port: detourOf(rep).Port()}]
 	r, _ := collective.SignRotation(old, other.Public(), time.Now())
-	if rep := s.serveRequest(&session{peer: other.Public(), name: "carol", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.ReasonUnauthorized {
+	if rep := serveReq(s, &session{peer: other.Public(), name: "carol", addr: addr}, proto.NewRequest(0, &proto.RotateRequest{Rotate: r})); rep.Reason != proto.ReasonUnauthorized {
 		t.Fatalf("rotation to another listed member: %v", rep.Reason)
 	}
 	r, _ = collective.SignRotation(old, newKey.Public(), time.Now())
-	if rep := s.serveRequest(&session{peer: newKey.Public(), name: "bob", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.OK {
+	if rep := serveReq(s, &session{peer: newKey.Public(), name: "bob", addr: addr}, proto.NewRequest(0, &proto.RotateRequest{Rotate: r})); rep.Reason != proto.OK {
 		t.Fatalf("rotation between listed keys: %v", rep.Reason)
 	}
-	if m.Owner.Key != newKey.Public() || !dp.mapped[m.Key] {
+	if m.Owner.Key != newKey.Public() || !mapped(dp, m.Key) {
 		t.Fatal("mapping not carried over")
 	}
 }
@@ -351,19 +351,42 @@ func TestRotateConversionCharged(t *testing.T) {
 		t.Fatalf("moved ticket: %q %s %v", member, key.ID(), err)
 	}
 	f.s.ledgerConversion(convertDone{member: member, key: key, up: 100, down: 200, at: time.Now()})
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5300 {
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 5300 {
 		t.Fatalf("conversion on the new key not charged: %+v", e)
 	}
 	f.s.ledgerConversion(convertDone{member: "alice", key: f.old.Public(), up: 1000, at: time.Now()})
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6300 || f.s.fair.led.members[f.old.Public()] != nil {
-		t.Fatalf("conversion on an old ticket: new %+v old %+v", e, f.s.fair.led.members[f.old.Public()])
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 6300 || f.s.fair.led.Members[f.old.Public()] != nil {
+		t.Fatalf("conversion on an old ticket: new %+v old %+v", e, f.s.fair.led.Members[f.old.Public()])
 	}
 	// A key that is no member is not charged.
 	stranger := testKey(t).Public()
 	f.s.ledgerConversion(convertDone{member: "alice", key: stranger, up: 1000, at: time.Now()})
-	if f.s.fair.led.members[stranger] != nil {
+	if f.s.fair.led.Members[stranger] != nil {
 		t.Fatal("a non-member key was charged")
 	}
+}
+
+// ticketsOf counts the outstanding converter tickets of key.
+func ticketsOf(s *Server, key proto.Key) int {
+	n := 0
+	for _, ti := range s.conv.tickets.tickets {
+		if ti.key == key {
+			n++
+		}
+	}
+	return n
+}
+
+// mapped says whether the fake data plane holds k.
+func mapped(dp *dataplane.Fake, k dataplane.Key) bool {
+	_, ok := dp.Mapped(k)
+	return ok
+}
+
+// serveReq is serveRequest's reply alone.
+func serveReq(s *Server, ses *session, req proto.Request) proto.Reply {
+	rep, _ := s.serveRequest(ses, req)
+	return rep
 }
 
 // fakeTunnels is a WireGuard tunnel allocator of one peer per key whose
@@ -393,6 +416,14 @@ func (f *fakeTunnels) Rekey(old, successor proto.Key) (bool, error) {
 	f.peers[successor] = 0 // a new peer: counters start at zero
 	return true, nil
 }
+func (f *fakeTunnels) Encap(proto.Key, netip.Addr, netip.Addr) (proto.EncapGrant, time.Duration, error) {
+	return proto.EncapGrant{}, 0, &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported}
+}
+func (f *fakeTunnels) EncapRelease(proto.Key) error {
+	return &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported}
+}
+func (f *fakeTunnels) Readmit(func(proto.Key) bool) (int, error) { return 0, nil }
+func (f *fakeTunnels) WireGuardOffered() bool                    { return true }
 func (f *fakeTunnels) Status() (*wgtypes.Device, error) {
 	d := &wgtypes.Device{}
 	for k, b := range f.peers {
@@ -432,7 +463,7 @@ func TestRotateTunnelMoveFails(t *testing.T) {
 	f.s.ledgerTunnels(now)
 	consumed := func() uint64 {
 		var n uint64
-		for _, e := range f.s.fair.led.members {
+		for _, e := range f.s.fair.led.Members {
 			n += e.Consumed
 		}
 		return n
@@ -458,44 +489,8 @@ func TestRotateTunnelMoveFails(t *testing.T) {
 	if c := consumed(); c != 6700 {
 		t.Fatalf("after the move: ledger %d, want 6700", c)
 	}
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6700 {
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 6700 {
 		t.Fatalf("the new key's account: %+v", e)
-	}
-}
-
-// A moved mapping whose (client, server) the new key holds already leaves
-// the lookup entry to the new key's mapping; removing or dropping the
-// moved one keeps that entry.
-func TestRotateLeaseLookupShared(t *testing.T) {
-	client := netip.MustParseAddr("10.0.1.1")
-	server := netip.MustParseAddrPort("198.51.100.1:443")
-	oldO := owner{Key: testKey(t).Public(), Name: "alice"}
-	newO := owner{Key: testKey(t).Public(), Name: "alice"}
-	for _, how := range []string{"remove", "drop"} {
-		lt := newLeaseTable()
-		held := &mapping{Key: mapKey{client, 40001}, Server: server, Owner: newO}
-		moved := &mapping{Key: mapKey{client, 40002}, Server: server, Owner: oldO}
-		lt.add(held)
-		lt.add(moved)
-		lt.rekey(oldO.Key, newO)
-		if lt.find(newO, client, server) != held {
-			t.Fatalf("%s: after the rekey the lookup finds %+v, want the mapping the new key held", how, lt.find(newO, client, server))
-		}
-		if how == "remove" {
-			lt.remove(moved, "released", time.Now())
-		} else {
-			lt.drop(moved)
-		}
-		if lt.find(newO, client, server) != held {
-			t.Fatalf("%s of the moved mapping took the other mapping's lookup entry", how)
-		}
-		if lt.count[quotaKey(newO, client)] != 1 {
-			t.Fatalf("%s: quota count %d, want 1", how, lt.count[quotaKey(newO, client)])
-		}
-		lt.remove(held, "released", time.Now())
-		if len(lt.byServer) != 0 || len(lt.byKey) != 0 {
-			t.Fatalf("%s: left %v %v", how, lt.byServer, lt.byKey)
-		}
 	}
 }
 
@@ -508,12 +503,12 @@ func TestRotatedRecordLifetime(t *testing.T) {
 	t.Run("no old session", func(t *testing.T) {
 		f := newRotateFixture(t)
 		old := f.old.Public()
-		for _, id := range f.s.byMember[old] {
-			delete(f.s.sessions, id)
+		for _, id := range f.s.ses.byMember[old] {
+			delete(f.s.ses.all, id)
 		}
-		delete(f.s.byMember, old)
+		delete(f.s.ses.byMember, old)
 		f.rotateTo(t, testKey(t))
-		if _, ok := f.s.rotated[old]; ok {
+		if _, ok := f.s.ses.rotated[old]; ok {
 			t.Fatal("rotation record kept for an old key without sessions: nothing would ever clear it")
 		}
 	})
@@ -521,12 +516,12 @@ func TestRotatedRecordLifetime(t *testing.T) {
 		f := newRotateFixture(t)
 		old := f.old.Public()
 		f.rotateTo(t, testKey(t))
-		if _, ok := f.s.rotated[old]; !ok {
+		if _, ok := f.s.ses.rotated[old]; !ok {
 			t.Fatal("no rotation record while the old key has a session")
 		}
 		f.s.set.Trust.Install(f.auth.Revoke(nil, time.Now(), f.oldCert.Serial))
 		f.s.checkCollective(time.Now())
-		if _, ok := f.s.rotated[old]; ok {
+		if _, ok := f.s.ses.rotated[old]; ok {
 			t.Fatal("rotation record outlived the old key's revocation")
 		}
 	})
@@ -536,7 +531,7 @@ func TestRotatedRecordLifetime(t *testing.T) {
 		f.rotateTo(t, testKey(t))
 		// What a reload without the old key runs (server.go reload).
 		f.s.revokeKeys(func(k proto.Key) bool { return k != old }, "revoked")
-		if _, ok := f.s.rotated[old]; ok {
+		if _, ok := f.s.ses.rotated[old]; ok {
 			t.Fatal("rotation record outlived the old key's membership")
 		}
 	})
@@ -544,13 +539,59 @@ func TestRotatedRecordLifetime(t *testing.T) {
 		f := newRotateFixture(t)
 		old := f.old.Public()
 		nk := testKey(t).Public()
-		f.s.rotated = map[proto.Key]proto.Key{old: nk}
+		f.s.ses.rotated = map[proto.Key]proto.Key{old: nk}
 		f.s.revokeKeys(func(k proto.Key) bool { return k != nk }, "revoked")
-		if _, ok := f.s.rotated[old]; ok {
+		if _, ok := f.s.ses.rotated[old]; ok {
 			t.Fatal("rotation record outlived the new key's membership")
 		}
-		if len(f.s.byMember[old]) == 0 {
+		if len(f.s.ses.byMember[old]) == 0 {
 			t.Fatal("the old key's session was dropped")
 		}
 	})
+}
+
+// Quotas follow the member, not the key: after a rotation (two keys
+// named alice while the old certificate is valid), neither key gets
+// mappings or converter tickets beyond alice's quota. (Each key used to
+// have a quota of its own: repeated rotations multiplied it.)
+func TestQuotaFollowsTheMember(t *testing.T) {
+	f := newRotateFixture(t)
+	f.s.set.QuotaPerMember = 2
+	grant := func(ses *session, port uint16) proto.Reason {
+		t.Helper()
+		r := serveReq(f.s, ses, proto.NewRequest(0, &proto.GrantRequest{Server: netip.AddrPortFrom(f.server.Addr(), port)})).Reason
+		f.s.flush()
+		return r
+	}
+	if r := grant(f.oldSes, 1001); r != proto.OK {
+		t.Fatalf("alice's second mapping: %v", r)
+	}
+	ses := f.rotateTo(t, testKey(t))
+	if r := grant(f.oldSes, 1002); r != proto.ReasonQuota {
+		t.Errorf("a third mapping on the old key after the rotation: %v, want quota", r)
+	}
+	if r := grant(ses, 1003); r != proto.ReasonQuota {
+		t.Errorf("a third mapping on the new key: %v, want quota", r)
+	}
+	convert := func(ses *session, n int) (int, proto.Reason) {
+		rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.ConvertRequest{Count: uint8(n)}))
+		if rep.Reason != proto.OK {
+			return 0, rep.Reason
+		}
+		return len(rep.Body.(*proto.ConvertReply).Tickets), rep.Reason
+	}
+	got := 0
+	for {
+		n, r := convert(f.oldSes, proto.MaxTickets)
+		if r != proto.OK {
+			break
+		}
+		got += n
+	}
+	if n, r := convert(ses, 1); r != proto.ReasonQuota {
+		t.Errorf("a ticket on the new key after the old one took the rest: %d, %v, want quota", n, r)
+	}
+	if total := got + 2; total != maxTicketsPerMember {
+		t.Errorf("alice holds %d tickets over her two keys, quota %d", total, maxTicketsPerMember)
+	}
 }

@@ -10,14 +10,15 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/ipv4"
 
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/roster"
+	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
+	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
 
 // Pre-authentication limits per source address: handshakes cost two X25519
@@ -52,7 +53,7 @@ type packet struct {
 	// cookie at this source address while we were under load.
 	proven bool
 	// id: the relay key an initiation is addressed to (its mac1).
-	id *identity
+	id *trust.Identity
 	at time.Time // when the reader got it
 }
 
@@ -73,96 +74,137 @@ type session struct {
 // Server is the relay daemon's core: one event loop owns every table, so
 // there are no locks on the request path.
 type Server struct {
-	set  *Settings
-	log  *slog.Logger
-	dp   dataPlane
-	lock *net.UnixListener // one relay per network namespace
-	// refusals summarises refused handshakes in the log (bounded lines).
-	refusals refusalLog
-	pc       *ipv4.PacketConn
-	conn     *net.UDPConn
-	legacy   *net.UDPConn
-
-	leases   *leaseTable
-	pol      *destination.Policy
-	lis      listeners
-	sessions map[uint32]*session
-	byMember map[proto.Key][]uint32
-	lastTS   map[proto.Key]proto.Timestamp
-	// certified: keys that presented a valid collective certificate.
-	certified map[proto.Key]certMember
-	// rotated: old member key -> the key its state moved to (rotate.go),
-	// while the old key still has sessions.
-	rotated   map[proto.Key]proto.Key
-	crlMod    time.Time    // modification time of the CRL file last read
-	state     *replayState // nil: lastTS lives in memory only
-	rates     map[proto.Key]*bucket
-	addrRates map[netip.Addr]*bucket
-	inits     bucket
-	keys      atomic.Pointer[keyring] // current and previous key (keys.go)
-	conv      *converter              // nil: no convert role
-	roster    *roster.Node            // nil: no gossip (gossip.go)
-	rosterAt  time.Time
-	convDone  chan convertDone
-	tunnels   TunnelAllocator
-	attr      *attrLog
-	met       *metrics
-	batch     []*mapping // new mappings not yet in the kernel
-	replies   []deferred // replies held until batch is installed
-	responses []rawReply // handshake responses held until lastTS is saved
-	lastNew   *mapping   // set by grant when it created a mapping
-	fair      *fairState // ledger, receipts, capacity (fair.go)
-
-	in      chan packet
-	reload  chan *Settings
-	crlKick chan struct{} // the roster installed a revocation list from gossip
-	// rosterDone: a roster restarted off the loop (key rotation);
-	// rosterRestarting while one is under way; rosterKey: the key the
-	// roster node runs (or is restarting) under.
-	rosterDone       chan rosterRestart
-	rosterRestarting bool
-	rosterKey        proto.Key
-	statusReq        chan statusRequest
-	started          time.Time
-	now              func() time.Time
+	static  Static      // fixed at New
+	set     *Reloadable // the running configuration, replaced by a reload
+	log     *slog.Logger
+	now     func() time.Time
+	io      sockets
+	dp      dataplane.DataPlane
+	leases  *lease.Table
+	pol     *destination.Policy
+	ses     sessionTable
+	lim     limits
+	trust   *trust.State // keys, replay state, certified members, the live trust
+	gossip  gossipState
+	conv    *converter // nil: no convert role
+	tunnels Tunnels    // nil: no tunnel section
+	fair    *fairState // ledger, receipts, capacity (fair.go)
+	attr    *attrLog
+	met     *metrics
+	out     outbox
+	ev      events
+	started time.Time
 }
 
-// NewServer sets up the data plane (removing any leftover table) and the
-// sockets. The caller runs Serve and then nothing else: Serve cleans up.
-func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server, error) {
+// sockets are the relay's sockets (Deps).
+type sockets struct {
+	pc     *ipv4.PacketConn
+	conn   *net.UDPConn
+	legacy *net.UDPConn  // nil: no legacy v1
+	status *StatusSocket // the namespace lock; answers relay status (nil: none)
+}
+
+// sessionTable holds the control sessions by receiver index and by member key.
+type sessionTable struct {
+	all      map[uint32]*session
+	byMember map[proto.Key][]uint32
+	// rotated: old member key -> the key its state moved to (rotate.go),
+	// while the old key still has sessions.
+	rotated map[proto.Key]proto.Key
+}
+
+// limits are the request rate limits: per member key, per source address
+// (pre-authentication: unproven, and proven by a cookie) and the global
+// initiation budget.
+type limits struct {
+	member map[proto.Key]*bucket
+	addr   *addrLimiter
+	// proven: initiations whose mac2 proves their source address; spoofed
+	// packets cannot use (or drain) these buckets.
+	proven *addrLimiter
+	inits  bucket
+	// refusals summarises refused handshakes in the log (bounded lines).
+	refusals refusalLog
+}
+
+// outbox is what one event-loop batch holds back until flush: mappings
+// not yet in the kernel and the replies that announce them, handshake
+// responses until their timestamps are saved.
+type outbox struct {
+	batch     []*lease.Mapping // new mappings not yet in the kernel
+	replies   []deferred       // replies held until batch is installed
+	responses []rawReply       // handshake responses held until lastTS is saved
+}
+
+// events are the event loop's inputs besides its tickers.
+type events struct {
+	in       chan packet
+	reload   chan *Config
+	status   chan statusRequest
+	convDone chan convertDone
+}
+
+// Deps are the parts a relay runs on, opened by its caller
+// (internal/relayd for the daemon; tests pass fakes). From a successful
+// New on, the Server owns them and Serve closes them; when New fails the
+// caller still owns them.
+type Deps struct {
+	// PacketConn is the control socket (UDP, IPv4), bound to the listen
+	// address.
+	PacketConn *net.UDPConn
+	// Legacy is the legacy v1 socket (nil: legacy_v1 off).
+	Legacy *net.UDPConn
+	// Status is the network namespace's relay lock (Lock), which also
+	// answers `relay status` (nil: no status socket).
+	Status *StatusSocket
+	// DataPlane installs mappings (dataplane.NewNFT; dataplane.Fake in
+	// tests).
+	DataPlane dataplane.DataPlane
+	// Tunnels serves tunnel detours (nil: none; NewTunnels).
+	Tunnels Tunnels
+	// Clock is the relay's clock (nil: time.Now).
+	Clock func() time.Time
+	// Log is where the relay logs (nil: discard).
+	Log *slog.Logger
+}
+
+// New builds a relay from its validated configuration and its parts. It
+// opens what belongs to its own parts: the replay state and ledger files,
+// the attribution log, the converter's listener and the gossip node. The
+// caller runs Serve and then nothing else: Serve cleans up.
+func New(static Static, set *Reloadable, d Deps) (*Server, error) {
+	if d.PacketConn == nil || d.DataPlane == nil {
+		return nil, errors.New("relay: a control socket and a data plane are required")
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Clock == nil {
+		d.Clock = time.Now
+	}
+	log := d.Log
 	s := &Server{
-		set:        set,
-		log:        log,
-		leases:     newLeaseTable(),
-		sessions:   map[uint32]*session{},
-		byMember:   map[proto.Key][]uint32{},
-		lastTS:     map[proto.Key]proto.Timestamp{},
-		certified:  map[proto.Key]certMember{},
-		rates:      map[proto.Key]*bucket{},
-		addrRates:  map[netip.Addr]*bucket{},
-		in:         make(chan packet, 4096),
-		reload:     make(chan *Settings, 1),
-		crlKick:    make(chan struct{}, 1),
-		rosterDone: make(chan rosterRestart, 1),
-		statusReq:  make(chan statusRequest),
-		convDone:   make(chan convertDone, 1024),
-		now:        time.Now,
+		static:  static,
+		set:     set,
+		log:     log,
+		now:     d.Clock,
+		io:      sockets{conn: d.PacketConn, pc: ipv4.NewPacketConn(d.PacketConn), legacy: d.Legacy, status: d.Status},
+		dp:      d.DataPlane,
+		tunnels: d.Tunnels,
+		leases:  lease.NewTable(),
+		ses:     sessionTable{all: map[uint32]*session{}, byMember: map[proto.Key][]uint32{}},
+		lim:     limits{member: map[proto.Key]*bucket{}, addr: newAddrLimiter(), proven: newAddrLimiter()},
+		trust:   trust.New(set.PrivateKey, set.PreviousKey, set.Trust),
+		gossip:  gossipState{done: make(chan rosterRestart, 1), crlKick: make(chan struct{}, 1)},
+		ev: events{in: make(chan packet, 4096), reload: make(chan *Config, 1),
+			status: make(chan statusRequest), convDone: make(chan convertDone, 1024)},
+		met: newMetrics(),
 	}
-	s.keys.Store(newKeyring(set.PrivateKey, set.PreviousKey, nil))
-	var err error
-	if s.lock, err = lockNetns(); err != nil {
-		return nil, err
+	if err := s.io.pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
+		return nil, fmt.Errorf("IP_PKTINFO: %w", err)
 	}
-	if set.StateFile != "" {
-		if err := loadReplayState(set.StateFile, s.lastTS); err != nil {
-			s.lock.Close()
-			return nil, err
-		}
-		// Write it once now: a state file we cannot write is a start-up
-		// error, not a surprise at the first handshake.
-		s.state = &replayState{path: set.StateFile, dirty: true}
-		if err := s.state.save(s.lastTS); err != nil {
-			s.lock.Close()
+	if static.StateFile != "" {
+		if err := s.trust.OpenReplay(static.StateFile); err != nil {
 			return nil, err
 		}
 	} else {
@@ -170,80 +212,55 @@ func NewServer(set *Settings, log *slog.Logger, tunnels TunnelFactory) (*Server,
 	}
 	s.applyPolicy(set)
 	if err := s.pol.RefreshOwn(); err != nil {
-		s.lock.Close()
 		return nil, err
 	}
+	var err error
 	if s.attr, err = openAttrLog(set.AttributionLog); err != nil {
-		s.lock.Close()
 		return nil, err
 	}
-	s.met = newMetrics()
 	if s.fair, err = newFairState(set, s.met, log, s.now()); err != nil {
 		s.attr.Close()
-		s.lock.Close()
 		return nil, err
 	}
-	if s.tunnels, err = newTunnelAllocator(tunnels, set.Tunnel, set.PrivateKey, log); err != nil {
-		s.attr.Close()
-		s.lock.Close()
-		return nil, err
-	}
-	if ra, ok := s.tunnels.(tunnelReadmitter); ok {
-		n, err := ra.Readmit(func(k proto.Key) bool { _, ok := set.Members[k]; return ok })
+	if s.tunnels != nil {
+		n, err := s.tunnels.Readmit(func(k proto.Key) bool { _, ok := set.Members[k]; return ok })
 		if err != nil {
 			log.Warn("tunnel: re-admitting saved peers", "err", err)
 		} else if n > 0 {
 			log.Info("tunnel: re-admitted the saved peers of current members", "peers", n)
 		}
 	}
-	s.conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(set.Listen))
-	if err != nil {
-		s.closeAll()
-		return nil, fmt.Errorf("listen %v: %w", set.Listen, err)
+	if s.io.legacy != nil {
+		log.Warn("legacy v1 protocol enabled: unauthenticated, spoofable, see docs/relay.md", "listen", s.io.legacy.LocalAddr())
 	}
-	s.pc = ipv4.NewPacketConn(s.conn)
-	if err := s.pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
-		s.closeAll()
-		return nil, fmt.Errorf("IP_PKTINFO: %w", err)
-	}
-	if set.Legacy {
-		s.legacy, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(set.LegacyListen))
-		if err != nil {
-			s.closeAll()
-			return nil, fmt.Errorf("legacy v1 listen %v: %w", set.LegacyListen, err)
-		}
-		log.Warn("legacy v1 protocol enabled: unauthenticated, spoofable, see docs/relay.md", "listen", set.LegacyListen)
-	}
-	if set.Convert.Enabled {
+	if static.Convert.Enabled {
 		if err := s.startConverter(context.Background()); err != nil {
-			s.closeAll()
+			s.attr.Close()
 			return nil, err
 		}
 	}
-	if s.dp, err = newNFT(nftOptions{FastPath: set.FastPath, Log: log}); err != nil {
-		s.closeAll()
-		return nil, err
-	}
 	if err := s.startRoster(s.set); err != nil {
-		_ = s.dp.Close()
-		s.closeAll()
+		if s.conv != nil {
+			s.conv.ln.Close()
+		}
+		s.attr.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
 // Addr is the control socket's address (useful with port 0).
-func (s *Server) Addr() netip.AddrPort { return s.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+func (s *Server) Addr() netip.AddrPort { return s.io.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
 
 func (s *Server) closeAll() {
-	if s.conn != nil {
-		s.conn.Close()
+	if s.io.conn != nil {
+		s.io.conn.Close()
 	}
 	if s.conv != nil {
 		s.conv.ln.Close() // Serve closes it too; closing twice is harmless
 	}
-	if s.legacy != nil {
-		s.legacy.Close()
+	if s.io.legacy != nil {
+		s.io.legacy.Close()
 	}
 	if s.tunnels != nil {
 		_ = s.tunnels.Close()
@@ -251,12 +268,12 @@ func (s *Server) closeAll() {
 	if s.attr != nil {
 		_ = s.attr.Close()
 	}
-	if s.lock != nil {
-		_ = s.lock.Close() // last: the table is gone by now
+	if s.io.status != nil {
+		_ = s.io.status.Close() // last: the table is gone by now
 	}
 }
 
-func (s *Server) applyPolicy(set *Settings) {
+func (s *Server) applyPolicy(set *Reloadable) {
 	p := &destination.Policy{Allow: set.Allow, Deny: set.Deny, DenyPorts: set.DenyPorts}
 	if s.pol != nil {
 		p.SetOwn(s.pol.Own())
@@ -267,9 +284,9 @@ func (s *Server) applyPolicy(set *Settings) {
 
 // Reload hands new settings to the event loop (SIGHUP). Mappings survive;
 // mappings and sessions of members no longer listed are revoked.
-func (s *Server) Reload(set *Settings) {
+func (s *Server) Reload(set *Config) {
 	select {
-	case s.reload <- set:
+	case s.ev.reload <- set:
 	default:
 		s.log.Warn("reload already pending; ignoring")
 	}
@@ -277,8 +294,8 @@ func (s *Server) Reload(set *Settings) {
 
 // Serve runs until ctx ends, then removes every mapping and the table.
 func (s *Server) Serve(ctx context.Context) error {
-	if s.set.MetricsListen != "" {
-		if err := s.met.serve(ctx, s.set.MetricsListen, s.log); err != nil {
+	if s.static.MetricsListen != "" {
+		if err := s.met.serve(ctx, s.static.MetricsListen, s.static.MetricsToken, s.log); err != nil {
 			s.shutdown()
 			return fmt.Errorf("metrics: %w", err)
 		}
@@ -293,10 +310,12 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		})
 	}
-	go s.readV2(rctx, s.set.Listen)
+	go s.readV2(rctx, s.static.Listen)
 	s.started = s.now()
-	go s.serveStatus(rctx)
-	if s.legacy != nil {
+	if s.io.status != nil {
+		go s.serveStatus(rctx)
+	}
+	if s.io.legacy != nil {
 		go s.readLegacy(rctx)
 	}
 	s.log.Info("relay serving", "listen", s.Addr(), "members", len(s.set.Members),
@@ -315,7 +334,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			convWG.Wait()
 			for drained := false; !drained; {
 				select {
-				case d := <-s.convDone:
+				case d := <-s.ev.convDone:
 					s.logConversion(d)
 				default:
 					drained = true
@@ -323,38 +342,38 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 			s.shutdown()
 			return nil
-		case p := <-s.in:
+		case p := <-s.ev.in:
 			s.dispatch(p)
 			// Group commit: take what else is queued, then install all new
 			// mappings in one nftables transaction before any reply leaves.
 		drain:
 			for i := 0; i < maxBatch; i++ {
 				select {
-				case p := <-s.in:
+				case p := <-s.ev.in:
 					s.dispatch(p)
 				default:
 					break drain
 				}
 			}
 			s.flush()
-		case set := <-s.reload:
+		case set := <-s.ev.reload:
 			s.applyReload(set)
-		case <-s.crlKick:
+		case <-s.gossip.crlKick:
 			s.crlFromGossip(s.now())
-		case r := <-s.rosterDone:
+		case r := <-s.gossip.done:
 			s.rosterRestarted(r, false)
-		case req := <-s.statusReq:
+		case req := <-s.ev.status:
 			req <- s.status()
-		case d := <-s.convDone:
+		case d := <-s.ev.convDone:
 			s.logConversion(d)
 		case <-usage.C:
 			s.logUsage(s.now())
 			s.flushLedger(s.now())
 		case <-sweep.C:
 			now := s.now()
-			s.met.sessions.Set(float64(len(s.sessions)))
+			s.met.sessions.Set(float64(len(s.ses.all)))
 			s.expire(now)
-			s.refusals.flush(s.log, now)
+			s.lim.refusals.flush(s.log, now)
 			if now.Sub(lastClose) >= closeEvery {
 				s.checkCollective(now)
 				s.tickRoster(now)
@@ -390,30 +409,38 @@ type deferred struct {
 	legacy proto.LegacyMsg
 	to     netip.AddrPort
 	src    netip.Addr
-	m      *mapping  // the new mapping the reply announces, if any
-	at     time.Time // when the request arrived
+	m      *lease.Mapping // the new mapping the reply announces, if any
+	at     time.Time      // when the request arrived
 }
 
 // flush installs the batch's new mappings and sends the held replies. If
 // the kernel refuses the transaction, none of its mappings exist and every
 // grant in it is answered "internal".
 func (s *Server) flush() {
-	if len(s.responses) > 0 {
-		if err := s.state.save(s.lastTS); err != nil {
+	s.install()
+	s.sendReplies()
+}
+
+// install saves the replay state and sends the handshake responses it
+// held, then installs the batch in the data plane, turning the held
+// replies of a refused batch's grants into "internal".
+func (s *Server) install() {
+	if len(s.out.responses) > 0 {
+		if err := s.trust.SaveReplay(); err != nil {
 			// Answer anyway: refusing every handshake would be worse than
 			// a replay window that does not survive this restart.
 			s.log.Error("saving replay state", "err", err)
 		}
-		for _, r := range s.responses {
+		for _, r := range s.out.responses {
 			s.send(r.b, r.to, r.src)
 		}
-		clear(s.responses)
-		s.responses = s.responses[:0]
+		clear(s.out.responses)
+		s.out.responses = s.out.responses[:0]
 	}
-	if len(s.batch) > 0 {
-		ms := make([]mapping, len(s.batch))
-		for i, m := range s.batch {
-			ms[i] = *m
+	if len(s.out.batch) > 0 {
+		ms := make([]dataplane.Mapping, len(s.out.batch))
+		for i, m := range s.out.batch {
+			ms[i] = m.DP()
 		}
 		now := s.now()
 		err := s.dp.Map(ms)
@@ -422,31 +449,35 @@ func (s *Server) flush() {
 		}
 		if err != nil {
 			s.log.Error("installing mappings", "n", len(ms), "err", err)
-			failed := map[*mapping]bool{}
-			for _, m := range s.batch {
-				s.leases.drop(m)
+			failed := map[*lease.Mapping]bool{}
+			for _, m := range s.out.batch {
+				s.leases.Drop(m)
 				failed[m] = true
 			}
-			for i := range s.replies {
-				if d := &s.replies[i]; d.m != nil && failed[d.m] {
+			for i := range s.out.replies {
+				if d := &s.out.replies[i]; d.m != nil && failed[d.m] {
 					d.rep = proto.Reply{Op: d.rep.Op, ID: d.rep.ID, Reason: proto.ReasonInternal}
 					d.legacy.Port = 0
 					s.count(d.rep.Op.String(), proto.ReasonInternal)
 				}
 			}
 		} else {
-			for _, m := range s.batch {
+			for _, m := range s.out.batch {
 				s.logAttr(mappingEvent("grant", m, now))
 			}
 		}
-		s.met.active.Set(float64(s.leases.active()))
-		s.batch = s.batch[:0]
+		s.met.active.Set(float64(s.leases.Active()))
+		s.out.batch = s.out.batch[:0]
 	}
-	for _, d := range s.replies {
+}
+
+// sendReplies sends the held replies (after install).
+func (s *Server) sendReplies() {
+	for _, d := range s.out.replies {
 		if d.ses == nil {
 			b, err := proto.MarshalLegacy(d.legacy)
 			if err == nil {
-				if _, err := s.legacy.WriteToUDPAddrPort(b, d.to); err != nil {
+				if _, err := s.io.legacy.WriteToUDPAddrPort(b, d.to); err != nil {
 					s.log.Debug("legacy send", "err", err)
 				} else if !d.at.IsZero() {
 					s.met.grantTime.Observe(time.Since(d.at).Seconds())
@@ -468,8 +499,8 @@ func (s *Server) flush() {
 			s.met.grantTime.Observe(time.Since(d.at).Seconds())
 		}
 	}
-	clear(s.replies)
-	s.replies = s.replies[:0]
+	clear(s.out.replies)
+	s.out.replies = s.out.replies[:0]
 }
 
 // Load detection for initiations (read by readV2 only): the relay is under
@@ -488,7 +519,7 @@ const (
 // the packet must not be queued.
 func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) bool {
 	now := time.Now()
-	id := s.keys.Load().match(p.data)
+	id := s.trust.Keys().Match(p.data)
 	if id == nil {
 		s.count("handshake", proto.ReasonUnauthorized)
 		return false
@@ -498,22 +529,22 @@ func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) boo
 		ld.windowStart, ld.n = now, 0
 	}
 	ld.n++
-	if ld.n > loadInits || len(s.in) > cap(s.in)/8 {
+	if ld.n > loadInits || len(s.ev.in) > cap(s.ev.in)/8 {
 		ld.until = now.Add(loadLinger)
 	}
 	if now.After(ld.until) {
 		return true
 	}
-	if id.jar.CheckMAC2(p.data, p.from, now) {
+	if id.Jar.CheckMAC2(p.data, p.from, now) {
 		p.proven = true
 		return true
 	}
-	reply, err := id.jar.Reply(p.data, p.from, now)
+	reply, err := id.Jar.Reply(p.data, p.from, now)
 	if err != nil {
 		return false
 	}
 	s.met.cookies.Inc()
-	sendFrom(s.pc, listen, reply, p.from, p.dst, s.log)
+	sendFrom(s.io.pc, listen, reply, p.from, p.dst, s.log)
 	return false
 }
 
@@ -530,7 +561,7 @@ func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
 	var ld loadState
 	for {
 		buf := make([]byte, 2048)
-		n, cm, from, err := s.pc.ReadFrom(buf)
+		n, cm, from, err := s.io.pc.ReadFrom(buf)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -553,7 +584,7 @@ func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
 			continue
 		}
 		select {
-		case s.in <- p:
+		case s.ev.in <- p:
 		case <-ctx.Done():
 			return
 		}
@@ -563,7 +594,7 @@ func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
 func (s *Server) readLegacy(ctx context.Context) {
 	for {
 		buf := make([]byte, 64)
-		n, from, err := s.legacy.ReadFromUDPAddrPort(buf)
+		n, from, err := s.io.legacy.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -572,7 +603,7 @@ func (s *Server) readLegacy(ctx context.Context) {
 		}
 		p := packet{data: buf[:n], from: netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), legacy: true, at: time.Now()}
 		select {
-		case s.in <- p:
+		case s.ev.in <- p:
 		case <-ctx.Done():
 			return
 		}
@@ -580,7 +611,7 @@ func (s *Server) readLegacy(ctx context.Context) {
 }
 
 func (s *Server) send(b []byte, to netip.AddrPort, src netip.Addr) {
-	sendFrom(s.pc, s.set.Listen, b, to, src, s.log)
+	sendFrom(s.io.pc, s.static.Listen, b, to, src, s.log)
 }
 
 // sendFrom sends b to to; when the relay listens on the wildcard address
@@ -599,13 +630,18 @@ func (s *Server) count(op string, r proto.Reason) {
 	s.met.requests.WithLabelValues(metricLabels(op, r)).Inc()
 }
 
-// metricOps and metricReasons bound the labels of the requests counter: an
-// operation or reason code read from the wire that is not one of these is
-// counted as "other", so a client cannot create series at will.
-var (
-	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
-		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true, "encap": true, "roster": true, "rotate": true}
-)
+// metricOps bounds the op label of the requests counter: the protocol's
+// operations and the packet-level events; an operation
+// read from the wire that is not one of these (or a reason code the relay
+// does not know) is counted as "other", so a client cannot create series
+// at will.
+var metricOps = func() map[string]bool {
+	m := map[string]bool{"packet": true, "handshake": true, "transport": true, "legacy": true}
+	for _, op := range proto.Ops() {
+		m[op.String()] = true
+	}
+	return m
+}()
 
 func metricLabels(op string, r proto.Reason) (string, string) {
 	if !metricOps[op] {
@@ -626,16 +662,11 @@ func (s *Server) refuse(p packet, r proto.Reason, index uint32, counter uint64) 
 	s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: index, Counter: counter}), p.from, p.dst)
 }
 
+// addrAllowed takes a token of a's (hashed, bounded) per-address budget
+// for unauthenticated work: refusals, legacy v1 requests, unproven
+// initiations. It creates no state per address.
 func (s *Server) addrAllowed(a netip.Addr) bool {
-	b := s.addrRates[a]
-	if b == nil {
-		if len(s.addrRates) > 100000 {
-			return false // under a spoofed flood nobody new gets answers
-		}
-		b = &bucket{}
-		s.addrRates[a] = b
-	}
-	return b.take(s.now(), addrRate, addrBurst)
+	return s.lim.addr.take(a, s.now(), addrRate, addrBurst)
 }
 
 func (s *Server) handle(p packet) {
@@ -664,10 +695,12 @@ func (s *Server) handleInit(p packet) {
 		return // too short to answer without amplifying
 	}
 	// A proven initiation (valid mac2 under load) skips the global budget,
-	// which is what a spoofed flood exhausts, but not the per-address one.
-	if !s.addrAllowed(p.from.Addr()) || !p.proven && !s.inits.take(s.now(), initRate, initBurst) {
+	// which is what a spoofed flood exhausts, and takes its per-address
+	// token from the proven buckets, which spoofed packets cannot drain.
+	if p.proven && !s.lim.proven.take(p.from.Addr(), s.now(), addrRate, addrBurst) ||
+		!p.proven && (!s.addrAllowed(p.from.Addr()) || !s.lim.inits.take(s.now(), initRate, initBurst)) {
 		s.count("handshake", proto.ReasonRateLimited)
-		s.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
+		s.lim.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
 		return
 	}
 	priv := s.set.PrivateKey
@@ -675,26 +708,26 @@ func (s *Server) handleInit(p packet) {
 		// The reader matched the key before the packet was queued; a
 		// reload since may have dropped it (a compromised key): queued
 		// initiations for it must not complete.
-		if s.keys.Load().find(p.id.priv) == nil {
+		if s.trust.Keys().Find(p.id.Priv) == nil {
 			s.count("handshake", proto.ReasonUnauthorized) // as the reader counts it now
 			return
 		}
-		priv = p.id.priv
+		priv = p.id.Priv
 	}
 	acc, err := proto.ConsumeInitiation(priv, in)
 	if err != nil {
 		r := proto.ReasonOf(err)
 		s.count("handshake", r)
-		s.refusals.note(s.log, s.now(), r, p.from, "")
+		s.lim.refusals.note(s.log, s.now(), r, p.from, "")
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: in.Sender}), p.from, p.dst)
 		return
 	}
 	name, member := s.set.Members[acc.Peer]
 	provisional := false
 	if !member {
-		if cm, ok := s.certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
-			name, member = cm.name, true
-		} else if s.set.Trust != nil {
+		if cm, ok := s.trust.Certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
+			name, member = cm.Name, true
+		} else if s.trust.Live != nil {
 			// A collective relay: any key may hand shake; its session
 			// can only present a certificate (OpCertify) or ping until
 			// one verifies.
@@ -703,13 +736,13 @@ func (s *Server) handleInit(p packet) {
 	}
 	if !member {
 		s.count("handshake", proto.ReasonUnauthorized)
-		s.refusals.note(s.log, s.now(), proto.ReasonUnauthorized, p.from, "unknown key "+acc.Peer.ID())
+		s.lim.refusals.note(s.log, s.now(), proto.ReasonUnauthorized, p.from, "unknown key "+acc.Peer.ID())
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonUnauthorized, Index: in.Sender}), p.from, p.dst)
 		return
 	}
-	if last, ok := s.lastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
+	if last, ok := s.trust.LastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
 		s.count("handshake", proto.ReasonReplay)
-		s.refusals.note(s.log, s.now(), proto.ReasonReplay, p.from, "member "+name)
+		s.lim.refusals.note(s.log, s.now(), proto.ReasonReplay, p.from, "member "+name)
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonReplay, Index: in.Sender}), p.from, p.dst)
 		return
 	}
@@ -718,10 +751,7 @@ func (s *Server) handleInit(p packet) {
 		// once it certifies: anyone can make fresh keys, and the table and
 		// the state file must not grow with them. Its sessions can do
 		// nothing but certify, which a replay cannot use (no session keys).
-		s.lastTS[acc.Peer] = acc.Timestamp
-		if s.state != nil {
-			s.state.dirty = true
-		}
+		s.trust.NoteTimestamp(acc.Peer, acc.Timestamp)
 	}
 	idx := s.newIndex()
 	resp, ss, err := acc.Respond(idx)
@@ -730,16 +760,16 @@ func (s *Server) handleInit(p packet) {
 		s.log.Error("handshake response", "err", err)
 		return
 	}
-	s.sessions[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now(), pending: provisional, ts: acc.Timestamp}
-	ids := append(s.byMember[acc.Peer], idx)
+	s.ses.all[idx] = &session{s: ss, peer: acc.Peer, name: name, addr: p.from, local: p.dst, created: s.now(), pending: provisional, ts: acc.Timestamp}
+	ids := append(s.ses.byMember[acc.Peer], idx)
 	for len(ids) > maxSessionsPer {
-		delete(s.sessions, ids[0])
+		delete(s.ses.all, ids[0])
 		ids = ids[1:]
 	}
-	s.byMember[acc.Peer] = ids
+	s.ses.byMember[acc.Peer] = ids
 	s.count("handshake", proto.OK)
 	s.log.Debug("session established", "member", name, "from", p.from, "index", idx)
-	s.responses = append(s.responses, rawReply{b: resp, to: p.from, src: p.dst})
+	s.out.responses = append(s.out.responses, rawReply{b: resp, to: p.from, src: p.dst})
 }
 
 func (s *Server) newIndex() uint32 {
@@ -747,7 +777,7 @@ func (s *Server) newIndex() uint32 {
 	for {
 		_, _ = rand.Read(b[:])
 		i := binary.BigEndian.Uint32(b[:])
-		if _, taken := s.sessions[i]; !taken && i != 0 {
+		if _, taken := s.ses.all[i]; !taken && i != 0 {
 			return i
 		}
 	}
@@ -759,7 +789,7 @@ func (s *Server) handleTransport(p packet) {
 		s.count("transport", proto.ReasonOf(err))
 		return
 	}
-	ses := s.sessions[t.Receiver]
+	ses := s.ses.all[t.Receiver]
 	if ses == nil || s.now().Sub(ses.created) > proto.SessionLifetime {
 		s.count("transport", proto.ReasonNoSession)
 		s.refuse(p, proto.ReasonNoSession, t.Receiver, t.Counter)
@@ -783,99 +813,47 @@ func (s *Server) handleTransport(p packet) {
 	ses.confirmed = true // only a receiver of our response can get here
 	req, err := proto.ParseRequest(msg)
 	var rep proto.Reply
+	var m *lease.Mapping
 	if err != nil {
 		rep = proto.Reply{Op: req.Op, ID: req.ID, Reason: proto.ReasonOf(err)}
 	} else {
-		rep = s.serveRequest(ses, req)
+		rep, m = s.serveRequest(ses, req)
 	}
 	s.count(req.Op.String(), rep.Reason)
-	s.replies = append(s.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: s.lastNew, at: p.at})
-	s.lastNew = nil
+	s.out.replies = append(s.out.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: m, at: p.at})
 }
 
-func (s *Server) serveRequest(ses *session, req proto.Request) proto.Reply {
-	rep := proto.Reply{Op: req.Op, ID: req.ID}
-	b := s.rates[ses.peer]
+// serveRequest answers an authenticated request after the member's rate
+// limit, through the operation's handler (handlers.go); granted is the
+// mapping a grant's reply announces (nil otherwise): if it is still in the
+// batch and the kernel refuses the batch, flush turns the reply into
+// "internal".
+func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply, granted *lease.Mapping) {
+	rep = proto.Reply{Op: req.Op, ID: req.ID}
+	b := s.lim.member[ses.peer]
 	if b == nil {
 		b = &bucket{}
-		s.rates[ses.peer] = b
+		s.lim.member[ses.peer] = b
 	}
 	if !b.take(s.now(), s.set.Rate, s.set.Burst) {
 		rep.Reason = proto.ReasonRateLimited
-		return rep
+		return rep, nil
 	}
-	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify && req.Op != proto.OpRotate {
-		rep.Reason = proto.ReasonUnauthorized
-		return rep
-	}
-	o := owner{Key: ses.peer, Name: ses.name}
-	client := ses.addr.Addr()
-	switch req.Op {
-	case proto.OpCertify:
-		s.certify(ses, req, &rep)
-	case proto.OpPing:
-	case proto.OpGrant:
-		if rep.Reason = s.admit(o, client, req.Server); rep.Reason != proto.OK {
-			break
-		}
-		detour := s.detourAddr(ses)
-		m, r := s.grant(o, client, req.Server, req.Port, s.set.Lease, s.set.QuotaPerMember)
-		rep.Reason = r
-		if r == proto.OK {
-			rep.Detour = netip.AddrPortFrom(detour, m.Key.Port)
-			rep.Lease = m.Expires.Sub(s.now())
-		}
-	case proto.OpRenew:
-		m := s.leases.byKey[mapKey{client, req.Port}]
-		if m == nil || !s.owns(ses.peer, m) {
-			rep.Reason = proto.ReasonNotFound
-			break
-		}
-		now := s.now()
-		m.Expires = now.Add(s.set.Lease)
-		rep.Lease = s.set.Lease
-		s.logAttr(mappingEvent("renew", m, now))
-	case proto.OpRelease:
-		m := s.leases.byKey[mapKey{client, req.Port}]
-		if m == nil || m.Owner.Key != ses.peer {
-			rep.Reason = proto.ReasonNotFound
-			break
-		}
-		if cnt, err := s.dp.CountersOf([]mapKey{m.Key}); err == nil {
-			rep.Bytes = cnt[m.Key].Bytes
-		}
-		if err := s.close([]*mapping{m}, "release"); err != nil {
-			rep.Reason = proto.ReasonInternal
-		}
-	case proto.OpConvert:
-		s.serveConvert(ses, req, &rep)
-	case proto.OpReceipt:
-		s.serveReceipt(ses, req, &rep)
-	case proto.OpRoster:
-		s.serveRoster(req, &rep)
-	case proto.OpRotate:
-		s.serveRotate(ses, req, &rep)
-	case proto.OpTunnel:
-		if s.tunnels == nil {
-			rep.Reason = proto.ReasonUnsupported
-			break
-		}
-		g, lease, err := s.tunnels.Allocate(ses.peer, client, s.detourAddr(ses))
-		if err != nil {
-			rep.Reason = proto.ReasonOf(err)
-			if rep.Reason == proto.OK {
-				rep.Reason = proto.ReasonInternal
-			}
-			s.log.Warn("tunnel allocation", "member", ses.name, "err", err)
-			break
-		}
-		rep.Tunnel, rep.Lease = g, lease
-	case proto.OpEncap:
-		s.serveEncap(ses, client, req, &rep)
-	default:
+	h, ok := handlers[req.Op]
+	if !ok || req.Body == nil {
 		rep.Reason = proto.ReasonUnsupported
+		return rep, nil
 	}
-	return rep
+	if ses.pending && !h.beforeCertificate {
+		rep.Reason = proto.ReasonUnauthorized
+		return rep, nil
+	}
+	a := h.serve(s, ses, req.Body)
+	rep.Reason = a.reason
+	if a.reason == proto.OK {
+		rep.Body = a.body
+	}
+	return rep, a.granted
 }
 
 // detourAddr is the address clients connect to for this session: the
@@ -887,12 +865,12 @@ func (s *Server) detourAddr(ses *session) netip.Addr {
 	if ses.local.IsValid() {
 		return ses.local
 	}
-	return s.set.Listen.Addr()
+	return s.static.Listen.Addr()
 }
 
 // grant applies policy, quotas and port choice, then installs the mapping.
-func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, proposed uint16, lease time.Duration, quota int) (*mapping, proto.Reason) {
-	legacy := o == legacyOwner
+func (s *Server) grant(o lease.Owner, client netip.Addr, server netip.AddrPort, proposed uint16, life time.Duration, quota int) (*lease.Mapping, proto.Reason) {
+	legacy := o == lease.LegacyOwner
 	now := s.now()
 	if !client.Is4() {
 		return nil, proto.ReasonPolicyDenied
@@ -901,38 +879,37 @@ func (s *Server) grant(o owner, client netip.Addr, server netip.AddrPort, propos
 		s.log.Info("destination refused", "member", o.Name, "client", client, "server", server, "why", err)
 		return nil, proto.ReasonPolicyDenied
 	}
-	if m := s.leases.find(o, client, server); m != nil {
+	if m := s.leases.Find(o, client, server); m != nil {
 		// Idempotent: a retransmitted or repeated grant gets the same port.
-		m.Expires = now.Add(lease)
+		m.Expires = now.Add(life)
 		s.logAttr(mappingEvent("renew", m, now))
 		return m, proto.OK
 	}
-	if s.leases.count[quotaKey(o, client)] >= quota || s.leases.active() >= s.set.QuotaGlobal {
+	if s.leases.QuotaUsed(o, client) >= quota || s.leases.Active() >= s.set.QuotaGlobal {
 		return nil, proto.ReasonQuota
 	}
-	port, ok := s.leases.pickPort(client, proposed, s.set.PortLo, s.set.PortHi, legacy, func(p uint16) bool { return s.lis.has(p, now) })
+	port, ok := s.leases.PickPort(client, proposed, s.set.PortLo, s.set.PortHi, legacy, now)
 	if !ok {
 		return nil, proto.ReasonNoPorts
 	}
-	m := &mapping{Key: mapKey{client, port}, Server: server, Owner: o, Granted: now, Expires: now.Add(lease)}
+	m := &lease.Mapping{Key: dataplane.Key{Client: client, Port: port}, Server: server, Owner: o, Granted: now, Expires: now.Add(life)}
 	// Recorded now so that quotas and port choice see it within the batch;
 	// flush installs it (or drops it again).
-	s.leases.add(m)
-	s.batch = append(s.batch, m)
-	s.lastNew = m
+	s.leases.Add(m)
+	s.out.batch = append(s.out.batch, m)
 	return m, proto.OK
 }
 
 // close unmaps mappings; their counters are read and logged by reap.
-func (s *Server) close(ms []*mapping, reason string) error {
+func (s *Server) close(ms []*lease.Mapping, reason string) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	if len(s.batch) > 0 {
+	if len(s.out.batch) > 0 {
 		// A mapping granted earlier in this batch is not in the kernel yet.
 		s.flush()
 	}
-	keys := make([]mapKey, len(ms))
+	keys := make([]dataplane.Key, len(ms))
 	for i, m := range ms {
 		keys[i] = m.Key
 	}
@@ -942,14 +919,14 @@ func (s *Server) close(ms []*mapping, reason string) error {
 	}
 	now := s.now()
 	for _, m := range ms {
-		s.leases.remove(m, reason, now)
+		s.leases.Remove(m, reason, now)
 	}
-	s.met.active.Set(float64(s.leases.active()))
+	s.met.active.Set(float64(s.leases.Active()))
 	return err
 }
 
 func (s *Server) expire(now time.Time) {
-	if ex := s.leases.expired(now); len(ex) > 0 {
+	if ex := s.leases.Expired(now); len(ex) > 0 {
 		_ = s.close(ex, "expiry")
 	}
 }
@@ -960,11 +937,11 @@ func (s *Server) expire(now time.Time) {
 // that outlive their mapping (conntrack keeps them going) are counted until
 // then. final logs and forgets everything (shutdown).
 func (s *Server) reap(now time.Time, final bool) {
-	if len(s.leases.closing) == 0 {
+	if len(s.leases.Closing) == 0 {
 		return
 	}
-	keys := make([]mapKey, 0, len(s.leases.closing))
-	for k := range s.leases.closing {
+	keys := make([]dataplane.Key, 0, len(s.leases.Closing))
+	for k := range s.leases.Closing {
 		keys = append(keys, k)
 	}
 	cnt, err := s.dp.CountersOf(keys)
@@ -980,20 +957,20 @@ func (s *Server) reap(now time.Time, final bool) {
 		}
 	}
 	keys = keys[:0]
-	for k, c := range s.leases.closing {
+	for k, c := range s.leases.Closing {
 		cur := cnt[k]
-		if !final && (!c.seen || cur.Bytes != c.lastBytes) && now.Sub(c.at) < maxLinger {
-			c.seen, c.lastBytes = true, cur.Bytes
-			s.leases.closing[k] = c
-			s.ledgerClosing(c.m, cur.Bytes, false)
+		if !final && (!c.Seen || cur.Bytes != c.LastBytes) && now.Sub(c.At) < maxLinger {
+			c.Seen, c.LastBytes = true, cur.Bytes
+			s.leases.Closing[k] = c
+			s.ledgerClosing(c.M, cur.Bytes, false)
 			continue
 		}
-		s.ledgerClosing(c.m, cur.Bytes, true)
-		s.logAttr(withCounter(mappingEvent(c.reason, c.m, c.at), cur))
+		s.ledgerClosing(c.M, cur.Bytes, true)
+		s.logAttr(withCounter(mappingEvent(c.Reason, c.M, c.At), cur))
 		s.met.closedBytes.Add(cur.Bytes)
-		s.met.memberBytes.WithLabelValues(c.m.Owner.Name).Add(float64(cur.Bytes))
+		s.met.memberBytes.WithLabelValues(c.M.Owner.Name).Add(float64(cur.Bytes))
 		keys = append(keys, k)
-		delete(s.leases.closing, k)
+		delete(s.leases.Closing, k)
 	}
 	if err := s.dp.Forget(keys); err != nil {
 		s.log.Error("removing counters", "err", err)
@@ -1001,30 +978,25 @@ func (s *Server) reap(now time.Time, final bool) {
 }
 
 func (s *Server) prune(now time.Time) {
-	for idx, ses := range s.sessions {
+	for idx, ses := range s.ses.all {
 		if now.Sub(ses.created) > proto.SessionLifetime || !ses.confirmed && now.Sub(ses.created) > unconfirmedLife {
-			delete(s.sessions, idx)
-			ids := s.byMember[ses.peer]
+			delete(s.ses.all, idx)
+			ids := s.ses.byMember[ses.peer]
 			for i, v := range ids {
 				if v == idx {
-					s.byMember[ses.peer] = append(ids[:i:i], ids[i+1:]...)
+					s.ses.byMember[ses.peer] = append(ids[:i:i], ids[i+1:]...)
 					break
 				}
 			}
-			if len(s.byMember[ses.peer]) == 0 {
-				delete(s.byMember, ses.peer)
-				delete(s.rotated, ses.peer)
+			if len(s.ses.byMember[ses.peer]) == 0 {
+				delete(s.ses.byMember, ses.peer)
+				delete(s.ses.rotated, ses.peer)
 			}
 		}
 	}
-	for k, b := range s.rates {
+	for k, b := range s.lim.member {
 		if now.Sub(b.last) > time.Minute {
-			delete(s.rates, k)
-		}
-	}
-	for a, b := range s.addrRates {
-		if now.Sub(b.last) > time.Minute {
-			delete(s.addrRates, a)
+			delete(s.lim.member, k)
 		}
 	}
 	_ = s.pol.RefreshOwn()
@@ -1039,15 +1011,15 @@ func (s *Server) ensureTable() bool {
 	if err != nil || ok {
 		return false
 	}
-	ms := make([]mapping, 0, len(s.leases.byKey))
-	for _, m := range s.leases.byKey {
-		ms = append(ms, *m)
+	ms := make([]dataplane.Mapping, 0, len(s.leases.ByKey))
+	for _, m := range s.leases.ByKey {
+		ms = append(ms, m.DP())
 	}
 	if err := s.dp.Recreate(ms); err != nil {
-		s.log.Error("the relay's nftables table was removed and could not be recreated", "table", TableName, "err", err)
+		s.log.Error("the relay's nftables table was removed and could not be recreated", "table", dataplane.TableName, "err", err)
 		return false
 	}
-	s.log.Warn("the relay's nftables table was removed by someone else: recreated it", "table", TableName, "mappings", len(ms))
+	s.log.Warn("the relay's nftables table was removed by someone else: recreated it", "table", dataplane.TableName, "mappings", len(ms))
 	return true
 }
 
@@ -1060,19 +1032,19 @@ func (s *Server) ensureTable() bool {
 // liveCounters reads the kernel's counters of every granted mapping
 // (installing the pending batch first: its mappings are not in the kernel
 // yet). Used by the attribution flush and relay status.
-func (s *Server) liveCounters() (map[mapKey]Counter, error) {
-	if len(s.batch) > 0 {
+func (s *Server) liveCounters() (map[dataplane.Key]dataplane.Counter, error) {
+	if len(s.out.batch) > 0 {
 		s.flush()
 	}
-	keys := make([]mapKey, 0, len(s.leases.byKey))
-	for k := range s.leases.byKey {
+	keys := make([]dataplane.Key, 0, len(s.leases.ByKey))
+	for k := range s.leases.ByKey {
 		keys = append(keys, k)
 	}
 	return s.dp.CountersOf(keys)
 }
 
 func (s *Server) logUsage(now time.Time) {
-	if s.attr == nil || s.attr.path == "" || len(s.leases.byKey) == 0 {
+	if s.attr == nil || s.attr.path == "" || len(s.leases.ByKey) == 0 {
 		return
 	}
 	cnt, err := s.liveCounters()
@@ -1081,11 +1053,11 @@ func (s *Server) logUsage(now time.Time) {
 		return
 	}
 	for k, c := range cnt {
-		m := s.leases.byKey[k]
-		if m == nil || c.Bytes == m.usageBytes {
+		m := s.leases.ByKey[k]
+		if m == nil || c.Bytes == m.UsageBytes {
 			continue
 		}
-		m.usageBytes = c.Bytes
+		m.UsageBytes = c.Bytes
 		s.logAttr(withCounter(mappingEvent("usage", m, now), c))
 	}
 }
@@ -1096,39 +1068,16 @@ func (s *Server) logAttr(ev attrEvent) {
 	}
 }
 
-func (s *Server) applyReload(set *Settings) {
-	if set.Listen != s.set.Listen || set.Legacy != s.set.Legacy || set.FastPath != s.set.FastPath {
-		s.log.Warn("reload: listen address, legacy_v1 and fast_path change only on restart")
-		set.Listen, set.Legacy, set.LegacyListen, set.FastPath = s.set.Listen, s.set.Legacy, s.set.LegacyListen, s.set.FastPath
-	}
+// applyReload applies a reloaded configuration. The static part stays
+// as it was at start (warnRestartOnly says what differs); each part takes
+// its share of the reloadable part: keys and the live trust (trust part),
+// gossip, fair share, the attribution log, policy and members.
+func (s *Server) applyReload(c *Config) {
+	s.warnRestartOnly(&c.Static)
+	set := &c.Reloadable
 	s.reloadKeys(set)
-	if !set.Tunnel.Same(s.set.Tunnel) {
-		// The WireGuard device, its subnet, port and destination policy are
-		// set up once; re-creating them would drop every tunnel.
-		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
-	}
-	set.Tunnel = s.set.Tunnel
-	switch {
-	case set.Trust != nil && s.set.Trust != nil && set.Trust.Authority() == s.set.Trust.Authority() && set.CRLFile == s.set.CRLFile:
-		set.Trust = s.set.Trust // keeps the newest revocation list seen
-	case set.Trust != nil && s.set.Trust != nil && set.Trust.Authority() == s.set.Trust.Authority():
-		// Another crl_file of the same authority: the newest list seen
-		// (from the old file or gossip) stays if the new file's is older.
-		if l := s.set.Trust.CRL(); l != nil {
-			_, _ = set.Trust.Install(l)
-		}
-		s.crlMod = time.Time{}
-	case set.Trust == nil && s.set.Trust == nil:
-	default:
-		// Another authority (or none): nobody is certified any more.
-		clear(s.certified)
-		s.crlMod = time.Time{}
-	}
-	s.reloadRoster(set) // after: the roster shares the Trust kept
-	if set.Convert != s.set.Convert {
-		s.log.Warn("reload: the convert section changed but is applied only at start: restart the relay to apply it")
-		set.Convert = s.set.Convert
-	}
+	authorityChanged := s.trust.Reload(set.Trust, set.CRLFile, s.set.CRLFile)
+	s.reloadRoster(set) // after: the roster shares the live trust
 	keep := func(k proto.Key) bool {
 		_, ok := set.Members[k]
 		return ok || s.certifiedOK(k, s.now())
@@ -1139,42 +1088,59 @@ func (s *Server) applyReload(set *Settings) {
 			s.tunnels.Release(k) // also when no session of it is left
 		}
 	}
-	if set.AttributionLog != s.set.AttributionLog || set.AttributionLog != "" && set.AttributionLog != "-" {
+	if set.AttributionLog != s.attr.path || set.AttributionLog != "" && set.AttributionLog != "-" {
 		// Reopening also follows a rotated file.
 		if l, err := openAttrLog(set.AttributionLog); err != nil {
-			s.log.Error("reload: attribution log", "err", err)
-			set.AttributionLog = s.set.AttributionLog
+			s.log.Error("reload: attribution log: keeping the one open", "file", s.attr.path, "err", err)
 		} else {
 			_ = s.attr.Close()
 			s.attr = l
 		}
 	}
-	set.Tunnel = s.set.Tunnel
-	s.reloadFair(set)
+	s.reloadFair(set, authorityChanged)
 	s.set = set
 	s.applyPolicy(set)
-	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", revoked, "active", s.leases.active())
+	s.log.Info("configuration reloaded", "members", len(set.Members), "revoked_mappings", revoked, "active", s.leases.Active())
+}
+
+// warnRestartOnly logs what a reload asked for that applies only at the
+// next start.
+func (s *Server) warnRestartOnly(st *Static) {
+	if st.Listen != s.static.Listen || st.Legacy != s.static.Legacy || st.LegacyListen != s.static.LegacyListen || st.FastPath != s.static.FastPath {
+		s.log.Warn("reload: listen address, legacy_v1 and fast_path change only on restart")
+	}
+	if st.StateFile != s.static.StateFile || st.MetricsListen != s.static.MetricsListen {
+		s.log.Warn("reload: state_file and metrics change only on restart")
+	}
+	if !st.Tunnel.Same(s.static.Tunnel) {
+		// The WireGuard device, its subnet, port and destination policy are
+		// set up once; re-creating them would drop every tunnel.
+		s.log.Warn("reload: the tunnel section changed but is applied only at start: restart the relay to apply it (tunnels in use would be re-established)")
+	}
+	if st.Convert != s.static.Convert {
+		s.log.Warn("reload: the convert section changed but is applied only at start: restart the relay to apply it")
+	}
 }
 
 // shutdown logs every mapping's final counters and removes the table.
 func (s *Server) shutdown() {
-	if s.rosterRestarting {
-		s.rosterRestarted(<-s.rosterDone, true) // the node must not outlive the relay
+	if s.gossip.restarting {
+		s.rosterRestarted(<-s.gossip.done, true) // the node must not outlive the relay
 	}
-	if s.roster != nil {
-		_ = s.roster.Close() // leave first: the others drop this relay at once
+	if s.gossip.node != nil {
+		_ = s.gossip.node.Close() // leave first: the others drop this relay at once
 	}
 	now := s.now()
-	var all []*mapping
-	for _, m := range s.leases.byKey {
+	var all []*lease.Mapping
+	for _, m := range s.leases.ByKey {
 		all = append(all, m)
 	}
 	for _, m := range all {
-		s.leases.remove(m, "shutdown", now)
+		s.leases.Remove(m, "shutdown", now)
 	}
 	s.reap(now, true)
 	s.ledgerTunnels(now)
-	if err := s.fair.led.save(now); err != nil {
+	if err := s.fair.led.Save(now); err != nil {
 		s.log.Error("saving the ledger", "err", err)
 	}
 	if err := s.dp.Close(); err != nil {

@@ -13,10 +13,8 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
 // Status is a running relay's state as `mpdetour relay status` shows it (a
@@ -93,12 +91,6 @@ type TunnelPeer struct {
 	TxBytes       int64     `json:"tx_bytes"`
 }
 
-// tunnelStatuser is implemented by tunnel allocators that can report their
-// WireGuard device (tunnelctl's does).
-type tunnelStatuser interface {
-	Status() (*wgtypes.Device, error)
-}
-
 // statusRequest asks the event loop for a snapshot.
 type statusRequest chan *Status
 
@@ -106,7 +98,7 @@ type statusRequest chan *Status
 // Each connection sends one line ("status") and gets one JSON document.
 func (s *Server) serveStatus(ctx context.Context) {
 	for {
-		c, err := s.lock.AcceptUnix()
+		c, err := s.io.status.AcceptUnix()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -128,31 +120,30 @@ func (s *Server) answerStatus(ctx context.Context, c *net.UnixConn) {
 	if err != nil || strings.TrimSpace(line) != "status" {
 		return // e.g. a second relay asking who holds the lock
 	}
+	if st, err := s.Status(ctx); err == nil {
+		_ = json.NewEncoder(c).Encode(st)
+	}
+}
+
+// Status is a snapshot of the relay, taken by the event loop (Serve must
+// be running): what `relay status` prints.
+func (s *Server) Status(ctx context.Context) (*Status, error) {
 	req := make(statusRequest, 1)
 	select {
-	case s.statusReq <- req:
+	case s.ev.status <- req:
 	case <-ctx.Done():
-		return
+		return nil, ctx.Err()
 	}
 	select {
 	case st := <-req:
-		_ = json.NewEncoder(c).Encode(st)
+		return st, nil
 	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 
 func peerUID(c *net.UnixConn) (uint32, bool) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, false
-	}
-	var uid uint32
-	ok := false
-	_ = rc.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			uid, ok = cred.Uid, true
-		}
-	})
+	_, uid, ok := peerCred(c)
 	return uid, ok
 }
 
@@ -160,7 +151,7 @@ func peerUID(c *net.UnixConn) (uint32, bool) {
 func (s *Server) status() *Status {
 	now := s.now()
 	st := &Status{PID: os.Getpid(), Listen: s.Addr().String(), Started: s.started, Now: now,
-		Ports: fmt.Sprintf("%d-%d", s.set.PortLo, s.set.PortHi), Mappings: s.leases.active()}
+		Ports: fmt.Sprintf("%d-%d", s.set.PortLo, s.set.PortHi), Mappings: s.leases.Active()}
 	cnt, err := s.liveCounters()
 	st.CounterOK = err == nil
 	byName := map[string]*MemberStatus{}
@@ -168,19 +159,19 @@ func (s *Server) status() *Status {
 	for key, name := range s.set.Members {
 		members[key] = name
 	}
-	for key, cm := range s.certified {
+	for key, cm := range s.trust.Certified {
 		if _, static := members[key]; !static && s.certifiedOK(key, now) {
-			members[key] = cm.name
+			members[key] = cm.Name
 		}
 	}
 	for key, name := range members {
 		ms := &MemberStatus{Name: name, Key: key.String(), Mappings: []MappingStatus{}}
-		if cm, ok := s.certified[key]; ok && s.set.Members[key] == "" {
-			ms.CertifiedUntil = cm.notAfter
+		if cm, ok := s.trust.Certified[key]; ok && s.set.Members[key] == "" {
+			ms.CertifiedUntil = cm.NotAfter
 		}
 		var last *session
-		for _, id := range s.byMember[key] {
-			if ses := s.sessions[id]; ses != nil {
+		for _, id := range s.ses.byMember[key] {
+			if ses := s.ses.all[id]; ses != nil {
 				ms.Sessions++
 				if last == nil || ses.created.After(last.created) {
 					last = ses
@@ -192,10 +183,10 @@ func (s *Server) status() *Status {
 		}
 		byName[key.String()] = ms
 	}
-	for _, m := range s.leases.byKey {
+	for _, m := range s.leases.ByKey {
 		k := m.Owner.Key.String()
 		if m.Owner.Key.IsZero() {
-			k = legacyOwner.Name
+			k = lease.LegacyOwner.Name
 		}
 		ms := byName[k]
 		if ms == nil {
@@ -224,8 +215,8 @@ func (s *Server) status() *Status {
 		st.Converter = &ConverterStatus{Listen: s.conv.ln.Addr().String(), Tickets: len(s.conv.tickets.tickets)}
 		s.conv.tickets.mu.Unlock()
 	}
-	if ts, ok := s.tunnels.(tunnelStatuser); ok {
-		if dev, err := ts.Status(); err == nil {
+	if s.tunnels != nil {
+		if dev, err := s.tunnels.Status(); err == nil {
 			t := &TunnelStatus{Device: dev.Name, ListenPort: dev.ListenPort, Peers: []TunnelPeer{}}
 			for _, p := range dev.Peers {
 				tp := TunnelPeer{Key: p.PublicKey.String(), Member: members[proto.Key(p.PublicKey)],
@@ -249,10 +240,22 @@ func (s *Server) status() *Status {
 // QueryStatus asks the relay running in this network namespace for its
 // status.
 func QueryStatus(timeout time.Duration) (*Status, error) {
-	d := net.Dialer{Timeout: timeout}
-	c, err := d.Dial("unix", lockName)
+	dirUID, err := checkRunDir(false)
 	if err != nil {
-		return nil, fmt.Errorf("no mpdetour relay is running in this network namespace (%s: %v)", lockName, err)
+		return nil, fmt.Errorf("no mpdetour relay is running in this network namespace (%v)", err)
+	}
+	_, sockPath, err := lockPaths()
+	if err != nil {
+		return nil, err
+	}
+	c, err := dialStatus(sockPath, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("no mpdetour relay is running in this network namespace (%s: %v)", sockPath, err)
+	}
+	// Only a relay of the run directory's owner (or root) is believed.
+	if _, uid, ok := peerCred(c); !ok || uid != 0 && uid != dirUID {
+		c.Close()
+		return nil, fmt.Errorf("relay status: %s is answered by uid %d, not by root or the owner of %s: not a relay's status", sockPath, uid, RunDir)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(timeout))

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bufio"
 	"bytes"
 	"log/slog"
 	"net/netip"
@@ -20,54 +19,6 @@ func testKey(t *testing.T) proto.Key {
 		t.Fatal(err)
 	}
 	return k
-}
-
-func TestParseConfig(t *testing.T) {
-	priv, member := testKey(t), testKey(t).Public()
-	good := "private_key: " + priv.String() + "\nmembers:\n  - {name: a, public_key: " + member.String() + "}\n"
-	s, err := ParseConfig([]byte(good))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Listen.Port() != DefaultPort || s.PortLo != 20000 || !s.DenyPorts[25] || s.Members[member] != "a" || s.Legacy || s.FastPath {
-		t.Fatalf("defaults: %+v", s)
-	}
-	s, err = ParseConfig([]byte(good + "ports: 40000-40010\nlease: 30s\ndeny_ports: [22]\nallow_destinations: [10.0.0.0/8, 192.0.2.1]\nlegacy_v1: {enabled: true}\nquota: {per_member: 5, global: 7}\nfast_path: true\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.PortLo != 40000 || s.PortHi != 40010 || s.Lease != 30*time.Second || s.DenyPorts[25] || !s.DenyPorts[22] ||
-		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 || !s.FastPath {
-		t.Fatalf("parsed: %+v", s)
-	}
-	s, err = ParseConfig([]byte(good + "convert: {enabled: true}\n"))
-	if err != nil || !s.Convert.Enabled || s.Convert.Listen.Port() != DefaultConvertPort || s.Convert.MaxConns != 1024 {
-		t.Fatalf("convert defaults: %+v %v", s.Convert, err)
-	}
-	bad := map[string]string{
-		"":                           "empty",
-		"private_key: x\n":           "private_key",
-		good + "ports: 9-1\n":        "ports",
-		good + "lease: forever\n":    "duration",
-		good + "lease: 1s\n":         "lease",
-		good + "listen: nowhere\n":   "listen",
-		good + "listen: '[::1]:1'\n": "IPv4",
-		good + "allow_destinations: [10.0.0.1/8]\n":                                "host bits",
-		good + "unknown_field: 1\n":                                                "unknown_field",
-		"private_key: " + priv.String() + "\n":                                     "members",
-		good + "  - {name: a, public_key: " + testKey(t).Public().String() + "}\n": "duplicate",
-		good + "  - {name: b, public_key: " + member.String() + "}\n":              "same key",
-		good + "metrics: {listen: x}\n":                                            "metrics.listen",
-		good + "convert: {enabled: true, listen: nowhere}\n":                       "convert.listen",
-		good + "convert: {enabled: true, max_conns: -1}\n":                         "convert.max_conns",
-		good + "fast_path: sometimes\n":                                            "fast_path",
-	}
-	for cfg, want := range bad {
-		_, err := ParseConfig([]byte(cfg))
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("config %q: error %v, want one mentioning %q", cfg, err, want)
-		}
-	}
 }
 
 func TestPolicy(t *testing.T) {
@@ -91,66 +42,6 @@ func TestPolicy(t *testing.T) {
 		if err := p.Check(netip.MustParseAddrPort(s)); err == nil {
 			t.Errorf("%s allowed", s)
 		}
-	}
-}
-
-func TestParseProcNetTCP(t *testing.T) {
-	const table = `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
-   1: 0100007F:0035 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
-   2: 0201000A:9C40 0101000A:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0000000000000000 20 4 30 10 -1
-`
-	ports := map[uint16]bool{}
-	if err := parseProcNetTCP(bufio.NewScanner(strings.NewReader(table)), ports); err != nil {
-		t.Fatal(err)
-	}
-	if len(ports) != 2 || !ports[8080] || !ports[53] || ports[40000] {
-		t.Fatalf("listening ports %v, want 8080 and 53 only (40000 is an established socket)", ports)
-	}
-	if err := parseProcNetTCP(bufio.NewScanner(strings.NewReader("hdr\n 0: zz 0 0A\n")), ports); err == nil {
-		t.Fatal("garbage accepted")
-	}
-	// The real tables parse.
-	if _, err := listeningPorts(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestPickPort(t *testing.T) {
-	lt := newLeaseTable()
-	c := netip.MustParseAddr("192.0.2.1")
-	reserved := func(p uint16) bool { return p == 101 }
-	if p, ok := lt.pickPort(c, 100, 100, 102, false, reserved); !ok || p != 100 {
-		t.Fatalf("proposed free port: %d %v", p, ok)
-	}
-	lt.add(&mapping{Key: mapKey{c, 100}, Server: netip.MustParseAddrPort("198.51.100.1:1")})
-	if p, ok := lt.pickPort(c, 100, 100, 102, false, reserved); !ok || p != 102 {
-		t.Fatalf("taken proposed port: got %d %v, want 102 (101 is a listener)", p, ok)
-	}
-	lt.add(&mapping{Key: mapKey{c, 102}, Server: netip.MustParseAddrPort("198.51.100.1:2")})
-	if _, ok := lt.pickPort(c, 0, 100, 102, false, reserved); ok {
-		t.Fatal("port found in a full range")
-	}
-	// Another client has the whole range to itself.
-	if _, ok := lt.pickPort(netip.MustParseAddr("192.0.2.2"), 100, 100, 102, false, reserved); !ok {
-		t.Fatal("ports are per client")
-	}
-	// A closing mapping keeps its port until its counter is read.
-	m := lt.byKey[mapKey{c, 100}]
-	lt.remove(m, "release", time.Now())
-	if _, ok := lt.pickPort(c, 100, 100, 100, false, reserved); ok {
-		t.Fatal("closing port reused")
-	}
-	if lt.count[quotaKey(m.Owner, c)] != 1 {
-		t.Fatalf("quota count %v", lt.count)
-	}
-	// Legacy v1 (anywhere): an unprivileged proposal outside the range is
-	// echoed; a privileged one is not.
-	if p, ok := lt.pickPort(c, 50000, 100, 102, true, reserved); !ok || p != 50000 {
-		t.Fatalf("legacy proposal outside the range: %d %v, want 50000", p, ok)
-	}
-	if p, ok := lt.pickPort(c, 80, 100, 102, true, reserved); ok && p == 80 {
-		t.Fatal("legacy proposal of a privileged port echoed")
 	}
 }
 

@@ -58,22 +58,21 @@ type FileRelay struct {
 // Build validates the section; errors name the field.
 func (f *FileConfig) Build() (SourceConfig, error) {
 	var sc SourceConfig
-	text := f.Key
+	var k proto.Key
+	var err error
 	switch {
 	case f.Key != "" && f.KeyFile != "":
 		return sc, errors.New("key and key_file are exclusive")
 	case f.KeyFile != "":
-		b, err := os.ReadFile(f.KeyFile)
-		if err != nil {
+		if k, err = config.ReadKeyFile(f.KeyFile, proto.ParseKey); err != nil {
 			return sc, fmt.Errorf("key_file: %w", err)
 		}
-		text = string(b)
 	case f.Key == "":
 		return sc, errors.New("key (or key_file) is required: the member's private key (`mpdetour relay genkey`)")
-	}
-	k, err := proto.ParseKey(text)
-	if err != nil {
-		return sc, fmt.Errorf("key: %w", err)
+	default:
+		if k, err = proto.ParseKey(f.Key); err != nil {
+			return sc, fmt.Errorf("key: %w", err)
+		}
 	}
 	sc.PrivateKey = k
 	if f.CertificateFile != "" {

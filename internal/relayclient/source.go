@@ -30,6 +30,9 @@ type SourceConfig struct {
 	// Discovery: also use relays of the collective's roster (nil: only
 	// Relays; roster.go).
 	Discovery *Discovery
+	// Observe, when set, is told the outcome of every grant and renewal
+	// (the agent's per-relay state: agent.RelayHealth). It must not block.
+	Observe func(relay, op string, server netip.AddrPort, err error)
 }
 
 // Source asks relays for NAT detours: Prepare starts a grant in the
@@ -215,6 +218,7 @@ func (s *Source) grant(k entryKey, e *entry) {
 		return
 	}
 	e.pending = false
+	s.observe(c, "grant", k.server, err)
 	if err != nil {
 		e.failedAt, e.err = now, err
 		s.log.Info("relay grant failed", "relay", c.relay.Name, "server", k.server, "err", err)
@@ -223,6 +227,14 @@ func (s *Source) grant(k entryKey, e *entry) {
 	e.detour, e.expires, e.renewAt = d, now.Add(lease), now.Add(lease/2)
 	s.log.Debug("relay grant", "relay", c.relay.Name, "server", k.server, "detour", d, "lease", lease)
 	s.notify()
+}
+
+// observe reports an outcome to SourceConfig.Observe (a cancelled request
+// of a closing Source is no outcome).
+func (s *Source) observe(c *Conn, op string, server netip.AddrPort, err error) {
+	if s.cfg.Observe != nil && s.ctx.Err() == nil {
+		s.cfg.Observe(c.relay.Name, op, server, err)
+	}
 }
 
 // Changed implements detour.Notifier: a value arrives after a grant came
@@ -371,6 +383,7 @@ func (s *Source) renew(k entryKey, e *entry) {
 			s.notify() // the detour moved: subflows through the old port are dead
 		}
 	}
+	s.observe(c, "renew", k.server, err)
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -29,7 +29,7 @@ func crlCluster(t *testing.T, f *fixture, n int, logs *syncBuf, learned *atomic.
 	for i := 0; i < n; i++ {
 		k, c := f.relay(t, fmt.Sprintf("r%d", i), collective.RoleRelay)
 		tr := collective.NewTrust(f.auth.Public())
-		cfg := Config{Bind: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t)), Key: k, Cert: c, Trust: tr,
+		cfg := Config{Bind: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t)), Key: k, Cert: c, Trust: tr, Secret: testSecret,
 			Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 			OnCRL: func(*collective.RevocationList) {
 				if learned != nil {

@@ -310,6 +310,10 @@ func Reason(err error) string {
 
 var errNameMismatch = errors.New("node name is not the entry's relay key")
 
+// ReasonUnauthenticated counts gossip packets and streams memberlist
+// dropped because they were not sealed with the cluster's gossip secret.
+const ReasonUnauthenticated = "unauthenticated"
+
 // NodeName is the memberlist node name of a relay: its public key in
 // base64url, so an entry can only be carried by the node named for its key.
 func NodeName(k proto.Key) string {

@@ -33,8 +33,11 @@ type Config struct {
 	// Join: gossip addresses of relays already in the cluster (any one
 	// suffices); retried every RejoinEvery while this relay is alone.
 	Join []string
-	// Secret: optional 32-byte key encrypting gossip (memberlist's AES-GCM
-	// keyring); every relay of the cluster needs the same.
+	// Secret: the 32-byte key that authenticates and encrypts all gossip
+	// (memberlist's AES-GCM keyring; packets and streams without it are
+	// dropped); every relay of the cluster needs the same. Required:
+	// without it anyone who reaches the gossip port could declare a live
+	// relay dead (docs/security.md).
 	Secret []byte
 	// Failure detection (defaults 500 ms, 250 ms, 3: a dead relay leaves
 	// the roster within about 3 s in small clusters, see docs/collective.md).
@@ -98,7 +101,8 @@ type Node struct {
 	entries map[string]*known // by node name
 	refused map[string]uint64 // by Reason
 	changes uint64
-	crl     crlState // the revocation list's gossip (crl.go)
+	snap    *Snapshot // the last one built (snapshot.go)
+	crl     crlState  // the revocation list's gossip (crl.go)
 	ml      atomic.Pointer[memberlist.Memberlist]
 
 	stop chan struct{}
@@ -127,6 +131,9 @@ const (
 func Start(cfg Config, info Info) (*Node, error) {
 	if cfg.Cert == nil || cfg.Trust == nil {
 		return nil, errors.New("roster: a relay certificate and the authority are required")
+	}
+	if len(cfg.Secret) != 32 {
+		return nil, fmt.Errorf("roster: a gossip secret of 32 bytes is required (got %d bytes): unauthenticated gossip lets anyone remove relays", len(cfg.Secret))
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -179,7 +186,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 	// suspicion timeout and shortens it as other relays confirm it. With
 	// memberlist's 6, a dead relay that only one relay has probed yet
 	// stays in the roster up to 6 x 1.95 s at 20 relays; the roster
-	// should lose a dead relay within 5 s (issue 15; measured in the
+	// should lose a dead relay within 5 s (measured in the
 	// collective scenario: docs/results/collective). 2 caps it at
 	// 2 x 1.95 s: a live relay still has that long to refute.
 	mc.SuspicionMaxTimeoutMult = suspicionMaxTimeoutMult
@@ -189,10 +196,11 @@ func Start(cfg Config, info Info) (*Node, error) {
 	mc.EnableCompression = false
 	mc.Delegate = (*delegate)(n)
 	mc.Events = (*events)(n)
-	mc.Logger = log.New(&logWriter{n.log}, "", 0)
-	if cfg.Secret != nil {
-		mc.SecretKey = cfg.Secret
-	}
+	mc.Logger = log.New(&logWriter{l: n.log, n: n}, "", 0)
+	// Authenticated and encrypted both ways (memberlist refuses
+	// unencrypted packets and streams with GossipVerifyIncoming).
+	mc.SecretKey = cfg.Secret
+	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	scaleTimes(mc, cfg.TimeScale)
 	if cfg.Transport != nil {
 		mc.Transport = cfg.Transport
@@ -374,26 +382,7 @@ func (n *Node) SetTrust(t *collective.Trust) {
 // included), sorted by name; expired or since revoked certificates are
 // left out.
 func (n *Node) Entries() []*Entry {
-	now := n.cfg.Now()
-	n.mu.Lock()
-	out := make([]*Entry, 0, len(n.entries))
-	for _, k := range n.entries {
-		c := k.entry.Cert
-		if now.Before(c.NotAfter) && !n.trust.Revoked(c.Serial) {
-			out = append(out, k.entry)
-		}
-	}
-	n.mu.Unlock()
-	slices.SortFunc(out, func(a, b *Entry) int {
-		if a.Name() != b.Name() {
-			if a.Name() < b.Name() {
-				return -1
-			}
-			return 1
-		}
-		return bytes.Compare(a.Cert.Member[:], b.Cert.Member[:])
-	})
-	return out
+	return slices.Clone(n.Snapshot().Entries)
 }
 
 // Count is len(Entries()) without building the list.
@@ -558,10 +547,40 @@ func (e *events) NotifyUpdate(node *memberlist.Node) { (*Node)(e).learn(node) }
 func (e *events) NotifyLeave(node *memberlist.Node)  { (*Node)(e).forget(node) }
 
 // logWriter turns memberlist's log lines ("[DEBUG] memberlist: ...") into
-// slog records at the matching level.
-type logWriter struct{ l *slog.Logger }
+// slog records at the matching level. Gossip that does not authenticate
+// (no or another secret: memberlist drops it and logs the failure) is
+// counted as refused "unauthenticated" and logged at most once every 10 s,
+// with the count of the lines not logged: anybody can send such packets.
+type logWriter struct {
+	l *slog.Logger
+	n *Node
+
+	mu    sync.Mutex
+	last  time.Time
+	muted uint64
+}
 
 func (w *logWriter) Write(p []byte) (int, error) {
+	if w.n != nil && (bytes.Contains(p, []byte("Decrypt packet failed")) || bytes.Contains(p, []byte("decrypt")) || bytes.Contains(p, []byte("Decrypt"))) {
+		w.n.mu.Lock()
+		w.n.refused[ReasonUnauthenticated]++
+		w.n.mu.Unlock()
+		if w.n.cfg.OnRefused != nil {
+			w.n.cfg.OnRefused(ReasonUnauthenticated)
+		}
+		w.mu.Lock()
+		now := time.Now()
+		if now.Sub(w.last) < 10*time.Second {
+			w.muted++
+			w.mu.Unlock()
+			return len(p), nil
+		}
+		muted := w.muted
+		w.last, w.muted = now, 0
+		w.mu.Unlock()
+		w.l.Warn("roster: gossip refused reason=unauthenticated (not sealed with this cluster's gossip secret)", "msg", string(bytes.TrimSpace(p)), "not_logged", muted)
+		return len(p), nil
+	}
 	s := string(bytes.TrimSpace(p))
 	lvl := slog.LevelDebug
 	switch {

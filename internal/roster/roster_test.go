@@ -236,7 +236,7 @@ func startCluster(t *testing.T, f *fixture, n int, logs *syncBuf) []*Node {
 	for i := 0; i < n; i++ {
 		k, c := f.relay(t, fmt.Sprintf("r%d", i), collective.RoleRelay)
 		port := freePort(t)
-		cfg := Config{Bind: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), Key: k, Cert: c, Trust: f.trust,
+		cfg := Config{Bind: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), Key: k, Cert: c, Trust: f.trust, Secret: testSecret,
 			Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 		if i > 0 {
 			cfg.Join = []string{nodes[0].list.LocalNode().Address()}
@@ -298,7 +298,7 @@ func TestClusterJoinForgedAndDeath(t *testing.T) {
 	// them in, the roster does not.
 	intruders := newFixture(t)
 	ik, ic := intruders.relay(t, "intruder", collective.RoleRelay)
-	bad, err := Start(Config{Bind: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t)), Key: ik, Cert: ic, Trust: intruders.trust,
+	bad, err := Start(Config{Bind: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t)), Key: ik, Cert: ic, Trust: intruders.trust, Secret: testSecret,
 		Join: []string{nodes[0].list.LocalNode().Address()}}, Info{Addrs: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:1")}, Capacity: 1, Kinds: KindNAT})
 	if err != nil {
 		t.Fatal(err)

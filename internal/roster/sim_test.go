@@ -83,7 +83,7 @@ func TestScaleTimes(t *testing.T) {
 	if !reflect.DeepEqual(&same, orig) {
 		t.Fatal("scale 1 changed the configuration")
 	}
-	if _, err := Start(Config{TimeScale: -1, Cert: &collective.Certificate{}, Trust: collective.NewTrust(collective.AuthorityKey{})}, Info{}); err == nil || !strings.Contains(err.Error(), "time scale") {
+	if _, err := Start(Config{TimeScale: -1, Secret: testSecret, Cert: &collective.Certificate{}, Trust: collective.NewTrust(collective.AuthorityKey{})}, Info{}); err == nil || !strings.Contains(err.Error(), "time scale") {
 		t.Fatalf("negative time scale: %v", err)
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"testing"
 )
 
+// testSecret is the gossip secret of the tests' clusters.
+var testSecret = []byte("roster-test-gossip-secret-32byte")
+
 // freePort finds a port free for both UDP and TCP on 127.0.0.1.
 func freePort(t testing.TB) uint16 {
 	t.Helper()

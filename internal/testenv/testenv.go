@@ -64,16 +64,20 @@ func Tools(t testing.TB, names ...string) {
 
 // BuildMpdetour compiles the mpdetour command into dir and returns the
 // binary's path.
-func BuildMpdetour(dir string) (string, error) {
+func BuildMpdetour(dir string) (string, error) { return BuildCommand(dir, "mpdetour") }
+
+// BuildCommand compiles the command cmd/NAME (mpdetour, mpdetour-lab) into
+// dir and returns the binary's path.
+func BuildCommand(dir, name string) (string, error) {
 	gomod, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil || strings.TrimSpace(string(gomod)) == "" || strings.TrimSpace(string(gomod)) == os.DevNull {
-		return "", fmt.Errorf("build mpdetour: cannot find the module root (go env GOMOD: %q, %v)", gomod, err)
+		return "", fmt.Errorf("build %s: cannot find the module root (go env GOMOD: %q, %v)", name, gomod, err)
 	}
-	bin := filepath.Join(dir, "mpdetour")
+	bin := filepath.Join(dir, name)
 	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), "cmd", "mpdetour")
+	cmd.Dir = filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), "cmd", name)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build mpdetour: %v\n%s", err, out)
+		return "", fmt.Errorf("build %s: %v\n%s", name, err, out)
 	}
 	return bin, nil
 }

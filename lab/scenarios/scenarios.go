@@ -1,5 +1,5 @@
 // Package scenarios holds the built-in benchmark scenarios of
-// `mpdetour lab bench` (format: docs/bench.md). They are plain files so
+// `mpdetour-lab bench` (format: docs/bench.md). They are plain files so
 // that they double as examples for writing new ones.
 package scenarios
 

@@ -24,9 +24,10 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
-// Procedure collective (issue 15, topology collective): the cell's detour
+// Procedure collective (topology collective, docs/collective.md): the cell's detour
 // nodes run relays of one collective (certificates from one authority,
 // gossip cluster joined through the first relay); every trial starts an
 // agent on each client node whose configuration lists ONE bootstrap relay
@@ -122,6 +123,10 @@ func setupCollective(ctx context.Context, env *Env) (_ Session, err error) {
 		p := filepath.Join(env.Dir, name+".cert")
 		return p, os.WriteFile(p, []byte(c.String()+"\n"), 0o600)
 	}
+	gossipKey := filepath.Join(env.Dir, "gossip.key") // one secret for all relays
+	if err := os.WriteFile(gossipKey, []byte(roster.NewSecret()), 0o600); err != nil {
+		return nil, err
+	}
 	server := env.Lab.Addr(env.Roles.Server)
 	first := env.Lab.Addr(env.Cell.Detours[0])
 	for i, node := range env.Cell.Detours {
@@ -148,9 +153,10 @@ collective:
   certificate_file: %s
   gossip:
     bind: %s
+    secret_file: %s
 %s    region: lab
 `, netip.AddrPortFrom(addr, relay.DefaultPort), k, relayLease, server, auth.Public(), cert,
-			netip.AddrPortFrom(addr, collGossipPort), join)
+			netip.AddrPortFrom(addr, collGossipPort), gossipKey, join)
 		cfg += env.RelayConfig
 		path := filepath.Join(env.Dir, "relay-"+node+".yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {

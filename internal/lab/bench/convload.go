@@ -18,20 +18,24 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/convload"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 )
 
-// ConvertLoadOptions configure ConvertLoad ("mpdetour lab convert-load",
-// issue 14): a lab of topology line (client -- relay -- server), the
-// converter in the relay node (the real `mpdetour relay` with `convert:`),
-// a one-byte responder in the server node, and the load generator
-// ("mpdetour bench convert-load") in the client node as a member of the
-// relay.
+// ConvertLoadOptions configure ConvertLoad ("mpdetour-lab convert-load"):
+// a lab of topology line (client -- relay -- server), the converter in the
+// relay node (the real `mpdetour relay` with `convert:`), a one-byte
+// responder in the server node, and the load generator
+// ("mpdetour-lab convert-load-member", package convload) in the client
+// node as a member of the relay.
 type ConvertLoadOptions struct {
 	Lab    *lab.Lab // topology line, up
-	Binary string
-	Dir    string // scratch: configs, keys, logs
+	Binary string   // mpdetour executable for the relay
+	// LabBinary runs the load generator: an executable with the
+	// "convert-load-member" command (mpdetour-lab).
+	LabBinary string
+	Dir       string // scratch: configs, keys, logs
 
 	Idle        int // hold this many conversions idle ...
 	Concurrency int
@@ -42,7 +46,7 @@ type ConvertLoadOptions struct {
 	// MemberRate, when > 0, is the relay's rate.per_member (control
 	// requests per second per member; burst twice that). The default (50)
 	// with up to 32 tickets per request (proto.MaxTickets) caps one member at
-	// 1,600 conversions/s (400/s with 8 per request before 2026-11-26).
+	// 1,600 conversions/s (400/s with the earlier 8 per request).
 	MemberRate float64
 	Progress   io.Writer
 }
@@ -66,14 +70,14 @@ type ProcessLook struct {
 
 // ConvertLoadReport is what ConvertLoad measured.
 type ConvertLoadReport struct {
-	Mode      string                       `json:"mode"`
-	Options   map[string]string            `json:"options"`
-	Before    ProcessLook                  `json:"converter_before"`
-	Held      *ProcessLook                 `json:"converter_held,omitempty"` // idle: all conversions open
-	After     ProcessLook                  `json:"converter_after"`
-	Opened    *benchtool.ConvertLoadResult `json:"opened,omitempty"`
-	Result    *benchtool.ConvertLoadResult `json:"result"`
-	Responder int                          `json:"responder_held,omitempty"` // idle: connections the destination held
+	Mode      string            `json:"mode"`
+	Options   map[string]string `json:"options"`
+	Before    ProcessLook       `json:"converter_before"`
+	Held      *ProcessLook      `json:"converter_held,omitempty"` // idle: all conversions open
+	After     ProcessLook       `json:"converter_after"`
+	Opened    *convload.Result  `json:"opened,omitempty"`
+	Result    *convload.Result  `json:"result"`
+	Responder int               `json:"responder_held,omitempty"` // idle: connections the destination held
 	// Per conversion (idle): converter RSS, fds, kernel slab growth
 	// (whole machine: client, converter and destination sockets).
 	PerConn map[string]float64 `json:"per_conversion,omitempty"`
@@ -122,6 +126,9 @@ func ConvertLoad(ctx context.Context, o ConvertLoadOptions) (*ConvertLoadReport,
 			return nil, fmt.Errorf("convert load needs topology line (nodes client, relay, server); no node %q", n)
 		}
 	}
+	if o.Binary == "" || o.LabBinary == "" {
+		return nil, errors.New("convert load needs the mpdetour binary (the relay) and the mpdetour-lab binary (the load generator)")
+	}
 	env := &Env{Lab: l, Dir: o.Dir, Binary: o.Binary}
 	relayKey, err := proto.GenerateKey()
 	if err != nil {
@@ -169,7 +176,7 @@ convert:
 	}); err != nil {
 		return nil, fmt.Errorf("responder: %w", err)
 	}
-	resp := benchtool.NewConvertResponder(ln)
+	resp := convload.NewResponder(ln)
 	defer resp.Close()
 	conv, err := startDaemon(ctx, env, "relay", "relay", o.Binary, "relay", "--config", cfgPath)
 	if err != nil {
@@ -187,7 +194,7 @@ convert:
 	if rep.Before, err = look(l, pid); err != nil {
 		return nil, err
 	}
-	args := []string{o.Binary, "bench", "convert-load",
+	args := []string{o.LabBinary, "convert-load-member",
 		"--relay", netip.AddrPortFrom(l.Addr("relay"), relay.DefaultPort).String(),
 		"--relay-key", relayKey.Public().String(), "--key-file", keyFile,
 		"--dst", netip.AddrPortFrom(server, convertLoadPort).String()}
@@ -221,7 +228,7 @@ convert:
 		var ev struct {
 			Event string `json:"event"`
 		}
-		var r benchtool.ConvertLoadResult
+		var r convload.Result
 		if json.Unmarshal(sc.Bytes(), &ev) != nil || json.Unmarshal(sc.Bytes(), &r) != nil {
 			return nil, fmt.Errorf("load generator: bad line %q", sc.Text())
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
-// TestConvertLoad runs "lab convert-load" small, both modes, against the
+// TestConvertLoad runs "mpdetour-lab convert-load" small, both modes, against the
 // real converter (a relay with convert:) in a line lab: every idle
 // conversion is open at the destination and still answers after the hold,
 // each costs the converter descriptors (two sockets, and the splice pipes
@@ -22,7 +22,7 @@ import (
 func TestConvertLoad(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "pgrep")
-	b := binary(t)
+	b, lb := binary(t), labBinary(t)
 	name := fmt.Sprintf("cvt%d", os.Getpid()%100000)
 	t.Cleanup(func() { checkClean(t, name) })
 	topo, err := topology.Builtin("line")
@@ -41,7 +41,7 @@ func TestConvertLoad(t *testing.T) {
 		}
 	}()
 	const idle = 150
-	rep, err := ConvertLoad(ctx, ConvertLoadOptions{Lab: l, Binary: b, Dir: t.TempDir(), Idle: idle, Concurrency: 16, Hold: time.Second})
+	rep, err := ConvertLoad(ctx, ConvertLoadOptions{Lab: l, Binary: b, LabBinary: lb, Dir: t.TempDir(), Idle: idle, Concurrency: 16, Hold: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestConvertLoad(t *testing.T) {
 	if rep.Held.RSSKiB <= 0 || rep.Held.Threads <= 0 {
 		t.Errorf("converter sample %+v", rep.Held)
 	}
-	rep, err = ConvertLoad(ctx, ConvertLoadOptions{Lab: l, Binary: b, Dir: t.TempDir(), Rate: 50, Duration: 2 * time.Second})
+	rep, err = ConvertLoad(ctx, ConvertLoadOptions{Lab: l, Binary: b, LabBinary: lb, Dir: t.TempDir(), Rate: 50, Duration: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,10 +105,12 @@ func Procedures() map[string]Setup {
 		scenario.TCPEncap:    setupTCPEncap,
 		scenario.MPTCPEncap:  setupMPTCPEncap,
 
-		scenario.MPTCPNATStatic:      setupMPTCPNAT,
-		scenario.MPTCPNATAdaptive:    setupMPTCPNAT,
-		scenario.MPTCPTunnelStatic:   setupMPTCPTunnel,
-		scenario.MPTCPTunnelAdaptive: setupMPTCPTunnel,
+		scenario.MPTCPNATStatic:         setupMPTCPNAT,
+		scenario.MPTCPNATAdaptive:       setupMPTCPNAT,
+		scenario.MPTCPTunnelStatic:      setupMPTCPTunnel,
+		scenario.MPTCPTunnelAdaptive:    setupMPTCPTunnel,
+		scenario.MPTCPNATBackupFirst:    setupMPTCPNAT,
+		scenario.MPTCPTunnelBackupFirst: setupMPTCPTunnel,
 
 		scenario.MPTCPNATBackupStatic:   setupMPTCPNATBackup,
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,

@@ -38,17 +38,20 @@ func checkClean(t *testing.T, name string) {
 			t.Errorf("namespace left behind: %s", l)
 		}
 	}
-	if bin != "" {
-		if out, err := exec.Command("pgrep", "-f", bin).Output(); err == nil {
-			t.Errorf("processes of %s left behind: %s", bin, out)
+	for _, b := range []string{bin, labBin} {
+		if b == "" {
+			continue
+		}
+		if out, err := exec.Command("pgrep", "-f", b).Output(); err == nil {
+			t.Errorf("processes of %s left behind: %s", b, out)
 		}
 	}
 }
 
 var (
-	buildOnce sync.Once
-	bin       string
-	buildErr  error
+	buildOnce, buildLabOnce sync.Once
+	bin, labBin             string
+	buildErr, buildLabErr   error
 )
 
 // binary builds cmd/mpdetour once: relay and agent run as processes in
@@ -70,11 +73,32 @@ func binary(t *testing.T) string {
 	return bin
 }
 
+// labBinary builds cmd/mpdetour-lab once, for the helpers the lab runs as
+// its own commands in lab nodes (the converter's load generator).
+func labBinary(t *testing.T) string {
+	t.Helper()
+	testenv.Tools(t, "go")
+	buildLabOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "te-bench-labbin-")
+		if err != nil {
+			buildLabErr = err
+			return
+		}
+		labBin, buildLabErr = testenv.BuildCommand(dir, "mpdetour-lab")
+	})
+	if buildLabErr != nil {
+		t.Fatal(buildLabErr)
+	}
+	return labBin
+}
+
 func TestMain(m *testing.M) {
 	lab.Reexec()
 	code := m.Run()
-	if bin != "" {
-		os.RemoveAll(filepath.Dir(bin))
+	for _, b := range []string{bin, labBin} {
+		if b != "" {
+			os.RemoveAll(filepath.Dir(b))
+		}
 	}
 	os.Exit(code)
 }

@@ -34,10 +34,13 @@ type SoakOptions struct {
 	// Duration of the churn [5m]. RestartEvery: a relay (alternating) is
 	// restarted this often, every third time with SIGKILL [Duration/12,
 	// i.e. 5 min in an hour]. FlapEvery/FlapFor: detour1's core link (C1)
-	// is black-holed for FlapFor this often [30s / 5s].
+	// is black-holed for FlapFor this often [30s / 5s], and half a period
+	// later the default path (C0) for as long (FlapFor < FlapEvery/2).
 	Duration, RestartEvery, FlapEvery, FlapFor time.Duration
-	// ConnsPerSecond short MPTCP connections (open, send 32 KB, close) [5];
-	// Long connections keep sending ~2 Mbit/s each for the whole run [2].
+	// ConnsPerSecond short MPTCP connections (open, send 32 KB, read them
+	// back, close) [5], started on a fixed schedule (Duration x
+	// ConnsPerSecond of them); Long connections keep sending ~2 Mbit/s
+	// each for the whole run [2]. Every byte is echoed and checked.
 	ConnsPerSecond float64
 	ConnBytes      int // bytes each short connection sends [32 KiB]
 	Long           int
@@ -52,9 +55,12 @@ type SoakSample struct {
 	T      float64              `json:"t"` // seconds since the churn started
 	Agent  ProcStats            `json:"agent"`
 	Relays map[string]RelayLook `json:"relays"`
-	// Connections opened and failed so far (short and long).
-	Opened int64 `json:"opened"`
-	Failed int64 `json:"failed"`
+	// Connections started (short and long), ended with every byte echoed
+	// and checked, and failed so far; bytes checked.
+	Opened   int64 `json:"opened"`
+	Verified int64 `json:"verified"`
+	Failed   int64 `json:"failed"`
+	Bytes    int64 `json:"bytes_verified"`
 }
 
 // ProcStats are a daemon's resources, from its Prometheus endpoint.
@@ -63,6 +69,11 @@ type ProcStats struct {
 	FDs        float64 `json:"fds"`
 	Goroutines float64 `json:"goroutines"`
 	CPUSeconds float64 `json:"cpu_seconds"` // since the process started
+	// What of the RSS is Go's: the heap in use, goroutine stacks, and all
+	// memory the Go runtime obtained from the OS (go_memstats_*).
+	HeapInuseBytes  float64 `json:"heap_inuse_bytes,omitempty"`
+	StackInuseBytes float64 `json:"stack_inuse_bytes,omitempty"`
+	GoSysBytes      float64 `json:"go_sys_bytes,omitempty"`
 	// P99CreateS is the agent's ESTABLISHED -> SUBFLOW_CREATE p99 over its
 	// recent samples (agent only).
 	P99CreateS float64 `json:"p99_create_s,omitempty"`
@@ -92,10 +103,22 @@ type SoakReport struct {
 		ConnBytes, Long                            int
 		Policy                                     string `json:",omitempty"`
 	} `json:"options"`
+	Version  string       `json:"version"` // version of the mpdetour binary the soak runs
 	Samples  []SoakSample `json:"samples"`
 	Restarts []string     `json:"restarts"` // "t=..s relay detour1 SIGTERM"
-	Final    map[string]RelayLook
-	Checks   []SoakCheck `json:"checks"`
+	Faults   []string     `json:"faults"`   // "t=..s C0 (default path) 5s"
+	// Expected short connections (Duration x ConnsPerSecond) and the
+	// short ones started; failures by kind (short and long).
+	ExpectedShort int64            `json:"expected_short"`
+	StartedShort  int64            `json:"started_short"`
+	Failures      map[string]int64 `json:"failures"`
+	// AgentRSSTrend: the agent's RSS slope after the warm-up (MB/h) with
+	// its 95 % confidence interval.
+	AgentRSSTrend struct {
+		Slope, Lo, Hi, WindowS float64
+	} `json:"agent_rss_trend_mb_per_h"`
+	Final  map[string]RelayLook
+	Checks []SoakCheck `json:"checks"`
 }
 
 // Failed lists the checks that did not pass.
@@ -146,7 +169,10 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if o.Sample <= 0 {
 		o.Sample = 10 * time.Second
 	}
-	rep := &SoakReport{Final: map[string]RelayLook{}}
+	if o.FlapFor >= o.FlapEvery/2 {
+		return nil, fmt.Errorf("flap-for %s must be shorter than half of flap-every %s (the detour and the default path are faulted in turn)", o.FlapFor, o.FlapEvery)
+	}
+	rep := &SoakReport{Final: map[string]RelayLook{}, Version: productVersion(o.Binary)}
 	rep.Options.Duration, rep.Options.RestartEvery = o.Duration.String(), o.RestartEvery.String()
 	rep.Options.FlapEvery, rep.Options.FlapFor = o.FlapEvery.String(), o.FlapFor.String()
 	rep.Options.ConnsPerSecond, rep.Options.Long, rep.Options.ConnBytes = o.ConnsPerSecond, o.Long, o.ConnBytes
@@ -169,18 +195,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 		return nil, fmt.Errorf("server sink: %w", err)
 	}
 	defer ln.Close()
-	go func() { // a sink: reads until the client closes
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(io.Discard, c)
-			}()
-		}
-	}()
+	go soakEcho(ln)
 	rs, err := startRelays(ctx, env, natTunnel)
 	if err != nil {
 		return nil, err
@@ -201,38 +216,42 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	}
 	defer agent.stop()
 
-	var opened, failed atomic.Int64
+	var tally soakTally
 	runCtx, stopRun := context.WithTimeout(ctx, o.Duration)
 	defer stopRun()
 	var wg sync.WaitGroup
 	start := time.Now()
+	// A dial waits out a default-path fault (SYN retransmissions at 1, 3
+	// and 7 s): 15 s.
 	dial := func() (net.Conn, error) {
 		var c net.Conn
 		err := o.Lab.Do("client", func() (err error) {
-			d := &net.Dialer{Timeout: 5 * time.Second}
+			d := &net.Dialer{Timeout: 15 * time.Second}
 			d.SetMultipathTCP(true)
 			c, err = d.Dial("tcp4", env.serverAddr().String())
 			return err
 		})
-		opened.Add(1)
+		tally.attempted.Add(1)
 		if err != nil {
-			failed.Add(1)
+			tally.fail("dial: " + errClass(err))
 		}
 		return c, err
 	}
-	// Short connections.
+	// Short connections, on a fixed schedule (a late start is caught up,
+	// not dropped): ExpectedShort of them unless the run ends first.
+	rep.ExpectedShort = int64(o.Duration.Seconds() * o.ConnsPerSecond)
+	var startedShort atomic.Int64
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(time.Duration(float64(time.Second) / o.ConnsPerSecond))
-		defer tick.Stop()
-		buf := make([]byte, o.ConnBytes)
-		for {
+		for i := int64(0); i < rep.ExpectedShort; i++ {
+			at := start.Add(time.Duration(float64(i) / o.ConnsPerSecond * float64(time.Second)))
 			select {
 			case <-runCtx.Done():
 				return
-			case <-tick.C:
+			case <-time.After(time.Until(at)):
 			}
+			startedShort.Add(1)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -240,10 +259,10 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 				if err != nil {
 					return
 				}
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				if _, err := c.Write(buf); err != nil {
-					failed.Add(1)
+				if why := tally.shortConn(c, o.ConnBytes, time.Now().Add(30*time.Second)); why != "" {
+					tally.fail(why)
+				} else {
+					tally.verified.Add(1)
 				}
 			}()
 		}
@@ -253,27 +272,18 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, 25<<10) // every 100 ms: ~2 Mbit/s
 			for runCtx.Err() == nil {
 				c, err := dial()
 				if err != nil {
 					time.Sleep(time.Second)
 					continue
 				}
-				tick := time.NewTicker(100 * time.Millisecond)
-				for runCtx.Err() == nil {
-					_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-					if _, err := c.Write(buf); err != nil {
-						failed.Add(1)
-						break
-					}
-					select {
-					case <-runCtx.Done():
-					case <-tick.C:
-					}
+				// 25 KiB every 100 ms: ~2 Mbit/s.
+				if why := tally.longConn(c, 25<<10, 100*time.Millisecond, runCtx.Done()); why != "" {
+					tally.fail(why)
+				} else {
+					tally.verified.Add(1)
 				}
-				tick.Stop()
-				c.Close()
 			}
 		}()
 	}
@@ -307,19 +317,31 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			restartMu.Unlock()
 		}
 	}()
-	// Link flaps.
+	// Link faults: detour1's core link, and half a period later the
+	// default path (C0), each black-holed for FlapFor (in turn: both are
+	// faulted in r1, one fault table at a time).
+	var faultMu sync.Mutex
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(o.FlapEvery)
-		defer tick.Stop()
-		for {
+		for n := 1; ; n++ {
+			link, what := "C1", "detour1's core link"
+			if n%2 == 0 {
+				link, what = "C0", "the default path"
+			}
 			select {
 			case <-runCtx.Done():
 				return
-			case <-tick.C:
+			case <-time.After(time.Until(start.Add(time.Duration(n) * o.FlapEvery / 2))):
 			}
-			restore, err := o.Lab.BlackHole("C1")
+			restore, err := o.Lab.BlackHole(link)
+			line := fmt.Sprintf("t=%.0fs %s (%s) %s", time.Since(start).Seconds(), link, what, o.FlapFor)
+			if err != nil {
+				line += ": " + err.Error()
+			}
+			faultMu.Lock()
+			rep.Faults = append(rep.Faults, line)
+			faultMu.Unlock()
 			if err != nil {
 				continue
 			}
@@ -332,7 +354,9 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	}()
 	// Samples.
 	sample := func() SoakSample {
-		s := SoakSample{T: time.Since(start).Seconds(), Relays: map[string]RelayLook{}, Opened: opened.Load(), Failed: failed.Load()}
+		failed, _ := tally.failures()
+		s := SoakSample{T: time.Since(start).Seconds(), Relays: map[string]RelayLook{}, Opened: tally.attempted.Load(),
+			Verified: tally.verified.Load(), Failed: failed, Bytes: tally.bytes.Load()}
 		s.Agent, _ = scrapeProc(o.Lab, "client", soakAgentMetrics)
 		restartMu.Lock()
 		defer restartMu.Unlock()
@@ -353,13 +377,18 @@ sampling:
 			s := sample()
 			rep.Samples = append(rep.Samples, s)
 			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms | %s | conns %d failed %d\n",
-					s.T, s.Agent.RSSBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, relayLine(s), s.Opened, s.Failed)
+				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB (heap %.1f, stacks %.1f, go sys %.1f) fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms | %s | conns %d verified %d failed %d, %.0f MB checked\n",
+					s.T, s.Agent.RSSBytes/1e6, s.Agent.HeapInuseBytes/1e6, s.Agent.StackInuseBytes/1e6, s.Agent.GoSysBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, relayLine(s), s.Opened, s.Verified, s.Failed, float64(s.Bytes)/1e6)
 			}
 		}
 	}
 	tick.Stop()
 	wg.Wait()
+	rep.StartedShort = startedShort.Load()
+	_, rep.Failures = tally.failures()
+	// The totals after every connection ended.
+	end := sample()
+	rep.Samples = append(rep.Samples, end)
 	if ok, _ := agent.exited(); ok {
 		rep.Checks = append(rep.Checks, SoakCheck{Name: "agent alive", Detail: agent.failure().Error()})
 		return rep, nil
@@ -392,7 +421,7 @@ func relayLine(s SoakSample) string {
 	var parts []string
 	for _, node := range []string{"detour1", "detour2"} {
 		r := s.Relays[node]
-		parts = append(parts, fmt.Sprintf("%s rss=%.1fMB fds=%.0f gr=%.0f map=%d nft=%d wg=%d", node, r.RSSBytes/1e6, r.FDs, r.Goroutines, r.Mappings, r.NftElements, r.TunnelPeers))
+		parts = append(parts, fmt.Sprintf("%s rss=%.1fMB heap=%.1fMB fds=%.0f gr=%.0f map=%d nft=%d wg=%d", node, r.RSSBytes/1e6, r.HeapInuseBytes/1e6, r.FDs, r.Goroutines, r.Mappings, r.NftElements, r.TunnelPeers))
 	}
 	return strings.Join(parts, " | ")
 }
@@ -452,13 +481,18 @@ func soakChecks(rep *SoakReport, o SoakOptions) []SoakCheck {
 		checks = append(checks, SoakCheck{Name: "relay " + node + " used", OK: maps >= 1 && peers >= 1,
 			Detail: fmt.Sprintf("at most %.0f mappings and %.0f WireGuard peers seen (a detour and a tunnel must have been granted)", maps, peers)})
 	}
-	lastS := rep.Samples[n-1]
-	rate := 0.0
-	if lastS.Opened > 0 {
-		rate = float64(lastS.Failed) / float64(lastS.Opened)
+	checks = append(checks, connectionChecks(rep)...)
+	faulted := map[string]bool{}
+	faultsOK := true
+	for _, f := range rep.Faults {
+		faulted[strings.Fields(f)[1]] = true
+		if strings.Contains(f, ": ") {
+			faultsOK = false
+		}
 	}
-	checks = append(checks, SoakCheck{Name: "connections", OK: rate <= 0.01,
-		Detail: fmt.Sprintf("%d opened, %d failed (%.2f%%; allowed 1%%)", lastS.Opened, lastS.Failed, 100*rate)})
+	checks = append(checks, SoakCheck{Name: "link faults", OK: faultsOK && faulted["C0"] && faulted["C1"],
+		Detail: fmt.Sprintf("%d: %s", len(rep.Faults), strings.Join(rep.Faults, "; "))})
+	checks = append(checks, agentTrendCheck(rep, o))
 	if o.RestartEvery < o.Duration { // restarts were asked for
 		restartsOK := len(rep.Restarts) >= 1
 		for _, r := range rep.Restarts {
@@ -523,6 +557,12 @@ func scrapeProc(l *lab.Lab, node, addr string) (ProcStats, error) {
 			st.Goroutines = v
 		case "process_cpu_seconds_total":
 			st.CPUSeconds = v
+		case "go_memstats_heap_inuse_bytes":
+			st.HeapInuseBytes = v
+		case "go_memstats_stack_inuse_bytes":
+			st.StackInuseBytes = v
+		case "go_memstats_sys_bytes":
+			st.GoSysBytes = v
 		case `mpdetour_agent_established_to_subflow_create_seconds{quantile="0.99"}`:
 			st.P99CreateS = v
 		}
@@ -606,8 +646,8 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 	if policy == "" {
 		policy = "default"
 	}
-	fmt.Fprintf(&m, "Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (%s policy, 2 detour subflows per connection, tunnels on), a server sink. For %s: %.0f short MPTCP connections/s (%d bytes each), %d long ones sending ~2 Mbit/s, one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link black-holed for %s every %s.\n\n",
-		policy, rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.ConnBytes, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)
+	fmt.Fprintf(&m, "mpdetour %s. Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (%s policy, 2 detour subflows per connection, tunnels on), a server that echoes. For %s: %.0f short MPTCP connections/s on a fixed schedule (%d bytes each way, every byte read back and compared), %d long ones sending ~2 Mbit/s (echo checked all along), one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link and, half a period later, the default path black-holed for %s every %s.\n\n",
+		rep.Version, policy, rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.ConnBytes, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)
 	if n := len(rep.Samples); n >= 2 {
 		a, b := rep.Samples[0], rep.Samples[n-1]
 		var p99 []float64
@@ -621,8 +661,25 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 		if len(p99) > 0 {
 			worst = p99[len(p99)-1]
 		}
-		fmt.Fprintf(&m, "Agent CPU over the run: %.1f%% of one core (%.1f s in %.0f s); ESTABLISHED -> SUBFLOW_CREATE p99 (agent's recent samples), worst sample: %.2f ms; connections opened %d, failed %d.\n\n",
-			100*(b.Agent.CPUSeconds-a.Agent.CPUSeconds)/(b.T-a.T), b.Agent.CPUSeconds-a.Agent.CPUSeconds, b.T-a.T, 1000*worst, b.Opened, b.Failed)
+		fmt.Fprintf(&m, "Agent CPU over the run: %.1f%% of one core (%.1f s in %.0f s); ESTABLISHED -> SUBFLOW_CREATE p99 (agent's recent samples), worst sample: %.2f ms; short connections expected %d, started %d; connections started %d, verified %d, failed %d; %.1f MB checked each way; agent RSS trend %+.1f MB/h (95%% CI %+.1f..%+.1f).\n\n",
+			100*(b.Agent.CPUSeconds-a.Agent.CPUSeconds)/(b.T-a.T), b.Agent.CPUSeconds-a.Agent.CPUSeconds, b.T-a.T, 1000*worst,
+			rep.ExpectedShort, rep.StartedShort, b.Opened, b.Verified, b.Failed, float64(b.Bytes)/1e6, rep.AgentRSSTrend.Slope, rep.AgentRSSTrend.Lo, rep.AgentRSSTrend.Hi)
+	}
+	if n := len(rep.Samples); n > 0 {
+		mem := func(name string, p ProcStats) {
+			fmt.Fprintf(&m, "- %s: RSS %.1f MB; Go heap in use %.1f MB, goroutine stacks %.1f MB, all memory the Go runtime holds %.1f MB\n",
+				name, p.RSSBytes/1e6, p.HeapInuseBytes/1e6, p.StackInuseBytes/1e6, p.GoSysBytes/1e6)
+		}
+		m.WriteString("Memory at the last sample of the churn:\n\n")
+		at := rep.Samples[n-1]
+		if n > 1 {
+			at = rep.Samples[n-2] // the last one is taken after the churn
+		}
+		mem("agent", at.Agent)
+		for _, node := range []string{"detour1", "detour2"} {
+			mem("relay "+node, at.Relays[node].ProcStats)
+		}
+		m.WriteString("\n")
 	}
 	m.WriteString("## Checks\n\n| check | result | detail |\n|---|---|---|\n")
 	for _, c := range rep.Checks {
@@ -632,7 +689,7 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 		}
 		fmt.Fprintf(&m, "| %s | %s | %s |\n", c.Name, res, c.Detail)
 	}
-	m.WriteString("\n## Samples\n\n| t (s) | agent RSS MB | agent fds | agent goroutines | relay1 RSS MB / fds / goroutines | relay1 mappings / nft / wg peers | relay2 RSS MB / fds / goroutines | relay2 mappings / nft / wg peers | conns opened / failed |\n|---|---|---|---|---|---|---|---|---|\n")
+	m.WriteString("\n## Samples\n\n| t (s) | agent RSS MB | agent fds | agent goroutines | relay1 RSS MB / fds / goroutines | relay1 mappings / nft / wg peers | relay2 RSS MB / fds / goroutines | relay2 mappings / nft / wg peers | conns started / verified / failed |\n|---|---|---|---|---|---|---|---|---|\n")
 	step := 1
 	if len(rep.Samples) > 40 {
 		step = int(math.Ceil(float64(len(rep.Samples)) / 40))
@@ -642,12 +699,13 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 			continue
 		}
 		r1, r2 := s.Relays["detour1"], s.Relays["detour2"]
-		fmt.Fprintf(&m, "| %.0f | %.1f | %.0f | %.0f | %.1f / %.0f / %.0f | %d / %d / %d | %.1f / %.0f / %.0f | %d / %d / %d | %d / %d |\n",
+		fmt.Fprintf(&m, "| %.0f | %.1f | %.0f | %.0f | %.1f / %.0f / %.0f | %d / %d / %d | %.1f / %.0f / %.0f | %d / %d / %d | %d / %d / %d |\n",
 			s.T, s.Agent.RSSBytes/1e6, s.Agent.FDs, s.Agent.Goroutines,
 			r1.RSSBytes/1e6, r1.FDs, r1.Goroutines, r1.Mappings, r1.NftElements, r1.TunnelPeers,
-			r2.RSSBytes/1e6, r2.FDs, r2.Goroutines, r2.Mappings, r2.NftElements, r2.TunnelPeers, s.Opened, s.Failed)
+			r2.RSSBytes/1e6, r2.FDs, r2.Goroutines, r2.Mappings, r2.NftElements, r2.TunnelPeers, s.Opened, s.Verified, s.Failed)
 	}
 	m.WriteString("\nRestarts: " + strings.Join(rep.Restarts, "; ") + "\n")
+	m.WriteString("\nLink faults: " + strings.Join(rep.Faults, "; ") + "\n")
 	names := make([]string, 0, len(rep.Final))
 	for k := range rep.Final {
 		names = append(names, k)
@@ -674,4 +732,58 @@ func SoakError(rep *SoakReport) error {
 		fmt.Fprintf(&b, "\n  %s: %s", c.Name, c.Detail)
 	}
 	return fmt.Errorf("%w:%s", errSoakFailed, b.String())
+}
+
+// connectionChecks: every connection was started, and every one ended with
+// all its bytes echoed and checked (none failed, none unaccounted for).
+func connectionChecks(rep *SoakReport) []SoakCheck {
+	last := rep.Samples[len(rep.Samples)-1] // taken after every connection ended
+	var kinds []string
+	for k, v := range rep.Failures {
+		kinds = append(kinds, fmt.Sprintf("%s: %d", k, v))
+	}
+	sort.Strings(kinds)
+	failed := "none failed"
+	if len(kinds) > 0 {
+		failed = "failed: " + strings.Join(kinds, ", ")
+	}
+	return []SoakCheck{
+		{Name: "short connections started", OK: rep.StartedShort == rep.ExpectedShort && rep.ExpectedShort > 0,
+			Detail: fmt.Sprintf("%d of the %d the schedule asks for", rep.StartedShort, rep.ExpectedShort)},
+		{Name: "every byte verified", OK: last.Failed == 0 && last.Verified == last.Opened && last.Bytes > 0,
+			Detail: fmt.Sprintf("%d connections started, %d ended with every byte echoed and checked (%.1f MB each way); %s",
+				last.Opened, last.Verified, float64(last.Bytes)/1e6, failed)},
+	}
+}
+
+// Bounds of the agent's memory trend: the lower 95 % bound of its RSS
+// slope after the warm-up may not exceed trendPerHour plus trendSlack over
+// the window (the slack keeps a short run's leftover warm-up from failing
+// it; over an hour, 2 MB/h + 2 MB: a rise of 52 to 62 MB fails).
+const (
+	trendPerHour = 2.0 // MB/h
+	trendSlack   = 2.0 // MB
+)
+
+// agentTrendCheck fits the agent's RSS over the samples after a warm-up
+// (the first fifth of the run, at least 2 min when the run allows) and
+// fails when memory rises with confidence.
+func agentTrendCheck(rep *SoakReport, o SoakOptions) SoakCheck {
+	warm := math.Max(o.Duration.Seconds()/5, math.Min(120, o.Duration.Seconds()/2))
+	var x, y []float64
+	for _, s := range rep.Samples {
+		if s.T >= warm && s.T <= o.Duration.Seconds()+1 && s.Agent.RSSBytes > 0 {
+			x, y = append(x, s.T/3600), append(y, s.Agent.RSSBytes/1e6)
+		}
+	}
+	if len(x) < 5 {
+		return SoakCheck{Name: "agent RSS trend", Detail: fmt.Sprintf("%d samples after the %.0f s warm-up: too few for a trend (run longer)", len(x), warm)}
+	}
+	slope, lo, hi := trend(x, y)
+	window := x[len(x)-1] - x[0]
+	allowed := trendPerHour + trendSlack/window
+	rep.AgentRSSTrend.Slope, rep.AgentRSSTrend.Lo, rep.AgentRSSTrend.Hi, rep.AgentRSSTrend.WindowS = slope, lo, hi, window*3600
+	return SoakCheck{Name: "agent RSS trend", OK: lo <= allowed,
+		Detail: fmt.Sprintf("%+.1f MB/h (95%% CI %+.1f..%+.1f) over %.0f s after the warm-up; allowed: lower bound <= %.1f MB/h (%.0f MB/h + %.0f MB over the window)",
+			slope, lo, hi, window*3600, allowed, trendPerHour, trendSlack)}
 }

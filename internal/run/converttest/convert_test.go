@@ -186,7 +186,7 @@ func newEnv(t *testing.T, cfg convclient.Config) *env {
 	rctx, rcancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { e.router.Run(rctx) })
-	wg.Go(func() { e.router.Serve(l) })
+	wg.Go(func() { e.router.Serve(l, convclient.Users{}) })
 	t.Cleanup(func() {
 		rcancel()
 		l.Close()
@@ -417,8 +417,8 @@ func TestConverterUnreachableGoesDirect(t *testing.T) {
 	e.advertise.Store(&dead)
 	// Use up the stock so that the next tickets carry the new address.
 	other := netip.MustParseAddrPort("10.0.2.99:1")
-	e.router.Learn(other, false)
-	for e.router.Route(other).Convert {
+	e.router.Learn(convclient.Root, other, false)
+	for e.router.Route(convclient.Root, other).Convert {
 	}
 	e.waitFor(t, "tickets for the dead address", func(st convclient.Status) bool {
 		return st.Converters[0].Address == dead.String() && st.Converters[0].Tickets > 0

@@ -1,17 +1,14 @@
 // Package tunnelctl connects tunnel detours (internal/tunnel) to the relay
-// control protocol: on the relay, Factory builds what serves the "tunnel"
-// request (cmd/mpdetour hands it to the relay as its TunnelFactory); on the
-// client, Open asks a relay over a relayclient.Conn and brings the tunnel up,
-// and re-asks through the same channel when the tunnel goes stale. Source
-// wraps Open for the agent: a detour.Source per relay that keeps retrying
-// until the relay answers.
-//
-// Agent wiring (integration point for internal/agent): at start
-//
-//	srcs, err := tunnelctl.StartAll(netns, relayConns, memberKey, log)
-//
-// (removes a crashed agent's tunnels, then one Source per relay), pass the
-// sources to agent.New with the others, and Close them at exit.
+// control protocol: on the relay, Factory builds the relay.Tunnels that
+// serve the "tunnel" and "encap" requests (cmd/mpdetour passes it to
+// internal/relayd as the relay's TunnelFactory); on the client, Open asks a
+// relay over a relayclient.Conn and brings the tunnel up, and re-asks
+// through the same channel when the tunnel goes stale. Source wraps Open
+// for the agent: a detour.Source per relay that keeps retrying until the
+// relay answers. cmd/mpdetour/agent.go calls StartAll (and StartAllEncap)
+// at start, which removes a crashed agent's tunnels and returns one Source
+// per relay, passes the sources to the agent with the others and closes
+// them at exit.
 package tunnelctl
 
 import (
@@ -200,7 +197,7 @@ func build(c Config) (tunnel.ServerConfig, netip.AddrPort, error) {
 
 // Factory builds the relay's tunnel allocator from its `tunnel:` section:
 // the WireGuard device and its destination policy. The result satisfies
-// relay.TunnelAllocator (this package does not import the relay).
+// relay.Tunnels (this package does not import the relay).
 func Factory(section *config.Doc, relayKey proto.Key, log *slog.Logger) (_ *Allocator, err error) {
 	st, err := ParseSettings(section)
 	if err != nil {
@@ -253,7 +250,7 @@ type Allocator struct {
 	lease    time.Duration
 }
 
-// Allocate implements relay.TunnelAllocator. The tunnel has no lease: the
+// Allocate implements relay.Tunnels. The tunnel has no lease: the
 // peer stays until the member is removed from the relay (Release).
 func (a *Allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.TunnelGrant, time.Duration, error) {
 	if a.srv == nil {
@@ -273,7 +270,7 @@ func (a *Allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.T
 	return proto.TunnelGrant{ClientPrefix: p, Endpoint: ep, PublicKey: proto.Key(a.srv.PublicKey())}, 0, nil
 }
 
-// Release implements relay.TunnelAllocator (member removed from the
+// Release implements relay.Tunnels (member removed from the
 // config): both kinds.
 func (a *Allocator) Release(member proto.Key) {
 	if a.srv != nil {
@@ -285,7 +282,7 @@ func (a *Allocator) Release(member proto.Key) {
 }
 
 // Rekey moves a member's WireGuard tunnel to its successor key, keeping
-// its tunnel address (a member's key rotation, relay.tunnelRekeyer). The
+// its tunnel address (a member's key rotation, relay.Tunnels). The
 // VXLAN kind is not carried over: a member's VXLAN tunnel is released
 // (its agent opens a new one with the new key).
 func (a *Allocator) Rekey(old, successor proto.Key) (bool, error) {
@@ -298,7 +295,7 @@ func (a *Allocator) Rekey(old, successor proto.Key) (bool, error) {
 	return a.srv.RekeyPeer(wgtypes.Key(old), wgtypes.Key(successor))
 }
 
-// Close implements relay.TunnelAllocator.
+// Close implements relay.Tunnels.
 func (a *Allocator) Close() error {
 	var errs []error
 	if a.srv != nil {
@@ -333,7 +330,7 @@ func (a *Allocator) Status() (*wgtypes.Device, error) {
 // (tunnel.kinds), for the roster's kinds.
 func (a *Allocator) WireGuardOffered() bool { return a.srv != nil }
 
-// Encap implements relay.EncapAllocator: the member's VXLAN tunnel from the
+// Encap implements relay.Tunnels: the member's VXLAN tunnel from the
 // session's address client (the only source the relay accepts its
 // encapsulated packets from).
 func (a *Allocator) Encap(member proto.Key, client, relayAddr netip.Addr) (proto.EncapGrant, time.Duration, error) {
@@ -353,7 +350,7 @@ func (a *Allocator) Encap(member proto.Key, client, relayAddr netip.Addr) (proto
 	return ToEncapGrant(e), a.lease, nil
 }
 
-// EncapRelease implements relay.EncapAllocator.
+// EncapRelease implements relay.Tunnels.
 func (a *Allocator) EncapRelease(member proto.Key) error {
 	if a.encap == nil {
 		return &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported}

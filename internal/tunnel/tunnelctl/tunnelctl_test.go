@@ -23,26 +23,27 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
 func TestMain(m *testing.M) {
-	if cfg := os.Getenv("TWC_RELAY_CONFIG"); cfg != "" {
+	if cfg := os.Getenv("MPDETOUR_TEST_RELAY_CONFIG"); cfg != "" {
 		// `mpdetour relay` as the binary runs it, in the namespace the test
 		// started us in (ip netns exec).
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		tunnels := func(sec *config.Doc, key proto.Key, log *slog.Logger) (relay.TunnelAllocator, error) {
+		tunnels := func(sec *config.Doc, key proto.Key, log *slog.Logger) (relay.Tunnels, error) {
 			a, err := Factory(sec, key, log)
 			if err != nil {
 				return nil, err
 			}
 			return a, nil
 		}
-		if err := relay.Run(ctx, cfg, log, tunnels); err != nil {
+		if err := relayd.Run(ctx, cfg, log, tunnels); err != nil {
 			fmt.Fprintln(os.Stderr, "relay:", err)
 			os.Exit(1)
 		}
@@ -79,7 +80,7 @@ func indent(s string) string {
 	return "  " + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n  ") + "\n"
 }
 
-// Tunnel-section errors are positioned in the whole relay file (issue 16 #9).
+// Tunnel-section errors are positioned in the whole relay file.
 func TestParseConfigPositions(t *testing.T) {
 	src := "listen: 0.0.0.0:45673\ntunnel:\n  subnet: 100.90.0.0/16\n  allow_destinations: [10.0.0.0/8, nope]\n  endpoint: 192.0.2.1\n"
 	var top struct {
@@ -113,7 +114,7 @@ func TestKeysShared(t *testing.T) {
 	}
 }
 
-// TestControlChannelTunnel: `mpdetour relay` (relay.Run with a tunnel:
+// TestControlChannelTunnel: `mpdetour relay` (relayd.Run with a tunnel:
 // section) serves the tunnel request; a member asks over the Noise control
 // channel with relayclient and gets a working tunnel; a non-member gets
 // nothing; SIGTERM leaves no tunnel state on the relay.
@@ -244,7 +245,7 @@ members:
 	}
 	start := func() *exec.Cmd {
 		cmd := exec.Command("ip", "netns", "exec", rl, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "TWC_RELAY_CONFIG="+cfg)
+		cmd.Env = append(os.Environ(), "MPDETOUR_TEST_RELAY_CONFIG="+cfg)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -298,7 +299,7 @@ func openTunnel(t *testing.T, ln *line, priv proto.Key) *tunnel.Client {
 	return nil
 }
 
-// The relay config's tunnel section (issue 16 #14).
+// The relay config's tunnel section.
 func FuzzParseTunnelSection(f *testing.F) {
 	f.Add([]byte("tunnel:\n  subnet: 100.90.0.0/16\n  listen_port: 5000\n  allow_destinations: [10.0.0.0/8]\n"))
 	f.Add([]byte("tunnel: {backend: magic, endpoint: 1.2.3.4}\n"))

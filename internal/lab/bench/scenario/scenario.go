@@ -1,5 +1,5 @@
 // Package scenario defines the benchmark scenario file read by
-// `mpdetour lab bench`: which topology to build, which link configurations
+// `mpdetour-lab bench`: which topology to build, which link configurations
 // to apply to it, which measurement procedures to run in each, how many
 // trials, and the targets the report checks. The format is documented in
 // docs/bench.md; every validation error names the file and the field.
@@ -40,6 +40,10 @@ const (
 	MPTCPNATAdaptive    = "mptcp-nat-adaptive"
 	MPTCPTunnelStatic   = "mptcp-tunnel-static"
 	MPTCPTunnelAdaptive = "mptcp-tunnel-adaptive"
+	// backup-first: detours join as backup, carry data once
+	// the measurements say they help.
+	MPTCPNATBackupFirst    = "mptcp-nat-backup-first"
+	MPTCPTunnelBackupFirst = "mptcp-tunnel-backup-first"
 	// The cell's detours as backups (relays marked backup: true): the
 	// default path carries the data while it works.
 	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
@@ -63,7 +67,7 @@ const (
 	LBConnectionsAnnounced = "lb-connections-announced"
 	LBConnectionsNoCFlag   = "lb-connections-no-cflag"
 	LBBulkAnnounced        = "lb-bulk-announced"
-	// Collective (topology collective, issue 15): relays with gossip
+	// Collective (topology collective, docs/collective.md): relays with gossip
 	// (roles.detours), agents on roles.clients that know one bootstrap
 	// relay each; times to discover relays and add detour subflows through
 	// them, then to drop a relay killed with SIGKILL and replace its
@@ -93,10 +97,12 @@ var procs = map[string]procInfo{
 	TCPEncap:    {"TCP via VXLAN tunnel detour (unencrypted)", 1, ""},
 	MPTCPEncap:  {"MPTCP + VXLAN tunnel detour (unencrypted)", -1, TCPEncap},
 
-	MPTCPNATStatic:      {"MPTCP + NAT detour, static policy", -1, TCPNAT},
-	MPTCPNATAdaptive:    {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
-	MPTCPTunnelStatic:   {"MPTCP + tunnel detour, static policy", -1, TCPTunnel},
-	MPTCPTunnelAdaptive: {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
+	MPTCPNATStatic:         {"MPTCP + NAT detour, static policy", -1, TCPNAT},
+	MPTCPNATAdaptive:       {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
+	MPTCPTunnelStatic:      {"MPTCP + tunnel detour, static policy", -1, TCPTunnel},
+	MPTCPTunnelAdaptive:    {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
+	MPTCPNATBackupFirst:    {"MPTCP + NAT detour, backup-first policy", -1, TCPNAT},
+	MPTCPTunnelBackupFirst: {"MPTCP + tunnel detour, backup-first policy", -1, TCPTunnel},
 
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
@@ -120,13 +126,15 @@ func Policy(procedure string) string {
 		return "static"
 	case MPTCPNATAdaptive, MPTCPTunnelAdaptive, MPTCPNATBackupAdaptive:
 		return "adaptive"
+	case MPTCPNATBackupFirst, MPTCPTunnelBackupFirst:
+		return "backup-first"
 	}
 	return ""
 }
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive,
+	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 

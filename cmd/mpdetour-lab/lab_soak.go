@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
+	"github.com/mpdetour/mpdetour/internal/policy"
+)
+
+// labSoakCommand is `mpdetour-lab soak`: churn against real relays and an
+// agent in a lab of its own, checking that nothing leaks.
+func labSoakCommand() *cli.Command {
+	var (
+		o         bench.SoakOptions
+		out, name string
+		bin       string
+	)
+	return &cli.Command{
+		Name:         "soak",
+		Summary:      "churn for a while (echoed and checked connections, relay restarts, faults on a detour and the default path) and check nothing leaks or is lost",
+		Usage:        "[--duration 5m] [--out DIR] [--restart-every D] [--flap-every D] [--flap-for D] [--conns N] [--long N]",
+		Interspersed: true,
+		Flags: func(fs *flag.FlagSet) {
+			fs.DurationVar(&o.Duration, "duration", 5*time.Minute, "how long the churn lasts (the issue's soak: 1h)")
+			fs.DurationVar(&o.RestartEvery, "restart-every", 0, "restart a relay (alternating; every third with SIGKILL) this often (default duration/12)")
+			fs.DurationVar(&o.FlapEvery, "flap-every", 30*time.Second, "black-hole detour1's core link this often, and half a period later the default path")
+			fs.DurationVar(&o.FlapFor, "flap-for", 5*time.Second, "... for this long (less than half of --flap-every)")
+			fs.Float64Var(&o.ConnsPerSecond, "conns", 5, "short MPTCP connections opened (and closed) per second")
+			fs.IntVar(&o.ConnBytes, "conn-bytes", 32<<10, "bytes each short connection sends")
+			fs.IntVar(&o.Long, "long", 2, "long-lived connections sending ~2 Mbit/s each (0: none)")
+			fs.DurationVar(&o.Sample, "sample", 10*time.Second, "sampling period")
+			fs.StringVar(&out, "out", "", "write report.md and samples.json here")
+			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static, adaptive or backup-first (default: the agent's default)")
+			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
+			fs.StringVar(&bin, "bin", "", binFlagUsage)
+		},
+		Run: func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return cli.Usagef("lab soak: unexpected argument %q", args[0])
+			}
+			if o.Duration < 30*time.Second {
+				return cli.Usagef("lab soak: --duration %s is too short to compare start and end (at least 30s)", o.Duration)
+			}
+			if o.Policy != "" {
+				if _, err := policy.ParseMode(o.Policy); err != nil {
+					return cli.Usagef("lab soak: --policy: %v", err)
+				}
+			}
+			exe, err := productBinary(bin)
+			if err != nil {
+				return err
+			}
+			o.Binary = exe
+			dir, err := os.MkdirTemp("", "mpdetour-soak-")
+			if err != nil {
+				return err
+			}
+			keep := false
+			defer func() {
+				if keep {
+					fmt.Printf("daemon logs and configs kept in %s\n", dir)
+				} else {
+					os.RemoveAll(dir)
+				}
+			}()
+			o.Dir = dir
+			topo, err := topology.Builtin("detours")
+			if err != nil {
+				return err
+			}
+			if err := topo.Set("all.delay", "0"); err != nil {
+				return err
+			}
+			l, err := lab.Up(ctx, topo, name)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				if err := l.Down(); err != nil {
+					fmt.Fprintf(os.Stderr, "lab soak: taking the lab down: %v\n", err)
+				}
+			}()
+			o.Lab, o.Progress = l, os.Stdout
+			rep, err := bench.Soak(ctx, o)
+			if err != nil {
+				return fmt.Errorf("lab soak: %w", err)
+			}
+			if out != "" {
+				if err := bench.WriteSoakReport(out, rep); err != nil {
+					return err
+				}
+			}
+			for _, c := range rep.Checks {
+				res := "ok  "
+				if !c.OK {
+					res = "FAIL"
+				}
+				fmt.Printf("%s %s: %s\n", res, c.Name, c.Detail)
+			}
+			if err := bench.SoakError(rep); err != nil {
+				keep = true
+				return errors.New("lab soak: " + err.Error())
+			}
+			return nil
+		},
+	}
+}
