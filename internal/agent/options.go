@@ -65,6 +65,10 @@ type Options struct {
 	// PMType, when set, adds the pm_type guard's view to the status
 	// (wired by RunLinux).
 	PMType func() PMTypeStatus
+	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
+	// what the measured connections need (policy BufferWanted), restored
+	// at stop (buffers.go). Off by default: not measured yet.
+	BufferSizing bool
 	// Probes is the directory marking doctor's test connections, which
 	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
 	// none).

@@ -82,9 +82,10 @@ type File struct {
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays    *relayclient.FileConfig `yaml:"relays"`
-	Tunnels   bool                    `yaml:"tunnels"`
-	PathCheck bool                    `yaml:"path_check"`
+	Relays       *relayclient.FileConfig `yaml:"relays"`
+	Tunnels      bool                    `yaml:"tunnels"`
+	PathCheck    bool                    `yaml:"path_check"`
+	BufferSizing bool                    `yaml:"buffer_sizing"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
 	TunnelKind string           `yaml:"tunnel_kind"`
 	LegacyV1   []fileLegacy     `yaml:"legacy_v1"`
@@ -279,6 +280,10 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 			sel.Ports = append(sel.Ports, r)
 		}
 		c.Selectors = append(c.Selectors, sel)
+	}
+	c.BufferSizing = f.BufferSizing
+	if c.BufferSizing && c.ProbeInterval == 0 {
+		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
 	}
 	return c, nil
 }
