@@ -9,8 +9,8 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/tunnels"
 	"github.com/mpdetour/mpdetour/internal/relayd"
-	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
 // yamlBlock returns the first ```yaml block of a doc that contains marker.
@@ -48,7 +48,7 @@ func TestDocsConfigExamplesParse(t *testing.T) {
 	if s.Tunnel == nil {
 		t.Fatal("docs/relay.md example: no tunnel section parsed")
 	}
-	if _, _, err := tunnelctl.ParseConfig(s.Tunnel); err != nil {
+	if _, err := tunnels.ParseConfig(s.Tunnel); err != nil {
 		t.Fatalf("docs/relay.md example, tunnel section: %v", err)
 	}
 	agentYAML := strings.ReplaceAll(yamlBlock(t, "agent.md", "announced_subflows"), "/etc/mpdetour/member.key", keyFile)
