@@ -81,19 +81,19 @@ type File struct {
 	} `yaml:"metrics"`
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
-	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays       *relayclient.FileConfig `yaml:"relays"`
-	Tunnels      bool                    `yaml:"tunnels"`
-	PathCheck    bool                    `yaml:"path_check"`
-	BufferSizing bool                    `yaml:"buffer_sizing"`
+	// Relays is documented in docs/relay.md (relayclient.File).
+	Relays       *relayclient.File `yaml:"relays"`
+	Tunnels      bool              `yaml:"tunnels"`
+	PathCheck    bool              `yaml:"path_check"`
+	BufferSizing bool              `yaml:"buffer_sizing"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
 	TunnelKind string           `yaml:"tunnel_kind"`
 	LegacyV1   []fileLegacy     `yaml:"legacy_v1"`
 	RelayPing  *config.Duration `yaml:"relay_ping"`
-	// Convert is documented in docs/convert.md (convclient.FileConfig).
-	Convert *convclient.FileConfig `yaml:"convert"`
-	// Server is documented in docs/agent.md (serverrole.FileConfig).
-	Server *serverrole.FileConfig `yaml:"server"`
+	// Convert is documented in docs/convert.md (convclient.File).
+	Convert *convclient.File `yaml:"convert"`
+	// Server is documented in docs/agent.md (serverrole.File).
+	Server *serverrole.File `yaml:"server"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).

@@ -15,7 +15,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// FileConfig is the `relays:` section of the agent's configuration file:
+// File is the `relays:` section of the agent's configuration file:
 //
 //	relays:
 //	  key_file: /etc/mpdetour/member.key     # or key: <base64 private key>
@@ -27,7 +27,7 @@ import (
 //	    authority: mpdetour-authority-v1:... # the collective's authority (entries are verified against it)
 //	    max: 4                               # discovered relays used at once
 //	    interval: 500ms                       # how often the roster is read from a configured relay
-type FileConfig struct {
+type File struct {
 	Key     string `yaml:"key"`
 	KeyFile string `yaml:"key_file"`
 	// CertificateFile holds the member's collective certificate (text
@@ -46,7 +46,7 @@ type FileDiscovery struct {
 	Interval  config.Duration `yaml:"interval"`
 }
 
-// FileRelay is one relay in FileConfig.
+// FileRelay is one relay in File.
 type FileRelay struct {
 	Name      string `yaml:"name"`
 	Address   string `yaml:"address"`
@@ -56,7 +56,7 @@ type FileRelay struct {
 }
 
 // Build validates the section; errors name the field.
-func (f *FileConfig) Build() (SourceConfig, error) {
+func (f *File) Build() (SourceConfig, error) {
 	var sc SourceConfig
 	var k proto.Key
 	var err error

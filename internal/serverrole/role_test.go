@@ -18,7 +18,7 @@ import (
 
 func parse(t *testing.T, y string) (Config, error) {
 	t.Helper()
-	var f FileConfig
+	var f File
 	doc, err := config.Parse("server.yaml", []byte(y), &f)
 	if err != nil {
 		return Config{}, err
