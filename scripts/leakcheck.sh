@@ -12,6 +12,9 @@ snapshot() {
   nft list tables 2>/dev/null | sed 's/^table /nft /'
   pgrep -x mpdetour 2>/dev/null | sed 's/^/process mpdetour pid /'
   pgrep -x mpdetour-lab 2>/dev/null | sed 's/^/process mpdetour-lab pid /'
+  # The lab's helpers are re-executions of mpdetour-lab named by argv[0]
+  # (delay line, namespace shim); their process name is "exe".
+  pgrep -f '^mpdetour-lab-' 2>/dev/null | sed 's/^/process mpdetour-lab helper pid /'
 }
 
 before=$(mktemp) after=$(mktemp)

@@ -13,8 +13,8 @@
 #
 # Usage: scripts/vm-fastpath-test.sh [go test flags for the relay test binary]
 #   default: -test.v -test.count=1 -test.run 'TestNFTFastPath|TestRelayFastPathAttribution'
-#   TR_* variables (TR_BENCH_ROUNDS, ...) are passed into the VM, e.g.
-#   TR_BENCH_ROUNDS=5 scripts/vm-fastpath-test.sh -test.run '^$' -test.bench RelayFastPath -test.benchtime 1x -test.v
+#   MPDETOUR_BENCH_* variables (MPDETOUR_BENCH_ROUNDS, ...) are passed into the VM, e.g.
+#   MPDETOUR_BENCH_ROUNDS=5 scripts/vm-fastpath-test.sh -test.run '^$' -test.bench RelayFastPath -test.benchtime 1x -test.v
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "vm-fastpath-test: must run as root" >&2; exit 1; }
@@ -49,7 +49,7 @@ ARGS=("$@")
 {
   echo '#!/bin/sh'
   echo 'export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp'
-  for v in $(compgen -e | grep '^TR_' || true); do printf 'export %s=%q\n' "$v" "${!v}"; done
+  for v in $(compgen -e | grep '^MPDETOUR_BENCH_' || true); do printf 'export %s=%q\n' "$v" "${!v}"; done
   echo 'mount -t proc proc /proc; mount -t sysfs sys /sys 2>/dev/null'
   echo 'mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; mkdir -p /run/netns'
   # Load the modules the tests need up front: loading them on first use over

@@ -80,6 +80,7 @@ func labBenchCommand() *cli.Command {
 				printBenchSummary(d)
 				return nil
 			}
+			binGiven := bin != ""
 			if bin, err = productBinary(bin); err != nil {
 				return err
 			}
@@ -107,6 +108,9 @@ func labBenchCommand() *cli.Command {
 				}
 				if interleave {
 					again += " --interleave"
+				}
+				if binGiven {
+					again += " --bin " + bin
 				}
 				return fmt.Errorf("interrupted; the lab is down; continue with: %s", again)
 			}

@@ -59,6 +59,14 @@ func agentCommand() *cli.Command {
 				}
 				fmt.Printf("%s: valid: policy %s, %d detour subflows per connection, %d static detours, %d relays%s, socket %s\n",
 					config, cfg.Policy, cfg.Subflows, len(cfg.Detours), relays, server, cfg.Socket)
+				if cfg.Relays != nil {
+					for _, r := range cfg.Relays.Relays {
+						fmt.Printf("  relay %s at %s\n", r.Name, r.Addr)
+					}
+				}
+				for _, l := range cfg.LegacyV1 {
+					fmt.Printf("  legacy v1 daemon %s at %s (unauthenticated), lease %s\n", l.Name, l.Addr, l.Lease)
+				}
 				return nil
 			}
 			// SIGHUP rotates the member key (rotateOnHangup). It is caught
@@ -91,14 +99,14 @@ func agentCommand() *cli.Command {
 				rc := *cfg.Relays
 				rc.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)
 				rc.Options.Logger = log
-				// Each relay's state for status, metrics and the log
-				// (issue 29 item 2): from grants and renewals, pings
-				// of silent relays, tunnel handshakes.
+				// Each relay's state for status, metrics and the log:
+				// from grants and renewals, pings of silent relays,
+				// tunnel handshakes.
 				var names []string
 				for _, r := range rc.Relays {
 					names = append(names, r.Name)
 				}
-				health := agent.NewRelayHealth(agent.RelayHealthConfig{}, log, names...)
+				health := agent.NewRelayHealth(agent.RelayHealthConfig{Ping: cfg.RelayPing}, log, names...)
 				rc.Observe = health.Observe
 				src, err := relayclient.NewSource(rc)
 				if err != nil {

@@ -33,6 +33,17 @@ func TestAgentRejectsBadConfig(t *testing.T) {
 		t.Fatalf("bad server section: exit %d, stderr %q: want 1 and file:line and the field named", code, errb.String())
 	}
 	errb.Reset()
+	// --check lists the relays and the v1 daemons with their own leases.
+	os.WriteFile(path, []byte("legacy_v1:\n  - {name: old, address: 10.1.1.3:45672, lease: 5m}\n  - {name: older, address: 10.1.1.4:45672}\n"), 0o644)
+	printed := captureStdout(t, func() {
+		code = cli.Main(context.Background(), "mpdetour", commands(), []string{"agent", "--check", "--config", path}, &out, &errb)
+	})
+	for _, want := range []string{"legacy v1 daemon old at 10.1.1.3:45672 (unauthenticated), lease 5m0s", "legacy v1 daemon older at 10.1.1.4:45672 (unauthenticated), lease 10m0s"} {
+		if code != 0 || !strings.Contains(printed, want) {
+			t.Fatalf("--check: exit %d, stdout %q lacks %q (stderr %q)", code, printed, want, errb.String())
+		}
+	}
+	errb.Reset()
 	if code := cli.Main(context.Background(), "mpdetour", commands(), []string{"agent"}, &out, &errb); code != cli.ExitUsage {
 		t.Fatalf("agent without --config: exit %d (%s), want %d", code, errb.String(), cli.ExitUsage)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 )
 
 // The discovery examples of docs/collective.md parse, with the files and
@@ -46,7 +46,7 @@ func TestDocsCollectiveDiscoveryExamples(t *testing.T) {
 	)
 	relayYAML := r.Replace(yamlBlock(t, "collective.md", "gossip:"))
 	p := write("relay.yaml", relayYAML)
-	s, err := relay.LoadConfig(p)
+	s, err := relayd.LoadConfig(p)
 	if err != nil {
 		t.Fatalf("docs/collective.md relay example: %v", err)
 	}

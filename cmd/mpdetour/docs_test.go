@@ -9,7 +9,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
@@ -41,7 +41,7 @@ func TestDocsConfigExamplesParse(t *testing.T) {
 	relayYAML := strings.ReplaceAll(yamlBlock(t, "relay.md", "private_key_file"), "/etc/mpdetour/relay.key", keyFile)
 	p := filepath.Join(dir, "relay.yaml")
 	os.WriteFile(p, []byte(relayYAML), 0o644)
-	s, err := relay.LoadConfig(p)
+	s, err := relayd.LoadConfig(p)
 	if err != nil {
 		t.Fatalf("docs/relay.md example: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/doctor"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayd"
 )
 
 // doctorCommand builds the doctor subcommand.
@@ -49,7 +50,7 @@ func doctorCommand() *cli.Command {
 			r = append(r, doctor.Blackhole(doctor.Paths{}, blackholeOf(running))...)
 			r = append(r, doctor.RunningAgent(doctor.Paths{}, running)...)
 			if relayConfig != "" {
-				s, err := relay.LoadConfig(relayConfig)
+				s, err := relayd.LoadConfig(relayConfig)
 				if err != nil {
 					r = append(r, doctor.Result{Area: "relay", Check: "config", Status: doctor.Fail, Detail: err.Error()})
 				} else {

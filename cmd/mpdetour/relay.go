@@ -67,7 +67,7 @@ func relayCommand() *cli.Command {
 				return cli.Usagef("relay: --config FILE is required")
 			}
 			if check {
-				s, err := relay.LoadConfig(config)
+				s, err := relayd.LoadConfig(config)
 				if err != nil {
 					return err
 				}

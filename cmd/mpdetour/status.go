@@ -182,9 +182,13 @@ func printConversions(cv convclient.Status, conns []agent.ConnStatus) {
 	w.Flush()
 	if len(cv.NoMPTCP) > 0 {
 		w = tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintf(w, "\nWITHOUT MPTCP (%d destinations known)\tUNTIL\tCONVERTED\tCONVERTIBLE\n", cv.Destinations)
+		fmt.Fprintf(w, "\nWITHOUT MPTCP (%d destinations known)\tUNTIL\tCONVERTED\tCONVERTIBLE\tLEARNED FOR\n", cv.Destinations)
 		for _, d := range cv.NoMPTCP {
-			fmt.Fprintf(w, "%s\t%s\t%d\t%v\n", d.Destination, d.Expires.Format("15:04:05"), d.Conversions, d.Convertible)
+			who := "everyone (root)"
+			if d.UID != convclient.Root {
+				who = fmt.Sprintf("uid %d only", d.UID)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%d\t%v\t%s\n", d.Destination, d.Expires.Format("15:04:05"), d.Conversions, d.Convertible, who)
 		}
 		w.Flush()
 	}

@@ -2,7 +2,9 @@ package main
 
 import (
 	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,12 +26,13 @@ func TestStatusShowsConversions(t *testing.T) {
 				{Local: "10.0.1.1:40000", Converter: "10.0.2.2:45674", Name: "r2", Destination: "10.0.3.2:5201", Since: time.Now()},
 				{Local: "10.0.1.1:39000", Converter: "10.0.2.2:45674", Name: "r2", Destination: "10.0.3.2:5201", Since: time.Now()},
 			},
-			NoMPTCP: []convclient.DestStatus{{Destination: "10.0.3.2:5201", Expires: time.Now().Add(time.Hour), Convertible: true, Conversions: 2}},
+			NoMPTCP: []convclient.DestStatus{{Destination: "10.0.3.2:5201", Expires: time.Now().Add(time.Hour), Convertible: true, Conversions: 2},
+				{UID: 1000, Destination: "10.0.3.3:80", Expires: time.Now().Add(time.Hour), Convertible: true}},
 		},
 	}
 	out := captureStatus(t, st)
 	for _, want := range []string{"0000abcd (converted to 10.0.3.2:5201)", "2 converted of 3 connects", "direct: unknown 1",
-		"r2", "20.5", "CONVERTED CONNECTION", "10.0.1.1:40000", "WITHOUT MPTCP"} {
+		"r2", "20.5", "CONVERTED CONNECTION", "10.0.1.1:40000", "WITHOUT MPTCP", "everyone (root)", "uid 1000 only"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
@@ -43,20 +46,27 @@ func TestStatusShowsConversions(t *testing.T) {
 // captureStatus returns what printStatus prints for st.
 func captureStatus(t *testing.T, st agent.Status) string {
 	t.Helper()
+	return captureStdout(t, func() { printStatus(st) })
+}
+
+// captureStdout returns what fn prints on os.Stdout (less than a pipe's
+// buffer).
+func captureStdout(t *testing.T, fn func()) string {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := os.Stdout
 	os.Stdout = w
-	printStatus(st)
+	fn()
 	os.Stdout = old
 	w.Close()
 	b, _ := io.ReadAll(r)
 	return string(b)
 }
 
-// Issue 28, break 8: status says when the kernel made new connections
+// Status says when the kernel made new connections
 // plain TCP, and the fix; nothing when it did not.
 func TestStatusShowsBlackhole(t *testing.T) {
 	st := agent.Status{Blackhole: &agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Date(2026, 11, 26, 17, 0, 0, 0, time.Local),
@@ -74,7 +84,7 @@ func TestStatusShowsBlackhole(t *testing.T) {
 	}
 }
 
-// Issue 29 item 2: status names each relay's state and what to check.
+// Status names each relay's state and what to check.
 func TestStatusShowsRelays(t *testing.T) {
 	st := agent.Status{
 		Detours: []agent.DetourStatus{{Kind: "nat", Relay: "fra1", Remote: "192.0.2.2:40000", Healthy: false, LastError: "relay revoked: removed"}},
@@ -93,5 +103,40 @@ func TestStatusShowsRelays(t *testing.T) {
 	}
 	if strings.Contains(out, "par1: ok") {
 		t.Errorf("a detail line for a relay that is ok:\n%s", out)
+	}
+}
+
+// captureStderr returns what fn prints on os.Stderr.
+func captureStderr(t *testing.T, fn func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	fn()
+	os.Stderr = old
+	w.Close()
+	b, _ := io.ReadAll(r)
+	return string(b)
+}
+
+// Issue 29 item 2: run says once, before the program, that no agent
+// answers; a live agent socket gets no warning.
+func TestRunWarnsWithoutAgent(t *testing.T) {
+	dir := t.TempDir()
+	none := filepath.Join(dir, "none.sock")
+	out := captureStderr(t, func() { checkAgent(none, "") })
+	if strings.Count(out, "warning: no mpdetour agent answers on "+none) != 1 {
+		t.Fatalf("without agent: %q", out)
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if out := captureStderr(t, func() { checkAgent(filepath.Join(dir, "agent.sock"), "") }); out != "" {
+		t.Fatalf("with an agent: %q", out)
 	}
 }

@@ -516,7 +516,7 @@ func (a *Agent) failed(r result) []job {
 		// The connection closed while the command was queued (a short
 		// connection, or one the peer reset): nothing to blame on the
 		// detour. The policy is told, so that it stops retrying: its
-		// CLOSED event may never come (issue 28, retry storm).
+		// CLOSED event may never come (retry storm).
 		a.log.Debug("command for a closed connection", "intent", r.in.String(), "err", r.err)
 		return a.jobsFor(a.pol.Failed(r.in, fmt.Errorf("%w: %w", policy.ErrConnectionGone, r.err)), time.Time{})
 	}

@@ -377,7 +377,7 @@ func TestAgentStatusShowsStrippedDetour(t *testing.T) {
 	}
 }
 
-// Issue 28, break 9: a metrics endpoint on a unix socket is mode 0600, and
+// A metrics endpoint on a unix socket is mode 0600, and
 // with a token a scrape without it gets 401.
 func TestServeMetricsPrivate(t *testing.T) {
 	h := start(t, policy.Static)
@@ -415,7 +415,7 @@ func TestServeMetricsPrivate(t *testing.T) {
 	}
 }
 
-// Issue 29 item 2: a connection doctor marked as its test is not the
+// A connection doctor marked as its test is not the
 // agent's: no detour, not in the status, no failed command.
 func TestAgentLeavesProbesAlone(t *testing.T) {
 	dir := t.TempDir()

@@ -15,8 +15,8 @@ import (
 // through, the kernel concludes that a middlebox drops MPTCP and disables
 // MPTCP for every new outgoing connection of the namespace for
 // net.mptcp.blackhole_timeout (3600 s; doubling on each repeat). Those
-// connections are plain TCP: no path manager event, no detour, and before
-// issue 28 nothing in mpdetour said so. The kernel exposes no state, only
+// connections are plain TCP: no path manager event, no detour, and
+// nothing else in mpdetour would say so. The kernel exposes no state, only
 // MPTcpExt counters; the agent reads them every BlackholePoll and infers:
 //
 //   - Blackhole rose: the kernel disabled active MPTCP just now;

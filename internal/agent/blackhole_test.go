@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Issue 28, break 8: the kernel disabled MPTCP for new connections and
+// The kernel disabled MPTCP for new connections and
 // nothing said so. The watch infers the state from the MPTcpExt counters
 // (a fake reader here; TestBlackholeRealKernel provokes the real one).
 func TestBlackholeWatchTransitions(t *testing.T) {
@@ -69,7 +69,7 @@ func TestBlackholeWatchTransitions(t *testing.T) {
 	step(7, mib(3, 131, 4, 20), 3600, BlackholeOK)
 }
 
-// Issue 29 item 2: pm_type changed under the agent is set back, with one
+// pm_type changed under the agent is set back, with one
 // WARN per change found.
 func TestPMTypeGuard(t *testing.T) {
 	var logs bytes.Buffer

@@ -62,12 +62,17 @@ type Config struct {
 	// LegacyV1 are original-prototype daemons asked for detours (v1,
 	// unauthenticated; legacyclient).
 	LegacyV1 []legacyclient.Relay
-	// LegacyLease is how long a v1 grant is assumed to last.
+	// LegacyLease is how long a v1 grant is assumed to last for daemons
+	// without their own legacy_v1[].lease (each LegacyV1 entry carries its
+	// own).
 	LegacyLease time.Duration
 	Selectors   []policy.Selector
 	Detours     []StaticDetour
 	// Relays, when set, are asked for NAT detours (relayclient.Source).
 	Relays *relayclient.SourceConfig
+	// RelayPing: a relay silent this long is pinged (RelayHealth; 0 = the
+	// default 30 s).
+	RelayPing time.Duration
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
 	Tunnels bool
 	// Convert, when set, serves conversion decisions to "mpdetour run"
@@ -144,8 +149,9 @@ type fileConfig struct {
 	PathCheck    bool                    `yaml:"path_check"`
 	BufferSizing bool                    `yaml:"buffer_sizing"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
-	TunnelKind string       `yaml:"tunnel_kind"`
-	LegacyV1   []fileLegacy `yaml:"legacy_v1"`
+	TunnelKind string           `yaml:"tunnel_kind"`
+	LegacyV1   []fileLegacy     `yaml:"legacy_v1"`
+	RelayPing  *config.Duration `yaml:"relay_ping"`
 	// Convert is documented in docs/convert.md (convclient.FileConfig).
 	Convert *convclient.FileConfig `yaml:"convert"`
 	// Server is documented in docs/agent.md (serverrole.FileConfig).
@@ -391,6 +397,15 @@ func build(f fileConfig) (Config, error) {
 		return c, fmt.Errorf("path_check: needs a relays section (it checks the NAT detours relays grant)")
 	}
 	c.PathCheck = f.PathCheck
+	if f.RelayPing != nil {
+		if f.Relays == nil {
+			return c, fmt.Errorf("relay_ping: set, but there is no relays section")
+		}
+		if v := f.RelayPing.D(); v < time.Second || v > 10*time.Minute {
+			return c, fmt.Errorf("relay_ping: %s out of range 1s-10m", v)
+		}
+		c.RelayPing = f.RelayPing.D()
+	}
 	c.BufferSizing = f.BufferSizing
 	if c.BufferSizing && c.ProbeInterval == 0 {
 		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
@@ -403,13 +418,19 @@ func build(f fileConfig) (Config, error) {
 		if l.Name == "" {
 			return c, fmt.Errorf("legacy_v1[%d].name: missing (a name for logs and status)", i)
 		}
+		r := legacyclient.Relay{Name: l.Name, Addr: ap, Lease: c.LegacyLease}
 		if l.Lease != nil {
 			if v := l.Lease.D(); v < 10*time.Second || v > 24*time.Hour {
 				return c, fmt.Errorf("legacy_v1[%d].lease: %s out of range 10s-24h (the daemon's lease; v1 cannot renew)", i, v)
 			}
-			c.LegacyLease = l.Lease.D()
+			r.Lease = l.Lease.D() // this daemon's alone
 		}
-		c.LegacyV1 = append(c.LegacyV1, legacyclient.Relay{Name: l.Name, Addr: ap})
+		for j, o := range c.LegacyV1 {
+			if o.Name == l.Name {
+				return c, fmt.Errorf("legacy_v1[%d].name: %q already names legacy_v1[%d]", i, l.Name, j)
+			}
+		}
+		c.LegacyV1 = append(c.LegacyV1, r)
 	}
 	return c, nil
 }

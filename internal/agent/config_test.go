@@ -101,15 +101,17 @@ func TestParseConfigRejects(t *testing.T) {
 		"metrics: {listen: nowhere}":           "metrics.listen",
 		"metrics: {listen: \"unix:rel.sock\"}": "metrics.listen",
 		"metrics: {token_file: /nonexistent}":  "metrics.token_file: set without metrics.listen",
-		"metrics: {listen: 127.0.0.1:9465, token_file: /nonexistent/t}": "metrics.token_file",
-		"legacy_v1: [{name: v1, address: \"[::1]:45672\"}]":             "legacy_v1[0].address",
-		"legacy_v1: [{address: 10.1.1.2:45672}]":                        "legacy_v1[0].name",
-		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]":   "legacy_v1[0].lease",
-		"server: {announce: [{name: d, address: 127.0.0.1}]}":           "server.announce[0].address",
+		"metrics: {listen: 127.0.0.1:9465, token_file: /nonexistent/t}":                         "metrics.token_file",
+		"legacy_v1: [{name: v1, address: \"[::1]:45672\"}]":                                     "legacy_v1[0].address",
+		"legacy_v1: [{address: 10.1.1.2:45672}]":                                                "legacy_v1[0].name",
+		"legacy_v1: [{name: v1, address: 10.1.1.2:45672, lease: 1s}]":                           "legacy_v1[0].lease",
+		"legacy_v1: [{name: v1, address: 10.1.1.2:45672}, {name: v1, address: 10.1.1.3:45672}]": "legacy_v1[1].name",
+		"server: {announce: [{name: d, address: 127.0.0.1}]}":                                   "server.announce[0].address",
 		"server: {}":         "server.announce: nothing to do",
 		"tunnel_kind: vxlan": "tunnel_kind: set, but tunnels is not true",
 		"tunnel_kind: gre":   "tunnel_kind",
 		"path_check: true":   "path_check",
+		"relay_ping: 5s":     "relay_ping: set, but there is no relays section",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil {
@@ -142,13 +144,15 @@ detours:
   - {kind: nat, relay: a, address: 10.1.1.2:4000, server: 10.0.3.2:5201, backup: true}
 legacy_v1:
   - {name: old, address: 10.1.1.3:45672, lease: 5m}
+  - {name: older, address: 10.1.1.4:45672}
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Policy != policy.Adaptive || c.Watchdog != 300*time.Millisecond || c.Window != 4*time.Second || c.Hold != 20*time.Second ||
 		c.MetricsListen != "127.0.0.1:9465" || c.LogLevel != slog.LevelDebug || !c.Detours[0].Detour.Backup ||
-		len(c.LegacyV1) != 1 || c.LegacyV1[0].Name != "old" || c.LegacyLease != 5*time.Minute {
+		len(c.LegacyV1) != 2 || c.LegacyV1[0].Name != "old" || c.LegacyV1[0].Lease != 5*time.Minute ||
+		c.LegacyV1[1].Lease != 10*time.Minute { // per daemon (issue 28: one lease was stored for all)
 		t.Fatalf("parsed %+v", c)
 	}
 	if d, _ := ParseConfig(nil); d.Policy != policy.Static || d.Subflows != 2 || d.ProbeInterval != time.Second {

@@ -11,7 +11,7 @@ import (
 
 // An agent killed with -9 never restores pm_type; the next agent must
 // restore the value found before the first one, not the userspace PM it
-// finds (issue 16 #5).
+// finds.
 func TestKernelRestoresPMTypeAfterACrash(t *testing.T) {
 	testenv.Root(t)
 	testenv.MPTCP(t)

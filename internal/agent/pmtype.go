@@ -10,8 +10,7 @@ import (
 // long as it runs. Another program may change it under the agent
 // (mptcpd, NetworkManager, `sysctl --system` with a sysctl.d file setting
 // 0): the kernel then answers the agent's commands with errors and its
-// own in-kernel PM decides, and before issue 29 this was logged once and
-// left so. The agent checks it every BlackholePoll and restores it, with
+// own in-kernel PM decides. The agent checks it every BlackholePoll and restores it, with
 // one WARN per change found; status and doctor show the restorations
 // (docs/agent.md, "pm_type changed under the agent"). Restoring rather
 // than exiting: a supervisor would restart the agent into the same

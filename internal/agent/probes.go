@@ -8,9 +8,9 @@ import (
 	"syscall"
 )
 
-// Test connections of `mpdetour doctor` are not the agent's (issue 29
-// item 2: the agent adopted them, added detours and counted their failed
-// commands when doctor closed them). Before its connect(), doctor binds
+// Test connections of `mpdetour doctor` are not the agent's (otherwise
+// the agent adopts them, adds detours and counts their failed commands
+// when doctor closes them). Before its connect(), doctor binds
 // the socket and creates ProbeDir/<local port>; the agent leaves alone
 // every connection whose local port has such a file, and doctor removes
 // it when the probe is done. The directory is root's (mode 0755): another
@@ -79,4 +79,3 @@ func MarkProbe(dir string) (control func(network, address string, c syscall.RawC
 		}
 	}
 }
-

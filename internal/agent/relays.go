@@ -14,7 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// Relay states as the client sees them (issue 29 item 2: "the client says
+// Relay states as the client sees them ("the client says
 // what is wrong"). JSON values and metric labels are stable.
 const (
 	RelayUnknown      = "unknown"             // not asked yet
@@ -205,9 +205,9 @@ func (h *RelayHealth) Observe(name, op string, server netip.AddrPort, err error)
 	case reason == proto.ReasonUnauthorized && r.everOK, reason == proto.ReasonExpired:
 		r.control, r.controlWhy = RelayRevoked, "the relay accepted this member earlier and refuses it now: the member was removed or its certificate revoked or expired; ask the relay's operator"
 	case reason == proto.ReasonUnauthorized:
-		r.control, r.controlWhy = RelayUnauthorized, "the relay does not know this member key (its members list), or relays[].public_key is not the relay's"
+		r.control, r.controlWhy = RelayUnauthorized, "the relay does not know this member key: add it to the relay's members (or certify it)"
 	case errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "no handshake response"):
-		r.control, r.controlWhy = RelayNoAnswer, "check the relay's address, that it runs, and that its UDP port is open on every firewall on the way"
+		r.control, r.controlWhy = RelayNoAnswer, "check the relay's address, that it runs, that its UDP port is open on every firewall on the way, and that relays[].public_key is the relay's (a relay cannot answer a handshake made for another key)"
 	case reason != proto.OK:
 		r.control, r.controlWhy = RelayRefused, reason.String()
 		r.lastAnswer = now

@@ -50,7 +50,7 @@ func stateOf(h *RelayHealth, name string) RelayStatus {
 	return RelayStatus{}
 }
 
-// Issue 29 item 2: every relay state the client can tell, from the
+// Every relay state the client can tell, from the
 // outcomes of its requests and pings against a fake relay and a fake
 // clock; one WARN per change to a bad state.
 func TestRelayHealthTransitions(t *testing.T) {
@@ -132,13 +132,13 @@ func TestRelayHealthTransitions(t *testing.T) {
 	// Never accepted: unauthorized (a wrong key), not revoked.
 	h2 := NewRelayHealth(RelayHealthConfig{Now: ck.now}, nil, "r2")
 	h2.Observe("r2", "grant", srv, fmt.Errorf("relay %q: no session: %w", "r2", &proto.Error{Reason: proto.ReasonUnauthorized}))
-	if st := stateOf(h2, "r2"); st.State != RelayUnauthorized || !strings.Contains(st.Detail, "public_key") {
+	if st := stateOf(h2, "r2"); st.State != RelayUnauthorized || !strings.Contains(st.Detail, "members") {
 		t.Fatalf("unauthorized: %+v", st)
 	}
 }
 
-// A tunnel detour whose WireGuard has no handshake is not "ok" (issue 29:
-// a closed UDP 51820 showed HEALTH ok).
+// A tunnel detour whose WireGuard has no handshake is not "ok" (a
+// closed UDP 51820 used to show HEALTH ok).
 func TestRelayHealthTunnelHandshake(t *testing.T) {
 	ck := &fakeClock{t: time.Unix(100000, 0)}
 	h := NewRelayHealth(RelayHealthConfig{Now: ck.now}, nil, "r1")
@@ -190,5 +190,22 @@ func TestMarkRelayTrouble(t *testing.T) {
 	}
 	if ds[0].LastError != "relay revoked: removed" {
 		t.Errorf("last error %q", ds[0].LastError)
+	}
+}
+
+// A detour whose every subflow failed is not healthy (issue 28: all
+// refused with errno 111 and HEALTH ok).
+func TestMarkNeverEstablished(t *testing.T) {
+	ds := []DetourStatus{
+		{Relay: "refused", Failed: 4, Healthy: true, LastError: "connection refused"},
+		{Relay: "worked", Failed: 4, Established: 1, Healthy: true},
+		{Relay: "fresh", Healthy: true},
+	}
+	markNeverEstablished(ds)
+	if ds[0].Healthy || ds[0].LastError != "all 4 subflows failed, none established; last: connection refused" {
+		t.Fatalf("all refused: %+v", ds[0])
+	}
+	if !ds[1].Healthy || !ds[2].Healthy {
+		t.Fatalf("a detour that worked or was never tried: %+v %+v", ds[1], ds[2])
 	}
 }

@@ -47,7 +47,7 @@ func createsBy(cmds []policy.Intent) map[uint32]int {
 	return n
 }
 
-// Issue 28, break 7: under churn the kernel refuses SUBFLOW_CREATE for
+// Under churn the kernel refuses SUBFLOW_CREATE for
 // connections that are closing (ENOTCONN after ESTABLISHED) or gone
 // (EINVAL "invalid token"), and their CLOSED events may come late or never.
 // Such a refusal is final: each connection gets one create per detour, not
@@ -87,7 +87,7 @@ func TestAgentFinalCreateRefusalsEndRetries(t *testing.T) {
 	t.Logf("%d SUBFLOW_CREATE for %d connections x 2 detours", total, conns)
 }
 
-// Issue 28, break 6: a join the server resets right after it came up is
+// A join the server resets right after it came up is
 // not evidence of a server join limit when the connection lost a subflow
 // just before (here the agent destroyed a stalled one: over a black-holed
 // path the server never hears of it and still counts it). Before the fix
@@ -118,7 +118,7 @@ func TestAgentJoinResetAfterOwnDestroyLearnsNoLimit(t *testing.T) {
 	})
 	h.k.SetSubflows(nil)
 	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubClosed, Token: 1, Local: sf1, Remote: relay1})
-	_, i = h.wait(i, "replacement via r3", creates(relay3))
+	h.wait(i, "replacement via r3", creates(relay3))
 	// The server still counts the destroyed subflow: it resets the
 	// replacement right after the handshake.
 	sf3 := netip.AddrPortFrom(client.Addr(), 50003)
@@ -134,7 +134,7 @@ func TestAgentJoinResetAfterOwnDestroyLearnsNoLimit(t *testing.T) {
 	}
 }
 
-// Issue 28 leftover: a server that sets the C flag (ESTABLISHED flags bit
+// A server that sets the C flag (ESTABLISHED flags bit
 // 0) accepts no join to its initial address, and every detour leads there:
 // the agent opens no detour subflow for such a connection, but still joins
 // an address the server announces; other connections are unaffected.

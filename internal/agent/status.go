@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,9 +36,9 @@ type Status struct {
 	DiagError   string         `json:"diag_error,omitempty"`
 	// Conversions: connections sent through a converter (docs/convert.md).
 	Conversions *convclient.Status `json:"conversions,omitempty"`
-	// Blackhole: the kernel's MPTCP blackhole fallback (issue 28, break 8).
+	// Blackhole: the kernel's MPTCP blackhole fallback.
 	Blackhole *BlackholeStatus `json:"mptcp_blackhole,omitempty"`
-	// Relays: each relay's state as the client sees it (issue 29 item 2).
+	// Relays: each relay's state as the client sees it.
 	Relays []RelayStatus `json:"relays,omitempty"`
 	// PMTypeGuard: pm_type changed under the agent and set back.
 	PMTypeGuard *PMTypeStatus `json:"pm_type_guard,omitempty"`
@@ -180,6 +181,7 @@ func (a *Agent) Status() Status {
 		g := a.cfg.PMType()
 		st.PMTypeGuard = &g
 	}
+	markNeverEstablished(st.Detours)
 	if a.cfg.RelayStatus != nil {
 		st.Relays = a.cfg.RelayStatus()
 		markRelayTrouble(st.Detours, st.Relays)
@@ -334,9 +336,26 @@ func (a *Agent) snapshot() Status {
 	return st
 }
 
+// markNeverEstablished marks a detour unhealthy whose subflows all failed
+// (issue 28: a v1 detour whose every subflow was refused, errno 111,
+// showed HEALTH ok): failures, not one subflow established, none up.
+func markNeverEstablished(ds []DetourStatus) {
+	for i := range ds {
+		d := &ds[i]
+		if d.Failed > 0 && d.Established == 0 && d.Subflows == 0 {
+			d.Healthy = false
+			if d.LastError == "" {
+				d.LastError = "no subflow through it was ever established"
+			} else if !strings.HasPrefix(d.LastError, "all ") {
+				d.LastError = fmt.Sprintf("all %d subflows failed, none established; last: %s", d.Failed, d.LastError)
+			}
+		}
+	}
+}
+
 // markRelayTrouble marks the detours of a relay in trouble unhealthy, with
 // the relay's state as their last error: a revoked member's or an
-// unreachable relay's detours are not "ok" (issue 29 item 2). A tunnel
+// unreachable relay's detours are not "ok". A tunnel
 // without handshake concerns the relay's tunnel detour only; refusals of
 // some destinations by policy concern none of the granted detours.
 func markRelayTrouble(ds []DetourStatus, rs []RelayStatus) {
@@ -414,6 +433,9 @@ func FetchStatus(path string) (Status, error) {
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return st, fmt.Errorf("no agent status socket at %s (is mpdetour agent running?)", path)
+		}
+		if errors.Is(err, os.ErrPermission) {
+			return st, fmt.Errorf("agent status socket %s: permission denied: the status shows every user's connections and is root's (run as root)", path)
 		}
 		return st, fmt.Errorf("agent status socket %s: %w", path, err)
 	}

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Flow completion time (the rack scenario, issue 19). The client connects
+// Flow completion time (the lab's rack scenario). The client connects
 // and sends a 9-byte header: 'U' or 'D' and the flow's size (big-endian
 // uint64). Upload: the client then writes Size bytes, shuts its side down
 // and stops the clock when the sink has read every byte and answered with

@@ -64,7 +64,7 @@ func runAs(t *testing.T, exe, path string, uid uint32, dst netip.AddrPort) map[s
 	return out
 }
 
-// Issue 28, break 3, through the socket: the kernel's SO_PEERCRED, not
+// The kernel's SO_PEERCRED, not
 // anything the client says, decides who asks. A user not in
 // convert.users gets an error and changes nothing; an allowed user's
 // lessons and failure reports change only its own decisions; status is

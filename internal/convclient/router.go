@@ -1,4 +1,4 @@
-// Package convclient is the client side of conversion (issue 14, docs/convert.md):
+// Package convclient is the client side of conversion (docs/convert.md):
 // the Router, which lives in the agent, keeps a few converter tickets per
 // converter in stock (fetched over the relays' control sessions in the
 // background), measures each converter's round-trip time, and remembers which
@@ -53,6 +53,10 @@ type Config struct {
 	// (default 4096), MaxUsers the users with state (default 256; the
 	// least recently seen other user's state is dropped beyond it).
 	MaxUserDestinations, MaxUsers int
+	// UserRate bounds the conversions of each user other than root
+	// (tickets per second, default 50, burst twice that): one user's
+	// programs cannot drain the member's stock that the others share.
+	UserRate float64
 	// Refill is how often stocks are checked (default 1s; a used ticket
 	// also wakes the refiller).
 	Refill time.Duration
@@ -82,6 +86,9 @@ func (c *Config) defaults() {
 	if c.MaxUsers <= 0 {
 		c.MaxUsers = 256
 	}
+	if c.UserRate <= 0 {
+		c.UserRate = 50
+	}
 	if c.Refill <= 0 {
 		c.Refill = time.Second
 	}
@@ -103,7 +110,8 @@ type Decision struct {
 	// reports with Learn whether it spoke MPTCP.
 	Learn bool
 	// Why the decision (for logs and counters): "unknown", "mptcp",
-	// "no-mptcp", "no-converter", "not-convertible".
+	// "no-mptcp", "no-converter", "not-convertible", "user-rate" (a user
+	// other than root over Config.UserRate).
 	Why string
 }
 
@@ -146,8 +154,8 @@ type ticket struct {
 const Root uint32 = 0
 
 // user is what the Router learned from one local user's supervisors
-// (issue 28, break 3: the socket is open to the users the configuration
-// allows, and nothing one of them says changes another's decisions). Root's
+// (the socket is open to the users the configuration allows, and nothing
+// one of them says changes another's decisions). Root's
 // user is the shared one: its lessons answer every user that has none of
 // its own, its reports hold converters and drop stale stocks for everyone.
 // Another user's lessons, holds and ticket refusals change only its own
@@ -160,6 +168,36 @@ type user struct {
 	held        map[string]time.Time // held for this user until
 	refusedAt   map[string]time.Time // its last ticket refusal
 	staleBefore map[string]time.Time // tickets fetched before are not its
+	// tokens, filled: the conversion bucket (Config.UserRate).
+	tokens float64
+	filled time.Time
+	// routed: conversions handed to this user whose outcome it has not
+	// reported yet, by destination (other users only): a report must
+	// answer one, so a user cannot enter conversions it never made into
+	// the status others read.
+	routed map[netip.AddrPort]int
+}
+
+// maxRouted bounds a user's conversions awaiting their report.
+const maxRouted = 1024
+
+// take spends one conversion of u's bucket (root's is unbounded).
+func (u *user) take(rate float64, now time.Time) bool {
+	if u.uid == Root {
+		return true
+	}
+	burst := 2 * rate
+	if u.filled.IsZero() {
+		u.tokens = burst
+	} else {
+		u.tokens = min(burst, u.tokens+rate*now.Sub(u.filled).Seconds())
+	}
+	u.filled = now
+	if u.tokens < 1 {
+		return false
+	}
+	u.tokens--
+	return true
 }
 
 // MaxStock bounds a converter's stock when it grows under load: 3/4 of the
@@ -233,6 +271,9 @@ type Counters struct {
 	TicketErrors     uint64            `json:"ticket_errors"`
 	// Refused: socket connections of users not allowed (convert.users).
 	Refused uint64 `json:"refused_users"`
+	// Unsolicited: reports of a user other than root for a conversion it
+	// was not handed (ignored).
+	Unsolicited uint64 `json:"unsolicited_reports"`
 }
 
 // New builds a Router over the converters (one per relay that may run one).
@@ -376,7 +417,7 @@ func (r *Router) user(uid uint32, now time.Time) *user {
 			}
 		}
 		u = &user{uid: uid, dest: map[netip.AddrPort]*destEntry{}, held: map[string]time.Time{},
-			refusedAt: map[string]time.Time{}, staleBefore: map[string]time.Time{}}
+			refusedAt: map[string]time.Time{}, staleBefore: map[string]time.Time{}, routed: map[netip.AddrPort]int{}}
 		r.users[uid] = u
 	}
 	u.lastSeen = now
@@ -420,11 +461,18 @@ func (r *Router) Route(uid uint32, dst netip.AddrPort) Decision {
 			d = Decision{Why: "no-converter"}
 			break
 		}
+		if !u.take(r.cfg.UserRate, now) {
+			d = Decision{Why: "user-rate"}
+			break
+		}
 		t := c.tickets[i]
 		c.tickets = slices.Delete(c.tickets, i, i+1)
 		c.used++
 		e.conversions++
 		d = Decision{Convert: true, Converter: c.addr, Name: c.Name, Ticket: append([]byte{}, t.b[:]...), Why: "no-mptcp"}
+		if uid != Root && (u.routed[dst] > 0 || len(u.routed) < maxRouted) {
+			u.routed[dst]++
+		}
 		if len(c.tickets) == 0 {
 			c.emptied = true
 		}
@@ -535,6 +583,16 @@ func (r *Router) Report(uid uint32, dst netip.AddrPort, name string, out Outcome
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	u := r.user(uid, now)
+	if uid != Root {
+		// Only the outcome of a conversion this user was handed counts.
+		if u.routed[dst] == 0 {
+			r.ctr.Unsolicited++
+			return
+		}
+		if u.routed[dst]--; u.routed[dst] == 0 {
+			delete(u.routed, dst)
+		}
+	}
 	var c *conv
 	for _, x := range r.conv {
 		if x.Name == name {

@@ -289,6 +289,7 @@ func FuzzRequest(f *testing.F) {
 			return
 		}
 		_ = r.answer(Root, req)
+		_ = r.answer(1000, req) // another user's paths (per-uid state)
 	})
 }
 
@@ -369,12 +370,12 @@ func TestLegacyRelayBatch(t *testing.T) {
 	}
 }
 
-// Issue 28, break 3: what one local user tells the Router changes only its
+// What one local user tells the Router changes only its
 // own decisions. Root's lessons and failure reports hold for everyone.
 func TestUsersIsolated(t *testing.T) {
 	ck := &clock{t: time.Unix(1000, 0)}
 	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
-	r := New(Config{TTL: time.Hour, Tickets: 8, Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	r := New(Config{TTL: time.Hour, Tickets: 32, Hold: 10 * time.Second, Now: ck.now}, nil, Converter{Name: "a", Source: f})
 	fill(t, r)
 	const mallory, alice uint32 = 1000, 1001
 	dst := netip.MustParseAddrPort("198.51.100.7:443")
@@ -404,6 +405,18 @@ func TestUsersIsolated(t *testing.T) {
 		t.Fatalf("alice does not use root's lesson: %+v", d)
 	}
 
+	// A report for a conversion mallory was not handed is ignored (it
+	// would enter a made-up conversion into the status root reads).
+	r.Report(mallory, conv, "a", OutcomeOK, netip.MustParseAddrPort("10.0.0.1:40000"), "")
+	if st := r.Status(); len(st.Recent) != 0 || st.Counters.Unsolicited != 1 {
+		t.Fatalf("unsolicited report taken: %+v", st)
+	}
+	// Mallory converts 4 times (to report on them).
+	for range 4 {
+		if d := r.Route(mallory, conv); !d.Convert {
+			t.Fatalf("mallory with root's lesson: %+v", d)
+		}
+	}
 	// Holding the converter: mallory's failure reports hold it for mallory.
 	r.Report(mallory, conv, "a", OutcomeConverterFailed, netip.AddrPort{}, "reset")
 	if d := r.Route(mallory, conv); d.Convert {
@@ -502,5 +515,37 @@ func TestConfigUsers(t *testing.T) {
 		if _, err := (FileConfig{Enabled: true, Users: bad}).Build(relays); err == nil || !strings.HasPrefix(err.Error(), "users[") {
 			t.Errorf("users %q: %v", bad, err)
 		}
+	}
+}
+
+// One user cannot drain the member's stock that the others share: a user
+// other than root converts at most UserRate per second (burst twice that).
+func TestUserRateBounded(t *testing.T) {
+	ck := &clock{t: time.Unix(1000, 0)}
+	f := &fake{addr: netip.MustParseAddrPort("192.0.2.1:45674")}
+	r := New(Config{TTL: time.Hour, Tickets: 32, UserRate: 5, Now: ck.now}, nil, Converter{Name: "a", Source: f})
+	fill(t, r)
+	dst := netip.MustParseAddrPort("198.51.100.7:443")
+	r.Learn(Root, dst, false)
+	n := 0
+	for range 30 {
+		if d := r.Route(1000, dst); d.Convert {
+			n++
+		} else if d.Why != "user-rate" {
+			t.Fatalf("refusal: %+v", d)
+		}
+	}
+	if n != 10 {
+		t.Fatalf("%d conversions in a burst, want 10 (2 x rate 5)", n)
+	}
+	if d := r.Route(Root, dst); !d.Convert {
+		t.Fatalf("root after the user's burst: %+v", d)
+	}
+	if d := r.Route(1001, dst); !d.Convert {
+		t.Fatalf("another user after the first one's burst: %+v", d)
+	}
+	ck.add(time.Second)
+	if d := r.Route(1000, dst); !d.Convert {
+		t.Fatalf("the user a second later: %+v", d)
 	}
 }

@@ -67,20 +67,7 @@ func TestLoopback(t *testing.T) {
 	if tfoErr != nil {
 		t.Logf("no TFO: %v", tfoErr)
 	}
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	echo := startEcho(t)
 	srv := &Server{
 		Authorize: func(ticket []byte, _ netip.AddrPort) (string, any, error) {
 			if bytes.Equal(ticket, goodTicket) {
@@ -118,4 +105,81 @@ func TestLoopback(t *testing.T) {
 	if _, err := Dial(t.Context(), conv, dst, bytes.Repeat([]byte{1}, 16), DialOptions{Timeout: 5 * time.Second}); !errors.Is(err, syscall.EACCES) {
 		t.Fatalf("bad ticket: %v, want EACCES", err)
 	}
+}
+
+// End ends the running conversions whose tag it matches, and only those.
+func TestEndConversions(t *testing.T) {
+	ln, _, err := Listen(t.Context(), "tcp", "127.0.0.1:0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := startEcho(t)
+	tickets := map[byte]string{1: "alice", 2: "bob"}
+	srv := &Server{
+		Authorize: func(ticket []byte, _ netip.AddrPort) (string, any, error) {
+			return tickets[ticket[0]], tickets[ticket[0]], nil
+		},
+		Allowed: func(netip.AddrPort) error { return nil },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	defer func() {
+		cancel()
+		<-served
+	}()
+	conv := ln.Addr().(*net.TCPAddr).AddrPort()
+	dst := echo.Addr().(*net.TCPAddr).AddrPort()
+	open := func(who byte) net.Conn {
+		c, err := Dial(t.Context(), conv, dst, bytes.Repeat([]byte{who}, 16), DialOptions{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	roundTrip := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write([]byte("hello")); err != nil {
+			return err
+		}
+		buf := make([]byte, 5)
+		_, err := io.ReadFull(c, buf)
+		return err
+	}
+	alice, bob := open(1), open(2)
+	for _, c := range []net.Conn{alice, bob} {
+		if err := roundTrip(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := srv.End(func(tag any) bool { return tag == "alice" }); n != 1 {
+		t.Fatalf("End ended %d conversions, want 1", n)
+	}
+	if err := roundTrip(alice); err == nil {
+		t.Fatal("alice's conversion still carries data after End")
+	}
+	if err := roundTrip(bob); err != nil {
+		t.Fatalf("bob's conversion was ended too: %v", err)
+	}
+}
+
+// startEcho runs a TCP echo server on loopback until the test ends.
+func startEcho(t *testing.T) net.Listener {
+	t.Helper()
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	return echo
 }

@@ -98,6 +98,48 @@ type Server struct {
 	// pass its own (source address, namespace); tests pass one that dials
 	// from the converter's namespace.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+
+	mu      sync.Mutex
+	running map[*running]struct{} // authenticated conversions (End)
+}
+
+// running is an authenticated conversion: its Authorize tag and how to
+// end it.
+type running struct {
+	tag    any
+	cancel context.CancelFunc
+}
+
+// End ends (resets both sides of) every running conversion whose
+// Authorize tag match accepts, and returns how many: the relay ends the
+// conversions of a member it revokes.
+func (s *Server) End(match func(tag any) bool) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for r := range s.running {
+		if match(r.tag) {
+			r.cancel()
+			n++
+		}
+	}
+	return n
+}
+
+// track registers an authenticated conversion until the returned func.
+func (s *Server) track(tag any, cancel context.CancelFunc) (untrack func()) {
+	r := &running{tag: tag, cancel: cancel}
+	s.mu.Lock()
+	if s.running == nil {
+		s.running = map[*running]struct{}{}
+	}
+	s.running[r] = struct{}{}
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.running, r)
+		s.mu.Unlock()
+	}
 }
 
 // Refusal is why the converter refused a connection: the Error TLV it sent
@@ -252,6 +294,8 @@ func (s *Server) busy(ctx context.Context, client *net.TCPConn, maxConns int) {
 
 // handle converts one connection.
 func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePool) {
+	ctx, cancel := context.WithCancel(ctx) // End cancels it
+	defer cancel()
 	stop := context.AfterFunc(ctx, func() { abort(client) })
 	defer stop()
 	defer client.Close()
@@ -290,6 +334,7 @@ func (s *Server) handle(ctx context.Context, client *net.TCPConn, pipes *pipePoo
 		return
 	}
 	log = log.With("member", member)
+	defer s.track(tag, cancel)()
 	// Authenticated from here on.
 	switch {
 	case msg.Error != nil:

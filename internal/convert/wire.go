@@ -1,11 +1,13 @@
-// Package convert is the converter core of issue 14: the 0-RTT TCP Convert
+// Package convert is the converter core (docs/convert.md): the 0-RTT TCP Convert
 // Protocol (RFC 8803) message format, a converter server that turns an
 // authenticated MPTCP connection into a plain TCP connection to the
 // destination named in the first bytes, and the client side that opens
 // such a connection (in the SYN with TCP Fast Open where the kernel can).
 //
-// The package is self-contained: the relay daemon and the agent wire it
-// (docs/convert.md says what remains to wire).
+// The package imports no daemon. The relay runs the server side (Listen,
+// under its `convert:` section, internal/relay/convert.go); `mpdetour run
+// --convert` turns a program's connect() into ConvertFD on a ticket that the
+// agent's convclient.Router hands out; the lab's load generator uses Dial.
 package convert
 
 import (

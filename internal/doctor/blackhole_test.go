@@ -27,7 +27,7 @@ func withNetstat(t *testing.T, p Paths, blackhole, fallbacks string) {
 	}
 }
 
-// Issue 28, break 8: doctor says when the kernel disabled MPTCP and how to
+// Doctor says when the kernel disabled MPTCP and how to
 // clear it.
 func TestBlackholeCheck(t *testing.T) {
 	const check = "MPTCP blackhole fallback"
@@ -97,7 +97,7 @@ func TestClientBlackholeNamed(t *testing.T) {
 	}
 }
 
-// Issue 29 item 2: doctor flags pm_type changed under a running agent.
+// Doctor flags pm_type changed under a running agent.
 func TestRunningAgentPMType(t *testing.T) {
 	const check = "pm_type under the agent"
 	st := &agent.Status{Policy: "static"}
@@ -117,7 +117,7 @@ func TestRunningAgentPMType(t *testing.T) {
 	}
 }
 
-// Issue 29 item 2: doctor checks a running agent's tunnel detours end to
+// Doctor checks a running agent's tunnel detours end to
 // end: the handshake, then a connection from the tunnel's address.
 func TestTunnelsChecked(t *testing.T) {
 	var lc net.ListenConfig

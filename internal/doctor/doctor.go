@@ -155,8 +155,7 @@ func Kernel(p Paths, minSubflows int) Report {
 	return r
 }
 
-// Blackhole checks the kernel's MPTCP blackhole fallback (issue 28,
-// break 8): from the MPTcpExt counters of p (disables since boot) and, when
+// Blackhole checks the kernel's MPTCP blackhole fallback: from the MPTcpExt counters of p (disables since boot) and, when
 // an agent runs, its view (agentSt: whether the disable is in force now,
 // which counters read once cannot tell).
 func Blackhole(p Paths, agentSt *agent.BlackholeStatus) Report {
@@ -205,7 +204,7 @@ func Blackhole(p Paths, agentSt *agent.BlackholeStatus) Report {
 // RunningAgent checks what a running agent (st, from its status socket)
 // depends on in this namespace: pm_type must stay 1 while it runs; a value
 // changed by another program is flagged, and restorations the agent made
-// are reported (issue 29 item 2).
+// are reported.
 func RunningAgent(p Paths, st *agent.Status) Report {
 	var r Report
 	if st == nil {
@@ -229,8 +228,8 @@ func RunningAgent(p Paths, st *agent.Status) Report {
 	return r
 }
 
-// Tunnels checks a running agent's tunnel detours end to end (issue 29
-// item 2: a closed WireGuard port showed `ok` everywhere): the latest
+// Tunnels checks a running agent's tunnel detours end to end (a closed
+// WireGuard port used to show `ok` everywhere): the latest
 // handshake of each relay's tunnel, and, given a server, a TCP connection
 // from the tunnel's address (the agent's policy routing sends it through
 // the tunnel). The probe is plain TCP on purpose: the agent manages MPTCP
@@ -384,12 +383,12 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 		}
 		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, to)
-		rep, err := c.Do(pctx, proto.Request{Op: proto.OpPing})
+		rep, err := c.Do(pctx, proto.NewRequest(0, &proto.PingRequest{}))
 		cancel()
 		switch {
 		case err != nil && errors.Is(err, context.DeadlineExceeded):
 			r.add("client", "relay "+rel.Name, Fail, fmt.Sprintf("no answer from %s within %s", rel.Addr, to),
-				"check the address, that the relay runs, and that UDP port "+fmt.Sprint(rel.Addr.Port())+" is open on its firewall")
+				"check the address, that the relay runs, that UDP port "+fmt.Sprint(rel.Addr.Port())+" is open on its firewall, and the relay's public_key in the agent config (a relay cannot answer a handshake made for another key)")
 		case err != nil:
 			r.add("client", "relay "+rel.Name, Fail, err.Error(), fixFor(err))
 		case rep.Reason != proto.OK:
@@ -415,7 +414,7 @@ func fixFor(err error) string {
 	s := err.Error()
 	switch {
 	case strings.Contains(s, "unauthorized"):
-		return "the relay does not know this member key (members in its config), or the agent has a wrong relay public_key"
+		return "the relay does not know this member key (members in its config), or no longer: removed or certificate revoked"
 	case strings.Contains(s, "policy-denied"):
 		return "the relay refuses this destination (private ranges, port 25, deny lists): see docs/relay.md"
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
-// The rack (issue 19, GRIN): s1 reaches the remote host through the ToR
+// The rack (GRIN, docs/results/rack): s1 reaches the remote host through the ToR
 // over its own shaped server link, and its neighbours' primary addresses
 // over the direct links, so a relay on a neighbour is a one-hop detour.
 func TestRack(t *testing.T) {

@@ -29,13 +29,17 @@ import (
 type Relay struct {
 	Name string
 	Addr netip.AddrPort // UDP address of the daemon (port 45672 by default)
+	// Lease is this daemon's grant lifetime (0: Config.Lease); daemons
+	// may be configured differently.
+	Lease time.Duration
 }
 
 // Config configures a Source.
 type Config struct {
 	Relays []Relay
-	// Lease is how long a grant is assumed to last (v1 does not say); the
-	// detour is re-requested before that. Default 10 min, the relay's
+	// Lease is how long a grant is assumed to last (v1 does not say) for
+	// the daemons without their own Relay.Lease; the detour is
+	// re-requested before that. Default 10 min, the relay's
 	// legacy_v1.lease default.
 	Lease time.Duration
 	// Timeout bounds one request (default 2 s, retransmitted every 250 ms).
@@ -159,15 +163,22 @@ func (s *Source) request(k key, e *entry) {
 	// Re-ask before the daemon forgets the mapping: the lease counted from
 	// when the request was sent, less a tenth.
 	e.ok, e.err = true, nil
+	lease := r.Lease
+	if lease <= 0 {
+		lease = s.cfg.Lease
+	}
 	e.detour = detour.Detour{Kind: detour.NAT, Relay: r.Name, Remote: netip.AddrPortFrom(r.Addr.Addr().Unmap(), port),
-		Expires: start.Add(s.cfg.Lease - s.cfg.Lease/10)}
+		Expires: start.Add(lease - lease/10)}
 	s.log.Debug("legacy v1 grant", "relay", r.Name, "server", k.server, "detour", e.detour.Remote)
 }
 
 // ask sends a v1 request and waits for the matching response from the
-// daemon's address, retransmitting every 250 ms until Timeout.
+// daemon's address, retransmitting every 250 ms until Timeout. It proposes
+// the server's own port as the detour port, as the original client does:
+// the original daemon maps the port proposed (or another when that one is
+// taken) and answers a proposal of 0 with 0, keeping a rule for it.
 func (s *Source) ask(r Relay, server netip.AddrPort) (uint16, error) {
-	req, err := proto.MarshalLegacy(proto.LegacyMsg{Server: server})
+	req, err := proto.MarshalLegacy(proto.LegacyMsg{Server: server, Port: server.Port()})
 	if err != nil {
 		return 0, err
 	}
@@ -212,7 +223,7 @@ func (s *Source) ask(r Relay, server netip.AddrPort) (uint16, error) {
 				continue
 			}
 			if m.Port == 0 {
-				return 0, errors.New("daemon refused (granted port 0)")
+				return 0, fmt.Errorf("daemon answered detour port 0 to a proposal of %d: no usable mapping", server.Port())
 			}
 			return m.Port, nil
 		}

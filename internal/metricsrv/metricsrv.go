@@ -1,5 +1,5 @@
 // Package metricsrv opens the daemons' Prometheus endpoints so that they are
-// not readable by every local user (issue 28, break 9; docs/security.md,
+// not readable by every local user (docs/security.md,
 // "Metrics"): an endpoint listens on a TCP address (loopback, for
 // Prometheus) with an optional bearer token, or on a unix socket of mode
 // 0600 (root's tools, a local proxy).
@@ -107,4 +107,3 @@ func Exposed(listen, token string) string {
 	}
 	return "metrics on " + listen + " are readable by every local user (and beyond loopback by the network): set metrics.token_file, or listen on unix:/PATH (docs/security.md, Metrics)"
 }
-

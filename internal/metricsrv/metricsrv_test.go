@@ -22,7 +22,7 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-// Issue 28, break 9: a unix endpoint is root's alone.
+// A unix endpoint is root's alone.
 func TestListenUnixPrivate(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.sock")
 	l, err := Listen(UnixPrefix + path)

@@ -3,8 +3,8 @@
 // commands it sends, plus the inet_diag queries it needs to find existing
 // MPTCP connections and their subflows.
 //
-// The family codec is our own: searching (2026-11) found no Go codec for
-// mptcp_pm; the existing ones are mptcpd (C), the Rust crate mptcp-pm
+// The family codec is our own: we know of no Go codec for mptcp_pm; the
+// existing ones are mptcpd (C), the Rust crate mptcp-pm
 // (endpoints and limits, no events or userspace-PM commands) and a Haskell
 // package for the out-of-tree kernel. Attribute numbers and layouts come
 // from upstream include/uapi/linux/mptcp_pm.h, include/uapi/linux/mptcp.h

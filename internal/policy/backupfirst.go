@@ -9,7 +9,7 @@ import (
 )
 
 // backupFirst never lets a detour subflow carry data before the
-// measurements say it helps (issue 26 item 2). Every detour subflow joins
+// measurements say it helps. Every detour subflow joins
 // with the B flag: the kernel's scheduler sends on it only when no active
 // subflow can, so a slow or lossy detour costs nothing while it waits.
 // A waiting subflow is tried (made active) only when

@@ -511,7 +511,7 @@ func (p *Engine) SubflowClosed(sf Subflow) []Intent {
 		// connection live: the server's limit of extra subflows (`ip mptcp
 		// limits`, 2 by default), not the detour. Learn it, ask no more;
 		// unless this connection lost a joined subflow before, which the
-		// server may still count (issue 28: after a 4 s detour black-hole
+		// server may still count (after a 4 s detour black-hole
 		// or a relay restart the agent learned "extra_subflows=1 for 5m"
 		// and the next connection got no NAT detour). Then the reset is
 		// held against this connection only, and no detour is blamed.
@@ -597,7 +597,7 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 	if errors.Is(err, syscall.ENOTCONN) {
 		// A connection whose ESTABLISHED event came was fully established:
 		// ENOTCONN now means it is closing (or fell back to TCP), which
-		// is final. Measured under churn (issue 28): 200 connections/s
+		// is final. Measured under churn: 200 connections/s
 		// made 19,074 creates, 8,001 refused with ENOTCONN or "invalid
 		// token", one token retried 160 times.
 		if k.c.Fully {

@@ -287,7 +287,7 @@ func TestStaticAdopt(t *testing.T) {
 	if again := p.Adopt(c, nil); len(again) != 0 {
 		t.Fatalf("adopting twice opened more subflows: %v", again)
 	}
-	// Relays are asked for grants as for a new connection (issue 16 #6).
+	// Relays are asked for grants as for a new connection.
 	if len(src.prepared) != 1 || src.prepared[0] != server {
 		t.Fatalf("Prepare calls %v, want one for %s", src.prepared, server)
 	}

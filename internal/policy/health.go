@@ -121,7 +121,7 @@ func (p *Engine) finish(k *kconn, why string) {
 // to start with, refilled by one per Backoff (and by two when a subflow
 // lived: replacing it later is fair). An empty budget holds the connection
 // until the next token. Refusal holds and final errors end the retry
-// loops; this bounds whatever is left (issue 28 target: creates <= 2 x the
+// loops; this bounds whatever is left (target: creates <= 2 x the
 // subflows that can exist).
 func (p *Engine) spend(k *kconn, now time.Time) bool {
 	full := float64(2 * p.slots(k))

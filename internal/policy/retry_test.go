@@ -31,7 +31,7 @@ func countAction(ins []Intent, a Action) int {
 	return n
 }
 
-// Issue 28, break 7: refusals that are final for a connection end its
+// Refusals that are final for a connection end its
 // retries. ENOTCONN for a connection whose ESTABLISHED event came (it is
 // closing or fell back to TCP) and "invalid token" (the agent wraps it in
 // ErrConnectionGone) open nothing more, ever; ENOTCONN for a connection
@@ -118,7 +118,7 @@ func TestCreatesBoundedPerConnection(t *testing.T) {
 	}
 }
 
-// Issue 28, break 6: a learned server limit is re-checked: a connection
+// A learned server limit is re-checked: a connection
 // after capCheck asks for N again (before the fix the limit held for
 // 10 x Hold, 5 minutes); a join beyond it that lives forgets it.
 func TestServerLimitIsRechecked(t *testing.T) {
@@ -156,7 +156,7 @@ func TestServerLimitIsRechecked(t *testing.T) {
 	}
 }
 
-// The churn of issue 28 (200 connections/s, 4 detours) against a model of
+// Churn (200 connections/s, 4 detours) against a model of
 // the kernel: a third of the creates come too late (ENOTCONN: the
 // connection is closing), a tenth find the connection gone ("invalid
 // token"), a twentieth fail for want of ports (EADDRINUSE), the rest come

@@ -9,16 +9,16 @@ import (
 )
 
 func FuzzParseRequest(f *testing.F) {
-	for _, r := range []Request{
-		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("198.51.100.1:80"), Port: 4000},
-		{Op: OpGrant, ID: 1, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
-		{Op: OpRenew, ID: 2, Port: 9}, {Op: OpTunnel}, {Op: OpPing}, {Op: OpConvert, ID: 3, Count: 4}, {Op: OpCertify, ID: 4, Cert: []byte{1, 2, 3}}, {Op: OpReceipt, ID: 5, Receipt: make([]byte, 161)},
-		{Op: OpEncap, ID: 5, Action: EncapOpen}, {Op: OpEncap, ID: 6, Action: EncapRelease},
-		{Op: OpRoster, ID: 7, Start: 3},
-		{Op: OpRoster, ID: 8, Start: 0, Have: 0x1122334455667788},
-		{Op: OpRotate, ID: 8, Rotate: Rotation{Old: Key{1, 2, 3}, Time: 1764115200, Signature: [RotateSigLen]byte{9, 9}}},
+	for _, r := range []RequestBody{
+		&GrantRequest{Server: netip.MustParseAddrPort("198.51.100.1:80"), Port: 4000},
+		&GrantRequest{Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
+		&RenewRequest{Port: 9}, &TunnelRequest{}, &PingRequest{}, &ConvertRequest{Count: 4}, &CertifyRequest{Cert: []byte{1, 2, 3}}, &ReceiptRequest{Receipt: make([]byte, 161)},
+		&EncapRequest{Action: EncapOpen}, &EncapRequest{Action: EncapRelease},
+		&RosterRequest{Start: 3},
+		&RosterRequest{Start: 0, Have: 0x1122334455667788},
+		&RotateRequest{Rotate: Rotation{Old: Key{1, 2, 3}, Time: 1764115200, Signature: [RotateSigLen]byte{9, 9}}},
 	} {
-		b, _ := MarshalRequest(r)
+		b, _ := MarshalRequest(NewRequest(1, r))
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -41,18 +41,18 @@ func FuzzParseRequest(f *testing.F) {
 
 func FuzzParseReply(f *testing.F) {
 	for _, r := range []Reply{
-		{Op: OpGrant, Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: time.Minute},
-		{Op: OpTunnel, Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}},
-		{Op: OpRelease, Bytes: 5}, {Op: OpGrant, Reason: ReasonPolicyDenied}, {Op: OpReceipt, Credit: -5}, {Op: OpRotate}, {Op: OpGrant, Reason: ReasonCapacity},
-		{Op: OpConvert, Converter: netip.MustParseAddrPort("203.0.113.1:45674"), Lease: time.Minute, Tickets: [][TicketLen]byte{{9}}},
-		{Op: OpConvert, Converter: netip.MustParseAddrPort("[2001:db8::1]:45674"), Lease: time.Minute, Tickets: make([][TicketLen]byte, MaxTickets)},
-		{Op: OpEncap, Lease: 5 * time.Minute, Encap: EncapGrant{ClientPrefix: netip.MustParsePrefix("100.81.0.7/16"),
+		{Op: OpGrant, Body: &GrantReply{Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: time.Minute}},
+		{Op: OpTunnel, Body: &TunnelReply{Tunnel: TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"), Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}}},
+		{Op: OpRelease, Body: &ReleaseReply{Bytes: 5}}, {Op: OpGrant, Reason: ReasonPolicyDenied}, {Op: OpReceipt, Body: &ReceiptReply{Credit: -5}}, {Op: OpRotate, Body: &RotateReply{}}, {Op: OpGrant, Reason: ReasonCapacity},
+		{Op: OpConvert, Body: &ConvertReply{Converter: netip.MustParseAddrPort("203.0.113.1:45674"), Lease: time.Minute, Tickets: [][TicketLen]byte{{9}}}},
+		{Op: OpConvert, Body: &ConvertReply{Converter: netip.MustParseAddrPort("[2001:db8::1]:45674"), Lease: time.Minute, Tickets: make([][TicketLen]byte, MaxTickets)}},
+		{Op: OpEncap, Body: &EncapReply{Lease: 5 * time.Minute, Encap: EncapGrant{ClientPrefix: netip.MustParsePrefix("100.81.0.7/16"),
 			Gateway: netip.MustParseAddr("100.81.0.1"), Endpoint: netip.MustParseAddrPort("198.18.1.1:4789"),
-			Member: netip.MustParseAddr("198.18.1.2"), VNI: 7, MTU: 1450}},
-		{Op: OpEncap},
-		{Op: OpRoster, Roster: RosterPage{Total: 5, Start: 1, Entries: [][]byte{{1, 2, 3}, make([]byte, 300)}}},
-		{Op: OpRoster, Roster: RosterPage{Total: 0}},
-		{Op: OpRoster, Roster: RosterPage{Total: 20, Digest: 0xa1b2c3d4e5f60718}},
+			Member: netip.MustParseAddr("198.18.1.2"), VNI: 7, MTU: 1450}}},
+		{Op: OpEncap, Body: &EncapReply{}},
+		{Op: OpRoster, Body: &RosterReply{Roster: RosterPage{Total: 5, Start: 1, Entries: [][]byte{{1, 2, 3}, make([]byte, 300)}}}},
+		{Op: OpRoster, Body: &RosterReply{Roster: RosterPage{Total: 0}}},
+		{Op: OpRoster, Body: &RosterReply{Roster: RosterPage{Total: 20, Digest: 0xa1b2c3d4e5f60718}}},
 	} {
 		b, _ := MarshalReply(r)
 		f.Add(b)

@@ -48,12 +48,13 @@ func TestKeyPublicRFC7748(t *testing.T) {
 
 func TestRequestRoundTrip(t *testing.T) {
 	cases := []Request{
-		{Op: OpPing, ID: 1},
-		{Op: OpGrant, ID: 2, Server: netip.MustParseAddrPort("198.51.100.7:443"), Port: 40000},
-		{Op: OpGrant, ID: 3, Server: netip.MustParseAddrPort("[2001:db8::1]:80")},
-		{Op: OpRenew, ID: 4, Port: 1234},
-		{Op: OpRelease, ID: 5, Port: 65535},
-		{Op: OpTunnel, ID: 6},
+		NewRequest(1, &PingRequest{}),
+		NewRequest(2, &GrantRequest{Server: netip.MustParseAddrPort("198.51.100.7:443"), Port: 40000}),
+		NewRequest(3, &GrantRequest{Server: netip.MustParseAddrPort("[2001:db8::1]:80")}),
+		NewRequest(4, &RenewRequest{Port: 1234}),
+		NewRequest(5, &ReleaseRequest{Port: 65535}),
+		NewRequest(6, &TunnelRequest{}),
+		NewRequest(7, &QuotaRequest{}),
 	}
 	for _, r := range cases {
 		b, err := MarshalRequest(r)
@@ -65,13 +66,22 @@ func TestRequestRoundTrip(t *testing.T) {
 			t.Fatalf("round trip %+v: got %+v, %v", r, got, err)
 		}
 	}
-	if _, err := MarshalRequest(Request{Op: OpGrant}); err == nil {
+	if _, err := MarshalRequest(NewRequest(0, &GrantRequest{})); err == nil {
 		t.Fatal("grant without server accepted")
+	}
+	// An operation without request content may leave the body nil.
+	if b, err := MarshalRequest(Request{Op: OpPing, ID: 9}); err != nil {
+		t.Fatalf("ping without a body: %v", err)
+	} else if r, err := ParseRequest(b); err != nil || r.Op != OpPing || r.ID != 9 {
+		t.Fatalf("ping without a body: %+v %v", r, err)
+	}
+	if _, err := MarshalRequest(Request{Op: OpGrant}); err == nil {
+		t.Fatal("a grant without a body marshalled")
 	}
 }
 
 func TestRequestRefusals(t *testing.T) {
-	good, _ := MarshalRequest(Request{Op: OpGrant, ID: 9, Server: netip.MustParseAddrPort("198.51.100.7:443")})
+	good, _ := MarshalRequest(NewRequest(9, &GrantRequest{Server: netip.MustParseAddrPort("198.51.100.7:443")}))
 	bad := func(mut func([]byte) []byte) []byte { return mut(append([]byte(nil), good...)) }
 	cases := map[string]struct {
 		b    []byte
@@ -97,18 +107,19 @@ func TestRequestRefusals(t *testing.T) {
 func TestReplyRoundTrip(t *testing.T) {
 	pub := mustKey(t).Public()
 	cases := []Reply{
-		{Op: OpPing, ID: 1},
-		{Op: OpGrant, ID: 2, Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: 90 * time.Second},
-		{Op: OpRenew, ID: 3, Lease: time.Hour},
-		{Op: OpRelease, ID: 4, Bytes: 1 << 40},
-		{Op: OpTunnel, ID: 5, Lease: time.Minute, Tunnel: TunnelGrant{
+		{Op: OpPing, ID: 1, Body: &PingReply{}},
+		{Op: OpGrant, ID: 2, Body: &GrantReply{Detour: netip.MustParseAddrPort("203.0.113.1:40001"), Lease: 90 * time.Second}},
+		{Op: OpRenew, ID: 3, Body: &RenewReply{Lease: time.Hour}},
+		{Op: OpRelease, ID: 4, Body: &ReleaseReply{Bytes: 1 << 40}},
+		{Op: OpTunnel, ID: 5, Body: &TunnelReply{Lease: time.Minute, Tunnel: TunnelGrant{
 			ClientPrefix: netip.MustParsePrefix("100.64.0.2/24"),
 			Endpoint:     netip.MustParseAddrPort("203.0.113.1:51820"),
 			PublicKey:    pub,
-		}},
+		}}},
 		{Op: OpGrant, ID: 6, Reason: ReasonQuota},
-		{Op: OpConvert, ID: 7, Lease: time.Minute, Converter: netip.MustParseAddrPort("203.0.113.1:45674"),
-			Tickets: [][TicketLen]byte{{1, 2, 3}, {4, 5, 6}}},
+		{Op: OpConvert, ID: 7, Body: &ConvertReply{Lease: time.Minute, Converter: netip.MustParseAddrPort("203.0.113.1:45674"),
+			Tickets: [][TicketLen]byte{{1, 2, 3}, {4, 5, 6}}}},
+		{Op: OpQuota, ID: 8, Body: &QuotaReply{Used: 3, Quota: 256}},
 	}
 	for _, r := range cases {
 		b, err := MarshalReply(r)
@@ -126,9 +137,10 @@ func TestReplyRoundTrip(t *testing.T) {
 // allowed (up to MaxReplyLen, IPv6 converter); one more ticket is refused
 // both ways, and so is a request for more than MaxTickets.
 func TestConvertBatch(t *testing.T) {
-	r := Reply{Op: OpConvert, ID: 9, Lease: time.Minute, Converter: netip.MustParseAddrPort("[2001:db8::1]:45674"),
+	cr := &ConvertReply{Lease: time.Minute, Converter: netip.MustParseAddrPort("[2001:db8::1]:45674"),
 		Tickets: make([][TicketLen]byte, MaxTickets)}
-	r.Tickets[MaxTickets-1][0] = 7
+	cr.Tickets[MaxTickets-1][0] = 7
+	r := Reply{Op: OpConvert, ID: 9, Body: cr}
 	b, err := MarshalReply(r)
 	if err != nil {
 		t.Fatal(err)
@@ -137,10 +149,11 @@ func TestConvertBatch(t *testing.T) {
 		t.Fatalf("reply of %d bytes, want %d..%d", len(b), MaxMessageLen+1, MaxReplyLen)
 	}
 	got, err := ParseReply(b)
-	if err != nil || len(got.Tickets) != MaxTickets || got.Tickets[MaxTickets-1][0] != 7 {
-		t.Fatalf("round trip: %d tickets, %v", len(got.Tickets), err)
+	gc, _ := got.Body.(*ConvertReply)
+	if err != nil || gc == nil || len(gc.Tickets) != MaxTickets || gc.Tickets[MaxTickets-1][0] != 7 {
+		t.Fatalf("round trip: %+v, %v", got, err)
 	}
-	r.Tickets = append(r.Tickets, [TicketLen]byte{})
+	cr.Tickets = append(cr.Tickets, [TicketLen]byte{})
 	if _, err := MarshalReply(r); err == nil {
 		t.Error("a reply with MaxTickets+1 tickets marshalled")
 	}
@@ -149,18 +162,18 @@ func TestConvertBatch(t *testing.T) {
 	if _, err := ParseReply(over); err == nil {
 		t.Error("a reply with MaxTickets+1 tickets parsed")
 	}
-	rb, err := MarshalRequest(Request{Op: OpConvert, ID: 1, Count: MaxTickets})
+	rb, err := MarshalRequest(NewRequest(1, &ConvertRequest{Count: MaxTickets}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if req, err := ParseRequest(rb); err != nil || req.Count != MaxTickets {
+	if req, err := ParseRequest(rb); err != nil || req.Body.(*ConvertRequest).Count != MaxTickets {
 		t.Fatalf("request for %d: %+v %v", MaxTickets, req, err)
 	}
 	rb[len(rb)-1] = MaxTickets + 1
 	if _, err := ParseRequest(rb); ReasonOf(err) != ReasonMalformed {
 		t.Errorf("request for %d tickets: %v, want malformed", MaxTickets+1, err)
 	}
-	if _, err := MarshalRequest(Request{Op: OpConvert, Count: MaxTickets + 1}); err == nil {
+	if _, err := MarshalRequest(NewRequest(0, &ConvertRequest{Count: MaxTickets + 1})); err == nil {
 		t.Error("a request for MaxTickets+1 marshalled")
 	}
 }
@@ -424,12 +437,12 @@ func TestCookies(t *testing.T) {
 }
 
 func TestRosterMessages(t *testing.T) {
-	b, err := MarshalRequest(Request{Op: OpRoster, ID: 7, Start: 300})
+	b, err := MarshalRequest(NewRequest(7, &RosterRequest{Start: 300}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	r, err := ParseRequest(b)
-	if err != nil || r.Start != 300 || r.Op != OpRoster {
+	if err != nil || r.Body.(*RosterRequest).Start != 300 || r.Op != OpRoster {
 		t.Fatalf("request round trip: %+v %v", r, err)
 	}
 	if _, err := ParseRequest(b[:len(b)-1]); ReasonOf(err) != ReasonMalformed {
@@ -437,7 +450,7 @@ func TestRosterMessages(t *testing.T) {
 	}
 	page := RosterPage{Total: 10, Start: 8, Entries: [][]byte{make([]byte, MaxRosterEntry), make([]byte, 400)}}
 	page.Entries[0][0] = 1
-	rb, err := MarshalReply(Reply{Op: OpRoster, ID: 7, Roster: page})
+	rb, err := MarshalReply(Reply{Op: OpRoster, ID: 7, Body: &RosterReply{Roster: page}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,8 +458,8 @@ func TestRosterMessages(t *testing.T) {
 		t.Fatalf("page of %d bytes", len(rb))
 	}
 	rep, err := ParseReply(rb)
-	if err != nil || rep.Roster.Total != 10 || len(rep.Roster.Entries) != 2 || rep.Roster.Entries[0][0] != 1 {
-		t.Fatalf("reply round trip: %+v %v", rep.Roster, err)
+	if err != nil || roster(rep).Total != 10 || len(roster(rep).Entries) != 2 || roster(rep).Entries[0][0] != 1 {
+		t.Fatalf("reply round trip: %+v %v", rep, err)
 	}
 	bad := map[string][]byte{
 		"trailing":      append(append([]byte{}, rb...), 0),
@@ -463,39 +476,42 @@ func TestRosterMessages(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if _, err := MarshalReply(Reply{Op: OpRoster, Roster: RosterPage{Total: 3, Entries: [][]byte{make([]byte, 512), make([]byte, 512), make([]byte, 512)}}}); err == nil {
+	if _, err := MarshalReply(Reply{Op: OpRoster, Body: &RosterReply{Roster: RosterPage{Total: 3, Entries: [][]byte{make([]byte, 512), make([]byte, 512), make([]byte, 512)}}}}); err == nil {
 		t.Error("a page beyond MaxReplyLen marshalled")
 	}
 
 	// The digest: a request that holds one (or asks for one with 0), a
 	// reply that carries one; an old-format request stays 2 bytes.
-	for _, req := range []Request{{Op: OpRoster, Start: 3, Have: 0xfeedface12345678}, {Op: OpRoster, HasDigest: true}} {
-		b, err := MarshalRequest(req)
+	for _, req := range []*RosterRequest{{Start: 3, Have: 0xfeedface12345678}, {HasDigest: true}} {
+		b, err := MarshalRequest(NewRequest(0, req))
 		if err != nil || len(b) != msgHeaderLen+10 {
 			t.Fatalf("digest request %+v: %d bytes, %v", req, len(b), err)
 		}
-		r, err := ParseRequest(b)
-		if err != nil || r.Have != req.Have || !r.HasDigest || r.Start != req.Start {
-			t.Fatalf("digest request round trip: %+v %v", r, err)
+		pr, err := ParseRequest(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := pr.Body.(*RosterRequest); r.Have != req.Have || !r.HasDigest || r.Start != req.Start {
+			t.Fatalf("digest request round trip: %+v", r)
 		}
 		if _, err := ParseRequest(b[:len(b)-1]); ReasonOf(err) != ReasonMalformed {
 			t.Errorf("truncated digest request: %v", err)
 		}
 	}
 	page.Digest = 0x0102030405060708
-	rb, err = MarshalReply(Reply{Op: OpRoster, Roster: page})
+	rb, err = MarshalReply(Reply{Op: OpRoster, Body: &RosterReply{Roster: page}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := ParseReply(rb); err != nil || rep.Roster.Digest != page.Digest || len(rep.Roster.Entries) != 2 {
-		t.Fatalf("digest reply round trip: %+v %v", rep.Roster, err)
+	if rep, err := ParseReply(rb); err != nil || roster(rep).Digest != page.Digest || len(roster(rep).Entries) != 2 {
+		t.Fatalf("digest reply round trip: %+v %v", rep, err)
 	}
-	unchanged, err := MarshalReply(Reply{Op: OpRoster, Roster: RosterPage{Total: 40, Digest: 9}})
+	unchanged, err := MarshalReply(Reply{Op: OpRoster, Body: &RosterReply{Roster: RosterPage{Total: 40, Digest: 9}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := ParseReply(unchanged); err != nil || rep.Roster.Digest != 9 || rep.Roster.Total != 40 || len(rep.Roster.Entries) != 0 || len(unchanged) != msgHeaderLen+5+8 {
-		t.Fatalf("unchanged page: %d bytes, %+v %v", len(unchanged), rep.Roster, err)
+	if rep, err := ParseReply(unchanged); err != nil || roster(rep).Digest != 9 || roster(rep).Total != 40 || len(roster(rep).Entries) != 0 || len(unchanged) != msgHeaderLen+5+8 {
+		t.Fatalf("unchanged page: %d bytes, %+v %v", len(unchanged), rep, err)
 	}
 	for name, b := range map[string][]byte{
 		"digest 0":         append(append([]byte{}, unchanged[:len(unchanged)-8]...), 0, 0, 0, 0, 0, 0, 0, 0),
@@ -505,4 +521,12 @@ func TestRosterMessages(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+}
+
+// roster is a roster reply's page (zero if it is none).
+func roster(r Reply) RosterPage {
+	if rr, ok := r.Body.(*RosterReply); ok {
+		return rr.Roster
+	}
+	return RosterPage{}
 }

@@ -22,17 +22,17 @@ import (
 //
 //	go test -run '^$' -bench RelayFastPath -benchtime 1x -v ./internal/relay
 //
-// TR_BENCH_ROUNDS (default 9) and TR_BENCH_SECONDS (default 1) as for
+// MPDETOUR_BENCH_ROUNDS (default 9) and MPDETOUR_BENCH_SECONDS (default 1) as for
 // BenchmarkRelayReport.
 func BenchmarkRelayFastPath(tb *testing.B) {
 	t := tb
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft", "iperf3")
 	rounds := 9
-	if v, err := strconv.Atoi(os.Getenv("TR_BENCH_ROUNDS")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_BENCH_ROUNDS")); err == nil {
 		rounds = v
 	}
-	if v := os.Getenv("TR_BENCH_SECONDS"); v != "" {
+	if v := os.Getenv("MPDETOUR_BENCH_SECONDS"); v != "" {
 		benchSeconds = v
 	}
 	a, b := newBenchLine(t, ""), newBenchLine(t, "fast_path: true\n")

@@ -33,14 +33,14 @@ func BenchmarkRelayReport(tb *testing.B) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft", "iperf3")
 	total := 100000
-	if v, err := strconv.Atoi(os.Getenv("TR_BENCH_MAPPINGS")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_BENCH_MAPPINGS")); err == nil {
 		total = v
 	}
 	rounds := 15
-	if v, err := strconv.Atoi(os.Getenv("TR_BENCH_ROUNDS")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_BENCH_ROUNDS")); err == nil {
 		rounds = v
 	}
-	if v := os.Getenv("TR_BENCH_SECONDS"); v != "" {
+	if v := os.Getenv("MPDETOUR_BENCH_SECONDS"); v != "" {
 		benchSeconds = v
 	}
 	// Two identical client-relay-server lines: relay A holds one mapping,
@@ -49,7 +49,7 @@ func BenchmarkRelayReport(tb *testing.B) {
 	ctx := context.Background()
 	server := netip.MustParseAddrPort(fxServer + ":5201")
 	extra := ""
-	if os.Getenv("TR_BENCH_FAST_PATH") == "1" {
+	if os.Getenv("MPDETOUR_BENCH_FAST_PATH") == "1" {
 		extra = "fast_path: true\n" // both relays
 	}
 	var lines [2]*benchLine

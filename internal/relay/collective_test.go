@@ -30,7 +30,12 @@ func TestCollectiveCertificates(t *testing.T) {
 	if err := os.WriteFile(crlPath, []byte(crl.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l := startLoopRelay(t, fmt.Sprintf("collective: {authority: %s, crl_file: %s}\n", auth.Public(), crlPath))
+	l := startLoopRelay(t, func(c *Reloadable) {
+		c.Trust, c.CRLFile = collective.NewTrust(auth.Public()), crlPath
+		if err := c.Trust.UpdateCRL(crl.String()); err != nil {
+			t.Fatal(err)
+		}
+	})
 	k := l.k
 	now := time.Now()
 	bob, err := auth.Issue(k.stranger.Public(), "bob", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
@@ -106,11 +111,11 @@ func TestCertificateOnListingRelays(t *testing.T) {
 	auth, _ := collective.NewAuthority()
 	for _, withCollective := range []bool{false, true} {
 		t.Run(fmt.Sprintf("collective=%v", withCollective), func(t *testing.T) {
-			extra := ""
-			if withCollective {
-				extra = fmt.Sprintf("collective: {authority: %s}\n", auth.Public())
-			}
-			l := startLoopRelay(t, extra)
+			l := startLoopRelay(t, func(c *Reloadable) {
+				if withCollective {
+					c.Trust = collective.NewTrust(auth.Public())
+				}
+			})
 			k := l.k
 			now := time.Now()
 			expired, err := auth.Issue(k.member.Public(), "alice", collective.RoleClient, now.Add(-2*time.Hour), now.Add(-time.Hour))

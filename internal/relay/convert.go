@@ -47,23 +47,26 @@ type ticketInfo struct {
 // ticketStore is shared by the event loop (issue) and the converter's
 // goroutines (take).
 type ticketStore struct {
-	mu        sync.Mutex
-	tickets   map[[proto.TicketLen]byte]ticketInfo
-	perMember map[proto.Key]int
+	mu      sync.Mutex
+	tickets map[[proto.TicketLen]byte]ticketInfo
+	// perMember counts outstanding tickets by member name: a member's
+	// keys (a rotation, a second key) share its quota.
+	perMember map[string]int
 }
 
 func newTicketStore() *ticketStore {
-	return &ticketStore{tickets: map[[proto.TicketLen]byte]ticketInfo{}, perMember: map[proto.Key]int{}}
+	return &ticketStore{tickets: map[[proto.TicketLen]byte]ticketInfo{}, perMember: map[string]int{}}
 }
 
-// issue makes up to n tickets for the member at client, valid until
-// expires: fewer when the member's outstanding tickets would exceed
-// maxTicketsPerMember, a quota refusal when it holds that many already.
+// issue makes up to n tickets for the member (name) at client, valid
+// until expires: fewer when the member's outstanding tickets, under any of
+// its keys, would exceed maxTicketsPerMember, a quota refusal when it
+// holds that many already.
 func (t *ticketStore) issue(key proto.Key, member string, client netip.Addr, n int, expires time.Time, now time.Time) ([][proto.TicketLen]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireLocked(now)
-	n = min(n, maxTicketsPerMember-t.perMember[key])
+	n = min(n, maxTicketsPerMember-t.perMember[member])
 	if n <= 0 {
 		return nil, &proto.Error{Op: proto.OpConvert, Reason: proto.ReasonQuota}
 	}
@@ -74,7 +77,7 @@ func (t *ticketStore) issue(key proto.Key, member string, client netip.Addr, n i
 		}
 		t.tickets[out[i]] = ticketInfo{member: member, key: key, client: client, expires: expires}
 	}
-	t.perMember[key] += n
+	t.perMember[member] += n
 	return out, nil
 }
 
@@ -97,7 +100,7 @@ func (t *ticketStore) take(ticket []byte, from netip.AddrPort, now time.Time) (s
 		return "", proto.Key{}, fmt.Errorf("ticket of %s presented from %v", ti.client, from.Addr())
 	}
 	delete(t.tickets, k)
-	t.perMember[ti.key]--
+	t.perMember[ti.member]--
 	if now.After(ti.expires) {
 		return "", proto.Key{}, errors.New("expired ticket")
 	}
@@ -111,7 +114,7 @@ func (t *ticketStore) revoke(keep func(proto.Key) bool) {
 	for k, ti := range t.tickets {
 		if !keep(ti.key) {
 			delete(t.tickets, k)
-			t.perMember[ti.key]--
+			t.perMember[ti.member]--
 		}
 	}
 }
@@ -120,7 +123,7 @@ func (t *ticketStore) expireLocked(now time.Time) {
 	for k, ti := range t.tickets {
 		if now.After(ti.expires) {
 			delete(t.tickets, k)
-			t.perMember[ti.key]--
+			t.perMember[ti.member]--
 		}
 	}
 	for k, n := range t.perMember {
@@ -233,23 +236,17 @@ func conversionResult(err error) string {
 }
 
 // serveConvert handles OpConvert in the event loop.
-func (s *Server) serveConvert(ses *session, req proto.Request, rep *proto.Reply) {
+func (s *Server) serveConvert(ses *session, req *proto.ConvertRequest) answer {
 	if s.conv == nil {
-		rep.Reason = proto.ReasonUnsupported
-		return
+		return refused(proto.ReasonUnsupported)
 	}
 	now := s.now()
 	lease := s.set.Lease
 	tickets, err := s.conv.tickets.issue(ses.peer, ses.name, ses.addr.Addr(), int(req.Count), now.Add(lease), now)
 	if err != nil {
-		rep.Reason = proto.ReasonOf(err)
-		if rep.Reason == proto.OK {
-			rep.Reason = proto.ReasonInternal
-		}
-		return
+		return failed(err, proto.ReasonInternal)
 	}
-	rep.Converter = netip.AddrPortFrom(s.detourAddr(ses), s.conv.port)
-	rep.Tickets, rep.Lease = tickets, lease
+	return success(&proto.ConvertReply{Converter: netip.AddrPortFrom(s.detourAddr(ses), s.conv.port), Tickets: tickets, Lease: lease})
 }
 
 // logConversion writes a finished conversion to the attribution log.

@@ -19,8 +19,8 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
-// The revocation list over gossip (issue 15: "a revoked member is refused
-// everywhere within 10 s"): three relays in namespaces form a gossip
+// The revocation list over gossip (target: a revoked member is refused
+// everywhere within 10 s): three relays in namespaces form a gossip
 // cluster; two members hold a mapping on each. A new list revoking one of
 // them is written to ONE relay's crl_file; every relay drops that member's
 // mapping and refuses it, the other member keeps its mappings, and the

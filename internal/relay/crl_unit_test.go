@@ -43,7 +43,7 @@ func TestCRLWriteBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newServer(path)
-	if _, err := s.trust.live.Install(l2); err != nil {
+	if _, err := s.trust.Live.Install(l2); err != nil {
 		t.Fatal(err)
 	}
 	s.writeBackCRL(l2)
@@ -51,7 +51,7 @@ func TestCRLWriteBack(t *testing.T) {
 		t.Fatal("older file not replaced by the newer list")
 	}
 	// The relay's own write is not read back as a change.
-	if fi, _ := os.Stat(path); !fi.ModTime().Equal(s.trust.crlMod) {
+	if fi, _ := os.Stat(path); !fi.ModTime().Equal(s.trust.CRLMod) {
 		t.Fatal("crlMod not the written file's")
 	}
 	// A newer file (the operator wrote one meanwhile) is kept.

@@ -7,10 +7,12 @@
 // no locks. The Server is built from its parts (New, Deps): the control
 // socket, the data plane (internal/relay/dataplane: nftables, or its Fake),
 // tunnel detours (Tunnels: internal/tunnel/tunnelctl, or a fake), a clock
-// and a logger. Its own parts keep their state: leases (leases.go), trust
-// (trust.go: keys, replay state, certified members, the live collective
-// trust), gossip (gossip.go), fair share (fair.go, ledger.go) and the
-// converter's tickets (convert.go).
+// and a logger. Its parts keep their own state: the lease table
+// (internal/relay/lease), trust (internal/relay/trust: keys, replay state,
+// certified members, the live collective trust), gossip (gossip.go), fair
+// share (fair.go: admission and receipts; the ledger in
+// internal/relay/fairshare) and the converter's tickets (convert.go).
+// Each control operation is one handler in a table (handlers.go).
 //
 // The daemon around it, `mpdetour relay` (configuration file, locks,
 // sockets, SIGHUP), is internal/relayd.

@@ -1,35 +1,24 @@
 package relay
 
 import (
-	"net/netip"
-
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
 // serveEncap answers an encap request (open/renew or release).
-func (s *Server) serveEncap(ses *session, client netip.Addr, req proto.Request, rep *proto.Reply) {
-	ea := s.tunnels
-	if ea == nil {
-		rep.Reason = proto.ReasonUnsupported
-		return
+func (s *Server) serveEncap(ses *session, req *proto.EncapRequest) answer {
+	if s.tunnels == nil {
+		return refused(proto.ReasonUnsupported)
 	}
 	if req.Action == proto.EncapRelease {
-		if err := ea.EncapRelease(ses.peer); err != nil {
-			rep.Reason = proto.ReasonOf(err)
-			if rep.Reason == proto.OK {
-				rep.Reason = proto.ReasonInternal
-			}
+		if err := s.tunnels.EncapRelease(ses.peer); err != nil {
+			return failed(err, proto.ReasonInternal)
 		}
-		return
+		return success(&proto.EncapReply{})
 	}
-	g, lease, err := ea.Encap(ses.peer, client, s.detourAddr(ses))
+	g, lease, err := s.tunnels.Encap(ses.peer, ses.addr.Addr(), s.detourAddr(ses))
 	if err != nil {
-		rep.Reason = proto.ReasonOf(err)
-		if rep.Reason == proto.OK {
-			rep.Reason = proto.ReasonInternal
-		}
 		s.log.Warn("encap allocation", "member", ses.name, "err", err)
-		return
+		return failed(err, proto.ReasonInternal)
 	}
-	rep.Encap, rep.Lease = g, lease
+	return success(&proto.EncapReply{Encap: g, Lease: lease})
 }

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -12,14 +11,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
-	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
+	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
 
 // Fair sharing (docs/collective.md, "Fair sharing"): the ledger
-// (ledger.go) counts what the relay relays for each member; a member earns
+// (internal/relay/fairshare) counts what the relay relays for each member; a member earns
 // credit by presenting the usage receipts its own relay signed for serving
 // others (OpReceipt); when the relay is at capacity (fair_share.capacity
 // NAT mappings at once), a grant from a member with more credit takes the
@@ -27,51 +27,12 @@ import (
 // would take it from a member with as much credit or more is refused with
 // the reason "capacity".
 
-// FairShareFile is the `fair_share:` section of the relay's file.
-type FairShareFile struct {
-	// Capacity: NAT mappings at once before credit decides who is served
-	// (0 = no such limit; quota.global still applies).
-	Capacity int `yaml:"capacity"`
-	// LedgerFile: where the ledger is kept; default: state_file + ".ledger"
-	// when state_file is set, else the ledger lives in memory only.
-	LedgerFile string `yaml:"ledger_file"`
-	// ReceiptsFile: this relay appends the usage receipts it signs here,
-	// one line each, for its operator to present to other relays
-	// (`mpdetour collective present`); "" = issue none.
-	ReceiptsFile string `yaml:"receipts_file"`
-	// ReceiptEvery: how often receipts are issued (default 10m, 1s..24h;
-	// checked at every attribution_flush, with the ledger's save).
-	ReceiptEvery config.Duration `yaml:"receipt_every"`
-}
-
 // FairConfig is the validated section.
 type FairConfig struct {
 	Capacity     int
 	LedgerFile   string
 	ReceiptsFile string
 	ReceiptEvery time.Duration
-}
-
-func buildFair(c *FairShareFile, stateFile string) (FairConfig, error) {
-	f := FairConfig{Capacity: c.Capacity, LedgerFile: c.LedgerFile, ReceiptsFile: c.ReceiptsFile, ReceiptEvery: 10 * time.Minute}
-	if c.Capacity < 0 {
-		return f, fmt.Errorf("fair_share.capacity: %d is negative (0 = no capacity limit)", c.Capacity)
-	}
-	if f.LedgerFile == "" && stateFile != "" {
-		f.LedgerFile = stateFile + ".ledger"
-	}
-	if c.ReceiptEvery != 0 {
-		f.ReceiptEvery = time.Duration(c.ReceiptEvery)
-		if f.ReceiptEvery < time.Second || f.ReceiptEvery > 24*time.Hour {
-			return f, fmt.Errorf("fair_share.receipt_every: %v is outside 1s..24h", f.ReceiptEvery)
-		}
-	}
-	if f.ReceiptsFile != "" {
-		if fi, err := os.Stat(f.ReceiptsFile); err == nil && fi.IsDir() {
-			return f, fmt.Errorf("fair_share.receipts_file: %s is a directory", f.ReceiptsFile)
-		}
-	}
-	return f, nil
 }
 
 // preemptMargin: a grant takes a mapping only from a member with at least
@@ -85,10 +46,10 @@ const refreshEvery = time.Second
 
 // fairState is the server's fair-sharing state (event loop only).
 type fairState struct {
-	led *ledger
+	led *fairshare.Ledger
 	// relays: keys whose certificate with the role relay verified here
 	// (OpCertify): the issuers whose receipts count.
-	relays    map[proto.Key]certMember
+	relays    map[proto.Key]trust.Member
 	receipts  *prometheus.CounterVec
 	preempted prometheus.Counter
 	capacity  prometheus.Counter
@@ -98,20 +59,20 @@ type fairState struct {
 }
 
 func newFairState(set *Reloadable, met *metrics, log *slog.Logger, now time.Time) (*fairState, error) {
-	led, err := loadLedger(set.Fair.LedgerFile)
+	led, err := fairshare.Load(set.Fair.LedgerFile)
 	if err != nil {
 		return nil, err
 	}
 	if set.Fair.LedgerFile == "" {
 		log.Warn("no ledger file (fair_share.ledger_file or state_file): the ledger and credit do not survive a restart")
 	} else {
-		led.dirty = true // a ledger file we cannot write is a start-up error
-		if err := led.save(now); err != nil {
+		led.Dirty = true // a ledger file we cannot write is a start-up error
+		if err := led.Save(now); err != nil {
 			return nil, err
 		}
 	}
-	led.receipted = now
-	f := &fairState{led: led, relays: map[proto.Key]certMember{},
+	led.Receipted = now
+	f := &fairState{led: led, relays: map[proto.Key]trust.Member{},
 		receipts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mpdetour_relay_receipts_total", Help: "Usage receipts presented (OpReceipt) by result: ok, malformed, forged, self-issued, own, not-relay, expired, future, replay, unsupported.",
 		}, []string{"result"}),
@@ -134,8 +95,8 @@ func (s *Server) memberName(k proto.Key) string {
 	if n, ok := s.set.Members[k]; ok {
 		return n
 	}
-	if cm, ok := s.trust.certified[k]; ok {
-		return cm.name
+	if cm, ok := s.trust.Certified[k]; ok {
+		return cm.Name
 	}
 	return ""
 }
@@ -147,7 +108,7 @@ func (s *Server) flushLedger(now time.Time) {
 	s.refreshLedger(now)
 	s.ledgerTunnels(now)
 	s.issueReceipts(now)
-	if err := s.fair.led.save(now); err != nil {
+	if err := s.fair.led.Save(now); err != nil {
 		s.log.Error("saving the ledger", "err", err)
 	}
 }
@@ -172,7 +133,7 @@ func (s *Server) ledgerCounters(cnt map[dataplane.Key]dataplane.Counter, now tim
 	s.fair.refreshed = now
 	for k, c := range cnt {
 		if m := s.leases.ByKey[k]; m != nil {
-			s.fair.led.mapping(m, c.Bytes, now, s.receiptsOn())
+			s.fair.led.AddMapping(m, c.Bytes, now, s.receiptsOn())
 		}
 	}
 }
@@ -189,16 +150,16 @@ func (s *Server) ledgerTunnels(now time.Time) {
 	}
 	for _, p := range dev.Peers {
 		k := proto.Key(p.PublicKey)
-		s.fair.led.tunnelPeer(k, s.memberName(k), uint64(p.ReceiveBytes+p.TransmitBytes), now, s.receiptsOn())
+		s.fair.led.TunnelPeer(k, s.memberName(k), uint64(p.ReceiveBytes+p.TransmitBytes), now, s.receiptsOn())
 	}
 }
 
 // ledgerClosing counts a closing mapping's counter (reap); gone: its last
 // reading, the mapping is forgotten.
 func (s *Server) ledgerClosing(m *lease.Mapping, cur uint64, gone bool) {
-	s.fair.led.mapping(m, cur, s.now(), s.receiptsOn())
+	s.fair.led.AddMapping(m, cur, s.now(), s.receiptsOn())
 	if gone {
-		delete(s.fair.led.mapSeen, m)
+		delete(s.fair.led.MapSeen, m)
 	}
 }
 
@@ -220,7 +181,7 @@ func (s *Server) ledgerConversion(d convertDone) {
 	if k.IsZero() || name == "" {
 		return
 	}
-	s.fair.led.consumed(k, name, uint64(d.up+d.down), d.at, s.receiptsOn())
+	s.fair.led.AddConsumed(k, name, uint64(d.up+d.down), d.at, s.receiptsOn())
 }
 
 // issueReceipts signs a receipt for every member served since the last
@@ -229,13 +190,13 @@ func (s *Server) ledgerConversion(d convertDone) {
 // them off the ledger.
 func (s *Server) issueReceipts(now time.Time) {
 	led := s.fair.led
-	if !s.receiptsOn() || now.Sub(led.receipted) < s.set.Fair.ReceiptEvery {
+	if !s.receiptsOn() || now.Sub(led.Receipted) < s.set.Fair.ReceiptEvery {
 		return
 	}
-	led.receipted = now
+	led.Receipted = now
 	own := s.set.PrivateKey.Public()
-	keys := make([]proto.Key, 0, len(led.members))
-	for k, e := range led.members {
+	keys := make([]proto.Key, 0, len(led.Members))
+	for k, e := range led.Members {
 		if e.Unreceipted == 0 {
 			continue
 		}
@@ -250,9 +211,9 @@ func (s *Server) issueReceipts(now time.Time) {
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
 	var out []byte
-	seq := led.seq
+	seq := led.Seq
 	for _, k := range keys {
-		e := led.members[k]
+		e := led.Members[k]
 		seq++
 		r := &collective.Receipt{Served: k, Seq: seq, Start: e.UnreceiptedSince, End: now, Relayed: e.Unreceipted}
 		if r.Start.IsZero() || r.Start.After(now) {
@@ -268,12 +229,12 @@ func (s *Server) issueReceipts(now time.Time) {
 		s.log.Error("writing receipts; they are issued again next time", "file", s.set.Fair.ReceiptsFile, "err", err)
 		return
 	}
-	led.seq = seq
+	led.Seq = seq
 	for _, k := range keys {
-		e := led.members[k]
+		e := led.Members[k]
 		e.Unreceipted, e.UnreceiptedSince = 0, time.Time{}
 	}
-	led.dirty = true
+	led.Dirty = true
 	s.log.Info("receipts issued", "receipts", len(keys), "last_seq", seq, "file", s.set.Fair.ReceiptsFile)
 }
 
@@ -296,14 +257,14 @@ func appendSync(path string, b []byte) error {
 // noteRelayCert records a presented certificate that holds the role relay
 // (called for every OpCertify): its key's receipts count here.
 func (s *Server) noteRelayCert(key proto.Key, cert []byte) {
-	if s.trust.live == nil {
+	if s.trust.Live == nil {
 		return
 	}
-	c, err := s.trust.live.CheckBytes(cert, key, collective.RoleRelay, s.now())
+	c, err := s.trust.Live.CheckBytes(cert, key, collective.RoleRelay, s.now())
 	if err != nil {
 		return
 	}
-	s.fair.relays[key] = certMember{name: c.Name, serial: c.Serial, notAfter: c.NotAfter}
+	s.fair.relays[key] = trust.Member{Name: c.Name, Serial: c.Serial, NotAfter: c.NotAfter}
 }
 
 // Receipt refusals: the metric label and the reason on the wire.
@@ -336,42 +297,40 @@ func (s *Server) acceptReceipt(b []byte, now time.Time) (*collective.Receipt, er
 		return r, errOwnReceipt
 	}
 	cm, ok := s.fair.relays[r.Issuer]
-	if !ok || !now.Before(cm.notAfter) || s.trust.live.Revoked(cm.serial) {
+	if !ok || !now.Before(cm.NotAfter) || s.trust.Live.Revoked(cm.Serial) {
 		return r, errNotRelay
 	}
 	if err := r.Check(now); err != nil {
 		return r, err
 	}
-	w := s.fair.led.windows[r.Issuer]
+	w := s.fair.led.Windows[r.Issuer]
 	if w == nil {
 		w = &collective.ReplayWindow{}
 	}
 	if !w.Accept(r.Seq) {
 		return r, collective.ErrReceiptReplay
 	}
-	s.fair.led.windows[r.Issuer] = w
-	e := s.fair.led.entry(r.Issuer, s.memberName(r.Issuer))
+	s.fair.led.Windows[r.Issuer] = w
+	e := s.fair.led.Entry(r.Issuer, s.memberName(r.Issuer))
 	e.Earned += r.Relayed
 	e.Receipts++
 	e.Updated = now.UTC()
-	s.fair.led.dirty = true
+	s.fair.led.Dirty = true
 	return r, nil
 }
 
 // serveReceipt handles OpReceipt; the reply carries the issuer's credit.
-func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply) {
-	if s.trust.live == nil {
-		rep.Reason = proto.ReasonUnsupported
+func (s *Server) serveReceipt(ses *session, req *proto.ReceiptRequest) answer {
+	if s.trust.Live == nil {
 		s.fair.receipts.WithLabelValues("unsupported").Inc()
-		return
+		return refused(proto.ReasonUnsupported)
 	}
 	now := s.now()
 	r, err := s.acceptReceipt(req.Receipt, now)
 	if err == nil {
 		s.fair.receipts.WithLabelValues("ok").Inc()
-		rep.Credit = s.fair.led.members[r.Issuer].credit()
 		s.log.Debug("receipt accepted", "issuer", s.memberName(r.Issuer), "served", r.Served.ID(), "seq", r.Seq, "bytes", r.Relayed, "by", ses.name)
-		return
+		return success(&proto.ReceiptReply{Credit: s.fair.led.Members[r.Issuer].Credit()})
 	}
 	label, reason := "malformed", proto.ReasonMalformed
 	for _, x := range receiptRefusals {
@@ -380,12 +339,11 @@ func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply)
 			break
 		}
 	}
-	rep.Reason = reason
 	s.fair.receipts.WithLabelValues(label).Inc()
 	// One line per second at most: a member may present many.
 	if now.Sub(s.fair.lastLog) < time.Second {
 		s.fair.quiet++
-		return
+		return refused(reason)
 	}
 	args := []any{"reason", label, "member", ses.name, "key", ses.peer.ID(), "detail", err.Error()}
 	if r != nil {
@@ -396,6 +354,7 @@ func (s *Server) serveReceipt(ses *session, req proto.Request, rep *proto.Reply)
 	}
 	s.log.Info("receipt refused", args...)
 	s.fair.lastLog, s.fair.quiet = now, 0
+	return refused(reason)
 }
 
 // holder is a member holding mappings, as admission sees it.
@@ -438,7 +397,7 @@ func (s *Server) admit(o lease.Owner, client netip.Addr, server netip.AddrPort) 
 	if now := s.now(); now.Sub(s.fair.refreshed) >= refreshEvery {
 		s.refreshLedger(now)
 	}
-	req := s.fair.led.members[o.Key].credit()
+	req := s.fair.led.Members[o.Key].Credit()
 	byKey := map[proto.Key]*holder{}
 	var legacy *holder // legacy v1 mappings have no member and no credit: they go first
 	for _, m := range s.leases.ByKey {
@@ -452,7 +411,7 @@ func (s *Server) admit(o lease.Owner, client netip.Addr, server netip.AddrPort) 
 			}
 			h = legacy
 		} else if h == nil {
-			h = &holder{key: m.Owner.Key, credit: s.fair.led.members[m.Owner.Key].credit()}
+			h = &holder{key: m.Owner.Key, credit: s.fair.led.Members[m.Owner.Key].Credit()}
 			byKey[m.Owner.Key] = h
 		}
 		if h.newest == nil || m.Granted.After(h.newest.Granted) {
@@ -487,8 +446,8 @@ func (s *Server) admit(o lease.Owner, client netip.Addr, server netip.AddrPort) 
 // change at once; the ledger file only on restart (the ledger keeps its
 // path).
 func (s *Server) reloadFair(set *Reloadable, authorityChanged bool) {
-	if set.Fair.LedgerFile != s.fair.led.path {
-		s.log.Warn("reload: fair_share.ledger_file changes only on restart", "ledger_file", s.fair.led.path)
+	if set.Fair.LedgerFile != s.fair.led.Path {
+		s.log.Warn("reload: fair_share.ledger_file changes only on restart", "ledger_file", s.fair.led.Path)
 	}
 	if authorityChanged {
 		// Another authority (or none): relay certificates verified under
@@ -528,8 +487,8 @@ type OtherLedger struct {
 	Ledger LedgerStatus `json:"ledger"`
 }
 
-func ledgerStatus(e *ledgerEntry) *LedgerStatus {
-	ls := &LedgerStatus{Credit: e.credit()}
+func ledgerStatus(e *fairshare.Entry) *LedgerStatus {
+	ls := &LedgerStatus{Credit: e.Credit()}
 	if e != nil {
 		ls.Consumed, ls.Earned, ls.Receipts = e.Consumed, e.Earned, e.Receipts
 	}
@@ -558,12 +517,12 @@ func (s *Server) fairStatus(st *Status, cnt map[dataplane.Key]dataplane.Counter,
 		if err != nil {
 			continue
 		}
-		m.Ledger = ledgerStatus(led.members[k])
+		m.Ledger = ledgerStatus(led.Members[k])
 		shown[m.Key] = true
 	}
 	fs := &FairStatus{Capacity: s.set.Fair.Capacity, Active: s.leases.Active(), UnitBytes: collective.CreditUnit,
-		StartCredit: collective.StartCredit, LedgerFile: led.path, LedgerSaved: led.saved, IssuedSeq: led.seq}
-	for k, e := range led.members {
+		StartCredit: collective.StartCredit, LedgerFile: led.Path, LedgerSaved: led.Saved, IssuedSeq: led.Seq}
+	for k, e := range led.Members {
 		if !shown[k.String()] {
 			fs.Others = append(fs.Others, OtherLedger{Name: e.Name, Key: k.String(), Ledger: *ledgerStatus(e)})
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 )
 
@@ -163,17 +164,17 @@ func TestFairShare(t *testing.T) {
 	// kill -9 after a flush: the ledger and the replay window survive.
 	before := ledgerOf("bob").Consumed
 	waitFor(t, "a flush of the ledger file", func() bool { // every attribution_flush (1 s)
-		l, err := loadLedger(ledgerPath)
-		return err == nil && l.members[bobKey.Public()] != nil && l.members[bobKey.Public()].Consumed == before &&
-			l.members[aliceKey.Public()] != nil && l.members[aliceKey.Public()].Earned == 100<<20
+		l, err := fairshare.Load(ledgerPath)
+		return err == nil && l.Members[bobKey.Public()] != nil && l.Members[bobKey.Public()].Consumed == before &&
+			l.Members[aliceKey.Public()] != nil && l.Members[aliceKey.Public()].Earned == 100<<20
 	})
 	p.signal(t, syscall.SIGKILL)
 	_ = p.wait(t)
-	l, err := loadLedger(ledgerPath)
+	l, err := fairshare.Load(ledgerPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := l.members[bobKey.Public()]; e == nil || e.Consumed != before {
+	if e := l.Members[bobKey.Public()]; e == nil || e.Consumed != before {
 		t.Fatalf("bob's ledger after kill -9: %+v, want consumed %d", e, before)
 	}
 	startRelay(t, f.Relay, cfgPath)

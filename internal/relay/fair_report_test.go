@@ -21,6 +21,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -301,7 +302,7 @@ func measureLedger(t *testing.T, dur time.Duration) map[string]any {
 	if err := p.wait(t); err != nil {
 		t.Fatalf("relay exit: %v", err)
 	}
-	l, err := loadLedger(ledgerPath)
+	l, err := fairshare.Load(ledgerPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +315,7 @@ func measureLedger(t *testing.T, dur time.Duration) map[string]any {
 	rows := map[string]any{}
 	var worst float64
 	for mi, m := range ms {
-		e := l.members[m.key.Public()]
+		e := l.Members[m.key.Public()]
 		if e == nil {
 			t.Fatalf("%s not in the ledger", m.name)
 		}
@@ -396,13 +397,13 @@ func measureKill(t *testing.T, run int, killAt time.Duration) map[string]any {
 	wg.Wait()
 	ran := time.Since(start)
 	kernel := nftAcctBytes(t, f.Relay) // the killed relay's table is still there
-	l, err := loadLedger(ledgerPath)
+	l, err := fairshare.Load(ledgerPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ledger uint64
 	var keys []string
-	for key, e := range l.members {
+	for key, e := range l.Members {
 		ledger += e.Consumed
 		keys = append(keys, key.ID())
 	}

@@ -11,7 +11,9 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
+	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
 
 const mib = collective.CreditUnit
@@ -63,8 +65,8 @@ func newFairServer(t *testing.T, capacity int, ledgerFile string) (*Server, *dat
 func TestAdmitAtCapacity(t *testing.T) {
 	s, _ := newFairServer(t, 2, "")
 	rich, poor, newcomer := testKey(t).Public(), testKey(t).Public(), testKey(t).Public()
-	s.fair.led.entry(rich, "rich").Earned = 100 * mib
-	s.fair.led.entry(poor, "poor").Consumed = 50 * mib
+	s.fair.led.Entry(rich, "rich").Earned = 100 * mib
+	s.fair.led.Entry(poor, "poor").Consumed = 50 * mib
 	o := func(k proto.Key, n string) lease.Owner { return lease.Owner{Key: k, Name: n} }
 	client := netip.MustParseAddr("10.0.1.1")
 	srv := func(p uint16) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("198.51.100.1"), p) }
@@ -137,7 +139,7 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	s.flushLedger(now)
 	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1500})
 	s.flushLedger(now)
-	if got := s.fair.led.members[alice].Consumed; got != 1500 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1500 {
 		t.Fatalf("consumed %d, want 1500", got)
 	}
 	// Closing: counted until reaped, then forgotten.
@@ -146,10 +148,10 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	}
 	dp.SetCounter(m.Key, dataplane.Counter{Bytes: 1700})
 	s.reap(now, true)
-	if got := s.fair.led.members[alice].Consumed; got != 1700 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1700 {
 		t.Fatalf("consumed after reap %d, want 1700", got)
 	}
-	if len(s.fair.led.mapSeen) != 0 {
+	if len(s.fair.led.MapSeen) != 0 {
 		t.Fatalf("reaped mapping still tracked")
 	}
 	// A counter that went back (the table was recreated) is new bytes.
@@ -159,86 +161,32 @@ func TestLedgerCountsAndPersists(t *testing.T) {
 	s.flushLedger(now)
 	dp.SetCounter(m2.Key, dataplane.Counter{Bytes: 100})
 	s.flushLedger(now)
-	if got := s.fair.led.members[alice].Consumed; got != 1700+900+100 {
+	if got := s.fair.led.Members[alice].Consumed; got != 1700+900+100 {
 		t.Fatalf("consumed after reset %d, want %d", got, 1700+900+100)
 	}
-	s.fair.led.windows[alice] = &collective.ReplayWindow{Top: 7, Bits: 5}
-	s.fair.led.seq = 42
-	s.fair.led.dirty = true
-	if err := s.fair.led.save(now); err != nil {
+	s.fair.led.Windows[alice] = &collective.ReplayWindow{Top: 7, Bits: 5}
+	s.fair.led.Seq = 42
+	s.fair.led.Dirty = true
+	if err := s.fair.led.Save(now); err != nil {
 		t.Fatal(err)
 	}
-	back, err := loadLedger(path)
+	back, err := fairshare.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := back.members[alice]
-	if e == nil || e.Consumed != 2700 || e.Name != "alice" || back.seq != 42 || *back.windows[alice] != (collective.ReplayWindow{Top: 7, Bits: 5}) {
-		t.Fatalf("reloaded %+v seq %d windows %v", e, back.seq, back.windows)
+	e := back.Members[alice]
+	if e == nil || e.Consumed != 2700 || e.Name != "alice" || back.Seq != 42 || *back.Windows[alice] != (collective.ReplayWindow{Top: 7, Bits: 5}) {
+		t.Fatalf("reloaded %+v seq %d windows %v", e, back.Seq, back.Windows)
 	}
-	if c := e.credit(); c != collective.StartCredit-2700 {
+	if c := e.Credit(); c != collective.StartCredit-2700 {
 		t.Fatalf("credit %d", c)
 	}
 	for _, bad := range []string{"{", `{"version": 2}`, `{"version": 1, "members": {"x": {}}}`, `{"version": 1, "members": {"` + alice.String() + `": null}}`} {
 		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := loadLedger(path); err == nil || !strings.Contains(err.Error(), path) {
+		if _, err := fairshare.Load(path); err == nil || !strings.Contains(err.Error(), path) {
 			t.Errorf("ledger %q: %v, want an error naming the file", bad, err)
-		}
-	}
-}
-
-func TestLedgerTunnelDeltas(t *testing.T) {
-	l := newLedger("")
-	k := testKey(t).Public()
-	now := time.Now()
-	for _, cur := range []uint64{100, 250, 250, 40} { // 40: the peer was re-added
-		l.tunnelPeer(k, "t", cur, now, false)
-	}
-	if got := l.members[k].Consumed; got != 250+40 {
-		t.Fatalf("consumed %d, want 290", got)
-	}
-}
-
-func TestCreditSaturates(t *testing.T) {
-	var nilEntry *ledgerEntry
-	if nilEntry.credit() != collective.StartCredit {
-		t.Fatal("unknown member does not start at StartCredit")
-	}
-	e := &ledgerEntry{Consumed: 1<<64 - 1}
-	if c := e.credit(); c >= 0 || c < -1<<62 {
-		t.Fatalf("huge consumption: %d", c)
-	}
-	e = &ledgerEntry{Earned: 1<<64 - 1}
-	if c := e.credit(); c <= 0 {
-		t.Fatalf("huge earnings: %d", c)
-	}
-}
-
-func TestFairConfig(t *testing.T) {
-	priv, member := testKey(t), testKey(t).Public()
-	good := "private_key: " + priv.String() + "\nmembers:\n  - {name: a, public_key: " + member.String() + "}\n"
-	s, err := ParseConfig([]byte(good + "state_file: /var/lib/x/state.json\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Fair.LedgerFile != "/var/lib/x/state.json.ledger" || s.Fair.Capacity != 0 || s.Fair.ReceiptEvery != 10*time.Minute || s.Fair.ReceiptsFile != "" {
-		t.Fatalf("defaults: %+v", s.Fair)
-	}
-	s, err = ParseConfig([]byte(good + "fair_share: {capacity: 8, ledger_file: /tmp/l, receipts_file: /tmp/r, receipt_every: 30s}\n"))
-	if err != nil || s.Fair != (FairConfig{Capacity: 8, LedgerFile: "/tmp/l", ReceiptsFile: "/tmp/r", ReceiptEvery: 30 * time.Second}) {
-		t.Fatalf("parsed %+v %v", s.Fair, err)
-	}
-	for cfg, want := range map[string]string{
-		good + "fair_share: {capacity: -1}\n":         "fair_share.capacity",
-		good + "fair_share: {receipt_every: 100ms}\n": "fair_share.receipt_every",
-		good + "fair_share: {receipts_file: /tmp}\n":  "fair_share.receipts_file",
-		good + "fair_share: {capacity: lots}\n":       "capacity",
-		good + "fair_share: {unknown: 1}\n":           "unknown",
-	} {
-		if _, err := ParseConfig([]byte(cfg)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: %v, want an error mentioning %q", cfg, err, want)
 		}
 	}
 }
@@ -254,13 +202,13 @@ func TestReloadFair(t *testing.T) {
 	set.Trust = collective.NewTrust(a.Public())
 	s, _ := newTestServer(t, Static{}, set, nil, nil)
 	k := testKey(t).Public()
-	s.fair.relays[k] = certMember{name: "r"}
+	s.fair.relays[k] = trust.Member{Name: "r"}
 	same := *set
 	same.Trust = collective.NewTrust(a.Public())
 	same.Fair = FairConfig{LedgerFile: la + "-b", Capacity: 3, ReceiptEvery: time.Minute}
 	s.applyReload(&Config{Reloadable: same})
-	if len(s.fair.relays) != 1 || s.fair.led.path != la || s.set.Fair.Capacity != 3 || s.set.Fair.LedgerFile != la+"-b" {
-		t.Fatalf("same authority: relays %d, ledger %s, settings %+v", len(s.fair.relays), s.fair.led.path, s.set.Fair)
+	if len(s.fair.relays) != 1 || s.fair.led.Path != la || s.set.Fair.Capacity != 3 || s.set.Fair.LedgerFile != la+"-b" {
+		t.Fatalf("same authority: relays %d, ledger %s, settings %+v", len(s.fair.relays), s.fair.led.Path, s.set.Fair)
 	}
 	other := *set
 	other.Trust = collective.NewTrust(b.Public())

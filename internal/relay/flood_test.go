@@ -267,24 +267,24 @@ func TestHandshakeFlood(t *testing.T) {
 	}
 }
 
-// BenchmarkHandshakeFlood reports what issue 16 asks: the share of genuine
+// BenchmarkHandshakeFlood reports the share of genuine
 // members' grants (each on a fresh handshake) that succeed within 1 s during
 // a spoofed flood of 20,000 initiations/s, next to the same without a flood.
 // It is a report, not a loop:
 //
 //	go test -run '^$' -bench HandshakeFlood -benchtime 1x -v ./internal/relay
 //
-// TR_FLOOD_RATE, TR_FLOOD_SECONDS and TR_FLOOD_MEMBERS change the defaults
-// (20000, 10, 20); TR_FLOOD_REPORT=path writes the markdown report there.
+// MPDETOUR_FLOOD_RATE, MPDETOUR_FLOOD_SECONDS and MPDETOUR_FLOOD_MEMBERS change the defaults
+// (20000, 10, 20); MPDETOUR_FLOOD_REPORT=path writes the markdown report there.
 func BenchmarkHandshakeFlood(b *testing.B) {
 	rate, secs, n := 20000, 10, 20
-	if v, err := strconv.Atoi(os.Getenv("TR_FLOOD_RATE")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_FLOOD_RATE")); err == nil {
 		rate = v
 	}
-	if v, err := strconv.Atoi(os.Getenv("TR_FLOOD_SECONDS")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_FLOOD_SECONDS")); err == nil {
 		secs = v
 	}
-	if v, err := strconv.Atoi(os.Getenv("TR_FLOOD_MEMBERS")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_FLOOD_MEMBERS")); err == nil {
 		n = v
 	}
 	f, relayKey, members, p := floodLine(b, n)
@@ -303,7 +303,7 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 			100*r.r.RelayCPU.Seconds()/r.r.Duration.Seconds())
 	}
 	b.Logf("\n%s", rep.String())
-	if path := os.Getenv("TR_FLOOD_REPORT"); path != "" {
+	if path := os.Getenv("MPDETOUR_FLOOD_REPORT"); path != "" {
 		if err := os.WriteFile(path, []byte(rep.String()), 0o644); err != nil {
 			b.Fatal(err)
 		}

@@ -1,15 +1,11 @@
 package relay
 
 import (
-	"errors"
-	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
-	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
@@ -19,19 +15,6 @@ import (
 // (internal/roster over hashicorp/memberlist), announces a signed entry
 // (its control addresses, capacity, kinds, load, region) and serves the
 // roster to members (OpRoster).
-
-// GossipFile is the `collective.gossip` section.
-type GossipFile struct {
-	Bind          string          `yaml:"bind"`           // gossip UDP+TCP address; default 0.0.0.0:45675
-	Advertise     string          `yaml:"advertise"`      // what other relays dial; default bind (must then be specific)
-	Join          []string        `yaml:"join"`           // gossip addresses of relays in the cluster
-	Announce      []string        `yaml:"announce"`       // control addresses agents use; default listen, or advertise's address with listen's port
-	Region        string          `yaml:"region"`         // label, 0-32 bytes
-	Capacity      int             `yaml:"capacity"`       // detours offered at once; default quota.global
-	SecretFile    string          `yaml:"secret_file"`    // required: base64 32-byte key authenticating and encrypting gossip
-	ProbeInterval config.Duration `yaml:"probe_interval"` // default 500ms
-	ProbeTimeout  config.Duration `yaml:"probe_timeout"`  // default 250ms
-}
 
 // GossipConfig are the validated section.
 type GossipConfig struct {
@@ -43,7 +26,15 @@ type GossipConfig struct {
 	Secret          []byte
 	ProbeInterval   time.Duration
 	ProbeTimeout    time.Duration
+	Tuning          GossipTuning
 	Cert            *collective.Certificate // the relay's own (role relay)
+}
+
+// GossipTuning: memberlist's settings beyond the probe, for large
+// collectives (0: the defaults; docs/collective.md, "Scale").
+type GossipTuning struct {
+	SuspicionMult, SuspicionMaxMult, GossipNodes, RetransmitMult int
+	GossipInterval, PushPullInterval                             time.Duration
 }
 
 func (g *GossipConfig) same(o *GossipConfig) bool {
@@ -52,126 +43,7 @@ func (g *GossipConfig) same(o *GossipConfig) bool {
 	}
 	return g.Bind == o.Bind && g.Advertise == o.Advertise && slices.Equal(g.Join, o.Join) && slices.Equal(g.Announce, o.Announce) &&
 		g.Region == o.Region && g.Capacity == o.Capacity && string(g.Secret) == string(o.Secret) &&
-		g.ProbeInterval == o.ProbeInterval && g.ProbeTimeout == o.ProbeTimeout && g.Cert.String() == o.Cert.String()
-}
-
-func buildGossip(c *File, s *Config) (*GossipConfig, error) {
-	gc := c.Collective.Gossip
-	if gc == nil {
-		if c.Collective.CertificateFile != "" && s.Trust == nil {
-			return nil, errors.New("collective.certificate_file: needs collective.authority")
-		}
-		return nil, nil
-	}
-	if s.Trust == nil {
-		return nil, errors.New("collective.gossip: needs collective.authority (entries are verified against it)")
-	}
-	if c.Collective.CertificateFile == "" {
-		return nil, errors.New("collective.certificate_file: required with gossip: this relay's certificate with the role relay (mpdetour collective issue --roles relay)")
-	}
-	b, err := os.ReadFile(c.Collective.CertificateFile)
-	if err != nil {
-		return nil, fmt.Errorf("collective.certificate_file: %w", err)
-	}
-	cert, err := collective.ParseCertificate(string(b))
-	if err != nil {
-		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, err)
-	}
-	if cert.Member != s.PrivateKey.Public() {
-		return nil, fmt.Errorf("collective.certificate_file: %s is for key %s, not this relay's %s", c.Collective.CertificateFile, cert.Member.ID(), s.PrivateKey.Public().ID())
-	}
-	if err := cert.Verify(s.Trust.Authority(), time.Now(), nil, collective.RoleRelay); err != nil {
-		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, err)
-	}
-	if s.Trust.Revoked(cert.Serial) {
-		return nil, fmt.Errorf("collective.certificate_file: %s: %w", c.Collective.CertificateFile, collective.ErrRevoked)
-	}
-	g := &GossipConfig{Cert: cert, Region: gc.Region, Join: gc.Join, ProbeInterval: time.Duration(gc.ProbeInterval), ProbeTimeout: time.Duration(gc.ProbeTimeout)}
-	bind := gc.Bind
-	if bind == "" {
-		bind = fmt.Sprintf("0.0.0.0:%d", roster.DefaultPort)
-	}
-	if g.Bind, err = netip.ParseAddrPort(bind); err != nil || g.Bind.Port() == 0 {
-		return nil, fmt.Errorf("collective.gossip.bind: %q is not address:port", bind)
-	}
-	g.Advertise = g.Bind
-	if gc.Advertise != "" {
-		if g.Advertise, err = netip.ParseAddrPort(gc.Advertise); err != nil || g.Advertise.Port() == 0 || g.Advertise.Addr().IsUnspecified() {
-			return nil, fmt.Errorf("collective.gossip.advertise: %q is not a specific address:port", gc.Advertise)
-		}
-	} else if g.Bind.Addr().IsUnspecified() {
-		return nil, fmt.Errorf("collective.gossip.advertise: required when bind is %v (other relays need an address to reach this one)", g.Bind)
-	}
-	for i, j := range gc.Join {
-		if err := roster.ParseJoin(j); err != nil {
-			return nil, fmt.Errorf("collective.gossip.join[%d]: %w", i, err)
-		}
-	}
-	for i, a := range gc.Announce {
-		ap, err := netip.ParseAddrPort(a)
-		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || !ap.Addr().Unmap().Is4() {
-			return nil, fmt.Errorf("collective.gossip.announce[%d]: %q is not a specific IPv4 address:port", i, a)
-		}
-		g.Announce = append(g.Announce, ap)
-	}
-	if len(g.Announce) > roster.MaxAddrs {
-		return nil, fmt.Errorf("collective.gossip.announce: %d addresses, at most %d", len(g.Announce), roster.MaxAddrs)
-	}
-	if len(g.Announce) == 0 {
-		switch {
-		case !s.Listen.Addr().IsUnspecified():
-			g.Announce = []netip.AddrPort{s.Listen}
-		case g.Advertise.Addr().Unmap().Is4():
-			g.Announce = []netip.AddrPort{netip.AddrPortFrom(g.Advertise.Addr().Unmap(), s.Listen.Port())}
-		default:
-			return nil, errors.New("collective.gossip.announce: required: listen is unspecified and advertise is not IPv4")
-		}
-	}
-	if err := roster.ValidRegion(gc.Region); err != nil {
-		return nil, fmt.Errorf("collective.gossip.region: %w", err)
-	}
-	switch {
-	case gc.Capacity < 0:
-		return nil, errors.New("collective.gossip.capacity: must be positive")
-	case gc.Capacity == 0:
-		g.Capacity = uint32(s.QuotaGlobal)
-	default:
-		g.Capacity = uint32(gc.Capacity)
-	}
-	if gc.SecretFile == "" {
-		// Unauthenticated gossip lets anyone who reaches the port declare
-		// a live relay dead (issue 28, break 2; docs/security.md).
-		return nil, errors.New("collective.gossip.secret_file: required: the key every relay of the collective shares to authenticate gossip " +
-			"(create it once: head -c 32 /dev/urandom | base64 > gossip.key, copy it to every relay, mode 600)")
-	}
-	{
-		b, err := os.ReadFile(gc.SecretFile)
-		if err != nil {
-			return nil, fmt.Errorf("collective.gossip.secret_file: %w", err)
-		}
-		k, err := roster.ParseSecret(string(b))
-		if err != nil {
-			return nil, fmt.Errorf("collective.gossip.secret_file: %s: %w", gc.SecretFile, err)
-		}
-		g.Secret = k
-	}
-	if g.ProbeInterval != 0 && (g.ProbeInterval < 100*time.Millisecond || g.ProbeInterval > time.Minute) {
-		return nil, fmt.Errorf("collective.gossip.probe_interval: %v is outside 100ms..1m", g.ProbeInterval)
-	}
-	if g.ProbeTimeout != 0 && (g.ProbeTimeout < 10*time.Millisecond || g.ProbeTimeout > 30*time.Second) {
-		return nil, fmt.Errorf("collective.gossip.probe_timeout: %v is outside 10ms..30s", g.ProbeTimeout)
-	}
-	pi, pt := g.ProbeInterval, g.ProbeTimeout
-	if pi == 0 {
-		pi = roster.DefaultProbeInterval
-	}
-	if pt == 0 {
-		pt = roster.DefaultProbeTimeout
-	}
-	if pt >= pi {
-		return nil, fmt.Errorf("collective.gossip.probe_timeout: %v is not shorter than probe_interval %v", pt, pi)
-	}
-	return g, nil
+		g.ProbeInterval == o.ProbeInterval && g.ProbeTimeout == o.ProbeTimeout && g.Tuning == o.Tuning && g.Cert.String() == o.Cert.String()
 }
 
 // rosterUpdateEvery is how often the relay re-signs its entry when its
@@ -205,7 +77,7 @@ func (s *Server) startRoster(set *Reloadable) error {
 	if set.Gossip == nil {
 		return nil
 	}
-	n, err := s.newRoster(set.PrivateKey, set.Gossip, s.rosterInfoOf(set.Gossip), s.trust.live)
+	n, err := s.newRoster(set.PrivateKey, set.Gossip, s.rosterInfoOf(set.Gossip), s.trust.Live)
 	if err != nil {
 		return err
 	}
@@ -220,6 +92,8 @@ func (s *Server) newRoster(key proto.Key, g *GossipConfig, info roster.Info, tru
 	n, err := roster.Start(roster.Config{
 		Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Secret: g.Secret,
 		ProbeInterval: g.ProbeInterval, ProbeTimeout: g.ProbeTimeout,
+		SuspicionMult: g.Tuning.SuspicionMult, SuspicionMaxTimeoutMult: g.Tuning.SuspicionMaxMult, GossipNodes: g.Tuning.GossipNodes,
+		GossipInterval: g.Tuning.GossipInterval, PushPullInterval: g.Tuning.PushPullInterval, RetransmitMult: g.Tuning.RetransmitMult,
 		Key: key, Cert: g.Cert, Trust: trust,
 		Log: s.log.With("part", "roster"), Now: s.now,
 		OnRefused: func(reason string) { s.met.rosterRefused.WithLabelValues(reason).Inc() },
@@ -269,7 +143,7 @@ type rosterRestart struct {
 func (s *Server) restartRoster(old *roster.Node, key proto.Key, g *GossipConfig) {
 	s.gossip.node = nil
 	s.gossip.restarting, s.gossip.key, s.gossip.cfg = true, key, g
-	info, trust := s.rosterInfoOf(g), s.trust.live // event-loop state: read here, not in the goroutine
+	info, trust := s.rosterInfoOf(g), s.trust.Live // event-loop state: read here, not in the goroutine
 	go func() {
 		if old != nil {
 			_ = old.Close() // the others drop the old identity at once
@@ -289,8 +163,8 @@ func (s *Server) rosterRestarted(r rosterRestart, stopping bool) {
 		_ = r.n.Close()
 	default:
 		s.gossip.node = r.n
-		if s.trust.live != nil {
-			r.n.SetTrust(s.trust.live) // a reload may have come meanwhile
+		if s.trust.Live != nil {
+			r.n.SetTrust(s.trust.Live) // a reload may have come meanwhile
 		}
 		if s.set.PrivateKey != s.gossip.key {
 			// The key changed again meanwhile: join under it, with the
@@ -338,21 +212,20 @@ func (s *Server) reloadRoster(set *Reloadable) {
 	if !set.Gossip.same(s.gossip.cfg) {
 		s.log.Warn("reload: collective.gossip and certificate_file changed but apply only at start (or with a new relay key): restart the relay to apply them")
 	}
-	if s.gossip.node != nil && s.trust.live != nil {
-		s.gossip.node.SetTrust(s.trust.live)
+	if s.gossip.node != nil && s.trust.Live != nil {
+		s.gossip.node.SetTrust(s.trust.Live)
 	}
 }
 
 // serveRoster answers OpRoster: a page of the verified roster, in the
 // roster's order (by relay name), from req.Start.
-func (s *Server) serveRoster(req proto.Request, rep *proto.Reply) {
+func (s *Server) serveRoster(_ *session, req *proto.RosterRequest) answer {
 	if s.gossip.node == nil {
-		rep.Reason = proto.ReasonUnsupported
-		return
+		return refused(proto.ReasonUnsupported)
 	}
 	// From the snapshot built once per roster change (encoded once,
 	// digest once; internal/roster/snapshot.go).
-	rep.Roster = s.gossip.node.Snapshot().Page(req.Start, req.HasDigest, req.Have)
+	return success(&proto.RosterReply{Roster: s.gossip.node.Snapshot().Page(req.Start, req.HasDigest, req.Have)})
 }
 
 // rosterStatus is the roster part of `mpdetour relay status`.
@@ -361,7 +234,7 @@ func (s *Server) rosterStatus() *RosterStatus {
 		return nil
 	}
 	rs := &RosterStatus{Gossip: s.gossip.cfg.Advertise.String(), Members: s.gossip.node.Members(), Refused: s.gossip.node.Refused(), CRLRefused: s.gossip.node.CRLRefused()}
-	if l := s.trust.live.CRL(); l != nil {
+	if l := s.trust.Live.CRL(); l != nil {
 		rs.CRLSeq, rs.CRLSerials = l.Seq, len(l.Serials)
 	}
 	for _, e := range s.gossip.node.Entries() {

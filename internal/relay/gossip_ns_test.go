@@ -21,7 +21,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
-// Relay discovery (issue 15): four relays in namespaces form a gossip
+// Relay discovery: four relays in namespaces form a gossip
 // cluster; a member whose agent knows one bootstrap relay reads the roster
 // from it, verifies it, and gets grants from the three others, usable for
 // a connection; a relay killed with SIGKILL leaves the roster of the

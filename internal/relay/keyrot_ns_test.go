@@ -18,7 +18,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
-// Key rotation without dropping detours (issue 15). A member holds a
+// Key rotation without dropping detours. A member holds a
 // mapping with a connection through it. The relay's key is replaced by
 // SIGHUP (old key as previous_private_key): the established session, the
 // mapping and the connection keep working; new sessions to the new key and

@@ -67,23 +67,23 @@ func (l *leaseLine) request(req proto.Request) proto.Reply {
 func TestLeaseLifecycle(t *testing.T) {
 	l := newLeaseLine(t)
 	server := netip.MustParseAddrPort("10.0.2.2:5201")
-	rep := l.request(proto.Request{Op: proto.OpGrant, Server: server})
+	rep := l.request(proto.NewRequest(0, &proto.GrantRequest{Server: server}))
 	if rep.Reason != proto.OK {
 		t.Fatalf("grant: %v", rep.Reason)
 	}
-	key := dataplane.Key{Client: l.ses.addr.Addr(), Port: rep.Detour.Port()}
+	key := dataplane.Key{Client: l.ses.addr.Addr(), Port: detourOf(rep).Port()}
 	if got, ok := l.dp.Mapped(key); !ok || got != server {
 		t.Fatalf("after flush: mapped %v %v, want %v", got, ok, server)
 	}
-	if again := l.request(proto.Request{Op: proto.OpGrant, Server: server}); again.Detour != rep.Detour {
-		t.Fatalf("a repeated grant got %v, want the same %v", again.Detour, rep.Detour)
+	if again := l.request(proto.NewRequest(0, &proto.GrantRequest{Server: server})); detourOf(again) != detourOf(rep) {
+		t.Fatalf("a repeated grant got %v, want the same %v", detourOf(again), detourOf(rep))
 	}
-	if r := l.request(proto.Request{Op: proto.OpGrant, Server: netip.MustParseAddrPort("192.168.7.1:80")}); r.Reason != proto.ReasonPolicyDenied {
+	if r := l.request(proto.NewRequest(0, &proto.GrantRequest{Server: netip.MustParseAddrPort("192.168.7.1:80")})); r.Reason != proto.ReasonPolicyDenied {
 		t.Fatalf("grant to a private address: %v, want policy-denied", r.Reason)
 	}
 	l.now = l.now.Add(l.s.set.Lease / 2)
-	if r := l.request(proto.Request{Op: proto.OpRenew, Port: key.Port}); r.Reason != proto.OK || r.Lease != l.s.set.Lease {
-		t.Fatalf("renew: %v lease %v", r.Reason, r.Lease)
+	if r := l.request(proto.NewRequest(0, &proto.RenewRequest{Port: key.Port})); r.Reason != proto.OK || r.Body.(*proto.RenewReply).Lease != l.s.set.Lease {
+		t.Fatalf("renew: %+v", r)
 	}
 	l.now = l.now.Add(l.s.set.Lease - time.Second)
 	l.s.expire(l.now)
@@ -95,7 +95,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	if _, ok := l.dp.Mapped(key); ok {
 		t.Fatal("still mapped after its lease ended")
 	}
-	if r := l.request(proto.Request{Op: proto.OpRenew, Port: key.Port}); r.Reason != proto.ReasonNotFound {
+	if r := l.request(proto.NewRequest(0, &proto.RenewRequest{Port: key.Port})); r.Reason != proto.ReasonNotFound {
 		t.Fatalf("renew after expiry: %v, want not-found", r.Reason)
 	}
 	// Connections still running through conntrack keep counting: the
@@ -129,8 +129,8 @@ func TestFlushRefusedBatch(t *testing.T) {
 	l := newLeaseLine(t)
 	server := netip.MustParseAddrPort("10.0.2.2:5201")
 	l.dp.FailMap(errors.New("injected: the kernel refused the transaction"))
-	rep1, m1 := l.s.serveRequest(l.ses, proto.Request{Op: proto.OpGrant, Server: server})
-	rep2, m2 := l.s.serveRequest(l.ses, proto.Request{Op: proto.OpGrant, Server: server})
+	rep1, m1 := l.s.serveRequest(l.ses, proto.NewRequest(0, &proto.GrantRequest{Server: server}))
+	rep2, m2 := l.s.serveRequest(l.ses, proto.NewRequest(0, &proto.GrantRequest{Server: server}))
 	if rep1.Reason != proto.OK || m1 == nil || m2 != m1 {
 		t.Fatalf("grants before flush: %v %p %p", rep1.Reason, m1, m2)
 	}
@@ -151,8 +151,8 @@ func TestFlushRefusedBatch(t *testing.T) {
 // A table someone removed is recreated with every active mapping.
 func TestTableRecreated(t *testing.T) {
 	l := newLeaseLine(t)
-	rep := l.request(proto.Request{Op: proto.OpGrant, Server: netip.MustParseAddrPort("10.0.2.2:5201")})
-	key := dataplane.Key{Client: l.ses.addr.Addr(), Port: rep.Detour.Port()}
+	rep := l.request(proto.NewRequest(0, &proto.GrantRequest{Server: netip.MustParseAddrPort("10.0.2.2:5201")}))
+	key := dataplane.Key{Client: l.ses.addr.Addr(), Port: detourOf(rep).Port()}
 	if l.s.ensureTable() {
 		t.Fatal("recreated a table that was there")
 	}
@@ -163,4 +163,12 @@ func TestTableRecreated(t *testing.T) {
 	if _, ok := l.dp.Mapped(key); !ok {
 		t.Fatal("the active mapping is not in the recreated table")
 	}
+}
+
+// detourOf is a grant reply's detour (zero for any other reply).
+func detourOf(r proto.Reply) netip.AddrPort {
+	if g, ok := r.Body.(*proto.GrantReply); ok {
+		return g.Detour
+	}
+	return netip.AddrPort{}
 }

@@ -3,24 +3,32 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayd"
 )
 
 // The integration tests run the relay as a separate process inside a
 // namespace, so that kill -9 and SIGTERM are real. The test binary itself is
-// that process when TR_RELAY_CONFIG is set, running the daemon
+// that process when MPDETOUR_TEST_RELAY_CONFIG is set, running the daemon
 // (internal/relayd) as `mpdetour relay` does. TestMain is in the external
 // test package because relayd imports the relay.
 func TestMain(m *testing.M) {
 	lab.Reexec()
-	if cfg := os.Getenv("TR_RELAY_CONFIG"); cfg != "" {
+	if os.Getenv("MPDETOUR_TEST_SQUATTER") != "" {
+		squat()
+	}
+	if cfg := os.Getenv("MPDETOUR_TEST_RELAY_CONFIG"); cfg != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		err := relayd.Run(ctx, cfg, log, nil)
@@ -32,4 +40,39 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// squat is a local user's process that tries to take the relay's lock and
+// status names in its network namespace before the relay starts, and
+// answers status requests with a fake status (TestLockCannotBeSquatted).
+// It binds what it can, says "ready" and serves until its stdin closes.
+func squat() {
+	names := []string{"@mpdetour-relay"} // the name before the lock moved to relay.RunDir
+	if fi, err := os.Stat("/proc/thread-self/ns/net"); err == nil {
+		base := fmt.Sprintf("%s/relay-netns-%d", relay.RunDir, fi.Sys().(*syscall.Stat_t).Ino)
+		names = append(names, base+".sock")
+		if f, err := os.OpenFile(base+".lock", os.O_RDWR|os.O_CREATE, 0o600); err == nil {
+			_ = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		}
+	}
+	for _, n := range names {
+		l, err := net.Listen("unix", n)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "squatter:", err)
+			continue
+		}
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintln(c, `{"listen": "6.6.6.6:666", "pid": 666, "mappings": 666}`)
+				c.Close()
+			}
+		}()
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
 }

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -98,14 +98,19 @@ func newMetrics() *metrics {
 	return m
 }
 
-// serve runs the metrics endpoint until ctx ends.
-func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
+// serve runs the metrics endpoint until ctx ends: on a TCP address or a
+// unix socket of mode 0600, with a bearer token when set (metricsrv;
+// docs/security.md, Metrics: member names and bytes per member).
+func (m *metrics) serve(ctx context.Context, addr, token string, log *slog.Logger) error {
+	ln, err := metricsrv.Listen(addr)
 	if err != nil {
 		return err
 	}
+	if why := metricsrv.Exposed(addr, token); why != "" {
+		log.Warn(why)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metricsrv.Protect(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}), token))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -50,44 +50,38 @@ func newRotationsMetric() *prometheus.CounterVec {
 }
 
 // serveRotate handles OpRotate on a member's (new key's) session.
-func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) {
+func (s *Server) serveRotate(ses *session, req *proto.RotateRequest) answer {
 	now := s.now()
 	r := req.Rotate
-	refuse := func(result string, reason proto.Reason, why string) {
-		rep.Reason = reason
+	refuse := func(result string, reason proto.Reason, why string) answer {
 		s.met.rotations.WithLabelValues(result).Inc()
 		s.log.Warn("key rotation refused, nothing moved", "reason", result, "member", ses.name, "new_key", ses.peer.ID(),
 			"old_key", r.Old.ID(), "from", ses.addr, "why", why)
+		return refused(reason)
 	}
 	if ses.pending {
 		// Any fresh key can get this far: counted, logged in the bounded
 		// summary of refusals.
-		rep.Reason = proto.ReasonUnauthorized
 		s.met.rotations.WithLabelValues(rotateNewUncert).Inc()
 		s.lim.refusals.note(s.log, now, proto.ReasonUnauthorized, ses.addr,
 			"key rotation refused, nothing moved: reason="+rotateNewUncert+": new key "+ses.peer.ID()+" has presented no valid certificate (forged, another authority's, expired or revoked) and is not listed")
-		return
+		return refused(proto.ReasonUnauthorized)
 	}
 	if r.Old == ses.peer {
-		refuse(rotateSameKey, proto.ReasonMalformed, "the old key is the session's own key")
-		return
+		return refuse(rotateSameKey, proto.ReasonMalformed, "the old key is the session's own key")
 	}
 	if !collective.VerifyRotation(r, ses.peer) {
-		refuse(rotateForged, proto.ReasonUnauthorized, "the statement's signature does not verify under the old key for this session's key")
-		return
+		return refuse(rotateForged, proto.ReasonUnauthorized, "the statement's signature does not verify under the old key for this session's key")
 	}
 	t := time.Unix(int64(min(r.Time, 1<<62)), 0)
 	if d := now.Sub(t); d > collective.RotationSkew || d < -collective.RotationSkew {
-		refuse(rotateStale, proto.ReasonExpired, "the statement was made at "+t.UTC().Format(time.RFC3339)+", more than "+collective.RotationSkew.String()+" from now")
-		return
+		return refuse(rotateStale, proto.ReasonExpired, "the statement was made at "+t.UTC().Format(time.RFC3339)+", more than "+collective.RotationSkew.String()+" from now")
 	}
 	if !s.isMember(r.Old, now) {
-		refuse(rotateNotMember, proto.ReasonUnauthorized, "the old key is not a member here (unknown, expired or revoked)")
-		return
+		return refuse(rotateNotMember, proto.ReasonUnauthorized, "the old key is not a member here (unknown, expired or revoked)")
 	}
 	if oldName := s.memberName(r.Old); oldName != ses.name {
-		refuse(rotateNameDiffers, proto.ReasonUnauthorized, "the old key is member "+oldName+", the new one "+ses.name)
-		return
+		return refuse(rotateNameDiffers, proto.ReasonUnauthorized, "the old key is member "+oldName+", the new one "+ses.name)
 	}
 	o := lease.Owner{Key: ses.peer, Name: ses.name}
 	n := s.carryOver(r.Old, o, now)
@@ -103,15 +97,15 @@ func (s *Server) serveRotate(ses *session, req proto.Request, rep *proto.Reply) 
 	if n.tunnelFailed {
 		// What did move stays moved; the member's retry moves the tunnel
 		// (a repeated statement moves nothing else).
-		rep.Reason = proto.ReasonInternal
 		s.met.rotations.WithLabelValues(rotateInternal).Inc()
 		s.log.Warn("member key rotation incomplete: the tunnel did not move, answered internal", "member", ses.name,
 			"old_key", r.Old.ID(), "new_key", ses.peer.ID(), "mappings", n.mappings, "tickets", n.tickets)
-		return
+		return refused(proto.ReasonInternal)
 	}
 	s.met.rotations.WithLabelValues(rotateOK).Inc()
 	s.log.Info("member key rotated", "member", ses.name, "old_key", r.Old.ID(), "new_key", ses.peer.ID(),
 		"mappings", n.mappings, "tunnel", n.tunnel, "tickets", n.tickets)
+	return success(&proto.RotateReply{})
 }
 
 // owns says whether a session of key may renew m: its owner, or the key
@@ -158,11 +152,11 @@ func (s *Server) carryOver(old proto.Key, o lease.Owner, now time.Time) carried 
 		if c.tunnel && s.fair != nil {
 			// Only a peer that moved starts over at zero; a failed
 			// move keeps the old peer and its byte baseline.
-			s.fair.led.tunnelMoved(old, o.Key)
+			s.fair.led.TunnelMoved(old, o.Key)
 		}
 	}
 	if s.fair != nil {
-		s.fair.led.merge(old, o.Key, o.Name)
+		s.fair.led.Merge(old, o.Key, o.Name)
 	}
 	return c
 }
@@ -174,41 +168,12 @@ func (t *ticketStore) rekey(old, successor proto.Key, name string) int {
 	n := 0
 	for k, ti := range t.tickets {
 		if ti.key == old {
+			t.perMember[ti.member]--
 			ti.key, ti.member = successor, name
+			t.perMember[name]++
 			t.tickets[k] = ti
 			n++
 		}
 	}
-	t.perMember[successor] += n
-	delete(t.perMember, old)
 	return n
-}
-
-// merge adds old's account to successor's and forgets old's.
-func (l *ledger) merge(old, successor proto.Key, name string) {
-	e := l.members[old]
-	if e == nil {
-		return
-	}
-	n := l.entry(successor, name)
-	n.Consumed += e.Consumed
-	n.Earned += e.Earned
-	n.Receipts += e.Receipts
-	if e.Unreceipted > 0 && (n.Unreceipted == 0 || e.UnreceiptedSince.Before(n.UnreceiptedSince)) {
-		n.UnreceiptedSince = e.UnreceiptedSince
-	}
-	n.Unreceipted += e.Unreceipted
-	if e.Updated.After(n.Updated) {
-		n.Updated = e.Updated
-	}
-	delete(l.members, old)
-	l.dirty = true
-}
-
-// tunnelMoved: the WireGuard peer of old is now successor's, a new peer
-// whose counters start at zero.
-func (l *ledger) tunnelMoved(old, successor proto.Key) {
-	delete(l.tunnel, old)
-	l.tunnel[successor] = 0
-	l.dirty = true
 }

@@ -65,16 +65,16 @@ func newRotateFixture(t *testing.T) *rotateFixture {
 	f.oldSes = f.session(t, f.old.Public(), f.oldCert.Bytes())
 	f.client = netip.MustParseAddr("10.0.1.1")
 	f.server = netip.MustParseAddrPort("198.51.100.1:5201")
-	rep := serveReq(s, f.oldSes, proto.Request{Op: proto.OpGrant, Server: f.server})
+	rep := serveReq(s, f.oldSes, proto.NewRequest(0, &proto.GrantRequest{Server: f.server}))
 	if rep.Reason != proto.OK {
 		t.Fatalf("grant: %v", rep.Reason)
 	}
 	s.flush()
-	f.mapping = s.leases.ByKey[dataplane.Key{Client: f.client, Port: rep.Detour.Port()}]
+	f.mapping = s.leases.ByKey[dataplane.Key{Client: f.client, Port: detourOf(rep).Port()}]
 	if _, err := s.conv.tickets.issue(f.old.Public(), "alice", f.client, 2, now.Add(time.Minute), now); err != nil {
 		t.Fatal(err)
 	}
-	s.fair.led.consumed(f.old.Public(), "alice", 5000, now, false)
+	s.fair.led.AddConsumed(f.old.Public(), "alice", 5000, now, false)
 	return f
 }
 
@@ -101,16 +101,16 @@ func (f *rotateFixture) session(t *testing.T, key proto.Key, cert []byte) *sessi
 	f.s.ses.all[idx] = ses
 	f.s.ses.byMember[key] = append(f.s.ses.byMember[key], idx)
 	if cert != nil {
-		rep := serveReq(f.s, ses, proto.Request{Op: proto.OpCertify, Cert: cert})
+		rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.CertifyRequest{Cert: cert}))
 		if rep.Reason == proto.OK && !listed {
-			ses.pending, ses.name = false, f.s.trust.certified[key].name
+			ses.pending, ses.name = false, f.s.trust.Certified[key].Name
 		}
 	}
 	return ses
 }
 
 func (f *rotateFixture) rotate(ses *session, r proto.Rotation) proto.Reason {
-	rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRotate, Rotate: r})
+	rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RotateRequest{Rotate: r}))
 	f.s.flush()
 	return rep.Reason
 }
@@ -122,10 +122,10 @@ func (f *rotateFixture) unmoved(t *testing.T, what string) {
 	if f.mapping.Owner.Key != old || f.s.leases.Find(lease.Owner{Key: old}, f.client, f.server) != f.mapping {
 		t.Errorf("%s: the mapping moved to %s", what, f.mapping.Owner.Key.ID())
 	}
-	if f.s.conv.tickets.perMember[old] != 2 {
+	if ticketsOf(f.s, old) != 2 {
 		t.Errorf("%s: the tickets moved", what)
 	}
-	if e := f.s.fair.led.members[old]; e == nil || e.Consumed != 5000 {
+	if e := f.s.fair.led.Members[old]; e == nil || e.Consumed != 5000 {
 		t.Errorf("%s: the ledger moved", what)
 	}
 	if !mapped(f.dp, f.mapping.Key) {
@@ -204,7 +204,7 @@ func TestRotateRefusals(t *testing.T) {
 		}
 		f.unmoved(t, c.name)
 		// Names certified for the new key in one case must not leak into the next.
-		delete(f.s.trust.certified, ses.peer)
+		delete(f.s.trust.Certified, ses.peer)
 	}
 	if rotations(t, f.s, rotateOK) != 0 {
 		t.Fatal("a refused rotation counted as ok")
@@ -239,29 +239,29 @@ func TestRotateCarriesOver(t *testing.T) {
 	if f.mapping.Owner != (lease.Owner{Key: nk, Name: "alice"}) || !mapped(f.dp, f.mapping.Key) || f.mapping.Key.Port != port {
 		t.Fatalf("mapping after rotation: %+v mapped=%v", f.mapping.Owner, mapped(f.dp, f.mapping.Key))
 	}
-	if a, b := f.s.leases.QuotaUsed(lease.Owner{Key: nk}, f.client), f.s.leases.QuotaUsed(lease.Owner{Key: ok}, f.client); a != 1 || b != 0 {
-		t.Fatalf("quota counts: new key %d, old key %d", a, b)
+	if n := f.s.leases.QuotaUsed(lease.Owner{Key: nk, Name: "alice"}, f.client); n != 1 {
+		t.Fatalf("alice's quota count after the rotation: %d, want 1", n)
 	}
-	if f.s.conv.tickets.perMember[nk] != 2 || f.s.conv.tickets.perMember[ok] != 0 {
-		t.Fatalf("tickets: %v", f.s.conv.tickets.perMember)
+	if ticketsOf(f.s, nk) != 2 || ticketsOf(f.s, ok) != 0 || f.s.conv.tickets.perMember["alice"] != 2 {
+		t.Fatalf("tickets: new key %d, old key %d, alice's count %d", ticketsOf(f.s, nk), ticketsOf(f.s, ok), f.s.conv.tickets.perMember["alice"])
 	}
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5000 || f.s.fair.led.members[ok] != nil {
-		t.Fatalf("ledger: %+v", f.s.fair.led.members)
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 5000 || f.s.fair.led.Members[ok] != nil {
+		t.Fatalf("ledger: %+v", f.s.fair.led.Members)
 	}
 	if rotations(t, f.s, rotateOK) != 1 || !strings.Contains(f.logs.String(), "member key rotated") {
 		t.Fatalf("ok not counted or logged:\n%s", f.logs.String())
 	}
 	// Grants and renewals.
-	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpGrant, Server: f.server}); rep.Reason != proto.OK || rep.Detour.Port() != port {
-		t.Fatalf("repeated grant on the new key: %v port %d, want %d", rep.Reason, rep.Detour.Port(), port)
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.GrantRequest{Server: f.server})); rep.Reason != proto.OK || detourOf(rep).Port() != port {
+		t.Fatalf("repeated grant on the new key: %v port %d, want %d", rep.Reason, detourOf(rep).Port(), port)
 	}
-	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the new key: %v", rep.Reason)
 	}
-	if rep := serveReq(f.s, f.oldSes, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, f.oldSes, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the old key's session during the switch: %v", rep.Reason)
 	}
-	if rep := serveReq(f.s, f.oldSes, proto.Request{Op: proto.OpRelease, Port: port}); rep.Reason != proto.ReasonNotFound {
+	if rep := serveReq(f.s, f.oldSes, proto.NewRequest(0, &proto.ReleaseRequest{Port: port})); rep.Reason != proto.ReasonNotFound {
 		t.Fatalf("release on the old key's session: %v, want not-found", rep.Reason)
 	}
 	// A repeated statement (the member's retry) moves nothing more and harms nothing.
@@ -277,7 +277,7 @@ func TestRotateCarriesOver(t *testing.T) {
 	if f.s.isMember(ok, now) || !f.s.isMember(nk, now) {
 		t.Fatal("membership after revoking the old key")
 	}
-	if rep := serveReq(f.s, ses, proto.Request{Op: proto.OpRenew, Port: port}); rep.Reason != proto.OK {
+	if rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.RenewRequest{Port: port})); rep.Reason != proto.OK {
 		t.Fatalf("renew on the new key after the revocation: %v", rep.Reason)
 	}
 }
@@ -295,18 +295,18 @@ func TestRotateStaticMembers(t *testing.T) {
 	addr := netip.MustParseAddrPort("10.0.1.1:40000")
 	oldSes := &session{peer: old.Public(), name: "bob", addr: addr}
 	server := netip.MustParseAddrPort("198.51.100.1:80")
-	rep := serveReq(s, oldSes, proto.Request{Op: proto.OpGrant, Server: server})
+	rep := serveReq(s, oldSes, proto.NewRequest(0, &proto.GrantRequest{Server: server}))
 	s.flush()
 	if rep.Reason != proto.OK {
 		t.Fatal(rep.Reason)
 	}
-	m := s.leases.ByKey[dataplane.Key{Client: addr.Addr(), Port: rep.Detour.Port()}]
+	m := s.leases.ByKey[dataplane.Key{Client: addr.Addr(), Port: detourOf(rep).Port()}]
 	r, _ := collective.SignRotation(old, other.Public(), time.Now())
-	if rep := serveReq(s, &session{peer: other.Public(), name: "carol", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.ReasonUnauthorized {
+	if rep := serveReq(s, &session{peer: other.Public(), name: "carol", addr: addr}, proto.NewRequest(0, &proto.RotateRequest{Rotate: r})); rep.Reason != proto.ReasonUnauthorized {
 		t.Fatalf("rotation to another listed member: %v", rep.Reason)
 	}
 	r, _ = collective.SignRotation(old, newKey.Public(), time.Now())
-	if rep := serveReq(s, &session{peer: newKey.Public(), name: "bob", addr: addr}, proto.Request{Op: proto.OpRotate, Rotate: r}); rep.Reason != proto.OK {
+	if rep := serveReq(s, &session{peer: newKey.Public(), name: "bob", addr: addr}, proto.NewRequest(0, &proto.RotateRequest{Rotate: r})); rep.Reason != proto.OK {
 		t.Fatalf("rotation between listed keys: %v", rep.Reason)
 	}
 	if m.Owner.Key != newKey.Public() || !mapped(dp, m.Key) {
@@ -351,19 +351,30 @@ func TestRotateConversionCharged(t *testing.T) {
 		t.Fatalf("moved ticket: %q %s %v", member, key.ID(), err)
 	}
 	f.s.ledgerConversion(convertDone{member: member, key: key, up: 100, down: 200, at: time.Now()})
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 5300 {
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 5300 {
 		t.Fatalf("conversion on the new key not charged: %+v", e)
 	}
 	f.s.ledgerConversion(convertDone{member: "alice", key: f.old.Public(), up: 1000, at: time.Now()})
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6300 || f.s.fair.led.members[f.old.Public()] != nil {
-		t.Fatalf("conversion on an old ticket: new %+v old %+v", e, f.s.fair.led.members[f.old.Public()])
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 6300 || f.s.fair.led.Members[f.old.Public()] != nil {
+		t.Fatalf("conversion on an old ticket: new %+v old %+v", e, f.s.fair.led.Members[f.old.Public()])
 	}
 	// A key that is no member is not charged.
 	stranger := testKey(t).Public()
 	f.s.ledgerConversion(convertDone{member: "alice", key: stranger, up: 1000, at: time.Now()})
-	if f.s.fair.led.members[stranger] != nil {
+	if f.s.fair.led.Members[stranger] != nil {
 		t.Fatal("a non-member key was charged")
 	}
+}
+
+// ticketsOf counts the outstanding converter tickets of key.
+func ticketsOf(s *Server, key proto.Key) int {
+	n := 0
+	for _, ti := range s.conv.tickets.tickets {
+		if ti.key == key {
+			n++
+		}
+	}
+	return n
 }
 
 // mapped says whether the fake data plane holds k.
@@ -452,7 +463,7 @@ func TestRotateTunnelMoveFails(t *testing.T) {
 	f.s.ledgerTunnels(now)
 	consumed := func() uint64 {
 		var n uint64
-		for _, e := range f.s.fair.led.members {
+		for _, e := range f.s.fair.led.Members {
 			n += e.Consumed
 		}
 		return n
@@ -478,7 +489,7 @@ func TestRotateTunnelMoveFails(t *testing.T) {
 	if c := consumed(); c != 6700 {
 		t.Fatalf("after the move: ledger %d, want 6700", c)
 	}
-	if e := f.s.fair.led.members[nk]; e == nil || e.Consumed != 6700 {
+	if e := f.s.fair.led.Members[nk]; e == nil || e.Consumed != 6700 {
 		t.Fatalf("the new key's account: %+v", e)
 	}
 }
@@ -537,4 +548,50 @@ func TestRotatedRecordLifetime(t *testing.T) {
 			t.Fatal("the old key's session was dropped")
 		}
 	})
+}
+
+// Quotas follow the member, not the key: after a rotation (two keys
+// named alice while the old certificate is valid), neither key gets
+// mappings or converter tickets beyond alice's quota. (Each key used to
+// have a quota of its own: repeated rotations multiplied it.)
+func TestQuotaFollowsTheMember(t *testing.T) {
+	f := newRotateFixture(t)
+	f.s.set.QuotaPerMember = 2
+	grant := func(ses *session, port uint16) proto.Reason {
+		t.Helper()
+		r := serveReq(f.s, ses, proto.NewRequest(0, &proto.GrantRequest{Server: netip.AddrPortFrom(f.server.Addr(), port)})).Reason
+		f.s.flush()
+		return r
+	}
+	if r := grant(f.oldSes, 1001); r != proto.OK {
+		t.Fatalf("alice's second mapping: %v", r)
+	}
+	ses := f.rotateTo(t, testKey(t))
+	if r := grant(f.oldSes, 1002); r != proto.ReasonQuota {
+		t.Errorf("a third mapping on the old key after the rotation: %v, want quota", r)
+	}
+	if r := grant(ses, 1003); r != proto.ReasonQuota {
+		t.Errorf("a third mapping on the new key: %v, want quota", r)
+	}
+	convert := func(ses *session, n int) (int, proto.Reason) {
+		rep := serveReq(f.s, ses, proto.NewRequest(0, &proto.ConvertRequest{Count: uint8(n)}))
+		if rep.Reason != proto.OK {
+			return 0, rep.Reason
+		}
+		return len(rep.Body.(*proto.ConvertReply).Tickets), rep.Reason
+	}
+	got := 0
+	for {
+		n, r := convert(f.oldSes, proto.MaxTickets)
+		if r != proto.OK {
+			break
+		}
+		got += n
+	}
+	if n, r := convert(ses, 1); r != proto.ReasonQuota {
+		t.Errorf("a ticket on the new key after the old one took the rest: %d, %v, want quota", n, r)
+	}
+	if total := got + 2; total != maxTicketsPerMember {
+		t.Errorf("alice holds %d tickets over her two keys, quota %d", total, maxTicketsPerMember)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
+	"github.com/mpdetour/mpdetour/internal/relay/trust"
 )
 
 // Pre-authentication limits per source address: handshakes cost two X25519
@@ -52,7 +53,7 @@ type packet struct {
 	// cookie at this source address while we were under load.
 	proven bool
 	// id: the relay key an initiation is addressed to (its mac1).
-	id *identity
+	id *trust.Identity
 	at time.Time // when the reader got it
 }
 
@@ -83,7 +84,7 @@ type Server struct {
 	pol     *destination.Policy
 	ses     sessionTable
 	lim     limits
-	trust   *trustState // keys, replay state, certified members, the live trust
+	trust   *trust.State // keys, replay state, certified members, the live trust
 	gossip  gossipState
 	conv    *converter // nil: no convert role
 	tunnels Tunnels    // nil: no tunnel section
@@ -99,8 +100,8 @@ type Server struct {
 type sockets struct {
 	pc     *ipv4.PacketConn
 	conn   *net.UDPConn
-	legacy *net.UDPConn      // nil: no legacy v1
-	status *net.UnixListener // the namespace lock; answers relay status (nil: none)
+	legacy *net.UDPConn  // nil: no legacy v1
+	status *StatusSocket // the namespace lock; answers relay status (nil: none)
 }
 
 // sessionTable holds the control sessions by receiver index and by member key.
@@ -113,10 +114,14 @@ type sessionTable struct {
 }
 
 // limits are the request rate limits: per member key, per source address
-// (pre-authentication) and the global initiation budget.
+// (pre-authentication: unproven, and proven by a cookie) and the global
+// initiation budget.
 type limits struct {
 	member map[proto.Key]*bucket
-	addr   map[netip.Addr]*bucket
+	addr   *addrLimiter
+	// proven: initiations whose mac2 proves their source address; spoofed
+	// packets cannot use (or drain) these buckets.
+	proven *addrLimiter
 	inits  bucket
 	// refusals summarises refused handshakes in the log (bounded lines).
 	refusals refusalLog
@@ -151,7 +156,7 @@ type Deps struct {
 	Legacy *net.UDPConn
 	// Status is the network namespace's relay lock (Lock), which also
 	// answers `relay status` (nil: no status socket).
-	Status *net.UnixListener
+	Status *StatusSocket
 	// DataPlane installs mappings (dataplane.NewNFT; dataplane.Fake in
 	// tests).
 	DataPlane dataplane.DataPlane
@@ -188,8 +193,8 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 		tunnels: d.Tunnels,
 		leases:  lease.NewTable(),
 		ses:     sessionTable{all: map[uint32]*session{}, byMember: map[proto.Key][]uint32{}},
-		lim:     limits{member: map[proto.Key]*bucket{}, addr: map[netip.Addr]*bucket{}},
-		trust:   newTrustState(set),
+		lim:     limits{member: map[proto.Key]*bucket{}, addr: newAddrLimiter(), proven: newAddrLimiter()},
+		trust:   trust.New(set.PrivateKey, set.PreviousKey, set.Trust),
 		gossip:  gossipState{done: make(chan rosterRestart, 1), crlKick: make(chan struct{}, 1)},
 		ev: events{in: make(chan packet, 4096), reload: make(chan *Config, 1),
 			status: make(chan statusRequest), convDone: make(chan convertDone, 1024)},
@@ -199,13 +204,7 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 		return nil, fmt.Errorf("IP_PKTINFO: %w", err)
 	}
 	if static.StateFile != "" {
-		if err := loadReplayState(static.StateFile, s.trust.lastTS); err != nil {
-			return nil, err
-		}
-		// Write it once now: a state file we cannot write is a start-up
-		// error, not a surprise at the first handshake.
-		s.trust.state = &replayState{path: static.StateFile, dirty: true}
-		if err := s.trust.state.save(s.trust.lastTS); err != nil {
+		if err := s.trust.OpenReplay(static.StateFile); err != nil {
 			return nil, err
 		}
 	} else {
@@ -296,7 +295,7 @@ func (s *Server) Reload(set *Config) {
 // Serve runs until ctx ends, then removes every mapping and the table.
 func (s *Server) Serve(ctx context.Context) error {
 	if s.static.MetricsListen != "" {
-		if err := s.met.serve(ctx, s.static.MetricsListen, s.log); err != nil {
+		if err := s.met.serve(ctx, s.static.MetricsListen, s.static.MetricsToken, s.log); err != nil {
 			s.shutdown()
 			return fmt.Errorf("metrics: %w", err)
 		}
@@ -427,7 +426,7 @@ func (s *Server) flush() {
 // replies of a refused batch's grants into "internal".
 func (s *Server) install() {
 	if len(s.out.responses) > 0 {
-		if err := s.trust.state.save(s.trust.lastTS); err != nil {
+		if err := s.trust.SaveReplay(); err != nil {
 			// Answer anyway: refusing every handshake would be worse than
 			// a replay window that does not survive this restart.
 			s.log.Error("saving replay state", "err", err)
@@ -520,7 +519,7 @@ const (
 // the packet must not be queued.
 func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) bool {
 	now := time.Now()
-	id := s.trust.keys.Load().match(p.data)
+	id := s.trust.Keys().Match(p.data)
 	if id == nil {
 		s.count("handshake", proto.ReasonUnauthorized)
 		return false
@@ -536,11 +535,11 @@ func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) boo
 	if now.After(ld.until) {
 		return true
 	}
-	if id.jar.CheckMAC2(p.data, p.from, now) {
+	if id.Jar.CheckMAC2(p.data, p.from, now) {
 		p.proven = true
 		return true
 	}
-	reply, err := id.jar.Reply(p.data, p.from, now)
+	reply, err := id.Jar.Reply(p.data, p.from, now)
 	if err != nil {
 		return false
 	}
@@ -631,13 +630,18 @@ func (s *Server) count(op string, r proto.Reason) {
 	s.met.requests.WithLabelValues(metricLabels(op, r)).Inc()
 }
 
-// metricOps and metricReasons bound the labels of the requests counter: an
-// operation or reason code read from the wire that is not one of these is
-// counted as "other", so a client cannot create series at will.
-var (
-	metricOps = map[string]bool{"ping": true, "grant": true, "renew": true, "release": true, "tunnel": true,
-		"packet": true, "handshake": true, "transport": true, "legacy": true, "convert": true, "certify": true, "receipt": true, "encap": true, "roster": true, "rotate": true}
-)
+// metricOps bounds the op label of the requests counter: the protocol's
+// operations and the packet-level events; an operation
+// read from the wire that is not one of these (or a reason code the relay
+// does not know) is counted as "other", so a client cannot create series
+// at will.
+var metricOps = func() map[string]bool {
+	m := map[string]bool{"packet": true, "handshake": true, "transport": true, "legacy": true}
+	for _, op := range proto.Ops() {
+		m[op.String()] = true
+	}
+	return m
+}()
 
 func metricLabels(op string, r proto.Reason) (string, string) {
 	if !metricOps[op] {
@@ -658,16 +662,11 @@ func (s *Server) refuse(p packet, r proto.Reason, index uint32, counter uint64) 
 	s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: index, Counter: counter}), p.from, p.dst)
 }
 
+// addrAllowed takes a token of a's (hashed, bounded) per-address budget
+// for unauthenticated work: refusals, legacy v1 requests, unproven
+// initiations. It creates no state per address.
 func (s *Server) addrAllowed(a netip.Addr) bool {
-	b := s.lim.addr[a]
-	if b == nil {
-		if len(s.lim.addr) > 100000 {
-			return false // under a spoofed flood nobody new gets answers
-		}
-		b = &bucket{}
-		s.lim.addr[a] = b
-	}
-	return b.take(s.now(), addrRate, addrBurst)
+	return s.lim.addr.take(a, s.now(), addrRate, addrBurst)
 }
 
 func (s *Server) handle(p packet) {
@@ -696,8 +695,10 @@ func (s *Server) handleInit(p packet) {
 		return // too short to answer without amplifying
 	}
 	// A proven initiation (valid mac2 under load) skips the global budget,
-	// which is what a spoofed flood exhausts, but not the per-address one.
-	if !s.addrAllowed(p.from.Addr()) || !p.proven && !s.lim.inits.take(s.now(), initRate, initBurst) {
+	// which is what a spoofed flood exhausts, and takes its per-address
+	// token from the proven buckets, which spoofed packets cannot drain.
+	if p.proven && !s.lim.proven.take(p.from.Addr(), s.now(), addrRate, addrBurst) ||
+		!p.proven && (!s.addrAllowed(p.from.Addr()) || !s.lim.inits.take(s.now(), initRate, initBurst)) {
 		s.count("handshake", proto.ReasonRateLimited)
 		s.lim.refusals.note(s.log, s.now(), proto.ReasonRateLimited, p.from, "")
 		return
@@ -707,11 +708,11 @@ func (s *Server) handleInit(p packet) {
 		// The reader matched the key before the packet was queued; a
 		// reload since may have dropped it (a compromised key): queued
 		// initiations for it must not complete.
-		if s.trust.keys.Load().find(p.id.priv) == nil {
+		if s.trust.Keys().Find(p.id.Priv) == nil {
 			s.count("handshake", proto.ReasonUnauthorized) // as the reader counts it now
 			return
 		}
-		priv = p.id.priv
+		priv = p.id.Priv
 	}
 	acc, err := proto.ConsumeInitiation(priv, in)
 	if err != nil {
@@ -724,9 +725,9 @@ func (s *Server) handleInit(p packet) {
 	name, member := s.set.Members[acc.Peer]
 	provisional := false
 	if !member {
-		if cm, ok := s.trust.certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
-			name, member = cm.name, true
-		} else if s.trust.live != nil {
+		if cm, ok := s.trust.Certified[acc.Peer]; ok && s.certifiedOK(acc.Peer, s.now()) {
+			name, member = cm.Name, true
+		} else if s.trust.Live != nil {
 			// A collective relay: any key may hand shake; its session
 			// can only present a certificate (OpCertify) or ping until
 			// one verifies.
@@ -739,7 +740,7 @@ func (s *Server) handleInit(p packet) {
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonUnauthorized, Index: in.Sender}), p.from, p.dst)
 		return
 	}
-	if last, ok := s.trust.lastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
+	if last, ok := s.trust.LastTS[acc.Peer]; ok && !acc.Timestamp.After(last) {
 		s.count("handshake", proto.ReasonReplay)
 		s.lim.refusals.note(s.log, s.now(), proto.ReasonReplay, p.from, "member "+name)
 		s.send(proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonReplay, Index: in.Sender}), p.from, p.dst)
@@ -750,7 +751,7 @@ func (s *Server) handleInit(p packet) {
 		// once it certifies: anyone can make fresh keys, and the table and
 		// the state file must not grow with them. Its sessions can do
 		// nothing but certify, which a replay cannot use (no session keys).
-		s.trust.noteTimestamp(acc.Peer, acc.Timestamp)
+		s.trust.NoteTimestamp(acc.Peer, acc.Timestamp)
 	}
 	idx := s.newIndex()
 	resp, ss, err := acc.Respond(idx)
@@ -822,9 +823,11 @@ func (s *Server) handleTransport(p packet) {
 	s.out.replies = append(s.out.replies, deferred{ses: ses, rep: rep, to: p.from, src: p.dst, m: m, at: p.at})
 }
 
-// serveRequest answers an authenticated request; granted is the mapping a
-// grant's reply announces (nil otherwise): if it is still in the batch and
-// the kernel refuses the batch, flush turns the reply into "internal".
+// serveRequest answers an authenticated request after the member's rate
+// limit, through the operation's handler (handlers.go); granted is the
+// mapping a grant's reply announces (nil otherwise): if it is still in the
+// batch and the kernel refuses the batch, flush turns the reply into
+// "internal".
 func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply, granted *lease.Mapping) {
 	rep = proto.Reply{Op: req.Op, ID: req.ID}
 	b := s.lim.member[ses.peer]
@@ -836,79 +839,21 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 		rep.Reason = proto.ReasonRateLimited
 		return rep, nil
 	}
-	if ses.pending && req.Op != proto.OpPing && req.Op != proto.OpCertify && req.Op != proto.OpRotate {
+	h, ok := handlers[req.Op]
+	if !ok || req.Body == nil {
+		rep.Reason = proto.ReasonUnsupported
+		return rep, nil
+	}
+	if ses.pending && !h.beforeCertificate {
 		rep.Reason = proto.ReasonUnauthorized
 		return rep, nil
 	}
-	o := lease.Owner{Key: ses.peer, Name: ses.name}
-	client := ses.addr.Addr()
-	switch req.Op {
-	case proto.OpCertify:
-		s.certify(ses, req, &rep)
-	case proto.OpPing:
-	case proto.OpGrant:
-		if rep.Reason = s.admit(o, client, req.Server); rep.Reason != proto.OK {
-			break
-		}
-		detour := s.detourAddr(ses)
-		m, r := s.grant(o, client, req.Server, req.Port, s.set.Lease, s.set.QuotaPerMember)
-		rep.Reason = r
-		if r == proto.OK {
-			rep.Detour = netip.AddrPortFrom(detour, m.Key.Port)
-			rep.Lease = m.Expires.Sub(s.now())
-			granted = m
-		}
-	case proto.OpRenew:
-		m := s.leases.ByKey[dataplane.Key{Client: client, Port: req.Port}]
-		if m == nil || !s.owns(ses.peer, m) {
-			rep.Reason = proto.ReasonNotFound
-			break
-		}
-		now := s.now()
-		m.Expires = now.Add(s.set.Lease)
-		rep.Lease = s.set.Lease
-		s.logAttr(mappingEvent("renew", m, now))
-	case proto.OpRelease:
-		m := s.leases.ByKey[dataplane.Key{Client: client, Port: req.Port}]
-		if m == nil || m.Owner.Key != ses.peer {
-			rep.Reason = proto.ReasonNotFound
-			break
-		}
-		if cnt, err := s.dp.CountersOf([]dataplane.Key{m.Key}); err == nil {
-			rep.Bytes = cnt[m.Key].Bytes
-		}
-		if err := s.close([]*lease.Mapping{m}, "release"); err != nil {
-			rep.Reason = proto.ReasonInternal
-		}
-	case proto.OpConvert:
-		s.serveConvert(ses, req, &rep)
-	case proto.OpReceipt:
-		s.serveReceipt(ses, req, &rep)
-	case proto.OpRoster:
-		s.serveRoster(req, &rep)
-	case proto.OpRotate:
-		s.serveRotate(ses, req, &rep)
-	case proto.OpTunnel:
-		if s.tunnels == nil {
-			rep.Reason = proto.ReasonUnsupported
-			break
-		}
-		g, lease, err := s.tunnels.Allocate(ses.peer, client, s.detourAddr(ses))
-		if err != nil {
-			rep.Reason = proto.ReasonOf(err)
-			if rep.Reason == proto.OK {
-				rep.Reason = proto.ReasonInternal
-			}
-			s.log.Warn("tunnel allocation", "member", ses.name, "err", err)
-			break
-		}
-		rep.Tunnel, rep.Lease = g, lease
-	case proto.OpEncap:
-		s.serveEncap(ses, client, req, &rep)
-	default:
-		rep.Reason = proto.ReasonUnsupported
+	a := h.serve(s, ses, req.Body)
+	rep.Reason = a.reason
+	if a.reason == proto.OK {
+		rep.Body = a.body
 	}
-	return rep, granted
+	return rep, a.granted
 }
 
 // detourAddr is the address clients connect to for this session: the
@@ -1054,11 +999,6 @@ func (s *Server) prune(now time.Time) {
 			delete(s.lim.member, k)
 		}
 	}
-	for a, b := range s.lim.addr {
-		if now.Sub(b.last) > time.Minute {
-			delete(s.lim.addr, a)
-		}
-	}
 	_ = s.pol.RefreshOwn()
 	s.syncConverterPolicy()
 }
@@ -1136,7 +1076,7 @@ func (s *Server) applyReload(c *Config) {
 	s.warnRestartOnly(&c.Static)
 	set := &c.Reloadable
 	s.reloadKeys(set)
-	authorityChanged := s.trust.reload(set.Trust, set.CRLFile, s.set.CRLFile)
+	authorityChanged := s.trust.Reload(set.Trust, set.CRLFile, s.set.CRLFile)
 	s.reloadRoster(set) // after: the roster shares the live trust
 	keep := func(k proto.Key) bool {
 		_, ok := set.Members[k]
@@ -1200,7 +1140,7 @@ func (s *Server) shutdown() {
 	}
 	s.reap(now, true)
 	s.ledgerTunnels(now)
-	if err := s.fair.led.save(now); err != nil {
+	if err := s.fair.led.Save(now); err != nil {
 		s.log.Error("saving the ledger", "err", err)
 	}
 	if err := s.dp.Close(); err != nil {

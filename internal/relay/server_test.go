@@ -2,10 +2,10 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"testing"
 	"time"
@@ -53,18 +53,22 @@ type loopRelay struct {
 }
 
 // startLoopRelay runs a relay configured as writeConfig's (member alice,
-// destinations 10.0.2.0/24 allowed) plus extra, on 127.0.0.1.
-func startLoopRelay(t *testing.T, extra string) *loopRelay {
+// destinations 10.0.2.0/24 allowed, the file's defaults), changed by tune
+// (nil: none), on 127.0.0.1.
+func startLoopRelay(t *testing.T, tune func(*Reloadable)) *loopRelay {
 	t.Helper()
 	l := &loopRelay{k: newKeys(t), logs: &syncBuffer{}, dir: t.TempDir()}
 	l.attrLog = filepath.Join(l.dir, "attribution.jsonl")
-	cfg, err := ParseConfig([]byte(fmt.Sprintf("listen: 127.0.0.1:0\nprivate_key: %s\nports: 40000-40999\nmembers:\n  - {name: alice, public_key: %s}\n"+
-		"allow_destinations: [10.0.2.0/24]\nattribution_log: %s\n%s", l.k.relay, l.k.member.Public(), l.attrLog, extra)))
-	if err != nil {
-		t.Fatal(err)
+	set := &Reloadable{PrivateKey: l.k.relay, PortLo: 40000, PortHi: 40999, Lease: 2 * time.Minute,
+		Members: map[proto.Key]string{l.k.member.Public(): "alice"}, Allow: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/24")},
+		DenyPorts: map[uint16]bool{25: true}, QuotaPerMember: 256, QuotaGlobal: 100000, Rate: 50, Burst: 100,
+		AttributionLog: l.attrLog, AttributionFlush: time.Minute, Fair: FairConfig{ReceiptEvery: 10 * time.Minute}}
+	if tune != nil {
+		tune(set)
 	}
+	static := Static{Listen: netip.MustParseAddrPort("127.0.0.1:0")}
 	log := slog.New(slog.NewTextHandler(l.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	l.s, l.dp = newTestServer(t, cfg.Static, &cfg.Reloadable, nil, log)
+	l.s, l.dp = newTestServer(t, static, set, nil, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- l.s.Serve(ctx) }()

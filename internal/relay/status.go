@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
@@ -145,17 +143,7 @@ func (s *Server) Status(ctx context.Context) (*Status, error) {
 }
 
 func peerUID(c *net.UnixConn) (uint32, bool) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, false
-	}
-	var uid uint32
-	ok := false
-	_ = rc.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			uid, ok = cred.Uid, true
-		}
-	})
+	_, uid, ok := peerCred(c)
 	return uid, ok
 }
 
@@ -171,15 +159,15 @@ func (s *Server) status() *Status {
 	for key, name := range s.set.Members {
 		members[key] = name
 	}
-	for key, cm := range s.trust.certified {
+	for key, cm := range s.trust.Certified {
 		if _, static := members[key]; !static && s.certifiedOK(key, now) {
-			members[key] = cm.name
+			members[key] = cm.Name
 		}
 	}
 	for key, name := range members {
 		ms := &MemberStatus{Name: name, Key: key.String(), Mappings: []MappingStatus{}}
-		if cm, ok := s.trust.certified[key]; ok && s.set.Members[key] == "" {
-			ms.CertifiedUntil = cm.notAfter
+		if cm, ok := s.trust.Certified[key]; ok && s.set.Members[key] == "" {
+			ms.CertifiedUntil = cm.NotAfter
 		}
 		var last *session
 		for _, id := range s.ses.byMember[key] {
@@ -252,10 +240,22 @@ func (s *Server) status() *Status {
 // QueryStatus asks the relay running in this network namespace for its
 // status.
 func QueryStatus(timeout time.Duration) (*Status, error) {
-	d := net.Dialer{Timeout: timeout}
-	c, err := d.Dial("unix", lockName)
+	dirUID, err := checkRunDir(false)
 	if err != nil {
-		return nil, fmt.Errorf("no mpdetour relay is running in this network namespace (%s: %v)", lockName, err)
+		return nil, fmt.Errorf("no mpdetour relay is running in this network namespace (%v)", err)
+	}
+	_, sockPath, err := lockPaths()
+	if err != nil {
+		return nil, err
+	}
+	c, err := dialStatus(sockPath, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("no mpdetour relay is running in this network namespace (%s: %v)", sockPath, err)
+	}
+	// Only a relay of the run directory's owner (or root) is believed.
+	if _, uid, ok := peerCred(c); !ok || uid != 0 && uid != dirUID {
+		c.Close()
+		return nil, fmt.Errorf("relay status: %s is answered by uid %d, not by root or the owner of %s: not a relay's status", sockPath, uid, RunDir)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(timeout))

@@ -21,54 +21,6 @@ func testKey(t *testing.T) proto.Key {
 	return k
 }
 
-func TestParseConfig(t *testing.T) {
-	priv, member := testKey(t), testKey(t).Public()
-	good := "private_key: " + priv.String() + "\nmembers:\n  - {name: a, public_key: " + member.String() + "}\n"
-	s, err := ParseConfig([]byte(good))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Listen.Port() != DefaultPort || s.PortLo != 20000 || !s.DenyPorts[25] || s.Members[member] != "a" || s.Legacy || s.FastPath {
-		t.Fatalf("defaults: %+v", s)
-	}
-	s, err = ParseConfig([]byte(good + "ports: 40000-40010\nlease: 30s\ndeny_ports: [22]\nallow_destinations: [10.0.0.0/8, 192.0.2.1]\nlegacy_v1: {enabled: true}\nquota: {per_member: 5, global: 7}\nfast_path: true\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.PortLo != 40000 || s.PortHi != 40010 || s.Lease != 30*time.Second || s.DenyPorts[25] || !s.DenyPorts[22] ||
-		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 || !s.FastPath {
-		t.Fatalf("parsed: %+v", s)
-	}
-	s, err = ParseConfig([]byte(good + "convert: {enabled: true}\n"))
-	if err != nil || !s.Convert.Enabled || s.Convert.Listen.Port() != DefaultConvertPort || s.Convert.MaxConns != 1024 {
-		t.Fatalf("convert defaults: %+v %v", s.Convert, err)
-	}
-	bad := map[string]string{
-		"":                           "empty",
-		"private_key: x\n":           "private_key",
-		good + "ports: 9-1\n":        "ports",
-		good + "lease: forever\n":    "duration",
-		good + "lease: 1s\n":         "lease",
-		good + "listen: nowhere\n":   "listen",
-		good + "listen: '[::1]:1'\n": "IPv4",
-		good + "allow_destinations: [10.0.0.1/8]\n":                                "host bits",
-		good + "unknown_field: 1\n":                                                "unknown_field",
-		"private_key: " + priv.String() + "\n":                                     "members",
-		good + "  - {name: a, public_key: " + testKey(t).Public().String() + "}\n": "duplicate",
-		good + "  - {name: b, public_key: " + member.String() + "}\n":              "same key",
-		good + "metrics: {listen: x}\n":                                            "metrics.listen",
-		good + "convert: {enabled: true, listen: nowhere}\n":                       "convert.listen",
-		good + "convert: {enabled: true, max_conns: -1}\n":                         "convert.max_conns",
-		good + "fast_path: sometimes\n":                                            "fast_path",
-	}
-	for cfg, want := range bad {
-		_, err := ParseConfig([]byte(cfg))
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("config %q: error %v, want one mentioning %q", cfg, err, want)
-		}
-	}
-}
-
 func TestPolicy(t *testing.T) {
 	p := &destination.Policy{
 		Allow:     []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},

@@ -333,7 +333,7 @@ func (c *Conn) dispatch(b []byte) {
 		go func() {
 			ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
 			defer cancel()
-			_, _ = c.Do(ctx, proto.Request{Op: proto.OpPing})
+			_ = c.Ping(ctx)
 		}()
 	case proto.TypeCookieReply:
 		// The relay is under load and wants proof that we receive at our
@@ -472,7 +472,7 @@ func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from []pro
 	if cert != nil {
 		// A relay that does not take certificates answers unsupported: the
 		// session is used as is (the relay may list our key).
-		_, err := c.doOn(ctx, proto.Request{Op: proto.OpCertify, Cert: cert}, on)
+		_, err := callOn[*proto.CertifyReply](ctx, c, &proto.CertifyRequest{Cert: cert}, on)
 		if err != nil && proto.ReasonOf(err) != proto.ReasonUnsupported {
 			if !done() {
 				c.log.Warn("relay did not accept our certificate", "relay", c.relay.Name, "err", err)
@@ -502,7 +502,7 @@ func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from []pro
 				err = ferr // not a relay's answer: never worth a retry
 				continue
 			}
-			_, ferr = c.doOn(ctx, proto.Request{Op: proto.OpRotate, Rotate: st}, on)
+			_, ferr = callOn[*proto.RotateReply](ctx, c, &proto.RotateRequest{Rotate: st}, on)
 			if ferr != nil && temporary(ferr) && c.ctx.Err() == nil {
 				// No answer, or a refusal that says "later" (rate
 				// limited, the relay's own failure): the handshaker
@@ -647,8 +647,32 @@ func (c *Conn) Do(ctx context.Context, req proto.Request) (proto.Reply, error) {
 	return c.doOn(ctx, req, c.session)
 }
 
+// call sends the request body req and returns its reply body: Rep is the
+// operation's reply type (the codec makes the reply's body that type).
+// Each client method is one call.
+func call[Rep proto.ReplyBody](ctx context.Context, c *Conn, req proto.RequestBody) (Rep, error) {
+	return callOn[Rep](ctx, c, req, c.session)
+}
+
+// callOn is call on the sessions session returns.
+func callOn[Rep proto.ReplyBody](ctx context.Context, c *Conn, req proto.RequestBody, session func(context.Context) (*proto.Session, error)) (Rep, error) {
+	var zero Rep
+	rep, err := c.doOn(ctx, proto.NewRequest(0, req), session)
+	if err != nil {
+		return zero, err
+	}
+	r, ok := rep.Body.(Rep)
+	if !ok {
+		return zero, fmt.Errorf("relay %q: %s reply without its body", c.relay.Name, rep.Op)
+	}
+	return r, nil
+}
+
 // doOn is Do on the sessions session returns.
 func (c *Conn) doOn(ctx context.Context, req proto.Request, session func(context.Context) (*proto.Session, error)) (proto.Reply, error) {
+	if req.Body != nil {
+		req.Op = req.Body.Op()
+	}
 	c.mu.Lock()
 	c.nextID++
 	req.ID = c.nextID
@@ -691,6 +715,15 @@ func (c *Conn) doOn(ctx context.Context, req proto.Request, session func(context
 			return rep, nil
 		case <-ctx.Done():
 			t.Stop()
+			c.mu.Lock()
+			hsErr := c.hsErr
+			c.mu.Unlock()
+			if hsErr != nil {
+				// The session was dropped and the relay refuses the new
+				// handshake (say, the member was removed): that, not the
+				// timeout, is what the caller needs to know.
+				return proto.Reply{}, fmt.Errorf("relay %q: %s: no reply (%w), and the relay refuses a new handshake: %w", c.relay.Name, req.Op, ctx.Err(), hsErr)
+			}
 			return proto.Reply{}, fmt.Errorf("relay %q: %s: %w", c.relay.Name, req.Op, ctx.Err())
 		case <-c.ctx.Done():
 			t.Stop()
@@ -703,41 +736,69 @@ func (c *Conn) doOn(ctx context.Context, req proto.Request, session func(context
 	}
 }
 
+// Ping checks that the relay answers on this connection's session.
+func (c *Conn) Ping(ctx context.Context) error {
+	_, err := call[*proto.PingReply](ctx, c, &proto.PingRequest{})
+	return err
+}
+
 // Grant asks for a NAT mapping toward server; proposed 0 lets the relay pick.
 func (c *Conn) Grant(ctx context.Context, server netip.AddrPort, proposed uint16) (netip.AddrPort, time.Duration, error) {
-	rep, err := c.Do(ctx, proto.Request{Op: proto.OpGrant, Server: server, Port: proposed})
-	return rep.Detour, rep.Lease, err
+	r, err := call[*proto.GrantReply](ctx, c, &proto.GrantRequest{Server: server, Port: proposed})
+	if err != nil {
+		return netip.AddrPort{}, 0, err
+	}
+	return r.Detour, r.Lease, nil
+}
+
+// Quota returns how many NAT mappings this member holds at the relay and
+// may hold at once.
+func (c *Conn) Quota(ctx context.Context) (used, quota int, err error) {
+	r, err := call[*proto.QuotaReply](ctx, c, &proto.QuotaRequest{})
+	if err != nil {
+		return 0, 0, err
+	}
+	return int(r.Used), int(r.Quota), nil
 }
 
 // Renew extends the lease of a granted port.
 func (c *Conn) Renew(ctx context.Context, port uint16) (time.Duration, error) {
-	rep, err := c.Do(ctx, proto.Request{Op: proto.OpRenew, Port: port})
-	return rep.Lease, err
+	r, err := call[*proto.RenewReply](ctx, c, &proto.RenewRequest{Port: port})
+	if err != nil {
+		return 0, err
+	}
+	return r.Lease, nil
 }
 
 // Release gives a granted port back.
 func (c *Conn) Release(ctx context.Context, port uint16) error {
-	_, err := c.Do(ctx, proto.Request{Op: proto.OpRelease, Port: port})
+	_, err := call[*proto.ReleaseReply](ctx, c, &proto.ReleaseRequest{Port: port})
 	return err
 }
 
 // Tunnel asks for a tunnel address (tunnel detours).
 func (c *Conn) Tunnel(ctx context.Context) (proto.TunnelGrant, time.Duration, error) {
-	rep, err := c.Do(ctx, proto.Request{Op: proto.OpTunnel})
-	return rep.Tunnel, rep.Lease, err
+	r, err := call[*proto.TunnelReply](ctx, c, &proto.TunnelRequest{})
+	if err != nil {
+		return proto.TunnelGrant{}, 0, err
+	}
+	return r.Tunnel, r.Lease, nil
 }
 
 // Encap asks the relay for an unencrypted VXLAN tunnel (or renews it: the
 // lease restarts). The grant names the member address the relay accepts
 // encapsulated packets from; see docs/tunnel.md.
 func (c *Conn) Encap(ctx context.Context) (proto.EncapGrant, time.Duration, error) {
-	rep, err := c.Do(ctx, proto.Request{Op: proto.OpEncap, Action: proto.EncapOpen})
-	return rep.Encap, rep.Lease, err
+	r, err := call[*proto.EncapReply](ctx, c, &proto.EncapRequest{Action: proto.EncapOpen})
+	if err != nil {
+		return proto.EncapGrant{}, 0, err
+	}
+	return r.Encap, r.Lease, nil
 }
 
 // EncapRelease tells the relay to remove this member's VXLAN tunnel now.
 func (c *Conn) EncapRelease(ctx context.Context) error {
-	_, err := c.Do(ctx, proto.Request{Op: proto.OpEncap, Action: proto.EncapRelease})
+	_, err := call[*proto.EncapReply](ctx, c, &proto.EncapRequest{Action: proto.EncapRelease})
 	return err
 }
 
@@ -751,9 +812,9 @@ func (c *Conn) Convert(ctx context.Context, n int) (netip.AddrPort, [][proto.Tic
 	if n < 1 || n > proto.MaxTickets {
 		return netip.AddrPort{}, nil, 0, fmt.Errorf("convert: ask for 1..%d tickets, not %d", proto.MaxTickets, n)
 	}
-	rep, err := c.Do(ctx, proto.Request{Op: proto.OpConvert, Count: uint8(n)})
+	r, err := call[*proto.ConvertReply](ctx, c, &proto.ConvertRequest{Count: uint8(n)})
 	if err != nil {
 		return netip.AddrPort{}, nil, 0, err
 	}
-	return rep.Converter, rep.Tickets, rep.Lease, nil
+	return r.Converter, r.Tickets, r.Lease, nil
 }

@@ -19,8 +19,11 @@ import (
 // PresentReceipt presents one usage receipt (binary form) to the relay; it
 // returns the issuer's credit there afterwards, in bytes.
 func (c *Conn) PresentReceipt(ctx context.Context, receipt []byte) (int64, error) {
-	rep, err := c.Do(ctx, proto.Request{Op: proto.OpReceipt, Receipt: receipt})
-	return rep.Credit, err
+	r, err := call[*proto.ReceiptReply](ctx, c, &proto.ReceiptRequest{Receipt: receipt})
+	if err != nil {
+		return 0, err
+	}
+	return r.Credit, nil
 }
 
 // ReadReceipts reads a receipts file (fair_share.receipts_file of a relay:

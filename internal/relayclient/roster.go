@@ -44,7 +44,7 @@ func (c *Conn) RosterSince(ctx context.Context, max int, have uint64, digest boo
 		r = RosterRead{}
 		start, restart := 0, false
 		for !restart {
-			rep, err := c.Do(ctx, proto.Request{Op: proto.OpRoster, Start: uint16(start), Have: have, HasDigest: digest})
+			rep, err := call[*proto.RosterReply](ctx, c, &proto.RosterRequest{Start: uint16(start), Have: have, HasDigest: digest})
 			if err != nil {
 				return r, err
 			}

@@ -46,24 +46,25 @@ func TestRosterDigest(t *testing.T) {
 	}
 	newer := func(digest *atomic.Uint64, withDigest, without *atomic.Int32) func(proto.Request, int32) proto.Reply {
 		return func(req proto.Request, _ int32) proto.Reply {
-			if req.Op != proto.OpRoster {
+			rq, isRoster := req.Body.(*proto.RosterRequest)
+			if !isRoster {
 				return proto.Reply{Reason: proto.ReasonUnsupported}
 			}
-			if !req.HasDigest {
+			if !rq.HasDigest {
 				without.Add(1)
 			} else {
 				withDigest.Add(1)
 			}
 			d := digest.Load()
-			p := proto.RosterPage{Total: uint16(len(entries)), Start: req.Start}
-			if req.HasDigest {
+			p := proto.RosterPage{Total: uint16(len(entries)), Start: rq.Start}
+			if rq.HasDigest {
 				p.Digest = d
-				if req.Have == d {
-					return proto.Reply{Roster: p}
+				if rq.Have == d {
+					return proto.Reply{Body: &proto.RosterReply{Roster: p}}
 				}
 			}
-			p.Entries = page(entries, int(req.Start))
-			return proto.Reply{Roster: p}
+			p.Entries = page(entries, int(rq.Start))
+			return proto.Reply{Body: &proto.RosterReply{Roster: p}}
 		}
 	}
 
@@ -102,12 +103,16 @@ func TestRosterDigest(t *testing.T) {
 		entries := append(slices.Clone(entries[:9]), []byte{1, 2, 3})
 		r.mu.Lock()
 		r.answer = func(req proto.Request, _ int32) proto.Reply {
-			p := proto.RosterPage{Total: uint16(len(entries)), Start: req.Start, Digest: digest.Load()}
-			if req.Have == p.Digest {
-				return proto.Reply{Roster: p}
+			rq, isRoster := req.Body.(*proto.RosterRequest)
+			if !isRoster {
+				return proto.Reply{}
 			}
-			p.Entries = page(entries, int(req.Start))
-			return proto.Reply{Roster: p}
+			p := proto.RosterPage{Total: uint16(len(entries)), Start: rq.Start, Digest: digest.Load()}
+			if rq.Have == p.Digest {
+				return proto.Reply{Body: &proto.RosterReply{Roster: p}}
+			}
+			p.Entries = page(entries, int(rq.Start))
+			return proto.Reply{Body: &proto.RosterReply{Roster: p}}
 		}
 		r.mu.Unlock()
 		s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()},
@@ -161,12 +166,14 @@ func TestRosterDigest(t *testing.T) {
 		inner := newer(&digest, &with, &without)
 		r.mu.Lock()
 		r.answer = func(req proto.Request, n int32) proto.Reply {
-			if req.HasDigest {
+			if rq, ok := req.Body.(*proto.RosterRequest); ok && rq.HasDigest {
 				with.Add(1)
 				return proto.Reply{Reason: proto.ReasonMalformed}
 			}
 			rep := inner(req, n)
-			rep.Roster.Digest = 0
+			if rr, ok := rep.Body.(*proto.RosterReply); ok {
+				rr.Roster.Digest = 0
+			}
 			return rep
 		}
 		r.mu.Unlock()

@@ -37,10 +37,11 @@ func (rr *rotRelay) answer(req proto.Request, peer proto.Key) proto.Reply {
 		rr.refuse--
 		return proto.Reply{Reason: rr.reason}
 	}
-	if !collective.VerifyRotation(req.Rotate, peer) {
+	rot := req.Body.(*proto.RotateRequest).Rotate
+	if !collective.VerifyRotation(rot, peer) {
 		return proto.Reply{Reason: proto.ReasonUnauthorized}
 	}
-	if rr.holder == req.Rotate.Old {
+	if rr.holder == rot.Old {
 		rr.holder = peer
 	}
 	return proto.Reply{}
@@ -78,7 +79,7 @@ func TestRotateAfterLostAnswer(t *testing.T) {
 	}
 	r.mu.Unlock()
 	conn, ctx := dialFake(t, r, a, Options{Retransmit: 50 * time.Millisecond})
-	if _, err := conn.Do(ctx, proto.Request{Op: proto.OpPing}); err != nil {
+	if _, err := conn.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
 		t.Fatal(err)
 	}
 	short, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
@@ -112,7 +113,7 @@ func TestRotateRetriesTemporaryRefusal(t *testing.T) {
 			rr.refuse, rr.reason = 1, reason
 			rr.mu.Unlock()
 			conn, ctx := dialFake(t, r, a, Options{Retransmit: 50 * time.Millisecond})
-			if _, err := conn.Do(ctx, proto.Request{Op: proto.OpPing}); err != nil {
+			if _, err := conn.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
 				t.Fatal(err)
 			}
 			if err := conn.Rotate(ctx, b, nil); err != nil {
@@ -137,7 +138,7 @@ func TestRotateFinalRefusal(t *testing.T) {
 	rr.refuse, rr.reason = 1000, proto.ReasonUnauthorized
 	rr.mu.Unlock()
 	conn, ctx := dialFake(t, r, a, Options{Retransmit: 50 * time.Millisecond})
-	if _, err := conn.Do(ctx, proto.Request{Op: proto.OpPing}); err != nil {
+	if _, err := conn.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
 		t.Fatal(err)
 	}
 	if err := conn.Rotate(ctx, b, nil); proto.ReasonOf(err) != proto.ReasonUnauthorized {

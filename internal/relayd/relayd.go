@@ -1,6 +1,6 @@
 // Package relayd is `mpdetour relay`, the daemon around the relay core
-// (internal/relay): it reads the configuration file, opens the parts the
-// core runs on (the namespace lock, the control and legacy sockets, the
+// (internal/relay): it reads the configuration file (file.go: File is the
+// YAML form, validated into relay.Config), opens the parts the core runs on (the namespace lock, the control and legacy sockets, the
 // nftables data plane, tunnel detours) in a safe order, builds the core
 // and serves it, and reloads the file on SIGHUP.
 //
@@ -33,7 +33,7 @@ import (
 // ignored with an error in the log. tunnels builds tunnel detours from the
 // file's `tunnel:` section (nil: a file with one is refused).
 func Run(ctx context.Context, path string, log *slog.Logger, tunnels relay.TunnelFactory) error {
-	cfg, err := relay.LoadConfig(path)
+	cfg, err := LoadConfig(path)
 	if err != nil {
 		return err
 	}
@@ -53,7 +53,7 @@ func Run(ctx context.Context, path string, log *slog.Logger, tunnels relay.Tunne
 			case <-ctx.Done():
 				return
 			case <-hup:
-				ns, err := relay.LoadConfig(path)
+				ns, err := LoadConfig(path)
 				if err != nil {
 					log.Error("reload refused, keeping the running configuration", "err", err)
 					continue

@@ -12,8 +12,8 @@ import (
 
 // Snapshot is the roster as members read it: the verified entries in
 // roster order, each in its binary form, and the roster's digest, computed
-// once when the roster changed and then shared by every read (issue 30:
-// before, each page request sorted, re-encoded and re-hashed every entry,
+// once when the roster changed and then shared by every read (instead of
+// sorting, re-encoding and re-hashing every entry for each page request,
 // O(N) per request). A Snapshot is immutable.
 type Snapshot struct {
 	Entries []*Entry

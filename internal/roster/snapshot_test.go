@@ -87,7 +87,7 @@ func TestSnapshotPages(t *testing.T) {
 		if p.Digest != s.Digest || p.Total != 20 || int(p.Start) != start || len(p.Entries) == 0 {
 			t.Fatalf("page from %d: %+v", start, p)
 		}
-		if _, err := proto.MarshalReply(proto.Reply{Op: proto.OpRoster, Roster: p}); err != nil {
+		if _, err := proto.MarshalReply(proto.Reply{Op: proto.OpRoster, Body: &proto.RosterReply{Roster: p}}); err != nil {
 			t.Fatalf("page from %d does not marshal: %v", start, err)
 		}
 		got = append(got, p.Entries...)

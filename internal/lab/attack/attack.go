@@ -1,4 +1,4 @@
-// Package attack is the lab's MPTCP attack suite (issue 19): raw packets
+// Package attack is the lab's MPTCP attack suite (docs/results/attacks): raw packets
 // sent from an attacker node at a server and a client that keep serving a
 // genuine transfer, and the kernel's MPTCP counters that tell what the
 // kernel did with them. Each Kind is one attack of RFC 8684 sec. 5 /

@@ -27,7 +27,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
-// Procedure collective (issue 15, topology collective): the cell's detour
+// Procedure collective (topology collective, docs/collective.md): the cell's detour
 // nodes run relays of one collective (certificates from one authority,
 // gossip cluster joined through the first relay); every trial starts an
 // agent on each client node whose configuration lists ONE bootstrap relay

@@ -16,7 +16,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/relay"
 )
 
-// setupConverted is procedure converted (scenario converter, issue 14):
+// setupConverted is procedure converted (scenario converter, docs/convert.md):
 // the server does not speak MPTCP; the relay in roles.converter runs the
 // converter; the cell's detour relays grant NAT detours toward the
 // converter; the agent in the client node keeps converter tickets and

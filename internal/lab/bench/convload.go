@@ -46,7 +46,7 @@ type ConvertLoadOptions struct {
 	// MemberRate, when > 0, is the relay's rate.per_member (control
 	// requests per second per member; burst twice that). The default (50)
 	// with up to 32 tickets per request (proto.MaxTickets) caps one member at
-	// 1,600 conversions/s (400/s with 8 per request before 2026-11-26).
+	// 1,600 conversions/s (400/s with the earlier 8 per request).
 	MemberRate float64
 	Progress   io.Writer
 }

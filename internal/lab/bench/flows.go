@@ -12,7 +12,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 )
 
-// Flow trials (configurations with flow:, the rack scenario of issue 19):
+// Flow trials (configurations with flow:, the rack scenario):
 // instead of one timed transfer, a trial sends Flows flows of Size bytes
 // one after the other to the flow sink in the server node, each on a new
 // connection of the cell's kind (plain TCP, MPTCP, MPTCP with the agent's

@@ -16,10 +16,10 @@ import (
 
 // BenchmarkRelayFootprint measures a relay's memory idle and holding 1,000
 // NAT mappings (docs/results/footprint): MPDETOUR_BIN names the binary the
-// relay runs (the host build, bin/mpdetour-host, is what ships; default:
-// built here), MPDETOUR_FOOTPRINT_OUT a file for the JSON report.
+// relay runs (the product binary, `make build-host`: bin/mpdetour;
+// default: built here), MPDETOUR_FOOTPRINT_OUT a file for the JSON report.
 //
-//	make build-host && flock /work/runs/heavy.lock env MPDETOUR_BIN=$PWD/bin/mpdetour-host \
+//	make build-host && flock /work/runs/heavy.lock env MPDETOUR_BIN=$PWD/bin/mpdetour \
 //	    MPDETOUR_FOOTPRINT_OUT=$PWD/docs/results/footprint/relay.json \
 //	    go test -run '^$' -bench RelayFootprint -benchtime 1x ./internal/lab/bench/
 func BenchmarkRelayFootprint(b *testing.B) {

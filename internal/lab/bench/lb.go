@@ -19,7 +19,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/serverrole"
 )
 
-// The loadbalancer scenario (issue 19, after Duchene ch. 5): an L4 load
+// The loadbalancer scenario (after Duchene ch. 5): an L4 load
 // balancer in front of two backends, in two instances lb1 and lb2 that r2
 // reaches through the anycast prefix of the service address. Each instance
 // DNATs the service to a backend chosen by a hash of the client's address

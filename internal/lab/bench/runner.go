@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -98,7 +99,7 @@ func Run(ctx context.Context, o Options) (*report.Data, error) {
 		return nil, err
 	}
 
-	r := &runner{o: o, s: s, store: store, recs: old, versions: versions()}
+	r := &runner{o: o, s: s, store: store, recs: old, versions: versions(o.Binary)}
 	runErr := r.run(ctx)
 	d, werr := Write(o.Out, s, r.recs, o.Note)
 	if runErr != nil {
@@ -560,8 +561,11 @@ func saveScenario(dir string, s *scenario.Scenario) error {
 	return os.WriteFile(filepath.Join(dir, "scenario.yaml"), b, 0o644)
 }
 
-func versions() map[string]string {
-	v := map[string]string{"mpdetour": version.String(), "go": runtime.Version()}
+// versions are the versions a trial depends on: the mpdetour binary the
+// lab starts in its nodes (bin, asked with `version`), the lab's own, the
+// Go release and the kernel.
+func versions(bin string) map[string]string {
+	v := map[string]string{"mpdetour": productVersion(bin), "mpdetour-lab": version.String(), "go": runtime.Version()}
 	var u unix.Utsname
 	if unix.Uname(&u) == nil {
 		v["kernel"] = unix.ByteSliceToString(u.Release[:])
@@ -587,8 +591,20 @@ func hostDescription() string {
 	return fmt.Sprintf("%s, %d CPUs", k, runtime.NumCPU())
 }
 
-// Versions are the versions a trial record carries (mpdetour, Go, kernel).
-func Versions() map[string]string { return versions() }
+// productVersion is what `bin version` prints after "mpdetour ".
+func productVersion(bin string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "version").Output()
+	if err != nil {
+		return fmt.Sprintf("unknown (%s version: %v)", bin, err)
+	}
+	return strings.TrimPrefix(strings.TrimSpace(string(out)), "mpdetour ")
+}
+
+// Versions are the versions a trial record carries (the mpdetour binary
+// bin, the lab, Go, kernel).
+func Versions(bin string) map[string]string { return versions(bin) }
 
 // LoadAvg is the host's 1-minute load average (0 if unknown).
 func LoadAvg() float64 { return loadAvg() }

@@ -36,7 +36,7 @@ type Design struct {
 	// Trials per point and procedure (0 = 1).
 	Trials int `json:"trials,omitempty"`
 	// Paired: every procedure but converted runs in one run (runs/paired),
-	// a point's trials interleaved on one lab build (issue 26). Designs
+	// a point's trials interleaved on one lab build. Designs
 	// written before it (false) keep one bench run per agent policy.
 	Paired bool `json:"paired,omitempty"`
 	// MinDistance is the smallest distance between two points in the unit
@@ -255,7 +255,7 @@ type Options struct {
 	Out      string
 	Resume   bool
 	LabName  string // default "design"
-	Binary   string // mpdetour binary for relay and agent; default this one
+	Binary   string // mpdetour binary for relay and agent (required)
 	Progress io.Writer
 	Note     string
 	// Interleave is passed to the bench runner (no effect with 1 trial).

@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// The real oracle of the candidates scenario (issue 26): the best fixed
+// The real oracle of the candidates scenario: the best fixed
 // subset of detours, found by measuring every subset the scenario allows
 // instead of a few hand-picked ones. Subsets are enumerated here so that
 // the scenario file (lab/scenarios/candidates-oracle.yaml) is checked

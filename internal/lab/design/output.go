@@ -256,7 +256,7 @@ func (rep *Report) Markdown(plots []string, note string) string {
 				v[0], quantile(v, 0.1), quantile(v, 0.5), sum/float64(len(v)), 100*fracAtLeast(v, TargetLowBen), 100*fracAtLeast(v, 0))
 		}
 	}
-	b.WriteString("\n## Targets (issue 20)\n\n| procedure | target | measured | n | verdict |\n|---|---|---:|---:|---|\n")
+	b.WriteString("\n## Targets\n\n| procedure | target | measured | n | verdict |\n|---|---|---:|---:|---|\n")
 	for _, proc := range d.mptcpProcs() {
 		lowV, allV := rep.bens(proc, LowBDP), rep.bens(proc, "")
 		fmt.Fprintf(&b, "| %s | Ben >= %.2f in >= %.0f %% of low-BDP points | %s | %d | %s |\n", proc, TargetLowBen, 100*TargetLowFraction,

@@ -157,11 +157,7 @@ func (d *Design) runPaired(ctx context.Context, o Options) error {
 		return err
 	}
 	if o.Binary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("finding the mpdetour binary: %w", err)
-		}
-		o.Binary = exe
+		return errors.New("no mpdetour binary to start the daemons with (Options.Binary)")
 	}
 	dir := filepath.Join(o.Out, "runs", PairedRun)
 	if o.Shards > 1 {
@@ -206,7 +202,7 @@ func (d *Design) runPaired(ctx context.Context, o Options) error {
 		}
 	}
 	started, ran := time.Now(), 0
-	versions := bench.Versions()
+	versions := bench.Versions(o.Binary)
 	for pos, pt := range d.order() {
 		if o.Shards > 1 && pos%o.Shards != o.Shard-1 {
 			continue

@@ -12,7 +12,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 )
 
-// The paired analysis of issue 26. Every point's procedures ran in the
+// The paired analysis (docs/design.md). Every point's procedures ran in the
 // same lab build, trial by trial in rounds (trial t of every procedure,
 // then t+1): a round is the unit that is resampled, so that whatever
 // moved all procedures of a round together (the host's load) stays paired.
@@ -280,7 +280,7 @@ func (rep *Report) PointStats() []PointStat {
 	return out
 }
 
-// Targets of issue 26 (paired design).
+// Targets of the paired design (docs/design.md).
 const (
 	TargetHarmedMax = 0.05 // harmed points at most this share
 	TargetNearBest  = 0.90 // mean MPTCP >= 0.95 x best single at this share of points
@@ -337,7 +337,7 @@ func (rep *Report) paired(b *strings.Builder) {
 		loads = append(loads, s.Load...)
 	}
 	sort.Float64s(loads)
-	fmt.Fprintf(b, "## Paired analysis (issue 26)\n\n")
+	fmt.Fprintf(b, "## Paired analysis\n\n")
 	fmt.Fprintf(b, "Every procedure of a point ran on the same lab build, one session per trial, in rounds whose order rotates "+
 		"(round t starts at the procedure t-1+k of the list for the k-th point run). Per point: the mean of the ok trials; 95 %% "+
 		"intervals are bootstrap percentile intervals over %d resamples of the rounds (a round's procedures are resampled "+
@@ -429,7 +429,7 @@ func (rep *Report) paired(b *strings.Builder) {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("### Targets (issue 26)\n\n| procedure | target | measured | points | verdict |\n|---|---|---:|---:|---|\n")
+	b.WriteString("### Targets\n\n| procedure | target | measured | points | verdict |\n|---|---|---:|---:|---|\n")
 	for _, m := range multi {
 		a := aggs[m]
 		hf, nf := math.NaN(), math.NaN()

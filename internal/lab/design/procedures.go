@@ -23,7 +23,7 @@ import (
 //   - converted: the same paths, but the server does not speak MPTCP: a
 //     plain TCP program under "mpdetour run --convert" goes through the
 //     converter on r2 and the agent adds one NAT detour subflow per detour
-//     to the converter (bench procedure converted, issue 14). It runs in
+//     to the converter (bench procedure converted, docs/convert.md). It runs in
 //     its own bench run with net.mptcp.enabled=0 in the server node.
 const (
 	tcpPathPrefix = "tcp-path"

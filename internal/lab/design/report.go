@@ -176,7 +176,7 @@ func fracAtLeast(sorted []float64, x float64) float64 {
 	return float64(n) / float64(len(sorted))
 }
 
-// Targets of issue 20.
+// Targets of the design study (docs/design.md).
 const (
 	TargetLowBen      = 0.85 // Ben >= this ...
 	TargetLowFraction = 0.75 // ... in this share of low-BDP points

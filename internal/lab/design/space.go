@@ -95,7 +95,7 @@ func DefaultSpace(paths int) Space {
 	return Space{Paths: paths, Capacity: Range{Min: 1, Max: 100}, RTT: Range{Min: 10, Max: 400}, Loss: Range{Min: 0, Max: 2}, Buffer: Range{Min: 0.1, Max: 2}}
 }
 
-// RealWorldSpace is the space of issue 26 whose loss is log-uniform over
+// RealWorldSpace is the space whose loss is log-uniform over
 // 0.001-2 % and whose capacity and RTT span what published broadband and
 // mobile measurements report (docs/design.md, "The real-world space"):
 // capacity 2-100 Mbit/s and RTT 10-300 ms, both log-uniform; buffer

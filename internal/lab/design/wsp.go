@@ -1,5 +1,5 @@
 // Package design evaluates MPTCP with detours over a space-filling design
-// of path conditions (`mpdetour-lab design`, issue 20): it generates a WSP
+// of path conditions (`mpdetour-lab design`, docs/design.md): it generates a WSP
 // design over capacity, RTT, loss and buffer of two or three paths, maps
 // each point onto the lab's detours topology, runs the points with
 // `lab bench`'s runner (so runs resume the same way), and scores the MPTCP

@@ -28,7 +28,7 @@ func checkCollective(key, value string) error {
 	return nil
 }
 
-// genCollective builds the Detour Collective's lab (issue 15): N relays,
+// genCollective builds the Detour Collective's lab (docs/collective.md): N relays,
 // M clients and a server, each on its own link to one router (a star):
 //
 //	client1..M --Ci-- hub --Ri-- relay1..N

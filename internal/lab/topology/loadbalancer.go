@@ -9,7 +9,7 @@ import (
 // anycast prefix 10.0.100.0/24 that r2 routes to lb1 or lb2.
 var LoadBalancerVIP = netip.MustParseAddr("10.0.100.1")
 
-// genLoadBalancer builds the issue 19 load-balancer topology:
+// genLoadBalancer builds the load-balancer topology (docs/results/loadbalancer):
 //
 //	client --L1-- r1 --L2 (core)-- r2 --B1-- b1 (backend 10.0.31.2)
 //	               \              / |\--B2-- b2 (backend 10.0.32.2)

@@ -27,7 +27,7 @@ func RackNeighbours(i, degree int) []int {
 	return out
 }
 
-// genRack builds the GRIN rack (issue 19): servers s1..s8 under one
+// genRack builds the GRIN rack (docs/results/rack): servers s1..s8 under one
 // top-of-rack router tor, each over its own link Ui (class server, the
 // per-server bottleneck, 50 Mbit/s by default, no delay), a remote host
 // behind the ToR over an unshaped link X (the rest of the data centre),

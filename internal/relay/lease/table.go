@@ -77,15 +77,21 @@ func NewTable() *Table {
 // address).
 var LegacyOwner = Owner{Name: "legacy-v1"}
 
-// QuotaUsed is how many mappings o holds for client's quota: all of a
-// member's, or a legacy v1 client address's.
+// QuotaUsed is how many mappings count against o's quota: all of its
+// member's (under any key), or a legacy v1 client address's.
 func (t *Table) QuotaUsed(o Owner, client netip.Addr) int { return t.count[quotaKey(o, client)] }
 
+// quotaKey is what a mapping counts against: its member (by name, so
+// that all of a member's keys share one quota: a rotation or a second key
+// gets no more mappings), or for legacy v1 its client address.
 func quotaKey(o Owner, client netip.Addr) string {
 	if o.Key.IsZero() {
 		return "v1/" + client.String()
 	}
-	return o.Key.String()
+	if o.Name == "" {
+		return "key/" + o.Key.String()
+	}
+	return "member/" + o.Name
 }
 
 func (t *Table) Active() int { return len(t.ByKey) }

@@ -1,17 +1,14 @@
 // Package tunnelctl connects tunnel detours (internal/tunnel) to the relay
-// control protocol: on the relay, Factory builds what serves the "tunnel"
-// request (cmd/mpdetour hands it to the relay as its TunnelFactory); on the
-// client, Open asks a relay over a relayclient.Conn and brings the tunnel up,
-// and re-asks through the same channel when the tunnel goes stale. Source
-// wraps Open for the agent: a detour.Source per relay that keeps retrying
-// until the relay answers.
-//
-// Agent wiring (integration point for internal/agent): at start
-//
-//	srcs, err := tunnelctl.StartAll(netns, relayConns, memberKey, log)
-//
-// (removes a crashed agent's tunnels, then one Source per relay), pass the
-// sources to agent.New with the others, and Close them at exit.
+// control protocol: on the relay, Factory builds the relay.Tunnels that
+// serve the "tunnel" and "encap" requests (cmd/mpdetour passes it to
+// internal/relayd as the relay's TunnelFactory); on the client, Open asks a
+// relay over a relayclient.Conn and brings the tunnel up, and re-asks
+// through the same channel when the tunnel goes stale. Source wraps Open
+// for the agent: a detour.Source per relay that keeps retrying until the
+// relay answers. cmd/mpdetour/agent.go calls StartAll (and StartAllEncap)
+// at start, which removes a crashed agent's tunnels and returns one Source
+// per relay, passes the sources to the agent with the others and closes
+// them at exit.
 package tunnelctl
 
 import (

@@ -30,7 +30,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if cfg := os.Getenv("TWC_RELAY_CONFIG"); cfg != "" {
+	if cfg := os.Getenv("MPDETOUR_TEST_RELAY_CONFIG"); cfg != "" {
 		// `mpdetour relay` as the binary runs it, in the namespace the test
 		// started us in (ip netns exec).
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -80,7 +80,7 @@ func indent(s string) string {
 	return "  " + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n  ") + "\n"
 }
 
-// Tunnel-section errors are positioned in the whole relay file (issue 16 #9).
+// Tunnel-section errors are positioned in the whole relay file.
 func TestParseConfigPositions(t *testing.T) {
 	src := "listen: 0.0.0.0:45673\ntunnel:\n  subnet: 100.90.0.0/16\n  allow_destinations: [10.0.0.0/8, nope]\n  endpoint: 192.0.2.1\n"
 	var top struct {
@@ -245,7 +245,7 @@ members:
 	}
 	start := func() *exec.Cmd {
 		cmd := exec.Command("ip", "netns", "exec", rl, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "TWC_RELAY_CONFIG="+cfg)
+		cmd.Env = append(os.Environ(), "MPDETOUR_TEST_RELAY_CONFIG="+cfg)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -299,7 +299,7 @@ func openTunnel(t *testing.T, ln *line, priv proto.Key) *tunnel.Client {
 	return nil
 }
 
-// The relay config's tunnel section (issue 16 #14).
+// The relay config's tunnel section.
 func FuzzParseTunnelSection(f *testing.F) {
 	f.Add([]byte("tunnel:\n  subnet: 100.90.0.0/16\n  listen_port: 5000\n  allow_destinations: [10.0.0.0/8]\n"))
 	f.Add([]byte("tunnel: {backend: magic, endpoint: 1.2.3.4}\n"))

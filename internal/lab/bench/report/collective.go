@@ -8,7 +8,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
 
-// collectiveTarget is issue 15's bound for every time of procedure
+// collectiveTarget is the bound (docs/collective.md) for every time of procedure
 // collective (s).
 const collectiveTarget = 5.0
 

@@ -117,7 +117,7 @@ type Churn struct {
 	Counters map[string]uint64 `json:"counters,omitempty"`
 }
 
-// Collective is one trial of procedure collective (issue 15). Times are
+// Collective is one trial of procedure collective. Times are
 // seconds from the agents' start (discovery) or from the SIGKILL (the
 // relay's death); -1 = not reached within the trial's limit.
 type Collective struct {

@@ -40,7 +40,7 @@ const (
 	MPTCPNATAdaptive    = "mptcp-nat-adaptive"
 	MPTCPTunnelStatic   = "mptcp-tunnel-static"
 	MPTCPTunnelAdaptive = "mptcp-tunnel-adaptive"
-	// backup-first (issue 26): detours join as backup, carry data once
+	// backup-first: detours join as backup, carry data once
 	// the measurements say they help.
 	MPTCPNATBackupFirst    = "mptcp-nat-backup-first"
 	MPTCPTunnelBackupFirst = "mptcp-tunnel-backup-first"
@@ -67,7 +67,7 @@ const (
 	LBConnectionsAnnounced = "lb-connections-announced"
 	LBConnectionsNoCFlag   = "lb-connections-no-cflag"
 	LBBulkAnnounced        = "lb-bulk-announced"
-	// Collective (topology collective, issue 15): relays with gossip
+	// Collective (topology collective, docs/collective.md): relays with gossip
 	// (roles.detours), agents on roles.clients that know one bootstrap
 	// relay each; times to discover relays and add detour subflows through
 	// them, then to drop a relay killed with SIGKILL and replace its

@@ -261,7 +261,7 @@ func TestDetourSetsAndFaults(t *testing.T) {
 	}
 }
 
-// Attacks (issue 19): copied to every cell of their configuration; bad
+// Attacks: copied to every cell of their configuration; bad
 // ones are refused naming the field.
 func TestAttacks(t *testing.T) {
 	src := strings.Replace(base, "    set: {profile: core-limited, detours: 2}\n", "    set: {profile: core-limited, detours: 2}\n    attack: {kind: join-flood, from: r2, rate: 5000, probes: 5}\n", 1)

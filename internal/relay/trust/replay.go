@@ -1,4 +1,4 @@
-package relay
+package trust
 
 import (
 	"encoding/hex"
