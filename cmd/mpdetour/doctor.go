@@ -14,7 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/doctor"
 	"github.com/mpdetour/mpdetour/internal/relay"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/relayd"
 )
 
@@ -69,7 +69,7 @@ func doctorCommand() *cli.Command {
 				default:
 					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.OK, Detail: agentConfig + " is valid"})
 					cc := doctor.ClientConfig{Source: *cfg.Relays}
-					cc.Source.Options.ListenPacket = relayclient.ListenIn(cfg.Agent.NetNS)
+					cc.Source.Options.ListenPacket = relayconn.ListenIn(cfg.Agent.NetNS)
 					if server != "" {
 						ap, err := netip.ParseAddrPort(server)
 						if err != nil {

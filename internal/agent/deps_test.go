@@ -14,7 +14,7 @@ const module = "github.com/mpdetour/mpdetour"
 // sources, so the core links none of them.
 var clientPackages = []string{
 	"/internal/agentd", "/internal/relayclient", "/internal/legacyclient", "/internal/convclient",
-	"/internal/serverrole", "/internal/pathcheck", "/internal/proto", "/internal/tunnel",
+	"/internal/serverrole", "/internal/pathcheck", "/internal/proto", "/internal/tunnel", "/internal/relayconn",
 	"/internal/relay",
 }
 

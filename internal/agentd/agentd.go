@@ -31,6 +31,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/pathcheck"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/serverrole"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
@@ -77,7 +78,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 	if len(cfg.LegacyV1) > 0 {
 		// Unauthenticated v1 daemons, opt-in (docs/agent.md).
 		src, err := legacyclient.New(legacyclient.Config{Relays: cfg.LegacyV1, Lease: cfg.LegacyLease,
-			ListenPacket: relayclient.ListenIn(opts.NetNS), Logger: log})
+			ListenPacket: relayconn.ListenIn(opts.NetNS), Logger: log})
 		if err != nil {
 			return err
 		}
@@ -86,7 +87,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 	}
 	if cfg.Relays != nil {
 		rc := *cfg.Relays
-		rc.Options.ListenPacket = relayclient.ListenIn(opts.NetNS)
+		rc.Options.ListenPacket = relayconn.ListenIn(opts.NetNS)
 		rc.Options.Logger = log
 		// Each relay's state for status, metrics and the log: from grants
 		// and renewals, pings of silent relays, tunnel handshakes.
@@ -164,7 +165,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 // startConverterRouter keeps converter tickets in stock and answers
 // "mpdetour run" on the conversion socket (docs/convert.md); status is the
 // router's view for the agent's status.
-func startConverterRouter(ctx context.Context, cs convclient.Settings, conns []*relayclient.Conn, log *slog.Logger) (stop func(), status func() any, err error) {
+func startConverterRouter(ctx context.Context, cs convclient.Settings, conns []*relayconn.Conn, log *slog.Logger) (stop func(), status func() any, err error) {
 	var convs []convclient.Converter
 	for _, c := range conns {
 		name := c.Relay().Name

@@ -15,7 +15,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// Pinger is a relay's control connection (relayclient.Conn); tests use
+// Pinger is a relay's control connection (relayconn.Conn); tests use
 // fakes.
 type Pinger interface {
 	Do(ctx context.Context, req proto.Request) (proto.Reply, error)

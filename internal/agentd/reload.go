@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
@@ -67,7 +68,7 @@ func rotateMemberKey(ctx context.Context, path string, relays *relayclient.NATSo
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	err = relays.Rotate(rctx, key, cert, func(c *relayclient.Conn, err error) {
+	err = relays.Rotate(rctx, key, cert, func(c *relayconn.Conn, err error) {
 		for _, t := range tunnels {
 			if t.Conn() != c {
 				continue

@@ -20,6 +20,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -71,7 +72,7 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 	acfg.Agent.NetNS = l.NetnsName("client")
 	acfg.Agent.Socket = filepath.Join(dir, "agent.sock")
 	rc := *acfg.Relays
-	rc.Options.ListenPacket = relayclient.ListenIn(acfg.Agent.NetNS)
+	rc.Options.ListenPacket = relayconn.ListenIn(acfg.Agent.NetNS)
 	log := slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	rc.Options.Logger = log
 	src, err := relayclient.NewSource(rc)

@@ -20,6 +20,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -67,7 +68,7 @@ func TestMPTCPThroughRelay(t *testing.T) {
 	acfg.Agent.NetNS = l.NetnsName("client")
 	acfg.Agent.Socket = filepath.Join(dir, "agent.sock")
 	rc := *acfg.Relays
-	rc.Options.ListenPacket = relayclient.ListenIn(acfg.Agent.NetNS)
+	rc.Options.ListenPacket = relayconn.ListenIn(acfg.Agent.NetNS)
 	src, err := relayclient.NewSource(rc)
 	if err != nil {
 		t.Fatal(err)

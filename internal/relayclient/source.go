@@ -1,3 +1,9 @@
+// Package relayclient is the NAT-grant detour kind on the client: NATSource
+// asks a set of relays for NAT detours over their control sessions
+// (internal/relayconn) and hands them to the agent (it implements
+// detour.Source and detour.Releaser); roster.go adds relays discovered
+// from the collective's roster; file.go is the agent file's `relays:`
+// section (File, the YAML form, validated into SourceConfig).
 package relayclient
 
 import (
@@ -14,14 +20,15 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // SourceConfig configures a NATSource.
 type SourceConfig struct {
 	PrivateKey proto.Key // the member key (also its WireGuard key for tunnels)
-	Relays     []Relay
-	Options    Options
+	Relays     []relayconn.Relay
+	Options    relayconn.Options
 	// RequestTimeout bounds one grant or renew (default 5 s).
 	RequestTimeout time.Duration
 	// RetryAfter is how long a refused or failed grant is not asked again
@@ -42,12 +49,12 @@ type SourceConfig struct {
 type NATSource struct {
 	cfg    SourceConfig
 	log    *slog.Logger
-	static []*Conn // the configured relays (conns[:len(static)])
+	static []*relayconn.Conn // the configured relays (conns[:len(static)])
 
 	mu sync.Mutex
 	// conns: the configured relays, then discovered ones (roster.go); a
 	// dropped discovered relay leaves nil, so indices stay stable.
-	conns   []*Conn
+	conns   []*relayconn.Conn
 	entries map[entryKey]*entry
 	// releasing: a release of that key's grant is in flight; the channel
 	// closes when it is done. A new grant for the key waits for it: the
@@ -113,7 +120,7 @@ func NewSource(cfg SourceConfig) (*NATSource, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	for _, r := range cfg.Relays {
-		c, err := Dial(r, cfg.PrivateKey, cfg.Options)
+		c, err := relayconn.Dial(r, cfg.PrivateKey, cfg.Options)
 		if err != nil {
 			s.closeConns()
 			return nil, err
@@ -157,7 +164,7 @@ func (s *NATSource) closeConns() {
 
 // Conns returns the configured relays' connections (e.g. for tunnel
 // requests); discovered relays are not among them.
-func (s *NATSource) Conns() []*Conn { return s.static }
+func (s *NATSource) Conns() []*relayconn.Conn { return s.static }
 
 // Prepare implements detour.Source: it never blocks.
 func (s *NATSource) Prepare(server netip.AddrPort) {
@@ -221,19 +228,19 @@ func (s *NATSource) grant(k entryKey, e *entry) {
 	s.observe(c, "grant", k.server, err)
 	if err != nil {
 		e.failedAt, e.err = now, err
-		s.log.Info("relay grant failed", "relay", c.relay.Name, "server", k.server, "err", err)
+		s.log.Info("relay grant failed", "relay", c.Relay().Name, "server", k.server, "err", err)
 		return
 	}
 	e.detour, e.expires, e.renewAt = d, now.Add(lease), now.Add(lease/2)
-	s.log.Debug("relay grant", "relay", c.relay.Name, "server", k.server, "detour", d, "lease", lease)
+	s.log.Debug("relay grant", "relay", c.Relay().Name, "server", k.server, "detour", d, "lease", lease)
 	s.notify()
 }
 
 // observe reports an outcome to SourceConfig.Observe (a cancelled request
 // of a closing NATSource is no outcome).
-func (s *NATSource) observe(c *Conn, op string, server netip.AddrPort, err error) {
+func (s *NATSource) observe(c *relayconn.Conn, op string, server netip.AddrPort, err error) {
 	if s.cfg.Observe != nil && s.ctx.Err() == nil {
-		s.cfg.Observe(c.relay.Name, op, server, err)
+		s.cfg.Observe(c.Relay().Name, op, server, err)
 	}
 }
 
@@ -248,12 +255,12 @@ func (s *NATSource) notify() {
 	}
 }
 
-func (s *NATSource) release(c *Conn, port uint16) {
+func (s *NATSource) release(c *relayconn.Conn, port uint16) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
 	defer cancel()
 	if err := c.Release(ctx, port); err != nil && proto.ReasonOf(err) != proto.ReasonNotFound {
-		s.log.Debug("relay release", "relay", c.relay.Name, "port", port, "err", err)
+		s.log.Debug("relay release", "relay", c.Relay().Name, "port", port, "err", err)
 	}
 }
 
@@ -268,7 +275,7 @@ func (s *NATSource) Detours(server netip.AddrPort) []detour.Detour {
 		if c == nil || e == nil || !e.detour.IsValid() || !e.expires.After(now) {
 			continue
 		}
-		out = append(out, detour.Detour{Kind: detour.NAT, Relay: c.relay.Name, Remote: e.detour, Expires: e.expires, Backup: c.relay.Backup})
+		out = append(out, detour.Detour{Kind: detour.NAT, Relay: c.Relay().Name, Remote: e.detour, Expires: e.expires, Backup: c.Relay().Backup})
 	}
 	return out
 }
@@ -287,7 +294,7 @@ func (s *NATSource) Err(relay int, server netip.AddrPort) error {
 // back to every relay.
 func (s *NATSource) Release(ctx context.Context, server netip.AddrPort) error {
 	type rel struct {
-		c    *Conn
+		c    *relayconn.Conn
 		port uint16
 	}
 	var todo []rel
@@ -394,7 +401,7 @@ func (s *NATSource) renew(k entryKey, e *entry) {
 		if !e.expires.After(now) {
 			delete(s.entries, k)
 		}
-		s.log.Info("relay renew failed", "relay", c.relay.Name, "server", k.server, "err", err)
+		s.log.Info("relay renew failed", "relay", c.Relay().Name, "server", k.server, "err", err)
 		return
 	}
 	e.expires, e.renewAt = now.Add(lease), now.Add(lease/2)
@@ -432,10 +439,10 @@ func (s *NATSource) SetCertificate(cert []byte) {
 // relay switches keys then. Rotate waits until every relay answered or ctx
 // ends and returns the refusals and the relays that have not answered yet
 // (those keep trying), joined.
-func (s *NATSource) Rotate(ctx context.Context, priv proto.Key, cert []byte, then func(*Conn, error)) error {
+func (s *NATSource) Rotate(ctx context.Context, priv proto.Key, cert []byte, then func(*relayconn.Conn, error)) error {
 	s.mu.Lock()
 	s.cfg.PrivateKey, s.cfg.Options.Certificate = priv, cert
-	var conns []*Conn
+	var conns []*relayconn.Conn
 	for _, c := range s.conns {
 		if c != nil {
 			conns = append(conns, c)
@@ -443,7 +450,7 @@ func (s *NATSource) Rotate(ctx context.Context, priv proto.Key, cert []byte, the
 	}
 	s.mu.Unlock()
 	type result struct {
-		c   *Conn
+		c   *relayconn.Conn
 		err error
 	}
 	res := make(chan result, len(conns))
@@ -457,7 +464,7 @@ func (s *NATSource) Rotate(ctx context.Context, priv proto.Key, cert []byte, the
 		}()
 	}
 	var errs []error
-	answered := map[*Conn]bool{}
+	answered := map[*relayconn.Conn]bool{}
 	for range conns {
 		select {
 		case r := <-res:
@@ -466,7 +473,7 @@ func (s *NATSource) Rotate(ctx context.Context, priv proto.Key, cert []byte, the
 		case <-ctx.Done():
 			for _, c := range conns {
 				if !answered[c] {
-					errs = append(errs, fmt.Errorf("relay %q: key rotation: no answer yet, still trying: %w", c.relay.Name, ctx.Err()))
+					errs = append(errs, fmt.Errorf("relay %q: key rotation: no answer yet, still trying: %w", c.Relay().Name, ctx.Err()))
 				}
 			}
 			return errors.Join(errs...)

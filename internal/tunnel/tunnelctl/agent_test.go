@@ -14,7 +14,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
@@ -30,7 +30,7 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	// Leftovers of a crashed agent, removed by StartAll.
 	netnstest.MustRun(t, "ip", "-n", line.cl, "rule", "add", "from", "100.88.7.7", "lookup", "52007", "priority", "5200")
 	// The relay may still be starting: the TunnelSource retries until it answers.
-	srcs, err := StartAll(line.cl, []*relayclient.Conn{line.dial(line.member)}, line.member, nil)
+	srcs, err := StartAll(line.cl, []*relayconn.Conn{line.dial(line.member)}, line.member, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

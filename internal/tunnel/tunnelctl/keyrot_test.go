@@ -19,7 +19,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relay"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -50,7 +50,7 @@ func testTunnelKeyRotation(t *testing.T, explicit bool) {
 	now := time.Now()
 	newCert, _ := auth.Issue(newKey.Public(), "m1", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
 	conn := line.dial(line.member)
-	srcs, err := StartAll(line.cl, []*relayclient.Conn{conn}, line.member, nil)
+	srcs, err := StartAll(line.cl, []*relayconn.Conn{conn}, line.member, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
@@ -21,7 +21,7 @@ import (
 // serves as a detour.Source that offers nothing until the tunnel is up.
 // This is what the agent passes to agent.New, one per relay.
 type TunnelSource struct {
-	conn   *relayclient.Conn
+	conn   *relayconn.Conn
 	cfg    tunnel.ClientConfig
 	log    *slog.Logger
 	cancel context.CancelFunc
@@ -41,7 +41,7 @@ const (
 
 // NewSource starts bringing up the tunnel to conn's relay with cfg (see
 // Open). Close stops it and removes the tunnel.
-func NewSource(conn *relayclient.Conn, cfg tunnel.ClientConfig, log *slog.Logger) *TunnelSource {
+func NewSource(conn *relayconn.Conn, cfg tunnel.ClientConfig, log *slog.Logger) *TunnelSource {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -138,7 +138,7 @@ func (s *TunnelSource) Client() *tunnel.Client {
 }
 
 // Rekey switches the tunnel to the member's new key after its relay
-// connection rotated (relayclient.Conn.Rotate moved the relay's peer to
+// connection rotated (relayconn.Conn.Rotate moved the relay's peer to
 // the new key): the tunnel keeps its address, a new handshake follows.
 // A tunnel not up yet is asked for with the new key.
 func (s *TunnelSource) Rekey(priv proto.Key) error {
@@ -153,7 +153,7 @@ func (s *TunnelSource) Rekey(priv proto.Key) error {
 }
 
 // Conn is the relay connection the tunnel is asked for on.
-func (s *TunnelSource) Conn() *relayclient.Conn { return s.conn }
+func (s *TunnelSource) Conn() *relayconn.Conn { return s.conn }
 
 // Prepare implements detour.Source (a tunnel needs no per-server request).
 func (s *TunnelSource) Prepare(netip.AddrPort) {}
@@ -180,7 +180,7 @@ func (s *TunnelSource) Close() error {
 // agent left in netns ("" = the agent's own namespace), then starts one
 // TunnelSource per relay connection (tunnel index = position in conns). Pass the
 // sources to agent.New; close them at exit.
-func StartAll(netns string, conns []*relayclient.Conn, member proto.Key, log *slog.Logger) ([]*TunnelSource, error) {
+func StartAll(netns string, conns []*relayconn.Conn, member proto.Key, log *slog.Logger) ([]*TunnelSource, error) {
 	if err := tunnel.CleanupClients(netns); err != nil {
 		return nil, err
 	}

@@ -1,5 +1,5 @@
 // Package tunnelctl is the client half of tunnel detours over the relay
-// control protocol: Open asks a relay over a relayclient.Conn for a
+// control protocol: Open asks a relay over a relayconn.Conn for a
 // WireGuard tunnel and brings it up, re-asking through the same channel
 // when the tunnel goes stale (OpenEncap: the same for VXLAN).
 // TunnelSource and EncapSource wrap them for the agent: a detour.Source
@@ -18,7 +18,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
@@ -30,7 +30,7 @@ func FromEncapGrant(g proto.EncapGrant) tunnel.EncapAllocation {
 // OpenEncap asks the relay behind conn for a VXLAN tunnel and brings it up
 // with cfg (Netns, Index; Relay defaults to the relay's name); the client
 // renews through conn at a third of the lease.
-func OpenEncap(ctx context.Context, conn *relayclient.Conn, cfg tunnel.EncapClientConfig) (*tunnel.EncapClient, error) {
+func OpenEncap(ctx context.Context, conn *relayconn.Conn, cfg tunnel.EncapClientConfig) (*tunnel.EncapClient, error) {
 	ask := func(ctx context.Context) (tunnel.EncapAllocation, time.Duration, error) {
 		g, lease, err := conn.Encap(ctx)
 		if err != nil {
@@ -59,7 +59,7 @@ func FromGrant(g proto.TunnelGrant) tunnel.Allocation {
 // (Netns, Index, PrivateKey = the member key; Relay defaults to the relay's
 // name). The client's watchdog re-asks through conn when the tunnel has had
 // no handshake for cfg.StaleAfter (relay restarted without its state).
-func Open(ctx context.Context, conn *relayclient.Conn, cfg tunnel.ClientConfig) (*tunnel.Client, error) {
+func Open(ctx context.Context, conn *relayconn.Conn, cfg tunnel.ClientConfig) (*tunnel.Client, error) {
 	ask := func(ctx context.Context) (tunnel.Allocation, error) {
 		g, _, err := conn.Tunnel(ctx)
 		if err != nil {

@@ -23,7 +23,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relay/tunnels"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/relayd"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
@@ -146,7 +146,7 @@ type line struct {
 	cl, rl, sv       string
 	cmd              *exec.Cmd
 	member, stranger proto.Key
-	dial             func(priv proto.Key) *relayclient.Conn
+	dial             func(priv proto.Key) *relayconn.Conn
 	// restart kills the relay (no cleanup) and starts it again with these
 	// members, keeping its key and state file.
 	restart func(members ...proto.Key)
@@ -205,9 +205,9 @@ members:
 	writeConfig(member)
 	cmd := start()
 
-	dialRelay := func(priv proto.Key) *relayclient.Conn {
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
-			priv, relayclient.Options{ListenPacket: func() (net.PacketConn, error) {
+	dialRelay := func(priv proto.Key) *relayconn.Conn {
+		c, err := relayconn.Dial(relayconn.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
+			priv, relayconn.Options{ListenPacket: func() (net.PacketConn, error) {
 				var pc net.PacketConn
 				err := netnstest.DoNamed(cl, func() (err error) { pc, err = net.ListenPacket("udp4", ":0"); return err })
 				return pc, err
