@@ -222,6 +222,9 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 		s.attr.Close()
 		return nil, err
 	}
+	if static.StateFile != "" {
+		s.adoptHandover(s.now())
+	}
 	if s.tunnels != nil {
 		n, err := s.tunnels.Readmit(func(k proto.Key) bool { _, ok := set.Members[k]; return ok })
 		if err != nil {
@@ -1134,6 +1137,9 @@ func (s *Server) shutdown() {
 	var all []*lease.Mapping
 	for _, m := range s.leases.ByKey {
 		all = append(all, m)
+	}
+	if s.static.StateFile != "" && s.handOver(all, now) {
+		return
 	}
 	for _, m := range all {
 		s.leases.Remove(m, "shutdown", now)
