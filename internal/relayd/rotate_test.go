@@ -30,10 +30,10 @@ func TestMemberPreviousKeyConfig(t *testing.T) {
 		t.Fatalf("members: %v", s.Members)
 	}
 	for cfg, want := range map[string]string{
-		"  - {name: bob, public_key: " + newKey.String() + "}\n  - {name: bob, public_key: " + old.String() + "}\n":        "duplicate name \"bob\" (to rotate a member's key, give its new key as public_key and the old one as previous_public_key",
-		"  - {name: bob, public_key: " + newKey.String() + ", previous_public_key: " + newKey.String() + "}\n":              "previous_public_key (bob): the same key as public_key",
+		"  - {name: bob, public_key: " + newKey.String() + "}\n  - {name: bob, public_key: " + old.String() + "}\n":                                                  "duplicate name \"bob\" (to rotate a member's key, give its new key as public_key and the old one as previous_public_key",
+		"  - {name: bob, public_key: " + newKey.String() + ", previous_public_key: " + newKey.String() + "}\n":                                                       "previous_public_key (bob): the same key as public_key",
 		"  - {name: carol, public_key: " + other.String() + "}\n  - {name: bob, public_key: " + newKey.String() + ", previous_public_key: " + other.String() + "}\n": "members[1].previous_public_key (bob): same key as carol",
-		"  - {name: bob, public_key: " + newKey.String() + ", previous_public_key: nope}\n":                                   "members[0].previous_public_key: bob",
+		"  - {name: bob, public_key: " + newKey.String() + ", previous_public_key: nope}\n":                                                                          "members[0].previous_public_key: bob",
 	} {
 		if _, err := ParseConfig([]byte(head + cfg)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", cfg, err, want)
