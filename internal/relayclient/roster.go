@@ -200,7 +200,7 @@ func (s *Source) discoverOnce() {
 	s.mu.Unlock()
 	skip := map[proto.Key]bool{own: true}
 	for _, c := range s.static {
-		skip[c.relay.PublicKey] = true
+		skip[c.Relay().PublicKey] = true
 	}
 	listed := map[proto.Key]*roster.Entry{}
 	for _, e := range entries {
