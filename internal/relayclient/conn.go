@@ -79,7 +79,7 @@ type Conn struct {
 	// new key of each rotation the relay answered ok. A refused or
 	// unsupported rotation leaves it (the relay did not move anything).
 	confirmed proto.Key
-	prev       *proto.Session // replaced by a rekey; replies may still arrive on it
+	prev      *proto.Session // replaced by a rekey; replies may still arrive on it
 	// certifying are new sessions presenting the certificate (by local
 	// index), not yet in use; their replies are accepted like ses's.
 	certifying map[uint32]*proto.Session
@@ -105,7 +105,7 @@ type Conn struct {
 }
 
 type pendingInit struct {
-	in   *proto.Initiation
+	in    *proto.Initiation
 	priv  proto.Key // the member key it was made with
 	relay proto.Key // the relay's public key it was made for
 	sent  time.Time
