@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -382,5 +383,10 @@ func TestTunnelInheritsDestinationPolicy(t *testing.T) {
 	out := netnstest.MustRun(t, "ip", "netns", "exec", ln.rl, "nft", "list", "chain", "ip", tunnel.TableName, "destinations")
 	if !strings.Contains(out, "reject with tcp reset") || !strings.Contains(out, "ip daddr 203.0.113.10 accept") {
 		t.Fatalf("tunnel policy:\n%s", out)
+	}
+	// The refusal is counted (the relay logs the counters' growth once a
+	// minute: tunnel.Server.Refused, TestWatchRefused).
+	if !regexp.MustCompile(`counter packets [1-9][0-9]* bytes [0-9]+ reject with tcp reset`).MatchString(out) {
+		t.Fatalf("the refused SYN was not counted:\n%s", out)
 	}
 }
