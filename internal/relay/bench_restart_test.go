@@ -141,7 +141,11 @@ func BenchmarkRelayRestartStall(b *testing.B) {
 				prev = at
 			}
 			stall = max(stall, to.Sub(prev))
-			reset := werr != nil || rerr != nil && !strings.Contains(rerr.Error(), "use of closed")
+			// Closing conn at the end ends both loops with "use of closed
+			// network connection": only other errors (reset, broken pipe)
+			// mean the restart broke the connection.
+			broke := func(err error) bool { return err != nil && !strings.Contains(err.Error(), "use of closed") }
+			reset := broke(werr) || broke(rerr)
 			mu.Unlock()
 			c.Close()
 			res[l.name] = append(res[l.name], result{stall, down, reset})
