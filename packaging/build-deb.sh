@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Debian packages with dpkg-deb (make package runs this):
-#   mpdetour        the binary (every subcommand but `lab bench`), the agent's unit
+#   mpdetour        the product binary (cmd/mpdetour; the lab is not packaged), the agent's unit
 #                   and example config; makes the member key on first install
 #   mpdetour-relay  the relay's unit, example config and sysctl drop-in
 #                   (IPv4 forwarding); makes the relay key on first install
@@ -104,7 +104,7 @@ Description: multipath TCP through detour hosts (client agent and tools)
  mpdetour lets any TCP application on a single-homed Linux host use several
  Internet paths at once: it adds MPTCP subflows through detour hosts (one-hop
  relays). This package has the mpdetour command (agent, run, status, doctor,
- relay and lab tools) and the agent's systemd unit. The relay's unit and
+ relay, bench and collective tools) and the agent's systemd unit. The relay's unit and
  configuration are in mpdetour-relay.
 CTRL
 build mpdetour

@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/lab/rostersim"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 func collectiveSimulate() *cli.Command {
-	var cfg roster.SimConfig
+	var cfg rostersim.SimConfig
 	var asJSON bool
+	var out, name string
 	var gcPercent int
 	var memLimit int64
 	var cpuProfile, memProfile string
@@ -24,7 +26,7 @@ func collectiveSimulate() *cli.Command {
 		Name: "simulate",
 		Summary: "run N relays of a collective in this process over memberlist (in-process network) and measure " +
 			"roster convergence, gossip bandwidth per relay and how fast killed relays leave the roster (docs/results/roster)",
-		Usage: "[--relays N] [--kill K] [--join-rate R] [--window D] [--time-scale K] [--json]",
+		Usage: "[--relays N] [--kill K] [--join-rate R] [--window D] [--time-scale K] [tuning flags] [--out DIR --name NAME] [--json]",
 		Flags: func(fs *flag.FlagSet) {
 			fs.IntVar(&cfg.Relays, "relays", 1000, "relays to simulate")
 			fs.IntVar(&cfg.Kill, "kill", 10, "relays killed (no leave message) after convergence; 0: none")
@@ -39,6 +41,13 @@ func collectiveSimulate() *cli.Command {
 			fs.DurationVar(&cfg.ProbeInterval, "probe-interval", roster.DefaultProbeInterval, "memberlist probe interval (as relays use by default)")
 			fs.DurationVar(&cfg.ProbeTimeout, "probe-timeout", roster.DefaultProbeTimeout, "memberlist probe timeout")
 			fs.IntVar(&cfg.SuspicionMult, "suspicion-mult", roster.DefaultSuspicionMult, "memberlist suspicion multiplier")
+			fs.IntVar(&cfg.SuspicionMaxTimeoutMult, "suspicion-max-mult", 0, "Lifeguard's cap on a suspicion's start, x the suspicion timeout (0: the relays' default)")
+			fs.IntVar(&cfg.GossipNodes, "gossip-nodes", 0, "gossip fan-out: relays each gossip round goes to (0: the relays' default)")
+			fs.DurationVar(&cfg.GossipInterval, "gossip-interval", 0, "gossip round interval, simulated time (0: the relays' default)")
+			fs.DurationVar(&cfg.PushPullInterval, "push-pull-interval", 0, "state sync interval before memberlist's log2(N/32) scaling, simulated time (0: the relays' default)")
+			fs.IntVar(&cfg.RetransmitMult, "retransmit-mult", 0, "retransmissions of a new message per relay, x ceil(log10(N+1)) (0: the relays' default)")
+			fs.StringVar(&out, "out", "", "directory for the machine-readable summary sim-<N>-<name>.json (simulated time; docs/results/roster)")
+			fs.StringVar(&name, "name", "run", "name of the run in the summary's file name")
 			fs.BoolVar(&cfg.VerifyEach, "verify-each", false, "every relay verifies every entry itself (default: once per distinct entry, shared: the CPU of N relays is one process here)")
 			fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 			fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
@@ -87,7 +96,14 @@ func collectiveSimulate() *cli.Command {
 					}
 				}()
 			}
-			res, err := roster.Simulate(ctx, cfg)
+			res, err := rostersim.Simulate(ctx, cfg)
+			if res != nil && out != "" {
+				p := fmt.Sprintf("%s/sim-%d-%s.json", out, cfg.Relays, name)
+				if werr := res.Summary(name, cfg, err).WriteFile(p); werr != nil {
+					return werr
+				}
+				fmt.Fprintf(os.Stderr, "summary: %s\n", p)
+			}
 			if res != nil && asJSON {
 				if jerr := cli.PrintJSON(res); jerr != nil {
 					return jerr
@@ -121,7 +137,7 @@ func writeHeapProfile(path string) error {
 // printSimResult prints what the simulation measured; with time dilation
 // each duration as measured and divided by the scale (simulated), each
 // rate per wall-clock second and per simulated second.
-func printSimResult(res *roster.SimResult) {
+func printSimResult(res *rostersim.SimResult) {
 	k := res.TimeScale
 	dur := func(d time.Duration) string {
 		if k <= 1 {
@@ -162,6 +178,10 @@ func printSimResult(res *roster.SimResult) {
 			res.Killed, dur(res.KillDetectFirst), dur(res.KillDetection))
 		fmt.Printf("live relays missing:    %d rosters incomplete after the kill (false removals)\n", res.FalseRemovals)
 	}
+	if res.JoinOneAll > 0 || res.JoinOne999 > 0 {
+		fmt.Printf("one relay joined:       in 99.9 %% of the rosters after %s, in all after %s (0: not within the timeout)\n", dur(res.JoinOne999), dur(res.JoinOneAll))
+	}
+	fmt.Printf("live heap per relay:    %.0f KiB (after a GC in steady state, the simulated network included)\n", res.HeapPerRelay/1024)
 	fmt.Printf("datagrams dropped:      %d (full queues)\n", res.Dropped)
 	fmt.Printf("verifications:          %d\n", res.Verified)
 }

@@ -187,6 +187,22 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent running", "netns", a.cfg.NetNS, "policy", a.cfg.Policy.String(), "subflows", a.cfg.Subflows,
 		"detours", len(a.cfg.Detours), "workers", workers, "status", a.cfg.Socket)
+	var sizer *bufferSizer
+	if a.cfg.BufferSizing {
+		var err error
+		if sizer, err = newBufferSizer(a.cfg, a.log); err != nil {
+			a.log.Warn("socket buffer sizing off", "err", err)
+		} else {
+			defer func() {
+				if sizer == nil {
+					return // turned off after an error, restored then
+				}
+				if err := sizer.restore(); err != nil {
+					a.log.Warn("socket buffer sizes not restored", "err", err)
+				}
+			}()
+		}
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	// After a loss, one more resync once things settle catches events
@@ -265,6 +281,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		case pr := <-probec:
 			probing = false
 			queue = append(queue, a.measured(pr)...)
+			if adv, ok := a.pol.(interface{ BufferWanted() int64 }); ok && sizer != nil {
+				if err := sizer.apply(adv.BufferWanted()); err != nil {
+					a.log.Warn("socket buffer sizing off", "err", err)
+					if err := sizer.restore(); err != nil {
+						a.log.Warn("socket buffer sizes not restored", "err", err)
+					}
+					sizer = nil
+				}
+			}
 		case <-sweepTick.C:
 			if !sweeping && len(a.conns) > 0 {
 				sweeping = true
@@ -453,7 +478,7 @@ func (a *Agent) jobsFor(ins []policy.Intent, since time.Time) []job {
 				// initial subflow) is the policy's to report, like the
 				// initial subflow.
 				if cv.subs[k] == nil && k != keyOf(cv.c.Local.Addr(), cv.c.Remote) {
-					cv.subs[k] = &subView{sf: policy.Subflow{Token: in.Token, Local: in.Local, Remote: in.Remote},
+					cv.subs[k] = &subView{sf: policy.Subflow{Token: in.Token, Local: in.Local, Remote: in.Remote, Backup: in.Backup},
 						detour: in.Detour, path: pathName(in.Detour, "announced"), since: time.Now()}
 				}
 			}
@@ -651,6 +676,9 @@ func (a *Agent) subUp(sf policy.Subflow) bool {
 		dv.established++
 		dv.lastChange = time.Now()
 	}
+	// A join asked for with the B flag is a backup although the kernel's
+	// SUB_ESTABLISHED says backup=0 (6.18; mptcppm's backup join test).
+	sf.Backup = sf.Backup || !sv.up && sv.sf.Backup
 	sv.sf, sv.up, sv.since = sf, true, time.Now()
 	return true
 }

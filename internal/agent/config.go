@@ -103,6 +103,10 @@ type Config struct {
 	// PathCheck: probe every NAT detour a relay grants (pathcheck.Filter)
 	// and do not use those that strip MPTCP options.
 	PathCheck bool
+	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
+	// what the measured connections need (policy BufferWanted), restored
+	// at stop (buffers.go). Off by default: not measured yet.
+	BufferSizing bool
 }
 
 // StaticDetour is a detour written in the config (until relays hand them out).
@@ -140,9 +144,10 @@ type fileConfig struct {
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays    *relayclient.FileConfig `yaml:"relays"`
-	Tunnels   bool                    `yaml:"tunnels"`
-	PathCheck bool                    `yaml:"path_check"`
+	Relays       *relayclient.FileConfig `yaml:"relays"`
+	Tunnels      bool                    `yaml:"tunnels"`
+	PathCheck    bool                    `yaml:"path_check"`
+	BufferSizing bool                    `yaml:"buffer_sizing"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
 	TunnelKind string           `yaml:"tunnel_kind"`
 	LegacyV1   []fileLegacy     `yaml:"legacy_v1"`
@@ -400,6 +405,10 @@ func build(f fileConfig) (Config, error) {
 			return c, fmt.Errorf("relay_ping: %s out of range 1s-10m", v)
 		}
 		c.RelayPing = f.RelayPing.D()
+	}
+	c.BufferSizing = f.BufferSizing
+	if c.BufferSizing && c.ProbeInterval == 0 {
+		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
 	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)

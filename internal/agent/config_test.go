@@ -175,6 +175,12 @@ legacy_v1:
 	if _, err := ParseConfig([]byte("policy: backup-first\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "backup-first") {
 		t.Fatalf("backup-first without measurements accepted: %v", err)
 	}
+	if b, err := ParseConfig([]byte("buffer_sizing: true\n")); err != nil || !b.BufferSizing {
+		t.Fatalf("buffer_sizing: %v %v", b.BufferSizing, err)
+	}
+	if _, err := ParseConfig([]byte("buffer_sizing: true\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "buffer_sizing") {
+		t.Fatalf("buffer_sizing without measurements accepted: %v", err)
+	}
 }
 
 // Errors carry file:line:column of the whole file and the field.

@@ -55,6 +55,18 @@ func newPair(t *testing.T) *pair {
 	return p
 }
 
+// commands opens a command socket in the client namespace, closed when
+// the test ends.
+func (p *pair) commands(t *testing.T) *mptcppm.Conn {
+	t.Helper()
+	pm, err := mptcppm.Dial(mptcppm.Options{NetNS: p.c.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pm.Close() })
+	return pm
+}
+
 func (p *pair) dial(t *testing.T) net.Conn {
 	t.Helper()
 	d := &net.Dialer{Timeout: 5 * time.Second}
@@ -188,11 +200,7 @@ func TestSubflowCreateSetFlagsDestroy(t *testing.T) {
 	p := newPair(t)
 	events := listen(t, p.c.Name, "client")
 	sevents := listen(t, p.s.Name, "server")
-	pm, err := mptcppm.Dial(mptcppm.Options{NetNS: p.c.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pm.Close()
+	pm := p.commands(t)
 	c := p.dial(t)
 	local := netip.MustParseAddrPort(c.LocalAddr().String())
 	est := waitEvent(t, events, mptcppm.EventEstablished, 0)
@@ -275,14 +283,10 @@ func TestSubflowCreateSetFlagsDestroy(t *testing.T) {
 func TestCommandErrors(t *testing.T) {
 	p := newPair(t)
 	events := listen(t, p.c.Name, "client")
-	pm, err := mptcppm.Dial(mptcppm.Options{NetNS: p.c.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pm.Close()
+	pm := p.commands(t)
 
 	// Unknown connection.
-	err = pm.SubflowCreate(0x1234abcd, mptcppm.Addr{IP: netip.MustParseAddr("10.0.1.1")}, mptcppm.Addr{IP: p.alt, Port: 5201})
+	err := pm.SubflowCreate(0x1234abcd, mptcppm.Addr{IP: netip.MustParseAddr("10.0.1.1")}, mptcppm.Addr{IP: p.alt, Port: 5201})
 	var pe *mptcppm.Error
 	if !errors.As(err, &pe) || pe.Errno == 0 || pe.Cmd != "SUBFLOW_CREATE" || pe.Token != 0x1234abcd {
 		t.Fatalf("SUBFLOW_CREATE on unknown token: %v, want an *mptcppm.Error with errno", err)
@@ -356,11 +360,7 @@ func TestAnnounceRemove(t *testing.T) {
 	p := newPair(t)
 	events := listen(t, p.c.Name, "client")
 	sevents := listen(t, p.s.Name, "server")
-	pm, err := mptcppm.Dial(mptcppm.Options{NetNS: p.c.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pm.Close()
+	pm := p.commands(t)
 	// The server (in-kernel PM) signals its second address.
 	p.s.Run("ip", "mptcp", "endpoint", "add", p.alt.String(), "id", "5", "signal")
 	c := p.dial(t)
@@ -408,11 +408,7 @@ func TestAnnounceRemove(t *testing.T) {
 func TestSubflowFromSecondAddress(t *testing.T) {
 	p := newPair(t)
 	events := listen(t, p.c.Name, "client2")
-	pm, err := mptcppm.Dial(mptcppm.Options{NetNS: p.c.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pm.Close()
+	pm := p.commands(t)
 	cdev := strings.TrimSpace(strings.Split(strings.Split(p.c.Run("ip", "-o", "link", "show", "type", "veth"), ":")[1], "@")[0])
 	p.c.Run("ip", "addr", "add", "10.0.1.5/24", "dev", cdev)
 	p.dial(t)
@@ -426,7 +422,7 @@ func TestSubflowFromSecondAddress(t *testing.T) {
 		t.Fatalf("SUB_ESTABLISHED = %v, want from %s with local id 5", sub, second)
 	}
 	// The same address under another id is refused.
-	err = pm.SubflowCreate(est.Token, mptcppm.Addr{ID: 6, IP: second}, mptcppm.AddrFrom(netip.AddrPortFrom(p.alt, 5201), 0))
+	err := pm.SubflowCreate(est.Token, mptcppm.Addr{ID: 6, IP: second}, mptcppm.AddrFrom(netip.AddrPortFrom(p.alt, 5201), 0))
 	if !errors.Is(err, unix.EINVAL) {
 		t.Fatalf("second address under another id: %v, want EINVAL", err)
 	}

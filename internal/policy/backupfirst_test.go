@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
 )
 
 // A backup-first connection: the default path (30 ms) and one NAT detour
@@ -159,5 +161,25 @@ func TestBackupFirstDemotesDetourThatAddsNothing(t *testing.T) {
 	}
 	if d := s.decision("nat:r1"); !strings.HasPrefix(d, "backup: no gain") {
 		t.Fatalf("decision %q", d)
+	}
+}
+
+// The 6.18 kernel reports backup=0 in SUB_ESTABLISHED for a join created
+// with the backup flag (and sends nothing on it): the subflow stays a
+// backup to the policy, so it can be tried. Found in the lab: before the
+// fix the detour counted as active and was never tried (9.38 Mbit/s
+// beside static's 18.58 on brennan2017 core-limited).
+func TestBackupFirstJoinStaysBackupWhateverTheEventSays(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	p := NewBackupFirst(Config{Subflows: 1, Now: clk.now}, []detour.Source{&list{ds: []detour.Detour{d1}}})
+	ins := p.Established(Conn{Token: 1, Local: client, Remote: server, Fully: true})
+	if len(ins) != 1 || !ins[0].Backup {
+		t.Fatalf("intents %v", ins)
+	}
+	p.SubflowEstablished(up(ins[0], 41000)) // the event's backup attribute: 0
+	for _, sf := range p.Report().Conns[0].Subflows {
+		if sf.Path == "nat:r1" && sf.Role != RoleBackup {
+			t.Fatalf("detour subflow role %q, want backup", sf.Role)
+		}
 	}
 }

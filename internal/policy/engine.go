@@ -413,7 +413,12 @@ func (p *Engine) SubflowEstablished(sf Subflow) []Intent {
 	if s.redial && !s.up {
 		s.attempts-- // this attempt is up; older ones may still come
 	}
-	s.up, s.stale, s.upSince, s.port, s.backup, s.localID = true, false, p.cfg.Now(), sf.Local.Port(), sf.Backup, sf.LocalID
+	// A join the policy opened with the B flag is a backup whatever the
+	// event says: the 6.18 kernel reports backup=0 in SUB_ESTABLISHED for
+	// a subflow created with the backup address flag, and does not send
+	// on it (lab, brennan2017 core-limited: 0 bytes on it over 10 s).
+	requested := !s.up && s.backup && s.d != nil
+	s.up, s.stale, s.upSince, s.port, s.backup, s.localID = true, false, p.cfg.Now(), sf.Local.Port(), sf.Backup || requested, sf.LocalID
 	s.role = RoleActive
 	if s.backup {
 		s.role = RoleBackup

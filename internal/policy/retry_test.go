@@ -223,3 +223,22 @@ func TestChurnCreatesBounded(t *testing.T) {
 	}
 	t.Logf("%d SUBFLOW_CREATE for %d connections (%d detour subflows can exist): %.2f per subflow", creates, conns, n*conns, float64(creates)/float64(n*conns))
 }
+
+// BufferWanted: 2 x the sum of a connection's rates x its largest RTT, the
+// largest over connections.
+func TestBufferWanted(t *testing.T) {
+	s := newSimMode(t, Static, 1, d1)
+	if w := s.p.BufferWanted(); w != 0 {
+		t.Fatalf("BufferWanted without measurements = %d, want 0", w)
+	}
+	s.run(20*time.Second, func(sk subKey, sp *simPath) {
+		sp.rate = 1.25e6 // 10 Mbit/s each
+		if sk.remote == d1.Remote {
+			sp.rtt = 200 * time.Millisecond
+		}
+	})
+	// 2 x 2.5 MB/s x 0.2 s = 1 MB.
+	if w := s.p.BufferWanted(); w < 950_000 || w > 1_050_000 {
+		t.Fatalf("BufferWanted = %d, want about 1,000,000", w)
+	}
+}

@@ -26,7 +26,15 @@ type GossipConfig struct {
 	Secret          []byte
 	ProbeInterval   time.Duration
 	ProbeTimeout    time.Duration
+	Tuning          GossipTuning
 	Cert            *collective.Certificate // the relay's own (role relay)
+}
+
+// GossipTuning: memberlist's settings beyond the probe, for large
+// collectives (0: the defaults; docs/collective.md, "Scale").
+type GossipTuning struct {
+	SuspicionMult, SuspicionMaxMult, GossipNodes, RetransmitMult int
+	GossipInterval, PushPullInterval                             time.Duration
 }
 
 func (g *GossipConfig) same(o *GossipConfig) bool {
@@ -35,7 +43,7 @@ func (g *GossipConfig) same(o *GossipConfig) bool {
 	}
 	return g.Bind == o.Bind && g.Advertise == o.Advertise && slices.Equal(g.Join, o.Join) && slices.Equal(g.Announce, o.Announce) &&
 		g.Region == o.Region && g.Capacity == o.Capacity && string(g.Secret) == string(o.Secret) &&
-		g.ProbeInterval == o.ProbeInterval && g.ProbeTimeout == o.ProbeTimeout && g.Cert.String() == o.Cert.String()
+		g.ProbeInterval == o.ProbeInterval && g.ProbeTimeout == o.ProbeTimeout && g.Tuning == o.Tuning && g.Cert.String() == o.Cert.String()
 }
 
 // rosterUpdateEvery is how often the relay re-signs its entry when its
@@ -84,6 +92,8 @@ func (s *Server) newRoster(key proto.Key, g *GossipConfig, info roster.Info, tru
 	n, err := roster.Start(roster.Config{
 		Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Secret: g.Secret,
 		ProbeInterval: g.ProbeInterval, ProbeTimeout: g.ProbeTimeout,
+		SuspicionMult: g.Tuning.SuspicionMult, SuspicionMaxTimeoutMult: g.Tuning.SuspicionMaxMult, GossipNodes: g.Tuning.GossipNodes,
+		GossipInterval: g.Tuning.GossipInterval, PushPullInterval: g.Tuning.PushPullInterval, RetransmitMult: g.Tuning.RetransmitMult,
 		Key: key, Cert: g.Cert, Trust: trust,
 		Log: s.log.With("part", "roster"), Now: s.now,
 		OnRefused: func(reason string) { s.met.rosterRefused.WithLabelValues(reason).Inc() },

@@ -118,6 +118,35 @@ type GossipFile struct {
 	SecretFile    string          `yaml:"secret_file"`    // required: base64 32-byte key authenticating and encrypting gossip
 	ProbeInterval config.Duration `yaml:"probe_interval"` // default 500ms
 	ProbeTimeout  config.Duration `yaml:"probe_timeout"`  // default 250ms
+	// Tuning of memberlist at scale (docs/collective.md, "Scale"; 0 or
+	// absent: the defaults).
+	SuspicionMult    int             `yaml:"suspicion_mult"`     // default 3
+	SuspicionMaxMult int             `yaml:"suspicion_max_mult"` // default 2
+	GossipNodes      int             `yaml:"gossip_nodes"`       // default 3
+	GossipInterval   config.Duration `yaml:"gossip_interval"`    // default 200ms
+	PushPullInterval config.Duration `yaml:"push_pull_interval"` // default 30s (memberlist scales it with log2(N/32))
+	RetransmitMult   int             `yaml:"retransmit_mult"`    // default 4
+}
+
+// tuning checks the section's tuning settings.
+func (gc *GossipFile) tuning() (relay.GossipTuning, error) {
+	t := relay.GossipTuning{SuspicionMult: gc.SuspicionMult, SuspicionMaxMult: gc.SuspicionMaxMult, GossipNodes: gc.GossipNodes, RetransmitMult: gc.RetransmitMult,
+		GossipInterval: time.Duration(gc.GossipInterval), PushPullInterval: time.Duration(gc.PushPullInterval)}
+	for _, c := range []struct {
+		name   string
+		v, max int
+	}{{"suspicion_mult", t.SuspicionMult, 20}, {"suspicion_max_mult", t.SuspicionMaxMult, 20}, {"gossip_nodes", t.GossipNodes, 20}, {"retransmit_mult", t.RetransmitMult, 30}} {
+		if c.v < 0 || c.v > c.max {
+			return t, fmt.Errorf("collective.gossip.%s: %d is outside 1..%d", c.name, c.v, c.max)
+		}
+	}
+	if t.GossipInterval != 0 && (t.GossipInterval < 10*time.Millisecond || t.GossipInterval > 10*time.Second) {
+		return t, fmt.Errorf("collective.gossip.gossip_interval: %v is outside 10ms..10s", t.GossipInterval)
+	}
+	if t.PushPullInterval != 0 && (t.PushPullInterval < time.Second || t.PushPullInterval > time.Hour) {
+		return t, fmt.Errorf("collective.gossip.push_pull_interval: %v is outside 1s..1h", t.PushPullInterval)
+	}
+	return t, nil
 }
 
 // FairShareFile is the `fair_share:` section of the relay's file.
@@ -530,6 +559,9 @@ func buildGossip(c *File, s *relay.Config) (*relay.GossipConfig, error) {
 	}
 	if g.ProbeTimeout != 0 && (g.ProbeTimeout < 10*time.Millisecond || g.ProbeTimeout > 30*time.Second) {
 		return nil, fmt.Errorf("collective.gossip.probe_timeout: %v is outside 10ms..30s", g.ProbeTimeout)
+	}
+	if g.Tuning, err = gc.tuning(); err != nil {
+		return nil, err
 	}
 	pi, pt := g.ProbeInterval, g.ProbeTimeout
 	if pi == 0 {

@@ -139,14 +139,15 @@ func TestParseGossipConfig(t *testing.T) {
 	otherKey := write("other.cert", issue(testKey(t).Public(), collective.RoleRelay, now.Add(-time.Hour), now.Add(time.Hour)))
 	secret := write("secret", "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=\n")
 	head := "private_key: " + priv.String() + "\nlisten: 10.0.0.1:45673\ncollective:\n  authority: " + auth.Public().String() + "\n"
-	good := head + "  certificate_file: " + cert + "\n  gossip:\n    bind: 10.0.0.1:7946\n    join: [10.0.0.2:7946, relay-b.example:7946]\n    region: eu-west\n    secret_file: " + secret + "\n"
+	good := head + "  certificate_file: " + cert + "\n  gossip:\n    bind: 10.0.0.1:7946\n    join: [10.0.0.2:7946, relay-b.example:7946]\n    region: eu-west\n    secret_file: " + secret + "\n    suspicion_mult: 2\n    push_pull_interval: 90s\n    retransmit_mult: 6\n"
 	s, err := ParseConfig([]byte(good))
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := s.Gossip
 	if g == nil || g.Bind.String() != "10.0.0.1:7946" || g.Advertise != g.Bind || len(g.Join) != 2 || g.Region != "eu-west" ||
-		len(g.Announce) != 1 || g.Announce[0] != s.Listen || g.Capacity != uint32(s.QuotaGlobal) || len(g.Secret) != 32 {
+		len(g.Announce) != 1 || g.Announce[0] != s.Listen || g.Capacity != uint32(s.QuotaGlobal) || len(g.Secret) != 32 ||
+		g.Tuning != (relay.GossipTuning{SuspicionMult: 2, PushPullInterval: 90 * time.Second, RetransmitMult: 6}) {
 		t.Fatalf("gossip settings: %+v", g)
 	}
 	s, err = ParseConfig([]byte(head + "  certificate_file: " + cert + "\n  gossip: {advertise: 192.0.2.1:45675, secret_file: " + secret + "}\n"))
@@ -170,6 +171,8 @@ func TestParseGossipConfig(t *testing.T) {
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, secret_file: " + cert + "}\n":                                            "collective.gossip.secret_file",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, probe_timeout: 2s, secret_file: " + secret + "}\n":                       "probe_timeout",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, announce: [0.0.0.0:1]}\n":                                                "collective.gossip.announce[0]",
+		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, suspicion_mult: 99, secret_file: " + secret + "}\n":                      "collective.gossip.suspicion_mult",
+		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, push_pull_interval: 5h, secret_file: " + secret + "}\n":                  "collective.gossip.push_pull_interval",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, bogus: 1}\n":                                                             "bogus",
 		"private_key: " + priv.String() + "\nmembers: [{name: a, public_key: " + priv.Public().String() + "}]\ncollective: {gossip: {bind: 10.0.0.1:1}}\n": "needs collective.authority",
 	}

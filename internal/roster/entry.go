@@ -310,9 +310,15 @@ func Reason(err error) string {
 
 var errNameMismatch = errors.New("node name is not the entry's relay key")
 
-// ReasonUnauthenticated counts gossip packets and streams memberlist
-// dropped because they were not sealed with the cluster's gossip secret.
-const ReasonUnauthenticated = "unauthenticated"
+// Refusal reasons besides Reason's: gossip packets and streams memberlist
+// dropped because they were not sealed with the cluster's gossip secret;
+// metadata longer than an entry can be; an entry not newer than the one
+// held for its relay (replayed or reordered).
+const (
+	ReasonUnauthenticated = "unauthenticated"
+	ReasonOversized       = "oversized"
+	ReasonStale           = "stale"
+)
 
 // NodeName is the memberlist node name of a relay: its public key in
 // base64url, so an entry can only be carried by the node named for its key.

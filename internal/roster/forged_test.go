@@ -5,8 +5,10 @@ import (
 	"crypto/cipher"
 	"crypto/rand"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -90,14 +92,7 @@ func TestForgedDeadHighestIncarnation(t *testing.T) {
 // struct's fields) as a packet carries it.
 func deadMessage(inc uint32, node, from string) []byte {
 	b := []byte{5, 0x83}
-	str := func(s string) {
-		if len(s) < 32 {
-			b = append(b, 0xa0|byte(len(s)))
-		} else {
-			b = append(b, 0xd9, byte(len(s)))
-		}
-		b = append(b, s...)
-	}
+	str := func(s string) { b = msgpackStr(b, s) }
 	str("Incarnation")
 	b = binary.BigEndian.AppendUint32(append(b, 0xce), inc)
 	str("Node")
@@ -125,4 +120,119 @@ func seal(t *testing.T, key, msg []byte) []byte {
 		t.Fatal(err)
 	}
 	return gcm.Seal(out, out[1:13], msg, nil)
+}
+
+// TestHostileGossipPeer (issue 30, bad input): a peer that holds the
+// gossip secret sends, as sealed memberlist alive messages over loopback
+// to a real relay node: garbage metadata, metadata longer than an entry,
+// another relay's valid entry under a name of its own (claiming it), a
+// relay's older entry at a higher incarnation (replayed), and a flood of
+// invented relays. Every one is refused and counted by reason, the node's
+// memberlist table and roster do not grow, and the other relays are not
+// affected.
+func TestHostileGossipPeer(t *testing.T) {
+	f := newFixture(t)
+	var logs syncBuf
+	nodes := startCluster(t, f, 3, &logs)
+	waitFor(t, 10*time.Second, "three relays in every roster", func() bool {
+		for _, nd := range nodes {
+			if nd.Count() != 3 || nd.Members() != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	target := nodes[0]
+	c, err := net.Dial("udp", target.list.LocalNode().Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	send := func(node string, inc uint32, meta []byte) {
+		t.Helper()
+		if _, err := c.Write(seal(t, testSecret, aliveMessage(inc, node, meta))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := nodes[1]
+	victim.mu.Lock()
+	good := victim.self
+	older := *victim.entries[victim.Name()].entry
+	victim.mu.Unlock()
+	older.Issued = older.Issued.Add(-time.Minute)
+	older.Load = 999
+	if err := older.Sign(victim.cfg.Key); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := older.Bytes()
+	send("relay-garbage", 1, []byte("not an entry"))
+	send("relay-big", 1, make([]byte, 600))
+	send("relay-impostor", 1, good) // another relay's entry under its own name
+	send(victim.Name(), 1<<20, old) // replayed older entry, higher incarnation
+	for i := range 2000 {
+		send(fmt.Sprintf("relay-flood-%d", i), 1, []byte(fmt.Sprintf("flood %d", i)))
+	}
+	want := map[string]uint64{"malformed": 2001, ReasonOversized: 1, "name-mismatch": 1, ReasonStale: 1}
+	waitFor(t, 10*time.Second, "every hostile message refused and counted", func() bool {
+		r := target.Refused()
+		for k, v := range want {
+			if r[k] < v {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("refused: %v", target.Refused())
+	time.Sleep(time.Second) // gossip rounds
+	for _, nd := range nodes {
+		if nd.Members() != 3 || nd.Size() != 3 {
+			t.Fatalf("%s: memberlist %d members, roster %d entries after the hostile peer", nd.Name(), nd.Members(), nd.Size())
+		}
+		for _, e := range nd.Entries() {
+			if e.Load == 999 {
+				t.Fatalf("%s: the replayed older entry replaced the newer", nd.Name())
+			}
+		}
+	}
+	if n := strings.Count(logs.String(), "reason=malformed"); n > 3 {
+		t.Errorf("%d log lines for malformed entries: the flood is not rate-limited", n)
+	}
+}
+
+// aliveMessage is memberlist's alive message (type 4, msgpack map of the
+// struct's fields) as a packet carries it.
+func aliveMessage(inc uint32, node string, meta []byte) []byte {
+	b := []byte{4, 0x86}
+	str := func(s string) { b = msgpackStr(b, s) }
+	bin := func(v []byte) {
+		if len(v) < 256 {
+			b = append(b, 0xc4, byte(len(v)))
+		} else {
+			b = binary.BigEndian.AppendUint16(append(b, 0xc5), uint16(len(v)))
+		}
+		b = append(b, v...)
+	}
+	str("Incarnation")
+	b = binary.BigEndian.AppendUint32(append(b, 0xce), inc)
+	str("Node")
+	str(node)
+	str("Addr")
+	bin([]byte{127, 0, 0, 1})
+	str("Port")
+	b = binary.BigEndian.AppendUint16(append(b, 0xcd), 9)
+	str("Meta")
+	bin(meta)
+	str("Vsn")
+	bin([]byte{1, 5, 2, 2, 5, 4})
+	return b
+}
+
+// msgpackStr appends s as a msgpack string (fixstr or str8).
+func msgpackStr(b []byte, s string) []byte {
+	if len(s) < 32 {
+		b = append(b, 0xa0|byte(len(s)))
+	} else {
+		b = append(b, 0xd9, byte(len(s)))
+	}
+	return append(b, s...)
 }

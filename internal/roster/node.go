@@ -45,6 +45,17 @@ type Config struct {
 	ProbeTimeout  time.Duration
 	SuspicionMult int
 	RejoinEvery   time.Duration // default 5 s
+	// Tuning (issue 30; 0: the defaults below, chosen by measurement in
+	// docs/results/roster): Lifeguard's cap on a suspicion's start
+	// (x the suspicion timeout), gossip fan-out and interval, the
+	// periodic state sync's interval (memberlist scales it up with
+	// log2(N/32)), and how often every relay retransmits a new message
+	// (x ceil(log10(N+1))).
+	SuspicionMaxTimeoutMult int
+	GossipNodes             int
+	GossipInterval          time.Duration
+	PushPullInterval        time.Duration
+	RetransmitMult          int
 
 	Key   proto.Key               // the relay's private control-protocol key
 	Cert  *collective.Certificate // its certificate (role relay)
@@ -98,8 +109,10 @@ type Node struct {
 	trust   *collective.Trust
 	self    []byte // our signed entry
 	info    Info
-	entries map[string]*known // by node name
-	refused map[string]uint64 // by Reason
+	entries map[string]*known    // by node name
+	refused map[string]uint64    // by Reason
+	logged  map[string]time.Time // refusals: last logged, by reason
+	muted   map[string]uint64    // refusals not logged since
 	changes uint64
 	snap    *Snapshot // the last one built (snapshot.go)
 	crl     crlState  // the revocation list's gossip (crl.go)
@@ -157,7 +170,7 @@ func Start(cfg Config, info Info) (*Node, error) {
 		cfg.TimeScale = 1
 	}
 	cfg.RejoinEvery = scaleDuration(cfg.RejoinEvery, cfg.TimeScale)
-	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+	n := &Node{cfg: cfg, trust: cfg.Trust, log: cfg.Log, entries: map[string]*known{}, refused: map[string]uint64{}, logged: map[string]time.Time{}, muted: map[string]uint64{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
@@ -190,11 +203,26 @@ func Start(cfg Config, info Info) (*Node, error) {
 	// collective scenario: docs/results/collective). 2 caps it at
 	// 2 x 1.95 s: a live relay still has that long to refute.
 	mc.SuspicionMaxTimeoutMult = suspicionMaxTimeoutMult
+	for _, o := range []struct {
+		v   int
+		dst *int
+	}{{cfg.SuspicionMaxTimeoutMult, &mc.SuspicionMaxTimeoutMult}, {cfg.GossipNodes, &mc.GossipNodes}, {cfg.RetransmitMult, &mc.RetransmitMult}} {
+		if o.v > 0 {
+			*o.dst = o.v
+		}
+	}
+	if cfg.GossipInterval > 0 {
+		mc.GossipInterval = cfg.GossipInterval
+	}
+	if cfg.PushPullInterval > 0 {
+		mc.PushPullInterval = cfg.PushPullInterval
+	}
 	mc.DeadNodeReclaimTime = 5 * time.Second // a restarted relay may come back on another address
 	// Entries are mostly keys and signatures: LZW gains little on them and
 	// costs CPU on every gossip message.
 	mc.EnableCompression = false
 	mc.Delegate = (*delegate)(n)
+	mc.Alive = (*aliveFilter)(n)
 	mc.Events = (*events)(n)
 	mc.Logger = log.New(&logWriter{l: n.log, n: n}, "", 0)
 	// Authenticated and encrypted both ways (memberlist refuses
@@ -251,19 +279,19 @@ func scaleDuration(d time.Duration, k float64) time.Duration {
 	return time.Duration(float64(d) * k)
 }
 
-// size is how many entries the roster holds, expired or revoked ones
-// included (the simulation's progress check: its certificates are valid
-// for a day and nobody is revoked, so this is Count without the filter,
-// which costs O(N) per relay and poll, O(N^2) for N relays).
-func (n *Node) size() int {
+// Size is how many entries the roster holds, expired or revoked ones
+// included: O(1) (the simulation's progress check, whose certificates are
+// valid for a day and nobody is revoked; Count filters, O(N)).
+func (n *Node) Size() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return len(n.entries)
 }
 
-// listsAny tells whether the roster holds an entry of any of the named
-// relays (the simulation's kill check, without sorting Entries).
-func (n *Node) listsAny(names []string) bool {
+// ListsAny tells whether the roster holds an entry of any of the named
+// relays (memberlist node names; the simulation's checks, without
+// sorting Entries).
+func (n *Node) ListsAny(names ...string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, name := range names {
@@ -464,21 +492,14 @@ func (n *Node) learn(node *memberlist.Node) {
 	if err == nil && NodeName(e.Key()) != node.Name {
 		err = fmt.Errorf("%w: %s carries the entry of %s", errNameMismatch, node.Name, e.Name())
 	}
-	n.mu.Lock()
 	if err != nil {
-		// A previous valid entry of the node stays: without a gossip
-		// secret anybody in the cluster can gossip a node's metadata, and
-		// a forged update must not remove a relay (the relay refutes it).
-		// Its certificate's expiry and revocation still apply (Entries).
-		reason := Reason(err)
-		n.refused[reason]++
-		n.mu.Unlock()
-		n.log.Warn("roster: entry refused", "node", node.Name, "addr", node.Address(), "reason", reason, "err", err)
-		if n.cfg.OnRefused != nil {
-			n.cfg.OnRefused(reason)
-		}
+		// A previous valid entry of the node stays: a forged update must
+		// not remove a relay (the relay refutes it). Its certificate's
+		// expiry and revocation still apply (Entries).
+		n.refuse(node, Reason(err), err)
 		return
 	}
+	n.mu.Lock()
 	if k := n.entries[node.Name]; k != nil && !e.Issued.After(k.entry.Issued) {
 		n.mu.Unlock()
 		return // an older entry of the same relay (replayed or reordered)
@@ -492,6 +513,77 @@ func (n *Node) learn(node *memberlist.Node) {
 		n.log.Info("roster: relay joined", "relay", e.Name(), "key", e.Key().ID(), "addrs", e.Addrs, "region", e.Region)
 	}
 	n.changed()
+}
+
+// refuse counts a refused entry (or gossip) by reason and logs it, at
+// most once every 10 s per reason with the count not logged since: a
+// hostile peer can send many.
+func (n *Node) refuse(node *memberlist.Node, reason string, err error) {
+	now := time.Now()
+	n.mu.Lock()
+	n.refused[reason]++
+	log := now.Sub(n.logged[reason]) >= refuseLogEvery
+	muted := n.muted[reason]
+	if log {
+		n.logged[reason], n.muted[reason] = now, 0
+	} else {
+		n.muted[reason]++
+	}
+	n.mu.Unlock()
+	if log {
+		var name, addr string
+		if node != nil {
+			name, addr = node.Name, node.Address()
+		}
+		lvl := n.log.Warn
+		if reason == ReasonStale {
+			lvl = n.log.Info // routine for a moment while gossip reorders
+		}
+		lvl("roster: entry refused", "node", name, "addr", addr, "reason", reason, "err", err, "not_logged_since", muted)
+	}
+	if n.cfg.OnRefused != nil {
+		n.cfg.OnRefused(reason)
+	}
+}
+
+const refuseLogEvery = 10 * time.Second
+
+// aliveFilter is memberlist's AliveDelegate: an alive message (gossip or
+// state sync) whose metadata is not a valid entry of the node it names is
+// ignored before memberlist stores anything of it, so a hostile peer that
+// holds the gossip secret cannot grow every relay's node table with
+// invented relays, nor replace a relay's entry with an older or foreign
+// one. An unchanged entry costs one comparison.
+type aliveFilter Node
+
+func (a *aliveFilter) NotifyAlive(node *memberlist.Node) error {
+	n := (*Node)(a)
+	n.mu.Lock()
+	k := n.entries[node.Name]
+	self := n.self
+	n.mu.Unlock()
+	if k != nil && bytes.Equal(k.meta, node.Meta) || bytes.Equal(self, node.Meta) && node.Name == NodeName(n.cfg.Key.Public()) {
+		return nil
+	}
+	if len(node.Meta) > MaxEntryLen {
+		err := fmt.Errorf("entry of %d bytes exceeds %d", len(node.Meta), MaxEntryLen)
+		n.refuse(node, ReasonOversized, err)
+		return err
+	}
+	e, err := n.verify(node.Meta, n.cfg.Now())
+	if err == nil && NodeName(e.Key()) != node.Name {
+		err = fmt.Errorf("%w: %s carries the entry of %s", errNameMismatch, node.Name, e.Name())
+	}
+	if err == nil && k != nil && !e.Issued.After(k.entry.Issued) {
+		err = fmt.Errorf("entry issued %v, not newer than the one held (%v)", e.Issued, k.entry.Issued)
+		n.refuse(node, ReasonStale, err)
+		return err
+	}
+	if err != nil {
+		n.refuse(node, Reason(err), err)
+		return err
+	}
+	return nil
 }
 
 func (n *Node) forget(node *memberlist.Node) {
@@ -554,31 +646,11 @@ func (e *events) NotifyLeave(node *memberlist.Node)  { (*Node)(e).forget(node) }
 type logWriter struct {
 	l *slog.Logger
 	n *Node
-
-	mu    sync.Mutex
-	last  time.Time
-	muted uint64
 }
 
 func (w *logWriter) Write(p []byte) (int, error) {
 	if w.n != nil && (bytes.Contains(p, []byte("Decrypt packet failed")) || bytes.Contains(p, []byte("decrypt")) || bytes.Contains(p, []byte("Decrypt"))) {
-		w.n.mu.Lock()
-		w.n.refused[ReasonUnauthenticated]++
-		w.n.mu.Unlock()
-		if w.n.cfg.OnRefused != nil {
-			w.n.cfg.OnRefused(ReasonUnauthenticated)
-		}
-		w.mu.Lock()
-		now := time.Now()
-		if now.Sub(w.last) < 10*time.Second {
-			w.muted++
-			w.mu.Unlock()
-			return len(p), nil
-		}
-		muted := w.muted
-		w.last, w.muted = now, 0
-		w.mu.Unlock()
-		w.l.Warn("roster: gossip refused reason=unauthenticated (not sealed with this cluster's gossip secret)", "msg", string(bytes.TrimSpace(p)), "not_logged", muted)
+		w.n.refuse(nil, ReasonUnauthenticated, fmt.Errorf("not sealed with this cluster's gossip secret: %s", bytes.TrimSpace(p)))
 		return len(p), nil
 	}
 	s := string(bytes.TrimSpace(p))

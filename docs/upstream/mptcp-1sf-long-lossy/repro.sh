@@ -9,17 +9,21 @@
 # Per trial: nstat deltas in the client (sender) and server (receiver).
 # Variants change one host setting in both namespaces (per-netns sysctls).
 #
-# Usage: repro.sh [rounds] [variants...]   (root; MPDETOUR=path to mpdetour)
+# Usage: repro.sh [rounds] [variants...]
+#   (root; MPDETOUR=path to mpdetour (bench send/recv), MPDETOUR_LAB=path to
+#   mpdetour-lab (lab up/down); the 2026-11-26 run used one binary from before
+#   the lab commands moved to mpdetour-lab)
 #   variants: defaults rmem32 wmem32 both32 (default: all four)
 set -u
 R=${1:-3}; shift || true
 VARIANTS=${*:-defaults rmem32 wmem32 both32}
 M=${MPDETOUR:-mpdetour}
+ML=${MPDETOUR_LAB:-mpdetour-lab}
 L=k4r$$
 RECV=""
-cleanup() { [ -n "$RECV" ] && kill $RECV 2>/dev/null; $M lab down $L >/dev/null 2>&1; rm -f /tmp/$L-*; }
+cleanup() { [ -n "$RECV" ] && kill $RECV 2>/dev/null; $ML down $L >/dev/null 2>&1; rm -f /tmp/$L-*; }
 trap cleanup EXIT INT TERM
-$M lab up detours --name $L --set detours=1 --set access.rate=0 --set access.delay=0 --set egress.rate=0 --set egress.delay=0 \
+$ML up detours --name $L --set detours=1 --set access.rate=0 --set access.delay=0 --set egress.rate=0 --set egress.delay=0 \
   --set C0.rate=72156kbit --set C0.delay=86421us --set C0.loss=0.118% --set C0.queue=2031 \
   --set C1.rate=25040kbit --set C1.delay=67917us --set C1.loss=1.307% --set C1.queue=448 >/dev/null || exit 1
 SRV=$(ip -n $L-server -4 -o addr show | awk '$2!="lo"{split($4,a,"/");print a[1];exit}')

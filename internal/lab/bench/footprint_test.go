@@ -16,8 +16,8 @@ import (
 
 // BenchmarkRelayFootprint measures a relay's memory idle and holding 1,000
 // NAT mappings (docs/results/footprint): MPDETOUR_BIN names the binary the
-// relay runs (bin/mpdetour from make build-host, as shipped; default:
-// built here), MPDETOUR_FOOTPRINT_OUT a file for the JSON report.
+// relay runs (the product binary, `make build-host`: bin/mpdetour;
+// default: built here), MPDETOUR_FOOTPRINT_OUT a file for the JSON report.
 //
 //	make build-host && flock /work/runs/heavy.lock env MPDETOUR_BIN=$PWD/bin/mpdetour \
 //	    MPDETOUR_FOOTPRINT_OUT=$PWD/docs/results/footprint/relay.json \

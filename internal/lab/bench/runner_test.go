@@ -128,6 +128,7 @@ func (c *cancelAfter) Write(p []byte) (int, error) {
 func TestInterruptAndResume(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "pgrep")
+	b := binary(t)
 	s, err := scenario.Parse("t.yaml", []byte(`
 name: t
 topology: brennan2017
@@ -145,7 +146,7 @@ procedures: [tcp, mptcp-1sf]
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pw := &cancelAfter{n: 1, cancel: cancel}
-	_, err = Run(ctx, Options{Scenario: s, Out: out, LabName: name, Progress: pw})
+	_, err = Run(ctx, Options{Scenario: s, Out: out, LabName: name, Binary: b, Progress: pw})
 	t.Log(pw.b.String())
 	if err != context.Canceled {
 		t.Fatalf("interrupted run returned %v, want context.Canceled", err)
@@ -159,13 +160,13 @@ procedures: [tcp, mptcp-1sf]
 		t.Fatalf("interrupted run wrote no report: %v", err)
 	}
 
-	if _, err := Run(context.Background(), Options{Scenario: s, Out: out, LabName: name}); err == nil {
+	if _, err := Run(context.Background(), Options{Scenario: s, Out: out, LabName: name, Binary: b}); err == nil {
 		t.Fatal("a second run into the same --out without resume was accepted")
 	}
 	var progress strings.Builder
 	// Resumed in rounds: the missing trial 1 of mptcp-1sf first, then
 	// trial 2 of each.
-	d, err := Run(context.Background(), Options{Scenario: s, Out: out, LabName: name, Resume: true, Interleave: true, Progress: &progress})
+	d, err := Run(context.Background(), Options{Scenario: s, Out: out, LabName: name, Binary: b, Resume: true, Interleave: true, Progress: &progress})
 	t.Log(progress.String())
 	if err != nil {
 		t.Fatal(err)

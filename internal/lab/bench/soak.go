@@ -238,7 +238,8 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 		return c, err
 	}
 	// Short connections, on a fixed schedule (a late start is caught up,
-	// not dropped): ExpectedShort of them unless the run ends first.
+	// not dropped, also past the end of the run): ExpectedShort of them
+	// unless the soak is interrupted.
 	rep.ExpectedShort = int64(o.Duration.Seconds() * o.ConnsPerSecond)
 	var startedShort atomic.Int64
 	wg.Add(1)
@@ -247,7 +248,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 		for i := int64(0); i < rep.ExpectedShort; i++ {
 			at := start.Add(time.Duration(float64(i) / o.ConnsPerSecond * float64(time.Second)))
 			select {
-			case <-runCtx.Done():
+			case <-ctx.Done():
 				return
 			case <-time.After(time.Until(at)):
 			}
@@ -758,18 +759,23 @@ func connectionChecks(rep *SoakReport) []SoakCheck {
 
 // Bounds of the agent's memory trend: the lower 95 % bound of its RSS
 // slope after the warm-up may not exceed trendPerHour plus trendSlack over
-// the window (the slack keeps a short run's leftover warm-up from failing
-// it; over an hour, 2 MB/h + 2 MB: a rise of 52 to 62 MB fails).
+// the window (over an hour, 2 MB/h + 4 MB over the 48 minutes after the
+// warm-up, 7 MB/h: a rise of 52 to 62 MB fails). A window shorter than
+// trendMinWindow is reported, not judged: the embedded WireGuard devices'
+// buffers (26 MiB of heap each, allocated at start) enter the RSS as they
+// are first used, which takes minutes, so a short run measures that
+// warm-up, not a leak; its level checks judge it.
 const (
-	trendPerHour = 2.0 // MB/h
-	trendSlack   = 2.0 // MB
+	trendPerHour   = 2.0 // MB/h
+	trendSlack     = 4.0 // MB
+	trendMinWindow = 15 * time.Minute
 )
 
 // agentTrendCheck fits the agent's RSS over the samples after a warm-up
-// (the first fifth of the run, at least 2 min when the run allows) and
+// (the first fifth of the run, at least 2.5 min when the run allows) and
 // fails when memory rises with confidence.
 func agentTrendCheck(rep *SoakReport, o SoakOptions) SoakCheck {
-	warm := math.Max(o.Duration.Seconds()/5, math.Min(120, o.Duration.Seconds()/2))
+	warm := math.Max(o.Duration.Seconds()/5, math.Min(150, o.Duration.Seconds()/2))
 	var x, y []float64
 	for _, s := range rep.Samples {
 		if s.T >= warm && s.T <= o.Duration.Seconds()+1 && s.Agent.RSSBytes > 0 {
@@ -783,6 +789,11 @@ func agentTrendCheck(rep *SoakReport, o SoakOptions) SoakCheck {
 	window := x[len(x)-1] - x[0]
 	allowed := trendPerHour + trendSlack/window
 	rep.AgentRSSTrend.Slope, rep.AgentRSSTrend.Lo, rep.AgentRSSTrend.Hi, rep.AgentRSSTrend.WindowS = slope, lo, hi, window*3600
+	if window*3600 < trendMinWindow.Seconds() {
+		return SoakCheck{Name: "agent RSS trend", OK: true,
+			Detail: fmt.Sprintf("%+.1f MB/h (95%% CI %+.1f..%+.1f) over %.0f s after the warm-up: reported, not judged (a trend is judged over at least %s after the warm-up)",
+				slope, lo, hi, window*3600, trendMinWindow)}
+	}
 	return SoakCheck{Name: "agent RSS trend", OK: lo <= allowed,
 		Detail: fmt.Sprintf("%+.1f MB/h (95%% CI %+.1f..%+.1f) over %.0f s after the warm-up; allowed: lower bound <= %.1f MB/h (%.0f MB/h + %.0f MB over the window)",
 			slope, lo, hi, window*3600, allowed, trendPerHour, trendSlack)}

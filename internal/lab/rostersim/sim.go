@@ -1,14 +1,23 @@
-package roster
+// Package rostersim runs many relays of a collective in one process over
+// memberlist with an in-process network, to measure roster convergence,
+// gossip cost and failure detection at sizes no lab reaches (issue 30;
+// docs/results/roster). Test apparatus: it lives outside the product's
+// packages and uses only internal/roster's exported API.
+package rostersim
 
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	mrand "math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,6 +27,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // The simulation runs many relays in one process over memberlist with an
@@ -40,9 +50,15 @@ type SimConfig struct {
 	Window        time.Duration // steady-state bandwidth measurement, simulated time (default 10 s)
 	Settle        time.Duration // wait after convergence before measuring, simulated time (default 15 s: gossip queues drain)
 	Timeout       time.Duration // for each phase, wall-clock time (default 5 min)
-	ProbeInterval time.Duration // defaults as Config; simulated time
+	ProbeInterval time.Duration // defaults as roster.Config; simulated time
 	ProbeTimeout  time.Duration
 	SuspicionMult int
+	// Tuning, as roster.Config (0: the relays' defaults).
+	SuspicionMaxTimeoutMult int
+	GossipNodes             int
+	GossipInterval          time.Duration // simulated time
+	PushPullInterval        time.Duration // simulated time
+	RetransmitMult          int
 	// TimeScale K dilates time (Config.TimeScale): every memberlist and
 	// Node interval and timeout, the join rate's period, Settle and Window
 	// run K times slower on the wall clock; SimResult has the wall-clock
@@ -79,6 +95,72 @@ type SimResult struct {
 	Verified                           uint64        // signature verifications done
 	FalseRemovals                      uint64        // live relays missing from a live roster after convergence (flapping)
 	CRLSpread                          time.Duration // a revocation list given to one relay: until every relay applied it
+	// One more relay joins the converged collective: until 99.9 % of the
+	// other rosters list it, and all of them (0: not within Timeout).
+	JoinOne999, JoinOneAll time.Duration
+	HeapPerRelay           float64 // live heap after a GC in steady state / relays (bytes; includes the simulated network)
+}
+
+// Summary is the machine-readable form of a run (docs/results/roster/
+// sim-<N>-<name>.json): durations in simulated seconds (null: not
+// reached), rates per simulated second.
+type Summary struct {
+	Name                    string   `json:"name"`
+	Relays                  int      `json:"relays"`
+	TimeScale               float64  `json:"time_scale"`
+	Settings                any      `json:"settings"`
+	StartS                  float64  `json:"start_s"`
+	AllRostersCompleteS     *float64 `json:"all_rosters_complete_s"`
+	Complete50S             *float64 `json:"rosters_complete_50_s"`
+	Complete90S             *float64 `json:"rosters_complete_90_s"`
+	Complete99S             *float64 `json:"rosters_complete_99_s"`
+	KnownShare              float64  `json:"known_share"`
+	JoinCostKiB             float64  `json:"join_cost_per_relay_kib"`
+	SteadyBytesPerS         float64  `json:"steady_bytes_per_s_per_relay"`
+	SteadyDatagramsPerS     float64  `json:"steady_datagrams_per_s_per_relay"`
+	HeapPerRelayKiB         float64  `json:"heap_per_relay_kib"`
+	CRLOnEveryRelayS        *float64 `json:"crl_on_every_relay_s"`
+	JoinedIn999PctS         *float64 `json:"joined_relay_in_99_9_pct_of_rosters_s"`
+	JoinedInAllS            *float64 `json:"joined_relay_in_all_rosters_s"`
+	Killed                  int      `json:"killed"`
+	KilledOutOfFirstRosterS *float64 `json:"killed_out_of_first_roster_s"`
+	KilledOutOfEveryRosterS *float64 `json:"killed_out_of_every_roster_s"`
+	FalseRemovals           uint64   `json:"false_removals"`
+	DatagramsDropped        uint64   `json:"datagrams_dropped"`
+	Error                   string   `json:"error,omitempty"`
+}
+
+// Summary converts the result to simulated time.
+func (r *SimResult) Summary(name string, cfg SimConfig, runErr error) Summary {
+	sec := func(d time.Duration) *float64 {
+		if d <= 0 {
+			return nil
+		}
+		v := math.Round(r.Sim(d).Seconds()*1000) / 1000
+		return &v
+	}
+	s := Summary{Name: name, Relays: r.Relays, TimeScale: r.TimeScale, StartS: r.Sim(r.StartTime).Seconds(),
+		AllRostersCompleteS: sec(r.Convergence), Complete50S: sec(r.Complete50), Complete90S: sec(r.Complete90), Complete99S: sec(r.Complete99),
+		KnownShare: r.Known, JoinCostKiB: r.BytesPerRelay / 1024, SteadyBytesPerS: r.SimRate(r.SteadyBps), SteadyDatagramsPerS: r.SimRate(r.SteadyPps),
+		HeapPerRelayKiB: r.HeapPerRelay / 1024, CRLOnEveryRelayS: sec(r.CRLSpread), JoinedIn999PctS: sec(r.JoinOne999), JoinedInAllS: sec(r.JoinOneAll),
+		Killed: r.Killed, KilledOutOfFirstRosterS: sec(r.KillDetectFirst), KilledOutOfEveryRosterS: sec(r.KillDetection),
+		FalseRemovals: r.FalseRemovals, DatagramsDropped: r.Dropped}
+	s.Settings = map[string]any{"probe_interval": cfg.ProbeInterval.String(), "probe_timeout": cfg.ProbeTimeout.String(), "suspicion_mult": cfg.SuspicionMult,
+		"suspicion_max_timeout_mult": cfg.SuspicionMaxTimeoutMult, "gossip_nodes": cfg.GossipNodes, "gossip_interval": cfg.GossipInterval.String(),
+		"push_pull_interval": cfg.PushPullInterval.String(), "retransmit_mult": cfg.RetransmitMult, "join_rate": cfg.JoinRate, "kill": cfg.Kill}
+	if runErr != nil {
+		s.Error = runErr.Error()
+	}
+	return s
+}
+
+// WriteFile writes the summary as JSON.
+func (s Summary) WriteFile(path string) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 // Sim converts a wall-clock duration of the run to simulated time.
@@ -121,7 +203,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		return nil, fmt.Errorf("simulate: time scale %v: want 1 or more", cfg.TimeScale)
 	}
 	scale := cfg.TimeScale
-	wall := func(d time.Duration) time.Duration { return scaleDuration(d, scale) }
+	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
 	say := func(format string, a ...any) {
 		if cfg.Progress != nil {
 			fmt.Fprintf(cfg.Progress, format+"\n", a...)
@@ -138,14 +220,14 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	}
 	sn := &simNet{nodes: map[string]*simTransport{}}
 	var verified atomic.Uint64
-	var cache sync.Map // string(meta) -> *Entry
-	verify := func(meta []byte, now time.Time) (*Entry, error) {
+	var cache sync.Map // string(meta) -> *roster.Entry
+	verify := func(meta []byte, now time.Time) (*roster.Entry, error) {
 		if !cfg.VerifyEach {
 			if e, ok := cache.Load(string(meta)); ok {
-				return e.(*Entry), nil
+				return e.(*roster.Entry), nil
 			}
 		}
-		e, err := Parse(meta)
+		e, err := roster.Parse(meta)
 		if err == nil {
 			err = e.Verify(trust, now)
 		}
@@ -160,11 +242,12 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	}
 	res := &SimResult{Relays: cfg.Relays, Killed: cfg.Kill, TimeScale: scale}
 	defer func() { res.Dropped, res.Verified = sn.dropped.Load(), verified.Load() }()
-	nodes := make([]*Node, cfg.Relays)
-	alive := make([]bool, cfg.Relays)
+	nodes := make([]*roster.Node, cfg.Relays, cfg.Relays+1)
+	alive := make([]bool, cfg.Relays, cfg.Relays+1)
+	addrs := make([]string, cfg.Relays, cfg.Relays+1)
 	// Every relay holds its own revocation list (the entries' verification
 	// is shared, above, and ignores lists: the list revokes nobody here).
-	trusts := make([]*collective.Trust, cfg.Relays)
+	trusts := make([]*collective.Trust, cfg.Relays, cfg.Relays+1)
 	defer func() {
 		for i, n := range nodes {
 			if n != nil && alive[i] {
@@ -173,8 +256,8 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		}
 	}()
 	now := time.Now()
-	t0 := time.Now()
-	for i := range nodes {
+	// start starts relay i (joining relay join).
+	start := func(i, join int) (*roster.Node, error) {
 		k, err := proto.GenerateKey()
 		if err != nil {
 			return nil, err
@@ -185,18 +268,35 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		}
 		addr := simAddrOf(i)
 		tr := sn.add(addr)
-		var join []string
-		if i > 0 {
-			join = []string{simAddrOf(i / 2)} // a join tree: every relay joins an earlier one
+		var joins []string
+		if join >= 0 {
+			joins = []string{simAddrOf(join)}
 		}
-		trusts[i] = collective.NewTrust(auth.Public())
-		n, err := Start(Config{Transport: tr, Join: join, Secret: secret, Key: k, Cert: c, Trust: trusts[i], Verify: verify,
-			ProbeInterval: cfg.ProbeInterval, ProbeTimeout: cfg.ProbeTimeout, SuspicionMult: cfg.SuspicionMult, TimeScale: scale},
-			Info{Addrs: []netip.AddrPort{netip.MustParseAddrPort(addr)}, Capacity: 1000, Kinds: KindNAT | KindTunnel, Region: "sim"})
+		tt := collective.NewTrust(auth.Public())
+		n, err := roster.Start(roster.Config{Transport: tr, Join: joins, Secret: secret, Key: k, Cert: c, Trust: tt, Verify: verify,
+			ProbeInterval: cfg.ProbeInterval, ProbeTimeout: cfg.ProbeTimeout, SuspicionMult: cfg.SuspicionMult,
+			SuspicionMaxTimeoutMult: cfg.SuspicionMaxTimeoutMult, GossipNodes: cfg.GossipNodes, GossipInterval: cfg.GossipInterval,
+			PushPullInterval: cfg.PushPullInterval, RetransmitMult: cfg.RetransmitMult, TimeScale: scale},
+			roster.Info{Addrs: []netip.AddrPort{netip.MustParseAddrPort(addr)}, Capacity: 1000, Kinds: roster.KindNAT | roster.KindTunnel, Region: "sim"})
 		if err != nil {
 			return nil, fmt.Errorf("relay %d: %w", i, err)
 		}
-		nodes[i], alive[i] = n, true
+		if i < len(nodes) {
+			nodes[i], alive[i], addrs[i], trusts[i] = n, true, addr, tt
+		} else {
+			nodes, alive, addrs, trusts = append(nodes, n), append(alive, true), append(addrs, addr), append(trusts, tt)
+		}
+		return n, nil
+	}
+	t0 := time.Now()
+	for i := range cfg.Relays {
+		join := -1
+		if i > 0 {
+			join = i / 2 // a join tree: every relay joins an earlier one
+		}
+		if _, err := start(i, join); err != nil {
+			return nil, err
+		}
 		if cfg.JoinRate > 0 {
 			if d := wall(time.Duration(float64(i+1)/cfg.JoinRate*float64(time.Second))) - time.Since(t0); d > 0 {
 				time.Sleep(d)
@@ -223,7 +323,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 				if !alive[i] {
 					continue
 				}
-				c := n.size()
+				c := n.Size()
 				lo, hi = min(lo, c), max(hi, c)
 				if c == want {
 					done++
@@ -248,7 +348,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			known := 0
 			for i, n := range nodes {
 				if alive[i] {
-					known += min(n.size(), want)
+					known += min(n.Size(), want)
 				}
 			}
 			res.Known = float64(known) / float64(live*want)
@@ -319,6 +419,11 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	secs := time.Since(tw).Seconds()
 	res.SteadyBps = float64(b1-b0) / secs / float64(cfg.Relays)
 	res.SteadyPps = float64(p1-p0) / secs / float64(cfg.Relays)
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	res.HeapPerRelay = float64(ms.HeapAlloc) / float64(cfg.Relays)
+	say("live heap after a GC: %.1f MiB, %.0f KiB per relay", float64(ms.HeapAlloc)/(1<<20), res.HeapPerRelay/1024)
 	say("steady state over %v (simulated %v): %.0f B/s and %.1f datagrams/s sent per relay (per simulated second: %.0f B/s, %.1f datagrams/s)",
 		wall(cfg.Window), cfg.Window, res.SteadyBps, res.SteadyPps, res.SimRate(res.SteadyBps), res.SimRate(res.SteadyPps))
 
@@ -351,12 +456,49 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	res.CRLSpread = time.Since(tc)
 	say("revocation list given to one relay: applied by all %d after %v (simulated %v)", cfg.Relays, res.CRLSpread.Round(time.Millisecond), res.Sim(res.CRLSpread).Round(time.Millisecond))
 
+	// One more relay joins (a random one of the collective): until
+	// 99.9 % of the others' rosters list it, and all.
+	{
+		tj := time.Now()
+		n, err := start(cfg.Relays, mrand.IntN(cfg.Relays))
+		if err != nil {
+			return res, err
+		}
+		name := n.Name()
+		others := cfg.Relays
+		for {
+			listed := 0
+			for i, o := range nodes[:cfg.Relays] {
+				if alive[i] && o.ListsAny(name) {
+					listed++
+				}
+			}
+			if res.JoinOne999 == 0 && listed*1000 >= others*999 {
+				res.JoinOne999 = time.Since(tj)
+			}
+			if listed == others {
+				res.JoinOneAll = time.Since(tj)
+				break
+			}
+			if time.Since(tj) > cfg.Timeout {
+				say("the joined relay is in %d of %d rosters after %v", listed, others, cfg.Timeout)
+				break
+			}
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		say("one relay joined: in 99.9 %% of the rosters after %v, in all after %v (simulated %v, %v; 0: not within the timeout)",
+			res.JoinOne999.Round(time.Millisecond), res.JoinOneAll.Round(time.Millisecond), res.Sim(res.JoinOne999).Round(time.Millisecond), res.Sim(res.JoinOneAll).Round(time.Millisecond))
+	}
+
 	if cfg.Kill > 0 {
 		var dead []string // node names
 		for i := 0; i < cfg.Kill; i++ {
 			j := cfg.Relays - 1 - i*(cfg.Relays/cfg.Kill) // spread over the join tree
-			dead = append(dead, NodeName(nodes[j].cfg.Key.Public()))
-			sn.kill(nodes[j].cfg.Transport.(*simTransport).addr)
+			dead = append(dead, nodes[j].Name())
+			sn.kill(addrs[j])
 			_ = nodes[j].Kill()
 			alive[j] = false
 		}
@@ -370,7 +512,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 					continue
 				}
 				live++
-				if !n.listsAny(dead) {
+				if !n.ListsAny(dead...) {
 					clean++
 				}
 			}
@@ -393,9 +535,9 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			first.Round(time.Millisecond), res.KillDetection.Round(time.Millisecond), res.Sim(first).Round(time.Millisecond), res.Sim(res.KillDetection).Round(time.Millisecond))
 		// Live relays still all listed (no false removals)? Only
 		// meaningful when the rosters were complete before the kill.
-		want := cfg.Relays - cfg.Kill
+		want := len(nodes) - cfg.Kill // the relays started, the joined one included
 		for i, n := range nodes {
-			if alive[i] && n.size() != want && res.Incomplete == 0 {
+			if alive[i] && n.Size() != want && res.Incomplete == 0 {
 				res.FalseRemovals++
 			}
 		}
@@ -534,5 +676,5 @@ func (c *countConn) Write(b []byte) (int, error) {
 // simAddrOf is relay i's address on the simulated network (10.0.0.1, ...).
 func simAddrOf(i int) string {
 	j := i + 1
-	return fmt.Sprintf("10.%d.%d.%d:%d", j>>16&255, j>>8&255, j&255, DefaultPort)
+	return fmt.Sprintf("10.%d.%d.%d:%d", j>>16&255, j>>8&255, j&255, roster.DefaultPort)
 }

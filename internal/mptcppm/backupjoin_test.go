@@ -1,0 +1,63 @@
+package mptcppm_test
+
+import (
+	"io"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
+)
+
+// What backup-first relies on, against the kernel: a subflow created with
+// the backup flag carries no data while the initial subflow works, and
+// carries data once SET_FLAGS clears the flag. (The kernel's SUB_ESTABLISHED
+// for it says backup=0 on 6.18: logged, not relied on; the policy keeps
+// its own record.)
+func TestBackupJoinCarriesDataOnlyOncePromoted(t *testing.T) {
+	p := newPair(t)
+	events := listen(t, p.c.Name, "client")
+	pm := p.commands(t)
+	c := p.dial(t)
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	tok := waitEvent(t, events, mptcppm.EventEstablished, 0).Token
+	go io.Copy(io.Discard, c) // the server echoes
+	remote := mptcppm.Addr{IP: p.alt, Port: p.server.Port()}
+	if err := pm.SubflowCreate(tok, mptcppm.Addr{IP: local.Addr(), Flags: mptcppm.FlagBackup}, remote); err != nil {
+		t.Fatalf("SUBFLOW_CREATE backup: %v", err)
+	}
+	sub := waitEvent(t, events, mptcppm.EventSubEstablished, tok)
+	t.Logf("SUB_ESTABLISHED of a join created with the backup flag: backup=%d", sub.Backup)
+	acked := func() (uint64, bool) {
+		t.Helper()
+		s, found, err := mptcppm.FindSubflow(mptcppm.Options{NetNS: p.c.Name}, local, func(s mptcppm.Subflow) bool { return s.Local == sub.Local })
+		if err != nil || !found {
+			t.Fatalf("the backup subflow in inet_diag: found %v, %v", found, err)
+		}
+		return s.BytesAcked, s.Backup()
+	}
+	stop := netnstest.KeepWriting(c)
+	time.Sleep(500 * time.Millisecond)
+	before, flagged := acked()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if before > 4096 {
+		t.Fatalf("the backup join carried %d bytes while the initial subflow worked", before)
+	}
+	t.Logf("backup join: %d bytes acknowledged in 0.5 s of writing, inet_diag backup flag %v", before, flagged)
+	if err := pm.SetBackup(tok, mptcppm.AddrFrom(sub.Local, 0), mptcppm.AddrFrom(sub.Remote, 0), false); err != nil {
+		t.Fatalf("SET_FLAGS backup off: %v", err)
+	}
+	stop = netnstest.KeepWriting(c)
+	time.Sleep(500 * time.Millisecond)
+	after, flagged := acked()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if after <= before+65536 || flagged {
+		t.Fatalf("promoted join: %d bytes acknowledged (before %d), backup flag %v; want it to carry data", after, before, flagged)
+	}
+	t.Logf("promoted: %d bytes acknowledged", after)
+}
