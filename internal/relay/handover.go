@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
+	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
 	"github.com/mpdetour/mpdetour/internal/relay/lease"
 )
 
@@ -48,7 +48,7 @@ type handoverMapping struct {
 
 func handoverPath(stateFile string) string { return stateFile + handoverSuffix }
 
-// saveHandover writes ms to path atomically (temporary file, fsync, rename).
+// saveHandover writes ms to path atomically (fairshare.WriteFileAtomic).
 func saveHandover(path string, ms []*lease.Mapping, now time.Time) error {
 	h := handoverFile{Version: handoverVersion, Saved: now.UTC(), Mappings: make([]handoverMapping, 0, len(ms))}
 	for _, m := range ms {
@@ -59,23 +59,8 @@ func saveHandover(path string, ms []*lease.Mapping, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	_, err = fairshare.WriteFileAtomic(path, b)
+	return err
 }
 
 // loadHandover reads the mappings a stopped relay left (none: no file).

@@ -52,24 +52,8 @@ func TestRotateThroughConfiguredList(t *testing.T) {
 	server := netip.MustParseAddrPort("198.51.100.1:80")
 	var confirmed, session proto.Key
 	run := func(t *testing.T, members string) (grant0, grant1 netip.AddrPort, rotErr error) {
-		cfg, err := ParseConfig([]byte("private_key: " + priv.String() + "\nlisten: 127.0.0.1:0\nmembers:\n" + members))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv, err := relay.New(cfg.Static, &cfg.Reloadable, relay.Deps{PacketConn: pc, DataPlane: dataplane.NewFake()})
-		if err != nil {
-			pc.Close()
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		done := make(chan error, 1)
-		go func() { done <- srv.Serve(ctx) }()
-		defer func() { cancel(); <-done }()
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: srv.Addr(), PublicKey: priv.Public()}, oldPriv, relayclient.Options{})
+		ctx, addr := loopbackRelay(t, "private_key: "+priv.String()+"\nlisten: 127.0.0.1:0\nmembers:\n"+members)
+		c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: addr, PublicKey: priv.Public()}, oldPriv, relayclient.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,24 +105,8 @@ func TestRotateThroughConfiguredList(t *testing.T) {
 // and works at once after SetRelayKey.
 func TestClientFollowsRelayKey(t *testing.T) {
 	oldRelay, newRelay, member := testKey(t), testKey(t), testKey(t)
-	cfg, err := ParseConfig([]byte("private_key: " + newRelay.String() + "\nlisten: 127.0.0.1:0\nmembers:\n  - {name: bob, public_key: " + member.Public().String() + "}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := relay.New(cfg.Static, &cfg.Reloadable, relay.Deps{PacketConn: pc, DataPlane: dataplane.NewFake()})
-	if err != nil {
-		pc.Close()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
-	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: srv.Addr(), PublicKey: oldRelay.Public()}, member, relayclient.Options{})
+	ctx, addr := loopbackRelay(t, "private_key: "+newRelay.String()+"\nlisten: 127.0.0.1:0\nmembers:\n  - {name: bob, public_key: "+member.Public().String()+"}\n")
+	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: addr, PublicKey: oldRelay.Public()}, member, relayclient.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,4 +134,29 @@ func TestClientFollowsRelayKey(t *testing.T) {
 		t.Fatal("Relay() does not report the new key")
 	}
 	t.Logf("first grant %v after SetRelayKey", time.Since(start).Round(time.Millisecond))
+}
+
+// loopbackRelay runs a relay built from the config text through the loader,
+// with a fake data plane, on loopback until the test ends; it returns a
+// context that ends with it and the relay's control address.
+func loopbackRelay(t *testing.T, text string) (context.Context, netip.AddrPort) {
+	t.Helper()
+	cfg, err := ParseConfig([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := relay.New(cfg.Static, &cfg.Reloadable, relay.Deps{PacketConn: pc, DataPlane: dataplane.NewFake()})
+	if err != nil {
+		pc.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ctx, srv.Addr()
 }
