@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/cli"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // collectivePresent presents the usage receipts a member's relay issued
@@ -36,35 +36,35 @@ func collectivePresent() *cli.Command {
 			if state == "" {
 				state = receipts + ".presented"
 			}
-			cfg, err := agent.LoadConfig(config)
+			cfg, err := agentd.LoadConfig(config)
 			if err != nil {
 				return err
 			}
 			if cfg.Relays == nil {
 				return fmt.Errorf("%s has no relays: section", config)
 			}
-			rs, err := relayclient.ReadReceipts(receipts)
+			rs, err := relayconn.ReadReceipts(receipts)
 			if err != nil {
 				return err
 			}
-			p, err := relayclient.LoadPresented(state)
+			p, err := relayconn.LoadPresented(state)
 			if err != nil {
 				return err
 			}
 			sc := *cfg.Relays
 			opt := sc.Options
 			if opt.ListenPacket == nil {
-				opt.ListenPacket = relayclient.ListenIn(cfg.NetNS)
+				opt.ListenPacket = relayconn.ListenIn(cfg.Agent.NetNS)
 			}
 			var failed error
 			for _, r := range sc.Relays {
-				c, err := relayclient.Dial(r, sc.PrivateKey, opt)
+				c, err := relayconn.Dial(r, sc.PrivateKey, opt)
 				if err != nil {
 					failed = errors.Join(failed, fmt.Errorf("relay %s: %w", r.Name, err))
 					continue
 				}
 				rctx, cancel := context.WithTimeout(ctx, timeout)
-				res, err := relayclient.PresentAll(rctx, c, rs, p, time.Now())
+				res, err := relayconn.PresentAll(rctx, c, rs, p, time.Now())
 				cancel()
 				c.Close()
 				fmt.Printf("relay %s: %d accepted, %d refused %v, %d already presented or expired", r.Name, res.Accepted, res.Refused, res.Reasons, res.Skipped)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os/exec"
 	"path"
 	"strings"
 	"testing"
@@ -39,19 +38,7 @@ func badDep(pkg string) string {
 // The product binary links no lab, plotting, attack or test package:
 // `go list -deps` of this command (what the linker gets, tests excluded).
 func TestProductDependencies(t *testing.T) {
-	testenv.Tools(t, "go")
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("go list -deps: %v\n%s", err, stderr)
-	}
-	deps := strings.Fields(string(out))
-	if len(deps) < 10 || deps[len(deps)-1] != module+"/cmd/mpdetour" {
-		t.Fatalf("go list -deps printed %d packages, last %q: not this command's dependencies", len(deps), deps[len(deps)-1:])
-	}
+	deps := testenv.Deps(t, module+"/cmd/mpdetour")
 	for _, pkg := range deps {
 		if why := badDep(pkg); why != "" {
 			t.Errorf("cmd/mpdetour depends on %s: %s (find the import chain with: go list -deps -f '{{.ImportPath}}: {{.Imports}}' ./cmd/mpdetour)", pkg, why)

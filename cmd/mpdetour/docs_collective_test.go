@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayd"
@@ -54,7 +54,7 @@ func TestDocsCollectiveDiscoveryExamples(t *testing.T) {
 		t.Fatalf("gossip section: %+v", s.Gossip)
 	}
 	agentYAML := r.Replace(yamlBlock(t, "collective.md", "discovery:"))
-	c, err := agent.ParseConfig([]byte(agentYAML))
+	c, err := agentd.ParseConfig([]byte(agentYAML))
 	if err != nil {
 		t.Fatalf("docs/collective.md agent example: %v", err)
 	}

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relay/tunnels"
 	"github.com/mpdetour/mpdetour/internal/relayd"
-	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
 // yamlBlock returns the first ```yaml block of a doc that contains marker.
@@ -48,15 +48,15 @@ func TestDocsConfigExamplesParse(t *testing.T) {
 	if s.Tunnel == nil {
 		t.Fatal("docs/relay.md example: no tunnel section parsed")
 	}
-	if _, _, err := tunnelctl.ParseConfig(s.Tunnel); err != nil {
+	if _, err := tunnels.ParseConfig(s.Tunnel); err != nil {
 		t.Fatalf("docs/relay.md example, tunnel section: %v", err)
 	}
 	agentYAML := strings.ReplaceAll(yamlBlock(t, "agent.md", "announced_subflows"), "/etc/mpdetour/member.key", keyFile)
-	if _, err := agent.ParseConfig([]byte(agentYAML)); err != nil {
+	if _, err := agentd.ParseConfig([]byte(agentYAML)); err != nil {
 		t.Fatalf("docs/agent.md example: %v", err)
 	}
 	for _, marker := range []string{"announce_interval", "name: unique, address: 10.0.31.2"} {
-		if c, err := agent.ParseConfig([]byte(yamlBlock(t, "agent.md", marker))); err != nil || c.Server == nil {
+		if c, err := agentd.ParseConfig([]byte(yamlBlock(t, "agent.md", marker))); err != nil || c.Server == nil {
 			t.Fatalf("docs/agent.md server-role example (%s): %v", marker, err)
 		}
 	}

@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/doctor"
 	"github.com/mpdetour/mpdetour/internal/relay"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/relayd"
 )
 
@@ -59,7 +60,7 @@ func doctorCommand() *cli.Command {
 				}
 			}
 			if agentConfig != "" {
-				cfg, err := agent.LoadConfig(agentConfig)
+				cfg, err := agentd.LoadConfig(agentConfig)
 				switch {
 				case err != nil:
 					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.Fail, Detail: err.Error()})
@@ -68,7 +69,7 @@ func doctorCommand() *cli.Command {
 				default:
 					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.OK, Detail: agentConfig + " is valid"})
 					cc := doctor.ClientConfig{Source: *cfg.Relays}
-					cc.Source.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)
+					cc.Source.Options.ListenPacket = relayconn.ListenIn(cfg.Agent.NetNS)
 					if server != "" {
 						ap, err := netip.ParseAddrPort(server)
 						if err != nil {

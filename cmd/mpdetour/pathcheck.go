@@ -12,10 +12,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/pathcheck"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // listFlag is a repeatable string flag.
@@ -160,7 +160,7 @@ func pathCheckCommand() *cli.Command {
 // server. The grants are not released: a running agent of the same member
 // shares them (one mapping per member and server); unused, they lapse.
 func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pathcheck.Path, error) {
-	cfg, err := agent.LoadConfig(file)
+	cfg, err := agentd.LoadConfig(file)
 	if err != nil {
 		return nil, err
 	}
@@ -168,11 +168,11 @@ func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pa
 		return nil, fmt.Errorf("path-check: %s has no relays section: no detour to ask for", file)
 	}
 	src := *cfg.Relays
-	src.Options.ListenPacket = relayclient.ListenIn(cfg.NetNS)
+	src.Options.ListenPacket = relayconn.ListenIn(cfg.Agent.NetNS)
 	var ps []pathcheck.Path
 	var errs []error
 	for _, rel := range src.Relays {
-		c, err := relayclient.Dial(rel, src.PrivateKey, src.Options)
+		c, err := relayconn.Dial(rel, src.PrivateKey, src.Options)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("relay %s: %w", rel.Name, err))
 			continue

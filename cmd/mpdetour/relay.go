@@ -14,8 +14,8 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
+	"github.com/mpdetour/mpdetour/internal/relay/tunnels"
 	"github.com/mpdetour/mpdetour/internal/relayd"
-	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
 // relayCommand builds the relay subcommand.
@@ -72,7 +72,7 @@ func relayCommand() *cli.Command {
 					return err
 				}
 				if s.Tunnel != nil {
-					if _, _, err := tunnelctl.ParseConfig(s.Tunnel); err != nil {
+					if _, err := tunnels.ParseConfig(s.Tunnel); err != nil {
 						return err
 					}
 				}

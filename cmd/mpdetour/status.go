@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -90,8 +91,9 @@ func printStatus(st agent.Status) {
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "\nCONNECTION\tLOCAL\tREMOTE\tPATH\tROLE\tSTATE\tBACKUP\tSENT\tRECEIVED\tRTT ms\tMbit/s\tLOSS %%\tDECISION\n")
 	convertedTo := map[string]string{} // local address -> destination
-	if st.Conversions != nil {
-		for _, c := range st.Conversions.Recent {
+	conv, convErr := conversionsOf(st)
+	if conv != nil {
+		for _, c := range conv.Recent {
 			convertedTo[c.Local] = c.Destination
 		}
 	}
@@ -141,9 +143,25 @@ func printStatus(st agent.Status) {
 	}
 	w.Flush()
 	printRelays(st.Relays)
-	if st.Conversions != nil {
-		printConversions(*st.Conversions, st.Connections)
+	if conv != nil {
+		printConversions(*conv, st.Connections)
 	}
+	if convErr != nil {
+		fmt.Printf("conversions: %v\n", convErr)
+	}
+}
+
+// conversionsOf decodes the converter router's status the agent passes on
+// as JSON (nil when the agent converts nothing).
+func conversionsOf(st agent.Status) (*convclient.Status, error) {
+	if len(st.Conversions) == 0 {
+		return nil, nil
+	}
+	var cs convclient.Status
+	if err := json.Unmarshal(st.Conversions, &cs); err != nil {
+		return nil, fmt.Errorf("the agent's conversion status does not decode: %w", err)
+	}
+	return &cs, nil
 }
 
 // printConversions shows the conversion Router: converters, counters, the

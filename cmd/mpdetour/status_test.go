@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"net"
 	"os"
@@ -17,18 +18,22 @@ import (
 // tagged with its destination and listed with its converter; counters and
 // converters are printed.
 func TestStatusShowsConversions(t *testing.T) {
+	conv, err := json.Marshal(convclient.Status{
+		Counters:   convclient.Counters{Routed: 3, Converted: 2, Direct: map[string]uint64{"unknown": 1}, Learned: 1, LearnedNoMPTCP: 1},
+		Converters: []convclient.ConverterStatus{{Relay: "r2", Address: "10.0.2.2:45674", Tickets: 3, RTTms: 20.5, Used: 2}},
+		Recent: []convclient.Conversion{
+			{Local: "10.0.1.1:40000", Converter: "10.0.2.2:45674", Name: "r2", Destination: "10.0.3.2:5201", Since: time.Now()},
+			{Local: "10.0.1.1:39000", Converter: "10.0.2.2:45674", Name: "r2", Destination: "10.0.3.2:5201", Since: time.Now()},
+		},
+		NoMPTCP: []convclient.DestStatus{{Destination: "10.0.3.2:5201", Expires: time.Now().Add(time.Hour), Convertible: true, Conversions: 2},
+			{UID: 1000, Destination: "10.0.3.3:80", Expires: time.Now().Add(time.Hour), Convertible: true}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	st := agent.Status{
 		Connections: []agent.ConnStatus{{Token: "0000abcd", Local: "10.0.1.1:40000", Remote: "10.0.2.2:45674", Established: true}},
-		Conversions: &convclient.Status{
-			Counters:   convclient.Counters{Routed: 3, Converted: 2, Direct: map[string]uint64{"unknown": 1}, Learned: 1, LearnedNoMPTCP: 1},
-			Converters: []convclient.ConverterStatus{{Relay: "r2", Address: "10.0.2.2:45674", Tickets: 3, RTTms: 20.5, Used: 2}},
-			Recent: []convclient.Conversion{
-				{Local: "10.0.1.1:40000", Converter: "10.0.2.2:45674", Name: "r2", Destination: "10.0.3.2:5201", Since: time.Now()},
-				{Local: "10.0.1.1:39000", Converter: "10.0.2.2:45674", Name: "r2", Destination: "10.0.3.2:5201", Since: time.Now()},
-			},
-			NoMPTCP: []convclient.DestStatus{{Destination: "10.0.3.2:5201", Expires: time.Now().Add(time.Hour), Convertible: true, Conversions: 2},
-				{UID: 1000, Destination: "10.0.3.3:80", Expires: time.Now().Add(time.Hour), Convertible: true}},
-		},
+		Conversions: conv,
 	}
 	out := captureStatus(t, st)
 	for _, want := range []string{"0000abcd (converted to 10.0.3.2:5201)", "2 converted of 3 connects", "direct: unknown 1",

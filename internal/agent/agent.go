@@ -28,7 +28,7 @@ import (
 
 // Agent manages the MPTCP connections of one namespace.
 type Agent struct {
-	cfg     Config
+	cfg     Options
 	log     *slog.Logger
 	k       Kernel
 	pol     policy.Policy
@@ -96,14 +96,14 @@ type result struct {
 	err error
 }
 
-// New builds an agent on kernel k; sources supply detours (the config's
-// static ones come first). A nil pol means the policy cfg.Policy names,
+// New builds an agent on kernel k; sources supply detours (internal/agentd
+// puts the config's static ones first). A nil pol means the policy cfg.Policy names,
 // built by NewPolicy.
-func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...detour.Source) *Agent {
+func New(cfg Options, log *slog.Logger, k Kernel, pol policy.Policy, sources ...detour.Source) *Agent {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	srcs := append([]detour.Source{NewStaticSource(cfg.Detours)}, sources...)
+	srcs := sources
 	if cfg.Policy == 0 {
 		cfg.Policy = policy.Static
 	}
@@ -121,7 +121,7 @@ func New(cfg Config, log *slog.Logger, k Kernel, pol policy.Policy, sources ...d
 
 // NewPolicy builds the policy cfg.Policy names (static unless adaptive)
 // from the configuration's knobs.
-func NewPolicy(cfg Config, log *slog.Logger, sources []detour.Source) *policy.Engine {
+func NewPolicy(cfg Options, log *slog.Logger, sources []detour.Source) *policy.Engine {
 	return policy.New(policy.Config{
 		Mode:     cfg.Policy,
 		Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),
@@ -186,7 +186,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	a.log.Info("agent running", "netns", a.cfg.NetNS, "policy", a.cfg.Policy.String(), "subflows", a.cfg.Subflows,
-		"detours", len(a.cfg.Detours), "workers", workers, "status", a.cfg.Socket)
+		"sources", len(a.sources), "workers", workers, "status", a.cfg.Socket)
 	var sizer *bufferSizer
 	if a.cfg.BufferSizing {
 		var err error

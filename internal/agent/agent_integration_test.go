@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
@@ -134,20 +135,24 @@ func (dl *detourLab) dial(t *testing.T) net.Conn {
 	return c
 }
 
-func (dl *detourLab) config(t *testing.T, subflows int) Config {
-	cfg, err := ParseConfig([]byte(fmt.Sprintf("subflows: %d\nbackoff: 300ms\n", subflows)))
-	if err != nil {
-		t.Fatal(err)
-	}
+func (dl *detourLab) config(t *testing.T, subflows int) Options {
+	cfg := DefaultOptions()
+	cfg.Subflows, cfg.Backoff = subflows, 300*time.Millisecond
 	cfg.NetNS = dl.l.NetnsName("client")
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	return cfg
+}
+
+// detours is the lab's static detours: one NAT detour per relay.
+func (dl *detourLab) detours() detour.Source {
+	var ds []static.Entry
 	for i, r := range dl.relays {
-		cfg.Detours = append(cfg.Detours, StaticDetour{
+		ds = append(ds, static.Entry{
 			Detour:  detour.Detour{Kind: detour.NAT, Relay: fmt.Sprintf("d%d", i+1), Remote: r},
 			Servers: []netip.Prefix{netip.PrefixFrom(dl.server.Addr(), 32)}, Port: dl.server.Port(),
 		})
 	}
-	return cfg
+	return static.New(ds)
 }
 
 type running struct {
@@ -156,11 +161,11 @@ type running struct {
 	socket string
 }
 
-func start(t *testing.T, cfg Config) *running {
+func start(t *testing.T, cfg Options, sources ...detour.Source) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: testLogLevel}))
 	r := &running{cancel: cancel, done: make(chan error, 1), socket: cfg.Socket}
-	go func() { r.done <- RunLinux(ctx, cfg, log, nil) }()
+	go func() { r.done <- RunLinux(ctx, cfg, log, nil, sources...) }()
 	t.Cleanup(func() { r.stop(t) })
 	// Ready once the status socket answers.
 	waitFor(t, 10*time.Second, "agent status socket", func() (bool, string) {
@@ -267,7 +272,7 @@ func TestAgentDetourSubflowReplaceAndAdopt(t *testing.T) {
 	}
 	dl.serve(t)
 	cfg := dl.config(t, 1)
-	ag := start(t, cfg)
+	ag := start(t, cfg, dl.detours())
 	if v, _ := readSysctl(ns, "net.mptcp.pm_type"); v != "1" {
 		t.Fatalf("pm_type while the agent runs = %s, want 1", v)
 	}
@@ -321,7 +326,7 @@ func TestAgentDetourSubflowReplaceAndAdopt(t *testing.T) {
 		t.Fatalf("pm_type after the agent stopped = %s, want %s", v, pmBefore)
 	}
 	dl.revive(t, 1)
-	start(t, cfg)
+	start(t, cfg, dl.detours())
 	st, err = FetchStatus(cfg.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -353,7 +358,7 @@ func TestAgentResyncAfterLostEvents(t *testing.T) {
 	dl.serve(t)
 	cfg := dl.config(t, 1)
 	cfg.EventBuffer = 1 // the kernel rounds it up to its minimum (a few events)
-	start(t, cfg)
+	start(t, cfg, dl.detours())
 	const n = 20
 	locals := make([]netip.AddrPort, n)
 	var wg sync.WaitGroup
@@ -400,8 +405,7 @@ func TestAgentHonoursServerAnnouncements(t *testing.T) {
 	dl.run(t, "server", "ip", "addr", "add", extra.String()+"/24", "dev", "A2")
 	dl.run(t, "server", "ip", "mptcp", "endpoint", "add", extra.String(), "id", "5", "signal")
 	dl.serve(t)
-	cfg := dl.config(t, 0) // no detours: only the announcement
-	cfg.Detours = nil
+	cfg := dl.config(t, 0)    // no detours: only the announcement
 	cfg.AnnouncedSubflows = 2 // opt-in (default 0, like the kernel's add_addr_accepted)
 	start(t, cfg)
 	c := dl.dial(t)
@@ -449,7 +453,7 @@ func TestAgentSilentDetourFailures(t *testing.T) {
 	cfg := dl.config(t, 1)
 	cfg.ConnectTimeout = time.Second
 	cfg.ProbeInterval = 500 * time.Millisecond
-	start(t, cfg)
+	start(t, cfg, dl.detours())
 	d1, d2 := dl.relays[0], dl.relays[1]
 
 	dl.blackhole(t, 1)
@@ -493,7 +497,7 @@ func TestAgentAdaptiveRedialsDeadDefaultPath(t *testing.T) {
 	cfg := dl.config(t, 1)
 	cfg.Policy = policy.Adaptive
 	cfg.ProbeInterval = 100 * time.Millisecond
-	start(t, cfg)
+	start(t, cfg, dl.detours())
 	c := dl.dial(t)
 	local := netip.MustParseAddrPort(c.LocalAddr().String())
 	waitFor(t, 10*time.Second, "a subflow via the detour", func() (bool, string) {

@@ -17,6 +17,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agent/kerneltest"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,8 +35,8 @@ var (
 	relay2 = netip.MustParseAddrPort("10.0.4.2:4000")
 )
 
-func natDetour(name string, at netip.AddrPort) agent.StaticDetour {
-	return agent.StaticDetour{Detour: detour.Detour{Kind: detour.NAT, Relay: name, Remote: at},
+func natDetour(name string, at netip.AddrPort) static.Entry {
+	return static.Entry{Detour: detour.Detour{Kind: detour.NAT, Relay: name, Remote: at},
 		Servers: []netip.Prefix{netip.PrefixFrom(server.Addr(), 32)}, Port: server.Port()}
 }
 
@@ -46,11 +47,11 @@ type harness struct {
 	stop func()
 }
 
-func start(t *testing.T, mode policy.Mode, detours ...agent.StaticDetour) *harness {
+func start(t *testing.T, mode policy.Mode, detours ...static.Entry) *harness {
 	t.Helper()
-	return run(t, agent.Config{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	return run(t, agent.Options{Subflows: 1, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
-		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode, Detours: detours})
+		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: mode}, static.New(detours))
 }
 
 func (h *harness) connect(token uint32) {
@@ -258,12 +259,11 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]bool {
 // and the metrics; a revoked relay's detours are not healthy.
 func TestAgentBlackholeMetrics(t *testing.T) {
 	bh := agent.BlackholeStatus{State: agent.BlackholeDisabled, Since: time.Now(), TimeoutS: 3600, Disables: 2, Fallbacks: 7, Fix: agent.BlackholeFix(3600)}
-	h := run(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+	h := run(t, agent.Options{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
 		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Blackhole: func() agent.BlackholeStatus { return bh },
-		Detours: []agent.StaticDetour{natDetour("r1", relay1)},
 		RelayStatus: func() []agent.RelayStatus {
 			return []agent.RelayStatus{{Name: "r1", State: agent.RelayRevoked, LastSuccess: time.Unix(1700000000, 0)}}
-		}})
+		}}, static.New([]static.Entry{natDetour("r1", relay1)}))
 	st := h.a.Status()
 	if st.Blackhole == nil || st.Blackhole.State != agent.BlackholeDisabled || len(st.Relays) != 1 {
 		t.Fatalf("status: %+v %+v", st.Blackhole, st.Relays)
@@ -298,11 +298,10 @@ func TestAgentBlackholeMetrics(t *testing.T) {
 // tracked forever, its NAT mapping renewed forever); one the kernel lists
 // stays.
 func TestAgentSweepsConnectionsWithoutClosedEvent(t *testing.T) {
-	cfg := agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
-		ConnectTimeout: 3 * time.Second, Policy: policy.Static, SweepEvery: 100 * time.Millisecond,
-		Detours: []agent.StaticDetour{natDetour("r1", relay1)}}
+	cfg := agent.Options{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, SweepEvery: 100 * time.Millisecond}
 	k := kerneltest.New()
-	a := agent.New(cfg, nil, k, nil)
+	a := agent.New(cfg, nil, k, nil, static.New([]static.Entry{natDetour("r1", relay1)}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -346,7 +345,7 @@ func (s strippedSource) Unusable(d detour.Detour) (string, bool) {
 func TestAgentStatusShowsStrippedDetour(t *testing.T) {
 	good := detour.Detour{Kind: detour.NAT, Relay: "r1", Remote: relay1}
 	bad := detour.Detour{Kind: detour.NAT, Relay: "r2", Remote: relay2}
-	cfg := agent.Config{Subflows: 2, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	cfg := agent.Options{Subflows: 2, AnnouncedSubflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
 		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static}
 	k := kerneltest.New()
@@ -422,8 +421,8 @@ func TestAgentLeavesProbesAlone(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(client.Port())), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h := run(t, agent.Config{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
-		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Detours: []agent.StaticDetour{natDetour("r1", relay1)}, Probes: dir})
+	h := run(t, agent.Options{Subflows: 1, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, Probes: dir}, static.New([]static.Entry{natDetour("r1", relay1)}))
 	h.connect(31) // from client, whose port is marked
 	other := mptcppm.Event{Token: 32, Local: netip.AddrPortFrom(client.Addr(), 40001), Remote: server}
 	other.Type = mptcppm.EventEstablished

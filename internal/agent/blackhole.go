@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/serverrole"
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
 )
 
 // The kernel's MPTCP blackhole fallback (Linux 6.12+, net/mptcp/ctrl.c):
@@ -153,7 +153,7 @@ func (w *blackholeWatch) status() BlackholeStatus {
 
 // readBlackhole reads the counters and the sysctl of netns.
 func readBlackhole(netns string) (map[string]uint64, int, error) {
-	mib, err := serverrole.MPTCPMIB(netns)
+	mib, err := mptcppm.MIB(netns)
 	if err != nil {
 		return nil, 0, err
 	}

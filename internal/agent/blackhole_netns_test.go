@@ -103,10 +103,8 @@ func TestBlackholeRealKernel(t *testing.T) {
 func TestPMTypeRestoredRealKernel(t *testing.T) {
 	testenv.MPTCP(t)
 	ns := netnstest.New(t, "pmg")
-	cfg, err := ParseConfig([]byte("subflows: 1\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := DefaultOptions()
+	cfg.Subflows = 1
 	cfg.NetNS = ns.Name
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	r := start(t, cfg)

@@ -35,7 +35,7 @@ type bufferSizer struct {
 	log   *slog.Logger
 }
 
-func newBufferSizer(cfg Config, log *slog.Logger) (*bufferSizer, error) {
+func newBufferSizer(cfg Options, log *slog.Logger) (*bufferSizer, error) {
 	dir := DefaultStateDir
 	if cfg.Socket != "" {
 		dir = filepath.Dir(cfg.Socket)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/testenv"
@@ -48,11 +49,10 @@ func TestAgentBufferSizingRaisesAndRestores(t *testing.T) {
 	}
 	rmem, wmem := bufferMax(t, ns, "tcp_rmem"), bufferMax(t, ns, "tcp_wmem")
 	dir := t.TempDir()
-	cfg := agent.Config{NetNS: ns.Name, Socket: filepath.Join(dir, "agent.sock"), Subflows: 1, MaxConnections: 10,
+	cfg := agent.Options{NetNS: ns.Name, Socket: filepath.Join(dir, "agent.sock"), Subflows: 1, MaxConnections: 10,
 		CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
-		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static, BufferSizing: true,
-		Detours: []agent.StaticDetour{natDetour("r1", relay1)}}
-	h := run(t, cfg)
+		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static, BufferSizing: true}
+	h := run(t, cfg, static.New([]static.Entry{natDetour("r1", relay1)}))
 	h.connect(3)
 	sub := netip.AddrPortFrom(client.Addr(), 50003)
 	h.wait(0, "create via r1", creates(relay1))

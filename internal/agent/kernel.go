@@ -58,7 +58,7 @@ type LinuxKernel struct {
 // cleanly, else the current value, which it records (synced) before the
 // switch. The file lives beside the status socket, named by the
 // namespace's inode.
-func (k *LinuxKernel) savePMType(cfg Config) (string, error) {
+func (k *LinuxKernel) savePMType(cfg Options) (string, error) {
 	cur, err := readSysctl(cfg.NetNS, "net.mptcp.pm_type")
 	if err != nil {
 		return "", fmt.Errorf("MPTCP unavailable: %w", err)
@@ -109,7 +109,7 @@ const DefaultStateDir = "/run/mpdetour"
 // for events (before switching the path manager, so no connection falls
 // between the two), switches to the userspace path manager and opens
 // cfg.CommandWorkers command sockets.
-func OpenKernel(cfg Config, log *slog.Logger) (_ *LinuxKernel, err error) {
+func OpenKernel(cfg Options, log *slog.Logger) (_ *LinuxKernel, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -205,7 +205,7 @@ func (k *LinuxKernel) Close() error {
 // RunLinux runs an agent on the real kernel of cfg.NetNS until ctx ends,
 // then restores the namespace's path manager. A nil pol means the policy
 // the configuration names.
-func RunLinux(ctx context.Context, cfg Config, log *slog.Logger, pol policy.Policy, sources ...detour.Source) (err error) {
+func RunLinux(ctx context.Context, cfg Options, log *slog.Logger, pol policy.Policy, sources ...detour.Source) (err error) {
 	k, err := OpenKernel(cfg, log)
 	if err != nil {
 		return err

@@ -19,7 +19,7 @@ func TestKernelRestoresPMTypeAfterACrash(t *testing.T) {
 	if err := ns.Sysctl("net/mptcp/pm_type", "0"); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{NetNS: ns.Path, Socket: filepath.Join(t.TempDir(), "agent.sock"), CommandWorkers: 1}
+	cfg := Options{NetNS: ns.Path, Socket: filepath.Join(t.TempDir(), "agent.sock"), CommandWorkers: 1}
 	first, err := OpenKernel(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

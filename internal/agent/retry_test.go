@@ -9,16 +9,18 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agent/kerneltest"
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"golang.org/x/sys/unix"
 )
 
 // run starts an agent with cfg against a fake kernel until the test ends.
-func run(t *testing.T, cfg agent.Config) *harness {
+func run(t *testing.T, cfg agent.Options, sources ...detour.Source) *harness {
 	t.Helper()
 	k := kerneltest.New()
-	a := agent.New(cfg, nil, k, nil)
+	a := agent.New(cfg, nil, k, nil, sources...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -54,11 +56,11 @@ func createsBy(cmds []policy.Intent) map[uint32]int {
 // a retry every 200 ms (before the fix: 20 connections x 2 detours made
 // hundreds of creates in 2 s) nor a new one after every connect timeout.
 func TestAgentFinalCreateRefusalsEndRetries(t *testing.T) {
-	cfg := agent.Config{Subflows: 2, MaxConnections: 1000, CommandWorkers: 2,
+	cfg := agent.Options{Subflows: 2, MaxConnections: 1000, CommandWorkers: 2,
 		Backoff: 100 * time.Millisecond, MaxBackoff: time.Second, ConnectTimeout: 300 * time.Millisecond,
 		ProbeInterval: 0, StallRetransmits: 3, Policy: policy.Static,
-		Detours: []agent.StaticDetour{natDetour("r1", relay1), natDetour("r2", relay2)}}
-	h := run(t, cfg)
+	}
+	h := run(t, cfg, static.New([]static.Entry{natDetour("r1", relay1), natDetour("r2", relay2)}))
 	h.k.Reply(func(in policy.Intent) error {
 		if in.Action != policy.CreateSubflow {
 			return nil
@@ -95,11 +97,11 @@ func TestAgentFinalCreateRefusalsEndRetries(t *testing.T) {
 // connection got one detour subflow instead of two.
 func TestAgentJoinResetAfterOwnDestroyLearnsNoLimit(t *testing.T) {
 	relay3 := netip.MustParseAddrPort("10.0.5.2:4000")
-	cfg := agent.Config{Subflows: 2, MaxConnections: 100, CommandWorkers: 1,
+	cfg := agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1,
 		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
 		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static,
-		Detours: []agent.StaticDetour{natDetour("r1", relay1), natDetour("r2", relay2), natDetour("r3", relay3)}}
-	h := run(t, cfg)
+	}
+	h := run(t, cfg, static.New([]static.Entry{natDetour("r1", relay1), natDetour("r2", relay2), natDetour("r3", relay3)}))
 	h.connect(1)
 	_, i := h.wait(0, "create via r1", creates(relay1))
 	h.wait(0, "create via r2", creates(relay2))

@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
@@ -34,8 +33,10 @@ type Status struct {
 	Connections []ConnStatus   `json:"connections"`
 	Detours     []DetourStatus `json:"detours"`
 	DiagError   string         `json:"diag_error,omitempty"`
-	// Conversions: connections sent through a converter (docs/convert.md).
-	Conversions *convclient.Status `json:"conversions,omitempty"`
+	// Conversions: connections sent through a converter (docs/convert.md):
+	// the converter router's status (convclient.Status) as JSON, since the
+	// core does not know the converter's types.
+	Conversions json.RawMessage `json:"conversions,omitempty"`
 	// Blackhole: the kernel's MPTCP blackhole fallback.
 	Blackhole *BlackholeStatus `json:"mptcp_blackhole,omitempty"`
 	// Relays: each relay's state as the client sees it.
@@ -170,8 +171,9 @@ func (a *Agent) Status() Status {
 		return Status{NetNS: a.cfg.NetNS, DiagError: "agent loop busy: no answer within 5s"}
 	}
 	if a.cfg.ConvertStatus != nil {
-		cs := a.cfg.ConvertStatus()
-		st.Conversions = &cs
+		if b, err := json.Marshal(a.cfg.ConvertStatus()); err == nil {
+			st.Conversions = b
+		}
 	}
 	if a.cfg.Blackhole != nil {
 		bh := a.cfg.Blackhole()

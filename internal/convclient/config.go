@@ -12,8 +12,8 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// FileConfig is the agent's `convert:` section (docs/convert.md).
-type FileConfig struct {
+// File is the agent's `convert:` section (docs/convert.md).
+type File struct {
 	Enabled bool             `yaml:"enabled"`
 	Socket  string           `yaml:"socket"`
 	Relays  []string         `yaml:"relays"` // default: every relay of relays:
@@ -37,7 +37,7 @@ type Settings struct {
 
 // Build validates the section against the relay names of the agent's
 // relays: section; errors start with the field.
-func (f FileConfig) Build(relays []string) (Settings, error) {
+func (f File) Build(relays []string) (Settings, error) {
 	s := Settings{Socket: f.Socket}
 	if s.Socket == "" {
 		s.Socket = DefaultSocket

@@ -21,7 +21,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// TicketSource hands out converter tickets: relayclient.Conn.Convert over
+// TicketSource hands out converter tickets: relayconn.Conn.Convert over
 // the authenticated control session (tests use fakes).
 type TicketSource interface {
 	Convert(ctx context.Context, n int) (netip.AddrPort, [][proto.TicketLen]byte, time.Duration, error)

@@ -255,19 +255,19 @@ func TestSocketProtocol(t *testing.T) {
 
 func TestConfigBuild(t *testing.T) {
 	relays := []string{"r1", "r2"}
-	if _, err := (FileConfig{Enabled: true}).Build(nil); err == nil {
+	if _, err := (File{Enabled: true}).Build(nil); err == nil {
 		t.Error("no relays accepted")
 	}
-	if _, err := (FileConfig{Enabled: true, Relays: []string{"r3"}}).Build(relays); err == nil {
+	if _, err := (File{Enabled: true, Relays: []string{"r3"}}).Build(relays); err == nil {
 		t.Error("unknown relay accepted")
 	}
-	if _, err := (FileConfig{Enabled: true, Socket: "rel/x.sock"}).Build(relays); err == nil {
+	if _, err := (File{Enabled: true, Socket: "rel/x.sock"}).Build(relays); err == nil {
 		t.Error("relative socket accepted")
 	}
-	if _, err := (FileConfig{Enabled: true, Tickets: proto.MaxTickets + 1}).Build(relays); err == nil {
+	if _, err := (File{Enabled: true, Tickets: proto.MaxTickets + 1}).Build(relays); err == nil {
 		t.Errorf("%d tickets accepted", proto.MaxTickets+1)
 	}
-	s, err := (FileConfig{Enabled: true, Relays: []string{"r2"}}).Build(relays)
+	s, err := (File{Enabled: true, Relays: []string{"r2"}}).Build(relays)
 	if err != nil || s.Socket != DefaultSocket || len(s.Relays) != 1 {
 		t.Fatalf("%+v %v", s, err)
 	}
@@ -498,7 +498,7 @@ func TestUserStateBounded(t *testing.T) {
 
 func TestConfigUsers(t *testing.T) {
 	relays := []string{"r1"}
-	s, err := (FileConfig{Enabled: true, Users: []string{"root", "1001"}}).Build(relays)
+	s, err := (File{Enabled: true, Users: []string{"root", "1001"}}).Build(relays)
 	if err != nil || s.Users.Any || len(s.Users.UIDs) != 2 || s.Users.UIDs[1] != 1001 {
 		t.Fatalf("%+v %v", s.Users, err)
 	}
@@ -508,11 +508,11 @@ func TestConfigUsers(t *testing.T) {
 	if (Users{}).Allows(1000) {
 		t.Fatal("the default allows another user than root")
 	}
-	if s, err := (FileConfig{Enabled: true, Users: []string{"*"}}).Build(relays); err != nil || !s.Users.Allows(4242) {
+	if s, err := (File{Enabled: true, Users: []string{"*"}}).Build(relays); err != nil || !s.Users.Allows(4242) {
 		t.Fatalf("*: %+v %v", s.Users, err)
 	}
 	for _, bad := range [][]string{{"no-such-user-xq"}, {"*", "root"}, {"1001", "1001"}} {
-		if _, err := (FileConfig{Enabled: true, Users: bad}).Build(relays); err == nil || !strings.HasPrefix(err.Error(), "users[") {
+		if _, err := (File{Enabled: true, Users: bad}).Build(relays); err == nil || !strings.HasPrefix(err.Error(), "users[") {
 			t.Errorf("users %q: %v", bad, err)
 		}
 	}

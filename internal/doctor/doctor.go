@@ -29,7 +29,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
-	"github.com/mpdetour/mpdetour/internal/serverrole"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // Status is a check's outcome.
@@ -179,7 +179,7 @@ func Blackhole(p Paths, agentSt *agent.BlackholeStatus) Report {
 	b, err := os.ReadFile(p.proc("net/netstat"))
 	var mib map[string]uint64
 	if err == nil {
-		mib, err = serverrole.ParseMIB(b, "MPTcpExt")
+		mib, err = mptcppm.ParseMIB(b, "MPTcpExt")
 	}
 	switch {
 	case err != nil:
@@ -376,7 +376,7 @@ func Client(ctx context.Context, cfg ClientConfig) Report {
 		to = 3 * time.Second
 	}
 	for _, rel := range cfg.Source.Relays {
-		c, err := relayclient.Dial(rel, cfg.Source.PrivateKey, cfg.Source.Options)
+		c, err := relayconn.Dial(rel, cfg.Source.PrivateKey, cfg.Source.Options)
 		if err != nil {
 			r.add("client", "relay "+rel.Name, Fail, err.Error(), "")
 			continue
@@ -428,7 +428,7 @@ func (cfg ClientConfig) probeDir() string {
 	return cfg.ProbeDir
 }
 
-func (r *Report) detourPath(ctx context.Context, c *relayclient.Conn, name string, server netip.AddrPort, to time.Duration, probes string) {
+func (r *Report) detourPath(ctx context.Context, c *relayconn.Conn, name string, server netip.AddrPort, to time.Duration, probes string) {
 	gctx, cancel := context.WithTimeout(ctx, to)
 	defer cancel()
 	d, _, err := c.Grant(gctx, server, 0)
@@ -483,7 +483,7 @@ func fallbacks() uint64 {
 	if err != nil {
 		return 0
 	}
-	mib, err := serverrole.ParseMIB(b, "MPTcpExt")
+	mib, err := mptcppm.ParseMIB(b, "MPTcpExt")
 	if err != nil {
 		return 0
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 func fakeProc(t *testing.T, sysctls map[string]string) Paths {
@@ -80,7 +81,7 @@ func TestClientRelayNoAnswer(t *testing.T) {
 	member, _ := proto.GenerateKey()
 	addr := netip.MustParseAddrPort(pc.LocalAddr().String())
 	r := Client(context.Background(), ClientConfig{
-		Source:  relayclient.SourceConfig{PrivateKey: member, Relays: []relayclient.Relay{{Name: "r1", Addr: addr, PublicKey: relayKey.Public()}}},
+		Source:  relayclient.SourceConfig{PrivateKey: member, Relays: []relayconn.Relay{{Name: "r1", Addr: addr, PublicKey: relayKey.Public()}}},
 		Timeout: 400 * time.Millisecond,
 	})
 	x := find(r, "relay r1")

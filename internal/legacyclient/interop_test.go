@@ -82,7 +82,7 @@ func newOriginalDaemon(t *testing.T) *originalDaemon {
 
 func (d *originalDaemon) addr() netip.AddrPort { return d.pc.LocalAddr().(*net.UDPAddr).AddrPort() }
 
-func waitFor(s *Source, srv netip.AddrPort, n int) []detour.Detour {
+func waitFor(s *V1Source, srv netip.AddrPort, n int) []detour.Detour {
 	for range 200 {
 		if ds := s.Detours(srv); len(ds) == n {
 			return ds

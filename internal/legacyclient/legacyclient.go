@@ -34,7 +34,7 @@ type Relay struct {
 	Lease time.Duration
 }
 
-// Config configures a Source.
+// Config configures a V1Source.
 type Config struct {
 	Relays []Relay
 	// Lease is how long a grant is assumed to last (v1 does not say) for
@@ -66,8 +66,8 @@ type entry struct {
 	err      error
 }
 
-// Source hands out v1 grants as NAT detours.
-type Source struct {
+// V1Source hands out v1 grants as NAT detours.
+type V1Source struct {
 	cfg     Config
 	log     *slog.Logger
 	mu      sync.Mutex
@@ -77,8 +77,8 @@ type Source struct {
 	wg      sync.WaitGroup
 }
 
-// New validates cfg and returns a Source.
-func New(cfg Config) (*Source, error) {
+// New validates cfg and returns a V1Source.
+func New(cfg Config) (*V1Source, error) {
 	if len(cfg.Relays) == 0 {
 		return nil, errors.New("legacy v1: no relays")
 	}
@@ -104,12 +104,12 @@ func New(cfg Config) (*Source, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Source{cfg: cfg, log: log, entries: map[key]*entry{}, ctx: ctx, cancel: cancel}, nil
+	return &V1Source{cfg: cfg, log: log, entries: map[key]*entry{}, ctx: ctx, cancel: cancel}, nil
 }
 
 // Prepare asks every daemon for a detour to server unless a fresh grant,
 // a request in flight or a recent failure is there. It never blocks.
-func (s *Source) Prepare(server netip.AddrPort) {
+func (s *V1Source) Prepare(server netip.AddrPort) {
 	if !server.Addr().Unmap().Is4() {
 		return // v1 carries IPv4 servers only
 	}
@@ -147,7 +147,7 @@ func (s *Source) Prepare(server netip.AddrPort) {
 	}
 }
 
-func (s *Source) request(k key, e *entry) {
+func (s *V1Source) request(k key, e *entry) {
 	defer s.wg.Done()
 	r := s.cfg.Relays[k.relay]
 	start := time.Now()
@@ -177,7 +177,7 @@ func (s *Source) request(k key, e *entry) {
 // the server's own port as the detour port, as the original client does:
 // the original daemon maps the port proposed (or another when that one is
 // taken) and answers a proposal of 0 with 0, keeping a rule for it.
-func (s *Source) ask(r Relay, server netip.AddrPort) (uint16, error) {
+func (s *V1Source) ask(r Relay, server netip.AddrPort) (uint16, error) {
 	req, err := proto.MarshalLegacy(proto.LegacyMsg{Server: server, Port: server.Port()})
 	if err != nil {
 		return 0, err
@@ -232,7 +232,7 @@ func (s *Source) ask(r Relay, server netip.AddrPort) (uint16, error) {
 }
 
 // Detours returns the grants for server that have not lapsed.
-func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
+func (s *V1Source) Detours(server netip.AddrPort) []detour.Detour {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -246,7 +246,7 @@ func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
 }
 
 // Err is the last failure asking relay i for server (nil: none).
-func (s *Source) Err(relay int, server netip.AddrPort) error {
+func (s *V1Source) Err(relay int, server netip.AddrPort) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.entries[key{relay, server}]; e != nil && !e.ok {
@@ -256,10 +256,10 @@ func (s *Source) Err(relay int, server netip.AddrPort) error {
 }
 
 // Close stops requests in flight.
-func (s *Source) Close() error {
+func (s *V1Source) Close() error {
 	s.cancel()
 	s.wg.Wait()
 	return nil
 }
 
-func (s *Source) String() string { return fmt.Sprintf("legacy-v1(%d)", len(s.cfg.Relays)) }
+func (s *V1Source) String() string { return fmt.Sprintf("legacy-v1(%d)", len(s.cfg.Relays)) }

@@ -58,7 +58,7 @@ func newDaemon(t *testing.T) *daemon {
 
 func (d *daemon) addr() netip.AddrPort { return d.pc.LocalAddr().(*net.UDPAddr).AddrPort() }
 
-func waitDetours(s *Source, n int) bool {
+func waitDetours(s *V1Source, n int) bool {
 	for range 100 {
 		if len(s.Detours(server)) == n {
 			return true

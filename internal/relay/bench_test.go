@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -79,7 +79,7 @@ func BenchmarkRelayReport(tb *testing.B) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	per := (total - 1 + 1) / 2
-	for ci, c := range []*relayclient.Conn{b.c1, c3} {
+	for ci, c := range []*relayconn.Conn{b.c1, c3} {
 		jobs := make(chan int)
 		for w := 0; w < 32; w++ {
 			wg.Add(1)
@@ -168,7 +168,7 @@ type benchLine struct {
 	p   *relayProc
 	k   keys
 	d   netip.AddrPort
-	c1  *relayclient.Conn
+	c1  *relayconn.Conn
 	cfg string
 }
 
@@ -198,10 +198,10 @@ func newBenchLine(t testing.TB, extra string) *benchLine {
 	return l
 }
 
-func dialRelayFrom(t testing.TB, ns string, k keys, addr string) *relayclient.Conn {
+func dialRelayFrom(t testing.TB, ns string, k keys, addr string) *relayconn.Conn {
 	t.Helper()
-	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, k.member,
-		relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, ns, addr+":0"), nil }})
+	c, err := relayconn.Dial(relayconn.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, k.member,
+		relayconn.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, ns, addr+":0"), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

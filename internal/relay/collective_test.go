@@ -11,7 +11,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // A collective relay serves a key it does not list once it presents a
@@ -42,9 +42,9 @@ func TestCollectiveCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dial := func(cert []byte) *relayclient.Conn { return l.dial(t, k.stranger, cert) }
+	dial := func(cert []byte) *relayconn.Conn { return l.dial(t, k.stranger, cert) }
 	server := netip.MustParseAddrPort(fxServer + ":5201")
-	grant := func(c *relayclient.Conn) error {
+	grant := func(c *relayconn.Conn) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_, _, err := c.Grant(ctx, server, 0)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -121,7 +121,7 @@ collective:
 	type member struct {
 		key   proto.Key
 		cert  *collective.Certificate
-		conns []*relayclient.Conn
+		conns []*relayconn.Conn
 	}
 	newMember := func(name string) *member {
 		k, _ := proto.GenerateKey()
@@ -133,16 +133,16 @@ collective:
 	}
 	alice, carol := newMember("alice"), newMember("carol")
 	srv := netip.MustParseAddrPort(serverAddr + ":5201")
-	dial := func(m *member, r *relayNS) *relayclient.Conn {
-		c, err := relayclient.Dial(relayclient.Relay{Name: r.ns.Name, Addr: netip.MustParseAddrPort(fmt.Sprintf("%s:%d", r.addr, DefaultPort)), PublicKey: r.key.Public()}, m.key,
-			relayclient.Options{Certificate: m.cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, client.Name, ""), nil }})
+	dial := func(m *member, r *relayNS) *relayconn.Conn {
+		c, err := relayconn.Dial(relayconn.Relay{Name: r.ns.Name, Addr: netip.MustParseAddrPort(fmt.Sprintf("%s:%d", r.addr, DefaultPort)), PublicKey: r.key.Public()}, m.key,
+			relayconn.Options{Certificate: m.cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, client.Name, ""), nil }})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	grant := func(c *relayclient.Conn) error {
+	grant := func(c *relayconn.Conn) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_, _, err := c.Grant(ctx, srv, 0)

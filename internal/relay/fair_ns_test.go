@@ -14,7 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // Fair sharing on a real relay: the ledger follows the kernel's counter of
@@ -40,9 +40,9 @@ func TestFairShare(t *testing.T) {
 		}
 		return c.Bytes()
 	}
-	dial := func(key proto.Key, cert []byte) *relayclient.Conn {
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, key,
-			relayclient.Options{Certificate: cert, ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }})
+	dial := func(key proto.Key, cert []byte) *relayconn.Conn {
+		c, err := relayconn.Dial(relayconn.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, key,
+			relayconn.Options{Certificate: cert, ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestFairShare(t *testing.T) {
 	forged.Issuer = aliceKey.Public()
 	refusals := []struct {
 		name    string
-		by      *relayclient.Conn
+		by      *relayconn.Conn
 		receipt []byte
 		want    proto.Reason
 	}{
@@ -190,7 +190,7 @@ func TestFairShare(t *testing.T) {
 
 // Receipts from end to end: relay A (whose key is also its operator's
 // member key) serves alice and writes a signed receipt to its receipts
-// file; its operator presents the file to relay B (relayclient.PresentAll,
+// file; its operator presents the file to relay B (relayconn.PresentAll,
 // what `mpdetour collective present` runs) and earns credit there; a second
 // run presents nothing new, and the same receipts again are replays.
 func TestReceiptsEndToEnd(t *testing.T) {
@@ -215,7 +215,7 @@ func TestReceiptsEndToEnd(t *testing.T) {
 	conn.Close()
 	var rs []*collective.Receipt
 	waitFor(t, "a receipt for alice's 2 MiB", func() bool {
-		rs, err = relayclient.ReadReceipts(receipts)
+		rs, err = relayconn.ReadReceipts(receipts)
 		var sum uint64
 		for _, r := range rs {
 			sum += r.Relayed
@@ -235,14 +235,14 @@ func TestReceiptsEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := relayclient.Dial(relayclient.Relay{Name: "b", Addr: relayAddr(), PublicKey: kb.relay.Public()}, ka.relay,
-		relayclient.Options{Certificate: cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, fb.Client, ""), nil }})
+	op, err := relayconn.Dial(relayconn.Relay{Name: "b", Addr: relayAddr(), PublicKey: kb.relay.Public()}, ka.relay,
+		relayconn.Options{Certificate: cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, fb.Client, ""), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer op.Close()
-	progress := relayclient.Presented{}
-	res, err := relayclient.PresentAll(ctx, op, rs, progress, time.Now())
+	progress := relayconn.Presented{}
+	res, err := relayconn.PresentAll(ctx, op, rs, progress, time.Now())
 	if err != nil || res.Accepted != len(rs) || res.Refused != 0 {
 		t.Fatalf("present: %+v %v\n%s", res, err, pb.stderr.String())
 	}
@@ -253,10 +253,10 @@ func TestReceiptsEndToEnd(t *testing.T) {
 	if res.Credit != collective.StartCredit+sum {
 		t.Fatalf("credit %d, want %d", res.Credit, collective.StartCredit+sum)
 	}
-	if res, err := relayclient.PresentAll(ctx, op, rs, progress, time.Now()); err != nil || res.Skipped != len(rs) || res.Accepted+res.Refused != 0 {
+	if res, err := relayconn.PresentAll(ctx, op, rs, progress, time.Now()); err != nil || res.Skipped != len(rs) || res.Accepted+res.Refused != 0 {
 		t.Fatalf("second run: %+v %v", res, err)
 	}
-	if res, err := relayclient.PresentAll(ctx, op, rs, relayclient.Presented{}, time.Now()); err != nil || res.Reasons["replay"] != len(rs) {
+	if res, err := relayconn.PresentAll(ctx, op, rs, relayconn.Presented{}, time.Now()); err != nil || res.Reasons["replay"] != len(rs) {
 		t.Fatalf("without progress: %+v %v", res, err)
 	}
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relay/fairshare"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
@@ -97,7 +97,7 @@ func discardSink(t *testing.T, ns, addr string) {
 type member struct {
 	name string
 	key  proto.Key
-	conn *relayclient.Conn
+	conn *relayconn.Conn
 }
 
 func collectiveMembers(t *testing.T, f *fixture, k keys, auth *collective.Authority, names ...string) []*member {
@@ -109,8 +109,8 @@ func collectiveMembers(t *testing.T, f *fixture, k keys, auth *collective.Author
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, key,
-			relayclient.Options{Certificate: cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }})
+		c, err := relayconn.Dial(relayconn.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, key,
+			relayconn.Options{Certificate: cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
@@ -197,7 +197,7 @@ func runFlood(t testing.TB, f *fixture, relayKey proto.Key, members []proto.Key,
 	}
 	var mu sync.Mutex
 	server := netip.MustParseAddrPort(fxServer + ":5201")
-	relay := relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: relayKey.Public()}
+	relay := relayconn.Relay{Name: "r", Addr: relayAddr(), PublicKey: relayKey.Public()}
 	for i, k := range members {
 		wg.Add(1)
 		go func() {
@@ -206,7 +206,7 @@ func runFlood(t testing.TB, f *fixture, relayKey proto.Key, members []proto.Key,
 			time.Sleep(time.Duration(i) * 200 * time.Millisecond / time.Duration(len(members)))
 			for ctx.Err() == nil {
 				start := time.Now()
-				c, err := relayclient.Dial(relay, k, relayclient.Options{ListenPacket: func() (net.PacketConn, error) {
+				c, err := relayconn.Dial(relay, k, relayconn.Options{ListenPacket: func() (net.PacketConn, error) {
 					var pc net.PacketConn
 					var err error
 					in(t, f.Client, func() {

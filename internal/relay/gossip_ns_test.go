@@ -16,6 +16,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/roster"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
@@ -112,8 +113,8 @@ collective:
 	logs := &syncBuffer{}
 	src, err := relayclient.NewSource(relayclient.SourceConfig{
 		PrivateKey: member,
-		Relays:     []relayclient.Relay{{Name: "bootstrap", Addr: netip.MustParseAddrPort(relays[0].addr + ":45673"), PublicKey: relays[0].key.Public()}},
-		Options: relayclient.Options{Certificate: mc.Bytes(), Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		Relays:     []relayconn.Relay{{Name: "bootstrap", Addr: netip.MustParseAddrPort(relays[0].addr + ":45673"), PublicKey: relays[0].key.Public()}},
+		Options: relayconn.Options{Certificate: mc.Bytes(), Logger: slog.New(slog.NewTextHandler(logs, nil)),
 			ListenPacket: func() (net.PacketConn, error) { return udpIn(t, client.Name, ""), nil }},
 		Discovery: &relayclient.Discovery{Trust: collective.NewTrust(auth.Public()), Max: 4, Every: time.Second},
 	})
@@ -155,13 +156,13 @@ collective:
 
 	// The roster digest: a member that holds the roster gets "unchanged";
 	// an older member (no digest) gets the roster as before.
-	conn, err := relayclient.Dial(relayclient.Relay{Name: "r0", Addr: netip.MustParseAddrPort(relays[0].addr + ":45673"), PublicKey: relays[0].key.Public()},
-		member, relayclient.Options{Certificate: mc.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, client.Name, ""), nil }})
+	conn, err := relayconn.Dial(relayconn.Relay{Name: "r0", Addr: netip.MustParseAddrPort(relays[0].addr + ":45673"), PublicKey: relays[0].key.Public()},
+		member, relayconn.Options{Certificate: mc.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, client.Name, ""), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	rosterRead := func(have uint64, digest bool) relayclient.RosterRead {
+	rosterRead := func(have uint64, digest bool) relayconn.RosterRead {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -23,6 +23,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -159,10 +160,10 @@ func udpIn(t testing.TB, ns, bind string) *net.UDPConn {
 	return c
 }
 
-func dialRelay(t *testing.T, ns string, k keys, priv proto.Key) *relayclient.Conn {
+func dialRelay(t *testing.T, ns string, k keys, priv proto.Key) *relayconn.Conn {
 	t.Helper()
-	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, priv,
-		relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, ns, ""), nil }})
+	c, err := relayconn.Dial(relayconn.Relay{Name: "r", Addr: relayAddr(), PublicKey: k.relay.Public()}, priv,
+		relayconn.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, ns, ""), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -680,9 +681,9 @@ func TestSourceRenews(t *testing.T) {
 	p := startRelay(t, f.Relay, cfgPath)
 	src, err := relayclient.NewSource(relayclient.SourceConfig{
 		PrivateKey: k.member,
-		Relays:     []relayclient.Relay{{Name: "r1", Addr: relayAddr(), PublicKey: k.relay.Public()}},
+		Relays:     []relayconn.Relay{{Name: "r1", Addr: relayAddr(), PublicKey: k.relay.Public()}},
 		// Rekeying every second: renewals keep working across session changes.
-		Options: relayclient.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }, RekeyAfter: time.Second},
+		Options: relayconn.Options{ListenPacket: func() (net.PacketConn, error) { return udpIn(t, f.Client, ""), nil }, RekeyAfter: time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -775,7 +776,7 @@ func TestRelaySecondInstanceAndTableRemoval(t *testing.T) {
 // relayLine is a client-relay-server fixture with a relay running config
 // extra, a sink on the server's port 5201 and a control connection of the
 // member.
-func relayLine(t *testing.T, extra string) (*fixture, keys, string, *relayProc, *relayclient.Conn) {
+func relayLine(t *testing.T, extra string) (*fixture, keys, string, *relayProc, *relayconn.Conn) {
 	t.Helper()
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")

@@ -14,19 +14,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // A member rotates its key in place while an MPTCP connection has a
 // subflow through a NAT detour of a collective relay: the relay carries
-// the mapping over to the new key (relayclient.Source.Rotate, OpRotate),
+// the mapping over to the new key (relayclient.NATSource.Rotate, OpRotate),
 // the same subflow keeps carrying data without a gap, the relay attributes
 // the mapping to the member under its new key, and revoking the old key's
 // certificate afterwards does not cut the member.
@@ -63,15 +64,15 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 		relayIP, DefaultPort, k.relay, auth.Public(), crlPath, server.Addr(), attrPath))
 	p := startRelay(t, relayNS, cfgPath)
 
-	acfg, err := agent.ParseConfig([]byte(fmt.Sprintf("subflows: 1\nbackoff: 300ms\nrelays:\n  key: %s\n  certificate_file: %s\n  servers:\n    - {name: detour1, address: '%s:%d', public_key: %s}\n",
+	acfg, err := agentd.ParseConfig([]byte(fmt.Sprintf("subflows: 1\nbackoff: 300ms\nrelays:\n  key: %s\n  certificate_file: %s\n  servers:\n    - {name: detour1, address: '%s:%d', public_key: %s}\n",
 		oldKey, oldCertPath, relayIP, DefaultPort, k.relay.Public())))
 	if err != nil {
 		t.Fatal(err)
 	}
-	acfg.NetNS = l.NetnsName("client")
-	acfg.Socket = filepath.Join(dir, "agent.sock")
+	acfg.Agent.NetNS = l.NetnsName("client")
+	acfg.Agent.Socket = filepath.Join(dir, "agent.sock")
 	rc := *acfg.Relays
-	rc.Options.ListenPacket = relayclient.ListenIn(acfg.NetNS)
+	rc.Options.ListenPacket = relayconn.ListenIn(acfg.Agent.NetNS)
 	log := slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	rc.Options.Logger = log
 	src, err := relayclient.NewSource(rc)
@@ -79,7 +80,7 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	defer agenttest.Start(ctx, t, acfg, log, src).Stop(t)
+	defer agenttest.Start(ctx, t, acfg.Agent, log, src).Stop(t)
 	defer func() {
 		if t.Failed() {
 			b, _ := os.ReadFile(attrPath)
@@ -118,7 +119,7 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 	// transient netlink error is no evidence about the subflow).
 	var dumpErrs int
 	detour := func() (_ mptcppm.Subflow, found, ok bool) {
-		s, found, err := mptcppm.FindSubflow(mptcppm.Options{NetNS: acfg.NetNS}, local, func(s mptcppm.Subflow) bool { return s.Remote.Addr() == relayIP })
+		s, found, err := mptcppm.FindSubflow(mptcppm.Options{NetNS: acfg.Agent.NetNS}, local, func(s mptcppm.Subflow) bool { return s.Remote.Addr() == relayIP })
 		if err != nil {
 			dumpErrs++
 		}

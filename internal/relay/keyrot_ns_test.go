@@ -14,7 +14,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
@@ -90,9 +90,9 @@ collective: {authority: %s, crl_file: %s}
 	if err != nil {
 		t.Fatal(err)
 	}
-	dial := func(member proto.Key, cert *collective.Certificate, relayKey proto.Key) *relayclient.Conn {
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: netip.MustParseAddrPort(fmt.Sprintf("%s:%d", relayAddr, DefaultPort)), PublicKey: relayKey.Public()}, member,
-			relayclient.Options{Certificate: cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, client.Name, ""), nil }})
+	dial := func(member proto.Key, cert *collective.Certificate, relayKey proto.Key) *relayconn.Conn {
+		c, err := relayconn.Dial(relayconn.Relay{Name: "r", Addr: netip.MustParseAddrPort(fmt.Sprintf("%s:%d", relayAddr, DefaultPort)), PublicKey: relayKey.Public()}, member,
+			relayconn.Options{Certificate: cert.Bytes(), ListenPacket: func() (net.PacketConn, error) { return udpIn(t, client.Name, ""), nil }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,13 +100,13 @@ collective: {authority: %s, crl_file: %s}
 		return c
 	}
 	srv := netip.MustParseAddrPort(serverAddr + ":5201")
-	grant := func(c *relayclient.Conn) (netip.AddrPort, error) {
+	grant := func(c *relayconn.Conn) (netip.AddrPort, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		d, _, err := c.Grant(ctx, srv, 0)
 		return d, err
 	}
-	renew := func(c *relayclient.Conn, d netip.AddrPort) error {
+	renew := func(c *relayconn.Conn, d netip.AddrPort) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_, err := c.Renew(ctx, d.Port())

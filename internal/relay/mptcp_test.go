@@ -14,12 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -31,7 +32,7 @@ func (w logWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// The whole chain: the agent asks the relay through relayclient.Source when
+// The whole chain: the agent asks the relay through relayclient.NATSource when
 // an MPTCP connection starts, opens a subflow through the granted port, and
 // the connection carries data over both the default path and the relay.
 // Lab "detours" with one relay: both paths have a 10 Mbit/s core link.
@@ -59,15 +60,15 @@ func TestMPTCPThroughRelay(t *testing.T) {
 	startRelay(t, relayNS, cfgPath)
 
 	// The agent's configuration names the relay (docs/relay.md, `relays:`).
-	acfg, err := agent.ParseConfig([]byte(fmt.Sprintf("subflows: 1\nbackoff: 300ms\nrelays:\n  key: %s\n  servers:\n    - {name: detour1, address: '%s:%d', public_key: %s}\n",
+	acfg, err := agentd.ParseConfig([]byte(fmt.Sprintf("subflows: 1\nbackoff: 300ms\nrelays:\n  key: %s\n  servers:\n    - {name: detour1, address: '%s:%d', public_key: %s}\n",
 		k.member, relayIP, DefaultPort, k.relay.Public())))
 	if err != nil {
 		t.Fatal(err)
 	}
-	acfg.NetNS = l.NetnsName("client")
-	acfg.Socket = filepath.Join(dir, "agent.sock")
+	acfg.Agent.NetNS = l.NetnsName("client")
+	acfg.Agent.Socket = filepath.Join(dir, "agent.sock")
 	rc := *acfg.Relays
-	rc.Options.ListenPacket = relayclient.ListenIn(acfg.NetNS)
+	rc.Options.ListenPacket = relayconn.ListenIn(acfg.Agent.NetNS)
 	src, err := relayclient.NewSource(rc)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +76,7 @@ func TestMPTCPThroughRelay(t *testing.T) {
 	defer src.Close()
 
 	log := slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	defer agenttest.Start(ctx, t, acfg, log, src).Stop(t)
+	defer agenttest.Start(ctx, t, acfg.Agent, log, src).Stop(t)
 
 	// MPTCP sink on the server, counting what arrives.
 	var got atomic.Int64
@@ -142,7 +143,7 @@ func TestMPTCPThroughRelay(t *testing.T) {
 		}
 	}()
 	waitFor(t, "a subflow through the relay", func() bool {
-		conns, err := mptcppm.Dump(mptcppm.Options{NetNS: acfg.NetNS})
+		conns, err := mptcppm.Dump(mptcppm.Options{NetNS: acfg.Agent.NetNS})
 		if err != nil {
 			return false
 		}

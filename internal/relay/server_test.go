@@ -12,7 +12,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // newTestServer builds a relay the way the daemon does (New), from fakes:
@@ -85,10 +85,10 @@ func startLoopRelay(t *testing.T, tune func(*Reloadable)) *loopRelay {
 }
 
 // dial opens a control session with priv (and a certificate).
-func (l *loopRelay) dial(t *testing.T, priv proto.Key, cert []byte) *relayclient.Conn {
+func (l *loopRelay) dial(t *testing.T, priv proto.Key, cert []byte) *relayconn.Conn {
 	t.Helper()
-	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: l.s.Addr(), PublicKey: l.k.relay.Public()}, priv,
-		relayclient.Options{Certificate: cert})
+	c, err := relayconn.Dial(relayconn.Relay{Name: "r", Addr: l.s.Addr(), PublicKey: l.k.relay.Public()}, priv,
+		relayconn.Options{Certificate: cert})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // fakeRelay is a minimal relay on loopback built from the protocol's own
@@ -60,8 +61,8 @@ func newFakeRelay(t *testing.T, member proto.Key) *fakeRelay {
 	return r
 }
 
-func (r *fakeRelay) relay() Relay {
-	return Relay{Name: "fake", Addr: r.pc.LocalAddr().(*net.UDPAddr).AddrPort(), PublicKey: r.priv.Public()}
+func (r *fakeRelay) relay() relayconn.Relay {
+	return relayconn.Relay{Name: "fake", Addr: r.pc.LocalAddr().(*net.UDPAddr).AddrPort(), PublicKey: r.priv.Public()}
 }
 
 func (r *fakeRelay) count(op proto.Op) int32 {
@@ -191,7 +192,7 @@ func memberKey(t *testing.T) proto.Key {
 func TestConnGrantRenewRelease(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())
-	c, ctx := dialFake(t, r, m, Options{})
+	c, ctx := dialFake(t, r, m, relayconn.Options{})
 	server := netip.MustParseAddrPort("192.0.2.10:5201")
 	d, lease, err := c.Grant(ctx, server, 0)
 	if err != nil || d.Port() != 40001 || lease != 2*time.Second {
@@ -213,7 +214,7 @@ func TestConnGrantRenewRelease(t *testing.T) {
 func TestConnRehandshakeAfterRelayRestart(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())
-	c, ctx := dialFake(t, r, m, Options{Retransmit: 50 * time.Millisecond})
+	c, ctx := dialFake(t, r, m, relayconn.Options{Retransmit: 50 * time.Millisecond})
 	if _, _, err := c.Grant(ctx, netip.MustParseAddrPort("192.0.2.10:5201"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +238,7 @@ func TestConnErrors(t *testing.T) {
 		return proto.Reply{Reason: proto.ReasonPolicyDenied}
 	}
 	r.mu.Unlock()
-	c, ctx := dialFake(t, r, m, Options{Retransmit: 50 * time.Millisecond})
+	c, ctx := dialFake(t, r, m, relayconn.Options{Retransmit: 50 * time.Millisecond})
 	_, _, err := c.Grant(ctx, netip.MustParseAddrPort("192.0.2.10:25"), 0)
 	var pe *proto.Error
 	if !errors.As(err, &pe) || pe.Reason != proto.ReasonPolicyDenied {
@@ -251,7 +252,7 @@ func TestConnErrors(t *testing.T) {
 	}
 	// A relay that does not know the member never answers the handshake.
 	stranger := newFakeRelay(t, memberKey(t).Public())
-	c2, err := Dial(stranger.relay(), m, Options{Retransmit: 50 * time.Millisecond})
+	c2, err := relayconn.Dial(stranger.relay(), m, relayconn.Options{Retransmit: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,11 +262,11 @@ func TestConnErrors(t *testing.T) {
 	}
 }
 
-// The Source renews a grant at half its lease and releases it.
+// The NATSource renews a grant at half its lease and releases it.
 func TestSourceRenewsAndReleases(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())
-	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()}})
+	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []relayconn.Relay{r.relay()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +311,7 @@ func TestSourceRenewsAndReleases(t *testing.T) {
 func TestSourceReleasesGrantThatArrivesAfterRelease(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())
-	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()}})
+	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []relayconn.Relay{r.relay()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,33 +342,46 @@ func TestSourceReleasesGrantThatArrivesAfterRelease(t *testing.T) {
 func TestForgedErrorsDoNotDropTheSession(t *testing.T) {
 	m := memberKey(t)
 	r := newFakeRelay(t, m.Public())
-	c, ctx := dialFake(t, r, m, Options{Retransmit: 50 * time.Millisecond})
+	// The client's socket, so that the attacker knows its port.
+	var local *net.UDPConn
+	listen := func() (net.PacketConn, error) {
+		pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		local = pc
+		return pc, err
+	}
+	c, ctx := dialFake(t, r, m, relayconn.Options{Retransmit: 50 * time.Millisecond, ListenPacket: listen})
 	if _, err := c.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
 		t.Fatal(err)
 	}
 	// An on-path attacker spoofs the relay's address: send from its socket.
 	attacker := r.pc
-	port := c.pc.LocalAddr().(*net.UDPAddr).Port
+	port := local.LocalAddr().(*net.UDPAddr).Port
 	inits := r.inits.Load()
-	dropped := 0
+	slow := 0
 	for i := 0; i < 200; i++ {
-		// The attacker sees the current session's index on the wire.
-		c.mu.Lock()
-		cur := c.ses
-		c.mu.Unlock()
-		if cur == nil {
-			dropped++
-			time.Sleep(2 * time.Millisecond)
-			continue
-		}
-		forged := proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonAddressChanged, Index: cur.Remote})
+		// The attacker sees the current session's index on the wire (the
+		// relay's newest).
+		r.mu.Lock()
+		cur := r.next
+		r.mu.Unlock()
+		forged := proto.MarshalError(proto.ErrorPacket{Reason: proto.ReasonAddressChanged, Index: cur})
 		if _, err := attacker.WriteToUDP(forged, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Millisecond)
+		if i%20 == 10 {
+			// A client that dropped its session would wait for a new
+			// handshake (at most one a second): requests keep working
+			// at once.
+			pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			if _, err := c.Do(pctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
+				slow++
+			}
+			cancel()
+		}
 	}
-	if dropped > 0 {
-		t.Errorf("the session was gone %d times during the forged errors", dropped)
+	if slow > 0 {
+		t.Errorf("%d of 10 requests during the forged errors got no answer within 300 ms (the session was dropped)", slow)
 	}
 	if _, err := c.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
 		t.Fatalf("request after forged errors: %v", err)
@@ -379,9 +393,9 @@ func TestForgedErrorsDoNotDropTheSession(t *testing.T) {
 
 // dialFake connects to the fake relay r as member m; the connection and a
 // 5 s context end with the test.
-func dialFake(t *testing.T, r *fakeRelay, m proto.Key, opt Options) (*Conn, context.Context) {
+func dialFake(t *testing.T, r *fakeRelay, m proto.Key, opt relayconn.Options) (*relayconn.Conn, context.Context) {
 	t.Helper()
-	c, err := Dial(r.relay(), m, opt)
+	c, err := relayconn.Dial(r.relay(), m, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +441,7 @@ func TestSourceGrantWaitsForReleaseInFlight(t *testing.T) {
 		return rep
 	}
 	r.mu.Unlock()
-	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()}, Options: Options{Retransmit: 200 * time.Millisecond}})
+	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []relayconn.Relay{r.relay()}, Options: relayconn.Options{Retransmit: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,19 +3,18 @@ package relayclient
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/config"
-	"github.com/mpdetour/mpdetour/internal/netnsx"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
-// FileConfig is the `relays:` section of the agent's configuration file:
+// File is the `relays:` section of the agent's configuration file:
 //
 //	relays:
 //	  key_file: /etc/mpdetour/member.key     # or key: <base64 private key>
@@ -27,7 +26,7 @@ import (
 //	    authority: mpdetour-authority-v1:... # the collective's authority (entries are verified against it)
 //	    max: 4                               # discovered relays used at once
 //	    interval: 500ms                       # how often the roster is read from a configured relay
-type FileConfig struct {
+type File struct {
 	Key     string `yaml:"key"`
 	KeyFile string `yaml:"key_file"`
 	// CertificateFile holds the member's collective certificate (text
@@ -46,7 +45,7 @@ type FileDiscovery struct {
 	Interval  config.Duration `yaml:"interval"`
 }
 
-// FileRelay is one relay in FileConfig.
+// FileRelay is one relay in File.
 type FileRelay struct {
 	Name      string `yaml:"name"`
 	Address   string `yaml:"address"`
@@ -56,7 +55,7 @@ type FileRelay struct {
 }
 
 // Build validates the section; errors name the field.
-func (f *FileConfig) Build() (SourceConfig, error) {
+func (f *File) Build() (SourceConfig, error) {
 	var sc SourceConfig
 	var k proto.Key
 	var err error
@@ -106,7 +105,7 @@ func (f *FileConfig) Build() (SourceConfig, error) {
 		if err != nil {
 			return sc, fmt.Errorf("servers[%d].public_key: %w", i, err)
 		}
-		sc.Relays = append(sc.Relays, Relay{Name: r.Name, Addr: ap, PublicKey: pub, Backup: r.Backup})
+		sc.Relays = append(sc.Relays, relayconn.Relay{Name: r.Name, Addr: ap, PublicKey: pub, Backup: r.Backup})
 	}
 	if d := f.Discovery; d != nil {
 		ak, err := collective.ParseAuthorityKey(d.Authority)
@@ -125,25 +124,4 @@ func (f *FileConfig) Build() (SourceConfig, error) {
 		sc.Discovery = &Discovery{Trust: collective.NewTrust(ak), Max: d.Max, Every: time.Duration(d.Interval)}
 	}
 	return sc, nil
-}
-
-// ListenIn returns an Options.ListenPacket that creates the UDP socket in
-// network namespace ns (a name under /run/netns or a path; "" = the
-// caller's own), so requests leave from the address the agent's
-// connections use.
-func ListenIn(ns string) func() (net.PacketConn, error) {
-	return func() (net.PacketConn, error) {
-		if ns == "" {
-			return net.ListenUDP("udp4", nil)
-		}
-		var pc *net.UDPConn
-		err := netnsx.Do(ns, func() (err error) {
-			pc, err = net.ListenUDP("udp4", nil)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		return pc, nil
-	}
 }

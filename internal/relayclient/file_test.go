@@ -14,12 +14,12 @@ import (
 func TestFileConfig(t *testing.T) {
 	priv, _ := proto.GenerateKey()
 	rk, _ := proto.GenerateKey()
-	good := FileConfig{Key: priv.String(), Servers: []FileRelay{{Name: "r1", Address: "203.0.113.1:45673", PublicKey: rk.Public().String()}}}
+	good := File{Key: priv.String(), Servers: []FileRelay{{Name: "r1", Address: "203.0.113.1:45673", PublicKey: rk.Public().String()}}}
 	sc, err := good.Build()
 	if err != nil || sc.PrivateKey != priv || len(sc.Relays) != 1 || sc.Relays[0].PublicKey != rk.Public() || sc.Relays[0].Addr.Port() != 45673 {
 		t.Fatalf("%+v %v", sc, err)
 	}
-	bad := map[string]FileConfig{
+	bad := map[string]File{
 		"key (or key_file)":     {Servers: good.Servers},
 		"exclusive":             {Key: "a", KeyFile: "b", Servers: good.Servers},
 		"servers: at least":     {Key: priv.String()},
@@ -51,7 +51,7 @@ func TestFileConfigCertificate(t *testing.T) {
 		}
 		return p
 	}
-	base := FileConfig{Key: k.String(), Servers: []FileRelay{{Name: "r", Address: "192.0.2.1:45673", PublicKey: relay.Public().String()}}}
+	base := File{Key: k.String(), Servers: []FileRelay{{Name: "r", Address: "192.0.2.1:45673", PublicKey: relay.Public().String()}}}
 	f := base
 	f.CertificateFile = write(k)
 	sc, err := f.Build()
@@ -80,7 +80,7 @@ func TestFileConfigDiscovery(t *testing.T) {
 	if err := os.WriteFile(cert, []byte(c.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	base := FileConfig{Key: k.String(), CertificateFile: cert, Servers: []FileRelay{{Name: "r", Address: "192.0.2.1:45673", PublicKey: relay.Public().String()}}}
+	base := File{Key: k.String(), CertificateFile: cert, Servers: []FileRelay{{Name: "r", Address: "192.0.2.1:45673", PublicKey: relay.Public().String()}}}
 	f := base
 	f.Discovery = &FileDiscovery{Authority: auth.Public().String(), Max: 3}
 	sc, err := f.Build()

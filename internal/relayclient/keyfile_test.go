@@ -20,7 +20,7 @@ func TestKeyFileHygiene(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Chmod(p, 0o644)
-	f := FileConfig{KeyFile: p, Servers: servers}
+	f := File{KeyFile: p, Servers: servers}
 	if _, err := f.Build(); err == nil || !strings.Contains(err.Error(), "key_file: "+p+" holds a private key but is readable") || !strings.Contains(err.Error(), "chmod 600 "+p) {
 		t.Fatalf("0644 key: %v", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -12,77 +11,11 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
-// Roster reads the relay's roster of the collective (OpRoster), page by
-// page, up to max entries. The entries are untrusted bytes: verify them
-// (roster.Parse, Entry.Verify). total is the roster's size as the relay
-// reported it.
-func (c *Conn) Roster(ctx context.Context, max int) (entries [][]byte, total int, err error) {
-	r, err := c.RosterSince(ctx, max, 0, false)
-	return r.Entries, r.Total, err
-}
-
-// RosterRead is what RosterSince read.
-type RosterRead struct {
-	Entries   [][]byte // empty when Unchanged
-	Total     int      // the roster's size as the relay reported it
-	Digest    uint64   // the roster's digest (0: the relay sent none)
-	Unchanged bool     // the relay holds the roster whose digest was passed in
-}
-
-// RosterSince is Roster for a client that holds the roster with digest
-// have (0: none): when the relay's roster still has that digest, the
-// relay answers with one small page and Unchanged is set. With digest
-// false the request carries no digest (for relays older than the
-// digest, which refuse it as malformed). When the roster changes between
-// pages (the digests differ) the read starts over, at most three times.
-func (c *Conn) RosterSince(ctx context.Context, max int, have uint64, digest bool) (RosterRead, error) {
-	var r RosterRead
-	for attempt := 0; ; attempt++ {
-		r = RosterRead{}
-		start, restart := 0, false
-		for !restart {
-			rep, err := call[*proto.RosterReply](ctx, c, &proto.RosterRequest{Start: uint16(start), Have: have, HasDigest: digest})
-			if err != nil {
-				return r, err
-			}
-			p := rep.Roster
-			if int(p.Start) != start {
-				return r, fmt.Errorf("relay %q: roster page from %d, asked from %d", c.relay.Name, p.Start, start)
-			}
-			if start == 0 {
-				r.Digest = p.Digest
-				if digest && p.Digest != 0 && p.Digest == have && len(p.Entries) == 0 {
-					r.Total, r.Unchanged = int(p.Total), true
-					return r, nil
-				}
-			} else if p.Digest != r.Digest {
-				restart = true // the roster changed between pages
-				break
-			}
-			r.Total = int(p.Total)
-			r.Entries = append(r.Entries, p.Entries...)
-			start += len(p.Entries)
-			if start >= r.Total || len(r.Entries) >= max {
-				r.Entries = r.Entries[:min(len(r.Entries), max)]
-				return r, nil
-			}
-			if len(p.Entries) == 0 {
-				return r, fmt.Errorf("relay %q: empty roster page at %d of %d", c.relay.Name, start, r.Total)
-			}
-			// Later pages: ask with no digest held, the reply's digest
-			// tells whether the roster is still the first page's.
-			have = 0
-		}
-		if attempt == 2 {
-			return r, fmt.Errorf("relay %q: the roster changed while it was read, three times", c.relay.Name)
-		}
-	}
-}
-
-// Discovery configures a Source to use relays of the collective's roster
+// Discovery configures a NATSource to use relays of the collective's roster
 // besides its configured ones: it reads the roster from a configured relay
 // every Every, verifies every entry (the authority's certificate with the
 // role relay, the relay's signature), and asks up to Max of the listed
@@ -103,12 +36,12 @@ type Discovery struct {
 const DefaultDiscoveryEvery = 500 * time.Millisecond
 
 type discovered struct {
-	idx   int // in Source.conns
+	idx   int // in NATSource.conns
 	entry *roster.Entry
 }
 
 // discover polls the roster until the source closes.
-func (s *Source) discover() {
+func (s *NATSource) discover() {
 	defer s.wg.Done()
 	d := s.cfg.Discovery
 	t := time.NewTicker(d.Every)
@@ -127,7 +60,7 @@ func (s *Source) discover() {
 // relay that answers (starting after the last one that did). A roster
 // whose digest is the one read last is not sent again (a few dozen bytes
 // per poll) and its entries are not verified again.
-func (s *Source) fetchRoster() ([]*roster.Entry, error) {
+func (s *NATSource) fetchRoster() ([]*roster.Entry, error) {
 	d := s.cfg.Discovery
 	var errs []error
 	for i := range s.static {
@@ -142,7 +75,7 @@ func (s *Source) fetchRoster() ([]*roster.Entry, error) {
 		r, err := c.RosterSince(ctx, d.Fetch, have, digest)
 		if digest && proto.ReasonOf(err) == proto.ReasonMalformed {
 			// A relay older than the roster digest: read it whole.
-			s.log.Info("roster: relay does not know roster digests, reading the whole roster each time", "relay", c.relay.Name)
+			s.log.Info("roster: relay does not know roster digests, reading the whole roster each time", "relay", c.Relay().Name)
 			s.rosterNoDigest[j] = true
 			r, err = c.RosterSince(ctx, d.Fetch, 0, false)
 		}
@@ -168,7 +101,7 @@ func (s *Source) fetchRoster() ([]*roster.Entry, error) {
 				err = e.Verify(d.Trust, now)
 			}
 			if err != nil {
-				s.log.Warn("roster entry refused", "from", c.relay.Name, "reason", roster.Reason(err), "err", err)
+				s.log.Warn("roster entry refused", "from", c.Relay().Name, "reason", roster.Reason(err), "err", err)
 				s.refused.Add(1)
 				continue
 			}
@@ -186,7 +119,7 @@ func (s *Source) fetchRoster() ([]*roster.Entry, error) {
 	return nil, errors.Join(errs...)
 }
 
-func (s *Source) discoverOnce() {
+func (s *NATSource) discoverOnce() {
 	entries, err := s.fetchRoster()
 	if err != nil {
 		if s.ctx.Err() == nil {
@@ -218,7 +151,7 @@ func (s *Source) discoverOnce() {
 	// Drop relays that left the roster (or moved: they come back below).
 	for k, dr := range s.found {
 		e := listed[k]
-		if a, _ := controlAddr(e); e == nil || a != s.conns[dr.idx].relay.Addr {
+		if a, _ := controlAddr(e); e == nil || a != s.conns[dr.idx].Relay().Addr {
 			s.dropLocked(k, dr)
 		}
 	}
@@ -241,8 +174,8 @@ func (s *Source) discoverOnce() {
 			break
 		}
 		addr, _ := controlAddr(e)
-		r := Relay{Name: "roster:" + e.Name(), Addr: addr, PublicKey: e.Key()}
-		c, err := Dial(r, s.cfg.PrivateKey, s.cfg.Options)
+		r := relayconn.Relay{Name: "roster:" + e.Name(), Addr: addr, PublicKey: e.Key()}
+		c, err := relayconn.Dial(r, s.cfg.PrivateKey, s.cfg.Options)
 		if err != nil {
 			s.log.Warn("roster: dialling a discovered relay", "relay", e.Name(), "err", err)
 			continue
@@ -274,7 +207,7 @@ func (s *Source) discoverOnce() {
 // dropLocked stops using a discovered relay: its detours disappear now,
 // its grants are released in the background (a relay that is gone does
 // not answer: bounded by RequestTimeout), then its connection closes.
-func (s *Source) dropLocked(k proto.Key, dr *discovered) {
+func (s *NATSource) dropLocked(k proto.Key, dr *discovered) {
 	c := s.conns[dr.idx]
 	var ports []uint16
 	for ek, e := range s.entries {
@@ -287,7 +220,7 @@ func (s *Source) dropLocked(k proto.Key, dr *discovered) {
 	}
 	s.conns[dr.idx] = nil
 	delete(s.found, k)
-	s.log.Info("roster: relay left the roster, dropped", "relay", c.relay.Name, "released", len(ports))
+	s.log.Info("roster: relay left the roster, dropped", "relay", c.Relay().Name, "released", len(ports))
 	s.notify()
 	s.wg.Add(1)
 	go func() {
@@ -318,23 +251,23 @@ func controlAddr(e *roster.Entry) (netip.AddrPort, bool) {
 }
 
 // Discovered lists the roster relays in use now (name, control address).
-func (s *Source) Discovered() []Relay {
+func (s *NATSource) Discovered() []relayconn.Relay {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []Relay
+	var out []relayconn.Relay
 	for _, dr := range s.found {
-		out = append(out, s.conns[dr.idx].relay)
+		out = append(out, s.conns[dr.idx].Relay())
 	}
-	slices.SortFunc(out, func(a, b Relay) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b relayconn.Relay) int { return cmp.Compare(a.Name, b.Name) })
 	return out
 }
 
 // RosterReads counts the roster reads that got the roster (the first, and
 // those after a change) and those the relay answered "unchanged".
-func (s *Source) RosterReads() (full, unchanged uint64) {
+func (s *NATSource) RosterReads() (full, unchanged uint64) {
 	return s.rosterReads[0].Load(), s.rosterReads[1].Load()
 }
 
 // RosterRefused counts roster entries this source refused (forged, expired,
 // revoked, not a relay...).
-func (s *Source) RosterRefused() uint64 { return s.refused.Load() }
+func (s *NATSource) RosterRefused() uint64 { return s.refused.Load() }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
@@ -77,7 +78,7 @@ func TestRosterDigest(t *testing.T) {
 		r.mu.Lock()
 		r.answer = newer(&digest, &with, &without)
 		r.mu.Unlock()
-		s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()},
+		s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []relayconn.Relay{r.relay()},
 			Discovery: &Discovery{Trust: collective.NewTrust(auth.Public()), Every: 20 * time.Millisecond}})
 		if err != nil {
 			t.Fatal(err)
@@ -115,7 +116,7 @@ func TestRosterDigest(t *testing.T) {
 			return proto.Reply{Body: &proto.RosterReply{Roster: p}}
 		}
 		r.mu.Unlock()
-		s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()},
+		s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []relayconn.Relay{r.relay()},
 			Discovery: &Discovery{Trust: collective.NewTrust(auth.Public()), Every: 20 * time.Millisecond}})
 		if err != nil {
 			t.Fatal(err)
@@ -147,7 +148,7 @@ func TestRosterDigest(t *testing.T) {
 			return rep
 		}
 		r.mu.Unlock()
-		c, ctx := dialFake(t, r, m, Options{})
+		c, ctx := dialFake(t, r, m, relayconn.Options{})
 		got, err := c.RosterSince(ctx, 256, 0, true)
 		if err != nil {
 			t.Fatal(err)
@@ -177,7 +178,7 @@ func TestRosterDigest(t *testing.T) {
 			return rep
 		}
 		r.mu.Unlock()
-		s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []Relay{r.relay()},
+		s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []relayconn.Relay{r.relay()},
 			Discovery: &Discovery{Trust: collective.NewTrust(auth.Public()), Every: 20 * time.Millisecond}})
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // rotRelay is a fake relay's rotation logic: one member's state (its
@@ -78,7 +79,7 @@ func TestRotateAfterLostAnswer(t *testing.T) {
 		return req.Op == proto.OpRotate && peer == b.Public() // B's answers are lost
 	}
 	r.mu.Unlock()
-	conn, ctx := dialFake(t, r, a, Options{Retransmit: 50 * time.Millisecond})
+	conn, ctx := dialFake(t, r, a, relayconn.Options{Retransmit: 50 * time.Millisecond})
 	if _, err := conn.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +113,7 @@ func TestRotateRetriesTemporaryRefusal(t *testing.T) {
 			rr.mu.Lock()
 			rr.refuse, rr.reason = 1, reason
 			rr.mu.Unlock()
-			conn, ctx := dialFake(t, r, a, Options{Retransmit: 50 * time.Millisecond})
+			conn, ctx := dialFake(t, r, a, relayconn.Options{Retransmit: 50 * time.Millisecond})
 			if _, err := conn.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
 				t.Fatal(err)
 			}
@@ -137,7 +138,7 @@ func TestRotateFinalRefusal(t *testing.T) {
 	rr.mu.Lock()
 	rr.refuse, rr.reason = 1000, proto.ReasonUnauthorized
 	rr.mu.Unlock()
-	conn, ctx := dialFake(t, r, a, Options{Retransmit: 50 * time.Millisecond})
+	conn, ctx := dialFake(t, r, a, relayconn.Options{Retransmit: 50 * time.Millisecond})
 	if _, err := conn.Do(ctx, proto.NewRequest(0, &proto.PingRequest{})); err != nil {
 		t.Fatal(err)
 	}

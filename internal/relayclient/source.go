@@ -1,3 +1,9 @@
+// Package relayclient is the NAT-grant detour kind on the client: NATSource
+// asks a set of relays for NAT detours over their control sessions
+// (internal/relayconn) and hands them to the agent (it implements
+// detour.Source and detour.Releaser); roster.go adds relays discovered
+// from the collective's roster; file.go is the agent file's `relays:`
+// section (File, the YAML form, validated into SourceConfig).
 package relayclient
 
 import (
@@ -14,14 +20,15 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
-// SourceConfig configures a Source.
+// SourceConfig configures a NATSource.
 type SourceConfig struct {
 	PrivateKey proto.Key // the member key (also its WireGuard key for tunnels)
-	Relays     []Relay
-	Options    Options
+	Relays     []relayconn.Relay
+	Options    relayconn.Options
 	// RequestTimeout bounds one grant or renew (default 5 s).
 	RequestTimeout time.Duration
 	// RetryAfter is how long a refused or failed grant is not asked again
@@ -31,23 +38,23 @@ type SourceConfig struct {
 	// Relays; roster.go).
 	Discovery *Discovery
 	// Observe, when set, is told the outcome of every grant and renewal
-	// (the agent's per-relay state: agent.RelayHealth). It must not block.
+	// (the agent's per-relay state: agentd.RelayHealth). It must not block.
 	Observe func(relay, op string, server netip.AddrPort, err error)
 }
 
-// Source asks relays for NAT detours: Prepare starts a grant in the
+// NATSource asks relays for NAT detours: Prepare starts a grant in the
 // background, Detours returns the ones ready, leases are renewed at half
 // their length until Release. Grants are cached per (relay, server
 // address and port), so every connection to the same server shares them.
-type Source struct {
+type NATSource struct {
 	cfg    SourceConfig
 	log    *slog.Logger
-	static []*Conn // the configured relays (conns[:len(static)])
+	static []*relayconn.Conn // the configured relays (conns[:len(static)])
 
 	mu sync.Mutex
 	// conns: the configured relays, then discovered ones (roster.go); a
 	// dropped discovered relay leaves nil, so indices stay stable.
-	conns   []*Conn
+	conns   []*relayconn.Conn
 	entries map[entryKey]*entry
 	// releasing: a release of that key's grant is in flight; the channel
 	// closes when it is done. A new grant for the key waits for it: the
@@ -91,13 +98,13 @@ type entry struct {
 }
 
 var (
-	_ detour.Source   = (*Source)(nil)
-	_ detour.Releaser = (*Source)(nil)
-	_ detour.Notifier = (*Source)(nil)
+	_ detour.Source   = (*NATSource)(nil)
+	_ detour.Releaser = (*NATSource)(nil)
+	_ detour.Notifier = (*NATSource)(nil)
 )
 
 // NewSource dials every relay (handshakes start at once, in the background).
-func NewSource(cfg SourceConfig) (*Source, error) {
+func NewSource(cfg SourceConfig) (*NATSource, error) {
 	if cfg.PrivateKey.IsZero() {
 		return nil, errors.New("relay source: private key is required")
 	}
@@ -107,13 +114,13 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 10 * time.Second
 	}
-	s := &Source{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{}, rosterNoDigest: map[int]bool{},
+	s := &NATSource{cfg: cfg, log: cfg.Options.Logger, entries: map[entryKey]*entry{}, releasing: map[entryKey]chan struct{}{}, found: map[proto.Key]*discovered{}, rosterNoDigest: map[int]bool{},
 		changed: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	for _, r := range cfg.Relays {
-		c, err := Dial(r, cfg.PrivateKey, cfg.Options)
+		c, err := relayconn.Dial(r, cfg.PrivateKey, cfg.Options)
 		if err != nil {
 			s.closeConns()
 			return nil, err
@@ -144,7 +151,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	return s, nil
 }
 
-func (s *Source) closeConns() {
+func (s *NATSource) closeConns() {
 	s.mu.Lock()
 	conns := slices.Clone(s.conns)
 	s.mu.Unlock()
@@ -157,10 +164,10 @@ func (s *Source) closeConns() {
 
 // Conns returns the configured relays' connections (e.g. for tunnel
 // requests); discovered relays are not among them.
-func (s *Source) Conns() []*Conn { return s.static }
+func (s *NATSource) Conns() []*relayconn.Conn { return s.static }
 
 // Prepare implements detour.Source: it never blocks.
-func (s *Source) Prepare(server netip.AddrPort) {
+func (s *NATSource) Prepare(server netip.AddrPort) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -183,7 +190,7 @@ func (s *Source) Prepare(server netip.AddrPort) {
 	}
 }
 
-func (s *Source) grant(k entryKey, e *entry) {
+func (s *NATSource) grant(k entryKey, e *entry) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
@@ -221,44 +228,44 @@ func (s *Source) grant(k entryKey, e *entry) {
 	s.observe(c, "grant", k.server, err)
 	if err != nil {
 		e.failedAt, e.err = now, err
-		s.log.Info("relay grant failed", "relay", c.relay.Name, "server", k.server, "err", err)
+		s.log.Info("relay grant failed", "relay", c.Relay().Name, "server", k.server, "err", err)
 		return
 	}
 	e.detour, e.expires, e.renewAt = d, now.Add(lease), now.Add(lease/2)
-	s.log.Debug("relay grant", "relay", c.relay.Name, "server", k.server, "detour", d, "lease", lease)
+	s.log.Debug("relay grant", "relay", c.Relay().Name, "server", k.server, "detour", d, "lease", lease)
 	s.notify()
 }
 
 // observe reports an outcome to SourceConfig.Observe (a cancelled request
-// of a closing Source is no outcome).
-func (s *Source) observe(c *Conn, op string, server netip.AddrPort, err error) {
+// of a closing NATSource is no outcome).
+func (s *NATSource) observe(c *relayconn.Conn, op string, server netip.AddrPort, err error) {
 	if s.cfg.Observe != nil && s.ctx.Err() == nil {
-		s.cfg.Observe(c.relay.Name, op, server, err)
+		s.cfg.Observe(c.Relay().Name, op, server, err)
 	}
 }
 
 // Changed implements detour.Notifier: a value arrives after a grant came
 // in or a discovered relay was dropped (one per burst).
-func (s *Source) Changed() <-chan struct{} { return s.changed }
+func (s *NATSource) Changed() <-chan struct{} { return s.changed }
 
-func (s *Source) notify() {
+func (s *NATSource) notify() {
 	select {
 	case s.changed <- struct{}{}:
 	default:
 	}
 }
 
-func (s *Source) release(c *Conn, port uint16) {
+func (s *NATSource) release(c *relayconn.Conn, port uint16) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
 	defer cancel()
 	if err := c.Release(ctx, port); err != nil && proto.ReasonOf(err) != proto.ReasonNotFound {
-		s.log.Debug("relay release", "relay", c.relay.Name, "port", port, "err", err)
+		s.log.Debug("relay release", "relay", c.Relay().Name, "port", port, "err", err)
 	}
 }
 
 // Detours implements detour.Source: grants ready now for server.
-func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
+func (s *NATSource) Detours(server netip.AddrPort) []detour.Detour {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -268,13 +275,13 @@ func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
 		if c == nil || e == nil || !e.detour.IsValid() || !e.expires.After(now) {
 			continue
 		}
-		out = append(out, detour.Detour{Kind: detour.NAT, Relay: c.relay.Name, Remote: e.detour, Expires: e.expires, Backup: c.relay.Backup})
+		out = append(out, detour.Detour{Kind: detour.NAT, Relay: c.Relay().Name, Remote: e.detour, Expires: e.expires, Backup: c.Relay().Backup})
 	}
 	return out
 }
 
 // Err returns why the last grant toward server from relay i failed, if so.
-func (s *Source) Err(relay int, server netip.AddrPort) error {
+func (s *NATSource) Err(relay int, server netip.AddrPort) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.entries[entryKey{relay, server}]; e != nil {
@@ -285,9 +292,9 @@ func (s *Source) Err(relay int, server netip.AddrPort) error {
 
 // Release implements detour.Releaser: the grants toward server are given
 // back to every relay.
-func (s *Source) Release(ctx context.Context, server netip.AddrPort) error {
+func (s *NATSource) Release(ctx context.Context, server netip.AddrPort) error {
 	type rel struct {
-		c    *Conn
+		c    *relayconn.Conn
 		port uint16
 	}
 	var todo []rel
@@ -316,14 +323,14 @@ func (s *Source) Release(ctx context.Context, server netip.AddrPort) error {
 }
 
 // markReleasing records a release of k's grant in flight (s.mu held).
-func (s *Source) markReleasing(k entryKey) chan struct{} {
+func (s *NATSource) markReleasing(k entryKey) chan struct{} {
 	ch := make(chan struct{})
 	s.releasing[k] = ch
 	return ch
 }
 
 // releaseDone ends what markReleasing recorded.
-func (s *Source) releaseDone(k entryKey, ch chan struct{}) {
+func (s *NATSource) releaseDone(k entryKey, ch chan struct{}) {
 	s.mu.Lock()
 	if s.releasing[k] == ch {
 		delete(s.releasing, k)
@@ -334,7 +341,7 @@ func (s *Source) releaseDone(k entryKey, ch chan struct{}) {
 
 // renewer renews leases at half their length; a relay that lost the mapping
 // (restart) gets a fresh grant, and the detour changes port.
-func (s *Source) renewer() {
+func (s *NATSource) renewer() {
 	defer s.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -358,7 +365,7 @@ func (s *Source) renewer() {
 	}
 }
 
-func (s *Source) renew(k entryKey, e *entry) {
+func (s *NATSource) renew(k entryKey, e *entry) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
@@ -394,14 +401,14 @@ func (s *Source) renew(k entryKey, e *entry) {
 		if !e.expires.After(now) {
 			delete(s.entries, k)
 		}
-		s.log.Info("relay renew failed", "relay", c.relay.Name, "server", k.server, "err", err)
+		s.log.Info("relay renew failed", "relay", c.Relay().Name, "server", k.server, "err", err)
 		return
 	}
 	e.expires, e.renewAt = now.Add(lease), now.Add(lease/2)
 }
 
 // Key is the member key in use (the newest after a Rotate).
-func (s *Source) Key() proto.Key {
+func (s *NATSource) Key() proto.Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cfg.PrivateKey
@@ -409,7 +416,7 @@ func (s *Source) Key() proto.Key {
 
 // SetCertificate replaces the certificate of the key in use (a renewed
 // certificate for the same key): new sessions present it.
-func (s *Source) SetCertificate(cert []byte) {
+func (s *NATSource) SetCertificate(cert []byte) {
 	s.mu.Lock()
 	s.cfg.Options.Certificate = cert
 	conns := slices.Clone(s.conns)
@@ -432,10 +439,10 @@ func (s *Source) SetCertificate(cert []byte) {
 // relay switches keys then. Rotate waits until every relay answered or ctx
 // ends and returns the refusals and the relays that have not answered yet
 // (those keep trying), joined.
-func (s *Source) Rotate(ctx context.Context, priv proto.Key, cert []byte, then func(*Conn, error)) error {
+func (s *NATSource) Rotate(ctx context.Context, priv proto.Key, cert []byte, then func(*relayconn.Conn, error)) error {
 	s.mu.Lock()
 	s.cfg.PrivateKey, s.cfg.Options.Certificate = priv, cert
-	var conns []*Conn
+	var conns []*relayconn.Conn
 	for _, c := range s.conns {
 		if c != nil {
 			conns = append(conns, c)
@@ -443,7 +450,7 @@ func (s *Source) Rotate(ctx context.Context, priv proto.Key, cert []byte, then f
 	}
 	s.mu.Unlock()
 	type result struct {
-		c   *Conn
+		c   *relayconn.Conn
 		err error
 	}
 	res := make(chan result, len(conns))
@@ -457,7 +464,7 @@ func (s *Source) Rotate(ctx context.Context, priv proto.Key, cert []byte, then f
 		}()
 	}
 	var errs []error
-	answered := map[*Conn]bool{}
+	answered := map[*relayconn.Conn]bool{}
 	for range conns {
 		select {
 		case r := <-res:
@@ -466,7 +473,7 @@ func (s *Source) Rotate(ctx context.Context, priv proto.Key, cert []byte, then f
 		case <-ctx.Done():
 			for _, c := range conns {
 				if !answered[c] {
-					errs = append(errs, fmt.Errorf("relay %q: key rotation: no answer yet, still trying: %w", c.relay.Name, ctx.Err()))
+					errs = append(errs, fmt.Errorf("relay %q: key rotation: no answer yet, still trying: %w", c.Relay().Name, ctx.Err()))
 				}
 			}
 			return errors.Join(errs...)
@@ -476,7 +483,7 @@ func (s *Source) Rotate(ctx context.Context, priv proto.Key, cert []byte, then f
 }
 
 // Close releases every grant (best effort, bounded) and stops.
-func (s *Source) Close() error {
+func (s *NATSource) Close() error {
 	s.mu.Lock()
 	var servers []netip.AddrPort
 	seen := map[netip.AddrPort]bool{}
@@ -499,4 +506,4 @@ func (s *Source) Close() error {
 }
 
 // String describes the source for logs.
-func (s *Source) String() string { return fmt.Sprintf("relays(%d)", len(s.static)) }
+func (s *NATSource) String() string { return fmt.Sprintf("relays(%d)", len(s.static)) }

@@ -12,7 +12,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // Issue 29 item 4: a static member list holds a member's old and new key
@@ -53,7 +53,7 @@ func TestRotateThroughConfiguredList(t *testing.T) {
 	var confirmed, session proto.Key
 	run := func(t *testing.T, members string) (grant0, grant1 netip.AddrPort, rotErr error) {
 		ctx, addr := loopbackRelay(t, "private_key: "+priv.String()+"\nlisten: 127.0.0.1:0\nmembers:\n"+members)
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: addr, PublicKey: priv.Public()}, oldPriv, relayclient.Options{})
+		c, err := relayconn.Dial(relayconn.Relay{Name: "r", Addr: addr, PublicKey: priv.Public()}, oldPriv, relayconn.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +106,7 @@ func TestRotateThroughConfiguredList(t *testing.T) {
 func TestClientFollowsRelayKey(t *testing.T) {
 	oldRelay, newRelay, member := testKey(t), testKey(t), testKey(t)
 	ctx, addr := loopbackRelay(t, "private_key: "+newRelay.String()+"\nlisten: 127.0.0.1:0\nmembers:\n  - {name: bob, public_key: "+member.Public().String()+"}\n")
-	c, err := relayclient.Dial(relayclient.Relay{Name: "r", Addr: addr, PublicKey: oldRelay.Public()}, member, relayclient.Options{})
+	c, err := relayconn.Dial(relayconn.Relay{Name: "r", Addr: addr, PublicKey: oldRelay.Public()}, member, relayconn.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

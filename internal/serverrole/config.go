@@ -76,8 +76,8 @@ const DefaultRepeat = time.Second
 // DefaultInterval is Config.Interval when not configured.
 const DefaultInterval = 50 * time.Millisecond
 
-// FileConfig is the YAML form (the agent config's `server:` section).
-type FileConfig struct {
+// File is the YAML form (the agent config's `server:` section).
+type File struct {
 	Announce        []FileAnnouncement `yaml:"announce"`
 	Ports           []string           `yaml:"ports"`
 	DenyJoinInitial *bool              `yaml:"deny_join_initial"`
@@ -94,7 +94,7 @@ type FileAnnouncement struct {
 
 // Build validates the section; errors start with the field path below
 // `server.` (the caller adds it and the file position).
-func (f *FileConfig) Build() (Config, error) {
+func (f *File) Build() (Config, error) {
 	var c Config
 	if len(f.Announce) == 0 && f.DenyJoinInitial == nil {
 		return c, fmt.Errorf("announce: nothing to do (give addresses to announce and/or deny_join_initial)")

@@ -18,7 +18,7 @@ import (
 
 func parse(t *testing.T, y string) (Config, error) {
 	t.Helper()
-	var f FileConfig
+	var f File
 	doc, err := config.Parse("server.yaml", []byte(y), &f)
 	if err != nil {
 		return Config{}, err
@@ -230,19 +230,6 @@ func TestRoleSpacesAnnouncements(t *testing.T) {
 	}
 	if s := r.Stats(); s.Errors != 0 || s.Gone != 3 || s.Announcements != 3 {
 		t.Errorf("stats %+v, want 3 sent, 3 gone (closed connection), 0 errors", s)
-	}
-}
-
-func TestParseMIB(t *testing.T) {
-	b := []byte("TcpExt: A B\nTcpExt: 1 2\nMPTcpExt: MPCapableSYNRX AddAddrTxDrop\nMPTcpExt: 7 3\n")
-	m, err := ParseMIB(b, "MPTcpExt")
-	if err != nil || m["AddAddrTxDrop"] != 3 || m["MPCapableSYNRX"] != 7 || len(m) != 2 {
-		t.Fatalf("ParseMIB = %v %v", m, err)
-	}
-	for _, bad := range []string{"", "MPTcpExt: A B\nMPTcpExt: 1\n", "MPTcpExt: A\nMPTcpExt: x\n"} {
-		if _, err := ParseMIB([]byte(bad), "MPTcpExt"); err == nil {
-			t.Errorf("ParseMIB(%q) accepted", bad)
-		}
 	}
 }
 

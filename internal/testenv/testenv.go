@@ -113,3 +113,24 @@ func DashboardMetrics(t testing.TB, path, prefix string) map[string]bool {
 	}
 	return names
 }
+
+// Deps returns `go list -deps` of the package in the test's directory
+// (what the linker gets, tests excluded), last the package itself, whose
+// import path must be self; the test fails when go cannot list them.
+func Deps(t testing.TB, self string) []string {
+	t.Helper()
+	Tools(t, "go")
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list -deps: %v\n%s", err, stderr)
+	}
+	deps := strings.Fields(string(out))
+	if len(deps) < 5 || deps[len(deps)-1] != self {
+		t.Fatalf("go list -deps printed %d packages, last %q: not %s's dependencies", len(deps), deps[len(deps)-1:], self)
+	}
+	return deps
+}

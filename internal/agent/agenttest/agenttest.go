@@ -23,7 +23,7 @@ type Agent struct {
 // and returns once its status socket (cfg.Socket) answers; it fails the
 // test if that takes more than 10 s. The caller stops it with Stop (a
 // defer or t.Cleanup, whichever order its other resources need).
-func Start(ctx context.Context, t testing.TB, cfg agent.Config, log *slog.Logger, sources ...detour.Source) *Agent {
+func Start(ctx context.Context, t testing.TB, cfg agent.Options, log *slog.Logger, sources ...detour.Source) *Agent {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	a := &Agent{cancel: cancel, done: make(chan error, 1)}

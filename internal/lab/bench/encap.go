@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
@@ -22,7 +22,7 @@ func setupTCPEncap(ctx context.Context, env *Env) (_ Session, err error) {
 		return nil, err
 	}
 	var clients []*tunnel.EncapClient
-	var conns []*relayclient.Conn
+	var conns []*relayconn.Conn
 	closeAll := func() error {
 		var errs []error
 		for _, c := range clients {

@@ -13,7 +13,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // RelayFootprintOptions configure RelayFootprint.
@@ -105,12 +105,12 @@ metrics: {listen: %s}
 		return f, nil
 	}
 	relayAddr := netip.AddrPortFrom(l.Addr("relay"), relay.DefaultPort)
-	var c *relayclient.Conn
+	var c *relayconn.Conn
 	var probe netip.AddrPort
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		c, err = relayclient.Dial(relayclient.Relay{Name: "relay", Addr: relayAddr, PublicKey: relayKey.Public()}, member,
-			relayclient.Options{ListenPacket: relayclient.ListenIn(l.NetnsPath("client"))})
+		c, err = relayconn.Dial(relayconn.Relay{Name: "relay", Addr: relayAddr, PublicKey: relayKey.Public()}, member,
+			relayconn.Options{ListenPacket: relayconn.ListenIn(l.NetnsPath("client"))})
 		if err == nil {
 			probe, _, err = c.Grant(ctx, netip.AddrPortFrom(server, 9), 0) // the relay answers: it is up
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/benchtool"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
-	"github.com/mpdetour/mpdetour/internal/serverrole"
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
 )
 
 // The loadbalancer scenario (after Duchene ch. 5): an L4 load
@@ -302,7 +302,7 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 	mib := func() map[string]uint64 {
 		m := map[string]uint64{}
 		for node, names := range lbCounters {
-			c, err := serverrole.MPTCPMIB(e.Lab.NetnsPath(node))
+			c, err := mptcppm.MIB(e.Lab.NetnsPath(node))
 			if err != nil {
 				continue
 			}

@@ -14,7 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 func setupTCPNAT(ctx context.Context, env *Env) (Session, error) {
@@ -213,8 +213,8 @@ func (rs *relays) daemon(node string) *daemon {
 
 // conn opens an authenticated control channel from the client node to the
 // relay in node.
-func (rs *relays) conn(env *Env, node string) (*relayclient.Conn, error) {
-	r := relayclient.Relay{
+func (rs *relays) conn(env *Env, node string) (*relayconn.Conn, error) {
+	r := relayconn.Relay{
 		Name:      node,
 		Addr:      netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort),
 		PublicKey: rs.keys[node].Public(),
@@ -228,7 +228,7 @@ func (rs *relays) conn(env *Env, node string) (*relayclient.Conn, error) {
 		})
 		return pc, err
 	}
-	return relayclient.Dial(r, rs.member, relayclient.Options{ListenPacket: listen})
+	return relayconn.Dial(r, rs.member, relayconn.Options{ListenPacket: listen})
 }
 
 // grant asks the relay in node for a NAT mapping to the receiver, the way

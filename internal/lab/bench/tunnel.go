@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
@@ -63,7 +63,7 @@ func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 type tunnels struct {
 	rs      *relays
 	clients []*tunnel.Client
-	conns   []*relayclient.Conn // control channels the tunnels refresh through
+	conns   []*relayconn.Conn // control channels the tunnels refresh through
 	paths   map[netip.Addr]string
 }
 

@@ -25,7 +25,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/convert"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // Options configure Run.
@@ -96,7 +96,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if (o.Idle > 0) == (o.Rate > 0) {
 		return nil, errors.New("convert load: exactly one of idle and rate")
 	}
-	rc, err := relayclient.Dial(relayclient.Relay{Name: "relay", Addr: o.Relay, PublicKey: o.RelayKey}, o.Key, relayclient.Options{})
+	rc, err := relayconn.Dial(relayconn.Relay{Name: "relay", Addr: o.Relay, PublicKey: o.RelayKey}, o.Key, relayconn.Options{})
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +378,7 @@ func rateLoad(ctx context.Context, o Options, pool *ticketPool, st *loadStats) (
 // maxOutstanding held or requested at once (the relay's per-member bound),
 // requested 8 at a time by a few goroutines.
 type ticketPool struct {
-	c     *relayclient.Conn
+	c     *relayconn.Conn
 	stock chan [proto.TicketLen]byte
 	conv  atomic.Value // netip.AddrPort
 
@@ -392,7 +392,7 @@ type ticketPool struct {
 
 const maxOutstanding = 64
 
-func newTicketPool(c *relayclient.Conn) *ticketPool {
+func newTicketPool(c *relayconn.Conn) *ticketPool {
 	p := &ticketPool{c: c, stock: make(chan [proto.TicketLen]byte, maxOutstanding), avail: maxOutstanding}
 	p.cond = sync.NewCond(&p.mu)
 	return p

@@ -17,7 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
@@ -396,10 +396,10 @@ func policyConfig(policy string) (string, error) {
 // designs run `mptcp` with the agent's default policy).
 func AgentHasPolicy(policy string) error {
 	base := "socket: /tmp/x.sock\nsubflows: 1\n"
-	if _, err := agent.ParseConfig([]byte(base)); err != nil {
+	if _, err := agentd.ParseConfig([]byte(base)); err != nil {
 		return fmt.Errorf("checking the agent's policy key: %w", err)
 	}
-	if _, err := agent.ParseConfig([]byte(base + "policy: " + policy + "\n")); err != nil {
+	if _, err := agentd.ParseConfig([]byte(base + "policy: " + policy + "\n")); err != nil {
 		return fmt.Errorf("procedure mptcp-%s: this agent does not accept `policy: %s` (%v); run mptcp (the agent's default policy) instead", policy, policy, err)
 	}
 	return nil

@@ -35,7 +35,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/relayd"
 	"github.com/mpdetour/mpdetour/internal/roster"
 	"github.com/mpdetour/mpdetour/internal/testenv"
@@ -147,10 +147,10 @@ members:
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	pid := cmd.Process.Pid // ip execs the relay: same process
 
-	rel := relayclient.Relay{Name: "relay", Addr: netip.MustParseAddrPort("127.0.0.1:45673"), PublicKey: rk.Public()}
-	conns := make([]*relayclient.Conn, sessions)
+	rel := relayconn.Relay{Name: "relay", Addr: netip.MustParseAddrPort("127.0.0.1:45673"), PublicKey: rk.Public()}
+	conns := make([]*relayconn.Conn, sessions)
 	for i := range conns {
-		c, err := relayclient.Dial(rel, keys[i], relayclient.Options{ListenPacket: func() (net.PacketConn, error) {
+		c, err := relayconn.Dial(rel, keys[i], relayconn.Options{ListenPacket: func() (net.PacketConn, error) {
 			var pc net.PacketConn
 			err := ns.Do(func() error {
 				var err error
@@ -207,7 +207,7 @@ members:
 // run offers agents/interval digest reads per second, spread evenly over
 // the sessions (open loop: each read leaves on its schedule whatever the
 // earlier ones did), for window.
-func run(t *testing.T, conns []*relayclient.Conn, agents int, digest uint64, pid int) Result {
+func run(t *testing.T, conns []*relayconn.Conn, agents int, digest uint64, pid int) Result {
 	rate := float64(agents) / interval.Seconds()
 	per := time.Duration(float64(len(conns)) / rate * float64(time.Second)) // one session's spacing
 	var notSent, lost, answered atomic.Uint64

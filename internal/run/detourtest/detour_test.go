@@ -19,6 +19,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
@@ -122,17 +123,15 @@ func TestRunWithAgentGetsDetourSubflow(t *testing.T) {
 	must(nft)
 	must(in("server", "ip", "mptcp", "limits", "set", "subflows", "8"))
 
-	cfg, err := agent.ParseConfig([]byte("subflows: 1\nbackoff: 300ms\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := agent.DefaultOptions()
+	cfg.Subflows, cfg.Backoff = 1, 300*time.Millisecond
 	cfg.NetNS = l.NetnsName("client")
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
-	cfg.Detours = []agent.StaticDetour{{
+	detours := static.New([]static.Entry{{
 		Detour:  detour.Detour{Kind: detour.NAT, Relay: "d1", Remote: relay},
 		Servers: []netip.Prefix{netip.PrefixFrom(server.Addr(), 32)}, Port: server.Port(),
-	}}
-	a := agenttest.Start(context.Background(), t, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}})
+	a := agenttest.Start(context.Background(), t, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), detours)
 	t.Cleanup(func() { a.Stop(t) })
 
 	srv := in("server", mpdetour, "run", "--", "iperf3", "-s", "-1", "-B", server.Addr().String(), "-p", "5201")
@@ -159,6 +158,7 @@ func TestRunWithAgentGetsDetourSubflow(t *testing.T) {
 
 	var found *mptcppm.Subflow
 	var last []mptcppm.Connection
+	var err error
 	for deadline := time.Now().Add(10 * time.Second); found == nil && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if last, err = mptcppm.Dump(mptcppm.Options{NetNS: l.NetnsName("client")}); err != nil {
 			t.Fatal(err)

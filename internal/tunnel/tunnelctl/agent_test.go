@@ -14,14 +14,14 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agent/agenttest"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
 // TestAgentTunnelSubflow: the agent (userspace path manager) gets a tunnel
-// Source (tunnelctl.NewSource, as the agent wires it) as a detour.Source and adds a subflow from the tunnel address to the
+// TunnelSource (tunnelctl.NewSource, as the agent wires it) as a detour.Source and adds a subflow from the tunnel address to the
 // server with SUBFLOW_CREATE; that subflow carries data through WireGuard.
 func TestAgentTunnelSubflow(t *testing.T) {
 	testenv.MPTCP(t)
@@ -29,8 +29,8 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	line := newLine(t)
 	// Leftovers of a crashed agent, removed by StartAll.
 	netnstest.MustRun(t, "ip", "-n", line.cl, "rule", "add", "from", "100.88.7.7", "lookup", "52007", "priority", "5200")
-	// The relay may still be starting: the Source retries until it answers.
-	srcs, err := StartAll(line.cl, []*relayclient.Conn{line.dial(line.member)}, line.member, nil)
+	// The relay may still be starting: the TunnelSource retries until it answers.
+	srcs, err := StartAll(line.cl, []*relayconn.Conn{line.dial(line.member)}, line.member, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,10 +61,8 @@ func TestAgentTunnelSubflow(t *testing.T) {
 	defer ln.Close()
 	netnstest.Serve(ln, func(c net.Conn) { io.Copy(io.Discard, c); c.Close() })
 
-	cfg, err := agent.ParseConfig([]byte("subflows: 1\nbackoff: 300ms\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := agent.DefaultOptions()
+	cfg.Subflows, cfg.Backoff = 1, 300*time.Millisecond
 	cfg.NetNS = line.cl
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -9,16 +9,16 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
-// EncapSource is Source for the unencrypted VXLAN kind: it asks conn's
+// EncapSource is the TunnelSource of the unencrypted VXLAN kind: it asks conn's
 // relay in the background (retrying with backoff) and offers the tunnel
 // detour once it is up. Close releases the tunnel on the relay and removes
 // it here.
 type EncapSource struct {
-	conn   *relayclient.Conn
+	conn   *relayconn.Conn
 	cfg    tunnel.EncapClientConfig
 	log    *slog.Logger
 	cancel context.CancelFunc
@@ -31,7 +31,7 @@ type EncapSource struct {
 var _ detour.Source = (*EncapSource)(nil)
 
 // NewEncapSource starts bringing up the VXLAN tunnel to conn's relay.
-func NewEncapSource(conn *relayclient.Conn, cfg tunnel.EncapClientConfig, log *slog.Logger) *EncapSource {
+func NewEncapSource(conn *relayconn.Conn, cfg tunnel.EncapClientConfig, log *slog.Logger) *EncapSource {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -111,7 +111,7 @@ func (s *EncapSource) Close() error {
 
 // StartAllEncap is StartAll for the VXLAN kind: removes what a crashed
 // agent left, then one EncapSource per relay (index = position in conns).
-func StartAllEncap(netns string, conns []*relayclient.Conn, log *slog.Logger) ([]*EncapSource, error) {
+func StartAllEncap(netns string, conns []*relayconn.Conn, log *slog.Logger) ([]*EncapSource, error) {
 	if err := tunnel.CleanupEncapClients(netns); err != nil {
 		return nil, err
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/relay"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -33,11 +33,11 @@ import (
 func TestTunnelKeyRotation(t *testing.T) { testTunnelKeyRotation(t, true) }
 
 // The same without the agent's explicit rekey: the tunnel source follows
-// its relay connection's new key by itself (Source.follow), within about
+// its relay connection's new key by itself (TunnelSource.follow), within about
 // one followEvery.
 func TestTunnelFollowsKeyRotation(t *testing.T) { testTunnelKeyRotation(t, false) }
 
-// explicit: the agent's path, Source.Rekey right after Conn.Rotate.
+// explicit: the agent's path, TunnelSource.Rekey right after Conn.Rotate.
 func testTunnelKeyRotation(t *testing.T, explicit bool) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "nft")
@@ -50,7 +50,7 @@ func testTunnelKeyRotation(t *testing.T, explicit bool) {
 	now := time.Now()
 	newCert, _ := auth.Issue(newKey.Public(), "m1", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
 	conn := line.dial(line.member)
-	srcs, err := StartAll(line.cl, []*relayclient.Conn{conn}, line.member, nil)
+	srcs, err := StartAll(line.cl, []*relayconn.Conn{conn}, line.member, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,10 +77,8 @@ func testTunnelKeyRotation(t *testing.T, explicit bool) {
 	}
 	defer ln.Close()
 	netnstest.Serve(ln, func(c net.Conn) { io.Copy(io.Discard, c); c.Close() })
-	cfg, err := agent.ParseConfig([]byte("subflows: 1\nbackoff: 300ms\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := agent.DefaultOptions()
+	cfg.Subflows, cfg.Backoff = 1, 300*time.Millisecond
 	cfg.NetNS = line.cl
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

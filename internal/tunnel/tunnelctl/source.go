@@ -12,16 +12,16 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
-// Source keeps a tunnel to one relay: it asks for it in the background,
+// TunnelSource keeps a tunnel to one relay: it asks for it in the background,
 // retrying with backoff while the relay is unreachable or refuses, and
 // serves as a detour.Source that offers nothing until the tunnel is up.
 // This is what the agent passes to agent.New, one per relay.
-type Source struct {
-	conn   *relayclient.Conn
+type TunnelSource struct {
+	conn   *relayconn.Conn
 	cfg    tunnel.ClientConfig
 	log    *slog.Logger
 	cancel context.CancelFunc
@@ -31,7 +31,7 @@ type Source struct {
 	client *tunnel.Client
 }
 
-var _ detour.Source = (*Source)(nil)
+var _ detour.Source = (*TunnelSource)(nil)
 
 // Retry bounds for the background tunnel request.
 const (
@@ -41,17 +41,17 @@ const (
 
 // NewSource starts bringing up the tunnel to conn's relay with cfg (see
 // Open). Close stops it and removes the tunnel.
-func NewSource(conn *relayclient.Conn, cfg tunnel.ClientConfig, log *slog.Logger) *Source {
+func NewSource(conn *relayconn.Conn, cfg tunnel.ClientConfig, log *slog.Logger) *TunnelSource {
 	if log == nil {
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Source{conn: conn, cfg: cfg, log: log.With("relay", conn.Relay().Name), cancel: cancel, done: make(chan struct{})}
+	s := &TunnelSource{conn: conn, cfg: cfg, log: log.With("relay", conn.Relay().Name), cancel: cancel, done: make(chan struct{})}
 	go s.run(ctx)
 	return s
 }
 
-// followEvery is how often a Source compares its tunnel's key with its
+// followEvery is how often a TunnelSource compares its tunnel's key with its
 // relay connection's.
 const followEvery = time.Second
 
@@ -59,7 +59,7 @@ const followEvery = time.Second
 // session: after a key rotation the agent rekeys the tunnel at once
 // (Rekey), but a rotation whose new session came into use later (a new
 // certificate refused first, then fixed) is followed here.
-func (s *Source) follow(ctx context.Context) {
+func (s *TunnelSource) follow(ctx context.Context) {
 	t := time.NewTicker(followEvery)
 	defer t.Stop()
 	for {
@@ -86,7 +86,7 @@ func (s *Source) follow(ctx context.Context) {
 	}
 }
 
-func (s *Source) run(ctx context.Context) {
+func (s *TunnelSource) run(ctx context.Context) {
 	defer close(s.done)
 	wait := minRetry
 	defer func() {
@@ -133,17 +133,17 @@ func (s *Source) run(ctx context.Context) {
 }
 
 // Client returns the tunnel once it is up (nil before).
-func (s *Source) Client() *tunnel.Client {
+func (s *TunnelSource) Client() *tunnel.Client {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.client
 }
 
 // Rekey switches the tunnel to the member's new key after its relay
-// connection rotated (relayclient.Conn.Rotate moved the relay's peer to
+// connection rotated (relayconn.Conn.Rotate moved the relay's peer to
 // the new key): the tunnel keeps its address, a new handshake follows.
 // A tunnel not up yet is asked for with the new key.
-func (s *Source) Rekey(priv proto.Key) error {
+func (s *TunnelSource) Rekey(priv proto.Key) error {
 	s.mu.Lock()
 	s.cfg.PrivateKey = wgtypes.Key(priv)
 	c := s.client
@@ -155,13 +155,13 @@ func (s *Source) Rekey(priv proto.Key) error {
 }
 
 // Conn is the relay connection the tunnel is asked for on.
-func (s *Source) Conn() *relayclient.Conn { return s.conn }
+func (s *TunnelSource) Conn() *relayconn.Conn { return s.conn }
 
 // Prepare implements detour.Source (a tunnel needs no per-server request).
-func (s *Source) Prepare(netip.AddrPort) {}
+func (s *TunnelSource) Prepare(netip.AddrPort) {}
 
 // Detours implements detour.Source.
-func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
+func (s *TunnelSource) Detours(server netip.AddrPort) []detour.Detour {
 	if c := s.Client(); c != nil {
 		return c.Detours(server)
 	}
@@ -169,7 +169,7 @@ func (s *Source) Detours(server netip.AddrPort) []detour.Detour {
 }
 
 // Close stops the background request and removes the tunnel.
-func (s *Source) Close() error {
+func (s *TunnelSource) Close() error {
 	s.cancel()
 	<-s.done
 	if c := s.Client(); c != nil {
@@ -180,16 +180,16 @@ func (s *Source) Close() error {
 
 // StartAll is the agent's single call: it removes the tunnels a crashed
 // agent left in netns ("" = the agent's own namespace), then starts one
-// Source per relay connection (tunnel index = position in conns). Pass the
+// TunnelSource per relay connection (tunnel index = position in conns). Pass the
 // sources to agent.New; close them at exit.
-func StartAll(netns string, conns []*relayclient.Conn, member proto.Key, log *slog.Logger) ([]*Source, error) {
+func StartAll(netns string, conns []*relayconn.Conn, member proto.Key, log *slog.Logger) ([]*TunnelSource, error) {
 	if err := tunnel.CleanupClients(netns); err != nil {
 		return nil, err
 	}
 	if len(conns) > tunnel.MaxClients {
 		return nil, fmt.Errorf("%d relays: at most %d tunnels", len(conns), tunnel.MaxClients)
 	}
-	out := make([]*Source, 0, len(conns))
+	out := make([]*TunnelSource, 0, len(conns))
 	for i, c := range conns {
 		out = append(out, NewSource(c, tunnel.ClientConfig{Netns: netns, Index: i, PrivateKey: wgtypes.Key(member)}, log))
 	}

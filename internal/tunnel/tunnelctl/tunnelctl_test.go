@@ -25,7 +25,8 @@ import (
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relay/tunnels"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/relayd"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 		defer stop()
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		tunnels := func(sec *config.Doc, key proto.Key, top destination.Policy, log *slog.Logger) (relay.Tunnels, error) {
-			a, err := Factory(sec, key, top, log)
+			a, err := tunnels.Factory(sec, key, top, log)
 			if err != nil {
 				return nil, err
 			}
@@ -53,58 +54,6 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
-}
-
-func TestParseConfig(t *testing.T) {
-	parse := func(s string) error {
-		var top struct {
-			Tunnel config.Node `yaml:"tunnel"`
-		}
-		if _, err := config.Parse("relay.yaml", []byte("tunnel:\n"+indent(s)), &top); err != nil {
-			t.Fatal(err)
-		}
-		_, _, err := ParseConfig(config.NewDoc("relay.yaml", "tunnel", &top.Tunnel))
-		return err
-	}
-	if err := parse("subnet: 100.90.0.0/16\nlisten_port: 5000\nendpoint: 192.0.2.1:5000\nallow_destinations: [10.1.0.0/16]\n"); err != nil {
-		t.Errorf("valid config: %v", err)
-	}
-	if sc, _, err := ParseConfig(nil); err != nil || sc.ListenPort != 51820 || sc.Subnet.String() != "100.80.0.0/16" || len(sc.Destinations.Restricted) == 0 {
-		t.Errorf("defaults: %+v, %v", sc, err)
-	}
-	for _, bad := range []string{"subnett: 1.0.0.0/8", "subnet: nope", "endpoint: 1.2.3.4", "backend: magic", "allow_destinations: [x]", "listen_port: [1]"} {
-		if err := parse(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-}
-
-func indent(s string) string {
-	return "  " + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n  ") + "\n"
-}
-
-// Tunnel-section errors are positioned in the whole relay file.
-func TestParseConfigPositions(t *testing.T) {
-	src := "listen: 0.0.0.0:45673\ntunnel:\n  subnet: 100.90.0.0/16\n  allow_destinations: [10.0.0.0/8, nope]\n  endpoint: 192.0.2.1\n"
-	var top struct {
-		Listen string      `yaml:"listen"`
-		Tunnel config.Node `yaml:"tunnel"`
-	}
-	if _, err := config.Parse("relay.yaml", []byte(src), &top); err != nil {
-		t.Fatal(err)
-	}
-	_, _, err := ParseConfig(config.NewDoc("relay.yaml", "tunnel", &top.Tunnel))
-	if err == nil || !strings.HasPrefix(err.Error(), "relay.yaml:5:13: tunnel.endpoint:") {
-		t.Fatalf("error %v, want relay.yaml:5:13: tunnel.endpoint: ...", err)
-	}
-	bad := strings.Replace(src, "  subnet:", "  subnett:", 1)
-	if _, err := config.Parse("relay.yaml", []byte(bad), &top); err != nil {
-		t.Fatal(err)
-	}
-	_, _, err = ParseConfig(config.NewDoc("relay.yaml", "tunnel", &top.Tunnel))
-	if err == nil || !strings.HasPrefix(err.Error(), "relay.yaml:3:3: tunnel.subnett: unknown key") {
-		t.Fatalf("error %v, want relay.yaml:3:3: tunnel.subnett: unknown key", err)
-	}
 }
 
 func TestKeysShared(t *testing.T) {
@@ -200,7 +149,7 @@ type line struct {
 	cl, rl, sv       string
 	cmd              *exec.Cmd
 	member, stranger proto.Key
-	dial             func(priv proto.Key) *relayclient.Conn
+	dial             func(priv proto.Key) *relayconn.Conn
 	// restart kills the relay (no cleanup) and starts it again with these
 	// members, keeping its key and state file.
 	restart func(members ...proto.Key)
@@ -264,9 +213,9 @@ ports: 40000-40100
 	writeConfig(member)
 	cmd := start()
 
-	dialRelay := func(priv proto.Key) *relayclient.Conn {
-		c, err := relayclient.Dial(relayclient.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
-			priv, relayclient.Options{ListenPacket: func() (net.PacketConn, error) {
+	dialRelay := func(priv proto.Key) *relayconn.Conn {
+		c, err := relayconn.Dial(relayconn.Relay{Name: "r1", Addr: netip.MustParseAddrPort("192.0.2.1:45673"), PublicKey: relayKey.Public()},
+			priv, relayconn.Options{ListenPacket: func() (net.PacketConn, error) {
 				var pc net.PacketConn
 				err := netnstest.DoNamed(cl, func() (err error) { pc, err = net.ListenPacket("udp4", ":0"); return err })
 				return pc, err
@@ -305,28 +254,6 @@ func openTunnel(t *testing.T, ln *line, priv proto.Key) *tunnel.Client {
 	}
 	t.Fatalf("tunnel over the control channel: %v", err)
 	return nil
-}
-
-// The relay config's tunnel section.
-func FuzzParseTunnelSection(f *testing.F) {
-	f.Add([]byte("tunnel:\n  subnet: 100.90.0.0/16\n  listen_port: 5000\n  allow_destinations: [10.0.0.0/8]\n"))
-	f.Add([]byte("tunnel: {backend: magic, endpoint: 1.2.3.4}\n"))
-	f.Add([]byte("tunnel:\n  kinds: [wireguard, vxlan]\n  vxlan: {subnet: 100.81.0.0/16, port: 4789, mtu: 1450, lease: 5m}\n"))
-	f.Add([]byte("tunnel: {kinds: [vxlan, gre], vxlan: {lease: 1s}}\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		var top struct {
-			Tunnel config.Node `yaml:"tunnel"`
-		}
-		if _, err := config.Parse("f.yaml", b, &top); err != nil || top.Tunnel.Kind == 0 {
-			return
-		}
-		st, err := ParseSettings(config.NewDoc("f.yaml", "tunnel", &top.Tunnel))
-		sc := st.Server
-		if err == nil && (!sc.Subnet.IsValid() || sc.ListenPort == 0 || (!st.WireGuard && !st.VXLAN) ||
-			(st.VXLAN && !st.Encap.Subnet.IsValid())) {
-			t.Fatalf("accepted an inconsistent section: %+v", st)
-		}
-	})
 }
 
 // Issue 29 item 2 (relay part): the tunnel section without destination

@@ -1,9 +1,9 @@
-package main
+package agentd
 
 import (
 	"log/slog"
 
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // followRelayKeys applies, on SIGHUP, the relays' public keys of the
@@ -12,7 +12,7 @@ import (
 // the old key meanwhile) is hand shaken with the new key at once, without
 // a restart of the agent (docs/collective.md, "Key rotation"). Addresses
 // and the list of relays are not reloaded.
-func followRelayKeys(want []relayclient.Relay, conns []*relayclient.Conn, log *slog.Logger) {
+func followRelayKeys(want []relayconn.Relay, conns []*relayconn.Conn, log *slog.Logger) {
 	for _, r := range want {
 		for _, c := range conns {
 			if c.Relay().Name != r.Name {

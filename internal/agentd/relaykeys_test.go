@@ -1,4 +1,4 @@
-package main
+package agentd
 
 import (
 	"io"
@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
-	"github.com/mpdetour/mpdetour/internal/relayclient"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // SIGHUP's followRelayKeys gives each running connection the key its relay
@@ -22,8 +22,8 @@ func TestFollowRelayKeys(t *testing.T) {
 	}
 	member, _ := proto.GenerateKey()
 	a0, a1, b0 := key(), key(), key()
-	dial := func(name string, pub proto.Key) *relayclient.Conn {
-		c, err := relayclient.Dial(relayclient.Relay{Name: name, Addr: netip.MustParseAddrPort("127.0.0.1:9"), PublicKey: pub}, member, relayclient.Options{})
+	dial := func(name string, pub proto.Key) *relayconn.Conn {
+		c, err := relayconn.Dial(relayconn.Relay{Name: name, Addr: netip.MustParseAddrPort("127.0.0.1:9"), PublicKey: pub}, member, relayconn.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -31,7 +31,7 @@ func TestFollowRelayKeys(t *testing.T) {
 		return c
 	}
 	ca, cb := dial("a", a0), dial("b", b0)
-	followRelayKeys([]relayclient.Relay{{Name: "a", PublicKey: a1}, {Name: "b", PublicKey: b0}}, []*relayclient.Conn{ca, cb},
+	followRelayKeys([]relayconn.Relay{{Name: "a", PublicKey: a1}, {Name: "b", PublicKey: b0}}, []*relayconn.Conn{ca, cb},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if ca.Relay().PublicKey != a1 || cb.Relay().PublicKey != b0 {
 		t.Fatalf("after SIGHUP: a has the new key %v, b kept its key %v", ca.Relay().PublicKey == a1, cb.Relay().PublicKey == b0)

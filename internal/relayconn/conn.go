@@ -1,8 +1,11 @@
-// Package relayclient is the client side of the relay control protocol
-// (internal/proto): Conn talks to one relay, Source turns grants from a set of
-// relays into detours for the agent (it implements detour.Source and
-// detour.Releaser).
-package relayclient
+// Package relayconn is the client's session of the relay control
+// protocol (internal/proto): Conn talks to one relay (the Noise handshake,
+// retransmission, re-handshakes, member key rotation) and has one method
+// per control operation (Grant, Renew, Release, Tunnel, Encap, Convert,
+// Quota, Ping, Roster, PresentReceipt). The detour kinds build on it:
+// relayclient (NAT grants), tunnelctl (WireGuard and VXLAN tunnels),
+// convclient (converter tickets).
+package relayconn
 
 import (
 	"context"

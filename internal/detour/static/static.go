@@ -1,4 +1,8 @@
-package agent
+// Package static is the detour kind written in the agent file
+// (`detours:`, docs/agent.md): NAT detours to a relay's address and port
+// and tunnel detours from a local tunnel address, always ready, asked
+// nothing.
+package static
 
 import (
 	"net/netip"
@@ -6,18 +10,27 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 )
 
-// StaticSource serves the detours written in the config.
-type StaticSource struct{ ds []StaticDetour }
+// Entry is a detour written in the config.
+type Entry struct {
+	Detour detour.Detour
+	// Servers are the destinations the detour reaches: for a NAT detour the
+	// one server:port its DNAT leads to; for a tunnel, prefixes (any if empty).
+	Servers []netip.Prefix
+	Port    uint16 // NAT detours: the server port
+}
 
-// NewStaticSource returns a source for ds.
-func NewStaticSource(ds []StaticDetour) *StaticSource { return &StaticSource{ds: ds} }
+// Set is the detour.Source of the written detours.
+type Set struct{ ds []Entry }
+
+// New returns the source of ds.
+func New(ds []Entry) *Set { return &Set{ds: ds} }
 
 // Prepare has nothing to ask for: static detours are always ready.
-func (s *StaticSource) Prepare(netip.AddrPort) {}
+func (s *Set) Prepare(netip.AddrPort) {}
 
 // Detours returns the NAT detours leading to server and the tunnels that
 // reach it (a tunnel subflow connects to the server itself).
-func (s *StaticSource) Detours(server netip.AddrPort) []detour.Detour {
+func (s *Set) Detours(server netip.AddrPort) []detour.Detour {
 	a := server.Addr().Unmap()
 	var out []detour.Detour
 	for _, sd := range s.ds {
@@ -49,7 +62,7 @@ func (s *StaticSource) Detours(server netip.AddrPort) []detour.Detour {
 }
 
 // All lists every configured detour (status shows their health).
-func (s *StaticSource) All() []detour.Detour {
+func (s *Set) All() []detour.Detour {
 	out := make([]detour.Detour, 0, len(s.ds))
 	for _, sd := range s.ds {
 		out = append(out, sd.Detour)

@@ -1,16 +1,17 @@
-package agent
+package agentd
 
 import (
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/mpdetour/mpdetour/internal/policy"
@@ -18,47 +19,13 @@ import (
 	"github.com/mpdetour/mpdetour/internal/serverrole"
 )
 
-// DefaultSocket is where the agent serves its status.
-const DefaultSocket = "/run/mpdetour/agent.sock"
-
-// Config is the validated agent configuration (docs/agent.md).
+// Config is the validated agent file (docs/agent.md): the core's Options
+// and the detour kinds' settings, from which Run builds the sources.
 type Config struct {
-	// NetNS is the namespace whose connections the agent manages (name in
-	// /run/netns or a path); empty means the agent's own.
-	NetNS             string
-	Socket            string
-	Subflows          int
-	AnnouncedSubflows int
-	MaxConnections    int
-	Backoff           time.Duration
-	MaxBackoff        time.Duration
-	ConnectTimeout    time.Duration
-	// ProbeInterval is how often subflows are checked for stalls through
-	// inet_diag (0 = never); StallRetransmits is the number of consecutive
-	// retransmission timeouts that marks an established subflow dead.
-	ProbeInterval    time.Duration
-	StallRetransmits int
-	// SweepEvery is how often tracked connections are checked against the
-	// kernel's table, to forget those whose CLOSED event never came
-	// (0 = 10 s; not in the YAML: tests shorten it).
-	SweepEvery time.Duration
-	// Policy chooses subflows: static (keep N) or adaptive (measure, keep
-	// the best, back up, fail over); Watchdog, Window and Hold tune the
-	// adaptive one (policy.Config).
-	Policy                 policy.Mode
-	Watchdog, Window, Hold time.Duration
-	CommandWorkers         int
-	// Nice, when non-zero, is applied to the agent's threads at start.
-	Nice int
-	// EventBuffer is the event socket's receive buffer in bytes.
-	EventBuffer int
-	LogLevel    slog.Level
-	// MetricsListen, when set, serves Prometheus metrics (e.g. 127.0.0.1:9465,
-	// or unix:/run/mpdetour/agent-metrics.sock: mode 0600).
-	MetricsListen string
-	// MetricsToken, when set, is the bearer token every scrape must send
-	// (metrics.token_file).
-	MetricsToken string
+	// Agent are the core's settings (agent.Options).
+	Agent agent.Options
+	// Detours are the static detours (`detours:`), the first source.
+	Detours []static.Entry
 	// LegacyV1 are original-prototype daemons asked for detours (v1,
 	// unauthenticated; legacyclient).
 	LegacyV1 []legacyclient.Relay
@@ -66,59 +33,30 @@ type Config struct {
 	// without their own legacy_v1[].lease (each LegacyV1 entry carries its
 	// own).
 	LegacyLease time.Duration
-	Selectors   []policy.Selector
-	Detours     []StaticDetour
-	// Relays, when set, are asked for NAT detours (relayclient.Source).
+	// Relays, when set, are asked for NAT detours (relayclient.NATSource).
 	Relays *relayclient.SourceConfig
-	// RelayPing: a relay silent this long is pinged (RelayHealth; 0 = the
-	// default 30 s).
+	// RelayPing: a relay silent this long is pinged (RelayHealth; 0 =
+	// the default 30 s).
 	RelayPing time.Duration
 	// Tunnels: also ask every relay for a WireGuard tunnel detour.
 	Tunnels bool
-	// Convert, when set, serves conversion decisions to "mpdetour run"
-	// (convclient; docs/convert.md).
-	Convert *convclient.Settings
-	// ConvertStatus, when set, adds the conversion Router's view to the
-	// status (wired by cmd/mpdetour; not in the YAML).
-	ConvertStatus func() convclient.Status
-	// Blackhole, when set, adds the kernel's MPTCP blackhole fallback to
-	// the status (wired by RunLinux; not in the YAML).
-	Blackhole func() BlackholeStatus
-	// RelayStatus, when set, adds each relay's state (RelayHealth) to the
-	// status (wired by cmd/mpdetour; not in the YAML).
-	RelayStatus func() []RelayStatus
-	// PMType, when set, adds the pm_type guard's view to the status
-	// (wired by RunLinux).
-	PMType func() PMTypeStatus
-	// Probes is the directory marking doctor's test connections, which
-	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
-	// none).
-	Probes string
-	// Server, when set, runs the server role beside the client one
-	// (internal/serverrole: ADD_ADDR of detours, C flag).
-	Server *serverrole.Config
 	// TunnelKind is "wireguard" (default) or "vxlan": the unencrypted
 	// kernel encapsulation, opt-in for trusted networks (docs/tunnel.md).
 	TunnelKind string
 	// PathCheck: probe every NAT detour a relay grants (pathcheck.Filter)
 	// and do not use those that strip MPTCP options.
 	PathCheck bool
-	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
-	// what the measured connections need (policy BufferWanted), restored
-	// at stop (buffers.go). Off by default: not measured yet.
-	BufferSizing bool
+	// Convert, when set, serves conversion decisions to "mpdetour run"
+	// (convclient; docs/convert.md).
+	Convert *convclient.Settings
+	// Server, when set, runs the server role beside the client one
+	// (internal/serverrole: ADD_ADDR of detours, C flag).
+	Server *serverrole.Config
 }
 
-// StaticDetour is a detour written in the config (until relays hand them out).
-type StaticDetour struct {
-	Detour detour.Detour
-	// Servers are the destinations the detour reaches: for a NAT detour the
-	// one server:port its DNAT leads to; for a tunnel, prefixes (any if empty).
-	Servers []netip.Prefix
-	Port    uint16 // NAT detours: the server port
-}
-
-type fileConfig struct {
+// File is the agent file's YAML form (docs/agent.md); LoadConfig and
+// ParseConfig validate it into a Config.
+type File struct {
 	NetNS             string           `yaml:"netns"`
 	Socket            string           `yaml:"socket"`
 	Subflows          *int             `yaml:"subflows"`
@@ -143,19 +81,19 @@ type fileConfig struct {
 	} `yaml:"metrics"`
 	Selectors []fileSel    `yaml:"selectors"`
 	Detours   []fileDetour `yaml:"detours"`
-	// Relays is documented in docs/relay.md (relayclient.FileConfig).
-	Relays       *relayclient.FileConfig `yaml:"relays"`
-	Tunnels      bool                    `yaml:"tunnels"`
-	PathCheck    bool                    `yaml:"path_check"`
-	BufferSizing bool                    `yaml:"buffer_sizing"`
+	// Relays is documented in docs/relay.md (relayclient.File).
+	Relays       *relayclient.File `yaml:"relays"`
+	Tunnels      bool              `yaml:"tunnels"`
+	PathCheck    bool              `yaml:"path_check"`
+	BufferSizing bool              `yaml:"buffer_sizing"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
 	TunnelKind string           `yaml:"tunnel_kind"`
 	LegacyV1   []fileLegacy     `yaml:"legacy_v1"`
 	RelayPing  *config.Duration `yaml:"relay_ping"`
-	// Convert is documented in docs/convert.md (convclient.FileConfig).
-	Convert *convclient.FileConfig `yaml:"convert"`
-	// Server is documented in docs/agent.md (serverrole.FileConfig).
-	Server *serverrole.FileConfig `yaml:"server"`
+	// Convert is documented in docs/convert.md (convclient.File).
+	Convert *convclient.File `yaml:"convert"`
+	// Server is documented in docs/agent.md (serverrole.File).
+	Server *serverrole.File `yaml:"server"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -180,7 +118,7 @@ type fileDetour struct {
 	Servers []string `yaml:"servers"` // tunnel: reachable prefixes
 }
 
-// LoadConfig reads and validates a config file; errors name
+// LoadConfig reads and validates an agent file; errors name
 // file:line:column and the field.
 func LoadConfig(path string) (Config, error) {
 	b, err := os.ReadFile(path)
@@ -194,7 +132,7 @@ func LoadConfig(path string) (Config, error) {
 func ParseConfig(b []byte) (Config, error) { return parseConfig("config", b) }
 
 func parseConfig(name string, b []byte) (Config, error) {
-	var f fileConfig
+	var f File
 	doc, err := config.Parse(name, b, &f)
 	if err != nil {
 		return Config{}, err
@@ -207,17 +145,23 @@ func parseConfig(name string, b []byte) (Config, error) {
 }
 
 // build validates the decoded file; every error starts with the field path.
-func build(f fileConfig) (Config, error) {
-	c := Config{
-		NetNS: f.NetNS, Socket: f.Socket, Subflows: 2, AnnouncedSubflows: 0,
-		MaxConnections: f.MaxConnections, CommandWorkers: f.CommandWorkers, LogLevel: f.LogLevel.Level,
-		Backoff: time.Second, MaxBackoff: time.Minute,
-		ConnectTimeout: 3 * time.Second, ProbeInterval: time.Second, StallRetransmits: 3,
-		Policy: policy.Static, MetricsListen: f.Metrics.Listen, LegacyLease: 10 * time.Minute,
+func build(f File) (Config, error) {
+	out := Config{LegacyLease: 10 * time.Minute}
+	c := agent.DefaultOptions()
+	c.NetNS, c.LogLevel, c.MetricsListen = f.NetNS, f.LogLevel.Level, f.Metrics.Listen
+	if f.Socket != "" {
+		c.Socket = f.Socket
 	}
-	if c.Socket == "" {
-		c.Socket = DefaultSocket
+	core, err := buildCore(f, c)
+	out.Agent = core
+	if err != nil {
+		return out, err
 	}
+	return buildKinds(f, out)
+}
+
+// buildCore validates the core's fields onto the defaults c.
+func buildCore(f File, c agent.Options) (agent.Options, error) {
 	if f.Subflows != nil {
 		if *f.Subflows < 0 || *f.Subflows > 8 {
 			return c, fmt.Errorf("subflows: %d out of range 0-8", *f.Subflows)
@@ -230,30 +174,27 @@ func build(f fileConfig) (Config, error) {
 		}
 		c.AnnouncedSubflows = *f.AnnouncedSubflows
 	}
-	if c.MaxConnections < 0 {
+	if f.MaxConnections < 0 {
 		return c, fmt.Errorf("max_connections: must not be negative")
 	}
-	if c.MaxConnections == 0 {
-		c.MaxConnections = 65536
+	if f.MaxConnections != 0 {
+		c.MaxConnections = f.MaxConnections
 	}
-	if c.CommandWorkers < 0 || c.CommandWorkers > 64 {
-		return c, fmt.Errorf("command_workers: %d out of range 1-64", c.CommandWorkers)
+	if f.CommandWorkers < 0 || f.CommandWorkers > 64 {
+		return c, fmt.Errorf("command_workers: %d out of range 1-64", f.CommandWorkers)
 	}
-	if c.CommandWorkers == 0 {
-		// SUBFLOW_CREATE does the connect in the caller's syscall; with
-		// one or two sockets bursts queue up (docs/agent.md, benchmark).
-		c.CommandWorkers = 4
+	if f.CommandWorkers != 0 {
+		c.CommandWorkers = f.CommandWorkers
 	}
 	if f.Nice < -20 || f.Nice > 19 {
 		return c, fmt.Errorf("nice: %d out of range -20..19", f.Nice)
 	}
 	c.Nice = f.Nice
-	c.EventBuffer = f.EventBuffer
-	if c.EventBuffer < 0 || c.EventBuffer > 1<<30 {
-		return c, fmt.Errorf("event_buffer: %d bytes out of range 1-1073741824", c.EventBuffer)
+	if f.EventBuffer < 0 || f.EventBuffer > 1<<30 {
+		return c, fmt.Errorf("event_buffer: %d bytes out of range 1-1073741824", f.EventBuffer)
 	}
-	if c.EventBuffer == 0 {
-		c.EventBuffer = 8 << 20
+	if f.EventBuffer != 0 {
+		c.EventBuffer = f.EventBuffer
 	}
 	for _, d := range []struct {
 		name   string
@@ -340,6 +281,15 @@ func build(f fileConfig) (Config, error) {
 		}
 		c.Selectors = append(c.Selectors, sel)
 	}
+	c.BufferSizing = f.BufferSizing
+	if c.BufferSizing && c.ProbeInterval == 0 {
+		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
+	}
+	return c, nil
+}
+
+// buildKinds validates the detour kinds' sections into c.
+func buildKinds(f File, c Config) (Config, error) {
 	names := map[string]bool{}
 	for i, d := range f.Detours {
 		sd, err := parseDetour(d)
@@ -406,10 +356,6 @@ func build(f fileConfig) (Config, error) {
 		}
 		c.RelayPing = f.RelayPing.D()
 	}
-	c.BufferSizing = f.BufferSizing
-	if c.BufferSizing && c.ProbeInterval == 0 {
-		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
-	}
 	for i, l := range f.LegacyV1 {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || !ap.Addr().Unmap().Is4() || !usable(ap.Addr()) || ap.Port() == 0 {
@@ -455,8 +401,8 @@ func usable(a netip.Addr) bool {
 }
 
 // parseDetour's errors start with the field name (the caller adds detours[i].).
-func parseDetour(d fileDetour) (StaticDetour, error) {
-	var sd StaticDetour
+func parseDetour(d fileDetour) (static.Entry, error) {
+	var sd static.Entry
 	if d.Relay == "" {
 		return sd, fmt.Errorf("relay: missing (a name for logs and status)")
 	}

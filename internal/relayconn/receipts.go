@@ -1,4 +1,4 @@
-package relayclient
+package relayconn
 
 import (
 	"bufio"

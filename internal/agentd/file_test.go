@@ -1,6 +1,7 @@
-package agent
+package agentd
 
 import (
+	"github.com/mpdetour/mpdetour/internal/agent"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
 )
 
 const goodConfig = `
@@ -42,14 +44,14 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.NetNS != "client" || c.Subflows != 3 || c.AnnouncedSubflows != 1 || c.Backoff != 500*time.Millisecond ||
-		c.MaxBackoff != 30*time.Second || c.CommandWorkers != 4 || len(c.Selectors) != 1 || len(c.Detours) != 2 {
+	if c.Agent.NetNS != "client" || c.Agent.Subflows != 3 || c.Agent.AnnouncedSubflows != 1 || c.Agent.Backoff != 500*time.Millisecond ||
+		c.Agent.MaxBackoff != 30*time.Second || c.Agent.CommandWorkers != 4 || len(c.Agent.Selectors) != 1 || len(c.Detours) != 2 {
 		t.Fatalf("parsed %+v", c)
 	}
-	if p := c.Selectors[0].Prefixes[1]; p != netip.MustParsePrefix("192.0.2.7/32") {
+	if p := c.Agent.Selectors[0].Prefixes[1]; p != netip.MustParsePrefix("192.0.2.7/32") {
 		t.Errorf("bare address parsed as %s", p)
 	}
-	src := NewStaticSource(c.Detours)
+	src := static.New(c.Detours)
 	ds := src.Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
 	if len(ds) != 2 || ds[0].Kind != detour.NAT || ds[0].Remote != netip.MustParseAddrPort("10.1.1.2:4000") ||
 		ds[1].Kind != detour.Tunnel || ds[1].Remote != netip.MustParseAddrPort("10.0.3.2:5201") {
@@ -63,11 +65,11 @@ func TestParseConfig(t *testing.T) {
 		t.Fatalf("detours toward an unrelated server: %v", ds)
 	}
 
-	if c, err := ParseConfig([]byte("probe_interval: 0\nconnect_timeout: 5s\nstall_retransmits: 5\n")); err != nil || c.ProbeInterval != 0 || c.ConnectTimeout != 5*time.Second || c.StallRetransmits != 5 {
+	if c, err := ParseConfig([]byte("probe_interval: 0\nconnect_timeout: 5s\nstall_retransmits: 5\n")); err != nil || c.Agent.ProbeInterval != 0 || c.Agent.ConnectTimeout != 5*time.Second || c.Agent.StallRetransmits != 5 {
 		t.Fatalf("probe_interval 0: %+v %v", c, err)
 	}
 	def, err := ParseConfig(nil)
-	if err != nil || def.Subflows != 2 || def.Socket != DefaultSocket || def.Backoff != time.Second {
+	if err != nil || def.Agent.Subflows != 2 || def.Agent.Socket != agent.DefaultSocket || def.Agent.Backoff != time.Second {
 		t.Fatalf("empty config: %+v %v", def, err)
 	}
 }
@@ -149,34 +151,34 @@ legacy_v1:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Policy != policy.Adaptive || c.Watchdog != 300*time.Millisecond || c.Window != 4*time.Second || c.Hold != 20*time.Second ||
-		c.MetricsListen != "127.0.0.1:9465" || c.LogLevel != slog.LevelDebug || !c.Detours[0].Detour.Backup ||
+	if c.Agent.Policy != policy.Adaptive || c.Agent.Watchdog != 300*time.Millisecond || c.Agent.Window != 4*time.Second || c.Agent.Hold != 20*time.Second ||
+		c.Agent.MetricsListen != "127.0.0.1:9465" || c.Agent.LogLevel != slog.LevelDebug || !c.Detours[0].Detour.Backup ||
 		len(c.LegacyV1) != 2 || c.LegacyV1[0].Name != "old" || c.LegacyV1[0].Lease != 5*time.Minute ||
 		c.LegacyV1[1].Lease != 10*time.Minute { // per daemon (issue 28: one lease was stored for all)
 		t.Fatalf("parsed %+v", c)
 	}
-	if d, _ := ParseConfig(nil); d.Policy != policy.Static || d.Subflows != 2 || d.ProbeInterval != time.Second {
-		t.Fatalf("default policy %v, subflows %d, probe %s; want static, 2, 1s", d.Policy, d.Subflows, d.ProbeInterval)
+	if d, _ := ParseConfig(nil); d.Agent.Policy != policy.Static || d.Agent.Subflows != 2 || d.Agent.ProbeInterval != time.Second {
+		t.Fatalf("default policy %v, subflows %d, probe %s; want static, 2, 1s", d.Agent.Policy, d.Agent.Subflows, d.Agent.ProbeInterval)
 	}
 	// The adaptive policy's own defaults, unless set.
-	if a, _ := ParseConfig([]byte("policy: adaptive\n")); a.Subflows != 8 || a.ProbeInterval != 100*time.Millisecond {
-		t.Fatalf("adaptive defaults: subflows %d, probe %s; want 8, 100ms", a.Subflows, a.ProbeInterval)
+	if a, _ := ParseConfig([]byte("policy: adaptive\n")); a.Agent.Subflows != 8 || a.Agent.ProbeInterval != 100*time.Millisecond {
+		t.Fatalf("adaptive defaults: subflows %d, probe %s; want 8, 100ms", a.Agent.Subflows, a.Agent.ProbeInterval)
 	}
-	if a, _ := ParseConfig([]byte("policy: adaptive\nsubflows: 3\nprobe_interval: 1s\n")); a.Subflows != 3 || a.ProbeInterval != time.Second {
-		t.Fatalf("adaptive with subflows/probe_interval set: %d, %s", a.Subflows, a.ProbeInterval)
+	if a, _ := ParseConfig([]byte("policy: adaptive\nsubflows: 3\nprobe_interval: 1s\n")); a.Agent.Subflows != 3 || a.Agent.ProbeInterval != time.Second {
+		t.Fatalf("adaptive with subflows/probe_interval set: %d, %s", a.Agent.Subflows, a.Agent.ProbeInterval)
 	}
 	if _, err := ParseConfig([]byte("policy: adaptive\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "probe_interval") {
 		t.Fatalf("adaptive without measurements accepted: %v", err)
 	}
 	// backup-first: measured every 100 ms, the general subflow default.
-	if b, err := ParseConfig([]byte("policy: backup-first\n")); err != nil || b.Policy != policy.BackupFirst || b.Subflows != 2 || b.ProbeInterval != 100*time.Millisecond {
-		t.Fatalf("backup-first: %v, subflows %d, probe %s, err %v; want 2, 100ms", b.Policy, b.Subflows, b.ProbeInterval, err)
+	if b, err := ParseConfig([]byte("policy: backup-first\n")); err != nil || b.Agent.Policy != policy.BackupFirst || b.Agent.Subflows != 2 || b.Agent.ProbeInterval != 100*time.Millisecond {
+		t.Fatalf("backup-first: %v, subflows %d, probe %s, err %v; want 2, 100ms", b.Agent.Policy, b.Agent.Subflows, b.Agent.ProbeInterval, err)
 	}
 	if _, err := ParseConfig([]byte("policy: backup-first\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "backup-first") {
 		t.Fatalf("backup-first without measurements accepted: %v", err)
 	}
-	if b, err := ParseConfig([]byte("buffer_sizing: true\n")); err != nil || !b.BufferSizing {
-		t.Fatalf("buffer_sizing: %v %v", b.BufferSizing, err)
+	if b, err := ParseConfig([]byte("buffer_sizing: true\n")); err != nil || !b.Agent.BufferSizing {
+		t.Fatalf("buffer_sizing: %v %v", b.Agent.BufferSizing, err)
 	}
 	if _, err := ParseConfig([]byte("buffer_sizing: true\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "buffer_sizing") {
 		t.Fatalf("buffer_sizing without measurements accepted: %v", err)
@@ -210,9 +212,9 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if c.Subflows < 0 || c.Subflows > 8 || c.Backoff <= 0 || c.MaxBackoff < c.Backoff {
+		if c.Agent.Subflows < 0 || c.Agent.Subflows > 8 || c.Agent.Backoff <= 0 || c.Agent.MaxBackoff < c.Agent.Backoff {
 			t.Fatalf("accepted out-of-range config %+v", c)
 		}
-		_ = NewStaticSource(c.Detours).Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
+		_ = static.New(c.Detours).Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
 	})
 }

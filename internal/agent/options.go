@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/policy"
+)
+
+// DefaultSocket is where the agent serves its status.
+const DefaultSocket = "/run/mpdetour/agent.sock"
+
+// Options are the agent core's settings: the validated form of the
+// agent file's core fields (internal/agentd builds them; tests write them
+// directly). The detour kinds' settings (relays, tunnels, legacy v1, the
+// converter, the server role) are internal/agentd's: the core only gets
+// their sources.
+type Options struct {
+	// NetNS is the namespace whose connections the agent manages (name in
+	// /run/netns or a path); empty means the agent's own.
+	NetNS             string
+	Socket            string
+	Subflows          int
+	AnnouncedSubflows int
+	MaxConnections    int
+	Backoff           time.Duration
+	MaxBackoff        time.Duration
+	ConnectTimeout    time.Duration
+	// ProbeInterval is how often subflows are checked for stalls through
+	// inet_diag (0 = never); StallRetransmits is the number of consecutive
+	// retransmission timeouts that marks an established subflow dead.
+	ProbeInterval    time.Duration
+	StallRetransmits int
+	// SweepEvery is how often tracked connections are checked against the
+	// kernel's table, to forget those whose CLOSED event never came
+	// (0 = 10 s; not in the YAML: tests shorten it).
+	SweepEvery time.Duration
+	// Policy chooses subflows: static (keep N) or adaptive (measure, keep
+	// the best, back up, fail over); Watchdog, Window and Hold tune the
+	// adaptive one (policy.Config).
+	Policy                 policy.Mode
+	Watchdog, Window, Hold time.Duration
+	CommandWorkers         int
+	// Nice, when non-zero, is applied to the agent's threads at start.
+	Nice int
+	// EventBuffer is the event socket's receive buffer in bytes.
+	EventBuffer int
+	LogLevel    slog.Level
+	// MetricsListen, when set, serves Prometheus metrics (e.g. 127.0.0.1:9465,
+	// or unix:/run/mpdetour/agent-metrics.sock: mode 0600).
+	MetricsListen string
+	// MetricsToken, when set, is the bearer token every scrape must send
+	// (metrics.token_file).
+	MetricsToken string
+	Selectors    []policy.Selector
+	// ConvertStatus, when set, adds the conversion Router's view to the
+	// status, as JSON (wired by internal/agentd; not in the YAML).
+	ConvertStatus func() any
+	// Blackhole, when set, adds the kernel's MPTCP blackhole fallback to
+	// the status (wired by RunLinux; not in the YAML).
+	Blackhole func() BlackholeStatus
+	// RelayStatus, when set, adds each relay's state (RelayHealth) to the
+	// status (wired by internal/agentd; not in the YAML).
+	RelayStatus func() []RelayStatus
+	// PMType, when set, adds the pm_type guard's view to the status
+	// (wired by RunLinux).
+	PMType func() PMTypeStatus
+	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
+	// what the measured connections need (policy BufferWanted), restored
+	// at stop (buffers.go). Off by default: not measured yet.
+	BufferSizing bool
+	// Probes is the directory marking doctor's test connections, which
+	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
+	// none).
+	Probes string
+}
+
+// DefaultOptions are the defaults of the agent file's core fields
+// (docs/agent.md): the static policy keeping 2 detour subflows. Four
+// command workers: SUBFLOW_CREATE does the connect in the caller's
+// syscall, and with one or two sockets bursts queue up (docs/agent.md,
+// benchmark).
+func DefaultOptions() Options {
+	return Options{
+		Socket: DefaultSocket, Subflows: 2, MaxConnections: 65536, CommandWorkers: 4, EventBuffer: 8 << 20,
+		Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
+		ProbeInterval: time.Second, StallRetransmits: 3, Policy: policy.Static,
+	}
+}

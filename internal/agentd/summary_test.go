@@ -1,0 +1,35 @@
+package agentd
+
+import (
+	"bytes"
+	"testing"
+)
+
+// `mpdetour agent --check` prints what the file asks for: the policy,
+// subflows, static detours, relays, the server role and legacy daemons.
+func TestSummary(t *testing.T) {
+	c, err := ParseConfig([]byte(`policy: adaptive
+socket: /tmp/a.sock
+detours:
+  - {kind: nat, relay: r1, address: 10.0.2.2:40000, server: 10.0.3.2:5201}
+relays:
+  key: 8G3fPZ2bYBwF0uLqBdZ9X1Jt3K4r7mVb6y2N5a8cQ1E=
+  servers:
+    - {name: fra1, address: 192.0.2.10:45673, public_key: hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=}
+legacy_v1:
+  - {name: old, address: 10.0.4.2:45672, lease: 1m}
+server:
+  announce: [{name: a, address: 10.0.6.2:5201}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	Summary(&b, "agent.yaml", c)
+	want := "agent.yaml: valid: policy adaptive, 8 detour subflows per connection, 1 static detours, 1 relays, server role announcing 1 addresses, socket /tmp/a.sock\n" +
+		"  relay fra1 at 192.0.2.10:45673\n" +
+		"  legacy v1 daemon old at 10.0.4.2:45672 (unauthenticated), lease 1m0s\n"
+	if b.String() != want {
+		t.Errorf("summary:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
