@@ -151,11 +151,7 @@ func (s *Server) handOver(all []*lease.Mapping, now time.Time) bool {
 			s.logAttr(withCounter(mappingEvent("handover", m, now), cnt[m.Key]))
 		}
 	}
-	s.reap(now, true)
-	s.ledgerTunnels(now)
-	if err := s.fair.led.Save(now); err != nil {
-		s.log.Error("saving the ledger", "err", err)
-	}
+	s.finishAccounts(now)
 	if err := s.dp.Leave(); err != nil {
 		s.log.Error("leaving the nftables table", "err", err)
 	}

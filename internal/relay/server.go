@@ -1125,6 +1125,16 @@ func (s *Server) warnRestartOnly(st *Static) {
 	}
 }
 
+// finishAccounts is the stop's last accounting (shutdown and handover):
+// counters of closing mappings, the tunnels' usage, the ledger on disk.
+func (s *Server) finishAccounts(now time.Time) {
+	s.reap(now, true)
+	s.ledgerTunnels(now)
+	if err := s.fair.led.Save(now); err != nil {
+		s.log.Error("saving the ledger", "err", err)
+	}
+}
+
 // shutdown logs every mapping's final counters and removes the table.
 func (s *Server) shutdown() {
 	if s.gossip.restarting {
@@ -1144,11 +1154,7 @@ func (s *Server) shutdown() {
 	for _, m := range all {
 		s.leases.Remove(m, "shutdown", now)
 	}
-	s.reap(now, true)
-	s.ledgerTunnels(now)
-	if err := s.fair.led.Save(now); err != nil {
-		s.log.Error("saving the ledger", "err", err)
-	}
+	s.finishAccounts(now)
 	if err := s.dp.Close(); err != nil {
 		s.log.Error("removing nftables table", "err", err)
 	}
