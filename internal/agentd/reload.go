@@ -57,6 +57,7 @@ func rotateMemberKey(ctx context.Context, path string, relays *relayclient.NATSo
 	if cfg.Relays == nil {
 		return errors.New("the configuration has no relays section any more; keeping the running key")
 	}
+	followRelayKeys(cfg.Relays.Relays, relays.Conns(), log)
 	key, cert := cfg.Relays.PrivateKey, cfg.Relays.Options.Certificate
 	old := relays.Key()
 	if key == old {
@@ -73,12 +74,13 @@ func rotateMemberKey(ctx context.Context, path string, relays *relayclient.NATSo
 			if t.Conn() != c {
 				continue
 			}
-			if c.SessionKey() != key.Public() {
+			if c.SessionKey() != key.Public() || c.ConfirmedKey() != key.Public() {
 				// The relay still knows us by the old key (say, it refused
-				// the new certificate): so does its WireGuard peer. The
-				// tunnel follows once the connection switches
+				// the new certificate) or refused the rotation (say,
+				// name-mismatch): its WireGuard peer keeps the old key.
+				// The tunnel follows once the relay confirms a rotation
 				// (tunnelctl.TunnelSource.follow).
-				log.Warn("key rotation: tunnel keeps the old key for now", "relay", c.Relay().Name, "err", err)
+				log.Warn("key rotation: tunnel keeps the old key until the relay confirms the rotation", "relay", c.Relay().Name, "err", err)
 				continue
 			}
 			if terr := t.Rekey(key); terr != nil {

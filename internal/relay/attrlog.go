@@ -16,7 +16,7 @@ import (
 // show which member sent what through the relay, and when.
 type attrEvent struct {
 	Time       time.Time `json:"time"`
-	Event      string    `json:"event"` // grant, renew, release, expiry, shutdown, revoked, usage, convert, rotate
+	Event      string    `json:"event"` // grant, renew, release, expiry, shutdown, revoked, usage, convert, rotate, handover, adopt
 	Member     string    `json:"member"`
 	KeyID      string    `json:"key_id,omitempty"`
 	Client     string    `json:"client"`

@@ -222,6 +222,9 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 		s.attr.Close()
 		return nil, err
 	}
+	if static.StateFile != "" {
+		s.adoptHandover(s.now())
+	}
 	if s.tunnels != nil {
 		n, err := s.tunnels.Readmit(func(k proto.Key) bool { _, ok := set.Members[k]; return ok })
 		if err != nil {
@@ -1122,6 +1125,16 @@ func (s *Server) warnRestartOnly(st *Static) {
 	}
 }
 
+// finishAccounts is the stop's last accounting (shutdown and handover):
+// counters of closing mappings, the tunnels' usage, the ledger on disk.
+func (s *Server) finishAccounts(now time.Time) {
+	s.reap(now, true)
+	s.ledgerTunnels(now)
+	if err := s.fair.led.Save(now); err != nil {
+		s.log.Error("saving the ledger", "err", err)
+	}
+}
+
 // shutdown logs every mapping's final counters and removes the table.
 func (s *Server) shutdown() {
 	if s.gossip.restarting {
@@ -1135,14 +1148,13 @@ func (s *Server) shutdown() {
 	for _, m := range s.leases.ByKey {
 		all = append(all, m)
 	}
+	if s.static.StateFile != "" && s.handOver(all, now) {
+		return
+	}
 	for _, m := range all {
 		s.leases.Remove(m, "shutdown", now)
 	}
-	s.reap(now, true)
-	s.ledgerTunnels(now)
-	if err := s.fair.led.Save(now); err != nil {
-		s.log.Error("saving the ledger", "err", err)
-	}
+	s.finishAccounts(now)
 	if err := s.dp.Close(); err != nil {
 		s.log.Error("removing nftables table", "err", err)
 	}

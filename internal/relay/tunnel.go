@@ -9,6 +9,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
@@ -48,18 +49,20 @@ type Tunnels interface {
 }
 
 // TunnelFactory builds the tunnels from the relay config's `tunnel:`
-// section (errors positioned in the whole file through section). The relay
-// command passes tunnelctl's; a relay built without one refuses a config
-// with a tunnel section.
-type TunnelFactory func(section *config.Doc, relayKey proto.Key, log *slog.Logger) (Tunnels, error)
+// section (errors positioned in the whole file through section). top is the
+// relay's top-level destination policy (allow_destinations,
+// deny_destinations, deny_ports), which the section inherits unless it sets
+// its own lists. The relay command passes tunnelctl's; a relay built
+// without one refuses a config with a tunnel section.
+type TunnelFactory func(section *config.Doc, relayKey proto.Key, top destination.Policy, log *slog.Logger) (Tunnels, error)
 
 // NewTunnels runs f on the section (nil section: no tunnels, nil result).
-func NewTunnels(f TunnelFactory, section *config.Doc, key proto.Key, log *slog.Logger) (Tunnels, error) {
+func NewTunnels(f TunnelFactory, section *config.Doc, key proto.Key, top destination.Policy, log *slog.Logger) (Tunnels, error) {
 	if section == nil {
 		return nil, nil
 	}
 	if f == nil {
 		return nil, errors.New("tunnel: this relay was built without tunnel support")
 	}
-	return f(section, key, log)
+	return f(section, key, top, log)
 }

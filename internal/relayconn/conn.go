@@ -77,7 +77,12 @@ type Conn struct {
 	// rotateDone takes the result.
 	rotateFrom []proto.Key
 	rotateDone chan error
-	prev       *proto.Session // replaced by a rekey; replies may still arrive on it
+	// confirmed: the member key the relay holds our state (mappings, the
+	// tunnel's WireGuard peer) under: the first session's key, then the
+	// new key of each rotation the relay answered ok. A refused or
+	// unsupported rotation leaves it (the relay did not move anything).
+	confirmed proto.Key
+	prev      *proto.Session // replaced by a rekey; replies may still arrive on it
 	// certifying are new sessions presenting the certificate (by local
 	// index), not yet in use; their replies are accepted like ses's.
 	certifying map[uint32]*proto.Session
@@ -103,9 +108,10 @@ type Conn struct {
 }
 
 type pendingInit struct {
-	in   *proto.Initiation
-	priv proto.Key // the member key it was made with
-	sent time.Time
+	in    *proto.Initiation
+	priv  proto.Key // the member key it was made with
+	relay proto.Key // the relay's public key it was made for
+	sent  time.Time
 }
 
 // Dial creates the socket and starts the handshake; it does not wait for it.
@@ -162,7 +168,36 @@ func (c *Conn) Close() error {
 }
 
 // Relay returns the relay this Conn talks to.
-func (c *Conn) Relay() Relay { return c.relay }
+func (c *Conn) Relay() Relay {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.relay
+}
+
+// SetRelayKey makes pub the relay's public key (the relay rotated its key,
+// the agent's configuration says so and the agent reloaded it on SIGHUP):
+// the current session is dropped and a handshake with pub follows at once;
+// requests wait for it (a relay whose previous_private_key is the old key
+// answers both meanwhile). It says whether the key changed.
+func (c *Conn) SetRelayKey(pub proto.Key) bool {
+	c.mu.Lock()
+	if pub.IsZero() || c.relay.PublicKey == pub {
+		c.mu.Unlock()
+		return false
+	}
+	c.relay.PublicKey = pub
+	clear(c.inits) // initiations to the old key
+	if c.ses != nil {
+		c.prev, c.ses = c.ses, nil // replies may still arrive on it
+		c.sesReady = make(chan struct{})
+	}
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	return true
+}
 
 func randIndex() uint32 {
 	var b [4]byte
@@ -226,9 +261,9 @@ func (c *Conn) handshaker() {
 func (c *Conn) sendInit() error {
 	idx := randIndex()
 	c.mu.Lock()
-	priv := c.priv
+	priv, relayPub := c.priv, c.relay.PublicKey
 	c.mu.Unlock()
-	in, err := proto.NewInitiation(priv, c.relay.PublicKey, idx, time.Now())
+	in, err := proto.NewInitiation(priv, relayPub, idx, time.Now())
 	if err != nil {
 		return err
 	}
@@ -239,7 +274,7 @@ func (c *Conn) sendInit() error {
 			delete(c.inits, k)
 		}
 	}
-	c.inits[idx] = &pendingInit{in: in, priv: priv, sent: time.Now()}
+	c.inits[idx] = &pendingInit{in: in, priv: priv, relay: relayPub, sent: time.Now()}
 	pkt := in.Packet
 	if !c.cookieAt.IsZero() && time.Since(c.cookieAt) < proto.CookieLifetime-10*time.Second {
 		pkt = in.WithCookie(c.cookie)
@@ -351,7 +386,7 @@ func (c *Conn) dispatch(b []byte) {
 		if pi == nil {
 			return
 		}
-		cookie, err := pi.in.OpenCookieReply(c.relay.PublicKey, r)
+		cookie, err := pi.in.OpenCookieReply(pi.relay, r)
 		if err != nil {
 			return // forged: the initiation stays pending for the real answer
 		}
@@ -545,6 +580,11 @@ func (c *Conn) prepare(s *proto.Session, priv proto.Key, cert []byte, from []pro
 		// it: what it does next (a tunnel rekey, a request) goes out on
 		// the new key's session.
 		if !done() {
+			if err == nil {
+				c.mu.Lock()
+				c.confirmed = priv.Public()
+				c.mu.Unlock()
+			}
 			c.install(s, priv.Public())
 		}
 		if ch != nil {
@@ -626,6 +666,17 @@ func (c *Conn) SessionKey() proto.Key {
 	return c.sesPub
 }
 
+// ConfirmedKey is the public member key the relay holds this member's
+// state under: the first session's, then the new key of every rotation
+// the relay answered ok. A refused or unsupported rotation leaves it: the
+// relay's WireGuard peer of a tunnel still has that key, so a tunnel must
+// not rekey before ConfirmedKey is the new key.
+func (c *Conn) ConfirmedKey() proto.Key {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.confirmed
+}
+
 // Key is the member key the Conn uses (the newest after a Rotate).
 func (c *Conn) Key() proto.Key {
 	c.mu.Lock()
@@ -638,6 +689,9 @@ func (c *Conn) install(s *proto.Session, pub proto.Key) {
 	c.mu.Lock()
 	old := c.ses
 	c.ses, c.prev, c.hsErr, c.sesPub = s, old, nil, pub
+	if c.confirmed.IsZero() {
+		c.confirmed = pub // the first session: nothing to carry over
+	}
 	if old == nil {
 		close(c.sesReady)
 	}

@@ -101,6 +101,10 @@ type File struct {
 type Member struct {
 	Name      string `yaml:"name"`
 	PublicKey string `yaml:"public_key"`
+	// PreviousPublicKey is the member's key before a rotation under way
+	// (docs/collective.md, "Static member lists"): both keys are the
+	// member's until the operator removes this line.
+	PreviousPublicKey string `yaml:"previous_public_key"`
 }
 
 // GossipFile is the `collective.gossip` section.
@@ -319,7 +323,7 @@ func build(c *File) (*relay.Config, error) {
 			return nil, fmt.Errorf("members[%d].name: required", i)
 		}
 		if names[m.Name] {
-			return nil, fmt.Errorf("members[%d]: duplicate name %q", i, m.Name)
+			return nil, fmt.Errorf("members[%d]: duplicate name %q (to rotate a member's key, give its new key as public_key and the old one as previous_public_key in one entry)", i, m.Name)
 		}
 		names[m.Name] = true
 		k, err := proto.ParseKey(m.PublicKey)
@@ -330,6 +334,20 @@ func build(c *File) (*relay.Config, error) {
 			return nil, fmt.Errorf("members[%d] (%s): same key as %s", i, m.Name, prev)
 		}
 		s.Members[k] = m.Name
+		if m.PreviousPublicKey == "" {
+			continue
+		}
+		pk, err := proto.ParseKey(m.PreviousPublicKey)
+		if err != nil {
+			return nil, fmt.Errorf("members[%d].previous_public_key: %s: %w", i, m.Name, err)
+		}
+		if prev, dup := s.Members[pk]; dup {
+			if prev == m.Name {
+				return nil, fmt.Errorf("members[%d].previous_public_key (%s): the same key as public_key", i, m.Name)
+			}
+			return nil, fmt.Errorf("members[%d].previous_public_key (%s): same key as %s", i, m.Name, prev)
+		}
+		s.Members[pk] = m.Name
 	}
 	for i, p := range c.AllowDestinations {
 		pf, err := parsePrefix(p)

@@ -23,6 +23,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relay/dataplane"
 )
@@ -84,7 +85,8 @@ func Start(cfg *relay.Config, log *slog.Logger, tunnels relay.TunnelFactory) (_ 
 		return nil, err
 	}
 	closers = append(closers, func() { d.Status.Close() })
-	if d.Tunnels, err = relay.NewTunnels(tunnels, cfg.Tunnel, cfg.PrivateKey, log); err != nil {
+	if d.Tunnels, err = relay.NewTunnels(tunnels, cfg.Tunnel, cfg.PrivateKey,
+		destination.Policy{Allow: cfg.Allow, Deny: cfg.Deny, DenyPorts: cfg.DenyPorts}, log); err != nil {
 		return nil, err
 	}
 	if d.Tunnels != nil {

@@ -140,10 +140,24 @@ func installTable(c *nftables.Conn, iface string, subnet netip.Prefix, mtu int, 
 
 	filter := c.AddChain(&nftables.Chain{Name: "destinations", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	// A destination the policy refuses is answered where the protocol can:
+	// a TCP reset for TCP (the client's connect or MPTCP join fails at
+	// once: "connection refused"), ICMP administratively prohibited for the
+	// rest (EHOSTUNREACH). Rejected packets are counted (the counters
+	// name the rule's prefix: nft list chain ip mpdetour_tunnel
+	// destinations). Answers are not rate limited here: the kernel's
+	// icmp_ratelimit bounds the ICMP ones and a reset answers a packet the
+	// client sent through its own tunnel.
 	drop := func(p netip.Prefix) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
 			matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface), matchAddr(16, p),
-			[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
+			[]expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+				&expr.Counter{}, &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})})
+		c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+			matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface), matchAddr(16, p),
+			[]expr.Any{&expr.Counter{}, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 13}})}) // ICMP_PKT_FILTERED
 	}
 	// Client to client through the relay is not a detour.
 	c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(

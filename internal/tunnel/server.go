@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,6 +65,9 @@ type Server struct {
 	log   *slog.Logger
 	mu    sync.Mutex
 	alloc *allocator
+	// the refusal log (refused.go)
+	stopWatch func()
+	watchDone chan struct{}
 }
 
 func (c *ServerConfig) check() error {
@@ -165,6 +169,12 @@ func NewServer(cfg ServerConfig) (_ *Server, err error) {
 	if err = installTable(nc, cfg.Iface, cfg.Subnet, cfg.MTU, cfg.Destinations); err != nil {
 		return nil, err
 	}
+	wctx, stop := context.WithCancel(context.Background())
+	s.stopWatch, s.watchDone = stop, make(chan struct{})
+	go func() {
+		defer close(s.watchDone)
+		watchRefused(wctx, s.Refused, RefusedLogEvery, s.log)
+	}()
 	s.log.Info("tunnel server up", "backend", s.dev.Backend(), "subnet", cfg.Subnet,
 		"port", cfg.ListenPort, "peers", len(wc.Peers), "reserved", len(s.alloc.byKey), "mtu", cfg.MTU)
 	return s, nil
@@ -493,6 +503,11 @@ func (s *Server) Status() (*wgtypes.Device, error) { return s.dev.Status() }
 // state file is kept for the next start.
 func (s *Server) Close() error {
 	var errs []error
+	if s.stopWatch != nil {
+		s.stopWatch()
+		<-s.watchDone
+		s.stopWatch = nil
+	}
 	if s.ns != nil && s.ns.handle.IsOpen() {
 		if nc, err := s.ns.nft(); err == nil {
 			errs = append(errs, deleteTable(nc))

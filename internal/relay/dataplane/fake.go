@@ -19,6 +19,8 @@ type Fake struct {
 	closed   bool
 	// Recreated counts Recreate calls.
 	Recreated int
+	// Left: Leave was called (the table was left for the next start).
+	Left bool
 }
 
 // NewFake returns an empty fake data plane.
@@ -156,6 +158,15 @@ func (f *Fake) Close() error {
 	defer f.mu.Unlock()
 	f.closed = true
 	clear(f.mapped)
+	return nil
+}
+
+// Leave implements DataPlane: the mappings stay (Mapped still reports
+// them), as the kernel keeps the table of a relay that left it.
+func (f *Fake) Leave() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed, f.Left = true, true
 	return nil
 }
 

@@ -21,7 +21,8 @@ import (
 )
 
 // TableName is the nftables table the relay owns (family ip). Nothing else
-// should put anything in it: the relay deletes it at start and at exit.
+// should put anything in it: the relay deletes it at start and at exit
+// (with a state_file, a stop leaves it for the next start: handover.go).
 const TableName = "mpdetour_relay"
 
 // Names inside the table (tests and docs refer to them).
@@ -83,6 +84,10 @@ type DataPlane interface {
 	Recreate(ms []Mapping) error
 	// Close removes the table.
 	Close() error
+	// Leave closes the data plane's sockets but leaves the table and its
+	// mappings in the kernel, for the next start to adopt (a graceful
+	// restart: established connections keep their NAT).
+	Leave() error
 }
 
 type nftDataPlane struct {
@@ -113,8 +118,10 @@ type Options struct {
 
 var concatAddrPort = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
 
-// NewNFT deletes whatever an earlier run left (crash, kill -9) and creates the
-// table afresh, in one atomic transaction.
+// NewNFT deletes whatever an earlier run left (crash, kill -9, a graceful
+// stop's Leave) and creates the table afresh, in one atomic transaction: the
+// NAT hooks stay registered throughout, so connections the earlier table
+// translated keep their translation (conntrack holds it).
 func NewNFT(opt Options) (*nftDataPlane, error) {
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.DiscardHandler)
@@ -414,4 +421,13 @@ func (d *nftDataPlane) Close() error {
 	}
 	_ = d.conn.CloseLasting()
 	return err
+}
+
+// Leave implements DataPlane.
+func (d *nftDataPlane) Leave() error {
+	d.stopFastPath()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.get.Close()
+	return d.conn.CloseLasting()
 }

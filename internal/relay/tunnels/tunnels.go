@@ -35,9 +35,9 @@ type File struct {
 	Backend   string `yaml:"backend"`    // kernel, embedded; default: kernel if available
 	// Destination policy for tunnel traffic: the ranges the NAT-detour
 	// policy treats as special (destination.Special) plus the relay's
-	// own networks are refused unless allowed; deny is absolute. The
-	// factory is not handed the relay's top-level allow/deny lists, so
-	// tunnel traffic has its own (integration point: relay could pass them).
+	// own networks are refused unless allowed; deny is absolute. Absent,
+	// each list is the relay's top-level one (Factory's top); present,
+	// even empty ([]), it replaces it.
 	AllowDestinations []string `yaml:"allow_destinations"`
 	DenyDestinations  []string `yaml:"deny_destinations"`
 	// Kinds the relay offers: wireguard (default) and/or vxlan. vxlan is
@@ -169,6 +169,9 @@ func buildServer(c File) (tunnel.ServerConfig, netip.AddrPort, error) {
 		in   []string
 		out  *[]netip.Prefix
 	}{{"allow_destinations", c.AllowDestinations, &sc.Destinations.Allow}, {"deny_destinations", c.DenyDestinations, &sc.Destinations.Deny}} {
+		if l.in != nil {
+			*l.out = []netip.Prefix{} // set, even empty: not inherited
+		}
 		for i, s := range l.in {
 			p, err := netip.ParsePrefix(s)
 			if err != nil {
@@ -183,12 +186,15 @@ func buildServer(c File) (tunnel.ServerConfig, netip.AddrPort, error) {
 
 // Factory builds the relay's tunnel allocator from its `tunnel:` section:
 // the WireGuard device and its destination policy. The result satisfies
-// relay.Tunnels (this package does not import the relay).
-func Factory(section *config.Doc, relayKey proto.Key, log *slog.Logger) (_ *Allocator, err error) {
+// relay.Tunnels (this package does not import the relay). top is the
+// relay's top-level destination policy, used where the section sets no
+// list of its own (Inherit).
+func Factory(section *config.Doc, relayKey proto.Key, top destination.Policy, log *slog.Logger) (_ *Allocator, err error) {
 	st, err := ParseConfig(section)
 	if err != nil {
 		return nil, err
 	}
+	st.Server.Destinations = Inherit(st.Server.Destinations, top)
 	if log == nil {
 		log = slog.Default()
 	}
@@ -356,4 +362,19 @@ func (a *Allocator) EncapMembers() map[wgtypes.Key]tunnel.EncapAllocation {
 // tunnelctl.FromEncapGrant).
 func ToEncapGrant(e tunnel.EncapAllocation) proto.EncapGrant {
 	return proto.EncapGrant{ClientPrefix: e.Address, Gateway: e.Gateway, Endpoint: e.Endpoint, Member: e.Member, VNI: e.VNI, MTU: uint16(e.MTU)}
+}
+
+// Inherit fills the lists the `tunnel:` section did not set (nil) from the
+// relay's top-level destination policy: one allow_destinations governs NAT
+// and tunnel detours unless the section says otherwise. IPv6 entries are
+// kept (the tunnel's rules ignore them). deny_ports has no tunnel
+// counterpart yet: tunnel traffic is filtered by address only.
+func Inherit(d tunnel.Destinations, top destination.Policy) tunnel.Destinations {
+	if d.Allow == nil {
+		d.Allow = top.Allow
+	}
+	if d.Deny == nil {
+		d.Deny = top.Deny
+	}
+	return d
 }

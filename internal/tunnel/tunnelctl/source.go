@@ -69,8 +69,10 @@ func (s *TunnelSource) follow(ctx context.Context) {
 		case <-t.C:
 		}
 		priv := s.conn.Key()
-		if s.conn.SessionKey() != priv.Public() {
-			continue // the relay still knows us by the old key
+		if s.conn.SessionKey() != priv.Public() || s.conn.ConfirmedKey() != priv.Public() {
+			// The relay still knows us by the old key, or it refused
+			// the rotation: its WireGuard peer keeps the old key.
+			continue
 		}
 		s.mu.Lock()
 		same := s.cfg.PrivateKey == wgtypes.Key(priv)

@@ -3,6 +3,7 @@ package tunnelctl
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relay/tunnels"
@@ -37,8 +40,8 @@ func TestMain(m *testing.M) {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		tunnels := func(sec *config.Doc, key proto.Key, log *slog.Logger) (relay.Tunnels, error) {
-			a, err := tunnels.Factory(sec, key, log)
+		tunnels := func(sec *config.Doc, key proto.Key, top destination.Policy, log *slog.Logger) (relay.Tunnels, error) {
+			a, err := tunnels.Factory(sec, key, top, log)
 			if err != nil {
 				return nil, err
 			}
@@ -160,6 +163,13 @@ func newLine(t *testing.T, tunnelExtra ...string) *line {
 // newLineNamed is newLine with namespaces named prefix+c/r/s-...
 func newLineNamed(t *testing.T, prefix string, tunnelExtra ...string) *line {
 	t.Helper()
+	return newLineTop(t, prefix, "", "  # the server is on one of the relay's own networks, restricted by default\n  allow_destinations: [203.0.113.10/32]\n", tunnelExtra...)
+}
+
+// newLineTop is newLineNamed with top-level lines (top) and the tunnel
+// section's destination lines (tunnelPolicy) given.
+func newLineTop(t *testing.T, prefix, top, tunnelPolicy string, tunnelExtra ...string) *line {
+	t.Helper()
 	c, r, v := netnstest.New(t, prefix+"c"), netnstest.New(t, prefix+"r"), netnstest.New(t, prefix+"s")
 	cl, rl, sv := c.Name, r.Name, v.Name
 	netnstest.LinkNamed(t, c, "r0", "192.0.2.2/24", r, "c0", "192.0.2.1/24")
@@ -181,14 +191,12 @@ func newLineNamed(t *testing.T, prefix string, tunnelExtra ...string) *line {
 		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 192.0.2.1:45673
 private_key: %s
 ports: 40000-40100
-members:
+%smembers:
 %stunnel:
   subnet: 100.88.0.0/16
   listen_port: 51820
   state_file: %s
-  # the server is on one of the relay's own networks, restricted by default
-  allow_destinations: [203.0.113.10/32]
-%s`, keyText(relayKey), m.String(), filepath.Join(dir, "tunnel.json"), strings.Join(tunnelExtra, ""))), 0o600); err != nil {
+%s%s`, keyText(relayKey), top, m.String(), filepath.Join(dir, "tunnel.json"), tunnelPolicy, strings.Join(tunnelExtra, ""))), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -246,4 +254,66 @@ func openTunnel(t *testing.T, ln *line, priv proto.Key) *tunnel.Client {
 	}
 	t.Fatalf("tunnel over the control channel: %v", err)
 	return nil
+}
+
+// Issue 29 item 2 (relay part): the tunnel section without destination
+// lists inherits the relay's top-level allow_destinations (the server,
+// on the relay's own network, is reachable through the tunnel), and a
+// destination the policy refuses is answered at once (TCP reset) instead
+// of dropped silently (a connect that hangs until its timeout).
+func TestTunnelInheritsDestinationPolicy(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	ln := newLineTop(t, "tip", "allow_destinations: [203.0.113.10/32]\n", "")
+	netnstest.MustRun(t, "ip", "-n", ln.sv, "addr", "add", "203.0.113.11/24", "dev", "r0")
+	client := openTunnel(t, ln, ln.member)
+	var lns []net.Listener
+	for _, a := range []string{"203.0.113.10:7001", "203.0.113.11:7001"} {
+		var l net.Listener
+		if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen("tcp4", a); return err }); err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		netnstest.Serve(l, func(c net.Conn) { c.Close() })
+		lns = append(lns, l)
+	}
+	dial := func(to string) (time.Duration, error) {
+		start := time.Now()
+		err := netnstest.DoNamed(ln.cl, func() error {
+			d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(client.Address(), 0))}
+			c, err := d.Dial("tcp4", to)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		return time.Since(start), err
+	}
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err = dial(lns[0].Addr().String()); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("the server allowed by the top-level allow_destinations is not reachable through the tunnel: %v", err)
+	}
+	took, err := dial(lns[1].Addr().String())
+	if err == nil {
+		t.Fatal("a destination the policy refuses was reachable through the tunnel")
+	}
+	if took > time.Second || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("refused destination: %v after %v, want connection refused at once (a reset)", err, took)
+	}
+	out := netnstest.MustRun(t, "ip", "netns", "exec", ln.rl, "nft", "list", "chain", "ip", tunnel.TableName, "destinations")
+	if !strings.Contains(out, "reject with tcp reset") || !strings.Contains(out, "ip daddr 203.0.113.10 accept") {
+		t.Fatalf("tunnel policy:\n%s", out)
+	}
+	// The refusal is counted (the relay logs the counters' growth once a
+	// minute: tunnel.Server.Refused, TestWatchRefused).
+	if !regexp.MustCompile(`counter packets [1-9][0-9]* bytes [0-9]+ reject with tcp reset`).MatchString(out) {
+		t.Fatalf("the refused SYN was not counted:\n%s", out)
+	}
 }
