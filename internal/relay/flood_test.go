@@ -27,7 +27,11 @@ import (
 // routes it back to the client namespace, which drops what it gets (it has
 // no such address and does not forward), as the Internet would for
 // addresses nobody answers on.
-const floodNet = "10.99.0.0/16"
+const floodNet = "10.98.0.0/15"
+
+// floodSources is how many distinct source addresses the flood cycles
+// through (all of floodNet: 131,072).
+const floodSources = 1 << 17
 
 // flooder sends spoofed handshake initiations from the client namespace
 // through a raw socket, each from a different source address and port.
@@ -48,7 +52,17 @@ func newFlooder(t testing.TB, ns string, relay netip.AddrPort, relayPub proto.Ke
 		t.Fatal(err)
 	}
 	f := &flooder{to: syscall.SockaddrInet4{Addr: relay.Addr().As4()}}
-	for i := 0; i < 256; i++ {
+	if os.Getenv("MPDETOUR_FLOOD_KIND") == "junk" {
+		// Transport packets naming receiver indices no session has: each
+		// is junk the relay must drop without keeping state per source.
+		for i := 0; i < 256; i++ {
+			junk := make([]byte, 64)
+			junk[0], junk[1] = proto.TypeTransport, proto.Version
+			binary.BigEndian.PutUint32(junk[4:], uint32(0x7f000000+i))
+			f.pkts = append(f.pkts, junk)
+		}
+	}
+	for i := 0; len(f.pkts) < 256; i++ {
 		ini, err := proto.NewInitiation(stranger, relayPub, uint32(i+1), time.Now())
 		if err != nil {
 			t.Fatal(err)
@@ -76,7 +90,8 @@ func (f *flooder) datagram(buf []byte, i int, dport uint16) []byte {
 	binary.BigEndian.PutUint32(b[4:], 0)
 	b[8], b[9] = 64, syscall.IPPROTO_UDP
 	b[10], b[11] = 0, 0
-	b[12], b[13], b[14], b[15] = 10, 99, byte(i>>8), byte(i)
+	src := i % floodSources
+	b[12], b[13], b[14], b[15] = 10, 98+byte(src>>16), byte(src>>8), byte(src)
 	copy(b[16:20], f.to.Addr[:])
 	binary.BigEndian.PutUint16(b[20:], uint16(1024+i%60000))
 	binary.BigEndian.PutUint16(b[22:], dport)
@@ -275,7 +290,9 @@ func TestHandshakeFlood(t *testing.T) {
 //	go test -run '^$' -bench HandshakeFlood -benchtime 1x -v ./internal/relay
 //
 // MPDETOUR_FLOOD_RATE, MPDETOUR_FLOOD_SECONDS and MPDETOUR_FLOOD_MEMBERS change the defaults
-// (20000, 10, 20); MPDETOUR_FLOOD_REPORT=path writes the markdown report there.
+// (20000, 10, 20); MPDETOUR_FLOOD_KIND=junk floods spoofed junk transport
+// packets instead of initiations (sources cycle through 131,072 addresses);
+// MPDETOUR_FLOOD_REPORT=path writes the markdown report there.
 func BenchmarkHandshakeFlood(b *testing.B) {
 	rate, secs, n := 20000, 10, 20
 	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_FLOOD_RATE")); err == nil {
