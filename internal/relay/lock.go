@@ -73,20 +73,9 @@ func Lock() (*StatusSocket, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	f, err := lockFile(lockPath, sockPath)
 	if err != nil {
-		return nil, fmt.Errorf("relay lock: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("relay lock %s: %w", lockPath, err)
-		}
-		holder := ""
-		if pid := lockHolder(sockPath); pid > 0 {
-			holder = fmt.Sprintf(" (pid %d)", pid)
-		}
-		return nil, fmt.Errorf("another mpdetour relay is running in this network namespace%s: stop it first (a second relay would replace its nftables table)", holder)
+		return nil, err
 	}
 	// Ours now: a socket file left by a relay killed with -9 goes.
 	if err := os.Remove(sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -106,6 +95,37 @@ func Lock() (*StatusSocket, error) {
 	return &StatusSocket{UnixListener: l, lock: f}, nil
 }
 
+// lockFile opens and flocks lockPath. A relay that stops removes its lock
+// file while it still holds the lock (StatusSocket.Close), so a lock taken
+// on a file that was unlinked meanwhile is no lock: the path is checked to
+// still name the locked file, and opened again if it does not.
+func lockFile(lockPath, sockPath string) (*os.File, error) {
+	for range 5 {
+		f, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("relay lock: %w", err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if !errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("relay lock %s: %w", lockPath, err)
+			}
+			holder := ""
+			if pid := lockHolder(sockPath); pid > 0 {
+				holder = fmt.Sprintf(" (pid %d)", pid)
+			}
+			return nil, fmt.Errorf("another mpdetour relay is running in this network namespace%s: stop it first (a second relay would replace its nftables table)", holder)
+		}
+		held, err1 := f.Stat()
+		named, err2 := os.Lstat(lockPath)
+		if err1 == nil && err2 == nil && os.SameFile(held, named) {
+			return f, nil
+		}
+		f.Close() // unlinked by a relay that stopped meanwhile: take the new one
+	}
+	return nil, fmt.Errorf("relay lock %s: the file keeps being replaced", lockPath)
+}
+
 // StatusSocket is the relay's status socket with the namespace's lock:
 // Close releases both.
 type StatusSocket struct {
@@ -113,9 +133,14 @@ type StatusSocket struct {
 	lock *os.File
 }
 
-// Close closes the socket (removing its file) and releases the lock.
+// Close closes the socket (removing its file), removes the lock file while
+// still holding the lock (lockFile re-checks for that), and releases the
+// lock: a relay that stops leaves nothing in RunDir.
 func (s *StatusSocket) Close() error {
 	err := s.UnixListener.Close()
+	if e := os.Remove(s.lock.Name()); e != nil && !errors.Is(e, os.ErrNotExist) && err == nil {
+		err = e
+	}
 	if e := s.lock.Close(); err == nil {
 		err = e
 	}

@@ -90,3 +90,43 @@ func TestLockCannotBeSquatted(t *testing.T) {
 		t.Fatalf("the relay's lock with a squatter in the namespace: %v", err)
 	}
 }
+
+// A relay that stops leaves nothing in RunDir (files of relays of every
+// namespace that ever ran piled up there), and the lock still excludes a
+// second relay while the first one runs, also across a stop and a new start.
+func TestLockLeavesNothingBehind(t *testing.T) {
+	testenv.Root(t)
+	ns := netnstest.New(t, "trk")
+	err := ns.Do(func() error {
+		lockPath, sockPath, err := lockPaths()
+		if err != nil {
+			return err
+		}
+		for round := range 2 {
+			l, err := Lock()
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			if _, err := Lock(); err == nil || !strings.Contains(err.Error(), "another mpdetour relay is running") {
+				t.Errorf("round %d: a second lock while the first is held: %v", round, err)
+			}
+			for _, p := range []string{lockPath, sockPath} {
+				if _, err := os.Lstat(p); err != nil {
+					t.Errorf("round %d: while held: %v", round, err)
+				}
+			}
+			if err := l.Close(); err != nil {
+				t.Fatalf("round %d: close: %v", round, err)
+			}
+			for _, p := range []string{lockPath, sockPath} {
+				if _, err := os.Lstat(p); !os.IsNotExist(err) {
+					t.Errorf("round %d: %s still there after the relay stopped (%v)", round, p, err)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
