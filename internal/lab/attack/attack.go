@@ -580,7 +580,22 @@ func (r *Run) startAttack(ctx context.Context) error {
 		var last *mptcpwire.Segment // the newest segment toward the client
 		r.wg.Add(1)
 		go r.sniff(sn, func(seg *mptcpwire.Segment) {
-			if seg.Dst != client || seg.Flags&mptcpwire.ACK == 0 || seg.Flags&(mptcpwire.SYN|mptcpwire.RST|mptcpwire.FIN) != 0 {
+			if seg.Dst != client {
+				return
+			}
+			if seg.Flags&(mptcpwire.RST|mptcpwire.FIN) != 0 {
+				// That connection is ending (often one of the short probe
+				// connections): forged segments in it would never reach
+				// MPTCP option processing, so its echo controls would be
+				// counted as sent but could not be echoed.
+				mu.Lock()
+				if last != nil && last.Src == seg.Src && last.SrcPort == seg.SrcPort && last.DstPort == seg.DstPort {
+					last = nil
+				}
+				mu.Unlock()
+				return
+			}
+			if seg.Flags&mptcpwire.ACK == 0 || seg.Flags&mptcpwire.SYN != 0 {
 				return
 			}
 			mu.Lock()
