@@ -521,6 +521,9 @@ func (a *Agent) failed(r result) []job {
 		return a.jobsFor(a.pol.Failed(r.in, fmt.Errorf("%w: %w", policy.ErrConnectionGone, r.err)), time.Time{})
 	}
 	if r.in.Detour != nil && r.in.Action == policy.CreateSubflow {
+		if pe != nil && pe.Errno == unix.ECONNREFUSED {
+			a.refused(cv.c.Remote, *r.in.Detour)
+		}
 		dv := a.detourView(*r.in.Detour)
 		dv.failed++
 		dv.lastErr, dv.lastChange = r.err.Error(), time.Now()
@@ -702,11 +705,26 @@ func (a *Agent) subDown(sf policy.Subflow) bool {
 				dv.failed++
 				dv.lastErr = fmt.Sprintf("subflow closed: errno %d", sf.Errno)
 			}
+			if sf.Errno == uint8(unix.ECONNREFUSED) {
+				a.refused(cv.c.Remote, *sv.detour)
+			}
 			dv.lastChange = time.Now()
 		}
 		delete(cv.subs, k)
 	}
 	return true
+}
+
+// refused tells the sources that a subflow through d toward server was
+// refused (detour.Refuser): a relay restarted without its state has closed
+// the granted port, and its source asks for a new grant at once instead of
+// at the next renewal.
+func (a *Agent) refused(server netip.AddrPort, d detour.Detour) {
+	for _, s := range a.sources {
+		if r, ok := s.(detour.Refuser); ok {
+			r.Refused(server, d)
+		}
+	}
 }
 
 func (a *Agent) match(server netip.AddrPort, sf policy.Subflow) (detour.Detour, bool) {

@@ -83,3 +83,13 @@ type Releaser interface {
 type Notifier interface {
 	Changed() <-chan struct{}
 }
+
+// Refuser is implemented by sources whose detours can go stale without
+// their knowing: a relay restarted without its state no longer has the
+// granted port open, and subflows toward it are refused (ECONNREFUSED).
+// The agent calls Refused when a subflow through d toward server was
+// refused; the source may ask again at once (bounded by itself). It must
+// not block.
+type Refuser interface {
+	Refused(server netip.AddrPort, d Detour)
+}

@@ -218,6 +218,14 @@ func (f *Filter) Release(ctx context.Context, server netip.AddrPort) error {
 	return nil
 }
 
+// Refused passes on to the inner source (detour.Refuser): a refused
+// detour's grant is asked again there.
+func (f *Filter) Refused(server netip.AddrPort, d detour.Detour) {
+	if r, ok := f.inner.(detour.Refuser); ok {
+		r.Refused(server, d)
+	}
+}
+
 // Close stops the checks in flight and waits for them.
 func (f *Filter) Close() {
 	f.cancel()

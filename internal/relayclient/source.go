@@ -95,12 +95,21 @@ type entry struct {
 	renewAt  time.Time
 	failedAt time.Time
 	err      error
+	// refusedAt: when a refused subflow last made this grant be asked
+	// again (Refused); one such re-grant per RegrantGap.
+	refusedAt time.Time
 }
+
+// RegrantGap bounds the re-grants Refused starts: at most one per grant in
+// this time, however many subflows are refused (no storm toward a relay
+// whose server refuses, or while a new grant is in flight).
+const RegrantGap = 2 * time.Second
 
 var (
 	_ detour.Source   = (*NATSource)(nil)
 	_ detour.Releaser = (*NATSource)(nil)
 	_ detour.Notifier = (*NATSource)(nil)
+	_ detour.Refuser  = (*NATSource)(nil)
 )
 
 // NewSource dials every relay (handshakes start at once, in the background).
@@ -337,6 +346,39 @@ func (s *NATSource) releaseDone(k entryKey, ch chan struct{}) {
 	}
 	s.mu.Unlock()
 	close(ch)
+}
+
+// Refused implements detour.Refuser: a subflow through d toward server was
+// refused. A relay restarted without its state file has closed the granted
+// port (its new table does not have the mapping), so the grant is renewed
+// at once instead of at half its lease: the relay answers not-found and
+// hands a new mapping (renew), and the agent hears of it (Changed). At
+// most one per grant per RegrantGap; a refusal of another port than the
+// grant's current one (an old subflow) starts nothing.
+func (s *NATSource) Refused(server netip.AddrPort, d detour.Detour) {
+	if d.Kind != detour.NAT {
+		return
+	}
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return
+	}
+	for i, c := range s.conns {
+		if c == nil || c.Relay().Name != d.Relay {
+			continue
+		}
+		k := entryKey{i, server}
+		e := s.entries[k]
+		if e == nil || e.pending || e.detour != d.Remote || now.Sub(e.refusedAt) < RegrantGap {
+			continue
+		}
+		e.refusedAt, e.pending = now, true
+		s.log.Info("relay detour refused: asking for a new grant", "relay", c.Relay().Name, "server", server, "detour", d.Remote)
+		s.wg.Add(1)
+		go s.renew(k, e)
+	}
 }
 
 // renewer renews leases at half their length; a relay that lost the mapping
