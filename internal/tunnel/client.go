@@ -36,8 +36,12 @@ const (
 	// DefaultDeadAfter: traffic went into the tunnel (more than deadBytes)
 	// but nothing came back for this long. TCP through the tunnel always
 	// gets something back (ACKs) within a few RTTs, so this is how a relay
-	// restart that lost our peer shows up while subflows are in use.
-	DefaultDeadAfter = 5 * time.Second
+	// restart that lost our peer shows up while subflows are in use. 3 s
+	// (5 s before) brings a tunnel back within 5 s of a relay restart
+	// (docs/results/relay-restart); a path whose round trip exceeds 3 s
+	// would be re-established needlessly (once per DeadAfter), which
+	// costs a handshake, not the connections.
+	DefaultDeadAfter = 3 * time.Second
 	deadBytes        = 1024
 )
 
@@ -358,7 +362,9 @@ func (c *Client) Detours(server netip.AddrPort) []detour.Detour {
 // no handshake for StaleAfter.
 func (c *Client) watchdog(ctx context.Context) {
 	defer close(c.done)
-	tick := min(c.cfg.DeadAfter, c.cfg.StaleAfter) / 5
+	// A tenth of the shorter limit: the silence is noticed at most a
+	// tenth late (a fifth cost a second of the restart's recovery).
+	tick := min(c.cfg.DeadAfter, c.cfg.StaleAfter) / 10
 	tick = max(tick, 100*time.Millisecond)
 	t := time.NewTicker(tick)
 	defer t.Stop()
