@@ -10,8 +10,10 @@
 # between the hosts' /etc/mpdetour after each block.
 #
 # It checks at the end that an MPTCP transfer from the client got a subflow
-# through the relay, and removes everything it created on exit (also on
-# failure and Ctrl-C).
+# through the relay (NAT detour) and one through its WireGuard tunnel, then
+# walks the missteps (a wrong relay key, an unreachable relay, a revoked
+# member) and checks what the client says about each; it removes everything
+# it created on exit (also on failure and Ctrl-C).
 #
 # Usage: scripts/deploy-recipe.sh [MPDETOUR_BINARY]   (root; default bin/mpdetour)
 set -euo pipefail
@@ -168,8 +170,77 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 subs = r.get("subflows") or []
 via = [s for s in subs if s["remote"].startswith("192.0.2.2:")]
-print(f"deploy-recipe: mptcp={r['mptcp']} goodput={r['goodput_mbps']:.1f} Mbit/s subflows={len(subs)} via relay={len(via)}")
+# The tunnel detour: from the tunnel's address (the relay's default subnet
+# 100.80.0.0/16) straight to the server.
+tun = [s for s in subs if s["local"].startswith("100.80.")]
+print(f"deploy-recipe: mptcp={r['mptcp']} goodput={r['goodput_mbps']:.1f} Mbit/s subflows={len(subs)} via relay={len(via)} via tunnel={len(tun)}")
 if not r["mptcp"] or not via:
     sys.exit("deploy-recipe: no subflow through the relay")
+if not tun:
+    sys.exit("deploy-recipe: no subflow through the tunnel")
 EOF
+
+# Missteps, as the client sees them (docs/deploy.md, "When it does not work").
+# The agent is restarted with the recipe's relay and two mistaken ones: a
+# wrong relay public key and a relay address where nothing listens; then the
+# relay drops the member from its config (SIGHUP): revoked.
+c="$work/client" rl="$work/relay"
+sock="$c/run/mpdetour/agent.sock"
+# daemon_pids NS: the mpdetour processes in a namespace (the units' pid
+# files name the shells that started them).
+daemon_pids() {
+  local p
+  for p in $(ip netns pids "$1"); do
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = mpdetour ] && echo "$p"
+  done
+  return 0
+}
+pids=$(daemon_pids "$ns_client")
+[ -n "$pids" ] || { echo "deploy-recipe: no agent runs on the client" >&2; exit 1; }
+kill -TERM $pids
+for _ in $(seq 100); do [ -z "$(daemon_pids "$ns_client")" ] && break; sleep 0.1; done
+[ -z "$(daemon_pids "$ns_client")" ] || { echo "deploy-recipe: the agent did not stop" >&2; exit 1; }
+wrongkey=$("$bin" relay genkey | "$bin" relay pubkey)
+relaypub=$(cat "$c/etc/mpdetour/relay.pub")
+printf '%s\n' "    - {name: wrongkey, address: 192.0.2.2:45673, public_key: $wrongkey}" \
+  "    - {name: unreachable, address: 192.0.2.2:45999, public_key: $relaypub}" \
+  "relay_ping: 1s" >>"$c/etc/mpdetour/agent.yaml"
+{ prelude client; echo "systemctl enable --now mpdetour-agent"; } >"$c/missteps.sh"
+ip netns exec "$ns_client" bash "$c/missteps.sh"
+# The relays' states in `status --json` (NAME=STATE[:words of its detail]).
+cat >"$work/states.py" <<'PY'
+import json, sys
+st = json.load(sys.stdin)
+rel = {r["name"]: r for r in st.get("relays") or []}
+ok = True
+for want in sys.argv[1:]:
+    name, _, rest = want.partition("=")
+    state, _, words = rest.partition(":")
+    r = rel.get(name, {})
+    ok = ok and r.get("state") == state and words in r.get("detail", "")
+print(("ok " if ok else "not yet ") + "; ".join("%s=%s (%s)" % (n, r.get("state"), r.get("detail", "")) for n, r in rel.items()))
+PY
+# expect waits up to 20 s for the states it is given.
+expect() {
+  local deadline=$((SECONDS + 20)) got
+  while :; do
+    got=$(ip netns exec "$ns_client" "$bin" status --json --socket "$sock" 2>/dev/null | python3 "$work/states.py" "$@") || got="not yet: no status"
+    case "$got" in ok*) echo "deploy-recipe: client says: ${got#ok }"; return 0 ;; esac
+    if [ $SECONDS -ge $deadline ]; then
+      echo "deploy-recipe: want $*, status says: $got" >&2
+      return 1
+    fi
+    sleep 0.3
+  done
+}
+expect "relay1=ok" "wrongkey=no-answer:public_key" "unreachable=no-answer:UDP port"
+# The relay operator removes the member (another one stays) and reloads.
+other=$("$bin" relay genkey | "$bin" relay pubkey)
+sed -i "s|name: alice, public_key: [^}]*|name: carol, public_key: $other|" "$rl/etc/mpdetour/relay.yaml"
+grep -q "name: carol" "$rl/etc/mpdetour/relay.yaml" || { echo "deploy-recipe: no member entry to change in relay.yaml" >&2; exit 1; }
+kill -HUP $(daemon_pids "$ns_relay")
+expect "relay1=revoked"
+for want in "relay trouble" "state=no-answer" "state=revoked"; do
+  grep -q -- "$want" "$c/mpdetour-agent.log" || { echo "deploy-recipe: the agent log lacks \"$want\"" >&2; exit 1; }
+done
 echo "deploy-recipe: ok"
