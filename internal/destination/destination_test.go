@@ -39,13 +39,13 @@ func TestCheckIPv4(t *testing.T) {
 func TestCheckIPv6(t *testing.T) {
 	p := policy()
 	for _, s := range []string{
-		"[2606:4700::1111]:443",   // global unicast
-		"[2a01:4f8:1::9]:80",      // beside the relay's own /64
-		"[fd00:1:0:2::7]:80",      // ULA, allowed
-		"[fd00:1::9]:80",          // in the relay's own ULA network, allowed
-		"[2001:db8:77::1]:80",     // documentation, allowed
-		"[::ffff:8.8.8.8]:443",    // IPv4-mapped: judged as 8.8.8.8
-		"[::ffff:10.1.2.3]:80",    // IPv4-mapped: judged as 10.1.2.3 (allowed)
+		"[2606:4700::1111]:443", // global unicast
+		"[2a01:4f8:1::9]:80",    // beside the relay's own /64
+		"[fd00:1:0:2::7]:80",    // ULA, allowed
+		"[fd00:1::9]:80",        // in the relay's own ULA network, allowed
+		"[2001:db8:77::1]:80",   // documentation, allowed
+		"[::ffff:8.8.8.8]:443",  // IPv4-mapped: judged as 8.8.8.8
+		"[::ffff:10.1.2.3]:80",  // IPv4-mapped: judged as 10.1.2.3 (allowed)
 	} {
 		if err := p.Check(netip.MustParseAddrPort(s)); err != nil {
 			t.Errorf("%s refused: %v", s, err)

@@ -142,7 +142,7 @@ type nftDataPlane struct {
 	log  *slog.Logger
 	conn *nftables.Conn
 	get  *netlink.Conn // element reads (nftget.go), conntrack dumps (ctacct.go)
-	fam  [2]tables // by familyOf
+	fam  [2]tables     // by familyOf
 
 	// fast path (fastpath.go); zero when off
 	fast  bool
