@@ -24,7 +24,8 @@ import (
 
 // File is the relay's configuration file (YAML, documented in docs/relay.md).
 type File struct {
-	Listen         string `yaml:"listen"`           // UDP address of the control protocol
+	Listen         string `yaml:"listen"`           // UDP address of the control protocol (IPv4)
+	Listen6        string `yaml:"listen6"`          // IPv6 UDP address of the control protocol; empty = none (no IPv6 detours)
 	PrivateKey     string `yaml:"private_key"`      // base64; or:
 	PrivateKeyFile string `yaml:"private_key_file"` // file holding the base64 key
 	// Key rotation: the key replaced, still accepted for handshakes
@@ -32,8 +33,9 @@ type File struct {
 	// is removed from the configuration.
 	PreviousPrivateKey     string          `yaml:"previous_private_key"`
 	PreviousPrivateKeyFile string          `yaml:"previous_private_key_file"`
-	DetourAddress          string          `yaml:"detour_address"` // address clients connect to; default: where the request arrived
-	Ports                  string          `yaml:"ports"`          // detour port range "lo-hi"
+	DetourAddress          string          `yaml:"detour_address"`  // address clients connect to; default: where the request arrived
+	DetourAddress6         string          `yaml:"detour_address6"` // the same for sessions over IPv6
+	Ports                  string          `yaml:"ports"`           // detour port range "lo-hi"
 	Lease                  config.Duration `yaml:"lease"`
 	Members                []Member        `yaml:"members"`
 
@@ -233,7 +235,16 @@ func build(c *File) (*relay.Config, error) {
 		return nil, fmt.Errorf("listen: %q is not address:port: %w", listen, err)
 	}
 	if !s.Listen.Addr().Unmap().Is4() {
-		return nil, fmt.Errorf("listen: %v: only IPv4 is supported (the NAT data plane is IPv4)", s.Listen)
+		return nil, fmt.Errorf("listen: %v: listen is the IPv4 control address; put an IPv6 one in listen6", s.Listen)
+	}
+	s.Listen = netip.AddrPortFrom(s.Listen.Addr().Unmap(), s.Listen.Port())
+	if c.Listen6 != "" {
+		if s.Listen6, err = netip.ParseAddrPort(c.Listen6); err != nil {
+			return nil, fmt.Errorf("listen6: %q is not [address]:port: %w", c.Listen6, err)
+		}
+		if a := s.Listen6.Addr(); !a.Is6() || a.Is4In6() || a.Zone() != "" || a.IsMulticast() {
+			return nil, fmt.Errorf("listen6: %v is not an IPv6 unicast address without zone (e.g. [::]:%d)", s.Listen6, relay.DefaultPort)
+		}
 	}
 	switch {
 	case c.PrivateKey != "" && c.PrivateKeyFile != "":
@@ -268,8 +279,18 @@ func build(c *File) (*relay.Config, error) {
 	}
 	if c.DetourAddress != "" {
 		if s.DetourAddress, err = netip.ParseAddr(c.DetourAddress); err != nil || !s.DetourAddress.Is4() {
-			return nil, fmt.Errorf("detour_address: %q is not an IPv4 address", c.DetourAddress)
+			return nil, fmt.Errorf("detour_address: %q is not an IPv4 address (an IPv6 one goes in detour_address6)", c.DetourAddress)
 		}
+	}
+	if c.DetourAddress6 != "" {
+		a, err := netip.ParseAddr(c.DetourAddress6)
+		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
+			return nil, fmt.Errorf("detour_address6: %q is not an IPv6 unicast address without zone", c.DetourAddress6)
+		}
+		if s.Listen6 == (netip.AddrPort{}) {
+			return nil, errors.New("detour_address6: needs listen6 (IPv6 detours are granted to sessions over IPv6)")
+		}
+		s.DetourAddress6 = a
 	}
 	if c.Ports != "" {
 		lo, hi, ok := strings.Cut(c.Ports, "-")

@@ -1,0 +1,278 @@
+package relay
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
+)
+
+// IPv6 addresses of the dual-stack line (beside the IPv4 ones).
+const (
+	fx6Client      = "fd00:1::1"
+	fx6Relay       = "fd00:1::2"
+	fx6RelayServer = "fd00:2::1"
+	fx6Server      = "fd00:2::2"
+)
+
+// newFixture6 is newFixture with IPv6 beside IPv4 on the same links: IPv6
+// enabled in the namespaces (sysctls), addresses without duplicate address
+// detection, IPv6 forwarding on the relay.
+func newFixture6(t testing.TB) *fixture {
+	t.Helper()
+	c, r, s := netnstest.New(t, "trc6"), netnstest.New(t, "trr6"), netnstest.New(t, "trs6")
+	for _, ns := range []*netnstest.NS{c, r, s} {
+		for _, k := range []string{"net/ipv6/conf/all/disable_ipv6", "net/ipv6/conf/default/disable_ipv6"} {
+			if err := ns.Sysctl(k, "0"); err != nil {
+				t.Fatalf("%s in %s: %v", k, ns.Name, err)
+			}
+		}
+	}
+	netnstest.LinkNamed(t, c, "c0", fxClient+"/24", r, "r0", fxRelay+"/24")
+	netnstest.LinkNamed(t, r, "r1", fxRelayServer+"/24", s, "s0", fxServer+"/24")
+	c.Addr(t, "c0", fx6Client+"/64")
+	r.Addr(t, "r0", fx6Relay+"/64")
+	r.Addr(t, "r1", fx6RelayServer+"/64")
+	s.Addr(t, "s0", fx6Server+"/64")
+	c.Route(t, "0.0.0.0/0", fxRelay)
+	c.Route(t, "::/0", fx6Relay)
+	for _, k := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := r.Sysctl(k, "1"); err != nil {
+			t.Fatalf("%s in %s: %v", k, r.Name, err)
+		}
+	}
+	return &fixture{Client: c.Name, Relay: r.Name, Server: s.Name}
+}
+
+// listenIn listens on network/addr inside ns and echoes.
+func listenIn(t testing.TB, ns, network, addr string) {
+	t.Helper()
+	var ln net.Listener
+	var err error
+	in(t, ns, func() { ln, err = net.Listen(network, addr) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	netnstest.Serve(ln, func(c net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		c.Close()
+	})
+}
+
+// dialIn connects from inside ns over network (tcp4, tcp6).
+func dialIn(t testing.TB, ns, network, addr string) (net.Conn, error) {
+	t.Helper()
+	var c net.Conn
+	var err error
+	in(t, ns, func() { c, err = net.DialTimeout(network, addr, 2*time.Second) })
+	return c, err
+}
+
+// dialRelay6 opens a control session over IPv6.
+func dialRelay6(t *testing.T, ns string, k keys, priv proto.Key, relay netip.AddrPort) *relayconn.Conn {
+	t.Helper()
+	c, err := relayconn.Dial(relayconn.Relay{Name: "r6", Addr: relay, PublicKey: k.relay.Public()}, priv,
+		relayconn.Options{ListenPacket: func() (net.PacketConn, error) {
+			var pc net.PacketConn
+			var err error
+			in(t, ns, func() { pc, err = net.ListenUDP("udp6", nil) })
+			if err == nil {
+				t.Cleanup(func() { pc.Close() })
+			}
+			return pc, err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestRelayIPv6: the relay with listen6 grants IPv6 NAT detours to
+// sessions over IPv6 (DNAT66 + masquerade through the ip6 table) with the
+// IPv4 ones beside them; refuses what crosses families and IPv6
+// special-use destinations as policy-denied without installing anything;
+// releases, expires (established connections outlive their mapping, the
+// attribution log counts their bytes) and revokes (a member removed by a
+// reload loses its IPv6 mappings) like IPv4 ones.
+func TestRelayIPv6(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	f := newFixture6(t)
+	k := newKeys(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "relay.yaml")
+	attrPath := filepath.Join(dir, "attribution.jsonl")
+	extra := "listen6: '[" + fx6Relay + "]:45673'\nlease: 3s\nattribution_flush: 1s\nquota: {per_member: 4}\n"
+	writeConfig(t, cfgPath, k, extra+"allow_destinations: [10.0.2.0/24, 'fd00:2::/64']\n")
+	p := startRelay(t, f.Relay, cfgPath)
+	if strings.Contains(p.stderr.String(), "level=ERROR") {
+		t.Fatalf("relay errors:\n%s", p.stderr.String())
+	}
+	listenIn(t, f.Server, "tcp6", "["+fx6Server+"]:5201")
+	listenIn(t, f.Server, "tcp6", "["+fx6Server+"]:5202")
+	listenIn(t, f.Server, "tcp4", fxServer+":5201")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	relay6 := netip.MustParseAddrPort("[" + fx6Relay + "]:45673")
+	server6 := netip.MustParseAddrPort("[" + fx6Server + "]:5201")
+	server4 := netip.MustParseAddrPort(fxServer + ":5201")
+
+	c6 := dialRelay6(t, f.Client, k, k.member, relay6)
+	c4 := dialRelay(t, f.Client, k, k.member)
+
+	// Cross-family and special-use destinations: policy-denied, nothing
+	// installed.
+	for _, c := range []struct {
+		c      *relayconn.Conn
+		server string
+	}{
+		{c6, fxServer + ":5201"},             // IPv4 server over an IPv6 session
+		{c4, "[" + fx6Server + "]:5201"},     // IPv6 server over an IPv4 session
+		{c6, "[::ffff:" + fxServer + "]:80"}, // IPv4-mapped: sent as IPv4 (appendAddr unmaps), so cross-family
+		{c6, "[::1]:80"},
+		{c6, "[fe80::1]:80"},
+		{c6, "[ff02::1]:80"},
+		{c6, "[fd00:9::1]:80"}, // ULA not allowed
+		{c6, "[" + fx6RelayServer + "]:80"},
+		{c6, "[" + fx6Relay + "]:80"},
+		{c6, "[2001:db8::1]:80"},
+		{c6, "[64:ff9b::a00:202]:80"},
+		{c6, "[" + fx6Server + "]:25"},
+	} {
+		_, _, err := c.c.Grant(ctx, netip.MustParseAddrPort(c.server), 0)
+		if r := proto.ReasonOf(err); r != proto.ReasonPolicyDenied {
+			t.Errorf("grant %s: reason %v (%v), want policy-denied", c.server, r, err)
+		}
+	}
+	if n4, n6 := elements(t, f.Relay), elementsOf(t, f.Relay, "ip6"); n4+n6 != 0 {
+		t.Fatalf("refused grants installed %d IPv4 and %d IPv6 elements", n4, n6)
+	}
+
+	// A grant over IPv6: the detour is the relay's IPv6 address.
+	d6, lease, err := c6.Grant(ctx, server6, 40600)
+	if err != nil {
+		t.Fatalf("IPv6 grant: %v", err)
+	}
+	if d6 != netip.MustParseAddrPort("["+fx6Relay+"]:40600") || lease <= 0 {
+		t.Fatalf("IPv6 grant = %v lease %v, want [%s]:40600", d6, lease, fx6Relay)
+	}
+	d4, _, err := c4.Grant(ctx, server4, 40600)
+	if err != nil || d4.Addr() != netip.MustParseAddr(fxRelay) {
+		t.Fatalf("IPv4 grant beside: %v %v", d4, err)
+	}
+	if n4, n6 := elements(t, f.Relay), elementsOf(t, f.Relay, "ip6"); n4 != 1 || n6 != 1 {
+		t.Fatalf("%d IPv4 and %d IPv6 elements, want 1 and 1", n4, n6)
+	}
+	if again, _, err := c6.Grant(ctx, server6, 0); err != nil || again != d6 {
+		t.Fatalf("repeated IPv6 grant = %v %v, want %v", again, err, d6)
+	}
+	conn, err := dialIn(t, f.Client, "tcp6", d6.String())
+	if err != nil {
+		t.Fatalf("connect through the IPv6 detour: %v", err)
+	}
+	defer conn.Close()
+	if err := echo(conn, 60000); err != nil {
+		t.Fatalf("echo through the IPv6 detour: %v", err)
+	}
+
+	// Release: the element goes, new connections stop, the established
+	// one goes on; its bytes reach the attribution log with the member.
+	if err := c6.Release(ctx, d6.Port()); err != nil {
+		t.Fatal(err)
+	}
+	if n := elementsOf(t, f.Relay, "ip6"); n != 0 {
+		t.Fatalf("%d IPv6 elements after release", n)
+	}
+	if c2, err := dialIn(t, f.Client, "tcp6", d6.String()); err == nil {
+		c2.Close()
+		t.Fatal("new IPv6 connection after release")
+	}
+	if err := echo(conn, 1000); err != nil {
+		t.Fatalf("established IPv6 connection cut by release: %v", err)
+	}
+	conn.Close()
+	waitFor(t, "IPv6 release line with bytes", func() bool {
+		for _, ev := range readAttribution(t, attrPath) {
+			if ev.Event == "release" && ev.DetourPort == d6.Port() && ev.Client == fx6Client && ev.Member == "alice" && ev.Bytes != nil && *ev.Bytes >= 120000 {
+				return true
+			}
+		}
+		return false
+	})
+
+	// Expiry: the lease (3 s) ends without renewal; the established
+	// connection outlives its mapping and is counted.
+	de, _, err := c6.Grant(ctx, netip.MustParseAddrPort("["+fx6Server+"]:5202"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ce, err := dialIn(t, f.Client, "tcp6", de.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.Close()
+	waitFor(t, "IPv6 lease expiry", func() bool { return elementsOf(t, f.Relay, "ip6") == 0 })
+	if err := echo(ce, 50000); err != nil {
+		t.Fatalf("established IPv6 connection cut by expiry: %v", err)
+	}
+	if c2, err := dialIn(t, f.Client, "tcp6", de.String()); err == nil {
+		c2.Close()
+		t.Fatal("new IPv6 connection after expiry")
+	}
+	ce.Close()
+	waitFor(t, "IPv6 expiry line", func() bool {
+		for _, ev := range readAttribution(t, attrPath) {
+			if ev.Event == "expiry" && ev.DetourPort == de.Port() && ev.Client == fx6Client && ev.Bytes != nil && *ev.Bytes >= 100000 {
+				return true
+			}
+		}
+		return false
+	})
+
+	// Revocation: alice removed from the members by a reload loses her
+	// IPv6 mapping (and the IPv4 one) and is refused afterwards.
+	if _, _, err := c6.Grant(ctx, server6, 40601); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c4.Grant(ctx, server4, 40602); err != nil {
+		t.Fatal(err)
+	}
+	if n := elementsOf(t, f.Relay, "ip6"); n != 1 {
+		t.Fatalf("%d IPv6 elements before revocation", n)
+	}
+	other := newKeys(t)
+	k2 := k
+	k2.member = other.member
+	writeConfig(t, cfgPath, k2, extra+"allow_destinations: [10.0.2.0/24, 'fd00:2::/64']\n")
+	p.signal(t, syscall.SIGHUP)
+	waitFor(t, "revocation of the removed member's mappings", func() bool {
+		return elementsOf(t, f.Relay, "ip6") == 0 && elements(t, f.Relay) == 0
+	})
+	sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+	defer scancel()
+	if _, _, err := c6.Grant(sctx, server6, 0); err == nil {
+		t.Fatal("grant over IPv6 after revocation")
+	}
+}
