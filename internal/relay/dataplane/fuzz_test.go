@@ -86,3 +86,19 @@ func FuzzDecodeAddrPort(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseLink: rtnetlink link messages (the fast path's device list)
+// never crash the parser, and an accepted link has a name.
+func FuzzParseLink(f *testing.F) {
+	name, _ := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.IFLA_IFNAME, Data: []byte("r0\x00")}})
+	ifi := make([]byte, unix.SizeofIfInfomsg)
+	ifi[2] = unix.ARPHRD_ETHER
+	f.Add(uint16(unix.RTM_NEWLINK), append(ifi, name...))
+	f.Add(uint16(unix.RTM_DELLINK), append(ifi, name...))
+	f.Fuzz(func(t *testing.T, typ uint16, b []byte) {
+		l, ok := parseLink(netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(typ)}, Data: b})
+		if ok && l.name == "" {
+			t.Fatalf("accepted a link without a name: %+v", l)
+		}
+	})
+}
