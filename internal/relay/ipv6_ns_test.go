@@ -2,14 +2,18 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/convert"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/testenv"
@@ -275,4 +279,65 @@ func TestRelayIPv6(t *testing.T) {
 	if _, _, err := c6.Grant(sctx, server6, 0); err == nil {
 		t.Fatal("grant over IPv6 after revocation")
 	}
+}
+
+// TestConverterIPv6Server: the converter (RFC 8803, listening on IPv4)
+// reaches an IPv6 server for a member whose session is over IPv4 (the
+// converter is a TCP proxy, not NAT, so the families may differ), counts
+// it in the attribution log, and refuses an IPv6 destination the policy
+// refuses (EACCES) without connecting.
+func TestConverterIPv6Server(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	testenv.MPTCP(t)
+	f := newFixture6(t)
+	k := newKeys(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "relay.yaml")
+	writeConfig(t, cfgPath, k, fmt.Sprintf("convert: {enabled: true, listen: '%s:%d'}\nallow_destinations: [10.0.2.0/24, 'fd00:2::/64']\n", fxRelay, DefaultConvertPort))
+	for _, ns := range []string{f.Relay, f.Client} {
+		in(t, ns, func() {
+			if err := os.WriteFile("/proc/sys/net/ipv4/tcp_fastopen", []byte("3"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	p := startRelay(t, f.Relay, cfgPath)
+	listenIn(t, f.Server, "tcp6", "["+fx6Server+"]:5201")
+	c := dialRelay(t, f.Client, k, k.member)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conv, tickets, _, err := c.Convert(ctx, 2)
+	if err != nil {
+		t.Fatalf("convert tickets: %v\n%s", err, p.stderr.String())
+	}
+	server := netip.MustParseAddrPort("[" + fx6Server + "]:5201")
+	dial := func(dst netip.AddrPort, ticket []byte) (net.Conn, error) {
+		var conn net.Conn
+		var err error
+		in(t, f.Client, func() {
+			conn, err = convert.Dial(ctx, conv, dst, ticket, convert.DialOptions{Timeout: 5 * time.Second})
+		})
+		return conn, err
+	}
+	conn, err := dial(server, tickets[0][:])
+	if err != nil {
+		t.Fatalf("conversion to an IPv6 server: %v\n%s", err, p.stderr.String())
+	}
+	if err := echo(conn, 60000); err != nil {
+		t.Fatalf("echo through the converter to an IPv6 server: %v", err)
+	}
+	conn.Close()
+	if _, err := dial(netip.MustParseAddrPort("[fd00:9::1]:80"), tickets[1][:]); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("conversion to a refused IPv6 destination: %v, want EACCES", err)
+	}
+	waitFor(t, "convert line for the IPv6 server", func() bool {
+		for _, ev := range readAttribution(t, filepath.Join(dir, "attribution.jsonl")) {
+			if ev.Event == "convert" && ev.Member == "alice" && ev.Server == server.String() && ev.Result == "ok" &&
+				ev.BytesUp != nil && *ev.BytesUp == 60000 {
+				return true
+			}
+		}
+		return false
+	})
 }
