@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/convert"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
@@ -340,4 +341,86 @@ func TestConverterIPv6Server(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// TestGossipOverIPv6: two relays gossip over IPv6 only (bind, join and
+// advertise are IPv6 addresses); each one's roster holds both, and each
+// entry announces both control addresses (listen and listen6, the default
+// announce), so members can reach a discovered relay over either family.
+func TestGossipOverIPv6(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	a, b := netnstest.New(t, "tg6a"), netnstest.New(t, "tg6b")
+	for _, ns := range []*netnstest.NS{a, b} {
+		for _, k := range []string{"net/ipv6/conf/all/disable_ipv6", "net/ipv6/conf/default/disable_ipv6"} {
+			if err := ns.Sysctl(k, "0"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	netnstest.LinkNamed(t, a, "g0", "10.78.0.1/24", b, "g0", "10.78.0.2/24")
+	a.Addr(t, "g0", "fd00:78::1/64")
+	b.Addr(t, "g0", "fd00:78::2/64")
+	auth, err := collective.NewAuthority()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	now := time.Now()
+	type relayNS struct {
+		ns  *netnstest.NS
+		key proto.Key
+	}
+	relays := []relayNS{{ns: a}, {ns: b}}
+	for i := range relays {
+		relays[i].key, _ = proto.GenerateKey()
+		cert := writeRelayCert(t, auth, dir, fmt.Sprintf("r%d.cert", i), fmt.Sprintf("relay%d", i), relays[i].key, now)
+		cfg := fmt.Sprintf(`listen: 10.78.0.%d:%d
+listen6: '[fd00:78::%d]:%d'
+private_key: %s
+ports: 40000-40999
+collective:
+  authority: %s
+  certificate_file: %s
+  gossip:
+    bind: '[fd00:78::%d]:7946'
+    join: ['[fd00:78::1]:7946']
+    secret_file: %s
+`, i+1, DefaultPort, i+1, DefaultPort, relays[i].key, auth.Public(), cert, i+1, writeGossipKey(t, dir))
+		path := filepath.Join(dir, fmt.Sprintf("r%d.yaml", i))
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		startRelay(t, relays[i].ns.Name, path)
+	}
+	roster := func(ns string) []RosterRelay {
+		var st *Status
+		var err error
+		in(t, ns, func() { st, err = QueryStatus(2 * time.Second) })
+		if err != nil || st.Roster == nil {
+			return nil
+		}
+		return st.Roster.Relays
+	}
+	waitLong(t, 20*time.Second, "both relays in both rosters over IPv6 gossip", func() bool {
+		return len(roster(a.Name)) == 2 && len(roster(b.Name)) == 2
+	})
+	for _, e := range roster(a.Name) {
+		i := 0
+		if e.Name == "relay1" {
+			i = 1
+		}
+		want := []netip.AddrPort{
+			netip.MustParseAddrPort(fmt.Sprintf("10.78.0.%d:%d", i+1, DefaultPort)),
+			netip.MustParseAddrPort(fmt.Sprintf("[fd00:78::%d]:%d", i+1, DefaultPort)),
+		}
+		if len(e.Addrs) != 2 || e.Addrs[0] != want[0] || e.Addrs[1] != want[1] {
+			t.Errorf("roster entry %s announces %v, want %v", e.Name, e.Addrs, want)
+		}
+	}
+	var st *Status
+	in(t, b.Name, func() { st, err = QueryStatus(2 * time.Second) })
+	if err != nil || st.Roster.Gossip != "[fd00:78::2]:7946" {
+		t.Fatalf("relay b gossips at %v (%v), want [fd00:78::2]:7946", st.Roster.Gossip, err)
+	}
 }

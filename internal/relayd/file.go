@@ -529,8 +529,11 @@ func buildGossip(c *File, s *relay.Config) (*relay.GossipConfig, error) {
 	}
 	for i, a := range gc.Announce {
 		ap, err := netip.ParseAddrPort(a)
-		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || !ap.Addr().Unmap().Is4() {
-			return nil, fmt.Errorf("collective.gossip.announce[%d]: %q is not a specific IPv4 address:port", i, a)
+		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || ap.Addr().IsMulticast() || ap.Addr().Zone() != "" || ap.Addr().Is4In6() {
+			return nil, fmt.Errorf("collective.gossip.announce[%d]: %q is not a specific address:port (IPv4, or IPv6 without zone)", i, a)
+		}
+		if ap.Addr().Is6() && !s.Listen6.IsValid() {
+			return nil, fmt.Errorf("collective.gossip.announce[%d]: %v is IPv6 but listen6 is not set (members would find no control socket there)", i, ap)
 		}
 		g.Announce = append(g.Announce, ap)
 	}
@@ -538,13 +541,24 @@ func buildGossip(c *File, s *relay.Config) (*relay.GossipConfig, error) {
 		return nil, fmt.Errorf("collective.gossip.announce: %d addresses, at most %d", len(g.Announce), roster.MaxAddrs)
 	}
 	if len(g.Announce) == 0 {
+		// Default: the control addresses of both families that are
+		// specific, else the advertise address of that family.
+		adv := g.Advertise.Addr().Unmap()
 		switch {
 		case !s.Listen.Addr().IsUnspecified():
-			g.Announce = []netip.AddrPort{s.Listen}
-		case g.Advertise.Addr().Unmap().Is4():
-			g.Announce = []netip.AddrPort{netip.AddrPortFrom(g.Advertise.Addr().Unmap(), s.Listen.Port())}
-		default:
-			return nil, errors.New("collective.gossip.announce: required: listen is unspecified and advertise is not IPv4")
+			g.Announce = append(g.Announce, s.Listen)
+		case adv.Is4():
+			g.Announce = append(g.Announce, netip.AddrPortFrom(adv, s.Listen.Port()))
+		}
+		switch {
+		case !s.Listen6.IsValid():
+		case !s.Listen6.Addr().IsUnspecified():
+			g.Announce = append(g.Announce, s.Listen6)
+		case adv.Is6():
+			g.Announce = append(g.Announce, netip.AddrPortFrom(adv, s.Listen6.Port()))
+		}
+		if len(g.Announce) == 0 {
+			return nil, errors.New("collective.gossip.announce: required: listen (and listen6) are unspecified and advertise is not of their family")
 		}
 	}
 	if err := roster.ValidRegion(gc.Region); err != nil {

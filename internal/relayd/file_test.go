@@ -169,7 +169,23 @@ func TestParseGossipConfig(t *testing.T) {
 	if s.Gossip.Bind.Port() != roster.DefaultPort || s.Gossip.Announce[0].String() != "10.0.0.1:45673" {
 		t.Fatalf("gossip defaults: %+v", s.Gossip)
 	}
+	// Gossip over IPv6, and both control addresses announced by default.
+	head6 := "private_key: " + priv.String() + "\nlisten: 10.0.0.1:45673\nlisten6: '[2001:db8::1]:45673'\ncollective:\n  authority: " + auth.Public().String() + "\n"
+	s, err = ParseConfig([]byte(head6 + "  certificate_file: " + cert + "\n  gossip: {bind: '[2001:db8::1]:7946', join: ['[2001:db8::2]:7946'], secret_file: " + secret + "}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Gossip.Bind.String() != "[2001:db8::1]:7946" || len(s.Gossip.Announce) != 2 || s.Gossip.Announce[0] != s.Listen || s.Gossip.Announce[1] != s.Listen6 {
+		t.Fatalf("gossip over IPv6: bind %v announce %v", s.Gossip.Bind, s.Gossip.Announce)
+	}
+	s, err = ParseConfig([]byte(head6 + "  certificate_file: " + cert + "\n  gossip: {announce: ['[2001:db8::9]:45673', 192.0.2.9:45673], bind: 10.0.0.1:7946, secret_file: " + secret + "}\n"))
+	if err != nil || len(s.Gossip.Announce) != 2 || s.Gossip.Announce[0].String() != "[2001:db8::9]:45673" {
+		t.Fatalf("announce of both families: %+v %v", s.Gossip, err)
+	}
 	bad := map[string]string{
+		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, announce: ['[2001:db8::9]:1']}\n":                                        "listen6 is not set",
+		head6 + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, announce: ['[fe80::1%eth0]:1']}\n":                                      "collective.gossip.announce[0]",
+		head6 + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, announce: ['[::ffff:10.0.0.1]:1']}\n":                                   "collective.gossip.announce[0]",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946}\n":                                                                       "collective.gossip.secret_file: required",
 		head + "  gossip: {bind: 10.0.0.1:7946}\n":                                                                                                         "collective.certificate_file: required",
 		head + "  certificate_file: " + clientOnly + "\n  gossip: {bind: 10.0.0.1:7946}\n":                                                                 "role not granted",
