@@ -92,8 +92,11 @@ type Reloadable struct {
 
 // ConvertConfig are the validated `convert:` section.
 type ConvertConfig struct {
-	Enabled      bool
-	Listen       netip.AddrPort
+	Enabled bool
+	Listen  netip.AddrPort
+	// Listen6 is the converter's IPv6 address (invalid: none; members
+	// whose session is over IPv6 are then refused tickets).
+	Listen6      netip.AddrPort
 	MaxConns     int
 	StallTimeout time.Duration
 }

@@ -282,11 +282,14 @@ func TestRelayIPv6(t *testing.T) {
 	}
 }
 
-// TestConverterIPv6Server: the converter (RFC 8803, listening on IPv4)
-// reaches an IPv6 server for a member whose session is over IPv4 (the
-// converter is a TCP proxy, not NAT, so the families may differ), counts
-// it in the attribution log, and refuses an IPv6 destination the policy
-// refuses (EACCES) without connecting.
+// TestConverterIPv6Server: the converter (RFC 8803) reaches an IPv6
+// server for a member whose session is over IPv4 (the converter is a TCP
+// proxy, not NAT, so the families may differ), counts it in the
+// attribution log, and refuses an IPv6 destination the policy refuses
+// (EACCES) without connecting. A session over IPv6 gets no tickets while
+// convert.listen6 is unset (unsupported: a ticket is valid only from the
+// session's address); with it, tickets name the relay's IPv6 converter
+// address and a conversion over IPv6 works.
 func TestConverterIPv6Server(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
@@ -295,7 +298,8 @@ func TestConverterIPv6Server(t *testing.T) {
 	k := newKeys(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "relay.yaml")
-	writeConfig(t, cfgPath, k, fmt.Sprintf("convert: {enabled: true, listen: '%s:%d'}\nallow_destinations: [10.0.2.0/24, 'fd00:2::/64']\n", fxRelay, DefaultConvertPort))
+	base := fmt.Sprintf("listen6: '[%s]:45673'\nallow_destinations: [10.0.2.0/24, 'fd00:2::/64']\n", fx6Relay)
+	writeConfig(t, cfgPath, k, base+fmt.Sprintf("convert: {enabled: true, listen: '%s:%d'}\n", fxRelay, DefaultConvertPort))
 	for _, ns := range []string{f.Relay, f.Client} {
 		in(t, ns, func() {
 			if err := os.WriteFile("/proc/sys/net/ipv4/tcp_fastopen", []byte("3"), 0o644); err != nil {
@@ -305,6 +309,7 @@ func TestConverterIPv6Server(t *testing.T) {
 	}
 	p := startRelay(t, f.Relay, cfgPath)
 	listenIn(t, f.Server, "tcp6", "["+fx6Server+"]:5201")
+	listenIn(t, f.Server, "tcp4", fxServer+":5201")
 	c := dialRelay(t, f.Client, k, k.member)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -313,7 +318,7 @@ func TestConverterIPv6Server(t *testing.T) {
 		t.Fatalf("convert tickets: %v\n%s", err, p.stderr.String())
 	}
 	server := netip.MustParseAddrPort("[" + fx6Server + "]:5201")
-	dial := func(dst netip.AddrPort, ticket []byte) (net.Conn, error) {
+	dial := func(conv, dst netip.AddrPort, ticket []byte) (net.Conn, error) {
 		var conn net.Conn
 		var err error
 		in(t, f.Client, func() {
@@ -321,7 +326,7 @@ func TestConverterIPv6Server(t *testing.T) {
 		})
 		return conn, err
 	}
-	conn, err := dial(server, tickets[0][:])
+	conn, err := dial(conv, server, tickets[0][:])
 	if err != nil {
 		t.Fatalf("conversion to an IPv6 server: %v\n%s", err, p.stderr.String())
 	}
@@ -329,7 +334,7 @@ func TestConverterIPv6Server(t *testing.T) {
 		t.Fatalf("echo through the converter to an IPv6 server: %v", err)
 	}
 	conn.Close()
-	if _, err := dial(netip.MustParseAddrPort("[fd00:9::1]:80"), tickets[1][:]); !errors.Is(err, syscall.EACCES) {
+	if _, err := dial(conv, netip.MustParseAddrPort("[fd00:9::1]:80"), tickets[1][:]); !errors.Is(err, syscall.EACCES) {
 		t.Fatalf("conversion to a refused IPv6 destination: %v, want EACCES", err)
 	}
 	waitFor(t, "convert line for the IPv6 server", func() bool {
@@ -341,6 +346,45 @@ func TestConverterIPv6Server(t *testing.T) {
 		}
 		return false
 	})
+	relay6 := netip.MustParseAddrPort("[" + fx6Relay + "]:45673")
+	if _, _, _, err := dialRelay6(t, f.Client, k, k.member, relay6).Convert(ctx, 1); proto.ReasonOf(err) != proto.ReasonUnsupported {
+		t.Fatalf("tickets over an IPv6 session without convert.listen6: %v, want unsupported", err)
+	}
+
+	// With convert.listen6 (applied at start).
+	p.signal(t, syscall.SIGTERM)
+	_ = p.wait(t)
+	writeConfig(t, cfgPath, k, base+fmt.Sprintf("convert: {enabled: true, listen: '%s:%d', listen6: '[%s]:%d'}\n", fxRelay, DefaultConvertPort, fx6Relay, DefaultConvertPort))
+	p = startRelay(t, f.Relay, cfgPath)
+	var conv6 netip.AddrPort
+	var tickets6 [][proto.TicketLen]byte
+	waitFor(t, "tickets over IPv6", func() bool {
+		conv6, tickets6, _, err = dialRelay6(t, f.Client, k, k.member, relay6).Convert(ctx, 2)
+		return err == nil
+	})
+	if conv6 != netip.MustParseAddrPort(fmt.Sprintf("[%s]:%d", fx6Relay, DefaultConvertPort)) {
+		t.Fatalf("converter over IPv6 at %v", conv6)
+	}
+	for i, dst := range []netip.AddrPort{server, netip.MustParseAddrPort(fxServer + ":5201")} {
+		conn, err := dial(conv6, dst, tickets6[i][:])
+		if err != nil {
+			t.Fatalf("conversion over IPv6 to %v: %v\n%s", dst, err, p.stderr.String())
+		}
+		if err := echo(conn, 30000); err != nil {
+			t.Fatalf("echo through the IPv6 converter to %v: %v", dst, err)
+		}
+		conn.Close()
+	}
+	// The IPv4 converter still serves IPv4 sessions.
+	conv4, t4, _, err := dialRelay(t, f.Client, k, k.member).Convert(ctx, 1)
+	if err != nil || !conv4.Addr().Is4() {
+		t.Fatalf("IPv4 tickets beside: %v %v", conv4, err)
+	}
+	conn, err = dial(conv4, server, t4[0][:])
+	if err != nil {
+		t.Fatalf("IPv4 converter with the IPv6 one beside: %v", err)
+	}
+	conn.Close()
 }
 
 // TestGossipOverIPv6: two relays gossip over IPv6 only (bind, join and

@@ -83,6 +83,7 @@ type File struct {
 	Convert struct {
 		Enabled      bool            `yaml:"enabled"`
 		Listen       string          `yaml:"listen"`        // TCP address; default 0.0.0.0:45674
+		Listen6      string          `yaml:"listen6"`       // IPv6 TCP address; default none (sessions over IPv6 get no tickets)
 		MaxConns     int             `yaml:"max_conns"`     // conversions at once; default 1024
 		StallTimeout config.Duration `yaml:"stall_timeout"` // end a conversion whose peer stops reading; default 2m, 0s = never
 	} `yaml:"convert"`
@@ -436,7 +437,16 @@ func build(c *File) (*relay.Config, error) {
 			l = "0.0.0.0:" + strconv.Itoa(relay.DefaultConvertPort)
 		}
 		if s.Convert.Listen, err = netip.ParseAddrPort(l); err != nil || !s.Convert.Listen.Addr().Is4() || s.Convert.Listen.Port() == 0 {
-			return nil, fmt.Errorf("convert.listen: %q is not an IPv4 address:port", l)
+			return nil, fmt.Errorf("convert.listen: %q is not an IPv4 address:port (an IPv6 one goes in convert.listen6)", l)
+		}
+		if cv.Listen6 != "" {
+			if s.Convert.Listen6, err = netip.ParseAddrPort(cv.Listen6); err != nil || !s.Convert.Listen6.Addr().Is6() ||
+				s.Convert.Listen6.Addr().Is4In6() || s.Convert.Listen6.Addr().Zone() != "" || s.Convert.Listen6.Port() == 0 {
+				return nil, fmt.Errorf("convert.listen6: %q is not an IPv6 [address]:port without zone", cv.Listen6)
+			}
+			if !s.Listen6.IsValid() {
+				return nil, errors.New("convert.listen6: needs listen6 (tickets are issued to sessions over IPv6)")
+			}
 		}
 		if cv.MaxConns < 0 {
 			return nil, errors.New("convert.max_conns: must be positive")
