@@ -132,4 +132,71 @@ func TestWriteFamilySeeds(t *testing.T) {
 		}
 	}
 	write("FuzzParseReply", "tunnel-ipv6-bad-prefix", bad)
+	tr, _ := MarshalRequest(NewRequest(4, &TunnelRequest{IPv6: true}))
+	write("FuzzParseRequest", "tunnel-want-ipv6", tr)
+	t46, _ := MarshalReply(Reply{Op: OpTunnel, ID: 3, Body: &TunnelReply{Lease: time.Minute, Tunnel: TunnelGrant{
+		ClientPrefix: netip.MustParsePrefix("100.64.0.2/16"), ClientPrefix6: netip.MustParsePrefix("fd64::2/64"),
+		Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}}})
+	write("FuzzParseReply", "tunnel-with-ipv6-prefix", t46)
+}
+
+// A tunnel request may ask for an IPv6 tunnel address (one flag byte;
+// without it the body is empty as in every earlier version), and the reply
+// then carries the IPv6 prefix after the lease; a reply without it has the
+// earlier length, so clients that never ask parse what they always did.
+func TestTunnelIPv6Address(t *testing.T) {
+	for _, r := range []*TunnelRequest{{}, {IPv6: true}} {
+		b, err := MarshalRequest(NewRequest(3, r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseRequest(b)
+		if err != nil || *got.Body.(*TunnelRequest) != *r {
+			t.Fatalf("round trip %+v: %+v %v", r, got, err)
+		}
+	}
+	b, _ := MarshalRequest(NewRequest(3, &TunnelRequest{IPv6: true}))
+	for _, flags := range []byte{0, 2, 3, 0xff} {
+		bad := append(append([]byte(nil), b[:len(b)-1]...), flags)
+		if _, err := ParseRequest(bad); ReasonOf(err) != ReasonMalformed {
+			t.Errorf("tunnel request flags %#x: %v, want malformed", flags, err)
+		}
+	}
+	if _, err := ParseRequest(append(append([]byte(nil), b...), 0)); ReasonOf(err) != ReasonMalformed {
+		t.Errorf("two flag bytes: %v, want malformed", err)
+	}
+	g := TunnelGrant{ClientPrefix: netip.MustParsePrefix("100.64.0.2/16"), ClientPrefix6: netip.MustParsePrefix("fd64::2/64"),
+		Endpoint: netip.MustParseAddrPort("203.0.113.1:51820")}
+	with, err := MarshalReply(Reply{Op: OpTunnel, ID: 1, Body: &TunnelReply{Tunnel: g, Lease: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseReply(with)
+	if err != nil || got.Body.(*TunnelReply).Tunnel != g {
+		t.Fatalf("reply with an IPv6 prefix: %+v %v", got, err)
+	}
+	g4 := g
+	g4.ClientPrefix6 = netip.Prefix{}
+	without, _ := MarshalReply(Reply{Op: OpTunnel, ID: 1, Body: &TunnelReply{Tunnel: g4, Lease: time.Minute}})
+	if len(with)-len(without) != 18 {
+		t.Fatalf("the IPv6 prefix adds %d bytes, want 18", len(with)-len(without))
+	}
+	for name, mut := range map[string]func([]byte) []byte{
+		"prefix6 family 4":   func(b []byte) []byte { b[len(b)-18] = 4; return b },
+		"prefix6 length 129": func(b []byte) []byte { b[len(b)-1] = 129; return b },
+		"prefix6 truncated":  func(b []byte) []byte { return b[:len(b)-1] },
+		"prefix6 IPv4-mapped": func(b []byte) []byte {
+			a := netip.MustParseAddr("::ffff:1.2.3.4").As16()
+			copy(b[len(b)-17:], a[:])
+			return b
+		},
+	} {
+		if _, err := ParseReply(mut(append([]byte(nil), with...))); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+	if _, err := MarshalReply(Reply{Op: OpTunnel, Body: &TunnelReply{Tunnel: TunnelGrant{ClientPrefix: g.ClientPrefix,
+		ClientPrefix6: netip.MustParsePrefix("100.65.0.2/16"), Endpoint: g.Endpoint}}}); err == nil {
+		t.Error("an IPv4 prefix as ClientPrefix6 marshalled")
+	}
 }

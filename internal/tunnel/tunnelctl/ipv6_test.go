@@ -127,3 +127,41 @@ func udp6Out(t *testing.T, ns string) int {
 	t.Fatalf("no Udp6OutDatagrams in /proc/net/snmp6 of %s", ns)
 	return 0
 }
+
+// TestTunnelIPv6AddressOverControl: a relay whose tunnel section has
+// subnet6 answers a tunnel request that asks for IPv6 with both addresses
+// (the IPv6 one at the IPv4 one's host offset) and a request that does not
+// ask (every earlier client) with the IPv4 shape only.
+func TestTunnelIPv6AddressOverControl(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	ln := newLineTop(t, "ta6", "", "  allow_destinations: [203.0.113.10/32]\n", "  subnet6: 'fd64:1::/64'\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var g proto.TunnelGrant
+	var err error
+	for ctx.Err() == nil {
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		g, _, err = ln.dial(ln.member).TunnelIPv6(rctx)
+		rcancel()
+		if err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("tunnel request with IPv6: %v", err)
+	}
+	want := netip.MustParsePrefix("fd64:1::/64")
+	a4 := g.ClientPrefix.Addr().As4()
+	a6 := g.ClientPrefix6.Addr().As16()
+	if !want.Contains(g.ClientPrefix6.Addr()) || g.ClientPrefix6.Bits() != 64 || a6[14] != a4[2] || a6[15] != a4[3] {
+		t.Fatalf("grant %v / %v: want the IPv4 host offset in %v", g.ClientPrefix, g.ClientPrefix6, want)
+	}
+	old, _, err := ln.dial(ln.member).Tunnel(ctx)
+	if err != nil || old.ClientPrefix6.IsValid() || old.ClientPrefix != g.ClientPrefix {
+		t.Fatalf("tunnel request without IPv6: %v / %v (%v), want %v alone", old.ClientPrefix, old.ClientPrefix6, err, g.ClientPrefix)
+	}
+	if out := netnstest.MustRun(t, "ip", "netns", "exec", ln.rl, "nft", "list", "table", "ip6", tunnel.TableName); !strings.Contains(out, "masquerade") {
+		t.Fatalf("no ip6 tunnel table:\n%s", out)
+	}
+}
