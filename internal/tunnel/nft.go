@@ -127,10 +127,10 @@ func installTable(c *nftables.Conn, iface string, subnet, subnet6 netip.Prefix, 
 		return err
 	}
 	addTable(c, tableIPv4, iface, subnet, mtu, pol)
-	t6 := &nftables.Table{Family: nftables.TableFamilyIPv6, Name: TableName}
-	c.AddTable(t6)
-	c.DelTable(t6)
 	if subnet6.IsValid() {
+		t6 := &nftables.Table{Family: nftables.TableFamilyIPv6, Name: TableName}
+		c.AddTable(t6)
+		c.DelTable(t6)
 		addTable(c, tableIPv6, iface, subnet6, mtu, pol)
 	}
 	if err := c.Flush(); err != nil {
@@ -232,15 +232,23 @@ func addTable(c *nftables.Conn, f tableFamily, iface string, subnet netip.Prefix
 		[]expr.Any{&expr.Counter{}, &expr.Masq{}})})
 }
 
-// deleteTable removes the tunnel tables (both families) if present.
+// deleteTable removes the tunnel tables (both families) if present. A
+// kernel without nftables for IPv6 (CONFIG_NF_TABLES_IPV6) refuses the
+// ip6 part: then only the ip table is deleted.
 func deleteTable(c *nftables.Conn) error {
-	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
-		t := &nftables.Table{Family: fam, Name: TableName}
-		c.AddTable(t)
-		c.DelTable(t)
+	del := func(fams ...nftables.TableFamily) error {
+		for _, fam := range fams {
+			t := &nftables.Table{Family: fam, Name: TableName}
+			c.AddTable(t)
+			c.DelTable(t)
+		}
+		if err := c.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("delete nftables table %s: %w", TableName, err)
+		}
+		return nil
 	}
-	if err := c.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("delete nftables table %s: %w", TableName, err)
+	if del(nftables.TableFamilyIPv4, nftables.TableFamilyIPv6) == nil {
+		return nil
 	}
-	return nil
+	return del(nftables.TableFamilyIPv4)
 }

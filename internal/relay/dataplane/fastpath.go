@@ -197,7 +197,9 @@ func (d *nftDataPlane) linkChanged(l link) {
 func (d *nftDataPlane) installFlowtables() {
 	var fts [2]*nftables.Flowtable
 	for i := range d.fam {
-		fts[i] = d.addFlowtable(d.fam[i].tab, d.fam[i].fwd)
+		if d.has(i) {
+			fts[i] = d.addFlowtable(d.fam[i].tab, d.fam[i].fwd)
+		}
 	}
 	if err := d.conn.Flush(); err != nil {
 		d.log.Warn("fast path unavailable: the kernel refused the flowtable (built without nf_flow_table?); forwarding through the normal path, attribution through conntrack accounting",
@@ -234,7 +236,7 @@ func (d *nftDataPlane) addFlowtable(tab *nftables.Table, fwd *nftables.Chain) *n
 func (d *nftDataPlane) FastPath() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.fam[0].ft != nil && d.fam[1].ft != nil
+	return d.fam[0].ft != nil && (d.fam[1].ft != nil || !d.has(1))
 }
 
 func (d *nftDataPlane) stopFastPath() {

@@ -198,7 +198,10 @@ func (d *nftDataPlane) Exists() (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// Both tables must be there: a missing one is recreated with both.
-	for _, f := range families {
+	for i, f := range families {
+		if !d.has(i) {
+			continue
+		}
 		tabs, err := d.conn.ListTablesOfFamily(f.table)
 		if err != nil {
 			return false, fmt.Errorf("nftables: listing tables: %w", err)
@@ -228,13 +231,23 @@ func (d *nftDataPlane) install() error {
 		d.fam[i] = d.addTable(f)
 	}
 	if err := d.conn.Flush(); err != nil {
-		return fmt.Errorf("nftables: creating tables %s (ip, ip6): %w", TableName, err)
+		// A kernel without nftables for IPv6 (CONFIG_NF_TABLES_IPV6)
+		// refuses the whole batch: the relay still serves IPv4.
+		d.fam[0], d.fam[1] = d.addTable(families[0]), tables{}
+		if err4 := d.conn.Flush(); err4 != nil {
+			return fmt.Errorf("nftables: creating table %s: %w", TableName, err4)
+		}
+		d.log.Warn("nftables: the kernel refused the ip6 table: IPv6 NAT detours unavailable, IPv4 ones served", "err", err)
 	}
 	if d.fast {
 		d.installFlowtables()
 	}
 	return nil
 }
+
+// has says whether family i's table is installed (ip always; ip6 unless
+// the kernel refused it).
+func (d *nftDataPlane) has(i int) bool { return d.fam[i].tab != nil }
 
 // addTable queues one family's table (replacing a leftover) in d.conn's
 // transaction.
@@ -398,6 +411,9 @@ func (d *nftDataPlane) Map(ms []Mapping) error {
 			return err
 		}
 		i := familyOf(m.Key.Client)
+		if !d.has(i) {
+			return fmt.Errorf("mapping %v -> %v: no IPv6 data plane (the kernel refused the ip6 table)", m.Key, m.Server)
+		}
 		k := encodeAddrPort(m.Key.Client, m.Key.Port)
 		dn[i] = append(dn[i], nftables.SetElement{Key: k, Val: encodeAddrPort(m.Server.Addr(), m.Server.Port())})
 		ac[i] = append(ac[i], nftables.SetElement{Key: k})
@@ -445,7 +461,7 @@ func (d *nftDataPlane) deleteElems(keys []Key, set func(*tables) *nftables.Set) 
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for i, ks := range byFamily(keys) {
-		if len(ks) == 0 {
+		if len(ks) == 0 || !d.has(i) {
 			continue
 		}
 		if err := d.conn.SetDeleteElements(set(&d.fam[i]), keyElems(ks)); err != nil {
@@ -481,6 +497,9 @@ func (d *nftDataPlane) Counters() (map[Key]Counter, error) {
 	}
 	out := map[Key]Counter{}
 	for i := range families {
+		if !d.has(i) {
+			continue
+		}
 		els, err := d.conn.GetSetElements(d.fam[i].acct)
 		if err != nil {
 			return nil, fmt.Errorf("nftables: reading counters: %w", err)
@@ -508,6 +527,9 @@ func (d *nftDataPlane) CountersOf(keys []Key) (map[Key]Counter, error) {
 	}
 	out := make(map[Key]Counter, len(keys))
 	for i, ks := range byFamily(keys) {
+		if len(ks) > 0 && !d.has(i) {
+			return nil, fmt.Errorf("nftables: no ip6 table for %v", ks[0])
+		}
 		if err := countersOf(d.get, families[i], ks, out); err != nil {
 			return nil, err
 		}
@@ -521,7 +543,9 @@ func (d *nftDataPlane) Close() error {
 	defer d.mu.Unlock()
 	d.get.Close()
 	for i := range d.fam {
-		d.conn.DelTable(d.fam[i].tab)
+		if d.has(i) {
+			d.conn.DelTable(d.fam[i].tab)
+		}
 	}
 	err := d.conn.Flush()
 	if errors.Is(err, unix.ENOENT) {
