@@ -337,9 +337,9 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		})
 	}
-	go s.readV2(rctx, s.io.read4)
+	go s.readV2(rctx, s.io.read(false))
 	if s.io.pc6 != nil {
-		go s.readV2(rctx, s.io.read6)
+		go s.readV2(rctx, s.io.read(true))
 	}
 	s.started = s.now()
 	if s.io.status != nil {
@@ -589,25 +589,30 @@ type loadState struct {
 // arrived at (invalid: unknown) and its source.
 type readFunc func(buf []byte) (int, netip.Addr, net.Addr, error)
 
-func (io *sockets) read4(buf []byte) (int, netip.Addr, net.Addr, error) {
-	n, cm, from, err := io.pc.ReadFrom(buf)
-	var dst netip.Addr
-	if cm != nil {
-		dst, _ = netip.AddrFromSlice(cm.Dst.To4())
+// read returns the readFunc of the IPv4 (v6 false) or IPv6 control socket.
+func (io *sockets) read(v6 bool) readFunc {
+	return func(buf []byte) (int, netip.Addr, net.Addr, error) {
+		var n int
+		var dst net.IP
+		var from net.Addr
+		var err error
+		if v6 {
+			var cm *ipv6.ControlMessage
+			if n, cm, from, err = io.pc6.ReadFrom(buf); cm != nil {
+				dst = cm.Dst
+			}
+		} else {
+			var cm *ipv4.ControlMessage
+			if n, cm, from, err = io.pc.ReadFrom(buf); cm != nil {
+				dst = cm.Dst
+			}
+		}
+		a, _ := netip.AddrFromSlice(dst)
+		return n, a.Unmap(), from, err
 	}
-	return n, dst, from, err
 }
 
-func (io *sockets) read6(buf []byte) (int, netip.Addr, net.Addr, error) {
-	n, cm, from, err := io.pc6.ReadFrom(buf)
-	var dst netip.Addr
-	if cm != nil {
-		dst, _ = netip.AddrFromSlice(cm.Dst.To16())
-	}
-	return n, dst, from, err
-}
-
-// readV2 reads control datagrams from one control socket (read4 or read6).
+// readV2 reads control datagrams from one control socket (sockets.read).
 func (s *Server) readV2(ctx context.Context, read readFunc) {
 	var ld loadState
 	for {

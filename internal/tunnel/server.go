@@ -232,30 +232,26 @@ func (s *Server) Address6(p netip.Prefix) netip.Prefix {
 	return netip.PrefixFrom(addr6(s.cfg.Subnet, s.cfg.Subnet6, p.Addr()), s.cfg.Subnet6.Bits())
 }
 
-// enableForwarding6 turns on IPv6 forwarding in the calling thread's
-// namespace (an IPv6 tunnel subnet).
-func enableForwarding6() error {
-	const p = "/proc/sys/net/ipv6/conf/all/forwarding"
-	b, err := os.ReadFile(p)
-	if err == nil && strings.TrimSpace(string(b)) == "1" {
-		return nil
-	}
-	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("enable IPv6 forwarding: %w", err)
-	}
-	return nil
-}
-
 // enableForwarding turns on IPv4 forwarding in the calling thread's
 // namespace; the relay is a router for its tunnel clients.
 func enableForwarding() error {
-	const p = "/proc/sys/net/ipv4/ip_forward"
+	return enableSysctl("/proc/sys/net/ipv4/ip_forward", "IPv4 forwarding")
+}
+
+// enableForwarding6 turns on IPv6 forwarding (an IPv6 tunnel subnet).
+func enableForwarding6() error {
+	return enableSysctl("/proc/sys/net/ipv6/conf/all/forwarding", "IPv6 forwarding")
+}
+
+// enableSysctl writes 1 to the sysctl file p (of the calling thread's
+// namespace) unless it reads 1 already.
+func enableSysctl(p, what string) error {
 	b, err := os.ReadFile(p)
 	if err == nil && strings.TrimSpace(string(b)) == "1" {
 		return nil
 	}
 	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("enable IPv4 forwarding: %w", err)
+		return fmt.Errorf("enable %s: %w", what, err)
 	}
 	return nil
 }
