@@ -468,3 +468,67 @@ collective:
 		t.Fatalf("relay b gossips at %v (%v), want [fd00:78::2]:7946", st.Roster.Gossip, err)
 	}
 }
+
+// TestRelayIPv6Handover: a graceful stop with a state_file leaves the
+// IPv6 mapping (and the IPv4 one beside it) in the ip6 table, the
+// established IPv6 connection keeps flowing while no relay runs, and the
+// next start adopts both: a new connection to the IPv6 detour port works and
+// the member's grant after its new handshake over IPv6 finds the same port.
+func TestRelayIPv6Handover(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	f := newFixture6(t)
+	k := newKeys(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "relay.yaml")
+	writeConfig(t, cfgPath, k, "listen6: '["+fx6Relay+"]:45673'\nstate_file: "+filepath.Join(dir, "state.json")+
+		"\nallow_destinations: [10.0.2.0/24, 'fd00:2::/64']\n")
+	p := startRelay(t, f.Relay, cfgPath)
+	listenIn(t, f.Server, "tcp6", "["+fx6Server+"]:5201")
+	listenIn(t, f.Server, "tcp4", fxServer+":5201")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c6 := dialRelay6(t, f.Client, k, k.member, netip.MustParseAddrPort("["+fx6Relay+"]:45673"))
+	server6 := netip.MustParseAddrPort("[" + fx6Server + "]:5201")
+	d6, _, err := c6.Grant(ctx, server6, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := dialRelay(t, f.Client, k, k.member).Grant(ctx, netip.MustParseAddrPort(fxServer+":5201"), 0); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dialIn(t, f.Client, "tcp6", d6.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := echo(conn, 30000); err != nil {
+		t.Fatal(err)
+	}
+	p.signal(t, syscall.SIGTERM)
+	if err := p.wait(t); err != nil {
+		t.Fatalf("relay exit: %v", err)
+	}
+	if n4, n6 := elements(t, f.Relay), elementsOf(t, f.Relay, "ip6"); n4 != 1 || n6 != 1 {
+		t.Fatalf("after SIGTERM with a state_file: %d IPv4 and %d IPv6 elements, want both left", n4, n6)
+	}
+	if err := echo(conn, 30000); err != nil {
+		t.Fatalf("established IPv6 connection broken while no relay runs: %v", err)
+	}
+	p2 := startRelay(t, f.Relay, cfgPath)
+	waitFor(t, "relay serving", func() bool { return strings.Contains(p2.stderr.String(), "relay serving") })
+	if n4, n6 := elements(t, f.Relay), elementsOf(t, f.Relay, "ip6"); n4 != 1 || n6 != 1 {
+		t.Fatalf("after the restart: %d IPv4 and %d IPv6 elements, want both adopted\n%s", n4, n6, p2.stderr.String())
+	}
+	if err := echo(conn, 30000); err != nil {
+		t.Fatalf("established IPv6 connection broken by the restart: %v", err)
+	}
+	if c2, err := dialIn(t, f.Client, "tcp6", d6.String()); err != nil {
+		t.Fatalf("new connection to the adopted IPv6 detour port: %v", err)
+	} else {
+		c2.Close()
+	}
+	if again, _, err := c6.Grant(ctx, server6, 0); err != nil || again != d6 {
+		t.Fatalf("grant after the restart = %v %v, want the adopted %v", again, err, d6)
+	}
+}
