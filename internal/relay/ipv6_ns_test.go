@@ -531,4 +531,10 @@ func TestRelayIPv6Handover(t *testing.T) {
 	if again, _, err := c6.Grant(ctx, server6, 0); err != nil || again != d6 {
 		t.Fatalf("grant after the restart = %v %v, want the adopted %v", again, err, d6)
 	}
+	// relay status shows both control addresses and the IPv6 mapping.
+	var st *Status
+	in(t, f.Relay, func() { st, err = QueryStatus(3 * time.Second) })
+	if err != nil || st.Listen6 != "["+fx6Relay+"]:45673" || st.Mappings != 2 {
+		t.Fatalf("relay status: %+v %v, want listen6 [%s]:45673 and 2 mappings", st, err, fx6Relay)
+	}
 }
