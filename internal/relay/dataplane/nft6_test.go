@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -170,20 +171,38 @@ func testNFT6(t *testing.T, fast bool) {
 	}
 	c4.Close()
 
-	// A TCP segment behind an IPv6 extension header (destination options,
-	// one PadN option) is matched like one without: nftables reads the
-	// transport header after the extension headers.
-	dstopts := []byte{0, 0, 1, 4, 0, 0, 0, 0} // next header (kernel fills), len 0 (8 bytes), PadN of 4
-	cx, err := dialFrom6(t, f.Client, "["+fx6Relay+"]:40000", func(fd uintptr) error {
-		return unix.SetsockoptString(int(fd), unix.IPPROTO_IPV6, unix.IPV6_DSTOPTS, string(dstopts))
-	})
-	if err != nil {
-		t.Fatalf("connect through the IPv6 detour with a destination options header: %v", err)
+	// TCP segments behind IPv6 extension headers (hop-by-hop options,
+	// destination options: one PadN option each) are matched like those
+	// without: nftables reads the transport header after the extension
+	// headers. A counter in the server's namespace proves the headers
+	// arrived (forwarded through the NAT).
+	for _, h := range []struct {
+		name, nft string
+		opt       int
+	}{{"hop-by-hop", "hbh", unix.IPV6_HOPOPTS}, {"destination options", "dst", unix.IPV6_DSTOPTS}} {
+		rule := "add table ip6 exthdrs\nadd chain ip6 exthdrs in { type filter hook input priority 0; }\nadd rule ip6 exthdrs in exthdr " + h.nft + " exists tcp dport 5201 counter\n"
+		cmd := exec.Command("ip", "netns", "exec", f.Server, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(rule)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("nft in the server namespace: %v\n%s", err, out)
+		}
+		opts := []byte{0, 0, 1, 4, 0, 0, 0, 0} // next header (kernel fills), length 0 (8 bytes), PadN of 4
+		cx, err := dialFrom6(t, f.Client, "["+fx6Relay+"]:40000", func(fd uintptr) error {
+			return unix.SetsockoptString(int(fd), unix.IPPROTO_IPV6, h.opt, string(opts))
+		})
+		if err != nil {
+			t.Fatalf("connect through the IPv6 detour with a %s header: %v", h.name, err)
+		}
+		if err := echo(cx, 10000); err != nil {
+			t.Fatalf("echo with a %s header: %v", h.name, err)
+		}
+		cx.Close()
+		out, _ := nftList(t, f.Server, "list", "table", "ip6", "exthdrs")
+		if !strings.Contains(out, "counter packets") || strings.Contains(out, "counter packets 0 ") {
+			t.Fatalf("the server saw no segment with a %s header:\n%s", h.name, out)
+		}
+		netnstest.MustRun(t, "ip", "netns", "exec", f.Server, "nft", "delete", "table", "ip6", "exthdrs")
 	}
-	if err := echo(cx, 10000); err != nil {
-		t.Fatalf("echo with a destination options header: %v", err)
-	}
-	cx.Close()
 
 	// Unmapped port: nothing.
 	if c2, err := dialFrom6(t, f.Client, "["+fx6Relay+"]:40001", nil); err == nil {
