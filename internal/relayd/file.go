@@ -415,7 +415,7 @@ func build(c *File) (*relay.Config, error) {
 			ll = "0.0.0.0:" + strconv.Itoa(proto.LegacyPort)
 		}
 		if s.LegacyListen, err = netip.ParseAddrPort(ll); err != nil || !s.LegacyListen.Addr().Is4() {
-			return nil, fmt.Errorf("legacy_v1.listen: %q is not an IPv4 address:port", ll)
+			return nil, fmt.Errorf("legacy_v1.listen: %q is not an IPv4 address:port (legacy v1 carries only IPv4)", ll)
 		}
 		if c.LegacyV1.Lease != 0 {
 			s.LegacyLease = time.Duration(c.LegacyV1.Lease)
