@@ -1,0 +1,138 @@
+package tunnel
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
+)
+
+// TestTunnelIPv6Inside: with an IPv6 tunnel subnet, the relay gives each
+// client an IPv6 tunnel address beside its IPv4 one (the IPv4 host offset
+// in the IPv6 subnet), admits it as the peer's allowed IP, and forwards
+// IPv6 from the tunnel with masquerade (the ip6 table), under the IPv6
+// destination policy (a restricted ULA is answered with a reset, an allowed
+// one is reached), while IPv4 through the same tunnel keeps working.
+// Close removes both tables. (The client half, tunnel.Client, configures
+// IPv4 only: this test adds the IPv6 address, route and allowed IP to the
+// client's device by hand, as a client that asks for IPv6 would.)
+func TestTunnelIPv6Inside(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	tp := newTopo(t)
+	nsRun(t, tp.relay, "ip", "-6", "addr", "add", "fd00:5::1/64", "dev", "s0", "nodad")
+	nsRun(t, tp.server, "ip", "-6", "addr", "add", "fd00:5::10/64", "dev", "r0", "nodad")
+	nsRun(t, tp.server, "ip", "-6", "addr", "add", "fd00:5::20/64", "dev", "r0", "nodad")
+	sub6 := netip.MustParsePrefix("fd64:1::/64")
+	relayKey := genKey(t)
+	srv := newServer(t, tp, relayKey, func(c *ServerConfig) {
+		c.Subnet6 = sub6
+		c.Destinations.Restricted = append(append([]netip.Prefix(nil), c.Destinations.Restricted...), netip.MustParsePrefix("fc00::/7"))
+		c.Destinations.Allow = []netip.Prefix{netip.MustParsePrefix("fd00:5::10/128")}
+	})
+	k1 := genKey(t)
+	a1, err := srv.Offer(k1.PublicKey(), tp.relayEndpoint(1).Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p6 := srv.Address6(a1.Address)
+	off := a1.Address.Addr().As4()[3]
+	if !sub6.Contains(p6.Addr()) || p6.Bits() != 64 || p6.Addr().As16()[15] != off {
+		t.Fatalf("IPv6 tunnel address %v for %v, want the same host offset in %v", p6, a1.Address, sub6)
+	}
+	if out := nsRun(t, tp.relay, "ip", "-6", "addr", "show", "dev", DefaultServerIface); !strings.Contains(out, "fd64:1::1/64") {
+		t.Fatalf("relay's tunnel interface lacks its IPv6 address fd64:1::1/64:\n%s", out)
+	}
+	out := nsRun(t, tp.relay, "nft", "list", "table", "ip6", TableName)
+	for _, want := range []string{"masquerade", "ip6 daddr fd00:5::10 accept", "ip6 daddr fc00::/7", "reject with tcp reset"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("ip6 tunnel table lacks %q:\n%s", want, out)
+		}
+	}
+	c1 := newClient(t, tp.c1, 0, k1, a1)
+	// The client side of IPv6: address, route, allowed IPs.
+	nsRun(t, tp.c1, "ip", "-6", "addr", "add", p6.String(), "dev", ClientIface(0), "nodad")
+	nsRun(t, tp.c1, "ip", "-6", "route", "add", "fd00:5::/64", "dev", ClientIface(0))
+	if err := c1.dev.Configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: relayKey.PublicKey(), UpdateOnly: true,
+		ReplaceAllowedIPs: true, AllowedIPs: []net.IPNet{{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, {IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	var ln net.Listener
+	if err := netnstest.DoNamed(tp.server, func() (err error) { ln, err = net.Listen("tcp6", "[::]:5301"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	netnstest.Serve(ln, func(c net.Conn) { fmt.Fprintf(c, "%s\n", c.RemoteAddr()); c.Close() })
+	dial6 := func(dst string) (string, error) {
+		var c net.Conn
+		err := netnstest.DoNamed(tp.c1, func() (err error) {
+			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: p6.Addr().AsSlice()}}
+			c, err = d.Dial("tcp6", dst)
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	var seen string
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if seen, err = dial6("[fd00:5::10]:5301"); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil || !strings.HasPrefix(seen, "[fd00:5::1]:") {
+		t.Fatalf("IPv6 through the tunnel: server saw %q (%v), want the relay's fd00:5::1 (masquerade)", seen, err)
+	}
+	// A restricted IPv6 destination: refused at once (reset), not dropped.
+	start := time.Now()
+	if _, err := dial6("[fd00:5::20]:5301"); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("restricted IPv6 destination through the tunnel: %v, want connection refused", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("refusal took %v: dropped instead of answered", took)
+	}
+	if n, err := srv.Refused(); err != nil || n == 0 {
+		t.Fatalf("Refused() = %d, %v: the ip6 table's reject not counted", n, err)
+	}
+	// IPv4 through the same tunnel still works.
+	echo := echoServer(t, tp.server, serverAddr, false)
+	if seen, _, err := retryExchange(t, tp.c1, c1.Address(), echo, 10*time.Second); err != nil || netip.MustParseAddrPort(seen).Addr() != relayUplink {
+		t.Fatalf("IPv4 through the tunnel beside IPv6: %q %v", seen, err)
+	}
+	c1.Close()
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	assertClean(t, tp.relay)
+}
+
+func TestSubnet6Checks(t *testing.T) {
+	p4 := netip.MustParsePrefix("100.80.0.0/16")
+	for _, s := range []string{"fd64::/64", "2001:db8::/96", "fd64::/112"} {
+		if err := CheckSubnet6(netip.MustParsePrefix(s), p4); err != nil {
+			t.Errorf("%s refused: %v", s, err)
+		}
+	}
+	for _, s := range []string{"fd64::1/64", "fd64::/113", "fe80::/64", "ff00::/8", "::ffff:0:0/96", "10.0.0.0/8"} {
+		if err := CheckSubnet6(netip.MustParsePrefix(s), p4); err == nil {
+			t.Errorf("%s accepted", s)
+		}
+	}
+	if got := addr6(p4, netip.MustParsePrefix("fd64::/64"), netip.MustParseAddr("100.80.3.7")); got != netip.MustParseAddr("fd64::307") {
+		t.Errorf("addr6 = %v, want fd64::307", got)
+	}
+}
