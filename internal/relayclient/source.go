@@ -178,24 +178,31 @@ func (s *NATSource) Conns() []*relayconn.Conn { return s.static }
 // Prepare implements detour.Source: it never blocks.
 func (s *NATSource) Prepare(server netip.AddrPort) {
 	now := time.Now()
+	s.eachRelay(server, func(k entryKey, _ *relayconn.Conn) {
+		e := s.entries[k]
+		if e != nil && (e.pending || e.detour.IsValid() || now.Sub(e.failedAt) < s.cfg.RetryAfter) {
+			return
+		}
+		e = &entry{pending: true}
+		s.entries[k] = e
+		s.wg.Add(1)
+		go s.grant(k, e)
+	})
+}
+
+// eachRelay calls fn, with s.mu held, for every relay (configured and
+// discovered) with its entry key toward server; nothing once the source
+// is closing.
+func (s *NATSource) eachRelay(server netip.AddrPort, fn func(k entryKey, c *relayconn.Conn)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
 		return
 	}
 	for i, c := range s.conns {
-		if c == nil {
-			continue
+		if c != nil {
+			fn(entryKey{i, server}, c)
 		}
-		k := entryKey{i, server}
-		e := s.entries[k]
-		if e != nil && (e.pending || e.detour.IsValid() || now.Sub(e.failedAt) < s.cfg.RetryAfter) {
-			continue
-		}
-		e = &entry{pending: true}
-		s.entries[k] = e
-		s.wg.Add(1)
-		go s.grant(k, e)
 	}
 }
 
@@ -360,25 +367,16 @@ func (s *NATSource) Refused(server netip.AddrPort, d detour.Detour) {
 		return
 	}
 	now := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ctx.Err() != nil {
-		return
-	}
-	for i, c := range s.conns {
-		if c == nil || c.Relay().Name != d.Relay {
-			continue
-		}
-		k := entryKey{i, server}
+	s.eachRelay(server, func(k entryKey, c *relayconn.Conn) {
 		e := s.entries[k]
-		if e == nil || e.pending || e.detour != d.Remote || now.Sub(e.refusedAt) < RegrantGap {
-			continue
+		if c.Relay().Name != d.Relay || e == nil || e.pending || e.detour != d.Remote || now.Sub(e.refusedAt) < RegrantGap {
+			return
 		}
 		e.refusedAt, e.pending = now, true
 		s.log.Info("relay detour refused: asking for a new grant", "relay", c.Relay().Name, "server", server, "detour", d.Remote)
 		s.wg.Add(1)
 		go s.renew(k, e)
-	}
+	})
 }
 
 // renewer renews leases at half their length; a relay that lost the mapping
