@@ -36,7 +36,9 @@ func TestTunnelIPv6Inside(t *testing.T) {
 	srv := newServer(t, tp, relayKey, func(c *ServerConfig) {
 		c.Subnet6 = sub6
 		c.Destinations.Restricted = append(append([]netip.Prefix(nil), c.Destinations.Restricted...), netip.MustParsePrefix("fc00::/7"))
-		c.Destinations.Allow = []netip.Prefix{netip.MustParsePrefix("fd00:5::10/128")}
+		c.Destinations.Restricted = append(c.Destinations.Restricted, netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("8000::/1"))
+		// NAT64 allowed: its embeddings of refused IPv4 prefixes stay refused.
+		c.Destinations.Allow = []netip.Prefix{netip.MustParsePrefix("fd00:5::10/128"), netip.MustParsePrefix("64:ff9b::/96")}
 	})
 	k1 := genKey(t)
 	a1, err := srv.Offer(k1.PublicKey(), tp.relayEndpoint(1).Addr())
@@ -52,7 +54,8 @@ func TestTunnelIPv6Inside(t *testing.T) {
 		t.Fatalf("relay's tunnel interface lacks its IPv6 address fd64:1::1/64:\n%s", out)
 	}
 	out := nsRun(t, tp.relay, "nft", "list", "table", "ip6", TableName)
-	for _, want := range []string{"masquerade", "ip6 daddr fd00:5::10 accept", "ip6 daddr fc00::/7", "reject with tcp reset"} {
+	for _, want := range []string{"masquerade", "ip6 daddr fd00:5::10 accept", "ip6 daddr fc00::/7", "reject with tcp reset",
+		"ip6 daddr 64:ff9b::a00:0/104", "ip6 daddr 8000::/1"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("ip6 tunnel table lacks %q:\n%s", want, out)
 		}

@@ -182,9 +182,9 @@ func buildServer(c File) (tunnel.ServerConfig, netip.AddrPort, error) {
 			*l.out = []netip.Prefix{} // set, even empty: not inherited
 		}
 		for i, s := range l.in {
-			p, err := netip.ParsePrefix(s)
+			p, err := destination.ParsePrefix(s)
 			if err != nil {
-				return sc, ep, fmt.Errorf("%s[%d]: %q is not a prefix", l.name, i, s)
+				return sc, ep, fmt.Errorf("%s[%d]: %w", l.name, i, err)
 			}
 			*l.out = append(*l.out, p)
 		}
