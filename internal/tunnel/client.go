@@ -255,7 +255,10 @@ func (c *Client) apply(a, old Allocation) error {
 func (c *Client) rule(a netip.Addr) *netlink.Rule {
 	r := netlink.NewRule()
 	r.Family = unix.AF_INET
-	r.Src = prefixNet(netip.PrefixFrom(a, 32))
+	if a.Is6() {
+		r.Family = unix.AF_INET6 // client6.go
+	}
+	r.Src = prefixNet(netip.PrefixFrom(a, a.BitLen()))
 	r.Table = c.table
 	r.Priority = RulePriority
 	return r
@@ -468,27 +471,7 @@ func (c *Client) teardown() error {
 // removeClientState deletes the rules pointing at table, the table's routes
 // and the interface.
 func removeClientState(nl *netlink.Handle, iface string, table int) error {
-	var errs []error
-	rules, err := nl.RuleList(netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("list rules: %w", err)
-	}
-	for i := range rules {
-		if rules[i].Table == table {
-			if err := nl.RuleDel(&rules[i]); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("delete rule to table %d: %w", table, err))
-			}
-		}
-	}
-	routes, err := nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
-	if err == nil {
-		for i := range routes {
-			if err := nl.RouteDel(&routes[i]); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("delete route in table %d: %w", table, err))
-			}
-		}
-	}
-	errs = append(errs, removeClientState6(nl, table))
+	errs := []error{removeTableState(nl, netlink.FAMILY_V4, table), removeTableState(nl, netlink.FAMILY_V6, table)}
 	if l, err := nl.LinkByName(iface); err == nil {
 		if err := nl.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, fmt.Errorf("delete %s: %w", iface, err))

@@ -45,15 +45,6 @@ func allowedIPs(a Allocation) []net.IPNet {
 	return out
 }
 
-func (c *Client) rule6(a netip.Addr) *netlink.Rule {
-	r := netlink.NewRule()
-	r.Family = unix.AF_INET6
-	r.Src = prefixNet(netip.PrefixFrom(a, 128))
-	r.Table = c.table
-	r.Priority = RulePriority
-	return r
-}
-
 func (c *Client) route6(link netlink.Link) *netlink.Route {
 	return &netlink.Route{LinkIndex: link.Attrs().Index, Table: c.table, Scope: netlink.SCOPE_UNIVERSE,
 		Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}
@@ -65,7 +56,7 @@ func (c *Client) route6(link netlink.Link) *netlink.Route {
 func (c *Client) apply6(link netlink.Link, a, old Allocation) (err error) {
 	newA, oldA := a.Address6.Addr(), old.Address6.Addr()
 	if oldA.IsValid() && oldA != newA {
-		_ = c.nl.RuleDel(c.rule6(oldA))
+		_ = c.nl.RuleDel(c.rule(oldA))
 		_ = c.nl.AddrDel(link, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(oldA, 128))})
 	}
 	if !newA.IsValid() {
@@ -76,7 +67,7 @@ func (c *Client) apply6(link netlink.Link, a, old Allocation) (err error) {
 	}
 	defer func() {
 		if err != nil {
-			_ = c.nl.RuleDel(c.rule6(newA))
+			_ = c.nl.RuleDel(c.rule(newA))
 			_ = c.nl.AddrDel(link, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(newA, 128))})
 		}
 	}()
@@ -98,7 +89,7 @@ func (c *Client) apply6(link netlink.Link, a, old Allocation) (err error) {
 	if err := c.nl.AddrReplace(link, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(newA, 128)), Flags: unix.IFA_F_NODAD}); err != nil {
 		return fmt.Errorf("address %s on %s: %w", newA, c.iface, err)
 	}
-	if err := c.nl.RuleAdd(c.rule6(newA)); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := c.nl.RuleAdd(c.rule(newA)); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("rule from %s lookup %d: %w", newA, c.table, err)
 	}
 	if err := c.nl.RouteReplace(c.route6(link)); err != nil {
@@ -126,29 +117,30 @@ func (c *Client) Address6() netip.Addr {
 	return c.alloc.Address6.Addr()
 }
 
-// removeClientState6 deletes the IPv6 rules pointing at table and the
-// table's IPv6 routes (the interface goes with the IPv4 part).
-func removeClientState6(nl *netlink.Handle, table int) error {
+// removeTableState deletes family's rules pointing at table and the
+// table's routes of that family (IPv4 and IPv6 alike; a kernel without
+// IPv6 has no IPv6 state).
+func removeTableState(nl *netlink.Handle, family, table int) error {
 	var errs []error
-	rules, err := nl.RuleList(netlink.FAMILY_V6)
-	if errors.Is(err, unix.EAFNOSUPPORT) {
-		return nil // a kernel without IPv6 has no IPv6 state
+	rules, err := nl.RuleList(family)
+	if family == netlink.FAMILY_V6 && errors.Is(err, unix.EAFNOSUPPORT) {
+		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("list IPv6 rules: %w", err)
+		return fmt.Errorf("list rules: %w", err)
 	}
 	for i := range rules {
 		if rules[i].Table == table {
 			if err := nl.RuleDel(&rules[i]); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("delete IPv6 rule to table %d: %w", table, err))
+				errs = append(errs, fmt.Errorf("delete rule to table %d: %w", table, err))
 			}
 		}
 	}
-	routes, err := nl.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+	routes, err := nl.RouteListFiltered(family, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
 	if err == nil {
 		for i := range routes {
 			if err := nl.RouteDel(&routes[i]); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("delete IPv6 route in table %d: %w", table, err))
+				errs = append(errs, fmt.Errorf("delete route in table %d: %w", table, err))
 			}
 		}
 	}

@@ -149,3 +149,27 @@ func TestSubnet6Checks(t *testing.T) {
 		t.Errorf("addr6 = %v, want fd64::307", got)
 	}
 }
+
+// TestCleanupClientsIPv6: the IPv6 rule and route a crashed agent's tunnel
+// left (its embedded device vanished with it) are removed at the next
+// start, as the IPv4 ones are.
+func TestCleanupClientsIPv6(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip")
+	ns := netnstest.New(t, "tcl6")
+	for _, k := range []string{"all", "default", "lo"} {
+		nsRun(t, ns.Name, "sysctl", "-qw", "net.ipv6.conf."+k+".disable_ipv6=0")
+	}
+	nsRun(t, ns.Name, "ip", "link", "set", "lo", "up")
+	nsRun(t, ns.Name, "ip", "-6", "rule", "add", "from", "fd64:1::7", "lookup", "52003", "pref", "5200")
+	nsRun(t, ns.Name, "ip", "-6", "route", "add", "default", "dev", "lo", "table", "52003")
+	if err := CleanupClients(ns.Name); err != nil {
+		t.Fatal(err)
+	}
+	if out := nsRun(t, ns.Name, "ip", "-6", "rule"); strings.Contains(out, "52003") {
+		t.Fatalf("crashed client's IPv6 rule left:\n%s", out)
+	}
+	if out := nsRun(t, ns.Name, "ip", "-6", "route", "show", "table", "52003"); strings.TrimSpace(out) != "" {
+		t.Fatalf("crashed client's IPv6 route left:\n%s", out)
+	}
+}
