@@ -55,6 +55,7 @@ func TestEncapIPv6Underlay(t *testing.T) {
 		t.Fatalf("relay device %s is not IPv6 %s -> %s with mtu %d:\n%s", dev, relay6, member, a1.MTU, out)
 	}
 	out := nsRun(t, tp.relay, "nft", "list", "table", "ip6", EncapTableName)
+	t.Logf("relay ip6 table:\n%s", out)
 	if !strings.Contains(out, "ip6 saddr "+member.String()+" udp dport 4789") {
 		t.Fatalf("ip6 table does not admit the member:\n%s", out)
 	}
