@@ -1,0 +1,206 @@
+package bpfclamp
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// cgroupRoot finds a cgroup v2 mount (unified hierarchy or hybrid).
+func cgroupRoot(t *testing.T) string {
+	for _, p := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return p
+		}
+	}
+	t.Skip("no cgroup v2 mount")
+	return ""
+}
+
+// ownCgroup returns the cgroup v2 directory this process is in.
+func ownCgroup(t *testing.T, root string) string {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range splitLines(string(b)) {
+		if len(line) > 3 && line[:3] == "0::" {
+			return filepath.Join(root, line[3:])
+		}
+	}
+	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
+	return ""
+}
+
+func splitLines(s string) []string {
+	var out []string
+	for len(s) > 0 {
+		i := 0
+		for i < len(s) && s[i] != '\n' {
+			i++
+		}
+		out = append(out, s[:i])
+		if i < len(s) {
+			i++
+		}
+		s = s[i:]
+	}
+	return out
+}
+
+func attachedCount(t *testing.T, dir string) int {
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(r.Programs)
+}
+
+// connectedCwnd opens a loopback TCP connection while this process is in
+// cgroup dir, sends 4 MB and returns the sender's largest snd_cwnd seen.
+func connectedCwnd(t *testing.T, dir, back string) uint32 {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(io.Discard, c)
+	}()
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	// Back to where the process was: the socket keeps the cgroup it was
+	// created in.
+	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
+		t.Fatal(err2)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	var most uint32
+	for range 64 {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		raw.Control(func(fd uintptr) {
+			if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				most = max(most, ti.Snd_cwnd)
+			}
+		})
+	}
+	return most
+}
+
+// TestClampTakesEffect attaches the program to a fresh cgroup, clamps the
+// loopback pair to 4 segments and checks that a connection made in the
+// cgroup never exceeds it, while one made after the clamp is deleted does;
+// after Close nothing is attached to the cgroup.
+func TestClampTakesEffect(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF, cgroups)")
+	}
+	root := cgroupRoot(t)
+	back := ownCgroup(t, root)
+	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfclamp-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove cgroup: %v", err)
+		}
+	})
+	c, err := Attach(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n := attachedCount(t, dir); n != 1 {
+		t.Fatalf("%d programs attached, want 1", n)
+	}
+	lo := netip.MustParseAddr("127.0.0.1")
+	k := Key{Local: lo, Remote: lo}
+	const clamp = 4
+	if err := c.Set(k, clamp); err != nil {
+		t.Fatal(err)
+	}
+	got := connectedCwnd(t, dir, back)
+	t.Logf("clamp %d: largest snd_cwnd %d", clamp, got)
+	if got == 0 || got > clamp {
+		t.Errorf("clamped connection: largest snd_cwnd %d, want 1..%d", got, clamp)
+	}
+	if err := c.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	got = connectedCwnd(t, dir, back)
+	t.Logf("no clamp: largest snd_cwnd %d", got)
+	if got <= clamp {
+		t.Errorf("unclamped connection: largest snd_cwnd %d, want above %d", got, clamp)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := attachedCount(t, dir); n != 0 {
+		t.Errorf("%d programs attached after Close, want 0", n)
+	}
+}
+
+// TestAttachFailureLeavesNothing: a cgroup path that is not a cgroup v2
+// directory fails with an error naming it and leaves nothing attached.
+func TestAttachFailureLeavesNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF)")
+	}
+	bad := t.TempDir()
+	_, err := Attach(bad)
+	if err == nil {
+		t.Fatal("attach to a plain directory succeeded")
+	}
+	if want := "attach to cgroup " + bad; !contains(err.Error(), want) {
+		t.Errorf("error %q does not say %q", err, want)
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+func TestKeyIPv6Refused(t *testing.T) {
+	if _, err := (Key{Local: netip.MustParseAddr("::1"), Remote: netip.MustParseAddr("::1")}).bytes(); err == nil {
+		t.Error("IPv6 key accepted")
+	}
+}
