@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -185,22 +187,45 @@ func TestAttachFailureLeavesNothing(t *testing.T) {
 	if err == nil {
 		t.Fatal("attach to a plain directory succeeded")
 	}
-	if want := "attach to cgroup " + bad; !contains(err.Error(), want) {
+	if want := "attach to cgroup " + bad; !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not say %q", err, want)
 	}
-}
-
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
 }
 
 func TestKeyIPv6Refused(t *testing.T) {
 	if _, err := (Key{Local: netip.MustParseAddr("::1"), Remote: netip.MustParseAddr("::1")}).bytes(); err == nil {
 		t.Error("IPv6 key accepted")
+	}
+}
+
+// TestExitDetaches: a process that attaches and exits without Close
+// (killed, crashed) leaves nothing attached: the BPF link dies with its
+// last file descriptor.
+func TestExitDetaches(t *testing.T) {
+	if dir := os.Getenv("MPD_BPFCLAMP_CHILD"); dir != "" {
+		if _, err := Attach(dir); err != nil {
+			fmt.Println("attach:", err)
+			os.Exit(3)
+		}
+		fmt.Println("attached")
+		os.Exit(0) // no Close
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF, cgroups)")
+	}
+	root := cgroupRoot(t)
+	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfclamp-exit-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	cmd := exec.Command(os.Args[0], "-test.run=^TestExitDetaches$")
+	cmd.Env = append(os.Environ(), "MPD_BPFCLAMP_CHILD="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "attached") {
+		t.Fatalf("child: %v: %s", err, out)
+	}
+	if n := attachedCount(t, dir); n != 0 {
+		t.Errorf("%d programs attached after the attaching process exited, want 0", n)
 	}
 }
