@@ -75,8 +75,15 @@ func attachedCount(t *testing.T, dir string) int {
 
 // connectedCwnd opens a loopback TCP connection while this process is in
 // cgroup dir, sends 4 MB and returns the sender's largest snd_cwnd seen.
-func connectedCwnd(t *testing.T, dir, back string) uint32 {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+func connectedCwnd(t *testing.T, dir, back string) uint32 { return dialCwnd(t, dir, back, false) }
+
+// dialCwnd is connectedCwnd, with mptcp an MPTCP connection (the
+// subflow's TCP_INFO: the kernel answers TCP_INFO on an MPTCP socket with
+// the first subflow's).
+func dialCwnd(t *testing.T, dir, back string, mptcp bool) uint32 {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(mptcp)
+	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +100,9 @@ func connectedCwnd(t *testing.T, dir, back string) uint32 {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := net.Dial("tcp4", ln.Addr().String())
+	var d net.Dialer
+	d.SetMultipathTCP(mptcp)
+	c, err := d.Dial("tcp4", ln.Addr().String())
 	// Back to where the process was: the socket keeps the cgroup it was
 	// created in.
 	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
@@ -103,6 +112,11 @@ func connectedCwnd(t *testing.T, dir, back string) uint32 {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if mptcp {
+		if ok, err := c.(*net.TCPConn).MultipathTCP(); err != nil || !ok {
+			t.Fatalf("the connection fell back to TCP (MPTCP %v, %v): is net.mptcp.enabled on?", ok, err)
+		}
+	}
 	raw, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -159,6 +173,12 @@ func TestClampTakesEffect(t *testing.T) {
 	t.Logf("clamp %d: largest snd_cwnd %d", clamp, got)
 	if got == 0 || got > clamp {
 		t.Errorf("clamped connection: largest snd_cwnd %d, want 1..%d", got, clamp)
+	}
+	// An MPTCP connection: the clamp applies to its subflow.
+	got = dialCwnd(t, dir, back, true)
+	t.Logf("clamp %d, MPTCP subflow: largest snd_cwnd %d", clamp, got)
+	if got == 0 || got > clamp {
+		t.Errorf("clamped MPTCP subflow: largest snd_cwnd %d, want 1..%d", got, clamp)
 	}
 	if err := c.Delete(k); err != nil {
 		t.Fatal(err)
