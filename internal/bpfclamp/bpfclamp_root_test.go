@@ -35,29 +35,13 @@ func ownCgroup(t *testing.T, root string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range splitLines(string(b)) {
+	for _, line := range strings.Split(string(b), "\n") {
 		if len(line) > 3 && line[:3] == "0::" {
 			return filepath.Join(root, line[3:])
 		}
 	}
 	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
 	return ""
-}
-
-func splitLines(s string) []string {
-	var out []string
-	for len(s) > 0 {
-		i := 0
-		for i < len(s) && s[i] != '\n' {
-			i++
-		}
-		out = append(out, s[:i])
-		if i < len(s) {
-			i++
-		}
-		s = s[i:]
-	}
-	return out
 }
 
 func attachedCount(t *testing.T, dir string) int {
