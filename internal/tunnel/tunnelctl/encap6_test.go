@@ -76,31 +76,7 @@ func TestControlChannelEncapOverIPv6(t *testing.T) {
 		t.Fatalf("client device not toward the relay's IPv6 address:\n%s", out)
 	}
 
-	var l net.Listener
-	if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	netnstest.Serve(l, func(c net.Conn) {
-		fmt.Fprintf(c, "%s\n", c.RemoteAddr())
-		c.Close()
-	})
-	var seen string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		var tc net.Conn
-		err = netnstest.DoNamed(ln.cl, func() (err error) {
-			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(c.Address(), 0))}
-			tc, err = d.Dial("tcp4", l.Addr().String())
-			return err
-		})
-		if err == nil {
-			seen, err = bufio.NewReader(tc).ReadString('\n')
-			tc.Close()
-			if err == nil || err == io.EOF {
-				break
-			}
-		}
-	}
+	seen, err := seenThrough(t, ln, c.Address())
 	if !strings.HasPrefix(seen, "203.0.113.1:") {
 		t.Fatalf("through vxlan over IPv6 the server saw %q (err %v), want the relay 203.0.113.1", seen, err)
 	}
@@ -125,4 +101,36 @@ func TestControlChannelEncapOverIPv6(t *testing.T) {
 	if out := netnstest.MustRun(t, "ip", "netns", "exec", ln.rl, "nft", "list", "tables"); strings.Contains(out, tunnel.EncapTableName) {
 		t.Errorf("relay left an encap table:\n%s", out)
 	}
+}
+
+// seenThrough starts a server in ln's server namespace that answers each
+// connection with the peer address it sees, and dials it from local in
+// the client namespace until an answer comes (10 s).
+func seenThrough(t *testing.T, ln *line, local netip.Addr) (seen string, err error) {
+	t.Helper()
+	var l net.Listener
+	if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	netnstest.Serve(l, func(c net.Conn) {
+		fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+		c.Close()
+	})
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		var tc net.Conn
+		err = netnstest.DoNamed(ln.cl, func() (err error) {
+			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
+			tc, err = d.Dial("tcp4", l.Addr().String())
+			return err
+		})
+		if err == nil {
+			seen, err = bufio.NewReader(tc).ReadString('\n')
+			tc.Close()
+			if err == nil || err == io.EOF {
+				return seen, nil
+			}
+		}
+	}
+	return seen, err
 }
