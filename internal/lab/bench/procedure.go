@@ -95,6 +95,7 @@ type Setup func(ctx context.Context, env *Env) (Session, error)
 func Procedures() map[string]Setup {
 	return map[string]Setup{
 		scenario.TCP:         setupTCP,
+		scenario.TCP6:        setupTCP6,
 		scenario.MPTCP1:      setupMPTCP1,
 		scenario.MPTCP1NAT:   setupMPTCP1NAT,
 		scenario.TCPNAT:      setupTCPNAT,

@@ -17,12 +17,22 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/attack"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 )
 
 func setupTCP(ctx context.Context, env *Env) (Session, error) {
 	// Beside a converter (scenario converter), plain TCP is the baseline
 	// for setup latency too.
 	return &transfer{env: env, dst: env.serverAddr(), probeSetup: env.Roles.Converter != "" && env.LatencyPort > 0}, nil
+}
+
+// setupTCP6 is setupTCP to the server's IPv6 address.
+func setupTCP6(ctx context.Context, env *Env) (Session, error) {
+	a := env.Lab.Addr6(env.Roles.Server)
+	if !a.IsValid() {
+		return nil, Unavailable("%s needs a lab with IPv6: topology parameter family: dual (this lab is family %s)", scenario.TCP6, env.Lab.Family())
+	}
+	return &transfer{env: env, dst: netip.AddrPortFrom(a, uint16(env.Port))}, nil
 }
 
 func setupMPTCP1(ctx context.Context, env *Env) (Session, error) {
@@ -217,7 +227,7 @@ func (t *transfer) pathOf(local, remote netip.AddrPort) string {
 	}
 	if p == "" {
 		switch {
-		case local.Addr() == e.Lab.Addr(e.Roles.Client) && remote.Addr() == e.serverAddr().Addr():
+		case sameHost(local.Addr(), e.Lab.Addr(e.Roles.Client)) && sameHost(remote.Addr(), e.serverAddr().Addr()):
 			p = "default"
 		default:
 			p = local.Addr().String() + ">" + remote.Addr().String()
@@ -521,4 +531,10 @@ func processCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// sameHost says whether a and b are the same lab address in either family
+// (an address or its IPv6 twin, topology.V6).
+func sameHost(a, b netip.Addr) bool {
+	return topology.V4(a.Unmap()) == topology.V4(b.Unmap())
 }

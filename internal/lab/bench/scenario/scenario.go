@@ -21,7 +21,10 @@ import (
 
 // Procedure names. Each is one way of moving bytes from client to server.
 const (
-	TCP       = "tcp"        // plain TCP over the default path
+	TCP = "tcp" // plain TCP over the default path
+	// TCP6 is plain TCP over the default path's IPv6 (a lab of family
+	// dual or 6: topology parameter family).
+	TCP6      = "tcp6"
 	TCPNAT    = "tcp-nat"    // plain TCP to a relay's NAT port
 	TCPTunnel = "tcp-tunnel" // plain TCP through a WireGuard tunnel detour
 	MPTCP1    = "mptcp-1sf"  // MPTCP, no detour (MPTCP's own overhead)
@@ -87,6 +90,7 @@ type procInfo struct {
 
 var procs = map[string]procInfo{
 	TCP:         {"TCP", 0, ""},
+	TCP6:        {"TCP over IPv6", 0, ""},
 	TCPNAT:      {"TCP via NAT detour", 1, ""},
 	TCPTunnel:   {"TCP via tunnel detour", 1, ""},
 	MPTCP1:      {"MPTCP 1 subflow", 0, ""},
@@ -135,7 +139,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
-		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
+		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCP6, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
