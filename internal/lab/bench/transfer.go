@@ -28,11 +28,10 @@ func setupTCP(ctx context.Context, env *Env) (Session, error) {
 
 // setupTCP6 is setupTCP to the server's IPv6 address.
 func setupTCP6(ctx context.Context, env *Env) (Session, error) {
-	a := env.Lab.Addr6(env.Roles.Server)
-	if !a.IsValid() {
-		return nil, Unavailable("%s needs a lab with IPv6: topology parameter family: dual (this lab is family %s)", scenario.TCP6, env.Lab.Family())
+	if err := ipv6(env, scenario.TCP6); err != nil {
+		return nil, err
 	}
-	return &transfer{env: env, dst: netip.AddrPortFrom(a, uint16(env.Port))}, nil
+	return setupTCP(ctx, env)
 }
 
 func setupMPTCP1(ctx context.Context, env *Env) (Session, error) {
@@ -378,7 +377,7 @@ func (t *transfer) Close() error {
 }
 
 func (e *Env) serverAddr() netip.AddrPort {
-	return netip.AddrPortFrom(e.Lab.Addr(e.Roles.Server), uint16(e.Port))
+	return netip.AddrPortFrom(e.addr(e.Roles.Server), uint16(e.Port))
 }
 
 // startReceiver serves goodput transfers in the server node until ctx ends.
