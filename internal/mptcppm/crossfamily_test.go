@@ -85,7 +85,13 @@ func TestCrossFamilySubflow(t *testing.T) {
 				t.Fatal(err)
 			}
 			go io.Copy(io.Discard, conn)
-			tok := waitEvent(t, events, mptcppm.EventEstablished, 0).Token
+			est := waitEvent(t, events, mptcppm.EventEstablished, 0)
+			tok := est.Token
+			// The agent tells the two kinds of IPv4 connection apart by the
+			// event: an AF_INET6 socket's carries IPv4-mapped addresses.
+			if mapped := est.Local.Addr().Is4In6(); tc.start[0].Is4() && mapped != tc.inet6 {
+				t.Fatalf("ESTABLISHED local %v: IPv4-mapped %v, want %v", est.Local, mapped, tc.inet6)
+			}
 			// Mixed local and remote families: refused, nothing created.
 			if err := pm.SubflowCreate(tok, mptcppm.Addr{IP: tc.start[0]}, mptcppm.Addr{IP: tc.add[1], Port: 5202}); err == nil {
 				t.Fatalf("SUBFLOW_CREATE %s -> %s (mixed families) accepted", tc.start[0], tc.add[1])
