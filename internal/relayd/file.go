@@ -11,6 +11,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
@@ -372,14 +373,14 @@ func build(c *File) (*relay.Config, error) {
 		s.Members[pk] = m.Name
 	}
 	for i, p := range c.AllowDestinations {
-		pf, err := parsePrefix(p)
+		pf, err := destination.ParsePrefix(p)
 		if err != nil {
 			return nil, fmt.Errorf("allow_destinations[%d]: %w", i, err)
 		}
 		s.Allow = append(s.Allow, pf)
 	}
 	for i, p := range c.DenyDestinations {
-		pf, err := parsePrefix(p)
+		pf, err := destination.ParsePrefix(p)
 		if err != nil {
 			return nil, fmt.Errorf("deny_destinations[%d]: %w", i, err)
 		}
@@ -641,31 +642,4 @@ func buildFair(c *FairShareFile, stateFile string) (relay.FairConfig, error) {
 		}
 	}
 	return f, nil
-}
-
-// parsePrefix reads a destination prefix or address of either family. A
-// zone (fe80::1%eth0) and the IPv4-mapped form (::ffff:10.0.0.0/104) are
-// refused: the destination policy judges a mapped address as its IPv4
-// address, so a mapped prefix would never match.
-func parsePrefix(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		if p.Masked() != p {
-			return p, fmt.Errorf("%q has host bits set (did you mean %v?)", s, p.Masked())
-		}
-		if p.Addr().Is4In6() {
-			return p, fmt.Errorf("%q is IPv4-mapped: write the IPv4 prefix", s)
-		}
-		return p, nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%q is neither a prefix nor an address", s)
-	}
-	if a.Zone() != "" {
-		return netip.Prefix{}, fmt.Errorf("%q has a zone: destinations are global addresses", s)
-	}
-	if a.Is4In6() {
-		return netip.Prefix{}, fmt.Errorf("%q is IPv4-mapped: write the IPv4 address %v", s, a.Unmap())
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }

@@ -57,8 +57,11 @@ func assertEncapClean(t *testing.T, ns string) {
 }
 
 // dropCount reads the counter of the input chain's catch-all VXLAN drop.
-func dropCount(t *testing.T, ns string) string {
-	out := nsRun(t, ns, "nft", "list", "chain", "ip", EncapTableName, "input")
+func dropCount(t *testing.T, ns string) string { return dropCountIn(t, ns, "ip") }
+
+// dropCountIn is dropCount of the table of family ("ip" or "ip6").
+func dropCountIn(t *testing.T, ns, family string) string {
+	out := nsRun(t, ns, "nft", "list", "chain", family, EncapTableName, "input")
 	for _, l := range strings.Split(out, "\n") {
 		if strings.Contains(l, "udp dport 4789") && strings.Contains(l, "drop") && !strings.Contains(l, "saddr") {
 			f := strings.Fields(l)

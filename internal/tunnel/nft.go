@@ -11,6 +11,8 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/destination"
 )
 
 // TableName is the relay's nftables table for tunnel detours (family ip,
@@ -198,6 +200,15 @@ func addTable(c *nftables.Conn, f tableFamily, iface string, subnet netip.Prefix
 		[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
 	for _, p := range pol.Deny {
 		if is(p) {
+			drop(p)
+		}
+	}
+	if f.family == nftables.TableFamilyIPv6 {
+		// An allowed NAT64 or 6to4 range must not lead to the IPv4
+		// addresses the ip table refuses (destination.Check judges the
+		// embedded IPv4 address; this table cannot recurse, so it drops
+		// the embeddings of refused IPv4 prefixes before its accepts).
+		for _, p := range destination.Embedded(append(append([]netip.Prefix(nil), pol.Deny...), pol.Restricted...), pol.Allow) {
 			drop(p)
 		}
 	}

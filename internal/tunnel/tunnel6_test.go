@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -21,9 +19,8 @@ import (
 // IPv6 from the tunnel with masquerade (the ip6 table), under the IPv6
 // destination policy (a restricted ULA is answered with a reset, an allowed
 // one is reached), while IPv4 through the same tunnel keeps working.
-// Close removes both tables. (The client half, tunnel.Client, configures
-// IPv4 only: this test adds the IPv6 address, route and allowed IP to the
-// client's device by hand, as a client that asks for IPv6 would.)
+// Close removes both tables. The client configures its IPv6 address, rule,
+// route and allowed IP from Allocation.Address6, and removes them on Close.
 func TestTunnelIPv6Inside(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
@@ -36,7 +33,9 @@ func TestTunnelIPv6Inside(t *testing.T) {
 	srv := newServer(t, tp, relayKey, func(c *ServerConfig) {
 		c.Subnet6 = sub6
 		c.Destinations.Restricted = append(append([]netip.Prefix(nil), c.Destinations.Restricted...), netip.MustParsePrefix("fc00::/7"))
-		c.Destinations.Allow = []netip.Prefix{netip.MustParsePrefix("fd00:5::10/128")}
+		c.Destinations.Restricted = append(c.Destinations.Restricted, netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("8000::/1"))
+		// NAT64 allowed: its embeddings of refused IPv4 prefixes stay refused.
+		c.Destinations.Allow = []netip.Prefix{netip.MustParsePrefix("fd00:5::10/128"), netip.MustParsePrefix("64:ff9b::/96")}
 	})
 	k1 := genKey(t)
 	a1, err := srv.Offer(k1.PublicKey(), tp.relayEndpoint(1).Addr())
@@ -52,18 +51,26 @@ func TestTunnelIPv6Inside(t *testing.T) {
 		t.Fatalf("relay's tunnel interface lacks its IPv6 address fd64:1::1/64:\n%s", out)
 	}
 	out := nsRun(t, tp.relay, "nft", "list", "table", "ip6", TableName)
-	for _, want := range []string{"masquerade", "ip6 daddr fd00:5::10 accept", "ip6 daddr fc00::/7", "reject with tcp reset"} {
+	for _, want := range []string{"masquerade", "ip6 daddr fd00:5::10 accept", "ip6 daddr fc00::/7", "reject with tcp reset",
+		"ip6 daddr 64:ff9b::a00:0/104", "ip6 daddr 8000::/1"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("ip6 tunnel table lacks %q:\n%s", want, out)
 		}
 	}
+	// The client half of IPv6 (client6.go): address, rule, route and the
+	// peer's allowed IPs from the allocation.
+	a1.Address6 = p6
 	c1 := newClient(t, tp.c1, 0, k1, a1)
-	// The client side of IPv6: address, route, allowed IPs.
-	nsRun(t, tp.c1, "ip", "-6", "addr", "add", p6.String(), "dev", ClientIface(0), "nodad")
-	nsRun(t, tp.c1, "ip", "-6", "route", "add", "fd00:5::/64", "dev", ClientIface(0))
-	if err := c1.dev.Configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: relayKey.PublicKey(), UpdateOnly: true,
-		ReplaceAllowedIPs: true, AllowedIPs: []net.IPNet{{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, {IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}}}}); err != nil {
-		t.Fatal(err)
+	if c1.Address6() != p6.Addr() {
+		t.Fatalf("client IPv6 address %v, want %v", c1.Address6(), p6.Addr())
+	}
+	if d := c1.Detours(netip.MustParseAddrPort("[fd00:5::10]:5301")); len(d) != 1 || d[0].Local != p6.Addr() {
+		t.Fatalf("IPv6 detours %+v, want one from %v", d, p6.Addr())
+	}
+	for _, want := range []string{"from " + p6.Addr().String() + " lookup 52000"} {
+		if out := nsRun(t, tp.c1, "ip", "-6", "rule"); !strings.Contains(out, want) {
+			t.Fatalf("client IPv6 rules lack %q:\n%s", want, out)
+		}
 	}
 
 	var ln net.Listener
@@ -114,6 +121,12 @@ func TestTunnelIPv6Inside(t *testing.T) {
 		t.Fatalf("IPv4 through the tunnel beside IPv6: %q %v", seen, err)
 	}
 	c1.Close()
+	if out := nsRun(t, tp.c1, "ip", "-6", "rule"); strings.Contains(out, "lookup 52000") {
+		t.Fatalf("client IPv6 rule left after Close:\n%s", out)
+	}
+	if out := nsRun(t, tp.c1, "ip", "-6", "route", "show", "table", "all"); strings.Contains(out, "table 52000") {
+		t.Fatalf("client IPv6 route left after Close:\n%s", out)
+	}
 	if err := srv.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -134,5 +147,29 @@ func TestSubnet6Checks(t *testing.T) {
 	}
 	if got := addr6(p4, netip.MustParsePrefix("fd64::/64"), netip.MustParseAddr("100.80.3.7")); got != netip.MustParseAddr("fd64::307") {
 		t.Errorf("addr6 = %v, want fd64::307", got)
+	}
+}
+
+// TestCleanupClientsIPv6: the IPv6 rule and route a crashed agent's tunnel
+// left (its embedded device vanished with it) are removed at the next
+// start, as the IPv4 ones are.
+func TestCleanupClientsIPv6(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip")
+	ns := netnstest.New(t, "tcl6")
+	for _, k := range []string{"all", "default", "lo"} {
+		nsRun(t, ns.Name, "sysctl", "-qw", "net.ipv6.conf."+k+".disable_ipv6=0")
+	}
+	nsRun(t, ns.Name, "ip", "link", "set", "lo", "up")
+	nsRun(t, ns.Name, "ip", "-6", "rule", "add", "from", "fd64:1::7", "lookup", "52003", "pref", "5200")
+	nsRun(t, ns.Name, "ip", "-6", "route", "add", "default", "dev", "lo", "table", "52003")
+	if err := CleanupClients(ns.Name); err != nil {
+		t.Fatal(err)
+	}
+	if out := nsRun(t, ns.Name, "ip", "-6", "rule"); strings.Contains(out, "52003") {
+		t.Fatalf("crashed client's IPv6 rule left:\n%s", out)
+	}
+	if out := nsRun(t, ns.Name, "ip", "-6", "route", "show", "table", "52003"); strings.TrimSpace(out) != "" {
+		t.Fatalf("crashed client's IPv6 route left:\n%s", out)
 	}
 }

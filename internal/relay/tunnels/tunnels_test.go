@@ -9,6 +9,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -32,7 +33,9 @@ func TestParseConfig(t *testing.T) {
 		t.Errorf("valid subnet6: %v", err)
 	}
 	for _, bad := range []string{"subnett: 1.0.0.0/8", "subnet: nope", "endpoint: 1.2.3.4", "backend: magic", "allow_destinations: [x]", "listen_port: [1]",
-		"subnet6: 10.0.0.0/8", "subnet6: nope", "subnet6: '::ffff:0:0/96'", "subnet6: 'fd64::1/64'", "subnet6: 'fd64::/120'"} {
+		"subnet6: 10.0.0.0/8", "subnet6: nope", "subnet6: '::ffff:0:0/96'", "subnet6: 'fd64::1/64'", "subnet6: 'fd64::/120'",
+		// the IPv4-mapped form would be an ip6 rule no IPv4 packet meets, host bits a silent mask
+		"allow_destinations: ['::ffff:10.0.0.0/104']", "deny_destinations: ['::ffff:8.8.8.8']", "allow_destinations: [10.0.0.1/8]"} {
 		if err := parse(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -142,4 +145,17 @@ func FuzzParseTunnelSection(f *testing.F) {
 			t.Fatalf("accepted an inconsistent section: %+v", st)
 		}
 	})
+}
+
+// TestEncapMixedFamilies: VXLAN is served over IPv4 and IPv6 control
+// sessions; a session whose two ends are of different families (never
+// seen from a real socket) is refused unsupported before the server is
+// touched.
+func TestEncapMixedFamilies(t *testing.T) {
+	a := &Allocator{encap: new(tunnel.EncapServer)}
+	_, _, err := a.Encap(proto.Key{1}, netip.MustParseAddr("2001:db8::2"), netip.MustParseAddr("192.0.2.1"))
+	var pe *proto.Error
+	if !errors.As(err, &pe) || pe.Reason != proto.ReasonUnsupported || !strings.Contains(err.Error(), "one family") {
+		t.Fatalf("got %v, want unsupported naming the families", err)
+	}
 }

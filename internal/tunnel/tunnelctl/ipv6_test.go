@@ -165,3 +165,74 @@ func TestTunnelIPv6AddressOverControl(t *testing.T) {
 		t.Fatalf("no ip6 tunnel table:\n%s", out)
 	}
 }
+
+// TestOpenIPv6Inside: Open asks for an IPv6 tunnel address; against a
+// relay with subnet6 the client configures it (address, rule, route,
+// allowed IP) and an IPv6 connection from it reaches an IPv6 server
+// through the tunnel, masqueraded to the relay's IPv6 address, beside
+// IPv4. Close removes the client's IPv6 rule.
+func TestOpenIPv6Inside(t *testing.T) {
+	testenv.Root(t)
+	testenv.Tools(t, "ip", "nft")
+	ln := newLineTop(t, "to6", "", "  allow_destinations: [203.0.113.10/32, 'fd00:5::10/128']\n", "  subnet6: 'fd64:1::/64'\n")
+	for ns, dev := range map[string]string{ln.rl: "s0", ln.sv: "r0"} {
+		for _, k := range []string{"all", "default", dev} {
+			netnstest.MustRun(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf."+k+".disable_ipv6=0")
+		}
+	}
+	netnstest.MustRun(t, "ip", "-n", ln.rl, "addr", "add", "fd00:5::1/64", "dev", "s0", "nodad")
+	netnstest.MustRun(t, "ip", "-n", ln.sv, "addr", "add", "fd00:5::10/64", "dev", "r0", "nodad")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var client *tunnel.Client
+	var err error
+	for ctx.Err() == nil {
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		client, err = Open(rctx, ln.dial(ln.member), tunnel.ClientConfig{Netns: ln.cl, Index: 0, PrivateKey: wgtypes.Key(ln.member)})
+		rcancel()
+		if err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer client.Close()
+	a6 := client.Address6()
+	if !netip.MustParsePrefix("fd64:1::/64").Contains(a6) {
+		t.Fatalf("client IPv6 tunnel address %v, want one in fd64:1::/64", a6)
+	}
+	var l net.Listener
+	if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen("tcp6", "[fd00:5::10]:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	netnstest.Serve(l, func(c net.Conn) { fmt.Fprintf(c, "%s\n", c.RemoteAddr()); c.Close() })
+	var seen string
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var c net.Conn
+		err = netnstest.DoNamed(ln.cl, func() (err error) {
+			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(a6, 0))}
+			c, err = d.Dial("tcp6", l.Addr().String())
+			return err
+		})
+		if err == nil {
+			seen, err = bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if strings.HasPrefix(seen, "[fd00:5::1]:") {
+				break
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.HasPrefix(seen, "[fd00:5::1]:") {
+		t.Fatalf("IPv6 through the tunnel: server saw %q (%v), want the relay's fd00:5::1", seen, err)
+	}
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out := netnstest.MustRun(t, "ip", "-n", ln.cl, "-6", "rule"); strings.Contains(out, "lookup 52000") {
+		t.Fatalf("client IPv6 rule left after Close:\n%s", out)
+	}
+}
