@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -189,7 +190,36 @@ type PointStat struct {
 	// Pairs: "a/b" -> a's mean over b's, for every two multipath
 	// procedures in list order.
 	Pairs map[string]CI
+	// VsRef: every other multipath procedure's mean over RefProcedure's
+	// (when both ran), whatever the list order: the issue's "not
+	// significantly below static at any point".
+	VsRef map[string]CI
 	Load  []float64
+}
+
+// RefProcedure is the policy every other one is compared with per point.
+const RefProcedure = "mptcp-static"
+
+// BelowRef is true when proc's interval over RefProcedure lies wholly
+// below 1: proc is significantly below static at that point.
+func BelowRef(c CI) bool { return c.OK && c.Hi < 1 }
+
+// AboveRef is true when the interval lies wholly above 1.
+func AboveRef(c CI) bool { return c.OK && c.Lo > 1 }
+
+// refOthers are the multipath procedures compared with RefProcedure; nil
+// when it is not among them.
+func refOthers(multi []string) []string {
+	if !slices.Contains(multi, RefProcedure) {
+		return nil
+	}
+	var out []string
+	for _, m := range multi {
+		if m != RefProcedure {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // pairedKinds sorts the paired procedures: single paths, multipath ones,
@@ -255,7 +285,7 @@ func (rep *Report) PointStats() []PointStat {
 		tr := trials[id]
 		rng := rand.New(rand.NewPCG(seedOf(id), 26))
 		st := PointStat{Point: id, BDP: pt.Class(d.LowBDP), Means: tr.means(tr.rounds()), N: n[id],
-			Ben: map[string]CI{}, Ratio: map[string]CI{}, Harmed: map[string]bool{}, Pairs: map[string]CI{}, Load: load[id]}
+			Ben: map[string]CI{}, Ratio: map[string]CI{}, Harmed: map[string]bool{}, Pairs: map[string]CI{}, VsRef: map[string]CI{}, Load: load[id]}
 		_, st.Best, _ = bestSingle(st.Means, singles)
 		for _, m := range multi {
 			st.Ben[m] = tr.bootstrap(benStat(m, singles), BootstrapResamples, rng)
@@ -275,6 +305,10 @@ func (rep *Report) PointStats() []PointStat {
 			st.OnePath = k
 			st.OneRatio = tr.bootstrap(pairStat(one, tcpPathPrefix+strconv.Itoa(k)), BootstrapResamples, rng)
 		}
+		// Last, so that the intervals above stay those of earlier reports.
+		for _, m := range refOthers(multi) {
+			st.VsRef[m] = tr.bootstrap(pairStat(m, RefProcedure), BootstrapResamples, rng)
+		}
 		out = append(out, st)
 	}
 	return out
@@ -282,6 +316,7 @@ func (rep *Report) PointStats() []PointStat {
 
 // Targets of the paired design (docs/design.md).
 const (
+	TargetPoints    = 60   // points measured (x 3 trials)
 	TargetHarmedMax = 0.05 // harmed points at most this share
 	TargetNearBest  = 0.90 // mean MPTCP >= 0.95 x best single at this share of points
 	TargetLowBenMed = 0.7  // median Ben of low-BDP points
@@ -348,6 +383,7 @@ func (rep *Report) paired(b *strings.Builder) {
 	b.WriteString("| procedure | points | harmed | mean >= 0.95 x best | MPTCP / best: geometric mean | median Ben | median Ben, low BDP (n) | median Ben, high BDP (n) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	type agg struct {
 		n, harmed, near int
+		harmedIDs       []string
 		ratios          []float64
 		ben, low, high  []float64
 	}
@@ -363,6 +399,7 @@ func (rep *Report) paired(b *strings.Builder) {
 			a.n++
 			if s.Harmed[m] {
 				a.harmed++
+				a.harmedIDs = append(a.harmedIDs, s.Point)
 			}
 			if r.Est >= HarmFactor {
 				a.near++
@@ -388,6 +425,10 @@ func (rep *Report) paired(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s (%d) | %s (%d) |\n", m, a.n, frac(a.harmed), frac(a.near),
 			num(geoMean(a.ratios), 3), num(quantile(a.ben, 0.5), 2), num(quantile(a.low, 0.5), 2), len(a.low), num(quantile(a.high, 0.5), 2), len(a.high))
+	}
+	b.WriteString("\n")
+	for _, m := range multi {
+		fmt.Fprintf(b, "Harmed points, %s: %s.\n", m, idList(aggs[m].harmedIDs))
 	}
 	b.WriteString("\n")
 	if one != "" {
@@ -429,9 +470,35 @@ func (rep *Report) paired(b *strings.Builder) {
 		}
 		b.WriteString("\n")
 	}
+	others := refOthers(multi)
+	below := map[string][]string{}
+	if len(others) > 0 {
+		fmt.Fprintf(b, "**Against %s, per point** (X / %s of the means with its 95 %% interval; below or above = the interval lies wholly below or above 1):\n\n"+
+			"| X | points | geometric mean | X below %s | X above %s |\n|---|---:|---:|---|---|\n", RefProcedure, RefProcedure, RefProcedure, RefProcedure)
+		for _, m := range others {
+			var r []float64
+			var above []string
+			for _, s := range stats {
+				c, ok := s.VsRef[m]
+				if !ok || math.IsNaN(c.Est) {
+					continue
+				}
+				r = append(r, c.Est)
+				if BelowRef(c) {
+					below[m] = append(below[m], s.Point+" "+ciText(c))
+				}
+				if AboveRef(c) {
+					above = append(above, s.Point+" "+ciText(c))
+				}
+			}
+			fmt.Fprintf(b, "| %s | %d | %s | %d: %s | %d: %s |\n", m, len(r), num(geoMean(r), 3), len(below[m]), idList(below[m]), len(above), idList(above))
+		}
+		b.WriteString("\n")
+	}
 	b.WriteString("### Targets\n\n| procedure | target | measured | points | verdict |\n|---|---|---:|---:|---|\n")
 	for _, m := range multi {
 		a := aggs[m]
+		fmt.Fprintf(b, "| %s | >= %d points x %d trials | %d | %d | %s |\n", m, TargetPoints, max(1, d.Trials), a.n, a.n, verdict(float64(a.n), TargetPoints, a.n))
 		hf, nf := math.NaN(), math.NaN()
 		if a.n > 0 {
 			hf, nf = float64(a.harmed)/float64(a.n), float64(a.near)/float64(a.n)
@@ -441,6 +508,17 @@ func (rep *Report) paired(b *strings.Builder) {
 		fmt.Fprintf(b, "| %s | mean >= 0.95 x best single path at >= %.0f %% of points | %s | %d | %s |\n", m, 100*TargetNearBest, pct(nf), a.n, verdict(nf, TargetNearBest, a.n))
 		med := quantile(a.low, 0.5)
 		fmt.Fprintf(b, "| %s | median Ben of low-BDP points >= %.1f | %s | %d | %s |\n", m, TargetLowBenMed, num(med, 2), len(a.low), verdict(med, TargetLowBenMed, len(a.low)))
+		if slices.Contains(others, m) {
+			k := len(below[m])
+			v := "not measured"
+			switch {
+			case a.n > 0 && k == 0:
+				v = "met"
+			case k > 0:
+				v = "missed"
+			}
+			fmt.Fprintf(b, "| %s | not significantly below %s at any point | %d | %d | %s |\n", m, RefProcedure, k, a.n, v)
+		}
 	}
 	b.WriteString("\n")
 	b.WriteString("### Per point\n\nPer path: capacity Mbit/s / RTT ms / loss % / buffer BDP; then each procedure's mean goodput " +
@@ -455,6 +533,9 @@ func (rep *Report) paired(b *strings.Builder) {
 	for _, m := range multi {
 		fmt.Fprintf(b, " %s | Ben %s | %s / best |", m, m, m)
 	}
+	for _, m := range others {
+		fmt.Fprintf(b, " %s / %s |", m, RefProcedure)
+	}
 	b.WriteString("\n|---|---|---|")
 	for range singles {
 		b.WriteString("---:|")
@@ -464,6 +545,9 @@ func (rep *Report) paired(b *strings.Builder) {
 	}
 	for range multi {
 		b.WriteString("---:|---:|---:|")
+	}
+	for range others {
+		b.WriteString("---:|")
 	}
 	b.WriteString("\n")
 	points := map[string]Point{}
@@ -505,7 +589,26 @@ func (rep *Report) paired(b *strings.Builder) {
 			}
 			fmt.Fprintf(b, " %s | %s | %s%s |", g(s, m), ciText(s.Ben[m]), ciText(s.Ratio[m]), h)
 		}
+		for _, m := range others {
+			c, ok := s.VsRef[m]
+			t := "-"
+			if ok {
+				t = ciText(c)
+				if BelowRef(c) {
+					t += " **below**"
+				}
+			}
+			fmt.Fprintf(b, " %s |", t)
+		}
 		b.WriteString("\n")
 	}
 	b.WriteString("\n")
+}
+
+// idList joins items with commas, "none" when there are none.
+func idList(items []string) string {
+	if len(items) == 0 {
+		return "none"
+	}
+	return strings.Join(items, ", ")
 }

@@ -318,3 +318,87 @@ func TestCandidatesOracleScenario(t *testing.T) {
 		t.Errorf("%d cells", n)
 	}
 }
+
+// TestAgainstStatic: every other policy is compared with static per point,
+// whatever the list order; a point where its interval lies wholly below 1
+// misses the target "not significantly below static at any point", and the
+// report names it and the harmed points.
+func TestAgainstStatic(t *testing.T) {
+	for _, procs := range []string{
+		"tcp-path1,tcp-path2,mptcp-static,mptcp-backup-first",
+		"tcp-path1,tcp-path2,mptcp-backup-first,mptcp-static",
+	} {
+		d, err := New(Spec{Space: DefaultSpace(2), Points: 3, Seed: 1, Trials: 3, Procedures: procs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		st, _, err := results.Open(filepath.Join(dir, "runs", PairedRun), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		// p001: backup-first below static in every round (and harmed);
+		// p002: above in every round; p003: the rounds overlap.
+		g := map[string]map[string][3]float64{
+			"p001": {"tcp-path1": {10, 10, 10}, "tcp-path2": {2, 2, 2}, "mptcp-static": {11, 12, 13}, "mptcp-backup-first": {6, 7, 8}},
+			"p002": {"tcp-path1": {4, 4, 4}, "tcp-path2": {4, 4, 4}, "mptcp-static": {4, 4.2, 4.4}, "mptcp-backup-first": {7, 7.5, 8}},
+			"p003": {"tcp-path1": {4, 4, 4}, "tcp-path2": {4, 4, 4}, "mptcp-static": {5, 6, 7}, "mptcp-backup-first": {7, 5, 6}},
+		}
+		i := 0
+		for _, pt := range []string{"p001", "p002", "p003"} {
+			for tr := 1; tr <= 3; tr++ {
+				for _, proc := range strings.Split(procs, ",") {
+					rec := results.Record{Scenario: pairedScenarioName, Configuration: pt, Cell: proc, Procedure: "x", Trial: tr, Status: results.OK,
+						GoodputMbps: g[pt][proc][tr-1], Start: t0.Add(time.Duration(i) * 12 * time.Second), LoadAvg: 1}
+					i++
+					if err := st.Append(rec); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		st.Close()
+		rep, err := WriteReport(dir, d, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps := rep.PointStats()
+		if len(ps) != 3 {
+			t.Fatalf("%s: %d point stats", procs, len(ps))
+		}
+		for k, want := range []struct{ below, above bool }{{true, false}, {false, true}, {false, false}} {
+			c, ok := ps[k].VsRef["mptcp-backup-first"]
+			if !ok || BelowRef(c) != want.below || AboveRef(c) != want.above {
+				t.Errorf("%s %s: backup-first / static %+v (ok %v), want below %v above %v", procs, ps[k].Point, c, ok, want.below, want.above)
+			}
+			if _, ok := ps[k].VsRef[RefProcedure]; ok {
+				t.Errorf("%s: static compared with itself", procs)
+			}
+		}
+		if c := ps[0].VsRef["mptcp-backup-first"]; math.Abs(c.Est-7.0/12) > 1e-9 {
+			t.Errorf("%s p001: estimate %v, want 7/12", procs, c.Est)
+		}
+		md, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+		for _, s := range []string{
+			"Harmed points, mptcp-backup-first: p001.",
+			"Harmed points, mptcp-static: none.",
+			"| mptcp-backup-first | 3 |",
+			"| 1: p001 0.58 [",
+			"| mptcp-backup-first | not significantly below mptcp-static at any point | 1 | 3 | missed |",
+			"| mptcp-static | >= 60 points x 3 trials | 3 | 3 | missed |",
+			"**below** |",
+		} {
+			if !strings.Contains(string(md), s) {
+				t.Errorf("%s: report lacks %q", procs, s)
+			}
+		}
+		if strings.Contains(string(md), "| mptcp-static | not significantly below") {
+			t.Errorf("%s: static has a target against itself", procs)
+		}
+	}
+	// Without static in the run there is nothing to compare with.
+	if o := refOthers([]string{"mptcp-adaptive", "mptcp-backup-first"}); o != nil {
+		t.Errorf("others without static: %v", o)
+	}
+}
