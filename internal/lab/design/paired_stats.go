@@ -194,7 +194,10 @@ type PointStat struct {
 	// (when both ran), whatever the list order: the issue's "not
 	// significantly below static at any point".
 	VsRef map[string]CI
-	Load  []float64
+	// RefRounds: per procedure of VsRef, the rounds in which both it and
+	// RefProcedure have an ok trial.
+	RefRounds map[string]int
+	Load      []float64
 }
 
 // RefProcedure is the policy every other one is compared with per point.
@@ -285,7 +288,7 @@ func (rep *Report) PointStats() []PointStat {
 		tr := trials[id]
 		rng := rand.New(rand.NewPCG(seedOf(id), 26))
 		st := PointStat{Point: id, BDP: pt.Class(d.LowBDP), Means: tr.means(tr.rounds()), N: n[id],
-			Ben: map[string]CI{}, Ratio: map[string]CI{}, Harmed: map[string]bool{}, Pairs: map[string]CI{}, VsRef: map[string]CI{}, Load: load[id]}
+			Ben: map[string]CI{}, Ratio: map[string]CI{}, Harmed: map[string]bool{}, Pairs: map[string]CI{}, VsRef: map[string]CI{}, RefRounds: map[string]int{}, Load: load[id]}
 		_, st.Best, _ = bestSingle(st.Means, singles)
 		for _, m := range multi {
 			st.Ben[m] = tr.bootstrap(benStat(m, singles), BootstrapResamples, rng)
@@ -308,6 +311,11 @@ func (rep *Report) PointStats() []PointStat {
 		// Last, so that the intervals above stay those of earlier reports.
 		for _, m := range refOthers(multi) {
 			st.VsRef[m] = tr.bootstrap(pairStat(m, RefProcedure), BootstrapResamples, rng)
+			for r := range tr[m] {
+				if _, ok := tr[RefProcedure][r]; ok {
+					st.RefRounds[m]++
+				}
+			}
 		}
 		out = append(out, st)
 	}
@@ -474,16 +482,19 @@ func (rep *Report) paired(b *strings.Builder) {
 	below := map[string][]string{}
 	if len(others) > 0 {
 		fmt.Fprintf(b, "**Against %s, per point** (X / %s of the means with its 95 %% interval; below or above = the interval lies wholly below or above 1):\n\n"+
-			"| X | points | geometric mean | X below %s | X above %s |\n|---|---:|---:|---|---|\n", RefProcedure, RefProcedure, RefProcedure, RefProcedure)
+			"| X | points | geometric mean [95 %% interval over points] | X below %s | X above %s | expected by chance, each way | sign test (below vs above) |\n|---|---:|---:|---|---|---:|---:|\n",
+			RefProcedure, RefProcedure, RefProcedure, RefProcedure)
 		for _, m := range others {
 			var r []float64
 			var above []string
+			chance := 0.0
 			for _, s := range stats {
 				c, ok := s.VsRef[m]
 				if !ok || math.IsNaN(c.Est) {
 					continue
 				}
 				r = append(r, c.Est)
+				chance += ChanceOneWay(s.RefRounds[m])
 				if BelowRef(c) {
 					below[m] = append(below[m], s.Point+" "+ciText(c))
 				}
@@ -491,9 +502,16 @@ func (rep *Report) paired(b *strings.Builder) {
 					above = append(above, s.Point+" "+ciText(c))
 				}
 			}
-			fmt.Fprintf(b, "| %s | %d | %s | %d: %s | %d: %s |\n", m, len(r), num(geoMean(r), 3), len(below[m]), idList(below[m]), len(above), idList(above))
+			gm := geoMeanCI(r, BootstrapResamples, rand.New(rand.NewPCG(seedOf(m), 26)))
+			fmt.Fprintf(b, "| %s | %d | %s | %d: %s | %d: %s | %s | p = %s |\n", m, len(r), ciText3(gm), len(below[m]), idList(below[m]),
+				len(above), idList(above), num(chance, 1), num(SignTest(len(below[m]), len(above)), 3))
 		}
-		b.WriteString("\n")
+		fmt.Fprintf(b, "\nWith k <= 3 rounds a point's interval lies wholly below 1 only when X is below %s in every round "+
+			"(a resample of one round repeated has probability k^-k >= 1/27 > 2.5 %%), so for two procedures that do not differ "+
+			"it happens at a point with probability 2^-k (1 in 8 for 3 rounds): the column \"expected by chance\" sums that over the "+
+			"points (an upper bound for more rounds). A single \"below\" point is therefore weak evidence; the counts below and above, "+
+			"compared with each other (two-sided sign test) and with chance, and the geometric mean's interval (bootstrap over points) "+
+			"say more.\n\n", RefProcedure)
 	}
 	b.WriteString("### Targets\n\n| procedure | target | measured | points | verdict |\n|---|---|---:|---:|---|\n")
 	for _, m := range multi {
@@ -611,4 +629,68 @@ func idList(items []string) string {
 		return "none"
 	}
 	return strings.Join(items, ", ")
+}
+
+// ChanceOneWay is the probability that a point's interval of X / ref lies
+// wholly below 1 (or wholly above) when X and ref do not differ and the k
+// rounds are exchangeable: with k <= 3 the percentile interval excludes 1
+// only when X is below in every round (2^-k); with more rounds it is at
+// most that. 0 for no rounds.
+func ChanceOneWay(k int) float64 {
+	if k <= 0 {
+		return 0
+	}
+	return math.Pow(2, -float64(k))
+}
+
+// SignTest is the two-sided binomial (p = 1/2) probability of a split at
+// least as uneven as below:above; NaN when both are 0.
+func SignTest(below, above int) float64 {
+	n := below + above
+	if n == 0 {
+		return math.NaN()
+	}
+	k := min(below, above)
+	var p float64
+	for i := 0; i <= k; i++ {
+		p += math.Exp(lchoose(n, i) - float64(n)*math.Ln2)
+	}
+	return math.Min(1, 2*p)
+}
+
+func lchoose(n, k int) float64 {
+	a, _ := math.Lgamma(float64(n + 1))
+	b, _ := math.Lgamma(float64(k + 1))
+	c, _ := math.Lgamma(float64(n - k + 1))
+	return a - b - c
+}
+
+// geoMeanCI is the geometric mean of v with a bootstrap percentile
+// interval over resamples of v's elements.
+func geoMeanCI(v []float64, b int, rng *rand.Rand) CI {
+	est := geoMean(v)
+	if len(v) == 0 || math.IsNaN(est) {
+		return CI{Est: est, Lo: math.NaN(), Hi: math.NaN()}
+	}
+	vs := make([]float64, 0, b)
+	pick := make([]float64, len(v))
+	for range b {
+		for i := range pick {
+			pick[i] = v[rng.IntN(len(v))]
+		}
+		vs = append(vs, geoMean(pick))
+	}
+	sort.Float64s(vs)
+	return CI{Est: est, Lo: quantile(vs, 0.025), Hi: quantile(vs, 0.975), OK: true}
+}
+
+// ciText3 is ciText with three decimals.
+func ciText3(c CI) string {
+	if math.IsNaN(c.Est) {
+		return "-"
+	}
+	if !c.OK {
+		return fmt.Sprintf("%.3f", c.Est)
+	}
+	return fmt.Sprintf("%.3f [%.3f, %.3f]", c.Est, c.Lo, c.Hi)
 }

@@ -383,7 +383,7 @@ func TestAgainstStatic(t *testing.T) {
 		for _, s := range []string{
 			"Harmed points, mptcp-backup-first: p001.",
 			"Harmed points, mptcp-static: none.",
-			"| mptcp-backup-first | 3 |",
+			"| mptcp-backup-first | 3 | ", "| 0.4 | p = 1.000 |", "expected by chance",
 			"| 1: p001 0.58 [",
 			"| mptcp-backup-first | not significantly below mptcp-static at any point | 1 | 3 | missed |",
 			"| mptcp-static | >= 60 points x 3 trials | 3 | 3 | missed |",
@@ -400,5 +400,47 @@ func TestAgainstStatic(t *testing.T) {
 	// Without static in the run there is nothing to compare with.
 	if o := refOthers([]string{"mptcp-adaptive", "mptcp-backup-first"}); o != nil {
 		t.Errorf("others without static: %v", o)
+	}
+}
+
+// TestChanceAndSignTest: the chance rate of a one-sided "below" with k
+// rounds, checked against the bootstrap itself, and the sign test.
+func TestChanceAndSignTest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	// 3 rounds: below exactly when X is below the reference in every round.
+	for _, c := range []struct {
+		x     [3]float64
+		below bool
+	}{
+		{[3]float64{9, 9.5, 9.9}, true},
+		{[3]float64{5, 5, 10.1}, false}, // one round above: its repeat (1/27) is above
+		{[3]float64{10.1, 10.1, 10.1}, false},
+	} {
+		tr := pointTrials{"ref": {1: 10, 2: 10, 3: 10}, "x": {1: c.x[0], 2: c.x[1], 3: c.x[2]}}
+		if got := BelowRef(tr.bootstrap(pairStat("x", "ref"), 2000, rng)); got != c.below {
+			t.Errorf("%v: below %v, want %v", c.x, got, c.below)
+		}
+	}
+	if ChanceOneWay(3) != 0.125 || ChanceOneWay(0) != 0 || ChanceOneWay(1) != 0.5 {
+		t.Errorf("chance %v %v %v", ChanceOneWay(3), ChanceOneWay(0), ChanceOneWay(1))
+	}
+	for _, c := range []struct {
+		below, above int
+		p            float64
+	}{
+		{0, 0, math.NaN()},
+		{1, 1, 1},
+		{0, 5, 2.0 / 32},
+		{5, 0, 2.0 / 32},
+		{2, 8, 2 * (1.0 + 10 + 45) / 1024},
+	} {
+		got := SignTest(c.below, c.above)
+		if math.IsNaN(c.p) != math.IsNaN(got) || (!math.IsNaN(c.p) && math.Abs(got-c.p) > 1e-12) {
+			t.Errorf("sign test %d:%d = %v, want %v", c.below, c.above, got, c.p)
+		}
+	}
+	g := geoMeanCI([]float64{0.5, 2, 1}, 500, rng)
+	if math.Abs(g.Est-1) > 1e-12 || !g.OK || g.Lo > g.Est || g.Hi < g.Est || g.Lo < 0.5 || g.Hi > 2 {
+		t.Errorf("geometric mean %+v", g)
 	}
 }
