@@ -439,6 +439,22 @@ func (rep *Report) paired(b *strings.Builder) {
 		fmt.Fprintf(b, "Harmed points, %s: %s.\n", m, idList(aggs[m].harmedIDs))
 	}
 	b.WriteString("\n")
+	few, okTrials := map[string][]string{}, map[string]int{}
+	for _, r := range rep.Rows {
+		if r.Status == results.OK {
+			okTrials[r.Procedure]++
+			if strings.HasPrefix(r.Reason, FewSubflowsNote) {
+				few[r.Procedure] = append(few[r.Procedure], fmt.Sprintf("%s/%d", r.Point, r.Trial))
+			}
+		}
+	}
+	for _, m := range multi {
+		if len(few[m]) > 0 {
+			fmt.Fprintf(b, "%s: %d of its %d ok trials ended with fewer subflows than it opened (it closes detours that harm; "+
+				"kept as its measurements, not failures): %s.\n", m, len(few[m]), okTrials[m], strings.Join(few[m], ", "))
+		}
+	}
+	b.WriteString("\n")
 	if one != "" {
 		var r []float64
 		below := 0

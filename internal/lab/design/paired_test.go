@@ -1,6 +1,8 @@
 package design
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
@@ -442,5 +445,29 @@ func TestChanceAndSignTest(t *testing.T) {
 	g := geoMeanCI([]float64{0.5, 2, 1}, 500, rng)
 	if math.Abs(g.Est-1) > 1e-12 || !g.OK || g.Lo > g.Est || g.Hi < g.Est || g.Lo < 0.5 || g.Hi > 2 {
 		t.Errorf("geometric mean %+v", g)
+	}
+}
+
+// TestKeepFewSubflows: a measuring policy's trial that ended with fewer
+// subflows is its measurement; static's, the default's, or one where a
+// daemon died as well, is a failure.
+func TestKeepFewSubflows(t *testing.T) {
+	few := &bench.FewSubflowsError{Got: 1, Want: 2}
+	died := fmt.Errorf("%w; %w", few, errors.New("agent exited"))
+	for _, c := range []struct {
+		policy string
+		err    error
+		keep   bool
+	}{
+		{"backup-first", few, true},
+		{"adaptive", few, true},
+		{"static", few, false},
+		{"", few, false},
+		{"backup-first", died, false},
+		{"backup-first", errors.New("the connection fell back to plain TCP"), false},
+	} {
+		if got := keepFewSubflows(Proc{Name: "x", Policy: c.policy}, c.err); got != c.keep {
+			t.Errorf("%q, %v: keep %v, want %v", c.policy, c.err, got, c.keep)
+		}
 	}
 }
