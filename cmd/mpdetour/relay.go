@@ -115,7 +115,11 @@ func relayStatus(args []string) error {
 		}
 		return st.Now.Sub(t).Round(time.Second).String() + " ago"
 	}
-	fmt.Printf("relay %s (pid %d), up %s, ports %s, %d mappings\n", st.Listen, st.PID,
+	listen := st.Listen
+	if st.Listen6 != "" {
+		listen += " and " + st.Listen6
+	}
+	fmt.Printf("relay %s (pid %d), up %s, ports %s, %d mappings\n", listen, st.PID,
 		st.Now.Sub(st.Started).Round(time.Second), st.Ports, st.Mappings)
 	if !st.CounterOK {
 		fmt.Println("  (byte counters could not be read from the kernel: bytes show 0)")

@@ -192,8 +192,11 @@ type EncapGrant struct {
 // WireGuard key is its control-protocol static key (the member key).
 type TunnelGrant struct {
 	ClientPrefix netip.Prefix // the client's tunnel address and prefix length
-	Endpoint     netip.AddrPort
-	PublicKey    Key // the relay's WireGuard public key
+	// ClientPrefix6 is the client's IPv6 tunnel address and prefix length
+	// (invalid: none; sent only to a TunnelRequest with IPv6).
+	ClientPrefix6 netip.Prefix
+	Endpoint      netip.AddrPort
+	PublicKey     Key // the relay's WireGuard public key
 }
 
 func malformed(op Op, format string, args ...any) error {

@@ -196,12 +196,23 @@ func (r *ReleaseReply) parse(b []byte) error {
 	return nil
 }
 
-// TunnelRequest asks for a tunnel address (tunnel detours). Body: empty.
-type TunnelRequest struct{ empty }
+// TunnelRequest asks for a tunnel address (tunnel detours). Body: empty
+// (an IPv4 tunnel address, what every version asks), or flags:u8 with
+// TunnelWantIPv6 (an IPv6 tunnel address too, where the relay has one;
+// relays before it answer malformed, so a client retries without).
+type TunnelRequest struct {
+	IPv6 bool
+}
+
+// TunnelWantIPv6 is the TunnelRequest flag asking for an IPv6 tunnel
+// address beside the IPv4 one. Other bits are refused (malformed).
+const TunnelWantIPv6 uint8 = 1
 
 // TunnelReply is the tunnel (see TunnelGrant) and its lease. Body:
 // prefix_addr prefix_len:u8 endpoint_addr endpoint_port:u16 pubkey[32]
-// lease_s:u32.
+// lease_s:u32, then, only in answer to a request with TunnelWantIPv6 and
+// only when the relay has an IPv6 tunnel subnet, prefix6_addr (family 6)
+// prefix6_len:u8.
 type TunnelReply struct {
 	Tunnel TunnelGrant
 	Lease  time.Duration
@@ -209,8 +220,25 @@ type TunnelReply struct {
 
 func (*TunnelRequest) Op() Op   { return OpTunnel }
 func (*TunnelRequest) request() {}
-func (*TunnelReply) Op() Op     { return OpTunnel }
-func (*TunnelReply) reply()     {}
+func (r *TunnelRequest) appendTo(b []byte) ([]byte, error) {
+	if r.IPv6 {
+		return append(b, TunnelWantIPv6), nil
+	}
+	return b, nil
+}
+func (r *TunnelRequest) parse(b []byte) error {
+	switch {
+	case len(b) == 0:
+		r.IPv6 = false
+	case len(b) == 1 && b[0] == TunnelWantIPv6:
+		r.IPv6 = true
+	default:
+		return fmt.Errorf("tunnel request flags % x: want none or %d", b, TunnelWantIPv6)
+	}
+	return nil
+}
+func (*TunnelReply) Op() Op { return OpTunnel }
+func (*TunnelReply) reply() {}
 func (r *TunnelReply) appendTo(b []byte) ([]byte, error) {
 	t := r.Tunnel
 	if !t.ClientPrefix.IsValid() || !t.Endpoint.IsValid() {
@@ -221,7 +249,15 @@ func (r *TunnelReply) appendTo(b []byte) ([]byte, error) {
 	b = appendAddr(b, t.Endpoint.Addr())
 	b = binary.BigEndian.AppendUint16(b, t.Endpoint.Port())
 	b = append(b, t.PublicKey[:]...)
-	return binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease)), nil
+	b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
+	if p := t.ClientPrefix6; p.IsValid() {
+		if !p.Addr().Is6() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			return nil, fmt.Errorf("tunnel reply: IPv6 client prefix %v is not IPv6", p)
+		}
+		b = appendAddr(b, p.Addr())
+		b = append(b, byte(p.Bits()))
+	}
+	return b, nil
 }
 func (r *TunnelReply) parse(b []byte) error {
 	addr, rest, err := parseAddr(b)
@@ -240,12 +276,23 @@ func (r *TunnelReply) parse(b []byte) error {
 	if err != nil {
 		return fmt.Errorf("endpoint: %w", err)
 	}
-	if len(rest) != 2+KeyLen+4 {
-		return fmt.Errorf("want %d bytes after the endpoint, got %d", 2+KeyLen+4, len(rest))
+	if len(rest) != 2+KeyLen+4 && len(rest) != 2+KeyLen+4+18 {
+		return fmt.Errorf("want %d (or %d, with an IPv6 prefix) bytes after the endpoint, got %d", 2+KeyLen+4, 2+KeyLen+4+18, len(rest))
 	}
 	r.Tunnel.Endpoint = netip.AddrPortFrom(ep, binary.BigEndian.Uint16(rest))
 	copy(r.Tunnel.PublicKey[:], rest[2:])
 	r.Lease = time.Duration(binary.BigEndian.Uint32(rest[2+KeyLen:])) * time.Second
+	if rest = rest[2+KeyLen+4:]; len(rest) > 0 {
+		a6, tail, err := parseAddr(rest)
+		if err != nil || !a6.Is6() || len(tail) != 1 {
+			return fmt.Errorf("IPv6 prefix: want family 6, 16 bytes and a length (%v)", err)
+		}
+		p, err := a6.Prefix(int(tail[0]))
+		if err != nil || p.Bits() != int(tail[0]) {
+			return fmt.Errorf("bad IPv6 prefix length %d for %v", tail[0], a6)
+		}
+		r.Tunnel.ClientPrefix6 = netip.PrefixFrom(a6, int(tail[0]))
+	}
 	return nil
 }
 

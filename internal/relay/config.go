@@ -23,7 +23,10 @@ type Config struct {
 // reload with other values is applied only at the next start (the relay
 // says so in its log).
 type Static struct {
-	Listen        netip.AddrPort
+	Listen netip.AddrPort
+	// Listen6 is the IPv6 control address (invalid: no control over IPv6,
+	// hence no IPv6 NAT detours).
+	Listen6       netip.AddrPort
 	StateFile     string
 	MetricsListen string
 	MetricsToken  string // metrics.token_file's token ("" = none)
@@ -48,12 +51,13 @@ type Reloadable struct {
 	PrivateKey proto.Key
 	// PreviousKey (zero: none) is a replaced key whose handshakes are still
 	// answered (key rotation, docs/relay.md).
-	PreviousKey   proto.Key
-	DetourAddress netip.Addr // zero = the request's destination address
-	PortLo        uint16
-	PortHi        uint16
-	Lease         time.Duration
-	Members       map[proto.Key]string // public key -> name
+	PreviousKey    proto.Key
+	DetourAddress  netip.Addr // zero = the request's destination address
+	DetourAddress6 netip.Addr // IPv6 sessions' detour address; zero = the request's destination address
+	PortLo         uint16
+	PortHi         uint16
+	Lease          time.Duration
+	Members        map[proto.Key]string // public key -> name
 
 	Allow     []netip.Prefix
 	Deny      []netip.Prefix
@@ -88,8 +92,11 @@ type Reloadable struct {
 
 // ConvertConfig are the validated `convert:` section.
 type ConvertConfig struct {
-	Enabled      bool
-	Listen       netip.AddrPort
+	Enabled bool
+	Listen  netip.AddrPort
+	// Listen6 is the converter's IPv6 address (invalid: none; members
+	// whose session is over IPv6 are then refused tickets).
+	Listen6      netip.AddrPort
 	MaxConns     int
 	StallTimeout time.Duration
 }

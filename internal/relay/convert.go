@@ -140,6 +140,7 @@ type converter struct {
 	tickets *ticketStore
 	pol     atomic.Pointer[destination.Policy]
 	port    uint16
+	port6   uint16 // 0: no IPv6 listener
 }
 
 // convertDone is a finished conversion, handed to the event loop for the
@@ -169,6 +170,14 @@ func (s *Server) startConverter(ctx context.Context) error {
 		}
 	}
 	c := &converter{ln: ln, tickets: newTicketStore(), port: set.Listen.Port()}
+	if set.Listen6.IsValid() {
+		ln6, _, err := convert.Listen(ctx, "tcp6", set.Listen6.String(), 0)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("convert.listen6 %v: %w", set.Listen6, err)
+		}
+		c.ln, c.port6 = newBothListener(ln, ln6), set.Listen6.Port()
+	}
 	c.srv = &convert.Server{
 		Authorize: func(ticket []byte, from netip.AddrPort) (string, any, error) {
 			member, key, err := c.tickets.take(ticket, from, time.Now())
@@ -240,13 +249,22 @@ func (s *Server) serveConvert(ses *session, req *proto.ConvertRequest) answer {
 	if s.conv == nil {
 		return refused(proto.ReasonUnsupported)
 	}
+	// A ticket is valid from the session's address only, so the member
+	// reaches the converter over the session's family.
+	port := s.conv.port
+	if ses.addr.Addr().Is6() {
+		if port = s.conv.port6; port == 0 {
+			s.log.Info("converter tickets refused: the session is over IPv6 and convert.listen6 is not set", "member", ses.name)
+			return refused(proto.ReasonUnsupported)
+		}
+	}
 	now := s.now()
 	lease := s.set.Lease
 	tickets, err := s.conv.tickets.issue(ses.peer, ses.name, ses.addr.Addr(), int(req.Count), now.Add(lease), now)
 	if err != nil {
 		return failed(err, proto.ReasonInternal)
 	}
-	return success(&proto.ConvertReply{Converter: netip.AddrPortFrom(s.detourAddr(ses), s.conv.port), Tickets: tickets, Lease: lease})
+	return success(&proto.ConvertReply{Converter: netip.AddrPortFrom(s.detourAddr(ses), port), Tickets: tickets, Lease: lease})
 }
 
 // logConversion writes a finished conversion to the attribution log.

@@ -102,7 +102,7 @@ func (s *Server) serveRelease(ses *session, req *proto.ReleaseRequest) answer {
 	return success(rep)
 }
 
-func (s *Server) serveTunnel(ses *session, _ *proto.TunnelRequest) answer {
+func (s *Server) serveTunnel(ses *session, req *proto.TunnelRequest) answer {
 	if s.tunnels == nil {
 		return refused(proto.ReasonUnsupported)
 	}
@@ -110,6 +110,10 @@ func (s *Server) serveTunnel(ses *session, _ *proto.TunnelRequest) answer {
 	if err != nil {
 		s.log.Warn("tunnel allocation", "member", ses.name, "err", err)
 		return failed(err, proto.ReasonInternal)
+	}
+	if !req.IPv6 {
+		// Clients that did not ask parse only the IPv4 shape.
+		g.ClientPrefix6 = netip.Prefix{}
 	}
 	return success(&proto.TunnelReply{Tunnel: g, Lease: lease})
 }

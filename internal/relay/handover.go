@@ -101,7 +101,7 @@ func (s *Server) adoptHandover(now time.Time) {
 	skipped := 0
 	for _, h := range hs {
 		name, member := s.set.Members[h.Owner]
-		ok := h.Expires.After(now) && h.Client.Is4() && h.Port >= s.set.PortLo && h.Port <= s.set.PortHi &&
+		ok := h.Expires.After(now) && h.Client.IsValid() && !h.Client.Is4In6() && h.Client.Is4() == h.Server.Addr().Is4() && h.Port >= s.set.PortLo && h.Port <= s.set.PortHi &&
 			(member || h.Owner.IsZero() && s.io.legacy != nil)
 		k := dataplane.Key{Client: h.Client, Port: h.Port}
 		if !ok || s.leases.Taken(k) || s.pol.Check(h.Server) != nil {

@@ -123,15 +123,18 @@ func newKeys(t testing.TB) keys {
 
 func writeConfig(t testing.TB, path string, k keys, extra string) {
 	t.Helper()
+	allow := "allow_destinations: [10.0.2.0/24]\n"
+	if strings.Contains(extra, "allow_destinations:") {
+		allow = "" // extra has its own
+	}
 	cfg := fmt.Sprintf(`listen: %s:%d
 private_key: %s
 ports: 40000-40999
 members:
   - name: alice
     public_key: %s
-allow_destinations: [10.0.2.0/24]
-attribution_log: %s
-%s`, fxRelay, DefaultPort, k.relay, k.member.Public(), filepath.Join(filepath.Dir(path), "attribution.jsonl"), extra)
+%sattribution_log: %s
+%s`, fxRelay, DefaultPort, k.relay, k.member.Public(), allow, filepath.Join(filepath.Dir(path), "attribution.jsonl"), extra)
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -171,10 +174,16 @@ func dialRelay(t *testing.T, ns string, k keys, priv proto.Key) *relayconn.Conn 
 	return c
 }
 
-// elements counts the mappings in the relay's DNAT map.
+// elements counts the mappings in the relay's IPv4 DNAT map.
 func elements(t testing.TB, ns string) int {
 	t.Helper()
-	out, err := nftList(t, ns, "-j", "list", "map", "ip", TableName, dataplane.DNATMapName)
+	return elementsOf(t, ns, "ip")
+}
+
+// elementsOf counts the mappings in the DNAT map of family fam (ip, ip6).
+func elementsOf(t testing.TB, ns, fam string) int {
+	t.Helper()
+	out, err := nftList(t, ns, "-j", "list", "map", fam, TableName, dataplane.DNATMapName)
 	if err != nil {
 		t.Fatalf("nft list map: %v\n%s", err, out)
 	}

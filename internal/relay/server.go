@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 
 	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -100,6 +101,8 @@ type Server struct {
 type sockets struct {
 	pc     *ipv4.PacketConn
 	conn   *net.UDPConn
+	pc6    *ipv6.PacketConn // nil: no IPv6 control socket
+	conn6  *net.UDPConn
 	legacy *net.UDPConn  // nil: no legacy v1
 	status *StatusSocket // the namespace lock; answers relay status (nil: none)
 }
@@ -152,6 +155,10 @@ type Deps struct {
 	// PacketConn is the control socket (UDP, IPv4), bound to the listen
 	// address.
 	PacketConn *net.UDPConn
+	// PacketConn6 is the IPv6 control socket (UDP, IPv6 only), bound to
+	// listen6 (nil: no control over IPv6, and so no IPv6 NAT detours: a
+	// grant's client is the session's source address).
+	PacketConn6 *net.UDPConn
 	// Legacy is the legacy v1 socket (nil: legacy_v1 off).
 	Legacy *net.UDPConn
 	// Status is the network namespace's relay lock (Lock), which also
@@ -202,6 +209,12 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 	}
 	if err := s.io.pc.SetControlMessage(ipv4.FlagDst, true); err != nil {
 		return nil, fmt.Errorf("IP_PKTINFO: %w", err)
+	}
+	if d.PacketConn6 != nil {
+		s.io.conn6, s.io.pc6 = d.PacketConn6, ipv6.NewPacketConn(d.PacketConn6)
+		if err := s.io.pc6.SetControlMessage(ipv6.FlagDst, true); err != nil {
+			return nil, fmt.Errorf("IPV6_RECVPKTINFO: %w", err)
+		}
 	}
 	if static.StateFile != "" {
 		if err := s.trust.OpenReplay(static.StateFile); err != nil {
@@ -255,9 +268,20 @@ func New(static Static, set *Reloadable, d Deps) (*Server, error) {
 // Addr is the control socket's address (useful with port 0).
 func (s *Server) Addr() netip.AddrPort { return s.io.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
 
+// Addr6 is the IPv6 control socket's address (invalid: none).
+func (s *Server) Addr6() netip.AddrPort {
+	if s.io.conn6 == nil {
+		return netip.AddrPort{}
+	}
+	return s.io.conn6.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
 func (s *Server) closeAll() {
 	if s.io.conn != nil {
 		s.io.conn.Close()
+	}
+	if s.io.conn6 != nil {
+		s.io.conn6.Close()
 	}
 	if s.conv != nil {
 		s.conv.ln.Close() // Serve closes it too; closing twice is harmless
@@ -313,7 +337,10 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		})
 	}
-	go s.readV2(rctx, s.static.Listen)
+	go s.readV2(rctx, s.io.read(false))
+	if s.io.pc6 != nil {
+		go s.readV2(rctx, s.io.read(true))
+	}
 	s.started = s.now()
 	if s.io.status != nil {
 		go s.serveStatus(rctx)
@@ -520,7 +547,7 @@ const (
 // queuing them, so a spoofed flood costs one MAC and one small reply per
 // datagram and never reaches the handshake budget. It returns false when
 // the packet must not be queued.
-func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) bool {
+func (s *Server) screenInit(p *packet, ld *loadState) bool {
 	now := time.Now()
 	id := s.trust.Keys().Match(p.data)
 	if id == nil {
@@ -547,7 +574,7 @@ func (s *Server) screenInit(p *packet, ld *loadState, listen netip.AddrPort) boo
 		return false
 	}
 	s.met.cookies.Inc()
-	sendFrom(s.io.pc, listen, reply, p.from, p.dst, s.log)
+	s.send(reply, p.from, p.dst)
 	return false
 }
 
@@ -558,13 +585,39 @@ type loadState struct {
 	until       time.Time
 }
 
-// readV2 reads control datagrams; listen is the configured address (fixed
-// for the server's life: a reload keeps it).
-func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
+// readFunc reads one control datagram: its length, the local address it
+// arrived at (invalid: unknown) and its source.
+type readFunc func(buf []byte) (int, netip.Addr, net.Addr, error)
+
+// read returns the readFunc of the IPv4 (v6 false) or IPv6 control socket.
+func (io *sockets) read(v6 bool) readFunc {
+	return func(buf []byte) (int, netip.Addr, net.Addr, error) {
+		var n int
+		var dst net.IP
+		var from net.Addr
+		var err error
+		if v6 {
+			var cm *ipv6.ControlMessage
+			if n, cm, from, err = io.pc6.ReadFrom(buf); cm != nil {
+				dst = cm.Dst
+			}
+		} else {
+			var cm *ipv4.ControlMessage
+			if n, cm, from, err = io.pc.ReadFrom(buf); cm != nil {
+				dst = cm.Dst
+			}
+		}
+		a, _ := netip.AddrFromSlice(dst)
+		return n, a.Unmap(), from, err
+	}
+}
+
+// readV2 reads control datagrams from one control socket (sockets.read).
+func (s *Server) readV2(ctx context.Context, read readFunc) {
 	var ld loadState
 	for {
 		buf := make([]byte, 2048)
-		n, cm, from, err := s.io.pc.ReadFrom(buf)
+		n, dst, from, err := read(buf)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -576,14 +629,11 @@ func (s *Server) readV2(ctx context.Context, listen netip.AddrPort) {
 		if !ok {
 			continue
 		}
-		p := packet{data: buf[:n], from: ua.AddrPort(), at: time.Now()}
-		if cm != nil {
-			p.dst, _ = netip.AddrFromSlice(cm.Dst.To4())
-		}
+		p := packet{data: buf[:n], from: ua.AddrPort(), dst: dst, at: time.Now()}
 		p.from = netip.AddrPortFrom(p.from.Addr().Unmap(), p.from.Port())
 		// Another version's initiation goes on to handle, which answers
 		// bad-version (mac1 would only say "wrong length").
-		if n > 1 && buf[0] == proto.TypeInit && buf[1] == proto.Version && !s.screenInit(&p, &ld, listen) {
+		if n > 1 && buf[0] == proto.TypeInit && buf[1] == proto.Version && !s.screenInit(&p, &ld) {
 			continue
 		}
 		select {
@@ -613,8 +663,23 @@ func (s *Server) readLegacy(ctx context.Context) {
 	}
 }
 
+// send sends b to to from the control socket of to's family, with source
+// address src when that socket listens on the wildcard address.
 func (s *Server) send(b []byte, to netip.AddrPort, src netip.Addr) {
-	sendFrom(s.io.pc, s.static.Listen, b, to, src, s.log)
+	if to.Addr().Is4() {
+		sendFrom(s.io.pc, s.static.Listen, b, to, src, s.log)
+		return
+	}
+	if s.io.pc6 == nil {
+		return // unreachable: IPv6 peers come only through the IPv6 socket
+	}
+	var cm *ipv6.ControlMessage
+	if l := s.static.Listen6.Addr(); src.IsValid() && (!l.IsValid() || l.IsUnspecified()) {
+		cm = &ipv6.ControlMessage{Src: src.AsSlice()}
+	}
+	if _, err := s.io.pc6.WriteTo(b, cm, net.UDPAddrFromAddrPort(to)); err != nil {
+		s.log.Debug("send", "to", to, "err", err)
+	}
 }
 
 // sendFrom sends b to to; when the relay listens on the wildcard address
@@ -860,22 +925,36 @@ func (s *Server) serveRequest(ses *session, req proto.Request) (rep proto.Reply,
 }
 
 // detourAddr is the address clients connect to for this session: the
-// configured one, else the address its requests arrive at.
+// configured one of the session's family (detour_address,
+// detour_address6), else the address its requests arrive at.
 func (s *Server) detourAddr(ses *session) netip.Addr {
-	if s.set.DetourAddress.IsValid() {
-		return s.set.DetourAddress
+	conf, listen := s.set.DetourAddress, s.static.Listen.Addr()
+	if ses.addr.Addr().Is6() {
+		conf, listen = s.set.DetourAddress6, s.static.Listen6.Addr()
+	}
+	if conf.IsValid() {
+		return conf
 	}
 	if ses.local.IsValid() {
 		return ses.local
 	}
-	return s.static.Listen.Addr()
+	return listen
 }
 
 // grant applies policy, quotas and port choice, then installs the mapping.
 func (s *Server) grant(o lease.Owner, client netip.Addr, server netip.AddrPort, proposed uint16, life time.Duration, quota int) (*lease.Mapping, proto.Reason) {
 	legacy := o == lease.LegacyOwner
 	now := s.now()
-	if !client.Is4() {
+	if !client.IsValid() || client.Is4In6() || client.Zone() != "" {
+		return nil, proto.ReasonPolicyDenied
+	}
+	if client.Is4() != server.Addr().Is4() {
+		// Conntrack NAT cannot translate between families: an IPv6 server
+		// needs a session over IPv6 (listen6), an IPv4 one a session over
+		// IPv4. Policy-denied is what older relays answered, and agents
+		// take it per server.
+		s.log.Info("destination refused", "member", o.Name, "client", client, "server", server,
+			"why", "the session's address family differs from the server's (NAT cannot translate IPv4 to IPv6): open the session over the server's family")
 		return nil, proto.ReasonPolicyDenied
 	}
 	if err := s.pol.Check(server); err != nil {
@@ -1109,7 +1188,7 @@ func (s *Server) applyReload(c *Config) {
 // warnRestartOnly logs what a reload asked for that applies only at the
 // next start.
 func (s *Server) warnRestartOnly(st *Static) {
-	if st.Listen != s.static.Listen || st.Legacy != s.static.Legacy || st.LegacyListen != s.static.LegacyListen || st.FastPath != s.static.FastPath {
+	if st.Listen != s.static.Listen || st.Listen6 != s.static.Listen6 || st.Legacy != s.static.Legacy || st.LegacyListen != s.static.LegacyListen || st.FastPath != s.static.FastPath {
 		s.log.Warn("reload: listen address, legacy_v1 and fast_path change only on restart")
 	}
 	if st.StateFile != s.static.StateFile || st.MetricsListen != s.static.MetricsListen {

@@ -24,6 +24,7 @@ import (
 type Status struct {
 	PID      int            `json:"pid"`
 	Listen   string         `json:"listen"`
+	Listen6  string         `json:"listen6,omitempty"` // the IPv6 control address ("": none)
 	Started  time.Time      `json:"started"`
 	Now      time.Time      `json:"now"`
 	Ports    string         `json:"ports"`
@@ -152,6 +153,9 @@ func (s *Server) status() *Status {
 	now := s.now()
 	st := &Status{PID: os.Getpid(), Listen: s.Addr().String(), Started: s.started, Now: now,
 		Ports: fmt.Sprintf("%d-%d", s.set.PortLo, s.set.PortHi), Mappings: s.leases.Active()}
+	if a := s.Addr6(); a.IsValid() {
+		st.Listen6 = a.String()
+	}
 	cnt, err := s.liveCounters()
 	st.CounterOK = err == nil
 	byName := map[string]*MemberStatus{}

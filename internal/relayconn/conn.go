@@ -842,6 +842,18 @@ func (c *Conn) Tunnel(ctx context.Context) (proto.TunnelGrant, time.Duration, er
 	return r.Tunnel, r.Lease, nil
 }
 
+// TunnelIPv6 is Tunnel asking for an IPv6 tunnel address as well
+// (TunnelGrant.ClientPrefix6; invalid when the relay has no IPv6 tunnel
+// subnet). A relay older than the request's flag answers malformed: ask
+// with Tunnel then.
+func (c *Conn) TunnelIPv6(ctx context.Context) (proto.TunnelGrant, time.Duration, error) {
+	r, err := call[*proto.TunnelReply](ctx, c, &proto.TunnelRequest{IPv6: true})
+	if err != nil {
+		return proto.TunnelGrant{}, 0, err
+	}
+	return r.Tunnel, r.Lease, nil
+}
+
 // Encap asks the relay for an unencrypted VXLAN tunnel (or renews it: the
 // lease restarts). The grant names the member address the relay accepts
 // encapsulated packets from; see docs/tunnel.md.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/destination"
 	"github.com/mpdetour/mpdetour/internal/metricsrv"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relay"
@@ -24,7 +25,8 @@ import (
 
 // File is the relay's configuration file (YAML, documented in docs/relay.md).
 type File struct {
-	Listen         string `yaml:"listen"`           // UDP address of the control protocol
+	Listen         string `yaml:"listen"`           // UDP address of the control protocol (IPv4)
+	Listen6        string `yaml:"listen6"`          // IPv6 UDP address of the control protocol; empty = none (no IPv6 detours)
 	PrivateKey     string `yaml:"private_key"`      // base64; or:
 	PrivateKeyFile string `yaml:"private_key_file"` // file holding the base64 key
 	// Key rotation: the key replaced, still accepted for handshakes
@@ -32,8 +34,9 @@ type File struct {
 	// is removed from the configuration.
 	PreviousPrivateKey     string          `yaml:"previous_private_key"`
 	PreviousPrivateKeyFile string          `yaml:"previous_private_key_file"`
-	DetourAddress          string          `yaml:"detour_address"` // address clients connect to; default: where the request arrived
-	Ports                  string          `yaml:"ports"`          // detour port range "lo-hi"
+	DetourAddress          string          `yaml:"detour_address"`  // address clients connect to; default: where the request arrived
+	DetourAddress6         string          `yaml:"detour_address6"` // the same for sessions over IPv6
+	Ports                  string          `yaml:"ports"`           // detour port range "lo-hi"
 	Lease                  config.Duration `yaml:"lease"`
 	Members                []Member        `yaml:"members"`
 
@@ -81,6 +84,7 @@ type File struct {
 	Convert struct {
 		Enabled      bool            `yaml:"enabled"`
 		Listen       string          `yaml:"listen"`        // TCP address; default 0.0.0.0:45674
+		Listen6      string          `yaml:"listen6"`       // IPv6 TCP address; default none (sessions over IPv6 get no tickets)
 		MaxConns     int             `yaml:"max_conns"`     // conversions at once; default 1024
 		StallTimeout config.Duration `yaml:"stall_timeout"` // end a conversion whose peer stops reading; default 2m, 0s = never
 	} `yaml:"convert"`
@@ -233,7 +237,16 @@ func build(c *File) (*relay.Config, error) {
 		return nil, fmt.Errorf("listen: %q is not address:port: %w", listen, err)
 	}
 	if !s.Listen.Addr().Unmap().Is4() {
-		return nil, fmt.Errorf("listen: %v: only IPv4 is supported (the NAT data plane is IPv4)", s.Listen)
+		return nil, fmt.Errorf("listen: %v: listen is the IPv4 control address; put an IPv6 one in listen6", s.Listen)
+	}
+	s.Listen = netip.AddrPortFrom(s.Listen.Addr().Unmap(), s.Listen.Port())
+	if c.Listen6 != "" {
+		if s.Listen6, err = netip.ParseAddrPort(c.Listen6); err != nil {
+			return nil, fmt.Errorf("listen6: %q is not [address]:port: %w", c.Listen6, err)
+		}
+		if a := s.Listen6.Addr(); !a.Is6() || a.Is4In6() || a.Zone() != "" || a.IsMulticast() {
+			return nil, fmt.Errorf("listen6: %v is not an IPv6 unicast address without zone (e.g. [::]:%d)", s.Listen6, relay.DefaultPort)
+		}
 	}
 	switch {
 	case c.PrivateKey != "" && c.PrivateKeyFile != "":
@@ -268,8 +281,18 @@ func build(c *File) (*relay.Config, error) {
 	}
 	if c.DetourAddress != "" {
 		if s.DetourAddress, err = netip.ParseAddr(c.DetourAddress); err != nil || !s.DetourAddress.Is4() {
-			return nil, fmt.Errorf("detour_address: %q is not an IPv4 address", c.DetourAddress)
+			return nil, fmt.Errorf("detour_address: %q is not an IPv4 address (an IPv6 one goes in detour_address6)", c.DetourAddress)
 		}
+	}
+	if c.DetourAddress6 != "" {
+		a, err := netip.ParseAddr(c.DetourAddress6)
+		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
+			return nil, fmt.Errorf("detour_address6: %q is not an IPv6 unicast address without zone", c.DetourAddress6)
+		}
+		if s.Listen6 == (netip.AddrPort{}) {
+			return nil, errors.New("detour_address6: needs listen6 (IPv6 detours are granted to sessions over IPv6)")
+		}
+		s.DetourAddress6 = a
 	}
 	if c.Ports != "" {
 		lo, hi, ok := strings.Cut(c.Ports, "-")
@@ -350,14 +373,14 @@ func build(c *File) (*relay.Config, error) {
 		s.Members[pk] = m.Name
 	}
 	for i, p := range c.AllowDestinations {
-		pf, err := parsePrefix(p)
+		pf, err := destination.ParsePrefix(p)
 		if err != nil {
 			return nil, fmt.Errorf("allow_destinations[%d]: %w", i, err)
 		}
 		s.Allow = append(s.Allow, pf)
 	}
 	for i, p := range c.DenyDestinations {
-		pf, err := parsePrefix(p)
+		pf, err := destination.ParsePrefix(p)
 		if err != nil {
 			return nil, fmt.Errorf("deny_destinations[%d]: %w", i, err)
 		}
@@ -393,7 +416,7 @@ func build(c *File) (*relay.Config, error) {
 			ll = "0.0.0.0:" + strconv.Itoa(proto.LegacyPort)
 		}
 		if s.LegacyListen, err = netip.ParseAddrPort(ll); err != nil || !s.LegacyListen.Addr().Is4() {
-			return nil, fmt.Errorf("legacy_v1.listen: %q is not an IPv4 address:port", ll)
+			return nil, fmt.Errorf("legacy_v1.listen: %q is not an IPv4 address:port (legacy v1 carries only IPv4)", ll)
 		}
 		if c.LegacyV1.Lease != 0 {
 			s.LegacyLease = time.Duration(c.LegacyV1.Lease)
@@ -415,7 +438,16 @@ func build(c *File) (*relay.Config, error) {
 			l = "0.0.0.0:" + strconv.Itoa(relay.DefaultConvertPort)
 		}
 		if s.Convert.Listen, err = netip.ParseAddrPort(l); err != nil || !s.Convert.Listen.Addr().Is4() || s.Convert.Listen.Port() == 0 {
-			return nil, fmt.Errorf("convert.listen: %q is not an IPv4 address:port", l)
+			return nil, fmt.Errorf("convert.listen: %q is not an IPv4 address:port (an IPv6 one goes in convert.listen6)", l)
+		}
+		if cv.Listen6 != "" {
+			if s.Convert.Listen6, err = netip.ParseAddrPort(cv.Listen6); err != nil || !s.Convert.Listen6.Addr().Is6() ||
+				s.Convert.Listen6.Addr().Is4In6() || s.Convert.Listen6.Addr().Zone() != "" || s.Convert.Listen6.Port() == 0 {
+				return nil, fmt.Errorf("convert.listen6: %q is not an IPv6 [address]:port without zone", cv.Listen6)
+			}
+			if !s.Listen6.IsValid() {
+				return nil, errors.New("convert.listen6: needs listen6 (tickets are issued to sessions over IPv6)")
+			}
 		}
 		if cv.MaxConns < 0 {
 			return nil, errors.New("convert.max_conns: must be positive")
@@ -508,8 +540,11 @@ func buildGossip(c *File, s *relay.Config) (*relay.GossipConfig, error) {
 	}
 	for i, a := range gc.Announce {
 		ap, err := netip.ParseAddrPort(a)
-		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || !ap.Addr().Unmap().Is4() {
-			return nil, fmt.Errorf("collective.gossip.announce[%d]: %q is not a specific IPv4 address:port", i, a)
+		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || ap.Addr().IsMulticast() || ap.Addr().Zone() != "" || ap.Addr().Is4In6() {
+			return nil, fmt.Errorf("collective.gossip.announce[%d]: %q is not a specific address:port (IPv4, or IPv6 without zone)", i, a)
+		}
+		if ap.Addr().Is6() && !s.Listen6.IsValid() {
+			return nil, fmt.Errorf("collective.gossip.announce[%d]: %v is IPv6 but listen6 is not set (members would find no control socket there)", i, ap)
 		}
 		g.Announce = append(g.Announce, ap)
 	}
@@ -517,13 +552,24 @@ func buildGossip(c *File, s *relay.Config) (*relay.GossipConfig, error) {
 		return nil, fmt.Errorf("collective.gossip.announce: %d addresses, at most %d", len(g.Announce), roster.MaxAddrs)
 	}
 	if len(g.Announce) == 0 {
+		// Default: the control addresses of both families that are
+		// specific, else the advertise address of that family.
+		adv := g.Advertise.Addr().Unmap()
 		switch {
 		case !s.Listen.Addr().IsUnspecified():
-			g.Announce = []netip.AddrPort{s.Listen}
-		case g.Advertise.Addr().Unmap().Is4():
-			g.Announce = []netip.AddrPort{netip.AddrPortFrom(g.Advertise.Addr().Unmap(), s.Listen.Port())}
-		default:
-			return nil, errors.New("collective.gossip.announce: required: listen is unspecified and advertise is not IPv4")
+			g.Announce = append(g.Announce, s.Listen)
+		case adv.Is4():
+			g.Announce = append(g.Announce, netip.AddrPortFrom(adv, s.Listen.Port()))
+		}
+		switch {
+		case !s.Listen6.IsValid():
+		case !s.Listen6.Addr().IsUnspecified():
+			g.Announce = append(g.Announce, s.Listen6)
+		case adv.Is6():
+			g.Announce = append(g.Announce, netip.AddrPortFrom(adv, s.Listen6.Port()))
+		}
+		if len(g.Announce) == 0 {
+			return nil, errors.New("collective.gossip.announce: required: listen (and listen6) are unspecified and advertise is not of their family")
 		}
 	}
 	if err := roster.ValidRegion(gc.Region); err != nil {
@@ -596,18 +642,4 @@ func buildFair(c *FairShareFile, stateFile string) (relay.FairConfig, error) {
 		}
 	}
 	return f, nil
-}
-
-func parsePrefix(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		if p.Masked() != p {
-			return p, fmt.Errorf("%q has host bits set (did you mean %v?)", s, p.Masked())
-		}
-		return p, nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%q is neither a prefix nor an address", s)
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }

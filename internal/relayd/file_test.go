@@ -1,6 +1,7 @@
 package relayd
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,22 +37,36 @@ func TestParseConfig(t *testing.T) {
 		t.Fatalf("convert defaults: %+v %v", s.Convert, err)
 	}
 	bad := map[string]string{
-		"":                           "empty",
-		"private_key: x\n":           "private_key",
-		good + "ports: 9-1\n":        "ports",
-		good + "lease: forever\n":    "duration",
-		good + "lease: 1s\n":         "lease",
-		good + "listen: nowhere\n":   "listen",
-		good + "listen: '[::1]:1'\n": "IPv4",
-		good + "allow_destinations: [10.0.0.1/8]\n":                                "host bits",
-		good + "unknown_field: 1\n":                                                "unknown_field",
-		"private_key: " + priv.String() + "\n":                                     "members",
-		good + "  - {name: a, public_key: " + testKey(t).Public().String() + "}\n": "duplicate",
-		good + "  - {name: b, public_key: " + member.String() + "}\n":              "same key",
-		good + "metrics: {listen: x}\n":                                            "metrics.listen",
-		good + "convert: {enabled: true, listen: nowhere}\n":                       "convert.listen",
-		good + "convert: {enabled: true, max_conns: -1}\n":                         "convert.max_conns",
-		good + "fast_path: sometimes\n":                                            "fast_path",
+		"":                                                      "empty",
+		"private_key: x\n":                                      "private_key",
+		good + "ports: 9-1\n":                                   "ports",
+		good + "lease: forever\n":                               "duration",
+		good + "lease: 1s\n":                                    "lease",
+		good + "listen: nowhere\n":                              "listen",
+		good + "listen: '[::1]:1'\n":                            "listen6",
+		good + "listen6: '10.0.0.1:1'\n":                        "listen6",
+		good + "listen6: '[::ffff:10.0.0.1]:1'\n":               "listen6",
+		good + "listen6: '[fe80::1%eth0]:1'\n":                  "zone",
+		good + "listen6: nowhere\n":                             "listen6",
+		good + "detour_address6: 2001:db8::5\n":                 "needs listen6",
+		good + "listen6: '[::]:1'\ndetour_address6: 10.0.0.1\n": "detour_address6",
+		good + "listen6: '[::]:1'\ndetour_address6: '::ffff:10.0.0.1'\n":              "detour_address6",
+		good + "detour_address: 2001:db8::5\n":                                        "detour_address6",
+		good + "allow_destinations: ['::ffff:10.0.0.0/104']\n":                        "IPv4-mapped",
+		good + "allow_destinations: ['::ffff:10.0.0.1']\n":                            "IPv4-mapped",
+		good + "deny_destinations: ['fe80::1%eth0']\n":                                "zone",
+		good + "convert: {enabled: true, listen6: '[::]:45674'}\n":                    "needs listen6",
+		good + "listen6: '[::]:1'\nconvert: {enabled: true, listen6: '10.0.0.1:1'}\n": "convert.listen6",
+		good + "convert: {enabled: true, listen: '[::]:45674'}\n":                     "convert.listen6",
+		good + "allow_destinations: [10.0.0.1/8]\n":                                   "host bits",
+		good + "unknown_field: 1\n":                                                   "unknown_field",
+		"private_key: " + priv.String() + "\n":                                        "members",
+		good + "  - {name: a, public_key: " + testKey(t).Public().String() + "}\n":    "duplicate",
+		good + "  - {name: b, public_key: " + member.String() + "}\n":                 "same key",
+		good + "metrics: {listen: x}\n":                                               "metrics.listen",
+		good + "convert: {enabled: true, listen: nowhere}\n":                          "convert.listen",
+		good + "convert: {enabled: true, max_conns: -1}\n":                            "convert.max_conns",
+		good + "fast_path: sometimes\n":                                               "fast_path",
 	}
 	for cfg, want := range bad {
 		_, err := ParseConfig([]byte(cfg))
@@ -157,7 +172,23 @@ func TestParseGossipConfig(t *testing.T) {
 	if s.Gossip.Bind.Port() != roster.DefaultPort || s.Gossip.Announce[0].String() != "10.0.0.1:45673" {
 		t.Fatalf("gossip defaults: %+v", s.Gossip)
 	}
+	// Gossip over IPv6, and both control addresses announced by default.
+	head6 := "private_key: " + priv.String() + "\nlisten: 10.0.0.1:45673\nlisten6: '[2001:db8::1]:45673'\ncollective:\n  authority: " + auth.Public().String() + "\n"
+	s, err = ParseConfig([]byte(head6 + "  certificate_file: " + cert + "\n  gossip: {bind: '[2001:db8::1]:7946', join: ['[2001:db8::2]:7946'], secret_file: " + secret + "}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Gossip.Bind.String() != "[2001:db8::1]:7946" || len(s.Gossip.Announce) != 2 || s.Gossip.Announce[0] != s.Listen || s.Gossip.Announce[1] != s.Listen6 {
+		t.Fatalf("gossip over IPv6: bind %v announce %v", s.Gossip.Bind, s.Gossip.Announce)
+	}
+	s, err = ParseConfig([]byte(head6 + "  certificate_file: " + cert + "\n  gossip: {announce: ['[2001:db8::9]:45673', 192.0.2.9:45673], bind: 10.0.0.1:7946, secret_file: " + secret + "}\n"))
+	if err != nil || len(s.Gossip.Announce) != 2 || s.Gossip.Announce[0].String() != "[2001:db8::9]:45673" {
+		t.Fatalf("announce of both families: %+v %v", s.Gossip, err)
+	}
 	bad := map[string]string{
+		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, announce: ['[2001:db8::9]:1']}\n":                                        "listen6 is not set",
+		head6 + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, announce: ['[fe80::1%eth0]:1']}\n":                                      "collective.gossip.announce[0]",
+		head6 + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946, announce: ['[::ffff:10.0.0.1]:1']}\n":                                   "collective.gossip.announce[0]",
 		head + "  certificate_file: " + cert + "\n  gossip: {bind: 10.0.0.1:7946}\n":                                                                       "collective.gossip.secret_file: required",
 		head + "  gossip: {bind: 10.0.0.1:7946}\n":                                                                                                         "collective.certificate_file: required",
 		head + "  certificate_file: " + clientOnly + "\n  gossip: {bind: 10.0.0.1:7946}\n":                                                                 "role not granted",
@@ -234,6 +265,7 @@ func FuzzRelayParseConfig(f *testing.F) {
 	f.Add([]byte("listen: 0.0.0.0:45673\nprivate_key: qEXS+hHDGLa3JUTbhhAoKZfn801wYM7dNt+pqnuC4XA=\nmembers:\n  - {name: a, public_key: mN2TeWHHug6AVNfO1hbb4+4npFJSyQH6lJZp/9ysN3s=}\n"))
 	f.Add([]byte("members: []\nlegacy_v1: {enabled: true}\nprivate_key: qEXS+hHDGLa3JUTbhhAoKZfn801wYM7dNt+pqnuC4XA=\nports: 1-2\nlease: 2s\n"))
 	f.Add([]byte("tunnel: {subnet: 100.80.0.0/16}\nquota: {per_member: -1}\n"))
+	f.Add([]byte("listen6: '[::]:45673'\ndetour_address6: 2001:db8::5\nprivate_key: qEXS+hHDGLa3JUTbhhAoKZfn801wYM7dNt+pqnuC4XA=\nmembers:\n  - {name: a, public_key: mN2TeWHHug6AVNfO1hbb4+4npFJSyQH6lJZp/9ysN3s=}\nallow_destinations: ['fd00::/8', '::ffff:10.0.0.1', 'fe80::1%eth0']\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := ParseConfig(b)
 		if err != nil {
@@ -241,6 +273,14 @@ func FuzzRelayParseConfig(f *testing.F) {
 		}
 		if s.PortLo == 0 || s.PortLo > s.PortHi || s.Lease <= 0 || (len(s.Members) == 0 && !s.Legacy) {
 			t.Fatalf("accepted an inconsistent config: %+v", s)
+		}
+		if !s.Listen.Addr().Is4() || s.Listen6.IsValid() && !s.Listen6.Addr().Is6() || s.DetourAddress6.IsValid() && !s.Listen6.IsValid() {
+			t.Fatalf("accepted listen %v, listen6 %v, detour_address6 %v", s.Listen, s.Listen6, s.DetourAddress6)
+		}
+		for _, p := range append(append([]netip.Prefix(nil), s.Allow...), s.Deny...) {
+			if p.Addr().Zone() != "" || p.Addr().Is4In6() {
+				t.Fatalf("accepted destination prefix %v", p)
+			}
 		}
 	})
 }
@@ -251,4 +291,23 @@ func testKey(t *testing.T) proto.Key {
 		t.Fatal(err)
 	}
 	return k
+}
+
+func TestParseConfigIPv6(t *testing.T) {
+	priv, member := testKey(t), testKey(t).Public()
+	cfg := "private_key: " + priv.String() + "\nmembers:\n  - {name: a, public_key: " + member.String() + "}\n" +
+		"listen6: '[::]:45673'\ndetour_address6: 2001:db8:1::5\nallow_destinations: ['fd00:2::/64', 2001:db8:77::1]\ndeny_destinations: ['2a00:dead::/32']\n"
+	s, err := ParseConfig([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Listen6 != netip.MustParseAddrPort("[::]:45673") || s.DetourAddress6 != netip.MustParseAddr("2001:db8:1::5") ||
+		len(s.Allow) != 2 || s.Allow[1] != netip.MustParsePrefix("2001:db8:77::1/128") || s.Deny[0] != netip.MustParsePrefix("2a00:dead::/32") {
+		t.Fatalf("parsed: listen6 %v detour_address6 %v allow %v deny %v", s.Listen6, s.DetourAddress6, s.Allow, s.Deny)
+	}
+	// Without listen6 there is no IPv6 control socket (the default).
+	s, err = ParseConfig([]byte("private_key: " + priv.String() + "\nmembers:\n  - {name: a, public_key: " + member.String() + "}\n"))
+	if err != nil || s.Listen6.IsValid() {
+		t.Fatalf("default listen6 %v (%v), want none", s.Listen6, err)
+	}
 }

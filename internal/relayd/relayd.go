@@ -41,6 +41,11 @@ func Run(ctx context.Context, path string, log *slog.Logger, tunnels relay.Tunne
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err == nil && strings.TrimSpace(string(b)) != "1" {
 		log.Warn("net.ipv4.ip_forward is off in this namespace: mappings will not forward")
 	}
+	if cfg.Listen6.IsValid() {
+		if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/forwarding"); err == nil && strings.TrimSpace(string(b)) != "1" {
+			log.Warn("net.ipv6.conf.all.forwarding is off in this namespace: IPv6 mappings will not forward")
+		}
+	}
 	srv, err := Start(cfg, log, tunnels)
 	if err != nil {
 		return err
@@ -96,6 +101,13 @@ func Start(cfg *relay.Config, log *slog.Logger, tunnels relay.TunnelFactory) (_ 
 		return nil, fmt.Errorf("listen %v: %w", cfg.Listen, err)
 	}
 	closers = append(closers, func() { d.PacketConn.Close() })
+	if cfg.Listen6.IsValid() {
+		// "udp6": an IPv6-only socket (IPV6_V6ONLY), beside the IPv4 one.
+		if d.PacketConn6, err = net.ListenUDP("udp6", net.UDPAddrFromAddrPort(cfg.Listen6)); err != nil {
+			return nil, fmt.Errorf("listen6 %v: %w", cfg.Listen6, err)
+		}
+		closers = append(closers, func() { d.PacketConn6.Close() })
+	}
 	if cfg.Legacy {
 		if d.Legacy, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(cfg.LegacyListen)); err != nil {
 			return nil, fmt.Errorf("legacy v1 listen %v: %w", cfg.LegacyListen, err)

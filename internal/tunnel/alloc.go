@@ -54,6 +54,37 @@ func checkSubnet(p netip.Prefix) error {
 // gateway is the relay's own address in the subnet (first host).
 func gateway(p netip.Prefix) netip.Addr { return p.Masked().Addr().Next() }
 
+// CheckSubnet6 checks the optional IPv6 tunnel subnet p6 beside the IPv4
+// subnet p4 (configuration parsers call it to name the field): an IPv6 prefix with
+// room for every host offset of the IPv4 subnet (a client's IPv6 address
+// is the IPv6 subnet plus its IPv4 address's offset, so it needs no
+// allocation or state of its own).
+func CheckSubnet6(p6, p4 netip.Prefix) error {
+	if !p6.IsValid() {
+		return nil
+	}
+	a := p6.Addr()
+	if !a.Is6() || a.Is4In6() || a.Zone() != "" || a.IsMulticast() || a.IsLinkLocalUnicast() || a.IsLoopback() {
+		return fmt.Errorf("tunnel subnet6 %s: not an IPv6 unicast prefix", p6)
+	}
+	if p6.Masked() != p6 {
+		return fmt.Errorf("tunnel subnet6 %s has host bits set (did you mean %v?)", p6, p6.Masked())
+	}
+	if p6.Bits() < 8 || 128-p6.Bits() < 32-p4.Bits() {
+		return fmt.Errorf("tunnel subnet6 %s: needs at least %d host bits (as many as subnet %s) and a prefix of /8 or longer", p6, 32-p4.Bits(), p4)
+	}
+	return nil
+}
+
+// addr6 maps a client's (or the gateway's) IPv4 tunnel address to its
+// IPv6 one: the same host offset in p6.
+func addr6(p4, p6 netip.Prefix, a4 netip.Addr) netip.Addr {
+	off := binary.BigEndian.Uint32(a4.AsSlice()) - binary.BigEndian.Uint32(p4.Masked().Addr().AsSlice())
+	b := p6.Masked().Addr().As16()
+	binary.BigEndian.PutUint32(b[12:], binary.BigEndian.Uint32(b[12:])+off)
+	return netip.AddrFrom16(b)
+}
+
 // hostAt returns network address + off.
 func hostAt(p netip.Prefix, off uint32) netip.Addr {
 	b := p.Masked().Addr().As4()

@@ -47,6 +47,9 @@ type Allocation struct {
 	Endpoint netip.AddrPort // relay WireGuard endpoint
 	RelayKey wgtypes.Key    // relay WireGuard public key
 	MTU      int            // 0 = DefaultMTU
+	// Address6 is the IPv6 tunnel address (relay's subnet6 prefix length;
+	// zero when the relay grants none): client6.go.
+	Address6 netip.Prefix
 }
 
 // Validate checks an allocation received from the network.
@@ -64,7 +67,7 @@ func (a Allocation) Validate() error {
 	case a.MTU != 0 && (a.MTU < 576 || a.MTU > 9000):
 		return fmt.Errorf("tunnel allocation: MTU %d out of range 576-9000", a.MTU)
 	}
-	return nil
+	return validate6(a.Address6)
 }
 
 // ClientConfig configures one tunnel to one relay.
@@ -234,11 +237,12 @@ func (c *Client) apply(a, old Allocation) error {
 	}); err != nil {
 		return fmt.Errorf("default route in table %d: %w", c.table, err)
 	}
+	a = c.setup6(link, a, old)
 	// Peer last: packets only flow once address and routing are in place.
 	if err := c.dev.Configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{{
 		PublicKey: a.RelayKey, Endpoint: net.UDPAddrFromAddrPort(a.Endpoint),
 		PersistentKeepaliveInterval: &keepalive, ReplaceAllowedIPs: true,
-		AllowedIPs: []net.IPNet{{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}},
+		AllowedIPs: allowedIPs(a),
 	}}}); err != nil {
 		return err
 	}
@@ -251,7 +255,10 @@ func (c *Client) apply(a, old Allocation) error {
 func (c *Client) rule(a netip.Addr) *netlink.Rule {
 	r := netlink.NewRule()
 	r.Family = unix.AF_INET
-	r.Src = prefixNet(netip.PrefixFrom(a, 32))
+	if a.Is6() {
+		r.Family = unix.AF_INET6 // client6.go
+	}
+	r.Src = prefixNet(netip.PrefixFrom(a, a.BitLen()))
 	r.Table = c.table
 	r.Priority = RulePriority
 	return r
@@ -344,7 +351,13 @@ func (c *Client) Prepare(netip.AddrPort) {}
 // with the tunnel address as the subflow's source. Nothing while the
 // watchdog is re-establishing a dead tunnel.
 func (c *Client) Detours(server netip.AddrPort) []detour.Detour {
-	if !server.Addr().Unmap().Is4() || c.dead.Load() {
+	if c.dead.Load() {
+		return nil
+	}
+	if !server.Addr().Unmap().Is4() {
+		if l6 := c.Address6(); l6.IsValid() && server.Addr().Is6() {
+			return []detour.Detour{{Kind: detour.Tunnel, Relay: c.cfg.Relay, Local: l6, Remote: server}}
+		}
 		return nil
 	}
 	return []detour.Detour{{
@@ -458,26 +471,7 @@ func (c *Client) teardown() error {
 // removeClientState deletes the rules pointing at table, the table's routes
 // and the interface.
 func removeClientState(nl *netlink.Handle, iface string, table int) error {
-	var errs []error
-	rules, err := nl.RuleList(netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("list rules: %w", err)
-	}
-	for i := range rules {
-		if rules[i].Table == table {
-			if err := nl.RuleDel(&rules[i]); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("delete rule to table %d: %w", table, err))
-			}
-		}
-	}
-	routes, err := nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
-	if err == nil {
-		for i := range routes {
-			if err := nl.RouteDel(&routes[i]); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("delete route in table %d: %w", table, err))
-			}
-		}
-	}
+	errs := []error{removeTableState(nl, netlink.FAMILY_V4, table), removeTableState(nl, netlink.FAMILY_V6, table)}
 	if l, err := nl.LinkByName(iface); err == nil {
 		if err := nl.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, fmt.Errorf("delete %s: %w", iface, err))
@@ -510,6 +504,9 @@ func CleanupClients(spec string) error {
 		if r.Table >= TableBase && r.Table < TableBase+MaxClients {
 			tables[r.Table] = true
 		}
+	}
+	if err := clientTables6(nl, tables); err != nil {
+		return err
 	}
 	links, err := nl.LinkList()
 	if err != nil {

@@ -26,10 +26,18 @@ func (s *Server) Refused() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
-	rules, err := nc.GetRules(t, &nftables.Chain{Name: "destinations", Table: t})
-	if err != nil {
-		return 0, fmt.Errorf("nftables: reading the tunnel's destination rules: %w", err)
+	fams := []nftables.TableFamily{nftables.TableFamilyIPv4}
+	if s.cfg.Subnet6.IsValid() {
+		fams = append(fams, nftables.TableFamilyIPv6)
+	}
+	var rules []*nftables.Rule
+	for _, fam := range fams {
+		t := &nftables.Table{Family: fam, Name: TableName}
+		rs, err := nc.GetRules(t, &nftables.Chain{Name: "destinations", Table: t})
+		if err != nil {
+			return 0, fmt.Errorf("nftables: reading the tunnel's destination rules: %w", err)
+		}
+		rules = append(rules, rs...)
 	}
 	var n uint64
 	for _, r := range rules {

@@ -35,7 +35,13 @@ type ServerConfig struct {
 	// Subnet is the relay's private tunnel subnet (IPv4, /8../30). The
 	// relay takes its first host; clients get the others. It must not
 	// overlap any address or route already in the namespace.
-	Subnet     netip.Prefix
+	Subnet netip.Prefix
+	// Subnet6 is the optional IPv6 tunnel subnet (invalid: IPv4 only): a
+	// client's IPv6 tunnel address is Subnet6 plus its IPv4 address's
+	// host offset, the relay's is the first host. It needs IPv6 enabled in
+	// the namespace; the server turns IPv6 forwarding on (which makes the
+	// kernel ignore router advertisements, as a router does).
+	Subnet6    netip.Prefix
 	ListenPort int
 	// PrivateKey is the relay's static key (the control protocol's
 	// identity: Curve25519 keys serve both).
@@ -78,6 +84,9 @@ func (c *ServerConfig) check() error {
 		return err
 	}
 	if err := checkSubnet(c.Subnet); err != nil {
+		return err
+	}
+	if err := CheckSubnet6(c.Subnet6, c.Subnet); err != nil {
 		return err
 	}
 	if c.ListenPort < 1 || c.ListenPort > 65535 {
@@ -132,6 +141,11 @@ func NewServer(cfg ServerConfig) (_ *Server, err error) {
 	if err = checkOverlap(s.nl, cfg.Subnet); err != nil {
 		return nil, err
 	}
+	if cfg.Subnet6.IsValid() {
+		if err = checkOverlap(s.nl, cfg.Subnet6); err != nil {
+			return nil, err
+		}
+	}
 	if s.alloc, err = newAllocator(cfg.Subnet, cfg.PrivateKey.PublicKey()); err != nil {
 		return nil, err
 	}
@@ -142,7 +156,7 @@ func NewServer(cfg ServerConfig) (_ *Server, err error) {
 	wc := wgtypes.Config{PrivateKey: &cfg.PrivateKey, ListenPort: &cfg.ListenPort, ReplacePeers: true}
 	if cfg.RestorePeers {
 		for k, ad := range s.alloc.byKey {
-			wc.Peers = append(wc.Peers, serverPeer(k, ad))
+			wc.Peers = append(wc.Peers, s.peer(k, ad))
 		}
 	}
 	if err = s.dev.Configure(wc); err != nil {
@@ -156,17 +170,28 @@ func NewServer(cfg ServerConfig) (_ *Server, err error) {
 	if err = s.nl.AddrAdd(link, &netlink.Addr{IPNet: prefixNet(gw)}); err != nil {
 		return nil, fmt.Errorf("address %s on %s: %w", gw, cfg.Iface, err)
 	}
+	if cfg.Subnet6.IsValid() {
+		gw6 := netip.PrefixFrom(addr6(cfg.Subnet, cfg.Subnet6, gateway(cfg.Subnet)), cfg.Subnet6.Bits())
+		if err = s.nl.AddrAdd(link, &netlink.Addr{IPNet: prefixNet(gw6), Flags: unix.IFA_F_NODAD}); err != nil {
+			return nil, fmt.Errorf("address %s on %s (is IPv6 disabled in this namespace? net.ipv6.conf.default.disable_ipv6): %w", gw6, cfg.Iface, err)
+		}
+	}
 	if err = s.nl.LinkSetUp(link); err != nil {
 		return nil, fmt.Errorf("set %s up: %w", cfg.Iface, err)
 	}
 	if err = s.ns.do(enableForwarding); err != nil {
 		return nil, err
 	}
+	if cfg.Subnet6.IsValid() {
+		if err = s.ns.do(enableForwarding6); err != nil {
+			return nil, err
+		}
+	}
 	nc, err := s.ns.nft()
 	if err != nil {
 		return nil, err
 	}
-	if err = installTable(nc, cfg.Iface, cfg.Subnet, cfg.MTU, cfg.Destinations); err != nil {
+	if err = installTable(nc, cfg.Iface, cfg.Subnet, cfg.Subnet6, cfg.MTU, cfg.Destinations); err != nil {
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(context.Background())
@@ -175,7 +200,7 @@ func NewServer(cfg ServerConfig) (_ *Server, err error) {
 		defer close(s.watchDone)
 		watchRefused(wctx, s.Refused, RefusedLogEvery, s.log)
 	}()
-	s.log.Info("tunnel server up", "backend", s.dev.Backend(), "subnet", cfg.Subnet,
+	s.log.Info("tunnel server up", "backend", s.dev.Backend(), "subnet", cfg.Subnet, "subnet6", cfg.Subnet6,
 		"port", cfg.ListenPort, "peers", len(wc.Peers), "reserved", len(s.alloc.byKey), "mtu", cfg.MTU)
 	return s, nil
 }
@@ -184,23 +209,49 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-func serverPeer(k wgtypes.Key, ad netip.Addr) wgtypes.PeerConfig {
-	return wgtypes.PeerConfig{
+// peer is a client's WireGuard peer: its IPv4 tunnel address and, with an
+// IPv6 subnet, its IPv6 one.
+func (s *Server) peer(k wgtypes.Key, ad netip.Addr) wgtypes.PeerConfig {
+	p := wgtypes.PeerConfig{
 		PublicKey: k, ReplaceAllowedIPs: true,
 		AllowedIPs: []net.IPNet{*prefixNet(netip.PrefixFrom(ad, 32))},
 	}
+	if s.cfg.Subnet6.IsValid() {
+		p.AllowedIPs = append(p.AllowedIPs, *prefixNet(netip.PrefixFrom(addr6(s.cfg.Subnet, s.cfg.Subnet6, ad), 128)))
+	}
+	return p
+}
+
+// Address6 is the IPv6 tunnel address (with the IPv6 subnet's prefix
+// length) of the client whose IPv4 tunnel address is p (AddPeer's); invalid
+// without an IPv6 subnet.
+func (s *Server) Address6(p netip.Prefix) netip.Prefix {
+	if !s.cfg.Subnet6.IsValid() || !p.IsValid() {
+		return netip.Prefix{}
+	}
+	return netip.PrefixFrom(addr6(s.cfg.Subnet, s.cfg.Subnet6, p.Addr()), s.cfg.Subnet6.Bits())
 }
 
 // enableForwarding turns on IPv4 forwarding in the calling thread's
 // namespace; the relay is a router for its tunnel clients.
 func enableForwarding() error {
-	const p = "/proc/sys/net/ipv4/ip_forward"
+	return enableSysctl("/proc/sys/net/ipv4/ip_forward", "IPv4 forwarding")
+}
+
+// enableForwarding6 turns on IPv6 forwarding (an IPv6 tunnel subnet).
+func enableForwarding6() error {
+	return enableSysctl("/proc/sys/net/ipv6/conf/all/forwarding", "IPv6 forwarding")
+}
+
+// enableSysctl writes 1 to the sysctl file p (of the calling thread's
+// namespace) unless it reads 1 already.
+func enableSysctl(p, what string) error {
 	b, err := os.ReadFile(p)
 	if err == nil && strings.TrimSpace(string(b)) == "1" {
 		return nil
 	}
 	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("enable IPv4 forwarding: %w", err)
+		return fmt.Errorf("enable %s: %w", what, err)
 	}
 	return nil
 }
@@ -226,7 +277,11 @@ func (s *Server) removeStale() error {
 // table except default routes) already present: masquerading and the
 // connected route of the tunnel would hijack that traffic.
 func checkOverlap(nl *netlink.Handle, subnet netip.Prefix) error {
-	addrs, err := nl.AddrList(nil, netlink.FAMILY_V4)
+	fam := netlink.FAMILY_V4
+	if subnet.Addr().Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	addrs, err := nl.AddrList(nil, fam)
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
@@ -236,7 +291,7 @@ func checkOverlap(nl *netlink.Handle, subnet netip.Prefix) error {
 			return fmt.Errorf("tunnel subnet %s overlaps address %s on interface index %d", subnet, p, a.LinkIndex)
 		}
 	}
-	routes, err := nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	routes, err := nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return fmt.Errorf("list routes: %w", err)
 	}
@@ -255,7 +310,8 @@ func checkOverlap(nl *netlink.Handle, subnet netip.Prefix) error {
 	return nil
 }
 
-// ConnectedNetworks lists the IPv4 networks of namespace spec's addresses
+// ConnectedNetworks lists the networks (both families; IPv6 link-local
+// left out, the policy refuses it anyway) of namespace spec's addresses
 // (except this package's interfaces): the relay's own networks, which the
 // destination policy restricts like private ranges.
 func ConnectedNetworks(spec string) ([]netip.Prefix, error) {
@@ -278,12 +334,12 @@ func ConnectedNetworks(spec string) ([]netip.Prefix, error) {
 		if strings.HasPrefix(l.Attrs().Name, IfacePrefix) {
 			continue
 		}
-		addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
+		addrs, err := nl.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("list addresses of %s: %w", l.Attrs().Name, err)
 		}
 		for _, a := range addrs {
-			if p, ok := netipPrefix(a.IPNet); ok {
+			if p, ok := netipPrefix(a.IPNet); ok && !p.Addr().IsLinkLocalUnicast() {
 				out = append(out, p.Masked())
 			}
 		}
@@ -374,7 +430,7 @@ func (s *Server) AddPeer(key wgtypes.Key) (netip.Prefix, error) {
 	if err != nil {
 		return netip.Prefix{}, err
 	}
-	if err := s.dev.Configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{serverPeer(key, ad)}}); err != nil {
+	if err := s.dev.Configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{s.peer(key, ad)}}); err != nil {
 		if !known {
 			s.alloc.free(key)
 		}
@@ -400,7 +456,7 @@ func (s *Server) Readmit(allowed func(wgtypes.Key) bool) (int, error) {
 	var peers []wgtypes.PeerConfig
 	for k, ad := range s.alloc.byKey {
 		if allowed(k) {
-			peers = append(peers, serverPeer(k, ad))
+			peers = append(peers, s.peer(k, ad))
 		}
 	}
 	if len(peers) == 0 {
@@ -462,7 +518,7 @@ func (s *Server) RekeyPeer(old, successor wgtypes.Key) (bool, error) {
 	if _, held := s.alloc.byKey[successor]; held {
 		peers = append(peers, wgtypes.PeerConfig{PublicKey: successor, Remove: true})
 	}
-	peers = append(peers, serverPeer(successor, ad))
+	peers = append(peers, s.peer(successor, ad))
 	if err := s.dev.Configure(wgtypes.Config{Peers: peers}); err != nil {
 		return true, err
 	}
@@ -488,7 +544,7 @@ func (s *Server) SetDestinations(p Destinations) error {
 	if err != nil {
 		return err
 	}
-	if err := installTable(nc, s.cfg.Iface, s.cfg.Subnet, s.cfg.MTU, p); err != nil {
+	if err := installTable(nc, s.cfg.Iface, s.cfg.Subnet, s.cfg.Subnet6, s.cfg.MTU, p); err != nil {
 		return err
 	}
 	s.cfg.Destinations = p

@@ -62,6 +62,7 @@ const (
 	ctaTupleIP    = 1
 	ctaTupleProto = 2
 	ctaIPv4Src    = 1
+	ctaIPv6Src    = 3
 	ctaProtoDst   = 3
 
 	ctaCountersPackets = 1
@@ -209,9 +210,21 @@ func (a *ctAccount) close() {
 	<-a.done
 }
 
-// dumpCT lists the IPv4 conntrack entries carrying natMark (the kernel
-// filters on CTA_MARK/CTA_MARK_MASK).
+// dumpCT lists the conntrack entries of both families carrying natMark
+// (the kernel filters on CTA_MARK/CTA_MARK_MASK).
 func dumpCT(c *netlink.Conn) ([]ctFlow, error) {
+	var out []ctFlow
+	for _, f := range families {
+		fl, err := dumpCTFamily(c, f.afinet)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fl...)
+	}
+	return out, nil
+}
+
+func dumpCTFamily(c *netlink.Conn, af uint8) ([]ctFlow, error) {
 	data, err := netlink.MarshalAttributes([]netlink.Attribute{
 		{Type: ctaMark, Data: binary.BigEndian.AppendUint32(nil, natMark)},
 		{Type: ctaMarkMask, Data: binary.BigEndian.AppendUint32(nil, natMark)},
@@ -224,7 +237,7 @@ func dumpCT(c *netlink.Conn) ([]ctFlow, error) {
 			Type:  netlink.HeaderType(nfnlSubsysCtnetlink<<8 | ipctnlMsgCtGet),
 			Flags: netlink.Request | netlink.Dump,
 		},
-		Data: append([]byte{unix.AF_INET, unix.NFNETLINK_V0, 0, 0}, data...),
+		Data: append([]byte{af, unix.NFNETLINK_V0, 0, 0}, data...),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("conntrack dump: %w", err)
@@ -241,7 +254,7 @@ func dumpCT(c *netlink.Conn) ([]ctFlow, error) {
 // parseCTFlow decodes a ctnetlink message body (nfgenmsg + attributes).
 func parseCTFlow(b []byte) (ctFlow, bool) {
 	var f ctFlow
-	if len(b) < 4 || b[0] != unix.AF_INET {
+	if len(b) < 4 || (b[0] != unix.AF_INET && b[0] != unix.AF_INET6) {
 		return f, false
 	}
 	ad, err := netlink.NewAttributeDecoder(b[4:])
@@ -259,8 +272,11 @@ func parseCTFlow(b []byte) (ctFlow, bool) {
 					case ctaTupleIP:
 						t.Nested(func(ip *netlink.AttributeDecoder) error {
 							for ip.Next() {
-								if ip.Type() == ctaIPv4Src && len(ip.Bytes()) == 4 {
+								switch {
+								case ip.Type() == ctaIPv4Src && len(ip.Bytes()) == 4:
 									f.Key.Client, haveAddr = netip.AddrFrom4([4]byte(ip.Bytes())), true
+								case ip.Type() == ctaIPv6Src && len(ip.Bytes()) == 16:
+									f.Key.Client, haveAddr = netip.AddrFrom16([16]byte(ip.Bytes())), true
 								}
 							}
 							return nil

@@ -84,6 +84,12 @@ func (f *Fake) Map(ms []Mapping) error {
 	if f.gone {
 		return errNoTable
 	}
+	// What the kernel tables refuse, the fake refuses too: all or none.
+	for _, m := range ms {
+		if err := checkMapping(m); err != nil {
+			return err
+		}
+	}
 	for _, m := range ms {
 		f.mapped[m.Key] = m.Server
 	}

@@ -164,16 +164,24 @@ func (d *nftDataPlane) linkChanged(l link) {
 	switch {
 	case l.deleted:
 		d.devs = slices.DeleteFunc(d.devs, func(n string) bool { return n == l.name })
-		if d.ft != nil {
-			d.ft.Devices = slices.Clone(d.devs)
+		for i := range d.fam {
+			if ft := d.fam[i].ft; ft != nil {
+				ft.Devices = slices.Clone(d.devs)
+			}
 		}
 	case l.ether && !slices.Contains(d.devs, l.name):
 		d.devs = append(d.devs, l.name)
-		if d.ft == nil {
+		n := 0
+		for i := range d.fam {
+			if ft := d.fam[i].ft; ft != nil {
+				ft.Devices = slices.Clone(d.devs)
+				d.conn.AddFlowtable(ft) // an update: the kernel adds the new device
+				n++
+			}
+		}
+		if n == 0 {
 			return
 		}
-		d.ft.Devices = slices.Clone(d.devs)
-		d.conn.AddFlowtable(d.ft) // an update: the kernel adds the new device
 		if err := d.conn.Flush(); err != nil {
 			d.log.Warn("fast path: adding a device to the flowtable", "device", l.name, "err", err)
 			return
@@ -182,15 +190,35 @@ func (d *nftDataPlane) linkChanged(l link) {
 	}
 }
 
-// installFlowtable adds the flowtable and the offload rule in their own
-// transaction, after the table: a kernel without flowtables keeps the rest.
-// Called with d.mu held (or before d is shared).
-func (d *nftDataPlane) installFlowtable() {
-	ft := &nftables.Flowtable{Table: d.tab, Name: flowtableName, Hooknum: nftables.FlowtableHookIngress,
+// installFlowtables adds a flowtable and the offload rule to each family's
+// table (the kernel hooks a flowtable per table; both take the same
+// devices) in their own transaction, after the tables: a kernel without
+// flowtables keeps the rest. Called with d.mu held (or before d is shared).
+func (d *nftDataPlane) installFlowtables() {
+	var fts [2]*nftables.Flowtable
+	for i := range d.fam {
+		if d.has(i) {
+			fts[i] = d.addFlowtable(d.fam[i].tab, d.fam[i].fwd)
+		}
+	}
+	if err := d.conn.Flush(); err != nil {
+		d.log.Warn("fast path unavailable: the kernel refused the flowtable (built without nf_flow_table?); forwarding through the normal path, attribution through conntrack accounting",
+			"err", err)
+		return
+	}
+	for i := range d.fam {
+		d.fam[i].ft = fts[i]
+	}
+	d.log.Info("fast path: flowtables installed (ip, ip6)", "devices", d.devs)
+}
+
+// addFlowtable queues a flowtable and its offload rule in tab.
+func (d *nftDataPlane) addFlowtable(tab *nftables.Table, fwd *nftables.Chain) *nftables.Flowtable {
+	ft := &nftables.Flowtable{Table: tab, Name: flowtableName, Hooknum: nftables.FlowtableHookIngress,
 		Priority: nftables.FlowtablePriorityFilter, Devices: slices.Clone(d.devs), Flags: nftables.FlowtableFlagsCounter}
 	d.conn.AddFlowtable(ft)
 	// ct mark & natMark == natMark ct state established flow add @ft
-	d.conn.AddRule(&nftables.Rule{Table: d.tab, Chain: d.fwd, Exprs: []expr.Any{
+	d.conn.AddRule(&nftables.Rule{Table: tab, Chain: fwd, Exprs: []expr.Any{
 		&expr.Ct{Key: expr.CtKeyMARK, Register: regAux},
 		&expr.Bitwise{SourceRegister: regAux, DestRegister: regAux, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(natMark), Xor: make([]byte, 4)},
@@ -201,21 +229,14 @@ func (d *nftDataPlane) installFlowtable() {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: regAux, Data: make([]byte, 4)},
 		&expr.FlowOffload{Name: flowtableName},
 	}})
-	if err := d.conn.Flush(); err != nil {
-		d.ft = nil
-		d.log.Warn("fast path unavailable: the kernel refused the flowtable (built without nf_flow_table?); forwarding through the normal path, attribution through conntrack accounting",
-			"err", err)
-		return
-	}
-	d.ft = ft
-	d.log.Info("fast path: flowtable installed", "devices", ft.Devices)
+	return ft
 }
 
-// FastPath reports whether the flowtable is installed (tests, logs).
+// FastPath reports whether the flowtables are installed (tests, logs).
 func (d *nftDataPlane) FastPath() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.ft != nil
+	return d.fam[0].ft != nil && (d.fam[1].ft != nil || !d.has(1))
 }
 
 func (d *nftDataPlane) stopFastPath() {

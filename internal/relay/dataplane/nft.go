@@ -1,7 +1,7 @@
 // Package dataplane is the relay's kernel side of NAT detours: one
-// nftables table the relay owns (DNAT map, per-mapping counters, optional
-// flowtable fast path with conntrack accounting), behind the DataPlane
-// interface. Fake is the in-memory implementation the relay's unit tests
+// nftables table per address family the relay owns (`ip` and `ip6`, both
+// named TableName: DNAT map, per-mapping counters, optional flowtable fast
+// path with conntrack accounting), behind the DataPlane interface. Fake is the in-memory implementation the relay's unit tests
 // use; the nftables one (NewNFT) keeps namespace tests of its own.
 package dataplane
 
@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 
 	"github.com/google/nftables"
@@ -20,9 +21,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TableName is the nftables table the relay owns (family ip). Nothing else
-// should put anything in it: the relay deletes it at start and at exit
-// (with a state_file, a stop leaves it for the next start: handover.go).
+// TableName is the nftables table the relay owns, once in family ip (IPv4
+// detours) and once in family ip6 (IPv6 detours, DNAT66 and masquerade).
+// Nothing else should put anything in them: the relay deletes both at start
+// and at exit (with a state_file, a stop leaves them for the next start:
+// handover.go). Both are created, replaced and deleted in one transaction.
+//
+// Two tables rather than one inet table: the IPv4 table keeps the layout
+// (and the `nft list table ip mpdetour_relay` view) of relays before IPv6,
+// so an upgrade's handover adopts it unchanged, and each family's map keys
+// have that family's address type (an inet table would need two maps too).
+// A mapping never crosses families: conntrack NAT cannot translate IPv4 to
+// IPv6, so a client reaches an IPv6 server through the relay's IPv6 address.
 const TableName = "mpdetour_relay"
 
 // Names inside the table (tests and docs refer to them).
@@ -34,12 +44,49 @@ const (
 	natMark uint32 = 0x4d500000
 )
 
-// Registers: a concatenation fills consecutive 32-bit registers.
+// Registers: a concatenation fills consecutive 32-bit registers (an IPv6
+// address takes four: NFT_REG32_00..03, its port NFT_REG32_04).
 const (
-	reg32x0 = 8 // NFT_REG32_00
-	reg32x1 = 9 // NFT_REG32_01
-	regAux  = 1 // NFT_REG_1 (overlaps reg32x0..3; used before the key is loaded)
+	reg32x0 = 8  // NFT_REG32_00
+	regMark = 14 // NFT_REG32_06: past the key of either family
+	regAux  = 1  // NFT_REG_1 (overlaps reg32x0..3; used before the key is loaded)
 )
+
+// family is what differs between the IPv4 and the IPv6 table.
+type family struct {
+	table   nftables.TableFamily
+	nfproto uint8  // NFPROTO_IPV4 / NFPROTO_IPV6 (NAT expression)
+	afinet  uint8  // AF_INET / AF_INET6 (raw netlink requests)
+	alen    uint32 // address length
+	saddr   uint32 // source address offset in the network header
+	daddr   uint32 // destination address offset
+	regPort uint32 // register after the address registers
+	keyType nftables.SetDatatype
+}
+
+var families = [2]family{
+	{table: nftables.TableFamilyIPv4, nfproto: unix.NFPROTO_IPV4, afinet: unix.AF_INET, alen: 4, saddr: 12, daddr: 16,
+		regPort: reg32x0 + 1, keyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)},
+	{table: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, afinet: unix.AF_INET6, alen: 16, saddr: 8, daddr: 24,
+		regPort: reg32x0 + 4, keyType: nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService)},
+}
+
+// familyOf returns the index in families of a's family.
+func familyOf(a netip.Addr) int {
+	if a.Is4() {
+		return 0
+	}
+	return 1
+}
+
+// tables are one family's objects in the kernel.
+type tables struct {
+	tab  *nftables.Table
+	dnat *nftables.Set
+	acct *nftables.Set
+	fwd  *nftables.Chain
+	ft   *nftables.Flowtable // nil: fast path off or refused
+}
 
 // Key identifies a mapping in the data plane: the client's address and
 // the detour port it connects to.
@@ -95,16 +142,12 @@ type nftDataPlane struct {
 	log  *slog.Logger
 	conn *nftables.Conn
 	get  *netlink.Conn // element reads (nftget.go), conntrack dumps (ctacct.go)
-	tab  *nftables.Table
-	dnat *nftables.Set
-	acct *nftables.Set
-	fwd  *nftables.Chain
+	fam  [2]tables     // by familyOf
 
 	// fast path (fastpath.go); zero when off
 	fast  bool
-	ct    *ctAccount          // attribution through conntrack accounting
-	ft    *nftables.Flowtable // nil: the kernel refused it (no nf_flow_table)
-	devs  []string            // the flowtable's devices
+	ct    *ctAccount // attribution through conntrack accounting
+	devs  []string   // the flowtables' devices
 	links *linkWatch
 }
 
@@ -115,8 +158,6 @@ type Options struct {
 	FastPath bool
 	Log      *slog.Logger // nil: discard
 }
-
-var concatAddrPort = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
 
 // NewNFT deletes whatever an earlier run left (crash, kill -9, a graceful
 // stop's Leave) and creates the table afresh, in one atomic transaction: the
@@ -156,16 +197,20 @@ func NewNFT(opt Options) (*nftDataPlane, error) {
 func (d *nftDataPlane) Exists() (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	tabs, err := d.conn.ListTablesOfFamily(nftables.TableFamilyIPv4)
-	if err != nil {
-		return false, fmt.Errorf("nftables: listing tables: %w", err)
-	}
-	for _, t := range tabs {
-		if t.Name == TableName {
-			return true, nil
+	// Both tables must be there: a missing one is recreated with both.
+	for i, f := range families {
+		if !d.has(i) {
+			continue
+		}
+		tabs, err := d.conn.ListTablesOfFamily(f.table)
+		if err != nil {
+			return false, fmt.Errorf("nftables: listing tables: %w", err)
+		}
+		if !slices.ContainsFunc(tabs, func(t *nftables.Table) bool { return t.Name == TableName }) {
+			return false, nil
 		}
 	}
-	return false, nil
+	return true, nil
 }
 
 // Recreate implements DataPlane.
@@ -179,62 +224,89 @@ func (d *nftDataPlane) Recreate(ms []Mapping) error {
 	return d.Map(ms)
 }
 
-// install deletes the table if present and creates it afresh, in one
+// install deletes the tables if present and creates them afresh, in one
 // atomic transaction. Called with d.mu held (or before d is shared).
 func (d *nftDataPlane) install() error {
+	for i, f := range families {
+		d.fam[i] = d.addTable(f)
+	}
+	if err := d.conn.Flush(); err != nil {
+		// A kernel without nftables for IPv6 (CONFIG_NF_TABLES_IPV6)
+		// refuses the whole batch: the relay still serves IPv4.
+		d.fam[0], d.fam[1] = d.addTable(families[0]), tables{}
+		if err4 := d.conn.Flush(); err4 != nil {
+			return fmt.Errorf("nftables: creating table %s: %w", TableName, err4)
+		}
+		d.log.Warn("nftables: the kernel refused the ip6 table: IPv6 NAT detours unavailable, IPv4 ones served", "err", err)
+	}
+	if d.fast {
+		d.installFlowtables()
+	}
+	return nil
+}
+
+// has says whether family i's table is installed (ip always; ip6 unless
+// the kernel refused it).
+func (d *nftDataPlane) has(i int) bool { return d.fam[i].tab != nil }
+
+// addTable queues one family's table (replacing a leftover) in d.conn's
+// transaction.
+func (d *nftDataPlane) addTable(f family) tables {
 	conn := d.conn
-	d.tab = &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
+	t := tables{tab: &nftables.Table{Name: TableName, Family: f.table}}
 	// add+delete removes a leftover table without failing when there is none.
-	conn.AddTable(d.tab)
-	conn.DelTable(d.tab)
-	conn.AddTable(d.tab)
-	d.dnat = &nftables.Set{Table: d.tab, Name: DNATMapName, IsMap: true, Concatenation: true,
-		KeyType: concatAddrPort, DataType: concatAddrPort}
-	d.acct = &nftables.Set{Table: d.tab, Name: AcctSetName, Concatenation: true, Counter: true,
-		KeyType: concatAddrPort}
-	if err := conn.AddSet(d.dnat, nil); err != nil {
-		return fmt.Errorf("nftables: dnat map: %w", err)
-	}
-	if err := conn.AddSet(d.acct, nil); err != nil {
-		return fmt.Errorf("nftables: acct set: %w", err)
-	}
-	pre := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: d.tab, Type: nftables.ChainTypeNAT,
+	conn.AddTable(t.tab)
+	conn.DelTable(t.tab)
+	conn.AddTable(t.tab)
+	t.dnat = &nftables.Set{Table: t.tab, Name: DNATMapName, IsMap: true, Concatenation: true,
+		KeyType: f.keyType, DataType: f.keyType}
+	t.acct = &nftables.Set{Table: t.tab, Name: AcctSetName, Concatenation: true, Counter: true,
+		KeyType: f.keyType}
+	// AddSet fails only on a set without a name or key type.
+	_ = conn.AddSet(t.dnat, nil)
+	_ = conn.AddSet(t.acct, nil)
+	pre := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: t.tab, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	post := conn.AddChain(&nftables.Chain{Name: "postrouting", Table: d.tab, Type: nftables.ChainTypeNAT,
+	post := conn.AddChain(&nftables.Chain{Name: "postrouting", Table: t.tab, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	d.fwd = conn.AddChain(&nftables.Chain{Name: "forward", Table: d.tab, Type: nftables.ChainTypeFilter,
+	t.fwd = conn.AddChain(&nftables.Chain{Name: "forward", Table: t.tab, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
 
 	// prerouting: meta l4proto tcp fib daddr type local
 	//   meta mark set meta mark | natMark dnat ip to ip saddr . tcp dport map @dnat
-	// The map lookup is a hash lookup: O(1) whatever the number of mappings.
+	// (ip6: dnat ip6 to ip6 saddr . tcp dport map @dnat). The map lookup is a
+	// hash lookup: O(1) whatever the number of mappings. In ip6, meta
+	// l4proto and the transport header offset are those after any
+	// extension headers (the kernel walks them, ipv6_find_hdr), so a TCP
+	// segment behind hop-by-hop or destination options is matched like one
+	// without; fragments are reassembled by conntrack before NAT.
 	dnatRule := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regAux},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: regAux, Data: []byte{unix.IPPROTO_TCP}},
 		&expr.Fib{Register: regAux, FlagDADDR: true, ResultADDRTYPE: true},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: regAux, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
-		&expr.Payload{DestRegister: reg32x0, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Payload{DestRegister: reg32x1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Lookup{SourceRegister: reg32x0, DestRegister: reg32x0, IsDestRegSet: true, SetName: d.dnat.Name, SetID: d.dnat.ID},
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: 10},
-		&expr.Bitwise{SourceRegister: 10, DestRegister: 10, Len: 4,
+		&expr.Payload{DestRegister: reg32x0, Base: expr.PayloadBaseNetworkHeader, Offset: f.saddr, Len: f.alen},
+		&expr.Payload{DestRegister: f.regPort, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: reg32x0, DestRegister: reg32x0, IsDestRegSet: true, SetName: t.dnat.Name, SetID: t.dnat.ID},
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: regMark},
+		&expr.Bitwise{SourceRegister: regMark, DestRegister: regMark, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(^natMark), Xor: binaryutil.NativeEndian.PutUint32(natMark)},
-		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 10},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: regMark},
 	}
 	if d.fast {
 		// ... ct mark set ct mark | natMark: the connection stays
 		// recognisable for the offload rule and the conntrack dump.
 		dnatRule = append(dnatRule,
-			&expr.Ct{Key: expr.CtKeyMARK, Register: 10},
-			&expr.Bitwise{SourceRegister: 10, DestRegister: 10, Len: 4,
+			&expr.Ct{Key: expr.CtKeyMARK, Register: regMark},
+			&expr.Bitwise{SourceRegister: regMark, DestRegister: regMark, Len: 4,
 				Mask: binaryutil.NativeEndian.PutUint32(^natMark), Xor: binaryutil.NativeEndian.PutUint32(natMark)},
-			&expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: 10})
+			&expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: regMark})
 	}
 	dnatRule = append(dnatRule,
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg32x0, RegProtoMin: reg32x1, Specified: true})
-	conn.AddRule(&nftables.Rule{Table: d.tab, Chain: pre, Exprs: dnatRule})
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(f.nfproto), RegAddrMin: reg32x0, RegProtoMin: f.regPort, Specified: true})
+	conn.AddRule(&nftables.Rule{Table: t.tab, Chain: pre, Exprs: dnatRule})
 	// postrouting: meta mark & natMark == natMark masquerade
-	conn.AddRule(&nftables.Rule{Table: d.tab, Chain: post, Exprs: []expr.Any{
+	conn.AddRule(&nftables.Rule{Table: t.tab, Chain: post, Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: regAux},
 		&expr.Bitwise{SourceRegister: regAux, DestRegister: regAux, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(natMark), Xor: make([]byte, 4)},
@@ -246,16 +318,12 @@ func (d *nftDataPlane) install() error {
 		// accounting rule. This rule never matches; reading "ct bytes" in
 		// the ruleset turns conntrack accounting on in the namespace. In the
 		// NAT chain it is evaluated once per connection.
-		conn.AddRule(&nftables.Rule{Table: d.tab, Chain: post, Exprs: []expr.Any{
+		conn.AddRule(&nftables.Rule{Table: t.tab, Chain: post, Exprs: []expr.Any{
 			&expr.Ct{Key: expr.CtKeyBYTES, Register: regAux},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: regAux, Data: []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
 			&expr.Counter{},
 		}})
-		if err := conn.Flush(); err != nil {
-			return fmt.Errorf("nftables: creating table %s: %w", TableName, err)
-		}
-		d.installFlowtable()
-		return nil
+		return t
 	}
 	// forward: every forwarded packet of a DNATed connection, both
 	// directions, bumps the counter of its mapping's element:
@@ -266,77 +334,117 @@ func (d *nftDataPlane) install() error {
 	for _, dir := range []struct {
 		dir byte
 		off uint32
-	}{{0, 12}, {1, 16}} {
-		conn.AddRule(&nftables.Rule{Table: d.tab, Chain: d.fwd, Exprs: []expr.Any{
+	}{{0, f.saddr}, {1, f.daddr}} {
+		conn.AddRule(&nftables.Rule{Table: t.tab, Chain: t.fwd, Exprs: []expr.Any{
 			&expr.Ct{Key: expr.CtKeySTATUS, Register: regAux},
 			&expr.Bitwise{SourceRegister: regAux, DestRegister: regAux, Len: 4,
 				Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: regAux, Data: make([]byte, 4)},
 			&expr.Ct{Key: expr.CtKeyDIRECTION, Register: regAux},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: regAux, Data: []byte{dir.dir}},
-			&expr.Payload{DestRegister: reg32x0, Base: expr.PayloadBaseNetworkHeader, Offset: dir.off, Len: 4},
-			&expr.Ct{Key: expr.CtKeyPROTODST, Direction: 0, Register: reg32x1},
-			&expr.Lookup{SourceRegister: reg32x0, SetName: d.acct.Name, SetID: d.acct.ID},
+			&expr.Payload{DestRegister: reg32x0, Base: expr.PayloadBaseNetworkHeader, Offset: dir.off, Len: f.alen},
+			&expr.Ct{Key: expr.CtKeyPROTODST, Direction: 0, Register: f.regPort},
+			&expr.Lookup{SourceRegister: reg32x0, SetName: t.acct.Name, SetID: t.acct.ID},
 		}})
 	}
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("nftables: creating table %s: %w", TableName, err)
-	}
-	return nil
+	return t
 }
 
 // IPS_DST_NAT from linux/netfilter/nf_conntrack_common.h.
 const ipsDstNAT = 1 << 5
 
+// encodeAddrPort is a set key or value: the address, then the port padded
+// to a 32-bit register (8 bytes for IPv4, 20 for IPv6).
 func encodeAddrPort(a netip.Addr, port uint16) []byte {
-	b := make([]byte, 8)
-	v := a.As4()
-	copy(b, v[:])
-	binary.BigEndian.PutUint16(b[4:], port)
+	b := append(a.AsSlice(), 0, 0, 0, 0)
+	binary.BigEndian.PutUint16(b[len(b)-4:], port)
 	return b
 }
 
+// decodeAddrPort reads what encodeAddrPort wrote (its length says the
+// family).
 func decodeAddrPort(b []byte) (netip.Addr, uint16, bool) {
-	if len(b) < 6 {
-		return netip.Addr{}, 0, false
+	switch len(b) {
+	case 8:
+		return netip.AddrFrom4([4]byte(b[:4])), binary.BigEndian.Uint16(b[4:]), true
+	case 20:
+		return netip.AddrFrom16([16]byte(b[:16])), binary.BigEndian.Uint16(b[16:]), true
 	}
-	return netip.AddrFrom4([4]byte(b[:4])), binary.BigEndian.Uint16(b[4:]), true
+	return netip.Addr{}, 0, false
+}
+
+// checkMapping refuses what the kernel tables cannot hold: a mapping must
+// stay within one family, and IPv4 is written as IPv4 (an IPv4-mapped IPv6
+// address would land in the ip6 table and lead nowhere).
+func checkMapping(m Mapping) error {
+	c, s := m.Key.Client, m.Server.Addr()
+	switch {
+	case !c.IsValid() || !s.IsValid():
+		return fmt.Errorf("mapping %v -> %v: missing address", m.Key, m.Server)
+	case c.Is4In6() || s.Is4In6():
+		return fmt.Errorf("mapping %v -> %v: IPv4-mapped IPv6 address (use the IPv4 address)", m.Key, m.Server)
+	case c.Zone() != "" || s.Zone() != "":
+		return fmt.Errorf("mapping %v -> %v: address with a zone", m.Key, m.Server)
+	case c.Is4() != s.Is4():
+		return fmt.Errorf("mapping %v -> %v: client and server of different families (NAT cannot translate between IPv4 and IPv6)", m.Key, m.Server)
+	}
+	return nil
+}
+
+// byFamily splits keys by family (index as in families).
+func byFamily(keys []Key) [2][]Key {
+	var out [2][]Key
+	for _, k := range keys {
+		i := familyOf(k.Client)
+		out[i] = append(out[i], k)
+	}
+	return out
 }
 
 func (d *nftDataPlane) Map(ms []Mapping) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	dn := make([]nftables.SetElement, 0, len(ms))
-	ac := make([]nftables.SetElement, 0, len(ms))
+	var dn, ac [2][]nftables.SetElement
 	for _, m := range ms {
-		if !m.Key.Client.Is4() || !m.Server.Addr().Is4() {
-			return fmt.Errorf("mapping %v -> %v: the data plane is IPv4 only", m.Key, m.Server)
+		if err := checkMapping(m); err != nil {
+			return err
+		}
+		i := familyOf(m.Key.Client)
+		if !d.has(i) {
+			return fmt.Errorf("mapping %v -> %v: no IPv6 data plane (the kernel refused the ip6 table)", m.Key, m.Server)
 		}
 		k := encodeAddrPort(m.Key.Client, m.Key.Port)
-		dn = append(dn, nftables.SetElement{Key: k, Val: encodeAddrPort(m.Server.Addr(), m.Server.Port())})
-		ac = append(ac, nftables.SetElement{Key: k})
+		dn[i] = append(dn[i], nftables.SetElement{Key: k, Val: encodeAddrPort(m.Server.Addr(), m.Server.Port())})
+		ac[i] = append(ac[i], nftables.SetElement{Key: k})
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := d.conn.SetAddElements(d.dnat, dn); err != nil {
+	// One transaction for both families: all or none.
+	for i := range families {
+		if len(dn[i]) == 0 {
+			continue
+		}
+		if err := d.conn.SetAddElements(d.fam[i].dnat, dn[i]); err != nil {
+			return err
+		}
+		if !d.fast {
+			if err := d.conn.SetAddElements(d.fam[i].acct, ac[i]); err != nil {
+				return err
+			}
+		}
+	}
+	if err := d.conn.Flush(); err != nil {
 		return err
 	}
 	if d.fast {
-		if err := d.conn.Flush(); err != nil {
-			return err
-		}
 		keys := make([]Key, len(ms))
 		for i, m := range ms {
 			keys[i] = m.Key
 		}
 		d.ct.add(keys)
-		return nil
 	}
-	if err := d.conn.SetAddElements(d.acct, ac); err != nil {
-		return err
-	}
-	return d.conn.Flush()
+	return nil
 }
 
 func keyElems(keys []Key) []nftables.SetElement {
@@ -347,16 +455,27 @@ func keyElems(keys []Key) []nftables.SetElement {
 	return el
 }
 
+// deleteElems removes keys from the set of their family (dnat or acct) in
+// one transaction.
+func (d *nftDataPlane) deleteElems(keys []Key, set func(*tables) *nftables.Set) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, ks := range byFamily(keys) {
+		if len(ks) == 0 || !d.has(i) {
+			continue
+		}
+		if err := d.conn.SetDeleteElements(set(&d.fam[i]), keyElems(ks)); err != nil {
+			return err
+		}
+	}
+	return d.conn.Flush()
+}
+
 func (d *nftDataPlane) Unmap(keys []Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := d.conn.SetDeleteElements(d.dnat, keyElems(keys)); err != nil {
-		return err
-	}
-	return d.conn.Flush()
+	return d.deleteElems(keys, func(t *tables) *nftables.Set { return t.dnat })
 }
 
 func (d *nftDataPlane) Forget(keys []Key) error {
@@ -367,12 +486,7 @@ func (d *nftDataPlane) Forget(keys []Key) error {
 		d.ct.forget(keys)
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := d.conn.SetDeleteElements(d.acct, keyElems(keys)); err != nil {
-		return err
-	}
-	return d.conn.Flush()
+	return d.deleteElems(keys, func(t *tables) *nftables.Set { return t.acct })
 }
 
 func (d *nftDataPlane) Counters() (map[Key]Counter, error) {
@@ -381,21 +495,26 @@ func (d *nftDataPlane) Counters() (map[Key]Counter, error) {
 	if d.fast {
 		return d.ct.counters(d.get, nil)
 	}
-	els, err := d.conn.GetSetElements(d.acct)
-	if err != nil {
-		return nil, fmt.Errorf("nftables: reading counters: %w", err)
-	}
-	out := make(map[Key]Counter, len(els))
-	for _, e := range els {
-		a, p, ok := decodeAddrPort(e.Key)
-		if !ok {
+	out := map[Key]Counter{}
+	for i := range families {
+		if !d.has(i) {
 			continue
 		}
-		var c Counter
-		if e.Counter != nil {
-			c = Counter{Packets: e.Counter.Packets, Bytes: e.Counter.Bytes}
+		els, err := d.conn.GetSetElements(d.fam[i].acct)
+		if err != nil {
+			return nil, fmt.Errorf("nftables: reading counters: %w", err)
 		}
-		out[Key{a, p}] = c
+		for _, e := range els {
+			a, p, ok := decodeAddrPort(e.Key)
+			if !ok {
+				continue
+			}
+			var c Counter
+			if e.Counter != nil {
+				c = Counter{Packets: e.Counter.Packets, Bytes: e.Counter.Bytes}
+			}
+			out[Key{a, p}] = c
+		}
 	}
 	return out, nil
 }
@@ -406,7 +525,16 @@ func (d *nftDataPlane) CountersOf(keys []Key) (map[Key]Counter, error) {
 	if d.fast {
 		return d.ct.counters(d.get, keys)
 	}
-	return countersOf(d.get, keys)
+	out := make(map[Key]Counter, len(keys))
+	for i, ks := range byFamily(keys) {
+		if len(ks) > 0 && !d.has(i) {
+			return nil, fmt.Errorf("nftables: no ip6 table for %v", ks[0])
+		}
+		if err := countersOf(d.get, families[i], ks, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 func (d *nftDataPlane) Close() error {
@@ -414,7 +542,11 @@ func (d *nftDataPlane) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.get.Close()
-	d.conn.DelTable(d.tab)
+	for i := range d.fam {
+		if d.has(i) {
+			d.conn.DelTable(d.fam[i].tab)
+		}
+	}
 	err := d.conn.Flush()
 	if errors.Is(err, unix.ENOENT) {
 		err = nil

@@ -29,21 +29,20 @@ func dialNetfilter() (*netlink.Conn, error) {
 	return c, nil
 }
 
-// countersOf reads the acct counters of keys. Every key must exist (the
-// kernel fails the whole request otherwise).
-func countersOf(c *netlink.Conn, keys []Key) (map[Key]Counter, error) {
-	out := make(map[Key]Counter, len(keys))
+// countersOf reads the acct counters of keys (all of family f) into out.
+// Every key must exist (the kernel fails the whole request otherwise).
+func countersOf(c *netlink.Conn, f family, keys []Key, out map[Key]Counter) error {
 	for len(keys) > 0 {
 		n := min(len(keys), getChunk)
-		if err := countersChunk(c, keys[:n], out); err != nil {
-			return nil, err
+		if err := countersChunk(c, f, keys[:n], out); err != nil {
+			return err
 		}
 		keys = keys[n:]
 	}
-	return out, nil
+	return nil
 }
 
-func countersChunk(c *netlink.Conn, keys []Key, out map[Key]Counter) error {
+func countersChunk(c *netlink.Conn, f family, keys []Key, out map[Key]Counter) error {
 	list := make([]netlink.Attribute, 0, len(keys))
 	for _, k := range keys {
 		kv, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: encodeAddrPort(k.Client, k.Port)}})
@@ -73,7 +72,7 @@ func countersChunk(c *netlink.Conn, keys []Key, out map[Key]Counter) error {
 			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM),
 			Flags: netlink.Request | netlink.Acknowledge,
 		},
-		Data: append([]byte{unix.AF_INET, unix.NFNETLINK_V0, 0, 0}, data...),
+		Data: append([]byte{f.afinet, unix.NFNETLINK_V0, 0, 0}, data...),
 	}
 	sent, err := c.Send(req)
 	if err != nil {

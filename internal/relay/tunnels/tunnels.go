@@ -25,6 +25,7 @@ import (
 // File is the relay file's `tunnel:` section, its YAML form (docs/tunnel.md).
 type File struct {
 	Subnet     string `yaml:"subnet"`      // default 100.80.0.0/16
+	Subnet6    string `yaml:"subnet6"`     // IPv6 tunnel addresses too (e.g. fd64:1::/64); default none
 	ListenPort int    `yaml:"listen_port"` // default 51820
 	// Endpoint is what clients are told to send WireGuard to; default: the
 	// address their control request arrived at, with listen_port (set it
@@ -150,6 +151,14 @@ func buildServer(c File) (tunnel.ServerConfig, netip.AddrPort, error) {
 	if sc.Subnet, err = netip.ParsePrefix(c.Subnet); err != nil {
 		return sc, netip.AddrPort{}, fmt.Errorf("subnet: %q: %w", c.Subnet, err)
 	}
+	if c.Subnet6 != "" {
+		if sc.Subnet6, err = netip.ParsePrefix(c.Subnet6); err != nil || !sc.Subnet6.Addr().Is6() || sc.Subnet6.Addr().Is4In6() {
+			return sc, netip.AddrPort{}, fmt.Errorf("subnet6: %q is not an IPv6 prefix", c.Subnet6)
+		}
+		if err := tunnel.CheckSubnet6(sc.Subnet6, sc.Subnet); err != nil {
+			return sc, netip.AddrPort{}, fmt.Errorf("subnet6: %w", err)
+		}
+	}
 	if sc.ListenPort == 0 {
 		sc.ListenPort = 51820
 	}
@@ -173,9 +182,9 @@ func buildServer(c File) (tunnel.ServerConfig, netip.AddrPort, error) {
 			*l.out = []netip.Prefix{} // set, even empty: not inherited
 		}
 		for i, s := range l.in {
-			p, err := netip.ParsePrefix(s)
+			p, err := destination.ParsePrefix(s)
 			if err != nil {
-				return sc, ep, fmt.Errorf("%s[%d]: %q is not a prefix", l.name, i, s)
+				return sc, ep, fmt.Errorf("%s[%d]: %w", l.name, i, err)
 			}
 			*l.out = append(*l.out, p)
 		}
@@ -259,7 +268,9 @@ func (a *Allocator) Allocate(member proto.Key, _, relayAddr netip.Addr) (proto.T
 	if !ep.IsValid() {
 		ep = netip.AddrPortFrom(relayAddr, uint16(a.srv.ListenPort()))
 	}
-	return proto.TunnelGrant{ClientPrefix: p, Endpoint: ep, PublicKey: proto.Key(a.srv.PublicKey())}, 0, nil
+	// ClientPrefix6 (with subnet6) goes on the wire only to requests that
+	// ask for it (the relay's handler strips it otherwise).
+	return proto.TunnelGrant{ClientPrefix: p, ClientPrefix6: a.srv.Address6(p), Endpoint: ep, PublicKey: proto.Key(a.srv.PublicKey())}, 0, nil
 }
 
 // Release implements relay.Tunnels (member removed from the

@@ -28,7 +28,13 @@ func TestParseConfig(t *testing.T) {
 	if c, err := ParseConfig(nil); err != nil || c.Server.ListenPort != 51820 || c.Server.Subnet.String() != "100.80.0.0/16" || len(c.Server.Destinations.Restricted) == 0 || !c.WireGuard || c.VXLAN {
 		t.Errorf("defaults: %+v, %v", c, err)
 	}
-	for _, bad := range []string{"subnett: 1.0.0.0/8", "subnet: nope", "endpoint: 1.2.3.4", "backend: magic", "allow_destinations: [x]", "listen_port: [1]"} {
+	if err := parse("subnet: 100.90.0.0/16\nsubnet6: 'fd64:1::/64'\n"); err != nil {
+		t.Errorf("valid subnet6: %v", err)
+	}
+	for _, bad := range []string{"subnett: 1.0.0.0/8", "subnet: nope", "endpoint: 1.2.3.4", "backend: magic", "allow_destinations: [x]", "listen_port: [1]",
+		"subnet6: 10.0.0.0/8", "subnet6: nope", "subnet6: '::ffff:0:0/96'", "subnet6: 'fd64::1/64'", "subnet6: 'fd64::/120'",
+		// the IPv4-mapped form would be an ip6 rule no IPv4 packet meets, host bits a silent mask
+		"allow_destinations: ['::ffff:10.0.0.0/104']", "deny_destinations: ['::ffff:8.8.8.8']", "allow_destinations: [10.0.0.1/8]"} {
 		if err := parse(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

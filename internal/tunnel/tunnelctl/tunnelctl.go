@@ -52,7 +52,7 @@ func OpenEncap(ctx context.Context, conn *relayconn.Conn, cfg tunnel.EncapClient
 
 // FromGrant converts a control-protocol grant into a tunnel allocation.
 func FromGrant(g proto.TunnelGrant) tunnel.Allocation {
-	return tunnel.Allocation{Address: g.ClientPrefix, Endpoint: g.Endpoint, RelayKey: wgtypes.Key(g.PublicKey)}
+	return tunnel.Allocation{Address: g.ClientPrefix, Address6: g.ClientPrefix6, Endpoint: g.Endpoint, RelayKey: wgtypes.Key(g.PublicKey)}
 }
 
 // Open asks the relay behind conn for a tunnel and brings it up with cfg
@@ -61,7 +61,7 @@ func FromGrant(g proto.TunnelGrant) tunnel.Allocation {
 // no handshake for cfg.StaleAfter (relay restarted without its state).
 func Open(ctx context.Context, conn *relayconn.Conn, cfg tunnel.ClientConfig) (*tunnel.Client, error) {
 	ask := func(ctx context.Context) (tunnel.Allocation, error) {
-		g, _, err := conn.Tunnel(ctx)
+		g, err := askTunnel(ctx, conn)
 		if err != nil {
 			return tunnel.Allocation{}, fmt.Errorf("tunnel request to relay %s: %w", conn.Relay().Name, err)
 		}

@@ -149,6 +149,7 @@ type line struct {
 	cl, rl, sv       string
 	cmd              *exec.Cmd
 	member, stranger proto.Key
+	relayPub         proto.Key
 	dial             func(priv proto.Key) *relayconn.Conn
 	// restart kills the relay (no cleanup) and starts it again with these
 	// members, keeping its key and state file.
@@ -226,7 +227,7 @@ ports: 40000-40100
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	ln := &line{cl: cl, rl: rl, sv: sv, cmd: cmd, member: member, stranger: stranger, dial: dialRelay}
+	ln := &line{cl: cl, rl: rl, sv: sv, cmd: cmd, member: member, stranger: stranger, relayPub: relayKey.Public(), dial: dialRelay}
 	ln.restart = func(members ...proto.Key) {
 		ln.cmd.Process.Signal(syscall.SIGKILL)
 		ln.cmd.Wait()

@@ -1,0 +1,21 @@
+package tunnelctl
+
+import (
+	"context"
+
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
+)
+
+// askTunnel asks conn's relay for a tunnel with an IPv6 tunnel address as
+// well (granted when the relay's tunnel section has subnet6; the client
+// then carries IPv6 through the tunnel too, tunnel/client6.go). A relay
+// older than that request answers malformed: then it is asked the IPv4
+// way.
+func askTunnel(ctx context.Context, conn *relayconn.Conn) (proto.TunnelGrant, error) {
+	g, _, err := conn.TunnelIPv6(ctx)
+	if proto.ReasonOf(err) == proto.ReasonMalformed {
+		g, _, err = conn.Tunnel(ctx)
+	}
+	return g, err
+}
