@@ -352,14 +352,18 @@ func num(v float64, prec int) string {
 	return strconv.FormatFloat(v, 'f', prec, 64)
 }
 
-func ciText(c CI) string {
+func ciText(c CI) string { return ciTextPrec(c, 2) }
+
+// ciTextPrec prints an estimate and, when it has one, its interval, with
+// prec decimals ("-" when there is no estimate).
+func ciTextPrec(c CI, prec int) string {
 	if math.IsNaN(c.Est) {
 		return "-"
 	}
 	if !c.OK {
-		return fmt.Sprintf("%.2f", c.Est)
+		return num(c.Est, prec)
 	}
-	return fmt.Sprintf("%.2f [%.2f, %.2f]", c.Est, c.Lo, c.Hi)
+	return fmt.Sprintf("%s [%s, %s]", num(c.Est, prec), num(c.Lo, prec), num(c.Hi, prec))
 }
 
 // paired writes the paired analysis: per multipath procedure the harmed
@@ -701,12 +705,4 @@ func geoMeanCI(v []float64, b int, rng *rand.Rand) CI {
 }
 
 // ciText3 is ciText with three decimals.
-func ciText3(c CI) string {
-	if math.IsNaN(c.Est) {
-		return "-"
-	}
-	if !c.OK {
-		return fmt.Sprintf("%.3f", c.Est)
-	}
-	return fmt.Sprintf("%.3f [%.3f, %.3f]", c.Est, c.Lo, c.Hi)
-}
+func ciText3(c CI) string { return ciTextPrec(c, 3) }
