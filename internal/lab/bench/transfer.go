@@ -205,9 +205,19 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	}
 	sortSubflows(m.Subflows)
 	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows && e.Cell.Fault == nil && e.Cell.Attack == nil {
-		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
+		return m, t.explain(&FewSubflowsError{Got: len(res.Subflows), Want: t.wantSubflows})
 	}
 	return m, nil
+}
+
+// FewSubflowsError: an MPTCP trial ended with fewer subflows than its cell
+// opens. The Measurement returned with it is complete; a caller whose
+// policy may close a detour subflow on purpose (the design's backup-first)
+// can keep it. Returned wrapped when a daemon also died.
+type FewSubflowsError struct{ Got, Want int }
+
+func (e *FewSubflowsError) Error() string {
+	return fmt.Sprintf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", e.Got, e.Want)
 }
 
 // pathOf names a subflow's path: by t.paths (local or remote address),
