@@ -287,20 +287,28 @@ func parseEncap(b []byte) (EncapGrant, time.Duration, error) {
 const MaxVNI = 1<<24 - 1
 
 // Validate checks a grant (received from the network, or about to be sent).
-// The encapsulation is IPv4 inside and outside.
+// The inner addresses are IPv4; the outer ones (endpoint and member) are
+// both IPv4 or both IPv6 (VXLAN over an IPv6 underlay). An IPv6 outer
+// address must be global unicast: a link-local one would need a scope the
+// grant does not carry, and an IPv4-mapped one must be sent as IPv4.
 func (e EncapGrant) Validate() error {
 	ok4 := func(a netip.Addr) bool {
 		return a.Is4() && !a.IsUnspecified() && !a.IsMulticast() && !a.IsLoopback() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+	}
+	outer := func(a netip.Addr) bool {
+		return ok4(a) || (a.Is6() && !a.Is4In6() && a.Zone() == "" && a.IsGlobalUnicast())
 	}
 	switch {
 	case !e.ClientPrefix.IsValid() || !ok4(e.ClientPrefix.Addr()) || e.ClientPrefix.Bits() < 8:
 		return fmt.Errorf("encap: client prefix %s is not a usable IPv4 prefix of /8 or longer", e.ClientPrefix)
 	case !ok4(e.Gateway) || e.Gateway == e.ClientPrefix.Addr():
 		return fmt.Errorf("encap: gateway %s is not a usable IPv4 address distinct from the client's", e.Gateway)
-	case !ok4(e.Endpoint.Addr()) || e.Endpoint.Port() == 0:
-		return fmt.Errorf("encap: endpoint %s is not an IPv4 address:port", e.Endpoint)
-	case !ok4(e.Member):
-		return fmt.Errorf("encap: member address %s is not a usable IPv4 address", e.Member)
+	case !outer(e.Endpoint.Addr()) || e.Endpoint.Port() == 0:
+		return fmt.Errorf("encap: endpoint %s is not an IPv4 or global IPv6 address:port", e.Endpoint)
+	case !outer(e.Member):
+		return fmt.Errorf("encap: member address %s is not a usable IPv4 or global IPv6 address", e.Member)
+	case e.Member.Is4() != e.Endpoint.Addr().Is4():
+		return fmt.Errorf("encap: member address %s and endpoint %s are of different families", e.Member, e.Endpoint.Addr())
 	case e.VNI == 0 || e.VNI > MaxVNI:
 		return fmt.Errorf("encap: VNI %d out of range 1-%d", e.VNI, MaxVNI)
 	case e.MTU < 576 || e.MTU > 9000:

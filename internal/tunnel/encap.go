@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -27,13 +28,19 @@ const (
 	EncapServerIfacePrefix = IfacePrefix + "vr"
 	// EncapClientIfacePrefix + index names the client's devices.
 	EncapClientIfacePrefix = IfacePrefix + "vc"
-	// EncapTableName is the relay's nftables table (family ip).
+	// EncapTableName is the relay's nftables tables: family ip (outer
+	// filter of IPv4 members, forwarding of the IPv4 inside) and family
+	// ip6 (outer filter of IPv6 members).
 	EncapTableName = "mpdetour_encap"
 	// DefaultEncapPort is the IANA VXLAN port.
 	DefaultEncapPort = 4789
 	// DefaultEncapMTU fits VXLAN over IPv4 (50 bytes of outer headers) on
 	// a 1500-byte path.
 	DefaultEncapMTU = 1450
+	// EncapIPv6Overhead is what an IPv6 outer header costs beyond an IPv4
+	// one (70 bytes of outer headers instead of 50): a member reached over
+	// IPv6 gets the configured MTU minus this.
+	EncapIPv6Overhead = 20
 	// DefaultEncapLease: a member that does not renew within this is torn
 	// down (clients renew at a third of it).
 	DefaultEncapLease = 5 * time.Minute
@@ -48,7 +55,7 @@ type EncapServerConfig struct {
 	Netns  string       // "" = the process's namespace
 	Subnet netip.Prefix // inner addresses; must not overlap the namespace's
 	Port   int          // UDP port, 0 = DefaultEncapPort
-	MTU    int          // inner MTU, 0 = DefaultEncapMTU
+	MTU    int          // inner MTU over an IPv4 underlay (IPv6: 20 less), 0 = DefaultEncapMTU
 	Lease  time.Duration
 	// Seed spreads addresses like the WireGuard allocator (the relay's
 	// public key): a returning member gets the same address.
@@ -179,7 +186,7 @@ func (s *EncapServer) removeStale() error {
 	if err != nil {
 		return err
 	}
-	return deleteNamedTable(nc, EncapTableName)
+	return deleteEncapTables(nc)
 }
 
 // install (re)builds the table for the current members in one transaction.
@@ -190,7 +197,7 @@ func (s *EncapServer) install() error {
 	}
 	ms := make([]encapRule, 0, len(s.members))
 	for _, m := range s.members {
-		ms = append(ms, encapRule{iface: m.iface, member: m.alloc.Member, inner: m.alloc.Address.Addr(), vni: m.alloc.VNI})
+		ms = append(ms, encapRule{iface: m.iface, member: m.alloc.Member, inner: m.alloc.Address.Addr(), vni: m.alloc.VNI, mtu: m.alloc.MTU})
 	}
 	return installEncapTable(nc, s.cfg.Subnet, s.cfg.Port, s.cfg.MTU, s.cfg.Destinations, ms)
 }
@@ -198,11 +205,22 @@ func (s *EncapServer) install() error {
 // Open admits (or renews) member's tunnel from underlay address from, with
 // relayAddr as the relay's VXLAN endpoint address. A member coming back from
 // another address gets its device re-created toward the new one (and the
-// filter follows). The lease restarts.
+// filter follows). The lease restarts. The underlay is IPv4 or IPv6 (both
+// addresses of one family; over IPv6 the inner MTU is 20 bytes smaller);
+// the inside is IPv4.
 func (s *EncapServer) Open(key wgtypes.Key, from, relayAddr netip.Addr) (EncapAllocation, error) {
 	from, relayAddr = from.Unmap(), relayAddr.Unmap()
-	if !from.Is4() || !relayAddr.Is4() {
-		return EncapAllocation{}, fmt.Errorf("vxlan: IPv4 underlay only (member %s, relay %s)", from, relayAddr)
+	if !from.IsValid() || !relayAddr.IsValid() || from.Is4() != relayAddr.Is4() {
+		return EncapAllocation{}, fmt.Errorf("vxlan: member %s and relay %s are not addresses of one family", from, relayAddr)
+	}
+	if from.Zone() != "" || relayAddr.Zone() != "" || !from.IsGlobalUnicast() || !relayAddr.IsGlobalUnicast() {
+		return EncapAllocation{}, fmt.Errorf("vxlan: member %s and relay %s must be global unicast addresses", from, relayAddr)
+	}
+	mtu := s.cfg.MTU
+	if from.Is6() {
+		if mtu -= EncapIPv6Overhead; mtu < 576 {
+			return EncapAllocation{}, fmt.Errorf("vxlan: MTU %d leaves %d over an IPv6 underlay, below 576 (raise tunnel.vxlan.mtu to serve IPv6 members)", s.cfg.MTU, mtu)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -229,7 +247,7 @@ func (s *EncapServer) Open(key wgtypes.Key, from, relayAddr netip.Addr) (EncapAl
 	vni -= uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
 	a := EncapAllocation{
 		Address: netip.PrefixFrom(ad, s.alloc.subnet.Bits()), Gateway: gateway(s.alloc.subnet),
-		Endpoint: netip.AddrPortFrom(relayAddr, uint16(s.cfg.Port)), Member: from, VNI: vni, MTU: s.cfg.MTU,
+		Endpoint: netip.AddrPortFrom(relayAddr, uint16(s.cfg.Port)), Member: from, VNI: vni, MTU: mtu,
 	}
 	m := &encapMember{alloc: a, iface: fmt.Sprintf("%s%d", EncapServerIfacePrefix, vni), expires: now.Add(s.cfg.Lease)}
 	if err := s.addDevice(m); err != nil {
@@ -247,11 +265,12 @@ func (s *EncapServer) Open(key wgtypes.Key, from, relayAddr netip.Addr) (EncapAl
 }
 
 // addDevice creates the member's VXLAN device: VNI, local = relay address,
-// remote = member address, no learning (the remote is fixed), the relay's
+// remote = member address (IPv4 or IPv6: the library picks the attribute
+// by the address's length), no learning (the remote is fixed), the relay's
 // inner address and a host route to the member's inner address.
 func (s *EncapServer) addDevice(m *encapMember) (err error) {
 	link := &netlink.Vxlan{
-		LinkAttrs: netlink.LinkAttrs{Name: m.iface, MTU: m.alloc.MTU},
+		LinkAttrs: netlink.LinkAttrs{Name: m.iface, MTU: m.alloc.MTU, HardwareAddr: encapRelayMAC(m.alloc.VNI)},
 		VxlanId:   int(m.alloc.VNI), SrcAddr: m.alloc.Endpoint.Addr().AsSlice(), Group: m.alloc.Member.AsSlice(),
 		Port: s.cfg.Port, Learning: false, UDPCSum: true,
 	}
@@ -371,7 +390,7 @@ func (s *EncapServer) Close() error {
 	var errs []error
 	if s.nl != nil {
 		if nc, err := s.ns.nft(); err == nil {
-			errs = append(errs, deleteNamedTable(nc, EncapTableName))
+			errs = append(errs, deleteEncapTables(nc))
 		} else {
 			errs = append(errs, err)
 		}
@@ -384,4 +403,14 @@ func (s *EncapServer) Close() error {
 	}
 	s.ns.close()
 	return errors.Join(errs...)
+}
+
+// encapRelayMAC is the relay device's hardware address for a VNI: fixed
+// (locally administered, unicast) so that a device rebuilt for the same member
+// and VNI (lease expiry then renewal, a relay restart) answers at the address
+// the member's neighbour entry already holds. With a random address the
+// member's packets went to the old device's address until that entry went
+// stale (seconds of lost traffic after every rebuild).
+func encapRelayMAC(vni uint32) net.HardwareAddr {
+	return net.HardwareAddr{0x02, 0x6d, 0x64, byte(vni >> 16), byte(vni >> 8), byte(vni)}
 }

@@ -22,15 +22,21 @@ func (a EncapAllocation) Validate() error {
 	ok4 := func(x netip.Addr) bool {
 		return x.Is4() && !x.IsUnspecified() && !x.IsMulticast() && !x.IsLoopback()
 	}
+	// The outer path (endpoint, member) may be IPv6: global unicast, no zone.
+	outer := func(x netip.Addr) bool {
+		return ok4(x) || (x.Is6() && !x.Is4In6() && x.Zone() == "" && x.IsGlobalUnicast())
+	}
 	switch {
 	case !a.Address.IsValid() || !ok4(a.Address.Addr()):
 		return fmt.Errorf("vxlan allocation: address %s is not a usable IPv4 prefix", a.Address)
 	case !ok4(a.Gateway) || a.Gateway == a.Address.Addr():
 		return fmt.Errorf("vxlan allocation: gateway %s is not a usable address distinct from %s", a.Gateway, a.Address.Addr())
-	case !ok4(a.Endpoint.Addr()) || a.Endpoint.Port() == 0:
-		return fmt.Errorf("vxlan allocation: endpoint %s is not an IPv4 address:port", a.Endpoint)
-	case !ok4(a.Member):
+	case !outer(a.Endpoint.Addr()) || a.Endpoint.Port() == 0:
+		return fmt.Errorf("vxlan allocation: endpoint %s is not an IPv4 or global IPv6 address:port", a.Endpoint)
+	case !outer(a.Member):
 		return fmt.Errorf("vxlan allocation: member address %s is not usable", a.Member)
+	case a.Member.Is4() != a.Endpoint.Addr().Is4():
+		return fmt.Errorf("vxlan allocation: member address %s and endpoint %s are of different families", a.Member, a.Endpoint.Addr())
 	case a.VNI == 0 || a.VNI >= 1<<24:
 		return fmt.Errorf("vxlan allocation: VNI %d out of range 1-%d", a.VNI, 1<<24-1)
 	case a.MTU < 576 || a.MTU > 9000:
@@ -167,7 +173,7 @@ func (c *EncapClient) apply(a EncapAllocation) error {
 // checkLocal: the relay filters on the address it saw our control request
 // come from; VXLAN must be sent from that address, which must be ours.
 func (c *EncapClient) checkLocal(member netip.Addr) error {
-	addrs, err := c.nl.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := c.nl.AddrList(nil, netlink.FAMILY_ALL) // the underlay may be IPv6
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}

@@ -18,6 +18,7 @@ type encapRule struct {
 	member netip.Addr // underlay source the relay accepts
 	inner  netip.Addr // the member's inner address
 	vni    uint32
+	mtu    int // the member's inner MTU (smaller over an IPv6 underlay)
 }
 
 // matchIfacePrefix compares the first len(prefix) bytes of iifname/oifname
@@ -59,32 +60,49 @@ func matchVNI(vni uint32) []expr.Any {
 //   - forward: a member's device only carries its own inner address
 //     (no inner spoofing), no member-to-member traffic, and the destination
 //     policy of the WireGuard kind;
-//   - MSS clamping both ways, masquerade of the subnet to the uplink.
+//   - MSS clamping both ways, masquerade of the subnet to the uplink;
+//   - the ip6 table does the input filter for members reached over IPv6
+//     (same rules on the IPv6 header) and drops IPv6 arriving through a
+//     VXLAN device (the inside is IPv4 only).
+//
+// Both tables are replaced in the same batch.
 func installEncapTable(c *nftables.Conn, subnet netip.Prefix, port, mtu int, pol Destinations, members []encapRule) error {
 	if err := pol.Validate(); err != nil {
 		return err
 	}
 	const devs = EncapServerIfacePrefix
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: EncapTableName}
-	c.AddTable(t)
-	c.DelTable(t)
-	c.AddTable(t)
 	accept := nftables.ChainPolicyAccept
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
-
 	// Before the usual filter priority so that another table's accept
 	// cannot come first; policy accept leaves other traffic alone.
 	prio := nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 10)
-	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookInput, Priority: prio, Policy: &accept})
-	for _, m := range members {
+	var t *nftables.Table
+	for _, fam := range []tableFamily{tableIPv6, tableIPv4} {
+		t = &nftables.Table{Family: fam.family, Name: EncapTableName}
+		c.AddTable(t)
+		c.DelTable(t)
+		c.AddTable(t)
+		input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookInput, Priority: prio, Policy: &accept})
+		for _, m := range members {
+			if m.member.Is4() != (fam.family == nftables.TableFamilyIPv4) {
+				continue
+			}
+			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(
+				matchAddr(fam.saddr, netip.PrefixFrom(m.member, m.member.BitLen())), matchUDPDport(port), matchVNI(m.vni),
+				[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept}})})
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(matchUDPDport(port), drop)})
 		c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(
-			matchAddr(12, netip.PrefixFrom(m.member, 32)), matchUDPDport(port), matchVNI(m.vni),
-			[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept}})})
+			matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs), drop)})
+		if fam.family == nftables.TableFamilyIPv6 {
+			fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+				Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(
+				matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs), drop)})
+		}
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(matchUDPDport(port), drop)})
-	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: concat(
-		matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs), drop)})
+	// t is the ip table from here on: the inside is IPv4.
 
 	clamp := c.AddChain(&nftables.Chain{Name: "clamp", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityMangle, Policy: &accept})
@@ -101,6 +119,18 @@ func installEncapTable(c *nftables.Conn, subnet netip.Prefix, port, mtu int, pol
 			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(mtu - 40))},
 			writeMSS(),
 		})})
+	// A member over an IPv6 underlay has a smaller MTU: its own (lower)
+	// clamp; the kernel only ever lowers an MSS, so both rules may match.
+	for _, m := range members {
+		if m.mtu != 0 && m.mtu != mtu {
+			c.AddRule(&nftables.Rule{Table: t, Chain: clamp, Exprs: concat(
+				matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, m.iface), matchSYN(),
+				[]expr.Any{
+					&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(m.mtu - 40))},
+					writeMSS(),
+				})})
+		}
+	}
 
 	filter := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -150,13 +180,15 @@ func installEncapTable(c *nftables.Conn, subnet netip.Prefix, port, mtu int, pol
 	return nil
 }
 
-// deleteNamedTable removes an ip-family table if present.
-func deleteNamedTable(c *nftables.Conn, name string) error {
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: name}
-	c.AddTable(t)
-	c.DelTable(t)
+// deleteEncapTables removes the ip and ip6 tables if present.
+func deleteEncapTables(c *nftables.Conn) error {
+	for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		t := &nftables.Table{Family: f, Name: EncapTableName}
+		c.AddTable(t)
+		c.DelTable(t)
+	}
 	if err := c.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("delete nftables table %s: %w", name, err)
+		return fmt.Errorf("delete nftables tables %s: %w", EncapTableName, err)
 	}
 	return nil
 }

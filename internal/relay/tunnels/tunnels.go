@@ -340,8 +340,10 @@ func (a *Allocator) Encap(member proto.Key, client, relayAddr netip.Addr) (proto
 	if a.encap == nil {
 		return proto.EncapGrant{}, 0, fmt.Errorf("vxlan tunnels not offered (tunnel.kinds): %w", &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported})
 	}
-	if !client.Unmap().Is4() || !relayAddr.Unmap().Is4() {
-		return proto.EncapGrant{}, 0, fmt.Errorf("vxlan needs IPv4 control addresses: %w", &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported})
+	// The underlay is the control session's family (IPv4 or IPv6); the
+	// session's two ends are always of one family, mixed is refused.
+	if client.Unmap().Is4() != relayAddr.Unmap().Is4() {
+		return proto.EncapGrant{}, 0, fmt.Errorf("vxlan needs control addresses of one family (%s, %s): %w", client, relayAddr, &proto.Error{Op: proto.OpEncap, Reason: proto.ReasonUnsupported})
 	}
 	e, err := a.encap.Open(wgtypes.Key(member), client, relayAddr)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/config"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -144,4 +145,17 @@ func FuzzParseTunnelSection(f *testing.F) {
 			t.Fatalf("accepted an inconsistent section: %+v", st)
 		}
 	})
+}
+
+// TestEncapMixedFamilies: VXLAN is served over IPv4 and IPv6 control
+// sessions; a session whose two ends are of different families (never
+// seen from a real socket) is refused unsupported before the server is
+// touched.
+func TestEncapMixedFamilies(t *testing.T) {
+	a := &Allocator{encap: new(tunnel.EncapServer)}
+	_, _, err := a.Encap(proto.Key{1}, netip.MustParseAddr("2001:db8::2"), netip.MustParseAddr("192.0.2.1"))
+	var pe *proto.Error
+	if !errors.As(err, &pe) || pe.Reason != proto.ReasonUnsupported || !strings.Contains(err.Error(), "one family") {
+		t.Fatalf("got %v, want unsupported naming the families", err)
+	}
 }

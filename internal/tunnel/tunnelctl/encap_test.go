@@ -1,11 +1,7 @@
 package tunnelctl
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -40,31 +36,7 @@ func TestControlChannelEncap(t *testing.T) {
 		t.Fatalf("address %s not from the vxlan subnet", c.Address())
 	}
 
-	var l net.Listener
-	if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	netnstest.Serve(l, func(c net.Conn) {
-		fmt.Fprintf(c, "%s\n", c.RemoteAddr())
-		c.Close()
-	})
-	var seen string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		var tc net.Conn
-		err = netnstest.DoNamed(ln.cl, func() (err error) {
-			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(c.Address(), 0))}
-			tc, err = d.Dial("tcp4", l.Addr().String())
-			return err
-		})
-		if err == nil {
-			seen, err = bufio.NewReader(tc).ReadString('\n')
-			tc.Close()
-			if err == nil || err == io.EOF {
-				break
-			}
-		}
-	}
+	seen, err := seenThrough(t, ln, c.Address())
 	if !strings.HasPrefix(seen, "203.0.113.1:") {
 		t.Fatalf("through vxlan the server saw %q (err %v), want the relay 203.0.113.1", seen, err)
 	}

@@ -1,0 +1,178 @@
+// Package bpfclamp clamps the congestion window of chosen TCP sockets
+// (MPTCP subflows among them) with a BPF sock_ops program attached to a
+// cgroup v2 directory. The kernel offers no per-subflow cwnd knob to user
+// space: TCP_CONGESTION and buffer options on an MPTCP socket apply to
+// every subflow, while bpf_setsockopt(SOL_TCP, TCP_BPF_SNDCWND_CLAMP) from
+// sock_ops acts on one subflow socket (subflows inherit the MPTCP socket's
+// cgroup; see the kernel selftest
+// tools/testing/selftests/bpf/progs/mptcp_subflow.c).
+//
+// The program looks up each socket that becomes established in a hash map
+// keyed by (local IPv4 address, remote IPv4 address), both in network byte
+// order, and applies the clamp (segments) it finds. The caller writes the
+// map (Set, Delete); a clamp applies to sockets established after it was
+// written.
+//
+// The program is assembled in Go with cilium/ebpf's asm package rather than
+// compiled from C: the build hosts have no clang, and the program is a
+// dozen instructions.
+//
+// Attach uses a BPF link: closing it (Close, or the process exiting)
+// detaches the program, so nothing stays attached after the owner is gone.
+package bpfclamp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+)
+
+// Offsets in struct bpf_sock_ops (include/uapi/linux/bpf.h).
+const (
+	offOp       = 0
+	offRemoteIP = 24
+	offLocalIP  = 28
+)
+
+// sock_ops operations and option names the program uses
+// (include/uapi/linux/bpf.h, include/uapi/linux/tcp.h).
+const (
+	opActiveEstablished  = 4 // BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
+	opPassiveEstablished = 5 // BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB
+	solTCP               = 6
+	tcpBPFSndCwndClamp   = 1002
+)
+
+// MaxEntries bounds the map (local, remote) pairs.
+const MaxEntries = 4096
+
+// Key is one socket's address pair.
+type Key struct{ Local, Remote netip.Addr }
+
+func (k Key) bytes() ([8]byte, error) {
+	var b [8]byte
+	if !k.Local.Is4() || !k.Remote.Is4() {
+		return b, fmt.Errorf("bpfclamp: %v -> %v: only IPv4 address pairs are supported", k.Local, k.Remote)
+	}
+	l, r := k.Local.As4(), k.Remote.As4()
+	copy(b[:4], l[:])
+	copy(b[4:], r[:])
+	return b, nil
+}
+
+// Clamper is the loaded and attached program with its map.
+type Clamper struct {
+	m    *ebpf.Map
+	prog *ebpf.Program
+	l    link.Link
+}
+
+// instructions returns the program reading its limits from m.
+func instructions(m *ebpf.Map) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1), // r6 = ctx
+		asm.LoadMem(asm.R2, asm.R6, offOp, asm.Word),
+		asm.JEq.Imm(asm.R2, opActiveEstablished, "lookup"),
+		asm.JEq.Imm(asm.R2, opPassiveEstablished, "lookup"),
+		asm.Ja.Label("out"),
+		// key on the stack at fp-8: local_ip4, remote_ip4
+		asm.LoadMem(asm.R2, asm.R6, offLocalIP, asm.Word).WithSymbol("lookup"),
+		asm.StoreMem(asm.RFP, -8, asm.R2, asm.Word),
+		asm.LoadMem(asm.R2, asm.R6, offRemoteIP, asm.Word),
+		asm.StoreMem(asm.RFP, -4, asm.R2, asm.Word),
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
+		asm.JEq.Imm(asm.R2, 0, "out"),
+		asm.StoreMem(asm.RFP, -12, asm.R2, asm.Word),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, solTCP),
+		asm.Mov.Imm(asm.R3, tcpBPFSndCwndClamp),
+		asm.Mov.Reg(asm.R4, asm.RFP),
+		asm.Add.Imm(asm.R4, -12),
+		asm.Mov.Imm(asm.R5, 4),
+		asm.FnSetsockopt.Call(),
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+		asm.Return(),
+	}
+}
+
+// Attach loads the program and attaches it to the cgroup v2 directory
+// cgroupPath. On any failure nothing stays loaded or attached.
+func Attach(cgroupPath string) (_ *Clamper, err error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp", Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: MaxEntries})
+	if err != nil {
+		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
+	}
+	c := &Clamper{m: m}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m)})
+	if err != nil {
+		return nil, fmt.Errorf("bpfclamp: load sock_ops program: %w", err)
+	}
+	c.l, err = link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: ebpf.AttachCGroupSockOps, Program: c.prog})
+	if err != nil {
+		return nil, fmt.Errorf("bpfclamp: attach to cgroup %s: %w", cgroupPath, err)
+	}
+	return c, nil
+}
+
+// Set clamps the cwnd of sockets with this address pair established from
+// now on to segs segments (segs > 0).
+func (c *Clamper) Set(k Key, segs uint32) error {
+	if segs == 0 {
+		return errors.New("bpfclamp: a clamp of 0 segments: use Delete to remove one")
+	}
+	kb, err := k.bytes()
+	if err != nil {
+		return err
+	}
+	var v [4]byte
+	binary.NativeEndian.PutUint32(v[:], segs)
+	if err := c.m.Put(kb[:], v[:]); err != nil {
+		return fmt.Errorf("bpfclamp: set %v -> %v: %w", k.Local, k.Remote, err)
+	}
+	return nil
+}
+
+// Delete removes the clamp of an address pair (absent: no error).
+func (c *Clamper) Delete(k Key) error {
+	kb, err := k.bytes()
+	if err != nil {
+		return err
+	}
+	if err := c.m.Delete(kb[:]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpfclamp: delete %v -> %v: %w", k.Local, k.Remote, err)
+	}
+	return nil
+}
+
+// Close detaches the program and frees it and its map.
+func (c *Clamper) Close() error {
+	var errs []error
+	if c.l != nil {
+		errs = append(errs, c.l.Close())
+		c.l = nil
+	}
+	if c.prog != nil {
+		errs = append(errs, c.prog.Close())
+		c.prog = nil
+	}
+	if c.m != nil {
+		errs = append(errs, c.m.Close())
+		c.m = nil
+	}
+	return errors.Join(errs...)
+}

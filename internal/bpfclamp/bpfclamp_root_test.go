@@ -1,0 +1,235 @@
+package bpfclamp
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// cgroupRoot finds a cgroup v2 mount (unified hierarchy or hybrid).
+func cgroupRoot(t *testing.T) string {
+	for _, p := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return p
+		}
+	}
+	t.Skip("no cgroup v2 mount")
+	return ""
+}
+
+// ownCgroup returns the cgroup v2 directory this process is in.
+func ownCgroup(t *testing.T, root string) string {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if len(line) > 3 && line[:3] == "0::" {
+			return filepath.Join(root, line[3:])
+		}
+	}
+	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
+	return ""
+}
+
+func attachedCount(t *testing.T, dir string) int {
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(r.Programs)
+}
+
+// connectedCwnd opens a loopback TCP connection while this process is in
+// cgroup dir, sends 4 MB and returns the sender's largest snd_cwnd seen.
+func connectedCwnd(t *testing.T, dir, back string) uint32 { return dialCwnd(t, dir, back, false) }
+
+// dialCwnd is connectedCwnd, with mptcp an MPTCP connection (the
+// subflow's TCP_INFO: the kernel answers TCP_INFO on an MPTCP socket with
+// the first subflow's).
+func dialCwnd(t *testing.T, dir, back string, mptcp bool) uint32 {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(mptcp)
+	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(io.Discard, c)
+	}()
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var d net.Dialer
+	d.SetMultipathTCP(mptcp)
+	c, err := d.Dial("tcp4", ln.Addr().String())
+	// Back to where the process was: the socket keeps the cgroup it was
+	// created in.
+	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
+		t.Fatal(err2)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if mptcp {
+		if ok, err := c.(*net.TCPConn).MultipathTCP(); err != nil || !ok {
+			t.Fatalf("the connection fell back to TCP (MPTCP %v, %v): is net.mptcp.enabled on?", ok, err)
+		}
+	}
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	var most uint32
+	for range 64 {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		raw.Control(func(fd uintptr) {
+			if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				most = max(most, ti.Snd_cwnd)
+			}
+		})
+	}
+	return most
+}
+
+// TestClampTakesEffect attaches the program to a fresh cgroup, clamps the
+// loopback pair to 4 segments and checks that a connection made in the
+// cgroup never exceeds it, while one made after the clamp is deleted does;
+// after Close nothing is attached to the cgroup.
+func TestClampTakesEffect(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF, cgroups)")
+	}
+	root := cgroupRoot(t)
+	back := ownCgroup(t, root)
+	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfclamp-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove cgroup: %v", err)
+		}
+	})
+	c, err := Attach(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n := attachedCount(t, dir); n != 1 {
+		t.Fatalf("%d programs attached, want 1", n)
+	}
+	lo := netip.MustParseAddr("127.0.0.1")
+	k := Key{Local: lo, Remote: lo}
+	const clamp = 4
+	if err := c.Set(k, clamp); err != nil {
+		t.Fatal(err)
+	}
+	got := connectedCwnd(t, dir, back)
+	t.Logf("clamp %d: largest snd_cwnd %d", clamp, got)
+	if got == 0 || got > clamp {
+		t.Errorf("clamped connection: largest snd_cwnd %d, want 1..%d", got, clamp)
+	}
+	// An MPTCP connection: the clamp applies to its subflow.
+	got = dialCwnd(t, dir, back, true)
+	t.Logf("clamp %d, MPTCP subflow: largest snd_cwnd %d", clamp, got)
+	if got == 0 || got > clamp {
+		t.Errorf("clamped MPTCP subflow: largest snd_cwnd %d, want 1..%d", got, clamp)
+	}
+	if err := c.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	got = connectedCwnd(t, dir, back)
+	t.Logf("no clamp: largest snd_cwnd %d", got)
+	if got <= clamp {
+		t.Errorf("unclamped connection: largest snd_cwnd %d, want above %d", got, clamp)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := attachedCount(t, dir); n != 0 {
+		t.Errorf("%d programs attached after Close, want 0", n)
+	}
+}
+
+// TestAttachFailureLeavesNothing: a cgroup path that is not a cgroup v2
+// directory fails with an error naming it and leaves nothing attached.
+func TestAttachFailureLeavesNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF)")
+	}
+	bad := t.TempDir()
+	_, err := Attach(bad)
+	if err == nil {
+		t.Fatal("attach to a plain directory succeeded")
+	}
+	if want := "attach to cgroup " + bad; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not say %q", err, want)
+	}
+}
+
+func TestKeyIPv6Refused(t *testing.T) {
+	if _, err := (Key{Local: netip.MustParseAddr("::1"), Remote: netip.MustParseAddr("::1")}).bytes(); err == nil {
+		t.Error("IPv6 key accepted")
+	}
+}
+
+// TestExitDetaches: a process that attaches and exits without Close
+// (killed, crashed) leaves nothing attached: the BPF link dies with its
+// last file descriptor.
+func TestExitDetaches(t *testing.T) {
+	if dir := os.Getenv("MPD_BPFCLAMP_CHILD"); dir != "" {
+		if _, err := Attach(dir); err != nil {
+			fmt.Println("attach:", err)
+			os.Exit(3)
+		}
+		fmt.Println("attached")
+		os.Exit(0) // no Close
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF, cgroups)")
+	}
+	root := cgroupRoot(t)
+	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfclamp-exit-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	cmd := exec.Command(os.Args[0], "-test.run=^TestExitDetaches$")
+	cmd.Env = append(os.Environ(), "MPD_BPFCLAMP_CHILD="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "attached") {
+		t.Fatalf("child: %v: %s", err, out)
+	}
+	if n := attachedCount(t, dir); n != 0 {
+		t.Errorf("%d programs attached after the attaching process exited, want 0", n)
+	}
+}
