@@ -122,11 +122,12 @@ func labCommands() []*cli.Command {
 		saveJSON   string
 		opts       lab.CheckOptions
 		checkLinks string
+		checkFam   string
 	)
 	check := &cli.Command{
 		Name:         "check",
 		Summary:      "measure every link (RTT, goodput, loss) against its spec; exit 1 if any is off",
-		Usage:        "NAME [--json] [--save FILE] [--duration D] [--samples N] [--links L1,L2] [--sequential | --all-at-once] [--no-rate]",
+		Usage:        "NAME [--json] [--save FILE] [--duration D] [--samples N] [--links L1,L2] [--sequential | --all-at-once] [--no-rate] [--family 4|6]",
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&jsonOut, "json", false, "print the report as JSON")
@@ -139,6 +140,7 @@ func labCommands() []*cli.Command {
 			fs.BoolVar(&opts.Sequential, "sequential", false, "measure goodput one direction at a time (default: all links' a->b at once, then b->a)")
 			fs.BoolVar(&opts.NoRate, "no-rate", false, "skip the goodput measurement")
 			fs.BoolVar(&opts.AllAtOnce, "all-at-once", false, "load every direction of every link at once (full load; spec reduced by the reverse flow's ACKs)")
+			fs.StringVar(&checkFam, "family", "", "address family to measure, 4 or 6 (default: 4 if the lab has IPv4; a dual lab is checked once per family)")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) != 1 {
@@ -150,6 +152,7 @@ func labCommands() []*cli.Command {
 			if checkLinks != "" {
 				opts.Links = strings.Split(checkLinks, ",")
 			}
+			opts.Family = topology.Family(checkFam)
 			l, err := lab.Open(args[0])
 			if err != nil {
 				return err
@@ -260,6 +263,9 @@ func containsS(s []string, x string) bool {
 }
 
 func printCheck(r *lab.CheckReport) {
+	if r.Family == topology.Family6 {
+		fmt.Println("family: IPv6")
+	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "LINK\tDIRECTION\tRTT spec\tRTT median\t\tRATE spec\tRATE (UDP)\t\tGOODPUT spec\tGOODPUT (TCP)\t\tLOSS spec\tLOSS (n=%d, %.0f%% interval)\t\n", r.Samples, r.Confidence*100)
 	mark := func(ok bool) string {

@@ -42,6 +42,9 @@ type CheckOptions struct {
 	Confidence float64
 	// Links restricts the check to these links (default: all).
 	Links []string
+	// Family is the address family checked, 4 or 6 (default: 4 when the
+	// lab has IPv4, else 6); a dual-stack lab is checked once per family.
+	Family topology.Family
 }
 
 // Tolerances of the fidelity targets.
@@ -105,11 +108,12 @@ func (d DirCheck) OK() bool { return d.RTTOK && d.RateOK && d.GoodputOK && d.Los
 
 // CheckReport is the result of Check.
 type CheckReport struct {
-	Lab        string     `json:"lab"`
-	Confidence float64    `json:"confidence"`
-	Samples    int        `json:"loss_samples"`
-	Directions []DirCheck `json:"directions"`
-	OK         bool       `json:"ok"`
+	Lab        string          `json:"lab"`
+	Family     topology.Family `json:"family"`
+	Confidence float64         `json:"confidence"`
+	Samples    int             `json:"loss_samples"`
+	Directions []DirCheck      `json:"directions"`
+	OK         bool            `json:"ok"`
 	// LoadAvg is the 1-minute load average when the check ended and CPUs
 	// the number of CPUs: above CPUs, the traffic endpoints themselves
 	// may be starved, which shows as goodput below spec.
@@ -185,7 +189,11 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 			return nil, fmt.Errorf("lab %s has no link %q", l.name, n)
 		}
 	}
-	rep := &CheckReport{Lab: l.name, Confidence: o.Confidence, Samples: o.LossSamples}
+	fam, err := l.checkFamily(o.Family)
+	if err != nil {
+		return nil, err
+	}
+	rep := &CheckReport{Lab: l.name, Family: fam, Confidence: o.Confidence, Samples: o.LossSamples}
 	for _, k := range links {
 		for _, dir := range []string{"ab", "ba"} {
 			d := DirCheck{Link: k.Name, Dir: dir, From: k.A.Node, To: k.B.Node}
@@ -207,7 +215,7 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 				d.GoodputNote = "lossy link: TCP is loss-limited, rate not checked"
 				d.GoodputOK = true
 			} else if sh.Rate > 0 && !o.NoRate {
-				d.GoodputSpec = sh.Rate.Mbit() * TCPEfficiency
+				d.GoodputSpec = sh.Rate.Mbit() * tcpEfficiency(fam)
 				if o.AllAtOnce {
 					d.GoodputSpec *= 1 - AckShare
 				}
@@ -219,10 +227,14 @@ func (l *Lab) Check(ctx context.Context, o CheckOptions) (*CheckReport, error) {
 	}
 	dst := func(d *DirCheck) netip.Addr {
 		k := l.topo.Link(d.Link)
+		a := k.A.Addr.Addr()
 		if d.Dir == "ab" {
-			return k.B.Addr.Addr()
+			a = k.B.Addr.Addr()
 		}
-		return k.A.Addr.Addr()
+		if rep.Family == topology.Family6 {
+			return topology.V6(a)
+		}
+		return a
 	}
 	// 1. RTT, idle links, all at once (echo traffic is light).
 	var wg sync.WaitGroup
@@ -361,6 +373,24 @@ const (
 	udpPayload = udpFrame - 14 - 20 - 8
 )
 
+// udpPayloadFor is udpPayload for dst's family (an IPv6 header is 20
+// bytes longer, so the same frame carries 20 bytes less).
+func udpPayloadFor(dst netip.Addr) int {
+	if dst.Is6() {
+		return udpPayload - 20
+	}
+	return udpPayload
+}
+
+// tcpEfficiency is TCPEfficiency for a family: an IPv6 segment carries
+// 20 bytes less payload (MSS 1428) in the same 1514-byte frame.
+func tcpEfficiency(f topology.Family) float64 {
+	if f == topology.Family6 {
+		return (1448.0 - 20) / 1514.0
+	}
+	return TCPEfficiency
+}
+
 // udpRate (run it on a goroutine of its own: it keeps its thread) sends
 // full-size UDP datagrams from node from to dst (in node
 // to) at 1.2 × rate for 2 s, so that the sender's tbf always has a
@@ -370,7 +400,7 @@ func (l *Lab) udpRate(ctx context.Context, from, to string, dst netip.Addr, rate
 	var rx, tx *net.UDPConn
 	if err := l.Do(to, func() error {
 		var err error
-		rx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
+		rx, err = net.ListenUDP(udpNet(dst), net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
 		if err != nil {
 			return err
 		}
@@ -389,7 +419,7 @@ func (l *Lab) udpRate(ctx context.Context, from, to string, dst netip.Addr, rate
 	defer rx.Close()
 	if err := l.Do(from, func() error {
 		var err error
-		tx, err = net.DialUDP("udp4", nil, rx.LocalAddr().(*net.UDPAddr))
+		tx, err = net.DialUDP(udpNet(dst), nil, rx.LocalAddr().(*net.UDPAddr))
 		return err
 	}); err != nil {
 		return 0, fmt.Errorf("%s: %w", from, err)
@@ -431,7 +461,8 @@ func (l *Lab) udpRate(ctx context.Context, from, to string, dst netip.Addr, rate
 		}
 	}()
 	pps := 1.2 * float64(rate) / (udpFrame * 8)
-	msg := make([]byte, udpPayload)
+	payload := udpPayloadFor(dst)
+	msg := make([]byte, payload)
 	// The queue in front of the link holds only ~60 ms at 20 Mbit/s: a
 	// sender that is not scheduled for longer leaves the link idle. Give
 	// the sending loop its own thread with a higher CFS weight; the
@@ -469,7 +500,7 @@ func (l *Lab) udpRate(ctx context.Context, from, to string, dst netip.Addr, rate
 	if r.bytes == 0 || win < 0.5 {
 		return 0, fmt.Errorf("%s -> %s: UDP rate probe: too little arrived (%d bytes over %.2f s)", from, to, r.bytes, win)
 	}
-	frames := float64(r.bytes) / udpPayload
+	frames := float64(r.bytes) / float64(payload)
 	return frames * udpFrame * 8 / win / 1e6, nil
 }
 
@@ -526,7 +557,7 @@ func (l *Lab) udpLoss(ctx context.Context, from, to string, dst netip.Addr, n in
 	var overflow0 uint64
 	if err := l.Do(to, func() error {
 		var err error
-		rx, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
+		rx, err = net.ListenUDP(udpNet(dst), net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 0)))
 		if err != nil {
 			return err
 		}
@@ -544,7 +575,7 @@ func (l *Lab) udpLoss(ctx context.Context, from, to string, dst netip.Addr, n in
 	defer rx.Close()
 	if err := l.Do(from, func() error {
 		var err error
-		tx, err = net.DialUDP("udp4", nil, rx.LocalAddr().(*net.UDPAddr))
+		tx, err = net.DialUDP(udpNet(dst), nil, rx.LocalAddr().(*net.UDPAddr))
 		return err
 	}); err != nil {
 		return 0, 0, fmt.Errorf("%s: %w", from, err)
@@ -675,4 +706,36 @@ func (l *Lab) DelayLinePID() int {
 		return 0
 	}
 	return l.st.DelayLine.PID
+}
+
+// udpNet is the UDP network for dst's family.
+func udpNet(dst netip.Addr) string {
+	if dst.Is6() {
+		return "udp6"
+	}
+	return "udp4"
+}
+
+// checkFamily resolves CheckOptions.Family: "" is IPv4 when the lab has
+// it, else IPv6; a family the lab was not built with is an error.
+func (l *Lab) checkFamily(want topology.Family) (topology.Family, error) {
+	have := l.topo.Family()
+	switch want {
+	case "":
+		if have.Has4() {
+			return topology.Family4, nil
+		}
+		return topology.Family6, nil
+	case topology.Family4:
+		if !have.Has4() {
+			return "", fmt.Errorf("lab %s has no IPv4 (family %s)", l.name, have)
+		}
+	case topology.Family6:
+		if !have.Has6() {
+			return "", fmt.Errorf("lab %s has no IPv6 (built with family %s; use --set family=dual)", l.name, have)
+		}
+	default:
+		return "", fmt.Errorf("check family must be 4 or 6, not %q", want)
+	}
+	return want, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 )
 
@@ -56,7 +57,11 @@ var pingID atomic.Uint32
 func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, interval, timeout time.Duration) (PingResult, error) {
 	var conn *net.IPConn
 	err := l.Do(node, func() error {
-		c, err := net.ListenPacket("ip4:icmp", "0.0.0.0")
+		network, laddr := "ip4:icmp", "0.0.0.0"
+		if dst.Is6() {
+			network, laddr = "ip6:ipv6-icmp", "::"
+		}
+		c, err := net.ListenPacket(network, laddr)
 		if err != nil {
 			return err
 		}
@@ -81,6 +86,13 @@ func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, 
 	res := PingResult{}
 	done := make(chan struct{})
 	got := make(map[int]bool)
+	var proto int = 1 // ICMP
+	var request, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
+	if dst.Is6() {
+		// Raw ICMPv6 sockets never include the IPv6 header, and the kernel
+		// fills in the checksum (RFC 3542).
+		proto, request, reply = 58, ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply
+	}
 
 	go func() {
 		defer close(done)
@@ -97,11 +109,11 @@ func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, 
 			}
 			pkt := buf[:n]
 			// Raw IPv4 sockets may hand over the IP header too.
-			if len(pkt) >= 20 && pkt[0]>>4 == 4 {
+			if proto == 1 && len(pkt) >= 20 && pkt[0]>>4 == 4 {
 				pkt = pkt[int(pkt[0]&0x0f)*4:]
 			}
-			m, err := icmp.ParseMessage(1, pkt)
-			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+			m, err := icmp.ParseMessage(proto, pkt)
+			if err != nil || m.Type != reply {
 				continue
 			}
 			e, ok := m.Body.(*icmp.Echo)
@@ -123,7 +135,7 @@ func (l *Lab) Ping(ctx context.Context, node string, dst netip.Addr, count int, 
 	for seq := range count {
 		payload := make([]byte, 56)
 		binary.BigEndian.PutUint64(payload, uint64(time.Now().UnixNano()))
-		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: payload}}
+		msg := icmp.Message{Type: request, Body: &icmp.Echo{ID: id, Seq: seq, Data: payload}}
 		b, _ := msg.Marshal(nil)
 		if _, err := conn.WriteTo(b, to); err != nil && !errors.Is(err, net.ErrClosed) {
 			conn.Close()

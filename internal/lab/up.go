@@ -15,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
@@ -63,9 +64,28 @@ func (l *Lab) NetnsPath(node string) string {
 }
 
 // Addr returns node's primary address (its address on the first link it
-// is an endpoint of; client 10.0.1.1 in brennan2017). Invalid for an
-// unknown or unconnected node.
-func (l *Lab) Addr(node string) netip.Addr { return l.topo.Primary(node) }
+// is an endpoint of; client 10.0.1.1 in brennan2017): IPv4, or its IPv6
+// twin in a lab of family 6. Invalid for an unknown or unconnected node.
+func (l *Lab) Addr(node string) netip.Addr {
+	a := l.topo.Primary(node)
+	if a.IsValid() && !l.topo.Family().Has4() {
+		return topology.V6(a)
+	}
+	return a
+}
+
+// Addr6 returns node's primary IPv6 address (topology.V6 of its IPv4
+// one); invalid when the lab has no IPv6 (family 4) or the node is unknown.
+func (l *Lab) Addr6(node string) netip.Addr {
+	a := l.topo.Primary(node)
+	if !a.IsValid() || !l.topo.Family().Has6() {
+		return netip.Addr{}
+	}
+	return topology.V6(a)
+}
+
+// Family returns the address families the lab was built with.
+func (l *Lab) Family() topology.Family { return l.topo.Family() }
 
 // Iface describes one interface of a node.
 type Iface struct {
@@ -81,12 +101,19 @@ type Iface struct {
 func (l *Lab) Ifaces(node string) []Iface {
 	var out []Iface
 	for _, k := range l.topo.Links {
+		var i Iface
 		switch node {
 		case k.A.Node:
-			out = append(out, Iface{Name: k.Name, Link: k, Addr: k.A.Addr, Peer: k.B.Node, PeerAddr: k.B.Addr.Addr()})
+			i = Iface{Name: k.Name, Link: k, Addr: k.A.Addr, Peer: k.B.Node, PeerAddr: k.B.Addr.Addr()}
 		case k.B.Node:
-			out = append(out, Iface{Name: k.Name, Link: k, Addr: k.B.Addr, Peer: k.A.Node, PeerAddr: k.A.Addr.Addr()})
+			i = Iface{Name: k.Name, Link: k, Addr: k.B.Addr, Peer: k.A.Node, PeerAddr: k.A.Addr.Addr()}
+		default:
+			continue
 		}
+		if !l.topo.Family().Has4() {
+			i.Addr, i.PeerAddr = topology.V6Prefixed(i.Addr), topology.V6(i.PeerAddr)
+		}
+		out = append(out, i)
 	}
 	return out
 }
@@ -269,8 +296,9 @@ func (b *builder) newNetns(x string) error {
 	if err != nil {
 		return fmt.Errorf("%s: loopback up: %w", ns, err)
 	}
-	// The topology is IPv4; IPv6 would only add router solicitations and
-	// MLD reports to links whose loss and rate we measure.
+	// IPv6 is off unless the topology's family asks for it (build turns
+	// it on again in the nodes): it would only add router solicitations
+	// and MLD reports to links whose loss and rate we measure.
 	return b.sysctls(ns, []topology.Sysctl{
 		{Key: "net.ipv6.conf.all.disable_ipv6", Value: "1"},
 		{Key: "net.ipv6.conf.default.disable_ipv6", Value: "1"},
@@ -322,6 +350,11 @@ func (b *builder) build() error {
 		if err := b.sysctls(ns, append([]topology.Sysctl{{Key: "net.ipv4.ip_forward", Value: fwd}}, n.Sysctls...), false); err != nil {
 			return err
 		}
+		if b.t.Family().Has6() {
+			if err := b.sysctls(ns, ipv6Sysctls(fwd), false); err != nil {
+				return err
+			}
+		}
 	}
 	b.netem = b.detectNetem(b.nsName(b.t.Nodes[0].Name))
 	for _, l := range b.t.Links {
@@ -332,13 +365,15 @@ func (b *builder) build() error {
 	for _, n := range b.t.Nodes {
 		h := b.handles[b.nsName(n.Name)]
 		for _, r := range n.Routes {
-			dst := &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), 32)}
-			rt := &netlink.Route{Dst: dst, Gw: r.Via.AsSlice()}
-			if r.Src.IsValid() {
-				rt.Src = r.Src.AsSlice()
-			}
-			if err := h.RouteAdd(rt); err != nil {
-				return fmt.Errorf("node %s: route %s via %s: %w", n.Name, r.Dst, r.Via, err)
+			for _, r := range b.families(r) {
+				dst := ipNet(r.Dst)
+				rt := &netlink.Route{Dst: dst, Gw: r.Via.AsSlice()}
+				if r.Src.IsValid() {
+					rt.Src = r.Src.AsSlice()
+				}
+				if err := h.RouteAdd(rt); err != nil {
+					return fmt.Errorf("node %s: route %s via %s: %w", n.Name, r.Dst, r.Via, err)
+				}
 			}
 		}
 	}
@@ -418,9 +453,12 @@ func (b *builder) link(l *topology.Link) error {
 				return err
 			}
 		}
-		ipn := &net.IPNet{IP: e.addr.Addr().AsSlice(), Mask: net.CIDRMask(e.addr.Bits(), 32)}
-		if err := h.AddrAdd(dev, &netlink.Addr{IPNet: ipn}); err != nil {
-			return fmt.Errorf("%s: address %s: %w", e.ns, e.addr, err)
+		for _, a := range b.prefixes(e.addr) {
+			// NODAD: the lab's addresses are unique by construction, and
+			// a tentative address would refuse to bind for ~1 s.
+			if err := h.AddrAdd(dev, &netlink.Addr{IPNet: ipNet(a), Flags: nodad(a)}); err != nil {
+				return fmt.Errorf("%s: address %s: %w", e.ns, a, err)
+			}
 		}
 		if err := b.shapeEgress(h, dev, e.egress, emu); err != nil {
 			return fmt.Errorf("%s: %w", e.ns, err)
@@ -440,4 +478,63 @@ func (b *builder) link(l *topology.Link) error {
 		}
 	}
 	return nil
+}
+
+// ipv6Sysctls turn IPv6 on in a node of a family 6 or dual lab: no
+// duplicate address detection (addresses are unique by construction and
+// a tentative one cannot be bound), no router advertisements (routes are
+// static), forwarding as for IPv4.
+func ipv6Sysctls(fwd string) []topology.Sysctl {
+	return []topology.Sysctl{
+		{Key: "net.ipv6.conf.all.disable_ipv6", Value: "0"},
+		{Key: "net.ipv6.conf.default.disable_ipv6", Value: "0"},
+		{Key: "net.ipv6.conf.all.accept_dad", Value: "0"},
+		{Key: "net.ipv6.conf.default.accept_dad", Value: "0"},
+		{Key: "net.ipv6.conf.all.accept_ra", Value: "0"},
+		{Key: "net.ipv6.conf.default.accept_ra", Value: "0"},
+		{Key: "net.ipv6.conf.all.forwarding", Value: fwd},
+	}
+}
+
+// prefixes returns an interface address in the lab's families (the IPv4
+// one and/or its IPv6 twin).
+func (b *builder) prefixes(p netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	f := b.t.Family()
+	if f.Has4() {
+		out = append(out, p)
+	}
+	if f.Has6() {
+		out = append(out, topology.V6Prefixed(p))
+	}
+	return out
+}
+
+// families returns a route in the lab's families.
+func (b *builder) families(r topology.Route) []topology.Route {
+	var out []topology.Route
+	f := b.t.Family()
+	if f.Has4() {
+		out = append(out, r)
+	}
+	if f.Has6() {
+		r6 := r
+		r6.Dst, r6.Via = topology.V6Prefixed(r.Dst), topology.V6(r.Via)
+		if r.Src.IsValid() {
+			r6.Src = topology.V6(r.Src)
+		}
+		out = append(out, r6)
+	}
+	return out
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func nodad(p netip.Prefix) int {
+	if p.Addr().Is6() {
+		return unix.IFA_F_NODAD
+	}
+	return 0
 }

@@ -48,7 +48,7 @@ func (s *Server) certify(ses *session, req *proto.CertifyRequest) answer {
 		return refused(proto.ReasonUnauthorized)
 	}
 	first := s.trust.Certified[ses.peer].Serial != c.Serial
-	s.trust.Certified[ses.peer] = trust.Member{Name: c.Name, Serial: c.Serial, NotAfter: c.NotAfter}
+	s.trust.Certified[ses.peer] = trust.Member{Name: c.Name, Serial: c.Serial, NotBefore: c.NotBefore, NotAfter: c.NotAfter}
 	for _, id := range s.ses.byMember[ses.peer] {
 		if o := s.ses.all[id]; o != nil && o.pending {
 			o.pending, o.name = false, c.Name

@@ -292,32 +292,54 @@ func TestHandshakeFlood(t *testing.T) {
 // MPDETOUR_FLOOD_RATE, MPDETOUR_FLOOD_SECONDS and MPDETOUR_FLOOD_MEMBERS change the defaults
 // (20000, 10, 20); MPDETOUR_FLOOD_KIND=junk floods spoofed junk transport
 // packets instead of initiations (sources cycle through 131,072 addresses);
+// MPDETOUR_FLOOD_AFTER=seconds adds a phase without flood right after it
+// (the members' handshakes and grants once the flood stops);
+// MPDETOUR_FLOOD_LOWRATE=rate adds a flood at that rate afterwards (same
+// length), to tell CPU starvation (misses shrink with the rate) from
+// admission (misses do not depend on it);
 // MPDETOUR_FLOOD_REPORT=path writes the markdown report there.
 func BenchmarkHandshakeFlood(b *testing.B) {
-	rate, secs, n := 20000, 10, 20
-	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_FLOOD_RATE")); err == nil {
-		rate = v
-	}
-	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_FLOOD_SECONDS")); err == nil {
-		secs = v
-	}
-	if v, err := strconv.Atoi(os.Getenv("MPDETOUR_FLOOD_MEMBERS")); err == nil {
-		n = v
+	rate, secs, n, after, low := 20000, 10, 20, 0, 0
+	for _, v := range []struct {
+		env string
+		to  *int
+	}{{"MPDETOUR_FLOOD_RATE", &rate}, {"MPDETOUR_FLOOD_SECONDS", &secs}, {"MPDETOUR_FLOOD_MEMBERS", &n},
+		{"MPDETOUR_FLOOD_AFTER", &after}, {"MPDETOUR_FLOOD_LOWRATE", &low}} {
+		if x, err := strconv.Atoi(os.Getenv(v.env)); err == nil {
+			*v.to = x
+		}
 	}
 	f, relayKey, members, p := floodLine(b, n)
 	d := time.Duration(secs) * time.Second
-	quiet := runFlood(b, f, relayKey, members, p, 0, d/2, time.Second)
-	flood := runFlood(b, f, relayKey, members, p, rate, d, time.Second)
-	var rep strings.Builder
-	fmt.Fprintf(&rep, "| run | spoofed init/s (sent) | attempts | grant within 1 s | p50 | p99 | relay CPU |\n|---|---|---|---|---|---|---|\n")
-	for _, r := range []struct {
+	type phase struct {
 		name string
 		r    floodResult
-	}{{"no flood", quiet}, {"flood", flood}} {
-		sent := float64(r.r.Sent) / r.r.Duration.Seconds()
-		fmt.Fprintf(&rep, "| %s | %d (%.0f) | %d | %.1f%% | %v | %v | %.0f%% of a core |\n", r.name, r.r.Rate, sent, r.r.Attempts,
-			r.r.pct(r.r.Within1s), r.r.quantile(0.5).Round(time.Millisecond), r.r.quantile(0.99).Round(time.Millisecond),
-			100*r.r.RelayCPU.Seconds()/r.r.Duration.Seconds())
+		load string // load average at the phase's start and end
+		self time.Duration
+	}
+	var phases []phase
+	run := func(name string, rate int, d time.Duration) {
+		l0 := loadAvg()
+		self0 := selfCPU()
+		r := runFlood(b, f, relayKey, members, p, rate, d, time.Second)
+		phases = append(phases, phase{name, r, l0 + " -> " + loadAvg(), selfCPU() - self0})
+	}
+	run("no flood", 0, d/2)
+	run("flood", rate, d)
+	if after > 0 {
+		run("after the flood", 0, time.Duration(after)*time.Second)
+	}
+	if low > 0 {
+		run("flood at the lower rate", low, d)
+	}
+	var rep strings.Builder
+	fmt.Fprintf(&rep, "| run | spoofed pkt/s asked (sent) | attempts | ok | grant within 1 s | p50 | p99 | max | relay CPU | test process CPU (members + flooder) | load average |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, ph := range phases {
+		r := ph.r
+		sent := float64(r.Sent) / r.Duration.Seconds()
+		fmt.Fprintf(&rep, "| %s | %d (%.0f) | %d | %d | %.1f%% | %v | %v | %v | %.0f%% of a core | %.0f%% of a core | %s |\n", ph.name, r.Rate, sent, r.Attempts, r.OK,
+			r.pct(r.Within1s), r.quantile(0.5).Round(time.Millisecond), r.quantile(0.99).Round(time.Millisecond), r.quantile(1).Round(time.Millisecond),
+			100*r.RelayCPU.Seconds()/r.Duration.Seconds(), 100*ph.self.Seconds()/r.Duration.Seconds(), ph.load)
 	}
 	b.Logf("\n%s", rep.String())
 	if path := os.Getenv("MPDETOUR_FLOOD_REPORT"); path != "" {
@@ -325,4 +347,22 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// loadAvg is the 1-minute load average ("?" when unreadable).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+// selfCPU is the CPU time this process has used (user + system).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -50,7 +50,7 @@ func TestMemberKeyRotationMPTCP(t *testing.T) {
 	k := newKeys(t)
 	oldKey, newKey := k.member, k.stranger
 	now := time.Now()
-	oldCert, _ := auth.Issue(oldKey.Public(), "alice", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
+	oldCert, _ := auth.Issue(oldKey.Public(), "alice", collective.RoleClient, now.Add(-2*time.Minute), now.Add(time.Hour))
 	newCert, _ := auth.Issue(newKey.Public(), "alice", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
 	dir := t.TempDir()
 	crlPath := filepath.Join(dir, "crl.txt")

@@ -86,7 +86,7 @@ collective: {authority: %s, crl_file: %s}
 
 	now := time.Now()
 	m1 := gen()
-	c1, err := auth.Issue(m1.Public(), "alice", collective.RoleClient, now.Add(-time.Minute), now.Add(time.Hour))
+	c1, err := auth.Issue(m1.Public(), "alice", collective.RoleClient, now.Add(-2*time.Minute), now.Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func newRotateFixture(t *testing.T) *rotateFixture {
 	f.old = testKey(t)
 	now := time.Now()
 	f.notAfter = now.Add(time.Hour)
-	f.oldCert = f.issue(t, f.old.Public(), "alice", now.Add(-time.Minute), f.notAfter)
+	f.oldCert = f.issue(t, f.old.Public(), "alice", now.Add(-2*time.Minute), f.notAfter)
 	f.oldSes = f.session(t, f.old.Public(), f.oldCert.Bytes())
 	f.client = netip.MustParseAddr("10.0.1.1")
 	f.server = netip.MustParseAddrPort("198.51.100.1:5201")

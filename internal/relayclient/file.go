@@ -98,8 +98,8 @@ func (f *File) Build() (SourceConfig, error) {
 		}
 		names[r.Name] = true
 		ap, err := netip.ParseAddrPort(r.Address)
-		if err != nil || !ap.Addr().Unmap().Is4() || ap.Port() == 0 {
-			return sc, fmt.Errorf("servers[%d].address: %q is not an IPv4 ADDRESS:PORT (the relay's control port, 45673 by default)", i, r.Address)
+		if err != nil || ap.Addr().Is4In6() || ap.Addr().Zone() != "" || ap.Port() == 0 {
+			return sc, fmt.Errorf("servers[%d].address: %q is not an IPv4 ADDRESS:PORT or [IPv6]:PORT without zone (the relay's control port, 45673 by default; a relay's IPv6 address grants IPv6 detours)", i, r.Address)
 		}
 		pub, err := proto.ParseKey(r.PublicKey)
 		if err != nil {

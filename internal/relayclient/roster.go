@@ -44,6 +44,12 @@ type discovered struct {
 func (s *NATSource) discover() {
 	defer s.wg.Done()
 	d := s.cfg.Discovery
+	// Start at a configured relay chosen at random: agents that list the
+	// same relays in the same order would otherwise all read the first
+	// one, and a relay serves ~10,000 members' reads (docs/collective.md).
+	if len(s.static) > 0 {
+		s.rosterFrom = rand.IntN(len(s.static))
+	}
 	t := time.NewTicker(d.Every)
 	defer t.Stop()
 	for {
@@ -57,13 +63,17 @@ func (s *NATSource) discover() {
 }
 
 // fetchRoster reads and verifies the roster from the first configured
-// relay that answers (starting after the last one that did). A roster
+// relay that answers, starting at the last one that did (at first a
+// random one: discover). A roster
 // whose digest is the one read last is not sent again (a few dozen bytes
 // per poll) and its entries are not verified again.
 func (s *NATSource) fetchRoster() ([]*roster.Entry, error) {
 	d := s.cfg.Discovery
 	var errs []error
 	for i := range s.static {
+		if err := s.ctx.Err(); err != nil {
+			return nil, err // closing: do not try the other relays
+		}
 		j := (s.rosterFrom + i) % len(s.static)
 		c := s.static[j]
 		digest := !s.rosterNoDigest[j]

@@ -2,8 +2,10 @@ package relayclient
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -214,4 +216,70 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Agents that list the same relays start reading the roster at a relay
+// chosen at random and keep to it while it answers (its digest saves
+// whole reads): the reads of many agents spread over the relays. 20
+// agents against 3 relays: each reads from one relay only, and not all
+// from the same one (all 20 on one relay by chance: 3^-19).
+func TestRosterReadsSpreadOverRelays(t *testing.T) {
+	auth, err := collective.NewAuthority()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const agents = 20
+	var keys []proto.Key
+	for range agents {
+		keys = append(keys, memberKey(t))
+	}
+	var mu sync.Mutex
+	reads := map[proto.Key]map[int]int{} // agent -> relay -> roster reads
+	var conf []relayconn.Relay
+	for i := range 3 {
+		r := newFakeRelay(t, keys[0].Public())
+		r.mu.Lock()
+		r.members = map[proto.Key]bool{}
+		for _, k := range keys {
+			r.members[k.Public()] = true
+		}
+		r.answerFrom = func(req proto.Request, peer proto.Key) proto.Reply {
+			rq, ok := req.Body.(*proto.RosterRequest)
+			if !ok {
+				return proto.Reply{Reason: proto.ReasonUnsupported}
+			}
+			mu.Lock()
+			if reads[peer] == nil {
+				reads[peer] = map[int]int{}
+			}
+			reads[peer][i]++
+			mu.Unlock()
+			return proto.Reply{Body: &proto.RosterReply{Roster: proto.RosterPage{Start: rq.Start, Digest: 1}}}
+		}
+		r.mu.Unlock()
+		conf = append(conf, r.relay())
+	}
+	chosen := map[int]int{}
+	for agent, k := range keys {
+		s, err := NewSource(SourceConfig{PrivateKey: k, Relays: conf,
+			Discovery: &Discovery{Trust: collective.NewTrust(auth.Public()), Every: 10 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "three roster reads", func() bool { f, u := s.RosterReads(); return f+u >= 3 })
+		mu.Lock()
+		used := maps.Clone(reads[k.Public()]) // before Close: a read cut short by it may go on to another relay
+		mu.Unlock()
+		s.Close()
+		if len(used) != 1 {
+			t.Fatalf("agent %d read the roster from relays %v (relay: reads); want one relay", agent, used)
+		}
+		for i := range used {
+			chosen[i]++
+		}
+	}
+	if len(chosen) < 2 {
+		t.Fatalf("%d agents read the roster from relays %v (relay: agents); want reads spread over more than one relay", agents, chosen)
+	}
+	t.Logf("agents per relay: %v", chosen)
 }

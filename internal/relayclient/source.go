@@ -62,7 +62,9 @@ type NATSource struct {
 	// first would return the mapping the release then removes.
 	releasing map[entryKey]chan struct{}
 	found     map[proto.Key]*discovered
-	// rosterFrom: the configured relay the roster was last read from;
+	// rosterFrom: the configured relay the roster was last read from
+	// (at start one chosen at random, so that the agents' reads spread
+	// over the configured relays: docs/collective.md, serving);
 	// rosterDigest and rosterLast: the digest of what it sent (0: none)
 	// and its verified entries; rosterNoDigest: configured relays that
 	// refused a digest (older relays). Used by the discover goroutine

@@ -121,7 +121,7 @@ func Dial(relay Relay, priv proto.Key, opt Options) (*Conn, error) {
 	}
 	listen := opt.ListenPacket
 	if listen == nil {
-		listen = func() (net.PacketConn, error) { return net.ListenUDP("udp4", nil) }
+		listen = func() (net.PacketConn, error) { return net.ListenUDP(udpFor(relay.Addr.Addr()), nil) }
 	}
 	pc, err := listen()
 	if err != nil {

@@ -124,12 +124,12 @@ type GossipFile struct {
 	ProbeTimeout  config.Duration `yaml:"probe_timeout"`  // default 250ms
 	// Tuning of memberlist at scale (docs/collective.md, "Scale"; 0 or
 	// absent: the defaults).
-	SuspicionMult    int             `yaml:"suspicion_mult"`     // default 3
+	SuspicionMult    int             `yaml:"suspicion_mult"`     // default 2
 	SuspicionMaxMult int             `yaml:"suspicion_max_mult"` // default 2
 	GossipNodes      int             `yaml:"gossip_nodes"`       // default 3
 	GossipInterval   config.Duration `yaml:"gossip_interval"`    // default 200ms
-	PushPullInterval config.Duration `yaml:"push_pull_interval"` // default 30s (memberlist scales it with log2(N/32))
-	RetransmitMult   int             `yaml:"retransmit_mult"`    // default 4
+	PushPullInterval config.Duration `yaml:"push_pull_interval"` // default 90s (memberlist scales it with log2(N/32))
+	RetransmitMult   int             `yaml:"retransmit_mult"`    // default 6
 }
 
 // tuning checks the section's tuning settings.

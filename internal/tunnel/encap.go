@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -269,7 +270,7 @@ func (s *EncapServer) Open(key wgtypes.Key, from, relayAddr netip.Addr) (EncapAl
 // inner address and a host route to the member's inner address.
 func (s *EncapServer) addDevice(m *encapMember) (err error) {
 	link := &netlink.Vxlan{
-		LinkAttrs: netlink.LinkAttrs{Name: m.iface, MTU: m.alloc.MTU},
+		LinkAttrs: netlink.LinkAttrs{Name: m.iface, MTU: m.alloc.MTU, HardwareAddr: encapRelayMAC(m.alloc.VNI)},
 		VxlanId:   int(m.alloc.VNI), SrcAddr: m.alloc.Endpoint.Addr().AsSlice(), Group: m.alloc.Member.AsSlice(),
 		Port: s.cfg.Port, Learning: false, UDPCSum: true,
 	}
@@ -402,4 +403,14 @@ func (s *EncapServer) Close() error {
 	}
 	s.ns.close()
 	return errors.Join(errs...)
+}
+
+// encapRelayMAC is the relay device's hardware address for a VNI: fixed
+// (locally administered, unicast) so that a device rebuilt for the same member
+// and VNI (lease expiry then renewal, a relay restart) answers at the address
+// the member's neighbour entry already holds. With a random address the
+// member's packets went to the old device's address until that entry went
+// stale (seconds of lost traffic after every rebuild).
+func encapRelayMAC(vni uint32) net.HardwareAddr {
+	return net.HardwareAddr{0x02, 0x6d, 0x64, byte(vni >> 16), byte(vni >> 8), byte(vni)}
 }

@@ -149,6 +149,16 @@ func TestEncapEndToEnd(t *testing.T) {
 	if _, err := netlinkLinkIn(t, tp.relay, fmt.Sprintf("%s%d", EncapServerIfacePrefix, a2.VNI)); err == nil {
 		t.Error("released member's device still present")
 	}
+	// The lease runs out, then the member asks again: the relay rebuilds its
+	// device, and the member's traffic passes at once (the rebuilt device keeps
+	// the hardware address the member's neighbour entry holds; with a random
+	// one this exchange timed out).
+	for wait := time.Now().Add(5 * time.Second); len(srv.Members()) > 0 && time.Now().Before(wait); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := len(srv.Members()); n != 0 {
+		t.Fatalf("%d members after the first lease ran out", n)
+	}
 	// The member renews (the lease restarts), then stops: expiry removes it.
 	if _, err := srv.Open(k1, netip.MustParseAddr("198.18.1.2"), netip.MustParseAddr("198.18.1.1")); err != nil {
 		t.Fatal(err)

@@ -47,6 +47,24 @@ func setupMPTCPNAT(ctx context.Context, env *Env) (Session, error) {
 	return setupNATAgent(ctx, env, false)
 }
 
+// setupTCPNAT6 and setupMPTCPNAT6 are tcp-nat and mptcp-nat over IPv6:
+// the relays listen on IPv6 too (listen6) and grant IPv6 detours to the
+// server's IPv6 address; the agent knows the relays by their IPv6
+// addresses.
+func setupTCPNAT6(ctx context.Context, env *Env) (Session, error) {
+	if err := ipv6(env, scenario.TCPNAT6); err != nil {
+		return nil, err
+	}
+	return setupTCPNAT(ctx, env)
+}
+
+func setupMPTCPNAT6(ctx context.Context, env *Env) (Session, error) {
+	if err := ipv6(env, scenario.MPTCPNAT6); err != nil {
+		return nil, err
+	}
+	return setupNATAgent(ctx, env, false)
+}
+
 // setupMPTCPNATBackup is setupMPTCPNAT with every relay of the cell marked
 // backup in the agent's config: its detour subflows carry the B flag.
 func setupMPTCPNATBackup(ctx context.Context, env *Env) (Session, error) {
@@ -122,7 +140,7 @@ func startRelays(ctx context.Context, env *Env, mode relayMode) (_ *relays, err 
 	if rs.member, err = proto.GenerateKey(); err != nil {
 		return nil, err
 	}
-	server := env.Lab.Addr(env.Roles.Server)
+	server := env.addr(env.Roles.Server)
 	lease := relayLease
 	if env.RelayLease > 0 {
 		lease = env.RelayLease
@@ -133,7 +151,7 @@ func startRelays(ctx context.Context, env *Env, mode relayMode) (_ *relays, err 
 			return nil, err
 		}
 		rs.keys[node] = k
-		rs.paths[env.Lab.Addr(node)] = "nat:" + node
+		rs.paths[env.addr(node)] = "nat:" + node
 		if err := enableForwarding(env, node); err != nil {
 			return nil, err
 		}
@@ -144,12 +162,15 @@ lease: %s
 members:
   - {name: bench, public_key: %s}
 `, relay.DefaultPort, k, lease, rs.member.Public())
+		if env.IPv6 {
+			cfg += fmt.Sprintf("listen6: '[::]:%d'\n", relay.DefaultPort)
+		}
 		cfg += env.RelayConfig
 		if mode != tunnelOnly && mode != encapOnly {
 			// The lab's server has a private address, refused unless allowed.
-			allow := []string{server.String() + "/32"}
+			allow := []string{hostPrefix(server).String()}
 			for _, a := range env.RelayAllow {
-				allow = append(allow, a.String()+"/32")
+				allow = append(allow, hostPrefix(a).String())
 			}
 			cfg += fmt.Sprintf("allow_destinations: [%s]\n", strings.Join(allow, ", "))
 		}
@@ -180,11 +201,16 @@ members:
 	return rs, nil
 }
 
-// enableForwarding turns on IPv4 forwarding in node: a detour forwards.
-// The relay only warns when it is off (the operator's call; here the lab
-// is ours).
+// enableForwarding turns on IPv4 (and in a lab with IPv6, IPv6)
+// forwarding in node: a detour forwards. The relay only warns when it is
+// off (the operator's call; here the lab is ours).
 func enableForwarding(env *Env, node string) error {
 	err := env.Lab.Do(node, func() error {
+		if env.Lab.Family().Has6() {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644); err != nil {
+				return err
+			}
+		}
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
 	})
 	if err != nil {
@@ -216,14 +242,18 @@ func (rs *relays) daemon(node string) *daemon {
 func (rs *relays) conn(env *Env, node string) (*relayconn.Conn, error) {
 	r := relayconn.Relay{
 		Name:      node,
-		Addr:      netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort),
+		Addr:      netip.AddrPortFrom(env.addr(node), relay.DefaultPort),
 		PublicKey: rs.keys[node].Public(),
 	}
 	listen := func() (net.PacketConn, error) {
 		var pc net.PacketConn
 		err := env.Lab.Do(env.Roles.Client, func() error {
 			var err error
-			pc, err = net.ListenUDP("udp4", nil)
+			network := "udp4"
+			if env.IPv6 {
+				network = "udp6"
+			}
+			pc, err = net.ListenUDP(network, nil)
 			return err
 		})
 		return pc, err
@@ -288,8 +318,8 @@ func (rs *relays) agentSection(env *Env, backup bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "relays:\n  key: %s\n  servers:\n", rs.member)
 	for _, node := range env.Cell.Detours {
-		fmt.Fprintf(&b, "    - {name: %s, address: %s, public_key: %s, backup: %v}\n",
-			node, netip.AddrPortFrom(env.Lab.Addr(node), relay.DefaultPort), rs.keys[node].Public(), backup)
+		fmt.Fprintf(&b, "    - {name: %s, address: '%s', public_key: %s, backup: %v}\n",
+			node, netip.AddrPortFrom(env.addr(node), relay.DefaultPort), rs.keys[node].Public(), backup)
 	}
 	return b.String()
 }
@@ -335,7 +365,7 @@ func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour
 		// Flow trials go to the flow sink's port.
 		ports += fmt.Sprintf(", \"%d\"", env.FlowPort)
 	}
-	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s/32], ports: [%s]}\n", target.Addr(), ports)
+	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s], ports: [%s]}\n", hostPrefix(target.Addr()), ports)
 	if len(ds) > 0 {
 		b.WriteString("detours:\n")
 	}

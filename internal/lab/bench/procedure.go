@@ -43,6 +43,31 @@ type Env struct {
 	// RelayAllow are destinations the detour relays allow besides the
 	// server (the converter's address for procedure converted).
 	RelayAllow []netip.Addr
+	// IPv6: the procedure runs over IPv6 (tcp6, mptcp-nat6): the server,
+	// the relays and the detours are addressed by their IPv6 twins.
+	IPv6 bool
+}
+
+// addr is node's address in the procedure's family (Lab.Addr, or
+// Lab.Addr6 for an IPv6 procedure).
+func (e *Env) addr(node string) netip.Addr {
+	if e.IPv6 {
+		return e.Lab.Addr6(node)
+	}
+	return e.Lab.Addr(node)
+}
+
+// hostPrefix is a as a one-address prefix (/32 or /128) for configs.
+func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
+
+// ipv6 marks env as an IPv6 procedure's, or says why the lab cannot run
+// one.
+func ipv6(env *Env, proc string) error {
+	if !env.Lab.Family().Has6() {
+		return Unavailable("%s needs a lab with IPv6: topology parameter family: dual (this lab is family %s)", proc, env.Lab.Family())
+	}
+	env.IPv6 = true
+	return nil
 }
 
 // Measurement is the outcome of one trial.
@@ -95,10 +120,13 @@ type Setup func(ctx context.Context, env *Env) (Session, error)
 func Procedures() map[string]Setup {
 	return map[string]Setup{
 		scenario.TCP:         setupTCP,
+		scenario.TCP6:        setupTCP6,
 		scenario.MPTCP1:      setupMPTCP1,
 		scenario.MPTCP1NAT:   setupMPTCP1NAT,
 		scenario.TCPNAT:      setupTCPNAT,
 		scenario.MPTCPNAT:    setupMPTCPNAT,
+		scenario.TCPNAT6:     setupTCPNAT6,
+		scenario.MPTCPNAT6:   setupMPTCPNAT6,
 		scenario.TCPTunnel:   setupTCPTunnel,
 		scenario.MPTCPTunnel: setupMPTCPTunnel,
 		scenario.TCPOpenVPN:  setupOpenVPN,

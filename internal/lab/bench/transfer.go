@@ -17,12 +17,21 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/attack"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/lab/topology"
 )
 
 func setupTCP(ctx context.Context, env *Env) (Session, error) {
 	// Beside a converter (scenario converter), plain TCP is the baseline
 	// for setup latency too.
 	return &transfer{env: env, dst: env.serverAddr(), probeSetup: env.Roles.Converter != "" && env.LatencyPort > 0}, nil
+}
+
+// setupTCP6 is setupTCP to the server's IPv6 address.
+func setupTCP6(ctx context.Context, env *Env) (Session, error) {
+	if err := ipv6(env, scenario.TCP6); err != nil {
+		return nil, err
+	}
+	return setupTCP(ctx, env)
 }
 
 func setupMPTCP1(ctx context.Context, env *Env) (Session, error) {
@@ -196,9 +205,19 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	}
 	sortSubflows(m.Subflows)
 	if t.wantSubflows > 1 && len(res.Subflows) < t.wantSubflows && e.Cell.Fault == nil && e.Cell.Attack == nil {
-		return m, t.explain(fmt.Errorf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", len(res.Subflows), t.wantSubflows))
+		return m, t.explain(&FewSubflowsError{Got: len(res.Subflows), Want: t.wantSubflows})
 	}
 	return m, nil
+}
+
+// FewSubflowsError: an MPTCP trial ended with fewer subflows than its cell
+// opens. The Measurement returned with it is complete; a caller whose
+// policy may close a detour subflow on purpose (the design's backup-first)
+// can keep it. Returned wrapped when a daemon also died.
+type FewSubflowsError struct{ Got, Want int }
+
+func (e *FewSubflowsError) Error() string {
+	return fmt.Sprintf("%d subflow(s) at the end of the transfer, want %d (a detour subflow did not come up)", e.Got, e.Want)
 }
 
 // pathOf names a subflow's path: by t.paths (local or remote address),
@@ -217,7 +236,7 @@ func (t *transfer) pathOf(local, remote netip.AddrPort) string {
 	}
 	if p == "" {
 		switch {
-		case local.Addr() == e.Lab.Addr(e.Roles.Client) && remote.Addr() == e.serverAddr().Addr():
+		case sameHost(local.Addr(), e.Lab.Addr(e.Roles.Client)) && sameHost(remote.Addr(), e.serverAddr().Addr()):
 			p = "default"
 		default:
 			p = local.Addr().String() + ">" + remote.Addr().String()
@@ -368,7 +387,7 @@ func (t *transfer) Close() error {
 }
 
 func (e *Env) serverAddr() netip.AddrPort {
-	return netip.AddrPortFrom(e.Lab.Addr(e.Roles.Server), uint16(e.Port))
+	return netip.AddrPortFrom(e.addr(e.Roles.Server), uint16(e.Port))
 }
 
 // startReceiver serves goodput transfers in the server node until ctx ends.
@@ -521,4 +540,10 @@ func processCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// sameHost says whether a and b are the same lab address in either family
+// (an address or its IPv6 twin, topology.V6).
+func sameHost(a, b netip.Addr) bool {
+	return topology.V4(a.Unmap()) == topology.V4(b.Unmap())
 }

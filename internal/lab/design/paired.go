@@ -14,6 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
 // PairedRun is the run directory (under runs/) of a paired design: every
@@ -281,10 +282,13 @@ func (d *Design) pairedPoint(ctx context.Context, o Options, s *scenario.Scenari
 			case errors.As(terr, &ue):
 				rec.Status, rec.Reason = results.Unavailable, ue.Reason
 				unavailable[name] = true
-			case terr != nil:
+			case terr != nil && !keepFewSubflows(p, terr):
 				rec.Status, rec.Reason = results.Failed, terr.Error()
 			default:
 				rec.Status = results.OK
+				if terr != nil {
+					rec.Reason = FewSubflowsNote + ": " + terr.Error()
+				}
 				rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
 				rec.MaxGapS, rec.MaxGapEndS = m.MaxGapS, m.MaxGapEndS
 			}
@@ -337,4 +341,21 @@ func (d *Design) pairedTrial(ctx context.Context, cl *bench.ConfigLab, c scenari
 		err = fmt.Errorf("closing the session: %w", cerr)
 	}
 	return m, err
+}
+
+// FewSubflowsNote starts the reason of an ok trial of a measuring policy
+// that ended with fewer subflows than it opened.
+const FewSubflowsNote = "kept: the policy may close a detour subflow"
+
+// keepFewSubflows: a trial of a policy that closes subflows on purpose
+// (adaptive, backup-first: SUBFLOW_DESTROY of a detour that harms) and
+// ended with fewer subflows than the cell opens is a measurement of that
+// policy, not a lab failure; unless a daemon also died (the error is then
+// wrapped) or the policy is static, which closes only failed subflows.
+func keepFewSubflows(p Proc, err error) bool {
+	if _, ok := err.(*bench.FewSubflowsError); !ok {
+		return false
+	}
+	m, perr := policy.ParseMode(p.Policy)
+	return perr == nil && m.Measures()
 }

@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -189,7 +190,39 @@ type PointStat struct {
 	// Pairs: "a/b" -> a's mean over b's, for every two multipath
 	// procedures in list order.
 	Pairs map[string]CI
-	Load  []float64
+	// VsRef: every other multipath procedure's mean over RefProcedure's
+	// (when both ran), whatever the list order: the issue's "not
+	// significantly below static at any point".
+	VsRef map[string]CI
+	// RefRounds: per procedure of VsRef, the rounds in which both it and
+	// RefProcedure have an ok trial.
+	RefRounds map[string]int
+	Load      []float64
+}
+
+// RefProcedure is the policy every other one is compared with per point.
+const RefProcedure = "mptcp-static"
+
+// BelowRef is true when proc's interval over RefProcedure lies wholly
+// below 1: proc is significantly below static at that point.
+func BelowRef(c CI) bool { return c.OK && c.Hi < 1 }
+
+// AboveRef is true when the interval lies wholly above 1.
+func AboveRef(c CI) bool { return c.OK && c.Lo > 1 }
+
+// refOthers are the multipath procedures compared with RefProcedure; nil
+// when it is not among them.
+func refOthers(multi []string) []string {
+	if !slices.Contains(multi, RefProcedure) {
+		return nil
+	}
+	var out []string
+	for _, m := range multi {
+		if m != RefProcedure {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // pairedKinds sorts the paired procedures: single paths, multipath ones,
@@ -255,7 +288,7 @@ func (rep *Report) PointStats() []PointStat {
 		tr := trials[id]
 		rng := rand.New(rand.NewPCG(seedOf(id), 26))
 		st := PointStat{Point: id, BDP: pt.Class(d.LowBDP), Means: tr.means(tr.rounds()), N: n[id],
-			Ben: map[string]CI{}, Ratio: map[string]CI{}, Harmed: map[string]bool{}, Pairs: map[string]CI{}, Load: load[id]}
+			Ben: map[string]CI{}, Ratio: map[string]CI{}, Harmed: map[string]bool{}, Pairs: map[string]CI{}, VsRef: map[string]CI{}, RefRounds: map[string]int{}, Load: load[id]}
 		_, st.Best, _ = bestSingle(st.Means, singles)
 		for _, m := range multi {
 			st.Ben[m] = tr.bootstrap(benStat(m, singles), BootstrapResamples, rng)
@@ -275,6 +308,15 @@ func (rep *Report) PointStats() []PointStat {
 			st.OnePath = k
 			st.OneRatio = tr.bootstrap(pairStat(one, tcpPathPrefix+strconv.Itoa(k)), BootstrapResamples, rng)
 		}
+		// Last, so that the intervals above stay those of earlier reports.
+		for _, m := range refOthers(multi) {
+			st.VsRef[m] = tr.bootstrap(pairStat(m, RefProcedure), BootstrapResamples, rng)
+			for r := range tr[m] {
+				if _, ok := tr[RefProcedure][r]; ok {
+					st.RefRounds[m]++
+				}
+			}
+		}
 		out = append(out, st)
 	}
 	return out
@@ -282,6 +324,7 @@ func (rep *Report) PointStats() []PointStat {
 
 // Targets of the paired design (docs/design.md).
 const (
+	TargetPoints    = 60   // points measured (x 3 trials)
 	TargetHarmedMax = 0.05 // harmed points at most this share
 	TargetNearBest  = 0.90 // mean MPTCP >= 0.95 x best single at this share of points
 	TargetLowBenMed = 0.7  // median Ben of low-BDP points
@@ -309,14 +352,18 @@ func num(v float64, prec int) string {
 	return strconv.FormatFloat(v, 'f', prec, 64)
 }
 
-func ciText(c CI) string {
+func ciText(c CI) string { return ciTextPrec(c, 2) }
+
+// ciTextPrec prints an estimate and, when it has one, its interval, with
+// prec decimals ("-" when there is no estimate).
+func ciTextPrec(c CI, prec int) string {
 	if math.IsNaN(c.Est) {
 		return "-"
 	}
 	if !c.OK {
-		return fmt.Sprintf("%.2f", c.Est)
+		return num(c.Est, prec)
 	}
-	return fmt.Sprintf("%.2f [%.2f, %.2f]", c.Est, c.Lo, c.Hi)
+	return fmt.Sprintf("%s [%s, %s]", num(c.Est, prec), num(c.Lo, prec), num(c.Hi, prec))
 }
 
 // paired writes the paired analysis: per multipath procedure the harmed
@@ -348,6 +395,7 @@ func (rep *Report) paired(b *strings.Builder) {
 	b.WriteString("| procedure | points | harmed | mean >= 0.95 x best | MPTCP / best: geometric mean | median Ben | median Ben, low BDP (n) | median Ben, high BDP (n) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	type agg struct {
 		n, harmed, near int
+		harmedIDs       []string
 		ratios          []float64
 		ben, low, high  []float64
 	}
@@ -363,6 +411,7 @@ func (rep *Report) paired(b *strings.Builder) {
 			a.n++
 			if s.Harmed[m] {
 				a.harmed++
+				a.harmedIDs = append(a.harmedIDs, s.Point)
 			}
 			if r.Est >= HarmFactor {
 				a.near++
@@ -388,6 +437,26 @@ func (rep *Report) paired(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s (%d) | %s (%d) |\n", m, a.n, frac(a.harmed), frac(a.near),
 			num(geoMean(a.ratios), 3), num(quantile(a.ben, 0.5), 2), num(quantile(a.low, 0.5), 2), len(a.low), num(quantile(a.high, 0.5), 2), len(a.high))
+	}
+	b.WriteString("\n")
+	for _, m := range multi {
+		fmt.Fprintf(b, "Harmed points, %s: %s.\n", m, idList(aggs[m].harmedIDs))
+	}
+	b.WriteString("\n")
+	few, okTrials := map[string][]string{}, map[string]int{}
+	for _, r := range rep.Rows {
+		if r.Status == results.OK {
+			okTrials[r.Procedure]++
+			if strings.HasPrefix(r.Reason, FewSubflowsNote) {
+				few[r.Procedure] = append(few[r.Procedure], fmt.Sprintf("%s/%d", r.Point, r.Trial))
+			}
+		}
+	}
+	for _, m := range multi {
+		if len(few[m]) > 0 {
+			fmt.Fprintf(b, "%s: %d of its %d ok trials ended with fewer subflows than it opened (it closes detours that harm; "+
+				"kept as its measurements, not failures): %s.\n", m, len(few[m]), okTrials[m], strings.Join(few[m], ", "))
+		}
 	}
 	b.WriteString("\n")
 	if one != "" {
@@ -429,9 +498,45 @@ func (rep *Report) paired(b *strings.Builder) {
 		}
 		b.WriteString("\n")
 	}
+	others := refOthers(multi)
+	below := map[string][]string{}
+	if len(others) > 0 {
+		fmt.Fprintf(b, "**Against %s, per point** (X / %s of the means with its 95 %% interval; below or above = the interval lies wholly below or above 1):\n\n"+
+			"| X | points | geometric mean [95 %% interval over points] | X below %s | X above %s | expected by chance, each way | sign test (below vs above) |\n|---|---:|---:|---|---|---:|---:|\n",
+			RefProcedure, RefProcedure, RefProcedure, RefProcedure)
+		for _, m := range others {
+			var r []float64
+			var above []string
+			chance := 0.0
+			for _, s := range stats {
+				c, ok := s.VsRef[m]
+				if !ok || math.IsNaN(c.Est) {
+					continue
+				}
+				r = append(r, c.Est)
+				chance += ChanceOneWay(s.RefRounds[m])
+				if BelowRef(c) {
+					below[m] = append(below[m], s.Point+" "+ciText(c))
+				}
+				if AboveRef(c) {
+					above = append(above, s.Point+" "+ciText(c))
+				}
+			}
+			gm := geoMeanCI(r, BootstrapResamples, rand.New(rand.NewPCG(seedOf(m), 26)))
+			fmt.Fprintf(b, "| %s | %d | %s | %d: %s | %d: %s | %s | p = %s |\n", m, len(r), ciText3(gm), len(below[m]), idList(below[m]),
+				len(above), idList(above), num(chance, 1), num(SignTest(len(below[m]), len(above)), 3))
+		}
+		fmt.Fprintf(b, "\nWith k <= 3 rounds a point's interval lies wholly below 1 only when X is below %s in every round "+
+			"(a resample of one round repeated has probability k^-k >= 1/27 > 2.5 %%), so for two procedures that do not differ "+
+			"it happens at a point with probability 2^-k (1 in 8 for 3 rounds): the column \"expected by chance\" sums that over the "+
+			"points (an upper bound for more rounds). A single \"below\" point is therefore weak evidence; the counts below and above, "+
+			"compared with each other (two-sided sign test) and with chance, and the geometric mean's interval (bootstrap over points) "+
+			"say more.\n\n", RefProcedure)
+	}
 	b.WriteString("### Targets\n\n| procedure | target | measured | points | verdict |\n|---|---|---:|---:|---|\n")
 	for _, m := range multi {
 		a := aggs[m]
+		fmt.Fprintf(b, "| %s | >= %d points x %d trials | %d | %d | %s |\n", m, TargetPoints, max(1, d.Trials), a.n, a.n, verdict(float64(a.n), TargetPoints, a.n))
 		hf, nf := math.NaN(), math.NaN()
 		if a.n > 0 {
 			hf, nf = float64(a.harmed)/float64(a.n), float64(a.near)/float64(a.n)
@@ -441,6 +546,17 @@ func (rep *Report) paired(b *strings.Builder) {
 		fmt.Fprintf(b, "| %s | mean >= 0.95 x best single path at >= %.0f %% of points | %s | %d | %s |\n", m, 100*TargetNearBest, pct(nf), a.n, verdict(nf, TargetNearBest, a.n))
 		med := quantile(a.low, 0.5)
 		fmt.Fprintf(b, "| %s | median Ben of low-BDP points >= %.1f | %s | %d | %s |\n", m, TargetLowBenMed, num(med, 2), len(a.low), verdict(med, TargetLowBenMed, len(a.low)))
+		if slices.Contains(others, m) {
+			k := len(below[m])
+			v := "not measured"
+			switch {
+			case a.n > 0 && k == 0:
+				v = "met"
+			case k > 0:
+				v = "missed"
+			}
+			fmt.Fprintf(b, "| %s | not significantly below %s at any point | %d | %d | %s |\n", m, RefProcedure, k, a.n, v)
+		}
 	}
 	b.WriteString("\n")
 	b.WriteString("### Per point\n\nPer path: capacity Mbit/s / RTT ms / loss % / buffer BDP; then each procedure's mean goodput " +
@@ -455,6 +571,9 @@ func (rep *Report) paired(b *strings.Builder) {
 	for _, m := range multi {
 		fmt.Fprintf(b, " %s | Ben %s | %s / best |", m, m, m)
 	}
+	for _, m := range others {
+		fmt.Fprintf(b, " %s / %s |", m, RefProcedure)
+	}
 	b.WriteString("\n|---|---|---|")
 	for range singles {
 		b.WriteString("---:|")
@@ -464,6 +583,9 @@ func (rep *Report) paired(b *strings.Builder) {
 	}
 	for range multi {
 		b.WriteString("---:|---:|---:|")
+	}
+	for range others {
+		b.WriteString("---:|")
 	}
 	b.WriteString("\n")
 	points := map[string]Point{}
@@ -505,7 +627,82 @@ func (rep *Report) paired(b *strings.Builder) {
 			}
 			fmt.Fprintf(b, " %s | %s | %s%s |", g(s, m), ciText(s.Ben[m]), ciText(s.Ratio[m]), h)
 		}
+		for _, m := range others {
+			c, ok := s.VsRef[m]
+			t := "-"
+			if ok {
+				t = ciText(c)
+				if BelowRef(c) {
+					t += " **below**"
+				}
+			}
+			fmt.Fprintf(b, " %s |", t)
+		}
 		b.WriteString("\n")
 	}
 	b.WriteString("\n")
 }
+
+// idList joins items with commas, "none" when there are none.
+func idList(items []string) string {
+	if len(items) == 0 {
+		return "none"
+	}
+	return strings.Join(items, ", ")
+}
+
+// ChanceOneWay is the probability that a point's interval of X / ref lies
+// wholly below 1 (or wholly above) when X and ref do not differ and the k
+// rounds are exchangeable: with k <= 3 the percentile interval excludes 1
+// only when X is below in every round (2^-k); with more rounds it is at
+// most that. 0 for no rounds.
+func ChanceOneWay(k int) float64 {
+	if k <= 0 {
+		return 0
+	}
+	return math.Pow(2, -float64(k))
+}
+
+// SignTest is the two-sided binomial (p = 1/2) probability of a split at
+// least as uneven as below:above; NaN when both are 0.
+func SignTest(below, above int) float64 {
+	n := below + above
+	if n == 0 {
+		return math.NaN()
+	}
+	k := min(below, above)
+	var p float64
+	for i := 0; i <= k; i++ {
+		p += math.Exp(lchoose(n, i) - float64(n)*math.Ln2)
+	}
+	return math.Min(1, 2*p)
+}
+
+func lchoose(n, k int) float64 {
+	a, _ := math.Lgamma(float64(n + 1))
+	b, _ := math.Lgamma(float64(k + 1))
+	c, _ := math.Lgamma(float64(n - k + 1))
+	return a - b - c
+}
+
+// geoMeanCI is the geometric mean of v with a bootstrap percentile
+// interval over resamples of v's elements.
+func geoMeanCI(v []float64, b int, rng *rand.Rand) CI {
+	est := geoMean(v)
+	if len(v) == 0 || math.IsNaN(est) {
+		return CI{Est: est, Lo: math.NaN(), Hi: math.NaN()}
+	}
+	vs := make([]float64, 0, b)
+	pick := make([]float64, len(v))
+	for range b {
+		for i := range pick {
+			pick[i] = v[rng.IntN(len(v))]
+		}
+		vs = append(vs, geoMean(pick))
+	}
+	sort.Float64s(vs)
+	return CI{Est: est, Lo: quantile(vs, 0.025), Hi: quantile(vs, 0.975), OK: true}
+}
+
+// ciText3 is ciText with three decimals.
+func ciText3(c CI) string { return ciTextPrec(c, 3) }

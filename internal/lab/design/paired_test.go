@@ -1,6 +1,8 @@
 package design
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
@@ -316,5 +319,159 @@ func TestCandidatesOracleScenario(t *testing.T) {
 	}
 	if n := len(s.Cells()); n != 4+8+len(w) {
 		t.Errorf("%d cells", n)
+	}
+}
+
+// TestAgainstStatic: every other policy is compared with static per point,
+// whatever the list order; a point where its interval lies wholly below 1
+// misses the target "not significantly below static at any point", and the
+// report names it and the harmed points.
+func TestAgainstStatic(t *testing.T) {
+	for _, procs := range []string{
+		"tcp-path1,tcp-path2,mptcp-static,mptcp-backup-first",
+		"tcp-path1,tcp-path2,mptcp-backup-first,mptcp-static",
+	} {
+		d, err := New(Spec{Space: DefaultSpace(2), Points: 3, Seed: 1, Trials: 3, Procedures: procs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		st, _, err := results.Open(filepath.Join(dir, "runs", PairedRun), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		// p001: backup-first below static in every round (and harmed);
+		// p002: above in every round; p003: the rounds overlap.
+		g := map[string]map[string][3]float64{
+			"p001": {"tcp-path1": {10, 10, 10}, "tcp-path2": {2, 2, 2}, "mptcp-static": {11, 12, 13}, "mptcp-backup-first": {6, 7, 8}},
+			"p002": {"tcp-path1": {4, 4, 4}, "tcp-path2": {4, 4, 4}, "mptcp-static": {4, 4.2, 4.4}, "mptcp-backup-first": {7, 7.5, 8}},
+			"p003": {"tcp-path1": {4, 4, 4}, "tcp-path2": {4, 4, 4}, "mptcp-static": {5, 6, 7}, "mptcp-backup-first": {7, 5, 6}},
+		}
+		i := 0
+		for _, pt := range []string{"p001", "p002", "p003"} {
+			for tr := 1; tr <= 3; tr++ {
+				for _, proc := range strings.Split(procs, ",") {
+					rec := results.Record{Scenario: pairedScenarioName, Configuration: pt, Cell: proc, Procedure: "x", Trial: tr, Status: results.OK,
+						GoodputMbps: g[pt][proc][tr-1], Start: t0.Add(time.Duration(i) * 12 * time.Second), LoadAvg: 1}
+					if pt == "p001" && proc == "mptcp-backup-first" && tr == 2 {
+						rec.Reason = FewSubflowsNote + ": 1 subflow(s) at the end"
+					}
+					i++
+					if err := st.Append(rec); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		st.Close()
+		rep, err := WriteReport(dir, d, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps := rep.PointStats()
+		if len(ps) != 3 {
+			t.Fatalf("%s: %d point stats", procs, len(ps))
+		}
+		for k, want := range []struct{ below, above bool }{{true, false}, {false, true}, {false, false}} {
+			c, ok := ps[k].VsRef["mptcp-backup-first"]
+			if !ok || BelowRef(c) != want.below || AboveRef(c) != want.above {
+				t.Errorf("%s %s: backup-first / static %+v (ok %v), want below %v above %v", procs, ps[k].Point, c, ok, want.below, want.above)
+			}
+			if _, ok := ps[k].VsRef[RefProcedure]; ok {
+				t.Errorf("%s: static compared with itself", procs)
+			}
+		}
+		if c := ps[0].VsRef["mptcp-backup-first"]; math.Abs(c.Est-7.0/12) > 1e-9 {
+			t.Errorf("%s p001: estimate %v, want 7/12", procs, c.Est)
+		}
+		md, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+		for _, s := range []string{
+			"Harmed points, mptcp-backup-first: p001.",
+			"Harmed points, mptcp-static: none.",
+			"| mptcp-backup-first | 3 | ", "| 0.4 | p = 1.000 |", "expected by chance",
+			"| 1: p001 0.58 [",
+			"| mptcp-backup-first | not significantly below mptcp-static at any point | 1 | 3 | missed |",
+			"| mptcp-static | >= 60 points x 3 trials | 3 | 3 | missed |",
+			"**below** |",
+			"mptcp-backup-first: 1 of its 9 ok trials ended with fewer subflows than it opened (it closes detours that harm; kept as its measurements, not failures): p001/2.",
+		} {
+			if !strings.Contains(string(md), s) {
+				t.Errorf("%s: report lacks %q", procs, s)
+			}
+		}
+		if strings.Contains(string(md), "| mptcp-static | not significantly below") {
+			t.Errorf("%s: static has a target against itself", procs)
+		}
+	}
+	// Without static in the run there is nothing to compare with.
+	if o := refOthers([]string{"mptcp-adaptive", "mptcp-backup-first"}); o != nil {
+		t.Errorf("others without static: %v", o)
+	}
+}
+
+// TestChanceAndSignTest: the chance rate of a one-sided "below" with k
+// rounds, checked against the bootstrap itself, and the sign test.
+func TestChanceAndSignTest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	// 3 rounds: below exactly when X is below the reference in every round.
+	for _, c := range []struct {
+		x     [3]float64
+		below bool
+	}{
+		{[3]float64{9, 9.5, 9.9}, true},
+		{[3]float64{5, 5, 10.1}, false}, // one round above: its repeat (1/27) is above
+		{[3]float64{10.1, 10.1, 10.1}, false},
+	} {
+		tr := pointTrials{"ref": {1: 10, 2: 10, 3: 10}, "x": {1: c.x[0], 2: c.x[1], 3: c.x[2]}}
+		if got := BelowRef(tr.bootstrap(pairStat("x", "ref"), 2000, rng)); got != c.below {
+			t.Errorf("%v: below %v, want %v", c.x, got, c.below)
+		}
+	}
+	if ChanceOneWay(3) != 0.125 || ChanceOneWay(0) != 0 || ChanceOneWay(1) != 0.5 {
+		t.Errorf("chance %v %v %v", ChanceOneWay(3), ChanceOneWay(0), ChanceOneWay(1))
+	}
+	for _, c := range []struct {
+		below, above int
+		p            float64
+	}{
+		{0, 0, math.NaN()},
+		{1, 1, 1},
+		{0, 5, 2.0 / 32},
+		{5, 0, 2.0 / 32},
+		{2, 8, 2 * (1.0 + 10 + 45) / 1024},
+	} {
+		got := SignTest(c.below, c.above)
+		if math.IsNaN(c.p) != math.IsNaN(got) || (!math.IsNaN(c.p) && math.Abs(got-c.p) > 1e-12) {
+			t.Errorf("sign test %d:%d = %v, want %v", c.below, c.above, got, c.p)
+		}
+	}
+	g := geoMeanCI([]float64{0.5, 2, 1}, 500, rng)
+	if math.Abs(g.Est-1) > 1e-12 || !g.OK || g.Lo > g.Est || g.Hi < g.Est || g.Lo < 0.5 || g.Hi > 2 {
+		t.Errorf("geometric mean %+v", g)
+	}
+}
+
+// TestKeepFewSubflows: a measuring policy's trial that ended with fewer
+// subflows is its measurement; static's, the default's, or one where a
+// daemon died as well, is a failure.
+func TestKeepFewSubflows(t *testing.T) {
+	few := &bench.FewSubflowsError{Got: 1, Want: 2}
+	died := fmt.Errorf("%w; %w", few, errors.New("agent exited"))
+	for _, c := range []struct {
+		policy string
+		err    error
+		keep   bool
+	}{
+		{"backup-first", few, true},
+		{"adaptive", few, true},
+		{"static", few, false},
+		{"", few, false},
+		{"backup-first", died, false},
+		{"backup-first", errors.New("the connection fell back to plain TCP"), false},
+	} {
+		if got := keepFewSubflows(Proc{Name: "x", Policy: c.policy}, c.err); got != c.keep {
+			t.Errorf("%q, %v: keep %v, want %v", c.policy, c.err, got, c.keep)
+		}
 	}
 }

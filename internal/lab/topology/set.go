@@ -9,6 +9,7 @@ import (
 // Set applies one --set override. Keys:
 //
 //	profile, variant, detours, shared  built-in parameters (regenerate the topology)
+//	family                         4, 6 or dual: the address families built (every built-in)
 //	LINK.FIELD                     both directions of one link
 //	LINK.ab.FIELD, LINK.ba.FIELD   one direction (ab = from endpoint a to b)
 //	CLASS.FIELD, all.FIELD         every link of a class ("core", "access") or every link
@@ -20,8 +21,12 @@ func (t *Topology) Set(key, value string) error {
 		return &Error{Source: t.Source, Field: "--set " + key + "=" + value, Msg: fmt.Sprintf(format, a...)}
 	}
 	if t.builtin != nil {
-		if _, ok := t.builtin.defaults[key]; ok {
-			if err := t.builtin.check(key, value); err != nil {
+		if _, ok := t.builtin.defaults[key]; ok || key == familyParam {
+			check := t.builtin.check
+			if key == familyParam {
+				check = func(_, v string) error { return checkFamily(v) }
+			}
+			if err := check(key, value); err != nil {
 				return bad("%v", err)
 			}
 			params := t.Params()
@@ -119,6 +124,7 @@ func (t *Topology) paramHint() string {
 		return ""
 	}
 	var ks []string
+	ks = append(ks, familyParam)
 	for k := range t.builtin.defaults {
 		ks = append(ks, k)
 	}

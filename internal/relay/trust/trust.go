@@ -18,9 +18,10 @@ import (
 
 // Member is a key that presented a valid certificate.
 type Member struct {
-	Name     string
-	Serial   uint64
-	NotAfter time.Time
+	Name      string
+	Serial    uint64
+	NotBefore time.Time // zero: issued at the beginning of time (revoked with any certificate of its name)
+	NotAfter  time.Time
 }
 
 // State is the trust part's state.
@@ -32,6 +33,13 @@ type State struct {
 	Certified map[proto.Key]Member
 	CRLMod    time.Time         // modification time of the CRL file last read
 	Live      *collective.Trust // nil: static members only
+	// revokedNames: member name -> the latest not_before of a revoked
+	// certificate of that name seen here. Revocation follows the member:
+	// a certificate of the same name issued no later than a revoked one is
+	// revoked too (the member's other keys); one issued later (a rotation
+	// or re-issue after the revocation) is not.
+	revokedNames map[string]time.Time
+	crlSeen      *collective.RevocationList // the list revokedNames was last built from
 }
 
 // New is the trust part of a relay answering for cur (and prev, zero:
@@ -81,7 +89,34 @@ func (t *State) CertifiedOK(key proto.Key, now time.Time) bool {
 	if !ok || t.Live == nil {
 		return false
 	}
-	return now.Before(cm.NotAfter) && !t.Live.Revoked(cm.Serial)
+	if !now.Before(cm.NotAfter) || t.Live.Revoked(cm.Serial) {
+		return false
+	}
+	t.noteRevokedNames()
+	nb, revoked := t.revokedNames[cm.Name]
+	return !revoked || cm.NotBefore.After(nb)
+}
+
+// noteRevokedNames records, once per new revocation list, the names of the
+// certified keys whose certificate the list revokes. A revoked certificate
+// this relay never saw has no name here: its serial alone is refused.
+func (t *State) noteRevokedNames() {
+	l := t.Live.CRL()
+	if l == nil || l == t.crlSeen {
+		return
+	}
+	t.crlSeen = l
+	if t.revokedNames == nil {
+		t.revokedNames = map[string]time.Time{}
+	}
+	for _, cm := range t.Certified {
+		if !l.Revoked(cm.Serial) {
+			continue
+		}
+		if nb, ok := t.revokedNames[cm.Name]; !ok || cm.NotBefore.After(nb) {
+			t.revokedNames[cm.Name] = cm.NotBefore
+		}
+	}
 }
 
 // Reload takes the trust of a reloaded file (file, with its crl_file
@@ -109,6 +144,7 @@ func (t *State) Reload(file *collective.Trust, crlFile, oldCRLFile string) (auth
 		// Another authority (or none): nobody is certified any more.
 		t.Live, t.CRLMod = file, time.Time{}
 		clear(t.Certified)
+		t.revokedNames, t.crlSeen = nil, nil
 		return true
 	}
 }

@@ -118,3 +118,52 @@ func TestReloadKeepsTheLiveTrust(t *testing.T) {
 		t.Fatal("another authority: certified keys kept")
 	}
 }
+
+// Revocation follows the member: revoking one certificate of a member ends
+// the member's other keys whose certificates were issued no later than it,
+// while a certificate issued after it (a rotation or re-issue) and other
+// members stay served.
+func TestRevocationFollowsTheMember(t *testing.T) {
+	a, _ := collective.NewAuthority()
+	live := collective.NewTrust(a.Public())
+	s := New(testKey(t), proto.Key{}, live)
+	now := time.Now()
+	t0 := now.Add(-time.Hour).Truncate(time.Second)
+	until := now.Add(time.Hour)
+	laptop, phone, later, bob := testKey(t).Public(), testKey(t).Public(), testKey(t).Public(), testKey(t).Public()
+	s.Certified[laptop] = Member{Name: "alice", Serial: 1, NotBefore: t0, NotAfter: until}
+	s.Certified[phone] = Member{Name: "alice", Serial: 2, NotBefore: t0.Add(-time.Minute), NotAfter: until}
+	s.Certified[bob] = Member{Name: "bob", Serial: 3, NotBefore: t0, NotAfter: until}
+	for _, k := range []proto.Key{laptop, phone, bob} {
+		if !s.CertifiedOK(k, now) {
+			t.Fatalf("%s refused before any revocation", k.ID())
+		}
+	}
+	if _, err := live.Install(a.Revoke(nil, now, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if s.CertifiedOK(laptop, now) {
+		t.Fatal("the revoked certificate's key is still served")
+	}
+	if s.CertifiedOK(phone, now) {
+		t.Fatal("revoking alice's laptop certificate left her phone key (certificate still valid) served")
+	}
+	if !s.CertifiedOK(bob, now) {
+		t.Fatal("another member refused")
+	}
+	// The revoked key leaves Certified (the relay's sweep); the name stays
+	// revoked, and a certificate issued after the revocation is served.
+	delete(s.Certified, laptop)
+	s.Certified[later] = Member{Name: "alice", Serial: 4, NotBefore: t0.Add(time.Minute), NotAfter: until}
+	if _, err := live.Install(a.Revoke(live.CRL(), now, 99)); err != nil {
+		t.Fatal(err)
+	}
+	if s.CertifiedOK(phone, now) || !s.CertifiedOK(later, now) {
+		t.Fatalf("after a newer list: phone %v (want false), re-issued key %v (want true)", s.CertifiedOK(phone, now), s.CertifiedOK(later, now))
+	}
+	// Another authority forgets the names with the certified keys.
+	b, _ := collective.NewAuthority()
+	if !s.Reload(collective.NewTrust(b.Public()), "", "") || s.revokedNames != nil {
+		t.Fatal("another authority kept the revoked names")
+	}
+}

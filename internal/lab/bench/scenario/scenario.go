@@ -21,7 +21,14 @@ import (
 
 // Procedure names. Each is one way of moving bytes from client to server.
 const (
-	TCP       = "tcp"        // plain TCP over the default path
+	TCP = "tcp" // plain TCP over the default path
+	// TCP6 is plain TCP over the default path's IPv6 (a lab of family
+	// dual or 6: topology parameter family).
+	TCP6 = "tcp6"
+	// tcp-nat and mptcp-nat over IPv6: IPv6 relays, IPv6 NAT detours,
+	// an IPv6 connection.
+	TCPNAT6   = "tcp-nat6"
+	MPTCPNAT6 = "mptcp-nat6"
 	TCPNAT    = "tcp-nat"    // plain TCP to a relay's NAT port
 	TCPTunnel = "tcp-tunnel" // plain TCP through a WireGuard tunnel detour
 	MPTCP1    = "mptcp-1sf"  // MPTCP, no detour (MPTCP's own overhead)
@@ -87,6 +94,9 @@ type procInfo struct {
 
 var procs = map[string]procInfo{
 	TCP:         {"TCP", 0, ""},
+	TCP6:        {"TCP over IPv6", 0, ""},
+	TCPNAT6:     {"TCP via NAT detour, IPv6", 1, ""},
+	MPTCPNAT6:   {"MPTCP + NAT detour, IPv6", -1, TCPNAT6},
 	TCPNAT:      {"TCP via NAT detour", 1, ""},
 	TCPTunnel:   {"TCP via tunnel detour", 1, ""},
 	MPTCP1:      {"MPTCP 1 subflow", 0, ""},
@@ -134,8 +144,8 @@ func Policy(procedure string) string {
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
-		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCPNAT, TCPTunnel, TCPEncap, TCPOpenVPN}
+	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
+		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
