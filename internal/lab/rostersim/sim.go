@@ -99,6 +99,11 @@ type SimResult struct {
 	// other rosters list it, and all of them (0: not within Timeout).
 	JoinOne999, JoinOneAll time.Duration
 	HeapPerRelay           float64 // live heap after a GC in steady state / relays (bytes; includes the simulated network)
+	// SteadySeries: bytes sent per relay per wall-clock second in
+	// consecutive slices of SeriesSlice over Settle and Window (the decay
+	// of the join's retransmissions, the state syncs' spikes).
+	SteadySeries []float64
+	SeriesSlice  time.Duration
 }
 
 // Summary is the machine-readable form of a run (docs/results/roster/
@@ -127,7 +132,12 @@ type Summary struct {
 	KilledOutOfEveryRosterS *float64 `json:"killed_out_of_every_roster_s"`
 	FalseRemovals           uint64   `json:"false_removals"`
 	DatagramsDropped        uint64   `json:"datagrams_dropped"`
-	Error                   string   `json:"error,omitempty"`
+	// SteadySeriesBytesPerS: bytes per simulated second per relay in
+	// slices of SeriesSliceS simulated seconds from the end of the
+	// convergence phase (settle, then window).
+	SeriesSliceS          float64   `json:"series_slice_s,omitempty"`
+	SteadySeriesBytesPerS []float64 `json:"steady_series_bytes_per_s_per_relay,omitempty"`
+	Error                 string    `json:"error,omitempty"`
 }
 
 // Summary converts the result to simulated time.
@@ -145,6 +155,12 @@ func (r *SimResult) Summary(name string, cfg SimConfig, runErr error) Summary {
 		HeapPerRelayKiB: r.HeapPerRelay / 1024, CRLOnEveryRelayS: sec(r.CRLSpread), JoinedIn999PctS: sec(r.JoinOne999), JoinedInAllS: sec(r.JoinOneAll),
 		Killed: r.Killed, KilledOutOfFirstRosterS: sec(r.KillDetectFirst), KilledOutOfEveryRosterS: sec(r.KillDetection),
 		FalseRemovals: r.FalseRemovals, DatagramsDropped: r.Dropped}
+	if r.SeriesSlice > 0 {
+		s.SeriesSliceS = r.Sim(r.SeriesSlice).Seconds()
+		for _, v := range r.SteadySeries {
+			s.SteadySeriesBytesPerS = append(s.SteadySeriesBytesPerS, math.Round(r.SimRate(v)))
+		}
+	}
 	s.Settings = map[string]any{"probe_interval": cfg.ProbeInterval.String(), "probe_timeout": cfg.ProbeTimeout.String(), "suspicion_mult": cfg.SuspicionMult,
 		"suspicion_max_timeout_mult": cfg.SuspicionMaxTimeoutMult, "gossip_nodes": cfg.GossipNodes, "gossip_interval": cfg.GossipInterval.String(),
 		"push_pull_interval": cfg.PushPullInterval.String(), "retransmit_mult": cfg.RetransmitMult, "join_rate": cfg.JoinRate, "kill": cfg.Kill}
@@ -403,17 +419,41 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		res.Sim(res.Complete50).Round(time.Millisecond), res.Sim(res.Complete90).Round(time.Millisecond), res.Sim(res.Complete99).Round(time.Millisecond))
 
 	// Steady state: nothing changes, memberlist probes, gossips and syncs.
-	select {
-	case <-time.After(wall(cfg.Settle)):
-	case <-ctx.Done():
-		return res, ctx.Err()
+	// A series of slices over settle and window shows when the join's
+	// retransmissions have died out and where the state syncs fall.
+	res.SeriesSlice = max(wall(cfg.Settle+cfg.Window)/60, wall(10*time.Second))
+	series := time.NewTicker(res.SeriesSlice)
+	defer series.Stop()
+	lastB, _ := sn.totals()
+	lastT := time.Now()
+	sample := func() {
+		b, _ := sn.totals()
+		now := time.Now()
+		bps := float64(b-lastB) / now.Sub(lastT).Seconds() / float64(cfg.Relays)
+		res.SteadySeries = append(res.SteadySeries, bps)
+		say("  steady series: %.0f B/s per relay per simulated second over the last %v simulated", res.SimRate(bps), res.Sim(now.Sub(lastT)).Round(time.Second))
+		lastB, lastT = b, now
+	}
+	wait := func(d time.Duration) error {
+		end := time.After(d)
+		for {
+			select {
+			case <-end:
+				return nil
+			case <-series.C:
+				sample()
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	if err := wait(wall(cfg.Settle)); err != nil {
+		return res, err
 	}
 	b0, p0 := sn.totals()
 	tw := time.Now()
-	select {
-	case <-time.After(wall(cfg.Window)):
-	case <-ctx.Done():
-		return res, ctx.Err()
+	if err := wait(wall(cfg.Window)); err != nil {
+		return res, err
 	}
 	b1, p1 := sn.totals()
 	secs := time.Since(tw).Seconds()
