@@ -226,6 +226,47 @@ func TestBackupFirstDoesNotBlameDetourForDefaultPathLoss(t *testing.T) {
 	}
 }
 
+// A default path in slow start (its window doubling, e.g. after an RTO)
+// delivers little for reasons of its own: those windows do not count
+// either. Before the fix the detour was destroyed at the guard time.
+func TestBackupFirstDoesNotBlameDetourForDefaultPathSlowStart(t *testing.T) {
+	s, def, _ := newBackupFirst(t)
+	var tried time.Time
+	var f flagLog
+	s.run(4*time.Second, func(sk subKey, sp *simPath) {
+		f.update(s)
+		sp.full = true
+		active := detourActive(s, def)
+		if active && tried.IsZero() {
+			tried = s.clk.t
+		}
+		switch {
+		case sk == def && active:
+			sp.rate = 2e5
+			if sp.cwnd == 0 {
+				sp.cwnd = 2
+			} else if sp.cwnd < 1<<20 {
+				sp.cwnd += sp.cwnd / 2 // grows by half every 100 ms
+			}
+		case sk == def:
+			sp.rate = 1e6
+		case sp.backup:
+			sp.rate = 0
+		default:
+			sp.rate = 5e4
+		}
+	})
+	if s.count(DestroySubflow) != 0 {
+		t.Fatalf("detour destroyed while the default path was in slow start; intents %v", s.ins)
+	}
+	if tried.IsZero() || len(f.at) < 2 {
+		t.Fatalf("SET_FLAGS at %v, want a trial that ends", f.at)
+	}
+	if took := f.at[1].Sub(tried); took < s.p.cfg.Window/2 {
+		t.Fatalf("trial cut short after %s, want it run to its end (%s): the default path was in slow start", took, s.p.cfg.Window/2)
+	}
+}
+
 // A detour on trial that is the only path still delivering (the default
 // path is in RTO backoff) is not demoted, whatever the verdict: that
 // would leave no subflow carrying data. Before the fix it was destroyed.
