@@ -236,7 +236,7 @@ func (b *backupFirst) try(k *kconn, bc *bfConn, now time.Time) []Intent {
 	}
 	slow := max(rs, baseF)
 	t := &bfTrial{sk: best, start: now, guard: max(3*slow, 300*time.Millisecond), end: now.Add(max(w/2, 8*rs)), before: before,
-		win: max(2*slow, 250*time.Millisecond),
+		win: max(slow, 150*time.Millisecond),
 		why: fmt.Sprintf("active paths full, arrival estimate %s vs %s", ts.Round(time.Millisecond), tf.Round(time.Millisecond))}
 	bc.trial = t
 	in := p.setBackup(k, best, bs, false)
