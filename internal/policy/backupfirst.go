@@ -31,8 +31,8 @@ import (
 //
 // The trial is guarded, but a destroy needs evidence, because the
 // paired design (docs/results/design/paired-bf) showed a one-sample test
-// destroying detours that helped (24 of 33 destroys at points where the
-// detour raised static above MPTCP over the best path alone), each
+// destroying detours that helped (25 of 33 destroys at points where the
+// detour raised static above MPTCP over the best path alone), most
 // followed by seconds without delivered data:
 //
 //   - The stall check runs from 3 RTTs after the start (of the slowest
