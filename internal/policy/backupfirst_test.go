@@ -113,6 +113,24 @@ func detourActive(s *sim, def subKey) bool {
 	return false
 }
 
+// trialsAt runs s for d with both paths full: the default path alone
+// delivers 1 MB/s, and each path delivers with (bytes/s) while the detour
+// is active. f logs the SET_FLAGS.
+func trialsAt(s *sim, def subKey, f *flagLog, d time.Duration, with float64) {
+	s.run(d, func(sk subKey, sp *simPath) {
+		f.update(s)
+		sp.full = true
+		switch {
+		case sp.backup:
+			sp.rate = 0
+		case sk == def && !detourActive(s, def):
+			sp.rate = 1e6
+		default:
+			sp.rate = with
+		}
+	})
+}
+
 // A detour that stalls the connection once active (head-of-line blocking:
 // both paths collapse) goes back to backup after a few windows of
 // evidence; it is not destroyed (its queue drains: nothing stranded), and
@@ -122,21 +140,7 @@ func detourActive(s *sim, def subKey) bool {
 func TestBackupFirstSetsStallingDetourBackAndBacksOff(t *testing.T) {
 	s, def, _ := newBackupFirst(t)
 	var f flagLog
-	s.run(14*time.Second, func(sk subKey, sp *simPath) {
-		f.update(s)
-		sp.full = true
-		active := detourActive(s, def)
-		switch {
-		case sk == def && active:
-			sp.rate = 1e4
-		case sk == def:
-			sp.rate = 1e6
-		case sp.backup:
-			sp.rate = 0
-		default:
-			sp.rate = 1e4
-		}
-	})
+	trialsAt(s, def, &f, 14*time.Second, 1e4)
 	if n := s.count(DestroySubflow); n != 0 {
 		t.Fatalf("%d destroys of a detour whose queue drained; intents %v", n, s.ins)
 	}
@@ -190,10 +194,11 @@ func TestBackupFirstKeepsDetourThroughOneWindowDip(t *testing.T) {
 	}
 }
 
-// While the default path is in loss recovery (it retransmits), a low
-// rate is its own: the windows do not count, the trial is not cut short.
-// Before the fix the detour was destroyed at the guard time.
-func TestBackupFirstDoesNotBlameDetourForDefaultPathLoss(t *testing.T) {
+// runsToItsEnd runs a trial in which the default path, once the detour
+// is active, does what during sets, and asserts that the trial was not
+// cut short (its windows did not count) and nothing was destroyed.
+func runsToItsEnd(t *testing.T, what string, during func(sp *simPath)) {
+	t.Helper()
 	s, def, _ := newBackupFirst(t)
 	var tried time.Time
 	var f flagLog
@@ -206,7 +211,7 @@ func TestBackupFirstDoesNotBlameDetourForDefaultPathLoss(t *testing.T) {
 		}
 		switch {
 		case sk == def && active:
-			sp.rate, sp.loss = 3e5, 0.05
+			during(sp)
 		case sk == def:
 			sp.rate, sp.loss = 1e6, 0
 		case sp.backup:
@@ -216,55 +221,35 @@ func TestBackupFirstDoesNotBlameDetourForDefaultPathLoss(t *testing.T) {
 		}
 	})
 	if s.count(DestroySubflow) != 0 {
-		t.Fatalf("detour destroyed while the default path was in loss recovery; intents %v", s.ins)
+		t.Fatalf("detour destroyed while the default path was in %s; intents %v", what, s.ins)
 	}
 	if tried.IsZero() || len(f.at) < 2 {
 		t.Fatalf("SET_FLAGS at %v, want a trial that ends", f.at)
 	}
 	if took := f.at[1].Sub(tried); took < s.p.cfg.Window/2 {
-		t.Fatalf("trial cut short after %s, want it run to its end (%s): the windows had loss on the default path", took, s.p.cfg.Window/2)
+		t.Fatalf("trial cut short after %s, want it run to its end (%s): the default path was in %s", took, s.p.cfg.Window/2, what)
 	}
 }
 
-// A default path in slow start (its window doubling, e.g. after an RTO)
-// delivers little for reasons of its own: those windows do not count
-// either. Before the fix the detour was destroyed at the guard time.
+// While the default path is in loss recovery (it retransmits), a low
+// rate is its own: the windows do not count, the trial is not cut short.
+// Before the fix the detour was destroyed at the guard time.
+func TestBackupFirstDoesNotBlameDetourForDefaultPathLoss(t *testing.T) {
+	runsToItsEnd(t, "loss recovery", func(sp *simPath) { sp.rate, sp.loss = 3e5, 0.05 })
+}
+
+// A default path in slow start (its window growing by half every probe,
+// e.g. after an RTO) delivers little for reasons of its own: those
+// windows do not count either.
 func TestBackupFirstDoesNotBlameDetourForDefaultPathSlowStart(t *testing.T) {
-	s, def, _ := newBackupFirst(t)
-	var tried time.Time
-	var f flagLog
-	s.run(4*time.Second, func(sk subKey, sp *simPath) {
-		f.update(s)
-		sp.full = true
-		active := detourActive(s, def)
-		if active && tried.IsZero() {
-			tried = s.clk.t
-		}
-		switch {
-		case sk == def && active:
-			sp.rate = 2e5
-			if sp.cwnd == 0 {
-				sp.cwnd = 2
-			} else if sp.cwnd < 1<<20 {
-				sp.cwnd += sp.cwnd / 2 // grows by half every 100 ms
-			}
-		case sk == def:
-			sp.rate = 1e6
-		case sp.backup:
-			sp.rate = 0
-		default:
-			sp.rate = 5e4
+	runsToItsEnd(t, "slow start", func(sp *simPath) {
+		sp.rate = 2e5
+		if sp.cwnd == 0 {
+			sp.cwnd = 2
+		} else if sp.cwnd < 1<<20 {
+			sp.cwnd += sp.cwnd / 2
 		}
 	})
-	if s.count(DestroySubflow) != 0 {
-		t.Fatalf("detour destroyed while the default path was in slow start; intents %v", s.ins)
-	}
-	if tried.IsZero() || len(f.at) < 2 {
-		t.Fatalf("SET_FLAGS at %v, want a trial that ends", f.at)
-	}
-	if took := f.at[1].Sub(tried); took < s.p.cfg.Window/2 {
-		t.Fatalf("trial cut short after %s, want it run to its end (%s): the default path was in slow start", took, s.p.cfg.Window/2)
-	}
 }
 
 // A detour on trial that is the only path still delivering (the default
@@ -353,21 +338,7 @@ func TestBackupFirstRejoinsDestroyedDetourAsBackup(t *testing.T) {
 func TestBackupFirstDemotesDetourThatAddsNothing(t *testing.T) {
 	s, def, det := newBackupFirst(t)
 	var f flagLog
-	s.run(12*time.Second, func(sk subKey, sp *simPath) {
-		f.update(s)
-		sp.full = true
-		active := !s.paths[det].backup
-		switch {
-		case sk == def && active:
-			sp.rate = 5e5
-		case sk == def:
-			sp.rate = 1e6
-		case sp.backup:
-			sp.rate = 0
-		default:
-			sp.rate = 5e5
-		}
-	})
+	trialsAt(s, def, &f, 12*time.Second, 5e5)
 	if !s.paths[det].backup || s.count(DestroySubflow) != 0 {
 		t.Fatalf("detour backup=%v, %d destroys; want demoted, not destroyed; intents %v", s.paths[det].backup, s.count(DestroySubflow), s.ins)
 	}
