@@ -42,3 +42,12 @@ print(f"  detour RTT above path 1's: {sum(rtt(x, 'C1') > rtt(x, 'C0') for x in D
 print(f"longest gap > 3 s: {sum(v > 3 for v in g(D))} of these, {sum(v > 3 for v in g(K))} of the {len(K)} that kept the detour")
 print(f"longest gap > 1 s: {sum(v > 1 for v in g(D))} of {len(D)}; {sum(v > 1 for v in g(K))} of {len(K)}; other procedures {sum(x['max_gap_s'] > 1 for x in r if x['status'] == 'ok' and x['cell'] != 'mptcp-backup-first')} of {sum(1 for x in r if x['status'] == 'ok' and x['cell'] != 'mptcp-backup-first')}")
 print("gap start (s from transfer start), gaps > 1 s:", sorted(round(x["max_gap_end_s"] - x["max_gap_s"], 1) for x in D if x["max_gap_s"] > 1))
+print()
+print("| procedure | ok trials | ended with fewer subflows than opened | longest gap > 3 s | > 1 s |")
+print("|---|---:|---:|---:|---:|")
+cells = sorted({x["cell"] for x in r})
+for c in cells:
+    xs = [x for x in r if x["status"] == "ok" and x["cell"] == c]
+    two = c.startswith("mptcp-") and c != "mptcp-1sf"
+    fewer = sum(len(x["subflows"]) < 2 for x in xs) if two else "-"
+    print(f"| {c} | {len(xs)} | {fewer} | {sum(x['max_gap_s'] > 3 for x in xs)} | {sum(x['max_gap_s'] > 1 for x in xs)} |")
