@@ -329,6 +329,11 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 	}
 	outs := make([]outcome, lbConnections)
 	start := time.Now()
+	trace, err := startLBTrace(e.Lab.NetnsPath(e.Roles.Client), start)
+	if err != nil {
+		return Measurement{}, fmt.Errorf("client MPTCP events: %w", err)
+	}
+	defer trace.stop()
 	for i := range lbConnections {
 		wg.Add(1)
 		go func() {
@@ -391,6 +396,12 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 		ch.Reasons = append(ch.Reasons, fmt.Sprintf("%d x %s", k, r))
 	}
 	sort.Strings(ch.Reasons)
+	trace.stop()
+	errs := make([]error, len(outs))
+	for i, o := range outs {
+		errs[i] = o.err
+	}
+	ch.Detail, ch.ShortOfJoins = lbDiagnose(trace, errs, at(1), c.s.subflows-1)
 	if len(ch.Reasons) > 5 {
 		ch.Reasons = ch.Reasons[:5]
 	}
