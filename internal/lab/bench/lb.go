@@ -47,9 +47,9 @@ const (
 // received and joins on the client, announcements sent and dropped, joins
 // and resets on the backends.
 var lbCounters = map[string][]string{
-	"client": {"AddAddr", "AddAddrDrop", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx", "MPJoinSynTxConnectErr"},
-	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx"},
-	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx"},
+	"client": {"AddAddr", "AddAddrDrop", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx", "MPJoinSynTxConnectErr", "MPCapableSYNACKRX", "MPCapableFallbackSYNACK"},
+	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit"},
+	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit"},
 }
 
 var (
@@ -334,6 +334,15 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 		return Measurement{}, fmt.Errorf("client MPTCP events: %w", err)
 	}
 	defer trace.stop()
+	var backendTraces []*lbTrace
+	for _, b := range lbBackends {
+		t, err := startLBTrace(e.Lab.NetnsPath(b), start)
+		if err != nil {
+			return Measurement{}, fmt.Errorf("%s MPTCP events: %w", b, err)
+		}
+		defer t.stop()
+		backendTraces = append(backendTraces, t)
+	}
 	for i := range lbConnections {
 		wg.Add(1)
 		go func() {
@@ -397,11 +406,14 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 	}
 	sort.Strings(ch.Reasons)
 	trace.stop()
+	for _, t := range backendTraces {
+		t.stop()
+	}
 	errs := make([]error, len(outs))
 	for i, o := range outs {
 		errs[i] = o.err
 	}
-	ch.Detail, ch.ShortOfJoins = lbDiagnose(trace, errs, at(1), c.s.subflows-1)
+	ch.Detail, ch.ShortOfJoins = lbDiagnose(trace, backendTraces, errs, at(1), c.s.subflows-1)
 	if len(ch.Reasons) > 5 {
 		ch.Reasons = ch.Reasons[:5]
 	}

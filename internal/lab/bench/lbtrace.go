@@ -71,6 +71,7 @@ type lbConnSummary struct {
 	joinedAt  []time.Duration
 	closedAt  time.Duration
 	closed    bool
+	estAt     time.Duration // ESTABLISHED (fully established), -1: none
 }
 
 // summarize groups the events by connection (token). firstChange is when
@@ -82,7 +83,7 @@ func (t *lbTrace) summarize() map[uint16]*lbConnSummary {
 	get := func(tok uint32) *lbConnSummary {
 		c := byToken[tok]
 		if c == nil {
-			c = &lbConnSummary{token: tok}
+			c = &lbConnSummary{token: tok, estAt: -1}
 			byToken[tok] = c
 		}
 		return c
@@ -92,8 +93,15 @@ func (t *lbTrace) summarize() map[uint16]*lbConnSummary {
 		e := r.e
 		c := get(e.Token)
 		switch e.Type {
-		case mptcppm.EventCreated:
-			c.port = e.Local.Port()
+		case mptcppm.EventCreated, mptcppm.EventEstablished:
+			if e.Type == mptcppm.EventEstablished {
+				c.estAt = r.at
+			}
+			if e.ServerSide != 0 || e.Flags&mptcppm.EventFlagServerSide != 0 {
+				c.port = e.Remote.Port() // the client's port (the balancer masquerades, keeping it)
+			} else {
+				c.port = e.Local.Port()
+			}
 		case mptcppm.EventAnnounced:
 			c.announced = append(c.announced, fmt.Sprintf("%s id %d at %s", e.Remote, e.RemoteID, sec(r.at)))
 		case mptcppm.EventSubEstablished:
@@ -117,8 +125,30 @@ func (t *lbTrace) summarize() map[uint16]*lbConnSummary {
 // lbDiagnose describes each broken connection (its error names its local
 // port) and counts, over all connections, those that had fewer than want
 // joins when the route first moved.
-func lbDiagnose(t *lbTrace, errs []error, firstChange time.Duration, want int) (detail []string, short int) {
+func lbDiagnose(t *lbTrace, backends []*lbTrace, errs []error, firstChange time.Duration, want int) (detail []string, short int) {
 	conns := t.summarize()
+	// Server side, by the client's port (the balancer's masquerade keeps
+	// ports unless two clients collide).
+	server := map[uint16][]*lbConnSummary{}
+	for _, b := range backends {
+		for p, c := range b.summarize() {
+			server[p] = append(server[p], c)
+		}
+	}
+	sideOf := func(p uint16) string {
+		var parts []string
+		for _, c := range server[p] {
+			est := "no ESTABLISHED"
+			if c.estAt >= 0 {
+				est = "ESTABLISHED at " + strconv.FormatFloat(c.estAt.Seconds(), 'f', 2, 64)
+			}
+			parts = append(parts, fmt.Sprintf("token %08x %s, %d joins", c.token, est, len(c.joinedAt)))
+		}
+		if len(parts) == 0 {
+			return "server: no events for this port"
+		}
+		return "server: " + strings.Join(parts, "; ")
+	}
 	for _, c := range conns {
 		n := 0
 		for _, at := range c.joinedAt {
@@ -155,8 +185,12 @@ func lbDiagnose(t *lbTrace, errs []error, firstChange time.Duration, want int) (
 		if c.closed {
 			closed = "closed at " + strconv.FormatFloat(c.closedAt.Seconds(), 'f', 2, 64)
 		}
-		detail = append(detail, fmt.Sprintf("port %d token %08x: %d joins before the first route change; announced [%s]; subflows [%s]; %s; %v",
-			p, c.token, n, strings.Join(c.announced, ", "), strings.Join(c.subflows, ", "), closed, shortReason(err)))
+		est := "client: no ESTABLISHED"
+		if c.estAt >= 0 {
+			est = "client: ESTABLISHED at " + strconv.FormatFloat(c.estAt.Seconds(), 'f', 2, 64)
+		}
+		detail = append(detail, fmt.Sprintf("port %d token %08x: %d joins before the first route change; %s; %s; announced [%s]; subflows [%s]; %s; %v",
+			p, c.token, n, est, sideOf(uint16(p)), strings.Join(c.announced, ", "), strings.Join(c.subflows, ", "), closed, shortReason(err)))
 	}
 	sort.Strings(detail)
 	return detail, short
