@@ -43,7 +43,7 @@ type Env struct {
 	// RelayAllow are destinations the detour relays allow besides the
 	// server (the converter's address for procedure converted).
 	RelayAllow []netip.Addr
-	// IPv6: the procedure runs over IPv6 (tcp6, mptcp-nat6): the server,
+	// IPv6: the procedure runs over IPv6 (tcp6, mptcp-nat6, mptcp-tunnel6): the server,
 	// the relays and the detours are addressed by their IPv6 twins.
 	IPv6 bool
 }
@@ -119,19 +119,21 @@ type Setup func(ctx context.Context, env *Env) (Session, error)
 // unavailable).
 func Procedures() map[string]Setup {
 	return map[string]Setup{
-		scenario.TCP:         setupTCP,
-		scenario.TCP6:        setupTCP6,
-		scenario.MPTCP1:      setupMPTCP1,
-		scenario.MPTCP1NAT:   setupMPTCP1NAT,
-		scenario.TCPNAT:      setupTCPNAT,
-		scenario.MPTCPNAT:    setupMPTCPNAT,
-		scenario.TCPNAT6:     setupTCPNAT6,
-		scenario.MPTCPNAT6:   setupMPTCPNAT6,
-		scenario.TCPTunnel:   setupTCPTunnel,
-		scenario.MPTCPTunnel: setupMPTCPTunnel,
-		scenario.TCPOpenVPN:  setupOpenVPN,
-		scenario.TCPEncap:    setupTCPEncap,
-		scenario.MPTCPEncap:  setupMPTCPEncap,
+		scenario.TCP:          setupTCP,
+		scenario.TCP6:         setupTCP6,
+		scenario.MPTCP1:       setupMPTCP1,
+		scenario.MPTCP1NAT:    setupMPTCP1NAT,
+		scenario.TCPNAT:       setupTCPNAT,
+		scenario.MPTCPNAT:     setupMPTCPNAT,
+		scenario.TCPNAT6:      setupTCPNAT6,
+		scenario.MPTCPNAT6:    setupMPTCPNAT6,
+		scenario.TCPTunnel:    setupTCPTunnel,
+		scenario.MPTCPTunnel:  setupMPTCPTunnel,
+		scenario.TCPTunnel6:   setupTCPTunnel6,
+		scenario.MPTCPTunnel6: setupMPTCPTunnel6,
+		scenario.TCPOpenVPN:   setupOpenVPN,
+		scenario.TCPEncap:     setupTCPEncap,
+		scenario.MPTCPEncap:   setupMPTCPEncap,
 
 		scenario.MPTCPNATStatic:         setupMPTCPNAT,
 		scenario.MPTCPNATAdaptive:       setupMPTCPNAT,
