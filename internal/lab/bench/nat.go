@@ -47,24 +47,6 @@ func setupMPTCPNAT(ctx context.Context, env *Env) (Session, error) {
 	return setupNATAgent(ctx, env, false)
 }
 
-// setupTCPNAT6 and setupMPTCPNAT6 are tcp-nat and mptcp-nat over IPv6:
-// the relays listen on IPv6 too (listen6) and grant IPv6 detours to the
-// server's IPv6 address; the agent knows the relays by their IPv6
-// addresses.
-func setupTCPNAT6(ctx context.Context, env *Env) (Session, error) {
-	if err := ipv6(env, scenario.TCPNAT6); err != nil {
-		return nil, err
-	}
-	return setupTCPNAT(ctx, env)
-}
-
-func setupMPTCPNAT6(ctx context.Context, env *Env) (Session, error) {
-	if err := ipv6(env, scenario.MPTCPNAT6); err != nil {
-		return nil, err
-	}
-	return setupNATAgent(ctx, env, false)
-}
-
 // setupMPTCPNATBackup is setupMPTCPNAT with every relay of the cell marked
 // backup in the agent's config: its detour subflows carry the B flag.
 func setupMPTCPNATBackup(ctx context.Context, env *Env) (Session, error) {

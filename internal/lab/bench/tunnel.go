@@ -13,7 +13,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
-	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
@@ -41,25 +40,6 @@ func setupTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 	}
 	return &transfer{env: env, dst: env.serverAddr(), paths: ts.paths, daemons: ts.rs.daemons,
 		close: func() error { return errors.Join(undo(), ts.close()) }}, nil
-}
-
-// setupTCPTunnel6 and setupMPTCPTunnel6 are tcp-tunnel and mptcp-tunnel
-// over IPv6: the relays listen on IPv6 too and have an IPv6 tunnel subnet
-// (tunnel.subnet6), the control session and so WireGuard's outer path are
-// IPv6, the tunnel client configures the granted IPv6 tunnel address, and
-// the connection to the server's IPv6 address uses it.
-func setupTCPTunnel6(ctx context.Context, env *Env) (Session, error) {
-	if err := ipv6(env, scenario.TCPTunnel6); err != nil {
-		return nil, err
-	}
-	return setupTCPTunnel(ctx, env)
-}
-
-func setupMPTCPTunnel6(ctx context.Context, env *Env) (Session, error) {
-	if err := ipv6(env, scenario.MPTCPTunnel6); err != nil {
-		return nil, err
-	}
-	return setupMPTCPTunnel(ctx, env)
 }
 
 func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
