@@ -42,8 +42,10 @@ staticcheck:
 
 # go test -json through testsummary: the usual output, then the list of
 # skipped tests; with CI=true a skip for a missing tool fails the run.
-unit:
-	$(GO) run ./internal/testenv/testsummary -- $(GO) test -json $(TESTFLAGS) ./...
+# Tests that run the binaries take those make build just made (bin/)
+# instead of each linking its own.
+unit: build
+	MPDETOUR_TEST_BINDIR=$(CURDIR)/bin $(GO) run ./internal/testenv/testsummary -- $(GO) test -json $(TESTFLAGS) ./...
 
 # go.mod and go.sum are what `go mod tidy` makes of them.
 tidy:
