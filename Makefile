@@ -64,14 +64,16 @@ soak: build
 fuzz-and-soak:
 	@$(MAKE) --no-print-directory -j2 fuzz soak
 
-# The soak, then the package test: one after the other (each alone in its
-# lane), together shorter than the fuzz run (38 targets of FUZZTIME each).
+# The soak, then the package test, go.mod tidiness and staticcheck, one
+# after the other: together shorter than the fuzz run beside them (38
+# targets of FUZZTIME each, plus their builds).
 soak-then-package-test:
 	@$(MAKE) --no-print-directory soak
 	@$(MAKE) --no-print-directory package-test
+	@$(MAKE) --no-print-directory tidy staticcheck
 
 # What make test runs after the unit tests: the fuzzers in one lane, the
-# soak and then the package test in the other.
+# soak, the package test and the static checks in the other.
 fuzz-soak-package:
 	@$(MAKE) --no-print-directory -j2 fuzz soak-then-package-test
 
@@ -88,7 +90,7 @@ package-test: package
 # The leak check compares namespaces, root-namespace links and nft tables,
 # and mpdetour processes before and after the run and names what it left.
 test: setup
-	@scripts/leakcheck.sh $(MAKE) --no-print-directory build vet tidy staticcheck unit fuzz-soak-package
+	@scripts/leakcheck.sh $(MAKE) --no-print-directory build vet unit fuzz-soak-package
 	@echo "make test: all checks passed"
 
 demo: setup build
