@@ -1,0 +1,229 @@
+package breaks
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/roster"
+)
+
+const (
+	gossipPort   = 7946
+	relayPort    = 45673
+	gossipWatch  = 10 * time.Second // how long the rosters are watched after the forgeries
+	gossipForged = 5                // forged packets per observer relay
+)
+
+// gossipNodes: the victim (last) and the two relays the forgeries go to.
+var gossipNodes = []string{"detour1", "detour2", "server"}
+
+func forgedGossip(ctx context.Context, o Options) Result {
+	r := Result{Break: 2, Metric: "relays removing the live relay", Target: "0"}
+	l, err := upLab(ctx, o.LabName+"g")
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	defer l.close()
+	auth, err := collective.NewAuthority()
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	secret := filepath.Join(o.Dir, "gossip.key")
+	if err := os.WriteFile(secret, []byte(roster.NewSecret()), 0o600); err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	now := time.Now()
+	first := l.Addr(gossipNodes[0])
+	withSecret := true
+	for i, node := range gossipNodes {
+		k, err := proto.GenerateKey()
+		if err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		c, err := auth.Issue(k.Public(), node, collective.RoleRelay, now.Add(-time.Hour), now.Add(24*time.Hour))
+		if err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		cert := filepath.Join(o.Dir, node+".cert")
+		if err := os.WriteFile(cert, []byte(c.String()+"\n"), 0o600); err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		addr := l.Addr(node)
+		join := ""
+		if i > 0 {
+			join = fmt.Sprintf("    join: [%s]\n", netip.AddrPortFrom(first, gossipPort))
+		}
+		config := func(secretLine string) string {
+			return fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\ncollective:\n  authority: %s\n  certificate_file: %s\n  gossip:\n    bind: %s\n%s%s",
+				netip.AddrPortFrom(addr, relayPort), k, auth.Public(), cert, netip.AddrPortFrom(addr, gossipPort), secretLine, join)
+		}
+		path := filepath.Join(o.Dir, "relay-"+node+".yaml")
+		// The build's default: with the secret when it knows
+		// gossip.secret_file (builds since the fix require it), without
+		// when its configuration refuses the key (builds before).
+		if withSecret {
+			if err := os.WriteFile(path, []byte(config("    secret_file: "+secret+"\n")), 0o600); err != nil {
+				r.Error = err.Error()
+				return r
+			}
+			if out, err := l.run(ctx, node, o.Binary, "relay", "--config", path, "--check"); err != nil {
+				if !strings.Contains(out, "secret_file") {
+					r.Error = fmt.Sprintf("relay --check: %v: %s", err, out)
+					return r
+				}
+				withSecret = false
+			}
+		}
+		if !withSecret {
+			if err := os.WriteFile(path, []byte(config("")), 0o600); err != nil {
+				r.Error = err.Error()
+				return r
+			}
+		}
+		if err := l.start(ctx, node, filepath.Join(o.Dir, "relay-"+node+".log"), o.Binary, "relay", "--config", path); err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		if i == 0 {
+			time.Sleep(500 * time.Millisecond) // the others join it
+		}
+	}
+	all := func() (bool, map[string]int) {
+		counts := map[string]int{}
+		ok := true
+		for _, n := range gossipNodes {
+			names := rosterNames(ctx, l, o.Binary, n)
+			counts[n] = len(names)
+			ok = ok && len(names) == len(gossipNodes)
+		}
+		return ok, counts
+	}
+	converged := false
+	var counts map[string]int
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end) && !converged; time.Sleep(200 * time.Millisecond) {
+		converged, counts = all()
+	}
+	if !converged {
+		r.Error = fmt.Sprintf("the three relays did not list each other within 20 s (roster sizes %v; logs in %s)", counts, o.Dir)
+		return r
+	}
+	victim, from := gossipNodes[2], gossipNodes[1]
+	msg := deadMessage(math.MaxUint32, victim, from)
+	observers := gossipNodes[:2]
+	err = l.do("client", func() error {
+		for _, n := range observers {
+			c, err := net.Dial("udp", netip.AddrPortFrom(l.Addr(n), gossipPort).String())
+			if err != nil {
+				return err
+			}
+			for range gossipForged {
+				if _, err := c.Write(msg); err != nil {
+					c.Close()
+					return err
+				}
+			}
+			c.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		r.Error = "sending the forged messages: " + err.Error()
+		return r
+	}
+	removed := map[string]int{} // samples in which an observer's roster lacked the victim
+	samples := 0
+	for end := time.Now().Add(gossipWatch); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		samples++
+		for _, n := range observers {
+			if names := rosterNames(ctx, l, o.Binary, n); names != nil && !names[victim] {
+				removed[n]++
+			}
+		}
+	}
+	back, _ := all()
+	r.Value = float64(len(removed))
+	r.Pass = len(removed) == 0 && back
+	secretWord := "with gossip.secret_file"
+	if !withSecret {
+		secretWord = "without gossip.secret_file (the build refuses the key: its default)"
+	}
+	r.Detail = fmt.Sprintf("%d forged dead messages (incarnation 2^32-1, plain) from the client node to each of %s about live %s; %s; watched %s (%d samples): ",
+		gossipForged, strings.Join(observers, ", "), victim, secretWord, gossipWatch, samples)
+	if len(removed) == 0 {
+		r.Detail += "the victim stayed in every roster"
+	} else {
+		var parts []string
+		for _, n := range observers {
+			if d, ok := removed[n]; ok {
+				parts = append(parts, fmt.Sprintf("%s lacked it in %d samples", n, d))
+			}
+		}
+		r.Detail += strings.Join(parts, ", ")
+	}
+	if !back {
+		r.Detail += "; still missing at the end of the watch"
+	}
+	return r
+}
+
+// rosterNames asks node's relay for its roster (the build's own
+// "relay status --json"); nil when it does not answer.
+func rosterNames(ctx context.Context, l *caseLab, bin, node string) map[string]bool {
+	out, err := l.output(ctx, node, bin, "relay", "status", "--json")
+	if err != nil {
+		return nil
+	}
+	var st struct {
+		Roster *struct {
+			Relays []struct {
+				Name string `json:"name"`
+			} `json:"relays"`
+		} `json:"roster"`
+	}
+	if json.Unmarshal([]byte(out), &st) != nil || st.Roster == nil {
+		return nil
+	}
+	m := map[string]bool{}
+	for _, e := range st.Roster.Relays {
+		m[e.Name] = true
+	}
+	return m
+}
+
+// deadMessage is memberlist's dead message (type 5, msgpack map of the
+// struct's fields) as an unencrypted packet carries it.
+func deadMessage(inc uint32, node, from string) []byte {
+	b := []byte{5, 0x83}
+	str := func(s string) {
+		if len(s) < 32 {
+			b = append(b, 0xa0|byte(len(s)))
+		} else {
+			b = append(b, 0xd9, byte(len(s)))
+		}
+		b = append(b, s...)
+	}
+	str("Incarnation")
+	b = binary.BigEndian.AppendUint32(append(b, 0xce), inc)
+	str("Node")
+	str(node)
+	str("From")
+	str(from)
+	return b
+}
