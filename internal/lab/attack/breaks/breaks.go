@@ -5,6 +5,10 @@
 // beside the current one) in a lab of its own, attacks it the way the
 // break was found, and asserts the target:
 //
+//   - spoofed-junk (break 1): a relay; 131,000 junk transport packets (no
+//     session) from as many spoofed sources at 8,000/s, then a member from
+//     an address the relay has not seen. Target: its handshake and grant
+//     within 1 s.
 //   - forged-gossip (break 2): three relays in a gossip cluster; an
 //     attacker without the gossip secret sends memberlist "dead" messages
 //     at the highest incarnation naming a live relay to the two others.
@@ -32,12 +36,13 @@ import (
 
 // Case names.
 const (
+	SpoofedJunk   = "spoofed-junk"
 	ForgedGossip  = "forged-gossip"
 	ConvertSocket = "convert-socket"
 )
 
 // Cases lists the cases in the order the suite runs them.
-func Cases() []string { return []string{ForgedGossip, ConvertSocket} }
+func Cases() []string { return []string{SpoofedJunk, ForgedGossip, ConvertSocket} }
 
 // Result is one case against one build.
 type Result struct {
@@ -78,6 +83,8 @@ func Run(ctx context.Context, name string, o Options) Result {
 	t0 := time.Now()
 	var r Result
 	switch name {
+	case SpoofedJunk:
+		r = spoofedJunk(ctx, o)
 	case ForgedGossip:
 		r = forgedGossip(ctx, o)
 	case ConvertSocket:
