@@ -19,6 +19,10 @@
 //     converter failure and asks for the status. Target: 0 cross-user
 //     effects (root's view holds no lesson of the other user, no converter
 //     is held by the other user's report, the status is not disclosed).
+//   - rotation-quota (break 4): a member with a collective certificate
+//     takes NAT mappings up to quota.per_member (2), rotates its key 3
+//     times and asks again on the new key and on the old one. Target: the
+//     mappings it holds over all its keys never exceed the quota.
 //
 // Lab only: nothing here is part of the product.
 package breaks
@@ -39,10 +43,11 @@ const (
 	SpoofedJunk   = "spoofed-junk"
 	ForgedGossip  = "forged-gossip"
 	ConvertSocket = "convert-socket"
+	RotationQuota = "rotation-quota"
 )
 
 // Cases lists the cases in the order the suite runs them.
-func Cases() []string { return []string{SpoofedJunk, ForgedGossip, ConvertSocket} }
+func Cases() []string { return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota} }
 
 // Result is one case against one build.
 type Result struct {
@@ -89,6 +94,8 @@ func Run(ctx context.Context, name string, o Options) Result {
 		r = forgedGossip(ctx, o)
 	case ConvertSocket:
 		r = convertSocket(ctx, o)
+	case RotationQuota:
+		r = rotationQuota(ctx, o)
 	default:
 		r = Result{Case: name, Error: fmt.Sprintf("unknown case %q (known: %s)", name, strings.Join(Cases(), ", "))}
 	}
