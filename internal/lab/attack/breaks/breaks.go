@@ -23,6 +23,9 @@
 //     takes NAT mappings up to quota.per_member (2), rotates its key 3
 //     times and asks again on the new key and on the old one. Target: the
 //     mappings it holds over all its keys never exceed the quota.
+//   - revoked-conversion (break 4): a member's conversion streams from a
+//     server to the member; the relay's members list drops the member
+//     (SIGHUP). Target: 0 bytes from 2 s after the reload on.
 //
 // Lab only: nothing here is part of the product.
 package breaks
@@ -44,10 +47,13 @@ const (
 	ForgedGossip  = "forged-gossip"
 	ConvertSocket = "convert-socket"
 	RotationQuota = "rotation-quota"
+	RevokedConv   = "revoked-conversion"
 )
 
 // Cases lists the cases in the order the suite runs them.
-func Cases() []string { return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota} }
+func Cases() []string {
+	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv}
+}
 
 // Result is one case against one build.
 type Result struct {
@@ -96,6 +102,8 @@ func Run(ctx context.Context, name string, o Options) Result {
 		r = convertSocket(ctx, o)
 	case RotationQuota:
 		r = rotationQuota(ctx, o)
+	case RevokedConv:
+		r = revokedConversion(ctx, o)
 	default:
 		r = Result{Case: name, Error: fmt.Sprintf("unknown case %q (known: %s)", name, strings.Join(Cases(), ", "))}
 	}
