@@ -13,8 +13,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
 // convertDst is the destination the other user lies about (the lab's
@@ -36,46 +34,27 @@ func convertSocket(ctx context.Context, o Options) Result {
 		return r
 	}
 	if err := os.Chmod(o.Dir, 0o755); err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
-	l, err := upLab(ctx, o.LabName+"c")
+	l, keys, err := begin(ctx, o, "c", 2)
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	defer l.close()
-	relayKey, err := proto.GenerateKey()
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	memberKey, err := proto.GenerateKey()
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
+	relayKey, memberKey := keys[0], keys[1]
 	relayAddr := netip.AddrPortFrom(l.Addr("detour1"), relayPort)
-	relayCfg := filepath.Join(o.Dir, "relay.yaml")
-	if err := os.WriteFile(relayCfg, []byte(fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\nmembers:\n  - {name: client, public_key: %s}\nconvert:\n  enabled: true\n  listen: %s\n",
-		relayAddr, relayKey, memberKey.Public(), netip.AddrPortFrom(l.Addr("detour1"), 45674))), 0o600); err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	if err := l.start(ctx, "detour1", filepath.Join(o.Dir, "relay.log"), o.Binary, "relay", "--config", relayCfg); err != nil {
-		r.Error = err.Error()
-		return r
+	if _, err := l.startRelay(ctx, o, "detour1", "relay", fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\nmembers:\n  - {name: client, public_key: %s}\nconvert:\n  enabled: true\n  listen: %s\n",
+		relayAddr, relayKey, memberKey.Public(), netip.AddrPortFrom(l.Addr("detour1"), 45674))); err != nil {
+		return r.failed(err)
 	}
 	sock := filepath.Join(o.Dir, "convert.sock")
 	agentCfg := filepath.Join(o.Dir, "agent.yaml")
 	if err := os.WriteFile(agentCfg, []byte(fmt.Sprintf("socket: %s\nrelays:\n  key: %s\n  servers:\n    - {name: detour1, address: %s, public_key: %s}\nconvert:\n  enabled: true\n  socket: %s\n",
 		filepath.Join(o.Dir, "agent.sock"), memberKey, relayAddr, relayKey.Public(), sock)), 0o600); err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	if err := l.start(ctx, "client", filepath.Join(o.Dir, "agent.log"), o.Binary, "agent", "--config", agentCfg); err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	// Wait for the socket and for the converter to be known (tickets).
 	var before rootView

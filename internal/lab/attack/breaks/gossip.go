@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
-	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
@@ -30,42 +29,33 @@ var gossipNodes = []string{"detour1", "detour2", "server"}
 
 func forgedGossip(ctx context.Context, o Options) Result {
 	r := Result{Break: 2, Metric: "relays removing the live relay", Target: "0"}
-	l, err := upLab(ctx, o.LabName+"g")
+	l, keys, err := begin(ctx, o, "g", len(gossipNodes))
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	defer l.close()
 	auth, err := collective.NewAuthority()
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	secret := filepath.Join(o.Dir, "gossip.key")
 	if err := os.WriteFile(secret, []byte(roster.NewSecret()), 0o600); err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	now := time.Now()
 	first := l.Addr(gossipNodes[0])
 	withSecret := false
 	member := map[string]string{} // lab node -> its relay's gossip member name
 	for i, node := range gossipNodes {
-		k, err := proto.GenerateKey()
-		if err != nil {
-			r.Error = err.Error()
-			return r
-		}
+		k := keys[i]
 		member[node] = roster.NodeName(k.Public())
 		c, err := auth.Issue(k.Public(), node, collective.RoleRelay, now.Add(-time.Hour), now.Add(24*time.Hour))
 		if err != nil {
-			r.Error = err.Error()
-			return r
+			return r.failed(err)
 		}
 		cert := filepath.Join(o.Dir, node+".cert")
 		if err := os.WriteFile(cert, []byte(c.String()+"\n"), 0o600); err != nil {
-			r.Error = err.Error()
-			return r
+			return r.failed(err)
 		}
 		addr := l.Addr(node)
 		join := ""
@@ -82,8 +72,7 @@ func forgedGossip(ctx context.Context, o Options) Result {
 		// the fix), with it when the build requires it (since).
 		if !withSecret {
 			if err := os.WriteFile(path, []byte(config("")), 0o600); err != nil {
-				r.Error = err.Error()
-				return r
+				return r.failed(err)
 			}
 			if out, err := l.run(ctx, node, o.Binary, "relay", "--config", path, "--check"); err != nil {
 				if !strings.Contains(out, "secret_file") {
@@ -95,13 +84,11 @@ func forgedGossip(ctx context.Context, o Options) Result {
 		}
 		if withSecret {
 			if err := os.WriteFile(path, []byte(config("    secret_file: "+secret+"\n")), 0o600); err != nil {
-				r.Error = err.Error()
-				return r
+				return r.failed(err)
 			}
 		}
 		if err := l.start(ctx, node, filepath.Join(o.Dir, "relay-"+node+".log"), o.Binary, "relay", "--config", path); err != nil {
-			r.Error = err.Error()
-			return r
+			return r.failed(err)
 		}
 		if i == 0 {
 			time.Sleep(500 * time.Millisecond) // the others join it

@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -41,33 +39,17 @@ var junkFrom = netip.MustParsePrefix("198.18.0.0/15")
 
 func spoofedJunk(ctx context.Context, o Options) Result {
 	r := Result{Break: 1, Metric: "new member's handshake+grant after the junk, s", Target: "<= 1"}
-	l, err := upLab(ctx, o.LabName+"j")
+	l, keys, err := begin(ctx, o, "j", 2)
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	defer l.close()
-	relayKey, err := proto.GenerateKey()
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	memberKey, err := proto.GenerateKey()
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
+	relayKey, memberKey := keys[0], keys[1]
 	relayAddr := netip.AddrPortFrom(l.Addr("detour1"), relayPort)
 	server := netip.AddrPortFrom(l.Addr("server"), 5201)
-	cfg := filepath.Join(o.Dir, "relay.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\nallow_destinations: [%s/32]\nmembers:\n  - {name: client, public_key: %s}\n",
-		relayAddr, relayKey, server.Addr(), memberKey.Public())), 0o600); err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	if err := l.start(ctx, "detour1", filepath.Join(o.Dir, "relay.log"), o.Binary, "relay", "--config", cfg); err != nil {
-		r.Error = err.Error()
-		return r
+	if _, err := l.startRelay(ctx, o, "detour1", "relay", fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\nallow_destinations: [%s/32]\nmembers:\n  - {name: client, public_key: %s}\n",
+		relayAddr, relayKey, server.Addr(), memberKey.Public())); err != nil {
+		return r.failed(err)
 	}
 	// The relay is up when it answers on its port (a refusal of junk
 	// from the client's own address would be counted as seen; instead
@@ -89,28 +71,15 @@ func spoofedJunk(ctx context.Context, o Options) Result {
 		sent, err = sendJunk(relayAddr, junkSources)
 		return err
 	}); err != nil {
-		r.Error = "sending the junk: " + err.Error()
-		return r
+		return r.failed(fmt.Errorf("sending the junk: %w", err))
 	}
 	sendTime := time.Since(t0)
 	time.Sleep(500 * time.Millisecond) // let the relay read what is queued
 	dropped := udpDrops(l, "detour1") - drops0
 	// A member from an address the relay has never seen (the client's).
-	var pc net.PacketConn
-	if err := l.do("client", func() error {
-		var err error
-		pc, err = net.ListenPacket("udp4", ":0")
-		return err
-	}); err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	c, err := relayconn.Dial(relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey,
-		relayconn.Options{ListenPacket: func() (net.PacketConn, error) { return pc, nil }})
+	c, err := l.dialRelay(relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, nil)
 	if err != nil {
-		pc.Close()
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	defer c.Close()
 	gctx, cancel := context.WithTimeout(ctx, junkWait)

@@ -5,13 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
+	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 // caseLab is one case's lab (the built-in "detours" topology: client, r1,
@@ -92,4 +96,54 @@ func (l *caseLab) close() error {
 	}
 	errs = append(errs, l.Down())
 	return errors.Join(errs...)
+}
+
+// begin brings up a case's lab (LabName + suffix) and makes n keys.
+func begin(ctx context.Context, o Options, suffix string, n int) (*caseLab, []proto.Key, error) {
+	keys := make([]proto.Key, n)
+	for i := range keys {
+		var err error
+		if keys[i], err = proto.GenerateKey(); err != nil {
+			return nil, nil, err
+		}
+	}
+	l, err := upLab(ctx, o.LabName+suffix)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, keys, nil
+}
+
+// startRelay writes a relay configuration to Dir/name.yaml and runs the
+// build's relay on it in node (log Dir/name.log); it returns the path.
+func (l *caseLab) startRelay(ctx context.Context, o Options, node, name, config string) (string, error) {
+	path := filepath.Join(o.Dir, name+".yaml")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		return "", err
+	}
+	return path, l.start(ctx, node, filepath.Join(o.Dir, name+".log"), o.Binary, "relay", "--config", path)
+}
+
+// dialRelay opens a member's control connection to relay from the
+// client node.
+func (l *caseLab) dialRelay(relay relayconn.Relay, k proto.Key, cert []byte) (*relayconn.Conn, error) {
+	var pc net.PacketConn
+	if err := l.do("client", func() error {
+		var err error
+		pc, err = net.ListenPacket("udp4", ":0")
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	c, err := relayconn.Dial(relay, k, relayconn.Options{Certificate: cert, ListenPacket: func() (net.PacketConn, error) { return pc, nil }})
+	if err != nil {
+		pc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// failed is r with err as the reason the case could not run.
+func (r Result) failed(err error) Result {
+	return r.failed(err)
 }

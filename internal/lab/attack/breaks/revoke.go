@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/convert"
-	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
@@ -28,27 +27,12 @@ const (
 // through the conversion from 2 s after the reload on.
 func revokedConversion(ctx context.Context, o Options) Result {
 	r := Result{Break: 4, Metric: "bytes moved 2-4 s after the revocation", Target: "0"}
-	l, err := upLab(ctx, o.LabName+"r")
+	l, keys, err := begin(ctx, o, "r", 3)
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	defer l.close()
-	relayKey, err := proto.GenerateKey()
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	memberKey, err := proto.GenerateKey()
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	otherKey, err := proto.GenerateKey()
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
+	relayKey, memberKey, otherKey := keys[0], keys[1], keys[2]
 	relayAddr := netip.AddrPortFrom(l.Addr("detour1"), relayPort)
 	server := netip.AddrPortFrom(l.Addr("server"), 5300)
 	cfg := filepath.Join(o.Dir, "relay.yaml")
@@ -58,12 +42,10 @@ func revokedConversion(ctx context.Context, o Options) Result {
 	}
 	other := fmt.Sprintf("  - {name: other, public_key: %s}\n", otherKey.Public())
 	if err := config(other + fmt.Sprintf("  - {name: client, public_key: %s}\n", memberKey.Public())); err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	if err := l.start(ctx, "detour1", filepath.Join(o.Dir, "relay.log"), o.Binary, "relay", "--config", cfg); err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	relayProc := l.procs[len(l.procs)-1].Process
 	// The server streams to whoever connects.
@@ -73,8 +55,7 @@ func revokedConversion(ctx context.Context, o Options) Result {
 		ln, err = net.Listen("tcp", server.String())
 		return err
 	}); err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	defer ln.Close()
 	go func() {
@@ -94,21 +75,9 @@ func revokedConversion(ctx context.Context, o Options) Result {
 			}()
 		}
 	}()
-	var pc net.PacketConn
-	if err := l.do("client", func() error {
-		var err error
-		pc, err = net.ListenPacket("udp4", ":0")
-		return err
-	}); err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	rc, err := relayconn.Dial(relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey,
-		relayconn.Options{ListenPacket: func() (net.PacketConn, error) { return pc, nil }})
+	rc, err := l.dialRelay(relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, nil)
 	if err != nil {
-		pc.Close()
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	defer rc.Close()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -148,8 +117,7 @@ func revokedConversion(ctx context.Context, o Options) Result {
 		return r
 	}
 	if err := config(other); err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	t0 := time.Now()
 	if err := relayProc.Signal(syscall.SIGHUP); err != nil {

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
@@ -26,33 +23,21 @@ const (
 // mappings it holds over all its keys must never exceed the quota.
 func rotationQuota(ctx context.Context, o Options) Result {
 	r := Result{Break: 4, Metric: "mappings one member holds over its keys", Target: fmt.Sprintf("<= %d (quota)", rotateQuota)}
-	l, err := upLab(ctx, o.LabName+"q")
+	l, keys, err := begin(ctx, o, "q", 1)
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	defer l.close()
 	auth, err := collective.NewAuthority()
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
-	relayKey, err := proto.GenerateKey()
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
+	relayKey := keys[0]
 	relayAddr := netip.AddrPortFrom(l.Addr("detour1"), relayPort)
 	server := l.Addr("server")
-	cfg := filepath.Join(o.Dir, "relay.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\nallow_destinations: [%s/32]\nquota: {per_member: %d}\ncollective:\n  authority: %s\n",
-		relayAddr, relayKey, server, rotateQuota, auth.Public())), 0o600); err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	if err := l.start(ctx, "detour1", filepath.Join(o.Dir, "relay.log"), o.Binary, "relay", "--config", cfg); err != nil {
-		r.Error = err.Error()
-		return r
+	if _, err := l.startRelay(ctx, o, "detour1", "relay", fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\nallow_destinations: [%s/32]\nquota: {per_member: %d}\ncollective:\n  authority: %s\n",
+		relayAddr, relayKey, server, rotateQuota, auth.Public())); err != nil {
+		return r.failed(err)
 	}
 	now := time.Now()
 	newKey := func() (proto.Key, []byte, error) {
@@ -74,21 +59,11 @@ func rotationQuota(ctx context.Context, o Options) Result {
 		}
 	}()
 	dial := func(k proto.Key, cert []byte) (*relayconn.Conn, error) {
-		var pc net.PacketConn
-		if err := l.do("client", func() error {
-			var err error
-			pc, err = net.ListenPacket("udp4", ":0")
-			return err
-		}); err != nil {
-			return nil, err
+		c, err := l.dialRelay(relay, k, cert)
+		if err == nil {
+			conns = append(conns, c)
 		}
-		c, err := relayconn.Dial(relay, k, relayconn.Options{Certificate: cert, ListenPacket: func() (net.PacketConn, error) { return pc, nil }})
-		if err != nil {
-			pc.Close()
-			return nil, err
-		}
-		conns = append(conns, c)
-		return c, nil
+		return c, err
 	}
 	port := uint16(1000)
 	held := 0
@@ -113,13 +88,11 @@ func rotationQuota(ctx context.Context, o Options) Result {
 	}
 	k, cert, err := newKey()
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	c, err := dial(k, cert)
 	if err != nil {
-		r.Error = err.Error()
-		return r
+		return r.failed(err)
 	}
 	// The relay may still be starting: the first grant waits for it.
 	if err := grantAll(c); err != nil {
@@ -130,8 +103,7 @@ func rotationQuota(ctx context.Context, o Options) Result {
 	for range rotateRotations {
 		nk, ncert, err := newKey()
 		if err != nil {
-			r.Error = err.Error()
-			return r
+			return r.failed(err)
 		}
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err = c.Rotate(rctx, nk, ncert)
@@ -148,8 +120,7 @@ func rotationQuota(ctx context.Context, o Options) Result {
 		}
 		old, err := dial(k, cert)
 		if err != nil {
-			r.Error = err.Error()
-			return r
+			return r.failed(err)
 		}
 		if err := grantAll(old); err != nil {
 			r.Detail += fmt.Sprintf("old key after rotation %d: %v; ", rotated, err)
