@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
+	"github.com/mpdetour/mpdetour/internal/lab/attack/breaks"
 	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/report"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
@@ -28,11 +29,13 @@ func labBenchCommand() *cli.Command {
 		duration   time.Duration
 		procs      string
 		interleave bool
+		cases      string
+		builds     string
 	)
 	return &cli.Command{
 		Name:         "bench",
 		Summary:      "run a benchmark scenario in the lab: goodput per procedure, report and plots",
-		Usage:        "SCENARIO [--trials N] [--out DIR] [--resume]",
+		Usage:        "SCENARIO [--trials N] [--out DIR] [--resume] | attacks --cases LIST [--builds LABEL=PATH,...]",
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.IntVar(&trials, "trials", 0, "trials per cell (default: the scenario's)")
@@ -44,6 +47,8 @@ func labBenchCommand() *cli.Command {
 			fs.StringVar(&note, "note", "", "note printed at the top of the report")
 			fs.BoolVar(&reportOnly, "report", false, "only regenerate JSON, CSV, report and plots from --out")
 			fs.BoolVar(&interleave, "interleave", false, "run trials in rounds (trial 1 of every cell, then trial 2, ...): a run stopped early stays balanced")
+			fs.StringVar(&cases, "cases", "", "attacks only: run the suite's product cases instead of the scenario (spoofed-junk, forged-gossip, convert-socket, rotation-quota, revoked-conversion; \"all\"): each starts the product binary in a lab of its own, attacks it and passes or fails against the issue's target")
+			fs.StringVar(&builds, "builds", "", "with --cases: product binaries to attack, LABEL=PATH,... (e.g. before=/tmp/old/mpdetour,after=./mpdetour), interleaved; the last is the one under test (default: --bin)")
 			fs.StringVar(&procs, "procedures", "", "comma-separated procedures replacing the scenario's, e.g. tcp,tcp-tunnel,tcp-openvpn")
 		},
 		Run: func(ctx context.Context, args []string) error {
@@ -55,6 +60,38 @@ func labBenchCommand() *cli.Command {
 			}
 			if duration < 0 {
 				return cli.Usagef("--duration must be positive")
+			}
+			if cases != "" || builds != "" {
+				if args[0] != "attacks" || cases == "" {
+					return cli.Usagef("--cases and --builds go with the attacks scenario: bench attacks --cases LIST")
+				}
+				if trials == 0 {
+					trials = 1
+				}
+				list := strings.Split(cases, ",")
+				if cases == "all" {
+					list = breaks.Cases()
+				}
+				var bs []attackBuild
+				if builds != "" {
+					var err error
+					if bs, err = parseBuilds(builds); err != nil {
+						return cli.Usagef("%v", err)
+					}
+				} else {
+					p, err := productBinary(bin)
+					if err != nil {
+						return err
+					}
+					bs = []attackBuild{{"this", p}}
+				}
+				if out == "" {
+					out = filepath.Join("bench-results", "attack-cases")
+				}
+				if name == "bench" {
+					name = "atkc" // not the scenario benchmarks' labs
+				}
+				return runAttackCases(ctx, list, bs, trials, out, name, os.Stdout)
 			}
 			s, err := scenario.Load(args[0])
 			if err != nil {

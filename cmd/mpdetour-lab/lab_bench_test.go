@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,5 +44,26 @@ func TestBenchCommandErrors(t *testing.T) {
 	err := runBench("--report", "--out", dir, "smoke")
 	if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "trials.jsonl")) {
 		t.Errorf("--report without trials: %v", err)
+	}
+}
+
+func TestParseAttackBuilds(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "mpdetour")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	plain := filepath.Join(dir, "notes")
+	if err := os.WriteFile(plain, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bs, err := parseBuilds("before=" + exe + ",after=" + exe)
+	if err != nil || len(bs) != 2 || bs[0].label != "before" || bs[1].path != exe {
+		t.Fatalf("parseBuilds: %+v, %v", bs, err)
+	}
+	for _, bad := range []string{"before", "=" + exe, "a=" + exe + ",a=" + exe, "a=" + plain, "a=" + dir, "a=" + filepath.Join(dir, "missing")} {
+		if _, err := parseBuilds(bad); err == nil {
+			t.Errorf("parseBuilds(%q): no error", bad)
+		}
 	}
 }

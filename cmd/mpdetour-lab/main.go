@@ -34,6 +34,7 @@ func commands() []*cli.Command {
 		// Helpers the lab runs itself, hidden from --help.
 		labDelaylineCommand(),
 		convertLoadMemberCommand(),
+		attackPeerCommand(),
 	)
 }
 

@@ -1,0 +1,163 @@
+package breaks
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// convertDst is the destination the other user lies about (the lab's
+// server, port 80: nothing listens, nothing is dialled).
+const convertDstPort = 80
+
+// rootView is what root's status says about the lie: lessons that answer
+// root (uid 0, or no uid in builds that keep one table for all), and
+// converters held or failed.
+type rootView struct {
+	lessons []string
+	held    []string
+}
+
+func convertSocket(ctx context.Context, o Options) Result {
+	r := Result{Break: 3, Metric: "cross-user effects", Target: "0"}
+	if o.Self == "" || o.PeerCommand == "" {
+		r.Error = "no lab binary to run as the other user"
+		return r
+	}
+	if err := os.Chmod(o.Dir, 0o755); err != nil {
+		return r.failed(err)
+	}
+	l, keys, err := begin(ctx, o, "c", 2)
+	if err != nil {
+		return r.failed(err)
+	}
+	defer l.close()
+	relayKey, memberKey := keys[0], keys[1]
+	relayAddr := netip.AddrPortFrom(l.Addr("detour1"), relayPort)
+	if _, err := l.startRelay(ctx, o, "detour1", "relay", fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\nmembers:\n  - {name: client, public_key: %s}\nconvert:\n  enabled: true\n  listen: %s\n",
+		relayAddr, relayKey, memberKey.Public(), netip.AddrPortFrom(l.Addr("detour1"), 45674))); err != nil {
+		return r.failed(err)
+	}
+	sock := filepath.Join(o.Dir, "convert.sock")
+	agentCfg := filepath.Join(o.Dir, "agent.yaml")
+	if err := os.WriteFile(agentCfg, []byte(fmt.Sprintf("socket: %s\nrelays:\n  key: %s\n  servers:\n    - {name: detour1, address: %s, public_key: %s}\nconvert:\n  enabled: true\n  socket: %s\n",
+		filepath.Join(o.Dir, "agent.sock"), memberKey, relayAddr, relayKey.Public(), sock)), 0o600); err != nil {
+		return r.failed(err)
+	}
+	if err := l.start(ctx, "client", filepath.Join(o.Dir, "agent.log"), o.Binary, "agent", "--config", agentCfg); err != nil {
+		return r.failed(err)
+	}
+	// Wait for the socket and for the converter to be known (tickets).
+	var before rootView
+	var converters int
+	ready := false
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end) && !ready; time.Sleep(200 * time.Millisecond) {
+		before, converters, err = view(sock, "")
+		ready = err == nil && converters > 0
+	}
+	if !ready {
+		r.Error = fmt.Sprintf("the agent's conversion socket did not answer root with a converter within 20 s (%v; logs in %s)", err, o.Dir)
+		return r
+	}
+	var mode os.FileMode
+	if fi, err := os.Stat(sock); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	dst := netip.AddrPortFrom(l.Addr("server"), convertDstPort).String()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, o.Self, o.PeerCommand, "--socket", sock, "--dst", dst, "--relay", "detour1")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: PeerUID, Gid: PeerUID}}
+	if err := cmd.Run(); err != nil {
+		r.Error = fmt.Sprintf("the other user's side: %v: %s", err, stderr.String())
+		return r
+	}
+	var peer map[string]string
+	if err := json.Unmarshal(stdout.Bytes(), &peer); err != nil {
+		r.Error = fmt.Sprintf("the other user's side printed %q: %v", stdout.String(), err)
+		return r
+	}
+	after, _, err := view(sock, dst)
+	if err != nil {
+		r.Error = "root's status after the attack: " + err.Error()
+		return r
+	}
+	var effects []string
+	if len(after.lessons) > 0 {
+		effects = append(effects, "root's view holds the other user's lesson "+strings.Join(after.lessons, ", "))
+	}
+	if len(after.held) > len(before.held) {
+		effects = append(effects, "the other user's report held converter "+strings.Join(after.held, ", ")+" for every user")
+	}
+	if peer["status"] == "" {
+		effects = append(effects, "the status (every user's conversions) was answered to the other user")
+	}
+	r.Value = float64(len(effects))
+	r.Pass = len(effects) == 0
+	var answers []string
+	for _, op := range []string{"hello", "learn", "report", "status"} {
+		a := peer[op]
+		if a == "" {
+			a = "answered"
+		}
+		answers = append(answers, op+": "+a)
+	}
+	sort.Strings(effects)
+	r.Detail = fmt.Sprintf("socket mode %04o; uid %d's requests: %s. ", mode, PeerUID, strings.Join(answers, "; "))
+	if len(effects) == 0 {
+		r.Detail += "Root's view unchanged."
+	} else {
+		r.Detail += "Effects: " + strings.Join(effects, "; ") + "."
+	}
+	return r
+}
+
+// view asks the conversion socket, as root, for its status: the lessons
+// about dst that answer root and the converters held or failed, and how
+// many converters it knows.
+func view(sock, dst string) (rootView, int, error) {
+	var v rootView
+	rep, err := ask(sock, peerRequest{Op: "status"})
+	if err != nil {
+		return v, 0, err
+	}
+	if rep.Error != "" {
+		return v, 0, fmt.Errorf("status refused to root: %s", rep.Error)
+	}
+	var st struct {
+		Converters []struct {
+			Relay       string    `json:"relay"`
+			Failures    uint64    `json:"failures"`
+			FailedUntil time.Time `json:"failed_until"`
+		} `json:"converters"`
+		NoMPTCP []struct {
+			UID         *uint32 `json:"uid"`
+			Destination string  `json:"destination"`
+		} `json:"no_mptcp"`
+	}
+	if err := json.Unmarshal(rep.Status, &st); err != nil {
+		return v, 0, fmt.Errorf("status %q: %w", rep.Status, err)
+	}
+	for _, d := range st.NoMPTCP {
+		// A build with per-user lessons marks each with its uid (omitted
+		// when 0, root's); one without keeps one table for every user.
+		if d.Destination == dst && (d.UID == nil || *d.UID == 0) {
+			v.lessons = append(v.lessons, d.Destination)
+		}
+	}
+	for _, c := range st.Converters {
+		if c.Failures > 0 || c.FailedUntil.After(time.Now()) {
+			v.held = append(v.held, c.Relay)
+		}
+	}
+	return v, len(st.Converters), nil
+}

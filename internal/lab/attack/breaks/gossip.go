@@ -1,0 +1,223 @@
+package breaks
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/collective"
+	"github.com/mpdetour/mpdetour/internal/roster"
+)
+
+const (
+	gossipPort   = 7946
+	relayPort    = 45673
+	gossipWatch  = 10 * time.Second // how long the rosters are watched after the forgeries
+	gossipForged = 5                // forged packets per observer relay
+)
+
+// gossipNodes: the victim (last) and the two relays the forgeries go to.
+var gossipNodes = []string{"detour1", "detour2", "server"}
+
+func forgedGossip(ctx context.Context, o Options) Result {
+	r := Result{Break: 2, Metric: "relays removing the live relay", Target: "0"}
+	l, keys, err := begin(ctx, o, "g", len(gossipNodes))
+	if err != nil {
+		return r.failed(err)
+	}
+	defer l.close()
+	auth, err := collective.NewAuthority()
+	if err != nil {
+		return r.failed(err)
+	}
+	secret := filepath.Join(o.Dir, "gossip.key")
+	if err := os.WriteFile(secret, []byte(roster.NewSecret()), 0o600); err != nil {
+		return r.failed(err)
+	}
+	now := time.Now()
+	first := l.Addr(gossipNodes[0])
+	withSecret := false
+	member := map[string]string{} // lab node -> its relay's gossip member name
+	for i, node := range gossipNodes {
+		k := keys[i]
+		member[node] = roster.NodeName(k.Public())
+		c, err := auth.Issue(k.Public(), node, collective.RoleRelay, now.Add(-time.Hour), now.Add(24*time.Hour))
+		if err != nil {
+			return r.failed(err)
+		}
+		cert := filepath.Join(o.Dir, node+".cert")
+		if err := os.WriteFile(cert, []byte(c.String()+"\n"), 0o600); err != nil {
+			return r.failed(err)
+		}
+		addr := l.Addr(node)
+		join := ""
+		if i > 0 {
+			join = fmt.Sprintf("    join: [%s]\n", netip.AddrPortFrom(first, gossipPort))
+		}
+		config := func(secretLine string) string {
+			return fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\ncollective:\n  authority: %s\n  certificate_file: %s\n  gossip:\n    bind: %s\n%s%s",
+				netip.AddrPortFrom(addr, relayPort), k, auth.Public(), cert, netip.AddrPortFrom(addr, gossipPort), secretLine, join)
+		}
+		path := filepath.Join(o.Dir, "relay-"+node+".yaml")
+		// The build's default, as the issue found it: without
+		// gossip.secret_file when the build accepts that (builds before
+		// the fix), with it when the build requires it (since).
+		if !withSecret {
+			if err := os.WriteFile(path, []byte(config("")), 0o600); err != nil {
+				return r.failed(err)
+			}
+			if out, err := l.run(ctx, node, o.Binary, "relay", "--config", path, "--check"); err != nil {
+				if !strings.Contains(out, "secret_file") {
+					r.Error = fmt.Sprintf("relay --check: %v: %s", err, out)
+					return r
+				}
+				withSecret = true
+			}
+		}
+		if withSecret {
+			if err := os.WriteFile(path, []byte(config("    secret_file: "+secret+"\n")), 0o600); err != nil {
+				return r.failed(err)
+			}
+		}
+		if err := l.start(ctx, node, filepath.Join(o.Dir, "relay-"+node+".log"), o.Binary, "relay", "--config", path); err != nil {
+			return r.failed(err)
+		}
+		if i == 0 {
+			time.Sleep(500 * time.Millisecond) // the others join it
+		}
+	}
+	all := func() (bool, map[string]int) {
+		counts := map[string]int{}
+		ok := true
+		for _, n := range gossipNodes {
+			names := rosterNames(ctx, l, o.Binary, n)
+			counts[n] = len(names)
+			ok = ok && len(names) == len(gossipNodes)
+		}
+		return ok, counts
+	}
+	converged := false
+	var counts map[string]int
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end) && !converged; time.Sleep(200 * time.Millisecond) {
+		converged, counts = all()
+	}
+	if !converged {
+		r.Error = fmt.Sprintf("the three relays did not list each other within 20 s (roster sizes %v; logs in %s)", counts, o.Dir)
+		return r
+	}
+	victim, from := gossipNodes[2], gossipNodes[1]
+	msg := deadMessage(math.MaxUint32, member[victim], member[from])
+	observers := gossipNodes[:2]
+	err = l.do("client", func() error {
+		for _, n := range observers {
+			c, err := net.Dial("udp", netip.AddrPortFrom(l.Addr(n), gossipPort).String())
+			if err != nil {
+				return err
+			}
+			for range gossipForged {
+				if _, err := c.Write(msg); err != nil {
+					c.Close()
+					return err
+				}
+			}
+			c.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		r.Error = "sending the forged messages: " + err.Error()
+		return r
+	}
+	removed := map[string]int{} // samples in which an observer's roster lacked the victim
+	samples := 0
+	for end := time.Now().Add(gossipWatch); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		samples++
+		for _, n := range observers {
+			if names := rosterNames(ctx, l, o.Binary, n); names != nil && !names[victim] {
+				removed[n]++
+			}
+		}
+	}
+	// Every relay lists all three again (retried: a status call can time
+	// out on loaded cores).
+	back := false
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && !back; time.Sleep(200 * time.Millisecond) {
+		back, _ = all()
+	}
+	r.Value = float64(len(removed))
+	r.Pass = len(removed) == 0 && back
+	secretWord := "without gossip.secret_file (the build accepts that: its default)"
+	if withSecret {
+		secretWord = "with gossip.secret_file (the build refuses a cluster without it)"
+	}
+	r.Detail = fmt.Sprintf("%d forged dead messages (incarnation 2^32-1, plain) from the client node to each of %s about live %s; %s; watched %s (%d samples): ",
+		gossipForged, strings.Join(observers, ", "), victim, secretWord, gossipWatch, samples)
+	if len(removed) == 0 {
+		r.Detail += "the victim stayed in every roster"
+	} else {
+		var parts []string
+		for _, n := range observers {
+			if d, ok := removed[n]; ok {
+				parts = append(parts, fmt.Sprintf("%s lacked it in %d samples", n, d))
+			}
+		}
+		r.Detail += strings.Join(parts, ", ")
+	}
+	if !back {
+		r.Detail += "; not listed by every relay 10 s after the watch"
+	}
+	return r
+}
+
+// rosterNames asks node's relay for its roster (the build's own
+// "relay status --json"); nil when it does not answer.
+func rosterNames(ctx context.Context, l *caseLab, bin, node string) map[string]bool {
+	out, err := l.output(ctx, node, bin, "relay", "status", "--json")
+	if err != nil {
+		return nil
+	}
+	var st struct {
+		Roster *struct {
+			Relays []struct {
+				Name string `json:"name"`
+			} `json:"relays"`
+		} `json:"roster"`
+	}
+	if json.Unmarshal([]byte(out), &st) != nil || st.Roster == nil {
+		return nil
+	}
+	m := map[string]bool{}
+	for _, e := range st.Roster.Relays {
+		m[e.Name] = true
+	}
+	return m
+}
+
+// deadMessage is memberlist's dead message (type 5, msgpack map of the
+// struct's fields) as an unencrypted packet carries it.
+func deadMessage(inc uint32, node, from string) []byte {
+	b := []byte{5, 0x83}
+	str := func(s string) {
+		if len(s) < 32 {
+			b = append(b, 0xa0|byte(len(s)))
+		} else {
+			b = append(b, 0xd9, byte(len(s)))
+		}
+		b = append(b, s...)
+	}
+	str("Incarnation")
+	b = binary.BigEndian.AppendUint32(append(b, 0xce), inc)
+	str("Node")
+	str(node)
+	str("From")
+	str(from)
+	return b
+}
