@@ -20,7 +20,7 @@ type perServer struct {
 	released chan netip.AddrPort
 }
 
-func (s *perServer) Prepare(a netip.AddrPort)                   { s.prepared = append(s.prepared, a) }
+func (s *perServer) Prepare(a netip.AddrPort)                 { s.prepared = append(s.prepared, a) }
 func (s *perServer) Detours(a netip.AddrPort) []detour.Detour { return s.ds[a] }
 
 var (
