@@ -127,6 +127,7 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPNAT:    setupMPTCPNAT,
 		scenario.TCPNAT6:     setupTCPNAT6,
 		scenario.MPTCPNAT6:   setupMPTCPNAT6,
+		scenario.MPTCPCross:  setupMPTCPCross,
 		scenario.TCPTunnel:   setupTCPTunnel,
 		scenario.MPTCPTunnel: setupMPTCPTunnel,
 		scenario.TCPOpenVPN:  setupOpenVPN,
