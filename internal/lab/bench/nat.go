@@ -76,15 +76,9 @@ func setupMPTCPCross(ctx context.Context, env *Env) (Session, error) {
 		return nil, err
 	}
 	server4 := netip.AddrPortFrom(env.Lab.Addr(env.Roles.Server), uint16(env.Port))
-	rs, err := startRelays(ctx, env, natOnly)
+	rs, err := startProbedRelays(ctx, env)
 	if err != nil {
 		return nil, err
-	}
-	for _, d := range env.Cell.Detours {
-		if err := rs.probe(ctx, env, d); err != nil {
-			rs.close()
-			return nil, err
-		}
 	}
 	extra := rs.agentSection(env, false) + fmt.Sprintf("other_family:\n  - {server: %s, addresses: ['%s']}\n", server4.Addr(), env.serverAddr().Addr())
 	ag, err := startAgentFor(ctx, env, env.Cell.K(), nil, extra, server4)
@@ -103,17 +97,9 @@ func setupMPTCPNATBackup(ctx context.Context, env *Env) (Session, error) {
 }
 
 func setupNATAgent(ctx context.Context, env *Env, backup bool) (Session, error) {
-	rs, err := startRelays(ctx, env, natOnly)
+	rs, err := startProbedRelays(ctx, env)
 	if err != nil {
 		return nil, err
-	}
-	// The agent asks the relays itself, when each connection is
-	// created; a probe grant first makes sure they are up.
-	for _, d := range env.Cell.Detours {
-		if err := rs.probe(ctx, env, d); err != nil {
-			rs.close()
-			return nil, err
-		}
 	}
 	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, backup))
 	if err != nil {
@@ -122,6 +108,23 @@ func setupNATAgent(ctx context.Context, env *Env, backup bool) (Session, error) 
 	}
 	return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + min(env.Cell.K(), len(env.Cell.Detours)), paths: rs.paths,
 		close: func() error { return errors.Join(ag.stop(), rs.close()) }, daemons: append([]*daemon{ag}, rs.daemons...)}, nil
+}
+
+// startProbedRelays starts NAT relays for an agent: the agent asks them
+// itself, when each connection is created; a probe grant first makes sure
+// they are up.
+func startProbedRelays(ctx context.Context, env *Env) (*relays, error) {
+	rs, err := startRelays(ctx, env, natOnly)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range env.Cell.Detours {
+		if err := rs.probe(ctx, env, d); err != nil {
+			rs.close()
+			return nil, err
+		}
+	}
+	return rs, nil
 }
 
 // relayLease outlasts any cell: an expired grant would refuse the next
