@@ -50,6 +50,7 @@ func doctorCommand() *cli.Command {
 			}
 			r = append(r, doctor.Blackhole(doctor.Paths{}, blackholeOf(running))...)
 			r = append(r, doctor.RunningAgent(doctor.Paths{}, running)...)
+			fi := doctor.FamilyInput{DefaultRoute: doctor.DefaultRoute, Running: running}
 			if relayConfig != "" {
 				s, err := relayd.LoadConfig(relayConfig)
 				if err != nil {
@@ -68,6 +69,10 @@ func doctorCommand() *cli.Command {
 					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.OK, Detail: agentConfig + " is valid; it has no relays section, nothing to reach"})
 				default:
 					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.OK, Detail: agentConfig + " is valid"})
+					fi.Relays, fi.OtherFamily = []netip.AddrPort{}, len(cfg.Agent.OtherFamily)
+					for _, rel := range cfg.Relays.Relays {
+						fi.Relays = append(fi.Relays, rel.Addr)
+					}
 					cc := doctor.ClientConfig{Source: *cfg.Relays}
 					cc.Source.Options.ListenPacket = relayconn.ListenIn(cfg.Agent.NetNS)
 					if server != "" {
@@ -81,6 +86,7 @@ func doctorCommand() *cli.Command {
 					r = append(r, doctor.Tunnels(ctx, running, cc.Server, 3*time.Second)...)
 				}
 			}
+			r = append(r, doctor.Families(doctor.Paths{}, fi)...)
 			r.Print(os.Stdout)
 			if r.Failed() {
 				return errors.New("doctor: some checks failed (FAIL lines above say what to fix)")

@@ -66,6 +66,9 @@ func pathCheckCommand() *cli.Command {
 			}
 			server, err := netip.ParseAddrPort(args[0])
 			if err != nil || !server.Addr().Is4() || server.Port() == 0 {
+				if err == nil && server.Addr().Is6() {
+					return cli.Usagef("path-check: %q is an IPv6 server: path-check probes IPv4 paths only (its probes are crafted IPv4 packets; IPv6 not built)", args[0])
+				}
 				return cli.Usagef("path-check: %q is not an IPv4 SERVER:PORT (numeric address, port 1-65535)", args[0])
 			}
 			if maxTTL < 1 || maxTTL > 64 {
@@ -172,6 +175,12 @@ func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pa
 	var ps []pathcheck.Path
 	var errs []error
 	for _, rel := range src.Relays {
+		if rel.Addr.Addr().Unmap().Is4() != server.Addr().Is4() {
+			// A relay grants only within its control session's family.
+			fmt.Fprintf(os.Stderr, "path-check: relay %s skipped: %s relay, %s server (path-check probes IPv4 paths only)\n",
+				rel.Name, familyName(rel.Addr.Addr()), familyName(server.Addr()))
+			continue
+		}
 		c, err := relayconn.Dial(rel, src.PrivateKey, src.Options)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("relay %s: %w", rel.Name, err))
@@ -196,7 +205,35 @@ func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pa
 	return ps, nil
 }
 
+func familyName(a netip.Addr) string {
+	if a.Unmap().Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// printFamilySummary prints one line per address family: the paths
+// probed and their verdicts; IPv6 paths are not probed (the probes are
+// crafted IPv4 packets; an IPv6 prober is not built).
+func printFamilySummary(w io.Writer, rep *pathcheck.Report) {
+	verdicts := map[string]int{}
+	n := 0
+	for _, p := range rep.Paths {
+		verdicts[p.Verdict]++
+		n++
+	}
+	var parts []string
+	for _, v := range []string{pathcheck.OK, pathcheck.Stripped, pathcheck.NoMPTCP, pathcheck.Closed, pathcheck.Unreachable, pathcheck.Failed} {
+		if verdicts[v] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", verdicts[v], v))
+		}
+	}
+	fmt.Fprintf(w, "\nIPv4: %d paths probed (%s)\n", n, strings.Join(parts, ", "))
+	fmt.Fprintf(w, "IPv6: not probed (path-check crafts IPv4 probes only; an IPv6 detour's subflows show in `mpdetour status`)\n")
+}
+
 func printPathCheck(w io.Writer, rep *pathcheck.Report) {
+	defer printFamilySummary(w, rep)
 	for i, p := range rep.Paths {
 		if i > 0 {
 			fmt.Fprintln(w)

@@ -65,6 +65,16 @@ func statusCommand() *cli.Command {
 	}
 }
 
+// printFamilies prints one line per address family: connections (and
+// how many are on AF_INET6 sockets, the only ones that take subflows of
+// the other family), subflows up (cross-family among them), detours.
+func printFamilies(fs []agent.FamilyStatus) {
+	for _, f := range fs {
+		fmt.Printf("%s: %d connections (%d on AF_INET6), %d subflows up (%d cross-family), %d detours (%d healthy)\n",
+			f.Family, f.Connections, f.OnInet6, f.Subflows, f.Cross, f.Detours, f.Healthy)
+	}
+}
+
 func printStatus(st agent.Status) {
 	c := st.Counters
 	fmt.Printf("agent since %s, netns %q, policy %s (pm_type before: %s)\n", st.Started.Format("2006-01-02 15:04:05"), st.NetNS, st.Policy, st.PMTypeSaved)
@@ -78,6 +88,7 @@ func printStatus(st agent.Status) {
 	if st.DiagError != "" {
 		fmt.Printf("inet_diag: %s\n", st.DiagError)
 	}
+	printFamilies(st.Families)
 	printBlackhole(st.Blackhole)
 	if g := st.PMTypeGuard; g != nil && (g.Restores > 0 || g.Error != "") {
 		if g.Restores > 0 {
@@ -106,6 +117,9 @@ func printStatus(st agent.Status) {
 			tag += " (adopted)"
 		}
 		note := cs.Decision
+		if cs.CrossFamily != "" {
+			note = strings.TrimSpace(note + " [" + cs.Socket + "; " + cs.CrossFamily + "]")
+		}
 		if !cs.HoldUntil.IsZero() {
 			note = fmt.Sprintf("holding until %s: %s", cs.HoldUntil.Format("15:04:05.000"), note)
 		}

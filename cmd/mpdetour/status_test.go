@@ -145,3 +145,26 @@ func TestRunWarnsWithoutAgent(t *testing.T) {
 		t.Fatalf("with an agent: %q", out)
 	}
 }
+
+// Status prints one line per address family and a connection's
+// cross-family state.
+func TestStatusShowsFamilies(t *testing.T) {
+	st := agent.Status{
+		Connections: []agent.ConnStatus{{Token: "00000007", Local: "10.0.1.1:40000", Remote: "10.0.2.2:5201", Established: true, Socket: "AF_INET6",
+			CrossFamily: "IPv6 detours toward [fd00:2::2]:5201 (from mapping)",
+			Subflows:    []agent.SubflowStatus{{Path: "default", Remote: "10.0.2.2:5201", State: "up"}, {Path: "nat:r6", Remote: "[fd00:3::2]:4000", State: "up"}}}},
+		Detours: []agent.DetourStatus{{Name: "a", Remote: "10.0.3.2:4000", Healthy: true}, {Name: "b", Remote: "[fd00:3::2]:4000", Healthy: true},
+			{Name: "c", Local: "fd09::2", Remote: "[fd00:2::2]:5201"}},
+	}
+	agent.Summarize(&st)
+	out := captureStatus(t, st)
+	for _, want := range []string{
+		"IPv4: 1 connections (1 on AF_INET6), 1 subflows up (0 cross-family), 1 detours (1 healthy)",
+		"IPv6: 0 connections (0 on AF_INET6), 1 subflows up (1 cross-family), 2 detours (1 healthy)",
+		"[AF_INET6; IPv6 detours toward [fd00:2::2]:5201 (from mapping)]",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -126,6 +126,7 @@ func NewPolicy(cfg Options, log *slog.Logger, sources []detour.Source) *policy.E
 		Mode:     cfg.Policy,
 		Subflows: noneIsNegative(cfg.Subflows), Announced: noneIsNegative(cfg.AnnouncedSubflows),
 		Selectors: cfg.Selectors, MaxConns: cfg.MaxConnections,
+		OtherFamily: cfg.OtherFamily, SourceFor: cfg.SourceFor,
 		Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, ConnectTimeout: cfg.ConnectTimeout,
 		StallRetransmits: cfg.StallRetransmits, Watchdog: cfg.Watchdog, Window: cfg.Window, Hold: cfg.Hold,
 		Log: log,
@@ -564,8 +565,12 @@ func isServerSide(e mptcppm.Event) bool {
 }
 
 func conn(e mptcppm.Event) policy.Conn {
-	return policy.Conn{Token: e.Token, Local: unmap(e.Local), Remote: unmap(e.Remote)}
+	// An AF_INET6 socket's events carry IPv6 or IPv4-mapped addresses
+	// (family 10); only such a socket takes subflows of the other family.
+	return policy.Conn{Token: e.Token, Local: unmap(e.Local), Remote: unmap(e.Remote), Inet6: e.Family == afInet6 || e.Local.Addr().Is6()}
 }
+
+const afInet6 = 10 // AF_INET6
 
 func unmap(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
@@ -754,7 +759,7 @@ func (a *Agent) resync(reason string) []job {
 			continue
 		}
 		seen[mc.Token] = true
-		c := policy.Conn{Token: mc.Token, Local: unmap(mc.Local), Remote: unmap(mc.Remote)}
+		c := policy.Conn{Token: mc.Token, Local: unmap(mc.Local), Remote: unmap(mc.Remote), Inet6: mc.Local.Addr().Is6()}
 		var live []policy.Subflow
 		for _, s := range mc.Subflows {
 			live = append(live, policy.Subflow{Token: mc.Token, LocalID: s.LocalID, RemoteID: s.RemoteID,

@@ -234,6 +234,14 @@ func RunLinux(ctx context.Context, cfg Options, log *slog.Logger, pol policy.Pol
 	if cfg.Probes == "" {
 		cfg.Probes = ProbeDir
 	}
+	if cfg.SourceFor == nil {
+		rs, err := OpenRouteSource(cfg.NetNS)
+		if err != nil {
+			return err
+		}
+		defer rs.Close()
+		cfg.SourceFor = rs.SourceFor
+	}
 	a := New(cfg, log, k, pol, sources...)
 	if cfg.MetricsListen != "" {
 		stop, err := ServeMetrics(cfg.MetricsListen, cfg.MetricsToken, a, log)

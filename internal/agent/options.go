@@ -2,6 +2,7 @@ package agent
 
 import (
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/policy"
@@ -53,6 +54,14 @@ type Options struct {
 	// (metrics.token_file).
 	MetricsToken string
 	Selectors    []policy.Selector
+	// OtherFamily maps a server address to its addresses of the other
+	// family (the config's other_family): cross-family detour candidates
+	// (policy.Config.OtherFamily).
+	OtherFamily map[netip.Addr][]netip.Addr
+	// SourceFor looks up the namespace's own address toward an address,
+	// the source of cross-family NAT detours (RunLinux wires a RouteSource;
+	// nil = none; not in the YAML).
+	SourceFor func(netip.Addr) (netip.Addr, error)
 	// ConvertStatus, when set, adds the conversion Router's view to the
 	// status, as JSON (wired by internal/agentd; not in the YAML).
 	ConvertStatus func() any

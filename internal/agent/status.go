@@ -43,6 +43,79 @@ type Status struct {
 	Relays []RelayStatus `json:"relays,omitempty"`
 	// PMTypeGuard: pm_type changed under the agent and set back.
 	PMTypeGuard *PMTypeStatus `json:"pm_type_guard,omitempty"`
+	// Families sums connections, subflows and detours per address family
+	// (IPv4, IPv6), from the lists above.
+	Families []FamilyStatus `json:"families"`
+}
+
+// FamilyStatus is one address family's share of the status.
+type FamilyStatus struct {
+	Family string `json:"family"` // "IPv4" or "IPv6"
+	// Connections: by the server's address; OnInet6: of those, on an
+	// AF_INET6 socket (only those can take subflows of the other family).
+	Connections int `json:"connections"`
+	OnInet6     int `json:"on_af_inet6"`
+	// Subflows up of this family, and of those in connections of the
+	// other family (cross-family).
+	Subflows int `json:"subflows"`
+	Cross    int `json:"cross_family_subflows"`
+	// Detours of this family (by the subflow's source for a tunnel, the
+	// relay's address for a NAT detour) and how many are healthy.
+	Detours int `json:"detours"`
+	Healthy int `json:"healthy_detours"`
+}
+
+// familyOf names an address's family ("" if it does not parse).
+func familyOf(s string) string {
+	ap, err := netip.ParseAddrPort(s)
+	a := ap.Addr()
+	if err != nil {
+		if a, err = netip.ParseAddr(s); err != nil {
+			return ""
+		}
+	}
+	if a.Unmap().Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// Summarize fills st.Families from the connections and detours.
+func Summarize(st *Status) {
+	fam := map[string]*FamilyStatus{"IPv4": {Family: "IPv4"}, "IPv6": {Family: "IPv6"}}
+	for _, c := range st.Connections {
+		cf := fam[familyOf(c.Remote)]
+		if cf == nil {
+			continue
+		}
+		cf.Connections++
+		if c.Socket == "AF_INET6" {
+			cf.OnInet6++
+		}
+		for _, s := range c.Subflows {
+			sf := fam[familyOf(s.Remote)]
+			if sf == nil || s.State != "up" {
+				continue
+			}
+			sf.Subflows++
+			if sf != cf {
+				sf.Cross++
+			}
+		}
+	}
+	for _, d := range st.Detours {
+		at := d.Remote
+		if d.Local != "" {
+			at = d.Local
+		}
+		if f := fam[familyOf(at)]; f != nil {
+			f.Detours++
+			if d.Healthy {
+				f.Healthy++
+			}
+		}
+	}
+	st.Families = []FamilyStatus{*fam["IPv4"], *fam["IPv6"]}
 }
 
 // Counters are totals since start.
@@ -71,7 +144,13 @@ type ConnStatus struct {
 	Refusals  map[string]int `json:"refusals,omitempty"`
 	HoldUntil time.Time      `json:"hold_until,omitzero"`
 	Decision  string         `json:"decision,omitempty"`
-	token     uint32
+	// Socket is the MPTCP socket's family, AF_INET or AF_INET6 (only the
+	// latter takes subflows of the other address family); CrossFamily
+	// says which other-family address its detours lead to and where it
+	// was learned, or why it gets none.
+	Socket      string `json:"socket"`
+	CrossFamily string `json:"cross_family,omitempty"`
+	token       uint32
 }
 
 // SubflowStatus is one subflow; byte counts and RTT come from inet_diag.
@@ -237,7 +316,8 @@ func (a *Agent) snapshot() Status {
 		cr := byToken[tok]
 		cs := ConnStatus{Token: fmt.Sprintf("%08x", tok), Local: cv.c.Local.String(), Remote: cv.c.Remote.String(),
 			Established: cv.established, Adopted: cv.adopted, Since: cv.since,
-			Refusals: cr.Refusals, HoldUntil: cr.HoldUntil, Decision: cr.Decision, token: tok}
+			Refusals: cr.Refusals, HoldUntil: cr.HoldUntil, Decision: cr.Decision, token: tok,
+			Socket: map[bool]string{true: "AF_INET6", false: "AF_INET"}[cv.c.Inet6], CrossFamily: cr.Cross}
 		seen := map[subKey]bool{}
 		for _, r := range cr.Subflows {
 			k := keyOf(r.Local, r.Remote)
@@ -335,6 +415,7 @@ func (a *Agent) snapshot() Status {
 		st.Detours = append(st.Detours, ds)
 	}
 	sort.Slice(st.Detours, func(i, j int) bool { return st.Detours[i].Name < st.Detours[j].Name })
+	Summarize(&st)
 	return st
 }
 

@@ -79,8 +79,11 @@ type File struct {
 		Listen    string `yaml:"listen"`
 		TokenFile string `yaml:"token_file"`
 	} `yaml:"metrics"`
-	Selectors []fileSel    `yaml:"selectors"`
-	Detours   []fileDetour `yaml:"detours"`
+	Selectors []fileSel `yaml:"selectors"`
+	// OtherFamily: the server addresses of the other family, for
+	// cross-family detours (docs/agent.md, Dual stack).
+	OtherFamily []fileOther  `yaml:"other_family"`
+	Detours     []fileDetour `yaml:"detours"`
 	// Relays is documented in docs/relay.md (relayclient.File).
 	Relays       *relayclient.File `yaml:"relays"`
 	Tunnels      bool              `yaml:"tunnels"`
@@ -101,6 +104,12 @@ type fileLegacy struct {
 	Name    string           `yaml:"name"`
 	Address string           `yaml:"address"`
 	Lease   *config.Duration `yaml:"lease"`
+}
+
+// fileOther maps one server address to its addresses of the other family.
+type fileOther struct {
+	Server    string   `yaml:"server"`
+	Addresses []string `yaml:"addresses"`
 }
 
 type fileSel struct {
@@ -281,6 +290,11 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		}
 		c.Selectors = append(c.Selectors, sel)
 	}
+	other, err := parseOtherFamily(f.OtherFamily)
+	if err != nil {
+		return c, err
+	}
+	c.OtherFamily = other
 	c.BufferSizing = f.BufferSizing
 	if c.BufferSizing && c.ProbeInterval == 0 {
 		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
@@ -394,6 +408,51 @@ func parsePrefix(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("bad address or prefix %q", s)
 	}
 	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// parseOtherFamily checks the mapping: every address usable (no loopback,
+// link-local, multicast, IPv4-mapped), the other family than its server's,
+// each server once.
+func parseOtherFamily(fs []fileOther) (map[netip.Addr][]netip.Addr, error) {
+	if len(fs) == 0 {
+		return nil, nil
+	}
+	m := map[netip.Addr][]netip.Addr{}
+	parse := func(field, s string) (netip.Addr, error) {
+		a, err := netip.ParseAddr(s)
+		switch {
+		case err != nil:
+			return a, fmt.Errorf("%s: bad address %q", field, s)
+		case a.Is4In6():
+			return a, fmt.Errorf("%s: %s is IPv4-mapped; write the IPv4 address", field, s)
+		case a.Zone() != "" || !usable(a):
+			return a, fmt.Errorf("%s: %s is not a server address (loopback, link-local, multicast or unspecified)", field, s)
+		}
+		return a, nil
+	}
+	for i, o := range fs {
+		srv, err := parse(fmt.Sprintf("other_family[%d].server", i), o.Server)
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := m[srv]; dup {
+			return nil, fmt.Errorf("other_family[%d].server: %s listed twice", i, srv)
+		}
+		if len(o.Addresses) == 0 {
+			return nil, fmt.Errorf("other_family[%d].addresses: missing", i)
+		}
+		for j, s := range o.Addresses {
+			a, err := parse(fmt.Sprintf("other_family[%d].addresses[%d]", i, j), s)
+			if err != nil {
+				return nil, err
+			}
+			if a.Is4() == srv.Is4() {
+				return nil, fmt.Errorf("other_family[%d].addresses[%d]: %s is of the server's own family; list the server's address of the other one", i, j, a)
+			}
+			m[srv] = append(m[srv], a)
+		}
+	}
+	return m, nil
 }
 
 func usable(a netip.Addr) bool {

@@ -85,17 +85,23 @@ func TestParseConfigRejects(t *testing.T) {
 		"command_workers: -1":                    "command_workers",
 		"selectors: [{prefixes: [10.0.0.0/40]}]": "selectors[0].prefixes[0]",
 		"selectors: [{ports: [\"0\"]}]":          "selectors[0].ports[0]",
-		"selectors: [{ports: [\"9-3\"]}]":        "selectors[0].ports[0]",
-		"detours: [{kind: nat, relay: a, address: 10.1.1.2, server: 10.0.3.2:1}]":                         "detours[0].address",
-		"detours: [{kind: nat, relay: a, address: 127.0.0.1:4000, server: 10.0.3.2:1}]":                   "detours[0].address",
-		"detours: [{kind: nat, relay: a, address: 10.1.1.2:4000}]":                                        "detours[0].server",
-		"detours: [{kind: nat, address: 10.1.1.2:4000, server: 10.0.3.2:1}]":                              "detours[0].relay",
-		"detours: [{kind: gre, relay: a}]":                                                                "detours[0].kind",
-		"detours: [{relay: a}]":                                                                           "detours[0].kind",
-		"detours: [{kind: tunnel, relay: a, local: fe80::1}]":                                             "detours[0].local",
-		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, servers: [x]}]":                              "detours[0].servers[0]",
-		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, address: 10.1.1.2:4000}]":                    "detours[0].kind",
-		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2}, {kind: tunnel, relay: a, local: 10.9.0.2}]": "detours[1]",
+		"other_family: [{server: 10.0.2.2, addresses: [10.0.2.3]}]":                                                  "other_family[0].addresses[0]: 10.0.2.3 is of the server's own family",
+		"other_family: [{server: 10.0.2.2, addresses: [\"::ffff:1.2.3.4\"]}]":                                        "IPv4-mapped",
+		"other_family: [{server: 10.0.2.2, addresses: [\"fe80::1\"]}]":                                               "other_family[0].addresses[0]",
+		"other_family: [{server: 10.0.2.2}]":                                                                         "other_family[0].addresses: missing",
+		"other_family: [{server: x, addresses: [\"fd00::2\"]}]":                                                      "other_family[0].server",
+		"other_family: [{server: 10.0.2.2, addresses: [\"fd00::2\"]}, {server: 10.0.2.2, addresses: [\"fd00::3\"]}]": "other_family[1].server: 10.0.2.2 listed twice",
+		"selectors: [{ports: [\"9-3\"]}]":                                                                            "selectors[0].ports[0]",
+		"detours: [{kind: nat, relay: a, address: 10.1.1.2, server: 10.0.3.2:1}]":                                    "detours[0].address",
+		"detours: [{kind: nat, relay: a, address: 127.0.0.1:4000, server: 10.0.3.2:1}]":                              "detours[0].address",
+		"detours: [{kind: nat, relay: a, address: 10.1.1.2:4000}]":                                                   "detours[0].server",
+		"detours: [{kind: nat, address: 10.1.1.2:4000, server: 10.0.3.2:1}]":                                         "detours[0].relay",
+		"detours: [{kind: gre, relay: a}]":                                                                           "detours[0].kind",
+		"detours: [{relay: a}]":                                                                                      "detours[0].kind",
+		"detours: [{kind: tunnel, relay: a, local: fe80::1}]":                                                        "detours[0].local",
+		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, servers: [x]}]":                                         "detours[0].servers[0]",
+		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2, address: 10.1.1.2:4000}]":                               "detours[0].kind",
+		"detours: [{kind: tunnel, relay: a, local: 10.9.0.2}, {kind: tunnel, relay: a, local: 10.9.0.2}]":            "detours[1]",
 		"{":                                    "",
 		"policy: greedy":                       "policy",
 		"watchdog: 0s":                         "watchdog",
@@ -217,4 +223,19 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		_ = static.New(c.Detours).Detours(netip.MustParseAddrPort("10.0.3.2:5201"))
 	})
+}
+
+// other_family maps a server address to its addresses of the other family.
+func TestParseConfigOtherFamily(t *testing.T) {
+	c, err := ParseConfig([]byte("other_family:\n  - {server: 10.0.2.2, addresses: [\"fd00:2::2\"]}\n  - {server: \"fd00:5::5\", addresses: [10.0.5.5]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := c.Agent.OtherFamily
+	if got := m[netip.MustParseAddr("10.0.2.2")]; len(got) != 1 || got[0] != netip.MustParseAddr("fd00:2::2") {
+		t.Fatalf("10.0.2.2 -> %v", got)
+	}
+	if got := m[netip.MustParseAddr("fd00:5::5")]; len(got) != 1 || got[0] != netip.MustParseAddr("10.0.5.5") {
+		t.Fatalf("fd00:5::5 -> %v", got)
+	}
 }

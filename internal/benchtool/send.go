@@ -25,7 +25,11 @@ type SendOptions struct {
 	Duration time.Duration // how long to write; default 10 s
 	Warmup   time.Duration // start of the goodput window; default 1 s
 	MPTCP    bool
-	CC       string // congestion control; default DefaultCC
+	// Inet6 opens an AF_INET6 socket (not IPv6-only) also for an IPv4
+	// address, which then travels IPv4-mapped: what dual-stack programs
+	// do, and what an IPv4 connection needs to take IPv6 subflows.
+	Inet6 bool
+	CC    string // congestion control; default DefaultCC
 	// Netns, if set, names the network namespace to open the socket in (a
 	// netnsx spec: NAME under /run/netns or a path); the calling thread is
 	// not affected.
@@ -285,6 +289,11 @@ func sendErr(ctx context.Context, what string, err error) error {
 func dial(ctx context.Context, o SendOptions) (*net.TCPConn, error) {
 	d := net.Dialer{Timeout: o.ConnectTimeout}
 	d.SetMultipathTCP(o.MPTCP)
+	if o.Inet6 {
+		// A local address of :: makes Go open an AF_INET6 socket for an
+		// IPv4 destination too.
+		d.LocalAddr = &net.TCPAddr{IP: net.IPv6unspecified}
+	}
 	var ccErr error
 	d.Control = func(network, address string, c syscall.RawConn) error {
 		if err := c.Control(func(fd uintptr) { ccErr = setCongestion(fd, o.CC) }); err != nil {

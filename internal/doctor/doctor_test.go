@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
@@ -137,5 +138,46 @@ func TestClientFallbackDetected(t *testing.T) {
 	r = Client(context.Background(), ClientConfig{Server: netip.MustParseAddrPort(mln.Addr().String()), Timeout: time.Second, ProbeDir: t.TempDir()})
 	if x := find(r, "direct"); x.Status != OK {
 		t.Fatalf("MPTCP server: %+v", r)
+	}
+}
+
+// Families gives one line per family: the IPv6 default route, relays per
+// family (none of a family says what its connections get), a running
+// agent's detours per family; IPv6 switched off says so and skips IPv6.
+func TestFamilies(t *testing.T) {
+	routes := func(v6 bool) (string, bool, error) {
+		if v6 {
+			return "", false, nil
+		}
+		return "10.0.1.254 dev eth0", true, nil
+	}
+	st := &agent.Status{Families: []agent.FamilyStatus{{Family: "IPv4", Connections: 2, OnInet6: 1}, {Family: "IPv6", Detours: 1, Healthy: 1, Subflows: 1, Cross: 1}}}
+	r := Families(fakeProc(t, map[string]string{"net.ipv6.conf.all.disable_ipv6": "0"}), FamilyInput{DefaultRoute: routes,
+		Relays: []netip.AddrPort{netip.MustParseAddrPort("[fd00:3::2]:45673")}, OtherFamily: 1, Running: st})
+	for check, want := range map[string]struct {
+		st     Status
+		detail string
+	}{
+		"IPv4 default route":   {OK, "via 10.0.1.254 dev eth0"},
+		"IPv6 default route":   {Info, "none"},
+		"IPv4 relays":          {Info, "NAT detours only of the other family, toward the 1 mapped servers"},
+		"IPv6 relays":          {OK, "1"},
+		"IPv6 under the agent": {OK, "1 subflows up (1 cross-family), 1 detours (1 healthy)"},
+		"IPv4 under the agent": {OK, "2 connections (1 on AF_INET6)"},
+	} {
+		got := find(r, check)
+		if got.Status != want.st || !strings.Contains(got.Detail, want.detail) {
+			t.Errorf("%s: %v %q, want %v %q", check, got.Status, got.Detail, want.st, want.detail)
+		}
+	}
+	r = Families(fakeProc(t, map[string]string{"net.ipv6.conf.all.disable_ipv6": "1"}), FamilyInput{DefaultRoute: routes, Relays: []netip.AddrPort{}})
+	if got := find(r, "IPv6"); got.Status != Info || !strings.Contains(got.Detail, "IPv4 only") {
+		t.Errorf("IPv6 off: %+v", got)
+	}
+	if got := find(r, "IPv6 default route"); got.Status != -1 {
+		t.Errorf("IPv6 off, yet checked: %+v", got)
+	}
+	if got := find(r, "IPv4 relays"); got.Status != Info || !strings.Contains(got.Detail, "get no NAT detour") {
+		t.Errorf("no IPv4 relay: %+v", got)
 	}
 }

@@ -64,6 +64,17 @@ type Config struct {
 	// arriving out of order while a slower path's segment is in flight
 	// must fit (BLEST's condition) [6 MiB, the kernel's tcp_rmem[2]].
 	RcvBuf int64
+	// OtherFamily is the configured mapping from a server address to its
+	// addresses of the other family (IPv4 -> IPv6 or back): cross-family
+	// detour candidates for connections whose socket takes them
+	// (crossfamily.go). The server's own ADD_ADDR of the other family is
+	// used without it.
+	OtherFamily map[netip.Addr][]netip.Addr
+	// SourceFor returns the client's own address toward dst (a route
+	// lookup): the source of a NAT detour subflow of the other family than
+	// the connection's. nil: no cross-family NAT detours (tunnel detours
+	// carry their own source).
+	SourceFor func(dst netip.Addr) (netip.Addr, error)
 	// Now is the clock and Rand the jitter source (tests).
 	Now  func() time.Time
 	Rand func() float64
@@ -133,6 +144,12 @@ type kconn struct {
 	hist      []sample
 	lastRecv  time.Time       // when any subflow last received data
 	tried     map[string]bool // detours used by this connection so far
+	// alts: the server's addresses of the other family this connection's
+	// detours may lead to; cross describes them (or why none) for status;
+	// crossNoted: the reason for no cross-family detour was logged.
+	alts       []altServer
+	cross      string
+	crossNoted bool
 	// refusedAt: when a join of this connection through a detour (by
 	// Key) was refused in its handshake (a reset answered the SYN:
 	// ECONNREFUSED). Such a join is not tried again through that detour
@@ -264,6 +281,9 @@ func (p *Engine) track(c Conn) *kconn {
 	p.conns[c.Token] = k
 	if k.selected {
 		p.servers[c.Remote]++
+		for _, a := range p.mapped(c.Remote) {
+			p.addAlt(k, a, "mapping", false)
+		}
 	}
 	return k
 }
@@ -271,9 +291,7 @@ func (p *Engine) track(c Conn) *kconn {
 func (p *Engine) Created(c Conn) []Intent {
 	k := p.track(c)
 	if k != nil && k.selected {
-		for _, s := range p.sources {
-			s.Prepare(k.c.Remote)
-		}
+		p.prepare(k)
 	}
 	return nil
 }
@@ -294,6 +312,16 @@ func (p *Engine) Established(c Conn) []Intent {
 	return out
 }
 
+// prepare asks the sources for detours toward the server and its
+// other-family addresses.
+func (p *Engine) prepare(k *kconn) {
+	for _, a := range append([]netip.AddrPort{k.c.Remote}, altAddrs(k)...) {
+		for _, s := range p.sources {
+			s.Prepare(a)
+		}
+	}
+}
+
 // trackInitial records the connection's first subflow (the default path),
 // which the adaptive policy measures like any other.
 func (p *Engine) trackInitial(k *kconn) {
@@ -311,9 +339,11 @@ func (p *Engine) Closed(token uint32) []Intent {
 	}
 	delete(p.conns, token)
 	if k.selected {
-		if p.servers[k.c.Remote]--; p.servers[k.c.Remote] <= 0 {
-			delete(p.servers, k.c.Remote)
-			p.release(k.c.Remote)
+		for _, s := range append([]netip.AddrPort{k.c.Remote}, altAddrs(k)...) {
+			if p.servers[s]--; p.servers[s] <= 0 {
+				delete(p.servers, s)
+				p.release(s)
+			}
 		}
 	}
 	return nil
@@ -350,10 +380,17 @@ func (p *Engine) Announced(token uint32, id uint8, addr netip.AddrPort) []Intent
 		return nil
 	}
 	k.announced[id] = addr
+	// An address of the other family: detours may lead there too (the
+	// server says it reaches this connection's listener).
+	added := !sameFamily(addr.Addr(), k.c.Remote.Addr()) && p.addAlt(k, addr, "ADD_ADDR", true)
 	if !k.established {
 		return nil
 	}
-	return p.announcedSubflow(k, id, addr)
+	out := p.announcedSubflow(k, id, addr)
+	if added {
+		out = append(out, p.fill(k)...)
+	}
+	return out
 }
 
 func (p *Engine) announcedSubflow(k *kconn, id uint8, addr netip.AddrPort) []Intent {
@@ -367,12 +404,31 @@ func (p *Engine) announcedSubflow(k *kconn, id uint8, addr netip.AddrPort) []Int
 			n++
 		}
 	}
-	sk := key(k.c.Local.Addr(), addr)
+	local := k.c.Local.Addr()
+	if !sameFamily(a, local) {
+		// The kernel refuses a subflow whose ends differ in family: leave
+		// from the client's own address of the announced one's family,
+		// on a socket that takes it.
+		if ok, why := crossOK(k); !ok {
+			p.noteCross(k, why, "announced", addr)
+			return nil
+		}
+		if p.cfg.SourceFor == nil {
+			return nil
+		}
+		src, err := p.cfg.SourceFor(a)
+		if err != nil {
+			p.noteCross(k, fmt.Sprintf("no %s source address toward %s: %v", family(a), a, err))
+			return nil
+		}
+		local = src.Unmap()
+	}
+	sk := key(local, addr)
 	if n >= p.cfg.Announced || k.subs[sk] != nil {
 		return nil
 	}
 	k.subs[sk] = &ksub{created: p.cfg.Now(), role: RoleConnecting}
-	return []Intent{{Action: CreateSubflow, Token: k.c.Token, Local: netip.AddrPortFrom(k.c.Local.Addr(), 0), Remote: addr, RemoteID: id}}
+	return []Intent{{Action: CreateSubflow, Token: k.c.Token, LocalID: p.localID(k, local), Local: netip.AddrPortFrom(local, 0), Remote: addr, RemoteID: id}}
 }
 
 func (p *Engine) Removed(token uint32, id uint8) []Intent {
@@ -651,9 +707,7 @@ func (p *Engine) Adopt(c Conn, subflows []Subflow) []Intent {
 	// Managed like a new connection: relays are asked for grants (after an
 	// agent restart the old ones may be gone), fill polls until they come.
 	if k.selected && !k.established {
-		for _, s := range p.sources {
-			s.Prepare(k.c.Remote)
-		}
+		p.prepare(k)
 	}
 	k.established = true
 	p.trackInitial(k)
@@ -709,7 +763,7 @@ func (p *Engine) fill(k *kconn) []Intent {
 	var out []Intent
 	var soonest time.Time
 	seen := map[string]bool{}
-	for _, d := range p.detours(k.c.Remote) {
+	for _, d := range append(p.usable(k, k.c.Remote, p.detours(k.c.Remote)), p.crossCandidates(k)...) {
 		dk := Key(d)
 		if seen[dk] || used[dk] || !d.Expires.IsZero() && !d.Expires.After(now) {
 			continue

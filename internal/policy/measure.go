@@ -165,7 +165,7 @@ func (p *Engine) Report() Report {
 	var r Report
 	now := p.cfg.Now()
 	for _, k := range p.conns {
-		cr := ConnReport{Token: k.c.Token, Selected: k.selected, Decision: k.decision}
+		cr := ConnReport{Token: k.c.Token, Selected: k.selected, Decision: k.decision, Cross: k.cross}
 		if now.Before(k.holdUntil) {
 			cr.HoldUntil = k.holdUntil
 		}

@@ -33,6 +33,12 @@ type Conn struct {
 	// DNATs to it, a tunnel detour goes to it). No detour subflow is
 	// opened; announced addresses are still joined.
 	DenyJoinInitial bool
+	// Inet6: the MPTCP socket is an AF_INET6 one (an IPv6 connection, or
+	// an IPv4 one whose events carry IPv4-mapped addresses). Only such a
+	// socket takes subflows of the other family than its first subflow's
+	// (measured: TestCrossFamilySubflow); an AF_INET socket gets no
+	// cross-family detour.
+	Inet6 bool
 }
 
 // ErrConnectionGone marks a command error that says the connection no
@@ -188,6 +194,11 @@ type ConnReport struct {
 	// repeated refusals); zero when none.
 	HoldUntil time.Time
 	Decision  string // the last decision about the connection, with its reason
+	// Cross says what the connection does with the other address family:
+	// the server's other-family address its detours lead to and where it
+	// was learned, or why it gets no cross-family detour; "" when nothing
+	// of the other family is known.
+	Cross string
 }
 
 // SubflowReport is one subflow as the policy sees it.

@@ -47,6 +47,31 @@ func setupMPTCPNAT(ctx context.Context, env *Env) (Session, error) {
 	return setupNATAgent(ctx, env, false)
 }
 
+// setupMPTCPCross is mptcp-cross: the connection starts on IPv4 over the
+// default path, from an AF_INET6 socket (IPv4-mapped, what a dual-stack
+// program opens; an AF_INET socket cannot take an IPv6 subflow, measured
+// in TestCrossFamilySubflow), and the agent adds IPv6 NAT detours toward
+// the server's IPv6 address, which it knows from the configured mapping
+// (other_family). The relays are mptcp-nat6's (IPv6 grants).
+func setupMPTCPCross(ctx context.Context, env *Env) (Session, error) {
+	if err := ipv6(env, scenario.MPTCPCross); err != nil {
+		return nil, err
+	}
+	server4 := netip.AddrPortFrom(env.Lab.Addr(env.Roles.Server), uint16(env.Port))
+	rs, err := startProbedRelays(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	extra := rs.agentSection(env, false) + fmt.Sprintf("other_family:\n  - {server: %s, addresses: ['%s']}\n", server4.Addr(), env.serverAddr().Addr())
+	ag, err := startAgentFor(ctx, env, env.Cell.K(), nil, extra, server4)
+	if err != nil {
+		rs.close()
+		return nil, err
+	}
+	return &transfer{env: env, dst: server4, mptcp: true, inet6: true, wantSubflows: 1 + min(env.Cell.K(), len(env.Cell.Detours)), paths: rs.paths,
+		close: func() error { return errors.Join(ag.stop(), rs.close()) }, daemons: append([]*daemon{ag}, rs.daemons...)}, nil
+}
+
 // setupMPTCPNATBackup is setupMPTCPNAT with every relay of the cell marked
 // backup in the agent's config: its detour subflows carry the B flag.
 func setupMPTCPNATBackup(ctx context.Context, env *Env) (Session, error) {
@@ -54,17 +79,9 @@ func setupMPTCPNATBackup(ctx context.Context, env *Env) (Session, error) {
 }
 
 func setupNATAgent(ctx context.Context, env *Env, backup bool) (Session, error) {
-	rs, err := startRelays(ctx, env, natOnly)
+	rs, err := startProbedRelays(ctx, env)
 	if err != nil {
 		return nil, err
-	}
-	// The agent asks the relays itself, when each connection is
-	// created; a probe grant first makes sure they are up.
-	for _, d := range env.Cell.Detours {
-		if err := rs.probe(ctx, env, d); err != nil {
-			rs.close()
-			return nil, err
-		}
 	}
 	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, backup))
 	if err != nil {
@@ -73,6 +90,23 @@ func setupNATAgent(ctx context.Context, env *Env, backup bool) (Session, error) 
 	}
 	return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1 + min(env.Cell.K(), len(env.Cell.Detours)), paths: rs.paths,
 		close: func() error { return errors.Join(ag.stop(), rs.close()) }, daemons: append([]*daemon{ag}, rs.daemons...)}, nil
+}
+
+// startProbedRelays starts NAT relays for an agent: the agent asks them
+// itself, when each connection is created; a probe grant first makes sure
+// they are up.
+func startProbedRelays(ctx context.Context, env *Env) (*relays, error) {
+	rs, err := startRelays(ctx, env, natOnly)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range env.Cell.Detours {
+		if err := rs.probe(ctx, env, d); err != nil {
+			rs.close()
+			return nil, err
+		}
+	}
+	return rs, nil
 }
 
 // relayLease outlasts any cell: an expired grant would refuse the next

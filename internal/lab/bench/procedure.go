@@ -144,6 +144,7 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPNAT:     setupMPTCPNAT,
 		scenario.TCPNAT6:      overIPv6(scenario.TCPNAT6, setupTCPNAT),
 		scenario.MPTCPNAT6:    overIPv6(scenario.MPTCPNAT6, setupMPTCPNAT),
+		scenario.MPTCPCross:   setupMPTCPCross,
 		scenario.TCPTunnel:    setupTCPTunnel,
 		scenario.MPTCPTunnel:  setupMPTCPTunnel,
 		scenario.TCPTunnel6:   overIPv6(scenario.TCPTunnel6, setupTCPTunnel),

@@ -40,6 +40,9 @@ type transfer struct {
 	env   *Env
 	dst   netip.AddrPort
 	mptcp bool
+	// inet6: the client opens an AF_INET6 socket even for an IPv4 dst
+	// (IPv4-mapped), as dual-stack programs do (mptcp-cross).
+	inet6 bool
 	// wantSubflows > 0 makes a trial fail when the MPTCP connection ends
 	// with fewer subflows (a detour that never came up is not a detour
 	// measurement).
@@ -247,7 +250,7 @@ func (t *transfer) send(ctx context.Context) (*benchtool.Result, error) {
 	e := t.env
 	if t.wrap == nil {
 		return benchtool.Send(ctx, benchtool.SendOptions{
-			Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, CC: e.CC,
+			Addr: t.dst.String(), Duration: e.Duration, Warmup: e.Warmup, MPTCP: t.mptcp, Inet6: t.inet6, CC: e.CC,
 			Netns: e.Lab.NetnsPath(e.Roles.Client), Download: e.Download, SeriesEvery: seriesEvery(e.Cell.Fault),
 		})
 	}

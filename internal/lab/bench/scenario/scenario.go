@@ -33,9 +33,13 @@ const (
 	// relays with an IPv6 tunnel subnet, IPv6 inside the tunnel.
 	TCPTunnel6   = "tcp-tunnel6"
 	MPTCPTunnel6 = "mptcp-tunnel6"
-	TCPNAT       = "tcp-nat"    // plain TCP to a relay's NAT port
-	TCPTunnel    = "tcp-tunnel" // plain TCP through a WireGuard tunnel detour
-	MPTCP1       = "mptcp-1sf"  // MPTCP, no detour (MPTCP's own overhead)
+	// MPTCPCross: a connection that starts on IPv4 (the default path,
+	// from an AF_INET6 socket) and adds IPv6 NAT detour subflows (the
+	// agent maps the server's IPv4 address to its IPv6 one).
+	MPTCPCross = "mptcp-cross"
+	TCPNAT     = "tcp-nat"    // plain TCP to a relay's NAT port
+	TCPTunnel  = "tcp-tunnel" // plain TCP through a WireGuard tunnel detour
+	MPTCP1     = "mptcp-1sf"  // MPTCP, no detour (MPTCP's own overhead)
 	// MPTCP1NAT is MPTCP over one NAT detour alone, no agent: MPTCP's own
 	// cost on the detour's path (design procedure mptcp-1sf there).
 	MPTCP1NAT   = "mptcp-1sf-nat"
@@ -101,6 +105,7 @@ var procs = map[string]procInfo{
 	TCP6:         {"TCP over IPv6", 0, ""},
 	TCPNAT6:      {"TCP via NAT detour, IPv6", 1, ""},
 	MPTCPNAT6:    {"MPTCP + NAT detour, IPv6", -1, TCPNAT6},
+	MPTCPCross:   {"MPTCP on IPv4 + IPv6 NAT detour", -1, TCPNAT6},
 	TCPTunnel6:   {"TCP via tunnel detour, IPv6", 1, ""},
 	MPTCPTunnel6: {"MPTCP + tunnel detour, IPv6", -1, TCPTunnel6},
 	TCPNAT:       {"TCP via NAT detour", 1, ""},
@@ -150,7 +155,7 @@ func Policy(procedure string) string {
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
+	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPEncap, TCPOpenVPN}
 }
 

@@ -1,0 +1,66 @@
+package agent_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/policy"
+)
+
+// The agent tells an AF_INET6 socket's IPv4 connection (its events carry
+// IPv4-mapped addresses) from an AF_INET one: only the former gets the
+// IPv6 detour toward the server's mapped IPv6 address, from the address
+// the route lookup gives; status says which and why.
+func TestAgentCrossFamilyByEventFamily(t *testing.T) {
+	server6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
+	relay6 := netip.MustParseAddrPort("[fd00:3::2]:4000")
+	client6 := netip.MustParseAddr("fd00:1::1")
+	e6 := static.Entry{Detour: detour.Detour{Kind: detour.NAT, Relay: "r6", Remote: relay6},
+		Servers: []netip.Prefix{netip.PrefixFrom(server6.Addr(), 128)}, Port: server6.Port()}
+	opts := agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static,
+		OtherFamily: map[netip.Addr][]netip.Addr{server.Addr(): {server6.Addr()}},
+		SourceFor:   func(netip.Addr) (netip.Addr, error) { return client6, nil }}
+	h := run(t, opts, static.New([]static.Entry{natDetour("r1", relay1), e6}))
+	emit := func(tok uint32, family uint16, local, remote netip.AddrPort) {
+		for _, typ := range []mptcppm.EventType{mptcppm.EventCreated, mptcppm.EventEstablished} {
+			h.k.Emit(mptcppm.Event{Type: typ, Token: tok, Family: family, Local: local, Remote: remote})
+		}
+	}
+	mapped := func(ap netip.AddrPort) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom16(ap.Addr().As16()), ap.Port())
+	}
+	emit(1, 2, client, server)                  // AF_INET
+	emit(2, 10, mapped(client), mapped(server)) // AF_INET6, IPv4-mapped
+	in, _ := h.wait(0, "IPv6 detour for the AF_INET6 connection", creates(relay6))
+	if in.Token != 2 || in.Local.Addr() != client6 {
+		t.Fatalf("create %v: want token 2 from %s", in, client6)
+	}
+	h.wait(0, "IPv4 detour of the AF_INET connection", func(in policy.Intent) bool { return in.Token == 1 && in.Remote == relay1 })
+	time.Sleep(100 * time.Millisecond)
+	for _, c := range h.k.Commands() {
+		if c.Token == 1 && c.Remote == relay6 {
+			t.Fatalf("IPv6 detour %v on the AF_INET connection", c)
+		}
+	}
+	st := h.a.Status()
+	byTok := map[string]agent.ConnStatus{}
+	for _, c := range st.Connections {
+		byTok[c.Token] = c
+	}
+	if c := byTok["00000001"]; c.Socket != "AF_INET" || !strings.Contains(c.CrossFamily, "no cross-family detour: the connection's socket is AF_INET") {
+		t.Errorf("AF_INET connection: socket %q, cross %q", c.Socket, c.CrossFamily)
+	}
+	if c := byTok["00000002"]; c.Socket != "AF_INET6" || !strings.Contains(c.CrossFamily, "from mapping") {
+		t.Errorf("AF_INET6 connection: socket %q, cross %q", c.Socket, c.CrossFamily)
+	}
+	if len(st.Families) != 2 || st.Families[0].Connections != 2 || st.Families[0].OnInet6 != 1 || st.Families[1].Detours != 1 {
+		t.Errorf("families %+v", st.Families)
+	}
+}
