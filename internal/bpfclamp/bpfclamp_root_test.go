@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -59,12 +60,17 @@ func attachedCount(t *testing.T, dir string) int {
 
 // connectedCwnd opens a loopback TCP connection while this process is in
 // cgroup dir, sends 4 MB and returns the sender's largest snd_cwnd seen.
-func connectedCwnd(t *testing.T, dir, back string) uint32 { return dialCwnd(t, dir, back, false) }
+func connectedCwnd(t *testing.T, dir, back string) uint32 {
+	most, _ := dialCwnd(t, dir, back, false, nil, nil)
+	return most
+}
 
 // dialCwnd is connectedCwnd, with mptcp an MPTCP connection (the
 // subflow's TCP_INFO: the kernel answers TCP_INFO on an MPTCP socket with
-// the first subflow's).
-func dialCwnd(t *testing.T, dir, back string, mptcp bool) uint32 {
+// the first subflow's). mid, when set, runs after half the data; the
+// second result is the largest snd_cwnd seen in the last eighth; end,
+// when set, gets the socket at the end of the transfer.
+func dialCwnd(t *testing.T, dir, back string, mptcp bool, mid func(), end func(fd int)) (uint32, uint32) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(mptcp)
 	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
@@ -106,18 +112,27 @@ func dialCwnd(t *testing.T, dir, back string, mptcp bool) uint32 {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 64<<10)
-	var most uint32
-	for range 64 {
+	var most, late uint32
+	for i := range 64 {
+		if i == 32 && mid != nil {
+			mid()
+		}
 		if _, err := c.Write(buf); err != nil {
 			t.Fatal(err)
 		}
 		raw.Control(func(fd uintptr) {
 			if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
 				most = max(most, ti.Snd_cwnd)
+				if i >= 56 {
+					late = max(late, ti.Snd_cwnd)
+				}
 			}
 		})
 	}
-	return most
+	if end != nil {
+		raw.Control(func(fd uintptr) { end(int(fd)) })
+	}
+	return most, late
 }
 
 // TestClampTakesEffect attaches the program to a fresh cgroup, clamps the
@@ -159,10 +174,52 @@ func TestClampTakesEffect(t *testing.T) {
 		t.Errorf("clamped connection: largest snd_cwnd %d, want 1..%d", got, clamp)
 	}
 	// An MPTCP connection: the clamp applies to its subflow.
-	got = dialCwnd(t, dir, back, true)
+	got, _ = dialCwnd(t, dir, back, true, nil, nil)
 	t.Logf("clamp %d, MPTCP subflow: largest snd_cwnd %d", clamp, got)
 	if got == 0 || got > clamp {
 		t.Errorf("clamped MPTCP subflow: largest snd_cwnd %d, want 1..%d", got, clamp)
+	}
+	if err := c.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	// A clamp written while the connection runs reaches it at its next
+	// RTT callback: the program records the socket (by cookie) once
+	// bpf_setsockopt accepted the clamp, which also set ssthresh to it.
+	// (Whether cwnd then drops depends on the loopback sender being
+	// cwnd-limited, which it is not always: not asserted.)
+	var cookie uint64
+	var endCwnd uint32
+	most, _ := dialCwnd(t, dir, back, false, func() {
+		if err := c.Set(k, clamp); err != nil {
+			t.Error(err)
+		}
+	}, func(fd int) {
+		var err error
+		if cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+			t.Error(err)
+		}
+		// Once everything written is acknowledged, the congestion
+		// control has applied the clamp on the ACKs since.
+		for range 100 {
+			ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			endCwnd = ti.Snd_cwnd
+			if ti.Unacked == 0 && ti.Notsent_bytes == 0 {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	t.Logf("clamp %d set mid-transfer: largest snd_cwnd %d, at the end %d", clamp, most, endCwnd)
+	var applied uint32
+	if err := c.applied.Lookup(cookie, &applied); err != nil || applied != clamp {
+		t.Errorf("clamp set mid-transfer: socket %x has applied clamp %d (%v), want %d", cookie, applied, err, clamp)
+	}
+	if most <= clamp || endCwnd == 0 || endCwnd > clamp {
+		t.Errorf("clamp set mid-transfer: largest snd_cwnd %d (want above %d before), %d at the end (want 1..%d)", most, clamp, endCwnd, clamp)
 	}
 	if err := c.Delete(k); err != nil {
 		t.Fatal(err)
