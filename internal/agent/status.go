@@ -43,6 +43,9 @@ type Status struct {
 	Relays []RelayStatus `json:"relays,omitempty"`
 	// PMTypeGuard: pm_type changed under the agent and set back.
 	PMTypeGuard *PMTypeStatus `json:"pm_type_guard,omitempty"`
+	// CwndClamp: the cwnd clamps of tunnel subflows (cwnd_clamp), when
+	// configured: active, or failed with the reason (no clamps applied).
+	CwndClamp *policy.ClampStatus `json:"cwnd_clamp,omitempty"`
 }
 
 // Counters are totals since start.
@@ -182,6 +185,10 @@ func (a *Agent) Status() Status {
 	if a.cfg.PMType != nil {
 		g := a.cfg.PMType()
 		st.PMTypeGuard = &g
+	}
+	if a.cfg.CwndClamp != nil {
+		c := a.cfg.CwndClamp()
+		st.CwndClamp = &c
 	}
 	markNeverEstablished(st.Detours)
 	if a.cfg.RelayStatus != nil {
