@@ -23,7 +23,7 @@ import (
 //
 // The rule: a tunnel subflow's cwnd is clamped to
 //
-//	ceil(ClampGain x its largest delivery rate x its minimum RTT / its MSS)
+//	ceil(ClampGain x its largest delivery rate x its minimum RTT / its largest MSS)
 //
 // segments, never below ClampFloor: its own bandwidth-delay product, from
 // the kernel's measurements of that subflow (tcp_info, every probe
@@ -124,9 +124,9 @@ func (c *Clamps) Decide(ms []Measurement) []Clamp {
 		if m.MinRTT > 0 && (p.MinRTT == 0 || m.MinRTT < p.MinRTT) {
 			p.MinRTT = m.MinRTT
 		}
-		if m.SndMSS > 0 {
-			p.MSS = m.SndMSS
-		}
+		// The largest MSS seen: a sample taken while the path MTU is
+		// probed (536-byte segments) must not inflate the clamp.
+		p.MSS = max(p.MSS, m.SndMSS)
 		segs, ok := ClampSegments(p.MaxRate, p.MinRTT, p.MSS)
 		if !ok {
 			p.Note = "waiting for a delivery rate, minimum RTT and MSS"
