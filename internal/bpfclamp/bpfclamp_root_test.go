@@ -1,6 +1,7 @@
 package bpfclamp
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -259,9 +260,9 @@ func TestKeyIPv6Refused(t *testing.T) {
 	}
 }
 
-// TestExitDetaches: a process that attaches and exits without Close
-// (killed, crashed) leaves nothing attached: the BPF link dies with its
-// last file descriptor.
+// TestExitDetaches: a process that attaches and is killed with SIGKILL
+// (no Close) leaves nothing attached: the BPF link dies with its last
+// file descriptor.
 func TestExitDetaches(t *testing.T) {
 	if dir := os.Getenv("MPD_BPFCLAMP_CHILD"); dir != "" {
 		if _, err := Attach(dir); err != nil {
@@ -269,7 +270,8 @@ func TestExitDetaches(t *testing.T) {
 			os.Exit(3)
 		}
 		fmt.Println("attached")
-		os.Exit(0) // no Close
+		time.Sleep(time.Minute) // killed before
+		os.Exit(4)
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (BPF, cgroups)")
@@ -282,11 +284,25 @@ func TestExitDetaches(t *testing.T) {
 	t.Cleanup(func() { os.Remove(dir) })
 	cmd := exec.Command(os.Args[0], "-test.run=^TestExitDetaches$")
 	cmd.Env = append(os.Environ(), "MPD_BPFCLAMP_CHILD="+dir)
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "attached") {
-		t.Fatalf("child: %v: %s", err, out)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.Contains(line, "attached") {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	if n := attachedCount(t, dir); n != 1 {
+		t.Errorf("%d programs attached while the child runs, want 1", n)
+	}
+	cmd.Process.Kill() // SIGKILL
+	cmd.Wait()
 	if n := attachedCount(t, dir); n != 0 {
-		t.Errorf("%d programs attached after the attaching process exited, want 0", n)
+		t.Errorf("%d programs attached after the attaching process was killed, want 0", n)
 	}
 }
