@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -91,7 +92,7 @@ type Clamper struct {
 //
 // Stack: fp-8 key (local_ip4, remote_ip4), fp-12 clamp, fp-24 cookie.
 func instructions(m, applied *ebpf.Map) asm.Instructions {
-	return asm.Instructions{
+	return slices.Concat(asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // r6 = ctx
 		asm.LoadMem(asm.R2, asm.R6, offOp, asm.Word),
 		asm.JEq.Imm(asm.R2, opRTT, "lookup"),
@@ -107,10 +108,7 @@ func instructions(m, applied *ebpf.Map) asm.Instructions {
 		asm.StoreMem(asm.RFP, -8, asm.R2, asm.Word),
 		asm.LoadMem(asm.R2, asm.R6, offRemoteIP, asm.Word),
 		asm.StoreMem(asm.RFP, -4, asm.R2, asm.Word),
-		asm.LoadMapPtr(asm.R1, m.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -8),
-		asm.FnMapLookupElem.Call(),
+	}, lookup(m, -8), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, "out"),
 		asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // r7 = clamp
 		asm.JEq.Imm(asm.R7, 0, "out"),
@@ -119,10 +117,7 @@ func instructions(m, applied *ebpf.Map) asm.Instructions {
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.FnGetSocketCookie.Call(),
 		asm.StoreMem(asm.RFP, -24, asm.R0, asm.DWord),
-		asm.LoadMapPtr(asm.R1, applied.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -24),
-		asm.FnMapLookupElem.Call(),
+	}, lookup(applied, -24), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, "apply"),
 		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
 		asm.JEq.Reg(asm.R2, asm.R7, "out"),
@@ -143,6 +138,16 @@ func instructions(m, applied *ebpf.Map) asm.Instructions {
 		asm.FnMapUpdateElem.Call(),
 		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 		asm.Return(),
+	})
+}
+
+// lookup calls bpf_map_lookup_elem(m, fp+key): r0 = the value or NULL.
+func lookup(m *ebpf.Map, key int32) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, key),
+		asm.FnMapLookupElem.Call(),
 	}
 }
 
