@@ -16,7 +16,7 @@ SOAKTIME  ?= 5m
 # Debian packages (make package): into PKGDIR.
 PKGDIR    ?= dist
 
-.PHONY: all setup build build-host test vet staticcheck unit fuzz soak fuzz-and-soak demo clean package package-test tidy
+.PHONY: all setup build build-host test vet staticcheck unit fuzz soak fuzz-and-soak soak-then-package-test fuzz-soak-package demo clean package package-test tidy
 
 all: build
 
@@ -42,8 +42,10 @@ staticcheck:
 
 # go test -json through testsummary: the usual output, then the list of
 # skipped tests; with CI=true a skip for a missing tool fails the run.
-unit:
-	$(GO) run ./internal/testenv/testsummary -- $(GO) test -json $(TESTFLAGS) ./...
+# Tests that run the binaries take those make build just made (bin/)
+# instead of each linking its own.
+unit: build
+	MPDETOUR_TEST_BINDIR=$(CURDIR)/bin $(GO) run ./internal/testenv/testsummary -- $(GO) test -json $(TESTFLAGS) ./...
 
 # go.mod and go.sum are what `go mod tidy` makes of them.
 tidy:
@@ -62,6 +64,19 @@ soak: build
 fuzz-and-soak:
 	@$(MAKE) --no-print-directory -j2 fuzz soak
 
+# The soak, then the package test, go.mod tidiness and staticcheck, one
+# after the other: together shorter than the fuzz run beside them (38
+# targets of FUZZTIME each, plus their builds).
+soak-then-package-test:
+	@$(MAKE) --no-print-directory soak
+	@$(MAKE) --no-print-directory package-test
+	@$(MAKE) --no-print-directory tidy staticcheck
+
+# What make test runs after the unit tests: the fuzzers in one lane, the
+# soak, the package test and the static checks in the other.
+fuzz-soak-package:
+	@$(MAKE) --no-print-directory -j2 fuzz soak-then-package-test
+
 # mpdetour and mpdetour-relay .deb packages (packaging/build-deb.sh; GOARCH=arm64
 # for another architecture, PKGVERSION to override the version).
 package:
@@ -75,7 +90,7 @@ package-test: package
 # The leak check compares namespaces, root-namespace links and nft tables,
 # and mpdetour processes before and after the run and names what it left.
 test: setup
-	@scripts/leakcheck.sh $(MAKE) --no-print-directory build vet tidy staticcheck unit fuzz-and-soak package-test
+	@scripts/leakcheck.sh $(MAKE) --no-print-directory build vet unit fuzz-soak-package
 	@echo "make test: all checks passed"
 
 demo: setup build

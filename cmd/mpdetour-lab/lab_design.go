@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
@@ -46,6 +47,7 @@ func labDesignCommand() *cli.Command {
 		resume, report, dry   bool
 		sequential            bool
 		shard, spaceName      string
+		only                  string
 		limit                 int
 		budget                time.Duration
 		capR, rttR, lossR, bR design.Range
@@ -79,6 +81,7 @@ func labDesignCommand() *cli.Command {
 			fs.StringVar(&bin, "bin", "", binFlagUsage)
 			fs.StringVar(&note, "note", "", "note printed at the top of the report")
 			fs.StringVar(&shard, "shard", "", "K/N: run only every N-th point starting at the K-th (runs/NAME.shardK), so N processes with different --name can share a design")
+			fs.StringVar(&only, "only", "", "comma-separated point IDs (p010,p025,...): run only these points of the design (paired runner)")
 			fs.IntVar(&limit, "limit", 0, "stop after this many points (0: no limit); --resume continues")
 			fs.DurationVar(&budget, "budget", 0, "start no new point after this much wall clock (e.g. 16m, for measurement chunks; 0: no limit); --resume continues")
 			fs.BoolVar(&sequential, "sequential", false, "the old layout: one bench run per policy, each rebuilding every point's lab (to extend designs made before the paired runner)")
@@ -141,6 +144,19 @@ func labDesignCommand() *cli.Command {
 			if shard != "" {
 				if _, err := fmt.Sscanf(shard, "%d/%d", &o.Shard, &o.Shards); err != nil || o.Shards < 1 || o.Shard < 1 || o.Shard > o.Shards {
 					return cli.Usagef("--shard %q: want K/N with 1 <= K <= N", shard)
+				}
+			}
+			if only != "" {
+				o.Only = map[string]bool{}
+				ids := map[string]bool{}
+				for _, pt := range d.Points {
+					ids[pt.ID] = true
+				}
+				for _, id := range strings.Split(only, ",") {
+					if id = strings.TrimSpace(id); !ids[id] {
+						return cli.Usagef("--only: %q is not a point of this design (p001..p%03d)", id, len(d.Points))
+					}
+					o.Only[id] = true
 				}
 			}
 			rep, err := design.Run(ctx, d, o)

@@ -28,10 +28,7 @@ func TestAgentSIGHUPRotatesKey(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "nft")
 	dir := t.TempDir()
-	bin, err := testenv.BuildMpdetour(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := mpdetourBin(t)
 	c, r, v := netnstest.New(t, "mkrc"), netnstest.New(t, "mkrr"), netnstest.New(t, "mkrs")
 	netnstest.LinkNamed(t, c, "r0", "192.0.2.2/24", r, "c0", "192.0.2.1/24")
 	netnstest.LinkNamed(t, r, "s0", "203.0.113.1/24", v, "r0", "203.0.113.10/24")
@@ -151,10 +148,7 @@ func TestAgentSIGHUPWithoutRelays(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip")
 	dir := t.TempDir()
-	bin, err := testenv.BuildMpdetour(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := mpdetourBin(t)
 	c := netnstest.New(t, "mkrh")
 	sock := filepath.Join(dir, "agent.sock")
 	cfg := filepath.Join(dir, "agent.yaml")

@@ -59,10 +59,7 @@ func TestAgentRejectsBadConfig(t *testing.T) {
 func TestAgentProcess(t *testing.T) {
 	testenv.MPTCP(t)
 	dir := t.TempDir()
-	bin, err := testenv.BuildMpdetour(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := mpdetourBin(t)
 	ns := netnstest.New(t, "tap")
 	sock := filepath.Join(dir, "agent.sock")
 	cfg := filepath.Join(dir, "agent.yaml")

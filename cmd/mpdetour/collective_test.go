@@ -16,10 +16,7 @@ import (
 // show (verified), revoke, show the list; and the refusals an operator meets.
 func TestCollectiveCommands(t *testing.T) {
 	testenv.Tools(t, "go")
-	bin, err := testenv.BuildMpdetour(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := mpdetourBin(t)
 	dir := t.TempDir()
 	run := func(wantOK bool, args ...string) string {
 		t.Helper()

@@ -18,10 +18,7 @@ import (
 func TestDeployRecipe(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "nft", "python3", "sysctl")
-	bin, err := testenv.BuildMpdetour(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := mpdetourBin(t)
 	cmd := exec.Command("bash", "scripts/deploy-recipe.sh", bin)
 	cmd.Dir = "../.."
 	out, err := cmd.CombinedOutput()
@@ -38,10 +35,7 @@ func TestDeployRecipe(t *testing.T) {
 // machine has it), pointing them at a real binary.
 func TestDeployUnits(t *testing.T) {
 	testenv.Tools(t, "systemd-analyze")
-	bin, err := testenv.BuildMpdetour(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := mpdetourBin(t)
 	dir := t.TempDir()
 	for _, u := range []string{"mpdetour-relay.service", "mpdetour-agent.service"} {
 		b, err := os.ReadFile(filepath.Join("../../deploy", u))

@@ -48,10 +48,7 @@ func TestClientSaysWhatIsWrong(t *testing.T) {
 	testenv.MPTCP(t)
 	testenv.Tools(t, "ip", "nft")
 	dir := t.TempDir()
-	bin, err := testenv.BuildMpdetour(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := mpdetourBin(t)
 	cl, rl := netnstest.New(t, "csw"), netnstest.New(t, "csr")
 	netnstest.Link(t, cl, "10.93.0.1/24", rl, "10.93.0.2/24")
 	relayKey, _ := proto.GenerateKey()

@@ -37,6 +37,29 @@ func TestCheckIPv4(t *testing.T) {
 	}
 }
 
+// The IPv4 documentation ranges are refused like their IPv6 counterpart
+// 2001:db8::/32, unless an allow prefix covers them.
+func TestCheckIPv4Documentation(t *testing.T) {
+	p := &Policy{}
+	for _, s := range []string{"192.0.2.1:80", "192.0.2.255:443", "198.51.100.7:80", "203.0.113.200:80"} {
+		if err := p.Check(netip.MustParseAddrPort(s)); err == nil || !strings.Contains(err.Error(), "documentation") {
+			t.Errorf("%s: %v, want refused as documentation", s, err)
+		}
+	}
+	for _, s := range []string{"192.0.3.1:80", "198.51.101.1:80", "203.0.112.255:80"} { // the neighbours
+		if err := p.Check(netip.MustParseAddrPort(s)); err != nil {
+			t.Errorf("%s refused: %v", s, err)
+		}
+	}
+	p.Allow = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/25")}
+	if err := p.Check(netip.MustParseAddrPort("192.0.2.9:80")); err != nil {
+		t.Errorf("192.0.2.9 refused with 192.0.2.0/25 allowed: %v", err)
+	}
+	if err := p.Check(netip.MustParseAddrPort("192.0.2.200:80")); err == nil {
+		t.Error("192.0.2.200 allowed outside the allowed 192.0.2.0/25")
+	}
+}
+
 func TestCheckIPv6(t *testing.T) {
 	p := policy()
 	for _, s := range []string{

@@ -43,7 +43,8 @@ type simPath struct {
 	segs, retrans uint32
 	quietFor      time.Duration
 	backup        bool
-	full          bool // limited by its congestion window (backup-first's evidence)
+	full          bool   // limited by its congestion window (backup-first's evidence)
+	cwnd          uint32 // congestion window, segments (0: 10)
 }
 
 func newSim(t *testing.T, k int, ds ...detour.Detour) *sim {
@@ -136,10 +137,13 @@ func (s *sim) run(d time.Duration, set func(sk subKey, sp *simPath)) {
 				m.MinRTT = sp.rtt
 			}
 			m.SndCwnd, m.SndMSS = 10, 1400
+			if sp.cwnd > 0 {
+				m.SndCwnd = sp.cwnd
+			}
 			if sp.rate > 0 {
 				m.Unacked = 2
 				if sp.full {
-					m.Unacked = 10
+					m.Unacked = m.SndCwnd
 				}
 				n := uint64(sp.rate * step.Seconds())
 				segs := uint32(n/1400) + 1

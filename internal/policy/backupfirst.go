@@ -29,25 +29,50 @@ import (
 //     its RTTs, plus its own fair share, fits the receive buffer (RcvBuf),
 //     so that its segments do not block the connection's window.
 //
-// The trial is short and guarded: from 3 RTTs after it starts (of the
-// slowest path involved, at least 300 ms), every probe compares the
-// connection's delivery since the start with its rate before; below half,
-// the subflow is destroyed at once (SUBFLOW_DESTROY re-sends its queue on
-// the others) and its detour avoided for the server for Hold. At the end
-// (max(Window/2, 8 of its base RTTs)) it is kept active if the connection
-// delivers at least 5 % more, destroyed if it delivers less than 90 %, and
-// otherwise demoted to backup; a demoted subflow whose queue has not
-// drained (data in flight) within max(4 RTTs, 500 ms) is destroyed, so
-// that no data stays stranded on it (MP_PRIO does not re-send what is
-// queued). The default path is never set aside by this strategy; the
-// engine's watchdog fails over dead paths (backups are promoted when no
-// active path is left).
+// The trial is guarded, but a destroy needs evidence, because the
+// paired design (docs/results/design/paired-bf) showed a one-sample test
+// destroying detours that helped (25 of 33 destroys at points where the
+// detour raised static above MPTCP over the best path alone), most
+// followed by seconds without delivered data:
+//
+//   - The stall check runs from 3 RTTs after the start (of the slowest
+//     path involved, at least 300 ms) in windows of max(2 such RTTs,
+//     250 ms); the trial ends early only when the connection delivers
+//     below half of its rate before (measured over Window) in
+//     bfStallWindows consecutive windows. A window in which an active
+//     path retransmitted (loss recovery) or grew its congestion window by
+//     half (slow start) does not count: its dip is the active path's own.
+//   - At the end (max(Window/2, 8 of its base RTTs)) the subflow is kept
+//     active if the connection delivers at least 5 % more, else demoted
+//     to backup (a harmful one and one that adds nothing alike).
+//   - A failing trial demotes; it does not destroy: MP_PRIO stops new data
+//     at once, the queue drains, and the drained subflow waits as backup
+//     (free while the default path works). Only a demoted subflow whose
+//     queue has not drained (data in flight) within max(4 RTTs, 500 ms)
+//     is destroyed, so that no data stays stranded on it (MP_PRIO does
+//     not re-send what is queued; SUBFLOW_DESTROY does).
+//   - Every failed trial doubles the wait before the path is tried again:
+//     max(Window, 8 base RTTs), doubled per failed trial on this
+//     connection, at most Hold. A destroyed detour rejoins as backup
+//     after the same back-off.
+//   - Nothing is demoted while it is the only path carrying data: when no
+//     other active path delivered within max(2 RTTs, 500 ms) or one is in
+//     RTO backoff, the trial goes on.
+//
+// The default path is never set aside by this strategy; the engine's
+// watchdog fails over dead paths (backups are promoted when no active
+// path is left).
 type backupFirst struct{ e *Engine }
 
 type bfConn struct {
 	trial *bfTrial
 	next  time.Time // no new trial before
 	paths map[subKey]*bfPath
+	// failed counts the failed trials per detour (Key) on this
+	// connection: each doubles the back-off.
+	failed map[string]int
+	// rejoin: a destroyed detour may join again (as backup) from here.
+	rejoin time.Time
 }
 
 type bfPhase int
@@ -60,7 +85,8 @@ const (
 
 type bfPath struct {
 	phase bfPhase
-	until time.Time // waiting: not tried before; draining: destroyed after
+	until time.Time     // waiting: not tried before; draining: destroyed after
+	retry time.Duration // draining: the back-off once drained (or destroyed)
 }
 
 type bfTrial struct {
@@ -70,6 +96,14 @@ type bfTrial struct {
 	end    time.Time
 	before float64 // connection rate (bytes/s) before the trial
 	why    string
+	// The stall check's evidence: windows of win from winAt; bad counts
+	// consecutive windows below bfStall x before; retrans and cwnd are
+	// the active paths' counters at the window's start.
+	win     time.Duration
+	winAt   time.Time
+	bad     int
+	retrans map[subKey]uint32
+	cwnd    map[subKey]uint32
 }
 
 const (
@@ -78,14 +112,15 @@ const (
 	bfGain = 1.05
 	bfHarm = 0.9
 	// bfStall: a trial whose connection delivers below this share of
-	// before (from the guard time on) ends at once.
-	bfStall = 0.5
+	// before in bfStallWindows consecutive clean windows ends early.
+	bfStall        = 0.5
+	bfStallWindows = 3
 )
 
 func (b *backupFirst) conn(k *kconn) *bfConn {
 	bc, _ := k.st.(*bfConn)
 	if bc == nil {
-		bc = &bfConn{paths: map[subKey]*bfPath{}}
+		bc = &bfConn{paths: map[subKey]*bfPath{}, failed: map[string]int{}}
 		k.st = bc
 	}
 	return bc
@@ -119,6 +154,7 @@ func (b *backupFirst) measured(k *kconn, now time.Time) []Intent {
 	}
 	bc := b.conn(k)
 	out = append(out, b.drain(k, bc, now)...)
+	out = append(out, b.reopen(k, bc, now)...)
 	if bc.trial != nil {
 		return append(out, b.judge(k, bc, now)...)
 	}
@@ -147,7 +183,7 @@ func (b *backupFirst) try(k *kconn, bc *bfConn, now time.Time) []Intent {
 	p := b.e
 	w := p.cfg.Window
 	bc.next = now.Add(w / 4)
-	before, ok := k.rate(now.Add(-w/2), now)
+	before, ok := k.rate(now.Add(-w), now)
 	if !ok || before < minTrialRate || len(k.hist) == 0 || now.Sub(k.hist[0].at) < w/2 {
 		return nil
 	}
@@ -200,6 +236,7 @@ func (b *backupFirst) try(k *kconn, bc *bfConn, now time.Time) []Intent {
 	}
 	slow := max(rs, baseF)
 	t := &bfTrial{sk: best, start: now, guard: max(3*slow, 300*time.Millisecond), end: now.Add(max(w/2, 8*rs)), before: before,
+		win: max(slow, 150*time.Millisecond),
 		why: fmt.Sprintf("active paths full, arrival estimate %s vs %s", ts.Round(time.Millisecond), tf.Round(time.Millisecond))}
 	bc.trial = t
 	in := p.setBackup(k, best, bs, false)
@@ -231,45 +268,142 @@ func (b *backupFirst) judge(k *kconn, bc *bfConn, now time.Time) []Intent {
 	if now.Sub(t.start) < t.guard {
 		return nil
 	}
-	since, ok := k.rate(t.start, now)
-	if !ok {
+	if t.winAt.IsZero() {
+		b.window(k, t, now)
 		return nil
 	}
-	if since < bfStall*t.before {
-		return b.harm(k, bc, t.sk, s, now, fmt.Sprintf("the connection stalled: %s since the trial began vs %s before", mbit(since), mbit(t.before)))
+	if now.Sub(t.winAt) >= t.win {
+		r, ok := k.rate(t.winAt, now)
+		switch excuse := b.excused(k, t); {
+		case excuse != "":
+			// Neither evidence of harm nor of its absence.
+			s.decision = "trial: a window not counted (" + excuse + ")"
+		case ok && r < bfStall*t.before:
+			t.bad++
+		default:
+			t.bad = 0
+		}
+		b.window(k, t, now)
+		if t.bad >= bfStallWindows {
+			return b.fail(k, bc, t.sk, s, now, true, fmt.Sprintf("the connection stalled: below %s in %d windows of %s in a row vs %s before",
+				mbit(bfStall*t.before), t.bad, t.win.Round(time.Millisecond), mbit(t.before)))
+		}
 	}
 	if now.Before(t.end) {
 		return nil
 	}
-	bc.trial = nil
-	bc.next = now.Add(p.cfg.Window / 2)
+	since, _ := k.rate(t.start, now)
 	after, ok := k.rate(t.start.Add(t.guard/3), now)
 	if !ok {
 		after = since
 	}
 	verdict := fmt.Sprintf("%s with it vs %s before", mbit(after), mbit(t.before))
-	switch {
-	case after >= bfGain*t.before:
+	if after >= bfGain*t.before {
+		bc.trial = nil
+		bc.next = now.Add(p.cfg.Window / 2)
 		bc.paths[t.sk] = &bfPath{phase: bfKept}
 		s.role, s.decision = RoleActive, "kept: "+verdict
 		k.decision = s.path() + ": " + s.decision
 		p.cfg.Log.Info("backup subflow made active", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "verdict", verdict)
 		return nil
-	case after < bfHarm*t.before:
-		return b.harm(k, bc, t.sk, s, now, verdict)
 	}
-	// No gain and no clear harm: back to backup once its queue drained.
-	bc.paths[t.sk] = &bfPath{phase: bfDraining, until: now.Add(max(4*s.baseRTT(), 500*time.Millisecond))}
-	in := p.setBackup(k, t.sk, s, true)
-	s.decision = "backup: no gain, " + verdict
-	s.keepUntil = now.Add(p.cfg.Hold)
+	return b.fail(k, bc, t.sk, s, now, after < bfHarm*t.before, verdict)
+}
+
+// window starts a stall-check window: the active paths' retransmission
+// counters and congestion windows now.
+func (b *backupFirst) window(k *kconn, t *bfTrial, now time.Time) {
+	t.winAt = now
+	t.retrans, t.cwnd = map[subKey]uint32{}, map[subKey]uint32{}
+	for sk, s := range k.subs {
+		if sk != t.sk && activePath(s) {
+			t.retrans[sk], t.cwnd[sk] = s.m.TotalRetrans, s.m.SndCwnd
+		}
+	}
+}
+
+// excused says why the window that ends now tells nothing about the
+// subflow on trial: an active path was in loss recovery or slow start
+// (its own dip, which static has as well), or "" if nothing.
+func (b *backupFirst) excused(k *kconn, t *bfTrial) string {
+	for sk, r0 := range t.retrans {
+		s := k.subs[sk]
+		if s == nil || !activePath(s) {
+			continue
+		}
+		if s.m.TotalRetrans != r0 || s.m.Retransmits > 0 {
+			return s.path() + " in loss recovery"
+		}
+		if c0 := t.cwnd[sk]; c0 > 0 && s.m.SndCwnd >= c0+c0/2 {
+			return s.path() + " in slow start"
+		}
+	}
+	return ""
+}
+
+// othersCarry reports whether an active path besides sk delivers: it
+// made progress within max(2 RTTs, 500 ms), is not in RTO backoff and is
+// not a dead path being retried.
+// Demoting the only path that carries data would stall the connection.
+func (b *backupFirst) othersCarry(k *kconn, sk subKey, now time.Time) bool {
+	for osk, s := range k.subs {
+		if osk == sk || !activePath(s) || s.retrying || s.m.Retransmits > 0 {
+			continue // a dead path being retried does not deliver yet
+		}
+		if now.Sub(s.lastProgress) <= max(2*s.rtt, 500*time.Millisecond) {
+			return true
+		}
+	}
+	return false
+}
+
+// backoff is how long a detour waits after its failed-th failed trial on
+// this connection: max(Window, 8 base RTTs), doubled per failure, at
+// most Hold.
+func (b *backupFirst) backoff(s *ksub, failed int) time.Duration {
+	d := max(b.e.cfg.Window, 8*s.baseRTT())
+	for range max(failed-1, 0) {
+		if d >= b.e.cfg.Hold {
+			break
+		}
+		d *= 2
+	}
+	return min(d, b.e.cfg.Hold)
+}
+
+// fail ends a trial that did not gain: the subflow goes back to backup
+// (MP_PRIO: no new data on it) and, once its queue drained, waits out a
+// back-off that doubles per failed trial. It stays active while it is
+// the only path carrying data (the trial goes on for another window).
+func (b *backupFirst) fail(k *kconn, bc *bfConn, sk subKey, s *ksub, now time.Time, harmed bool, verdict string) []Intent {
+	p := b.e
+	t := bc.trial
+	if !b.othersCarry(k, sk, now) {
+		t.end, t.bad = now.Add(t.win), 0
+		s.decision = "trial: kept active, no other path delivers (" + verdict + ")"
+		return nil
+	}
+	bc.trial = nil
+	bc.next = now.Add(p.cfg.Window / 2)
+	dk := Key(*s.d)
+	bc.failed[dk]++
+	back := b.backoff(s, bc.failed[dk])
+	bc.paths[sk] = &bfPath{phase: bfDraining, until: now.Add(max(4*s.baseRTT(), 500*time.Millisecond)), retry: back}
+	in := p.setBackup(k, sk, s, true)
+	what := "no gain"
+	if harmed {
+		what = "harmed"
+		p.cfg.Log.Info("backup subflow harmed; back to backup", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", verdict, "retry_in", back)
+	}
+	s.decision = fmt.Sprintf("backup: %s, %s (tried again in %s)", what, verdict, back)
+	s.keepUntil = now.Add(back)
 	k.decision = s.path() + ": " + s.decision
 	return []Intent{in}
 }
 
 // drain finishes demotions: a demoted subflow with nothing in flight
-// waits again (for Hold); one whose queue does not drain in time is
-// destroyed, which re-sends its data on the others.
+// waits again (for its back-off); one whose queue does not drain in time
+// is destroyed, which re-sends its data on the others.
 func (b *backupFirst) drain(k *kconn, bc *bfConn, now time.Time) []Intent {
 	var out []Intent
 	for sk, bp := range bc.paths {
@@ -283,32 +417,46 @@ func (b *backupFirst) drain(k *kconn, bc *bfConn, now time.Time) []Intent {
 		}
 		switch {
 		case s.probedAt == now && s.m.Unacked == 0:
-			bp.phase, bp.until = bfWaiting, now.Add(b.e.cfg.Hold)
+			bp.phase, bp.until = bfWaiting, now.Add(bp.retry)
 		case now.After(bp.until):
-			out = append(out, b.destroy(k, sk, s, now, "demoted, but its queue did not drain")...)
+			out = append(out, b.destroy(k, bc, sk, s, now, bp.retry, "demoted, but its queue did not drain")...)
 		}
 	}
 	return out
 }
 
-// harm destroys a subflow that lowered the connection's delivery.
-func (b *backupFirst) harm(k *kconn, bc *bfConn, sk subKey, s *ksub, now time.Time, why string) []Intent {
-	bc.trial = nil
-	bc.next = now.Add(b.e.cfg.Window / 2)
-	b.e.cfg.Log.Info("backup subflow harmed; destroyed", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", why)
-	return b.destroy(k, sk, s, now, "harmed: "+why)
-}
-
 // destroy closes a detour subflow (the kernel re-sends its queue on the
-// others at once), avoids its detour for this server for Hold and opens a
-// replacement (as backup) through another detour if one is ready.
-func (b *backupFirst) destroy(k *kconn, sk subKey, s *ksub, now time.Time, why string) []Intent {
+// others at once) and avoids its detour for this server for retry; then
+// it rejoins as backup (reopen), or another detour replaces it.
+func (b *backupFirst) destroy(k *kconn, bc *bfConn, sk subKey, s *ksub, now time.Time, retry time.Duration, why string) []Intent {
 	p := b.e
-	s.stale, s.role, s.decision = true, RoleEvicted, "evicted: "+why
+	s.stale, s.role, s.decision = true, RoleEvicted, fmt.Sprintf("evicted: %s (rejoins as backup in %s)", why, retry)
 	k.decision = s.path() + ": " + s.decision
-	delete(b.conn(k).paths, sk)
-	p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(p.cfg.Hold)
+	delete(bc.paths, sk)
+	p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(retry)
+	if bc.rejoin.IsZero() || now.Add(retry).Before(bc.rejoin) {
+		bc.rejoin = now.Add(retry)
+	}
 	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
 		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
 	return append(out, p.fill(k)...)
+}
+
+// reopen lets a destroyed detour join again, as backup, once its
+// back-off passed (the engine's fill skips it while it is avoided).
+func (b *backupFirst) reopen(k *kconn, bc *bfConn, now time.Time) []Intent {
+	if bc.rejoin.IsZero() || now.Before(bc.rejoin) {
+		return nil
+	}
+	out := b.e.fill(k)
+	gone := true
+	for _, s := range k.subs {
+		if s.d != nil && s.stale {
+			gone = false // its SUB_CLOSED has not arrived: fill cannot reuse the detour yet
+		}
+	}
+	if len(out) > 0 || gone {
+		bc.rejoin = time.Time{}
+	}
+	return out
 }

@@ -133,6 +133,11 @@ type kconn struct {
 	hist      []sample
 	lastRecv  time.Time       // when any subflow last received data
 	tried     map[string]bool // detours used by this connection so far
+	// refusedAt: when a join of this connection through a detour (by
+	// Key) was refused in its handshake (a reset answered the SYN:
+	// ECONNREFUSED). Such a join is not tried again through that detour
+	// for MaxBackoff: see joinRefusedFor.
+	refusedAt map[string]time.Time
 	// st is the strategy's own state for the connection (nil until it
 	// keeps any; dropped with the connection).
 	st any
@@ -528,6 +533,12 @@ func (p *Engine) SubflowClosed(sf Subflow) []Intent {
 	if s.up && (s.stale || sf.Errno != 0 || short) {
 		k.lostAt = now
 	}
+	if !s.up && !s.stale && s.d != nil && sf.Errno == uint8(syscall.ECONNREFUSED) {
+		if k.refusedAt == nil {
+			k.refusedAt = map[string]time.Time{}
+		}
+		k.refusedAt[Key(*s.d)] = now
+	}
 	if !s.stale && (!s.up || sf.Errno != 0 || short) {
 		reason := closeReason(sf.Errno, s.up, short, p.cfg.MinLifetime)
 		if s.d != nil {
@@ -716,6 +727,15 @@ func (p *Engine) fill(k *kconn) []Intent {
 			}
 			delete(p.avoid, avoidKey(k.c.Remote, dk))
 		}
+		if at, ok := k.refusedAt[dk]; ok {
+			if until := at.Add(joinRefusedFor(p.cfg)); until.After(now) {
+				if soonest.IsZero() || until.Before(soonest) {
+					soonest = until
+				}
+				continue
+			}
+			delete(k.refusedAt, dk)
+		}
 		if d.Backup {
 			// Configured backups are opened besides the N (as backup).
 			if !p.spend(k, now) {
@@ -763,6 +783,21 @@ func (p *Engine) fill(k *kconn) []Intent {
 	}
 	return out
 }
+
+// joinRefusedFor is how long a connection whose join through a detour was
+// refused in its handshake does not try that detour again (other
+// connections follow the detour's own backoff). Each refused join costs a
+// running connection more than the detour it could add: when the refused
+// subflow closes, the kernel (net/mptcp, __mptcp_close_ssk ->
+// __mptcp_retransmit_pending_data) re-sends the connection's whole
+// unacknowledged data on its other subflows, a window's worth of duplicates
+// (measured: a 0.46-0.58 s receive stall per retry on a 10 Mbit/s path,
+// docs/results/join-redirect). A join refused once is likely refused again
+// (a middlebox redirecting joins, a port closed); retrying it at the
+// detour's 1, 2, 4 s backoff repeated the stall. MaxBackoff (60 s) bounds
+// the cost to one stall a minute per detour and connection, and still
+// lets a long connection get a detour back that recovered.
+func joinRefusedFor(cfg Config) time.Duration { return cfg.MaxBackoff }
 
 // open records a new subflow through d and returns the intent creating it.
 func (p *Engine) open(k *kconn, d detour.Detour, now time.Time) Intent {

@@ -373,3 +373,45 @@ func TestTimeoutOnWorkingDetourIsNotHeldAgainstIt(t *testing.T) {
 		t.Fatal("a timeout on a detour that carries nothing did not count")
 	}
 }
+
+// A join refused in its handshake (a reset answered the SYN: a middlebox
+// redirecting joins to another peer, a closed port) is not retried for the
+// same connection at the detour's 1, 2, 4 s backoff: each refused join
+// makes the kernel re-send the connection's unacknowledged data (a receive
+// stall of about half a second at 10 Mbit/s, docs/results/join-redirect).
+// The connection tries that detour again after MaxBackoff; a new
+// connection still tries it once the detour's backoff ends.
+func TestStaticRefusedJoinNotRetriedForTheConnection(t *testing.T) {
+	p, _, clk := newStatic(1, d1)
+	ins := p.Established(Conn{Token: 21, Local: client, Remote: server})
+	if len(ins) != 1 || ins[0].Detour.Relay != "r1" {
+		t.Fatalf("first subflow %v, want via r1", ins)
+	}
+	refused := up(ins[0], 0)
+	refused.Errno = uint8(syscall.ECONNREFUSED)
+	if got := p.SubflowClosed(refused); len(got) != 0 {
+		t.Fatalf("retried at once: %v", got)
+	}
+	// Past the detour's backoff (1 s, 2 s, ...): no retry for this
+	// connection for a minute.
+	for range 59 {
+		clk.advance(time.Second)
+		if got := p.Tick(clk.t); len(got) != 0 {
+			t.Fatalf("connection retried the refused detour after %v: %v", clk.t.Sub(time.Unix(1000, 0)), got)
+		}
+	}
+	// Another connection tries r1 (its backoff is over).
+	if got := p.Established(Conn{Token: 22, Local: netip.MustParseAddrPort("10.0.1.1:40001"), Remote: server}); len(got) != 1 || got[0].Detour.Relay != "r1" {
+		t.Fatalf("new connection got %v, want a subflow via r1", got)
+	}
+	clk.advance(1500 * time.Millisecond)
+	var again []Intent
+	for _, in := range p.Tick(clk.t) {
+		if in.Token == 21 {
+			again = append(again, in)
+		}
+	}
+	if len(again) != 1 || again[0].Detour.Relay != "r1" {
+		t.Fatalf("after a minute the connection got %v, want one retry via r1", again)
+	}
+}

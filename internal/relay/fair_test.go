@@ -48,7 +48,9 @@ func TestPickVictim(t *testing.T) {
 // fairConfig is enough configuration for the grant path, admission and
 // the ledger.
 func fairConfig(t *testing.T, capacity int, ledgerFile string) *Reloadable {
+	// The tests' servers are in a documentation range, refused unless allowed.
 	return &Reloadable{PrivateKey: testKey(t), PortLo: 40000, PortHi: 40100, Lease: time.Minute, Members: map[proto.Key]string{},
+		Allow:          []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 		QuotaPerMember: 100, QuotaGlobal: 1000, Rate: 50, Burst: 100, Fair: FairConfig{Capacity: capacity, LedgerFile: ledgerFile, ReceiptEvery: time.Minute}}
 }
 

@@ -1,11 +1,9 @@
 package relay
 
 import (
-	"io"
 	"net"
 	"os/exec"
 	"testing"
-	"time"
 
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -17,23 +15,27 @@ type fixture struct {
 	Client, Relay, Server string // namespace names
 }
 
+// The line's addresses (netnstest.NewLine): IPv4, and IPv6 beside it in
+// newFixture6.
 const (
-	fxClient      = "10.0.1.1"
-	fxRelay       = "10.0.1.2" // the relay's address on the client side
-	fxRelayServer = "10.0.2.1"
-	fxServer      = "10.0.2.2"
+	fxClient      = netnstest.LineClient
+	fxRelay       = netnstest.LineRelay // the relay's address on the client side
+	fxRelayServer = netnstest.LineRelayServer
+	fxServer      = netnstest.LineServer
+
+	fx6Client      = netnstest.LineClient6
+	fx6Relay       = netnstest.LineRelay6
+	fx6RelayServer = netnstest.LineRelayServer6
+	fx6Server      = netnstest.LineServer6
 )
 
-func newFixture(t testing.TB) *fixture {
-	t.Helper()
-	c, r, s := netnstest.New(t, "trc"), netnstest.New(t, "trr"), netnstest.New(t, "trs")
-	netnstest.LinkNamed(t, c, "c0", fxClient+"/24", r, "r0", fxRelay+"/24")
-	netnstest.LinkNamed(t, r, "r1", fxRelayServer+"/24", s, "s0", fxServer+"/24")
-	c.Route(t, "0.0.0.0/0", fxRelay)
-	if err := r.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
-		t.Fatalf("ip_forward in %s: %v", r.Name, err)
-	}
-	return &fixture{Client: c.Name, Relay: r.Name, Server: s.Name}
+func newFixture(t testing.TB) *fixture { return lineFixture(netnstest.NewLine(t, "tr", false)) }
+
+// newFixture6 is newFixture with IPv6 beside IPv4 on the same links.
+func newFixture6(t testing.TB) *fixture { return lineFixture(netnstest.NewLine(t, "tr6", true)) }
+
+func lineFixture(l *netnstest.Line) *fixture {
+	return &fixture{Client: l.Client.Name, Relay: l.Relay.Name, Server: l.Server.Name}
 }
 
 // in runs fn on a thread inside namespace ns. Sockets created in fn stay
@@ -54,35 +56,28 @@ func nftList(t testing.TB, ns string, what ...string) (string, error) {
 	return string(out), err
 }
 
-// startSink listens on addr inside ns and discards what it receives.
+// startSink runs an echo server on addr (IPv4) inside ns.
 func startSink(t testing.TB, ns, addr string) net.Listener {
 	t.Helper()
-	var ln net.Listener
-	var err error
-	in(t, ns, func() { ln, err = net.Listen("tcp4", addr) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	netnstest.Serve(ln, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() }) // echo
-	return ln
+	return netnstest.EchoIn(t, ns, "tcp4", addr)
 }
 
-// dialFrom connects from inside ns.
+// listenIn runs an echo server on network/addr (tcp4, tcp6) inside ns.
+func listenIn(t testing.TB, ns, network, addr string) {
+	t.Helper()
+	netnstest.EchoIn(t, ns, network, addr)
+}
+
+// dialFrom connects from inside ns over IPv4.
 func dialFrom(t testing.TB, ns, addr string) (net.Conn, error) {
 	t.Helper()
-	var c net.Conn
-	var err error
-	in(t, ns, func() { c, err = net.DialTimeout("tcp4", addr, 2*time.Second) })
-	return c, err
+	return netnstest.DialIn(t, ns, nil, "tcp4", addr)
 }
 
-func echo(c net.Conn, n int) error {
-	buf := make([]byte, n)
-	if _, err := c.Write(buf); err != nil {
-		return err
-	}
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	_, err := io.ReadFull(c, buf)
-	return err
+// dialIn connects from inside ns over network (tcp4, tcp6).
+func dialIn(t testing.TB, ns, network, addr string) (net.Conn, error) {
+	t.Helper()
+	return netnstest.DialIn(t, ns, nil, network, addr)
 }
+
+func echo(c net.Conn, n int) error { return netnstest.RoundTrip(c, n) }

@@ -66,9 +66,26 @@ func Tools(t testing.TB, names ...string) {
 // binary's path.
 func BuildMpdetour(dir string) (string, error) { return BuildCommand(dir, "mpdetour") }
 
+// BinDirEnv names a directory holding binaries already built from this
+// tree (make unit sets it to bin/ after make build): BuildCommand returns
+// the binary there instead of linking it again in every test process.
+const BinDirEnv = "MPDETOUR_TEST_BINDIR"
+
 // BuildCommand compiles the command cmd/NAME (mpdetour, mpdetour-lab) into
-// dir and returns the binary's path.
+// dir and returns the binary's path; with BinDirEnv set it returns the
+// binary NAME there (an error if it is missing) and builds nothing.
 func BuildCommand(dir, name string) (string, error) {
+	if bd := os.Getenv(BinDirEnv); bd != "" {
+		bin := filepath.Join(bd, name)
+		st, err := os.Stat(bin)
+		if err != nil {
+			return "", fmt.Errorf("%s=%s: %w (run make build)", BinDirEnv, bd, err)
+		}
+		if !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("%s=%s: %s is not an executable file (run make build)", BinDirEnv, bd, bin)
+		}
+		return bin, nil
+	}
 	gomod, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil || strings.TrimSpace(string(gomod)) == "" || strings.TrimSpace(string(gomod)) == os.DevNull {
 		return "", fmt.Errorf("build %s: cannot find the module root (go env GOMOD: %q, %v)", name, gomod, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"sync"
@@ -15,32 +16,19 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// Validate checks an allocation received from the network.
+// Validate checks an allocation received from the network: the checks of
+// the grant it arrives as (proto.EncapGrant.Validate), which it carries
+// field for field.
 func (a EncapAllocation) Validate() error {
-	ok4 := func(x netip.Addr) bool {
-		return x.Is4() && !x.IsUnspecified() && !x.IsMulticast() && !x.IsLoopback()
-	}
-	// The outer path (endpoint, member) may be IPv6: global unicast, no zone.
-	outer := func(x netip.Addr) bool {
-		return ok4(x) || (x.Is6() && !x.Is4In6() && x.Zone() == "" && x.IsGlobalUnicast())
-	}
-	switch {
-	case !a.Address.IsValid() || !ok4(a.Address.Addr()):
-		return fmt.Errorf("vxlan allocation: address %s is not a usable IPv4 prefix", a.Address)
-	case !ok4(a.Gateway) || a.Gateway == a.Address.Addr():
-		return fmt.Errorf("vxlan allocation: gateway %s is not a usable address distinct from %s", a.Gateway, a.Address.Addr())
-	case !outer(a.Endpoint.Addr()) || a.Endpoint.Port() == 0:
-		return fmt.Errorf("vxlan allocation: endpoint %s is not an IPv4 or global IPv6 address:port", a.Endpoint)
-	case !outer(a.Member):
-		return fmt.Errorf("vxlan allocation: member address %s is not usable", a.Member)
-	case a.Member.Is4() != a.Endpoint.Addr().Is4():
-		return fmt.Errorf("vxlan allocation: member address %s and endpoint %s are of different families", a.Member, a.Endpoint.Addr())
-	case a.VNI == 0 || a.VNI >= 1<<24:
-		return fmt.Errorf("vxlan allocation: VNI %d out of range 1-%d", a.VNI, 1<<24-1)
-	case a.MTU < 576 || a.MTU > 9000:
+	if a.MTU < 0 || a.MTU > math.MaxUint16 {
 		return fmt.Errorf("vxlan allocation: MTU %d out of range 576-9000", a.MTU)
+	}
+	g := proto.EncapGrant{ClientPrefix: a.Address, Gateway: a.Gateway, Endpoint: a.Endpoint, Member: a.Member, VNI: a.VNI, MTU: uint16(a.MTU)}
+	if err := g.Validate(); err != nil {
+		return fmt.Errorf("vxlan allocation: %w", err)
 	}
 	return nil
 }

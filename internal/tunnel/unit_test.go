@@ -241,3 +241,42 @@ func FuzzParseState(f *testing.F) {
 		}
 	})
 }
+
+// TestEncapAllocationValidate: an allocation is held to its grant's checks
+// (proto.EncapGrant.Validate), plus an MTU that fits the grant's field.
+func TestEncapAllocationValidate(t *testing.T) {
+	good := EncapAllocation{Address: netip.MustParsePrefix("100.81.0.9/16"), Gateway: netip.MustParseAddr("100.81.0.1"),
+		Endpoint: netip.MustParseAddrPort("198.18.1.1:4789"), Member: netip.MustParseAddr("198.18.1.2"), VNI: 8, MTU: 1450}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	six := good
+	six.Endpoint, six.Member = netip.MustParseAddrPort("[2001:db8::1]:4789"), netip.MustParseAddr("2001:db8::2")
+	if err := six.Validate(); err != nil {
+		t.Fatalf("IPv6 underlay: %v", err)
+	}
+	for name, c := range map[string]struct {
+		mut  func(*EncapAllocation)
+		want string
+	}{
+		"v6 address":     {func(a *EncapAllocation) { a.Address = netip.MustParsePrefix("2001:db8::9/64") }, "client prefix"},
+		"short prefix":   {func(a *EncapAllocation) { a.Address = netip.MustParsePrefix("100.81.0.9/4") }, "client prefix"},
+		"gateway = self": {func(a *EncapAllocation) { a.Gateway = a.Address.Addr() }, "gateway"},
+		"broadcast gw":   {func(a *EncapAllocation) { a.Gateway = netip.MustParseAddr("255.255.255.255") }, "gateway"},
+		"port 0":         {func(a *EncapAllocation) { a.Endpoint = netip.MustParseAddrPort("198.18.1.1:0") }, "endpoint"},
+		"link-local v6":  {func(a *EncapAllocation) { a.Member = netip.MustParseAddr("fe80::1") }, "member"},
+		"mixed families": {func(a *EncapAllocation) { a.Member = netip.MustParseAddr("2001:db8::2") }, "different families"},
+		"vni 0":          {func(a *EncapAllocation) { a.VNI = 0 }, "VNI"},
+		"vni 2^24":       {func(a *EncapAllocation) { a.VNI = 1 << 24 }, "VNI"},
+		"tiny mtu":       {func(a *EncapAllocation) { a.MTU = 100 }, "MTU"},
+		"mtu 65536+576":  {func(a *EncapAllocation) { a.MTU = 1<<16 + 576 }, "MTU"},
+		"negative mtu":   {func(a *EncapAllocation) { a.MTU = -1 }, "MTU"},
+	} {
+		a := good
+		c.mut(&a)
+		err := a.Validate()
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "vxlan allocation: ") {
+			t.Errorf("%s: got %v, want a vxlan allocation error naming %q", name, err, c.want)
+		}
+	}
+}

@@ -47,9 +47,9 @@ const (
 // received and joins on the client, announcements sent and dropped, joins
 // and resets on the backends.
 var lbCounters = map[string][]string{
-	"client": {"AddAddr", "AddAddrDrop", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx", "MPJoinSynTxConnectErr"},
-	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx"},
-	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx"},
+	"client": {"AddAddr", "AddAddrDrop", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx", "MPJoinSynTxConnectErr", "MPCapableSYNACKRX", "MPCapableFallbackSYNACK"},
+	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit"},
+	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit"},
 }
 
 var (
@@ -329,6 +329,20 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 	}
 	outs := make([]outcome, lbConnections)
 	start := time.Now()
+	trace, err := startLBTrace(e.Lab.NetnsPath(e.Roles.Client), start)
+	if err != nil {
+		return Measurement{}, fmt.Errorf("client MPTCP events: %w", err)
+	}
+	defer trace.stop()
+	var backendTraces []*lbTrace
+	for _, b := range lbBackends {
+		t, err := startLBTrace(e.Lab.NetnsPath(b), start)
+		if err != nil {
+			return Measurement{}, fmt.Errorf("%s MPTCP events: %w", b, err)
+		}
+		defer t.stop()
+		backendTraces = append(backendTraces, t)
+	}
 	for i := range lbConnections {
 		wg.Add(1)
 		go func() {
@@ -391,6 +405,15 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 		ch.Reasons = append(ch.Reasons, fmt.Sprintf("%d x %s", k, r))
 	}
 	sort.Strings(ch.Reasons)
+	trace.stop()
+	for _, t := range backendTraces {
+		t.stop()
+	}
+	errs := make([]error, len(outs))
+	for i, o := range outs {
+		errs[i] = o.err
+	}
+	ch.Detail, ch.ShortOfJoins = lbDiagnose(trace, backendTraces, errs, at(1), c.s.subflows-1)
 	if len(ch.Reasons) > 5 {
 		ch.Reasons = ch.Reasons[:5]
 	}

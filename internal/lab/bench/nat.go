@@ -47,24 +47,6 @@ func setupMPTCPNAT(ctx context.Context, env *Env) (Session, error) {
 	return setupNATAgent(ctx, env, false)
 }
 
-// setupTCPNAT6 and setupMPTCPNAT6 are tcp-nat and mptcp-nat over IPv6:
-// the relays listen on IPv6 too (listen6) and grant IPv6 detours to the
-// server's IPv6 address; the agent knows the relays by their IPv6
-// addresses.
-func setupTCPNAT6(ctx context.Context, env *Env) (Session, error) {
-	if err := ipv6(env, scenario.TCPNAT6); err != nil {
-		return nil, err
-	}
-	return setupTCPNAT(ctx, env)
-}
-
-func setupMPTCPNAT6(ctx context.Context, env *Env) (Session, error) {
-	if err := ipv6(env, scenario.MPTCPNAT6); err != nil {
-		return nil, err
-	}
-	return setupNATAgent(ctx, env, false)
-}
-
 // setupMPTCPNATBackup is setupMPTCPNAT with every relay of the cell marked
 // backup in the agent's config: its detour subflows carry the B flag.
 func setupMPTCPNATBackup(ctx context.Context, env *Env) (Session, error) {
@@ -129,6 +111,12 @@ func tunnelSubnet(i int) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 80, byte(i + 1), 0}), 24)
 }
 
+// tunnelSubnet6 is relay i's IPv6 tunnel subnet (tunnel.subnet6), distinct
+// per relay like tunnelSubnet.
+func tunnelSubnet6(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0x64, 0, 0x80, 0, byte(i + 1)}), 64)
+}
+
 // startRelays starts a relay in each of the cell's detour nodes.
 func startRelays(ctx context.Context, env *Env, mode relayMode) (_ *relays, err error) {
 	rs := &relays{keys: map[string]proto.Key{}, paths: map[netip.Addr]string{}, prefixes: map[netip.Prefix]string{}}
@@ -178,7 +166,11 @@ members:
 			cfg += fmt.Sprintf("state_file: %s\n", filepath.Join(env.Dir, "relay-"+node+".state.json"))
 		}
 		if mode != natOnly {
-			cfg += fmt.Sprintf("tunnel:\n  subnet: %s\n  allow_destinations: [%s/32]\n", tunnelSubnet(i), server)
+			cfg += fmt.Sprintf("tunnel:\n  subnet: %s\n  allow_destinations: ['%s']\n", tunnelSubnet(i), hostPrefix(server))
+			if env.IPv6 {
+				cfg += fmt.Sprintf("  subnet6: '%s'\n", tunnelSubnet6(i))
+				rs.prefixes[tunnelSubnet6(i)] = "tunnel:" + node
+			}
 			if env.RelayState {
 				cfg += fmt.Sprintf("  state_file: %s\n", filepath.Join(env.Dir, "tunnel-"+node+".state.json"))
 			}

@@ -43,7 +43,7 @@ type Env struct {
 	// RelayAllow are destinations the detour relays allow besides the
 	// server (the converter's address for procedure converted).
 	RelayAllow []netip.Addr
-	// IPv6: the procedure runs over IPv6 (tcp6, mptcp-nat6): the server,
+	// IPv6: the procedure runs over IPv6 (tcp6, mptcp-nat6, mptcp-tunnel6): the server,
 	// the relays and the detours are addressed by their IPv6 twins.
 	IPv6 bool
 }
@@ -68,6 +68,23 @@ func ipv6(env *Env, proc string) error {
 	}
 	env.IPv6 = true
 	return nil
+}
+
+// overIPv6 is setup run over IPv6 as procedure proc (tcp6, tcp-nat6,
+// mptcp-nat6, tcp-tunnel6, mptcp-tunnel6): the server, the relays and the
+// detours are addressed by their IPv6 twins. The relays then also listen
+// on IPv6 (listen6) and grant IPv6 detours to the server's IPv6 address,
+// and the agent knows them by their IPv6 addresses; tunnel relays also get
+// an IPv6 tunnel subnet (tunnel.subnet6), so WireGuard runs over IPv6 and
+// carries IPv6 from the granted IPv6 tunnel address. Unavailable in a lab
+// without IPv6.
+func overIPv6(proc string, setup Setup) Setup {
+	return func(ctx context.Context, env *Env) (Session, error) {
+		if err := ipv6(env, proc); err != nil {
+			return nil, err
+		}
+		return setup(ctx, env)
+	}
 }
 
 // Measurement is the outcome of one trial.
@@ -119,19 +136,21 @@ type Setup func(ctx context.Context, env *Env) (Session, error)
 // unavailable).
 func Procedures() map[string]Setup {
 	return map[string]Setup{
-		scenario.TCP:         setupTCP,
-		scenario.TCP6:        setupTCP6,
-		scenario.MPTCP1:      setupMPTCP1,
-		scenario.MPTCP1NAT:   setupMPTCP1NAT,
-		scenario.TCPNAT:      setupTCPNAT,
-		scenario.MPTCPNAT:    setupMPTCPNAT,
-		scenario.TCPNAT6:     setupTCPNAT6,
-		scenario.MPTCPNAT6:   setupMPTCPNAT6,
-		scenario.TCPTunnel:   setupTCPTunnel,
-		scenario.MPTCPTunnel: setupMPTCPTunnel,
-		scenario.TCPOpenVPN:  setupOpenVPN,
-		scenario.TCPEncap:    setupTCPEncap,
-		scenario.MPTCPEncap:  setupMPTCPEncap,
+		scenario.TCP:          setupTCP,
+		scenario.TCP6:         overIPv6(scenario.TCP6, setupTCP),
+		scenario.MPTCP1:       setupMPTCP1,
+		scenario.MPTCP1NAT:    setupMPTCP1NAT,
+		scenario.TCPNAT:       setupTCPNAT,
+		scenario.MPTCPNAT:     setupMPTCPNAT,
+		scenario.TCPNAT6:      overIPv6(scenario.TCPNAT6, setupTCPNAT),
+		scenario.MPTCPNAT6:    overIPv6(scenario.MPTCPNAT6, setupMPTCPNAT),
+		scenario.TCPTunnel:    setupTCPTunnel,
+		scenario.MPTCPTunnel:  setupMPTCPTunnel,
+		scenario.TCPTunnel6:   overIPv6(scenario.TCPTunnel6, setupTCPTunnel),
+		scenario.MPTCPTunnel6: overIPv6(scenario.MPTCPTunnel6, setupMPTCPTunnel),
+		scenario.TCPOpenVPN:   setupOpenVPN,
+		scenario.TCPEncap:     setupTCPEncap,
+		scenario.MPTCPEncap:   setupMPTCPEncap,
 
 		scenario.MPTCPNATStatic:         setupMPTCPNAT,
 		scenario.MPTCPNATAdaptive:       setupMPTCPNAT,

@@ -52,6 +52,7 @@ var (
 	buildOnce, buildLabOnce sync.Once
 	bin, labBin             string
 	buildErr, buildLabErr   error
+	binDirs                 []string // made here; removed by TestMain (a shared bin/ is not ours)
 )
 
 // binary builds cmd/mpdetour once: relay and agent run as processes in
@@ -65,6 +66,7 @@ func binary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		binDirs = append(binDirs, dir)
 		bin, buildErr = testenv.BuildMpdetour(dir)
 	})
 	if buildErr != nil {
@@ -84,6 +86,7 @@ func labBinary(t *testing.T) string {
 			buildLabErr = err
 			return
 		}
+		binDirs = append(binDirs, dir)
 		labBin, buildLabErr = testenv.BuildCommand(dir, "mpdetour-lab")
 	})
 	if buildLabErr != nil {
@@ -95,10 +98,8 @@ func labBinary(t *testing.T) string {
 func TestMain(m *testing.M) {
 	lab.Reexec()
 	code := m.Run()
-	for _, b := range []string{bin, labBin} {
-		if b != "" {
-			os.RemoveAll(filepath.Dir(b))
-		}
+	for _, d := range binDirs {
+		os.RemoveAll(d)
 	}
 	os.Exit(code)
 }

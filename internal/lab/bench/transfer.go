@@ -27,13 +27,6 @@ func setupTCP(ctx context.Context, env *Env) (Session, error) {
 }
 
 // setupTCP6 is setupTCP to the server's IPv6 address.
-func setupTCP6(ctx context.Context, env *Env) (Session, error) {
-	if err := ipv6(env, scenario.TCP6); err != nil {
-		return nil, err
-	}
-	return setupTCP(ctx, env)
-}
-
 func setupMPTCP1(ctx context.Context, env *Env) (Session, error) {
 	return &transfer{env: env, dst: env.serverAddr(), mptcp: true, wantSubflows: 1}, nil
 }

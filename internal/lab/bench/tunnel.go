@@ -27,7 +27,14 @@ func setupTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 	// Plain TCP has no say in its source address: route the server
 	// into the tunnel for this cell, as the OpenVPN baseline did.
 	c := ts.clients[0]
-	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), c.Address())
+	src := c.Address()
+	if env.IPv6 {
+		if src = c.Address6(); !src.IsValid() {
+			ts.close()
+			return nil, errors.New("the tunnel carries no IPv6: no IPv6 tunnel address was granted or configured")
+		}
+	}
+	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), src)
 	if err != nil {
 		ts.close()
 		return nil, err
@@ -106,6 +113,9 @@ func openTunnels(ctx context.Context, env *Env) (_ *tunnels, err error) {
 		}
 		ts.clients = append(ts.clients, c)
 		ts.paths[c.Address()] = "tunnel:" + node
+		if a6 := c.Address6(); a6.IsValid() {
+			ts.paths[a6] = "tunnel:" + node
+		}
 		ts.conns = append(ts.conns, conn)
 		if err := waitHandshake(ctx, c); err != nil {
 			return nil, fmt.Errorf("tunnel to %s: %w", node, err)
@@ -146,7 +156,7 @@ func (ts *tunnels) close() error {
 	return errors.Join(append(errs, ts.rs.close())...)
 }
 
-// routeVia adds dst/32 via iface with source src in the client node's
+// routeVia adds dst/32 (an IPv6 dst: /128) via iface with source src in the client node's
 // main table and returns the undo.
 func routeVia(env *Env, dst netip.Addr, iface string, src netip.Addr) (func() error, error) {
 	ns, err := netns.GetFromPath(env.Lab.NetnsPath(env.Roles.Client))
@@ -165,7 +175,7 @@ func routeVia(env *Env, dst netip.Addr, iface string, src netip.Addr) (func() er
 	}
 	r := &netlink.Route{
 		LinkIndex: link.Attrs().Index,
-		Dst:       &net.IPNet{IP: dst.AsSlice(), Mask: net.CIDRMask(32, 32)},
+		Dst:       &net.IPNet{IP: dst.AsSlice(), Mask: net.CIDRMask(dst.BitLen(), dst.BitLen())},
 		Src:       src.AsSlice(),
 	}
 	if err := h.RouteAdd(r); err != nil {

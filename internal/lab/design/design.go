@@ -264,6 +264,9 @@ type Options struct {
 	// K-1 modulo Shards, into runs/NAME.shardK; shards can run at once
 	// with different LabNames. Shards <= 1: every point, runs/NAME.
 	Shard, Shards int
+	// Only, when set, runs only the points with these IDs (a re-run of
+	// chosen points of a design; the others stay unmeasured).
+	Only map[string]bool
 	// Limit (points) and Budget (wall clock) stop a paired run before
 	// its next point once reached (0 = no limit): chunks of a long design
 	// that --resume continues.

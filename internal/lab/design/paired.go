@@ -205,7 +205,7 @@ func (d *Design) runPaired(ctx context.Context, o Options) error {
 	started, ran := time.Now(), 0
 	versions := bench.Versions(o.Binary)
 	for pos, pt := range d.order() {
-		if o.Shards > 1 && pos%o.Shards != o.Shard-1 {
+		if o.Shards > 1 && pos%o.Shards != o.Shard-1 || len(o.Only) > 0 && !o.Only[pt.ID] {
 			continue
 		}
 		missing := 0

@@ -16,23 +16,27 @@ type fixture struct {
 	Client, Relay, Server string // namespace names
 }
 
+// The line's addresses (netnstest.NewLine): IPv4, and IPv6 beside it in
+// newFixture6.
 const (
-	fxClient      = "10.0.1.1"
-	fxRelay       = "10.0.1.2" // the relay's address on the client side
-	fxRelayServer = "10.0.2.1"
-	fxServer      = "10.0.2.2"
+	fxClient      = netnstest.LineClient
+	fxRelay       = netnstest.LineRelay // the relay's address on the client side
+	fxRelayServer = netnstest.LineRelayServer
+	fxServer      = netnstest.LineServer
+
+	fx6Client      = netnstest.LineClient6
+	fx6Relay       = netnstest.LineRelay6
+	fx6RelayServer = netnstest.LineRelayServer6
+	fx6Server      = netnstest.LineServer6
 )
 
-func newFixture(t testing.TB) *fixture {
-	t.Helper()
-	c, r, s := netnstest.New(t, "trc"), netnstest.New(t, "trr"), netnstest.New(t, "trs")
-	netnstest.LinkNamed(t, c, "c0", fxClient+"/24", r, "r0", fxRelay+"/24")
-	netnstest.LinkNamed(t, r, "r1", fxRelayServer+"/24", s, "s0", fxServer+"/24")
-	c.Route(t, "0.0.0.0/0", fxRelay)
-	if err := r.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
-		t.Fatalf("ip_forward in %s: %v", r.Name, err)
-	}
-	return &fixture{Client: c.Name, Relay: r.Name, Server: s.Name}
+func newFixture(t testing.TB) *fixture { return lineFixture(netnstest.NewLine(t, "tr", false)) }
+
+// newFixture6 is newFixture with IPv6 beside IPv4 on the same links.
+func newFixture6(t testing.TB) *fixture { return lineFixture(netnstest.NewLine(t, "tr6", true)) }
+
+func lineFixture(l *netnstest.Line) *fixture {
+	return &fixture{Client: l.Client.Name, Relay: l.Relay.Name, Server: l.Server.Name}
 }
 
 // in runs fn on a thread inside namespace ns. Sockets created in fn stay

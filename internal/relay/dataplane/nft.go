@@ -238,11 +238,26 @@ func (d *nftDataPlane) install() error {
 			return fmt.Errorf("nftables: creating table %s: %w", TableName, err4)
 		}
 		d.log.Warn("nftables: the kernel refused the ip6 table: IPv6 NAT detours unavailable, IPv4 ones served", "err", err)
+		d.dropLeftover(families[1])
 	}
 	if d.fast {
 		d.installFlowtables()
 	}
 	return nil
+}
+
+// dropLeftover deletes family f's table if an earlier run left one (a
+// crash before this kernel refused the family, or a kernel that takes the
+// table but not all of its chains), in a transaction of its own. Best
+// effort: a kernel without the family has no such table, and its refusal
+// is only logged.
+func (d *nftDataPlane) dropLeftover(f family) {
+	t := &nftables.Table{Name: TableName, Family: f.table}
+	d.conn.AddTable(t)
+	d.conn.DelTable(t)
+	if err := d.conn.Flush(); err != nil {
+		d.log.Debug("nftables: could not delete a leftover table of the refused family", "family", f.table, "err", err)
+	}
 }
 
 // has says whether family i's table is installed (ip always; ip6 unless

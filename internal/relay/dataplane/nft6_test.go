@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -16,62 +15,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// IPv6 addresses of the dual-stack fixture (beside the IPv4 ones).
-const (
-	fx6Client      = "fd00:1::1"
-	fx6Relay       = "fd00:1::2"
-	fx6RelayServer = "fd00:2::1"
-	fx6Server      = "fd00:2::2"
-)
-
-// newFixture6 is newFixture with IPv6 beside IPv4 on the same links (IPv6
-// enabled in the namespaces, addresses without duplicate detection, IPv6
-// forwarding on the relay).
-func newFixture6(t testing.TB) *fixture {
-	t.Helper()
-	c, r, s := netnstest.New(t, "trc6"), netnstest.New(t, "trr6"), netnstest.New(t, "trs6")
-	for _, ns := range []*netnstest.NS{c, r, s} {
-		for _, k := range []string{"net/ipv6/conf/all/disable_ipv6", "net/ipv6/conf/default/disable_ipv6"} {
-			if err := ns.Sysctl(k, "0"); err != nil {
-				t.Fatalf("%s in %s: %v", k, ns.Name, err)
-			}
-		}
-	}
-	netnstest.LinkNamed(t, c, "c0", fxClient+"/24", r, "r0", fxRelay+"/24")
-	netnstest.LinkNamed(t, r, "r1", fxRelayServer+"/24", s, "s0", fxServer+"/24")
-	c.Addr(t, "c0", fx6Client+"/64")
-	r.Addr(t, "r0", fx6Relay+"/64")
-	r.Addr(t, "r1", fx6RelayServer+"/64")
-	s.Addr(t, "s0", fx6Server+"/64")
-	c.Route(t, "0.0.0.0/0", fxRelay)
-	c.Route(t, "::/0", fx6Relay)
-	for _, k := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
-		if err := r.Sysctl(k, "1"); err != nil {
-			t.Fatalf("%s in %s: %v", k, r.Name, err)
-		}
-	}
-	return &fixture{Client: c.Name, Relay: r.Name, Server: s.Name}
-}
-
 // startSink6 is startSink on an IPv6 address.
 func startSink6(t testing.TB, ns, addr string) {
 	t.Helper()
-	var ln net.Listener
-	var err error
-	in(t, ns, func() { ln, err = net.Listen("tcp6", addr) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	netnstest.Serve(ln, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() })
+	netnstest.EchoIn(t, ns, "tcp6", addr)
 }
 
 // dialFrom6 connects from inside ns over IPv6; control (may be nil) runs
 // on the socket before connect.
 func dialFrom6(t testing.TB, ns, addr string, control func(fd uintptr) error) (net.Conn, error) {
 	t.Helper()
-	var c net.Conn
-	var err error
 	d := net.Dialer{Timeout: 2 * time.Second}
 	if control != nil {
 		d.Control = func(_, _ string, rc syscall.RawConn) error {
@@ -82,8 +35,7 @@ func dialFrom6(t testing.TB, ns, addr string, control func(fd uintptr) error) (n
 			return serr
 		}
 	}
-	in(t, ns, func() { c, err = d.Dial("tcp6", addr) })
-	return c, err
+	return netnstest.DialIn(t, ns, &d, "tcp6", addr)
 }
 
 // TestNFTDataPlaneIPv6: a mapping of an IPv6 client to an IPv6 server

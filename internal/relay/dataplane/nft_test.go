@@ -1,49 +1,28 @@
 package dataplane
 
 import (
-	"io"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
-// startSink listens on addr inside ns and discards what it receives.
+// startSink runs an echo server on addr (IPv4) inside ns.
 func startSink(t testing.TB, ns, addr string) net.Listener {
 	t.Helper()
-	var ln net.Listener
-	var err error
-	in(t, ns, func() { ln, err = net.Listen("tcp4", addr) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	netnstest.Serve(ln, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() }) // echo
-	return ln
+	return netnstest.EchoIn(t, ns, "tcp4", addr)
 }
 
-// dialFrom connects from inside ns.
+// dialFrom connects from inside ns over IPv4.
 func dialFrom(t testing.TB, ns, addr string) (net.Conn, error) {
 	t.Helper()
-	var c net.Conn
-	var err error
-	in(t, ns, func() { c, err = net.DialTimeout("tcp4", addr, 2*time.Second) })
-	return c, err
+	return netnstest.DialIn(t, ns, nil, "tcp4", addr)
 }
 
-func echo(c net.Conn, n int) error {
-	buf := make([]byte, n)
-	if _, err := c.Write(buf); err != nil {
-		return err
-	}
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	_, err := io.ReadFull(c, buf)
-	return err
-}
+func echo(c net.Conn, n int) error { return netnstest.RoundTrip(c, n) }
 
 func TestNFTDataPlane(t *testing.T) {
 	testenv.Root(t)

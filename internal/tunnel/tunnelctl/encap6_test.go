@@ -76,7 +76,7 @@ func TestControlChannelEncapOverIPv6(t *testing.T) {
 		t.Fatalf("client device not toward the relay's IPv6 address:\n%s", out)
 	}
 
-	seen, err := seenThrough(t, ln, c.Address())
+	seen, err := seenThrough(t, ln, "tcp4", "203.0.113.10:0", c.Address(), "")
 	if !strings.HasPrefix(seen, "203.0.113.1:") {
 		t.Fatalf("through vxlan over IPv6 the server saw %q (err %v), want the relay 203.0.113.1", seen, err)
 	}
@@ -103,13 +103,15 @@ func TestControlChannelEncapOverIPv6(t *testing.T) {
 	}
 }
 
-// seenThrough starts a server in ln's server namespace that answers each
-// connection with the peer address it sees, and dials it from local in
-// the client namespace until an answer comes (10 s).
-func seenThrough(t *testing.T, ln *line, local netip.Addr) (seen string, err error) {
+// seenThrough starts a server listening on network/listen in ln's server
+// namespace that answers each connection with the peer address it sees,
+// and dials it over network from local in the client namespace until an
+// answer starting with want comes (any answer when want is ""), for 10 s;
+// it returns the last answer and error.
+func seenThrough(t *testing.T, ln *line, network, listen string, local netip.Addr, want string) (seen string, err error) {
 	t.Helper()
 	var l net.Listener
-	if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
+	if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen(network, listen); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
@@ -121,13 +123,16 @@ func seenThrough(t *testing.T, ln *line, local netip.Addr) (seen string, err err
 		var tc net.Conn
 		err = netnstest.DoNamed(ln.cl, func() (err error) {
 			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
-			tc, err = d.Dial("tcp4", l.Addr().String())
+			tc, err = d.Dial(network, l.Addr().String())
 			return err
 		})
 		if err == nil {
 			seen, err = bufio.NewReader(tc).ReadString('\n')
 			tc.Close()
-			if err == nil || err == io.EOF {
+			if err == io.EOF {
+				err = nil
+			}
+			if err == nil && strings.HasPrefix(seen, want) {
 				return seen, nil
 			}
 		}

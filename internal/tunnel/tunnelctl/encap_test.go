@@ -36,7 +36,7 @@ func TestControlChannelEncap(t *testing.T) {
 		t.Fatalf("address %s not from the vxlan subnet", c.Address())
 	}
 
-	seen, err := seenThrough(t, ln, c.Address())
+	seen, err := seenThrough(t, ln, "tcp4", "203.0.113.10:0", c.Address(), "")
 	if !strings.HasPrefix(seen, "203.0.113.1:") {
 		t.Fatalf("through vxlan the server saw %q (err %v), want the relay 203.0.113.1", seen, err)
 	}

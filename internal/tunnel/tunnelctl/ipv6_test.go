@@ -1,7 +1,6 @@
 package tunnelctl
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -77,31 +76,8 @@ func TestTunnelOverIPv6(t *testing.T) {
 	}
 	defer client.Close()
 
-	var l net.Listener
-	if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen("tcp4", "203.0.113.10:0"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	netnstest.Serve(l, func(c net.Conn) { fmt.Fprintf(c, "%s\n", c.RemoteAddr()); c.Close() })
 	before := udp6Out(t, ln.cl)
-	var seen string
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		var c net.Conn
-		err = netnstest.DoNamed(ln.cl, func() (err error) {
-			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(client.Address(), 0))}
-			c, err = d.Dial("tcp4", l.Addr().String())
-			return err
-		})
-		if err == nil {
-			seen, err = bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if strings.HasPrefix(seen, "203.0.113.1:") {
-				break
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	seen, err := seenThrough(t, ln, "tcp4", "203.0.113.10:0", client.Address(), "203.0.113.1:")
 	if !strings.HasPrefix(seen, "203.0.113.1:") {
 		t.Fatalf("through the tunnel over IPv6 the server saw %q (err %v), want the relay 203.0.113.1", seen, err)
 	}
@@ -202,30 +178,7 @@ func TestOpenIPv6Inside(t *testing.T) {
 	if !netip.MustParsePrefix("fd64:1::/64").Contains(a6) {
 		t.Fatalf("client IPv6 tunnel address %v, want one in fd64:1::/64", a6)
 	}
-	var l net.Listener
-	if err := netnstest.DoNamed(ln.sv, func() (err error) { l, err = net.Listen("tcp6", "[fd00:5::10]:0"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	netnstest.Serve(l, func(c net.Conn) { fmt.Fprintf(c, "%s\n", c.RemoteAddr()); c.Close() })
-	var seen string
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		var c net.Conn
-		err = netnstest.DoNamed(ln.cl, func() (err error) {
-			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(a6, 0))}
-			c, err = d.Dial("tcp6", l.Addr().String())
-			return err
-		})
-		if err == nil {
-			seen, err = bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if strings.HasPrefix(seen, "[fd00:5::1]:") {
-				break
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	seen, err := seenThrough(t, ln, "tcp6", "[fd00:5::10]:0", a6, "[fd00:5::1]:")
 	if !strings.HasPrefix(seen, "[fd00:5::1]:") {
 		t.Fatalf("IPv6 through the tunnel: server saw %q (%v), want the relay's fd00:5::1", seen, err)
 	}

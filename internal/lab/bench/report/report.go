@@ -198,7 +198,7 @@ func (d *Data) Ratios(c *Cell) Ratios {
 		return r
 	}
 	r.Goodput = c.Goodput.Mean
-	if t := d.Get(c.Configuration, scenario.TCP); t != nil && t.Goodput.N > 0 {
+	if t := d.Get(c.Configuration, scenario.DefaultPath(c.Procedure)); t != nil && t.Goodput.N > 0 {
 		r.TCP = t.Goodput.Mean
 		r.OverTCP = r.Goodput / r.TCP
 	}

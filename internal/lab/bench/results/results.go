@@ -115,6 +115,14 @@ type Churn struct {
 	// Counters are kernel MPTCP counters over the trial, "node.Name" ->
 	// increase (e.g. "client.AddAddr": ADD_ADDRs the clients received).
 	Counters map[string]uint64 `json:"counters,omitempty"`
+	// Detail describes each broken connection from the client's MPTCP
+	// events: joins before the first route change, announcements
+	// received, subflows opened and closed (times in seconds from the
+	// trial's start).
+	Detail []string `json:"detail,omitempty"`
+	// ShortOfJoins counts the connections (broken or not) that had fewer
+	// joins than announced addresses when the route first moved.
+	ShortOfJoins int `json:"short_of_joins"`
 }
 
 // Collective is one trial of procedure collective. Times are

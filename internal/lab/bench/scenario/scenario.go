@@ -29,9 +29,13 @@ const (
 	// an IPv6 connection.
 	TCPNAT6   = "tcp-nat6"
 	MPTCPNAT6 = "mptcp-nat6"
-	TCPNAT    = "tcp-nat"    // plain TCP to a relay's NAT port
-	TCPTunnel = "tcp-tunnel" // plain TCP through a WireGuard tunnel detour
-	MPTCP1    = "mptcp-1sf"  // MPTCP, no detour (MPTCP's own overhead)
+	// tcp-tunnel and mptcp-tunnel over IPv6: WireGuard over IPv6 to
+	// relays with an IPv6 tunnel subnet, IPv6 inside the tunnel.
+	TCPTunnel6   = "tcp-tunnel6"
+	MPTCPTunnel6 = "mptcp-tunnel6"
+	TCPNAT       = "tcp-nat"    // plain TCP to a relay's NAT port
+	TCPTunnel    = "tcp-tunnel" // plain TCP through a WireGuard tunnel detour
+	MPTCP1       = "mptcp-1sf"  // MPTCP, no detour (MPTCP's own overhead)
 	// MPTCP1NAT is MPTCP over one NAT detour alone, no agent: MPTCP's own
 	// cost on the detour's path (design procedure mptcp-1sf there).
 	MPTCP1NAT   = "mptcp-1sf-nat"
@@ -96,19 +100,21 @@ type procInfo struct {
 }
 
 var procs = map[string]procInfo{
-	TCP:         {"TCP", 0, ""},
-	TCP6:        {"TCP over IPv6", 0, ""},
-	TCPNAT6:     {"TCP via NAT detour, IPv6", 1, ""},
-	MPTCPNAT6:   {"MPTCP + NAT detour, IPv6", -1, TCPNAT6},
-	TCPNAT:      {"TCP via NAT detour", 1, ""},
-	TCPTunnel:   {"TCP via tunnel detour", 1, ""},
-	MPTCP1:      {"MPTCP 1 subflow", 0, ""},
-	MPTCP1NAT:   {"MPTCP 1 subflow via NAT detour", 1, ""},
-	MPTCPNAT:    {"MPTCP + NAT detour", -1, TCPNAT},
-	MPTCPTunnel: {"MPTCP + tunnel detour", -1, TCPTunnel},
-	TCPOpenVPN:  {"TCP via OpenVPN", 1, ""},
-	TCPEncap:    {"TCP via VXLAN tunnel detour (unencrypted)", 1, ""},
-	MPTCPEncap:  {"MPTCP + VXLAN tunnel detour (unencrypted)", -1, TCPEncap},
+	TCP:          {"TCP", 0, ""},
+	TCP6:         {"TCP over IPv6", 0, ""},
+	TCPNAT6:      {"TCP via NAT detour, IPv6", 1, ""},
+	MPTCPNAT6:    {"MPTCP + NAT detour, IPv6", -1, TCPNAT6},
+	TCPTunnel6:   {"TCP via tunnel detour, IPv6", 1, ""},
+	MPTCPTunnel6: {"MPTCP + tunnel detour, IPv6", -1, TCPTunnel6},
+	TCPNAT:       {"TCP via NAT detour", 1, ""},
+	TCPTunnel:    {"TCP via tunnel detour", 1, ""},
+	MPTCP1:       {"MPTCP 1 subflow", 0, ""},
+	MPTCP1NAT:    {"MPTCP 1 subflow via NAT detour", 1, ""},
+	MPTCPNAT:     {"MPTCP + NAT detour", -1, TCPNAT},
+	MPTCPTunnel:  {"MPTCP + tunnel detour", -1, TCPTunnel},
+	TCPOpenVPN:   {"TCP via OpenVPN", 1, ""},
+	TCPEncap:     {"TCP via VXLAN tunnel detour (unencrypted)", 1, ""},
+	MPTCPEncap:   {"MPTCP + VXLAN tunnel detour (unencrypted)", -1, TCPEncap},
 
 	MPTCPNATStatic:         {"MPTCP + NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATAdaptive:       {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
@@ -158,6 +164,17 @@ func Label(name string) string { return procs[name].label }
 // SinglePath returns the single-path procedure an MPTCP detour procedure
 // aggregates with the default path (tcp-nat for mptcp-nat), or "".
 func SinglePath(name string) string { return procs[name].single }
+
+// DefaultPath is the single-path procedure over the default path that
+// procedure name is compared against: tcp6 for the IPv6 procedures, else
+// tcp.
+func DefaultPath(name string) string {
+	switch name {
+	case TCPNAT6, MPTCPNAT6, TCPTunnel6, MPTCPTunnel6:
+		return TCP6
+	}
+	return TCP
+}
 
 // Ratio kinds a target can check; see docs/bench.md.
 const (
@@ -898,9 +915,9 @@ func (s *Scenario) SinglePathCells(c Cell) (ids []string, ok bool) {
 			plan[x.ID] = x
 		}
 	}
-	ids = []string{TCP}
+	ids = []string{DefaultPath(c.Procedure)}
 	ok = true
-	if _, has := plan[TCP]; !has {
+	if _, has := plan[ids[0]]; !has {
 		ok = false
 	}
 	for _, d := range c.Detours {

@@ -371,3 +371,28 @@ func TestFlow(t *testing.T) {
 		}
 	}
 }
+
+// An IPv6 MPTCP procedure is compared against the IPv6 single paths: tcp6
+// and its own single-path procedure, not the IPv4 tcp row of the same run.
+func TestSinglePathCellsIPv6(t *testing.T) {
+	s, err := Parse("t.yaml", []byte(`name: t
+topology: brennan2017
+roles: {detours: [d]}
+configurations:
+  - {name: a, set: {family: dual}}
+procedures: [tcp, tcp6, tcp-nat, tcp-nat6, mptcp-nat, mptcp-nat6, tcp-tunnel6, mptcp-tunnel6]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"mptcp-nat": "tcp,tcp-nat", "mptcp-nat6": "tcp6,tcp-nat6", "mptcp-tunnel6": "tcp6,tcp-tunnel6"}
+	for _, c := range s.Cells() {
+		w, has := want[c.ID]
+		if !has {
+			continue
+		}
+		if ids, ok := s.SinglePathCells(c); !ok || strings.Join(ids, ",") != w {
+			t.Errorf("%s: single paths %v %v, want %s", c.ID, ids, ok, w)
+		}
+	}
+}
