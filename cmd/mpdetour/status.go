@@ -14,6 +14,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/convclient"
+	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
 // statusCommand builds the status subcommand.
@@ -90,6 +91,7 @@ func printStatus(st agent.Status) {
 	}
 	printFamilies(st.Families)
 	printBlackhole(st.Blackhole)
+	printCwndClamp(st.CwndClamp)
 	if g := st.PMTypeGuard; g != nil && (g.Restores > 0 || g.Error != "") {
 		if g.Restores > 0 {
 			fmt.Printf("WARNING: net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1: another program changes it (mptcpd, NetworkManager, a sysctl.d file)\n",
@@ -240,6 +242,31 @@ func printBlackhole(b *agent.BlackholeStatus) {
 		}
 		fmt.Printf("WARNING: the kernel disabled MPTCP for new connections (%s; blackhole detection, %d connections made plain TCP since boot): they get no detours\n  fix: %s\n",
 			since, b.Fallbacks, b.Fix)
+	}
+}
+
+// printCwndClamp shows the cwnd clamps of tunnel subflows when
+// configured: failed (with the reason; the policy runs without them) or
+// active with each address pair's clamp and the measurements behind it.
+func printCwndClamp(c *policy.ClampStatus) {
+	switch {
+	case c == nil:
+	case c.State != "active":
+		fmt.Printf("cwnd clamps: %s: %s (running without them)\n", c.State, c.Error)
+	default:
+		fmt.Printf("cwnd clamps: active, %d tunnel address pairs\n", len(c.Pairs))
+		for _, p := range c.Pairs {
+			fmt.Printf("  %s -> %s (%s): ", p.Local, p.Remote, p.Path)
+			if p.Segments > 0 {
+				fmt.Printf("%d segments (largest delivery rate %.2f Mbit/s, min RTT %s, MSS %d)", p.Segments, p.MaxRate*8/1e6, p.MinRTT, p.MSS)
+			} else {
+				fmt.Print("none")
+			}
+			if p.Note != "" {
+				fmt.Printf(": %s", p.Note)
+			}
+			fmt.Println()
+		}
 	}
 }
 

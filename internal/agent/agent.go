@@ -462,7 +462,11 @@ func (a *Agent) measured(pr probe) []job {
 	if len(ms) == 0 {
 		return nil
 	}
-	return a.jobsFor(a.pol.Measured(pr.at, ms), time.Time{})
+	jobs := a.jobsFor(a.pol.Measured(pr.at, ms), time.Time{})
+	if a.cfg.OnMeasured != nil {
+		a.cfg.OnMeasured(ms)
+	}
+	return jobs
 }
 
 func (a *Agent) jobsFor(ins []policy.Intent, since time.Time) []job {

@@ -74,6 +74,13 @@ type Options struct {
 	// PMType, when set, adds the pm_type guard's view to the status
 	// (wired by RunLinux).
 	PMType func() PMTypeStatus
+	// OnMeasured, when set, gets every round of subflow measurements the
+	// policy got, from the agent's loop (internal/agentd: cwnd clamps;
+	// not in the YAML). It must not block.
+	OnMeasured func(ms []policy.Measurement)
+	// CwndClamp, when set, adds the cwnd clamps' state to the status
+	// (wired by internal/agentd).
+	CwndClamp func() policy.ClampStatus
 	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
 	// what the measured connections need (policy BufferWanted), restored
 	// at stop (buffers.go). Off by default: not measured yet.

@@ -46,6 +46,9 @@ type Status struct {
 	// Families sums connections, subflows and detours per address family
 	// (IPv4, IPv6), from the lists above.
 	Families []FamilyStatus `json:"families"`
+	// CwndClamp: the cwnd clamps of tunnel subflows (cwnd_clamp), when
+	// configured: active, or failed with the reason (no clamps applied).
+	CwndClamp *policy.ClampStatus `json:"cwnd_clamp,omitempty"`
 }
 
 // FamilyStatus is one address family's share of the status.
@@ -261,6 +264,10 @@ func (a *Agent) Status() Status {
 	if a.cfg.PMType != nil {
 		g := a.cfg.PMType()
 		st.PMTypeGuard = &g
+	}
+	if a.cfg.CwndClamp != nil {
+		c := a.cfg.CwndClamp()
+		st.CwndClamp = &c
 	}
 	markNeverEstablished(st.Detours)
 	if a.cfg.RelayStatus != nil {

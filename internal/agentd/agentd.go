@@ -157,6 +157,15 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		}
 		defer stop()
 	}
+	if cfg.CwndClamp != nil {
+		cl := startClamps(*cfg.CwndClamp, sources, log, attachClamp)
+		defer func() {
+			if err := cl.close(); err != nil {
+				log.Warn("cwnd clamps", "err", err)
+			}
+		}()
+		opts.OnMeasured, opts.CwndClamp = cl.measured, cl.status
+	}
 	stop := reloadOnHangup(ctx, hup, path, relays, tunnels, log)
 	defer stop()
 	return agent.RunLinux(ctx, opts, log, nil, sources...)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -52,6 +53,16 @@ type Config struct {
 	// Server, when set, runs the server role beside the client one
 	// (internal/serverrole: ADD_ADDR of detours, C flag).
 	Server *serverrole.Config
+	// CwndClamp, when set, clamps the cwnd of tunnel detour subflows
+	// (policy.Clamps, internal/bpfclamp; docs/agent.md).
+	CwndClamp *ClampSettings
+}
+
+// ClampSettings are the cwnd_clamp section's.
+type ClampSettings struct {
+	// Cgroup is the cgroup v2 directory the program attaches to (its
+	// sockets and its descendants'); "" = the cgroup v2 mount's root.
+	Cgroup string
 }
 
 // File is the agent file's YAML form (docs/agent.md); LoadConfig and
@@ -97,6 +108,13 @@ type File struct {
 	Convert *convclient.File `yaml:"convert"`
 	// Server is documented in docs/agent.md (serverrole.File).
 	Server *serverrole.File `yaml:"server"`
+	// CwndClamp is documented in docs/agent.md.
+	CwndClamp *fileClamp `yaml:"cwnd_clamp"`
+}
+
+type fileClamp struct {
+	Enabled bool   `yaml:"enabled"`
+	Cgroup  string `yaml:"cgroup"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -164,6 +182,9 @@ func build(f File) (Config, error) {
 	core, err := buildCore(f, c)
 	out.Agent = core
 	if err != nil {
+		return out, err
+	}
+	if out.CwndClamp, err = buildClamp(f.CwndClamp); err != nil {
 		return out, err
 	}
 	return buildKinds(f, out)
@@ -299,7 +320,34 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 	if c.BufferSizing && c.ProbeInterval == 0 {
 		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
 	}
+	if f.CwndClamp != nil && f.CwndClamp.Enabled {
+		// Clamps follow the tunnel subflows' measurements, every 100 ms
+		// unless said otherwise.
+		if f.ProbeInterval == nil {
+			c.ProbeInterval = 100 * time.Millisecond
+		}
+		if c.ProbeInterval == 0 {
+			return c, fmt.Errorf("cwnd_clamp: needs measurements; set probe_interval (e.g. 100ms)")
+		}
+	}
 	return c, nil
+}
+
+// buildClamp validates the cwnd_clamp section.
+func buildClamp(f *fileClamp) (*ClampSettings, error) {
+	if f == nil {
+		return nil, nil
+	}
+	if !f.Enabled {
+		if f.Cgroup != "" {
+			return nil, fmt.Errorf("cwnd_clamp.cgroup: set without cwnd_clamp.enabled: true")
+		}
+		return nil, nil
+	}
+	if f.Cgroup != "" && (!filepath.IsAbs(f.Cgroup) || filepath.Clean(f.Cgroup) != f.Cgroup) {
+		return nil, fmt.Errorf("cwnd_clamp.cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", f.Cgroup)
+	}
+	return &ClampSettings{Cgroup: f.Cgroup}, nil
 }
 
 // buildKinds validates the detour kinds' sections into c.

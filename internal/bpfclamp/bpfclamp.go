@@ -9,9 +9,15 @@
 //
 // The program looks up each socket that becomes established in a hash map
 // keyed by (local IPv4 address, remote IPv4 address), both in network byte
-// order, and applies the clamp (segments) it finds. The caller writes the
-// map (Set, Delete); a clamp applies to sockets established after it was
-// written.
+// order, and applies the clamp (segments) it finds. It also asks the kernel
+// for the socket's RTT callback (BPF_SOCK_OPS_RTT_CB_FLAG) and looks the
+// pair up again on every one, so that a clamp the caller writes later (Set)
+// reaches sockets already established within one round trip. A second map
+// (LRU, keyed by socket cookie) remembers the clamp last applied to each
+// socket: bpf_setsockopt(TCP_BPF_SNDCWND_CLAMP) also sets ssthresh, so it
+// is called once per change, never per ACK (the congestion control keeps
+// its own ssthresh between changes). Delete stops further changes; a
+// socket keeps the clamp it has.
 //
 // The program is assembled in Go with cilium/ebpf's asm package rather than
 // compiled from C: the build hosts have no clang, and the program is a
@@ -26,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -42,14 +49,21 @@ const (
 // sock_ops operations and option names the program uses
 // (include/uapi/linux/bpf.h, include/uapi/linux/tcp.h).
 const (
-	opActiveEstablished  = 4 // BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
-	opPassiveEstablished = 5 // BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB
+	opActiveEstablished  = 4      // BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
+	opPassiveEstablished = 5      // BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB
+	opRTT                = 12     // BPF_SOCK_OPS_RTT_CB
+	rttCBFlag            = 1 << 3 // BPF_SOCK_OPS_RTT_CB_FLAG
 	solTCP               = 6
 	tcpBPFSndCwndClamp   = 1002
 )
 
 // MaxEntries bounds the map (local, remote) pairs.
 const MaxEntries = 4096
+
+// maxSockets bounds the per-socket memory of applied clamps (LRU: the
+// oldest sockets' entries go first; a socket that lost its entry gets the
+// clamp set again, which is harmless).
+const maxSockets = 65536
 
 // Key is one socket's address pair.
 type Key struct{ Local, Remote netip.Addr }
@@ -67,41 +81,73 @@ func (k Key) bytes() ([8]byte, error) {
 
 // Clamper is the loaded and attached program with its map.
 type Clamper struct {
-	m    *ebpf.Map
-	prog *ebpf.Program
-	l    link.Link
+	m       *ebpf.Map
+	applied *ebpf.Map
+	prog    *ebpf.Program
+	l       link.Link
 }
 
-// instructions returns the program reading its limits from m.
-func instructions(m *ebpf.Map) asm.Instructions {
-	return asm.Instructions{
+// instructions returns the program reading its limits from m and
+// remembering what it applied per socket in applied.
+//
+// Stack: fp-8 key (local_ip4, remote_ip4), fp-12 clamp, fp-24 cookie.
+func instructions(m, applied *ebpf.Map) asm.Instructions {
+	return slices.Concat(asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // r6 = ctx
 		asm.LoadMem(asm.R2, asm.R6, offOp, asm.Word),
-		asm.JEq.Imm(asm.R2, opActiveEstablished, "lookup"),
-		asm.JEq.Imm(asm.R2, opPassiveEstablished, "lookup"),
+		asm.JEq.Imm(asm.R2, opRTT, "lookup"),
+		asm.JEq.Imm(asm.R2, opActiveEstablished, "established"),
+		asm.JEq.Imm(asm.R2, opPassiveEstablished, "established"),
 		asm.Ja.Label("out"),
-		// key on the stack at fp-8: local_ip4, remote_ip4
+		// Every established socket gets RTT callbacks: its clamp may be
+		// decided after it connected.
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("established"),
+		asm.Mov.Imm(asm.R2, rttCBFlag),
+		asm.FnSockOpsCbFlagsSet.Call(),
 		asm.LoadMem(asm.R2, asm.R6, offLocalIP, asm.Word).WithSymbol("lookup"),
 		asm.StoreMem(asm.RFP, -8, asm.R2, asm.Word),
 		asm.LoadMem(asm.R2, asm.R6, offRemoteIP, asm.Word),
 		asm.StoreMem(asm.RFP, -4, asm.R2, asm.Word),
-		asm.LoadMapPtr(asm.R1, m.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -8),
-		asm.FnMapLookupElem.Call(),
+	}, lookup(m, -8), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, "out"),
-		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
-		asm.JEq.Imm(asm.R2, 0, "out"),
-		asm.StoreMem(asm.RFP, -12, asm.R2, asm.Word),
+		asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // r7 = clamp
+		asm.JEq.Imm(asm.R7, 0, "out"),
+		asm.StoreMem(asm.RFP, -12, asm.R7, asm.Word),
+		// Already applied to this socket?
 		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.FnGetSocketCookie.Call(),
+		asm.StoreMem(asm.RFP, -24, asm.R0, asm.DWord),
+	}, lookup(applied, -24), asm.Instructions{
+		asm.JEq.Imm(asm.R0, 0, "apply"),
+		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
+		asm.JEq.Reg(asm.R2, asm.R7, "out"),
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("apply"),
 		asm.Mov.Imm(asm.R2, solTCP),
 		asm.Mov.Imm(asm.R3, tcpBPFSndCwndClamp),
 		asm.Mov.Reg(asm.R4, asm.RFP),
 		asm.Add.Imm(asm.R4, -12),
 		asm.Mov.Imm(asm.R5, 4),
 		asm.FnSetsockopt.Call(),
+		asm.JNE.Imm(asm.R0, 0, "out"), // refused: try again on the next callback
+		asm.LoadMapPtr(asm.R1, applied.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -24),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -12),
+		asm.Mov.Imm(asm.R4, 0), // BPF_ANY
+		asm.FnMapUpdateElem.Call(),
 		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 		asm.Return(),
+	})
+}
+
+// lookup calls bpf_map_lookup_elem(m, fp+key): r0 = the value or NULL.
+func lookup(m *ebpf.Map, key int32) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, key),
+		asm.FnMapLookupElem.Call(),
 	}
 }
 
@@ -118,7 +164,11 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 			c.Close()
 		}
 	}()
-	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m)})
+	c.applied, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_sk", Type: ebpf.LRUHash, KeySize: 8, ValueSize: 4, MaxEntries: maxSockets})
+	if err != nil {
+		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
+	}
+	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied)})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: load sock_ops program: %w", err)
 	}
@@ -129,8 +179,9 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 	return c, nil
 }
 
-// Set clamps the cwnd of sockets with this address pair established from
-// now on to segs segments (segs > 0).
+// Set clamps the cwnd of sockets with this address pair to segs segments
+// (segs > 0): sockets established from now on, and established ones at
+// their next RTT callback.
 func (c *Clamper) Set(k Key, segs uint32) error {
 	if segs == 0 {
 		return errors.New("bpfclamp: a clamp of 0 segments: use Delete to remove one")
@@ -173,6 +224,10 @@ func (c *Clamper) Close() error {
 	if c.m != nil {
 		errs = append(errs, c.m.Close())
 		c.m = nil
+	}
+	if c.applied != nil {
+		errs = append(errs, c.applied.Close())
+		c.applied = nil
 	}
 	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package bpfclamp
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -59,12 +61,17 @@ func attachedCount(t *testing.T, dir string) int {
 
 // connectedCwnd opens a loopback TCP connection while this process is in
 // cgroup dir, sends 4 MB and returns the sender's largest snd_cwnd seen.
-func connectedCwnd(t *testing.T, dir, back string) uint32 { return dialCwnd(t, dir, back, false) }
+func connectedCwnd(t *testing.T, dir, back string) uint32 {
+	most, _ := dialCwnd(t, dir, back, false, nil, nil)
+	return most
+}
 
 // dialCwnd is connectedCwnd, with mptcp an MPTCP connection (the
 // subflow's TCP_INFO: the kernel answers TCP_INFO on an MPTCP socket with
-// the first subflow's).
-func dialCwnd(t *testing.T, dir, back string, mptcp bool) uint32 {
+// the first subflow's). mid, when set, runs after half the data; the
+// second result is the largest snd_cwnd seen in the last eighth; end,
+// when set, gets the socket at the end of the transfer.
+func dialCwnd(t *testing.T, dir, back string, mptcp bool, mid func(), end func(fd int)) (uint32, uint32) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(mptcp)
 	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
@@ -106,18 +113,27 @@ func dialCwnd(t *testing.T, dir, back string, mptcp bool) uint32 {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 64<<10)
-	var most uint32
-	for range 64 {
+	var most, late uint32
+	for i := range 64 {
+		if i == 32 && mid != nil {
+			mid()
+		}
 		if _, err := c.Write(buf); err != nil {
 			t.Fatal(err)
 		}
 		raw.Control(func(fd uintptr) {
 			if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
 				most = max(most, ti.Snd_cwnd)
+				if i >= 56 {
+					late = max(late, ti.Snd_cwnd)
+				}
 			}
 		})
 	}
-	return most
+	if end != nil {
+		raw.Control(func(fd uintptr) { end(int(fd)) })
+	}
+	return most, late
 }
 
 // TestClampTakesEffect attaches the program to a fresh cgroup, clamps the
@@ -159,10 +175,52 @@ func TestClampTakesEffect(t *testing.T) {
 		t.Errorf("clamped connection: largest snd_cwnd %d, want 1..%d", got, clamp)
 	}
 	// An MPTCP connection: the clamp applies to its subflow.
-	got = dialCwnd(t, dir, back, true)
+	got, _ = dialCwnd(t, dir, back, true, nil, nil)
 	t.Logf("clamp %d, MPTCP subflow: largest snd_cwnd %d", clamp, got)
 	if got == 0 || got > clamp {
 		t.Errorf("clamped MPTCP subflow: largest snd_cwnd %d, want 1..%d", got, clamp)
+	}
+	if err := c.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	// A clamp written while the connection runs reaches it at its next
+	// RTT callback: the program records the socket (by cookie) once
+	// bpf_setsockopt accepted the clamp, which also set ssthresh to it.
+	// (Whether cwnd then drops depends on the loopback sender being
+	// cwnd-limited, which it is not always: not asserted.)
+	var cookie uint64
+	var endCwnd uint32
+	most, _ := dialCwnd(t, dir, back, false, func() {
+		if err := c.Set(k, clamp); err != nil {
+			t.Error(err)
+		}
+	}, func(fd int) {
+		var err error
+		if cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+			t.Error(err)
+		}
+		// Once everything written is acknowledged, the congestion
+		// control has applied the clamp on the ACKs since.
+		for range 100 {
+			ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			endCwnd = ti.Snd_cwnd
+			if ti.Unacked == 0 && ti.Notsent_bytes == 0 {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	t.Logf("clamp %d set mid-transfer: largest snd_cwnd %d, at the end %d", clamp, most, endCwnd)
+	var applied uint32
+	if err := c.applied.Lookup(cookie, &applied); err != nil || applied != clamp {
+		t.Errorf("clamp set mid-transfer: socket %x has applied clamp %d (%v), want %d", cookie, applied, err, clamp)
+	}
+	if most <= clamp || endCwnd == 0 || endCwnd > clamp {
+		t.Errorf("clamp set mid-transfer: largest snd_cwnd %d (want above %d before), %d at the end (want 1..%d)", most, clamp, endCwnd, clamp)
 	}
 	if err := c.Delete(k); err != nil {
 		t.Fatal(err)
@@ -202,9 +260,9 @@ func TestKeyIPv6Refused(t *testing.T) {
 	}
 }
 
-// TestExitDetaches: a process that attaches and exits without Close
-// (killed, crashed) leaves nothing attached: the BPF link dies with its
-// last file descriptor.
+// TestExitDetaches: a process that attaches and is killed with SIGKILL
+// (no Close) leaves nothing attached: the BPF link dies with its last
+// file descriptor.
 func TestExitDetaches(t *testing.T) {
 	if dir := os.Getenv("MPD_BPFCLAMP_CHILD"); dir != "" {
 		if _, err := Attach(dir); err != nil {
@@ -212,7 +270,8 @@ func TestExitDetaches(t *testing.T) {
 			os.Exit(3)
 		}
 		fmt.Println("attached")
-		os.Exit(0) // no Close
+		time.Sleep(time.Minute) // killed before
+		os.Exit(4)
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (BPF, cgroups)")
@@ -225,11 +284,25 @@ func TestExitDetaches(t *testing.T) {
 	t.Cleanup(func() { os.Remove(dir) })
 	cmd := exec.Command(os.Args[0], "-test.run=^TestExitDetaches$")
 	cmd.Env = append(os.Environ(), "MPD_BPFCLAMP_CHILD="+dir)
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "attached") {
-		t.Fatalf("child: %v: %s", err, out)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.Contains(line, "attached") {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	if n := attachedCount(t, dir); n != 1 {
+		t.Errorf("%d programs attached while the child runs, want 1", n)
+	}
+	cmd.Process.Kill() // SIGKILL
+	cmd.Wait()
 	if n := attachedCount(t, dir); n != 0 {
-		t.Errorf("%d programs attached after the attaching process exited, want 0", n)
+		t.Errorf("%d programs attached after the attaching process was killed, want 0", n)
 	}
 }

@@ -159,6 +159,7 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPTunnelAdaptive:    setupMPTCPTunnel,
 		scenario.MPTCPNATBackupFirst:    setupMPTCPNAT,
 		scenario.MPTCPTunnelBackupFirst: setupMPTCPTunnel,
+		scenario.MPTCPTunnelStaticClamp: setupMPTCPTunnel,
 
 		scenario.MPTCPNATBackupStatic:   setupMPTCPNATBackup,
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,

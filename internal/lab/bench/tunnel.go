@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
@@ -50,7 +51,11 @@ func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, false)+"tunnels: true\n")
+	extra := "tunnels: true\n"
+	if env.Cell.Procedure == scenario.MPTCPTunnelStaticClamp {
+		extra += "cwnd_clamp:\n  enabled: true\n"
+	}
+	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, false)+extra)
 	if err != nil {
 		rs.close()
 		return nil, err

@@ -59,6 +59,9 @@ const (
 	// the measurements say they help.
 	MPTCPNATBackupFirst    = "mptcp-nat-backup-first"
 	MPTCPTunnelBackupFirst = "mptcp-tunnel-backup-first"
+	// The static policy with the agent's cwnd clamps of tunnel subflows
+	// (cwnd_clamp: enabled, docs/agent.md).
+	MPTCPTunnelStaticClamp = "mptcp-tunnel-static-clamp"
 	// The cell's detours as backups (relays marked backup: true): the
 	// default path carries the data while it works.
 	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
@@ -124,6 +127,7 @@ var procs = map[string]procInfo{
 	MPTCPTunnelAdaptive:    {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
 	MPTCPNATBackupFirst:    {"MPTCP + NAT detour, backup-first policy", -1, TCPNAT},
 	MPTCPTunnelBackupFirst: {"MPTCP + tunnel detour, backup-first policy", -1, TCPTunnel},
+	MPTCPTunnelStaticClamp: {"MPTCP + tunnel detour, static policy, cwnd clamps", -1, TCPTunnel},
 
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
@@ -143,7 +147,7 @@ var procs = map[string]procInfo{
 // Policy is the agent policy a procedure names ("" = the agent's default).
 func Policy(procedure string) string {
 	switch procedure {
-	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic:
+	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic, MPTCPTunnelStaticClamp:
 		return "static"
 	case MPTCPNATAdaptive, MPTCPTunnelAdaptive, MPTCPNATBackupAdaptive:
 		return "adaptive"
@@ -155,8 +159,8 @@ func Policy(procedure string) string {
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst,
-		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPEncap, TCPOpenVPN}
+	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnel6,
+		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).

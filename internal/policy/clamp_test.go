@@ -1,0 +1,97 @@
+package policy
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
+)
+
+func TestClampSegments(t *testing.T) {
+	for _, c := range []struct {
+		rate   float64
+		minRTT time.Duration
+		mss    uint32
+		want   uint32
+		ok     bool
+	}{
+		// 8 Mbit/s over 61 ms with a 1368-byte MSS: BDP 44.6 segments, x 1.25.
+		{1e6, 61 * time.Millisecond, 1368, 56, true},
+		{10e3, 61 * time.Millisecond, 1368, ClampFloor, true}, // below the initial window
+		{0, 61 * time.Millisecond, 1368, 0, false},
+		{1e6, 0, 1368, 0, false},
+		{1e6, time.Millisecond, 0, 0, false},
+		{1e15, time.Hour, 1, 1<<31 - 1, true}, // absurd inputs stay in range
+	} {
+		got, ok := ClampSegments(c.rate, c.minRTT, c.mss)
+		if got != c.want || ok != c.ok {
+			t.Errorf("ClampSegments(%g, %s, %d) = %d, %v; want %d, %v", c.rate, c.minRTT, c.mss, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// TestClampsDecide: only the tunnel detour's subflow is clamped, from its
+// own measurements; the clamp follows its largest delivery rate (not
+// application-limited samples) with an eighth of hysteresis.
+func TestClampsDecide(t *testing.T) {
+	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d1, d3}}})
+	tun := netip.AddrPortFrom(d3.Local, 41000)
+	meas := func(local, remote netip.AddrPort, rate uint64, appLimited bool) Measurement {
+		return Measurement{Token: 1, Local: local, Remote: remote, DeliveryRate: rate, AppLimited: appLimited,
+			MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}
+	}
+	srtt := 70 * time.Millisecond // within 1.25 x 61 ms: no queue yet
+	round := func(rate uint64, appLimited bool) []Clamp {
+		tm := meas(tun, server, rate, appLimited)
+		tm.RTT = srtt
+		return c.Decide([]Measurement{
+			meas(client, server, 2e6, false),    // default path
+			meas(client, d1.Remote, 2e6, false), // NAT detour
+			tm,                                  // tunnel detour
+		})
+	}
+	if got := round(0, false); len(got) != 0 {
+		t.Fatalf("no delivery rate yet: clamps %v", got)
+	}
+	if ps := c.Pairs(); len(ps) != 1 || ps[0].Note == "" || ps[0].Path != "tunnel:r3" {
+		t.Fatalf("pairs before a rate: %+v, want the tunnel pair waiting", ps)
+	}
+	if got := round(1e6, false); len(got) != 0 {
+		t.Fatalf("no queue yet (smoothed RTT 70 ms, min 61 ms): clamps %v", got)
+	}
+	srtt = 130 * time.Millisecond
+	got := round(1e6, false)
+	if len(got) != 1 || got[0].Local != d3.Local || got[0].Remote != server.Addr() || got[0].Segments != 56 {
+		t.Fatalf("first clamp %+v, want tunnel pair at 56 segments", got)
+	}
+	if got := round(1e6, false); len(got) != 0 {
+		t.Errorf("same measurements: clamps %v, want none", got)
+	}
+	if got := round(1.05e6, false); len(got) != 0 {
+		t.Errorf("rate up 5%%: clamps %v, want none (within an eighth)", got)
+	}
+	if got := round(3e6, true); len(got) != 0 {
+		t.Errorf("application-limited sample: clamps %v, want none", got)
+	}
+	srtt = 65 * time.Millisecond // a clamped pair follows its rate whatever the RTT
+	if got := round(1.5e6, false); len(got) != 1 || got[0].Segments != 84 {
+		t.Errorf("rate up 50%%: clamps %+v, want 84 segments", got)
+	}
+	if ps := c.Pairs(); len(ps) != 1 || ps[0].Segments != 84 || ps[0].MaxRate != 1.5e6 || ps[0].Note != "" {
+		t.Errorf("pairs: %+v", ps)
+	}
+}
+
+func TestClampsIPv6Noted(t *testing.T) {
+	srv6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
+	d := detour.Detour{Kind: detour.Tunnel, Relay: "r6", Local: netip.MustParseAddr("fd00:9::2"), Remote: srv6}
+	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d}}})
+	got := c.Decide([]Measurement{{Local: netip.AddrPortFrom(d.Local, 1), Remote: srv6, DeliveryRate: 1e6, MinRTT: time.Millisecond, RTT: 10 * time.Millisecond, SndMSS: 1300}})
+	if len(got) != 0 {
+		t.Fatalf("IPv6 pair clamped: %v", got)
+	}
+	if ps := c.Pairs(); len(ps) != 1 || ps[0].Note == "" {
+		t.Errorf("pairs %+v: want the IPv6 pair with a note", ps)
+	}
+}
