@@ -67,15 +67,17 @@ fuzz-and-soak:
 # The soak, then the package test, go.mod tidiness and staticcheck, one
 # after the other: together shorter than the fuzz run beside them (38
 # targets of FUZZTIME each, plus their builds).
+# Every step runs even when an earlier one failed (a red run names every
+# failure, not the first); the lane fails if any step did.
 soak-then-package-test:
-	@$(MAKE) --no-print-directory soak
-	@$(MAKE) --no-print-directory package-test
-	@$(MAKE) --no-print-directory tidy staticcheck
+	@rc=0; for t in soak package-test tidy staticcheck; do \
+		$(MAKE) --no-print-directory $$t || { echo "make test: $$t failed"; rc=1; }; \
+	done; exit $$rc
 
 # What make test runs after the unit tests: the fuzzers in one lane, the
 # soak, the package test and the static checks in the other.
 fuzz-soak-package:
-	@$(MAKE) --no-print-directory -j2 fuzz soak-then-package-test
+	@$(MAKE) --no-print-directory -k -j2 fuzz soak-then-package-test
 
 # mpdetour and mpdetour-relay .deb packages (packaging/build-deb.sh; GOARCH=arm64
 # for another architecture, PKGVERSION to override the version).

@@ -763,7 +763,7 @@ func (a *Agent) resync(reason string) []job {
 			continue
 		}
 		seen[mc.Token] = true
-		c := policy.Conn{Token: mc.Token, Local: unmap(mc.Local), Remote: unmap(mc.Remote), Inet6: mc.Local.Addr().Is6()}
+		c := policy.Conn{Token: mc.Token, Local: unmap(mc.Local), Remote: unmap(mc.Remote), Inet6: mc.Inet6 || mc.Local.Addr().Is6()}
 		var live []policy.Subflow
 		for _, s := range mc.Subflows {
 			live = append(live, policy.Subflow{Token: mc.Token, LocalID: s.LocalID, RemoteID: s.RemoteID,

@@ -1,12 +1,14 @@
 package agent_test
 
 import (
+	"context"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/agent/kerneltest"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
@@ -62,5 +64,55 @@ func TestAgentCrossFamilyByEventFamily(t *testing.T) {
 	}
 	if len(st.Families) != 2 || st.Families[0].Connections != 2 || st.Families[0].OnInet6 != 1 || st.Families[1].Detours != 1 {
 		t.Errorf("families %+v", st.Families)
+	}
+}
+
+// TestAgentAdoptsAFInet6ConnectionAsCrossFamily: a connection adopted from
+// the kernel's table at start (inet_diag unmaps the addresses of an
+// AF_INET6 socket) keeps its socket family and gets its IPv6 detour.
+func TestAgentAdoptsAFInet6ConnectionAsCrossFamily(t *testing.T) {
+	server6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
+	relay6 := netip.MustParseAddrPort("[fd00:3::2]:4000")
+	client6 := netip.MustParseAddr("fd00:1::1")
+	e6 := static.Entry{Detour: detour.Detour{Kind: detour.NAT, Relay: "r6", Remote: relay6},
+		Servers: []netip.Prefix{netip.PrefixFrom(server6.Addr(), 128)}, Port: server6.Port()}
+	opts := agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static,
+		OtherFamily: map[netip.Addr][]netip.Addr{server.Addr(): {server6.Addr()}},
+		SourceFor:   func(netip.Addr) (netip.Addr, error) { return client6, nil }}
+	k := kerneltest.New()
+	k.SetConnections([]mptcppm.Connection{
+		{Token: 7, State: 1, Local: client, Remote: server, Inet6: true},
+		{Token: 8, State: 1, Local: client, Remote: server},
+	})
+	a := agent.New(opts, nil, k, nil, static.New([]static.Entry{natDetour("r1", relay1), e6}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); k.Close(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var got6, wrong6 bool
+		for _, c := range k.Commands() {
+			if c.Action == policy.CreateSubflow && c.Remote == relay6 {
+				got6 = got6 || c.Token == 7
+				wrong6 = wrong6 || c.Token == 8
+			}
+		}
+		if wrong6 {
+			t.Fatal("IPv6 detour on the adopted AF_INET connection")
+		}
+		if got6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no IPv6 detour for the adopted AF_INET6 connection; commands %v", k.Commands())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, c := range a.Status().Connections {
+		if c.Token == "00000007" && c.Socket != "AF_INET6" {
+			t.Errorf("adopted connection 7: socket %q, want AF_INET6", c.Socket)
+		}
 	}
 }

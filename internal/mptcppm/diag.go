@@ -98,8 +98,12 @@ type Connection struct {
 	// ServerSide: the connection was accepted from an MPTCP listener of
 	// this namespace (inet_diag does not say so directly).
 	ServerSide bool
-	Info       MPTCPInfo
-	Subflows   []Subflow
+	// Inet6: the socket is AF_INET6 (Local and Remote are unmapped, so an
+	// IPv4 connection of an AF_INET6 socket shows only here; only such a
+	// socket can carry subflows of the other family).
+	Inet6    bool
+	Info     MPTCPInfo
+	Subflows []Subflow
 }
 
 // Subflow is one TCP subflow of an MPTCP connection found by inet_diag.
@@ -319,7 +323,7 @@ func parseMPTCPDiag(b []byte) (Connection, error) {
 	if err != nil {
 		return Connection{}, err
 	}
-	conn := Connection{Local: l, Remote: r, State: state}
+	conn := Connection{Local: l, Remote: r, State: state, Inet6: len(b) > 0 && b[0] == afInet6}
 	for _, a := range attrs {
 		if a.Type&0x3fff == diagInfo {
 			conn.Info, err = DecodeMPTCPInfo(a.Data)

@@ -36,8 +36,8 @@ import (
 // followed by seconds without delivered data:
 //
 //   - The stall check runs from 3 RTTs after the start (of the slowest
-//     path involved, at least 300 ms) in windows of max(2 such RTTs,
-//     250 ms); the trial ends early only when the connection delivers
+//     path involved, at least 300 ms) in windows of one such RTT (at
+//     least 150 ms); the trial ends early only when the connection delivers
 //     below half of its rate before (measured over Window) in
 //     bfStallWindows consecutive windows. A window in which an active
 //     path retransmitted (loss recovery) or grew its congestion window by

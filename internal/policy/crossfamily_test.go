@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -20,7 +21,13 @@ type perServer struct {
 	released chan netip.AddrPort
 }
 
-func (s *perServer) Prepare(a netip.AddrPort)                 { s.prepared = append(s.prepared, a) }
+func (s *perServer) Prepare(a netip.AddrPort) { s.prepared = append(s.prepared, a) }
+func (s *perServer) Release(_ context.Context, a netip.AddrPort) error {
+	if s.released != nil {
+		s.released <- a
+	}
+	return nil
+}
 func (s *perServer) Detours(a netip.AddrPort) []detour.Detour { return s.ds[a] }
 
 var (
@@ -38,7 +45,7 @@ var (
 
 func crossEngine(t *testing.T, n int, mapping map[netip.Addr][]netip.Addr, ds map[netip.AddrPort][]detour.Detour) (*Engine, *perServer, *bytes.Buffer) {
 	t.Helper()
-	src := &perServer{ds: ds}
+	src := &perServer{ds: ds, released: make(chan netip.AddrPort, 16)}
 	var logs bytes.Buffer
 	clk := &clock{t: time.Unix(1000, 0)}
 	p := NewStatic(Config{Subflows: n, Now: clk.now, OtherFamily: mapping, SourceFor: sourceFor,
@@ -87,6 +94,36 @@ func TestCrossFamilyDetourFromMapping(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(paths, " "), "nat:r6") {
 		t.Fatalf("subflow paths %v: want nat:r6", paths)
+	}
+	// A second connection to the same server holds the IPv6 grant too:
+	// closing the first releases nothing, closing the second releases
+	// both servers once each.
+	c2 := Conn{Token: 9, Local: netip.AddrPortFrom(client.Addr(), client.Port()+1), Remote: server, Inet6: true}
+	p.Created(c2)
+	p.Established(c2)
+	p.Closed(c.Token)
+	select {
+	case a := <-src.released:
+		t.Fatalf("released %s while connection 9 still uses it", a)
+	case <-time.After(100 * time.Millisecond):
+	}
+	p.Closed(c2.Token)
+	got := map[netip.AddrPort]int{}
+	for len(got) < 2 {
+		select {
+		case a := <-src.released:
+			got[a]++
+		case <-time.After(2 * time.Second):
+			t.Fatalf("released %v after the last connection closed, want %s and %s", got, server, server6)
+		}
+	}
+	select {
+	case a := <-src.released:
+		t.Fatalf("released %s twice", a)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if got[server] != 1 || got[server6] != 1 {
+		t.Fatalf("released %v, want %s and %s once each", got, server, server6)
 	}
 }
 

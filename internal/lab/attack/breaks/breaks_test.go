@@ -1,6 +1,7 @@
 package breaks
 
 import (
+	"errors"
 	"math"
 	"testing"
 
@@ -29,5 +30,13 @@ func TestDeadMessageDecodes(t *testing.T) {
 	long := "a-relay-name-longer-than-thirty-one-bytes"
 	if err := codec.NewDecoderBytes(deadMessage(1, long, "x")[1:], &codec.MsgpackHandle{}).Decode(&d); err != nil || d.Node != long {
 		t.Fatalf("long name: %+v, %v", d, err)
+	}
+}
+
+// TestResultFailed: a case that cannot run records why (and returns).
+func TestResultFailed(t *testing.T) {
+	r := Result{Case: "forged-gossip"}.failed(errors.New("the build refuses secret_file"))
+	if r.Error != "the build refuses secret_file" || r.Case != "forged-gossip" {
+		t.Fatalf("failed: %+v", r)
 	}
 }

@@ -145,5 +145,6 @@ func (l *caseLab) dialRelay(relay relayconn.Relay, k proto.Key, cert []byte) (*r
 
 // failed is r with err as the reason the case could not run.
 func (r Result) failed(err error) Result {
-	return r.failed(err)
+	r.Error = err.Error()
+	return r
 }
