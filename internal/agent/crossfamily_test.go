@@ -15,21 +15,29 @@ import (
 	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
+// crossSetup: the server's IPv6 address in the agent's other_family
+// mapping, an IPv6 NAT detour toward it (relay6) beside the IPv4 one, and
+// client6 as the route lookup's source for IPv6.
+func crossSetup() (opts agent.Options, src detour.Source, relay6 netip.AddrPort, client6 netip.Addr) {
+	server6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
+	relay6 = netip.MustParseAddrPort("[fd00:3::2]:4000")
+	client6 = netip.MustParseAddr("fd00:1::1")
+	e6 := static.Entry{Detour: detour.Detour{Kind: detour.NAT, Relay: "r6", Remote: relay6},
+		Servers: []netip.Prefix{netip.PrefixFrom(server6.Addr(), 128)}, Port: server6.Port()}
+	opts = agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static,
+		OtherFamily: map[netip.Addr][]netip.Addr{server.Addr(): {server6.Addr()}},
+		SourceFor:   func(netip.Addr) (netip.Addr, error) { return client6, nil }}
+	return opts, static.New([]static.Entry{natDetour("r1", relay1), e6}), relay6, client6
+}
+
 // The agent tells an AF_INET6 socket's IPv4 connection (its events carry
 // IPv4-mapped addresses) from an AF_INET one: only the former gets the
 // IPv6 detour toward the server's mapped IPv6 address, from the address
 // the route lookup gives; status says which and why.
 func TestAgentCrossFamilyByEventFamily(t *testing.T) {
-	server6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
-	relay6 := netip.MustParseAddrPort("[fd00:3::2]:4000")
-	client6 := netip.MustParseAddr("fd00:1::1")
-	e6 := static.Entry{Detour: detour.Detour{Kind: detour.NAT, Relay: "r6", Remote: relay6},
-		Servers: []netip.Prefix{netip.PrefixFrom(server6.Addr(), 128)}, Port: server6.Port()}
-	opts := agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
-		ConnectTimeout: 3 * time.Second, Policy: policy.Static,
-		OtherFamily: map[netip.Addr][]netip.Addr{server.Addr(): {server6.Addr()}},
-		SourceFor:   func(netip.Addr) (netip.Addr, error) { return client6, nil }}
-	h := run(t, opts, static.New([]static.Entry{natDetour("r1", relay1), e6}))
+	opts, src, relay6, client6 := crossSetup()
+	h := run(t, opts, src)
 	emit := func(tok uint32, family uint16, local, remote netip.AddrPort) {
 		for _, typ := range []mptcppm.EventType{mptcppm.EventCreated, mptcppm.EventEstablished} {
 			h.k.Emit(mptcppm.Event{Type: typ, Token: tok, Family: family, Local: local, Remote: remote})
@@ -71,21 +79,13 @@ func TestAgentCrossFamilyByEventFamily(t *testing.T) {
 // the kernel's table at start (inet_diag unmaps the addresses of an
 // AF_INET6 socket) keeps its socket family and gets its IPv6 detour.
 func TestAgentAdoptsAFInet6ConnectionAsCrossFamily(t *testing.T) {
-	server6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
-	relay6 := netip.MustParseAddrPort("[fd00:3::2]:4000")
-	client6 := netip.MustParseAddr("fd00:1::1")
-	e6 := static.Entry{Detour: detour.Detour{Kind: detour.NAT, Relay: "r6", Remote: relay6},
-		Servers: []netip.Prefix{netip.PrefixFrom(server6.Addr(), 128)}, Port: server6.Port()}
-	opts := agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
-		ConnectTimeout: 3 * time.Second, Policy: policy.Static,
-		OtherFamily: map[netip.Addr][]netip.Addr{server.Addr(): {server6.Addr()}},
-		SourceFor:   func(netip.Addr) (netip.Addr, error) { return client6, nil }}
+	opts, src, relay6, _ := crossSetup()
 	k := kerneltest.New()
 	k.SetConnections([]mptcppm.Connection{
 		{Token: 7, State: 1, Local: client, Remote: server, Inet6: true},
 		{Token: 8, State: 1, Local: client, Remote: server},
 	})
-	a := agent.New(opts, nil, k, nil, static.New([]static.Entry{natDetour("r1", relay1), e6}))
+	a := agent.New(opts, nil, k, nil, src)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
