@@ -15,6 +15,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/pathcheck"
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
@@ -178,7 +179,7 @@ func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pa
 		if rel.Addr.Addr().Unmap().Is4() != server.Addr().Is4() {
 			// A relay grants only within its control session's family.
 			fmt.Fprintf(os.Stderr, "path-check: relay %s skipped: %s relay, %s server (path-check probes IPv4 paths only)\n",
-				rel.Name, familyName(rel.Addr.Addr()), familyName(server.Addr()))
+				rel.Name, policy.FamilyName(rel.Addr.Addr()), policy.FamilyName(server.Addr()))
 			continue
 		}
 		c, err := relayconn.Dial(rel, src.PrivateKey, src.Options)
@@ -203,13 +204,6 @@ func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pa
 		fmt.Fprintln(os.Stderr, "path-check:", e)
 	}
 	return ps, nil
-}
-
-func familyName(a netip.Addr) string {
-	if a.Unmap().Is4() {
-		return "IPv4"
-	}
-	return "IPv6"
 }
 
 // printFamilySummary prints one line per address family: the paths

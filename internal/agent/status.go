@@ -77,10 +77,7 @@ func familyOf(s string) string {
 			return ""
 		}
 	}
-	if a.Unmap().Is4() {
-		return "IPv4"
-	}
-	return "IPv6"
+	return policy.FamilyName(a)
 }
 
 // Summarize fills st.Families from the connections and detours.

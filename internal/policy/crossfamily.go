@@ -28,8 +28,9 @@ type altServer struct {
 	from string // "ADD_ADDR" or "mapping"
 }
 
-// family names an address's family for logs and status.
-func family(a netip.Addr) string {
+// FamilyName names an address's family ("IPv4", IPv4-mapped included, or
+// "IPv6") for logs and status.
+func FamilyName(a netip.Addr) string {
 	if a.Unmap().Is4() {
 		return "IPv4"
 	}
@@ -55,7 +56,7 @@ func crossOK(k *kconn) (bool, string) {
 		return true, ""
 	}
 	return false, fmt.Sprintf("the connection's socket is AF_INET: the kernel takes %s subflows only on an AF_INET6 socket (IPv4-mapped); measured limit, docs/agent.md",
-		family(otherOf(k.c.Remote.Addr())))
+		FamilyName(otherOf(k.c.Remote.Addr())))
 }
 
 // otherOf returns an address of the other family (only its family matters).
@@ -92,7 +93,7 @@ func (p *Engine) addAlt(k *kconn, addr netip.AddrPort, from string, prepare bool
 		}
 	}
 	if ok, why := crossOK(k); !ok {
-		p.noteCross(k, why, "server_"+family(addr.Addr()), addr, "from", from)
+		p.noteCross(k, why, "server_"+FamilyName(addr.Addr()), addr, "from", from)
 		return false
 	}
 	k.alts = append(k.alts, altServer{addr: addr, from: from})
@@ -102,7 +103,7 @@ func (p *Engine) addAlt(k *kconn, addr netip.AddrPort, from string, prepare bool
 			s.Prepare(addr)
 		}
 	}
-	k.cross = fmt.Sprintf("%s detours toward %s (from %s)", family(addr.Addr()), addr, from)
+	k.cross = fmt.Sprintf("%s detours toward %s (from %s)", FamilyName(addr.Addr()), addr, from)
 	p.cfg.Log.Debug("cross-family candidates", "token", fmt.Sprintf("%08x", k.c.Token), "server", k.c.Remote, "other", addr, "from", from)
 	return true
 }
@@ -128,12 +129,12 @@ func (p *Engine) crossCandidates(k *kconn) []detour.Detour {
 		for _, d := range p.detours(alt.addr) {
 			if !d.Local.IsValid() {
 				if p.cfg.SourceFor == nil {
-					p.noteCross(k, "no route lookup configured for the client's own "+family(alt.addr.Addr())+" address")
+					p.noteCross(k, "no route lookup configured for the client's own "+FamilyName(alt.addr.Addr())+" address")
 					continue
 				}
 				src, err := p.cfg.SourceFor(d.Remote.Addr().Unmap())
 				if err != nil {
-					p.noteCross(k, fmt.Sprintf("no %s source address toward %s: %v", family(alt.addr.Addr()), d.Remote.Addr(), err))
+					p.noteCross(k, fmt.Sprintf("no %s source address toward %s: %v", FamilyName(alt.addr.Addr()), d.Remote.Addr(), err))
 					continue
 				}
 				d.Local = src.Unmap()

@@ -418,7 +418,7 @@ func (p *Engine) announcedSubflow(k *kconn, id uint8, addr netip.AddrPort) []Int
 		}
 		src, err := p.cfg.SourceFor(a)
 		if err != nil {
-			p.noteCross(k, fmt.Sprintf("no %s source address toward %s: %v", family(a), a, err))
+			p.noteCross(k, fmt.Sprintf("no %s source address toward %s: %v", FamilyName(a), a, err))
 			return nil
 		}
 		local = src.Unmap()
