@@ -87,12 +87,19 @@ func TestAgentCrossFamilyNetns(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	st, err := agent.FetchStatus(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(st.Connections) != 1 || st.Connections[0].Socket != "AF_INET6" || st.Families[1].Cross != 1 {
-		t.Fatalf("status: connections %+v, families %+v", st.Connections, st.Families)
+	// The kernel's list can show the subflow carrying data before the agent
+	// has handled its SUB_ESTABLISHED event: wait for the agent's view.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st, err := agent.FetchStatus(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Connections) == 1 && st.Connections[0].Socket == "AF_INET6" && st.Families[1].Cross == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status: connections %+v, families %+v", st.Connections, st.Families)
+		}
 	}
 }
 
