@@ -162,7 +162,7 @@ func Send(ctx context.Context, o SendOptions) (*Result, error) {
 	}
 	b := append(first[:n], rest...)
 	if len(b) == 0 {
-		return nil, errors.New("receiver closed without a summary (is it an mpdetour bench receiver?)")
+		return nil, fmt.Errorf("receiver closed without a summary (is it an mpdetour bench receiver?) on %s->%s", conn.LocalAddr(), conn.RemoteAddr())
 	}
 	sum, err := ParseSummary(b)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -47,9 +48,12 @@ const (
 // received and joins on the client, announcements sent and dropped, joins
 // and resets on the backends.
 var lbCounters = map[string][]string{
-	"client": {"AddAddr", "AddAddrDrop", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx", "MPJoinSynTxConnectErr", "MPCapableSYNACKRX", "MPCapableFallbackSYNACK"},
-	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit"},
-	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit"},
+	"client": {"AddAddr", "AddAddrDrop", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx", "MPJoinSynTxConnectErr", "MPCapableSYNACKRX", "MPCapableFallbackSYNACK",
+		"MPCapableDataFallback", "DssFallback", "DSSNotMatching", "MPFastcloseRx", "MPFastcloseTx", "MPFailRx", "RmAddr", "SubflowStale", "SubflowRecover"},
+	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit",
+		"MPCapableDataFallback", "DssFallback", "DSSNotMatching", "MPFastcloseRx", "MPFastcloseTx", "MPRstRx", "SubflowStale", "DuplicateData"},
+	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit",
+		"MPCapableDataFallback", "DssFallback", "DSSNotMatching", "MPFastcloseRx", "MPFastcloseTx", "MPRstRx", "SubflowStale", "DuplicateData"},
 }
 
 var (
@@ -313,6 +317,13 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 		return m
 	}
 	before := mib()
+	// The receivers' logs grow over the trials: read this trial's part.
+	recvFrom := map[string]int64{}
+	for _, b := range lbBackends {
+		if fi, err := os.Stat(receiverLog(e, b)); err == nil {
+			recvFrom[b] = fi.Size()
+		}
+	}
 	// Connections start over the first 10% of the duration; the route
 	// changes run from 25% to 95% of it, evenly spaced: every connection
 	// has had at least 15% of the duration (2.5 s at 17 s) to complete its
@@ -413,7 +424,13 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 	for i, o := range outs {
 		errs[i] = o.err
 	}
-	ch.Detail, ch.ShortOfJoins = lbDiagnose(trace, backendTraces, errs, at(1), c.s.subflows-1)
+	var recv []string
+	for _, b := range lbBackends {
+		if data, err := os.ReadFile(receiverLog(e, b)); err == nil && int64(len(data)) >= recvFrom[b] {
+			recv = append(recv, strings.Split(string(data[recvFrom[b]:]), "\n")...)
+		}
+	}
+	ch.Detail, ch.ShortOfJoins = lbDiagnose(trace, backendTraces, errs, at(1), c.s.subflows-1, recv)
 	if len(ch.Reasons) > 5 {
 		ch.Reasons = ch.Reasons[:5]
 	}

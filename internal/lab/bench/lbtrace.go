@@ -125,7 +125,11 @@ func (t *lbTrace) summarize() map[uint16]*lbConnSummary {
 // lbDiagnose describes each broken connection (its error names its local
 // port) and counts, over all connections, those that had fewer than want
 // joins when the route first moved.
-func lbDiagnose(t *lbTrace, backends []*lbTrace, errs []error, firstChange time.Duration, want int) (detail []string, short int) {
+//
+// recv are the receivers' log lines of the trial (clients they dropped,
+// with the client's address and port): those of a broken connection's
+// port are added to its detail.
+func lbDiagnose(t *lbTrace, backends []*lbTrace, errs []error, firstChange time.Duration, want int, recv []string) (detail []string, short int) {
 	conns := t.summarize()
 	// Server side, by the client's port (the balancer's masquerade keeps
 	// ports unless two clients collide).
@@ -142,12 +146,28 @@ func lbDiagnose(t *lbTrace, backends []*lbTrace, errs []error, firstChange time.
 			if c.estAt >= 0 {
 				est = "ESTABLISHED at " + strconv.FormatFloat(c.estAt.Seconds(), 'f', 2, 64)
 			}
-			parts = append(parts, fmt.Sprintf("token %08x %s, %d joins", c.token, est, len(c.joinedAt)))
+			closed := "open"
+			if c.closed {
+				closed = "closed at " + strconv.FormatFloat(c.closedAt.Seconds(), 'f', 2, 64)
+			}
+			parts = append(parts, fmt.Sprintf("token %08x %s, %d joins, subflows [%s], %s", c.token, est, len(c.joinedAt), strings.Join(c.subflows, ", "), closed))
 		}
 		if len(parts) == 0 {
 			return "server: no events for this port"
 		}
 		return "server: " + strings.Join(parts, "; ")
+	}
+	receiverSaid := func(p uint16) string {
+		var said []string
+		for _, l := range recv {
+			if strings.Contains(l, fmt.Sprintf(":%d ", p)) {
+				said = append(said, strings.TrimSpace(l))
+			}
+		}
+		if len(said) == 0 {
+			return "receiver: nothing logged"
+		}
+		return "receiver: " + strings.Join(said, " | ")
 	}
 	for _, c := range conns {
 		n := 0
@@ -189,8 +209,8 @@ func lbDiagnose(t *lbTrace, backends []*lbTrace, errs []error, firstChange time.
 		if c.estAt >= 0 {
 			est = "client: ESTABLISHED at " + strconv.FormatFloat(c.estAt.Seconds(), 'f', 2, 64)
 		}
-		detail = append(detail, fmt.Sprintf("port %d token %08x: %d joins before the first route change; %s; %s; announced [%s]; subflows [%s]; %s; %v",
-			p, c.token, n, est, sideOf(uint16(p)), strings.Join(c.announced, ", "), strings.Join(c.subflows, ", "), closed, shortReason(err)))
+		detail = append(detail, fmt.Sprintf("port %d token %08x: %d joins before the first route change; %s; %s; announced [%s]; subflows [%s]; %s; %v; %s",
+			p, c.token, n, est, sideOf(uint16(p)), strings.Join(c.announced, ", "), strings.Join(c.subflows, ", "), closed, shortReason(err), receiverSaid(uint16(p))))
 	}
 	sort.Strings(detail)
 	return detail, short

@@ -39,7 +39,8 @@ func TestLBDiagnose(t *testing.T) {
 		nil,
 		errors.New("receiver closed without a summary"),
 	}
-	detail, short := lbDiagnose(client, []*lbTrace{backend}, errs, 4*time.Second, 2)
+	detail, short := lbDiagnose(client, []*lbTrace{backend}, errs, 4*time.Second, 2,
+		[]string{`time=... level=WARN msg="client failed" client=10.0.21.1:41000 err="writing summary: broken pipe"`})
 	if short != 2 {
 		t.Errorf("short of joins = %d, want 2 (41001 none, 41002 only after the change)", short)
 	}
@@ -59,6 +60,9 @@ func TestLBDiagnose(t *testing.T) {
 		if !found {
 			t.Errorf("no line starting %q in\n%s", w, strings.Join(detail, "\n"))
 		}
+	}
+	if !strings.Contains(strings.Join(detail, "\n"), `client=10.0.21.1:41000 err="writing summary: broken pipe"`) {
+		t.Errorf("the receiver's line for port 41000 is missing:\n%s", strings.Join(detail, "\n"))
 	}
 	if !strings.Contains(strings.Join(detail, "\n"), "-10.0.1.1>10.0.100.1:5201 err 104 at 4.10") {
 		t.Errorf("the reset of the balanced subflow is missing:\n%s", strings.Join(detail, "\n"))

@@ -24,7 +24,10 @@ type Env struct {
 	Binary           string // mpdetour executable for daemons in lab nodes
 	Dir              string // private scratch directory of the cell
 	Port             int    // the receiver's port on the server
-	AgentConfig      string // YAML appended to agent configurations (Options.AgentConfig)
+	// ReceiverLogDir: the receivers log the clients they drop to
+	// receiver-NODE.log in it ("": not logged).
+	ReceiverLogDir string
+	AgentConfig    string // YAML appended to agent configurations (Options.AgentConfig)
 	// RelayLease is the relays' lease (0: relayLease, longer than any cell)
 	// and RelayConfig YAML appended to their configurations.
 	RelayLease  time.Duration

@@ -282,7 +282,7 @@ func OpenConfiguration(ctx context.Context, s *scenario.Scenario, cfg *scenario.
 	cl.Base = Env{
 		Lab: l, Roles: roles, CC: s.CC,
 		Duration: time.Duration(s.Duration), Warmup: time.Duration(s.Warmup),
-		Binary: o.Binary, Port: receiverPort, AgentConfig: o.AgentConfig,
+		Binary: o.Binary, Port: receiverPort, AgentConfig: o.AgentConfig, ReceiverLogDir: tmp,
 		Download: s.Direction == "download", ServerMPTCP: s.ServerSpeaksMPTCP(),
 	}
 	base := &cl.Base

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -387,17 +389,35 @@ func (e *Env) serverAddr() netip.AddrPort {
 }
 
 // startReceiver serves goodput transfers in the server node until ctx ends.
+// Clients the receiver drops (reset, no data, summary not written) are
+// logged to receiverLog(env, node) when env.ReceiverLogDir is set.
 func startReceiver(ctx context.Context, env *Env) (stop func(), err error) {
-	srv, err := benchtool.Listen(benchtool.ServeOptions{
+	o := benchtool.ServeOptions{
 		Addr:  ":" + strconv.Itoa(env.Port),
 		MPTCP: env.ServerMPTCP,
 		Netns: env.Lab.NetnsPath(env.Roles.Server),
-	})
+	}
+	var logf *os.File
+	if env.ReceiverLogDir != "" {
+		logf, err = os.OpenFile(receiverLog(env, env.Roles.Server), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("receiver log: %w", err)
+		}
+		o.Log = slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	closeLog := func() {
+		if logf != nil {
+			logf.Close()
+		}
+	}
+	srv, err := benchtool.Listen(o)
 	if err != nil {
+		closeLog()
 		return nil, err
 	}
 	if env.ServerMPTCP && !srv.MPTCP() {
 		srv.Close()
+		closeLog()
 		return nil, errors.New("the receiver could not open an MPTCP listener (MPTCP disabled in the server node?)")
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -406,7 +426,15 @@ func startReceiver(ctx context.Context, env *Env) (stop func(), err error) {
 		defer close(done)
 		_ = srv.Serve(ctx)
 	}()
-	return func() { cancel(); <-done }, nil
+	return func() { cancel(); <-done; closeLog() }, nil
+}
+
+// receiverLog is the file startReceiver logs node's dropped clients to.
+func receiverLog(env *Env, node string) string {
+	if env.ReceiverLogDir == "" {
+		return ""
+	}
+	return filepath.Join(env.ReceiverLogDir, "receiver-"+node+".log")
 }
 
 // seriesEvery samples the subflows during trials with a fault, to see when
