@@ -50,9 +50,9 @@ const (
 var lbCounters = map[string][]string{
 	"client": {"AddAddr", "AddAddrDrop", "EchoAddTx", "MPJoinSynTx", "MPJoinSynAckRx", "MPRstRx", "MPJoinSynTxConnectErr", "MPCapableSYNACKRX", "MPCapableFallbackSYNACK",
 		"MPCapableDataFallback", "DssFallback", "DSSNotMatching", "MPFastcloseRx", "MPFastcloseTx", "MPFailRx", "RmAddr", "SubflowStale", "SubflowRecover"},
-	"b1":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit",
+	"b1": {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit",
 		"MPCapableDataFallback", "DssFallback", "DSSNotMatching", "MPFastcloseRx", "MPFastcloseTx", "MPRstRx", "SubflowStale", "DuplicateData"},
-	"b2":     {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit",
+	"b2": {"AddAddrTx", "AddAddrTxDrop", "EchoAdd", "MPJoinSynRx", "MPJoinAckRx", "MPJoinNoTokenFound", "MPRstTx", "MPCapableSYNRX", "MPCapableACKRX", "MPCapableFallbackACK", "MPFallbackTokenInit",
 		"MPCapableDataFallback", "DssFallback", "DSSNotMatching", "MPFastcloseRx", "MPFastcloseTx", "MPRstRx", "SubflowStale", "DuplicateData"},
 }
 
