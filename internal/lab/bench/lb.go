@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -373,6 +374,23 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 			outs[i] = outcome{res, err}
 		}()
 	}
+	// Sockets of the connections still waiting for their summary, 2 s
+	// after the writes ended: with MPDETOUR_BENCH_KEEP set the cell's
+	// directory keeps them (ss-trialN-NODE.txt) for the stalled ones.
+	snapDone := make(chan struct{})
+	snapTimer := time.AfterFunc(e.Duration+2*time.Second, func() {
+		defer close(snapDone)
+		for _, node := range append([]string{e.Roles.Client}, lbBackends...) {
+			out, _ := e.Lab.Command(ctx, node, "ss", "-tniM").CombinedOutput()
+			_ = os.WriteFile(filepath.Join(e.Dir, fmt.Sprintf("ss-trial%d-%s.txt", n, node)), out, 0o644)
+		}
+	})
+	defer func() {
+		if snapTimer.Stop() {
+			close(snapDone)
+		}
+		<-snapDone
+	}()
 	changes := 0
 	var routeErr error
 	for k := 1; k <= lbRouteChanges; k++ {
