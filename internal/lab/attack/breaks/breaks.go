@@ -26,6 +26,10 @@
 //   - revoked-conversion (break 4): a member's conversion streams from a
 //     server to the member; the relay's members list drops the member
 //     (SIGHUP). Target: 0 bytes from 2 s after the reload on.
+//   - subflow-churn (break 7, and break 6 under churn): relays in 4
+//     detour nodes, an agent keeping 4 NAT detour subflows per connection,
+//     200 short MPTCP connections/s for 60 s. Target: SUBFLOW_CREATE <= 2 x
+//     connections x 4, and no server join limit learned (churn.go).
 //
 // Lab only: nothing here is part of the product.
 package breaks
@@ -48,11 +52,12 @@ const (
 	ConvertSocket = "convert-socket"
 	RotationQuota = "rotation-quota"
 	RevokedConv   = "revoked-conversion"
+	SubflowChurn  = "subflow-churn"
 )
 
 // Cases lists the cases in the order the suite runs them.
 func Cases() []string {
-	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv}
+	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv, SubflowChurn}
 }
 
 // Result is one case against one build.
@@ -104,6 +109,8 @@ func Run(ctx context.Context, name string, o Options) Result {
 		r = rotationQuota(ctx, o)
 	case RevokedConv:
 		r = revokedConversion(ctx, o)
+	case SubflowChurn:
+		r = subflowChurn(ctx, o)
 	default:
 		r = Result{Case: name, Error: fmt.Sprintf("unknown case %q (known: %s)", name, strings.Join(Cases(), ", "))}
 	}
