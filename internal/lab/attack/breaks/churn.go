@@ -97,7 +97,7 @@ func subflowChurn(ctx context.Context, o Options) Result {
 	// Ready: one connection held open gets all 4 detour subflows (else the
 	// case would count creates for detours that never worked).
 	if err := churnWarm(ctx, cl, o.Binary, sock, server); err != nil {
-		r.Error = fmt.Sprintf("%v (logs in %s)", err, o.Dir)
+		r.Error = fmt.Sprintf("%v; the agent's log ends: %s", err, tail(agentLog, 600))
 		return r
 	}
 	load0 := loadAvg()
@@ -183,6 +183,17 @@ func churnEcho(ln net.Listener) {
 // churnWarm holds one connection open until the agent's status shows it
 // with churnDetours NAT subflows up (20 s at most).
 func churnWarm(ctx context.Context, cl *caseLab, bin, sock string, server netip.AddrPort) error {
+	// The status socket appears once the agent has switched the node to
+	// the userspace path manager: a connection made before keeps the
+	// in-kernel one ("userspace PM not selected").
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("no agent status socket within 15 s")
+		}
+	}
 	var c net.Conn
 	if err := cl.do("client", func() (err error) {
 		d := net.Dialer{Timeout: 5 * time.Second}
@@ -476,4 +487,17 @@ func fileSize(path string) int64 {
 		return 0
 	}
 	return fi.Size()
+}
+
+// tail is the end of a log file, on one line (for an error that the
+// suite prints after the case's directory is gone).
+func tail(path string, n int64) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if int64(len(b)) > n {
+		b = b[int64(len(b))-n:]
+	}
+	return strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", " | ")
 }
