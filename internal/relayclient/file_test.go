@@ -106,3 +106,57 @@ func TestFileConfigDiscovery(t *testing.T) {
 		t.Errorf("discovery without a certificate: %v", err)
 	}
 }
+
+// One entry with an address per family: two sessions named NAME/v4 and
+// NAME/v6 sharing the entry's key and backup mark, the tunnel asked over
+// the first; bad addresses refused naming the field.
+func TestFileConfigAddresses(t *testing.T) {
+	priv, _ := proto.GenerateKey()
+	rk, _ := proto.GenerateKey()
+	pub := rk.Public().String()
+	good := File{Key: priv.String(), Servers: []FileRelay{
+		{Name: "r1", Addresses: []string{"[2001:db8::1]:45673", "203.0.113.1:45673"}, PublicKey: pub, Backup: true},
+		{Name: "r2", Address: "198.51.100.2:45673", PublicKey: pub},
+		{Name: "r3", Addresses: []string{"[2001:db8::3]:45673"}, PublicKey: pub},
+	}}
+	sc, err := good.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		name, entry, addr string
+		noTunnel, backup  bool
+	}
+	want := []row{
+		{"r1/v6", "r1", "[2001:db8::1]:45673", false, true},
+		{"r1/v4", "r1", "203.0.113.1:45673", true, true},
+		{"r2", "r2", "198.51.100.2:45673", false, false},
+		{"r3", "r3", "[2001:db8::3]:45673", false, false},
+	}
+	if len(sc.Relays) != len(want) {
+		t.Fatalf("%d relays, want %d: %+v", len(sc.Relays), len(want), sc.Relays)
+	}
+	for i, w := range want {
+		r := sc.Relays[i]
+		if got := (row{r.Name, r.Entry, r.Addr.String(), r.NoTunnel, r.Backup}); got != w || r.PublicKey != rk.Public() {
+			t.Errorf("relay %d: %+v, want %+v", i, got, w)
+		}
+	}
+	one := func(r ...FileRelay) File { return File{Key: priv.String(), Servers: r} }
+	for want, fc := range map[string]File{
+		"servers[0].addresses: address and addresses are exclusive":                        one(FileRelay{Name: "a", Address: "192.0.2.1:1", Addresses: []string{"[2001:db8::1]:1"}, PublicKey: pub}),
+		"servers[0].addresses[1]: a second IPv4 address (servers[0].addresses[0] has one)": one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "192.0.2.2:1"}, PublicKey: pub}),
+		"servers[0].addresses: 3 addresses":                                                one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "[2001:db8::1]:1", "192.0.2.2:1"}, PublicKey: pub}),
+		"servers[0].addresses[1]: \"[::ffff:192.0.2.1]:1\" is an IPv4-mapped":              one(FileRelay{Name: "a", Addresses: []string{"[2001:db8::1]:1", "[::ffff:192.0.2.1]:1"}, PublicKey: pub}),
+		"servers[0].addresses[0]: \"[fe80::1%eth0]:1\" is link-local":                      one(FileRelay{Name: "a", Addresses: []string{"[fe80::1%eth0]:1"}, PublicKey: pub}),
+		"servers[0].address: \"[fe80::1]:1\" is link-local":                                one(FileRelay{Name: "a", Address: "[fe80::1]:1", PublicKey: pub}),
+		"servers[0].address: \"[::]:1\" is not a unicast":                                  one(FileRelay{Name: "a", Address: "[::]:1", PublicKey: pub}),
+		"servers[0].address: missing":                                                      one(FileRelay{Name: "a", PublicKey: pub}),
+		"servers[1].addresses[0]: 192.0.2.1:1 is also servers[0].address":                  one(FileRelay{Name: "a", Address: "192.0.2.1:1", PublicKey: pub}, FileRelay{Name: "b", Addresses: []string{"192.0.2.1:1"}, PublicKey: pub}),
+		"\"a/v6\" names a relay and is also the IPv6 session of relay \"a\"":               one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "[2001:db8::1]:1"}, PublicKey: pub}, FileRelay{Name: "a/v6", Address: "192.0.2.9:1", PublicKey: pub}),
+	} {
+		if _, err := fc.Build(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %q", err, want)
+		}
+	}
+}

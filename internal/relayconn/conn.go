@@ -26,7 +26,14 @@ import (
 
 // Relay names a relay and how to reach and authenticate it.
 type Relay struct {
-	Name      string
+	Name string
+	// Entry is the configuration entry's name: Name, or for an entry with
+	// one address per family (relayclient.FileRelay.Addresses) the name
+	// both sessions share (Name is then Entry/v4 or Entry/v6).
+	Entry string
+	// NoTunnel: tunnels are not asked over this session (the second
+	// address of such an entry: the relay gives a member one tunnel).
+	NoTunnel  bool
 	Addr      netip.AddrPort // control address (UDP)
 	PublicKey proto.Key
 	// Backup: detours granted by this relay are backups (subflows with
