@@ -446,7 +446,7 @@ func (s *sockets) readTCP(buf []byte) (*mptcpwire.Segment, error) {
 }
 
 // parseICMP decodes an ICMP (v6: ICMPv6) error that quotes a TCP segment.
-// Untrusted bytes: fuzzed (FuzzParseICMP, FuzzParseICMPv6).
+// Untrusted bytes: fuzzed (FuzzParseICMP).
 func parseICMP(b []byte, v6 bool) (answer, bool) {
 	proto, parse := 1, mptcpwire.ParseIPv4
 	if v6 {
