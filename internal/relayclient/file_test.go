@@ -1,6 +1,8 @@
 package relayclient
 
 import (
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
 func TestFileConfig(t *testing.T) {
@@ -158,5 +161,49 @@ func TestFileConfigAddresses(t *testing.T) {
 		if _, err := fc.Build(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v, want %q", err, want)
 		}
+	}
+}
+
+// One config entry with both addresses (a fake relay's key on 127.0.0.1
+// and on ::1): each session is asked only for servers of its own family
+// (a relay grants only within a session's family; asking the other one
+// would only bring policy-denied answers), and each server gets the
+// detour of its family's session, named NAME/v4 or NAME/v6.
+func TestSourceDualEntryAsksPerFamily(t *testing.T) {
+	m := memberKey(t)
+	relayKey, _ := proto.GenerateKey()
+	r4 := newFakeRelayAt(t, m.Public(), relayKey, net.IPv4(127, 0, 0, 1))
+	r6 := newFakeRelayAt(t, m.Public(), relayKey, net.IPv6loopback)
+	f := File{Key: m.String(), Servers: []FileRelay{{Name: "r", PublicKey: relayKey.Public().String(),
+		Addresses: []string{r4.relay().Addr.String(), r6.relay().Addr.String()}}}}
+	sc, err := f.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Options.ListenPacket = relayconn.ListenIn("")
+	s, err := NewSource(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v4, v6 := netip.MustParseAddrPort("192.0.2.10:5201"), netip.MustParseAddrPort("[2001:db8::10]:5201")
+	s.Prepare(v4)
+	s.Prepare(v6)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d4, d6 := s.Detours(v4), s.Detours(v6)
+		if len(d4) == 1 && len(d6) == 1 {
+			if d4[0].Relay != "r/v4" || d6[0].Relay != "r/v6" {
+				t.Fatalf("detours %v and %v, want one through r/v4 and one through r/v6", d4, d6)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("detours %v and %v after 5 s, want one each", d4, d6)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if g4, g6 := r4.count(proto.OpGrant), r6.count(proto.OpGrant); g4 != 1 || g6 != 1 {
+		t.Errorf("grant requests: %d over IPv4, %d over IPv6; want 1 each (none toward the other family)", g4, g6)
 	}
 }

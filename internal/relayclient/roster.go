@@ -203,6 +203,9 @@ func (s *NATSource) discoverOnce() {
 		}
 		for _, i := range added {
 			for srv := range servers {
+				if !grantsToward(s.conns[i], srv) {
+					continue
+				}
 				k := entryKey{i, srv}
 				e := &entry{pending: true}
 				s.entries[k] = e
