@@ -39,7 +39,7 @@ func TestParseConfigDualRelay(t *testing.T) {
 	for _, bad := range []struct{ yaml, want string }{
 		{strings.Replace(dualRelays, "192.0.2.10:45673", "'[2001:db8::11]:45673'", 1), ":5:43: relays.servers[0].addresses[1]: a second IPv6 address"},
 		{strings.Replace(dualRelays, "192.0.2.10:45673", "'[::ffff:192.0.2.10]:45673'", 1), ":5:19: relays.servers[0].addresses[0]: \"[::ffff:192.0.2.10]:45673\" is an IPv4-mapped IPv6 address"},
-		{dualRelays + "    - {name: fra2, address: 192.0.2.10:45673, public_key: hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=}\n", ":7:29: relays.servers[1].address: 192.0.2.10:45673 is also servers[0].addresses[0]"},
+		{dualRelays + "    - {name: fra2, address: 192.0.2.10:45673, public_key: hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=}\n", ":7:29: relays.servers[1].address: 192.0.2.10:45673 with this public_key is also servers[0].addresses[0]"},
 	} {
 		os.WriteFile(path, []byte(bad.yaml), 0o644)
 		_, err := LoadConfig(path)

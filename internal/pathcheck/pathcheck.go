@@ -256,6 +256,21 @@ func bindDevice(c syscall.Conn, dev string) error {
 	return nil
 }
 
+// rawSocket opens the raw socket that sends a path's probes, bound to the
+// source (so that source-based routing, a tunnel's, applies) and to the
+// device when the path names one.
+func rawSocket(network string, src netip.Addr, dev string) (*net.IPConn, error) {
+	pc, err := net.ListenPacket(network, src.String())
+	if err != nil {
+		return nil, fmt.Errorf("raw socket %s (needs root or CAP_NET_RAW): %w", network, err)
+	}
+	if err := bindDevice(pc.(*net.IPConn), dev); err != nil {
+		pc.Close()
+		return nil, err
+	}
+	return pc.(*net.IPConn), nil
+}
+
 func openSockets(o Options, p Path) (*sockets, error) {
 	s := &sockets{v6: p.Dst.Addr().Is6()}
 	err := netnsx.Do(o.Netns, func() error {
@@ -284,12 +299,8 @@ func openSockets(o Options, p Path) (*sockets, error) {
 		}
 		// The send socket is bound to the source so that source-based
 		// routing (a tunnel's) applies to the probes.
-		pc, err := net.ListenPacket("ip4:tcp", s.src.String())
+		pc, err := rawSocket("ip4:tcp", s.src, p.Device)
 		if err != nil {
-			return fmt.Errorf("raw socket (needs root or CAP_NET_RAW): %w", err)
-		}
-		if err := bindDevice(pc.(*net.IPConn), p.Device); err != nil {
-			pc.Close()
 			return err
 		}
 		if s.send, err = ipv4.NewRawConn(pc); err != nil {
@@ -323,12 +334,8 @@ func openSockets(o Options, p Path) (*sockets, error) {
 // receives the answers, and a raw ICMPv6 socket that lets only the error
 // types through (no neighbour discovery chatter).
 func (s *sockets) open6(p Path) error {
-	pc, err := net.ListenPacket("ip6:tcp", s.src.String())
+	pc, err := rawSocket("ip6:tcp", s.src, p.Device)
 	if err != nil {
-		return fmt.Errorf("raw IPv6 socket (needs root or CAP_NET_RAW): %w", err)
-	}
-	if err := bindDevice(pc.(*net.IPConn), p.Device); err != nil {
-		pc.Close()
 		return err
 	}
 	s.tcp6 = ipv6.NewPacketConn(pc)

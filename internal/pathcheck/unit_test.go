@@ -12,8 +12,17 @@ import (
 )
 
 func testProbe(t testing.TB, kind string) *mptcpwire.Segment {
-	s := &sockets{src: netip.MustParseAddr("192.0.2.2")}
-	seg, err := s.build(Path{Dst: netip.MustParseAddrPort("198.51.100.10:80")}, kind, 3, 50001, 77)
+	return probeBetween(t, kind, "192.0.2.2", "198.51.100.10:80")
+}
+
+func testProbe6(t testing.TB, kind string) *mptcpwire.Segment {
+	return probeBetween(t, kind, "2001:db8:1::2", "[2001:db8:3::10]:80")
+}
+
+func probeBetween(t testing.TB, kind, src, dst string) *mptcpwire.Segment {
+	s := &sockets{src: netip.MustParseAddr(src)}
+	s.v6 = s.src.Is6()
+	seg, err := s.build(Path{Dst: netip.MustParseAddrPort(dst)}, kind, 3, 50001, 77)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +32,7 @@ func testProbe(t testing.TB, kind string) *mptcpwire.Segment {
 func icmpBytes(t testing.TB, typ icmp.Type, quote []byte) []byte {
 	var body icmp.MessageBody
 	switch typ {
-	case ipv4.ICMPTypeTimeExceeded:
+	case ipv4.ICMPTypeTimeExceeded, ipv6.ICMPTypeTimeExceeded:
 		body = &icmp.TimeExceeded{Data: quote}
 	default:
 		body = &icmp.DstUnreach{Data: quote}
@@ -149,8 +158,8 @@ func FuzzParseICMP(f *testing.F) {
 	f.Add(icmpBytes(f, ipv4.ICMPTypeTimeExceeded, j[:len(j)-5]))
 	sent6 := testProbe6(f, ProbeCapable)
 	b6, _ := sent6.Marshal()
-	f.Add(icmp6Bytes(f, ipv6.ICMPTypeTimeExceeded, b6))
-	f.Add(icmp6Bytes(f, ipv6.ICMPTypeDestinationUnreachable, b6[:48]))
+	f.Add(icmpBytes(f, ipv6.ICMPTypeTimeExceeded, b6))
+	f.Add(icmpBytes(f, ipv6.ICMPTypeDestinationUnreachable, b6[:48]))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, v6 := range []bool{false, true} {
 			a, ok := parseICMP(b, v6)
@@ -168,27 +177,6 @@ func FuzzParseICMP(f *testing.F) {
 	})
 }
 
-func testProbe6(t testing.TB, kind string) *mptcpwire.Segment {
-	s := &sockets{v6: true, src: netip.MustParseAddr("2001:db8:1::2")}
-	seg, err := s.build(Path{Dst: netip.MustParseAddrPort("[2001:db8:3::10]:80")}, kind, 3, 50001, 77)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return seg
-}
-
-func icmp6Bytes(t testing.TB, typ icmp.Type, quote []byte) []byte {
-	var body icmp.MessageBody = &icmp.TimeExceeded{Data: quote}
-	if typ == ipv6.ICMPTypeDestinationUnreachable {
-		body = &icmp.DstUnreach{Data: quote}
-	}
-	b, err := (&icmp.Message{Type: typ, Body: body}).Marshal(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // ICMPv6 errors quoting an IPv6 probe: intact, stripped, with extension
 // headers in front of the quoted TCP header, cut short; ICMPv4 bytes and
 // IPv4 quotes are not IPv6 answers.
@@ -198,7 +186,7 @@ func TestParseICMPv6AndCompare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, ok := parseICMP(icmp6Bytes(t, ipv6.ICMPTypeTimeExceeded, b), true)
+	a, ok := parseICMP(icmpBytes(t, ipv6.ICMPTypeTimeExceeded, b), true)
 	if !ok || a.icmp != "time-exceeded" || a.quote.Seq != 77 || a.quote.Src != sent.Src {
 		t.Fatalf("parse: %+v %v", a, ok)
 	}
@@ -208,7 +196,7 @@ func TestParseICMPv6AndCompare(t *testing.T) {
 	stripped := *sent
 	stripped.Options = append(append([]mptcpwire.Option(nil), sent.Options[:4]...), mptcpwire.Option{Kind: 1}, mptcpwire.Option{Kind: 1}, mptcpwire.Option{Kind: 1}, mptcpwire.Option{Kind: 1})
 	sb, _ := stripped.Marshal()
-	a, _ = parseICMP(icmp6Bytes(t, ipv6.ICMPTypeTimeExceeded, sb), true)
+	a, _ = parseICMP(icmpBytes(t, ipv6.ICMPTypeTimeExceeded, sb), true)
 	if st, ch := compare(sent, a.quote, a.trunc); st != Removed || len(ch) != 1 {
 		t.Fatalf("stripped quote: %s %v", st, ch)
 	}
@@ -217,19 +205,19 @@ func TestParseICMPv6AndCompare(t *testing.T) {
 	hbh = append(hbh, b[40:]...)
 	hbh[6] = 0
 	hbh[5] += 8
-	a, ok = parseICMP(icmp6Bytes(t, ipv6.ICMPTypeTimeExceeded, hbh), true)
+	a, ok = parseICMP(icmpBytes(t, ipv6.ICMPTypeTimeExceeded, hbh), true)
 	if st, _ := compare(sent, a.quote, a.trunc); !ok || st != Intact {
 		t.Fatalf("quote with a hop-by-hop header: %v %s", ok, st)
 	}
-	a, ok = parseICMP(icmp6Bytes(t, ipv6.ICMPTypeDestinationUnreachable, b[:48]), true)
+	a, ok = parseICMP(icmpBytes(t, ipv6.ICMPTypeDestinationUnreachable, b[:48]), true)
 	if st, _ := compare(sent, a.quote, a.trunc); !ok || a.icmp != "unreachable code 0" || st != Truncated {
 		t.Fatalf("short quote: %+v %v %s", a, ok, st)
 	}
 	b4, _ := testProbe(t, ProbeCapable).Marshal()
 	for name, x := range map[string][]byte{
 		"ICMPv4 message":                icmpBytes(t, ipv4.ICMPTypeTimeExceeded, b4),
-		"ICMPv6 quoting IPv4":           icmp6Bytes(t, ipv6.ICMPTypeTimeExceeded, b4),
-		"quote of a non-first fragment": icmp6Bytes(t, ipv6.ICMPTypeTimeExceeded, append(append(append([]byte(nil), b[:40]...), 6, 0, 0, 8, 0, 0, 0, 1), b[40:]...)),
+		"ICMPv6 quoting IPv4":           icmpBytes(t, ipv6.ICMPTypeTimeExceeded, b4),
+		"quote of a non-first fragment": icmpBytes(t, ipv6.ICMPTypeTimeExceeded, append(append(append([]byte(nil), b[:40]...), 6, 0, 0, 8, 0, 0, 0, 1), b[40:]...)),
 	} {
 		if name == "quote of a non-first fragment" {
 			x[8+6] = 44 // the quoted IPv6 header's next header: fragment

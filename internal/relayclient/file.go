@@ -102,7 +102,14 @@ func (f *File) Build() (SourceConfig, error) {
 		return sc, errors.New("servers: at least one relay is required")
 	}
 	names := map[string]bool{}
-	addrs := map[netip.AddrPort]string{} // address -> the field that gave it
+	// relay (address and key) -> the field that gave it. The same address
+	// with another key is allowed: only one of them can be right, and the
+	// agent says which (status: no-answer for the wrong key).
+	type relayID struct {
+		addr netip.AddrPort
+		key  proto.Key
+	}
+	addrs := map[relayID]string{}
 	for i, r := range f.Servers {
 		if r.Name == "" || names[r.Name] {
 			return sc, fmt.Errorf("servers[%d].name: missing or duplicate %q", i, r.Name)
@@ -144,10 +151,10 @@ func (f *File) Build() (SourceConfig, error) {
 				return sc, fmt.Errorf("%s: a second %s address (%s has one): one address per family", g.path, policy.FamilyName(ap.Addr()), fams[fam])
 			}
 			fams[fam] = g.path
-			if other, dup := addrs[ap]; dup {
-				return sc, fmt.Errorf("%s: %s is also %s: each relay address once", g.path, ap, other)
+			if other, dup := addrs[relayID{ap, pub}]; dup {
+				return sc, fmt.Errorf("%s: %s with this public_key is also %s: the same relay listed twice", g.path, ap, other)
 			}
-			addrs[ap] = g.path
+			addrs[relayID{ap, pub}] = g.path
 			rel := relayconn.Relay{Name: r.Name, Entry: r.Name, Addr: ap, PublicKey: pub, Backup: r.Backup}
 			if len(given) > 1 {
 				rel.Name = r.Name + "/v" + map[int]string{0: "4", 1: "6"}[fam]
