@@ -137,7 +137,7 @@ func (c *Clamps) Decide(ms []Measurement) []Clamp {
 			continue
 		}
 		p.Note = ""
-		if p.set != 0 && segs*8 <= p.set*9 && segs*8 >= p.set*7 {
+		if s, set := uint64(segs)*8, uint64(p.set); set != 0 && s <= set*9 && s >= set*7 {
 			continue
 		}
 		p.set, p.Segments = segs, segs

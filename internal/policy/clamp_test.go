@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -93,5 +94,19 @@ func TestClampsIPv6Noted(t *testing.T) {
 	}
 	if ps := c.Pairs(); len(ps) != 1 || ps[0].Note == "" {
 		t.Errorf("pairs %+v: want the IPv6 pair with a note", ps)
+	}
+}
+
+// An absurd rate gives the largest clamp; deciding it again changes
+// nothing (the eighth's comparison does not wrap around in uint32).
+func TestClampsHugeRateStable(t *testing.T) {
+	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d3}}})
+	m := Measurement{Token: 1, Local: netip.AddrPortFrom(d3.Local, 41000), Remote: server, DeliveryRate: 1 << 62,
+		MinRTT: 10 * time.Second, RTT: 20 * time.Second, SndMSS: 536}
+	if got := c.Decide([]Measurement{m}); len(got) != 1 || got[0].Segments != math.MaxInt32 {
+		t.Fatalf("first clamp %+v, want one at %d segments", got, math.MaxInt32)
+	}
+	if got := c.Decide([]Measurement{m}); len(got) != 0 {
+		t.Fatalf("same measurement: clamps %+v, want none", got)
 	}
 }
