@@ -114,10 +114,6 @@ func (c *Clamps) Decide(ms []Measurement) []Clamp {
 			p = &clampPair{ClampPair: ClampPair{Local: k[0], Remote: k[1], Path: PathName(&d, "")}}
 			c.pairs[k] = p
 		}
-		if !k[0].Is4() || !k[1].Is4() {
-			p.Note = "IPv6: the clamp program matches IPv4 pairs only"
-			continue
-		}
 		if m.DeliveryRate > 0 && !m.AppLimited {
 			p.MaxRate = max(p.MaxRate, float64(m.DeliveryRate))
 		}

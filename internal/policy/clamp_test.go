@@ -84,16 +84,15 @@ func TestClampsDecide(t *testing.T) {
 	}
 }
 
-func TestClampsIPv6Noted(t *testing.T) {
+// An IPv6 tunnel pair is clamped like an IPv4 one (the program keys both
+// families).
+func TestClampsIPv6Pair(t *testing.T) {
 	srv6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
 	d := detour.Detour{Kind: detour.Tunnel, Relay: "r6", Local: netip.MustParseAddr("fd00:9::2"), Remote: srv6}
 	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d}}})
 	got := c.Decide([]Measurement{{Local: netip.AddrPortFrom(d.Local, 1), Remote: srv6, DeliveryRate: 1e6, MinRTT: time.Millisecond, RTT: 10 * time.Millisecond, SndMSS: 1300}})
-	if len(got) != 0 {
-		t.Fatalf("IPv6 pair clamped: %v", got)
-	}
-	if ps := c.Pairs(); len(ps) != 1 || ps[0].Note == "" {
-		t.Errorf("pairs %+v: want the IPv6 pair with a note", ps)
+	if len(got) != 1 || got[0].Local != d.Local || got[0].Remote != srv6.Addr() || got[0].Segments != ClampFloor {
+		t.Fatalf("IPv6 pair: clamps %+v, want one at %d segments", got, ClampFloor)
 	}
 }
 
