@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -23,7 +24,8 @@ import (
 // the server (an ip6 nat table, as the relay's IPv6 NAT detours do). The
 // IPv6 default path is ok with rt quoting the probe intact at hop 1; the
 // IPv6 NAT detour loses MP_CAPABLE and MP_JOIN between hop 1 (mb) and hop
-// 2 (relay); the IPv4 default path in the same run is ok. The namespaces
+// 2 (relay); the IPv4 default path in the same run is ok; the agent's
+// filter (path_check: true) withholds the IPv6 NAT detour. The namespaces
 // skip duplicate address detection (it holds neighbour discovery back on
 // fresh links); should a probe still go unanswered, the run is repeated
 // until the verdicts hold or 15 s pass (one run takes well under a second).
@@ -128,7 +130,7 @@ func TestIPv6Paths(t *testing.T) {
 		}
 		bad := check(rep)
 		if len(bad) == 0 {
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			for _, b := range bad {
@@ -139,5 +141,11 @@ func TestIPv6Paths(t *testing.T) {
 		t.Logf("not yet (%d differences; first: %s); probing again", len(bad), bad[0])
 		retried++
 		time.Sleep(200 * time.Millisecond)
+	}
+	// The agent's filter (path_check: true) withholds the IPv6 NAT detour
+	// the same way, with IPv6 probes.
+	d6 := detour.Detour{Kind: detour.NAT, Relay: "relay", Remote: netip.MustParseAddrPort("[fd31:d::2]:4000")}
+	if why, bad := filterVerdict(t, cl.Name, d6, server6); !bad {
+		t.Errorf("IPv6 NAT detour through the stripping middlebox kept by the filter (%q)", why)
 	}
 }
