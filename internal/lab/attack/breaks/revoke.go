@@ -58,23 +58,7 @@ func revokedConversion(ctx context.Context, o Options) Result {
 		return r.failed(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 16<<10)
-				for {
-					if _, err := c.Write(buf); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go streamTo(ln)
 	rc, err := l.dialRelay(relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, nil)
 	if err != nil {
 		return r.failed(err)
