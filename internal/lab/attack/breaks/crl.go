@@ -10,11 +10,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/collective"
-	"github.com/mpdetour/mpdetour/internal/convert"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/roster"
@@ -98,55 +96,14 @@ func revokedCRL(ctx context.Context, o Options) Result {
 		return r
 	}
 	seq1, _ := crlSeq(ctx, l, o.Binary, "detour1")
-	// The server streams to whoever connects.
-	var ln net.Listener
-	if err := l.do("server", func() error {
-		var err error
-		ln, err = net.Listen("tcp", server.String())
-		return err
-	}); err != nil {
-		return r.failed(err)
-	}
-	defer ln.Close()
-	go streamTo(ln)
 	relay := relayconn.Relay{Name: "detour1", Addr: netip.AddrPortFrom(l.Addr("detour1"), relayPort), PublicKey: keys[0].Public()}
-	rc, err := l.dialRelay(relay, memberKey, memberCert.Bytes())
+	cs, err := l.streamConversion(ctx, server, relay, memberKey, memberCert.Bytes())
 	if err != nil {
-		return r.failed(err)
-	}
-	defer rc.Close()
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conv, tickets, _, err := rc.Convert(cctx, 1)
-	cancel()
-	if err != nil || len(tickets) == 0 {
-		r.Error = fmt.Sprintf("converter tickets for the certified member: %v (logs in %s)", err, o.Dir)
+		r.Error = fmt.Sprintf("the certified member's %v (logs in %s)", err, o.Dir)
 		return r
 	}
-	var c net.Conn
-	if err := l.do("client", func() error {
-		var err error
-		c, err = convert.Dial(ctx, conv, server, tickets[0][:], convert.DialOptions{})
-		return err
-	}); err != nil {
-		r.Error = "conversion: " + err.Error()
-		return r
-	}
-	defer c.Close()
-	var got atomic.Int64
-	ended := make(chan error, 1)
-	var endedAt atomic.Int64
-	go func() {
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			got.Add(int64(n))
-			if err != nil {
-				endedAt.Store(time.Now().UnixNano())
-				ended <- err
-				return
-			}
-		}
-	}()
+	defer cs.close()
+	got, ended, endedAt, rc := &cs.got, cs.ended, &cs.endedAt, cs.rc
 	time.Sleep(time.Second)
 	before := got.Load()
 	if before == 0 {

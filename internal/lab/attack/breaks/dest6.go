@@ -169,10 +169,10 @@ func destinationsV6(ctx context.Context, o Options) Result {
 	for name, rl := range relays {
 		s := &sess{}
 		var err error
-		if s.v4, err = dialRelayFamily(l, relayconn.Relay{Name: name, Addr: netip.AddrPortFrom(l.Addr(rl.node), relayPort), PublicKey: rl.key.Public()}, memberKey, "udp4"); err != nil {
+		if s.v4, err = l.dialRelayNet(relayconn.Relay{Name: name, Addr: netip.AddrPortFrom(l.Addr(rl.node), relayPort), PublicKey: rl.key.Public()}, memberKey, nil, "udp4"); err != nil {
 			return r.failed(err)
 		}
-		if s.v6, err = dialRelayFamily(l, relayconn.Relay{Name: name, Addr: netip.AddrPortFrom(l.Addr6(rl.node), relayPort), PublicKey: rl.key.Public()}, memberKey, "udp6"); err != nil {
+		if s.v6, err = l.dialRelayNet(relayconn.Relay{Name: name, Addr: netip.AddrPortFrom(l.Addr6(rl.node), relayPort), PublicKey: rl.key.Public()}, memberKey, nil, "udp6"); err != nil {
 			return r.failed(err)
 		}
 		conns[name] = s
@@ -329,25 +329,6 @@ func relayWhy(dir string) map[uint16]string {
 		}
 	}
 	return out
-}
-
-// dialRelayFamily opens a member's control connection to relay from the
-// client node over network ("udp4" or "udp6").
-func dialRelayFamily(l *caseLab, relay relayconn.Relay, k proto.Key, network string) (*relayconn.Conn, error) {
-	var pc net.PacketConn
-	if err := l.do("client", func() error {
-		var err error
-		pc, err = net.ListenPacket(network, ":0")
-		return err
-	}); err != nil {
-		return nil, err
-	}
-	c, err := relayconn.Dial(relay, k, relayconn.Options{ListenPacket: func() (net.PacketConn, error) { return pc, nil }})
-	if err != nil {
-		pc.Close()
-		return nil, err
-	}
-	return c, nil
 }
 
 // rawMappedGrant asks relay for a grant toward server with the address
