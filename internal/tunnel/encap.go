@@ -60,9 +60,9 @@ type EncapServerConfig struct {
 	// (CheckSubnet6; no allocation of its own), the relay's is the first
 	// host. The server turns IPv6 forwarding on.
 	Subnet6 netip.Prefix
-	Port   int          // UDP port, 0 = DefaultEncapPort
-	MTU    int          // inner MTU over an IPv4 underlay (IPv6: 20 less), 0 = DefaultEncapMTU
-	Lease  time.Duration
+	Port    int // UDP port, 0 = DefaultEncapPort
+	MTU     int // inner MTU over an IPv4 underlay (IPv6: 20 less), 0 = DefaultEncapMTU
+	Lease   time.Duration
 	// Seed spreads addresses like the WireGuard allocator (the relay's
 	// public key): a returning member gets the same address.
 	Seed         wgtypes.Key
