@@ -144,6 +144,17 @@ func (c *EncapClient) setup6(l netlink.Link, a EncapAllocation) netip.Addr {
 	return a.Address6.Addr()
 }
 
+// Gateway6 is the relay's inner IPv6 address, the next hop of IPv6 from
+// Address6 (invalid when Address6 is).
+func (c *EncapClient) Gateway6() netip.Addr {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.addr6.IsValid() {
+		return netip.Addr{}
+	}
+	return c.alloc.Gateway6
+}
+
 // Address6 is the tunnel's inner IPv6 address (invalid when the relay
 // granted none or it could not be configured): IPv6 subflows from it use
 // the tunnel.

@@ -65,13 +65,13 @@ func setupTCPEncap(ctx context.Context, env *Env) (_ Session, err error) {
 		}
 	}
 	c := clients[0]
-	src := c.Address()
+	src, gw := c.Address(), netip.Addr{}
 	if env.IPv6 {
-		if src = c.Address6(); !src.IsValid() {
+		if src, gw = c.Address6(), c.Gateway6(); !src.IsValid() {
 			return nil, errors.New("the vxlan tunnel carries no IPv6: no inner IPv6 address was granted or configured")
 		}
 	}
-	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), src)
+	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), src, gw)
 	if err != nil {
 		return nil, err
 	}
