@@ -231,3 +231,32 @@ func TestEncapInside6Config(t *testing.T) {
 		t.Fatalf("without subnet6: IPv6 inside %v", p)
 	}
 }
+
+// TestEncapDetoursFamilies (no root): an EncapClient offers IPv4 servers a
+// detour from its inner address, IPv6 servers one from its inner IPv6
+// address only when it has one configured (and never to a zoned address),
+// and nothing once its lease ran out.
+func TestEncapDetoursFamilies(t *testing.T) {
+	c := &EncapClient{cfg: EncapClientConfig{Relay: "r1"}, alloc: EncapAllocation{Address: netip.MustParsePrefix("100.81.0.7/16")}}
+	v4, v6 := netip.MustParseAddrPort("203.0.113.10:443"), netip.MustParseAddrPort("[2001:db8::10]:443")
+	if d := c.Detours(v4); len(d) != 1 || d[0].Local != c.alloc.Address.Addr() || d[0].Remote != v4 {
+		t.Fatalf("IPv4 server: %+v", d)
+	}
+	if d := c.Detours(v6); d != nil {
+		t.Fatalf("IPv6 server without an inner IPv6 address: %+v", d)
+	}
+	c.addr6 = netip.MustParseAddr("fd64:81::7")
+	if d := c.Detours(v6); len(d) != 1 || d[0].Local != c.addr6 || d[0].Remote != v6 {
+		t.Fatalf("IPv6 server: %+v", d)
+	}
+	if d := c.Detours(netip.AddrPortFrom(netip.MustParseAddr("fe80::1%eth0"), 443)); d != nil {
+		t.Fatalf("zoned IPv6 server: %+v", d)
+	}
+	if d := c.Detours(netip.MustParseAddrPort("[::ffff:203.0.113.10]:443")); len(d) != 1 || d[0].Local != c.alloc.Address.Addr() || d[0].Remote != v4 {
+		t.Fatalf("IPv4-mapped server: %+v, want the IPv4 detour", d)
+	}
+	c.dead.Store(true)
+	if d := c.Detours(v6); d != nil {
+		t.Fatalf("after the lease ran out: %+v", d)
+	}
+}
