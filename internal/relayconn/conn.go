@@ -872,6 +872,18 @@ func (c *Conn) Encap(ctx context.Context) (proto.EncapGrant, time.Duration, erro
 	return r.Encap, r.Lease, nil
 }
 
+// EncapIPv6 is Encap asking for an IPv6 inside as well
+// (EncapGrant.ClientPrefix6 and Gateway6; invalid when the relay has no
+// vxlan subnet6). A relay older than the request's flag answers
+// malformed: ask with Encap then.
+func (c *Conn) EncapIPv6(ctx context.Context) (proto.EncapGrant, time.Duration, error) {
+	r, err := call[*proto.EncapReply](ctx, c, &proto.EncapRequest{Action: proto.EncapOpen, IPv6: true})
+	if err != nil {
+		return proto.EncapGrant{}, 0, err
+	}
+	return r.Encap, r.Lease, nil
+}
+
 // EncapRelease tells the relay to remove this member's VXLAN tunnel now.
 func (c *Conn) EncapRelease(ctx context.Context) error {
 	_, err := call[*proto.EncapReply](ctx, c, &proto.EncapRequest{Action: proto.EncapRelease})
