@@ -57,7 +57,7 @@ type FileRelay struct {
 	// one session per address, named NAME/v4 and NAME/v6 in status, logs
 	// and metrics; tunnels are asked over the first address only (one
 	// tunnel per relay, carrying both families inside when the relay has
-	// tunnel.subnet6).
+	// tunnel.subnet6, or tunnel.vxlan.subnet6 for VXLAN).
 	Addresses []string `yaml:"addresses"`
 	PublicKey string   `yaml:"public_key"`
 	// Backup: its NAT detours are backup subflows (MPTCP B flag).
