@@ -34,3 +34,33 @@ for c in procs:
     g = [x.get("max_gap_s", 0) for x in r if x["status"] == "ok" and x["cell"] == c]
     if g:
         print(f"{c}: {len(g)} ok trials, longest gap > 1 s in {sum(v > 1 for v in g)}, > 3 s in {sum(v > 3 for v in g)}, max {max(g):.1f} s")
+
+# With a second design directory (python3 status.py DIR OTHER, e.g. paired-bf): per complete
+# point, each MPTCP procedure's mean here and there (another run: other build and load, so
+# context, not a paired comparison), and the geometric mean of here / there.
+if len(sys.argv) > 2:
+    o = sys.argv[2]
+    ro = [json.loads(l) for f in sorted(glob.glob(o + "/runs/paired*/trials.jsonl")) for l in open(f)]
+    def means(rs):
+        m = collections.defaultdict(list)
+        for x in rs:
+            if x["status"] == "ok":
+                m[(x["configuration"], x["cell"])].append(x["goodput_mbps"])
+        return {k: st.mean(v) for k, v in m.items()}
+    mh, mo = means(r), means(ro)
+    cells = [c for c in procs if c.startswith("mptcp-") and c != "mptcp-1sf"]
+    print(f"\n| point | " + " | ".join(f"{c} here | {c} {o.rstrip('/').split('/')[-1]}" for c in cells) + " |")
+    print("|---|" + "---:|---:|" * len(cells))
+    logs = collections.defaultdict(list)
+    import math
+    for p in complete:
+        row = []
+        for c in cells:
+            h, t = mh.get((p, c)), mo.get((p, c))
+            row += [f"{h:.2f}" if h else "-", f"{t:.2f}" if t else "-"]
+            if h and t:
+                logs[c].append(math.log(h / t))
+        print(f"| {p} | " + " | ".join(row) + " |")
+    for c in cells:
+        if logs[c]:
+            print(f"{c}: here / {o.rstrip('/').split('/')[-1]} geometric mean {math.exp(st.mean(logs[c])):.3f} over {len(logs[c])} points")
