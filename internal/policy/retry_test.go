@@ -242,3 +242,46 @@ func TestBufferWanted(t *testing.T) {
 		t.Fatalf("BufferWanted = %d, want about 1,000,000", w)
 	}
 }
+
+// A connection adopted from inet_diag before it was fully established gets
+// a create at once; its ESTABLISHED event can be handled before the
+// kernel's answer to that create comes back. An ENOTCONN for a create
+// issued before the event is the transient one (the kernel refused it
+// while the connection was still waiting for its first data ack): retried,
+// not the end of the connection's detours. Before the fix the reply was
+// judged by the state at reply time (fully established: "closing"), and
+// the connection never got a detour subflow (TestAgentResyncAfterLostEvents
+// failed so under load: 1 of 20 connections without one).
+func TestENOTCONNForCreateIssuedBeforeEstablished(t *testing.T) {
+	p, _, clk := newStatic(1, d1)
+	c := Conn{Token: 3, Local: client, Remote: server}
+	ins := p.Adopt(c, nil)
+	if countAction(ins, CreateSubflow) != 1 {
+		t.Fatalf("adopted: intents %v, want one create", ins)
+	}
+	clk.advance(10 * time.Millisecond)
+	c.Fully = true
+	after := p.Established(c)
+	clk.advance(10 * time.Millisecond)
+	for _, in := range ins {
+		after = append(after, p.Failed(in, syscall.ENOTCONN)...)
+	}
+	after = append(after, tickFor(p, clk, 3*time.Second)...)
+	if n := countAction(after, CreateSubflow); n != 1 {
+		t.Fatalf("%d creates after ENOTCONN for a create issued before ESTABLISHED, want 1 retry: %v", n, after)
+	}
+	// A create issued after the event and refused with ENOTCONN is final
+	// (the connection is closing).
+	var retry Intent
+	for _, in := range after {
+		if in.Action == CreateSubflow {
+			retry = in
+		}
+	}
+	clk.advance(10 * time.Millisecond)
+	final := p.Failed(retry, syscall.ENOTCONN)
+	final = append(final, tickFor(p, clk, 30*time.Second)...)
+	if n := countAction(final, CreateSubflow); n != 0 {
+		t.Fatalf("%d creates after ENOTCONN for a create issued after ESTABLISHED, want 0: %v", n, final)
+	}
+}
