@@ -120,6 +120,9 @@ type kconn struct {
 	// create issued before it may be refused with ENOTCONN although the
 	// event was handled by the time the answer came.
 	fullyAt time.Time
+	// notFully: finished only because SUBFLOW_CREATE kept getting ENOTCONN
+	// before the ESTABLISHED event: that event undoes the finish.
+	notFully bool
 	// finished says why no subflow is opened for the connection any more
 	// (the kernel refused in a way that is final for it); "" while open.
 	finished string
@@ -309,6 +312,12 @@ func (p *Engine) Established(c Conn) []Intent {
 	k.c.Fully = k.c.Fully || c.Fully
 	if k.c.Fully && k.fullyAt.IsZero() {
 		k.fullyAt = p.cfg.Now()
+	}
+	if k.c.Fully && k.notFully {
+		// The connection took longer than the ENOTCONN retries to become
+		// fully established (a loaded host, a slow first data ack): it is
+		// now, so its detours are opened after all.
+		k.finished, k.notFully, k.notConn, k.decision = "", false, 0, ""
 	}
 	k.c.DenyJoinInitial = k.c.DenyJoinInitial || c.DenyJoinInitial
 	p.trackInitial(k)
@@ -692,6 +701,7 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 		if at := now.Add(200 * time.Millisecond << min(k.notConn, 4)); k.retryAt.IsZero() || !k.retryAt.After(now) {
 			if k.notConn++; k.notConn > maxNotConnRounds {
 				p.finish(k, fmt.Sprintf("subflow_create: ENOTCONN %d times (never fully established)", maxNotConnRounds))
+				k.notFully = true
 				return nil
 			}
 			k.retryAt = at

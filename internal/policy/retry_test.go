@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -283,5 +284,42 @@ func TestENOTCONNForCreateIssuedBeforeEstablished(t *testing.T) {
 	final = append(final, tickFor(p, clk, 30*time.Second)...)
 	if n := countAction(final, CreateSubflow); n != 0 {
 		t.Fatalf("%d creates after ENOTCONN for a create issued after ESTABLISHED, want 0: %v", n, final)
+	}
+}
+
+// An adopted connection that stays short of fully established through
+// every ENOTCONN retry (its first data ack took longer: a loaded host, a
+// queue in front of the server) is given up, but its ESTABLISHED event,
+// when it comes, opens its detours after all. Before, the give-up was
+// final (TestAgentResyncAfterLostEvents failed so under load: a connection
+// not fully established 3.3 s after its adoption never got a subflow).
+func TestEstablishedAfterENOTCONNGiveUpOpensDetours(t *testing.T) {
+	p, _, clk := newStatic(1, d1)
+	c := Conn{Token: 3, Local: client, Remote: server}
+	pending := p.Adopt(c, nil)
+	creates := 0
+	for range 100 { // 10 s
+		var next []Intent
+		for _, in := range pending {
+			if in.Action == CreateSubflow {
+				creates++
+				next = append(next, p.Failed(in, syscall.ENOTCONN)...)
+			}
+		}
+		clk.advance(100 * time.Millisecond)
+		pending = append(next, p.Tick(clk.t)...)
+	}
+	if creates != 1+maxNotConnRounds || countAction(pending, CreateSubflow) != 0 {
+		t.Fatalf("%d creates refused with ENOTCONN (and %v pending), want %d then none", creates, pending, 1+maxNotConnRounds)
+	}
+	c.Fully = true
+	got := p.Established(c)
+	if n := countAction(got, CreateSubflow); n != 1 {
+		t.Fatalf("ESTABLISHED after the ENOTCONN give-up: intents %v, want one create", got)
+	}
+	for _, r := range p.Report().Conns {
+		if strings.Contains(r.Decision, "never fully established") {
+			t.Errorf("status still says %q", r.Decision)
+		}
 	}
 }
