@@ -381,6 +381,11 @@ func (p *Engine) release(server netip.AddrPort) {
 }
 
 func (p *Engine) Announced(token uint32, id uint8, addr netip.AddrPort) []Intent {
+	// With announced subflows off (Announced < 0, the default) the server's
+	// announcements are not acted on at all, the other family's included:
+	// an on-path party that saw the handshake's keys can forge one
+	// (docs/security.md), and a cross-family target would make the agent
+	// ask relays for grants toward the address it names.
 	k := p.conns[token]
 	if k == nil || p.cfg.Announced < 0 {
 		return nil
@@ -394,6 +399,9 @@ func (p *Engine) Announced(token uint32, id uint8, addr netip.AddrPort) []Intent
 	}
 	if len(k.announced) >= 8 { // bounded whatever the server sends
 		return nil
+	}
+	if old, ok := k.announced[id]; ok && old != addr {
+		p.dropAlt(k, old) // the id now names another address
 	}
 	k.announced[id] = addr
 	// An address of the other family: detours may lead there too (the
@@ -449,8 +457,14 @@ func (p *Engine) announcedSubflow(k *kconn, id uint8, addr netip.AddrPort) []Int
 
 func (p *Engine) Removed(token uint32, id uint8) []Intent {
 	// The kernel closes the subflows to a removed address itself.
-	if k := p.conns[token]; k != nil {
-		delete(k.announced, id)
+	k := p.conns[token]
+	if k == nil {
+		return nil
+	}
+	addr, ok := k.announced[id]
+	delete(k.announced, id)
+	if ok {
+		p.dropAlt(k, addr)
 	}
 	return nil
 }
