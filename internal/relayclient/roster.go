@@ -203,6 +203,9 @@ func (s *NATSource) discoverOnce() {
 		}
 		for _, i := range added {
 			for srv := range servers {
+				if !grantsToward(s.conns[i], srv) {
+					continue
+				}
 				k := entryKey{i, srv}
 				e := &entry{pending: true}
 				s.entries[k] = e
@@ -246,8 +249,11 @@ func (s *NATSource) dropLocked(k proto.Key, dr *discovered) {
 	}()
 }
 
-// controlAddr is the first IPv4 control address of an entry (the client
-// side is IPv4 only, like the configured relays).
+// controlAddr is the first IPv4 control address of an entry: a
+// discovered relay is used over IPv4 only, so it grants toward IPv4
+// servers only (configured relays may have an IPv6 session too:
+// FileRelay.Addresses). A session per family for discovered relays is not
+// built: an IPv4-only client would hold a failing IPv6 session to each.
 func controlAddr(e *roster.Entry) (netip.AddrPort, bool) {
 	if e == nil {
 		return netip.AddrPort{}, false

@@ -193,8 +193,8 @@ func (s *NATSource) Prepare(server netip.AddrPort) {
 }
 
 // eachRelay calls fn, with s.mu held, for every relay (configured and
-// discovered) with its entry key toward server; nothing once the source
-// is closing.
+// discovered) whose session can grant toward server, with its entry key;
+// nothing once the source is closing.
 func (s *NATSource) eachRelay(server netip.AddrPort, fn func(k entryKey, c *relayconn.Conn)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -202,10 +202,19 @@ func (s *NATSource) eachRelay(server netip.AddrPort, fn func(k entryKey, c *rela
 		return
 	}
 	for i, c := range s.conns {
-		if c != nil {
+		if c != nil && grantsToward(c, server) {
 			fn(entryKey{i, server}, c)
 		}
 	}
+}
+
+// grantsToward says whether c's session can grant toward server: a relay
+// grants only within its control session's family (docs/relay.md, IPv6),
+// so a session of the other family is not asked at all (it would answer
+// policy-denied, which status and the log would show as the relay
+// refusing the destination, for every server of that family).
+func grantsToward(c *relayconn.Conn, server netip.AddrPort) bool {
+	return c.Relay().Addr.Addr().Unmap().Is4() == server.Addr().Unmap().Is4()
 }
 
 func (s *NATSource) grant(k entryKey, e *entry) {

@@ -125,12 +125,17 @@ func (l *caseLab) startRelay(ctx context.Context, o Options, node, name, config 
 }
 
 // dialRelay opens a member's control connection to relay from the
-// client node.
+// client node (over IPv4).
 func (l *caseLab) dialRelay(relay relayconn.Relay, k proto.Key, cert []byte) (*relayconn.Conn, error) {
+	return l.dialRelayNet(relay, k, cert, "udp4")
+}
+
+// dialRelayNet is dialRelay over network ("udp4" or "udp6").
+func (l *caseLab) dialRelayNet(relay relayconn.Relay, k proto.Key, cert []byte, network string) (*relayconn.Conn, error) {
 	var pc net.PacketConn
 	if err := l.do("client", func() error {
 		var err error
-		pc, err = net.ListenPacket("udp4", ":0")
+		pc, err = net.ListenPacket(network, ":0")
 		return err
 	}); err != nil {
 		return nil, err
