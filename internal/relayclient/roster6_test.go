@@ -70,6 +70,7 @@ func grantAnswer(r *fakeRelay, req proto.Request, at netip.Addr) proto.Reply {
 // discoveredRelay is one relay of the roster: its listener per family
 // (nil: the entry does not list that family).
 type discoveredRelay struct {
+	priv   proto.Key
 	v4, v6 *fakeRelay
 	entry  []byte
 }
@@ -79,7 +80,7 @@ type discoveredRelay struct {
 func (l *rosterLab) addRelay(name string, v4, v6 bool) *discoveredRelay {
 	l.t.Helper()
 	priv := memberKey(l.t)
-	d := &discoveredRelay{}
+	d := &discoveredRelay{priv: priv}
 	var addrs []netip.AddrPort
 	if v4 {
 		d.v4 = newFakeRelayAt(l.t, l.member.Public(), priv, net.IPv4(127, 0, 0, 1))
@@ -92,6 +93,17 @@ func (l *rosterLab) addRelay(name string, v4, v6 bool) *discoveredRelay {
 		d.v6.mu.Unlock()
 		addrs = append(addrs, d.v6.relay().Addr)
 	}
+	d.entry = l.sign(name, priv, addrs)
+	l.mu.Lock()
+	l.entries = append(l.entries, d.entry)
+	l.mu.Unlock()
+	l.digest.Add(1)
+	return d
+}
+
+// sign is the roster entry of relay name (key priv) at addrs.
+func (l *rosterLab) sign(name string, priv proto.Key, addrs []netip.AddrPort) []byte {
+	l.t.Helper()
 	now := time.Now()
 	cert, err := l.auth.Issue(priv.Public(), name, collective.RoleRelay, now.Add(-time.Minute), now.Add(time.Hour))
 	if err != nil {
@@ -101,20 +113,17 @@ func (l *rosterLab) addRelay(name string, v4, v6 bool) *discoveredRelay {
 	if err := e.Sign(priv); err != nil {
 		l.t.Fatal(err)
 	}
-	if d.entry, err = e.Bytes(); err != nil {
+	b, err := e.Bytes()
+	if err != nil {
 		l.t.Fatal(err)
 	}
-	l.mu.Lock()
-	l.entries = append(l.entries, d.entry)
-	l.mu.Unlock()
-	l.digest.Add(1)
-	return d
+	return b
 }
 
-// remove takes d out of the roster.
-func (l *rosterLab) remove(d *discoveredRelay) {
+// remove takes d out of the roster; with a new entry, lists that instead.
+func (l *rosterLab) remove(d *discoveredRelay, instead ...[]byte) {
 	l.mu.Lock()
-	l.entries = slices.DeleteFunc(l.entries, func(b []byte) bool { return &b[0] == &d.entry[0] })
+	l.entries = append(slices.DeleteFunc(l.entries, func(b []byte) bool { return &b[0] == &d.entry[0] }), instead...)
 	l.mu.Unlock()
 	l.digest.Add(1)
 }
@@ -233,6 +242,31 @@ func TestRosterDropReleasesBothFamilies(t *testing.T) {
 	_, ok6 := detourVia(s, server6, "roster:dual/v6")
 	if ok4 || ok6 || len(s.Discovered()) != 0 {
 		t.Fatalf("after the relay left the roster: IPv4 detour %v, IPv6 detour %v, discovered %v; want none", ok4, ok6, discoveredNames(s))
+	}
+}
+
+// A relay whose entry changes address (here its IPv6 one) is dropped,
+// both sessions' grants released, and used again at its new addresses.
+func TestRosterAddressChangeDropsBothFamilies(t *testing.T) {
+	l := newRosterLab(t)
+	r := l.addRelay("dual", true, true)
+	s := l.source(SourceConfig{})
+	waitDetour(t, s, server4, "roster:dual/v4")
+	old6 := waitDetour(t, s, server6, "roster:dual/v6")
+	moved := newFakeRelayAt(t, l.member.Public(), r.priv, net.IPv6loopback)
+	moved.mu.Lock()
+	moved.answer = func(req proto.Request, _ int32) proto.Reply { return grantAnswer(moved, req, netip.IPv6Loopback()) }
+	moved.mu.Unlock()
+	moved.grants.Store(100) // its detours have other ports than the old address's
+	t.Cleanup(func() { s.Close() }) // before moved stops listening: Close releases there
+	l.remove(r, l.sign("dual", r.priv, []netip.AddrPort{r.v4.relay().Addr, moved.relay().Addr}))
+	waitFor(t, "both families' grants released", func() bool {
+		return r.v4.count(proto.OpRelease) == 1 && r.v6.count(proto.OpRelease) == 1
+	})
+	waitDetour(t, s, server6, "roster:dual/v6")
+	waitDetour(t, s, server4, "roster:dual/v4")
+	if d, _ := detourVia(s, server6, "roster:dual/v6"); d == old6 || moved.count(proto.OpGrant) != 1 || r.v4.inits.Load() != 2 {
+		t.Fatalf("after the move: IPv6 detour %v (before %v), %d grants at the new address, %d IPv4 handshakes; want a new detour, 1, 2 (both sessions opened again)", d, old6, moved.count(proto.OpGrant), r.v4.inits.Load())
 	}
 }
 
