@@ -19,11 +19,13 @@ import (
 // besides its configured ones: it reads the roster from a configured relay
 // every Every, verifies every entry (the authority's certificate with the
 // role relay, the relay's signature), and asks up to Max of the listed
-// relays (least loaded first) for grants as well. A relay that leaves the
-// roster is dropped, its grants released.
+// relays per address family (least loaded first) for grants as well, each
+// over a session of the servers' family opened when first needed. A relay
+// that leaves the roster is dropped, the grants of both its sessions
+// released.
 type Discovery struct {
 	Trust *collective.Trust
-	Max   int           // discovered relays in use at once (default 4)
+	Max   int           // discovered relays in use per address family (default 4)
 	Every time.Duration // roster poll period (default DefaultDiscoveryEvery)
 	Fetch int           // entries read per poll at most (default 256)
 }
