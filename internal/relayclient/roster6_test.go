@@ -257,7 +257,7 @@ func TestRosterAddressChangeDropsBothFamilies(t *testing.T) {
 	moved.mu.Lock()
 	moved.answer = func(req proto.Request, _ int32) proto.Reply { return grantAnswer(moved, req, netip.IPv6Loopback()) }
 	moved.mu.Unlock()
-	moved.grants.Store(100) // its detours have other ports than the old address's
+	moved.grants.Store(100)         // its detours have other ports than the old address's
 	t.Cleanup(func() { s.Close() }) // before moved stops listening: Close releases there
 	l.remove(r, l.sign("dual", r.priv, []netip.AddrPort{r.v4.relay().Addr, moved.relay().Addr}))
 	waitFor(t, "both families' grants released", func() bool {
