@@ -307,35 +307,51 @@ func (s *NATSource) backOffLocked(dr *discovered, f int, now time.Time) {
 	dr.retryAt[f] = now.Add(dr.backoff[f])
 }
 
-// handshakeFailedLocked: a grant over discovered session i failed before
-// its first handshake completed (the relay does not answer on that
-// family's address: say, no IPv6 route). The session closes, its
-// entries go (they hold no grant) and the family backs off; the relay's
-// other family is untouched. False if i is not a discovered session.
-func (s *NATSource) handshakeFailedLocked(i int) bool {
+// sessionOf finds discovered session i: its relay and family (nil: i is
+// not a discovered session).
+func (s *NATSource) sessionOf(i int) (*discovered, int) {
 	for _, dr := range s.found {
 		for f := range 2 {
-			if dr.idx[f] != i {
-				continue
+			if dr.idx[f] == i {
+				return dr, f
 			}
-			c := s.conns[i]
-			for ek := range s.entries {
-				if ek.relay == i {
-					delete(s.entries, ek)
-				}
-			}
-			s.conns[i], dr.idx[f] = nil, -1
-			s.backOffLocked(dr, f, time.Now())
-			s.log.Info("roster: no handshake with a discovered relay: session closed, backing off", "relay", c.Relay().Name, "addr", c.Relay().Addr, "retry_in", dr.backoff[f])
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				_ = c.Close()
-			}()
-			return true
 		}
 	}
-	return false
+	return nil, 0
+}
+
+// handshakeFailedLocked: a grant over discovered session i failed before
+// its first handshake completed (the relay does not answer on that
+// family's address: say, no IPv6 route; or it refused the handshake).
+// The session closes, its entries go (they hold no grant) and the family
+// backs off; the relay's other family is untouched.
+func (s *NATSource) handshakeFailedLocked(i int) {
+	dr, f := s.sessionOf(i)
+	if dr == nil {
+		return
+	}
+	c := s.conns[i]
+	for ek := range s.entries {
+		if ek.relay == i {
+			delete(s.entries, ek)
+		}
+	}
+	s.conns[i], dr.idx[f] = nil, -1
+	s.backOffLocked(dr, f, time.Now())
+	s.log.Info("roster: no handshake with a discovered relay: session closed, backing off", "relay", c.Relay().Name, "addr", c.Relay().Addr, "retry_in", dr.backoff[f])
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = c.Close()
+	}()
+}
+
+// grantedLocked: discovered session i got a grant; its family's backoff
+// starts again from RetryAfter at the next failure.
+func (s *NATSource) grantedLocked(i int) {
+	if dr, f := s.sessionOf(i); dr != nil {
+		dr.backoff[f] = 0
+	}
 }
 
 // dropLocked stops using a discovered relay: the detours of both its

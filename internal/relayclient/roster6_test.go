@@ -307,4 +307,11 @@ func TestRosterFamilyBackoff(t *testing.T) {
 	}
 	r.v6.silent.Store(false)
 	waitDetour(t, s, server6, "roster:dual/v6")
+	s.mu.Lock()
+	dr := s.found[r.priv.Public()]
+	backoff := dr.backoff
+	s.mu.Unlock()
+	if backoff != [2]time.Duration{} {
+		t.Fatalf("after grants on both families: backoff %v; want none (a failure starts again from RetryAfter)", backoff)
+	}
 }

@@ -265,6 +265,7 @@ func (s *NATSource) grant(k entryKey, e *entry) {
 		return
 	}
 	e.detour, e.expires, e.renewAt = d, now.Add(lease), now.Add(lease/2)
+	s.grantedLocked(k.relay)
 	s.log.Debug("relay grant", "relay", c.Relay().Name, "server", k.server, "detour", d, "lease", lease)
 	s.notify()
 }
