@@ -26,7 +26,7 @@ import (
 //	    - {name: detour3, addresses: [192.0.2.3:45673, '[2001:db8::3]:45673'], public_key: <...>}  # one relay, both families
 //	  discovery:                             # optional: also use relays of the collective's roster
 //	    authority: mpdetour-authority-v1:... # the collective's authority (entries are verified against it)
-//	    max: 4                               # discovered relays used at once
+//	    max: 4                               # discovered relays used per family
 //	    interval: 500ms                       # how often the roster is read from a configured relay
 type File struct {
 	Key     string `yaml:"key"`

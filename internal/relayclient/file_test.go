@@ -152,16 +152,16 @@ func TestFileConfigAddresses(t *testing.T) {
 		t.Errorf("one address with two keys (only one can be right; status tells which): %v", err)
 	}
 	for want, fc := range map[string]File{
-		"servers[0].addresses: address and addresses are exclusive":                        one(FileRelay{Name: "a", Address: "192.0.2.1:1", Addresses: []string{"[2001:db8::1]:1"}, PublicKey: pub}),
-		"servers[0].addresses[1]: a second IPv4 address (servers[0].addresses[0] has one)": one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "192.0.2.2:1"}, PublicKey: pub}),
-		"servers[0].addresses: 3 addresses":                                                one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "[2001:db8::1]:1", "192.0.2.2:1"}, PublicKey: pub}),
-		"servers[0].addresses[1]: \"[::ffff:192.0.2.1]:1\" is an IPv4-mapped":              one(FileRelay{Name: "a", Addresses: []string{"[2001:db8::1]:1", "[::ffff:192.0.2.1]:1"}, PublicKey: pub}),
-		"servers[0].addresses[0]: \"[fe80::1%eth0]:1\" is link-local":                      one(FileRelay{Name: "a", Addresses: []string{"[fe80::1%eth0]:1"}, PublicKey: pub}),
-		"servers[0].address: \"[fe80::1]:1\" is link-local":                                one(FileRelay{Name: "a", Address: "[fe80::1]:1", PublicKey: pub}),
-		"servers[0].address: \"[::]:1\" is not a unicast":                                  one(FileRelay{Name: "a", Address: "[::]:1", PublicKey: pub}),
-		"servers[0].address: missing":                                                      one(FileRelay{Name: "a", PublicKey: pub}),
-		"servers[1].addresses[0]: 192.0.2.1:1 with this public_key is also servers[0].address: the same relay listed twice":                  one(FileRelay{Name: "a", Address: "192.0.2.1:1", PublicKey: pub}, FileRelay{Name: "b", Addresses: []string{"192.0.2.1:1"}, PublicKey: pub}),
-		"\"a/v6\" names a relay and is also the IPv6 session of relay \"a\"":               one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "[2001:db8::1]:1"}, PublicKey: pub}, FileRelay{Name: "a/v6", Address: "192.0.2.9:1", PublicKey: pub}),
+		"servers[0].addresses: address and addresses are exclusive":                                                         one(FileRelay{Name: "a", Address: "192.0.2.1:1", Addresses: []string{"[2001:db8::1]:1"}, PublicKey: pub}),
+		"servers[0].addresses[1]: a second IPv4 address (servers[0].addresses[0] has one)":                                  one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "192.0.2.2:1"}, PublicKey: pub}),
+		"servers[0].addresses: 3 addresses":                                                                                 one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "[2001:db8::1]:1", "192.0.2.2:1"}, PublicKey: pub}),
+		"servers[0].addresses[1]: \"[::ffff:192.0.2.1]:1\" is an IPv4-mapped":                                               one(FileRelay{Name: "a", Addresses: []string{"[2001:db8::1]:1", "[::ffff:192.0.2.1]:1"}, PublicKey: pub}),
+		"servers[0].addresses[0]: \"[fe80::1%eth0]:1\" is link-local":                                                       one(FileRelay{Name: "a", Addresses: []string{"[fe80::1%eth0]:1"}, PublicKey: pub}),
+		"servers[0].address: \"[fe80::1]:1\" is link-local":                                                                 one(FileRelay{Name: "a", Address: "[fe80::1]:1", PublicKey: pub}),
+		"servers[0].address: \"[::]:1\" is not a unicast":                                                                   one(FileRelay{Name: "a", Address: "[::]:1", PublicKey: pub}),
+		"servers[0].address: missing":                                                                                       one(FileRelay{Name: "a", PublicKey: pub}),
+		"servers[1].addresses[0]: 192.0.2.1:1 with this public_key is also servers[0].address: the same relay listed twice": one(FileRelay{Name: "a", Address: "192.0.2.1:1", PublicKey: pub}, FileRelay{Name: "b", Addresses: []string{"192.0.2.1:1"}, PublicKey: pub}),
+		"\"a/v6\" names a relay and is also the IPv6 session of relay \"a\"":                                                one(FileRelay{Name: "a", Addresses: []string{"192.0.2.1:1", "[2001:db8::1]:1"}, PublicKey: pub}, FileRelay{Name: "a/v6", Address: "192.0.2.9:1", PublicKey: pub}),
 	} {
 		if _, err := fc.Build(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v, want %q", err, want)

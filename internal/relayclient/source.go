@@ -177,8 +177,11 @@ func (s *NATSource) closeConns() {
 // requests); discovered relays are not among them.
 func (s *NATSource) Conns() []*relayconn.Conn { return s.static }
 
-// Prepare implements detour.Source: it never blocks.
+// Prepare implements detour.Source: it never blocks. Discovered relays'
+// sessions of server's family open now if they are not open yet
+// (roster.go: openFor).
 func (s *NATSource) Prepare(server netip.AddrPort) {
+	s.openFor(server)
 	now := time.Now()
 	s.eachRelay(server, func(k entryKey, _ *relayconn.Conn) {
 		e := s.entries[k]
@@ -256,9 +259,13 @@ func (s *NATSource) grant(k entryKey, e *entry) {
 	if err != nil {
 		e.failedAt, e.err = now, err
 		s.log.Info("relay grant failed", "relay", c.Relay().Name, "server", k.server, "err", err)
+		if s.ctx.Err() == nil && c.SessionKey().IsZero() {
+			s.handshakeFailedLocked(k.relay) // a discovered session never hand shook: closed, backed off
+		}
 		return
 	}
 	e.detour, e.expires, e.renewAt = d, now.Add(lease), now.Add(lease/2)
+	s.grantedLocked(k.relay)
 	s.log.Debug("relay grant", "relay", c.Relay().Name, "server", k.server, "detour", d, "lease", lease)
 	s.notify()
 }
