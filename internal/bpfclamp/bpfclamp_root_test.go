@@ -72,11 +72,18 @@ func connectedCwnd(t *testing.T, dir, back string) uint32 {
 // second result is the largest snd_cwnd seen in the last eighth; end,
 // when set, gets the socket at the end of the transfer.
 func dialCwnd(t *testing.T, dir, back string, mptcp bool, mid func(), end func(fd int)) (uint32, uint32) {
+	return dialCwndAt(t, dir, back, "127.0.0.1", nil, mptcp, mid, end)
+}
+
+// dialCwndAt is dialCwnd toward the loopback address lo, from the local
+// address local when set (an IPv6 one makes an AF_INET6 socket even
+// toward an IPv4 address).
+func dialCwndAt(t *testing.T, dir, back, lo string, local net.Addr, mptcp bool, mid func(), end func(fd int)) (uint32, uint32) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(mptcp)
-	ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	ln, err := lc.Listen(t.Context(), "tcp", net.JoinHostPort(lo, "0"))
 	if err != nil {
-		t.Fatal(err)
+		t.Skipf("listen on %s: %v", lo, err)
 	}
 	defer ln.Close()
 	go func() {
@@ -91,9 +98,9 @@ func dialCwnd(t *testing.T, dir, back string, mptcp bool, mid func(), end func(f
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var d net.Dialer
+	d := net.Dialer{LocalAddr: local}
 	d.SetMultipathTCP(mptcp)
-	c, err := d.Dial("tcp4", ln.Addr().String())
+	c, err := d.Dial("tcp", ln.Addr().String())
 	// Back to where the process was: the socket keeps the cgroup it was
 	// created in.
 	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
@@ -254,9 +261,83 @@ func TestAttachFailureLeavesNothing(t *testing.T) {
 	}
 }
 
-func TestKeyIPv6Refused(t *testing.T) {
-	if _, err := (Key{Local: netip.MustParseAddr("::1"), Remote: netip.MustParseAddr("::1")}).bytes(); err == nil {
-		t.Error("IPv6 key accepted")
+// A key is the pair's 16-byte forms: an IPv4 address and its mapped form
+// are one key; a pair of two families or an invalid address is refused.
+func TestKeyBytes(t *testing.T) {
+	a := func(s string) netip.Addr { return netip.MustParseAddr(s) }
+	k4, err := (Key{Local: a("10.0.0.1"), Remote: a("10.0.0.2")}).bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if km, err := (Key{Local: a("::ffff:10.0.0.1"), Remote: a("::ffff:10.0.0.2")}).bytes(); err != nil || km != k4 {
+		t.Errorf("mapped key %x (%v), want %x", km, err, k4)
+	}
+	if want := append(append([]byte{}, a("::ffff:10.0.0.1").AsSlice()...), a("::ffff:10.0.0.2").AsSlice()...); string(k4[:]) != string(want) {
+		t.Errorf("IPv4 key %x, want the mapped forms %x", k4, want)
+	}
+	if k6, err := (Key{Local: a("fe80::1%eth0"), Remote: a("fe80::2")}).bytes(); err != nil || k6[0] != 0xfe || k6[31] != 2 {
+		t.Errorf("IPv6 key %x (%v)", k6, err)
+	}
+	for _, k := range []Key{{Local: a("10.0.0.1"), Remote: a("fd00::1")}, {Local: a("::1")}} {
+		if _, err := k.bytes(); err == nil {
+			t.Errorf("key %v accepted", k)
+		}
+	}
+}
+
+// TestClampBothFamilies: the program clamps an IPv6 connection, an MPTCP
+// one over IPv6, and an IPv4 connection on an AF_INET6 socket (mapped
+// addresses, as the agent's cross-family connections have) keyed by the
+// plain IPv4 pair.
+func TestClampBothFamilies(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF, cgroups)")
+	}
+	root := cgroupRoot(t)
+	back := ownCgroup(t, root)
+	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfclamp6-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove cgroup: %v", err)
+		}
+	})
+	c, err := Attach(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const clamp = 4
+	for _, lo := range []string{"::1", "127.0.0.1"} {
+		a := netip.MustParseAddr(lo)
+		if err := c.Set(Key{Local: a, Remote: a}, clamp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		lo    string
+		local net.Addr
+		mptcp bool
+	}{
+		{"IPv6", "::1", nil, false},
+		{"IPv6 MPTCP subflow", "::1", nil, true},
+		{"IPv4 on an AF_INET6 socket", "127.0.0.1", &net.TCPAddr{IP: net.IPv6unspecified}, false},
+	} {
+		got, _ := dialCwndAt(t, dir, back, tc.lo, tc.local, tc.mptcp, nil, nil)
+		t.Logf("%s, clamp %d: largest snd_cwnd %d", tc.name, clamp, got)
+		if got == 0 || got > clamp {
+			t.Errorf("%s: largest snd_cwnd %d, want 1..%d", tc.name, got, clamp)
+		}
+	}
+	a := netip.MustParseAddr("::1")
+	if err := c.Delete(Key{Local: a, Remote: a}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := dialCwndAt(t, dir, back, "::1", nil, false, nil, nil); got <= clamp {
+		t.Errorf("IPv6 after Delete: largest snd_cwnd %d, want above %d", got, clamp)
 	}
 }
 

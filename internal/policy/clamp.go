@@ -114,10 +114,6 @@ func (c *Clamps) Decide(ms []Measurement) []Clamp {
 			p = &clampPair{ClampPair: ClampPair{Local: k[0], Remote: k[1], Path: PathName(&d, "")}}
 			c.pairs[k] = p
 		}
-		if !k[0].Is4() || !k[1].Is4() {
-			p.Note = "IPv6: the clamp program matches IPv4 pairs only"
-			continue
-		}
 		if m.DeliveryRate > 0 && !m.AppLimited {
 			p.MaxRate = max(p.MaxRate, float64(m.DeliveryRate))
 		}
@@ -137,7 +133,7 @@ func (c *Clamps) Decide(ms []Measurement) []Clamp {
 			continue
 		}
 		p.Note = ""
-		if p.set != 0 && segs*8 <= p.set*9 && segs*8 >= p.set*7 {
+		if s, set := uint64(segs)*8, uint64(p.set); set != 0 && s <= set*9 && s >= set*7 {
 			continue
 		}
 		p.set, p.Segments = segs, segs

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -83,15 +84,28 @@ func TestClampsDecide(t *testing.T) {
 	}
 }
 
-func TestClampsIPv6Noted(t *testing.T) {
+// An IPv6 tunnel pair is clamped like an IPv4 one (the program keys both
+// families).
+func TestClampsIPv6Pair(t *testing.T) {
 	srv6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
 	d := detour.Detour{Kind: detour.Tunnel, Relay: "r6", Local: netip.MustParseAddr("fd00:9::2"), Remote: srv6}
 	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d}}})
 	got := c.Decide([]Measurement{{Local: netip.AddrPortFrom(d.Local, 1), Remote: srv6, DeliveryRate: 1e6, MinRTT: time.Millisecond, RTT: 10 * time.Millisecond, SndMSS: 1300}})
-	if len(got) != 0 {
-		t.Fatalf("IPv6 pair clamped: %v", got)
+	if len(got) != 1 || got[0].Local != d.Local || got[0].Remote != srv6.Addr() || got[0].Segments != ClampFloor {
+		t.Fatalf("IPv6 pair: clamps %+v, want one at %d segments", got, ClampFloor)
 	}
-	if ps := c.Pairs(); len(ps) != 1 || ps[0].Note == "" {
-		t.Errorf("pairs %+v: want the IPv6 pair with a note", ps)
+}
+
+// An absurd rate gives the largest clamp; deciding it again changes
+// nothing (the eighth's comparison does not wrap around in uint32).
+func TestClampsHugeRateStable(t *testing.T) {
+	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d3}}})
+	m := Measurement{Token: 1, Local: netip.AddrPortFrom(d3.Local, 41000), Remote: server, DeliveryRate: 1 << 62,
+		MinRTT: 10 * time.Second, RTT: 20 * time.Second, SndMSS: 536}
+	if got := c.Decide([]Measurement{m}); len(got) != 1 || got[0].Segments != math.MaxInt32 {
+		t.Fatalf("first clamp %+v, want one at %d segments", got, math.MaxInt32)
+	}
+	if got := c.Decide([]Measurement{m}); len(got) != 0 {
+		t.Fatalf("same measurement: clamps %+v, want none", got)
 	}
 }

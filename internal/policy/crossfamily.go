@@ -108,6 +108,32 @@ func (p *Engine) addAlt(k *kconn, addr netip.AddrPort, from string, prepare bool
 	return true
 }
 
+// dropAlt forgets an other-family address the server withdrew (REMOVE_ADDR):
+// no new detour leads there, and grants toward it are released when no
+// other connection uses it. A configured mapping is the operator's
+// assertion and stays, and so does an address the server still
+// announces under another id.
+func (p *Engine) dropAlt(k *kconn, addr netip.AddrPort) {
+	for _, a := range k.announced {
+		if a == addr {
+			return
+		}
+	}
+	for i, a := range k.alts {
+		if a.addr != addr || a.from != "ADD_ADDR" {
+			continue
+		}
+		k.alts = append(k.alts[:i:i], k.alts[i+1:]...)
+		if p.servers[addr]--; p.servers[addr] <= 0 {
+			delete(p.servers, addr)
+			p.release(addr)
+		}
+		k.cross = fmt.Sprintf("%s address %s withdrawn by the server (REMOVE_ADDR)", FamilyName(addr.Addr()), addr)
+		p.cfg.Log.Debug("cross-family address withdrawn", "token", fmt.Sprintf("%08x", k.c.Token), "server", k.c.Remote, "other", addr)
+		return
+	}
+}
+
 // noteCross logs, once per connection, why it gets no cross-family detour.
 func (p *Engine) noteCross(k *kconn, why string, args ...any) {
 	if k.crossNoted {

@@ -312,17 +312,25 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 	f, relayKey, members, p := floodLine(b, n)
 	d := time.Duration(secs) * time.Second
 	type phase struct {
-		name string
-		r    floodResult
-		load string // load average at the phase's start and end
-		self time.Duration
+		name  string
+		r     floodResult
+		load  string // load average at the phase's start and end
+		self  time.Duration
+		drops int64 // the relay namespace's UDP RcvbufErrors during the phase (-1: unreadable)
 	}
 	var phases []phase
 	run := func(name string, rate int, d time.Duration) {
 		l0 := loadAvg()
 		self0 := selfCPU()
+		drops0 := rcvbufErrors(b, f.Relay)
 		r := runFlood(b, f, relayKey, members, p, rate, d, time.Second)
-		phases = append(phases, phase{name, r, l0 + " -> " + loadAvg(), selfCPU() - self0})
+		drops := rcvbufErrors(b, f.Relay)
+		if drops >= 0 && drops0 >= 0 {
+			drops -= drops0
+		} else {
+			drops = -1
+		}
+		phases = append(phases, phase{name, r, l0 + " -> " + loadAvg(), selfCPU() - self0, drops})
 	}
 	run("no flood", 0, d/2)
 	run("flood", rate, d)
@@ -333,13 +341,17 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 		run("flood at the lower rate", low, d)
 	}
 	var rep strings.Builder
-	fmt.Fprintf(&rep, "| run | spoofed pkt/s asked (sent) | attempts | ok | grant within 1 s | p50 | p99 | max | relay CPU | test process CPU (members + flooder) | load average |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&rep, "| run | spoofed pkt/s asked (sent) | attempts | ok | grant within 1 s | p50 | p99 | max | relay CPU | test process CPU (members + flooder) | relay socket drops (UDP RcvbufErrors) | load average |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, ph := range phases {
 		r := ph.r
 		sent := float64(r.Sent) / r.Duration.Seconds()
-		fmt.Fprintf(&rep, "| %s | %d (%.0f) | %d | %d | %.1f%% | %v | %v | %v | %.0f%% of a core | %.0f%% of a core | %s |\n", ph.name, r.Rate, sent, r.Attempts, r.OK,
+		drops := "?"
+		if ph.drops >= 0 {
+			drops = strconv.FormatInt(ph.drops, 10)
+		}
+		fmt.Fprintf(&rep, "| %s | %d (%.0f) | %d | %d | %.1f%% | %v | %v | %v | %.0f%% of a core | %.0f%% of a core | %s | %s |\n", ph.name, r.Rate, sent, r.Attempts, r.OK,
 			r.pct(r.Within1s), r.quantile(0.5).Round(time.Millisecond), r.quantile(0.99).Round(time.Millisecond), r.quantile(1).Round(time.Millisecond),
-			100*r.RelayCPU.Seconds()/r.Duration.Seconds(), 100*ph.self.Seconds()/r.Duration.Seconds(), ph.load)
+			100*r.RelayCPU.Seconds()/r.Duration.Seconds(), 100*ph.self.Seconds()/r.Duration.Seconds(), drops, ph.load)
 	}
 	b.Logf("\n%s", rep.String())
 	if path := os.Getenv("MPDETOUR_FLOOD_REPORT"); path != "" {
@@ -347,6 +359,36 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// rcvbufErrors is namespace ns's UDP RcvbufErrors (datagrams dropped
+// because a socket's receive buffer was full: the relay's, in the relay
+// namespace), -1 when unreadable.
+func rcvbufErrors(t testing.TB, ns string) int64 {
+	n := int64(-1)
+	in(t, ns, func() {
+		b, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return
+		}
+		var names []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || f[0] != "Udp:" {
+				continue
+			}
+			if names == nil {
+				names = f
+				continue
+			}
+			for i := range f {
+				if i < len(names) && names[i] == "RcvbufErrors" {
+					n, _ = strconv.ParseInt(f[i], 10, 64)
+				}
+			}
+		}
+	})
+	return n
 }
 
 // loadAvg is the 1-minute load average ("?" when unreadable).

@@ -26,6 +26,19 @@
 //   - revoked-conversion (break 4): a member's conversion streams from a
 //     server to the member; the relay's members list drops the member
 //     (SIGHUP). Target: 0 bytes from 2 s after the reload on.
+//   - revoked-crl (break 4, the certificate path): as revoked-conversion,
+//     but the member is known by its certificate and the revocation list
+//     naming it is written to another relay's crl_file: it reaches the
+//     converter's relay by gossip. Target: 0 bytes from 2 s after that
+//     relay holds the list.
+//   - destinations-v6 (issue 31): two relays in a dual-stack lab; a
+//     member asks for NAT grants toward every special-use IPv6 range (and
+//     IPv4-mapped, NAT64 and a few IPv4 baselines). Target: 0 granted,
+//     and every control destination granted.
+//   - subflow-churn (break 7, and break 6 under churn): relays in 4
+//     detour nodes, an agent keeping 4 NAT detour subflows per connection,
+//     200 short MPTCP connections/s for 60 s. Target: SUBFLOW_CREATE <= 2 x
+//     connections x 4, and no server join limit learned (churn.go).
 //
 // Lab only: nothing here is part of the product.
 package breaks
@@ -48,11 +61,14 @@ const (
 	ConvertSocket = "convert-socket"
 	RotationQuota = "rotation-quota"
 	RevokedConv   = "revoked-conversion"
+	DestV6        = "destinations-v6" // issue 31: no break number
+	RevokedCRL    = "revoked-crl"
+	SubflowChurn  = "subflow-churn"
 )
 
 // Cases lists the cases in the order the suite runs them.
 func Cases() []string {
-	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv}
+	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv, DestV6, RevokedCRL, SubflowChurn}
 }
 
 // Result is one case against one build.
@@ -104,6 +120,12 @@ func Run(ctx context.Context, name string, o Options) Result {
 		r = rotationQuota(ctx, o)
 	case RevokedConv:
 		r = revokedConversion(ctx, o)
+	case DestV6:
+		r = destinationsV6(ctx, o)
+	case RevokedCRL:
+		r = revokedCRL(ctx, o)
+	case SubflowChurn:
+		r = subflowChurn(ctx, o)
 	default:
 		r = Result{Case: name, Error: fmt.Sprintf("unknown case %q (known: %s)", name, strings.Join(Cases(), ", "))}
 	}

@@ -84,15 +84,7 @@ func (l *caseLab) do(node string, fn func() error) error { return l.Do(node, fn)
 func (l *caseLab) close() error {
 	var errs []error
 	for _, c := range l.procs {
-		c.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { c.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			c.Process.Kill()
-			<-done
-		}
+		stopProc(c)
 	}
 	errs = append(errs, l.Down())
 	return errors.Join(errs...)
@@ -125,12 +117,17 @@ func (l *caseLab) startRelay(ctx context.Context, o Options, node, name, config 
 }
 
 // dialRelay opens a member's control connection to relay from the
-// client node.
+// client node (over IPv4).
 func (l *caseLab) dialRelay(relay relayconn.Relay, k proto.Key, cert []byte) (*relayconn.Conn, error) {
+	return l.dialRelayNet(relay, k, cert, "udp4")
+}
+
+// dialRelayNet is dialRelay over network ("udp4" or "udp6").
+func (l *caseLab) dialRelayNet(relay relayconn.Relay, k proto.Key, cert []byte, network string) (*relayconn.Conn, error) {
 	var pc net.PacketConn
 	if err := l.do("client", func() error {
 		var err error
-		pc, err = net.ListenPacket("udp4", ":0")
+		pc, err = net.ListenPacket(network, ":0")
 		return err
 	}); err != nil {
 		return nil, err
@@ -141,6 +138,23 @@ func (l *caseLab) dialRelay(relay relayconn.Relay, k proto.Key, cert []byte) (*r
 		return nil, err
 	}
 	return c, nil
+}
+
+// stopProc stops c: SIGTERM, then SIGKILL after 5 s (a stopped one is
+// left as it is).
+func stopProc(c *exec.Cmd) {
+	if c.ProcessState != nil {
+		return
+	}
+	c.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { c.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		c.Process.Kill()
+		<-done
+	}
 }
 
 // failed is r with err as the reason the case could not run.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/convert"
+	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 )
 
@@ -48,68 +49,13 @@ func revokedConversion(ctx context.Context, o Options) Result {
 		return r.failed(err)
 	}
 	relayProc := l.procs[len(l.procs)-1].Process
-	// The server streams to whoever connects.
-	var ln net.Listener
-	if err := l.do("server", func() error {
-		var err error
-		ln, err = net.Listen("tcp", server.String())
-		return err
-	}); err != nil {
-		return r.failed(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 16<<10)
-				for {
-					if _, err := c.Write(buf); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	rc, err := l.dialRelay(relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, nil)
+	cs, err := l.streamConversion(ctx, server, relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, nil)
 	if err != nil {
-		return r.failed(err)
-	}
-	defer rc.Close()
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conv, tickets, _, err := rc.Convert(cctx, 1)
-	cancel()
-	if err != nil || len(tickets) == 0 {
-		r.Error = fmt.Sprintf("converter tickets: %v (log in %s)", err, o.Dir)
+		r.Error = fmt.Sprintf("%v (log in %s)", err, o.Dir)
 		return r
 	}
-	var c net.Conn
-	if err := l.do("client", func() error {
-		var err error
-		c, err = convert.Dial(ctx, conv, server, tickets[0][:], convert.DialOptions{})
-		return err
-	}); err != nil {
-		r.Error = "conversion: " + err.Error()
-		return r
-	}
-	defer c.Close()
-	var got atomic.Int64
-	ended := make(chan error, 1)
-	go func() {
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			got.Add(int64(n))
-			if err != nil {
-				ended <- err
-				return
-			}
-		}
-	}()
+	defer cs.close()
+	got, ended := &cs.got, cs.ended
 	time.Sleep(time.Second)
 	before := got.Load()
 	if before == 0 {
@@ -143,4 +89,76 @@ func revokedConversion(ctx context.Context, o Options) Result {
 	r.Detail = fmt.Sprintf("a conversion streaming server->member carried %d bytes in its first second; the member removed from members and SIGHUP at t0: %d bytes in t0..t0+%s, %d bytes in t0+%s..t0+%s; the conversion %s %s after t0",
 		before, atGrace-before, revokeGrace, moved, revokeGrace, revokeGrace+revokeWatch, endedIn, time.Since(t0).Round(time.Millisecond))
 	return r
+}
+
+// conversionStream is a member's conversion carrying a server's endless
+// stream to the client node: got counts the bytes read, ended gets the
+// read error that ended it (at endedAt, Unix ns).
+type conversionStream struct {
+	rc      *relayconn.Conn // the member's control connection
+	got     atomic.Int64
+	endedAt atomic.Int64
+	ended   chan error
+	closers []io.Closer
+}
+
+func (cs *conversionStream) close() {
+	for i := len(cs.closers) - 1; i >= 0; i-- {
+		cs.closers[i].Close()
+	}
+}
+
+// streamConversion starts a server streaming to whoever connects at
+// server (in the server node), asks relay for a converter ticket as the
+// member (key k, certificate cert or nil) from the client node, and reads
+// the stream through the conversion.
+func (l *caseLab) streamConversion(ctx context.Context, server netip.AddrPort, relay relayconn.Relay, k proto.Key, cert []byte) (*conversionStream, error) {
+	cs := &conversionStream{ended: make(chan error, 1)}
+	var ln net.Listener
+	if err := l.do("server", func() error {
+		var err error
+		ln, err = net.Listen("tcp", server.String())
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	cs.closers = append(cs.closers, ln)
+	go streamTo(ln)
+	rc, err := l.dialRelay(relay, k, cert)
+	if err != nil {
+		cs.close()
+		return nil, err
+	}
+	cs.rc = rc
+	cs.closers = append(cs.closers, rc)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conv, tickets, _, err := rc.Convert(cctx, 1)
+	cancel()
+	if err != nil || len(tickets) == 0 {
+		cs.close()
+		return nil, fmt.Errorf("converter tickets: %v", err)
+	}
+	var c net.Conn
+	if err := l.do("client", func() error {
+		var err error
+		c, err = convert.Dial(ctx, conv, server, tickets[0][:], convert.DialOptions{})
+		return err
+	}); err != nil {
+		cs.close()
+		return nil, fmt.Errorf("conversion: %w", err)
+	}
+	cs.closers = append(cs.closers, c)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			cs.got.Add(int64(n))
+			if err != nil {
+				cs.endedAt.Store(time.Now().UnixNano())
+				cs.ended <- err
+				return
+			}
+		}
+	}()
+	return cs, nil
 }
