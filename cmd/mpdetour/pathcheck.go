@@ -35,7 +35,7 @@ func pathCheckCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "path-check",
 		Summary: "tracebox-style probe: do MPTCP options survive the default path and each detour, and where are they stripped",
-		Usage: "SERVER:PORT [--nat NAME=RELAY:PORT]... [--tunnel NAME=IFACE|ADDR]... [--agent-config FILE] [--join] [--json]\n\n" +
+		Usage: "SERVER:PORT [SERVER6:PORT] [--nat NAME=RELAY:PORT]... [--tunnel NAME=IFACE|ADDR]... [--agent-config FILE] [--join] [--json]\n\n" +
 			"Sends TCP SYNs carrying MP_CAPABLE (and with --join MP_JOIN) with TTL 1, 2, ... through each\n" +
 			"path, compares what every router quotes back in its ICMP time-exceeded error with what was\n" +
 			"sent, and reads the server's SYN/ACK. Per path it prints the hops, which TCP fields and options\n" +
@@ -46,11 +46,15 @@ func pathCheckCommand() *cli.Command {
 			"(probes go to the relay's granted address and port; the relay forwards them to the server),\n" +
 			"each --tunnel (probes leave from the interface, or from the address, of a tunnel detour), and\n" +
 			"with --agent-config a NAT detour granted by each relay of that agent config (as `doctor\n" +
-			"--server` does; the grant lapses with its lease). Needs root (raw sockets). Exit status 1\n" +
-			"when a path does not carry MPTCP.",
+			"--server` does; the grant lapses with its lease). Both families: IPv4 paths get IPv4\n" +
+			"probes, IPv6 paths IPv6 probes; give the server's address of each family to probe both\n" +
+			"(`path-check 192.0.2.10:443 '[2001:db8::10]:443'`: a default path per family, tunnels per\n" +
+			"family, each relay asked for the server of its own family), IPv6 as [ADDR]:PORT. The report\n" +
+			"ends with one line per family. Needs root (raw sockets). Exit status 1 when a path does not\n" +
+			"carry MPTCP.",
 		Flags: func(fs *flag.FlagSet) {
-			fs.Var(&nats, "nat", "a NAT detour: NAME=RELAY:PORT, the relay's address and the port it granted for SERVER:PORT (repeatable)")
-			fs.Var(&tunnels, "tunnel", "a tunnel detour: NAME=IFACE (probes bound to the interface) or NAME=ADDR (its local address) (repeatable)")
+			fs.Var(&nats, "nat", "a NAT detour: NAME=RELAY:PORT, the relay's address (IPv4 or [IPv6]) and the port it granted for the server (repeatable)")
+			fs.Var(&tunnels, "tunnel", "a tunnel detour: NAME=IFACE (probes bound to the interface, toward each server given) or NAME=ADDR (its local address, IPv4 or IPv6: toward the server of that family) (repeatable)")
 			fs.StringVar(&agentConfig, "agent-config", "", "also ask every relay of this agent config for a NAT detour to SERVER:PORT and probe it")
 			fs.StringVar(&netns, "netns", "", "probe from this network namespace (a name under /run/netns or a path)")
 			fs.BoolVar(&join, "join", false, "also send MP_JOIN probes (random token: the server resets them, but the hops show whether MP_JOIN survives)")
@@ -62,15 +66,9 @@ func pathCheckCommand() *cli.Command {
 		},
 		Interspersed: true,
 		Run: func(ctx context.Context, args []string) error {
-			if len(args) != 1 {
-				return cli.Usagef("path-check: want exactly one SERVER:PORT, got %d arguments", len(args))
-			}
-			server, err := netip.ParseAddrPort(args[0])
-			if err != nil || !server.Addr().Is4() || server.Port() == 0 {
-				if err == nil && server.Addr().Is6() {
-					return cli.Usagef("path-check: %q is an IPv6 server: path-check probes IPv4 paths only (its probes are crafted IPv4 packets; IPv6 not built)", args[0])
-				}
-				return cli.Usagef("path-check: %q is not an IPv4 SERVER:PORT (numeric address, port 1-65535)", args[0])
+			servers, err := pathCheckServers(args)
+			if err != nil {
+				return err
 			}
 			if maxTTL < 1 || maxTTL > 64 {
 				return cli.Usagef("path-check: --max-ttl %d out of range 1-64", maxTTL)
@@ -89,13 +87,15 @@ func pathCheckCommand() *cli.Command {
 				return nil
 			}
 			if !noDefault {
-				_ = addPath(pathcheck.Path{Name: "default", Kind: pathcheck.Default, Dst: server})
+				for _, server := range servers {
+					_ = addPath(pathcheck.Path{Name: "default" + familySuffix(servers, server), Kind: pathcheck.Default, Dst: server})
+				}
 			}
 			for _, n := range nats {
 				name, addr, ok := strings.Cut(n, "=")
 				ap, err := netip.ParseAddrPort(addr)
-				if !ok || name == "" || err != nil || !ap.Addr().Is4() {
-					return cli.Usagef("path-check: --nat %q is not NAME=RELAY:PORT (IPv4, numeric)", n)
+				if !ok || name == "" || err != nil {
+					return cli.Usagef("path-check: --nat %q is not NAME=RELAY:PORT (numeric; IPv6 as NAME=[ADDR]:PORT)", n)
 				}
 				if err := addPath(pathcheck.Path{Name: "nat:" + name, Kind: pathcheck.NAT, Dst: ap}); err != nil {
 					return err
@@ -106,23 +106,27 @@ func pathCheckCommand() *cli.Command {
 				if !ok || name == "" || v == "" {
 					return cli.Usagef("path-check: --tunnel %q is not NAME=IFACE or NAME=ADDR", t)
 				}
-				p := pathcheck.Path{Name: "tunnel:" + name, Kind: pathcheck.Tunnel, Dst: server}
 				if a, err := netip.ParseAddr(v); err == nil {
-					if !a.Is4() {
-						return cli.Usagef("path-check: --tunnel %q: IPv4 addresses only", t)
+					server, ok := serverOfFamily(servers, a)
+					if !ok {
+						return cli.Usagef("path-check: --tunnel %q: an %s tunnel address, but no %s SERVER:PORT given", t, policy.FamilyName(a), policy.FamilyName(a))
 					}
-					p.Src = a
-				} else if len(v) > 15 || strings.ContainsAny(v, "/ ") {
-					return cli.Usagef("path-check: --tunnel %q: %q is neither an IPv4 address nor an interface name", t, v)
-				} else {
-					p.Device = v
+					if err := addPath(pathcheck.Path{Name: "tunnel:" + name, Kind: pathcheck.Tunnel, Dst: server, Src: a}); err != nil {
+						return err
+					}
+					continue
 				}
-				if err := addPath(p); err != nil {
-					return err
+				if len(v) > 15 || strings.ContainsAny(v, "/ ") {
+					return cli.Usagef("path-check: --tunnel %q: %q is neither an address nor an interface name", t, v)
+				}
+				for _, server := range servers {
+					if err := addPath(pathcheck.Path{Name: "tunnel:" + name + familySuffix(servers, server), Kind: pathcheck.Tunnel, Dst: server, Device: v}); err != nil {
+						return err
+					}
 				}
 			}
 			if agentConfig != "" {
-				ps, err := grantedPaths(ctx, agentConfig, server)
+				ps, err := grantedPaths(ctx, agentConfig, servers)
 				if err != nil {
 					return err
 				}
@@ -160,10 +164,59 @@ func pathCheckCommand() *cli.Command {
 	}
 }
 
-// grantedPaths asks each relay of an agent config for a NAT detour to
-// server. The grants are not released: a running agent of the same member
-// shares them (one mapping per member and server); unused, they lapse.
-func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pathcheck.Path, error) {
+// pathCheckServers reads the SERVER:PORT arguments: one or two, at most
+// one per family (the server's IPv4 and IPv6 addresses).
+func pathCheckServers(args []string) ([]netip.AddrPort, error) {
+	if len(args) < 1 || len(args) > 2 {
+		return nil, cli.Usagef("path-check: want SERVER:PORT (and optionally the server's address of the other family), got %d arguments", len(args))
+	}
+	var servers []netip.AddrPort
+	for _, a := range args {
+		ap, err := netip.ParseAddrPort(a)
+		switch {
+		case err != nil || ap.Port() == 0:
+			return nil, cli.Usagef("path-check: %q is not SERVER:PORT (numeric address, IPv6 as [ADDR]:PORT, port 1-65535)", a)
+		case ap.Addr().Is4In6():
+			return nil, cli.Usagef("path-check: %q is an IPv4-mapped IPv6 address: give the IPv4 address %v", a, ap.Addr().Unmap())
+		case ap.Addr().Zone() != "" || ap.Addr().IsLinkLocalUnicast():
+			return nil, cli.Usagef("path-check: %q is link-local: no path through routers to probe", a)
+		}
+		if len(servers) == 1 && servers[0].Addr().Is4() == ap.Addr().Is4() {
+			return nil, cli.Usagef("path-check: %s and %s are both %s: give at most one server address per family", servers[0], ap, policy.FamilyName(ap.Addr()))
+		}
+		servers = append(servers, ap)
+	}
+	return servers, nil
+}
+
+// familySuffix tells apart the paths of two servers (one per family);
+// with one server, paths keep their plain names.
+func familySuffix(servers []netip.AddrPort, s netip.AddrPort) string {
+	if len(servers) < 2 {
+		return ""
+	}
+	if s.Addr().Is4() {
+		return "-v4"
+	}
+	return "-v6"
+}
+
+// serverOfFamily returns the server given of a's family.
+func serverOfFamily(servers []netip.AddrPort, a netip.Addr) (netip.AddrPort, bool) {
+	for _, s := range servers {
+		if s.Addr().Is4() == a.Unmap().Is4() {
+			return s, true
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
+// grantedPaths asks each relay of an agent config for a NAT detour to the
+// server of the relay's family (a relay grants only within its control
+// session's family). The grants are not released: a running agent of the
+// same member shares them (one mapping per member and server); unused,
+// they lapse.
+func grantedPaths(ctx context.Context, file string, servers []netip.AddrPort) ([]pathcheck.Path, error) {
 	cfg, err := agentd.LoadConfig(file)
 	if err != nil {
 		return nil, err
@@ -176,10 +229,12 @@ func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pa
 	var ps []pathcheck.Path
 	var errs []error
 	for _, rel := range src.Relays {
-		if rel.Addr.Addr().Unmap().Is4() != server.Addr().Is4() {
+		server, ok := serverOfFamily(servers, rel.Addr.Addr())
+		if !ok {
 			// A relay grants only within its control session's family.
-			fmt.Fprintf(os.Stderr, "path-check: relay %s skipped: %s relay, %s server (path-check probes IPv4 paths only)\n",
-				rel.Name, policy.FamilyName(rel.Addr.Addr()), policy.FamilyName(server.Addr()))
+			fam := policy.FamilyName(rel.Addr.Addr())
+			fmt.Fprintf(os.Stderr, "path-check: relay %s skipped: an %s relay grants only toward %s servers; give the server's %s address too\n",
+				rel.Name, fam, fam, fam)
 			continue
 		}
 		c, err := relayconn.Dial(rel, src.PrivateKey, src.Options)
@@ -207,23 +262,31 @@ func grantedPaths(ctx context.Context, file string, server netip.AddrPort) ([]pa
 }
 
 // printFamilySummary prints one line per address family: the paths
-// probed and their verdicts; IPv6 paths are not probed (the probes are
-// crafted IPv4 packets; an IPv6 prober is not built).
+// probed (a path's family is its destination's) and their verdicts.
 func printFamilySummary(w io.Writer, rep *pathcheck.Report) {
-	verdicts := map[string]int{}
-	n := 0
-	for _, p := range rep.Paths {
-		verdicts[p.Verdict]++
-		n++
-	}
-	var parts []string
-	for _, v := range []string{pathcheck.OK, pathcheck.Stripped, pathcheck.NoMPTCP, pathcheck.Closed, pathcheck.Unreachable, pathcheck.Failed} {
-		if verdicts[v] > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", verdicts[v], v))
+	fmt.Fprintln(w)
+	for _, v6 := range []bool{false, true} {
+		verdicts := map[string]int{}
+		n := 0
+		for _, p := range rep.Paths {
+			if p.Path.Dst.Addr().Is6() == v6 {
+				verdicts[p.Verdict]++
+				n++
+			}
 		}
+		fam := map[bool]string{false: "IPv4", true: "IPv6"}[v6]
+		if n == 0 {
+			fmt.Fprintf(w, "%s: no path probed (give the server's %s address, an %s --nat relay or --tunnel address)\n", fam, fam, fam)
+			continue
+		}
+		var parts []string
+		for _, v := range []string{pathcheck.OK, pathcheck.Stripped, pathcheck.NoMPTCP, pathcheck.Closed, pathcheck.Unreachable, pathcheck.Failed} {
+			if verdicts[v] > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", verdicts[v], v))
+			}
+		}
+		fmt.Fprintf(w, "%s: %d paths probed (%s)\n", fam, n, strings.Join(parts, ", "))
 	}
-	fmt.Fprintf(w, "\nIPv4: %d paths probed (%s)\n", n, strings.Join(parts, ", "))
-	fmt.Fprintf(w, "IPv6: not probed (path-check crafts IPv4 probes only; an IPv6 detour's subflows show in `mpdetour status`)\n")
 }
 
 func printPathCheck(w io.Writer, rep *pathcheck.Report) {

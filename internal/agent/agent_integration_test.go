@@ -213,6 +213,23 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, stri
 	t.Fatalf("timed out after %s waiting for %s; last: %s", d, what, last)
 }
 
+// statusUntil polls the agent's status until cond holds and returns it. The
+// kernel's view (inet_diag) can show a subflow open, carrying data or gone
+// before the agent has handled the event that tells it so: a test that
+// waited for the kernel must not read the agent's status once.
+func statusUntil(t *testing.T, sock string, d time.Duration, what string, cond func(Status) bool) Status {
+	t.Helper()
+	var st Status
+	waitFor(t, d, what, func() (bool, string) {
+		var err error
+		if st, err = FetchStatus(sock); err != nil {
+			return false, err.Error()
+		}
+		return cond(st), fmt.Sprintf("%+v", st)
+	})
+	return st
+}
+
 // kernelSubflows asks the kernel (inet_diag) which remotes the connection's
 // established subflows go to (a destroyed subflow on a silent path lingers
 // in FIN_WAIT1 until its FIN times out; it carries nothing).
@@ -311,13 +328,15 @@ func TestAgentDetourSubflowReplaceAndAdopt(t *testing.T) {
 		sfs := kernelSubflows(t, ns, local)
 		return has(sfs, d2) && !has(sfs, d1), fmt.Sprint(sfs)
 	})
-	st, _ = FetchStatus(cfg.Socket)
-	t.Logf("status after d1 died: detours %+v", st.Detours)
-	for _, d := range st.Detours {
-		if d.Relay == "d1" && d.Failed == 0 {
-			t.Errorf("status: d1 shows no failure after its path died: %+v", d)
+	st = statusUntil(t, cfg.Socket, 5*time.Second, "status: d1 shows a failure after its path died", func(st Status) bool {
+		for _, d := range st.Detours {
+			if d.Relay == "d1" {
+				return d.Failed != 0
+			}
 		}
-	}
+		return true // no d1 entry: nothing to check
+	})
+	t.Logf("status after d1 died: detours %+v", st.Detours)
 
 	// 3. Restart: the agent restores pm_type on exit, and the new one adopts
 	// the connection, recognising the d2 subflow.
@@ -386,13 +405,9 @@ func TestAgentResyncAfterLostEvents(t *testing.T) {
 		st, _ := FetchStatus(cfg.Socket)
 		return false, fmt.Sprintf("%d of %d connections without a detour subflow: %v; agent: %+v", len(missing), n, missing, st.Connections)
 	})
-	st, err := FetchStatus(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Counters.EventsLost == 0 || st.Counters.Resyncs < 2 {
-		t.Fatalf("counters %+v: the burst should have overflowed the buffer and caused a resync", st.Counters)
-	}
+	st := statusUntil(t, cfg.Socket, 5*time.Second, "counters: the burst should have overflowed the buffer and caused a resync", func(st Status) bool {
+		return st.Counters.EventsLost != 0 && st.Counters.Resyncs >= 2
+	})
 	t.Logf("counters: %+v", st.Counters)
 }
 
@@ -415,17 +430,16 @@ func TestAgentHonoursServerAnnouncements(t *testing.T) {
 		sfs := kernelSubflows(t, ns, local)
 		return has(sfs, want) && len(sfs) == 2, fmt.Sprint(sfs)
 	})
-	st, err := FetchStatus(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, s := range st.Connections[0].Subflows {
-		found = found || s.Path == "announced" && s.Remote == want.String()
-	}
-	if !found {
-		t.Fatalf("status does not show the announced subflow: %+v", st.Connections[0].Subflows)
-	}
+	statusUntil(t, cfg.Socket, 5*time.Second, "status to show the announced subflow", func(st Status) bool {
+		for _, c := range st.Connections {
+			for _, s := range c.Subflows {
+				if s.Path == "announced" && s.Remote == want.String() {
+					return true
+				}
+			}
+		}
+		return false
+	})
 }
 
 var testLogLevel = func() slog.Level {
@@ -471,15 +485,14 @@ func TestAgentSilentDetourFailures(t *testing.T) {
 		sfs := kernelSubflows(t, ns, local)
 		return has(sfs, d1) && !has(sfs, d2), fmt.Sprint(sfs)
 	})
-	st, err := FetchStatus(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range st.Detours {
-		if d.Relay == "d2" && (d.Failed == 0 || !strings.Contains(d.LastError, "stalled")) {
-			t.Errorf("status: d2 does not show the stall: %+v", d)
+	statusUntil(t, cfg.Socket, 5*time.Second, "status: d2 shows the stall", func(st Status) bool {
+		for _, d := range st.Detours {
+			if d.Relay == "d2" && (d.Failed == 0 || !strings.Contains(d.LastError, "stalled")) {
+				return false
+			}
 		}
-	}
+		return true
+	})
 }
 
 // The adaptive policy redials a dead default path on a fresh subflow (same
@@ -546,22 +559,18 @@ table ip tahole {
 		return ok && !old, strings.Join(desc, "; ")
 	})
 	t.Logf("default path redialled from %s, carrying data %s after the path came back", fresh.Local, time.Since(restored).Round(100*time.Millisecond))
-	st, err := FetchStatus(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, cs := range st.Connections {
-		for _, sf := range cs.Subflows {
-			if sf.Path == "default" {
-				found = true
-				if sf.Role != "active" || sf.Local != fresh.Local.String() {
-					t.Errorf("status: default path %+v, want active from %s", sf, fresh.Local)
+	statusUntil(t, cfg.Socket, 5*time.Second, "status: the default path active from "+fresh.Local.String()+" only", func(st Status) bool {
+		found := false
+		for _, cs := range st.Connections {
+			for _, sf := range cs.Subflows {
+				if sf.Path == "default" {
+					found = true
+					if sf.Role != "active" || sf.Local != fresh.Local.String() {
+						return false
+					}
 				}
 			}
 		}
-	}
-	if !found {
-		t.Errorf("status shows no default path: %+v", st.Connections)
-	}
+		return found
+	})
 }

@@ -129,7 +129,12 @@ func TestAgentJoinResetAfterOwnDestroyLearnsNoLimit(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	from := len(h.k.Commands())
 	h.connect(2)
-	time.Sleep(500 * time.Millisecond)
+	// Wait for both creates (a loaded machine may take longer than a fixed
+	// wait), then a little longer for a third one that must not come.
+	for deadline := time.Now().Add(5 * time.Second); createsBy(h.k.Commands()[from:])[2] < 2 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
 	if n := createsBy(h.k.Commands()[from:])[2]; n != 2 {
 		t.Fatalf("the next connection got %d detour subflows, want 2 (a server limit was learned from the agent's own destroy); commands %v",
 			n, h.k.Commands()[from:])

@@ -178,7 +178,9 @@ func startConverterRouter(ctx context.Context, cs convclient.Settings, conns []*
 	var convs []convclient.Converter
 	for _, c := range conns {
 		name := c.Relay().Name
-		if cs.Relays == nil || slices.Contains(cs.Relays, name) {
+		// convert.relays may name an entry with both families (its two
+		// sessions are both converters) or one of its sessions.
+		if cs.Relays == nil || slices.Contains(cs.Relays, name) || slices.Contains(cs.Relays, c.Relay().Entry) {
 			convs = append(convs, convclient.Converter{Name: name, Source: c})
 		}
 	}

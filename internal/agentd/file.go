@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -381,6 +382,9 @@ func buildKinds(f File, c Config) (Config, error) {
 		if c.Relays != nil {
 			for _, r := range c.Relays.Relays {
 				names = append(names, r.Name)
+				if r.Entry != r.Name && !slices.Contains(names, r.Entry) {
+					names = append(names, r.Entry)
+				}
 			}
 		}
 		cs, err := f.Convert.Build(names)

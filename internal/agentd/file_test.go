@@ -213,6 +213,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(goodConfig))
 	f.Add([]byte("detours: [{kind: nat, relay: a, address: 10.1.1.2:4000, server: 10.0.3.2:1}]"))
 	f.Add([]byte("server: {announce: [{name: d, address: 10.0.6.2:5201}, {name: u, address: 10.0.31.2, id: 9}], ports: [\"5201\"], deny_join_initial: true}"))
+	f.Add([]byte(dualRelays))
+	f.Add([]byte(strings.Replace(dualRelays, "192.0.2.10:45673", "'[::ffff:192.0.2.10]:45673'", 1)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := ParseConfig(b)
 		if err != nil {

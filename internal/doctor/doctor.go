@@ -27,6 +27,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
@@ -429,6 +430,12 @@ func (cfg ClientConfig) probeDir() string {
 }
 
 func (r *Report) detourPath(ctx context.Context, c *relayconn.Conn, name string, server netip.AddrPort, to time.Duration, probes string) {
+	if fam := policy.FamilyName(c.Relay().Addr.Addr()); fam != policy.FamilyName(server.Addr()) {
+		// A relay grants only within its session's family: asking would
+		// only bring policy-denied, which is no fault of the relay's.
+		r.add("client", "detour via "+name, Info, "not checked: an "+fam+" session grants toward "+fam+" servers only, "+server.String()+" is not one", "")
+		return
+	}
 	gctx, cancel := context.WithTimeout(ctx, to)
 	defer cancel()
 	d, _, err := c.Grant(gctx, server, 0)

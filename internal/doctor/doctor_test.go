@@ -181,3 +181,22 @@ func TestFamilies(t *testing.T) {
 		t.Errorf("no IPv4 relay: %+v", got)
 	}
 }
+
+// A relay session of one family is not asked for a detour toward a server
+// of the other (it grants only within its family): Info, not a FAIL
+// blaming the relay's policy.
+func TestDetourPathOtherFamilyNotAsked(t *testing.T) {
+	relayKey, _ := proto.GenerateKey()
+	member, _ := proto.GenerateKey()
+	c, err := relayconn.Dial(relayconn.Relay{Name: "r1/v6", Addr: netip.MustParseAddrPort("[::1]:9"), PublicKey: relayKey.Public()}, member, relayconn.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var r Report
+	r.detourPath(context.Background(), c, "r1/v6", netip.MustParseAddrPort("192.0.2.10:5201"), 300*time.Millisecond, "")
+	x := find(r, "detour via r1/v6")
+	if x.Status != Info || !strings.Contains(x.Detail, "an IPv6 session grants toward IPv6 servers only") {
+		t.Fatalf("%+v", x)
+	}
+}

@@ -68,7 +68,7 @@ func Families(p Paths, in FamilyInput) Report {
 			case n == 0 && in.OtherFamily > 0:
 				r.add("family", name+" relays", Info, fmt.Sprintf("none: %s connections get NAT detours only of the other family, toward the %d mapped servers (other_family), and only on AF_INET6 sockets", name, in.OtherFamily), "")
 			case n == 0:
-				r.add("family", name+" relays", Info, fmt.Sprintf("none: %s connections get no NAT detour", name), "list a relay by its "+name+" address under relays.servers (a relay with both families is listed twice)")
+				r.add("family", name+" relays", Info, fmt.Sprintf("none: %s connections get no NAT detour", name), "list a relay by its "+name+" address under relays.servers (a relay with both families: addresses: [IPv4:PORT, '[IPv6]:PORT'] in its entry)")
 			default:
 				r.add("family", name+" relays", OK, fmt.Sprintf("%d", n), "")
 			}

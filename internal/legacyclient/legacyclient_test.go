@@ -106,8 +106,13 @@ func TestSilentDaemonBackoff(t *testing.T) {
 	s, _ := New(Config{Relays: []Relay{{Name: "v1", Addr: d.addr()}}, Timeout: 300 * time.Millisecond, RetryAfter: time.Hour})
 	defer s.Close()
 	s.Prepare(server)
-	time.Sleep(500 * time.Millisecond)
-	if err := s.Err(0, server); err == nil || !strings.Contains(err.Error(), "no response") {
+	// The 300 ms timeout with its retransmission: wait for its verdict
+	// (a fixed 500 ms can be too short on a loaded machine).
+	err := s.Err(0, server)
+	for deadline := time.Now().Add(5 * time.Second); err == nil && time.Now().Before(deadline); err = s.Err(0, server) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), "no response") {
 		t.Fatalf("err %v", err)
 	}
 	n := d.requests.Load()

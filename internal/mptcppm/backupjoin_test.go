@@ -50,9 +50,16 @@ func TestBackupJoinCarriesDataOnlyOncePromoted(t *testing.T) {
 	if err := pm.SetBackup(tok, mptcppm.AddrFrom(sub.Local, 0), mptcppm.AddrFrom(sub.Remote, 0), false); err != nil {
 		t.Fatalf("SET_FLAGS backup off: %v", err)
 	}
+	// Write until the promoted join has carried 64 KiB (a fixed time is
+	// too short on a loaded machine), at most 5 s.
 	stop = netnstest.KeepWriting(c)
-	time.Sleep(500 * time.Millisecond)
-	after, flagged := acked()
+	var after uint64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		after, flagged = acked()
+		if (after > before+65536 && !flagged) || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

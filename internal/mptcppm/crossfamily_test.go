@@ -113,18 +113,27 @@ func TestCrossFamilySubflow(t *testing.T) {
 			if sub.Remote.Addr().Unmap() != tc.add[1] {
 				t.Fatalf("SUB_ESTABLISHED to %v, want %v", sub.Remote, tc.add[1])
 			}
+			// Write until the subflow has carried data (a fixed time is
+			// too short on a loaded machine), at most 5 s.
 			stop := netnstest.KeepWriting(conn)
-			time.Sleep(300 * time.Millisecond)
+			local := netip.MustParseAddrPort(conn.LocalAddr().String())
+			var s mptcppm.Subflow
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				var found bool
+				s, found, err = mptcppm.FindSubflow(mptcppm.Options{NetNS: c.Name}, local, func(s mptcppm.Subflow) bool { return s.Remote.Addr().Unmap() == tc.add[1] })
+				if err != nil || !found {
+					stop()
+					t.Fatalf("the %s subflow in inet_diag: found %v, %v", tc.add[1], found, err)
+				}
+				if s.BytesAcked > 0 || time.Now().After(deadline) {
+					break
+				}
+			}
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
-			local := netip.MustParseAddrPort(conn.LocalAddr().String())
-			s, found, err := mptcppm.FindSubflow(mptcppm.Options{NetNS: c.Name}, local, func(s mptcppm.Subflow) bool { return s.Remote.Addr().Unmap() == tc.add[1] })
-			if err != nil || !found {
-				t.Fatalf("the %s subflow in inet_diag: found %v, %v", tc.add[1], found, err)
-			}
 			if s.BytesAcked == 0 {
-				t.Fatalf("the cross-family subflow carried no data")
+				t.Fatalf("the cross-family subflow carried no data in 5 s of writing")
 			}
 			t.Logf("cross-family subflow %v -> %v: %d bytes acknowledged", s.Local, s.Remote, s.BytesAcked)
 		})

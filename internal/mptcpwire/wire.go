@@ -1,4 +1,4 @@
-// Package mptcpwire builds and parses IPv4/TCP segments carrying MPTCP
+// Package mptcpwire builds and parses IPv4/TCP and IPv6/TCP segments carrying MPTCP
 // options (RFC 8684): the probes of `mpdetour path-check`, the quotes of
 // ICMP errors they provoke, and the forged segments of the lab's attack
 // suite.
@@ -7,7 +7,8 @@
 // among the packages this project may use (neither in go.mod nor in the
 // machine's package lists), golang.org/x/net (already a dependency) has
 // IPv4 and ICMP but no TCP, and what is needed is small: one IPv4 header,
-// one TCP header with options, checksums, and the six MPTCP option layouts
+// one IPv6 header with the extension headers that may stand in front of
+// TCP, one TCP header with options, checksums, and the six MPTCP option layouts
 // used below. Every parser here takes untrusted bytes (packets from the
 // network, quotes inside ICMP errors) and is fuzzed (FuzzParse*).
 package mptcpwire
@@ -122,12 +123,12 @@ func (o Option) String() string {
 	return fmt.Sprintf("%s(%d)", o.Name(), o.Len())
 }
 
-// Segment is an IPv4 packet with a TCP segment, the fields this package
-// reads and writes.
+// Segment is an IPv4 or IPv6 packet with a TCP segment, the fields this
+// package reads and writes. The family is the addresses'.
 type Segment struct {
 	Src, Dst netip.Addr
-	TTL      uint8
-	TOS      uint8
+	TTL      uint8 // IPv6: the hop limit
+	TOS      uint8 // IPv6: the traffic class
 	ID       uint16
 	SrcPort  uint16
 	DstPort  uint16
@@ -180,37 +181,72 @@ func MarshalOptions(opts []Option) ([]byte, error) {
 	return b, nil
 }
 
-// Marshal encodes the segment as an IPv4 packet with both checksums.
+// Marshal encodes the segment as an IPv4 packet (IPv4 addresses) or an
+// IPv6 packet (IPv6 addresses, no extension header), checksums included.
 func (s *Segment) Marshal() ([]byte, error) {
-	if !s.Src.Is4() || !s.Dst.Is4() {
-		return nil, fmt.Errorf("addresses %v -> %v: IPv4 only", s.Src, s.Dst)
-	}
-	ob, err := MarshalOptions(s.Options)
+	t, err := s.MarshalTCP()
 	if err != nil {
 		return nil, err
 	}
-	tcpLen := 20 + len(ob) + len(s.Payload)
-	total := 20 + tcpLen
+	ttl := s.TTL
+	if ttl == 0 {
+		ttl = 64
+	}
+	if s.Src.Is6() {
+		if len(t) > 65535 {
+			return nil, errors.New("segment too large")
+		}
+		p := make([]byte, 40, 40+len(t))
+		p[0] = 0x60 | s.TOS>>4
+		p[1] = s.TOS << 4
+		binary.BigEndian.PutUint16(p[4:], uint16(len(t)))
+		p[6] = 6
+		p[7] = ttl
+		src, dst := s.Src.As16(), s.Dst.As16()
+		copy(p[8:24], src[:])
+		copy(p[24:40], dst[:])
+		return append(p, t...), nil
+	}
+	total := 20 + len(t)
 	if total > 65535 {
 		return nil, errors.New("segment too large")
 	}
-	p := make([]byte, total)
+	p := make([]byte, 20, total)
 	p[0] = 0x45
 	p[1] = s.TOS
 	binary.BigEndian.PutUint16(p[2:], uint16(total))
 	binary.BigEndian.PutUint16(p[4:], s.ID)
 	binary.BigEndian.PutUint16(p[6:], 0x4000) // DF
-	ttl := s.TTL
-	if ttl == 0 {
-		ttl = 64
-	}
 	p[8] = ttl
 	p[9] = 6
 	src, dst := s.Src.As4(), s.Dst.As4()
 	copy(p[12:16], src[:])
 	copy(p[16:20], dst[:])
 	binary.BigEndian.PutUint16(p[10:], ^sum(p[:20], 0))
-	t := p[20:]
+	return append(p, t...), nil
+}
+
+// MarshalTCP encodes the TCP part alone, its checksum over the pseudo
+// header of the addresses' family: what an IPv6 raw socket sends (the
+// kernel writes the IPv6 header; the hop limit goes in a control message).
+// Both addresses must be of one family; IPv4-mapped IPv6 addresses are
+// refused (a probe is of one family on the wire).
+func (s *Segment) MarshalTCP() ([]byte, error) {
+	switch {
+	case s.Src.Is4() && s.Dst.Is4():
+	case s.Src.Is6() && s.Dst.Is6() && !s.Src.Is4In6() && !s.Dst.Is4In6():
+	default:
+		return nil, fmt.Errorf("addresses %v -> %v: not both IPv4 or both IPv6 (IPv4-mapped IPv6 refused)", s.Src, s.Dst)
+	}
+	ob, err := MarshalOptions(s.Options)
+	if err != nil {
+		return nil, err
+	}
+	tcpLen := 20 + len(ob) + len(s.Payload)
+	if tcpLen > 65535-20 {
+		return nil, errors.New("segment too large")
+	}
+	t := make([]byte, tcpLen)
 	binary.BigEndian.PutUint16(t[0:], s.SrcPort)
 	binary.BigEndian.PutUint16(t[2:], s.DstPort)
 	binary.BigEndian.PutUint32(t[4:], s.Seq)
@@ -220,16 +256,20 @@ func (s *Segment) Marshal() ([]byte, error) {
 	binary.BigEndian.PutUint16(t[14:], s.Window)
 	copy(t[20:], ob)
 	copy(t[20+len(ob):], s.Payload)
-	binary.BigEndian.PutUint16(t[16:], ^sum(t, pseudo(src, dst, tcpLen)))
-	return p, nil
+	binary.BigEndian.PutUint16(t[16:], ^sum(t, pseudo(s.Src, s.Dst, tcpLen)))
+	return t, nil
 }
 
-func pseudo(src, dst [4]byte, tcpLen int) uint32 {
+// pseudo is the TCP pseudo header's sum (RFC 793; RFC 8200 sec. 8.1 for
+// IPv6): both addresses, protocol 6 and the TCP length.
+func pseudo(src, dst netip.Addr, tcpLen int) uint32 {
 	var s uint32
-	s += uint32(src[0])<<8 | uint32(src[1])
-	s += uint32(src[2])<<8 | uint32(src[3])
-	s += uint32(dst[0])<<8 | uint32(dst[1])
-	s += uint32(dst[2])<<8 | uint32(dst[3])
+	for _, a := range []netip.Addr{src, dst} {
+		b := a.AsSlice()
+		for i := 0; i+1 < len(b); i += 2 {
+			s += uint32(b[i])<<8 | uint32(b[i+1])
+		}
+	}
 	s += 6 + uint32(tcpLen)
 	return s
 }
@@ -319,6 +359,101 @@ func ParseIPv4(b []byte, quote bool) (*Segment, bool, error) {
 		return nil, false, err
 	}
 	return s, trunc, nil
+}
+
+// IPv6 extension headers ParseIPv6 walks (RFC 8200 sec. 4; AH RFC 4302).
+const (
+	ipv6HopByHop = 0
+	ipv6Routing  = 43
+	ipv6Fragment = 44
+	ipv6ESP      = 50
+	ipv6AH       = 51
+	ipv6NoNext   = 59
+	ipv6DstOpts  = 60
+)
+
+// maxExtHeaders bounds the walk (a chain of tiny headers is allowed by the
+// RFC; a quote holds at most 1232 bytes of them anyway).
+const maxExtHeaders = 16
+
+// ParseIPv6 decodes an IPv6 packet holding TCP, after any hop-by-hop,
+// routing, destination options and AH headers (the TCP header must be in
+// the packet: a fragment other than the first, ESP or "no next header" is
+// an error naming it). With quote set the packet is the quote inside an
+// ICMPv6 error, cut as ParseIPv4 describes. TOS is the traffic class, TTL
+// the hop limit.
+func ParseIPv6(b []byte, quote bool) (*Segment, bool, error) {
+	if len(b) < 40 {
+		return nil, false, fmt.Errorf("IPv6 header: %w (%d bytes)", ErrShort, len(b))
+	}
+	if b[0]>>4 != 6 {
+		return nil, false, fmt.Errorf("IP version %d, not 6", b[0]>>4)
+	}
+	plen := int(binary.BigEndian.Uint16(b[4:]))
+	switch {
+	case plen == 0:
+		return nil, false, errors.New("IPv6 payload length 0 (jumbogram or empty): no TCP segment")
+	case 40+plen <= len(b):
+		b = b[:40+plen]
+	case !quote:
+		return nil, false, fmt.Errorf("IPv6 payload length %d: %w (%d bytes)", plen, ErrShort, len(b))
+	}
+	s := &Segment{TOS: b[0]<<4 | b[1]>>4, TTL: b[7]}
+	s.Src = netip.AddrFrom16([16]byte(b[8:24]))
+	s.Dst = netip.AddrFrom16([16]byte(b[24:40]))
+	next, off := b[6], 40
+	for n := 0; next != 6; n++ {
+		if n == maxExtHeaders {
+			return nil, false, fmt.Errorf("more than %d IPv6 extension headers", maxExtHeaders)
+		}
+		var l int
+		switch next {
+		case ipv6HopByHop, ipv6Routing, ipv6DstOpts:
+			if off+2 > len(b) {
+				return nil, false, fmt.Errorf("IPv6 extension header %d at byte %d: %w", next, off, ErrShort)
+			}
+			l = (int(b[off+1]) + 1) * 8
+		case ipv6AH:
+			if off+2 > len(b) {
+				return nil, false, fmt.Errorf("IPv6 AH at byte %d: %w", off, ErrShort)
+			}
+			l = (int(b[off+1]) + 2) * 4
+		case ipv6Fragment:
+			if off+8 > len(b) {
+				return nil, false, fmt.Errorf("IPv6 fragment header at byte %d: %w", off, ErrShort)
+			}
+			if binary.BigEndian.Uint16(b[off+2:])&^7 != 0 {
+				return nil, false, errors.New("IPv6 fragment other than the first: no TCP header in it")
+			}
+			l = 8
+		case ipv6ESP:
+			return nil, false, errors.New("IPv6 ESP: the TCP header is encrypted")
+		case ipv6NoNext:
+			return nil, false, errors.New("IPv6 \"no next header\": no TCP segment")
+		default:
+			return nil, false, fmt.Errorf("IPv6 next header %d, not TCP", next)
+		}
+		if off+l > len(b) {
+			return nil, false, fmt.Errorf("IPv6 extension header %d at byte %d, %d bytes: %w (%d bytes)", next, off, l, ErrShort, len(b))
+		}
+		next, off = b[off], off+l
+	}
+	trunc, err := s.parseTCP(b[off:], quote)
+	if err != nil {
+		return nil, false, err
+	}
+	return s, trunc, nil
+}
+
+// ParseTCP decodes a whole TCP segment without its IP header (what an
+// IPv6 raw socket delivers), between the addresses given. The checksum is
+// not checked (the kernel dropped segments with a bad one).
+func ParseTCP(b []byte, src, dst netip.Addr) (*Segment, error) {
+	s := &Segment{Src: src, Dst: dst}
+	if _, err := s.parseTCP(b, false); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func (s *Segment) parseTCP(t []byte, quote bool) (truncated bool, err error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -28,7 +29,7 @@ func TestRoundTrip(t *testing.T) {
 	if sum(b[:20], 0) != 0xffff {
 		t.Fatalf("IP checksum does not verify")
 	}
-	if sum(b[20:], pseudo([4]byte(b[12:16]), [4]byte(b[16:20]), len(b)-20)) != 0xffff {
+	if sum(b[20:], pseudo(s.Src, s.Dst, len(b)-20)) != 0xffff {
 		t.Fatalf("TCP checksum does not verify")
 	}
 	got, trunc, err := ParseIPv4(b, false)
@@ -135,15 +136,138 @@ func TestBadInput(t *testing.T) {
 	if _, err := MarshalOptions([]Option{{Kind: 99, Data: make([]byte, 39)}}); err == nil {
 		t.Error("oversize option marshalled")
 	}
-	if _, err := (&Segment{Src: netip.MustParseAddr("::1"), Dst: netip.MustParseAddr("::1")}).Marshal(); err == nil {
-		t.Error("IPv6 marshalled")
+	if _, err := (&Segment{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("::1")}).Marshal(); err == nil {
+		t.Error("mixed families marshalled")
 	}
 }
 
-// FuzzParseIPv4 feeds arbitrary packets and ICMP quotes to the parser: no
+func probe6() *Segment {
+	s := probe()
+	s.Src, s.Dst = netip.MustParseAddr("fd00:1::1"), netip.MustParseAddr("fd00:3::2")
+	s.TOS = 0xb8
+	return s
+}
+
+// withExt puts IPv6 extension headers (next-header chain ending in TCP)
+// between the IPv6 header of b and its TCP segment.
+func withExt(b []byte, hdrs ...[]byte) []byte {
+	out := append([]byte(nil), b[:40]...)
+	out[6] = hdrs[0][0]
+	for i, h := range hdrs {
+		h = append([]byte(nil), h...)
+		if i+1 < len(hdrs) {
+			h[0] = hdrs[i+1][0]
+		} else {
+			h[0] = 6
+		}
+		out = append(out, h...)
+	}
+	out = append(out, b[40:]...)
+	binary.BigEndian.PutUint16(out[4:], uint16(len(out)-40))
+	return out
+}
+
+// ext returns an extension header of type kind (its first byte, the
+// chain's next header, is filled in by withExt) of n 8-byte units.
+func ext(kind byte, n int) []byte {
+	h := make([]byte, 8*n)
+	h[0] = kind
+	h[1] = byte(n - 1)
+	return h
+}
+
+func TestRoundTripIPv6(t *testing.T) {
+	s := probe6()
+	b, err := s.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b[0]>>4 != 6 || b[6] != 6 || b[7] != 3 || len(b) != 40+int(binary.BigEndian.Uint16(b[4:])) {
+		t.Fatalf("IPv6 header: % x", b[:40])
+	}
+	if sum(b[40:], pseudo(s.Src, s.Dst, len(b)-40)) != 0xffff {
+		t.Fatalf("TCP checksum does not verify")
+	}
+	tcp, err := s.MarshalTCP()
+	if err != nil || !bytes.Equal(tcp, b[40:]) {
+		t.Fatalf("MarshalTCP differs from the packet's TCP part: %v", err)
+	}
+	got, trunc, err := ParseIPv6(b, false)
+	if err != nil || trunc {
+		t.Fatalf("parse: %v trunc %v", err, trunc)
+	}
+	if got.Src != s.Src || got.Dst != s.Dst || got.TOS != 0xb8 || got.TTL != 3 || got.Seq != s.Seq || !Meaningful(got.Options)[3].Equal(CapableSYN()) {
+		t.Fatalf("fields: %+v", got)
+	}
+	if seg, err := ParseTCP(tcp, s.Src, s.Dst); err != nil || seg.Seq != s.Seq || seg.Src != s.Src {
+		t.Fatalf("ParseTCP: %+v %v", seg, err)
+	}
+	// A quote cut inside the options.
+	if q, trunc, err := ParseIPv6(b[:len(b)-3], true); err != nil || !trunc || len(Meaningful(q.Options)) != 3 {
+		t.Fatalf("quote cut in options: %+v %v %v", q, trunc, err)
+	}
+	if _, _, err := ParseIPv4(b, false); err == nil {
+		t.Fatal("an IPv6 packet parsed as IPv4")
+	}
+	// Mixed families and IPv4-mapped addresses are refused.
+	for _, pair := range [][2]string{{"10.0.0.1", "fd00::1"}, {"::ffff:10.0.0.1", "::ffff:10.0.0.2"}} {
+		m := probe6()
+		m.Src, m.Dst = netip.MustParseAddr(pair[0]), netip.MustParseAddr(pair[1])
+		if _, err := m.Marshal(); err == nil {
+			t.Errorf("%s -> %s marshalled", pair[0], pair[1])
+		}
+	}
+}
+
+// IPv6 extension headers in front of TCP (issue 31, bad input): the
+// walkable ones are skipped to the TCP header, the rest refused by name.
+func TestIPv6ExtensionHeaders(t *testing.T) {
+	b, _ := probe6().Marshal()
+	ah := make([]byte, 16)
+	ah[0], ah[1] = ipv6AH, 2 // (2+2)*4 = 16 bytes
+	frag0 := make([]byte, 8)
+	frag0[0] = ipv6Fragment
+	for name, p := range map[string][]byte{
+		"hop-by-hop":                   withExt(b, ext(ipv6HopByHop, 1)),
+		"hop-by-hop, routing, dstopts": withExt(b, ext(ipv6HopByHop, 1), ext(ipv6Routing, 3), ext(ipv6DstOpts, 2)),
+		"AH":                           withExt(b, ah),
+		"first fragment":               withExt(b, frag0),
+	} {
+		s, _, err := ParseIPv6(p, false)
+		if err != nil || s.Seq != probe6().Seq || len(Meaningful(s.Options)) != 4 {
+			t.Errorf("%s: %+v %v", name, s, err)
+		}
+	}
+	frag := append([]byte(nil), frag0...)
+	frag[3] = 8 // offset 1 (8 bytes)
+	many := make([][]byte, maxExtHeaders+1)
+	for i := range many {
+		many[i] = ext(ipv6DstOpts, 1)
+	}
+	esp := withExt(b, ext(ipv6DstOpts, 1))
+	esp[40] = ipv6ESP
+	for name, c := range map[string]struct {
+		p    []byte
+		want string
+	}{
+		"later fragment":   {withExt(b, frag), "fragment other than the first"},
+		"ESP":              {esp, "ESP"},
+		"too many":         {withExt(b, many...), "more than 16"},
+		"ext past the end": {func() []byte { p := withExt(b, ext(ipv6Routing, 1)); p[41] = 200; return p }(), "extension header 43"},
+		"UDP":              {func() []byte { c := append([]byte(nil), b...); c[6] = 17; return c }(), "next header 17"},
+	} {
+		_, _, err := ParseIPv6(c.p, false)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error with %q", name, err, c.want)
+		}
+	}
+}
+
+// FuzzParseIP feeds arbitrary packets and ICMP quotes to both parsers,
+// IPv4 and IPv6 (one target: the fuzz lane's time is per target): no
 // panic, and what parses as a full packet marshals back to a packet that
-// parses to the same fields.
-func FuzzParseIPv4(f *testing.F) {
+// parses to the same fields (IPv6: without its extension headers).
+func FuzzParseIP(f *testing.F) {
 	b, _ := probe().Marshal()
 	f.Add(b, false)
 	f.Add(b[:28], true)
@@ -155,31 +279,40 @@ func FuzzParseIPv4(f *testing.F) {
 	s.Options = []Option{AddAddrOpt(1, netip.MustParseAddr("1.2.3.4"), 80, false, 5)}
 	b3, _ := s.Marshal()
 	f.Add(b3, false)
+	b6, _ := probe6().Marshal()
+	f.Add(b6, false)
+	f.Add(b6[:48], true)
+	f.Add(withExt(b6, ext(ipv6HopByHop, 1), ext(ipv6Routing, 3)), false)
+	frag := make([]byte, 8)
+	frag[0] = ipv6Fragment
+	f.Add(withExt(b6, frag), true)
 	f.Fuzz(func(t *testing.T, b []byte, quote bool) {
-		s, trunc, err := ParseIPv4(b, quote)
-		if err != nil {
-			return
-		}
-		for _, o := range s.Options {
-			_ = o.String()
-			_, _ = ParseCapable(o)
-			_, _ = ParseJoin(o)
-			_, _ = ParseAddAddr(o)
-		}
-		if quote || trunc {
-			return
-		}
-		// Options with End stop early; compare what the parser kept.
-		out, err := s.Marshal()
-		if err != nil {
-			return // e.g. more than 40 option bytes after NOP padding cannot happen, but oversize data can
-		}
-		s2, _, err := ParseIPv4(out, false)
-		if err != nil {
-			t.Fatalf("re-marshalled packet does not parse: %v", err)
-		}
-		if s2.Seq != s.Seq || s2.SrcPort != s.SrcPort || len(Meaningful(s2.Options)) != len(Meaningful(s.Options)) {
-			t.Fatalf("round trip changed the segment: %+v vs %+v", s, s2)
+		for _, parse := range []func([]byte, bool) (*Segment, bool, error){ParseIPv4, ParseIPv6} {
+			s, trunc, err := parse(b, quote)
+			if err != nil {
+				continue
+			}
+			for _, o := range s.Options {
+				_ = o.String()
+				_, _ = ParseCapable(o)
+				_, _ = ParseJoin(o)
+				_, _ = ParseAddAddr(o)
+			}
+			if quote || trunc || s.Src.Is4In6() || s.Dst.Is4In6() {
+				continue
+			}
+			// Options with End stop early; compare what the parser kept.
+			out, err := s.Marshal()
+			if err != nil {
+				continue // e.g. oversize option data
+			}
+			s2, _, err := parse(out, false)
+			if err != nil {
+				t.Fatalf("re-marshalled packet does not parse: %v", err)
+			}
+			if s2.Seq != s.Seq || s2.SrcPort != s.SrcPort || s2.Src != s.Src || s2.TOS != s.TOS || len(Meaningful(s2.Options)) != len(Meaningful(s.Options)) {
+				t.Fatalf("round trip changed the segment: %+v vs %+v", s, s2)
+			}
 		}
 	})
 }

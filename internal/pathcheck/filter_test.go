@@ -65,8 +65,16 @@ func TestFilterWithholdsStripped(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// Let the other checks finish too.
-	time.Sleep(50 * time.Millisecond)
+	// The other checks run in their own goroutines: wait until each has
+	// been called (each counts itself first) before counting them below.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := len(checked)
+		mu.Unlock()
+		if n == 3 {
+			break
+		}
+	}
 	got := f.Detours(server)
 	if len(got) != 3 || got[0] != good || got[1] != broken || got[2] != tun {
 		t.Fatalf("detours: %v, want the clean, the unverifiable and the tunnel one", got)

@@ -313,29 +313,7 @@ func TestCleanPath(t *testing.T) {
 func TestFilterInNamespaces(t *testing.T) {
 	w := build(t, false)
 	d := detour.Detour{Kind: detour.NAT, Relay: "relay", Remote: w.nat}
-	verdict := func() (string, bool) {
-		t.Helper()
-		f := NewFilter(&listSource{ds: []detour.Detour{d}}, FilterConfig{Netns: w.cl.Name, Wait: 700 * time.Millisecond})
-		defer f.Close()
-		f.Prepare(w.server)
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			f.mu.Lock()
-			e := f.state[d.Remote]
-			done := e != nil && e.done
-			f.mu.Unlock()
-			if done {
-				why, bad := f.Unusable(d)
-				if got := f.Detours(w.server); bad == (len(got) == 1) {
-					t.Errorf("Detours %v disagrees with Unusable %v", got, bad)
-				}
-				return why, bad
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Fatal("check never finished")
-		return "", false
-	}
+	verdict := func() (string, bool) { return filterVerdict(t, w.cl.Name, d, w.server) }
 	if why, bad := verdict(); !bad {
 		t.Errorf("NAT detour through the stripping middlebox kept (%q)", why)
 	} else {
@@ -345,4 +323,31 @@ func TestFilterInNamespaces(t *testing.T) {
 	if why, bad := verdict(); bad {
 		t.Errorf("clean NAT detour withheld: %s", why)
 	}
+}
+
+// filterVerdict runs the agent's filter (path_check: true) with real
+// probes from netns over the one detour d toward server, polls until its
+// check is done (5 s at most) and returns what Unusable says.
+func filterVerdict(t *testing.T, netns string, d detour.Detour, server netip.AddrPort) (string, bool) {
+	t.Helper()
+	f := NewFilter(&listSource{ds: []detour.Detour{d}}, FilterConfig{Netns: netns, Wait: 700 * time.Millisecond})
+	defer f.Close()
+	f.Prepare(server)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		f.mu.Lock()
+		e := f.state[d.Remote]
+		done := e != nil && e.done
+		f.mu.Unlock()
+		if done {
+			why, bad := f.Unusable(d)
+			if got := f.Detours(server); bad == (len(got) == 1) {
+				t.Errorf("Detours %v disagrees with Unusable %v", got, bad)
+			}
+			return why, bad
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("check never finished")
+	return "", false
 }

@@ -7,9 +7,14 @@
 // NAT detour (probes go to the relay's granted address:port) or a tunnel
 // detour (probes leave from the tunnel's address or device).
 //
-// It uses raw sockets (a probe tool, not a data plane): IP_HDRINCL for the
-// probes, a raw TCP socket for SYN/ACKs and RSTs and a raw ICMP socket for
-// the errors, all opened in the namespace given. The SYN/ACKs are answered
+// Both families: an IPv4 path's probes are IPv4 packets, an IPv6 path's
+// IPv6 packets (the path's destination says which; one run may mix them).
+// It uses raw sockets (a probe tool, not a data plane): for IPv4
+// IP_HDRINCL for the probes, a raw TCP socket for SYN/ACKs and RSTs and a
+// raw ICMP socket for the errors; for IPv6 (which has no header-including
+// send) a raw TCP socket that sends the TCP segment with the hop limit in
+// a control message and receives the answers, and a raw ICMPv6 socket
+// filtered to the error types; all opened in the namespace given. The SYN/ACKs are answered
 // by the host's own kernel with a RST (no socket owns the probe's port),
 // so no half-open connection stays on the server.
 package pathcheck
@@ -28,6 +33,7 @@ import (
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 
 	"github.com/mpdetour/mpdetour/internal/mptcpwire"
@@ -166,11 +172,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		o.Wait = time.Second
 	}
 	for i, p := range o.Paths {
-		if !p.Dst.Addr().Is4() || p.Dst.Port() == 0 {
-			return nil, fmt.Errorf("path-check: path %q: destination %v must be an IPv4 address with a port", p.Name, p.Dst)
-		}
-		if p.Src.IsValid() && !p.Src.Is4() {
-			return nil, fmt.Errorf("path-check: path %q: source %v is not IPv4", p.Name, p.Src)
+		if err := checkAddrs(p); err != nil {
+			return nil, fmt.Errorf("path-check: path %q: %w", p.Name, err)
 		}
 		if p.Name == "" {
 			o.Paths[i].Name = p.Kind
@@ -187,19 +190,51 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	return rep, nil
 }
 
+// checkAddrs refuses what no probe can be sent to or from: a destination
+// without a port, an IPv4-mapped IPv6 address (say the IPv4 address), a
+// zone (a link-local server is not a path through routers), the
+// unspecified address, a source of the other family.
+func checkAddrs(p Path) error {
+	d := p.Dst.Addr()
+	switch {
+	case !d.IsValid() || p.Dst.Port() == 0:
+		return fmt.Errorf("destination %v must be an address with a port", p.Dst)
+	case d.Is4In6():
+		return fmt.Errorf("destination %v is an IPv4-mapped IPv6 address: give the IPv4 address %v", p.Dst, d.Unmap())
+	case d.Zone() != "" || d.IsLinkLocalUnicast():
+		return fmt.Errorf("destination %v is link-local: no path through routers to probe", p.Dst)
+	case d.IsUnspecified() || d.IsMulticast():
+		return fmt.Errorf("destination %v is not a unicast address", p.Dst)
+	case p.Src.IsValid() && (p.Src.Is4() != d.Is4() || p.Src.Is4In6() || p.Src.Zone() != ""):
+		return fmt.Errorf("source %v does not fit destination %v: a probe's addresses are of one family (no IPv4-mapped or zoned source)", p.Src, p.Dst)
+	}
+	return nil
+}
+
 // sockets are one path's raw sockets.
 type sockets struct {
-	send *ipv4.RawConn // IP_HDRINCL, sends the probes
-	tcp  *ipv4.RawConn // receives TCP answers
+	v6   bool
+	send *ipv4.RawConn // IPv4: IP_HDRINCL, sends the probes
+	tcp  *ipv4.RawConn // IPv4: receives TCP answers
+	// IPv6: sends the probes' TCP segments (hop limit per probe) and
+	// receives TCP answers (an IPv6 raw socket never carries the header).
+	tcp6 *ipv6.PacketConn
 	icmp net.PacketConn
 	src  netip.Addr
 }
 
 func (s *sockets) close() {
-	for _, c := range []interface{ Close() error }{s.send, s.tcp, s.icmp} {
-		if c != nil {
-			c.Close()
-		}
+	if s.send != nil {
+		s.send.Close()
+	}
+	if s.tcp != nil {
+		s.tcp.Close()
+	}
+	if s.tcp6 != nil {
+		s.tcp6.Close()
+	}
+	if s.icmp != nil {
+		s.icmp.Close()
 	}
 }
 
@@ -221,8 +256,23 @@ func bindDevice(c syscall.Conn, dev string) error {
 	return nil
 }
 
+// rawSocket opens the raw socket that sends a path's probes, bound to the
+// source (so that source-based routing, a tunnel's, applies) and to the
+// device when the path names one.
+func rawSocket(network string, src netip.Addr, dev string) (*net.IPConn, error) {
+	pc, err := net.ListenPacket(network, src.String())
+	if err != nil {
+		return nil, fmt.Errorf("raw socket %s (needs root or CAP_NET_RAW): %w", network, err)
+	}
+	if err := bindDevice(pc.(*net.IPConn), dev); err != nil {
+		pc.Close()
+		return nil, err
+	}
+	return pc.(*net.IPConn), nil
+}
+
 func openSockets(o Options, p Path) (*sockets, error) {
-	s := &sockets{}
+	s := &sockets{v6: p.Dst.Addr().Is6()}
 	err := netnsx.Do(o.Netns, func() error {
 		// The source address: the given one, or the one the route picks
 		// (a UDP "connection" sends nothing).
@@ -237,21 +287,20 @@ func openSockets(o Options, p Path) (*sockets, error) {
 				}
 				return serr
 			}}
-			u, err := d.Dial("udp4", p.Dst.String())
+			u, err := d.Dial(map[bool]string{false: "udp4", true: "udp6"}[s.v6], p.Dst.String())
 			if err != nil {
 				return fmt.Errorf("no route to %s: %w", p.Dst, err)
 			}
 			s.src = u.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap()
 			u.Close()
 		}
+		if s.v6 {
+			return s.open6(p)
+		}
 		// The send socket is bound to the source so that source-based
 		// routing (a tunnel's) applies to the probes.
-		pc, err := net.ListenPacket("ip4:tcp", s.src.String())
+		pc, err := rawSocket("ip4:tcp", s.src, p.Device)
 		if err != nil {
-			return fmt.Errorf("raw socket (needs root or CAP_NET_RAW): %w", err)
-		}
-		if err := bindDevice(pc.(*net.IPConn), p.Device); err != nil {
-			pc.Close()
 			return err
 		}
 		if s.send, err = ipv4.NewRawConn(pc); err != nil {
@@ -280,6 +329,32 @@ func openSockets(o Options, p Path) (*sockets, error) {
 	return s, nil
 }
 
+// open6 opens an IPv6 path's sockets (in the probe's namespace): one raw
+// TCP socket bound to the source (and device) that sends the probes and
+// receives the answers, and a raw ICMPv6 socket that lets only the error
+// types through (no neighbour discovery chatter).
+func (s *sockets) open6(p Path) error {
+	pc, err := rawSocket("ip6:tcp", s.src, p.Device)
+	if err != nil {
+		return err
+	}
+	s.tcp6 = ipv6.NewPacketConn(pc)
+	ic, err := net.ListenPacket("ip6:ipv6-icmp", s.src.String())
+	if err != nil {
+		return fmt.Errorf("raw ICMPv6 socket: %w", err)
+	}
+	s.icmp = ic
+	var f ipv6.ICMPFilter
+	f.SetAll(true)
+	for _, t := range []ipv6.ICMPType{ipv6.ICMPTypeDestinationUnreachable, ipv6.ICMPTypeTimeExceeded, ipv6.ICMPTypeParameterProblem} {
+		f.Accept(t)
+	}
+	if err := ipv6.NewPacketConn(ic).SetICMPFilter(&f); err != nil {
+		return fmt.Errorf("ICMPv6 filter: %w", err)
+	}
+	return nil
+}
+
 // answer is something received that may belong to a probe.
 type answer struct {
 	at    time.Time
@@ -304,26 +379,13 @@ func (s *sockets) readers(ch chan<- answer, done <-chan struct{}) *sync.WaitGrou
 		defer wg.Done()
 		buf := make([]byte, 65536)
 		for {
-			h, p, _, err := s.tcp.ReadFrom(buf)
+			seg, err := s.readTCP(buf)
 			if err != nil {
 				return
 			}
-			at := time.Now()
-			if h == nil || len(p) < 20 {
-				continue
+			if seg != nil {
+				send(answer{at: time.Now(), from: seg.Src, seg: seg})
 			}
-			// Rebuild the packet for the parser (the header was split off).
-			hb, err := h.Marshal()
-			if err != nil {
-				continue
-			}
-			full := append(hb, p...)
-			binary.BigEndian.PutUint16(full[2:], uint16(len(full)))
-			seg, _, err := mptcpwire.ParseIPv4(full, false)
-			if err != nil {
-				continue
-			}
-			send(answer{at: at, from: seg.Src, seg: seg})
 		}
 	}()
 	go func() {
@@ -335,13 +397,14 @@ func (s *sockets) readers(ch chan<- answer, done <-chan struct{}) *sync.WaitGrou
 				return
 			}
 			at := time.Now()
-			a, ok := parseICMP(buf[:n])
+			a, ok := parseICMP(buf[:n], s.v6)
 			if !ok {
 				continue
 			}
 			a.at = at
 			if ip, ok := from.(*net.IPAddr); ok {
-				a.from, _ = netip.AddrFromSlice(ip.IP.To4())
+				a.from, _ = netip.AddrFromSlice(ip.IP)
+				a.from = a.from.Unmap()
 			}
 			send(a)
 		}
@@ -349,10 +412,54 @@ func (s *sockets) readers(ch chan<- answer, done <-chan struct{}) *sync.WaitGrou
 	return &wg
 }
 
-// parseICMP decodes an ICMP error that quotes a TCP segment. Untrusted
-// bytes: fuzzed (FuzzParseICMP).
-func parseICMP(b []byte) (answer, bool) {
-	m, err := icmp.ParseMessage(1, b)
+// readTCP reads one TCP segment sent to the source: (nil, nil) for one
+// that does not parse, an error when the socket is closed.
+func (s *sockets) readTCP(buf []byte) (*mptcpwire.Segment, error) {
+	if s.v6 {
+		n, _, from, err := s.tcp6.ReadFrom(buf)
+		if err != nil {
+			return nil, err
+		}
+		ip, ok := from.(*net.IPAddr)
+		if !ok {
+			return nil, nil
+		}
+		src, _ := netip.AddrFromSlice(ip.IP)
+		seg, err := mptcpwire.ParseTCP(buf[:n], src, s.src)
+		if err != nil {
+			return nil, nil
+		}
+		return seg, nil
+	}
+	h, p, _, err := s.tcp.ReadFrom(buf)
+	if err != nil {
+		return nil, err
+	}
+	if h == nil || len(p) < 20 {
+		return nil, nil
+	}
+	// Rebuild the packet for the parser (the header was split off).
+	hb, err := h.Marshal()
+	if err != nil {
+		return nil, nil
+	}
+	full := append(hb, p...)
+	binary.BigEndian.PutUint16(full[2:], uint16(len(full)))
+	seg, _, err := mptcpwire.ParseIPv4(full, false)
+	if err != nil {
+		return nil, nil
+	}
+	return seg, nil
+}
+
+// parseICMP decodes an ICMP (v6: ICMPv6) error that quotes a TCP segment.
+// Untrusted bytes: fuzzed (FuzzParseICMP).
+func parseICMP(b []byte, v6 bool) (answer, bool) {
+	proto, parse := 1, mptcpwire.ParseIPv4
+	if v6 {
+		proto, parse = 58, mptcpwire.ParseIPv6
+	}
+	m, err := icmp.ParseMessage(proto, b)
 	if err != nil {
 		return answer{}, false
 	}
@@ -368,7 +475,7 @@ func parseICMP(b []byte) (answer, bool) {
 	default:
 		return answer{}, false
 	}
-	q, trunc, err := mptcpwire.ParseIPv4(data, true)
+	q, trunc, err := parse(data, true)
 	if err != nil {
 		return answer{}, false
 	}
@@ -406,6 +513,16 @@ func (s *sockets) build(p Path, kind string, ttl int, port uint16, seq uint32) (
 }
 
 func (s *sockets) sendSeg(seg *mptcpwire.Segment) error {
+	if s.v6 {
+		t, err := seg.MarshalTCP()
+		if err != nil {
+			return err
+		}
+		// The kernel writes the IPv6 header: hop limit per probe, the
+		// traffic class the socket's (0, as the probe says).
+		_, err = s.tcp6.WriteTo(t, &ipv6.ControlMessage{HopLimit: int(seg.TTL)}, &net.IPAddr{IP: seg.Dst.AsSlice()})
+		return err
+	}
 	b, err := seg.Marshal()
 	if err != nil {
 		return err

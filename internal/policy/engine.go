@@ -116,6 +116,13 @@ type kconn struct {
 	retryAt     time.Time
 	pollUntil   time.Time
 	notConn     int // rounds of SUBFLOW_CREATE retried after ENOTCONN
+	// fullyAt: when the ESTABLISHED event (Conn.Fully) was handled. A
+	// create issued before it may be refused with ENOTCONN although the
+	// event was handled by the time the answer came.
+	fullyAt time.Time
+	// notFully: finished only because SUBFLOW_CREATE kept getting ENOTCONN
+	// before the ESTABLISHED event: that event undoes the finish.
+	notFully bool
 	// finished says why no subflow is opened for the connection any more
 	// (the kernel refused in a way that is final for it); "" while open.
 	finished string
@@ -303,6 +310,15 @@ func (p *Engine) Established(c Conn) []Intent {
 	}
 	k.established = true
 	k.c.Fully = k.c.Fully || c.Fully
+	if k.c.Fully && k.fullyAt.IsZero() {
+		k.fullyAt = p.cfg.Now()
+	}
+	if k.c.Fully && k.notFully {
+		// The connection took longer than the ENOTCONN retries to become
+		// fully established (a loaded host, a slow first data ack): it is
+		// now, so its detours are opened after all.
+		k.finished, k.notFully, k.notConn, k.decision = "", false, 0, ""
+	}
 	k.c.DenyJoinInitial = k.c.DenyJoinInitial || c.DenyJoinInitial
 	p.trackInitial(k)
 	out := p.fill(k)
@@ -664,6 +680,10 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 			return nil
 		}
 	}
+	var issued time.Time // when the refused create was issued
+	if s := k.subs[sk]; s != nil {
+		issued = s.created
+	}
 	delete(k.subs, sk)
 	if k.finished != "" {
 		return nil
@@ -681,17 +701,21 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 		// is final. Measured under churn: 200 connections/s
 		// made 19,074 creates, 8,001 refused with ENOTCONN or "invalid
 		// token", one token retried 160 times.
-		if k.c.Fully {
+		// Judged by the state when the create was issued, not now: an
+		// adopted connection's ESTABLISHED event can be handled between
+		// the create and the kernel's answer to it.
+		if k.c.Fully && (issued.IsZero() || !issued.Before(k.fullyAt)) {
 			p.finish(k, "subflow_create: ENOTCONN after the connection was established (closing, or fell back to TCP)")
 			return nil
 		}
-		// Not fully established yet (adopted from inet_diag before its
-		// first data ack): try again after 0.2, 0.4, 0.8, 1.6 s, then
-		// give up.
+		// Not fully established yet when the create was issued (adopted
+		// from inet_diag before its first data ack): try again after 0.2,
+		// 0.4, 0.8, 1.6 s, then give up.
 		now := p.cfg.Now()
 		if at := now.Add(200 * time.Millisecond << min(k.notConn, 4)); k.retryAt.IsZero() || !k.retryAt.After(now) {
 			if k.notConn++; k.notConn > maxNotConnRounds {
 				p.finish(k, fmt.Sprintf("subflow_create: ENOTCONN %d times (never fully established)", maxNotConnRounds))
+				k.notFully = true
 				return nil
 			}
 			k.retryAt = at

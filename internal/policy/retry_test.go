@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -240,5 +241,85 @@ func TestBufferWanted(t *testing.T) {
 	// 2 x 2.5 MB/s x 0.2 s = 1 MB.
 	if w := s.p.BufferWanted(); w < 950_000 || w > 1_050_000 {
 		t.Fatalf("BufferWanted = %d, want about 1,000,000", w)
+	}
+}
+
+// A connection adopted from inet_diag before it was fully established gets
+// a create at once; its ESTABLISHED event can be handled before the
+// kernel's answer to that create comes back. An ENOTCONN for a create
+// issued before the event is the transient one (the kernel refused it
+// while the connection was still waiting for its first data ack): retried,
+// not the end of the connection's detours. Before the fix the reply was
+// judged by the state at reply time (fully established: "closing"), and
+// the connection never got a detour subflow (TestAgentResyncAfterLostEvents
+// failed so under load: 1 of 20 connections without one).
+func TestENOTCONNForCreateIssuedBeforeEstablished(t *testing.T) {
+	p, _, clk := newStatic(1, d1)
+	c := Conn{Token: 3, Local: client, Remote: server}
+	ins := p.Adopt(c, nil)
+	if countAction(ins, CreateSubflow) != 1 {
+		t.Fatalf("adopted: intents %v, want one create", ins)
+	}
+	clk.advance(10 * time.Millisecond)
+	c.Fully = true
+	after := p.Established(c)
+	clk.advance(10 * time.Millisecond)
+	for _, in := range ins {
+		after = append(after, p.Failed(in, syscall.ENOTCONN)...)
+	}
+	after = append(after, tickFor(p, clk, 3*time.Second)...)
+	if n := countAction(after, CreateSubflow); n != 1 {
+		t.Fatalf("%d creates after ENOTCONN for a create issued before ESTABLISHED, want 1 retry: %v", n, after)
+	}
+	// A create issued after the event and refused with ENOTCONN is final
+	// (the connection is closing).
+	var retry Intent
+	for _, in := range after {
+		if in.Action == CreateSubflow {
+			retry = in
+		}
+	}
+	clk.advance(10 * time.Millisecond)
+	final := p.Failed(retry, syscall.ENOTCONN)
+	final = append(final, tickFor(p, clk, 30*time.Second)...)
+	if n := countAction(final, CreateSubflow); n != 0 {
+		t.Fatalf("%d creates after ENOTCONN for a create issued after ESTABLISHED, want 0: %v", n, final)
+	}
+}
+
+// An adopted connection that stays short of fully established through
+// every ENOTCONN retry (its first data ack took longer: a loaded host, a
+// queue in front of the server) is given up, but its ESTABLISHED event,
+// when it comes, opens its detours after all. Before, the give-up was
+// final (TestAgentResyncAfterLostEvents failed so under load: a connection
+// not fully established 3.3 s after its adoption never got a subflow).
+func TestEstablishedAfterENOTCONNGiveUpOpensDetours(t *testing.T) {
+	p, _, clk := newStatic(1, d1)
+	c := Conn{Token: 3, Local: client, Remote: server}
+	pending := p.Adopt(c, nil)
+	creates := 0
+	for range 100 { // 10 s
+		var next []Intent
+		for _, in := range pending {
+			if in.Action == CreateSubflow {
+				creates++
+				next = append(next, p.Failed(in, syscall.ENOTCONN)...)
+			}
+		}
+		clk.advance(100 * time.Millisecond)
+		pending = append(next, p.Tick(clk.t)...)
+	}
+	if creates != 1+maxNotConnRounds || countAction(pending, CreateSubflow) != 0 {
+		t.Fatalf("%d creates refused with ENOTCONN (and %v pending), want %d then none", creates, pending, 1+maxNotConnRounds)
+	}
+	c.Fully = true
+	got := p.Established(c)
+	if n := countAction(got, CreateSubflow); n != 1 {
+		t.Fatalf("ESTABLISHED after the ENOTCONN give-up: intents %v, want one create", got)
+	}
+	for _, r := range p.Report().Conns {
+		if strings.Contains(r.Decision, "never fully established") {
+			t.Errorf("status still says %q", r.Decision)
+		}
 	}
 }

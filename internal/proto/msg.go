@@ -177,14 +177,19 @@ func ReasonOf(err error) Reason {
 // networks only): the client's inner address, the relay's inner address
 // (next hop), the relay's VXLAN endpoint, the member address the relay
 // accepts encapsulated packets from (the control session's source: the
-// client must send from it), the VNI and the inner MTU.
+// client must send from it), the VNI and the inner MTU. ClientPrefix6 and
+// Gateway6 are the optional IPv6 inside: the client's inner IPv6 address
+// and the relay's (next hop), both set or both invalid; sent only to a
+// request with EncapWantIPv6, by a relay with a vxlan subnet6.
 type EncapGrant struct {
-	ClientPrefix netip.Prefix
-	Gateway      netip.Addr
-	Endpoint     netip.AddrPort
-	Member       netip.Addr
-	VNI          uint32 // 1..2^24-1
-	MTU          uint16
+	ClientPrefix  netip.Prefix
+	Gateway       netip.Addr
+	Endpoint      netip.AddrPort
+	Member        netip.Addr
+	VNI           uint32 // 1..2^24-1
+	MTU           uint16
+	ClientPrefix6 netip.Prefix
+	Gateway6      netip.Addr
 }
 
 // TunnelGrant is what a client needs to bring up a tunnel detour: its own
@@ -274,13 +279,49 @@ func parseEncap(b []byte) (EncapGrant, time.Duration, error) {
 	if e.Member, rest, err = parseAddr(rest[2:]); err != nil {
 		return e, 0, fmt.Errorf("member address: %w", err)
 	}
-	if len(rest) != 10 {
-		return e, 0, fmt.Errorf("want vni, mtu and lease (10 bytes) after the member address, got %d", len(rest))
+	if len(rest) != 10 && len(rest) != 10+encapInside6Len {
+		return e, 0, fmt.Errorf("want vni, mtu and lease (10 bytes) after the member address, or %d with the IPv6 inside, got %d", 10+encapInside6Len, len(rest))
 	}
 	e.VNI = binary.BigEndian.Uint32(rest)
 	e.MTU = binary.BigEndian.Uint16(rest[4:])
 	lease := time.Duration(binary.BigEndian.Uint32(rest[6:])) * time.Second
+	if rest = rest[10:]; len(rest) > 0 {
+		if e.ClientPrefix6, e.Gateway6, err = parseEncapInside6(rest); err != nil {
+			return e, 0, err
+		}
+	}
 	return e, lease, e.Validate()
+}
+
+// encapInside6Len is the optional IPv6 inside of an encap grant:
+// prefix6_addr (family 6) prefix6_len:u8 gateway6_addr (family 6).
+const encapInside6Len = 17 + 1 + 17
+
+func parseEncapInside6(b []byte) (netip.Prefix, netip.Addr, error) {
+	a6, rest, err := parseAddr(b)
+	if err != nil || !a6.Is6() || len(rest) < 1 {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("IPv6 inner address: want family 6, 16 bytes and a length (%v)", err)
+	}
+	p, err := a6.Prefix(int(rest[0]))
+	if err != nil || p.Bits() != int(rest[0]) {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("bad IPv6 inner prefix length %d for %v", rest[0], a6)
+	}
+	gw, rest, err := parseAddr(rest[1:])
+	if err != nil || !gw.Is6() || len(rest) != 0 {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("IPv6 inner gateway: want family 6 and 16 bytes (%v)", err)
+	}
+	return netip.PrefixFrom(a6, p.Bits()), gw, nil
+}
+
+// appendEncapInside6 appends the optional IPv6 inside (nothing when the
+// grant has none: the IPv4 body is what it always was).
+func appendEncapInside6(b []byte, e EncapGrant) []byte {
+	if !e.ClientPrefix6.IsValid() {
+		return b
+	}
+	b = appendAddr(b, e.ClientPrefix6.Addr())
+	b = append(b, byte(e.ClientPrefix6.Bits()))
+	return appendAddr(b, e.Gateway6)
 }
 
 // MaxVNI is the largest VXLAN network identifier (24 bits).
@@ -313,6 +354,30 @@ func (e EncapGrant) Validate() error {
 		return fmt.Errorf("encap: VNI %d out of range 1-%d", e.VNI, MaxVNI)
 	case e.MTU < 576 || e.MTU > 9000:
 		return fmt.Errorf("encap: MTU %d out of range 576-9000", e.MTU)
+	}
+	return e.validateInside6()
+}
+
+// validateInside6 checks the optional IPv6 inside: both addresses IPv6
+// unicast (not IPv4-mapped, no zone, not link-local: the grant carries
+// no scope), the gateway another address of the client's prefix, and an
+// MTU IPv6 can use (1280: below it the kernel turns IPv6 off on the
+// device).
+func (e EncapGrant) validateInside6() error {
+	ok6 := func(a netip.Addr) bool {
+		return a.Is6() && !a.Is4In6() && a.Zone() == "" && !a.IsUnspecified() && !a.IsLoopback() &&
+			!a.IsMulticast() && !a.IsLinkLocalUnicast()
+	}
+	p, gw := e.ClientPrefix6, e.Gateway6
+	switch {
+	case p == (netip.Prefix{}) && !gw.IsValid():
+		return nil
+	case !p.IsValid() || !ok6(p.Addr()) || p.Bits() < 8 || p.Bits() > 127:
+		return fmt.Errorf("encap: IPv6 client prefix %s is not a usable IPv6 prefix of /8 to /127", p)
+	case !ok6(gw) || gw == p.Addr() || !p.Contains(gw):
+		return fmt.Errorf("encap: IPv6 gateway %s is not a usable IPv6 address of %s distinct from the client's", gw, p)
+	case e.MTU < 1280:
+		return fmt.Errorf("encap: MTU %d is below IPv6's minimum 1280, no IPv6 inside", e.MTU)
 	}
 	return nil
 }

@@ -430,13 +430,25 @@ func (r *ReceiptReply) parse(b []byte) error {
 }
 
 // EncapRequest opens (or renews) or releases the member's unencrypted
-// VXLAN tunnel: Action is EncapOpen or EncapRelease. Body: action:u8.
-type EncapRequest struct{ Action uint8 }
+// VXLAN tunnel: Action is EncapOpen or EncapRelease. IPv6 (open only)
+// asks for an IPv6 inner address too. Body: action:u8 [flags:u8], flags
+// only with open and then EncapWantIPv6 (relays before it answer
+// malformed, so a client retries without).
+type EncapRequest struct {
+	Action uint8
+	IPv6   bool
+}
+
+// EncapWantIPv6 is the EncapRequest flag asking for an IPv6 inner address
+// beside the IPv4 one. Other bits are refused (malformed).
+const EncapWantIPv6 uint8 = 1
 
 // EncapReply is the tunnel (see EncapGrant) and its lease; zero in the
 // reply to a release. Body: empty (release) or prefix_addr prefix_len:u8
 // gateway_addr endpoint_addr endpoint_port:u16 member_addr vni:u32
-// mtu:u16 lease_s:u32.
+// mtu:u16 lease_s:u32, then, only in answer to a request with
+// EncapWantIPv6 and only when the relay has a vxlan subnet6,
+// prefix6_addr (family 6) prefix6_len:u8 gateway6_addr (family 6).
 type EncapReply struct {
 	Encap EncapGrant
 	Lease time.Duration
@@ -448,13 +460,23 @@ func (r *EncapRequest) appendTo(b []byte) ([]byte, error) {
 	if r.Action != EncapOpen && r.Action != EncapRelease {
 		return nil, fmt.Errorf("encap action %d is not open (1) or release (2)", r.Action)
 	}
+	if r.IPv6 {
+		if r.Action != EncapOpen {
+			return nil, errors.New("encap: only an open asks for IPv6")
+		}
+		return append(b, r.Action, EncapWantIPv6), nil
+	}
 	return append(b, r.Action), nil
 }
 func (r *EncapRequest) parse(b []byte) error {
-	if len(b) != 1 || (b[0] != EncapOpen && b[0] != EncapRelease) {
-		return fmt.Errorf("want one action byte (1 open, 2 release), got % x", b)
+	switch {
+	case len(b) == 1 && (b[0] == EncapOpen || b[0] == EncapRelease):
+		r.Action, r.IPv6 = b[0], false
+	case len(b) == 2 && b[0] == EncapOpen && b[1] == EncapWantIPv6:
+		r.Action, r.IPv6 = b[0], true
+	default:
+		return fmt.Errorf("want one action byte (1 open, 2 release) and, with open, optional flags %d, got % x", EncapWantIPv6, b)
 	}
-	r.Action = b[0]
 	return nil
 }
 
@@ -476,7 +498,8 @@ func (r *EncapReply) appendTo(b []byte) ([]byte, error) {
 	b = appendAddr(b, e.Member)
 	b = binary.BigEndian.AppendUint32(b, e.VNI)
 	b = binary.BigEndian.AppendUint16(b, e.MTU)
-	return binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease)), nil
+	b = binary.BigEndian.AppendUint32(b, leaseSeconds(r.Lease))
+	return appendEncapInside6(b, e), nil
 }
 func (r *EncapReply) parse(b []byte) error {
 	if len(b) == 0 {

@@ -215,7 +215,7 @@ collective:
 		t.Errorf("relay1's crl_file does not hold the new list: %q %v", b, err)
 	}
 	for i, r := range relays[1:] {
-		if !strings.Contains(r.proc.stderr.String(), "revocation list learned from gossip") {
+		if !eventually(func() bool { return strings.Contains(r.proc.stderr.String(), "revocation list learned from gossip") }) {
 			t.Errorf("relay%d: no log line for the list learned from gossip", i+1)
 		}
 	}

@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"net/netip"
+
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
@@ -19,6 +21,10 @@ func (s *Server) serveEncap(ses *session, req *proto.EncapRequest) answer {
 	if err != nil {
 		s.log.Warn("encap allocation", "member", ses.name, "err", err)
 		return failed(err, proto.ReasonInternal)
+	}
+	if !req.IPv6 {
+		// Clients that did not ask parse only the IPv4 shape.
+		g.ClientPrefix6, g.Gateway6 = netip.Prefix{}, netip.Addr{}
 	}
 	return success(&proto.EncapReply{Encap: g, Lease: lease})
 }

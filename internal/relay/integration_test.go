@@ -287,6 +287,18 @@ func readAttribution(t *testing.T, path string) []attrEvent {
 	return evs
 }
 
+// eventually polls cond for up to 5 s and says whether it came true: for
+// what a test checks after waiting for something else (a relay's stderr
+// reaches the test through a pipe, behind the kernel state it changed).
+func eventually(cond func() bool) bool {
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(8 * time.Second)
@@ -766,7 +778,7 @@ func TestRelaySecondInstanceAndTableRemoval(t *testing.T) {
 		_, err := nftList(t, f.Relay, "list", "table", "ip", TableName)
 		return err == nil && elements(t, f.Relay) == 1
 	})
-	if !strings.Contains(p.stderr.String(), "recreated it") {
+	if !eventually(func() bool { return strings.Contains(p.stderr.String(), "recreated it") }) {
 		t.Errorf("no log line about the recreation:\n%s", p.stderr.String())
 	}
 	conn, err := dialFrom(t, f.Client, d.String())

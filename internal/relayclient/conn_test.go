@@ -51,7 +51,14 @@ func newFakeRelay(t *testing.T, member proto.Key) *fakeRelay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	return newFakeRelayAt(t, member, priv, net.IPv4(127, 0, 0, 1))
+}
+
+// newFakeRelayAt is a fake relay with the key priv on a loopback address
+// (127.0.0.1 or ::1).
+func newFakeRelayAt(t *testing.T, member, priv proto.Key, ip net.IP) *fakeRelay {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: ip})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/config"
+	"github.com/mpdetour/mpdetour/internal/policy"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
@@ -22,9 +23,10 @@ import (
 //	  servers:
 //	    - {name: detour1, address: 203.0.113.1:45673, public_key: <relay's base64 public key>}
 //	    - {name: detour2, address: 198.51.100.1:45673, public_key: <...>, backup: true}  # its NAT detours are backups
+//	    - {name: detour3, addresses: [192.0.2.3:45673, '[2001:db8::3]:45673'], public_key: <...>}  # one relay, both families
 //	  discovery:                             # optional: also use relays of the collective's roster
 //	    authority: mpdetour-authority-v1:... # the collective's authority (entries are verified against it)
-//	    max: 4                               # discovered relays used at once
+//	    max: 4                               # discovered relays used per family
 //	    interval: 500ms                       # how often the roster is read from a configured relay
 type File struct {
 	Key     string `yaml:"key"`
@@ -47,9 +49,17 @@ type FileDiscovery struct {
 
 // FileRelay is one relay in File.
 type FileRelay struct {
-	Name      string `yaml:"name"`
-	Address   string `yaml:"address"`
-	PublicKey string `yaml:"public_key"`
+	Name    string `yaml:"name"`
+	Address string `yaml:"address"`
+	// Addresses: the relay's control addresses, at most one per family
+	// (instead of Address). A relay grants only within a control session's
+	// family, so a relay with both is asked over each: the entry becomes
+	// one session per address, named NAME/v4 and NAME/v6 in status, logs
+	// and metrics; tunnels are asked over the first address only (one
+	// tunnel per relay, carrying both families inside when the relay has
+	// tunnel.subnet6, or tunnel.vxlan.subnet6 for VXLAN).
+	Addresses []string `yaml:"addresses"`
+	PublicKey string   `yaml:"public_key"`
 	// Backup: its NAT detours are backup subflows (MPTCP B flag).
 	Backup bool `yaml:"backup"`
 }
@@ -92,20 +102,72 @@ func (f *File) Build() (SourceConfig, error) {
 		return sc, errors.New("servers: at least one relay is required")
 	}
 	names := map[string]bool{}
+	// relay (address and key) -> the field that gave it. The same address
+	// with another key is allowed: only one of them can be right, and the
+	// agent says which (status: no-answer for the wrong key).
+	type relayID struct {
+		addr netip.AddrPort
+		key  proto.Key
+	}
+	addrs := map[relayID]string{}
 	for i, r := range f.Servers {
 		if r.Name == "" || names[r.Name] {
 			return sc, fmt.Errorf("servers[%d].name: missing or duplicate %q", i, r.Name)
 		}
 		names[r.Name] = true
-		ap, err := netip.ParseAddrPort(r.Address)
-		if err != nil || ap.Addr().Is4In6() || ap.Addr().Zone() != "" || ap.Port() == 0 {
-			return sc, fmt.Errorf("servers[%d].address: %q is not an IPv4 ADDRESS:PORT or [IPv6]:PORT without zone (the relay's control port, 45673 by default; a relay's IPv6 address grants IPv6 detours)", i, r.Address)
+		type field struct {
+			path, value string
+		}
+		var given []field
+		switch {
+		case r.Address != "" && len(r.Addresses) > 0:
+			return sc, fmt.Errorf("servers[%d].addresses: address and addresses are exclusive (addresses holds one per family)", i)
+		case r.Address != "":
+			given = []field{{fmt.Sprintf("servers[%d].address", i), r.Address}}
+		case len(r.Addresses) > 2:
+			return sc, fmt.Errorf("servers[%d].addresses: %d addresses; at most two, one IPv4 and one IPv6", i, len(r.Addresses))
+		case len(r.Addresses) > 0:
+			for j, a := range r.Addresses {
+				given = append(given, field{fmt.Sprintf("servers[%d].addresses[%d]", i, j), a})
+			}
+		default:
+			return sc, fmt.Errorf("servers[%d].address: missing (the relay's control ADDRESS:PORT; addresses: [IPv4:PORT, '[IPv6]:PORT'] for a relay with both families)", i)
 		}
 		pub, err := proto.ParseKey(r.PublicKey)
 		if err != nil {
 			return sc, fmt.Errorf("servers[%d].public_key: %w", i, err)
 		}
-		sc.Relays = append(sc.Relays, relayconn.Relay{Name: r.Name, Addr: ap, PublicKey: pub, Backup: r.Backup})
+		var fams [2]string // the field of the IPv4, IPv6 address
+		for _, g := range given {
+			ap, err := parseRelayAddr(g.value)
+			if err != nil {
+				return sc, fmt.Errorf("%s: %w", g.path, err)
+			}
+			fam := 0
+			if ap.Addr().Is6() {
+				fam = 1
+			}
+			if fams[fam] != "" {
+				return sc, fmt.Errorf("%s: a second %s address (%s has one): one address per family", g.path, policy.FamilyName(ap.Addr()), fams[fam])
+			}
+			fams[fam] = g.path
+			if other, dup := addrs[relayID{ap, pub}]; dup {
+				return sc, fmt.Errorf("%s: %s with this public_key is also %s: the same relay listed twice", g.path, ap, other)
+			}
+			addrs[relayID{ap, pub}] = g.path
+			rel := relayconn.Relay{Name: r.Name, Entry: r.Name, Addr: ap, PublicKey: pub, Backup: r.Backup}
+			if len(given) > 1 {
+				rel.Name = r.Name + "/v" + map[int]string{0: "4", 1: "6"}[fam]
+				rel.NoTunnel = len(sc.Relays) > 0 && sc.Relays[len(sc.Relays)-1].Entry == r.Name
+			}
+			sc.Relays = append(sc.Relays, rel)
+		}
+	}
+	for _, rel := range sc.Relays {
+		// NAME/v4 of one entry must not be another entry's plain name.
+		if rel.Name != rel.Entry && names[rel.Name] {
+			return sc, fmt.Errorf("servers: %q names a relay and is also the IPv%s session of relay %q's addresses", rel.Name, rel.Name[len(rel.Name)-1:], rel.Entry)
+		}
 	}
 	if d := f.Discovery; d != nil {
 		ak, err := collective.ParseAuthorityKey(d.Authority)
@@ -124,4 +186,22 @@ func (f *File) Build() (SourceConfig, error) {
 		sc.Discovery = &Discovery{Trust: collective.NewTrust(ak), Max: d.Max, Every: time.Duration(d.Interval)}
 	}
 	return sc, nil
+}
+
+// parseRelayAddr reads a relay's control address: IPv4:PORT or
+// [IPv6]:PORT, a unicast address usable without a zone.
+func parseRelayAddr(v string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(v)
+	a := ap.Addr()
+	switch {
+	case err != nil || ap.Port() == 0:
+		return ap, fmt.Errorf("%q is not an IPv4 ADDRESS:PORT or [IPv6]:PORT (the relay's control port, 45673 by default; quote an IPv6 one in YAML)", v)
+	case a.Is4In6():
+		return ap, fmt.Errorf("%q is an IPv4-mapped IPv6 address: write the IPv4 address %v (a relay's family is the session's)", v, netip.AddrPortFrom(a.Unmap(), ap.Port()))
+	case a.Zone() != "" || (a.Is6() && a.IsLinkLocalUnicast()):
+		return ap, fmt.Errorf("%q is link-local: a relay needs an address that routes without a zone", v)
+	case a.IsUnspecified() || a.IsMulticast():
+		return ap, fmt.Errorf("%q is not a unicast address", v)
+	}
+	return ap, nil
 }

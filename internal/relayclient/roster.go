@@ -19,11 +19,13 @@ import (
 // besides its configured ones: it reads the roster from a configured relay
 // every Every, verifies every entry (the authority's certificate with the
 // role relay, the relay's signature), and asks up to Max of the listed
-// relays (least loaded first) for grants as well. A relay that leaves the
-// roster is dropped, its grants released.
+// relays per address family (least loaded first) for grants as well, each
+// over a session of the servers' family opened when first needed. A relay
+// that leaves the roster is dropped, the grants of both its sessions
+// released.
 type Discovery struct {
 	Trust *collective.Trust
-	Max   int           // discovered relays in use at once (default 4)
+	Max   int           // discovered relays in use per address family (default 4)
 	Every time.Duration // roster poll period (default DefaultDiscoveryEvery)
 	Fetch int           // entries read per poll at most (default 256)
 }
@@ -35,10 +37,37 @@ type Discovery struct {
 // most one period later.
 const DefaultDiscoveryEvery = 500 * time.Millisecond
 
+// discovered is a relay of the roster in use: picked per family (up to
+// Discovery.Max relays per family), its session of a family opened only
+// when a server of that family is prepared (openFor), so that an agent
+// without IPv6 holds no failing IPv6 session to each relay.
 type discovered struct {
-	idx   int // in NATSource.conns
 	entry *roster.Entry
+	addrs [2]netip.AddrPort // the entry's control address per family (IPv4, IPv6) when picked
+	// picked: used for servers of the family; idx: the open session in
+	// NATSource.conns (-1: none); retryAt, backoff: a session whose
+	// handshake failed is closed and not opened again before retryAt
+	// (backoff doubles from RetryAfter up to MaxSessionBackoff).
+	picked  [2]bool
+	idx     [2]int
+	retryAt [2]time.Time
+	backoff [2]time.Duration
 }
+
+// relay is dr's session of family f: named roster:NAME/v4 and
+// roster:NAME/v6 when the entry lists both families (as a configured
+// relay's FileRelay.Addresses), roster:NAME when it lists one.
+func (dr *discovered) relay(f int) relayconn.Relay {
+	r := relayconn.Relay{Name: "roster:" + dr.entry.Name(), Entry: "roster:" + dr.entry.Name(), Addr: dr.addrs[f], PublicKey: dr.entry.Key()}
+	if dr.addrs[0].IsValid() && dr.addrs[1].IsValid() {
+		r.Name += "/v" + [2]string{"4", "6"}[f]
+	}
+	return r
+}
+
+// MaxSessionBackoff bounds the wait before a discovered relay's session
+// whose handshake failed is opened again (for a server of its family).
+const MaxSessionBackoff = 5 * time.Minute
 
 // discover polls the roster until the source closes.
 func (s *NATSource) discover() {
@@ -148,125 +177,250 @@ func (s *NATSource) discoverOnce() {
 	listed := map[proto.Key]*roster.Entry{}
 	for _, e := range entries {
 		if !skip[e.Key()] && e.Kinds&roster.KindNAT != 0 {
-			if _, ok := controlAddr(e); ok {
+			if a := controlAddrs(e); a[0].IsValid() || a[1].IsValid() {
 				listed[e.Key()] = e
 			}
 		}
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
-		s.mu.Unlock()
 		return
 	}
 	// Drop relays that left the roster (or moved: they come back below).
 	for k, dr := range s.found {
-		e := listed[k]
-		if a, _ := controlAddr(e); e == nil || a != s.conns[dr.idx].Relay().Addr {
+		if e := listed[k]; e == nil || controlAddrs(e) != dr.addrs {
 			s.dropLocked(k, dr)
 		}
 	}
-	// Add the least loaded listed relays up to Max.
-	var cand []*roster.Entry
-	for k, e := range listed {
-		if _, ok := s.found[k]; ok {
-			s.found[k].entry = e
+	// Per family, add the least loaded listed relays up to Max.
+	for f := range 2 {
+		n := 0
+		var cand []*roster.Entry
+		for k, e := range listed {
+			if dr := s.found[k]; dr != nil {
+				dr.entry = e
+				if dr.picked[f] {
+					n++
+					continue
+				}
+			}
+			if controlAddrs(e)[f].IsValid() {
+				cand = append(cand, e)
+			}
+		}
+		rand.Shuffle(len(cand), func(i, j int) { cand[i], cand[j] = cand[j], cand[i] })
+		slices.SortStableFunc(cand, func(a, b *roster.Entry) int {
+			return cmp.Compare(float64(a.Load)/float64(a.Capacity), float64(b.Load)/float64(b.Capacity))
+		})
+		for _, e := range cand[:min(len(cand), max(d.Max-n, 0))] {
+			dr := s.found[e.Key()]
+			if dr == nil {
+				dr = &discovered{entry: e, addrs: controlAddrs(e), idx: [2]int{-1, -1}}
+				s.found[e.Key()] = dr
+			}
+			dr.picked[f] = true
+			s.log.Info("roster: using discovered relay", "relay", e.Name(), "family", familyName[f], "addr", dr.addrs[f], "region", e.Region, "load", e.Load, "capacity", e.Capacity)
+		}
+	}
+	// Servers already in use get grants from the new relays at once
+	// (their sessions of the servers' families open now).
+	servers := map[netip.AddrPort]bool{}
+	for k := range s.entries {
+		servers[k.server] = true
+	}
+	var fams [2]bool
+	for srv := range servers {
+		fams[family(srv.Addr())] = true
+	}
+	var added []int
+	for f, used := range fams {
+		if used {
+			added = append(added, s.openLocked(f)...)
+		}
+	}
+	for _, i := range added {
+		for srv := range servers {
+			if !grantsToward(s.conns[i], srv) {
+				continue
+			}
+			k := entryKey{i, srv}
+			e := &entry{pending: true}
+			s.entries[k] = e
+			s.wg.Add(1)
+			go s.grant(k, e)
+		}
+	}
+}
+
+var familyName = [2]string{"IPv4", "IPv6"}
+
+// family is 0 for an IPv4 address (also IPv4-mapped), 1 for IPv6.
+func family(a netip.Addr) int {
+	if a.Unmap().Is4() {
+		return 0
+	}
+	return 1
+}
+
+// openFor opens the sessions of server's family of the discovered relays
+// picked for it that have none (and are not backing off): Prepare calls
+// it, so a family's sessions exist only once a server of it is used.
+func (s *NATSource) openFor(server netip.AddrPort) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() == nil {
+		s.openLocked(family(server.Addr()))
+	}
+}
+
+// openLocked opens family f's sessions of the picked discovered relays
+// that have none and are not backing off; it returns their indices in
+// s.conns (sessions are named by discovered.relay).
+func (s *NATSource) openLocked(f int) []int {
+	now := time.Now()
+	var out []int
+	for _, dr := range s.found {
+		if !dr.picked[f] || dr.idx[f] >= 0 || now.Before(dr.retryAt[f]) {
 			continue
 		}
-		cand = append(cand, e)
-	}
-	rand.Shuffle(len(cand), func(i, j int) { cand[i], cand[j] = cand[j], cand[i] })
-	slices.SortStableFunc(cand, func(a, b *roster.Entry) int {
-		return cmp.Compare(float64(a.Load)/float64(a.Capacity), float64(b.Load)/float64(b.Capacity))
-	})
-	var added []int
-	for _, e := range cand {
-		if len(s.found) >= d.Max {
-			break
-		}
-		addr, _ := controlAddr(e)
-		r := relayconn.Relay{Name: "roster:" + e.Name(), Addr: addr, PublicKey: e.Key()}
+		r := dr.relay(f)
 		c, err := relayconn.Dial(r, s.cfg.PrivateKey, s.cfg.Options)
 		if err != nil {
-			s.log.Warn("roster: dialling a discovered relay", "relay", e.Name(), "err", err)
+			s.log.Warn("roster: dialling a discovered relay", "relay", r.Name, "addr", r.Addr, "err", err)
+			s.backOffLocked(dr, f, now)
 			continue
 		}
 		s.conns = append(s.conns, c)
-		s.found[e.Key()] = &discovered{idx: len(s.conns) - 1, entry: e}
-		added = append(added, len(s.conns)-1)
-		s.log.Info("roster: using discovered relay", "relay", e.Name(), "addr", addr, "region", e.Region, "load", e.Load, "capacity", e.Capacity)
+		dr.idx[f] = len(s.conns) - 1
+		out = append(out, dr.idx[f])
+		s.log.Debug("roster: session opened", "relay", r.Name, "addr", r.Addr)
 	}
-	// Servers already in use get grants from the new relays at once.
-	if len(added) > 0 {
-		servers := map[netip.AddrPort]bool{}
-		for k := range s.entries {
-			servers[k.server] = true
-		}
-		for _, i := range added {
-			for srv := range servers {
-				k := entryKey{i, srv}
-				e := &entry{pending: true}
-				s.entries[k] = e
-				s.wg.Add(1)
-				go s.grant(k, e)
-			}
-		}
-	}
-	s.mu.Unlock()
+	return out
 }
 
-// dropLocked stops using a discovered relay: its detours disappear now,
-// its grants are released in the background (a relay that is gone does
-// not answer: bounded by RequestTimeout), then its connection closes.
-func (s *NATSource) dropLocked(k proto.Key, dr *discovered) {
-	c := s.conns[dr.idx]
-	var ports []uint16
-	for ek, e := range s.entries {
-		if ek.relay == dr.idx {
-			delete(s.entries, ek)
-			if e.detour.IsValid() {
-				ports = append(ports, e.detour.Port())
+// backOffLocked: family f's session of dr failed; it is not opened again
+// for a while (RetryAfter, doubling per failure in a row up to
+// MaxSessionBackoff).
+func (s *NATSource) backOffLocked(dr *discovered, f int, now time.Time) {
+	dr.backoff[f] = min(max(2*dr.backoff[f], s.cfg.RetryAfter), MaxSessionBackoff)
+	dr.retryAt[f] = now.Add(dr.backoff[f])
+}
+
+// sessionOf finds discovered session i: its relay and family (nil: i is
+// not a discovered session).
+func (s *NATSource) sessionOf(i int) (*discovered, int) {
+	for _, dr := range s.found {
+		for f := range 2 {
+			if dr.idx[f] == i {
+				return dr, f
 			}
 		}
 	}
-	s.conns[dr.idx] = nil
-	delete(s.found, k)
-	s.log.Info("roster: relay left the roster, dropped", "relay", c.Relay().Name, "released", len(ports))
-	s.notify()
+	return nil, 0
+}
+
+// handshakeFailedLocked: a grant over discovered session i failed before
+// its first handshake completed (the relay does not answer on that
+// family's address: say, no IPv6 route; or it refused the handshake).
+// The session closes, its entries go (they hold no grant) and the family
+// backs off; the relay's other family is untouched.
+func (s *NATSource) handshakeFailedLocked(i int) {
+	dr, f := s.sessionOf(i)
+	if dr == nil {
+		return
+	}
+	c := s.conns[i]
+	for ek := range s.entries {
+		if ek.relay == i {
+			delete(s.entries, ek)
+		}
+	}
+	s.conns[i], dr.idx[f] = nil, -1
+	s.backOffLocked(dr, f, time.Now())
+	s.log.Info("roster: no handshake with a discovered relay: session closed, backing off", "relay", c.Relay().Name, "addr", c.Relay().Addr, "retry_in", dr.backoff[f])
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
-		defer cancel()
-		for _, p := range ports {
-			if err := c.Release(ctx, p); err != nil {
-				break
-			}
-		}
 		_ = c.Close()
 	}()
 }
 
-// controlAddr is the first IPv4 control address of an entry (the client
-// side is IPv4 only, like the configured relays).
-func controlAddr(e *roster.Entry) (netip.AddrPort, bool) {
-	if e == nil {
-		return netip.AddrPort{}, false
+// grantedLocked: discovered session i got a grant; its family's backoff
+// starts again from RetryAfter at the next failure.
+func (s *NATSource) grantedLocked(i int) {
+	if dr, f := s.sessionOf(i); dr != nil {
+		dr.backoff[f] = 0
 	}
-	for _, a := range e.Addrs {
-		if a.Addr().Unmap().Is4() {
-			return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()), true
-		}
-	}
-	return netip.AddrPort{}, false
 }
 
-// Discovered lists the roster relays in use now (name, control address).
+// dropLocked stops using a discovered relay: the detours of both its
+// sessions disappear now, their grants are released in the background (a
+// relay that is gone does not answer: bounded by RequestTimeout), then
+// the sessions close.
+func (s *NATSource) dropLocked(k proto.Key, dr *discovered) {
+	delete(s.found, k)
+	for _, i := range dr.idx {
+		if i < 0 {
+			continue
+		}
+		c := s.conns[i]
+		var ports []uint16
+		for ek, e := range s.entries {
+			if ek.relay == i {
+				delete(s.entries, ek)
+				if e.detour.IsValid() {
+					ports = append(ports, e.detour.Port())
+				}
+			}
+		}
+		s.conns[i] = nil
+		s.log.Info("roster: relay left the roster, dropped", "relay", c.Relay().Name, "released", len(ports))
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
+			defer cancel()
+			for _, p := range ports {
+				if err := c.Release(ctx, p); err != nil {
+					break
+				}
+			}
+			_ = c.Close()
+		}()
+	}
+	s.notify()
+}
+
+// controlAddrs is an entry's first control address of each family
+// (IPv4, IPv6; zero: none): a discovered relay has a session per family
+// it lists, each granting toward servers of its own family.
+func controlAddrs(e *roster.Entry) [2]netip.AddrPort {
+	var out [2]netip.AddrPort
+	for _, a := range e.Addrs {
+		ip := a.Addr().Unmap()
+		if f := family(ip); !out[f].IsValid() && ip.IsValid() && !ip.IsUnspecified() && ip.Zone() == "" {
+			out[f] = netip.AddrPortFrom(ip, a.Port())
+		}
+	}
+	return out
+}
+
+// Discovered lists the roster relays in use now, one per family each is
+// used for (name, control address), whether its session of that family
+// is open yet or not (sessions open when a server of their family is
+// prepared).
 func (s *NATSource) Discovered() []relayconn.Relay {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []relayconn.Relay
 	for _, dr := range s.found {
-		out = append(out, s.conns[dr.idx].Relay())
+		for f := range 2 {
+			if !dr.picked[f] {
+				continue
+			}
+			out = append(out, dr.relay(f))
+		}
 	}
 	slices.SortFunc(out, func(a, b relayconn.Relay) int { return cmp.Compare(a.Name, b.Name) })
 	return out

@@ -177,8 +177,11 @@ func (s *NATSource) closeConns() {
 // requests); discovered relays are not among them.
 func (s *NATSource) Conns() []*relayconn.Conn { return s.static }
 
-// Prepare implements detour.Source: it never blocks.
+// Prepare implements detour.Source: it never blocks. Discovered relays'
+// sessions of server's family open now if they are not open yet
+// (roster.go: openFor).
 func (s *NATSource) Prepare(server netip.AddrPort) {
+	s.openFor(server)
 	now := time.Now()
 	s.eachRelay(server, func(k entryKey, _ *relayconn.Conn) {
 		e := s.entries[k]
@@ -193,8 +196,8 @@ func (s *NATSource) Prepare(server netip.AddrPort) {
 }
 
 // eachRelay calls fn, with s.mu held, for every relay (configured and
-// discovered) with its entry key toward server; nothing once the source
-// is closing.
+// discovered) whose session can grant toward server, with its entry key;
+// nothing once the source is closing.
 func (s *NATSource) eachRelay(server netip.AddrPort, fn func(k entryKey, c *relayconn.Conn)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -202,10 +205,19 @@ func (s *NATSource) eachRelay(server netip.AddrPort, fn func(k entryKey, c *rela
 		return
 	}
 	for i, c := range s.conns {
-		if c != nil {
+		if c != nil && grantsToward(c, server) {
 			fn(entryKey{i, server}, c)
 		}
 	}
+}
+
+// grantsToward says whether c's session can grant toward server: a relay
+// grants only within its control session's family (docs/relay.md, IPv6),
+// so a session of the other family is not asked at all (it would answer
+// policy-denied, which status and the log would show as the relay
+// refusing the destination, for every server of that family).
+func grantsToward(c *relayconn.Conn, server netip.AddrPort) bool {
+	return c.Relay().Addr.Addr().Unmap().Is4() == server.Addr().Unmap().Is4()
 }
 
 func (s *NATSource) grant(k entryKey, e *entry) {
@@ -247,9 +259,13 @@ func (s *NATSource) grant(k entryKey, e *entry) {
 	if err != nil {
 		e.failedAt, e.err = now, err
 		s.log.Info("relay grant failed", "relay", c.Relay().Name, "server", k.server, "err", err)
+		if s.ctx.Err() == nil && c.SessionKey().IsZero() {
+			s.handshakeFailedLocked(k.relay) // a discovered session never hand shook: closed, backed off
+		}
 		return
 	}
 	e.detour, e.expires, e.renewAt = d, now.Add(lease), now.Add(lease/2)
+	s.grantedLocked(k.relay)
 	s.log.Debug("relay grant", "relay", c.Relay().Name, "server", k.server, "detour", d, "lease", lease)
 	s.notify()
 }

@@ -26,7 +26,14 @@ import (
 
 // Relay names a relay and how to reach and authenticate it.
 type Relay struct {
-	Name      string
+	Name string
+	// Entry is the configuration entry's name: Name, or for an entry with
+	// one address per family (relayclient.FileRelay.Addresses) the name
+	// both sessions share (Name is then Entry/v4 or Entry/v6).
+	Entry string
+	// NoTunnel: tunnels are not asked over this session (the second
+	// address of such an entry: the relay gives a member one tunnel).
+	NoTunnel  bool
 	Addr      netip.AddrPort // control address (UDP)
 	PublicKey proto.Key
 	// Backup: detours granted by this relay are backups (subflows with
@@ -859,6 +866,18 @@ func (c *Conn) TunnelIPv6(ctx context.Context) (proto.TunnelGrant, time.Duration
 // encapsulated packets from; see docs/tunnel.md.
 func (c *Conn) Encap(ctx context.Context) (proto.EncapGrant, time.Duration, error) {
 	r, err := call[*proto.EncapReply](ctx, c, &proto.EncapRequest{Action: proto.EncapOpen})
+	if err != nil {
+		return proto.EncapGrant{}, 0, err
+	}
+	return r.Encap, r.Lease, nil
+}
+
+// EncapIPv6 is Encap asking for an IPv6 inside as well
+// (EncapGrant.ClientPrefix6 and Gateway6; invalid when the relay has no
+// vxlan subnet6). A relay older than the request's flag answers
+// malformed: ask with Encap then.
+func (c *Conn) EncapIPv6(ctx context.Context) (proto.EncapGrant, time.Duration, error) {
+	r, err := call[*proto.EncapReply](ctx, c, &proto.EncapRequest{Action: proto.EncapOpen, IPv6: true})
 	if err != nil {
 		return proto.EncapGrant{}, 0, err
 	}

@@ -217,7 +217,16 @@ func TestRoleSpacesAnnouncements(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	// The spaced announcements go out after Run returned: wait for them.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		k.mu.Lock()
+		n := len(k.sent)
+		k.mu.Unlock()
+		if n >= 3 {
+			break
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // and for a fourth that must not come
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if len(k.sent) != 3 {
@@ -253,20 +262,36 @@ func TestRoleRepeatsUntilJoined(t *testing.T) {
 	}
 	// 1: never joined -> 1 + 3 rounds; 2: joined both -> 1 round;
 	// 3: joined one -> repeated until closed.
+	counts := func() map[string]int {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		count := map[string]int{}
+		for _, s := range k.sent {
+			count[s[:8]]++
+		}
+		return count
+	}
+	// Wait for the rounds instead of sleeping a fixed time (a loaded
+	// machine runs the 30 ms timers late): 3 is closed right after its
+	// first repeat (30 ms), well before the second (90 ms).
+	until := func(token string, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); counts()[token] < n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("announcements per connection %v: %s never got %d", counts(), token, n)
+			}
+		}
+	}
 	k.events <- []mptcppm.Event{est(1, true, 5201), est(2, true, 5201), sub(2), sub(2), est(3, true, 5201), sub(3)}
-	time.Sleep(45 * time.Millisecond) // after the first repeat (30 ms), before the second (90 ms)
+	until("00000003", 4)
 	k.events <- []mptcppm.Event{{Type: mptcppm.EventClosed, Token: 3}}
-	time.Sleep(300 * time.Millisecond) // 30 + 60 + 120 ms: all repeats of 1 done
+	until("00000001", 8)               // 30 + 60 + 120 ms: all repeats of 1 done
+	time.Sleep(100 * time.Millisecond) // none after them
 	close(k.events)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	count := map[string]int{}
-	for _, s := range k.sent {
-		count[s[:8]]++
-	}
+	count := counts()
 	if count["00000001"] != 8 || count["00000002"] != 2 || count["00000003"] != 4 {
 		t.Errorf("announcements per connection %v, want 1: 8 (4 rounds), 2: 2 (joined), 3: 4 (closed after one repeat)", count)
 	}

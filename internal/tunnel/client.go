@@ -511,7 +511,7 @@ func CleanupClients(spec string) error {
 			tables[r.Table] = true
 		}
 	}
-	if err := clientTables6(nl, tables); err != nil {
+	if err := clientTables6(nl, tables, TableBase); err != nil {
 		return err
 	}
 	links, err := nl.LinkList()

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -74,14 +73,8 @@ func (c *Client) apply6(link netlink.Link, a, old Allocation) (err error) {
 	// A namespace whose default disables IPv6 (net.ipv6.conf.default.
 	// disable_ipv6) created the interface without it: turn it on for
 	// this interface only (it is ours).
-	if err := c.ns.do(func() error {
-		p := "/proc/sys/net/ipv6/conf/" + c.iface + "/disable_ipv6"
-		if b, err := os.ReadFile(p); err == nil && string(b) == "0\n" {
-			return nil
-		}
-		return os.WriteFile(p, []byte("0\n"), 0o644)
-	}); err != nil {
-		return fmt.Errorf("enable IPv6 on %s (is IPv6 disabled on this host?): %w", c.iface, err)
+	if err := enableIPv6(c.ns, c.iface); err != nil {
+		return err
 	}
 	// No duplicate address detection: the address is the relay's grant,
 	// on a point-to-point link, and DAD would hold it tentative (unusable
@@ -147,10 +140,11 @@ func removeTableState(nl *netlink.Handle, family, table int) error {
 	return errors.Join(errs...)
 }
 
-// clientTables6 adds to tables the client tunnel tables that IPv6 rules
-// point at (a crashed agent's embedded device vanished with it; its rules
-// did not).
-func clientTables6(nl *netlink.Handle, tables map[int]bool) error {
+// clientTables6 adds to tables the client tunnel tables (base..base+
+// MaxClients-1: TableBase for WireGuard, EncapTableBase for VXLAN) that
+// IPv6 rules point at (a crashed agent's embedded device vanished with
+// it; its rules did not).
+func clientTables6(nl *netlink.Handle, tables map[int]bool, base int) error {
 	rules, err := nl.RuleList(netlink.FAMILY_V6)
 	if errors.Is(err, unix.EAFNOSUPPORT) {
 		return nil
@@ -159,7 +153,7 @@ func clientTables6(nl *netlink.Handle, tables map[int]bool) error {
 		return fmt.Errorf("list IPv6 rules: %w", err)
 	}
 	for _, r := range rules {
-		if r.Table >= TableBase && r.Table < TableBase+MaxClients {
+		if r.Table >= base && r.Table < base+MaxClients {
 			tables[r.Table] = true
 		}
 	}

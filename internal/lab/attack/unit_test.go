@@ -1,12 +1,15 @@
 package attack
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/mptcpwire"
 )
 
 // The scenario format lists the same kinds as the suite.
@@ -29,5 +32,25 @@ func TestReadMPTcpExt(t *testing.T) {
 	}
 	if _, err := Start(t.Context(), nil, Config{Kind: "smurf"}); err == nil {
 		t.Fatal("unknown kind accepted")
+	}
+}
+
+// The injected segments' TSval follows the sender's 1 kHz clock from the
+// sniffed one: whole milliseconds only (never ahead of the sender), TSecr
+// and the sniffed option untouched.
+func TestAdvanceTSval(t *testing.T) {
+	ts := mptcpwire.Option{Kind: mptcpwire.OptTimestamp, Data: []byte{0xff, 0xff, 0xff, 0xfe, 0, 0, 0, 9}}
+	got := advanceTSval(ts, 3900*time.Microsecond)
+	if want := []byte{0, 0, 0, 1, 0, 0, 0, 9}; !bytes.Equal(got.Data, want) || got.Kind != mptcpwire.OptTimestamp {
+		t.Errorf("advanced by 3.9 ms: %x, want %x (TSval +3, wrapping; TSecr kept)", got.Data, want)
+	}
+	if ts.Data[3] != 0xfe {
+		t.Errorf("the sniffed option was changed: %x", ts.Data)
+	}
+	if got := advanceTSval(ts, 900*time.Microsecond); !bytes.Equal(got.Data, ts.Data) {
+		t.Errorf("advanced by 0.9 ms: %x, want the sniffed TSval", got.Data)
+	}
+	if got := advanceTSval(mptcpwire.Option{Kind: mptcpwire.OptTimestamp, Data: []byte{1, 2}}, time.Second); !bytes.Equal(got.Data, []byte{1, 2}) {
+		t.Errorf("malformed option changed: %x", got.Data)
 	}
 }

@@ -15,7 +15,8 @@ import (
 
 // setupTCPEncap: plain TCP through the unencrypted VXLAN tunnel kind
 // (relays with tunnel.kinds [wireguard, vxlan]), the server routed into it
-// for the cell as tcp-tunnel does.
+// for the cell as tcp-tunnel does. As tcp-encap6 (IPv6) the relays have a
+// vxlan subnet6 and the connection runs from the inner IPv6 address.
 func setupTCPEncap(ctx context.Context, env *Env) (_ Session, err error) {
 	rs, err := startRelays(ctx, env, natEncap)
 	if err != nil {
@@ -59,9 +60,18 @@ func setupTCPEncap(ctx context.Context, env *Env) (_ Session, err error) {
 		}
 		clients = append(clients, c)
 		paths[c.Address()] = "vxlan:" + node
+		if a6 := c.Address6(); a6.IsValid() {
+			paths[a6] = "vxlan:" + node
+		}
 	}
 	c := clients[0]
-	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), c.Address())
+	src, gw := c.Address(), netip.Addr{}
+	if env.IPv6 {
+		if src, gw = c.Address6(), c.Gateway6(); !src.IsValid() {
+			return nil, errors.New("the vxlan tunnel carries no IPv6: no inner IPv6 address was granted or configured")
+		}
+	}
+	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), src, gw)
 	if err != nil {
 		return nil, err
 	}

@@ -139,6 +139,12 @@ func encapSubnet(i int) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 81, byte(i + 1), 0}), 24)
 }
 
+// encapSubnet6 is relay i's VXLAN subnet6 (the IPv6 inside), distinct per
+// relay like encapSubnet.
+func encapSubnet6(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0x64, 0, 0x81, 0, byte(i + 1)}), 64)
+}
+
 // tunnelSubnet is relay i's tunnel subnet: distinct per relay so that a
 // subflow's local address tells which tunnel it took.
 func tunnelSubnet(i int) netip.Prefix {
@@ -210,7 +216,12 @@ members:
 			}
 			rs.prefixes[tunnelSubnet(i)] = "tunnel:" + node
 			if mode == natEncap || mode == encapOnly {
-				cfg += fmt.Sprintf("  kinds: [wireguard, vxlan]\n  vxlan: {subnet: %s}\n", encapSubnet(i))
+				if env.IPv6 {
+					cfg += fmt.Sprintf("  kinds: [wireguard, vxlan]\n  vxlan: {subnet: %s, subnet6: '%s'}\n", encapSubnet(i), encapSubnet6(i))
+					rs.prefixes[encapSubnet6(i)] = "vxlan:" + node
+				} else {
+					cfg += fmt.Sprintf("  kinds: [wireguard, vxlan]\n  vxlan: {subnet: %s}\n", encapSubnet(i))
+				}
 				rs.prefixes[encapSubnet(i)] = "vxlan:" + node
 			}
 		}

@@ -76,8 +76,9 @@ func ipv6(env *Env, proc string) error {
 // on IPv6 (listen6) and grant IPv6 detours to the server's IPv6 address,
 // and the agent knows them by their IPv6 addresses; tunnel relays also get
 // an IPv6 tunnel subnet (tunnel.subnet6), so WireGuard runs over IPv6 and
-// carries IPv6 from the granted IPv6 tunnel address. Unavailable in a lab
-// without IPv6.
+// carries IPv6 from the granted IPv6 tunnel address, and a vxlan subnet6
+// (tcp-encap6, mptcp-encap6: VXLAN over IPv6 carrying IPv6). Unavailable
+// in a lab without IPv6.
 func overIPv6(proc string, setup Setup) Setup {
 	return func(ctx context.Context, env *Env) (Session, error) {
 		if err := ipv6(env, proc); err != nil {
@@ -152,6 +153,8 @@ func Procedures() map[string]Setup {
 		scenario.TCPOpenVPN:   setupOpenVPN,
 		scenario.TCPEncap:     setupTCPEncap,
 		scenario.MPTCPEncap:   setupMPTCPEncap,
+		scenario.TCPEncap6:    overIPv6(scenario.TCPEncap6, setupTCPEncap),
+		scenario.MPTCPEncap6:  overIPv6(scenario.MPTCPEncap6, setupMPTCPEncap),
 
 		scenario.MPTCPNATStatic:         setupMPTCPNAT,
 		scenario.MPTCPNATAdaptive:       setupMPTCPNAT,

@@ -34,7 +34,7 @@ func setupTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 			return nil, errors.New("the tunnel carries no IPv6: no IPv6 tunnel address was granted or configured")
 		}
 	}
-	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), src)
+	undo, err := routeVia(env, env.serverAddr().Addr(), c.Iface(), src, netip.Addr{})
 	if err != nil {
 		ts.close()
 		return nil, err
@@ -158,7 +158,12 @@ func (ts *tunnels) close() error {
 
 // routeVia adds dst/32 (an IPv6 dst: /128) via iface with source src in the client node's
 // main table and returns the undo.
-func routeVia(env *Env, dst netip.Addr, iface string, src netip.Addr) (func() error, error) {
+//
+// gw (optional) is the next hop on iface: an Ethernet-like tunnel (VXLAN)
+// needs it for IPv6, whose connect() does not look the route up again
+// with the chosen source (so the tunnel table's rule never applies, and a
+// route without gateway resolves the server itself on the tunnel device).
+func routeVia(env *Env, dst netip.Addr, iface string, src, gw netip.Addr) (func() error, error) {
 	ns, err := netns.GetFromPath(env.Lab.NetnsPath(env.Roles.Client))
 	if err != nil {
 		return nil, err
@@ -177,6 +182,9 @@ func routeVia(env *Env, dst netip.Addr, iface string, src netip.Addr) (func() er
 		LinkIndex: link.Attrs().Index,
 		Dst:       &net.IPNet{IP: dst.AsSlice(), Mask: net.CIDRMask(dst.BitLen(), dst.BitLen())},
 		Src:       src.AsSlice(),
+	}
+	if gw.IsValid() {
+		r.Gw, r.Flags = gw.AsSlice(), int(netlink.FLAG_ONLINK)
 	}
 	if err := h.RouteAdd(r); err != nil {
 		h.Close()

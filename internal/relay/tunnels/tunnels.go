@@ -50,10 +50,13 @@ type File struct {
 
 // VXLANFile is the `tunnel.vxlan:` subsection (only with kinds: [..., vxlan]).
 type VXLANFile struct {
-	Subnet string          `yaml:"subnet"` // default 100.81.0.0/16
-	Port   int             `yaml:"port"`   // default 4789
-	MTU    int             `yaml:"mtu"`    // default 1450
-	Lease  config.Duration `yaml:"lease"`  // default 5m; members renew at a third
+	Subnet string `yaml:"subnet"` // default 100.81.0.0/16
+	// Subnet6 gives members an inner IPv6 address too (e.g. fd64:81::/64,
+	// as many host bits as subnet); default none: IPv4 inside only.
+	Subnet6 string          `yaml:"subnet6"`
+	Port    int             `yaml:"port"`  // default 4789
+	MTU     int             `yaml:"mtu"`   // default 1450
+	Lease   config.Duration `yaml:"lease"` // default 5m; members renew at a third
 }
 
 // Kind names (the `kinds:` list).
@@ -127,6 +130,17 @@ func buildConfig(c File) (Config, error) {
 	st.Encap = tunnel.EncapServerConfig{Port: v.Port, MTU: v.MTU, Lease: time.Duration(v.Lease), Destinations: st.Server.Destinations}
 	if st.Encap.Subnet, err = netip.ParsePrefix(v.Subnet); err != nil {
 		return st, fmt.Errorf("vxlan.subnet: %q: %w", v.Subnet, err)
+	}
+	if v.Subnet6 != "" {
+		if st.Encap.Subnet6, err = netip.ParsePrefix(v.Subnet6); err != nil || !st.Encap.Subnet6.Addr().Is6() || st.Encap.Subnet6.Addr().Is4In6() {
+			return st, fmt.Errorf("vxlan.subnet6: %q is not an IPv6 prefix", v.Subnet6)
+		}
+		if err := tunnel.CheckSubnet6(st.Encap.Subnet6, st.Encap.Subnet); err != nil {
+			return st, fmt.Errorf("vxlan.subnet6: %w", err)
+		}
+		if st.WireGuard && st.Server.Subnet6.IsValid() && st.Encap.Subnet6.Overlaps(st.Server.Subnet6) {
+			return st, fmt.Errorf("vxlan.subnet6: %s overlaps the WireGuard subnet6 %s", st.Encap.Subnet6, st.Server.Subnet6)
+		}
 	}
 	switch {
 	case v.Port < 0 || v.Port > 65535:
@@ -352,6 +366,8 @@ func (a *Allocator) Encap(member proto.Key, client, relayAddr netip.Addr) (proto
 		}
 		return proto.EncapGrant{}, 0, err
 	}
+	// The IPv6 inside (with vxlan.subnet6) goes on the wire only to
+	// requests that ask for it (the relay's handler strips it otherwise).
 	return ToEncapGrant(e), a.lease, nil
 }
 
@@ -374,7 +390,8 @@ func (a *Allocator) EncapMembers() map[wgtypes.Key]tunnel.EncapAllocation {
 // ToEncapGrant converts an allocation to its wire form (the client half:
 // tunnelctl.FromEncapGrant).
 func ToEncapGrant(e tunnel.EncapAllocation) proto.EncapGrant {
-	return proto.EncapGrant{ClientPrefix: e.Address, Gateway: e.Gateway, Endpoint: e.Endpoint, Member: e.Member, VNI: e.VNI, MTU: uint16(e.MTU)}
+	return proto.EncapGrant{ClientPrefix: e.Address, Gateway: e.Gateway, Endpoint: e.Endpoint, Member: e.Member, VNI: e.VNI, MTU: uint16(e.MTU),
+		ClientPrefix6: e.Address6, Gateway6: e.Gateway6}
 }
 
 // Inherit fills the lists the `tunnel:` section did not set (nil) from the

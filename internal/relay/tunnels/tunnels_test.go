@@ -94,6 +94,13 @@ func TestParseKinds(t *testing.T) {
 	if st, err = parseSection(t, "kinds: [wireguard, vxlan]\n"); err != nil || st.Encap.Subnet != netip.MustParsePrefix("100.81.0.0/16") {
 		t.Errorf("vxlan defaults: %+v %v", st.Encap, err)
 	}
+	st, err = parseSection(t, "subnet6: 'fd64:1::/64'\nkinds: [wireguard, vxlan]\nvxlan: {subnet6: 'fd64:81::/64'}\n")
+	if err != nil || st.Encap.Subnet6 != netip.MustParsePrefix("fd64:81::/64") {
+		t.Errorf("vxlan subnet6: %+v %v", st.Encap, err)
+	}
+	if st, err = parseSection(t, "kinds: [vxlan]\n"); err != nil || st.Encap.Subnet6.IsValid() {
+		t.Errorf("vxlan without subnet6 has an IPv6 inside: %+v %v", st.Encap, err)
+	}
 	for bad, want := range map[string]string{
 		"kinds: [gre]\n":                                              "relay.yaml:2:11: tunnel.kinds[0]: \"gre\" is not wireguard or vxlan",
 		"kinds: [vxlan, vxlan]\n":                                     "tunnel.kinds[1]: \"vxlan\" listed twice",
@@ -104,6 +111,12 @@ func TestParseKinds(t *testing.T) {
 		"kinds: [vxlan]\nvxlan: {port: 70000}\n":                      "tunnel.vxlan.port: 70000 out of range",
 		"kinds: [vxlan]\nvxlan: {sbnet: 1.0.0.0/8}\n":                 "tunnel.vxlan.sbnet: unknown key",
 		"kinds: [wireguard, vxlan]\nvxlan: {subnet: 100.80.5.0/24}\n": "overlaps the WireGuard subnet",
+		// vxlan.subnet6: the IPv6 inside.
+		"kinds: [vxlan]\nvxlan: {subnet6: 100.82.0.0/16}\n":                                   "tunnel.vxlan.subnet6: \"100.82.0.0/16\" is not an IPv6 prefix",
+		"kinds: [vxlan]\nvxlan: {subnet6: '::ffff:0:0/96'}\n":                                 "tunnel.vxlan.subnet6:",
+		"kinds: [vxlan]\nvxlan: {subnet6: 'fd64:81::/120'}\n":                                 "tunnel.vxlan.subnet6: tunnel subnet6 fd64:81::/120: needs at least 16 host bits",
+		"kinds: [vxlan]\nvxlan: {subnet6: 'fd64:81::1/64'}\n":                                 "host bits set",
+		"subnet6: 'fd64::/16'\nkinds: [wireguard, vxlan]\nvxlan: {subnet6: 'fd64:81::/64'}\n": "overlaps the WireGuard subnet6",
 	} {
 		if _, err := parseSection(t, bad); err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "relay.yaml:") {
 			t.Errorf("%q: got %v, want a positioned error containing %q", bad, err, want)

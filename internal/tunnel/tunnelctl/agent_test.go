@@ -108,7 +108,14 @@ func TestAgentTunnelSubflow(t *testing.T) {
 			for _, sf := range cs.Subflows {
 				last = fmt.Sprintf("%+v", cs.Subflows)
 				if sf.Path == want && strings.HasPrefix(sf.Local, client.Address().String()+":") && sf.BytesSent > 1<<20 {
-					if tx := peerTx(t, client) - tx0; tx < 1<<20 {
+					// WireGuard counts a packet after it encrypted and sent
+					// it: the TCP counter runs ahead by what still sits in
+					// the TUN queue. Wait for it (the writer keeps writing).
+					tx := peerTx(t, client) - tx0
+					for wait := time.Now().Add(5 * time.Second); tx < 1<<20 && time.Now().Before(wait); tx = peerTx(t, client) - tx0 {
+						time.Sleep(50 * time.Millisecond)
+					}
+					if tx < 1<<20 {
 						t.Fatalf("agent reports %d bytes on the tunnel subflow, WireGuard sent only %d", sf.BytesSent, tx)
 					}
 					t.Logf("tunnel subflow %s -> %s: %d bytes sent", sf.Local, sf.Remote, sf.BytesSent)

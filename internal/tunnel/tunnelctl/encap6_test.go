@@ -2,9 +2,11 @@ package tunnelctl
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -23,7 +25,8 @@ import (
 // [wireguard, vxlan] and listen6 serves the encap request of a member
 // whose control session runs over IPv6: the grant names the relay's and
 // the member's IPv6 addresses and an MTU 20 bytes below the IPv4 one,
-// the client's VXLAN device runs over IPv6, TCP from the inner (IPv4)
+// the client's VXLAN device runs over IPv6 (inside IPv4 only: the relay
+// has no vxlan subnet6, which the client logs once), TCP from the inner (IPv4)
 // address reaches the server masqueraded, counted by the relay's ip6
 // member rule. SIGTERM leaves no device and neither table.
 func TestControlChannelEncapOverIPv6(t *testing.T) {
@@ -66,12 +69,17 @@ func TestControlChannelEncapOverIPv6(t *testing.T) {
 		t.Fatalf("grant %+v: want endpoint %s, member fd00:e6::2, MTU %d", g, relay6.Addr(), tunnel.DefaultEncapMTU-tunnel.EncapIPv6Overhead)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	c, err := OpenEncap(ctx, conn, tunnel.EncapClientConfig{Netns: ln.cl, Index: 0})
+	var logs bytes.Buffer
+	c, err := OpenEncap(ctx, conn, tunnel.EncapClientConfig{Netns: ln.cl, Index: 0, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	cancel()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// The relay has no vxlan subnet6: IPv4 inside only, said once.
+	if c.Address6().IsValid() || strings.Count(logs.String(), "IPv4 only") != 1 || !strings.Contains(logs.String(), "no vxlan subnet6") {
+		t.Fatalf("relay without vxlan subnet6: inner IPv6 %v, log:\n%s\nwant none and one line saying IPv4 only", c.Address6(), logs.String())
+	}
 	if out := netnstest.MustRun(t, "ip", "-n", ln.cl, "-d", "link", "show", "dev", c.Iface()); !strings.Contains(out, "remote fd00:e6::1") {
 		t.Fatalf("client device not toward the relay's IPv6 address:\n%s", out)
 	}

@@ -13,10 +13,17 @@ import (
 	"github.com/mpdetour/mpdetour/internal/tunnel"
 )
 
+// TestControlChannelEncap: `mpdetour relay` with kinds [wireguard, vxlan]
+// and a vxlan subnet6 serves a member's encap request; OpenEncap asks for
+// the IPv6 inside and configures it beside IPv4 (the relay's grant, the
+// client's rule); the request of clients before the IPv6 inside (no flag)
+// gets the IPv4 shape alone; IPv4 through the tunnel reaches the server
+// masqueraded; a non-member gets nothing; release and SIGTERM leave
+// nothing.
 func TestControlChannelEncap(t *testing.T) {
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
-	ln := newLine(t, "  kinds: [wireguard, vxlan]\n  vxlan: {subnet: 100.89.0.0/16, lease: 30s}\n")
+	ln := newLine(t, "  kinds: [wireguard, vxlan]\n  vxlan: {subnet: 100.89.0.0/16, subnet6: 'fd64:89::/64', lease: 30s}\n")
 	conn := ln.dial(ln.member)
 	var c *tunnel.EncapClient
 	var err error
@@ -34,6 +41,20 @@ func TestControlChannelEncap(t *testing.T) {
 	defer c.Close()
 	if !netip.MustParsePrefix("100.89.0.0/16").Contains(c.Address()) {
 		t.Fatalf("address %s not from the vxlan subnet", c.Address())
+	}
+	if !netip.MustParsePrefix("fd64:89::/64").Contains(c.Address6()) {
+		t.Fatalf("inner IPv6 address %v not from the vxlan subnet6", c.Address6())
+	}
+	if out := netnstest.MustRun(t, "ip", "-n", ln.cl, "-6", "rule"); !strings.Contains(out, "from "+c.Address6().String()+" lookup 53000") {
+		t.Fatalf("client has no IPv6 rule for %v:\n%s", c.Address6(), out)
+	}
+	gctx, gcancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer gcancel()
+	if old, _, err := conn.Encap(gctx); err != nil || old.ClientPrefix6.IsValid() || old.Gateway6.IsValid() || old.ClientPrefix.Addr() != c.Address() {
+		t.Fatalf("request without the IPv6 flag: %+v %v, want %v and no IPv6 inside", old, err, c.Address())
+	}
+	if g6, _, err := conn.EncapIPv6(gctx); err != nil || g6.ClientPrefix6.Addr() != c.Address6() || g6.Gateway6 != netip.MustParseAddr("fd64:89::1") {
+		t.Fatalf("request with the IPv6 flag: %+v %v, want %v via fd64:89::1", g6, err, c.Address6())
 	}
 
 	seen, err := seenThrough(t, ln, "tcp4", "203.0.113.10:0", c.Address(), "")

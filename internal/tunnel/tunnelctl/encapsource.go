@@ -120,6 +120,9 @@ func StartAllEncap(netns string, conns []*relayconn.Conn, log *slog.Logger) ([]*
 	}
 	out := make([]*EncapSource, 0, len(conns))
 	for i, c := range conns {
+		if !AsksTunnel(c) {
+			continue
+		}
 		out = append(out, NewEncapSource(c, tunnel.EncapClientConfig{Netns: netns, Index: i}, log))
 	}
 	return out, nil

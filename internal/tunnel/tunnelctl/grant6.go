@@ -2,6 +2,7 @@ package tunnelctl
 
 import (
 	"context"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
@@ -18,4 +19,15 @@ func askTunnel(ctx context.Context, conn *relayconn.Conn) (proto.TunnelGrant, er
 		g, _, err = conn.Tunnel(ctx)
 	}
 	return g, err
+}
+
+// askEncap asks conn's relay for a VXLAN tunnel with an IPv6 inside as
+// well (granted when the relay's vxlan section has subnet6). A relay older
+// than that request answers malformed: then it is asked the IPv4 way.
+func askEncap(ctx context.Context, conn *relayconn.Conn) (proto.EncapGrant, time.Duration, error) {
+	g, lease, err := conn.EncapIPv6(ctx)
+	if proto.ReasonOf(err) == proto.ReasonMalformed {
+		g, lease, err = conn.Encap(ctx)
+	}
+	return g, lease, err
 }

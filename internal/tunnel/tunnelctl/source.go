@@ -191,7 +191,16 @@ func StartAll(netns string, conns []*relayconn.Conn, member proto.Key, log *slog
 	}
 	out := make([]*TunnelSource, 0, len(conns))
 	for i, c := range conns {
+		if !AsksTunnel(c) {
+			continue
+		}
 		out = append(out, NewSource(c, tunnel.ClientConfig{Netns: netns, Index: i, PrivateKey: wgtypes.Key(member)}, log))
 	}
 	return out, nil
 }
+
+// AsksTunnel says whether a tunnel is asked over c: not over the second
+// session of a relay configured with one address per family (the relay
+// gives a member one tunnel; the first session's carries both families
+// inside when the relay has tunnel.subnet6, or tunnel.vxlan.subnet6).
+func AsksTunnel(c *relayconn.Conn) bool { return !c.Relay().NoTunnel }

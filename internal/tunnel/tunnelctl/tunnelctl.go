@@ -24,7 +24,8 @@ import (
 
 // FromEncapGrant converts a received grant.
 func FromEncapGrant(g proto.EncapGrant) tunnel.EncapAllocation {
-	return tunnel.EncapAllocation{Address: g.ClientPrefix, Gateway: g.Gateway, Endpoint: g.Endpoint, Member: g.Member, VNI: g.VNI, MTU: int(g.MTU)}
+	return tunnel.EncapAllocation{Address: g.ClientPrefix, Gateway: g.Gateway, Endpoint: g.Endpoint, Member: g.Member, VNI: g.VNI, MTU: int(g.MTU),
+		Address6: g.ClientPrefix6, Gateway6: g.Gateway6}
 }
 
 // OpenEncap asks the relay behind conn for a VXLAN tunnel and brings it up
@@ -32,7 +33,7 @@ func FromEncapGrant(g proto.EncapGrant) tunnel.EncapAllocation {
 // renews through conn at a third of the lease.
 func OpenEncap(ctx context.Context, conn *relayconn.Conn, cfg tunnel.EncapClientConfig) (*tunnel.EncapClient, error) {
 	ask := func(ctx context.Context) (tunnel.EncapAllocation, time.Duration, error) {
-		g, lease, err := conn.Encap(ctx)
+		g, lease, err := askEncap(ctx, conn)
 		if err != nil {
 			return tunnel.EncapAllocation{}, 0, fmt.Errorf("vxlan request to relay %s: %w", conn.Relay().Name, err)
 		}

@@ -49,6 +49,10 @@ const (
 	// The unencrypted VXLAN tunnel kind (opt-in, trusted networks).
 	TCPEncap   = "tcp-encap"   // plain TCP through a VXLAN tunnel detour
 	MPTCPEncap = "mptcp-encap" // MPTCP, default path + VXLAN tunnel detour subflow(s)
+	// tcp-encap and mptcp-encap over IPv6: VXLAN over IPv6 to relays with
+	// a vxlan subnet6, IPv6 inside the tunnel.
+	TCPEncap6   = "tcp-encap6"
+	MPTCPEncap6 = "mptcp-encap6"
 	// The same as mptcp-nat and mptcp-tunnel with the agent's policy named,
 	// so that one run compares the policies side by side.
 	MPTCPNATStatic      = "mptcp-nat-static"
@@ -120,6 +124,8 @@ var procs = map[string]procInfo{
 	TCPOpenVPN:   {"TCP via OpenVPN", 1, ""},
 	TCPEncap:     {"TCP via VXLAN tunnel detour (unencrypted)", 1, ""},
 	MPTCPEncap:   {"MPTCP + VXLAN tunnel detour (unencrypted)", -1, TCPEncap},
+	TCPEncap6:    {"TCP via VXLAN tunnel detour (unencrypted), IPv6", 1, ""},
+	MPTCPEncap6:  {"MPTCP + VXLAN tunnel detour (unencrypted), IPv6", -1, TCPEncap6},
 
 	MPTCPNATStatic:         {"MPTCP + NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATAdaptive:       {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
@@ -160,7 +166,7 @@ func Policy(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnel6,
-		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPOpenVPN}
+		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 
 // Label is the human name of procedure name ("" if unknown).
@@ -175,7 +181,7 @@ func SinglePath(name string) string { return procs[name].single }
 // tcp.
 func DefaultPath(name string) string {
 	switch name {
-	case TCPNAT6, MPTCPNAT6, TCPTunnel6, MPTCPTunnel6:
+	case TCPNAT6, MPTCPNAT6, TCPTunnel6, MPTCPTunnel6, TCPEncap6, MPTCPEncap6:
 		return TCP6
 	}
 	return TCP
