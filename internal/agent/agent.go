@@ -47,6 +47,9 @@ type Agent struct {
 
 	stats struct {
 		events, lost, resyncs, commands, cmdErrors, adopted atomic.Uint64
+		// creates, createErrors: SUBFLOW_CREATE commands sent and refused
+		// (a retry storm shows as creates far above connections x detours).
+		creates, createErrors atomic.Uint64
 	}
 	// lat: ESTABLISHED event received -> SUBFLOW_CREATE sent; latAck: ->
 	// the kernel's acknowledgement (it connects within the syscall).
@@ -437,6 +440,12 @@ func (a *Agent) worker() {
 			a.latAck.add(time.Since(j.since))
 		}
 		a.stats.commands.Add(1)
+		if in.Action == policy.CreateSubflow {
+			a.stats.creates.Add(1)
+			if err != nil {
+				a.stats.createErrors.Add(1)
+			}
+		}
 		if err != nil {
 			a.stats.cmdErrors.Add(1)
 			a.results <- result{in: in, err: err}

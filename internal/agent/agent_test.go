@@ -234,6 +234,43 @@ func TestAgentMetrics(t *testing.T) {
 	}
 }
 
+// The SUBFLOW_CREATE counters count the creates the agent sent and the
+// ones the kernel refused, apart from other commands (the churn case of
+// the attack suite reads them to tell a retry storm).
+func TestAgentSubflowCreateMetrics(t *testing.T) {
+	h := run(t, agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1,
+		Backoff: time.Minute, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
+		ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static},
+		static.New([]static.Entry{natDetour("r1", relay1), natDetour("r2", relay2)}))
+	h.k.Reply(func(in policy.Intent) error {
+		if in.Action == policy.CreateSubflow && in.Remote == relay2 {
+			return &mptcppm.Error{Cmd: "subflow_create", Token: in.Token, Errno: unix.ECONNREFUSED}
+		}
+		return nil
+	})
+	h.connect(31)
+	h.wait(0, "SUBFLOW_CREATE via r1", creates(relay1))
+	h.wait(0, "SUBFLOW_CREATE via r2", creates(relay2))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(agent.NewMetrics(h.a))
+	var have map[string]bool
+	want := []string{"mpdetour_agent_subflow_creates_total{} 2", "mpdetour_agent_subflow_create_errors_total{} 1"}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		have = gather(t, reg)
+		if have[want[0]] && have[want[1]] {
+			break
+		}
+	}
+	for _, k := range want {
+		if !have[k] {
+			t.Errorf("missing %s in %v", k, have)
+		}
+	}
+	if st := h.a.Status().Counters; st.SubflowCreates > st.Commands || st.SubflowCreateErrors > st.CommandErrors {
+		t.Errorf("creates %d/%d errors not within commands %d/%d errors", st.SubflowCreates, st.SubflowCreateErrors, st.Commands, st.CommandErrors)
+	}
+}
+
 // gather returns the registry's series as "name{label=value,...} value".
 func gather(t *testing.T, reg *prometheus.Registry) map[string]bool {
 	t.Helper()

@@ -60,6 +60,7 @@ type Metrics struct {
 
 	connections, subflows, detourUp, detourHealthy         *prometheus.Desc
 	events, eventsLost, resyncs, adopted, commands, cmdErr *prometheus.Desc
+	creates, createErr                                     *prometheus.Desc
 	detourEstablished, detourFailed, latency               *prometheus.Desc
 	mptcpDisabled, mptcpDisables, mptcpFallbacks           *prometheus.Desc
 	relayState, relaySuccess                               *prometheus.Desc
@@ -83,6 +84,8 @@ func NewMetrics(a *Agent) *Metrics {
 		adopted:           d("adopted_total", "Connections adopted at start or on resync"),
 		commands:          d("commands_total", "mptcp_pm commands issued"),
 		cmdErr:            d("command_errors_total", "mptcp_pm commands that failed, by errno", "errno"),
+		creates:           d("subflow_creates_total", "SUBFLOW_CREATE commands issued (of commands_total); far above connections x detours means retries"),
+		createErr:         d("subflow_create_errors_total", "SUBFLOW_CREATE commands the kernel refused (of command_errors_total)"),
 		latency:           d("established_to_subflow_create_seconds", "ESTABLISHED event to SUBFLOW_CREATE sent, over the recent samples", "quantile"),
 		mptcpDisabled:     d("mptcp_blackhole_disabled", "1 while the kernel's MPTCP blackhole detection has new connections made plain TCP (no detours); clear with sysctl -w net.mptcp.blackhole_timeout=N"),
 		mptcpDisables:     d("mptcp_blackhole_disables_total", "Times the kernel disabled MPTCP for new connections since boot (MPTcpExt Blackhole)"),
@@ -95,7 +98,7 @@ func NewMetrics(a *Agent) *Metrics {
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.connections, m.subflows, m.detourUp, m.detourHealthy, m.detourEstablished, m.detourFailed,
-		m.events, m.eventsLost, m.resyncs, m.adopted, m.commands, m.cmdErr, m.latency,
+		m.events, m.eventsLost, m.resyncs, m.adopted, m.commands, m.cmdErr, m.creates, m.createErr, m.latency,
 		m.mptcpDisabled, m.mptcpDisables, m.mptcpFallbacks, m.relayState, m.relaySuccess} {
 		ch <- d
 	}
@@ -186,6 +189,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	c(m.resyncs, k.Resyncs)
 	c(m.adopted, k.Adopted)
 	c(m.commands, k.Commands)
+	c(m.creates, k.SubflowCreates)
+	c(m.createErr, k.SubflowCreateErrors)
 	byErrno := map[string]uint64{}
 	for name, n := range k.ErrorsByErrno {
 		if !knownErrnos[name] {

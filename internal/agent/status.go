@@ -126,6 +126,10 @@ type Counters struct {
 	Adopted       uint64 `json:"adopted"`
 	Commands      uint64 `json:"commands"`
 	CommandErrors uint64 `json:"command_errors"`
+	// SubflowCreates and SubflowCreateErrors: the SUBFLOW_CREATE commands
+	// among Commands and CommandErrors.
+	SubflowCreates      uint64 `json:"subflow_creates"`
+	SubflowCreateErrors uint64 `json:"subflow_create_errors"`
 	// ErrorsByErrno splits CommandErrors by the kernel's errno.
 	ErrorsByErrno map[string]uint64 `json:"errors_by_errno,omitempty"`
 }
@@ -307,7 +311,8 @@ func (a *Agent) snapshot() Status {
 	}
 	st.Counters = Counters{Events: a.stats.events.Load(), EventsLost: a.stats.lost.Load(),
 		Resyncs: a.stats.resyncs.Load(), Adopted: a.stats.adopted.Load(),
-		Commands: a.stats.commands.Load(), CommandErrors: a.stats.cmdErrors.Load()}
+		Commands: a.stats.commands.Load(), CommandErrors: a.stats.cmdErrors.Load(),
+		SubflowCreates: a.stats.creates.Load(), SubflowCreateErrors: a.stats.createErrors.Load()}
 	if len(a.errnoCnt) > 0 {
 		st.Counters.ErrorsByErrno = maps.Clone(a.errnoCnt)
 	}

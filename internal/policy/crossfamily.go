@@ -111,8 +111,14 @@ func (p *Engine) addAlt(k *kconn, addr netip.AddrPort, from string, prepare bool
 // dropAlt forgets an other-family address the server withdrew (REMOVE_ADDR):
 // no new detour leads there, and grants toward it are released when no
 // other connection uses it. A configured mapping is the operator's
-// assertion and stays.
+// assertion and stays, and so does an address the server still
+// announces under another id.
 func (p *Engine) dropAlt(k *kconn, addr netip.AddrPort) {
+	for _, a := range k.announced {
+		if a == addr {
+			return
+		}
+	}
 	for i, a := range k.alts {
 		if a.addr != addr || a.from != "ADD_ADDR" {
 			continue

@@ -250,3 +250,35 @@ func TestCrossFamilyAddAddrOffAndRemoved(t *testing.T) {
 		t.Fatalf("status cross = %q", cross)
 	}
 }
+
+// A REMOVE_ADDR of one id does not withdraw an other-family address the
+// server still announces under another id (ADD_ADDR ids are per address
+// announcement; the same address may come under two).
+func TestCrossFamilyRemovedKeepsAddressAnnouncedTwice(t *testing.T) {
+	tun4 := detour.Detour{Kind: detour.Tunnel, Relay: "t4", Local: netip.MustParseAddr("10.9.0.2"), Remote: server}
+	p, src, _ := crossEngine(t, 2, nil, map[netip.AddrPort][]detour.Detour{server: {tun4}})
+	p.cfg.Announced = 1
+	c := Conn{Token: 13, Local: netip.AddrPortFrom(client6, 40000), Remote: server6, Inet6: true}
+	p.Created(c)
+	p.Established(c)
+	p.Announced(13, 2, netip.AddrPortFrom(server.Addr(), 0))
+	p.Announced(13, 3, netip.AddrPortFrom(server.Addr(), 0))
+	p.Removed(13, 2)
+	select {
+	case a := <-src.released:
+		t.Fatalf("released %s although id 3 still announces it", a)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if ds := p.crossCandidates(p.conns[13]); len(ds) == 0 {
+		t.Fatal("no cross-family candidates after removing one of two ids announcing the address")
+	}
+	p.Removed(13, 3)
+	select {
+	case a := <-src.released:
+		if a != server {
+			t.Fatalf("released %s, want %s", a, server)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("grants toward the withdrawn address not released after its last id went")
+	}
+}

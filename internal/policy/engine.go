@@ -400,10 +400,11 @@ func (p *Engine) Announced(token uint32, id uint8, addr netip.AddrPort) []Intent
 	if len(k.announced) >= 8 { // bounded whatever the server sends
 		return nil
 	}
-	if old, ok := k.announced[id]; ok && old != addr {
+	old, had := k.announced[id]
+	k.announced[id] = addr
+	if had && old != addr {
 		p.dropAlt(k, old) // the id now names another address
 	}
-	k.announced[id] = addr
 	// An address of the other family: detours may lead there too (the
 	// server says it reaches this connection's listener).
 	added := !sameFamily(addr.Addr(), k.c.Remote.Addr()) && p.addAlt(k, addr, "ADD_ADDR", true)

@@ -299,8 +299,10 @@ func TestRosterFamilyBackoff(t *testing.T) {
 	mu.Lock()
 	n := failed
 	mu.Unlock()
-	if n < 2 || n > 5 {
-		t.Fatalf("IPv6 session without answer, IPv6 servers prepared for 1.5 s: %d failed sessions; want 2..5 (backed off)", n)
+	// A hot retry would fail ~15 sessions; a loaded machine may delay the
+	// tries, so the lower bound is 1.
+	if n < 1 || n > 7 {
+		t.Fatalf("IPv6 session without answer, IPv6 servers prepared for 1.5 s: %d failed sessions; want 1..7 (backed off; a hot retry makes ~15)", n)
 	}
 	if _, ok := detourVia(s, server4, "roster:dual/v4"); !ok {
 		t.Fatal("the IPv4 detour went while the IPv6 session failed")

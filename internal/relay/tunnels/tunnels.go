@@ -147,6 +147,9 @@ func buildConfig(c File) (Config, error) {
 		return st, fmt.Errorf("vxlan.port: %d out of range 1-65535", v.Port)
 	case v.MTU != 0 && (v.MTU < 576 || v.MTU > 9000):
 		return st, fmt.Errorf("vxlan.mtu: %d out of range 576-9000", v.MTU)
+	case st.Encap.Subnet6.IsValid() && v.MTU != 0 && v.MTU < 1280:
+		// No member could get the IPv6 inside (tunnel.EncapServer.inside6).
+		return st, fmt.Errorf("vxlan.mtu: %d is below IPv6's minimum 1280: subnet6 needs mtu 1280 or more (1300 for members over an IPv6 underlay)", v.MTU)
 	case v.Lease != 0 && time.Duration(v.Lease) < 10*time.Second:
 		return st, fmt.Errorf("vxlan.lease: %s is shorter than 10s", time.Duration(v.Lease))
 	case st.WireGuard && st.Encap.Subnet.Overlaps(st.Server.Subnet):

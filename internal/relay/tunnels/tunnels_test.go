@@ -117,6 +117,8 @@ func TestParseKinds(t *testing.T) {
 		"kinds: [vxlan]\nvxlan: {subnet6: 'fd64:81::/120'}\n":                                 "tunnel.vxlan.subnet6: tunnel subnet6 fd64:81::/120: needs at least 16 host bits",
 		"kinds: [vxlan]\nvxlan: {subnet6: 'fd64:81::1/64'}\n":                                 "host bits set",
 		"subnet6: 'fd64::/16'\nkinds: [wireguard, vxlan]\nvxlan: {subnet6: 'fd64:81::/64'}\n": "overlaps the WireGuard subnet6",
+		// An inner MTU IPv6 cannot use would grant no IPv6 inside at all.
+		"kinds: [vxlan]\nvxlan: {subnet6: 'fd64:81::/64', mtu: 1200}\n": "tunnel.vxlan.mtu: 1200 is below IPv6's minimum 1280",
 	} {
 		if _, err := parseSection(t, bad); err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "relay.yaml:") {
 			t.Errorf("%q: got %v, want a positioned error containing %q", bad, err, want)

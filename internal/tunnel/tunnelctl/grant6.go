@@ -24,10 +24,17 @@ func askTunnel(ctx context.Context, conn *relayconn.Conn) (proto.TunnelGrant, er
 // askEncap asks conn's relay for a VXLAN tunnel with an IPv6 inside as
 // well (granted when the relay's vxlan section has subnet6). A relay older
 // than that request answers malformed: then it is asked the IPv4 way.
-func askEncap(ctx context.Context, conn *relayconn.Conn) (proto.EncapGrant, time.Duration, error) {
+func askEncap(ctx context.Context, conn encapAsker) (proto.EncapGrant, time.Duration, error) {
 	g, lease, err := conn.EncapIPv6(ctx)
 	if proto.ReasonOf(err) == proto.ReasonMalformed {
 		g, lease, err = conn.Encap(ctx)
 	}
 	return g, lease, err
+}
+
+// encapAsker is the part of *relayconn.Conn askEncap uses (a fake relay in
+// its test answers as an old one does).
+type encapAsker interface {
+	Encap(context.Context) (proto.EncapGrant, time.Duration, error)
+	EncapIPv6(context.Context) (proto.EncapGrant, time.Duration, error)
 }

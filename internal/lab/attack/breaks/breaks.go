@@ -35,6 +35,10 @@
 //     member asks for NAT grants toward every special-use IPv6 range (and
 //     IPv4-mapped, NAT64 and a few IPv4 baselines). Target: 0 granted,
 //     and every control destination granted.
+//   - subflow-churn (break 7, and break 6 under churn): relays in 4
+//     detour nodes, an agent keeping 4 NAT detour subflows per connection,
+//     200 short MPTCP connections/s for 60 s. Target: SUBFLOW_CREATE <= 2 x
+//     connections x 4, and no server join limit learned (churn.go).
 //
 // Lab only: nothing here is part of the product.
 package breaks
@@ -59,11 +63,12 @@ const (
 	RevokedConv   = "revoked-conversion"
 	DestV6        = "destinations-v6" // issue 31: no break number
 	RevokedCRL    = "revoked-crl"
+	SubflowChurn  = "subflow-churn"
 )
 
 // Cases lists the cases in the order the suite runs them.
 func Cases() []string {
-	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv, DestV6, RevokedCRL}
+	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv, DestV6, RevokedCRL, SubflowChurn}
 }
 
 // Result is one case against one build.
@@ -119,6 +124,8 @@ func Run(ctx context.Context, name string, o Options) Result {
 		r = destinationsV6(ctx, o)
 	case RevokedCRL:
 		r = revokedCRL(ctx, o)
+	case SubflowChurn:
+		r = subflowChurn(ctx, o)
 	default:
 		r = Result{Case: name, Error: fmt.Sprintf("unknown case %q (known: %s)", name, strings.Join(Cases(), ", "))}
 	}

@@ -84,15 +84,7 @@ func (l *caseLab) do(node string, fn func() error) error { return l.Do(node, fn)
 func (l *caseLab) close() error {
 	var errs []error
 	for _, c := range l.procs {
-		c.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { c.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			c.Process.Kill()
-			<-done
-		}
+		stopProc(c)
 	}
 	errs = append(errs, l.Down())
 	return errors.Join(errs...)
@@ -146,6 +138,23 @@ func (l *caseLab) dialRelayNet(relay relayconn.Relay, k proto.Key, cert []byte, 
 		return nil, err
 	}
 	return c, nil
+}
+
+// stopProc stops c: SIGTERM, then SIGKILL after 5 s (a stopped one is
+// left as it is).
+func stopProc(c *exec.Cmd) {
+	if c.ProcessState != nil {
+		return
+	}
+	c.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { c.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		c.Process.Kill()
+		<-done
+	}
 }
 
 // failed is r with err as the reason the case could not run.

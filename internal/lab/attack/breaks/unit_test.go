@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -22,6 +23,32 @@ func TestDeadMessage(t *testing.T) {
 	long := deadMessage(1, string(bytes.Repeat([]byte("n"), 50)), "f")
 	if i := bytes.Index(long, []byte{0xd9, 50}); i < 0 {
 		t.Fatalf("a 50-byte name is not a str8: %x", long)
+	}
+}
+
+// The churn case counts from the agent's text log: creates per token,
+// refusals by errno, SUB_ESTABLISHED events and learned limits (lines as
+// the agent writes them).
+func TestParseChurnLog(t *testing.T) {
+	log := `time=2026-11-27T03:49:32.300Z level=DEBUG msg=intent intent="create token e86186b3 10.0.1.1:0 -> 10.1.3.2:40524 via nat via detour3 (default -> 10.1.3.2:40524)"
+time=2026-11-27T03:49:32.301Z level=DEBUG msg=intent intent="create token e86186b3 10.0.1.1:0 -> 10.1.4.2:40001 via nat via detour4 (default -> 10.1.4.2:40001)"
+time=2026-11-27T03:49:33.301Z level=DEBUG msg=intent intent="create token 0000001f 10.0.1.1:0 -> 10.1.4.2:40001 via nat via detour4 (default -> 10.1.4.2:40001)"
+time=2026-11-27T03:49:32.302Z level=DEBUG msg=intent intent="destroy token 0000001f 10.0.1.1:0 -> 10.1.4.2:40001"
+time=2026-11-27T03:49:32.304Z level=INFO msg="command failed" intent="create token e86186b3 10.0.1.1:0 -> 10.1.3.2:40524 via nat via detour3 (default -> 10.1.3.2:40524)" err="mptcp_pm SUBFLOW_CREATE token e86186b3: invalid argument (errno 22): kernel says \"invalid token\""
+time=2026-11-27T03:49:32.305Z level=INFO msg="command failed" intent="create token e86186b3 10.0.1.1:0 -> 10.1.4.2:40001 via nat via detour4 (default -> 10.1.4.2:40001)" err="mptcp_pm SUBFLOW_CREATE token e86186b3: transport endpoint is not connected (errno 107)"
+time=2026-11-27T03:49:43.848Z level=DEBUG msg=event event="SUB_ESTABLISHED token=0000001f local=10.0.1.1:41646 remote=10.1.4.2:40001"
+time=2026-11-27T03:49:44.000Z level=INFO msg="server subflow limit learned" server=10.0.3.2:5201 extra_subflows=1 for=5m0s
+`
+	st, err := parseChurnLog(strings.NewReader(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.creates != 3 || st.maxPerToken != 2 || st.busiestSecond != 2 || st.established != 1 || st.learned != 1 || st.tokensOver(1) != 1 {
+		t.Fatalf("parsed %+v", st)
+	}
+	want := map[string]int64{"invalid argument (22) invalid token": 1, "transport endpoint is not connected (107)": 1}
+	if len(st.refused) != 2 || st.refused["invalid argument (22) invalid token"] != 1 || st.refused["transport endpoint is not connected (107)"] != 1 {
+		t.Fatalf("refused %v, want %v", st.refused, want)
 	}
 }
 
