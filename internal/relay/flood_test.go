@@ -134,6 +134,39 @@ type floodResult struct {
 	Within1s  int           // ... within one second of starting
 	Latencies []time.Duration
 	RelayCPU  time.Duration
+	// Fails counts the attempts without a grant within the deadline by
+	// where the exchange stopped (failKind).
+	Fails map[string]int
+}
+
+// failKind says where a failed attempt stopped: no handshake response
+// (the initiation or the relay's response lost or late: relayconn's
+// session error), or the grant request or its reply (the handshake
+// completed), or another error (its text).
+func failKind(err error) string {
+	switch e := err.Error(); {
+	case strings.Contains(e, "no handshake response"):
+		return "handshake"
+	case strings.Contains(e, "no session"):
+		return "handshake refused"
+	case strings.Contains(e, context.DeadlineExceeded.Error()):
+		return "grant"
+	default:
+		return e
+	}
+}
+
+// fails lists r.Fails, "-" when none.
+func (r floodResult) fails() string {
+	if len(r.Fails) == 0 {
+		return "-"
+	}
+	var l []string
+	for k, n := range r.Fails {
+		l = append(l, fmt.Sprintf("%d %s", n, k))
+	}
+	sort.Strings(l)
+	return strings.Join(l, ", ")
 }
 
 func (r floodResult) pct(n int) float64 {
@@ -155,8 +188,9 @@ func (r floodResult) quantile(q float64) time.Duration {
 // memberAddr is member i's address in the client namespace.
 func memberAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, 1, byte(10 + i)}) }
 
-// floodLine starts a relay with n members and returns the keys of each.
-func floodLine(t testing.TB, n int) (*fixture, proto.Key, []proto.Key, *relayProc) {
+// floodLine starts a relay with n members and returns the keys of each;
+// extra is appended to the relay's configuration.
+func floodLine(t testing.TB, n int, extra string) (*fixture, proto.Key, []proto.Key, *relayProc) {
 	t.Helper()
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
@@ -184,8 +218,8 @@ func floodLine(t testing.TB, n int) (*fixture, proto.Key, []proto.Key, *relayPro
 		fmt.Fprintf(&b, "  - name: m%d\n    public_key: %s\n", i, k.Public())
 	}
 	dir := t.TempDir()
-	cfg := fmt.Sprintf("listen: %s:%d\nprivate_key: %s\nports: 40000-49999\nquota: {per_member: 100000}\nmembers:\n%sallow_destinations: [10.0.2.0/24]\nattribution_log: %s\n",
-		fxRelay, DefaultPort, relayKey, b.String(), filepath.Join(dir, "attribution.jsonl"))
+	cfg := fmt.Sprintf("listen: %s:%d\nprivate_key: %s\nports: 40000-49999\nquota: {per_member: 100000}\nmembers:\n%sallow_destinations: [10.0.2.0/24]\nattribution_log: %s\n%s",
+		fxRelay, DefaultPort, relayKey, b.String(), filepath.Join(dir, "attribution.jsonl"), extra)
 	path := filepath.Join(dir, "relay.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -198,7 +232,7 @@ func floodLine(t testing.TB, n int) (*fixture, proto.Key, []proto.Key, *relayPro
 // asks for a grant with a deadline of wait.
 func runFlood(t testing.TB, f *fixture, relayKey proto.Key, members []proto.Key, p *relayProc, rate int, d, wait time.Duration) floodResult {
 	t.Helper()
-	res := floodResult{Rate: rate, Duration: d}
+	res := floodResult{Rate: rate, Duration: d, Fails: map[string]int{}}
 	cpu0 := procCPU(t, p.cmd.Process.Pid)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -246,6 +280,8 @@ func runFlood(t testing.TB, f *fixture, relayKey proto.Key, members []proto.Key,
 					if took <= time.Second {
 						res.Within1s++
 					}
+				} else {
+					res.Fails[failKind(err)]++
 				}
 				mu.Unlock()
 				// Pace: one attempt per member every 250 ms at most.
@@ -270,7 +306,7 @@ func runFlood(t testing.TB, f *fixture, relayKey proto.Key, members []proto.Key,
 // relay's handshake budget, members still get grants (the relay answers
 // unproven sources with cookies instead of spending the budget on them).
 func TestHandshakeFlood(t *testing.T) {
-	f, relayKey, members, p := floodLine(t, 4)
+	f, relayKey, members, p := floodLine(t, 4, "")
 	res := runFlood(t, f, relayKey, members, p, 5000, 4*time.Second, 3*time.Second)
 	t.Logf("flood %d/s: sent %d, attempts %d, ok %d (%.1f%%), within 1 s %d, p50 %v p99 %v, relay CPU %v",
 		res.Rate, res.Sent, res.Attempts, res.OK, res.pct(res.OK), res.Within1s, res.quantile(0.5), res.quantile(0.99), res.RelayCPU)
@@ -298,19 +334,33 @@ func TestHandshakeFlood(t *testing.T) {
 // length), to tell CPU starvation (misses shrink with the rate) from
 // admission (misses do not depend on it);
 // MPDETOUR_FLOOD_REPORT=path writes the markdown report there.
+//
+// MPDETOUR_FLOOD_RCVBUF=v1,v2,... compares relays instead, one per value of
+// receive_buffer ("default": the key left out, i.e. DefaultReceiveBuffer;
+// 0: the kernel's default), each on its own line of namespaces, all started
+// before the first phase: MPDETOUR_FLOOD_ROUNDS rounds (default 2), each
+// running on every relay in turn, in a rotated order, the flood and then
+// (with MPDETOUR_FLOOD_AFTER) the phase after it, so every variant sees the
+// same load over the run; the table ends with each variant's totals.
 func BenchmarkHandshakeFlood(b *testing.B) {
-	rate, secs, n, after, low := 20000, 10, 20, 0, 0
+	rate, secs, n, after, low, rounds := 20000, 10, 20, 0, 0, 2
 	for _, v := range []struct {
 		env string
 		to  *int
 	}{{"MPDETOUR_FLOOD_RATE", &rate}, {"MPDETOUR_FLOOD_SECONDS", &secs}, {"MPDETOUR_FLOOD_MEMBERS", &n},
-		{"MPDETOUR_FLOOD_AFTER", &after}, {"MPDETOUR_FLOOD_LOWRATE", &low}} {
+		{"MPDETOUR_FLOOD_AFTER", &after}, {"MPDETOUR_FLOOD_LOWRATE", &low}, {"MPDETOUR_FLOOD_ROUNDS", &rounds}} {
 		if x, err := strconv.Atoi(os.Getenv(v.env)); err == nil {
 			*v.to = x
 		}
 	}
-	f, relayKey, members, p := floodLine(b, n)
 	d := time.Duration(secs) * time.Second
+	type line struct {
+		name     string
+		f        *fixture
+		relayKey proto.Key
+		members  []proto.Key
+		p        *relayProc
+	}
 	type phase struct {
 		name  string
 		r     floodResult
@@ -319,12 +369,12 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 		drops int64 // the relay namespace's UDP RcvbufErrors during the phase (-1: unreadable)
 	}
 	var phases []phase
-	run := func(name string, rate int, d time.Duration) {
+	run := func(l line, name string, rate int, d time.Duration) {
 		l0 := loadAvg()
 		self0 := selfCPU()
-		drops0 := rcvbufErrors(b, f.Relay)
-		r := runFlood(b, f, relayKey, members, p, rate, d, time.Second)
-		drops := rcvbufErrors(b, f.Relay)
+		drops0 := rcvbufErrors(b, l.f.Relay)
+		r := runFlood(b, l.f, l.relayKey, l.members, l.p, rate, d, time.Second)
+		drops := rcvbufErrors(b, l.f.Relay)
 		if drops >= 0 && drops0 >= 0 {
 			drops -= drops0
 		} else {
@@ -332,16 +382,71 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 		}
 		phases = append(phases, phase{name, r, l0 + " -> " + loadAvg(), selfCPU() - self0, drops})
 	}
-	run("no flood", 0, d/2)
-	run("flood", rate, d)
-	if after > 0 {
-		run("after the flood", 0, time.Duration(after)*time.Second)
-	}
-	if low > 0 {
-		run("flood at the lower rate", low, d)
+	var lines []line
+	if v := os.Getenv("MPDETOUR_FLOOD_RCVBUF"); v != "" {
+		for _, x := range strings.Split(v, ",") {
+			x = strings.TrimSpace(x)
+			extra := ""
+			if x != "default" {
+				if _, err := strconv.Atoi(x); err != nil {
+					b.Fatalf("MPDETOUR_FLOOD_RCVBUF: %q is neither a byte count nor \"default\"", x)
+				}
+				extra = "receive_buffer: " + x + "\n"
+			}
+			f, k, m, p := floodLine(b, n, extra)
+			lines = append(lines, line{fmt.Sprintf("receive_buffer %s (socket rb %s)", x, relayRcvbuf(b, f.Relay)), f, k, m, p})
+		}
+		for r := 0; r < rounds; r++ {
+			for i := range lines {
+				l := lines[(i+r)%len(lines)] // rotated: no variant always goes first
+				run(l, fmt.Sprintf("%s, round %d: flood", l.name, r+1), rate, d)
+				if after > 0 {
+					run(l, fmt.Sprintf("%s, round %d: after the flood", l.name, r+1), 0, time.Duration(after)*time.Second)
+				}
+			}
+		}
+		// Each variant's totals over its rounds, flood and after apart.
+		for _, l := range lines {
+			for _, kind := range []string{": flood", ": after the flood"} {
+				t := phase{name: l.name + ", all rounds" + kind, r: floodResult{Rate: -1, Fails: map[string]int{}}}
+				for _, ph := range phases {
+					if !strings.HasPrefix(ph.name, l.name+",") || !strings.HasSuffix(ph.name, kind) {
+						continue
+					}
+					t.r.Rate, t.r.Sent, t.r.Duration = ph.r.Rate, t.r.Sent+ph.r.Sent, t.r.Duration+ph.r.Duration
+					t.r.Attempts, t.r.OK, t.r.Within1s = t.r.Attempts+ph.r.Attempts, t.r.OK+ph.r.OK, t.r.Within1s+ph.r.Within1s
+					t.r.Latencies = append(t.r.Latencies, ph.r.Latencies...)
+					t.r.RelayCPU += ph.r.RelayCPU
+					t.self += ph.self
+					if t.drops >= 0 && ph.drops >= 0 {
+						t.drops += ph.drops
+					} else {
+						t.drops = -1
+					}
+					for k, n := range ph.r.Fails {
+						t.r.Fails[k] += n
+					}
+				}
+				if t.r.Rate >= 0 {
+					t.load = "-"
+					phases = append(phases, t)
+				}
+			}
+		}
+	} else {
+		f, k, m, p := floodLine(b, n, "")
+		l := line{"", f, k, m, p}
+		run(l, "no flood", 0, d/2)
+		run(l, "flood", rate, d)
+		if after > 0 {
+			run(l, "after the flood", 0, time.Duration(after)*time.Second)
+		}
+		if low > 0 {
+			run(l, "flood at the lower rate", low, d)
+		}
 	}
 	var rep strings.Builder
-	fmt.Fprintf(&rep, "| run | spoofed pkt/s asked (sent) | attempts | ok | grant within 1 s | p50 | p99 | max | relay CPU | test process CPU (members + flooder) | relay socket drops (UDP RcvbufErrors) | load average |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&rep, "| run | spoofed pkt/s asked (sent) | attempts | ok | grant within 1 s | failed (where) | p50 | p99 | max | relay CPU | test process CPU (members + flooder) | relay socket drops (UDP RcvbufErrors) | load average |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, ph := range phases {
 		r := ph.r
 		sent := float64(r.Sent) / r.Duration.Seconds()
@@ -349,8 +454,8 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 		if ph.drops >= 0 {
 			drops = strconv.FormatInt(ph.drops, 10)
 		}
-		fmt.Fprintf(&rep, "| %s | %d (%.0f) | %d | %d | %.1f%% | %v | %v | %v | %.0f%% of a core | %.0f%% of a core | %s | %s |\n", ph.name, r.Rate, sent, r.Attempts, r.OK,
-			r.pct(r.Within1s), r.quantile(0.5).Round(time.Millisecond), r.quantile(0.99).Round(time.Millisecond), r.quantile(1).Round(time.Millisecond),
+		fmt.Fprintf(&rep, "| %s | %d (%.0f) | %d | %d | %.1f%% | %s | %v | %v | %v | %.0f%% of a core | %.0f%% of a core | %s | %s |\n", ph.name, r.Rate, sent, r.Attempts, r.OK,
+			r.pct(r.Within1s), r.fails(), r.quantile(0.5).Round(time.Millisecond), r.quantile(0.99).Round(time.Millisecond), r.quantile(1).Round(time.Millisecond),
 			100*r.RelayCPU.Seconds()/r.Duration.Seconds(), 100*ph.self.Seconds()/r.Duration.Seconds(), drops, ph.load)
 	}
 	b.Logf("\n%s", rep.String())
@@ -359,6 +464,20 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// relayRcvbuf is the receive buffer the kernel holds for the relay's
+// control socket in namespace ns (ss's skmem rb), "?" when unreadable.
+func relayRcvbuf(t testing.TB, ns string) string {
+	out, err := exec.Command("ip", "netns", "exec", ns, "ss", "-uamnH", "sport", "=", ":"+strconv.Itoa(DefaultPort)).CombinedOutput()
+	if i := strings.Index(string(out), ",rb"); err == nil && i >= 0 {
+		v := string(out[i+3:])
+		if j := strings.IndexAny(v, ",)"); j >= 0 {
+			return v[:j]
+		}
+	}
+	t.Logf("ss in %s: %v %s", ns, err, out)
+	return "?"
 }
 
 // rcvbufErrors is namespace ns's UDP RcvbufErrors (datagrams dropped

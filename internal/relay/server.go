@@ -1188,8 +1188,9 @@ func (s *Server) applyReload(c *Config) {
 // warnRestartOnly logs what a reload asked for that applies only at the
 // next start.
 func (s *Server) warnRestartOnly(st *Static) {
-	if st.Listen != s.static.Listen || st.Listen6 != s.static.Listen6 || st.Legacy != s.static.Legacy || st.LegacyListen != s.static.LegacyListen || st.FastPath != s.static.FastPath {
-		s.log.Warn("reload: listen address, legacy_v1 and fast_path change only on restart")
+	if st.Listen != s.static.Listen || st.Listen6 != s.static.Listen6 || st.Legacy != s.static.Legacy || st.LegacyListen != s.static.LegacyListen || st.FastPath != s.static.FastPath ||
+		st.ReceiveBuffer != s.static.ReceiveBuffer {
+		s.log.Warn("reload: listen address, receive_buffer, legacy_v1 and fast_path change only on restart")
 	}
 	if st.StateFile != s.static.StateFile || st.MetricsListen != s.static.MetricsListen {
 		s.log.Warn("reload: state_file and metrics change only on restart")

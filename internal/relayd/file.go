@@ -93,6 +93,10 @@ type File struct {
 	// flowtable (default false; docs/relay.md).
 	FastPath bool `yaml:"fast_path"`
 
+	// ReceiveBuffer: the control sockets' receive buffer in bytes
+	// (default relay.DefaultReceiveBuffer; 0 = the kernel's default).
+	ReceiveBuffer *int `yaml:"receive_buffer"`
+
 	// FairShare: ledger, receipts and capacity (docs/collective.md).
 	FairShare FairShareFile `yaml:"fair_share"`
 
@@ -211,6 +215,7 @@ func build(c *File) (*relay.Config, error) {
 			StateFile:     c.StateFile,
 			Legacy:        c.LegacyV1.Enabled,
 			FastPath:      c.FastPath,
+			ReceiveBuffer: relay.DefaultReceiveBuffer,
 		},
 		Reloadable: relay.Reloadable{
 			Lease:            2 * time.Minute,
@@ -307,6 +312,12 @@ func build(c *File) (*relay.Config, error) {
 		s.AttributionFlush = time.Duration(c.AttributionFlush)
 		if s.AttributionFlush < time.Second || s.AttributionFlush > time.Hour {
 			return nil, fmt.Errorf("attribution_flush: %v is outside 1s..1h", s.AttributionFlush)
+		}
+	}
+	if c.ReceiveBuffer != nil {
+		s.ReceiveBuffer = *c.ReceiveBuffer
+		if s.ReceiveBuffer != 0 && (s.ReceiveBuffer < minReceiveBuffer || s.ReceiveBuffer > maxReceiveBuffer) {
+			return nil, fmt.Errorf("receive_buffer: %d is outside %d..%d bytes (0: the kernel's default)", s.ReceiveBuffer, minReceiveBuffer, maxReceiveBuffer)
 		}
 	}
 	if c.Lease != 0 {

@@ -32,6 +32,14 @@ func TestParseConfig(t *testing.T) {
 		len(s.Allow) != 2 || s.Allow[1].Bits() != 32 || !s.Legacy || s.LegacyListen.Port() != proto.LegacyPort || s.QuotaPerMember != 5 || s.QuotaGlobal != 7 || !s.FastPath {
 		t.Fatalf("parsed: %+v", s)
 	}
+	if s.ReceiveBuffer != relay.DefaultReceiveBuffer {
+		t.Fatalf("receive_buffer default: %d", s.ReceiveBuffer)
+	}
+	for in, want := range map[string]int{"receive_buffer: 0\n": 0, "receive_buffer: 16777216\n": 16 << 20} {
+		if s, err := ParseConfig([]byte(good + in)); err != nil || s.ReceiveBuffer != want {
+			t.Fatalf("%q: receive buffer %d, %v; want %d", in, s.ReceiveBuffer, err, want)
+		}
+	}
 	s, err = ParseConfig([]byte(good + "convert: {enabled: true}\n"))
 	if err != nil || !s.Convert.Enabled || s.Convert.Listen.Port() != relay.DefaultConvertPort || s.Convert.MaxConns != 1024 {
 		t.Fatalf("convert defaults: %+v %v", s.Convert, err)
@@ -67,6 +75,10 @@ func TestParseConfig(t *testing.T) {
 		good + "convert: {enabled: true, listen: nowhere}\n":                          "convert.listen",
 		good + "convert: {enabled: true, max_conns: -1}\n":                            "convert.max_conns",
 		good + "fast_path: sometimes\n":                                               "fast_path",
+		good + "receive_buffer: 1000\n":                                               "receive_buffer: 1000 is outside",
+		good + "receive_buffer: -1\n":                                                 "receive_buffer",
+		good + "receive_buffer: 1073741824\n":                                         "receive_buffer",
+		good + "receive_buffer: 4MB\n":                                                "receive_buffer",
 	}
 	for cfg, want := range bad {
 		_, err := ParseConfig([]byte(cfg))

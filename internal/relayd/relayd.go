@@ -108,6 +108,24 @@ func Start(cfg *relay.Config, log *slog.Logger, tunnels relay.TunnelFactory) (_ 
 		}
 		closers = append(closers, func() { d.PacketConn6.Close() })
 	}
+	if cfg.ReceiveBuffer > 0 {
+		for _, c := range []*net.UDPConn{d.PacketConn, d.PacketConn6} {
+			if c == nil {
+				continue
+			}
+			got, err := setReceiveBuffer(c, cfg.ReceiveBuffer)
+			if err != nil {
+				return nil, fmt.Errorf("control socket %v: %w", c.LocalAddr(), err)
+			}
+			if got < cfg.ReceiveBuffer {
+				// SO_RCVBUF without CAP_NET_ADMIN: net.core.rmem_max caps it.
+				log.Warn("control socket: receive buffer smaller than receive_buffer (no CAP_NET_ADMIN? net.core.rmem_max caps it)",
+					"socket", c.LocalAddr(), "receive_buffer", cfg.ReceiveBuffer, "kernel_bytes", got)
+			} else {
+				log.Debug("control socket receive buffer", "socket", c.LocalAddr(), "receive_buffer", cfg.ReceiveBuffer, "kernel_bytes", got)
+			}
+		}
+	}
 	if cfg.Legacy {
 		if d.Legacy, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(cfg.LegacyListen)); err != nil {
 			return nil, fmt.Errorf("legacy v1 listen %v: %w", cfg.LegacyListen, err)
