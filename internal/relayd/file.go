@@ -94,7 +94,7 @@ type File struct {
 	FastPath bool `yaml:"fast_path"`
 
 	// ReceiveBuffer: the control sockets' receive buffer in bytes
-	// (default relay.DefaultReceiveBuffer; 0 = the kernel's default).
+	// (default relay.DefaultReceiveBuffer, 0: the kernel's default).
 	ReceiveBuffer *int `yaml:"receive_buffer"`
 
 	// FairShare: ledger, receipts and capacity (docs/collective.md).
