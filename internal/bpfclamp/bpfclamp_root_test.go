@@ -143,17 +143,18 @@ func dialCwndAt(t *testing.T, dir, back, lo string, local net.Addr, mptcp bool, 
 	return most, late
 }
 
-// TestClampTakesEffect attaches the program to a fresh cgroup, clamps the
-// loopback pair to 4 segments and checks that a connection made in the
-// cgroup never exceeds it, while one made after the clamp is deleted does;
-// after Close nothing is attached to the cgroup.
-func TestClampTakesEffect(t *testing.T) {
+// attachedCgroup creates a cgroup named name-PID under the cgroup v2 root
+// and attaches the program to it (skipping without root or cgroup v2); it
+// returns the clamper, the cgroup and the cgroup this process was in. The
+// program is closed and the cgroup removed when the test ends.
+func attachedCgroup(t *testing.T, name string) (*Clamper, string, string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (BPF, cgroups)")
 	}
 	root := cgroupRoot(t)
 	back := ownCgroup(t, root)
-	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfclamp-%d", os.Getpid()))
+	dir := filepath.Join(root, fmt.Sprintf("%s-%d", name, os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Skipf("cannot create a cgroup: %v", err)
 	}
@@ -166,7 +167,16 @@ func TestClampTakesEffect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() }) // before the cgroup's removal
+	return c, dir, back
+}
+
+// TestClampTakesEffect attaches the program to a fresh cgroup, clamps the
+// loopback pair to 4 segments and checks that a connection made in the
+// cgroup never exceeds it, while one made after the clamp is deleted does;
+// after Close nothing is attached to the cgroup.
+func TestClampTakesEffect(t *testing.T) {
+	c, dir, back := attachedCgroup(t, "mpd-bpfclamp")
 	if n := attachedCount(t, dir); n != 1 {
 		t.Fatalf("%d programs attached, want 1", n)
 	}
@@ -290,25 +300,7 @@ func TestKeyBytes(t *testing.T) {
 // addresses, as the agent's cross-family connections have) keyed by the
 // plain IPv4 pair.
 func TestClampBothFamilies(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (BPF, cgroups)")
-	}
-	root := cgroupRoot(t)
-	back := ownCgroup(t, root)
-	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfclamp6-%d", os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Skipf("cannot create a cgroup: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := os.Remove(dir); err != nil {
-			t.Errorf("remove cgroup: %v", err)
-		}
-	})
-	c, err := Attach(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, dir, back := attachedCgroup(t, "mpd-bpfclamp6")
 	const clamp = 4
 	for _, lo := range []string{"::1", "127.0.0.1"} {
 		a := netip.MustParseAddr(lo)
