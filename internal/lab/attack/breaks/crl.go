@@ -15,7 +15,6 @@ import (
 	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
-	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // revokedCRL (break 4, the certificate path): two relays of one
@@ -36,12 +35,8 @@ func revokedCRL(ctx context.Context, o Options) Result {
 		return r.failed(err)
 	}
 	defer l.close()
-	auth, err := collective.NewAuthority()
+	auth, secret, err := authority(o)
 	if err != nil {
-		return r.failed(err)
-	}
-	secret := filepath.Join(o.Dir, "gossip.key")
-	if err := os.WriteFile(secret, []byte(roster.NewSecret()), 0o600); err != nil {
 		return r.failed(err)
 	}
 	now := time.Now()

@@ -34,12 +34,8 @@ func forgedGossip(ctx context.Context, o Options) Result {
 		return r.failed(err)
 	}
 	defer l.close()
-	auth, err := collective.NewAuthority()
+	auth, secret, err := authority(o)
 	if err != nil {
-		return r.failed(err)
-	}
-	secret := filepath.Join(o.Dir, "gossip.key")
-	if err := os.WriteFile(secret, []byte(roster.NewSecret()), 0o600); err != nil {
 		return r.failed(err)
 	}
 	now := time.Now()

@@ -12,10 +12,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
+	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // caseLab is one case's lab (the built-in "detours" topology: client, r1,
@@ -104,6 +106,21 @@ func begin(ctx context.Context, o Options, suffix string, n int) (*caseLab, []pr
 		return nil, nil, err
 	}
 	return l, keys, nil
+}
+
+// authority makes a collective authority and writes a fresh gossip secret
+// to Dir/gossip.key for the cases that run a relay cluster; it returns
+// the secret's path.
+func authority(o Options) (*collective.Authority, string, error) {
+	auth, err := collective.NewAuthority()
+	if err != nil {
+		return nil, "", err
+	}
+	secret := filepath.Join(o.Dir, "gossip.key")
+	if err := os.WriteFile(secret, []byte(roster.NewSecret()), 0o600); err != nil {
+		return nil, "", err
+	}
+	return auth, secret, nil
 }
 
 // startRelay writes a relay configuration to Dir/name.yaml and runs the
