@@ -54,12 +54,8 @@ func revokedCRL(ctx context.Context, o Options) Result {
 	nodes := []string{"detour1", "detour2"}
 	for i, node := range nodes {
 		k := keys[i]
-		c, err := auth.Issue(k.Public(), node, collective.RoleRelay, now.Add(-time.Hour), now.Add(24*time.Hour))
+		cert, err := relayCert(o, auth, k, node)
 		if err != nil {
-			return r.failed(err)
-		}
-		cert := filepath.Join(o.Dir, node+".cert")
-		if err := os.WriteFile(cert, []byte(c.String()+"\n"), 0o600); err != nil {
 			return r.failed(err)
 		}
 		addr := l.Addr(node)

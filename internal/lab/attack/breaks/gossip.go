@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mpdetour/mpdetour/internal/collective"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
@@ -38,19 +37,14 @@ func forgedGossip(ctx context.Context, o Options) Result {
 	if err != nil {
 		return r.failed(err)
 	}
-	now := time.Now()
 	first := l.Addr(gossipNodes[0])
 	withSecret := false
 	member := map[string]string{} // lab node -> its relay's gossip member name
 	for i, node := range gossipNodes {
 		k := keys[i]
 		member[node] = roster.NodeName(k.Public())
-		c, err := auth.Issue(k.Public(), node, collective.RoleRelay, now.Add(-time.Hour), now.Add(24*time.Hour))
+		cert, err := relayCert(o, auth, k, node)
 		if err != nil {
-			return r.failed(err)
-		}
-		cert := filepath.Join(o.Dir, node+".cert")
-		if err := os.WriteFile(cert, []byte(c.String()+"\n"), 0o600); err != nil {
 			return r.failed(err)
 		}
 		addr := l.Addr(node)

@@ -123,6 +123,18 @@ func authority(o Options) (*collective.Authority, string, error) {
 	return auth, secret, nil
 }
 
+// relayCert issues a relay certificate for key named node and writes it
+// to Dir/node.cert; it returns the path.
+func relayCert(o Options, auth *collective.Authority, key proto.Key, node string) (string, error) {
+	now := time.Now()
+	c, err := auth.Issue(key.Public(), node, collective.RoleRelay, now.Add(-time.Hour), now.Add(24*time.Hour))
+	if err != nil {
+		return "", err
+	}
+	cert := filepath.Join(o.Dir, node+".cert")
+	return cert, os.WriteFile(cert, []byte(c.String()+"\n"), 0o600)
+}
+
 // startRelay writes a relay configuration to Dir/name.yaml and runs the
 // build's relay on it in node (log Dir/name.log); it returns the path.
 func (l *caseLab) startRelay(ctx context.Context, o Options, node, name, config string) (string, error) {
