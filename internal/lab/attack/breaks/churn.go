@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -17,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/lab"
@@ -148,7 +150,14 @@ func churnCase(ctx context.Context, o Options, mixed bool) Result {
 	load0 := loadAvg()
 	logFrom := fileSize(agentLog)
 	t0 := time.Now()
+	stalls := make(chan struct{})
+	if mixed {
+		go churnStalls(agentProc, t0, stalls)
+	} else {
+		close(stalls)
+	}
 	tally := churnDrive(ctx, cl, server, mixed)
+	<-stalls
 	driven := time.Since(t0)
 	time.Sleep(churnSettle)
 	load1 := loadAvg()
@@ -172,9 +181,9 @@ func churnCase(ctx context.Context, o Options, mixed bool) Result {
 		metricText = fmt.Sprintf("metric subflow_creates_total %d", int64(metric))
 	}
 	r.Detail = fmt.Sprintf("%d connections in %.1f s (%d ok, %s), 4 detours: %d creates in the log (%s) for %d possible subflows; "+
-		"refused: %s; max %d creates for one token (%s; %d tokens > %d); busiest second %d creates; %d subflows established; %d limits learned%s; load %s -> %s",
+		"refused: %s; max %d creates for one token (%s; %d tokens > %d); busiest second %d creates; %d subflows established; %d event losses; %d limits learned%s; load %s -> %s",
 		tally.started, driven.Seconds(), tally.ok, tally.failures(), st.creates, metricText, possible,
-		st.refusedText(), st.maxPerToken, st.maxTokenSpan(), st.tokensOver(churnDetours), churnDetours, st.busiestSecond, st.established, st.learned, st.learnedText(), load0, load1)
+		st.refusedText(), st.maxPerToken, st.maxTokenSpan(), st.tokensOver(churnDetours), churnDetours, st.busiestSecond, st.established, st.lost, st.learned, st.learnedText(), load0, load1)
 	return r
 }
 
@@ -235,6 +244,29 @@ func churnEcho(ln net.Listener, closeFirst bool) {
 	}
 }
 
+// subflow-churn-mixed stops the agent (SIGSTOP) for churnStall at each of
+// churnStallAt into the churn: an agent starved of CPU on a loaded host
+// (the runs had load averages above 20 on 2 cores). Its event
+// socket overflows, it loses events (some CLOSED among them) and
+// resynchronises from inet_diag.
+var churnStallAt = []time.Duration{20 * time.Second, 40 * time.Second}
+
+const churnStall = 5 * time.Second
+
+// churnStalls stops and continues p on churnStallAt's schedule from t0
+// and closes done when p runs again for good.
+func churnStalls(p *exec.Cmd, t0 time.Time, done chan<- struct{}) {
+	defer close(done)
+	for _, at := range churnStallAt {
+		time.Sleep(time.Until(t0.Add(at)))
+		if p.Process.Signal(syscall.SIGSTOP) != nil {
+			return
+		}
+		time.Sleep(churnStall)
+		p.Process.Signal(syscall.SIGCONT)
+	}
+}
+
 // churnClientSysctls lets the client's namespace sustain 200 connections/s
 // with 4 detour subflows each (about 1,000 local ports/s, each bound for
 // 60 s in TIME_WAIT by default): ports 1024-65000, TIME_WAIT reuse for
@@ -263,7 +295,7 @@ func churnClientSysctls(cl *caseLab) error {
 // The rules live in the detours' namespaces and go with the lab.
 func churnFaults(ctx context.Context, cl *caseLab, server netip.Addr) error {
 	for node, verdict := range map[string]string{"detour3": "drop", "detour4": "reject with tcp reset"} {
-		rules := fmt.Sprintf("table inet churnfault {\n chain fwd {\n  type filter hook forward priority filter; policy accept;\n"+
+		rules := fmt.Sprintf("table inet churnfault {\n chain churn {\n  type filter hook forward priority filter; policy accept;\n"+
 			"  ip daddr %s tcp flags & (syn | ack) == syn numgen random mod 2 == 0 %s\n }\n}\n", server, verdict)
 		path := filepath.Join(os.TempDir(), fmt.Sprintf("churnfault-%s-%d.nft", node, os.Getpid()))
 		if err := os.WriteFile(path, []byte(rules), 0o600); err != nil {
@@ -488,6 +520,7 @@ type churnLog struct {
 	established     int              // SUB_ESTABLISHED events
 	learned         int
 	learnedLines    []string
+	lost            int // "events lost" warnings (the agent resynchronised)
 }
 
 var (
@@ -545,6 +578,8 @@ func parseChurnLog(rd io.Reader) (*churnLog, error) {
 			st.refused[why]++
 		case strings.Contains(line, "SUB_ESTABLISHED"):
 			st.established++
+		case strings.Contains(line, "events lost"):
+			st.lost++
 		case logLearned.MatchString(line):
 			st.learned++
 			if len(st.learnedLines) < 3 {
