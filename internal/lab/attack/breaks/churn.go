@@ -68,17 +68,22 @@ func subflowChurn(ctx context.Context, o Options) Result {
 //   - after the warm-up, detour3 drops half of the joins' SYNs (slow
 //     joins) and detour4 answers half of them with a reset (refused
 //     joins, errno 111), so connections keep waiting for a fourth detour;
+//   - the agent is stopped (SIGSTOP) for 5 s at 20 s and 40 s (churnStalls);
 //   - the client's namespace can sustain the load: ephemeral ports
 //     1024-65000, tcp_tw_reuse 1 and at most 8192 TIME_WAIT sockets
 //     (subflow-churn ran out of ports at ~170 connections/s).
 //
-// Same counting and target as subflow-churn.
+// Same counting and target as subflow-churn. Seen in its first runs: the
+// kernel sends a connection's ESTABLISHED event after its CLOSED (the
+// application closed before the connection was fully established; the
+// token stays valid while the socket closes), and every SUBFLOW_CREATE
+// for it is refused with ENOTCONN.
 func subflowChurnMixed(ctx context.Context, o Options) Result {
 	return churnCase(ctx, o, true)
 }
 
 func churnCase(ctx context.Context, o Options, mixed bool) Result {
-	r := Result{Break: 7, Metric: "SUBFLOW_CREATE / (connections x 4 detours)", Target: "<= 2, 0 limits learned"}
+	r := Result{Break: 7, Metric: "SUBFLOW_CREATE / (connections x 4 detours)", Target: "<= 2 (and <= 8 for every token), 0 limits learned"}
 	cl, relayKeys, member, err := churnLab(ctx, o)
 	if err != nil {
 		return r.failed(err)
@@ -175,15 +180,19 @@ func churnCase(ctx context.Context, o Options, mixed bool) Result {
 	}
 	r.Value = float64(st.creates) / float64(possible)
 	r.Value = float64(int(r.Value*1000+0.5)) / 1000
-	r.Pass = r.Value <= 2 && st.learned == 0
+	// The target read for the whole run and for each connection: a
+	// storm can hide in the total (most connections get fewer than 4
+	// detour subflows when detours fail) but not in its tokens.
+	over := st.tokensOver(2 * churnDetours)
+	r.Pass = r.Value <= 2 && over == 0 && st.learned == 0
 	metricText := "no subflow_creates_total metric in this build"
 	if metric >= 0 {
 		metricText = fmt.Sprintf("metric subflow_creates_total %d", int64(metric))
 	}
 	r.Detail = fmt.Sprintf("%d connections in %.1f s (%d ok, %s), 4 detours: %d creates in the log (%s) for %d possible subflows; "+
-		"refused: %s; max %d creates for one token (%s; %d tokens > %d); busiest second %d creates; %d subflows established; %d event losses; %d limits learned%s; load %s -> %s",
+		"refused: %s; max %d creates for one token (%s; %d tokens > %d, %d tokens > %d); busiest second %d creates; %d subflows established; %d event losses; %d limits learned%s; load %s -> %s",
 		tally.started, driven.Seconds(), tally.ok, tally.failures(), st.creates, metricText, possible,
-		st.refusedText(), st.maxPerToken, st.maxTokenSpan(), st.tokensOver(churnDetours), churnDetours, st.busiestSecond, st.established, st.lost, st.learned, st.learnedText(), load0, load1)
+		st.refusedText(), st.maxPerToken, st.maxTokenSpan(), st.tokensOver(churnDetours), churnDetours, over, 2*churnDetours, st.busiestSecond, st.established, st.lost, st.learned, st.learnedText(), load0, load1)
 	return r
 }
 
