@@ -323,3 +323,40 @@ func TestEstablishedAfterENOTCONNGiveUpOpensDetours(t *testing.T) {
 		}
 	}
 }
+
+// A join the server resets right after it came up teaches no limit when
+// the connection was closing (its MPTCP socket no longer ESTABLISHED: the
+// server resets joins to a connection it is closing with the same reason
+// as joins beyond its limit); the reset is held against that connection
+// only. The same reset on an established connection still teaches one.
+// Before the fix the closing case learned "extra_subflows=1" (1-3 times a
+// minute under churn) and the next connections got fewer detours.
+func TestJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
+	for _, closing := range []bool{true, false} {
+		p, _, clk := newStatic(2, d1, d2)
+		c1 := Conn{Token: 1, Local: client, Remote: server, Fully: true}
+		ins := p.Established(c1)
+		p.SubflowEstablished(up(ins[0], 41001))
+		p.SubflowEstablished(up(ins[1], 41002))
+		clk.advance(100 * time.Millisecond)
+		reset := up(ins[1], 41002)
+		reset.Errno = uint8(syscall.ECONNRESET)
+		reset.ConnClosing = closing
+		p.SubflowClosed(reset)
+		_, learned := p.caps[server]
+		c2 := Conn{Token: 2, Local: netip.MustParseAddrPort("10.0.1.1:40002"), Remote: server, Fully: true}
+		n := countAction(p.Established(c2), CreateSubflow)
+		switch {
+		case closing && (learned || n != 2):
+			t.Errorf("join reset on a closing connection: limit learned %v, next connection %d creates; want none learned, 2 creates", learned, n)
+		case !closing && (!learned || n != 1):
+			t.Errorf("join reset on an established connection: limit learned %v, next connection %d creates; want learned, 1 create", learned, n)
+		}
+		if closing {
+			// Held against the connection: no new join for it at once.
+			if n := countAction(p.Tick(clk.t), CreateSubflow); n != 0 {
+				t.Errorf("closing connection: %d creates right after the reset, want 0 (held)", n)
+			}
+		}
+	}
+}
