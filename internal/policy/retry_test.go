@@ -119,26 +119,33 @@ func TestCreatesBoundedPerConnection(t *testing.T) {
 	}
 }
 
-// A learned server limit is re-checked: a connection
-// after capCheck asks for N again (before the fix the limit held for
-// 10 x Hold, 5 minutes); a join beyond it that lives forgets it.
-func TestServerLimitIsRechecked(t *testing.T) {
-	p, _, clk := newStatic(2, d1, d2)
-	c1 := Conn{Token: 1, Local: client, Remote: server, Fully: true}
-	ins := p.Established(c1)
+// resetSecondJoin opens connection 1 to server with two detour joins and
+// has the server reset the second 100 ms after it came up (the connection
+// closing or not, as the agent would tell).
+func resetSecondJoin(p *Engine, clk *clock, closing bool) {
+	ins := p.Established(Conn{Token: 1, Local: client, Remote: server, Fully: true})
 	p.SubflowEstablished(up(ins[0], 41001))
 	p.SubflowEstablished(up(ins[1], 41002))
 	clk.advance(100 * time.Millisecond)
 	reset := up(ins[1], 41002)
 	reset.Errno = uint8(syscall.ECONNRESET)
-	p.SubflowClosed(reset) // the server's limit: 1 extra subflow
+	reset.ConnClosing = closing
+	p.SubflowClosed(reset)
+}
+
+// A learned server limit is re-checked: a connection
+// after capCheck asks for N again (before the fix the limit held for
+// 10 x Hold, 5 minutes); a join beyond it that lives forgets it.
+func TestServerLimitIsRechecked(t *testing.T) {
+	p, _, clk := newStatic(2, d1, d2)
+	resetSecondJoin(p, clk, false) // the server's limit: 1 extra subflow
 	c2 := Conn{Token: 2, Local: netip.MustParseAddrPort("10.0.1.1:40002"), Remote: server, Fully: true}
 	if n := countAction(p.Established(c2), CreateSubflow); n != 1 {
 		t.Fatalf("right after the limit was learned: %d creates, want 1", n)
 	}
 	clk.advance(capCheck + time.Second)
 	c3 := Conn{Token: 3, Local: netip.MustParseAddrPort("10.0.1.1:40003"), Remote: server, Fully: true}
-	ins = p.Established(c3)
+	ins := p.Established(c3)
 	if n := countAction(ins, CreateSubflow); n != 2 {
 		t.Fatalf("%s after the limit was learned: %d creates, want 2 (re-check)", capCheck+time.Second, n)
 	}
@@ -334,15 +341,7 @@ func TestEstablishedAfterENOTCONNGiveUpOpensDetours(t *testing.T) {
 func TestJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
 	for _, closing := range []bool{true, false} {
 		p, _, clk := newStatic(2, d1, d2)
-		c1 := Conn{Token: 1, Local: client, Remote: server, Fully: true}
-		ins := p.Established(c1)
-		p.SubflowEstablished(up(ins[0], 41001))
-		p.SubflowEstablished(up(ins[1], 41002))
-		clk.advance(100 * time.Millisecond)
-		reset := up(ins[1], 41002)
-		reset.Errno = uint8(syscall.ECONNRESET)
-		reset.ConnClosing = closing
-		p.SubflowClosed(reset)
+		resetSecondJoin(p, clk, closing)
 		_, learned := p.caps[server]
 		c2 := Conn{Token: 2, Local: netip.MustParseAddrPort("10.0.1.1:40002"), Remote: server, Fully: true}
 		n := countAction(p.Established(c2), CreateSubflow)
