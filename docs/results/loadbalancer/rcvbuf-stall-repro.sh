@@ -1,0 +1,152 @@
+#!/bin/bash
+# Reproduction without mpdetour of the loadbalancer scenario's class B
+# ("the server's MPTCP receive path stops after the balanced subflow's
+# reset"): many MPTCP uploads, each with three subflows, share a congested
+# 10 Mbit/s link; mid-transfer a router resets every initial subflow (as
+# the other balancer's backend does after a route change). No mpdetour,
+# no userspace path manager: the client's in-kernel PM opens the two extra
+# subflows from `subflow` endpoints.
+#
+# Three namespaces: client (10.81.1.1; 10.81.1.3 and 10.81.1.4 as `subflow`
+# endpoints) - router (tbf RATE towards the server) - server (10.81.2.1).
+# Per trial: N uploads start over 1.7 s and write for DUR s; at RESET_AT s
+# the router answers every packet of an initial subflow (source 10.81.1.1)
+# with a TCP reset (and drops it). The receiver logs each connection's
+# outcome; DUR+3 s after the start the script keeps `ss -tnmiM` of the
+# server and counts the MPTCP sockets that hold data the application cannot
+# read (Recv-Q > 0 although the receiver reads without pause): an
+# out-of-order queue with a hole. "stalled" = the receiver got no byte for
+# 40 s (it then gives up).
+#
+# Usage: sudo bash rcvbuf-stall-repro.sh   (needs ip, tc, nft, ss, nstat, python3)
+# Env: N (100) TRIALS (3) DUR (15) RESET_AT (4) RATE (10mbit)
+#      KEEP=DIR keeps the ss snapshots there.
+set -eu
+S=rsr$$
+C=$S-c R=$S-r V=$S-s
+SRV=
+cleanup() { [ -n "$SRV" ] && kill $SRV 2>/dev/null; for n in $C $R $V; do ip netns del $n 2>/dev/null || true; done; rm -f /tmp/$S-*; }
+trap cleanup EXIT INT TERM
+N=${N:-100} TRIALS=${TRIALS:-3} DUR=${DUR:-15} RESET_AT=${RESET_AT:-4} RATE=${RATE:-10mbit}
+for n in $C $R $V; do ip netns add $n; done
+ip link add $S-cr type veth peer name $S-rc
+ip link add $S-rs type veth peer name $S-sr
+ip link set $S-cr netns $C; ip link set $S-rc netns $R
+ip link set $S-rs netns $R; ip link set $S-sr netns $V
+ip -n $C addr add 10.81.1.1/24 dev $S-cr
+ip -n $C addr add 10.81.1.3/24 dev $S-cr
+ip -n $C addr add 10.81.1.4/24 dev $S-cr
+ip -n $R addr add 10.81.1.2/24 dev $S-rc; ip -n $R addr add 10.81.2.2/24 dev $S-rs
+ip -n $V addr add 10.81.2.1/24 dev $S-sr
+for n in $C $R $V; do ip -n $n link set lo up; done
+ip -n $C link set $S-cr up; ip -n $R link set $S-rc up; ip -n $R link set $S-rs up; ip -n $V link set $S-sr up
+ip -n $C route add default via 10.81.1.2
+ip -n $V route add default via 10.81.2.2
+ip netns exec $R sysctl -qw net.ipv4.ip_forward=1
+for n in $C $V; do ip netns exec $n sysctl -qw net.mptcp.enabled=1; ip netns exec $n sysctl -qw net.mptcp.pm_type=0 2>/dev/null || true; done
+for i in $S-rc $S-rs; do ip netns exec $R ethtool -K $i tso off gso off gro off >/dev/null 2>&1 || true; done
+tc -n $R qdisc add dev $S-rs root tbf rate $RATE burst 32kb latency 100ms
+ip -n $V mptcp limits set subflows 4 add_addr_accepted 0
+ip -n $C mptcp limits set subflows 2 add_addr_accepted 0
+ip -n $C mptcp endpoint add 10.81.1.3 dev $S-cr id 3 subflow
+ip -n $C mptcp endpoint add 10.81.1.4 dev $S-cr id 4 subflow
+cat > /tmp/$S-srv.py <<'PY'
+import socket, threading, time, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("10.81.2.1", 5201)); s.listen(512)
+def serve(c, peer):
+    c.settimeout(40)
+    n = 0
+    try:
+        while True:
+            b = c.recv(1 << 18)
+            if not b: break
+            n += len(b)
+        c.send(b"ok"); how = "EOF"
+    except OSError as e:
+        how = "STALLED (" + str(e) + ")"
+    print(f"{peer[1]} read {n} {how}", flush=True)
+    c.close()
+while True:
+    c, peer = s.accept()
+    threading.Thread(target=serve, args=(c, peer), daemon=True).start()
+PY
+cat > /tmp/$S-cli.py <<'PY'
+import socket, sys, threading, time
+n, dur = int(sys.argv[1]), float(sys.argv[2])
+res = []
+start = time.monotonic()
+def one(i):
+    time.sleep(1.7 * i / n)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"cubic")
+    s.settimeout(30)
+    try:
+        s.connect(("10.81.2.1", 5201))
+        buf = bytes(1 << 14); end = start + dur
+        while time.monotonic() < end: s.send(buf)
+        s.shutdown(socket.SHUT_WR)
+        res.append("answer" if s.recv(2) == b"ok" else "no answer")
+    except OSError as e:
+        res.append(type(e).__name__ + ": " + str(e))
+ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+for t in ts: t.start()
+for t in ts: t.join()
+print("client: " + ", ".join(f"{res.count(r)} x {r}" for r in sorted(set(res))))
+PY
+ip netns exec $V python3 /tmp/$S-srv.py > /tmp/$S-srv.out &
+SRV=$!
+sleep 0.5
+mib() { ip netns exec $1 nstat -az 2>/dev/null | awk -v k=MPTcpExt$2 '$1==k{print $2}'; }
+echo "kernel $(uname -r), $(date -u +%FT%TZ), N=$N DUR=$DUR RESET_AT=$RESET_AT RATE=$RATE, load $(cut -d' ' -f1-3 /proc/loadavg)"
+for t in $(seq $TRIALS); do
+  : > /tmp/$S-srv.out
+  d0=$(mib $V DuplicateData); fb0=$(mib $V MPCapableFallbackACK); st0=$(mib $C SubflowStale); rt0=$(mib $C MPTCPRetrans)
+  ip netns exec $C python3 /tmp/$S-cli.py $N $DUR > /tmp/$S-cli.out &
+  cli=$!
+  sleep $RESET_AT
+  ip netns exec $R nft -f - <<NFT
+table inet $S {
+  chain f {
+    type filter hook forward priority 0; policy accept;
+    ip saddr 10.81.1.1 tcp dport 5201 reject with tcp reset
+  }
+}
+NFT
+  sleep $(python3 -c "print($DUR + 3 - $RESET_AT)")
+  ip netns exec $V ss -tnmiM > /tmp/$S-ss1.txt
+  sleep 12
+  ip netns exec $V ss -tnmiM > /tmp/$S-ss2.txt
+  [ -n "${KEEP:-}" ] && cp /tmp/$S-ss1.txt "$KEEP/ss-server-trial$t-a.txt" && cp /tmp/$S-ss2.txt "$KEEP/ss-server-trial$t-b.txt"
+  wait $cli || true
+  ip netns exec $R nft delete table inet $S
+  sleep 1
+  echo "trial $t: receiver: $(grep -c EOF /tmp/$S-srv.out) complete, $(grep -c STALLED /tmp/$S-srv.out) stalled; $(cat /tmp/$S-cli.out)"
+  echo "  counters: server MPCapableFallbackACK +$(( $(mib $V MPCapableFallbackACK) - fb0 )), DuplicateData +$(( $(mib $V DuplicateData) - d0 )); client SubflowStale +$(( $(mib $C SubflowStale) - st0 )), MPTCPRetrans +$(( $(mib $C MPTCPRetrans) - rt0 ))"
+  # The MPTCP sockets (not fallen back: they have an rcv_nxt) whose rcv_nxt did
+  # not move between DUR+3 s and DUR+15 s although they hold data (Recv-Q > 0)
+  # that the receiver, which reads without pause, cannot read: frozen.
+  python3 - /tmp/$S-ss1.txt /tmp/$S-ss2.txt /tmp/$S-srv.out <<'PY'
+import re, sys
+def msks(path):
+    out, lines = {}, open(path).read().split("\n")
+    for i, l in enumerate(lines):
+        f = l.split()
+        if len(f) >= 6 and f[0] == "mptcp":
+            info = lines[i + 1] if i + 1 < len(lines) else ""
+            m = re.search(r"rcv_nxt:([0-9a-f]+)", info)
+            rb = re.search(r"\brb(\d+)", info)
+            sf = re.search(r"subflows:(\d+)", info)
+            out[f[5].rsplit(":", 1)[1]] = (int(f[2]), m and m.group(1), rb and int(rb.group(1)), sf and int(sf.group(1)), f[1])
+    return out
+a, b = msks(sys.argv[1]), msks(sys.argv[2])
+stalled = {l.split()[0] for l in open(sys.argv[3]) if "STALLED" in l}
+frozen = [p for p in a if p in b and a[p][1] and a[p][1] == b[p][1] and b[p][0] > 0]
+over = [p for p in frozen if b[p][2] and b[p][0] > b[p][2]]
+print(f"  frozen MPTCP receive paths: {len(frozen)} ({len(set(frozen) & stalled)} of them among the receiver's stalled); rmem > rcvbuf in {len(over)} of them")
+for p in frozen:
+    q, nxt, rb, sf, st = b[p]
+    print(f"    port {p}: {st} Recv-Q {q} rcvbuf {rb} extra subflows {sf} rcv_nxt {nxt} (unchanged over 12 s)")
+PY
+done
