@@ -1,17 +1,23 @@
 #!/bin/bash
 # Reproduction without mpdetour of the loadbalancer scenario's class B
 # ("the server's MPTCP receive path stops after the balanced subflow's
-# reset"): many MPTCP uploads, each with three subflows, share a congested
-# 10 Mbit/s link; mid-transfer a router resets every initial subflow (as
+# reset"): many MPTCP uploads, each with three subflows over two congested
+# 10 Mbit/s links; mid-transfer a router resets every initial subflow (as
 # the other balancer's backend does after a route change). No mpdetour,
-# no userspace path manager: the client's in-kernel PM opens the two extra
-# subflows from `subflow` endpoints.
+# no userspace path manager: both ends use the in-kernel PM.
 #
-# Three namespaces: client (10.81.1.1; 10.81.1.3 and 10.81.1.4 as `subflow`
-# endpoints) - router (tbf RATE towards the server) - server (10.81.2.1).
+# Three namespaces: client (10.81.1.1, and 10.81.1.3 as a `subflow`
+# endpoint) - router - server (10.81.2.1, and 10.81.4.1 as a `signal`
+# endpoint: the kernel announces it, like the server role announces the
+# detour). The router has two RATE links to the server, like the lab's two
+# core links: L2 carries the initial subflow and the join from 10.81.1.3
+# (the lab's balanced path and the join to the backend's own address), L4
+# the join to 10.81.4.1 (the lab's detour path). Each connection gets three
+# subflows: 10.81.1.1->10.81.2.1 (initial), 10.81.1.3->10.81.2.1,
+# 10.81.1.1->10.81.4.1.
 # Per trial: N uploads start over 1.7 s and write for DUR s; at RESET_AT s
-# the router answers every packet of an initial subflow (source 10.81.1.1)
-# with a TCP reset (and drops it). The receiver logs each connection's
+# the router answers every packet of an initial subflow with a TCP reset
+# (and drops it); the other subflows are untouched. The receiver logs each connection's
 # outcome; DUR+3 s after the start the script keeps `ss -tnmiM` of the
 # server and counts the MPTCP sockets that hold data the application cannot
 # read (Recv-Q > 0 although the receiver reads without pause): an
@@ -30,31 +36,41 @@ trap cleanup EXIT INT TERM
 N=${N:-100} TRIALS=${TRIALS:-3} DUR=${DUR:-15} RESET_AT=${RESET_AT:-4} RATE=${RATE:-10mbit}
 for n in $C $R $V; do ip netns add $n; done
 ip link add $S-cr type veth peer name $S-rc
-ip link add $S-rs type veth peer name $S-sr
+ip link add $S-r2 type veth peer name $S-s2
+ip link add $S-r4 type veth peer name $S-s4
 ip link set $S-cr netns $C; ip link set $S-rc netns $R
-ip link set $S-rs netns $R; ip link set $S-sr netns $V
+ip link set $S-r2 netns $R; ip link set $S-s2 netns $V
+ip link set $S-r4 netns $R; ip link set $S-s4 netns $V
 ip -n $C addr add 10.81.1.1/24 dev $S-cr
 ip -n $C addr add 10.81.1.3/24 dev $S-cr
-ip -n $C addr add 10.81.1.4/24 dev $S-cr
-ip -n $R addr add 10.81.1.2/24 dev $S-rc; ip -n $R addr add 10.81.2.2/24 dev $S-rs
-ip -n $V addr add 10.81.2.1/24 dev $S-sr
+ip -n $R addr add 10.81.1.2/24 dev $S-rc
+ip -n $R addr add 10.81.2.2/24 dev $S-r2; ip -n $V addr add 10.81.2.1/24 dev $S-s2
+ip -n $R addr add 10.81.4.2/24 dev $S-r4; ip -n $V addr add 10.81.4.1/24 dev $S-s4
 for n in $C $R $V; do ip -n $n link set lo up; done
-ip -n $C link set $S-cr up; ip -n $R link set $S-rc up; ip -n $R link set $S-rs up; ip -n $V link set $S-sr up
+ip -n $C link set $S-cr up; ip -n $R link set $S-rc up
+for i in r2 r4; do ip -n $R link set $S-$i up; done
+for i in s2 s4; do ip -n $V link set $S-$i up; done
 ip -n $C route add default via 10.81.1.2
 ip -n $V route add default via 10.81.2.2
+ip -n $V route add default via 10.81.4.2 table 104; ip -n $V rule add from 10.81.4.1 lookup 104
 ip netns exec $R sysctl -qw net.ipv4.ip_forward=1
 for n in $C $V; do ip netns exec $n sysctl -qw net.mptcp.enabled=1; ip netns exec $n sysctl -qw net.mptcp.pm_type=0 2>/dev/null || true; done
-for i in $S-rc $S-rs; do ip netns exec $R ethtool -K $i tso off gso off gro off >/dev/null 2>&1 || true; done
-tc -n $R qdisc add dev $S-rs root tbf rate $RATE burst 32kb latency 100ms
+for i in $S-rc $S-r2 $S-r4; do ip netns exec $R ethtool -K $i tso off gso off gro off >/dev/null 2>&1 || true; done
+# Two 10 Mbit/s links towards the server: L2 carries the initial subflows
+# (10.81.1.1 -> 10.81.2.1) and the joins from 10.81.1.3 (the "direct" join
+# of the lab, on the balanced path's core link); L4 carries the joins to the
+# server's announced 10.81.4.1 (the lab's detour path, another core link).
+tc -n $R qdisc add dev $S-r2 root tbf rate $RATE burst 32kb latency 200ms
+tc -n $R qdisc add dev $S-r4 root tbf rate $RATE burst 32kb latency 200ms
 ip -n $V mptcp limits set subflows 4 add_addr_accepted 0
-ip -n $C mptcp limits set subflows 2 add_addr_accepted 0
+ip -n $V mptcp endpoint add 10.81.4.1 dev $S-s4 id 1 signal
+ip -n $C mptcp limits set subflows 2 add_addr_accepted 1
 ip -n $C mptcp endpoint add 10.81.1.3 dev $S-cr id 3 subflow
-ip -n $C mptcp endpoint add 10.81.1.4 dev $S-cr id 4 subflow
 cat > /tmp/$S-srv.py <<'PY'
 import socket, threading, time, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("10.81.2.1", 5201)); s.listen(512)
+s.bind(("0.0.0.0", 5201)); s.listen(512)
 def serve(c, peer):
     c.settimeout(40)
     n = 0
@@ -102,7 +118,7 @@ mib() { ip netns exec $1 nstat -az 2>/dev/null | awk -v k=MPTcpExt$2 '$1==k{prin
 echo "kernel $(uname -r), $(date -u +%FT%TZ), N=$N DUR=$DUR RESET_AT=$RESET_AT RATE=$RATE, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for t in $(seq $TRIALS); do
   : > /tmp/$S-srv.out
-  d0=$(mib $V DuplicateData); fb0=$(mib $V MPCapableFallbackACK); st0=$(mib $C SubflowStale); rt0=$(mib $C MPTCPRetrans)
+  d0=$(mib $V DuplicateData); fb0=$(mib $V MPCapableFallbackACK); js0=$(mib $C MPJoinSynTx); ja0=$(mib $V MPJoinAckRx); st0=$(mib $C SubflowStale); rt0=$(mib $C MPTCPRetrans)
   ip netns exec $C python3 /tmp/$S-cli.py $N $DUR > /tmp/$S-cli.out &
   cli=$!
   sleep $RESET_AT
@@ -110,7 +126,7 @@ for t in $(seq $TRIALS); do
 table inet $S {
   chain f {
     type filter hook forward priority 0; policy accept;
-    ip saddr 10.81.1.1 tcp dport 5201 reject with tcp reset
+    ip saddr 10.81.1.1 ip daddr 10.81.2.1 tcp dport 5201 reject with tcp reset
   }
 }
 NFT
@@ -123,7 +139,7 @@ NFT
   ip netns exec $R nft delete table inet $S
   sleep 1
   echo "trial $t: receiver: $(grep -c EOF /tmp/$S-srv.out) complete, $(grep -c STALLED /tmp/$S-srv.out) stalled; $(cat /tmp/$S-cli.out)"
-  echo "  counters: server MPCapableFallbackACK +$(( $(mib $V MPCapableFallbackACK) - fb0 )), DuplicateData +$(( $(mib $V DuplicateData) - d0 )); client SubflowStale +$(( $(mib $C SubflowStale) - st0 )), MPTCPRetrans +$(( $(mib $C MPTCPRetrans) - rt0 ))"
+  echo "  counters: server MPCapableFallbackACK +$(( $(mib $V MPCapableFallbackACK) - fb0 )), DuplicateData +$(( $(mib $V DuplicateData) - d0 )); client MPJoinSynTx +$(( $(mib $C MPJoinSynTx) - js0 )), server MPJoinAckRx +$(( $(mib $V MPJoinAckRx) - ja0 )); client SubflowStale +$(( $(mib $C SubflowStale) - st0 )), MPTCPRetrans +$(( $(mib $C MPTCPRetrans) - rt0 ))"
   # The MPTCP sockets (not fallen back: they have an rcv_nxt) whose rcv_nxt did
   # not move between DUR+3 s and DUR+15 s although they hold data (Recv-Q > 0)
   # that the receiver, which reads without pause, cannot read: frozen.
