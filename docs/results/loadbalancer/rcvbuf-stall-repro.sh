@@ -25,7 +25,8 @@
 # 40 s (it then gives up).
 #
 # Usage: sudo bash rcvbuf-stall-repro.sh   (needs ip, tc, nft, ss, nstat, python3)
-# Env: N (100) TRIALS (3) DUR (15) RESET_AT (4) RATE (10mbit)
+# Env: N (100) TRIALS (3) DUR (15) RESET_AT (4) RATE (10mbit) FLAPS (0) RMEM_MAX (unset) LINEAR (0)
+#      CUT="drop": the initial subflows are black-holed instead of reset
 #      KEEP=DIR keeps the ss snapshots there.
 set -eu
 S=rsr$$
@@ -56,12 +57,21 @@ ip -n $V route add default via 10.81.4.2 table 104; ip -n $V rule add from 10.81
 ip netns exec $R sysctl -qw net.ipv4.ip_forward=1
 for n in $C $V; do ip netns exec $n sysctl -qw net.mptcp.enabled=1; ip netns exec $n sysctl -qw net.mptcp.pm_type=0 2>/dev/null || true; done
 for i in $S-rc $S-r2 $S-r4; do ip netns exec $R ethtool -K $i tso off gso off gro off >/dev/null 2>&1 || true; done
+# LINEAR=1: the router sends every frame to the server as one linear buffer
+# (scatter-gather off), as the lab's user-space delay line does (it copies
+# each frame through an AF_PACKET socket): a short segment then costs the
+# receiver nearly as much buffer memory as a full one.
+if [ "${LINEAR:-0}" = 1 ]; then for i in $S-r2 $S-r4; do ip netns exec $R ethtool -K $i sg off >/dev/null; done; fi
 # Two 10 Mbit/s links towards the server: L2 carries the initial subflows
 # (10.81.1.1 -> 10.81.2.1) and the joins from 10.81.1.3 (the "direct" join
 # of the lab, on the balanced path's core link); L4 carries the joins to the
 # server's announced 10.81.4.1 (the lab's detour path, another core link).
 tc -n $R qdisc add dev $S-r2 root tbf rate $RATE burst 32kb latency 200ms
 tc -n $R qdisc add dev $S-r4 root tbf rate $RATE burst 32kb latency 200ms
+# RMEM_MAX=n: the server's tcp_rmem maximum (autotuning cap); 131072, the
+# initial buffer, keeps every socket at 128 KiB as the lab's stalled
+# sockets were (their Recv-Q 132608 just above 131072). Unset: the default.
+if [ -n "${RMEM_MAX:-}" ]; then ip netns exec $V sysctl -qw net.ipv4.tcp_rmem="4096 131072 $RMEM_MAX"; fi
 ip -n $V mptcp limits set subflows 4 add_addr_accepted 0
 ip -n $V mptcp endpoint add 10.81.4.1 dev $S-s4 id 1 signal
 ip -n $C mptcp limits set subflows 2 add_addr_accepted 1
@@ -115,22 +125,42 @@ ip netns exec $V python3 /tmp/$S-srv.py > /tmp/$S-srv.out &
 SRV=$!
 sleep 0.5
 mib() { ip netns exec $1 nstat -az 2>/dev/null | awk -v k=MPTcpExt$2 '$1==k{print $2}'; }
-echo "kernel $(uname -r), $(date -u +%FT%TZ), N=$N DUR=$DUR RESET_AT=$RESET_AT RATE=$RATE, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "kernel $(uname -r), $(date -u +%FT%TZ), N=$N DUR=$DUR RESET_AT=$RESET_AT FLAPS=${FLAPS:-0} RATE=$RATE RMEM_MAX=${RMEM_MAX:-default} LINEAR=${LINEAR:-0}, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for t in $(seq $TRIALS); do
   : > /tmp/$S-srv.out
   d0=$(mib $V DuplicateData); fb0=$(mib $V MPCapableFallbackACK); js0=$(mib $C MPJoinSynTx); ja0=$(mib $V MPJoinAckRx); st0=$(mib $C SubflowStale); rt0=$(mib $C MPTCPRetrans)
   ip netns exec $C python3 /tmp/$S-cli.py $N $DUR > /tmp/$S-cli.out &
   cli=$!
+  # Every 0.5 s: the largest MPTCP-level receive memory (rmem) of a server
+  # socket relative to its receive buffer, over the trial.
+  ( end=$(( $(date +%s) + DUR + 3 )); while [ $(date +%s) -lt $end ]; do
+      ip netns exec $V ss -tnmM 2>/dev/null | awk '/^mptcp/{m=1; next} m && /skmem/ {match($0,/r[0-9]+,rb[0-9]+/); split(substr($0,RSTART,RLENGTH),a,/,rb|r/); if (a[3]>0 && a[2]/a[3]>mx) mx=a[2]/a[3]} {m=0} END{printf "%.3f\n", mx}'
+      sleep 0.5; done | sort -n | tail -1 > /tmp/$S-peak.out ) &
   sleep $RESET_AT
+  # FLAPS=k: first k times 0.8 s of black-hole for the initial subflows
+  # (their packets dropped, no reset) and 0.8 s back.
+  for f in $(seq ${FLAPS:-0}); do
+    ip netns exec $R nft -f - <<NFT
+table inet $S-f {
+  chain f {
+    type filter hook forward priority 0; policy accept;
+    ip saddr 10.81.1.1 ip daddr 10.81.2.1 tcp dport 5201 drop
+  }
+}
+NFT
+    sleep 0.8; ip netns exec $R nft delete table inet $S-f; sleep 0.8
+  done
   ip netns exec $R nft -f - <<NFT
 table inet $S {
   chain f {
     type filter hook forward priority 0; policy accept;
-    ip saddr 10.81.1.1 ip daddr 10.81.2.1 tcp dport 5201 reject with tcp reset
+    ip saddr 10.81.1.1 ip daddr 10.81.2.1 tcp dport 5201 ${CUT:-reject with tcp reset}
   }
 }
 NFT
-  sleep $(python3 -c "print($DUR + 3 - $RESET_AT)")
+  sleep $(python3 -c "print(max(0.1, $DUR - 2 - $RESET_AT - 1.6 * ${FLAPS:-0}))")
+  [ -n "${KEEP:-}" ] && ip netns exec $C ss -tnmiM > "$KEEP/ss-client-trial$t.txt"
+  sleep 5
   ip netns exec $V ss -tnmiM > /tmp/$S-ss1.txt
   sleep 12
   ip netns exec $V ss -tnmiM > /tmp/$S-ss2.txt
@@ -139,6 +169,7 @@ NFT
   ip netns exec $R nft delete table inet $S
   sleep 1
   echo "trial $t: receiver: $(grep -c EOF /tmp/$S-srv.out) complete, $(grep -c STALLED /tmp/$S-srv.out) stalled; $(cat /tmp/$S-cli.out)"
+  echo "  peak MPTCP receive memory / receive buffer of a server socket (0.5 s samples): $(cat /tmp/$S-peak.out)"
   echo "  counters: server MPCapableFallbackACK +$(( $(mib $V MPCapableFallbackACK) - fb0 )), DuplicateData +$(( $(mib $V DuplicateData) - d0 )); client MPJoinSynTx +$(( $(mib $C MPJoinSynTx) - js0 )), server MPJoinAckRx +$(( $(mib $V MPJoinAckRx) - ja0 )); client SubflowStale +$(( $(mib $C SubflowStale) - st0 )), MPTCPRetrans +$(( $(mib $C MPTCPRetrans) - rt0 ))"
   # The MPTCP sockets (not fallen back: they have an rcv_nxt) whose rcv_nxt did
   # not move between DUR+3 s and DUR+15 s although they hold data (Recv-Q > 0)
