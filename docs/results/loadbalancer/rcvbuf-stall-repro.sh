@@ -17,12 +17,15 @@
 # 10.81.1.1->10.81.4.1.
 # Per trial: N uploads start over 1.7 s and write for DUR s; at RESET_AT s
 # the router answers every packet of an initial subflow with a TCP reset
-# (and drops it); the other subflows are untouched. The receiver logs each connection's
-# outcome; DUR+3 s after the start the script keeps `ss -tnmiM` of the
-# server and counts the MPTCP sockets that hold data the application cannot
-# read (Recv-Q > 0 although the receiver reads without pause): an
-# out-of-order queue with a hole. "stalled" = the receiver got no byte for
-# 40 s (it then gives up).
+# (and drops it); the other subflows are untouched. The receiver reads
+# without pause and logs each connection's outcome ("stalled": no byte for
+# 40 s, it then gives up). Printed per trial: the outcomes, the peak of
+# (MPTCP-level receive memory / receive buffer) over the server's sockets
+# (0.5 s samples), counters, and the server's MPTCP sockets whose receive
+# path is frozen: ESTABLISHED with the same rcv_nxt at DUR+3 s and DUR+15 s
+# (`ss -tnmiM`). One that holds data (Recv-Q > 0, the receiver reads
+# without pause) has a hole in its sequence space; rmem above rcvbuf is the
+# deadlock of net/mptcp 6.18 (see ../../upstream/mptcp-rcvbuf-ofo-deadlock).
 #
 # Usage: sudo bash rcvbuf-stall-repro.sh   (needs ip, tc, nft, ss, nstat, python3)
 # Env: N (100) TRIALS (3) DUR (15) RESET_AT (4) RATE (10mbit) FLAPS (0) RMEM_MAX (unset) LINEAR (0)
@@ -31,8 +34,8 @@
 set -eu
 S=rsr$$
 C=$S-c R=$S-r V=$S-s
-SRV=
-cleanup() { [ -n "$SRV" ] && kill $SRV 2>/dev/null; for n in $C $R $V; do ip netns del $n 2>/dev/null || true; done; rm -f /tmp/$S-*; }
+SRV= CLI= SMP=
+cleanup() { for p in $SRV $CLI $SMP; do kill $p 2>/dev/null; done; for n in $C $R $V; do ip netns del $n 2>/dev/null || true; done; rm -f /tmp/$S-*; }
 trap cleanup EXIT INT TERM
 N=${N:-100} TRIALS=${TRIALS:-3} DUR=${DUR:-15} RESET_AT=${RESET_AT:-4} RATE=${RATE:-10mbit}
 for n in $C $R $V; do ip netns add $n; done
@@ -130,12 +133,13 @@ for t in $(seq $TRIALS); do
   : > /tmp/$S-srv.out
   d0=$(mib $V DuplicateData); fb0=$(mib $V MPCapableFallbackACK); js0=$(mib $C MPJoinSynTx); ja0=$(mib $V MPJoinAckRx); st0=$(mib $C SubflowStale); rt0=$(mib $C MPTCPRetrans)
   ip netns exec $C python3 /tmp/$S-cli.py $N $DUR > /tmp/$S-cli.out &
-  cli=$!
+  cli=$! CLI=$!
   # Every 0.5 s: the largest MPTCP-level receive memory (rmem) of a server
   # socket relative to its receive buffer, over the trial.
   ( end=$(( $(date +%s) + DUR + 3 )); while [ $(date +%s) -lt $end ]; do
       ip netns exec $V ss -tnmM 2>/dev/null | awk '/^mptcp/{m=1; next} m && /skmem/ {match($0,/r[0-9]+,rb[0-9]+/); split(substr($0,RSTART,RLENGTH),a,/,rb|r/); if (a[3]>0 && a[2]/a[3]>mx) mx=a[2]/a[3]} {m=0} END{printf "%.3f\n", mx}'
       sleep 0.5; done | sort -n | tail -1 > /tmp/$S-peak.out ) &
+  SMP=$!
   sleep $RESET_AT
   # FLAPS=k: first k times 0.8 s of black-hole for the initial subflows
   # (their packets dropped, no reset) and 0.8 s back.
@@ -189,11 +193,13 @@ def msks(path):
     return out
 a, b = msks(sys.argv[1]), msks(sys.argv[2])
 stalled = {l.split()[0] for l in open(sys.argv[3]) if "STALLED" in l}
-frozen = [p for p in a if p in b and a[p][1] and a[p][1] == b[p][1] and b[p][0] > 0]
-over = [p for p in frozen if b[p][2] and b[p][0] > b[p][2]]
-print(f"  frozen MPTCP receive paths: {len(frozen)} ({len(set(frozen) & stalled)} of them among the receiver's stalled); rmem > rcvbuf in {len(over)} of them")
+frozen = [p for p in a if p in b and a[p][1] and a[p][1] == b[p][1] and b[p][4] == "ESTAB"]
+held = [p for p in frozen if b[p][0] > 0]
+over = [p for p in held if b[p][2] and b[p][0] > b[p][2]]
+print(f"  MPTCP receive paths frozen (ESTAB, rcv_nxt unchanged over 12 s): {len(frozen)}; holding data the receiver cannot read: {len(held)}, "
+      f"of which rmem > rcvbuf (deadlock): {len(over)}; receiver's stalled among the frozen: {len(set(frozen) & stalled)}")
 for p in frozen:
     q, nxt, rb, sf, st = b[p]
-    print(f"    port {p}: {st} Recv-Q {q} rcvbuf {rb} extra subflows {sf} rcv_nxt {nxt} (unchanged over 12 s)")
+    print(f"    port {p}: Recv-Q (rmem) {q}, rcvbuf {rb}, extra subflows {sf}, rcv_nxt {nxt}")
 PY
 done
