@@ -35,7 +35,7 @@ set -eu
 S=rsr$$
 C=$S-c R=$S-r V=$S-s
 SRV= CLI= SMP=
-cleanup() { for p in $SRV $CLI $SMP; do kill $p 2>/dev/null; done; for n in $C $R $V; do ip netns del $n 2>/dev/null || true; done; rm -f /tmp/$S-*; }
+cleanup() { for p in $SRV $CLI $SMP; do kill $p 2>/dev/null || true; done; for n in $C $R $V; do ip netns del $n 2>/dev/null || true; done; rm -f /tmp/$S-*; }
 trap cleanup EXIT INT TERM
 N=${N:-100} TRIALS=${TRIALS:-3} DUR=${DUR:-15} RESET_AT=${RESET_AT:-4} RATE=${RATE:-10mbit}
 for n in $C $R $V; do ip netns add $n; done
