@@ -157,7 +157,7 @@ func churnCase(ctx context.Context, o Options, mixed bool) Result {
 	t0 := time.Now()
 	stalls := make(chan struct{})
 	if mixed {
-		go churnStalls(agentProc, t0, stalls)
+		go churnStalls(ctx, agentProc, t0, stalls)
 	} else {
 		close(stalls)
 	}
@@ -263,16 +263,33 @@ var churnStallAt = []time.Duration{20 * time.Second, 40 * time.Second}
 const churnStall = 5 * time.Second
 
 // churnStalls stops and continues p on churnStallAt's schedule from t0
-// and closes done when p runs again for good.
-func churnStalls(p *exec.Cmd, t0 time.Time, done chan<- struct{}) {
+// and closes done when p runs again for good; when ctx ends (Ctrl-C) it
+// continues p at once and returns, so the case's cleanup does not wait
+// for the schedule.
+func churnStalls(ctx context.Context, p *exec.Cmd, t0 time.Time, done chan<- struct{}) {
 	defer close(done)
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 	for _, at := range churnStallAt {
-		time.Sleep(time.Until(t0.Add(at)))
+		if !wait(time.Until(t0.Add(at))) {
+			return
+		}
 		if p.Process.Signal(syscall.SIGSTOP) != nil {
 			return
 		}
-		time.Sleep(churnStall)
+		ok := wait(churnStall)
 		p.Process.Signal(syscall.SIGCONT)
+		if !ok {
+			return
+		}
 	}
 }
 

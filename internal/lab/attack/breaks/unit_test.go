@@ -2,10 +2,15 @@ package breaks
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
+	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
@@ -81,5 +86,52 @@ func TestFamily6Grant(t *testing.T) {
 	}
 	if _, err := proto.ParseRequest(b); proto.ReasonOf(err) != proto.ReasonMalformed {
 		t.Fatalf("mapped grant: parse error %v, want malformed", err)
+	}
+}
+
+// procState is the state letter of /proc/PID/stat ("T" = stopped).
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return f[0]
+}
+
+// subflow-churn-mixed's agent stops end with the case: a cancelled
+// context (Ctrl-C) during a stop continues the agent at once and
+// churnStalls returns, instead of keeping the cleanup waiting for the
+// rest of the schedule (before: up to 45 s).
+func TestChurnStallsEndWithContext(t *testing.T) {
+	p := exec.Command("sleep", "60")
+	if err := p.Start(); err != nil {
+		t.Skip("no sleep:", err)
+	}
+	t.Cleanup(func() { p.Process.Kill(); p.Wait() })
+	saved := churnStallAt
+	churnStallAt = []time.Duration{0, 10 * time.Second}
+	t.Cleanup(func() { churnStallAt = saved })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go churnStalls(ctx, p, time.Now(), done)
+	for deadline := time.Now().Add(5 * time.Second); procState(t, p.Process.Pid) != "T"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the process was not stopped at the first stall")
+		}
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second): // the stop lasts churnStall (5 s)
+		t.Fatal("churnStalls still running 2 s after the context ended")
+	}
+	for deadline := time.Now().Add(2 * time.Second); procState(t, p.Process.Pid) == "T"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the process is still stopped after churnStalls returned")
+		}
 	}
 }
