@@ -336,8 +336,8 @@ func TestEstablishedAfterENOTCONNGiveUpOpensDetours(t *testing.T) {
 // server resets joins to a connection it is closing with the same reason
 // as joins beyond its limit); the reset is held against that connection
 // only. The same reset on an established connection still teaches one.
-// Before the fix the closing case learned "extra_subflows=1" (1-3 times a
-// minute under churn) and the next connections got fewer detours.
+// Before the fix the closing case learned "extra_subflows=1" (under churn
+// 1-5 wrong limits per 80 s run) and the next connections got fewer detours.
 func TestJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
 	for _, closing := range []bool{true, false} {
 		p, _, clk := newStatic(2, d1, d2)
