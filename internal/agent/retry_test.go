@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"sync"
 	"testing"
@@ -147,12 +148,16 @@ func TestAgentJoinResetAfterOwnDestroyLearnsNoLimit(t *testing.T) {
 // the server has closed it (CLOSE_WAIT), learns nothing; the next
 // connection gets both detours. Before the fix every such reset under
 // churn taught "extra_subflows=1".
+// When the lookup fails (inet_diag error) the agent judges as before the
+// check: the limit is learned. Each case makes exactly one lookup (the
+// one short reset amid another join), not one per event.
 func TestAgentJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		state uint8 // the first connection's MPTCP state when the join is reset
-		want  int   // detour subflows asked for the next connection
-	}{{"closing", 8 /* CLOSE_WAIT */, 2}, {"established", 1, 1}} {
+		name    string
+		state   uint8 // the first connection's MPTCP state when the join is reset
+		diagErr error // the lookup's error
+		want    int   // detour subflows asked for the next connection
+	}{{"closing", 8 /* CLOSE_WAIT */, nil, 2}, {"established", 1, nil, 1}, {"lookup fails", 8, errors.New("inet_diag: no buffer space"), 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1,
 				Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: time.Minute, // no retry of a join that stays pending
@@ -165,6 +170,7 @@ func TestAgentJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
 			sf1 := netip.AddrPortFrom(client.Addr(), 50001)
 			sf2 := netip.AddrPortFrom(client.Addr(), 50002)
 			h.k.SetConnections([]mptcppm.Connection{{Token: 1, Local: client, Remote: server, State: tc.state}})
+			h.k.SetConnStateErr(tc.diagErr)
 			h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 1, Local: sf1, Remote: relay1},
 				mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 1, Local: sf2, Remote: relay2},
 				mptcppm.Event{Type: mptcppm.EventSubClosed, Token: 1, Local: sf2, Remote: relay2, Error: uint8(unix.ECONNRESET)})
@@ -177,6 +183,9 @@ func TestAgentJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 			if n := createsBy(h.k.Commands()[from:])[2]; n != tc.want {
 				t.Fatalf("the next connection got %d detour subflows, want %d; commands %v", n, tc.want, h.k.Commands()[from:])
+			}
+			if n := h.k.ConnStateCalls(); n != 1 {
+				t.Fatalf("%d connection-state lookups, want 1 (the short join reset amid another join)", n)
 			}
 		})
 	}
