@@ -612,16 +612,17 @@ func (p *Engine) SubflowClosed(sf Subflow) []Intent {
 		// closing with the same reason as joins beyond its limit; under
 		// churn the agent learned 1-5 wrong limits per run (12,000
 		// connections in 80 s) toward a server that closed first.
+		// A closing connection takes no join at all (the server refuses
+		// every join while its socket is not ESTABLISHED, the client's
+		// kernel answers SUBFLOW_CREATE with ENOTCONN): no retry, its
+		// joins end here as after ENOTCONN.
 		if n := k.joined(); n > 0 {
-			why := ""
-			switch {
-			case sf.ConnClosing:
-				why = "the connection is closing"
-			case !k.lostAt.IsZero():
-				why = "the server may still hold a subflow this connection lost"
+			if sf.ConnClosing {
+				p.finish(k, "join reset right after it came up (the connection is closing)")
+				return nil
 			}
-			if why != "" {
-				p.refused(k, "join reset right after it came up ("+why+")", true)
+			if !k.lostAt.IsZero() {
+				p.refused(k, "join reset right after it came up (the server may still hold a subflow this connection lost)", true)
 				p.scheduleRetry(k, now, now.Add(p.cfg.Backoff), false)
 				return nil
 			}

@@ -352,9 +352,17 @@ func TestJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
 			t.Errorf("join reset on an established connection: limit learned %v, next connection %d creates; want learned, 1 create", learned, n)
 		}
 		if closing {
-			// Held against the connection: no new join for it at once.
+			// No new join for the closing connection, at once or after
+			// the backoff: it can take none (before: one retry after
+			// Backoff, refused with ENOTCONN).
 			if n := countAction(p.Tick(clk.t), CreateSubflow); n != 0 {
-				t.Errorf("closing connection: %d creates right after the reset, want 0 (held)", n)
+				t.Errorf("closing connection: %d creates right after the reset, want 0", n)
+			}
+			clk.advance(p.cfg.MaxBackoff + time.Second)
+			for _, in := range p.Tick(clk.t) {
+				if in.Action == CreateSubflow && in.Token == 1 {
+					t.Errorf("closing connection: a create after the backoff: %v", in)
+				}
 			}
 		}
 	}
