@@ -103,7 +103,7 @@ func subflowChurn(ctx context.Context, o Options) Result {
 	load0 := loadAvg()
 	logFrom := fileSize(agentLog)
 	t0 := time.Now()
-	tally := churnDrive(ctx, cl, server)
+	tally := churnDrive(ctx, cl, server, churnRate, churnFor)
 	driven := time.Since(t0)
 	time.Sleep(churnSettle)
 	load1 := loadAvg()
@@ -259,18 +259,18 @@ func (t *churnTally) failures() string {
 	return "failed: " + countsText(t.failed)
 }
 
-// churnDrive opens churnRate connections/s for churnFor on a fixed
-// schedule (late starts are caught up); each sends churnSendSize bytes,
+// churnDrive opens rate connections/s for dur (the case: churnRate for
+// churnFor) on a fixed schedule (late starts are caught up); each sends churnSendSize bytes,
 // reads them back, stays open 0-200 ms (by its number) and closes.
-func churnDrive(ctx context.Context, cl *caseLab, server netip.AddrPort) *churnTally {
+func churnDrive(ctx context.Context, cl *caseLab, server netip.AddrPort, rate int, dur time.Duration) *churnTally {
 	t := &churnTally{failed: map[string]int64{}}
 	var ok, started atomic.Int64
 	var wg sync.WaitGroup
-	n := int(churnFor.Seconds() * churnRate)
+	n := int(dur.Seconds() * float64(rate))
 	start := time.Now()
 	payload := make([]byte, churnSendSize)
 	for i := range n {
-		at := start.Add(time.Duration(i) * time.Second / churnRate)
+		at := start.Add(time.Duration(i) * time.Second / time.Duration(rate))
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Until(at)):

@@ -84,29 +84,54 @@ func forgedGossip(ctx context.Context, o Options) Result {
 			time.Sleep(500 * time.Millisecond) // the others join it
 		}
 	}
-	all := func() (bool, map[string]int) {
-		counts := map[string]int{}
-		ok := true
-		for _, n := range gossipNodes {
-			names := rosterNames(ctx, l, o.Binary, n)
-			counts[n] = len(names)
-			ok = ok && len(names) == len(gossipNodes)
-		}
-		return ok, counts
-	}
 	converged := false
 	var counts map[string]int
 	for end := time.Now().Add(20 * time.Second); time.Now().Before(end) && !converged; time.Sleep(200 * time.Millisecond) {
-		converged, counts = all()
+		converged, counts = rostersFull(ctx, l, o.Binary, gossipNodes)
 	}
 	if !converged {
 		r.Error = fmt.Sprintf("the three relays did not list each other within 20 s (roster sizes %v; logs in %s)", counts, o.Dir)
 		return r
 	}
-	victim, from := gossipNodes[2], gossipNodes[1]
+	secretWord := "without gossip.secret_file (the build accepts that: its default)"
+	if withSecret {
+		secretWord = "with gossip.secret_file (the build refuses a cluster without it)"
+	}
+	victim := gossipNodes[2]
+	v, pass, detail, err := gossipAttack(ctx, l, o.Binary, gossipNodes, victim, gossipNodes[:2], member, secretWord)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r.Value, r.Pass, r.Detail = v, pass, detail
+	return r
+}
+
+// rostersFull reports whether every relay of nodes lists them all, with
+// each roster's size.
+func rostersFull(ctx context.Context, l *caseLab, bin string, nodes []string) (bool, map[string]int) {
+	counts := map[string]int{}
+	ok := true
+	for _, n := range nodes {
+		names := rosterNames(ctx, l, bin, n)
+		counts[n] = len(names)
+		ok = ok && len(names) == len(nodes)
+	}
+	return ok, counts
+}
+
+// gossipAttack sends, from the client node, gossipForged forged dead
+// messages about victim (incarnation 2^32-1, from the first observer's
+// member name) to each observer's gossip port, then watches the
+// observers' rosters for gossipWatch: how many relays removed the victim,
+// whether none did and every relay of nodes lists them all afterwards,
+// and what it saw (secretWord says how the cluster was configured). The
+// relays' member names are in member (lab node -> name). An error: the
+// forgeries could not be sent.
+func gossipAttack(ctx context.Context, l *caseLab, bin string, nodes []string, victim string, observers []string, member map[string]string, secretWord string) (float64, bool, string, error) {
+	from := observers[len(observers)-1]
 	msg := deadMessage(math.MaxUint32, member[victim], member[from])
-	observers := gossipNodes[:2]
-	err = l.do("client", func() error {
+	err := l.do("client", func() error {
 		for _, n := range observers {
 			c, err := net.Dial("udp", netip.AddrPortFrom(l.Addr(n), gossipPort).String())
 			if err != nil {
@@ -123,35 +148,28 @@ func forgedGossip(ctx context.Context, o Options) Result {
 		return nil
 	})
 	if err != nil {
-		r.Error = "sending the forged messages: " + err.Error()
-		return r
+		return 0, false, "", fmt.Errorf("sending the forged messages: %w", err)
 	}
 	removed := map[string]int{} // samples in which an observer's roster lacked the victim
 	samples := 0
 	for end := time.Now().Add(gossipWatch); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		samples++
 		for _, n := range observers {
-			if names := rosterNames(ctx, l, o.Binary, n); names != nil && !names[victim] {
+			if names := rosterNames(ctx, l, bin, n); names != nil && !names[victim] {
 				removed[n]++
 			}
 		}
 	}
-	// Every relay lists all three again (retried: a status call can time
-	// out on loaded cores).
+	// Every relay lists all again (retried: a status call can time out on
+	// loaded cores).
 	back := false
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && !back; time.Sleep(200 * time.Millisecond) {
-		back, _ = all()
+		back, _ = rostersFull(ctx, l, bin, nodes)
 	}
-	r.Value = float64(len(removed))
-	r.Pass = len(removed) == 0 && back
-	secretWord := "without gossip.secret_file (the build accepts that: its default)"
-	if withSecret {
-		secretWord = "with gossip.secret_file (the build refuses a cluster without it)"
-	}
-	r.Detail = fmt.Sprintf("%d forged dead messages (incarnation 2^32-1, plain) from the client node to each of %s about live %s; %s; watched %s (%d samples): ",
+	detail := fmt.Sprintf("%d forged dead messages (incarnation 2^32-1, plain) from the client node to each of %s about live %s; %s; watched %s (%d samples): ",
 		gossipForged, strings.Join(observers, ", "), victim, secretWord, gossipWatch, samples)
 	if len(removed) == 0 {
-		r.Detail += "the victim stayed in every roster"
+		detail += "the victim stayed in every roster"
 	} else {
 		var parts []string
 		for _, n := range observers {
@@ -159,12 +177,12 @@ func forgedGossip(ctx context.Context, o Options) Result {
 				parts = append(parts, fmt.Sprintf("%s lacked it in %d samples", n, d))
 			}
 		}
-		r.Detail += strings.Join(parts, ", ")
+		detail += strings.Join(parts, ", ")
 	}
 	if !back {
-		r.Detail += "; not listed by every relay 10 s after the watch"
+		detail += "; not listed by every relay 10 s after the watch"
 	}
-	return r
+	return float64(len(removed)), len(removed) == 0 && back, detail, nil
 }
 
 // rosterNames asks node's relay for its roster (the build's own
