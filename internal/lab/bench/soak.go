@@ -48,7 +48,18 @@ type SoakOptions struct {
 	// Policy is the agent's policy ("" = its default).
 	Policy   string
 	Progress io.Writer // one line per sample (nil: none)
+	// Attacks are attack-suite cases (breaks.InPlaceCases) run against
+	// the soak's own relays and agent, one every AttackEvery [30s] in
+	// turn, while the traffic runs (none: the soak as before). Self and
+	// PeerCommand are the lab binary and its hidden command for the other
+	// local user's side (convert-socket).
+	Attacks           []string
+	AttackEvery       time.Duration
+	Self, PeerCommand string
 }
+
+// soakSubflows are the agent's detour subflows per connection.
+const soakSubflows = 2
 
 // SoakSample is one look at every daemon.
 type SoakSample struct {
@@ -117,8 +128,13 @@ type SoakReport struct {
 	AgentRSSTrend struct {
 		Slope, Lo, Hi, WindowS float64
 	} `json:"agent_rss_trend_mb_per_h"`
-	Final  map[string]RelayLook
-	Checks []SoakCheck `json:"checks"`
+	Final map[string]RelayLook
+	// Attacks: every in-place case's runs (none without Options.Attacks).
+	Attacks []SoakAttack `json:"attacks,omitempty"`
+	// LearnedLimits: server join limits the agent learned over the soak
+	// (its log; every one is wrong: the server accepts all joins).
+	LearnedLimits int         `json:"learned_limits"`
+	Checks        []SoakCheck `json:"checks"`
 }
 
 // Failed lists the checks that did not pass.
@@ -169,6 +185,12 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if o.Sample <= 0 {
 		o.Sample = 10 * time.Second
 	}
+	if o.AttackEvery <= 0 {
+		o.AttackEvery = 30 * time.Second
+	}
+	if len(o.Attacks) > 0 && o.Duration < o.AttackEvery+AttackLongest {
+		return nil, fmt.Errorf("duration %s leaves no room for an attack (at least attack-every %s + %s)", o.Duration, o.AttackEvery, AttackLongest)
+	}
 	if o.FlapFor >= o.FlapEvery/2 {
 		return nil, fmt.Errorf("flap-for %s must be shorter than half of flap-every %s (the detour and the default path are faulted in turn)", o.FlapFor, o.FlapEvery)
 	}
@@ -196,6 +218,15 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	}
 	defer ln.Close()
 	go soakEcho(ln)
+	// quiet: an attack runs while no relay restarts and no link is
+	// faulted (its figure is the attack's, not the fault's).
+	var quiet sync.Mutex
+	var attacks *soakAttacks
+	if len(o.Attacks) > 0 {
+		if attacks, err = newSoakAttacks(o, env, &quiet); err != nil {
+			return nil, err
+		}
+	}
 	rs, err := startRelays(ctx, env, natTunnel)
 	if err != nil {
 		return nil, err
@@ -210,13 +241,19 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if o.Policy != "" {
 		extra += "policy: " + o.Policy + "\n"
 	}
-	agent, err := startAgent(ctx, env, 2, nil, extra)
+	if attacks != nil {
+		extra += attacks.agentConfig()
+	}
+	agent, err := startAgent(ctx, env, soakSubflows, nil, extra)
 	if err != nil {
 		return nil, err
 	}
 	defer agent.stop()
 
 	var tally soakTally
+	if attacks != nil {
+		attacks.wire(rs, env, tally.attempted.Load)
+	}
 	runCtx, stopRun := context.WithTimeout(ctx, o.Duration)
 	defer stopRun()
 	var wg sync.WaitGroup
@@ -307,7 +344,9 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			if n%3 == 2 {
 				how = "SIGKILL"
 			}
+			quiet.Lock()
 			err := rs.restart(ctx, env, node, how == "SIGKILL")
+			quiet.Unlock()
 			restartMu.Lock()
 			restarts[node]++
 			line := fmt.Sprintf("t=%.0fs relay %s %s", time.Since(start).Seconds(), node, how)
@@ -335,6 +374,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 				return
 			case <-time.After(time.Until(start.Add(time.Duration(n) * o.FlapEvery / 2))):
 			}
+			quiet.Lock()
 			restore, err := o.Lab.BlackHole(link)
 			line := fmt.Sprintf("t=%.0fs %s (%s) %s", time.Since(start).Seconds(), link, what, o.FlapFor)
 			if err != nil {
@@ -344,6 +384,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			rep.Faults = append(rep.Faults, line)
 			faultMu.Unlock()
 			if err != nil {
+				quiet.Unlock()
 				continue
 			}
 			select {
@@ -351,8 +392,16 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			case <-time.After(o.FlapFor):
 			}
 			_ = restore()
+			quiet.Unlock()
 		}
 	}()
+	if attacks != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			attacks.run(ctx, start, start.Add(o.Duration))
+		}()
+	}
 	// Samples.
 	sample := func() SoakSample {
 		failed, _ := tally.failures()
@@ -415,6 +464,22 @@ sampling:
 	}
 	rep.Final = final
 	rep.Checks = append(rep.Checks, soakChecks(rep, o)...)
+	learned, first, err := learnedLimits(filepath.Join(o.Dir, "agent.log"))
+	rep.LearnedLimits = learned
+	detail := fmt.Sprintf("%d (the server accepts every join: each would be wrong)", learned)
+	if first != "" {
+		detail += "; first: " + first
+	}
+	if err != nil {
+		detail = "the agent's log: " + err.Error()
+	}
+	if attacks != nil {
+		rep.Attacks = attacks.report()
+		rep.Checks = append(rep.Checks, attackChecks(rep.Attacks)...)
+		rep.Checks = append(rep.Checks, SoakCheck{Name: "join limits learned", OK: err == nil && learned == 0, Detail: detail})
+	} else {
+		rep.Checks = append(rep.Checks, SoakCheck{Name: "join limits learned", OK: true, Detail: detail + "; reported, judged with --attacks"})
+	}
 	return rep, nil
 }
 
@@ -689,6 +754,22 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 			res = "**FAIL**"
 		}
 		fmt.Fprintf(&m, "| %s | %s | %s |\n", c.Name, res, c.Detail)
+	}
+	if len(rep.Attacks) > 0 {
+		m.WriteString("\n## Attacks (in place, during the churn)\n\n| case | break | metric | target | runs | passed | could not attack | figures |\n|---|---|---|---|---|---|---|---|\n")
+		for _, a := range rep.Attacks {
+			vals := make([]string, len(a.Values))
+			for i, v := range a.Values {
+				vals[i] = strconv.FormatFloat(v, 'g', -1, 64)
+			}
+			fmt.Fprintf(&m, "| %s | %d | %s | %s | %d | %d | %d | %s |\n", a.Case, a.Break, a.Metric, a.Target, a.Runs, a.Passed, a.Errors, strings.Join(vals, ", "))
+		}
+		for _, a := range rep.Attacks {
+			fmt.Fprintf(&m, "\n%s:\n\n", a.Case)
+			for _, d := range a.Details {
+				fmt.Fprintf(&m, "- %s\n", d)
+			}
+		}
 	}
 	m.WriteString("\n## Samples\n\n| t (s) | agent RSS MB | agent fds | agent goroutines | relay1 RSS MB / fds / goroutines | relay1 mappings / nft / wg peers | relay2 RSS MB / fds / goroutines | relay2 mappings / nft / wg peers | conns started / verified / failed |\n|---|---|---|---|---|---|---|---|---|\n")
 	step := 1

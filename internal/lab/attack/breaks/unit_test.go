@@ -76,3 +76,34 @@ func TestFamily6Grant(t *testing.T) {
 		t.Fatalf("mapped grant: parse error %v, want malformed", err)
 	}
 }
+
+// The in-place case list: names as the suite's, "all", and errors that
+// name the problem.
+func TestParseInPlace(t *testing.T) {
+	got, err := ParseInPlace("all")
+	if err != nil || len(got) != len(InPlaceCases()) {
+		t.Fatalf("all: %v, %v", got, err)
+	}
+	suite := map[string]bool{}
+	for _, c := range Cases() {
+		suite[c] = true
+	}
+	for _, c := range InPlaceCases() {
+		if !suite[c] {
+			t.Errorf("in-place case %q is not a suite case", c)
+		}
+	}
+	if got, err := ParseInPlace("rotation-quota,spoofed-junk"); err != nil || len(got) != 2 || got[0] != "rotation-quota" || got[1] != "spoofed-junk" {
+		t.Fatalf("two cases: %v, %v", got, err)
+	}
+	for in, want := range map[string]string{
+		"nope":                      `unknown case "nope"`,
+		"revoked-crl":               `unknown case "revoked-crl"`,
+		"spoofed-junk,spoofed-junk": "named twice",
+		"spoofed-junk,":             "empty case name",
+	} {
+		if _, err := ParseInPlace(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error containing %q", in, err, want)
+		}
+	}
+}
