@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
@@ -33,65 +34,9 @@ func forgedGossip(ctx context.Context, o Options) Result {
 		return r.failed(err)
 	}
 	defer l.close()
-	auth, secret, err := authority(o)
+	_, member, withSecret, err := l.gossipCluster(ctx, o, keys, false)
 	if err != nil {
 		return r.failed(err)
-	}
-	first := l.Addr(gossipNodes[0])
-	withSecret := false
-	member := map[string]string{} // lab node -> its relay's gossip member name
-	for i, node := range gossipNodes {
-		k := keys[i]
-		member[node] = roster.NodeName(k.Public())
-		cert, err := relayCert(o, auth, k, node)
-		if err != nil {
-			return r.failed(err)
-		}
-		addr := l.Addr(node)
-		join := ""
-		if i > 0 {
-			join = fmt.Sprintf("    join: [%s]\n", netip.AddrPortFrom(first, gossipPort))
-		}
-		config := func(secretLine string) string {
-			return fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\ncollective:\n  authority: %s\n  certificate_file: %s\n  gossip:\n    bind: %s\n%s%s",
-				netip.AddrPortFrom(addr, relayPort), k, auth.Public(), cert, netip.AddrPortFrom(addr, gossipPort), secretLine, join)
-		}
-		path := filepath.Join(o.Dir, "relay-"+node+".yaml")
-		// The build's default, as the issue found it: without
-		// gossip.secret_file when the build accepts that (builds before
-		// the fix), with it when the build requires it (since).
-		if !withSecret {
-			if err := os.WriteFile(path, []byte(config("")), 0o600); err != nil {
-				return r.failed(err)
-			}
-			if out, err := l.run(ctx, node, o.Binary, "relay", "--config", path, "--check"); err != nil {
-				if !strings.Contains(out, "secret_file") {
-					r.Error = fmt.Sprintf("relay --check: %v: %s", err, out)
-					return r
-				}
-				withSecret = true
-			}
-		}
-		if withSecret {
-			if err := os.WriteFile(path, []byte(config("    secret_file: "+secret+"\n")), 0o600); err != nil {
-				return r.failed(err)
-			}
-		}
-		if err := l.start(ctx, node, filepath.Join(o.Dir, "relay-"+node+".log"), o.Binary, "relay", "--config", path); err != nil {
-			return r.failed(err)
-		}
-		if i == 0 {
-			time.Sleep(500 * time.Millisecond) // the others join it
-		}
-	}
-	converged := false
-	var counts map[string]int
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end) && !converged; time.Sleep(200 * time.Millisecond) {
-		converged, counts = rostersFull(ctx, l, o.Binary, gossipNodes)
-	}
-	if !converged {
-		r.Error = fmt.Sprintf("the three relays did not list each other within 20 s (roster sizes %v; logs in %s)", counts, o.Dir)
-		return r
 	}
 	secretWord := "without gossip.secret_file (the build accepts that: its default)"
 	if withSecret {
@@ -105,6 +50,72 @@ func forgedGossip(ctx context.Context, o Options) Result {
 	}
 	r.Value, r.Pass, r.Detail = v, pass, detail
 	return r
+}
+
+// gossipCluster starts the build's relays in gossipNodes (keys in that
+// order) as one gossip cluster of a fresh collective and waits until every
+// roster lists all three. Without secret it runs them as the build's
+// default did when the issue was found: without gossip.secret_file when
+// the build accepts that (builds before the fix), with it when the build
+// requires it; with secret always with it. It returns the secret's path,
+// each node's gossip member name and whether the secret is configured.
+func (l *caseLab) gossipCluster(ctx context.Context, o Options, keys []proto.Key, secret bool) (string, map[string]string, bool, error) {
+	auth, secretPath, err := authority(o)
+	if err != nil {
+		return "", nil, false, err
+	}
+	first := l.Addr(gossipNodes[0])
+	withSecret := secret
+	member := map[string]string{} // lab node -> its relay's gossip member name
+	for i, node := range gossipNodes {
+		k := keys[i]
+		member[node] = roster.NodeName(k.Public())
+		cert, err := relayCert(o, auth, k, node)
+		if err != nil {
+			return "", nil, false, err
+		}
+		addr := l.Addr(node)
+		join := ""
+		if i > 0 {
+			join = fmt.Sprintf("    join: [%s]\n", netip.AddrPortFrom(first, gossipPort))
+		}
+		config := func(secretLine string) string {
+			return fmt.Sprintf("listen: %s\nprivate_key: %s\nports: 40000-40999\nlease: 1m\ncollective:\n  authority: %s\n  certificate_file: %s\n  gossip:\n    bind: %s\n%s%s",
+				netip.AddrPortFrom(addr, relayPort), k, auth.Public(), cert, netip.AddrPortFrom(addr, gossipPort), secretLine, join)
+		}
+		path := filepath.Join(o.Dir, "relay-"+node+".yaml")
+		if !withSecret {
+			if err := os.WriteFile(path, []byte(config("")), 0o600); err != nil {
+				return "", nil, false, err
+			}
+			if out, err := l.run(ctx, node, o.Binary, "relay", "--config", path, "--check"); err != nil {
+				if !strings.Contains(out, "secret_file") {
+					return "", nil, false, fmt.Errorf("relay --check: %v: %s", err, out)
+				}
+				withSecret = true
+			}
+		}
+		if withSecret {
+			if err := os.WriteFile(path, []byte(config("    secret_file: "+secretPath+"\n")), 0o600); err != nil {
+				return "", nil, false, err
+			}
+		}
+		if err := l.start(ctx, node, filepath.Join(o.Dir, "relay-"+node+".log"), o.Binary, "relay", "--config", path); err != nil {
+			return "", nil, false, err
+		}
+		if i == 0 {
+			time.Sleep(500 * time.Millisecond) // the others join it
+		}
+	}
+	converged := false
+	var counts map[string]int
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end) && !converged; time.Sleep(200 * time.Millisecond) {
+		converged, counts = rostersFull(ctx, l, o.Binary, gossipNodes)
+	}
+	if !converged {
+		return "", nil, false, fmt.Errorf("the three relays did not list each other within 20 s (roster sizes %v; logs in %s)", counts, o.Dir)
+	}
+	return secretPath, member, withSecret, nil
 }
 
 // rostersFull reports whether every relay of nodes lists them all, with
