@@ -1,6 +1,7 @@
 package breaks
 
 import (
+	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -76,6 +78,14 @@ func forgedGossipInsider(ctx context.Context, o Options) Result {
 		return r.failed(fmt.Errorf("sending the forged message: %w", err))
 	}
 	v, pass, detail := watchRemoval(ctx, l, o.Binary, victim, observers, t0)
+	// The seal must have been accepted, or the case attacked nothing: a
+	// relay logs gossip it cannot open (roster: "not sealed with this
+	// cluster's gossip secret").
+	for _, n := range observers {
+		if b, err := os.ReadFile(filepath.Join(o.Dir, "relay-"+n+".log")); err != nil || bytes.Contains(b, []byte("not sealed with this cluster's gossip secret")) {
+			return r.failed(fmt.Errorf("relay %s refused the sealed message as unauthenticated or has no log (%v): the forgery was not delivered", n, err))
+		}
+	}
 	r.Value, r.Pass = v, pass
 	r.Detail = fmt.Sprintf("one sealed dead message (incarnation 2^32-1, the cluster's gossip secret) from the client node to each of %s about live %s; %s", strings.Join(observers, ", "), victim, detail)
 	return r
