@@ -62,13 +62,7 @@ func convertSocket(ctx context.Context, o Options) Result {
 		return r
 	}
 	dst := netip.AddrPortFrom(l.Addr("server"), convertDstPort).String()
-	v, pass, detail, err := convertAttack(ctx, o, sock, dst, "detour1", before)
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	r.Value, r.Pass, r.Detail = v, pass, detail
-	return r
+	return r.judge(convertAttack(ctx, o, sock, dst, "detour1", before))
 }
 
 // convertReady waits for the agent's conversion socket to answer root

@@ -43,13 +43,7 @@ func forgedGossip(ctx context.Context, o Options) Result {
 		secretWord = "with gossip.secret_file (the build refuses a cluster without it)"
 	}
 	victim := gossipNodes[2]
-	v, pass, detail, err := gossipAttack(ctx, l, o.Binary, gossipNodes, victim, gossipNodes[:2], member, secretWord)
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	r.Value, r.Pass, r.Detail = v, pass, detail
-	return r
+	return r.judge(gossipAttack(ctx, l, o.Binary, gossipNodes, victim, gossipNodes[:2], member, secretWord))
 }
 
 // gossipCluster starts the build's relays in gossipNodes (keys in that

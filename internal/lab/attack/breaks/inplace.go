@@ -244,11 +244,7 @@ func (p *InPlace) run(ctx context.Context, name string) Result {
 	default:
 		return Result{Error: fmt.Sprintf("unknown in-place case %q (known: %s)", name, strings.Join(InPlaceCases(), ", "))}
 	}
-	if err != nil {
-		return r.failed(err)
-	}
-	r.Value, r.Pass, r.Detail = v, pass, detail
-	return r
+	return r.judge(v, pass, detail, err)
 }
 
 // churn drives inPlaceChurnRate connections/s for inPlaceChurnFor at the

@@ -63,12 +63,7 @@ func spoofedJunk(ctx context.Context, o Options) Result {
 		r.Error = fmt.Sprintf("the relay did not answer its status within 15 s (log in %s)", o.Dir)
 		return r
 	}
-	v, pass, detail, err := junkAttack(ctx, l, "detour1", relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, server, "a member from a new address")
-	if err != nil {
-		return r.failed(err)
-	}
-	r.Value, r.Pass, r.Detail = v, pass, detail
-	return r
+	return r.judge(junkAttack(ctx, l, "detour1", relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, server, "a member from a new address"))
 }
 
 // junkAttack sends the junk from the client node at relay (in node), then

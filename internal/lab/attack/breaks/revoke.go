@@ -58,13 +58,7 @@ func revokedConversion(ctx context.Context, o Options) Result {
 		}
 		return nil
 	}
-	v, pass, detail, err := revokeAttack(ctx, l, server, relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, revoke)
-	if err != nil {
-		r.Error = fmt.Sprintf("%v (log in %s)", err, o.Dir)
-		return r
-	}
-	r.Value, r.Pass, r.Detail = v, pass, detail
-	return r
+	return r.judge(revokeAttack(ctx, l, server, relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, revoke)).logsIn(o.Dir)
 }
 
 // revokeAttack streams from server (a listener of its own in the server

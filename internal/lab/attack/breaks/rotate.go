@@ -39,13 +39,7 @@ func rotationQuota(ctx context.Context, o Options) Result {
 		relayAddr, relayKey, server, rotateQuota, auth.Public())); err != nil {
 		return r.failed(err)
 	}
-	v, pass, detail, err := rotationAttack(ctx, l, auth, relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, server, rotateQuota)
-	if err != nil {
-		r.Error = fmt.Sprintf("%v (log in %s)", err, o.Dir)
-		return r
-	}
-	r.Value, r.Pass, r.Detail = v, pass, detail
-	return r
+	return r.judge(rotationAttack(ctx, l, auth, relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, server, rotateQuota)).logsIn(o.Dir)
 }
 
 // rotationAttack: a member named alice (certificates of auth) takes NAT
