@@ -136,23 +136,7 @@ func rostersFull(ctx context.Context, l *caseLab, bin string, nodes []string) (b
 func gossipAttack(ctx context.Context, l *caseLab, bin string, nodes []string, victim string, observers []string, member map[string]string, secretWord string) (float64, bool, string, error) {
 	from := observers[len(observers)-1]
 	msg := deadMessage(math.MaxUint32, member[victim], member[from])
-	err := l.do("client", func() error {
-		for _, n := range observers {
-			c, err := net.Dial("udp", netip.AddrPortFrom(l.Addr(n), gossipPort).String())
-			if err != nil {
-				return err
-			}
-			for range gossipForged {
-				if _, err := c.Write(msg); err != nil {
-					c.Close()
-					return err
-				}
-			}
-			c.Close()
-		}
-		return nil
-	})
-	if err != nil {
+	if err := l.sendGossip(observers, msg, gossipForged); err != nil {
 		return 0, false, "", fmt.Errorf("sending the forged messages: %w", err)
 	}
 	removed := map[string]int{} // samples in which an observer's roster lacked the victim
@@ -188,6 +172,27 @@ func gossipAttack(ctx context.Context, l *caseLab, bin string, nodes []string, v
 		detail += "; not listed by every relay 10 s after the watch"
 	}
 	return float64(len(removed)), len(removed) == 0 && back, detail, nil
+}
+
+// sendGossip sends pkt n times from the client node to each of nodes'
+// gossip port.
+func (l *caseLab) sendGossip(nodes []string, pkt []byte, n int) error {
+	return l.do("client", func() error {
+		for _, node := range nodes {
+			c, err := net.Dial("udp", netip.AddrPortFrom(l.Addr(node), gossipPort).String())
+			if err != nil {
+				return err
+			}
+			for range n {
+				if _, err := c.Write(pkt); err != nil {
+					c.Close()
+					return err
+				}
+			}
+			c.Close()
+		}
+		return nil
+	})
 }
 
 // rosterNames asks node's relay for its roster (the build's own

@@ -8,8 +8,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"math"
-	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,20 +59,7 @@ func forgedGossipInsider(ctx context.Context, o Options) Result {
 		return r.failed(err)
 	}
 	t0 := time.Now()
-	if err := l.do("client", func() error {
-		for _, n := range observers {
-			c, err := net.Dial("udp", netip.AddrPortFrom(l.Addr(n), gossipPort).String())
-			if err != nil {
-				return err
-			}
-			_, err = c.Write(sealed)
-			c.Close()
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
+	if err := l.sendGossip(observers, sealed, 1); err != nil {
 		return r.failed(fmt.Errorf("sending the forged message: %w", err))
 	}
 	v, pass, detail := watchRemoval(ctx, l, o.Binary, victim, observers, t0)
