@@ -88,6 +88,11 @@ type ProcStats struct {
 	// P99CreateS is the agent's ESTABLISHED -> SUBFLOW_CREATE p99 over its
 	// recent samples (agent only).
 	P99CreateS float64 `json:"p99_create_s,omitempty"`
+	// MPTCPDisabled is 1 while the kernel's MPTCP blackhole detection
+	// makes new connections plain TCP; MPTCPFallbacks counts those
+	// connections since boot (agent only).
+	MPTCPDisabled  float64 `json:"mptcp_blackhole_disabled,omitempty"`
+	MPTCPFallbacks float64 `json:"mptcp_blackhole_fallbacks,omitempty"`
 }
 
 // RelayLook is a relay's resources and state.
@@ -427,8 +432,8 @@ sampling:
 			s := sample()
 			rep.Samples = append(rep.Samples, s)
 			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB (heap %.1f, stacks %.1f, go sys %.1f) fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms | %s | conns %d verified %d failed %d, %.0f MB checked\n",
-					s.T, s.Agent.RSSBytes/1e6, s.Agent.HeapInuseBytes/1e6, s.Agent.StackInuseBytes/1e6, s.Agent.GoSysBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, relayLine(s), s.Opened, s.Verified, s.Failed, float64(s.Bytes)/1e6)
+				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB (heap %.1f, stacks %.1f, go sys %.1f) fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms mptcp-off=%.0f | %s | conns %d verified %d failed %d, %.0f MB checked\n",
+					s.T, s.Agent.RSSBytes/1e6, s.Agent.HeapInuseBytes/1e6, s.Agent.StackInuseBytes/1e6, s.Agent.GoSysBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, s.Agent.MPTCPDisabled, relayLine(s), s.Opened, s.Verified, s.Failed, float64(s.Bytes)/1e6)
 			}
 		}
 	}
@@ -559,6 +564,7 @@ func soakChecks(rep *SoakReport, o SoakOptions) []SoakCheck {
 	checks = append(checks, SoakCheck{Name: "link faults", OK: faultsOK && faulted["C0"] && faulted["C1"],
 		Detail: fmt.Sprintf("%d: %s", len(rep.Faults), strings.Join(rep.Faults, "; "))})
 	checks = append(checks, agentTrendCheck(rep, o))
+	checks = append(checks, blackholeCheck(rep))
 	if o.RestartEvery < o.Duration { // restarts were asked for
 		restartsOK := len(rep.Restarts) >= 1
 		for _, r := range rep.Restarts {
@@ -631,6 +637,10 @@ func scrapeProc(l *lab.Lab, node, addr string) (ProcStats, error) {
 			st.GoSysBytes = v
 		case `mpdetour_agent_established_to_subflow_create_seconds{quantile="0.99"}`:
 			st.P99CreateS = v
+		case "mpdetour_agent_mptcp_blackhole_disabled":
+			st.MPTCPDisabled = v
+		case "mpdetour_agent_mptcp_blackhole_fallbacks_total":
+			st.MPTCPFallbacks = v
 		}
 	}
 	return st, nil
@@ -878,4 +888,20 @@ func agentTrendCheck(rep *SoakReport, o SoakOptions) SoakCheck {
 	return SoakCheck{Name: "agent RSS trend", OK: lo <= allowed,
 		Detail: fmt.Sprintf("%+.1f MB/h (95%% CI %+.1f..%+.1f) over %.0f s after the warm-up; allowed: lower bound <= %.1f MB/h (%.0f MB/h + %.0f MB over the window)",
 			slope, lo, hi, window*3600, allowed, trendPerHour, trendSlack)}
+}
+
+// blackholeCheck reports (does not judge) the kernel's MPTCP blackhole
+// detection in the client: the soak's default-path faults drop MP_CAPABLE
+// SYNs, the kernel may then make new connections plain TCP (no detours)
+// for a while; they still count as verified connections.
+func blackholeCheck(rep *SoakReport) SoakCheck {
+	n, disabled := len(rep.Samples), 0
+	for _, s := range rep.Samples {
+		if s.Agent.MPTCPDisabled > 0 {
+			disabled++
+		}
+	}
+	fallbacks := rep.Samples[n-1].Agent.MPTCPFallbacks - rep.Samples[0].Agent.MPTCPFallbacks
+	return SoakCheck{Name: "MPTCP blackhole fallback", OK: true,
+		Detail: fmt.Sprintf("the kernel had MPTCP disabled for new connections in %d of %d samples; %.0f connections made plain TCP (no detours) from the first sample to the last: reported, not judged", disabled, n, fallbacks)}
 }

@@ -256,6 +256,15 @@ func (p *InPlace) churn(ctx context.Context, l *caseLab) (float64, bool, string,
 	if err != nil || m0 < 0 {
 		return 0, false, "", fmt.Errorf("the agent's subflow_creates_total: %v (value %v)", err, m0)
 	}
+	// The soak's default-path faults can trip the kernel's MPTCP blackhole
+	// detection: new connections are then plain TCP and get no detours,
+	// and a churn would count nothing. Re-enable MPTCP first (writing the
+	// sysctl clears the disable, as the agent's doctor says) and say so.
+	reenabled, err := p.mptcpEnabled(ctx, l)
+	if err != nil {
+		return 0, false, "", err
+	}
+	fb0, _ := scrapeCounter(p.Lab, "client", p.AgentMetrics, "mpdetour_agent_mptcp_blackhole_fallbacks_total")
 	logFrom := fileSize(p.AgentLog)
 	own0 := p.Conns()
 	load0 := loadAvg()
@@ -277,8 +286,47 @@ func (p *InPlace) churn(ctx context.Context, l *caseLab) (float64, bool, string,
 		return 0, false, "", fmt.Errorf("no connection of %d succeeded (%s)", tally.started, tally.failures())
 	}
 	creates := m1 - m0
+	fb1, _ := scrapeCounter(p.Lab, "client", p.AgentMetrics, "mpdetour_agent_mptcp_blackhole_fallbacks_total")
 	v := float64(int(creates/float64(possible)*1000+0.5)) / 1000
 	detail := fmt.Sprintf("%d connections in %.1f s (%d ok, %s) beside the soak's own %d, %d detour subflows each: %.0f creates (metric subflow_creates_total, %.0f s window with %s settling) for %d possible subflows; %d limits learned%s; load %s -> %s",
 		tally.started, driven.Seconds(), tally.ok, tally.failures(), own, p.Subflows, creates, driven.Seconds()+churnSettle.Seconds(), churnSettle, possible, st.learned, st.learnedText(), load0, loadAvg())
+	if reenabled {
+		detail += "; MPTCP had been disabled by the kernel's blackhole detection before the churn: re-enabled (net.mptcp.blackhole_timeout rewritten)"
+	}
+	switch {
+	case fb1 > fb0:
+		return 0, false, "", fmt.Errorf("the kernel's MPTCP blackhole detection made %.0f connections plain TCP during the churn: nothing to count (%s)", fb1-fb0, detail)
+	case creates == 0:
+		return 0, false, "", fmt.Errorf("the agent created no subflow: nothing churned (%s)", detail)
+	}
 	return v, v <= 2 && st.learned == 0 && tally.ok == tally.started, detail, nil
+}
+
+// mptcpEnabled makes sure the client's kernel makes new connections
+// MPTCP: when the agent reports the blackhole disable, it rewrites
+// net.mptcp.blackhole_timeout (its value) in the client node, which ends
+// the disable, and waits (10 s at most) until the agent reports it ended.
+// It reports whether it had to.
+func (p *InPlace) mptcpEnabled(ctx context.Context, l *caseLab) (bool, error) {
+	const metric = "mpdetour_agent_mptcp_blackhole_disabled"
+	d, err := scrapeCounter(p.Lab, "client", p.AgentMetrics, metric)
+	if err != nil || d <= 0 {
+		return false, err
+	}
+	const sysctl = "/proc/sys/net/mptcp/blackhole_timeout"
+	if err := l.do("client", func() error {
+		b, err := os.ReadFile(sysctl)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(sysctl, b, 0o644)
+	}); err != nil {
+		return true, fmt.Errorf("re-enabling MPTCP in the client: %w", err)
+	}
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		if d, err := scrapeCounter(p.Lab, "client", p.AgentMetrics, metric); err == nil && d == 0 {
+			return true, nil
+		}
+	}
+	return true, fmt.Errorf("MPTCP disabled by the kernel's blackhole detection; the agent still reported it 10 s after %s was rewritten", sysctl)
 }
