@@ -45,7 +45,7 @@ func labSoakCommand() *cli.Command {
 			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
 			fs.StringVar(&bin, "bin", "", binFlagUsage)
 			fs.StringVar(&attacks, "attacks", "", "comma-separated attack-suite cases run in turn against the soak's own relays and agent while its traffic runs, each judged by the suite's criterion ("+strings.Join(breaks.InPlaceCases(), ", ")+", or all; docs/bench.md); none by default")
-			fs.DurationVar(&o.AttackEvery, "attack-every", 30*time.Second, "start the next attack case this often (none later than 45s before the end; attacks wait for relay restarts and link faults and delay them)")
+			fs.DurationVar(&o.AttackEvery, "attack-every", 30*time.Second, "start the next attack case this often (none later than 60s before the end; attacks wait for relay restarts and link faults and delay them)")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
@@ -130,7 +130,7 @@ func labSoakCommand() *cli.Command {
 }
 
 // parseSoakAttacks parses --attacks; the soak must be long enough for one
-// case (--attack-every and the 45 s a case may take before the end).
+// case (--attack-every and bench.AttackLongest, the longest a case may take, before the end).
 func parseSoakAttacks(list string, every, duration time.Duration) ([]string, error) {
 	cases, err := breaks.ParseInPlace(list)
 	if err != nil {

@@ -45,9 +45,10 @@ type soakAttacks struct {
 }
 
 // AttackLongest bounds one case's run: none is started later than this
-// before the churn ends (spoofed-junk ~17 s, subflow-churn ~20 s,
+// before the churn ends (spoofed-junk ~17 s, subflow-churn ~20 s plus up
+// to 30 s waiting for the kernel to make connections MPTCP again,
 // forged-gossip up to ~40 s when the rosters are slow).
-const AttackLongest = 45 * time.Second
+const AttackLongest = 60 * time.Second
 
 // newSoakAttacks prepares the cases: their keys, authority and secret in
 // dir/attacks, and the relays' and agent's configuration hooks in env.

@@ -303,10 +303,12 @@ func (p *InPlace) churn(ctx context.Context, l *caseLab) (float64, bool, string,
 }
 
 // mptcpEnabled makes sure the client's kernel makes new connections
-// MPTCP: when the agent reports the blackhole disable, it rewrites
+// MPTCP: while the agent reports the blackhole disable, it rewrites
 // net.mptcp.blackhole_timeout (its value) in the client node, which ends
-// the disable, and waits (10 s at most) until the agent reports it ended.
-// It reports whether it had to.
+// the disable (connections whose MP_CAPABLE SYNs were dropped by a fault
+// just before may trip it again), every 4 s for 30 s at most, until the
+// agent reports it ended (it looks every 5 s and needs an MPTCP SYN sent:
+// the soak opens 5 connections/s). It reports whether it had to.
 func (p *InPlace) mptcpEnabled(ctx context.Context, l *caseLab) (bool, error) {
 	const metric = "mpdetour_agent_mptcp_blackhole_disabled"
 	d, err := scrapeCounter(p.Lab, "client", p.AgentMetrics, metric)
@@ -314,19 +316,24 @@ func (p *InPlace) mptcpEnabled(ctx context.Context, l *caseLab) (bool, error) {
 		return false, err
 	}
 	const sysctl = "/proc/sys/net/mptcp/blackhole_timeout"
-	if err := l.do("client", func() error {
-		b, err := os.ReadFile(sysctl)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(sysctl, b, 0o644)
-	}); err != nil {
-		return true, fmt.Errorf("re-enabling MPTCP in the client: %w", err)
+	rewrite := func() error {
+		return l.do("client", func() error {
+			b, err := os.ReadFile(sysctl)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(sysctl, b, 0o644)
+		})
 	}
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
-		if d, err := scrapeCounter(p.Lab, "client", p.AgentMetrics, metric); err == nil && d == 0 {
-			return true, nil
+	for start := time.Now(); time.Since(start) < 30*time.Second; {
+		if err := rewrite(); err != nil {
+			return true, fmt.Errorf("re-enabling MPTCP in the client: %w", err)
+		}
+		for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+			if d, err := scrapeCounter(p.Lab, "client", p.AgentMetrics, metric); err == nil && d == 0 {
+				return true, nil
+			}
 		}
 	}
-	return true, fmt.Errorf("MPTCP disabled by the kernel's blackhole detection; the agent still reported it 10 s after %s was rewritten", sysctl)
+	return true, fmt.Errorf("MPTCP disabled by the kernel's blackhole detection; the agent still reported it after %s was rewritten every 4 s for 30 s", sysctl)
 }
