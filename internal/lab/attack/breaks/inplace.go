@@ -269,7 +269,7 @@ func (p *InPlace) churn(ctx context.Context, l *caseLab) (float64, bool, string,
 	own0 := p.Conns()
 	load0 := loadAvg()
 	t0 := time.Now()
-	tally := churnDrive(ctx, l, p.Echo, inPlaceChurnRate, inPlaceChurnFor)
+	tally := churnDrive(ctx, l, p.Echo, false, inPlaceChurnRate, inPlaceChurnFor)
 	driven := time.Since(t0)
 	time.Sleep(churnSettle)
 	m1, err := scrapeCounter(p.Lab, "client", p.AgentMetrics, "mpdetour_agent_subflow_creates_total")
