@@ -768,11 +768,7 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 	if len(rep.Attacks) > 0 {
 		m.WriteString("\n## Attacks (in place, during the churn)\n\n| case | break | metric | target | runs | passed | could not attack | figures |\n|---|---|---|---|---|---|---|---|\n")
 		for _, a := range rep.Attacks {
-			vals := make([]string, len(a.Values))
-			for i, v := range a.Values {
-				vals[i] = strconv.FormatFloat(v, 'g', -1, 64)
-			}
-			fmt.Fprintf(&m, "| %s | %d | %s | %s | %d | %d | %d | %s |\n", a.Case, a.Break, a.Metric, a.Target, a.Runs, a.Passed, a.Errors, strings.Join(vals, ", "))
+			fmt.Fprintf(&m, "| %s | %d | %s | %s | %d | %d | %d | %s |\n", a.Case, a.Break, a.Metric, a.Target, a.Runs, a.Passed, a.Errors, a.figures())
 		}
 		for _, a := range rep.Attacks {
 			fmt.Fprintf(&m, "\n%s:\n\n", a.Case)

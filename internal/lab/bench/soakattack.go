@@ -172,15 +172,23 @@ func (a *soakAttacks) report() []SoakAttack {
 	return out
 }
 
+// figures are the runs' figures, "a, b, c" ("none" without any).
+func (s SoakAttack) figures() string {
+	if len(s.Values) == 0 {
+		return "none"
+	}
+	vals := make([]string, len(s.Values))
+	for i, v := range s.Values {
+		vals[i] = strconv.FormatFloat(v, 'g', -1, 64)
+	}
+	return strings.Join(vals, ", ")
+}
+
 // attackChecks: every case ran at least once and passed every time.
 func attackChecks(as []SoakAttack) []SoakCheck {
 	var checks []SoakCheck
 	for _, s := range as {
-		vals := make([]string, len(s.Values))
-		for i, v := range s.Values {
-			vals[i] = strconv.FormatFloat(v, 'g', -1, 64)
-		}
-		detail := fmt.Sprintf("%d runs, %d passed, %d could not attack; %s: %s (target %s)", s.Runs, s.Passed, s.Errors, s.Metric, strings.Join(vals, ", "), s.Target)
+		detail := fmt.Sprintf("%d runs, %d passed, %d could not attack; %s: %s (target %s)", s.Runs, s.Passed, s.Errors, s.Metric, s.figures(), s.Target)
 		checks = append(checks, SoakCheck{Name: "attack " + s.Case, OK: s.Runs > 0 && s.Passed == s.Runs, Detail: detail})
 	}
 	return checks
