@@ -129,8 +129,9 @@ func labSoakCommand() *cli.Command {
 	}
 }
 
-// parseSoakAttacks parses --attacks; the soak must be long enough for one
-// case (--attack-every and bench.AttackLongest, the longest a case may take, before the end).
+// parseSoakAttacks parses --attacks; the soak must be long enough for every
+// case to run once (one per --attack-every, none later than
+// bench.AttackLongest, the longest a case may take, before the end).
 func parseSoakAttacks(list string, every, duration time.Duration) ([]string, error) {
 	cases, err := breaks.ParseInPlace(list)
 	if err != nil {
@@ -142,8 +143,8 @@ func parseSoakAttacks(list string, every, duration time.Duration) ([]string, err
 	if every < 5*time.Second {
 		return nil, cli.Usagef("lab soak: --attack-every %s is too short (at least 5s)", every)
 	}
-	if min := every + bench.AttackLongest; duration < min {
-		return nil, cli.Usagef("lab soak: --duration %s is too short for --attacks (at least --attack-every + %s = %s)", duration, bench.AttackLongest, min)
+	if min := time.Duration(len(cases))*every + bench.AttackLongest; duration < min {
+		return nil, cli.Usagef("lab soak: --duration %s is too short for --attacks (every case once: at least %d x --attack-every + %s = %s)", duration, len(cases), bench.AttackLongest, min)
 	}
 	return cases, nil
 }

@@ -36,6 +36,7 @@ func TestSoakAttacksFlagErrors(t *testing.T) {
 		{[]string{"--attacks", "forged-gossip,,convert-socket"}, "empty case name"},
 		{[]string{"--attacks", "destinations-v6"}, `unknown case "destinations-v6"`}, // the suite's, not in place
 		{[]string{"--attacks", "all", "--duration", "60s"}, "too short for --attacks"},
+		{[]string{"--attacks", "all", "--duration", "3m"}, "at least 6 x --attack-every + 1m0s = 4m0s"},
 		{[]string{"--attacks", "all", "--attack-every", "1s", "--duration", "10m"}, "--attack-every 1s is too short"},
 	} {
 		err := runSoak(c.args...)

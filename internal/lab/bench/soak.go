@@ -193,8 +193,8 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if o.AttackEvery <= 0 {
 		o.AttackEvery = 30 * time.Second
 	}
-	if len(o.Attacks) > 0 && o.Duration < o.AttackEvery+AttackLongest {
-		return nil, fmt.Errorf("duration %s leaves no room for an attack (at least attack-every %s + %s)", o.Duration, o.AttackEvery, AttackLongest)
+	if n := len(o.Attacks); n > 0 && o.Duration < time.Duration(n)*o.AttackEvery+AttackLongest {
+		return nil, fmt.Errorf("duration %s leaves no room for every attack case once (at least %d x attack-every %s + %s)", o.Duration, n, o.AttackEvery, AttackLongest)
 	}
 	if o.FlapFor >= o.FlapEvery/2 {
 		return nil, fmt.Errorf("flap-for %s must be shorter than half of flap-every %s (the detour and the default path are faulted in turn)", o.FlapFor, o.FlapEvery)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -69,7 +70,14 @@ func newSoakAttacks(o SoakOptions, env *Env, quiet *sync.Mutex) (*soakAttacks, e
 		return nil, err
 	}
 	detours := env.Cell.Detours
-	p.Lab, p.Binary, p.Self, p.PeerCommand = o.Lab, o.Binary, o.Self, o.PeerCommand
+	p.Lab, p.Binary, p.PeerCommand = o.Lab, o.Binary, o.PeerCommand
+	if o.Self != "" {
+		// The other local user runs a copy in dir: the lab binary's own
+		// directory may not be reachable for it (a clone under /root).
+		if p.Self, err = copyExecutable(o.Self, filepath.Join(dir, "mpdetour-lab-peer")); err != nil {
+			return nil, err
+		}
+	}
 	p.Relays = detours
 	p.RelayAddr, p.RelayKey = map[string]netip.AddrPort{}, map[string]proto.Key{}
 	p.Server, p.Echo = env.addr(env.Roles.Server), env.serverAddr()
@@ -215,4 +223,22 @@ func learnedLimits(agentLog string) (int, string, error) {
 		}
 	}
 	return n, first, sc.Err()
+}
+
+// copyExecutable copies the executable src to dst (mode 0755).
+func copyExecutable(src, dst string) (string, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return "", err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return "", err
+	}
+	return dst, out.Close()
 }
