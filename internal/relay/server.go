@@ -611,9 +611,9 @@ type batchReader struct {
 	// read fills ms (buffers, OOB) with up to len(ms) datagrams, waiting for
 	// at least one (ipv4/ipv6 PacketConn.ReadBatch).
 	read func(ms []ipv4.Message) (int, error)
-	// dst is the local address a datagram arrived at, from its control
-	// message (invalid: unknown).
-	dst func(oob []byte) netip.Addr
+	// dst parses a datagram's control message: the local address it
+	// arrived at.
+	dst func(oob []byte) (net.IP, error)
 	// oob is the size of the control message buffer.
 	oob int
 }
@@ -624,28 +624,14 @@ func (io *sockets) reader(v6 bool) batchReader {
 	if v6 {
 		return batchReader{
 			read: func(ms []ipv4.Message) (int, error) { return io.pc6.ReadBatch(ms, 0) },
-			dst: func(oob []byte) netip.Addr {
-				var cm ipv6.ControlMessage
-				if cm.Parse(oob) != nil {
-					return netip.Addr{}
-				}
-				a, _ := netip.AddrFromSlice(cm.Dst)
-				return a.Unmap()
-			},
-			oob: len(ipv6.NewControlMessage(ipv6.FlagDst)),
+			dst:  func(b []byte) (net.IP, error) { var cm ipv6.ControlMessage; err := cm.Parse(b); return cm.Dst, err },
+			oob:  len(ipv6.NewControlMessage(ipv6.FlagDst)),
 		}
 	}
 	return batchReader{
 		read: func(ms []ipv4.Message) (int, error) { return io.pc.ReadBatch(ms, 0) },
-		dst: func(oob []byte) netip.Addr {
-			var cm ipv4.ControlMessage
-			if cm.Parse(oob) != nil {
-				return netip.Addr{}
-			}
-			a, _ := netip.AddrFromSlice(cm.Dst)
-			return a.Unmap()
-		},
-		oob: len(ipv4.NewControlMessage(ipv4.FlagDst)),
+		dst:  func(b []byte) (net.IP, error) { var cm ipv4.ControlMessage; err := cm.Parse(b); return cm.Dst, err },
+		oob:  len(ipv4.NewControlMessage(ipv4.FlagDst)),
 	}
 }
 
@@ -677,7 +663,11 @@ func (s *Server) readV2(ctx context.Context, r batchReader) {
 			}
 			data := make([]byte, m.N)
 			copy(data, m.Buffers[0][:m.N])
-			p := packet{data: data, from: ua.AddrPort(), dst: r.dst(m.OOB[:m.NN]), at: at}
+			p := packet{data: data, from: ua.AddrPort(), at: at}
+			if ip, err := r.dst(m.OOB[:m.NN]); err == nil {
+				a, _ := netip.AddrFromSlice(ip) // invalid (unknown) without one
+				p.dst = a.Unmap()
+			}
 			p.from = netip.AddrPortFrom(p.from.Addr().Unmap(), p.from.Port())
 			// Another version's initiation goes on to handle, which answers
 			// bad-version (mac1 would only say "wrong length").
