@@ -357,7 +357,8 @@ func TestHandshakeFlood(t *testing.T) {
 // MPDETOUR_FLOOD_BUILDS=name=path,name=path,... compares builds the same
 // way: one relay per test binary of this package (go test -c, e.g. of main
 // and of a branch), each run as the relay of its own line; the members and
-// the flooder are this binary's for every line.
+// the flooder are this binary's for every line. name=path@bytes also sets
+// that relay's receive_buffer.
 //
 // Each row also gives the relay's run-queue wait: the time its threads
 // were runnable but not running (schedstat), a direct measure of CPU
@@ -409,11 +410,19 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 			if !ok || name == "" || bin == "" {
 				b.Fatalf("MPDETOUR_FLOOD_BUILDS: %q is not name=path-to-test-binary", x)
 			}
+			bin, rb, withRB := strings.Cut(bin, "@")
+			extra := ""
+			if withRB {
+				if _, err := strconv.Atoi(rb); err != nil {
+					b.Fatalf("MPDETOUR_FLOOD_BUILDS: %q: the receive buffer after @ is not a byte count", x)
+				}
+				extra = "receive_buffer: " + rb + "\n"
+			}
 			if _, err := os.Stat(bin); err != nil {
 				b.Fatalf("MPDETOUR_FLOOD_BUILDS: %v", err)
 			}
-			f, k, m, p := floodLineBin(b, n, "", bin)
-			lines = append(lines, line{"build " + name, f, k, m, p})
+			f, k, m, p := floodLineBin(b, n, extra, bin)
+			lines = append(lines, line{fmt.Sprintf("build %s (socket rb %s)", name, relayRcvbuf(b, f.Relay)), f, k, m, p})
 		}
 	} else if v := os.Getenv("MPDETOUR_FLOOD_RCVBUF"); v != "" {
 		for _, x := range strings.Split(v, ",") {
