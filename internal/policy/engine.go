@@ -249,7 +249,7 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 		cfg.MaxBackoff = 60 * time.Second
 	}
 	positive(&cfg.ConnectTimeout, 3*time.Second)
-	positive(&cfg.MinLifetime, 2*time.Second)
+	positive(&cfg.MinLifetime, DefaultMinLifetime)
 	positive(&cfg.StallRetransmits, 3)
 	positive(&cfg.Watchdog, 200*time.Millisecond)
 	positive(&cfg.Window, 2*time.Second)
@@ -607,9 +607,21 @@ func (p *Engine) SubflowClosed(sf Subflow) []Intent {
 		// or a relay restart the agent learned "extra_subflows=1 for 5m"
 		// and the next connection got no NAT detour). Then the reset is
 		// held against this connection only, and no detour is blamed.
+		// Nor when the connection was closing (not ESTABLISHED at the
+		// MPTCP level): the server resets joins to a connection it is
+		// closing with the same reason as joins beyond its limit; under
+		// churn the agent learned limits 1-3 times a minute from servers
+		// that closed first.
 		if n := k.joined(); n > 0 {
-			if !k.lostAt.IsZero() {
-				p.refused(k, "join reset right after it came up (the server may still hold a subflow this connection lost)", true)
+			why := ""
+			switch {
+			case sf.ConnClosing:
+				why = "the connection is closing"
+			case !k.lostAt.IsZero():
+				why = "the server may still hold a subflow this connection lost"
+			}
+			if why != "" {
+				p.refused(k, "join reset right after it came up ("+why+")", true)
 				p.scheduleRetry(k, now, now.Add(p.cfg.Backoff), false)
 				return nil
 			}

@@ -139,6 +139,20 @@ func (f *Fake) Connections() ([]mptcppm.Connection, error) {
 	return append([]mptcppm.Connection(nil), f.conns...), nil
 }
 
+// ConnState implements agent.Kernel: the State of the connection with
+// that token among those SetConnections set; a token not listed is gone,
+// as in the kernel.
+func (f *Fake) ConnState(token uint32) (uint8, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		if c.Token == token {
+			return c.State, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
 // Subflows implements agent.Kernel.
 func (f *Fake) Subflows() ([]mptcppm.Subflow, error) {
 	f.mu.Lock()
