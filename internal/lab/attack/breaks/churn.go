@@ -161,7 +161,7 @@ func churnCase(ctx context.Context, o Options, mixed bool) Result {
 	} else {
 		close(stalls)
 	}
-	tally := churnDrive(ctx, cl, server, mixed)
+	tally := churnDrive(ctx, cl, server, mixed, churnRate, churnFor)
 	<-stalls
 	driven := time.Since(t0)
 	time.Sleep(churnSettle)
@@ -415,19 +415,19 @@ func (t *churnTally) failures() string {
 	return "failed: " + countsText(t.failed)
 }
 
-// churnDrive opens churnRate connections/s for churnFor on a fixed
-// schedule (late starts are caught up); each sends churnSendSize bytes,
+// churnDrive opens rate connections/s for dur (the cases: churnRate for
+// churnFor) on a fixed schedule (late starts are caught up); each sends churnSendSize bytes,
 // reads them back, stays open 0-200 ms (by its number) and closes. With
 // mixed, connection i does what churnKind(i) says.
-func churnDrive(ctx context.Context, cl *caseLab, server netip.AddrPort, mixed bool) *churnTally {
+func churnDrive(ctx context.Context, cl *caseLab, server netip.AddrPort, mixed bool, rate int, dur time.Duration) *churnTally {
 	t := &churnTally{failed: map[string]int64{}}
 	var ok, started atomic.Int64
 	var wg sync.WaitGroup
-	n := int(churnFor.Seconds() * churnRate)
+	n := int(dur.Seconds() * float64(rate))
 	start := time.Now()
 	payload := make([]byte, churnSendSize)
 	for i := range n {
-		at := start.Add(time.Duration(i) * time.Second / churnRate)
+		at := start.Add(time.Duration(i) * time.Second / time.Duration(rate))
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Until(at)):

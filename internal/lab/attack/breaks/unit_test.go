@@ -3,8 +3,11 @@ package breaks
 import (
 	"bytes"
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // The forged dead message is memberlist's deadMsg (type 5) with the
@@ -86,6 +90,69 @@ func TestFamily6Grant(t *testing.T) {
 	}
 	if _, err := proto.ParseRequest(b); proto.ReasonOf(err) != proto.ReasonMalformed {
 		t.Fatalf("mapped grant: parse error %v, want malformed", err)
+	}
+}
+
+// The in-place case list: names as the suite's, "all", and errors that
+// name the problem.
+func TestParseInPlace(t *testing.T) {
+	got, err := ParseInPlace("all")
+	if err != nil || len(got) != len(InPlaceCases()) {
+		t.Fatalf("all: %v, %v", got, err)
+	}
+	suite := map[string]bool{}
+	for _, c := range Cases() {
+		suite[c] = true
+	}
+	for _, c := range InPlaceCases() {
+		if !suite[c] {
+			t.Errorf("in-place case %q is not a suite case", c)
+		}
+	}
+	if got, err := ParseInPlace("rotation-quota,spoofed-junk"); err != nil || len(got) != 2 || got[0] != "rotation-quota" || got[1] != "spoofed-junk" {
+		t.Fatalf("two cases: %v, %v", got, err)
+	}
+	for in, want := range map[string]string{
+		"nope":                      `unknown case "nope"`,
+		"revoked-crl":               `unknown case "revoked-crl"`,
+		"spoofed-junk,spoofed-junk": "named twice",
+		"spoofed-junk,":             "empty case name",
+	} {
+		if _, err := ParseInPlace(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error containing %q", in, err, want)
+		}
+	}
+}
+
+// sealGossip writes memberlist's encryption version 1: the version byte,
+// a fresh 12-byte nonce, then AES-GCM of the message under the secret
+// with no additional data; a message sealed under another key does not
+// open.
+func TestSealGossip(t *testing.T) {
+	key, err := roster.ParseSecret(roster.NewSecret())
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := deadMessage(math.MaxUint32, "victim", "from")
+	a, err := sealGossip(key, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := sealGossip(key, msg)
+	if a[0] != 1 || len(a) != 1+12+len(msg)+16 || bytes.Equal(a[1:13], b[1:13]) {
+		t.Fatalf("sealed %x (version %d, length %d, nonces %x %x)", a, a[0], len(a), a[1:13], b[1:13])
+	}
+	blk, _ := aes.NewCipher(key)
+	gcm, _ := cipher.NewGCM(blk)
+	plain, err := gcm.Open(nil, a[1:13], a[13:], nil)
+	if err != nil || !bytes.Equal(plain, msg) {
+		t.Fatalf("opened %x, %v; want %x", plain, err, msg)
+	}
+	other, _ := roster.ParseSecret(roster.NewSecret())
+	blk, _ = aes.NewCipher(other)
+	gcm, _ = cipher.NewGCM(blk)
+	if _, err := gcm.Open(nil, a[1:13], a[13:], nil); err == nil {
+		t.Fatal("opened under another secret")
 	}
 }
 
