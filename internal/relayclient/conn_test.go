@@ -269,13 +269,15 @@ func TestConnErrors(t *testing.T) {
 	}
 }
 
-// Prepare never waits for the relay: with a relay that never answers (it
-// does not know the member), a blocking Prepare would wait for the request
-// timeout (5 s here); it must return at once and the grant arrive later or
-// never.
+// Prepare never waits for the relay: while the relay is silent, a blocking
+// Prepare would wait for the request timeout (5 s here); it must return at
+// once, and the grant it started must arrive once the relay answers.
 func TestSourcePrepareDoesNotBlockOnSilentRelay(t *testing.T) {
-	stranger := newFakeRelay(t, memberKey(t).Public())
-	s, err := NewSource(SourceConfig{PrivateKey: memberKey(t), Relays: []relayconn.Relay{stranger.relay()}, RequestTimeout: 5 * time.Second})
+	m := memberKey(t)
+	r := newFakeRelay(t, m.Public())
+	r.silent.Store(true)
+	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []relayconn.Relay{r.relay()}, RequestTimeout: 5 * time.Second,
+		Options: relayconn.Options{Retransmit: 100 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,8 +290,13 @@ func TestSourcePrepareDoesNotBlockOnSilentRelay(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Prepare blocked for %v on a silent relay", d)
 	}
-	if ds := s.Detours(server); len(ds) != 0 {
-		t.Fatalf("detours from a silent relay: %v", ds)
+	r.silent.Store(false)
+	deadline := time.Now().Add(4 * time.Second)
+	for len(s.Detours(server)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ds := s.Detours(server); len(ds) != 1 || r.count(proto.OpGrant) == 0 {
+		t.Fatalf("detours %v and %d grants asked after the relay woke up: Prepare started no grant", ds, r.count(proto.OpGrant))
 	}
 }
 
