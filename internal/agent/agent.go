@@ -207,6 +207,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			}()
 		}
 	}
+	if n := a.cfg.StaleLossCnt; n > 0 {
+		if st, err := setStaleLossCnt(a.cfg, n, a.log); err != nil {
+			a.log.Warn("stale_loss_cnt not set; the namespace keeps its own", "err", err)
+		} else {
+			defer func() {
+				if err := st.restore(); err != nil {
+					a.log.Warn("stale_loss_cnt not restored", "err", err)
+				}
+			}()
+		}
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	// After a loss, one more resync once things settle catches events

@@ -85,6 +85,11 @@ type Options struct {
 	// what the measured connections need (policy BufferWanted), restored
 	// at stop (buffers.go). Off by default: not measured yet.
 	BufferSizing bool
+	// StaleLossCnt, when > 0, sets net.mptcp.stale_loss_cnt in the
+	// namespace (MPTCP retransmit timer rounds without progress before a
+	// subflow is stale and its queue re-sent elsewhere; kernel default 4),
+	// restored at stop (stale.go). 0 = leave it.
+	StaleLossCnt int
 	// Probes is the directory marking doctor's test connections, which
 	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
 	// none).
