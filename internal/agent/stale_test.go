@@ -1,0 +1,87 @@
+package agent_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/policy"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
+)
+
+func staleLossCnt(t *testing.T, ns *netnstest.NS) string {
+	t.Helper()
+	var v string
+	if err := ns.Do(func() error {
+		b, err := os.ReadFile("/proc/sys/net/mptcp/stale_loss_cnt")
+		v = strings.TrimSpace(string(b))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// waitStale polls until the namespace's stale_loss_cnt reads want.
+func waitStale(t *testing.T, ns *netnstest.NS, want, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for staleLossCnt(t, ns) != want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if v := staleLossCnt(t, ns); v != want {
+		t.Fatalf("%s: stale_loss_cnt %s, want %s", what, v, want)
+	}
+}
+
+// stale_loss_cnt: the agent sets net.mptcp.stale_loss_cnt in its
+// namespace while it runs and puts back what it found when it stops; a
+// state file left by an agent that did not stop makes the next one restore
+// the value it names first. The kernel is the fake; the sysctl is a real
+// namespace's.
+func TestAgentStaleLossCntSetsAndRestores(t *testing.T) {
+	testenv.MPTCP(t)
+	ns := netnstest.New(t, "stl")
+	if err := ns.Sysctl("net/mptcp/stale_loss_cnt", "4"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg := agent.Options{NetNS: ns.Name, Socket: filepath.Join(dir, "agent.sock"), Subflows: 1, MaxConnections: 10,
+		CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: 3 * time.Second,
+		ProbeInterval: time.Second, StallRetransmits: 3, Policy: policy.Static, StaleLossCnt: 2}
+	h := run(t, cfg)
+	waitStale(t, ns, "2", "running")
+	h.stop()
+	if v := staleLossCnt(t, ns); v != "4" {
+		t.Fatalf("after stop stale_loss_cnt %s, want 4 back", v)
+	}
+	if states, _ := filepath.Glob(filepath.Join(dir, "stale.*")); len(states) != 0 {
+		t.Fatalf("state files left: %v", states)
+	}
+
+	// An agent killed with the value set left its state file (found 4,
+	// set 2): the next one restores 4 before it sets its own.
+	if err := ns.Sysctl("net/mptcp/stale_loss_cnt", "2"); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := ns.Do(func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("stale.%d", st.Ino)), []byte("4\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.StaleLossCnt = 3
+	h2 := run(t, cfg)
+	waitStale(t, ns, "3", "second agent")
+	h2.stop()
+	if v := staleLossCnt(t, ns); v != "4" {
+		t.Fatalf("after a crashed agent's state file and a clean stop: stale_loss_cnt %s, want the original 4", v)
+	}
+}
