@@ -57,6 +57,9 @@ func TestAgentStaleLossCntSetsAndRestores(t *testing.T) {
 		ProbeInterval: time.Second, StallRetransmits: 3, Policy: policy.Static, StaleLossCnt: 2}
 	h := run(t, cfg)
 	waitStale(t, ns, "2", "running")
+	if st := h.a.Status().StaleLossCnt; st == nil || st.State != "set" || st.Want != 2 || st.Was != "4" {
+		t.Fatalf("status %+v, want set 2, was 4", st)
+	}
 	h.stop()
 	if v := staleLossCnt(t, ns); v != "4" {
 		t.Fatalf("after stop stale_loss_cnt %s, want 4 back", v)
@@ -81,6 +84,18 @@ func TestAgentStaleLossCntSetsAndRestores(t *testing.T) {
 	h2 := run(t, cfg)
 	waitStale(t, ns, "3", "second agent")
 	h2.stop()
+
+	// A namespace the agent cannot write to (read-only /proc/sys is hard to
+	// fake; a namespace that does not exist fails the same path): one
+	// warning, status says failed, the agent runs.
+	bad := cfg
+	bad.NetNS = "mpdetour-no-such-ns-stl"
+	bad.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	h3 := run(t, bad)
+	if st := h3.a.Status().StaleLossCnt; st == nil || st.State != "failed" || st.Error == "" {
+		t.Fatalf("status %+v, want failed with a reason", st)
+	}
+	h3.stop()
 	if v := staleLossCnt(t, ns); v != "4" {
 		t.Fatalf("after a crashed agent's state file and a clean stop: stale_loss_cnt %s, want the original 4", v)
 	}
