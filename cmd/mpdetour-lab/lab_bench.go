@@ -47,7 +47,7 @@ func labBenchCommand() *cli.Command {
 			fs.StringVar(&note, "note", "", "note printed at the top of the report")
 			fs.BoolVar(&reportOnly, "report", false, "only regenerate JSON, CSV, report and plots from --out")
 			fs.BoolVar(&interleave, "interleave", false, "run trials in rounds (trial 1 of every cell, then trial 2, ...): a run stopped early stays balanced")
-			fs.StringVar(&cases, "cases", "", "attacks only: run the suite's product cases instead of the scenario (spoofed-junk, forged-gossip, convert-socket, rotation-quota, revoked-conversion, subflow-churn; \"all\"): each starts the product binary in a lab of its own, attacks it and passes or fails against the issue's target")
+			fs.StringVar(&cases, "cases", "", "attacks only: run the suite's product cases instead of the scenario (spoofed-junk, forged-gossip, convert-socket, rotation-quota, revoked-conversion, subflow-churn, subflow-churn-mixed; \"all\"): each starts the product binary in a lab of its own, attacks it and passes or fails against the issue's target")
 			fs.StringVar(&builds, "builds", "", "with --cases: product binaries to attack, LABEL=PATH,... (e.g. before=/tmp/old/mpdetour,after=./mpdetour), interleaved; the last is the one under test (default: --bin)")
 			fs.StringVar(&procs, "procedures", "", "comma-separated procedures replacing the scenario's, e.g. tcp,tcp-tunnel,tcp-openvpn")
 		},

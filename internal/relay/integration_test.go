@@ -714,11 +714,11 @@ func TestSourceRenews(t *testing.T) {
 	if ds := src.Detours(server); len(ds) != 0 {
 		t.Fatalf("detours before Prepare: %v", ds)
 	}
-	start := time.Now()
+	// That Prepare does not wait for the relay is checked against a silent
+	// relay (relayclient TestSourcePrepareDoesNotBlockOnSilentRelay); here
+	// the relay answers within milliseconds, so a time bound could not
+	// tell blocking from not blocking.
 	src.Prepare(server)
-	if time.Since(start) > 50*time.Millisecond {
-		t.Fatalf("Prepare blocked for %v", time.Since(start))
-	}
 	waitFor(t, "detour", func() bool { return len(src.Detours(server)) == 1 })
 	d := src.Detours(server)[0]
 	if d.Relay != "r1" || d.Remote.Addr() != netip.MustParseAddr(fxRelay) {

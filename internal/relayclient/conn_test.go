@@ -269,6 +269,30 @@ func TestConnErrors(t *testing.T) {
 	}
 }
 
+// Prepare never waits for the relay: with a relay that never answers (it
+// does not know the member), a blocking Prepare would wait for the request
+// timeout (5 s here); it must return at once and the grant arrive later or
+// never.
+func TestSourcePrepareDoesNotBlockOnSilentRelay(t *testing.T) {
+	stranger := newFakeRelay(t, memberKey(t).Public())
+	s, err := NewSource(SourceConfig{PrivateKey: memberKey(t), Relays: []relayconn.Relay{stranger.relay()}, RequestTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	server := netip.MustParseAddrPort("192.0.2.10:5201")
+	start := time.Now()
+	s.Prepare(server)
+	// Far below the 5 s a blocking Prepare would take, far above any
+	// scheduling delay of a non-blocking one.
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Prepare blocked for %v on a silent relay", d)
+	}
+	if ds := s.Detours(server); len(ds) != 0 {
+		t.Fatalf("detours from a silent relay: %v", ds)
+	}
+}
+
 // The NATSource renews a grant at half its lease and releases it.
 func TestSourceRenewsAndReleases(t *testing.T) {
 	m := memberKey(t)

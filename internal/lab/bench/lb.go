@@ -375,22 +375,30 @@ func (c *lbChurn) Trial(ctx context.Context, n int) (Measurement, error) {
 		}()
 	}
 	// Sockets of the connections still waiting for their summary, 2 s
-	// after the writes ended: with MPDETOUR_BENCH_KEEP set the cell's
-	// directory keeps them (ss-trialN-NODE.txt) for the stalled ones.
-	snapDone := make(chan struct{})
-	snapTimer := time.AfterFunc(e.Duration+2*time.Second, func() {
-		defer close(snapDone)
-		for _, node := range append([]string{e.Roles.Client}, lbBackends...) {
-			out, _ := e.Lab.Command(ctx, node, "ss", "-tniM").CombinedOutput()
-			_ = os.WriteFile(filepath.Join(e.Dir, fmt.Sprintf("ss-trial%d-%s.txt", n, node)), out, 0o644)
+	// after the writes ended, and of all connections at 60% of the
+	// duration (after most route changes, while they still write): with
+	// MPDETOUR_BENCH_KEEP set the cell's directory keeps them
+	// (ss-trialN-NODE.txt, ss-trialN-NODE-mid.txt). -m shows each
+	// socket's memory and receive buffer (docs/results/loadbalancer:
+	// class B's out-of-order queue over the receive buffer).
+	snap := func(at time.Duration, suffix string) func() {
+		done := make(chan struct{})
+		t := time.AfterFunc(at, func() {
+			defer close(done)
+			for _, node := range append([]string{e.Roles.Client}, lbBackends...) {
+				out, _ := e.Lab.Command(ctx, node, "ss", "-tnmiM").CombinedOutput()
+				_ = os.WriteFile(filepath.Join(e.Dir, fmt.Sprintf("ss-trial%d-%s%s.txt", n, node, suffix)), out, 0o644)
+			}
+		})
+		return func() {
+			if t.Stop() {
+				close(done)
+			}
+			<-done
 		}
-	})
-	defer func() {
-		if snapTimer.Stop() {
-			close(snapDone)
-		}
-		<-snapDone
-	}()
+	}
+	defer snap(e.Duration*6/10, "-mid")()
+	defer snap(e.Duration+2*time.Second, "")()
 	changes := 0
 	var routeErr error
 	for k := 1; k <= lbRouteChanges; k++ {

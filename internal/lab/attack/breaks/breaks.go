@@ -39,6 +39,10 @@
 //     detour nodes, an agent keeping 4 NAT detour subflows per connection,
 //     200 short MPTCP connections/s for 60 s. Target: SUBFLOW_CREATE <= 2 x
 //     connections x 4, and no server join limit learned (churn.go).
+//   - subflow-churn-mixed (break 7): subflow-churn where 3 of 8
+//     connections stay half closed 1-5 s after the server closed, 1 of 8
+//     closes at once, 2 of 8 idle 10-20 s, and two detours drop or reset
+//     half of the joins; the client's ports sustain the rate. Same target.
 //
 // Lab only: nothing here is part of the product.
 package breaks
@@ -64,11 +68,14 @@ const (
 	DestV6        = "destinations-v6" // issue 31: no break number
 	RevokedCRL    = "revoked-crl"
 	SubflowChurn  = "subflow-churn"
+	// SubflowChurnMixed is subflow-churn with half-closed, aborted and idle
+	// connections and two unreliable detours (churn.go).
+	SubflowChurnMixed = "subflow-churn-mixed"
 )
 
 // Cases lists the cases in the order the suite runs them.
 func Cases() []string {
-	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv, DestV6, RevokedCRL, SubflowChurn}
+	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv, DestV6, RevokedCRL, SubflowChurn, SubflowChurnMixed}
 }
 
 // Result is one case against one build.
@@ -126,6 +133,8 @@ func Run(ctx context.Context, name string, o Options) Result {
 		r = revokedCRL(ctx, o)
 	case SubflowChurn:
 		r = subflowChurn(ctx, o)
+	case SubflowChurnMixed:
+		r = subflowChurnMixed(ctx, o)
 	default:
 		r = Result{Case: name, Error: fmt.Sprintf("unknown case %q (known: %s)", name, strings.Join(Cases(), ", "))}
 	}

@@ -38,13 +38,20 @@ time=2026-11-27T03:49:32.304Z level=INFO msg="command failed" intent="create tok
 time=2026-11-27T03:49:32.305Z level=INFO msg="command failed" intent="create token e86186b3 10.0.1.1:0 -> 10.1.4.2:40001 via nat via detour4 (default -> 10.1.4.2:40001)" err="mptcp_pm SUBFLOW_CREATE token e86186b3: transport endpoint is not connected (errno 107)"
 time=2026-11-27T03:49:43.848Z level=DEBUG msg=event event="SUB_ESTABLISHED token=0000001f local=10.0.1.1:41646 remote=10.1.4.2:40001"
 time=2026-11-27T03:49:44.000Z level=INFO msg="server subflow limit learned" server=10.0.3.2:5201 extra_subflows=1 for=5m0s
+time=2026-11-27T03:49:45.000Z level=WARN msg="events lost; resynchronising from inet_diag"
+time=2026-11-27T03:49:46.500Z level=DEBUG msg=intent intent="create token 0000001f 10.0.1.1:0 -> 10.1.3.2:40524 via nat via detour3 (default -> 10.1.3.2:40524)"
 `
 	st, err := parseChurnLog(strings.NewReader(log))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.creates != 3 || st.maxPerToken != 2 || st.busiestSecond != 2 || st.established != 1 || st.learned != 1 || st.tokensOver(1) != 1 {
+	if st.creates != 4 || st.maxPerToken != 2 || st.busiestSecond != 2 || st.established != 1 || st.learned != 1 || st.lost != 1 || st.tokensOver(1) != 2 {
 		t.Fatalf("parsed %+v", st)
+	}
+	// Both tokens made 2 creates; 0000001f over the longer span
+	// (03:49:33.301 to 03:49:46.500).
+	if got := st.maxTokenSpan(); got != "token 0000001f over 13.2 s" {
+		t.Fatalf("maxTokenSpan = %q", got)
 	}
 	want := map[string]int64{"invalid argument (22) invalid token": 1, "transport endpoint is not connected (107)": 1}
 	if len(st.refused) != 2 || st.refused["invalid argument (22) invalid token"] != 1 || st.refused["transport endpoint is not connected (107)"] != 1 {
