@@ -83,7 +83,8 @@ type Options struct {
 	CwndClamp func() policy.ClampStatus
 	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
 	// what the measured connections need (policy BufferWanted), restored
-	// at stop (buffers.go). Off by default: not measured yet.
+	// at stop (buffers.go). Off by default: in the paired design it never
+	// acted (docs/results/design/mechanisms).
 	BufferSizing bool
 	// StaleLossCnt, when > 0, sets net.mptcp.stale_loss_cnt in the
 	// namespace (MPTCP retransmit timer rounds without progress before a
