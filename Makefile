@@ -12,6 +12,10 @@ TESTFLAGS ?= -p 1 -count=1 -timeout 15m
 FUZZTIME  ?= 10s
 # The soak in `make test` (docs/results/soak has the 1-hour one: make soak SOAKTIME=1h).
 SOAKTIME  ?= 5m
+# Attack cases the soak runs in place (docs/lab.md "lab soak"): the two
+# cheap ones (~0.2 s each per run; the soak's duration is fixed, so no
+# wall time is added). SOAKATTACKS=all for every case, SOAKATTACKS= for none.
+SOAKATTACKS ?= convert-socket,rotation-quota
 
 # Debian packages (make package): into PKGDIR.
 PKGDIR    ?= dist
@@ -58,7 +62,7 @@ fuzz:
 # Churn against real relays and an agent in a lab of its own; fails when
 # memory, fds, goroutines, mappings or WireGuard peers grow (docs/lab.md).
 soak: build
-	$(LABBIN) soak --duration $(SOAKTIME) --name soakmk
+	$(LABBIN) soak --duration $(SOAKTIME) --name soakmk --attacks '$(SOAKATTACKS)'
 
 # The soak mostly waits: it runs beside the fuzzers.
 fuzz-and-soak:

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/attack/breaks"
 	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
 	"github.com/mpdetour/mpdetour/internal/policy"
@@ -22,11 +24,12 @@ func labSoakCommand() *cli.Command {
 		o         bench.SoakOptions
 		out, name string
 		bin       string
+		attacks   string
 	)
 	return &cli.Command{
 		Name:         "soak",
 		Summary:      "churn for a while (echoed and checked connections, relay restarts, faults on a detour and the default path) and check nothing leaks or is lost",
-		Usage:        "[--duration 5m] [--out DIR] [--restart-every D] [--flap-every D] [--flap-for D] [--conns N] [--long N]",
+		Usage:        "[--duration 5m] [--out DIR] [--restart-every D] [--flap-every D] [--flap-for D] [--conns N] [--long N] [--attacks CASES] [--attack-every D]",
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.DurationVar(&o.Duration, "duration", 5*time.Minute, "how long the churn lasts (the issue's soak: 1h)")
@@ -41,6 +44,8 @@ func labSoakCommand() *cli.Command {
 			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static, adaptive or backup-first (default: the agent's default)")
 			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
 			fs.StringVar(&bin, "bin", "", binFlagUsage)
+			fs.StringVar(&attacks, "attacks", "", "comma-separated attack-suite cases run in turn against the soak's own relays and agent while its traffic runs, each judged by the suite's criterion ("+strings.Join(breaks.InPlaceCases(), ", ")+", or all; docs/bench.md); none by default")
+			fs.DurationVar(&o.AttackEvery, "attack-every", 30*time.Second, "start the next attack case this often (none later than 60s before the end; attacks wait for relay restarts and link faults and delay them)")
 		},
 		Run: func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
@@ -48,6 +53,10 @@ func labSoakCommand() *cli.Command {
 			}
 			if o.Duration < 30*time.Second {
 				return cli.Usagef("lab soak: --duration %s is too short to compare start and end (at least 30s)", o.Duration)
+			}
+			var err error
+			if o.Attacks, err = parseSoakAttacks(attacks, o.AttackEvery, o.Duration); err != nil {
+				return err
 			}
 			if o.Policy != "" {
 				if _, err := policy.ParseMode(o.Policy); err != nil {
@@ -59,6 +68,12 @@ func labSoakCommand() *cli.Command {
 				return err
 			}
 			o.Binary = exe
+			if len(o.Attacks) > 0 {
+				if o.Self, err = os.Executable(); err != nil {
+					return err
+				}
+				o.PeerCommand = "attack-peer"
+			}
 			dir, err := os.MkdirTemp("", "mpdetour-soak-")
 			if err != nil {
 				return err
@@ -112,4 +127,24 @@ func labSoakCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// parseSoakAttacks parses --attacks; the soak must be long enough for every
+// case to run once (one per --attack-every, none later than
+// bench.AttackLongest, the longest a case may take, before the end).
+func parseSoakAttacks(list string, every, duration time.Duration) ([]string, error) {
+	cases, err := breaks.ParseInPlace(list)
+	if err != nil {
+		return nil, cli.Usagef("lab soak: --attacks: %v", err)
+	}
+	if len(cases) == 0 {
+		return nil, nil
+	}
+	if every < 5*time.Second {
+		return nil, cli.Usagef("lab soak: --attack-every %s is too short (at least 5s)", every)
+	}
+	if min := time.Duration(len(cases))*every + bench.AttackLongest; duration < min {
+		return nil, cli.Usagef("lab soak: --duration %s is too short for --attacks (every case once: at least %d x --attack-every + %s = %s)", duration, len(cases), bench.AttackLongest, min)
+	}
+	return cases, nil
 }

@@ -668,8 +668,12 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		ins = a.pol.SubflowEstablished(sf)
 	case mptcppm.EventSubClosed:
 		sf := subflow(e)
+		ask := a.shortJoinAmid(sf)
 		if !a.subDown(sf) {
 			return nil
+		}
+		if ask {
+			sf.ConnClosing = a.connClosing(sf.Token)
 		}
 		ins = a.pol.SubflowClosed(sf)
 	case mptcppm.EventSubPriority:
@@ -746,6 +750,44 @@ func (a *Agent) subDown(sf policy.Subflow) bool {
 		delete(cv.subs, k)
 	}
 	return true
+}
+
+// shortJoinAmid says whether sf is a join closing within
+// policy.DefaultMinLifetime of coming up while another extra subflow of
+// its connection lives: a reset the policy would take for the server's
+// join limit. Only for such a close the agent asks the kernel whether
+// the connection is closing (one inet_diag lookup, not one per close).
+func (a *Agent) shortJoinAmid(sf policy.Subflow) bool {
+	cv := a.conns[sf.Token]
+	if cv == nil {
+		return false
+	}
+	k := keyOf(sf.Local.Addr(), sf.Remote)
+	sv := cv.subs[k]
+	if sv == nil || !sv.up || time.Since(sv.since) >= policy.DefaultMinLifetime {
+		return false
+	}
+	for ok, o := range cv.subs {
+		if ok != k && o.up {
+			return true
+		}
+	}
+	return false
+}
+
+// connClosing says whether the connection's MPTCP socket is no longer
+// ESTABLISHED (or gone). A server resets a join to a connection it is
+// closing with the same reason as a join beyond its limit; the client's
+// own socket state tells them apart: after the server's DATA_FIN it is
+// CLOSE_WAIT or later. An inet_diag failure answers false (the policy
+// then judges as before) and is logged.
+func (a *Agent) connClosing(token uint32) bool {
+	st, found, err := a.k.ConnState(token)
+	if err != nil {
+		a.log.Warn("connection state unknown", "token", fmt.Sprintf("%08x", token), "err", err)
+		return false
+	}
+	return !found || st != 1 /* ESTABLISHED */
 }
 
 // refused tells the sources that a subflow through d toward server was

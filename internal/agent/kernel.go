@@ -34,6 +34,10 @@ type Kernel interface {
 	Connections() ([]mptcppm.Connection, error)
 	// Subflows lists the namespace's MPTCP subflows with their TCP_INFO.
 	Subflows() ([]mptcppm.Subflow, error)
+	// ConnState is one connection's MPTCP-level state by token (TCP state
+	// numbering, 1 = ESTABLISHED); found is false for a token the kernel
+	// does not know.
+	ConnState(token uint32) (state uint8, found bool, err error)
 }
 
 // LinuxKernel talks to the kernel through generic netlink (mptcp_pm) and
@@ -175,6 +179,11 @@ func (k *LinuxKernel) Connections() ([]mptcppm.Connection, error) { return mptcp
 
 // Subflows implements Kernel.
 func (k *LinuxKernel) Subflows() ([]mptcppm.Subflow, error) { return mptcppm.DumpSubflows(k.opts) }
+
+// ConnState implements Kernel.
+func (k *LinuxKernel) ConnState(token uint32) (uint8, bool, error) {
+	return mptcppm.ConnState(k.opts, token)
+}
 
 // Close stops the event socket (Events returns) and restores the path
 // manager. Subflows already open stay open.

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"sync"
 	"testing"
@@ -138,6 +139,55 @@ func TestAgentJoinResetAfterOwnDestroyLearnsNoLimit(t *testing.T) {
 	if n := createsBy(h.k.Commands()[from:])[2]; n != 2 {
 		t.Fatalf("the next connection got %d detour subflows, want 2 (a server limit was learned from the agent's own destroy); commands %v",
 			n, h.k.Commands()[from:])
+	}
+}
+
+// A join the server resets right after it came up
+// teaches a server limit only when the connection is still ESTABLISHED at
+// the MPTCP level: the agent looks the connection up (sock_diag) and, when
+// the server has closed it (CLOSE_WAIT), learns nothing; the next
+// connection gets both detours. Before the fix every such reset under
+// churn taught "extra_subflows=1".
+// When the lookup fails (inet_diag error) the agent judges as before the
+// check: the limit is learned. Each case makes exactly one lookup (the
+// one short reset amid another join), not one per event.
+func TestAgentJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		state   uint8 // the first connection's MPTCP state when the join is reset
+		diagErr error // the lookup's error
+		want    int   // detour subflows asked for the next connection
+	}{{"closing", 8 /* CLOSE_WAIT */, nil, 2}, {"established", 1, nil, 1}, {"lookup fails", 8, errors.New("inet_diag: no buffer space"), 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1,
+				Backoff: time.Second, MaxBackoff: time.Minute, ConnectTimeout: time.Minute, // no retry of a join that stays pending
+				ProbeInterval: 50 * time.Millisecond, StallRetransmits: 3, Policy: policy.Static,
+			}
+			h := run(t, cfg, static.New([]static.Entry{natDetour("r1", relay1), natDetour("r2", relay2)}))
+			h.connect(1)
+			h.wait(0, "create via r1", creates(relay1))
+			h.wait(0, "create via r2", creates(relay2))
+			sf1 := netip.AddrPortFrom(client.Addr(), 50001)
+			sf2 := netip.AddrPortFrom(client.Addr(), 50002)
+			h.k.SetConnections([]mptcppm.Connection{{Token: 1, Local: client, Remote: server, State: tc.state}})
+			h.k.SetConnStateErr(tc.diagErr)
+			h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 1, Local: sf1, Remote: relay1},
+				mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 1, Local: sf2, Remote: relay2},
+				mptcppm.Event{Type: mptcppm.EventSubClosed, Token: 1, Local: sf2, Remote: relay2, Error: uint8(unix.ECONNRESET)})
+			time.Sleep(200 * time.Millisecond)
+			from := len(h.k.Commands())
+			h.connect(2)
+			for deadline := time.Now().Add(5 * time.Second); createsBy(h.k.Commands()[from:])[2] < tc.want && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(200 * time.Millisecond)
+			if n := createsBy(h.k.Commands()[from:])[2]; n != tc.want {
+				t.Fatalf("the next connection got %d detour subflows, want %d; commands %v", n, tc.want, h.k.Commands()[from:])
+			}
+			if n := h.k.ConnStateCalls(); n != 1 {
+				t.Fatalf("%d connection-state lookups, want 1 (the short join reset amid another join)", n)
+			}
+		})
 	}
 }
 

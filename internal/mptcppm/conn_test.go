@@ -478,3 +478,59 @@ func TestEventsLost(t *testing.T) {
 	}
 	t.Fatal("no event for a new connection after the overflow")
 }
+
+// ConnState looks one connection up by token: ESTABLISHED while it is,
+// something else once the connection is closing, not found for a token
+// the kernel does not know.
+func TestConnState(t *testing.T) {
+	p := newPair(t)
+	events := listen(t, p.c.Name, "client")
+	c := p.dial(t)
+	tok := waitEvent(t, events, mptcppm.EventEstablished, 0).Token
+	o := mptcppm.Options{NetNS: p.c.Name}
+	if st, found, err := mptcppm.ConnState(o, tok); err != nil || !found || st != 1 {
+		t.Fatalf("ConnState(%08x) = %d, %v, %v; want 1 (ESTABLISHED), found", tok, st, found, err)
+	}
+	if st, found, err := mptcppm.ConnState(o, tok+1); err != nil || found {
+		t.Fatalf("ConnState of an unknown token = %d, %v, %v; want not found", st, found, err)
+	}
+	// The server's end is an AF_INET6 socket (Go's dual-stack listener on
+	// 0.0.0.0): the AF_INET request finds it by token all the same (the
+	// handler answers with the socket's own family).
+	so := mptcppm.Options{NetNS: p.s.Name}
+	conns, err := mptcppm.Dump(so)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v6 := 0
+	for _, sc := range conns {
+		if !sc.Inet6 {
+			continue
+		}
+		v6++
+		if st, found, err := mptcppm.ConnState(so, sc.Token); err != nil || !found || st != sc.State {
+			t.Errorf("ConnState of the AF_INET6 connection %08x = %d, %v, %v; want %d, found", sc.Token, st, found, err, sc.State)
+		}
+	}
+	if v6 == 0 {
+		t.Errorf("no AF_INET6 connection in the server's namespace: %+v", conns)
+	}
+	// Half-close: our DATA_FIN, then the echo server's.
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		st, found, err := mptcppm.ConnState(o, tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !found || st != 1 {
+			t.Logf("after the half-close: state %d, found %v", st, found)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("connection still ESTABLISHED 5 s after both DATA_FINs")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

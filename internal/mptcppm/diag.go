@@ -2,6 +2,7 @@ package mptcppm
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -458,4 +459,51 @@ func FindSubflow(o Options, local netip.AddrPort, match func(Subflow) bool) (s S
 		}
 	}
 	return Subflow{}, false, nil
+}
+
+// ConnState asks inet_diag for the MPTCP-level state of the connection
+// with local token tok in namespace o.NetNS (TCP state numbering: 1 =
+// ESTABLISHED; after the peer's DATA_FIN it is CLOSE_WAIT or later).
+// found is false when the kernel knows no such token (the connection is
+// gone). It is one exact lookup, not a dump: mptcp_diag's dump_one takes
+// the token from the request's cookie (net/mptcp/mptcp_diag.c).
+func ConnState(o Options, tok uint32) (state uint8, found bool, err error) {
+	c, err := dialDiag(o)
+	if err != nil {
+		return 0, false, err
+	}
+	defer c.Close()
+	req := make([]byte, 56)
+	req[0] = afInet // the handler answers with the socket's own family
+	req[1] = unix.IPPROTO_TCP
+	req[2] = 1 << (diagInfo - 1) // mptcp_info carries the token
+	binary.NativeEndian.PutUint32(req[4:], 0xfff)
+	binary.NativeEndian.PutUint32(req[48:], tok)
+	ab, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: diagReqProtocol, Data: binary.NativeEndian.AppendUint32(nil, protoMPTCP)}})
+	if err != nil {
+		return 0, false, err
+	}
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request},
+		Data:   append(req, ab...),
+	})
+	if errors.Is(err, unix.ENOENT) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("inet_diag lookup of token %08x: %w", tok, err)
+	}
+	for _, m := range msgs {
+		if m.Header.Type != sockDiagByFamily {
+			continue
+		}
+		conn, err := parseMPTCPDiag(m.Data)
+		if err != nil {
+			return 0, false, err
+		}
+		if conn.Token == tok {
+			return conn.State, true, nil
+		}
+	}
+	return 0, false, nil
 }

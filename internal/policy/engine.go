@@ -249,7 +249,7 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 		cfg.MaxBackoff = 60 * time.Second
 	}
 	positive(&cfg.ConnectTimeout, 3*time.Second)
-	positive(&cfg.MinLifetime, 2*time.Second)
+	positive(&cfg.MinLifetime, DefaultMinLifetime)
 	positive(&cfg.StallRetransmits, 3)
 	positive(&cfg.Watchdog, 200*time.Millisecond)
 	positive(&cfg.Window, 2*time.Second)
@@ -607,7 +607,20 @@ func (p *Engine) SubflowClosed(sf Subflow) []Intent {
 		// or a relay restart the agent learned "extra_subflows=1 for 5m"
 		// and the next connection got no NAT detour). Then the reset is
 		// held against this connection only, and no detour is blamed.
+		// Nor when the connection was closing (not ESTABLISHED at the
+		// MPTCP level): the server resets joins to a connection it is
+		// closing with the same reason as joins beyond its limit; under
+		// churn the agent learned 1-5 wrong limits per run (12,000
+		// connections in 80 s) toward a server that closed first.
+		// A closing connection takes no join at all (the server refuses
+		// every join while its socket is not ESTABLISHED, the client's
+		// kernel answers SUBFLOW_CREATE with ENOTCONN): no retry, its
+		// joins end here as after ENOTCONN.
 		if n := k.joined(); n > 0 {
+			if sf.ConnClosing {
+				p.finish(k, "join reset right after it came up (the connection is closing)")
+				return nil
+			}
 			if !k.lostAt.IsZero() {
 				p.refused(k, "join reset right after it came up (the server may still hold a subflow this connection lost)", true)
 				p.scheduleRetry(k, now, now.Add(p.cfg.Backoff), false)

@@ -50,6 +50,11 @@ func (k *kconn) joined() int {
 	return n
 }
 
+// DefaultMinLifetime is Config.MinLifetime's default: a join closed
+// sooner after it came up was refused (by the server's limit or because
+// the connection was closing), not closed cleanly.
+const DefaultMinLifetime = 2 * time.Second
+
 // capCheck is how long a learned server limit first holds before a new
 // connection tries more joins again (re-checks it); each confirmation
 // doubles it, up to 10 x Hold.

@@ -56,6 +56,15 @@ type Subflow struct {
 	Backup   bool
 	// Errno is the subflow's socket error on close (0 = none).
 	Errno uint8
+	// ConnClosing (SubflowClosed only): when the subflow closed, the
+	// connection's MPTCP socket was no longer ESTABLISHED (the server's
+	// DATA_FIN came, or we sent ours) or was gone. A server resets a join
+	// to such a connection with the same reason as a join beyond its
+	// limit (MPTCP_RST_EPROHIBIT), so such a reset says nothing about the
+	// limit. The agent asks the kernel only for a join that closed within
+	// DefaultMinLifetime of coming up while another extra subflow lived
+	// (the case that would teach a limit); false otherwise.
+	ConnClosing bool
 }
 
 // Action is what an Intent asks of the kernel.

@@ -119,26 +119,33 @@ func TestCreatesBoundedPerConnection(t *testing.T) {
 	}
 }
 
-// A learned server limit is re-checked: a connection
-// after capCheck asks for N again (before the fix the limit held for
-// 10 x Hold, 5 minutes); a join beyond it that lives forgets it.
-func TestServerLimitIsRechecked(t *testing.T) {
-	p, _, clk := newStatic(2, d1, d2)
-	c1 := Conn{Token: 1, Local: client, Remote: server, Fully: true}
-	ins := p.Established(c1)
+// resetSecondJoin opens connection 1 to server with two detour joins and
+// has the server reset the second 100 ms after it came up (the connection
+// closing or not, as the agent would tell).
+func resetSecondJoin(p *Engine, clk *clock, closing bool) {
+	ins := p.Established(Conn{Token: 1, Local: client, Remote: server, Fully: true})
 	p.SubflowEstablished(up(ins[0], 41001))
 	p.SubflowEstablished(up(ins[1], 41002))
 	clk.advance(100 * time.Millisecond)
 	reset := up(ins[1], 41002)
 	reset.Errno = uint8(syscall.ECONNRESET)
-	p.SubflowClosed(reset) // the server's limit: 1 extra subflow
+	reset.ConnClosing = closing
+	p.SubflowClosed(reset)
+}
+
+// A learned server limit is re-checked: a connection
+// after capCheck asks for N again (before the fix the limit held for
+// 10 x Hold, 5 minutes); a join beyond it that lives forgets it.
+func TestServerLimitIsRechecked(t *testing.T) {
+	p, _, clk := newStatic(2, d1, d2)
+	resetSecondJoin(p, clk, false) // the server's limit: 1 extra subflow
 	c2 := Conn{Token: 2, Local: netip.MustParseAddrPort("10.0.1.1:40002"), Remote: server, Fully: true}
 	if n := countAction(p.Established(c2), CreateSubflow); n != 1 {
 		t.Fatalf("right after the limit was learned: %d creates, want 1", n)
 	}
 	clk.advance(capCheck + time.Second)
 	c3 := Conn{Token: 3, Local: netip.MustParseAddrPort("10.0.1.1:40003"), Remote: server, Fully: true}
-	ins = p.Established(c3)
+	ins := p.Established(c3)
 	if n := countAction(ins, CreateSubflow); n != 2 {
 		t.Fatalf("%s after the limit was learned: %d creates, want 2 (re-check)", capCheck+time.Second, n)
 	}
@@ -320,6 +327,43 @@ func TestEstablishedAfterENOTCONNGiveUpOpensDetours(t *testing.T) {
 	for _, r := range p.Report().Conns {
 		if strings.Contains(r.Decision, "never fully established") {
 			t.Errorf("status still says %q", r.Decision)
+		}
+	}
+}
+
+// A join the server resets right after it came up teaches no limit when
+// the connection was closing (its MPTCP socket no longer ESTABLISHED: the
+// server resets joins to a connection it is closing with the same reason
+// as joins beyond its limit); the reset is held against that connection
+// only. The same reset on an established connection still teaches one.
+// Before the fix the closing case learned "extra_subflows=1" (under churn
+// 1-5 wrong limits per 80 s run) and the next connections got fewer detours.
+func TestJoinResetOnClosingConnectionLearnsNoLimit(t *testing.T) {
+	for _, closing := range []bool{true, false} {
+		p, _, clk := newStatic(2, d1, d2)
+		resetSecondJoin(p, clk, closing)
+		_, learned := p.caps[server]
+		c2 := Conn{Token: 2, Local: netip.MustParseAddrPort("10.0.1.1:40002"), Remote: server, Fully: true}
+		n := countAction(p.Established(c2), CreateSubflow)
+		switch {
+		case closing && (learned || n != 2):
+			t.Errorf("join reset on a closing connection: limit learned %v, next connection %d creates; want none learned, 2 creates", learned, n)
+		case !closing && (!learned || n != 1):
+			t.Errorf("join reset on an established connection: limit learned %v, next connection %d creates; want learned, 1 create", learned, n)
+		}
+		if closing {
+			// No new join for the closing connection, at once or after
+			// the backoff: it can take none (before: one retry after
+			// Backoff, refused with ENOTCONN).
+			if n := countAction(p.Tick(clk.t), CreateSubflow); n != 0 {
+				t.Errorf("closing connection: %d creates right after the reset, want 0", n)
+			}
+			clk.advance(p.cfg.MaxBackoff + time.Second)
+			for _, in := range p.Tick(clk.t) {
+				if in.Action == CreateSubflow && in.Token == 1 {
+					t.Errorf("closing connection: a create after the backoff: %v", in)
+				}
+			}
 		}
 	}
 }

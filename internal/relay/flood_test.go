@@ -134,6 +134,10 @@ type floodResult struct {
 	Within1s  int           // ... within one second of starting
 	Latencies []time.Duration
 	RelayCPU  time.Duration
+	// RelayWait is the time the relay's threads were runnable but waiting
+	// for a CPU (the sum of /proc/PID/task/*/schedstat's second field):
+	// how much it was starved of CPU.
+	RelayWait time.Duration
 	// Fails counts the attempts without a grant within the deadline by
 	// where the exchange stopped (failKind).
 	Fails map[string]int
@@ -191,6 +195,11 @@ func memberAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, 1, byt
 // floodLine starts a relay with n members and returns the keys of each;
 // extra is appended to the relay's configuration.
 func floodLine(t testing.TB, n int, extra string) (*fixture, proto.Key, []proto.Key, *relayProc) {
+	return floodLineBin(t, n, extra, os.Args[0])
+}
+
+// floodLineBin is floodLine with the relay run by bin (startRelayBin).
+func floodLineBin(t testing.TB, n int, extra, bin string) (*fixture, proto.Key, []proto.Key, *relayProc) {
 	t.Helper()
 	testenv.Root(t)
 	testenv.Tools(t, "ip", "nft")
@@ -224,7 +233,7 @@ func floodLine(t testing.TB, n int, extra string) (*fixture, proto.Key, []proto.
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return f, relayKey, members, startRelay(t, f.Relay, path)
+	return f, relayKey, members, startRelayBin(t, f.Relay, path, bin)
 }
 
 // runFlood floods the relay at rate for d while every member, one attempt
@@ -234,6 +243,7 @@ func runFlood(t testing.TB, f *fixture, relayKey proto.Key, members []proto.Key,
 	t.Helper()
 	res := floodResult{Rate: rate, Duration: d, Fails: map[string]int{}}
 	cpu0 := procCPU(t, p.cmd.Process.Pid)
+	wait0 := runqueueWait(p.cmd.Process.Pid)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -299,6 +309,7 @@ func runFlood(t testing.TB, f *fixture, relayKey proto.Key, members []proto.Key,
 		res.Sent = fl.sent.Load()
 	}
 	res.RelayCPU = procCPU(t, p.cmd.Process.Pid) - cpu0
+	res.RelayWait = runqueueWait(p.cmd.Process.Pid) - wait0
 	return res
 }
 
@@ -342,6 +353,16 @@ func TestHandshakeFlood(t *testing.T) {
 // running on every relay in turn, in a rotated order, the flood and then
 // (with MPDETOUR_FLOOD_AFTER) the phase after it, so every variant sees the
 // same load over the run; the table ends with each variant's totals.
+//
+// MPDETOUR_FLOOD_BUILDS=name=path,name=path,... compares builds the same
+// way: one relay per test binary of this package (go test -c, e.g. of main
+// and of a branch), each run as the relay of its own line; the members and
+// the flooder are this binary's for every line. name=path@bytes also sets
+// that relay's receive_buffer.
+//
+// Each row also gives the relay's run-queue wait: the time its threads
+// were runnable but not running (schedstat), a direct measure of CPU
+// starvation on shared cores.
 func BenchmarkHandshakeFlood(b *testing.B) {
 	rate, secs, n, after, low, rounds := 20000, 10, 20, 0, 0, 2
 	for _, v := range []struct {
@@ -383,7 +404,27 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 		phases = append(phases, phase{name, r, l0 + " -> " + loadAvg(), selfCPU() - self0, drops})
 	}
 	var lines []line
-	if v := os.Getenv("MPDETOUR_FLOOD_RCVBUF"); v != "" {
+	if v := os.Getenv("MPDETOUR_FLOOD_BUILDS"); v != "" {
+		for _, x := range strings.Split(v, ",") {
+			name, bin, ok := strings.Cut(strings.TrimSpace(x), "=")
+			if !ok || name == "" || bin == "" {
+				b.Fatalf("MPDETOUR_FLOOD_BUILDS: %q is not name=path-to-test-binary", x)
+			}
+			bin, rb, withRB := strings.Cut(bin, "@")
+			extra := ""
+			if withRB {
+				if _, err := strconv.Atoi(rb); err != nil {
+					b.Fatalf("MPDETOUR_FLOOD_BUILDS: %q: the receive buffer after @ is not a byte count", x)
+				}
+				extra = "receive_buffer: " + rb + "\n"
+			}
+			if _, err := os.Stat(bin); err != nil {
+				b.Fatalf("MPDETOUR_FLOOD_BUILDS: %v", err)
+			}
+			f, k, m, p := floodLineBin(b, n, extra, bin)
+			lines = append(lines, line{fmt.Sprintf("build %s (socket rb %s)", name, relayRcvbuf(b, f.Relay)), f, k, m, p})
+		}
+	} else if v := os.Getenv("MPDETOUR_FLOOD_RCVBUF"); v != "" {
 		for _, x := range strings.Split(v, ",") {
 			x = strings.TrimSpace(x)
 			extra := ""
@@ -396,6 +437,8 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 			f, k, m, p := floodLine(b, n, extra)
 			lines = append(lines, line{fmt.Sprintf("receive_buffer %s (socket rb %s)", x, relayRcvbuf(b, f.Relay)), f, k, m, p})
 		}
+	}
+	if len(lines) > 0 {
 		for r := 0; r < rounds; r++ {
 			for i := range lines {
 				l := lines[(i+r)%len(lines)] // rotated: no variant always goes first
@@ -417,6 +460,7 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 					t.r.Attempts, t.r.OK, t.r.Within1s = t.r.Attempts+ph.r.Attempts, t.r.OK+ph.r.OK, t.r.Within1s+ph.r.Within1s
 					t.r.Latencies = append(t.r.Latencies, ph.r.Latencies...)
 					t.r.RelayCPU += ph.r.RelayCPU
+					t.r.RelayWait += ph.r.RelayWait
 					t.self += ph.self
 					if t.drops >= 0 && ph.drops >= 0 {
 						t.drops += ph.drops
@@ -446,7 +490,7 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 		}
 	}
 	var rep strings.Builder
-	fmt.Fprintf(&rep, "| run | spoofed pkt/s asked (sent) | attempts | ok | grant within 1 s | failed (where) | p50 | p99 | max | relay CPU | test process CPU (members + flooder) | relay socket drops (UDP RcvbufErrors) | load average |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&rep, "| run | spoofed pkt/s asked (sent) | attempts | ok | grant within 1 s | failed (where) | p50 | p99 | max | relay CPU | relay run-queue wait (thread time per phase time) | test process CPU (members + flooder) | relay socket drops (UDP RcvbufErrors) | load average |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, ph := range phases {
 		r := ph.r
 		sent := float64(r.Sent) / r.Duration.Seconds()
@@ -454,9 +498,9 @@ func BenchmarkHandshakeFlood(b *testing.B) {
 		if ph.drops >= 0 {
 			drops = strconv.FormatInt(ph.drops, 10)
 		}
-		fmt.Fprintf(&rep, "| %s | %d (%.0f) | %d | %d | %.1f%% | %s | %v | %v | %v | %.0f%% of a core | %.0f%% of a core | %s | %s |\n", ph.name, r.Rate, sent, r.Attempts, r.OK,
+		fmt.Fprintf(&rep, "| %s | %d (%.0f) | %d | %d | %.1f%% | %s | %v | %v | %v | %.0f%% of a core | %.0f%% | %.0f%% of a core | %s | %s |\n", ph.name, r.Rate, sent, r.Attempts, r.OK,
 			r.pct(r.Within1s), r.fails(), r.quantile(0.5).Round(time.Millisecond), r.quantile(0.99).Round(time.Millisecond), r.quantile(1).Round(time.Millisecond),
-			100*r.RelayCPU.Seconds()/r.Duration.Seconds(), 100*ph.self.Seconds()/r.Duration.Seconds(), drops, ph.load)
+			100*r.RelayCPU.Seconds()/r.Duration.Seconds(), 100*r.RelayWait.Seconds()/r.Duration.Seconds(), 100*ph.self.Seconds()/r.Duration.Seconds(), drops, ph.load)
 	}
 	b.Logf("\n%s", rep.String())
 	if path := os.Getenv("MPDETOUR_FLOOD_REPORT"); path != "" {
@@ -526,4 +570,20 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// runqueueWait is how long pid's threads have waited on a run queue
+// (runnable, not running) in total, from /proc/PID/task/*/schedstat; threads
+// that ended are not counted (the relay's Go threads live as long as it).
+func runqueueWait(pid int) time.Duration {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, path := range tasks {
+		b, err := os.ReadFile(path)
+		if f := strings.Fields(string(b)); err == nil && len(f) >= 2 {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += n
+		}
+	}
+	return time.Duration(sum)
 }

@@ -56,7 +56,14 @@ func (b *syncBuffer) String() string {
 // for its table.
 func startRelay(t testing.TB, ns, cfgPath string) *relayProc {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
+	return startRelayBin(t, ns, cfgPath, os.Args[0])
+}
+
+// startRelayBin is startRelay with the relay run by bin, a test binary of
+// this package (of another build, for before/after comparisons).
+func startRelayBin(t testing.TB, ns, cfgPath, bin string) *relayProc {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", ns, bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "MPDETOUR_TEST_RELAY_CONFIG="+cfgPath)
 	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = p.stderr

@@ -8,8 +8,13 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"runtime/trace"
+	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,6 +36,7 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv("MPDETOUR_TEST_RELAY_CONFIG"); cfg != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		profileRelay(ctx)
 		err := relayd.Run(ctx, cfg, log, nil)
 		stop()
 		if err != nil {
@@ -75,4 +81,57 @@ func squat() {
 	fmt.Println("ready")
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	os.Exit(0)
+}
+
+// profileRelay records, when MPDETOUR_TEST_RELAY_PROFILE names a
+// directory, a CPU profile (cpu.pprof) and an execution trace (trace.out)
+// of this relay process for MPDETOUR_TEST_RELAY_PROFILE_FOR seconds
+// (default 5) starting MPDETOUR_TEST_RELAY_PROFILE_AFTER seconds (default
+// 0) after it started: how the flood benchmarks find where the relay's
+// time goes. The files are complete once "profile written" is on stderr.
+func profileRelay(ctx context.Context) {
+	dir := os.Getenv("MPDETOUR_TEST_RELAY_PROFILE")
+	if dir == "" {
+		return
+	}
+	secs := func(env string, def int) time.Duration {
+		if n, err := strconv.Atoi(os.Getenv(env)); err == nil {
+			return time.Duration(n) * time.Second
+		}
+		return time.Duration(def) * time.Second
+	}
+	after, dur := secs("MPDETOUR_TEST_RELAY_PROFILE_AFTER", 0), secs("MPDETOUR_TEST_RELAY_PROFILE_FOR", 5)
+	go func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(after):
+		}
+		cpu, err := os.Create(filepath.Join(dir, "cpu.pprof"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+			return
+		}
+		tr, err := os.Create(filepath.Join(dir, "trace.out"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+			return
+		}
+		if err := pprof.StartCPUProfile(cpu); err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+			return
+		}
+		if err := trace.Start(tr); err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(dur):
+		}
+		trace.Stop()
+		pprof.StopCPUProfile()
+		cpu.Close()
+		tr.Close()
+		fmt.Fprintln(os.Stderr, "profile written")
+	}()
 }

@@ -32,8 +32,21 @@ const (
 	// 0.1-1 ms of CPU (BenchmarkRelayHandshake; the high end on this loaded
 	// host), so at most ~0.2 core; 200/s still lets 24,000 members rekey
 	// every two minutes.
-	initRate        = 200.0
-	initBurst       = 400
+	initRate  = 200.0
+	initBurst = 400
+	// A global cap on clear-text refusals (no session, bad packet) bounds
+	// what junk from many (spoofed) addresses costs beyond reading it: each
+	// refusal is a send (~8 us of the relay's CPU here, most of its time
+	// under a 20,000/s junk flood: docs/results/attacks/spoofed-junk) and a
+	// packet toward an address that may never have sent anything. Genuine
+	// refusals are rare (a member whose session the relay lost, after a
+	// restart, which re-handshakes on it); 2,000/s answers all of them
+	// outside floods. The cost: during a flood of N junk packets/s a
+	// member's request on a lost session is answered with probability
+	// about 2,000/N per retransmission (else it waits for its next try or
+	// its rekey).
+	refuseRate      = 2000.0
+	refuseBurst     = 4000
 	maxSessionsPer  = 4 // per member: older sessions are dropped
 	unconfirmedLife = 10 * time.Second
 	sweepEvery      = 500 * time.Millisecond
@@ -126,6 +139,8 @@ type limits struct {
 	// packets cannot use (or drain) these buckets.
 	proven *addrLimiter
 	inits  bucket
+	// refused: the global budget of clear-text refusals (refuseRate).
+	refused bucket
 	// refusals summarises refused handshakes in the log (bounded lines).
 	refusals refusalLog
 }
@@ -337,9 +352,9 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		})
 	}
-	go s.readV2(rctx, s.io.read(false))
+	go s.readV2(rctx, s.io.reader(false))
 	if s.io.pc6 != nil {
-		go s.readV2(rctx, s.io.read(true))
+		go s.readV2(rctx, s.io.reader(true))
 	}
 	s.started = s.now()
 	if s.io.status != nil {
@@ -585,39 +600,53 @@ type loadState struct {
 	until       time.Time
 }
 
-// readFunc reads one control datagram: its length, the local address it
-// arrived at (invalid: unknown) and its source.
-type readFunc func(buf []byte) (int, netip.Addr, net.Addr, error)
+// readBatch is how many control datagrams the reader takes from its socket
+// in one system call (recvmmsg): under a flood of small datagrams the
+// per-datagram system call was the reader's main cost.
+const readBatch = 64
 
-// read returns the readFunc of the IPv4 (v6 false) or IPv6 control socket.
-func (io *sockets) read(v6 bool) readFunc {
-	return func(buf []byte) (int, netip.Addr, net.Addr, error) {
-		var n int
-		var dst net.IP
-		var from net.Addr
-		var err error
-		if v6 {
-			var cm *ipv6.ControlMessage
-			if n, cm, from, err = io.pc6.ReadFrom(buf); cm != nil {
-				dst = cm.Dst
-			}
-		} else {
-			var cm *ipv4.ControlMessage
-			if n, cm, from, err = io.pc.ReadFrom(buf); cm != nil {
-				dst = cm.Dst
-			}
+// batchReader reads control datagrams in batches from one control socket
+// (sockets.reader).
+type batchReader struct {
+	// read fills ms (buffers, OOB) with up to len(ms) datagrams, waiting for
+	// at least one (ipv4/ipv6 PacketConn.ReadBatch).
+	read func(ms []ipv4.Message) (int, error)
+	// dst parses a datagram's control message: the local address it
+	// arrived at.
+	dst func(oob []byte) (net.IP, error)
+	// oob is the size of the control message buffer.
+	oob int
+}
+
+// reader returns the batchReader of the IPv4 (v6 false) or IPv6 control
+// socket. (ipv4.Message and ipv6.Message are the same type.)
+func (io *sockets) reader(v6 bool) batchReader {
+	if v6 {
+		return batchReader{
+			read: func(ms []ipv4.Message) (int, error) { return io.pc6.ReadBatch(ms, 0) },
+			dst:  func(b []byte) (net.IP, error) { var cm ipv6.ControlMessage; err := cm.Parse(b); return cm.Dst, err },
+			oob:  len(ipv6.NewControlMessage(ipv6.FlagDst)),
 		}
-		a, _ := netip.AddrFromSlice(dst)
-		return n, a.Unmap(), from, err
+	}
+	return batchReader{
+		read: func(ms []ipv4.Message) (int, error) { return io.pc.ReadBatch(ms, 0) },
+		dst:  func(b []byte) (net.IP, error) { var cm ipv4.ControlMessage; err := cm.Parse(b); return cm.Dst, err },
+		oob:  len(ipv4.NewControlMessage(ipv4.FlagDst)),
 	}
 }
 
-// readV2 reads control datagrams from one control socket (sockets.read).
-func (s *Server) readV2(ctx context.Context, read readFunc) {
+// readV2 reads control datagrams from one control socket, readBatch at a
+// time into buffers it reuses, and queues each (copied to its own size)
+// for the event loop.
+func (s *Server) readV2(ctx context.Context, r batchReader) {
 	var ld loadState
+	ms := make([]ipv4.Message, readBatch)
+	for i := range ms {
+		ms[i].Buffers = [][]byte{make([]byte, 2048)}
+		ms[i].OOB = make([]byte, r.oob)
+	}
 	for {
-		buf := make([]byte, 2048)
-		n, dst, from, err := read(buf)
+		n, err := r.read(ms)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -625,21 +654,31 @@ func (s *Server) readV2(ctx context.Context, read readFunc) {
 			s.log.Warn("control socket read", "err", err)
 			continue
 		}
-		ua, ok := from.(*net.UDPAddr)
-		if !ok {
-			continue
-		}
-		p := packet{data: buf[:n], from: ua.AddrPort(), dst: dst, at: time.Now()}
-		p.from = netip.AddrPortFrom(p.from.Addr().Unmap(), p.from.Port())
-		// Another version's initiation goes on to handle, which answers
-		// bad-version (mac1 would only say "wrong length").
-		if n > 1 && buf[0] == proto.TypeInit && buf[1] == proto.Version && !s.screenInit(&p, &ld) {
-			continue
-		}
-		select {
-		case s.ev.in <- p:
-		case <-ctx.Done():
-			return
+		at := time.Now()
+		for i := range ms[:n] {
+			m := &ms[i]
+			ua, ok := m.Addr.(*net.UDPAddr)
+			if !ok {
+				continue
+			}
+			data := make([]byte, m.N)
+			copy(data, m.Buffers[0][:m.N])
+			p := packet{data: data, from: ua.AddrPort(), at: at}
+			if ip, err := r.dst(m.OOB[:m.NN]); err == nil {
+				a, _ := netip.AddrFromSlice(ip) // invalid (unknown) without one
+				p.dst = a.Unmap()
+			}
+			p.from = netip.AddrPortFrom(p.from.Addr().Unmap(), p.from.Port())
+			// Another version's initiation goes on to handle, which answers
+			// bad-version (mac1 would only say "wrong length").
+			if len(data) > 1 && data[0] == proto.TypeInit && data[1] == proto.Version && !s.screenInit(&p, &ld) {
+				continue
+			}
+			select {
+			case s.ev.in <- p:
+			case <-ctx.Done():
+				return
+			}
 		}
 	}
 }
@@ -722,9 +761,9 @@ func metricLabels(op string, r proto.Reason) (string, string) {
 }
 
 // refuse answers a pre-session failure in clear text, smaller than any
-// request, at a bounded rate per source address.
+// request, at a bounded rate per source address and in total (refuseRate).
 func (s *Server) refuse(p packet, r proto.Reason, index uint32, counter uint64) {
-	if !s.addrAllowed(p.from.Addr()) {
+	if !s.addrAllowed(p.from.Addr()) || !s.lim.refused.take(s.now(), refuseRate, refuseBurst) {
 		return
 	}
 	s.send(proto.MarshalError(proto.ErrorPacket{Reason: r, Index: index, Counter: counter}), p.from, p.dst)

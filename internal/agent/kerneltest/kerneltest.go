@@ -27,6 +27,10 @@ type Fake struct {
 	cmdc     chan struct{} // signalled on every command
 	// reply decides the kernel's answer to a command (nil: success).
 	reply func(policy.Intent) error
+	// connStateErr fails ConnState (an inet_diag error); connStates
+	// counts its calls.
+	connStateErr error
+	connStates   int
 }
 
 type batch struct {
@@ -50,6 +54,20 @@ func (f *Fake) SetConnections(cs []mptcppm.Connection) {
 	f.mu.Lock()
 	f.conns = cs
 	f.mu.Unlock()
+}
+
+// SetConnStateErr makes ConnState fail with err (nil: answer again).
+func (f *Fake) SetConnStateErr(err error) {
+	f.mu.Lock()
+	f.connStateErr = err
+	f.mu.Unlock()
+}
+
+// ConnStateCalls is how many times the agent called ConnState.
+func (f *Fake) ConnStateCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.connStates
 }
 
 // SetSubflows sets what Subflows returns (measurements).
@@ -137,6 +155,24 @@ func (f *Fake) Connections() ([]mptcppm.Connection, error) {
 	default:
 	}
 	return append([]mptcppm.Connection(nil), f.conns...), nil
+}
+
+// ConnState implements agent.Kernel: the State of the connection with
+// that token among those SetConnections set; a token not listed is gone,
+// as in the kernel.
+func (f *Fake) ConnState(token uint32) (uint8, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.connStates++
+	if f.connStateErr != nil {
+		return 0, false, f.connStateErr
+	}
+	for _, c := range f.conns {
+		if c.Token == token {
+			return c.State, true, nil
+		}
+	}
+	return 0, false, nil
 }
 
 // Subflows implements agent.Kernel.

@@ -189,11 +189,18 @@ ports: 40000-40999
 lease: %s
 members:
   - {name: bench, public_key: %s}
-`, relay.DefaultPort, k, lease, rs.member.Public())
+`, relay.DefaultPort, k, lease, rs.member.Public()) + env.RelayMembers
 		if env.IPv6 {
 			cfg += fmt.Sprintf("listen6: '[::]:%d'\n", relay.DefaultPort)
 		}
 		cfg += env.RelayConfig
+		if env.RelayConfigFor != nil {
+			more, err := env.RelayConfigFor(node, k.Public())
+			if err != nil {
+				return nil, err
+			}
+			cfg += more
+		}
 		if mode != tunnelOnly && mode != encapOnly {
 			// The lab's server has a private address, refused unless allowed.
 			allow := []string{hostPrefix(server).String()}

@@ -11,6 +11,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
 // Env is what a procedure gets to run one cell.
@@ -32,6 +33,11 @@ type Env struct {
 	// and RelayConfig YAML appended to their configurations.
 	RelayLease  time.Duration
 	RelayConfig string
+	// RelayMembers are more members list items (YAML, indented two spaces)
+	// and RelayConfigFor more configuration for the relay in node with
+	// public key pub (nil: none): the soak's in-place attack cases.
+	RelayMembers   string
+	RelayConfigFor func(node string, pub proto.Key) (string, error)
 	// Download: the server sends, the client counts (scenario direction).
 	Download bool
 	// RelayState gives each relay a state_file (replay protection) and a

@@ -48,7 +48,18 @@ type SoakOptions struct {
 	// Policy is the agent's policy ("" = its default).
 	Policy   string
 	Progress io.Writer // one line per sample (nil: none)
+	// Attacks are attack-suite cases (breaks.InPlaceCases) run against
+	// the soak's own relays and agent, one every AttackEvery [30s] in
+	// turn, while the traffic runs (none: the soak as before). Self and
+	// PeerCommand are the lab binary and its hidden command for the other
+	// local user's side (convert-socket).
+	Attacks           []string
+	AttackEvery       time.Duration
+	Self, PeerCommand string
 }
+
+// soakSubflows are the agent's detour subflows per connection.
+const soakSubflows = 2
 
 // SoakSample is one look at every daemon.
 type SoakSample struct {
@@ -77,6 +88,11 @@ type ProcStats struct {
 	// P99CreateS is the agent's ESTABLISHED -> SUBFLOW_CREATE p99 over its
 	// recent samples (agent only).
 	P99CreateS float64 `json:"p99_create_s,omitempty"`
+	// MPTCPDisabled is 1 while the kernel's MPTCP blackhole detection
+	// makes new connections plain TCP; MPTCPFallbacks counts those
+	// connections since boot (agent only).
+	MPTCPDisabled  float64 `json:"mptcp_blackhole_disabled,omitempty"`
+	MPTCPFallbacks float64 `json:"mptcp_blackhole_fallbacks,omitempty"`
 }
 
 // RelayLook is a relay's resources and state.
@@ -117,8 +133,13 @@ type SoakReport struct {
 	AgentRSSTrend struct {
 		Slope, Lo, Hi, WindowS float64
 	} `json:"agent_rss_trend_mb_per_h"`
-	Final  map[string]RelayLook
-	Checks []SoakCheck `json:"checks"`
+	Final map[string]RelayLook
+	// Attacks: every in-place case's runs (none without Options.Attacks).
+	Attacks []SoakAttack `json:"attacks,omitempty"`
+	// LearnedLimits: server join limits the agent learned over the soak
+	// (its log; every one is wrong: the server accepts all joins).
+	LearnedLimits int         `json:"learned_limits"`
+	Checks        []SoakCheck `json:"checks"`
 }
 
 // Failed lists the checks that did not pass.
@@ -169,6 +190,12 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if o.Sample <= 0 {
 		o.Sample = 10 * time.Second
 	}
+	if o.AttackEvery <= 0 {
+		o.AttackEvery = 30 * time.Second
+	}
+	if n := len(o.Attacks); n > 0 && o.Duration < time.Duration(n)*o.AttackEvery+AttackLongest {
+		return nil, fmt.Errorf("duration %s leaves no room for every attack case once (at least %d x attack-every %s + %s)", o.Duration, n, o.AttackEvery, AttackLongest)
+	}
 	if o.FlapFor >= o.FlapEvery/2 {
 		return nil, fmt.Errorf("flap-for %s must be shorter than half of flap-every %s (the detour and the default path are faulted in turn)", o.FlapFor, o.FlapEvery)
 	}
@@ -196,6 +223,15 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	}
 	defer ln.Close()
 	go soakEcho(ln)
+	// quiet: an attack runs while no relay restarts and no link is
+	// faulted (its figure is the attack's, not the fault's).
+	var quiet sync.Mutex
+	var attacks *soakAttacks
+	if len(o.Attacks) > 0 {
+		if attacks, err = newSoakAttacks(o, env, &quiet); err != nil {
+			return nil, err
+		}
+	}
 	rs, err := startRelays(ctx, env, natTunnel)
 	if err != nil {
 		return nil, err
@@ -210,13 +246,19 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if o.Policy != "" {
 		extra += "policy: " + o.Policy + "\n"
 	}
-	agent, err := startAgent(ctx, env, 2, nil, extra)
+	if attacks != nil {
+		extra += attacks.agentConfig()
+	}
+	agent, err := startAgent(ctx, env, soakSubflows, nil, extra)
 	if err != nil {
 		return nil, err
 	}
 	defer agent.stop()
 
 	var tally soakTally
+	if attacks != nil {
+		attacks.wire(rs, env, tally.attempted.Load)
+	}
 	runCtx, stopRun := context.WithTimeout(ctx, o.Duration)
 	defer stopRun()
 	var wg sync.WaitGroup
@@ -307,7 +349,9 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			if n%3 == 2 {
 				how = "SIGKILL"
 			}
+			quiet.Lock()
 			err := rs.restart(ctx, env, node, how == "SIGKILL")
+			quiet.Unlock()
 			restartMu.Lock()
 			restarts[node]++
 			line := fmt.Sprintf("t=%.0fs relay %s %s", time.Since(start).Seconds(), node, how)
@@ -335,6 +379,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 				return
 			case <-time.After(time.Until(start.Add(time.Duration(n) * o.FlapEvery / 2))):
 			}
+			quiet.Lock()
 			restore, err := o.Lab.BlackHole(link)
 			line := fmt.Sprintf("t=%.0fs %s (%s) %s", time.Since(start).Seconds(), link, what, o.FlapFor)
 			if err != nil {
@@ -344,6 +389,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			rep.Faults = append(rep.Faults, line)
 			faultMu.Unlock()
 			if err != nil {
+				quiet.Unlock()
 				continue
 			}
 			select {
@@ -351,8 +397,16 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			case <-time.After(o.FlapFor):
 			}
 			_ = restore()
+			quiet.Unlock()
 		}
 	}()
+	if attacks != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			attacks.run(ctx, start, start.Add(o.Duration))
+		}()
+	}
 	// Samples.
 	sample := func() SoakSample {
 		failed, _ := tally.failures()
@@ -378,8 +432,8 @@ sampling:
 			s := sample()
 			rep.Samples = append(rep.Samples, s)
 			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB (heap %.1f, stacks %.1f, go sys %.1f) fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms | %s | conns %d verified %d failed %d, %.0f MB checked\n",
-					s.T, s.Agent.RSSBytes/1e6, s.Agent.HeapInuseBytes/1e6, s.Agent.StackInuseBytes/1e6, s.Agent.GoSysBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, relayLine(s), s.Opened, s.Verified, s.Failed, float64(s.Bytes)/1e6)
+				fmt.Fprintf(o.Progress, "soak t=%4.0fs agent rss=%.1fMB (heap %.1f, stacks %.1f, go sys %.1f) fds=%.0f goroutines=%.0f cpu=%.1fs p99=%.2fms mptcp-off=%.0f | %s | conns %d verified %d failed %d, %.0f MB checked\n",
+					s.T, s.Agent.RSSBytes/1e6, s.Agent.HeapInuseBytes/1e6, s.Agent.StackInuseBytes/1e6, s.Agent.GoSysBytes/1e6, s.Agent.FDs, s.Agent.Goroutines, s.Agent.CPUSeconds, 1000*s.Agent.P99CreateS, s.Agent.MPTCPDisabled, relayLine(s), s.Opened, s.Verified, s.Failed, float64(s.Bytes)/1e6)
 			}
 		}
 	}
@@ -415,6 +469,22 @@ sampling:
 	}
 	rep.Final = final
 	rep.Checks = append(rep.Checks, soakChecks(rep, o)...)
+	learned, first, err := learnedLimits(filepath.Join(o.Dir, "agent.log"))
+	rep.LearnedLimits = learned
+	detail := fmt.Sprintf("%d (the server accepts every join: each would be wrong)", learned)
+	if first != "" {
+		detail += "; first: " + first
+	}
+	if err != nil {
+		detail = "the agent's log: " + err.Error()
+	}
+	if attacks != nil {
+		rep.Attacks = attacks.report()
+		rep.Checks = append(rep.Checks, attackChecks(rep.Attacks)...)
+		rep.Checks = append(rep.Checks, SoakCheck{Name: "join limits learned", OK: err == nil && learned == 0, Detail: detail})
+	} else {
+		rep.Checks = append(rep.Checks, SoakCheck{Name: "join limits learned", OK: true, Detail: detail + "; reported, judged with --attacks"})
+	}
 	return rep, nil
 }
 
@@ -494,6 +564,7 @@ func soakChecks(rep *SoakReport, o SoakOptions) []SoakCheck {
 	checks = append(checks, SoakCheck{Name: "link faults", OK: faultsOK && faulted["C0"] && faulted["C1"],
 		Detail: fmt.Sprintf("%d: %s", len(rep.Faults), strings.Join(rep.Faults, "; "))})
 	checks = append(checks, agentTrendCheck(rep, o))
+	checks = append(checks, blackholeCheck(rep))
 	if o.RestartEvery < o.Duration { // restarts were asked for
 		restartsOK := len(rep.Restarts) >= 1
 		for _, r := range rep.Restarts {
@@ -566,6 +637,10 @@ func scrapeProc(l *lab.Lab, node, addr string) (ProcStats, error) {
 			st.GoSysBytes = v
 		case `mpdetour_agent_established_to_subflow_create_seconds{quantile="0.99"}`:
 			st.P99CreateS = v
+		case "mpdetour_agent_mptcp_blackhole_disabled":
+			st.MPTCPDisabled = v
+		case "mpdetour_agent_mptcp_blackhole_fallbacks_total":
+			st.MPTCPFallbacks = v
 		}
 	}
 	return st, nil
@@ -690,6 +765,18 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 		}
 		fmt.Fprintf(&m, "| %s | %s | %s |\n", c.Name, res, c.Detail)
 	}
+	if len(rep.Attacks) > 0 {
+		m.WriteString("\n## Attacks (in place, during the churn)\n\n| case | break | metric | target | runs | passed | could not attack | figures |\n|---|---|---|---|---|---|---|---|\n")
+		for _, a := range rep.Attacks {
+			fmt.Fprintf(&m, "| %s | %d | %s | %s | %d | %d | %d | %s |\n", a.Case, a.Break, a.Metric, a.Target, a.Runs, a.Passed, a.Errors, a.figures())
+		}
+		for _, a := range rep.Attacks {
+			fmt.Fprintf(&m, "\n%s:\n\n", a.Case)
+			for _, d := range a.Details {
+				fmt.Fprintf(&m, "- %s\n", d)
+			}
+		}
+	}
 	m.WriteString("\n## Samples\n\n| t (s) | agent RSS MB | agent fds | agent goroutines | relay1 RSS MB / fds / goroutines | relay1 mappings / nft / wg peers | relay2 RSS MB / fds / goroutines | relay2 mappings / nft / wg peers | conns started / verified / failed |\n|---|---|---|---|---|---|---|---|---|\n")
 	step := 1
 	if len(rep.Samples) > 40 {
@@ -797,4 +884,20 @@ func agentTrendCheck(rep *SoakReport, o SoakOptions) SoakCheck {
 	return SoakCheck{Name: "agent RSS trend", OK: lo <= allowed,
 		Detail: fmt.Sprintf("%+.1f MB/h (95%% CI %+.1f..%+.1f) over %.0f s after the warm-up; allowed: lower bound <= %.1f MB/h (%.0f MB/h + %.0f MB over the window)",
 			slope, lo, hi, window*3600, allowed, trendPerHour, trendSlack)}
+}
+
+// blackholeCheck reports (does not judge) the kernel's MPTCP blackhole
+// detection in the client: the soak's default-path faults drop MP_CAPABLE
+// SYNs, the kernel may then make new connections plain TCP (no detours)
+// for a while; they still count as verified connections.
+func blackholeCheck(rep *SoakReport) SoakCheck {
+	n, disabled := len(rep.Samples), 0
+	for _, s := range rep.Samples {
+		if s.Agent.MPTCPDisabled > 0 {
+			disabled++
+		}
+	}
+	fallbacks := rep.Samples[n-1].Agent.MPTCPFallbacks - rep.Samples[0].Agent.MPTCPFallbacks
+	return SoakCheck{Name: "MPTCP blackhole fallback", OK: true,
+		Detail: fmt.Sprintf("the kernel had MPTCP disabled for new connections in %d of %d samples; %.0f connections made plain TCP (no detours) from the first sample to the last: reported, not judged", disabled, n, fallbacks)}
 }

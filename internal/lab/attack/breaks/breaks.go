@@ -13,6 +13,12 @@
 //     attacker without the gossip secret sends memberlist "dead" messages
 //     at the highest incarnation naming a live relay to the two others.
 //     Target: 0 removals (no roster loses the live relay at any sample).
+//   - forged-gossip-insider (break 2, the insider half): the same cluster
+//     with gossip.secret_file; one dead message at the highest
+//     incarnation, sealed with the cluster's secret as a relay holding it
+//     could, to each of the two others. Target: every roster lists the
+//     live relay again within 10 s (its refutation, wrapped to
+//     incarnation 0, is not ignored).
 //   - convert-socket (break 3): an agent with convert enabled; a local
 //     user other than root (uid 65534, not in convert.users) teaches its
 //     conversion socket that a destination does not speak MPTCP, reports a
@@ -71,11 +77,13 @@ const (
 	// SubflowChurnMixed is subflow-churn with half-closed, aborted and idle
 	// connections and two unreliable detours (churn.go).
 	SubflowChurnMixed = "subflow-churn-mixed"
+	// GossipInsider is break 2's insider half.
+	GossipInsider = "forged-gossip-insider"
 )
 
 // Cases lists the cases in the order the suite runs them.
 func Cases() []string {
-	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv, DestV6, RevokedCRL, SubflowChurn, SubflowChurnMixed}
+	return []string{SpoofedJunk, ForgedGossip, ConvertSocket, RotationQuota, RevokedConv, DestV6, RevokedCRL, SubflowChurn, SubflowChurnMixed, GossipInsider}
 }
 
 // Result is one case against one build.
@@ -135,6 +143,8 @@ func Run(ctx context.Context, name string, o Options) Result {
 		r = subflowChurn(ctx, o)
 	case SubflowChurnMixed:
 		r = subflowChurnMixed(ctx, o)
+	case GossipInsider:
+		r = forgedGossipInsider(ctx, o)
 	default:
 		r = Result{Case: name, Error: fmt.Sprintf("unknown case %q (known: %s)", name, strings.Join(Cases(), ", "))}
 	}

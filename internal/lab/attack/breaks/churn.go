@@ -157,11 +157,11 @@ func churnCase(ctx context.Context, o Options, mixed bool) Result {
 	t0 := time.Now()
 	stalls := make(chan struct{})
 	if mixed {
-		go churnStalls(agentProc, t0, stalls)
+		go churnStalls(ctx, agentProc, t0, stalls)
 	} else {
 		close(stalls)
 	}
-	tally := churnDrive(ctx, cl, server, mixed)
+	tally := churnDrive(ctx, cl, server, mixed, churnRate, churnFor)
 	<-stalls
 	driven := time.Since(t0)
 	time.Sleep(churnSettle)
@@ -263,16 +263,33 @@ var churnStallAt = []time.Duration{20 * time.Second, 40 * time.Second}
 const churnStall = 5 * time.Second
 
 // churnStalls stops and continues p on churnStallAt's schedule from t0
-// and closes done when p runs again for good.
-func churnStalls(p *exec.Cmd, t0 time.Time, done chan<- struct{}) {
+// and closes done when p runs again for good; when ctx ends (Ctrl-C) it
+// continues p at once and returns, so the case's cleanup does not wait
+// for the schedule.
+func churnStalls(ctx context.Context, p *exec.Cmd, t0 time.Time, done chan<- struct{}) {
 	defer close(done)
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 	for _, at := range churnStallAt {
-		time.Sleep(time.Until(t0.Add(at)))
+		if !wait(time.Until(t0.Add(at))) {
+			return
+		}
 		if p.Process.Signal(syscall.SIGSTOP) != nil {
 			return
 		}
-		time.Sleep(churnStall)
+		ok := wait(churnStall)
 		p.Process.Signal(syscall.SIGCONT)
+		if !ok {
+			return
+		}
 	}
 }
 
@@ -398,19 +415,19 @@ func (t *churnTally) failures() string {
 	return "failed: " + countsText(t.failed)
 }
 
-// churnDrive opens churnRate connections/s for churnFor on a fixed
-// schedule (late starts are caught up); each sends churnSendSize bytes,
+// churnDrive opens rate connections/s for dur (the cases: churnRate for
+// churnFor) on a fixed schedule (late starts are caught up); each sends churnSendSize bytes,
 // reads them back, stays open 0-200 ms (by its number) and closes. With
 // mixed, connection i does what churnKind(i) says.
-func churnDrive(ctx context.Context, cl *caseLab, server netip.AddrPort, mixed bool) *churnTally {
+func churnDrive(ctx context.Context, cl *caseLab, server netip.AddrPort, mixed bool, rate int, dur time.Duration) *churnTally {
 	t := &churnTally{failed: map[string]int64{}}
 	var ok, started atomic.Int64
 	var wg sync.WaitGroup
-	n := int(churnFor.Seconds() * churnRate)
+	n := int(dur.Seconds() * float64(rate))
 	start := time.Now()
 	payload := make([]byte, churnSendSize)
 	for i := range n {
-		at := start.Add(time.Duration(i) * time.Second / churnRate)
+		at := start.Add(time.Duration(i) * time.Second / time.Duration(rate))
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Until(at)):

@@ -56,40 +56,59 @@ func convertSocket(ctx context.Context, o Options) Result {
 	if err := l.start(ctx, "client", filepath.Join(o.Dir, "agent.log"), o.Binary, "agent", "--config", agentCfg); err != nil {
 		return r.failed(err)
 	}
-	// Wait for the socket and for the converter to be known (tickets).
+	before, err := convertReady(sock, 20*time.Second)
+	if err != nil {
+		r.Error = fmt.Sprintf("%v (logs in %s)", err, o.Dir)
+		return r
+	}
+	dst := netip.AddrPortFrom(l.Addr("server"), convertDstPort).String()
+	return r.judge(convertAttack(ctx, o, sock, dst, "detour1", before))
+}
+
+// convertReady waits for the agent's conversion socket to answer root
+// with a converter known (tickets): root's view then.
+func convertReady(sock string, wait time.Duration) (rootView, error) {
 	var before rootView
 	var converters int
-	ready := false
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end) && !ready; time.Sleep(200 * time.Millisecond) {
+	var err error
+	for end := time.Now().Add(wait); ; time.Sleep(200 * time.Millisecond) {
 		before, converters, err = view(sock, "")
-		ready = err == nil && converters > 0
+		if err == nil && converters > 0 {
+			return before, nil
+		}
+		if time.Now().After(end) {
+			return before, fmt.Errorf("the agent's conversion socket did not answer root with a converter within %s (%v)", wait, err)
+		}
 	}
-	if !ready {
-		r.Error = fmt.Sprintf("the agent's conversion socket did not answer root with a converter within 20 s (%v; logs in %s)", err, o.Dir)
-		return r
+}
+
+// convertAttack runs the other user's side (Self's PeerCommand as
+// PeerUID) against the conversion socket sock: a lesson about dst, a
+// converter failure of relay, a status request; then compares root's view
+// with before. It returns the cross-user effects, whether there were none,
+// and what it saw. An error: the attack could not be made.
+func convertAttack(ctx context.Context, o Options, sock, dst, relay string, before rootView) (float64, bool, string, error) {
+	if o.Self == "" || o.PeerCommand == "" {
+		return 0, false, "", fmt.Errorf("no lab binary to run as the other user")
 	}
 	var mode os.FileMode
 	if fi, err := os.Stat(sock); err == nil {
 		mode = fi.Mode().Perm()
 	}
-	dst := netip.AddrPortFrom(l.Addr("server"), convertDstPort).String()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, o.Self, o.PeerCommand, "--socket", sock, "--dst", dst, "--relay", "detour1")
+	cmd := exec.CommandContext(ctx, o.Self, o.PeerCommand, "--socket", sock, "--dst", dst, "--relay", relay)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: PeerUID, Gid: PeerUID}}
 	if err := cmd.Run(); err != nil {
-		r.Error = fmt.Sprintf("the other user's side: %v: %s", err, stderr.String())
-		return r
+		return 0, false, "", fmt.Errorf("the other user's side: %v: %s", err, stderr.String())
 	}
 	var peer map[string]string
 	if err := json.Unmarshal(stdout.Bytes(), &peer); err != nil {
-		r.Error = fmt.Sprintf("the other user's side printed %q: %v", stdout.String(), err)
-		return r
+		return 0, false, "", fmt.Errorf("the other user's side printed %q: %v", stdout.String(), err)
 	}
 	after, _, err := view(sock, dst)
 	if err != nil {
-		r.Error = "root's status after the attack: " + err.Error()
-		return r
+		return 0, false, "", fmt.Errorf("root's status after the attack: %w", err)
 	}
 	var effects []string
 	if len(after.lessons) > 0 {
@@ -101,8 +120,6 @@ func convertSocket(ctx context.Context, o Options) Result {
 	if peer["status"] == "" {
 		effects = append(effects, "the status (every user's conversions) was answered to the other user")
 	}
-	r.Value = float64(len(effects))
-	r.Pass = len(effects) == 0
 	var answers []string
 	for _, op := range []string{"hello", "learn", "report", "status"} {
 		a := peer[op]
@@ -112,13 +129,13 @@ func convertSocket(ctx context.Context, o Options) Result {
 		answers = append(answers, op+": "+a)
 	}
 	sort.Strings(effects)
-	r.Detail = fmt.Sprintf("socket mode %04o; uid %d's requests: %s. ", mode, PeerUID, strings.Join(answers, "; "))
+	detail := fmt.Sprintf("socket mode %04o; uid %d's requests: %s. ", mode, PeerUID, strings.Join(answers, "; "))
 	if len(effects) == 0 {
-		r.Detail += "Root's view unchanged."
+		detail += "Root's view unchanged."
 	} else {
-		r.Detail += "Effects: " + strings.Join(effects, "; ") + "."
+		detail += "Effects: " + strings.Join(effects, "; ") + "."
 	}
-	return r
+	return float64(len(effects)), len(effects) == 0, detail, nil
 }
 
 // view asks the conversion socket, as root, for its status: the lessons

@@ -63,23 +63,31 @@ func spoofedJunk(ctx context.Context, o Options) Result {
 		r.Error = fmt.Sprintf("the relay did not answer its status within 15 s (log in %s)", o.Dir)
 		return r
 	}
+	return r.judge(junkAttack(ctx, l, "detour1", relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, server, "a member from a new address"))
+}
+
+// junkAttack sends the junk from the client node at relay (in node), then
+// asks relay for a grant to server as member on a new session from the
+// client node (who: how the detail names it): the seconds that took (junkWait when refused or
+// unanswered), whether within junkGrant, and what it saw. An error: the
+// attack could not be made.
+func junkAttack(ctx context.Context, l *caseLab, node string, relay relayconn.Relay, member proto.Key, server netip.AddrPort, who string) (float64, bool, string, error) {
 	var sent int
-	drops0 := udpDrops(l, "detour1")
+	drops0 := udpDrops(l, node)
 	t0 := time.Now()
 	if err := l.do("client", func() error {
 		var err error
-		sent, err = sendJunk(relayAddr, junkSources)
+		sent, err = sendJunk(relay.Addr, junkSources)
 		return err
 	}); err != nil {
-		return r.failed(fmt.Errorf("sending the junk: %w", err))
+		return 0, false, "", fmt.Errorf("sending the junk: %w", err)
 	}
 	sendTime := time.Since(t0)
 	time.Sleep(500 * time.Millisecond) // let the relay read what is queued
-	dropped := udpDrops(l, "detour1") - drops0
-	// A member from an address the relay has never seen (the client's).
-	c, err := l.dialRelay(relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, nil)
+	dropped := udpDrops(l, node) - drops0
+	c, err := l.dialRelay(relay, member, nil)
 	if err != nil {
-		return r.failed(err)
+		return 0, false, "", err
 	}
 	defer c.Close()
 	gctx, cancel := context.WithTimeout(ctx, junkWait)
@@ -87,15 +95,14 @@ func spoofedJunk(ctx context.Context, o Options) Result {
 	t1 := time.Now()
 	_, _, gerr := c.Grant(gctx, server, 0)
 	took := time.Since(t1)
-	r.Value = took.Round(time.Millisecond).Seconds()
-	r.Pass = gerr == nil && took <= junkGrant
-	r.Detail = fmt.Sprintf("%d spoofed 32-byte transport packets from %d sources of %s sent in %s (%d dropped at the relay's socket, UDP RcvbufErrors); then a member from a new address: ", sent, junkSources, junkFrom, sendTime.Round(time.Millisecond), dropped)
+	value := took.Round(time.Millisecond).Seconds()
+	detail := fmt.Sprintf("%d spoofed 32-byte transport packets from %d sources of %s sent in %s (%d dropped at the relay's socket, UDP RcvbufErrors); then %s: ", sent, junkSources, junkFrom, sendTime.Round(time.Millisecond), dropped, who)
 	if gerr != nil {
-		r.Detail += fmt.Sprintf("no grant within %s (%v)", junkWait, gerr)
+		detail += fmt.Sprintf("no grant within %s (%v)", junkWait, gerr)
 	} else {
-		r.Detail += fmt.Sprintf("handshake and grant in %s", took.Round(time.Millisecond))
+		detail += fmt.Sprintf("handshake and grant in %s", took.Round(time.Millisecond))
 	}
-	return r
+	return value, gerr == nil && took <= junkGrant, detail, nil
 }
 
 // sendJunk sends one junk transport packet (no session) from each of n

@@ -191,3 +191,21 @@ func (r Result) failed(err error) Result {
 	r.Error = err.Error()
 	return r
 }
+
+// judge is r with an attack's figure, verdict and detail, or with err as
+// the reason the case could not run.
+func (r Result) judge(value float64, pass bool, detail string, err error) Result {
+	if err != nil {
+		return r.failed(err)
+	}
+	r.Value, r.Pass, r.Detail = value, pass, detail
+	return r
+}
+
+// logsIn names dir (the daemons' logs) in r's error, if any.
+func (r Result) logsIn(dir string) Result {
+	if r.Error != "" {
+		r.Error += " (log in " + dir + ")"
+	}
+	return r
+}

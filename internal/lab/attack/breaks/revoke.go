@@ -49,26 +49,39 @@ func revokedConversion(ctx context.Context, o Options) Result {
 		return r.failed(err)
 	}
 	relayProc := l.procs[len(l.procs)-1].Process
-	cs, err := l.streamConversion(ctx, server, relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, nil)
+	revoke := func() error {
+		if err := config(other); err != nil {
+			return err
+		}
+		if err := relayProc.Signal(syscall.SIGHUP); err != nil {
+			return fmt.Errorf("SIGHUP: %w", err)
+		}
+		return nil
+	}
+	return r.judge(revokeAttack(ctx, l, server, relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, memberKey, revoke)).logsIn(o.Dir)
+}
+
+// revokeAttack streams from server (a listener of its own in the server
+// node) to the client node through a conversion at relay asked as member,
+// then calls revoke (which drops the member from the relay's members list
+// and reloads it) at t0: the bytes moved from t0+revokeGrace to
+// t0+revokeGrace+revokeWatch, whether none, and what it saw. An error: the
+// attack could not be made.
+func revokeAttack(ctx context.Context, l *caseLab, server netip.AddrPort, relay relayconn.Relay, member proto.Key, revoke func() error) (float64, bool, string, error) {
+	cs, err := l.streamConversion(ctx, server, relay, member, nil)
 	if err != nil {
-		r.Error = fmt.Sprintf("%v (log in %s)", err, o.Dir)
-		return r
+		return 0, false, "", err
 	}
 	defer cs.close()
 	got, ended := &cs.got, cs.ended
 	time.Sleep(time.Second)
 	before := got.Load()
 	if before == 0 {
-		r.Error = "the conversion carried nothing before the revocation"
-		return r
-	}
-	if err := config(other); err != nil {
-		return r.failed(err)
+		return 0, false, "", fmt.Errorf("the conversion carried nothing before the revocation")
 	}
 	t0 := time.Now()
-	if err := relayProc.Signal(syscall.SIGHUP); err != nil {
-		r.Error = "SIGHUP: " + err.Error()
-		return r
+	if err := revoke(); err != nil {
+		return 0, false, "", err
 	}
 	time.Sleep(revokeGrace)
 	atGrace := got.Load()
@@ -84,11 +97,9 @@ func revokedConversion(ctx context.Context, o Options) Result {
 		}
 	default:
 	}
-	r.Value = float64(moved)
-	r.Pass = moved == 0
-	r.Detail = fmt.Sprintf("a conversion streaming server->member carried %d bytes in its first second; the member removed from members and SIGHUP at t0: %d bytes in t0..t0+%s, %d bytes in t0+%s..t0+%s; the conversion %s %s after t0",
+	detail := fmt.Sprintf("a conversion streaming server->member carried %d bytes in its first second; the member removed from members and SIGHUP at t0: %d bytes in t0..t0+%s, %d bytes in t0+%s..t0+%s; the conversion %s %s after t0",
 		before, atGrace-before, revokeGrace, moved, revokeGrace, revokeGrace+revokeWatch, endedIn, time.Since(t0).Round(time.Millisecond))
-	return r
+	return float64(moved), moved == 0, detail, nil
 }
 
 // conversionStream is a member's conversion carrying a server's endless

@@ -39,6 +39,18 @@ func rotationQuota(ctx context.Context, o Options) Result {
 		relayAddr, relayKey, server, rotateQuota, auth.Public())); err != nil {
 		return r.failed(err)
 	}
+	return r.judge(rotationAttack(ctx, l, auth, relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}, server, rotateQuota)).logsIn(o.Dir)
+}
+
+// rotationAttack: a member named alice (certificates of auth) takes NAT
+// mappings at relay toward server (new ports) until refused, rotates its
+// key rotateRotations times and after each asks again on the new key and
+// on the old one (a session of its own). It returns the mappings granted
+// and held, whether they stayed within quota (the relay's
+// quota.per_member) with every rotation accepted, and what it saw. An
+// error: the attack could not be made.
+func rotationAttack(ctx context.Context, l *caseLab, auth *collective.Authority, relay relayconn.Relay, server netip.Addr, quota int) (float64, bool, string, error) {
+	detail := ""
 	now := time.Now()
 	newKey := func() (proto.Key, []byte, error) {
 		k, err := proto.GenerateKey()
@@ -51,7 +63,6 @@ func rotationQuota(ctx context.Context, o Options) Result {
 		}
 		return k, c.Bytes(), nil
 	}
-	relay := relayconn.Relay{Name: "detour1", Addr: relayAddr, PublicKey: relayKey.Public()}
 	var conns []*relayconn.Conn
 	defer func() {
 		for _, c := range conns {
@@ -71,7 +82,7 @@ func rotationQuota(ctx context.Context, o Options) Result {
 	// (at most quota+1 tries): what the key is allowed beyond the member's
 	// holdings.
 	grantAll := func(c *relayconn.Conn) error {
-		for range rotateQuota + 1 {
+		for range quota + 1 {
 			port++
 			gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, _, err := c.Grant(gctx, netip.AddrPortFrom(server, port), 0)
@@ -88,48 +99,44 @@ func rotationQuota(ctx context.Context, o Options) Result {
 	}
 	k, cert, err := newKey()
 	if err != nil {
-		return r.failed(err)
+		return 0, false, "", err
 	}
 	c, err := dial(k, cert)
 	if err != nil {
-		return r.failed(err)
+		return 0, false, "", err
 	}
 	// The relay may still be starting: the first grant waits for it.
 	if err := grantAll(c); err != nil {
-		r.Error = fmt.Sprintf("the member's first grants: %v (log in %s)", err, o.Dir)
-		return r
+		return 0, false, "", fmt.Errorf("the member's first grants: %v", err)
 	}
 	rotated := 0
 	for range rotateRotations {
 		nk, ncert, err := newKey()
 		if err != nil {
-			return r.failed(err)
+			return 0, false, "", err
 		}
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err = c.Rotate(rctx, nk, ncert)
 		cancel()
 		if err != nil {
-			r.Detail = fmt.Sprintf("rotation %d refused: %v; ", rotated+1, err)
+			detail = fmt.Sprintf("rotation %d refused: %v; ", rotated+1, err)
 			break
 		}
 		rotated++
 		// The new key, then the old key on a session of its own.
 		if err := grantAll(c); err != nil {
-			r.Error = "grants on the new key: " + err.Error()
-			return r
+			return 0, false, "", fmt.Errorf("grants on the new key: %w", err)
 		}
 		old, err := dial(k, cert)
 		if err != nil {
-			return r.failed(err)
+			return 0, false, "", err
 		}
 		if err := grantAll(old); err != nil {
-			r.Detail += fmt.Sprintf("old key after rotation %d: %v; ", rotated, err)
+			detail += fmt.Sprintf("old key after rotation %d: %v; ", rotated, err)
 		}
 		k, cert = nk, ncert
 	}
-	r.Value = float64(held)
-	r.Pass = held <= rotateQuota && rotated == rotateRotations
-	r.Detail += fmt.Sprintf("quota.per_member %d; %d rotations, after each grants asked on the new key and on the old key (a session of its own) until refused: %d mappings granted and held (lease 1m, none released)",
-		rotateQuota, rotated, held)
-	return r
+	detail += fmt.Sprintf("quota.per_member %d; %d rotations, after each grants asked on the new key and on the old key (a session of its own) until refused: %d mappings granted and held (none released)",
+		quota, rotated, held)
+	return float64(held), held <= quota && rotated == rotateRotations, detail, nil
 }

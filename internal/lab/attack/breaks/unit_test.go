@@ -2,12 +2,21 @@ package breaks
 
 import (
 	"bytes"
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"encoding/hex"
+	"fmt"
+	"math"
 	"net/netip"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/proto"
+	"github.com/mpdetour/mpdetour/internal/roster"
 )
 
 // The forged dead message is memberlist's deadMsg (type 5) with the
@@ -81,5 +90,115 @@ func TestFamily6Grant(t *testing.T) {
 	}
 	if _, err := proto.ParseRequest(b); proto.ReasonOf(err) != proto.ReasonMalformed {
 		t.Fatalf("mapped grant: parse error %v, want malformed", err)
+	}
+}
+
+// The in-place case list: names as the suite's, "all", and errors that
+// name the problem.
+func TestParseInPlace(t *testing.T) {
+	got, err := ParseInPlace("all")
+	if err != nil || len(got) != len(InPlaceCases()) {
+		t.Fatalf("all: %v, %v", got, err)
+	}
+	suite := map[string]bool{}
+	for _, c := range Cases() {
+		suite[c] = true
+	}
+	for _, c := range InPlaceCases() {
+		if !suite[c] {
+			t.Errorf("in-place case %q is not a suite case", c)
+		}
+	}
+	if got, err := ParseInPlace("rotation-quota,spoofed-junk"); err != nil || len(got) != 2 || got[0] != "rotation-quota" || got[1] != "spoofed-junk" {
+		t.Fatalf("two cases: %v, %v", got, err)
+	}
+	for in, want := range map[string]string{
+		"nope":                      `unknown case "nope"`,
+		"revoked-crl":               `unknown case "revoked-crl"`,
+		"spoofed-junk,spoofed-junk": "named twice",
+		"spoofed-junk,":             "empty case name",
+	} {
+		if _, err := ParseInPlace(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error containing %q", in, err, want)
+		}
+	}
+}
+
+// sealGossip writes memberlist's encryption version 1: the version byte,
+// a fresh 12-byte nonce, then AES-GCM of the message under the secret
+// with no additional data; a message sealed under another key does not
+// open.
+func TestSealGossip(t *testing.T) {
+	key, err := roster.ParseSecret(roster.NewSecret())
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := deadMessage(math.MaxUint32, "victim", "from")
+	a, err := sealGossip(key, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := sealGossip(key, msg)
+	if a[0] != 1 || len(a) != 1+12+len(msg)+16 || bytes.Equal(a[1:13], b[1:13]) {
+		t.Fatalf("sealed %x (version %d, length %d, nonces %x %x)", a, a[0], len(a), a[1:13], b[1:13])
+	}
+	blk, _ := aes.NewCipher(key)
+	gcm, _ := cipher.NewGCM(blk)
+	plain, err := gcm.Open(nil, a[1:13], a[13:], nil)
+	if err != nil || !bytes.Equal(plain, msg) {
+		t.Fatalf("opened %x, %v; want %x", plain, err, msg)
+	}
+	other, _ := roster.ParseSecret(roster.NewSecret())
+	blk, _ = aes.NewCipher(other)
+	gcm, _ = cipher.NewGCM(blk)
+	if _, err := gcm.Open(nil, a[1:13], a[13:], nil); err == nil {
+		t.Fatal("opened under another secret")
+	}
+}
+
+// procState is the state letter of /proc/PID/stat ("T" = stopped).
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return f[0]
+}
+
+// subflow-churn-mixed's agent stops end with the case: a cancelled
+// context (Ctrl-C) during a stop continues the agent at once and
+// churnStalls returns, instead of keeping the cleanup waiting for the
+// rest of the schedule (before: up to 45 s).
+func TestChurnStallsEndWithContext(t *testing.T) {
+	p := exec.Command("sleep", "60")
+	if err := p.Start(); err != nil {
+		t.Skip("no sleep:", err)
+	}
+	t.Cleanup(func() { p.Process.Kill(); p.Wait() })
+	saved := churnStallAt
+	churnStallAt = []time.Duration{0, 10 * time.Second}
+	t.Cleanup(func() { churnStallAt = saved })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go churnStalls(ctx, p, time.Now(), done)
+	for deadline := time.Now().Add(5 * time.Second); procState(t, p.Process.Pid) != "T"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the process was not stopped at the first stall")
+		}
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second): // the stop lasts churnStall (5 s)
+		t.Fatal("churnStalls still running 2 s after the context ended")
+	}
+	for deadline := time.Now().Add(2 * time.Second); procState(t, p.Process.Pid) == "T"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the process is still stopped after churnStalls returned")
+		}
 	}
 }
