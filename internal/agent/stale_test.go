@@ -1,11 +1,9 @@
 package agent_test
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -73,13 +71,7 @@ func TestAgentStaleLossCntSetsAndRestores(t *testing.T) {
 	if err := ns.Sysctl("net/mptcp/stale_loss_cnt", "2"); err != nil {
 		t.Fatal(err)
 	}
-	var st syscall.Stat_t
-	if err := ns.Do(func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("stale.%d", st.Ino)), []byte("4\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeNSState(t, ns, dir, "stale", "4\n")
 	cfg.StaleLossCnt = 3
 	h2 := run(t, cfg)
 	waitStale(t, ns, "3", "second agent")
