@@ -69,7 +69,7 @@ func labDesignCommand() *cli.Command {
 			fs.Var(rangeFlag{&lossR, set, "loss"}, "loss", "loss range per path and direction, % (MIN:MAX[:log])")
 			fs.Var(rangeFlag{&bR, set, "buffer"}, "buffer", "bottleneck buffer range per path, in BDPs (MIN:MAX[:log])")
 			fs.Float64Var(&spec.LowBDP, "low-bdp", design.DefaultLowBDP, "a point is low-BDP when every path's BDP is at most this many bytes")
-			fs.StringVar(&spec.Procedures, "procedures", "", "comma-separated: tcp-path1..tcp-pathN (plain TCP per path), mptcp-1sf (MPTCP over the modelled best path alone, no agent; mptcp-1sf-pathK over path K), mptcp (the agent's default policy), mptcp-POLICY (any policy the agent accepts: mptcp-static, mptcp-adaptive, ...), converted (server without MPTCP, via the converter on r2; its own run) (default: every tcp-pathK and mptcp)")
+			fs.StringVar(&spec.Procedures, "procedures", "", "comma-separated: tcp-path1..tcp-pathN (plain TCP per path), mptcp-1sf (MPTCP over the modelled best path alone, no agent; mptcp-1sf-pathK over path K), mptcp (the agent's default policy), mptcp-POLICY (any policy the agent accepts: mptcp-static, mptcp-adaptive, ...), mptcp[-POLICY]+MECH[+MECH] (the same with agent mechanisms on: +buffers = buffer_sizing: true, +staleN = stale_loss_cnt: N (1-255, kernel default 4); e.g. mptcp-static+buffers beside mptcp-static), converted (server without MPTCP, via the converter on r2; its own run) (default: every tcp-pathK and mptcp)")
 			fs.DurationVar(&spec.Duration, "duration", 10*time.Second, "transfer duration")
 			fs.DurationVar(&spec.Warmup, "warmup", time.Second, "goodput counts from here")
 			fs.StringVar(&spec.CC, "cc", "cubic", "congestion control")

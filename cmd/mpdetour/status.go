@@ -92,6 +92,7 @@ func printStatus(st agent.Status) {
 	printFamilies(st.Families)
 	printBlackhole(st.Blackhole)
 	printCwndClamp(st.CwndClamp)
+	printStale(st.StaleLossCnt)
 	if g := st.PMTypeGuard; g != nil && (g.Restores > 0 || g.Error != "") {
 		if g.Restores > 0 {
 			fmt.Printf("WARNING: net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1: another program changes it (mptcpd, NetworkManager, a sysctl.d file)\n",
@@ -242,6 +243,17 @@ func printBlackhole(b *agent.BlackholeStatus) {
 		}
 		fmt.Printf("WARNING: the kernel disabled MPTCP for new connections (%s; blackhole detection, %d connections made plain TCP since boot): they get no detours\n  fix: %s\n",
 			since, b.Fallbacks, b.Fix)
+	}
+}
+
+// printStale shows the stale_loss_cnt setting when configured.
+func printStale(s *agent.StaleStatus) {
+	switch {
+	case s == nil:
+	case s.State != "set":
+		fmt.Printf("stale_loss_cnt: %s: %s (the namespace keeps its own)\n", s.State, s.Error)
+	default:
+		fmt.Printf("stale_loss_cnt: %d (the namespace had %s; restored at stop)\n", s.Want, s.Was)
 	}
 }
 

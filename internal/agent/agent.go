@@ -44,6 +44,8 @@ type Agent struct {
 	detours  map[string]*detourView
 	errnoCnt map[string]uint64 // command failures by errno name
 	started  time.Time
+	// stale: stale_loss_cnt's state, when configured (status).
+	stale *StaleStatus
 
 	stats struct {
 		events, lost, resyncs, commands, cmdErrors, adopted atomic.Uint64
@@ -203,6 +205,19 @@ func (a *Agent) Run(ctx context.Context) error {
 				}
 				if err := sizer.restore(); err != nil {
 					a.log.Warn("socket buffer sizes not restored", "err", err)
+				}
+			}()
+		}
+	}
+	if n := a.cfg.StaleLossCnt; n > 0 {
+		if st, err := setStaleLossCnt(a.cfg, n, a.log); err != nil {
+			a.log.Warn("stale_loss_cnt not set; the namespace keeps its own", "err", err)
+			a.stale = &StaleStatus{State: "failed", Want: n, Error: err.Error()}
+		} else {
+			a.stale = &StaleStatus{State: "set", Want: n, Was: st.orig}
+			defer func() {
+				if err := st.restore(); err != nil {
+					a.log.Warn("stale_loss_cnt not restored", "err", err)
 				}
 			}()
 		}

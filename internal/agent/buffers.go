@@ -36,15 +36,11 @@ type bufferSizer struct {
 }
 
 func newBufferSizer(cfg Options, log *slog.Logger) (*bufferSizer, error) {
-	dir := DefaultStateDir
-	if cfg.Socket != "" {
-		dir = filepath.Dir(cfg.Socket)
+	state, err := nsStateFile(cfg, "buffers")
+	if err != nil {
+		return nil, fmt.Errorf("buffer_sizing: %w", err)
 	}
-	var st syscall.Stat_t
-	if err := netnsx.Do(cfg.NetNS, func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) }); err != nil {
-		return nil, fmt.Errorf("buffer_sizing: identify namespace %q: %w", cfg.NetNS, err)
-	}
-	b := &bufferSizer{ns: cfg.NetNS, state: filepath.Join(dir, fmt.Sprintf("buffers.%d", st.Ino)), orig: map[string][3]int64{}, log: log}
+	b := &bufferSizer{ns: cfg.NetNS, state: state, orig: map[string][3]int64{}, log: log}
 	if saved, err := os.ReadFile(b.state); err == nil {
 		// A previous agent did not stop cleanly: what it found is the
 		// original, and goes back now.
@@ -156,6 +152,22 @@ func (b *bufferSizer) restore() error {
 		return err
 	}
 	return nil
+}
+
+// nsStateFile is the state file named prefix.INODE beside the status
+// socket, INODE naming the agent's namespace: a mechanism that changes a
+// namespace's sysctls keeps what it found there, for the next agent to
+// restore after a crash.
+func nsStateFile(cfg Options, prefix string) (string, error) {
+	dir := DefaultStateDir
+	if cfg.Socket != "" {
+		dir = filepath.Dir(cfg.Socket)
+	}
+	var st syscall.Stat_t
+	if err := netnsx.Do(cfg.NetNS, func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) }); err != nil {
+		return "", fmt.Errorf("identify namespace %q: %w", cfg.NetNS, err)
+	}
+	return filepath.Join(dir, fmt.Sprintf("%s.%d", prefix, st.Ino)), nil
 }
 
 // writeStateFile writes data to path atomically and synced.

@@ -18,6 +18,19 @@ import (
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
+// writeNSState writes the state file PREFIX.INODE a crashed agent would
+// have left in dir for namespace ns.
+func writeNSState(t *testing.T, ns *netnstest.NS, dir, prefix, data string) {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := ns.Do(func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s.%d", prefix, st.Ino)), []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func bufferMax(t *testing.T, ns *netnstest.NS, name string) string {
 	t.Helper()
 	var v string
@@ -99,14 +112,7 @@ func TestAgentBufferSizingRaisesAndRestores(t *testing.T) {
 	if err := ns.Sysctl("net/ipv4/tcp_rmem", "4096 131072 16777216"); err != nil {
 		t.Fatal(err)
 	}
-	var st syscall.Stat_t
-	if err := ns.Do(func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) }); err != nil {
-		t.Fatal(err)
-	}
-	state := fmt.Sprintf("net.ipv4.tcp_rmem=%s\nnet.ipv4.tcp_wmem=%s\n", rmem, wmem)
-	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("buffers.%d", st.Ino)), []byte(state), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeNSState(t, ns, dir, "buffers", fmt.Sprintf("net.ipv4.tcp_rmem=%s\nnet.ipv4.tcp_wmem=%s\n", rmem, wmem))
 	h2 := run(t, cfg)
 	for range 100 {
 		if bufferMax(t, ns, "tcp_rmem") == rmem {

@@ -8,12 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
-	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
@@ -67,18 +65,13 @@ func (k *LinuxKernel) savePMType(cfg Options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("MPTCP unavailable: %w", err)
 	}
-	dir := DefaultStateDir
-	if cfg.Socket != "" {
-		dir = filepath.Dir(cfg.Socket)
+	if k.stateFile, err = nsStateFile(cfg, "pm_type"); err != nil {
+		return "", err
 	}
-	var st syscall.Stat_t
-	if err := netnsx.Do(cfg.NetNS, func() error { return syscall.Stat("/proc/thread-self/ns/net", &st) }); err != nil {
-		return "", fmt.Errorf("identify namespace %q: %w", cfg.NetNS, err)
-	}
+	dir := filepath.Dir(k.stateFile)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("state directory: %w", err)
 	}
-	k.stateFile = filepath.Join(dir, fmt.Sprintf("pm_type.%d", st.Ino))
 	if b, err := os.ReadFile(k.stateFile); err == nil {
 		if v := strings.TrimSpace(string(b)); v == "0" || v == "1" {
 			if v != cur {

@@ -83,8 +83,14 @@ type Options struct {
 	CwndClamp func() policy.ClampStatus
 	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
 	// what the measured connections need (policy BufferWanted), restored
-	// at stop (buffers.go). Off by default: not measured yet.
+	// at stop (buffers.go). Off by default: in the paired design it never
+	// acted (docs/results/design/mechanisms).
 	BufferSizing bool
+	// StaleLossCnt, when > 0, sets net.mptcp.stale_loss_cnt in the
+	// namespace (MPTCP retransmit timer rounds without progress before a
+	// subflow is stale and its queue re-sent elsewhere; kernel default 4),
+	// restored at stop (stale.go). 0 = leave it.
+	StaleLossCnt int
 	// Probes is the directory marking doctor's test connections, which
 	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
 	// none).

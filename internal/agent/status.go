@@ -49,6 +49,17 @@ type Status struct {
 	// CwndClamp: the cwnd clamps of tunnel subflows (cwnd_clamp), when
 	// configured: active, or failed with the reason (no clamps applied).
 	CwndClamp *policy.ClampStatus `json:"cwnd_clamp,omitempty"`
+	// StaleLossCnt: net.mptcp.stale_loss_cnt (stale_loss_cnt), when
+	// configured: set (with the value found) or failed with the reason.
+	StaleLossCnt *StaleStatus `json:"stale_loss_cnt,omitempty"`
+}
+
+// StaleStatus is the stale_loss_cnt setting's state.
+type StaleStatus struct {
+	State string `json:"state"` // "set" or "failed"
+	Want  int    `json:"want"`
+	Was   string `json:"was,omitempty"` // the namespace's value, restored at stop
+	Error string `json:"error,omitempty"`
 }
 
 // FamilyStatus is one address family's share of the status.
@@ -305,7 +316,7 @@ func (a *Agent) Status() Status {
 // snapshot is the loop's view; it runs on the loop.
 func (a *Agent) snapshot() Status {
 	st := Status{NetNS: a.cfg.NetNS, Policy: a.cfg.Policy.String(), Started: a.started,
-		Latency: a.lat.summary(), LatencyAck: a.latAck.summary()}
+		Latency: a.lat.summary(), LatencyAck: a.latAck.summary(), StaleLossCnt: a.stale}
 	if k, ok := a.k.(*LinuxKernel); ok {
 		st.PMTypeSaved = k.PMTypeBefore
 	}

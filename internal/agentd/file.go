@@ -101,6 +101,7 @@ type File struct {
 	Tunnels      bool              `yaml:"tunnels"`
 	PathCheck    bool              `yaml:"path_check"`
 	BufferSizing bool              `yaml:"buffer_sizing"`
+	StaleLossCnt *int              `yaml:"stale_loss_cnt"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
 	TunnelKind string           `yaml:"tunnel_kind"`
 	LegacyV1   []fileLegacy     `yaml:"legacy_v1"`
@@ -320,6 +321,12 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 	c.BufferSizing = f.BufferSizing
 	if c.BufferSizing && c.ProbeInterval == 0 {
 		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
+	}
+	if f.StaleLossCnt != nil {
+		if n := *f.StaleLossCnt; n < 1 || n > 255 {
+			return c, fmt.Errorf("stale_loss_cnt: %d is not 1-255 (net.mptcp.stale_loss_cnt; the kernel's default is 4; leave it out to keep the namespace's)", n)
+		}
+		c.StaleLossCnt = *f.StaleLossCnt
 	}
 	if f.CwndClamp != nil && f.CwndClamp.Enabled {
 		// Clamps follow the tunnel subflows' measurements, every 100 ms

@@ -189,6 +189,17 @@ legacy_v1:
 	if _, err := ParseConfig([]byte("buffer_sizing: true\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "buffer_sizing") {
 		t.Fatalf("buffer_sizing without measurements accepted: %v", err)
 	}
+	if b, err := ParseConfig([]byte("stale_loss_cnt: 2\n")); err != nil || b.Agent.StaleLossCnt != 2 {
+		t.Fatalf("stale_loss_cnt: %d %v", b.Agent.StaleLossCnt, err)
+	}
+	if b, err := ParseConfig([]byte("subflows: 1\n")); err != nil || b.Agent.StaleLossCnt != 0 {
+		t.Fatalf("stale_loss_cnt unset: %d %v, want 0 (leave the namespace's)", b.Agent.StaleLossCnt, err)
+	}
+	for _, bad := range []string{"0", "-1", "256", "two"} {
+		if _, err := ParseConfig([]byte("stale_loss_cnt: " + bad + "\n")); err == nil || !strings.Contains(err.Error(), "stale_loss_cnt") {
+			t.Fatalf("stale_loss_cnt: %s accepted or unclear: %v", bad, err)
+		}
+	}
 }
 
 // Errors carry file:line:column of the whole file and the field.

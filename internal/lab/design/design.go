@@ -139,9 +139,11 @@ func (d *Design) procs() ([]Proc, error) {
 // run is one `lab bench` run of a design: the procedures that share an
 // agent configuration. The first run holds the single-path procedures.
 type run struct {
-	Name   string // directory under runs/: the policy, "default" or "converted"
+	Name   string // directory under runs/: the policy (+mechanisms), "default" or "converted"
 	Policy string
-	Procs  []Proc
+	// Mechanisms of the run's MPTCP procedure (procedure name after "+").
+	Mechanisms []Mechanism
+	Procs      []Proc
 	// Converted: the server node has MPTCP disabled and r2 runs the
 	// converter (procedure converted only).
 	Converted bool
@@ -164,12 +166,15 @@ func (d *Design) runs() ([]run, error) {
 		if name == "" {
 			name = "default"
 		}
+		for _, m := range p.Mechanisms {
+			name += "+" + m.Name
+		}
 		if p.Converted {
 			name = ConvertedProcedure
 		}
 		if _, ok := idx[name]; !ok {
 			idx[name] = len(rs)
-			rs = append(rs, run{Name: name, Policy: p.Policy, Converted: p.Converted})
+			rs = append(rs, run{Name: name, Policy: p.Policy, Mechanisms: p.Mechanisms, Converted: p.Converted})
 		}
 		rs[idx[name]].Procs = append(rs[idx[name]].Procs, p)
 	}
@@ -323,7 +328,7 @@ func Run(ctx context.Context, d *Design, o Options) (*Report, error) {
 		}
 	}
 	for _, r := range runs {
-		cfg, err := policyConfig(r.Policy)
+		cfg, err := Proc{Policy: r.Policy, Mechanisms: r.Mechanisms}.agentConfig()
 		if err != nil {
 			return nil, err
 		}

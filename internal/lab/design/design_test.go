@@ -413,7 +413,7 @@ func FuzzParseRange(f *testing.F) {
 }
 
 func FuzzParseProcedures(f *testing.F) {
-	for _, s := range []string{"", "tcp-path1,tcp-path2,mptcp", "mptcp-adaptive", "tcp-path9", "tcp-path+1", "mptcp,,"} {
+	for _, s := range []string{"", "tcp-path1,tcp-path2,mptcp", "mptcp-adaptive", "tcp-path9", "tcp-path+1", "mptcp,,", "mptcp-static+buffers+stale2", "mptcp+stale9+"} {
 		f.Add(s, 2)
 	}
 	f.Fuzz(func(t *testing.T, s string, paths int) {
@@ -428,9 +428,77 @@ func FuzzParseProcedures(f *testing.F) {
 			if p.Path < 0 || p.Path > paths {
 				t.Fatalf("%q: path %d of %d", s, p.Path, paths)
 			}
-			if q, err := parseProc(p.Name, paths); err != nil || q != p {
+			if q, err := parseProc(p.Name, paths); err != nil || !reflect.DeepEqual(q, p) {
 				t.Fatalf("%q: %+v does not round-trip: %+v %v", s, p, q, err)
 			}
 		}
 	})
+}
+
+// Procedures carry agent mechanisms after "+": each adds its agent
+// configuration line after the policy's; anything else is refused with an
+// error naming the valid mechanisms (or, for the cwnd clamp, why it does
+// not apply to a design's NAT detours).
+func TestParseProcedureMechanisms(t *testing.T) {
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct{ name, policy, cfg string }{
+		{"mptcp-static", "static", "policy: static\n"},
+		{"mptcp-static+buffers", "static", "policy: static\nbuffer_sizing: true\n"},
+		{"mptcp-static+stale2", "static", "policy: static\nstale_loss_cnt: 2\n"},
+		{"mptcp+stale3+buffers", "", "stale_loss_cnt: 3\nbuffer_sizing: true\n"},
+	}
+	for i, w := range want {
+		p := ps[i]
+		cfg, err := p.agentConfig()
+		if p.Name != w.name || p.Policy != w.policy || !p.Multipath() || err != nil || cfg != w.cfg {
+			t.Errorf("%s: %+v config %q %v, want policy %q config %q", w.name, p, cfg, err, w.policy, w.cfg)
+		}
+	}
+	for bad, why := range map[string]string{
+		"mptcp-static+":                `unknown mechanism ""`,
+		"mptcp-static+pacing":          `unknown mechanism "pacing" (valid mechanisms: buffers`,
+		"mptcp-static+stale0":          "staleN with N 1-255",
+		"mptcp-static+stale256":        "staleN with N 1-255",
+		"mptcp-static+stale02":         "staleN with N 1-255",
+		"mptcp-static+stale":           "staleN with N 1-255",
+		"mptcp-static+clamp":           "tunnel detour subflows only",
+		"mptcp-static+buffers+buffers": `mechanism "buffers" named twice`,
+		"mptcp-static+stale2+stale3":   `mechanism "stale" named twice`,
+		"tcp-path1+buffers":            "not after \"tcp-path1\"",
+		"mptcp-1sf+buffers":            "not after \"mptcp-1sf\"",
+		"converted+buffers":            "not after \"converted\"",
+		"mptcp-nosuch+buffers":         "mptcp-nosuch",
+	} {
+		if _, err := ParseProcedures(bad, 2); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("%q: %v, want an error with %q", bad, err, why)
+		}
+	}
+	if _, err := ParseProcedures("mptcp-static+buffers,mptcp-static+buffers", 2); err == nil {
+		t.Error("a procedure with mechanisms listed twice accepted")
+	}
+}
+
+// A sequential design runs a procedure with mechanisms in a run of its own,
+// named after policy and mechanisms, with their agent configuration.
+func TestRunsMechanisms(t *testing.T) {
+	d := &Design{Space: DefaultSpace(2), Procedures: []string{"tcp-path1", "mptcp-static", "mptcp-static+buffers"}}
+	rs, err := d.runs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rs {
+		cfg, err := Proc{Policy: r.Policy, Mechanisms: r.Mechanisms}.agentConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s:%s:%q", r.Name, strings.Join(procNames(r.Procs), "+"), cfg))
+	}
+	want := `static:tcp-path1+mptcp-static:"policy: static\n" static+buffers:mptcp-static+buffers:"policy: static\nbuffer_sizing: true\n"`
+	if strings.Join(got, " ") != want {
+		t.Errorf("runs %s, want %s", strings.Join(got, " "), want)
+	}
 }

@@ -196,8 +196,8 @@ func (d *Design) runPaired(ctx context.Context, o Options) error {
 	}
 	agentCfg := map[string]string{}
 	for _, p := range ps {
-		if p.Policy != "" {
-			if agentCfg[p.Name], err = policyConfig(p.Policy); err != nil {
+		if p.Multipath() {
+			if agentCfg[p.Name], err = p.agentConfig(); err != nil {
 				return err
 			}
 		}

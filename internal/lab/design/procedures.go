@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
 )
 
@@ -24,7 +25,12 @@ import (
 //     plain TCP program under "mpdetour run --convert" goes through the
 //     converter on r2 and the agent adds one NAT detour subflow per detour
 //     to the converter (bench procedure converted, docs/convert.md). It runs in
-//     its own bench run with net.mptcp.enabled=0 in the server node.
+//     its own bench run with net.mptcp.enabled=0 in the server node;
+//   - mptcp+MECH, mptcp-POLICY+MECH[+MECH...]: the same MPTCP procedure with
+//     agent mechanisms switched on in the agent's configuration (Mechanisms:
+//     buffers = buffer_sizing, staleN = stale_loss_cnt N), so that a
+//     mechanism is measured beside the procedure without it in one paired
+//     run (issue 26).
 const (
 	tcpPathPrefix = "tcp-path"
 	mptcpName     = MPTCPProcedure
@@ -60,6 +66,60 @@ type Proc struct {
 	// (0 = the point's BestPath).
 	OneSubflow bool
 	OnePath    int
+	// Mechanisms: agent mechanisms the procedure switches on (mptcp and
+	// mptcp-POLICY only), in the order named.
+	Mechanisms []Mechanism
+}
+
+// Mechanism is an agent mechanism a procedure name switches on after a
+// "+": Name as written, Config the agent configuration lines it adds.
+type Mechanism struct {
+	Name   string
+	Config string
+}
+
+// MechanismNames says which mechanisms a procedure may name (for errors
+// and --help).
+const MechanismNames = "buffers (buffer_sizing: true), staleN (stale_loss_cnt: N, 1-255)"
+
+// parseMechanism reads one mechanism of a procedure name.
+func parseMechanism(f, m string) (Mechanism, error) {
+	switch {
+	case m == "buffers":
+		return Mechanism{Name: m, Config: "buffer_sizing: true\n"}, nil
+	case strings.HasPrefix(m, "stale"):
+		rest := m[len("stale"):]
+		n, err := strconv.Atoi(rest)
+		if err != nil || n < 1 || n > 255 || rest != strconv.Itoa(n) {
+			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want staleN with N 1-255 (net.mptcp.stale_loss_cnt; the kernel's default is 4)", f, m)
+		}
+		return Mechanism{Name: m, Config: fmt.Sprintf("stale_loss_cnt: %d\n", n)}, nil
+	case m == "clamp" || m == "cwnd-clamp" || m == "cwnd_clamp":
+		// policy.Clamps clamps tunnel detour subflows only; a design's
+		// detours are NAT detours, where the clamp would be a no-op.
+		return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: the cwnd clamp acts on tunnel detour subflows only, and a design's detours are NAT detours (valid mechanisms: %s)", f, m, MechanismNames)
+	}
+	return Mechanism{}, fmt.Errorf("procedure %q: unknown mechanism %q (valid mechanisms: %s)", f, m, MechanismNames)
+}
+
+// agentConfig is the agent configuration of an MPTCP procedure: its
+// policy, then its mechanisms ("" = the agent's defaults).
+func (p Proc) agentConfig() (string, error) {
+	cfg, err := policyConfig(p.Policy)
+	if err != nil {
+		return "", err
+	}
+	if len(p.Mechanisms) == 0 {
+		return cfg, nil
+	}
+	for _, m := range p.Mechanisms {
+		cfg += m.Config
+	}
+	// This build's agent must accept them, before any lab is built.
+	if _, err := agentd.ParseConfig([]byte("socket: /tmp/x.sock\nsubflows: 1\n" + cfg)); err != nil {
+		return "", fmt.Errorf("procedure %s: this agent does not accept its mechanisms: %v", p.Name, err)
+	}
+	return cfg, nil
 }
 
 // MPTCP says whether the procedure is an MPTCP one (mptcp-1sf included).
@@ -111,6 +171,36 @@ func policyName(s string) bool {
 }
 
 func parseProc(f string, paths int) (Proc, error) {
+	if base, mechs, ok := strings.Cut(f, "+"); ok {
+		p, err := parseProc(base, paths)
+		if err != nil {
+			return Proc{}, err
+		}
+		if !p.Multipath() || p.Converted {
+			return Proc{}, fmt.Errorf("procedure %q: mechanisms go after mptcp or mptcp-POLICY (the procedures with an agent), not after %q", f, base)
+		}
+		seen := map[string]bool{}
+		for _, m := range strings.Split(mechs, "+") {
+			mech, err := parseMechanism(f, m)
+			if err != nil {
+				return Proc{}, err
+			}
+			key := mech.Name
+			if strings.HasPrefix(key, "stale") {
+				key = "stale"
+			}
+			if seen[key] {
+				return Proc{}, fmt.Errorf("procedure %q: mechanism %q named twice", f, key)
+			}
+			seen[key] = true
+			p.Mechanisms = append(p.Mechanisms, mech)
+		}
+		p.Name = f
+		if _, err := p.agentConfig(); err != nil {
+			return Proc{}, err
+		}
+		return p, nil
+	}
 	if rest, ok := strings.CutPrefix(f, tcpPathPrefix); ok {
 		k, err := strconv.Atoi(rest)
 		if err != nil || k < 1 || k > paths || rest != strconv.Itoa(k) {
@@ -141,7 +231,7 @@ func parseProc(f string, paths int) (Proc, error) {
 		}
 		return Proc{Name: f, Policy: pol}, nil
 	}
-	return Proc{}, fmt.Errorf("unknown procedure %q (want tcp-path1..tcp-path%d, mptcp, mptcp-POLICY for a policy of the agent (static, adaptive, ...), %s, %s-pathK or converted)", f, paths, OneSubflowProcedure, OneSubflowProcedure)
+	return Proc{}, fmt.Errorf("unknown procedure %q (want tcp-path1..tcp-path%d, mptcp, mptcp-POLICY for a policy of the agent (static, adaptive, ...), %s, %s-pathK or converted; MPTCP procedures may add +MECHANISM: %s)", f, paths, OneSubflowProcedure, OneSubflowProcedure, MechanismNames)
 }
 
 // detourNode is the detours topology's relay node of path k >= 2.
