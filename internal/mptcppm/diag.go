@@ -263,21 +263,34 @@ func diagDump(c *netlink.Conn, family uint8, proto uint32) ([][]byte, error) {
 	return diagDumpStates(c, family, proto, uint32(0xfff)&^(1<<tcpListen|1<<tcpTimeWait|1<<tcpNewSynRecv))
 }
 
-func diagDumpStates(c *netlink.Conn, family uint8, proto, states uint32) ([][]byte, error) {
+// diagRequest is struct inet_diag_req_v2 for TCP-family sockets of proto
+// in the given states, asking for INET_DIAG_INFO, with the socket cookie
+// (INET_DIAG_NOCOOKIE for a dump; MPTCP's exact lookup takes the token
+// from cookie[0]), and the protocol attribute for protocols that do not
+// fit in its byte (MPTCP, 262).
+func diagRequest(family uint8, proto, states uint32, cookie [2]uint32) ([]byte, error) {
 	req := make([]byte, 56)
 	req[0] = family
 	req[1] = unix.IPPROTO_TCP // MPTCP (262) does not fit: see the protocol attribute
 	req[2] = 1 << (diagInfo - 1)
 	binary.NativeEndian.PutUint32(req[4:], states)
-	// cookie = INET_DIAG_NOCOOKIE: no specific socket.
-	binary.NativeEndian.PutUint32(req[48:], ^uint32(0))
-	binary.NativeEndian.PutUint32(req[52:], ^uint32(0))
+	binary.NativeEndian.PutUint32(req[48:], cookie[0])
+	binary.NativeEndian.PutUint32(req[52:], cookie[1])
 	if proto != unix.IPPROTO_TCP {
 		ab, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: diagReqProtocol, Data: binary.NativeEndian.AppendUint32(nil, proto)}})
 		if err != nil {
 			return nil, err
 		}
 		req = append(req, ab...)
+	}
+	return req, nil
+}
+
+func diagDumpStates(c *netlink.Conn, family uint8, proto, states uint32) ([][]byte, error) {
+	// cookie = INET_DIAG_NOCOOKIE: no specific socket.
+	req, err := diagRequest(family, proto, states, [2]uint32{^uint32(0), ^uint32(0)})
+	if err != nil {
+		return nil, err
 	}
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request | netlink.Dump},
@@ -473,19 +486,15 @@ func ConnState(o Options, tok uint32) (state uint8, found bool, err error) {
 		return 0, false, err
 	}
 	defer c.Close()
-	req := make([]byte, 56)
-	req[0] = afInet // the handler answers with the socket's own family
-	req[1] = unix.IPPROTO_TCP
-	req[2] = 1 << (diagInfo - 1) // mptcp_info carries the token
-	binary.NativeEndian.PutUint32(req[4:], 0xfff)
-	binary.NativeEndian.PutUint32(req[48:], tok)
-	ab, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: diagReqProtocol, Data: binary.NativeEndian.AppendUint32(nil, protoMPTCP)}})
+	// The handler answers with the socket's own family; mptcp_info
+	// carries the token.
+	req, err := diagRequest(afInet, protoMPTCP, 0xfff, [2]uint32{tok, 0})
 	if err != nil {
 		return 0, false, err
 	}
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request},
-		Data:   append(req, ab...),
+		Data:   req,
 	})
 	if errors.Is(err, unix.ENOENT) {
 		return 0, false, nil
