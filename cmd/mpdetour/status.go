@@ -15,6 +15,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"github.com/mpdetour/mpdetour/internal/subflowcc"
 )
 
 // statusCommand builds the status subcommand.
@@ -93,6 +94,7 @@ func printStatus(st agent.Status) {
 	printBlackhole(st.Blackhole)
 	printCwndClamp(st.CwndClamp)
 	printStale(st.StaleLossCnt)
+	printSubflowCC(st.SubflowCongestion)
 	if g := st.PMTypeGuard; g != nil && (g.Restores > 0 || g.Error != "") {
 		if g.Restores > 0 {
 			fmt.Printf("WARNING: net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1: another program changes it (mptcpd, NetworkManager, a sysctl.d file)\n",
@@ -254,6 +256,25 @@ func printStale(s *agent.StaleStatus) {
 		fmt.Printf("stale_loss_cnt: %s: %s (the namespace keeps its own)\n", s.State, s.Error)
 	default:
 		fmt.Printf("stale_loss_cnt: %d (the namespace had %s; restored at stop)\n", s.Want, s.Was)
+	}
+}
+
+// printSubflowCC shows the detour subflows' congestion control when
+// configured: failed (with the reason; they run the host's algorithm) or
+// active with its routes and the destinations it could not serve.
+func printSubflowCC(c *subflowcc.Status) {
+	switch {
+	case c == nil:
+	case c.State != "active":
+		fmt.Printf("subflow congestion control: %s: %s (detour subflows run the host's algorithm)\n", c.State, c.Error)
+	default:
+		fmt.Printf("subflow congestion control: detour subflows run %s, %d route(s) with congctl\n", c.Algorithm, len(c.Routes))
+		for _, r := range c.Routes {
+			fmt.Printf("  %s (table %d)\n", r.Dst, r.Table)
+		}
+		for _, r := range c.Failed {
+			fmt.Printf("  %s: not applied (the host's algorithm): %s\n", r.Dst, r.Error)
+		}
 	}
 }
 

@@ -450,6 +450,9 @@ func (a *Agent) worker() {
 		if in.Action == policy.CreateSubflow && !j.since.IsZero() {
 			a.lat.add(time.Since(j.since))
 		}
+		if in.Action == policy.CreateSubflow && in.Detour != nil && a.cfg.SubflowCC != nil {
+			a.cfg.SubflowCC.Prepare(in.Local.Addr(), in.Remote.Addr())
+		}
 		err := a.k.Command(in)
 		if err == nil && in.Action == policy.CreateSubflow && !j.since.IsZero() {
 			a.latAck.add(time.Since(j.since))

@@ -19,6 +19,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"github.com/mpdetour/mpdetour/internal/subflowcc"
 )
 
 // Status is what "mpdetour status" shows (JSON field names are stable).
@@ -49,6 +50,10 @@ type Status struct {
 	// CwndClamp: the cwnd clamps of tunnel subflows (cwnd_clamp), when
 	// configured: active, or failed with the reason (no clamps applied).
 	CwndClamp *policy.ClampStatus `json:"cwnd_clamp,omitempty"`
+	// SubflowCongestion: detour subflows' congestion control
+	// (subflow_congestion), when configured: active with its routes and
+	// the destinations it could not give one, or failed with the reason.
+	SubflowCongestion *subflowcc.Status `json:"subflow_congestion,omitempty"`
 	// StaleLossCnt: net.mptcp.stale_loss_cnt (stale_loss_cnt), when
 	// configured: set (with the value found) or failed with the reason.
 	StaleLossCnt *StaleStatus `json:"stale_loss_cnt,omitempty"`
@@ -280,6 +285,10 @@ func (a *Agent) Status() Status {
 	if a.cfg.CwndClamp != nil {
 		c := a.cfg.CwndClamp()
 		st.CwndClamp = &c
+	}
+	if a.cfg.SubflowCC != nil {
+		c := a.cfg.SubflowCC.Status()
+		st.SubflowCongestion = &c
 	}
 	markNeverEstablished(st.Detours)
 	if a.cfg.RelayStatus != nil {

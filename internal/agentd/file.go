@@ -57,6 +57,9 @@ type Config struct {
 	// CwndClamp, when set, clamps the cwnd of tunnel detour subflows
 	// (policy.Clamps, internal/bpfclamp; docs/agent.md).
 	CwndClamp *ClampSettings
+	// SubflowCongestion, when set, is the congestion control of detour
+	// subflows (internal/subflowcc; docs/agent.md).
+	SubflowCongestion string
 }
 
 // ClampSettings are the cwnd_clamp section's.
@@ -112,6 +115,8 @@ type File struct {
 	Server *serverrole.File `yaml:"server"`
 	// CwndClamp is documented in docs/agent.md.
 	CwndClamp *fileClamp `yaml:"cwnd_clamp"`
+	// SubflowCongestion is documented in docs/agent.md (subflowcc.go).
+	SubflowCongestion *fileSubflowCC `yaml:"subflow_congestion"`
 }
 
 type fileClamp struct {
@@ -187,6 +192,9 @@ func build(f File) (Config, error) {
 		return out, err
 	}
 	if out.CwndClamp, err = buildClamp(f.CwndClamp); err != nil {
+		return out, err
+	}
+	if out.SubflowCongestion, err = buildSubflowCC(f.SubflowCongestion); err != nil {
 		return out, err
 	}
 	return buildKinds(f, out)
