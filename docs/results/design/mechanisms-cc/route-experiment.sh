@@ -1,3 +1,8 @@
+# Route metric congctl on an MPTCP subflow (kernel 6.18), by hand. As root:
+#   ALGO=bbr bash route-experiment.sh            the subflow to 10.78.0.2 runs bbr, the initial one cubic
+#   ALGO=bbr LATE=reno bash route-experiment.sh  reno set on the MPTCP socket 0.3 s after connect: both reno
+#   ALGO="lock bbr" LATE=reno bash ...           the late setsockopt fails with EPERM
+LATE=${LATE:-}
 set -x
 C=sccC$$; S=sccS$$
 cleanup(){ ip netns del $C; ip netns del $S; }
@@ -22,6 +27,7 @@ import socket,time
 s=socket.socket(socket.AF_INET,socket.SOCK_STREAM,262)
 s.setsockopt(socket.IPPROTO_TCP,13,b"cubic")
 s.connect(("10.77.0.2",5201))
+if "'$LATE'": time.sleep(0.3); s.setsockopt(socket.IPPROTO_TCP,13,"'$LATE'".encode())
 t=time.time(); b=b"x"*65536
 while time.time()-t<3: s.send(b)
 ' &
