@@ -93,6 +93,7 @@ func printStatus(st agent.Status) {
 	printBlackhole(st.Blackhole)
 	printCwndClamp(st.CwndClamp)
 	printStale(st.StaleLossCnt)
+	printBuffers(st.BufferSizing)
 	if g := st.PMTypeGuard; g != nil && (g.Restores > 0 || g.Error != "") {
 		if g.Restores > 0 {
 			fmt.Printf("WARNING: net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1: another program changes it (mptcpd, NetworkManager, a sysctl.d file)\n",
@@ -254,6 +255,21 @@ func printStale(s *agent.StaleStatus) {
 		fmt.Printf("stale_loss_cnt: %s: %s (the namespace keeps its own)\n", s.State, s.Error)
 	default:
 		fmt.Printf("stale_loss_cnt: %d (the namespace had %s; restored at stop)\n", s.Want, s.Was)
+	}
+}
+
+// printBuffers shows buffer_sizing's state when it is on.
+func printBuffers(b *agent.BufferStatus) {
+	switch {
+	case b == nil:
+	case b.State != "on":
+		fmt.Printf("buffer sizing: %s: %s (the namespace keeps its own tcp_rmem/tcp_wmem)\n", b.State, b.Error)
+	case b.Max == 0:
+		fmt.Printf("buffer sizing: on, tcp_rmem/tcp_wmem maxima as found (%s / %s): enough so far (%d changes)\n",
+			b.Found["net.ipv4.tcp_rmem"], b.Found["net.ipv4.tcp_wmem"], b.Changes)
+	default:
+		fmt.Printf("buffer sizing: on, tcp_rmem/tcp_wmem maximum %d bytes (found %s / %s, restored at stop; %d changes)\n",
+			b.Max, b.Found["net.ipv4.tcp_rmem"], b.Found["net.ipv4.tcp_wmem"], b.Changes)
 	}
 }
 
