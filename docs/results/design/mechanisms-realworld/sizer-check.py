@@ -4,9 +4,9 @@
 # estimated from the trial's goodput and the largest end-of-trial subflow RTT, against the smallest
 # maximum the sizer found in the client's namespace (tcp_wmem[2] = 4 MiB, the kernel default; it
 # changes nothing below that). The agents' own log lines are in sizer-log.txt.
-# Run from the repository root: python3 docs/results/design/mechanisms-realworld/sizer-check.py
-import json
-D = "docs/results/design/mechanisms-realworld"
+# Run from the repository root: python3 docs/results/design/mechanisms-realworld/sizer-check.py [DIR]
+import json, sys
+D = sys.argv[1] if len(sys.argv) > 1 else "docs/results/design/mechanisms-realworld"
 least = 4194304
 rows = [json.loads(l) for l in open(D + "/runs/paired/trials.jsonl")]
 best = {}

@@ -2,8 +2,9 @@
 # Collects every "socket buffer maximum" line the agents logged in this run (MPDETOUR_BENCH_KEEP=1
 # kept each point's daemon logs in the directory console.txt names after the point's "lab up"),
 # per point and trial directory, into sizer-log.txt, and counts the trials whose agent changed the
-# maxima. Run from the repository root while the kept directories exist.
-D=docs/results/design/mechanisms-realworld
+# maxima. Run from the repository root while the kept directories exist: sizer-log.sh [DIR] (DIR:
+# this directory, the default, or its acting/).
+D=${1:-docs/results/design/mechanisms-realworld}
 awk '/ lab up /{p=substr($1,2,4)} /daemon logs and configs kept in/{print p, $NF}' $D/console.txt |
 while read -r point dir; do
   [ -d "$dir" ] || { echo "== $point $dir (gone)"; continue; }
