@@ -100,7 +100,7 @@ type File struct {
 	Relays       *relayclient.File `yaml:"relays"`
 	Tunnels      bool              `yaml:"tunnels"`
 	PathCheck    bool              `yaml:"path_check"`
-	BufferSizing bool              `yaml:"buffer_sizing"`
+	BufferSizing *bool             `yaml:"buffer_sizing"`
 	StaleLossCnt *int              `yaml:"stale_loss_cnt"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
 	TunnelKind string           `yaml:"tunnel_kind"`
@@ -318,9 +318,15 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		return c, err
 	}
 	c.OtherFamily = other
-	c.BufferSizing = f.BufferSizing
-	if c.BufferSizing && c.ProbeInterval == 0 {
-		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
+	// buffer_sizing is on by default (docs/agent.md, "Host buffer
+	// sizing"); it follows the measurements, so probe_interval: 0 turns
+	// the default off, and an explicit true without them is refused.
+	c.BufferSizing = c.ProbeInterval > 0
+	if f.BufferSizing != nil {
+		c.BufferSizing = *f.BufferSizing
+		if c.BufferSizing && c.ProbeInterval == 0 {
+			return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms) or leave buffer_sizing out")
+		}
 	}
 	if f.StaleLossCnt != nil {
 		if n := *f.StaleLossCnt; n < 1 || n > 255 {
