@@ -85,7 +85,7 @@ func startClamps(s ClampSettings, sources []detour.Source, log *slog.Logger, att
 		return c
 	}
 	c.m = m
-	log.Info("cwnd clamps on: tunnel subflows are limited to 1.25 x their measured bandwidth-delay product", "mode", s.Mode)
+	log.Info("cwnd clamps on: tunnel subflows are limited to 1.25 x their measured bandwidth-delay product (cwnd) or delivery rate (pacing)", "mode", s.Mode)
 	return c
 }
 
@@ -101,7 +101,7 @@ func (c *cwndClamps) measured(ms []policy.Measurement) {
 			c.log.Warn("cwnd clamp not set", "local", cl.Local, "remote", cl.Remote, "err", err)
 			continue
 		}
-		c.log.Info("cwnd clamp", "local", cl.Local, "remote", cl.Remote, "segments", cl.Segments, "pacing_rate", cl.PacingRate, "rule", cl.Reason)
+		c.log.Info("clamp", "local", cl.Local, "remote", cl.Remote, "segments", cl.Segments, "pacing_rate", cl.PacingRate, "rule", cl.Reason)
 	}
 }
 
