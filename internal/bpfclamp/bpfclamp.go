@@ -199,67 +199,60 @@ func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
 			asm.JEq.Imm(asm.R0, 0, "cwnd"),
 			asm.LoadMem(asm.R2, asm.R0, 0, asm.DWord),
 			asm.StoreMem(asm.RFP, -56, asm.R2, asm.DWord),
-			// The cwnd clamp, when the pair has one the socket lacks.
-			asm.JEq.Imm(asm.R7, 0, "pacing").WithSymbol("cwnd"),
-			asm.LoadMem(asm.R2, asm.RFP, -56, asm.Word),
-			asm.JEq.Reg(asm.R2, asm.R7, "pacing"),
-		}, setsockopt(solTCP, tcpBPFSndCwndClamp, -40), asm.Instructions{
-			asm.JEq.Imm(asm.R0, 0, "cwnd-ok"),
-		}, refusal(refused, refusedCwnd, "pacing"), asm.Instructions{
-			asm.StoreMem(asm.RFP, -56, asm.R7, asm.Word).WithSymbol("cwnd-ok"),
-			asm.Mov.Imm(asm.R9, 1),
-			// The pacing rate, likewise.
-			asm.JEq.Imm(asm.R8, 0, "record").WithSymbol("pacing"),
-			asm.LoadMem(asm.R2, asm.RFP, -52, asm.Word),
-			asm.JEq.Reg(asm.R2, asm.R8, "record"),
-		}, setsockopt(solSocket, soMaxPacingRate, -36), asm.Instructions{
-			asm.JEq.Imm(asm.R0, 0, "pacing-ok"),
-		}, refusal(refused, refusedPace, "record"), asm.Instructions{
-			asm.StoreMem(asm.RFP, -52, asm.R8, asm.Word).WithSymbol("pacing-ok"),
-			asm.Mov.Imm(asm.R9, 1),
+		},
+		// The cwnd clamp, then the pacing rate, each when the pair has
+		// one the socket lacks.
+		apply("cwnd", "pacing", asm.R7, -40, -56, solTCP, tcpBPFSndCwndClamp, refused, refusedCwnd),
+		apply("pacing", "record", asm.R8, -36, -52, solSocket, soMaxPacingRate, refused, refusedPace),
+		asm.Instructions{
 			// Remember what was applied: a refused limit is tried
 			// again on the next callback.
 			asm.JEq.Imm(asm.R9, 0, "out").WithSymbol("record"),
-			asm.LoadMapPtr(asm.R1, applied.FD()),
-			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, -48),
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, -56),
-			asm.Mov.Imm(asm.R4, 0), // BPF_ANY
-			asm.FnMapUpdateElem.Call(),
+		}, update(applied, -48, -56), asm.Instructions{
 			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 			asm.Return(),
 		})
 }
 
-// setsockopt calls bpf_setsockopt(ctx, level, name, fp+val, 4) (r6 =
-// ctx): r0 = 0 or a negative errno.
-func setsockopt(level, name int64, val int32) asm.Instructions {
-	return asm.Instructions{
+// apply is one limit: the pair's value in reg (also at fp+val), the
+// socket's at fp+have (32 bits each). Unless the value is 0 or the socket
+// has it, it calls bpf_setsockopt(ctx, level, name, fp+val, 4) (r6 =
+// ctx); on success the value goes to fp+have and r9 = 1, a refusal (its
+// negative errno) to index idx of refused. The first instruction is
+// labelled sym; it continues at next.
+func apply(sym, next string, reg asm.Register, val, have int16, level, name int32, refused *ebpf.Map, idx int64) asm.Instructions {
+	return slices.Concat(asm.Instructions{
+		asm.JEq.Imm(reg, 0, next).WithSymbol(sym),
+		asm.LoadMem(asm.R2, asm.RFP, have, asm.Word),
+		asm.JEq.Reg(asm.R2, reg, next),
 		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Imm(asm.R2, int32(level)),
-		asm.Mov.Imm(asm.R3, int32(name)),
+		asm.Mov.Imm(asm.R2, level),
+		asm.Mov.Imm(asm.R3, name),
 		asm.Mov.Reg(asm.R4, asm.RFP),
-		asm.Add.Imm(asm.R4, val),
+		asm.Add.Imm(asm.R4, int32(val)),
 		asm.Mov.Imm(asm.R5, 4),
 		asm.FnSetsockopt.Call(),
-	}
+		asm.JEq.Imm(asm.R0, 0, sym+"-ok"),
+		// Refused: fp-72 the code, fp-60 the index.
+		asm.StoreMem(asm.RFP, -72, asm.R0, asm.DWord),
+		asm.StoreImm(asm.RFP, -60, idx, asm.Word),
+	}, update(refused, -60, -72), asm.Instructions{
+		asm.Ja.Label(next),
+		asm.StoreMem(asm.RFP, have, reg, asm.Word).WithSymbol(sym + "-ok"),
+		asm.Mov.Imm(asm.R9, 1),
+	})
 }
 
-// refusal records r0 (the negative errno of a refused setsockopt) at
-// index idx of refused, then jumps to next.
-func refusal(refused *ebpf.Map, idx int32, next string) asm.Instructions {
+// update calls bpf_map_update_elem(m, fp+key, fp+val, BPF_ANY).
+func update(m *ebpf.Map, key, val int32) asm.Instructions {
 	return asm.Instructions{
-		asm.StoreMem(asm.RFP, -72, asm.R0, asm.DWord),
-		asm.StoreImm(asm.RFP, -60, int64(idx), asm.Word),
-		asm.LoadMapPtr(asm.R1, refused.FD()),
+		asm.LoadMapPtr(asm.R1, m.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -60),
+		asm.Add.Imm(asm.R2, key),
 		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, -72),
+		asm.Add.Imm(asm.R3, val),
 		asm.Mov.Imm(asm.R4, 0), // BPF_ANY
 		asm.FnMapUpdateElem.Call(),
-		asm.Ja.Label(next),
 	}
 }
 
