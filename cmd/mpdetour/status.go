@@ -273,20 +273,31 @@ func printBuffers(b *agent.BufferStatus) {
 	}
 }
 
-// printCwndClamp shows the cwnd clamps of tunnel subflows when
-// configured: failed (with the reason; the policy runs without them) or
-// active with each address pair's clamp and the measurements behind it.
+// printCwndClamp shows the clamps of tunnel subflows when configured:
+// failed (with the reason; the policy runs without them) or active with
+// the mode (and why it fell back, if it did) and each address pair's
+// limits with the measurements behind them.
 func printCwndClamp(c *policy.ClampStatus) {
 	switch {
 	case c == nil:
 	case c.State != "active":
 		fmt.Printf("cwnd clamps: %s: %s (running without them)\n", c.State, c.Error)
 	default:
-		fmt.Printf("cwnd clamps: active, %d tunnel address pairs\n", len(c.Pairs))
+		fmt.Printf("cwnd clamps: active, mode %s, %d tunnel address pairs\n", c.Mode, len(c.Pairs))
+		if c.Fallback != "" {
+			fmt.Printf("  fallback: %s\n", c.Fallback)
+		}
 		for _, p := range c.Pairs {
 			fmt.Printf("  %s -> %s (%s): ", p.Local, p.Remote, p.Path)
+			var lim []string
 			if p.Segments > 0 {
-				fmt.Printf("%d segments (largest delivery rate %.2f Mbit/s, min RTT %s, MSS %d)", p.Segments, p.MaxRate*8/1e6, p.MinRTT, p.MSS)
+				lim = append(lim, fmt.Sprintf("%d segments", p.Segments))
+			}
+			if p.PacingRate > 0 {
+				lim = append(lim, fmt.Sprintf("paced at most %.2f Mbit/s", float64(p.PacingRate)*8/1e6))
+			}
+			if len(lim) > 0 {
+				fmt.Printf("%s (largest delivery rate %.2f Mbit/s, min RTT %s, MSS %d)", strings.Join(lim, ", "), p.MaxRate*8/1e6, p.MinRTT, p.MSS)
 			} else {
 				fmt.Print("none")
 			}

@@ -64,6 +64,9 @@ type ClampSettings struct {
 	// Cgroup is the cgroup v2 directory the program attaches to (its
 	// sockets and its descendants'); "" = the cgroup v2 mount's root.
 	Cgroup string
+	// Mode is what the clamps limit: the cwnd (default), the pacing
+	// rate, or both.
+	Mode policy.ClampMode
 }
 
 // File is the agent file's YAML form (docs/agent.md); LoadConfig and
@@ -117,6 +120,7 @@ type File struct {
 type fileClamp struct {
 	Enabled bool   `yaml:"enabled"`
 	Cgroup  string `yaml:"cgroup"`
+	Mode    string `yaml:"mode"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -352,16 +356,22 @@ func buildClamp(f *fileClamp) (*ClampSettings, error) {
 	if f == nil {
 		return nil, nil
 	}
+	mode, err := policy.ParseClampMode(f.Mode)
+	if err != nil {
+		return nil, fmt.Errorf("cwnd_clamp.mode: %w", err)
+	}
 	if !f.Enabled {
-		if f.Cgroup != "" {
-			return nil, fmt.Errorf("cwnd_clamp.cgroup: set without cwnd_clamp.enabled: true")
+		for k, v := range map[string]string{"cgroup": f.Cgroup, "mode": f.Mode} {
+			if v != "" {
+				return nil, fmt.Errorf("cwnd_clamp.%s: set without cwnd_clamp.enabled: true", k)
+			}
 		}
 		return nil, nil
 	}
 	if f.Cgroup != "" && (!filepath.IsAbs(f.Cgroup) || filepath.Clean(f.Cgroup) != f.Cgroup) {
 		return nil, fmt.Errorf("cwnd_clamp.cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", f.Cgroup)
 	}
-	return &ClampSettings{Cgroup: f.Cgroup}, nil
+	return &ClampSettings{Cgroup: f.Cgroup, Mode: mode}, nil
 }
 
 // buildKinds validates the detour kinds' sections into c.
