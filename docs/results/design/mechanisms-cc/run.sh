@@ -1,9 +1,10 @@
 #!/bin/bash
 # Chunks of the paired design under the SHARED measurement lock (one runner),
 # --budget 6m (a point takes ~3.5 min), so <= 10 min each, 20 s released between chunks; stops at 09:50 UTC or 45 min of lock.
-# usage: run.sh ONLY (comma-separated point IDs)
+# usage: BIN=dir LOCK=file run.sh ONLY (comma-separated point IDs)
 cd "$(dirname "$0")"
-BIN=/tmp/subcc-bin
+BIN=${BIN:?set BIN to the directory holding the mpdetour and mpdetour-lab binaries}
+LOCK=${LOCK:?set LOCK to the measurement lock file}
 OUT=$PWD
 ONLY=$1
 used=$(awk '/held/ {s+=$NF} END {print s+0}' lock-log.txt 2>/dev/null || echo 0)
@@ -13,7 +14,7 @@ while :; do
   if [ "$(echo "$used > 2160" | bc)" = 1 ]; then echo "stop: lock budget"; break; fi
   resume=; [ -f design.json ] && resume=--resume
   t0=$(date +%s)
-  flock -s /work/runs/heavy.lock bash -c "echo \"acquired \$(date -u +%FT%TZ) load \$(cut -d' ' -f1 /proc/loadavg)\" >> lock-log.txt; \
+  flock -s $LOCK bash -c "echo \"acquired \$(date -u +%FT%TZ) load \$(cut -d' ' -f1 /proc/loadavg)\" >> lock-log.txt; \
     $BIN/mpdetour-lab design --bin $BIN/mpdetour --points 200 --seed 1 --trials 3 \
     --procedures tcp-path1,tcp-path2,mptcp-static,mptcp-static+bbr,mptcp-static+stale4 \
     --only $ONLY --out $OUT $resume --budget 6m --name mcc; rc=\$?; echo \"released \$(date -u +%FT%TZ)\" >> lock-log.txt; exit \$rc" > chunk.log 2>&1
