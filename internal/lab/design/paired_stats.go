@@ -385,8 +385,13 @@ func (rep *Report) paired(b *strings.Builder) {
 	}
 	sort.Float64s(loads)
 	fmt.Fprintf(b, "## Paired analysis\n\n")
-	fmt.Fprintf(b, "Every procedure of a point ran on the same lab build, one session per trial, in rounds whose order rotates "+
-		"(round t starts at the procedure t-1+k of the list for the k-th point run). Per point: the mean of the ok trials; 95 %% "+
+	orderText := "whose order rotates (round t starts at the procedure t-1+k of the list for the k-th point run; each procedure " +
+		"always follows the same one)"
+	if d.Order != OrderRotate {
+		orderText = "in a balanced order (a Williams square per point, shuffled from the seed and the point: no procedure " +
+			"always follows the same one)"
+	}
+	fmt.Fprintf(b, "Every procedure of a point ran on the same lab build, one session per trial, in rounds "+orderText+". Per point: the mean of the ok trials; 95 %% "+
 		"intervals are bootstrap percentile intervals over %d resamples of the rounds (a round's procedures are resampled "+
 		"together, so what moved a whole round stays paired; with 3 rounds an interval is close to the range of the trials). "+
 		"**Harmed**: the interval of MPTCP / best single path lies wholly below %.2f. Best single path = the single-path "+
