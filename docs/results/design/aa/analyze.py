@@ -28,6 +28,19 @@ def boot(v, f, n=10000, seed=1):
     return s[int(0.025 * n)], s[int(0.975 * n) - 1]
 
 
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131]
+
+
+def tci(logs):
+    """95 % Student t interval of the mean of logs, as ratios."""
+    n = len(logs)
+    if n < 2:
+        return float("nan"), float("nan")
+    m, se = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(n)
+    t = T975[n - 2] if n - 2 < len(T975) else 1.96
+    return math.exp(m - t * se), math.exp(m + t * se)
+
+
 def gm(v):
     return math.exp(statistics.fmean(math.log(x) for x in v))
 
@@ -60,13 +73,15 @@ def main():
             print(f"  {p}: {o.b} / {o.a} = {ratio:.3f} (rounds: {', '.join(f'{x:.3f}' for x in rounds)})")
         if per_point:
             lo, hi = boot(per_point, gm)
-            print(f"  geometric mean over points: {gm(per_point):.3f} [{lo:.3f}, {hi:.3f}] (bootstrap over points)")
+            tl, th = tci([math.log(x) for x in per_point])
+            print(f"  geometric mean over points: {gm(per_point):.3f}, 95 % t interval [{tl:.3f}, {th:.3f}] "
+                  f"(the report's since this check); percentile bootstrap over points [{lo:.3f}, {hi:.3f}] (the report's before)")
         if pairs:
             m = statistics.fmean(pairs)
-            lo, hi = boot(pairs, statistics.fmean)
+            tl, th = tci(pairs)
             sd = statistics.stdev(pairs) if len(pairs) > 1 else float("nan")
-            print(f"  over {len(pairs)} (point, round) pairs: {math.exp(m):.3f} [{math.exp(lo):.3f}, {math.exp(hi):.3f}] "
-                  f"(bootstrap over pairs); sd of the log ratio {sd:.3f}")
+            print(f"  over {len(pairs)} (point, round) pairs: {math.exp(m):.3f}, 95 % t interval [{tl:.3f}, {th:.3f}]; "
+                  f"sd of the log ratio {sd:.3f}")
         # Carry-over: normalised goodput by predecessor.
         mean = {k: statistics.fmean(r["goodput_mbps"] for r in v) for k, v in by.items()}
         seq = collections.defaultdict(list)
