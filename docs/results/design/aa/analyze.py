@@ -83,7 +83,7 @@ def main():
             print(f"  over {len(pairs)} (point, round) pairs: {math.exp(m):.3f}, 95 % t interval [{tl:.3f}, {th:.3f}]; "
                   f"sd of the log ratio {sd:.3f}")
         # Carry-over: normalised goodput by predecessor.
-        mean = {k: statistics.fmean(r["goodput_mbps"] for r in v) for k, v in by.items()}
+        mean = {k: statistics.fmean(r["goodput_mbps"] for r in v) for k, v in by.items() if v}
         seq = collections.defaultdict(list)
         for r in recs:
             seq[r["configuration"]].append(r)
