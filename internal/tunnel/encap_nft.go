@@ -63,8 +63,9 @@ func matchVNI(vni uint32) []expr.Any {
 //     subnet6, but for IPv6 neighbour discovery: the devices are
 //     Ethernet-like and the member resolves the relay's inner address);
 //   - forward: a member's device only carries its own inner address
-//     (no inner spoofing), no member-to-member traffic, and the destination
-//     policy of the WireGuard kind;
+//     (no inner spoofing), no member-to-member traffic, no new flow from
+//     outside into a member's device, and the destination policy of the
+//     WireGuard kind;
 //   - MSS clamping both ways, masquerade of the subnet to the uplink;
 //   - the ip6 table does the input filter for members reached over IPv6
 //     (same rules on the IPv6 header) and, with a subnet6, the forward
@@ -189,6 +190,11 @@ func addEncapInside(c *nftables.Conn, t *nftables.Table, f tableFamily, inside n
 	c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
 		matchIfacePrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq, devs),
 		matchIfacePrefix(expr.MetaKeyOIFNAME, expr.CmpOpEq, devs), drop)})
+	// Nothing from outside opens a connection to a member (as in the
+	// WireGuard kind's table, nft.go): into the devices go the replies of
+	// the members' own connections and ICMP errors about them.
+	c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+		matchIfacePrefix(expr.MetaKeyOIFNAME, expr.CmpOpEq, devs), newFlow(), drop)})
 	for _, m := range members {
 		own := m.inner
 		if !v4 {

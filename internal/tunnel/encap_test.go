@@ -124,6 +124,16 @@ func TestEncapEndToEnd(t *testing.T) {
 		t.Error("restricted destination reachable through vxlan")
 	}
 
+	// A connection opened from the relay's uplink toward the member's inner
+	// address does not reach the member.
+	inner := echoServer(t, tp.c1, c1.Address(), false)
+	nsRun(t, tp.server, "ip", "route", "replace", encapSubnet.String(), "via", relayUplink.String())
+	if c, err := dial(t, tp.server, netip.Addr{}, inner, false, time.Second); err == nil {
+		c.Close()
+		t.Errorf("a connection from the relay's uplink reached member %s through vxlan", inner)
+	}
+	nsRun(t, tp.server, "ip", "route", "del", encapSubnet.String())
+
 	// c2 is not the member: it sends the member's VNI (as the member's inner
 	// address) from its own address. The relay drops it at input.
 	spoof := a1

@@ -62,6 +62,17 @@ func matchIface(key expr.MetaKey, op expr.CmpOp, name string) []expr.Any {
 	}
 }
 
+// newFlow matches a packet whose connection is neither established nor
+// related (ct state ! established,related): the first packet of a flow.
+func newFlow() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
 // matchAddr compares the address at offset (of p's family) under p's
 // mask.
 func matchAddr(offset uint32, p netip.Prefix) []expr.Any {
@@ -197,6 +208,13 @@ func addTable(c *nftables.Conn, f tableFamily, iface string, subnet netip.Prefix
 	c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
 		matchIface(expr.MetaKeyIIFNAME, expr.CmpOpEq, iface),
 		matchIface(expr.MetaKeyOIFNAME, expr.CmpOpEq, iface),
+		[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
+	// Nothing from outside opens a connection to a member: forwarded into
+	// the tunnel are the replies of the members' own connections (and
+	// ICMP errors about them), not new flows from whoever routes a
+	// member's inner address to the relay's uplink.
+	c.AddRule(&nftables.Rule{Table: t, Chain: filter, Exprs: concat(
+		matchIface(expr.MetaKeyOIFNAME, expr.CmpOpEq, iface), newFlow(),
 		[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})})
 	for _, p := range pol.Deny {
 		if is(p) {

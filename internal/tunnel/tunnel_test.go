@@ -87,6 +87,27 @@ func TestTunnelEndToEnd(t *testing.T) {
 		}
 	})
 
+	// Someone on the relay's uplink routes a member's inner address to the
+	// relay: a connection it opens must not reach the member (the tunnel
+	// carries the member's own connections and their replies only).
+	t.Run("inbound-new", func(t *testing.T) {
+		inner := echoServer(t, tp.c1, c1.Address(), false)
+		nsRun(t, tp.server, "ip", "route", "replace", tunSubnet.String(), "via", relayUplink.String())
+		defer nsRun(t, tp.server, "ip", "route", "del", tunSubnet.String())
+		if c, err := dial(t, tp.server, netip.Addr{}, inner, false, 1500*time.Millisecond); err == nil {
+			c.Close()
+			t.Fatalf("a connection from the relay's uplink reached member %s through the tunnel", inner)
+		}
+		out := nsRun(t, tp.relay, "nft", "list", "chain", "ip", TableName, "destinations")
+		if !strings.Contains(out, "oifname \"mpdt-relay\" ct state ! established,related counter") {
+			t.Errorf("destinations chain lacks the inbound rule:\n%s", out)
+		}
+		// The member's own connections still work (their replies are established).
+		if _, _, err := retryExchange(t, tp.c1, c1.Address(), echo, 5*time.Second); err != nil {
+			t.Errorf("member's own connection after the inbound attempt: %v", err)
+		}
+	})
+
 	t.Run("policy", func(t *testing.T) {
 		denied := echoServer(t, tp.server, deniedAddr, false)
 		// Reachable directly, so a failure through the tunnel is the relay's policy.

@@ -168,3 +168,27 @@ func TestSoakVerdicts(t *testing.T) {
 		}
 	}
 }
+
+// The soak turns the kernel's blackhole detection off in the client, so a
+// connection made plain TCP (or a sample showing MPTCP disabled) fails it:
+// such a soak would have passed without testing detours.
+func TestSoakBlackholeJudged(t *testing.T) {
+	agent := func(disabled, fallbacks float64) SoakSample {
+		return SoakSample{Agent: ProcStats{MPTCPDisabled: disabled, MPTCPFallbacks: fallbacks}}
+	}
+	for name, c := range map[string]struct {
+		samples []SoakSample
+		ok      bool
+	}{
+		"clean":                    {[]SoakSample{agent(0, 7), agent(0, 7), agent(0, 7)}, true},
+		"connections fell back":    {[]SoakSample{agent(0, 7), agent(0, 9), agent(0, 12)}, false},
+		"disabled in a sample":     {[]SoakSample{agent(0, 0), agent(1, 0), agent(0, 0)}, false},
+		"disabled, none counted":   {[]SoakSample{agent(1, 0), agent(1, 0)}, false},
+		"fallback in the last one": {[]SoakSample{agent(0, 0), agent(0, 1)}, false},
+	} {
+		got := blackholeCheck(&SoakReport{Samples: c.samples})
+		if got.OK != c.ok {
+			t.Errorf("%s: ok=%v, want %v (%s)", name, got.OK, c.ok, got.Detail)
+		}
+	}
+}
