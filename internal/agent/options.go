@@ -83,8 +83,9 @@ type Options struct {
 	CwndClamp func() policy.ClampStatus
 	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
 	// what the measured connections need (policy BufferWanted), restored
-	// at stop (buffers.go). Off by default: in the paired design it never
-	// acted (docs/results/design/mechanisms).
+	// at stop (buffers.go). The agent file turns it on by default
+	// (internal/agentd; docs/results/design/mechanisms-realworld); the
+	// zero Options leave it off.
 	BufferSizing bool
 	// StaleLossCnt, when > 0, sets net.mptcp.stale_loss_cnt in the
 	// namespace (MPTCP retransmit timer rounds without progress before a

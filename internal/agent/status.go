@@ -52,6 +52,21 @@ type Status struct {
 	// StaleLossCnt: net.mptcp.stale_loss_cnt (stale_loss_cnt), when
 	// configured: set (with the value found) or failed with the reason.
 	StaleLossCnt *StaleStatus `json:"stale_loss_cnt,omitempty"`
+	// BufferSizing: the socket buffer maxima (buffer_sizing), when on:
+	// what the sizer found and set now, or failed with the reason.
+	BufferSizing *BufferStatus `json:"buffer_sizing,omitempty"`
+}
+
+// BufferStatus is buffer_sizing's state.
+type BufferStatus struct {
+	State string `json:"state"` // "on" or "failed"
+	// Found: the tcp_rmem and tcp_wmem triples found at start, restored at
+	// stop; Max: the maximum set now, 0 while the found ones suffice.
+	Found map[string]string `json:"found,omitempty"`
+	Max   int64             `json:"max"`
+	// Changes: how often the sizer moved the maximum.
+	Changes int    `json:"changes"`
+	Error   string `json:"error,omitempty"`
 }
 
 // StaleStatus is the stale_loss_cnt setting's state.
@@ -317,6 +332,10 @@ func (a *Agent) Status() Status {
 func (a *Agent) snapshot() Status {
 	st := Status{NetNS: a.cfg.NetNS, Policy: a.cfg.Policy.String(), Started: a.started,
 		Latency: a.lat.summary(), LatencyAck: a.latAck.summary(), StaleLossCnt: a.stale}
+	if a.bufs != nil {
+		b := *a.bufs // the loop replaces a.bufs, never changes it
+		st.BufferSizing = &b
+	}
 	if k, ok := a.k.(*LinuxKernel); ok {
 		st.PMTypeSaved = k.PMTypeBefore
 	}

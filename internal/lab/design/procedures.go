@@ -28,7 +28,8 @@ import (
 //     its own bench run with net.mptcp.enabled=0 in the server node;
 //   - mptcp+MECH, mptcp-POLICY+MECH[+MECH...]: the same MPTCP procedure with
 //     agent mechanisms switched on in the agent's configuration (Mechanisms:
-//     buffers = buffer_sizing, staleN = stale_loss_cnt N), so that a
+//     buffers = buffer_sizing (the default), nobuffers = without it,
+//     staleN = stale_loss_cnt N), so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
 const (
@@ -80,13 +81,16 @@ type Mechanism struct {
 
 // MechanismNames says which mechanisms a procedure may name (for errors
 // and --help).
-const MechanismNames = "buffers (buffer_sizing: true), staleN (stale_loss_cnt: N, 1-255)"
+const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
 	switch {
 	case m == "buffers":
 		return Mechanism{Name: m, Config: "buffer_sizing: true\n"}, nil
+	case m == "nobuffers":
+		// buffer_sizing is on by default: this measures the agent without it.
+		return Mechanism{Name: m, Config: "buffer_sizing: false\n"}, nil
 	case strings.HasPrefix(m, "stale"):
 		rest := m[len("stale"):]
 		n, err := strconv.Atoi(rest)
@@ -188,6 +192,9 @@ func parseProc(f string, paths int) (Proc, error) {
 			key := mech.Name
 			if strings.HasPrefix(key, "stale") {
 				key = "stale"
+			}
+			if key == "nobuffers" {
+				key = "buffers" // one buffer_sizing line
 			}
 			if seen[key] {
 				return Proc{}, fmt.Errorf("procedure %q: mechanism %q named twice", f, key)
