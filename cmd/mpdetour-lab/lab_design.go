@@ -84,6 +84,7 @@ func labDesignCommand() *cli.Command {
 			fs.StringVar(&only, "only", "", "comma-separated point IDs (p010,p025,...): run only these points of the design (paired runner)")
 			fs.IntVar(&limit, "limit", 0, "stop after this many points (0: no limit); --resume continues")
 			fs.DurationVar(&budget, "budget", 0, "start no new point after this much wall clock (e.g. 16m, for measurement chunks; 0: no limit); --resume continues")
+			fs.StringVar(&spec.Order, "order", "", "order of the procedures within a point's rounds (paired runner): balanced (a Williams square, shuffled from --seed and the point: no procedure always follows the same one) or rotate (the list rotated per round, as runs before the A/A check of docs/results/design/aa); default: what the run in --out recorded, else balanced")
 			fs.BoolVar(&sequential, "sequential", false, "the old layout: one bench run per policy, each rebuilding every point's lab (to extend designs made before the paired runner)")
 		},
 		Run: func(ctx context.Context, args []string) error {

@@ -127,6 +127,7 @@ func TestBrennanUpDown(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	checkNoTCPMetrics(t, l)
 	// tbf on the core-limited profile: 20 Mbit/s on client's access link.
 	q := run(t, l, "client", "tc", "qdisc", "show", "dev", "L1")
 	if !strings.Contains(q, "tbf") || !strings.Contains(q, "20Mbit") {

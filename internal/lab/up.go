@@ -343,6 +343,16 @@ func (b *builder) build() error {
 		if err := b.sysctls(ns, []topology.Sysctl{{Key: "net.mptcp.enabled", Value: "1"}}, true); err != nil {
 			return err
 		}
+		// No TCP metrics cache: the kernel would save a closed
+		// connection's ssthresh, cwnd and RTT per destination and seed the
+		// next connection to the same address with them, so that a
+		// measurement that follows a lossy one starts with a low
+		// ssthresh (docs/results/design/aa). Every lab connection starts
+		// from the kernel's defaults. Per namespace; set before any link
+		// exists, so the cache stays empty.
+		if err := b.sysctls(ns, []topology.Sysctl{{Key: "net.ipv4.tcp_no_metrics_save", Value: "1"}}, false); err != nil {
+			return err
+		}
 		fwd := "0"
 		if n.Forward {
 			fwd = "1"

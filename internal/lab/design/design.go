@@ -39,6 +39,10 @@ type Design struct {
 	// a point's trials interleaved on one lab build. Designs
 	// written before it (false) keep one bench run per agent policy.
 	Paired bool `json:"paired,omitempty"`
+	// Order of the procedures within a point's rounds (paired runs):
+	// OrderBalanced or OrderRotate. Paired designs written before the
+	// field ran in OrderRotate; Load fills that in.
+	Order string `json:"order,omitempty"`
 	// MinDistance is the smallest distance between two points in the unit
 	// cube (the WSP dmin).
 	MinDistance float64 `json:"min_distance"`
@@ -59,6 +63,9 @@ type Spec struct {
 	// Sequential: the pre-issue-26 layout, one bench run per policy, each
 	// point's lab rebuilt per run (kept to extend old designs).
 	Sequential bool
+	// Order of the paired runner (OrderBalanced, OrderRotate); "" = the
+	// order recorded in the run being resumed, else OrderBalanced.
+	Order string
 }
 
 // New generates the design of spec.
@@ -78,6 +85,9 @@ func New(spec Spec) (*Design, error) {
 	}
 	if spec.Warmup >= spec.Duration {
 		return nil, fmt.Errorf("duration %s must be longer than the warm-up %s", spec.Duration, spec.Warmup)
+	}
+	if err := validOrder(spec.Order); err != nil {
+		return nil, err
 	}
 	if spec.Trials < 0 || spec.Trials > 100 {
 		return nil, fmt.Errorf("trials %d: want 1..100", spec.Trials)
@@ -99,6 +109,9 @@ func New(spec Spec) (*Design, error) {
 		Seed: spec.Seed, Space: spec.Space, LowBDP: spec.LowBDP,
 		Duration: spec.Duration.String(), Warmup: spec.Warmup.String(), CC: spec.CC, Trials: spec.Trials,
 		MinDistance: dmin, Points: spec.Space.Points(unit), Paired: !spec.Sequential,
+	}
+	if d.Paired {
+		d.Order = spec.Order
 	}
 	for _, p := range procs {
 		d.Procedures = append(d.Procedures, p.Name)
@@ -126,6 +139,12 @@ func Load(dir string) (*Design, error) {
 	}
 	var d Design
 	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, DesignFile), err)
+	}
+	if d.Paired && d.Order == "" {
+		d.Order = OrderRotate // written before the order was recorded
+	}
+	if err := validOrder(d.Order); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, DesignFile), err)
 	}
 	return &d, nil
@@ -299,8 +318,18 @@ func Run(ctx context.Context, d *Design, o Options) (*Report, error) {
 		if !sameDesign(old, d) {
 			return nil, fmt.Errorf("%s holds another design (seed %d, %d points, %d paths): choose another --out", o.Out, old.Seed, len(old.Points), old.Space.Paths)
 		}
+		// A resumed run keeps the order its trials ran in.
+		switch {
+		case d.Order == "":
+			d.Order = old.Order
+		case d.Order != old.Order:
+			return nil, fmt.Errorf("%s ran its trials in order %q, not %q: resume without --order, or choose another --out", o.Out, old.Order, d.Order)
+		}
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
+	}
+	if d.Paired && d.Order == "" {
+		d.Order = OrderBalanced
 	}
 	if err := d.Save(o.Out); err != nil {
 		return nil, err

@@ -24,20 +24,6 @@ const PairedRun = "paired"
 // pairedScenarioName is the scenario name the paired trial records carry.
 const pairedScenarioName = "design-paired"
 
-// rotation is the order of the procedures in trial (round) t of the point
-// at position offset of the run: the list rotated by t-1+offset, so that
-// every procedure takes every position once per len(procs) trials, and
-// the first trial of successive points does not always start with the
-// same procedure.
-func rotation(procs []string, trial, offset int) []string {
-	n := len(procs)
-	if n == 0 {
-		return nil
-	}
-	k := ((trial-1+offset)%n + n) % n
-	return append(append([]string{}, procs[k:]...), procs[:k]...)
-}
-
 // order is the design's points in the seeded random order they run in (a
 // run stopped early has a random subset of the design).
 func (d *Design) order() []Point {
@@ -143,7 +129,8 @@ func (d *Design) pairedScenario() (*scenario.Scenario, error) {
 }
 
 // runPaired runs the paired part of the design: per point one lab build,
-// then trial by trial every procedure in rotating order, one session per
+// then round by round every procedure in the design's order
+// (roundOrder: a seeded Williams design, or the old rotation), one session per
 // trial (relays and agent started for it and stopped after it, so that
 // each MPTCP procedure gets its own agent configuration and no procedure
 // inherits another's state). Finished trials are skipped (resume);
@@ -249,67 +236,66 @@ func (d *Design) pairedPoint(ctx context.Context, o Options, s *scenario.Scenari
 		}
 	}()
 	first := true
-	for t := 1; t <= max(1, d.Trials); t++ {
-		for _, name := range rotation(names, t, pos) {
-			key := results.Key{Configuration: pt.ID, Cell: name}
-			if unavailable[name] || done[key] >= t {
-				continue
-			}
-			if !first {
-				// Queues drain and TIME_WAIT settles between transfers.
-				select {
-				case <-time.After(500 * time.Millisecond):
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			first = false
-			p := byName[name]
-			c := d.cell(p, pt)
-			rec := results.Record{
-				Scenario: pairedScenarioName, Configuration: pt.ID, Cell: name, Procedure: c.Procedure, Detours: c.Detours,
-				CC: s.CC, Duration: time.Duration(s.Duration).Seconds(), Warmup: time.Duration(s.Warmup).Seconds(),
-				Params: append(s.Set.Strings(), cfg.Set.Strings()...), Versions: versions, Trial: done[key] + 1,
-			}
-			rec.Start = time.Now().UTC()
-			m, terr := d.pairedTrial(ctx, cl, c, agentCfg[name])
-			if ctx.Err() != nil {
-				return ctx.Err() // an interrupted trial is not recorded
-			}
-			rec.LoadAvg = bench.LoadAvg()
-			var ue *bench.UnavailableError
-			switch {
-			case errors.As(terr, &ue):
-				rec.Status, rec.Reason = results.Unavailable, ue.Reason
-				unavailable[name] = true
-			case terr != nil && !keepFewSubflows(p, terr):
-				rec.Status, rec.Reason = results.Failed, terr.Error()
-			default:
-				rec.Status = results.OK
-				if terr != nil {
-					rec.Reason = FewSubflowsNote + ": " + terr.Error()
-				}
-				rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
-				rec.MaxGapS, rec.MaxGapEndS = m.MaxGapS, m.MaxGapEndS
-			}
-			if err := store.Append(rec); err != nil {
-				return fmt.Errorf("saving trial: %w", err)
-			}
-			if rec.Status != results.Unavailable {
-				done[key]++
-			}
-			res := fmt.Sprintf("%.2f Mbit/s", rec.GoodputMbps)
-			if rec.Status != results.OK {
-				res = strings.ToUpper(rec.Status) + ": " + rec.Reason
-			} else if len(rec.Subflows) > 0 {
-				var sf []string
-				for _, x := range rec.Subflows {
-					sf = append(sf, fmt.Sprintf("%s %.1f MB %.0f ms %d rtx", x.Path, float64(x.Bytes)/1e6, x.RTTms, x.Retrans))
-				}
-				res += " (" + strings.Join(sf, ", ") + ")"
-			}
-			fmt.Fprintf(o.Progress, "[%s] trial %d %s: %s (load %.2f)\n", pt.ID, rec.Trial, name, res, rec.LoadAvg)
+	sched := d.pointSchedule(names, pt, pos, func(name string) int { return done[results.Key{Configuration: pt.ID, Cell: name}] })
+	for _, name := range sched {
+		key := results.Key{Configuration: pt.ID, Cell: name}
+		if unavailable[name] {
+			continue
 		}
+		if !first {
+			// Queues drain and TIME_WAIT settles between transfers.
+			select {
+			case <-time.After(500 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		first = false
+		p := byName[name]
+		c := d.cell(p, pt)
+		rec := results.Record{
+			Scenario: pairedScenarioName, Configuration: pt.ID, Cell: name, Procedure: c.Procedure, Detours: c.Detours,
+			CC: s.CC, Duration: time.Duration(s.Duration).Seconds(), Warmup: time.Duration(s.Warmup).Seconds(),
+			Params: append(s.Set.Strings(), cfg.Set.Strings()...), Versions: versions, Trial: done[key] + 1,
+		}
+		rec.Start = time.Now().UTC()
+		m, terr := d.pairedTrial(ctx, cl, c, agentCfg[name])
+		if ctx.Err() != nil {
+			return ctx.Err() // an interrupted trial is not recorded
+		}
+		rec.LoadAvg = bench.LoadAvg()
+		var ue *bench.UnavailableError
+		switch {
+		case errors.As(terr, &ue):
+			rec.Status, rec.Reason = results.Unavailable, ue.Reason
+			unavailable[name] = true
+		case terr != nil && !keepFewSubflows(p, terr):
+			rec.Status, rec.Reason = results.Failed, terr.Error()
+		default:
+			rec.Status = results.OK
+			if terr != nil {
+				rec.Reason = FewSubflowsNote + ": " + terr.Error()
+			}
+			rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
+			rec.MaxGapS, rec.MaxGapEndS = m.MaxGapS, m.MaxGapEndS
+		}
+		if err := store.Append(rec); err != nil {
+			return fmt.Errorf("saving trial: %w", err)
+		}
+		if rec.Status != results.Unavailable {
+			done[key]++
+		}
+		res := fmt.Sprintf("%.2f Mbit/s", rec.GoodputMbps)
+		if rec.Status != results.OK {
+			res = strings.ToUpper(rec.Status) + ": " + rec.Reason
+		} else if len(rec.Subflows) > 0 {
+			var sf []string
+			for _, x := range rec.Subflows {
+				sf = append(sf, fmt.Sprintf("%s %.1f MB %.0f ms %d rtx", x.Path, float64(x.Bytes)/1e6, x.RTTms, x.Retrans))
+			}
+			res += " (" + strings.Join(sf, ", ") + ")"
+		}
+		fmt.Fprintf(o.Progress, "[%s] trial %d %s: %s (load %.2f)\n", pt.ID, rec.Trial, name, res, rec.LoadAvg)
 	}
 	return nil
 }
