@@ -96,11 +96,20 @@ func TestAgentProcess(t *testing.T) {
 	if st.PMTypeSaved != "0" || len(st.Detours) != 1 || st.Detours[0].Relay != "r1" || !st.Detours[0].Healthy {
 		t.Fatalf("status %+v", st)
 	}
+	// Buffer sizing is on by default: what it found is kept beside the
+	// socket until the agent stops.
+	rmem := strings.Join(strings.Fields(ns.Run("sysctl", "-n", "net.ipv4.tcp_rmem")), " ")
+	if b := st.BufferSizing; b == nil || b.State != "on" || b.Found["net.ipv4.tcp_rmem"] != rmem {
+		t.Fatalf("status buffer_sizing %+v, want on by default, found tcp_rmem %q", b, rmem)
+	}
+	if states, _ := filepath.Glob(filepath.Join(dir, "buffers.*")); len(states) != 1 {
+		t.Fatalf("buffer sizing state files %v, want one while the agent runs", states)
+	}
 	if v := strings.TrimSpace(ns.Run("sysctl", "-n", "net.mptcp.pm_type")); v != "1" {
 		t.Fatalf("pm_type under the agent = %s", v)
 	}
 	text, err := exec.Command(bin, "status", "--socket", sock).CombinedOutput()
-	if err != nil || !strings.Contains(string(text), "nat:r1") || !strings.Contains(string(text), "DETOUR") {
+	if err != nil || !strings.Contains(string(text), "nat:r1") || !strings.Contains(string(text), "DETOUR") || !strings.Contains(string(text), "buffer sizing: on") {
 		t.Fatalf("status table: %v: %s", err, text)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
@@ -117,5 +126,11 @@ func TestAgentProcess(t *testing.T) {
 	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("status socket left behind: %v", err)
+	}
+	if states, _ := filepath.Glob(filepath.Join(dir, "buffers.*")); len(states) != 0 {
+		t.Errorf("buffer sizing state files left after SIGTERM: %v", states)
+	}
+	if v := strings.Join(strings.Fields(ns.Run("sysctl", "-n", "net.ipv4.tcp_rmem")), " "); v != rmem {
+		t.Errorf("tcp_rmem after SIGTERM %q, want %q", v, rmem)
 	}
 }

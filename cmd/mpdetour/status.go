@@ -15,6 +15,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"github.com/mpdetour/mpdetour/internal/subflowcc"
 )
 
 // statusCommand builds the status subcommand.
@@ -93,6 +94,8 @@ func printStatus(st agent.Status) {
 	printBlackhole(st.Blackhole)
 	printCwndClamp(st.CwndClamp)
 	printStale(st.StaleLossCnt)
+	printSubflowCC(st.SubflowCongestion)
+	printBuffers(st.BufferSizing)
 	if g := st.PMTypeGuard; g != nil && (g.Restores > 0 || g.Error != "") {
 		if g.Restores > 0 {
 			fmt.Printf("WARNING: net.mptcp.pm_type was changed under the agent %d times (last: %s at %s) and set back to 1: another program changes it (mptcpd, NetworkManager, a sysctl.d file)\n",
@@ -257,20 +260,65 @@ func printStale(s *agent.StaleStatus) {
 	}
 }
 
-// printCwndClamp shows the cwnd clamps of tunnel subflows when
-// configured: failed (with the reason; the policy runs without them) or
-// active with each address pair's clamp and the measurements behind it.
+// printSubflowCC shows the detour subflows' congestion control when
+// configured: failed (with the reason; they run the host's algorithm) or
+// active with its routes and the destinations it could not serve.
+func printSubflowCC(c *subflowcc.Status) {
+	switch {
+	case c == nil:
+	case c.State != "active":
+		fmt.Printf("subflow congestion control: %s: %s (detour subflows run the host's algorithm)\n", c.State, c.Error)
+	default:
+		fmt.Printf("subflow congestion control: detour subflows run %s, %d route(s) with congctl\n", c.Algorithm, len(c.Routes))
+		for _, r := range c.Routes {
+			fmt.Printf("  %s (table %d)\n", r.Dst, r.Table)
+		}
+		for _, r := range c.Failed {
+			fmt.Printf("  %s: not applied (the host's algorithm): %s\n", r.Dst, r.Error)
+		}
+	}
+}
+
+// printBuffers shows buffer_sizing's state when it is on.
+func printBuffers(b *agent.BufferStatus) {
+	switch {
+	case b == nil:
+	case b.State != "on":
+		fmt.Printf("buffer sizing: %s: %s (the namespace keeps its own tcp_rmem/tcp_wmem)\n", b.State, b.Error)
+	case b.Max == 0:
+		fmt.Printf("buffer sizing: on, tcp_rmem/tcp_wmem maxima as found (%s / %s): enough so far (%d changes)\n",
+			b.Found["net.ipv4.tcp_rmem"], b.Found["net.ipv4.tcp_wmem"], b.Changes)
+	default:
+		fmt.Printf("buffer sizing: on, tcp_rmem/tcp_wmem maximum %d bytes (found %s / %s, restored at stop; %d changes)\n",
+			b.Max, b.Found["net.ipv4.tcp_rmem"], b.Found["net.ipv4.tcp_wmem"], b.Changes)
+	}
+}
+
+// printCwndClamp shows the clamps of tunnel subflows when configured:
+// failed (with the reason; the policy runs without them) or active with
+// the mode (and why it fell back, if it did) and each address pair's
+// limits with the measurements behind them.
 func printCwndClamp(c *policy.ClampStatus) {
 	switch {
 	case c == nil:
 	case c.State != "active":
 		fmt.Printf("cwnd clamps: %s: %s (running without them)\n", c.State, c.Error)
 	default:
-		fmt.Printf("cwnd clamps: active, %d tunnel address pairs\n", len(c.Pairs))
+		fmt.Printf("cwnd clamps: active, mode %s, %d tunnel address pairs\n", c.Mode, len(c.Pairs))
+		if c.Fallback != "" {
+			fmt.Printf("  fallback: %s\n", c.Fallback)
+		}
 		for _, p := range c.Pairs {
 			fmt.Printf("  %s -> %s (%s): ", p.Local, p.Remote, p.Path)
+			var lim []string
 			if p.Segments > 0 {
-				fmt.Printf("%d segments (largest delivery rate %.2f Mbit/s, min RTT %s, MSS %d)", p.Segments, p.MaxRate*8/1e6, p.MinRTT, p.MSS)
+				lim = append(lim, fmt.Sprintf("%d segments", p.Segments))
+			}
+			if p.PacingRate > 0 {
+				lim = append(lim, fmt.Sprintf("paced at most %.2f Mbit/s", float64(p.PacingRate)*8/1e6))
+			}
+			if len(lim) > 0 {
+				fmt.Printf("%s (largest delivery rate %.2f Mbit/s, min RTT %s, MSS %d)", strings.Join(lim, ", "), p.MaxRate*8/1e6, p.MinRTT, p.MSS)
 			} else {
 				fmt.Print("none")
 			}

@@ -46,6 +46,8 @@ type Agent struct {
 	started  time.Time
 	// stale: stale_loss_cnt's state, when configured (status).
 	stale *StaleStatus
+	// bufs: buffer sizing's state, when configured (status).
+	bufs *BufferStatus
 
 	stats struct {
 		events, lost, resyncs, commands, cmdErrors, adopted atomic.Uint64
@@ -198,7 +200,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		var err error
 		if sizer, err = newBufferSizer(a.cfg, a.log); err != nil {
 			a.log.Warn("socket buffer sizing off", "err", err)
+			a.bufs = &BufferStatus{State: "failed", Error: err.Error()}
 		} else {
+			a.bufs = sizer.status()
 			defer func() {
 				if sizer == nil {
 					return // turned off after an error, restored then
@@ -303,10 +307,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			if adv, ok := a.pol.(interface{ BufferWanted() int64 }); ok && sizer != nil {
 				if err := sizer.apply(adv.BufferWanted()); err != nil {
 					a.log.Warn("socket buffer sizing off", "err", err)
+					a.bufs = &BufferStatus{State: "failed", Error: err.Error()}
 					if err := sizer.restore(); err != nil {
 						a.log.Warn("socket buffer sizes not restored", "err", err)
+						a.bufs.Error += "; not restored: " + err.Error()
 					}
 					sizer = nil
+				} else if sizer.changes != a.bufs.Changes {
+					a.bufs = sizer.status()
 				}
 			}
 		case <-sweepTick.C:
@@ -449,6 +457,9 @@ func (a *Agent) worker() {
 		in := j.in
 		if in.Action == policy.CreateSubflow && !j.since.IsZero() {
 			a.lat.add(time.Since(j.since))
+		}
+		if in.Action == policy.CreateSubflow && in.Detour != nil && a.cfg.SubflowCC != nil {
+			a.cfg.SubflowCC.Prepare(in.Local.Addr(), in.Remote.Addr())
 		}
 		err := a.k.Command(in)
 		if err == nil && in.Action == policy.CreateSubflow && !j.since.IsZero() {

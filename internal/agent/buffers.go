@@ -32,7 +32,18 @@ type bufferSizer struct {
 	state string
 	orig  map[string][3]int64
 	cur   int64 // the maximum set now; 0 = the original
-	log   *slog.Logger
+	// changes: how often apply moved the maximum (status).
+	changes int
+	log     *slog.Logger
+}
+
+// status is the sizer's state for the agent's status.
+func (b *bufferSizer) status() *BufferStatus {
+	st := &BufferStatus{State: "on", Max: b.cur, Changes: b.changes, Found: map[string]string{}}
+	for name, tr := range b.orig {
+		st.Found[name] = fmt.Sprintf("%d %d %d", tr[0], tr[1], tr[2])
+	}
+	return st
 }
 
 func newBufferSizer(cfg Options, log *slog.Logger) (*bufferSizer, error) {
@@ -134,6 +145,7 @@ func (b *bufferSizer) apply(want int64) error {
 		return err
 	}
 	b.cur = target
+	b.changes++
 	b.log.Info("socket buffer maximum", "bytes", target, "wanted", want, "note", "0 = the original")
 	return nil
 }

@@ -98,6 +98,16 @@ func TestAgentBufferSizingRaisesAndRestores(t *testing.T) {
 	if w := bufferMax(t, ns, "tcp_wmem"); w == wmem {
 		t.Fatalf("tcp_wmem not raised: %q", w)
 	}
+	// The status shows it (the loop updates it after the write: poll).
+	var bs *agent.BufferStatus
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if bs = h.a.Status().BufferSizing; bs != nil && bs.Max > 0 {
+			break
+		}
+	}
+	if bs == nil || bs.State != "on" || bs.Max < max || bs.Changes < 1 || bs.Found["net.ipv4.tcp_rmem"] != strings.Join(strings.Fields(rmem), " ") || bs.Found["net.ipv4.tcp_wmem"] != strings.Join(strings.Fields(wmem), " ") {
+		t.Fatalf("status buffer_sizing %+v, want on, max >= %d, found %q / %q", bs, max, rmem, wmem)
+	}
 	h.stop()
 	if r, w := bufferMax(t, ns, "tcp_rmem"), bufferMax(t, ns, "tcp_wmem"); r != rmem || w != wmem {
 		t.Fatalf("after stop tcp_rmem %q tcp_wmem %q, want %q %q back", r, w, rmem, wmem)

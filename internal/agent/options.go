@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"github.com/mpdetour/mpdetour/internal/subflowcc"
 )
 
 // DefaultSocket is where the agent serves its status.
@@ -81,10 +82,17 @@ type Options struct {
 	// CwndClamp, when set, adds the cwnd clamps' state to the status
 	// (wired by internal/agentd).
 	CwndClamp func() policy.ClampStatus
+	// SubflowCC, when set, prepares each detour subflow's congestion
+	// control just before the subflow is created (subflow_congestion,
+	// wired by internal/agentd with internal/subflowcc) and adds its state
+	// to the status. Subflows toward addresses the server announced are
+	// not detour subflows and are left alone.
+	SubflowCC SubflowCC
 	// BufferSizing: raise the namespace's tcp_rmem/tcp_wmem maximum to
 	// what the measured connections need (policy BufferWanted), restored
-	// at stop (buffers.go). Off by default: in the paired design it never
-	// acted (docs/results/design/mechanisms).
+	// at stop (buffers.go). The agent file turns it on by default
+	// (internal/agentd; docs/results/design/mechanisms-realworld); the
+	// zero Options leave it off.
 	BufferSizing bool
 	// StaleLossCnt, when > 0, sets net.mptcp.stale_loss_cnt in the
 	// namespace (MPTCP retransmit timer rounds without progress before a
@@ -95,6 +103,14 @@ type Options struct {
 	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
 	// none).
 	Probes string
+}
+
+// SubflowCC gives detour subflows their own congestion control
+// (subflowcc.Routes). Prepare must not fail the subflow: what it cannot
+// do, it says itself, and the subflow runs the host's algorithm.
+type SubflowCC interface {
+	Prepare(local, remote netip.Addr)
+	Status() subflowcc.Status
 }
 
 // DefaultOptions are the defaults of the agent file's core fields

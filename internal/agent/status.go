@@ -19,6 +19,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"github.com/mpdetour/mpdetour/internal/subflowcc"
 )
 
 // Status is what "mpdetour status" shows (JSON field names are stable).
@@ -49,9 +50,28 @@ type Status struct {
 	// CwndClamp: the cwnd clamps of tunnel subflows (cwnd_clamp), when
 	// configured: active, or failed with the reason (no clamps applied).
 	CwndClamp *policy.ClampStatus `json:"cwnd_clamp,omitempty"`
+	// SubflowCongestion: detour subflows' congestion control
+	// (subflow_congestion), when configured: active with its routes and
+	// the destinations it could not give one, or failed with the reason.
+	SubflowCongestion *subflowcc.Status `json:"subflow_congestion,omitempty"`
 	// StaleLossCnt: net.mptcp.stale_loss_cnt (stale_loss_cnt), when
 	// configured: set (with the value found) or failed with the reason.
 	StaleLossCnt *StaleStatus `json:"stale_loss_cnt,omitempty"`
+	// BufferSizing: the socket buffer maxima (buffer_sizing), when on:
+	// what the sizer found and set now, or failed with the reason.
+	BufferSizing *BufferStatus `json:"buffer_sizing,omitempty"`
+}
+
+// BufferStatus is buffer_sizing's state.
+type BufferStatus struct {
+	State string `json:"state"` // "on" or "failed"
+	// Found: the tcp_rmem and tcp_wmem triples found at start, restored at
+	// stop; Max: the maximum set now, 0 while the found ones suffice.
+	Found map[string]string `json:"found,omitempty"`
+	Max   int64             `json:"max"`
+	// Changes: how often the sizer moved the maximum.
+	Changes int    `json:"changes"`
+	Error   string `json:"error,omitempty"`
 }
 
 // StaleStatus is the stale_loss_cnt setting's state.
@@ -281,6 +301,10 @@ func (a *Agent) Status() Status {
 		c := a.cfg.CwndClamp()
 		st.CwndClamp = &c
 	}
+	if a.cfg.SubflowCC != nil {
+		c := a.cfg.SubflowCC.Status()
+		st.SubflowCongestion = &c
+	}
 	markNeverEstablished(st.Detours)
 	if a.cfg.RelayStatus != nil {
 		st.Relays = a.cfg.RelayStatus()
@@ -317,6 +341,10 @@ func (a *Agent) Status() Status {
 func (a *Agent) snapshot() Status {
 	st := Status{NetNS: a.cfg.NetNS, Policy: a.cfg.Policy.String(), Started: a.started,
 		Latency: a.lat.summary(), LatencyAck: a.latAck.summary(), StaleLossCnt: a.stale}
+	if a.bufs != nil {
+		b := *a.bufs // the loop replaces a.bufs, never changes it
+		st.BufferSizing = &b
+	}
 	if k, ok := a.k.(*LinuxKernel); ok {
 		st.PMTypeSaved = k.PMTypeBefore
 	}

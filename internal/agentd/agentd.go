@@ -33,6 +33,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/serverrole"
+	"github.com/mpdetour/mpdetour/internal/subflowcc"
 	"github.com/mpdetour/mpdetour/internal/tunnel/tunnelctl"
 )
 
@@ -165,6 +166,16 @@ func Run(ctx context.Context, path string, cfg Config) error {
 			}
 		}()
 		opts.OnMeasured, opts.CwndClamp = cl.measured, cl.status
+	}
+	if cfg.SubflowCongestion != "" {
+		// Routes with congctl toward detour destinations, removed at exit.
+		cc := subflowcc.Open(opts.NetNS, cfg.SubflowCongestion, log)
+		defer func() {
+			if err := cc.Close(); err != nil {
+				log.Warn("subflow congestion control routes not removed", "err", err)
+			}
+		}()
+		opts.SubflowCC = cc
 	}
 	stop := reloadOnHangup(ctx, hup, path, relays, tunnels, log)
 	defer stop()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/detour"
@@ -16,7 +17,9 @@ import (
 // clampMap is where clamps go: the BPF program's map (bpfclamp.Clamper),
 // or a fake in tests.
 type clampMap interface {
-	Set(k bpfclamp.Key, segs uint32) error
+	Set(k bpfclamp.Key, l bpfclamp.Limits) error
+	// Refused reports what the kernel refused the program.
+	Refused() (bpfclamp.Refusals, error)
 	Close() error
 }
 
@@ -57,17 +60,24 @@ func cgroup2Root() (string, error) {
 // cwndClamps runs the cwnd_clamp mechanism: the policy's clamp decisions
 // (policy.Clamps) from every round of measurements, written into the BPF
 // program's map. A program that cannot be loaded or attached leaves the
-// agent running without clamps, said once in the log and in status.
+// agent running without clamps, said once in the log and in status; a
+// kernel that refuses the program's pacing rates (SO_MAX_PACING_RATE from
+// BPF) turns the pacing and both modes into cwnd clamps, likewise.
 type cwndClamps struct {
-	log    *slog.Logger
-	decide *policy.Clamps
-	m      clampMap // nil: failed
-	err    string
+	log      *slog.Logger
+	decide   *policy.Clamps
+	m        clampMap // nil: failed
+	err      string
+	mu       sync.Mutex // fallback is read by status requests
+	fallback string     // why the mode is cwnd although pacing was configured
 }
 
 // startClamps attaches through attach (attachClamp outside tests).
 func startClamps(s ClampSettings, sources []detour.Source, log *slog.Logger, attach func(string) (clampMap, error)) *cwndClamps {
-	c := &cwndClamps{log: log, decide: policy.NewClamps(sources)}
+	if s.Mode == "" {
+		s.Mode = policy.ClampCwnd
+	}
+	c := &cwndClamps{log: log, decide: policy.NewClamps(sources, s.Mode)}
 	m, err := attach(s.Cgroup)
 	if err != nil {
 		c.err = err.Error()
@@ -75,7 +85,7 @@ func startClamps(s ClampSettings, sources []detour.Source, log *slog.Logger, att
 		return c
 	}
 	c.m = m
-	log.Info("cwnd clamps on: tunnel subflows are clamped to 1.25 x their measured bandwidth-delay product")
+	log.Info("cwnd clamps on: tunnel subflows are limited to 1.25 x their measured bandwidth-delay product (cwnd) or delivery rate (pacing)", "mode", s.Mode)
 	return c
 }
 
@@ -85,13 +95,31 @@ func (c *cwndClamps) measured(ms []policy.Measurement) {
 	if c.m == nil {
 		return
 	}
+	c.checkPacing()
 	for _, cl := range c.decide.Decide(ms) {
-		if err := c.m.Set(bpfclamp.Key{Local: cl.Local, Remote: cl.Remote}, cl.Segments); err != nil {
+		if err := c.m.Set(bpfclamp.Key{Local: cl.Local, Remote: cl.Remote}, bpfclamp.Limits{CwndSegments: cl.Segments, PacingRate: cl.PacingRate}); err != nil {
 			c.log.Warn("cwnd clamp not set", "local", cl.Local, "remote", cl.Remote, "err", err)
 			continue
 		}
-		c.log.Info("cwnd clamp", "local", cl.Local, "remote", cl.Remote, "segments", cl.Segments, "rule", cl.Reason)
+		c.log.Info("clamp", "local", cl.Local, "remote", cl.Remote, "segments", cl.Segments, "pacing_rate", cl.PacingRate, "rule", cl.Reason)
 	}
+}
+
+// checkPacing falls back to cwnd clamps once the kernel has refused a
+// pacing rate: one warning, and status says why.
+func (c *cwndClamps) checkPacing() {
+	if c.decide.Mode() == policy.ClampCwnd {
+		return
+	}
+	r, err := c.m.Refused()
+	if err != nil || r.Pacing == 0 {
+		return
+	}
+	c.mu.Lock()
+	c.fallback = fmt.Sprintf("the kernel refused SO_MAX_PACING_RATE from BPF (%v): cwnd clamps instead", r.Pacing)
+	c.mu.Unlock()
+	c.log.Warn("pacing clamps off: the kernel refused SO_MAX_PACING_RATE from BPF; cwnd clamps instead", "mode", c.decide.Mode(), "err", r.Pacing)
+	c.decide.SetMode(policy.ClampCwnd)
 }
 
 // status is the mechanism for "mpdetour status".
@@ -99,7 +127,9 @@ func (c *cwndClamps) status() policy.ClampStatus {
 	if c.m == nil {
 		return policy.ClampStatus{State: "failed", Error: c.err}
 	}
-	return policy.ClampStatus{State: "active", Pairs: c.decide.Pairs()}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return policy.ClampStatus{State: "active", Mode: c.decide.Mode(), Fallback: c.fallback, Pairs: c.decide.Pairs()}
 }
 
 // close detaches the program (the kernel also does when the agent dies:

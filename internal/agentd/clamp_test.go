@@ -13,15 +13,28 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"golang.org/x/sys/unix"
 )
 
+// fakeClampMap stands for the BPF program: it records the limits set
+// and refuses pacing rates when refusePacing is set, as a kernel without
+// SO_MAX_PACING_RATE from BPF would at the next callback.
 type fakeClampMap struct {
-	set    map[bpfclamp.Key]uint32
-	closed bool
+	set          map[bpfclamp.Key]bpfclamp.Limits
+	refusePacing bool
+	refused      bpfclamp.Refusals
+	closed       bool
 }
 
-func (f *fakeClampMap) Set(k bpfclamp.Key, segs uint32) error { f.set[k] = segs; return nil }
-func (f *fakeClampMap) Close() error                          { f.closed = true; return nil }
+func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
+	f.set[k] = l
+	if l.PacingRate != 0 && f.refusePacing {
+		f.refused.Pacing = unix.EINVAL
+	}
+	return nil
+}
+func (f *fakeClampMap) Refused() (bpfclamp.Refusals, error) { return f.refused, nil }
+func (f *fakeClampMap) Close() error                        { f.closed = true; return nil }
 
 var (
 	clampServer = netip.MustParseAddrPort("10.0.2.2:5201")
@@ -35,7 +48,7 @@ func clampSources() []detour.Source {
 // A tunnel subflow that queues gets its clamp written into the map; the
 // default path's subflow does not; status lists the pair; close detaches.
 func TestClampsApplied(t *testing.T) {
-	m := &fakeClampMap{set: map[bpfclamp.Key]uint32{}}
+	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}}
 	var logs bytes.Buffer
 	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), func(string) (clampMap, error) { return m, nil })
 	ms := []policy.Measurement{
@@ -43,12 +56,12 @@ func TestClampsApplied(t *testing.T) {
 		{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368},
 	}
 	c.measured(ms)
-	want := map[bpfclamp.Key]uint32{{Local: clampTunnel.Local, Remote: clampServer.Addr()}: 56}
-	if len(m.set) != 1 || m.set[bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}] != 56 {
+	want := map[bpfclamp.Key]bpfclamp.Limits{{Local: clampTunnel.Local, Remote: clampServer.Addr()}: {CwndSegments: 56}}
+	if len(m.set) != 1 || m.set[bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}] != (bpfclamp.Limits{CwndSegments: 56}) {
 		t.Fatalf("map %v, want %v", m.set, want)
 	}
 	st := c.status()
-	if st.State != "active" || len(st.Pairs) != 1 || st.Pairs[0].Segments != 56 {
+	if st.State != "active" || st.Mode != policy.ClampCwnd || st.Fallback != "" || len(st.Pairs) != 1 || st.Pairs[0].Segments != 56 {
 		t.Errorf("status %+v", st)
 	}
 	if err := c.close(); err != nil || !m.closed {
@@ -102,11 +115,70 @@ func TestClampConfig(t *testing.T) {
 		"cwnd_clamp:\n  enabled: true\n  cgroup: /sys/fs/cgroup/../x\n": "cwnd_clamp.cgroup",
 		"cwnd_clamp:\n  cgroup: /sys/fs/cgroup\n":                       "without cwnd_clamp.enabled",
 		"cwnd_clamp:\n  enabled: true\n  gain: 2\n":                     "gain",
+		"cwnd_clamp:\n  enabled: true\n  mode: rate\n":                  "cwnd_clamp.mode: \"rate\" is not a clamp mode (cwnd, pacing or both)",
+		"cwnd_clamp:\n  mode: pacing\n":                                 "cwnd_clamp.mode: set without cwnd_clamp.enabled",
 		"cwnd_clamp:\n  enabled: true\nprobe_interval: 0s\n":            "cwnd_clamp: needs measurements",
 	} {
 		_, err := ParseConfig([]byte(in))
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "config:") {
 			t.Errorf("%q: error %v, want one naming %q with its position", in, err, want)
 		}
+	}
+}
+
+// The modes from the config: cwnd by default, pacing and both as
+// written.
+func TestClampConfigMode(t *testing.T) {
+	for in, want := range map[string]policy.ClampMode{
+		"cwnd_clamp:\n  enabled: true\n":                 policy.ClampCwnd,
+		"cwnd_clamp:\n  enabled: true\n  mode: cwnd\n":   policy.ClampCwnd,
+		"cwnd_clamp:\n  enabled: true\n  mode: pacing\n": policy.ClampPacing,
+		"cwnd_clamp:\n  enabled: true\n  mode: both\n":   policy.ClampBoth,
+	} {
+		c, err := ParseConfig([]byte(in))
+		if err != nil || c.CwndClamp == nil || c.CwndClamp.Mode != want {
+			t.Errorf("%q: %+v, %v; want mode %s", in, c.CwndClamp, err, want)
+		}
+	}
+}
+
+// The pacing mode writes rates (no cwnd clamp) into the map; both
+// writes both; status shows the mode and each pair's rate.
+func TestClampsPacingApplied(t *testing.T) {
+	for mode, segs := range map[policy.ClampMode]uint32{policy.ClampPacing: 0, policy.ClampBoth: 56} {
+		m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}}
+		var logs bytes.Buffer
+		c := startClamps(ClampSettings{Mode: mode}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), func(string) (clampMap, error) { return m, nil })
+		c.measured([]policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}})
+		k := bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}
+		if want := (bpfclamp.Limits{CwndSegments: segs, PacingRate: 1250000}); len(m.set) != 1 || m.set[k] != want {
+			t.Errorf("%s: map %v, want %v", mode, m.set, want)
+		}
+		if st := c.status(); st.State != "active" || st.Mode != mode || len(st.Pairs) != 1 || st.Pairs[0].PacingRate != 1250000 || st.Pairs[0].Segments != segs {
+			t.Errorf("%s: status %+v", mode, st)
+		}
+	}
+}
+
+// A kernel that refuses pacing rates from BPF: one warning naming the
+// refusal, the pairs get cwnd clamps instead, status shows cwnd with the
+// reason.
+func TestClampsPacingRefused(t *testing.T) {
+	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refusePacing: true}
+	var logs bytes.Buffer
+	c := startClamps(ClampSettings{Mode: policy.ClampPacing}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
+	k := bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}
+	for range 3 {
+		c.measured(meas)
+	}
+	if want := (bpfclamp.Limits{CwndSegments: 56}); m.set[k] != want {
+		t.Errorf("after the refusal: map %v, want %v", m.set, want)
+	}
+	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "refused SO_MAX_PACING_RATE") || !strings.Contains(logs.String(), "invalid argument") {
+		t.Errorf("log %q: want one warning with the refusal", logs.String())
+	}
+	if st := c.status(); st.State != "active" || st.Mode != policy.ClampCwnd || !strings.Contains(st.Fallback, "refused SO_MAX_PACING_RATE") || len(st.Pairs) != 1 || st.Pairs[0].Segments != 56 || st.Pairs[0].PacingRate != 0 {
+		t.Errorf("status %+v", st)
 	}
 }

@@ -57,6 +57,9 @@ type Config struct {
 	// CwndClamp, when set, clamps the cwnd of tunnel detour subflows
 	// (policy.Clamps, internal/bpfclamp; docs/agent.md).
 	CwndClamp *ClampSettings
+	// SubflowCongestion, when set, is the congestion control of detour
+	// subflows (internal/subflowcc; docs/agent.md).
+	SubflowCongestion string
 }
 
 // ClampSettings are the cwnd_clamp section's.
@@ -64,6 +67,9 @@ type ClampSettings struct {
 	// Cgroup is the cgroup v2 directory the program attaches to (its
 	// sockets and its descendants'); "" = the cgroup v2 mount's root.
 	Cgroup string
+	// Mode is what the clamps limit: the cwnd (default), the pacing
+	// rate, or both.
+	Mode policy.ClampMode
 }
 
 // File is the agent file's YAML form (docs/agent.md); LoadConfig and
@@ -100,7 +106,7 @@ type File struct {
 	Relays       *relayclient.File `yaml:"relays"`
 	Tunnels      bool              `yaml:"tunnels"`
 	PathCheck    bool              `yaml:"path_check"`
-	BufferSizing bool              `yaml:"buffer_sizing"`
+	BufferSizing *bool             `yaml:"buffer_sizing"`
 	StaleLossCnt *int              `yaml:"stale_loss_cnt"`
 	// TunnelKind: wireguard (default) or vxlan (unencrypted, opt-in).
 	TunnelKind string           `yaml:"tunnel_kind"`
@@ -112,11 +118,14 @@ type File struct {
 	Server *serverrole.File `yaml:"server"`
 	// CwndClamp is documented in docs/agent.md.
 	CwndClamp *fileClamp `yaml:"cwnd_clamp"`
+	// SubflowCongestion is documented in docs/agent.md (subflowcc.go).
+	SubflowCongestion *fileSubflowCC `yaml:"subflow_congestion"`
 }
 
 type fileClamp struct {
 	Enabled bool   `yaml:"enabled"`
 	Cgroup  string `yaml:"cgroup"`
+	Mode    string `yaml:"mode"`
 }
 
 // fileLegacy is one v1 daemon (unauthenticated, opt-in; docs/agent.md).
@@ -187,6 +196,9 @@ func build(f File) (Config, error) {
 		return out, err
 	}
 	if out.CwndClamp, err = buildClamp(f.CwndClamp); err != nil {
+		return out, err
+	}
+	if out.SubflowCongestion, err = buildSubflowCC(f.SubflowCongestion); err != nil {
 		return out, err
 	}
 	return buildKinds(f, out)
@@ -318,9 +330,15 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		return c, err
 	}
 	c.OtherFamily = other
-	c.BufferSizing = f.BufferSizing
-	if c.BufferSizing && c.ProbeInterval == 0 {
-		return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms)")
+	// buffer_sizing is on by default (docs/agent.md, "Host buffer
+	// sizing"); it follows the measurements, so probe_interval: 0 turns
+	// the default off, and an explicit true without them is refused.
+	c.BufferSizing = c.ProbeInterval > 0
+	if f.BufferSizing != nil {
+		c.BufferSizing = *f.BufferSizing
+		if c.BufferSizing && c.ProbeInterval == 0 {
+			return c, fmt.Errorf("buffer_sizing: needs measurements; set probe_interval (e.g. 100ms) or leave buffer_sizing out")
+		}
 	}
 	if f.StaleLossCnt != nil {
 		if n := *f.StaleLossCnt; n < 1 || n > 255 {
@@ -346,16 +364,22 @@ func buildClamp(f *fileClamp) (*ClampSettings, error) {
 	if f == nil {
 		return nil, nil
 	}
+	mode, err := policy.ParseClampMode(f.Mode)
+	if err != nil {
+		return nil, fmt.Errorf("cwnd_clamp.mode: %w", err)
+	}
 	if !f.Enabled {
-		if f.Cgroup != "" {
-			return nil, fmt.Errorf("cwnd_clamp.cgroup: set without cwnd_clamp.enabled: true")
+		for k, v := range map[string]string{"cgroup": f.Cgroup, "mode": f.Mode} {
+			if v != "" {
+				return nil, fmt.Errorf("cwnd_clamp.%s: set without cwnd_clamp.enabled: true", k)
+			}
 		}
 		return nil, nil
 	}
 	if f.Cgroup != "" && (!filepath.IsAbs(f.Cgroup) || filepath.Clean(f.Cgroup) != f.Cgroup) {
 		return nil, fmt.Errorf("cwnd_clamp.cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", f.Cgroup)
 	}
-	return &ClampSettings{Cgroup: f.Cgroup}, nil
+	return &ClampSettings{Cgroup: f.Cgroup, Mode: mode}, nil
 }
 
 // buildKinds validates the detour kinds' sections into c.

@@ -186,6 +186,14 @@ legacy_v1:
 	if b, err := ParseConfig([]byte("buffer_sizing: true\n")); err != nil || !b.Agent.BufferSizing {
 		t.Fatalf("buffer_sizing: %v %v", b.Agent.BufferSizing, err)
 	}
+	// On by default (docs/agent.md, "Host buffer sizing"); false turns it
+	// off; without measurements the default is off, an explicit true refused.
+	for in, want := range map[string]bool{"subflows: 1\n": true, "buffer_sizing: false\n": false,
+		"probe_interval: 0s\n": false, "probe_interval: 0s\nbuffer_sizing: false\n": false, "policy: adaptive\n": true} {
+		if b, err := ParseConfig([]byte(in)); err != nil || b.Agent.BufferSizing != want {
+			t.Fatalf("%q: buffer sizing %v (err %v), want %v", in, b.Agent.BufferSizing, err, want)
+		}
+	}
 	if _, err := ParseConfig([]byte("buffer_sizing: true\nprobe_interval: 0s\n")); err == nil || !strings.Contains(err.Error(), "buffer_sizing") {
 		t.Fatalf("buffer_sizing without measurements accepted: %v", err)
 	}

@@ -1,11 +1,14 @@
-// Package bpfclamp clamps the congestion window of chosen TCP sockets
-// (MPTCP subflows among them) with a BPF sock_ops program attached to a
-// cgroup v2 directory. The kernel offers no per-subflow cwnd knob to user
-// space: TCP_CONGESTION and buffer options on an MPTCP socket apply to
-// every subflow, while bpf_setsockopt(SOL_TCP, TCP_BPF_SNDCWND_CLAMP) from
-// sock_ops acts on one subflow socket (subflows inherit the MPTCP socket's
-// cgroup; see the kernel selftest
-// tools/testing/selftests/bpf/progs/mptcp_subflow.c).
+// Package bpfclamp clamps the congestion window and caps the pacing rate
+// of chosen TCP sockets (MPTCP subflows among them) with a BPF sock_ops
+// program attached to a cgroup v2 directory. The kernel offers no
+// per-subflow knob to user space: TCP_CONGESTION and buffer options on an
+// MPTCP socket apply to every subflow, while bpf_setsockopt(SOL_TCP,
+// TCP_BPF_SNDCWND_CLAMP) and bpf_setsockopt(SOL_SOCKET,
+// SO_MAX_PACING_RATE) from sock_ops act on one subflow socket (subflows
+// inherit the MPTCP socket's cgroup; see the kernel selftest
+// tools/testing/selftests/bpf/progs/mptcp_subflow.c). A maximum pacing
+// rate also switches on TCP's internal pacing of the socket
+// (sk_pacing_status), so no fq qdisc is needed.
 //
 // The program looks up each socket that becomes established in a hash map
 // keyed by (local address, remote address), each 16 bytes in network byte
@@ -13,19 +16,22 @@
 // socket's addresses are mapped by the program, an AF_INET6 socket's are
 // taken as they are (an IPv4 connection on an AF_INET6 socket has mapped
 // addresses already), so one key matches a pair whatever the socket's
-// family. It applies the clamp (segments) it finds. It also asks the kernel
-// for the socket's RTT callback (BPF_SOCK_OPS_RTT_CB_FLAG) and looks the
-// pair up again on every one, so that a clamp the caller writes later (Set)
-// reaches sockets already established within one round trip. A second map
-// (LRU, keyed by socket cookie) remembers the clamp last applied to each
-// socket: bpf_setsockopt(TCP_BPF_SNDCWND_CLAMP) also sets ssthresh, so it
-// is called once per change, never per ACK (the congestion control keeps
+// family. It applies the limits it finds (Limits: a clamp in segments, a
+// pacing rate in bytes/s). It also asks the kernel for the socket's RTT
+// callback (BPF_SOCK_OPS_RTT_CB_FLAG) and looks the pair up again on every
+// one, so that limits the caller writes later (Set) reach sockets already
+// established within one round trip. A second map (LRU, keyed by socket
+// cookie) remembers the limits last applied to each socket, so that each
+// is set once per change, never per ACK: bpf_setsockopt
+// (TCP_BPF_SNDCWND_CLAMP) also sets ssthresh (the congestion control keeps
 // its own ssthresh between changes). Delete stops further changes; a
-// socket keeps the clamp it has.
+// socket keeps the limits it has. A third map holds the kernel's last
+// refusal of each kind (Refused): a kernel that does not accept
+// SO_MAX_PACING_RATE from BPF says so there, and the caller can fall back.
 //
 // The program is assembled in Go with cilium/ebpf's asm package rather than
 // compiled from C: the build hosts have no clang, and the program is a
-// dozen instructions.
+// few dozen instructions.
 //
 // Attach uses a BPF link: closing it (Close, or the process exiting)
 // detaches the program, so nothing stays attached after the owner is gone.
@@ -41,6 +47,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 )
 
 // Offsets in struct bpf_sock_ops (include/uapi/linux/bpf.h).
@@ -67,6 +74,8 @@ const (
 	rttCBFlag            = 1 << 3 // BPF_SOCK_OPS_RTT_CB_FLAG
 	solTCP               = 6
 	tcpBPFSndCwndClamp   = 1002
+	solSocket            = 1  // SOL_SOCKET
+	soMaxPacingRate      = 47 // SO_MAX_PACING_RATE (include/uapi/asm-generic/socket.h)
 )
 
 // MaxEntries bounds the map (local, remote) pairs.
@@ -97,20 +106,56 @@ func (k Key) bytes() ([32]byte, error) {
 	return b, nil
 }
 
-// Clamper is the loaded and attached program with its map.
+// Limits are what the program applies to the sockets of one address pair;
+// a zero field applies nothing of its kind.
+type Limits struct {
+	// CwndSegments clamps the congestion window
+	// (TCP_BPF_SNDCWND_CLAMP, segments).
+	CwndSegments uint32
+	// PacingRate is the socket's maximum pacing rate (SO_MAX_PACING_RATE,
+	// bytes/s, at most MaxPacingRate). Setting one switches on TCP's
+	// internal pacing of the socket (no fq qdisc needed).
+	PacingRate uint64
+}
+
+// MaxPacingRate is the largest pacing rate the program can set: the
+// kernel takes SO_MAX_PACING_RATE from BPF as a 32-bit value
+// (net/core/filter.c sol_socket_sockopt: optlen == sizeof(int)), with
+// ~0U meaning unlimited.
+const MaxPacingRate = 1<<32 - 2
+
+// Refusals are the kernel's answers to the program's last refused
+// bpf_setsockopt of each kind (0: none refused since Attach).
+type Refusals struct{ Cwnd, Pacing unix.Errno }
+
+// Clamper is the loaded and attached program with its maps.
 type Clamper struct {
 	m       *ebpf.Map
 	applied *ebpf.Map
+	refused *ebpf.Map
 	prog    *ebpf.Program
 	l       link.Link
 }
 
-// instructions returns the program reading its limits from m and
-// remembering what it applied per socket in applied.
+// Map values (native byte order): the pair map's and the applied map's
+// are {u32 cwnd segments, u32 pacing rate}; the refusal map is an array
+// of two s64 (index 0 cwnd, 1 pacing), the negative errno of the last
+// refusal.
+const (
+	valueSize   = 8
+	refusedCwnd = 0
+	refusedPace = 1
+)
+
+// instructions returns the program reading its limits from m,
+// remembering what it applied per socket in applied, and the kernel's
+// refusals in refused.
 //
-// Stack: fp-32 key (local 16 bytes, remote 16 bytes), fp-36 clamp,
-// fp-48 cookie.
-func instructions(m, applied *ebpf.Map) asm.Instructions {
+// Stack: fp-32 key (local 16 bytes, remote 16 bytes), fp-40 the pair's
+// limits (segments, rate), fp-48 cookie, fp-56 the limits applied to the
+// socket (segments, rate), fp-60 refusal index, fp-72 refusal code.
+// r7 = segments, r8 = rate, r9 = whether anything was applied.
+func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
 	return slices.Concat(asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // r6 = ctx
 		asm.LoadMem(asm.R2, asm.R6, offOp, asm.Word),
@@ -118,7 +163,7 @@ func instructions(m, applied *ebpf.Map) asm.Instructions {
 		asm.JEq.Imm(asm.R2, opActiveEstablished, "established"),
 		asm.JEq.Imm(asm.R2, opPassiveEstablished, "established"),
 		asm.Ja.Label("out"),
-		// Every established socket gets RTT callbacks: its clamp may be
+		// Every established socket gets RTT callbacks: its limits may be
 		// decided after it connected.
 		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("established"),
 		asm.Mov.Imm(asm.R2, rttCBFlag),
@@ -140,35 +185,75 @@ func instructions(m, applied *ebpf.Map) asm.Instructions {
 	}, copyWords(offLocalIP6, -32, "v6"), copyWords(offRemoteIP6, -16, ""),
 		withSymbol(lookup(m, -32), "key"), asm.Instructions{
 			asm.JEq.Imm(asm.R0, 0, "out"),
-			asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // r7 = clamp
-			asm.JEq.Imm(asm.R7, 0, "out"),
-			asm.StoreMem(asm.RFP, -36, asm.R7, asm.Word),
-			// Already applied to this socket?
+			asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // r7 = segments
+			asm.LoadMem(asm.R8, asm.R0, 4, asm.Word), // r8 = rate
+			asm.StoreMem(asm.RFP, -40, asm.R7, asm.Word),
+			asm.StoreMem(asm.RFP, -36, asm.R8, asm.Word),
+			// What this socket has already.
 			asm.Mov.Reg(asm.R1, asm.R6),
 			asm.FnGetSocketCookie.Call(),
 			asm.StoreMem(asm.RFP, -48, asm.R0, asm.DWord),
+			asm.Mov.Imm(asm.R9, 0),
+			asm.StoreMem(asm.RFP, -56, asm.R9, asm.DWord),
 		}, lookup(applied, -48), asm.Instructions{
-			asm.JEq.Imm(asm.R0, 0, "apply"),
-			asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
-			asm.JEq.Reg(asm.R2, asm.R7, "out"),
-			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("apply"),
-			asm.Mov.Imm(asm.R2, solTCP),
-			asm.Mov.Imm(asm.R3, tcpBPFSndCwndClamp),
-			asm.Mov.Reg(asm.R4, asm.RFP),
-			asm.Add.Imm(asm.R4, -36),
-			asm.Mov.Imm(asm.R5, 4),
-			asm.FnSetsockopt.Call(),
-			asm.JNE.Imm(asm.R0, 0, "out"), // refused: try again on the next callback
-			asm.LoadMapPtr(asm.R1, applied.FD()),
-			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, -48),
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, -36),
-			asm.Mov.Imm(asm.R4, 0), // BPF_ANY
-			asm.FnMapUpdateElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "cwnd"),
+			asm.LoadMem(asm.R2, asm.R0, 0, asm.DWord),
+			asm.StoreMem(asm.RFP, -56, asm.R2, asm.DWord),
+		},
+		// The cwnd clamp, then the pacing rate, each when the pair has
+		// one the socket lacks.
+		apply("cwnd", "pacing", asm.R7, -40, -56, solTCP, tcpBPFSndCwndClamp, refused, refusedCwnd),
+		apply("pacing", "record", asm.R8, -36, -52, solSocket, soMaxPacingRate, refused, refusedPace),
+		asm.Instructions{
+			// Remember what was applied: a refused limit is tried
+			// again on the next callback.
+			asm.JEq.Imm(asm.R9, 0, "out").WithSymbol("record"),
+		}, update(applied, -48, -56), asm.Instructions{
 			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 			asm.Return(),
 		})
+}
+
+// apply is one limit: the pair's value in reg (also at fp+val), the
+// socket's at fp+have (32 bits each). Unless the value is 0 or the socket
+// has it, it calls bpf_setsockopt(ctx, level, name, fp+val, 4) (r6 =
+// ctx); on success the value goes to fp+have and r9 = 1, a refusal (its
+// negative errno) to index idx of refused. The first instruction is
+// labelled sym; it continues at next.
+func apply(sym, next string, reg asm.Register, val, have int16, level, name int32, refused *ebpf.Map, idx int64) asm.Instructions {
+	return slices.Concat(asm.Instructions{
+		asm.JEq.Imm(reg, 0, next).WithSymbol(sym),
+		asm.LoadMem(asm.R2, asm.RFP, have, asm.Word),
+		asm.JEq.Reg(asm.R2, reg, next),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, level),
+		asm.Mov.Imm(asm.R3, name),
+		asm.Mov.Reg(asm.R4, asm.RFP),
+		asm.Add.Imm(asm.R4, int32(val)),
+		asm.Mov.Imm(asm.R5, 4),
+		asm.FnSetsockopt.Call(),
+		asm.JEq.Imm(asm.R0, 0, sym+"-ok"),
+		// Refused: fp-72 the code, fp-60 the index.
+		asm.StoreMem(asm.RFP, -72, asm.R0, asm.DWord),
+		asm.StoreImm(asm.RFP, -60, idx, asm.Word),
+	}, update(refused, -60, -72), asm.Instructions{
+		asm.Ja.Label(next),
+		asm.StoreMem(asm.RFP, have, reg, asm.Word).WithSymbol(sym + "-ok"),
+		asm.Mov.Imm(asm.R9, 1),
+	})
+}
+
+// update calls bpf_map_update_elem(m, fp+key, fp+val, BPF_ANY).
+func update(m *ebpf.Map, key, val int32) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, key),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, val),
+		asm.Mov.Imm(asm.R4, 0), // BPF_ANY
+		asm.FnMapUpdateElem.Call(),
+	}
 }
 
 // copyWords copies the 16-byte address at ctx+off (r6 = ctx) to fp+dst,
@@ -204,7 +289,7 @@ func lookup(m *ebpf.Map, key int32) asm.Instructions {
 // Attach loads the program and attaches it to the cgroup v2 directory
 // cgroupPath. On any failure nothing stays loaded or attached.
 func Attach(cgroupPath string) (_ *Clamper, err error) {
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp", Type: ebpf.Hash, KeySize: 32, ValueSize: 4, MaxEntries: MaxEntries})
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp", Type: ebpf.Hash, KeySize: 32, ValueSize: valueSize, MaxEntries: MaxEntries})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
@@ -214,11 +299,15 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 			c.Close()
 		}
 	}()
-	c.applied, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_sk", Type: ebpf.LRUHash, KeySize: 8, ValueSize: 4, MaxEntries: maxSockets})
+	c.applied, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_sk", Type: ebpf.LRUHash, KeySize: 8, ValueSize: valueSize, MaxEntries: maxSockets})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
-	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied)})
+	c.refused, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_err", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 2})
+	if err != nil {
+		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
+	}
+	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied, c.refused)})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: load sock_ops program: %w", err)
 	}
@@ -229,26 +318,47 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 	return c, nil
 }
 
-// Set clamps the cwnd of sockets with this address pair to segs segments
-// (segs > 0): sockets established from now on, and established ones at
-// their next RTT callback.
-func (c *Clamper) Set(k Key, segs uint32) error {
-	if segs == 0 {
-		return errors.New("bpfclamp: a clamp of 0 segments: use Delete to remove one")
+// Set gives sockets with this address pair the limits l (at least one
+// nonzero): sockets established from now on, and established ones at
+// their next RTT callback. A limit of zero leaves that kind alone (a
+// socket keeps what it was given before).
+func (c *Clamper) Set(k Key, l Limits) error {
+	if l.CwndSegments == 0 && l.PacingRate == 0 {
+		return errors.New("bpfclamp: no cwnd clamp and no pacing rate: use Delete to remove a pair's limits")
+	}
+	if l.PacingRate > MaxPacingRate {
+		return fmt.Errorf("bpfclamp: pacing rate %d bytes/s above the kernel's 32-bit SO_MAX_PACING_RATE from BPF (at most %d)", l.PacingRate, uint64(MaxPacingRate))
 	}
 	kb, err := k.bytes()
 	if err != nil {
 		return err
 	}
-	var v [4]byte
-	binary.NativeEndian.PutUint32(v[:], segs)
+	var v [valueSize]byte
+	binary.NativeEndian.PutUint32(v[:4], l.CwndSegments)
+	binary.NativeEndian.PutUint32(v[4:], uint32(l.PacingRate))
 	if err := c.m.Put(kb[:], v[:]); err != nil {
 		return fmt.Errorf("bpfclamp: set %v -> %v: %w", k.Local, k.Remote, err)
 	}
 	return nil
 }
 
-// Delete removes the clamp of an address pair (absent: no error).
+// Refused reports the kernel's refusals of the program's
+// bpf_setsockopt calls since Attach (a kernel that does not take
+// SO_MAX_PACING_RATE from BPF answers EINVAL or ENOPROTOOPT).
+func (c *Clamper) Refused() (Refusals, error) {
+	var r Refusals
+	for i, dst := range []*unix.Errno{&r.Cwnd, &r.Pacing} {
+		var v int64
+		if err := c.refused.Lookup(uint32(i), &v); err != nil {
+			return r, fmt.Errorf("bpfclamp: read refusals: %w", err)
+		}
+		*dst = unix.Errno(-v)
+	}
+	return r, nil
+}
+
+// Delete removes the limits of an address pair (absent: no error); a
+// socket keeps the limits it has.
 func (c *Clamper) Delete(k Key) error {
 	kb, err := k.bytes()
 	if err != nil {
@@ -278,6 +388,10 @@ func (c *Clamper) Close() error {
 	if c.applied != nil {
 		errs = append(errs, c.applied.Close())
 		c.applied = nil
+	}
+	if c.refused != nil {
+		errs = append(errs, c.refused.Close())
+		c.refused = nil
 	}
 	return errors.Join(errs...)
 }

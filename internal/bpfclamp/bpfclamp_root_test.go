@@ -183,7 +183,7 @@ func TestClampTakesEffect(t *testing.T) {
 	lo := netip.MustParseAddr("127.0.0.1")
 	k := Key{Local: lo, Remote: lo}
 	const clamp = 4
-	if err := c.Set(k, clamp); err != nil {
+	if err := c.Set(k, Limits{CwndSegments: clamp}); err != nil {
 		t.Fatal(err)
 	}
 	got := connectedCwnd(t, dir, back)
@@ -208,7 +208,7 @@ func TestClampTakesEffect(t *testing.T) {
 	var cookie uint64
 	var endCwnd uint32
 	most, _ := dialCwnd(t, dir, back, false, func() {
-		if err := c.Set(k, clamp); err != nil {
+		if err := c.Set(k, Limits{CwndSegments: clamp}); err != nil {
 			t.Error(err)
 		}
 	}, func(fd int) {
@@ -232,8 +232,8 @@ func TestClampTakesEffect(t *testing.T) {
 		}
 	})
 	t.Logf("clamp %d set mid-transfer: largest snd_cwnd %d, at the end %d", clamp, most, endCwnd)
-	var applied uint32
-	if err := c.applied.Lookup(cookie, &applied); err != nil || applied != clamp {
+	var applied [2]uint32 // segments, pacing rate
+	if err := c.applied.Lookup(cookie, &applied); err != nil || applied != [2]uint32{clamp, 0} {
 		t.Errorf("clamp set mid-transfer: socket %x has applied clamp %d (%v), want %d", cookie, applied, err, clamp)
 	}
 	if most <= clamp || endCwnd == 0 || endCwnd > clamp {
@@ -304,7 +304,7 @@ func TestClampBothFamilies(t *testing.T) {
 	const clamp = 4
 	for _, lo := range []string{"::1", "127.0.0.1"} {
 		a := netip.MustParseAddr(lo)
-		if err := c.Set(Key{Local: a, Remote: a}, clamp); err != nil {
+		if err := c.Set(Key{Local: a, Remote: a}, Limits{CwndSegments: clamp}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -377,5 +377,120 @@ func TestExitDetaches(t *testing.T) {
 	cmd.Wait()
 	if n := attachedCount(t, dir); n != 0 {
 		t.Errorf("%d programs attached after the attaching process was killed, want 0", n)
+	}
+}
+
+// pacedTransfer sends 4 MB from a connection made in cgroup dir (see
+// dialCwndAt) and returns the sender's tcpi_max_pacing_rate (the
+// subflow's, for MPTCP), its SO_MAX_PACING_RATE (0 for MPTCP: the
+// option on an MPTCP socket is the MPTCP socket's own), the largest
+// snd_cwnd seen and the time until everything was acknowledged.
+func pacedTransfer(t *testing.T, dir, back, lo string, mptcp bool) (tcpiRate, soRate uint64, cwnd uint32, took time.Duration) {
+	t.Helper()
+	start := time.Now()
+	cwnd, _ = dialCwndAt(t, dir, back, lo, nil, mptcp, nil, func(fd int) {
+		for range 500 {
+			ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			tcpiRate = ti.Max_pacing_rate
+			if ti.Unacked == 0 && ti.Notsent_bytes == 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		took = time.Since(start)
+		if !mptcp {
+			var err error
+			if soRate, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	return tcpiRate, soRate, cwnd, took
+}
+
+// TestPacingTakesEffect: a pair's pacing rate reaches TCP and MPTCP
+// subflow sockets of both families (the kernel reports it as the
+// socket's maximum pacing rate, and 4 MB at 16 MiB/s take at least half
+// of their 0.25 s where loopback takes milliseconds); with a cwnd
+// clamp beside it both apply; a pair without limits stays unpaced (the
+// kernel's ~0 = unlimited); a rate set while a connection runs reaches
+// it and is recorded once.
+func TestPacingTakesEffect(t *testing.T) {
+	c, dir, back := attachedCgroup(t, "mpd-bpfpace")
+	const rate = 16 << 20 // bytes/s
+	const unlimited = ^uint64(0)
+	for _, lo := range []string{"127.0.0.1", "::1"} {
+		a := netip.MustParseAddr(lo)
+		k := Key{Local: a, Remote: a}
+		if err := c.Set(k, Limits{PacingRate: rate}); err != nil {
+			t.Fatal(err)
+		}
+		for _, mptcp := range []bool{false, true} {
+			tcpi, so, cwnd, took := pacedTransfer(t, dir, back, lo, mptcp)
+			t.Logf("%s MPTCP %v, rate %d: tcpi_max_pacing_rate %d, SO_MAX_PACING_RATE %d, largest cwnd %d, 4 MB in %s", lo, mptcp, rate, tcpi, so, cwnd, took)
+			if tcpi != rate || (!mptcp && so != rate) {
+				t.Errorf("%s MPTCP %v: max pacing rate %d (tcp_info), %d (getsockopt), want %d", lo, mptcp, tcpi, so, rate)
+			}
+			if took < 125*time.Millisecond { // half of 4 MB at the rate: the first windows leave at once
+				t.Errorf("%s MPTCP %v: 4 MB at %d bytes/s took %s, want at least 125ms (not paced)", lo, mptcp, rate, took)
+			}
+		}
+		// Both limits at once.
+		if err := c.Set(k, Limits{CwndSegments: 4, PacingRate: rate}); err != nil {
+			t.Fatal(err)
+		}
+		if tcpi, _, cwnd, _ := pacedTransfer(t, dir, back, lo, false); tcpi != rate || cwnd == 0 || cwnd > 4 {
+			t.Errorf("%s, clamp 4 and rate %d: max pacing rate %d, largest cwnd %d", lo, rate, tcpi, cwnd)
+		}
+		if err := c.Delete(k); err != nil {
+			t.Fatal(err)
+		}
+		if tcpi, so, _, _ := pacedTransfer(t, dir, back, lo, false); tcpi != unlimited || so != unlimited {
+			t.Errorf("%s without limits: max pacing rate %d (tcp_info), %d (getsockopt), want unlimited", lo, tcpi, so)
+		}
+	}
+	// Set while the connection runs: applied at an RTT callback, once.
+	lo := netip.MustParseAddr("127.0.0.1")
+	k := Key{Local: lo, Remote: lo}
+	var cookie uint64
+	var got uint64
+	dialCwnd(t, dir, back, false, func() {
+		if err := c.Set(k, Limits{PacingRate: 64 << 20}); err != nil {
+			t.Error(err)
+		}
+	}, func(fd int) {
+		var err error
+		if cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+			t.Error(err)
+		}
+		if got, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE); err != nil {
+			t.Error(err)
+		}
+	})
+	var applied [2]uint32
+	if err := c.applied.Lookup(cookie, &applied); err != nil || applied != [2]uint32{0, 64 << 20} || got != 64<<20 {
+		t.Errorf("rate set mid-transfer: socket %x applied %v (%v), SO_MAX_PACING_RATE %d, want [0 %d]", cookie, applied, err, got, 64<<20)
+	}
+	if r, err := c.Refused(); err != nil || r != (Refusals{}) {
+		t.Errorf("refusals %+v (%v), want none", r, err)
+	}
+}
+
+// Set refuses empty limits and a rate the kernel cannot take from BPF.
+func TestSetRefusesBadLimits(t *testing.T) {
+	c, _, _ := attachedCgroup(t, "mpd-bpfpace-bad")
+	a := netip.MustParseAddr("127.0.0.1")
+	for l, want := range map[Limits]string{
+		{}:                                     "use Delete",
+		{PacingRate: MaxPacingRate + 1}:        "32-bit",
+		{CwndSegments: 1, PacingRate: 1 << 40}: "32-bit",
+	} {
+		if err := c.Set(Key{Local: a, Remote: a}, l); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Set(%+v): %v, want an error saying %q", l, err, want)
+		}
 	}
 }

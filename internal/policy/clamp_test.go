@@ -3,6 +3,7 @@ package policy
 import (
 	"math"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +37,7 @@ func TestClampSegments(t *testing.T) {
 // own measurements; the clamp follows its largest delivery rate (not
 // application-limited samples) with an eighth of hysteresis.
 func TestClampsDecide(t *testing.T) {
-	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d1, d3}}})
+	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d1, d3}}}, ClampCwnd)
 	tun := netip.AddrPortFrom(d3.Local, 41000)
 	meas := func(local, remote netip.AddrPort, rate uint64, appLimited bool) Measurement {
 		return Measurement{Token: 1, Local: local, Remote: remote, DeliveryRate: rate, AppLimited: appLimited,
@@ -89,7 +90,7 @@ func TestClampsDecide(t *testing.T) {
 func TestClampsIPv6Pair(t *testing.T) {
 	srv6 := netip.MustParseAddrPort("[fd00:2::2]:5201")
 	d := detour.Detour{Kind: detour.Tunnel, Relay: "r6", Local: netip.MustParseAddr("fd00:9::2"), Remote: srv6}
-	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d}}})
+	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d}}}, ClampCwnd)
 	got := c.Decide([]Measurement{{Local: netip.AddrPortFrom(d.Local, 1), Remote: srv6, DeliveryRate: 1e6, MinRTT: time.Millisecond, RTT: 10 * time.Millisecond, SndMSS: 1300}})
 	if len(got) != 1 || got[0].Local != d.Local || got[0].Remote != srv6.Addr() || got[0].Segments != ClampFloor {
 		t.Fatalf("IPv6 pair: clamps %+v, want one at %d segments", got, ClampFloor)
@@ -99,7 +100,7 @@ func TestClampsIPv6Pair(t *testing.T) {
 // An absurd rate gives the largest clamp; deciding it again changes
 // nothing (the eighth's comparison does not wrap around in uint32).
 func TestClampsHugeRateStable(t *testing.T) {
-	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d3}}})
+	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d3}}}, ClampCwnd)
 	m := Measurement{Token: 1, Local: netip.AddrPortFrom(d3.Local, 41000), Remote: server, DeliveryRate: 1 << 62,
 		MinRTT: 10 * time.Second, RTT: 20 * time.Second, SndMSS: 536}
 	if got := c.Decide([]Measurement{m}); len(got) != 1 || got[0].Segments != math.MaxInt32 {
@@ -107,5 +108,99 @@ func TestClampsHugeRateStable(t *testing.T) {
 	}
 	if got := c.Decide([]Measurement{m}); len(got) != 0 {
 		t.Fatalf("same measurement: clamps %+v, want none", got)
+	}
+}
+
+func TestClampPacingRate(t *testing.T) {
+	for _, c := range []struct {
+		rate   float64
+		minRTT time.Duration
+		mss    uint32
+		want   uint64
+		ok     bool
+	}{
+		{1e6, 61 * time.Millisecond, 1368, 1250000, true}, // 1.25 x 8 Mbit/s
+		{10e3, 61 * time.Millisecond, 1368, 224263, true}, // floor: 10 x 1368 bytes per 61 ms
+		{0, 61 * time.Millisecond, 1368, 0, false},
+		{1e6, 0, 1368, 0, false},
+		{1e6, time.Millisecond, 0, 0, false},
+		{1e15, time.Hour, 1, MaxPacingRate, true}, // the program's 32-bit limit
+	} {
+		got, ok := ClampPacingRate(c.rate, c.minRTT, c.mss)
+		if got != c.want || ok != c.ok {
+			t.Errorf("ClampPacingRate(%g, %s, %d) = %d, %v; want %d, %v", c.rate, c.minRTT, c.mss, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestParseClampMode(t *testing.T) {
+	for in, want := range map[string]ClampMode{"": ClampCwnd, "cwnd": ClampCwnd, "pacing": ClampPacing, "both": ClampBoth} {
+		if got, err := ParseClampMode(in); err != nil || got != want {
+			t.Errorf("ParseClampMode(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"Pacing", "rate", "cwnd,pacing"} {
+		if _, err := ParseClampMode(in); err == nil || !strings.Contains(err.Error(), "cwnd, pacing or both") {
+			t.Errorf("ParseClampMode(%q): %v, want an error listing the modes", in, err)
+		}
+	}
+}
+
+// The pacing and both modes decide under the cwnd mode's trigger, from
+// the same measurements: pacing a rate alone, both a rate and a clamp;
+// the rate follows the largest delivery rate with an eighth of
+// hysteresis.
+func TestClampsPacingModes(t *testing.T) {
+	tun := netip.AddrPortFrom(d3.Local, 41000)
+	for _, tc := range []struct {
+		mode ClampMode
+		segs uint32
+	}{{ClampPacing, 0}, {ClampBoth, 56}} {
+		c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d1, d3}}}, tc.mode)
+		m := Measurement{Token: 1, Local: tun, Remote: server, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 70 * time.Millisecond, SndMSS: 1368}
+		if got := c.Decide([]Measurement{m}); len(got) != 0 {
+			t.Fatalf("%s: no queue yet: clamps %+v", tc.mode, got)
+		}
+		m.RTT = 130 * time.Millisecond
+		got := c.Decide([]Measurement{m, {Local: client, Remote: server, DeliveryRate: 2e6, MinRTT: 30 * time.Millisecond, RTT: 90 * time.Millisecond, SndMSS: 1448}})
+		if len(got) != 1 || got[0].Local != d3.Local || got[0].PacingRate != 1250000 || got[0].Segments != tc.segs {
+			t.Fatalf("%s: clamps %+v, want the tunnel pair at 1250000 bytes/s and %d segments", tc.mode, got, tc.segs)
+		}
+		m.DeliveryRate = 1.1e6
+		if got := c.Decide([]Measurement{m}); len(got) != 0 {
+			t.Errorf("%s: rate up 10%%: clamps %+v, want none", tc.mode, got)
+		}
+		m.DeliveryRate = 2e6
+		if got := c.Decide([]Measurement{m}); len(got) != 1 || got[0].PacingRate != 2500000 {
+			t.Errorf("%s: rate doubled: clamps %+v, want 2500000 bytes/s", tc.mode, got)
+		}
+		want, _ := ClampSegments(2e6, 61*time.Millisecond, 1368)
+		if tc.segs == 0 {
+			want = 0
+		}
+		if ps := c.Pairs(); len(ps) != 1 || ps[0].PacingRate != 2500000 || ps[0].Segments != want {
+			t.Errorf("%s: pairs %+v", tc.mode, ps)
+		}
+	}
+}
+
+// A fallback from pacing to cwnd clamps gives every pair that had a
+// pacing rate its cwnd clamp at the next round.
+func TestClampsFallback(t *testing.T) {
+	c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d3}}}, ClampPacing)
+	m := Measurement{Token: 1, Local: netip.AddrPortFrom(d3.Local, 41000), Remote: server, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}
+	if got := c.Decide([]Measurement{m}); len(got) != 1 || got[0].Segments != 0 || got[0].PacingRate == 0 {
+		t.Fatalf("pacing: clamps %+v", got)
+	}
+	c.SetMode(ClampCwnd)
+	if c.Mode() != ClampCwnd {
+		t.Fatalf("mode %s after SetMode(cwnd)", c.Mode())
+	}
+	m.RTT = 65 * time.Millisecond // a pair that had a clamp keeps being clamped whatever its RTT
+	if got := c.Decide([]Measurement{m}); len(got) != 1 || got[0].Segments != 56 || got[0].PacingRate != 0 {
+		t.Fatalf("after the fallback: clamps %+v, want 56 segments and no rate", got)
+	}
+	if got := c.Decide([]Measurement{m}); len(got) != 0 {
+		t.Fatalf("again: clamps %+v, want none", got)
 	}
 }

@@ -52,8 +52,13 @@ func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 		return nil, err
 	}
 	extra := "tunnels: true\n"
-	if env.Cell.Procedure == scenario.MPTCPTunnelStaticClamp {
+	switch env.Cell.Procedure {
+	case scenario.MPTCPTunnelStaticClamp:
 		extra += "cwnd_clamp:\n  enabled: true\n"
+	case scenario.MPTCPTunnelStaticPacing:
+		extra += "cwnd_clamp:\n  enabled: true\n  mode: pacing\n"
+	case scenario.MPTCPTunnelStaticClampBoth:
+		extra += "cwnd_clamp:\n  enabled: true\n  mode: both\n"
 	}
 	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, false)+extra)
 	if err != nil {

@@ -440,7 +440,7 @@ func FuzzParseProcedures(f *testing.F) {
 // error naming the valid mechanisms (or, for the cwnd clamp, why it does
 // not apply to a design's NAT detours).
 func TestParseProcedureMechanisms(t *testing.T) {
-	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers", 2)
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,6 +449,7 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		{"mptcp-static+buffers", "static", "policy: static\nbuffer_sizing: true\n"},
 		{"mptcp-static+stale2", "static", "policy: static\nstale_loss_cnt: 2\n"},
 		{"mptcp+stale3+buffers", "", "stale_loss_cnt: 3\nbuffer_sizing: true\n"},
+		{"mptcp-static+nobuffers", "static", "policy: static\nbuffer_sizing: false\n"},
 	}
 	for i, w := range want {
 		p := ps[i]
@@ -467,6 +468,7 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		"mptcp-static+clamp":           "tunnel detour subflows only",
 		"mptcp-static+buffers+buffers": `mechanism "buffers" named twice`,
 		"mptcp-static+stale2+stale3":   `mechanism "stale" named twice`,
+		"mptcp+buffers+nobuffers":      `mechanism "buffers" named twice`,
 		"tcp-path1+buffers":            "not after \"tcp-path1\"",
 		"mptcp-1sf+buffers":            "not after \"mptcp-1sf\"",
 		"converted+buffers":            "not after \"converted\"",

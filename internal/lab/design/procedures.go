@@ -7,6 +7,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/subflowcc"
 )
 
 // Procedure names of a design:
@@ -28,7 +29,9 @@ import (
 //     its own bench run with net.mptcp.enabled=0 in the server node;
 //   - mptcp+MECH, mptcp-POLICY+MECH[+MECH...]: the same MPTCP procedure with
 //     agent mechanisms switched on in the agent's configuration (Mechanisms:
-//     buffers = buffer_sizing, staleN = stale_loss_cnt N), so that a
+//     buffers = buffer_sizing (the default), nobuffers = without it,
+//     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
+//     subflows, e.g. +bbr), so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
 const (
@@ -80,13 +83,17 @@ type Mechanism struct {
 
 // MechanismNames says which mechanisms a procedure may name (for errors
 // and --help).
-const MechanismNames = "buffers (buffer_sizing: true), staleN (stale_loss_cnt: N, 1-255)"
+const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255), " +
+	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
 	switch {
 	case m == "buffers":
 		return Mechanism{Name: m, Config: "buffer_sizing: true\n"}, nil
+	case m == "nobuffers":
+		// buffer_sizing is on by default: this measures the agent without it.
+		return Mechanism{Name: m, Config: "buffer_sizing: false\n"}, nil
 	case strings.HasPrefix(m, "stale"):
 		rest := m[len("stale"):]
 		n, err := strconv.Atoi(rest)
@@ -94,6 +101,10 @@ func parseMechanism(f, m string) (Mechanism, error) {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want staleN with N 1-255 (net.mptcp.stale_loss_cnt; the kernel's default is 4)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("stale_loss_cnt: %d\n", n)}, nil
+	case subflowcc.Check(m) == nil:
+		// Detour subflows run ALGO; the default path keeps the trial's
+		// congestion control (the design's, cubic by default).
+		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_congestion:\n  detour: %s\n", m)}, nil
 	case m == "clamp" || m == "cwnd-clamp" || m == "cwnd_clamp":
 		// policy.Clamps clamps tunnel detour subflows only; a design's
 		// detours are NAT detours, where the clamp would be a no-op.
@@ -186,8 +197,14 @@ func parseProc(f string, paths int) (Proc, error) {
 				return Proc{}, err
 			}
 			key := mech.Name
-			if strings.HasPrefix(key, "stale") {
+			switch {
+			case strings.HasPrefix(key, "stale"):
 				key = "stale"
+			case strings.HasPrefix(mech.Config, "subflow_congestion:"):
+				key = "congestion control"
+			}
+			if key == "nobuffers" {
+				key = "buffers" // one buffer_sizing line
 			}
 			if seen[key] {
 				return Proc{}, fmt.Errorf("procedure %q: mechanism %q named twice", f, key)

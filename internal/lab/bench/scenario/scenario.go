@@ -66,6 +66,10 @@ const (
 	// The static policy with the agent's cwnd clamps of tunnel subflows
 	// (cwnd_clamp: enabled, docs/agent.md).
 	MPTCPTunnelStaticClamp = "mptcp-tunnel-static-clamp"
+	// The same with the clamp's pacing mode (cwnd_clamp: mode: pacing), and
+	// with both a cwnd clamp and a pacing rate (mode: both).
+	MPTCPTunnelStaticPacing    = "mptcp-tunnel-static-pacing"
+	MPTCPTunnelStaticClampBoth = "mptcp-tunnel-static-clamp-both"
 	// The cell's detours as backups (relays marked backup: true): the
 	// default path carries the data while it works.
 	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
@@ -127,13 +131,15 @@ var procs = map[string]procInfo{
 	TCPEncap6:    {"TCP via VXLAN tunnel detour (unencrypted), IPv6", 1, ""},
 	MPTCPEncap6:  {"MPTCP + VXLAN tunnel detour (unencrypted), IPv6", -1, TCPEncap6},
 
-	MPTCPNATStatic:         {"MPTCP + NAT detour, static policy", -1, TCPNAT},
-	MPTCPNATAdaptive:       {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
-	MPTCPTunnelStatic:      {"MPTCP + tunnel detour, static policy", -1, TCPTunnel},
-	MPTCPTunnelAdaptive:    {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
-	MPTCPNATBackupFirst:    {"MPTCP + NAT detour, backup-first policy", -1, TCPNAT},
-	MPTCPTunnelBackupFirst: {"MPTCP + tunnel detour, backup-first policy", -1, TCPTunnel},
-	MPTCPTunnelStaticClamp: {"MPTCP + tunnel detour, static policy, cwnd clamps", -1, TCPTunnel},
+	MPTCPNATStatic:             {"MPTCP + NAT detour, static policy", -1, TCPNAT},
+	MPTCPNATAdaptive:           {"MPTCP + NAT detour, adaptive policy", -1, TCPNAT},
+	MPTCPTunnelStatic:          {"MPTCP + tunnel detour, static policy", -1, TCPTunnel},
+	MPTCPTunnelAdaptive:        {"MPTCP + tunnel detour, adaptive policy", -1, TCPTunnel},
+	MPTCPNATBackupFirst:        {"MPTCP + NAT detour, backup-first policy", -1, TCPNAT},
+	MPTCPTunnelBackupFirst:     {"MPTCP + tunnel detour, backup-first policy", -1, TCPTunnel},
+	MPTCPTunnelStaticClamp:     {"MPTCP + tunnel detour, static policy, cwnd clamps", -1, TCPTunnel},
+	MPTCPTunnelStaticPacing:    {"MPTCP + tunnel detour, static policy, pacing clamps", -1, TCPTunnel},
+	MPTCPTunnelStaticClampBoth: {"MPTCP + tunnel detour, static policy, cwnd and pacing clamps", -1, TCPTunnel},
 
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
@@ -153,7 +159,7 @@ var procs = map[string]procInfo{
 // Policy is the agent policy a procedure names ("" = the agent's default).
 func Policy(procedure string) string {
 	switch procedure {
-	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic, MPTCPTunnelStaticClamp:
+	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth:
 		return "static"
 	case MPTCPNATAdaptive, MPTCPTunnelAdaptive, MPTCPNATBackupAdaptive:
 		return "adaptive"
@@ -165,7 +171,7 @@ func Policy(procedure string) string {
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnel6,
+	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnel6,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 

@@ -1,0 +1,184 @@
+package subflowcc
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+)
+
+// fakeTable answers RTM_GETROUTE from get (by destination) and keeps the
+// routes added; exact host routes it holds answer lookups as the kernel's
+// would (most specific first).
+type fakeTable struct {
+	get     map[string]netlink.Route
+	routes  []netlink.Route
+	deleted []netlink.Route
+	addErr  error
+}
+
+func (f *fakeTable) RouteGetWithOptions(dst net.IP, o *netlink.RouteGetOptions) ([]netlink.Route, error) {
+	for _, r := range f.routes {
+		if r.Dst.IP.Equal(dst) {
+			return []netlink.Route{r}, nil
+		}
+	}
+	key := dst.String()
+	if o != nil && o.SrcAddr != nil {
+		key = o.SrcAddr.String() + ">" + key
+	}
+	r, ok := f.get[key]
+	if !ok {
+		return nil, syscall.ENETUNREACH
+	}
+	return []netlink.Route{r}, nil
+}
+
+func (f *fakeTable) RouteAdd(r *netlink.Route) error {
+	if f.addErr != nil {
+		return f.addErr
+	}
+	for _, x := range f.routes {
+		if x.Dst.String() == r.Dst.String() && x.Table == r.Table {
+			return syscall.EEXIST
+		}
+	}
+	f.routes = append(f.routes, *r)
+	return nil
+}
+
+func (f *fakeTable) RouteDel(r *netlink.Route) error {
+	for i, x := range f.routes {
+		if x.Dst.String() == r.Dst.String() && x.Table == r.Table {
+			f.routes = append(f.routes[:i], f.routes[i+1:]...)
+			f.deleted = append(f.deleted, *r)
+			return nil
+		}
+	}
+	return syscall.ESRCH
+}
+
+func (f *fakeTable) RouteListFiltered(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
+	var out []netlink.Route
+	for _, r := range f.routes {
+		if r.Protocol == filter.Protocol && (r.Dst.IP.To4() != nil) == (family == netlink.FAMILY_V4) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func TestCheckIn(t *testing.T) {
+	if err := checkIn("bbr", "reno bbr cubic\n"); err != nil {
+		t.Fatal(err)
+	}
+	err := checkIn("vegas", "reno bbr cubic\n")
+	if err == nil || !strings.Contains(err.Error(), `"vegas" is not available`) || !strings.Contains(err.Error(), "reno, bbr, cubic") {
+		t.Fatalf("vegas: %v", err)
+	}
+	if err := checkIn("", "reno cubic"); err == nil || !strings.Contains(err.Error(), "reno, cubic") {
+		t.Fatalf("empty: %v", err)
+	}
+}
+
+// The host route copies the lookup's table, device, gateway and source,
+// for both families, with link scope when there is no gateway.
+func TestHostRoute(t *testing.T) {
+	via := netlink.Route{Table: 100, LinkIndex: 7, Src: net.ParseIP("10.0.0.1")}
+	rt := HostRoute(via, netip.MustParseAddr("192.0.2.5"), "bbr")
+	if rt.Dst.String() != "192.0.2.5/32" || rt.Table != 100 || rt.LinkIndex != 7 || rt.Scope != netlink.SCOPE_LINK ||
+		rt.Congctl != "bbr" || rt.Protocol != Protocol || !rt.Src.Equal(via.Src) || rt.Gw != nil {
+		t.Fatalf("on-link v4: %+v", rt)
+	}
+	via = netlink.Route{LinkIndex: 3, Gw: net.ParseIP("2001:db8::1")}
+	rt = HostRoute(via, netip.MustParseAddr("2001:db8:1::9"), "reno")
+	if rt.Dst.String() != "2001:db8:1::9/128" || rt.Table != syscall.RT_TABLE_MAIN || rt.Scope != netlink.SCOPE_UNIVERSE || !rt.Gw.Equal(via.Gw) {
+		t.Fatalf("via gateway v6: %+v", rt)
+	}
+}
+
+func TestPrepareAddsOnceAndCloseRemoves(t *testing.T) {
+	left := netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.1").To4(), Mask: net.CIDRMask(32, 32)}, Protocol: Protocol, Table: 254}
+	someone := netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.2").To4(), Mask: net.CIDRMask(32, 32)}, Table: 254}
+	f := &fakeTable{
+		routes: []netlink.Route{left, someone},
+		get: map[string]netlink.Route{
+			"203.0.113.7":          {Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")},
+			"10.9.0.2>192.0.2.1":   {Table: 51820, LinkIndex: 9, Src: net.ParseIP("10.9.0.2")},
+			"203.0.113.8":          {Table: 254, LinkIndex: 2, Congctl: "reno"},
+			"2001:db8::7":          {Table: 254, LinkIndex: 2, Gw: net.ParseIP("fe80::1")},
+			"10.9.0.2>192.0.2.250": {Table: 51820, LinkIndex: 9},
+		},
+	}
+	r, err := New(f, "bbr", quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.deleted) != 1 || f.deleted[0].Dst.String() != "198.51.100.1/32" {
+		t.Fatalf("leftovers removed: %+v", f.deleted)
+	}
+	nat, tun := netip.MustParseAddr("203.0.113.7"), netip.MustParseAddr("192.0.2.1")
+	r.Prepare(netip.Addr{}, nat)
+	r.Prepare(netip.MustParseAddr("10.9.0.2"), tun) // a tunnel detour: its source picks the table
+	r.Prepare(netip.Addr{}, nat)                    // the lookup now finds our route
+	r.Prepare(netip.Addr{}, netip.MustParseAddr("2001:db8::7"))
+	r.Prepare(netip.Addr{}, netip.MustParseAddr("203.0.113.8"))
+	r.Prepare(netip.Addr{}, netip.MustParseAddr("198.51.100.2")) // someone's host route: answered by it, no congctl
+	st := r.Status()
+	if st.State != "active" || len(st.Routes) != 3 {
+		t.Fatalf("routes: %+v", st)
+	}
+	if st.Routes[0].Dst != tun || st.Routes[0].Table != 51820 || st.Routes[1].Dst != nat || st.Routes[1].Table != 254 {
+		t.Fatalf("routes: %+v", st.Routes)
+	}
+	if len(st.Failed) != 2 || !strings.Contains(st.Failed[0].Error, "exists") || !strings.Contains(st.Failed[1].Error, `"reno"`) {
+		t.Fatalf("failed: %+v", st.Failed)
+	}
+	if len(f.routes) != 4 { // someone's + 3 ours
+		t.Fatalf("table: %+v", f.routes)
+	}
+	f.deleted = nil
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.deleted) != 3 || len(f.routes) != 1 || f.routes[0].Dst.String() != "198.51.100.2/32" {
+		t.Fatalf("after Close: deleted %+v, left %+v", f.deleted, f.routes)
+	}
+	r.Prepare(netip.Addr{}, nat) // after Close: nothing
+	if len(f.routes) != 1 {
+		t.Fatal("Prepare after Close added a route")
+	}
+}
+
+// A route that cannot be added leaves the subflow on the host's
+// algorithm; a later success clears the failure.
+func TestPrepareFailureThenRecovery(t *testing.T) {
+	f := &fakeTable{get: map[string]netlink.Route{"203.0.113.7": {Table: 254, LinkIndex: 2}}, addErr: syscall.EPERM}
+	var logged strings.Builder
+	r, err := New(f, "bbr", slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.MustParseAddr("203.0.113.7")
+	r.Prepare(netip.Addr{}, dst)
+	r.Prepare(netip.Addr{}, dst)
+	if st := r.Status(); len(st.Failed) != 1 || len(st.Routes) != 0 {
+		t.Fatalf("%+v", st)
+	}
+	if n := strings.Count(logged.String(), "not applied"); n != 1 {
+		t.Fatalf("%d warnings, want 1: %s", n, logged.String())
+	}
+	r.Prepare(netip.Addr{}, netip.MustParseAddr("203.0.113.9")) // no route at all
+	f.addErr = nil
+	r.Prepare(netip.Addr{}, dst)
+	if st := r.Status(); len(st.Failed) != 1 || st.Failed[0].Dst.String() != "203.0.113.9" || len(st.Routes) != 1 {
+		t.Fatalf("after recovery: %+v", st)
+	}
+}
