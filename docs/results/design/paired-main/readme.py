@@ -26,12 +26,16 @@ builds = "; ".join(f"{k}: {v} trials" for k, v in ast.literal_eval(re.search(r"b
 bf1 = re.search(r"backup-first trials ending.*", st).group(0)
 gaps = "\n".join("- " + l for l in st.split("\n") if re.match(r"^(tcp|mptcp)\S*: \d+ ok trials", l))
 locks = [l.split() for l in open(D + "/lock-log.txt")]
-chunks, tot = [], 0.0
+chunks, tot, sess = [], 0.0, []
 from datetime import datetime
 for a, b in zip(locks[0::2], locks[1::2]):
     t0 = datetime.fromisoformat(a[2].replace("Z", "+00:00")); t1 = datetime.fromisoformat(b[2].replace("Z", "+00:00"))
     tot += (t1 - t0).total_seconds() / 60
     chunks.append(f"{a[2][11:16]}-{b[2][11:16]} ({(t1 - t0).total_seconds() / 60:.1f} min)")
+    # sessions: holds more than two hours apart belong to different sessions
+    if not sess or (t0 - sess[-1][1]).total_seconds() > 7200:
+        sess.append([t0, t1, 0.0])
+    sess[-1][1] = t1; sess[-1][2] += (t1 - t0).total_seconds() / 60
 cmp = subprocess.run(["python3", D + "/status.py", D, "docs/results/design/paired-bf"], capture_output=True, text=True).stdout
 cmp = cmp[cmp.index("\n| point |"):].strip()
 cmp = "\n".join(("\n- " + l if not l.startswith("|") else l) for l in cmp.split("\n"))
@@ -49,8 +53,13 @@ mpdetour-lab design --bin mpdetour --points 200 --seed 1 --trials 3 \\
   --only $(cat only.txt) --out docs/results/design/paired-main --resume --budget 7m --shard K/2 --name pmainK
 ```
 
-K = 1 and 2 at once (two runners, separate namespace sets, as in paired-bf and paired-bf2), each
-chunk under the measurement lock, continued with `--resume`. Seed 1 and the default space
+K = 1 and 2 (two runners, separate namespace sets, as in paired-bf and paired-bf2), each chunk
+under the measurement lock, continued with `--resume`. Both shards ran at once in the first
+session (2026-11-27 03:25-04:31 UTC) and in the second session's first chunk (08:48-08:58); from
+09:00 the second session ran one shard per chunk, alternating, because the machine was at load
+8-9 with six labs at once, and its last two chunks had `--budget 4m` and `--budget 1m` (one or two
+points) to stay within 45 minutes of lock per session. The budget only decides where a chunk
+stops; every point runs the same way. Seed 1 and the default space
 (capacity 1-100 Mbit/s, RTT 10-400 ms, loss 0-2 %, buffer 0.1-2 BDP, uniform), so points carry
 d200's, paired200's and paired-bf's IDs. 3 trials per procedure and point in rotating rounds on
 one lab build per point; 10 s transfers, goodput from 1 s, cubic.
@@ -64,19 +73,20 @@ one lab build per point; 10 s transfers, goodput from 1 s, cubic.
   exactly the two points where backup-first failed, a choice made on the outcome.
 - **Procedures**: the five of paired-bf and paired-bf2. `mptcp-adaptive` is not included: at
   paired-bf2's pace (8 points in 14 minutes with 2 shards, 105 s per point) the 45 minutes of
-  lock this session has give about 25 points with five procedures (estimated before the run; it
+  lock the first session had give about 25 points with five procedures (estimated before the run; it
   gave 23); a sixth adds 20 % per point
   (about 21 points), for a policy that is not the default, was below static at 4 of 18 points and
   above at none in paired200, and is not a candidate. The procedure list is part of the design:
   every later chunk of this directory runs the same five.
 - **Build**: `mpdetour` and `mpdetour-lab` built with `make build` from commit e18e286 of branch
-  design (= main at the session's start). Its backupfirst.go differs from paired-bf2's build
+  design (= main at the first session's start); the second session built the same commit again
+  (`make build` in a worktree at e18e286). Its backupfirst.go differs from paired-bf2's build
   (4ef5539) only in a comment; the engine both policies share gained, since 4ef5539, cwnd clamps
   for tunnel subflows (the design's detours are NAT ones) and cross-family handling. Stamped:
   every trial records it ({builds}). Resumed chunks must use binaries of the same commit, or the
   run measures two builds.
-- **Load**: {load} (2 shared cores; two runners at once; other helpers' builds and tests beside
-  it). The runs held the measurement lock: {", ".join(chunks)}, {tot:.1f} min in all.
+- **Load**: {load} (2 shared cores; two runners at once until 08:58, one from 09:00; other
+  helpers' labs, builds and tests beside it). The runs held the measurement lock: {", ".join(chunks)}, {tot:.1f} min in all ({", ".join(f"{m:.1f} min {x:%H:%M}-{y:%H:%M}" for x, y, m in sess)} by session).
 - **Trials**: {trials.group(1)} recorded, {trials.group(2)} ok, {trials.group(3)} not ok; {span.group(1)} to {span.group(2)} (trial starts).
 - **Points measured**: {complete}.
 
