@@ -130,16 +130,28 @@ type key struct {
 // removes routes an earlier agent left. On failure it returns a Routes
 // whose Prepare does nothing and whose Status says why, and logs once.
 func Open(netns, algo string, log *slog.Logger) *Routes {
+	return open(algo, log, Check, func() (RouteTable, func(), error) { return handleIn(netns) })
+}
+
+// open is Open with the algorithm check and the netlink handle from
+// check and handle (fakes in tests).
+func open(algo string, log *slog.Logger, check func(string) error, handle func() (RouteTable, func(), error)) *Routes {
 	r := &Routes{algo: algo, log: log, added: map[key]netlink.Route{}, failed: map[key]string{}}
-	err := Check(algo)
+	err := check(algo)
 	if err == nil {
-		r.h, r.close, err = handleIn(netns)
+		r.h, r.close, err = handle()
 	}
 	if err == nil {
 		err = r.start()
 	}
 	if err != nil {
 		r.err = err.Error()
+		// Nothing more from a failed start: Prepare adds no route that
+		// status (which says failed) would not show.
+		if r.close != nil {
+			r.close()
+		}
+		r.h, r.close = nil, nil
 		log.Warn("subflow congestion control off: detour subflows run the host's algorithm", "want", algo, "err", err)
 		return r
 	}
@@ -211,6 +223,8 @@ func (r *Routes) Prepare(local, remote netip.Addr) {
 		return
 	}
 	delete(r.failed, k)
+	// A failure before the lookup answered has no table (0).
+	delete(r.failed, key{dst: k.dst})
 }
 
 func (r *Routes) prepare(local, remote netip.Addr) (key, error) {

@@ -20,6 +20,7 @@ type fakeTable struct {
 	routes  []netlink.Route
 	deleted []netlink.Route
 	addErr  error
+	delErr  error
 }
 
 func (f *fakeTable) RouteGetWithOptions(dst net.IP, o *netlink.RouteGetOptions) ([]netlink.Route, error) {
@@ -53,6 +54,9 @@ func (f *fakeTable) RouteAdd(r *netlink.Route) error {
 }
 
 func (f *fakeTable) RouteDel(r *netlink.Route) error {
+	if f.delErr != nil {
+		return f.delErr
+	}
 	for i, x := range f.routes {
 		if x.Dst.String() == r.Dst.String() && x.Table == r.Table {
 			f.routes = append(f.routes[:i], f.routes[i+1:]...)
@@ -180,5 +184,51 @@ func TestPrepareFailureThenRecovery(t *testing.T) {
 	r.Prepare(netip.Addr{}, dst)
 	if st := r.Status(); len(st.Failed) != 1 || st.Failed[0].Dst.String() != "203.0.113.9" || len(st.Routes) != 1 {
 		t.Fatalf("after recovery: %+v", st)
+	}
+}
+
+// A destination whose lookup failed (no table known yet) and whose route
+// is added later is no longer listed as failed.
+func TestPrepareRecoveryAfterLookupFailure(t *testing.T) {
+	f := &fakeTable{get: map[string]netlink.Route{}}
+	r, err := New(f, "bbr", quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.MustParseAddr("203.0.113.7")
+	r.Prepare(netip.Addr{}, dst) // no route yet
+	if st := r.Status(); len(st.Failed) != 1 {
+		t.Fatalf("before: %+v", st)
+	}
+	f.get["203.0.113.7"] = netlink.Route{Table: 254, LinkIndex: 2}
+	r.Prepare(netip.Addr{}, dst)
+	if st := r.Status(); len(st.Failed) != 0 || len(st.Routes) != 1 {
+		t.Fatalf("after the route appeared: %+v, want one route and no failure", st)
+	}
+}
+
+// A start that fails after netlink was opened (a route an earlier agent
+// left cannot be removed) leaves a Routes that adds nothing: its status
+// says failed, and a route it added would be one status does not show.
+func TestOpenStartFailureAddsNothing(t *testing.T) {
+	left := netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.1").To4(), Mask: net.CIDRMask(32, 32)}, Protocol: Protocol, Table: 254}
+	f := &fakeTable{routes: []netlink.Route{left}, delErr: syscall.EPERM,
+		get: map[string]netlink.Route{"203.0.113.7": {Table: 254, LinkIndex: 2}}}
+	closed := false
+	r := open("bbr", quiet(), func(string) error { return nil }, func() (RouteTable, func(), error) {
+		return f, func() { closed = true }, nil
+	})
+	if st := r.Status(); st.State != "failed" || !strings.Contains(st.Error, "earlier agent") {
+		t.Fatalf("status %+v", st)
+	}
+	if !closed {
+		t.Error("netlink not released after the failed start")
+	}
+	r.Prepare(netip.Addr{}, netip.MustParseAddr("203.0.113.7"))
+	if len(f.routes) != 1 {
+		t.Fatalf("a failed mechanism added a route: %+v", f.routes)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
