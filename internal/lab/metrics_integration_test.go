@@ -11,7 +11,7 @@ import (
 // checkNoTCPMetrics asserts that every node of l has
 // net.ipv4.tcp_no_metrics_save=1 and that a TCP transfer from client to
 // server leaves no entry in either side's TCP metrics cache (a cached
-// ssthresh/RTT would seed the next measurement's connection to the same
+// RTT would seed the next measurement's connection to the same
 // address). As a control, the client is then switched to save metrics
 // and the same transfer must leave an entry there: the check can see one.
 func checkNoTCPMetrics(t *testing.T, l *Lab) {

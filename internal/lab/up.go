@@ -344,12 +344,16 @@ func (b *builder) build() error {
 			return err
 		}
 		// No TCP metrics cache: the kernel would save a closed
-		// connection's ssthresh, cwnd and RTT per destination and seed the
-		// next connection to the same address with them, so that a
-		// measurement that follows a lossy one starts with a low
-		// ssthresh (docs/results/design/aa). Every lab connection starts
-		// from the kernel's defaults. Per namespace; set before any link
-		// exists, so the cache stays empty.
+		// connection's RTT, RTT variance, cwnd and reordering per
+		// destination and seed the next connection to the same address
+		// from them (its initial RTO, its reordering estimate; the cwnd
+		// is not reused), so that a measurement inherits from the one
+		// before it
+		// (docs/results/design/aa; ssthresh is not saved while
+		// net.ipv4.tcp_no_ssthresh_metrics_save is 1, the default).
+		// Every lab connection starts from the kernel's defaults. Per
+		// namespace; set before any link exists, so the cache stays
+		// empty.
 		if err := b.sysctls(ns, []topology.Sysctl{{Key: "net.ipv4.tcp_no_metrics_save", Value: "1"}}, false); err != nil {
 			return err
 		}
