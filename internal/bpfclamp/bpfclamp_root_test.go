@@ -467,6 +467,19 @@ func TestPacingTakesEffect(t *testing.T) {
 		if cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
 			t.Error(err)
 		}
+		// The rate is applied at an RTT callback, on an ACK of data sent
+		// after Set: wait (up to 5 s) until everything written is
+		// acknowledged, then read what the socket has.
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+			if err != nil {
+				t.Error(err)
+				break
+			}
+			if ti.Unacked == 0 && ti.Notsent_bytes == 0 {
+				break
+			}
+		}
 		if got, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE); err != nil {
 			t.Error(err)
 		}
