@@ -41,6 +41,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 
@@ -325,6 +326,10 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 func (c *Clamper) Set(k Key, l Limits) error {
 	if l.CwndSegments == 0 && l.PacingRate == 0 {
 		return errors.New("bpfclamp: no cwnd clamp and no pacing rate: use Delete to remove a pair's limits")
+	}
+	if l.CwndSegments > math.MaxInt32 {
+		// The kernel takes the clamp as an int and refuses one <= 0.
+		return fmt.Errorf("bpfclamp: cwnd clamp of %d segments above the kernel's %d", l.CwndSegments, math.MaxInt32)
 	}
 	if l.PacingRate > MaxPacingRate {
 		return fmt.Errorf("bpfclamp: pacing rate %d bytes/s above the kernel's 32-bit SO_MAX_PACING_RATE from BPF (at most %d)", l.PacingRate, uint64(MaxPacingRate))

@@ -2,6 +2,7 @@ package bpfclamp
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -501,9 +502,48 @@ func TestSetRefusesBadLimits(t *testing.T) {
 		{}:                                     "use Delete",
 		{PacingRate: MaxPacingRate + 1}:        "32-bit",
 		{CwndSegments: 1, PacingRate: 1 << 40}: "32-bit",
+		{CwndSegments: 1 << 31}:                "segments",
 	} {
 		if err := c.Set(Key{Local: a, Remote: a}, l); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Set(%+v): %v, want an error saying %q", l, err, want)
 		}
+	}
+}
+
+// A limit the kernel refuses is recorded in the refusal map and not in
+// the socket's applied limits, while the other limit of the pair is
+// applied and recorded: a cwnd clamp of 2^31 segments (negative as the
+// kernel's int: EINVAL), written into the map directly because Set
+// refuses it, beside a pacing rate.
+func TestRefusalRecorded(t *testing.T) {
+	c, dir, back := attachedCgroup(t, "mpd-bpfrefuse")
+	lo := netip.MustParseAddr("127.0.0.1")
+	kb, err := Key{Local: lo, Remote: lo}.bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rate = 64 << 20
+	var v [valueSize]byte
+	binary.NativeEndian.PutUint32(v[:4], 1<<31)
+	binary.NativeEndian.PutUint32(v[4:], rate)
+	if err := c.m.Put(kb[:], v[:]); err != nil {
+		t.Fatal(err)
+	}
+	var cookie, got uint64
+	dialCwnd(t, dir, back, false, nil, func(fd int) {
+		var err error
+		if cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+			t.Error(err)
+		}
+		if got, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE); err != nil {
+			t.Error(err)
+		}
+	})
+	var applied [2]uint32
+	if err := c.applied.Lookup(cookie, &applied); err != nil || applied != [2]uint32{0, rate} || got != rate {
+		t.Errorf("socket %x applied %v (%v), SO_MAX_PACING_RATE %d; want [0 %d] and the rate", cookie, applied, err, got, rate)
+	}
+	if r, err := c.Refused(); err != nil || r != (Refusals{Cwnd: unix.EINVAL}) {
+		t.Errorf("refusals %+v (%v), want the cwnd clamp refused with EINVAL and no pacing refusal", r, err)
 	}
 }
