@@ -208,11 +208,14 @@ func (r *Routes) start() error {
 // subflow is created. Failures are logged once per destination and shown
 // in Status; the subflow then runs the host's algorithm.
 func (r *Routes) Prepare(local, remote netip.Addr) {
-	if r == nil || r.h == nil {
+	if r == nil {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.h == nil {
+		return // failed at start, or closed (checked under the lock: Close may run meanwhile)
+	}
 	k, err := r.prepare(local.Unmap(), remote.Unmap())
 	if err != nil {
 		if _, said := r.failed[k]; !said {
@@ -319,11 +322,14 @@ func (r *Routes) Status() Status {
 // Close removes the routes added (a route whose device went away, a
 // tunnel's, is gone already) and releases netlink.
 func (r *Routes) Close() error {
-	if r == nil || r.h == nil {
+	if r == nil {
 		return nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.h == nil {
+		return nil
+	}
 	var errs []error
 	for k, rt := range r.added {
 		if err := r.h.RouteDel(&rt); err != nil && !errors.Is(err, syscall.ESRCH) {

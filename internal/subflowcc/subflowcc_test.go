@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -231,4 +232,50 @@ func TestOpenStartFailureAddsNothing(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Prepare may race with Close (a worker still preparing while the agent
+// stops): it then does nothing, never touching the released handle.
+func TestPrepareConcurrentWithClose(t *testing.T) {
+	f := &lockedTable{fakeTable: fakeTable{get: map[string]netlink.Route{"203.0.113.7": {Table: 254, LinkIndex: 2}}}}
+	r, err := New(f, "bbr", quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 200 {
+				r.Prepare(netip.Addr{}, netip.MustParseAddr("203.0.113.7"))
+			}
+		})
+	}
+	if err := r.Close(); err != nil {
+		t.Error(err)
+	}
+	wg.Wait()
+}
+
+// lockedTable is fakeTable safe for concurrent use.
+type lockedTable struct {
+	mu sync.Mutex
+	fakeTable
+}
+
+func (f *lockedTable) RouteGetWithOptions(dst net.IP, o *netlink.RouteGetOptions) ([]netlink.Route, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fakeTable.RouteGetWithOptions(dst, o)
+}
+
+func (f *lockedTable) RouteAdd(r *netlink.Route) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fakeTable.RouteAdd(r)
+}
+
+func (f *lockedTable) RouteDel(r *netlink.Route) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fakeTable.RouteDel(r)
 }
