@@ -320,8 +320,9 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 }
 
 // Set gives sockets with this address pair the limits l (at least one
-// nonzero): sockets established from now on, and established ones at
-// their next RTT callback. A limit of zero leaves that kind alone (a
+// nonzero; a clamp of at most 2^31-1 segments, a rate of at most
+// MaxPacingRate): sockets established from now on, and established ones
+// at their next RTT callback. A limit of zero leaves that kind alone (a
 // socket keeps what it was given before).
 func (c *Clamper) Set(k Key, l Limits) error {
 	if l.CwndSegments == 0 && l.PacingRate == 0 {
