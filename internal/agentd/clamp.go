@@ -70,6 +70,8 @@ type cwndClamps struct {
 	err      string
 	mu       sync.Mutex // fallback is read by status requests
 	fallback string     // why the mode is cwnd although pacing was configured
+	// unread: the refusal map could not be read (warned once).
+	unread bool
 }
 
 // startClamps attaches through attach (attachClamp outside tests).
@@ -112,7 +114,14 @@ func (c *cwndClamps) checkPacing() {
 		return
 	}
 	r, err := c.m.Refused()
-	if err != nil || r.Pacing == 0 {
+	if err != nil {
+		if !c.unread {
+			c.unread = true
+			c.log.Warn("pacing clamps: the kernel's refusals cannot be read; a refused pacing rate would not fall back to cwnd clamps", "err", err)
+		}
+		return
+	}
+	if r.Pacing == 0 {
 		return
 	}
 	c.mu.Lock()

@@ -23,6 +23,7 @@ type fakeClampMap struct {
 	set          map[bpfclamp.Key]bpfclamp.Limits
 	refusePacing bool
 	refused      bpfclamp.Refusals
+	refusedErr   error
 	closed       bool
 }
 
@@ -33,7 +34,7 @@ func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
 	}
 	return nil
 }
-func (f *fakeClampMap) Refused() (bpfclamp.Refusals, error) { return f.refused, nil }
+func (f *fakeClampMap) Refused() (bpfclamp.Refusals, error) { return f.refused, f.refusedErr }
 func (f *fakeClampMap) Close() error                        { f.closed = true; return nil }
 
 var (
@@ -180,5 +181,23 @@ func TestClampsPacingRefused(t *testing.T) {
 	}
 	if st := c.status(); st.State != "active" || st.Mode != policy.ClampCwnd || !strings.Contains(st.Fallback, "refused SO_MAX_PACING_RATE") || len(st.Pairs) != 1 || st.Pairs[0].Segments != 56 || st.Pairs[0].PacingRate != 0 {
 		t.Errorf("status %+v", st)
+	}
+}
+
+// Refusals that cannot be read are one warning (the fallback cannot
+// work without them), not silence; the pacing clamps go on.
+func TestClampsRefusalsUnreadable(t *testing.T) {
+	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refusedErr: errors.New("map lookup: bad file descriptor")}
+	var logs bytes.Buffer
+	c := startClamps(ClampSettings{Mode: policy.ClampPacing}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
+	for range 3 {
+		c.measured(meas)
+	}
+	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "cannot be read") || !strings.Contains(logs.String(), "bad file descriptor") {
+		t.Errorf("log %q: want one warning naming the error", logs.String())
+	}
+	if st := c.status(); st.Mode != policy.ClampPacing || len(m.set) != 1 {
+		t.Errorf("status %+v, map %v: want pacing clamps going on", st, m.set)
 	}
 }
