@@ -118,6 +118,7 @@ func TestClampConfig(t *testing.T) {
 		"cwnd_clamp:\n  enabled: true\n  gain: 2\n":                     "gain",
 		"cwnd_clamp:\n  enabled: true\n  mode: rate\n":                  "cwnd_clamp.mode: \"rate\" is not a clamp mode (cwnd, pacing or both)",
 		"cwnd_clamp:\n  mode: pacing\n":                                 "cwnd_clamp.mode: set without cwnd_clamp.enabled",
+		"cwnd_clamp:\n  cgroup: /sys/fs/cgroup\n  mode: pacing\n":       "cwnd_clamp.cgroup: set without cwnd_clamp.enabled",
 		"cwnd_clamp:\n  enabled: true\nprobe_interval: 0s\n":            "cwnd_clamp: needs measurements",
 	} {
 		_, err := ParseConfig([]byte(in))

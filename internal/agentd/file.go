@@ -369,9 +369,9 @@ func buildClamp(f *fileClamp) (*ClampSettings, error) {
 		return nil, fmt.Errorf("cwnd_clamp.mode: %w", err)
 	}
 	if !f.Enabled {
-		for k, v := range map[string]string{"cgroup": f.Cgroup, "mode": f.Mode} {
-			if v != "" {
-				return nil, fmt.Errorf("cwnd_clamp.%s: set without cwnd_clamp.enabled: true", k)
+		for _, kv := range [][2]string{{"cgroup", f.Cgroup}, {"mode", f.Mode}} {
+			if kv[1] != "" {
+				return nil, fmt.Errorf("cwnd_clamp.%s: set without cwnd_clamp.enabled: true", kv[0])
 			}
 		}
 		return nil, nil
