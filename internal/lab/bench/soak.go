@@ -903,8 +903,10 @@ func agentTrendCheck(rep *SoakReport, o SoakOptions) SoakCheck {
 // blackholeCheck judges the kernel's MPTCP blackhole detection in the
 // client: Soak turns it off there (the soak's default-path faults drop
 // MP_CAPABLE SYNs on purpose), so a sample that shows MPTCP disabled, or a
-// connection made plain TCP, means the soak did not test what it claims
-// (connections without detours) and fails it.
+// connection the detection made plain TCP (the agent's fallback counter,
+// MPCapableSYNTXDisabled), means the soak did not test what it claims
+// (connections without detours) and fails it. A connection that falls
+// back at its last SYN retry (MPCapableSYNTXDrop) is not counted here.
 func blackholeCheck(rep *SoakReport) SoakCheck {
 	n, disabled := len(rep.Samples), 0
 	for _, s := range rep.Samples {

@@ -170,7 +170,8 @@ func TestSoakVerdicts(t *testing.T) {
 }
 
 // The soak turns the kernel's blackhole detection off in the client, so a
-// connection made plain TCP (or a sample showing MPTCP disabled) fails it:
+// connection that detection made plain TCP (or a sample showing MPTCP
+// disabled) fails it:
 // such a soak would have passed without testing detours.
 func TestSoakBlackholeJudged(t *testing.T) {
 	agent := func(disabled, fallbacks float64) SoakSample {
