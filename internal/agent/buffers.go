@@ -29,9 +29,9 @@ const maxBuffer = 64 << 20
 // first change, so that the next agent restores them after a crash.
 type bufferSizer struct {
 	ns    string
-	state string
-	orig  map[string][3]int64
-	cur   int64 // the maximum set now; 0 = the original
+	saved *savedSysctls
+	orig  map[string][3]int64 // saved's values, parsed
+	cur   int64               // the maximum set now; 0 = the original
 	// changes: how often apply moved the maximum (status).
 	changes int
 	log     *slog.Logger
@@ -47,54 +47,16 @@ func (b *bufferSizer) status() *BufferStatus {
 }
 
 func newBufferSizer(cfg Options, log *slog.Logger) (*bufferSizer, error) {
-	state, err := nsStateFile(cfg, "buffers")
+	valid := func(v string) error { _, err := parseTriple(v); return err }
+	saved, err := saveSysctls(cfg, "buffers", "buffer_sizing", bufferSysctls, valid, log)
 	if err != nil {
-		return nil, fmt.Errorf("buffer_sizing: %w", err)
+		return nil, err
 	}
-	b := &bufferSizer{ns: cfg.NetNS, state: state, orig: map[string][3]int64{}, log: log}
-	if saved, err := os.ReadFile(b.state); err == nil {
-		// A previous agent did not stop cleanly: what it found is the
-		// original, and goes back now.
-		for _, line := range strings.Split(strings.TrimSpace(string(saved)), "\n") {
-			name, v, ok := strings.Cut(line, "=")
-			if tr, err := parseTriple(v); ok && err == nil && isBufferSysctl(name) {
-				b.orig[name] = tr
-			}
-		}
-		if len(b.orig) == len(bufferSysctls) {
-			log.Warn("a previous agent did not stop cleanly; restoring the socket buffer sizes it found", "state", b.state)
-			if err := b.restore(); err != nil {
-				return nil, err
-			}
-		}
-		b.orig = map[string][3]int64{}
-	}
-	var lines []string
-	for _, name := range bufferSysctls {
-		v, err := readSysctl(cfg.NetNS, name)
-		if err != nil {
-			return nil, fmt.Errorf("buffer_sizing: %w", err)
-		}
-		tr, err := parseTriple(v)
-		if err != nil {
-			return nil, fmt.Errorf("buffer_sizing: %s: %w", name, err)
-		}
-		b.orig[name] = tr
-		lines = append(lines, name+"="+v)
-	}
-	if err := writeStateFile(b.state, strings.Join(lines, "\n")+"\n"); err != nil {
-		return nil, fmt.Errorf("buffer_sizing: state file: %w", err)
+	b := &bufferSizer{ns: cfg.NetNS, saved: saved, orig: map[string][3]int64{}, log: log}
+	for name, v := range saved.orig {
+		b.orig[name], _ = parseTriple(v) // checked by saveSysctls
 	}
 	return b, nil
-}
-
-func isBufferSysctl(name string) bool {
-	for _, n := range bufferSysctls {
-		if n == name {
-			return true
-		}
-	}
-	return false
 }
 
 func parseTriple(v string) ([3]int64, error) {
@@ -152,17 +114,10 @@ func (b *bufferSizer) apply(want int64) error {
 
 // restore puts back what the sizer found and removes the state file.
 func (b *bufferSizer) restore() error {
-	var errs []error
-	for name, tr := range b.orig {
-		errs = append(errs, writeSysctl(b.ns, name, fmt.Sprintf("%d %d %d", tr[0], tr[1], tr[2])))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := b.saved.restore(); err != nil {
 		return err
 	}
 	b.cur = 0
-	if err := os.Remove(b.state); err != nil && !os.IsNotExist(err) {
-		return err
-	}
 	return nil
 }
 

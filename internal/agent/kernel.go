@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -68,10 +67,6 @@ func (k *LinuxKernel) savePMType(cfg Options) (string, error) {
 	if k.stateFile, err = nsStateFile(cfg, "pm_type"); err != nil {
 		return "", err
 	}
-	dir := filepath.Dir(k.stateFile)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("state directory: %w", err)
-	}
 	if b, err := os.ReadFile(k.stateFile); err == nil {
 		if v := strings.TrimSpace(string(b)); v == "0" || v == "1" {
 			if v != cur {
@@ -81,19 +76,7 @@ func (k *LinuxKernel) savePMType(cfg Options) (string, error) {
 			return v, nil
 		}
 	}
-	f, err := os.CreateTemp(dir, ".pm_type-*")
-	if err != nil {
-		return "", fmt.Errorf("state file: %w", err)
-	}
-	_, werr := f.WriteString(cur + "\n")
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		os.Remove(f.Name())
-		return "", fmt.Errorf("state file: %w", err)
-	}
-	if err := os.Rename(f.Name(), k.stateFile); err != nil {
-		os.Remove(f.Name())
+	if err := writeStateFile(k.stateFile, cur+"\n"); err != nil {
 		return "", fmt.Errorf("state file: %w", err)
 	}
 	return cur, nil
