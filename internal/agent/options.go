@@ -46,9 +46,9 @@ type Options struct {
 	// block): a subflow slower than the main carrier that delivers below
 	// GuardShare of the connection's bytes over GuardWindow is shed
 	// (0 = the policy's defaults).
-	GuardShare  float64
-	GuardWindow time.Duration
-	CommandWorkers         int
+	GuardShare     float64
+	GuardWindow    time.Duration
+	CommandWorkers int
 	// Nice, when non-zero, is applied to the agent's threads at start.
 	Nice int
 	// EventBuffer is the event socket's receive buffer in bytes.
