@@ -27,10 +27,11 @@ import (
 // small share of the connection's bytes (0.03-0.18 at the harmed points,
 // 0.39-0.86 for the slower subflow where the detour helped).
 //
-// The rule: once a subflow has been up for Window, every probe computes
-// each active subflow's share of the bytes the connection delivered over
-// the last Window; a subflow whose share is below Share while its base RTT
-// is more than guardRTT times that of the subflow delivering the most is
+// The rule: every probe computes each active subflow's share of the
+// bytes the connection delivered over its judging window, Window or 4 of
+// its base RTTs if longer (at most 8 s), once it has been up for twice
+// that; a subflow whose share is below Share while its base RTT is more
+// than guardRTT times that of the subflow delivering the most is
 // destroyed (SUBFLOW_DESTROY: the kernel re-sends its queue on the
 // others at once, so nothing stays stranded). Only when the connection is
 // busy (at least 64 KB/s) and another subflow delivers. A shed detour is
@@ -47,6 +48,11 @@ const (
 	// guardRTT: a subflow is "slower" than the main carrier when its base
 	// RTT exceeds the carrier's by this factor.
 	guardRTT = 1.25
+	// guardRTTs: a subflow is judged over at least this many of its base
+	// RTTs, and only after twice that time up (slow start of a long path
+	// is not a verdict); guardKeep bounds the window (and the history).
+	guardRTTs = 4
+	guardKeep = 8 * time.Second
 	// Defaults of GuardShare and GuardWindow (docs/agent.md).
 	defaultGuardShare  = 0.25
 	defaultGuardWindow = time.Second
@@ -84,7 +90,6 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		return out
 	}
 	gc := g.conn(k)
-	w := g.e.cfg.GuardWindow
 	snap := gSample{at: now, bytes: map[subKey]uint64{}}
 	for sk, s := range k.subs {
 		if activePath(s) {
@@ -92,59 +97,74 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		}
 	}
 	gc.hist = append(gc.hist, snap)
-	// Keep the newest sample at least w old and everything after it.
+	// Keep the newest sample at least guardKeep old and everything after.
 	i := 0
-	for i+1 < len(gc.hist) && !gc.hist[i+1].at.After(now.Add(-w)) {
+	for i+1 < len(gc.hist) && !gc.hist[i+1].at.After(now.Add(-guardKeep)) {
 		i++
 	}
 	gc.hist = append(gc.hist[:0], gc.hist[i:]...)
-	old := gc.hist[0]
-	if now.Sub(old.at) < w {
-		return out
-	}
-	sk, s, why := g.harmful(k, old, snap, now)
+	sk, s, why := g.harmful(k, gc, snap, now)
 	if s == nil {
 		return out
 	}
 	return append(out, g.shed(k, gc, sk, s, now, why)...)
 }
 
-// harmful finds the subflow the rule sheds, if any: over [old, now] it
-// delivered below Share of the connection's bytes, its base RTT is above
-// guardRTT x that of the subflow that delivered the most, it has been up
-// for the whole window, and another subflow delivers.
-func (g *guard) harmful(k *kconn, old, now gSample, at time.Time) (subKey, *ksub, string) {
+// judgeWindow is the window a subflow is judged over: Window, at least
+// guardRTTs of its base RTT (a long path needs that many round trips to
+// show its rate), at most guardKeep.
+func (g *guard) judgeWindow(s *ksub) time.Duration {
+	return min(max(g.e.cfg.GuardWindow, guardRTTs*s.baseRTT()), guardKeep)
+}
+
+// harmful finds the subflow the rule sheds, if any: it has been up for
+// twice its judging window; over that window it delivered below Share of
+// the connection's bytes and its base RTT is above guardRTT x that of the
+// subflow that delivered the most (which still delivers); the connection
+// is busy.
+func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey, *ksub, string) {
 	cfg := g.e.cfg
-	dt := now.at.Sub(old.at).Seconds()
-	got := map[subKey]float64{}
-	var total float64
-	var top subKey
-	var topS *ksub
-	topD := -1.0
-	for sk, b := range now.bytes {
-		a, ok := old.bytes[sk]
-		if !ok {
-			continue // joined within the window: not judged yet
-		}
-		d := float64(sub64(b, a))
-		got[sk] = d
-		total += d
-		if s := k.subs[sk]; s != nil && d > topD {
-			top, topS, topD = sk, s, d
-		}
-	}
-	if len(got) < 2 || total/dt < minTrialRate || topS == nil || topS.baseRTT() == 0 || !g.othersCarry(k, top, at) {
-		return subKey{}, nil, ""
-	}
-	for sk, d := range got {
-		s := k.subs[sk]
-		if sk == top || s == nil || s.baseRTT() == 0 || at.Sub(s.upSince) < cfg.GuardWindow {
+	for sk, s := range k.subs {
+		if _, ok := cur.bytes[sk]; !ok || s.baseRTT() == 0 {
 			continue
 		}
-		share := d / total
+		w := g.judgeWindow(s)
+		if now.Sub(s.upSince) < 2*w {
+			continue
+		}
+		// The newest sample at least w old.
+		var old *gSample
+		for i := range gc.hist {
+			if now.Sub(gc.hist[i].at) < w {
+				break
+			}
+			old = &gc.hist[i]
+		}
+		if old == nil {
+			continue
+		}
+		var total, topD float64
+		var top subKey
+		var topS *ksub
+		for osk, b := range cur.bytes {
+			a, ok := old.bytes[osk]
+			if !ok {
+				continue
+			}
+			d := float64(sub64(b, a))
+			total += d
+			if os := k.subs[osk]; os != nil && d > topD {
+				top, topS, topD = osk, os, d
+			}
+		}
+		a, ok := old.bytes[sk]
+		if !ok || topS == nil || top == sk || total/now.Sub(old.at).Seconds() < minTrialRate || topS.baseRTT() == 0 || !g.othersCarry(k, top, now) {
+			continue
+		}
+		share := float64(sub64(cur.bytes[sk], a)) / total
 		if share < cfg.GuardShare && float64(s.baseRTT()) > guardRTT*float64(topS.baseRTT()) {
 			return sk, s, fmt.Sprintf("delivered %.0f%% of the connection's bytes over %s (below %.0f%%) with a base RTT of %s vs %s on %s",
-				100*share, cfg.GuardWindow, 100*cfg.GuardShare, s.baseRTT().Round(time.Millisecond), topS.baseRTT().Round(time.Millisecond), topS.path())
+				100*share, w.Round(time.Millisecond), 100*cfg.GuardShare, s.baseRTT().Round(time.Millisecond), topS.baseRTT().Round(time.Millisecond), topS.path())
 		}
 	}
 	return subKey{}, nil, ""
