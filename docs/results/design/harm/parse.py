@@ -10,9 +10,13 @@ and the server's MPTcpExt counter deltas."""
 import re, sys, collections
 d = sys.argv[1]
 
+def opened(path):
+    import gzip, os
+    return open(path) if os.path.exists(path) else gzip.open(path + '.gz', 'rt')
+
 def samples(path):
     t = None; buf = []
-    for line in open(path):
+    for line in opened(path):
         if line.startswith('@ '):
             if t is not None: yield t, buf
             t = float(line[2:]); buf = []
