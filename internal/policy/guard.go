@@ -75,14 +75,7 @@ func (*guard) prefer(*kconn, detour.Detour, detour.Detour) bool { return false }
 func (*guard) joinAsBackup(*kconn, detour.Detour) bool          { return false }
 func (*guard) gone(*kconn, subKey)                              {}
 
-func (g *guard) conn(k *kconn) *gConn {
-	gc, _ := k.st.(*gConn)
-	if gc == nil {
-		gc = &gConn{}
-		k.st = gc
-	}
-	return gc
-}
+func (g *guard) conn(k *kconn) *gConn { return connState(k, func() *gConn { return &gConn{} }) }
 
 func (g *guard) measured(k *kconn, now time.Time) []Intent {
 	out := g.st.measured(k, now)

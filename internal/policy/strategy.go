@@ -33,6 +33,17 @@ type strategy interface {
 	gone(k *kconn, sk subKey)
 }
 
+// connState is the strategy's state of k (kconn.st), made by fresh on
+// first use.
+func connState[T any](k *kconn, fresh func() *T) *T {
+	st, _ := k.st.(*T)
+	if st == nil {
+		st = fresh()
+		k.st = st
+	}
+	return st
+}
+
 // Mode names a strategy in configuration (`policy: NAME`).
 type Mode int
 
