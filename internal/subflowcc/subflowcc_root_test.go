@@ -192,3 +192,43 @@ func TestOpenCleansAndNeverReplaces(t *testing.T) {
 		t.Fatalf("a failed start added routes:\n%s", got)
 	}
 }
+
+// On the real kernel: the host's route toward a relay moves to another
+// gateway; the next Prepare after followEvery moves our host route with it
+// (before, ours kept the old gateway and black-holed the detour).
+func TestRouteFollowsGatewayChangeOnKernel(t *testing.T) {
+	testenv.Tools(t, "ip")
+	if err := Check("reno"); err != nil {
+		t.Skip(err)
+	}
+	c, s := netnstest.New(t, "sfgw-c"), netnstest.New(t, "sfgw-s")
+	netnstest.Link(t, c, "10.233.0.1/24", s, "10.233.0.2/24")
+	c.Run("ip", "route", "add", "10.234.0.0/24", "via", "10.233.0.2")
+	r := Open(c.Path, "reno", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(func() { _ = r.Close() })
+	relay := netip.MustParseAddr("10.234.0.9")
+	r.Prepare(netip.Addr{}, relay)
+	if got := protoRoutes(t, c); !strings.Contains(got, "10.234.0.9 via 10.233.0.2") || !strings.Contains(got, "congctl reno") {
+		t.Fatalf("our route: %q", got)
+	}
+	// Another gateway on the same link takes over the relay's prefix.
+	c.Run("ip", "route", "replace", "10.234.0.0/24", "via", "10.233.0.3")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r.Prepare(netip.Addr{}, relay)
+		got := protoRoutes(t, c)
+		if strings.Contains(got, "10.234.0.9 via 10.233.0.3") && strings.Contains(got, "congctl reno") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("our route after the gateway change: %q (status %+v)", got, r.Status())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := protoRoutes(t, c); got != "" {
+		t.Fatalf("left after Close: %q", got)
+	}
+}

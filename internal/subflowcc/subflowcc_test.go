@@ -5,10 +5,12 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -17,7 +19,10 @@ import (
 // routes added; exact host routes it holds answer lookups as the kernel's
 // would (most specific first).
 type fakeTable struct {
-	get     map[string]netlink.Route
+	get map[string]netlink.Route
+	// table holds the tables' own (prefix) routes for listings; get
+	// answers lookups.
+	table   []netlink.Route
 	routes  []netlink.Route
 	deleted []netlink.Route
 	addErr  error
@@ -70,10 +75,14 @@ func (f *fakeTable) RouteDel(r *netlink.Route) error {
 
 func (f *fakeTable) RouteListFiltered(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
 	var out []netlink.Route
-	for _, r := range f.routes {
-		if r.Protocol == filter.Protocol && (r.Dst.IP.To4() != nil) == (family == netlink.FAMILY_V4) {
-			out = append(out, r)
+	for _, r := range append(slices.Clone(f.routes), f.table...) {
+		v4 := r.Dst == nil && r.Family != netlink.FAMILY_V6 || r.Dst != nil && r.Dst.IP.To4() != nil
+		if v4 != (family == netlink.FAMILY_V4) ||
+			mask&netlink.RT_FILTER_PROTOCOL != 0 && r.Protocol != filter.Protocol ||
+			mask&netlink.RT_FILTER_TABLE != 0 && filter.Table != syscall.RT_TABLE_UNSPEC && r.Table != filter.Table {
+			continue
 		}
+		out = append(out, r)
 	}
 	return out, nil
 }
@@ -114,6 +123,7 @@ func TestPrepareAddsOnceAndCloseRemoves(t *testing.T) {
 	someone := netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.2").To4(), Mask: net.CIDRMask(32, 32)}, Table: 254}
 	f := &fakeTable{
 		routes: []netlink.Route{left, someone},
+		table:  []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")}},
 		get: map[string]netlink.Route{
 			"203.0.113.7":          {Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")},
 			"10.9.0.2>192.0.2.1":   {Table: 51820, LinkIndex: 9, Src: net.ParseIP("10.9.0.2")},
@@ -278,4 +288,48 @@ func (f *lockedTable) RouteDel(r *netlink.Route) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.fakeTable.RouteDel(r)
+}
+
+// A gateway change under our host route: the next Prepare (at most every
+// followEvery) moves ours onto the table's new route; a destination whose
+// only route left loses ours (the failure is shown).
+func TestPrepareFollowsGatewayChange(t *testing.T) {
+	f := &fakeTable{
+		get:   map[string]netlink.Route{"203.0.113.7": {Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254"), Src: net.ParseIP("10.0.0.2")}},
+		table: []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")}},
+	}
+	r, err := New(f, "bbr", quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	r.now = func() time.Time { return now }
+	nat := netip.MustParseAddr("203.0.113.7")
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) {
+		t.Fatalf("first route: %+v", f.routes)
+	}
+	// The host moves to another gateway (a more specific route wins over
+	// the old default, as a new DHCP lease's would replace it).
+	f.table = append(f.table, netlink.Route{Table: 254, LinkIndex: 3, Gw: net.ParseIP("10.1.0.1"),
+		Dst: &net.IPNet{IP: net.ParseIP("203.0.113.0").To4(), Mask: net.CIDRMask(24, 32)}})
+	r.Prepare(netip.Addr{}, nat) // within followEvery: not compared yet
+	if !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) {
+		t.Fatalf("compared within followEvery: %+v", f.routes)
+	}
+	now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.1.0.1")) || f.routes[0].LinkIndex != 3 || f.routes[0].Src != nil || f.routes[0].Congctl != "bbr" || f.routes[0].Protocol != Protocol {
+		t.Fatalf("after the gateway change: %+v, want ours via 10.1.0.1 dev 3", f.routes)
+	}
+	if st := r.Status(); len(st.Routes) != 1 || st.Routes[0].Dev != 3 || len(st.Failed) != 0 {
+		t.Fatalf("status %+v", st)
+	}
+	// Every route beneath goes: ours goes too, and status says why.
+	f.table = nil
+	now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if st := r.Status(); len(f.routes) != 0 || len(st.Routes) != 0 || len(st.Failed) != 1 || !strings.Contains(st.Failed[0].Error, "none in table 254") {
+		t.Fatalf("without a route beneath: table %+v, status %+v", f.routes, st)
+	}
 }
