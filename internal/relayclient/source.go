@@ -245,14 +245,24 @@ func (s *NATSource) grant(k entryKey, e *entry, c *relayconn.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.entries[k] != e { // released meanwhile
-		// Given back unless a newer entry waits for a grant: the relay
-		// answers that one with this same mapping.
-		if err == nil && s.entries[k] == nil {
-			done := s.markReleasing(k)
+		// Given back unless a newer entry of the same session waits for
+		// a grant: the relay answers that one with this same mapping.
+		// When the slot holds another session now (c was closed, its
+		// slot reused: slotLocked), its entry is another relay's, and
+		// the release is c's own, not recorded under the slot (a grant
+		// of the new session would wait for it).
+		same := s.conns[k.relay] == c
+		if err == nil && (s.entries[k] == nil || !same) {
+			var done chan struct{}
+			if same {
+				done = s.markReleasing(k)
+			}
 			s.wg.Add(1)
 			go func() {
 				s.release(c, d.Port())
-				s.releaseDone(k, done)
+				if done != nil {
+					s.releaseDone(k, done)
+				}
 			}()
 		}
 		return
