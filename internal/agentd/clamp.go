@@ -126,7 +126,12 @@ func (c *cwndClamps) checkRefusals() {
 		c.mu.Lock()
 		c.refused = fmt.Sprintf("the kernel refused TCP_BPF_SNDCWND_CLAMP from BPF (%v): cwnd clamps are not in effect", r.Cwnd)
 		c.mu.Unlock()
-		c.log.Warn("cwnd clamps refused by the kernel: tunnel subflows run unclamped", "err", r.Cwnd)
+		if c.decide.Mode() == policy.ClampBoth && r.Pacing == 0 {
+			// The program sets the pacing rate after a refused cwnd clamp.
+			c.log.Warn("cwnd clamps refused by the kernel: tunnel subflows keep only their pacing-rate clamps", "err", r.Cwnd)
+		} else {
+			c.log.Warn("cwnd clamps refused by the kernel: tunnel subflows run unclamped", "err", r.Cwnd)
+		}
 	}
 	if r.Pacing == 0 || c.decide.Mode() == policy.ClampCwnd {
 		return

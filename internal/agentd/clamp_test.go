@@ -220,3 +220,21 @@ func TestClampsCwndRefused(t *testing.T) {
 		t.Errorf("status %+v: want the refusal shown", st)
 	}
 }
+
+// In mode both a refused cwnd clamp leaves the pacing rates (the program
+// sets them after the refusal): the warning does not say unclamped.
+func TestClampsCwndRefusedBoth(t *testing.T) {
+	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Cwnd: unix.EINVAL}}
+	var logs bytes.Buffer
+	c := startClamps(ClampSettings{Mode: policy.ClampBoth}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
+	for range 3 {
+		c.measured(meas)
+	}
+	if n := strings.Count(logs.String(), "\n"); n != 1 || strings.Contains(logs.String(), "unclamped") || !strings.Contains(logs.String(), "keep only their pacing-rate clamps") {
+		t.Errorf("log %q: want one warning saying the pacing rates stay", logs.String())
+	}
+	if st := c.status(); st.Mode != policy.ClampBoth || !strings.Contains(st.Refused, "TCP_BPF_SNDCWND_CLAMP") {
+		t.Errorf("status %+v: want mode both with the cwnd refusal shown", st)
+	}
+}
