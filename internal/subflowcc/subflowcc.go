@@ -287,8 +287,9 @@ func (r *Routes) prepare(local, remote netip.Addr) (key, error) {
 // after a gateway change (DHCP, another uplink) it would keep sending the
 // detour's subflows to the old one. At most every followEvery per route
 // it finds the table's longest-prefix route beneath ours and, when its
-// device or gateway differ, replaces ours. A multipath route beneath is
-// left as it is (ours took one of its next hops).
+// device or gateway differ, replaces ours. Under a multipath route ours
+// stays while its next hop is one of the route's (it took one of them),
+// else it moves onto the route's first.
 func (r *Routes) follow(k key, ours netlink.Route) error {
 	now := r.now()
 	if now.Sub(r.checked[k]) < followEvery {
@@ -312,7 +313,20 @@ func (r *Routes) follow(k key, ours netlink.Route) error {
 		delete(r.checked, k)
 		return fmt.Errorf("route to %s: none in table %d besides ours (removed)", k.dst, ours.Table)
 	}
-	if len(under.MultiPath) > 0 || under.LinkIndex == ours.LinkIndex && under.Gw.Equal(ours.Gw) {
+	if len(under.MultiPath) > 0 {
+		// Ours took one of its next hops: left as it is while that hop
+		// is still one of them, else moved onto the first.
+		for _, nh := range under.MultiPath {
+			if nh != nil && nh.LinkIndex == ours.LinkIndex && nh.Gw.Equal(ours.Gw) {
+				return nil
+			}
+		}
+		if nh := under.MultiPath[0]; nh != nil {
+			under.LinkIndex, under.Gw = nh.LinkIndex, nh.Gw
+		}
+		under.MultiPath = nil
+	}
+	if under.LinkIndex == ours.LinkIndex && under.Gw.Equal(ours.Gw) {
 		return nil
 	}
 	via := under

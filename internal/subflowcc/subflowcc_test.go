@@ -333,3 +333,41 @@ func TestPrepareFollowsGatewayChange(t *testing.T) {
 		t.Fatalf("without a route beneath: table %+v, status %+v", f.routes, st)
 	}
 }
+
+// The table's route becomes multipath (say, a second uplink in ECMP): ours
+// stays while its next hop is one of the new route's, and moves onto one
+// of them when it is not (it kept the old gateway, gone from the table).
+func TestPrepareFollowsIntoMultipath(t *testing.T) {
+	f := &fakeTable{
+		get:   map[string]netlink.Route{"203.0.113.7": {Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254"), Src: net.ParseIP("10.0.0.2")}},
+		table: []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")}},
+	}
+	r, err := New(f, "bbr", quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	r.now = func() time.Time { return now }
+	nat := netip.MustParseAddr("203.0.113.7")
+	r.Prepare(netip.Addr{}, nat)
+	multipath := func(hops ...*netlink.NexthopInfo) []netlink.Route {
+		return []netlink.Route{{Table: 254, MultiPath: hops}}
+	}
+	// Ours' next hop is one of the new route's: left as it is.
+	f.table = multipath(&netlink.NexthopInfo{LinkIndex: 3, Gw: net.ParseIP("10.1.0.1")}, &netlink.NexthopInfo{LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")})
+	now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || f.routes[0].LinkIndex != 2 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) || len(f.deleted) != 0 {
+		t.Fatalf("ours' hop among the multipath route's: %+v (deleted %+v), want it left", f.routes, f.deleted)
+	}
+	// The old gateway is gone: ours moves onto a hop of the route.
+	f.table = multipath(&netlink.NexthopInfo{LinkIndex: 3, Gw: net.ParseIP("10.1.0.1")}, &netlink.NexthopInfo{LinkIndex: 4, Gw: net.ParseIP("10.2.0.1")})
+	now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || f.routes[0].LinkIndex != 3 || !f.routes[0].Gw.Equal(net.ParseIP("10.1.0.1")) || f.routes[0].Congctl != "bbr" || len(f.routes[0].MultiPath) != 0 {
+		t.Fatalf("ours after its gateway left the multipath route: %+v, want via 10.1.0.1 dev 3", f.routes)
+	}
+	if st := r.Status(); len(st.Routes) != 1 || st.Routes[0].Dev != 3 || len(st.Failed) != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
