@@ -294,18 +294,7 @@ func (f *lockedTable) RouteDel(r *netlink.Route) error {
 // followEvery) moves ours onto the table's new route; a destination whose
 // only route left loses ours (the failure is shown).
 func TestPrepareFollowsGatewayChange(t *testing.T) {
-	f := &fakeTable{
-		get:   map[string]netlink.Route{"203.0.113.7": {Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254"), Src: net.ParseIP("10.0.0.2")}},
-		table: []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")}},
-	}
-	r, err := New(f, "bbr", quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Unix(1000, 0)
-	r.now = func() time.Time { return now }
-	nat := netip.MustParseAddr("203.0.113.7")
-	r.Prepare(netip.Addr{}, nat)
+	f, r, nat, now := followed(t)
 	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) {
 		t.Fatalf("first route: %+v", f.routes)
 	}
@@ -317,7 +306,7 @@ func TestPrepareFollowsGatewayChange(t *testing.T) {
 	if !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) {
 		t.Fatalf("compared within followEvery: %+v", f.routes)
 	}
-	now = now.Add(followEvery)
+	*now = now.Add(followEvery)
 	r.Prepare(netip.Addr{}, nat)
 	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.1.0.1")) || f.routes[0].LinkIndex != 3 || f.routes[0].Src != nil || f.routes[0].Congctl != "bbr" || f.routes[0].Protocol != Protocol {
 		t.Fatalf("after the gateway change: %+v, want ours via 10.1.0.1 dev 3", f.routes)
@@ -327,7 +316,7 @@ func TestPrepareFollowsGatewayChange(t *testing.T) {
 	}
 	// Every route beneath goes: ours goes too, and status says why.
 	f.table = nil
-	now = now.Add(followEvery)
+	*now = now.Add(followEvery)
 	r.Prepare(netip.Addr{}, nat)
 	if st := r.Status(); len(f.routes) != 0 || len(st.Routes) != 0 || len(st.Failed) != 1 || !strings.Contains(st.Failed[0].Error, "none in table 254") {
 		t.Fatalf("without a route beneath: table %+v, status %+v", f.routes, st)
@@ -338,6 +327,34 @@ func TestPrepareFollowsGatewayChange(t *testing.T) {
 // stays while its next hop is one of the new route's, and moves onto one
 // of them when it is not (it kept the old gateway, gone from the table).
 func TestPrepareFollowsIntoMultipath(t *testing.T) {
+	f, r, nat, now := followed(t)
+	multipath := func(hops ...*netlink.NexthopInfo) []netlink.Route {
+		return []netlink.Route{{Table: 254, MultiPath: hops}}
+	}
+	// Ours' next hop is one of the new route's: left as it is.
+	f.table = multipath(&netlink.NexthopInfo{LinkIndex: 3, Gw: net.ParseIP("10.1.0.1")}, &netlink.NexthopInfo{LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")})
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || f.routes[0].LinkIndex != 2 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) || len(f.deleted) != 0 {
+		t.Fatalf("ours' hop among the multipath route's: %+v (deleted %+v), want it left", f.routes, f.deleted)
+	}
+	// The old gateway is gone: ours moves onto a hop of the route.
+	f.table = multipath(&netlink.NexthopInfo{LinkIndex: 3, Gw: net.ParseIP("10.1.0.1")}, &netlink.NexthopInfo{LinkIndex: 4, Gw: net.ParseIP("10.2.0.1")})
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || f.routes[0].LinkIndex != 3 || !f.routes[0].Gw.Equal(net.ParseIP("10.1.0.1")) || f.routes[0].Congctl != "bbr" || len(f.routes[0].MultiPath) != 0 {
+		t.Fatalf("ours after its gateway left the multipath route: %+v, want via 10.1.0.1 dev 3", f.routes)
+	}
+	if st := r.Status(); len(st.Routes) != 1 || st.Routes[0].Dev != 3 || len(st.Failed) != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+// followed is Routes on a fake whose table routes 203.0.113.7 via
+// 10.0.0.254 on device 2, with our host route to it added, and its clock
+// (moved by the caller).
+func followed(t *testing.T) (*fakeTable, *Routes, netip.Addr, *time.Time) {
+	t.Helper()
 	f := &fakeTable{
 		get:   map[string]netlink.Route{"203.0.113.7": {Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254"), Src: net.ParseIP("10.0.0.2")}},
 		table: []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")}},
@@ -350,24 +367,5 @@ func TestPrepareFollowsIntoMultipath(t *testing.T) {
 	r.now = func() time.Time { return now }
 	nat := netip.MustParseAddr("203.0.113.7")
 	r.Prepare(netip.Addr{}, nat)
-	multipath := func(hops ...*netlink.NexthopInfo) []netlink.Route {
-		return []netlink.Route{{Table: 254, MultiPath: hops}}
-	}
-	// Ours' next hop is one of the new route's: left as it is.
-	f.table = multipath(&netlink.NexthopInfo{LinkIndex: 3, Gw: net.ParseIP("10.1.0.1")}, &netlink.NexthopInfo{LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")})
-	now = now.Add(followEvery)
-	r.Prepare(netip.Addr{}, nat)
-	if len(f.routes) != 1 || f.routes[0].LinkIndex != 2 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) || len(f.deleted) != 0 {
-		t.Fatalf("ours' hop among the multipath route's: %+v (deleted %+v), want it left", f.routes, f.deleted)
-	}
-	// The old gateway is gone: ours moves onto a hop of the route.
-	f.table = multipath(&netlink.NexthopInfo{LinkIndex: 3, Gw: net.ParseIP("10.1.0.1")}, &netlink.NexthopInfo{LinkIndex: 4, Gw: net.ParseIP("10.2.0.1")})
-	now = now.Add(followEvery)
-	r.Prepare(netip.Addr{}, nat)
-	if len(f.routes) != 1 || f.routes[0].LinkIndex != 3 || !f.routes[0].Gw.Equal(net.ParseIP("10.1.0.1")) || f.routes[0].Congctl != "bbr" || len(f.routes[0].MultiPath) != 0 {
-		t.Fatalf("ours after its gateway left the multipath route: %+v, want via 10.1.0.1 dev 3", f.routes)
-	}
-	if st := r.Status(); len(st.Routes) != 1 || st.Routes[0].Dev != 3 || len(st.Failed) != 0 {
-		t.Fatalf("status %+v", st)
-	}
+	return f, r, nat, &now
 }
