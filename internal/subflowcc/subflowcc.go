@@ -330,8 +330,11 @@ func (r *Routes) follow(k key, ours netlink.Route) error {
 		return nil
 	}
 	via := under
-	if via.LinkIndex == ours.LinkIndex {
-		via.Src = ours.Src // same device: the source the kernel chose still holds
+	if via.LinkIndex == ours.LinkIndex && via.Src == nil {
+		// Same device, and the table's route names no source: the one
+		// the kernel chose still holds. A source it names (a new lease's
+		// address) is the one the kernel now takes.
+		via.Src = ours.Src
 	}
 	rt := HostRoute(via, k.dst, r.algo)
 	if err := r.h.RouteDel(&ours); err != nil && !errors.Is(err, syscall.ESRCH) {

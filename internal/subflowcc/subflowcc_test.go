@@ -369,3 +369,22 @@ func followed(t *testing.T) (*fakeTable, *Routes, netip.Addr, *time.Time) {
 	r.Prepare(netip.Addr{}, nat)
 	return f, r, nat, &now
 }
+
+// A new gateway on the same device whose route names its source (a new
+// lease's address): ours takes that source, not the one it had.
+func TestPrepareFollowsRouteSource(t *testing.T) {
+	f, r, nat, now := followed(t)
+	f.table = []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.5.1"), Src: net.ParseIP("10.0.5.7")}}
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.5.1")) || !f.routes[0].Src.Equal(net.ParseIP("10.0.5.7")) {
+		t.Fatalf("after a new gateway with its own source on the same device: %+v, want via 10.0.5.1 src 10.0.5.7", f.routes)
+	}
+	// Without a source named, the one ours had stays.
+	f.table = []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.5.2")}}
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.5.2")) || !f.routes[0].Src.Equal(net.ParseIP("10.0.5.7")) {
+		t.Fatalf("after a new gateway without a source: %+v, want via 10.0.5.2 src 10.0.5.7", f.routes)
+	}
+}
