@@ -108,6 +108,19 @@ func TestAgentProcess(t *testing.T) {
 	if v := strings.TrimSpace(ns.Run("sysctl", "-n", "net.mptcp.pm_type")); v != "1" {
 		t.Fatalf("pm_type under the agent = %s", v)
 	}
+	// A second agent in the namespace is refused before it touches
+	// anything: before the lock it restored the path manager and the
+	// buffer sizes the first one had set when it gave up.
+	second, err := exec.Command("ip", "netns", "exec", ns.Name, bin, "agent", "--config", cfg).CombinedOutput()
+	if err == nil || !strings.Contains(string(second), "another mpdetour agent runs in this network namespace") {
+		t.Fatalf("second agent in the namespace: %v: %s", err, second)
+	}
+	if v := strings.TrimSpace(ns.Run("sysctl", "-n", "net.mptcp.pm_type")); v != "1" {
+		t.Fatalf("pm_type after a refused second agent = %s, want the first agent's 1", v)
+	}
+	if states, _ := filepath.Glob(filepath.Join(dir, "buffers.*")); len(states) != 1 {
+		t.Fatalf("buffer sizing state files %v after a refused second agent, want the first agent's", states)
+	}
 	text, err := exec.Command(bin, "status", "--socket", sock).CombinedOutput()
 	if err != nil || !strings.Contains(string(text), "nat:r1") || !strings.Contains(string(text), "DETOUR") || !strings.Contains(string(text), "buffer sizing: on") {
 		t.Fatalf("status table: %v: %s", err, text)
