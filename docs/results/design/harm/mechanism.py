@@ -3,7 +3,8 @@
 the MPTCP socket's send buffer use (skmem w/tb, median and share of samples >= 90 %),
 the data-level bytes in flight (write_seq - snd_una) against the MPTCP-level window
 the receiver advertises (snd_wnd of the subflows), and per subflow: share of bytes,
-share of samples idle (nothing in flight, nothing queued), retransmitted bytes."""
+share of samples idle (nothing in flight, nothing queued) and starved (nothing queued,
+window not full), retransmitted bytes."""
 import re, sys, statistics as st, importlib.util, io, contextlib
 here = __file__.rsplit('/', 1)[0]
 for d in sys.argv[1:]:
@@ -33,7 +34,10 @@ for d in sys.argv[1:]:
             name = 'def' if '10.0.3.2' in k[1] else 'det'
             seen = [ss[k] for _, _, ss in rows if k in ss]
             idle = sum(1 for s in seen if not s['unacked'] and not s['notsent']) / max(len(seen), 1)
+            # not limited by its congestion window: nothing waits to be sent and
+            # the window is not full (the subflow waits for data: starved)
+            starved = sum(1 for s in seen if not s['notsent'] and (s['unacked'] or 0) < (s['cwnd'] or 0)) / max(len(seen), 1)
             b = ((last.get(k) or seen[-1]).get('bytes_acked') or 0) - ((first.get(k) or seen[0]).get('bytes_acked') or 0)
             rtx = ((seen[-1].get('bytes_retrans') or 0) - (seen[0].get('bytes_retrans') or 0)) / 1e3
-            line += f" {name}: share {b / tot:.2f} idle {idle:.0%} rtx {rtx:.0f} kB |"
+            line += f" {name}: share {b / tot:.2f} idle {idle:.0%} starved {starved:.0%} rtx {rtx:.0f} kB |"
         print(line)
