@@ -3,61 +3,66 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
+	"net"
 	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 )
 
-// Lock makes this agent the only one in its namespace (cfg.NetNS) for the
-// state directory it uses (beside the status socket, as the crash state
-// files): it takes an exclusive flock on the file agent.lock.INODE there,
-// INODE naming the namespace, and writes its pid into it. It must be the
-// first thing an agent does: starting removes what a crashed agent left
-// (tunnels, congestion control routes, clamps, sysctls), which would tear
-// down a running agent's. The kernel drops the lock when the process
-// ends, however it ends, so a killed agent never blocks its successor.
-// release unlocks (the file stays; its content is only informative).
+// LockName is the abstract unix socket that marks a namespace's agent
+// (`ss -xl` shows it as @mpdetour-agent).
+const LockName = "@mpdetour-agent"
+
+// Lock makes this agent the only one in its network namespace
+// (cfg.NetNS): it binds the abstract unix socket LockName there. Abstract
+// socket names belong to the network namespace, so the lock covers
+// exactly what an agent's start changes: it removes what a crashed agent
+// left (tunnels, congestion control routes, clamps, sysctls) namespace-
+// wide, which would tear down a running agent's, whatever its socket or
+// state directory. It must be the first thing an agent does. The kernel
+// drops the name when the process ends, however it ends, so a killed
+// agent never blocks its successor, and nothing is left on disk.
 func Lock(cfg Options) (release func(), err error) {
-	path, err := nsStateFile(cfg, "agent.lock")
+	var l *net.UnixListener
+	err = netnsx.Do(cfg.NetNS, func() error {
+		var lerr error
+		l, lerr = net.ListenUnix("unix", &net.UnixAddr{Name: LockName, Net: "unix"})
+		return lerr
+	})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("another mpdetour agent runs in this network namespace%s; stop it first (`mpdetour status` shows it; its lock is the abstract socket %s, `ss -xlp`)",
+			holder(cfg), LockName)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("agent lock %s: %w", LockName, err)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("agent lock: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("agent lock: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another mpdetour agent runs in this network namespace%s (it holds %s); stop it first (`mpdetour status` shows it)",
-				holder(path), path)
-		}
-		return nil, fmt.Errorf("agent lock %s: %w", path, err)
-	}
-	// The pid is for the message above only; a failure to write it does
-	// not matter.
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}, nil
+	return func() { l.Close() }, nil
 }
 
-// holder is ", pid N" from the lock file, or "" when it says nothing.
-func holder(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
+// holder is " (pid N)" of the process holding the lock, from the
+// listener's credentials (SO_PEERCRED of a connection to it), or "".
+func holder(cfg Options) string {
+	pid := 0
+	_ = netnsx.Do(cfg.NetNS, func() error {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: LockName, Net: "unix"})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		return rc.Control(func(fd uintptr) {
+			if cr, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+				pid = int(cr.Pid)
+			}
+		})
+	})
+	if pid <= 0 {
 		return ""
 	}
-	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
-		return fmt.Sprintf(" (pid %d)", pid)
-	}
-	return ""
+	return fmt.Sprintf(" (pid %d)", pid)
 }

@@ -78,3 +78,51 @@ func TestGrantOverReusedSlotReleasesOldSession(t *testing.T) {
 		s.Close()
 	}
 }
+
+// A renewal the relay answers "not found" re-grants; when the entry was
+// released while that grant was in flight, the new mapping goes back to
+// the relay (before, nobody ever released it: it stayed until its lease
+// ran out).
+func TestRenewRegrantAfterReleaseGivenBack(t *testing.T) {
+	m := memberKey(t)
+	r1 := newFakeRelay(t, m.Public())
+	s, err := NewSource(SourceConfig{PrivateKey: m, Relays: []relayconn.Relay{r1.relay()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	server := netip.MustParseAddrPort("192.0.2.10:5201")
+	s.mu.Lock()
+	c1 := s.conns[0]
+	k := entryKey{0, server}
+	e := &entry{pending: true, detour: netip.MustParseAddrPort("127.0.0.1:40001")}
+	s.entries[k] = e
+	s.mu.Unlock()
+	released := make(chan proto.Request, 4)
+	r1.mu.Lock()
+	r1.answer = func(req proto.Request, _ int32) proto.Reply {
+		switch req.Op {
+		case proto.OpRenew:
+			return proto.Reply{Reason: proto.ReasonNotFound}
+		case proto.OpGrant:
+			s.mu.Lock()
+			delete(s.entries, k) // released while the re-grant is in flight
+			s.mu.Unlock()
+			return proto.Reply{Body: &proto.GrantReply{Detour: netip.MustParseAddrPort("127.0.0.1:40002"), Lease: time.Minute}}
+		case proto.OpRelease:
+			released <- req
+		}
+		return proto.Reply{}
+	}
+	r1.mu.Unlock()
+	s.wg.Add(1)
+	go s.renew(k, e, c1)
+	select {
+	case req := <-released:
+		if rel, ok := req.Body.(*proto.ReleaseRequest); !ok || rel.Port != 40002 {
+			t.Fatalf("released %+v, want the re-granted port 40002", req.Body)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatalf("the re-granted mapping of a released entry was never given back (relay saw %d releases)", r1.count(proto.OpRelease))
+	}
+}

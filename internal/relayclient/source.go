@@ -245,25 +245,8 @@ func (s *NATSource) grant(k entryKey, e *entry, c *relayconn.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.entries[k] != e { // released meanwhile
-		// Given back unless a newer entry of the same session waits for
-		// a grant: the relay answers that one with this same mapping.
-		// When the slot holds another session now (c was closed, its
-		// slot reused: slotLocked), its entry is another relay's, and
-		// the release is c's own, not recorded under the slot (a grant
-		// of the new session would wait for it).
-		same := s.conns[k.relay] == c
-		if err == nil && (s.entries[k] == nil || !same) {
-			var done chan struct{}
-			if same {
-				done = s.markReleasing(k)
-			}
-			s.wg.Add(1)
-			go func() {
-				s.release(c, d.Port())
-				if done != nil {
-					s.releaseDone(k, done)
-				}
-			}()
+		if err == nil {
+			s.giveBackLocked(k, c, d)
 		}
 		return
 	}
@@ -436,6 +419,31 @@ func (s *NATSource) renewer() {
 	}
 }
 
+// giveBackLocked releases mapping d, granted over session c for entry key
+// k whose entry was released meanwhile, unless a newer entry of the same
+// session waits for a grant: the relay answers that one with this same
+// mapping. When the slot holds another session now (c was closed, its
+// slot reused: slotLocked), its entry is another relay's, and the release
+// is c's own, not recorded under the slot (a grant of the new session
+// would wait for it).
+func (s *NATSource) giveBackLocked(k entryKey, c *relayconn.Conn, d netip.AddrPort) {
+	same := s.conns[k.relay] == c
+	if s.entries[k] != nil && same {
+		return
+	}
+	var done chan struct{}
+	if same {
+		done = s.markReleasing(k)
+	}
+	s.wg.Add(1)
+	go func() {
+		s.release(c, d.Port())
+		if done != nil {
+			s.releaseDone(k, done)
+		}
+	}()
+}
+
 // renew renews entry e's lease over session c (as grant).
 func (s *NATSource) renew(k entryKey, e *entry, c *relayconn.Conn) {
 	defer s.wg.Done()
@@ -457,6 +465,13 @@ func (s *NATSource) renew(k entryKey, e *entry, c *relayconn.Conn) {
 		d, lease, err = c.Grant(ctx, k.server, port)
 		if err == nil {
 			s.mu.Lock()
+			if s.entries[k] != e {
+				// Released (or its relay dropped) while the new grant
+				// was asked for: nobody would ever release it.
+				s.giveBackLocked(k, c, d)
+				s.mu.Unlock()
+				return
+			}
 			e.detour = d
 			s.mu.Unlock()
 			s.notify() // the detour moved: subflows through the old port are dead
