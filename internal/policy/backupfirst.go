@@ -440,10 +440,20 @@ func (b *backupFirst) destroy(k *kconn, bc *bfConn, sk subKey, s *ksub, now time
 // reopen lets a destroyed detour join again, as backup, once its
 // back-off passed (the engine's fill skips it while it is avoided).
 func (b *backupFirst) reopen(k *kconn, bc *bfConn, now time.Time) []Intent {
-	if bc.rejoin.IsZero() || now.Before(bc.rejoin) {
+	return b.e.rejoin(k, &bc.rejoin, now)
+}
+
+// rejoin fills k once *at (when a detour a strategy destroyed stops being
+// avoided) has passed, and clears *at when that filled or no destroyed
+// detour subflow is left waiting for its SUB_CLOSED. The engine wakes a
+// connection for backed-off detours and polls the sources only for a
+// while, never for an avoided detour: a strategy that promises one back
+// calls this from measured.
+func (p *Engine) rejoin(k *kconn, at *time.Time, now time.Time) []Intent {
+	if at.IsZero() || now.Before(*at) {
 		return nil
 	}
-	out := b.e.fill(k)
+	out := p.fill(k)
 	gone := true
 	for _, s := range k.subs {
 		if s.d != nil && s.stale {
@@ -451,7 +461,7 @@ func (b *backupFirst) reopen(k *kconn, bc *bfConn, now time.Time) []Intent {
 		}
 	}
 	if len(out) > 0 || gone {
-		bc.rejoin = time.Time{}
+		*at = time.Time{}
 	}
 	return out
 }

@@ -63,6 +63,8 @@ const (
 type gConn struct {
 	hist []gSample
 	shed int
+	// rejoin: when the detour shed last stops being avoided (Hold).
+	rejoin time.Time
 }
 
 type gSample struct {
@@ -83,6 +85,7 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		return out
 	}
 	gc := g.conn(k)
+	out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
 	snap := gSample{at: now, bytes: map[subKey]uint64{}}
 	for sk, s := range k.subs {
 		if activePath(s) {
@@ -180,6 +183,9 @@ func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s *ksub, now time.Time, why
 	s.stale, s.role = true, RoleEvicted
 	if s.d != nil {
 		p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(p.cfg.Hold)
+		// The latest Hold's end: an earlier one would fill (and clear it)
+		// while this detour is still avoided.
+		gc.rejoin = now.Add(p.cfg.Hold)
 		s.decision = fmt.Sprintf("shed: %s (rejoins in %s)", why, p.cfg.Hold)
 	} else {
 		s.decision = "shed: " + why

@@ -185,3 +185,39 @@ func TestGuardWaitsForLongPathsSlowStart(t *testing.T) {
 		t.Fatalf("a long detour shed during its slow start: %v", s.ins)
 	}
 }
+
+// A shed detour joins again once Hold has passed, is judged again and, still
+// harmful, shed again; each time it rejoins after Hold, however long the
+// connection lives (the engine's source polling after a shed lasts one
+// minute per connection and cannot be what brings it back).
+func TestGuardShedDetourRejoinsAfterHold(t *testing.T) {
+	s, def, det := newGuard(t)
+	p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+	hold := s.p.cfg.Hold
+	for round := 1; round <= 4; round++ {
+		creates := s.count(CreateSubflow)
+		// Shed within a few seconds of joining (judged after twice its
+		// window, 2 x 1 s).
+		for joined := s.clk.t; s.destroys(det) < round && s.clk.t.Sub(joined) < 4*time.Second; {
+			s.run(100*time.Millisecond, p197)
+		}
+		if n := s.destroys(det); n != round {
+			t.Fatalf("round %d: %d destroys of the detour, want %d; intents %v", round, n, round, s.ins)
+		}
+		shedAt := s.clk.t
+		s.run(hold-time.Second, p197)
+		if n := s.count(CreateSubflow); n != creates {
+			t.Fatalf("round %d: the detour rejoined within Hold (%d creates, want %d)", round, n, creates)
+		}
+		// Rejoins within a probe interval of Hold (a few probes of slack).
+		for s.count(CreateSubflow) == creates && s.clk.t.Sub(shedAt) < hold+2*time.Second {
+			s.run(100*time.Millisecond, p197)
+		}
+		if n := s.count(CreateSubflow); n != creates+1 {
+			t.Fatalf("round %d: the shed detour did not rejoin within Hold + 2 s (%d creates, want %d)", round, n, creates+1)
+		}
+		if _, ok := s.paths[det]; !ok {
+			t.Fatalf("round %d: the rejoined detour has no subflow", round)
+		}
+	}
+}
