@@ -301,8 +301,8 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 			c.GuardShare = *v
 		}
 		if v := f.Guard.Window; v != nil {
-			if d := v.D(); d < 200*time.Millisecond || d > time.Minute {
-				return c, fmt.Errorf("guard.window: %s out of range 200ms-1m (e.g. 1s)", d)
+			if d := v.D(); d < 200*time.Millisecond || d > policy.MaxGuardWindow {
+				return c, fmt.Errorf("guard.window: %s out of range 200ms-%s (e.g. 1s)", d, policy.MaxGuardWindow)
 			}
 			c.GuardWindow = v.D()
 		}

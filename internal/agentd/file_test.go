@@ -276,7 +276,10 @@ func TestParseConfigGuard(t *testing.T) {
 		"policy: guard\nguard: {share: 0}":     "guard.share: 0 out of range",
 		"policy: guard\nguard: {share: 1}":     "guard.share: 1 out of range",
 		"policy: guard\nguard: {window: 50ms}": "guard.window: 50ms out of range",
-		"policy: guard\nguard: {shar: 0.3}":    "unknown key \"shar\"",
+		// The rule judges over at most 8 s (it keeps no longer history):
+		// a longer window would be cut short without a word.
+		"policy: guard\nguard: {window: 9s}": "guard.window: 9s out of range 200ms-8s",
+		"policy: guard\nguard: {shar: 0.3}":  "unknown key \"shar\"",
 	} {
 		if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one containing %q", in, err, want)

@@ -66,7 +66,8 @@ type Config struct {
 	RcvBuf int64
 	// GuardShare and GuardWindow (guard): a subflow slower than the
 	// connection's main carrier that delivers below GuardShare of the
-	// connection's bytes over GuardWindow is destroyed [0.25, 1s].
+	// connection's bytes over GuardWindow (at most MaxGuardWindow) is
+	// destroyed [0.25, 1s].
 	GuardShare  float64
 	GuardWindow time.Duration
 	// OtherFamily is the configured mapping from a server address to its

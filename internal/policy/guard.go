@@ -52,7 +52,10 @@ const (
 	// RTTs, and only after twice that time up (slow start of a long path
 	// is not a verdict); guardKeep bounds the window (and the history).
 	guardRTTs = 4
-	guardKeep = 8 * time.Second
+	guardKeep = MaxGuardWindow
+	// MaxGuardWindow is the longest judging window (GuardWindow above it
+	// would be cut to it).
+	MaxGuardWindow = 8 * time.Second
 	// Defaults of GuardShare and GuardWindow (docs/agent.md).
 	defaultGuardShare  = 0.25
 	defaultGuardWindow = time.Second
