@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
@@ -88,7 +89,14 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		return out
 	}
 	gc := g.conn(k)
-	out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
+	if !gc.rejoin.IsZero() && !now.Before(gc.rejoin) {
+		out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
+		if gc.rejoin.IsZero() {
+			// Another connection to the server may have shed a detour
+			// since (the avoid is the server's): wait for that Hold too.
+			gc.rejoin = g.e.avoidedUntil(k.c.Remote, now)
+		}
+	}
 	snap := gSample{at: now, bytes: map[subKey]uint64{}}
 	for sk, s := range k.subs {
 		if activePath(s) {
@@ -198,4 +206,17 @@ func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s *ksub, now time.Time, why
 	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
 		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
 	return append(out, p.fill(k)...)
+}
+
+// avoidedUntil is when the first detour still avoided for server stops
+// being avoided (zero if none is).
+func (p *Engine) avoidedUntil(server netip.AddrPort, now time.Time) time.Time {
+	var first time.Time
+	prefix := avoidKey(server, "")
+	for ak, until := range p.avoid {
+		if strings.HasPrefix(ak, prefix) && until.After(now) && (first.IsZero() || until.Before(first)) {
+			first = until
+		}
+	}
+	return first
 }

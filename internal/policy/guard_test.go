@@ -221,3 +221,32 @@ func TestGuardShedDetourRejoinsAfterHold(t *testing.T) {
 		}
 	}
 }
+
+// Two connections to one server shed the same detour a second apart: the
+// avoid is the server's, so the first rejoins when the second's Hold ends
+// (not when its own did, when the detour was still avoided), round after
+// round.
+func TestGuardShedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
+	a, def, det := newGuard(t)
+	p197 := paths(a, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+	a.run(time.Second, p197)
+	// b: a second connection of the same engine and clock, 1 s younger.
+	b := &sim{t: t, p: a.p, clk: a.clk, conn: Conn{Token: 10, Local: a.conn.Local, Remote: server}, paths: map[subKey]*simPath{}}
+	b.apply(b.p.Established(b.conn))
+	b.paths[def] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
+	start := a.clk.t
+	for a.clk.t.Sub(start) < 200*time.Second {
+		// Each step advances the shared clock: each connection is probed
+		// every 200 ms.
+		a.run(100*time.Millisecond, p197)
+		b.run(100*time.Millisecond, p197)
+	}
+	// Each round: shed ~2 s after joining, rejoin once the later Hold of
+	// the two ended: 200 s hold 5 or more rounds (fewer when a
+	// connection's rejoin is lost).
+	for _, s := range []*sim{a, b} {
+		if n := s.destroys(det); n < 5 {
+			t.Errorf("connection %d: shed %d times in 200 s, want 5 or more (rejoins after Hold); intents %v", s.conn.Token, n, s.ins)
+		}
+	}
+}
