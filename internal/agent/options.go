@@ -37,9 +37,10 @@ type Options struct {
 	// kernel's table, to forget those whose CLOSED event never came
 	// (0 = 10 s; not in the YAML: tests shorten it).
 	SweepEvery time.Duration
-	// Policy chooses subflows: static (keep N) or adaptive (measure, keep
-	// the best, back up, fail over); Watchdog, Window and Hold tune the
-	// adaptive one (policy.Config).
+	// Policy chooses subflows: static (keep N), adaptive (measure, keep
+	// the best, back up, fail over), backup-first or guard; Watchdog,
+	// Window and Hold tune the adaptive one, Hold also how long guard keeps
+	// a shed detour out (policy.Config).
 	Policy                 policy.Mode
 	Watchdog, Window, Hold time.Duration
 	// GuardShare and GuardWindow tune the guard policy (the `guard:`
