@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 # Writes this README's generated part (run from the repository root, prints to stdout) from
 # report.md, status.py, lock-log.txt, load.txt and only.txt, and paired-main's report.md for the
-# per-point comparison: python3 docs/results/design/paired-main2/readme.py [HAND.md] \
+# per-point comparison: python3 docs/results/design/paired-main2/readme.py [hand.md] \
 #   > docs/results/design/paired-main2/README.md
-# HAND.md holds the hand-written sections (what the rows say, not done, resume).
+# hand.md (committed beside it) holds the hand-written sections (what the rows say, not done, resume).
 # Adapted from paired-main/readme.py (one MPTCP procedure here; lock log per shard; load sampled).
 import math, os, re, statistics as stt, subprocess, sys
 from datetime import datetime
@@ -146,9 +146,10 @@ trials per procedure and point in rounds on one lab build per point; 10 s transf
 - **Instrument** (new, as in aa and paired-bbr): procedures within a round in a balanced order (a
   Williams square per point, shuffled from the seed and the point; recorded in design.json as
   `"order": "balanced"`), `net.ipv4.tcp_no_metrics_save = 1` in the lab (no TCP metrics cache carried
-  from one trial to the next), geometric means over points with a Student t interval. Per-point
-  intervals (harmed, MPTCP / best) are bootstrap percentile intervals over the 3 rounds, as before.
-  paired-main used the old instrument (rotating order, metrics cache on, percentile bootstrap).
+  from one trial to the next). Per-point intervals (harmed, MPTCP / best, Ben) are bootstrap
+  percentile intervals over the 3 rounds, as before; the generator's Student t interval over points
+  belongs to comparisons between MPTCP procedures, and this run has one (static), so no row below
+  carries it. paired-main used the old instrument (rotating order, metrics cache on).
 - **Points (`--only`, only.txt)**: the first 63 points of seed 1's order, the same list as
   paired-main: {only}.
 - **Procedures**: tcp-path1, tcp-path2, mptcp-1sf, mptcp-static. No backup-first (it did not beat
@@ -167,7 +168,7 @@ trials per procedure and point in rounds on one lab build per point; 10 s transf
 Report with every point: [report.md](report.md) (section "Paired analysis"). Regenerate:
 `mpdetour-lab design --report --out docs/results/design/paired-main2`. Progress:
 `python3 docs/results/design/paired-main2/status.py docs/results/design/paired-main2`. This README:
-`python3 docs/results/design/paired-main2/readme.py HAND.md > docs/results/design/paired-main2/README.md`.
+`python3 docs/results/design/paired-main2/readme.py docs/results/design/paired-main2/hand.md > docs/results/design/paired-main2/README.md`.
 
 ## Results ({n} of 63 points)
 
