@@ -158,8 +158,8 @@ trials per procedure and point in rounds on one lab build per point; 10 s transf
 - **Build**: `mpdetour` and `mpdetour-lab` built with `make build` at commit 6c580aa (main's head at
   the session's start), copied aside before the run so that the binaries could not change during it.
   Stamped: every trial records it ({builds}).
-- **Load** (2 shared cores; three runners at once, the harm helper's one runner and other builds
-  and tests beside them): 1-min load sampled every 30 s during the run: {sload}; at the trials' ends:
+- **Load** (2 shared cores; three runners at once, beside whatever else ran: the harm helper's
+  runner may share the lock, other helpers build and test): 1-min load sampled every 30 s during the run: {sload}; at the trials' ends:
   {tload2}.
 - **Lock**: {", ".join(chunks)}; {held:.1f} runner-minutes of lock in all, {first:%H:%M}-{last:%H:%M} UTC.
 - **Trials**: {trials.group(1)} recorded, {trials.group(2)} ok, {trials.group(3)} not ok; {span.group(1)} to {span.group(2)} (trial starts).
