@@ -127,6 +127,9 @@ func labDesignCommand() *cli.Command {
 			}
 			spec.Space = sp
 			spec.Sequential = sequential
+			if sequential && spec.Order != "" {
+				return cli.Usagef("--order orders the procedures within a point's rounds of the paired runner; --sequential runs one bench per policy, which has no such order")
+			}
 			d, err := design.New(spec)
 			if err != nil {
 				return cli.Usagef("%v", err)

@@ -41,7 +41,7 @@ func labSoakCommand() *cli.Command {
 			fs.IntVar(&o.Long, "long", 2, "long-lived connections sending ~2 Mbit/s each (0: none)")
 			fs.DurationVar(&o.Sample, "sample", 10*time.Second, "sampling period")
 			fs.StringVar(&out, "out", "", "write report.md and samples.json here")
-			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static, adaptive or backup-first (default: the agent's default)")
+			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static, adaptive, backup-first or guard (default: the agent's default)")
 			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
 			fs.StringVar(&bin, "bin", "", binFlagUsage)
 			fs.StringVar(&attacks, "attacks", "", "comma-separated attack-suite cases run in turn against the soak's own relays and agent while its traffic runs, each judged by the suite's criterion ("+strings.Join(breaks.InPlaceCases(), ", ")+", or all; docs/bench.md); none by default")

@@ -108,6 +108,26 @@ func TestAgentProcess(t *testing.T) {
 	if v := strings.TrimSpace(ns.Run("sysctl", "-n", "net.mptcp.pm_type")); v != "1" {
 		t.Fatalf("pm_type under the agent = %s", v)
 	}
+	// A second agent in the namespace, even with its socket elsewhere, is
+	// refused before it touches anything: before the lock it restored the
+	// path manager and the buffer sizes the first one had set when it gave
+	// up on the status socket (and with another socket it would have run).
+	cfg2 := filepath.Join(t.TempDir(), "agent2.yaml")
+	os.WriteFile(cfg2, []byte("socket: "+filepath.Join(filepath.Dir(cfg2), "agent.sock")+"\ndetours:\n  - {kind: nat, relay: r1, address: 10.1.1.2:4000, server: 10.0.3.2:5201}\n"), 0o644)
+	for _, c := range []string{cfg, cfg2} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		second, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns.Name, bin, "agent", "--config", c).CombinedOutput()
+		cancel()
+		if err == nil || !strings.Contains(string(second), "another mpdetour agent runs in this network namespace (pid ") {
+			t.Fatalf("second agent in the namespace (%s): %v: %s", c, err, second)
+		}
+	}
+	if v := strings.TrimSpace(ns.Run("sysctl", "-n", "net.mptcp.pm_type")); v != "1" {
+		t.Fatalf("pm_type after a refused second agent = %s, want the first agent's 1", v)
+	}
+	if states, _ := filepath.Glob(filepath.Join(dir, "buffers.*")); len(states) != 1 {
+		t.Fatalf("buffer sizing state files %v after a refused second agent, want the first agent's", states)
+	}
 	text, err := exec.Command(bin, "status", "--socket", sock).CombinedOutput()
 	if err != nil || !strings.Contains(string(text), "nat:r1") || !strings.Contains(string(text), "DETOUR") || !strings.Contains(string(text), "buffer sizing: on") {
 		t.Fatalf("status table: %v: %s", err, text)

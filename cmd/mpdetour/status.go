@@ -308,6 +308,9 @@ func printCwndClamp(c *policy.ClampStatus) {
 		if c.Fallback != "" {
 			fmt.Printf("  fallback: %s\n", c.Fallback)
 		}
+		if c.Refused != "" {
+			fmt.Printf("  refused: %s\n", c.Refused)
+		}
 		for _, p := range c.Pairs {
 			fmt.Printf("  %s -> %s (%s): ", p.Local, p.Remote, p.Path)
 			var lim []string

@@ -42,7 +42,13 @@ type Options struct {
 	// adaptive one (policy.Config).
 	Policy                 policy.Mode
 	Watchdog, Window, Hold time.Duration
-	CommandWorkers         int
+	// GuardShare and GuardWindow tune the guard policy (the `guard:`
+	// block): a subflow slower than the main carrier that delivers below
+	// GuardShare of the connection's bytes over GuardWindow is shed
+	// (0 = the policy's defaults).
+	GuardShare     float64
+	GuardWindow    time.Duration
+	CommandWorkers int
 	// Nice, when non-zero, is applied to the agent's threads at start.
 	Nice int
 	// EventBuffer is the event socket's receive buffer in bytes.

@@ -73,6 +73,13 @@ func Run(ctx context.Context, path string, cfg Config) error {
 	defer signal.Stop(hup)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.Agent.LogLevel}))
 	opts := cfg.Agent
+	// First: what follows removes what a crashed agent left (tunnels,
+	// routes, clamps, sysctls), which must never be a running agent's.
+	unlock, err := agent.Lock(opts)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	sources := []detour.Source{static.New(cfg.Detours)}
 	var relays *relayclient.NATSource
 	var tunnels []*tunnelctl.TunnelSource

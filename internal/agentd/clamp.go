@@ -72,6 +72,8 @@ type cwndClamps struct {
 	fallback string     // why the mode is cwnd although pacing was configured
 	// unread: the refusal map could not be read (warned once).
 	unread bool
+	// refused: the kernel refused cwnd clamps (warned once, in status).
+	refused string
 }
 
 // startClamps attaches through attach (attachClamp outside tests).
@@ -97,7 +99,7 @@ func (c *cwndClamps) measured(ms []policy.Measurement) {
 	if c.m == nil {
 		return
 	}
-	c.checkPacing()
+	c.checkRefusals()
 	for _, cl := range c.decide.Decide(ms) {
 		if err := c.m.Set(bpfclamp.Key{Local: cl.Local, Remote: cl.Remote}, bpfclamp.Limits{CwndSegments: cl.Segments, PacingRate: cl.PacingRate}); err != nil {
 			c.log.Warn("cwnd clamp not set", "local", cl.Local, "remote", cl.Remote, "err", err)
@@ -107,21 +109,31 @@ func (c *cwndClamps) measured(ms []policy.Measurement) {
 	}
 }
 
-// checkPacing falls back to cwnd clamps once the kernel has refused a
-// pacing rate: one warning, and status says why.
-func (c *cwndClamps) checkPacing() {
-	if c.decide.Mode() == policy.ClampCwnd {
-		return
-	}
+// checkRefusals reads what the kernel refused the program. A refused
+// pacing rate turns the pacing and both modes into cwnd clamps; a refused
+// cwnd clamp cannot fall back to anything: each is one warning, and
+// status says it.
+func (c *cwndClamps) checkRefusals() {
 	r, err := c.m.Refused()
 	if err != nil {
 		if !c.unread {
 			c.unread = true
-			c.log.Warn("pacing clamps: the kernel's refusals cannot be read; a refused pacing rate would not fall back to cwnd clamps", "err", err)
+			c.log.Warn("cwnd clamps: the kernel's refusals cannot be read; a refused clamp would not be shown, a refused pacing rate would not fall back to cwnd clamps", "err", err)
 		}
 		return
 	}
-	if r.Pacing == 0 {
+	if r.Cwnd != 0 && c.refused == "" {
+		c.mu.Lock()
+		c.refused = fmt.Sprintf("the kernel refused TCP_BPF_SNDCWND_CLAMP from BPF (%v): cwnd clamps are not in effect", r.Cwnd)
+		c.mu.Unlock()
+		if c.decide.Mode() == policy.ClampBoth && r.Pacing == 0 {
+			// The program sets the pacing rate after a refused cwnd clamp.
+			c.log.Warn("cwnd clamps refused by the kernel: tunnel subflows keep only their pacing-rate clamps", "err", r.Cwnd)
+		} else {
+			c.log.Warn("cwnd clamps refused by the kernel: tunnel subflows run unclamped", "err", r.Cwnd)
+		}
+	}
+	if r.Pacing == 0 || c.decide.Mode() == policy.ClampCwnd {
 		return
 	}
 	c.mu.Lock()
@@ -138,7 +150,7 @@ func (c *cwndClamps) status() policy.ClampStatus {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return policy.ClampStatus{State: "active", Mode: c.decide.Mode(), Fallback: c.fallback, Pairs: c.decide.Pairs()}
+	return policy.ClampStatus{State: "active", Mode: c.decide.Mode(), Fallback: c.fallback, Refused: c.refused, Pairs: c.decide.Pairs()}
 }
 
 // close detaches the program (the kernel also does when the agent dies:

@@ -202,3 +202,39 @@ func TestClampsRefusalsUnreadable(t *testing.T) {
 		t.Errorf("status %+v, map %v: want pacing clamps going on", st, m.set)
 	}
 }
+
+// A refused cwnd clamp cannot fall back: one warning, and status says
+// the clamps are not in effect (they were listed as if they were).
+func TestClampsCwndRefused(t *testing.T) {
+	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Cwnd: unix.EINVAL}}
+	var logs bytes.Buffer
+	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
+	for range 3 {
+		c.measured(meas)
+	}
+	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "cwnd clamps refused") || !strings.Contains(logs.String(), "invalid argument") {
+		t.Errorf("log %q: want one warning with the refusal", logs.String())
+	}
+	if st := c.status(); st.State != "active" || st.Mode != policy.ClampCwnd || !strings.Contains(st.Refused, "TCP_BPF_SNDCWND_CLAMP") || !strings.Contains(st.Refused, "not in effect") {
+		t.Errorf("status %+v: want the refusal shown", st)
+	}
+}
+
+// In mode both a refused cwnd clamp leaves the pacing rates (the program
+// sets them after the refusal): the warning does not say unclamped.
+func TestClampsCwndRefusedBoth(t *testing.T) {
+	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Cwnd: unix.EINVAL}}
+	var logs bytes.Buffer
+	c := startClamps(ClampSettings{Mode: policy.ClampBoth}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
+	for range 3 {
+		c.measured(meas)
+	}
+	if n := strings.Count(logs.String(), "\n"); n != 1 || strings.Contains(logs.String(), "unclamped") || !strings.Contains(logs.String(), "keep only their pacing-rate clamps") {
+		t.Errorf("log %q: want one warning saying the pacing rates stay", logs.String())
+	}
+	if st := c.status(); st.Mode != policy.ClampBoth || !strings.Contains(st.Refused, "TCP_BPF_SNDCWND_CLAMP") {
+		t.Errorf("status %+v: want mode both with the cwnd refusal shown", st)
+	}
+}

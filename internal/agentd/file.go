@@ -120,6 +120,13 @@ type File struct {
 	CwndClamp *fileClamp `yaml:"cwnd_clamp"`
 	// SubflowCongestion is documented in docs/agent.md (subflowcc.go).
 	SubflowCongestion *fileSubflowCC `yaml:"subflow_congestion"`
+	// Guard tunes the guard policy (docs/agent.md, "The guard policy").
+	Guard *fileGuard `yaml:"guard"`
+}
+
+type fileGuard struct {
+	Share  *float64         `yaml:"share"`
+	Window *config.Duration `yaml:"window"`
 }
 
 type fileClamp struct {
@@ -281,6 +288,23 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		}
 		if c.ProbeInterval == 0 {
 			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the %s policy decides by; set one (e.g. 100ms) or use policy: static", c.Policy)
+		}
+	}
+	if f.Guard != nil {
+		if c.Policy != policy.Guard {
+			return c, fmt.Errorf("guard: set, but the policy is %s (the block tunes policy: guard)", c.Policy)
+		}
+		if v := f.Guard.Share; v != nil {
+			if !(*v > 0 && *v < 1) {
+				return c, fmt.Errorf("guard.share: %g out of range (a share of the connection's bytes, above 0 and below 1, e.g. 0.25)", *v)
+			}
+			c.GuardShare = *v
+		}
+		if v := f.Guard.Window; v != nil {
+			if d := v.D(); d < 200*time.Millisecond || d > time.Minute {
+				return c, fmt.Errorf("guard.window: %s out of range 200ms-1m (e.g. 1s)", d)
+			}
+			c.GuardWindow = v.D()
 		}
 	}
 	if f.StallRetransmits != nil {

@@ -260,3 +260,26 @@ func TestParseConfigOtherFamily(t *testing.T) {
 		t.Fatalf("fd00:5::5 -> %v", got)
 	}
 }
+
+// The guard block: parsed into the agent's options with the policy, refused
+// with another policy, out of range or misspelt, each naming the key.
+func TestParseConfigGuard(t *testing.T) {
+	c, err := ParseConfig([]byte("policy: guard\nguard:\n  share: 0.3\n  window: 1500ms\n"))
+	if err != nil || c.Agent.Policy != policy.Guard || c.Agent.GuardShare != 0.3 || c.Agent.GuardWindow != 1500*time.Millisecond || c.Agent.ProbeInterval != 100*time.Millisecond {
+		t.Fatalf("guard config: %+v %v", c.Agent, err)
+	}
+	if c, err := ParseConfig([]byte("policy: guard\n")); err != nil || c.Agent.GuardShare != 0 || c.Agent.GuardWindow != 0 {
+		t.Fatalf("guard without its block (the policy's defaults): %+v %v", c.Agent, err)
+	}
+	for in, want := range map[string]string{
+		"guard: {share: 0.3}":                  "guard: set, but the policy is static",
+		"policy: guard\nguard: {share: 0}":     "guard.share: 0 out of range",
+		"policy: guard\nguard: {share: 1}":     "guard.share: 1 out of range",
+		"policy: guard\nguard: {window: 50ms}": "guard.window: 50ms out of range",
+		"policy: guard\nguard: {shar: 0.3}":    "unknown key \"shar\"",
+	} {
+		if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want one containing %q", in, err, want)
+		}
+	}
+}

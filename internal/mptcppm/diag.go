@@ -478,7 +478,8 @@ func FindSubflow(o Options, local netip.AddrPort, match func(Subflow) bool) (s S
 // with local token tok in namespace o.NetNS (TCP state numbering: 1 =
 // ESTABLISHED; after the peer's DATA_FIN it is CLOSE_WAIT or later).
 // found is false when the kernel knows no such token (the connection is
-// gone). It is one exact lookup, not a dump: mptcp_diag's dump_one takes
+// gone); a kernel without MPTCP socket diagnostics is an error, not
+// "gone" (both answer the lookup with ENOENT). It is one exact lookup, not a dump: mptcp_diag's dump_one takes
 // the token from the request's cookie (net/mptcp/mptcp_diag.c).
 func ConnState(o Options, tok uint32) (state uint8, found bool, err error) {
 	c, err := dialDiag(o)
@@ -497,6 +498,12 @@ func ConnState(o Options, tok uint32) (state uint8, found bool, err error) {
 		Data:   req,
 	})
 	if errors.Is(err, unix.ENOENT) {
+		// ENOENT is also inet_diag's answer when no handler serves the
+		// protocol (a kernel without mptcp_diag): "gone" only if a dump
+		// of MPTCP sockets works (listeners only: no output to speak of).
+		if _, derr := diagDumpStates(c, afInet, protoMPTCP, 1<<tcpListen); derr != nil {
+			return 0, false, fmt.Errorf("inet_diag lookup of token %08x: MPTCP socket diagnostics unavailable (mptcp_diag, CONFIG_INET_MPTCP_DIAG): %w", tok, derr)
+		}
 		return 0, false, nil
 	}
 	if err != nil {

@@ -24,12 +24,7 @@ type adaptiveConn struct {
 }
 
 func (a *adaptive) conn(k *kconn) *adaptiveConn {
-	ac, _ := k.st.(*adaptiveConn)
-	if ac == nil {
-		ac = &adaptiveConn{}
-		k.st = ac
-	}
-	return ac
+	return connState(k, func() *adaptiveConn { return &adaptiveConn{} })
 }
 
 func (*adaptive) name() string { return Adaptive.String() }

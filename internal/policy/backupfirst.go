@@ -118,12 +118,7 @@ const (
 )
 
 func (b *backupFirst) conn(k *kconn) *bfConn {
-	bc, _ := k.st.(*bfConn)
-	if bc == nil {
-		bc = &bfConn{paths: map[subKey]*bfPath{}, failed: map[string]int{}}
-		k.st = bc
-	}
-	return bc
+	return connState(k, func() *bfConn { return &bfConn{paths: map[subKey]*bfPath{}, failed: map[string]int{}} })
 }
 
 func (*backupFirst) name() string { return BackupFirst.String() }

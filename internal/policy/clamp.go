@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -118,8 +119,12 @@ type ClampStatus struct {
 	// configured, or cwnd after a fallback.
 	Mode ClampMode `json:"mode,omitempty"`
 	// Fallback says why Mode is not the mode configured.
-	Fallback string      `json:"fallback,omitempty"`
-	Pairs    []ClampPair `json:"pairs,omitempty"`
+	Fallback string `json:"fallback,omitempty"`
+	// Refused says that the kernel refused the program's cwnd clamps
+	// (TCP_BPF_SNDCWND_CLAMP) and with which error: they are not in
+	// effect although Pairs lists them.
+	Refused string      `json:"refused,omitempty"`
+	Pairs   []ClampPair `json:"pairs,omitempty"`
 }
 
 type clampPair struct {
@@ -214,10 +219,22 @@ func (c *Clamps) Decide(ms []Measurement) []Clamp {
 			continue
 		}
 		p.decided, p.Segments, p.PacingRate = true, segs, rate
-		out = append(out, Clamp{Local: k[0], Remote: k[1], Segments: segs, PacingRate: rate,
-			Reason: fmt.Sprintf("%s: %.2f x %.2f Mbit/s x min RTT %s / MSS %d", p.Path, ClampGain, p.MaxRate*8/1e6, p.MinRTT, p.MSS)})
+		out = append(out, Clamp{Local: k[0], Remote: k[1], Segments: segs, PacingRate: rate, Reason: c.reason(p)})
 	}
 	return out
+}
+
+// reason is the rule behind p's clamp in the mode's terms: the cwnd's
+// bandwidth-delay product, the pacing rate's delivery rate, or both.
+func (c *Clamps) reason(p *clampPair) string {
+	var r []string
+	if c.mode.cwnd() {
+		r = append(r, fmt.Sprintf("cwnd %.2f x %.2f Mbit/s x min RTT %s / MSS %d", ClampGain, p.MaxRate*8/1e6, p.MinRTT, p.MSS))
+	}
+	if c.mode.pacing() {
+		r = append(r, fmt.Sprintf("pacing rate %.2f x %.2f Mbit/s", ClampGain, p.MaxRate*8/1e6))
+	}
+	return p.Path + ": " + strings.Join(r, "; ")
 }
 
 // nearby says whether v is within an eighth of was (both 0: yes).

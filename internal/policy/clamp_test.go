@@ -204,3 +204,34 @@ func TestClampsFallback(t *testing.T) {
 		t.Fatalf("again: clamps %+v, want none", got)
 	}
 }
+
+// The rule a clamp gives (the agent's clamp log line) is the mode's: the
+// bandwidth-delay product for cwnd clamps, the delivery rate for pacing
+// rates, both for both.
+func TestClampReasonPerMode(t *testing.T) {
+	tun := netip.AddrPortFrom(d3.Local, 41000)
+	for _, tc := range []struct {
+		mode      ClampMode
+		want, not []string
+	}{
+		{ClampCwnd, []string{"tunnel:r3: cwnd 1.25 x 8.00 Mbit/s x min RTT 61ms / MSS 1368"}, []string{"pacing"}},
+		{ClampPacing, []string{"tunnel:r3: pacing rate 1.25 x 8.00 Mbit/s"}, []string{"cwnd", "MSS"}},
+		{ClampBoth, []string{"cwnd 1.25 x 8.00 Mbit/s x min RTT 61ms / MSS 1368", "; pacing rate 1.25 x 8.00 Mbit/s"}, nil},
+	} {
+		c := NewClamps([]detour.Source{&list{ds: []detour.Detour{d3}}}, tc.mode)
+		got := c.Decide([]Measurement{{Token: 1, Local: tun, Remote: server, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}})
+		if len(got) != 1 {
+			t.Fatalf("%s: clamps %+v, want one", tc.mode, got)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(got[0].Reason, w) {
+				t.Errorf("%s: rule %q lacks %q", tc.mode, got[0].Reason, w)
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(got[0].Reason, n) {
+				t.Errorf("%s: rule %q names %q", tc.mode, got[0].Reason, n)
+			}
+		}
+	}
+}

@@ -64,6 +64,11 @@ type Config struct {
 	// arriving out of order while a slower path's segment is in flight
 	// must fit (BLEST's condition) [6 MiB, the kernel's tcp_rmem[2]].
 	RcvBuf int64
+	// GuardShare and GuardWindow (guard): a subflow slower than the
+	// connection's main carrier that delivers below GuardShare of the
+	// connection's bytes over GuardWindow is destroyed [0.25, 1s].
+	GuardShare  float64
+	GuardWindow time.Duration
 	// OtherFamily is the configured mapping from a server address to its
 	// addresses of the other family (IPv4 -> IPv6 or back): cross-family
 	// detour candidates for connections whose socket takes them
@@ -257,6 +262,8 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 	positive(&cfg.HarmLoss, 0.02)
 	positive(&cfg.HarmRTT, 3)
 	positive(&cfg.RcvBuf, 6<<20)
+	positive(&cfg.GuardShare, defaultGuardShare)
+	positive(&cfg.GuardWindow, defaultGuardWindow)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

@@ -33,6 +33,17 @@ type strategy interface {
 	gone(k *kconn, sk subKey)
 }
 
+// connState is the strategy's state of k (kconn.st), made by fresh on
+// first use.
+func connState[T any](k *kconn, fresh func() *T) *T {
+	st, _ := k.st.(*T)
+	if st == nil {
+		st = fresh()
+		k.st = st
+	}
+	return st
+}
+
 // Mode names a strategy in configuration (`policy: NAME`).
 type Mode int
 
@@ -50,10 +61,15 @@ const (
 	// data only while the measurements say it helps (backupfirst.go;
 	// docs/agent.md, "The backup-first policy").
 	BackupFirst
+	// Guard is static plus one rule: a subflow slower than the
+	// connection's main carrier that delivers below GuardShare of its
+	// bytes is destroyed, its queue re-sent on the others (guard.go;
+	// docs/agent.md, "The guard policy").
+	Guard
 )
 
 // Modes lists the strategies by configuration name, in order.
-var Modes = []Mode{Static, Adaptive, BackupFirst}
+var Modes = []Mode{Static, Adaptive, BackupFirst, Guard}
 
 func (m Mode) String() string {
 	switch m {
@@ -63,13 +79,15 @@ func (m Mode) String() string {
 		return "adaptive"
 	case BackupFirst:
 		return "backup-first"
+	case Guard:
+		return "guard"
 	}
 	return fmt.Sprintf("mode(%d)", int(m))
 }
 
 // Measures reports whether the strategy decides by measurements every
 // probe interval (the agent then probes every 100 ms by default).
-func (m Mode) Measures() bool { return m == Adaptive || m == BackupFirst }
+func (m Mode) Measures() bool { return m == Adaptive || m == BackupFirst || m == Guard }
 
 // ParseMode reads a policy name from configuration.
 func ParseMode(s string) (Mode, error) {
@@ -78,7 +96,7 @@ func ParseMode(s string) (Mode, error) {
 			return m, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown policy %q (want static, adaptive or backup-first)", s)
+	return 0, fmt.Errorf("unknown policy %q (want static, adaptive, backup-first or guard)", s)
 }
 
 // New returns the Engine running the strategy cfg.Mode names (static when
@@ -90,6 +108,8 @@ func New(cfg Config, sources []detour.Source) *Engine {
 		e.strat = &adaptive{e: e}
 	case BackupFirst:
 		e.strat = &backupFirst{e: e}
+	case Guard:
+		e.strat = &guard{e: e, st: static{e: e}}
 	default:
 		e.cfg.Mode = Static
 		e.strat = &static{e: e}
@@ -113,6 +133,12 @@ func NewAdaptive(cfg Config, sources []detour.Source) *Engine {
 // sources.
 func NewBackupFirst(cfg Config, sources []detour.Source) *Engine {
 	cfg.Mode = BackupFirst
+	return New(cfg, sources)
+}
+
+// NewGuard returns the guard policy drawing detours from sources.
+func NewGuard(cfg Config, sources []detour.Source) *Engine {
+	cfg.Mode = Guard
 	return New(cfg, sources)
 }
 

@@ -248,7 +248,7 @@ func (s *NATSource) discoverOnce() {
 			e := &entry{pending: true}
 			s.entries[k] = e
 			s.wg.Add(1)
-			go s.grant(k, e)
+			go s.grant(k, e, s.conns[i])
 		}
 	}
 }
@@ -291,12 +291,37 @@ func (s *NATSource) openLocked(f int) []int {
 			s.backOffLocked(dr, f, now)
 			continue
 		}
-		s.conns = append(s.conns, c)
-		dr.idx[f] = len(s.conns) - 1
+		dr.idx[f] = s.slotLocked(c)
 		out = append(out, dr.idx[f])
 		s.log.Debug("roster: session opened", "relay", r.Name, "addr", r.Addr)
 	}
 	return out
+}
+
+// slotLocked puts discovered session c into s.conns and returns its
+// index: the first slot a closed discovered session left, if one is free
+// (no entry names it, no release through it is in flight), else a new
+// one. Without reuse a relay that keeps failing its handshake grew s.conns
+// by a slot per retry (~1,150 a day for 4 relays), and every Prepare
+// walks s.conns. Requests started for the slot's former session carry
+// that session (grant, renew) and their entries, so they never act on the
+// new one.
+func (s *NATSource) slotLocked(c *relayconn.Conn) int {
+	busy := map[int]bool{}
+	for ek := range s.entries {
+		busy[ek.relay] = true
+	}
+	for ek := range s.releasing {
+		busy[ek.relay] = true
+	}
+	for i := len(s.static); i < len(s.conns); i++ {
+		if s.conns[i] == nil && !busy[i] {
+			s.conns[i] = c
+			return i
+		}
+	}
+	s.conns = append(s.conns, c)
+	return len(s.conns) - 1
 }
 
 // backOffLocked: family f's session of dr failed; it is not opened again

@@ -312,8 +312,14 @@ func TestRosterFamilyBackoff(t *testing.T) {
 	s.mu.Lock()
 	dr := s.found[r.priv.Public()]
 	backoff := dr.backoff
+	slots := len(s.conns) - len(s.static)
 	s.mu.Unlock()
 	if backoff != [2]time.Duration{} {
 		t.Fatalf("after grants on both families: backoff %v; want none (a failure starts again from RetryAfter)", backoff)
+	}
+	// Each failed session's slot is taken by the next try: two sessions
+	// (IPv4, IPv6), two slots, however many tries failed.
+	if slots != 2 {
+		t.Fatalf("%d session slots for one discovered relay after %d failed IPv6 sessions; want 2 (closed sessions' slots reused)", slots, n)
 	}
 }

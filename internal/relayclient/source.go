@@ -191,7 +191,7 @@ func (s *NATSource) Prepare(server netip.AddrPort) {
 		e = &entry{pending: true}
 		s.entries[k] = e
 		s.wg.Add(1)
-		go s.grant(k, e)
+		go s.grant(k, e, s.conns[k.relay])
 	})
 }
 
@@ -220,15 +220,18 @@ func grantsToward(c *relayconn.Conn, server netip.AddrPort) bool {
 	return c.Relay().Addr.Addr().Unmap().Is4() == server.Addr().Unmap().Is4()
 }
 
-func (s *NATSource) grant(k entryKey, e *entry) {
+// grant asks session c (s.conns[k.relay] when it was started: a closed
+// discovered session's slot may hold another session by the time it runs,
+// roster.go's openLocked) for entry e's detour.
+func (s *NATSource) grant(k entryKey, e *entry, c *relayconn.Conn) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	s.mu.Lock()
-	c := s.conns[k.relay]
+	live := c != nil && s.conns[k.relay] == c
 	inFlight := s.releasing[k]
 	s.mu.Unlock()
-	if c == nil {
+	if !live {
 		return // dropped meanwhile (roster)
 	}
 	if inFlight != nil {
@@ -242,15 +245,8 @@ func (s *NATSource) grant(k entryKey, e *entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.entries[k] != e { // released meanwhile
-		// Given back unless a newer entry waits for a grant: the relay
-		// answers that one with this same mapping.
-		if err == nil && s.entries[k] == nil {
-			done := s.markReleasing(k)
-			s.wg.Add(1)
-			go func() {
-				s.release(c, d.Port())
-				s.releaseDone(k, done)
-			}()
+		if err == nil {
+			s.giveBackLocked(k, c, d)
 		}
 		return
 	}
@@ -393,7 +389,7 @@ func (s *NATSource) Refused(server netip.AddrPort, d detour.Detour) {
 		e.refusedAt, e.pending = now, true
 		s.log.Info("relay detour refused: asking for a new grant", "relay", c.Relay().Name, "server", server, "detour", d.Remote)
 		s.wg.Add(1)
-		go s.renew(k, e)
+		go s.renew(k, e, c)
 	})
 }
 
@@ -417,21 +413,47 @@ func (s *NATSource) renewer() {
 			}
 			e.pending = true
 			s.wg.Add(1)
-			go s.renew(k, e)
+			go s.renew(k, e, s.conns[k.relay])
 		}
 		s.mu.Unlock()
 	}
 }
 
-func (s *NATSource) renew(k entryKey, e *entry) {
+// giveBackLocked releases mapping d, granted over session c for entry key
+// k whose entry was released meanwhile, unless a newer entry of the same
+// session waits for a grant: the relay answers that one with this same
+// mapping. When the slot holds another session now (c was closed, its
+// slot reused: slotLocked), its entry is another relay's, and the release
+// is c's own, not recorded under the slot (a grant of the new session
+// would wait for it).
+func (s *NATSource) giveBackLocked(k entryKey, c *relayconn.Conn, d netip.AddrPort) {
+	same := s.conns[k.relay] == c
+	if s.entries[k] != nil && same {
+		return
+	}
+	var done chan struct{}
+	if same {
+		done = s.markReleasing(k)
+	}
+	s.wg.Add(1)
+	go func() {
+		s.release(c, d.Port())
+		if done != nil {
+			s.releaseDone(k, done)
+		}
+	}()
+}
+
+// renew renews entry e's lease over session c (as grant).
+func (s *NATSource) renew(k entryKey, e *entry, c *relayconn.Conn) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	s.mu.Lock()
-	c := s.conns[k.relay]
+	live := c != nil && s.conns[k.relay] == c
 	port := e.detour.Port()
 	s.mu.Unlock()
-	if c == nil {
+	if !live {
 		s.mu.Lock()
 		e.pending = false
 		s.mu.Unlock()
@@ -443,6 +465,13 @@ func (s *NATSource) renew(k entryKey, e *entry) {
 		d, lease, err = c.Grant(ctx, k.server, port)
 		if err == nil {
 			s.mu.Lock()
+			if s.entries[k] != e {
+				// Released (or its relay dropped) while the new grant
+				// was asked for: nobody would ever release it.
+				s.giveBackLocked(k, c, d)
+				s.mu.Unlock()
+				return
+			}
 			e.detour = d
 			s.mu.Unlock()
 			s.notify() // the detour moved: subflows through the old port are dead
@@ -456,7 +485,7 @@ func (s *NATSource) renew(k entryKey, e *entry) {
 	if err != nil {
 		// Try again soon; the detour stays until its lease runs out.
 		e.renewAt = now.Add(time.Second)
-		if !e.expires.After(now) {
+		if !e.expires.After(now) && s.entries[k] == e {
 			delete(s.entries, k)
 		}
 		s.log.Info("relay renew failed", "relay", c.Relay().Name, "server", k.server, "err", err)

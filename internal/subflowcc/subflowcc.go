@@ -39,6 +39,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -118,7 +119,15 @@ type Routes struct {
 	// failed holds destinations whose route could not be added (said
 	// once in the log; retried on the next subflow).
 	failed map[key]string
+	// checked: when each added route was last compared with the route
+	// beneath it (follow).
+	checked map[key]time.Time
+	now     func() time.Time
 }
+
+// followEvery bounds how often Prepare compares an added route with the
+// table's own route to the destination (a table dump per comparison).
+const followEvery = time.Second
 
 type key struct {
 	dst   netip.Addr
@@ -136,7 +145,7 @@ func Open(netns, algo string, log *slog.Logger) *Routes {
 // open is Open with the algorithm check and the netlink handle from
 // check and handle (fakes in tests).
 func open(algo string, log *slog.Logger, check func(string) error, handle func() (RouteTable, func(), error)) *Routes {
-	r := &Routes{algo: algo, log: log, added: map[key]netlink.Route{}, failed: map[key]string{}}
+	r := newRoutes(algo, log)
 	err := check(algo)
 	if err == nil {
 		r.h, r.close, err = handle()
@@ -160,6 +169,11 @@ func open(algo string, log *slog.Logger, check func(string) error, handle func()
 	return r
 }
 
+func newRoutes(algo string, log *slog.Logger) *Routes {
+	return &Routes{algo: algo, log: log, added: map[key]netlink.Route{}, failed: map[key]string{},
+		checked: map[key]time.Time{}, now: time.Now}
+}
+
 // handleIn opens netlink in the namespace spec names.
 func handleIn(spec string) (RouteTable, func(), error) {
 	ns, err := netnsx.Open(spec)
@@ -176,7 +190,8 @@ func handleIn(spec string) (RouteTable, func(), error) {
 
 // New is Open on h (a fake in tests), without the algorithm check.
 func New(h RouteTable, algo string, log *slog.Logger) (*Routes, error) {
-	r := &Routes{algo: algo, log: log, h: h, added: map[key]netlink.Route{}, failed: map[key]string{}}
+	r := newRoutes(algo, log)
+	r.h = h
 	if err := r.start(); err != nil {
 		return nil, err
 	}
@@ -245,8 +260,12 @@ func (r *Routes) prepare(local, remote netip.Addr) (key, error) {
 	}
 	via := got[0]
 	k.table = via.Table
+	// Our host route answers (the kernel's answer carries no protocol).
+	if ours, ok := r.added[k]; ok && via.Congctl == r.algo {
+		return k, r.follow(k, ours)
+	}
 	if via.Congctl == r.algo {
-		return k, nil // ours, or the host's own route says so already
+		return k, nil // the host's own route says so already
 	}
 	if via.Congctl != "" {
 		return k, fmt.Errorf("the route to %s already names congestion control %q (left as it is)", remote, via.Congctl)
@@ -258,9 +277,104 @@ func (r *Routes) prepare(local, remote netip.Addr) (key, error) {
 		}
 		return k, fmt.Errorf("add route to %s: %w", remote, err)
 	}
-	r.added[k] = rt
+	r.added[k], r.checked[k] = rt, r.now()
 	r.log.Info("subflow congestion control route", "dst", remote, "table", via.Table, "ifindex", via.LinkIndex, "algorithm", r.algo)
 	return k, nil
+}
+
+// follow keeps our host route k on the path the table's own route takes:
+// ours copies the device and gateway of the moment it was added, so
+// after a gateway change (DHCP, another uplink) it would keep sending the
+// detour's subflows to the old one. At most every followEvery per route
+// it finds the table's longest-prefix route beneath ours and, when its
+// device or gateway differ, replaces ours. Under a multipath route ours
+// stays while its next hop is one of the route's (it took one of them),
+// else it moves onto the route's first.
+func (r *Routes) follow(k key, ours netlink.Route) error {
+	now := r.now()
+	if now.Sub(r.checked[k]) < followEvery {
+		return nil
+	}
+	r.checked[k] = now
+	fam := netlink.FAMILY_V4
+	if k.dst.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	table, err := r.h.RouteListFiltered(fam, &netlink.Route{Table: ours.Table}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("routes of table %d: %w", ours.Table, err)
+	}
+	under, ok := beneath(table, k.dst)
+	if !ok {
+		if err := r.h.RouteDel(&ours); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("remove route to %s (no route beneath it any more): %w", k.dst, err)
+		}
+		delete(r.added, k)
+		delete(r.checked, k)
+		return fmt.Errorf("route to %s: none in table %d besides ours (removed)", k.dst, ours.Table)
+	}
+	if len(under.MultiPath) > 0 {
+		// Ours took one of its next hops: left as it is while that hop
+		// is still one of them, else moved onto the first.
+		for _, nh := range under.MultiPath {
+			if nh != nil && nh.LinkIndex == ours.LinkIndex && nh.Gw.Equal(ours.Gw) {
+				return nil
+			}
+		}
+		if nh := under.MultiPath[0]; nh != nil {
+			under.LinkIndex, under.Gw = nh.LinkIndex, nh.Gw
+		}
+		under.MultiPath = nil
+	}
+	if under.LinkIndex == ours.LinkIndex && under.Gw.Equal(ours.Gw) {
+		return nil
+	}
+	via := under
+	if via.LinkIndex == ours.LinkIndex && via.Src == nil {
+		// Same device, and the table's route names no source: the one
+		// the kernel chose still holds. A source it names (a new lease's
+		// address) is the one the kernel now takes.
+		via.Src = ours.Src
+	}
+	rt := HostRoute(via, k.dst, r.algo)
+	if err := r.h.RouteDel(&ours); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("replace route to %s: %w", k.dst, err)
+	}
+	delete(r.added, k)
+	if err := r.h.RouteAdd(&rt); err != nil {
+		return fmt.Errorf("replace route to %s: %w", k.dst, err)
+	}
+	r.added[k] = rt
+	r.log.Info("subflow congestion control route follows the table's route", "dst", k.dst, "table", k.table,
+		"ifindex", rt.LinkIndex, "gateway", rt.Gw, "was_ifindex", ours.LinkIndex, "was_gateway", ours.Gw)
+	return nil
+}
+
+// beneath is the route of table (one family's, one table's) that the
+// kernel would pick for dst without ours: the longest prefix containing
+// dst among unicast routes of other protocols, the lowest metric among
+// equals.
+func beneath(table []netlink.Route, dst netip.Addr) (netlink.Route, bool) {
+	var best netlink.Route
+	bits, found := -1, false
+	for _, rt := range table {
+		if rt.Protocol == Protocol || rt.Type != 0 && rt.Type != syscall.RTN_UNICAST {
+			continue
+		}
+		n := 0
+		if rt.Dst != nil {
+			p, ok := netip.AddrFromSlice(rt.Dst.IP)
+			ones, _ := rt.Dst.Mask.Size()
+			if !ok || !netip.PrefixFrom(p.Unmap(), ones).Contains(dst) {
+				continue
+			}
+			n = ones
+		}
+		if n > bits || n == bits && rt.Priority < best.Priority {
+			best, bits, found = rt, n, true
+		}
+	}
+	return best, found
 }
 
 // HostRoute is the route Prepare adds: a host route to dst in the table,
@@ -336,6 +450,7 @@ func (r *Routes) Close() error {
 			errs = append(errs, fmt.Errorf("remove route to %s (table %d): %w", k.dst, k.table, err))
 		}
 		delete(r.added, k)
+		delete(r.checked, k)
 	}
 	if r.close != nil {
 		r.close()

@@ -192,3 +192,75 @@ func TestOpenCleansAndNeverReplaces(t *testing.T) {
 		t.Fatalf("a failed start added routes:\n%s", got)
 	}
 }
+
+// On the real kernel: the host's route toward a relay moves to another
+// gateway; the next Prepare after followEvery moves our host route with it
+// (before, ours kept the old gateway and black-holed the detour).
+func TestRouteFollowsGatewayChangeOnKernel(t *testing.T) {
+	testenv.Tools(t, "ip")
+	if err := Check("reno"); err != nil {
+		t.Skip(err)
+	}
+	c, s := netnstest.New(t, "sfgw-c"), netnstest.New(t, "sfgw-s")
+	netnstest.Link(t, c, "10.233.0.1/24", s, "10.233.0.2/24")
+	c.Run("ip", "route", "add", "10.234.0.0/24", "via", "10.233.0.2")
+	r := Open(c.Path, "reno", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(func() { _ = r.Close() })
+	relay := netip.MustParseAddr("10.234.0.9")
+	r.Prepare(netip.Addr{}, relay)
+	if got := protoRoutes(t, c); !strings.Contains(got, "10.234.0.9 via 10.233.0.2") || !strings.Contains(got, "congctl reno") {
+		t.Fatalf("our route: %q", got)
+	}
+	// Another gateway on the same link takes over the relay's prefix; the
+	// next Prepare after followEvery (the clock moved, not waited for)
+	// moves ours.
+	c.Run("ip", "route", "replace", "10.234.0.0/24", "via", "10.233.0.3")
+	r.now = func() time.Time { return time.Now().Add(followEvery) }
+	r.Prepare(netip.Addr{}, relay)
+	if got := protoRoutes(t, c); !strings.Contains(got, "10.234.0.9 via 10.233.0.3") || !strings.Contains(got, "congctl reno") {
+		t.Fatalf("our route after the gateway change: %q (status %+v)", got, r.Status())
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := protoRoutes(t, c); got != "" {
+		t.Fatalf("left after Close: %q", got)
+	}
+}
+
+// On the real kernel, with the table's default routes (netlink lists them
+// as 0.0.0.0/0 and ::/0, not without a destination as the fake does): a
+// new IPv4 default gateway, a multipath default without ours' gateway, and
+// a new IPv6 default gateway each move ours.
+func TestRouteFollowsDefaultRoutesOnKernel(t *testing.T) {
+	testenv.Tools(t, "ip")
+	if err := Check("reno"); err != nil {
+		t.Skip(err)
+	}
+	c, s := netnstest.New(t, "sfdf-c"), netnstest.New(t, "sfdf-s")
+	cIf, _ := netnstest.Link(t, c, "10.235.0.1/24", s, "10.235.0.2/24")
+	c.Run("ip", "-6", "addr", "add", "fd00:235::1/64", "dev", "lo")
+	c.Run("ip", "route", "add", "default", "via", "10.235.0.2")
+	c.Run("ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", cIf)
+	r := Open(c.Path, "reno", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(func() { _ = r.Close() })
+	now := time.Now()
+	r.now = func() time.Time { return now }
+	relay, relay6 := netip.MustParseAddr("198.18.5.9"), netip.MustParseAddr("2001:db8:5::9")
+	step := func(what string, dst netip.Addr, want string) {
+		t.Helper()
+		now = now.Add(followEvery)
+		r.Prepare(netip.Addr{}, dst)
+		if got := protoRoutes(t, c); !strings.Contains(got, want) {
+			t.Fatalf("%s: our routes %q, want %q (status %+v)", what, got, want, r.Status())
+		}
+	}
+	step("added", relay, "198.18.5.9 via 10.235.0.2 ")
+	step("added", relay6, "2001:db8:5::9 via fe80::1 ")
+	c.Run("ip", "route", "replace", "default", "via", "10.235.0.3")
+	step("new default gateway", relay, "198.18.5.9 via 10.235.0.3 ")
+	c.Run("ip", "route", "replace", "default", "nexthop", "via", "10.235.0.4", "nexthop", "via", "10.235.0.5")
+	step("multipath default without ours' gateway", relay, "198.18.5.9 via 10.235.0.4 ")
+	c.Run("ip", "-6", "route", "replace", "default", "via", "fe80::2", "dev", cIf)
+	step("new IPv6 default gateway", relay6, "2001:db8:5::9 via fe80::2 ")
+}

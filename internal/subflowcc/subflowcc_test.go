@@ -5,10 +5,12 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -17,7 +19,10 @@ import (
 // routes added; exact host routes it holds answer lookups as the kernel's
 // would (most specific first).
 type fakeTable struct {
-	get     map[string]netlink.Route
+	get map[string]netlink.Route
+	// table holds the tables' own (prefix) routes for listings; get
+	// answers lookups.
+	table   []netlink.Route
 	routes  []netlink.Route
 	deleted []netlink.Route
 	addErr  error
@@ -70,10 +75,14 @@ func (f *fakeTable) RouteDel(r *netlink.Route) error {
 
 func (f *fakeTable) RouteListFiltered(family int, filter *netlink.Route, mask uint64) ([]netlink.Route, error) {
 	var out []netlink.Route
-	for _, r := range f.routes {
-		if r.Protocol == filter.Protocol && (r.Dst.IP.To4() != nil) == (family == netlink.FAMILY_V4) {
-			out = append(out, r)
+	for _, r := range append(slices.Clone(f.routes), f.table...) {
+		v4 := r.Dst == nil && r.Family != netlink.FAMILY_V6 || r.Dst != nil && r.Dst.IP.To4() != nil
+		if v4 != (family == netlink.FAMILY_V4) ||
+			mask&netlink.RT_FILTER_PROTOCOL != 0 && r.Protocol != filter.Protocol ||
+			mask&netlink.RT_FILTER_TABLE != 0 && filter.Table != syscall.RT_TABLE_UNSPEC && r.Table != filter.Table {
+			continue
 		}
+		out = append(out, r)
 	}
 	return out, nil
 }
@@ -114,6 +123,7 @@ func TestPrepareAddsOnceAndCloseRemoves(t *testing.T) {
 	someone := netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.2").To4(), Mask: net.CIDRMask(32, 32)}, Table: 254}
 	f := &fakeTable{
 		routes: []netlink.Route{left, someone},
+		table:  []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")}},
 		get: map[string]netlink.Route{
 			"203.0.113.7":          {Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")},
 			"10.9.0.2>192.0.2.1":   {Table: 51820, LinkIndex: 9, Src: net.ParseIP("10.9.0.2")},
@@ -278,4 +288,103 @@ func (f *lockedTable) RouteDel(r *netlink.Route) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.fakeTable.RouteDel(r)
+}
+
+// A gateway change under our host route: the next Prepare (at most every
+// followEvery) moves ours onto the table's new route; a destination whose
+// only route left loses ours (the failure is shown).
+func TestPrepareFollowsGatewayChange(t *testing.T) {
+	f, r, nat, now := followed(t)
+	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) {
+		t.Fatalf("first route: %+v", f.routes)
+	}
+	// The host moves to another gateway (a more specific route wins over
+	// the old default, as a new DHCP lease's would replace it).
+	f.table = append(f.table, netlink.Route{Table: 254, LinkIndex: 3, Gw: net.ParseIP("10.1.0.1"),
+		Dst: &net.IPNet{IP: net.ParseIP("203.0.113.0").To4(), Mask: net.CIDRMask(24, 32)}})
+	r.Prepare(netip.Addr{}, nat) // within followEvery: not compared yet
+	if !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) {
+		t.Fatalf("compared within followEvery: %+v", f.routes)
+	}
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.1.0.1")) || f.routes[0].LinkIndex != 3 || f.routes[0].Src != nil || f.routes[0].Congctl != "bbr" || f.routes[0].Protocol != Protocol {
+		t.Fatalf("after the gateway change: %+v, want ours via 10.1.0.1 dev 3", f.routes)
+	}
+	if st := r.Status(); len(st.Routes) != 1 || st.Routes[0].Dev != 3 || len(st.Failed) != 0 {
+		t.Fatalf("status %+v", st)
+	}
+	// Every route beneath goes: ours goes too, and status says why.
+	f.table = nil
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if st := r.Status(); len(f.routes) != 0 || len(st.Routes) != 0 || len(st.Failed) != 1 || !strings.Contains(st.Failed[0].Error, "none in table 254") {
+		t.Fatalf("without a route beneath: table %+v, status %+v", f.routes, st)
+	}
+}
+
+// The table's route becomes multipath (say, a second uplink in ECMP): ours
+// stays while its next hop is one of the new route's, and moves onto one
+// of them when it is not (it kept the old gateway, gone from the table).
+func TestPrepareFollowsIntoMultipath(t *testing.T) {
+	f, r, nat, now := followed(t)
+	multipath := func(hops ...*netlink.NexthopInfo) []netlink.Route {
+		return []netlink.Route{{Table: 254, MultiPath: hops}}
+	}
+	// Ours' next hop is one of the new route's: left as it is.
+	f.table = multipath(&netlink.NexthopInfo{LinkIndex: 3, Gw: net.ParseIP("10.1.0.1")}, &netlink.NexthopInfo{LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")})
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || f.routes[0].LinkIndex != 2 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.0.254")) || len(f.deleted) != 0 {
+		t.Fatalf("ours' hop among the multipath route's: %+v (deleted %+v), want it left", f.routes, f.deleted)
+	}
+	// The old gateway is gone: ours moves onto a hop of the route.
+	f.table = multipath(&netlink.NexthopInfo{LinkIndex: 3, Gw: net.ParseIP("10.1.0.1")}, &netlink.NexthopInfo{LinkIndex: 4, Gw: net.ParseIP("10.2.0.1")})
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || f.routes[0].LinkIndex != 3 || !f.routes[0].Gw.Equal(net.ParseIP("10.1.0.1")) || f.routes[0].Congctl != "bbr" || len(f.routes[0].MultiPath) != 0 {
+		t.Fatalf("ours after its gateway left the multipath route: %+v, want via 10.1.0.1 dev 3", f.routes)
+	}
+	if st := r.Status(); len(st.Routes) != 1 || st.Routes[0].Dev != 3 || len(st.Failed) != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+// followed is Routes on a fake whose table routes 203.0.113.7 via
+// 10.0.0.254 on device 2, with our host route to it added, and its clock
+// (moved by the caller).
+func followed(t *testing.T) (*fakeTable, *Routes, netip.Addr, *time.Time) {
+	t.Helper()
+	f := &fakeTable{
+		get:   map[string]netlink.Route{"203.0.113.7": {Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254"), Src: net.ParseIP("10.0.0.2")}},
+		table: []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.0.254")}},
+	}
+	r, err := New(f, "bbr", quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	r.now = func() time.Time { return now }
+	nat := netip.MustParseAddr("203.0.113.7")
+	r.Prepare(netip.Addr{}, nat)
+	return f, r, nat, &now
+}
+
+// A new gateway on the same device whose route names its source (a new
+// lease's address): ours takes that source, not the one it had.
+func TestPrepareFollowsRouteSource(t *testing.T) {
+	f, r, nat, now := followed(t)
+	f.table = []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.5.1"), Src: net.ParseIP("10.0.5.7")}}
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.5.1")) || !f.routes[0].Src.Equal(net.ParseIP("10.0.5.7")) {
+		t.Fatalf("after a new gateway with its own source on the same device: %+v, want via 10.0.5.1 src 10.0.5.7", f.routes)
+	}
+	// Without a source named, the one ours had stays.
+	f.table = []netlink.Route{{Table: 254, LinkIndex: 2, Gw: net.ParseIP("10.0.5.2")}}
+	*now = now.Add(followEvery)
+	r.Prepare(netip.Addr{}, nat)
+	if len(f.routes) != 1 || !f.routes[0].Gw.Equal(net.ParseIP("10.0.5.2")) || !f.routes[0].Src.Equal(net.ParseIP("10.0.5.7")) {
+		t.Fatalf("after a new gateway without a source: %+v, want via 10.0.5.2 src 10.0.5.7", f.routes)
+	}
 }

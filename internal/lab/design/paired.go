@@ -334,7 +334,7 @@ func (d *Design) pairedTrial(ctx context.Context, cl *bench.ConfigLab, c scenari
 const FewSubflowsNote = "kept: the policy may close a detour subflow"
 
 // keepFewSubflows: a trial of a policy that closes subflows on purpose
-// (adaptive, backup-first: SUBFLOW_DESTROY of a detour that harms) and
+// (adaptive, backup-first, guard: SUBFLOW_DESTROY of a subflow that harms) and
 // ended with fewer subflows than the cell opens is a measurement of that
 // policy, not a lab failure; unless a daemon also died (the error is then
 // wrapped) or the policy is static, which closes only failed subflows.

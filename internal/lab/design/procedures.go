@@ -18,8 +18,9 @@ import (
 //   - mptcp: MPTCP with the agent adding one NAT detour subflow per detour
 //     (bench procedure mptcp-nat), the agent's default policy;
 //   - mptcp-POLICY: the same with `policy: POLICY` in the agent's
-//     configuration: any policy the agent accepts (static, adaptive, and
-//     every policy added to the agent later, without a change here);
+//     configuration: any policy the agent accepts (static, adaptive,
+//     backup-first, guard, and every policy added to the agent later,
+//     without a change here; mptcp-guard is issue 26's harm rule);
 //   - mptcp-1sf: MPTCP over the point's best path alone, no agent
 //     (mptcp-1sf-pathK: over path K);
 //   - converted: the same paths, but the server does not speak MPTCP: a
