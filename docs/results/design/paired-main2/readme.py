@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Writes this README's generated part (run from the repository root, prints to stdout) from
-# report.md, status.py, lock-log.txt, load.txt and only.txt, and paired-main's report.md for the
+# report.md, paired-main/status.py, lock-log.txt, load.txt and only.txt, and paired-main's report.md for the
 # per-point comparison: python3 docs/results/design/paired-main2/readme.py [hand.md] \
 #   > docs/results/design/paired-main2/README.md
 # hand.md (committed beside it) holds the hand-written sections (what the rows say, not done, resume).
@@ -23,7 +23,7 @@ harmed = "\n".join(l for l in pa.split("\n") if l.startswith("Harmed points,"))
 kernel = [l for l in pa.split("\n") if l.startswith("**The kernel's own cost**")][0]
 targets = block(pa, "| procedure | target |", "\n\n")
 
-st = subprocess.run(["python3", D + "/status.py", D], capture_output=True, text=True).stdout
+st = subprocess.run(["python3", OLD + "/status.py", D], capture_output=True, text=True).stdout
 n = int(re.search(r"complete (\d+)", st).group(1))
 complete = re.search(r"complete: (.*)", st).group(1)
 incomplete = re.search(r"incomplete: (.*)", st)
@@ -167,7 +167,7 @@ trials per procedure and point in rounds on one lab build per point; 10 s transf
 
 Report with every point: [report.md](report.md) (section "Paired analysis"). Regenerate:
 `mpdetour-lab design --report --out docs/results/design/paired-main2`. Progress:
-`python3 docs/results/design/paired-main2/status.py docs/results/design/paired-main2`. This README:
+`python3 docs/results/design/paired-main/status.py docs/results/design/paired-main2` (paired-main's script, which takes the directory). This README:
 `python3 docs/results/design/paired-main2/readme.py docs/results/design/paired-main2/hand.md > docs/results/design/paired-main2/README.md`.
 
 ## Results ({n} of 63 points)
