@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""compare.py DIR: per point, the means of every procedure (ok trials) and the ratios
+"""compare.py DIR [GROUPS.json]: per point, the means of every procedure (ok trials) and the ratios
 guard/static, guard/mptcp-1sf, static/mptcp-1sf and X/best single path; over points,
 geometric means with a Student t 95 % interval of the log ratios (as the runner's report)."""
-import csv, sys, math, statistics as st, collections
+import csv, json, sys, math, statistics as st, collections
 d = sys.argv[1]
-groups = {'diagnosed harmed': ['p197', 'p105'], 'harmed in paired-main, not diagnosed': ['p025'],
+# compare.py DIR GROUPS.json: another run's point groups ({name: [points]}).
+groups = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else {'diagnosed harmed': ['p197', 'p105'], 'harmed in paired-main, not diagnosed': ['p025'],
           'diagnosed helped': ['p087', 'p010'], 'seen while building (v1 failed there)': ['p095'],
           'held out (first unselected of seed 1, not harmed in paired-main)': ['p047', 'p059', 'p114', 'p119', 'p109']}
 g = collections.defaultdict(lambda: collections.defaultdict(list))
