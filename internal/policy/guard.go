@@ -66,7 +66,6 @@ const (
 // Window (and a little more).
 type gConn struct {
 	hist []gSample
-	shed int
 	// rejoin: when the detour shed last stops being avoided (Hold).
 	rejoin time.Time
 }
@@ -190,7 +189,6 @@ func (g *guard) othersCarry(k *kconn, top subKey, now time.Time) bool {
 // reopened.
 func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s *ksub, now time.Time, why string) []Intent {
 	p := g.e
-	gc.shed++
 	s.stale, s.role = true, RoleEvicted
 	if s.d != nil {
 		p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(p.cfg.Hold)
