@@ -208,7 +208,7 @@ func (r *Routes) start() error {
 			return fmt.Errorf("list routes: %w", err)
 		}
 		for _, rt := range left {
-			if err := r.h.RouteDel(&rt); err != nil && !errors.Is(err, syscall.ESRCH) {
+			if err := r.remove(&rt); err != nil {
 				errs = append(errs, fmt.Errorf("remove route to %s left by an earlier agent: %w", rt.Dst, err))
 				continue
 			}
@@ -306,7 +306,7 @@ func (r *Routes) follow(k key, ours netlink.Route) error {
 	}
 	under, ok := beneath(table, k.dst)
 	if !ok {
-		if err := r.h.RouteDel(&ours); err != nil && !errors.Is(err, syscall.ESRCH) {
+		if err := r.remove(&ours); err != nil {
 			return fmt.Errorf("remove route to %s (no route beneath it any more): %w", k.dst, err)
 		}
 		delete(r.added, k)
@@ -337,7 +337,7 @@ func (r *Routes) follow(k key, ours netlink.Route) error {
 		via.Src = ours.Src
 	}
 	rt := HostRoute(via, k.dst, r.algo)
-	if err := r.h.RouteDel(&ours); err != nil && !errors.Is(err, syscall.ESRCH) {
+	if err := r.remove(&ours); err != nil {
 		return fmt.Errorf("replace route to %s: %w", k.dst, err)
 	}
 	delete(r.added, k)
@@ -347,6 +347,15 @@ func (r *Routes) follow(k key, ours netlink.Route) error {
 	r.added[k] = rt
 	r.log.Info("subflow congestion control route follows the table's route", "dst", k.dst, "table", k.table,
 		"ifindex", rt.LinkIndex, "gateway", rt.Gw, "was_ifindex", ours.LinkIndex, "was_gateway", ours.Gw)
+	return nil
+}
+
+// remove deletes rt; one already gone (ESRCH: a tunnel's route goes with
+// its device) is no error.
+func (r *Routes) remove(rt *netlink.Route) error {
+	if err := r.h.RouteDel(rt); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
 	return nil
 }
 
@@ -446,7 +455,7 @@ func (r *Routes) Close() error {
 	}
 	var errs []error
 	for k, rt := range r.added {
-		if err := r.h.RouteDel(&rt); err != nil && !errors.Is(err, syscall.ESRCH) {
+		if err := r.remove(&rt); err != nil {
 			errs = append(errs, fmt.Errorf("remove route to %s (table %d): %w", k.dst, k.table, err))
 		}
 		delete(r.added, k)
