@@ -1,0 +1,106 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Shared-bottleneck detection, in the spirit of RFC 8382 (Shared
+// Bottleneck Detection for Coupled Congestion Control): two flows that
+// cross the same queue see the same queueing delay at the same time. The
+// RFC summarises each flow's one-way delay over a window (skewness,
+// variability, oscillation frequency) and groups flows whose summaries
+// agree; the agent has no one-way delays, but it samples every subflow's
+// smoothed RTT and minimum RTT every probe (measure.go), so each subflow
+// has a queueing-delay series q = RTT - base RTT on a common time base.
+// Two subflows are judged to share a bottleneck when, over the window,
+// both queue (their mean q is at least MinQueue and it moves), their q
+// series move together (Pearson correlation at least MinCorr) and they
+// sit at the same level (the mean |qa - qb| is at most MaxGap of their
+// mean q: one queue gives one delay; two queues that fill and drain at
+// the same time still differ in depth). Disjoint bottlenecks, an idle
+// subflow, or a queue on only one path say "not shared".
+
+// SharedTest holds the detector's thresholds; zero fields take the
+// defaults in brackets.
+type SharedTest struct {
+	// MinSamples: fewer aligned samples than this give no verdict [10].
+	MinSamples int
+	// MinQueue: both subflows' mean queueing delay must reach it [5ms].
+	MinQueue time.Duration
+	// MinCorr: the correlation of the two series must reach it [0.5].
+	MinCorr float64
+	// MaxGap: the mean |qa - qb| must be at most this share of the two
+	// series' mean [0.5].
+	MaxGap float64
+}
+
+// SharedVerdict is the detector's answer with the statistics it used.
+type SharedVerdict struct {
+	Shared bool
+	// N is the number of aligned samples; QA and QB the mean queueing
+	// delays; Corr the correlation; Gap the mean |qa - qb| over the mean
+	// of QA and QB.
+	N       int
+	QA, QB  time.Duration
+	Corr    float64
+	Gap     float64
+	Verdict string // why (not) shared, for logs and status
+}
+
+func (t SharedTest) withDefaults() SharedTest {
+	positive(&t.MinSamples, 10)
+	positive(&t.MinQueue, 5*time.Millisecond)
+	positive(&t.MinCorr, 0.5)
+	positive(&t.MaxGap, 0.5)
+	return t
+}
+
+// Judge compares two queueing-delay series sampled at the same instants
+// (a[i] and b[i] at the same probe). Negative entries are treated as 0 (a
+// smoothed RTT below the minimum is a sampling artefact).
+func (t SharedTest) Judge(a, b []time.Duration) SharedVerdict {
+	t = t.withDefaults()
+	n := min(len(a), len(b))
+	v := SharedVerdict{N: n}
+	if n < t.MinSamples {
+		v.Verdict = fmt.Sprintf("%d samples, need %d", n, t.MinSamples)
+		return v
+	}
+	x, y := make([]float64, n), make([]float64, n)
+	var mx, my, gap float64
+	for i := range n {
+		x[i], y[i] = max(a[i].Seconds(), 0), max(b[i].Seconds(), 0)
+		mx += x[i]
+		my += y[i]
+		gap += math.Abs(x[i] - y[i])
+	}
+	mx, my, gap = mx/float64(n), my/float64(n), gap/float64(n)
+	v.QA, v.QB = seconds(mx), seconds(my)
+	if min(mx, my) < t.MinQueue.Seconds() {
+		v.Verdict = fmt.Sprintf("not both queueing (mean queueing delay %s and %s, need %s)", ms(v.QA), ms(v.QB), t.MinQueue)
+		return v
+	}
+	var sxy, sxx, syy float64
+	for i := range n {
+		dx, dy := x[i]-mx, y[i]-my
+		sxy += dx * dy
+		sxx += dx * dx
+		syy += dy * dy
+	}
+	// A flat series (sd below 0.5 ms) has no movement to correlate.
+	if flat := 0.5e-3 * 0.5e-3 * float64(n); sxx < flat || syy < flat {
+		v.Verdict = fmt.Sprintf("a queueing delay does not move (%s and %s)", ms(v.QA), ms(v.QB))
+		return v
+	}
+	v.Corr = sxy / math.Sqrt(sxx*syy)
+	v.Gap = gap / ((mx + my) / 2)
+	v.Shared = v.Corr >= t.MinCorr && v.Gap <= t.MaxGap
+	v.Verdict = fmt.Sprintf("queueing %s and %s, correlation %.2f (need %.2f), gap %.2f of the mean (at most %.2f) over %d samples",
+		ms(v.QA), ms(v.QB), v.Corr, t.MinCorr, v.Gap, t.MaxGap, n)
+	return v
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+func ms(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
