@@ -29,11 +29,14 @@ type SharedTest struct {
 	MinSamples int
 	// MinQueue: both subflows' mean queueing delay must reach it [5ms].
 	MinQueue time.Duration
-	// MinCorr: the correlation of the two series must reach it [0.5].
+	// MinCorr: the correlation of the two series must reach it [0.8].
 	MinCorr float64
 	// MaxGap: the mean |qa - qb| must be at most this share of the two
-	// series' mean [0.5].
+	// series' mean [0.3].
 	MaxGap float64
+	// MaxLag: the series are also compared shifted by up to this many
+	// samples either way [2].
+	MaxLag int
 }
 
 // SharedVerdict is the detector's answer with the statistics it used.
@@ -52,14 +55,18 @@ type SharedVerdict struct {
 func (t SharedTest) withDefaults() SharedTest {
 	positive(&t.MinSamples, 10)
 	positive(&t.MinQueue, 5*time.Millisecond)
-	positive(&t.MinCorr, 0.5)
-	positive(&t.MaxGap, 0.5)
+	positive(&t.MinCorr, 0.8)
+	positive(&t.MaxGap, 0.3)
+	positive(&t.MaxLag, 2)
 	return t
 }
 
 // Judge compares two queueing-delay series sampled at the same instants
 // (a[i] and b[i] at the same probe). Negative entries are treated as 0 (a
-// smoothed RTT below the minimum is a sampling artefact).
+// smoothed RTT below the minimum is a sampling artefact). Each subflow
+// sees the queue through its own smoothed RTT, which lags the queue by
+// about 8 of its acks: the series are compared at every shift of up to
+// MaxLag samples, and the shift that correlates best counts.
 func (t SharedTest) Judge(a, b []time.Duration) SharedVerdict {
 	t = t.withDefaults()
 	n := min(len(a), len(b))
@@ -69,38 +76,59 @@ func (t SharedTest) Judge(a, b []time.Duration) SharedVerdict {
 		return v
 	}
 	x, y := make([]float64, n), make([]float64, n)
-	var mx, my, gap float64
+	var mx, my float64
 	for i := range n {
 		x[i], y[i] = max(a[i].Seconds(), 0), max(b[i].Seconds(), 0)
 		mx += x[i]
 		my += y[i]
-		gap += math.Abs(x[i] - y[i])
 	}
-	mx, my, gap = mx/float64(n), my/float64(n), gap/float64(n)
-	v.QA, v.QB = seconds(mx), seconds(my)
-	if min(mx, my) < t.MinQueue.Seconds() {
+	v.QA, v.QB = seconds(mx/float64(n)), seconds(my/float64(n))
+	if min(v.QA, v.QB) < t.MinQueue {
 		v.Verdict = fmt.Sprintf("not both queueing (mean queueing delay %s and %s, need %s)", ms(v.QA), ms(v.QB), t.MinQueue)
 		return v
 	}
+	best, lag := -2.0, 0
+	for l := -t.MaxLag; l <= t.MaxLag; l++ {
+		xs, ys := x[max(0, -l):n-max(0, l)], y[max(0, l):n-max(0, -l)]
+		corr, gap, ok := compare(xs, ys)
+		if ok && corr > best {
+			best, lag, v.Corr, v.Gap = corr, l, corr, gap
+		}
+	}
+	if best < -1 {
+		v.Verdict = fmt.Sprintf("a queueing delay does not move (%s and %s)", ms(v.QA), ms(v.QB))
+		return v
+	}
+	v.Shared = v.Corr >= t.MinCorr && v.Gap <= t.MaxGap
+	v.Verdict = fmt.Sprintf("queueing %s and %s, correlation %.2f (need %.2f) at a shift of %d samples, gap %.2f of the mean (at most %.2f) over %d samples",
+		ms(v.QA), ms(v.QB), v.Corr, t.MinCorr, lag, v.Gap, t.MaxGap, n)
+	return v
+}
+
+// compare returns the Pearson correlation of x and y (same length) and
+// their mean absolute difference over their mean; ok is false when either
+// does not move (sd below 0.5 ms: nothing to correlate).
+func compare(x, y []float64) (corr, gap float64, ok bool) {
+	n := float64(len(x))
+	var mx, my float64
+	for i := range x {
+		mx += x[i]
+		my += y[i]
+		gap += math.Abs(x[i] - y[i])
+	}
+	mx, my, gap = mx/n, my/n, gap/n
 	var sxy, sxx, syy float64
-	for i := range n {
+	for i := range x {
 		dx, dy := x[i]-mx, y[i]-my
 		sxy += dx * dy
 		sxx += dx * dx
 		syy += dy * dy
 	}
-	// A flat series (sd below 0.5 ms) has no movement to correlate.
-	if flat := 0.5e-3 * 0.5e-3 * float64(n); sxx < flat || syy < flat {
-		v.Verdict = fmt.Sprintf("a queueing delay does not move (%s and %s)", ms(v.QA), ms(v.QB))
-		return v
+	if flat := 0.5e-3 * 0.5e-3 * n; sxx < flat || syy < flat {
+		return 0, 0, false
 	}
-	v.Corr = sxy / math.Sqrt(sxx*syy)
-	v.Gap = gap / ((mx + my) / 2)
-	v.Shared = v.Corr >= t.MinCorr && v.Gap <= t.MaxGap
-	v.Verdict = fmt.Sprintf("queueing %s and %s, correlation %.2f (need %.2f), gap %.2f of the mean (at most %.2f) over %d samples",
-		ms(v.QA), ms(v.QB), v.Corr, t.MinCorr, v.Gap, t.MaxGap, n)
-	return v
+	return sxy / math.Sqrt(sxx*syy), gap / ((mx + my) / 2), true
 }
 
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+func seconds(s float64) time.Duration  { return time.Duration(s * float64(time.Second)) }
 func ms(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
