@@ -22,6 +22,11 @@ import (
 // the same time still differ in depth). Disjoint bottlenecks, an idle
 // subflow, or a queue on only one path say "not shared".
 
+// MinSharedSamples is the default of SharedTest.MinSamples: the fewest
+// aligned samples a verdict is given on (a window must hold that many
+// probes).
+const MinSharedSamples = 10
+
 // SharedTest holds the detector's thresholds; zero fields take the
 // defaults in brackets.
 type SharedTest struct {
@@ -53,7 +58,7 @@ type SharedVerdict struct {
 }
 
 func (t SharedTest) withDefaults() SharedTest {
-	positive(&t.MinSamples, 10)
+	positive(&t.MinSamples, MinSharedSamples)
 	positive(&t.MinQueue, 5*time.Millisecond)
 	positive(&t.MinCorr, 0.8)
 	positive(&t.MaxGap, 0.3)
