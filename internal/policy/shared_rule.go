@@ -27,8 +27,10 @@ import (
 //
 // The verdict must hold at every probe for half a window before the rule
 // acts (over 2 s, two disjoint sawtooth queues line up by chance; tested
-// in shared_rule_test.go). Samples are taken only while a subflow delivers, and only after it has
-// delivered for max(1s, 4 base RTTs) (slow start on two disjoint paths
+// in shared_rule_test.go). Samples are taken only while a subflow
+// delivers (data acked or received within its RTT: a long path's acks
+// come in bursts, not at every probe), and only after it has delivered
+// for max(1s, 4 base RTTs) (slow start on two disjoint paths
 // fills both queues at the same time, which is not a shared queue).
 
 // Defaults and bounds of SharedWindow (docs/agent.md).
@@ -52,6 +54,8 @@ type sbdConn struct {
 	// half a window, probe after probe, before anything is done: two
 	// disjoint queues can fill in step for a window by chance).
 	since map[[2]subKey]time.Time
+	// logged: the last verdict logged (debug, once a second).
+	logged time.Time
 }
 
 type sbdProbe struct {
@@ -81,7 +85,9 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 	w := p.cfg.SharedWindow
 	probe := sbdProbe{at: now, q: map[subKey]time.Duration{}}
 	for sk, s := range k.subs {
-		if !activePath(s) || s.sampledAt != now || s.lastProgress != now {
+		// Delivering: acked or received data within its RTT (a long path's
+		// acks come in bursts, not at every probe).
+		if !activePath(s) || s.sampledAt != now || now.Sub(s.lastProgress) > max(s.rtt, 200*time.Millisecond) {
 			delete(sc.busy, sk) // idle or gone: its ramp starts again
 			continue
 		}
@@ -135,6 +141,11 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 		return nil
 	}
 	v := SharedTest{}.Judge(qa, qb)
+	if now.Sub(sc.logged) >= time.Second {
+		sc.logged = now
+		p.cfg.Log.Debug("shared-bottleneck test", "token", fmt.Sprintf("%08x", k.c.Token),
+			"a", k.subs[a].path(), "b", k.subs[b].path(), "shared", v.Shared, "verdict", v.Verdict)
+	}
 	pair := [2]subKey{a, b}
 	if !v.Shared {
 		delete(sc.since, pair)
