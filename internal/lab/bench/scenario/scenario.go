@@ -173,6 +173,11 @@ func Policy(procedure string) string {
 	return ""
 }
 
+// ClosesSubflows: the procedure's agent may destroy a detour subflow on
+// purpose (shared-bottleneck detection), so a trial that ends with fewer
+// subflows than it opened is still a measurement of it.
+func ClosesSubflows(procedure string) bool { return procedure == MPTCPTunnelStaticSBD }
+
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
