@@ -127,6 +127,7 @@ type File struct {
 type fileGuard struct {
 	Share  *float64         `yaml:"share"`
 	Window *config.Duration `yaml:"window"`
+	Starve *float64         `yaml:"starve"`
 }
 
 type fileClamp struct {
@@ -181,6 +182,11 @@ func parseConfig(name string, b []byte) (Config, error) {
 	doc, err := config.Parse(name, b, &f)
 	if err != nil {
 		return Config{}, err
+	}
+	if f.Guard == nil && doc.Sub("guard") != nil {
+		// "guard:" without a value is the block too (empty): it tunes
+		// nothing under another policy, which build says.
+		f.Guard = &fileGuard{}
 	}
 	c, err := build(f)
 	if err != nil {
@@ -305,6 +311,12 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 				return c, fmt.Errorf("guard.window: %s out of range 200ms-%s (e.g. 1s)", d, policy.MaxGuardWindow)
 			}
 			c.GuardWindow = v.D()
+		}
+		if v := f.Guard.Starve; v != nil {
+			if !(*v > 0 && *v <= 1) {
+				return c, fmt.Errorf("guard.starve: %g out of range (the share of probes at which the fastest subflow is limited by its congestion window, above 0 and at most 1; 1 turns the condition off; e.g. 0.5)", *v)
+			}
+			c.GuardStarve = *v
 		}
 	}
 	if f.StallRetransmits != nil {

@@ -27,6 +27,9 @@ type sim struct {
 	// extra holds further subflows on the default path's addresses (a
 	// second redial attempt that came up), by local port: not measured.
 	extra map[uint16]*simPath
+	// refuseDestroy, when set, is the kernel's error for a destroy (nil:
+	// done); a refused one reaches the policy's Failed.
+	refuseDestroy func(in Intent) error
 }
 
 // onDefault: the default path's subflow or a redial of it.
@@ -94,6 +97,12 @@ func (s *sim) exec(ins []Intent, record bool) {
 			}
 			s.apply(s.p.SubflowEstablished(Subflow{Token: in.Token, Local: local, Remote: in.Remote, Backup: in.Backup}))
 		case DestroySubflow:
+			if s.refuseDestroy != nil {
+				if err := s.refuseDestroy(in); err != nil {
+					s.apply(s.p.Failed(in, err))
+					continue
+				}
+			}
 			if sp := s.extra[in.Local.Port()]; sp != nil && in.Local.Port() != 0 {
 				delete(s.extra, in.Local.Port())
 				s.apply(s.p.SubflowClosed(Subflow{Token: in.Token, Local: sp.local, Remote: sp.remote}))

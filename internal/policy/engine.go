@@ -67,9 +67,13 @@ type Config struct {
 	// GuardShare and GuardWindow (guard): a subflow slower than the
 	// connection's main carrier that delivers below GuardShare of the
 	// connection's bytes over GuardWindow (at most MaxGuardWindow) is
-	// destroyed [0.25, 1s].
+	// destroyed [0.25, 1s]; only while the subflow delivering the most
+	// starves: its share of probes limited by its congestion window or
+	// pacing is below GuardStarve [0.5; 1 or more: the condition is off,
+	// the rule before it].
 	GuardShare  float64
 	GuardWindow time.Duration
+	GuardStarve float64
 	// OtherFamily is the configured mapping from a server address to its
 	// addresses of the other family (IPv4 -> IPv6 or back): cross-family
 	// detour candidates for connections whose socket takes them
@@ -265,6 +269,7 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 	positive(&cfg.RcvBuf, 6<<20)
 	positive(&cfg.GuardShare, defaultGuardShare)
 	positive(&cfg.GuardWindow, defaultGuardWindow)
+	positive(&cfg.GuardStarve, defaultGuardStarve)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -673,6 +678,9 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 	k := p.conns[in.Token]
 	if k == nil {
 		return nil
+	}
+	if f, ok := p.strat.(destroyFailer); ok && in.Action == DestroySubflow {
+		return f.destroyFailed(k, in, err)
 	}
 	if in.Action == SetBackup {
 		_, s := k.find(in.Local, in.Remote)

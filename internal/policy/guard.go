@@ -2,6 +2,8 @@ package policy
 
 import (
 	"fmt"
+	"log/slog"
+	"math"
 	"net/netip"
 	"strings"
 	"time"
@@ -60,6 +62,7 @@ const (
 	// Defaults of GuardShare and GuardWindow (docs/agent.md).
 	defaultGuardShare  = 0.25
 	defaultGuardWindow = time.Second
+	defaultGuardStarve = 0.5
 )
 
 // gConn keeps each subflow's delivered bytes per probe over the last
@@ -68,6 +71,13 @@ type gConn struct {
 	hist []gSample
 	// rejoin: when the detour shed last stops being avoided (Hold).
 	rejoin time.Time
+	// retry: a shed the kernel refused is tried again from here (one
+	// judging window later, not at every probe).
+	retry time.Time
+	// shedAvoid: the avoid entry the last shed set and the end it had
+	// before (zero: none), for undoing it when the kernel refuses.
+	shedAvoid     string
+	shedAvoidPrev time.Time
 }
 
 type gSample struct {
@@ -103,17 +113,23 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		}
 	}
 	gc.hist = append(gc.hist, snap)
+	if g.e.cfg.Log.Enabled(nil, slog.LevelDebug) {
+		g.trace(k, now)
+	}
 	// Keep the newest sample at least guardKeep old and everything after.
 	i := 0
 	for i+1 < len(gc.hist) && !gc.hist[i+1].at.After(now.Add(-guardKeep)) {
 		i++
 	}
 	gc.hist = append(gc.hist[:0], gc.hist[i:]...)
-	sk, s, why := g.harmful(k, gc, snap, now)
+	if now.Before(gc.retry) {
+		return out
+	}
+	sk, s, top, why := g.harmful(k, gc, snap, now)
 	if s == nil {
 		return out
 	}
-	return append(out, g.shed(k, gc, sk, s, now, why)...)
+	return append(out, g.shed(k, gc, sk, s, top, now, why)...)
 }
 
 // judgeWindow is the window a subflow is judged over: Window, at least
@@ -128,7 +144,7 @@ func (g *guard) judgeWindow(s *ksub) time.Duration {
 // the connection's bytes and its base RTT is above guardRTT x that of the
 // subflow that delivered the most (which still delivers); the connection
 // is busy.
-func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey, *ksub, string) {
+func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey, *ksub, *ksub, string) {
 	cfg := g.e.cfg
 	for sk, s := range k.subs {
 		if _, ok := cur.bytes[sk]; !ok || s.baseRTT() == 0 {
@@ -168,12 +184,23 @@ func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey
 			continue
 		}
 		share := float64(sub64(cur.bytes[sk], a)) / total
-		if share < cfg.GuardShare && float64(s.baseRTT()) > guardRTT*float64(topS.baseRTT()) {
-			return sk, s, fmt.Sprintf("delivered %.0f%% of the connection's bytes over %s (below %.0f%%) with a base RTT of %s vs %s on %s",
-				100*share, w.Round(time.Millisecond), 100*cfg.GuardShare, s.baseRTT().Round(time.Millisecond), topS.baseRTT().Round(time.Millisecond), topS.path())
+		if share >= cfg.GuardShare || float64(s.baseRTT()) <= guardRTT*float64(topS.baseRTT()) {
+			continue
 		}
+		why := fmt.Sprintf("delivered %.0f%% of the connection's bytes over %s (below %.0f%%) with a base RTT of %s vs %s on %s",
+			100*share, w.Round(time.Millisecond), 100*cfg.GuardShare, s.baseRTT().Round(time.Millisecond), topS.baseRTT().Round(time.Millisecond), topS.path())
+		if cfg.GuardStarve < 1 {
+			// A slow subflow that delivers little while the fast one
+			// stays limited by its own congestion window does not hold
+			// it back: it adds what it carries (docs/results/design/guard2).
+			if topS.sendLimited >= cfg.GuardStarve {
+				continue
+			}
+			why += fmt.Sprintf(", which starves (window-limited at %.0f%% of probes, below %.0f%%)", 100*topS.sendLimited, 100*cfg.GuardStarve)
+		}
+		return sk, s, topS, why
 	}
-	return subKey{}, nil, ""
+	return subKey{}, nil, nil, ""
 }
 
 // othersCarry: the top subflow made progress recently and is not in
@@ -187,11 +214,14 @@ func (g *guard) othersCarry(k *kconn, top subKey, now time.Time) bool {
 // shed destroys s: the kernel re-sends what it holds on the others. Its
 // detour is avoided for this server for Hold; the default path is not
 // reopened.
-func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s *ksub, now time.Time, why string) []Intent {
+func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time, why string) []Intent {
 	p := g.e
 	s.stale, s.role = true, RoleEvicted
+	gc.shedAvoid = ""
 	if s.d != nil {
-		p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(p.cfg.Hold)
+		gc.shedAvoid = avoidKey(k.c.Remote, Key(*s.d))
+		gc.shedAvoidPrev = p.avoid[gc.shedAvoid]
+		p.avoid[gc.shedAvoid] = now.Add(p.cfg.Hold)
 		// The latest Hold's end: an earlier one would fill (and clear it)
 		// while this detour is still avoided.
 		gc.rejoin = now.Add(p.cfg.Hold)
@@ -200,10 +230,47 @@ func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s *ksub, now time.Time, why
 		s.decision = "shed: " + why
 	}
 	k.decision = s.path() + ": " + s.decision
-	p.cfg.Log.Info("subflow shed: slower and delivering little", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", why)
+	p.cfg.Log.Info("subflow shed: slower and delivering little", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", why,
+		"top", top.path(), "top_send_limited", round3(top.sendLimited), "top_recv_busy", round3(top.recvBusy),
+		"top_rate_kBps", round3(top.rate/1e3), "top_loss", round3(top.loss), "top_cwnd", top.m.SndCwnd, "top_unacked", top.m.Unacked, "top_notsent", top.m.NotsentBytes,
+		"send_limited", round3(s.sendLimited), "rate_kBps", round3(s.rate/1e3), "up", now.Sub(s.upSince).Round(time.Millisecond))
 	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
 		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
 	return append(out, p.fill(k)...)
+}
+
+// destroyFailer is a strategy that acts when the kernel refuses one of
+// its SUBFLOW_DESTROY commands.
+type destroyFailer interface {
+	destroyFailed(k *kconn, in Intent, err error) []Intent
+}
+
+// destroyFailed: the kernel refused to destroy a shed subflow (it still
+// carries data): it counts again as active, its detour is no longer
+// avoided for the shed, and the rule judges again after one judging
+// window (a refusal is not retried at every probe).
+func (g *guard) destroyFailed(k *kconn, in Intent, err error) []Intent {
+	_, s := k.find(in.Local, in.Remote)
+	if s == nil || !s.stale || s.role != RoleEvicted || !s.up {
+		return nil // closed meanwhile, or not a shed
+	}
+	p, gc := g.e, g.conn(k)
+	now := p.cfg.Now()
+	s.stale, s.role = false, RoleActive
+	if gc.shedAvoid != "" {
+		if gc.shedAvoidPrev.After(now) {
+			p.avoid[gc.shedAvoid] = gc.shedAvoidPrev
+		} else {
+			delete(p.avoid, gc.shedAvoid)
+		}
+		gc.shedAvoid = ""
+		gc.rejoin = p.avoidedUntil(k.c.Remote, now)
+	}
+	gc.retry = now.Add(g.judgeWindow(s))
+	s.decision = fmt.Sprintf("shed refused by the kernel (%s): kept, judged again in %s", errnoName(err), g.judgeWindow(s).Round(time.Millisecond))
+	k.decision = s.path() + ": " + s.decision
+	p.cfg.Log.Warn("subflow shed refused by the kernel: kept, judged again", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "err", err, "retry_in", g.judgeWindow(s))
+	return nil
 }
 
 // avoidedUntil is when the first detour still avoided for server stops
@@ -217,4 +284,18 @@ func (p *Engine) avoidedUntil(server netip.AddrPort, now time.Time) time.Time {
 		}
 	}
 	return first
+}
+
+func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
+
+// trace logs, at debug level, what the rule reads of each active subflow
+// at this probe (for diagnosing its decisions offline).
+func (g *guard) trace(k *kconn, now time.Time) {
+	for _, s := range k.subs {
+		if activePath(s) {
+			g.e.cfg.Log.Debug("guard probe", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "up", now.Sub(s.upSince).Round(time.Millisecond),
+				"send_limited", round3(s.sendLimited), "recv_busy", round3(s.recvBusy), "rate_kBps", round3(s.rate/1e3), "loss", round3(s.loss),
+				"base_rtt", s.baseRTT(), "cwnd", s.m.SndCwnd, "unacked", s.m.Unacked, "notsent", s.m.NotsentBytes, "bytes", s.m.BytesAcked+s.m.BytesReceived)
+		}
+	}
 }

@@ -1,10 +1,13 @@
 package policy
 
 import (
-	"github.com/mpdetour/mpdetour/internal/detour"
+	"log/slog"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
 )
 
 // A guard connection: the default path and one NAT detour, both active.
@@ -246,5 +249,112 @@ func TestGuardShedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
 		if n := s.destroys(det); n < 5 {
 			t.Errorf("connection %d: shed %d times in 200 s, want 5 or more (rejoins after Hold); intents %v", s.conn.Token, n, s.ins)
 		}
+	}
+}
+
+// p114 of the design: a 394 ms lossy detour delivers ~5-10 % of the bytes
+// beside a 48 ms default path that stays limited by its own congestion
+// window (measured at every shed of the rule before: window-limited at
+// 0.98-1.0 of the probes). The detour adds what it carries and is kept;
+// with guard.starve 1 (the condition off: the rule before) it is shed.
+func TestGuardKeepsSlowDetourWhileTheFastPathIsWindowLimited(t *testing.T) {
+	for _, c := range []struct {
+		starve float64
+		sheds  bool
+	}{{0, false}, {0.5, false}, {1, true}} {
+		s := newSimCfg(t, Config{Mode: Guard, GuardStarve: c.starve})
+		def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+		s.run(10*time.Second, func(sk subKey, sp *simPath) {
+			if sk == def {
+				sp.rate, sp.rtt, sp.full = 1.2e6, 48*time.Millisecond, true
+			} else {
+				sp.rate, sp.rtt = 0.06e6, 394*time.Millisecond
+			}
+		})
+		if got := s.destroys(det) > 0; got != c.sheds {
+			t.Errorf("starve %g: detour shed %v, want %v; intents %v", c.starve, got, c.sheds, s.ins)
+		}
+	}
+}
+
+// p197/p105 of the design: while the fast path stays window-limited the
+// slow detour is kept; once the fast path starves (the MPTCP send buffer
+// held by the slow one: nothing queued, its window not full) the detour is
+// shed within about a second (the smoothed share, 1 s time constant,
+// falls below 0.5) and the decision says why.
+func TestGuardShedsOnceTheFastPathStarves(t *testing.T) {
+	s := newSimCfg(t, Config{Mode: Guard})
+	def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+	starved := false
+	set := func(sk subKey, sp *simPath) {
+		if sk == def {
+			sp.rate, sp.rtt, sp.full = 1.5e6, 47*time.Millisecond, !starved
+		} else {
+			sp.rate, sp.rtt = 0.15e6, 135*time.Millisecond
+		}
+	}
+	s.run(6*time.Second, set)
+	if n := s.destroys(det); n != 0 {
+		t.Fatalf("shed while the fast path is window-limited: %v", s.ins)
+	}
+	starved = true
+	from := s.clk.t
+	for s.destroys(det) == 0 && s.clk.t.Sub(from) < 3*time.Second {
+		s.run(100*time.Millisecond, set)
+	}
+	if n, after := s.destroys(det), s.clk.t.Sub(from); n != 1 || after < 500*time.Millisecond || after > 1500*time.Millisecond {
+		t.Fatalf("%d destroys %s after the fast path starved, want 1 after 0.5-1.5 s", n, after)
+	}
+	if cs := s.p.Report().Conns; len(cs) != 1 || !strings.Contains(cs[0].Decision, "which starves") {
+		t.Fatalf("connections %+v, want a decision that names the starving path", cs)
+	}
+}
+
+// The kernel refuses the shed (SUBFLOW_DESTROY fails): the subflow counts
+// as active again with a decision that says so, one warning is logged,
+// its detour is not avoided (it is not reopened beside itself later), and
+// the rule tries again one judging window later, not at every probe; the
+// next destroy that succeeds sheds it.
+func TestGuardRefusedShedIsUndoneAndRetried(t *testing.T) {
+	var logs strings.Builder
+	clkCfg := Config{Mode: Guard, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	s := newSimCfg(t, clkCfg)
+	def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+	p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+	refused := 0
+	s.refuseDestroy = func(in Intent) error {
+		if refused == 0 {
+			refused++
+			return syscall.EBUSY
+		}
+		return nil
+	}
+	for s.destroys(det) == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+		s.run(100*time.Millisecond, p197)
+	}
+	if s.destroys(det) != 1 || refused != 1 {
+		t.Fatalf("%d destroys, %d refused; want the first refused", s.destroys(det), refused)
+	}
+	if _, ok := s.paths[det]; !ok {
+		t.Fatal("the refused destroy closed the subflow in the sim")
+	}
+	if r := s.report("nat:r1"); r.Role != RoleActive || !strings.Contains(r.Decision, "refused") {
+		t.Fatalf("after the refusal: %+v, want active with a decision naming the refusal", r)
+	}
+	if until := s.p.avoidedUntil(server, s.clk.t); !until.IsZero() {
+		t.Fatalf("the detour is still avoided until %s after the refusal", until)
+	}
+	if n := strings.Count(logs.String(), "shed refused"); n != 1 {
+		t.Fatalf("%d log lines about the refusal, want 1:\n%s", n, logs.String())
+	}
+	refusedAt := s.clk.t
+	for s.destroys(det) == 1 && s.clk.t.Sub(refusedAt) < 3*time.Second {
+		s.run(100*time.Millisecond, p197)
+	}
+	if n, after := s.destroys(det), s.clk.t.Sub(refusedAt); n != 2 || after < 900*time.Millisecond {
+		t.Fatalf("%d destroys, the second %s after the refusal; want 2, the second after one window (1 s)", n, after)
+	}
+	if _, ok := s.paths[det]; ok {
+		t.Fatal("the second, accepted destroy left the subflow open")
 	}
 }
