@@ -32,7 +32,8 @@ import (
 //     agent mechanisms switched on in the agent's configuration (Mechanisms:
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
-//     subflows, e.g. +bbr), so that a
+//     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
+//     policy guard only), so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
 const (
@@ -85,7 +86,8 @@ type Mechanism struct {
 // MechanismNames says which mechanisms a procedure may name (for errors
 // and --help).
 const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255), " +
-	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr)"
+	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
+	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
@@ -106,6 +108,17 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		// Detour subflows run ALGO; the default path keeps the trial's
 		// congestion control (the design's, cubic by default).
 		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_congestion:\n  detour: %s\n", m)}, nil
+	case m == "starveoff":
+		// guard's shed rule without its starvation condition (the rule
+		// measured in docs/results/design/harm and guard-fresh).
+		return Mechanism{Name: m, Config: "guard:\n  starve: 1\n"}, nil
+	case strings.HasPrefix(m, "starve"):
+		rest := m[len("starve"):]
+		n, err := strconv.Atoi(rest)
+		if err != nil || n < 1 || n > 99 || rest != strconv.Itoa(n) {
+			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want starveN with N 1-99 (guard.starve N/100) or starveoff (guard.starve: 1)", f, m)
+		}
+		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
 	case m == "clamp" || m == "cwnd-clamp" || m == "cwnd_clamp":
 		// policy.Clamps clamps tunnel detour subflows only; a design's
 		// detours are NAT detours, where the clamp would be a no-op.
@@ -201,6 +214,8 @@ func parseProc(f string, paths int) (Proc, error) {
 			switch {
 			case strings.HasPrefix(key, "stale"):
 				key = "stale"
+			case strings.HasPrefix(key, "starve"):
+				key = "starve"
 			case strings.HasPrefix(mech.Config, "subflow_congestion:"):
 				key = "congestion control"
 			}
