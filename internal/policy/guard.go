@@ -37,7 +37,14 @@ import (
 // than guardRTT times that of the subflow delivering the most is
 // destroyed (SUBFLOW_DESTROY: the kernel re-sends its queue on the
 // others at once, so nothing stays stranded). Only when the connection is
-// busy (at least 64 KB/s) and another subflow delivers. A shed detour is
+// busy (at least 64 KB/s) and another subflow delivers, and (Starve, after
+// docs/results/design/guard2) only while that subflow starves: its
+// smoothed share of probes limited by its congestion window or pacing is
+// below Starve. At p114 and p047 of the design the rule without that
+// condition shed a slow detour that still added goodput while the fast
+// subflow stayed window-limited (0.98-1.0 at every such shed). Where the
+// agent's host receives, its subflows are never window-limited here, so
+// the condition holds and the rule is the one before. A shed detour is
 // avoided for this server for Hold, then joins again (active) and is
 // judged again; the default path's subflow is shed the same way, but the
 // agent does not reopen it (the connection goes on through its detours;
@@ -142,8 +149,8 @@ func (g *guard) judgeWindow(s *ksub) time.Duration {
 // harmful finds the subflow the rule sheds, if any: it has been up for
 // twice its judging window; over that window it delivered below Share of
 // the connection's bytes and its base RTT is above guardRTT x that of the
-// subflow that delivered the most (which still delivers); the connection
-// is busy.
+// subflow that delivered the most (which still delivers and, unless
+// Starve is 1 or more, starves); the connection is busy.
 func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey, *ksub, *ksub, string) {
 	cfg := g.e.cfg
 	for sk, s := range k.subs {
