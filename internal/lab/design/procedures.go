@@ -98,9 +98,8 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		// buffer_sizing is on by default: this measures the agent without it.
 		return Mechanism{Name: m, Config: "buffer_sizing: false\n"}, nil
 	case strings.HasPrefix(m, "stale"):
-		rest := m[len("stale"):]
-		n, err := strconv.Atoi(rest)
-		if err != nil || n < 1 || n > 255 || rest != strconv.Itoa(n) {
+		n, ok := numbered(m, "stale", 1, 255)
+		if !ok {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want staleN with N 1-255 (net.mptcp.stale_loss_cnt; the kernel's default is 4)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("stale_loss_cnt: %d\n", n)}, nil
@@ -113,9 +112,8 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		// measured in docs/results/design/harm and guard-fresh).
 		return Mechanism{Name: m, Config: "guard:\n  starve: 1\n"}, nil
 	case strings.HasPrefix(m, "starve"):
-		rest := m[len("starve"):]
-		n, err := strconv.Atoi(rest)
-		if err != nil || n < 1 || n > 99 || rest != strconv.Itoa(n) {
+		n, ok := numbered(m, "starve", 1, 99)
+		if !ok {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want starveN with N 1-99 (guard.starve N/100) or starveoff (guard.starve: 1)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
@@ -125,6 +123,14 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: the cwnd clamp acts on tunnel detour subflows only, and a design's detours are NAT detours (valid mechanisms: %s)", f, m, MechanismNames)
 	}
 	return Mechanism{}, fmt.Errorf("procedure %q: unknown mechanism %q (valid mechanisms: %s)", f, m, MechanismNames)
+}
+
+// numbered reads the N of a mechanism named prefix+N, N in lo..hi and
+// written without leading zeros.
+func numbered(m, prefix string, lo, hi int) (int, bool) {
+	rest := m[len(prefix):]
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n >= lo && n <= hi && rest == strconv.Itoa(n)
 }
 
 // agentConfig is the agent configuration of an MPTCP procedure: its
