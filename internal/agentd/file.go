@@ -1,6 +1,7 @@
 package agentd
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"os"
@@ -122,6 +123,14 @@ type File struct {
 	SubflowCongestion *fileSubflowCC `yaml:"subflow_congestion"`
 	// Guard tunes the guard policy (docs/agent.md, "The guard policy").
 	Guard *fileGuard `yaml:"guard"`
+	// SharedBottleneck turns on the static policy's shared-bottleneck
+	// detection (docs/agent.md, "Shared-bottleneck detection").
+	SharedBottleneck *fileShared `yaml:"shared_bottleneck"`
+}
+
+type fileShared struct {
+	Enabled bool             `yaml:"enabled"`
+	Window  *config.Duration `yaml:"window"`
 }
 
 type fileGuard struct {
@@ -319,6 +328,9 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 			c.GuardStarve = *v
 		}
 	}
+	if err := buildShared(f, &c); err != nil {
+		return c, err
+	}
 	if f.StallRetransmits != nil {
 		if *f.StallRetransmits < 1 || *f.StallRetransmits > 15 {
 			return c, fmt.Errorf("stall_retransmits: %d out of range 1-15", *f.StallRetransmits)
@@ -393,6 +405,40 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		}
 	}
 	return c, nil
+}
+
+// buildShared validates the shared_bottleneck block onto c.
+func buildShared(f File, c *agent.Options) error {
+	s := f.SharedBottleneck
+	if s == nil {
+		return nil
+	}
+	if !s.Enabled {
+		if s.Window != nil {
+			return fmt.Errorf("shared_bottleneck.window: set without shared_bottleneck.enabled: true")
+		}
+		return nil
+	}
+	if c.Policy != policy.Static {
+		return fmt.Errorf("shared_bottleneck: enabled, but the policy is %s (the rule is part of policy: static)", c.Policy)
+	}
+	if v := s.Window; v != nil {
+		if d := v.D(); d < policy.MinSharedWindow || d > policy.MaxSharedWindow {
+			return fmt.Errorf("shared_bottleneck.window: %s out of range %s-%s (e.g. 3s)", d, policy.MinSharedWindow, policy.MaxSharedWindow)
+		}
+		c.SharedWindow = v.D()
+	}
+	// The rule compares queueing delays sampled every probe: every
+	// 100 ms unless said otherwise.
+	if f.ProbeInterval == nil {
+		c.ProbeInterval = 100 * time.Millisecond
+	}
+	w := cmp.Or(c.SharedWindow, policy.DefaultSharedWindow)
+	if c.ProbeInterval == 0 || w/c.ProbeInterval < policy.MinSharedSamples {
+		return fmt.Errorf("shared_bottleneck: needs %d probes per window (%s), probe_interval is %s (e.g. 100ms)", policy.MinSharedSamples, w, c.ProbeInterval)
+	}
+	c.SharedBottleneck = true
+	return nil
 }
 
 // buildClamp validates the cwnd_clamp section.

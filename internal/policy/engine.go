@@ -74,6 +74,12 @@ type Config struct {
 	GuardShare  float64
 	GuardWindow time.Duration
 	GuardStarve float64
+	// SharedBottleneck (static): two subflows whose queueing delays say
+	// they share a bottleneck keep only the faster one carrying data for
+	// Hold (shared_rule.go); SharedWindow is how long they are compared
+	// [2s, MinSharedWindow-MaxSharedWindow].
+	SharedBottleneck bool
+	SharedWindow     time.Duration
 	// OtherFamily is the configured mapping from a server address to its
 	// addresses of the other family (IPv4 -> IPv6 or back): cross-family
 	// detour candidates for connections whose socket takes them
@@ -175,6 +181,8 @@ type kconn struct {
 	// st is the strategy's own state for the connection (nil until it
 	// keeps any; dropped with the connection).
 	st any
+	// sbd is the shared-bottleneck rule's state (shared_rule.go).
+	sbd *sbdConn
 }
 
 type sample struct {
@@ -270,6 +278,7 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 	positive(&cfg.GuardShare, defaultGuardShare)
 	positive(&cfg.GuardWindow, defaultGuardWindow)
 	positive(&cfg.GuardStarve, defaultGuardStarve)
+	positive(&cfg.SharedWindow, DefaultSharedWindow)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

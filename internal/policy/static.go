@@ -27,5 +27,5 @@ func (st *static) measured(k *kconn, now time.Time) []Intent {
 		}
 		out = append(out, st.e.stalled(k, s, s.m, fmt.Sprintf("subflow stalled: %d retransmission timeouts", s.m.Retransmits))...)
 	}
-	return out
+	return append(out, st.e.sharedMeasured(k, now)...)
 }

@@ -1,0 +1,206 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// The shared-bottleneck rule of the static policy (Config.SharedBottleneck;
+// docs/agent.md, "Shared-bottleneck detection"). Measured (issue 26 item 3,
+// docs/results/tunnel-shared/backup-first): a tunnel detour that crosses
+// the client's access link with the default path adds no capacity, only
+// a second flow into the same queue, and the connection ends below the
+// better path alone. The rule: every probe records each active subflow's
+// queueing delay (smoothed RTT minus the kernel's minimum RTT); once two
+// subflows have a window of samples in common, SharedTest judges the
+// pair. Shared: the one with the lower delivery rate stops carrying data
+// for Hold, then both are judged again:
+//   - a detour subflow is destroyed (SUBFLOW_DESTROY: the kernel re-sends
+//     its queue on the other subflow at once, nothing stays stranded), its
+//     detour avoided for this server for Hold, then it joins again;
+//   - the default path's (or an announced) subflow is set backup (MP_PRIO:
+//     the agent cannot reopen the default path once destroyed); what it
+//     holds already it still delivers itself. After Hold it is set active.
+//
+// The verdict must hold at every probe for half a window before the rule
+// acts (over 2 s, two disjoint sawtooth queues line up by chance; tested
+// in shared_rule_test.go). Samples are taken only while a subflow
+// delivers (data acked or received within its RTT: a long path's acks
+// come in bursts, not at every probe), and only after it has delivered
+// for max(1s, 4 base RTTs) (slow start on two disjoint paths
+// fills both queues at the same time, which is not a shared queue).
+
+// Defaults and bounds of SharedWindow (docs/agent.md).
+const (
+	DefaultSharedWindow = 3 * time.Second
+	MinSharedWindow     = time.Second
+	MaxSharedWindow     = 10 * time.Second
+	sharedRamp          = time.Second
+)
+
+type sbdConn struct {
+	hist []sbdProbe
+	// busy: when each subflow started delivering (its ramp is skipped).
+	busy map[subKey]time.Time
+	// retest: when the subflow taken out comes back (zero: none is out);
+	// benched is the default-path subflow set backup (zero: a detour was
+	// destroyed instead, it rejoins through fill).
+	retest  time.Time
+	benched *subKey
+	// since: when the pair's verdict turned "shared" (it must hold for
+	// half a window, probe after probe, before anything is done: two
+	// disjoint queues can fill in step for a window by chance).
+	since map[[2]subKey]time.Time
+	// logged: the last verdict logged (debug, once a second).
+	logged time.Time
+}
+
+type sbdProbe struct {
+	at time.Time
+	q  map[subKey]time.Duration
+}
+
+func (k *kconn) sbdState() *sbdConn {
+	if k.sbd == nil {
+		k.sbd = &sbdConn{busy: map[subKey]time.Time{}, since: map[[2]subKey]time.Time{}}
+	}
+	return k.sbd
+}
+
+// sharedMeasured is the rule's step for k at a probe (static.measured).
+func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
+	if !p.cfg.SharedBottleneck || !k.selected {
+		return nil
+	}
+	sc := k.sbdState()
+	if !sc.retest.IsZero() {
+		if now.Before(sc.retest) {
+			return nil
+		}
+		return p.sharedRetest(k, sc, now)
+	}
+	w := p.cfg.SharedWindow
+	probe := sbdProbe{at: now, q: map[subKey]time.Duration{}}
+	for sk, s := range k.subs {
+		// Delivering: acked or received data within its RTT (a long path's
+		// acks come in bursts, not at every probe).
+		if !activePath(s) || s.sampledAt != now || now.Sub(s.lastProgress) > max(s.rtt, 200*time.Millisecond) {
+			delete(sc.busy, sk) // idle or gone: its ramp starts again
+			continue
+		}
+		if _, ok := sc.busy[sk]; !ok {
+			sc.busy[sk] = now
+		}
+		if now.Sub(sc.busy[sk]) < max(sharedRamp, 4*s.baseRTT()) || s.rtt <= 0 || s.minRTT <= 0 {
+			continue
+		}
+		probe.q[sk] = s.rtt - s.minRTT
+	}
+	sc.hist = append(sc.hist, probe)
+	i := 0
+	for i < len(sc.hist) && now.Sub(sc.hist[i].at) > w {
+		i++
+	}
+	sc.hist = append(sc.hist[:0], sc.hist[i:]...)
+	keys := slices.SortedFunc(maps.Keys(probe.q), func(a, b subKey) int {
+		if c := a.local.Compare(b.local); c != 0 {
+			return c
+		}
+		return a.remote.Compare(b.remote)
+	})
+	for i, a := range keys {
+		for _, b := range keys[i+1:] {
+			if out := p.sharedJudge(k, sc, a, b, now); out != nil {
+				return out
+			}
+		}
+	}
+	return nil
+}
+
+// sharedJudge tests the pair a, b over the window and, when they share a
+// bottleneck, takes the slower one out.
+func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) []Intent {
+	var qa, qb []time.Duration
+	var first time.Time
+	for _, h := range sc.hist {
+		x, okA := h.q[a]
+		y, okB := h.q[b]
+		if okA && okB {
+			if first.IsZero() {
+				first = h.at
+			}
+			qa, qb = append(qa, x), append(qb, y)
+		}
+	}
+	// The common samples must span most of the window.
+	if first.IsZero() || now.Sub(first) < p.cfg.SharedWindow*3/4 {
+		return nil
+	}
+	v := SharedTest{}.Judge(qa, qb)
+	if now.Sub(sc.logged) >= time.Second {
+		sc.logged = now
+		p.cfg.Log.Debug("shared-bottleneck test", "token", fmt.Sprintf("%08x", k.c.Token),
+			"a", k.subs[a].path(), "b", k.subs[b].path(), "shared", v.Shared, "verdict", v.Verdict)
+	}
+	pair := [2]subKey{a, b}
+	if !v.Shared {
+		delete(sc.since, pair)
+		return nil
+	}
+	if _, ok := sc.since[pair]; !ok {
+		sc.since[pair] = now
+	}
+	if now.Sub(sc.since[pair]) < p.cfg.SharedWindow/2 {
+		return nil
+	}
+	sa, sb := k.subs[a], k.subs[b]
+	kept, out, gone := sa, b, sb
+	if sb.rate > sa.rate {
+		kept, out, gone = sb, a, sa
+	}
+	if kept.rate+gone.rate < minTrialRate {
+		return nil // too idle to matter
+	}
+	why := fmt.Sprintf("shares a bottleneck with %s (%s) and delivers less (%.2f vs %.2f Mbit/s)",
+		kept.path(), v.Verdict, gone.rate*8/1e6, kept.rate*8/1e6)
+	sc.hist, sc.retest = nil, now.Add(p.cfg.Hold)
+	clear(sc.busy)
+	clear(sc.since)
+	p.cfg.Log.Info("shared bottleneck: subflow taken out of scheduling", "token", fmt.Sprintf("%08x", k.c.Token),
+		"path", gone.path(), "kept", kept.path(), "why", why, "for", p.cfg.Hold)
+	if gone.d == nil {
+		// The default path (or an announced address): backup, not
+		// destroyed (the agent does not reopen the default path).
+		gone.decision = fmt.Sprintf("backup: %s (active again in %s)", why, p.cfg.Hold)
+		k.decision = gone.path() + ": " + gone.decision
+		sc.benched = &out
+		return []Intent{p.setBackup(k, out, gone, true)}
+	}
+	gone.stale, gone.role = true, RoleEvicted
+	gone.decision = fmt.Sprintf("destroyed: %s (rejoins in %s)", why, p.cfg.Hold)
+	k.decision = gone.path() + ": " + gone.decision
+	p.avoid[avoidKey(k.c.Remote, Key(*gone.d))] = sc.retest
+	sc.benched = nil
+	return append([]Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: gone.localID,
+		Local: netip.AddrPortFrom(out.local, gone.port), Remote: out.remote, Detour: gone.d}}, p.fill(k)...)
+}
+
+// sharedRetest brings back what the rule took out: the benched default
+// path is set active, a destroyed detour joins again (once its close has
+// been seen and fill can open it).
+func (p *Engine) sharedRetest(k *kconn, sc *sbdConn, now time.Time) []Intent {
+	if sk := sc.benched; sk != nil {
+		sc.retest, sc.benched = time.Time{}, nil
+		s := k.subs[*sk]
+		if s == nil || s.stale || !s.up || !s.backup {
+			return nil // gone meanwhile, or someone else changed it
+		}
+		s.decision = "active again: shared-bottleneck retest"
+		return []Intent{p.setBackup(k, *sk, s, false)}
+	}
+	return p.rejoin(k, &sc.retest, now)
+}
