@@ -111,19 +111,31 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 		}
 		return a.remote.Compare(b.remote)
 	})
+	sharedNow := map[[2]subKey]bool{}
 	for i, a := range keys {
 		for _, b := range keys[i+1:] {
-			if out := p.sharedJudge(k, sc, a, b, now); out != nil {
+			out, shared := p.sharedJudge(k, sc, a, b, now)
+			if out != nil {
 				return out
 			}
+			sharedNow[[2]subKey{a, b}] = shared
+		}
+	}
+	// A verdict holds only probe after probe: a pair not judged shared at
+	// this probe (not shared, or not judged at all: one of them idle, too
+	// few common samples, too idle to matter) starts its half window again.
+	for pair := range sc.since {
+		if !sharedNow[pair] {
+			delete(sc.since, pair)
 		}
 	}
 	return nil
 }
 
 // sharedJudge tests the pair a, b over the window and, when they share a
-// bottleneck, takes the slower one out.
-func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) []Intent {
+// bottleneck, takes the slower one out. shared: the pair was judged shared
+// at this probe (its half window runs on).
+func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) (out []Intent, shared bool) {
 	var qa, qb []time.Duration
 	var first time.Time
 	for _, h := range sc.hist {
@@ -138,7 +150,7 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 	}
 	// The common samples must span most of the window.
 	if first.IsZero() || now.Sub(first) < p.cfg.SharedWindow*3/4 {
-		return nil
+		return nil, false
 	}
 	v := SharedTest{}.Judge(qa, qb)
 	if now.Sub(sc.logged) >= time.Second {
@@ -146,24 +158,20 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 		p.cfg.Log.Debug("shared-bottleneck test", "token", fmt.Sprintf("%08x", k.c.Token),
 			"a", k.subs[a].path(), "b", k.subs[b].path(), "shared", v.Shared, "verdict", v.Verdict)
 	}
-	pair := [2]subKey{a, b}
-	if !v.Shared {
-		delete(sc.since, pair)
-		return nil
+	sa, sb := k.subs[a], k.subs[b]
+	if !v.Shared || sa.rate+sb.rate < minTrialRate {
+		return nil, false // not shared, or too idle to matter
 	}
+	pair := [2]subKey{a, b}
 	if _, ok := sc.since[pair]; !ok {
 		sc.since[pair] = now
 	}
 	if now.Sub(sc.since[pair]) < p.cfg.SharedWindow/2 {
-		return nil
+		return nil, true
 	}
-	sa, sb := k.subs[a], k.subs[b]
-	kept, out, gone := sa, b, sb
+	kept, outKey, gone := sa, b, sb
 	if sb.rate > sa.rate {
-		kept, out, gone = sb, a, sa
-	}
-	if kept.rate+gone.rate < minTrialRate {
-		return nil // too idle to matter
+		kept, outKey, gone = sb, a, sa
 	}
 	why := fmt.Sprintf("shares a bottleneck with %s (%s) and delivers less (%.2f vs %.2f Mbit/s)",
 		kept.path(), v.Verdict, gone.rate*8/1e6, kept.rate*8/1e6)
@@ -177,8 +185,8 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 		// destroyed (the agent does not reopen the default path).
 		gone.decision = fmt.Sprintf("backup: %s (active again in %s)", why, p.cfg.Hold)
 		k.decision = gone.path() + ": " + gone.decision
-		sc.benched = &out
-		return []Intent{p.setBackup(k, out, gone, true)}
+		sc.benched = &outKey
+		return []Intent{p.setBackup(k, outKey, gone, true)}, true
 	}
 	gone.stale, gone.role = true, RoleEvicted
 	gone.decision = fmt.Sprintf("destroyed: %s (rejoins in %s)", why, p.cfg.Hold)
@@ -186,7 +194,7 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 	p.avoid[avoidKey(k.c.Remote, Key(*gone.d))] = sc.retest
 	sc.benched = nil
 	return append([]Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: gone.localID,
-		Local: netip.AddrPortFrom(out.local, gone.port), Remote: out.remote, Detour: gone.d}}, p.fill(k)...)
+		Local: netip.AddrPortFrom(outKey.local, gone.port), Remote: outKey.remote, Detour: gone.d}}, p.fill(k)...), true
 }
 
 // sharedRetest brings back what the rule took out: the benched default

@@ -214,3 +214,62 @@ func TestSharedSweep(t *testing.T) {
 		t.Fatalf("of 40: %d disjoint pairs of other depths judged shared, %d shared ones missed", falsePos, misses)
 	}
 }
+
+// The verdict must hold for half a window before the rule acts, also
+// after a gap in which the pair was not judged at all (the detour idle
+// for 5 s after the pair was judged shared once): the second run takes as
+// long as a fresh one (ramp, a window of common samples, half a window of
+// verdicts), not one probe.
+func TestSharedVerdictHoldsHalfAWindowAfterAGap(t *testing.T) {
+	shared := saw(1300*time.Millisecond, 120*time.Millisecond, 0)
+	idle := false
+	newQueues := func() (*sim, *queues, subKey) {
+		s, def, det := sbdSim(t, true)
+		q := &queues{s: s, start: s.clk.t, def: def, defRate: 0.25e6, detRate: 0.9e6, defQ: shared, detQ: shared}
+		return s, q, det
+	}
+	set := func(q *queues, det subKey) func(subKey, *simPath) {
+		return func(sk subKey, sp *simPath) {
+			q.set(sk, sp)
+			if sk == det && idle {
+				// Nothing to send on it: no data outstanding, no progress.
+				sp.rate, sp.down = 0, true
+			} else {
+				sp.down = false
+			}
+		}
+	}
+	acted := func(s *sim) bool { return s.count(DestroySubflow)+s.count(SetBackup) > 0 }
+	// Fresh: from the first probe to the action.
+	s, q, det := newQueues()
+	start := s.clk.t
+	for !acted(s) && s.clk.t.Sub(start) < 15*time.Second {
+		s.run(100*time.Millisecond, set(q, det))
+	}
+	fresh := s.clk.t.Sub(start)
+	if !acted(s) {
+		t.Fatalf("fresh: no action within 15 s: %v", s.ins)
+	}
+	// Judged shared once, then the gap, then both deliver again.
+	s, q, det = newQueues()
+	k := s.p.conns[s.conn.Token]
+	for k.sbd == nil || len(k.sbd.since) == 0 {
+		if s.clk.t.Sub(q.start) > 15*time.Second || acted(s) {
+			t.Fatalf("no shared verdict before acting (%s): %v", s.clk.t.Sub(q.start), s.ins)
+		}
+		s.run(100*time.Millisecond, set(q, det))
+	}
+	idle = true
+	s.run(5*time.Second, set(q, det))
+	if acted(s) {
+		t.Fatalf("acted during the gap: %v", s.ins)
+	}
+	idle = false
+	resumed := s.clk.t
+	for !acted(s) && s.clk.t.Sub(resumed) < 15*time.Second {
+		s.run(100*time.Millisecond, set(q, det))
+	}
+	if took := s.clk.t.Sub(resumed); !acted(s) || took < fresh-200*time.Millisecond {
+		t.Fatalf("after the gap the rule acted %s after both delivered again, a fresh pair %s: the half window of verdicts was skipped", took, fresh)
+	}
+}
