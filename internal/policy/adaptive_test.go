@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -28,7 +29,8 @@ type sim struct {
 	// second redial attempt that came up), by local port: not measured.
 	extra map[uint16]*simPath
 	// refuseDestroy, when set, is the kernel's error for a destroy (nil:
-	// done); a refused one reaches the policy's Failed.
+	// done); a refused one reaches the policy's Failed (ESRCH: the subflow
+	// was closed already, its SUB_CLOSED follows the failure).
 	refuseDestroy func(in Intent) error
 }
 
@@ -100,7 +102,11 @@ func (s *sim) exec(ins []Intent, record bool) {
 			if s.refuseDestroy != nil {
 				if err := s.refuseDestroy(in); err != nil {
 					s.apply(s.p.Failed(in, err))
-					continue
+					if !errors.Is(err, syscall.ESRCH) {
+						continue
+					}
+					// "subflow not found": it closed before the command
+					// (its SUB_CLOSED was on its way); it follows.
 				}
 			}
 			if sp := s.extra[in.Local.Port()]; sp != nil && in.Local.Port() != 0 {

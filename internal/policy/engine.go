@@ -688,6 +688,12 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 	if k == nil {
 		return nil
 	}
+	if in.Action == DestroySubflow && (errors.Is(err, ErrConnectionGone) || errors.Is(err, syscall.ESRCH)) {
+		// Gone already: the kernel found no such subflow (it closed before
+		// the command; its SUB_CLOSED follows) or no such connection (its
+		// CLOSED follows). The destroy stands: nothing was refused.
+		return nil
+	}
 	if f, ok := p.strat.(destroyFailer); ok && in.Action == DestroySubflow {
 		return f.destroyFailed(k, in, err)
 	}

@@ -252,10 +252,13 @@ type destroyFailer interface {
 	destroyFailed(k *kconn, in Intent, err error) []Intent
 }
 
-// destroyFailed: the kernel refused to destroy a shed subflow (it still
-// carries data): it counts again as active, its detour is no longer
-// avoided for the shed, and the rule judges again after one judging
-// window (a refusal is not retried at every probe).
+// destroyFailed: the kernel refused the request to destroy a shed
+// subflow (EINVAL: the 6.18 userspace PM refuses a destroy only for a
+// request it cannot parse or match, never because the subflow carries
+// data; "not found" and a gone connection are handled by Engine.Failed,
+// the shed stands there): it counts again as active, its detour is no
+// longer avoided for the shed, and the rule judges again after one
+// judging window (a refusal is not retried at every probe).
 func (g *guard) destroyFailed(k *kconn, in Intent, err error) []Intent {
 	_, s := k.find(in.Local, in.Remote)
 	if s == nil || !s.stale || s.role != RoleEvicted || !s.up {

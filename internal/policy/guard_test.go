@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"syscall"
@@ -325,7 +327,7 @@ func TestGuardRefusedShedIsUndoneAndRetried(t *testing.T) {
 	s.refuseDestroy = func(in Intent) error {
 		if refused == 0 {
 			refused++
-			return syscall.EBUSY
+			return syscall.EINVAL
 		}
 		return nil
 	}
@@ -356,5 +358,42 @@ func TestGuardRefusedShedIsUndoneAndRetried(t *testing.T) {
 	}
 	if _, ok := s.paths[det]; ok {
 		t.Fatal("the second, accepted destroy left the subflow open")
+	}
+}
+
+// SUBFLOW_DESTROY fails with ESRCH when the subflow closed before the
+// command (its SUB_CLOSED follows), and the agent reports a connection
+// the kernel no longer knows as ErrConnectionGone: neither is a refusal.
+// The shed stands: no warning, the detour stays avoided for Hold (it does
+// not reopen at the subflow's close), no "refused" decision.
+func TestGuardShedStandsWhenTheSubflowOrConnectionIsGone(t *testing.T) {
+	for _, gone := range []error{syscall.ESRCH, fmt.Errorf("subflow_destroy: %w", ErrConnectionGone)} {
+		var logs strings.Builder
+		s := newSimCfg(t, Config{Mode: Guard, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+		def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+		p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+		s.refuseDestroy = func(Intent) error { return gone }
+		for s.destroys(det) == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+			s.run(100*time.Millisecond, p197)
+		}
+		if s.destroys(det) != 1 {
+			t.Fatalf("%v: %d destroys, want 1", gone, s.destroys(det))
+		}
+		if strings.Contains(logs.String(), "refused") {
+			t.Errorf("%v: logged as a refusal:\n%s", gone, logs.String())
+		}
+		if strings.Contains(s.report("nat:r1").Decision, "refused") {
+			t.Errorf("%v: decision %q names a refusal", gone, s.report("nat:r1").Decision)
+		}
+		if until := s.p.avoidedUntil(server, s.clk.t); until.IsZero() {
+			t.Errorf("%v: the shed detour is no longer avoided", gone)
+		}
+		if errors.Is(gone, syscall.ESRCH) {
+			creates := s.count(CreateSubflow)
+			s.run(s.p.cfg.Hold-time.Second, p197)
+			if n := s.count(CreateSubflow); n != creates {
+				t.Errorf("ESRCH: the detour reopened within Hold (%d creates, want %d): %v", n, creates, s.ins)
+			}
+		}
 	}
 }
