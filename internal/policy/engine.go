@@ -218,7 +218,10 @@ type ksub struct {
 	sampledAt    time.Time
 	m            Measurement
 	lastProgress time.Time
-	rtt          time.Duration
+	// lastAcked: when data it sent was last acked (the kernel updates a
+	// subflow's smoothed RTT only then, not while it only receives).
+	lastAcked time.Time
+	rtt       time.Duration
 	minRTT       time.Duration // the kernel's minimum RTT: the path's base delay, without queueing
 	rate, loss   float64
 	// sendLimited: the smoothed share of probes at which the subflow was

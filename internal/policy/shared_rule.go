@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -28,10 +29,14 @@ import (
 // The verdict must hold at every probe for half a window before the rule
 // acts (over 2 s, two disjoint sawtooth queues line up by chance; tested
 // in shared_rule_test.go). Samples are taken only while a subflow
-// delivers (data acked or received within its RTT: a long path's acks
-// come in bursts, not at every probe), and only after it has delivered
-// for max(1s, 4 base RTTs) (slow start on two disjoint paths
+// delivers (data acked or received within max(RTT, 200 ms): a long
+// path's acks come in bursts, not at every probe), and only after it has
+// delivered for max(1s, 4 base RTTs) (slow start on two disjoint paths
 // fills both queues at the same time, which is not a shared queue).
+// Only where this host sends: a subflow that only receives keeps the RTT
+// of its handshake in the kernel (its smoothed RTT is updated only when
+// its own data is acked), so it gives no samples and downloads are never
+// judged.
 
 // Defaults and bounds of SharedWindow (docs/agent.md).
 const (
@@ -84,11 +89,22 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 	}
 	w := p.cfg.SharedWindow
 	probe := sbdProbe{at: now, q: map[subKey]time.Duration{}}
+	var receiving []string
 	for sk, s := range k.subs {
 		// Delivering: acked or received data within its RTT (a long path's
 		// acks come in bursts, not at every probe).
-		if !activePath(s) || s.sampledAt != now || now.Sub(s.lastProgress) > max(s.rtt, 200*time.Millisecond) {
+		recent := max(s.rtt, 200*time.Millisecond)
+		if !activePath(s) || s.sampledAt != now || now.Sub(s.lastProgress) > recent {
 			delete(sc.busy, sk) // idle or gone: its ramp starts again
+			continue
+		}
+		if now.Sub(s.lastAcked) > recent {
+			// It only receives: the kernel updates a subflow's smoothed
+			// RTT only when data it sent is acked (tcp_ack_update_rtt),
+			// so its RTT stays what its handshake measured and says
+			// nothing of a queue. Not judged (downloads are not).
+			delete(sc.busy, sk)
+			receiving = append(receiving, s.path())
 			continue
 		}
 		if _, ok := sc.busy[sk]; !ok {
@@ -111,6 +127,12 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 		}
 		return a.remote.Compare(b.remote)
 	})
+	if len(receiving) > 0 && now.Sub(sc.logged) >= time.Second {
+		sc.logged = now
+		slices.Sort(receiving)
+		p.cfg.Log.Debug("shared-bottleneck test", "token", fmt.Sprintf("%08x", k.c.Token),
+			"paths", strings.Join(receiving, ","), "verdict", "receiving: no RTT samples (the kernel updates a subflow's RTT only when its own data is acked)")
+	}
 	sharedNow := map[[2]subKey]bool{}
 	for i, a := range keys {
 		for _, b := range keys[i+1:] {

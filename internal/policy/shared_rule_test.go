@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -271,5 +273,29 @@ func TestSharedVerdictHoldsHalfAWindowAfterAGap(t *testing.T) {
 	}
 	if took := s.clk.t.Sub(resumed); !acted(s) || took < fresh-200*time.Millisecond {
 		t.Fatalf("after the gap the rule acted %s after both delivered again, a fresh pair %s: the half window of verdicts was skipped", took, fresh)
+	}
+}
+
+// Where this host only receives (a download) the kernel does not update
+// a subflow's smoothed RTT (only acks of its own data do), so the rule
+// cannot judge: it takes no sample of a receiving subflow (the sim
+// reports a moving RTT, which the kernel would not) and its debug
+// verdict says why.
+func TestSharedDoesNotJudgeReceivingSubflows(t *testing.T) {
+	var logs strings.Builder
+	s := newSimCfg(t, Config{Mode: Static, SharedBottleneck: true, Hold: 5 * time.Second,
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	def := key(client.Addr(), server)
+	shared := saw(1300*time.Millisecond, 120*time.Millisecond, 0)
+	q := &queues{s: s, start: s.clk.t, def: def, defRate: 0.25e6, detRate: 0.9e6, defQ: shared, detQ: shared}
+	s.run(15*time.Second, func(sk subKey, sp *simPath) {
+		q.set(sk, sp)
+		sp.down = true
+	})
+	if n := s.count(DestroySubflow) + s.count(SetBackup); n != 0 {
+		t.Fatalf("%d destroys/backups of a download, want none: %v", n, s.ins)
+	}
+	if !strings.Contains(logs.String(), "receiving: no RTT samples") {
+		t.Fatalf("no debug verdict naming the receiving subflows:\n%s", logs.String())
 	}
 }
