@@ -32,6 +32,19 @@ type sim struct {
 	// done); a refused one reaches the policy's Failed (ESRCH: the subflow
 	// was closed already, its SUB_CLOSED follows the failure).
 	refuseDestroy func(in Intent) error
+	// others: further connections of the same engine (and clock); an
+	// intent for one of them (from the engine's Tick) is applied there.
+	others []*sim
+}
+
+// owner is the sim of the connection in is for.
+func (s *sim) owner(in Intent) *sim {
+	for _, o := range s.others {
+		if o.conn.Token == in.Token {
+			return o
+		}
+	}
+	return s
 }
 
 // onDefault: the default path's subflow or a redial of it.
@@ -70,6 +83,10 @@ func (s *sim) apply(ins []Intent) { s.exec(ins, true) }
 
 func (s *sim) exec(ins []Intent, record bool) {
 	for _, in := range ins {
+		if o := s.owner(in); o != s {
+			o.exec([]Intent{in}, record)
+			continue
+		}
 		if record {
 			s.ins = append(s.ins, in)
 		}

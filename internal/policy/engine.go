@@ -863,6 +863,11 @@ func (p *Engine) fill(k *kconn) []Intent {
 		}
 		if until, ok := p.avoid[avoidKey(k.c.Remote, dk)]; ok {
 			if until.After(now) {
+				// Evicted for a while (by this connection or another to
+				// the server): wake then, or a rejoin waits for nothing.
+				if soonest.IsZero() || until.Before(soonest) {
+					soonest = until
+				}
 				continue
 			}
 			delete(p.avoid, avoidKey(k.c.Remote, dk))

@@ -105,14 +105,10 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		return out
 	}
 	gc := g.conn(k)
-	if !gc.rejoin.IsZero() && !now.Before(gc.rejoin) {
-		out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
-		if gc.rejoin.IsZero() {
-			// Another connection to the server may have shed a detour
-			// since (the avoid is the server's): wait for that Hold too.
-			gc.rejoin = g.e.avoidedUntil(k.c.Remote, now)
-		}
-	}
+	// If another connection to the server shed the detour since (the
+	// avoid is the server's), fill wakes the connection when that Hold
+	// ends.
+	out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
 	snap := gSample{at: now, bytes: map[subKey]uint64{}}
 	for sk, s := range k.subs {
 		if activePath(s) {

@@ -235,6 +235,7 @@ func TestGuardShedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
 	a.run(time.Second, p197)
 	// b: a second connection of the same engine and clock, 1 s younger.
 	b := &sim{t: t, p: a.p, clk: a.clk, conn: Conn{Token: 10, Local: a.conn.Local, Remote: server}, paths: map[subKey]*simPath{}}
+	a.others, b.others = []*sim{b}, []*sim{a}
 	b.apply(b.p.Established(b.conn))
 	b.paths[def] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
 	start := a.clk.t

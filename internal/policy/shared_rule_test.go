@@ -299,3 +299,36 @@ func TestSharedDoesNotJudgeReceivingSubflows(t *testing.T) {
 		t.Fatalf("no debug verdict naming the receiving subflows:\n%s", logs.String())
 	}
 }
+
+// Two connections to one server across the same shared queue both take
+// the detour out, a second apart: the avoid is the server's, so the first
+// one's Hold ends while the detour is still avoided for the second. Its
+// detour must rejoin once the later Hold ended, round after round, also
+// long after the connection's first minute (when the engine stopped
+// polling its sources for it).
+func TestSharedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
+	a, def, det := sbdSim(t, true)
+	q := &queues{s: a, start: a.clk.t, def: def, defRate: 0.9e6, detRate: 0.3e6,
+		defQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0), detQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0.05)}
+	a.run(time.Second, q.set)
+	// b: a second connection of the same engine and clock, 1 s younger.
+	b := &sim{t: t, p: a.p, clk: a.clk, conn: Conn{Token: 10, Local: a.conn.Local, Remote: server}, paths: map[subKey]*simPath{}}
+	a.others, b.others = []*sim{b}, []*sim{a}
+	b.apply(b.p.Established(b.conn))
+	b.paths[def] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
+	start := a.clk.t
+	for a.clk.t.Sub(start) < 200*time.Second {
+		// Each step advances the shared clock: each connection is probed
+		// every 200 ms.
+		a.run(100*time.Millisecond, q.set)
+		b.run(100*time.Millisecond, q.set)
+	}
+	// Each round: taken out 5-8 s after joining (twice as long as with
+	// one connection: each is probed every 200 ms), rejoins once the
+	// later Hold (5 s) of the two ended: 200 s hold 12 or more rounds.
+	for _, s := range []*sim{a, b} {
+		if n := s.destroys(det); n < 12 {
+			t.Errorf("connection %d: detour taken out %d times in 200 s, want 12 or more (rejoins after Hold); intents %v", s.conn.Token, n, s.ins)
+		}
+	}
+}
