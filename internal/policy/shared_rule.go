@@ -55,6 +55,11 @@ type sbdConn struct {
 	// destroyed instead, it rejoins through fill).
 	retest  time.Time
 	benched *subKey
+	// kept, keptSub: the subflow kept carrying data while the default
+	// path is benched; if it goes (closed, stalled and replaced, set
+	// backup) the default path comes back at once.
+	kept    subKey
+	keptSub *ksub
 	// since: when the pair's verdict turned "shared" (it must hold for
 	// half a window, probe after probe, before anything is done: two
 	// disjoint queues can fill in step for a window by chance).
@@ -82,10 +87,17 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 	}
 	sc := k.sbdState()
 	if !sc.retest.IsZero() {
+		if sc.benched != nil {
+			if ks := k.subs[sc.kept]; ks == nil || ks != sc.keptSub || !activePath(ks) {
+				// The partner is gone: a backup default path would carry
+				// nothing beside a new detour in slow start (or none).
+				return p.sharedRetest(k, sc, now, "active again: "+sc.keptSub.path()+", kept instead, no longer carries data")
+			}
+		}
 		if now.Before(sc.retest) {
 			return nil
 		}
-		return p.sharedRetest(k, sc, now)
+		return p.sharedRetest(k, sc, now, "active again: shared-bottleneck retest")
 	}
 	w := p.cfg.SharedWindow
 	probe := sbdProbe{at: now, q: map[subKey]time.Duration{}}
@@ -191,9 +203,9 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 	if now.Sub(sc.since[pair]) < p.cfg.SharedWindow/2 {
 		return nil, true
 	}
-	kept, outKey, gone := sa, b, sb
+	kept, keptKey, outKey, gone := sa, a, b, sb
 	if sb.rate > sa.rate {
-		kept, outKey, gone = sb, a, sa
+		kept, keptKey, outKey, gone = sb, b, a, sa
 	}
 	why := fmt.Sprintf("shares a bottleneck with %s (%s) and delivers less (%.2f vs %.2f Mbit/s)",
 		kept.path(), v.Verdict, gone.rate*8/1e6, kept.rate*8/1e6)
@@ -207,7 +219,7 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 		// destroyed (the agent does not reopen the default path).
 		gone.decision = fmt.Sprintf("backup: %s (active again in %s)", why, p.cfg.Hold)
 		k.decision = gone.path() + ": " + gone.decision
-		sc.benched = &outKey
+		sc.benched, sc.kept, sc.keptSub = &outKey, keptKey, kept
 		return []Intent{p.setBackup(k, outKey, gone, true)}, true
 	}
 	gone.stale, gone.role = true, RoleEvicted
@@ -220,16 +232,16 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 }
 
 // sharedRetest brings back what the rule took out: the benched default
-// path is set active, a destroyed detour joins again (once its close has
-// been seen and fill can open it).
-func (p *Engine) sharedRetest(k *kconn, sc *sbdConn, now time.Time) []Intent {
+// path is set active (decision why), a destroyed detour joins again (once
+// its close has been seen and fill can open it).
+func (p *Engine) sharedRetest(k *kconn, sc *sbdConn, now time.Time, why string) []Intent {
 	if sk := sc.benched; sk != nil {
-		sc.retest, sc.benched = time.Time{}, nil
+		sc.retest, sc.benched, sc.keptSub = time.Time{}, nil, nil
 		s := k.subs[*sk]
 		if s == nil || s.stale || !s.up || !s.backup {
 			return nil // gone meanwhile, or someone else changed it
 		}
-		s.decision = "active again: shared-bottleneck retest"
+		s.decision = why
 		return []Intent{p.setBackup(k, *sk, s, false)}
 	}
 	return p.rejoin(k, &sc.retest, now)

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -330,5 +331,36 @@ func TestSharedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
 		if n := s.destroys(det); n < 12 {
 			t.Errorf("connection %d: detour taken out %d times in 200 s, want 12 or more (rejoins after Hold); intents %v", s.conn.Token, n, s.ins)
 		}
+	}
+}
+
+// The default path benched for its detour partner comes back at once
+// when that partner goes (reset by the relay here; a stall the static
+// watchdog replaces is the same), not after Hold: a backup default path
+// beside no detour, or a new one in slow start, carries nothing.
+func TestSharedUnbenchesDefaultPathWhenThePartnerIsGone(t *testing.T) {
+	s := newSimCfg(t, Config{Mode: Static, SharedBottleneck: true, Hold: 30 * time.Second})
+	def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+	q := &queues{s: s, start: s.clk.t, def: def, defRate: 0.25e6, detRate: 0.9e6,
+		defQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0), detQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0)}
+	for s.backups(def, true) == 0 && s.clk.t.Sub(q.start) < 10*time.Second {
+		s.run(100*time.Millisecond, q.set)
+	}
+	if s.backups(def, true) != 1 {
+		t.Fatalf("default path not benched: %v", s.ins)
+	}
+	s.run(2*time.Second, q.set)
+	sp := s.paths[det]
+	delete(s.paths, det)
+	s.apply(s.p.SubflowClosed(Subflow{Token: s.conn.Token, Local: sp.local, Remote: sp.remote, Errno: uint8(syscall.ECONNRESET)}))
+	at := s.clk.t
+	for s.backups(def, false) == 0 && s.clk.t.Sub(at) < 10*time.Second {
+		s.run(100*time.Millisecond, q.set)
+	}
+	if took := s.clk.t.Sub(at); s.backups(def, false) != 1 || took > time.Second {
+		t.Fatalf("default path set active %d times, %s after its partner went; want once within a second (Hold is 30 s): %v", s.backups(def, false), took, s.ins)
+	}
+	if d := s.report("default").Decision; !strings.Contains(d, "nat:r1") {
+		t.Fatalf("decision %q does not name the partner that went", d)
 	}
 }
