@@ -220,10 +220,10 @@ type ksub struct {
 	lastProgress time.Time
 	// lastAcked: when data it sent was last acked (the kernel updates a
 	// subflow's smoothed RTT only then, not while it only receives).
-	lastAcked time.Time
-	rtt       time.Duration
-	minRTT       time.Duration // the kernel's minimum RTT: the path's base delay, without queueing
-	rate, loss   float64
+	lastAcked  time.Time
+	rtt        time.Duration
+	minRTT     time.Duration // the kernel's minimum RTT: the path's base delay, without queueing
+	rate, loss float64
 	// sendLimited: the smoothed share of probes at which the subflow was
 	// limited by its congestion window or pacing (not by the application:
 	// its window full, or bytes waiting that it could not send yet);
