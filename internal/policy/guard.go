@@ -219,27 +219,21 @@ func (g *guard) othersCarry(k *kconn, top subKey, now time.Time) bool {
 // reopened.
 func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time, why string) []Intent {
 	p := g.e
-	s.stale, s.role = true, RoleEvicted
 	gc.shedAvoid = ""
+	decision := "shed: " + why
 	if s.d != nil {
 		gc.shedAvoid = avoidKey(k.c.Remote, Key(*s.d))
 		gc.shedAvoidPrev = p.avoid[gc.shedAvoid]
-		p.avoid[gc.shedAvoid] = now.Add(p.cfg.Hold)
 		// The latest Hold's end: an earlier one would fill (and clear it)
 		// while this detour is still avoided.
 		gc.rejoin = now.Add(p.cfg.Hold)
-		s.decision = fmt.Sprintf("shed: %s (rejoins in %s)", why, p.cfg.Hold)
-	} else {
-		s.decision = "shed: " + why
+		decision = fmt.Sprintf("shed: %s (rejoins in %s)", why, p.cfg.Hold)
 	}
-	k.decision = s.path() + ": " + s.decision
 	p.cfg.Log.Info("subflow shed: slower and delivering little", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", why,
 		"top", top.path(), "top_send_limited", round3(top.sendLimited), "top_recv_busy", round3(top.recvBusy),
 		"top_rate_kBps", round3(top.rate/1e3), "top_loss", round3(top.loss), "top_cwnd", top.m.SndCwnd, "top_unacked", top.m.Unacked, "top_notsent", top.m.NotsentBytes,
 		"send_limited", round3(s.sendLimited), "rate_kBps", round3(s.rate/1e3), "up", now.Sub(s.upSince).Round(time.Millisecond))
-	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
-		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
-	return append(out, p.fill(k)...)
+	return p.evict(k, sk, s, now.Add(p.cfg.Hold), decision)
 }
 
 // destroyFailer is a strategy that acts when the kernel refuses one of

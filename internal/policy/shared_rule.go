@@ -3,7 +3,6 @@ package policy
 import (
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -222,13 +221,8 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 		sc.benched, sc.kept, sc.keptSub = &outKey, keptKey, kept
 		return []Intent{p.setBackup(k, outKey, gone, true)}, true
 	}
-	gone.stale, gone.role = true, RoleEvicted
-	gone.decision = fmt.Sprintf("destroyed: %s (rejoins in %s)", why, p.cfg.Hold)
-	k.decision = gone.path() + ": " + gone.decision
-	p.avoid[avoidKey(k.c.Remote, Key(*gone.d))] = sc.retest
 	sc.benched = nil
-	return append([]Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: gone.localID,
-		Local: netip.AddrPortFrom(outKey.local, gone.port), Remote: outKey.remote, Detour: gone.d}}, p.fill(k)...), true
+	return p.evict(k, outKey, gone, sc.retest, fmt.Sprintf("destroyed: %s (rejoins in %s)", why, p.cfg.Hold)), true
 }
 
 // sharedRetest brings back what the rule took out: the benched default
