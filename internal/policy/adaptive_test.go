@@ -32,6 +32,9 @@ type sim struct {
 	// done); a refused one reaches the policy's Failed (ESRCH: the subflow
 	// was closed already, its SUB_CLOSED follows the failure).
 	refuseDestroy func(in Intent) error
+	// refuseFlags, when set, is the kernel's error for a SET_FLAGS (nil:
+	// done); a refused one reaches the policy's Failed, the flag stays.
+	refuseFlags func(in Intent) error
 	// others: further connections of the same engine (and clock); an
 	// intent for one of them (from the engine's Tick) is applied there.
 	others []*sim
@@ -144,6 +147,12 @@ func (s *sim) exec(ins []Intent, record bool) {
 				break
 			}
 		case SetBackup:
+			if s.refuseFlags != nil {
+				if err := s.refuseFlags(in); err != nil {
+					s.apply(s.p.Failed(in, err))
+					continue
+				}
+			}
 			if sp := s.paths[sk]; sp != nil {
 				sp.backup = in.Backup
 			}

@@ -244,6 +244,7 @@ type ksub struct {
 	retrying  bool      // a dead path made active again to see if it is back
 	proven    bool      // delivered after MinLifetime: its detour is healthy
 	redial    bool      // a fresh subflow on the default path replacing a dead one
+	evicted   *eviction // a rule destroyed it (evict); nil once the destroy was refused
 	attempts  int       // redial: SYNs outstanding (attempts not up, not closed)
 }
 
@@ -697,11 +698,11 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 		// CLOSED follows). The destroy stands: nothing was refused.
 		return nil
 	}
-	if f, ok := p.strat.(destroyFailer); ok && in.Action == DestroySubflow {
-		return f.destroyFailed(k, in, err)
+	if in.Action == DestroySubflow {
+		return p.evictRefused(k, in, err)
 	}
 	if in.Action == SetBackup {
-		_, s := k.find(in.Local, in.Remote)
+		sk, s := k.find(in.Local, in.Remote)
 		if s == nil || s.stale || in.Local.Port() != 0 && s.port != 0 && in.Local.Port() != s.port {
 			// The subflow closed meanwhile (e.g. a redialled default path
 			// replaced it): nothing refused anything.
@@ -711,6 +712,16 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 		// working without backup marks; say so once.
 		s.decision = "could not change the backup flag: " + err.Error()
 		s.setAside = false
+		// The kernel kept the flag it had: status says so.
+		s.backup = !in.Backup
+		switch {
+		case s.dead:
+		case s.backup:
+			s.role = RoleBackup
+		default:
+			s.role = RoleActive
+		}
+		p.sharedFlagsRefused(k, sk, in)
 		p.refused(k, "set_flags: "+errnoName(err), true)
 		return nil
 	}

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
@@ -81,10 +79,6 @@ type gConn struct {
 	// retry: a shed the kernel refused is tried again from here (one
 	// judging window later, not at every probe).
 	retry time.Time
-	// shedAvoid: the avoid entry the last shed set and the end it had
-	// before (zero: none), for undoing it when the kernel refuses.
-	shedAvoid     string
-	shedAvoidPrev time.Time
 }
 
 type gSample struct {
@@ -219,11 +213,8 @@ func (g *guard) othersCarry(k *kconn, top subKey, now time.Time) bool {
 // reopened.
 func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time, why string) []Intent {
 	p := g.e
-	gc.shedAvoid = ""
 	decision := "shed: " + why
 	if s.d != nil {
-		gc.shedAvoid = avoidKey(k.c.Remote, Key(*s.d))
-		gc.shedAvoidPrev = p.avoid[gc.shedAvoid]
 		// The latest Hold's end: an earlier one would fill (and clear it)
 		// while this detour is still avoided.
 		gc.rejoin = now.Add(p.cfg.Hold)
@@ -236,54 +227,14 @@ func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time
 	return p.evict(k, sk, s, now.Add(p.cfg.Hold), decision)
 }
 
-// destroyFailer is a strategy that acts when the kernel refuses one of
-// its SUBFLOW_DESTROY commands.
-type destroyFailer interface {
-	destroyFailed(k *kconn, in Intent, err error) []Intent
-}
-
-// destroyFailed: the kernel refused the request to destroy a shed
-// subflow (EINVAL: the 6.18 userspace PM refuses a destroy only for a
-// request it cannot parse or match, never because the subflow carries
-// data; "not found" and a gone connection are handled by Engine.Failed,
-// the shed stands there): it counts again as active, its detour is no
-// longer avoided for the shed, and the rule judges again after one
-// judging window (a refusal is not retried at every probe).
-func (g *guard) destroyFailed(k *kconn, in Intent, err error) []Intent {
-	_, s := k.find(in.Local, in.Remote)
-	if s == nil || !s.stale || s.role != RoleEvicted || !s.up {
-		return nil // closed meanwhile, or not a shed
-	}
-	p, gc := g.e, g.conn(k)
-	now := p.cfg.Now()
-	s.stale, s.role = false, RoleActive
-	if gc.shedAvoid != "" {
-		if gc.shedAvoidPrev.After(now) {
-			p.avoid[gc.shedAvoid] = gc.shedAvoidPrev
-		} else {
-			delete(p.avoid, gc.shedAvoid)
-		}
-		gc.shedAvoid = ""
-		gc.rejoin = p.avoidedUntil(k.c.Remote, now)
-	}
-	gc.retry = now.Add(g.judgeWindow(s))
+// destroyFailed: the kernel refused to destroy a shed subflow (Engine
+// evictRefused undid the shed: it counts as active again, its detour is no
+// longer avoided for the shed): the rule judges again after one judging
+// window (a refusal is not retried at every probe).
+func (g *guard) destroyFailed(k *kconn, s *ksub, err error, now time.Time) []Intent {
+	g.conn(k).retry = now.Add(g.judgeWindow(s))
 	s.decision = fmt.Sprintf("shed refused by the kernel (%s): kept, judged again in %s", errnoName(err), g.judgeWindow(s).Round(time.Millisecond))
-	k.decision = s.path() + ": " + s.decision
-	p.cfg.Log.Warn("subflow shed refused by the kernel: kept, judged again", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "err", err, "retry_in", g.judgeWindow(s))
 	return nil
-}
-
-// avoidedUntil is when the first detour still avoided for server stops
-// being avoided (zero if none is).
-func (p *Engine) avoidedUntil(server netip.AddrPort, now time.Time) time.Time {
-	var first time.Time
-	prefix := avoidKey(server, "")
-	for ak, until := range p.avoid {
-		if strings.HasPrefix(ak, prefix) && until.After(now) && (first.IsZero() || until.Before(first)) {
-			first = until
-		}
-	}
-	return first
 }
 
 func round3(v float64) float64 { return math.Round(v*1000) / 1000 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
@@ -347,7 +348,7 @@ func TestGuardRefusedShedIsUndoneAndRetried(t *testing.T) {
 	if until := s.p.avoidedUntil(server, s.clk.t); !until.IsZero() {
 		t.Fatalf("the detour is still avoided until %s after the refusal", until)
 	}
-	if n := strings.Count(logs.String(), "shed refused"); n != 1 {
+	if n := strings.Count(logs.String(), "refused by the kernel"); n != 1 {
 		t.Fatalf("%d log lines about the refusal, want 1:\n%s", n, logs.String())
 	}
 	refusedAt := s.clk.t
@@ -395,6 +396,56 @@ func TestGuardShedStandsWhenTheSubflowOrConnectionIsGone(t *testing.T) {
 			if n := s.count(CreateSubflow); n != creates {
 				t.Errorf("ESRCH: the detour reopened within Hold (%d creates, want %d): %v", n, creates, s.ins)
 			}
+		}
+	}
+}
+
+// avoidedUntil is when the first detour still avoided for server stops
+// being avoided (zero if none is).
+func (p *Engine) avoidedUntil(server netip.AddrPort, now time.Time) time.Time {
+	var first time.Time
+	prefix := avoidKey(server, "")
+	for ak, until := range p.avoid {
+		if strings.HasPrefix(ak, prefix) && until.After(now) && (first.IsZero() || until.Before(first)) {
+			first = until
+		}
+	}
+	return first
+}
+
+// A refused shed is undone by the subflow the failed command names, not
+// by the connection's last shed: two sheds are issued before the first
+// one's refusal arrives (commands run on worker sockets). Only the first
+// detour's avoid is undone; and an avoid another connection wrote since
+// for the same detour stands.
+func TestGuardRefusedShedUndoesItsOwnAvoid(t *testing.T) {
+	for _, later := range []bool{false, true} {
+		s := newSimMode(t, Guard, 2, d1, d2)
+		s.run(time.Second, nil)
+		k := s.p.conns[s.conn.Token]
+		g := s.p.strat.(*guard)
+		def, sk1, sk2 := key(client.Addr(), server), key(client.Addr(), d1.Remote), key(client.Addr(), d2.Remote)
+		now := s.clk.t
+		shed1 := g.shed(k, g.conn(k), sk1, k.subs[sk1], k.subs[def], now, "test")
+		g.shed(k, g.conn(k), sk2, k.subs[sk2], k.subs[def], now, "test")
+		a1, a2 := avoidKey(server, Key(d1)), avoidKey(server, Key(d2))
+		other := now.Add(s.p.cfg.Hold + time.Second)
+		if later {
+			s.p.avoid[a1] = other // another connection evicted d1 since
+		}
+		s.p.Failed(shed1[0], syscall.EINVAL)
+		if until, ok := s.p.avoid[a2]; !ok || !until.Equal(now.Add(s.p.cfg.Hold)) {
+			t.Errorf("later %v: the second shed's avoid is %v (%v), want it kept until %v", later, until, ok, now.Add(s.p.cfg.Hold))
+		}
+		until, ok := s.p.avoid[a1]
+		switch {
+		case later && (!ok || !until.Equal(other)):
+			t.Errorf("the other connection's avoid of d1 is %v (%v), want it kept until %v", until, ok, other)
+		case !later && ok:
+			t.Errorf("the refused shed's avoid of d1 is still there (until %v)", until)
+		}
+		if k.subs[sk1].stale || !k.subs[sk2].stale {
+			t.Errorf("later %v: d1 stale %v, d2 stale %v; want only d2 still shed", later, k.subs[sk1].stale, k.subs[sk2].stale)
 		}
 	}
 }

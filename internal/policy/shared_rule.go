@@ -225,6 +225,29 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 	return p.evict(k, outKey, gone, sc.retest, fmt.Sprintf("destroyed: %s (rejoins in %s)", why, p.cfg.Hold)), true
 }
 
+// sharedRefused forgets the rule's action on k when the kernel refused it
+// (a destroy, or the bench: nothing was taken out): the rule judges
+// again, from a fresh window (the history went with the action), instead
+// of waiting for Hold with nothing out. It reports whether anything was
+// pending.
+func (p *Engine) sharedRefused(k *kconn) bool {
+	sc := k.sbd
+	if sc == nil || sc.retest.IsZero() {
+		return false
+	}
+	sc.retest, sc.benched, sc.keptSub = time.Time{}, nil, nil
+	return true
+}
+
+// sharedFlagsRefused: a SET_FLAGS of the rule failed. A refused bench left
+// the subflow active: judged again (sharedRefused). A refused unbench
+// leaves it backup in the kernel; the rule has nothing left to undo.
+func (p *Engine) sharedFlagsRefused(k *kconn, sk subKey, in Intent) {
+	if sc := k.sbd; sc != nil && in.Backup && sc.benched != nil && *sc.benched == sk {
+		p.sharedRefused(k)
+	}
+}
+
 // sharedRetest brings back what the rule took out: the benched default
 // path is set active (decision why), a destroyed detour joins again (once
 // its close has been seen and fill can open it).

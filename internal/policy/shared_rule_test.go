@@ -364,3 +364,51 @@ func TestSharedUnbenchesDefaultPathWhenThePartnerIsGone(t *testing.T) {
 		t.Fatalf("decision %q does not name the partner that went", d)
 	}
 }
+
+// The kernel refuses the rule's SUBFLOW_DESTROY (EINVAL) or its bench
+// (SET_FLAGS): nothing was taken out, so the subflow shows as it is in the
+// kernel (active, its detour not avoided), and the rule judges the pair
+// again and acts again (accepted the second time), instead of staying off.
+func TestSharedRefusedActionIsUndoneAndJudgedAgain(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		defRate, detRate float64
+		path             string
+	}{
+		{"destroy", 0.9e6, 0.3e6, "nat:r1"},
+		{"bench", 0.25e6, 0.9e6, "default"},
+	} {
+		s := newSimCfg(t, Config{Mode: Static, SharedBottleneck: true, Hold: 30 * time.Second})
+		def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+		q := &queues{s: s, start: s.clk.t, def: def, defRate: c.defRate, detRate: c.detRate,
+			defQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0), detQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0.05)}
+		refused := 0
+		refuse := func(Intent) error {
+			if refused++; refused == 1 {
+				return syscall.EINVAL
+			}
+			return nil
+		}
+		s.refuseDestroy, s.refuseFlags = refuse, refuse
+		taken := func() int { return s.destroys(det) + s.backups(def, true) }
+		for taken() == 0 && s.clk.t.Sub(q.start) < 10*time.Second {
+			s.run(100*time.Millisecond, q.set)
+		}
+		if taken() != 1 || refused != 1 {
+			t.Fatalf("%s: %d actions, %d refused; want the first refused: %v", c.name, taken(), refused, s.ins)
+		}
+		if r := s.report(c.path); r.Role != RoleActive || !strings.Contains(r.Decision, "could not") && !strings.Contains(r.Decision, "refused") {
+			t.Fatalf("%s: after the refusal %s is %+v, want active with a decision naming the refusal", c.name, c.path, r)
+		}
+		if _, ok := s.p.avoid[avoidKey(server, Key(d1))]; ok {
+			t.Fatalf("%s: the detour is still avoided after the refusal", c.name)
+		}
+		at := s.clk.t
+		for taken() == 1 && s.clk.t.Sub(at) < 15*time.Second {
+			s.run(100*time.Millisecond, q.set)
+		}
+		if took := s.clk.t.Sub(at); taken() != 2 || took < 2*time.Second {
+			t.Fatalf("%s: %d actions, the second %s after the refusal; want a second one after a fresh window (>= 2 s), well before Hold (30 s): %v", c.name, taken(), took, s.ins)
+		}
+	}
+}
