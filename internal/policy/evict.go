@@ -30,9 +30,13 @@ func (p *Engine) evict(k *kconn, sk subKey, s *ksub, until time.Time, decision s
 		ev.prev = p.avoid[ev.avoid]
 		p.avoid[ev.avoid] = until
 	}
-	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
-		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
-	return append(out, p.fill(k)...)
+	return append([]Intent{destroyOf(k, sk, s)}, p.fill(k)...)
+}
+
+// destroyOf is the SUBFLOW_DESTROY of subflow s (sk) of k.
+func destroyOf(k *kconn, sk subKey, s *ksub) Intent {
+	return Intent{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
+		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}
 }
 
 // destroyFailer is a strategy that acts further when the kernel refuses
@@ -65,10 +69,38 @@ func (p *Engine) evictRefused(k *kconn, in Intent, err error) []Intent {
 	}
 	s.decision = fmt.Sprintf("destroy refused by the kernel (%s): kept", errnoName(err))
 	p.cfg.Log.Warn("subflow destroy refused by the kernel: kept", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "err", err)
-	var out []Intent
+	out := p.trim(k, s, now)
 	if f, ok := p.strat.(destroyFailer); ok {
-		out = f.destroyFailed(k, s, err, now)
+		out = append(out, f.destroyFailed(k, s, err, now)...)
 	}
 	k.decision = s.path() + ": " + s.decision
 	return out
+}
+
+// trim closes the replacement fill opened for kept (an eviction the
+// kernel refused) when the connection now has more detour subflows than
+// it may: the newest one goes (one still connecting is closed when it
+// comes up, SubflowEstablished).
+func (p *Engine) trim(k *kconn, kept *ksub, now time.Time) []Intent {
+	have := 0
+	var newest *ksub
+	var newestKey subKey
+	for sk, s := range k.subs {
+		if s.d == nil || s.stale || s.d.Backup {
+			continue
+		}
+		have++
+		if s != kept && (newest == nil || s.created.After(newest.created)) {
+			newest, newestKey = s, sk
+		}
+	}
+	if newest == nil || have <= p.capFor(k.c.Remote, now) {
+		return nil
+	}
+	newest.stale, newest.role = true, RoleEvicted
+	newest.decision = fmt.Sprintf("closed: the destroy of %s was refused, which carries on in its place", kept.path())
+	if !newest.up || newest.port == 0 {
+		return nil
+	}
+	return []Intent{destroyOf(k, newestKey, newest)}
 }

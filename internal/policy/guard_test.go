@@ -449,3 +449,39 @@ func TestGuardRefusedShedUndoesItsOwnAvoid(t *testing.T) {
 		}
 	}
 }
+
+// The shed subflow's replacement is opened at the shed; when the kernel
+// then refuses the destroy, the shed subflow carries on and the
+// replacement is one subflow too many: it is closed, the connection keeps
+// its N (1) detour subflows.
+func TestGuardRefusedShedKeepsTheSubflowCount(t *testing.T) {
+	s := newSimMode(t, Guard, 1, d1, d2)
+	def := key(client.Addr(), server)
+	p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+	refused := 0
+	s.refuseDestroy = func(in Intent) error {
+		if refused == 0 {
+			refused++
+			return syscall.EINVAL
+		}
+		return nil
+	}
+	for refused == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+		s.run(100*time.Millisecond, p197)
+	}
+	if refused != 1 || s.count(CreateSubflow) != 2 {
+		t.Fatalf("%d refused, %d creates; want a refused shed and its replacement: %v", refused, s.count(CreateSubflow), s.ins)
+	}
+	s.run(100*time.Millisecond, p197)
+	active := 0
+	for _, c := range s.p.Report().Conns {
+		for _, sf := range c.Subflows {
+			if sf.Path != "default" && sf.Role == RoleActive {
+				active++
+			}
+		}
+	}
+	if active != 1 || len(s.paths) != 2 {
+		t.Fatalf("%d active detour subflows and %d subflows in the kernel after the refused shed, want 1 and 2: %v", active, len(s.paths), s.ins)
+	}
+}
