@@ -434,11 +434,24 @@ func buildShared(f File, c *agent.Options) error {
 		c.ProbeInterval = 100 * time.Millisecond
 	}
 	w := cmp.Or(c.SharedWindow, policy.DefaultSharedWindow)
-	if c.ProbeInterval == 0 || w/c.ProbeInterval < policy.MinSharedSamples {
-		return fmt.Errorf("shared_bottleneck: needs %d probes per window (%s), probe_interval is %s (e.g. 100ms)", policy.MinSharedSamples, w, c.ProbeInterval)
+	if c.ProbeInterval == 0 || w/c.ProbeInterval < policy.MinSharedProbes {
+		if f.ProbeInterval != nil {
+			// The user's probe_interval is what to change: point there.
+			return fmt.Errorf("probe_interval: %s gives %d probes per shared_bottleneck window (%s), the rule needs %d (e.g. 100ms)",
+				c.ProbeInterval, probesIn(w, c.ProbeInterval), w, policy.MinSharedProbes)
+		}
+		return fmt.Errorf("shared_bottleneck: needs %d probes per window (%s), probe_interval is %s (e.g. 100ms)", policy.MinSharedProbes, w, c.ProbeInterval)
 	}
 	c.SharedBottleneck = true
 	return nil
+}
+
+// probesIn is how many probes every probe fit in w (0 for no probes).
+func probesIn(w, probe time.Duration) int64 {
+	if probe <= 0 {
+		return 0
+	}
+	return int64(w / probe)
 }
 
 // buildClamp validates the cwnd_clamp section.

@@ -77,7 +77,7 @@ type Config struct {
 	// SharedBottleneck (static): two subflows whose queueing delays say
 	// they share a bottleneck keep only the faster one carrying data for
 	// Hold (shared_rule.go); SharedWindow is how long they are compared
-	// [2s, MinSharedWindow-MaxSharedWindow].
+	// [DefaultSharedWindow (3s), MinSharedWindow-MaxSharedWindow].
 	SharedBottleneck bool
 	SharedWindow     time.Duration
 	// OtherFamily is the configured mapping from a server address to its

@@ -37,11 +37,15 @@ import (
 // its own data is acked), so it gives no samples and downloads are never
 // judged.
 
-// Defaults and bounds of SharedWindow (docs/agent.md).
+// Defaults and bounds of SharedWindow (docs/agent.md); MinSharedProbes is
+// the fewest probes a window must hold: a verdict needs MinSharedSamples
+// aligned ones, and a late probe, or one at which either subflow made no
+// progress, gives none (with exactly 10 the pair was never judged).
 const (
 	DefaultSharedWindow = 3 * time.Second
-	MinSharedWindow     = time.Second
+	MinSharedWindow     = 2 * time.Second
 	MaxSharedWindow     = 10 * time.Second
+	MinSharedProbes     = MinSharedSamples * 3 / 2
 	sharedRamp          = time.Second
 )
 
