@@ -85,8 +85,8 @@ func (k *kconn) sbdState() *sbdConn {
 
 // sharedMeasured is the rule's step for k at a probe (static.measured).
 func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
-	if !p.cfg.SharedBottleneck || !k.selected {
-		return nil
+	if !p.cfg.SharedBottleneck || p.cfg.Mode != Static || !k.selected {
+		return nil // static's rule only (guard embeds static, and has its own)
 	}
 	sc := k.sbdState()
 	if !sc.retest.IsZero() {

@@ -412,3 +412,18 @@ func TestSharedRefusedActionIsUndoneAndJudgedAgain(t *testing.T) {
 		}
 	}
 }
+
+// The rule is static's: guard embeds static's step, but a library caller
+// that sets SharedBottleneck with guard does not get two rules, each with
+// its own Hold (the config layer refuses the combination).
+func TestSharedOnlyUnderStatic(t *testing.T) {
+	s := newSimCfg(t, Config{Mode: Guard, SharedBottleneck: true, Hold: 5 * time.Second})
+	def := key(client.Addr(), server)
+	shared := saw(1300*time.Millisecond, 120*time.Millisecond, 0)
+	// Both subflows with the same base RTT: guard's own rule has nothing to shed.
+	q := &queues{s: s, start: s.clk.t, def: def, defRate: 0.25e6, detRate: 0.9e6, defQ: shared, detQ: shared}
+	s.run(15*time.Second, q.set)
+	if n := s.count(DestroySubflow) + s.count(SetBackup); n != 0 {
+		t.Fatalf("%d destroys/backups under guard with SharedBottleneck set, want none: %v", n, s.ins)
+	}
+}
