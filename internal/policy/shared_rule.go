@@ -104,6 +104,11 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 	}
 	w := p.cfg.SharedWindow
 	probe := sbdProbe{at: now, q: map[subKey]time.Duration{}}
+	for sk := range sc.busy {
+		if k.subs[sk] == nil {
+			delete(sc.busy, sk) // closed: a later subflow on its addresses ramps afresh
+		}
+	}
 	var receiving []string
 	for sk, s := range k.subs {
 		// Delivering: acked or received data within its RTT (a long path's
