@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -22,7 +24,7 @@ import (
 //     its queue on the other subflow at once, nothing stays stranded), its
 //     detour avoided for this server for Hold, then it joins again;
 //   - the default path's (or an announced) subflow is set backup (MP_PRIO:
-//     the agent cannot reopen the default path once destroyed); what it
+//     the agent does not reopen the default path once destroyed); what it
 //     holds already it still delivers itself. After Hold it is set active.
 //
 // The verdict must hold at every probe for half a window before the rule
@@ -67,7 +69,7 @@ type sbdConn struct {
 	// half a window, probe after probe, before anything is done: two
 	// disjoint queues can fill in step for a window by chance).
 	since map[[2]subKey]time.Time
-	// logged: the last verdict logged (debug, once a second).
+	// logged: when the verdicts were last logged (debug, once a second).
 	logged time.Time
 }
 
@@ -147,8 +149,13 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 		}
 		return a.remote.Compare(b.remote)
 	})
-	if len(receiving) > 0 && now.Sub(sc.logged) >= time.Second {
+	// Debug: every pair's verdict (and the subflows not sampled), at
+	// most once a second per connection.
+	logNow := now.Sub(sc.logged) >= time.Second && p.cfg.Log.Enabled(context.Background(), slog.LevelDebug)
+	if logNow {
 		sc.logged = now
+	}
+	if len(receiving) > 0 && logNow {
 		slices.Sort(receiving)
 		p.cfg.Log.Debug("shared-bottleneck test", "token", fmt.Sprintf("%08x", k.c.Token),
 			"paths", strings.Join(receiving, ","), "verdict", "receiving: no RTT samples (the kernel updates a subflow's RTT only when its own data is acked)")
@@ -156,7 +163,7 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 	sharedNow := map[[2]subKey]bool{}
 	for i, a := range keys {
 		for _, b := range keys[i+1:] {
-			out, shared := p.sharedJudge(k, sc, a, b, now)
+			out, shared := p.sharedJudge(k, sc, a, b, now, logNow)
 			if out != nil {
 				return out
 			}
@@ -177,7 +184,7 @@ func (p *Engine) sharedMeasured(k *kconn, now time.Time) []Intent {
 // sharedJudge tests the pair a, b over the window and, when they share a
 // bottleneck, takes the slower one out. shared: the pair was judged shared
 // at this probe (its half window runs on).
-func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) (out []Intent, shared bool) {
+func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time, logNow bool) (out []Intent, shared bool) {
 	var qa, qb []time.Duration
 	var first time.Time
 	for _, h := range sc.hist {
@@ -192,11 +199,19 @@ func (p *Engine) sharedJudge(k *kconn, sc *sbdConn, a, b subKey, now time.Time) 
 	}
 	// The common samples must span most of the window.
 	if first.IsZero() || now.Sub(first) < p.cfg.SharedWindow*3/4 {
+		if logNow {
+			span := time.Duration(0)
+			if !first.IsZero() {
+				span = now.Sub(first)
+			}
+			p.cfg.Log.Debug("shared-bottleneck test", "token", fmt.Sprintf("%08x", k.c.Token),
+				"a", k.subs[a].path(), "b", k.subs[b].path(), "shared", false,
+				"verdict", fmt.Sprintf("%d common samples over %s, need them to span 3/4 of the %s window", len(qa), span.Round(time.Millisecond), p.cfg.SharedWindow))
+		}
 		return nil, false
 	}
 	v := SharedTest{}.Judge(qa, qb)
-	if now.Sub(sc.logged) >= time.Second {
-		sc.logged = now
+	if logNow {
 		p.cfg.Log.Debug("shared-bottleneck test", "token", fmt.Sprintf("%08x", k.c.Token),
 			"a", k.subs[a].path(), "b", k.subs[b].path(), "shared", v.Shared, "verdict", v.Verdict)
 	}

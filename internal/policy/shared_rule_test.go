@@ -60,7 +60,7 @@ func (s *sim) backups(sk subKey, on bool) int {
 
 // The 1 % loss case of brennan2017 symmetric: the default path (lossy,
 // slow) and the tunnel share the access queue. The default path, which
-// delivers less, is set backup (not destroyed: the agent cannot reopen
+// delivers less, is set backup (not destroyed: the agent does not reopen
 // it), within a few seconds, and active again after Hold.
 func TestSharedBacksUpSlowerDefaultPath(t *testing.T) {
 	s, def, _ := sbdSim(t, true)
