@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math"
@@ -110,7 +111,7 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		}
 	}
 	gc.hist = append(gc.hist, snap)
-	if g.e.cfg.Log.Enabled(nil, slog.LevelDebug) {
+	if g.e.cfg.Log.Enabled(context.Background(), slog.LevelDebug) {
 		g.trace(k, now)
 	}
 	// Keep the newest sample at least guardKeep old and everything after.
