@@ -296,12 +296,8 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		c.Subflows = 8
 	}
 	if c.Policy.Measures() {
-		// adaptive and backup-first judge paths from measurements every
-		// 100 ms.
-		if f.ProbeInterval == nil {
-			c.ProbeInterval = 100 * time.Millisecond
-		}
-		if c.ProbeInterval == 0 {
+		// adaptive, backup-first and guard judge paths from measurements.
+		if !needProbes(f, &c) {
 			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the %s policy decides by; set one (e.g. 100ms) or use policy: static", c.Policy)
 		}
 	}
@@ -395,12 +391,8 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		c.StaleLossCnt = *f.StaleLossCnt
 	}
 	if f.CwndClamp != nil && f.CwndClamp.Enabled {
-		// Clamps follow the tunnel subflows' measurements, every 100 ms
-		// unless said otherwise.
-		if f.ProbeInterval == nil {
-			c.ProbeInterval = 100 * time.Millisecond
-		}
-		if c.ProbeInterval == 0 {
+		// Clamps follow the tunnel subflows' measurements.
+		if !needProbes(f, &c) {
 			return c, fmt.Errorf("cwnd_clamp: needs measurements; set probe_interval (e.g. 100ms)")
 		}
 	}
@@ -428,11 +420,8 @@ func buildShared(f File, c *agent.Options) error {
 		}
 		c.SharedWindow = v.D()
 	}
-	// The rule compares queueing delays sampled every probe: every
-	// 100 ms unless said otherwise.
-	if f.ProbeInterval == nil {
-		c.ProbeInterval = 100 * time.Millisecond
-	}
+	// The rule compares queueing delays sampled every probe.
+	needProbes(f, c)
 	w := cmp.Or(c.SharedWindow, policy.DefaultSharedWindow)
 	if c.ProbeInterval == 0 || w/c.ProbeInterval < policy.MinSharedProbes {
 		if f.ProbeInterval != nil {
@@ -444,6 +433,22 @@ func buildShared(f File, c *agent.Options) error {
 	}
 	c.SharedBottleneck = true
 	return nil
+}
+
+// decidingProbeInterval is how often subflows are measured where
+// something decides from the measurements (a measuring policy, cwnd_clamp,
+// shared_bottleneck) and probe_interval is not set.
+const decidingProbeInterval = 100 * time.Millisecond
+
+// needProbes gives c the probe interval for something that decides from
+// measurements (decidingProbeInterval unless probe_interval is set) and
+// reports whether probes run (probe_interval: 0 turns them off: the caller
+// refuses that with its own reason).
+func needProbes(f File, c *agent.Options) bool {
+	if f.ProbeInterval == nil {
+		c.ProbeInterval = decidingProbeInterval
+	}
+	return c.ProbeInterval > 0
 }
 
 // probesIn is how many probes every probe fit in w (0 for no probes).
