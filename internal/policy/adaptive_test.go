@@ -40,6 +40,27 @@ type sim struct {
 	others []*sim
 }
 
+// second is a further connection to the server (token) of the same
+// engine and clock, its default path up; intents go to the sim they are for.
+func (s *sim) second(token uint32) *sim {
+	b := &sim{t: s.t, p: s.p, clk: s.clk, conn: Conn{Token: token, Local: s.conn.Local, Remote: server}, paths: map[subKey]*simPath{}}
+	s.others, b.others = append(s.others, b), []*sim{s}
+	b.apply(b.p.Established(b.conn))
+	b.paths[key(client.Addr(), server)] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
+	return b
+}
+
+// refuseFirst refuses the first command it is asked about (EINVAL),
+// counting in *n, and lets the others through.
+func refuseFirst(n *int) func(Intent) error {
+	return func(Intent) error {
+		if *n++; *n == 1 {
+			return syscall.EINVAL
+		}
+		return nil
+	}
+}
+
 // owner is the sim of the connection in is for.
 func (s *sim) owner(in Intent) *sim {
 	for _, o := range s.others {

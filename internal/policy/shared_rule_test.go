@@ -313,11 +313,7 @@ func TestSharedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
 	q := &queues{s: a, start: a.clk.t, def: def, defRate: 0.9e6, detRate: 0.3e6,
 		defQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0), detQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0.05)}
 	a.run(time.Second, q.set)
-	// b: a second connection of the same engine and clock, 1 s younger.
-	b := &sim{t: t, p: a.p, clk: a.clk, conn: Conn{Token: 10, Local: a.conn.Local, Remote: server}, paths: map[subKey]*simPath{}}
-	a.others, b.others = []*sim{b}, []*sim{a}
-	b.apply(b.p.Established(b.conn))
-	b.paths[def] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
+	b := a.second(10) // 1 s younger
 	start := a.clk.t
 	for a.clk.t.Sub(start) < 200*time.Second {
 		// Each step advances the shared clock: each connection is probed
@@ -384,12 +380,7 @@ func TestSharedRefusedActionIsUndoneAndJudgedAgain(t *testing.T) {
 		q := &queues{s: s, start: s.clk.t, def: def, defRate: c.defRate, detRate: c.detRate,
 			defQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0), detQ: saw(1300*time.Millisecond, 120*time.Millisecond, 0.05)}
 		refused := 0
-		refuse := func(Intent) error {
-			if refused++; refused == 1 {
-				return syscall.EINVAL
-			}
-			return nil
-		}
+		refuse := refuseFirst(&refused)
 		s.refuseDestroy, s.refuseFlags = refuse, refuse
 		taken := func() int { return s.destroys(det) + s.backups(def, true) }
 		for taken() == 0 && s.clk.t.Sub(q.start) < 10*time.Second {
