@@ -136,6 +136,7 @@ type fileShared struct {
 type fileGuard struct {
 	Share  *float64         `yaml:"share"`
 	Window *config.Duration `yaml:"window"`
+	Starve *float64         `yaml:"starve"`
 }
 
 type fileClamp struct {
@@ -190,6 +191,11 @@ func parseConfig(name string, b []byte) (Config, error) {
 	doc, err := config.Parse(name, b, &f)
 	if err != nil {
 		return Config{}, err
+	}
+	if f.Guard == nil && doc.Sub("guard") != nil {
+		// "guard:" without a value is the block too (empty): it tunes
+		// nothing under another policy, which build says.
+		f.Guard = &fileGuard{}
 	}
 	c, err := build(f)
 	if err != nil {
@@ -290,12 +296,8 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		c.Subflows = 8
 	}
 	if c.Policy.Measures() {
-		// adaptive and backup-first judge paths from measurements every
-		// 100 ms.
-		if f.ProbeInterval == nil {
-			c.ProbeInterval = 100 * time.Millisecond
-		}
-		if c.ProbeInterval == 0 {
+		// adaptive, backup-first and guard judge paths from measurements.
+		if !needProbes(f, &c) {
 			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the %s policy decides by; set one (e.g. 100ms) or use policy: static", c.Policy)
 		}
 	}
@@ -314,6 +316,12 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 				return c, fmt.Errorf("guard.window: %s out of range 200ms-%s (e.g. 1s)", d, policy.MaxGuardWindow)
 			}
 			c.GuardWindow = v.D()
+		}
+		if v := f.Guard.Starve; v != nil {
+			if !(*v > 0 && *v <= 1) {
+				return c, fmt.Errorf("guard.starve: %g out of range (the share of probes at which the fastest subflow is limited by its congestion window, above 0 and at most 1; 1 turns the condition off; e.g. 0.5)", *v)
+			}
+			c.GuardStarve = *v
 		}
 	}
 	if err := buildShared(f, &c); err != nil {
@@ -383,12 +391,8 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		c.StaleLossCnt = *f.StaleLossCnt
 	}
 	if f.CwndClamp != nil && f.CwndClamp.Enabled {
-		// Clamps follow the tunnel subflows' measurements, every 100 ms
-		// unless said otherwise.
-		if f.ProbeInterval == nil {
-			c.ProbeInterval = 100 * time.Millisecond
-		}
-		if c.ProbeInterval == 0 {
+		// Clamps follow the tunnel subflows' measurements.
+		if !needProbes(f, &c) {
 			return c, fmt.Errorf("cwnd_clamp: needs measurements; set probe_interval (e.g. 100ms)")
 		}
 	}
@@ -416,17 +420,43 @@ func buildShared(f File, c *agent.Options) error {
 		}
 		c.SharedWindow = v.D()
 	}
-	// The rule compares queueing delays sampled every probe: every
-	// 100 ms unless said otherwise.
-	if f.ProbeInterval == nil {
-		c.ProbeInterval = 100 * time.Millisecond
-	}
+	// The rule compares queueing delays sampled every probe.
+	needProbes(f, c)
 	w := cmp.Or(c.SharedWindow, policy.DefaultSharedWindow)
-	if c.ProbeInterval == 0 || w/c.ProbeInterval < policy.MinSharedSamples {
-		return fmt.Errorf("shared_bottleneck: needs %d probes per window (%s), probe_interval is %s (e.g. 100ms)", policy.MinSharedSamples, w, c.ProbeInterval)
+	if c.ProbeInterval == 0 || w/c.ProbeInterval < policy.MinSharedProbes {
+		if f.ProbeInterval != nil {
+			// The user's probe_interval is what to change: point there.
+			return fmt.Errorf("probe_interval: %s gives %d probes per shared_bottleneck window (%s), the rule needs %d (e.g. 100ms)",
+				c.ProbeInterval, probesIn(w, c.ProbeInterval), w, policy.MinSharedProbes)
+		}
+		return fmt.Errorf("shared_bottleneck: needs %d probes per window (%s), probe_interval is %s (e.g. 100ms)", policy.MinSharedProbes, w, c.ProbeInterval)
 	}
 	c.SharedBottleneck = true
 	return nil
+}
+
+// decidingProbeInterval is how often subflows are measured where
+// something decides from the measurements (a measuring policy, cwnd_clamp,
+// shared_bottleneck) and probe_interval is not set.
+const decidingProbeInterval = 100 * time.Millisecond
+
+// needProbes gives c the probe interval for something that decides from
+// measurements (decidingProbeInterval unless probe_interval is set) and
+// reports whether probes run (probe_interval: 0 turns them off: the caller
+// refuses that with its own reason).
+func needProbes(f File, c *agent.Options) bool {
+	if f.ProbeInterval == nil {
+		c.ProbeInterval = decidingProbeInterval
+	}
+	return c.ProbeInterval > 0
+}
+
+// probesIn is how many probes every probe fit in w (0 for no probes).
+func probesIn(w, probe time.Duration) int64 {
+	if probe <= 0 {
+		return 0
+	}
+	return int64(w / probe)
 }
 
 // buildClamp validates the cwnd_clamp section.

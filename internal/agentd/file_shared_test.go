@@ -25,13 +25,16 @@ func TestParseConfigShared(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{
-		"policy: guard\nshared_bottleneck: {enabled: true}":      "config:2:20: shared_bottleneck: enabled, but the policy is guard",
-		"shared_bottleneck: {enabled: true, window: 500ms}":      "shared_bottleneck.window: 500ms out of range 1s-10s",
-		"shared_bottleneck: {enabled: true, window: 11s}":        "shared_bottleneck.window: 11s out of range 1s-10s",
-		"shared_bottleneck: {window: 3s}":                        "shared_bottleneck.window: set without shared_bottleneck.enabled: true",
-		"shared_bottleneck: {enabled: true}\nprobe_interval: 0s": "needs 10 probes per window (3s), probe_interval is 0s",
-		"shared_bottleneck: {enabled: true}\nprobe_interval: 1s": "needs 10 probes per window (3s), probe_interval is 1s",
-		"shared_bottleneck: {enabled: true, windw: 3s}":          "unknown key \"windw\"",
+		"policy: guard\nshared_bottleneck: {enabled: true}": "config:2:20: shared_bottleneck: enabled, but the policy is guard",
+		"shared_bottleneck: {enabled: true, window: 500ms}": "shared_bottleneck.window: 500ms out of range 2s-10s",
+		// 1 s held exactly the 10 samples a verdict needs: never judged.
+		"shared_bottleneck: {enabled: true, window: 1s}":                        "shared_bottleneck.window: 1s out of range 2s-10s",
+		"shared_bottleneck: {enabled: true, window: 11s}":                       "shared_bottleneck.window: 11s out of range 2s-10s",
+		"shared_bottleneck: {window: 3s}":                                       "shared_bottleneck.window: set without shared_bottleneck.enabled: true",
+		"shared_bottleneck: {enabled: true}\nprobe_interval: 0s":                "config:2:17: probe_interval: 0s gives 0 probes per shared_bottleneck window (3s), the rule needs 15",
+		"shared_bottleneck: {enabled: true}\nprobe_interval: 1s":                "config:2:17: probe_interval: 1s gives 3 probes per shared_bottleneck window (3s), the rule needs 15",
+		"shared_bottleneck: {enabled: true, window: 2s}\nprobe_interval: 150ms": "config:2:17: probe_interval: 150ms gives 13 probes per shared_bottleneck window (2s), the rule needs 15",
+		"shared_bottleneck: {enabled: true, windw: 3s}":                         "unknown key \"windw\"",
 	} {
 		if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one containing %q", in, err, want)
