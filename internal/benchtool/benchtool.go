@@ -57,6 +57,15 @@ type Result struct {
 	WindowSeconds float64 `json:"window_s"`
 	// Goodput is the reference method: WindowBytes*8 / WindowSeconds.
 	Goodput float64 `json:"goodput_mbps"`
+	// EqualBytes arrived between the warm-up and the end of the writing
+	// duration ([Warmup, Duration] from the hello, from the receiver's
+	// per-second counts: EqualWindow), EqualGoodput is EqualBytes*8 /
+	// (Duration - Warmup): the same window for every transfer of the same
+	// settings, where Goodput's window ends at each transfer's last byte
+	// (and a transfer that drains a backlog after the writing stops, as an
+	// MPTCP subflow does, is averaged over a longer window).
+	EqualBytes   uint64  `json:"equal_bytes"`
+	EqualGoodput float64 `json:"equal_goodput_mbps"`
 	// MaxGap is the longest stall of the receiver (no data delivered), in
 	// seconds, and MaxGapEnd when it ended (from the hello).
 	MaxGap    float64 `json:"max_gap_s"`

@@ -67,6 +67,83 @@ func TestCounterReferenceMethod(t *testing.T) {
 	}
 }
 
+// TestEqualWindow: the equal window [warm-up, duration) from the
+// receiver's per-second counts, through the counter and fill as a trial
+// sees it.
+func TestEqualWindow(t *testing.T) {
+	run := func(warmup, duration time.Duration, adds ...[2]int64) Result {
+		t.Helper()
+		c := counter{warmup: warmup}
+		for _, a := range adds {
+			c.add(time.Duration(a[0])*time.Millisecond, int(a[1]))
+		}
+		s := c.summary(true)
+		b, _ := json.Marshal(s)
+		back, err := ParseSummary(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Result{Duration: duration.Seconds(), Warmup: warmup.Seconds()}
+		fill(&r, back)
+		return r
+	}
+	// A backlog drained after the 4 s of writing: seconds 4-6 count in the
+	// last-byte window, not in the equal one; the warm-up second in neither.
+	r := run(time.Second, 4*time.Second,
+		[2]int64{500, 7000}, [2]int64{1000, 100}, [2]int64{1999, 100}, [2]int64{2500, 200}, [2]int64{3999, 300},
+		[2]int64{4000, 50}, [2]int64{5500, 50})
+	if r.EqualBytes != 700 || r.WindowBytes != 800 || r.WindowSeconds != 4.5 {
+		t.Fatalf("equal %d bytes, window %d bytes over %v s; want 700, 800 over 4.5 s", r.EqualBytes, r.WindowBytes, r.WindowSeconds)
+	}
+	if want := 700.0 * 8 / 3 / 1e6; r.EqualGoodput != want {
+		t.Errorf("equal goodput %v, want %v (over the 3 s from warm-up to duration)", r.EqualGoodput, want)
+	}
+	// A transfer shorter than the duration, ending in a partial second:
+	// the equal window stays 3 s (idle after the last byte), the
+	// last-byte one is 1.25 s.
+	r = run(time.Second, 4*time.Second, [2]int64{200, 10}, [2]int64{1100, 400}, [2]int64{2250, 600})
+	if r.EqualBytes != 1000 || r.WindowSeconds != 1.25 {
+		t.Fatalf("short transfer: equal %d bytes, window %v s; want 1000, 1.25 s", r.EqualBytes, r.WindowSeconds)
+	}
+	if want := 1000.0 * 8 / 3 / 1e6; r.EqualGoodput != want {
+		t.Errorf("short transfer: equal goodput %v, want %v", r.EqualGoodput, want)
+	}
+	// Nothing after the warm-up: no last-byte goodput, an equal one of 0.
+	r = run(time.Second, 4*time.Second, [2]int64{300, 10})
+	if r.EqualBytes != 0 || r.EqualGoodput != 0 || r.Goodput != 0 {
+		t.Errorf("all in the warm-up: %+v", r)
+	}
+	// Boundaries inside a second count that second pro rata; the last,
+	// partial second (0.5 s long, here straddling the end) by its length.
+	samples := []Sample{{Start: 0, Seconds: 1, Bytes: 1000}, {Start: 1, Seconds: 1, Bytes: 1000}, {Start: 2, Seconds: 0.5, Bytes: 1000}}
+	for _, tc := range []struct {
+		from, to float64
+		want     uint64
+	}{
+		{1, 2, 1000},     // whole seconds
+		{0.5, 1.5, 1000}, // half of two seconds
+		{1.5, 10, 1500},  // half a second and the whole last one
+		{2, 2.25, 500},   // half of the last (0.5 s) sample
+		{2.5, 10, 0},     // after the last byte
+		{0, 0.25, 250},   // inside the first second
+		{0, 100, 3000},   // everything
+		{2.25, 2.25, 0},  // an empty window
+	} {
+		if got := EqualWindow(samples, tc.from, tc.to); got != tc.want {
+			t.Errorf("EqualWindow [%v, %v) = %d, want %d", tc.from, tc.to, got, tc.want)
+		}
+	}
+	// A last sample of no length (last byte on a whole second) is an
+	// instant: in the window when its start is.
+	inst := []Sample{{Start: 0, Seconds: 1, Bytes: 10}, {Start: 1, Seconds: 0, Bytes: 5}}
+	if got := EqualWindow(inst, 1, 2); got != 5 {
+		t.Errorf("instant sample inside: %d, want 5", got)
+	}
+	if got := EqualWindow(inst, 0, 1); got != 10 {
+		t.Errorf("instant sample at the end: %d, want 10", got)
+	}
+}
+
 func TestParseSummaryRejects(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{`{"version":2}`, "version 2"},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -277,6 +278,36 @@ func fill(res *Result, s *Summary) {
 		res.WindowSeconds = time.Duration(s.LastNs - s.WarmupNs).Seconds()
 		res.Goodput = float64(s.WindowBytes) * 8 / res.WindowSeconds / 1e6
 	}
+	if res.Duration > res.Warmup {
+		res.EqualBytes = EqualWindow(s.Samples, res.Warmup, res.Duration)
+		res.EqualGoodput = float64(res.EqualBytes) * 8 / (res.Duration - res.Warmup) / 1e6
+	}
+}
+
+// EqualWindow sums the receiver's per-second counts over [from, to)
+// seconds from the hello. A sample covers [Start, Start+Seconds) (the
+// last one ends at the last byte); one that straddles a boundary counts
+// pro rata, its bytes taken as evenly spread over it. That is exact when
+// both boundaries fall on whole seconds (the default warm-up, 1 s, and
+// duration, 10 s), since samples are whole seconds but the last. Bytes
+// after to do not count however late they arrive, and a transfer whose
+// last byte came before to counts as idle for the rest: the window is the
+// same for every transfer.
+func EqualWindow(samples []Sample, from, to float64) uint64 {
+	var sum float64
+	for _, x := range samples {
+		if x.Seconds <= 0 {
+			// A last sample of no length: its bytes arrived at Start.
+			if x.Start >= from && x.Start < to {
+				sum += float64(x.Bytes)
+			}
+			continue
+		}
+		if in := min(x.Start+x.Seconds, to) - max(x.Start, from); in > 0 {
+			sum += float64(x.Bytes) * in / x.Seconds
+		}
+	}
+	return uint64(math.Round(sum))
 }
 
 func sendErr(ctx context.Context, what string, err error) error {
