@@ -163,4 +163,5 @@ func printResult(r *benchtool.Result) {
 			s.ID, s.Local, s.Remote, s.BytesAcked, s.WindowBytesAcked, s.RTT, s.MinRTT, s.Retransmits)
 	}
 	fmt.Printf("goodput %.2f Mbit/s (%d bytes from t=%gs over %.3f s)\n", r.Goodput, r.WindowBytes, r.Warmup, r.WindowSeconds)
+	fmt.Printf("goodput over t=%g-%gs %.2f Mbit/s (%d bytes)\n", r.Warmup, r.Duration, r.EqualGoodput, r.EqualBytes)
 }

@@ -101,6 +101,11 @@ func overIPv6(proc string, setup Setup) Setup {
 type Measurement struct {
 	GoodputMbps float64
 	WindowBytes uint64
+	// WindowS, EqualBytes, EqualGoodputMbps: see results.Record (nil
+	// unless the trial is one bulk transfer).
+	WindowS          *float64
+	EqualBytes       *uint64
+	EqualGoodputMbps *float64
 	// MaxGapS is the longest time the receiver got no data (s), and
 	// MaxGapEndS when that stall ended (s after the transfer started).
 	MaxGapS, MaxGapEndS float64

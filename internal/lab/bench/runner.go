@@ -488,6 +488,7 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 		} else {
 			rec.Status = results.OK
 			rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
+			rec.WindowS, rec.EqualBytes, rec.EqualGoodputMbps = m.WindowS, m.EqualBytes, m.EqualGoodputMbps
 			rec.MaxGapS, rec.MaxGapEndS, rec.ResumeS, rec.TailMbps = m.MaxGapS, m.MaxGapEndS, m.ResumeS, m.TailMbps
 			rec.Process = m.Process
 			if len(m.SetupMs) > 0 {

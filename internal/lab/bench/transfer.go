@@ -174,7 +174,8 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	if !t.mptcp && res.MPTCP && t.wrap == nil {
 		return Measurement{Attack: attackStats}, errors.New("plain TCP was requested but the connection is MPTCP")
 	}
-	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup, Attack: attackStats, Process: process}
+	m := Measurement{GoodputMbps: res.Goodput, WindowBytes: res.WindowBytes,
+		WindowS: &res.WindowSeconds, EqualBytes: &res.EqualBytes, EqualGoodputMbps: &res.EqualGoodput, MaxGapS: res.MaxGap, MaxGapEndS: res.MaxGapEnd, SetupMs: setup, Attack: attackStats, Process: process}
 	pathOf := t.pathOf
 	if f := e.Cell.Fault; f != nil {
 		m.ResumeS = resumeAfter(res.Series, f, func(key string) string {

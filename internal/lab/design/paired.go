@@ -277,6 +277,7 @@ func (d *Design) pairedPoint(ctx context.Context, o Options, s *scenario.Scenari
 				rec.Reason = bench.KeptFewSubflows + ": " + terr.Error()
 			}
 			rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
+			rec.WindowS, rec.EqualBytes, rec.EqualGoodputMbps = m.WindowS, m.EqualBytes, m.EqualGoodputMbps
 			rec.MaxGapS, rec.MaxGapEndS = m.MaxGapS, m.MaxGapEndS
 		}
 		if err := store.Append(rec); err != nil {

@@ -57,6 +57,17 @@ type Record struct {
 	// the transfer over that time (the reference method), in Mbit/s.
 	GoodputMbps float64 `json:"goodput_mbps"`
 	WindowBytes uint64  `json:"window_bytes"`
+	// WindowS is the length of GoodputMbps's window (warm-up to the last
+	// byte), EqualBytes the bytes the receiver got between the warm-up and
+	// the end of the writing duration ([Warmup, Duration] from the
+	// transfer's start, from its per-second counts) and EqualGoodputMbps
+	// those over Duration - Warmup: a window of the same length for every
+	// procedure (docs/design.md). Nil in records written before they were
+	// recorded, and for trials that are not one bulk transfer (flows,
+	// churn, collective).
+	WindowS          *float64 `json:"window_s,omitempty"`
+	EqualBytes       *uint64  `json:"equal_bytes,omitempty"`
+	EqualGoodputMbps *float64 `json:"equal_goodput_mbps,omitempty"`
 	// MaxGapS is the longest stall of the receiver (no data delivered) in
 	// seconds, MaxGapEndS when it ended (failover scenarios).
 	MaxGapS    float64 `json:"max_gap_s,omitempty"`
@@ -311,6 +322,10 @@ func (r *Record) check() error {
 		return fmt.Errorf("record with unknown status %q", r.Status)
 	case r.GoodputMbps < 0 || r.GoodputMbps != r.GoodputMbps:
 		return fmt.Errorf("record with goodput %v", r.GoodputMbps)
+	case r.EqualGoodputMbps != nil && !(*r.EqualGoodputMbps >= 0):
+		return fmt.Errorf("record with equal_goodput_mbps %v", *r.EqualGoodputMbps)
+	case r.WindowS != nil && !(*r.WindowS >= 0):
+		return fmt.Errorf("record with window_s %v", *r.WindowS)
 	}
 	return nil
 }
@@ -333,6 +348,7 @@ func WriteJSON(path string, recs []Record) error {
 var CSVHeader = []string{
 	"scenario", "configuration", "cell", "procedure", "detours", "trial", "start", "status", "reason",
 	"goodput_mbps", "window_bytes", "cc", "duration_s", "warmup_s", "params", "versions", "loadavg_1m",
+	"window_s", "equal_bytes", "equal_goodput_mbps",
 }
 
 // WriteCSV writes one row per trial.
@@ -366,6 +382,7 @@ func EncodeCSV(w io.Writer, recs []Record) error {
 			strconv.Itoa(r.Trial), r.Start.UTC().Format(time.RFC3339), r.Status, r.Reason,
 			f(r.GoodputMbps), strconv.FormatUint(r.WindowBytes, 10), r.CC, f(r.Duration), f(r.Warmup),
 			strings.Join(r.Params, " "), versions(r.Versions), f(r.LoadAvg),
+			optF(r.WindowS), optU(r.EqualBytes), optF(r.EqualGoodputMbps),
 		}
 		for i := 0; i < maxSF; i++ {
 			if i < len(r.Subflows) {
@@ -382,6 +399,21 @@ func EncodeCSV(w io.Writer, recs []Record) error {
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// optF and optU print an optional field, empty when not recorded.
+func optF(v *float64) string {
+	if v == nil {
+		return ""
+	}
+	return strconv.FormatFloat(*v, 'f', -1, 64)
+}
+
+func optU(v *uint64) string {
+	if v == nil {
+		return ""
+	}
+	return strconv.FormatUint(*v, 10)
 }
 
 func versions(m map[string]string) string {

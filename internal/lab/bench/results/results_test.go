@@ -130,3 +130,62 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestEqualWindowFields: a record with the equal-window fields round-trips
+// through the log and the CSV; one written before they existed still
+// loads, with them nil (not 0), and gets empty CSV cells.
+func TestEqualWindowFields(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, TrialsFile)
+	// A record as committed before the fields existed.
+	old := `{"scenario":"design","configuration":"p058","cell":"tcp-path1","procedure":"tcp-path1","trial":1,"start":"2026-11-20T10:00:00Z","status":"ok","goodput_mbps":7.32,"window_bytes":8500000,"params":[],"cc":"cubic","duration_s":10,"warmup_s":1,"versions":{},"loadavg_1m":2}` + "\n"
+	if err := os.WriteFile(p, []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, recs, err := Open(dir, true)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("old record: %v %v", recs, err)
+	}
+	if recs[0].WindowS != nil || recs[0].EqualBytes != nil || recs[0].EqualGoodputMbps != nil {
+		t.Fatalf("old record got equal-window fields: %+v", recs[0])
+	}
+	r := rec("p058", "mptcp-1sf", 1, OK, 2.9)
+	ws, eb, eg := 14.5, uint64(3_600_000), 3.2
+	r.WindowS, r.EqualBytes, r.EqualGoodputMbps = &ws, &eb, &eg
+	if err := st.Append(r); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	recs, err = Load(p)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("load: %v %v", recs, err)
+	}
+	if n := recs[1]; n.WindowS == nil || *n.WindowS != 14.5 || *n.EqualBytes != 3_600_000 || *n.EqualGoodputMbps != 3.2 {
+		t.Fatalf("new record: %+v", n)
+	}
+	var b strings.Builder
+	if err := EncodeCSV(&b, recs); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(strings.NewReader(b.String())).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := map[string]int{}
+	for i, h := range rows[0] {
+		col[h] = i
+	}
+	for _, h := range []string{"window_s", "equal_bytes", "equal_goodput_mbps"} {
+		if rows[1][col[h]] != "" {
+			t.Errorf("old record: %s = %q, want empty", h, rows[1][col[h]])
+		}
+	}
+	if rows[2][col["window_s"]] != "14.5" || rows[2][col["equal_bytes"]] != "3600000" || rows[2][col["equal_goodput_mbps"]] != "3.2" {
+		t.Errorf("new record's CSV row: %v", rows[2])
+	}
+	// A negative equal goodput is a corrupt record.
+	bad := strings.Replace(old, `"goodput_mbps":7.32`, `"goodput_mbps":7.32,"equal_goodput_mbps":-1`, 1)
+	if _, err := parse("x", []byte(bad)); err == nil || !strings.Contains(err.Error(), "equal_goodput_mbps") {
+		t.Errorf("negative equal goodput: %v", err)
+	}
+}
