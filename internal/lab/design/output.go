@@ -46,9 +46,10 @@ func (rep *Report) writeCSV(path string) error {
 	}
 	w := csv.NewWriter(f)
 	keys := rep.Design.paramKeys()
-	_ = w.Write(append([]string{"point", "trial", "bdp", "procedure", "status", "goodput_mbps", "ben", "ben_capacity"}, keys...))
+	_ = w.Write(append([]string{"point", "trial", "bdp", "procedure", "status", "goodput_mbps", "window_s", "equal_goodput_mbps", "ben", "ben_capacity"}, keys...))
 	for _, r := range rep.Rows {
-		rec := []string{r.Point, strconv.Itoa(r.Trial), r.BDP, r.Procedure, r.Status, fmt.Sprintf("%.3f", r.GoodputMbps), optF(r.Ben), optF(r.BenCapacity)}
+		rec := []string{r.Point, strconv.Itoa(r.Trial), r.BDP, r.Procedure, r.Status, fmt.Sprintf("%.3f", r.GoodputMbps),
+			optF(r.WindowS), optF(r.EqualGoodputMbps), optF(r.Ben), optF(r.BenCapacity)}
 		for _, k := range keys {
 			rec = append(rec, strconv.FormatFloat(r.Params[k], 'f', -1, 64))
 		}
@@ -62,6 +63,7 @@ func (rep *Report) writeCSV(path string) error {
 	return f.Close()
 }
 
+// optF prints an optional figure, empty when absent (not recorded).
 func optF(v *float64) string {
 	if v == nil {
 		return ""

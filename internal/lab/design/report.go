@@ -24,6 +24,11 @@ type Row struct {
 	Status      string  `json:"status"`
 	Reason      string  `json:"reason,omitempty"`
 	GoodputMbps float64 `json:"goodput_mbps"`
+	// WindowS is GoodputMbps's window (warm-up to the last byte),
+	// EqualGoodputMbps the goodput over warm-up to the end of the writing
+	// duration (results.Record); absent in trials recorded before them.
+	WindowS          *float64 `json:"window_s,omitempty"`
+	EqualGoodputMbps *float64 `json:"equal_goodput_mbps,omitempty"`
 	// Ben is the aggregation benefit of an MPTCP row against the measured
 	// single-path goodputs (the mean of the tcp-path1..N rows of the same
 	// point); absent when one of them is missing.
@@ -81,6 +86,7 @@ func (d *Design) Rows(recs map[string][]results.Record, runs []run) []Row {
 			rows = append(rows, Row{
 				Point: pt.ID, Trial: rec.Trial, BDP: pt.Class(d.LowBDP), Procedure: p.Name, Policy: p.Policy,
 				Status: rec.Status, Reason: rec.Reason, GoodputMbps: rec.GoodputMbps,
+				WindowS: rec.WindowS, EqualGoodputMbps: rec.EqualGoodputMbps,
 				Params: pt.Params(), Subflows: rec.Subflows, Start: rec.Start, LoadAvg: rec.LoadAvg,
 			})
 		}
