@@ -1,6 +1,7 @@
 package design
 
 import (
+	"encoding/csv"
 	"errors"
 	"fmt"
 	"math"
@@ -231,13 +232,117 @@ func TestPairedReport(t *testing.T) {
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, "report.md"))
 	for _, s := range []string{"## Paired analysis", "| mptcp-static | 2 | 1 (50 %) | 1 (50 %) |", "harmed points <= 5 %", "0.50 [", "**H**",
-		"| mptcp-static / mptcp-adaptive | 2 |", "The kernel's own cost"} {
+		"| mptcp-static / mptcp-adaptive | 2 |", "The kernel's own cost",
+		"Goodput over the equal window: not recorded"} {
 		if !strings.Contains(string(md), s) {
 			t.Errorf("report lacks %q", s)
 		}
 	}
 	if rep.PointsDone != 2 {
 		t.Errorf("points done %d", rep.PointsDone)
+	}
+}
+
+// TestPairedReportEqualWindow: trials with the equal-window goodput get
+// the paired analysis twice, to the last byte (unchanged) and over the
+// equal window; trials recorded before it (p003 here) count in the first
+// and are left out of the second.
+func TestPairedReportEqualWindow(t *testing.T) {
+	d, err := New(Spec{Space: RealWorldSpace(2), Points: 3, Seed: 4, Trials: 3,
+		Procedures: "tcp-path1,tcp-path2,mptcp-1sf,mptcp-static"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	st, _, err := results.Open(filepath.Join(dir, "runs", PairedRun), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// p001: the MPTCP procedures drain a backlog until 15 s and are below
+	// TCP to the last byte, equal to it over the equal window (the
+	// upstream report's case); p002: no difference; p003: old records.
+	last := map[string]map[string][3]float64{
+		"p001": {"tcp-path1": {10, 10, 10}, "tcp-path2": {10, 10, 10}, "mptcp-1sf": {5, 6, 7}, "mptcp-static": {5, 6, 7}},
+		"p002": {"tcp-path1": {4, 4, 4}, "tcp-path2": {4, 4, 4}, "mptcp-1sf": {4, 4, 4}, "mptcp-static": {8, 8, 8}},
+		"p003": {"tcp-path1": {5, 5, 5}, "tcp-path2": {5, 5, 5}, "mptcp-1sf": {5, 5, 5}, "mptcp-static": {5, 5, 5}},
+	}
+	equal := map[string]map[string][3]float64{
+		"p001": {"tcp-path1": {10, 10, 10}, "tcp-path2": {10, 10, 10}, "mptcp-1sf": {10, 10, 10}, "mptcp-static": {10, 11, 12}},
+		"p002": last["p002"],
+	}
+	i := 0
+	for _, pt := range []string{"p001", "p002", "p003"} {
+		for tr := 1; tr <= 3; tr++ {
+			for _, proc := range []string{"tcp-path1", "tcp-path2", "mptcp-1sf", "mptcp-static"} {
+				rec := results.Record{Scenario: pairedScenarioName, Configuration: pt, Cell: proc, Procedure: "x", Trial: tr, Status: results.OK,
+					GoodputMbps: last[pt][proc][tr-1], Start: t0.Add(time.Duration(i) * 12 * time.Second), LoadAvg: 1.5}
+				i++
+				if e, ok := equal[pt]; ok {
+					w, g := 9.5, e[proc][tr-1]
+					if pt == "p001" && strings.HasPrefix(proc, "mptcp") {
+						w = 15
+					}
+					b := uint64(g * 9e6 / 8)
+					rec.WindowS, rec.EqualGoodputMbps, rec.EqualBytes = &w, &g, &b
+				}
+				if err := st.Append(rec); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	st.Close()
+	rep, err := WriteReport(dir, d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastStats, eqStats := rep.PointStats(), rep.EqualPointStats()
+	if len(lastStats) != 3 || len(eqStats) != 2 {
+		t.Fatalf("%d points to the last byte, %d over the equal window; want 3 and 2 (p003 not recorded)", len(lastStats), len(eqStats))
+	}
+	if !lastStats[0].Harmed["mptcp-static"] || eqStats[0].Harmed["mptcp-static"] {
+		t.Errorf("p001 static harmed: %v to the last byte (want true), %v over the equal window (want false)",
+			lastStats[0].Harmed["mptcp-static"], eqStats[0].Harmed["mptcp-static"])
+	}
+	if c := eqStats[0].OneRatio; c.Est != 1 {
+		t.Errorf("p001 mptcp-1sf / TCP over the equal window: %+v, want 1", c)
+	}
+	if c := lastStats[0].OneRatio; c.Est != 0.6 {
+		t.Errorf("p001 mptcp-1sf / TCP to the last byte: %+v, want 0.6", c)
+	}
+	mdb, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+	md := string(mdb)
+	eq := strings.Index(md, "### Over the equal window")
+	if eq < 0 {
+		t.Fatalf("no equal-window section:\n%s", md)
+	}
+	before, after := md[:eq], md[eq:]
+	for _, s := range []string{"| mptcp-static | 3 | 1 (33 %) | 2 (67 %) |", "geometric mean 0.843 over 3 points"} {
+		if !strings.Contains(before, s) {
+			t.Errorf("analysis to the last byte lacks %q", s)
+		}
+	}
+	for _, s := range []string{"24 of 36 ok trials have the equal window", "| mptcp-static | 9 | 6 | 12.2 (9.5-15.0) |", "| tcp-path1 | 9 | 6 | 9.5 (9.5-9.5) |",
+		"| mptcp-static | 2 | 0 (0 %) | 2 (100 %) |", "geometric mean 1.000 over 2 points", "The kernel's own cost"} {
+		if !strings.Contains(after, s) {
+			t.Errorf("equal-window section lacks %q:\n%s", s, after)
+		}
+	}
+	csvb, _ := os.ReadFile(filepath.Join(dir, "results.csv"))
+	rows, err := csv.NewReader(strings.NewReader(string(csvb))).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := map[string]int{}
+	for i, h := range rows[0] {
+		col[h] = i
+	}
+	for _, r := range rows[1:] {
+		eg, ws := r[col["equal_goodput_mbps"]], r[col["window_s"]]
+		if (r[col["point"]] == "p003") != (eg == "" && ws == "") {
+			t.Errorf("results.csv row %v: equal_goodput_mbps %q, window_s %q", r, eg, ws)
+		}
 	}
 }
 
