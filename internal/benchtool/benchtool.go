@@ -3,7 +3,11 @@
 // the bytes it reads, and goodput is the bytes that arrived from t = warm-up
 // (1 s) to the last byte, divided by that elapsed time. Starting the window
 // late drops slow start; ending it at the last byte (not at a fixed 10 s)
-// keeps MPTCP's slower close out of the measurement. Arrival times are the
+// keeps MPTCP's slower close out of the measurement, but averages a
+// transfer that delivers for longer (an MPTCP subflow draining its unsent
+// backlog after the writing stops) over a longer window, so the result
+// also carries the goodput over the same window for every transfer, the
+// warm-up to the end of the writing (EqualWindow). Arrival times are the
 // receiving kernel's timestamps, so a receiver that is short of CPU and
 // reads late does not shift bytes into the window.
 //
