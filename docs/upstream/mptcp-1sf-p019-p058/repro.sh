@@ -17,7 +17,10 @@
 # the variant says otherwise) to `mpdetour bench recv --mptcp`; TCP and MPTCP
 # alternate first per round. Per trial: nstat deltas in the client (sender)
 # and the server (receiver), and `ss -tinmM` of both ends 9 s into the trial
-# (raw, to $SSLOG).
+# (raw, to $SSLOG), and the forward path's own counters: packets the bottleneck
+# sent (tx), tbf drops (queue overflow), random-loss drops (nftables counter)
+# and packets the delay line lost (tx - rx at the far end of the link; rx
+# counts packets before the loss rule drops them).
 #
 # Usage: repro.sh POINT [rounds] [variants...]   (root)
 #   POINT: p019 | p058
@@ -28,6 +31,10 @@
 #     bbr        the sender's congestion control bbr (TCP and MPTCP alike)
 #     nooffload  GSO/TSO/GRO off on the client's and server's interfaces
 #     stale1     net.mptcp.stale_loss_cnt=1 (client)  [MPTCP only setting]
+#     lowat      net.ipv4.tcp_notsent_lowat=131072 in the client (the sender): the
+#                namespace default that a TCP socket (the MPTCP subflow too) uses
+#                when the socket sets none; the bench sets 128 KB on its socket
+#                (TCP: the connection; MPTCP: the MPTCP socket only)
 #   MPDETOUR=path to mpdetour (bench), MPDETOUR_LAB=path to mpdetour-lab (up/down),
 #   SSLOG=file for the raw ss samples (default /dev/null).
 set -u
@@ -63,13 +70,22 @@ table ip k1sf {
 NFT
   DST=$D:5302
 fi
+LINK=C0; FAR=r2; [ $PT = p019 ] && { LINK=C1; FAR=detour1; }
+pathc() { # tx tbfdrops nftdrops rx on the forward direction of the best path
+  local tx drops nft rx
+  tx=$(ip netns exec $L-r1 cat /sys/class/net/$LINK/statistics/tx_packets)
+  drops=$(ip netns exec $L-r1 tc -s qdisc show dev $LINK | awk '/dropped/{sub(",","",$7); print $7; exit}')
+  nft=$(ip netns exec $L-$FAR nft list chain netdev mpdetour_lab loss_$LINK | awk '/counter/{for(i=1;i<=NF;i++) if($i=="packets") print $(i+1)}')
+  rx=$(ip netns exec $L-$FAR cat /sys/class/net/$LINK/statistics/rx_packets)
+  echo "$tx $drops $nft $rx"
+}
 ip netns exec $L-server $M bench recv --mptcp --port 5301 >/dev/null 2>&1 &
 RECV=$!
 sleep 0.5
 defaults() {
   for n in client server; do
     ip netns exec $L-$n sysctl -qw net.ipv4.tcp_rmem="4096 131072 33554432" net.ipv4.tcp_wmem="4096 16384 4194304"
-    ip netns exec $L-$n sysctl -qw net.mptcp.stale_loss_cnt=4
+    ip netns exec $L-$n sysctl -qw net.mptcp.stale_loss_cnt=4 net.ipv4.tcp_notsent_lowat=4294967295
   done
   ip netns exec $L-client ethtool -K A1 gso on tso on gro on >/dev/null 2>&1
   ip netns exec $L-server ethtool -K A2 gso on tso on gro on >/dev/null 2>&1
@@ -85,6 +101,7 @@ setv() { # variant -> settings
   nooffload) ip netns exec $L-client ethtool -K A1 gso off tso off gro off >/dev/null
              ip netns exec $L-server ethtool -K A2 gso off tso off gro off >/dev/null;;
   stale1) ip netns exec $L-client sysctl -qw net.mptcp.stale_loss_cnt=1;;
+  lowat) ip netns exec $L-client sysctl -qw net.ipv4.tcp_notsent_lowat=131072;;
   *) echo "unknown variant $1" >&2; exit 2;;
   esac
 }
@@ -97,11 +114,15 @@ for v in $VARIANTS; do
     for p in $order; do
       flag=""; [ $p = mptcp ] && flag=--mptcp
       for n in client server; do NSTAT_HISTORY=/tmp/$L-$n ip netns exec $L-$n nstat -n; done
+      read tx0 dr0 nf0 rx0 < <(pathc)
       ( sleep 9; { echo "## $PT $v round $r $p client $(date -u +%T)"; ip netns exec $L-client ss -tinmM "( dport = :5301 or dport = :5302 )";
                    echo "## $PT $v round $r $p server"; ip netns exec $L-server ss -tinmM "( sport = :5301 )"; } >>$SSLOG 2>&1 ) &
       ssp=$!
       out=$($M bench send $DST --netns /run/netns/$L-client --cc $CC --duration 10s --json $flag 2>&1)
       wait $ssp
+      sleep 0.3
+      read tx1 dr1 nf1 rx1 < <(pathc)
+      pc="path: tx=$((tx1-tx0)) tbfdrop=$((dr1-dr0)) lossdrop=$((nf1-nf0)) delaylinelost=$((tx1-tx0-rx1+rx0))"
       c=$(NSTAT_HISTORY=/tmp/$L-client ip netns exec $L-client nstat | awk -v k="$keys" '$1~k{printf "%s=%s ",$1,$2}')
       s=$(NSTAT_HISTORY=/tmp/$L-server ip netns exec $L-server nstat | awk -v k="$keys" '$1~k{printf "%s=%s ",$1,$2}')
       g=$(printf '%s' "$out" | python3 -c '
@@ -115,7 +136,7 @@ sf=j.get("subflows") or []
 print("%.3f Mbit/s mptcp=%s fallback=%s maxgap=%.2fs persec=%s sf=%s" % (j.get("goodput_mbps",0), j.get("mptcp"), j.get("fallback"), j.get("max_gap_s",0),
   [round(x.get("mbps",0),1) for x in j.get("samples") or []],
   [(round(x.get("rtt_ms",0)), x.get("retransmits"), x.get("bytes_acked"), x.get("cwnd"), x.get("mss")) for x in sf]))')
-      echo "$PT $v round $r $p: $g | sender: $c| receiver: $s| load $(cut -d' ' -f1 /proc/loadavg) $(date -u +%T)"
+      echo "$PT $v round $r $p: $g | sender: $c| receiver: $s| $pc | load $(cut -d' ' -f1 /proc/loadavg) $(date -u +%T)"
       sleep 0.5
     done
   done
