@@ -10,8 +10,8 @@ that time: the design's figure; its window ends when the sender's backlog has
 drained) and the equal-window goodput (the receiver's per-second samples of
 seconds 1-10 only: the same 9 s for TCP and MPTCP). "len" is the bench
 window's length in seconds (number of per-second samples).
-If ss-<variant>-<point>.txt lies beside a run file, the client's rwnd_limited /
-sndbuf_limited / snd_wnd at 9 s are summarised too.
+If ss-X.txt lies beside run-X.txt, the MPTCP subflow's unsent bytes at 9 s
+(notsent) are shown too.
 """
 import math, os, re, sys, statistics
 from collections import defaultdict
@@ -63,9 +63,13 @@ def sssum(path):
     return res
 
 def main(paths):
+    """Rows of every file are pooled per (point, variant): pass run-X and run-Y
+    of the same variant to get one table and interval over all their rounds."""
+    data = defaultdict(dict)  # (pt, var) -> (file, round) -> proc -> fields
+    ss, loads = {}, []
     for path in paths:
-        data = defaultdict(lambda: defaultdict(dict))  # (pt, var) -> round -> proc -> (g, sender, receiver, load)
-        loads = []
+        base = os.path.basename(path)
+        ss[base] = sssum(os.path.join(os.path.dirname(path), base.replace('run-', 'ss-', 1)))
         for line in open(path):
             m = row.match(line)
             if not m:
@@ -80,62 +84,67 @@ def main(paths):
             if proc == 'mptcp' and m.group(6) != 'True':
                 print(f'{pt} {var} round {rnd}: MPTCP fell back, trial dropped')
                 continue
-            data[(pt, var)][rnd][proc] = (g, counters(m.group(8)), counters(m.group(9)), eq, len(ps), counters(m.group(10) or ''))
+            data[(pt, var)].setdefault((base, rnd), {})[proc] = (g, counters(m.group(8)), counters(m.group(9)), eq, len(ps), counters(m.group(10) or ''))
             loads.append(float(m.group(11)))
-        for (pt, var), rounds in data.items():
-            base = os.path.basename(path)
-            ss = sssum(os.path.join(os.path.dirname(path), f'ss-{var}-{pt}.txt'))
-            print(f'== {pt} {var} ({base})')
-            logs, tcp, mp, elogs, etcp, emp = [], [], [], [], [], []
-            print('round | first | TCP Mbit/s (len s) | MPTCP Mbit/s (len s) | MPTCP/TCP | TCP 1-10 s | MPTCP 1-10 s | MPTCP/TCP 1-10 s | TCP snd rtx | MPTCP snd rtx | TCP / MPTCP fwd path drops (tbf, loss rule, delay line) | MPTCP subflow notsent at 9 s')
-            sums = {'tcp': defaultdict(int), 'mptcp': defaultdict(int)}
-            for r in sorted(rounds):
-                p = rounds[r]
-                for proc in p:
-                    for k, v in list(p[proc][1].items()):
-                        sums[proc]['snd:' + k] += v
-                    for k, v in list(p[proc][2].items()):
-                        sums[proc]['rcv:' + k] += v
-                if 'tcp' not in p or 'mptcp' not in p:
-                    continue
-                t, mm_ = p['tcp'][0], p['mptcp'][0]
-                tcp.append(t); mp.append(mm_)
-                if t > 0 and mm_ > 0:
-                    logs.append(math.log(mm_ / t))
-                et, em = p['tcp'][3], p['mptcp'][3]
-                etcp.append(et); emp.append(em)
-                if et > 0 and em > 0:
-                    elogs.append(math.log(em / et))
-                st, sm = ss.get((var, r, 'tcp'), {}), ss.get((var, r, 'mptcp'), {})
-                def drops(x):
-                    c = x[5]
-                    return f"{c.get('tbfdrop', '-')}, {c.get('lossdrop', '-')}, {c.get('delaylinelost', '-')}" if c else '-'
-                print(f"{r} | {'tcp' if r % 2 else 'mptcp'} | {t:.2f} ({p['tcp'][4]}) | {mm_:.2f} ({p['mptcp'][4]}) | {mm_ / t:.2f} | "
-                      f"{et:.2f} | {em:.2f} | {em / et:.2f} | "
-                      f"{p['tcp'][1].get('TcpRetransSegs', 0)} | {p['mptcp'][1].get('TcpRetransSegs', 0)} | "
-                      f"{drops(p['tcp'])} / {drops(p['mptcp'])} | {sm.get('notsent', '-')}")
-            n = len(logs)
-            if n >= 2:
-                mean, sd = statistics.mean(logs), statistics.stdev(logs)
-                h = t975(n - 1) * sd / math.sqrt(n)
-                print(f'rounds {n}; TCP mean {statistics.mean(tcp):.2f} (sd {statistics.stdev(tcp):.2f}), MPTCP mean {statistics.mean(mp):.2f} '
-                      f'(sd {statistics.stdev(mp):.2f}); ratio of means {statistics.mean(mp) / statistics.mean(tcp):.3f}; '
-                      f'geometric mean of per-round MPTCP/TCP {math.exp(mean):.3f}, 95 % t interval [{math.exp(mean - h):.3f}, {math.exp(mean + h):.3f}] '
-                      f'(sd of log ratio {sd:.3f})')
-            n2 = len(elogs)
-            if n2 >= 2:
-                mean, sd = statistics.mean(elogs), statistics.stdev(elogs)
-                h = t975(n2 - 1) * sd / math.sqrt(n2)
-                print(f'equal window (1-10 s): TCP mean {statistics.mean(etcp):.2f}, MPTCP mean {statistics.mean(emp):.2f}; ratio of means '
-                      f'{statistics.mean(emp) / statistics.mean(etcp):.3f}; geometric mean of per-round MPTCP/TCP {math.exp(mean):.3f}, '
-                      f'95 % t interval [{math.exp(mean - h):.3f}, {math.exp(mean + h):.3f}] (sd of log ratio {sd:.3f})')
-            for proc in ('tcp', 'mptcp'):
-                keys = sorted(k for k in sums[proc] if not k.endswith(('SYNTX', 'SYNRX', 'SYNACKRX', 'ACKRX')))
-                print(f'{proc} counter sums over {n} trials: ' + ' '.join(f'{k}={sums[proc][k]}' for k in keys))
-        if loads:
-            loads.sort()
-            print(f'load (1-min, at trial ends): min {loads[0]:.2f} median {statistics.median(loads):.2f} max {loads[-1]:.2f}')
-            print()
+    for (pt, var), rounds in data.items():
+        print(f'== {pt} {var} ({", ".join(sorted({b for b, _ in rounds}))})')
+        logs, tcp, mp, elogs, etcp, emp, lt, lm = [], [], [], [], [], [], [], []
+        print('file:round | first | TCP Mbit/s (len s) | MPTCP Mbit/s (len s) | MPTCP/TCP | TCP 1-10 s | MPTCP 1-10 s | MPTCP/TCP 1-10 s | '
+              'TCP snd rtx | MPTCP snd rtx | TCP / MPTCP fwd path drops (tbf, loss rule, delay line) | MPTCP subflow notsent at 9 s')
+        sums = {'tcp': defaultdict(int), 'mptcp': defaultdict(int)}
+        for (base, r) in sorted(rounds):
+            p = rounds[(base, r)]
+            if 'tcp' not in p or 'mptcp' not in p:
+                continue
+            for proc in p:
+                for k, v in p[proc][1].items():
+                    sums[proc]['snd:' + k] += v
+                for k, v in p[proc][2].items():
+                    sums[proc]['rcv:' + k] += v
+                for k, v in p[proc][5].items():
+                    sums[proc]['path:' + k] += v
+            t, mm_ = p['tcp'][0], p['mptcp'][0]
+            tcp.append(t); mp.append(mm_)
+            lt.append(p['tcp'][4]); lm.append(p['mptcp'][4])
+            if t > 0 and mm_ > 0:
+                logs.append(math.log(mm_ / t))
+            et, em = p['tcp'][3], p['mptcp'][3]
+            etcp.append(et); emp.append(em)
+            if et > 0 and em > 0:
+                elogs.append(math.log(em / et))
+            sm = ss[base].get((var, r, 'mptcp'), {})
+            def drops(x):
+                c = x[5]
+                return f"{c.get('tbfdrop', '-')}, {c.get('lossdrop', '-')}, {c.get('delaylinelost', '-')}" if c else '-'
+            print(f"{base[4:-4]}:{r} | {'tcp' if r % 2 else 'mptcp'} | {t:.2f} ({p['tcp'][4]}) | {mm_:.2f} ({p['mptcp'][4]}) | {mm_ / t:.2f} | "
+                  f"{et:.2f} | {em:.2f} | {em / et:.2f} | "
+                  f"{p['tcp'][1].get('TcpRetransSegs', 0)} | {p['mptcp'][1].get('TcpRetransSegs', 0)} | "
+                  f"{drops(p['tcp'])} / {drops(p['mptcp'])} | {sm.get('notsent', '-')}")
+        n = len(logs)
+        if n >= 2:
+            mean, sd = statistics.mean(logs), statistics.stdev(logs)
+            h = t975(n - 1) * sd / math.sqrt(n)
+            print(f'rounds {n}; bench goodput: TCP mean {statistics.mean(tcp):.2f} (sd {statistics.stdev(tcp):.2f}), MPTCP mean {statistics.mean(mp):.2f} '
+                  f'(sd {statistics.stdev(mp):.2f}); ratio of means {statistics.mean(mp) / statistics.mean(tcp):.3f}; '
+                  f'geometric mean of per-round MPTCP/TCP {math.exp(mean):.3f}, 95 % t interval [{math.exp(mean - h):.3f}, {math.exp(mean + h):.3f}] '
+                  f'(sd of log ratio {sd:.3f})')
+            print(f'bench window (s, per-second samples): TCP median {statistics.median(lt)} (range {min(lt)}-{max(lt)}), '
+                  f'MPTCP median {statistics.median(lm)} (range {min(lm)}-{max(lm)})')
+        n2 = len(elogs)
+        if n2 >= 2:
+            mean, sd = statistics.mean(elogs), statistics.stdev(elogs)
+            h = t975(n2 - 1) * sd / math.sqrt(n2)
+            print(f'equal window (1-10 s): TCP mean {statistics.mean(etcp):.2f}, MPTCP mean {statistics.mean(emp):.2f}; ratio of means '
+                  f'{statistics.mean(emp) / statistics.mean(etcp):.3f}; geometric mean of per-round MPTCP/TCP {math.exp(mean):.3f}, '
+                  f'95 % t interval [{math.exp(mean - h):.3f}, {math.exp(mean + h):.3f}] (sd of log ratio {sd:.3f})')
+        for proc in ('tcp', 'mptcp'):
+            keys = sorted(k for k in sums[proc] if not k.endswith(('SYNTX', 'SYNRX', 'SYNACKRX', 'ACKRX')))
+            print(f'{proc} counter sums over {n} trials: ' + ' '.join(f'{k}={sums[proc][k]}' for k in keys))
+        print()
+    if loads:
+        loads.sort()
+        print(f'load (1-min, at trial ends): min {loads[0]:.2f} median {statistics.median(loads):.2f} max {loads[-1]:.2f} ({len(loads)} trials)')
+
 
 if __name__ == '__main__':
     main(sys.argv[1:])
