@@ -62,6 +62,17 @@ def sssum(path):
             res.setdefault(key + ('msk',), {})['msk_rb'] = int(mm.group(1)) if mm else None
     return res
 
+def summary(tcp, mp, logs):
+    """Means, ratio of means, and the geometric mean of per-round ratios with its t interval."""
+    n = len(logs)
+    mean, sd = statistics.mean(logs), statistics.stdev(logs)
+    h = t975(n - 1) * sd / math.sqrt(n)
+    return (f'TCP mean {statistics.mean(tcp):.2f} (sd {statistics.stdev(tcp):.2f}), MPTCP mean {statistics.mean(mp):.2f} '
+            f'(sd {statistics.stdev(mp):.2f}); ratio of means {statistics.mean(mp) / statistics.mean(tcp):.3f}; '
+            f'geometric mean of per-round MPTCP/TCP {math.exp(mean):.3f}, 95 % t interval [{math.exp(mean - h):.3f}, {math.exp(mean + h):.3f}] '
+            f'(sd of log ratio {sd:.3f})')
+
+
 def main(paths):
     """Rows of every file are pooled per (point, variant): pass run-X and run-Y
     of the same variant to get one table and interval over all their rounds."""
@@ -122,21 +133,11 @@ def main(paths):
                   f"{drops(p['tcp'])} / {drops(p['mptcp'])} | {sm.get('notsent', '-')}")
         n = len(logs)
         if n >= 2:
-            mean, sd = statistics.mean(logs), statistics.stdev(logs)
-            h = t975(n - 1) * sd / math.sqrt(n)
-            print(f'rounds {n}; bench goodput: TCP mean {statistics.mean(tcp):.2f} (sd {statistics.stdev(tcp):.2f}), MPTCP mean {statistics.mean(mp):.2f} '
-                  f'(sd {statistics.stdev(mp):.2f}); ratio of means {statistics.mean(mp) / statistics.mean(tcp):.3f}; '
-                  f'geometric mean of per-round MPTCP/TCP {math.exp(mean):.3f}, 95 % t interval [{math.exp(mean - h):.3f}, {math.exp(mean + h):.3f}] '
-                  f'(sd of log ratio {sd:.3f})')
+            print(f'rounds {n}; bench goodput: ' + summary(tcp, mp, logs))
             print(f'bench window (s, per-second samples): TCP median {statistics.median(lt)} (range {min(lt)}-{max(lt)}), '
                   f'MPTCP median {statistics.median(lm)} (range {min(lm)}-{max(lm)})')
-        n2 = len(elogs)
-        if n2 >= 2:
-            mean, sd = statistics.mean(elogs), statistics.stdev(elogs)
-            h = t975(n2 - 1) * sd / math.sqrt(n2)
-            print(f'equal window (1-10 s): TCP mean {statistics.mean(etcp):.2f}, MPTCP mean {statistics.mean(emp):.2f}; ratio of means '
-                  f'{statistics.mean(emp) / statistics.mean(etcp):.3f}; geometric mean of per-round MPTCP/TCP {math.exp(mean):.3f}, '
-                  f'95 % t interval [{math.exp(mean - h):.3f}, {math.exp(mean + h):.3f}] (sd of log ratio {sd:.3f})')
+        if len(elogs) >= 2:
+            print('equal window (1-10 s): ' + summary(etcp, emp, elogs))
         for proc in ('tcp', 'mptcp'):
             keys = sorted(k for k in sums[proc] if not k.endswith(('SYNTX', 'SYNRX', 'SYNACKRX', 'ACKRX')))
             print(f'{proc} counter sums over {n} trials: ' + ' '.join(f'{k}={sums[proc][k]}' for k in keys))
