@@ -186,32 +186,14 @@ func TestPairedReport(t *testing.T) {
 	if !d.Paired {
 		t.Fatal("a new design is not paired")
 	}
-	dir := t.TempDir()
-	st, _, err := results.Open(filepath.Join(dir, "runs", PairedRun), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	// p001: MPTCP static well below the best path in every round
 	// (harmed), adaptive at the best path; p002: both above.
 	g := map[string]map[string][3]float64{
 		"p001": {"tcp-path1": {10, 10, 10}, "tcp-path2": {2, 2, 2}, "mptcp-1sf": {9.8, 9.8, 9.8}, "mptcp-static": {5, 6, 7}, "mptcp-adaptive": {10, 11, 12}},
 		"p002": {"tcp-path1": {4, 4, 4}, "tcp-path2": {4, 4, 4}, "mptcp-1sf": {4, 4, 4}, "mptcp-static": {8, 8, 8}, "mptcp-adaptive": {6, 6, 6}},
 	}
-	i := 0
-	for _, pt := range []string{"p001", "p002"} {
-		for tr := 1; tr <= 3; tr++ {
-			for _, proc := range []string{"tcp-path1", "tcp-path2", "mptcp-1sf", "mptcp-static", "mptcp-adaptive"} {
-				rec := results.Record{Scenario: pairedScenarioName, Configuration: pt, Cell: proc, Procedure: "x", Trial: tr, Status: results.OK,
-					GoodputMbps: g[pt][proc][tr-1], Start: t0.Add(time.Duration(i) * 12 * time.Second), LoadAvg: 1.5}
-				i++
-				if err := st.Append(rec); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-	}
-	st.Close()
+	dir := writePairedTrials(t, []string{"p001", "p002"}, []string{"tcp-path1", "tcp-path2", "mptcp-1sf", "mptcp-static", "mptcp-adaptive"},
+		func(rec *results.Record) { rec.GoodputMbps = g[rec.Configuration][rec.Cell][rec.Trial-1] })
 	rep, err := WriteReport(dir, d, "")
 	if err != nil {
 		t.Fatal(err)
@@ -253,12 +235,6 @@ func TestPairedReportEqualWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	st, _, err := results.Open(filepath.Join(dir, "runs", PairedRun), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	// p001: the MPTCP procedures drain a backlog until 15 s and are below
 	// TCP to the last byte, equal to it over the equal window (the
 	// upstream report's case); p002: no difference; p003: old records.
@@ -271,28 +247,19 @@ func TestPairedReportEqualWindow(t *testing.T) {
 		"p001": {"tcp-path1": {10, 10, 10}, "tcp-path2": {10, 10, 10}, "mptcp-1sf": {10, 10, 10}, "mptcp-static": {10, 11, 12}},
 		"p002": last["p002"],
 	}
-	i := 0
-	for _, pt := range []string{"p001", "p002", "p003"} {
-		for tr := 1; tr <= 3; tr++ {
-			for _, proc := range []string{"tcp-path1", "tcp-path2", "mptcp-1sf", "mptcp-static"} {
-				rec := results.Record{Scenario: pairedScenarioName, Configuration: pt, Cell: proc, Procedure: "x", Trial: tr, Status: results.OK,
-					GoodputMbps: last[pt][proc][tr-1], Start: t0.Add(time.Duration(i) * 12 * time.Second), LoadAvg: 1.5}
-				i++
-				if e, ok := equal[pt]; ok {
-					w, g := 9.5, e[proc][tr-1]
-					if pt == "p001" && strings.HasPrefix(proc, "mptcp") {
-						w = 15
-					}
-					b := uint64(g * 9e6 / 8)
-					rec.WindowS, rec.EqualGoodputMbps, rec.EqualBytes = &w, &g, &b
+	dir := writePairedTrials(t, []string{"p001", "p002", "p003"}, []string{"tcp-path1", "tcp-path2", "mptcp-1sf", "mptcp-static"},
+		func(rec *results.Record) {
+			pt, proc := rec.Configuration, rec.Cell
+			rec.GoodputMbps = last[pt][proc][rec.Trial-1]
+			if e, ok := equal[pt]; ok {
+				w, g := 9.5, e[proc][rec.Trial-1]
+				if pt == "p001" && strings.HasPrefix(proc, "mptcp") {
+					w = 15
 				}
-				if err := st.Append(rec); err != nil {
-					t.Fatal(err)
-				}
+				b := uint64(g * 9e6 / 8)
+				rec.WindowS, rec.EqualGoodputMbps, rec.EqualBytes = &w, &g, &b
 			}
-		}
-	}
-	st.Close()
+		})
 	rep, err := WriteReport(dir, d, "")
 	if err != nil {
 		t.Fatal(err)
@@ -344,6 +311,35 @@ func TestPairedReportEqualWindow(t *testing.T) {
 			t.Errorf("results.csv row %v: equal_goodput_mbps %q, window_s %q", r, eg, ws)
 		}
 	}
+}
+
+// writePairedTrials writes ok trials of procs at points, 3 rounds each in
+// round order, into a paired run in a new directory (returned); fill sets
+// the goodputs of each record (Configuration = point, Cell = procedure).
+func writePairedTrials(t *testing.T, points, procs []string, fill func(rec *results.Record)) string {
+	t.Helper()
+	dir := t.TempDir()
+	st, _, err := results.Open(filepath.Join(dir, "runs", PairedRun), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	i := 0
+	for _, pt := range points {
+		for tr := 1; tr <= 3; tr++ {
+			for _, proc := range procs {
+				rec := results.Record{Scenario: pairedScenarioName, Configuration: pt, Cell: proc, Procedure: "x", Trial: tr, Status: results.OK,
+					Start: t0.Add(time.Duration(i) * 12 * time.Second), LoadAvg: 1.5}
+				i++
+				fill(&rec)
+				if err := st.Append(rec); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	return dir
 }
 
 func TestSubsets(t *testing.T) {
