@@ -176,9 +176,10 @@ func FuzzParseSummary(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var r Result
+		r := Result{Duration: 10, Warmup: 1}
 		fill(&r, s)
-		if r.WindowBytes > r.Bytes || r.Goodput < 0 || r.WindowSeconds < 0 || !finite(r.Goodput) {
+		if r.WindowBytes > r.Bytes || r.Goodput < 0 || r.WindowSeconds < 0 || !finite(r.Goodput) ||
+			r.EqualBytes > r.Bytes || r.EqualGoodput < 0 || !finite(r.EqualGoodput) {
 			t.Fatalf("accepted inconsistent summary %s -> %+v", b, r)
 		}
 	})

@@ -295,7 +295,11 @@ func fill(res *Result, s *Summary) {
 // same for every transfer.
 func EqualWindow(samples []Sample, from, to float64) uint64 {
 	var sum float64
+	var total uint64 // exact, to bound the rounded sum
 	for _, x := range samples {
+		if total+x.Bytes >= total {
+			total += x.Bytes
+		}
 		if x.Seconds <= 0 {
 			// A last sample of no length: its bytes arrived at Start.
 			if x.Start >= from && x.Start < to {
@@ -307,7 +311,10 @@ func EqualWindow(samples []Sample, from, to float64) uint64 {
 			sum += float64(x.Bytes) * in / x.Seconds
 		}
 	}
-	return uint64(math.Round(sum))
+	if r := math.Round(sum); r < float64(total) {
+		return uint64(r)
+	}
+	return total
 }
 
 func sendErr(ctx context.Context, what string, err error) error {
