@@ -45,10 +45,13 @@ type Options struct {
 	Watchdog, Window, Hold time.Duration
 	// GuardShare and GuardWindow tune the guard policy (the `guard:`
 	// block): a subflow slower than the main carrier that delivers below
-	// GuardShare of the connection's bytes over GuardWindow is shed
+	// GuardShare of the connection's bytes over GuardWindow is shed, while
+	// the subflow delivering the most is limited by its congestion window
+	// in less than GuardStarve of the probes (1: without that condition)
 	// (0 = the policy's defaults).
 	GuardShare     float64
 	GuardWindow    time.Duration
+	GuardStarve    float64
 	CommandWorkers int
 	// Nice, when non-zero, is applied to the agent's threads at start.
 	Nice int
@@ -110,6 +113,12 @@ type Options struct {
 	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
 	// none).
 	Probes string
+
+	// SharedBottleneck and SharedWindow: the static policy's
+	// shared-bottleneck detection (the `shared_bottleneck:` block;
+	// policy.Config.SharedBottleneck; 0 = the default window).
+	SharedBottleneck bool
+	SharedWindow     time.Duration
 }
 
 // SubflowCC gives detour subflows their own congestion control

@@ -268,8 +268,21 @@ func TestParseConfigGuard(t *testing.T) {
 	if err != nil || c.Agent.Policy != policy.Guard || c.Agent.GuardShare != 0.3 || c.Agent.GuardWindow != 1500*time.Millisecond || c.Agent.ProbeInterval != 100*time.Millisecond {
 		t.Fatalf("guard config: %+v %v", c.Agent, err)
 	}
-	if c, err := ParseConfig([]byte("policy: guard\n")); err != nil || c.Agent.GuardShare != 0 || c.Agent.GuardWindow != 0 {
+	if c, err := ParseConfig([]byte("policy: guard\n")); err != nil || c.Agent.GuardShare != 0 || c.Agent.GuardWindow != 0 || c.Agent.GuardStarve != 0 {
 		t.Fatalf("guard without its block (the policy's defaults): %+v %v", c.Agent, err)
+	}
+	// starve: 1 turns the starvation condition off (the rule before it).
+	for in, want := range map[string]float64{"policy: guard\nguard: {starve: 1}\n": 1, "policy: guard\nguard: {starve: 0.3}\n": 0.3, "policy: guard\nguard:\n": 0} {
+		if c, err := ParseConfig([]byte(in)); err != nil || c.Agent.GuardStarve != want {
+			t.Fatalf("%q: starve %g, %v; want %g", in, c.Agent.GuardStarve, err, want)
+		}
+	}
+	// An empty guard block under another policy is refused as a full one
+	// is, at its line.
+	for _, in := range []string{"policy: static\nguard:\n", "policy: adaptive\nguard: {}\n"} {
+		if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), "config:2:") || !strings.Contains(err.Error(), "guard: set, but the policy is") {
+			t.Errorf("%q: error %v, want one at config:2 saying the block tunes policy: guard", in, err)
+		}
 	}
 	for in, want := range map[string]string{
 		"guard: {share: 0.3}":                  "guard: set, but the policy is static",
@@ -278,8 +291,11 @@ func TestParseConfigGuard(t *testing.T) {
 		"policy: guard\nguard: {window: 50ms}": "guard.window: 50ms out of range",
 		// The rule judges over at most 8 s (it keeps no longer history):
 		// a longer window would be cut short without a word.
-		"policy: guard\nguard: {window: 9s}": "guard.window: 9s out of range 200ms-8s",
-		"policy: guard\nguard: {shar: 0.3}":  "unknown key \"shar\"",
+		"policy: guard\nguard: {window: 9s}":  "guard.window: 9s out of range 200ms-8s",
+		"policy: guard\nguard: {shar: 0.3}":   "unknown key \"shar\"",
+		"policy: guard\nguard: {starve: 0}":   "guard.starve: 0 out of range",
+		"policy: guard\nguard: {starve: 1.5}": "guard.starve: 1.5 out of range",
+		"policy: guard\nguard: {starve: -1}":  "guard.starve: -1 out of range",
 	} {
 		if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one containing %q", in, err, want)

@@ -1,9 +1,10 @@
 package policy
 
 import (
+	"context"
 	"fmt"
-	"net/netip"
-	"strings"
+	"log/slog"
+	"math"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
@@ -35,7 +36,14 @@ import (
 // than guardRTT times that of the subflow delivering the most is
 // destroyed (SUBFLOW_DESTROY: the kernel re-sends its queue on the
 // others at once, so nothing stays stranded). Only when the connection is
-// busy (at least 64 KB/s) and another subflow delivers. A shed detour is
+// busy (at least 64 KB/s) and another subflow delivers, and (Starve, after
+// docs/results/design/guard2) only while that subflow starves: its
+// smoothed share of probes limited by its congestion window or pacing is
+// below Starve. At p114 and p047 of the design the rule without that
+// condition shed a slow detour that still added goodput while the fast
+// subflow stayed window-limited (0.98-1.0 at every such shed). Where the
+// agent's host receives, its subflows are never window-limited here, so
+// the condition holds and the rule is the one before. A shed detour is
 // avoided for this server for Hold, then joins again (active) and is
 // judged again; the default path's subflow is shed the same way, but the
 // agent does not reopen it (the connection goes on through its detours;
@@ -60,6 +68,7 @@ const (
 	// Defaults of GuardShare and GuardWindow (docs/agent.md).
 	defaultGuardShare  = 0.25
 	defaultGuardWindow = time.Second
+	defaultGuardStarve = 0.5
 )
 
 // gConn keeps each subflow's delivered bytes per probe over the last
@@ -68,6 +77,9 @@ type gConn struct {
 	hist []gSample
 	// rejoin: when the detour shed last stops being avoided (Hold).
 	rejoin time.Time
+	// retry: a shed the kernel refused is tried again from here (one
+	// judging window later, not at every probe).
+	retry time.Time
 }
 
 type gSample struct {
@@ -88,14 +100,10 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		return out
 	}
 	gc := g.conn(k)
-	if !gc.rejoin.IsZero() && !now.Before(gc.rejoin) {
-		out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
-		if gc.rejoin.IsZero() {
-			// Another connection to the server may have shed a detour
-			// since (the avoid is the server's): wait for that Hold too.
-			gc.rejoin = g.e.avoidedUntil(k.c.Remote, now)
-		}
-	}
+	// If another connection to the server shed the detour since (the
+	// avoid is the server's), fill wakes the connection when that Hold
+	// ends.
+	out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
 	snap := gSample{at: now, bytes: map[subKey]uint64{}}
 	for sk, s := range k.subs {
 		if activePath(s) {
@@ -103,17 +111,23 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		}
 	}
 	gc.hist = append(gc.hist, snap)
+	if g.e.cfg.Log.Enabled(context.Background(), slog.LevelDebug) {
+		g.trace(k, now)
+	}
 	// Keep the newest sample at least guardKeep old and everything after.
 	i := 0
 	for i+1 < len(gc.hist) && !gc.hist[i+1].at.After(now.Add(-guardKeep)) {
 		i++
 	}
 	gc.hist = append(gc.hist[:0], gc.hist[i:]...)
-	sk, s, why := g.harmful(k, gc, snap, now)
+	if now.Before(gc.retry) {
+		return out
+	}
+	sk, s, top, why := g.harmful(k, gc, snap, now)
 	if s == nil {
 		return out
 	}
-	return append(out, g.shed(k, gc, sk, s, now, why)...)
+	return append(out, g.shed(k, gc, sk, s, top, now, why)...)
 }
 
 // judgeWindow is the window a subflow is judged over: Window, at least
@@ -126,9 +140,9 @@ func (g *guard) judgeWindow(s *ksub) time.Duration {
 // harmful finds the subflow the rule sheds, if any: it has been up for
 // twice its judging window; over that window it delivered below Share of
 // the connection's bytes and its base RTT is above guardRTT x that of the
-// subflow that delivered the most (which still delivers); the connection
-// is busy.
-func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey, *ksub, string) {
+// subflow that delivered the most (which still delivers and, unless
+// Starve is 1 or more, starves); the connection is busy.
+func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey, *ksub, *ksub, string) {
 	cfg := g.e.cfg
 	for sk, s := range k.subs {
 		if _, ok := cur.bytes[sk]; !ok || s.baseRTT() == 0 {
@@ -168,12 +182,23 @@ func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey
 			continue
 		}
 		share := float64(sub64(cur.bytes[sk], a)) / total
-		if share < cfg.GuardShare && float64(s.baseRTT()) > guardRTT*float64(topS.baseRTT()) {
-			return sk, s, fmt.Sprintf("delivered %.0f%% of the connection's bytes over %s (below %.0f%%) with a base RTT of %s vs %s on %s",
-				100*share, w.Round(time.Millisecond), 100*cfg.GuardShare, s.baseRTT().Round(time.Millisecond), topS.baseRTT().Round(time.Millisecond), topS.path())
+		if share >= cfg.GuardShare || float64(s.baseRTT()) <= guardRTT*float64(topS.baseRTT()) {
+			continue
 		}
+		why := fmt.Sprintf("delivered %.0f%% of the connection's bytes over %s (below %.0f%%) with a base RTT of %s vs %s on %s",
+			100*share, w.Round(time.Millisecond), 100*cfg.GuardShare, s.baseRTT().Round(time.Millisecond), topS.baseRTT().Round(time.Millisecond), topS.path())
+		if cfg.GuardStarve < 1 {
+			// A slow subflow that delivers little while the fast one
+			// stays limited by its own congestion window does not hold
+			// it back: it adds what it carries (docs/results/design/guard2).
+			if topS.sendLimited >= cfg.GuardStarve {
+				continue
+			}
+			why += fmt.Sprintf(", which starves (window-limited at %.0f%% of probes, below %.0f%%)", 100*topS.sendLimited, 100*cfg.GuardStarve)
+		}
+		return sk, s, topS, why
 	}
-	return subKey{}, nil, ""
+	return subKey{}, nil, nil, ""
 }
 
 // othersCarry: the top subflow made progress recently and is not in
@@ -187,34 +212,42 @@ func (g *guard) othersCarry(k *kconn, top subKey, now time.Time) bool {
 // shed destroys s: the kernel re-sends what it holds on the others. Its
 // detour is avoided for this server for Hold; the default path is not
 // reopened.
-func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s *ksub, now time.Time, why string) []Intent {
+func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time, why string) []Intent {
 	p := g.e
-	s.stale, s.role = true, RoleEvicted
+	decision := "shed: " + why
 	if s.d != nil {
-		p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(p.cfg.Hold)
 		// The latest Hold's end: an earlier one would fill (and clear it)
 		// while this detour is still avoided.
 		gc.rejoin = now.Add(p.cfg.Hold)
-		s.decision = fmt.Sprintf("shed: %s (rejoins in %s)", why, p.cfg.Hold)
-	} else {
-		s.decision = "shed: " + why
+		decision = fmt.Sprintf("shed: %s (rejoins in %s)", why, p.cfg.Hold)
 	}
-	k.decision = s.path() + ": " + s.decision
-	p.cfg.Log.Info("subflow shed: slower and delivering little", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", why)
-	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
-		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
-	return append(out, p.fill(k)...)
+	p.cfg.Log.Info("subflow shed: slower and delivering little", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", why,
+		"top", top.path(), "top_send_limited", round3(top.sendLimited), "top_recv_busy", round3(top.recvBusy),
+		"top_rate_kBps", round3(top.rate/1e3), "top_loss", round3(top.loss), "top_cwnd", top.m.SndCwnd, "top_unacked", top.m.Unacked, "top_notsent", top.m.NotsentBytes,
+		"send_limited", round3(s.sendLimited), "rate_kBps", round3(s.rate/1e3), "up", now.Sub(s.upSince).Round(time.Millisecond))
+	return p.evict(k, sk, s, now.Add(p.cfg.Hold), decision)
 }
 
-// avoidedUntil is when the first detour still avoided for server stops
-// being avoided (zero if none is).
-func (p *Engine) avoidedUntil(server netip.AddrPort, now time.Time) time.Time {
-	var first time.Time
-	prefix := avoidKey(server, "")
-	for ak, until := range p.avoid {
-		if strings.HasPrefix(ak, prefix) && until.After(now) && (first.IsZero() || until.Before(first)) {
-			first = until
+// destroyFailed: the kernel refused to destroy a shed subflow (Engine
+// evictRefused undid the shed: it counts as active again, its detour is no
+// longer avoided for the shed): the rule judges again after one judging
+// window (a refusal is not retried at every probe).
+func (g *guard) destroyFailed(k *kconn, s *ksub, err error, now time.Time) []Intent {
+	g.conn(k).retry = now.Add(g.judgeWindow(s))
+	s.decision = fmt.Sprintf("shed refused by the kernel (%s): kept, judged again in %s", errnoName(err), g.judgeWindow(s).Round(time.Millisecond))
+	return nil
+}
+
+func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
+
+// trace logs, at debug level, what the rule reads of each active subflow
+// at this probe (for diagnosing its decisions offline).
+func (g *guard) trace(k *kconn, now time.Time) {
+	for _, s := range k.subs {
+		if activePath(s) {
+			g.e.cfg.Log.Debug("guard probe", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "up", now.Sub(s.upSince).Round(time.Millisecond),
+				"send_limited", round3(s.sendLimited), "recv_busy", round3(s.recvBusy), "rate_kBps", round3(s.rate/1e3), "loss", round3(s.loss),
+				"base_rtt", s.baseRTT(), "cwnd", s.m.SndCwnd, "unacked", s.m.Unacked, "notsent", s.m.NotsentBytes, "bytes", s.m.BytesAcked+s.m.BytesReceived)
 		}
 	}
-	return first
 }

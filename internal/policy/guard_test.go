@@ -1,10 +1,16 @@
 package policy
 
 import (
-	"github.com/mpdetour/mpdetour/internal/detour"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mpdetour/mpdetour/internal/detour"
 )
 
 // A guard connection: the default path and one NAT detour, both active.
@@ -228,10 +234,7 @@ func TestGuardShedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
 	a, def, det := newGuard(t)
 	p197 := paths(a, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
 	a.run(time.Second, p197)
-	// b: a second connection of the same engine and clock, 1 s younger.
-	b := &sim{t: t, p: a.p, clk: a.clk, conn: Conn{Token: 10, Local: a.conn.Local, Remote: server}, paths: map[subKey]*simPath{}}
-	b.apply(b.p.Established(b.conn))
-	b.paths[def] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
+	b := a.second(10) // 1 s younger
 	start := a.clk.t
 	for a.clk.t.Sub(start) < 200*time.Second {
 		// Each step advances the shared clock: each connection is probed
@@ -246,5 +249,223 @@ func TestGuardShedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
 		if n := s.destroys(det); n < 5 {
 			t.Errorf("connection %d: shed %d times in 200 s, want 5 or more (rejoins after Hold); intents %v", s.conn.Token, n, s.ins)
 		}
+	}
+}
+
+// p114 of the design: a 394 ms lossy detour delivers ~5-10 % of the bytes
+// beside a 48 ms default path that stays limited by its own congestion
+// window (measured at every shed of the rule before: window-limited at
+// 0.98-1.0 of the probes). The detour adds what it carries and is kept;
+// with guard.starve 1 (the condition off: the rule before) it is shed.
+func TestGuardKeepsSlowDetourWhileTheFastPathIsWindowLimited(t *testing.T) {
+	for _, c := range []struct {
+		starve float64
+		sheds  bool
+	}{{0, false}, {0.5, false}, {1, true}} {
+		s := newSimCfg(t, Config{Mode: Guard, GuardStarve: c.starve})
+		def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+		s.run(10*time.Second, func(sk subKey, sp *simPath) {
+			if sk == def {
+				sp.rate, sp.rtt, sp.full = 1.2e6, 48*time.Millisecond, true
+			} else {
+				sp.rate, sp.rtt = 0.06e6, 394*time.Millisecond
+			}
+		})
+		if got := s.destroys(det) > 0; got != c.sheds {
+			t.Errorf("starve %g: detour shed %v, want %v; intents %v", c.starve, got, c.sheds, s.ins)
+		}
+	}
+}
+
+// p197/p105 of the design: while the fast path stays window-limited the
+// slow detour is kept; once the fast path starves (the MPTCP send buffer
+// held by the slow one: nothing queued, its window not full) the detour is
+// shed within about a second (the smoothed share, 1 s time constant,
+// falls below 0.5) and the decision says why.
+func TestGuardShedsOnceTheFastPathStarves(t *testing.T) {
+	s := newSimCfg(t, Config{Mode: Guard})
+	def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+	starved := false
+	set := func(sk subKey, sp *simPath) {
+		if sk == def {
+			sp.rate, sp.rtt, sp.full = 1.5e6, 47*time.Millisecond, !starved
+		} else {
+			sp.rate, sp.rtt = 0.15e6, 135*time.Millisecond
+		}
+	}
+	s.run(6*time.Second, set)
+	if n := s.destroys(det); n != 0 {
+		t.Fatalf("shed while the fast path is window-limited: %v", s.ins)
+	}
+	starved = true
+	from := s.clk.t
+	for s.destroys(det) == 0 && s.clk.t.Sub(from) < 3*time.Second {
+		s.run(100*time.Millisecond, set)
+	}
+	if n, after := s.destroys(det), s.clk.t.Sub(from); n != 1 || after < 500*time.Millisecond || after > 1500*time.Millisecond {
+		t.Fatalf("%d destroys %s after the fast path starved, want 1 after 0.5-1.5 s", n, after)
+	}
+	if cs := s.p.Report().Conns; len(cs) != 1 || !strings.Contains(cs[0].Decision, "which starves") {
+		t.Fatalf("connections %+v, want a decision that names the starving path", cs)
+	}
+}
+
+// The kernel refuses the shed (SUBFLOW_DESTROY fails): the subflow counts
+// as active again with a decision that says so, one warning is logged,
+// its detour is not avoided (it is not reopened beside itself later), and
+// the rule tries again one judging window later, not at every probe; the
+// next destroy that succeeds sheds it.
+func TestGuardRefusedShedIsUndoneAndRetried(t *testing.T) {
+	var logs strings.Builder
+	clkCfg := Config{Mode: Guard, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	s := newSimCfg(t, clkCfg)
+	def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+	p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+	refused := 0
+	s.refuseDestroy = refuseFirst(&refused)
+	for s.destroys(det) == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+		s.run(100*time.Millisecond, p197)
+	}
+	if s.destroys(det) != 1 || refused != 1 {
+		t.Fatalf("%d destroys, %d refused; want the first refused", s.destroys(det), refused)
+	}
+	if _, ok := s.paths[det]; !ok {
+		t.Fatal("the refused destroy closed the subflow in the sim")
+	}
+	if r := s.report("nat:r1"); r.Role != RoleActive || !strings.Contains(r.Decision, "refused") {
+		t.Fatalf("after the refusal: %+v, want active with a decision naming the refusal", r)
+	}
+	if until := s.p.avoidedUntil(server, s.clk.t); !until.IsZero() {
+		t.Fatalf("the detour is still avoided until %s after the refusal", until)
+	}
+	if n := strings.Count(logs.String(), "refused by the kernel"); n != 1 {
+		t.Fatalf("%d log lines about the refusal, want 1:\n%s", n, logs.String())
+	}
+	refusedAt := s.clk.t
+	for s.destroys(det) == 1 && s.clk.t.Sub(refusedAt) < 3*time.Second {
+		s.run(100*time.Millisecond, p197)
+	}
+	if n, after := s.destroys(det), s.clk.t.Sub(refusedAt); n != 2 || after < 900*time.Millisecond {
+		t.Fatalf("%d destroys, the second %s after the refusal; want 2, the second after one window (1 s)", n, after)
+	}
+	if _, ok := s.paths[det]; ok {
+		t.Fatal("the second, accepted destroy left the subflow open")
+	}
+}
+
+// SUBFLOW_DESTROY fails with ESRCH when the subflow closed before the
+// command (its SUB_CLOSED follows), and the agent reports a connection
+// the kernel no longer knows as ErrConnectionGone: neither is a refusal.
+// The shed stands: no warning, the detour stays avoided for Hold (it does
+// not reopen at the subflow's close), no "refused" decision.
+func TestGuardShedStandsWhenTheSubflowOrConnectionIsGone(t *testing.T) {
+	for _, gone := range []error{syscall.ESRCH, fmt.Errorf("subflow_destroy: %w", ErrConnectionGone)} {
+		var logs strings.Builder
+		s := newSimCfg(t, Config{Mode: Guard, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+		def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+		p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+		s.refuseDestroy = func(Intent) error { return gone }
+		for s.destroys(det) == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+			s.run(100*time.Millisecond, p197)
+		}
+		if s.destroys(det) != 1 {
+			t.Fatalf("%v: %d destroys, want 1", gone, s.destroys(det))
+		}
+		if strings.Contains(logs.String(), "refused") {
+			t.Errorf("%v: logged as a refusal:\n%s", gone, logs.String())
+		}
+		if strings.Contains(s.report("nat:r1").Decision, "refused") {
+			t.Errorf("%v: decision %q names a refusal", gone, s.report("nat:r1").Decision)
+		}
+		if until := s.p.avoidedUntil(server, s.clk.t); until.IsZero() {
+			t.Errorf("%v: the shed detour is no longer avoided", gone)
+		}
+		if errors.Is(gone, syscall.ESRCH) {
+			creates := s.count(CreateSubflow)
+			s.run(s.p.cfg.Hold-time.Second, p197)
+			if n := s.count(CreateSubflow); n != creates {
+				t.Errorf("ESRCH: the detour reopened within Hold (%d creates, want %d): %v", n, creates, s.ins)
+			}
+		}
+	}
+}
+
+// avoidedUntil is when the first detour still avoided for server stops
+// being avoided (zero if none is).
+func (p *Engine) avoidedUntil(server netip.AddrPort, now time.Time) time.Time {
+	var first time.Time
+	prefix := avoidKey(server, "")
+	for ak, until := range p.avoid {
+		if strings.HasPrefix(ak, prefix) && until.After(now) && (first.IsZero() || until.Before(first)) {
+			first = until
+		}
+	}
+	return first
+}
+
+// A refused shed is undone by the subflow the failed command names, not
+// by the connection's last shed: two sheds are issued before the first
+// one's refusal arrives (commands run on worker sockets). Only the first
+// detour's avoid is undone; and an avoid another connection wrote since
+// for the same detour stands.
+func TestGuardRefusedShedUndoesItsOwnAvoid(t *testing.T) {
+	for _, later := range []bool{false, true} {
+		s := newSimMode(t, Guard, 2, d1, d2)
+		s.run(time.Second, nil)
+		k := s.p.conns[s.conn.Token]
+		g := s.p.strat.(*guard)
+		def, sk1, sk2 := key(client.Addr(), server), key(client.Addr(), d1.Remote), key(client.Addr(), d2.Remote)
+		now := s.clk.t
+		shed1 := g.shed(k, g.conn(k), sk1, k.subs[sk1], k.subs[def], now, "test")
+		g.shed(k, g.conn(k), sk2, k.subs[sk2], k.subs[def], now, "test")
+		a1, a2 := avoidKey(server, Key(d1)), avoidKey(server, Key(d2))
+		other := now.Add(s.p.cfg.Hold + time.Second)
+		if later {
+			s.p.avoid[a1] = other // another connection evicted d1 since
+		}
+		s.p.Failed(shed1[0], syscall.EINVAL)
+		if until, ok := s.p.avoid[a2]; !ok || !until.Equal(now.Add(s.p.cfg.Hold)) {
+			t.Errorf("later %v: the second shed's avoid is %v (%v), want it kept until %v", later, until, ok, now.Add(s.p.cfg.Hold))
+		}
+		until, ok := s.p.avoid[a1]
+		switch {
+		case later && (!ok || !until.Equal(other)):
+			t.Errorf("the other connection's avoid of d1 is %v (%v), want it kept until %v", until, ok, other)
+		case !later && ok:
+			t.Errorf("the refused shed's avoid of d1 is still there (until %v)", until)
+		}
+		if k.subs[sk1].stale || !k.subs[sk2].stale {
+			t.Errorf("later %v: d1 stale %v, d2 stale %v; want only d2 still shed", later, k.subs[sk1].stale, k.subs[sk2].stale)
+		}
+	}
+}
+
+// The shed subflow's replacement is opened at the shed; when the kernel
+// then refuses the destroy, the shed subflow carries on and the
+// replacement is one subflow too many: it is closed, the connection keeps
+// its N (1) detour subflows.
+func TestGuardRefusedShedKeepsTheSubflowCount(t *testing.T) {
+	s := newSimMode(t, Guard, 1, d1, d2)
+	def := key(client.Addr(), server)
+	p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+	refused := 0
+	s.refuseDestroy = refuseFirst(&refused)
+	for refused == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+		s.run(100*time.Millisecond, p197)
+	}
+	if refused == 0 || s.count(CreateSubflow) != 2 {
+		t.Fatalf("%d destroys asked, %d creates; want a refused shed and its replacement: %v", refused, s.count(CreateSubflow), s.ins)
+	}
+	s.run(100*time.Millisecond, p197)
+	active := 0
+	for _, c := range s.p.Report().Conns {
+		for _, sf := range c.Subflows {
+			if sf.Path != "default" && sf.Role == RoleActive {
+				active++
+			}
+		}
+	}
+	if active != 1 || len(s.paths) != 2 {
+		t.Fatalf("%d active detour subflows and %d subflows in the kernel after the refused shed, want 1 and 2: %v", active, len(s.paths), s.ins)
 	}
 }

@@ -440,7 +440,7 @@ func FuzzParseProcedures(f *testing.F) {
 // error naming the valid mechanisms (or, for the cwnd clamp, why it does
 // not apply to a design's NAT detours).
 func TestParseProcedureMechanisms(t *testing.T) {
-	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers", 2)
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,6 +450,8 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		{"mptcp-static+stale2", "static", "policy: static\nstale_loss_cnt: 2\n"},
 		{"mptcp+stale3+buffers", "", "stale_loss_cnt: 3\nbuffer_sizing: true\n"},
 		{"mptcp-static+nobuffers", "static", "policy: static\nbuffer_sizing: false\n"},
+		{"mptcp-guard+starveoff", "guard", "policy: guard\nguard:\n  starve: 1\n"},
+		{"mptcp-guard+starve30", "guard", "policy: guard\nguard:\n  starve: 0.3\n"},
 	}
 	for i, w := range want {
 		p := ps[i]
@@ -459,20 +461,26 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		}
 	}
 	for bad, why := range map[string]string{
-		"mptcp-static+":                `unknown mechanism ""`,
-		"mptcp-static+pacing":          `unknown mechanism "pacing" (valid mechanisms: buffers`,
-		"mptcp-static+stale0":          "staleN with N 1-255",
-		"mptcp-static+stale256":        "staleN with N 1-255",
-		"mptcp-static+stale02":         "staleN with N 1-255",
-		"mptcp-static+stale":           "staleN with N 1-255",
-		"mptcp-static+clamp":           "tunnel detour subflows only",
-		"mptcp-static+buffers+buffers": `mechanism "buffers" named twice`,
-		"mptcp-static+stale2+stale3":   `mechanism "stale" named twice`,
-		"mptcp+buffers+nobuffers":      `mechanism "buffers" named twice`,
-		"tcp-path1+buffers":            "not after \"tcp-path1\"",
-		"mptcp-1sf+buffers":            "not after \"mptcp-1sf\"",
-		"converted+buffers":            "not after \"converted\"",
-		"mptcp-nosuch+buffers":         "mptcp-nosuch",
+		"mptcp-static+":                 `unknown mechanism ""`,
+		"mptcp-static+pacing":           `unknown mechanism "pacing" (valid mechanisms: buffers`,
+		"mptcp-static+stale0":           "staleN with N 1-255",
+		"mptcp-static+stale256":         "staleN with N 1-255",
+		"mptcp-static+stale02":          "staleN with N 1-255",
+		"mptcp-static+stale":            "staleN with N 1-255",
+		"mptcp-static+clamp":            "tunnel detour subflows only",
+		"mptcp-static+buffers+buffers":  `mechanism "buffers" named twice`,
+		"mptcp-static+stale2+stale3":    `mechanism "stale" named twice`,
+		"mptcp+buffers+nobuffers":       `mechanism "buffers" named twice`,
+		"tcp-path1+buffers":             "not after \"tcp-path1\"",
+		"mptcp-1sf+buffers":             "not after \"mptcp-1sf\"",
+		"converted+buffers":             "not after \"converted\"",
+		"mptcp-nosuch+buffers":          "mptcp-nosuch",
+		"mptcp-static+starveoff":        `mechanism "starveoff" tunes the guard policy's shed rule (guard.starve): mptcp-guard only`,
+		"mptcp+starve50":                `mechanism "starve50" tunes the guard policy's shed rule (guard.starve): mptcp-guard only`,
+		"mptcp-guard+starve0":           "starveN with N 1-99",
+		"mptcp-guard+starve100":         "starveN with N 1-99",
+		"mptcp-guard+starve":            "starveN with N 1-99",
+		"mptcp-guard+starve5+starveoff": `mechanism "starve" named twice`,
 	} {
 		if _, err := ParseProcedures(bad, 2); err == nil || !strings.Contains(err.Error(), why) {
 			t.Errorf("%q: %v, want an error with %q", bad, err, why)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/subflowcc"
 )
 
@@ -32,7 +33,8 @@ import (
 //     agent mechanisms switched on in the agent's configuration (Mechanisms:
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
-//     subflows, e.g. +bbr), so that a
+//     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
+//     policy guard only), so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
 const (
@@ -85,7 +87,8 @@ type Mechanism struct {
 // MechanismNames says which mechanisms a procedure may name (for errors
 // and --help).
 const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255), " +
-	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr)"
+	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
+	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
@@ -96,9 +99,8 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		// buffer_sizing is on by default: this measures the agent without it.
 		return Mechanism{Name: m, Config: "buffer_sizing: false\n"}, nil
 	case strings.HasPrefix(m, "stale"):
-		rest := m[len("stale"):]
-		n, err := strconv.Atoi(rest)
-		if err != nil || n < 1 || n > 255 || rest != strconv.Itoa(n) {
+		n, ok := numbered(m, "stale", 1, 255)
+		if !ok {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want staleN with N 1-255 (net.mptcp.stale_loss_cnt; the kernel's default is 4)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("stale_loss_cnt: %d\n", n)}, nil
@@ -106,12 +108,30 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		// Detour subflows run ALGO; the default path keeps the trial's
 		// congestion control (the design's, cubic by default).
 		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_congestion:\n  detour: %s\n", m)}, nil
+	case m == "starveoff":
+		// guard's shed rule without its starvation condition (the rule
+		// measured in docs/results/design/harm and guard-fresh).
+		return Mechanism{Name: m, Config: "guard:\n  starve: 1\n"}, nil
+	case strings.HasPrefix(m, "starve"):
+		n, ok := numbered(m, "starve", 1, 99)
+		if !ok {
+			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want starveN with N 1-99 (guard.starve N/100) or starveoff (guard.starve: 1)", f, m)
+		}
+		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
 	case m == "clamp" || m == "cwnd-clamp" || m == "cwnd_clamp":
 		// policy.Clamps clamps tunnel detour subflows only; a design's
 		// detours are NAT detours, where the clamp would be a no-op.
 		return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: the cwnd clamp acts on tunnel detour subflows only, and a design's detours are NAT detours (valid mechanisms: %s)", f, m, MechanismNames)
 	}
 	return Mechanism{}, fmt.Errorf("procedure %q: unknown mechanism %q (valid mechanisms: %s)", f, m, MechanismNames)
+}
+
+// numbered reads the N of a mechanism named prefix+N, N in lo..hi and
+// written without leading zeros.
+func numbered(m, prefix string, lo, hi int) (int, bool) {
+	rest := m[len(prefix):]
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n >= lo && n <= hi && rest == strconv.Itoa(n)
 }
 
 // agentConfig is the agent configuration of an MPTCP procedure: its
@@ -201,6 +221,11 @@ func parseProc(f string, paths int) (Proc, error) {
 			switch {
 			case strings.HasPrefix(key, "stale"):
 				key = "stale"
+			case strings.HasPrefix(key, "starve"):
+				key = "starve"
+				if p.Policy != policy.Guard.String() {
+					return Proc{}, fmt.Errorf("procedure %q: mechanism %q tunes the guard policy's shed rule (guard.starve): mptcp-guard only", f, m)
+				}
 			case strings.HasPrefix(mech.Config, "subflow_congestion:"):
 				key = "congestion control"
 			}
