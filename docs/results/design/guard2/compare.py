@@ -57,3 +57,27 @@ for name in list(groups) + ['all']:
     a = agg.get(name)
     if not a: continue
     print(f"| {name} | {gm(a['ns'])} | {gm(a['no'])} | {gm(a['os'])} | {gm(a['sb'])} | {gm(a['ob'])} | {gm(a['nb'])} | {gm(a['n1'])} | {gm(a['s1'])} |")
+
+# Per point guard-new / guard-old with the runner's interval: a percentile bootstrap over 2000
+# resamples of the rounds (a round's procedures resampled together), ratio of the means.
+import random
+rnd = random.Random(1)
+rounds = collections.defaultdict(dict)
+for r in csv.DictReader(open(d + '/results.csv')):
+    if r['status'] == 'ok':
+        rounds[(r['point'], int(r['trial']))][r['procedure']] = float(r['goodput_mbps'])
+print()
+print('guard-new / guard-old per point, bootstrap over rounds (below/above = interval wholly below/above 1):')
+below, above = [], []
+for name, pts in groups.items():
+    for p in pts:
+        rs = [v for (pt, k), v in sorted(rounds.items()) if pt == p and NEW in v and OLD in v]
+        if len(rs) < 2: continue
+        def ratio(sample):
+            return st.mean(x[NEW] for x in sample) / st.mean(x[OLD] for x in sample)
+        bs = sorted(ratio([rnd.choice(rs) for _ in rs]) for _ in range(2000))
+        lo, hi = bs[49], bs[1950]
+        tag = ' below' if hi < 1 else ' above' if lo > 1 else ''
+        (below if hi < 1 else above if lo > 1 else []).append(p)
+        print(f'  {p}: {ratio(rs):.2f} [{lo:.2f}, {hi:.2f}]{tag}')
+print(f'below at {len(below)}: {below}; above at {len(above)}: {above}')
