@@ -137,6 +137,7 @@ func NewPolicy(cfg Options, log *slog.Logger, sources []detour.Source) *policy.E
 		Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, ConnectTimeout: cfg.ConnectTimeout,
 		StallRetransmits: cfg.StallRetransmits, Watchdog: cfg.Watchdog, Window: cfg.Window, Hold: cfg.Hold,
 		GuardShare: cfg.GuardShare, GuardWindow: cfg.GuardWindow, GuardStarve: cfg.GuardStarve,
+		SharedBottleneck: cfg.SharedBottleneck, SharedWindow: cfg.SharedWindow,
 		Log: log,
 	}, sources)
 }

@@ -113,6 +113,12 @@ type Options struct {
 	// the agent leaves alone (probes.go; RunLinux sets ProbeDir; "" =
 	// none).
 	Probes string
+
+	// SharedBottleneck and SharedWindow: the static policy's
+	// shared-bottleneck detection (the `shared_bottleneck:` block;
+	// policy.Config.SharedBottleneck; 0 = the default window).
+	SharedBottleneck bool
+	SharedWindow     time.Duration
 }
 
 // SubflowCC gives detour subflows their own congestion control

@@ -1,6 +1,7 @@
 package agentd
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"os"
@@ -122,6 +123,14 @@ type File struct {
 	SubflowCongestion *fileSubflowCC `yaml:"subflow_congestion"`
 	// Guard tunes the guard policy (docs/agent.md, "The guard policy").
 	Guard *fileGuard `yaml:"guard"`
+	// SharedBottleneck turns on the static policy's shared-bottleneck
+	// detection (docs/agent.md, "Shared-bottleneck detection").
+	SharedBottleneck *fileShared `yaml:"shared_bottleneck"`
+}
+
+type fileShared struct {
+	Enabled bool             `yaml:"enabled"`
+	Window  *config.Duration `yaml:"window"`
 }
 
 type fileGuard struct {
@@ -287,12 +296,8 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		c.Subflows = 8
 	}
 	if c.Policy.Measures() {
-		// adaptive and backup-first judge paths from measurements every
-		// 100 ms.
-		if f.ProbeInterval == nil {
-			c.ProbeInterval = 100 * time.Millisecond
-		}
-		if c.ProbeInterval == 0 {
+		// adaptive, backup-first and guard judge paths from measurements.
+		if !needProbes(f, &c) {
 			return c, fmt.Errorf("probe_interval: 0s turns off the measurements the %s policy decides by; set one (e.g. 100ms) or use policy: static", c.Policy)
 		}
 	}
@@ -318,6 +323,9 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 			}
 			c.GuardStarve = *v
 		}
+	}
+	if err := buildShared(f, &c); err != nil {
+		return c, err
 	}
 	if f.StallRetransmits != nil {
 		if *f.StallRetransmits < 1 || *f.StallRetransmits > 15 {
@@ -383,16 +391,72 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 		c.StaleLossCnt = *f.StaleLossCnt
 	}
 	if f.CwndClamp != nil && f.CwndClamp.Enabled {
-		// Clamps follow the tunnel subflows' measurements, every 100 ms
-		// unless said otherwise.
-		if f.ProbeInterval == nil {
-			c.ProbeInterval = 100 * time.Millisecond
-		}
-		if c.ProbeInterval == 0 {
+		// Clamps follow the tunnel subflows' measurements.
+		if !needProbes(f, &c) {
 			return c, fmt.Errorf("cwnd_clamp: needs measurements; set probe_interval (e.g. 100ms)")
 		}
 	}
 	return c, nil
+}
+
+// buildShared validates the shared_bottleneck block onto c.
+func buildShared(f File, c *agent.Options) error {
+	s := f.SharedBottleneck
+	if s == nil {
+		return nil
+	}
+	if !s.Enabled {
+		if s.Window != nil {
+			return fmt.Errorf("shared_bottleneck.window: set without shared_bottleneck.enabled: true")
+		}
+		return nil
+	}
+	if c.Policy != policy.Static {
+		return fmt.Errorf("shared_bottleneck: enabled, but the policy is %s (the rule is part of policy: static)", c.Policy)
+	}
+	if v := s.Window; v != nil {
+		if d := v.D(); d < policy.MinSharedWindow || d > policy.MaxSharedWindow {
+			return fmt.Errorf("shared_bottleneck.window: %s out of range %s-%s (e.g. 3s)", d, policy.MinSharedWindow, policy.MaxSharedWindow)
+		}
+		c.SharedWindow = v.D()
+	}
+	// The rule compares queueing delays sampled every probe.
+	needProbes(f, c)
+	w := cmp.Or(c.SharedWindow, policy.DefaultSharedWindow)
+	if c.ProbeInterval == 0 || w/c.ProbeInterval < policy.MinSharedProbes {
+		if f.ProbeInterval != nil {
+			// The user's probe_interval is what to change: point there.
+			return fmt.Errorf("probe_interval: %s gives %d probes per shared_bottleneck window (%s), the rule needs %d (e.g. 100ms)",
+				c.ProbeInterval, probesIn(w, c.ProbeInterval), w, policy.MinSharedProbes)
+		}
+		return fmt.Errorf("shared_bottleneck: needs %d probes per window (%s), probe_interval is %s (e.g. 100ms)", policy.MinSharedProbes, w, c.ProbeInterval)
+	}
+	c.SharedBottleneck = true
+	return nil
+}
+
+// decidingProbeInterval is how often subflows are measured where
+// something decides from the measurements (a measuring policy, cwnd_clamp,
+// shared_bottleneck) and probe_interval is not set.
+const decidingProbeInterval = 100 * time.Millisecond
+
+// needProbes gives c the probe interval for something that decides from
+// measurements (decidingProbeInterval unless probe_interval is set) and
+// reports whether probes run (probe_interval: 0 turns them off: the caller
+// refuses that with its own reason).
+func needProbes(f File, c *agent.Options) bool {
+	if f.ProbeInterval == nil {
+		c.ProbeInterval = decidingProbeInterval
+	}
+	return c.ProbeInterval > 0
+}
+
+// probesIn is how many probes every probe fit in w (0 for no probes).
+func probesIn(w, probe time.Duration) int64 {
+	if probe <= 0 {
+		return 0
+	}
+	return int64(w / probe)
 }
 
 // buildClamp validates the cwnd_clamp section.

@@ -277,11 +277,9 @@ func (a *adaptive) conclude(k *kconn, t *trial, s *ksub, after float64, now time
 		p.cfg.Log.Info("subflow set aside", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "verdict", verdict)
 		if explore {
 			// Make room for an untried candidate.
-			s.stale, s.role, s.decision = true, RoleEvicted, "evicted: "+verdict
-			p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(p.cfg.Hold)
-			out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
-				Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
-			return append(out, p.fill(k)...)
+			out := p.evict(k, sk, s, now.Add(p.cfg.Hold), "evicted: "+verdict)
+			k.decision = s.path() + ": set aside, " + verdict
+			return out
 		}
 		s.role, s.decision = RoleBackup, "backup: "+verdict
 		return nil

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -28,8 +29,46 @@ type sim struct {
 	// second redial attempt that came up), by local port: not measured.
 	extra map[uint16]*simPath
 	// refuseDestroy, when set, is the kernel's error for a destroy (nil:
-	// done); a refused one reaches the policy's Failed.
+	// done); a refused one reaches the policy's Failed (ESRCH: the subflow
+	// was closed already, its SUB_CLOSED follows the failure).
 	refuseDestroy func(in Intent) error
+	// refuseFlags, when set, is the kernel's error for a SET_FLAGS (nil:
+	// done); a refused one reaches the policy's Failed, the flag stays.
+	refuseFlags func(in Intent) error
+	// others: further connections of the same engine (and clock); an
+	// intent for one of them (from the engine's Tick) is applied there.
+	others []*sim
+}
+
+// second is a further connection to the server (token) of the same
+// engine and clock, its default path up; intents go to the sim they are for.
+func (s *sim) second(token uint32) *sim {
+	b := &sim{t: s.t, p: s.p, clk: s.clk, conn: Conn{Token: token, Local: s.conn.Local, Remote: server}, paths: map[subKey]*simPath{}}
+	s.others, b.others = append(s.others, b), []*sim{s}
+	b.apply(b.p.Established(b.conn))
+	b.paths[key(client.Addr(), server)] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
+	return b
+}
+
+// refuseFirst refuses the first command it is asked about (EINVAL),
+// counting in *n, and lets the others through.
+func refuseFirst(n *int) func(Intent) error {
+	return func(Intent) error {
+		if *n++; *n == 1 {
+			return syscall.EINVAL
+		}
+		return nil
+	}
+}
+
+// owner is the sim of the connection in is for.
+func (s *sim) owner(in Intent) *sim {
+	for _, o := range s.others {
+		if o.conn.Token == in.Token {
+			return o
+		}
+	}
+	return s
 }
 
 // onDefault: the default path's subflow or a redial of it.
@@ -68,6 +107,10 @@ func (s *sim) apply(ins []Intent) { s.exec(ins, true) }
 
 func (s *sim) exec(ins []Intent, record bool) {
 	for _, in := range ins {
+		if o := s.owner(in); o != s {
+			o.exec([]Intent{in}, record)
+			continue
+		}
 		if record {
 			s.ins = append(s.ins, in)
 		}
@@ -100,7 +143,11 @@ func (s *sim) exec(ins []Intent, record bool) {
 			if s.refuseDestroy != nil {
 				if err := s.refuseDestroy(in); err != nil {
 					s.apply(s.p.Failed(in, err))
-					continue
+					if !errors.Is(err, syscall.ESRCH) {
+						continue
+					}
+					// "subflow not found": it closed before the command
+					// (its SUB_CLOSED was on its way); it follows.
 				}
 			}
 			if sp := s.extra[in.Local.Port()]; sp != nil && in.Local.Port() != 0 {
@@ -121,6 +168,12 @@ func (s *sim) exec(ins []Intent, record bool) {
 				break
 			}
 		case SetBackup:
+			if s.refuseFlags != nil {
+				if err := s.refuseFlags(in); err != nil {
+					s.apply(s.p.Failed(in, err))
+					continue
+				}
+			}
 			if sp := s.paths[sk]; sp != nil {
 				sp.backup = in.Backup
 			}

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"fmt"
-	"net/netip"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
@@ -424,17 +423,11 @@ func (b *backupFirst) drain(k *kconn, bc *bfConn, now time.Time) []Intent {
 // others at once) and avoids its detour for this server for retry; then
 // it rejoins as backup (reopen), or another detour replaces it.
 func (b *backupFirst) destroy(k *kconn, bc *bfConn, sk subKey, s *ksub, now time.Time, retry time.Duration, why string) []Intent {
-	p := b.e
-	s.stale, s.role, s.decision = true, RoleEvicted, fmt.Sprintf("evicted: %s (rejoins as backup in %s)", why, retry)
-	k.decision = s.path() + ": " + s.decision
 	delete(bc.paths, sk)
-	p.avoid[avoidKey(k.c.Remote, Key(*s.d))] = now.Add(retry)
 	if bc.rejoin.IsZero() || now.Add(retry).Before(bc.rejoin) {
 		bc.rejoin = now.Add(retry)
 	}
-	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
-		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
-	return append(out, p.fill(k)...)
+	return b.e.evict(k, sk, s, now.Add(retry), fmt.Sprintf("evicted: %s (rejoins as backup in %s)", why, retry))
 }
 
 // reopen lets a destroyed detour join again, as backup, once its

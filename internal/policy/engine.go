@@ -74,6 +74,12 @@ type Config struct {
 	GuardShare  float64
 	GuardWindow time.Duration
 	GuardStarve float64
+	// SharedBottleneck (static): two subflows whose queueing delays say
+	// they share a bottleneck keep only the faster one carrying data for
+	// Hold (shared_rule.go); SharedWindow is how long they are compared
+	// [DefaultSharedWindow (3s), MinSharedWindow-MaxSharedWindow].
+	SharedBottleneck bool
+	SharedWindow     time.Duration
 	// OtherFamily is the configured mapping from a server address to its
 	// addresses of the other family (IPv4 -> IPv6 or back): cross-family
 	// detour candidates for connections whose socket takes them
@@ -175,6 +181,8 @@ type kconn struct {
 	// st is the strategy's own state for the connection (nil until it
 	// keeps any; dropped with the connection).
 	st any
+	// sbd is the shared-bottleneck rule's state (shared_rule.go).
+	sbd *sbdConn
 }
 
 type sample struct {
@@ -210,9 +218,12 @@ type ksub struct {
 	sampledAt    time.Time
 	m            Measurement
 	lastProgress time.Time
-	rtt          time.Duration
-	minRTT       time.Duration // the kernel's minimum RTT: the path's base delay, without queueing
-	rate, loss   float64
+	// lastAcked: when data it sent was last acked (the kernel updates a
+	// subflow's smoothed RTT only then, not while it only receives).
+	lastAcked  time.Time
+	rtt        time.Duration
+	minRTT     time.Duration // the kernel's minimum RTT: the path's base delay, without queueing
+	rate, loss float64
 	// sendLimited: the smoothed share of probes at which the subflow was
 	// limited by its congestion window or pacing (not by the application:
 	// its window full, or bytes waiting that it could not send yet);
@@ -233,6 +244,7 @@ type ksub struct {
 	retrying  bool      // a dead path made active again to see if it is back
 	proven    bool      // delivered after MinLifetime: its detour is healthy
 	redial    bool      // a fresh subflow on the default path replacing a dead one
+	evicted   *eviction // a rule destroyed it (evict); nil once the destroy was refused
 	attempts  int       // redial: SYNs outstanding (attempts not up, not closed)
 }
 
@@ -270,6 +282,7 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 	positive(&cfg.GuardShare, defaultGuardShare)
 	positive(&cfg.GuardWindow, defaultGuardWindow)
 	positive(&cfg.GuardStarve, defaultGuardStarve)
+	positive(&cfg.SharedWindow, DefaultSharedWindow)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -679,11 +692,17 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 	if k == nil {
 		return nil
 	}
-	if f, ok := p.strat.(destroyFailer); ok && in.Action == DestroySubflow {
-		return f.destroyFailed(k, in, err)
+	if in.Action == DestroySubflow && (errors.Is(err, ErrConnectionGone) || errors.Is(err, syscall.ESRCH)) {
+		// Gone already: the kernel found no such subflow (it closed before
+		// the command; its SUB_CLOSED follows) or no such connection (its
+		// CLOSED follows). The destroy stands: nothing was refused.
+		return nil
+	}
+	if in.Action == DestroySubflow {
+		return p.evictRefused(k, in, err)
 	}
 	if in.Action == SetBackup {
-		_, s := k.find(in.Local, in.Remote)
+		sk, s := k.find(in.Local, in.Remote)
 		if s == nil || s.stale || in.Local.Port() != 0 && s.port != 0 && in.Local.Port() != s.port {
 			// The subflow closed meanwhile (e.g. a redialled default path
 			// replaced it): nothing refused anything.
@@ -693,6 +712,16 @@ func (p *Engine) Failed(in Intent, err error) []Intent {
 		// working without backup marks; say so once.
 		s.decision = "could not change the backup flag: " + err.Error()
 		s.setAside = false
+		// The kernel kept the flag it had: status says so.
+		s.backup = !in.Backup
+		switch {
+		case s.dead:
+		case s.backup:
+			s.role = RoleBackup
+		default:
+			s.role = RoleActive
+		}
+		p.sharedFlagsRefused(k, sk, in)
 		p.refused(k, "set_flags: "+errnoName(err), true)
 		return nil
 	}
@@ -845,6 +874,11 @@ func (p *Engine) fill(k *kconn) []Intent {
 		}
 		if until, ok := p.avoid[avoidKey(k.c.Remote, dk)]; ok {
 			if until.After(now) {
+				// Evicted for a while (by this connection or another to
+				// the server): wake then, or a rejoin waits for nothing.
+				if soonest.IsZero() || until.Before(soonest) {
+					soonest = until
+				}
 				continue
 			}
 			delete(p.avoid, avoidKey(k.c.Remote, dk))

@@ -1,11 +1,10 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math"
-	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/detour"
@@ -81,10 +80,6 @@ type gConn struct {
 	// retry: a shed the kernel refused is tried again from here (one
 	// judging window later, not at every probe).
 	retry time.Time
-	// shedAvoid: the avoid entry the last shed set and the end it had
-	// before (zero: none), for undoing it when the kernel refuses.
-	shedAvoid     string
-	shedAvoidPrev time.Time
 }
 
 type gSample struct {
@@ -105,14 +100,10 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		return out
 	}
 	gc := g.conn(k)
-	if !gc.rejoin.IsZero() && !now.Before(gc.rejoin) {
-		out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
-		if gc.rejoin.IsZero() {
-			// Another connection to the server may have shed a detour
-			// since (the avoid is the server's): wait for that Hold too.
-			gc.rejoin = g.e.avoidedUntil(k.c.Remote, now)
-		}
-	}
+	// If another connection to the server shed the detour since (the
+	// avoid is the server's), fill wakes the connection when that Hold
+	// ends.
+	out = append(out, g.e.rejoin(k, &gc.rejoin, now)...)
 	snap := gSample{at: now, bytes: map[subKey]uint64{}}
 	for sk, s := range k.subs {
 		if activePath(s) {
@@ -120,7 +111,7 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 		}
 	}
 	gc.hist = append(gc.hist, snap)
-	if g.e.cfg.Log.Enabled(nil, slog.LevelDebug) {
+	if g.e.cfg.Log.Enabled(context.Background(), slog.LevelDebug) {
 		g.trace(k, now)
 	}
 	// Keep the newest sample at least guardKeep old and everything after.
@@ -223,74 +214,28 @@ func (g *guard) othersCarry(k *kconn, top subKey, now time.Time) bool {
 // reopened.
 func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time, why string) []Intent {
 	p := g.e
-	s.stale, s.role = true, RoleEvicted
-	gc.shedAvoid = ""
+	decision := "shed: " + why
 	if s.d != nil {
-		gc.shedAvoid = avoidKey(k.c.Remote, Key(*s.d))
-		gc.shedAvoidPrev = p.avoid[gc.shedAvoid]
-		p.avoid[gc.shedAvoid] = now.Add(p.cfg.Hold)
 		// The latest Hold's end: an earlier one would fill (and clear it)
 		// while this detour is still avoided.
 		gc.rejoin = now.Add(p.cfg.Hold)
-		s.decision = fmt.Sprintf("shed: %s (rejoins in %s)", why, p.cfg.Hold)
-	} else {
-		s.decision = "shed: " + why
+		decision = fmt.Sprintf("shed: %s (rejoins in %s)", why, p.cfg.Hold)
 	}
-	k.decision = s.path() + ": " + s.decision
 	p.cfg.Log.Info("subflow shed: slower and delivering little", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", why,
 		"top", top.path(), "top_send_limited", round3(top.sendLimited), "top_recv_busy", round3(top.recvBusy),
 		"top_rate_kBps", round3(top.rate/1e3), "top_loss", round3(top.loss), "top_cwnd", top.m.SndCwnd, "top_unacked", top.m.Unacked, "top_notsent", top.m.NotsentBytes,
 		"send_limited", round3(s.sendLimited), "rate_kBps", round3(s.rate/1e3), "up", now.Sub(s.upSince).Round(time.Millisecond))
-	out := []Intent{{Action: DestroySubflow, Token: k.c.Token, LocalID: s.localID,
-		Local: netip.AddrPortFrom(sk.local, s.port), Remote: sk.remote, Detour: s.d}}
-	return append(out, p.fill(k)...)
+	return p.evict(k, sk, s, now.Add(p.cfg.Hold), decision)
 }
 
-// destroyFailer is a strategy that acts when the kernel refuses one of
-// its SUBFLOW_DESTROY commands.
-type destroyFailer interface {
-	destroyFailed(k *kconn, in Intent, err error) []Intent
-}
-
-// destroyFailed: the kernel refused to destroy a shed subflow (it still
-// carries data): it counts again as active, its detour is no longer
-// avoided for the shed, and the rule judges again after one judging
+// destroyFailed: the kernel refused to destroy a shed subflow (Engine
+// evictRefused undid the shed: it counts as active again, its detour is no
+// longer avoided for the shed): the rule judges again after one judging
 // window (a refusal is not retried at every probe).
-func (g *guard) destroyFailed(k *kconn, in Intent, err error) []Intent {
-	_, s := k.find(in.Local, in.Remote)
-	if s == nil || !s.stale || s.role != RoleEvicted || !s.up {
-		return nil // closed meanwhile, or not a shed
-	}
-	p, gc := g.e, g.conn(k)
-	now := p.cfg.Now()
-	s.stale, s.role = false, RoleActive
-	if gc.shedAvoid != "" {
-		if gc.shedAvoidPrev.After(now) {
-			p.avoid[gc.shedAvoid] = gc.shedAvoidPrev
-		} else {
-			delete(p.avoid, gc.shedAvoid)
-		}
-		gc.shedAvoid = ""
-		gc.rejoin = p.avoidedUntil(k.c.Remote, now)
-	}
-	gc.retry = now.Add(g.judgeWindow(s))
+func (g *guard) destroyFailed(k *kconn, s *ksub, err error, now time.Time) []Intent {
+	g.conn(k).retry = now.Add(g.judgeWindow(s))
 	s.decision = fmt.Sprintf("shed refused by the kernel (%s): kept, judged again in %s", errnoName(err), g.judgeWindow(s).Round(time.Millisecond))
-	k.decision = s.path() + ": " + s.decision
-	p.cfg.Log.Warn("subflow shed refused by the kernel: kept, judged again", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "err", err, "retry_in", g.judgeWindow(s))
 	return nil
-}
-
-// avoidedUntil is when the first detour still avoided for server stops
-// being avoided (zero if none is).
-func (p *Engine) avoidedUntil(server netip.AddrPort, now time.Time) time.Time {
-	var first time.Time
-	prefix := avoidKey(server, "")
-	for ak, until := range p.avoid {
-		if strings.HasPrefix(ak, prefix) && until.After(now) && (first.IsZero() || until.Before(first)) {
-			first = until
-		}
-	}
-	return first
 }
 
 func round3(v float64) float64 { return math.Round(v*1000) / 1000 }

@@ -1,7 +1,10 @@
 package policy
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
@@ -231,10 +234,7 @@ func TestGuardShedDetourRejoinsAfterAnotherConnectionsHold(t *testing.T) {
 	a, def, det := newGuard(t)
 	p197 := paths(a, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
 	a.run(time.Second, p197)
-	// b: a second connection of the same engine and clock, 1 s younger.
-	b := &sim{t: t, p: a.p, clk: a.clk, conn: Conn{Token: 10, Local: a.conn.Local, Remote: server}, paths: map[subKey]*simPath{}}
-	b.apply(b.p.Established(b.conn))
-	b.paths[def] = &simPath{local: client, remote: server, rate: 1e6, rtt: 30 * time.Millisecond}
+	b := a.second(10) // 1 s younger
 	start := a.clk.t
 	for a.clk.t.Sub(start) < 200*time.Second {
 		// Each step advances the shared clock: each connection is probed
@@ -322,13 +322,7 @@ func TestGuardRefusedShedIsUndoneAndRetried(t *testing.T) {
 	def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
 	p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
 	refused := 0
-	s.refuseDestroy = func(in Intent) error {
-		if refused == 0 {
-			refused++
-			return syscall.EBUSY
-		}
-		return nil
-	}
+	s.refuseDestroy = refuseFirst(&refused)
 	for s.destroys(det) == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
 		s.run(100*time.Millisecond, p197)
 	}
@@ -344,7 +338,7 @@ func TestGuardRefusedShedIsUndoneAndRetried(t *testing.T) {
 	if until := s.p.avoidedUntil(server, s.clk.t); !until.IsZero() {
 		t.Fatalf("the detour is still avoided until %s after the refusal", until)
 	}
-	if n := strings.Count(logs.String(), "shed refused"); n != 1 {
+	if n := strings.Count(logs.String(), "refused by the kernel"); n != 1 {
 		t.Fatalf("%d log lines about the refusal, want 1:\n%s", n, logs.String())
 	}
 	refusedAt := s.clk.t
@@ -356,5 +350,122 @@ func TestGuardRefusedShedIsUndoneAndRetried(t *testing.T) {
 	}
 	if _, ok := s.paths[det]; ok {
 		t.Fatal("the second, accepted destroy left the subflow open")
+	}
+}
+
+// SUBFLOW_DESTROY fails with ESRCH when the subflow closed before the
+// command (its SUB_CLOSED follows), and the agent reports a connection
+// the kernel no longer knows as ErrConnectionGone: neither is a refusal.
+// The shed stands: no warning, the detour stays avoided for Hold (it does
+// not reopen at the subflow's close), no "refused" decision.
+func TestGuardShedStandsWhenTheSubflowOrConnectionIsGone(t *testing.T) {
+	for _, gone := range []error{syscall.ESRCH, fmt.Errorf("subflow_destroy: %w", ErrConnectionGone)} {
+		var logs strings.Builder
+		s := newSimCfg(t, Config{Mode: Guard, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+		def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+		p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+		s.refuseDestroy = func(Intent) error { return gone }
+		for s.destroys(det) == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+			s.run(100*time.Millisecond, p197)
+		}
+		if s.destroys(det) != 1 {
+			t.Fatalf("%v: %d destroys, want 1", gone, s.destroys(det))
+		}
+		if strings.Contains(logs.String(), "refused") {
+			t.Errorf("%v: logged as a refusal:\n%s", gone, logs.String())
+		}
+		if strings.Contains(s.report("nat:r1").Decision, "refused") {
+			t.Errorf("%v: decision %q names a refusal", gone, s.report("nat:r1").Decision)
+		}
+		if until := s.p.avoidedUntil(server, s.clk.t); until.IsZero() {
+			t.Errorf("%v: the shed detour is no longer avoided", gone)
+		}
+		if errors.Is(gone, syscall.ESRCH) {
+			creates := s.count(CreateSubflow)
+			s.run(s.p.cfg.Hold-time.Second, p197)
+			if n := s.count(CreateSubflow); n != creates {
+				t.Errorf("ESRCH: the detour reopened within Hold (%d creates, want %d): %v", n, creates, s.ins)
+			}
+		}
+	}
+}
+
+// avoidedUntil is when the first detour still avoided for server stops
+// being avoided (zero if none is).
+func (p *Engine) avoidedUntil(server netip.AddrPort, now time.Time) time.Time {
+	var first time.Time
+	prefix := avoidKey(server, "")
+	for ak, until := range p.avoid {
+		if strings.HasPrefix(ak, prefix) && until.After(now) && (first.IsZero() || until.Before(first)) {
+			first = until
+		}
+	}
+	return first
+}
+
+// A refused shed is undone by the subflow the failed command names, not
+// by the connection's last shed: two sheds are issued before the first
+// one's refusal arrives (commands run on worker sockets). Only the first
+// detour's avoid is undone; and an avoid another connection wrote since
+// for the same detour stands.
+func TestGuardRefusedShedUndoesItsOwnAvoid(t *testing.T) {
+	for _, later := range []bool{false, true} {
+		s := newSimMode(t, Guard, 2, d1, d2)
+		s.run(time.Second, nil)
+		k := s.p.conns[s.conn.Token]
+		g := s.p.strat.(*guard)
+		def, sk1, sk2 := key(client.Addr(), server), key(client.Addr(), d1.Remote), key(client.Addr(), d2.Remote)
+		now := s.clk.t
+		shed1 := g.shed(k, g.conn(k), sk1, k.subs[sk1], k.subs[def], now, "test")
+		g.shed(k, g.conn(k), sk2, k.subs[sk2], k.subs[def], now, "test")
+		a1, a2 := avoidKey(server, Key(d1)), avoidKey(server, Key(d2))
+		other := now.Add(s.p.cfg.Hold + time.Second)
+		if later {
+			s.p.avoid[a1] = other // another connection evicted d1 since
+		}
+		s.p.Failed(shed1[0], syscall.EINVAL)
+		if until, ok := s.p.avoid[a2]; !ok || !until.Equal(now.Add(s.p.cfg.Hold)) {
+			t.Errorf("later %v: the second shed's avoid is %v (%v), want it kept until %v", later, until, ok, now.Add(s.p.cfg.Hold))
+		}
+		until, ok := s.p.avoid[a1]
+		switch {
+		case later && (!ok || !until.Equal(other)):
+			t.Errorf("the other connection's avoid of d1 is %v (%v), want it kept until %v", until, ok, other)
+		case !later && ok:
+			t.Errorf("the refused shed's avoid of d1 is still there (until %v)", until)
+		}
+		if k.subs[sk1].stale || !k.subs[sk2].stale {
+			t.Errorf("later %v: d1 stale %v, d2 stale %v; want only d2 still shed", later, k.subs[sk1].stale, k.subs[sk2].stale)
+		}
+	}
+}
+
+// The shed subflow's replacement is opened at the shed; when the kernel
+// then refuses the destroy, the shed subflow carries on and the
+// replacement is one subflow too many: it is closed, the connection keeps
+// its N (1) detour subflows.
+func TestGuardRefusedShedKeepsTheSubflowCount(t *testing.T) {
+	s := newSimMode(t, Guard, 1, d1, d2)
+	def := key(client.Addr(), server)
+	p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
+	refused := 0
+	s.refuseDestroy = refuseFirst(&refused)
+	for refused == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+		s.run(100*time.Millisecond, p197)
+	}
+	if refused == 0 || s.count(CreateSubflow) != 2 {
+		t.Fatalf("%d destroys asked, %d creates; want a refused shed and its replacement: %v", refused, s.count(CreateSubflow), s.ins)
+	}
+	s.run(100*time.Millisecond, p197)
+	active := 0
+	for _, c := range s.p.Report().Conns {
+		for _, sf := range c.Subflows {
+			if sf.Path != "default" && sf.Role == RoleActive {
+				active++
+			}
+		}
+	}
+	if active != 1 || len(s.paths) != 2 {
+		t.Fatalf("%d active detour subflows and %d subflows in the kernel after the refused shed, want 1 and 2: %v", active, len(s.paths), s.ins)
 	}
 }

@@ -78,6 +78,9 @@ func (p *Engine) observe(k *kconn, s *ksub, m Measurement, now time.Time) {
 			p.healthy(k, s)
 		}
 	}
+	if acked > 0 {
+		s.lastAcked = now
+	}
 	if rcvd > 0 {
 		s.recvd = true
 		k.lastRecv = now

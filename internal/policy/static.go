@@ -27,5 +27,15 @@ func (st *static) measured(k *kconn, now time.Time) []Intent {
 		}
 		out = append(out, st.e.stalled(k, s, s.m, fmt.Sprintf("subflow stalled: %d retransmission timeouts", s.m.Retransmits))...)
 	}
-	return out
+	return append(out, st.e.sharedMeasured(k, now)...)
+}
+
+// destroyFailed: the kernel refused to destroy a detour subflow the
+// shared rule took out (the engine undid the eviction): the rule judges
+// the pair again.
+func (st *static) destroyFailed(k *kconn, s *ksub, _ error, _ time.Time) []Intent {
+	if k.sbd != nil && k.sbd.benched == nil && st.e.sharedRefused(k) {
+		s.decision += ", judged again"
+	}
+	return nil
 }

@@ -63,8 +63,9 @@ const (
 	BackupFirst
 	// Guard is static plus one rule: a subflow slower than the
 	// connection's main carrier that delivers below GuardShare of its
-	// bytes is destroyed, its queue re-sent on the others (guard.go;
-	// docs/agent.md, "The guard policy").
+	// bytes, while that carrier starves (GuardStarve), is destroyed, its
+	// queue re-sent on the others (guard.go; docs/agent.md, "The guard
+	// policy").
 	Guard
 )
 

@@ -174,6 +174,7 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPTunnelStaticClamp:     setupMPTCPTunnel,
 		scenario.MPTCPTunnelStaticPacing:    setupMPTCPTunnel,
 		scenario.MPTCPTunnelStaticClampBoth: setupMPTCPTunnel,
+		scenario.MPTCPTunnelStaticSBD:       setupMPTCPTunnel,
 
 		scenario.MPTCPNATBackupStatic:   setupMPTCPNATBackup,
 		scenario.MPTCPNATBackupAdaptive: setupMPTCPNATBackup,

@@ -478,6 +478,11 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 		}
 		rec.LoadAvg = loadAvg()
 		rec.Attack = m.Attack
+		if few, ok := err.(*FewSubflowsError); ok && scenario.ClosesSubflows(c.Procedure) {
+			// The policy took a subflow out on purpose: a measurement
+			// of it (the Measurement is complete), noted in the reason.
+			rec.Reason, err = KeptFewSubflows+": "+few.Error(), nil
+		}
 		if err != nil {
 			rec.Status, rec.Reason = results.Failed, err.Error()
 		} else {

@@ -208,6 +208,11 @@ func (t *transfer) Trial(ctx context.Context, n int) (Measurement, error) {
 	return m, nil
 }
 
+// KeptFewSubflows starts the reason of an ok trial of a procedure whose
+// policy closes subflows on purpose (scenario.ClosesSubflows) that ended
+// with fewer subflows than its cell opens.
+const KeptFewSubflows = "kept: the policy may close a detour subflow"
+
 // FewSubflowsError: an MPTCP trial ended with fewer subflows than its cell
 // opens. The Measurement returned with it is complete; a caller whose
 // policy may close a detour subflow on purpose (the design's backup-first)

@@ -59,6 +59,8 @@ func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 		extra += "cwnd_clamp:\n  enabled: true\n  mode: pacing\n"
 	case scenario.MPTCPTunnelStaticClampBoth:
 		extra += "cwnd_clamp:\n  enabled: true\n  mode: both\n"
+	case scenario.MPTCPTunnelStaticSBD:
+		extra += "shared_bottleneck:\n  enabled: true\n"
 	}
 	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, false)+extra)
 	if err != nil {

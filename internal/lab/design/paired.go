@@ -274,7 +274,7 @@ func (d *Design) pairedPoint(ctx context.Context, o Options, s *scenario.Scenari
 		default:
 			rec.Status = results.OK
 			if terr != nil {
-				rec.Reason = FewSubflowsNote + ": " + terr.Error()
+				rec.Reason = bench.KeptFewSubflows + ": " + terr.Error()
 			}
 			rec.GoodputMbps, rec.WindowBytes, rec.Subflows = m.GoodputMbps, m.WindowBytes, m.Subflows
 			rec.MaxGapS, rec.MaxGapEndS = m.MaxGapS, m.MaxGapEndS
@@ -328,10 +328,6 @@ func (d *Design) pairedTrial(ctx context.Context, cl *bench.ConfigLab, c scenari
 	}
 	return m, err
 }
-
-// FewSubflowsNote starts the reason of an ok trial of a measuring policy
-// that ended with fewer subflows than it opened.
-const FewSubflowsNote = "kept: the policy may close a detour subflow"
 
 // keepFewSubflows: a trial of a policy that closes subflows on purpose
 // (adaptive, backup-first, guard: SUBFLOW_DESTROY of a subflow that harms) and

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 )
 
@@ -452,7 +453,7 @@ func (rep *Report) paired(b *strings.Builder) {
 	for _, r := range rep.Rows {
 		if r.Status == results.OK {
 			okTrials[r.Procedure]++
-			if strings.HasPrefix(r.Reason, FewSubflowsNote) {
+			if strings.HasPrefix(r.Reason, bench.KeptFewSubflows) {
 				few[r.Procedure] = append(few[r.Procedure], fmt.Sprintf("%s/%d", r.Point, r.Trial))
 			}
 		}

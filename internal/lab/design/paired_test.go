@@ -355,7 +355,7 @@ func TestAgainstStatic(t *testing.T) {
 					rec := results.Record{Scenario: pairedScenarioName, Configuration: pt, Cell: proc, Procedure: "x", Trial: tr, Status: results.OK,
 						GoodputMbps: g[pt][proc][tr-1], Start: t0.Add(time.Duration(i) * 12 * time.Second), LoadAvg: 1}
 					if pt == "p001" && proc == "mptcp-backup-first" && tr == 2 {
-						rec.Reason = FewSubflowsNote + ": 1 subflow(s) at the end"
+						rec.Reason = bench.KeptFewSubflows + ": 1 subflow(s) at the end"
 					}
 					i++
 					if err := st.Append(rec); err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/subflowcc"
 )
 
@@ -222,6 +223,9 @@ func parseProc(f string, paths int) (Proc, error) {
 				key = "stale"
 			case strings.HasPrefix(key, "starve"):
 				key = "starve"
+				if p.Policy != policy.Guard.String() {
+					return Proc{}, fmt.Errorf("procedure %q: mechanism %q tunes the guard policy's shed rule (guard.starve): mptcp-guard only", f, m)
+				}
 			case strings.HasPrefix(mech.Config, "subflow_congestion:"):
 				key = "congestion control"
 			}

@@ -70,6 +70,9 @@ const (
 	// with both a cwnd clamp and a pacing rate (mode: both).
 	MPTCPTunnelStaticPacing    = "mptcp-tunnel-static-pacing"
 	MPTCPTunnelStaticClampBoth = "mptcp-tunnel-static-clamp-both"
+	// The static policy with shared-bottleneck detection
+	// (shared_bottleneck: enabled, docs/agent.md).
+	MPTCPTunnelStaticSBD = "mptcp-tunnel-static-sbd"
 	// The cell's detours as backups (relays marked backup: true): the
 	// default path carries the data while it works.
 	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
@@ -140,6 +143,7 @@ var procs = map[string]procInfo{
 	MPTCPTunnelStaticClamp:     {"MPTCP + tunnel detour, static policy, cwnd clamps", -1, TCPTunnel},
 	MPTCPTunnelStaticPacing:    {"MPTCP + tunnel detour, static policy, pacing clamps", -1, TCPTunnel},
 	MPTCPTunnelStaticClampBoth: {"MPTCP + tunnel detour, static policy, cwnd and pacing clamps", -1, TCPTunnel},
+	MPTCPTunnelStaticSBD:       {"MPTCP + tunnel detour, static policy, shared-bottleneck detection", -1, TCPTunnel},
 
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
@@ -159,7 +163,7 @@ var procs = map[string]procInfo{
 // Policy is the agent policy a procedure names ("" = the agent's default).
 func Policy(procedure string) string {
 	switch procedure {
-	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth:
+	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD:
 		return "static"
 	case MPTCPNATAdaptive, MPTCPTunnelAdaptive, MPTCPNATBackupAdaptive:
 		return "adaptive"
@@ -169,9 +173,14 @@ func Policy(procedure string) string {
 	return ""
 }
 
+// ClosesSubflows: the procedure's agent may destroy a detour subflow on
+// purpose (shared-bottleneck detection), so a trial that ends with fewer
+// subflows than it opened is still a measurement of it.
+func ClosesSubflows(procedure string) bool { return procedure == MPTCPTunnelStaticSBD }
+
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnel6,
+	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 
