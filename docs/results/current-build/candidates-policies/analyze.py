@@ -89,6 +89,8 @@ def name(p):
         if a in p:
             return d
     return p
+tally = defaultdict(lambda: defaultdict(list))
+logged = defaultdict(int)
 for c, _ in ARMS[:5]:
     for t in rounds:
         lp = os.path.join(here, "agent-logs", f"round{t}", f"{c}.agent.log")
@@ -113,4 +115,15 @@ for c, _ in ARMS[:5]:
                 k = re.search(r' kept="?([^" ]*)', line)
                 extra = f" (kept {name(k.group(1)) if k else '?'})"
             evs.append(f"{at} {m.group(2)} {m.group(3)}: {name(p.group(1)) if p else ''}{extra}")
+            if t0 and p:
+                tally[c][name(p.group(1))].append((ts - t0).total_seconds())
         print(f"{c} r{t}: " + ("; ".join(evs) if evs else "nothing shed or taken out"))
+        logged[c] += 1
+
+print("\n## per arm: how often each path was shed / taken out (rounds with a log), seconds after the start")
+for c, _ in ARMS[:5]:
+    if not tally[c]:
+        print(f"{c}: nothing in {logged[c]} logged rounds")
+        continue
+    print(f"{c} ({logged[c]} logged rounds): " + "; ".join(
+        f"{p} {len(v)}x (at {min(v):.1f}-{max(v):.1f} s)" for p, v in sorted(tally[c].items())))
