@@ -116,7 +116,10 @@ for c, _ in ARMS[:5]:
                 extra = f" (kept {name(k.group(1)) if k else '?'})"
             evs.append(f"{at} {m.group(2)} {m.group(3)}: {name(p.group(1)) if p else ''}{extra}")
             if t0 and p:
-                tally[c][name(p.group(1))].append((ts - t0).total_seconds())
+                # the transfer lasts 15 s from the trial's start; later
+                # decisions come while the connection closes
+                sec = (ts - t0).total_seconds()
+                tally[c][name(p.group(1)) + ("" if sec <= 15 else " (after the transfer)")].append(sec)
         print(f"{c} r{t}: " + ("; ".join(evs) if evs else "nothing shed or taken out"))
         logged[c] += 1
 
