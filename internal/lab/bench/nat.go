@@ -83,7 +83,7 @@ func setupNATAgent(ctx context.Context, env *Env, backup bool) (Session, error) 
 	if err != nil {
 		return nil, err
 	}
-	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, backup))
+	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, backup)+scenario.AgentExtra(env.Cell.Procedure))
 	if err != nil {
 		rs.close()
 		return nil, err

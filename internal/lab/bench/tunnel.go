@@ -51,17 +51,7 @@ func setupMPTCPTunnel(ctx context.Context, env *Env) (Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	extra := "tunnels: true\n"
-	switch env.Cell.Procedure {
-	case scenario.MPTCPTunnelStaticClamp:
-		extra += "cwnd_clamp:\n  enabled: true\n"
-	case scenario.MPTCPTunnelStaticPacing:
-		extra += "cwnd_clamp:\n  enabled: true\n  mode: pacing\n"
-	case scenario.MPTCPTunnelStaticClampBoth:
-		extra += "cwnd_clamp:\n  enabled: true\n  mode: both\n"
-	case scenario.MPTCPTunnelStaticSBD:
-		extra += "shared_bottleneck:\n  enabled: true\n"
-	}
+	extra := "tunnels: true\n" + scenario.AgentExtra(env.Cell.Procedure)
 	ag, err := startAgent(ctx, env, env.Cell.K(), nil, rs.agentSection(env, false)+extra)
 	if err != nil {
 		rs.close()

@@ -2,14 +2,16 @@ package scenario
 
 import "testing"
 
-// Only the procedure whose agent destroys subflows on purpose keeps a
+// Only the procedures whose agent destroys subflows on purpose keeps a
 // trial that ends with fewer subflows; static, the clamps and plain
 // procedures still fail it (a detour that did not come up).
 func TestClosesSubflows(t *testing.T) {
-	if !ClosesSubflows(MPTCPTunnelStaticSBD) {
-		t.Fatal("mptcp-tunnel-static-sbd: want true")
+	for _, p := range []string{MPTCPTunnelStaticSBD, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff} {
+		if !ClosesSubflows(p) {
+			t.Errorf("%s: want true", p)
+		}
 	}
-	for _, p := range []string{MPTCPTunnelStatic, MPTCPTunnelStaticClampBoth, MPTCPTunnel, MPTCPNAT, TCP} {
+	for _, p := range []string{MPTCPNATStatic, MPTCPNATAdaptive, MPTCPTunnelStatic, MPTCPTunnelStaticClampBoth, MPTCPTunnel, MPTCPNAT, TCP} {
 		if ClosesSubflows(p) {
 			t.Errorf("%s: want false", p)
 		}

@@ -73,6 +73,13 @@ const (
 	// The static policy with shared-bottleneck detection
 	// (shared_bottleneck: enabled, docs/agent.md).
 	MPTCPTunnelStaticSBD = "mptcp-tunnel-static-sbd"
+	// The same rules over NAT detours: the static policy with
+	// shared-bottleneck detection, and the guard policy (docs/agent.md "The
+	// guard policy") with its default starvation condition and without it
+	// (guard.starve: 1, the rule of results/design/harm).
+	MPTCPNATStaticSBD      = "mptcp-nat-static-sbd"
+	MPTCPNATGuard          = "mptcp-nat-guard"
+	MPTCPNATGuardStarveOff = "mptcp-nat-guard-starveoff"
 	// The cell's detours as backups (relays marked backup: true): the
 	// default path carries the data while it works.
 	MPTCPNATBackupStatic   = "mptcp-nat-backup-static"
@@ -144,6 +151,9 @@ var procs = map[string]procInfo{
 	MPTCPTunnelStaticPacing:    {"MPTCP + tunnel detour, static policy, pacing clamps", -1, TCPTunnel},
 	MPTCPTunnelStaticClampBoth: {"MPTCP + tunnel detour, static policy, cwnd and pacing clamps", -1, TCPTunnel},
 	MPTCPTunnelStaticSBD:       {"MPTCP + tunnel detour, static policy, shared-bottleneck detection", -1, TCPTunnel},
+	MPTCPNATStaticSBD:          {"MPTCP + NAT detour, static policy, shared-bottleneck detection", -1, TCPNAT},
+	MPTCPNATGuard:              {"MPTCP + NAT detour, guard policy", -1, TCPNAT},
+	MPTCPNATGuardStarveOff:     {"MPTCP + NAT detour, guard policy without the starvation condition (guard.starve: 1)", -1, TCPNAT},
 
 	MPTCPNATBackupStatic:   {"MPTCP + backup NAT detour, static policy", -1, TCPNAT},
 	MPTCPNATBackupAdaptive: {"MPTCP + backup NAT detour, adaptive policy", -1, TCPNAT},
@@ -163,24 +173,51 @@ var procs = map[string]procInfo{
 // Policy is the agent policy a procedure names ("" = the agent's default).
 func Policy(procedure string) string {
 	switch procedure {
-	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD:
+	case MPTCPNATStatic, MPTCPTunnelStatic, MPTCPNATBackupStatic, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPNATStaticSBD:
 		return "static"
 	case MPTCPNATAdaptive, MPTCPTunnelAdaptive, MPTCPNATBackupAdaptive:
 		return "adaptive"
 	case MPTCPNATBackupFirst, MPTCPTunnelBackupFirst:
 		return "backup-first"
+	case MPTCPNATGuard, MPTCPNATGuardStarveOff:
+		return "guard"
 	}
 	return ""
 }
 
 // ClosesSubflows: the procedure's agent may destroy a detour subflow on
-// purpose (shared-bottleneck detection), so a trial that ends with fewer
-// subflows than it opened is still a measurement of it.
-func ClosesSubflows(procedure string) bool { return procedure == MPTCPTunnelStaticSBD }
+// purpose (shared-bottleneck detection, guard's shed rule), so a trial
+// that ends with fewer subflows than it opened is still a measurement of
+// it.
+func ClosesSubflows(procedure string) bool {
+	switch procedure {
+	case MPTCPTunnelStaticSBD, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff:
+		return true
+	}
+	return false
+}
+
+// AgentExtra is the agent configuration a procedure adds to its policy
+// (the mechanism it measures), "" for none.
+func AgentExtra(procedure string) string {
+	switch procedure {
+	case MPTCPTunnelStaticClamp:
+		return "cwnd_clamp:\n  enabled: true\n"
+	case MPTCPTunnelStaticPacing:
+		return "cwnd_clamp:\n  enabled: true\n  mode: pacing\n"
+	case MPTCPTunnelStaticClampBoth:
+		return "cwnd_clamp:\n  enabled: true\n  mode: both\n"
+	case MPTCPTunnelStaticSBD, MPTCPNATStaticSBD:
+		return "shared_bottleneck:\n  enabled: true\n"
+	case MPTCPNATGuardStarveOff:
+		return "guard:\n  starve: 1\n"
+	}
+	return ""
+}
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
-	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
+	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 
