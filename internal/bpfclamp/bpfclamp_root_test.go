@@ -503,6 +503,7 @@ func TestSetRefusesBadLimits(t *testing.T) {
 		{PacingRate: MaxPacingRate + 1}:        "32-bit",
 		{CwndSegments: 1, PacingRate: 1 << 40}: "32-bit",
 		{CwndSegments: 1 << 31}:                "segments",
+		{NotsentLowat: 1 << 31}:                "lowat",
 	} {
 		if err := c.Set(Key{Local: a, Remote: a}, l); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Set(%+v): %v, want an error saying %q", l, err, want)
