@@ -1,12 +1,9 @@
 package agentd
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
 
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
@@ -87,38 +84,16 @@ func (b *bpfProgram) close() error {
 	return nil
 }
 
-// attachClamp loads and attaches the clamp program to the cgroup v2
+// attachClamp loads and attaches the BPF program to the cgroup v2
 // directory cgroup ("" = the cgroup v2 mount's root).
 func attachClamp(cgroup string) (clampMap, error) {
 	if cgroup == "" {
 		var err error
-		if cgroup, err = cgroup2Root(); err != nil {
+		if cgroup, err = bpfclamp.Cgroup2Root(); err != nil {
 			return nil, err
 		}
 	}
 	return bpfclamp.Attach(cgroup)
-}
-
-// cgroup2Root finds the cgroup v2 mount (unified or hybrid hierarchy).
-func cgroup2Root() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// "36 25 0:31 / /sys/fs/cgroup rw,... shared:9 - cgroup2 cgroup2 rw"
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		fs, pf := strings.Fields(post), strings.Fields(pre)
-		if ok && len(fs) > 0 && fs[0] == "cgroup2" && len(pf) > 4 {
-			return pf[4], nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
-	return "", errors.New("no cgroup v2 mount (cgroup_no_v1 / systemd.unified_cgroup_hierarchy, or set cwnd_clamp.cgroup)")
 }
 
 // cwndClamps runs the cwnd_clamp mechanism: the policy's clamp decisions
@@ -215,4 +190,3 @@ func (c *cwndClamps) status() policy.ClampStatus {
 	defer c.mu.Unlock()
 	return policy.ClampStatus{State: "active", Mode: c.decide.Mode(), Fallback: c.fallback, Refused: c.refused, Pairs: c.decide.Pairs()}
 }
-
