@@ -34,17 +34,11 @@ func cgroupRoot(t *testing.T) string {
 
 // ownCgroup returns the cgroup v2 directory this process is in.
 func ownCgroup(t *testing.T, root string) string {
-	b, err := os.ReadFile("/proc/self/cgroup")
+	dir, err := OwnCgroup(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if len(line) > 3 && line[:3] == "0::" {
-			return filepath.Join(root, line[3:])
-		}
-	}
-	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
-	return ""
+	return dir
 }
 
 func attachedCount(t *testing.T, dir string) int {
