@@ -93,6 +93,7 @@ func printStatus(st agent.Status) {
 	printFamilies(st.Families)
 	printBlackhole(st.Blackhole)
 	printCwndClamp(st.CwndClamp)
+	printSubflowLowat(st.SubflowLowat)
 	printStale(st.StaleLossCnt)
 	printSubflowCC(st.SubflowCongestion)
 	printBuffers(st.BufferSizing)
@@ -291,6 +292,22 @@ func printBuffers(b *agent.BufferStatus) {
 	default:
 		fmt.Printf("buffer sizing: on, tcp_rmem/tcp_wmem maximum %d bytes (found %s / %s, restored at stop; %d changes)\n",
 			b.Max, b.Found["net.ipv4.tcp_rmem"], b.Found["net.ipv4.tcp_wmem"], b.Changes)
+	}
+}
+
+// printSubflowLowat shows the per-subflow unsent limit when configured:
+// failed or refused (with the reason; the policy runs without it) or
+// active with the limit, the address pairs that have it and how often
+// the program set it.
+func printSubflowLowat(l *agent.LowatStatus) {
+	switch {
+	case l == nil:
+	case l.State == "failed":
+		fmt.Printf("subflow lowat: failed: %s (running without it)\n", l.Error)
+	case l.State == "refused":
+		fmt.Printf("subflow lowat: refused: %s (running without it)\n", l.Refused)
+	default:
+		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d address pairs, set %d times\n", l.Bytes, l.Pairs, l.Sets)
 	}
 }
 

@@ -698,7 +698,34 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 		}
 		ins = a.pol.Priority(sf)
 	}
+	switch e.Type {
+	case mptcppm.EventCreated, mptcppm.EventEstablished, mptcppm.EventSubEstablished, mptcppm.EventSubClosed, mptcppm.EventClosed:
+		a.reportPairs(e.Token)
+	}
 	return a.jobsFor(ins, since)
+}
+
+// reportPairs tells OnSubflows the address pairs of the connection's
+// established subflows: the initial subflow's while the connection is
+// tracked (it goes with the connection: a SUB_CLOSED on that pair may be
+// a failed redial of the default path), then each established join's;
+// nil when the connection is not tracked.
+func (a *Agent) reportPairs(token uint32) {
+	if a.cfg.OnSubflows == nil {
+		return
+	}
+	cv := a.conns[token]
+	if cv == nil {
+		a.cfg.OnSubflows(token, nil)
+		return
+	}
+	pairs := []SubflowPair{{Local: cv.c.Local.Addr(), Remote: cv.c.Remote.Addr()}}
+	for _, sv := range cv.subs {
+		if sv.up {
+			pairs = append(pairs, SubflowPair{Local: sv.sf.Local.Addr(), Remote: sv.sf.Remote.Addr()})
+		}
+	}
+	a.cfg.OnSubflows(token, pairs)
 }
 
 func (a *Agent) tracked(token uint32) bool {
@@ -895,6 +922,11 @@ func (a *Agent) resync(reason string) []job {
 		for _, sf := range fresh {
 			a.subUp(sf)
 			ins = append(ins, a.pol.SubflowEstablished(sf)...)
+		}
+	}
+	for tok := range seen {
+		if a.tracked(tok) {
+			a.reportPairs(tok) // adopted or reconciled
 		}
 	}
 	var closed []uint32

@@ -92,6 +92,16 @@ type Options struct {
 	// CwndClamp, when set, adds the cwnd clamps' state to the status
 	// (wired by internal/agentd).
 	CwndClamp func() policy.ClampStatus
+	// OnSubflows, when set, gets the address pairs of a managed
+	// connection's established subflows (the initial subflow's pair
+	// first, while the connection is tracked, then each established
+	// join's) whenever they may have changed, and nil once the connection
+	// is gone, from the agent's loop (internal/agentd: subflow_lowat; not
+	// in the YAML). It must not block. A pair may repeat.
+	OnSubflows func(token uint32, pairs []SubflowPair)
+	// SubflowLowat, when set, adds the per-subflow unsent limit's state
+	// to the status (wired by internal/agentd).
+	SubflowLowat func() LowatStatus
 	// SubflowCC, when set, prepares each detour subflow's congestion
 	// control just before the subflow is created (subflow_congestion,
 	// wired by internal/agentd with internal/subflowcc) and adds its state
@@ -119,6 +129,24 @@ type Options struct {
 	// policy.Config.SharedBottleneck; 0 = the default window).
 	SharedBottleneck bool
 	SharedWindow     time.Duration
+}
+
+// SubflowPair is a subflow's (local address, remote address), IPv4
+// unmapped.
+type SubflowPair struct{ Local, Remote netip.Addr }
+
+// LowatStatus is the per-subflow unsent limit (subflow_lowat) in the
+// status: active with the limit and the address pairs that have it, or
+// failed with the reason (the agent runs without it). Refused says the
+// kernel refused the program's TCP_NOTSENT_LOWAT; Sets counts the
+// program's settings (one per subflow, more when the kernel reset one).
+type LowatStatus struct {
+	State   string `json:"state"`
+	Bytes   uint32 `json:"bytes"`
+	Error   string `json:"error,omitempty"`
+	Refused string `json:"refused,omitempty"`
+	Pairs   int    `json:"pairs"`
+	Sets    uint64 `json:"sets"`
 }
 
 // SubflowCC gives detour subflows their own congestion control

@@ -50,6 +50,9 @@ type Status struct {
 	// CwndClamp: the cwnd clamps of tunnel subflows (cwnd_clamp), when
 	// configured: active, or failed with the reason (no clamps applied).
 	CwndClamp *policy.ClampStatus `json:"cwnd_clamp,omitempty"`
+	// SubflowLowat: the per-subflow unsent limit (subflow_lowat), when
+	// configured.
+	SubflowLowat *LowatStatus `json:"subflow_lowat,omitempty"`
 	// SubflowCongestion: detour subflows' congestion control
 	// (subflow_congestion), when configured: active with its routes and
 	// the destinations it could not give one, or failed with the reason.
@@ -300,6 +303,10 @@ func (a *Agent) Status() Status {
 	if a.cfg.CwndClamp != nil {
 		c := a.cfg.CwndClamp()
 		st.CwndClamp = &c
+	}
+	if a.cfg.SubflowLowat != nil {
+		l := a.cfg.SubflowLowat()
+		st.SubflowLowat = &l
 	}
 	if a.cfg.SubflowCC != nil {
 		c := a.cfg.SubflowCC.Status()

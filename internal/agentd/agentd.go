@@ -165,14 +165,22 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		}
 		defer stop()
 	}
-	if cfg.CwndClamp != nil {
-		cl := startClamps(*cfg.CwndClamp, sources, log, attachClamp)
+	if cfg.CwndClamp != nil || cfg.SubflowLowat > 0 {
+		// One program for both mechanisms, detached at exit.
+		prog := openBPF(cfg.BPFCgroup, attachClamp)
 		defer func() {
-			if err := cl.close(); err != nil {
-				log.Warn("cwnd clamps", "err", err)
+			if err := prog.close(); err != nil {
+				log.Warn("BPF program", "err", err)
 			}
 		}()
-		opts.OnMeasured, opts.CwndClamp = cl.measured, cl.status
+		if cfg.CwndClamp != nil {
+			cl := startClamps(*cfg.CwndClamp, sources, log, prog)
+			opts.OnMeasured, opts.CwndClamp = cl.measured, cl.status
+		}
+		if cfg.SubflowLowat > 0 {
+			lw := startLowat(cfg.SubflowLowat, prog, log)
+			opts.OnSubflows, opts.SubflowLowat = lw.subflows, lw.status
+		}
 	}
 	if cfg.SubflowCongestion != "" {
 		// Routes with congctl toward detour destinations, removed at exit.

@@ -1,12 +1,9 @@
 package agentd
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
 
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
@@ -14,47 +11,89 @@ import (
 	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
-// clampMap is where clamps go: the BPF program's map (bpfclamp.Clamper),
+// clampMap is where limits go: the BPF program's map (bpfclamp.Clamper),
 // or a fake in tests.
 type clampMap interface {
 	Set(k bpfclamp.Key, l bpfclamp.Limits) error
+	Delete(k bpfclamp.Key) error
 	// Refused reports what the kernel refused the program.
 	Refused() (bpfclamp.Refusals, error)
+	// LowatSets counts the program's TCP_NOTSENT_LOWAT settings.
+	LowatSets() (uint64, error)
 	Close() error
 }
 
-// attachClamp loads and attaches the clamp program to the cgroup v2
+// bpfProgram is the agent's one BPF sock_ops program, shared by
+// cwnd_clamp and subflow_lowat: one attach, one map. It keeps each
+// address pair's limits from both mechanisms and writes them together (a
+// map entry holds all of a pair's limits), deleting the entry when none
+// is left.
+type bpfProgram struct {
+	mu     sync.Mutex
+	m      clampMap // nil: failed
+	err    string
+	limits map[bpfclamp.Key]bpfclamp.Limits
+}
+
+// openBPF attaches the program to cgroup through attach (attachClamp
+// outside tests); a failure is kept for the mechanisms to report (each
+// says once that it is off) and the agent runs without them.
+func openBPF(cgroup string, attach func(string) (clampMap, error)) *bpfProgram {
+	b := &bpfProgram{limits: map[bpfclamp.Key]bpfclamp.Limits{}}
+	m, err := attach(cgroup)
+	if err != nil {
+		b.err = err.Error()
+		return b
+	}
+	b.m = m
+	return b
+}
+
+// ok says whether the program is attached.
+func (b *bpfProgram) ok() bool { return b.m != nil }
+
+// change applies fn to the pair's limits and writes the result.
+func (b *bpfProgram) change(k bpfclamp.Key, fn func(*bpfclamp.Limits)) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		return errors.New(b.err)
+	}
+	l := b.limits[k]
+	fn(&l)
+	if l == (bpfclamp.Limits{}) {
+		delete(b.limits, k)
+		return b.m.Delete(k)
+	}
+	if err := b.m.Set(k, l); err != nil {
+		return err
+	}
+	b.limits[k] = l
+	return nil
+}
+
+// close detaches the program (the kernel also does when the agent dies:
+// the BPF link goes with its last file descriptor).
+func (b *bpfProgram) close() error {
+	if b.m == nil {
+		return nil
+	}
+	if err := b.m.Close(); err != nil {
+		return fmt.Errorf("BPF program: %w", err)
+	}
+	return nil
+}
+
+// attachClamp loads and attaches the BPF program to the cgroup v2
 // directory cgroup ("" = the cgroup v2 mount's root).
 func attachClamp(cgroup string) (clampMap, error) {
 	if cgroup == "" {
 		var err error
-		if cgroup, err = cgroup2Root(); err != nil {
+		if cgroup, err = bpfclamp.Cgroup2Root(); err != nil {
 			return nil, err
 		}
 	}
 	return bpfclamp.Attach(cgroup)
-}
-
-// cgroup2Root finds the cgroup v2 mount (unified or hybrid hierarchy).
-func cgroup2Root() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// "36 25 0:31 / /sys/fs/cgroup rw,... shared:9 - cgroup2 cgroup2 rw"
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		fs, pf := strings.Fields(post), strings.Fields(pre)
-		if ok && len(fs) > 0 && fs[0] == "cgroup2" && len(pf) > 4 {
-			return pf[4], nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
-	return "", errors.New("no cgroup v2 mount (cgroup_no_v1 / systemd.unified_cgroup_hierarchy, or set cwnd_clamp.cgroup)")
 }
 
 // cwndClamps runs the cwnd_clamp mechanism: the policy's clamp decisions
@@ -66,8 +105,7 @@ func cgroup2Root() (string, error) {
 type cwndClamps struct {
 	log      *slog.Logger
 	decide   *policy.Clamps
-	m        clampMap // nil: failed
-	err      string
+	prog     *bpfProgram
 	mu       sync.Mutex // fallback is read by status requests
 	fallback string     // why the mode is cwnd although pacing was configured
 	// unread: the refusal map could not be read (warned once).
@@ -76,19 +114,16 @@ type cwndClamps struct {
 	refused string
 }
 
-// startClamps attaches through attach (attachClamp outside tests).
-func startClamps(s ClampSettings, sources []detour.Source, log *slog.Logger, attach func(string) (clampMap, error)) *cwndClamps {
+// startClamps writes the clamps through prog (openBPF).
+func startClamps(s ClampSettings, sources []detour.Source, log *slog.Logger, prog *bpfProgram) *cwndClamps {
 	if s.Mode == "" {
 		s.Mode = policy.ClampCwnd
 	}
-	c := &cwndClamps{log: log, decide: policy.NewClamps(sources, s.Mode)}
-	m, err := attach(s.Cgroup)
-	if err != nil {
-		c.err = err.Error()
-		log.Warn("cwnd clamps off: the BPF program could not be loaded or attached; running without them", "err", err)
+	c := &cwndClamps{log: log, decide: policy.NewClamps(sources, s.Mode), prog: prog}
+	if !prog.ok() {
+		log.Warn("cwnd clamps off: the BPF program could not be loaded or attached; running without them", "err", prog.err)
 		return c
 	}
-	c.m = m
 	log.Info("cwnd clamps on: tunnel subflows are limited to 1.25 x their measured bandwidth-delay product (cwnd) or delivery rate (pacing)", "mode", s.Mode)
 	return c
 }
@@ -96,12 +131,15 @@ func startClamps(s ClampSettings, sources []detour.Source, log *slog.Logger, att
 // measured decides and applies the clamps of one round of measurements
 // (agent.Options.OnMeasured).
 func (c *cwndClamps) measured(ms []policy.Measurement) {
-	if c.m == nil {
+	if !c.prog.ok() {
 		return
 	}
 	c.checkRefusals()
 	for _, cl := range c.decide.Decide(ms) {
-		if err := c.m.Set(bpfclamp.Key{Local: cl.Local, Remote: cl.Remote}, bpfclamp.Limits{CwndSegments: cl.Segments, PacingRate: cl.PacingRate}); err != nil {
+		err := c.prog.change(bpfclamp.Key{Local: cl.Local, Remote: cl.Remote}, func(l *bpfclamp.Limits) {
+			l.CwndSegments, l.PacingRate = cl.Segments, cl.PacingRate
+		})
+		if err != nil {
 			c.log.Warn("cwnd clamp not set", "local", cl.Local, "remote", cl.Remote, "err", err)
 			continue
 		}
@@ -114,7 +152,7 @@ func (c *cwndClamps) measured(ms []policy.Measurement) {
 // cwnd clamp cannot fall back to anything: each is one warning, and
 // status says it.
 func (c *cwndClamps) checkRefusals() {
-	r, err := c.m.Refused()
+	r, err := c.prog.m.Refused()
 	if err != nil {
 		if !c.unread {
 			c.unread = true
@@ -145,22 +183,10 @@ func (c *cwndClamps) checkRefusals() {
 
 // status is the mechanism for "mpdetour status".
 func (c *cwndClamps) status() policy.ClampStatus {
-	if c.m == nil {
-		return policy.ClampStatus{State: "failed", Error: c.err}
+	if !c.prog.ok() {
+		return policy.ClampStatus{State: "failed", Error: c.prog.err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return policy.ClampStatus{State: "active", Mode: c.decide.Mode(), Fallback: c.fallback, Refused: c.refused, Pairs: c.decide.Pairs()}
-}
-
-// close detaches the program (the kernel also does when the agent dies:
-// the BPF link goes with its last file descriptor).
-func (c *cwndClamps) close() error {
-	if c.m == nil {
-		return nil
-	}
-	if err := c.m.Close(); err != nil {
-		return fmt.Errorf("cwnd clamps: %w", err)
-	}
-	return nil
 }

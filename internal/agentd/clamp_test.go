@@ -25,6 +25,10 @@ type fakeClampMap struct {
 	refused      bpfclamp.Refusals
 	refusedErr   error
 	closed       bool
+	// deletedAbsent counts deletions of pairs without an entry; sets is
+	// what LowatSets answers.
+	deletedAbsent int
+	sets          uint64
 }
 
 func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
@@ -34,7 +38,15 @@ func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
 	}
 	return nil
 }
+func (f *fakeClampMap) Delete(k bpfclamp.Key) error {
+	if _, ok := f.set[k]; !ok {
+		f.deletedAbsent++
+	}
+	delete(f.set, k)
+	return nil
+}
 func (f *fakeClampMap) Refused() (bpfclamp.Refusals, error) { return f.refused, f.refusedErr }
+func (f *fakeClampMap) LowatSets() (uint64, error)          { return f.sets, nil }
 func (f *fakeClampMap) Close() error                        { f.closed = true; return nil }
 
 var (
@@ -51,7 +63,7 @@ func clampSources() []detour.Source {
 func TestClampsApplied(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}}
 	var logs bytes.Buffer
-	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), func(string) (clampMap, error) { return m, nil })
+	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), openBPF("", func(string) (clampMap, error) { return m, nil }))
 	ms := []policy.Measurement{
 		{Local: netip.MustParseAddrPort("10.0.1.1:40000"), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 30 * time.Millisecond, RTT: 90 * time.Millisecond, SndMSS: 1448},
 		{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368},
@@ -65,7 +77,7 @@ func TestClampsApplied(t *testing.T) {
 	if st.State != "active" || st.Mode != policy.ClampCwnd || st.Fallback != "" || len(st.Pairs) != 1 || st.Pairs[0].Segments != 56 {
 		t.Errorf("status %+v", st)
 	}
-	if err := c.close(); err != nil || !m.closed {
+	if err := c.prog.close(); err != nil || !m.closed {
 		t.Errorf("close: %v, closed %v", err, m.closed)
 	}
 }
@@ -74,9 +86,10 @@ func TestClampsApplied(t *testing.T) {
 // clamps, status says failed with the reason; the agent carries on.
 func TestClampsAttachFailure(t *testing.T) {
 	var logs bytes.Buffer
-	c := startClamps(ClampSettings{Cgroup: "/nonexistent"}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), func(string) (clampMap, error) {
+	prog := openBPF("/nonexistent", func(string) (clampMap, error) {
 		return nil, errors.New("bpfclamp: load sock_ops program: operation not permitted")
 	})
+	c := startClamps(ClampSettings{Cgroup: "/nonexistent"}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), prog)
 	c.measured([]policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}})
 	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "operation not permitted") || !strings.Contains(logs.String(), "running without them") {
 		t.Errorf("log %q: want one line with the reason", logs.String())
@@ -84,7 +97,7 @@ func TestClampsAttachFailure(t *testing.T) {
 	if st := c.status(); st.State != "failed" || !strings.Contains(st.Error, "operation not permitted") {
 		t.Errorf("status %+v", st)
 	}
-	if err := c.close(); err != nil {
+	if err := prog.close(); err != nil {
 		t.Error(err)
 	}
 }
@@ -93,11 +106,12 @@ func TestClampsAttachFailure(t *testing.T) {
 // same way (an error naming the path; as non-root, the BPF load fails).
 func TestClampsRealAttachFailure(t *testing.T) {
 	var logs bytes.Buffer
-	c := startClamps(ClampSettings{Cgroup: t.TempDir()}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), attachClamp)
+	prog := openBPF(t.TempDir(), attachClamp)
+	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), prog)
 	if st := c.status(); st.State != "failed" || st.Error == "" {
 		t.Fatalf("status %+v, want failed with a reason", st)
 	}
-	c.close()
+	prog.close()
 }
 
 func TestClampConfig(t *testing.T) {
@@ -150,7 +164,7 @@ func TestClampsPacingApplied(t *testing.T) {
 	for mode, segs := range map[policy.ClampMode]uint32{policy.ClampPacing: 0, policy.ClampBoth: 56} {
 		m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}}
 		var logs bytes.Buffer
-		c := startClamps(ClampSettings{Mode: mode}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), func(string) (clampMap, error) { return m, nil })
+		c := startClamps(ClampSettings{Mode: mode}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), openBPF("", func(string) (clampMap, error) { return m, nil }))
 		c.measured([]policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}})
 		k := bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}
 		if want := (bpfclamp.Limits{CwndSegments: segs, PacingRate: 1250000}); len(m.set) != 1 || m.set[k] != want {
@@ -168,7 +182,7 @@ func TestClampsPacingApplied(t *testing.T) {
 func TestClampsPacingRefused(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refusePacing: true}
 	var logs bytes.Buffer
-	c := startClamps(ClampSettings{Mode: policy.ClampPacing}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	c := startClamps(ClampSettings{Mode: policy.ClampPacing}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), openBPF("", func(string) (clampMap, error) { return m, nil }))
 	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
 	k := bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}
 	for range 3 {
@@ -190,7 +204,7 @@ func TestClampsPacingRefused(t *testing.T) {
 func TestClampsRefusalsUnreadable(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refusedErr: errors.New("map lookup: bad file descriptor")}
 	var logs bytes.Buffer
-	c := startClamps(ClampSettings{Mode: policy.ClampPacing}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	c := startClamps(ClampSettings{Mode: policy.ClampPacing}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), openBPF("", func(string) (clampMap, error) { return m, nil }))
 	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
 	for range 3 {
 		c.measured(meas)
@@ -208,7 +222,7 @@ func TestClampsRefusalsUnreadable(t *testing.T) {
 func TestClampsCwndRefused(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Cwnd: unix.EINVAL}}
 	var logs bytes.Buffer
-	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), openBPF("", func(string) (clampMap, error) { return m, nil }))
 	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
 	for range 3 {
 		c.measured(meas)
@@ -226,7 +240,7 @@ func TestClampsCwndRefused(t *testing.T) {
 func TestClampsCwndRefusedBoth(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Cwnd: unix.EINVAL}}
 	var logs bytes.Buffer
-	c := startClamps(ClampSettings{Mode: policy.ClampBoth}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), func(string) (clampMap, error) { return m, nil })
+	c := startClamps(ClampSettings{Mode: policy.ClampBoth}, clampSources(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})), openBPF("", func(string) (clampMap, error) { return m, nil }))
 	meas := []policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}}
 	for range 3 {
 		c.measured(meas)

@@ -3,6 +3,7 @@ package agentd
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -61,6 +62,14 @@ type Config struct {
 	// SubflowCongestion, when set, is the congestion control of detour
 	// subflows (internal/subflowcc; docs/agent.md).
 	SubflowCongestion string
+	// SubflowLowat, when > 0, bounds the unsent bytes of every subflow of
+	// every managed connection (TCP_NOTSENT_LOWAT through the BPF program;
+	// lowat.go, docs/agent.md).
+	SubflowLowat uint32
+	// BPFCgroup is the cgroup v2 directory the agent's one BPF program
+	// (cwnd_clamp and subflow_lowat) attaches to: bpf_cgroup, or
+	// cwnd_clamp.cgroup; "" = the cgroup v2 mount's root.
+	BPFCgroup string
 }
 
 // ClampSettings are the cwnd_clamp section's.
@@ -119,6 +128,10 @@ type File struct {
 	Server *serverrole.File `yaml:"server"`
 	// CwndClamp is documented in docs/agent.md.
 	CwndClamp *fileClamp `yaml:"cwnd_clamp"`
+	// SubflowLowat and BPFCgroup are documented in docs/agent.md
+	// ("Per-subflow unsent limit").
+	SubflowLowat *int64 `yaml:"subflow_lowat"`
+	BPFCgroup    string `yaml:"bpf_cgroup"`
 	// SubflowCongestion is documented in docs/agent.md (subflowcc.go).
 	SubflowCongestion *fileSubflowCC `yaml:"subflow_congestion"`
 	// Guard tunes the guard policy (docs/agent.md, "The guard policy").
@@ -221,6 +234,9 @@ func build(f File) (Config, error) {
 		return out, err
 	}
 	if out.SubflowCongestion, err = buildSubflowCC(f.SubflowCongestion); err != nil {
+		return out, err
+	}
+	if out.SubflowLowat, out.BPFCgroup, err = buildLowat(f, out.CwndClamp); err != nil {
 		return out, err
 	}
 	return buildKinds(f, out)
@@ -480,6 +496,42 @@ func buildClamp(f *fileClamp) (*ClampSettings, error) {
 		return nil, fmt.Errorf("cwnd_clamp.cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", f.Cgroup)
 	}
 	return &ClampSettings{Cgroup: f.Cgroup, Mode: mode}, nil
+}
+
+// MinSubflowLowat is the smallest subflow_lowat accepted: below a few
+// segments a subflow would wait for the scheduler's next push after every
+// burst it sends.
+const MinSubflowLowat = 16 << 10
+
+// buildLowat validates subflow_lowat and bpf_cgroup (with cwnd_clamp's
+// cgroup, cl: the program attaches once, to one cgroup).
+func buildLowat(f File, cl *ClampSettings) (uint32, string, error) {
+	var lowat uint32
+	if f.SubflowLowat != nil {
+		switch n := *f.SubflowLowat; {
+		case n == 0:
+		case n < MinSubflowLowat || n > math.MaxInt32:
+			return 0, "", fmt.Errorf("subflow_lowat: %d bytes is not 0 (off) or %d-%d (TCP_NOTSENT_LOWAT of each subflow; 131072 is what OpenMPTCProuter and the bench set on their sockets)", n, MinSubflowLowat, math.MaxInt32)
+		default:
+			lowat = uint32(n)
+		}
+	}
+	cg := f.BPFCgroup
+	if cg != "" {
+		if !filepath.IsAbs(cg) || filepath.Clean(cg) != cg {
+			return 0, "", fmt.Errorf("bpf_cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", cg)
+		}
+		if lowat == 0 && cl == nil {
+			return 0, "", fmt.Errorf("bpf_cgroup: set without subflow_lowat or cwnd_clamp (nothing attaches a BPF program)")
+		}
+	}
+	if cl != nil && cl.Cgroup != "" {
+		if cg != "" && cg != cl.Cgroup {
+			return 0, "", fmt.Errorf("bpf_cgroup: %q differs from cwnd_clamp.cgroup %q: the agent's one BPF program attaches to one cgroup (set one of them)", cg, cl.Cgroup)
+		}
+		cg = cl.Cgroup
+	}
+	return lowat, cg, nil
 }
 
 // buildKinds validates the detour kinds' sections into c.

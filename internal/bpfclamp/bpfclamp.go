@@ -1,6 +1,7 @@
-// Package bpfclamp clamps the congestion window and caps the pacing rate
-// of chosen TCP sockets (MPTCP subflows among them) with a BPF sock_ops
-// program attached to a cgroup v2 directory. The kernel offers no
+// Package bpfclamp clamps the congestion window, caps the pacing rate and
+// bounds the unsent bytes (TCP_NOTSENT_LOWAT) of chosen TCP sockets (MPTCP
+// subflows among them) with a BPF sock_ops program attached to a cgroup
+// v2 directory. The kernel offers no
 // per-subflow knob to user space: TCP_CONGESTION and buffer options on an
 // MPTCP socket apply to every subflow, while bpf_setsockopt(SOL_TCP,
 // TCP_BPF_SNDCWND_CLAMP) and bpf_setsockopt(SOL_SOCKET,
@@ -17,7 +18,13 @@
 // taken as they are (an IPv4 connection on an AF_INET6 socket has mapped
 // addresses already), so one key matches a pair whatever the socket's
 // family. It applies the limits it finds (Limits: a clamp in segments, a
-// pacing rate in bytes/s). It also asks the kernel for the socket's RTT
+// pacing rate in bytes/s, a notsent lowat in bytes). The lowat matters on
+// MPTCP subflows: the kernel sets each subflow's to UINT_MAX
+// (mptcp_sockopt_sync_locked), so a subflow takes data from the MPTCP
+// socket until its send buffer (MBs) is full, and the MPTCP scheduler,
+// which stops pushing into a subflow whose unsent bytes exceed its lowat
+// (sk_stream_memory_free), never keeps it at the MPTCP level where a
+// faster subflow could take it. It also asks the kernel for the socket's RTT
 // callback (BPF_SOCK_OPS_RTT_CB_FLAG) and looks the pair up again on every
 // one, so that limits the caller writes later (Set) reach sockets already
 // established within one round trip. A second map (LRU, keyed by socket
@@ -75,6 +82,7 @@ const (
 	rttCBFlag            = 1 << 3 // BPF_SOCK_OPS_RTT_CB_FLAG
 	solTCP               = 6
 	tcpBPFSndCwndClamp   = 1002
+	tcpNotsentLowat      = 25 // TCP_NOTSENT_LOWAT
 	solSocket            = 1  // SOL_SOCKET
 	soMaxPacingRate      = 47 // SO_MAX_PACING_RATE (include/uapi/asm-generic/socket.h)
 )
@@ -117,6 +125,14 @@ type Limits struct {
 	// bytes/s, at most MaxPacingRate). Setting one switches on TCP's
 	// internal pacing of the socket (no fq qdisc needed).
 	PacingRate uint64
+	// NotsentLowat bounds the bytes the socket holds unsent
+	// (TCP_NOTSENT_LOWAT, bytes, at most math.MaxInt32). On an MPTCP
+	// subflow the kernel sets it to UINT_MAX (mptcp_sockopt_sync_locked,
+	// net/mptcp/sockopt.c), so the subflow takes data from the MPTCP
+	// socket until its send buffer is full; the program reads the
+	// subflow's value back at every callback and sets it again whenever
+	// it differs, so a reset by the kernel lasts until the next ACK.
+	NotsentLowat uint32
 }
 
 // MaxPacingRate is the largest pacing rate the program can set: the
@@ -127,7 +143,7 @@ const MaxPacingRate = 1<<32 - 2
 
 // Refusals are the kernel's answers to the program's last refused
 // bpf_setsockopt of each kind (0: none refused since Attach).
-type Refusals struct{ Cwnd, Pacing unix.Errno }
+type Refusals struct{ Cwnd, Pacing, Lowat unix.Errno }
 
 // Clamper is the loaded and attached program with its maps.
 type Clamper struct {
@@ -138,14 +154,23 @@ type Clamper struct {
 	l       link.Link
 }
 
-// Map values (native byte order): the pair map's and the applied map's
-// are {u32 cwnd segments, u32 pacing rate}; the refusal map is an array
-// of two s64 (index 0 cwnd, 1 pacing), the negative errno of the last
+// Map values (native byte order): the pair map's are {u32 cwnd segments,
+// u32 pacing rate, u32 notsent lowat}, the applied map's {u32 cwnd
+// segments, u32 pacing rate} (the lowat is read back from the socket
+// instead: the kernel resets it); the refusal map is an array of three
+// s64 (index 0 cwnd, 1 pacing, 2 lowat), the negative errno of the last
 // refusal.
 const (
-	valueSize   = 8
-	refusedCwnd = 0
-	refusedPace = 1
+	valueSize    = 12
+	appliedSize  = 8
+	refusedCwnd  = 0
+	refusedPace  = 1
+	refusedLowat = 2
+	refusedKinds = 3
+	// lowatSets is the index, in the refusal map, of the count of
+	// TCP_NOTSENT_LOWAT settings (the first on each socket and every
+	// one after the kernel reset it).
+	lowatSets = 3
 )
 
 // instructions returns the program reading its limits from m,
@@ -154,7 +179,8 @@ const (
 //
 // Stack: fp-32 key (local 16 bytes, remote 16 bytes), fp-40 the pair's
 // limits (segments, rate), fp-48 cookie, fp-56 the limits applied to the
-// socket (segments, rate), fp-60 refusal index, fp-72 refusal code.
+// socket (segments, rate), fp-60 refusal index, fp-72 refusal code, fp-76
+// the pair's notsent lowat, fp-80 the socket's.
 // r7 = segments, r8 = rate, r9 = whether anything was applied.
 func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
 	return slices.Concat(asm.Instructions{
@@ -190,6 +216,8 @@ func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
 			asm.LoadMem(asm.R8, asm.R0, 4, asm.Word), // r8 = rate
 			asm.StoreMem(asm.RFP, -40, asm.R7, asm.Word),
 			asm.StoreMem(asm.RFP, -36, asm.R8, asm.Word),
+			asm.LoadMem(asm.R2, asm.R0, 8, asm.Word),
+			asm.StoreMem(asm.RFP, -76, asm.R2, asm.Word),
 			// What this socket has already.
 			asm.Mov.Reg(asm.R1, asm.R6),
 			asm.FnGetSocketCookie.Call(),
@@ -204,7 +232,8 @@ func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
 		// The cwnd clamp, then the pacing rate, each when the pair has
 		// one the socket lacks.
 		apply("cwnd", "pacing", asm.R7, -40, -56, solTCP, tcpBPFSndCwndClamp, refused, refusedCwnd),
-		apply("pacing", "record", asm.R8, -36, -52, solSocket, soMaxPacingRate, refused, refusedPace),
+		apply("pacing", "lowat", asm.R8, -36, -52, solSocket, soMaxPacingRate, refused, refusedPace),
+		lowat("lowat", "record", refused),
 		asm.Instructions{
 			// Remember what was applied: a refused limit is tried
 			// again on the next callback.
@@ -226,13 +255,7 @@ func apply(sym, next string, reg asm.Register, val, have int16, level, name int3
 		asm.JEq.Imm(reg, 0, next).WithSymbol(sym),
 		asm.LoadMem(asm.R2, asm.RFP, have, asm.Word),
 		asm.JEq.Reg(asm.R2, reg, next),
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Imm(asm.R2, level),
-		asm.Mov.Imm(asm.R3, name),
-		asm.Mov.Reg(asm.R4, asm.RFP),
-		asm.Add.Imm(asm.R4, int32(val)),
-		asm.Mov.Imm(asm.R5, 4),
-		asm.FnSetsockopt.Call(),
+	}, sockopt(asm.FnSetsockopt, level, name, int32(val)), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, sym+"-ok"),
 		// Refused: fp-72 the code, fp-60 the index.
 		asm.StoreMem(asm.RFP, -72, asm.R0, asm.DWord),
@@ -242,6 +265,54 @@ func apply(sym, next string, reg asm.Register, val, have int16, level, name int3
 		asm.StoreMem(asm.RFP, have, reg, asm.Word).WithSymbol(sym + "-ok"),
 		asm.Mov.Imm(asm.R9, 1),
 	})
+}
+
+// lowat sets the socket's TCP_NOTSENT_LOWAT to the pair's (fp-76) unless
+// that is 0 or the socket has it already: the socket's own value is read
+// back with bpf_getsockopt at every callback, because the MPTCP code
+// resets a subflow's to UINT_MAX after the program may have set it
+// (mptcp_sockopt_sync_locked runs when the subflow joins and again after
+// any later socket option on the MPTCP socket). Setting it is not
+// recorded in the applied map for that reason. A refusal goes to index
+// refusedLowat of refused, a setting adds one at index lowatSets. The first instruction is labelled sym; it
+// continues at next.
+func lowat(sym, next string, refused *ebpf.Map) asm.Instructions {
+	return slices.Concat(asm.Instructions{
+		asm.LoadMem(asm.R2, asm.RFP, -76, asm.Word).WithSymbol(sym),
+		asm.JEq.Imm(asm.R2, 0, next),
+		asm.StoreImm(asm.RFP, -80, 0, asm.Word),
+	}, sockopt(asm.FnGetsockopt, solTCP, tcpNotsentLowat, -80), asm.Instructions{
+		asm.JNE.Imm(asm.R0, 0, sym+"-set"), // unreadable: set it
+		asm.LoadMem(asm.R2, asm.RFP, -80, asm.Word),
+		asm.LoadMem(asm.R3, asm.RFP, -76, asm.Word),
+		asm.JEq.Reg(asm.R2, asm.R3, next),
+	}, withSymbol(sockopt(asm.FnSetsockopt, solTCP, tcpNotsentLowat, -76), sym+"-set"), asm.Instructions{
+		asm.JEq.Imm(asm.R0, 0, sym+"-ok"),
+		asm.StoreMem(asm.RFP, -72, asm.R0, asm.DWord),
+		asm.StoreImm(asm.RFP, -60, refusedLowat, asm.Word),
+	}, update(refused, -60, -72), asm.Instructions{
+		asm.Ja.Label(next),
+		// Set: count it.
+		asm.StoreImm(asm.RFP, -60, lowatSets, asm.Word).WithSymbol(sym + "-ok"),
+	}, lookup(refused, -60), asm.Instructions{
+		asm.JEq.Imm(asm.R0, 0, next),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+	})
+}
+
+// sockopt calls fn (bpf_setsockopt or bpf_getsockopt) on ctx (r6) with
+// level, name and the 4-byte value at fp+val.
+func sockopt(fn asm.BuiltinFunc, level, name int32, val int32) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, level),
+		asm.Mov.Imm(asm.R3, name),
+		asm.Mov.Reg(asm.R4, asm.RFP),
+		asm.Add.Imm(asm.R4, val),
+		asm.Mov.Imm(asm.R5, 4),
+		fn.Call(),
+	}
 }
 
 // update calls bpf_map_update_elem(m, fp+key, fp+val, BPF_ANY).
@@ -300,11 +371,11 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 			c.Close()
 		}
 	}()
-	c.applied, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_sk", Type: ebpf.LRUHash, KeySize: 8, ValueSize: valueSize, MaxEntries: maxSockets})
+	c.applied, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_sk", Type: ebpf.LRUHash, KeySize: 8, ValueSize: appliedSize, MaxEntries: maxSockets})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
-	c.refused, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_err", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 2})
+	c.refused, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_err", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: lowatSets + 1})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
@@ -325,8 +396,11 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 // at their next RTT callback. A limit of zero leaves that kind alone (a
 // socket keeps what it was given before).
 func (c *Clamper) Set(k Key, l Limits) error {
-	if l.CwndSegments == 0 && l.PacingRate == 0 {
-		return errors.New("bpfclamp: no cwnd clamp and no pacing rate: use Delete to remove a pair's limits")
+	if l.CwndSegments == 0 && l.PacingRate == 0 && l.NotsentLowat == 0 {
+		return errors.New("bpfclamp: no cwnd clamp, no pacing rate and no notsent lowat: use Delete to remove a pair's limits")
+	}
+	if l.NotsentLowat > math.MaxInt32 {
+		return fmt.Errorf("bpfclamp: notsent lowat of %d bytes above the kernel's %d", l.NotsentLowat, math.MaxInt32)
 	}
 	if l.CwndSegments > math.MaxInt32 {
 		// The kernel takes the clamp as an int and refuses one <= 0.
@@ -341,7 +415,8 @@ func (c *Clamper) Set(k Key, l Limits) error {
 	}
 	var v [valueSize]byte
 	binary.NativeEndian.PutUint32(v[:4], l.CwndSegments)
-	binary.NativeEndian.PutUint32(v[4:], uint32(l.PacingRate))
+	binary.NativeEndian.PutUint32(v[4:8], uint32(l.PacingRate))
+	binary.NativeEndian.PutUint32(v[8:], l.NotsentLowat)
 	if err := c.m.Put(kb[:], v[:]); err != nil {
 		return fmt.Errorf("bpfclamp: set %v -> %v: %w", k.Local, k.Remote, err)
 	}
@@ -353,7 +428,7 @@ func (c *Clamper) Set(k Key, l Limits) error {
 // SO_MAX_PACING_RATE from BPF answers EINVAL or ENOPROTOOPT).
 func (c *Clamper) Refused() (Refusals, error) {
 	var r Refusals
-	for i, dst := range []*unix.Errno{&r.Cwnd, &r.Pacing} {
+	for i, dst := range []*unix.Errno{&r.Cwnd, &r.Pacing, &r.Lowat} {
 		var v int64
 		if err := c.refused.Lookup(uint32(i), &v); err != nil {
 			return r, fmt.Errorf("bpfclamp: read refusals: %w", err)
@@ -361,6 +436,17 @@ func (c *Clamper) Refused() (Refusals, error) {
 		*dst = unix.Errno(-v)
 	}
 	return r, nil
+}
+
+// LowatSets counts the program's TCP_NOTSENT_LOWAT settings since
+// Attach: one per socket that got its pair's limit, plus one each time
+// the kernel had reset it (see Limits.NotsentLowat).
+func (c *Clamper) LowatSets() (uint64, error) {
+	var v uint64
+	if err := c.refused.Lookup(uint32(lowatSets), &v); err != nil {
+		return 0, fmt.Errorf("bpfclamp: read the lowat count: %w", err)
+	}
+	return v, nil
 }
 
 // Delete removes the limits of an address pair (absent: no error); a

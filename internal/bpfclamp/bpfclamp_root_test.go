@@ -34,17 +34,11 @@ func cgroupRoot(t *testing.T) string {
 
 // ownCgroup returns the cgroup v2 directory this process is in.
 func ownCgroup(t *testing.T, root string) string {
-	b, err := os.ReadFile("/proc/self/cgroup")
+	dir, err := OwnCgroup(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if len(line) > 3 && line[:3] == "0::" {
-			return filepath.Join(root, line[3:])
-		}
-	}
-	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
-	return ""
+	return dir
 }
 
 func attachedCount(t *testing.T, dir string) int {
@@ -503,6 +497,7 @@ func TestSetRefusesBadLimits(t *testing.T) {
 		{PacingRate: MaxPacingRate + 1}:        "32-bit",
 		{CwndSegments: 1, PacingRate: 1 << 40}: "32-bit",
 		{CwndSegments: 1 << 31}:                "segments",
+		{NotsentLowat: 1 << 31}:                "lowat",
 	} {
 		if err := c.Set(Key{Local: a, Remote: a}, l); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Set(%+v): %v, want an error saying %q", l, err, want)

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,6 +20,9 @@ type daemon struct {
 	logPath string
 	done    chan struct{}
 	err     error
+	// after, when set, runs once the daemon is stopped (stop), e.g. to
+	// leave the lab cgroup of an agent with a BPF program.
+	after func() error
 }
 
 // startDaemon runs argv in node (argv[0] a path or a program on PATH). Its stderr goes to a log file
@@ -74,8 +78,16 @@ func (d *daemon) tail() string {
 	return strings.Join(lines, " | ")
 }
 
-// stop sends SIGTERM and waits; SIGKILL after 5 s.
+// stop sends SIGTERM and waits; SIGKILL after 5 s. Then it runs after.
 func (d *daemon) stop() error {
+	err := d.terminate()
+	if d.after != nil {
+		err = errors.Join(err, d.after())
+	}
+	return err
+}
+
+func (d *daemon) terminate() error {
 	if ok, _ := d.exited(); ok {
 		return nil
 	}

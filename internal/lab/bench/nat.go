@@ -423,14 +423,28 @@ func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour
 	}
 	b.WriteString(extra)
 	b.WriteString(env.AgentConfig)
+	leave := func() error { return nil }
+	if usesBPF(b.String()) {
+		// The agent's BPF program sees only this runner's sockets
+		// (cgroup.go).
+		dir, l, err := runnerCgroup.enter()
+		if err != nil {
+			return nil, fmt.Errorf("agent with a BPF program: %w", err)
+		}
+		leave = l
+		fmt.Fprintf(&b, "bpf_cgroup: %s\n", dir)
+	}
 	path := filepath.Join(env.Dir, "agent.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		leave()
 		return nil, err
 	}
 	d, err := startDaemon(ctx, env, env.Roles.Client, "agent", env.Binary, "agent", "--config", path)
 	if err != nil {
+		leave()
 		return nil, err
 	}
+	d.after = leave
 	err = d.waitFor(ctx, "status socket", 15*time.Second, func() bool {
 		_, err := os.Stat(sock)
 		return err == nil

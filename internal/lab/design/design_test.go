@@ -440,7 +440,7 @@ func FuzzParseProcedures(f *testing.F) {
 // error naming the valid mechanisms (or, for the cwnd clamp, why it does
 // not apply to a design's NAT detours).
 func TestParseProcedureMechanisms(t *testing.T) {
-	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30", 2)
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,6 +452,8 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		{"mptcp-static+nobuffers", "static", "policy: static\nbuffer_sizing: false\n"},
 		{"mptcp-guard+starveoff", "guard", "policy: guard\nguard:\n  starve: 1\n"},
 		{"mptcp-guard+starve30", "guard", "policy: guard\nguard:\n  starve: 0.3\n"},
+		{"mptcp-static+lowat", "static", "policy: static\nsubflow_lowat: 131072\n"},
+		{"mptcp+lowat64+buffers", "", "subflow_lowat: 65536\nbuffer_sizing: true\n"},
 	}
 	for i, w := range want {
 		p := ps[i]
@@ -481,6 +483,10 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		"mptcp-guard+starve100":         "starveN with N 1-99",
 		"mptcp-guard+starve":            "starveN with N 1-99",
 		"mptcp-guard+starve5+starveoff": `mechanism "starve" named twice`,
+		"mptcp-static+lowat8":           "lowatN with N 16-65536",
+		"mptcp-static+lowat016":         "lowatN with N 16-65536",
+		"mptcp-static+lowat+lowat64":    `mechanism "lowat" named twice`,
+		"mptcp-1sf+lowat":               "not after \"mptcp-1sf\"",
 	} {
 		if _, err := ParseProcedures(bad, 2); err == nil || !strings.Contains(err.Error(), why) {
 			t.Errorf("%q: %v, want an error with %q", bad, err, why)

@@ -34,7 +34,8 @@ import (
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
-//     policy guard only), so that a
+//     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB),
+//     so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
 const (
@@ -88,7 +89,8 @@ type Mechanism struct {
 // and --help).
 const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255), " +
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
-	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition)"
+	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
+	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
@@ -118,6 +120,16 @@ func parseMechanism(f, m string) (Mechanism, error) {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want starveN with N 1-99 (guard.starve N/100) or starveoff (guard.starve: 1)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
+	case m == "lowat":
+		// 128 KiB: what the bench sets on its own socket
+		// (TCP_NOTSENT_LOWAT) and what OpenMPTCProuter uses.
+		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\n", DefaultLowat)}, nil
+	case strings.HasPrefix(m, "lowat"):
+		n, ok := numbered(m, "lowat", 16, 65536)
+		if !ok {
+			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want lowat (128 KiB) or lowatN with N 16-65536 KiB (subflow_lowat)", f, m)
+		}
+		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\n", n<<10)}, nil
 	case m == "clamp" || m == "cwnd-clamp" || m == "cwnd_clamp":
 		// policy.Clamps clamps tunnel detour subflows only; a design's
 		// detours are NAT detours, where the clamp would be a no-op.
@@ -125,6 +137,9 @@ func parseMechanism(f, m string) (Mechanism, error) {
 	}
 	return Mechanism{}, fmt.Errorf("procedure %q: unknown mechanism %q (valid mechanisms: %s)", f, m, MechanismNames)
 }
+
+// DefaultLowat is the subflow_lowat of mechanism lowat (bytes).
+const DefaultLowat = 128 << 10
 
 // numbered reads the N of a mechanism named prefix+N, N in lo..hi and
 // written without leading zeros.
@@ -221,6 +236,8 @@ func parseProc(f string, paths int) (Proc, error) {
 			switch {
 			case strings.HasPrefix(key, "stale"):
 				key = "stale"
+			case strings.HasPrefix(key, "lowat"):
+				key = "lowat"
 			case strings.HasPrefix(key, "starve"):
 				key = "starve"
 				if p.Policy != policy.Guard.String() {

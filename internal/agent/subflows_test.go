@@ -1,0 +1,85 @@
+package agent_test
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/detour/static"
+	"github.com/mpdetour/mpdetour/internal/mptcppm"
+	"github.com/mpdetour/mpdetour/internal/policy"
+)
+
+// pairLog records what OnSubflows got, per connection (the last call).
+type pairLog struct {
+	mu   sync.Mutex
+	last map[uint32][]agent.SubflowPair
+}
+
+func (p *pairLog) on(token uint32, pairs []agent.SubflowPair) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.last[token] = slices.Clone(pairs)
+}
+
+func (p *pairLog) get(token uint32) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pairs, ok := p.last[token]
+	if !ok {
+		return "never"
+	}
+	var s []string
+	for _, x := range pairs {
+		s = append(s, x.Local.String()+">"+x.Remote.String())
+	}
+	slices.Sort(s)
+	return strings.Join(slices.Compact(s), " ")
+}
+
+// wait polls until the connection's last report is want.
+func (p *pairLog) wait(t *testing.T, token uint32, want string) {
+	t.Helper()
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if p.get(token) == want {
+			return
+		}
+	}
+	t.Fatalf("connection %d: subflow pairs %q, want %q", token, p.get(token), want)
+}
+
+// OnSubflows hears the initial subflow's pair once the connection is
+// tracked, each join's while it is up (a failed join never), the pairs
+// without a closed join, and nothing once the connection closes.
+func TestAgentReportsSubflowPairs(t *testing.T) {
+	pl := &pairLog{last: map[uint32][]agent.SubflowPair{}}
+	h := run(t, agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, OnSubflows: pl.on},
+		static.New([]static.Entry{natDetour("r1", relay1), natDetour("r2", relay2)}))
+	h.connect(7)
+	initial := fmt.Sprintf("%s>%s", client.Addr(), server.Addr())
+	pl.wait(t, 7, initial)
+	h.wait(0, "SUBFLOW_CREATE via r1", creates(relay1))
+	sub1 := netip.AddrPortFrom(client.Addr(), 50001)
+	sub2 := netip.AddrPortFrom(client.Addr(), 50002)
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 7, Local: sub1, Remote: relay1})
+	via1 := fmt.Sprintf("%s>%s", client.Addr(), relay1.Addr())
+	pl.wait(t, 7, initial+" "+via1)
+	// A join that fails (SUB_CLOSED without SUB_ESTABLISHED) adds nothing.
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubClosed, Token: 7, Local: sub2, Remote: relay2, Error: 111})
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubClosed, Token: 7, Local: sub1, Remote: relay1})
+	pl.wait(t, 7, initial)
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventClosed, Token: 7})
+	pl.wait(t, 7, "")
+	// Connections the agent does not manage are never reported.
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventCreated, Token: 9, Local: server, Remote: client, ServerSide: 1})
+	time.Sleep(100 * time.Millisecond)
+	if got := pl.get(9); got != "never" && got != "" {
+		t.Errorf("server-side connection reported with pairs %q", got)
+	}
+}

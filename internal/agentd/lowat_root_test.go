@@ -1,0 +1,110 @@
+package agentd
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+)
+
+// The real program through the agent's path: an MPTCP connection made in
+// the cgroup gets its subflow's lowat (status counts the setting), and
+// after close nothing is attached to the cgroup.
+func TestLowatRealProgram(t *testing.T) {
+	testenv.MPTCP(t)
+	root, err := bpfclamp.Cgroup2Root()
+	if err != nil {
+		t.Skip(err)
+	}
+	back, err := bpfclamp.OwnCgroup(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, fmt.Sprintf("mpd-agentd-lowat-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	prog := openBPF(dir, attachClamp)
+	t.Cleanup(func() { prog.close() })
+	l := startLowat(64<<10, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	if st := l.status(); st.State != "active" {
+		t.Fatalf("status %+v", st)
+	}
+	lo := netip.MustParseAddr("127.0.0.1")
+	l.subflows(1, []agent.SubflowPair{{Local: lo, Remote: lo}})
+
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(true)
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var d net.Dialer
+	d.SetMultipathTCP(true)
+	c, err := d.Dial("tcp", ln.Addr().String())
+	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
+		t.Fatal(err2)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	var st agent.LowatStatus
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if st = l.status(); st.Sets > 0 {
+			break
+		}
+	}
+	if st.State != "active" || st.Sets == 0 || st.Pairs != 1 || st.Refused != "" {
+		t.Errorf("status %+v, want active with the subflow's lowat set", st)
+	}
+	l.subflows(1, nil)
+	if st := l.status(); st.Pairs != 0 {
+		t.Errorf("status after the connection %+v, want no pairs", st)
+	}
+	if err := prog.close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(r.Programs); n != 0 {
+		t.Errorf("%d programs attached after close, want 0", n)
+	}
+}

@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
+)
+
+// An agent with a BPF mechanism (cwnd_clamp, subflow_lowat) attaches its
+// sock_ops program to a cgroup v2 directory and acts on every socket made
+// by a process in it (or below it). Attached to the cgroup v2 root, the
+// program of one lab would see the sockets of every lab on the machine,
+// which often use the same addresses. So the bench gives such an agent a
+// cgroup of its own (bpf_cgroup): mpdetour-lab-PID under the cgroup v2
+// mount, holding this process while the agent runs: the sender (the
+// bench's own, or "mpdetour bench send" started from here) and the
+// receiver make their sockets in it; the lab's other processes (relays,
+// other labs) do not. The process goes back where it was, and the
+// directory is removed, when the last such agent stops, also after a
+// failed trial; a directory left by a killed runner (no process in it)
+// is removed by the next runner that makes one.
+//
+// One directory per process, shared by the agents this process runs
+// at the same time (trials of one runner run one at a time).
+type labCgroup struct {
+	mu    sync.Mutex
+	users int
+	dir   string
+	back  string
+}
+
+var runnerCgroup labCgroup
+
+// cgroupPrefix names the directories this code makes.
+const cgroupPrefix = "mpdetour-lab-"
+
+// enter moves this process into its own cgroup (made if needed) and
+// returns the directory and the function that leaves it (idempotent).
+func (c *labCgroup) enter() (string, func() error, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.users == 0 {
+		root, err := bpfclamp.Cgroup2Root()
+		if err != nil {
+			return "", nil, err
+		}
+		back, err := bpfclamp.OwnCgroup(root)
+		if err != nil {
+			return "", nil, err
+		}
+		removeStaleCgroups(root)
+		dir := filepath.Join(root, cgroupPrefix+strconv.Itoa(os.Getpid()))
+		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+			return "", nil, fmt.Errorf("lab cgroup: %w", err)
+		}
+		if err := moveTo(dir); err != nil {
+			os.Remove(dir)
+			return "", nil, fmt.Errorf("lab cgroup: %w", err)
+		}
+		c.dir, c.back = dir, back
+	}
+	c.users++
+	var once sync.Once
+	var err error
+	return c.dir, func() error {
+		once.Do(func() { err = c.leave() })
+		return err
+	}, nil
+}
+
+// leave undoes one enter; the last one moves the process back and
+// removes the directory.
+func (c *labCgroup) leave() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.users--; c.users > 0 {
+		return nil
+	}
+	if err := moveTo(c.back); err != nil {
+		return fmt.Errorf("lab cgroup %s: moving back to %s: %w", c.dir, c.back, err)
+	}
+	// A child that has not exited yet (the agent's own helpers) keeps
+	// the directory busy for a moment.
+	var err error
+	for range 20 {
+		if err = os.Remove(c.dir); err == nil || os.IsNotExist(err) {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fmt.Fprintf(os.Stderr, "mpdetour-lab: lab cgroup %s not removed: %v (a process is still in it; the next runner removes it once it is empty)\n", c.dir, err)
+	return nil
+}
+
+// moveTo moves this process (every thread) into the cgroup dir.
+func moveTo(dir string) error {
+	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+}
+
+// removeStaleCgroups removes the directories of runners that no longer
+// run (a directory with processes in it cannot be removed, and stays).
+func removeStaleCgroups(root string) {
+	ents, _ := os.ReadDir(root)
+	for _, e := range ents {
+		pid, err := strconv.Atoi(strings.TrimPrefix(e.Name(), cgroupPrefix))
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), cgroupPrefix) || err != nil || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
+			_ = os.Remove(filepath.Join(root, e.Name()))
+		}
+	}
+}
+
+// usesBPF says whether an agent configuration switches on a mechanism
+// that attaches the BPF program (cwnd_clamp.enabled, subflow_lowat > 0)
+// without naming its cgroup itself.
+func usesBPF(cfg string) bool {
+	var f struct {
+		CwndClamp struct {
+			Enabled bool   `yaml:"enabled"`
+			Cgroup  string `yaml:"cgroup"`
+		} `yaml:"cwnd_clamp"`
+		SubflowLowat int64  `yaml:"subflow_lowat"`
+		BPFCgroup    string `yaml:"bpf_cgroup"`
+	}
+	if yaml.Unmarshal([]byte(cfg), &f) != nil {
+		return false // the agent says what is wrong with it
+	}
+	return (f.CwndClamp.Enabled || f.SubflowLowat > 0) && f.BPFCgroup == "" && f.CwndClamp.Cgroup == ""
+}
