@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/detour/static"
@@ -167,7 +168,11 @@ func Run(ctx context.Context, path string, cfg Config) error {
 	}
 	if cfg.CwndClamp != nil || cfg.SubflowLowat > 0 {
 		// One program for both mechanisms, detached at exit.
-		prog := openBPF(cfg.BPFCgroup, attachClamp)
+		// Only cwnd_clamp asks for RTT callbacks on every TCP socket of
+		// the cgroup (its limits reach sockets that connected before
+		// them); the lowat alone needs them on MPTCP subflows only.
+		o := bpfclamp.Options{EverySocket: cfg.CwndClamp != nil}
+		prog := openBPF(cfg.BPFCgroup, func(cg string) (clampMap, error) { return attachClamp(cg, o) })
 		defer func() {
 			if err := prog.close(); err != nil {
 				log.Warn("BPF program", "err", err)

@@ -86,14 +86,14 @@ func (b *bpfProgram) close() error {
 
 // attachClamp loads and attaches the BPF program to the cgroup v2
 // directory cgroup ("" = the cgroup v2 mount's root).
-func attachClamp(cgroup string) (clampMap, error) {
+func attachClamp(cgroup string, o bpfclamp.Options) (clampMap, error) {
 	if cgroup == "" {
 		var err error
 		if cgroup, err = bpfclamp.Cgroup2Root(); err != nil {
 			return nil, err
 		}
 	}
-	return bpfclamp.Attach(cgroup)
+	return bpfclamp.Attach(cgroup, o)
 }
 
 // cwndClamps runs the cwnd_clamp mechanism: the policy's clamp decisions

@@ -64,8 +64,9 @@ const (
 	offFamily    = 20
 	offRemoteIP  = 24
 	offLocalIP   = 28
-	offRemoteIP6 = 32 // __u32 remote_ip6[4]
-	offLocalIP6  = 48 // __u32 local_ip6[4]
+	offRemoteIP6 = 32  // __u32 remote_ip6[4]
+	offLocalIP6  = 48  // __u32 local_ip6[4]
+	offSk        = 184 // struct bpf_sock *sk (NULL unless a full socket)
 	afInet6      = 10
 )
 
@@ -149,7 +150,7 @@ type Refusals struct{ Cwnd, Pacing, Lowat unix.Errno }
 type Clamper struct {
 	m       *ebpf.Map
 	applied *ebpf.Map
-	refused *ebpf.Map
+	counts  *ebpf.Map
 	prog    *ebpf.Program
 	l       link.Link
 }
@@ -157,32 +158,46 @@ type Clamper struct {
 // Map values (native byte order): the pair map's are {u32 cwnd segments,
 // u32 pacing rate, u32 notsent lowat}, the applied map's {u32 cwnd
 // segments, u32 pacing rate} (the lowat is read back from the socket
-// instead: the kernel resets it); the refusal map is an array of three
-// s64 (index 0 cwnd, 1 pacing, 2 lowat), the negative errno of the last
-// refusal.
+// instead: the kernel resets it). The counts map (mpd_clamp_cnt) is an
+// array of s64: at the refusal indexes the negative errno of the last
+// refusal of that kind, at countLowatSets the number of TCP_NOTSENT_LOWAT
+// settings (the first on each subflow and every one after the kernel
+// reset it).
 const (
-	valueSize    = 12
-	appliedSize  = 8
-	refusedCwnd  = 0
-	refusedPace  = 1
-	refusedLowat = 2
-	refusedKinds = 3
-	// lowatSets is the index, in the refusal map, of the count of
-	// TCP_NOTSENT_LOWAT settings (the first on each socket and every
-	// one after the kernel reset it).
-	lowatSets = 3
+	valueSize          = 12
+	appliedSize        = 8
+	countCwndRefused   = 0
+	countPacingRefused = 1
+	countLowatRefused  = 2
+	countLowatSets     = 3
+	countsLen          = 4
 )
 
 // instructions returns the program reading its limits from m,
-// remembering what it applied per socket in applied, and the kernel's
-// refusals in refused.
+// remembering what it applied per socket in applied, and its refusals
+// and settings in counts. everySocket: every established TCP socket gets
+// RTT callbacks (so cwnd and pacing limits written later reach plain TCP
+// sockets too); otherwise only MPTCP subflows get them.
 //
-// Stack: fp-32 key (local 16 bytes, remote 16 bytes), fp-40 the pair's
+// Stack: fp-32 key (local 16 bytes, remote 16 bytes), fp-88 the pair's
 // limits (segments, rate), fp-48 cookie, fp-56 the limits applied to the
-// socket (segments, rate), fp-60 refusal index, fp-72 refusal code, fp-76
+// socket (segments, rate), fp-60 counts index, fp-72 refusal code, fp-76
 // the pair's notsent lowat, fp-80 the socket's.
 // r7 = segments, r8 = rate, r9 = whether anything was applied.
-func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
+func instructions(m, applied, counts *ebpf.Map, everySocket bool) asm.Instructions {
+	established := asm.Instructions{
+		// Sockets established from now on get RTT callbacks: their
+		// limits may be written after they connected.
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, rttCBFlag),
+		asm.FnSockOpsCbFlagsSet.Call(),
+	}
+	if !everySocket {
+		// Only MPTCP subflows: the lowat is theirs alone, and a plain
+		// TCP socket then costs no callback per ACK.
+		established = slices.Concat(isSubflow("lookup"), established)
+	}
+	established = withSymbol(established, "established")
 	return slices.Concat(asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // r6 = ctx
 		asm.LoadMem(asm.R2, asm.R6, offOp, asm.Word),
@@ -190,11 +205,7 @@ func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
 		asm.JEq.Imm(asm.R2, opActiveEstablished, "established"),
 		asm.JEq.Imm(asm.R2, opPassiveEstablished, "established"),
 		asm.Ja.Label("out"),
-		// Every established socket gets RTT callbacks: its limits may be
-		// decided after it connected.
-		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("established"),
-		asm.Mov.Imm(asm.R2, rttCBFlag),
-		asm.FnSockOpsCbFlagsSet.Call(),
+	}, established, asm.Instructions{
 		asm.LoadMem(asm.R2, asm.R6, offFamily, asm.Word).WithSymbol("lookup"),
 		asm.JEq.Imm(asm.R2, afInet6, "v6"),
 		// AF_INET: the IPv4-mapped forms.
@@ -214,12 +225,15 @@ func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
 			asm.JEq.Imm(asm.R0, 0, "out"),
 			asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // r7 = segments
 			asm.LoadMem(asm.R8, asm.R0, 4, asm.Word), // r8 = rate
-			asm.StoreMem(asm.RFP, -40, asm.R7, asm.Word),
-			asm.StoreMem(asm.RFP, -36, asm.R8, asm.Word),
+			asm.StoreMem(asm.RFP, -88, asm.R7, asm.Word),
+			asm.StoreMem(asm.RFP, -84, asm.R8, asm.Word),
 			asm.LoadMem(asm.R2, asm.R0, 8, asm.Word),
 			asm.StoreMem(asm.RFP, -76, asm.R2, asm.Word),
+			// A lowat alone needs no cookie and no applied limits.
+			asm.JNE.Imm(asm.R7, 0, "cookie"),
+			asm.JEq.Imm(asm.R8, 0, "lowat"),
 			// What this socket has already.
-			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("cookie"),
 			asm.FnGetSocketCookie.Call(),
 			asm.StoreMem(asm.RFP, -48, asm.R0, asm.DWord),
 			asm.Mov.Imm(asm.R9, 0),
@@ -231,70 +245,91 @@ func instructions(m, applied, refused *ebpf.Map) asm.Instructions {
 		},
 		// The cwnd clamp, then the pacing rate, each when the pair has
 		// one the socket lacks.
-		apply("cwnd", "pacing", asm.R7, -40, -56, solTCP, tcpBPFSndCwndClamp, refused, refusedCwnd),
-		apply("pacing", "lowat", asm.R8, -36, -52, solSocket, soMaxPacingRate, refused, refusedPace),
-		lowat("lowat", "record", refused),
+		apply("cwnd", "pacing", asm.R7, -88, -56, solTCP, tcpBPFSndCwndClamp, counts, countCwndRefused),
+		apply("pacing", "record", asm.R8, -84, -52, solSocket, soMaxPacingRate, counts, countPacingRefused),
 		asm.Instructions{
 			// Remember what was applied: a refused limit is tried
 			// again on the next callback.
-			asm.JEq.Imm(asm.R9, 0, "out").WithSymbol("record"),
-		}, update(applied, -48, -56), asm.Instructions{
+			asm.JEq.Imm(asm.R9, 0, "lowat").WithSymbol("record"),
+		}, update(applied, -48, -56),
+		lowat("lowat", "out", counts), asm.Instructions{
 			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 			asm.Return(),
 		})
+}
+
+// isSubflow continues at no unless the socket (ctx in r6) is an MPTCP
+// subflow: bpf_skc_to_mptcp_sock answers NULL for any other socket, as
+// in the kernel selftest tools/testing/selftests/bpf/progs/mptcp_sock.c
+// (a sockops program). ctx->sk is NULL unless the socket is a full one.
+func isSubflow(no string) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMem(asm.R1, asm.R6, offSk, asm.DWord),
+		asm.JEq.Imm(asm.R1, 0, no),
+		asm.FnSkcToMptcpSock.Call(),
+		asm.JEq.Imm(asm.R0, 0, no),
+	}
 }
 
 // apply is one limit: the pair's value in reg (also at fp+val), the
 // socket's at fp+have (32 bits each). Unless the value is 0 or the socket
 // has it, it calls bpf_setsockopt(ctx, level, name, fp+val, 4) (r6 =
 // ctx); on success the value goes to fp+have and r9 = 1, a refusal (its
-// negative errno) to index idx of refused. The first instruction is
+// negative errno) to index idx of counts. The first instruction is
 // labelled sym; it continues at next.
-func apply(sym, next string, reg asm.Register, val, have int16, level, name int32, refused *ebpf.Map, idx int64) asm.Instructions {
+func apply(sym, next string, reg asm.Register, val, have int16, level, name int32, counts *ebpf.Map, idx int32) asm.Instructions {
 	return slices.Concat(asm.Instructions{
 		asm.JEq.Imm(reg, 0, next).WithSymbol(sym),
 		asm.LoadMem(asm.R2, asm.RFP, have, asm.Word),
 		asm.JEq.Reg(asm.R2, reg, next),
 	}, sockopt(asm.FnSetsockopt, level, name, int32(val)), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, sym+"-ok"),
-		// Refused: fp-72 the code, fp-60 the index.
-		asm.StoreMem(asm.RFP, -72, asm.R0, asm.DWord),
-		asm.StoreImm(asm.RFP, -60, idx, asm.Word),
-	}, update(refused, -60, -72), asm.Instructions{
+	}, refuse(counts, idx), asm.Instructions{
 		asm.Ja.Label(next),
 		asm.StoreMem(asm.RFP, have, reg, asm.Word).WithSymbol(sym + "-ok"),
 		asm.Mov.Imm(asm.R9, 1),
 	})
 }
 
-// lowat sets the socket's TCP_NOTSENT_LOWAT to the pair's (fp-76) unless
-// that is 0 or the socket has it already: the socket's own value is read
-// back with bpf_getsockopt at every callback, because the MPTCP code
-// resets a subflow's to UINT_MAX after the program may have set it
-// (mptcp_sockopt_sync_locked runs when the subflow joins and again after
-// any later socket option on the MPTCP socket). Setting it is not
-// recorded in the applied map for that reason. A refusal goes to index
-// refusedLowat of refused, a setting adds one at index lowatSets. The first instruction is labelled sym; it
-// continues at next.
-func lowat(sym, next string, refused *ebpf.Map) asm.Instructions {
+// refuse records the refusal in r0 (a negative errno) at index idx of
+// counts: fp-72 the code, fp-60 the index.
+func refuse(counts *ebpf.Map, idx int32) asm.Instructions {
+	return slices.Concat(asm.Instructions{
+		asm.StoreMem(asm.RFP, -72, asm.R0, asm.DWord),
+		asm.StoreImm(asm.RFP, -60, int64(idx), asm.Word),
+	}, update(counts, -60, -72))
+}
+
+// lowat sets the socket's TCP_NOTSENT_LOWAT to the pair's (fp-76) if the
+// socket is an MPTCP subflow, the value is not 0 and the socket has
+// another: the socket's own value is read back with bpf_getsockopt at
+// every callback, because the MPTCP code resets a subflow's to UINT_MAX
+// after the program may have set it (mptcp_sockopt_sync_locked runs when
+// the subflow joins, deferred while the application holds the MPTCP
+// socket). Setting it is not recorded in the applied map for that
+// reason. A plain TCP socket of the pair is left alone: its lowat is its
+// application's. A refusal (of the read or the setting) goes to index
+// countLowatRefused of counts, a setting adds one at index countLowatSets.
+// The first instruction is labelled sym; it continues at next.
+func lowat(sym, next string, counts *ebpf.Map) asm.Instructions {
 	return slices.Concat(asm.Instructions{
 		asm.LoadMem(asm.R2, asm.RFP, -76, asm.Word).WithSymbol(sym),
 		asm.JEq.Imm(asm.R2, 0, next),
+	}, isSubflow(next), asm.Instructions{
 		asm.StoreImm(asm.RFP, -80, 0, asm.Word),
 	}, sockopt(asm.FnGetsockopt, solTCP, tcpNotsentLowat, -80), asm.Instructions{
-		asm.JNE.Imm(asm.R0, 0, sym+"-set"), // unreadable: set it
+		// Unreadable: a refusal, not a setting at every callback.
+		asm.JNE.Imm(asm.R0, 0, sym+"-refused"),
 		asm.LoadMem(asm.R2, asm.RFP, -80, asm.Word),
 		asm.LoadMem(asm.R3, asm.RFP, -76, asm.Word),
 		asm.JEq.Reg(asm.R2, asm.R3, next),
-	}, withSymbol(sockopt(asm.FnSetsockopt, solTCP, tcpNotsentLowat, -76), sym+"-set"), asm.Instructions{
+	}, sockopt(asm.FnSetsockopt, solTCP, tcpNotsentLowat, -76), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, sym+"-ok"),
-		asm.StoreMem(asm.RFP, -72, asm.R0, asm.DWord),
-		asm.StoreImm(asm.RFP, -60, refusedLowat, asm.Word),
-	}, update(refused, -60, -72), asm.Instructions{
+	}, withSymbol(refuse(counts, countLowatRefused), sym+"-refused"), asm.Instructions{
 		asm.Ja.Label(next),
 		// Set: count it.
-		asm.StoreImm(asm.RFP, -60, lowatSets, asm.Word).WithSymbol(sym + "-ok"),
-	}, lookup(refused, -60), asm.Instructions{
+		asm.StoreImm(asm.RFP, -60, countLowatSets, asm.Word).WithSymbol(sym + "-ok"),
+	}, lookup(counts, -60), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, next),
 		asm.Mov.Imm(asm.R1, 1),
 		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
@@ -358,9 +393,21 @@ func lookup(m *ebpf.Map, key int32) asm.Instructions {
 	}
 }
 
+// Options choose what the program watches.
+type Options struct {
+	// EverySocket asks for RTT callbacks on every TCP socket of the
+	// cgroup, so that cwnd and pacing limits written after a plain TCP
+	// socket connected still reach it (each ACK of each socket then runs
+	// the program and one map lookup). Without it only MPTCP subflows
+	// get them; a plain TCP socket gets cwnd and pacing limits only if
+	// its pair's entry existed when it connected. The notsent lowat goes
+	// to MPTCP subflows only, either way.
+	EverySocket bool
+}
+
 // Attach loads the program and attaches it to the cgroup v2 directory
 // cgroupPath. On any failure nothing stays loaded or attached.
-func Attach(cgroupPath string) (_ *Clamper, err error) {
+func Attach(cgroupPath string, o Options) (_ *Clamper, err error) {
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp", Type: ebpf.Hash, KeySize: 32, ValueSize: valueSize, MaxEntries: MaxEntries})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
@@ -375,11 +422,11 @@ func Attach(cgroupPath string) (_ *Clamper, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
-	c.refused, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_err", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: lowatSets + 1})
+	c.counts, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_cnt", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: countsLen})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
-	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied, c.refused)})
+	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied, c.counts, o.EverySocket)})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: load sock_ops program: %w", err)
 	}
@@ -430,7 +477,7 @@ func (c *Clamper) Refused() (Refusals, error) {
 	var r Refusals
 	for i, dst := range []*unix.Errno{&r.Cwnd, &r.Pacing, &r.Lowat} {
 		var v int64
-		if err := c.refused.Lookup(uint32(i), &v); err != nil {
+		if err := c.counts.Lookup(uint32(i), &v); err != nil {
 			return r, fmt.Errorf("bpfclamp: read refusals: %w", err)
 		}
 		*dst = unix.Errno(-v)
@@ -443,7 +490,7 @@ func (c *Clamper) Refused() (Refusals, error) {
 // the kernel had reset it (see Limits.NotsentLowat).
 func (c *Clamper) LowatSets() (uint64, error) {
 	var v uint64
-	if err := c.refused.Lookup(uint32(lowatSets), &v); err != nil {
+	if err := c.counts.Lookup(uint32(countLowatSets), &v); err != nil {
 		return 0, fmt.Errorf("bpfclamp: read the lowat count: %w", err)
 	}
 	return v, nil
@@ -481,9 +528,9 @@ func (c *Clamper) Close() error {
 		errs = append(errs, c.applied.Close())
 		c.applied = nil
 	}
-	if c.refused != nil {
-		errs = append(errs, c.refused.Close())
-		c.refused = nil
+	if c.counts != nil {
+		errs = append(errs, c.counts.Close())
+		c.counts = nil
 	}
 	return errors.Join(errs...)
 }

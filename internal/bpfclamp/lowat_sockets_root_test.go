@@ -1,0 +1,164 @@
+package bpfclamp
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"golang.org/x/sys/unix"
+)
+
+// loopbackConn opens a loopback connection (MPTCP when mptcp) while this
+// process is in cgroup dir (back: where it returns), to a listener that
+// reads and discards; both are closed when the test ends.
+func loopbackConn(t *testing.T, dir, back string, mptcp bool) *net.TCPConn {
+	t.Helper()
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(mptcp)
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(io.Discard, c)
+	}()
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var d net.Dialer
+	d.SetMultipathTCP(mptcp)
+	c, err := d.Dial("tcp", ln.Addr().String())
+	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
+		t.Fatal(err2)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if mptcp {
+		if ok, err := c.(*net.TCPConn).MultipathTCP(); err != nil || !ok {
+			t.Fatalf("the connection fell back to TCP (MPTCP %v, %v): is net.mptcp.enabled on?", ok, err)
+		}
+	}
+	return c.(*net.TCPConn)
+}
+
+// writeChunks writes n chunks of 64 KiB to c.
+func writeChunks(t *testing.T, c net.Conn, n int) {
+	t.Helper()
+	buf := make([]byte, 64<<10)
+	for range n {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func sockLowat(t *testing.T, c *net.TCPConn) int {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var gerr error
+	if err := raw.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT) }); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return v
+}
+
+// TestLowatLeavesPlainTCP: a plain TCP socket whose address pair has a
+// lowat entry (written after it connected, with RTT callbacks on every
+// socket as for cwnd_clamp users) keeps the lowat its application set:
+// the lowat is for MPTCP subflows only.
+func TestLowatLeavesPlainTCP(t *testing.T) {
+	c, dir, back := attachedCgroup(t, "mpd-bpflwplain", Options{EverySocket: true})
+	conn := loopbackConn(t, dir, back, false)
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const own = 16384
+	raw.Control(func(fd uintptr) {
+		if err := unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, own); err != nil {
+			t.Fatal(err)
+		}
+	})
+	writeChunks(t, conn, 4)
+	lo := netip.MustParseAddr("127.0.0.1")
+	if err := c.Set(Key{Local: lo, Remote: lo}, Limits{NotsentLowat: 128 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	writeChunks(t, conn, 64)
+	if v := sockLowat(t, conn); v != own {
+		t.Errorf("the application's TCP_NOTSENT_LOWAT %d became %d", own, v)
+	}
+	if n, err := c.LowatSets(); err != nil || n != 0 {
+		t.Errorf("the program set TCP_NOTSENT_LOWAT %d times (%v), want 0: no subflow here", n, err)
+	}
+}
+
+// TestPlainTCPNoCallbacks: without EverySocket (the agent with only
+// subflow_lowat), a plain TCP socket asks for no RTT callback, so a cwnd
+// clamp written after it connected never reaches it (nothing recorded
+// for it); an MPTCP subflow on the same pair does get it.
+func TestPlainTCPNoCallbacks(t *testing.T) {
+	testenv.MPTCP(t)
+	c, dir, back := attachedCgroup(t, "mpd-bpflwcb", Options{})
+	lo := netip.MustParseAddr("127.0.0.1")
+	k := Key{Local: lo, Remote: lo}
+	applied := func() int {
+		n := 0
+		var key uint64
+		var v [2]uint32
+		it := c.applied.Iterate()
+		for it.Next(&key, &v) {
+			n++
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	plain := loopbackConn(t, dir, back, false)
+	writeChunks(t, plain, 4)
+	if err := c.Set(k, Limits{CwndSegments: 8}); err != nil {
+		t.Fatal(err)
+	}
+	writeChunks(t, plain, 64)
+	if n := applied(); n != 0 {
+		t.Errorf("a plain TCP socket connected before its entry got the clamp (%d sockets recorded): it has RTT callbacks", n)
+	}
+	if err := c.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	sub := loopbackConn(t, dir, back, true)
+	writeChunks(t, sub, 4)
+	if err := c.Set(k, Limits{CwndSegments: 8}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for applied() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("an MPTCP subflow connected before its entry never got the clamp: no RTT callbacks")
+		}
+		writeChunks(t, sub, 1)
+	}
+}
