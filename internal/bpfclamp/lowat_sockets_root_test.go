@@ -115,6 +115,54 @@ func TestLowatLeavesPlainTCP(t *testing.T) {
 	}
 }
 
+// TestLowatAfterConnect: an MPTCP subflow whose pair's entry is written
+// after it connected (as the agent does: it learns the subflow from the
+// path manager's events, after the ESTABLISHED callback) gets the lowat
+// at an RTT callback, once (the program reads the subflow's value back
+// and compares, it does not set it per ACK), and again when the entry
+// changes to another value (the read-back sees the subflow's differs, as
+// after the kernel's reset to UINT_MAX).
+func TestLowatAfterConnect(t *testing.T) {
+	testenv.MPTCP(t)
+	c, dir, back := attachedCgroup(t, "mpd-bpflwlate", Options{})
+	conn := loopbackConn(t, dir, back, true)
+	writeChunks(t, conn, 4)
+	lo := netip.MustParseAddr("127.0.0.1")
+	k := Key{Local: lo, Remote: lo}
+	waitSets := func(want uint64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			n, err := c.LowatSets()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == want {
+				return
+			}
+			if n > want || time.Now().After(deadline) {
+				t.Fatalf("the program set TCP_NOTSENT_LOWAT %d times, want %d", n, want)
+			}
+			writeChunks(t, conn, 1)
+		}
+	}
+	if err := c.Set(k, Limits{NotsentLowat: 64 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	waitSets(1)
+	writeChunks(t, conn, 32)
+	waitSets(1)
+	if err := c.Set(k, Limits{NotsentLowat: 128 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	waitSets(2)
+	writeChunks(t, conn, 32)
+	waitSets(2)
+	if r, err := c.Refused(); err != nil || r != (Refusals{}) {
+		t.Errorf("refusals %+v (%v), want none", r, err)
+	}
+}
+
 // TestPlainTCPNoCallbacks: without EverySocket (the agent with only
 // subflow_lowat), a plain TCP socket asks for no RTT callback, so a cwnd
 // clamp written after it connected never reaches it (nothing recorded
