@@ -76,10 +76,35 @@ func TestAgentReportsSubflowPairs(t *testing.T) {
 	pl.wait(t, 7, initial)
 	h.k.Emit(mptcppm.Event{Type: mptcppm.EventClosed, Token: 7})
 	pl.wait(t, 7, "")
-	// Connections the agent does not manage are never reported.
+	// Connections the agent does not manage are never reported: events
+	// are handled in order, so once connection 8 (after it) is reported,
+	// 9 had its chance.
 	h.k.Emit(mptcppm.Event{Type: mptcppm.EventCreated, Token: 9, Local: server, Remote: client, ServerSide: 1})
-	time.Sleep(100 * time.Millisecond)
-	if got := pl.get(9); got != "never" && got != "" {
+	h.connect(8)
+	pl.wait(t, 8, initial)
+	if got := pl.get(9); got != "never" {
 		t.Errorf("server-side connection reported with pairs %q", got)
+	}
+}
+
+// A connection outside the selectors is not managed: OnSubflows never
+// hears of it (it would get the subflow lowat), while a selected one
+// that comes after it is reported.
+func TestAgentSkipsUnselectedPairs(t *testing.T) {
+	pl := &pairLog{last: map[uint32][]agent.SubflowPair{}}
+	h := run(t, agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, OnSubflows: pl.on,
+		Selectors: []policy.Selector{{Prefixes: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}}},
+		static.New([]static.Entry{natDetour("r1", relay1)}))
+	h.connect(7) // to server, outside 192.0.2.0/24
+	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 7, Local: netip.AddrPortFrom(client.Addr(), 50001), Remote: relay1})
+	selected := netip.MustParseAddrPort("192.0.2.5:443")
+	e := mptcppm.Event{Type: mptcppm.EventCreated, Token: 8, Local: client, Remote: selected}
+	est := e
+	est.Type = mptcppm.EventEstablished
+	h.k.Emit(e, est)
+	pl.wait(t, 8, fmt.Sprintf("%s>%s", client.Addr(), selected.Addr()))
+	if got := pl.get(7); got != "never" {
+		t.Errorf("connection outside the selectors reported with pairs %q", got)
 	}
 }
