@@ -89,7 +89,7 @@ func TestClampsAttachFailure(t *testing.T) {
 	prog := openBPF("/nonexistent", func(string) (clampMap, error) {
 		return nil, errors.New("bpfclamp: load sock_ops program: operation not permitted")
 	})
-	c := startClamps(ClampSettings{Cgroup: "/nonexistent"}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), prog)
+	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), prog)
 	c.measured([]policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}})
 	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "operation not permitted") || !strings.Contains(logs.String(), "running without them") {
 		t.Errorf("log %q: want one line with the reason", logs.String())
@@ -116,7 +116,7 @@ func TestClampsRealAttachFailure(t *testing.T) {
 
 func TestClampConfig(t *testing.T) {
 	c, err := ParseConfig([]byte("cwnd_clamp:\n  enabled: true\n"))
-	if err != nil || c.CwndClamp == nil || c.CwndClamp.Cgroup != "" || c.Agent.ProbeInterval != 100*time.Millisecond {
+	if err != nil || c.CwndClamp == nil || c.BPFCgroup != "" || c.Agent.ProbeInterval != 100*time.Millisecond {
 		t.Fatalf("enabled: %+v, probe %s, %v", c.CwndClamp, c.Agent.ProbeInterval, err)
 	}
 	if c, err := ParseConfig([]byte("cwnd_clamp:\n  enabled: false\n")); err != nil || c.CwndClamp != nil {
