@@ -29,9 +29,15 @@ type fakeClampMap struct {
 	// what LowatSets answers.
 	deletedAbsent int
 	sets          uint64
+	// failSets: the next this many Sets fail (a full map).
+	failSets int
 }
 
 func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
+	if f.failSets > 0 {
+		f.failSets--
+		return errors.New("bpfclamp: set: argument list too long")
+	}
 	f.set[k] = l
 	if l.PacingRate != 0 && f.refusePacing {
 		f.refused.Pacing = unix.EINVAL

@@ -90,7 +90,18 @@ func (l *subflowLowat) subflows(token uint32, pairs []agent.SubflowPair) {
 	l.mu.Unlock()
 	for _, k := range add {
 		if err := l.prog.change(k, func(x *bpfclamp.Limits) { x.NotsentLowat = l.bytes }); err != nil {
+			// Not written (e.g. the map is full): not counted, so the
+			// connection's next report, or the pair's next connection,
+			// tries again.
 			l.log.Warn("subflow lowat not set", "local", k.Local, "remote", k.Remote, "err", err)
+			l.mu.Lock()
+			if l.conns[token] != nil {
+				delete(l.conns[token], k)
+			}
+			if l.pairs[k]--; l.pairs[k] <= 0 {
+				delete(l.pairs, k)
+			}
+			l.mu.Unlock()
 			continue
 		}
 		l.log.Debug("subflow lowat", "local", k.Local, "remote", k.Remote, "bytes", l.bytes)

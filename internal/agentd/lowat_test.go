@@ -148,3 +148,31 @@ func TestLowatConfig(t *testing.T) {
 		}
 	}
 }
+
+// A pair whose entry could not be written (a full map) is not counted:
+// the next connection on it writes it, and status counts it then.
+func TestLowatRetriesFailedWrite(t *testing.T) {
+	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, failSets: 1}
+	var logs bytes.Buffer
+	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
+	k := bpfclamp.Key{Local: lwClient, Remote: lwServer}
+	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
+	if _, ok := m.set[k]; ok || l.status().Pairs != 0 || !strings.Contains(logs.String(), "not set") {
+		t.Fatalf("after a failed write: map %v, status %+v, log %q", m.set, l.status(), logs.String())
+	}
+	l.subflows(2, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
+	if m.set[k] != (bpfclamp.Limits{NotsentLowat: 128 << 10}) || l.status().Pairs != 1 {
+		t.Fatalf("a second connection on the pair: map %v, status %+v", m.set, l.status())
+	}
+	// The first connection's next report counts it again; both gone:
+	// nothing left.
+	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
+	l.subflows(2, nil)
+	if _, ok := m.set[k]; !ok {
+		t.Fatalf("connection 1 still uses the pair: map %v", m.set)
+	}
+	l.subflows(1, nil)
+	if len(m.set) != 0 || l.status().Pairs != 0 {
+		t.Fatalf("after both connections: map %v, status %+v", m.set, l.status())
+	}
+}
