@@ -185,6 +185,8 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		if cfg.SubflowLowat > 0 {
 			lw := startLowat(cfg.SubflowLowat, prog, log)
 			opts.OnSubflows, opts.SubflowLowat = lw.subflows, lw.status
+			// Before the program's close (defers run last first).
+			defer lw.watch(lowatCheckEvery)()
 		}
 	}
 	if cfg.SubflowCongestion != "" {

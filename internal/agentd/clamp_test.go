@@ -29,8 +29,12 @@ type fakeClampMap struct {
 	// what LowatSets answers.
 	deletedAbsent int
 	sets          uint64
-	// failSets: the next this many Sets fail (a full map).
-	failSets int
+	// failSets: the next this many Sets fail (a full map);
+	// refusedAfter: Refused answers refused only from its call number
+	// refusedAfter+1 on (the kernel refuses at a later callback).
+	failSets     int
+	refusedAfter int
+	refusedCalls int
 }
 
 func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
@@ -51,9 +55,14 @@ func (f *fakeClampMap) Delete(k bpfclamp.Key) error {
 	delete(f.set, k)
 	return nil
 }
-func (f *fakeClampMap) Refused() (bpfclamp.Refusals, error) { return f.refused, f.refusedErr }
-func (f *fakeClampMap) LowatSets() (uint64, error)          { return f.sets, nil }
-func (f *fakeClampMap) Close() error                        { f.closed = true; return nil }
+func (f *fakeClampMap) Refused() (bpfclamp.Refusals, error) {
+	if f.refusedCalls++; f.refusedCalls <= f.refusedAfter {
+		return bpfclamp.Refusals{}, f.refusedErr
+	}
+	return f.refused, f.refusedErr
+}
+func (f *fakeClampMap) LowatSets() (uint64, error) { return f.sets, nil }
+func (f *fakeClampMap) Close() error               { f.closed = true; return nil }
 
 var (
 	clampServer = netip.MustParseAddrPort("10.0.2.2:5201")
