@@ -306,6 +306,9 @@ func printSubflowLowat(l *agent.LowatStatus) {
 		fmt.Printf("subflow lowat: failed: %s (running without it)\n", l.Error)
 	case l.State == "refused":
 		fmt.Printf("subflow lowat: refused: %s (running without it)\n", l.Refused)
+	case l.Error != "":
+		// The count could not be read: no "set 0 times".
+		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d address pairs, settings unknown: %s\n", l.Bytes, l.Pairs, l.Error)
 	default:
 		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d address pairs, set %d times\n", l.Bytes, l.Pairs, l.Sets)
 	}

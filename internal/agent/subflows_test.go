@@ -108,3 +108,14 @@ func TestAgentSkipsUnselectedPairs(t *testing.T) {
 		t.Errorf("connection outside the selectors reported with pairs %q", got)
 	}
 }
+
+// Status carries the subflow lowat's own status when the mechanism runs.
+func TestAgentStatusSubflowLowat(t *testing.T) {
+	want := agent.LowatStatus{State: "active", Bytes: 65536, Pairs: 1, Sets: 2}
+	h := run(t, agent.Options{Subflows: 2, MaxConnections: 100, CommandWorkers: 1, Backoff: time.Second, MaxBackoff: time.Minute,
+		ConnectTimeout: 3 * time.Second, Policy: policy.Static, SubflowLowat: func() agent.LowatStatus { return want }},
+		static.New([]static.Entry{natDetour("r1", relay1)}))
+	if st := h.a.Status(); st.SubflowLowat == nil || *st.SubflowLowat != want {
+		t.Errorf("status subflow lowat %+v, want %+v", st.SubflowLowat, want)
+	}
+}
