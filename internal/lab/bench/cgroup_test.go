@@ -3,7 +3,9 @@ package bench
 import (
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,5 +146,25 @@ func TestLabCgroup(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("%s still there after the last leave (%v)", dir, err)
+	}
+}
+
+// scripts/leakcheck.sh (make test runs the unit tests under it) reports a
+// lab cgroup directory a command left behind.
+func TestLeakcheckSeesLabCgroups(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (cgroups)")
+	}
+	root, err := bpfclamp.Cgroup2Root()
+	if err != nil {
+		t.Skip(err)
+	}
+	dir := filepath.Join(root, cgroupPrefix+"leakprobe-"+strconv.Itoa(os.Getpid()))
+	t.Cleanup(func() { os.Remove(dir) })
+	cmd := exec.Command("bash", "../../../scripts/leakcheck.sh", "mkdir", dir)
+	cmd.Env = append(os.Environ(), "LEAKCHECK_TRIES=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "cgroup "+dir) {
+		t.Errorf("leakcheck after mkdir %s: %v, output %q: want a failure naming it", dir, err, out)
 	}
 }
