@@ -56,6 +56,11 @@ func loopbackConn(t *testing.T, dir, back string, mptcp bool) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
+// connOf is c's 4-tuple (an MPTCP socket's are its first subflow's).
+func connOf(c net.Conn) Conn {
+	return Conn{Local: c.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: c.RemoteAddr().(*net.TCPAddr).AddrPort()}
+}
+
 // writeChunks writes n chunks of 64 KiB to c.
 func writeChunks(t *testing.T, c net.Conn, n int) {
 	t.Helper()
@@ -84,10 +89,10 @@ func sockLowat(t *testing.T, c *net.TCPConn) int {
 	return v
 }
 
-// TestLowatLeavesPlainTCP: a plain TCP socket whose address pair has a
-// lowat entry (written after it connected, with RTT callbacks on every
-// socket as for cwnd_clamp users) keeps the lowat its application set:
-// the lowat is for MPTCP subflows only.
+// TestLowatLeavesPlainTCP: a plain TCP socket whose 4-tuple has a lowat
+// entry (written after it connected, with RTT callbacks on every socket
+// as for cwnd_clamp users) keeps the lowat its application set: the lowat
+// is for MPTCP subflows only.
 func TestLowatLeavesPlainTCP(t *testing.T) {
 	c, dir, back := attachedCgroup(t, "mpd-bpflwplain", Options{EverySocket: true})
 	conn := loopbackConn(t, dir, back, false)
@@ -102,8 +107,7 @@ func TestLowatLeavesPlainTCP(t *testing.T) {
 		}
 	})
 	writeChunks(t, conn, 4)
-	lo := netip.MustParseAddr("127.0.0.1")
-	if err := c.Set(Key{Local: lo, Remote: lo}, Limits{NotsentLowat: 128 << 10}); err != nil {
+	if err := c.SetLowat(connOf(conn), 128<<10); err != nil {
 		t.Fatal(err)
 	}
 	writeChunks(t, conn, 64)
@@ -127,8 +131,7 @@ func TestLowatAfterConnect(t *testing.T) {
 	c, dir, back := attachedCgroup(t, "mpd-bpflwlate", Options{})
 	conn := loopbackConn(t, dir, back, true)
 	writeChunks(t, conn, 4)
-	lo := netip.MustParseAddr("127.0.0.1")
-	k := Key{Local: lo, Remote: lo}
+	k := connOf(conn)
 	waitSets := func(want uint64) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
@@ -146,13 +149,13 @@ func TestLowatAfterConnect(t *testing.T) {
 			writeChunks(t, conn, 1)
 		}
 	}
-	if err := c.Set(k, Limits{NotsentLowat: 64 << 10}); err != nil {
+	if err := c.SetLowat(k, 64<<10); err != nil {
 		t.Fatal(err)
 	}
 	waitSets(1)
 	writeChunks(t, conn, 32)
 	waitSets(1)
-	if err := c.Set(k, Limits{NotsentLowat: 128 << 10}); err != nil {
+	if err := c.SetLowat(k, 128<<10); err != nil {
 		t.Fatal(err)
 	}
 	waitSets(2)
@@ -208,5 +211,38 @@ func TestPlainTCPNoCallbacks(t *testing.T) {
 			t.Fatal("an MPTCP subflow connected before its entry never got the clamp: no RTT callbacks")
 		}
 		writeChunks(t, sub, 1)
+	}
+}
+
+// TestLowatOnlyItsSubflow: the lowat is keyed by the 4-tuple, so a second
+// MPTCP connection between the same addresses (another port: another
+// application, or one outside the agent's selectors) does not get it.
+func TestLowatOnlyItsSubflow(t *testing.T) {
+	testenv.MPTCP(t)
+	c, dir, back := attachedCgroup(t, "mpd-bpflwport", Options{})
+	mine := loopbackConn(t, dir, back, true)
+	other := loopbackConn(t, dir, back, true)
+	writeChunks(t, mine, 2)
+	writeChunks(t, other, 2)
+	if err := c.SetLowat(connOf(mine), 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := c.LowatSets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if n > 1 || time.Now().After(deadline) {
+			t.Fatalf("the program set TCP_NOTSENT_LOWAT %d times, want 1 (its subflow)", n)
+		}
+		writeChunks(t, mine, 1)
+	}
+	writeChunks(t, other, 64)
+	if n, err := c.LowatSets(); err != nil || n != 1 {
+		t.Errorf("after the other connection's writes the program set TCP_NOTSENT_LOWAT %d times (%v), want 1", n, err)
 	}
 }
