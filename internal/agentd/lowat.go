@@ -5,10 +5,10 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
-	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
+	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
 // subflowLowat runs the subflow_lowat mechanism: every subflow of every
@@ -123,37 +123,19 @@ func (l *subflowLowat) subflows(token uint32, pairs []agent.SubflowPair) {
 		}
 	}
 	if len(add) > 0 {
-		// Refusals of the pairs' earlier sockets; later ones: watch.
+		// Refusals of earlier subflows; later ones: measured.
 		l.checkRefused()
 	}
 }
 
-// watch checks the kernel's refusals every period until stop (which
-// waits for it): the program sets a subflow's lowat at a callback after
-// its entry was written, so a refusal shows up only later, and a host
-// with one long connection reports no new pair to check it at.
-func (l *subflowLowat) watch(every time.Duration) (stop func()) {
-	if !l.prog.ok() {
-		return func() {}
-	}
-	done, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				l.checkRefused()
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(done) })
-		<-exited
+// measured looks for the kernel's refusal at every probe round
+// (agent.Options.OnMeasured): the program sets a subflow's lowat at a
+// callback after its entry was written, so a refusal shows up only after
+// the pair was added, and a host with one long connection reports no new
+// subflow to check it at.
+func (l *subflowLowat) measured([]policy.Measurement) {
+	if l.prog.ok() {
+		l.checkRefused()
 	}
 }
 
@@ -192,7 +174,3 @@ func (l *subflowLowat) status() agent.LowatStatus {
 	}
 	return st
 }
-
-// lowatCheckEvery is how often the agent looks for the kernel's refusal
-// of the lowat (one map read).
-const lowatCheckEvery = 10 * time.Second

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -180,44 +179,20 @@ func TestLowatRetriesFailedWrite(t *testing.T) {
 	}
 }
 
-// The kernel refuses the lowat at a callback after the pair was added:
-// with no new subflow, the periodic check still warns, once.
+// The kernel refuses the lowat at a callback after the subflow was
+// added: with no new subflow, the next probe round warns, once.
 func TestLowatRefusedLater(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Lowat: unix.ENOPROTOOPT}, refusedAfter: 1}
-	var logs syncBuffer
+	var logs bytes.Buffer
 	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	if s := logs.String(); s != "" {
 		t.Fatalf("log %q right after the add: the refusal comes later", s)
 	}
-	stop := l.watch(5 * time.Millisecond)
-	defer stop()
-	for end := time.Now().Add(3 * time.Second); !strings.Contains(logs.String(), "refused"); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("log %q: no refusal warning without a new subflow", logs.String())
-		}
+	for range 3 {
+		l.measured(nil)
 	}
-	time.Sleep(30 * time.Millisecond) // several more checks
-	stop()
 	if n := strings.Count(logs.String(), "refused"); n != 1 {
-		t.Errorf("log %q: want one refusal warning", logs.String())
+		t.Errorf("log %q: want one refusal warning after the probe rounds", logs.String())
 	}
-}
-
-// syncBuffer is a log buffer written by one goroutine and read by another.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
