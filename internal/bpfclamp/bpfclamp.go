@@ -543,8 +543,14 @@ func (c *Clamper) DeleteLowat(k Conn) error {
 	if err != nil {
 		return err
 	}
-	if err := c.lowats.Delete(kb[:]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("bpfclamp: delete the lowat of %v -> %v: %w", k.Local, k.Remote, err)
+	return remove(c.lowats, kb[:], fmt.Sprintf("the lowat of %v -> %v", k.Local, k.Remote))
+}
+
+// remove deletes key from m (absent: no error); what names the entry in
+// the error.
+func remove(m *ebpf.Map, key []byte, what string) error {
+	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpfclamp: delete %s: %w", what, err)
 	}
 	return nil
 }
@@ -565,8 +571,8 @@ func (c *Clamper) Refused() (Refusals, error) {
 }
 
 // LowatSets counts the program's TCP_NOTSENT_LOWAT settings since
-// Attach: one per socket that got its pair's limit, plus one each time
-// the kernel had reset it (see Limits.NotsentLowat).
+// Attach: one per subflow that got its lowat, plus one each time the
+// kernel had reset it (see SetLowat).
 func (c *Clamper) LowatSets() (uint64, error) {
 	var v uint64
 	if err := c.counts.Lookup(uint32(countLowatSets), &v); err != nil {
@@ -582,13 +588,10 @@ func (c *Clamper) Delete(k Key) error {
 	if err != nil {
 		return err
 	}
-	if err := c.m.Delete(kb[:]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("bpfclamp: delete %v -> %v: %w", k.Local, k.Remote, err)
-	}
-	return nil
+	return remove(c.m, kb[:], fmt.Sprintf("%v -> %v", k.Local, k.Remote))
 }
 
-// Close detaches the program and frees it and its map.
+// Close detaches the program and frees it and its maps.
 func (c *Clamper) Close() error {
 	var errs []error
 	if c.l != nil {
@@ -599,21 +602,11 @@ func (c *Clamper) Close() error {
 		errs = append(errs, c.prog.Close())
 		c.prog = nil
 	}
-	if c.m != nil {
-		errs = append(errs, c.m.Close())
-		c.m = nil
-	}
-	if c.applied != nil {
-		errs = append(errs, c.applied.Close())
-		c.applied = nil
-	}
-	if c.lowats != nil {
-		errs = append(errs, c.lowats.Close())
-		c.lowats = nil
-	}
-	if c.counts != nil {
-		errs = append(errs, c.counts.Close())
-		c.counts = nil
+	for _, m := range []**ebpf.Map{&c.m, &c.applied, &c.lowats, &c.counts} {
+		if *m != nil {
+			errs = append(errs, (*m).Close())
+			*m = nil
+		}
 	}
 	return errors.Join(errs...)
 }
