@@ -77,6 +77,7 @@ const (
 	offLocalIP6   = 48  // __u32 local_ip6[4]
 	offRemotePort = 64  // __u32 remote_port (network byte order)
 	offLocalPort  = 68  // __u32 local_port (host byte order)
+	offCbFlags    = 84  // __u32 bpf_sock_ops_cb_flags
 	offSk         = 184 // struct bpf_sock *sk (NULL unless a full socket)
 	afInet6       = 10
 )
@@ -216,8 +217,11 @@ func instructions(m, applied, lowats, counts *ebpf.Map, everySocket bool) asm.In
 	established := asm.Instructions{
 		// Sockets established from now on get RTT callbacks: their
 		// limits may be written after they connected.
+		// bpf_sock_ops_cb_flags_set replaces the socket's flags: keep
+		// what other programs of the cgroup asked for.
+		asm.LoadMem(asm.R2, asm.R6, offCbFlags, asm.Word),
+		asm.Or.Imm(asm.R2, rttCBFlag),
 		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Imm(asm.R2, rttCBFlag),
 		asm.FnSockOpsCbFlagsSet.Call(),
 	}
 	if !everySocket {
