@@ -93,11 +93,11 @@ type Options struct {
 	// (wired by internal/agentd).
 	CwndClamp func() policy.ClampStatus
 	// OnSubflows, when set, gets the 4-tuples of a managed (selected)
-	// connection's established subflows (the initial subflow's pair
-	// first, while the connection is tracked, then each established
-	// join's) whenever they may have changed, and nil once the connection
-	// is gone, from the agent's loop (internal/agentd: subflow_lowat; not
-	// in the YAML). It must not block. A pair may repeat.
+	// connection's established subflows (the initial subflow's first,
+	// while the connection is tracked, then each established join's)
+	// whenever they may have changed, and nil once the connection is
+	// gone, from the agent's loop (internal/agentd: subflow_lowat; not
+	// in the YAML). It must not block. A 4-tuple may repeat.
 	OnSubflows func(token uint32, pairs []SubflowPair)
 	// SubflowLowat, when set, adds the per-subflow unsent limit's state
 	// to the status (wired by internal/agentd).

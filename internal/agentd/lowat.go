@@ -102,8 +102,8 @@ func (l *subflowLowat) subflows(token uint32, pairs []agent.SubflowPair) {
 	for _, k := range add {
 		if err := l.prog.lowat(k, l.bytes); err != nil {
 			// Not written (e.g. the map is full): not counted, so the
-			// connection's next report, or the pair's next connection,
-			// tries again.
+			// connection's next report (or another connection's report
+			// of the same 4-tuple) tries again.
 			l.log.Warn("subflow lowat not set", "local", k.Local, "remote", k.Remote, "err", err)
 			l.mu.Lock()
 			if l.conns[token] != nil {
@@ -131,7 +131,7 @@ func (l *subflowLowat) subflows(token uint32, pairs []agent.SubflowPair) {
 // measured looks for the kernel's refusal at every probe round
 // (agent.Options.OnMeasured): the program sets a subflow's lowat at a
 // callback after its entry was written, so a refusal shows up only after
-// the pair was added, and a host with one long connection reports no new
+// the subflow was added, and a host with one long connection reports no new
 // subflow to check it at.
 func (l *subflowLowat) measured([]policy.Measurement) {
 	if l.prog.ok() {
