@@ -61,7 +61,10 @@ type Agent struct {
 }
 
 type connView struct {
-	c           policy.Conn
+	c policy.Conn
+	// selected: the connection's destination matches the selectors (it
+	// may get detours, and its subflows are reported to OnSubflows).
+	selected    bool
 	established bool
 	adopted     bool
 	since       time.Time
@@ -638,7 +641,8 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 			if len(a.conns) >= a.cfg.MaxConnections || IsProbe(a.cfg.Probes, e.Local) {
 				return nil
 			}
-			cv = &connView{c: conn(e), since: at, subs: map[subKey]*subView{}}
+			c := conn(e)
+			cv = &connView{c: c, selected: policy.Selected(a.cfg.Selectors, c.Remote), since: at, subs: map[subKey]*subView{}}
 			a.conns[e.Token] = cv
 		}
 		est := e.Type == mptcppm.EventEstablished
@@ -709,7 +713,8 @@ func (a *Agent) handle(e mptcppm.Event, at time.Time) []job {
 // established subflows: the initial subflow's while the connection is
 // tracked (it goes with the connection: a SUB_CLOSED on that pair may be
 // a failed redial of the default path), then each established join's;
-// nil when the connection is not tracked.
+// nil when the connection is not tracked. A connection outside the
+// selectors is never reported: it is not managed.
 func (a *Agent) reportPairs(token uint32) {
 	if a.cfg.OnSubflows == nil {
 		return
@@ -719,10 +724,13 @@ func (a *Agent) reportPairs(token uint32) {
 		a.cfg.OnSubflows(token, nil)
 		return
 	}
-	pairs := []SubflowPair{{Local: cv.c.Local.Addr(), Remote: cv.c.Remote.Addr()}}
+	if !cv.selected {
+		return
+	}
+	pairs := []SubflowPair{{Local: cv.c.Local, Remote: cv.c.Remote}}
 	for _, sv := range cv.subs {
 		if sv.up {
-			pairs = append(pairs, SubflowPair{Local: sv.sf.Local.Addr(), Remote: sv.sf.Remote.Addr()})
+			pairs = append(pairs, SubflowPair{Local: sv.sf.Local, Remote: sv.sf.Remote})
 		}
 	}
 	a.cfg.OnSubflows(token, pairs)
@@ -879,7 +887,7 @@ func (a *Agent) resync(reason string) []job {
 			if len(a.conns) >= a.cfg.MaxConnections || IsProbe(a.cfg.Probes, mc.Local) {
 				continue
 			}
-			a.conns[mc.Token] = &connView{c: c, established: true, adopted: true, since: now, subs: map[subKey]*subView{}}
+			a.conns[mc.Token] = &connView{c: c, selected: policy.Selected(a.cfg.Selectors, c.Remote), established: true, adopted: true, since: now, subs: map[subKey]*subView{}}
 			for _, sf := range live {
 				if keyOf(sf.Local.Addr(), sf.Remote) != keyOf(c.Local.Addr(), c.Remote) {
 					a.subUp(sf)

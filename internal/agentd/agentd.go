@@ -25,11 +25,13 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/convclient"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/pathcheck"
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/serverrole"
@@ -167,7 +169,11 @@ func Run(ctx context.Context, path string, cfg Config) error {
 	}
 	if cfg.CwndClamp != nil || cfg.SubflowLowat > 0 {
 		// One program for both mechanisms, detached at exit.
-		prog := openBPF(cfg.BPFCgroup, attachClamp)
+		// Only cwnd_clamp asks for RTT callbacks on every TCP socket of
+		// the cgroup (its limits reach sockets that connected before
+		// them); the lowat alone needs them on MPTCP subflows only.
+		o := bpfclamp.Options{EverySocket: cfg.CwndClamp != nil}
+		prog := openBPF(cfg.BPFCgroup, func(cg string) (clampMap, error) { return attachClamp(cg, o) })
 		defer func() {
 			if err := prog.close(); err != nil {
 				log.Warn("BPF program", "err", err)
@@ -180,6 +186,12 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		if cfg.SubflowLowat > 0 {
 			lw := startLowat(cfg.SubflowLowat, prog, log)
 			opts.OnSubflows, opts.SubflowLowat = lw.subflows, lw.status
+			// Every probe round also looks for the kernel's refusal.
+			if clamps := opts.OnMeasured; clamps != nil {
+				opts.OnMeasured = func(ms []policy.Measurement) { clamps(ms); lw.measured(ms) }
+			} else {
+				opts.OnMeasured = lw.measured
+			}
 		}
 	}
 	if cfg.SubflowCongestion != "" {

@@ -16,6 +16,8 @@ import (
 type clampMap interface {
 	Set(k bpfclamp.Key, l bpfclamp.Limits) error
 	Delete(k bpfclamp.Key) error
+	SetLowat(k bpfclamp.Conn, bytes uint32) error
+	DeleteLowat(k bpfclamp.Conn) error
 	// Refused reports what the kernel refused the program.
 	Refused() (bpfclamp.Refusals, error)
 	// LowatSets counts the program's TCP_NOTSENT_LOWAT settings.
@@ -24,10 +26,10 @@ type clampMap interface {
 }
 
 // bpfProgram is the agent's one BPF sock_ops program, shared by
-// cwnd_clamp and subflow_lowat: one attach, one map. It keeps each
-// address pair's limits from both mechanisms and writes them together (a
-// map entry holds all of a pair's limits), deleting the entry when none
-// is left.
+// cwnd_clamp and subflow_lowat: one attach. It keeps each address pair's
+// cwnd and pacing limits and writes them together (a map entry holds all
+// of a pair's limits), deleting the entry when none is left; the lowat
+// has a map of its own, keyed by the subflow's 4-tuple (lowat).
 type bpfProgram struct {
 	mu     sync.Mutex
 	m      clampMap // nil: failed
@@ -72,6 +74,17 @@ func (b *bpfProgram) change(k bpfclamp.Key, fn func(*bpfclamp.Limits)) error {
 	return nil
 }
 
+// lowat writes a subflow's notsent lowat (bytes > 0) or deletes it (0).
+func (b *bpfProgram) lowat(k bpfclamp.Conn, bytes uint32) error {
+	if b.m == nil {
+		return errors.New(b.err)
+	}
+	if bytes == 0 {
+		return b.m.DeleteLowat(k)
+	}
+	return b.m.SetLowat(k, bytes)
+}
+
 // close detaches the program (the kernel also does when the agent dies:
 // the BPF link goes with its last file descriptor).
 func (b *bpfProgram) close() error {
@@ -86,14 +99,14 @@ func (b *bpfProgram) close() error {
 
 // attachClamp loads and attaches the BPF program to the cgroup v2
 // directory cgroup ("" = the cgroup v2 mount's root).
-func attachClamp(cgroup string) (clampMap, error) {
+func attachClamp(cgroup string, o bpfclamp.Options) (clampMap, error) {
 	if cgroup == "" {
 		var err error
 		if cgroup, err = bpfclamp.Cgroup2Root(); err != nil {
 			return nil, err
 		}
 	}
-	return bpfclamp.Attach(cgroup)
+	return bpfclamp.Attach(cgroup, o)
 }
 
 // cwndClamps runs the cwnd_clamp mechanism: the policy's clamp decisions

@@ -21,6 +21,7 @@ import (
 // SO_MAX_PACING_RATE from BPF would at the next callback.
 type fakeClampMap struct {
 	set          map[bpfclamp.Key]bpfclamp.Limits
+	lowats       map[bpfclamp.Conn]uint32
 	refusePacing bool
 	refused      bpfclamp.Refusals
 	refusedErr   error
@@ -29,13 +30,41 @@ type fakeClampMap struct {
 	// what LowatSets answers.
 	deletedAbsent int
 	sets          uint64
+	// failSets: the next this many Sets fail (a full map);
+	// refusedAfter: Refused answers refused only from its call number
+	// refusedAfter+1 on (the kernel refuses at a later callback).
+	failSets     int
+	refusedAfter int
+	refusedCalls int
 }
 
 func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
+	if f.failSets > 0 {
+		f.failSets--
+		return errors.New("bpfclamp: set: argument list too long")
+	}
 	f.set[k] = l
 	if l.PacingRate != 0 && f.refusePacing {
 		f.refused.Pacing = unix.EINVAL
 	}
+	return nil
+}
+func (f *fakeClampMap) SetLowat(k bpfclamp.Conn, bytes uint32) error {
+	if f.failSets > 0 {
+		f.failSets--
+		return errors.New("bpfclamp: set the lowat: argument list too long")
+	}
+	if f.lowats == nil {
+		f.lowats = map[bpfclamp.Conn]uint32{}
+	}
+	f.lowats[k] = bytes
+	return nil
+}
+func (f *fakeClampMap) DeleteLowat(k bpfclamp.Conn) error {
+	if _, ok := f.lowats[k]; !ok {
+		f.deletedAbsent++
+	}
+	delete(f.lowats, k)
 	return nil
 }
 func (f *fakeClampMap) Delete(k bpfclamp.Key) error {
@@ -45,9 +74,14 @@ func (f *fakeClampMap) Delete(k bpfclamp.Key) error {
 	delete(f.set, k)
 	return nil
 }
-func (f *fakeClampMap) Refused() (bpfclamp.Refusals, error) { return f.refused, f.refusedErr }
-func (f *fakeClampMap) LowatSets() (uint64, error)          { return f.sets, nil }
-func (f *fakeClampMap) Close() error                        { f.closed = true; return nil }
+func (f *fakeClampMap) Refused() (bpfclamp.Refusals, error) {
+	if f.refusedCalls++; f.refusedCalls <= f.refusedAfter {
+		return bpfclamp.Refusals{}, f.refusedErr
+	}
+	return f.refused, f.refusedErr
+}
+func (f *fakeClampMap) LowatSets() (uint64, error) { return f.sets, nil }
+func (f *fakeClampMap) Close() error               { f.closed = true; return nil }
 
 var (
 	clampServer = netip.MustParseAddrPort("10.0.2.2:5201")
@@ -89,7 +123,7 @@ func TestClampsAttachFailure(t *testing.T) {
 	prog := openBPF("/nonexistent", func(string) (clampMap, error) {
 		return nil, errors.New("bpfclamp: load sock_ops program: operation not permitted")
 	})
-	c := startClamps(ClampSettings{Cgroup: "/nonexistent"}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), prog)
+	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), prog)
 	c.measured([]policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}})
 	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "operation not permitted") || !strings.Contains(logs.String(), "running without them") {
 		t.Errorf("log %q: want one line with the reason", logs.String())
@@ -106,7 +140,7 @@ func TestClampsAttachFailure(t *testing.T) {
 // same way (an error naming the path; as non-root, the BPF load fails).
 func TestClampsRealAttachFailure(t *testing.T) {
 	var logs bytes.Buffer
-	prog := openBPF(t.TempDir(), attachClamp)
+	prog := openBPF(t.TempDir(), func(cg string) (clampMap, error) { return attachClamp(cg, bpfclamp.Options{}) })
 	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), prog)
 	if st := c.status(); st.State != "failed" || st.Error == "" {
 		t.Fatalf("status %+v, want failed with a reason", st)
@@ -116,7 +150,7 @@ func TestClampsRealAttachFailure(t *testing.T) {
 
 func TestClampConfig(t *testing.T) {
 	c, err := ParseConfig([]byte("cwnd_clamp:\n  enabled: true\n"))
-	if err != nil || c.CwndClamp == nil || c.CwndClamp.Cgroup != "" || c.Agent.ProbeInterval != 100*time.Millisecond {
+	if err != nil || c.CwndClamp == nil || c.BPFCgroup != "" || c.Agent.ProbeInterval != 100*time.Millisecond {
 		t.Fatalf("enabled: %+v, probe %s, %v", c.CwndClamp, c.Agent.ProbeInterval, err)
 	}
 	if c, err := ParseConfig([]byte("cwnd_clamp:\n  enabled: false\n")); err != nil || c.CwndClamp != nil {

@@ -73,10 +73,9 @@ type Config struct {
 }
 
 // ClampSettings are the cwnd_clamp section's.
+// (The section's cgroup becomes Config.BPFCgroup: the one program of
+// both mechanisms attaches to one cgroup.)
 type ClampSettings struct {
-	// Cgroup is the cgroup v2 directory the program attaches to (its
-	// sockets and its descendants'); "" = the cgroup v2 mount's root.
-	Cgroup string
 	// Mode is what the clamps limit: the cwnd (default), the pacing
 	// rate, or both.
 	Mode policy.ClampMode
@@ -236,7 +235,7 @@ func build(f File) (Config, error) {
 	if out.SubflowCongestion, err = buildSubflowCC(f.SubflowCongestion); err != nil {
 		return out, err
 	}
-	if out.SubflowLowat, out.BPFCgroup, err = buildLowat(f, out.CwndClamp); err != nil {
+	if out.SubflowLowat, out.BPFCgroup, err = buildLowat(f, out.CwndClamp != nil); err != nil {
 		return out, err
 	}
 	return buildKinds(f, out)
@@ -495,7 +494,7 @@ func buildClamp(f *fileClamp) (*ClampSettings, error) {
 	if f.Cgroup != "" && (!filepath.IsAbs(f.Cgroup) || filepath.Clean(f.Cgroup) != f.Cgroup) {
 		return nil, fmt.Errorf("cwnd_clamp.cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", f.Cgroup)
 	}
-	return &ClampSettings{Cgroup: f.Cgroup, Mode: mode}, nil
+	return &ClampSettings{Mode: mode}, nil
 }
 
 // MinSubflowLowat is the smallest subflow_lowat accepted: below a few
@@ -503,9 +502,10 @@ func buildClamp(f *fileClamp) (*ClampSettings, error) {
 // burst it sends.
 const MinSubflowLowat = 16 << 10
 
-// buildLowat validates subflow_lowat and bpf_cgroup (with cwnd_clamp's
-// cgroup, cl: the program attaches once, to one cgroup).
-func buildLowat(f File, cl *ClampSettings) (uint32, string, error) {
+// buildLowat validates subflow_lowat and bpf_cgroup, merged with
+// cwnd_clamp's cgroup (clamps: cwnd_clamp is on; the program attaches
+// once, to one cgroup).
+func buildLowat(f File, clamps bool) (uint32, string, error) {
 	var lowat uint32
 	if f.SubflowLowat != nil {
 		switch n := *f.SubflowLowat; {
@@ -521,15 +521,15 @@ func buildLowat(f File, cl *ClampSettings) (uint32, string, error) {
 		if !filepath.IsAbs(cg) || filepath.Clean(cg) != cg {
 			return 0, "", fmt.Errorf("bpf_cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", cg)
 		}
-		if lowat == 0 && cl == nil {
+		if lowat == 0 && !clamps {
 			return 0, "", fmt.Errorf("bpf_cgroup: set without subflow_lowat or cwnd_clamp (nothing attaches a BPF program)")
 		}
 	}
-	if cl != nil && cl.Cgroup != "" {
-		if cg != "" && cg != cl.Cgroup {
-			return 0, "", fmt.Errorf("bpf_cgroup: %q differs from cwnd_clamp.cgroup %q: the agent's one BPF program attaches to one cgroup (set one of them)", cg, cl.Cgroup)
+	if clamps && f.CwndClamp.Cgroup != "" {
+		if cg != "" && cg != f.CwndClamp.Cgroup {
+			return 0, "", fmt.Errorf("bpf_cgroup: %q differs from cwnd_clamp.cgroup %q: the agent's one BPF program attaches to one cgroup (set one of them)", cg, f.CwndClamp.Cgroup)
 		}
-		cg = cl.Cgroup
+		cg = f.CwndClamp.Cgroup
 	}
 	return lowat, cg, nil
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -39,15 +38,12 @@ func TestLowatRealProgram(t *testing.T) {
 		t.Skipf("cannot create a cgroup: %v", err)
 	}
 	t.Cleanup(func() { os.Remove(dir) })
-	prog := openBPF(dir, attachClamp)
+	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, bpfclamp.Options{}) })
 	t.Cleanup(func() { prog.close() })
 	l := startLowat(64<<10, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	if st := l.status(); st.State != "active" {
 		t.Fatalf("status %+v", st)
 	}
-	lo := netip.MustParseAddr("127.0.0.1")
-	l.subflows(1, []agent.SubflowPair{{Local: lo, Remote: lo}})
-
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(true)
 	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
@@ -76,13 +72,20 @@ func TestLowatRealProgram(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Write(make([]byte, 1<<20)); err != nil {
+	if _, err := c.Write(make([]byte, 256<<10)); err != nil {
 		t.Fatal(err)
 	}
+	// As the agent does: the pair is reported after the subflow's
+	// ESTABLISHED callback (from the path manager's events), so the
+	// program sets the lowat at an RTT callback.
+	l.subflows(1, []agent.SubflowPair{{Local: c.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: c.RemoteAddr().(*net.TCPAddr).AddrPort()}})
 	var st agent.LowatStatus
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
 		if st = l.status(); st.Sets > 0 {
 			break
+		}
+		if _, err := c.Write(make([]byte, 64<<10)); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if st.State != "active" || st.Sets == 0 || st.Pairs != 1 || st.Refused != "" {

@@ -142,7 +142,7 @@ func dialCwndAt(t *testing.T, dir, back, lo string, local net.Addr, mptcp bool, 
 // and attaches the program to it (skipping without root or cgroup v2); it
 // returns the clamper, the cgroup and the cgroup this process was in. The
 // program is closed and the cgroup removed when the test ends.
-func attachedCgroup(t *testing.T, name string) (*Clamper, string, string) {
+func attachedCgroup(t *testing.T, name string, o Options) (*Clamper, string, string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (BPF, cgroups)")
@@ -158,7 +158,7 @@ func attachedCgroup(t *testing.T, name string) (*Clamper, string, string) {
 			t.Errorf("remove cgroup: %v", err)
 		}
 	})
-	c, err := Attach(dir)
+	c, err := Attach(dir, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func attachedCgroup(t *testing.T, name string) (*Clamper, string, string) {
 // cgroup never exceeds it, while one made after the clamp is deleted does;
 // after Close nothing is attached to the cgroup.
 func TestClampTakesEffect(t *testing.T) {
-	c, dir, back := attachedCgroup(t, "mpd-bpfclamp")
+	c, dir, back := attachedCgroup(t, "mpd-bpfclamp", Options{EverySocket: true})
 	if n := attachedCount(t, dir); n != 1 {
 		t.Fatalf("%d programs attached, want 1", n)
 	}
@@ -257,7 +257,7 @@ func TestAttachFailureLeavesNothing(t *testing.T) {
 		t.Skip("needs root (BPF)")
 	}
 	bad := t.TempDir()
-	_, err := Attach(bad)
+	_, err := Attach(bad, Options{})
 	if err == nil {
 		t.Fatal("attach to a plain directory succeeded")
 	}
@@ -295,7 +295,7 @@ func TestKeyBytes(t *testing.T) {
 // addresses, as the agent's cross-family connections have) keyed by the
 // plain IPv4 pair.
 func TestClampBothFamilies(t *testing.T) {
-	c, dir, back := attachedCgroup(t, "mpd-bpfclamp6")
+	c, dir, back := attachedCgroup(t, "mpd-bpfclamp6", Options{EverySocket: true})
 	const clamp = 4
 	for _, lo := range []string{"::1", "127.0.0.1"} {
 		a := netip.MustParseAddr(lo)
@@ -333,7 +333,7 @@ func TestClampBothFamilies(t *testing.T) {
 // file descriptor.
 func TestExitDetaches(t *testing.T) {
 	if dir := os.Getenv("MPD_BPFCLAMP_CHILD"); dir != "" {
-		if _, err := Attach(dir); err != nil {
+		if _, err := Attach(dir, Options{EverySocket: true}); err != nil {
 			fmt.Println("attach:", err)
 			os.Exit(3)
 		}
@@ -415,7 +415,7 @@ func pacedTransfer(t *testing.T, dir, back, lo string, mptcp bool) (tcpiRate, so
 // kernel's ~0 = unlimited); a rate set while a connection runs reaches
 // it and is recorded once.
 func TestPacingTakesEffect(t *testing.T) {
-	c, dir, back := attachedCgroup(t, "mpd-bpfpace")
+	c, dir, back := attachedCgroup(t, "mpd-bpfpace", Options{EverySocket: true})
 	const rate = 16 << 20 // bytes/s
 	const unlimited = ^uint64(0)
 	for _, lo := range []string{"127.0.0.1", "::1"} {
@@ -490,17 +490,31 @@ func TestPacingTakesEffect(t *testing.T) {
 
 // Set refuses empty limits and a rate the kernel cannot take from BPF.
 func TestSetRefusesBadLimits(t *testing.T) {
-	c, _, _ := attachedCgroup(t, "mpd-bpfpace-bad")
+	c, _, _ := attachedCgroup(t, "mpd-bpfpace-bad", Options{EverySocket: true})
 	a := netip.MustParseAddr("127.0.0.1")
 	for l, want := range map[Limits]string{
 		{}:                                     "use Delete",
 		{PacingRate: MaxPacingRate + 1}:        "32-bit",
 		{CwndSegments: 1, PacingRate: 1 << 40}: "32-bit",
 		{CwndSegments: 1 << 31}:                "segments",
-		{NotsentLowat: 1 << 31}:                "lowat",
 	} {
 		if err := c.Set(Key{Local: a, Remote: a}, l); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Set(%+v): %v, want an error saying %q", l, err, want)
+		}
+	}
+	ap := netip.AddrPortFrom(a, 1)
+	for _, x := range []struct {
+		k     Conn
+		bytes uint32
+		want  string
+	}{
+		{Conn{Local: ap, Remote: ap}, 0, "DeleteLowat"},
+		{Conn{Local: ap, Remote: ap}, 1 << 31, "lowat"},
+		{Conn{Local: netip.AddrPortFrom(a, 0), Remote: ap}, 1 << 17, "no port"},
+		{Conn{Local: ap}, 1 << 17, "not an address pair"},
+	} {
+		if err := c.SetLowat(x.k, x.bytes); err == nil || !strings.Contains(err.Error(), x.want) {
+			t.Errorf("SetLowat(%v, %d): %v, want an error saying %q", x.k, x.bytes, err, x.want)
 		}
 	}
 }
@@ -511,7 +525,7 @@ func TestSetRefusesBadLimits(t *testing.T) {
 // kernel's int: EINVAL), written into the map directly because Set
 // refuses it, beside a pacing rate.
 func TestRefusalRecorded(t *testing.T) {
-	c, dir, back := attachedCgroup(t, "mpd-bpfrefuse")
+	c, dir, back := attachedCgroup(t, "mpd-bpfrefuse", Options{EverySocket: true})
 	lo := netip.MustParseAddr("127.0.0.1")
 	kb, err := Key{Local: lo, Remote: lo}.bytes()
 	if err != nil {

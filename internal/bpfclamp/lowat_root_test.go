@@ -3,7 +3,6 @@ package bpfclamp
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,9 +39,10 @@ func (r lowatRun) medianNotsent() uint32 {
 
 // shapedTransfer opens an MPTCP connection from s (made while this
 // process is in cgroup dir) to the listener at addr and writes to it as
-// fast as it can for d, sampling the subflow (TCP_INFO on an MPTCP socket
+// fast as it can for d (after, when set, runs once it connected),
+// sampling the subflow (TCP_INFO on an MPTCP socket
 // answers with the first subflow's) and the receiver's count.
-func shapedTransfer(t *testing.T, s *netnstest.NS, dir, back string, addr string, got *atomic.Int64, d time.Duration) lowatRun {
+func shapedTransfer(t *testing.T, s *netnstest.NS, dir, back string, addr string, got *atomic.Int64, d time.Duration, after func(Conn)) lowatRun {
 	t.Helper()
 	pid := []byte(strconv.Itoa(os.Getpid()))
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
@@ -64,6 +64,9 @@ func shapedTransfer(t *testing.T, s *netnstest.NS, dir, back string, addr string
 	raw, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if after != nil {
+		after(connOf(c))
 	}
 	stop := netnstest.KeepWriting(c)
 	defer stop()
@@ -97,20 +100,29 @@ func shapedTransfer(t *testing.T, s *netnstest.NS, dir, back string, addr string
 	}
 	r.took = time.Since(start)
 	r.total = got.Load()
+	// Bytes keep arriving: the subflow is not stalled by its limit (a
+	// state check with a generous deadline, not a rate).
+	for deadline := time.Now().Add(5 * time.Second); got.Load() <= r.total; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("no byte arrived in the 5 s after %d: the transfer stalled", r.total)
+			break
+		}
+	}
 	return r
 }
 
 // TestNotsentLowatBoundsSubflow: on the real kernel, over a 20 Mbit/s
 // tbf-shaped veth with a deep queue, an MPTCP subflow whose pair has a
-// notsent lowat keeps its unsent bytes near that limit while the sender
-// writes as fast as it can, and bytes keep arriving; without the entry
-// the same subflow holds MBs unsent (the kernel sets every subflow's
-// notsent_lowat to UINT_MAX). MPD_LOWAT_SECONDS lengthens each transfer
-// (default 1.5 s) for the feasibility report.
+// notsent lowat, written after it connected as the agent does, keeps its
+// unsent bytes near that limit while the sender writes as fast as it
+// can, and bytes keep arriving; without the entry the same subflow holds
+// MBs unsent (the kernel sets every subflow's notsent_lowat to
+// UINT_MAX). Goodput is left to the design report (no timing asserts
+// here). MPD_LOWAT_SECONDS lengthens each transfer (default 1 s).
 func TestNotsentLowatBoundsSubflow(t *testing.T) {
 	testenv.MPTCP(t)
-	c, dir, back := attachedCgroup(t, "mpd-bpflowat")
-	d := 1500 * time.Millisecond
+	c, dir, back := attachedCgroup(t, "mpd-bpflowat", Options{})
+	d := time.Second
 	if v := os.Getenv("MPD_LOWAT_SECONDS"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil {
@@ -154,22 +166,24 @@ func TestNotsentLowatBoundsSubflow(t *testing.T) {
 			}
 		}
 	})
-	k := Key{Local: netip.MustParseAddr("10.77.9.1"), Remote: netip.MustParseAddr("10.77.9.2")}
+	var k Conn
 	const lowat = 128 << 10
-	if err := c.Set(k, Limits{NotsentLowat: lowat}); err != nil {
-		t.Fatal(err)
-	}
 	got.Store(0)
-	with := shapedTransfer(t, snd, dir, back, ln.Addr().String(), &got, d)
+	with := shapedTransfer(t, snd, dir, back, ln.Addr().String(), &got, d, func(conn Conn) {
+		k = conn
+		if err := c.SetLowat(k, lowat); err != nil {
+			t.Fatal(err)
+		}
+	})
 	sets, err := c.LowatSets()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Delete(k); err != nil {
+	if err := c.DeleteLowat(k); err != nil {
 		t.Fatal(err)
 	}
 	got.Store(0)
-	without := shapedTransfer(t, snd, dir, back, ln.Addr().String(), &got, d)
+	without := shapedTransfer(t, snd, dir, back, ln.Addr().String(), &got, d, nil)
 	for _, x := range []struct {
 		name string
 		r    lowatRun
@@ -178,9 +192,9 @@ func TestNotsentLowatBoundsSubflow(t *testing.T) {
 			x.name, x.r.medianNotsent(), x.r.maxNotsent(), x.r.cwnd, x.r.rtt, float64(x.r.total)*8/x.r.took.Seconds()/1e6, x.r.took.Round(time.Millisecond), x.r.received)
 	}
 	t.Logf("TCP_NOTSENT_LOWAT set %d times on the one subflow", sets)
-	// Once at ESTABLISHED (the kernel's reset of a subflow's value runs
-	// before it on this kernel), or twice if it ran after; never per ACK
-	// (the program reads the value back and compares).
+	// Once at an RTT callback after the entry was written, or twice if
+	// the kernel's reset came after that; never per ACK (the program
+	// reads the value back and compares).
 	if sets < 1 || sets > 2 {
 		t.Errorf("the program set TCP_NOTSENT_LOWAT %d times on one subflow, want once or twice", sets)
 	}
@@ -194,14 +208,5 @@ func TestNotsentLowatBoundsSubflow(t *testing.T) {
 	}
 	if m := without.maxNotsent(); m < 1<<20 {
 		t.Errorf("without an entry the subflow held at most %d bytes unsent, want MBs (the kernel's UINT_MAX)", m)
-	}
-	for i, n := range with.received {
-		if n == 0 {
-			t.Errorf("with the lowat nothing arrived in 250 ms interval %d (%v): stalled", i, with.received)
-			break
-		}
-	}
-	if with.total < without.total*8/10 {
-		t.Errorf("with the lowat %d bytes arrived, without %d: the limit slowed the transfer", with.total, without.total)
 	}
 }

@@ -423,19 +423,12 @@ func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour
 	}
 	b.WriteString(extra)
 	b.WriteString(env.AgentConfig)
-	leave := func() error { return nil }
-	if usesBPF(b.String()) {
-		// The agent's BPF program sees only this runner's sockets
-		// (cgroup.go).
-		dir, l, err := runnerCgroup.enter()
-		if err != nil {
-			return nil, fmt.Errorf("agent with a BPF program: %w", err)
-		}
-		leave = l
-		fmt.Fprintf(&b, "bpf_cgroup: %s\n", dir)
+	cfg, leave, err := withLabCgroup(b.String())
+	if err != nil {
+		return nil, err
 	}
 	path := filepath.Join(env.Dir, "agent.yaml")
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		leave()
 		return nil, err
 	}

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/mpdetour/mpdetour/internal/agent"
+)
+
+// Status shows the subflow lowat: active with its count, the reason when
+// the count cannot be read, refused and failed with theirs, nothing when
+// it is not configured.
+func TestPrintSubflowLowat(t *testing.T) {
+	for _, tc := range []struct {
+		st   *agent.LowatStatus
+		want string
+		not  string
+	}{
+		{&agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Sets: 3},
+			"subflow lowat: active, 131072 bytes unsent at most per subflow, 2 subflows, set 3 times", ""},
+		{&agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Error: "bpfclamp: read the lowat count: bad file descriptor"},
+			"settings unknown: bpfclamp: read the lowat count: bad file descriptor", "set 0 times"},
+		{&agent.LowatStatus{State: "refused", Bytes: 131072, Refused: "the kernel refused TCP_NOTSENT_LOWAT from BPF (protocol not available)"},
+			"subflow lowat: refused: the kernel refused TCP_NOTSENT_LOWAT from BPF (protocol not available) (running without it)", ""},
+		{&agent.LowatStatus{State: "failed", Error: "bpfclamp: load sock_ops program: operation not permitted"},
+			"subflow lowat: failed: bpfclamp: load sock_ops program: operation not permitted (running without it)", ""},
+		{nil, "", "subflow lowat"},
+	} {
+		out := captureStdout(t, func() { printSubflowLowat(tc.st) })
+		if !strings.Contains(out, tc.want) || (tc.not != "" && strings.Contains(out, tc.not)) {
+			t.Errorf("%+v: status %q, want %q without %q", tc.st, out, tc.want, tc.not)
+		}
+	}
+}
