@@ -389,40 +389,8 @@ func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, e
 // converter for procedure converted) instead of the server.
 func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour, extra string, target netip.AddrPort) (*daemon, error) {
 	sock := filepath.Join(env.Dir, "agent.sock")
-	server := env.serverAddr()
 	var b strings.Builder
-	// MPDETOUR_BENCH_LOG=debug: the agent logs every intent and trial
-	// (with MPDETOUR_BENCH_KEEP=1 to keep the logs).
-	level := "info"
-	if v := os.Getenv("MPDETOUR_BENCH_LOG"); v != "" {
-		level = v
-	}
-	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: %s\n", sock, subflows, level)
-	if pol := scenario.Policy(env.Cell.Procedure); pol != "" {
-		// Procedures that name a policy compare policies side by side; the
-		// adaptive one measures every 100 ms, so the static one probes as
-		// often (its stall check), to compare policies, not probe rates.
-		fmt.Fprintf(&b, "policy: %s\nprobe_interval: 100ms\n", pol)
-	}
-	ports := fmt.Sprintf("\"%d\"", target.Port())
-	if env.FlowPort != 0 && target == server {
-		// Flow trials go to the flow sink's port.
-		ports += fmt.Sprintf(", \"%d\"", env.FlowPort)
-	}
-	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s], ports: [%s]}\n", hostPrefix(target.Addr()), ports)
-	if len(ds) > 0 {
-		b.WriteString("detours:\n")
-	}
-	for _, d := range ds {
-		switch d.kind {
-		case "nat":
-			fmt.Fprintf(&b, "  - {kind: nat, relay: %s, address: %s, server: %s}\n", d.relay, d.address, server)
-		case "tunnel":
-			fmt.Fprintf(&b, "  - {kind: tunnel, relay: %s, local: %s, servers: [%s/32]}\n", d.relay, d.local, server.Addr())
-		}
-	}
-	b.WriteString(extra)
-	b.WriteString(env.AgentConfig)
+	b.WriteString(agentConfig(env, sock, subflows, ds, extra, target, env.serverAddr()))
 	leave := func() error { return nil }
 	if usesBPF(b.String()) {
 		// The agent's BPF program sees only this runner's sockets
@@ -454,4 +422,50 @@ func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour
 		return nil, err
 	}
 	return d, nil
+}
+
+// agentConfig is the agent's config file for startAgentFor, without the
+// bpf_cgroup line: status socket sock, the cell's procedure's policy and
+// subflow_lowat, a selector for target, static detours ds toward server,
+// extra and the scenario's agent config.
+func agentConfig(env *Env, sock string, subflows int, ds []agentDetour, extra string, target, server netip.AddrPort) string {
+	var b strings.Builder
+	// MPDETOUR_BENCH_LOG=debug: the agent logs every intent and trial
+	// (with MPDETOUR_BENCH_KEEP=1 to keep the logs).
+	level := "info"
+	if v := os.Getenv("MPDETOUR_BENCH_LOG"); v != "" {
+		level = v
+	}
+	fmt.Fprintf(&b, "socket: %s\nsubflows: %d\nlog_level: %s\n", sock, subflows, level)
+	if pol := scenario.Policy(env.Cell.Procedure); pol != "" {
+		// Procedures that name a policy compare policies side by side; the
+		// adaptive one measures every 100 ms, so the static one probes as
+		// often (its stall check), to compare policies, not probe rates.
+		fmt.Fprintf(&b, "policy: %s\nprobe_interval: 100ms\n", pol)
+	}
+	if n := scenario.SubflowLowat(env.Cell.Procedure); n > 0 {
+		// The agent's BPF program writes the limit; startAgentFor gives
+		// it this runner's cgroup (usesBPF).
+		fmt.Fprintf(&b, "subflow_lowat: %d\n", n)
+	}
+	ports := fmt.Sprintf("\"%d\"", target.Port())
+	if env.FlowPort != 0 && target == server {
+		// Flow trials go to the flow sink's port.
+		ports += fmt.Sprintf(", \"%d\"", env.FlowPort)
+	}
+	fmt.Fprintf(&b, "selectors:\n  - {prefixes: [%s], ports: [%s]}\n", hostPrefix(target.Addr()), ports)
+	if len(ds) > 0 {
+		b.WriteString("detours:\n")
+	}
+	for _, d := range ds {
+		switch d.kind {
+		case "nat":
+			fmt.Fprintf(&b, "  - {kind: nat, relay: %s, address: %s, server: %s}\n", d.relay, d.address, server)
+		case "tunnel":
+			fmt.Fprintf(&b, "  - {kind: tunnel, relay: %s, local: %s, servers: [%s/32]}\n", d.relay, d.local, server.Addr())
+		}
+	}
+	b.WriteString(extra)
+	b.WriteString(env.AgentConfig)
+	return b.String()
 }

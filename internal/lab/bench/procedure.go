@@ -194,6 +194,9 @@ func Procedures() map[string]Setup {
 		scenario.LBBulkAnnounced:        setupLBBulkAnnounced,
 
 		scenario.Collective: setupCollective,
+
+		scenario.MPTCPNATStaticLowat:    setupMPTCPNAT,
+		scenario.MPTCPTunnelStaticLowat: setupMPTCPTunnel,
 	}
 }
 
