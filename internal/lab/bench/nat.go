@@ -413,15 +413,7 @@ func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour
 		return nil, err
 	}
 	d.after = leave
-	err = d.waitFor(ctx, "status socket", 15*time.Second, func() bool {
-		_, err := os.Stat(sock)
-		return err == nil
-	})
-	if err != nil {
-		d.stop()
-		return nil, err
-	}
-	return d, nil
+	return waitStatusSocket(ctx, d, sock)
 }
 
 // agentConfig is the agent's config file for startAgentFor, without the
@@ -468,4 +460,18 @@ func agentConfig(env *Env, sock string, subflows int, ds []agentDetour, extra st
 	b.WriteString(extra)
 	b.WriteString(env.AgentConfig)
 	return b.String()
+}
+
+// waitStatusSocket waits until agent d listens on its status socket sock
+// (it does once it follows MPTCP events); d is stopped if it does not.
+func waitStatusSocket(ctx context.Context, d *daemon, sock string) (*daemon, error) {
+	err := d.waitFor(ctx, "status socket", 15*time.Second, func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	})
+	if err != nil {
+		d.stop()
+		return nil, err
+	}
+	return d, nil
 }
