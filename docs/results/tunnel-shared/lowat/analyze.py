@@ -45,6 +45,9 @@ LABEL = {"symmetric": "Symmetric", "symmetric-loss1": "Symmetric, 1 % loss", "sy
 PROCS = ["tcp", "tcp-nat", "tcp-tunnel", "mptcp-nat-static", "mptcp-nat-static-lowat", "mptcp-tunnel-static", "mptcp-tunnel-static-lowat"]
 TARGET = {"symmetric": ("best", 0.98), "symmetric-loss1": ("best", 0.98), "symmetric-delay100": ("best", 0.98),
           "core-limited": ("sum", 0.97), "core-limited-delay100": ("sum", 0.9), "core-limited-loss1": ("best", 1.0)}
+# symmetric 1 % loss has a second target: >= the best single path (1.0),
+# and more than it, as the default path carries something alone.
+ALSO = {"symmetric-loss1": 1.0}
 KINDS = [("NAT", "tcp-nat", "mptcp-nat-static", "mptcp-nat-static-lowat", "mptcp-nat"),
          ("tunnel", "tcp-tunnel", "mptcp-tunnel-static", "mptcp-tunnel-static-lowat", "mptcp-tunnel")]
 
@@ -92,13 +95,13 @@ if inrun:
 print(f"1-min load at trial ends: median {st.median(tl):.2f}, max {max(tl):.2f}")
 print()
 
-print("### Goodput, Mbit/s: mean (sd), n\n")
+print("### Goodput, Mbit/s: mean (sd), n (complete rounds)\n")
 print("| configuration | " + " | ".join(PROCS) + " |")
 print("|---|" + "---:|" * len(PROCS))
 for c in CONFIGS:
     cells = []
     for p in PROCS:
-        v = list(g[(c, p)].values())
+        v = [g[(c, p)][n] for n in rounds(c)]
         cells.append(f"{st.mean(v):.2f} ({st.stdev(v) if len(v) > 1 else 0:.2f}) n={len(v)}" if v else "-")
     print(f"| {LABEL[c]} | " + " | ".join(cells) + " |")
 print()
@@ -133,10 +136,13 @@ for c in CONFIGS:
             refname = ref(c, single, ns[0])[1]
             rom = st.mean(g[(c, p)][n] for n in ns) / st.mean(ref(c, single, n)[0] for n in ns)
             m, a, b = tint(per)
-            side = "above" if a >= tmin else "below" if b < tmin else "spans"
-            status = "met" if rom >= tmin else "missed"
+            vs = []
+            for tm in [tmin] + ([ALSO[c]] if c in ALSO else []):
+                side = "above" if a >= tm else "below" if b < tm else "spans"
+                vs.append(f"{tm}: {'met' if rom >= tm else 'missed'}, interval {side}")
+            status = "; ".join(vs)
             print(f"| {LABEL[c]} | {name} | {kind} >= {tmin} | {refname} | {p} | {', '.join(f'{x:.3f}' for x in per)} | {rom:.3f} | "
-                  f"{m:.3f} [{a:.3f}, {b:.3f}] | {status}, interval {side} | {oldratio(c, single, dflt):.3f} |")
+                  f"{m:.3f} [{a:.3f}, {b:.3f}] | {status} | {oldratio(c, single, dflt):.3f} |")
 print()
 
 print("### lowat / static, same detour, paired by round\n")
