@@ -171,3 +171,32 @@ for c in CONFIGS:
                     o.append(sum(sf.get("window_bytes", 0) for sf in r["subflows"] if sf["path"] != "default") / 1e6)
             cells.append(f"{st.mean(d):.1f} / {st.mean(o):.1f}" if d else "-")
     print(f"| {LABEL[c]} | " + " | ".join(cells) + " |")
+print()
+
+# Where the link is shared (symmetric profile), each byte costs the client's
+# access link what it costs TCP on that path alone in the plain symmetric
+# configuration (tcp-tunnel's goodput is below tcp's by the tunnel's
+# headers and smaller MSS; loss and delay are on L2, past the access link).
+# With the measured byte split (default path f, detour 1 - f), the goodput
+# the access link allows is 1 / (f / tcp + (1 - f) / tcp-<detour>) with the
+# plain symmetric means: the ceiling that split leaves, whatever the
+# scheduler does with queues; given over the configuration's best single path.
+print("### Symmetric profile: ceiling of the byte split on the shared access link, of the best single path\n")
+print("| configuration | procedure | detour share of bytes | ceiling / best | measured / best |")
+print("|---|---|---:|---:|---:|")
+S = "symmetric"
+for c in [c for c in CONFIGS if c.startswith("symmetric")]:
+    for name, single, static, lowat, dflt in KINDS:
+        for p in (static, lowat):
+            fd = []
+            for r in ok:
+                if r["configuration"] == c and r["procedure"] == p and r["trial"] in rounds(c):
+                    d = sum(sf.get("window_bytes", 0) for sf in r["subflows"] if sf["path"] == "default")
+                    o = sum(sf.get("window_bytes", 0) for sf in r["subflows"] if sf["path"] != "default")
+                    fd.append(d / (d + o))
+            f = st.mean(fd)
+            ns, ss = rounds(c), rounds(S)
+            ceil = 1 / (f / st.mean(g[(S, "tcp")][n] for n in ss) + (1 - f) / st.mean(g[(S, single)][n] for n in ss))
+            best = max(st.mean(g[(c, "tcp")][n] for n in ns), st.mean(g[(c, single)][n] for n in ns))
+            meas = st.mean(g[(c, p)][n] for n in ns) / best
+            print(f"| {LABEL[c]} | {p} | {1 - f:.2f} | {ceil / best:.3f} | {meas:.3f} |")
