@@ -297,7 +297,7 @@ func printBuffers(b *agent.BufferStatus) {
 
 // printSubflowLowat shows the per-subflow unsent limit when configured:
 // failed or refused (with the reason; the policy runs without it) or
-// active with the limit, the address pairs that have it and how often
+// active with the limit, the subflows that have it and how often
 // the program set it.
 func printSubflowLowat(l *agent.LowatStatus) {
 	switch {
@@ -308,9 +308,9 @@ func printSubflowLowat(l *agent.LowatStatus) {
 		fmt.Printf("subflow lowat: refused: %s (running without it)\n", l.Refused)
 	case l.Error != "":
 		// The count could not be read: no "set 0 times".
-		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d address pairs, settings unknown: %s\n", l.Bytes, l.Pairs, l.Error)
+		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d subflows, settings unknown: %s\n", l.Bytes, l.Pairs, l.Error)
 	default:
-		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d address pairs, set %d times\n", l.Bytes, l.Pairs, l.Sets)
+		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d subflows, set %d times\n", l.Bytes, l.Pairs, l.Sets)
 	}
 }
 

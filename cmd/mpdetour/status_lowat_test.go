@@ -17,7 +17,7 @@ func TestPrintSubflowLowat(t *testing.T) {
 		not  string
 	}{
 		{&agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Sets: 3},
-			"subflow lowat: active, 131072 bytes unsent at most per subflow, 2 address pairs, set 3 times", ""},
+			"subflow lowat: active, 131072 bytes unsent at most per subflow, 2 subflows, set 3 times", ""},
 		{&agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Error: "bpfclamp: read the lowat count: bad file descriptor"},
 			"settings unknown: bpfclamp: read the lowat count: bad file descriptor", "set 0 times"},
 		{&agent.LowatStatus{State: "refused", Bytes: 131072, Refused: "the kernel refused TCP_NOTSENT_LOWAT from BPF (protocol not available)"},

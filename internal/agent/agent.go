@@ -727,10 +727,10 @@ func (a *Agent) reportPairs(token uint32) {
 	if !cv.selected {
 		return
 	}
-	pairs := []SubflowPair{{Local: cv.c.Local.Addr(), Remote: cv.c.Remote.Addr()}}
+	pairs := []SubflowPair{{Local: cv.c.Local, Remote: cv.c.Remote}}
 	for _, sv := range cv.subs {
 		if sv.up {
-			pairs = append(pairs, SubflowPair{Local: sv.sf.Local.Addr(), Remote: sv.sf.Remote.Addr()})
+			pairs = append(pairs, SubflowPair{Local: sv.sf.Local, Remote: sv.sf.Remote})
 		}
 	}
 	a.cfg.OnSubflows(token, pairs)

@@ -92,12 +92,12 @@ type Options struct {
 	// CwndClamp, when set, adds the cwnd clamps' state to the status
 	// (wired by internal/agentd).
 	CwndClamp func() policy.ClampStatus
-	// OnSubflows, when set, gets the address pairs of a managed
-	// connection's established subflows (the initial subflow's pair
-	// first, while the connection is tracked, then each established
-	// join's) whenever they may have changed, and nil once the connection
-	// is gone, from the agent's loop (internal/agentd: subflow_lowat; not
-	// in the YAML). It must not block. A pair may repeat.
+	// OnSubflows, when set, gets the 4-tuples of a managed (selected)
+	// connection's established subflows (the initial subflow's first,
+	// while the connection is tracked, then each established join's)
+	// whenever they may have changed, and nil once the connection is
+	// gone, from the agent's loop (internal/agentd: subflow_lowat; not
+	// in the YAML). It must not block. A 4-tuple may repeat.
 	OnSubflows func(token uint32, pairs []SubflowPair)
 	// SubflowLowat, when set, adds the per-subflow unsent limit's state
 	// to the status (wired by internal/agentd).
@@ -131,12 +131,13 @@ type Options struct {
 	SharedWindow     time.Duration
 }
 
-// SubflowPair is a subflow's (local address, remote address), IPv4
-// unmapped.
-type SubflowPair struct{ Local, Remote netip.Addr }
+// SubflowPair is a subflow's local and remote address and port (its
+// 4-tuple), IPv4 unmapped.
+type SubflowPair struct{ Local, Remote netip.AddrPort }
 
 // LowatStatus is the per-subflow unsent limit (subflow_lowat) in the
-// status: active with the limit and the address pairs that have it, or
+// status: active with the limit and the subflows that have it (Pairs:
+// their 4-tuples, the map entries; the JSON name is kept), or
 // failed with the reason (the agent runs without it). Refused says the
 // kernel refused the program's TCP_NOTSENT_LOWAT; Sets counts the
 // program's settings (one per subflow, more when the kernel reset one).

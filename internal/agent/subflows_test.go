@@ -53,7 +53,7 @@ func (p *pairLog) wait(t *testing.T, token uint32, want string) {
 	t.Fatalf("connection %d: subflow pairs %q, want %q", token, p.get(token), want)
 }
 
-// OnSubflows hears the initial subflow's pair once the connection is
+// OnSubflows hears the initial subflow's 4-tuple once the connection is
 // tracked, each join's while it is up (a failed join never), the pairs
 // without a closed join, and nothing once the connection closes.
 func TestAgentReportsSubflowPairs(t *testing.T) {
@@ -62,13 +62,13 @@ func TestAgentReportsSubflowPairs(t *testing.T) {
 		ConnectTimeout: 3 * time.Second, Policy: policy.Static, OnSubflows: pl.on},
 		static.New([]static.Entry{natDetour("r1", relay1), natDetour("r2", relay2)}))
 	h.connect(7)
-	initial := fmt.Sprintf("%s>%s", client.Addr(), server.Addr())
+	initial := fmt.Sprintf("%s>%s", client, server)
 	pl.wait(t, 7, initial)
 	h.wait(0, "SUBFLOW_CREATE via r1", creates(relay1))
 	sub1 := netip.AddrPortFrom(client.Addr(), 50001)
 	sub2 := netip.AddrPortFrom(client.Addr(), 50002)
 	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubEstablished, Token: 7, Local: sub1, Remote: relay1})
-	via1 := fmt.Sprintf("%s>%s", client.Addr(), relay1.Addr())
+	via1 := fmt.Sprintf("%s>%s", sub1, relay1)
 	pl.wait(t, 7, initial+" "+via1)
 	// A join that fails (SUB_CLOSED without SUB_ESTABLISHED) adds nothing.
 	h.k.Emit(mptcppm.Event{Type: mptcppm.EventSubClosed, Token: 7, Local: sub2, Remote: relay2, Error: 111})
@@ -103,7 +103,7 @@ func TestAgentSkipsUnselectedPairs(t *testing.T) {
 	est := e
 	est.Type = mptcppm.EventEstablished
 	h.k.Emit(e, est)
-	pl.wait(t, 8, fmt.Sprintf("%s>%s", client.Addr(), selected.Addr()))
+	pl.wait(t, 8, fmt.Sprintf("%s>%s", client, selected))
 	if got := pl.get(7); got != "never" {
 		t.Errorf("connection outside the selectors reported with pairs %q", got)
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/detour/static"
 	"github.com/mpdetour/mpdetour/internal/legacyclient"
 	"github.com/mpdetour/mpdetour/internal/pathcheck"
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
 	"github.com/mpdetour/mpdetour/internal/serverrole"
@@ -185,8 +186,12 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		if cfg.SubflowLowat > 0 {
 			lw := startLowat(cfg.SubflowLowat, prog, log)
 			opts.OnSubflows, opts.SubflowLowat = lw.subflows, lw.status
-			// Before the program's close (defers run last first).
-			defer lw.watch(lowatCheckEvery)()
+			// Every probe round also looks for the kernel's refusal.
+			if clamps := opts.OnMeasured; clamps != nil {
+				opts.OnMeasured = func(ms []policy.Measurement) { clamps(ms); lw.measured(ms) }
+			} else {
+				opts.OnMeasured = lw.measured
+			}
 		}
 	}
 	if cfg.SubflowCongestion != "" {

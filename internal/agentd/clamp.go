@@ -16,6 +16,8 @@ import (
 type clampMap interface {
 	Set(k bpfclamp.Key, l bpfclamp.Limits) error
 	Delete(k bpfclamp.Key) error
+	SetLowat(k bpfclamp.Conn, bytes uint32) error
+	DeleteLowat(k bpfclamp.Conn) error
 	// Refused reports what the kernel refused the program.
 	Refused() (bpfclamp.Refusals, error)
 	// LowatSets counts the program's TCP_NOTSENT_LOWAT settings.
@@ -24,10 +26,10 @@ type clampMap interface {
 }
 
 // bpfProgram is the agent's one BPF sock_ops program, shared by
-// cwnd_clamp and subflow_lowat: one attach, one map. It keeps each
-// address pair's limits from both mechanisms and writes them together (a
-// map entry holds all of a pair's limits), deleting the entry when none
-// is left.
+// cwnd_clamp and subflow_lowat: one attach. It keeps each address pair's
+// cwnd and pacing limits and writes them together (a map entry holds all
+// of a pair's limits), deleting the entry when none is left; the lowat
+// has a map of its own, keyed by the subflow's 4-tuple (lowat).
 type bpfProgram struct {
 	mu     sync.Mutex
 	m      clampMap // nil: failed
@@ -70,6 +72,17 @@ func (b *bpfProgram) change(k bpfclamp.Key, fn func(*bpfclamp.Limits)) error {
 	}
 	b.limits[k] = l
 	return nil
+}
+
+// lowat writes a subflow's notsent lowat (bytes > 0) or deletes it (0).
+func (b *bpfProgram) lowat(k bpfclamp.Conn, bytes uint32) error {
+	if b.m == nil {
+		return errors.New(b.err)
+	}
+	if bytes == 0 {
+		return b.m.DeleteLowat(k)
+	}
+	return b.m.SetLowat(k, bytes)
 }
 
 // close detaches the program (the kernel also does when the agent dies:

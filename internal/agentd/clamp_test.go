@@ -21,6 +21,7 @@ import (
 // SO_MAX_PACING_RATE from BPF would at the next callback.
 type fakeClampMap struct {
 	set          map[bpfclamp.Key]bpfclamp.Limits
+	lowats       map[bpfclamp.Conn]uint32
 	refusePacing bool
 	refused      bpfclamp.Refusals
 	refusedErr   error
@@ -46,6 +47,24 @@ func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
 	if l.PacingRate != 0 && f.refusePacing {
 		f.refused.Pacing = unix.EINVAL
 	}
+	return nil
+}
+func (f *fakeClampMap) SetLowat(k bpfclamp.Conn, bytes uint32) error {
+	if f.failSets > 0 {
+		f.failSets--
+		return errors.New("bpfclamp: set the lowat: argument list too long")
+	}
+	if f.lowats == nil {
+		f.lowats = map[bpfclamp.Conn]uint32{}
+	}
+	f.lowats[k] = bytes
+	return nil
+}
+func (f *fakeClampMap) DeleteLowat(k bpfclamp.Conn) error {
+	if _, ok := f.lowats[k]; !ok {
+		f.deletedAbsent++
+	}
+	delete(f.lowats, k)
 	return nil
 }
 func (f *fakeClampMap) Delete(k bpfclamp.Key) error {

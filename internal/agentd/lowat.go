@@ -3,16 +3,20 @@ package agentd
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
-	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
+	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
 // subflowLowat runs the subflow_lowat mechanism: every subflow of every
 // managed connection gets TCP_NOTSENT_LOWAT = bytes through the BPF
-// program (bpfclamp.Limits.NotsentLowat), keyed by its address pair.
+// program (bpfclamp.Clamper.SetLowat), keyed by its 4-tuple: only that
+// subflow gets it, not other sockets between the same addresses (plain
+// TCP, probes, unselected connections to other ports), and the program
+// touches MPTCP subflows only.
 //
 // Why: on an MPTCP socket TCP_NOTSENT_LOWAT bounds only the bytes not yet
 // handed to a subflow; the kernel sets every subflow's own to UINT_MAX
@@ -24,18 +28,19 @@ import (
 // subflow drains after the writer is done stays bounded
 // (docs/upstream/mptcp-1sf-p019-p058, docs/agent.md).
 //
-// A pair's entry lives while any tracked connection has an established
-// subflow on it (the agent's OnSubflows view: the initial subflow's pair
-// for the connection's life, each join's while it is up) and is deleted
-// after the last one goes. A socket keeps the lowat it was given.
+// A subflow's entry lives while a tracked connection has it established
+// (the agent's OnSubflows view: the initial subflow's for the
+// connection's life, each join's while it is up; counted per connection,
+// should a 4-tuple be reported twice) and is deleted after. A socket
+// keeps the lowat it was given.
 type subflowLowat struct {
 	log   *slog.Logger
 	prog  *bpfProgram
 	bytes uint32
 
 	mu    sync.Mutex // status reads pairs and refused
-	conns map[uint32]map[bpfclamp.Key]bool
-	pairs map[bpfclamp.Key]int // connections with a subflow on the pair
+	conns map[uint32]map[bpfclamp.Conn]bool
+	pairs map[bpfclamp.Conn]int // connections with the subflow
 	// refused: the kernel refused TCP_NOTSENT_LOWAT from BPF (warned
 	// once, in status); unread: the refusals could not be read (warned
 	// once).
@@ -45,7 +50,7 @@ type subflowLowat struct {
 
 // startLowat writes the limits through prog (openBPF).
 func startLowat(bytes uint32, prog *bpfProgram, log *slog.Logger) *subflowLowat {
-	l := &subflowLowat{log: log, prog: prog, bytes: bytes, conns: map[uint32]map[bpfclamp.Key]bool{}, pairs: map[bpfclamp.Key]int{}}
+	l := &subflowLowat{log: log, prog: prog, bytes: bytes, conns: map[uint32]map[bpfclamp.Conn]bool{}, pairs: map[bpfclamp.Conn]int{}}
 	if !prog.ok() {
 		log.Warn("subflow lowat off: the BPF program could not be loaded or attached; running without it", "err", prog.err)
 		return l
@@ -54,16 +59,21 @@ func startLowat(bytes uint32, prog *bpfProgram, log *slog.Logger) *subflowLowat 
 	return l
 }
 
-// subflows takes a connection's subflow pairs (agent.Options.OnSubflows;
+// unmapPort is ap with an IPv4-mapped address unmapped.
+func unmapPort(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// subflows takes a connection's subflows' 4-tuples (agent.Options.OnSubflows;
 // nil: the connection is gone) and writes or deletes the entries whose
 // use changed.
 func (l *subflowLowat) subflows(token uint32, pairs []agent.SubflowPair) {
 	if !l.prog.ok() {
 		return
 	}
-	now := make(map[bpfclamp.Key]bool, len(pairs))
+	now := make(map[bpfclamp.Conn]bool, len(pairs))
 	for _, p := range pairs {
-		now[bpfclamp.Key{Local: p.Local.Unmap(), Remote: p.Remote.Unmap()}] = true
+		now[bpfclamp.Conn{Local: unmapPort(p.Local), Remote: unmapPort(p.Remote)}] = true
 	}
 	l.mu.Lock()
 	before := l.conns[token]
@@ -72,7 +82,7 @@ func (l *subflowLowat) subflows(token uint32, pairs []agent.SubflowPair) {
 	} else {
 		l.conns[token] = now
 	}
-	var add, drop []bpfclamp.Key
+	var add, drop []bpfclamp.Conn
 	for k := range now {
 		if !before[k] {
 			if l.pairs[k]++; l.pairs[k] == 1 {
@@ -90,10 +100,10 @@ func (l *subflowLowat) subflows(token uint32, pairs []agent.SubflowPair) {
 	}
 	l.mu.Unlock()
 	for _, k := range add {
-		if err := l.prog.change(k, func(x *bpfclamp.Limits) { x.NotsentLowat = l.bytes }); err != nil {
+		if err := l.prog.lowat(k, l.bytes); err != nil {
 			// Not written (e.g. the map is full): not counted, so the
-			// connection's next report, or the pair's next connection,
-			// tries again.
+			// connection's next report (or another connection's report
+			// of the same 4-tuple) tries again.
 			l.log.Warn("subflow lowat not set", "local", k.Local, "remote", k.Remote, "err", err)
 			l.mu.Lock()
 			if l.conns[token] != nil {
@@ -108,42 +118,24 @@ func (l *subflowLowat) subflows(token uint32, pairs []agent.SubflowPair) {
 		l.log.Debug("subflow lowat", "local", k.Local, "remote", k.Remote, "bytes", l.bytes)
 	}
 	for _, k := range drop {
-		if err := l.prog.change(k, func(x *bpfclamp.Limits) { x.NotsentLowat = 0 }); err != nil {
+		if err := l.prog.lowat(k, 0); err != nil {
 			l.log.Warn("subflow lowat not removed", "local", k.Local, "remote", k.Remote, "err", err)
 		}
 	}
 	if len(add) > 0 {
-		// Refusals of the pairs' earlier sockets; later ones: watch.
+		// Refusals of earlier subflows; later ones: measured.
 		l.checkRefused()
 	}
 }
 
-// watch checks the kernel's refusals every period until stop (which
-// waits for it): the program sets a subflow's lowat at a callback after
-// its entry was written, so a refusal shows up only later, and a host
-// with one long connection reports no new pair to check it at.
-func (l *subflowLowat) watch(every time.Duration) (stop func()) {
-	if !l.prog.ok() {
-		return func() {}
-	}
-	done, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				l.checkRefused()
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(done) })
-		<-exited
+// measured looks for the kernel's refusal at every probe round
+// (agent.Options.OnMeasured): the program sets a subflow's lowat at a
+// callback after its entry was written, so a refusal shows up only after
+// the subflow was added, and a host with one long connection reports no new
+// subflow to check it at.
+func (l *subflowLowat) measured([]policy.Measurement) {
+	if l.prog.ok() {
+		l.checkRefused()
 	}
 }
 
@@ -182,7 +174,3 @@ func (l *subflowLowat) status() agent.LowatStatus {
 	}
 	return st
 }
-
-// lowatCheckEvery is how often the agent looks for the kernel's refusal
-// of the lowat (one map read).
-const lowatCheckEvery = 10 * time.Second

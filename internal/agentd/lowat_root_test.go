@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -79,8 +78,7 @@ func TestLowatRealProgram(t *testing.T) {
 	// As the agent does: the pair is reported after the subflow's
 	// ESTABLISHED callback (from the path manager's events), so the
 	// program sets the lowat at an RTT callback.
-	lo := netip.MustParseAddr("127.0.0.1")
-	l.subflows(1, []agent.SubflowPair{{Local: lo, Remote: lo}})
+	l.subflows(1, []agent.SubflowPair{{Local: c.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: c.RemoteAddr().(*net.TCPAddr).AddrPort()}})
 	var st agent.LowatStatus
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
 		if st = l.status(); st.Sets > 0 {

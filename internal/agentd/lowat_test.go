@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,51 +16,54 @@ import (
 )
 
 var (
-	lwClient = netip.MustParseAddr("10.0.1.1")
-	lwServer = netip.MustParseAddr("10.0.2.2")
-	lwRelay  = netip.MustParseAddr("10.0.3.2")
+	lwClient = netip.MustParseAddrPort("10.0.1.1:40000")
+	lwServer = netip.MustParseAddrPort("10.0.2.2:5201")
+	lwJoin   = netip.MustParseAddrPort("10.0.1.1:50001")
+	lwRelay  = netip.MustParseAddrPort("10.0.3.2:45673")
 )
 
-// Every subflow pair of a managed connection gets the lowat; a pair two
-// connections share keeps it until both are done with it; a join's pair
-// goes when the join does; nothing is left after the last connection.
+// Every subflow of a managed connection gets the lowat under its 4-tuple;
+// a 4-tuple reported by two connections keeps it until both are done
+// with it; a join's goes when the join does; nothing is left after the
+// last connection.
 func TestLowatEntriesFollowSubflows(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, sets: 3}
 	var logs bytes.Buffer
 	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
-	initial := bpfclamp.Key{Local: lwClient, Remote: lwServer}
-	join := bpfclamp.Key{Local: lwClient, Remote: lwRelay}
-	want := bpfclamp.Limits{NotsentLowat: 128 << 10}
+	initial := bpfclamp.Conn{Local: lwClient, Remote: lwServer}
+	join := bpfclamp.Conn{Local: lwJoin, Remote: lwRelay}
+	const want = 128 << 10
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
-	// An IPv4-mapped address is the same pair.
-	l.subflows(2, []agent.SubflowPair{{Local: netip.AddrFrom16(lwClient.As16()), Remote: lwServer}})
-	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}, {Local: lwClient, Remote: lwRelay}, {Local: lwClient, Remote: lwRelay}})
-	if len(m.set) != 2 || m.set[initial] != want || m.set[join] != want {
-		t.Fatalf("map %v, want the initial and the join pair with %+v", m.set, want)
+	// An IPv4-mapped address is the same 4-tuple.
+	l.subflows(2, []agent.SubflowPair{{Local: netip.AddrPortFrom(netip.AddrFrom16(lwClient.Addr().As16()), lwClient.Port()), Remote: lwServer}})
+	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}, {Local: lwJoin, Remote: lwRelay}, {Local: lwJoin, Remote: lwRelay}})
+	if len(m.lowats) != 2 || m.lowats[initial] != want || m.lowats[join] != want || len(m.set) != 0 {
+		t.Fatalf("lowats %v (pairs %v), want the initial subflow and the join with %d", m.lowats, m.set, want)
 	}
 	if st := l.status(); st.State != "active" || st.Pairs != 2 || st.Bytes != 128<<10 || st.Sets != 3 {
 		t.Errorf("status %+v", st)
 	}
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}}) // the join closed
-	if _, ok := m.set[join]; ok || m.set[initial] != want {
-		t.Fatalf("after the join closed: map %v", m.set)
+	if _, ok := m.lowats[join]; ok || m.lowats[initial] != want {
+		t.Fatalf("after the join closed: lowats %v", m.lowats)
 	}
 	l.subflows(1, nil)
-	if m.set[initial] != want {
-		t.Fatalf("connection 2 still uses the initial pair: map %v", m.set)
+	if m.lowats[initial] != want {
+		t.Fatalf("connection 2 still reports the initial subflow: lowats %v", m.lowats)
 	}
 	l.subflows(2, nil)
 	l.subflows(3, nil) // never seen: nothing to do
-	if len(m.set) != 0 || m.deletedAbsent != 0 {
-		t.Fatalf("after every connection: map %v, %d deletions of absent pairs", m.set, m.deletedAbsent)
+	if len(m.lowats) != 0 || m.deletedAbsent != 0 {
+		t.Fatalf("after every connection: lowats %v, %d deletions of absent entries", m.lowats, m.deletedAbsent)
 	}
 	if st := l.status(); st.Pairs != 0 {
 		t.Errorf("status %+v, want no pairs", st)
 	}
 }
 
-// cwnd_clamp and subflow_lowat share the program: a pair with both keeps
-// both in its one entry, and losing the lowat leaves the clamp.
+// cwnd_clamp and subflow_lowat share the program: the tunnel subflow
+// gets the clamp under its address pair and the lowat under its 4-tuple;
+// losing the lowat leaves the clamp.
 func TestLowatSharesProgramWithClamps(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}}
 	log := slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))
@@ -69,17 +71,16 @@ func TestLowatSharesProgramWithClamps(t *testing.T) {
 	c := startClamps(ClampSettings{}, clampSources(), log, prog)
 	l := startLowat(64<<10, prog, log)
 	tun := bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}
-	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: clampServer.Addr()}, {Local: tun.Local, Remote: tun.Remote}})
-	c.measured([]policy.Measurement{{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}})
-	if got := m.set[tun]; got != (bpfclamp.Limits{CwndSegments: 56, NotsentLowat: 64 << 10}) {
-		t.Fatalf("tunnel pair %+v, want the clamp and the lowat", got)
+	tunSub := bpfclamp.Conn{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer}
+	def := bpfclamp.Conn{Local: lwClient, Remote: clampServer}
+	l.subflows(1, []agent.SubflowPair{{Local: def.Local, Remote: def.Remote}, {Local: tunSub.Local, Remote: tunSub.Remote}})
+	c.measured([]policy.Measurement{{Local: tunSub.Local, Remote: clampServer, DeliveryRate: 1e6, MinRTT: 61 * time.Millisecond, RTT: 130 * time.Millisecond, SndMSS: 1368}})
+	if got := m.set[tun]; got != (bpfclamp.Limits{CwndSegments: 56}) || m.lowats[tunSub] != 64<<10 || m.lowats[def] != 64<<10 {
+		t.Fatalf("tunnel pair %+v, lowats %v: want the clamp and both subflows' lowat", got, m.lowats)
 	}
 	l.subflows(1, nil)
-	if got := m.set[tun]; got != (bpfclamp.Limits{CwndSegments: 56}) {
-		t.Fatalf("tunnel pair after the connection: %+v, want the clamp alone", got)
-	}
-	if _, ok := m.set[bpfclamp.Key{Local: lwClient, Remote: clampServer.Addr()}]; ok {
-		t.Errorf("default pair kept an entry: %v", m.set)
+	if got := m.set[tun]; got != (bpfclamp.Limits{CwndSegments: 56}) || len(m.lowats) != 0 {
+		t.Fatalf("after the connection: tunnel pair %+v, lowats %v: want the clamp alone", got, m.lowats)
 	}
 	if err := prog.close(); err != nil || !m.closed {
 		t.Errorf("close: %v, closed %v", err, m.closed)
@@ -110,7 +111,7 @@ func TestLowatRefused(t *testing.T) {
 	var logs bytes.Buffer
 	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	for tok := range uint32(3) {
-		l.subflows(tok, []agent.SubflowPair{{Local: lwClient, Remote: netip.AddrFrom4([4]byte{10, 0, 2, byte(tok)})}})
+		l.subflows(tok, []agent.SubflowPair{{Local: lwClient, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 2, byte(tok)}), 5201)}})
 	}
 	if n := strings.Count(logs.String(), "refused"); n != 1 {
 		t.Errorf("log %q: want one refusal warning", logs.String())
@@ -150,72 +151,48 @@ func TestLowatConfig(t *testing.T) {
 	}
 }
 
-// A pair whose entry could not be written (a full map) is not counted:
-// the next connection on it writes it, and status counts it then.
+// A subflow whose entry could not be written (a full map) is not
+// counted: the next report of it writes it, and status counts it then.
 func TestLowatRetriesFailedWrite(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, failSets: 1}
 	var logs bytes.Buffer
 	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
-	k := bpfclamp.Key{Local: lwClient, Remote: lwServer}
+	k := bpfclamp.Conn{Local: lwClient, Remote: lwServer}
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
-	if _, ok := m.set[k]; ok || l.status().Pairs != 0 || !strings.Contains(logs.String(), "not set") {
-		t.Fatalf("after a failed write: map %v, status %+v, log %q", m.set, l.status(), logs.String())
+	if _, ok := m.lowats[k]; ok || l.status().Pairs != 0 || !strings.Contains(logs.String(), "not set") {
+		t.Fatalf("after a failed write: lowats %v, status %+v, log %q", m.lowats, l.status(), logs.String())
 	}
 	l.subflows(2, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
-	if m.set[k] != (bpfclamp.Limits{NotsentLowat: 128 << 10}) || l.status().Pairs != 1 {
-		t.Fatalf("a second connection on the pair: map %v, status %+v", m.set, l.status())
+	if m.lowats[k] != 128<<10 || l.status().Pairs != 1 {
+		t.Fatalf("a second report of the subflow: lowats %v, status %+v", m.lowats, l.status())
 	}
 	// The first connection's next report counts it again; both gone:
 	// nothing left.
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	l.subflows(2, nil)
-	if _, ok := m.set[k]; !ok {
-		t.Fatalf("connection 1 still uses the pair: map %v", m.set)
+	if _, ok := m.lowats[k]; !ok {
+		t.Fatalf("connection 1 still reports the subflow: lowats %v", m.lowats)
 	}
 	l.subflows(1, nil)
-	if len(m.set) != 0 || l.status().Pairs != 0 {
-		t.Fatalf("after both connections: map %v, status %+v", m.set, l.status())
+	if len(m.lowats) != 0 || l.status().Pairs != 0 {
+		t.Fatalf("after both connections: lowats %v, status %+v", m.lowats, l.status())
 	}
 }
 
-// The kernel refuses the lowat at a callback after the pair was added:
-// with no new subflow, the periodic check still warns, once.
+// The kernel refuses the lowat at a callback after the subflow was
+// added: with no new subflow, the next probe round warns, once.
 func TestLowatRefusedLater(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Lowat: unix.ENOPROTOOPT}, refusedAfter: 1}
-	var logs syncBuffer
+	var logs bytes.Buffer
 	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	if s := logs.String(); s != "" {
 		t.Fatalf("log %q right after the add: the refusal comes later", s)
 	}
-	stop := l.watch(5 * time.Millisecond)
-	defer stop()
-	for end := time.Now().Add(3 * time.Second); !strings.Contains(logs.String(), "refused"); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("log %q: no refusal warning without a new subflow", logs.String())
-		}
+	for range 3 {
+		l.measured(nil)
 	}
-	time.Sleep(30 * time.Millisecond) // several more checks
-	stop()
 	if n := strings.Count(logs.String(), "refused"); n != 1 {
-		t.Errorf("log %q: want one refusal warning", logs.String())
+		t.Errorf("log %q: want one refusal warning after the probe rounds", logs.String())
 	}
-}
-
-// syncBuffer is a log buffer written by one goroutine and read by another.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

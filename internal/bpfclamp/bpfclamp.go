@@ -18,23 +18,32 @@
 // taken as they are (an IPv4 connection on an AF_INET6 socket has mapped
 // addresses already), so one key matches a pair whatever the socket's
 // family. It applies the limits it finds (Limits: a clamp in segments, a
-// pacing rate in bytes/s, a notsent lowat in bytes). The lowat matters on
-// MPTCP subflows: the kernel sets each subflow's to UINT_MAX
-// (mptcp_sockopt_sync_locked), so a subflow takes data from the MPTCP
-// socket until its send buffer (MBs) is full, and the MPTCP scheduler,
-// which stops pushing into a subflow whose unsent bytes exceed its lowat
-// (sk_stream_memory_free), never keeps it at the MPTCP level where a
-// faster subflow could take it. It also asks the kernel for the socket's RTT
+// pacing rate in bytes/s). It also asks the kernel for the socket's RTT
 // callback (BPF_SOCK_OPS_RTT_CB_FLAG) and looks the pair up again on every
 // one, so that limits the caller writes later (Set) reach sockets already
-// established within one round trip. A second map (LRU, keyed by socket
-// cookie) remembers the limits last applied to each socket, so that each
-// is set once per change, never per ACK: bpf_setsockopt
+// established within one round trip: every TCP socket's with
+// Options.EverySocket, else MPTCP subflows' only. A second map (LRU, keyed
+// by socket cookie) remembers the limits last applied to each socket, so
+// that each is set once per change, never per ACK: bpf_setsockopt
 // (TCP_BPF_SNDCWND_CLAMP) also sets ssthresh (the congestion control keeps
 // its own ssthresh between changes). Delete stops further changes; a
-// socket keeps the limits it has. A third map holds the kernel's last
-// refusal of each kind (Refused): a kernel that does not accept
-// SO_MAX_PACING_RATE from BPF says so there, and the caller can fall back.
+// socket keeps the limits it has.
+//
+// A third map, keyed by the 4-tuple (addresses as above and both ports),
+// holds notsent lowats (SetLowat) for MPTCP subflows only: the program
+// checks bpf_skc_to_mptcp_sock first, so plain TCP sockets, even of the
+// same addresses and ports, keep their application's TCP_NOTSENT_LOWAT.
+// The lowat matters on MPTCP subflows: the kernel sets each subflow's to
+// UINT_MAX (mptcp_sockopt_sync_locked), so a subflow takes data from the
+// MPTCP socket until its send buffer (MBs) is full, and the MPTCP
+// scheduler, which stops pushing into a subflow whose unsent bytes exceed
+// its lowat (sk_stream_memory_free), never keeps it at the MPTCP level
+// where a faster subflow could take it.
+//
+// A fourth map (counts) holds the kernel's last refusal of each kind
+// (Refused) and the number of lowat settings (LowatSets): a kernel that
+// does not accept SO_MAX_PACING_RATE from BPF says so there, and the
+// caller can fall back.
 //
 // The program is assembled in Go with cilium/ebpf's asm package rather than
 // compiled from C: the build hosts have no clang, and the program is a
@@ -60,14 +69,17 @@ import (
 
 // Offsets in struct bpf_sock_ops (include/uapi/linux/bpf.h).
 const (
-	offOp        = 0
-	offFamily    = 20
-	offRemoteIP  = 24
-	offLocalIP   = 28
-	offRemoteIP6 = 32  // __u32 remote_ip6[4]
-	offLocalIP6  = 48  // __u32 local_ip6[4]
-	offSk        = 184 // struct bpf_sock *sk (NULL unless a full socket)
-	afInet6      = 10
+	offOp         = 0
+	offFamily     = 20
+	offRemoteIP   = 24
+	offLocalIP    = 28
+	offRemoteIP6  = 32  // __u32 remote_ip6[4]
+	offLocalIP6   = 48  // __u32 local_ip6[4]
+	offRemotePort = 64  // __u32 remote_port (network byte order)
+	offLocalPort  = 68  // __u32 local_port (host byte order)
+	offCbFlags    = 84  // __u32 bpf_sock_ops_cb_flags
+	offSk         = 184 // struct bpf_sock *sk (NULL unless a full socket)
+	afInet6       = 10
 )
 
 // mappedWord is bytes 8-11 of an IPv4-mapped IPv6 address (00 00 ff ff)
@@ -116,6 +128,26 @@ func (k Key) bytes() ([32]byte, error) {
 	return b, nil
 }
 
+// Conn is one socket's addresses and ports (its 4-tuple), of either
+// family: the notsent lowat's key (SetLowat).
+type Conn struct{ Local, Remote netip.AddrPort }
+
+func (c Conn) bytes() ([lowatKeySize]byte, error) {
+	var b [lowatKeySize]byte
+	pair, err := Key{Local: c.Local.Addr(), Remote: c.Remote.Addr()}.bytes()
+	if err != nil {
+		return b, err
+	}
+	if c.Local.Port() == 0 || c.Remote.Port() == 0 {
+		return b, fmt.Errorf("bpfclamp: %v -> %v: no port (a connected socket has both)", c.Local, c.Remote)
+	}
+	// The program's words: both ports in host byte order.
+	binary.NativeEndian.PutUint32(b[:4], uint32(c.Local.Port()))
+	binary.NativeEndian.PutUint32(b[4:8], uint32(c.Remote.Port()))
+	copy(b[8:], pair[:])
+	return b, nil
+}
+
 // Limits are what the program applies to the sockets of one address pair;
 // a zero field applies nothing of its kind.
 type Limits struct {
@@ -126,14 +158,6 @@ type Limits struct {
 	// bytes/s, at most MaxPacingRate). Setting one switches on TCP's
 	// internal pacing of the socket (no fq qdisc needed).
 	PacingRate uint64
-	// NotsentLowat bounds the bytes the socket holds unsent
-	// (TCP_NOTSENT_LOWAT, bytes, at most math.MaxInt32). On an MPTCP
-	// subflow the kernel sets it to UINT_MAX (mptcp_sockopt_sync_locked,
-	// net/mptcp/sockopt.c), so the subflow takes data from the MPTCP
-	// socket until its send buffer is full; the program reads the
-	// subflow's value back at every callback and sets it again whenever
-	// it differs, so a reset by the kernel lasts until the next ACK.
-	NotsentLowat uint32
 }
 
 // MaxPacingRate is the largest pacing rate the program can set: the
@@ -150,21 +174,25 @@ type Refusals struct{ Cwnd, Pacing, Lowat unix.Errno }
 type Clamper struct {
 	m       *ebpf.Map
 	applied *ebpf.Map
+	lowats  *ebpf.Map
 	counts  *ebpf.Map
 	prog    *ebpf.Program
 	l       link.Link
 }
 
 // Map values (native byte order): the pair map's are {u32 cwnd segments,
-// u32 pacing rate, u32 notsent lowat}, the applied map's {u32 cwnd
-// segments, u32 pacing rate} (the lowat is read back from the socket
-// instead: the kernel resets it). The counts map (mpd_clamp_cnt) is an
+// u32 pacing rate}, the applied map's the same; the lowat map's key is
+// {u32 local port, u32 remote port, local 16 bytes, remote 16 bytes}
+// (ports in host byte order), its value the u32 notsent lowat (not kept
+// in the applied map: it is read back from the socket, the kernel resets
+// it). The counts map (mpd_clamp_cnt) is an
 // array of s64: at the refusal indexes the negative errno of the last
 // refusal of that kind, at countLowatSets the number of TCP_NOTSENT_LOWAT
 // settings (the first on each subflow and every one after the kernel
 // reset it).
 const (
-	valueSize          = 12
+	valueSize          = 8
+	lowatKeySize       = 40
 	appliedSize        = 8
 	countCwndRefused   = 0
 	countPacingRefused = 1
@@ -179,17 +207,21 @@ const (
 // RTT callbacks (so cwnd and pacing limits written later reach plain TCP
 // sockets too); otherwise only MPTCP subflows get them.
 //
-// Stack: fp-32 key (local 16 bytes, remote 16 bytes), fp-88 the pair's
+// Stack: fp-32 key (local 16 bytes, remote 16 bytes), fp-40 the ports
+// before it (the lowat map's key: local port, remote port), fp-88 the pair's
 // limits (segments, rate), fp-48 cookie, fp-56 the limits applied to the
 // socket (segments, rate), fp-60 counts index, fp-72 refusal code, fp-76
 // the pair's notsent lowat, fp-80 the socket's.
 // r7 = segments, r8 = rate, r9 = whether anything was applied.
-func instructions(m, applied, counts *ebpf.Map, everySocket bool) asm.Instructions {
+func instructions(m, applied, lowats, counts *ebpf.Map, everySocket bool) asm.Instructions {
 	established := asm.Instructions{
 		// Sockets established from now on get RTT callbacks: their
 		// limits may be written after they connected.
+		// bpf_sock_ops_cb_flags_set replaces the socket's flags: keep
+		// what other programs of the cgroup asked for.
+		asm.LoadMem(asm.R2, asm.R6, offCbFlags, asm.Word),
+		asm.Or.Imm(asm.R2, rttCBFlag),
 		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Imm(asm.R2, rttCBFlag),
 		asm.FnSockOpsCbFlagsSet.Call(),
 	}
 	if !everySocket {
@@ -222,14 +254,11 @@ func instructions(m, applied, counts *ebpf.Map, everySocket bool) asm.Instructio
 		asm.Ja.Label("key"),
 	}, copyWords(offLocalIP6, -32, "v6"), copyWords(offRemoteIP6, -16, ""),
 		withSymbol(lookup(m, -32), "key"), asm.Instructions{
-			asm.JEq.Imm(asm.R0, 0, "out"),
+			asm.JEq.Imm(asm.R0, 0, "lowat"),
 			asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // r7 = segments
 			asm.LoadMem(asm.R8, asm.R0, 4, asm.Word), // r8 = rate
 			asm.StoreMem(asm.RFP, -88, asm.R7, asm.Word),
 			asm.StoreMem(asm.RFP, -84, asm.R8, asm.Word),
-			asm.LoadMem(asm.R2, asm.R0, 8, asm.Word),
-			asm.StoreMem(asm.RFP, -76, asm.R2, asm.Word),
-			// A lowat alone needs no cookie and no applied limits.
 			asm.JNE.Imm(asm.R7, 0, "cookie"),
 			asm.JEq.Imm(asm.R8, 0, "lowat"),
 			// What this socket has already.
@@ -252,7 +281,7 @@ func instructions(m, applied, counts *ebpf.Map, everySocket bool) asm.Instructio
 			// again on the next callback.
 			asm.JEq.Imm(asm.R9, 0, "lowat").WithSymbol("record"),
 		}, update(applied, -48, -56),
-		lowat("lowat", "out", counts), asm.Instructions{
+		lowat("lowat", "out", lowats, counts), asm.Instructions{
 			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 			asm.Return(),
 		})
@@ -300,22 +329,29 @@ func refuse(counts *ebpf.Map, idx int32) asm.Instructions {
 	}, update(counts, -60, -72))
 }
 
-// lowat sets the socket's TCP_NOTSENT_LOWAT to the pair's (fp-76) if the
-// socket is an MPTCP subflow, the value is not 0 and the socket has
-// another: the socket's own value is read back with bpf_getsockopt at
-// every callback, because the MPTCP code resets a subflow's to UINT_MAX
-// after the program may have set it (mptcp_sockopt_sync_locked runs when
-// the subflow joins, deferred while the application holds the MPTCP
-// socket). Setting it is not recorded in the applied map for that
-// reason. A plain TCP socket of the pair is left alone: its lowat is its
-// application's. A refusal (of the read or the setting) goes to index
-// countLowatRefused of counts, a setting adds one at index countLowatSets.
-// The first instruction is labelled sym; it continues at next.
-func lowat(sym, next string, counts *ebpf.Map) asm.Instructions {
-	return slices.Concat(asm.Instructions{
-		asm.LoadMem(asm.R2, asm.RFP, -76, asm.Word).WithSymbol(sym),
+// lowat sets the socket's TCP_NOTSENT_LOWAT to the value its 4-tuple has
+// in lowats, if the socket is an MPTCP subflow, the value is not 0 and
+// the socket has another: the socket's own value is read back with
+// bpf_getsockopt at every callback, because the MPTCP code resets a
+// subflow's to UINT_MAX after the program may have set it
+// (mptcp_sockopt_sync_locked runs when the subflow joins, deferred while
+// the application holds the MPTCP socket). Setting it is not recorded in
+// the applied map for that reason. Any other socket is left alone: its
+// lowat is its application's. A refusal (of the read or the setting)
+// goes to index countLowatRefused of counts, a setting adds one at index
+// countLowatSets. The address key is at fp-32 already. The first
+// instruction is labelled sym; it continues at next.
+func lowat(sym, next string, lowats, counts *ebpf.Map) asm.Instructions {
+	return slices.Concat(withSymbol(isSubflow(next), sym), asm.Instructions{
+		asm.LoadMem(asm.R2, asm.R6, offLocalPort, asm.Word),
+		asm.StoreMem(asm.RFP, -40, asm.R2, asm.Word),
+	}, remotePort(asm.R2), asm.Instructions{
+		asm.StoreMem(asm.RFP, -36, asm.R2, asm.Word),
+	}, lookup(lowats, -40), asm.Instructions{
+		asm.JEq.Imm(asm.R0, 0, next),
+		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
 		asm.JEq.Imm(asm.R2, 0, next),
-	}, isSubflow(next), asm.Instructions{
+		asm.StoreMem(asm.RFP, -76, asm.R2, asm.Word),
 		asm.StoreImm(asm.RFP, -80, 0, asm.Word),
 	}, sockopt(asm.FnGetsockopt, solTCP, tcpNotsentLowat, -80), asm.Instructions{
 		// Unreadable: a refusal, not a setting at every callback.
@@ -334,6 +370,18 @@ func lowat(sym, next string, counts *ebpf.Map) asm.Instructions {
 		asm.Mov.Imm(asm.R1, 1),
 		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
 	})
+}
+
+// remotePort loads the socket's remote port (ctx in r6) into reg in host
+// byte order. The context's remote_port holds the port in network byte
+// order, shifted into the upper 16 bits on a little-endian host
+// (net/core/filter.c, sock_ops_convert_ctx_access).
+func remotePort(reg asm.Register) asm.Instructions {
+	ins := asm.Instructions{asm.LoadMem(reg, asm.R6, offRemotePort, asm.Word)}
+	if binary.NativeEndian.Uint16([]byte{1, 0}) == 1 { // little-endian
+		ins = append(ins, asm.RSh.Imm32(reg, 16), asm.HostTo(asm.BE, reg, asm.Half))
+	}
+	return ins
 }
 
 // sockopt calls fn (bpf_setsockopt or bpf_getsockopt) on ctx (r6) with
@@ -422,11 +470,15 @@ func Attach(cgroupPath string, o Options) (_ *Clamper, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
+	c.lowats, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_lowat", Type: ebpf.Hash, KeySize: lowatKeySize, ValueSize: 4, MaxEntries: MaxEntries})
+	if err != nil {
+		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
+	}
 	c.counts, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp_cnt", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: countsLen})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
-	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied, c.counts, o.EverySocket)})
+	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied, c.lowats, c.counts, o.EverySocket)})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: load sock_ops program: %w", err)
 	}
@@ -443,11 +495,8 @@ func Attach(cgroupPath string, o Options) (_ *Clamper, err error) {
 // at their next RTT callback. A limit of zero leaves that kind alone (a
 // socket keeps what it was given before).
 func (c *Clamper) Set(k Key, l Limits) error {
-	if l.CwndSegments == 0 && l.PacingRate == 0 && l.NotsentLowat == 0 {
-		return errors.New("bpfclamp: no cwnd clamp, no pacing rate and no notsent lowat: use Delete to remove a pair's limits")
-	}
-	if l.NotsentLowat > math.MaxInt32 {
-		return fmt.Errorf("bpfclamp: notsent lowat of %d bytes above the kernel's %d", l.NotsentLowat, math.MaxInt32)
+	if l.CwndSegments == 0 && l.PacingRate == 0 {
+		return errors.New("bpfclamp: no cwnd clamp and no pacing rate: use Delete to remove a pair's limits")
 	}
 	if l.CwndSegments > math.MaxInt32 {
 		// The kernel takes the clamp as an int and refuses one <= 0.
@@ -462,10 +511,50 @@ func (c *Clamper) Set(k Key, l Limits) error {
 	}
 	var v [valueSize]byte
 	binary.NativeEndian.PutUint32(v[:4], l.CwndSegments)
-	binary.NativeEndian.PutUint32(v[4:8], uint32(l.PacingRate))
-	binary.NativeEndian.PutUint32(v[8:], l.NotsentLowat)
+	binary.NativeEndian.PutUint32(v[4:], uint32(l.PacingRate))
 	if err := c.m.Put(kb[:], v[:]); err != nil {
 		return fmt.Errorf("bpfclamp: set %v -> %v: %w", k.Local, k.Remote, err)
+	}
+	return nil
+}
+
+// SetLowat gives the MPTCP subflow with this 4-tuple a TCP_NOTSENT_LOWAT of
+// bytes (1 to math.MaxInt32): if it is established already, at its next
+// RTT callback, else when it is. On an MPTCP subflow the kernel sets it
+// to UINT_MAX (mptcp_sockopt_sync_locked, net/mptcp/sockopt.c), so the
+// subflow takes data from the MPTCP socket until its send buffer is
+// full; the program reads the subflow's value back at every callback and
+// sets it again whenever it differs, so a reset by the kernel lasts until
+// the next ACK. A socket that is not an MPTCP subflow is never touched.
+func (c *Clamper) SetLowat(k Conn, bytes uint32) error {
+	if bytes == 0 || bytes > math.MaxInt32 {
+		return fmt.Errorf("bpfclamp: notsent lowat of %d bytes is not 1-%d (DeleteLowat removes one)", bytes, math.MaxInt32)
+	}
+	kb, err := k.bytes()
+	if err != nil {
+		return err
+	}
+	if err := c.lowats.Put(kb[:], bytes); err != nil {
+		return fmt.Errorf("bpfclamp: set the lowat of %v -> %v: %w", k.Local, k.Remote, err)
+	}
+	return nil
+}
+
+// DeleteLowat removes a 4-tuple's lowat (absent: no error); a subflow
+// keeps the lowat it has.
+func (c *Clamper) DeleteLowat(k Conn) error {
+	kb, err := k.bytes()
+	if err != nil {
+		return err
+	}
+	return remove(c.lowats, kb[:], fmt.Sprintf("the lowat of %v -> %v", k.Local, k.Remote))
+}
+
+// remove deletes key from m (absent: no error); what names the entry in
+// the error.
+func remove(m *ebpf.Map, key []byte, what string) error {
+	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpfclamp: delete %s: %w", what, err)
 	}
 	return nil
 }
@@ -486,8 +575,8 @@ func (c *Clamper) Refused() (Refusals, error) {
 }
 
 // LowatSets counts the program's TCP_NOTSENT_LOWAT settings since
-// Attach: one per socket that got its pair's limit, plus one each time
-// the kernel had reset it (see Limits.NotsentLowat).
+// Attach: one per subflow that got its lowat, plus one each time the
+// kernel had reset it (see SetLowat).
 func (c *Clamper) LowatSets() (uint64, error) {
 	var v uint64
 	if err := c.counts.Lookup(uint32(countLowatSets), &v); err != nil {
@@ -503,13 +592,10 @@ func (c *Clamper) Delete(k Key) error {
 	if err != nil {
 		return err
 	}
-	if err := c.m.Delete(kb[:]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("bpfclamp: delete %v -> %v: %w", k.Local, k.Remote, err)
-	}
-	return nil
+	return remove(c.m, kb[:], fmt.Sprintf("%v -> %v", k.Local, k.Remote))
 }
 
-// Close detaches the program and frees it and its map.
+// Close detaches the program and frees it and its maps.
 func (c *Clamper) Close() error {
 	var errs []error
 	if c.l != nil {
@@ -520,17 +606,11 @@ func (c *Clamper) Close() error {
 		errs = append(errs, c.prog.Close())
 		c.prog = nil
 	}
-	if c.m != nil {
-		errs = append(errs, c.m.Close())
-		c.m = nil
-	}
-	if c.applied != nil {
-		errs = append(errs, c.applied.Close())
-		c.applied = nil
-	}
-	if c.counts != nil {
-		errs = append(errs, c.counts.Close())
-		c.counts = nil
+	for _, m := range []**ebpf.Map{&c.m, &c.applied, &c.lowats, &c.counts} {
+		if *m != nil {
+			errs = append(errs, (*m).Close())
+			*m = nil
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -497,10 +497,24 @@ func TestSetRefusesBadLimits(t *testing.T) {
 		{PacingRate: MaxPacingRate + 1}:        "32-bit",
 		{CwndSegments: 1, PacingRate: 1 << 40}: "32-bit",
 		{CwndSegments: 1 << 31}:                "segments",
-		{NotsentLowat: 1 << 31}:                "lowat",
 	} {
 		if err := c.Set(Key{Local: a, Remote: a}, l); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Set(%+v): %v, want an error saying %q", l, err, want)
+		}
+	}
+	ap := netip.AddrPortFrom(a, 1)
+	for _, x := range []struct {
+		k     Conn
+		bytes uint32
+		want  string
+	}{
+		{Conn{Local: ap, Remote: ap}, 0, "DeleteLowat"},
+		{Conn{Local: ap, Remote: ap}, 1 << 31, "lowat"},
+		{Conn{Local: netip.AddrPortFrom(a, 0), Remote: ap}, 1 << 17, "no port"},
+		{Conn{Local: ap}, 1 << 17, "not an address pair"},
+	} {
+		if err := c.SetLowat(x.k, x.bytes); err == nil || !strings.Contains(err.Error(), x.want) {
+			t.Errorf("SetLowat(%v, %d): %v, want an error saying %q", x.k, x.bytes, err, x.want)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package bpfclamp
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,7 +42,7 @@ func (r lowatRun) medianNotsent() uint32 {
 // fast as it can for d (after, when set, runs once it connected),
 // sampling the subflow (TCP_INFO on an MPTCP socket
 // answers with the first subflow's) and the receiver's count.
-func shapedTransfer(t *testing.T, s *netnstest.NS, dir, back string, addr string, got *atomic.Int64, d time.Duration, after func()) lowatRun {
+func shapedTransfer(t *testing.T, s *netnstest.NS, dir, back string, addr string, got *atomic.Int64, d time.Duration, after func(Conn)) lowatRun {
 	t.Helper()
 	pid := []byte(strconv.Itoa(os.Getpid()))
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
@@ -67,7 +66,7 @@ func shapedTransfer(t *testing.T, s *netnstest.NS, dir, back string, addr string
 		t.Fatal(err)
 	}
 	if after != nil {
-		after()
+		after(connOf(c))
 	}
 	stop := netnstest.KeepWriting(c)
 	defer stop()
@@ -167,11 +166,12 @@ func TestNotsentLowatBoundsSubflow(t *testing.T) {
 			}
 		}
 	})
-	k := Key{Local: netip.MustParseAddr("10.77.9.1"), Remote: netip.MustParseAddr("10.77.9.2")}
+	var k Conn
 	const lowat = 128 << 10
 	got.Store(0)
-	with := shapedTransfer(t, snd, dir, back, ln.Addr().String(), &got, d, func() {
-		if err := c.Set(k, Limits{NotsentLowat: lowat}); err != nil {
+	with := shapedTransfer(t, snd, dir, back, ln.Addr().String(), &got, d, func(conn Conn) {
+		k = conn
+		if err := c.SetLowat(k, lowat); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -179,7 +179,7 @@ func TestNotsentLowatBoundsSubflow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Delete(k); err != nil {
+	if err := c.DeleteLowat(k); err != nil {
 		t.Fatal(err)
 	}
 	got.Store(0)

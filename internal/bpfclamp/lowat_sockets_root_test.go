@@ -1,14 +1,20 @@
 package bpfclamp
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"golang.org/x/sys/unix"
@@ -56,6 +62,11 @@ func loopbackConn(t *testing.T, dir, back string, mptcp bool) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
+// connOf is c's 4-tuple (an MPTCP socket's are its first subflow's).
+func connOf(c net.Conn) Conn {
+	return Conn{Local: c.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: c.RemoteAddr().(*net.TCPAddr).AddrPort()}
+}
+
 // writeChunks writes n chunks of 64 KiB to c.
 func writeChunks(t *testing.T, c net.Conn, n int) {
 	t.Helper()
@@ -84,10 +95,10 @@ func sockLowat(t *testing.T, c *net.TCPConn) int {
 	return v
 }
 
-// TestLowatLeavesPlainTCP: a plain TCP socket whose address pair has a
-// lowat entry (written after it connected, with RTT callbacks on every
-// socket as for cwnd_clamp users) keeps the lowat its application set:
-// the lowat is for MPTCP subflows only.
+// TestLowatLeavesPlainTCP: a plain TCP socket whose 4-tuple has a lowat
+// entry (written after it connected, with RTT callbacks on every socket
+// as for cwnd_clamp users) keeps the lowat its application set: the lowat
+// is for MPTCP subflows only.
 func TestLowatLeavesPlainTCP(t *testing.T) {
 	c, dir, back := attachedCgroup(t, "mpd-bpflwplain", Options{EverySocket: true})
 	conn := loopbackConn(t, dir, back, false)
@@ -102,8 +113,7 @@ func TestLowatLeavesPlainTCP(t *testing.T) {
 		}
 	})
 	writeChunks(t, conn, 4)
-	lo := netip.MustParseAddr("127.0.0.1")
-	if err := c.Set(Key{Local: lo, Remote: lo}, Limits{NotsentLowat: 128 << 10}); err != nil {
+	if err := c.SetLowat(connOf(conn), 128<<10); err != nil {
 		t.Fatal(err)
 	}
 	writeChunks(t, conn, 64)
@@ -127,8 +137,7 @@ func TestLowatAfterConnect(t *testing.T) {
 	c, dir, back := attachedCgroup(t, "mpd-bpflwlate", Options{})
 	conn := loopbackConn(t, dir, back, true)
 	writeChunks(t, conn, 4)
-	lo := netip.MustParseAddr("127.0.0.1")
-	k := Key{Local: lo, Remote: lo}
+	k := connOf(conn)
 	waitSets := func(want uint64) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
@@ -146,13 +155,13 @@ func TestLowatAfterConnect(t *testing.T) {
 			writeChunks(t, conn, 1)
 		}
 	}
-	if err := c.Set(k, Limits{NotsentLowat: 64 << 10}); err != nil {
+	if err := c.SetLowat(k, 64<<10); err != nil {
 		t.Fatal(err)
 	}
 	waitSets(1)
 	writeChunks(t, conn, 32)
 	waitSets(1)
-	if err := c.Set(k, Limits{NotsentLowat: 128 << 10}); err != nil {
+	if err := c.SetLowat(k, 128<<10); err != nil {
 		t.Fatal(err)
 	}
 	waitSets(2)
@@ -210,3 +219,112 @@ func TestPlainTCPNoCallbacks(t *testing.T) {
 		writeChunks(t, sub, 1)
 	}
 }
+
+// TestLowatOnlyItsSubflow: the lowat is keyed by the 4-tuple, so a second
+// MPTCP connection between the same addresses (another port: another
+// application, or one outside the agent's selectors) does not get it.
+func TestLowatOnlyItsSubflow(t *testing.T) {
+	testenv.MPTCP(t)
+	c, dir, back := attachedCgroup(t, "mpd-bpflwport", Options{})
+	mine := loopbackConn(t, dir, back, true)
+	other := loopbackConn(t, dir, back, true)
+	writeChunks(t, mine, 2)
+	writeChunks(t, other, 2)
+	if err := c.SetLowat(connOf(mine), 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := c.LowatSets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if n > 1 || time.Now().After(deadline) {
+			t.Fatalf("the program set TCP_NOTSENT_LOWAT %d times, want 1 (its subflow)", n)
+		}
+		writeChunks(t, mine, 1)
+	}
+	writeChunks(t, other, 64)
+	if n, err := c.LowatSets(); err != nil || n != 1 {
+		t.Errorf("after the other connection's writes the program set TCP_NOTSENT_LOWAT %d times (%v), want 1", n, err)
+	}
+}
+
+// TestKeepsOtherProgramsFlags: bpf_sock_ops_cb_flags_set replaces a
+// socket's callback flags; a program of the same cgroup that ran first
+// and asked for state callbacks keeps getting them after ours asked for
+// RTT callbacks.
+func TestKeepsOtherProgramsFlags(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF, cgroups)")
+	}
+	root := cgroupRoot(t)
+	back := ownCgroup(t, root)
+	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfflags-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	// The other program: state callbacks for every established socket,
+	// counted at index 0.
+	n, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	other, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SockOps, License: "GPL", Instructions: slices.Concat(asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R2, asm.R6, offOp, asm.Word),
+		asm.JEq.Imm(asm.R2, opActiveEstablished, "est"),
+		asm.JEq.Imm(asm.R2, opStateCB, "state"),
+		asm.Ja.Label("out"),
+		asm.LoadMem(asm.R2, asm.R6, offCbFlags, asm.Word).WithSymbol("est"),
+		asm.Or.Imm(asm.R2, stateCBFlag),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.FnSockOpsCbFlagsSet.Call(),
+		asm.Ja.Label("out"),
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word).WithSymbol("state"),
+	}, lookup(n, -4), asm.Instructions{
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+		asm.Return(),
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: ebpf.AttachCGroupSockOps, Program: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	c, err := Attach(dir, Options{EverySocket: true}) // runs after the other
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	conn := loopbackConn(t, dir, back, false)
+	writeChunks(t, conn, 1)
+	conn.Close()
+	var got uint64
+	for deadline := time.Now().Add(3 * time.Second); got == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if err := n.Lookup(uint32(0), &got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got == 0 {
+		t.Error("the other program's state callbacks stopped: our program replaced its flags")
+	}
+}
+
+// The state callback (include/uapi/linux/bpf.h), for the test's other
+// program.
+const (
+	opStateCB   = 10     // BPF_SOCK_OPS_STATE_CB
+	stateCBFlag = 1 << 2 // BPF_SOCK_OPS_STATE_CB_FLAG
+)

@@ -9,8 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 )
 
@@ -120,20 +119,26 @@ func removeStaleCgroups(root string) {
 	}
 }
 
-// usesBPF says whether an agent configuration switches on a mechanism
-// that attaches the BPF program (cwnd_clamp.enabled, subflow_lowat > 0)
-// without naming its cgroup itself.
-func usesBPF(cfg string) bool {
-	var f struct {
-		CwndClamp struct {
-			Enabled bool   `yaml:"enabled"`
-			Cgroup  string `yaml:"cgroup"`
-		} `yaml:"cwnd_clamp"`
-		SubflowLowat int64  `yaml:"subflow_lowat"`
-		BPFCgroup    string `yaml:"bpf_cgroup"`
+// withLabCgroup gives an agent configuration that switches on a mechanism
+// attaching the BPF program (cwnd_clamp, subflow_lowat) without naming
+// its cgroup (bpf_cgroup, cwnd_clamp.cgroup) this runner's cgroup: it
+// enters it and appends bpf_cgroup. leave undoes the enter (a no-op when
+// nothing was added). The agent's own parser decides (one config layer);
+// a configuration it refuses is returned as it is, and the agent says
+// what is wrong with it.
+func withLabCgroup(cfg string) (_ string, leave func() error, _ error) {
+	none := func() error { return nil }
+	c, err := agentd.ParseConfig([]byte(cfg))
+	if err != nil || (c.CwndClamp == nil && c.SubflowLowat == 0) || c.BPFCgroup != "" {
+		return cfg, none, nil
 	}
-	if yaml.Unmarshal([]byte(cfg), &f) != nil {
-		return false // the agent says what is wrong with it
+	// The agent's BPF program sees only this runner's sockets.
+	dir, leave, err := runnerCgroup.enter()
+	if err != nil {
+		return "", nil, fmt.Errorf("agent with a BPF program: %w", err)
 	}
-	return (f.CwndClamp.Enabled || f.SubflowLowat > 0) && f.BPFCgroup == "" && f.CwndClamp.Cgroup == ""
+	if cfg != "" && !strings.HasSuffix(cfg, "\n") {
+		cfg += "\n"
+	}
+	return cfg + "bpf_cgroup: " + dir + "\n", leave, nil
 }

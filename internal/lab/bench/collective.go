@@ -86,6 +86,8 @@ type collSession struct {
 	sinkMu   sync.Mutex
 	sinkCs   []net.Conn
 	agents   []*daemon
+	// leaves undo the agents' lab cgroup (withLabCgroup), at Close.
+	leaves []func() error
 }
 
 func setupCollective(ctx context.Context, env *Env) (_ Session, err error) {
@@ -192,27 +194,11 @@ collective:
 		}
 		c := &collClient{node: node, key: k, bootstrap: i % len(s.relays),
 			cfg: filepath.Join(env.Dir, "agent-"+node+".yaml"), sock: filepath.Join(env.Dir, "agent-"+node+".sock")}
-		b := s.relays[c.bootstrap]
-		// The bootstrap relay is one of the agent's detours too; max
-		// discovered ones besides it.
-		cfg := fmt.Sprintf(`socket: %s
-subflows: %d
-log_level: %s
-selectors:
-  - {prefixes: [%s/32], ports: ["%d"]}
-relays:
-  key: %s
-  certificate_file: %s
-  servers:
-    - {name: %s, address: %s, public_key: %s}
-  discovery:
-    authority: %s
-    max: %d
-`, c.sock, s.max+1, level, server, collSinkPort, k, cert, b.node, netip.AddrPortFrom(b.addr, relay.DefaultPort), b.key.Public(), auth.Public(), s.max)
-		if s.interval != "" {
-			cfg += "    interval: " + s.interval + "\n"
+		cfg, leave, err := withLabCgroup(s.clientConfig(c, level, server, cert, auth.Public()) + env.AgentConfig)
+		if err != nil {
+			return nil, err
 		}
-		cfg += env.AgentConfig
+		s.leaves = append(s.leaves, leave)
 		if err := os.WriteFile(c.cfg, []byte(cfg), 0o600); err != nil {
 			return nil, err
 		}
@@ -305,7 +291,38 @@ func (s *collSession) Close() error {
 		s.sinkWG.Wait()
 		s.sink = nil
 	}
+	for _, l := range s.leaves {
+		errs = append(errs, l())
+	}
+	s.leaves = nil
 	return errors.Join(errs...)
+}
+
+// clientConfig is client c's agent configuration, before the scenario's
+// AgentConfig: level its log level, server the destination it selects,
+// cert its certificate file, authority the collective's key.
+func (s *collSession) clientConfig(c *collClient, level string, server netip.Addr, cert string, authority collective.AuthorityKey) string {
+	b := s.relays[c.bootstrap]
+	// The bootstrap relay is one of the agent's detours too; max
+	// discovered ones besides it.
+	cfg := fmt.Sprintf(`socket: %s
+subflows: %d
+log_level: %s
+selectors:
+  - {prefixes: [%s/32], ports: ["%d"]}
+relays:
+  key: %s
+  certificate_file: %s
+  servers:
+    - {name: %s, address: %s, public_key: %s}
+  discovery:
+    authority: %s
+    max: %d
+`, c.sock, s.max+1, level, server, collSinkPort, c.key, cert, b.node, netip.AddrPortFrom(b.addr, relay.DefaultPort), b.key.Public(), authority, s.max)
+	if s.interval != "" {
+		cfg += "    interval: " + s.interval + "\n"
+	}
+	return cfg
 }
 
 // roster returns the names in the roster of relay r (nil: no answer).

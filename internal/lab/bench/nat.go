@@ -389,21 +389,12 @@ func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, e
 // converter for procedure converted) instead of the server.
 func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour, extra string, target netip.AddrPort) (*daemon, error) {
 	sock := filepath.Join(env.Dir, "agent.sock")
-	var b strings.Builder
-	b.WriteString(agentConfig(env, sock, subflows, ds, extra, target, env.serverAddr()))
-	leave := func() error { return nil }
-	if usesBPF(b.String()) {
-		// The agent's BPF program sees only this runner's sockets
-		// (cgroup.go).
-		dir, l, err := runnerCgroup.enter()
-		if err != nil {
-			return nil, fmt.Errorf("agent with a BPF program: %w", err)
-		}
-		leave = l
-		fmt.Fprintf(&b, "bpf_cgroup: %s\n", dir)
+	cfg, leave, err := withLabCgroup(agentConfig(env, sock, subflows, ds, extra, target, env.serverAddr()))
+	if err != nil {
+		return nil, err
 	}
 	path := filepath.Join(env.Dir, "agent.yaml")
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		leave()
 		return nil, err
 	}
@@ -437,7 +428,7 @@ func agentConfig(env *Env, sock string, subflows int, ds []agentDetour, extra st
 	}
 	if n := scenario.SubflowLowat(env.Cell.Procedure); n > 0 {
 		// The agent's BPF program writes the limit; startAgentFor gives
-		// it this runner's cgroup (usesBPF).
+		// it this runner's cgroup (withLabCgroup).
 		fmt.Fprintf(&b, "subflow_lowat: %d\n", n)
 	}
 	ports := fmt.Sprintf("\"%d\"", target.Port())
