@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 )
@@ -101,15 +100,7 @@ func startServerAgent(ctx context.Context, env *Env, node, name string, ann []an
 	if err != nil {
 		return nil, err
 	}
-	err = d.waitFor(ctx, "status socket", 15*time.Second, func() bool {
-		_, err := os.Stat(sock)
-		return err == nil
-	})
-	if err != nil {
-		d.stop()
-		return nil, err
-	}
-	return d, nil
+	return waitStatusSocket(ctx, d, sock)
 }
 
 // acceptAnnouncements raises node's in-kernel PM limits so that it opens a

@@ -389,7 +389,29 @@ func startAgent(ctx context.Context, env *Env, subflows int, ds []agentDetour, e
 // converter for procedure converted) instead of the server.
 func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour, extra string, target netip.AddrPort) (*daemon, error) {
 	sock := filepath.Join(env.Dir, "agent.sock")
-	server := env.serverAddr()
+	cfg, leave, err := withLabCgroup(agentConfig(env, sock, subflows, ds, extra, target, env.serverAddr()))
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(env.Dir, "agent.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		leave()
+		return nil, err
+	}
+	d, err := startDaemon(ctx, env, env.Roles.Client, "agent", env.Binary, "agent", "--config", path)
+	if err != nil {
+		leave()
+		return nil, err
+	}
+	d.after = leave
+	return waitStatusSocket(ctx, d, sock)
+}
+
+// agentConfig is the agent's config file for startAgentFor, without the
+// bpf_cgroup line: status socket sock, the cell's procedure's policy, a
+// selector for target, static detours ds toward server,
+// extra and the scenario's agent config.
+func agentConfig(env *Env, sock string, subflows int, ds []agentDetour, extra string, target, server netip.AddrPort) string {
 	var b strings.Builder
 	// MPDETOUR_BENCH_LOG=debug: the agent logs every intent and trial
 	// (with MPDETOUR_BENCH_KEEP=1 to keep the logs).
@@ -423,22 +445,13 @@ func startAgentFor(ctx context.Context, env *Env, subflows int, ds []agentDetour
 	}
 	b.WriteString(extra)
 	b.WriteString(env.AgentConfig)
-	cfg, leave, err := withLabCgroup(b.String())
-	if err != nil {
-		return nil, err
-	}
-	path := filepath.Join(env.Dir, "agent.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		leave()
-		return nil, err
-	}
-	d, err := startDaemon(ctx, env, env.Roles.Client, "agent", env.Binary, "agent", "--config", path)
-	if err != nil {
-		leave()
-		return nil, err
-	}
-	d.after = leave
-	err = d.waitFor(ctx, "status socket", 15*time.Second, func() bool {
+	return b.String()
+}
+
+// waitStatusSocket waits until agent d listens on its status socket sock
+// (it does once it follows MPTCP events); d is stopped if it does not.
+func waitStatusSocket(ctx context.Context, d *daemon, sock string) (*daemon, error) {
+	err := d.waitFor(ctx, "status socket", 15*time.Second, func() bool {
 		_, err := os.Stat(sock)
 		return err == nil
 	})

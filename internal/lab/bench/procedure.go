@@ -197,6 +197,9 @@ func Procedures() map[string]Setup {
 		scenario.LBBulkAnnounced:        setupLBBulkAnnounced,
 
 		scenario.Collective: setupCollective,
+
+		scenario.MPTCPNATStaticLowat:    setupMPTCPNAT,
+		scenario.MPTCPTunnelStaticLowat: setupMPTCPTunnel,
 	}
 }
 

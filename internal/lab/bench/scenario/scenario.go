@@ -111,6 +111,17 @@ const (
 	Collective = "collective"
 )
 
+// The static policy with the agent's per-subflow unsent limit
+// (subflow_lowat: SubflowLowatBytes, docs/agent.md) over NAT and tunnel
+// detours, beside mptcp-nat-static and mptcp-tunnel-static.
+const (
+	MPTCPNATStaticLowat    = "mptcp-nat-static-lowat"
+	MPTCPTunnelStaticLowat = "mptcp-tunnel-static-lowat"
+	// SubflowLowatBytes is the limit these procedures set: the value the
+	// design runs use (docs/results/design/lowat), not tuned per scenario.
+	SubflowLowatBytes = 131072
+)
+
 // procInfo says what a procedure needs and how it is labelled in reports.
 type procInfo struct {
 	label string
@@ -168,6 +179,9 @@ var procs = map[string]procInfo{
 	LBBulkAnnounced:        {"MPTCP via the balancer, backends with the server role", -1, ""},
 
 	Collective: {"Discovery from one bootstrap relay, a relay killed", -1, ""},
+
+	MPTCPNATStaticLowat:    {"MPTCP + NAT detour, static policy, subflow unsent limit", -1, TCPNAT},
+	MPTCPTunnelStaticLowat: {"MPTCP + tunnel detour, static policy, subflow unsent limit", -1, TCPTunnel},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -181,8 +195,20 @@ func Policy(procedure string) string {
 		return "backup-first"
 	case MPTCPNATGuard, MPTCPNATGuardStarveOff:
 		return "guard"
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat:
+		return "static"
 	}
 	return ""
+}
+
+// SubflowLowat is the agent's subflow_lowat (bytes) a procedure sets, 0 for
+// none.
+func SubflowLowat(procedure string) int {
+	switch procedure {
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat:
+		return SubflowLowatBytes
+	}
+	return 0
 }
 
 // ClosesSubflows: the procedure's agent may destroy a detour subflow on
@@ -211,6 +237,10 @@ func AgentExtra(procedure string) string {
 		return "shared_bottleneck:\n  enabled: true\n"
 	case MPTCPNATGuardStarveOff:
 		return "guard:\n  starve: 1\n"
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat:
+		// The agent's BPF program writes the limit; the runner gives it
+		// a cgroup of its own (bench.withLabCgroup).
+		return fmt.Sprintf("subflow_lowat: %d\n", SubflowLowat(procedure))
 	}
 	return ""
 }
@@ -218,6 +248,7 @@ func AgentExtra(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
+		MPTCPNATStaticLowat, MPTCPTunnelStaticLowat,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 
