@@ -491,10 +491,19 @@ func buildClamp(f *fileClamp) (*ClampSettings, error) {
 		}
 		return nil, nil
 	}
-	if f.Cgroup != "" && (!filepath.IsAbs(f.Cgroup) || filepath.Clean(f.Cgroup) != f.Cgroup) {
-		return nil, fmt.Errorf("cwnd_clamp.cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", f.Cgroup)
+	if err := cgroupPath("cwnd_clamp.cgroup", f.Cgroup); err != nil {
+		return nil, err
 	}
 	return &ClampSettings{Mode: mode}, nil
+}
+
+// cgroupPath checks a cgroup directory given at key ("" = none): the BPF
+// program attaches to exactly that path.
+func cgroupPath(key, p string) error {
+	if p != "" && (!filepath.IsAbs(p) || filepath.Clean(p) != p) {
+		return fmt.Errorf("%s: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", key, p)
+	}
+	return nil
 }
 
 // MinSubflowLowat is the smallest subflow_lowat accepted: below a few
@@ -518,8 +527,8 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 	}
 	cg := f.BPFCgroup
 	if cg != "" {
-		if !filepath.IsAbs(cg) || filepath.Clean(cg) != cg {
-			return 0, "", fmt.Errorf("bpf_cgroup: %q is not a clean absolute path (e.g. /sys/fs/cgroup)", cg)
+		if err := cgroupPath("bpf_cgroup", cg); err != nil {
+			return 0, "", err
 		}
 		if lowat == 0 && !clamps {
 			return 0, "", fmt.Errorf("bpf_cgroup: set without subflow_lowat or cwnd_clamp (nothing attaches a BPF program)")
