@@ -43,13 +43,7 @@ func TestWithLabCgroupLeavesOthers(t *testing.T) {
 // newline), in both start paths: the bench's agent and a collective
 // client's, whose AgentConfig the scenario appends.
 func TestWithLabCgroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (cgroups)")
-	}
-	root, err := bpfclamp.Cgroup2Root()
-	if err != nil {
-		t.Skip(err)
-	}
+	root := cgroupRoot(t)
 	before, err := bpfclamp.OwnCgroup(root)
 	if err != nil {
 		t.Fatal(err)
@@ -106,13 +100,7 @@ func TestWithLabCgroup(t *testing.T) {
 // enter moves this process into a cgroup of its own, shared by nested
 // users; the last leave moves it back and removes the directory.
 func TestLabCgroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (cgroups)")
-	}
-	root, err := bpfclamp.Cgroup2Root()
-	if err != nil {
-		t.Skip(err)
-	}
+	root := cgroupRoot(t)
 	before, err := bpfclamp.OwnCgroup(root)
 	if err != nil {
 		t.Fatal(err)
@@ -152,13 +140,7 @@ func TestLabCgroup(t *testing.T) {
 // scripts/leakcheck.sh (make test runs the unit tests under it) reports a
 // lab cgroup directory a command left behind.
 func TestLeakcheckSeesLabCgroups(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (cgroups)")
-	}
-	root, err := bpfclamp.Cgroup2Root()
-	if err != nil {
-		t.Skip(err)
-	}
+	root := cgroupRoot(t)
 	dir := filepath.Join(root, cgroupPrefix+"leakprobe-"+strconv.Itoa(os.Getpid()))
 	t.Cleanup(func() { os.Remove(dir) })
 	cmd := exec.Command("bash", "../../../scripts/leakcheck.sh", "mkdir", dir)
@@ -167,4 +149,18 @@ func TestLeakcheckSeesLabCgroups(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "cgroup "+dir) {
 		t.Errorf("leakcheck after mkdir %s: %v, output %q: want a failure naming it", dir, err, out)
 	}
+}
+
+// cgroupRoot is the cgroup v2 mount; the test is skipped when it is not
+// root or there is none.
+func cgroupRoot(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (cgroups)")
+	}
+	root, err := bpfclamp.Cgroup2Root()
+	if err != nil {
+		t.Skip(err)
+	}
+	return root
 }
