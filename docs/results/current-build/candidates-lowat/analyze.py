@@ -205,3 +205,36 @@ for t in rounds:
             found.append(os.path.relpath(lp, here))
         off += len(re.findall(r"subflow lowat (off|refused|not set|not removed)", txt))
     print(f"round {t}: {on} agent log(s) with 'subflow lowat on' ({', '.join(found) or '-'}); {off} off/refused/not-set warnings")
+
+# adaptive's set-asides (agent log "subflow set aside"), seconds after the trial's start.
+print("\n## adaptive: subflows set aside (agent logs)")
+tally = defaultdict(int)
+for t in rounds:
+    lp = os.path.join(here, "agent-logs", f"round{t}", "mptcp-nat-adaptive.agent.log")
+    if not os.path.exists(lp) or t not in by["mptcp-nat-adaptive"]:
+        continue
+    t0 = datetime.fromisoformat(by["mptcp-nat-adaptive"][t]["start"][:26].rstrip("Z"))
+    ev = []
+    for line in open(lp):
+        m = re.search(r'time=(\S+) .*msg="subflow set aside".* path=nat:(\S+)', line)
+        if m:
+            sec = (datetime.fromisoformat(m.group(1)[:23].rstrip("Z")) - t0).total_seconds()
+            ev.append(f"{m.group(2)} at {sec:.1f} s")
+            tally[m.group(2)] += 1
+    print(f"round {t}: " + (", ".join(ev) or "none"))
+print("total: " + ", ".join(f"{p} {n}" for p, n in sorted(tally.items())))
+
+# Before the last third, derived (approximate): bytes of the goodput window
+# minus the last third's (rate x 5 s), over the rest of the window. Not a bench
+# output; only to locate where static + limit and static differ.
+print("\n## before the last third (derived: (window bytes - tail rate x 5 s) / (window_s - 5 s); approximate)")
+def early(r):
+    return (r["window_bytes"] * 8 / 1e6 - r["tail_mbps"] * 5) / (r["window_s"] - 5)
+o = by[ORACLE]
+for c, name in ARMS[:3]:
+    rat = [early(by[c][t]) / early(o[t]) for t in sorted(by[c])]
+    g, lo, hi = interval(rat)
+    print(f"  {name} / oracle: mean {st.mean(early(x) for x in by[c].values()):.2f} Mbit/s; paired {g:.3f} [{lo:.3f}, {hi:.3f}]")
+rat = [early(by[LOWAT][t]) / early(by[STATIC][t]) for t in sorted(by[LOWAT])]
+g, lo, hi = interval(rat)
+print(f"  static + limit / static: paired {g:.3f} [{lo:.3f}, {hi:.3f}]; above 1 in {sum(x > 1 for x in rat)} of {len(rat)}")
