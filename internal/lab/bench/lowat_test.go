@@ -18,11 +18,13 @@ import (
 func TestAgentConfigSubflowLowat(t *testing.T) {
 	server := netip.MustParseAddrPort("10.0.9.2:5201")
 	for proc, want := range map[string]uint32{
-		scenario.MPTCPNATStaticLowat:    scenario.SubflowLowatBytes,
-		scenario.MPTCPTunnelStaticLowat: scenario.SubflowLowatBytes,
-		scenario.MPTCPNATStatic:         0,
-		scenario.MPTCPTunnelStatic:      0,
-		scenario.MPTCPNAT:               0,
+		scenario.MPTCPNATStaticLowat:       scenario.SubflowLowatBytes,
+		scenario.MPTCPTunnelStaticLowat:    scenario.SubflowLowatBytes,
+		scenario.MPTCPNATBackupStaticLowat: scenario.SubflowLowatBytes,
+		scenario.MPTCPNATBackupStatic:      0,
+		scenario.MPTCPNATStatic:            0,
+		scenario.MPTCPTunnelStatic:         0,
+		scenario.MPTCPNAT:                  0,
 	} {
 		env := &Env{Cell: scenario.Cell{ID: proc, Procedure: proc}}
 		cfg := agentConfig(env, "/run/x/agent.sock", 1, nil, scenario.AgentExtra(proc), server, server)
