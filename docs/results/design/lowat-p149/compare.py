@@ -33,6 +33,9 @@ for (pt, w) in sorted(g):
         rs = "-"; per = "-"
         if c != "mptcp-static" and not c.startswith("tcp"):
             ks = [k for k in rounds if (c, k) in d and ("mptcp-static", k) in d]
+            if not ks:
+                print(f"| {c} | {len(v)} | {mean:.2f} [{lo:.2f}, {hi:.2f}] | - | - |")
+                continue
             ratio = statistics.mean(d[(c, k)] for k in ks) / statistics.mean(d[("mptcp-static", k)] for k in ks)
             bb = []
             for _ in range(B):
