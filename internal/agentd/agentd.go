@@ -173,7 +173,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		// the cgroup (its limits reach sockets that connected before
 		// them); the lowat alone needs them on MPTCP subflows only.
 		o := bpfclamp.Options{EverySocket: cfg.CwndClamp != nil}
-		prog := openBPF(cfg.BPFCgroup, func(cg string) (clampMap, error) { return attachClamp(cg, o) })
+		prog := openBPF(cfg.BPFCgroup, func(cg string) (clampMap, error) { return attachClamp(cg, opts.NetNS, o) })
 		defer func() {
 			if err := prog.close(); err != nil {
 				log.Warn("BPF program", "err", err)

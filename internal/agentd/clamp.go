@@ -8,6 +8,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
@@ -98,15 +99,42 @@ func (b *bpfProgram) close() error {
 }
 
 // attachClamp loads and attaches the BPF program to the cgroup v2
-// directory cgroup ("" = the cgroup v2 mount's root).
-func attachClamp(cgroup string, o bpfclamp.Options) (clampMap, error) {
+// directory cgroup ("" = the cgroup v2 mount's root); its lowats are
+// keyed in namespace netns (a netnsx spec: the agent's, whose subflows
+// it reports), since the program sees every namespace's sockets of the
+// cgroup and a 4-tuple may exist in several.
+func attachClamp(cgroup, netns string, o bpfclamp.Options) (clampMap, error) {
 	if cgroup == "" {
 		var err error
 		if cgroup, err = bpfclamp.Cgroup2Root(); err != nil {
 			return nil, err
 		}
 	}
-	return bpfclamp.Attach(cgroup, o)
+	var cookie uint64
+	if err := netnsx.Do(netns, func() (err error) { cookie, err = bpfclamp.NetnsCookie(); return err }); err != nil {
+		return nil, err
+	}
+	c, err := bpfclamp.Attach(cgroup, o)
+	if err != nil {
+		return nil, err
+	}
+	return nsClamper{c, cookie}, nil
+}
+
+// nsClamper is the program with its lowats keyed in one namespace.
+type nsClamper struct {
+	*bpfclamp.Clamper
+	netns uint64
+}
+
+func (c nsClamper) SetLowat(k bpfclamp.Conn, bytes uint32) error {
+	k.Netns = c.netns
+	return c.Clamper.SetLowat(k, bytes)
+}
+
+func (c nsClamper) DeleteLowat(k bpfclamp.Conn) error {
+	k.Netns = c.netns
+	return c.Clamper.DeleteLowat(k)
 }
 
 // cwndClamps runs the cwnd_clamp mechanism: the policy's clamp decisions

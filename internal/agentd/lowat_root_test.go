@@ -38,7 +38,7 @@ func TestLowatRealProgram(t *testing.T) {
 		t.Skipf("cannot create a cgroup: %v", err)
 	}
 	t.Cleanup(func() { os.Remove(dir) })
-	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, bpfclamp.Options{}) })
+	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, "", bpfclamp.Options{}) })
 	t.Cleanup(func() { prog.close() })
 	l := startLowat(64<<10, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	if st := l.status(); st.State != "active" {

@@ -508,10 +508,11 @@ func TestSetRefusesBadLimits(t *testing.T) {
 		bytes uint32
 		want  string
 	}{
-		{Conn{Local: ap, Remote: ap}, 0, "DeleteLowat"},
-		{Conn{Local: ap, Remote: ap}, 1 << 31, "lowat"},
-		{Conn{Local: netip.AddrPortFrom(a, 0), Remote: ap}, 1 << 17, "no port"},
-		{Conn{Local: ap}, 1 << 17, "not an address pair"},
+		{Conn{Local: ap, Remote: ap, Netns: 1}, 0, "DeleteLowat"},
+		{Conn{Local: ap, Remote: ap, Netns: 1}, 1 << 31, "lowat"},
+		{Conn{Local: netip.AddrPortFrom(a, 0), Remote: ap, Netns: 1}, 1 << 17, "no port"},
+		{Conn{Local: ap, Netns: 1}, 1 << 17, "not an address pair"},
+		{Conn{Local: ap, Remote: ap}, 1 << 17, "no network namespace"},
 	} {
 		if err := c.SetLowat(x.k, x.bytes); err == nil || !strings.Contains(err.Error(), x.want) {
 			t.Errorf("SetLowat(%v, %d): %v, want an error saying %q", x.k, x.bytes, err, x.want)
