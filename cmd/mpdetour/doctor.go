@@ -11,6 +11,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agentd"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/doctor"
 	"github.com/mpdetour/mpdetour/internal/relay"
@@ -49,6 +50,19 @@ func doctorCommand() *cli.Command {
 				running = &st
 			}
 			r = append(r, doctor.Blackhole(doctor.Paths{}, blackholeOf(running))...)
+			// The BPF program's cgroup: the agent config's bpf_cgroup,
+			// else the cgroup v2 root (the agent's default).
+			var cfg agentd.Config
+			var cfgErr error
+			if agentConfig != "" {
+				cfg, cfgErr = agentd.LoadConfig(agentConfig)
+			}
+			bpfCgroup, bpfUsed := cfg.BPFCgroup, agentConfig == "" || cfgErr != nil || cfg.SubflowLowat > 0 || cfg.CwndClamp != nil
+			if bpfUsed {
+				r = append(r, doctor.BPF(bpfCgroup, bpfclamp.Probe)...)
+			} else {
+				r = append(r, doctor.Result{Area: "kernel", Check: "BPF program", Status: doctor.Info, Detail: agentConfig + " sets subflow_lowat: 0 and no cwnd_clamp: the agent loads no BPF program"})
+			}
 			r = append(r, doctor.RunningAgent(doctor.Paths{}, running)...)
 			fi := doctor.FamilyInput{DefaultRoute: doctor.DefaultRoute, Running: running}
 			if relayConfig != "" {
@@ -61,10 +75,9 @@ func doctorCommand() *cli.Command {
 				}
 			}
 			if agentConfig != "" {
-				cfg, err := agentd.LoadConfig(agentConfig)
 				switch {
-				case err != nil:
-					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.Fail, Detail: err.Error()})
+				case cfgErr != nil:
+					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.Fail, Detail: cfgErr.Error()})
 				case cfg.Relays == nil:
 					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.OK, Detail: agentConfig + " is valid; it has no relays section, nothing to reach"})
 				default:

@@ -557,3 +557,31 @@ func TestRefusalRecorded(t *testing.T) {
 		t.Errorf("refusals %+v (%v), want the cwnd clamp refused with EINVAL and no pacing refusal", r, err)
 	}
 }
+
+// Probe loads and attaches under a cgroup and leaves nothing behind: no
+// probe cgroup, nothing attached to the parent; a directory that is not
+// a cgroup is an error naming it.
+func TestProbe(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF, cgroups)")
+	}
+	root := cgroupRoot(t)
+	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfprobe-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove cgroup: %v (the probe left a child?)", err)
+		}
+	})
+	if at, err := Probe(dir); err != nil || at != dir {
+		t.Fatalf("Probe(%s): %q, %v", dir, at, err)
+	}
+	if n := attachedCount(t, dir); n != 0 {
+		t.Errorf("%d programs attached after the probe", n)
+	}
+	if _, err := Probe(t.TempDir()); err == nil {
+		t.Error("Probe of a directory that is no cgroup: no error")
+	}
+}

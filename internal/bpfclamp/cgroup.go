@@ -46,3 +46,33 @@ func OwnCgroup(root string) (string, error) {
 	}
 	return "", fmt.Errorf("no cgroup v2 line in /proc/self/cgroup")
 }
+
+// Probe says whether the program can be loaded and attached under the
+// cgroup v2 directory dir ("" = the cgroup v2 mount's root), as the
+// agent would: it loads the program and attaches it to a fresh child
+// cgroup of dir (so that no socket of the host runs it, not even for a
+// moment), then detaches it and removes the child. The error says what
+// is missing: no cgroup v2, a kernel whose verifier refuses the program
+// (bpf_skc_to_mptcp_sock needs kernel BTF and Linux 5.19), or the
+// privileges (CAP_BPF and CAP_NET_ADMIN, or root).
+func Probe(dir string) (string, error) {
+	if dir == "" {
+		var err error
+		if dir, err = Cgroup2Root(); err != nil {
+			return "", err
+		}
+	}
+	child := filepath.Join(dir, fmt.Sprintf("mpdetour-probe-%d", os.Getpid()))
+	if err := os.Mkdir(child, 0o755); err != nil {
+		return dir, fmt.Errorf("bpfclamp: create a probe cgroup under %s: %w", dir, err)
+	}
+	defer os.Remove(child)
+	c, err := Attach(child, Options{})
+	if err != nil {
+		if _, serr := os.Stat("/sys/kernel/btf/vmlinux"); errors.Is(serr, os.ErrNotExist) {
+			err = fmt.Errorf("%w (no /sys/kernel/btf/vmlinux: the kernel has no BTF, CONFIG_DEBUG_INFO_BTF)", err)
+		}
+		return dir, err
+	}
+	return dir, c.Close()
+}

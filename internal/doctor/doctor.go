@@ -502,3 +502,31 @@ func blackholeTimeout() int {
 	n, _ := strconv.Atoi(v)
 	return n
 }
+
+// BPF checks that the agent's BPF sock_ops program (the per-subflow
+// unsent limit, subflow_lowat, and cwnd_clamp) can load and attach under
+// cgroup v2 directory dir ("" = the cgroup v2 root, the agent's default;
+// bpf_cgroup otherwise): probe is bpfclamp.Probe outside tests (a fresh
+// child cgroup, removed again; it answers the directory it used). When
+// it cannot, the agent runs without them: a warning, not a failure, one
+// line that says why and what the agent does.
+func BPF(dir string, probe func(string) (string, error)) Report {
+	var r Report
+	const check = "BPF program"
+	at, err := probe(dir)
+	if err == nil {
+		r.add("kernel", check, OK, "the agent's sock_ops program (subflow_lowat, cwnd_clamp) loads and attaches under "+at, "")
+		return r
+	}
+	var fix string
+	switch {
+	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
+		fix = "run the agent as root (CAP_BPF, CAP_NET_ADMIN and write access to the cgroup)"
+	case strings.Contains(err.Error(), "cgroup v2"):
+		fix = "mount cgroup v2 (systemd.unified_cgroup_hierarchy=1) or set bpf_cgroup to a cgroup v2 directory"
+	case strings.Contains(err.Error(), "BTF"):
+		fix = "use a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y, Linux 5.19+)"
+	}
+	r.add("kernel", check, Warn, "cannot load or attach the agent's sock_ops program ("+err.Error()+"): the agent runs without the per-subflow unsent limit (subflow_lowat) and cwnd_clamp", fix)
+	return r
+}
