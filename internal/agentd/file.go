@@ -64,7 +64,8 @@ type Config struct {
 	SubflowCongestion string
 	// SubflowLowat, when > 0, bounds the unsent bytes of every subflow of
 	// every managed connection (TCP_NOTSENT_LOWAT through the BPF program;
-	// lowat.go, docs/agent.md).
+	// lowat.go, docs/agent.md). A config file that does not set it gets
+	// DefaultSubflowLowat; subflow_lowat: 0 turns it off.
 	SubflowLowat uint32
 	// BPFCgroup is the cgroup v2 directory the agent's one BPF program
 	// (cwnd_clamp and subflow_lowat) attaches to: bpf_cgroup, or
@@ -511,12 +512,18 @@ func cgroupPath(key, p string) error {
 // burst it sends.
 const MinSubflowLowat = 16 << 10
 
-// buildLowat validates subflow_lowat and bpf_cgroup, merged with
-// cwnd_clamp's cgroup (clamps: cwnd_clamp is on; the program attaches
-// once, to one cgroup).
+// DefaultSubflowLowat is subflow_lowat when the config does not set it
+// (docs/agent.md, "Per-subflow unsent limit (on by default)"): 128 KiB,
+// what the bench and OpenMPTCProuter set on their sockets.
+const DefaultSubflowLowat = 128 << 10
+
+// buildLowat validates subflow_lowat (unset: DefaultSubflowLowat; 0:
+// off) and bpf_cgroup, merged with cwnd_clamp's cgroup (clamps:
+// cwnd_clamp is on; the program attaches once, to one cgroup).
 func buildLowat(f File, clamps bool) (uint32, string, error) {
-	var lowat uint32
+	lowat := uint32(DefaultSubflowLowat)
 	if f.SubflowLowat != nil {
+		lowat = 0
 		switch n := *f.SubflowLowat; {
 		case n == 0:
 		case n < MinSubflowLowat || n > math.MaxInt32:
@@ -531,7 +538,7 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 			return 0, "", err
 		}
 		if lowat == 0 && !clamps {
-			return 0, "", fmt.Errorf("bpf_cgroup: set without subflow_lowat or cwnd_clamp (nothing attaches a BPF program)")
+			return 0, "", fmt.Errorf("bpf_cgroup: set with subflow_lowat: 0 and without cwnd_clamp (nothing attaches a BPF program)")
 		}
 	}
 	if clamps && f.CwndClamp.Cgroup != "" {

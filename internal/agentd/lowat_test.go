@@ -132,16 +132,24 @@ func TestLowatConfig(t *testing.T) {
 	if c, err := ParseConfig([]byte(base + "subflow_lowat: 0\n")); err != nil || c.SubflowLowat != 0 {
 		t.Fatalf("lowat 0: %+v, %v", c, err)
 	}
+	// Unset: on, 128 KiB (the default), at the cgroup v2 root unless
+	// bpf_cgroup names one.
+	if c, err := ParseConfig([]byte(base)); err != nil || c.SubflowLowat != DefaultSubflowLowat || DefaultSubflowLowat != 131072 || c.BPFCgroup != "" {
+		t.Fatalf("unset: %+v, %v", c, err)
+	}
+	if c, err := ParseConfig([]byte(base + "bpf_cgroup: /sys/fs/cgroup/x\n")); err != nil || c.SubflowLowat != DefaultSubflowLowat || c.BPFCgroup != "/sys/fs/cgroup/x" {
+		t.Fatalf("unset with bpf_cgroup: %+v, %v", c, err)
+	}
 	c, err = ParseConfig([]byte(base + "probe_interval: 100ms\ncwnd_clamp:\n  enabled: true\n  cgroup: /sys/fs/cgroup/y\nsubflow_lowat: 65536\n"))
 	if err != nil || c.BPFCgroup != "/sys/fs/cgroup/y" || c.SubflowLowat != 65536 {
 		t.Fatalf("cwnd_clamp's cgroup: %+v, %v", c, err)
 	}
 	for in, want := range map[string]string{
-		"subflow_lowat: 100\n":                   "config:2:16: subflow_lowat: 100 bytes is not 0 (off) or 16384-2147483647",
-		"subflow_lowat: 4294967296\n":            "subflow_lowat: 4294967296 bytes",
-		"subflow_lowat: 128KiB\n":                "config:2",
-		"subflow_lowat: 131072\nbpf_cgroup: x\n": "bpf_cgroup: \"x\" is not a clean absolute path",
-		"bpf_cgroup: /sys/fs/cgroup/x\n":         "bpf_cgroup: set without subflow_lowat or cwnd_clamp",
+		"subflow_lowat: 100\n":                             "config:2:16: subflow_lowat: 100 bytes is not 0 (off) or 16384-2147483647",
+		"subflow_lowat: 4294967296\n":                      "subflow_lowat: 4294967296 bytes",
+		"subflow_lowat: 128KiB\n":                          "config:2",
+		"subflow_lowat: 131072\nbpf_cgroup: x\n":           "bpf_cgroup: \"x\" is not a clean absolute path",
+		"subflow_lowat: 0\nbpf_cgroup: /sys/fs/cgroup/x\n": "bpf_cgroup: set with subflow_lowat: 0 and without cwnd_clamp",
 		"probe_interval: 100ms\nsubflow_lowat: 131072\nbpf_cgroup: /a\ncwnd_clamp:\n  enabled: true\n  cgroup: /b\n": "differs from cwnd_clamp.cgroup",
 	} {
 		_, err := ParseConfig([]byte(base + in))

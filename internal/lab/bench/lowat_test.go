@@ -12,17 +12,18 @@ import (
 )
 
 // The lowat procedures give the agent the static policy and
-// subflow_lowat (so a cgroup of this runner's, withLabCgroup); their
-// counterparts without the limit give the static policy and no BPF
-// program. The agent accepts every config.
+// subflow_lowat written out; their counterparts give the agent's
+// defaults, which have the same limit since it is on by default; every
+// one gets a cgroup of this runner's (withLabCgroup). The agent accepts
+// every config.
 func TestAgentConfigSubflowLowat(t *testing.T) {
 	server := netip.MustParseAddrPort("10.0.9.2:5201")
 	for proc, want := range map[string]uint32{
 		scenario.MPTCPNATStaticLowat:    scenario.SubflowLowatBytes,
 		scenario.MPTCPTunnelStaticLowat: scenario.SubflowLowatBytes,
-		scenario.MPTCPNATStatic:         0,
-		scenario.MPTCPTunnelStatic:      0,
-		scenario.MPTCPNAT:               0,
+		scenario.MPTCPNATStatic:         agentd.DefaultSubflowLowat,
+		scenario.MPTCPTunnelStatic:      agentd.DefaultSubflowLowat,
+		scenario.MPTCPNAT:               agentd.DefaultSubflowLowat,
 	} {
 		env := &Env{Cell: scenario.Cell{ID: proc, Procedure: proc}}
 		cfg := agentConfig(env, "/run/x/agent.sock", 1, nil, scenario.AgentExtra(proc), server, server)

@@ -111,9 +111,12 @@ const (
 	Collective = "collective"
 )
 
-// The static policy with the agent's per-subflow unsent limit
-// (subflow_lowat: SubflowLowatBytes, docs/agent.md) over NAT and tunnel
-// detours, beside mptcp-nat-static and mptcp-tunnel-static.
+// The static policy with the agent's per-subflow unsent limit written
+// out (subflow_lowat: SubflowLowatBytes, docs/agent.md) over NAT and
+// tunnel detours, beside mptcp-nat-static and mptcp-tunnel-static. Since
+// the limit is the agent's default (agentd.DefaultSubflowLowat, the
+// same 128 KiB) those have it too; these names stay for the reports that
+// measured them before.
 const (
 	MPTCPNATStaticLowat    = "mptcp-nat-static-lowat"
 	MPTCPTunnelStaticLowat = "mptcp-tunnel-static-lowat"
@@ -201,8 +204,8 @@ func Policy(procedure string) string {
 	return ""
 }
 
-// SubflowLowat is the agent's subflow_lowat (bytes) a procedure sets, 0 for
-// none.
+// SubflowLowat is the agent's subflow_lowat (bytes) a procedure writes
+// out, 0 for none (the agent's default then applies: on, 128 KiB).
 func SubflowLowat(procedure string) int {
 	switch procedure {
 	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat:
