@@ -59,9 +59,24 @@ func (w *lockedWriter) String() string {
 // output; it stops the daemon with SIGTERM before returning.
 func startWithCaps(t *testing.T, ns *netnstest.NS, caps, want string, args ...string) {
 	t.Helper()
-	argv := append([]string{"netns", "exec", ns.Name, "setpriv",
-		"--bounding-set=-all," + caps, "--inh-caps=-all," + caps, "--ambient-caps=-all," + caps,
-		"--no-new-privs"}, args...)
+	runWithCaps(t, ns, caps, false, want, nil, args...)
+}
+
+// runWithCaps is startWithCaps; with cgroupMount the command runs with a
+// cgroup v2 mount at /sys/fs/cgroup (ip netns exec remounts /sys without
+// one; the mount stays in the exec's own mount namespace), and while
+// runs with the daemon's output so far once want appeared, before the
+// daemon is stopped.
+func runWithCaps(t *testing.T, ns *netnstest.NS, caps string, cgroupMount bool, want string, while func(out string), args ...string) {
+	t.Helper()
+	argv := []string{"netns", "exec", ns.Name}
+	if cgroupMount {
+		argv = append(argv, "sh", "-c", `mount -t cgroup2 none /sys/fs/cgroup && exec "$@"`, "sh")
+	}
+	argv = append(argv, "setpriv",
+		"--bounding-set=-all,"+caps, "--inh-caps=-all,"+caps, "--ambient-caps=-all,"+caps,
+		"--no-new-privs")
+	argv = append(argv, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", argv...)
@@ -72,6 +87,12 @@ func startWithCaps(t *testing.T, ns *netnstest.NS, caps, want string, args ...st
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		if err := <-exited; err != nil {
+			t.Errorf("%s after SIGINT: %v\n%s", args[1], err, out.String())
+		}
+	}
 	deadline := time.After(15 * time.Second)
 	for !strings.Contains(out.String(), want) {
 		select {
@@ -84,10 +105,12 @@ func startWithCaps(t *testing.T, ns *netnstest.NS, caps, want string, args ...st
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	_ = cmd.Process.Signal(os.Interrupt)
-	if err := <-exited; err != nil {
-		t.Errorf("%s after SIGINT: %v\n%s", args[1], err, out.String())
+	if while != nil {
+		defer stop()
+		while(out.String())
+		return
 	}
+	stop()
 }
 
 // TestDeployUnitCapabilities starts the agent and the relay with exactly the
@@ -109,6 +132,44 @@ func TestDeployUnitCapabilities(t *testing.T) {
 			t.Fatal(err)
 		}
 		startWithCaps(t, ns, unitCaps(t, "mpdetour-agent.service"), "agent running", bin, "agent", "--config", cfg)
+	})
+
+	// With the unit's capabilities the agent's BPF program (the default
+	// subflow_lowat) loads and attaches to its bpf_cgroup; without
+	// CAP_BPF it runs without it and says what is missing.
+	lowat := func(t *testing.T, caps string, attached int, say string) {
+		cg := testCgroup(t, "mpdetour-capcg")
+		ns := netnstest.New(t, "capl")
+		cfg := filepath.Join(dir, "agent-lowat.yaml")
+		// bpf_cgroup as the agent sees it: the cgroup v2 mount is at
+		// /sys/fs/cgroup inside (runWithCaps), wherever the host has it.
+		conf := "socket: " + filepath.Join(dir, "agent-lowat.sock") + "\nsubflow_lowat: 131072\nbpf_cgroup: /sys/fs/cgroup/" + filepath.Base(cg) + "\n"
+		if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runWithCaps(t, ns, caps, true, "agent running", func(out string) {
+			if n := sockOpsAttached(t, cg); n != attached {
+				t.Errorf("%d sock_ops programs attached to %s with capabilities %s, want %d\n%s", n, cg, caps, attached, out)
+			}
+			if !strings.Contains(out, say) {
+				t.Errorf("agent log with capabilities %s does not say %q:\n%s", caps, say, out)
+			}
+		}, bin, "agent", "--config", cfg)
+		if n := sockOpsAttached(t, cg); n != 0 {
+			t.Errorf("%d sock_ops programs left on %s after the agent stopped", n, cg)
+		}
+	}
+	t.Run("agent-bpf", func(t *testing.T) {
+		lowat(t, unitCaps(t, "mpdetour-agent.service"), 1, "subflow lowat on")
+	})
+	t.Run("agent-no-cap-bpf", func(t *testing.T) {
+		var caps []string
+		for _, c := range strings.Split(unitCaps(t, "mpdetour-agent.service"), ",") {
+			if c != "+bpf" {
+				caps = append(caps, c)
+			}
+		}
+		lowat(t, strings.Join(caps, ","), 0, "CAP_BPF")
 	})
 
 	t.Run("relay", func(t *testing.T) {

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/detour"
 	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"golang.org/x/sys/unix"
 )
 
 // clampMap is where limits go: the BPF program's map (bpfclamp.Clamper),
@@ -46,6 +48,14 @@ func openBPF(cgroup string, attach func(string) (clampMap, error)) *bpfProgram {
 	m, err := attach(cgroup)
 	if err != nil {
 		b.err = err.Error()
+		if errors.Is(err, unix.EPERM) {
+			// cilium/ebpf's hint (MEMLOCK) does not apply: the kernel
+			// accounts BPF memory to the cgroup since 5.11.
+			b.err = "needs CAP_BPF and CAP_NET_ADMIN (the deploy unit grants both): " + b.err
+		} else if strings.Contains(b.err, "cannot use helper") {
+			// bpf_skc_to_mptcp_sock is offered only with CAP_PERFMON.
+			b.err = "needs CAP_PERFMON (the deploy unit grants it) or a kernel with bpf_skc_to_mptcp_sock (5.19+): " + b.err
+		}
 		return b
 	}
 	b.m = m

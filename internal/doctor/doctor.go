@@ -521,7 +521,9 @@ func BPF(dir string, probe func(string) (string, error)) Report {
 	var fix string
 	switch {
 	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
-		fix = "run the agent as root (CAP_BPF, CAP_NET_ADMIN and write access to the cgroup)"
+		fix = "the agent needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (deploy/mpdetour-agent.service grants them: keep CAP_BPF and CAP_PERFMON in CapabilityBoundingSet and AmbientCapabilities); this check also needs write access to the cgroup: run it as root"
+	case strings.Contains(err.Error(), "cannot use helper"):
+		fix = "bpf_skc_to_mptcp_sock needs CAP_PERFMON (deploy/mpdetour-agent.service grants it) and Linux 5.19+"
 	case strings.Contains(err.Error(), "cgroup v2"):
 		fix = "mount cgroup v2 (systemd.unified_cgroup_hierarchy=1) or set bpf_cgroup to a cgroup v2 directory"
 	case strings.Contains(err.Error(), "BTF"):
