@@ -60,6 +60,14 @@ func Summary(w io.Writer, path string, cfg Config) {
 	for _, l := range cfg.LegacyV1 {
 		fmt.Fprintf(w, "  legacy v1 daemon %s at %s (unauthenticated), lease %s\n", l.Name, l.Addr, l.Lease)
 	}
+	lowat := "off"
+	if cfg.SubflowLowat > 0 {
+		lowat = fmt.Sprintf("%d bytes", cfg.SubflowLowat)
+	}
+	if cfg.SubflowLowatDefault {
+		lowat += " (default)"
+	}
+	fmt.Fprintf(w, "  subflow lowat %s\n", lowat)
 }
 
 // Run is `mpdetour agent --config path` with cfg, the file as validated

@@ -67,6 +67,9 @@ type Config struct {
 	// lowat.go, docs/agent.md). A config file that does not set it gets
 	// DefaultSubflowLowat; subflow_lowat: 0 turns it off.
 	SubflowLowat uint32
+	// SubflowLowatDefault: the file does not set subflow_lowat
+	// (SubflowLowat is the default; `agent --check` says so).
+	SubflowLowatDefault bool
 	// BPFCgroup is the cgroup v2 directory the agent's one BPF program
 	// (cwnd_clamp and subflow_lowat) attaches to: bpf_cgroup, or
 	// cwnd_clamp.cgroup; "" = the cgroup v2 mount's root.
@@ -210,6 +213,11 @@ func parseConfig(name string, b []byte) (Config, error) {
 		// nothing under another policy, which build says.
 		f.Guard = &fileGuard{}
 	}
+	if f.SubflowLowat == nil && doc.Sub("subflow_lowat") != nil {
+		// "subflow_lowat:" or "~": not unset, which means the default
+		// (on); an operator blanking the value meant something else.
+		return Config{}, doc.Errorf("subflow_lowat", "want 0 (off) or %d-%d bytes, got null (leave the key out for the default, %d)", MinSubflowLowat, math.MaxInt32, DefaultSubflowLowat)
+	}
 	c, err := build(f)
 	if err != nil {
 		return Config{}, doc.Locate(err)
@@ -236,6 +244,7 @@ func build(f File) (Config, error) {
 	if out.SubflowCongestion, err = buildSubflowCC(f.SubflowCongestion); err != nil {
 		return out, err
 	}
+	out.SubflowLowatDefault = f.SubflowLowat == nil
 	if out.SubflowLowat, out.BPFCgroup, err = buildLowat(f, out.CwndClamp != nil); err != nil {
 		return out, err
 	}

@@ -145,9 +145,13 @@ func TestLowatConfig(t *testing.T) {
 		t.Fatalf("cwnd_clamp's cgroup: %+v, %v", c, err)
 	}
 	for in, want := range map[string]string{
-		"subflow_lowat: 100\n":                             "config:2:16: subflow_lowat: 100 bytes is not 0 (off) or 16384-2147483647",
-		"subflow_lowat: 4294967296\n":                      "subflow_lowat: 4294967296 bytes",
-		"subflow_lowat: 128KiB\n":                          "config:2",
+		"subflow_lowat: 100\n":        "config:2:16: subflow_lowat: 100 bytes is not 0 (off) or 16384-2147483647",
+		"subflow_lowat: 4294967296\n": "subflow_lowat: 4294967296 bytes",
+		"subflow_lowat: 128KiB\n":     "config:2",
+		// An explicit null is not "unset" (that would turn it on).
+		"subflow_lowat:\n":                                 "config:2:15: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null",
+		"subflow_lowat: ~\n":                               "config:2:16: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null",
+		"subflow_lowat: null\n":                            "config:2:16: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null",
 		"subflow_lowat: 131072\nbpf_cgroup: x\n":           "bpf_cgroup: \"x\" is not a clean absolute path",
 		"subflow_lowat: 0\nbpf_cgroup: /sys/fs/cgroup/x\n": "bpf_cgroup: set with subflow_lowat: 0 and without cwnd_clamp",
 		"probe_interval: 100ms\nsubflow_lowat: 131072\nbpf_cgroup: /a\ncwnd_clamp:\n  enabled: true\n  cgroup: /b\n": "differs from cwnd_clamp.cgroup",
