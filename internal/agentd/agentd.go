@@ -64,7 +64,10 @@ func Summary(w io.Writer, path string, cfg Config) {
 	if cfg.SubflowLowat > 0 {
 		lowat = fmt.Sprintf("%d bytes", cfg.SubflowLowat)
 	}
-	if cfg.SubflowLowatDefault {
+	switch {
+	case cfg.SubflowLowatDefault && cfg.SubflowLowat == 0:
+		lowat += " (default without a client role)"
+	case cfg.SubflowLowatDefault:
 		lowat += " (default)"
 	}
 	fmt.Fprintf(w, "  subflow lowat %s\n", lowat)

@@ -65,7 +65,8 @@ type Config struct {
 	// SubflowLowat, when > 0, bounds the unsent bytes of every subflow of
 	// every managed connection (TCP_NOTSENT_LOWAT through the BPF program;
 	// lowat.go, docs/agent.md). A config file that does not set it gets
-	// DefaultSubflowLowat; subflow_lowat: 0 turns it off.
+	// DefaultSubflowLowat (0 on a server-role-only agent); subflow_lowat:
+	// 0 turns it off.
 	SubflowLowat uint32
 	// SubflowLowatDefault: the file does not set subflow_lowat
 	// (SubflowLowat is the default; `agent --check` says so).
@@ -529,8 +530,17 @@ const DefaultSubflowLowat = 128 << 10
 // buildLowat validates subflow_lowat (unset: DefaultSubflowLowat; 0:
 // off) and bpf_cgroup, merged with cwnd_clamp's cgroup (clamps:
 // cwnd_clamp is on; the program attaches once, to one cgroup).
+//
+// Unset on a server-role-only agent (a server: section and no detours,
+// relays or legacy daemons) is off: its connections are all accepted
+// ones, never managed, and the program would still ask for RTT callbacks
+// on every MPTCP subflow of its cgroup (docs/agent.md).
 func buildLowat(f File, clamps bool) (uint32, string, error) {
 	lowat := uint32(DefaultSubflowLowat)
+	serverOnly := serverRoleOnly(f)
+	if serverOnly {
+		lowat = 0
+	}
 	if f.SubflowLowat != nil {
 		lowat = 0
 		switch n := *f.SubflowLowat; {
@@ -546,6 +556,9 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 		if err := cgroupPath("bpf_cgroup", cg); err != nil {
 			return 0, "", err
 		}
+		if lowat == 0 && !clamps && f.SubflowLowat == nil {
+			return 0, "", fmt.Errorf("bpf_cgroup: set on a server-role-only agent without subflow_lowat or cwnd_clamp (nothing attaches a BPF program: the limit is on by default only with a client role)")
+		}
 		if lowat == 0 && !clamps {
 			return 0, "", fmt.Errorf("bpf_cgroup: set with subflow_lowat: 0 and without cwnd_clamp (nothing attaches a BPF program)")
 		}
@@ -557,6 +570,12 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 		cg = f.CwndClamp.Cgroup
 	}
 	return lowat, cg, nil
+}
+
+// serverRoleOnly says whether f has the server role and no client one
+// (no detour source: detours, relays, legacy_v1).
+func serverRoleOnly(f File) bool {
+	return f.Server != nil && len(f.Detours) == 0 && f.Relays == nil && len(f.LegacyV1) == 0
 }
 
 // buildKinds validates the detour kinds' sections into c.

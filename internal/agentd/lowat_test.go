@@ -140,6 +140,18 @@ func TestLowatConfig(t *testing.T) {
 	if c, err := ParseConfig([]byte(base + "bpf_cgroup: /sys/fs/cgroup/x\n")); err != nil || c.SubflowLowat != DefaultSubflowLowat || c.BPFCgroup != "/sys/fs/cgroup/x" {
 		t.Fatalf("unset with bpf_cgroup: %+v, %v", c, err)
 	}
+	// A server-role-only agent (no detours, relays or legacy daemons):
+	// off unless set; with a client role, on.
+	server := "server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n"
+	if c, err := ParseConfig([]byte(base + server)); err != nil || c.SubflowLowat != 0 || !c.SubflowLowatDefault {
+		t.Fatalf("server role only: %+v, %v", c, err)
+	}
+	if c, err := ParseConfig([]byte(base + server + "subflow_lowat: 131072\n")); err != nil || c.SubflowLowat != 131072 {
+		t.Fatalf("server role only, set: %+v, %v", c, err)
+	}
+	if c, err := ParseConfig([]byte(base + server + "detours:\n  - {kind: nat, relay: r1, address: 10.0.2.2:40000, server: 10.0.3.2:5201}\n")); err != nil || c.SubflowLowat != DefaultSubflowLowat {
+		t.Fatalf("server and client role: %+v, %v", c, err)
+	}
 	c, err = ParseConfig([]byte(base + "probe_interval: 100ms\ncwnd_clamp:\n  enabled: true\n  cgroup: /sys/fs/cgroup/y\nsubflow_lowat: 65536\n"))
 	if err != nil || c.BPFCgroup != "/sys/fs/cgroup/y" || c.SubflowLowat != 65536 {
 		t.Fatalf("cwnd_clamp's cgroup: %+v, %v", c, err)
@@ -154,6 +166,7 @@ func TestLowatConfig(t *testing.T) {
 		"subflow_lowat: null\n":                            "config:2:16: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null",
 		"subflow_lowat: 131072\nbpf_cgroup: x\n":           "bpf_cgroup: \"x\" is not a clean absolute path",
 		"subflow_lowat: 0\nbpf_cgroup: /sys/fs/cgroup/x\n": "bpf_cgroup: set with subflow_lowat: 0 and without cwnd_clamp",
+		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\nbpf_cgroup: /sys/fs/cgroup/x\n":                   "bpf_cgroup: set on a server-role-only agent without subflow_lowat or cwnd_clamp",
 		"probe_interval: 100ms\nsubflow_lowat: 131072\nbpf_cgroup: /a\ncwnd_clamp:\n  enabled: true\n  cgroup: /b\n": "differs from cwnd_clamp.cgroup",
 	} {
 		_, err := ParseConfig([]byte(base + in))

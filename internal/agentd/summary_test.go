@@ -43,6 +43,7 @@ func TestSummaryLowat(t *testing.T) {
 		"":                       "  subflow lowat 131072 bytes (default)\n",
 		"subflow_lowat: 65536\n": "  subflow lowat 65536 bytes\n",
 		"subflow_lowat: 0\n":     "  subflow lowat off\n",
+		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n": "  subflow lowat off (default without a client role)\n",
 	} {
 		c, err := ParseConfig([]byte("socket: /tmp/a.sock\n" + in))
 		if err != nil {
