@@ -17,7 +17,8 @@ import (
 // The lowat procedures give the agent the static policy and
 // subflow_lowat written out; their counterparts give the agent's
 // defaults, which have the same limit since it is on by default; every
-// one gets a cgroup of this runner's (withLabCgroup). The agent accepts
+// one gets a cgroup of this runner's (withLabCgroup). The -nolowat ones
+// write subflow_lowat: 0 and get no cgroup (no program). The agent accepts
 // every config.
 func TestAgentConfigSubflowLowat(t *testing.T) {
 	server := netip.MustParseAddrPort("10.0.9.2:5201")
@@ -29,6 +30,8 @@ func TestAgentConfigSubflowLowat(t *testing.T) {
 		scenario.MPTCPNATStatic:            agentd.DefaultSubflowLowat,
 		scenario.MPTCPTunnelStatic:         agentd.DefaultSubflowLowat,
 		scenario.MPTCPNAT:                  agentd.DefaultSubflowLowat,
+		scenario.MPTCPNATStaticNoLowat:     0,
+		scenario.MPTCPTunnelStaticNoLowat:  0,
 	} {
 		env := &Env{Cell: scenario.Cell{ID: proc, Procedure: proc}}
 		cfg := agentConfig(env, "/run/x/agent.sock", 1, nil, scenario.AgentExtra(proc), server, server)
@@ -41,9 +44,7 @@ func TestAgentConfigSubflowLowat(t *testing.T) {
 		if c.SubflowLowat != want || c.BPFCgroup != "" || c.CwndClamp != nil {
 			t.Errorf("%s: subflow_lowat %d, bpf_cgroup %q, cwnd_clamp %v; want %d, none, none", proc, c.SubflowLowat, c.BPFCgroup, c.CwndClamp, want)
 		}
-		if want > 0 {
-			checkLabCgroup(t, proc, cfg, true)
-		}
+		checkLabCgroup(t, proc, cfg, want > 0)
 		if wantPol := scenario.Policy(proc); !strings.Contains(cfg, "policy: "+wantPol+"\n") && wantPol != "" {
 			t.Errorf("%s: no policy %q in\n%s", proc, wantPol, cfg)
 		}

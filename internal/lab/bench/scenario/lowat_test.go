@@ -17,6 +17,17 @@ func TestSubflowLowatProcedures(t *testing.T) {
 			t.Errorf("%s: label %q (plain %q), closes subflows %v", lowat, Label(lowat), Label(plain), ClosesSubflows(lowat))
 		}
 	}
+	for nolowat, plain := range map[string]string{MPTCPNATStaticNoLowat: MPTCPNATStatic, MPTCPTunnelStaticNoLowat: MPTCPTunnelStatic} {
+		if AgentExtra(nolowat) != "subflow_lowat: 0\n" {
+			t.Errorf("%s: agent extra %q, want subflow_lowat: 0", nolowat, AgentExtra(nolowat))
+		}
+		if Policy(nolowat) != "static" || SinglePath(nolowat) != SinglePath(plain) || DefaultPath(nolowat) != TCP {
+			t.Errorf("%s: policy %q, single %q, default %q; want static, %s, tcp", nolowat, Policy(nolowat), SinglePath(nolowat), DefaultPath(nolowat), SinglePath(plain))
+		}
+		if Label(nolowat) == "" || Label(nolowat) == Label(plain) || ClosesSubflows(nolowat) {
+			t.Errorf("%s: label %q (plain %q), closes subflows %v", nolowat, Label(nolowat), Label(plain), ClosesSubflows(nolowat))
+		}
+	}
 	for name := range procs {
 		if name != MPTCPNATStaticLowat && name != MPTCPTunnelStaticLowat && name != MPTCPNATBackupStaticLowat && SubflowLowat(name) != 0 {
 			t.Errorf("%s: SubflowLowat = %d, want 0", name, SubflowLowat(name))

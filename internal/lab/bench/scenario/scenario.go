@@ -117,11 +117,15 @@ const (
 // with the NAT detours as backups, beside mptcp-nat-backup-static. Since
 // the limit is the agent's default (agentd.DefaultSubflowLowat, the
 // same 128 KiB) those have it too; these names stay for the reports that
-// measured them before.
+// measured them before. The -nolowat procedures are the static ones with
+// the limit off (subflow_lowat: 0): what the plain names measured before
+// the default changed.
 const (
 	MPTCPNATStaticLowat       = "mptcp-nat-static-lowat"
 	MPTCPTunnelStaticLowat    = "mptcp-tunnel-static-lowat"
 	MPTCPNATBackupStaticLowat = "mptcp-nat-backup-static-lowat"
+	MPTCPNATStaticNoLowat     = "mptcp-nat-static-nolowat"
+	MPTCPTunnelStaticNoLowat  = "mptcp-tunnel-static-nolowat"
 	// SubflowLowatBytes is the limit these procedures set: the value the
 	// design runs use (docs/results/design/lowat), not tuned per scenario.
 	SubflowLowatBytes = 131072
@@ -189,6 +193,9 @@ var procs = map[string]procInfo{
 	MPTCPTunnelStaticLowat: {"MPTCP + tunnel detour, static policy, subflow unsent limit", -1, TCPTunnel},
 
 	MPTCPNATBackupStaticLowat: {"MPTCP + backup NAT detour, static policy, subflow unsent limit", -1, TCPNAT},
+
+	MPTCPNATStaticNoLowat:    {"MPTCP + NAT detour, static policy, no subflow unsent limit", -1, TCPNAT},
+	MPTCPTunnelStaticNoLowat: {"MPTCP + tunnel detour, static policy, no subflow unsent limit", -1, TCPTunnel},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -202,14 +209,15 @@ func Policy(procedure string) string {
 		return "backup-first"
 	case MPTCPNATGuard, MPTCPNATGuardStarveOff:
 		return "guard"
-	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat:
 		return "static"
 	}
 	return ""
 }
 
-// SubflowLowat is the agent's subflow_lowat (bytes) a procedure writes
-// out, 0 for none (the agent's default then applies: on, 128 KiB).
+// SubflowLowat is the agent's subflow_lowat (bytes) a -lowat procedure
+// writes out, 0 for the others (the agent's default then applies: on,
+// 128 KiB; the -nolowat procedures write subflow_lowat: 0, AgentExtra).
 func SubflowLowat(procedure string) int {
 	switch procedure {
 	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
@@ -248,6 +256,8 @@ func AgentExtra(procedure string) string {
 		// The agent's BPF program writes the limit; the runner gives it
 		// a cgroup of its own (bench.withLabCgroup).
 		return fmt.Sprintf("subflow_lowat: %d\n", SubflowLowat(procedure))
+	case MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat:
+		return "subflow_lowat: 0\n"
 	}
 	return ""
 }
@@ -255,7 +265,7 @@ func AgentExtra(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
-		MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat,
+		MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 
