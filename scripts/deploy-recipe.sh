@@ -26,10 +26,14 @@ ns_server="$tag-server" ns_relay="$tag-relay" ns_client="$tag-client"
 work=$(mktemp -d /tmp/mpdetour-deploy.XXXXXX)
 
 # The agent's BPF program (subflow_lowat, on by default) attaches to the
-# cgroup v2 root unless bpf_cgroup names another: a cgroup of this run's
-# own, holding this script and so the daemons and the transfers it starts,
-# keeps it off the other sockets of the machine (other labs share these
-# addresses). Removed at exit.
+# cgroup v2 root unless bpf_cgroup names another: the client's config names
+# a cgroup of this run's own (holding this script and so the daemons and
+# transfers it starts), so that it could never reach the other sockets of
+# the machine (other labs share these addresses). The blocks run under
+# `ip netns exec`, which remounts /sys without the cgroup mount, so the
+# agent does not see that directory: it takes the documented fallback (one
+# warning, the limit off) and this recipe does not exercise the program
+# (cmd/mpdetour TestDeployUnitCapabilities does). Removed at exit.
 cgroot=$(findmnt -n -t cgroup2 -o TARGET | head -n 1)
 [ -n "$cgroot" ] || { echo "deploy-recipe: no cgroup v2 mount" >&2; exit 1; }
 cgback="$cgroot$(sed -n 's/^0:://p' /proc/self/cgroup)"

@@ -172,6 +172,22 @@ func TestDeployUnitCapabilities(t *testing.T) {
 		lowat(t, strings.Join(caps, ","), 0, "CAP_BPF")
 	})
 
+	// An agent started with ip netns exec (no cgroup v2 mount in its
+	// view) and the default limit: it runs without the program and the
+	// warning names ip netns exec and the netns: key.
+	t.Run("agent-ip-netns-exec", func(t *testing.T) {
+		ns := netnstest.New(t, "capx")
+		cfg := filepath.Join(dir, "agent-nocg.yaml")
+		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent-nocg.sock")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runWithCaps(t, ns, unitCaps(t, "mpdetour-agent.service"), false, "agent running", func(out string) {
+			if !strings.Contains(out, "subflow lowat off") || !strings.Contains(out, "ip netns exec") || !strings.Contains(out, "netns:") {
+				t.Errorf("agent log does not say the limit is off because ip netns exec hides the cgroup mount (use netns:):\n%s", out)
+			}
+		}, bin, "agent", "--config", cfg)
+	})
+
 	t.Run("relay", func(t *testing.T) {
 		ns := netnstest.New(t, "capr")
 		key, err := exec.Command(bin, "relay", "genkey").Output()

@@ -29,7 +29,7 @@ func Cgroup2Root() (string, error) {
 	if err := sc.Err(); err != nil {
 		return "", err
 	}
-	return "", errors.New("no cgroup v2 mount (cgroup_no_v1 / systemd.unified_cgroup_hierarchy, or set bpf_cgroup)")
+	return "", errors.New("no cgroup v2 mount (cgroup_no_v1 / systemd.unified_cgroup_hierarchy, or set bpf_cgroup; ip netns exec remounts /sys without it: start the agent in the host's mount namespace with the netns: key)")
 }
 
 // OwnCgroup is the cgroup v2 directory this process is in, under root

@@ -218,7 +218,7 @@ func TestBPFProgram(t *testing.T) {
 	}{
 		{fmt.Errorf("bpfclamp: create map: %w", unix.EPERM), "CAP_BPF"},
 		{errors.New("bpfclamp: load sock_ops program: load program: invalid argument: program of this type cannot use helper bpf_skc_to_mptcp_sock#196"), "CAP_PERFMON"},
-		{errors.New("no cgroup v2 mount (cgroup_no_v1 / systemd.unified_cgroup_hierarchy, or set bpf_cgroup)"), "mount cgroup v2"},
+		{errors.New("no cgroup v2 mount (cgroup_no_v1 / systemd.unified_cgroup_hierarchy, or set bpf_cgroup; ip netns exec remounts /sys without it: start the agent in the host's mount namespace with the netns: key)"), "mount cgroup v2"},
 		{errors.New("bpfclamp: load sock_ops program: invalid argument (no /sys/kernel/btf/vmlinux: the kernel has no BTF, CONFIG_DEBUG_INFO_BTF)"), "CONFIG_DEBUG_INFO_BTF=y"},
 		{errors.New("bpfclamp: attach to cgroup /x: bad file descriptor"), ""},
 	} {
