@@ -66,6 +66,13 @@ func sockOpsAttached(t *testing.T, dir string) int {
 // log.
 func runAgentStatus(t *testing.T, cfg string) (agent.Status, string, string) {
 	t.Helper()
+	return runAgentStatusWhile(t, cfg, nil)
+}
+
+// runAgentStatusWhile is runAgentStatus; while (if set) runs once the
+// status answered, before the agent is stopped.
+func runAgentStatusWhile(t *testing.T, cfg string, while func()) (agent.Status, string, string) {
+	t.Helper()
 	testenv.MPTCP(t)
 	dir := t.TempDir()
 	bin := mpdetourBin(t)
@@ -109,6 +116,9 @@ func runAgentStatus(t *testing.T, cfg string) (agent.Status, string, string) {
 	if err != nil {
 		t.Fatalf("status: %v: %s", err, text)
 	}
+	if while != nil {
+		while()
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-exited:
@@ -122,10 +132,16 @@ func runAgentStatus(t *testing.T, cfg string) (agent.Status, string, string) {
 }
 
 // A config that does not set subflow_lowat gets the limit (128 KiB), in
-// the cgroup bpf_cgroup names; nothing stays attached after SIGTERM.
+// the cgroup bpf_cgroup names (attached there while the agent runs);
+// nothing stays attached after SIGTERM.
 func TestAgentLowatDefault(t *testing.T) {
 	cg := testCgroup(t, "mpd-agent-lowat")
-	st, text, logs := runAgentStatus(t, "bpf_cgroup: "+cg+"\n")
+	running := -1
+	st, text, logs := runAgentStatusWhile(t, "bpf_cgroup: "+cg+"\n", func() { running = sockOpsAttached(t, cg) })
+	// Attached to bpf_cgroup, not anywhere else (the cgroup v2 root).
+	if running != 1 {
+		t.Errorf("%d sock_ops programs attached to %s while the agent ran, want 1; log: %s", running, cg, logs)
+	}
 	if l := st.SubflowLowat; l == nil || l.State != "active" || l.Bytes != 131072 {
 		t.Fatalf("status subflow_lowat %+v, want active with 131072 bytes by default; log: %s", l, logs)
 	}
