@@ -57,11 +57,10 @@ func doctorCommand() *cli.Command {
 			if agentConfig != "" {
 				cfg, cfgErr = agentd.LoadConfig(agentConfig)
 			}
-			bpfCgroup, bpfUsed := cfg.BPFCgroup, agentConfig == "" || cfgErr != nil || cfg.SubflowLowat > 0 || cfg.CwndClamp != nil
-			if bpfUsed {
-				r = append(r, doctor.BPF(bpfCgroup, bpfclamp.Probe)...)
+			if why := bpfNotUsed(agentConfig, relayConfig, cfg, cfgErr); why == "" {
+				r = append(r, doctor.BPF(cfg.BPFCgroup, bpfclamp.Probe)...)
 			} else {
-				r = append(r, doctor.Result{Area: "kernel", Check: "BPF program", Status: doctor.Info, Detail: agentConfig + " sets subflow_lowat: 0 and no cwnd_clamp: the agent loads no BPF program"})
+				r = append(r, doctor.Result{Area: "kernel", Check: "BPF program", Status: doctor.Info, Detail: why})
 			}
 			r = append(r, doctor.RunningAgent(doctor.Paths{}, running)...)
 			fi := doctor.FamilyInput{DefaultRoute: doctor.DefaultRoute, Running: running}
@@ -116,4 +115,20 @@ func blackholeOf(st *agent.Status) *agent.BlackholeStatus {
 		return nil
 	}
 	return st.Blackhole
+}
+
+// bpfNotUsed says why doctor does not probe the agent's BPF program, ""
+// when it does: with --agent-config when the file uses it (or is
+// invalid), without one unless only --relay-config is given (a relay
+// host runs no agent).
+func bpfNotUsed(agentConfig, relayConfig string, cfg agentd.Config, cfgErr error) string {
+	switch {
+	case agentConfig == "" && relayConfig != "":
+		return "no --agent-config (a relay host): the agent's BPF program is not checked"
+	case agentConfig == "" || cfgErr != nil || cfg.SubflowLowat > 0 || cfg.CwndClamp != nil:
+		return ""
+	case cfg.SubflowLowatDefault:
+		return agentConfig + " is a server-role-only agent without subflow_lowat (off by default there) and no cwnd_clamp: the agent loads no BPF program"
+	}
+	return agentConfig + " has subflow_lowat: 0 (off) and no cwnd_clamp: the agent loads no BPF program"
 }
