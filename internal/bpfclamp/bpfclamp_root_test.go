@@ -3,6 +3,7 @@ package bpfclamp
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -575,8 +576,36 @@ func TestProbe(t *testing.T) {
 			t.Errorf("remove cgroup: %v (the probe left a child?)", err)
 		}
 	})
+	// While attached: the program's IDs on the probe's child cgroup (the
+	// probe never attaches to dir itself, so counting there proves
+	// nothing); after Probe none of them may still be loaded.
+	var ids []ebpf.ProgramID
+	probeAttached = func(child string) {
+		f, err := os.Open(child)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range r.Programs {
+			ids = append(ids, p.ID)
+		}
+	}
+	t.Cleanup(func() { probeAttached = nil })
 	if at, err := Probe(dir); err != nil || at != dir {
 		t.Fatalf("Probe(%s): %q, %v", dir, at, err)
+	}
+	if len(ids) != 1 {
+		t.Fatalf("%d programs attached to the probe's cgroup while it ran, want 1", len(ids))
+	}
+	if p, err := ebpf.NewProgramFromID(ids[0]); err == nil {
+		p.Close()
+		t.Errorf("program %d still loaded after the probe (link or program not closed)", ids[0])
+	} else if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("program %d after the probe: %v", ids[0], err)
 	}
 	if n := attachedCount(t, dir); n != 0 {
 		t.Errorf("%d programs attached after the probe", n)

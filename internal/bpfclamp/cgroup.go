@@ -74,5 +74,12 @@ func Probe(dir string) (string, error) {
 		}
 		return dir, err
 	}
+	if probeAttached != nil {
+		probeAttached(child)
+	}
 	return dir, c.Close()
 }
+
+// probeAttached, set by tests, sees Probe's child cgroup while the
+// program is attached to it.
+var probeAttached func(child string)
