@@ -499,7 +499,21 @@ type Options struct {
 
 // Attach loads the program and attaches it to the cgroup v2 directory
 // cgroupPath. On any failure nothing stays loaded or attached.
-func Attach(cgroupPath string, o Options) (_ *Clamper, err error) {
+func Attach(cgroupPath string, o Options) (*Clamper, error) {
+	c, err := load(o)
+	if err != nil {
+		return nil, err
+	}
+	c.l, err = link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: ebpf.AttachCGroupSockOps, Program: c.prog})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("bpfclamp: attach to cgroup %s: %w", cgroupPath, err)
+	}
+	return c, nil
+}
+
+// load creates the maps and loads the program, not attached.
+func load(o Options) (_ *Clamper, err error) {
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp", Type: ebpf.Hash, KeySize: 32, ValueSize: valueSize, MaxEntries: MaxEntries})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
@@ -525,10 +539,6 @@ func Attach(cgroupPath string, o Options) (_ *Clamper, err error) {
 	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied, c.lowats, c.counts, o.EverySocket)})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: load sock_ops program: %w", err)
-	}
-	c.l, err = link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: ebpf.AttachCGroupSockOps, Program: c.prog})
-	if err != nil {
-		return nil, fmt.Errorf("bpfclamp: attach to cgroup %s: %w", cgroupPath, err)
 	}
 	return c, nil
 }

@@ -613,4 +613,18 @@ func TestProbe(t *testing.T) {
 	if _, err := Probe(t.TempDir()); err == nil {
 		t.Error("Probe of a directory that is no cgroup: no error")
 	}
+	// A cgroup v2 directory the probe cannot write (a read-only mount in
+	// a container): the program is loaded, attaching is not tried, and
+	// the error says so (the agent, which only opens the directory, may
+	// attach); a directory that is no cgroup stays an error.
+	probeMkdir = func(string, os.FileMode) error { return &os.PathError{Op: "mkdir", Path: dir, Err: unix.EROFS} }
+	t.Cleanup(func() { probeMkdir = os.Mkdir })
+	_, err := Probe(dir)
+	var notTried *AttachNotTriedError
+	if !errors.As(err, &notTried) || !errors.Is(err, unix.EROFS) {
+		t.Errorf("Probe of a read-only cgroup: %v, want AttachNotTriedError", err)
+	}
+	if _, err := Probe(t.TempDir()); err == nil || errors.As(err, &notTried) {
+		t.Errorf("Probe of a read-only directory that is no cgroup: %v", err)
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Cgroup2Root finds the cgroup v2 mount (unified or hybrid hierarchy),
@@ -54,7 +56,9 @@ func OwnCgroup(root string) (string, error) {
 // moment), then detaches it and removes the child. The error says what
 // is missing: no cgroup v2, a kernel whose verifier refuses the program
 // (bpf_skc_to_mptcp_sock needs kernel BTF and Linux 5.19), or the
-// privileges (CAP_BPF and CAP_NET_ADMIN, or root).
+// privileges (CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, or root). Where dir
+// is a cgroup v2 directory it may not write (no child to attach to), it
+// only loads the program: *AttachNotTriedError.
 func Probe(dir string) (string, error) {
 	if dir == "" {
 		var err error
@@ -62,23 +66,54 @@ func Probe(dir string) (string, error) {
 			return "", err
 		}
 	}
+	btf := func(err error) error {
+		if _, serr := os.Stat("/sys/kernel/btf/vmlinux"); errors.Is(serr, os.ErrNotExist) {
+			err = fmt.Errorf("%w (no /sys/kernel/btf/vmlinux: the kernel has no BTF, CONFIG_DEBUG_INFO_BTF)", err)
+		}
+		return err
+	}
 	child := filepath.Join(dir, fmt.Sprintf("mpdetour-probe-%d", os.Getpid()))
-	if err := os.Mkdir(child, 0o755); err != nil {
-		return dir, fmt.Errorf("bpfclamp: create a probe cgroup under %s: %w", dir, err)
+	if err := probeMkdir(child, 0o755); err != nil {
+		err = fmt.Errorf("bpfclamp: create a probe cgroup under %s: %w", dir, err)
+		var fs unix.Statfs_t
+		if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) && !errors.Is(err, unix.EPERM) ||
+			unix.Statfs(dir, &fs) != nil || fs.Type != unix.CGROUP2_SUPER_MAGIC {
+			return dir, err
+		}
+		// A cgroup v2 directory this process may not write (a read-only
+		// mount in a container, a delegated cgroup): the agent only opens
+		// it read-only to attach, so load the program and say attaching
+		// was not tried.
+		c, lerr := load(Options{})
+		if lerr != nil {
+			return dir, btf(lerr)
+		}
+		return dir, errors.Join(&AttachNotTriedError{Err: err}, c.Close())
 	}
 	defer os.Remove(child)
 	c, err := Attach(child, Options{})
 	if err != nil {
-		if _, serr := os.Stat("/sys/kernel/btf/vmlinux"); errors.Is(serr, os.ErrNotExist) {
-			err = fmt.Errorf("%w (no /sys/kernel/btf/vmlinux: the kernel has no BTF, CONFIG_DEBUG_INFO_BTF)", err)
-		}
-		return dir, err
+		return dir, btf(err)
 	}
 	if probeAttached != nil {
 		probeAttached(child)
 	}
 	return dir, c.Close()
 }
+
+// AttachNotTriedError: Probe loaded the program but could not make a
+// child cgroup to attach it to (Err says why); the agent, which attaches
+// to the directory itself, may well succeed.
+type AttachNotTriedError struct{ Err error }
+
+func (e *AttachNotTriedError) Error() string {
+	return "the program loads; attaching not tried: " + e.Err.Error()
+}
+
+func (e *AttachNotTriedError) Unwrap() error { return e.Err }
+
+// probeMkdir is os.Mkdir (tests stand in a read-only cgroup).
+var probeMkdir = os.Mkdir
 
 // probeAttached, set by tests, sees Probe's child cgroup while the
 // program is attached to it.

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -516,6 +517,11 @@ func BPF(dir string, probe func(string) (string, error)) Report {
 	at, err := probe(dir)
 	if err == nil {
 		r.add("kernel", check, OK, "the agent's sock_ops program (subflow_lowat, cwnd_clamp) loads and attaches under "+at, "")
+		return r
+	}
+	var notTried *bpfclamp.AttachNotTriedError
+	if errors.As(err, &notTried) {
+		r.add("kernel", check, Info, "the agent's sock_ops program loads; attaching under "+at+" was not tried ("+notTried.Err.Error()+"): the agent attaches to the directory itself, which needs only read access", "")
 		return r
 	}
 	var fix string

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
@@ -211,6 +212,14 @@ func TestBPFProgram(t *testing.T) {
 	r := BPF("", func(dir string) (string, error) { return "/sys/fs/cgroup", nil })
 	if len(r) != 1 || r[0].Status != OK || !strings.Contains(r[0].Detail, "/sys/fs/cgroup") {
 		t.Fatalf("loads: %+v", r)
+	}
+	// Loaded, but no probe cgroup could be made (a read-only cgroup
+	// mount): information, not a warning that the agent cannot attach.
+	r = BPF("/x", func(dir string) (string, error) {
+		return dir, &bpfclamp.AttachNotTriedError{Err: fmt.Errorf("mkdir /x/p: %w", unix.EROFS)}
+	})
+	if len(r) != 1 || r[0].Status != Info || !strings.Contains(r[0].Detail, "loads") || !strings.Contains(r[0].Detail, "read-only file system") {
+		t.Errorf("attach not tried: %+v", r)
 	}
 	for _, tc := range []struct {
 		err  error
