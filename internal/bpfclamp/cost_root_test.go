@@ -263,7 +263,15 @@ func TestLowatCost(t *testing.T) {
 			after := progStats(t, c)
 			delta = &ProgramStatsDelta{Runs: after.Runs - before.Runs, Time: after.Time - before.Time}
 		}
+		// A writer that ended early (reset, EPIPE) would leave a row of
+		// few or no bytes (cpu_s/GB +Inf): not a measurement.
+		if err := stop(); err != nil {
+			t.Fatalf("%s: the writer ended during the transfer: %v", arm, err)
+		}
 		row := costRow{arm: arm, bytes: b1 - b0, secs: t1.Sub(t0).Seconds(), cpu: c1 - c0, sirq: s1 - s0, busy: m1 - m0}
+		if row.bytes <= 0 {
+			t.Fatalf("%s: %d bytes arrived in %.1f s", arm, row.bytes, row.secs)
+		}
 		if c != nil {
 			if row.sets, err = c.LowatSets(); err != nil {
 				t.Fatal(err)
@@ -325,7 +333,9 @@ func progStats(t *testing.T, c *Clamper) *ProgramStatsDelta {
 			t.Logf("no BPF statistics: %v", err)
 			return &ProgramStatsDelta{}
 		}
-		t.Cleanup(func() { cl.Close() })
+		// Reset with the close, so that a second run (-count=2) switches
+		// them on again instead of reading zero runs.
+		t.Cleanup(func() { cl.Close(); statsOn = false })
 		statsOn = true
 	}
 	s, err := c.prog.Stats()
