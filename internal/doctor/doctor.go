@@ -227,6 +227,23 @@ func RunningAgent(p Paths, st *agent.Status) Report {
 	default:
 		r.add("client", "pm_type under the agent", OK, "net.mptcp.pm_type = 1 (userspace, the agent's)", "")
 	}
+	// The limit as the running agent has it: doctor's own probe runs
+	// with this shell's privileges, the agent with its unit's.
+	const lw = "subflow lowat of the agent"
+	switch l := st.SubflowLowat; {
+	case l == nil:
+		r.add("client", lw, Info, "off in the running agent (subflow_lowat: 0, or a server-role-only agent)", "")
+	case l.State == "failed":
+		fix := ""
+		if strings.Contains(l.Error, "CAP_") {
+			fix = "give the agent CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (deploy/mpdetour-agent.service: CapabilityBoundingSet and AmbientCapabilities) and restart it"
+		}
+		r.add("client", lw, Warn, "the running agent could not load or attach its BPF program and runs without the limit: "+l.Error, fix)
+	case l.State == "refused":
+		r.add("client", lw, Warn, "the kernel refused the running agent's limit: "+l.Refused, "")
+	default:
+		r.add("client", lw, OK, fmt.Sprintf("%s, %d bytes unsent at most per subflow", l.State, l.Bytes), "")
+	}
 	return r
 }
 
