@@ -42,7 +42,10 @@ func ownCgroup(t *testing.T, root string) string {
 	return dir
 }
 
-func attachedCount(t *testing.T, dir string) int {
+func attachedCount(t *testing.T, dir string) int { return len(attachedIDs(t, dir)) }
+
+// attachedIDs are the IDs of the sock_ops programs attached to cgroup dir.
+func attachedIDs(t *testing.T, dir string) []ebpf.ProgramID {
 	f, err := os.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +55,11 @@ func attachedCount(t *testing.T, dir string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(r.Programs)
+	var ids []ebpf.ProgramID
+	for _, p := range r.Programs {
+		ids = append(ids, p.ID)
+	}
+	return ids
 }
 
 // connectedCwnd opens a loopback TCP connection while this process is in
@@ -580,20 +587,7 @@ func TestProbe(t *testing.T) {
 	// probe never attaches to dir itself, so counting there proves
 	// nothing); after Probe none of them may still be loaded.
 	var ids []ebpf.ProgramID
-	probeAttached = func(child string) {
-		f, err := os.Open(child)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range r.Programs {
-			ids = append(ids, p.ID)
-		}
-	}
+	probeAttached = func(child string) { ids = attachedIDs(t, child) }
 	t.Cleanup(func() { probeAttached = nil })
 	if at, err := Probe(dir); err != nil || at != dir {
 		t.Fatalf("Probe(%s): %q, %v", dir, at, err)
