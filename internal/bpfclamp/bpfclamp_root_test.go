@@ -589,8 +589,22 @@ func TestProbe(t *testing.T) {
 	var ids []ebpf.ProgramID
 	probeAttached = func(child string) { ids = attachedIDs(t, child) }
 	t.Cleanup(func() { probeAttached = nil })
+	// A probe cgroup left by a doctor that was killed (its process gone)
+	// is removed by the next probe.
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, fmt.Sprintf("mpdetour-probe-%d", gone.Process.Pid))
+	if err := os.Mkdir(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(stale) })
 	if at, err := Probe(dir); err != nil || at != dir {
 		t.Fatalf("Probe(%s): %q, %v", dir, at, err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale probe cgroup %s still there: %v", stale, err)
 	}
 	if len(ids) != 1 {
 		t.Fatalf("%d programs attached to the probe's cgroup while it ran, want 1", len(ids))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -72,6 +73,7 @@ func Probe(dir string) (string, error) {
 		}
 		return err
 	}
+	removeStaleProbes(dir)
 	child := filepath.Join(dir, fmt.Sprintf("mpdetour-probe-%d", os.Getpid()))
 	if err := probeMkdir(child, 0o755); err != nil {
 		err = fmt.Errorf("bpfclamp: create a probe cgroup under %s: %w", dir, err)
@@ -99,6 +101,19 @@ func Probe(dir string) (string, error) {
 		probeAttached(child)
 	}
 	return dir, c.Close()
+}
+
+// removeStaleProbes removes the probe cgroups under dir of processes that
+// are gone (a doctor killed between making and removing its child): an
+// empty cgroup, so rmdir is all it takes; one still in use stays.
+func removeStaleProbes(dir string) {
+	old, _ := filepath.Glob(filepath.Join(dir, "mpdetour-probe-*"))
+	for _, p := range old {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "mpdetour-probe-"))
+		if err == nil && pid != os.Getpid() && errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
+			_ = os.Remove(p)
+		}
+	}
 }
 
 // AttachNotTriedError: Probe loaded the program but could not make a
