@@ -28,6 +28,11 @@ func unitCaps(t *testing.T, unit string) string {
 	if m == nil {
 		t.Fatalf("%s has no CapabilityBoundingSet", unit)
 	}
+	// AmbientCapabilities grants the same (what the daemon keeps if the
+	// unit is given a User= other than root; the test starts it so).
+	if a := regexp.MustCompile(`(?m)^AmbientCapabilities=(.+)$`).FindSubmatch(b); a == nil || string(a[1]) != string(m[1]) {
+		t.Errorf("%s: AmbientCapabilities %q differ from CapabilityBoundingSet %q", unit, a, m[1])
+	}
 	var caps []string
 	for _, c := range strings.Fields(string(m[1])) {
 		caps = append(caps, "+"+strings.ToLower(strings.TrimPrefix(c, "CAP_")))
