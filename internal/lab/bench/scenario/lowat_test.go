@@ -1,6 +1,9 @@
 package scenario
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // The lowat procedures are the static procedures with the limit: static
 // policy, the same single path, their own label; no other procedure sets
@@ -32,5 +35,17 @@ func TestSubflowLowatProcedures(t *testing.T) {
 		if name != MPTCPNATStaticLowat && name != MPTCPTunnelStaticLowat && name != MPTCPNATBackupStaticLowat && SubflowLowat(name) != 0 {
 			t.Errorf("%s: SubflowLowat = %d, want 0", name, SubflowLowat(name))
 		}
+	}
+}
+
+// A run of a plain static procedure and its -lowat one is announced: both
+// have the limit since it is the default.
+func TestEqualArms(t *testing.T) {
+	got := EqualArms([]string{TCP, MPTCPNATStatic, MPTCPNATStaticLowat, MPTCPTunnelStatic, MPTCPTunnelStaticNoLowat})
+	if len(got) != 1 || !strings.Contains(got[0], "mptcp-nat-static and mptcp-nat-static-lowat") || !strings.Contains(got[0], MPTCPNATStaticNoLowat) {
+		t.Errorf("EqualArms: %q", got)
+	}
+	if got := EqualArms([]string{MPTCPNATStaticNoLowat, MPTCPNATStaticLowat}); len(got) != 0 {
+		t.Errorf("-nolowat against -lowat: %q", got)
 	}
 }

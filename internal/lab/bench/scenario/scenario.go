@@ -262,6 +262,32 @@ func AgentExtra(procedure string) string {
 	return ""
 }
 
+// EqualArms lists the pairs among names that run the same agent
+// configuration since the limit became the agent's default: a plain
+// static procedure and its -lowat one. A run of both compares two equal
+// arms (paired ratios near 1); the arm without the limit is -nolowat.
+func EqualArms(names []string) []string {
+	has := map[string]bool{}
+	for _, n := range names {
+		has[n] = true
+	}
+	var out []string
+	for _, p := range [][3]string{
+		{MPTCPNATStatic, MPTCPNATStaticLowat, MPTCPNATStaticNoLowat},
+		{MPTCPTunnelStatic, MPTCPTunnelStaticLowat, MPTCPTunnelStaticNoLowat},
+		{MPTCPNATBackupStatic, MPTCPNATBackupStaticLowat, ""},
+	} {
+		if has[p[0]] && has[p[1]] {
+			m := fmt.Sprintf("%s and %s run the same agent configuration (subflow_lowat 131072 is the default)", p[0], p[1])
+			if p[2] != "" {
+				m += "; the arm without the limit is " + p[2]
+			}
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
