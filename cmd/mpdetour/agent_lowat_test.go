@@ -131,19 +131,19 @@ func runAgentStatusWhile(t *testing.T, cfg string, while func()) (agent.Status, 
 	return st, string(text), logs.String()
 }
 
-// A config that does not set subflow_lowat gets the limit (128 KiB), in
-// the cgroup bpf_cgroup names (attached there while the agent runs);
-// nothing stays attached after SIGTERM.
-func TestAgentLowatDefault(t *testing.T) {
+// A config that sets subflow_lowat: 131072 gets the limit in the cgroup
+// bpf_cgroup names (attached there while the agent runs); nothing stays
+// attached after SIGTERM.
+func TestAgentLowatSet(t *testing.T) {
 	cg := testCgroup(t, "mpd-agent-lowat")
 	running := -1
-	st, text, logs := runAgentStatusWhile(t, "bpf_cgroup: "+cg+"\n", func() { running = sockOpsAttached(t, cg) })
+	st, text, logs := runAgentStatusWhile(t, "subflow_lowat: 131072\nbpf_cgroup: "+cg+"\n", func() { running = sockOpsAttached(t, cg) })
 	// Attached to bpf_cgroup, not anywhere else (the cgroup v2 root).
 	if running != 1 {
 		t.Errorf("%d sock_ops programs attached to %s while the agent ran, want 1; log: %s", running, cg, logs)
 	}
 	if l := st.SubflowLowat; l == nil || l.State != "active" || l.Bytes != 131072 {
-		t.Fatalf("status subflow_lowat %+v, want active with 131072 bytes by default; log: %s", l, logs)
+		t.Fatalf("status subflow_lowat %+v, want active with 131072 bytes; log: %s", l, logs)
 	}
 	if !strings.Contains(text, "subflow lowat: active, 131072 bytes unsent at most per subflow") {
 		t.Errorf("status text:\n%s", text)
@@ -156,14 +156,25 @@ func TestAgentLowatDefault(t *testing.T) {
 	}
 }
 
-// The default when the program cannot attach (bpf_cgroup is no cgroup
-// v2 directory, standing for a host without cgroup v2, BTF or
+// A config that does not set subflow_lowat, and one with subflow_lowat:
+// 0, run without the limit (off by default): no program, no status line,
+// no warning.
+func TestAgentLowatDefaultOff(t *testing.T) {
+	for _, cfg := range []string{"", "subflow_lowat: 0\n"} {
+		st, text, logs := runAgentStatus(t, cfg)
+		if st.SubflowLowat != nil || strings.Contains(text, "subflow lowat") || strings.Contains(logs, "subflow lowat on") || strings.Contains(logs, "level=WARN") {
+			t.Errorf("%q: status %+v, text %q, log %q: want no limit and no warning", cfg, st.SubflowLowat, text, logs)
+		}
+	}
+}
+
+// An explicit limit when the program cannot attach (bpf_cgroup is no
+// cgroup v2 directory, standing for a host without cgroup v2, BTF or
 // privileges): exactly one warning line, status says failed and that the
-// agent runs without it, the agent runs and exits cleanly; subflow_lowat:
-// 0 turns it off: no program, no status line, no warning.
-func TestAgentLowatDefaultFallback(t *testing.T) {
+// agent runs without it, the agent runs and exits cleanly.
+func TestAgentLowatFallback(t *testing.T) {
 	notCgroup := t.TempDir()
-	st, text, logs := runAgentStatus(t, "bpf_cgroup: "+notCgroup+"\n")
+	st, text, logs := runAgentStatus(t, "subflow_lowat: 131072\nbpf_cgroup: "+notCgroup+"\n")
 	if l := st.SubflowLowat; l == nil || l.State != "failed" || l.Bytes != 131072 || !strings.Contains(l.Error, notCgroup) {
 		t.Fatalf("status subflow_lowat %+v, want failed naming %s; log: %s", l, notCgroup, logs)
 	}
@@ -178,9 +189,5 @@ func TestAgentLowatDefaultFallback(t *testing.T) {
 	}
 	if len(warns) != 1 || !strings.Contains(warns[0], "subflow lowat off") || !strings.Contains(warns[0], "running without it") {
 		t.Errorf("warnings %q, want exactly one saying the limit is off and why", warns)
-	}
-	st, text, logs = runAgentStatus(t, "subflow_lowat: 0\n")
-	if st.SubflowLowat != nil || strings.Contains(text, "subflow lowat") || strings.Contains(logs, "level=WARN") {
-		t.Errorf("subflow_lowat: 0: status %+v, text %q, log %q: want no limit and no warning", st.SubflowLowat, text, logs)
 	}
 }

@@ -63,8 +63,9 @@ func TestAgentProcess(t *testing.T) {
 	ns := netnstest.New(t, "tap")
 	sock := filepath.Join(dir, "agent.sock")
 	cfg := filepath.Join(dir, "agent.yaml")
-	// Without the BPF program (subflow_lowat, on by default: its own
-	// tests, agent_lowat_test.go): never at the cgroup v2 root.
+	// Without the BPF program (subflow_lowat: 0, the default written
+	// out; the limit has its own tests, agent_lowat_test.go): never at
+	// the cgroup v2 root.
 	const cg = "subflow_lowat: 0\n"
 	os.WriteFile(cfg, []byte("socket: "+sock+"\n"+cg+"detours:\n  - {kind: nat, relay: r1, address: 10.1.1.2:4000, server: 10.0.3.2:5201}\n"), 0o644)
 	cmd := exec.Command("ip", "netns", "exec", ns.Name, bin, "agent", "--config", cfg)

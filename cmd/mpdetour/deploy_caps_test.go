@@ -132,15 +132,15 @@ func TestDeployUnitCapabilities(t *testing.T) {
 	t.Run("agent", func(t *testing.T) {
 		ns := netnstest.New(t, "capa")
 		cfg := filepath.Join(dir, "agent.yaml")
-		// subflow_lowat: 0: the BPF program needs CAP_BPF, which is not what this test is about.
+		// subflow_lowat: 0 (the default, written out): the BPF program needs CAP_BPF, which is not what this test is about.
 		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent.sock")+"\nsubflow_lowat: 0\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		startWithCaps(t, ns, unitCaps(t, "mpdetour-agent.service"), "agent running", bin, "agent", "--config", cfg)
 	})
 
-	// With the unit's capabilities the agent's BPF program (the default
-	// subflow_lowat) loads and attaches to its bpf_cgroup; without
+	// With the unit's capabilities the agent's BPF program (subflow_lowat
+	// set) loads and attaches to its bpf_cgroup; without
 	// CAP_BPF it runs without it and says what is missing.
 	lowat := func(t *testing.T, caps string, attached int, say string) {
 		cg := testCgroup(t, "mpdetour-capcg")
@@ -178,12 +178,12 @@ func TestDeployUnitCapabilities(t *testing.T) {
 	})
 
 	// An agent started with ip netns exec (no cgroup v2 mount in its
-	// view) and the default limit: it runs without the program and the
+	// view) and subflow_lowat set: it runs without the program and the
 	// warning names ip netns exec and the netns: key.
 	t.Run("agent-ip-netns-exec", func(t *testing.T) {
 		ns := netnstest.New(t, "capx")
 		cfg := filepath.Join(dir, "agent-nocg.yaml")
-		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent-nocg.sock")+"\n"), 0o600); err != nil {
+		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent-nocg.sock")+"\nsubflow_lowat: 131072\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		runWithCaps(t, ns, unitCaps(t, "mpdetour-agent.service"), false, "agent running", func(out string) {

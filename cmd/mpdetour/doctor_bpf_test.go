@@ -28,11 +28,12 @@ func TestDoctorBPFNotUsed(t *testing.T) {
 	}{
 		{"no flags", "", "", agentd.Config{}, nil, ""},
 		{"relay host", "", "relay.yaml", agentd.Config{}, nil, "a relay host"},
-		{"both", "a.yaml", "relay.yaml", parse(""), nil, ""},
-		{"default on", "a.yaml", "", parse(""), nil, ""},
+		{"both", "a.yaml", "relay.yaml", parse("subflow_lowat: 131072\n"), nil, ""},
+		{"default off", "a.yaml", "", parse(""), nil, "does not set subflow_lowat (off by default)"},
+		{"set", "a.yaml", "", parse("subflow_lowat: 131072\n"), nil, ""},
 		{"invalid config", "a.yaml", "", agentd.Config{}, errors.New("bad"), ""},
 		{"off", "a.yaml", "", parse("subflow_lowat: 0\n"), nil, "has subflow_lowat: 0 (off)"},
-		{"server role only", "a.yaml", "", parse(server), nil, "server-role-only"},
+		{"server role only", "a.yaml", "", parse(server), nil, "off by default"},
 	} {
 		got := bpfNotUsed(tc.agent, tc.relay, tc.cfg, tc.err)
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {

@@ -64,10 +64,7 @@ func Summary(w io.Writer, path string, cfg Config) {
 	if cfg.SubflowLowat > 0 {
 		lowat = fmt.Sprintf("%d bytes", cfg.SubflowLowat)
 	}
-	switch {
-	case cfg.SubflowLowatDefault && cfg.SubflowLowat == 0:
-		lowat += " (default without a client role)"
-	case cfg.SubflowLowatDefault:
+	if cfg.SubflowLowatDefault {
 		lowat += " (default)"
 	}
 	fmt.Fprintf(w, "  subflow lowat %s\n", lowat)

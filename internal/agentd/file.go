@@ -64,12 +64,11 @@ type Config struct {
 	SubflowCongestion string
 	// SubflowLowat, when > 0, bounds the unsent bytes of every subflow of
 	// every managed connection (TCP_NOTSENT_LOWAT through the BPF program;
-	// lowat.go, docs/agent.md). A config file that does not set it gets
-	// DefaultSubflowLowat (0 on a server-role-only agent); subflow_lowat:
-	// 0 turns it off.
+	// lowat.go, docs/agent.md). Off (0) unless the config file sets it
+	// (SuggestedSubflowLowat is the value the docs suggest).
 	SubflowLowat uint32
 	// SubflowLowatDefault: the file does not set subflow_lowat
-	// (SubflowLowat is the default; `agent --check` says so).
+	// (SubflowLowat is 0, the default; `agent --check` says so).
 	SubflowLowatDefault bool
 	// BPFCgroup is the cgroup v2 directory the agent's one BPF program
 	// (cwnd_clamp and subflow_lowat) attaches to: bpf_cgroup, or
@@ -215,9 +214,9 @@ func parseConfig(name string, b []byte) (Config, error) {
 		f.Guard = &fileGuard{}
 	}
 	if f.SubflowLowat == nil && doc.Sub("subflow_lowat") != nil {
-		// "subflow_lowat:" or "~": not unset, which means the default
-		// (on); an operator blanking the value meant something else.
-		return Config{}, doc.Errorf("subflow_lowat", "want 0 (off) or %d-%d bytes, got null (leave the key out for the default, %d)", MinSubflowLowat, math.MaxInt32, DefaultSubflowLowat)
+		// "subflow_lowat:" or "~": not unset (off); an operator blanking
+		// the value may have meant something else.
+		return Config{}, doc.Errorf("subflow_lowat", "want 0 (off) or %d-%d bytes, got null (leave the key out: off)", MinSubflowLowat, math.MaxInt32)
 	}
 	c, err := build(f)
 	if err != nil {
@@ -522,27 +521,18 @@ func cgroupPath(key, p string) error {
 // burst it sends.
 const MinSubflowLowat = 16 << 10
 
-// DefaultSubflowLowat is subflow_lowat when the config does not set it
-// (docs/agent.md, "Per-subflow unsent limit (on by default)"): 128 KiB,
-// what the bench and OpenMPTCProuter set on their sockets.
-const DefaultSubflowLowat = 128 << 10
+// SuggestedSubflowLowat is the subflow_lowat the docs suggest and the
+// lab's +lowat / -lowat procedures set (docs/agent.md, "Per-subflow
+// unsent limit (off by default)"): 128 KiB, what the bench and
+// OpenMPTCProuter set on their sockets. The agent's default is off.
+const SuggestedSubflowLowat = 128 << 10
 
-// buildLowat validates subflow_lowat (unset: DefaultSubflowLowat; 0:
-// off) and bpf_cgroup, merged with cwnd_clamp's cgroup (clamps:
-// cwnd_clamp is on; the program attaches once, to one cgroup).
-//
-// Unset on a server-role-only agent (a server: section and no detours,
-// relays or legacy daemons) is off: its connections are all accepted
-// ones, never managed, and the program would still ask for RTT callbacks
-// on every MPTCP subflow of its cgroup (docs/agent.md).
+// buildLowat validates subflow_lowat (unset or 0: off) and bpf_cgroup,
+// merged with cwnd_clamp's cgroup (clamps: cwnd_clamp is on; the program
+// attaches once, to one cgroup).
 func buildLowat(f File, clamps bool) (uint32, string, error) {
-	lowat := uint32(DefaultSubflowLowat)
-	serverOnly := serverRoleOnly(f)
-	if serverOnly {
-		lowat = 0
-	}
+	var lowat uint32
 	if f.SubflowLowat != nil {
-		lowat = 0
 		switch n := *f.SubflowLowat; {
 		case n == 0:
 		case n < MinSubflowLowat || n > math.MaxInt32:
@@ -556,11 +546,8 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 		if err := cgroupPath("bpf_cgroup", cg); err != nil {
 			return 0, "", err
 		}
-		if lowat == 0 && !clamps && f.SubflowLowat == nil {
-			return 0, "", fmt.Errorf("bpf_cgroup: set on a server-role-only agent without subflow_lowat or cwnd_clamp (nothing attaches a BPF program: the limit is on by default only with a client role)")
-		}
 		if lowat == 0 && !clamps {
-			return 0, "", fmt.Errorf("bpf_cgroup: set with subflow_lowat: 0 and without cwnd_clamp (nothing attaches a BPF program)")
+			return 0, "", fmt.Errorf("bpf_cgroup: set without subflow_lowat > 0 and without cwnd_clamp (nothing attaches a BPF program: subflow_lowat is off unless set)")
 		}
 	}
 	if clamps && f.CwndClamp.Cgroup != "" {
@@ -570,12 +557,6 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 		cg = f.CwndClamp.Cgroup
 	}
 	return lowat, cg, nil
-}
-
-// serverRoleOnly says whether f has the server role and no client one
-// (no detour source: detours, relays, legacy_v1).
-func serverRoleOnly(f File) bool {
-	return f.Server != nil && len(f.Detours) == 0 && f.Relays == nil && len(f.LegacyV1) == 0
 }
 
 // buildKinds validates the detour kinds' sections into c.

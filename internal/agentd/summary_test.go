@@ -30,7 +30,7 @@ server:
 	want := "agent.yaml: valid: policy adaptive, 8 detour subflows per connection, 1 static detours, 1 relays, server role announcing 1 addresses, socket /tmp/a.sock\n" +
 		"  relay fra1 at 192.0.2.10:45673\n" +
 		"  legacy v1 daemon old at 10.0.4.2:45672 (unauthenticated), lease 1m0s\n" +
-		"  subflow lowat 131072 bytes (default)\n"
+		"  subflow lowat off (default)\n"
 	if b.String() != want {
 		t.Errorf("summary:\n%s\nwant:\n%s", b.String(), want)
 	}
@@ -40,10 +40,10 @@ server:
 // is the default, or off.
 func TestSummaryLowat(t *testing.T) {
 	for in, want := range map[string]string{
-		"":                       "  subflow lowat 131072 bytes (default)\n",
+		"":                       "  subflow lowat off (default)\n",
 		"subflow_lowat: 65536\n": "  subflow lowat 65536 bytes\n",
 		"subflow_lowat: 0\n":     "  subflow lowat off\n",
-		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n": "  subflow lowat off (default without a client role)\n",
+		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n": "  subflow lowat off (default)\n",
 	} {
 		c, err := ParseConfig([]byte("socket: /tmp/a.sock\n" + in))
 		if err != nil {

@@ -232,7 +232,7 @@ func RunningAgent(p Paths, st *agent.Status) Report {
 	const lw = "subflow lowat of the agent"
 	switch l := st.SubflowLowat; {
 	case l == nil:
-		r.add("client", lw, Info, "off in the running agent (subflow_lowat: 0, or a server-role-only agent)", "")
+		r.add("client", lw, Info, "off in the running agent (subflow_lowat unset or 0: off by default)", "")
 	case l.State == "failed":
 		fix := ""
 		if strings.Contains(l.Error, "CAP_") {

@@ -48,9 +48,9 @@ type SoakOptions struct {
 	// Policy is the agent's policy ("" = its default).
 	Policy string
 	// SubflowLowat is the agent's subflow_lowat in bytes, written into
-	// its configuration (0: subflow_lowat: 0, off; "lab soak" passes the
-	// agent's default, agentd.DefaultSubflowLowat, unless told; docs/agent.md
-	// "Per-subflow unsent limit"). Its BPF program attaches to this
+	// its configuration (0: subflow_lowat: 0, off, the agent's default,
+	// which "lab soak" passes unless told; docs/agent.md "Per-subflow
+	// unsent limit"). Its BPF program attaches to this
 	// runner's lab cgroup (withLabCgroup).
 	SubflowLowat int
 	Progress     io.Writer // one line per sample (nil: none)
@@ -74,7 +74,7 @@ func soakAgentExtra(o SoakOptions) string {
 	if o.Policy != "" {
 		extra += "policy: " + o.Policy + "\n"
 	}
-	// Always written: the limit is on by default, so 0 must say off.
+	// Always written: 0 says off whatever the agent's default (off).
 	return extra + fmt.Sprintf("subflow_lowat: %d\n", o.SubflowLowat)
 }
 

@@ -34,8 +34,8 @@ import (
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
-//     policy guard only; lowat = subflow_lowat 128 KiB (the default),
-//     lowatN = N KiB, nolowat = subflow_lowat 0),
+//     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB,
+//     nolowat = subflow_lowat 0, the same as the agent's default, off),
 //     so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
@@ -91,8 +91,8 @@ type Mechanism struct {
 const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255), " +
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
-	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent, the agent's default) or lowatN (N KiB, 16-65536), " +
-	"nolowat (subflow_lowat: 0: the agent without the limit)"
+	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536), " +
+	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
@@ -123,11 +123,11 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
 	case m == "nolowat":
-		// subflow_lowat is on by default: this measures the agent
-		// without it.
+		// subflow_lowat: 0 written out: the same as the agent's
+		// default (off); kept for the runs that measured it while the
+		// limit was on by default.
 		return Mechanism{Name: m, Config: "subflow_lowat: 0\n"}, nil
 	case m == "lowat":
-		// The agent's default, written out (as +buffers).
 		// 128 KiB: what the bench sets on its own socket
 		// (TCP_NOTSENT_LOWAT) and what OpenMPTCProuter uses.
 		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\n", DefaultLowat)}, nil
@@ -146,8 +146,9 @@ func parseMechanism(f, m string) (Mechanism, error) {
 }
 
 // DefaultLowat is the subflow_lowat of mechanism lowat (bytes), the
-// agent's default (agentd.DefaultSubflowLowat).
-const DefaultLowat = 128 << 10
+// value the docs suggest (agentd.SuggestedSubflowLowat); the agent's
+// default is off.
+const DefaultLowat = agentd.SuggestedSubflowLowat
 
 // numbered reads the N of a mechanism named prefix+N, N in lo..hi and
 // written without leading zeros.

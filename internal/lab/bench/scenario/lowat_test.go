@@ -38,14 +38,14 @@ func TestSubflowLowatProcedures(t *testing.T) {
 	}
 }
 
-// A run of a plain static procedure and its -lowat one is announced: both
-// have the limit since it is the default.
+// A run of a plain static procedure and its -nolowat one is announced:
+// neither has the limit since it is off by default.
 func TestEqualArms(t *testing.T) {
-	got := EqualArms([]string{TCP, MPTCPNATStatic, MPTCPNATStaticLowat, MPTCPTunnelStatic, MPTCPTunnelStaticNoLowat})
-	if len(got) != 1 || !strings.Contains(got[0], "mptcp-nat-static and mptcp-nat-static-lowat") || !strings.Contains(got[0], MPTCPNATStaticNoLowat) {
+	got := EqualArms([]string{TCP, MPTCPNATStatic, MPTCPNATStaticNoLowat, MPTCPTunnelStatic, MPTCPTunnelStaticLowat})
+	if len(got) != 1 || !strings.Contains(got[0], "mptcp-nat-static and mptcp-nat-static-nolowat") || !strings.Contains(got[0], MPTCPNATStaticLowat) {
 		t.Errorf("EqualArms: %q", got)
 	}
-	if got := EqualArms([]string{MPTCPNATStaticNoLowat, MPTCPNATStaticLowat}); len(got) != 0 {
-		t.Errorf("-nolowat against -lowat: %q", got)
+	if got := EqualArms([]string{MPTCPNATStatic, MPTCPNATStaticLowat, MPTCPNATBackupStatic, MPTCPNATBackupStaticLowat}); len(got) != 0 {
+		t.Errorf("plain against -lowat: %q", got)
 	}
 }

@@ -112,14 +112,13 @@ const (
 )
 
 // The static policy with the agent's per-subflow unsent limit written
-// out (subflow_lowat: SubflowLowatBytes, docs/agent.md) over NAT and
-// tunnel detours, beside mptcp-nat-static and mptcp-tunnel-static; and
-// with the NAT detours as backups, beside mptcp-nat-backup-static. Since
-// the limit is the agent's default (agentd.DefaultSubflowLowat, the
-// same 128 KiB) those have it too; these names stay for the reports that
-// measured them before. The -nolowat procedures are the static ones with
-// the limit off (subflow_lowat: 0): what the plain names measured before
-// the default changed.
+// out (subflow_lowat: SubflowLowatBytes, agentd.SuggestedSubflowLowat,
+// docs/agent.md) over NAT and tunnel detours, beside mptcp-nat-static and
+// mptcp-tunnel-static; and with the NAT detours as backups, beside
+// mptcp-nat-backup-static. The plain names run the agent's defaults,
+// without the limit (it is off by default). The -nolowat procedures
+// write subflow_lowat: 0, the same as the default now: they stay for the
+// reports that measured them while the limit was on by default.
 const (
 	MPTCPNATStaticLowat       = "mptcp-nat-static-lowat"
 	MPTCPTunnelStaticLowat    = "mptcp-tunnel-static-lowat"
@@ -216,8 +215,8 @@ func Policy(procedure string) string {
 }
 
 // SubflowLowat is the agent's subflow_lowat (bytes) a -lowat procedure
-// writes out, 0 for the others (the agent's default then applies: on,
-// 128 KiB; the -nolowat procedures write subflow_lowat: 0, AgentExtra).
+// writes out, 0 for the others (the agent's default then applies: off;
+// the -nolowat procedures write subflow_lowat: 0, AgentExtra).
 func SubflowLowat(procedure string) int {
 	switch procedure {
 	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
@@ -263,9 +262,10 @@ func AgentExtra(procedure string) string {
 }
 
 // EqualArms lists the pairs among names that run the same agent
-// configuration since the limit became the agent's default: a plain
-// static procedure and its -lowat one. A run of both compares two equal
-// arms (paired ratios near 1); the arm without the limit is -nolowat.
+// configuration since the limit is off by default again: a plain static
+// procedure and its -nolowat one (subflow_lowat: 0 written out). A run of
+// both compares two equal arms (paired ratios near 1); the arm with the
+// limit is -lowat.
 func EqualArms(names []string) []string {
 	has := map[string]bool{}
 	for _, n := range names {
@@ -273,16 +273,11 @@ func EqualArms(names []string) []string {
 	}
 	var out []string
 	for _, p := range [][3]string{
-		{MPTCPNATStatic, MPTCPNATStaticLowat, MPTCPNATStaticNoLowat},
-		{MPTCPTunnelStatic, MPTCPTunnelStaticLowat, MPTCPTunnelStaticNoLowat},
-		{MPTCPNATBackupStatic, MPTCPNATBackupStaticLowat, ""},
+		{MPTCPNATStatic, MPTCPNATStaticNoLowat, MPTCPNATStaticLowat},
+		{MPTCPTunnelStatic, MPTCPTunnelStaticNoLowat, MPTCPTunnelStaticLowat},
 	} {
 		if has[p[0]] && has[p[1]] {
-			m := fmt.Sprintf("%s and %s run the same agent configuration (subflow_lowat 131072 is the default)", p[0], p[1])
-			if p[2] != "" {
-				m += "; the arm without the limit is " + p[2]
-			}
-			out = append(out, m)
+			out = append(out, fmt.Sprintf("%s and %s run the same agent configuration (subflow_lowat is off by default); the arm with the limit is %s", p[0], p[1], p[2]))
 		}
 	}
 	return out
