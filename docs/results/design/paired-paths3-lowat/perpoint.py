@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Per point, from report.md: static / best, limit / best and limit / static with their
+intervals to the last byte, and the same three ratios of the means over the equal window
+(1-10 s) from the trial records. Copied from docs/results/design/lowat/perpoint.py and adapted
+to 3 paths (best = the highest mean of tcp-path1..3) and to report.md's second per-point table
+(the equal window's intervals). Run: python3 perpoint.py [DIR]"""
+import collections, glob, json, os, statistics, sys
+d = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+tables, cur, hdr = [], None, None
+for line in open(os.path.join(d, "report.md")):
+    if line.startswith("| point | BDP | paths"):
+        hdr = [c.strip() for c in line.strip().strip("|").split("|")]
+        cur = {}
+        tables.append((hdr, cur))
+        continue
+    if cur is not None and line.startswith("| p"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cur[cells[0]] = dict(zip(hdr, cells))
+    elif cur is not None and not line.startswith("|"):
+        cur = None
+last = tables[0][1]
+eqt = tables[1][1] if len(tables) > 1 else {}
+eqg = collections.defaultdict(list)
+for tf in glob.glob(os.path.join(d, "runs", "paired*", "trials.jsonl")):
+    for line in open(tf):
+        r = json.loads(line)
+        if r.get("status") == "ok" and r.get("equal_goodput_mbps") is not None:
+            eqg[(r["configuration"], r["cell"])].append(r["equal_goodput_mbps"])
+def m(p, c):
+    v = eqg.get((p, c))
+    return statistics.mean(v) if v else None
+S, L = "mptcp-static", "mptcp-static+lowat"
+cols = [f"{S} / best", f"{L} / best", f"{L} / {S}"]
+print("| point | BDP | static / best | limit / best | **limit / static** | equal window: static / best | limit / best | **limit / static** |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
+for p in sorted(last):
+    a = last[p]
+    if p in eqt:
+        e = [eqt[p].get(c, "-") for c in cols]
+    else:
+        best = max(m(p, f"tcp-path{i}") or 0 for i in (1, 2, 3))
+        st, lw = m(p, S), m(p, L)
+        e = [f"{st/best:.2f}", f"{lw/best:.2f}", f"{lw/st:.2f}"] if st and lw and best else ["-"] * 3
+    print("| " + " | ".join([p, a["BDP"]] + [a.get(c, "-") for c in cols] + e) + " |")
