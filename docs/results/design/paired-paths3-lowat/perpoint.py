@@ -2,8 +2,9 @@
 """Per point, from report.md: static / best, limit / best and limit / static with their
 intervals to the last byte, and the same three ratios of the means over the equal window
 (1-10 s) from the trial records. Copied from docs/results/design/lowat/perpoint.py and adapted
-to 3 paths (best = the highest mean of tcp-path1..3) and to report.md's second per-point table
-(the equal window's intervals). Run: python3 perpoint.py [DIR]"""
+to 3 paths (best = the highest mean of tcp-path1..3); the equal window's columns are ratios of the means
+(report.md has no per-point table for that window; its harmed lists are under "Over the equal
+window"). Run: python3 perpoint.py [DIR]"""
 import collections, glob, json, os, statistics, sys
 d = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 tables, cur, hdr = [], None, None
