@@ -20,6 +20,20 @@ for line in open(os.path.join(d, "report.md")):
     elif cur is not None and not line.startswith("|"):
         cur = None
 last = tables[0][1]
+# "Harmed points, PROC: ..." lines: the first per procedure is to the last byte, the second over
+# the equal window.
+harmed = collections.defaultdict(list)
+for line in open(os.path.join(d, "report.md")):
+    if line.startswith("Harmed points, "):
+        proc, pts = line[len("Harmed points, "):].split(":", 1)
+        harmed[proc].append({x.strip().rstrip(".") for x in pts.split(",")})
+def side(cell):
+    # mark a ratio whose interval lies wholly above or below 1
+    try:
+        lo, hi = (float(x) for x in cell.split("[")[1].rstrip("]").split(","))
+    except (IndexError, ValueError):
+        return cell
+    return cell + (" **above**" if lo > 1 else " **below**" if hi < 1 else "")
 eqt = tables[1][1] if len(tables) > 1 else {}
 eqg = collections.defaultdict(list)
 for tf in glob.glob(os.path.join(d, "runs", "paired*", "trials.jsonl")):
@@ -42,4 +56,9 @@ for p in sorted(last):
         best = max(m(p, f"tcp-path{i}") or 0 for i in (1, 2, 3))
         st, lw = m(p, S), m(p, L)
         e = [f"{st/best:.2f}", f"{lw/best:.2f}", f"{lw/st:.2f}"] if st and lw and best else ["-"] * 3
-    print("| " + " | ".join([p, a["BDP"]] + [a.get(c, "-") for c in cols] + e) + " |")
+        for i, proc in ((0, S), (1, L)):
+            if len(harmed[proc]) > 1 and p in harmed[proc][1]:
+                e[i] += " **H**"
+    lb = [a.get(c, "-") for c in cols]
+    lb[2] = side(lb[2])
+    print("| " + " | ".join([p, a["BDP"]] + lb + e) + " |")
