@@ -62,3 +62,12 @@ print("|---|---:|---|---:|---:|")
 for w in here:
     v = [here[w][p]["mptcp-static+lowat"] / here[w][p]["mptcp-static"] for p in pts]
     print(f"| {w} | {len(v)} | {gm(v)} | {sum(x > 1 for x in v)} | {sum(x < 1 for x in v)} |")
+
+# Per point beside paired-paths3-current (another run: other hour, load and build; context).
+print("\n| point | best path (this run) | best TCP, this run | best TCP, paired-paths3-current | static / best, this run | static / best, paired-paths3-current | static + limit / best, this run |")
+print("|---|---|---:|---:|---:|---:|---:|")
+for p in pts:
+    m, c = here["last byte"][p], cur["last byte"].get(p)
+    b = max(TCPS, key=lambda t: m[t])
+    bc = max(c[t] for t in TCPS) if c else None
+    print(f"| {p} | {b} | {m[b]:.2f} | {bc:.2f} | {m['mptcp-static'] / m[b]:.3f} | {c['mptcp-static'] / bc:.3f} | {m['mptcp-static+lowat'] / m[b]:.3f} |")
