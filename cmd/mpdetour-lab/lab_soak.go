@@ -5,10 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/attack/breaks"
@@ -29,7 +31,7 @@ func labSoakCommand() *cli.Command {
 	return &cli.Command{
 		Name:         "soak",
 		Summary:      "churn for a while (echoed and checked connections, relay restarts, faults on a detour and the default path) and check nothing leaks or is lost",
-		Usage:        "[--duration 5m] [--out DIR] [--restart-every D] [--flap-every D] [--flap-for D] [--conns N] [--long N] [--attacks CASES] [--attack-every D]",
+		Usage:        "[--duration 5m] [--out DIR] [--restart-every D] [--flap-every D] [--flap-for D] [--conns N] [--long N] [--policy P] [--subflow-lowat BYTES] [--attacks CASES] [--attack-every D]",
 		Interspersed: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.DurationVar(&o.Duration, "duration", 5*time.Minute, "how long the churn lasts (the issue's soak: 1h)")
@@ -42,6 +44,7 @@ func labSoakCommand() *cli.Command {
 			fs.DurationVar(&o.Sample, "sample", 10*time.Second, "sampling period")
 			fs.StringVar(&out, "out", "", "write report.md and samples.json here")
 			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static, adaptive, backup-first or guard (default: the agent's default)")
+			fs.IntVar(&o.SubflowLowat, "subflow-lowat", 0, fmt.Sprintf("the agent's subflow_lowat in bytes: each subflow's TCP_NOTSENT_LOWAT through its BPF program, attached to this runner's lab cgroup (docs/agent.md \"Per-subflow unsent limit\"); 0 (default): off, else %d-%d", agentd.MinSubflowLowat, math.MaxInt32))
 			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
 			fs.StringVar(&bin, "bin", "", binFlagUsage)
 			fs.StringVar(&attacks, "attacks", "", "comma-separated attack-suite cases run in turn against the soak's own relays and agent while its traffic runs, each judged by the suite's criterion ("+strings.Join(breaks.InPlaceCases(), ", ")+", or all; docs/bench.md); none by default")
@@ -62,6 +65,9 @@ func labSoakCommand() *cli.Command {
 				if _, err := policy.ParseMode(o.Policy); err != nil {
 					return cli.Usagef("lab soak: --policy: %v", err)
 				}
+			}
+			if n := o.SubflowLowat; n != 0 && (n < agentd.MinSubflowLowat || n > math.MaxInt32) {
+				return cli.Usagef("lab soak: --subflow-lowat %d is not 0 (off) or %d-%d bytes", n, agentd.MinSubflowLowat, math.MaxInt32)
 			}
 			exe, err := productBinary(bin)
 			if err != nil {

@@ -79,3 +79,15 @@ func TestSoakHelpListsAttacks(t *testing.T) {
 		}
 	}
 }
+
+// --subflow-lowat outside the agent's range is a usage error naming the
+// range, before any lab is built.
+func TestSoakSubflowLowatFlagErrors(t *testing.T) {
+	for _, v := range []string{"-1", "100", "16383", "2147483648"} {
+		err := runSoak("--subflow-lowat", v)
+		var ue *cli.UsageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "--subflow-lowat "+v+" is not 0 (off) or 16384-2147483647 bytes") {
+			t.Errorf("--subflow-lowat %s: %v, want a usage error naming the range", v, err)
+		}
+	}
+}

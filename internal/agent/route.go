@@ -32,12 +32,7 @@ const routeCacheFor = 5 * time.Second
 
 // OpenRouteSource opens a route lookup in the namespace spec names.
 func OpenRouteSource(spec string) (*RouteSource, error) {
-	ns, err := netnsx.Open(spec)
-	if err != nil {
-		return nil, err
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netnsx.NetlinkHandle(spec)
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle in namespace %q: %w", spec, err)
 	}

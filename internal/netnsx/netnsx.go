@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -30,6 +31,23 @@ func Open(spec string) (netns.NsHandle, error) {
 		return netns.None(), fmt.Errorf("network namespace %q: %w", spec, err)
 	}
 	return h, nil
+}
+
+// NetlinkHandle returns a netlink handle whose sockets live in the namespace
+// spec names. For "" the sockets open in the caller's namespace without
+// entering it: netlink.NewHandleAt enters the namespace with setns even when
+// it is the caller's own, and setns needs CAP_SYS_ADMIN, which the shipped
+// systemd units do not grant (deploy/*.service).
+func NetlinkHandle(spec string) (*netlink.Handle, error) {
+	if spec == "" {
+		return netlink.NewHandle()
+	}
+	ns, err := Open(spec)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	return netlink.NewHandleAt(ns)
 }
 
 // Do runs fn on a dedicated OS thread inside the namespace named by spec

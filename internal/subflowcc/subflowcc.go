@@ -176,12 +176,7 @@ func newRoutes(algo string, log *slog.Logger) *Routes {
 
 // handleIn opens netlink in the namespace spec names.
 func handleIn(spec string) (RouteTable, func(), error) {
-	ns, err := netnsx.Open(spec)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netnsx.NetlinkHandle(spec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("netlink in namespace %q: %w", spec, err)
 	}

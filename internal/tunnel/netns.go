@@ -44,7 +44,14 @@ func (n *nsRef) String() string {
 
 // netlink returns a netlink handle whose socket lives in the namespace.
 func (n *nsRef) netlink() (*netlink.Handle, error) {
-	h, err := netlink.NewHandleAt(n.handle)
+	var h *netlink.Handle
+	var err error
+	if n.spec == "" {
+		// No setns into our own namespace: it needs CAP_SYS_ADMIN (netnsx.NetlinkHandle).
+		h, err = netlink.NewHandle()
+	} else {
+		h, err = netlink.NewHandleAt(n.handle)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle in %s: %w", n, err)
 	}
@@ -53,7 +60,11 @@ func (n *nsRef) netlink() (*netlink.Handle, error) {
 
 // nft returns an nftables connection in the namespace.
 func (n *nsRef) nft() (*nftables.Conn, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(int(n.handle)))
+	opts := []nftables.ConnOption{nftables.WithNetNSFd(int(n.handle))}
+	if n.spec == "" {
+		opts = nil // no setns into our own namespace (CAP_SYS_ADMIN)
+	}
+	c, err := nftables.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("nftables in %s: %w", n, err)
 	}

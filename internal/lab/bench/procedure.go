@@ -200,6 +200,8 @@ func Procedures() map[string]Setup {
 
 		scenario.MPTCPNATStaticLowat:    setupMPTCPNAT,
 		scenario.MPTCPTunnelStaticLowat: setupMPTCPTunnel,
+
+		scenario.MPTCPNATBackupStaticLowat: setupMPTCPNATBackup,
 	}
 }
 

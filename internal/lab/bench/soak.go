@@ -46,8 +46,12 @@ type SoakOptions struct {
 	Long           int
 	Sample         time.Duration // sampling period [10s]
 	// Policy is the agent's policy ("" = its default).
-	Policy   string
-	Progress io.Writer // one line per sample (nil: none)
+	Policy string
+	// SubflowLowat is the agent's subflow_lowat in bytes (0: off, the
+	// agent's default; docs/agent.md "Per-subflow unsent limit"). Its BPF
+	// program attaches to this runner's lab cgroup (withLabCgroup).
+	SubflowLowat int
+	Progress     io.Writer // one line per sample (nil: none)
 	// Attacks are attack-suite cases (breaks.InPlaceCases) run against
 	// the soak's own relays and agent, one every AttackEvery [30s] in
 	// turn, while the traffic runs (none: the soak as before). Self and
@@ -60,6 +64,19 @@ type SoakOptions struct {
 
 // soakSubflows are the agent's detour subflows per connection.
 const soakSubflows = 2
+
+// soakAgentExtra is the soak agent's configuration besides its relays:
+// tunnels, metrics, and the options' policy and subflow_lowat.
+func soakAgentExtra(o SoakOptions) string {
+	extra := "tunnels: true\nmetrics: {listen: " + soakAgentMetrics + "}\n"
+	if o.Policy != "" {
+		extra += "policy: " + o.Policy + "\n"
+	}
+	if o.SubflowLowat != 0 {
+		extra += fmt.Sprintf("subflow_lowat: %d\n", o.SubflowLowat)
+	}
+	return extra
+}
 
 // SoakSample is one look at every daemon.
 type SoakSample struct {
@@ -118,6 +135,7 @@ type SoakReport struct {
 		ConnsPerSecond                             float64
 		ConnBytes, Long                            int
 		Policy                                     string `json:",omitempty"`
+		SubflowLowat                               int    `json:",omitempty"`
 	} `json:"options"`
 	Version  string       `json:"version"` // version of the mpdetour binary the soak runs
 	Samples  []SoakSample `json:"samples"`
@@ -203,7 +221,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	rep.Options.Duration, rep.Options.RestartEvery = o.Duration.String(), o.RestartEvery.String()
 	rep.Options.FlapEvery, rep.Options.FlapFor = o.FlapEvery.String(), o.FlapFor.String()
 	rep.Options.ConnsPerSecond, rep.Options.Long, rep.Options.ConnBytes = o.ConnsPerSecond, o.Long, o.ConnBytes
-	rep.Options.Policy = o.Policy
+	rep.Options.Policy, rep.Options.SubflowLowat = o.Policy, o.SubflowLowat
 	detours := []string{"detour1", "detour2"}
 	env := &Env{Lab: o.Lab, Cell: scenario.Cell{Procedure: "soak", Detours: detours},
 		Roles: scenario.Roles{Client: "client", Server: "server"}, Binary: o.Binary, Dir: o.Dir, Port: 5201,
@@ -256,10 +274,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 			return nil, err
 		}
 	}
-	extra := rs.agentSection(env, false) + "tunnels: true\nmetrics: {listen: " + soakAgentMetrics + "}\n"
-	if o.Policy != "" {
-		extra += "policy: " + o.Policy + "\n"
-	}
+	extra := rs.agentSection(env, false) + soakAgentExtra(o)
 	if attacks != nil {
 		extra += attacks.agentConfig()
 	}
@@ -736,7 +751,12 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 	if policy == "" {
 		policy = "default"
 	}
-	fmt.Fprintf(&m, "mpdetour %s. Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (%s policy, 2 detour subflows per connection, tunnels on), a server that echoes. For %s: %.0f short MPTCP connections/s on a fixed schedule (%d bytes each way, every byte read back and compared), %d long ones sending ~2 Mbit/s (echo checked all along), one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link and, half a period later, the default path black-holed for %s every %s.\n\n",
+	if rep.Options.SubflowLowat != 0 {
+		policy += fmt.Sprintf(" policy, subflow_lowat %d bytes (BPF program in the runner's lab cgroup)", rep.Options.SubflowLowat)
+	} else {
+		policy += " policy"
+	}
+	fmt.Fprintf(&m, "mpdetour %s. Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (%s, 2 detour subflows per connection, tunnels on), a server that echoes. For %s: %.0f short MPTCP connections/s on a fixed schedule (%d bytes each way, every byte read back and compared), %d long ones sending ~2 Mbit/s (echo checked all along), one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link and, half a period later, the default path black-holed for %s every %s.\n\n",
 		rep.Version, policy, rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.ConnBytes, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)
 	if n := len(rep.Samples); n >= 2 {
 		a, b := rep.Samples[0], rep.Samples[n-1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Subflows' unsent bytes per procedure: joins ss-notsent.txt (the client node's MPTCP
+"""Subflows' unsent bytes per procedure: joins ss-notsent*.txt (the client node's MPTCP
 subflows sampled once a second with `ss -tin`: time, local, peer, notsent) with the
 trials' subflows (runs/paired*/trials.jsonl: local and remote address:port of each
 subflow), and the windows to the last byte. Usage: notsent.py [DIR]"""
@@ -7,7 +7,8 @@ import collections, glob, json, os, statistics, sys
 
 d = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 samples = collections.defaultdict(list)  # (local, peer) -> [notsent]
-with open(os.path.join(d, "ss-notsent.txt")) as f:
+for name in sorted(glob.glob(os.path.join(d, "ss-notsent*.txt"))):
+  with open(name) as f:
     for line in f:
         p = line.split()
         if len(p) == 4:

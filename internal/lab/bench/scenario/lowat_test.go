@@ -6,7 +6,7 @@ import "testing"
 // policy, the same single path, their own label; no other procedure sets
 // a limit.
 func TestSubflowLowatProcedures(t *testing.T) {
-	for lowat, plain := range map[string]string{MPTCPNATStaticLowat: MPTCPNATStatic, MPTCPTunnelStaticLowat: MPTCPTunnelStatic} {
+	for lowat, plain := range map[string]string{MPTCPNATStaticLowat: MPTCPNATStatic, MPTCPTunnelStaticLowat: MPTCPTunnelStatic, MPTCPNATBackupStaticLowat: MPTCPNATBackupStatic} {
 		if got := SubflowLowat(lowat); got != SubflowLowatBytes || SubflowLowatBytes != 131072 {
 			t.Errorf("%s: SubflowLowat = %d, want 131072", lowat, got)
 		}
@@ -18,7 +18,7 @@ func TestSubflowLowatProcedures(t *testing.T) {
 		}
 	}
 	for name := range procs {
-		if name != MPTCPNATStaticLowat && name != MPTCPTunnelStaticLowat && SubflowLowat(name) != 0 {
+		if name != MPTCPNATStaticLowat && name != MPTCPTunnelStaticLowat && name != MPTCPNATBackupStaticLowat && SubflowLowat(name) != 0 {
 			t.Errorf("%s: SubflowLowat = %d, want 0", name, SubflowLowat(name))
 		}
 	}

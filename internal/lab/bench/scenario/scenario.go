@@ -113,10 +113,12 @@ const (
 
 // The static policy with the agent's per-subflow unsent limit
 // (subflow_lowat: SubflowLowatBytes, docs/agent.md) over NAT and tunnel
-// detours, beside mptcp-nat-static and mptcp-tunnel-static.
+// detours, beside mptcp-nat-static and mptcp-tunnel-static; and with the
+// NAT detours as backups, beside mptcp-nat-backup-static.
 const (
-	MPTCPNATStaticLowat    = "mptcp-nat-static-lowat"
-	MPTCPTunnelStaticLowat = "mptcp-tunnel-static-lowat"
+	MPTCPNATStaticLowat       = "mptcp-nat-static-lowat"
+	MPTCPTunnelStaticLowat    = "mptcp-tunnel-static-lowat"
+	MPTCPNATBackupStaticLowat = "mptcp-nat-backup-static-lowat"
 	// SubflowLowatBytes is the limit these procedures set: the value the
 	// design runs use (docs/results/design/lowat), not tuned per scenario.
 	SubflowLowatBytes = 131072
@@ -182,6 +184,8 @@ var procs = map[string]procInfo{
 
 	MPTCPNATStaticLowat:    {"MPTCP + NAT detour, static policy, subflow unsent limit", -1, TCPNAT},
 	MPTCPTunnelStaticLowat: {"MPTCP + tunnel detour, static policy, subflow unsent limit", -1, TCPTunnel},
+
+	MPTCPNATBackupStaticLowat: {"MPTCP + backup NAT detour, static policy, subflow unsent limit", -1, TCPNAT},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -195,7 +199,7 @@ func Policy(procedure string) string {
 		return "backup-first"
 	case MPTCPNATGuard, MPTCPNATGuardStarveOff:
 		return "guard"
-	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat:
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
 		return "static"
 	}
 	return ""
@@ -205,7 +209,7 @@ func Policy(procedure string) string {
 // none.
 func SubflowLowat(procedure string) int {
 	switch procedure {
-	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat:
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
 		return SubflowLowatBytes
 	}
 	return 0
@@ -237,7 +241,7 @@ func AgentExtra(procedure string) string {
 		return "shared_bottleneck:\n  enabled: true\n"
 	case MPTCPNATGuardStarveOff:
 		return "guard:\n  starve: 1\n"
-	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat:
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
 		// The agent's BPF program writes the limit; the runner gives it
 		// a cgroup of its own (bench.withLabCgroup).
 		return fmt.Sprintf("subflow_lowat: %d\n", SubflowLowat(procedure))
@@ -248,7 +252,7 @@ func AgentExtra(procedure string) string {
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
-		MPTCPNATStaticLowat, MPTCPTunnelStaticLowat,
+		MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 
