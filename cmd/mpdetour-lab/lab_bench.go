@@ -117,6 +117,13 @@ func labBenchCommand() *cli.Command {
 				printBenchSummary(d)
 				return nil
 			}
+			var names []string
+			for _, c := range s.Cells() {
+				names = append(names, c.Procedure)
+			}
+			for _, m := range scenario.EqualArms(names) {
+				fmt.Fprintln(os.Stderr, "note: "+m)
+			}
 			binGiven := bin != ""
 			if bin, err = productBinary(bin); err != nil {
 				return err

@@ -64,7 +64,7 @@ func TestAgentSIGHUPRotatesKey(t *testing.T) {
 	keyFile := write("member.key", oldKey.String())
 	certFile := write("member.cert", oldCert.String())
 	sock := filepath.Join(dir, "agent.sock")
-	agentCfg := write("agent.yaml", fmt.Sprintf("socket: %s\nsubflows: 1\nbackoff: 300ms\nrelays:\n  key_file: %s\n  certificate_file: %s\n  servers:\n    - {name: r1, address: '192.0.2.1:45673', public_key: %s}\n",
+	agentCfg := write("agent.yaml", fmt.Sprintf("socket: %s\nsubflow_lowat: 0\nsubflows: 1\nbackoff: 300ms\nrelays:\n  key_file: %s\n  certificate_file: %s\n  servers:\n    - {name: r1, address: '192.0.2.1:45673', public_key: %s}\n",
 		sock, keyFile, certFile, relayKey.Public()))
 
 	_, relayLogs, _ := startIn(t, bin, r, "relay", "--config", relayCfg)
@@ -152,7 +152,7 @@ func TestAgentSIGHUPWithoutRelays(t *testing.T) {
 	c := netnstest.New(t, "mkrh")
 	sock := filepath.Join(dir, "agent.sock")
 	cfg := filepath.Join(dir, "agent.yaml")
-	if err := os.WriteFile(cfg, []byte("socket: "+sock+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("socket: "+sock+"\nsubflow_lowat: 0\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd, logs, exited := startIn(t, bin, c, "agent", "--config", cfg)

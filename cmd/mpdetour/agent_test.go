@@ -63,7 +63,11 @@ func TestAgentProcess(t *testing.T) {
 	ns := netnstest.New(t, "tap")
 	sock := filepath.Join(dir, "agent.sock")
 	cfg := filepath.Join(dir, "agent.yaml")
-	os.WriteFile(cfg, []byte("socket: "+sock+"\ndetours:\n  - {kind: nat, relay: r1, address: 10.1.1.2:4000, server: 10.0.3.2:5201}\n"), 0o644)
+	// Without the BPF program (subflow_lowat: 0, the default written
+	// out; the limit has its own tests, agent_lowat_test.go): never at
+	// the cgroup v2 root.
+	const cg = "subflow_lowat: 0\n"
+	os.WriteFile(cfg, []byte("socket: "+sock+"\n"+cg+"detours:\n  - {kind: nat, relay: r1, address: 10.1.1.2:4000, server: 10.0.3.2:5201}\n"), 0o644)
 	cmd := exec.Command("ip", "netns", "exec", ns.Name, bin, "agent", "--config", cfg)
 	var logs bytes.Buffer
 	cmd.Stderr = &logs
@@ -113,7 +117,7 @@ func TestAgentProcess(t *testing.T) {
 	// path manager and the buffer sizes the first one had set when it gave
 	// up on the status socket (and with another socket it would have run).
 	cfg2 := filepath.Join(t.TempDir(), "agent2.yaml")
-	os.WriteFile(cfg2, []byte("socket: "+filepath.Join(filepath.Dir(cfg2), "agent.sock")+"\ndetours:\n  - {kind: nat, relay: r1, address: 10.1.1.2:4000, server: 10.0.3.2:5201}\n"), 0o644)
+	os.WriteFile(cfg2, []byte("socket: "+filepath.Join(filepath.Dir(cfg2), "agent.sock")+"\n"+cg+"detours:\n  - {kind: nat, relay: r1, address: 10.1.1.2:4000, server: 10.0.3.2:5201}\n"), 0o644)
 	for _, c := range []string{cfg, cfg2} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		second, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns.Name, bin, "agent", "--config", c).CombinedOutput()

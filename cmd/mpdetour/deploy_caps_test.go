@@ -28,6 +28,11 @@ func unitCaps(t *testing.T, unit string) string {
 	if m == nil {
 		t.Fatalf("%s has no CapabilityBoundingSet", unit)
 	}
+	// AmbientCapabilities grants the same (what the daemon keeps if the
+	// unit is given a User= other than root; the test starts it so).
+	if a := regexp.MustCompile(`(?m)^AmbientCapabilities=(.+)$`).FindSubmatch(b); a == nil || string(a[1]) != string(m[1]) {
+		t.Errorf("%s: AmbientCapabilities %q differ from CapabilityBoundingSet %q", unit, a, m[1])
+	}
 	var caps []string
 	for _, c := range strings.Fields(string(m[1])) {
 		caps = append(caps, "+"+strings.ToLower(strings.TrimPrefix(c, "CAP_")))
@@ -59,9 +64,24 @@ func (w *lockedWriter) String() string {
 // output; it stops the daemon with SIGTERM before returning.
 func startWithCaps(t *testing.T, ns *netnstest.NS, caps, want string, args ...string) {
 	t.Helper()
-	argv := append([]string{"netns", "exec", ns.Name, "setpriv",
-		"--bounding-set=-all," + caps, "--inh-caps=-all," + caps, "--ambient-caps=-all," + caps,
-		"--no-new-privs"}, args...)
+	runWithCaps(t, ns, caps, false, want, nil, args...)
+}
+
+// runWithCaps is startWithCaps; with cgroupMount the command runs with a
+// cgroup v2 mount at /sys/fs/cgroup (ip netns exec remounts /sys without
+// one; the mount stays in the exec's own mount namespace), and while
+// runs with the daemon's output so far once want appeared, before the
+// daemon is stopped.
+func runWithCaps(t *testing.T, ns *netnstest.NS, caps string, cgroupMount bool, want string, while func(out string), args ...string) {
+	t.Helper()
+	argv := []string{"netns", "exec", ns.Name}
+	if cgroupMount {
+		argv = append(argv, "sh", "-c", `mount -t cgroup2 none /sys/fs/cgroup && exec "$@"`, "sh")
+	}
+	argv = append(argv, "setpriv",
+		"--bounding-set=-all,"+caps, "--inh-caps=-all,"+caps, "--ambient-caps=-all,"+caps,
+		"--no-new-privs")
+	argv = append(argv, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", argv...)
@@ -72,6 +92,12 @@ func startWithCaps(t *testing.T, ns *netnstest.NS, caps, want string, args ...st
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		if err := <-exited; err != nil {
+			t.Errorf("%s after SIGINT: %v\n%s", args[1], err, out.String())
+		}
+	}
 	deadline := time.After(15 * time.Second)
 	for !strings.Contains(out.String(), want) {
 		select {
@@ -84,10 +110,12 @@ func startWithCaps(t *testing.T, ns *netnstest.NS, caps, want string, args ...st
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	_ = cmd.Process.Signal(os.Interrupt)
-	if err := <-exited; err != nil {
-		t.Errorf("%s after SIGINT: %v\n%s", args[1], err, out.String())
+	if while != nil {
+		defer stop()
+		while(out.String())
+		return
 	}
+	stop()
 }
 
 // TestDeployUnitCapabilities starts the agent and the relay with exactly the
@@ -104,11 +132,65 @@ func TestDeployUnitCapabilities(t *testing.T) {
 	t.Run("agent", func(t *testing.T) {
 		ns := netnstest.New(t, "capa")
 		cfg := filepath.Join(dir, "agent.yaml")
-		// subflow_lowat: 0: the BPF program needs CAP_BPF, which is not what this test is about.
+		// subflow_lowat: 0 (the default, written out): the BPF program needs CAP_BPF, which is not what this test is about.
 		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent.sock")+"\nsubflow_lowat: 0\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		startWithCaps(t, ns, unitCaps(t, "mpdetour-agent.service"), "agent running", bin, "agent", "--config", cfg)
+	})
+
+	// With the unit's capabilities the agent's BPF program (subflow_lowat
+	// set) loads and attaches to its bpf_cgroup; without
+	// CAP_BPF it runs without it and says what is missing.
+	lowat := func(t *testing.T, caps string, attached int, say string) {
+		cg := testCgroup(t, "mpdetour-capcg")
+		ns := netnstest.New(t, "capl")
+		cfg := filepath.Join(dir, "agent-lowat.yaml")
+		// bpf_cgroup as the agent sees it: the cgroup v2 mount is at
+		// /sys/fs/cgroup inside (runWithCaps), wherever the host has it.
+		conf := "socket: " + filepath.Join(dir, "agent-lowat.sock") + "\nsubflow_lowat: 131072\nbpf_cgroup: /sys/fs/cgroup/" + filepath.Base(cg) + "\n"
+		if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runWithCaps(t, ns, caps, true, "agent running", func(out string) {
+			if n := sockOpsAttached(t, cg); n != attached {
+				t.Errorf("%d sock_ops programs attached to %s with capabilities %s, want %d\n%s", n, cg, caps, attached, out)
+			}
+			if !strings.Contains(out, say) {
+				t.Errorf("agent log with capabilities %s does not say %q:\n%s", caps, say, out)
+			}
+		}, bin, "agent", "--config", cfg)
+		if n := sockOpsAttached(t, cg); n != 0 {
+			t.Errorf("%d sock_ops programs left on %s after the agent stopped", n, cg)
+		}
+	}
+	t.Run("agent-bpf", func(t *testing.T) {
+		lowat(t, unitCaps(t, "mpdetour-agent.service"), 1, "subflow lowat on")
+	})
+	t.Run("agent-no-cap-bpf", func(t *testing.T) {
+		var caps []string
+		for _, c := range strings.Split(unitCaps(t, "mpdetour-agent.service"), ",") {
+			if c != "+bpf" {
+				caps = append(caps, c)
+			}
+		}
+		lowat(t, strings.Join(caps, ","), 0, "CAP_BPF")
+	})
+
+	// An agent started with ip netns exec (no cgroup v2 mount in its
+	// view) and subflow_lowat set: it runs without the program and the
+	// warning names ip netns exec and the netns: key.
+	t.Run("agent-ip-netns-exec", func(t *testing.T) {
+		ns := netnstest.New(t, "capx")
+		cfg := filepath.Join(dir, "agent-nocg.yaml")
+		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent-nocg.sock")+"\nsubflow_lowat: 131072\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runWithCaps(t, ns, unitCaps(t, "mpdetour-agent.service"), false, "agent running", func(out string) {
+			if !strings.Contains(out, "subflow lowat off") || !strings.Contains(out, "ip netns exec") || !strings.Contains(out, "netns:") {
+				t.Errorf("agent log does not say the limit is off because ip netns exec hides the cgroup mount (use netns:):\n%s", out)
+			}
+		}, bin, "agent", "--config", cfg)
 	})
 
 	t.Run("relay", func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/agentd"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/doctor"
 	"github.com/mpdetour/mpdetour/internal/relay"
@@ -49,6 +50,18 @@ func doctorCommand() *cli.Command {
 				running = &st
 			}
 			r = append(r, doctor.Blackhole(doctor.Paths{}, blackholeOf(running))...)
+			// The BPF program's cgroup: the agent config's bpf_cgroup,
+			// else the cgroup v2 root (the agent's default).
+			var cfg agentd.Config
+			var cfgErr error
+			if agentConfig != "" {
+				cfg, cfgErr = agentd.LoadConfig(agentConfig)
+			}
+			if why := bpfNotUsed(agentConfig, relayConfig, cfg, cfgErr); why == "" {
+				r = append(r, doctor.BPF(cfg.BPFCgroup, bpfclamp.Probe)...)
+			} else {
+				r = append(r, doctor.Result{Area: "kernel", Check: "BPF program", Status: doctor.Info, Detail: why})
+			}
 			r = append(r, doctor.RunningAgent(doctor.Paths{}, running)...)
 			fi := doctor.FamilyInput{DefaultRoute: doctor.DefaultRoute, Running: running}
 			if relayConfig != "" {
@@ -61,10 +74,9 @@ func doctorCommand() *cli.Command {
 				}
 			}
 			if agentConfig != "" {
-				cfg, err := agentd.LoadConfig(agentConfig)
 				switch {
-				case err != nil:
-					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.Fail, Detail: err.Error()})
+				case cfgErr != nil:
+					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.Fail, Detail: cfgErr.Error()})
 				case cfg.Relays == nil:
 					r = append(r, doctor.Result{Area: "client", Check: "config", Status: doctor.OK, Detail: agentConfig + " is valid; it has no relays section, nothing to reach"})
 				default:
@@ -103,4 +115,20 @@ func blackholeOf(st *agent.Status) *agent.BlackholeStatus {
 		return nil
 	}
 	return st.Blackhole
+}
+
+// bpfNotUsed says why doctor does not probe the agent's BPF program, ""
+// when it does: with --agent-config when the file uses it (or is
+// invalid), without one unless only --relay-config is given (a relay
+// host runs no agent).
+func bpfNotUsed(agentConfig, relayConfig string, cfg agentd.Config, cfgErr error) string {
+	switch {
+	case agentConfig == "" && relayConfig != "":
+		return "no --agent-config (a relay host): the agent's BPF program is not checked"
+	case agentConfig == "" || cfgErr != nil || cfg.SubflowLowat > 0 || cfg.CwndClamp != nil:
+		return ""
+	case cfg.SubflowLowatDefault:
+		return agentConfig + " does not set subflow_lowat (off by default) and has no cwnd_clamp: the agent loads no BPF program"
+	}
+	return agentConfig + " has subflow_lowat: 0 (off) and no cwnd_clamp: the agent loads no BPF program"
 }

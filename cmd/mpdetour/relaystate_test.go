@@ -67,6 +67,7 @@ func TestClientSaysWhatIsWrong(t *testing.T) {
 		sock := filepath.Join(t.TempDir(), "agent.sock")
 		cfg := filepath.Join(dir, "agent.yaml")
 		os.WriteFile(cfg, []byte(fmt.Sprintf(`socket: %s
+subflow_lowat: 0
 relay_ping: 1s
 relays:
   key: %s

@@ -63,7 +63,7 @@ func BenchmarkAgentConnectionRate(b *testing.B) {
 	sock := filepath.Join(dir, "agent.sock")
 	cfgPath := filepath.Join(dir, "agent.yaml")
 	var cfg strings.Builder
-	fmt.Fprintf(&cfg, "socket: %s\nnetns: %s\nsubflows: 2\nlog_level: warn\ncommand_workers: %d\nprobe_interval: %s\nnice: %d\ndetours:\n", sock, dl.l.NetnsName("client"), *benchWorkers, *benchProbe, *benchNice)
+	fmt.Fprintf(&cfg, "socket: %s\nnetns: %s\nsubflow_lowat: 0\nsubflows: 2\nlog_level: warn\ncommand_workers: %d\nprobe_interval: %s\nnice: %d\ndetours:\n", sock, dl.l.NetnsName("client"), *benchWorkers, *benchProbe, *benchNice)
 	for i, r := range dl.relays {
 		fmt.Fprintf(&cfg, "  - {kind: nat, relay: d%d, address: %s, server: %s}\n", i+1, r, dl.server)
 	}

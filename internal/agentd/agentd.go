@@ -60,6 +60,14 @@ func Summary(w io.Writer, path string, cfg Config) {
 	for _, l := range cfg.LegacyV1 {
 		fmt.Fprintf(w, "  legacy v1 daemon %s at %s (unauthenticated), lease %s\n", l.Name, l.Addr, l.Lease)
 	}
+	lowat := "off"
+	if cfg.SubflowLowat > 0 {
+		lowat = fmt.Sprintf("%d bytes", cfg.SubflowLowat)
+	}
+	if cfg.SubflowLowatDefault {
+		lowat += " (default)"
+	}
+	fmt.Fprintf(w, "  subflow lowat %s\n", lowat)
 }
 
 // Run is `mpdetour agent --config path` with cfg, the file as validated
@@ -173,7 +181,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		// the cgroup (its limits reach sockets that connected before
 		// them); the lowat alone needs them on MPTCP subflows only.
 		o := bpfclamp.Options{EverySocket: cfg.CwndClamp != nil}
-		prog := openBPF(cfg.BPFCgroup, func(cg string) (clampMap, error) { return attachClamp(cg, o) })
+		prog := openBPF(cfg.BPFCgroup, func(cg string) (clampMap, error) { return attachClamp(cg, opts.NetNS, o) })
 		defer func() {
 			if err := prog.close(); err != nil {
 				log.Warn("BPF program", "err", err)

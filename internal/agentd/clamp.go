@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/detour"
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"github.com/mpdetour/mpdetour/internal/policy"
+	"golang.org/x/sys/unix"
 )
 
 // clampMap is where limits go: the BPF program's map (bpfclamp.Clamper),
@@ -45,6 +48,14 @@ func openBPF(cgroup string, attach func(string) (clampMap, error)) *bpfProgram {
 	m, err := attach(cgroup)
 	if err != nil {
 		b.err = err.Error()
+		if errors.Is(err, unix.EPERM) {
+			// cilium/ebpf's hint (MEMLOCK) does not apply: the kernel
+			// accounts BPF memory to the cgroup since 5.11.
+			b.err = "needs CAP_BPF and CAP_NET_ADMIN (the deploy unit grants both): " + b.err
+		} else if strings.Contains(b.err, "cannot use helper") {
+			// bpf_skc_to_mptcp_sock is offered only with CAP_PERFMON.
+			b.err = "needs CAP_PERFMON (the deploy unit grants it) or a kernel with bpf_skc_to_mptcp_sock (5.19+): " + b.err
+		}
 		return b
 	}
 	b.m = m
@@ -98,15 +109,42 @@ func (b *bpfProgram) close() error {
 }
 
 // attachClamp loads and attaches the BPF program to the cgroup v2
-// directory cgroup ("" = the cgroup v2 mount's root).
-func attachClamp(cgroup string, o bpfclamp.Options) (clampMap, error) {
+// directory cgroup ("" = the cgroup v2 mount's root); its lowats are
+// keyed in namespace netns (a netnsx spec: the agent's, whose subflows
+// it reports), since the program sees every namespace's sockets of the
+// cgroup and a 4-tuple may exist in several.
+func attachClamp(cgroup, netns string, o bpfclamp.Options) (clampMap, error) {
 	if cgroup == "" {
 		var err error
 		if cgroup, err = bpfclamp.Cgroup2Root(); err != nil {
 			return nil, err
 		}
 	}
-	return bpfclamp.Attach(cgroup, o)
+	var cookie uint64
+	if err := netnsx.Do(netns, func() (err error) { cookie, err = bpfclamp.NetnsCookie(); return err }); err != nil {
+		return nil, err
+	}
+	c, err := bpfclamp.Attach(cgroup, o)
+	if err != nil {
+		return nil, err
+	}
+	return nsClamper{c, cookie}, nil
+}
+
+// nsClamper is the program with its lowats keyed in one namespace.
+type nsClamper struct {
+	*bpfclamp.Clamper
+	netns uint64
+}
+
+func (c nsClamper) SetLowat(k bpfclamp.Conn, bytes uint32) error {
+	k.Netns = c.netns
+	return c.Clamper.SetLowat(k, bytes)
+}
+
+func (c nsClamper) DeleteLowat(k bpfclamp.Conn) error {
+	k.Netns = c.netns
+	return c.Clamper.DeleteLowat(k)
 }
 
 // cwndClamps runs the cwnd_clamp mechanism: the policy's clamp decisions

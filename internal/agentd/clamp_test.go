@@ -140,7 +140,7 @@ func TestClampsAttachFailure(t *testing.T) {
 // same way (an error naming the path; as non-root, the BPF load fails).
 func TestClampsRealAttachFailure(t *testing.T) {
 	var logs bytes.Buffer
-	prog := openBPF(t.TempDir(), func(cg string) (clampMap, error) { return attachClamp(cg, bpfclamp.Options{}) })
+	prog := openBPF(t.TempDir(), func(cg string) (clampMap, error) { return attachClamp(cg, "", bpfclamp.Options{}) })
 	c := startClamps(ClampSettings{}, clampSources(), slog.New(slog.NewTextHandler(&logs, nil)), prog)
 	if st := c.status(); st.State != "failed" || st.Error == "" {
 		t.Fatalf("status %+v, want failed with a reason", st)

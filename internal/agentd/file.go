@@ -64,8 +64,12 @@ type Config struct {
 	SubflowCongestion string
 	// SubflowLowat, when > 0, bounds the unsent bytes of every subflow of
 	// every managed connection (TCP_NOTSENT_LOWAT through the BPF program;
-	// lowat.go, docs/agent.md).
+	// lowat.go, docs/agent.md). Off (0) unless the config file sets it
+	// (SuggestedSubflowLowat is the value the docs suggest).
 	SubflowLowat uint32
+	// SubflowLowatDefault: the file does not set subflow_lowat
+	// (SubflowLowat is 0, the default; `agent --check` says so).
+	SubflowLowatDefault bool
 	// BPFCgroup is the cgroup v2 directory the agent's one BPF program
 	// (cwnd_clamp and subflow_lowat) attaches to: bpf_cgroup, or
 	// cwnd_clamp.cgroup; "" = the cgroup v2 mount's root.
@@ -209,6 +213,11 @@ func parseConfig(name string, b []byte) (Config, error) {
 		// nothing under another policy, which build says.
 		f.Guard = &fileGuard{}
 	}
+	if f.SubflowLowat == nil && doc.Sub("subflow_lowat") != nil {
+		// "subflow_lowat:" or "~": not unset (off); an operator blanking
+		// the value may have meant something else.
+		return Config{}, doc.Errorf("subflow_lowat", "want 0 (off) or %d-%d bytes, got null (leave the key out: off)", MinSubflowLowat, math.MaxInt32)
+	}
 	c, err := build(f)
 	if err != nil {
 		return Config{}, doc.Locate(err)
@@ -235,6 +244,7 @@ func build(f File) (Config, error) {
 	if out.SubflowCongestion, err = buildSubflowCC(f.SubflowCongestion); err != nil {
 		return out, err
 	}
+	out.SubflowLowatDefault = f.SubflowLowat == nil
 	if out.SubflowLowat, out.BPFCgroup, err = buildLowat(f, out.CwndClamp != nil); err != nil {
 		return out, err
 	}
@@ -511,9 +521,15 @@ func cgroupPath(key, p string) error {
 // burst it sends.
 const MinSubflowLowat = 16 << 10
 
-// buildLowat validates subflow_lowat and bpf_cgroup, merged with
-// cwnd_clamp's cgroup (clamps: cwnd_clamp is on; the program attaches
-// once, to one cgroup).
+// SuggestedSubflowLowat is the subflow_lowat the docs suggest and the
+// lab's +lowat / -lowat procedures set (docs/agent.md, "Per-subflow
+// unsent limit (off by default)"): 128 KiB, what the bench and
+// OpenMPTCProuter set on their sockets. The agent's default is off.
+const SuggestedSubflowLowat = 128 << 10
+
+// buildLowat validates subflow_lowat (unset or 0: off) and bpf_cgroup,
+// merged with cwnd_clamp's cgroup (clamps: cwnd_clamp is on; the program
+// attaches once, to one cgroup).
 func buildLowat(f File, clamps bool) (uint32, string, error) {
 	var lowat uint32
 	if f.SubflowLowat != nil {
@@ -531,7 +547,7 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 			return 0, "", err
 		}
 		if lowat == 0 && !clamps {
-			return 0, "", fmt.Errorf("bpf_cgroup: set without subflow_lowat or cwnd_clamp (nothing attaches a BPF program)")
+			return 0, "", fmt.Errorf("bpf_cgroup: set without subflow_lowat > 0 and without cwnd_clamp (nothing attaches a BPF program: subflow_lowat is off unless set)")
 		}
 	}
 	if clamps && f.CwndClamp.Cgroup != "" {

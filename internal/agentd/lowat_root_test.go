@@ -17,14 +17,25 @@ import (
 
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
+	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
 
 // The real program through the agent's path: an MPTCP connection made in
 // the cgroup gets its subflow's lowat (status counts the setting), and
 // after close nothing is attached to the cgroup.
+//
+// Twice: the agent in this namespace (netns "") and an agent whose
+// netns: names another namespace, where the connection is (the lowat key
+// then carries that namespace's cookie, not this process's).
 func TestLowatRealProgram(t *testing.T) {
 	testenv.MPTCP(t)
+	t.Run("own namespace", func(t *testing.T) { lowatRealProgram(t, "") })
+	t.Run("netns", func(t *testing.T) { lowatRealProgram(t, netnstest.New(t, "alwns").Name) })
+}
+
+func lowatRealProgram(t *testing.T, netns string) {
 	root, err := bpfclamp.Cgroup2Root()
 	if err != nil {
 		t.Skip(err)
@@ -38,7 +49,7 @@ func TestLowatRealProgram(t *testing.T) {
 		t.Skipf("cannot create a cgroup: %v", err)
 	}
 	t.Cleanup(func() { os.Remove(dir) })
-	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, bpfclamp.Options{}) })
+	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, netns, bpfclamp.Options{}) })
 	t.Cleanup(func() { prog.close() })
 	l := startLowat(64<<10, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	if st := l.status(); st.State != "active" {
@@ -46,8 +57,8 @@ func TestLowatRealProgram(t *testing.T) {
 	}
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(true)
-	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
+	var ln net.Listener
+	if err := netnsx.Do(netns, func() (err error) { ln, err = lc.Listen(t.Context(), "tcp", "127.0.0.1:0"); return err }); err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
@@ -64,7 +75,8 @@ func TestLowatRealProgram(t *testing.T) {
 	}
 	var d net.Dialer
 	d.SetMultipathTCP(true)
-	c, err := d.Dial("tcp", ln.Addr().String())
+	var c net.Conn
+	err = netnsx.Do(netns, func() (err error) { c, err = d.Dial("tcp", ln.Addr().String()); return err })
 	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
 		t.Fatal(err2)
 	}

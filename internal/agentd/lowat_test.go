@@ -132,16 +132,40 @@ func TestLowatConfig(t *testing.T) {
 	if c, err := ParseConfig([]byte(base + "subflow_lowat: 0\n")); err != nil || c.SubflowLowat != 0 {
 		t.Fatalf("lowat 0: %+v, %v", c, err)
 	}
+	// Unset: off (the default) for every role, client or server-role-only.
+	if c, err := ParseConfig([]byte(base)); err != nil || c.SubflowLowat != 0 || !c.SubflowLowatDefault || c.BPFCgroup != "" {
+		t.Fatalf("unset: %+v, %v", c, err)
+	}
+	if SuggestedSubflowLowat != 131072 {
+		t.Errorf("SuggestedSubflowLowat %d, want 131072 (what docs and the lab's +lowat/-lowat procedures say)", SuggestedSubflowLowat)
+	}
+	server := "server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n"
+	if c, err := ParseConfig([]byte(base + server)); err != nil || c.SubflowLowat != 0 || !c.SubflowLowatDefault {
+		t.Fatalf("server role only: %+v, %v", c, err)
+	}
+	if c, err := ParseConfig([]byte(base + server + "subflow_lowat: 131072\n")); err != nil || c.SubflowLowat != 131072 {
+		t.Fatalf("server role only, set: %+v, %v", c, err)
+	}
+	if c, err := ParseConfig([]byte(base + server + "detours:\n  - {kind: nat, relay: r1, address: 10.0.2.2:40000, server: 10.0.3.2:5201}\n")); err != nil || c.SubflowLowat != 0 || !c.SubflowLowatDefault {
+		t.Fatalf("server and client role: %+v, %v", c, err)
+	}
 	c, err = ParseConfig([]byte(base + "probe_interval: 100ms\ncwnd_clamp:\n  enabled: true\n  cgroup: /sys/fs/cgroup/y\nsubflow_lowat: 65536\n"))
 	if err != nil || c.BPFCgroup != "/sys/fs/cgroup/y" || c.SubflowLowat != 65536 {
 		t.Fatalf("cwnd_clamp's cgroup: %+v, %v", c, err)
 	}
 	for in, want := range map[string]string{
-		"subflow_lowat: 100\n":                   "config:2:16: subflow_lowat: 100 bytes is not 0 (off) or 16384-2147483647",
-		"subflow_lowat: 4294967296\n":            "subflow_lowat: 4294967296 bytes",
-		"subflow_lowat: 128KiB\n":                "config:2",
-		"subflow_lowat: 131072\nbpf_cgroup: x\n": "bpf_cgroup: \"x\" is not a clean absolute path",
-		"bpf_cgroup: /sys/fs/cgroup/x\n":         "bpf_cgroup: set without subflow_lowat or cwnd_clamp",
+		"subflow_lowat: 100\n":        "config:2:16: subflow_lowat: 100 bytes is not 0 (off) or 16384-2147483647",
+		"subflow_lowat: 4294967296\n": "subflow_lowat: 4294967296 bytes",
+		"subflow_lowat: 128KiB\n":     "config:2",
+		// An explicit null is not "unset": an error that says leaving
+		// the key out is off.
+		"subflow_lowat:\n":                                 "config:2:15: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null",
+		"subflow_lowat: ~\n":                               "config:2:16: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null",
+		"subflow_lowat: null\n":                            "config:2:16: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null (leave the key out: off)",
+		"subflow_lowat: 131072\nbpf_cgroup: x\n":           "bpf_cgroup: \"x\" is not a clean absolute path",
+		"subflow_lowat: 0\nbpf_cgroup: /sys/fs/cgroup/x\n": "bpf_cgroup: set without subflow_lowat > 0 and without cwnd_clamp (nothing attaches a BPF program",
+		"bpf_cgroup: /sys/fs/cgroup/x\n":                   "bpf_cgroup: set without subflow_lowat > 0 and without cwnd_clamp (nothing attaches a BPF program",
+		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\nbpf_cgroup: /sys/fs/cgroup/x\n":                   "nothing attaches a BPF program",
 		"probe_interval: 100ms\nsubflow_lowat: 131072\nbpf_cgroup: /a\ncwnd_clamp:\n  enabled: true\n  cgroup: /b\n": "differs from cwnd_clamp.cgroup",
 	} {
 		_, err := ParseConfig([]byte(base + in))

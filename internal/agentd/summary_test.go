@@ -2,6 +2,7 @@ package agentd
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -28,8 +29,30 @@ server:
 	Summary(&b, "agent.yaml", c)
 	want := "agent.yaml: valid: policy adaptive, 8 detour subflows per connection, 1 static detours, 1 relays, server role announcing 1 addresses, socket /tmp/a.sock\n" +
 		"  relay fra1 at 192.0.2.10:45673\n" +
-		"  legacy v1 daemon old at 10.0.4.2:45672 (unauthenticated), lease 1m0s\n"
+		"  legacy v1 daemon old at 10.0.4.2:45672 (unauthenticated), lease 1m0s\n" +
+		"  subflow lowat off (default)\n"
 	if b.String() != want {
 		t.Errorf("summary:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// The summary says the per-subflow unsent limit: its value and whether it
+// is the default, or off.
+func TestSummaryLowat(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                       "  subflow lowat off (default)\n",
+		"subflow_lowat: 65536\n": "  subflow lowat 65536 bytes\n",
+		"subflow_lowat: 0\n":     "  subflow lowat off\n",
+		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n": "  subflow lowat off (default)\n",
+	} {
+		c, err := ParseConfig([]byte("socket: /tmp/a.sock\n" + in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		Summary(&b, "agent.yaml", c)
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("%q: summary\n%s\nwant a line %q", in, b.String(), want)
+		}
 	}
 }

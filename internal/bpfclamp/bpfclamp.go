@@ -29,8 +29,11 @@
 // its own ssthresh between changes). Delete stops further changes; a
 // socket keeps the limits it has.
 //
-// A third map, keyed by the 4-tuple (addresses as above and both ports),
-// holds notsent lowats (SetLowat) for MPTCP subflows only: the program
+// A third map, keyed by the 4-tuple (addresses as above and both ports)
+// and the socket's network namespace (its cookie, bpf_get_netns_cookie:
+// a program attached at the cgroup v2 root sees the sockets of every
+// namespace, and two namespaces may hold the same 4-tuple), holds notsent
+// lowats (SetLowat) for MPTCP subflows only: the program
 // checks bpf_skc_to_mptcp_sock first, so plain TCP sockets, even of the
 // same addresses and ports, keep their application's TCP_NOTSENT_LOWAT.
 // The lowat matters on MPTCP subflows: the kernel sets each subflow's to
@@ -129,8 +132,13 @@ func (k Key) bytes() ([32]byte, error) {
 }
 
 // Conn is one socket's addresses and ports (its 4-tuple), of either
-// family: the notsent lowat's key (SetLowat).
-type Conn struct{ Local, Remote netip.AddrPort }
+// family, in one network namespace: the notsent lowat's key (SetLowat).
+type Conn struct {
+	Local, Remote netip.AddrPort
+	// Netns is the cookie of the socket's network namespace (NetnsCookie
+	// run in it; never 0).
+	Netns uint64
+}
 
 func (c Conn) bytes() ([lowatKeySize]byte, error) {
 	var b [lowatKeySize]byte
@@ -141,11 +149,41 @@ func (c Conn) bytes() ([lowatKeySize]byte, error) {
 	if c.Local.Port() == 0 || c.Remote.Port() == 0 {
 		return b, fmt.Errorf("bpfclamp: %v -> %v: no port (a connected socket has both)", c.Local, c.Remote)
 	}
-	// The program's words: both ports in host byte order.
-	binary.NativeEndian.PutUint32(b[:4], uint32(c.Local.Port()))
-	binary.NativeEndian.PutUint32(b[4:8], uint32(c.Remote.Port()))
-	copy(b[8:], pair[:])
+	if c.Netns == 0 {
+		return b, fmt.Errorf("bpfclamp: %v -> %v: no network namespace cookie", c.Local, c.Remote)
+	}
+	// The program's words: the namespace cookie, both ports in host byte
+	// order.
+	binary.NativeEndian.PutUint64(b[:8], c.Netns)
+	binary.NativeEndian.PutUint32(b[8:12], uint32(c.Local.Port()))
+	binary.NativeEndian.PutUint32(b[12:16], uint32(c.Remote.Port()))
+	copy(b[16:], pair[:])
 	return b, nil
+}
+
+// NetnsCookie is the cookie of the calling thread's network namespace
+// (SO_NETNS_COOKIE, Linux 5.14), the value the program's
+// bpf_get_netns_cookie gives for the sockets of that namespace: run it
+// in the namespace whose subflows get lowats (with the OS thread locked).
+func NetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bpfclamp: network namespace cookie: socket: %w", err)
+	}
+	defer unix.Close(fd)
+	return SocketNetnsCookie(fd)
+}
+
+// SocketNetnsCookie is the cookie of socket fd's network namespace.
+func SocketNetnsCookie(fd int) (uint64, error) {
+	v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("bpfclamp: network namespace cookie (SO_NETNS_COOKIE): %w", err)
+	}
+	return v, nil
 }
 
 // Limits are what the program applies to the sockets of one address pair;
@@ -182,8 +220,8 @@ type Clamper struct {
 
 // Map values (native byte order): the pair map's are {u32 cwnd segments,
 // u32 pacing rate}, the applied map's the same; the lowat map's key is
-// {u32 local port, u32 remote port, local 16 bytes, remote 16 bytes}
-// (ports in host byte order), its value the u32 notsent lowat (not kept
+// {u64 netns cookie, u32 local port, u32 remote port, local 16 bytes,
+// remote 16 bytes} (ports in host byte order), its value the u32 notsent lowat (not kept
 // in the applied map: it is read back from the socket, the kernel resets
 // it). The counts map (mpd_clamp_cnt) is an
 // array of s64: at the refusal indexes the negative errno of the last
@@ -192,7 +230,7 @@ type Clamper struct {
 // reset it).
 const (
 	valueSize          = 8
-	lowatKeySize       = 40
+	lowatKeySize       = 48
 	appliedSize        = 8
 	countCwndRefused   = 0
 	countPacingRefused = 1
@@ -208,8 +246,10 @@ const (
 // sockets too); otherwise only MPTCP subflows get them.
 //
 // Stack: fp-32 key (local 16 bytes, remote 16 bytes), fp-40 the ports
-// before it (the lowat map's key: local port, remote port), fp-88 the pair's
-// limits (segments, rate), fp-48 cookie, fp-56 the limits applied to the
+// before it and fp-48 the netns cookie before them (the lowat map's key:
+// cookie, local port, remote port), fp-88 the pair's limits (segments,
+// rate), fp-48 the socket cookie (before the lowat's part: the lowat
+// comes last and writes its own), fp-56 the limits applied to the
 // socket (segments, rate), fp-60 counts index, fp-72 refusal code, fp-76
 // the pair's notsent lowat, fp-80 the socket's.
 // r7 = segments, r8 = rate, r9 = whether anything was applied.
@@ -339,7 +379,8 @@ func refuse(counts *ebpf.Map, idx int32) asm.Instructions {
 // the applied map for that reason. Any other socket is left alone: its
 // lowat is its application's. A refusal (of the read or the setting)
 // goes to index countLowatRefused of counts, a setting adds one at index
-// countLowatSets. The address key is at fp-32 already. The first
+// countLowatSets. The address key is at fp-32 already; the ports go to
+// fp-40 and the namespace's cookie (bpf_get_netns_cookie) to fp-48. The first
 // instruction is labelled sym; it continues at next.
 func lowat(sym, next string, lowats, counts *ebpf.Map) asm.Instructions {
 	return slices.Concat(withSymbol(isSubflow(next), sym), asm.Instructions{
@@ -347,7 +388,10 @@ func lowat(sym, next string, lowats, counts *ebpf.Map) asm.Instructions {
 		asm.StoreMem(asm.RFP, -40, asm.R2, asm.Word),
 	}, remotePort(asm.R2), asm.Instructions{
 		asm.StoreMem(asm.RFP, -36, asm.R2, asm.Word),
-	}, lookup(lowats, -40), asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.FnGetNetnsCookie.Call(),
+		asm.StoreMem(asm.RFP, -48, asm.R0, asm.DWord),
+	}, lookup(lowats, -48), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, next),
 		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
 		asm.JEq.Imm(asm.R2, 0, next),
@@ -455,7 +499,21 @@ type Options struct {
 
 // Attach loads the program and attaches it to the cgroup v2 directory
 // cgroupPath. On any failure nothing stays loaded or attached.
-func Attach(cgroupPath string, o Options) (_ *Clamper, err error) {
+func Attach(cgroupPath string, o Options) (*Clamper, error) {
+	c, err := load(o)
+	if err != nil {
+		return nil, err
+	}
+	c.l, err = link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: ebpf.AttachCGroupSockOps, Program: c.prog})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("bpfclamp: attach to cgroup %s: %w", cgroupPath, err)
+	}
+	return c, nil
+}
+
+// load creates the maps and loads the program, not attached.
+func load(o Options) (_ *Clamper, err error) {
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_clamp", Type: ebpf.Hash, KeySize: 32, ValueSize: valueSize, MaxEntries: MaxEntries})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
@@ -481,10 +539,6 @@ func Attach(cgroupPath string, o Options) (_ *Clamper, err error) {
 	c.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_clamp", Type: ebpf.SockOps, License: "GPL", Instructions: instructions(m, c.applied, c.lowats, c.counts, o.EverySocket)})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: load sock_ops program: %w", err)
-	}
-	c.l, err = link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: ebpf.AttachCGroupSockOps, Program: c.prog})
-	if err != nil {
-		return nil, fmt.Errorf("bpfclamp: attach to cgroup %s: %w", cgroupPath, err)
 	}
 	return c, nil
 }

@@ -3,6 +3,7 @@ package bpfclamp
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -41,7 +42,10 @@ func ownCgroup(t *testing.T, root string) string {
 	return dir
 }
 
-func attachedCount(t *testing.T, dir string) int {
+func attachedCount(t *testing.T, dir string) int { return len(attachedIDs(t, dir)) }
+
+// attachedIDs are the IDs of the sock_ops programs attached to cgroup dir.
+func attachedIDs(t *testing.T, dir string) []ebpf.ProgramID {
 	f, err := os.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +55,11 @@ func attachedCount(t *testing.T, dir string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(r.Programs)
+	var ids []ebpf.ProgramID
+	for _, p := range r.Programs {
+		ids = append(ids, p.ID)
+	}
+	return ids
 }
 
 // connectedCwnd opens a loopback TCP connection while this process is in
@@ -508,10 +516,11 @@ func TestSetRefusesBadLimits(t *testing.T) {
 		bytes uint32
 		want  string
 	}{
-		{Conn{Local: ap, Remote: ap}, 0, "DeleteLowat"},
-		{Conn{Local: ap, Remote: ap}, 1 << 31, "lowat"},
-		{Conn{Local: netip.AddrPortFrom(a, 0), Remote: ap}, 1 << 17, "no port"},
-		{Conn{Local: ap}, 1 << 17, "not an address pair"},
+		{Conn{Local: ap, Remote: ap, Netns: 1}, 0, "DeleteLowat"},
+		{Conn{Local: ap, Remote: ap, Netns: 1}, 1 << 31, "lowat"},
+		{Conn{Local: netip.AddrPortFrom(a, 0), Remote: ap, Netns: 1}, 1 << 17, "no port"},
+		{Conn{Local: ap, Netns: 1}, 1 << 17, "not an address pair"},
+		{Conn{Local: ap, Remote: ap}, 1 << 17, "no network namespace"},
 	} {
 		if err := c.SetLowat(x.k, x.bytes); err == nil || !strings.Contains(err.Error(), x.want) {
 			t.Errorf("SetLowat(%v, %d): %v, want an error saying %q", x.k, x.bytes, err, x.want)
@@ -554,5 +563,76 @@ func TestRefusalRecorded(t *testing.T) {
 	}
 	if r, err := c.Refused(); err != nil || r != (Refusals{Cwnd: unix.EINVAL}) {
 		t.Errorf("refusals %+v (%v), want the cwnd clamp refused with EINVAL and no pacing refusal", r, err)
+	}
+}
+
+// Probe loads and attaches under a cgroup and leaves nothing behind: no
+// probe cgroup, nothing attached to the parent; a directory that is not
+// a cgroup is an error naming it.
+func TestProbe(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF, cgroups)")
+	}
+	root := cgroupRoot(t)
+	dir := filepath.Join(root, fmt.Sprintf("mpd-bpfprobe-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove cgroup: %v (the probe left a child?)", err)
+		}
+	})
+	// While attached: the program's IDs on the probe's child cgroup (the
+	// probe never attaches to dir itself, so counting there proves
+	// nothing); after Probe none of them may still be loaded.
+	var ids []ebpf.ProgramID
+	probeAttached = func(child string) { ids = attachedIDs(t, child) }
+	t.Cleanup(func() { probeAttached = nil })
+	// A probe cgroup left by a doctor that was killed (its process gone)
+	// is removed by the next probe.
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, fmt.Sprintf("mpdetour-probe-%d", gone.Process.Pid))
+	if err := os.Mkdir(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(stale) })
+	if at, err := Probe(dir); err != nil || at != dir {
+		t.Fatalf("Probe(%s): %q, %v", dir, at, err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale probe cgroup %s still there: %v", stale, err)
+	}
+	if len(ids) != 1 {
+		t.Fatalf("%d programs attached to the probe's cgroup while it ran, want 1", len(ids))
+	}
+	if p, err := ebpf.NewProgramFromID(ids[0]); err == nil {
+		p.Close()
+		t.Errorf("program %d still loaded after the probe (link or program not closed)", ids[0])
+	} else if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("program %d after the probe: %v", ids[0], err)
+	}
+	if n := attachedCount(t, dir); n != 0 {
+		t.Errorf("%d programs attached after the probe", n)
+	}
+	if _, err := Probe(t.TempDir()); err == nil {
+		t.Error("Probe of a directory that is no cgroup: no error")
+	}
+	// A cgroup v2 directory the probe cannot write (a read-only mount in
+	// a container): the program is loaded, attaching is not tried, and
+	// the error says so (the agent, which only opens the directory, may
+	// attach); a directory that is no cgroup stays an error.
+	probeMkdir = func(string, os.FileMode) error { return &os.PathError{Op: "mkdir", Path: dir, Err: unix.EROFS} }
+	t.Cleanup(func() { probeMkdir = os.Mkdir })
+	_, err := Probe(dir)
+	var notTried *AttachNotTriedError
+	if !errors.As(err, &notTried) || !errors.Is(err, unix.EROFS) {
+		t.Errorf("Probe of a read-only cgroup: %v, want AttachNotTriedError", err)
+	}
+	if _, err := Probe(t.TempDir()); err == nil || errors.As(err, &notTried) {
+		t.Errorf("Probe of a read-only directory that is no cgroup: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -62,9 +63,22 @@ func loopbackConn(t *testing.T, dir, back string, mptcp bool) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
-// connOf is c's 4-tuple (an MPTCP socket's are its first subflow's).
+// connOf is c's 4-tuple (an MPTCP socket's are its first subflow's) in
+// its namespace.
 func connOf(c net.Conn) Conn {
-	return Conn{Local: c.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: c.RemoteAddr().(*net.TCPAddr).AddrPort()}
+	k := Conn{Local: c.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: c.RemoteAddr().(*net.TCPAddr).AddrPort()}
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		panic(err)
+	}
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { k.Netns, cerr = SocketNetnsCookie(int(fd)) }); err != nil {
+		panic(err)
+	}
+	if cerr != nil {
+		panic(cerr)
+	}
+	return k
 }
 
 // writeChunks writes n chunks of 64 KiB to c.
@@ -93,6 +107,26 @@ func sockLowat(t *testing.T, c *net.TCPConn) int {
 		t.Fatal(gerr)
 	}
 	return v
+}
+
+// waitLowatSets writes to conn, 64 KiB at a time, until the program has
+// set TCP_NOTSENT_LOWAT want times (5 s at most, and never more).
+func waitLowatSets(t *testing.T, c *Clamper, want uint64, conn net.Conn) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := c.LowatSets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == want {
+			return
+		}
+		if n > want || time.Now().After(deadline) {
+			t.Fatalf("the program set TCP_NOTSENT_LOWAT %d times, want %d", n, want)
+		}
+		writeChunks(t, conn, 1)
+	}
 }
 
 // TestLowatLeavesPlainTCP: a plain TCP socket whose 4-tuple has a lowat
@@ -138,23 +172,7 @@ func TestLowatAfterConnect(t *testing.T) {
 	conn := loopbackConn(t, dir, back, true)
 	writeChunks(t, conn, 4)
 	k := connOf(conn)
-	waitSets := func(want uint64) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			n, err := c.LowatSets()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n == want {
-				return
-			}
-			if n > want || time.Now().After(deadline) {
-				t.Fatalf("the program set TCP_NOTSENT_LOWAT %d times, want %d", n, want)
-			}
-			writeChunks(t, conn, 1)
-		}
-	}
+	waitSets := func(want uint64) { t.Helper(); waitLowatSets(t, c, want, conn) }
 	if err := c.SetLowat(k, 64<<10); err != nil {
 		t.Fatal(err)
 	}
@@ -233,23 +251,86 @@ func TestLowatOnlyItsSubflow(t *testing.T) {
 	if err := c.SetLowat(connOf(mine), 64<<10); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n, err := c.LowatSets()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if n > 1 || time.Now().After(deadline) {
-			t.Fatalf("the program set TCP_NOTSENT_LOWAT %d times, want 1 (its subflow)", n)
-		}
-		writeChunks(t, mine, 1)
-	}
+	waitLowatSets(t, c, 1, mine)
 	writeChunks(t, other, 64)
 	if n, err := c.LowatSets(); err != nil || n != 1 {
 		t.Errorf("after the other connection's writes the program set TCP_NOTSENT_LOWAT %d times (%v), want 1", n, err)
+	}
+}
+
+// nsLoopbackConn opens an MPTCP connection on ns's loopback from
+// 127.0.0.1:lport to a listener at 127.0.0.1:rport that discards what it
+// reads, while this process is in cgroup dir (back: where it returns);
+// all closed when the test ends.
+func nsLoopbackConn(t *testing.T, ns *netnstest.NS, dir, back string, lport, rport int) *net.TCPConn {
+	t.Helper()
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(true)
+	ln, err := ns.Listen(lc, "tcp", fmt.Sprintf("127.0.0.1:%d", rport))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	netnstest.Serve(ln, func(c net.Conn) {
+		defer c.Close()
+		io.Copy(io.Discard, c)
+	})
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: lport}}
+	d.SetMultipathTCP(true)
+	c, err := ns.Dial(&d, "tcp", ln.Addr().String())
+	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
+		t.Fatal(err2)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if ok, err := c.(*net.TCPConn).MultipathTCP(); err != nil || !ok {
+		t.Fatalf("the connection fell back to TCP (MPTCP %v, %v)", ok, err)
+	}
+	return c.(*net.TCPConn)
+}
+
+// TestLowatOnlyItsNamespace: a program attached where it sees several
+// network namespaces (on a host: the cgroup v2 root) meets the same
+// 4-tuple in each; the lowat written for one namespace's subflow is
+// keyed by that namespace's cookie and leaves the other's alone.
+func TestLowatOnlyItsNamespace(t *testing.T) {
+	testenv.MPTCP(t)
+	c, dir, back := attachedCgroup(t, "mpd-bpflwns", Options{})
+	a, b := netnstest.New(t, "mpdlwa"), netnstest.New(t, "mpdlwb")
+	const lport, rport = 40123, 40124
+	ca := nsLoopbackConn(t, a, dir, back, lport, rport)
+	cb := nsLoopbackConn(t, b, dir, back, lport, rport)
+	ka, kb := connOf(ca), connOf(cb)
+	if ka.Local != kb.Local || ka.Remote != kb.Remote || ka.Netns == kb.Netns {
+		t.Fatalf("want the same 4-tuple in two namespaces: %+v, %+v", ka, kb)
+	}
+	if own, err := NetnsCookie(); err != nil || own == ka.Netns || own == kb.Netns {
+		t.Fatalf("this namespace's cookie %d (%v) vs %d, %d", own, err, ka.Netns, kb.Netns)
+	}
+	var aCookie uint64
+	if err := a.Do(func() (err error) { aCookie, err = NetnsCookie(); return err }); err != nil || aCookie != ka.Netns {
+		t.Fatalf("NetnsCookie in %s: %d (%v), its socket's %d", a.Name, aCookie, err, ka.Netns)
+	}
+	// Nothing written on a's connection before the check below: its
+	// subflow gets no RTT callback (no ACK) until then.
+	writeChunks(t, cb, 2)
+	if err := c.SetLowat(ka, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	writeChunks(t, cb, 64)
+	if n, err := c.LowatSets(); err != nil || n != 0 {
+		t.Fatalf("after writes in %s only, the program set TCP_NOTSENT_LOWAT %d times (%v), want 0: the entry is %s's", b.Name, n, err, a.Name)
+	}
+	waitLowatSets(t, c, 1, ca)
+	writeChunks(t, cb, 64)
+	if n, err := c.LowatSets(); err != nil || n != 1 {
+		t.Errorf("after more writes in %s the program set TCP_NOTSENT_LOWAT %d times (%v), want 1", b.Name, n, err)
 	}
 }
 

@@ -117,6 +117,30 @@ func TestRunningAgentPMType(t *testing.T) {
 	}
 }
 
+// Doctor reports the running agent's per-subflow unsent limit: what a
+// root shell's probe cannot show (a unit without CAP_BPF runs without it).
+func TestRunningAgentLowat(t *testing.T) {
+	const check = "subflow lowat of the agent"
+	p := fakeProc(t, map[string]string{"net.mptcp.pm_type": "1"})
+	st := &agent.Status{Policy: "static", SubflowLowat: &agent.LowatStatus{State: "failed", Bytes: 131072,
+		Error: "needs CAP_BPF and CAP_NET_ADMIN (the deploy unit grants both): bpfclamp: create map: operation not permitted"}}
+	if x := find(RunningAgent(p, st), check); x.Status != Warn || !strings.Contains(x.Detail, "operation not permitted") || !strings.Contains(x.Fix, "CAP_BPF") {
+		t.Fatalf("failed: %+v", x)
+	}
+	st.SubflowLowat = &agent.LowatStatus{State: "refused", Bytes: 131072, Refused: "the kernel refused TCP_NOTSENT_LOWAT from BPF"}
+	if x := find(RunningAgent(p, st), check); x.Status != Warn || !strings.Contains(x.Detail, "refused") {
+		t.Fatalf("refused: %+v", x)
+	}
+	st.SubflowLowat = &agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Sets: 4}
+	if x := find(RunningAgent(p, st), check); x.Status != OK || !strings.Contains(x.Detail, "131072") {
+		t.Fatalf("active: %+v", x)
+	}
+	st.SubflowLowat = nil
+	if x := find(RunningAgent(p, st), check); x.Status != Info || !strings.Contains(x.Detail, "off") {
+		t.Fatalf("off: %+v", x)
+	}
+}
+
 // Doctor checks a running agent's tunnel detours end to
 // end: the handshake, then a connection from the tunnel's address.
 func TestTunnelsChecked(t *testing.T) {

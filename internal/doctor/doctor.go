@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/mptcppm"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/proto"
@@ -225,6 +226,23 @@ func RunningAgent(p Paths, st *agent.Status) Report {
 			g.Restores, g.LastFound, g.LastRestore.Format("15:04:05")), "find what changes it (mptcpd, NetworkManager, a sysctl.d file applied by systemd-sysctl) and stop it")
 	default:
 		r.add("client", "pm_type under the agent", OK, "net.mptcp.pm_type = 1 (userspace, the agent's)", "")
+	}
+	// The limit as the running agent has it: doctor's own probe runs
+	// with this shell's privileges, the agent with its unit's.
+	const lw = "subflow lowat of the agent"
+	switch l := st.SubflowLowat; {
+	case l == nil:
+		r.add("client", lw, Info, "off in the running agent (subflow_lowat unset or 0: off by default)", "")
+	case l.State == "failed":
+		fix := ""
+		if strings.Contains(l.Error, "CAP_") {
+			fix = "give the agent CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (deploy/mpdetour-agent.service: CapabilityBoundingSet and AmbientCapabilities) and restart it"
+		}
+		r.add("client", lw, Warn, "the running agent could not load or attach its BPF program and runs without the limit: "+l.Error, fix)
+	case l.State == "refused":
+		r.add("client", lw, Warn, "the kernel refused the running agent's limit: "+l.Refused, "")
+	default:
+		r.add("client", lw, OK, fmt.Sprintf("%s, %d bytes unsent at most per subflow", l.State, l.Bytes), "")
 	}
 	return r
 }
@@ -501,4 +519,39 @@ func blackholeTimeout() int {
 	v, _ := readSysctl(Paths{}, "net.mptcp.blackhole_timeout")
 	n, _ := strconv.Atoi(v)
 	return n
+}
+
+// BPF checks that the agent's BPF sock_ops program (the per-subflow
+// unsent limit, subflow_lowat, and cwnd_clamp) can load and attach under
+// cgroup v2 directory dir ("" = the cgroup v2 root, the agent's default;
+// bpf_cgroup otherwise): probe is bpfclamp.Probe outside tests (a fresh
+// child cgroup, removed again; it answers the directory it used). When
+// it cannot, the agent runs without them: a warning, not a failure, one
+// line that says why and what the agent does.
+func BPF(dir string, probe func(string) (string, error)) Report {
+	var r Report
+	const check = "BPF program"
+	at, err := probe(dir)
+	if err == nil {
+		r.add("kernel", check, OK, "the agent's sock_ops program (subflow_lowat, cwnd_clamp) loads and attaches under "+at, "")
+		return r
+	}
+	var notTried *bpfclamp.AttachNotTriedError
+	if errors.As(err, &notTried) {
+		r.add("kernel", check, Info, "the agent's sock_ops program loads; attaching under "+at+" was not tried ("+notTried.Err.Error()+"): the agent attaches to the directory itself, which needs only read access", "")
+		return r
+	}
+	var fix string
+	switch {
+	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
+		fix = "the agent needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (deploy/mpdetour-agent.service grants them: keep CAP_BPF and CAP_PERFMON in CapabilityBoundingSet and AmbientCapabilities); this check also needs write access to the cgroup: run it as root"
+	case strings.Contains(err.Error(), "cannot use helper"):
+		fix = "bpf_skc_to_mptcp_sock needs CAP_PERFMON (deploy/mpdetour-agent.service grants it) and Linux 5.19+"
+	case strings.Contains(err.Error(), "cgroup v2"):
+		fix = "mount cgroup v2 (systemd.unified_cgroup_hierarchy=1) or set bpf_cgroup to a cgroup v2 directory"
+	case strings.Contains(err.Error(), "BTF"):
+		fix = "use a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y, Linux 5.19+)"
+	}
+	r.add("kernel", check, Warn, "cannot load or attach the agent's sock_ops program ("+err.Error()+"): the agent runs without the per-subflow unsent limit (subflow_lowat) and cwnd_clamp", fix)
+	return r
 }

@@ -3,6 +3,8 @@ package doctor
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -12,9 +14,11 @@ import (
 	"time"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
+	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/proto"
 	"github.com/mpdetour/mpdetour/internal/relayclient"
 	"github.com/mpdetour/mpdetour/internal/relayconn"
+	"golang.org/x/sys/unix"
 )
 
 func fakeProc(t *testing.T, sysctls map[string]string) Paths {
@@ -198,5 +202,44 @@ func TestDetourPathOtherFamilyNotAsked(t *testing.T) {
 	x := find(r, "detour via r1/v6")
 	if x.Status != Info || !strings.Contains(x.Detail, "an IPv6 session grants toward IPv6 servers only") {
 		t.Fatalf("%+v", x)
+	}
+}
+
+// The BPF program check: ok with the directory the probe used; a probe
+// that fails is one warning saying why and that the agent runs without
+// the limit, with the fix for the reason.
+func TestBPFProgram(t *testing.T) {
+	r := BPF("", func(dir string) (string, error) { return "/sys/fs/cgroup", nil })
+	if len(r) != 1 || r[0].Status != OK || !strings.Contains(r[0].Detail, "/sys/fs/cgroup") {
+		t.Fatalf("loads: %+v", r)
+	}
+	// Loaded, but no probe cgroup could be made (a read-only cgroup
+	// mount): information, not a warning that the agent cannot attach.
+	r = BPF("/x", func(dir string) (string, error) {
+		return dir, &bpfclamp.AttachNotTriedError{Err: fmt.Errorf("mkdir /x/p: %w", unix.EROFS)}
+	})
+	if len(r) != 1 || r[0].Status != Info || !strings.Contains(r[0].Detail, "loads") || !strings.Contains(r[0].Detail, "read-only file system") {
+		t.Errorf("attach not tried: %+v", r)
+	}
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("bpfclamp: create map: %w", unix.EPERM), "CAP_BPF"},
+		{errors.New("bpfclamp: load sock_ops program: load program: invalid argument: program of this type cannot use helper bpf_skc_to_mptcp_sock#196"), "CAP_PERFMON"},
+		{errors.New("no cgroup v2 mount (cgroup_no_v1 / systemd.unified_cgroup_hierarchy, or set bpf_cgroup; ip netns exec remounts /sys without it: start the agent in the host's mount namespace with the netns: key)"), "mount cgroup v2"},
+		{errors.New("bpfclamp: load sock_ops program: invalid argument (no /sys/kernel/btf/vmlinux: the kernel has no BTF, CONFIG_DEBUG_INFO_BTF)"), "CONFIG_DEBUG_INFO_BTF=y"},
+		{errors.New("bpfclamp: attach to cgroup /x: bad file descriptor"), ""},
+	} {
+		var asked string
+		r := BPF("/x", func(dir string) (string, error) { asked = dir; return dir, tc.err })
+		if asked != "/x" || len(r) != 1 {
+			t.Fatalf("%v: asked %q, report %+v", tc.err, asked, r)
+		}
+		x := r[0]
+		if x.Status != Warn || r.Failed() || !strings.Contains(x.Detail, tc.err.Error()) || !strings.Contains(x.Detail, "runs without the per-subflow unsent limit") ||
+			!strings.Contains(x.Fix, tc.want) || (tc.want == "") != (x.Fix == "") {
+			t.Errorf("%v: %+v, want a warning with the reason and a fix containing %q", tc.err, x, tc.want)
+		}
 	}
 }

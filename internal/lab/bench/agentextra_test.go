@@ -20,6 +20,12 @@ func TestProcedureAgentConfig(t *testing.T) {
 		{scenario.MPTCPNATGuard, "guard", func(c agentd.Config) bool { return c.Agent.GuardStarve != 1 && c.Agent.Policy.String() == "guard" }},
 		{scenario.MPTCPNATGuardStarveOff, "guard", func(c agentd.Config) bool { return c.Agent.GuardStarve == 1 }},
 		{scenario.MPTCPNATStatic, "static", func(c agentd.Config) bool { return !c.Agent.SharedBottleneck }},
+		// The limit is the agent's default: the plain and -lowat
+		// procedures have it, the -nolowat ones turn it off.
+		{scenario.MPTCPNATStaticLowat, "static", func(c agentd.Config) bool { return c.SubflowLowat == 131072 }},
+		{scenario.MPTCPTunnelStaticLowat, "static", func(c agentd.Config) bool { return c.SubflowLowat == 131072 }},
+		{scenario.MPTCPNATStaticNoLowat, "static", func(c agentd.Config) bool { return c.SubflowLowat == 0 && !c.SubflowLowatDefault }},
+		{scenario.MPTCPTunnelStaticNoLowat, "static", func(c agentd.Config) bool { return c.SubflowLowat == 0 && !c.SubflowLowatDefault }},
 	} {
 		if got := scenario.Policy(tc.proc); got != tc.policy {
 			t.Errorf("%s: policy %q, want %q", tc.proc, got, tc.policy)

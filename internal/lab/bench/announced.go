@@ -92,14 +92,23 @@ func startServerAgent(ctx context.Context, env *Env, node, name string, ann []an
 		}
 		b.WriteString("}\n")
 	}
+	// The agent's BPF program (subflow_lowat, on by default) attaches to
+	// this runner's cgroup, never the cgroup v2 root.
+	cfg, leave, err := withLabCgroup(b.String())
+	if err != nil {
+		return nil, err
+	}
 	path := filepath.Join(env.Dir, name+".yaml")
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		leave()
 		return nil, err
 	}
 	d, err := startDaemon(ctx, env, node, name, env.Binary, "agent", "--config", path)
 	if err != nil {
+		leave()
 		return nil, err
 	}
+	d.after = leave
 	return waitStatusSocket(ctx, d, sock)
 }
 

@@ -16,13 +16,15 @@ import (
 	"github.com/mpdetour/mpdetour/internal/proto"
 )
 
-// Configurations that attach no BPF program, or name their cgroup, or
-// that the agent refuses, stay as they are, and nothing is entered.
+// Configurations that attach no BPF program (subflow_lowat: 0, on by
+// default, and no cwnd_clamp), or name their cgroup, or that the agent
+// refuses, stay as they are, and nothing is entered.
 func TestWithLabCgroupLeavesOthers(t *testing.T) {
 	for _, cfg := range []string{
-		"socket: /x\n",
+		"socket: /x\nsubflow_lowat: 0\n",
 		"subflow_lowat: 0\n",
-		"cwnd_clamp:\n  enabled: false\n",
+		"subflow_lowat: 0\ncwnd_clamp:\n  enabled: false\n",
+		"bpf_cgroup: /sys/fs/cgroup/x\n",                   // the default limit, its own cgroup
 		"cwnd_clamp:\n  enabled: true\n  cgroup: /sys/x\n", // its own cgroup
 		"subflow_lowat: 131072\nbpf_cgroup: /sys/fs/cgroup/x\n",
 		"subflow_lowat: [\n",                         // the agent says what is wrong
@@ -74,6 +76,7 @@ func TestWithLabCgroup(t *testing.T) {
 	}
 	coll := s.clientConfig(c, "info", netip.MustParseAddr("10.0.2.2"), certFile, auth.Public())
 	for _, cfg := range []string{
+		"socket: /x\nsubflow_lowat: 65536\n",
 		"socket: /x\nsubflow_lowat: 131072", // no final newline
 		"socket: /x\ncwnd_clamp:\n  enabled: true\n",
 		coll + "subflow_lowat: 131072\n",

@@ -15,9 +15,11 @@ import (
 )
 
 // The lowat procedures give the agent the static policy and
-// subflow_lowat (so a cgroup of this runner's, withLabCgroup); their
-// counterparts without the limit give the static policy and no BPF
-// program. The agent accepts every config.
+// subflow_lowat written out and get a cgroup of this runner's
+// (withLabCgroup); their counterparts give the agent's defaults, without
+// the limit since it is off by default, and get no cgroup (no program),
+// as the -nolowat ones, which write subflow_lowat: 0. The agent accepts
+// every config.
 func TestAgentConfigSubflowLowat(t *testing.T) {
 	server := netip.MustParseAddrPort("10.0.9.2:5201")
 	for proc, want := range map[string]uint32{
@@ -28,6 +30,8 @@ func TestAgentConfigSubflowLowat(t *testing.T) {
 		scenario.MPTCPNATStatic:            0,
 		scenario.MPTCPTunnelStatic:         0,
 		scenario.MPTCPNAT:                  0,
+		scenario.MPTCPNATStaticNoLowat:     0,
+		scenario.MPTCPTunnelStaticNoLowat:  0,
 	} {
 		env := &Env{Cell: scenario.Cell{ID: proc, Procedure: proc}}
 		cfg := agentConfig(env, "/run/x/agent.sock", 1, nil, scenario.AgentExtra(proc), server, server)
@@ -40,9 +44,7 @@ func TestAgentConfigSubflowLowat(t *testing.T) {
 		if c.SubflowLowat != want || c.BPFCgroup != "" || c.CwndClamp != nil {
 			t.Errorf("%s: subflow_lowat %d, bpf_cgroup %q, cwnd_clamp %v; want %d, none, none", proc, c.SubflowLowat, c.BPFCgroup, c.CwndClamp, want)
 		}
-		if want > 0 {
-			checkLabCgroup(t, proc, cfg, true)
-		}
+		checkLabCgroup(t, proc, cfg, want > 0)
 		if wantPol := scenario.Policy(proc); !strings.Contains(cfg, "policy: "+wantPol+"\n") && wantPol != "" {
 			t.Errorf("%s: no policy %q in\n%s", proc, wantPol, cfg)
 		}
@@ -73,8 +75,8 @@ func checkLabCgroup(t *testing.T, name, cfg string, want bool) {
 
 // The soak's agent carries SoakOptions.SubflowLowat as subflow_lowat
 // (with its policy), and only then gets this runner's lab cgroup for its
-// BPF program; without it, no limit and no BPF program. The agent
-// accepts every config.
+// BPF program; with 0 (written out, the agent's default), no limit
+// and no BPF program. The agent accepts every config.
 func TestSoakAgentConfigSubflowLowat(t *testing.T) {
 	server := netip.MustParseAddrPort("10.0.9.2:5201")
 	member, err := proto.GenerateKey()

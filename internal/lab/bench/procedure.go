@@ -202,6 +202,9 @@ func Procedures() map[string]Setup {
 		scenario.MPTCPTunnelStaticLowat: setupMPTCPTunnel,
 
 		scenario.MPTCPNATBackupStaticLowat: setupMPTCPNATBackup,
+
+		scenario.MPTCPNATStaticNoLowat:    setupMPTCPNAT,
+		scenario.MPTCPTunnelStaticNoLowat: setupMPTCPTunnel,
 	}
 }
 

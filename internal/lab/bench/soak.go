@@ -47,9 +47,11 @@ type SoakOptions struct {
 	Sample         time.Duration // sampling period [10s]
 	// Policy is the agent's policy ("" = its default).
 	Policy string
-	// SubflowLowat is the agent's subflow_lowat in bytes (0: off, the
-	// agent's default; docs/agent.md "Per-subflow unsent limit"). Its BPF
-	// program attaches to this runner's lab cgroup (withLabCgroup).
+	// SubflowLowat is the agent's subflow_lowat in bytes, written into
+	// its configuration (0: subflow_lowat: 0, off, the agent's default,
+	// which "lab soak" passes unless told; docs/agent.md "Per-subflow
+	// unsent limit"). Its BPF program attaches to this
+	// runner's lab cgroup (withLabCgroup).
 	SubflowLowat int
 	Progress     io.Writer // one line per sample (nil: none)
 	// Attacks are attack-suite cases (breaks.InPlaceCases) run against
@@ -72,10 +74,8 @@ func soakAgentExtra(o SoakOptions) string {
 	if o.Policy != "" {
 		extra += "policy: " + o.Policy + "\n"
 	}
-	if o.SubflowLowat != 0 {
-		extra += fmt.Sprintf("subflow_lowat: %d\n", o.SubflowLowat)
-	}
-	return extra
+	// Always written: 0 says off whatever the agent's default (off).
+	return extra + fmt.Sprintf("subflow_lowat: %d\n", o.SubflowLowat)
 }
 
 // SoakSample is one look at every daemon.
@@ -754,7 +754,7 @@ func WriteSoakReport(dir string, rep *SoakReport) error {
 	if rep.Options.SubflowLowat != 0 {
 		policy += fmt.Sprintf(" policy, subflow_lowat %d bytes (BPF program in the runner's lab cgroup)", rep.Options.SubflowLowat)
 	} else {
-		policy += " policy"
+		policy += " policy, subflow_lowat 0 (off)"
 	}
 	fmt.Fprintf(&m, "mpdetour %s. Relays in detour1 and detour2 (NAT and WireGuard tunnel detours, lease 30 s), the agent in the client (%s, 2 detour subflows per connection, tunnels on), a server that echoes. For %s: %.0f short MPTCP connections/s on a fixed schedule (%d bytes each way, every byte read back and compared), %d long ones sending ~2 Mbit/s (echo checked all along), one relay restarted every %s (alternating, every third with SIGKILL), detour1's core link and, half a period later, the default path black-holed for %s every %s.\n\n",
 		rep.Version, policy, rep.Options.Duration, rep.Options.ConnsPerSecond, rep.Options.ConnBytes, rep.Options.Long, rep.Options.RestartEvery, rep.Options.FlapFor, rep.Options.FlapEvery)

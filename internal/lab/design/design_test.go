@@ -440,7 +440,7 @@ func FuzzParseProcedures(f *testing.F) {
 // error naming the valid mechanisms (or, for the cwnd clamp, why it does
 // not apply to a design's NAT detours).
 func TestParseProcedureMechanisms(t *testing.T) {
-	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers", 2)
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,6 +454,7 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		{"mptcp-guard+starve30", "guard", "policy: guard\nguard:\n  starve: 0.3\n"},
 		{"mptcp-static+lowat", "static", "policy: static\nsubflow_lowat: 131072\n"},
 		{"mptcp+lowat64+buffers", "", "subflow_lowat: 65536\nbuffer_sizing: true\n"},
+		{"mptcp-static+nolowat", "static", "policy: static\nsubflow_lowat: 0\n"},
 	}
 	for i, w := range want {
 		p := ps[i]
@@ -473,6 +474,7 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		"mptcp-static+buffers+buffers":  `mechanism "buffers" named twice`,
 		"mptcp-static+stale2+stale3":    `mechanism "stale" named twice`,
 		"mptcp+buffers+nobuffers":       `mechanism "buffers" named twice`,
+		"mptcp+lowat+nolowat":           `mechanism "lowat" named twice`,
 		"tcp-path1+buffers":             "not after \"tcp-path1\"",
 		"mptcp-1sf+buffers":             "not after \"mptcp-1sf\"",
 		"converted+buffers":             "not after \"converted\"",

@@ -34,7 +34,8 @@ import (
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
-//     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB),
+//     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB,
+//     nolowat = subflow_lowat 0, the same as the agent's default, off),
 //     so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
@@ -90,7 +91,8 @@ type Mechanism struct {
 const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255), " +
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
-	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536)"
+	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536), " +
+	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
@@ -120,6 +122,11 @@ func parseMechanism(f, m string) (Mechanism, error) {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want starveN with N 1-99 (guard.starve N/100) or starveoff (guard.starve: 1)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
+	case m == "nolowat":
+		// subflow_lowat: 0 written out: the same as the agent's
+		// default (off); kept for the runs that measured it while the
+		// limit was on by default.
+		return Mechanism{Name: m, Config: "subflow_lowat: 0\n"}, nil
 	case m == "lowat":
 		// 128 KiB: what the bench sets on its own socket
 		// (TCP_NOTSENT_LOWAT) and what OpenMPTCProuter uses.
@@ -138,8 +145,10 @@ func parseMechanism(f, m string) (Mechanism, error) {
 	return Mechanism{}, fmt.Errorf("procedure %q: unknown mechanism %q (valid mechanisms: %s)", f, m, MechanismNames)
 }
 
-// DefaultLowat is the subflow_lowat of mechanism lowat (bytes).
-const DefaultLowat = 128 << 10
+// DefaultLowat is the subflow_lowat of mechanism lowat (bytes), the
+// value the docs suggest (agentd.SuggestedSubflowLowat); the agent's
+// default is off.
+const DefaultLowat = agentd.SuggestedSubflowLowat
 
 // numbered reads the N of a mechanism named prefix+N, N in lo..hi and
 // written without leading zeros.
@@ -246,8 +255,11 @@ func parseProc(f string, paths int) (Proc, error) {
 			case strings.HasPrefix(mech.Config, "subflow_congestion:"):
 				key = "congestion control"
 			}
-			if key == "nobuffers" {
+			switch key {
+			case "nobuffers":
 				key = "buffers" // one buffer_sizing line
+			case "nolowat":
+				key = "lowat" // one subflow_lowat line
 			}
 			if seen[key] {
 				return Proc{}, fmt.Errorf("procedure %q: mechanism %q named twice", f, key)

@@ -133,7 +133,11 @@ func churnCase(ctx context.Context, o Options, mixed bool) Result {
 	for i, p := range ports {
 		quoted[i] = strconv.Quote(strconv.Itoa(int(p)))
 	}
-	if err := os.WriteFile(agentCfg, []byte(fmt.Sprintf("socket: %s\nsubflows: %d\nlog_level: debug\nselectors:\n  - {prefixes: [%s/32], ports: [%s]}\nmetrics: {listen: %s}\nrelays:\n  key: %s\n  servers:\n%s",
+	// subflow_lowat: 0: this case is not about the limit, and its BPF
+	// program would attach to the cgroup v2 root (other labs' sockets);
+	// the bench's per-runner cgroup (bench.withLabCgroup) is not
+	// reachable from here (bench imports this package).
+	if err := os.WriteFile(agentCfg, []byte(fmt.Sprintf("socket: %s\nsubflows: %d\nlog_level: debug\nsubflow_lowat: 0\nselectors:\n  - {prefixes: [%s/32], ports: [%s]}\nmetrics: {listen: %s}\nrelays:\n  key: %s\n  servers:\n%s",
 		sock, churnDetours, server.Addr(), strings.Join(quoted, ", "), churnMetrics, member, relays.String())), 0o600); err != nil {
 		return r.failed(err)
 	}

@@ -49,7 +49,11 @@ func convertSocket(ctx context.Context, o Options) Result {
 	}
 	sock := filepath.Join(o.Dir, "convert.sock")
 	agentCfg := filepath.Join(o.Dir, "agent.yaml")
-	if err := os.WriteFile(agentCfg, []byte(fmt.Sprintf("socket: %s\nrelays:\n  key: %s\n  servers:\n    - {name: detour1, address: %s, public_key: %s}\nconvert:\n  enabled: true\n  socket: %s\n",
+	// subflow_lowat: 0: this case is not about the limit, and its BPF
+	// program would attach to the cgroup v2 root (other labs' sockets);
+	// the bench's per-runner cgroup (bench.withLabCgroup) is not
+	// reachable from here (bench imports this package).
+	if err := os.WriteFile(agentCfg, []byte(fmt.Sprintf("socket: %s\nsubflow_lowat: 0\nrelays:\n  key: %s\n  servers:\n    - {name: detour1, address: %s, public_key: %s}\nconvert:\n  enabled: true\n  socket: %s\n",
 		filepath.Join(o.Dir, "agent.sock"), memberKey, relayAddr, relayKey.Public(), sock)), 0o600); err != nil {
 		return r.failed(err)
 	}

@@ -111,14 +111,20 @@ const (
 	Collective = "collective"
 )
 
-// The static policy with the agent's per-subflow unsent limit
-// (subflow_lowat: SubflowLowatBytes, docs/agent.md) over NAT and tunnel
-// detours, beside mptcp-nat-static and mptcp-tunnel-static; and with the
-// NAT detours as backups, beside mptcp-nat-backup-static.
+// The static policy with the agent's per-subflow unsent limit written
+// out (subflow_lowat: SubflowLowatBytes, agentd.SuggestedSubflowLowat,
+// docs/agent.md) over NAT and tunnel detours, beside mptcp-nat-static and
+// mptcp-tunnel-static; and with the NAT detours as backups, beside
+// mptcp-nat-backup-static. The plain names run the agent's defaults,
+// without the limit (it is off by default). The -nolowat procedures
+// write subflow_lowat: 0, the same as the default now: they stay for the
+// reports that measured them while the limit was on by default.
 const (
 	MPTCPNATStaticLowat       = "mptcp-nat-static-lowat"
 	MPTCPTunnelStaticLowat    = "mptcp-tunnel-static-lowat"
 	MPTCPNATBackupStaticLowat = "mptcp-nat-backup-static-lowat"
+	MPTCPNATStaticNoLowat     = "mptcp-nat-static-nolowat"
+	MPTCPTunnelStaticNoLowat  = "mptcp-tunnel-static-nolowat"
 	// SubflowLowatBytes is the limit these procedures set: the value the
 	// design runs use (docs/results/design/lowat), not tuned per scenario.
 	SubflowLowatBytes = 131072
@@ -186,6 +192,9 @@ var procs = map[string]procInfo{
 	MPTCPTunnelStaticLowat: {"MPTCP + tunnel detour, static policy, subflow unsent limit", -1, TCPTunnel},
 
 	MPTCPNATBackupStaticLowat: {"MPTCP + backup NAT detour, static policy, subflow unsent limit", -1, TCPNAT},
+
+	MPTCPNATStaticNoLowat:    {"MPTCP + NAT detour, static policy, no subflow unsent limit", -1, TCPNAT},
+	MPTCPTunnelStaticNoLowat: {"MPTCP + tunnel detour, static policy, no subflow unsent limit", -1, TCPTunnel},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -199,14 +208,15 @@ func Policy(procedure string) string {
 		return "backup-first"
 	case MPTCPNATGuard, MPTCPNATGuardStarveOff:
 		return "guard"
-	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat:
 		return "static"
 	}
 	return ""
 }
 
-// SubflowLowat is the agent's subflow_lowat (bytes) a procedure sets, 0 for
-// none.
+// SubflowLowat is the agent's subflow_lowat (bytes) a -lowat procedure
+// writes out, 0 for the others (the agent's default then applies: off;
+// the -nolowat procedures write subflow_lowat: 0, AgentExtra).
 func SubflowLowat(procedure string) int {
 	switch procedure {
 	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
@@ -245,14 +255,38 @@ func AgentExtra(procedure string) string {
 		// The agent's BPF program writes the limit; the runner gives it
 		// a cgroup of its own (bench.withLabCgroup).
 		return fmt.Sprintf("subflow_lowat: %d\n", SubflowLowat(procedure))
+	case MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat:
+		return "subflow_lowat: 0\n"
 	}
 	return ""
+}
+
+// EqualArms lists the pairs among names that run the same agent
+// configuration since the limit is off by default again: a plain static
+// procedure and its -nolowat one (subflow_lowat: 0 written out). A run of
+// both compares two equal arms (paired ratios near 1); the arm with the
+// limit is -lowat.
+func EqualArms(names []string) []string {
+	has := map[string]bool{}
+	for _, n := range names {
+		has[n] = true
+	}
+	var out []string
+	for _, p := range [][3]string{
+		{MPTCPNATStatic, MPTCPNATStaticNoLowat, MPTCPNATStaticLowat},
+		{MPTCPTunnelStatic, MPTCPTunnelStaticNoLowat, MPTCPTunnelStaticLowat},
+	} {
+		if has[p[0]] && has[p[1]] {
+			out = append(out, fmt.Sprintf("%s and %s run the same agent configuration (subflow_lowat is off by default); the arm with the limit is %s", p[0], p[1], p[2]))
+		}
+	}
+	return out
 }
 
 // ProcedureNames lists every known procedure in report order.
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
-		MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat,
+		MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 
