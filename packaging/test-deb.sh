@@ -24,9 +24,16 @@ t0=$(date +%s)
 # --variant=apt: the Essential packages and apt, plus what the packages
 # depend on (the checks run without network, so apt cannot fetch it); no
 # mirror argument, so the host's apt sources are used.
-if ! mmdebstrap --mode=root --variant=apt --include=procps --quiet "$suite" "$root" >"$root.log" 2>&1; then
-  cat "$root.log" >&2; rm -f "$root.log"
-  echo "test-deb: mmdebstrap $suite failed" >&2; exit 1
+# One retry: a mirror that drops a download ("E: apt download failed") fails
+# the first try now and then (seen in CI on 2026-11-27; the retry passed).
+debroot() { mmdebstrap --mode=root --variant=apt --include=procps --quiet "$suite" "$root" >"$root.log" 2>&1; }
+if ! debroot; then
+  echo "test-deb: mmdebstrap $suite failed once, retrying in 5 s: $(grep -m1 '^E:' "$root.log")" >&2
+  rm -rf --one-file-system "$root"; mkdir -p "$root"; sleep 5
+  if ! debroot; then
+    cat "$root.log" >&2; rm -f "$root.log"
+    echo "test-deb: mmdebstrap $suite failed twice" >&2; exit 1
+  fi
 fi
 rm -f "$root.log"
 t1=$(date +%s)
