@@ -92,8 +92,8 @@ func startServerAgent(ctx context.Context, env *Env, node, name string, ann []an
 		}
 		b.WriteString("}\n")
 	}
-	// The agent's BPF program (subflow_lowat, on by default) attaches to
-	// this runner's cgroup, never the cgroup v2 root.
+	// An agent BPF program (subflow_lowat or cwnd_clamp when set) attaches
+	// to this runner's cgroup, never the cgroup v2 root.
 	cfg, leave, err := withLabCgroup(b.String())
 	if err != nil {
 		return nil, err

@@ -124,8 +124,8 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
 	case m == "nolowat":
 		// subflow_lowat: 0 written out: the same as the agent's
-		// default (off); kept for the runs that measured it while the
-		// limit was on by default.
+		// default (off), so that a run names its off arm whatever the
+		// default.
 		return Mechanism{Name: m, Config: "subflow_lowat: 0\n"}, nil
 	case m == "lowat":
 		// 128 KiB: what the bench sets on its own socket

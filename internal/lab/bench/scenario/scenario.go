@@ -117,8 +117,8 @@ const (
 // mptcp-tunnel-static; and with the NAT detours as backups, beside
 // mptcp-nat-backup-static. The plain names run the agent's defaults,
 // without the limit (it is off by default). The -nolowat procedures
-// write subflow_lowat: 0, the same as the default now: they stay for the
-// reports that measured them while the limit was on by default.
+// write subflow_lowat: 0, the same as the default: a scenario that names
+// them says what its off arm is whatever the default.
 const (
 	MPTCPNATStaticLowat       = "mptcp-nat-static-lowat"
 	MPTCPTunnelStaticLowat    = "mptcp-tunnel-static-lowat"
