@@ -12,11 +12,12 @@ candidates-oracle and candidates-policies gave it) and, over rounds, the
 geometric mean of the paired per-round ratios arm_r / oracle_r with a 95 %
 Student t interval (on the logs). Then static + limit / static, paired per
 round, the same way, and the per-path byte shares."""
+import sys
 import glob, json, math, os, re, statistics as st
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-here = os.path.dirname(os.path.abspath(__file__))
+here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))  # a run's directory (run3/)
 rows = [json.loads(l) for l in open(os.path.join(here, "trials.jsonl"))]
 ok = [r for r in rows if r.get("status") == "ok"]
 by = defaultdict(dict)  # cell -> round -> record
