@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -86,32 +84,7 @@ func runAgentStatusWhile(t *testing.T, cfg string, while func()) (agent.Status, 
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "agent", "--config", path)
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-	})
-	var st agent.Status
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		out, err := exec.Command(bin, "status", "--json", "--socket", sock).Output()
-		if err == nil {
-			if err := json.Unmarshal(out, &st); err != nil {
-				t.Fatalf("status --json: %v: %s", err, out)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent status never answered: %v; agent log: %s", err, logs.String())
-		}
-	}
+	st, logs, exited := startAgentStatus(t, bin, cmd, sock)
 	text, err := exec.Command(bin, "status", "--socket", sock).CombinedOutput()
 	if err != nil {
 		t.Fatalf("status: %v: %s", err, text)

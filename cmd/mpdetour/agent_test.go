@@ -69,34 +69,7 @@ func TestAgentProcess(t *testing.T) {
 	const cg = "subflow_lowat: 0\n"
 	os.WriteFile(cfg, []byte("socket: "+sock+"\n"+cg+"detours:\n  - {kind: nat, relay: r1, address: 10.1.1.2:4000, server: 10.0.3.2:5201}\n"), 0o644)
 	cmd := exec.Command("ip", "netns", "exec", ns.Name, bin, "agent", "--config", cfg)
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-	})
-	var st agent.Status
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, err := exec.Command(bin, "status", "--json", "--socket", sock).Output()
-		if err == nil {
-			if err := json.Unmarshal(out, &st); err != nil {
-				t.Fatalf("status --json: %v: %s", err, out)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent status never answered: %v; agent log: %s", err, logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	st, logs, exited := startAgentStatus(t, bin, cmd, sock)
 	if st.PMTypeSaved != "0" || len(st.Detours) != 1 || st.Detours[0].Relay != "r1" || !st.Detours[0].Healthy {
 		t.Fatalf("status %+v", st)
 	}
@@ -156,5 +129,38 @@ func TestAgentProcess(t *testing.T) {
 	}
 	if v := strings.Join(strings.Fields(ns.Run("sysctl", "-n", "net.ipv4.tcp_rmem")), " "); v != rmem {
 		t.Errorf("tcp_rmem after SIGTERM %q, want %q", v, rmem)
+	}
+}
+
+// startAgentStatus starts the agent command cmd (its stderr collected in
+// logs; killed at cleanup if still running) and waits up to 10 s for its
+// status socket sock to answer `status --json`.
+func startAgentStatus(t *testing.T, bin string, cmd *exec.Cmd, sock string) (agent.Status, *bytes.Buffer, <-chan error) {
+	t.Helper()
+	logs := &bytes.Buffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	var st agent.Status
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		out, err := exec.Command(bin, "status", "--json", "--socket", sock).Output()
+		if err == nil {
+			if err := json.Unmarshal(out, &st); err != nil {
+				t.Fatalf("status --json: %v: %s", err, out)
+			}
+			return st, logs, exited
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent status never answered: %v; agent log: %s", err, logs.String())
+		}
 	}
 }
