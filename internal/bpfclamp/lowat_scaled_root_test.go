@@ -1,0 +1,280 @@
+package bpfclamp
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/mpdetour/mpdetour/internal/testenv"
+	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
+	"golang.org/x/sys/unix"
+)
+
+// rttRecord is what the test's reader program saw at a subflow's last
+// RTT callback, after the product program ran at the same callback:
+// the subflow's TCP_NOTSENT_LOWAT and the fields the formula uses.
+type rttRecord struct {
+	Lowat, Cwnd, SrttUs, Mss uint32
+	// NewSrtt is the callback's args[1]: the srtt (8 x us) the kernel
+	// stores after the callback.
+	NewSrtt uint32
+	_       uint32 // the map value's 24 bytes
+}
+
+// srtt is the smoothed RTT (us) the program uses at the callback.
+func (r rttRecord) srtt() uint32 {
+	if r.NewSrtt != 0 {
+		return r.NewSrtt >> 3
+	}
+	return r.SrttUs >> 3
+}
+
+// rttReader attaches, after the product program, a second sock_ops
+// program to cgroup dir that counts the RTT callbacks (index 0 of the
+// returned map, a u64) and records at each the socket's lowat (read
+// with bpf_getsockopt), snd_cwnd, srtt_us and mss_cache (index 1, an
+// rttRecord). Programs attached to one cgroup run in the order they were
+// attached, so the record holds what the product program left. Only
+// subflows get RTT callbacks here (the product program asks for them,
+// Options{}), and the test's one connection is the cgroup's only one.
+func rttReader(t *testing.T, dir string) *ebpf.Map {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_test_rtt", Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	ins := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R2, asm.R6, offOp, asm.Word),
+		asm.JNE.Imm(asm.R2, opRTT, "out"),
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+	}
+	ins = append(ins, lookup(m, -4)...)
+	ins = append(ins,
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+		asm.StoreImm(asm.RFP, -32, 0, asm.Word),
+		asm.StoreImm(asm.RFP, -12, 0, asm.Word),
+	)
+	ins = append(ins, sockopt(asm.FnGetsockopt, solTCP, tcpNotsentLowat, -32)...)
+	for i, off := range []int16{offSndCwnd, offSrttUs, offMssCache, offArg1} {
+		ins = append(ins, asm.LoadMem(asm.R2, asm.R6, off, asm.Word), asm.StoreMem(asm.RFP, -28+4*int16(i), asm.R2, asm.Word))
+	}
+	ins = append(ins, asm.StoreImm(asm.RFP, -4, 1, asm.Word))
+	ins = append(ins, update(m, -4, -32)...)
+	ins = append(ins, asm.Mov.Imm(asm.R0, 1).WithSymbol("out"), asm.Return())
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "mpd_test_rtt", Type: ebpf.SockOps, License: "GPL", Instructions: ins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: ebpf.AttachCGroupSockOps, Program: prog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return m
+}
+
+// scaledWant is the program's formula from one record.
+func scaledWant(r rttRecord, l Lowat) uint64 {
+	srtt := uint64(r.srtt())
+	T := uint64(l.MaxRTT / time.Microsecond)
+	if l.Ceil == 0 || T == 0 {
+		return uint64(l.Floor)
+	}
+	if srtt == 0 || srtt >= T {
+		return uint64(l.Floor)
+	}
+	w := min(uint64(r.Cwnd)*uint64(r.Mss), 1<<32-1)
+	return min(max(w*(T-srtt)/srtt, uint64(l.Floor)), uint64(l.Ceil))
+}
+
+// shapedConn opens an MPTCP connection from this process (while in
+// cgroup dir) over a veth pair shaped to 20 Mbit/s with a 64 KiB tbf
+// queue (a smoothed RTT of some ms, steadier than loopback's), to a
+// listener that discards; namespaces and sockets go when the test ends.
+func shapedConn(t *testing.T, dir, back string) *net.TCPConn {
+	t.Helper()
+	snd := netnstest.New(t, "mpdlr")
+	rcv := netnstest.New(t, "mpdlr")
+	sIf, _ := netnstest.Link(t, snd, "10.77.10.1/24", rcv, "10.77.10.2/24")
+	snd.Tbf(t, sIf, 20e6, 64<<10)
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(true)
+	ln, err := rcv.Listen(lc, "tcp", "10.77.10.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var got atomic.Int64
+	netnstest.Serve(ln, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			got.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	})
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var d net.Dialer
+	d.SetMultipathTCP(true)
+	c, err := snd.Dial(&d, "tcp", ln.Addr().String())
+	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
+		t.Fatal(err2)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if ok, err := c.(*net.TCPConn).MultipathTCP(); err != nil || !ok {
+		t.Fatalf("the connection fell back to TCP (MPTCP %v, %v)", ok, err)
+	}
+	return c.(*net.TCPConn)
+}
+
+// TestLowatScaledFollowsRTT: on the real kernel, one MPTCP subflow over
+// a shaped veth whose lowat entry is rewritten between bursts of writes, as
+// the agent does at its probe rounds: scaled with a connection RTT (T)
+// far above the subflow's own, its TCP_NOTSENT_LOWAT ends at the
+// ceiling; with T = 0 (no measurement yet) at the floor; with T a few
+// times its own smoothed RTT, within 1/8 of cwnd x mss x (T - srtt) /
+// srtt from the subflow's own fields at its last RTT callback (the
+// hysteresis: a value within 1/8 is kept), whose srtt and MSS are the
+// subflow's (its MSS that of tcp_info). The program sets the lowat far
+// less often than there are RTT callbacks.
+func TestLowatScaledFollowsRTT(t *testing.T) {
+	testenv.MPTCP(t)
+	c, dir, back := attachedCgroup(t, "mpd-bpflowrtt", Options{})
+	rec := rttReader(t, dir)
+	conn := shapedConn(t, dir, back)
+	k := connOf(conn)
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// burst writes for 300 ms, waits until every byte is acknowledged
+	// (no more callbacks then) and returns the last callback's record and
+	// the subflow's tcp_info (an MPTCP socket answers with its first
+	// subflow's).
+	burst := func() (rttRecord, *unix.TCPInfo) {
+		t.Helper()
+		stop := netnstest.KeepWriting(conn)
+		time.Sleep(300 * time.Millisecond)
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		var ti *unix.TCPInfo
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			var gerr error
+			if err := raw.Control(func(fd uintptr) { ti, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || gerr != nil {
+				t.Fatal(err, gerr)
+			}
+			if ti.Unacked == 0 && ti.Notsent_bytes == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the data was not acknowledged within 5 s (unacked %d, notsent %d)", ti.Unacked, ti.Notsent_bytes)
+			}
+		}
+		var r rttRecord
+		if err := rec.Lookup(uint32(1), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r, ti
+	}
+	const floor, ceil = 16 << 10, 4 << 20
+	check := func(name string, l Lowat) rttRecord {
+		t.Helper()
+		if err := c.SetLowatScaled(k, l); err != nil {
+			t.Fatal(err)
+		}
+		r, ti := burst()
+		want := scaledWant(r, l)
+		t.Logf("%s (T %v): lowat %d, formula %d (cwnd %d, mss %d, srtt %d us, %d us before the callback); after the last ACK tcp_info cwnd %d, mss %d, srtt %d us",
+			name, l.MaxRTT, r.Lowat, want, r.Cwnd, r.Mss, r.srtt(), r.SrttUs>>3, ti.Snd_cwnd, ti.Snd_mss, ti.Rtt)
+		// The callback comes once per round trip; the subflow's later
+		// ACKs move its cwnd and srtt on, not its MSS.
+		if r.Mss != ti.Snd_mss || r.Cwnd == 0 || r.srtt() == 0 {
+			t.Errorf("%s: the last callback saw mss %d (tcp_info: %d), cwnd %d, srtt %d us", name, r.Mss, ti.Snd_mss, r.Cwnd, r.srtt())
+		}
+		d := int64(r.Lowat) - int64(want)
+		if d < 0 {
+			d = -d
+		}
+		if d*8 > int64(r.Lowat) {
+			t.Errorf("%s: TCP_NOTSENT_LOWAT %d, want %d within 1/8", name, r.Lowat, want)
+		}
+		return r
+	}
+	if r := check("T far above the subflow's RTT", Lowat{Floor: floor, Ceil: ceil, MaxRTT: 10 * time.Second}); r.Lowat != ceil {
+		t.Errorf("TCP_NOTSENT_LOWAT %d, want the ceiling %d", r.Lowat, ceil)
+	}
+	if r := check("no RTT", Lowat{Floor: floor, Ceil: ceil}); r.Lowat != floor {
+		t.Errorf("TCP_NOTSENT_LOWAT %d, want the floor %d", r.Lowat, floor)
+	}
+	r, _ := burst()
+	T := time.Duration(r.srtt()) * 4 * time.Microsecond
+	between := Lowat{Floor: floor, Ceil: ceil, MaxRTT: T}
+	r = check("T 4 x the subflow's RTT", between)
+	if want := scaledWant(r, between); want <= floor || want >= ceil {
+		t.Errorf("the formula gave %d, not between floor %d and ceiling %d: the case is not tested", want, floor, ceil)
+	}
+	var cb [24]byte
+	if err := rec.Lookup(uint32(0), &cb); err != nil {
+		t.Fatal(err)
+	}
+	callbacks := binary.NativeEndian.Uint64(cb[:8])
+	sets, err := c.LowatSets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("TCP_NOTSENT_LOWAT set %d times in %d RTT callbacks", sets, callbacks)
+	// The kernel's RTT callback comes once per round trip (each moves
+	// cwnd or srtt a little); without the hysteresis nearly each would
+	// set a new value. Observed: 1/8 to 1/13 of them.
+	if sets < 3 || sets*4 > callbacks {
+		t.Errorf("the program set TCP_NOTSENT_LOWAT %d times in %d RTT callbacks: want at least once per entry change and at most 1/4 of the callbacks", sets, callbacks)
+	}
+	if rf, err := c.Refused(); err != nil || rf != (Refusals{}) {
+		t.Errorf("refusals %+v (%v), want none", rf, err)
+	}
+}
+
+// SetLowatScaled refuses what the program cannot use.
+func TestSetLowatScaledRejects(t *testing.T) {
+	c, _, _ := attachedCgroup(t, "mpd-bpflowrej", Options{})
+	k := Conn{Local: netip.MustParseAddrPort("10.0.0.1:1"), Remote: netip.MustParseAddrPort("10.0.0.2:2"), Netns: 1}
+	for _, l := range []Lowat{
+		{},
+		{Floor: 1 << 31},
+		{Floor: 100, Ceil: 99, MaxRTT: time.Second},
+		{Floor: 100, Ceil: 1 << 31, MaxRTT: time.Second},
+		{Floor: 100, Ceil: 200, MaxRTT: -time.Second},
+		{Floor: 100, Ceil: 200, MaxRTT: MaxLowatRTT + time.Microsecond},
+	} {
+		if err := c.SetLowatScaled(k, l); err == nil {
+			t.Errorf("%+v accepted", l)
+		}
+	}
+	if err := c.SetLowatScaled(k, Lowat{Floor: 100, Ceil: 100, MaxRTT: MaxLowatRTT}); err != nil {
+		t.Error(err)
+	}
+}
