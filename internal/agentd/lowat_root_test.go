@@ -51,7 +51,7 @@ func lowatRealProgram(t *testing.T, netns string) {
 	t.Cleanup(func() { os.Remove(dir) })
 	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, netns, bpfclamp.Options{}) })
 	t.Cleanup(func() { prog.close() })
-	l := startLowat(64<<10, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	l := startLowat(64<<10, 0, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	if st := l.status(); st.State != "active" {
 		t.Fatalf("status %+v", st)
 	}
