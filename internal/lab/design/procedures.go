@@ -35,7 +35,9 @@ import (
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
 //     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB,
-//     nolowat = subflow_lowat 0, the same as the agent's default, off),
+//     lowatrtt = subflow_lowat 128 KiB scaled to the subflows' RTTs
+//     (subflow_lowat_scale: rtt), nolowat = subflow_lowat 0, the same as
+//     the agent's default, off),
 //     so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
@@ -92,6 +94,7 @@ const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobu
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
 	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536), " +
+	"lowatrtt (subflow_lowat: 131072 with subflow_lowat_scale: rtt: the limit scaled to the subflows' RTTs, 128 KiB its floor), " +
 	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default)"
 
 // parseMechanism reads one mechanism of a procedure name.
@@ -131,6 +134,10 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		// 128 KiB: what the bench sets on its own socket
 		// (TCP_NOTSENT_LOWAT) and what OpenMPTCProuter uses.
 		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\n", DefaultLowat)}, nil
+	case m == "lowatrtt":
+		// The limit scaled to the subflows' RTTs, 128 KiB its floor
+		// (docs/results/design/lowat-p149, docs/agent.md).
+		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\nsubflow_lowat_scale: rtt\n", DefaultLowat)}, nil
 	case strings.HasPrefix(m, "lowat"):
 		n, ok := numbered(m, "lowat", 16, 65536)
 		if !ok {
