@@ -4,10 +4,6 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,43 +107,7 @@ func shapedConn(t *testing.T, dir, back string) *net.TCPConn {
 	rcv := netnstest.New(t, "mpdlr")
 	sIf, _ := netnstest.Link(t, snd, "10.77.10.1/24", rcv, "10.77.10.2/24")
 	snd.Tbf(t, sIf, 20e6, 64<<10)
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(true)
-	ln, err := rcv.Listen(lc, "tcp", "10.77.10.2:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	var got atomic.Int64
-	netnstest.Serve(ln, func(c net.Conn) {
-		defer c.Close()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			got.Add(int64(n))
-			if err != nil {
-				return
-			}
-		}
-	})
-	pid := []byte(strconv.Itoa(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var d net.Dialer
-	d.SetMultipathTCP(true)
-	c, err := snd.Dial(&d, "tcp", ln.Addr().String())
-	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
-		t.Fatal(err2)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	if ok, err := c.(*net.TCPConn).MultipathTCP(); err != nil || !ok {
-		t.Fatalf("the connection fell back to TCP (MPTCP %v, %v)", ok, err)
-	}
-	return c.(*net.TCPConn)
+	return nsMPTCPConn(t, snd, rcv, dir, back, nil, "10.77.10.2:0")
 }
 
 // TestLowatScaledFollowsRTT: on the real kernel, one MPTCP subflow over
