@@ -44,13 +44,15 @@ import (
 // ceiling of a limit the program computes per subflow at each RTT
 // callback: cwnd x mss x (T - srtt) / srtt, the bytes the subflow sends
 // while the connection's slowest subflow (smoothed RTT T) makes one round
-// trip (bpfclamp.Clamper.SetLowatScaled). Why: the MPTCP scheduler sends
-// each chunk on the subflow with the lowest linger time (its queue over
-// its rate, plus its RTT) among those with room under their lowat; a
-// fixed cap on a short subflow makes it "full" long before waiting for it
-// would cost more than the long subflow's round trip, and the long,
-// lossy subflow then gets data it delivers late (p149 in
-// docs/results/design/lowat-p149). No subflow's callback sees T, so the
+// trip (bpfclamp.Clamper.SetLowatScaled). Why: the MPTCP scheduler
+// (mptcp_subflow_get_send) picks the subflow with the lowest linger time
+// (its queued bytes over its pacing rate) and sends nothing when that one
+// has no room under its lowat; a fixed cap on a short subflow caps its
+// linger time, and a long subflow gets data only while its own is below
+// that cap: at p149 the 365 ms detour had window but no data for 6-7 % of
+// its busy time with 128 KiB (docs/results/design/lowat-p149; the short
+// subflow F keeps the long one L fed with a lowat of at least
+// cwnd_F x mss x (srtt_L / srtt_F - 1)). No subflow's callback sees T, so the
 // agent writes it into each entry of the connection from the probe
 // rounds' RTTs (measured): a new subflow's entry is the floor (T = 0) until
 // it has a measurement, so SUBFLOW_CREATE costs the one map write it
