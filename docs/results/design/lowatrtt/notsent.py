@@ -5,7 +5,9 @@ notsent bytes, cwnd (packets), unacked (packets). A trial's samples are those of
 (runs/paired.shardK/trials.jsonl: local and remote address:port; shard K ran in namespace
 rttdK-client) taken from its start to its start + window_s + 2 s (so a reused port of another
 trial is not joined). "Idle with window": a sample in the writing (start + 1 s to start + 10 s)
-whose subflow had nothing unsent and fewer packets in flight than its cwnd.
+whose subflow had nothing unsent and fewer packets in flight than its cwnd (one sample a second:
+a coarse look, not a measure of the time). A trial "above 0.2 MB": one of its subflows was seen
+with more unsent than the 128 KiB floor allows (the fixed limit's samples stay at or below 0.16 MB).
 Usage: notsent.py [DIR]"""
 import collections, datetime, glob, json, os, re, statistics, sys
 
@@ -63,16 +65,17 @@ for tf in sorted(glob.glob(os.path.join(d, "runs", "paired.shard*", "trials.json
 
 MB = 1e6
 print("| procedure | ok trials | trials sampled | subflow samples | per-trial max unsent, MB: median (max) "
-      "| per-trial median unsent, MB: median | samples above 256 KiB | in the writing: samples, idle with window "
+      "| per-trial median unsent, MB: median | samples above 256 KiB | trials with a sample above 0.2 MB | in the writing: samples, idle with window "
       "| window to the last byte, s: median (max) |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for proc in sorted(per):
     st = per[proc]
     w = "%.1f (%.1f)" % (statistics.median(st["window"]), max(st["window"])) if st["window"] else "-"
     if st["sampled"]:
-        print("| %s | %d | %d | %d | %.2f (%.2f) | %.2f | %d (%.0f %%) | %d, %d (%.0f %%) | %s |" % (
+        big = sum(m > 0.2 * MB for m in st["max"])
+        print("| %s | %d | %d | %d | %.2f (%.2f) | %.2f | %d (%.0f %%) | %d | %d, %d (%.0f %%) | %s |" % (
             proc, st["trials"], st["sampled"], st["n"], statistics.median(st["max"]) / MB, max(st["max"]) / MB,
-            statistics.median(st["med"]) / MB, st["over"], 100 * st["over"] / st["n"], st["writing"], st["idle"],
+            statistics.median(st["med"]) / MB, st["over"], 100 * st["over"] / st["n"], big, st["writing"], st["idle"],
             100 * st["idle"] / max(st["writing"], 1), w))
     else:
-        print("| %s | %d | %d | 0 | - | - | - | - | %s |" % (proc, st["trials"], st["sampled"], w))
+        print("| %s | %d | %d | 0 | - | - | - | - | - | %s |" % (proc, st["trials"], st["sampled"], w))
