@@ -227,8 +227,12 @@ func main() {
 			if len(v) == 0 {
 				continue
 			}
+			hl := strings.Join(harmed, ", ")
+			if hl == "" {
+				hl = "none"
+			}
 			fmt.Printf("| %s | %d | %d (%.0f %%: %s) | %d (%.0f %%) | %s | %s | %s (%d) | %s (%d) |\n", m, len(v),
-				len(harmed), 100*float64(len(harmed))/float64(len(v)), strings.Join(harmed, ", "),
+				len(harmed), 100*float64(len(harmed))/float64(len(v)), hl,
 				near, 100*float64(near)/float64(len(v)), geo(v), med(ben), med(low), len(low), med(high), len(high))
 		}
 		fmt.Println()
