@@ -440,7 +440,7 @@ func FuzzParseProcedures(f *testing.F) {
 // error naming the valid mechanisms (or, for the cwnd clamp, why it does
 // not apply to a design's NAT detours).
 func TestParseProcedureMechanisms(t *testing.T) {
-	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat", 2)
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat,mptcp-static+pace", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,6 +455,7 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		{"mptcp-static+lowat", "static", "policy: static\nsubflow_lowat: 131072\n"},
 		{"mptcp+lowat64+buffers", "", "subflow_lowat: 65536\nbuffer_sizing: true\n"},
 		{"mptcp-static+nolowat", "static", "policy: static\nsubflow_lowat: 0\n"},
+		{"mptcp-static+pace", "static", "policy: static\nsubflow_pacing: true\n"},
 	}
 	for i, w := range want {
 		p := ps[i]

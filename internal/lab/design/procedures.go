@@ -35,7 +35,8 @@ import (
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
 //     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB,
-//     nolowat = subflow_lowat 0, the same as the agent's default, off),
+//     nolowat = subflow_lowat 0, the same as the agent's default, off;
+//     pace = subflow_pacing: true, TCP's own pacing of every subflow),
 //     so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
@@ -92,7 +93,8 @@ const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobu
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
 	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536), " +
-	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default)"
+	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default), " +
+	"pace (subflow_pacing: true: every subflow paces itself at TCP's own rate)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
@@ -137,6 +139,10 @@ func parseMechanism(f, m string) (Mechanism, error) {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want lowat (128 KiB) or lowatN with N 16-65536 KiB (subflow_lowat)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\n", n<<10)}, nil
+	case m == "pace":
+		// TCP's internal pacing on every subflow of the managed
+		// connections, at its own rate (docs/agent.md, "Subflow pacing").
+		return Mechanism{Name: m, Config: "subflow_pacing: true\n"}, nil
 	case m == "clamp" || m == "cwnd-clamp" || m == "cwnd_clamp":
 		// policy.Clamps clamps tunnel detour subflows only; a design's
 		// detours are NAT detours, where the clamp would be a no-op.
