@@ -68,7 +68,7 @@ func Summary(w io.Writer, path string, cfg Config) {
 		lowat += " (default)"
 	}
 	if cfg.SubflowLowatScale == LowatScaleRTT {
-		lowat += ", scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the host's tcp_wmem maximum)"
+		lowat += ", scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the namespace's tcp_wmem maximum)"
 	}
 	fmt.Fprintf(w, "  subflow lowat %s\n", lowat)
 }

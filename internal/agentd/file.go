@@ -794,7 +794,7 @@ const (
 	LowatScaleNone = "none"
 	// LowatScaleRTT: each subflow's limit is the bytes it sends while the
 	// connection's slowest subflow makes one round trip, between
-	// subflow_lowat and the host's tcp_wmem maximum (lowat.go).
+	// subflow_lowat and the agent's namespace's tcp_wmem maximum (lowat.go).
 	LowatScaleRTT = "rtt"
 )
 
