@@ -37,7 +37,8 @@ import (
 //     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB,
 //     lowatrtt = subflow_lowat 128 KiB scaled to the subflows' RTTs
 //     (subflow_lowat_scale: rtt), nolowat = subflow_lowat 0, the same as
-//     the agent's default, off),
+//     the agent's default, off; pace = subflow_pacing: true, TCP's own
+//     pacing of every subflow),
 //     so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
@@ -95,7 +96,8 @@ const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobu
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
 	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536), " +
 	"lowatrtt (subflow_lowat: 131072 with subflow_lowat_scale: rtt: the limit scaled to the subflows' RTTs, 128 KiB its floor; it also sets probe_interval 100ms where static's default is 1s), " +
-	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default)"
+	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default), " +
+	"pace (subflow_pacing: true: every subflow paces itself at TCP's own rate)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
@@ -144,6 +146,10 @@ func parseMechanism(f, m string) (Mechanism, error) {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want lowat (128 KiB) or lowatN with N 16-65536 KiB (subflow_lowat)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\n", n<<10)}, nil
+	case m == "pace":
+		// TCP's internal pacing on every subflow of the managed
+		// connections, at its own rate (docs/agent.md, "Subflow pacing").
+		return Mechanism{Name: m, Config: "subflow_pacing: true\n"}, nil
 	case m == "clamp" || m == "cwnd-clamp" || m == "cwnd_clamp":
 		// policy.Clamps clamps tunnel detour subflows only; a design's
 		// detours are NAT detours, where the clamp would be a no-op.
