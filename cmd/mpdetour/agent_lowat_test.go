@@ -129,6 +129,37 @@ func TestAgentLowatSet(t *testing.T) {
 	}
 }
 
+// subflow_lowat_scale: rtt: the same program, status says the limit is
+// scaled, with subflow_lowat its floor and the namespace's tcp_wmem
+// maximum its ceiling (a new namespace starts with the host's).
+func TestAgentLowatScaled(t *testing.T) {
+	cg := testCgroup(t, "mpd-agent-lowatrtt")
+	wmem, err := os.ReadFile("/proc/sys/net/ipv4/tcp_wmem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(wmem))
+	st, text, logs := runAgentStatus(t, "subflow_lowat: 131072\nsubflow_lowat_scale: rtt\nbpf_cgroup: "+cg+"\n")
+	l := st.SubflowLowat
+	t.Logf("status: %s", text)
+	if l == nil || l.State != "active" || l.Bytes != 131072 || l.Scale != "rtt" || l.Ceil != max(atoiOr(f[2]), 131072) {
+		t.Fatalf("status subflow_lowat %+v, want active, scale rtt, 131072 up to tcp_wmem's maximum %s; log: %s", l, f[2], logs)
+	}
+	if !strings.Contains(text, "subflow lowat: active, unsent limit scaled to the subflows' RTTs (scale rtt), 131072-") {
+		t.Errorf("status text:\n%s", text)
+	}
+	if strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "scaled to the subflows' RTTs") {
+		t.Errorf("log: %s", logs)
+	}
+}
+
+// atoiOr is s as a uint32 (0 if it is not one).
+func atoiOr(s string) uint32 {
+	var n uint32
+	fmt.Sscan(s, &n)
+	return n
+}
+
 // A config that does not set subflow_lowat, and one with subflow_lowat:
 // 0, run without the limit (off by default): no program, no status line,
 // no warning.

@@ -309,10 +309,27 @@ func printSubflowLowat(l *agent.LowatStatus) {
 		fmt.Printf("subflow lowat: refused: %s (running without it)\n", l.Refused)
 	case l.Error != "":
 		// The count could not be read: no "set 0 times".
-		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d subflows, settings unknown: %s\n", l.Bytes, l.Pairs, l.Error)
+		fmt.Printf("subflow lowat: active, %s, %d subflows, settings unknown: %s\n", lowatLimit(l), l.Pairs, l.Error)
 	default:
-		fmt.Printf("subflow lowat: active, %d bytes unsent at most per subflow, %d subflows, set %d times\n", l.Bytes, l.Pairs, l.Sets)
+		fmt.Printf("subflow lowat: active, %s, %d subflows, set %d times%s\n", lowatLimit(l), l.Pairs, l.Sets, lowatRewrites(l))
 	}
+}
+
+// lowatLimit says what bounds each subflow's unsent bytes: one size, or
+// (subflow_lowat_scale: rtt) the size scaled to the subflows' RTTs.
+func lowatLimit(l *agent.LowatStatus) string {
+	if l.Scale == "rtt" {
+		return fmt.Sprintf("unsent limit scaled to the subflows' RTTs (scale rtt), %d-%d bytes per subflow", l.Bytes, l.Ceil)
+	}
+	return fmt.Sprintf("%d bytes unsent at most per subflow", l.Bytes)
+}
+
+// lowatRewrites is how often the scaled limit's RTT was rewritten.
+func lowatRewrites(l *agent.LowatStatus) string {
+	if l.Scale != "rtt" {
+		return ""
+	}
+	return fmt.Sprintf(", connection RTT rewritten %d times", l.Rewrites)
 }
 
 // printSubflowPacing shows subflow pacing when configured: failed or

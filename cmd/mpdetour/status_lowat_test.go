@@ -24,6 +24,8 @@ func TestPrintSubflowLowat(t *testing.T) {
 			"subflow lowat: refused: the kernel refused TCP_NOTSENT_LOWAT from BPF (protocol not available) (running without it)", ""},
 		{&agent.LowatStatus{State: "failed", Error: "bpfclamp: load sock_ops program: operation not permitted"},
 			"subflow lowat: failed: bpfclamp: load sock_ops program: operation not permitted (running without it)", ""},
+		{&agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Sets: 5, Scale: "rtt", Ceil: 4194304, Rewrites: 4},
+			"subflow lowat: active, unsent limit scaled to the subflows' RTTs (scale rtt), 131072-4194304 bytes per subflow, 2 subflows, set 5 times, connection RTT rewritten 4 times", ""},
 		{nil, "", "subflow lowat"},
 	} {
 		out := captureStdout(t, func() { printSubflowLowat(tc.st) })

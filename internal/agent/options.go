@@ -151,6 +151,13 @@ type LowatStatus struct {
 	Refused string `json:"refused,omitempty"`
 	Pairs   int    `json:"pairs"`
 	Sets    uint64 `json:"sets"`
+	// Scale is "rtt" when the limit is scaled to the subflows' RTTs
+	// (subflow_lowat_scale): Bytes is then its floor, Ceil its ceiling,
+	// Rewrites how often the agent wrote a connection's new largest RTT
+	// into a subflow's entry.
+	Scale    string `json:"scale,omitempty"`
+	Ceil     uint32 `json:"ceil,omitempty"`
+	Rewrites uint64 `json:"rewrites,omitempty"`
 }
 
 // PacingStatus is subflow pacing (subflow_pacing) in the status: active

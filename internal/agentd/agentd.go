@@ -67,6 +67,9 @@ func Summary(w io.Writer, path string, cfg Config) {
 	if cfg.SubflowLowatDefault {
 		lowat += " (default)"
 	}
+	if cfg.SubflowLowatScale == LowatScaleRTT {
+		lowat += ", scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the namespace's tcp_wmem maximum)"
+	}
 	fmt.Fprintf(w, "  subflow lowat %s\n", lowat)
 	if cfg.SubflowPacing {
 		fmt.Fprintf(w, "  subflow pacing on (TCP's own rate)\n")
@@ -195,7 +198,11 @@ func Run(ctx context.Context, path string, cfg Config) error {
 			opts.OnMeasured, opts.CwndClamp = cl.measured, cl.status
 		}
 		if cfg.SubflowLowat > 0 {
-			lw := startLowat(cfg.SubflowLowat, prog, log)
+			var ceil uint32
+			if cfg.SubflowLowatScale == LowatScaleRTT {
+				ceil = lowatCeil(opts.NetNS, cfg.SubflowLowat, readWmem, log)
+			}
+			lw := startLowat(cfg.SubflowLowat, ceil, prog, log)
 			opts.OnSubflows, opts.SubflowLowat = lw.subflows, lw.status
 			// Every probe round also looks for the kernel's refusal.
 			if clamps := opts.OnMeasured; clamps != nil {

@@ -19,7 +19,8 @@ import (
 type clampMap interface {
 	Set(k bpfclamp.Key, l bpfclamp.Limits) error
 	Delete(k bpfclamp.Key) error
-	SetLowat(k bpfclamp.Conn, bytes uint32) error
+	// SetLowatScaled writes a subflow's lowat (fixed: Ceil or MaxRTT 0).
+	SetLowatScaled(k bpfclamp.Conn, l bpfclamp.Lowat) error
 	DeleteLowat(k bpfclamp.Conn) error
 	// Refused reports what the kernel refused the program.
 	Refused() (bpfclamp.Refusals, error)
@@ -85,15 +86,16 @@ func (b *bpfProgram) change(k bpfclamp.Key, fn func(*bpfclamp.Limits)) error {
 	return nil
 }
 
-// lowat writes a subflow's notsent lowat (bytes > 0) or deletes it (0).
-func (b *bpfProgram) lowat(k bpfclamp.Conn, bytes uint32) error {
+// lowat writes a subflow's notsent lowat (l.Floor > 0) or deletes it
+// (the zero Lowat).
+func (b *bpfProgram) lowat(k bpfclamp.Conn, l bpfclamp.Lowat) error {
 	if b.m == nil {
 		return errors.New(b.err)
 	}
-	if bytes == 0 {
+	if l.Floor == 0 {
 		return b.m.DeleteLowat(k)
 	}
-	return b.m.SetLowat(k, bytes)
+	return b.m.SetLowatScaled(k, l)
 }
 
 // close detaches the program (the kernel also does when the agent dies:
@@ -137,9 +139,9 @@ type nsClamper struct {
 	netns uint64
 }
 
-func (c nsClamper) SetLowat(k bpfclamp.Conn, bytes uint32) error {
+func (c nsClamper) SetLowatScaled(k bpfclamp.Conn, l bpfclamp.Lowat) error {
 	k.Netns = c.netns
-	return c.Clamper.SetLowat(k, bytes)
+	return c.Clamper.SetLowatScaled(k, l)
 }
 
 func (c nsClamper) DeleteLowat(k bpfclamp.Conn) error {

@@ -20,8 +20,11 @@ import (
 // and refuses pacing rates when refusePacing is set, as a kernel without
 // SO_MAX_PACING_RATE from BPF would at the next callback.
 type fakeClampMap struct {
-	set          map[bpfclamp.Key]bpfclamp.Limits
-	lowats       map[bpfclamp.Conn]uint32
+	set    map[bpfclamp.Key]bpfclamp.Limits
+	lowats map[bpfclamp.Conn]uint32 // each entry's floor
+	// scaled: each entry as written; lowatWrites counts the writes.
+	scaled       map[bpfclamp.Conn]bpfclamp.Lowat
+	lowatWrites  int
 	refusePacing bool
 	refused      bpfclamp.Refusals
 	refusedErr   error
@@ -49,15 +52,16 @@ func (f *fakeClampMap) Set(k bpfclamp.Key, l bpfclamp.Limits) error {
 	}
 	return nil
 }
-func (f *fakeClampMap) SetLowat(k bpfclamp.Conn, bytes uint32) error {
+func (f *fakeClampMap) SetLowatScaled(k bpfclamp.Conn, l bpfclamp.Lowat) error {
 	if f.failSets > 0 {
 		f.failSets--
 		return errors.New("bpfclamp: set the lowat: argument list too long")
 	}
 	if f.lowats == nil {
-		f.lowats = map[bpfclamp.Conn]uint32{}
+		f.lowats, f.scaled = map[bpfclamp.Conn]uint32{}, map[bpfclamp.Conn]bpfclamp.Lowat{}
 	}
-	f.lowats[k] = bytes
+	f.lowats[k], f.scaled[k] = l.Floor, l
+	f.lowatWrites++
 	return nil
 }
 func (f *fakeClampMap) DeleteLowat(k bpfclamp.Conn) error {
@@ -65,6 +69,7 @@ func (f *fakeClampMap) DeleteLowat(k bpfclamp.Conn) error {
 		f.deletedAbsent++
 	}
 	delete(f.lowats, k)
+	delete(f.scaled, k)
 	return nil
 }
 func (f *fakeClampMap) Delete(k bpfclamp.Key) error {

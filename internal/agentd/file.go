@@ -70,6 +70,10 @@ type Config struct {
 	// SubflowLowatDefault: the file does not set subflow_lowat
 	// (SubflowLowat is 0, the default; `agent --check` says so).
 	SubflowLowatDefault bool
+	// SubflowLowatScale is LowatScaleNone (the default: every subflow
+	// gets SubflowLowat) or LowatScaleRTT (SubflowLowat is the floor of a
+	// limit scaled to the subflows' RTTs; lowat.go, docs/agent.md).
+	SubflowLowatScale string
 	// SubflowPacing: the subflows of managed connections pace
 	// themselves at TCP's own rate (subflow_pacing: SO_MAX_PACING_RATE
 	// through the BPF program; pacing.go, docs/agent.md). Off unless set.
@@ -137,8 +141,9 @@ type File struct {
 	CwndClamp *fileClamp `yaml:"cwnd_clamp"`
 	// SubflowLowat and BPFCgroup are documented in docs/agent.md
 	// ("Per-subflow unsent limit").
-	SubflowLowat *int64 `yaml:"subflow_lowat"`
-	BPFCgroup    string `yaml:"bpf_cgroup"`
+	SubflowLowat      *int64  `yaml:"subflow_lowat"`
+	SubflowLowatScale *string `yaml:"subflow_lowat_scale"`
+	BPFCgroup         string  `yaml:"bpf_cgroup"`
 	// SubflowPacing is documented in docs/agent.md ("Subflow pacing").
 	SubflowPacing *bool `yaml:"subflow_pacing"`
 	// SubflowCongestion is documented in docs/agent.md (subflowcc.go).
@@ -224,6 +229,9 @@ func parseConfig(name string, b []byte) (Config, error) {
 		// the value may have meant something else.
 		return Config{}, doc.Errorf("subflow_lowat", "want 0 (off) or %d-%d bytes, got null (leave the key out: off)", MinSubflowLowat, math.MaxInt32)
 	}
+	if f.SubflowLowatScale == nil && doc.Sub("subflow_lowat_scale") != nil {
+		return Config{}, doc.Errorf("subflow_lowat_scale", "want %s or %s, got null (leave the key out: %s)", LowatScaleNone, LowatScaleRTT, LowatScaleNone)
+	}
 	if f.SubflowPacing == nil && doc.Sub("subflow_pacing") != nil {
 		return Config{}, doc.Errorf("subflow_pacing", "want true or false, got null (leave the key out: off)")
 	}
@@ -264,6 +272,9 @@ func build(f File) (Config, error) {
 	}
 	if out.SubflowPacing {
 		out.BPFCgroup = pacingCgroup
+	}
+	if out.SubflowLowatScale, err = buildLowatScale(f, out.SubflowLowat); err != nil {
+		return out, err
 	}
 	return buildKinds(f, out)
 }
@@ -438,6 +449,12 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 			return c, fmt.Errorf("cwnd_clamp: needs measurements; set probe_interval (e.g. 100ms)")
 		}
 	}
+	if f.SubflowLowatScale != nil && *f.SubflowLowatScale == LowatScaleRTT {
+		// The scaled limit follows the subflows' measured RTTs.
+		if !needProbes(f, &c) {
+			return c, fmt.Errorf("probe_interval: 0s turns off the measurements subflow_lowat_scale: %s scales by; set one (e.g. 100ms) or leave subflow_lowat_scale out", LowatScaleRTT)
+		}
+	}
 	return c, nil
 }
 
@@ -479,7 +496,8 @@ func buildShared(f File, c *agent.Options) error {
 
 // decidingProbeInterval is how often subflows are measured where
 // something decides from the measurements (a measuring policy, cwnd_clamp,
-// shared_bottleneck) and probe_interval is not set.
+// shared_bottleneck, subflow_lowat_scale: rtt) and probe_interval is not
+// set.
 const decidingProbeInterval = 100 * time.Millisecond
 
 // needProbes gives c the probe interval for something that decides from
@@ -784,4 +802,34 @@ func parseDetour(d fileDetour) (static.Entry, error) {
 		return sd, fmt.Errorf("kind: %q is not nat or tunnel", d.Kind)
 	}
 	return sd, nil
+}
+
+// subflow_lowat_scale's values.
+const (
+	// LowatScaleNone: every subflow's limit is subflow_lowat (the
+	// default).
+	LowatScaleNone = "none"
+	// LowatScaleRTT: each subflow's limit is the bytes it sends while the
+	// connection's slowest subflow makes one round trip, between
+	// subflow_lowat and the agent's namespace's tcp_wmem maximum (lowat.go).
+	LowatScaleRTT = "rtt"
+)
+
+// buildLowatScale validates subflow_lowat_scale (unset: none) against
+// subflow_lowat (lowat; 0: off).
+func buildLowatScale(f File, lowat uint32) (string, error) {
+	if f.SubflowLowatScale == nil {
+		return LowatScaleNone, nil
+	}
+	switch v := *f.SubflowLowatScale; v {
+	case LowatScaleNone:
+		return v, nil
+	case LowatScaleRTT:
+		if lowat == 0 {
+			return "", fmt.Errorf("subflow_lowat_scale: %s needs subflow_lowat > 0 (the scaled limit's floor, e.g. %d; subflow_lowat is off unless set)", v, SuggestedSubflowLowat)
+		}
+		return v, nil
+	default:
+		return "", fmt.Errorf("subflow_lowat_scale: %q is not %s (every subflow gets subflow_lowat) or %s (scaled to the subflows' RTTs, subflow_lowat the floor)", v, LowatScaleNone, LowatScaleRTT)
+	}
 }

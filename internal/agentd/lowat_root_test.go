@@ -18,6 +18,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/netnsx"
+	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/mpdetour/mpdetour/internal/testenv/netnstest"
 )
@@ -28,14 +29,19 @@ import (
 //
 // Twice: the agent in this namespace (netns "") and an agent whose
 // netns: names another namespace, where the connection is (the lowat key
-// then carries that namespace's cookie, not this process's).
+// then carries that namespace's cookie, not this process's). Then
+// scaled (subflow_lowat_scale: rtt), in the other namespace: the entry
+// starts at the floor (one setting); a probe round that measures the
+// subflow with an RTT far above its own rewrites it, and the program sets
+// the subflow's lowat again (to the ceiling).
 func TestLowatRealProgram(t *testing.T) {
 	testenv.MPTCP(t)
-	t.Run("own namespace", func(t *testing.T) { lowatRealProgram(t, "") })
-	t.Run("netns", func(t *testing.T) { lowatRealProgram(t, netnstest.New(t, "alwns").Name) })
+	t.Run("own namespace", func(t *testing.T) { lowatRealProgram(t, "", 0) })
+	t.Run("netns", func(t *testing.T) { lowatRealProgram(t, netnstest.New(t, "alwns").Name, 0) })
+	t.Run("scaled", func(t *testing.T) { lowatRealProgram(t, netnstest.New(t, "alwns").Name, 64<<20) })
 }
 
-func lowatRealProgram(t *testing.T, netns string) {
+func lowatRealProgram(t *testing.T, netns string, ceil uint32) {
 	root, err := bpfclamp.Cgroup2Root()
 	if err != nil {
 		t.Skip(err)
@@ -51,7 +57,7 @@ func lowatRealProgram(t *testing.T, netns string) {
 	t.Cleanup(func() { os.Remove(dir) })
 	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, netns, bpfclamp.Options{}) })
 	t.Cleanup(func() { prog.close() })
-	l := startLowat(64<<10, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	l := startLowat(64<<10, ceil, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	if st := l.status(); st.State != "active" {
 		t.Fatalf("status %+v", st)
 	}
@@ -90,18 +96,29 @@ func lowatRealProgram(t *testing.T, netns string) {
 	// As the agent does: the pair is reported after the subflow's
 	// ESTABLISHED callback (from the path manager's events), so the
 	// program sets the lowat at an RTT callback.
-	l.subflows(1, []agent.SubflowPair{{Local: c.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: c.RemoteAddr().(*net.TCPAddr).AddrPort()}})
-	var st agent.LowatStatus
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
-		if st = l.status(); st.Sets > 0 {
-			break
+	local, remote := c.LocalAddr().(*net.TCPAddr).AddrPort(), c.RemoteAddr().(*net.TCPAddr).AddrPort()
+	l.subflows(1, []agent.SubflowPair{{Local: local, Remote: remote}})
+	waitSets := func(n uint64) agent.LowatStatus {
+		var st agent.LowatStatus
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+			if st = l.status(); st.Sets >= n {
+				break
+			}
+			if _, err := c.Write(make([]byte, 64<<10)); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if _, err := c.Write(make([]byte, 64<<10)); err != nil {
-			t.Fatal(err)
-		}
+		return st
 	}
+	st := waitSets(1)
 	if st.State != "active" || st.Sets == 0 || st.Pairs != 1 || st.Refused != "" {
 		t.Errorf("status %+v, want active with the subflow's lowat set", st)
+	}
+	if ceil != 0 {
+		l.measured([]policy.Measurement{{Token: 1, Local: local, Remote: remote, RTT: 10 * time.Second}})
+		if st2 := waitSets(st.Sets + 1); st2.Sets <= st.Sets || st2.Rewrites != 1 || st2.Scale != "rtt" || st2.Refused != "" {
+			t.Errorf("after a probe round with T 10 s: status %+v (before: %d settings), want the entry rewritten once and the lowat set again", st2, st.Sets)
+		}
 	}
 	l.subflows(1, nil)
 	if st := l.status(); st.Pairs != 0 {

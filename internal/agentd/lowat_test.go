@@ -29,7 +29,7 @@ var (
 func TestLowatEntriesFollowSubflows(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, sets: 3}
 	var logs bytes.Buffer
-	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
+	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
 	initial := bpfclamp.Conn{Local: lwClient, Remote: lwServer}
 	join := bpfclamp.Conn{Local: lwJoin, Remote: lwRelay}
 	const want = 128 << 10
@@ -69,7 +69,7 @@ func TestLowatSharesProgramWithClamps(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))
 	prog := openBPF("", func(string) (clampMap, error) { return m, nil })
 	c := startClamps(ClampSettings{}, clampSources(), log, prog)
-	l := startLowat(64<<10, prog, log)
+	l := startLowat(64<<10, 0, prog, log)
 	tun := bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}
 	tunSub := bpfclamp.Conn{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer}
 	def := bpfclamp.Conn{Local: lwClient, Remote: clampServer}
@@ -91,7 +91,7 @@ func TestLowatSharesProgramWithClamps(t *testing.T) {
 // status failed; subflows come and go without errors.
 func TestLowatAttachFailure(t *testing.T) {
 	var logs bytes.Buffer
-	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) {
+	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) {
 		return nil, errors.New("bpfclamp: load sock_ops program: operation not permitted")
 	}), slog.New(slog.NewTextHandler(&logs, nil)))
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
@@ -109,7 +109,7 @@ func TestLowatAttachFailure(t *testing.T) {
 func TestLowatRefused(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Lowat: unix.ENOPROTOOPT}}
 	var logs bytes.Buffer
-	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	for tok := range uint32(3) {
 		l.subflows(tok, []agent.SubflowPair{{Local: lwClient, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 2, byte(tok)}), 5201)}})
 	}
@@ -180,7 +180,7 @@ func TestLowatConfig(t *testing.T) {
 func TestLowatRetriesFailedWrite(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, failSets: 1}
 	var logs bytes.Buffer
-	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
+	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
 	k := bpfclamp.Conn{Local: lwClient, Remote: lwServer}
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	if _, ok := m.lowats[k]; ok || l.status().Pairs != 0 || !strings.Contains(logs.String(), "not set") {
@@ -208,7 +208,7 @@ func TestLowatRetriesFailedWrite(t *testing.T) {
 func TestLowatRefusedLater(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Lowat: unix.ENOPROTOOPT}, refusedAfter: 1}
 	var logs bytes.Buffer
-	l := startLowat(128<<10, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	if s := logs.String(); s != "" {
 		t.Fatalf("log %q right after the add: the refusal comes later", s)

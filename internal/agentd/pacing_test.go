@@ -56,7 +56,7 @@ func TestPacingBesideLowat(t *testing.T) {
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	prog := openBPF("", func(string) (clampMap, error) { return m, nil })
-	lw := startLowat(64<<10, prog, log)
+	lw := startLowat(64<<10, 0, prog, log)
 	opts := agent.Options{OnSubflows: lw.subflows, OnMeasured: lw.measured}
 	wirePacing(&opts, prog, log)
 	opts.OnSubflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})

@@ -41,7 +41,10 @@
 // MPTCP socket until its send buffer (MBs) is full, and the MPTCP
 // scheduler, which stops pushing into a subflow whose unsent bytes exceed
 // its lowat (sk_stream_memory_free), never keeps it at the MPTCP level
-// where a faster subflow could take it.
+// where a faster subflow could take it. An entry is fixed (one size) or
+// scaled to the subflow's RTT (SetLowatScaled): the bytes the subflow
+// sends while the connection's slowest subflow makes one round trip,
+// between a floor and a ceiling.
 //
 // A fourth map (counts) holds the kernel's last refusal of each kind
 // (Refused) and the number of lowat settings (LowatSets): a kernel that
@@ -63,6 +66,7 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -73,6 +77,7 @@ import (
 // Offsets in struct bpf_sock_ops (include/uapi/linux/bpf.h).
 const (
 	offOp         = 0
+	offArg1       = 8 // __u32 args[1]: at BPF_SOCK_OPS_RTT_CB the new srtt (8 x us)
 	offFamily     = 20
 	offRemoteIP   = 24
 	offLocalIP    = 28
@@ -80,7 +85,10 @@ const (
 	offLocalIP6   = 48  // __u32 local_ip6[4]
 	offRemotePort = 64  // __u32 remote_port (network byte order)
 	offLocalPort  = 68  // __u32 local_port (host byte order)
+	offSndCwnd    = 76  // __u32 snd_cwnd (segments; 0 unless a full socket)
+	offSrttUs     = 80  // __u32 srtt_us (8 x the smoothed RTT in us)
 	offCbFlags    = 84  // __u32 bpf_sock_ops_cb_flags
+	offMssCache   = 112 // __u32 mss_cache
 	offSk         = 184 // struct bpf_sock *sk (NULL unless a full socket)
 	afInet6       = 10
 )
@@ -221,9 +229,10 @@ type Clamper struct {
 // Map values (native byte order): the pair map's are {u32 cwnd segments,
 // u32 pacing rate}, the applied map's the same; the lowat map's key is
 // {u64 netns cookie, u32 local port, u32 remote port, local 16 bytes,
-// remote 16 bytes} (ports in host byte order), its value the u32 notsent lowat (not kept
-// in the applied map: it is read back from the socket, the kernel resets
-// it). The counts map (mpd_clamp_cnt) is an
+// remote 16 bytes} (ports in host byte order), its value {u32 floor, u32
+// ceil, u32 maxRTT in microseconds} (Lowat; not kept in the applied map:
+// the socket's lowat is read back from it, the kernel resets it). The
+// counts map (mpd_clamp_cnt) is an
 // array of s64: at the refusal indexes the negative errno of the last
 // refusal of that kind, at countLowatSets the number of TCP_NOTSENT_LOWAT
 // settings (the first on each subflow and every one after the kernel
@@ -231,6 +240,7 @@ type Clamper struct {
 const (
 	valueSize          = 8
 	lowatKeySize       = 48
+	lowatValueSize     = 12
 	appliedSize        = 8
 	countCwndRefused   = 0
 	countPacingRefused = 1
@@ -251,8 +261,9 @@ const (
 // rate), fp-48 the socket cookie (before the lowat's part: the lowat
 // comes last and writes its own), fp-56 the limits applied to the
 // socket (segments, rate), fp-60 counts index, fp-72 refusal code, fp-76
-// the pair's notsent lowat, fp-80 the socket's.
-// r7 = segments, r8 = rate, r9 = whether anything was applied.
+// the notsent lowat to set, fp-80 the socket's.
+// r7 = segments, r8 = rate, r9 = whether anything was applied (the
+// lowat, last, reuses them: lowat).
 func instructions(m, applied, lowats, counts *ebpf.Map, everySocket bool) asm.Instructions {
 	established := asm.Instructions{
 		// Sockets established from now on get RTT callbacks: their
@@ -369,19 +380,27 @@ func refuse(counts *ebpf.Map, idx int32) asm.Instructions {
 	}, update(counts, -60, -72))
 }
 
-// lowat sets the socket's TCP_NOTSENT_LOWAT to the value its 4-tuple has
-// in lowats, if the socket is an MPTCP subflow, the value is not 0 and
-// the socket has another: the socket's own value is read back with
-// bpf_getsockopt at every callback, because the MPTCP code resets a
-// subflow's to UINT_MAX after the program may have set it
-// (mptcp_sockopt_sync_locked runs when the subflow joins, deferred while
-// the application holds the MPTCP socket). Setting it is not recorded in
+// lowat sets the socket's TCP_NOTSENT_LOWAT from the entry its 4-tuple
+// has in lowats (Lowat), if the socket is an MPTCP subflow and the
+// entry's floor is not 0. A fixed entry (ceil or maxRTT 0) gives the
+// floor, set whenever the socket has another value; a scaled one gives
+// clamp(cwnd x mss x (maxRTT - srtt) / srtt, floor, ceil) from the
+// socket's own congestion window, MSS and smoothed RTT (the floor when
+// srtt is 0 or at least maxRTT), set only when it differs from the
+// socket's value by more than 1/8 of that value, so that a window that
+// moves with every ACK does not mean a setting per ACK. The socket's own
+// value is read back with bpf_getsockopt at every callback, because the
+// MPTCP code resets a subflow's to UINT_MAX after the program may have set
+// it (mptcp_sockopt_sync_locked runs when the subflow joins, deferred
+// while the application holds the MPTCP socket); that also makes the
+// first setting of a scaled entry certain. Setting it is not recorded in
 // the applied map for that reason. Any other socket is left alone: its
 // lowat is its application's. A refusal (of the read or the setting)
 // goes to index countLowatRefused of counts, a setting adds one at index
 // countLowatSets. The address key is at fp-32 already; the ports go to
-// fp-40 and the namespace's cookie (bpf_get_netns_cookie) to fp-48. The first
-// instruction is labelled sym; it continues at next.
+// fp-40 and the namespace's cookie (bpf_get_netns_cookie) to fp-48; r7 =
+// the value to set, r8 = ceil, r9 = whether the entry is scaled. The
+// first instruction is labelled sym; it continues at next.
 func lowat(sym, next string, lowats, counts *ebpf.Map) asm.Instructions {
 	return slices.Concat(withSymbol(isSubflow(next), sym), asm.Instructions{
 		asm.LoadMem(asm.R2, asm.R6, offLocalPort, asm.Word),
@@ -393,17 +412,28 @@ func lowat(sym, next string, lowats, counts *ebpf.Map) asm.Instructions {
 		asm.StoreMem(asm.RFP, -48, asm.R0, asm.DWord),
 	}, lookup(lowats, -48), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, next),
-		asm.LoadMem(asm.R2, asm.R0, 0, asm.Word),
-		asm.JEq.Imm(asm.R2, 0, next),
-		asm.StoreMem(asm.RFP, -76, asm.R2, asm.Word),
+		asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // floor
+		asm.JEq.Imm(asm.R7, 0, next),
+		asm.LoadMem(asm.R8, asm.R0, 4, asm.Word), // ceil
+		asm.LoadMem(asm.R9, asm.R0, 8, asm.Word), // maxRTT (us)
+	}, scaledLowat(sym), asm.Instructions{
+		asm.StoreMem(asm.RFP, -76, asm.R7, asm.Word).WithSymbol(sym + "-want"),
 		asm.StoreImm(asm.RFP, -80, 0, asm.Word),
 	}, sockopt(asm.FnGetsockopt, solTCP, tcpNotsentLowat, -80), asm.Instructions{
 		// Unreadable: a refusal, not a setting at every callback.
 		asm.JNE.Imm(asm.R0, 0, sym+"-refused"),
 		asm.LoadMem(asm.R2, asm.RFP, -80, asm.Word),
-		asm.LoadMem(asm.R3, asm.RFP, -76, asm.Word),
-		asm.JEq.Reg(asm.R2, asm.R3, next),
-	}, sockopt(asm.FnSetsockopt, solTCP, tcpNotsentLowat, -76), asm.Instructions{
+		asm.JEq.Reg(asm.R2, asm.R7, next),
+		asm.JEq.Imm(asm.R9, 0, sym+"-set"),
+		// Scaled: |have - want| x 8 <= have keeps what the socket has.
+		asm.Mov.Reg(asm.R3, asm.R2),
+		asm.Sub.Reg(asm.R3, asm.R7),
+		asm.JGT.Reg(asm.R2, asm.R7, sym+"-diff"),
+		asm.Mov.Reg(asm.R3, asm.R7),
+		asm.Sub.Reg(asm.R3, asm.R2),
+		asm.LSh.Imm(asm.R3, 3).WithSymbol(sym + "-diff"),
+		asm.JLE.Reg(asm.R3, asm.R2, next),
+	}, withSymbol(sockopt(asm.FnSetsockopt, solTCP, tcpNotsentLowat, -76), sym+"-set"), asm.Instructions{
 		asm.JEq.Imm(asm.R0, 0, sym+"-ok"),
 	}, withSymbol(refuse(counts, countLowatRefused), sym+"-refused"), asm.Instructions{
 		asm.Ja.Label(next),
@@ -414,6 +444,52 @@ func lowat(sym, next string, lowats, counts *ebpf.Map) asm.Instructions {
 		asm.Mov.Imm(asm.R1, 1),
 		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
 	})
+}
+
+// scaledLowat turns an entry's floor (r7), ceil (r8) and maxRTT in
+// microseconds (r9, each read as a u32) into the value to set (r7) and
+// whether the entry is scaled (r9 = 1) or fixed (r9 = 0, r7 the floor):
+// fixed when ceil or maxRTT is 0; scaled, the value is
+// clamp(cwnd x mss x (maxRTT - srtt) / srtt, floor, ceil) with the
+// socket's (ctx in r6) snd_cwnd, mss_cache and smoothed RTT in 64-bit
+// arithmetic. The smoothed RTT is srtt_us >> 3, except at an RTT
+// callback, which the kernel makes once per round trip before it stores
+// the new srtt (tcp_rtt_estimator, net/ipv4/tcp_input.c) and passes that
+// in args[1] (Linux 6.10; an older kernel passes 0 there, and srtt_us,
+// one sample old, is used): cwnd x mss is capped at 2^32-1 bytes (both fields are
+// u32) so that its product with maxRTT - srtt (< 2^32) cannot overflow;
+// srtt 0 (no sample yet) or at least maxRTT (the connection's slowest
+// subflow) gives the floor. It continues at sym-want.
+func scaledLowat(sym string) asm.Instructions {
+	return asm.Instructions{
+		asm.JEq.Imm(asm.R8, 0, sym+"-fixed"),
+		asm.JEq.Imm(asm.R9, 0, sym+"-fixed"),
+		asm.LoadMem(asm.R2, asm.R6, offSrttUs, asm.Word),
+		asm.LoadMem(asm.R3, asm.R6, offOp, asm.Word),
+		asm.JNE.Imm(asm.R3, opRTT, sym+"-srtt"),
+		asm.LoadMem(asm.R3, asm.R6, offArg1, asm.Word),
+		asm.JEq.Imm(asm.R3, 0, sym+"-srtt"),
+		asm.Mov.Reg(asm.R2, asm.R3),
+		asm.RSh.Imm(asm.R2, 3).WithSymbol(sym + "-srtt"),
+		asm.JEq.Imm(asm.R2, 0, sym+"-scaled"),
+		asm.JGE.Reg(asm.R2, asm.R9, sym+"-scaled"),
+		asm.LoadMem(asm.R3, asm.R6, offSndCwnd, asm.Word),
+		asm.LoadMem(asm.R4, asm.R6, offMssCache, asm.Word),
+		asm.Mul.Reg(asm.R3, asm.R4),
+		asm.Mov.Imm32(asm.R4, -1), // 2^32-1 (a 32-bit move zero-extends)
+		asm.JLE.Reg(asm.R3, asm.R4, sym+"-window"),
+		asm.Mov.Reg(asm.R3, asm.R4),
+		asm.Sub.Reg(asm.R9, asm.R2).WithSymbol(sym + "-window"),
+		asm.Mul.Reg(asm.R3, asm.R9),
+		asm.Div.Reg(asm.R3, asm.R2),
+		asm.JLE.Reg(asm.R3, asm.R7, sym+"-scaled"),
+		asm.Mov.Reg(asm.R7, asm.R8),
+		asm.JGE.Reg(asm.R3, asm.R8, sym+"-scaled"),
+		asm.Mov.Reg(asm.R7, asm.R3),
+		asm.Mov.Imm(asm.R9, 1).WithSymbol(sym + "-scaled"),
+		asm.Ja.Label(sym + "-want"),
+		asm.Mov.Imm(asm.R9, 0).WithSymbol(sym + "-fixed"),
+	}
 }
 
 // remotePort loads the socket's remote port (ctx in r6) into reg in host
@@ -528,7 +604,7 @@ func load(o Options) (_ *Clamper, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
-	c.lowats, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_lowat", Type: ebpf.Hash, KeySize: lowatKeySize, ValueSize: 4, MaxEntries: MaxEntries})
+	c.lowats, err = ebpf.NewMap(&ebpf.MapSpec{Name: "mpd_lowat", Type: ebpf.Hash, KeySize: lowatKeySize, ValueSize: lowatValueSize, MaxEntries: MaxEntries})
 	if err != nil {
 		return nil, fmt.Errorf("bpfclamp: create map: %w", err)
 	}
@@ -579,16 +655,61 @@ func (c *Clamper) Set(k Key, l Limits) error {
 // subflow takes data from the MPTCP socket until its send buffer is
 // full; the program reads the subflow's value back at every callback and
 // sets it again whenever it differs, so a reset by the kernel lasts until
-// the next ACK. A socket that is not an MPTCP subflow is never touched.
+// the next RTT callback (up to one round trip of that subflow). A socket that is not an MPTCP subflow is never touched.
+// It is SetLowatScaled with Lowat{Floor: bytes}.
 func (c *Clamper) SetLowat(k Conn, bytes uint32) error {
-	if bytes == 0 || bytes > math.MaxInt32 {
-		return fmt.Errorf("bpfclamp: notsent lowat of %d bytes is not 1-%d (DeleteLowat removes one)", bytes, math.MaxInt32)
+	return c.SetLowatScaled(k, Lowat{Floor: bytes})
+}
+
+// Lowat is one subflow's TCP_NOTSENT_LOWAT: the fixed Floor, or, with
+// Ceil and MaxRTT set, one scaled to the subflow's RTT.
+type Lowat struct {
+	// Floor is the fixed lowat and the scaled one's least (bytes, 1 to
+	// math.MaxInt32).
+	Floor uint32
+	// Ceil is the scaled lowat's largest (bytes, at least Floor, at most
+	// math.MaxInt32); 0: fixed.
+	Ceil uint32
+	// MaxRTT is the largest smoothed RTT of the subflow's connection (T);
+	// 0: fixed (e.g. no measurement yet). Kept in microseconds, at most
+	// MaxLowatRTT.
+	MaxRTT time.Duration
+}
+
+// MaxLowatRTT is the largest Lowat.MaxRTT: the map holds microseconds in
+// 32 bits.
+const MaxLowatRTT = time.Duration(math.MaxUint32) * time.Microsecond
+
+// SetLowatScaled gives the MPTCP subflow with this 4-tuple the lowat l.
+// Fixed (Ceil or MaxRTT 0), it is SetLowat's. Scaled, the program sets
+// the subflow's TCP_NOTSENT_LOWAT at each RTT callback to
+// clamp(cwnd x mss x (MaxRTT - srtt) / srtt, Floor, Ceil) from the
+// subflow's own congestion window, MSS and smoothed RTT (srtt; Floor when
+// srtt is unknown or at least MaxRTT), and only when that differs from
+// the subflow's value by more than 1/8 of it: the bytes the subflow
+// sends in the time the connection's slowest subflow takes for one round
+// trip, so that the MPTCP scheduler's lowest-linger-time rule does not
+// stop at a short subflow's fixed cap while a long one is still worth
+// waiting for (docs/agent.md, "Per-subflow unsent limit").
+func (c *Clamper) SetLowatScaled(k Conn, l Lowat) error {
+	if l.Floor == 0 || l.Floor > math.MaxInt32 {
+		return fmt.Errorf("bpfclamp: notsent lowat of %d bytes is not 1-%d (DeleteLowat removes one)", l.Floor, math.MaxInt32)
+	}
+	if l.Ceil != 0 && (l.Ceil < l.Floor || l.Ceil > math.MaxInt32) {
+		return fmt.Errorf("bpfclamp: notsent lowat ceiling of %d bytes is not %d-%d (0: a fixed lowat)", l.Ceil, l.Floor, math.MaxInt32)
+	}
+	if l.MaxRTT < 0 || l.MaxRTT > MaxLowatRTT {
+		return fmt.Errorf("bpfclamp: notsent lowat RTT %v is not 0-%v", l.MaxRTT, MaxLowatRTT)
 	}
 	kb, err := k.bytes()
 	if err != nil {
 		return err
 	}
-	if err := c.lowats.Put(kb[:], bytes); err != nil {
+	var v [lowatValueSize]byte
+	binary.NativeEndian.PutUint32(v[0:4], l.Floor)
+	binary.NativeEndian.PutUint32(v[4:8], l.Ceil)
+	binary.NativeEndian.PutUint32(v[8:12], uint32(l.MaxRTT/time.Microsecond))
+	if err := c.lowats.Put(kb[:], v[:]); err != nil {
 		return fmt.Errorf("bpfclamp: set the lowat of %v -> %v: %w", k.Local, k.Remote, err)
 	}
 	return nil

@@ -264,9 +264,18 @@ func TestLowatOnlyItsSubflow(t *testing.T) {
 // all closed when the test ends.
 func nsLoopbackConn(t *testing.T, ns *netnstest.NS, dir, back string, lport, rport int) *net.TCPConn {
 	t.Helper()
+	return nsMPTCPConn(t, ns, ns, dir, back, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: lport}, fmt.Sprintf("127.0.0.1:%d", rport))
+}
+
+// nsMPTCPConn opens an MPTCP connection from namespace snd (from laddr,
+// when set) to a listener at raddr in namespace rcv that discards what
+// it reads, while this process is in cgroup dir (back: where it
+// returns); all closed when the test ends.
+func nsMPTCPConn(t *testing.T, snd, rcv *netnstest.NS, dir, back string, laddr *net.TCPAddr, raddr string) *net.TCPConn {
+	t.Helper()
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(true)
-	ln, err := ns.Listen(lc, "tcp", fmt.Sprintf("127.0.0.1:%d", rport))
+	ln, err := rcv.Listen(lc, "tcp", raddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,9 +288,12 @@ func nsLoopbackConn(t *testing.T, ns *netnstest.NS, dir, back string, lport, rpo
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: lport}}
+	d := net.Dialer{}
+	if laddr != nil {
+		d.LocalAddr = laddr
+	}
 	d.SetMultipathTCP(true)
-	c, err := ns.Dial(&d, "tcp", ln.Addr().String())
+	c, err := snd.Dial(&d, "tcp", ln.Addr().String())
 	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
 		t.Fatal(err2)
 	}

@@ -135,6 +135,10 @@ func TestRunningAgentLowat(t *testing.T) {
 	if x := find(RunningAgent(p, st), check); x.Status != OK || !strings.Contains(x.Detail, "131072") {
 		t.Fatalf("active: %+v", x)
 	}
+	st.SubflowLowat = &agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Sets: 4, Scale: "rtt", Ceil: 4194304}
+	if x := find(RunningAgent(p, st), check); x.Status != OK || !strings.Contains(x.Detail, "scaled to the subflows' RTTs (subflow_lowat_scale: rtt), 131072-4194304 bytes") {
+		t.Fatalf("active, scaled: %+v", x)
+	}
 	st.SubflowLowat = nil
 	if x := find(RunningAgent(p, st), check); x.Status != Info || !strings.Contains(x.Detail, "off") {
 		t.Fatalf("off: %+v", x)

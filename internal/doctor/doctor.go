@@ -241,6 +241,8 @@ func RunningAgent(p Paths, st *agent.Status) Report {
 		r.add("client", lw, Warn, "the running agent could not load or attach its BPF program and runs without the limit: "+l.Error, fix)
 	case l.State == "refused":
 		r.add("client", lw, Warn, "the kernel refused the running agent's limit: "+l.Refused, "")
+	case l.Scale == "rtt":
+		r.add("client", lw, OK, fmt.Sprintf("%s, scaled to the subflows' RTTs (subflow_lowat_scale: rtt), %d-%d bytes unsent at most per subflow", l.State, l.Bytes, l.Ceil), "")
 	default:
 		r.add("client", lw, OK, fmt.Sprintf("%s, %d bytes unsent at most per subflow", l.State, l.Bytes), "")
 	}

@@ -25,6 +25,12 @@ func TestProcedureAgentConfig(t *testing.T) {
 		{scenario.MPTCPNATStaticLowat, "static", func(c agentd.Config) bool { return c.SubflowLowat == 131072 }},
 		{scenario.MPTCPTunnelStaticLowat, "static", func(c agentd.Config) bool { return c.SubflowLowat == 131072 }},
 		{scenario.MPTCPNATStaticNoLowat, "static", func(c agentd.Config) bool { return c.SubflowLowat == 0 && !c.SubflowLowatDefault }},
+		{scenario.MPTCPNATStaticLowatRTT, "static", func(c agentd.Config) bool {
+			return c.SubflowLowat == 131072 && c.SubflowLowatScale == agentd.LowatScaleRTT
+		}},
+		{scenario.MPTCPTunnelStaticLowatRTT, "static", func(c agentd.Config) bool {
+			return c.SubflowLowat == 131072 && c.SubflowLowatScale == agentd.LowatScaleRTT
+		}},
 		{scenario.MPTCPTunnelStaticNoLowat, "static", func(c agentd.Config) bool { return c.SubflowLowat == 0 && !c.SubflowLowatDefault }},
 	} {
 		if got := scenario.Policy(tc.proc); got != tc.policy {

@@ -32,6 +32,8 @@ func TestAgentConfigSubflowLowat(t *testing.T) {
 		scenario.MPTCPNAT:                  0,
 		scenario.MPTCPNATStaticNoLowat:     0,
 		scenario.MPTCPTunnelStaticNoLowat:  0,
+		scenario.MPTCPNATStaticLowatRTT:    scenario.SubflowLowatBytes,
+		scenario.MPTCPTunnelStaticLowatRTT: scenario.SubflowLowatBytes,
 	} {
 		env := &Env{Cell: scenario.Cell{ID: proc, Procedure: proc}}
 		cfg := agentConfig(env, "/run/x/agent.sock", 1, nil, scenario.AgentExtra(proc), server, server)

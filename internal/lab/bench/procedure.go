@@ -205,6 +205,9 @@ func Procedures() map[string]Setup {
 
 		scenario.MPTCPNATStaticNoLowat:    setupMPTCPNAT,
 		scenario.MPTCPTunnelStaticNoLowat: setupMPTCPTunnel,
+
+		scenario.MPTCPNATStaticLowatRTT:    setupMPTCPNAT,
+		scenario.MPTCPTunnelStaticLowatRTT: setupMPTCPTunnel,
 	}
 }
 

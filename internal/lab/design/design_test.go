@@ -440,7 +440,7 @@ func FuzzParseProcedures(f *testing.F) {
 // error naming the valid mechanisms (or, for the cwnd clamp, why it does
 // not apply to a design's NAT detours).
 func TestParseProcedureMechanisms(t *testing.T) {
-	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat,mptcp-static+pace", 2)
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat,mptcp-static+lowatrtt,mptcp+buffers+lowatrtt,mptcp-static+pace,mptcp-static+lowat+probe100", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,10 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		{"mptcp-static+lowat", "static", "policy: static\nsubflow_lowat: 131072\n"},
 		{"mptcp+lowat64+buffers", "", "subflow_lowat: 65536\nbuffer_sizing: true\n"},
 		{"mptcp-static+nolowat", "static", "policy: static\nsubflow_lowat: 0\n"},
+		{"mptcp-static+lowatrtt", "static", "policy: static\nsubflow_lowat: 131072\nsubflow_lowat_scale: rtt\n"},
+		{"mptcp+buffers+lowatrtt", "", "buffer_sizing: true\nsubflow_lowat: 131072\nsubflow_lowat_scale: rtt\n"},
 		{"mptcp-static+pace", "static", "policy: static\nsubflow_pacing: true\n"},
+		{"mptcp-static+lowat+probe100", "static", "policy: static\nsubflow_lowat: 131072\nprobe_interval: 100ms\n"},
 	}
 	for i, w := range want {
 		p := ps[i]
@@ -465,31 +468,39 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		}
 	}
 	for bad, why := range map[string]string{
-		"mptcp-static+":                 `unknown mechanism ""`,
-		"mptcp-static+pacing":           `unknown mechanism "pacing" (valid mechanisms: buffers`,
-		"mptcp-static+stale0":           "staleN with N 1-255",
-		"mptcp-static+stale256":         "staleN with N 1-255",
-		"mptcp-static+stale02":          "staleN with N 1-255",
-		"mptcp-static+stale":            "staleN with N 1-255",
-		"mptcp-static+clamp":            "tunnel detour subflows only",
-		"mptcp-static+buffers+buffers":  `mechanism "buffers" named twice`,
-		"mptcp-static+stale2+stale3":    `mechanism "stale" named twice`,
-		"mptcp+buffers+nobuffers":       `mechanism "buffers" named twice`,
-		"mptcp+lowat+nolowat":           `mechanism "lowat" named twice`,
-		"tcp-path1+buffers":             "not after \"tcp-path1\"",
-		"mptcp-1sf+buffers":             "not after \"mptcp-1sf\"",
-		"converted+buffers":             "not after \"converted\"",
-		"mptcp-nosuch+buffers":          "mptcp-nosuch",
-		"mptcp-static+starveoff":        `mechanism "starveoff" tunes the guard policy's shed rule (guard.starve): mptcp-guard only`,
-		"mptcp+starve50":                `mechanism "starve50" tunes the guard policy's shed rule (guard.starve): mptcp-guard only`,
-		"mptcp-guard+starve0":           "starveN with N 1-99",
-		"mptcp-guard+starve100":         "starveN with N 1-99",
-		"mptcp-guard+starve":            "starveN with N 1-99",
-		"mptcp-guard+starve5+starveoff": `mechanism "starve" named twice`,
-		"mptcp-static+lowat8":           "lowatN with N 16-65536",
-		"mptcp-static+lowat016":         "lowatN with N 16-65536",
-		"mptcp-static+lowat+lowat64":    `mechanism "lowat" named twice`,
-		"mptcp-1sf+lowat":               "not after \"mptcp-1sf\"",
+		"mptcp-static+":                  `unknown mechanism ""`,
+		"mptcp-static+pacing":            `unknown mechanism "pacing" (valid mechanisms: buffers`,
+		"mptcp-static+stale0":            "staleN with N 1-255",
+		"mptcp-static+stale256":          "staleN with N 1-255",
+		"mptcp-static+stale02":           "staleN with N 1-255",
+		"mptcp-static+stale":             "staleN with N 1-255",
+		"mptcp-static+clamp":             "tunnel detour subflows only",
+		"mptcp-static+buffers+buffers":   `mechanism "buffers" named twice`,
+		"mptcp-static+stale2+stale3":     `mechanism "stale" named twice`,
+		"mptcp+buffers+nobuffers":        `mechanism "buffers" named twice`,
+		"mptcp+lowat+nolowat":            `mechanism "lowat" named twice`,
+		"tcp-path1+buffers":              "not after \"tcp-path1\"",
+		"mptcp-1sf+buffers":              "not after \"mptcp-1sf\"",
+		"converted+buffers":              "not after \"converted\"",
+		"mptcp-nosuch+buffers":           "mptcp-nosuch",
+		"mptcp-static+starveoff":         `mechanism "starveoff" tunes the guard policy's shed rule (guard.starve): mptcp-guard only`,
+		"mptcp+starve50":                 `mechanism "starve50" tunes the guard policy's shed rule (guard.starve): mptcp-guard only`,
+		"mptcp-guard+starve0":            "starveN with N 1-99",
+		"mptcp-guard+starve100":          "starveN with N 1-99",
+		"mptcp-guard+starve":             "starveN with N 1-99",
+		"mptcp-guard+starve5+starveoff":  `mechanism "starve" named twice`,
+		"mptcp-static+lowat8":            "lowatN with N 16-65536",
+		"mptcp-static+lowat016":          "lowatN with N 16-65536",
+		"mptcp-static+lowat+lowat64":     `mechanism "lowat" named twice`,
+		"mptcp-static+lowatrtt+lowat":    `mechanism "lowat" named twice`,
+		"mptcp-static+nolowat+lowatrtt":  `mechanism "lowat" named twice`,
+		"mptcp-static+lowatrtt+lowatrtt": `mechanism "lowat" named twice`,
+		"mptcp-static+lowatRTT":          "lowatN with N 16-65536",
+		"mptcp-static+probe5":            "probeN with N 10-10000",
+		"mptcp-static+probe":             "probeN with N 10-10000",
+		"mptcp-static+probe100+probe200": `mechanism "probe" named twice`,
+		"mptcp-1sf+lowatrtt":             "not after \"mptcp-1sf\"",
+		"mptcp-1sf+lowat":                "not after \"mptcp-1sf\"",
 	} {
 		if _, err := ParseProcedures(bad, 2); err == nil || !strings.Contains(err.Error(), why) {
 			t.Errorf("%q: %v, want an error with %q", bad, err, why)

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -31,8 +32,21 @@ func TestSubflowLowatProcedures(t *testing.T) {
 			t.Errorf("%s: label %q (plain %q), closes subflows %v", nolowat, Label(nolowat), Label(plain), ClosesSubflows(nolowat))
 		}
 	}
+	// The -lowatrtt twins: the same floor, scaled.
+	for rtt, plain := range map[string]string{MPTCPNATStaticLowatRTT: MPTCPNATStaticLowat, MPTCPTunnelStaticLowatRTT: MPTCPTunnelStaticLowat} {
+		if SubflowLowat(rtt) != SubflowLowatBytes || AgentExtra(rtt) != "subflow_lowat: 131072\nsubflow_lowat_scale: rtt\n" {
+			t.Errorf("%s: SubflowLowat %d, agent extra %q", rtt, SubflowLowat(rtt), AgentExtra(rtt))
+		}
+		if Policy(rtt) != "static" || SinglePath(rtt) != SinglePath(plain) || DefaultPath(rtt) != TCP {
+			t.Errorf("%s: policy %q, single %q, default %q; want static, %s, tcp", rtt, Policy(rtt), SinglePath(rtt), DefaultPath(rtt), SinglePath(plain))
+		}
+		if Label(rtt) == "" || Label(rtt) == Label(plain) || ClosesSubflows(rtt) || !slices.Contains(ProcedureNames(), rtt) {
+			t.Errorf("%s: label %q (fixed %q), closes subflows %v, listed %v", rtt, Label(rtt), Label(plain), ClosesSubflows(rtt), slices.Contains(ProcedureNames(), rtt))
+		}
+	}
+	withLimit := map[string]bool{MPTCPNATStaticLowat: true, MPTCPTunnelStaticLowat: true, MPTCPNATBackupStaticLowat: true, MPTCPNATStaticLowatRTT: true, MPTCPTunnelStaticLowatRTT: true}
 	for name := range procs {
-		if name != MPTCPNATStaticLowat && name != MPTCPTunnelStaticLowat && name != MPTCPNATBackupStaticLowat && SubflowLowat(name) != 0 {
+		if !withLimit[name] && SubflowLowat(name) != 0 {
 			t.Errorf("%s: SubflowLowat = %d, want 0", name, SubflowLowat(name))
 		}
 	}

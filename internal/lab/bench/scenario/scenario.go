@@ -125,6 +125,11 @@ const (
 	MPTCPNATBackupStaticLowat = "mptcp-nat-backup-static-lowat"
 	MPTCPNATStaticNoLowat     = "mptcp-nat-static-nolowat"
 	MPTCPTunnelStaticNoLowat  = "mptcp-tunnel-static-nolowat"
+	// The -lowatrtt procedures are the -lowat ones with the limit scaled
+	// to the subflows' RTTs (subflow_lowat_scale: rtt,
+	// SubflowLowatBytes its floor; docs/agent.md).
+	MPTCPNATStaticLowatRTT    = "mptcp-nat-static-lowatrtt"
+	MPTCPTunnelStaticLowatRTT = "mptcp-tunnel-static-lowatrtt"
 	// SubflowLowatBytes is the limit these procedures set: the value the
 	// design runs use (docs/results/design/lowat), not tuned per scenario.
 	SubflowLowatBytes = 131072
@@ -195,6 +200,9 @@ var procs = map[string]procInfo{
 
 	MPTCPNATStaticNoLowat:    {"MPTCP + NAT detour, static policy, no subflow unsent limit", -1, TCPNAT},
 	MPTCPTunnelStaticNoLowat: {"MPTCP + tunnel detour, static policy, no subflow unsent limit", -1, TCPTunnel},
+
+	MPTCPNATStaticLowatRTT:    {"MPTCP + NAT detour, static policy, subflow unsent limit scaled to the RTTs", -1, TCPNAT},
+	MPTCPTunnelStaticLowatRTT: {"MPTCP + tunnel detour, static policy, subflow unsent limit scaled to the RTTs", -1, TCPTunnel},
 }
 
 // Policy is the agent policy a procedure names ("" = the agent's default).
@@ -208,18 +216,20 @@ func Policy(procedure string) string {
 		return "backup-first"
 	case MPTCPNATGuard, MPTCPNATGuardStarveOff:
 		return "guard"
-	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat:
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat,
+		MPTCPNATStaticLowatRTT, MPTCPTunnelStaticLowatRTT:
 		return "static"
 	}
 	return ""
 }
 
-// SubflowLowat is the agent's subflow_lowat (bytes) a -lowat procedure
-// writes out, 0 for the others (the agent's default then applies: off;
-// the -nolowat procedures write subflow_lowat: 0, AgentExtra).
+// SubflowLowat is the agent's subflow_lowat (bytes) a -lowat or
+// -lowatrtt procedure writes out (of -lowatrtt, the floor), 0 for the
+// others (the agent's default then applies: off; the -nolowat procedures
+// write subflow_lowat: 0, AgentExtra).
 func SubflowLowat(procedure string) int {
 	switch procedure {
-	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat:
+	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticLowatRTT, MPTCPTunnelStaticLowatRTT:
 		return SubflowLowatBytes
 	}
 	return 0
@@ -255,6 +265,9 @@ func AgentExtra(procedure string) string {
 		// The agent's BPF program writes the limit; the runner gives it
 		// a cgroup of its own (bench.withLabCgroup).
 		return fmt.Sprintf("subflow_lowat: %d\n", SubflowLowat(procedure))
+	case MPTCPNATStaticLowatRTT, MPTCPTunnelStaticLowatRTT:
+		// The same program; the agent measures the subflows for it.
+		return fmt.Sprintf("subflow_lowat: %d\nsubflow_lowat_scale: rtt\n", SubflowLowat(procedure))
 	case MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat:
 		return "subflow_lowat: 0\n"
 	}
@@ -287,6 +300,7 @@ func EqualArms(names []string) []string {
 func ProcedureNames() []string {
 	return []string{MPTCP1, MPTCP1NAT, MPTCPNAT, MPTCPNAT6, MPTCPCross, MPTCPNATStatic, MPTCPNATAdaptive, MPTCPNATBackupFirst, MPTCPNATStaticSBD, MPTCPNATGuard, MPTCPNATGuardStarveOff, MPTCPNATBackupStatic, MPTCPNATBackupAdaptive, MPTCPTunnel, MPTCPTunnelStatic, MPTCPTunnelAdaptive, MPTCPTunnelBackupFirst, MPTCPTunnelStaticClamp, MPTCPTunnelStaticPacing, MPTCPTunnelStaticClampBoth, MPTCPTunnelStaticSBD, MPTCPTunnel6,
 		MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticNoLowat, MPTCPTunnelStaticNoLowat,
+		MPTCPNATStaticLowatRTT, MPTCPTunnelStaticLowatRTT,
 		Converted, ConvertedDirect, Announced, Collective, LBBulkAnnounced, LBConnections, LBConnectionsAnnounced, LBConnectionsNoCFlag, MPTCPEncap, MPTCPEncap6, TCP, TCP6, TCPNAT, TCPNAT6, TCPTunnel, TCPTunnel6, TCPEncap, TCPEncap6, TCPOpenVPN}
 }
 
