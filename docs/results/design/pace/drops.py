@@ -3,7 +3,8 @@
 sent into and dropped by the default path's forward bottleneck (the tbf on r1's device C0, 25
 packets at p197; lowat-p149 run D), counted as in lowat-p149/tcdiff.py: from the last tc sample at
 or before the trial's start to the last within its window + 3 s. A window in which the counters fall
-(the lab was rebuilt: a trial at a point's edge) is shown as "reset". Then per procedure the sum over
+(the lab was rebuilt: a trial at a point's edge) is shown as "reset"; a failed trial as "failed"
+(not counted). Then per procedure the sum over
 its counted trials. --trim OUT writes the tc lines within POINT's trials (start - 5 s to end + 5 s)."""
 import collections, datetime, json, sys
 
@@ -40,7 +41,9 @@ for t in sorted(trials, key=lambda t: t["start"]):
     d = [s for s in samples if 0 < (s[0] - st).total_seconds() <= end]
     w = [s for s in samples if b and b[-1][0] <= s[0] and d and s[0] <= d[-1][0]]
     g, la = t["goodput_mbps"], t.get("loadavg_1m", float("nan"))
-    if not b or not d:
+    if t["status"] != "ok":
+        cell = "failed | | "
+    elif not b or not d:
         cell = "- | - | -"
     elif any(y[1] < x[1] for x, y in zip(w, w[1:])):
         cell = "reset | | "
