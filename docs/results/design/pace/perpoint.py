@@ -17,4 +17,4 @@ for l in lines:
         continue
     r = dict(zip(cols, (c.strip() for c in l.strip("|").split("|"))))
     role = "control" if r["point"] in controls else "harmed"
-    print(f"| {r['point']} | {role} | {r['tcp-path1']} | {r['tcp-path2']} | {r[a]} | {r[b]} | {r[a + ' / best']} | {r[b + ' / best']} | {r[b + ' / ' + a]} |")
+    print(f"| {r['point']} | {role} | {r['tcp-path1']} | {r['tcp-path2']} | {r[a]} | {r[b]} | {r[a + ' / best']} | {r[b + ' / best']} | {r.get(b + ' / ' + a, '-')} |")
