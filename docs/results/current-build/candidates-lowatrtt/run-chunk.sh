@@ -1,11 +1,11 @@
 #!/bin/bash
 # rttcand: rounds $1..$2 of docs/results/current-build/candidates-lowatrtt, each its own
 # `bench --resume` run, all inside one measurement slot (run through /work/runs/measure by
-# run-rounds.sh); no round starts after $3 (HH:MM UTC).
+# run-rounds.sh); no round starts after $3 (YYYY-MM-DDTHH:MM UTC).
 D=/work/wt-rttcand/docs/results/current-build/candidates-lowatrtt
 B=/work/runs/bin-rtt
 for R in $(seq $1 $2); do
-  if [[ "$(date -u +%H:%M)" > "$3" ]]; then echo "round $R not started: past $3"; exit 0; fi
+  if [[ "$(date -u +%FT%H:%M)" > "$3" ]]; then echo "round $R not started: past $3"; exit 0; fi
   echo "round $R start $(date -u +%FT%TZ) load $(cut -d' ' -f1 /proc/loadavg)"
   MPDETOUR_BENCH_KEEP=1 $B/mpdetour-lab bench $D/scenario-round$R.yaml \
     --interleave --trials $R --resume --out $D --name rttcand --bin $B/mpdetour > /tmp/rttcand-round$R.log 2>&1
