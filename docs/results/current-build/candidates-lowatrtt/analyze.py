@@ -18,8 +18,22 @@ import glob, json, math, os, re, statistics as st
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))  # a run's directory (run3/)
+# analyze.py [DIR] [--rounds A-B] [--tcp-min MBPS]: DIR the run's directory (default: this
+# file's); --rounds keeps rounds A..B only; --tcp-min keeps only the rounds in which the tcp
+# cell's overall goodput is at least MBPS (its line rate: a lower TCP says the lab was short of
+# CPU in that round), whatever the other cells did.
+args = sys.argv[1:]
+here = args[0] if args and not args[0].startswith("--") else os.path.dirname(os.path.abspath(__file__))
+rsel = args[args.index("--rounds") + 1] if "--rounds" in args else None
+tcpmin = float(args[args.index("--tcp-min") + 1]) if "--tcp-min" in args else None
 rows = [json.loads(l) for l in open(os.path.join(here, "trials.jsonl"))]
+if rsel:
+    a, b = map(int, rsel.split("-"))
+    rows = [r for r in rows if a <= r["trial"] <= b]
+if tcpmin is not None:
+    low = {r["trial"] for r in rows if r["cell"] == "tcp" and r.get("status") == "ok" and r["goodput_mbps"] < tcpmin}
+    print(f"rounds left out (tcp overall goodput below {tcpmin} Mbit/s): {sorted(low)}")
+    rows = [r for r in rows if r["trial"] not in low]
 ok = [r for r in rows if r.get("status") == "ok"]
 by = defaultdict(dict)  # cell -> round -> record
 for r in ok:
@@ -54,7 +68,8 @@ ARMS = [(STATIC, "static, all 8 detours (the default)"),
         ("tcp", "TCP, default path")]
 PAIRS = [(RTT, STATIC, "lowatrtt / static"), (RTT, LOWAT, "lowatrtt / lowat"), (LOWAT, STATIC, "lowat / static")]
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+       20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045}
 
 def interval(ratios):
     logs = [math.log(x) for x in ratios]
