@@ -3,10 +3,10 @@
 # runs are different rounds): geometric mean with a Student t 95 % interval over the rounds,
 # and how many rounds are below 1; both goodput windows.
 # usage (from docs/results/design): python3 lowatrtt-points/pooled.py
-# (lowatrtt-points' copy: this run's rounds added last; the earlier runs are builds b4e790c and 795e880a)
+# (lowatrtt-points' copy: this directory's rounds (p149: runs 1 and 2) added last; the earlier runs are builds b4e790c and 795e880a)
 import json, math, statistics
-T = {19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160}
-RUNS = {"p149": ["lowat/runs/paired/trials.jsonl", "lowat-p149/runs/paired/trials.jsonl", "lowat-p149/gains/runs/paired/trials.jsonl", "lowat-p149/rerun/runs/paired/trials.jsonl", "lowatrtt-points/runs/paired/trials.jsonl"]}
+T = {29: 2.045, 30: 2.042, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160}
+RUNS = {"p149": ["lowat/runs/paired/trials.jsonl", "lowat-p149/runs/paired/trials.jsonl", "lowat-p149/gains/runs/paired/trials.jsonl", "lowat-p149/rerun/runs/paired/trials.jsonl", "lowatrtt-points/runs/paired/trials.jsonl", "lowatrtt-points/p149-more/runs/paired/trials.jsonl"]}
 for p in ("p019", "p025", "p139"):
     RUNS[p] = ["lowat/runs/paired/trials.jsonl", "lowat-p149/gains/runs/paired/trials.jsonl", "lowatrtt-points/runs/paired/trials.jsonl"]
 def load(fn, pt):
@@ -19,7 +19,7 @@ def load(fn, pt):
 print("| point | X | runs | window | rounds (runs) | X / static, geometric mean [95 %] | rounds below 1 |")
 print("|---|---|---|---|---:|---:|---:|")
 for pt, allfiles in RUNS.items():
-  for which, files in (("earlier builds", allfiles[:-1]), ("earlier + this run", allfiles)):
+  for which, files in (("earlier builds", [f for f in allfiles if not f.startswith("lowatrtt-points")]), ("earlier + this dir", allfiles)):
     for cell in ("mptcp-static+lowat",):
         for w, wn in ((0, "last byte"), (1, "equal")):
             r, runs = [], 0

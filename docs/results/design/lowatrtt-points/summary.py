@@ -3,13 +3,14 @@
 # bootstrap 95 % interval over the rounds (compare.py's method: rounds resampled together, 4000
 # resamples; a fresh Random(1) per cell so the table does not depend on its order), both windows;
 # and the geometric mean over the points of the per-point ratios.
-# usage: summary.py TRIALS.jsonl
+# usage: summary.py TRIALS.jsonl [TRIALS.jsonl ...] (several runs: their rounds are different rounds)
 import collections, json, math, random, statistics, sys
 g = collections.defaultdict(dict)
-for l in open(sys.argv[1]):
-    t = json.loads(l)
-    if t.get("status") == "ok":
-        g[t["configuration"]][(t["cell"], t["trial"])] = (t["goodput_mbps"], t["equal_goodput_mbps"])
+for i, fn in enumerate(sys.argv[1:]):
+    for l in open(fn):
+        t = json.loads(l)
+        if t.get("status") == "ok":
+            g[t["configuration"]][(t["cell"], 100 * i + t["trial"])] = (t["goodput_mbps"], t["equal_goodput_mbps"])
 S, L, R = "mptcp-static", "mptcp-static+lowat", "mptcp-static+lowatrtt"
 PAIRS = ((R, S, "lowatrtt / static"), (R, L, "lowatrtt / lowat"), (L, S, "lowat / static"))
 def cell(d, a, b, w):
