@@ -263,7 +263,8 @@ func build(f File) (Config, error) {
 	}
 	out.SubflowLowatDefault = f.SubflowLowat == nil
 	// subflow_pacing: its own bpf_cgroup check (pacing.go).
-	pacingCgroup, lf := "", f
+	var pacingCgroup string
+	var lf File
 	if out.SubflowPacing, pacingCgroup, lf, err = buildPacing(f, out.CwndClamp != nil); err != nil {
 		return out, err
 	}
