@@ -2,19 +2,13 @@ package agentd
 
 import (
 	"bytes"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/mpdetour/mpdetour/internal/agent"
@@ -31,23 +25,9 @@ import (
 // keeps ~0; after close nothing is attached.
 func TestPacingRealProgram(t *testing.T) {
 	testenv.MPTCP(t)
-	root, err := bpfclamp.Cgroup2Root()
-	if err != nil {
-		t.Skip(err)
-	}
-	back, err := bpfclamp.OwnCgroup(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, fmt.Sprintf("mpd-agentd-pace-%d", os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Skipf("cannot create a cgroup: %v", err)
-	}
-	t.Cleanup(func() { os.Remove(dir) })
-	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, "", bpfclamp.Options{}) })
-	t.Cleanup(func() { prog.close() })
+	cg := cgroupProgram(t, "pace", "")
 	opts := agent.Options{}
-	wirePacing(&opts, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	wirePacing(&opts, cg.prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	if st := opts.SubflowPacing(); st.State != "active" {
 		t.Fatalf("status %+v", st)
 	}
@@ -69,20 +49,7 @@ func TestPacingRealProgram(t *testing.T) {
 	}()
 	// The MPTCP connection in the cgroup (sockets stay in the cgroup of
 	// the thread that made them), then back.
-	pid := []byte(strconv.Itoa(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	d := net.Dialer{}
-	d.SetMultipathTCP(true)
-	c, err := d.Dial("tcp", ln.Addr().String())
-	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
-		t.Fatal(err2)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := cg.dial(t, "", ln.Addr().String())
 	// Plain TCP between the same addresses, outside the cgroup.
 	plain, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -113,21 +80,7 @@ func TestPacingRealProgram(t *testing.T) {
 	if st := opts.SubflowPacing(); st.Pairs != 0 {
 		t.Errorf("status after the connection %+v, want no pairs", st)
 	}
-	if err := prog.close(); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(r.Programs); n != 0 {
-		t.Errorf("%d programs attached after close, want 0", n)
-	}
+	cg.closeDetached(t)
 }
 
 // maxPacingRate is c's tcpi_max_pacing_rate (an MPTCP socket's: its first
