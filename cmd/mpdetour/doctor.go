@@ -125,7 +125,7 @@ func bpfNotUsed(agentConfig, relayConfig string, cfg agentd.Config, cfgErr error
 	switch {
 	case agentConfig == "" && relayConfig != "":
 		return "no --agent-config (a relay host): the agent's BPF program is not checked"
-	case agentConfig == "" || cfgErr != nil || cfg.SubflowLowat > 0 || cfg.CwndClamp != nil:
+	case agentConfig == "" || cfgErr != nil || cfg.SubflowLowat > 0 || cfg.CwndClamp != nil || cfg.SubflowPacing:
 		return ""
 	case cfg.SubflowLowatDefault:
 		return agentConfig + " does not set subflow_lowat (off by default) and has no cwnd_clamp: the agent loads no BPF program"

@@ -94,6 +94,7 @@ func printStatus(st agent.Status) {
 	printBlackhole(st.Blackhole)
 	printCwndClamp(st.CwndClamp)
 	printSubflowLowat(st.SubflowLowat)
+	printSubflowPacing(st.SubflowPacing)
 	printStale(st.StaleLossCnt)
 	printSubflowCC(st.SubflowCongestion)
 	printBuffers(st.BufferSizing)
@@ -329,6 +330,21 @@ func lowatRewrites(l *agent.LowatStatus) string {
 		return ""
 	}
 	return fmt.Sprintf(", connection RTT rewritten %d times", l.Rewrites)
+}
+
+// printSubflowPacing shows subflow pacing when configured: failed or
+// refused (with the reason; the agent runs without it) or active with
+// the address pairs that have it.
+func printSubflowPacing(p *agent.PacingStatus) {
+	switch {
+	case p == nil:
+	case p.State == "failed":
+		fmt.Printf("subflow pacing: failed: %s (running without it)\n", p.Error)
+	case p.State == "refused":
+		fmt.Printf("subflow pacing: refused: %s (running without it)\n", p.Refused)
+	default:
+		fmt.Printf("subflow pacing: active, subflows pace at TCP's own rate (SO_MAX_PACING_RATE %d bytes/s), %d address pairs\n", p.MaxRate, p.Pairs)
+	}
 }
 
 // printCwndClamp shows the clamps of tunnel subflows when configured:

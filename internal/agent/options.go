@@ -102,6 +102,9 @@ type Options struct {
 	// SubflowLowat, when set, adds the per-subflow unsent limit's state
 	// to the status (wired by internal/agentd).
 	SubflowLowat func() LowatStatus
+	// SubflowPacing, when set, adds the subflow pacing's state to the
+	// status (wired by internal/agentd).
+	SubflowPacing func() PacingStatus
 	// SubflowCC, when set, prepares each detour subflow's congestion
 	// control just before the subflow is created (subflow_congestion,
 	// wired by internal/agentd with internal/subflowcc) and adds its state
@@ -155,6 +158,19 @@ type LowatStatus struct {
 	Scale    string `json:"scale,omitempty"`
 	Ceil     uint32 `json:"ceil,omitempty"`
 	Rewrites uint64 `json:"rewrites,omitempty"`
+}
+
+// PacingStatus is subflow pacing (subflow_pacing) in the status: active
+// with the maximum pacing rate given (bytes/s; it caps nothing, it turns
+// TCP's internal pacing on) and the address pairs that have it, refused
+// (the kernel refused the program's SO_MAX_PACING_RATE) or failed with
+// the reason (the agent runs without it).
+type PacingStatus struct {
+	State   string `json:"state"`
+	MaxRate uint64 `json:"max_pacing_rate"`
+	Error   string `json:"error,omitempty"`
+	Refused string `json:"refused,omitempty"`
+	Pairs   int    `json:"pairs"`
 }
 
 // SubflowCC gives detour subflows their own congestion control

@@ -53,6 +53,8 @@ type Status struct {
 	// SubflowLowat: the per-subflow unsent limit (subflow_lowat), when
 	// configured.
 	SubflowLowat *LowatStatus `json:"subflow_lowat,omitempty"`
+	// SubflowPacing: subflow pacing (subflow_pacing), when configured.
+	SubflowPacing *PacingStatus `json:"subflow_pacing,omitempty"`
 	// SubflowCongestion: detour subflows' congestion control
 	// (subflow_congestion), when configured: active with its routes and
 	// the destinations it could not give one, or failed with the reason.
@@ -307,6 +309,10 @@ func (a *Agent) Status() Status {
 	if a.cfg.SubflowLowat != nil {
 		l := a.cfg.SubflowLowat()
 		st.SubflowLowat = &l
+	}
+	if a.cfg.SubflowPacing != nil {
+		p := a.cfg.SubflowPacing()
+		st.SubflowPacing = &p
 	}
 	if a.cfg.SubflowCC != nil {
 		c := a.cfg.SubflowCC.Status()

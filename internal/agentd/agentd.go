@@ -68,9 +68,12 @@ func Summary(w io.Writer, path string, cfg Config) {
 		lowat += " (default)"
 	}
 	if cfg.SubflowLowatScale == LowatScaleRTT {
-		lowat += ", scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the host's tcp_wmem maximum)"
+		lowat += ", scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the namespace's tcp_wmem maximum)"
 	}
 	fmt.Fprintf(w, "  subflow lowat %s\n", lowat)
+	if cfg.SubflowPacing {
+		fmt.Fprintf(w, "  subflow pacing on (TCP's own rate)\n")
+	}
 }
 
 // Run is `mpdetour agent --config path` with cfg, the file as validated
@@ -178,7 +181,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 		}
 		defer stop()
 	}
-	if cfg.CwndClamp != nil || cfg.SubflowLowat > 0 {
+	if cfg.CwndClamp != nil || cfg.SubflowLowat > 0 || cfg.SubflowPacing {
 		// One program for both mechanisms, detached at exit.
 		// Only cwnd_clamp asks for RTT callbacks on every TCP socket of
 		// the cgroup (its limits reach sockets that connected before
@@ -207,6 +210,9 @@ func Run(ctx context.Context, path string, cfg Config) error {
 			} else {
 				opts.OnMeasured = lw.measured
 			}
+		}
+		if cfg.SubflowPacing {
+			wirePacing(&opts, prog, log)
 		}
 	}
 	if cfg.SubflowCongestion != "" {

@@ -74,8 +74,12 @@ type Config struct {
 	// gets SubflowLowat) or LowatScaleRTT (SubflowLowat is the floor of a
 	// limit scaled to the subflows' RTTs; lowat.go, docs/agent.md).
 	SubflowLowatScale string
+	// SubflowPacing: the subflows of managed connections pace
+	// themselves at TCP's own rate (subflow_pacing: SO_MAX_PACING_RATE
+	// through the BPF program; pacing.go, docs/agent.md). Off unless set.
+	SubflowPacing bool
 	// BPFCgroup is the cgroup v2 directory the agent's one BPF program
-	// (cwnd_clamp and subflow_lowat) attaches to: bpf_cgroup, or
+	// (cwnd_clamp, subflow_lowat and subflow_pacing) attaches to: bpf_cgroup, or
 	// cwnd_clamp.cgroup; "" = the cgroup v2 mount's root.
 	BPFCgroup string
 }
@@ -140,6 +144,8 @@ type File struct {
 	SubflowLowat      *int64  `yaml:"subflow_lowat"`
 	SubflowLowatScale *string `yaml:"subflow_lowat_scale"`
 	BPFCgroup         string  `yaml:"bpf_cgroup"`
+	// SubflowPacing is documented in docs/agent.md ("Subflow pacing").
+	SubflowPacing *bool `yaml:"subflow_pacing"`
 	// SubflowCongestion is documented in docs/agent.md (subflowcc.go).
 	SubflowCongestion *fileSubflowCC `yaml:"subflow_congestion"`
 	// Guard tunes the guard policy (docs/agent.md, "The guard policy").
@@ -226,6 +232,9 @@ func parseConfig(name string, b []byte) (Config, error) {
 	if f.SubflowLowatScale == nil && doc.Sub("subflow_lowat_scale") != nil {
 		return Config{}, doc.Errorf("subflow_lowat_scale", "want %s or %s, got null (leave the key out: %s)", LowatScaleNone, LowatScaleRTT, LowatScaleNone)
 	}
+	if f.SubflowPacing == nil && doc.Sub("subflow_pacing") != nil {
+		return Config{}, doc.Errorf("subflow_pacing", "want true or false, got null (leave the key out: off)")
+	}
 	c, err := build(f)
 	if err != nil {
 		return Config{}, doc.Locate(err)
@@ -253,8 +262,17 @@ func build(f File) (Config, error) {
 		return out, err
 	}
 	out.SubflowLowatDefault = f.SubflowLowat == nil
-	if out.SubflowLowat, out.BPFCgroup, err = buildLowat(f, out.CwndClamp != nil); err != nil {
+	// subflow_pacing: its own bpf_cgroup check (pacing.go).
+	var pacingCgroup string
+	var lf File
+	if out.SubflowPacing, pacingCgroup, lf, err = buildPacing(f, out.CwndClamp != nil); err != nil {
 		return out, err
+	}
+	if out.SubflowLowat, out.BPFCgroup, err = buildLowat(lf, out.CwndClamp != nil); err != nil {
+		return out, err
+	}
+	if out.SubflowPacing {
+		out.BPFCgroup = pacingCgroup
 	}
 	if out.SubflowLowatScale, err = buildLowatScale(f, out.SubflowLowat); err != nil {
 		return out, err
@@ -794,7 +812,7 @@ const (
 	LowatScaleNone = "none"
 	// LowatScaleRTT: each subflow's limit is the bytes it sends while the
 	// connection's slowest subflow makes one round trip, between
-	// subflow_lowat and the host's tcp_wmem maximum (lowat.go).
+	// subflow_lowat and the agent's namespace's tcp_wmem maximum (lowat.go).
 	LowatScaleRTT = "rtt"
 )
 

@@ -253,11 +253,21 @@ func (l *subflowLowat) measured(ms []policy.Measurement) {
 	var writes []write
 	rtt := map[uint32]time.Duration{}
 	seen := map[bpfclamp.Conn]uint32{}
-	for _, m := range ms {
-		rtt[m.Token] = max(rtt[m.Token], m.RTT)
-		seen[bpfclamp.Conn{Local: unmapPort(m.Local), Remote: unmapPort(m.Remote)}] = m.Token
-	}
 	l.mu.Lock()
+	for _, m := range ms {
+		k := bpfclamp.Conn{Local: unmapPort(m.Local), Remote: unmapPort(m.Remote)}
+		seen[k] = m.Token
+		// T is the largest RTT among the subflows the scheduler sends on
+		// and the mechanism manages: a backup subflow gets data only when
+		// no active one exists (mptcp_subflow_get_send), so its RTT says
+		// nothing about how long the active ones must keep their queue
+		// (counted, a long backup detour would leave the default subflow
+		// in effect uncapped).
+		if c := l.conns[m.Token]; m.Backup || c == nil || c.subs[k] == nil {
+			continue
+		}
+		rtt[m.Token] = max(rtt[m.Token], m.RTT)
+	}
 	for tok, t := range rtt {
 		c := l.conns[tok]
 		if c == nil || t <= 0 {

@@ -2,21 +2,13 @@ package agentd
 
 import (
 	"bytes"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
-
 	"github.com/mpdetour/mpdetour/internal/agent"
-	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/netnsx"
 	"github.com/mpdetour/mpdetour/internal/policy"
 	"github.com/mpdetour/mpdetour/internal/testenv"
@@ -42,22 +34,8 @@ func TestLowatRealProgram(t *testing.T) {
 }
 
 func lowatRealProgram(t *testing.T, netns string, ceil uint32) {
-	root, err := bpfclamp.Cgroup2Root()
-	if err != nil {
-		t.Skip(err)
-	}
-	back, err := bpfclamp.OwnCgroup(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, fmt.Sprintf("mpd-agentd-lowat-%d", os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Skipf("cannot create a cgroup: %v", err)
-	}
-	t.Cleanup(func() { os.Remove(dir) })
-	prog := openBPF(dir, func(cg string) (clampMap, error) { return attachClamp(cg, netns, bpfclamp.Options{}) })
-	t.Cleanup(func() { prog.close() })
-	l := startLowat(64<<10, ceil, prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	cg := cgroupProgram(t, "lowat", netns)
+	l := startLowat(64<<10, ceil, cg.prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	if st := l.status(); st.State != "active" {
 		t.Fatalf("status %+v", st)
 	}
@@ -75,21 +53,7 @@ func lowatRealProgram(t *testing.T, netns string, ceil uint32) {
 			c.Close()
 		}
 	}()
-	pid := []byte(strconv.Itoa(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var d net.Dialer
-	d.SetMultipathTCP(true)
-	var c net.Conn
-	err = netnsx.Do(netns, func() (err error) { c, err = d.Dial("tcp", ln.Addr().String()); return err })
-	if err2 := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err2 != nil {
-		t.Fatal(err2)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := cg.dial(t, netns, ln.Addr().String())
 	if _, err := c.Write(make([]byte, 256<<10)); err != nil {
 		t.Fatal(err)
 	}
@@ -124,19 +88,5 @@ func lowatRealProgram(t *testing.T, netns string, ceil uint32) {
 	if st := l.status(); st.Pairs != 0 {
 		t.Errorf("status after the connection %+v, want no pairs", st)
 	}
-	if err := prog.close(); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(r.Programs); n != 0 {
-		t.Errorf("%d programs attached after close, want 0", n)
-	}
+	cg.closeDetached(t)
 }

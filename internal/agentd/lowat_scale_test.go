@@ -110,6 +110,30 @@ func TestLowatScaledEntries(t *testing.T) {
 	}
 }
 
+// A backup subflow's RTT (the scheduler sends on it only when no active
+// subflow exists) and an unmanaged subflow's of the same connection do
+// not count toward T: the active subflows' entries keep their own
+// largest RTT; the backup's entry still gets the connection's T.
+func TestLowatScaledIgnoresBackup(t *testing.T) {
+	l, m := scaledLowat(t)
+	initial := bpfclamp.Conn{Local: lwClient, Remote: lwServer}
+	join := bpfclamp.Conn{Local: lwJoin, Remote: lwRelay}
+	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}, {Local: lwJoin, Remote: lwRelay}})
+	backup := lwMeasure(1, lwJoin, lwRelay, 400*time.Millisecond)
+	backup.Backup = true
+	unmanaged := lwMeasure(1, netip.MustParseAddrPort("10.0.9.9:40009"), lwServer, 900*time.Millisecond)
+	l.measured([]policy.Measurement{lwMeasure(1, lwClient, lwServer, 30*time.Millisecond), backup, unmanaged})
+	if m.scaled[initial].MaxRTT != 30*time.Millisecond || m.scaled[join].MaxRTT != 30*time.Millisecond {
+		t.Fatalf("entries %v: want T 30ms (the active subflow's), not the backup's 400ms or the unmanaged 900ms", m.scaled)
+	}
+	// Once active, its RTT counts.
+	backup.Backup = false
+	l.measured([]policy.Measurement{lwMeasure(1, lwClient, lwServer, 30*time.Millisecond), backup})
+	if m.scaled[initial].MaxRTT != 400*time.Millisecond {
+		t.Fatalf("entries %v: want T 400ms once the join is active", m.scaled)
+	}
+}
+
 // A failed rewrite (a full map) is tried again at the next round.
 func TestLowatScaledRetriesRewrite(t *testing.T) {
 	l, m := scaledLowat(t)

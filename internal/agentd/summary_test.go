@@ -43,7 +43,7 @@ func TestSummaryLowat(t *testing.T) {
 		"":                       "  subflow lowat off (default)\n",
 		"subflow_lowat: 65536\n": "  subflow lowat 65536 bytes\n",
 		"subflow_lowat: 0\n":     "  subflow lowat off\n",
-		"subflow_lowat: 131072\nsubflow_lowat_scale: rtt\n":          "  subflow lowat 131072 bytes, scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the host's tcp_wmem maximum)\n",
+		"subflow_lowat: 131072\nsubflow_lowat_scale: rtt\n":          "  subflow lowat 131072 bytes, scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the namespace's tcp_wmem maximum)\n",
 		"subflow_lowat: 131072\nsubflow_lowat_scale: none\n":         "  subflow lowat 131072 bytes\n",
 		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n": "  subflow lowat off (default)\n",
 	} {

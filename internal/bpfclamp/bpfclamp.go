@@ -456,7 +456,7 @@ func lowat(sym, next string, lowats, counts *ebpf.Map) asm.Instructions {
 // callback, which the kernel makes once per round trip before it stores
 // the new srtt (tcp_rtt_estimator, net/ipv4/tcp_input.c) and passes that
 // in args[1] (Linux 6.10; an older kernel passes 0 there, and srtt_us,
-// one round trip old, is used): cwnd x mss is capped at 2^32-1 bytes (both fields are
+// one sample old, is used): cwnd x mss is capped at 2^32-1 bytes (both fields are
 // u32) so that its product with maxRTT - srtt (< 2^32) cannot overflow;
 // srtt 0 (no sample yet) or at least maxRTT (the connection's slowest
 // subflow) gives the floor. It continues at sym-want.
@@ -655,7 +655,7 @@ func (c *Clamper) Set(k Key, l Limits) error {
 // subflow takes data from the MPTCP socket until its send buffer is
 // full; the program reads the subflow's value back at every callback and
 // sets it again whenever it differs, so a reset by the kernel lasts until
-// the next ACK. A socket that is not an MPTCP subflow is never touched.
+// the next RTT callback (up to one round trip of that subflow). A socket that is not an MPTCP subflow is never touched.
 // It is SetLowatScaled with Lowat{Floor: bytes}.
 func (c *Clamper) SetLowat(k Conn, bytes uint32) error {
 	return c.SetLowatScaled(k, Lowat{Floor: bytes})

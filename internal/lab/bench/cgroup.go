@@ -129,7 +129,7 @@ func removeStaleCgroups(root string) {
 func withLabCgroup(cfg string) (_ string, leave func() error, _ error) {
 	none := func() error { return nil }
 	c, err := agentd.ParseConfig([]byte(cfg))
-	if err != nil || (c.CwndClamp == nil && c.SubflowLowat == 0) || c.BPFCgroup != "" {
+	if err != nil || (c.CwndClamp == nil && c.SubflowLowat == 0 && !c.SubflowPacing) || c.BPFCgroup != "" {
 		return cfg, none, nil
 	}
 	// The agent's BPF program sees only this runner's sockets.

@@ -440,7 +440,7 @@ func FuzzParseProcedures(f *testing.F) {
 // error naming the valid mechanisms (or, for the cwnd clamp, why it does
 // not apply to a design's NAT detours).
 func TestParseProcedureMechanisms(t *testing.T) {
-	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat,mptcp-static+lowatrtt,mptcp+buffers+lowatrtt", 2)
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat,mptcp-static+lowatrtt,mptcp+buffers+lowatrtt,mptcp-static+pace,mptcp-static+lowat+probe100", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,6 +457,8 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		{"mptcp-static+nolowat", "static", "policy: static\nsubflow_lowat: 0\n"},
 		{"mptcp-static+lowatrtt", "static", "policy: static\nsubflow_lowat: 131072\nsubflow_lowat_scale: rtt\n"},
 		{"mptcp+buffers+lowatrtt", "", "buffer_sizing: true\nsubflow_lowat: 131072\nsubflow_lowat_scale: rtt\n"},
+		{"mptcp-static+pace", "static", "policy: static\nsubflow_pacing: true\n"},
+		{"mptcp-static+lowat+probe100", "static", "policy: static\nsubflow_lowat: 131072\nprobe_interval: 100ms\n"},
 	}
 	for i, w := range want {
 		p := ps[i]
@@ -494,6 +496,9 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		"mptcp-static+nolowat+lowatrtt":  `mechanism "lowat" named twice`,
 		"mptcp-static+lowatrtt+lowatrtt": `mechanism "lowat" named twice`,
 		"mptcp-static+lowatRTT":          "lowatN with N 16-65536",
+		"mptcp-static+probe5":            "probeN with N 10-10000",
+		"mptcp-static+probe":             "probeN with N 10-10000",
+		"mptcp-static+probe100+probe200": `mechanism "probe" named twice`,
 		"mptcp-1sf+lowatrtt":             "not after \"mptcp-1sf\"",
 		"mptcp-1sf+lowat":                "not after \"mptcp-1sf\"",
 	} {

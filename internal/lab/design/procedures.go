@@ -37,7 +37,8 @@ import (
 //     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB,
 //     lowatrtt = subflow_lowat 128 KiB scaled to the subflows' RTTs
 //     (subflow_lowat_scale: rtt), nolowat = subflow_lowat 0, the same as
-//     the agent's default, off),
+//     the agent's default, off; pace = subflow_pacing: true, TCP's own
+//     pacing of every subflow; probeN = probe_interval N ms),
 //     so that a
 //     mechanism is measured beside the procedure without it in one paired
 //     run (issue 26).
@@ -94,8 +95,10 @@ const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobu
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
 	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536), " +
-	"lowatrtt (subflow_lowat: 131072 with subflow_lowat_scale: rtt: the limit scaled to the subflows' RTTs, 128 KiB its floor), " +
-	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default)"
+	"lowatrtt (subflow_lowat: 131072 with subflow_lowat_scale: rtt: the limit scaled to the subflows' RTTs, 128 KiB its floor; it also sets probe_interval 100ms where static's default is 1s), " +
+	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default), " +
+	"pace (subflow_pacing: true: every subflow paces itself at TCP's own rate), " +
+	"probeN (probe_interval: N ms, 10-10000: the agent's measurements every N ms; static's default is 1s)"
 
 // parseMechanism reads one mechanism of a procedure name.
 func parseMechanism(f, m string) (Mechanism, error) {
@@ -144,6 +147,19 @@ func parseMechanism(f, m string) (Mechanism, error) {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want lowat (128 KiB) or lowatN with N 16-65536 KiB (subflow_lowat)", f, m)
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\n", n<<10)}, nil
+	case strings.HasPrefix(m, "probe"):
+		// The agent's probe interval alone: lowatrtt also sets 100 ms
+		// where static's default is 1 s, so +lowat+probe100 beside
+		// +lowatrtt separates the scaling from the faster probing.
+		n, ok := numbered(m, "probe", 10, 10000)
+		if !ok {
+			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want probeN with N 10-10000 (probe_interval N ms)", f, m)
+		}
+		return Mechanism{Name: m, Config: fmt.Sprintf("probe_interval: %dms\n", n)}, nil
+	case m == "pace":
+		// TCP's internal pacing on every subflow of the managed
+		// connections, at its own rate (docs/agent.md, "Subflow pacing").
+		return Mechanism{Name: m, Config: "subflow_pacing: true\n"}, nil
 	case m == "clamp" || m == "cwnd-clamp" || m == "cwnd_clamp":
 		// policy.Clamps clamps tunnel detour subflows only; a design's
 		// detours are NAT detours, where the clamp would be a no-op.
@@ -252,6 +268,8 @@ func parseProc(f string, paths int) (Proc, error) {
 			switch {
 			case strings.HasPrefix(key, "stale"):
 				key = "stale"
+			case strings.HasPrefix(key, "probe"):
+				key = "probe"
 			case strings.HasPrefix(key, "lowat"):
 				key = "lowat"
 			case strings.HasPrefix(key, "starve"):
