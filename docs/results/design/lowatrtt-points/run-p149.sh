@@ -5,7 +5,7 @@
 cd /work/wt-rttpts
 D=docs/results/design/lowatrtt-points
 ( while :; do echo "$(date -u +%FT%TZ) $(cut -d' ' -f1-3 /proc/loadavg)" >>$D/load-p149.txt; sleep 30; done ) & LP=$!
-python3 $D/ss-sampler.py rttpts2 $D/ss-p149.txt & SP=$!
+python3 $D/../lowat-p149/ss-sampler.py rttpts2 $D/ss-p149.txt & SP=$!
 trap 'kill $LP $SP' EXIT
 echo "requested $(date -u +%FT%TZ)" >>$D/chunks-p149.txt
 MEASURE_TAG=rttpts2 /work/runs/measure bash -c '

@@ -8,7 +8,7 @@ cd /work/wt-rttpts
 D=docs/results/design/lowatrtt-points
 END=$(date -u -d "2026-11-28 01:25" +%s)
 ( while :; do echo "$(date -u +%FT%TZ) $(cut -d' ' -f1-3 /proc/loadavg)" >>$D/load.txt; sleep 30; done ) & LP=$!
-python3 $D/ss-sampler.py rttpts $D/ss.txt & SP=$!
+python3 $D/../lowat-p149/ss-sampler.py rttpts $D/ss.txt & SP=$!
 trap 'kill $LP $SP' EXIT
 n() { cat $D/runs/paired/trials.jsonl 2>/dev/null | wc -l; }
 while :; do
