@@ -3,8 +3,10 @@
 # mean, and the ratio of its mean to mptcp-static's mean with a paired bootstrap interval
 # (rounds resampled together: trial k of every procedure ran in the same round), plus each
 # round's ratio; both goodput windows (to the last byte, equal window 1-10 s).
-# usage: compare.py TRIALS.jsonl [TRIALS.jsonl ...]
-import collections, json, random, statistics, sys
+# usage: [BASE=CELL] compare.py TRIALS.jsonl [TRIALS.jsonl ...]
+# BASE (default mptcp-static) is the procedure the ratios are taken to.
+import collections, json, os, random, statistics, sys
+BASE = os.environ.get("BASE", "mptcp-static")
 g = collections.defaultdict(dict)  # (point, window) -> {(cell, trial): goodput}
 for fn in sys.argv[1:]:
     for l in open(fn):
@@ -23,7 +25,8 @@ for (pt, w) in sorted(g):
     cells = sorted({c for c, _ in d}, key=lambda c: (not c.startswith("tcp"), c != "mptcp-static", len(c), c))
     rounds = sorted({k for _, k in d})
     print(f"\n{pt}, {w}: {len(rounds)} rounds\n")
-    print("| procedure | n | mean, Mbit/s [95 %] | / static, ratio of means [95 %, paired] | per round / static |")
+    base = "static" if BASE == "mptcp-static" else BASE
+    print("| procedure | n | mean, Mbit/s [95 %] | / " + base + ", ratio of means [95 %, paired] | per round / " + base + " |")
     print("|---|---:|---:|---:|---|")
     for c in cells:
         v = [d[(c, k)] for k in rounds if (c, k) in d]
@@ -31,18 +34,18 @@ for (pt, w) in sorted(g):
         bs = [statistics.mean(rng.choices(v, k=len(v))) for _ in range(B)]
         lo, hi = q(bs)
         rs = "-"; per = "-"
-        if c != "mptcp-static" and not c.startswith("tcp"):
-            ks = [k for k in rounds if (c, k) in d and ("mptcp-static", k) in d]
+        if c != BASE and not c.startswith("tcp"):
+            ks = [k for k in rounds if (c, k) in d and (BASE, k) in d]
             if not ks:
                 print(f"| {c} | {len(v)} | {mean:.2f} [{lo:.2f}, {hi:.2f}] | - | - |")
                 continue
-            ratio = statistics.mean(d[(c, k)] for k in ks) / statistics.mean(d[("mptcp-static", k)] for k in ks)
+            ratio = statistics.mean(d[(c, k)] for k in ks) / statistics.mean(d[(BASE, k)] for k in ks)
             bb = []
             for _ in range(B):
                 s = rng.choices(ks, k=len(ks))
-                bb.append(sum(d[(c, k)] for k in s) / sum(d[("mptcp-static", k)] for k in s))
+                bb.append(sum(d[(c, k)] for k in s) / sum(d[(BASE, k)] for k in s))
             a, b = q(bb)
             mark = " **below**" if b < 1 else (" **above**" if a > 1 else "")
             rs = f"{ratio:.2f} [{a:.2f}, {b:.2f}]{mark}"
-            per = ", ".join(f"{d[(c, k)] / d[('mptcp-static', k)]:.2f}" for k in ks)
+            per = ", ".join(f"{d[(c, k)] / d[(BASE, k)]:.2f}" for k in ks)
         print(f"| {c} | {len(v)} | {mean:.2f} [{lo:.2f}, {hi:.2f}] | {rs} | {per} |")
