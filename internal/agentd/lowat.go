@@ -70,11 +70,9 @@ type subflowLowat struct {
 	pairs map[bpfclamp.Conn]int // connections with the subflow
 	// rewrites: entries rewritten for a new T (status).
 	rewrites uint64
-	// refused: the kernel refused TCP_NOTSENT_LOWAT from BPF (warned
-	// once, in status); unread: the refusals could not be read (warned
-	// once).
-	refused string
-	unread  bool
+	// refusal: whether the kernel refused TCP_NOTSENT_LOWAT from BPF
+	// (warned once, in status).
+	refusal refusalWatch
 }
 
 // lowatConn is one managed connection's subflows and the T written
@@ -96,7 +94,8 @@ type lowatSub struct {
 // startLowat writes the limits through prog (openBPF): fixed (ceil 0)
 // or scaled between bytes and ceil (lowatCeil).
 func startLowat(bytes, ceil uint32, prog *bpfProgram, log *slog.Logger) *subflowLowat {
-	l := &subflowLowat{log: log, prog: prog, bytes: bytes, ceil: ceil, conns: map[uint32]*lowatConn{}, pairs: map[bpfclamp.Conn]int{}}
+	l := &subflowLowat{log: log, prog: prog, bytes: bytes, ceil: ceil, conns: map[uint32]*lowatConn{}, pairs: map[bpfclamp.Conn]int{},
+		refusal: refusalWatch{name: "subflow lowat", what: "lowat", option: "TCP_NOTSENT_LOWAT", without: "subflows keep the kernel's unbounded lowat"}}
 	if !prog.ok() {
 		log.Warn("subflow lowat off: the BPF program could not be loaded or attached; running without it", "err", prog.err)
 		return l
@@ -307,14 +306,7 @@ func (l *subflowLowat) checkRefused() {
 	r, err := l.prog.m.Refused()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case err != nil && !l.unread:
-		l.unread = true
-		l.log.Warn("subflow lowat: the kernel's refusals cannot be read; a refused lowat would not be shown", "err", err)
-	case err == nil && r.Lowat != 0 && l.refused == "":
-		l.refused = fmt.Sprintf("the kernel refused TCP_NOTSENT_LOWAT from BPF (%v): subflows keep the kernel's unbounded lowat", r.Lowat)
-		l.log.Warn("subflow lowat refused by the kernel: subflows run without it", "err", r.Lowat)
-	}
+	l.refusal.note(l.log, r.Lowat, err)
 }
 
 // status is the mechanism for "mpdetour status".
@@ -330,11 +322,11 @@ func (l *subflowLowat) status() agent.LowatStatus {
 	sets, err := l.prog.m.LowatSets()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := agent.LowatStatus{State: "active", Bytes: l.bytes, Refused: l.refused, Pairs: len(l.pairs), Sets: sets}
+	st := agent.LowatStatus{State: "active", Bytes: l.bytes, Refused: l.refusal.refused, Pairs: len(l.pairs), Sets: sets}
 	if l.ceil != 0 {
 		st.Scale, st.Ceil, st.Rewrites = "rtt", l.ceil, l.rewrites
 	}
-	if l.refused != "" {
+	if l.refusal.refused != "" {
 		st.State = "refused"
 	}
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpdetour/mpdetour/internal/agent"
 	"github.com/mpdetour/mpdetour/internal/bpfclamp"
 	"github.com/mpdetour/mpdetour/internal/policy"
@@ -40,16 +42,15 @@ type subflowPacing struct {
 
 	mu    sync.Mutex // status reads the counts and refused
 	users pairUsers[bpfclamp.Key]
-	// refused: the kernel refused SO_MAX_PACING_RATE from BPF (warned
-	// once, in status); unread: the refusals could not be read (warned
-	// once).
-	refused string
-	unread  bool
+	// refusal: whether the kernel refused SO_MAX_PACING_RATE from BPF
+	// (warned once, in status).
+	refusal refusalWatch
 }
 
 // startPacing writes the pacing rates through prog (openBPF).
 func startPacing(prog *bpfProgram, log *slog.Logger) *subflowPacing {
-	p := &subflowPacing{log: log, prog: prog, users: newPairUsers[bpfclamp.Key]()}
+	p := &subflowPacing{log: log, prog: prog, users: newPairUsers[bpfclamp.Key](),
+		refusal: refusalWatch{name: "subflow pacing", what: "pacing rate", option: "SO_MAX_PACING_RATE", without: "subflows are not paced"}}
 	if !prog.ok() {
 		log.Warn("subflow pacing off: the BPF program could not be loaded or attached; running without it", "err", prog.err)
 		return p
@@ -127,14 +128,7 @@ func (p *subflowPacing) checkRefused() {
 	r, err := p.prog.m.Refused()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	switch {
-	case err != nil && !p.unread:
-		p.unread = true
-		p.log.Warn("subflow pacing: the kernel's refusals cannot be read; a refused pacing rate would not be shown", "err", err)
-	case err == nil && r.Pacing != 0 && p.refused == "":
-		p.refused = fmt.Sprintf("the kernel refused SO_MAX_PACING_RATE from BPF (%v): subflows are not paced", r.Pacing)
-		p.log.Warn("subflow pacing refused by the kernel: subflows run without it", "err", r.Pacing)
-	}
+	p.refusal.note(p.log, r.Pacing, err)
 }
 
 // status is the mechanism for "mpdetour status".
@@ -145,8 +139,8 @@ func (p *subflowPacing) status() agent.PacingStatus {
 	p.checkRefused()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := agent.PacingStatus{State: "active", MaxRate: bpfclamp.MaxPacingRate, Refused: p.refused, Pairs: p.users.len()}
-	if p.refused != "" {
+	st := agent.PacingStatus{State: "active", MaxRate: bpfclamp.MaxPacingRate, Refused: p.refusal.refused, Pairs: p.users.len()}
+	if p.refusal.refused != "" {
 		st.State = "refused"
 	}
 	return st
@@ -228,4 +222,32 @@ func buildPacing(f File, clamps bool) (on bool, cgroup string, rest File, err er
 	rest = f
 	rest.BPFCgroup = ""
 	return true, f.BPFCgroup, rest, nil
+}
+
+// refusalWatch keeps what the kernel refused one mechanism's socket
+// option (from the program's counts, bpfProgram.m.Refused) and warns
+// once of a refusal and once of refusals that cannot be read
+// (subflow_lowat and subflow_pacing; the caller holds its lock).
+type refusalWatch struct {
+	// name is the mechanism ("subflow lowat"), what the value it sets
+	// ("lowat"), option the socket option, without what the subflows
+	// keep when it is refused.
+	name, what, option, without string
+	// refused: the reason for status ("" while none); unread: the
+	// refusals could not be read (warned).
+	refused string
+	unread  bool
+}
+
+// note takes one reading: errno is the option's refusal (0: none), err
+// the reading's failure.
+func (w *refusalWatch) note(log *slog.Logger, errno unix.Errno, err error) {
+	switch {
+	case err != nil && !w.unread:
+		w.unread = true
+		log.Warn(w.name+": the kernel's refusals cannot be read; a refused "+w.what+" would not be shown", "err", err)
+	case err == nil && errno != 0 && w.refused == "":
+		w.refused = fmt.Sprintf("the kernel refused %s from BPF (%v): %s", w.option, errno, w.without)
+		log.Warn(w.name+" refused by the kernel: subflows run without it", "err", errno)
+	}
 }
