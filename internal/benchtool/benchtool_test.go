@@ -445,6 +445,18 @@ func TestArrivalTimestamps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// SO_TIMESTAMPNS turns the kernel's receive stamping on through a
+		// static key that a workqueue flips later (net_enable_timestamp):
+		// a segment arriving before that carries no stamp and read falls
+		// back to the read time. One exchange first, read after the flip
+		// has had time to run, so the measured one is stamped.
+		if _, err := c.Write([]byte("warm")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if n, _, err := r.read(make([]byte, 16)); err != nil || n != 4 {
+			t.Fatalf("warm-up read %d, %v", n, err)
+		}
 		sent := time.Now()
 		if _, err := c.Write([]byte("hello")); err != nil {
 			t.Fatal(err)
