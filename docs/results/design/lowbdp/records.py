@@ -70,6 +70,7 @@ for p in points:
             v = [rd[proc] for rd in rounds.values() if proc in rd]
             return statistics.mean(v) if v else None
         t1, t2 = m('tcp-path1'), m('tcp-path2')
+        if t1 is None or t2 is None: continue
         c = [t1, t2]; best = max(c)
         cells = [p, run, str(len(rounds)), f'{t1:.2f}', f'{t2:.2f}', f'{sum(c)-best:.2f}']
         o = m('mptcp-1sf'); cells.append(f'{o:.2f}' if o is not None else '')
@@ -87,6 +88,28 @@ for p in points:
                 sh = shares.get(proc)
                 cells.append(f'{statistics.mean(sh):.2f}' if sh else '')
         print('| ' + ' | '.join(cells) + ' |')
+print('\n## Static pooled over the runs (every round of every run, rounds resampled within their run)\n')
+print('Different builds (6c580aa, b4e790c/8b20a64/e7b3859, 2a4aed7), static the same policy in each.\n')
+print('| point | rounds | TCP small / TCP best | mptcp-1sf / TCP on its path | static / best | static Ben [95 %] | sum - best, Mbit/s |')
+print('|---|---|---|---|---|---|---|')
+pooled = []
+for p in points:
+    R = {}
+    for run in RUNS:
+        for r in allrows[run]:
+            if r['point'] == p and r.get(KEY) is not None:
+                R.setdefault((run, r['trial']), {})[r['procedure']] = r[KEY]
+    R = {k: v for k, v in R.items() if 'tcp-path1' in v and 'tcp-path2' in v}
+    if not R: continue
+    def mm(proc):
+        v = [x[proc] for x in R.values() if proc in x]
+        return statistics.mean(v) if v else None
+    c = [mm('tcp-path1'), mm('tcp-path2')]; best = max(c); bi = c.index(best)
+    g = mm('mptcp-static'); b = ben(g, c); pooled.append(b)
+    one = [(x['mptcp-1sf'], x['tcp-path%d' % (bi + 1)]) for x in R.values() if 'mptcp-1sf' in x]
+    lo, hi = boot(R, 'mptcp-static', seed=int(p[1:]))
+    print(f"| {p} | {len(R)} | {min(c)/best:.2f} | {statistics.mean(a for a, _ in one)/statistics.mean(t for _, t in one):.2f} | {g/best:.2f} | {b:.2f} [{lo:.2f}, {hi:.2f}] | {sum(c)-best:.2f} |")
+print(f'\nPooled static: median Ben {statistics.median(pooled):.2f} over {len(pooled)} points.')
 print('\n## Median Ben over the low-BDP points\n')
 for (run, proc), v in sorted(summary.items()):
     print(f'- {run} {proc}: median {statistics.median(v):.2f} (n={len(v)})')
