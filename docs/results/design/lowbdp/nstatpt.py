@@ -18,7 +18,7 @@ for ns, L in S.items():
     k, prev, out_ = 0, -1, []
     for tm, c in L:
         s = sum(c.values())
-        if s < prev: k += 1
+        if s < prev / 2: k += 1  # a new lab (gauges such as MPTcpExtMPCurrEstab fall by 1 within one)
         prev = s; out_.append((tm, k, c))
     seg[ns] = out_
 want = ["server:MPTcpExtOFOQueue", "server:MPTcpExtRcvWndShared", "server:MPTcpExtRcvPruned", "server:TcpExtTCPOFODrop",
