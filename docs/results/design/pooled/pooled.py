@@ -418,6 +418,9 @@ for name, _ in CRUNS:
     P(f"| {name} | {len(r)} | {cells[0]} | {cells[1]} |")
 P(f"| **pooled, four runs** | {len(pool['overall'])} | {ci(*gm_t(pool['overall']), 3)} (above 1 in {sum(x > 1 for x in pool['overall'])}) | {ci(*gm_t(pool['last third']), 3)} (above 1 in {sum(x > 1 for x in pool['last third'])}) |")
 P(f"| pooled without candidates-lowatrtt's rounds 16-20 (CI load) | {len(pool_nl['overall'])} | {ci(*gm_t(pool_nl['overall']), 3)} | {ci(*gm_t(pool_nl['last third']), 3)} |")
+runm = {w: [gm_t(pair(CD[name], "mptcp-nat-static-lowat", "mptcp-nat-static", fld))[0] for name, _ in CRUNS] for fld, w in W}
+P(f"| over runs (each run's geometric mean one value, Student t over the {len(CRUNS)} runs) | {len(CRUNS)} runs | "
+  f"{ci(*gm_t(runm['overall']), 3)} | {ci(*gm_t(runm['last third']), 3)} |")
 P()
 P("### Each arm's share of the oracle subset\n")
 P("Per run: ratio of the arm's mean to the oracle's mean over the run's rounds (as the runs' READMEs) and the "
@@ -439,8 +442,11 @@ for arm, cell in ARMS:
             allr[w] += r
             cells += [f"{rm:.3f}", ci(*gm_t(r), 3)]
         P(f"| {arm} | {name} | {len(ts)} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} |")
-    if len(allr["overall"]) and sum(1 for name, _ in CRUNS if cell in CD[name] and ORC in CD[name]) > 1:
+    rr = [name for name, _ in CRUNS if cell in CD[name] and ORC in CD[name]]
+    if len(rr) > 1:
         P(f"| **{arm}** | **pooled** | {len(allr['overall'])} | - | {ci(*gm_t(allr['overall']), 3)} | - | {ci(*gm_t(allr['last third']), 3)} |")
+        ov = {w: [gm_t(pair(CD[name], cell, ORC, fld))[0] for name in rr] for fld, w in W}
+        P(f"| {arm} | over runs (Student t over {len(rr)} runs' geometric means) | {len(rr)} runs | - | {ci(*gm_t(ov['overall']), 3)} | - | {ci(*gm_t(ov['last third']), 3)} |")
 P()
 P("### candidates-lowat/run3/pooled.py (the three lowat runs, called unchanged)\n")
 P("```")
