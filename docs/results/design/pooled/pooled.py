@@ -8,10 +8,11 @@ Design: the trials of docs/results/design/{paired-main2,lowat,lowatrtt}/runs/*/t
 ratio = procedure / TCP on the point's best path in the SAME round of the SAME run (best path =
 the single path with the higher mean over every pooled round of that measure). Static pooled over
 the three runs (<= 9 rounds), the fixed limit (mptcp-static+lowat) over lowat + lowatrtt (<= 6).
-Point estimate = mean of the per-round ratios; 95 % interval = bootstrap percentile interval
-resampling rounds within each run (2000 resamples, seeded from the point); harmed = interval
-wholly below 0.95; near = estimate >= 0.95. Ben = Ben of the per-round-normalised means (best
-path 1, the other path its mean ratio to the best). Limit / static: geometric mean of the
+Point estimate = geometric mean of the per-round ratios (gm; beside it am = their arithmetic
+mean and rm = per run the ratio of the means, averaged over runs by rounds); 95 % interval =
+bootstrap percentile interval resampling rounds within each run (2000 resamples, seeded from the
+point); harmed = interval wholly below 0.95; near = estimate >= 0.95. Ben = Ben of the
+per-round-normalised means (best path 1, the other path its ratio to the best, same estimator). Limit / static: geometric mean of the
 per-round ratios (same round and run), the same stratified interval; chance per point = share of
 the 2^k sign flips of its log ratios whose interval lies wholly below 1 (each way). Over points:
 geometric mean with a Student t interval of the per-point log ratios (as the design's reports).
