@@ -309,9 +309,9 @@ func printSubflowLowat(l *agent.LowatStatus) {
 		fmt.Printf("subflow lowat: refused: %s (running without it%s)\n", l.Refused, lowatDefault(l))
 	case l.Error != "":
 		// The count could not be read: no "set 0 times".
-		fmt.Printf("subflow lowat: active, %s, %d subflows, settings unknown: %s%s\n", lowatLimit(l), l.Pairs, l.Error, lowatWhere(l))
+		fmt.Printf("subflow lowat: active, %s, %d subflows, settings unknown: %s%s\n", lowatLimit(l), l.Pairs, l.Error, l.Where())
 	default:
-		fmt.Printf("subflow lowat: active, %s, %d subflows, set %d times%s%s\n", lowatLimit(l), l.Pairs, l.Sets, lowatRewrites(l), lowatWhere(l))
+		fmt.Printf("subflow lowat: active, %s, %d subflows, set %d times%s%s\n", lowatLimit(l), l.Pairs, l.Sets, lowatRewrites(l), l.Where())
 	}
 }
 
@@ -322,19 +322,6 @@ func lowatDefault(l *agent.LowatStatus) string {
 		return ""
 	}
 	return "; the default: subflow_lowat: 0 turns it off"
-}
-
-// lowatWhere says where the program is attached and whether the limit is
-// the default.
-func lowatWhere(l *agent.LowatStatus) string {
-	s := ""
-	if l.Cgroup != "" {
-		s = ", program at " + l.Cgroup
-	}
-	if l.Default {
-		s += " (the default)"
-	}
-	return s
 }
 
 // lowatLimit says what bounds each subflow's unsent bytes: one size, or

@@ -166,6 +166,19 @@ type LowatStatus struct {
 	Cgroup string `json:"cgroup,omitempty"`
 }
 
+// Where says, for status and doctor, where the program is attached and
+// whether the limit is the default: ", program at CGROUP (the default)".
+func (l *LowatStatus) Where() string {
+	s := ""
+	if l.Cgroup != "" {
+		s = ", program at " + l.Cgroup
+	}
+	if l.Default {
+		s += " (the default)"
+	}
+	return s
+}
+
 // PacingStatus is subflow pacing (subflow_pacing) in the status: active
 // with the maximum pacing rate given (bytes/s; it caps nothing, it turns
 // TCP's internal pacing on) and the address pairs that have it, refused

@@ -138,7 +138,7 @@ func TestRunningAgentLowat(t *testing.T) {
 	// The default: where it is attached and that it is the default; a
 	// failed default says how to turn it off.
 	st.SubflowLowat = &agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Sets: 4, Default: true, Cgroup: "cgroup v2 root"}
-	if x := find(RunningAgent(p, st), check); x.Status != OK || !strings.Contains(x.Detail, "program attached to cgroup v2 root (the default: subflow_lowat not set)") {
+	if x := find(RunningAgent(p, st), check); x.Status != OK || !strings.Contains(x.Detail, "program at cgroup v2 root (the default)") {
 		t.Fatalf("active default: %+v", x)
 	}
 	st.SubflowLowat = &agent.LowatStatus{State: "failed", Bytes: 131072, Default: true, Error: "no cgroup v2 mount"}

@@ -246,9 +246,9 @@ func RunningAgent(p Paths, st *agent.Status) Report {
 	case l.State == "refused":
 		r.add("client", lw, Warn, "the kernel refused the running agent's limit: "+l.Refused, "")
 	case l.Scale == "rtt":
-		r.add("client", lw, OK, fmt.Sprintf("%s, scaled to the subflows' RTTs (subflow_lowat_scale: rtt), %d-%d bytes unsent at most per subflow%s", l.State, l.Bytes, l.Ceil, lowatAt(l)), "")
+		r.add("client", lw, OK, fmt.Sprintf("%s, scaled to the subflows' RTTs (subflow_lowat_scale: rtt), %d-%d bytes unsent at most per subflow%s", l.State, l.Bytes, l.Ceil, l.Where()), "")
 	default:
-		r.add("client", lw, OK, fmt.Sprintf("%s, %d bytes unsent at most per subflow%s", l.State, l.Bytes, lowatAt(l)), "")
+		r.add("client", lw, OK, fmt.Sprintf("%s, %d bytes unsent at most per subflow%s", l.State, l.Bytes, l.Where()), "")
 	}
 	return r
 }
@@ -569,17 +569,4 @@ func bpfWhere(dir, at string) string {
 		return ""
 	}
 	return " (no bpf_cgroup: the agent attaches it to the cgroup v2 root " + at + ", so every MPTCP subflow on this host, in every namespace and container, runs it at each ACK; it limits only the agent's own managed subflows; bpf_cgroup narrows it to one cgroup, but then only the processes in that cgroup get the limit)"
-}
-
-// lowatAt says where a running agent's program is attached and whether
-// the limit is its default.
-func lowatAt(l *agent.LowatStatus) string {
-	s := ""
-	if l.Cgroup != "" {
-		s = ", program attached to " + l.Cgroup
-	}
-	if l.Default {
-		s += " (the default: subflow_lowat not set)"
-	}
-	return s
 }
