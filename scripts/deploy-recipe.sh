@@ -25,6 +25,20 @@ tag="dr$$"
 ns_server="$tag-server" ns_relay="$tag-relay" ns_client="$tag-client"
 work=$(mktemp -d /tmp/mpdetour-deploy.XXXXXX)
 
+# The agent's BPF program (subflow_lowat, on by default) attaches to the
+# cgroup v2 root unless bpf_cgroup names another: the client's config names
+# a cgroup of this run's own (holding this script and so the daemons and
+# transfers it starts), so that it could never reach the other sockets of
+# the machine (other labs share these addresses). The blocks run under
+# `ip netns exec`, which remounts /sys without the cgroup mount, so the
+# agent does not see that directory: it takes the documented fallback (one
+# warning, the limit off) and this recipe does not exercise the program
+# (cmd/mpdetour TestDeployUnitCapabilities does). Removed at exit.
+cgroot=$(findmnt -n -t cgroup2 -o TARGET | head -n 1)
+[ -n "$cgroot" ] || { echo "deploy-recipe: no cgroup v2 mount" >&2; exit 1; }
+cgback="$cgroot$(sed -n 's/^0:://p' /proc/self/cgroup)"
+cg="$cgroot/mpdetour-deploy-$$"
+
 cleanup() {
   local rc=$?
   for h in client relay server; do
@@ -53,10 +67,17 @@ cleanup() {
     done
   fi
   rm -rf "$work"
+  if [ -d "$cg" ]; then
+    echo $$ >"$cgback/cgroup.procs" 2>/dev/null || true
+    rmdir "$cg" 2>/dev/null || echo "deploy-recipe: cgroup $cg not removed (a process is still in it)" >&2
+  fi
   exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+mkdir "$cg"
+echo $$ >"$cg/cgroup.procs"
 
 # Hosts: client -- server directly (default path), client -- relay -- server.
 for n in "$ns_server" "$ns_relay" "$ns_client"; do
@@ -102,6 +123,9 @@ for h in server relay client; do
   mkdir -p "$work/$h/deploy"
   for f in deploy/*; do rewrite "$h" <"$f" >"$work/$h/deploy/$(basename "$f")"; done
 done
+# The client's example config with this run's cgroup (above), first: the
+# missteps below append relays to the servers list at its end.
+sed -i "1i bpf_cgroup: $cg" "$work/client/deploy/agent.yaml"
 
 # The prelude every block runs with: systemctl for unit files.
 prelude() {

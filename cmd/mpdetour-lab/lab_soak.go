@@ -44,7 +44,7 @@ func labSoakCommand() *cli.Command {
 			fs.DurationVar(&o.Sample, "sample", 10*time.Second, "sampling period")
 			fs.StringVar(&out, "out", "", "write report.md and samples.json here")
 			fs.StringVar(&o.Policy, "policy", "", "the agent's policy: static, adaptive, backup-first or guard (default: the agent's default)")
-			fs.IntVar(&o.SubflowLowat, "subflow-lowat", 0, fmt.Sprintf("the agent's subflow_lowat in bytes: each subflow's TCP_NOTSENT_LOWAT through its BPF program, attached to this runner's lab cgroup (docs/agent.md \"Per-subflow unsent limit\"); default 0, the agent's default: off; else %d-%d (%d is the suggested value)", agentd.MinSubflowLowat, math.MaxInt32, agentd.SuggestedSubflowLowat))
+			fs.IntVar(&o.SubflowLowat, "subflow-lowat", agentd.DefaultSubflowLowat, fmt.Sprintf("the agent's subflow_lowat in bytes: each subflow's TCP_NOTSENT_LOWAT through its BPF program, attached to this runner's lab cgroup (docs/agent.md \"Per-subflow unsent limit\"); default %d, the agent's default; 0: off (the agent's default before the limit was turned on), else %d-%d", agentd.DefaultSubflowLowat, agentd.MinSubflowLowat, math.MaxInt32))
 			fs.StringVar(&name, "name", "soak", "lab name (namespaces <name>-<node>)")
 			fs.StringVar(&bin, "bin", "", binFlagUsage)
 			fs.StringVar(&attacks, "attacks", "", "comma-separated attack-suite cases run in turn against the soak's own relays and agent while its traffic runs, each judged by the suite's criterion ("+strings.Join(breaks.InPlaceCases(), ", ")+", or all; docs/bench.md); none by default")

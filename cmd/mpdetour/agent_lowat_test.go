@@ -104,28 +104,37 @@ func runAgentStatusWhile(t *testing.T, cfg string, while func()) (agent.Status, 
 	return st, string(text), logs.String()
 }
 
-// A config that sets subflow_lowat: 131072 gets the limit in the cgroup
-// bpf_cgroup names (attached there while the agent runs); nothing stays
-// attached after SIGTERM.
+// A config that sets subflow_lowat: 131072, and one that does not set it
+// (the default), get the limit in the cgroup bpf_cgroup names (attached
+// there while the agent runs, not at the cgroup v2 root); status says
+// which is the default; nothing stays attached after SIGTERM.
 func TestAgentLowatSet(t *testing.T) {
-	cg := testCgroup(t, "mpd-agent-lowat")
-	running := -1
-	st, text, logs := runAgentStatusWhile(t, "subflow_lowat: 131072\nbpf_cgroup: "+cg+"\n", func() { running = sockOpsAttached(t, cg) })
-	// Attached to bpf_cgroup, not anywhere else (the cgroup v2 root).
-	if running != 1 {
-		t.Errorf("%d sock_ops programs attached to %s while the agent ran, want 1; log: %s", running, cg, logs)
-	}
-	if l := st.SubflowLowat; l == nil || l.State != "active" || l.Bytes != 131072 {
-		t.Fatalf("status subflow_lowat %+v, want active with 131072 bytes; log: %s", l, logs)
-	}
-	if !strings.Contains(text, "subflow lowat: active, 131072 bytes unsent at most per subflow") {
-		t.Errorf("status text:\n%s", text)
-	}
-	if strings.Contains(logs, "level=WARN") {
-		t.Errorf("warnings with the program attached: %s", logs)
-	}
-	if n := sockOpsAttached(t, cg); n != 0 {
-		t.Errorf("%d programs attached to %s after the agent exited", n, cg)
+	for _, tc := range []struct {
+		name, cfg string
+		dflt      bool
+	}{{"set", "subflow_lowat: 131072\n", false}, {"default", "", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cg := testCgroup(t, "mpd-agent-lowat")
+			running := -1
+			st, text, logs := runAgentStatusWhile(t, tc.cfg+"bpf_cgroup: "+cg+"\n", func() { running = sockOpsAttached(t, cg) })
+			// Attached to bpf_cgroup, not anywhere else (the cgroup v2 root).
+			if running != 1 {
+				t.Errorf("%d sock_ops programs attached to %s while the agent ran, want 1; log: %s", running, cg, logs)
+			}
+			if l := st.SubflowLowat; l == nil || l.State != "active" || l.Bytes != 131072 || l.Default != tc.dflt || l.Cgroup != cg {
+				t.Fatalf("status subflow_lowat %+v, want active with 131072 bytes at %s, default %v; log: %s", l, cg, tc.dflt, logs)
+			}
+			if !strings.Contains(text, "subflow lowat: active, 131072 bytes unsent at most per subflow") || !strings.Contains(text, "program at "+cg) ||
+				strings.Contains(text, "(the default)") != tc.dflt {
+				t.Errorf("status text:\n%s", text)
+			}
+			if strings.Contains(logs, "level=WARN") {
+				t.Errorf("warnings with the program attached: %s", logs)
+			}
+			if n := sockOpsAttached(t, cg); n != 0 {
+				t.Errorf("%d programs attached to %s after the agent exited", n, cg)
+			}
+		})
 	}
 }
 
@@ -160,38 +169,48 @@ func atoiOr(s string) uint32 {
 	return n
 }
 
-// A config that does not set subflow_lowat, and one with subflow_lowat:
-// 0, run without the limit (off by default): no program, no status line,
-// no warning.
-func TestAgentLowatDefaultOff(t *testing.T) {
-	for _, cfg := range []string{"", "subflow_lowat: 0\n"} {
-		st, text, logs := runAgentStatus(t, cfg)
-		if st.SubflowLowat != nil || strings.Contains(text, "subflow lowat") || strings.Contains(logs, "subflow lowat on") || strings.Contains(logs, "level=WARN") {
-			t.Errorf("%q: status %+v, text %q, log %q: want no limit and no warning", cfg, st.SubflowLowat, text, logs)
-		}
+// subflow_lowat: 0 runs without the limit: no program, no status line,
+// no warning. (A config without subflow_lowat gets the default limit:
+// TestAgentLowatSet; never run here without bpf_cgroup, which would
+// attach the program to the cgroup v2 root.)
+func TestAgentLowatOff(t *testing.T) {
+	st, text, logs := runAgentStatus(t, "subflow_lowat: 0\n")
+	if st.SubflowLowat != nil || strings.Contains(text, "subflow lowat") || strings.Contains(logs, "subflow lowat on") || strings.Contains(logs, "level=WARN") {
+		t.Errorf("status %+v, text %q, log %q: want no limit and no warning", st.SubflowLowat, text, logs)
 	}
 }
 
-// An explicit limit when the program cannot attach (bpf_cgroup is no
-// cgroup v2 directory, standing for a host without cgroup v2, BTF or
-// privileges): exactly one warning line, status says failed and that the
-// agent runs without it, the agent runs and exits cleanly.
+// An explicit limit and the default when the program cannot attach
+// (bpf_cgroup is no cgroup v2 directory, standing for a host without
+// cgroup v2, BTF or privileges): exactly one warning line, status says
+// failed and that the agent runs without it (for the default also that
+// it is the default and how to turn it off), the agent runs and exits
+// cleanly.
 func TestAgentLowatFallback(t *testing.T) {
-	notCgroup := t.TempDir()
-	st, text, logs := runAgentStatus(t, "subflow_lowat: 131072\nbpf_cgroup: "+notCgroup+"\n")
-	if l := st.SubflowLowat; l == nil || l.State != "failed" || l.Bytes != 131072 || !strings.Contains(l.Error, notCgroup) {
-		t.Fatalf("status subflow_lowat %+v, want failed naming %s; log: %s", l, notCgroup, logs)
-	}
-	if !strings.Contains(text, "subflow lowat: failed: ") || !strings.Contains(text, "(running without it)") {
-		t.Errorf("status text:\n%s", text)
-	}
-	var warns []string
-	for _, line := range strings.Split(logs, "\n") {
-		if strings.Contains(line, "level=WARN") {
-			warns = append(warns, line)
-		}
-	}
-	if len(warns) != 1 || !strings.Contains(warns[0], "subflow lowat off") || !strings.Contains(warns[0], "running without it") {
-		t.Errorf("warnings %q, want exactly one saying the limit is off and why", warns)
+	for _, tc := range []struct {
+		name, cfg string
+		dflt      bool
+	}{{"set", "subflow_lowat: 131072\n", false}, {"default", "", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			notCgroup := t.TempDir()
+			st, text, logs := runAgentStatus(t, tc.cfg+"bpf_cgroup: "+notCgroup+"\n")
+			if l := st.SubflowLowat; l == nil || l.State != "failed" || l.Bytes != 131072 || l.Default != tc.dflt || !strings.Contains(l.Error, notCgroup) {
+				t.Fatalf("status subflow_lowat %+v, want failed naming %s; log: %s", l, notCgroup, logs)
+			}
+			if !strings.Contains(text, "subflow lowat: failed: ") || !strings.Contains(text, "(running without it") ||
+				strings.Contains(text, "the default: subflow_lowat: 0 turns it off") != tc.dflt {
+				t.Errorf("status text:\n%s", text)
+			}
+			var warns []string
+			for _, line := range strings.Split(logs, "\n") {
+				if strings.Contains(line, "level=WARN") {
+					warns = append(warns, line)
+				}
+			}
+			if len(warns) != 1 || !strings.Contains(warns[0], "subflow lowat off") || !strings.Contains(warns[0], "running without it") ||
+				strings.Contains(warns[0], "on by default") != tc.dflt {
+				t.Errorf("warnings %q, want exactly one saying the limit is off and why", warns)
+			}
+		})
 	}
 }

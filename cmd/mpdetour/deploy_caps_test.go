@@ -132,15 +132,16 @@ func TestDeployUnitCapabilities(t *testing.T) {
 	t.Run("agent", func(t *testing.T) {
 		ns := netnstest.New(t, "capa")
 		cfg := filepath.Join(dir, "agent.yaml")
-		// subflow_lowat: 0 (the default, written out): the BPF program needs CAP_BPF, which is not what this test is about.
+		// subflow_lowat: 0 (off; the limit is on by default): the BPF program needs CAP_BPF, which is not what this test is about.
 		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent.sock")+"\nsubflow_lowat: 0\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		startWithCaps(t, ns, unitCaps(t, "mpdetour-agent.service"), "agent running", bin, "agent", "--config", cfg)
 	})
 
-	// With the unit's capabilities the agent's BPF program (subflow_lowat
-	// set) loads and attaches to its bpf_cgroup; without
+	// With the unit's capabilities the agent's BPF program (the default
+	// subflow_lowat: the config does not set it) loads and attaches to
+	// its bpf_cgroup; without
 	// CAP_BPF it runs without it and says what is missing.
 	lowat := func(t *testing.T, caps string, attached int, say string) {
 		cg := testCgroup(t, "mpdetour-capcg")
@@ -148,7 +149,7 @@ func TestDeployUnitCapabilities(t *testing.T) {
 		cfg := filepath.Join(dir, "agent-lowat.yaml")
 		// bpf_cgroup as the agent sees it: the cgroup v2 mount is at
 		// /sys/fs/cgroup inside (runWithCaps), wherever the host has it.
-		conf := "socket: " + filepath.Join(dir, "agent-lowat.sock") + "\nsubflow_lowat: 131072\nbpf_cgroup: /sys/fs/cgroup/" + filepath.Base(cg) + "\n"
+		conf := "socket: " + filepath.Join(dir, "agent-lowat.sock") + "\nbpf_cgroup: /sys/fs/cgroup/" + filepath.Base(cg) + "\n"
 		if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -178,16 +179,17 @@ func TestDeployUnitCapabilities(t *testing.T) {
 	})
 
 	// An agent started with ip netns exec (no cgroup v2 mount in its
-	// view) and subflow_lowat set: it runs without the program and the
-	// warning names ip netns exec and the netns: key.
+	// view) and the default limit (subflow_lowat not set): it runs
+	// without the program and one warning names ip netns exec, the
+	// netns: key and that the limit is the default.
 	t.Run("agent-ip-netns-exec", func(t *testing.T) {
 		ns := netnstest.New(t, "capx")
 		cfg := filepath.Join(dir, "agent-nocg.yaml")
-		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent-nocg.sock")+"\nsubflow_lowat: 131072\n"), 0o600); err != nil {
+		if err := os.WriteFile(cfg, []byte("socket: "+filepath.Join(dir, "agent-nocg.sock")+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		runWithCaps(t, ns, unitCaps(t, "mpdetour-agent.service"), false, "agent running", func(out string) {
-			if !strings.Contains(out, "subflow lowat off") || !strings.Contains(out, "ip netns exec") || !strings.Contains(out, "netns:") {
+			if strings.Count(out, "subflow lowat off") != 1 || !strings.Contains(out, "ip netns exec") || !strings.Contains(out, "netns:") || !strings.Contains(out, "on by default") {
 				t.Errorf("agent log does not say the limit is off because ip netns exec hides the cgroup mount (use netns:):\n%s", out)
 			}
 		}, bin, "agent", "--config", cfg)

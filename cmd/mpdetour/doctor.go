@@ -128,7 +128,7 @@ func bpfNotUsed(agentConfig, relayConfig string, cfg agentd.Config, cfgErr error
 	case agentConfig == "" || cfgErr != nil || cfg.SubflowLowat > 0 || cfg.CwndClamp != nil || cfg.SubflowPacing:
 		return ""
 	case cfg.SubflowLowatDefault:
-		return agentConfig + " does not set subflow_lowat (off by default) and has no cwnd_clamp: the agent loads no BPF program"
+		return agentConfig + " is a server-role-only agent without subflow_lowat (off by default there) and no cwnd_clamp: the agent loads no BPF program"
 	}
 	return agentConfig + " has subflow_lowat: 0 (off) and no cwnd_clamp: the agent loads no BPF program"
 }

@@ -29,11 +29,11 @@ func TestDoctorBPFNotUsed(t *testing.T) {
 		{"no flags", "", "", agentd.Config{}, nil, ""},
 		{"relay host", "", "relay.yaml", agentd.Config{}, nil, "a relay host"},
 		{"both", "a.yaml", "relay.yaml", parse("subflow_lowat: 131072\n"), nil, ""},
-		{"default off", "a.yaml", "", parse(""), nil, "does not set subflow_lowat (off by default)"},
+		{"default on", "a.yaml", "", parse(""), nil, ""},
 		{"set", "a.yaml", "", parse("subflow_lowat: 131072\n"), nil, ""},
 		{"invalid config", "a.yaml", "", agentd.Config{}, errors.New("bad"), ""},
 		{"off", "a.yaml", "", parse("subflow_lowat: 0\n"), nil, "has subflow_lowat: 0 (off)"},
-		{"server role only", "a.yaml", "", parse(server), nil, "off by default"},
+		{"server role only", "a.yaml", "", parse(server), nil, "server-role-only agent without subflow_lowat (off by default there)"},
 	} {
 		got := bpfNotUsed(tc.agent, tc.relay, tc.cfg, tc.err)
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {

@@ -304,15 +304,24 @@ func printSubflowLowat(l *agent.LowatStatus) {
 	switch {
 	case l == nil:
 	case l.State == "failed":
-		fmt.Printf("subflow lowat: failed: %s (running without it)\n", l.Error)
+		fmt.Printf("subflow lowat: failed: %s (running without it%s)\n", l.Error, lowatDefault(l))
 	case l.State == "refused":
-		fmt.Printf("subflow lowat: refused: %s (running without it)\n", l.Refused)
+		fmt.Printf("subflow lowat: refused: %s (running without it%s)\n", l.Refused, lowatDefault(l))
 	case l.Error != "":
 		// The count could not be read: no "set 0 times".
-		fmt.Printf("subflow lowat: active, %s, %d subflows, settings unknown: %s\n", lowatLimit(l), l.Pairs, l.Error)
+		fmt.Printf("subflow lowat: active, %s, %d subflows, settings unknown: %s%s\n", lowatLimit(l), l.Pairs, l.Error, l.Where())
 	default:
-		fmt.Printf("subflow lowat: active, %s, %d subflows, set %d times%s\n", lowatLimit(l), l.Pairs, l.Sets, lowatRewrites(l))
+		fmt.Printf("subflow lowat: active, %s, %d subflows, set %d times%s%s\n", lowatLimit(l), l.Pairs, l.Sets, lowatRewrites(l), l.Where())
 	}
+}
+
+// lowatDefault says, for a limit the config does not set, that it is the
+// default and how to turn it off.
+func lowatDefault(l *agent.LowatStatus) string {
+	if !l.Default {
+		return ""
+	}
+	return "; the default: subflow_lowat: 0 turns it off"
 }
 
 // lowatLimit says what bounds each subflow's unsent bytes: one size, or

@@ -158,6 +158,25 @@ type LowatStatus struct {
 	Scale    string `json:"scale,omitempty"`
 	Ceil     uint32 `json:"ceil,omitempty"`
 	Rewrites uint64 `json:"rewrites,omitempty"`
+	// Default: the config does not set subflow_lowat (the limit is the
+	// agent's default; subflow_lowat: 0 turns it off).
+	Default bool `json:"default,omitempty"`
+	// Cgroup is where the program attaches (or failed to): bpf_cgroup's
+	// directory or "cgroup v2 root".
+	Cgroup string `json:"cgroup,omitempty"`
+}
+
+// Where says, for status and doctor, where the program is attached and
+// whether the limit is the default: ", program at CGROUP (the default)".
+func (l *LowatStatus) Where() string {
+	s := ""
+	if l.Cgroup != "" {
+		s = ", program at " + l.Cgroup
+	}
+	if l.Default {
+		s += " (the default)"
+	}
+	return s
 }
 
 // PacingStatus is subflow pacing (subflow_pacing) in the status: active

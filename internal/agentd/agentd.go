@@ -64,15 +64,24 @@ func Summary(w io.Writer, path string, cfg Config) {
 	if cfg.SubflowLowat > 0 {
 		lowat = fmt.Sprintf("%d bytes", cfg.SubflowLowat)
 	}
-	if cfg.SubflowLowatDefault {
+	switch {
+	case cfg.SubflowLowatDefault && cfg.SubflowLowat == 0:
+		lowat += " (default without a client role)"
+	case cfg.SubflowLowatDefault:
 		lowat += " (default)"
 	}
+
 	if cfg.SubflowLowatScale == LowatScaleRTT {
 		lowat += ", scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the namespace's tcp_wmem maximum)"
 	}
 	fmt.Fprintf(w, "  subflow lowat %s\n", lowat)
 	if cfg.SubflowPacing {
 		fmt.Fprintf(w, "  subflow pacing on (TCP's own rate)\n")
+	}
+	if cfg.SubflowLowat > 0 || cfg.CwndClamp != nil || cfg.SubflowPacing {
+		// Where the program's callbacks run: at the root, every
+		// process's sockets (docs/agent.md "Cgroup").
+		fmt.Fprintf(w, "  BPF sock_ops program attaches to %s\n", cgroupName(cfg.BPFCgroup))
 	}
 }
 
@@ -202,7 +211,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 			if cfg.SubflowLowatScale == LowatScaleRTT {
 				ceil = lowatCeil(opts.NetNS, cfg.SubflowLowat, readWmem, log)
 			}
-			lw := startLowat(cfg.SubflowLowat, ceil, prog, log)
+			lw := startLowatAs(cfg.SubflowLowat, ceil, cfg.SubflowLowatDefault, prog, log)
 			opts.OnSubflows, opts.SubflowLowat = lw.subflows, lw.status
 			// Every probe round also looks for the kernel's refusal.
 			if clamps := opts.OnMeasured; clamps != nil {

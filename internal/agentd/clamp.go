@@ -39,13 +39,16 @@ type bpfProgram struct {
 	m      clampMap // nil: failed
 	err    string
 	limits map[bpfclamp.Key]bpfclamp.Limits
+	// cgroup is where it attaches: bpf_cgroup (or cwnd_clamp.cgroup);
+	// "" = the cgroup v2 root (status says which).
+	cgroup string
 }
 
 // openBPF attaches the program to cgroup through attach (attachClamp
 // outside tests); a failure is kept for the mechanisms to report (each
 // says once that it is off) and the agent runs without them.
 func openBPF(cgroup string, attach func(string) (clampMap, error)) *bpfProgram {
-	b := &bpfProgram{limits: map[bpfclamp.Key]bpfclamp.Limits{}}
+	b := &bpfProgram{limits: map[bpfclamp.Key]bpfclamp.Limits{}, cgroup: cgroup}
 	m, err := attach(cgroup)
 	if err != nil {
 		b.err = err.Error()

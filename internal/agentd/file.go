@@ -64,11 +64,14 @@ type Config struct {
 	SubflowCongestion string
 	// SubflowLowat, when > 0, bounds the unsent bytes of every subflow of
 	// every managed connection (TCP_NOTSENT_LOWAT through the BPF program;
-	// lowat.go, docs/agent.md). Off (0) unless the config file sets it
-	// (SuggestedSubflowLowat is the value the docs suggest).
+	// lowat.go, docs/agent.md). A config file that does not set it gets
+	// DefaultSubflowLowat (0 on a server-role-only agent, which manages
+	// no connection); subflow_lowat: 0 turns it off.
 	SubflowLowat uint32
 	// SubflowLowatDefault: the file does not set subflow_lowat
-	// (SubflowLowat is 0, the default; `agent --check` says so).
+	// (SubflowLowat is the default; `agent --check` says so, and a
+	// program that cannot be loaded or attached is then one warning
+	// that names the default and how to turn it off).
 	SubflowLowatDefault bool
 	// SubflowLowatScale is LowatScaleNone (the default: every subflow
 	// gets SubflowLowat) or LowatScaleRTT (SubflowLowat is the floor of a
@@ -225,9 +228,9 @@ func parseConfig(name string, b []byte) (Config, error) {
 		f.Guard = &fileGuard{}
 	}
 	if f.SubflowLowat == nil && doc.Sub("subflow_lowat") != nil {
-		// "subflow_lowat:" or "~": not unset (off); an operator blanking
-		// the value may have meant something else.
-		return Config{}, doc.Errorf("subflow_lowat", "want 0 (off) or %d-%d bytes, got null (leave the key out: off)", MinSubflowLowat, math.MaxInt32)
+		// "subflow_lowat:" or "~": not unset, which means the default
+		// (on); an operator blanking the value meant something else.
+		return Config{}, doc.Errorf("subflow_lowat", "want 0 (off) or %d-%d bytes, got null (leave the key out for the default, %d)", MinSubflowLowat, math.MaxInt32, DefaultSubflowLowat)
 	}
 	if f.SubflowLowatScale == nil && doc.Sub("subflow_lowat_scale") != nil {
 		return Config{}, doc.Errorf("subflow_lowat_scale", "want %s or %s, got null (leave the key out: %s)", LowatScaleNone, LowatScaleRTT, LowatScaleNone)
@@ -557,17 +560,25 @@ func cgroupPath(key, p string) error {
 // burst it sends.
 const MinSubflowLowat = 16 << 10
 
-// SuggestedSubflowLowat is the subflow_lowat the docs suggest and the
-// lab's +lowat / -lowat procedures set (docs/agent.md, "Per-subflow
-// unsent limit (off by default)"): 128 KiB, what the bench and
-// OpenMPTCProuter set on their sockets. The agent's default is off.
-const SuggestedSubflowLowat = 128 << 10
+// DefaultSubflowLowat is subflow_lowat when the config does not set it
+// (docs/agent.md, "Per-subflow unsent limit (on by default)"): 128 KiB,
+// what the bench and OpenMPTCProuter set on their sockets, and what the
+// lab's +lowat / -lowat procedures write out.
+const DefaultSubflowLowat = 128 << 10
 
-// buildLowat validates subflow_lowat (unset or 0: off) and bpf_cgroup,
-// merged with cwnd_clamp's cgroup (clamps: cwnd_clamp is on; the program
-// attaches once, to one cgroup).
+// buildLowat validates subflow_lowat (unset: DefaultSubflowLowat; 0:
+// off) and bpf_cgroup, merged with cwnd_clamp's cgroup (clamps:
+// cwnd_clamp is on; the program attaches once, to one cgroup).
+//
+// Unset on a server-role-only agent (a server: section and no detours,
+// relays or legacy daemons) is off: its connections are all accepted
+// ones, never managed, and the program would still ask for RTT callbacks
+// on every MPTCP subflow of its cgroup (docs/agent.md).
 func buildLowat(f File, clamps bool) (uint32, string, error) {
 	var lowat uint32
+	if f.SubflowLowat == nil && !serverRoleOnly(f) {
+		lowat = DefaultSubflowLowat
+	}
 	if f.SubflowLowat != nil {
 		switch n := *f.SubflowLowat; {
 		case n == 0:
@@ -582,8 +593,11 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 		if err := cgroupPath("bpf_cgroup", cg); err != nil {
 			return 0, "", err
 		}
-		if lowat == 0 && !clamps {
-			return 0, "", fmt.Errorf("bpf_cgroup: set without subflow_lowat > 0 and without cwnd_clamp (nothing attaches a BPF program: subflow_lowat is off unless set)")
+		switch {
+		case lowat == 0 && !clamps && f.SubflowLowat == nil:
+			return 0, "", fmt.Errorf("bpf_cgroup: set on a server-role-only agent without subflow_lowat or cwnd_clamp (nothing attaches a BPF program: the limit is on by default only with a client role)")
+		case lowat == 0 && !clamps:
+			return 0, "", fmt.Errorf("bpf_cgroup: set with subflow_lowat: 0 and without cwnd_clamp (nothing attaches a BPF program)")
 		}
 	}
 	if clamps && f.CwndClamp.Cgroup != "" {
@@ -593,6 +607,12 @@ func buildLowat(f File, clamps bool) (uint32, string, error) {
 		cg = f.CwndClamp.Cgroup
 	}
 	return lowat, cg, nil
+}
+
+// serverRoleOnly says whether f has the server role and no client one
+// (no detour source: detours, relays, legacy_v1).
+func serverRoleOnly(f File) bool {
+	return f.Server != nil && len(f.Detours) == 0 && f.Relays == nil && len(f.LegacyV1) == 0
 }
 
 // buildKinds validates the detour kinds' sections into c.
@@ -827,7 +847,7 @@ func buildLowatScale(f File, lowat uint32) (string, error) {
 		return v, nil
 	case LowatScaleRTT:
 		if lowat == 0 {
-			return "", fmt.Errorf("subflow_lowat_scale: %s needs subflow_lowat > 0 (the scaled limit's floor, e.g. %d; subflow_lowat is off unless set)", v, SuggestedSubflowLowat)
+			return "", fmt.Errorf("subflow_lowat_scale: %s needs subflow_lowat > 0 (the scaled limit's floor, e.g. %d, the default with a client role)", v, DefaultSubflowLowat)
 		}
 		return v, nil
 	default:

@@ -64,6 +64,9 @@ type subflowLowat struct {
 	// ceil: the scaled limit's ceiling; 0: fixed (subflow_lowat_scale:
 	// none).
 	ceil uint32
+	// dflt: the file does not set subflow_lowat (bytes is the default;
+	// the warning and status say so).
+	dflt bool
 
 	mu    sync.Mutex // status reads pairs and refused
 	conns map[uint32]*lowatConn
@@ -94,9 +97,22 @@ type lowatSub struct {
 // startLowat writes the limits through prog (openBPF): fixed (ceil 0)
 // or scaled between bytes and ceil (lowatCeil).
 func startLowat(bytes, ceil uint32, prog *bpfProgram, log *slog.Logger) *subflowLowat {
-	l := &subflowLowat{log: log, prog: prog, bytes: bytes, ceil: ceil, conns: map[uint32]*lowatConn{}, pairs: map[bpfclamp.Conn]int{},
+	return startLowatAs(bytes, ceil, false, prog, log)
+}
+
+// startLowatAs is startLowat for a limit that is the default (dflt: the
+// file does not set subflow_lowat) or set. A program that cannot be
+// loaded or attached is one warning either way, and the agent runs
+// without the limit; for the default the line also says that it is the
+// default and how to turn it off (subflow_lowat: 0).
+func startLowatAs(bytes, ceil uint32, dflt bool, prog *bpfProgram, log *slog.Logger) *subflowLowat {
+	l := &subflowLowat{log: log, prog: prog, bytes: bytes, ceil: ceil, dflt: dflt, conns: map[uint32]*lowatConn{}, pairs: map[bpfclamp.Conn]int{},
 		refusal: refusalWatch{name: "subflow lowat", what: "lowat", option: "TCP_NOTSENT_LOWAT", without: "subflows keep the kernel's unbounded lowat"}}
 	if !prog.ok() {
+		if dflt {
+			log.Warn("subflow lowat off: the BPF program could not be loaded or attached; running without it (subflow_lowat is not set: the limit is on by default; subflow_lowat: 0 turns it off without this warning)", "bytes", bytes, "err", prog.err)
+			return l
+		}
 		log.Warn("subflow lowat off: the BPF program could not be loaded or attached; running without it", "err", prog.err)
 		return l
 	}
@@ -104,7 +120,7 @@ func startLowat(bytes, ceil uint32, prog *bpfProgram, log *slog.Logger) *subflow
 		log.Info("subflow lowat on, scaled to the subflows' RTTs: each subflow of a managed connection keeps at most what it sends in the connection's largest RTT unsent (TCP_NOTSENT_LOWAT), between floor and ceiling", "floor", bytes, "ceiling", ceil)
 		return l
 	}
-	log.Info("subflow lowat on: every subflow of a managed connection keeps at most this many bytes unsent (TCP_NOTSENT_LOWAT)", "bytes", bytes)
+	log.Info("subflow lowat on: every subflow of a managed connection keeps at most this many bytes unsent (TCP_NOTSENT_LOWAT)", "bytes", bytes, "default", dflt, "cgroup", cgroupName(prog.cgroup))
 	return l
 }
 
@@ -312,7 +328,7 @@ func (l *subflowLowat) checkRefused() {
 // status is the mechanism for "mpdetour status".
 func (l *subflowLowat) status() agent.LowatStatus {
 	if !l.prog.ok() {
-		st := agent.LowatStatus{State: "failed", Bytes: l.bytes, Error: l.prog.err}
+		st := agent.LowatStatus{State: "failed", Bytes: l.bytes, Error: l.prog.err, Default: l.dflt, Cgroup: cgroupName(l.prog.cgroup)}
 		if l.ceil != 0 {
 			st.Scale, st.Ceil = "rtt", l.ceil
 		}
@@ -322,7 +338,7 @@ func (l *subflowLowat) status() agent.LowatStatus {
 	sets, err := l.prog.m.LowatSets()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := agent.LowatStatus{State: "active", Bytes: l.bytes, Refused: l.refusal.refused, Pairs: len(l.pairs), Sets: sets}
+	st := agent.LowatStatus{State: "active", Bytes: l.bytes, Refused: l.refusal.refused, Pairs: len(l.pairs), Sets: sets, Default: l.dflt, Cgroup: cgroupName(l.prog.cgroup)}
 	if l.ceil != 0 {
 		st.Scale, st.Ceil, st.Rewrites = "rtt", l.ceil, l.rewrites
 	}
@@ -333,4 +349,15 @@ func (l *subflowLowat) status() agent.LowatStatus {
 		st.Error = err.Error()
 	}
 	return st
+}
+
+// cgroupName is the cgroup the program attaches to as status and the log
+// say it: bpf_cgroup's directory, or "cgroup v2 root" for "" (every
+// process's MPTCP subflows run the program there; it acts on the agent's
+// own managed subflows only).
+func cgroupName(cg string) string {
+	if cg == "" {
+		return "cgroup v2 root"
+	}
+	return cg
 }

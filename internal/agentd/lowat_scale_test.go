@@ -204,6 +204,11 @@ func TestLowatScaleConfig(t *testing.T) {
 	if err != nil || c.SubflowLowatScale != LowatScaleRTT || c.SubflowLowat != 131072 || c.Agent.ProbeInterval != decidingProbeInterval {
 		t.Fatalf("rtt: %q, lowat %d, probe %v, %v", c.SubflowLowatScale, c.SubflowLowat, c.Agent.ProbeInterval, err)
 	}
+	// subflow_lowat unset: the default is the floor.
+	c, err = ParseConfig([]byte(base + "subflow_lowat_scale: rtt\n"))
+	if err != nil || c.SubflowLowatScale != LowatScaleRTT || c.SubflowLowat != DefaultSubflowLowat || !c.SubflowLowatDefault {
+		t.Fatalf("rtt, lowat unset: %q, lowat %d, %v", c.SubflowLowatScale, c.SubflowLowat, err)
+	}
 	c, err = ParseConfig([]byte(base + "probe_interval: 250ms\nsubflow_lowat: 131072\nsubflow_lowat_scale: rtt\n"))
 	if err != nil || c.Agent.ProbeInterval != 250*time.Millisecond {
 		t.Fatalf("rtt with probe_interval: %v, %v", c.Agent.ProbeInterval, err)
@@ -219,7 +224,6 @@ func TestLowatScaleConfig(t *testing.T) {
 		"subflow_lowat: 131072\nsubflow_lowat_scale: [rtt]\n":                   "config:3",
 		"subflow_lowat: 131072\nsubflow_lowat_scale:\n":                         "config:3:21: subflow_lowat_scale: want none or rtt, got null",
 		"subflow_lowat: 131072\nsubflow_lowat_scale: ~\n":                       "config:3:22: subflow_lowat_scale: want none or rtt, got null",
-		"subflow_lowat_scale: rtt\n":                                            "config:2:22: subflow_lowat_scale: rtt needs subflow_lowat > 0",
 		"subflow_lowat: 0\nsubflow_lowat_scale: rtt\n":                          "config:3:22: subflow_lowat_scale: rtt needs subflow_lowat > 0",
 		"probe_interval: 0s\nsubflow_lowat: 131072\nsubflow_lowat_scale: rtt\n": "config:2:17: probe_interval: 0s turns off the measurements subflow_lowat_scale: rtt scales by",
 	} {

@@ -104,6 +104,42 @@ func TestLowatAttachFailure(t *testing.T) {
 	}
 }
 
+// The default limit (subflow_lowat not set) where the program cannot be
+// loaded or attached (no cgroup v2 here): one warning that names the
+// reason, that the limit is the default and how to turn it off; status
+// failed, the default and the cgroup it tried; subflows come and go
+// without another line.
+func TestLowatDefaultAttachFailure(t *testing.T) {
+	var logs bytes.Buffer
+	l := startLowatAs(DefaultSubflowLowat, 0, true, openBPF("", func(string) (clampMap, error) {
+		return nil, errors.New("bpfclamp: no cgroup v2 mount")
+	}), slog.New(slog.NewTextHandler(&logs, nil)))
+	for tok := range uint32(3) {
+		l.subflows(tok, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
+		l.subflows(tok, nil)
+	}
+	l.measured(nil)
+	out := logs.String()
+	if n := strings.Count(out, "\n"); n != 1 || !strings.Contains(out, "level=WARN") || !strings.Contains(out, "no cgroup v2 mount") ||
+		!strings.Contains(out, "running without it") || !strings.Contains(out, "on by default") || !strings.Contains(out, "subflow_lowat: 0 turns it off") {
+		t.Errorf("log %q: want one warning with the reason, the default and how to turn it off", out)
+	}
+	if st := l.status(); st.State != "failed" || !st.Default || st.Bytes != 131072 || st.Cgroup != "cgroup v2 root" || !strings.Contains(st.Error, "no cgroup v2") {
+		t.Errorf("status %+v", st)
+	}
+	// Set explicitly: the same warning without the default's words.
+	logs.Reset()
+	l = startLowat(DefaultSubflowLowat, 0, openBPF("/sys/fs/cgroup/x", func(string) (clampMap, error) {
+		return nil, errors.New("bpfclamp: no cgroup v2 mount")
+	}), slog.New(slog.NewTextHandler(&logs, nil)))
+	if out := logs.String(); strings.Count(out, "\n") != 1 || strings.Contains(out, "default") {
+		t.Errorf("explicit: log %q", out)
+	}
+	if st := l.status(); st.Default || st.Cgroup != "/sys/fs/cgroup/x" {
+		t.Errorf("explicit: status %+v", st)
+	}
+}
+
 // A kernel that refuses TCP_NOTSENT_LOWAT from BPF: one warning however
 // many subflows come, and status says refused.
 func TestLowatRefused(t *testing.T) {
@@ -132,13 +168,19 @@ func TestLowatConfig(t *testing.T) {
 	if c, err := ParseConfig([]byte(base + "subflow_lowat: 0\n")); err != nil || c.SubflowLowat != 0 {
 		t.Fatalf("lowat 0: %+v, %v", c, err)
 	}
-	// Unset: off (the default) for every role, client or server-role-only.
-	if c, err := ParseConfig([]byte(base)); err != nil || c.SubflowLowat != 0 || !c.SubflowLowatDefault || c.BPFCgroup != "" {
+	if c, err := ParseConfig([]byte(base + "subflow_lowat: 0\n")); err != nil || c.SubflowLowatDefault {
+		t.Fatalf("lowat 0 is not the default: %+v, %v", c, err)
+	}
+	// Unset: on, 128 KiB (the default), at the cgroup v2 root unless
+	// bpf_cgroup names one; bpf_cgroup alone is valid.
+	if c, err := ParseConfig([]byte(base)); err != nil || c.SubflowLowat != DefaultSubflowLowat || DefaultSubflowLowat != 131072 || !c.SubflowLowatDefault || c.BPFCgroup != "" {
 		t.Fatalf("unset: %+v, %v", c, err)
 	}
-	if SuggestedSubflowLowat != 131072 {
-		t.Errorf("SuggestedSubflowLowat %d, want 131072 (what docs and the lab's +lowat/-lowat procedures say)", SuggestedSubflowLowat)
+	if c, err := ParseConfig([]byte(base + "bpf_cgroup: /sys/fs/cgroup/x\n")); err != nil || c.SubflowLowat != DefaultSubflowLowat || c.BPFCgroup != "/sys/fs/cgroup/x" {
+		t.Fatalf("unset with bpf_cgroup: %+v, %v", c, err)
 	}
+	// A server-role-only agent (no detours, relays or legacy daemons)
+	// manages no connection: off unless set; with a client role, on.
 	server := "server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n"
 	if c, err := ParseConfig([]byte(base + server)); err != nil || c.SubflowLowat != 0 || !c.SubflowLowatDefault {
 		t.Fatalf("server role only: %+v, %v", c, err)
@@ -146,8 +188,13 @@ func TestLowatConfig(t *testing.T) {
 	if c, err := ParseConfig([]byte(base + server + "subflow_lowat: 131072\n")); err != nil || c.SubflowLowat != 131072 {
 		t.Fatalf("server role only, set: %+v, %v", c, err)
 	}
-	if c, err := ParseConfig([]byte(base + server + "detours:\n  - {kind: nat, relay: r1, address: 10.0.2.2:40000, server: 10.0.3.2:5201}\n")); err != nil || c.SubflowLowat != 0 || !c.SubflowLowatDefault {
+	if c, err := ParseConfig([]byte(base + server + "detours:\n  - {kind: nat, relay: r1, address: 10.0.2.2:40000, server: 10.0.3.2:5201}\n")); err != nil || c.SubflowLowat != DefaultSubflowLowat || !c.SubflowLowatDefault {
 		t.Fatalf("server and client role: %+v, %v", c, err)
+	}
+	// With cwnd_clamp or subflow_pacing and subflow_lowat unset, the
+	// limit is on beside them (one program).
+	if c, err := ParseConfig([]byte(base + "subflow_pacing: true\n")); err != nil || c.SubflowLowat != DefaultSubflowLowat || !c.SubflowPacing {
+		t.Fatalf("pacing, lowat unset: %+v, %v", c, err)
 	}
 	c, err = ParseConfig([]byte(base + "probe_interval: 100ms\ncwnd_clamp:\n  enabled: true\n  cgroup: /sys/fs/cgroup/y\nsubflow_lowat: 65536\n"))
 	if err != nil || c.BPFCgroup != "/sys/fs/cgroup/y" || c.SubflowLowat != 65536 {
@@ -157,15 +204,15 @@ func TestLowatConfig(t *testing.T) {
 		"subflow_lowat: 100\n":        "config:2:16: subflow_lowat: 100 bytes is not 0 (off) or 16384-2147483647",
 		"subflow_lowat: 4294967296\n": "subflow_lowat: 4294967296 bytes",
 		"subflow_lowat: 128KiB\n":     "config:2",
-		// An explicit null is not "unset": an error that says leaving
-		// the key out is off.
+		// An explicit null is not "unset" (that would turn it on): an
+		// error that names the default.
 		"subflow_lowat:\n":                                 "config:2:15: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null",
 		"subflow_lowat: ~\n":                               "config:2:16: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null",
-		"subflow_lowat: null\n":                            "config:2:16: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null (leave the key out: off)",
+		"subflow_lowat: null\n":                            "config:2:16: subflow_lowat: want 0 (off) or 16384-2147483647 bytes, got null (leave the key out for the default, 131072)",
 		"subflow_lowat: 131072\nbpf_cgroup: x\n":           "bpf_cgroup: \"x\" is not a clean absolute path",
-		"subflow_lowat: 0\nbpf_cgroup: /sys/fs/cgroup/x\n": "bpf_cgroup: set without subflow_lowat > 0 and without cwnd_clamp (nothing attaches a BPF program",
-		"bpf_cgroup: /sys/fs/cgroup/x\n":                   "bpf_cgroup: set without subflow_lowat > 0 and without cwnd_clamp (nothing attaches a BPF program",
-		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\nbpf_cgroup: /sys/fs/cgroup/x\n":                   "nothing attaches a BPF program",
+		"subflow_lowat: 0\nbpf_cgroup: /sys/fs/cgroup/x\n": "bpf_cgroup: set with subflow_lowat: 0 and without cwnd_clamp (nothing attaches a BPF program)",
+		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\nbpf_cgroup: /sys/fs/cgroup/x\n":                   "bpf_cgroup: set on a server-role-only agent without subflow_lowat or cwnd_clamp",
+		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\nsubflow_lowat_scale: rtt\n":                       "subflow_lowat_scale: rtt needs subflow_lowat > 0",
 		"probe_interval: 100ms\nsubflow_lowat: 131072\nbpf_cgroup: /a\ncwnd_clamp:\n  enabled: true\n  cgroup: /b\n": "differs from cwnd_clamp.cgroup",
 	} {
 		_, err := ParseConfig([]byte(base + in))

@@ -128,9 +128,14 @@ func TestPacingConfig(t *testing.T) {
 	if c, err := ParseConfig([]byte(base + "subflow_pacing: false\n")); err != nil || c.SubflowPacing {
 		t.Fatalf("false: %+v, %v", c, err)
 	}
-	c, err := ParseConfig([]byte(base + "subflow_pacing: true\nbpf_cgroup: /sys/fs/cgroup/x\n"))
+	c, err := ParseConfig([]byte(base + "subflow_pacing: true\nsubflow_lowat: 0\nbpf_cgroup: /sys/fs/cgroup/x\n"))
 	if err != nil || !c.SubflowPacing || c.SubflowLowat != 0 || c.BPFCgroup != "/sys/fs/cgroup/x" {
 		t.Fatalf("pacing alone with bpf_cgroup: %+v, %v", c, err)
+	}
+	// subflow_lowat unset: the default limit beside it, in the same cgroup.
+	c, err = ParseConfig([]byte(base + "subflow_pacing: true\nbpf_cgroup: /sys/fs/cgroup/x\n"))
+	if err != nil || !c.SubflowPacing || c.SubflowLowat != DefaultSubflowLowat || c.BPFCgroup != "/sys/fs/cgroup/x" {
+		t.Fatalf("pacing with the default lowat and bpf_cgroup: %+v, %v", c, err)
 	}
 	c, err = ParseConfig([]byte(base + "subflow_pacing: true\nsubflow_lowat: 131072\nbpf_cgroup: /sys/fs/cgroup/x\n"))
 	if err != nil || !c.SubflowPacing || c.SubflowLowat != 131072 || c.BPFCgroup != "/sys/fs/cgroup/x" {
@@ -142,10 +147,10 @@ func TestPacingConfig(t *testing.T) {
 		t.Errorf("summary %q", sum.String())
 	}
 	for in, want := range map[string]string{
-		"subflow_pacing: fast\n":                                                      "config:2",
-		"subflow_pacing:\n":                                                           "config:2:16: subflow_pacing: want true or false, got null",
-		"subflow_pacing: true\nbpf_cgroup: x\n":                                       "bpf_cgroup: \"x\" is not a clean absolute path",
-		"subflow_pacing: false\nbpf_cgroup: /sys/fs/cgroup/x\n":                       "nothing attaches a BPF program",
+		"subflow_pacing: fast\n":                "config:2",
+		"subflow_pacing:\n":                     "config:2:16: subflow_pacing: want true or false, got null",
+		"subflow_pacing: true\nbpf_cgroup: x\n": "bpf_cgroup: \"x\" is not a clean absolute path",
+		"subflow_pacing: false\nsubflow_lowat: 0\nbpf_cgroup: /sys/fs/cgroup/x\n":     "nothing attaches a BPF program",
 		"probe_interval: 100ms\nsubflow_pacing: true\ncwnd_clamp:\n  enabled: true\n": "config:3:17: subflow_pacing: cannot be combined with cwnd_clamp",
 	} {
 		_, err := ParseConfig([]byte(base + in))

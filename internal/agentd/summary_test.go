@@ -30,7 +30,8 @@ server:
 	want := "agent.yaml: valid: policy adaptive, 8 detour subflows per connection, 1 static detours, 1 relays, server role announcing 1 addresses, socket /tmp/a.sock\n" +
 		"  relay fra1 at 192.0.2.10:45673\n" +
 		"  legacy v1 daemon old at 10.0.4.2:45672 (unauthenticated), lease 1m0s\n" +
-		"  subflow lowat off (default)\n"
+		"  subflow lowat 131072 bytes (default)\n" +
+		"  BPF sock_ops program attaches to cgroup v2 root\n"
 	if b.String() != want {
 		t.Errorf("summary:\n%s\nwant:\n%s", b.String(), want)
 	}
@@ -40,12 +41,13 @@ server:
 // is the default, or off.
 func TestSummaryLowat(t *testing.T) {
 	for in, want := range map[string]string{
-		"":                       "  subflow lowat off (default)\n",
-		"subflow_lowat: 65536\n": "  subflow lowat 65536 bytes\n",
-		"subflow_lowat: 0\n":     "  subflow lowat off\n",
+		"":                               "  subflow lowat 131072 bytes (default)\n  BPF sock_ops program attaches to cgroup v2 root\n",
+		"bpf_cgroup: /sys/fs/cgroup/m\n": "  subflow lowat 131072 bytes (default)\n  BPF sock_ops program attaches to /sys/fs/cgroup/m\n",
+		"subflow_lowat: 65536\n":         "  subflow lowat 65536 bytes\n",
+		"subflow_lowat: 0\n":             "  subflow lowat off\n",
 		"subflow_lowat: 131072\nsubflow_lowat_scale: rtt\n":          "  subflow lowat 131072 bytes, scaled to the subflows' RTTs (subflow_lowat_scale: rtt; the floor, up to the namespace's tcp_wmem maximum)\n",
 		"subflow_lowat: 131072\nsubflow_lowat_scale: none\n":         "  subflow lowat 131072 bytes\n",
-		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n": "  subflow lowat off (default)\n",
+		"server:\n  announce: [{name: a, address: 10.0.6.2:5201}]\n": "  subflow lowat off (default without a client role)\n",
 	} {
 		c, err := ParseConfig([]byte("socket: /tmp/a.sock\n" + in))
 		if err != nil {

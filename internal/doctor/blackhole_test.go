@@ -135,6 +135,16 @@ func TestRunningAgentLowat(t *testing.T) {
 	if x := find(RunningAgent(p, st), check); x.Status != OK || !strings.Contains(x.Detail, "131072") {
 		t.Fatalf("active: %+v", x)
 	}
+	// The default: where it is attached and that it is the default; a
+	// failed default says how to turn it off.
+	st.SubflowLowat = &agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Sets: 4, Default: true, Cgroup: "cgroup v2 root"}
+	if x := find(RunningAgent(p, st), check); x.Status != OK || !strings.Contains(x.Detail, "program at cgroup v2 root (the default)") {
+		t.Fatalf("active default: %+v", x)
+	}
+	st.SubflowLowat = &agent.LowatStatus{State: "failed", Bytes: 131072, Default: true, Error: "no cgroup v2 mount"}
+	if x := find(RunningAgent(p, st), check); x.Status != Warn || !strings.Contains(x.Detail, "subflow_lowat: 0 turns it off") {
+		t.Fatalf("failed default: %+v", x)
+	}
 	st.SubflowLowat = &agent.LowatStatus{State: "active", Bytes: 131072, Pairs: 2, Sets: 4, Scale: "rtt", Ceil: 4194304}
 	if x := find(RunningAgent(p, st), check); x.Status != OK || !strings.Contains(x.Detail, "scaled to the subflows' RTTs (subflow_lowat_scale: rtt), 131072-4194304 bytes") {
 		t.Fatalf("active, scaled: %+v", x)

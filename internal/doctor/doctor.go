@@ -232,19 +232,23 @@ func RunningAgent(p Paths, st *agent.Status) Report {
 	const lw = "subflow lowat of the agent"
 	switch l := st.SubflowLowat; {
 	case l == nil:
-		r.add("client", lw, Info, "off in the running agent (subflow_lowat unset or 0: off by default)", "")
+		r.add("client", lw, Info, "off in the running agent (subflow_lowat: 0, or a server-role-only agent)", "")
 	case l.State == "failed":
 		fix := ""
 		if strings.Contains(l.Error, "CAP_") {
 			fix = "give the agent CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (deploy/mpdetour-agent.service: CapabilityBoundingSet and AmbientCapabilities) and restart it"
 		}
-		r.add("client", lw, Warn, "the running agent could not load or attach its BPF program and runs without the limit: "+l.Error, fix)
+		msg := "the running agent could not load or attach its BPF program and runs without the limit: " + l.Error
+		if l.Default {
+			msg += " (the limit is on by default; subflow_lowat: 0 turns it off)"
+		}
+		r.add("client", lw, Warn, msg, fix)
 	case l.State == "refused":
 		r.add("client", lw, Warn, "the kernel refused the running agent's limit: "+l.Refused, "")
 	case l.Scale == "rtt":
-		r.add("client", lw, OK, fmt.Sprintf("%s, scaled to the subflows' RTTs (subflow_lowat_scale: rtt), %d-%d bytes unsent at most per subflow", l.State, l.Bytes, l.Ceil), "")
+		r.add("client", lw, OK, fmt.Sprintf("%s, scaled to the subflows' RTTs (subflow_lowat_scale: rtt), %d-%d bytes unsent at most per subflow%s", l.State, l.Bytes, l.Ceil, l.Where()), "")
 	default:
-		r.add("client", lw, OK, fmt.Sprintf("%s, %d bytes unsent at most per subflow", l.State, l.Bytes), "")
+		r.add("client", lw, OK, fmt.Sprintf("%s, %d bytes unsent at most per subflow%s", l.State, l.Bytes, l.Where()), "")
 	}
 	return r
 }
@@ -535,7 +539,7 @@ func BPF(dir string, probe func(string) (string, error)) Report {
 	const check = "BPF program"
 	at, err := probe(dir)
 	if err == nil {
-		r.add("kernel", check, OK, "the agent's sock_ops program (subflow_lowat, cwnd_clamp) loads and attaches under "+at, "")
+		r.add("kernel", check, OK, "the agent's sock_ops program (subflow_lowat, cwnd_clamp) loads and attaches under "+at+bpfWhere(dir, at), "")
 		return r
 	}
 	var notTried *bpfclamp.AttachNotTriedError
@@ -556,4 +560,13 @@ func BPF(dir string, probe func(string) (string, error)) Report {
 	}
 	r.add("kernel", check, Warn, "cannot load or attach the agent's sock_ops program ("+err.Error()+"): the agent runs without the per-subflow unsent limit (subflow_lowat) and cwnd_clamp", fix)
 	return r
+}
+
+// bpfWhere says, for the agent's default cgroup (dir "": the cgroup v2
+// root at), what attaching there means on this host.
+func bpfWhere(dir, at string) string {
+	if dir != "" {
+		return ""
+	}
+	return " (no bpf_cgroup: the agent attaches it to the cgroup v2 root " + at + ", so every MPTCP subflow on this host, in every namespace and container, runs it at each ACK; it limits only the agent's own managed subflows; bpf_cgroup narrows it to one cgroup, but then only the processes in that cgroup get the limit)"
 }

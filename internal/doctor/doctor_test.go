@@ -213,6 +213,13 @@ func TestBPFProgram(t *testing.T) {
 	if len(r) != 1 || r[0].Status != OK || !strings.Contains(r[0].Detail, "/sys/fs/cgroup") {
 		t.Fatalf("loads: %+v", r)
 	}
+	// No bpf_cgroup: the cgroup v2 root, and what that reaches.
+	if !strings.Contains(r[0].Detail, "no bpf_cgroup: the agent attaches it to the cgroup v2 root /sys/fs/cgroup, so every MPTCP subflow on this host") {
+		t.Errorf("default cgroup not explained: %+v", r)
+	}
+	if r = BPF("/sys/fs/cgroup/m", func(dir string) (string, error) { return dir, nil }); len(r) != 1 || r[0].Status != OK || strings.Contains(r[0].Detail, "cgroup v2 root") {
+		t.Errorf("bpf_cgroup: %+v", r)
+	}
 	// Loaded, but no probe cgroup could be made (a read-only cgroup
 	// mount): information, not a warning that the agent cannot attach.
 	r = BPF("/x", func(dir string) (string, error) {

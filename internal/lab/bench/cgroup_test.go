@@ -76,10 +76,12 @@ func TestWithLabCgroup(t *testing.T) {
 	}
 	coll := s.clientConfig(c, "info", netip.MustParseAddr("10.0.2.2"), certFile, auth.Public())
 	for _, cfg := range []string{
+		"socket: /x\n", // subflow_lowat on by default
 		"socket: /x\nsubflow_lowat: 65536\n",
 		"socket: /x\nsubflow_lowat: 131072", // no final newline
 		"socket: /x\ncwnd_clamp:\n  enabled: true\n",
 		coll + "subflow_lowat: 131072\n",
+		coll, // the default limit
 	} {
 		got, leave, err := withLabCgroup(cfg)
 		if err != nil {

@@ -15,21 +15,21 @@ import (
 )
 
 // The lowat procedures give the agent the static policy and
-// subflow_lowat written out and get a cgroup of this runner's
-// (withLabCgroup); their counterparts give the agent's defaults, without
-// the limit since it is off by default, and get no cgroup (no program),
-// as the -nolowat ones, which write subflow_lowat: 0. The agent accepts
-// every config.
+// subflow_lowat written out; their counterparts give the agent's
+// defaults, which have the same limit since it is on by default; every
+// one gets a cgroup of this runner's (withLabCgroup), never the cgroup v2
+// root. The -nolowat ones write subflow_lowat: 0 (the old default) and
+// get no cgroup (no program). The agent accepts every config.
 func TestAgentConfigSubflowLowat(t *testing.T) {
 	server := netip.MustParseAddrPort("10.0.9.2:5201")
 	for proc, want := range map[string]uint32{
 		scenario.MPTCPNATStaticLowat:       scenario.SubflowLowatBytes,
 		scenario.MPTCPTunnelStaticLowat:    scenario.SubflowLowatBytes,
 		scenario.MPTCPNATBackupStaticLowat: scenario.SubflowLowatBytes,
-		scenario.MPTCPNATBackupStatic:      0,
-		scenario.MPTCPNATStatic:            0,
-		scenario.MPTCPTunnelStatic:         0,
-		scenario.MPTCPNAT:                  0,
+		scenario.MPTCPNATBackupStatic:      agentd.DefaultSubflowLowat,
+		scenario.MPTCPNATStatic:            agentd.DefaultSubflowLowat,
+		scenario.MPTCPTunnelStatic:         agentd.DefaultSubflowLowat,
+		scenario.MPTCPNAT:                  agentd.DefaultSubflowLowat,
 		scenario.MPTCPNATStaticNoLowat:     0,
 		scenario.MPTCPTunnelStaticNoLowat:  0,
 		scenario.MPTCPNATStaticLowatRTT:    scenario.SubflowLowatBytes,
@@ -77,7 +77,7 @@ func checkLabCgroup(t *testing.T, name, cfg string, want bool) {
 
 // The soak's agent carries SoakOptions.SubflowLowat as subflow_lowat
 // (with its policy), and only then gets this runner's lab cgroup for its
-// BPF program; with 0 (written out, the agent's default), no limit
+// BPF program; with 0 (written out: the limit is on by default), no limit
 // and no BPF program. The agent accepts every config.
 func TestSoakAgentConfigSubflowLowat(t *testing.T) {
 	server := netip.MustParseAddrPort("10.0.9.2:5201")

@@ -48,10 +48,11 @@ type SoakOptions struct {
 	// Policy is the agent's policy ("" = its default).
 	Policy string
 	// SubflowLowat is the agent's subflow_lowat in bytes, written into
-	// its configuration (0: subflow_lowat: 0, off, the agent's default,
-	// which "lab soak" passes unless told; docs/agent.md "Per-subflow
-	// unsent limit"). Its BPF program attaches to this
-	// runner's lab cgroup (withLabCgroup).
+	// its configuration (0: subflow_lowat: 0, off, the agent's default
+	// before it was turned on; "lab soak" passes the agent's default,
+	// agentd.DefaultSubflowLowat, unless told; docs/agent.md "Per-subflow
+	// unsent limit"). Its BPF program attaches to this runner's lab
+	// cgroup (withLabCgroup).
 	SubflowLowat int
 	Progress     io.Writer // one line per sample (nil: none)
 	// Attacks are attack-suite cases (breaks.InPlaceCases) run against
@@ -74,7 +75,7 @@ func soakAgentExtra(o SoakOptions) string {
 	if o.Policy != "" {
 		extra += "policy: " + o.Policy + "\n"
 	}
-	// Always written: 0 says off whatever the agent's default (off).
+	// Always written: 0 says off whatever the agent's default (on).
 	return extra + fmt.Sprintf("subflow_lowat: %d\n", o.SubflowLowat)
 }
 

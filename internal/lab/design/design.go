@@ -334,6 +334,11 @@ func Run(ctx context.Context, d *Design, o Options) (*Report, error) {
 	if err := d.Save(o.Out); err != nil {
 		return nil, err
 	}
+	if procs, err := d.procs(); err == nil {
+		for _, m := range EqualArms(procs) {
+			fmt.Fprintf(o.Progress, "design: note: %s\n", m)
+		}
+	}
 	// An existing design without --resume is fine only for a shard's
 	// first run: bench.Run refuses a run directory that holds trials.
 	runs, err := d.runs()

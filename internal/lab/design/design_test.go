@@ -532,3 +532,24 @@ func TestRunsMechanisms(t *testing.T) {
 		t.Errorf("runs %s, want %s", strings.Join(got, " "), want)
 	}
 }
+
+// Since the limit is the agent's default, mptcp-static and
+// mptcp-static+lowat give the agent one configuration: a run of both is
+// announced; +nolowat (the agent without it) and +lowatrtt differ.
+func TestEqualArms(t *testing.T) {
+	ps, err := ParseProcedures("tcp-path1,tcp-path2,mptcp-1sf,mptcp-static,mptcp-static+nolowat,mptcp-static+lowat,mptcp-static+lowatrtt,mptcp-static+lowat64", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := EqualArms(ps)
+	if len(got) != 1 || !strings.Contains(got[0], "mptcp-static and mptcp-static+lowat give the agent the same configuration") || !strings.Contains(got[0], "+nolowat") {
+		t.Errorf("EqualArms: %q", got)
+	}
+	ps, err = ParseProcedures("mptcp-static,mptcp-static+nolowat,mptcp-adaptive+lowat", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := EqualArms(ps); len(got) != 0 {
+		t.Errorf("EqualArms without an equal pair: %q", got)
+	}
+}

@@ -2,6 +2,7 @@ package design
 
 import (
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -34,10 +35,11 @@ import (
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
-//     policy guard only; lowat = subflow_lowat 128 KiB, lowatN = N KiB,
-//     lowatrtt = subflow_lowat 128 KiB scaled to the subflows' RTTs
-//     (subflow_lowat_scale: rtt), nolowat = subflow_lowat 0, the same as
-//     the agent's default, off; pace = subflow_pacing: true, TCP's own
+//     policy guard only; lowat = subflow_lowat 128 KiB (the agent's
+//     default, written out), lowatN = N KiB, lowatrtt = subflow_lowat
+//     128 KiB scaled to the subflows' RTTs (subflow_lowat_scale: rtt),
+//     nolowat = subflow_lowat 0, the agent without the limit (its default
+//     before the limit was turned on); pace = subflow_pacing: true, TCP's own
 //     pacing of every subflow; probeN = probe_interval N ms),
 //     so that a
 //     mechanism is measured beside the procedure without it in one paired
@@ -94,9 +96,9 @@ type Mechanism struct {
 const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255), " +
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
-	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent) or lowatN (N KiB, 16-65536), " +
+	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent, the agent's default written out) or lowatN (N KiB, 16-65536), " +
 	"lowatrtt (subflow_lowat: 131072 with subflow_lowat_scale: rtt: the limit scaled to the subflows' RTTs, 128 KiB its floor; it also sets probe_interval 100ms where static's default is 1s), " +
-	"nolowat (subflow_lowat: 0: the agent without the limit, the same as its default), " +
+	"nolowat (subflow_lowat: 0: the agent without the limit, its default before the limit was turned on), " +
 	"pace (subflow_pacing: true: every subflow paces itself at TCP's own rate), " +
 	"probeN (probe_interval: N ms, 10-10000: the agent's measurements every N ms; static's default is 1s)"
 
@@ -129,11 +131,12 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		}
 		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
 	case m == "nolowat":
-		// subflow_lowat: 0 written out: the same as the agent's
-		// default (off), so that a run names its off arm whatever the
-		// default.
+		// subflow_lowat is on by default: this measures the agent
+		// without it (what mptcp-static measured before the default
+		// changed).
 		return Mechanism{Name: m, Config: "subflow_lowat: 0\n"}, nil
 	case m == "lowat":
+		// The agent's default, written out (as +buffers).
 		// 128 KiB: what the bench sets on its own socket
 		// (TCP_NOTSENT_LOWAT) and what OpenMPTCProuter uses.
 		return Mechanism{Name: m, Config: fmt.Sprintf("subflow_lowat: %d\n", DefaultLowat)}, nil
@@ -169,9 +172,8 @@ func parseMechanism(f, m string) (Mechanism, error) {
 }
 
 // DefaultLowat is the subflow_lowat of mechanism lowat (bytes), the
-// value the docs suggest (agentd.SuggestedSubflowLowat); the agent's
-// default is off.
-const DefaultLowat = agentd.SuggestedSubflowLowat
+// agent's default (agentd.DefaultSubflowLowat).
+const DefaultLowat = agentd.DefaultSubflowLowat
 
 // numbered reads the N of a mechanism named prefix+N, N in lo..hi and
 // written without leading zeros.
@@ -199,6 +201,45 @@ func (p Proc) agentConfig() (string, error) {
 		return "", fmt.Errorf("procedure %s: this agent does not accept its mechanisms: %v", p.Name, err)
 	}
 	return cfg, nil
+}
+
+// EqualArms lists the pairs of multipath procedures among procs that
+// give the agent the same configuration as this build parses it (the
+// same policy and mechanisms once the agent's defaults are applied), e.g.
+// mptcp-static and mptcp-static+lowat since the limit is on by default:
+// a paired comparison of such a pair compares two equal arms (ratios
+// near 1). The arm without the limit is +nolowat.
+func EqualArms(procs []Proc) []string {
+	type arm struct {
+		name string
+		cfg  agentd.Config
+	}
+	var arms []arm
+	var out []string
+	for _, p := range procs {
+		if !p.Multipath() || p.Converted {
+			continue
+		}
+		text, err := p.agentConfig()
+		if err != nil {
+			continue
+		}
+		c, err := agentd.ParseConfig([]byte("socket: /tmp/x.sock\nsubflows: 1\n" + text))
+		if err != nil {
+			continue
+		}
+		// Whether the file wrote the value out does not change what
+		// the agent does.
+		c.SubflowLowatDefault = false
+		for _, a := range arms {
+			if reflect.DeepEqual(a.cfg, c) {
+				out = append(out, fmt.Sprintf("%s and %s give the agent the same configuration (e.g. subflow_lowat %d is the default: +nolowat runs without it)", a.name, p.Name, agentd.DefaultSubflowLowat))
+				break
+			}
+		}
+		arms = append(arms, arm{p.Name, c})
+	}
+	return out
 }
 
 // MPTCP says whether the procedure is an MPTCP one (mptcp-1sf included).

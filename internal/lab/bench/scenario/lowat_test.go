@@ -52,14 +52,18 @@ func TestSubflowLowatProcedures(t *testing.T) {
 	}
 }
 
-// A run of a plain static procedure and its -nolowat one is announced:
-// neither has the limit since it is off by default.
+// A run of a plain static procedure and its -lowat one is announced: both
+// have the limit since it is the default; the arm without it is -nolowat.
 func TestEqualArms(t *testing.T) {
-	got := EqualArms([]string{TCP, MPTCPNATStatic, MPTCPNATStaticNoLowat, MPTCPTunnelStatic, MPTCPTunnelStaticLowat})
-	if len(got) != 1 || !strings.Contains(got[0], "mptcp-nat-static and mptcp-nat-static-nolowat") || !strings.Contains(got[0], MPTCPNATStaticLowat) {
+	got := EqualArms([]string{TCP, MPTCPNATStatic, MPTCPNATStaticLowat, MPTCPTunnelStatic, MPTCPTunnelStaticNoLowat})
+	if len(got) != 1 || !strings.Contains(got[0], "mptcp-nat-static and mptcp-nat-static-lowat") || !strings.Contains(got[0], "the arm without the limit is "+MPTCPNATStaticNoLowat) {
 		t.Errorf("EqualArms: %q", got)
 	}
-	if got := EqualArms([]string{MPTCPNATStatic, MPTCPNATStaticLowat, MPTCPNATBackupStatic, MPTCPNATBackupStaticLowat}); len(got) != 0 {
-		t.Errorf("plain against -lowat: %q", got)
+	got = EqualArms([]string{MPTCPNATBackupStatic, MPTCPNATBackupStaticLowat})
+	if len(got) != 1 || !strings.Contains(got[0], "mptcp-nat-backup-static and mptcp-nat-backup-static-lowat") || strings.Contains(got[0], "without the limit") {
+		t.Errorf("EqualArms, backup: %q", got)
+	}
+	if got := EqualArms([]string{MPTCPNATStaticNoLowat, MPTCPNATStaticLowat, MPTCPNATStatic, MPTCPTunnelStaticNoLowat, MPTCPTunnelStaticLowatRTT}); len(got) != 1 {
+		t.Errorf("-nolowat against -lowat and plain: %q (want only the plain/-lowat pair)", got)
 	}
 }

@@ -112,13 +112,15 @@ const (
 )
 
 // The static policy with the agent's per-subflow unsent limit written
-// out (subflow_lowat: SubflowLowatBytes, agentd.SuggestedSubflowLowat,
+// out (subflow_lowat: SubflowLowatBytes, agentd.DefaultSubflowLowat,
 // docs/agent.md) over NAT and tunnel detours, beside mptcp-nat-static and
 // mptcp-tunnel-static; and with the NAT detours as backups, beside
 // mptcp-nat-backup-static. The plain names run the agent's defaults,
-// without the limit (it is off by default). The -nolowat procedures
-// write subflow_lowat: 0, the same as the default: a scenario that names
-// them says what its off arm is whatever the default.
+// which have the same limit since it is on by default; the -lowat names
+// stay for the reports that measured them while it was off. The
+// -nolowat procedures write subflow_lowat: 0: the static policy without
+// the limit, what the plain names measured before the default changed
+// (the arm to compare the limit against).
 const (
 	MPTCPNATStaticLowat       = "mptcp-nat-static-lowat"
 	MPTCPTunnelStaticLowat    = "mptcp-tunnel-static-lowat"
@@ -225,8 +227,8 @@ func Policy(procedure string) string {
 
 // SubflowLowat is the agent's subflow_lowat (bytes) a -lowat or
 // -lowatrtt procedure writes out (of -lowatrtt, the floor), 0 for the
-// others (the agent's default then applies: off; the -nolowat procedures
-// write subflow_lowat: 0, AgentExtra).
+// others (the agent's default then applies: on, agentd.DefaultSubflowLowat;
+// the -nolowat procedures write subflow_lowat: 0, AgentExtra).
 func SubflowLowat(procedure string) int {
 	switch procedure {
 	case MPTCPNATStaticLowat, MPTCPTunnelStaticLowat, MPTCPNATBackupStaticLowat, MPTCPNATStaticLowatRTT, MPTCPTunnelStaticLowatRTT:
@@ -275,10 +277,10 @@ func AgentExtra(procedure string) string {
 }
 
 // EqualArms lists the pairs among names that run the same agent
-// configuration since the limit is off by default again: a plain static
-// procedure and its -nolowat one (subflow_lowat: 0 written out). A run of
-// both compares two equal arms (paired ratios near 1); the arm with the
-// limit is -lowat.
+// configuration since the limit is on by default: a plain static
+// procedure and its -lowat one. A run of both compares two equal arms
+// (paired ratios near 1); the arm without the limit is -nolowat
+// (subflow_lowat: 0 written out).
 func EqualArms(names []string) []string {
 	has := map[string]bool{}
 	for _, n := range names {
@@ -286,11 +288,16 @@ func EqualArms(names []string) []string {
 	}
 	var out []string
 	for _, p := range [][3]string{
-		{MPTCPNATStatic, MPTCPNATStaticNoLowat, MPTCPNATStaticLowat},
-		{MPTCPTunnelStatic, MPTCPTunnelStaticNoLowat, MPTCPTunnelStaticLowat},
+		{MPTCPNATStatic, MPTCPNATStaticLowat, MPTCPNATStaticNoLowat},
+		{MPTCPTunnelStatic, MPTCPTunnelStaticLowat, MPTCPTunnelStaticNoLowat},
+		{MPTCPNATBackupStatic, MPTCPNATBackupStaticLowat, ""},
 	} {
 		if has[p[0]] && has[p[1]] {
-			out = append(out, fmt.Sprintf("%s and %s run the same agent configuration (subflow_lowat is off by default); the arm with the limit is %s", p[0], p[1], p[2]))
+			m := fmt.Sprintf("%s and %s run the same agent configuration (subflow_lowat %d is the default)", p[0], p[1], SubflowLowatBytes)
+			if p[2] != "" {
+				m += "; the arm without the limit is " + p[2]
+			}
+			out = append(out, m)
 		}
 	}
 	return out
