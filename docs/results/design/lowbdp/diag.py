@@ -16,15 +16,9 @@ out = sys.argv[1]; only = sys.argv[2] if len(sys.argv) > 2 else None
 def ts(s): return datetime.datetime.fromisoformat(s.replace("Z", "+00:00"))
 def num(rx, s, d=None):
     m = re.search(rx, s); return float(m.group(1)) if m else d
-SF = collections.defaultdict(list); MC = collections.defaultdict(list); MS = collections.defaultdict(list)
-for l in open(os.path.join(out, 'ss.txt')):
-    p = l.split(" ", 4)
-    if len(p) == 5: SF[p[2]].append((ts(p[0]), p[4]))
-for l in open(os.path.join(out, 'ss.txt.msk')):
-    p = l.split(" ", 4)
-    if len(p) < 5: continue
-    if p[1].endswith('-client'): MC[p[2]].append((ts(p[0]), p[4]))
-    else: MS[p[3].replace('[::ffff:', '').replace(']', '')].append((ts(p[0]), p[4]))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sslog
+SF, MC, MS = ({k: [(ts(a), b) for a, b in v] for k, v in d.items()} for d in sslog.samples(out))
 trials = []
 for f in sorted(glob.glob(os.path.join(out, 'runs', '*', 'trials.jsonl'))):
     trials += [json.loads(l) for l in open(f)]

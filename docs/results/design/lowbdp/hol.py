@@ -17,15 +17,9 @@ out = sys.argv[1]
 def ts(s): return datetime.datetime.fromisoformat(s.replace('Z', '+00:00'))
 def num(rx, s, d=None):
     m = re.search(rx, s); return float(m.group(1)) if m else d
-SF = collections.defaultdict(dict); MC = collections.defaultdict(dict); MS = collections.defaultdict(dict)
-for l in open(os.path.join(out, 'ss.txt')):
-    p = l.split(' ', 4)
-    if len(p) == 5: SF[p[2]][p[0]] = p[4]
-for l in open(os.path.join(out, 'ss.txt.msk')):
-    p = l.split(' ', 4)
-    if len(p) < 5: continue
-    if p[1].endswith('-client'): MC[p[2]][p[0]] = p[4]
-    else: MS[p[3].replace('[::ffff:', '').replace(']', '')][p[0]] = p[4]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sslog
+SF, MC, MS = (collections.defaultdict(dict, {k: dict(v) for k, v in d.items()}) for d in sslog.samples(out))
 trials = []
 for f in glob.glob(os.path.join(out, 'runs', '*', 'trials.jsonl')):
     trials += [json.loads(l) for l in open(f) if json.loads(l)['status'] == 'ok']
