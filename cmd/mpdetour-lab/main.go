@@ -11,12 +11,15 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/bench"
 )
 
 // commands lists the commands in the order --help shows them.
@@ -50,5 +53,10 @@ func main() {
 		Sub:     commands(),
 	}, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	// The lab is down: a lab cgroup that processes kept busy when its
+	// agent stopped can go now.
+	if err := bench.RemoveLeftCgroup(10 * time.Second); err != nil {
+		fmt.Fprintf(os.Stderr, "mpdetour-lab: %v\n", err)
+	}
 	os.Exit(code)
 }

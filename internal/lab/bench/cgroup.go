@@ -34,6 +34,11 @@ type labCgroup struct {
 	users int
 	dir   string
 	back  string
+	// left is a directory the last leave could not remove (processes
+	// started while this runner was in it outlived the agent: a soak's
+	// attack peers); RemoveLeftCgroup removes it once the command has
+	// torn its lab down.
+	left string
 }
 
 var runnerCgroup labCgroup
@@ -95,8 +100,31 @@ func (c *labCgroup) leave() error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	fmt.Fprintf(os.Stderr, "mpdetour-lab: lab cgroup %s not removed: %v (a process is still in it; the next runner removes it once it is empty)\n", c.dir, err)
+	c.left = c.dir
 	return nil
+}
+
+// RemoveLeftCgroup removes the lab cgroup a leave had to leave behind
+// because processes started in it were still running; called when the
+// command has stopped its lab, it waits up to wait for them to be gone.
+// Nothing to do (nil) when every leave removed its directory.
+func RemoveLeftCgroup(wait time.Duration) error {
+	c := &runnerCgroup
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.left == "" || c.users > 0 {
+		return nil
+	}
+	var err error
+	for deadline := time.Now().Add(wait); ; time.Sleep(100 * time.Millisecond) {
+		if err = os.Remove(c.left); err == nil || os.IsNotExist(err) {
+			c.left = ""
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("lab cgroup %s not removed: %w (a process is still in it; the next runner removes it once it is empty)", c.left, err)
+		}
+	}
 }
 
 // moveTo moves this process (every thread) into the cgroup dir.
