@@ -68,8 +68,24 @@ cleanup() {
   fi
   rm -rf "$work"
   if [ -d "$cg" ]; then
+    # Move this shell out, then end whatever is left inside (a process
+    # killed above is still a member until it has exited: rmdir right away
+    # can fail with EBUSY, which left this cgroup behind in CI once) and
+    # wait until the cgroup is empty before removing it.
     echo $$ >"$cgback/cgroup.procs" 2>/dev/null || true
-    rmdir "$cg" 2>/dev/null || echo "deploy-recipe: cgroup $cg not removed (a process is still in it)" >&2
+    if [ -e "$cg/cgroup.kill" ]; then
+      echo 1 >"$cg/cgroup.kill" 2>/dev/null || true
+    else
+      xargs -r kill -KILL <"$cg/cgroup.procs" 2>/dev/null || true
+    fi
+    for _ in $(seq 100); do
+      rmdir "$cg" 2>/dev/null && break
+      sleep 0.1
+    done
+    if [ -d "$cg" ]; then
+      echo "deploy-recipe: cgroup $cg not removed after 10 s (still: $(tr '\n' ' ' <"$cg/cgroup.procs" 2>/dev/null))" >&2
+      [ "$rc" != 0 ] || rc=1
+    fi
   fi
   exit "$rc"
 }
