@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
@@ -35,7 +36,7 @@ import (
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
-//     policy guard only; lowat = subflow_lowat 128 KiB (the agent's
+//     shareN = guard.share N/100, policy guard only; lowat = subflow_lowat 128 KiB (the agent's
 //     default, written out), lowatN = N KiB, lowatrtt = subflow_lowat
 //     128 KiB scaled to the subflows' RTTs (subflow_lowat_scale: rtt),
 //     nolowat = subflow_lowat 0, the agent without the limit (its default
@@ -85,10 +86,13 @@ type Proc struct {
 }
 
 // Mechanism is an agent mechanism a procedure name switches on after a
-// "+": Name as written, Config the agent configuration lines it adds.
+// "+": Name as written, Config the agent configuration lines it adds, or
+// Guard a line of the guard: block (starveN, shareN: the block is written
+// once for all of them, so that they combine).
 type Mechanism struct {
 	Name   string
 	Config string
+	Guard  string
 }
 
 // MechanismNames says which mechanisms a procedure may name (for errors
@@ -96,6 +100,7 @@ type Mechanism struct {
 const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobuffers (buffer_sizing: false), staleN (stale_loss_cnt: N, 1-255), " +
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
+	"shareN (policy guard: guard.share N/100, N 1-99: a slower subflow delivering below this share of the bytes is shed), " +
 	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent, the agent's default written out) or lowatN (N KiB, 16-65536), " +
 	"lowatrtt (subflow_lowat: 131072 with subflow_lowat_scale: rtt: the limit scaled to the subflows' RTTs, 128 KiB its floor; it also sets probe_interval 100ms where static's default is 1s), " +
 	"nolowat (subflow_lowat: 0: the agent without the limit, its default before the limit was turned on), " +
@@ -123,13 +128,19 @@ func parseMechanism(f, m string) (Mechanism, error) {
 	case m == "starveoff":
 		// guard's shed rule without its starvation condition (the rule
 		// measured in docs/results/design/harm and guard-fresh).
-		return Mechanism{Name: m, Config: "guard:\n  starve: 1\n"}, nil
+		return Mechanism{Name: m, Guard: "  starve: 1\n"}, nil
 	case strings.HasPrefix(m, "starve"):
 		n, ok := numbered(m, "starve", 1, 99)
 		if !ok {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want starveN with N 1-99 (guard.starve N/100) or starveoff (guard.starve: 1)", f, m)
 		}
-		return Mechanism{Name: m, Config: fmt.Sprintf("guard:\n  starve: %g\n", float64(n)/100)}, nil
+		return Mechanism{Name: m, Guard: fmt.Sprintf("  starve: %g\n", float64(n)/100)}, nil
+	case strings.HasPrefix(m, "share"):
+		n, ok := numbered(m, "share", 1, 99)
+		if !ok {
+			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want shareN with N 1-99 (guard.share N/100)", f, m)
+		}
+		return Mechanism{Name: m, Guard: fmt.Sprintf("  share: %g\n", float64(n)/100)}, nil
 	case m == "nolowat":
 		// subflow_lowat is on by default: this measures the agent
 		// without it (what mptcp-static measured before the default
@@ -193,8 +204,13 @@ func (p Proc) agentConfig() (string, error) {
 	if len(p.Mechanisms) == 0 {
 		return cfg, nil
 	}
+	guard := ""
 	for _, m := range p.Mechanisms {
 		cfg += m.Config
+		guard += m.Guard
+	}
+	if guard != "" {
+		cfg += "guard:\n" + guard
 	}
 	// This build's agent must accept them, before any lab is built.
 	if _, err := agentd.ParseConfig([]byte("socket: /tmp/x.sock\nsubflows: 1\n" + cfg)); err != nil {
@@ -313,10 +329,10 @@ func parseProc(f string, paths int) (Proc, error) {
 				key = "probe"
 			case strings.HasPrefix(key, "lowat"):
 				key = "lowat"
-			case strings.HasPrefix(key, "starve"):
-				key = "starve"
+			case strings.HasPrefix(key, "starve"), strings.HasPrefix(key, "share"):
+				key = strings.TrimRightFunc(strings.TrimSuffix(key, "off"), unicode.IsDigit)
 				if p.Policy != policy.Guard.String() {
-					return Proc{}, fmt.Errorf("procedure %q: mechanism %q tunes the guard policy's shed rule (guard.starve): mptcp-guard only", f, m)
+					return Proc{}, fmt.Errorf("procedure %q: mechanism %q tunes the guard policy's shed rule (guard.%s): mptcp-guard only", f, m, key)
 				}
 			case strings.HasPrefix(mech.Config, "subflow_congestion:"):
 				key = "congestion control"
