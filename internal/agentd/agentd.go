@@ -211,7 +211,7 @@ func Run(ctx context.Context, path string, cfg Config) error {
 			if cfg.SubflowLowatScale == LowatScaleRTT {
 				ceil = lowatCeil(opts.NetNS, cfg.SubflowLowat, readWmem, log)
 			}
-			lw := startLowatAs(cfg.SubflowLowat, ceil, cfg.SubflowLowatDefault, prog, log)
+			lw := startLowat(cfg.SubflowLowat, ceil, cfg.SubflowLowatDefault, prog, log)
 			opts.OnSubflows, opts.SubflowLowat = lw.subflows, lw.status
 			// Every probe round also looks for the kernel's refusal.
 			if clamps := opts.OnMeasured; clamps != nil {

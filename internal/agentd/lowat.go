@@ -95,25 +95,21 @@ type lowatSub struct {
 }
 
 // startLowat writes the limits through prog (openBPF): fixed (ceil 0)
-// or scaled between bytes and ceil (lowatCeil).
-func startLowat(bytes, ceil uint32, prog *bpfProgram, log *slog.Logger) *subflowLowat {
-	return startLowatAs(bytes, ceil, false, prog, log)
-}
-
-// startLowatAs is startLowat for a limit that is the default (dflt: the
-// file does not set subflow_lowat) or set. A program that cannot be
+// or scaled between bytes and ceil (lowatCeil). dflt: the limit is the
+// default (the file does not set subflow_lowat). A program that cannot be
 // loaded or attached is one warning either way, and the agent runs
 // without the limit; for the default the line also says that it is the
 // default and how to turn it off (subflow_lowat: 0).
-func startLowatAs(bytes, ceil uint32, dflt bool, prog *bpfProgram, log *slog.Logger) *subflowLowat {
+func startLowat(bytes, ceil uint32, dflt bool, prog *bpfProgram, log *slog.Logger) *subflowLowat {
 	l := &subflowLowat{log: log, prog: prog, bytes: bytes, ceil: ceil, dflt: dflt, conns: map[uint32]*lowatConn{}, pairs: map[bpfclamp.Conn]int{},
 		refusal: refusalWatch{name: "subflow lowat", what: "lowat", option: "TCP_NOTSENT_LOWAT", without: "subflows keep the kernel's unbounded lowat"}}
 	if !prog.ok() {
+		msg, args := "subflow lowat off: the BPF program could not be loaded or attached; running without it", []any{"err", prog.err}
 		if dflt {
-			log.Warn("subflow lowat off: the BPF program could not be loaded or attached; running without it (subflow_lowat is not set: the limit is on by default; subflow_lowat: 0 turns it off without this warning)", "bytes", bytes, "err", prog.err)
-			return l
+			msg += " (subflow_lowat is not set: the limit is on by default; subflow_lowat: 0 turns it off without this warning)"
+			args = append([]any{"bytes", bytes}, args...)
 		}
-		log.Warn("subflow lowat off: the BPF program could not be loaded or attached; running without it", "err", prog.err)
+		log.Warn(msg, args...)
 		return l
 	}
 	if ceil != 0 {

@@ -35,7 +35,7 @@ func TestLowatRealProgram(t *testing.T) {
 
 func lowatRealProgram(t *testing.T, netns string, ceil uint32) {
 	cg := cgroupProgram(t, "lowat", netns)
-	l := startLowat(64<<10, ceil, cg.prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	l := startLowat(64<<10, ceil, false, cg.prog, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	if st := l.status(); st.State != "active" {
 		t.Fatalf("status %+v", st)
 	}

@@ -19,7 +19,7 @@ import (
 func scaledLowat(t *testing.T) (*subflowLowat, *fakeClampMap) {
 	t.Helper()
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}}
-	l := startLowat(128<<10, 4<<20, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	l := startLowat(128<<10, 4<<20, false, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	return l, m
 }
 
@@ -153,7 +153,7 @@ func TestLowatScaledRetriesRewrite(t *testing.T) {
 // Fixed (subflow_lowat_scale: none): probe rounds write nothing.
 func TestLowatFixedIgnoresRTT(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}}
-	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	l := startLowat(128<<10, 0, false, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	l.measured([]policy.Measurement{lwMeasure(1, lwClient, lwServer, time.Second)})
 	if m.lowatWrites != 1 || m.scaled[bpfclamp.Conn{Local: lwClient, Remote: lwServer}] != (bpfclamp.Lowat{Floor: 128 << 10}) {

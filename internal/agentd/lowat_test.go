@@ -29,7 +29,7 @@ var (
 func TestLowatEntriesFollowSubflows(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, sets: 3}
 	var logs bytes.Buffer
-	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
+	l := startLowat(128<<10, 0, false, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
 	initial := bpfclamp.Conn{Local: lwClient, Remote: lwServer}
 	join := bpfclamp.Conn{Local: lwJoin, Remote: lwRelay}
 	const want = 128 << 10
@@ -69,7 +69,7 @@ func TestLowatSharesProgramWithClamps(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))
 	prog := openBPF("", func(string) (clampMap, error) { return m, nil })
 	c := startClamps(ClampSettings{}, clampSources(), log, prog)
-	l := startLowat(64<<10, 0, prog, log)
+	l := startLowat(64<<10, 0, false, prog, log)
 	tun := bpfclamp.Key{Local: clampTunnel.Local, Remote: clampServer.Addr()}
 	tunSub := bpfclamp.Conn{Local: netip.AddrPortFrom(clampTunnel.Local, 41000), Remote: clampServer}
 	def := bpfclamp.Conn{Local: lwClient, Remote: clampServer}
@@ -91,16 +91,25 @@ func TestLowatSharesProgramWithClamps(t *testing.T) {
 // status failed; subflows come and go without errors.
 func TestLowatAttachFailure(t *testing.T) {
 	var logs bytes.Buffer
-	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) {
+	l := startLowat(128<<10, 0, false, openBPF("", func(string) (clampMap, error) {
 		return nil, errors.New("bpfclamp: load sock_ops program: operation not permitted")
 	}), slog.New(slog.NewTextHandler(&logs, nil)))
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	l.subflows(1, nil)
-	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "operation not permitted") || !strings.Contains(logs.String(), "running without it") {
-		t.Errorf("log %q: want one line with the reason", logs.String())
+	st := l.status()
+	wantStartFailure(t, logs.String(), st.State, st.Error, "operation not permitted")
+}
+
+// wantStartFailure checks a BPF mechanism (lowat, pacing) whose program
+// could not be loaded or attached: one log line naming the reason and
+// that the agent runs without it, status failed with the reason.
+func wantStartFailure(t *testing.T, logs, state, errText, reason string) {
+	t.Helper()
+	if n := strings.Count(logs, "\n"); n != 1 || !strings.Contains(logs, reason) || !strings.Contains(logs, "running without it") {
+		t.Errorf("log %q: want one line with the reason", logs)
 	}
-	if st := l.status(); st.State != "failed" || !strings.Contains(st.Error, "operation not permitted") {
-		t.Errorf("status %+v", st)
+	if state != "failed" || !strings.Contains(errText, reason) {
+		t.Errorf("status %q %q: want failed with %q", state, errText, reason)
 	}
 }
 
@@ -111,7 +120,7 @@ func TestLowatAttachFailure(t *testing.T) {
 // without another line.
 func TestLowatDefaultAttachFailure(t *testing.T) {
 	var logs bytes.Buffer
-	l := startLowatAs(DefaultSubflowLowat, 0, true, openBPF("", func(string) (clampMap, error) {
+	l := startLowat(DefaultSubflowLowat, 0, true, openBPF("", func(string) (clampMap, error) {
 		return nil, errors.New("bpfclamp: no cgroup v2 mount")
 	}), slog.New(slog.NewTextHandler(&logs, nil)))
 	for tok := range uint32(3) {
@@ -129,7 +138,7 @@ func TestLowatDefaultAttachFailure(t *testing.T) {
 	}
 	// Set explicitly: the same warning without the default's words.
 	logs.Reset()
-	l = startLowat(DefaultSubflowLowat, 0, openBPF("/sys/fs/cgroup/x", func(string) (clampMap, error) {
+	l = startLowat(DefaultSubflowLowat, 0, false, openBPF("/sys/fs/cgroup/x", func(string) (clampMap, error) {
 		return nil, errors.New("bpfclamp: no cgroup v2 mount")
 	}), slog.New(slog.NewTextHandler(&logs, nil)))
 	if out := logs.String(); strings.Count(out, "\n") != 1 || strings.Contains(out, "default") {
@@ -145,7 +154,7 @@ func TestLowatDefaultAttachFailure(t *testing.T) {
 func TestLowatRefused(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Lowat: unix.ENOPROTOOPT}}
 	var logs bytes.Buffer
-	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	l := startLowat(128<<10, 0, false, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	for tok := range uint32(3) {
 		l.subflows(tok, []agent.SubflowPair{{Local: lwClient, Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 2, byte(tok)}), 5201)}})
 	}
@@ -227,7 +236,7 @@ func TestLowatConfig(t *testing.T) {
 func TestLowatRetriesFailedWrite(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, failSets: 1}
 	var logs bytes.Buffer
-	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
+	l := startLowat(128<<10, 0, false, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, nil)))
 	k := bpfclamp.Conn{Local: lwClient, Remote: lwServer}
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	if _, ok := m.lowats[k]; ok || l.status().Pairs != 0 || !strings.Contains(logs.String(), "not set") {
@@ -255,7 +264,7 @@ func TestLowatRetriesFailedWrite(t *testing.T) {
 func TestLowatRefusedLater(t *testing.T) {
 	m := &fakeClampMap{set: map[bpfclamp.Key]bpfclamp.Limits{}, refused: bpfclamp.Refusals{Lowat: unix.ENOPROTOOPT}, refusedAfter: 1}
 	var logs bytes.Buffer
-	l := startLowat(128<<10, 0, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	l := startLowat(128<<10, 0, false, openBPF("", func(string) (clampMap, error) { return m, nil }), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	l.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	if s := logs.String(); s != "" {
 		t.Fatalf("log %q right after the add: the refusal comes later", s)

@@ -56,7 +56,7 @@ func TestPacingBesideLowat(t *testing.T) {
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	prog := openBPF("", func(string) (clampMap, error) { return m, nil })
-	lw := startLowat(64<<10, 0, prog, log)
+	lw := startLowat(64<<10, 0, false, prog, log)
 	opts := agent.Options{OnSubflows: lw.subflows, OnMeasured: lw.measured}
 	wirePacing(&opts, prog, log)
 	opts.OnSubflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
@@ -89,12 +89,8 @@ func TestPacingAttachFailure(t *testing.T) {
 	p.subflows(1, []agent.SubflowPair{{Local: lwClient, Remote: lwServer}})
 	p.measured(nil)
 	p.subflows(1, nil)
-	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "operation not permitted") || !strings.Contains(logs.String(), "running without it") {
-		t.Errorf("log %q: want one line with the reason", logs.String())
-	}
-	if st := p.status(); st.State != "failed" || !strings.Contains(st.Error, "operation not permitted") {
-		t.Errorf("status %+v", st)
-	}
+	st := p.status()
+	wantStartFailure(t, logs.String(), st.State, st.Error, "operation not permitted")
 }
 
 // A pair whose entry could not be written (a full map) is written at the
