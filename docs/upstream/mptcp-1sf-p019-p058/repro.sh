@@ -1,8 +1,9 @@
 #!/bin/bash
-# MPTCP over ONE subflow vs plain TCP on the same path, at the two points of the
+# MPTCP over ONE subflow vs plain TCP on the same path, at points of the
 # paired design (seed 1, default space; docs/results/design/paired-main2) where
-# mptcp-1sf was 0.51 (p019) and 0.53 (p058) of TCP on the best path with
-# intervals below 0.95. Adapted from ../mptcp-1sf-long-lossy/repro.sh.
+# mptcp-1sf was well below TCP on the best path: p019 (0.51) and p058 (0.53);
+# p174 (0.53) and p197 (0.72) pooled over paired-main2 + lowat (used by
+# ../mptcp-1sf-p174-p197). Adapted from ../mptcp-1sf-long-lossy/repro.sh.
 #
 # The lab is the design's own `detours` lab with the point's parameters on both
 # links (tbf + nftables random loss per direction + the lab's user-space delay
@@ -13,6 +14,8 @@
 #         queue 754 packets). The design reached it through the relay's NAT
 #         port; here one nftables DNAT + masquerade rule in detour1 does the same.
 #   p058: path 1 (link C0, direct; 99.5 Mbit/s, 240 ms, 0.361 %, queue 938).
+#   p174: path 1 (C0, direct; 45.6 Mbit/s, 315 ms, 0.497 %, queue 2242).
+#   p197: path 1 (C0, direct; 29.7 Mbit/s, 47 ms, 0.012 %, queue 25 = 0.21 BDP).
 # Transfers: `mpdetour bench send` (10 s upload, goodput from 1 s, cubic unless
 # the variant says otherwise) to `mpdetour bench recv --mptcp`; TCP and MPTCP
 # alternate first per round. Per trial: nstat deltas in the client (sender)
@@ -23,7 +26,7 @@
 # counts packets before the loss rule drops them).
 #
 # Usage: repro.sh POINT [rounds] [variants...]   (root)
-#   POINT: p019 | p058
+#   POINT: p019 | p058 | p174 | p197
 #   variants (each changes one setting, in client and server namespaces):
 #     defaults   the lab's (tcp_rmem max 32 MB, tcp_wmem max 4 MB, cubic)
 #     wmem32     tcp_wmem max 32 MB
@@ -35,16 +38,20 @@
 #                namespace default that a TCP socket (the MPTCP subflow too) uses
 #                when the socket sets none; the bench sets 128 KB on its socket
 #                (TCP: the connection; MPTCP: the MPTCP socket only)
+#     nots       net.ipv4.tcp_timestamps=0 (client and server): frees the 12 option
+#                bytes that leave an MPTCP ACK room for one SACK block only (two
+#                without timestamps; TCP goes from three to four)
 #   MPDETOUR=path to mpdetour (bench), MPDETOUR_LAB=path to mpdetour-lab (up/down),
-#   SSLOG=file for the raw ss samples (default /dev/null).
+#   SSLOG=file for the raw ss samples (default /dev/null), LABNAME=lab name
+#   (default k1s<pid>; must be unique among labs running at the same time).
 set -u
-PT=${1:?usage: repro.sh p019|p058 [rounds] [variants...]}; shift
+PT=${1:?usage: repro.sh p019|p058|p174|p197 [rounds] [variants...]}; shift
 R=${1:-8}; shift || true
 VARIANTS=${*:-defaults}
 M=${MPDETOUR:-mpdetour}
 ML=${MPDETOUR_LAB:-mpdetour-lab}
 SSLOG=${SSLOG:-/dev/null}
-L=k1s$$
+L=${LABNAME:-k1s$$}
 RECV=""
 cleanup() { [ -n "$RECV" ] && kill $RECV 2>/dev/null; wait 2>/dev/null; $ML down $L >/dev/null 2>&1; rm -f /tmp/$L-*; }
 trap cleanup EXIT
@@ -54,7 +61,11 @@ p019) SET="--set C0.rate=26002kbit --set C0.delay=71718us --set C0.loss=1.469% -
            --set C1.rate=35411kbit --set C1.delay=136090us --set C1.loss=0.178% --set C1.queue=754";;
 p058) SET="--set C0.rate=99545kbit --set C0.delay=120182us --set C0.loss=0.361% --set C0.queue=938
            --set C1.rate=6223kbit --set C1.delay=56364us --set C1.loss=1.886% --set C1.queue=34";;
-*) echo "unknown point $PT (p019 or p058)" >&2; exit 2;;
+p174) SET="--set C0.rate=45599kbit --set C0.delay=157278us --set C0.loss=0.497% --set C0.queue=2242
+           --set C1.rate=88976kbit --set C1.delay=194581us --set C1.loss=1.918% --set C1.queue=5312";;
+p197) SET="--set C0.rate=29709kbit --set C0.delay=23487us --set C0.loss=0.012% --set C0.queue=25
+           --set C1.rate=9547kbit --set C1.delay=67180us --set C1.loss=0.695% --set C1.queue=17";;
+*) echo "unknown point $PT (p019, p058, p174 or p197)" >&2; exit 2;;
 esac
 $ML up detours --name $L --set detours=1 --set access.rate=0 --set access.delay=0 --set egress.rate=0 --set egress.delay=0 $SET >/dev/null || exit 1
 addr() { ip -n $L-$1 -4 -o addr show dev $2 | awk '{split($4,a,"/");print a[1];exit}'; }
@@ -85,7 +96,7 @@ sleep 0.5
 defaults() {
   for n in client server; do
     ip netns exec $L-$n sysctl -qw net.ipv4.tcp_rmem="4096 131072 33554432" net.ipv4.tcp_wmem="4096 16384 4194304"
-    ip netns exec $L-$n sysctl -qw net.mptcp.stale_loss_cnt=4 net.ipv4.tcp_notsent_lowat=4294967295
+    ip netns exec $L-$n sysctl -qw net.mptcp.stale_loss_cnt=4 net.ipv4.tcp_notsent_lowat=4294967295 net.ipv4.tcp_timestamps=1
   done
   ip netns exec $L-client ethtool -K A1 gso on tso on gro on >/dev/null 2>&1
   ip netns exec $L-server ethtool -K A2 gso on tso on gro on >/dev/null 2>&1
@@ -102,10 +113,11 @@ setv() { # variant -> settings
              ip netns exec $L-server ethtool -K A2 gso off tso off gro off >/dev/null;;
   stale1) ip netns exec $L-client sysctl -qw net.mptcp.stale_loss_cnt=1;;
   lowat) ip netns exec $L-client sysctl -qw net.ipv4.tcp_notsent_lowat=131072;;
+  nots) for n in client server; do ip netns exec $L-$n sysctl -qw net.ipv4.tcp_timestamps=0; done;;
   *) echo "unknown variant $1" >&2; exit 2;;
   esac
 }
-keys='MPTcpExt|TcpRetransSegs|TcpExtTCPOFOQueue|TcpExtTCPRcvQDrop|TcpExtTCPOFODrop|TcpExtPruneCalled|TcpExtTCPRcvCollapsed|TcpExtTCPToZeroWindowAdv|TcpExtTCPWantZeroWindowAdv|TcpExtTCPLossProbes|TcpExtTCPSackRecovery|TcpExtTCPTimeouts|TcpExtTCPSpuriousRTOs|TcpExtTCPDSACK|TcpExtTCPLostRetransmit|TcpExtTCPFastRetrans|TcpExtTCPSlowStartRetrans|TcpExtTCPBacklogCoalesce|TcpExtTCPRcvCoalesce|TcpExtTCPHystart'
+keys='MPTcpExt|TcpRetransSegs|TcpExtTCPOFOQueue|TcpExtTCPRcvQDrop|TcpExtTCPOFODrop|TcpExtPruneCalled|TcpExtTCPRcvCollapsed|TcpExtTCPToZeroWindowAdv|TcpExtTCPWantZeroWindowAdv|TcpExtTCPLossProbes|TcpExtTCPSackRecovery|TcpExtTCPTimeouts|TcpExtTCPSpuriousRTOs|TcpExtTCPDSACK|TcpExtTCPLostRetransmit|TcpExtTCPFastRetrans|TcpExtTCPSlowStartRetrans|TcpExtTCPBacklogCoalesce|TcpExtTCPRcvCoalesce|TcpExtTCPHystart|TcpOutSegs|TcpExtTCPOrigDataSent|TcpExtTCPLoss|TcpExtTCPSACKReorder|TcpExtTCPTSReorder|TcpExtTCPFullUndo|TcpExtTCPPartialUndo|TcpExtTCPDSACKUndo|TcpExtTCPSpuriousRtxHostQueues|TcpExtTCPSACKDiscard|TcpExtTCPSackMerged'
 echo "# $(date -u +%FT%TZ) $(uname -r) point $PT lab $L dst $DST load $(cut -d' ' -f1-3 /proc/loadavg) build $($M version 2>/dev/null | head -1)"
 for v in $VARIANTS; do
   setv $v
@@ -141,3 +153,4 @@ print("%.3f Mbit/s mptcp=%s fallback=%s maxgap=%.2fs persec=%s sf=%s" % (j.get("
     done
   done
 done
+echo "# end $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)"
