@@ -11,7 +11,9 @@ drained) and the equal-window goodput (the receiver's per-second samples of
 seconds 1-10 only: the same 9 s for TCP and MPTCP). "len" is the bench
 window's length in seconds (number of per-second samples).
 If ss-X.txt lies beside run-X.txt, the MPTCP subflow's unsent bytes at 9 s
-(notsent) are shown too.
+(notsent) are shown too. Where the rows carry the forward path's counters: the
+bottleneck's (tbf) drops per packet it was offered (tbfdrop / (tx + tbfdrop)),
+per procedure over all trials and MPTCP - TCP per round with a t interval.
 """
 import math, os, re, sys, statistics
 from collections import defaultdict
@@ -62,6 +64,13 @@ def sssum(path):
             res.setdefault(key + ('msk',), {})['msk_rb'] = int(mm.group(1)) if mm else None
     return res
 
+def tinterval(xs):
+    n = len(xs)
+    m, sd = statistics.mean(xs), statistics.stdev(xs)
+    h = t975(n - 1) * sd / math.sqrt(n)
+    return m, m - h, m + h
+
+
 def summary(tcp, mp, logs):
     """Means, ratio of means, and the geometric mean of per-round ratios with its t interval."""
     n = len(logs)
@@ -103,6 +112,7 @@ def main(paths):
         print('file:round | first | TCP Mbit/s (len s) | MPTCP Mbit/s (len s) | MPTCP/TCP | TCP 1-10 s | MPTCP 1-10 s | MPTCP/TCP 1-10 s | '
               'TCP snd rtx | MPTCP snd rtx | TCP / MPTCP fwd path drops (tbf, loss rule, delay line) | MPTCP subflow notsent at 9 s')
         sums = {'tcp': defaultdict(int), 'mptcp': defaultdict(int)}
+        ddiff = []  # per round: MPTCP's tbf drop % minus TCP's
         for (base, r) in sorted(rounds):
             p = rounds[(base, r)]
             if 'tcp' not in p or 'mptcp' not in p:
@@ -123,6 +133,9 @@ def main(paths):
             etcp.append(et); emp.append(em)
             if et > 0 and em > 0:
                 elogs.append(math.log(em / et))
+            pt_, pm_ = p['tcp'][5], p['mptcp'][5]
+            if pt_.get('tx') and pm_.get('tx'):
+                ddiff.append(100 * (pm_['tbfdrop'] / (pm_['tx'] + pm_['tbfdrop']) - pt_['tbfdrop'] / (pt_['tx'] + pt_['tbfdrop'])))
             sm = ss[base].get((var, r, 'mptcp'), {})
             def drops(x):
                 c = x[5]
@@ -141,6 +154,15 @@ def main(paths):
         for proc in ('tcp', 'mptcp'):
             keys = sorted(k for k in sums[proc] if not k.endswith(('SYNTX', 'SYNRX', 'SYNACKRX', 'ACKRX')))
             print(f'{proc} counter sums over {n} trials: ' + ' '.join(f'{k}={sums[proc][k]}' for k in keys))
+        for proc in ('tcp', 'mptcp'):
+            c = sums[proc]
+            if c.get('path:tx'):
+                print(f"{proc}: bottleneck (tbf) drops {c['path:tbfdrop']} of {c['path:tx'] + c['path:tbfdrop']} packets offered "
+                      f"({100 * c['path:tbfdrop'] / (c['path:tx'] + c['path:tbfdrop']):.3f} %); sender retransmitted "
+                      f"{c.get('snd:TcpRetransSegs', 0)} of {c.get('snd:TcpOutSegs', 0) or '-'} segments sent")
+        if len(ddiff) >= 2:
+            m, lo, hi = tinterval(ddiff)
+            print(f'tbf drop % per round, MPTCP minus TCP: mean {m:+.3f} points, 95 % t interval [{lo:+.3f}, {hi:+.3f}] ({len(ddiff)} rounds)')
         print()
     if loads:
         loads.sort()

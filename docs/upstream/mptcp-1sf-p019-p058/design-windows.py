@@ -2,15 +2,57 @@
 """Window lengths of the paired design's trials (no new measurement).
 
 Usage: design-windows.py DESIGN_DIR   (e.g. docs/results/design/paired-main2)
+       design-windows.py --points p174,p197 DESIGN_DIR...   (per-trial listing, below)
 The bench's goodput is bytes from 1 s to the last byte over that time; the
 trial records keep goodput and window_bytes, so window_s = window_bytes * 8 /
 goodput. Per point: mptcp-1sf's mean window and the window of TCP on the same
 path, and mptcp-1sf / TCP (ratio of the means), then the ratio against the
 window difference over all points.
+With --points: every trial of those points in every DESIGN_DIR (mptcp-1sf and TCP
+on its path), its window, bench goodput and, where the run recorded it
+(equal_goodput_mbps, seconds 1-10), the equal-window goodput; then per point
+and run mptcp-1sf / TCP (ratio of the means) both ways.
 """
 import glob, json, math, os, statistics, sys
 from collections import defaultdict
 
+def points_listing(pts, dirs):
+    rec = defaultdict(list)  # (pt, run, cell) -> [(trial, window, goodput, equal)]
+    onep = {}
+    for d in dirs:
+        run = os.path.basename(os.path.normpath(d))
+        for f in sorted(glob.glob(os.path.join(d, 'runs', '*', 'trials.jsonl'))):
+            for line in open(f):
+                j = json.loads(line)
+                if j['configuration'] not in pts or j.get('status') != 'ok' or not j.get('goodput_mbps'):
+                    continue
+                ws = j.get('window_s') or j['window_bytes'] * 8 / j['goodput_mbps'] / 1e6
+                rec[(j['configuration'], run, j['cell'])].append((j['trial'], ws, j['goodput_mbps'], j.get('equal_goodput_mbps')))
+                if j['cell'] == 'mptcp-1sf' and j.get('subflows'):
+                    onep[j['configuration']] = 1 if j['subflows'][0].get('path') == 'default' else 2
+    print('point | run | cell | trial: window s, bench Mbit/s, equal-window (1-10 s) Mbit/s')
+    for pt in pts:
+        tcpcell = f'tcp-path{onep.get(pt, 1)}'
+        for d in dirs:
+            run = os.path.basename(os.path.normpath(d))
+            for cell in ('mptcp-1sf', tcpcell):
+                for t, ws, g, e in sorted(rec[(pt, run, cell)]):
+                    print(f'{pt} | {run} | {cell} | {t}: {ws:.1f}, {g:.2f}, ' + (f'{e:.2f}' if e else '-'))
+            one, tcp = rec[(pt, run, 'mptcp-1sf')], rec[(pt, run, tcpcell)]
+            if not one or not tcp:
+                continue
+            for k, i in (('bench', 2), ('equal', 3)):
+                a, b = [x[i] for x in one], [x[i] for x in tcp]
+                if None in a or None in b:
+                    continue
+                print(f'{pt} | {run} | mptcp-1sf / {tcpcell}, {k}: {statistics.mean(a) / statistics.mean(b):.3f} '
+                      f'(windows: mptcp-1sf mean {statistics.mean(x[1] for x in one):.1f} s, TCP {statistics.mean(x[1] for x in tcp):.1f} s)')
+        print()
+
+
+if sys.argv[1] == '--points':
+    points_listing(sys.argv[2].split(','), sys.argv[3:])
+    sys.exit()
 d = sys.argv[1]
 w = defaultdict(list)
 onepath = {}
