@@ -49,9 +49,13 @@ type Options struct {
 	// the subflow delivering the most is limited by its congestion window
 	// in less than GuardStarve of the probes (1: without that condition)
 	// (0 = the policy's defaults).
-	GuardShare     float64
-	GuardWindow    time.Duration
-	GuardStarve    float64
+	GuardShare  float64
+	GuardWindow time.Duration
+	GuardStarve float64
+	// GuardRTT: guard sheds only a subflow whose base RTT exceeds GuardRTT
+	// x the top subflow's (0: the policy's default, 1.25; negative: no RTT
+	// condition, the file's guard.rtt: 0).
+	GuardRTT       float64
 	CommandWorkers int
 	// Nice, when non-zero, is applied to the agent's threads at start.
 	Nice int

@@ -167,6 +167,7 @@ type fileGuard struct {
 	Share  *float64         `yaml:"share"`
 	Window *config.Duration `yaml:"window"`
 	Starve *float64         `yaml:"starve"`
+	RTT    *float64         `yaml:"rtt"`
 }
 
 type fileClamp struct {
@@ -379,6 +380,16 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 				return c, fmt.Errorf("guard.starve: %g out of range (the share of probes at which the fastest subflow is limited by its congestion window, above 0 and at most 1; 1 turns the condition off; e.g. 0.5)", *v)
 			}
 			c.GuardStarve = *v
+		}
+		if v := f.Guard.RTT; v != nil {
+			switch {
+			case *v == 0:
+				c.GuardRTT = -1 // no RTT condition
+			case *v >= 1 && *v <= 10:
+				c.GuardRTT = *v
+			default:
+				return c, fmt.Errorf("guard.rtt: %g out of range (a subflow is shed only when its base RTT exceeds this many times the top subflow's: 1-10, e.g. 1.25; 0 sheds whatever its RTT)", *v)
+			}
 		}
 	}
 	if err := buildShared(f, &c); err != nil {

@@ -277,6 +277,13 @@ func TestParseConfigGuard(t *testing.T) {
 			t.Fatalf("%q: starve %g, %v; want %g", in, c.Agent.GuardStarve, err, want)
 		}
 	}
+	// rtt: 0 drops the RTT condition (negative for the policy), unset is
+	// the policy's default (0).
+	for in, want := range map[string]float64{"policy: guard\nguard: {rtt: 0}\n": -1, "policy: guard\nguard: {rtt: 1.5}\n": 1.5, "policy: guard\nguard: {share: 0.2}\n": 0} {
+		if c, err := ParseConfig([]byte(in)); err != nil || c.Agent.GuardRTT != want {
+			t.Fatalf("%q: rtt %g, %v; want %g", in, c.Agent.GuardRTT, err, want)
+		}
+	}
 	// An empty guard block under another policy is refused as a full one
 	// is, at its line.
 	for _, in := range []string{"policy: static\nguard:\n", "policy: adaptive\nguard: {}\n"} {
@@ -296,6 +303,8 @@ func TestParseConfigGuard(t *testing.T) {
 		"policy: guard\nguard: {starve: 0}":   "guard.starve: 0 out of range",
 		"policy: guard\nguard: {starve: 1.5}": "guard.starve: 1.5 out of range",
 		"policy: guard\nguard: {starve: -1}":  "guard.starve: -1 out of range",
+		"policy: guard\nguard: {rtt: 0.5}":    "guard.rtt: 0.5 out of range",
+		"policy: guard\nguard: {rtt: 11}":     "guard.rtt: 11 out of range",
 	} {
 		if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one containing %q", in, err, want)

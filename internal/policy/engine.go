@@ -74,6 +74,11 @@ type Config struct {
 	GuardShare  float64
 	GuardWindow time.Duration
 	GuardStarve float64
+	// GuardRTT (guard): the shed subflow's base RTT must exceed GuardRTT
+	// x that of the subflow delivering the most [1.25; negative: no RTT
+	// condition, so that a tiny path slow from loss, not from length, is
+	// judged too (docs/results/design/tinypath-fresh)].
+	GuardRTT float64
 	// SharedBottleneck (static): two subflows whose queueing delays say
 	// they share a bottleneck keep only the faster one carrying data for
 	// Hold (shared_rule.go); SharedWindow is how long they are compared
@@ -282,6 +287,9 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 	positive(&cfg.GuardShare, defaultGuardShare)
 	positive(&cfg.GuardWindow, defaultGuardWindow)
 	positive(&cfg.GuardStarve, defaultGuardStarve)
+	if cfg.GuardRTT == 0 {
+		cfg.GuardRTT = defaultGuardRTT
+	}
 	positive(&cfg.SharedWindow, DefaultSharedWindow)
 	if cfg.Now == nil {
 		cfg.Now = time.Now

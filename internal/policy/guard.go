@@ -33,7 +33,7 @@ import (
 // bytes the connection delivered over its judging window, Window or 4 of
 // its base RTTs if longer (at most 8 s), once it has been up for twice
 // that; a subflow whose share is below Share while its base RTT is more
-// than guardRTT times that of the subflow delivering the most is
+// than GuardRTT times that of the subflow delivering the most is
 // destroyed (SUBFLOW_DESTROY: the kernel re-sends its queue on the
 // others at once, so nothing stays stranded). Only when the connection is
 // busy (at least 64 KB/s) and another subflow delivers, and (Starve, after
@@ -54,9 +54,9 @@ type guard struct {
 }
 
 const (
-	// guardRTT: a subflow is "slower" than the main carrier when its base
-	// RTT exceeds the carrier's by this factor.
-	guardRTT = 1.25
+	// defaultGuardRTT: a subflow is "slower" than the main carrier when
+	// its base RTT exceeds the carrier's by this factor (GuardRTT).
+	defaultGuardRTT = 1.25
 	// guardRTTs: a subflow is judged over at least this many of its base
 	// RTTs, and only after twice that time up (slow start of a long path
 	// is not a verdict); guardKeep bounds the window (and the history).
@@ -139,7 +139,7 @@ func (g *guard) judgeWindow(s *ksub) time.Duration {
 
 // harmful finds the subflow the rule sheds, if any: it has been up for
 // twice its judging window; over that window it delivered below Share of
-// the connection's bytes and its base RTT is above guardRTT x that of the
+// the connection's bytes and its base RTT is above GuardRTT x that of the
 // subflow that delivered the most (which still delivers and, unless
 // Starve is 1 or more, starves); the connection is busy.
 func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey, *ksub, *ksub, string) {
@@ -182,7 +182,7 @@ func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey
 			continue
 		}
 		share := float64(sub64(cur.bytes[sk], a)) / total
-		if share >= cfg.GuardShare || float64(s.baseRTT()) <= guardRTT*float64(topS.baseRTT()) {
+		if share >= cfg.GuardShare || cfg.GuardRTT > 0 && float64(s.baseRTT()) <= cfg.GuardRTT*float64(topS.baseRTT()) {
 			continue
 		}
 		why := fmt.Sprintf("delivered %.0f%% of the connection's bytes over %s (below %.0f%%) with a base RTT of %s vs %s on %s",

@@ -36,7 +36,7 @@ import (
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
-//     shareN = guard.share N/100, policy guard only; lowat = subflow_lowat 128 KiB (the agent's
+//     shareN = guard.share N/100, rttoff = guard.rtt 0, policy guard only; lowat = subflow_lowat 128 KiB (the agent's
 //     default, written out), lowatN = N KiB, lowatrtt = subflow_lowat
 //     128 KiB scaled to the subflows' RTTs (subflow_lowat_scale: rtt),
 //     nolowat = subflow_lowat 0, the agent without the limit (its default
@@ -101,6 +101,7 @@ const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobu
 	"ALGO (subflow_congestion: {detour: ALGO}: a congestion control the kernel offers, e.g. bbr), " +
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
 	"shareN (policy guard: guard.share N/100, N 1-99: a slower subflow delivering below this share of the bytes is shed), " +
+	"rttoff (policy guard: guard.rtt: 0, the shed rule without its RTT condition), " +
 	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent, the agent's default written out) or lowatN (N KiB, 16-65536), " +
 	"lowatrtt (subflow_lowat: 131072 with subflow_lowat_scale: rtt: the limit scaled to the subflows' RTTs, 128 KiB its floor; it also sets probe_interval 100ms where static's default is 1s), " +
 	"nolowat (subflow_lowat: 0: the agent without the limit, its default before the limit was turned on), " +
@@ -135,6 +136,11 @@ func parseMechanism(f, m string) (Mechanism, error) {
 			return Mechanism{}, fmt.Errorf("procedure %q: mechanism %q: want starveN with N 1-99 (guard.starve N/100) or starveoff (guard.starve: 1)", f, m)
 		}
 		return Mechanism{Name: m, Guard: fmt.Sprintf("  starve: %g\n", float64(n)/100)}, nil
+	case m == "rttoff":
+		// guard's shed rule without its RTT condition (guard.rtt: 0): a
+		// tiny path slow from loss, not length, is judged too
+		// (docs/results/design/tinypath-fresh).
+		return Mechanism{Name: m, Guard: "  rtt: 0\n"}, nil
 	case strings.HasPrefix(m, "share"):
 		n, ok := numbered(m, "share", 1, 99)
 		if !ok {
@@ -329,7 +335,7 @@ func parseProc(f string, paths int) (Proc, error) {
 				key = "probe"
 			case strings.HasPrefix(key, "lowat"):
 				key = "lowat"
-			case strings.HasPrefix(key, "starve"), strings.HasPrefix(key, "share"):
+			case strings.HasPrefix(key, "starve"), strings.HasPrefix(key, "share"), key == "rttoff":
 				key = strings.TrimRightFunc(strings.TrimSuffix(key, "off"), unicode.IsDigit)
 				if p.Policy != policy.Guard.String() {
 					return Proc{}, fmt.Errorf("procedure %q: mechanism %q tunes the guard policy's shed rule (guard.%s): mptcp-guard only", f, m, key)
