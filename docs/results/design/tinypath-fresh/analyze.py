@@ -2,7 +2,11 @@
 """tinypath-fresh: the plan's decision rule (PLAN.md) on the tiny-path and non-tiny subsets, from
 the design runner's results.json and report.md (both goodput windows) and the trials' subflows.
 
-    python3 analyze.py [DIR]     (markdown on stdout)
+    python3 analyze.py [DIR] [--arms X,Y] [--first NAME=p001,p002,...]     (markdown on stdout)
+
+--arms: the procedures compared with static (default: mptcp-guard and G15); --first: the first
+subset's name and points (default: tiny = this run's 13 tiny-path points); the other points of DIR
+form the second subset ("other").
 
 Per point and procedure the mean of the ok trials; X / static per point is the ratio of means; a
 subset's geometric mean carries a Student t 95 % interval over its points' log ratios (as the
@@ -13,10 +17,15 @@ says which path was shed.
 """
 import collections, json, math, os, re, statistics as st, sys
 
-d = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-S, G, G15 = "mptcp-static", "mptcp-guard", "mptcp-guard+share15+starveoff"
-ARMS = (S, G, G15)
-TINY = "p014 p045 p089 p099 p101 p106 p111 p117 p127 p140 p147 p163 p189".split()
+args = sys.argv[1:]
+opt = lambda k, dflt: args[args.index(k) + 1] if k in args else dflt
+d = args[0] if args and not args[0].startswith("--") else os.path.dirname(os.path.abspath(__file__))
+S = "mptcp-static"
+XS = tuple(opt("--arms", "mptcp-guard,mptcp-guard+share15+starveoff").split(","))
+ARMS = (S,) + XS
+FIRST, TINY = opt("--first", "tiny=" + ",".join("p014 p045 p089 p099 p101 p106 p111 p117 p127 p140 p147 p163 p189".split())).split("=")
+TINY = TINY.split(",")
+OTHER = "non-tiny" if FIRST == "tiny" else "other"
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
        10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
        18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074}
@@ -48,7 +57,7 @@ def verdicts(sec):
     vs, harmed = {}, {}
     for line in sec.splitlines():
         c = [x.strip() for x in line.strip().strip("|").split("|")] if line.startswith("|") else []
-        if len(c) == 7 and c[0] in (G, G15):
+        if len(c) == 7 and c[0] in XS:
             vs[c[0]] = (re.findall(r"p\d{3}", c[3]), re.findall(r"p\d{3}", c[4]))
         m = re.match(r"Harmed points, (\S+): (.*)$", line)
         if m:
@@ -58,8 +67,8 @@ def verdicts(sec):
 
 points = sorted({r["point"] for r in recs})
 done = [p for p in points if all((p, a) in means("goodput_mbps") for a in ARMS + ("tcp-path1", "tcp-path2"))]
-subsets = {"tiny": [p for p in done if p in TINY], "non-tiny": [p for p in done if p not in TINY], "all": done}
-print(f"Points with every procedure measured: {len(done)} of 23 ({len(subsets['tiny'])} tiny, {len(subsets['non-tiny'])} non-tiny); ok trials {len(recs)}.\n")
+subsets = {FIRST: [p for p in done if p in TINY], OTHER: [p for p in done if p not in TINY], "all": done}
+print(f"Points with every procedure measured: {len(done)} of {len(points)} ({len(subsets[FIRST])} {FIRST}, {len(subsets[OTHER])} {OTHER}); ok trials {len(recs)}.\n")
 
 for wname, (key, sec) in windows.items():
     m = means(key)
@@ -71,7 +80,7 @@ for wname, (key, sec) in windows.items():
         if not ps:
             continue
         best = {p: max(m[(p, "tcp-path1")], m[(p, "tcp-path2")]) for p in ps}
-        for x in (G, G15):
+        for x in XS:
             below, above = ([q for q in vs.get(x, ([], []))[i] if q in ps] for i in (0, 1))
             hs = [q for q in harmed.get(S, []) if q in ps]
             hx = [q for q in harmed.get(x, []) if q in ps]
@@ -83,17 +92,20 @@ for wname, (key, sec) in windows.items():
 
 m = means("goodput_mbps")
 print("### Per point (to the last byte; sheds: trials that ended with one subflow, and the path left)\n")
-print("| point | subset | best TCP Mbit/s | static / best | guard / best | G15 / best | guard / static | G15 / static | sheds guard | sheds G15 |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+LABEL = {"mptcp-guard": "guard", "mptcp-guard+share15+starveoff": "G15", "mptcp-guard+share15+starveoff+rttoff": "G15R"}
+lab = [LABEL.get(x, x) for x in XS]
+print("| point | subset | best TCP Mbit/s | static / best | " + " | ".join(f"{l} / best" for l in lab) + " | "
+      + " | ".join(f"{l} / static" for l in lab) + " | " + " | ".join(f"sheds {l}" for l in lab) + " |")
+print("|---|---|---:|---:|" + "---:|" * (2 * len(XS)) + "---|" * len(XS))
 sheds = collections.defaultdict(list)
 for r in recs:
-    if r["procedure"] in (G, G15) and len(r.get("subflows") or []) == 1:
+    if r["procedure"] in XS and len(r.get("subflows") or []) == 1:
         sheds[(r["point"], r["procedure"])].append(r["subflows"][0]["path"])
 for p in done:
     best = max(m[(p, "tcp-path1")], m[(p, "tcp-path2")])
-    n = {a: sum(1 for r in recs if r["point"] == p and r["procedure"] == a) for a in (G, G15)}
+    n = {a: sum(1 for r in recs if r["point"] == p and r["procedure"] == a) for a in XS}
     def sh(a):
         left = sheds[(p, a)]
         return f"{len(left)} of {n[a]}" + (f" (left: {', '.join(sorted(set(left)))})" if left else "")
-    print(f"| {p} | {'tiny' if p in TINY else 'non-tiny'} | {best:.2f} | {m[(p, S)] / best:.2f} | {m[(p, G)] / best:.2f} | {m[(p, G15)] / best:.2f} | "
-          f"{m[(p, G)] / m[(p, S)]:.2f} | {m[(p, G15)] / m[(p, S)]:.2f} | {sh(G)} | {sh(G15)} |")
+    print(f"| {p} | {FIRST if p in TINY else OTHER} | {best:.2f} | {m[(p, S)] / best:.2f} | " + " | ".join(f"{m[(p, x)] / best:.2f}" for x in XS) + " | "
+          + " | ".join(f"{m[(p, x)] / m[(p, S)]:.2f}" for x in XS) + " | " + " | ".join(sh(x) for x in XS) + " |")
