@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 )
 
 // daemon is a process (relay, agent, openvpn) running in a lab node.
@@ -121,4 +123,36 @@ func (d *daemon) waitFor(ctx context.Context, what string, timeout time.Duration
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// AgentPolicyLog returns the decisions the cell's agent logged on single
+// subflows, for results.Record.PolicyLog: the INFO and WARN lines of
+// env.Dir/agent.log (complete once the session is closed) that name a
+// connection's token and a path, in order, at most results.PolicyLogMax
+// (the last then counts the rest). Nil when the cell ran no agent.
+func AgentPolicyLog(env *Env) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(env.Dir, "agent.log"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return policyLines(string(bytes.ToValidUTF8(b, nil)), results.PolicyLogMax), nil
+}
+
+// policyLines picks AgentPolicyLog's lines out of an agent log (slog's
+// text format). More than max: the first max-1 and a count of the rest.
+func policyLines(log string, max int) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if (strings.Contains(l, " level=INFO ") || strings.Contains(l, " level=WARN ")) &&
+			strings.Contains(l, " token=") && strings.Contains(l, " path=") {
+			out = append(out, l)
+		}
+	}
+	if len(out) > max {
+		out = append(out[:max-1], fmt.Sprintf("(%d more lines not kept)", len(out)-max+1))
+	}
+	return out
 }

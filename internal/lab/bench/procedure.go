@@ -119,6 +119,9 @@ type Measurement struct {
 	// reinjected on another subflow after a loss counts twice.
 	TailMbps *float64
 	Subflows []results.Subflow
+	// PolicyLog: the agent's decisions on single subflows (see
+	// results.Record.PolicyLog), filled by the design's paired runner.
+	PolicyLog []string
 	// SetupMs: the trial's setup latency probes (connect() to first
 	// byte), in ms, when the procedure measures them.
 	SetupMs []float64

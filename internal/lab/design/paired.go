@@ -280,6 +280,7 @@ func (d *Design) pairedPoint(ctx context.Context, o Options, s *scenario.Scenari
 			rec.WindowS, rec.EqualBytes, rec.EqualGoodputMbps = m.WindowS, m.EqualBytes, m.EqualGoodputMbps
 			rec.MaxGapS, rec.MaxGapEndS = m.MaxGapS, m.MaxGapEndS
 		}
+		rec.PolicyLog = m.PolicyLog // also of a failed trial
 		if err := store.Append(rec); err != nil {
 			return fmt.Errorf("saving trial: %w", err)
 		}
@@ -295,6 +296,9 @@ func (d *Design) pairedPoint(ctx context.Context, o Options, s *scenario.Scenari
 				sf = append(sf, fmt.Sprintf("%s %.1f MB %.0f ms %d rtx", x.Path, float64(x.Bytes)/1e6, x.RTTms, x.Retrans))
 			}
 			res += " (" + strings.Join(sf, ", ") + ")"
+		}
+		if n := len(rec.PolicyLog); n > 0 {
+			res += fmt.Sprintf(" [agent: %d subflow decisions logged]", n)
 		}
 		fmt.Fprintf(o.Progress, "[%s] trial %d %s: %s (load %.2f)\n", pt.ID, rec.Trial, name, res, rec.LoadAvg)
 	}
@@ -327,6 +331,12 @@ func (d *Design) pairedTrial(ctx context.Context, cl *bench.ConfigLab, c scenari
 	if cerr := sess.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("closing the session: %w", cerr)
 	}
+	// The agent has stopped: its log is complete.
+	pl, lerr := bench.AgentPolicyLog(env)
+	if lerr != nil && err == nil {
+		err = fmt.Errorf("reading the agent's log: %w", lerr)
+	}
+	m.PolicyLog = pl
 	return m, err
 }
 

@@ -37,6 +37,7 @@ type Row struct {
 	BenCapacity *float64           `json:"ben_capacity,omitempty"`
 	Params      map[string]float64 `json:"params"`
 	Subflows    []results.Subflow  `json:"subflows,omitempty"`
+	PolicyLog   []string           `json:"policy_log,omitempty"` // results.Record.PolicyLog
 	Start       time.Time          `json:"start"`
 	LoadAvg     float64            `json:"loadavg_1m"`
 }
@@ -87,7 +88,7 @@ func (d *Design) Rows(recs map[string][]results.Record, runs []run) []Row {
 				Point: pt.ID, Trial: rec.Trial, BDP: pt.Class(d.LowBDP), Procedure: p.Name, Policy: p.Policy,
 				Status: rec.Status, Reason: rec.Reason, GoodputMbps: rec.GoodputMbps,
 				WindowS: rec.WindowS, EqualGoodputMbps: rec.EqualGoodputMbps,
-				Params: pt.Params(), Subflows: rec.Subflows, Start: rec.Start, LoadAvg: rec.LoadAvg,
+				Params: pt.Params(), Subflows: rec.Subflows, PolicyLog: rec.PolicyLog, Start: rec.Start, LoadAvg: rec.LoadAvg,
 			})
 		}
 	}

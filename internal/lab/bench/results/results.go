@@ -84,6 +84,13 @@ type Record struct {
 	SetupMs    *float64  `json:"setup_ms,omitempty"`
 	SetupAllMs []float64 `json:"setup_all_ms,omitempty"`
 	Subflows   []Subflow `json:"subflows,omitempty"`
+	// PolicyLog: the agent's log lines of the trial that act on one
+	// subflow (a shed, a backup made active, a path failed or revived:
+	// the lines naming a path=), in order, at most PolicyLogMax; what the
+	// policy decided, which the end-of-trial subflow list cannot show
+	// (a shed first subflow stays listed until the connection closes).
+	// Nil for trials without an agent, or with nothing logged.
+	PolicyLog []string `json:"policy_log,omitempty"`
 	// FCTMs: with a flow configuration (rack scenario), the median flow
 	// completion time of the trial's flows, FCTAllMs every flow's (ms,
 	// connect() to the sink's answer after the last byte), FlowBytes the
@@ -114,6 +121,10 @@ type Record struct {
 	// the machine is shared, and contention shows in the numbers.
 	LoadAvg float64 `json:"loadavg_1m"`
 }
+
+// PolicyLogMax bounds Record.PolicyLog: a policy that flaps would fill
+// the results file; the last kept line then says how many were left out.
+const PolicyLogMax = 50
 
 // Churn is the outcome of a trial that runs many connections at once while
 // the network changes under them.
