@@ -587,8 +587,7 @@ func TestProbe(t *testing.T) {
 	// probe never attaches to dir itself, so counting there proves
 	// nothing); after Probe none of them may still be loaded.
 	var ids []ebpf.ProgramID
-	probeAttached = func(child string) { ids = attachedIDs(t, child) }
-	t.Cleanup(func() { probeAttached = nil })
+	watched := prober{mkdir: os.Mkdir, attached: func(child string) { ids = attachedIDs(t, child) }}
 	// A probe cgroup left by a doctor that was killed (its process gone)
 	// is removed by the next probe.
 	gone := exec.Command("true")
@@ -600,7 +599,7 @@ func TestProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(stale) })
-	if at, err := Probe(dir); err != nil || at != dir {
+	if at, err := watched.probe(dir); err != nil || at != dir {
 		t.Fatalf("Probe(%s): %q, %v", dir, at, err)
 	}
 	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
@@ -625,14 +624,13 @@ func TestProbe(t *testing.T) {
 	// a container): the program is loaded, attaching is not tried, and
 	// the error says so (the agent, which only opens the directory, may
 	// attach); a directory that is no cgroup stays an error.
-	probeMkdir = func(string, os.FileMode) error { return &os.PathError{Op: "mkdir", Path: dir, Err: unix.EROFS} }
-	t.Cleanup(func() { probeMkdir = os.Mkdir })
-	_, err := Probe(dir)
+	readOnly := prober{mkdir: func(string, os.FileMode) error { return &os.PathError{Op: "mkdir", Path: dir, Err: unix.EROFS} }}
+	_, err := readOnly.probe(dir)
 	var notTried *AttachNotTriedError
 	if !errors.As(err, &notTried) || !errors.Is(err, unix.EROFS) {
 		t.Errorf("Probe of a read-only cgroup: %v, want AttachNotTriedError", err)
 	}
-	if _, err := Probe(t.TempDir()); err == nil || errors.As(err, &notTried) {
+	if _, err := readOnly.probe(t.TempDir()); err == nil || errors.As(err, &notTried) {
 		t.Errorf("Probe of a read-only directory that is no cgroup: %v", err)
 	}
 }

@@ -60,7 +60,17 @@ func OwnCgroup(root string) (string, error) {
 // privileges (CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, or root). Where dir
 // is a cgroup v2 directory it may not write (no child to attach to), it
 // only loads the program: *AttachNotTriedError.
-func Probe(dir string) (string, error) {
+func Probe(dir string) (string, error) { return prober{mkdir: os.Mkdir}.probe(dir) }
+
+// prober is Probe with its two seams: mkdir makes the child cgroup
+// (os.Mkdir; tests stand in a read-only cgroup) and attached, when set,
+// sees the child while the program is attached to it (tests).
+type prober struct {
+	mkdir    func(string, os.FileMode) error
+	attached func(child string)
+}
+
+func (pr prober) probe(dir string) (string, error) {
 	if dir == "" {
 		var err error
 		if dir, err = Cgroup2Root(); err != nil {
@@ -75,7 +85,7 @@ func Probe(dir string) (string, error) {
 	}
 	removeStaleProbes(dir)
 	child := filepath.Join(dir, fmt.Sprintf("mpdetour-probe-%d", os.Getpid()))
-	if err := probeMkdir(child, 0o755); err != nil {
+	if err := pr.mkdir(child, 0o755); err != nil {
 		err = fmt.Errorf("bpfclamp: create a probe cgroup under %s: %w", dir, err)
 		var fs unix.Statfs_t
 		if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) && !errors.Is(err, unix.EPERM) ||
@@ -97,8 +107,8 @@ func Probe(dir string) (string, error) {
 	if err != nil {
 		return dir, btf(err)
 	}
-	if probeAttached != nil {
-		probeAttached(child)
+	if pr.attached != nil {
+		pr.attached(child)
 	}
 	return dir, c.Close()
 }
@@ -127,9 +137,3 @@ func (e *AttachNotTriedError) Error() string {
 
 func (e *AttachNotTriedError) Unwrap() error { return e.Err }
 
-// probeMkdir is os.Mkdir (tests stand in a read-only cgroup).
-var probeMkdir = os.Mkdir
-
-// probeAttached, set by tests, sees Probe's child cgroup while the
-// program is attached to it.
-var probeAttached func(child string)
