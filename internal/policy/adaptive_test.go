@@ -87,6 +87,7 @@ type simPath struct {
 	backup        bool
 	full          bool   // limited by its congestion window (backup-first's evidence)
 	cwnd          uint32 // congestion window, segments (0: 10)
+	rtos          uint8  // black hole: consecutive RTOs reported (0: 1)
 }
 
 func newSim(t *testing.T, k int, ds ...detour.Detour) *sim {
@@ -220,7 +221,7 @@ func (s *sim) run(d time.Duration, set func(sk subKey, sp *simPath)) {
 			} else {
 				sp.quietFor += step
 				if !sp.down && !sp.backup { // a backup with nothing to send is idle, not stuck
-					m.Unacked, m.Retransmits = 10, 1
+					m.Unacked, m.Retransmits = 10, max(1, sp.rtos)
 				}
 			}
 			m.BytesAcked, m.BytesReceived, m.SegsOut, m.TotalRetrans = sp.acked, sp.rcvd, sp.segs, sp.retrans

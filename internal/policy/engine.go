@@ -1052,6 +1052,9 @@ func (p *Engine) Tick(now time.Time) []Intent {
 		k.retryAt = time.Time{}
 		out = append(out, p.fill(k)...)
 	}
+	if t, ok := p.strat.(ticker); ok {
+		out = append(out, t.tick(now)...)
+	}
 	// Forget detours that have been fine for a long time (bounded maps).
 	if len(p.health) > 1024 {
 		for dk, h := range p.health {

@@ -45,12 +45,18 @@ import (
 // agent's host receives, its subflows are never window-limited here, so
 // the condition holds and the rule is the one before. A shed detour is
 // avoided for this server for Hold, then joins again (active) and is
-// judged again; the default path's subflow is shed the same way, but the
-// agent does not reopen it (the connection goes on through its detours;
-// the watchdog of static replaces those that stall).
+// judged again; the default path's subflow is shed the same way, and is
+// reopened (a fresh subflow on it, as failover's redial) only when no
+// other active subflow is left: the connection goes on through its
+// detours, the watchdog of static replaces those that stall, and a
+// connection whose detours all stalled or were withdrawn is not left
+// without a path.
 type guard struct {
 	e  *Engine
 	st static
+	// shedDefault: the connections (tokens) whose default path the rule
+	// shed, checked at every Tick (reopenDefault).
+	shedDefault map[uint32]bool
 }
 
 const (
@@ -215,6 +221,12 @@ func (g *guard) othersCarry(k *kconn, top subKey, now time.Time) bool {
 func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time, why string) []Intent {
 	p := g.e
 	decision := "shed: " + why
+	if s.initial {
+		if g.shedDefault == nil {
+			g.shedDefault = map[uint32]bool{}
+		}
+		g.shedDefault[k.c.Token] = true
+	}
 	if s.d != nil {
 		// The latest Hold's end: an earlier one would fill (and clear it)
 		// while this detour is still avoided.
@@ -226,6 +238,40 @@ func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time
 		"top_rate_kBps", round3(top.rate/1e3), "top_loss", round3(top.loss), "top_cwnd", top.m.SndCwnd, "top_unacked", top.m.Unacked, "top_notsent", top.m.NotsentBytes,
 		"send_limited", round3(s.sendLimited), "rate_kBps", round3(s.rate/1e3), "up", now.Sub(s.upSince).Round(time.Millisecond))
 	return p.evict(k, sk, s, now.Add(p.cfg.Hold), decision)
+}
+
+// tick reopens the shed default path of a connection left with no other
+// subflow; at every Tick, since such a connection has no subflow left to
+// be measured (measured is not called for it).
+func (g *guard) tick(now time.Time) []Intent {
+	var out []Intent
+	for tok := range g.shedDefault {
+		k := g.e.conns[tok]
+		if k == nil || k.finished != "" {
+			delete(g.shedDefault, tok)
+			continue
+		}
+		out = append(out, g.reopenDefault(k, now)...)
+	}
+	return out
+}
+
+// reopenDefault opens a fresh subflow on the default path the rule shed
+// once the connection has no other active subflow (its detours stalled,
+// were withdrawn or are avoided): Engine.redial, which opens at most one
+// at a time and again after ConnectTimeout if it does not come up. The
+// reopened subflow is judged like any other.
+func (g *guard) reopenDefault(k *kconn, now time.Time) []Intent {
+	for _, s := range k.subs {
+		if s.up && !s.stale && !s.dead && !s.backup {
+			return nil // something carries (or, a redial, is up)
+		}
+	}
+	out := g.e.redial(k, now)
+	if len(out) > 0 {
+		g.e.cfg.Log.Info("shed default path reopened: no other path left", "token", fmt.Sprintf("%08x", k.c.Token), "path", "default")
+	}
+	return out
 }
 
 // destroyFailed: the kernel refused to destroy a shed subflow (Engine

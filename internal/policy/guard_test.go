@@ -99,6 +99,67 @@ func TestGuardShedsSlowDefaultPath(t *testing.T) {
 	}
 }
 
+// The default path shed (p105), then the detour goes silent: static's
+// watchdog closes it after StallRetransmits RTOs and no detour is left
+// to replace it, so the shed default path is reopened (a fresh subflow,
+// once) and carries the connection; while the detour carried, it was not.
+func TestGuardReopensShedDefaultPathWhenNothingElseIsLeft(t *testing.T) {
+	s, def, det := newGuard(t)
+	p105 := paths(s, def, 0.15e6, 217*time.Millisecond, 5e6, 141*time.Millisecond, false)
+	s.run(4*time.Second, p105)
+	if s.destroys(def) != 1 {
+		t.Fatalf("%d destroys of the default path, want 1; intents %v", s.destroys(def), s.ins)
+	}
+	toServer := func() int {
+		n := 0
+		for _, in := range s.ins {
+			if in.Action == CreateSubflow && in.Remote == server {
+				n++
+			}
+		}
+		return n
+	}
+	if n := toServer(); n != 0 {
+		t.Fatalf("%d subflows opened on the default path while the detour carried", n)
+	}
+	stalled := -1
+	for i := 0; i < 60 && toServer() == 0; i++ {
+		s.run(100*time.Millisecond, func(sk subKey, sp *simPath) {
+			if sk == det {
+				sp.rate, sp.rtos = 0, 3 // the detour's path went silent
+			} else {
+				sp.rate, sp.rtt = 0.15e6, 217*time.Millisecond
+			}
+		})
+		if stalled < 0 && s.destroys(det) > 0 {
+			stalled = i
+		}
+	}
+	if stalled < 0 {
+		t.Fatalf("the silent detour was never closed; intents %v", s.ins)
+	}
+	if n := toServer(); n != 1 {
+		t.Fatalf("%d subflows opened on the default path after the detour stalled, want 1; intents %v", n, s.ins)
+	}
+	for i := range s.ins {
+		if in := s.ins[i]; in.Action == CreateSubflow && in.Remote == server && (in.Local.Addr() != client.Addr() || in.Local.Port() != 0) {
+			t.Fatalf("reopened from %v, want the connection's own address, any port", in.Local)
+		}
+	}
+	if r := s.report("default (redial)"); r.Role != RoleActive {
+		t.Fatalf("reopened default path: role %q, want active; report %+v", r.Role, s.p.Report())
+	}
+	// It carries the connection: not reopened again, not shed (nothing else
+	// delivers, so the rule has no faster subflow to compare it with).
+	n := len(s.ins)
+	s.run(5*time.Second, func(sk subKey, sp *simPath) { sp.rate, sp.rtt = 0.15e6, 217*time.Millisecond })
+	for _, in := range s.ins[n:] {
+		if in.Remote == server {
+			t.Fatalf("after the reopen: %v", in)
+		}
+	}
+}
+
 // The rule sheds only a slower subflow that delivers below its share: a
 // long detour that carries most of the bytes (p087: the detour helped,
 // 128 ms beside a 23 ms lossy default path), a faster one that

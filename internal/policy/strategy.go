@@ -33,6 +33,13 @@ type strategy interface {
 	gone(k *kconn, sk subKey)
 }
 
+// ticker is a strategy that also acts at every Engine.Tick (the agent
+// ticks every 100 ms), for connections none of whose subflows is measured
+// any more.
+type ticker interface {
+	tick(now time.Time) []Intent
+}
+
 // connState is the strategy's state of k (kconn.st), made by fresh on
 // first use.
 func connState[T any](k *kconn, fresh func() *T) *T {
