@@ -136,4 +136,3 @@ func (e *AttachNotTriedError) Error() string {
 }
 
 func (e *AttachNotTriedError) Unwrap() error { return e.Err }
-
