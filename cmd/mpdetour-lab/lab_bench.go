@@ -10,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/agentd"
 	"github.com/mpdetour/mpdetour/internal/cli"
 	"github.com/mpdetour/mpdetour/internal/lab/attack/breaks"
 	"github.com/mpdetour/mpdetour/internal/lab/bench"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/report"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/policy"
 )
 
 // labBenchCommand is `mpdetour-lab bench`.
@@ -31,6 +33,7 @@ func labBenchCommand() *cli.Command {
 		interleave bool
 		cases      string
 		builds     string
+		agentFile  string
 	)
 	return &cli.Command{
 		Name:         "bench",
@@ -49,6 +52,7 @@ func labBenchCommand() *cli.Command {
 			fs.BoolVar(&interleave, "interleave", false, "run trials in rounds (trial 1 of every cell, then trial 2, ...): a run stopped early stays balanced")
 			fs.StringVar(&cases, "cases", "", "attacks only: run the suite's product cases instead of the scenario (spoofed-junk, forged-gossip, convert-socket, rotation-quota, revoked-conversion, subflow-churn, subflow-churn-mixed; \"all\"): each starts the product binary in a lab of its own, attacks it and passes or fails against the issue's target")
 			fs.StringVar(&builds, "builds", "", "with --cases: product binaries to attack, LABEL=PATH,... (e.g. before=/tmp/old/mpdetour,after=./mpdetour), interleaved; the last is the one under test (default: --bin)")
+			fs.StringVar(&agentFile, "agent-config", "", "POLICY=FILE: YAML appended to the agent configuration of the procedures of that policy (e.g. guard=g15r.yaml with a guard: block, to measure the guard policy with other parameters beside the others); it may not set what the bench writes itself (socket, subflows, log_level, policy, probe_interval, selectors, detours, subflow_lowat); each of their trials records it in its params (agent_config=...)")
 			fs.StringVar(&procs, "procedures", "", "comma-separated procedures replacing the scenario's, e.g. tcp,tcp-tunnel,tcp-openvpn")
 		},
 		Run: func(ctx context.Context, args []string) error {
@@ -128,9 +132,14 @@ func labBenchCommand() *cli.Command {
 			if bin, err = productBinary(bin); err != nil {
 				return err
 			}
+			polCfg, err := benchAgentConfig(agentFile, names)
+			if err != nil {
+				return err
+			}
 			d, err := bench.Run(ctx, bench.Options{
 				Scenario: s, Out: out, Trials: trials, Duration: duration, Resume: resume,
 				LabName: name, Binary: bin, Progress: os.Stdout, Note: note, Interleave: interleave,
+				PolicyConfig: polCfg,
 			})
 			if d != nil {
 				fmt.Printf("results: %s (report.md, results.json, results.csv, plots)\n", out)
@@ -168,4 +177,51 @@ func printBenchSummary(d *report.Data) {
 	for _, g := range d.Gains() {
 		fmt.Println(g)
 	}
+}
+
+// benchAgentConfig reads --agent-config POLICY=FILE ("" = none) into
+// bench.Options.PolicyConfig and checks, before any lab is built, that
+// this build's agent accepts the file beside what the bench writes itself
+// for POLICY (a key the bench writes is "given twice": an error naming the
+// line), and that some procedure of procs has that policy.
+func benchAgentConfig(spec string, procs []string) (map[string]string, error) {
+	if spec == "" {
+		return nil, nil
+	}
+	pol, path, ok := strings.Cut(spec, "=")
+	if !ok || pol == "" || path == "" {
+		return nil, cli.Usagef("--agent-config %q: want POLICY=FILE, e.g. guard=g15r.yaml", spec)
+	}
+	if _, err := policy.ParseMode(pol); err != nil {
+		return nil, cli.Usagef("--agent-config %q: %v", spec, err)
+	}
+	var with []string
+	for _, p := range procs {
+		if scenario.Policy(p) == pol {
+			with = append(with, p)
+		}
+	}
+	if len(with) == 0 {
+		return nil, cli.Usagef("--agent-config %q: no procedure of this run has policy %s (procedures: %s)", spec, pol, strings.Join(procs, ", "))
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, cli.Usagef("--agent-config: %v", err)
+	}
+	text := string(b)
+	if strings.TrimSpace(text) == "" {
+		return nil, cli.Usagef("--agent-config %s is empty", path)
+	}
+	if !strings.HasSuffix(text, "\n") {
+		text += "\n"
+	}
+	// The file first, so that its errors name its own lines; the bench's
+	// keys after it (a key the file repeats is "given twice").
+	base := "socket: /tmp/x.sock\nsubflows: 1\nlog_level: info\npolicy: " + pol + "\nprobe_interval: 100ms\nsubflow_lowat: 131072\n" +
+		"selectors:\n  - {prefixes: [10.0.0.1/32], ports: [\"5201\"]}\ndetours:\n  - {kind: nat, relay: 10.0.0.2:7000, address: 10.0.0.2:40000, server: 10.0.0.1:5201}\n"
+	if _, err := agentd.ParseConfig([]byte(text + base)); err != nil {
+		return nil, cli.Usagef("--agent-config %s: %v (lines after %d are what the bench writes itself: socket, subflows, log_level, policy, probe_interval, subflow_lowat, selectors, detours)",
+			path, err, strings.Count(text, "\n"))
+	}
+	return map[string]string{pol: text}, nil
 }

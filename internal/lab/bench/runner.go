@@ -58,6 +58,11 @@ type Options struct {
 	// AgentConfig is YAML appended to every agent configuration the run
 	// writes (e.g. "policy: adaptive\n" once the agent has that key).
 	AgentConfig string
+	// PolicyConfig: YAML appended to the agent configuration of the cells
+	// whose procedure names policy POLICY (key; scenario.Policy), e.g. a
+	// guard: block for the guard procedures only (the agent refuses it
+	// beside another policy).
+	PolicyConfig map[string]string
 }
 
 // Run executes the scenario's remaining trials and writes the outputs. On
@@ -187,7 +192,7 @@ func (r *runner) run(ctx context.Context) error {
 // also when ctx is cancelled half-way.
 func (r *runner) configuration(ctx context.Context, cfg *scenario.Configuration, cells []scenario.Cell, remaining map[results.Key]int) (err error) {
 	fmt.Fprintf(r.o.Progress, "[%s] lab up %s %s\n", cfg.Name, r.s.Topology, strings.Join(append(r.s.Set.Strings(), cfg.Set.Strings()...), " "))
-	cl, err := OpenConfiguration(ctx, r.s, cfg, ConfigOptions{LabName: r.o.LabName, Binary: r.o.Binary, AgentConfig: r.o.AgentConfig, Flows: hasFlows(cells)})
+	cl, err := OpenConfiguration(ctx, r.s, cfg, ConfigOptions{LabName: r.o.LabName, Binary: r.o.Binary, AgentConfig: r.o.AgentConfig, PolicyConfig: r.o.PolicyConfig, Flows: hasFlows(cells)})
 	if err != nil {
 		return err
 	}
@@ -217,6 +222,9 @@ type ConfigOptions struct {
 	LabName     string // lab (namespace prefix); default "bench"
 	Binary      string // mpdetour executable for daemons in lab nodes
 	AgentConfig string // Env.AgentConfig of every cell
+	// PolicyConfig is appended to Env.AgentConfig of the cells whose
+	// procedure names that policy (Options.PolicyConfig).
+	PolicyConfig map[string]string
 	// Flows starts the flow sink (configurations with flow:).
 	Flows bool
 }
@@ -227,9 +235,10 @@ type ConfigOptions struct {
 // paired design interleaves the trials of its procedures on it).
 type ConfigLab struct {
 	// Base is the environment every cell starts from (Cell and Dir unset).
-	Base    Env
-	tmp     string
-	cleanup []func() error
+	Base         Env
+	policyConfig map[string]string
+	tmp          string
+	cleanup      []func() error
 }
 
 // OpenConfiguration builds the lab of configuration cfg of s (a lab of the
@@ -250,7 +259,7 @@ func OpenConfiguration(ctx context.Context, s *scenario.Scenario, cfg *scenario.
 	if err != nil {
 		return nil, fmt.Errorf("configuration %s: lab up: %w", cfg.Name, err)
 	}
-	cl := &ConfigLab{}
+	cl := &ConfigLab{policyConfig: o.PolicyConfig}
 	cl.cleanup = append(cl.cleanup, func() error {
 		if derr := l.Down(); derr != nil {
 			slog.Error("lab down", "lab", o.LabName, "err", derr)
@@ -329,6 +338,9 @@ func OpenConfiguration(ctx context.Context, s *scenario.Scenario, cfg *scenario.
 func (cl *ConfigLab) CellEnv(c scenario.Cell) (*Env, error) {
 	env := cl.Base
 	env.Cell = c
+	if pol := scenario.Policy(c.Procedure); pol != "" {
+		env.AgentConfig += cl.policyConfig[pol]
+	}
 	base := filepath.Join(cl.tmp, strings.ReplaceAll(c.ID, "/", "_")) // "/kK" cells
 	env.Dir = base
 	for i := 2; ; i++ {
@@ -431,6 +443,10 @@ func (r *runner) cell(ctx context.Context, cfg *scenario.Configuration, env *Env
 		Scenario: r.s.Name, Configuration: c.Configuration, Cell: c.ID, Procedure: c.Procedure,
 		Detours: c.Detours, CC: r.s.CC, Duration: env.Duration.Seconds(), Warmup: env.Warmup.Seconds(),
 		Params: append(r.s.Set.Strings(), cfg.Set.Strings()...), Versions: r.versions,
+	}
+	if env.AgentConfig != "" {
+		// What the cell's agents were given besides the procedure's own.
+		base.Params = append(base.Params, "agent_config="+strings.ReplaceAll(strings.TrimSpace(env.AgentConfig), "\n", "; "))
 	}
 	proc, ok := Procedures()[c.Procedure]
 	var sess Session

@@ -340,3 +340,25 @@ func TestTailRate(t *testing.T) {
 		t.Fatalf("tail %v with no sample before 8 s, want unknown", *got)
 	}
 }
+
+// Options.PolicyConfig reaches only the cells whose procedure names that
+// policy, after the run's AgentConfig.
+func TestCellEnvPolicyConfig(t *testing.T) {
+	cl := &ConfigLab{Base: Env{AgentConfig: "all: 1\n"}, policyConfig: map[string]string{"guard": "guard:\n  share: 0.15\n"}, tmp: t.TempDir()}
+	for _, c := range []struct{ proc, want string }{
+		{scenario.MPTCPNATGuard, "all: 1\nguard:\n  share: 0.15\n"},
+		{scenario.MPTCPNATStatic, "all: 1\n"},
+		{scenario.MPTCP1, "all: 1\n"},
+	} {
+		env, err := cl.CellEnv(scenario.Cell{ID: c.proc, Procedure: c.proc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if env.AgentConfig != c.want {
+			t.Errorf("%s: agent config %q, want %q", c.proc, env.AgentConfig, c.want)
+		}
+	}
+	if cl.Base.AgentConfig != "all: 1\n" {
+		t.Errorf("the base changed: %q", cl.Base.AgentConfig)
+	}
+}

@@ -2,7 +2,7 @@
 """tinypath-fresh: the plan's decision rule (PLAN.md) on the tiny-path and non-tiny subsets, from
 the design runner's results.json and report.md (both goodput windows) and the trials' subflows.
 
-    python3 analyze.py [DIR] [--arms X,Y] [--first NAME=p001,p002,...]     (markdown on stdout)
+    python3 analyze.py [DIR] [--arms X,Y] [--first NAME=p001,p002,...] [--policy-log]   (markdown on stdout)
 
 --arms: the procedures compared with static (default: mptcp-guard and G15); --first: the first
 subset's name and points (default: tiny = this run's 13 tiny-path points); the other points of DIR
@@ -13,7 +13,10 @@ subset's geometric mean carries a Student t 95 % interval over its points' log r
 report's "geometric mean [95 % interval over points]"). Below / above static per point and harmed
 points are the report's (bootstrap over rounds). A trial "shed" when the guard arms ended with one
 subflow (the runner keeps such a trial: "the policy may close a detour subflow"); the subflow left
-says which path was shed.
+says which path was shed. That misses sheds of the default path, whose subflow stays listed
+(docs/results/design/probe-noshed): with --policy-log (runs of build ea0e1b41 or later, whose
+trials record the agent's subflow decisions) a shed is a `subflow shed` line of the trial's
+policy_log instead, and the shed path is that line's path=.
 """
 import collections, json, math, os, re, statistics as st, sys
 
@@ -91,21 +94,28 @@ for wname, (key, sec) in windows.items():
     print()
 
 m = means("goodput_mbps")
-print("### Per point (to the last byte; sheds: trials that ended with one subflow, and the path left)\n")
+print("### Per point (to the last byte; " + ("sheds: trials whose agent logged a shed, and the path shed)\n" if "--policy-log" in args
+      else "sheds: trials that ended with one subflow, and the path left)\n"))
 LABEL = {"mptcp-guard": "guard", "mptcp-guard+share15+starveoff": "G15", "mptcp-guard+share15+starveoff+rttoff": "G15R"}
 lab = [LABEL.get(x, x) for x in XS]
 print("| point | subset | best TCP Mbit/s | static / best | " + " | ".join(f"{l} / best" for l in lab) + " | "
       + " | ".join(f"{l} / static" for l in lab) + " | " + " | ".join(f"sheds {l}" for l in lab) + " |")
 print("|---|---|---:|---:|" + "---:|" * (2 * len(XS)) + "---|" * len(XS))
-sheds = collections.defaultdict(list)
+sheds = collections.defaultdict(list)  # (point, arm) -> the path shed, per trial with a shed
 for r in recs:
-    if r["procedure"] in XS and len(r.get("subflows") or []) == 1:
+    if r["procedure"] not in XS:
+        continue
+    if "--policy-log" in args:
+        shed = [re.search(r" path=(\S+)", l).group(1) for l in r.get("policy_log") or [] if 'msg="subflow shed' in l]
+        if shed:
+            sheds[(r["point"], r["procedure"])].append("+".join(shed))
+    elif len(r.get("subflows") or []) == 1:
         sheds[(r["point"], r["procedure"])].append(r["subflows"][0]["path"])
 for p in done:
     best = max(m[(p, "tcp-path1")], m[(p, "tcp-path2")])
     n = {a: sum(1 for r in recs if r["point"] == p and r["procedure"] == a) for a in XS}
     def sh(a):
         left = sheds[(p, a)]
-        return f"{len(left)} of {n[a]}" + (f" (left: {', '.join(sorted(set(left)))})" if left else "")
+        return f"{len(left)} of {n[a]}" + (f" ({'shed' if '--policy-log' in args else 'left'}: {', '.join(sorted(set(left)))})" if left else "")
     print(f"| {p} | {FIRST if p in TINY else OTHER} | {best:.2f} | {m[(p, S)] / best:.2f} | " + " | ".join(f"{m[(p, x)] / best:.2f}" for x in XS) + " | "
           + " | ".join(f"{m[(p, x)] / m[(p, S)]:.2f}" for x in XS) + " | " + " | ".join(sh(x) for x in XS) + " |")
