@@ -45,18 +45,18 @@ import (
 // agent's host receives, its subflows are never window-limited here, so
 // the condition holds and the rule is the one before. A shed detour is
 // avoided for this server for Hold, then joins again (active) and is
-// judged again; the default path's subflow is shed the same way, and is
-// reopened (a fresh subflow on it, as failover's redial) only when no
-// other active subflow is left: the connection goes on through its
-// detours, the watchdog of static replaces those that stall, and a
-// connection whose detours all stalled or were withdrawn is not left
-// without a path.
+// judged again; the default path's subflow is shed the same way and
+// rejoins the same way (a fresh subflow on it, as failover's redial) after
+// Hold, or at once when no other subflow is left up: the connection goes
+// on through its detours, the watchdog of static replaces those that
+// stall, and a connection whose detours all stalled or were withdrawn is
+// not left without a path.
 type guard struct {
 	e  *Engine
 	st static
 	// shedDefault: the connections (tokens) whose default path the rule
-	// shed, checked at every Tick (reopenDefault).
-	shedDefault map[uint32]bool
+	// shed, and when it rejoins (Hold later); checked at every Tick.
+	shedDefault map[uint32]time.Time
 }
 
 const (
@@ -216,21 +216,23 @@ func (g *guard) othersCarry(k *kconn, top subKey, now time.Time) bool {
 }
 
 // shed destroys s: the kernel re-sends what it holds on the others. Its
-// detour is avoided for this server for Hold; the default path is not
-// reopened.
+// detour is avoided for this server for Hold; a shed default path rejoins
+// after Hold too (tick).
 func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time, why string) []Intent {
 	p := g.e
 	decision := "shed: " + why
-	if s.initial {
-		if g.shedDefault == nil {
-			g.shedDefault = map[uint32]bool{}
-		}
-		g.shedDefault[k.c.Token] = true
-	}
-	if s.d != nil {
+	switch {
+	case s.d != nil:
 		// The latest Hold's end: an earlier one would fill (and clear it)
 		// while this detour is still avoided.
 		gc.rejoin = now.Add(p.cfg.Hold)
+	case s.initial || s.redial:
+		if g.shedDefault == nil {
+			g.shedDefault = map[uint32]time.Time{}
+		}
+		g.shedDefault[k.c.Token] = now.Add(p.cfg.Hold)
+	}
+	if s.d != nil || s.initial || s.redial {
 		decision = fmt.Sprintf("shed: %s (rejoins in %s)", why, p.cfg.Hold)
 	}
 	p.cfg.Log.Info("subflow shed: slower and delivering little", "token", fmt.Sprintf("%08x", k.c.Token), "path", s.path(), "why", why,
@@ -240,36 +242,45 @@ func (g *guard) shed(k *kconn, gc *gConn, sk subKey, s, top *ksub, now time.Time
 	return p.evict(k, sk, s, now.Add(p.cfg.Hold), decision)
 }
 
-// tick reopens the shed default path of a connection left with no other
-// subflow; at every Tick, since such a connection has no subflow left to
-// be measured (measured is not called for it).
+// tick reopens the default path the rule shed from a connection once its
+// Hold is over, or at once when the connection has no other subflow up
+// (none is measured then, so measured would never see it): Engine.redial,
+// which opens one fresh subflow at a time and again after ConnectTimeout
+// if it does not come up. Once it is up it is judged like any other
+// subflow.
 func (g *guard) tick(now time.Time) []Intent {
 	var out []Intent
-	for tok := range g.shedDefault {
+	for tok, at := range g.shedDefault {
 		k := g.e.conns[tok]
 		if k == nil || k.finished != "" {
 			delete(g.shedDefault, tok)
 			continue
 		}
-		out = append(out, g.reopenDefault(k, now)...)
-	}
-	return out
-}
-
-// reopenDefault opens a fresh subflow on the default path the rule shed
-// once the connection has no other active subflow (its detours stalled,
-// were withdrawn or are avoided): Engine.redial, which opens at most one
-// at a time and again after ConnectTimeout if it does not come up. The
-// reopened subflow is judged like any other.
-func (g *guard) reopenDefault(k *kconn, now time.Time) []Intent {
-	for _, s := range k.subs {
-		if s.up && !s.stale && !s.dead && !s.backup {
-			return nil // something carries (or, a redial, is up)
+		other := false
+		for _, s := range k.subs {
+			if s.up && !s.stale && !s.dead && !s.backup {
+				if s.redial {
+					// Rejoined: judged from here; a shed sets a new Hold.
+					delete(g.shedDefault, tok)
+				}
+				other = true
+			}
 		}
-	}
-	out := g.e.redial(k, now)
-	if len(out) > 0 {
-		g.e.cfg.Log.Info("shed default path reopened: no other path left", "token", fmt.Sprintf("%08x", k.c.Token), "path", "default")
+		if other && now.Before(at) {
+			continue
+		}
+		if _, ok := g.shedDefault[tok]; !ok {
+			continue
+		}
+		why := "hold over"
+		if !other {
+			why = "no other path left"
+		}
+		in := g.e.redial(k, now)
+		if len(in) > 0 {
+			g.e.cfg.Log.Info("shed default path rejoins", "token", fmt.Sprintf("%08x", tok), "path", "default", "why", why)
+		}
+		out = append(out, in...)
 	}
 	return out
 }

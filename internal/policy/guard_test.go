@@ -99,6 +99,47 @@ func TestGuardShedsSlowDefaultPath(t *testing.T) {
 	}
 }
 
+// p105 again, for longer: the shed default path rejoins after Hold (a
+// fresh subflow on it, as a shed detour rejoins), is judged again, shed
+// again while it still delivers little, and rejoins again after the next
+// Hold: once per Hold, never in between.
+func TestGuardShedDefaultPathRejoinsAfterHold(t *testing.T) {
+	s, def, _ := newGuard(t)
+	p105 := paths(s, def, 0.15e6, 217*time.Millisecond, 5e6, 141*time.Millisecond, false)
+	hold := s.p.cfg.Hold
+	creates := func() int {
+		n := 0
+		for _, in := range s.ins {
+			if in.Action == CreateSubflow && in.Remote == server {
+				n++
+			}
+		}
+		return n
+	}
+	for round := 1; round <= 3; round++ {
+		for start := s.clk.t; s.destroys(def) < round && s.clk.t.Sub(start) < 6*time.Second; {
+			s.run(100*time.Millisecond, p105)
+		}
+		if n := s.destroys(def); n != round {
+			t.Fatalf("round %d: %d destroys of the default path, want %d; intents %v", round, n, round, s.ins)
+		}
+		shedAt := s.clk.t
+		s.run(hold-time.Second, p105)
+		if n := creates(); n != round-1 {
+			t.Fatalf("round %d: %d subflows opened on the default path within Hold of the shed, want %d", round, n, round-1)
+		}
+		for creates() < round && s.clk.t.Sub(shedAt) < hold+2*time.Second {
+			s.run(100*time.Millisecond, p105)
+		}
+		if n := creates(); n != round {
+			t.Fatalf("round %d: the shed default path did not rejoin within Hold + 2 s (%d opened, want %d)", round, n, round)
+		}
+		if r := s.report("default (redial)"); r.Role != RoleActive {
+			t.Fatalf("round %d: rejoined default path: role %q, want active", round, r.Role)
+		}
+	}
+}
+
 // The default path shed (p105), then the detour goes silent: static's
 // watchdog closes it after StallRetransmits RTOs and no detour is left
 // to replace it, so the shed default path is reopened (a fresh subflow,
