@@ -25,16 +25,20 @@ func newGuard(t *testing.T) (*sim, subKey, subKey) {
 	return s, def, det
 }
 
-// destroys lists the DestroySubflow intents toward remote.
-func (s *sim) destroys(remote subKey) int {
+// toward counts the intents of action a toward remote.
+func (s *sim) toward(a Action, remote subKey) int {
 	n := 0
 	for _, in := range s.ins {
-		if in.Action == DestroySubflow && in.Remote == remote.remote {
+		if in.Action == a && in.Remote == remote.remote {
 			n++
 		}
 	}
 	return n
 }
+
+// destroys counts the DestroySubflow intents toward remote.
+func (s *sim) destroys(remote subKey) int { return s.toward(DestroySubflow, remote) }
+
 
 // paths sets the default path's and the detour's rate (bytes/s) and RTT.
 func paths(s *sim, def subKey, defRate float64, defRTT time.Duration, detRate float64, detRTT time.Duration, down bool) func(subKey, *simPath) {
@@ -105,38 +109,40 @@ func TestGuardShedsSlowDefaultPath(t *testing.T) {
 // Hold: once per Hold, never in between.
 func TestGuardShedDefaultPathRejoinsAfterHold(t *testing.T) {
 	s, def, _ := newGuard(t)
-	p105 := paths(s, def, 0.15e6, 217*time.Millisecond, 5e6, 141*time.Millisecond, false)
-	hold := s.p.cfg.Hold
-	creates := func() int {
-		n := 0
-		for _, in := range s.ins {
-			if in.Action == CreateSubflow && in.Remote == server {
-				n++
-			}
-		}
-		return n
-	}
-	for round := 1; round <= 3; round++ {
-		for start := s.clk.t; s.destroys(def) < round && s.clk.t.Sub(start) < 6*time.Second; {
-			s.run(100*time.Millisecond, p105)
-		}
-		if n := s.destroys(def); n != round {
-			t.Fatalf("round %d: %d destroys of the default path, want %d; intents %v", round, n, round, s.ins)
-		}
-		shedAt := s.clk.t
-		s.run(hold-time.Second, p105)
-		if n := creates(); n != round-1 {
-			t.Fatalf("round %d: %d subflows opened on the default path within Hold of the shed, want %d", round, n, round-1)
-		}
-		for creates() < round && s.clk.t.Sub(shedAt) < hold+2*time.Second {
-			s.run(100*time.Millisecond, p105)
-		}
-		if n := creates(); n != round {
-			t.Fatalf("round %d: the shed default path did not rejoin within Hold + 2 s (%d opened, want %d)", round, n, round)
-		}
+	rejoinRounds(t, s, def, 3, 6*time.Second, paths(s, def, 0.15e6, 217*time.Millisecond, 5e6, 141*time.Millisecond, false), func(round int) {
 		if r := s.report("default (redial)"); r.Role != RoleActive {
 			t.Fatalf("round %d: rejoined default path: role %q, want active", round, r.Role)
 		}
+	})
+}
+
+// rejoinRounds runs rounds of: path shed within within of the last
+// rejoin (or the start), not reopened within Hold - 1 s of the shed,
+// reopened (one create toward it) within Hold + 2 s; then check(round).
+func rejoinRounds(t *testing.T, s *sim, path subKey, rounds int, within time.Duration, set func(subKey, *simPath), check func(round int)) {
+	t.Helper()
+	hold := s.p.cfg.Hold
+	creates0 := s.toward(CreateSubflow, path)
+	for round := 1; round <= rounds; round++ {
+		for start := s.clk.t; s.destroys(path) < round && s.clk.t.Sub(start) < within; {
+			s.run(100*time.Millisecond, set)
+		}
+		if n := s.destroys(path); n != round {
+			t.Fatalf("round %d: %d destroys toward %v, want %d; intents %v", round, n, path.remote, round, s.ins)
+		}
+		shedAt := s.clk.t
+		s.run(hold-time.Second, set)
+		if n := s.toward(CreateSubflow, path) - creates0; n != round-1 {
+			t.Fatalf("round %d: rejoined within Hold of the shed (%d creates toward %v, want %d)", round, n, path.remote, round-1)
+		}
+		// Rejoins within a probe interval of Hold (a few probes of slack).
+		for s.toward(CreateSubflow, path)-creates0 < round && s.clk.t.Sub(shedAt) < hold+2*time.Second {
+			s.run(100*time.Millisecond, set)
+		}
+		if n := s.toward(CreateSubflow, path) - creates0; n != round {
+			t.Fatalf("round %d: did not rejoin within Hold + 2 s (%d creates toward %v, want %d)", round, n, path.remote, round)
+		}
+		check(round)
 	}
 }
 
@@ -151,20 +157,11 @@ func TestGuardReopensShedDefaultPathWhenNothingElseIsLeft(t *testing.T) {
 	if s.destroys(def) != 1 {
 		t.Fatalf("%d destroys of the default path, want 1; intents %v", s.destroys(def), s.ins)
 	}
-	toServer := func() int {
-		n := 0
-		for _, in := range s.ins {
-			if in.Action == CreateSubflow && in.Remote == server {
-				n++
-			}
-		}
-		return n
-	}
-	if n := toServer(); n != 0 {
+	if n := s.toward(CreateSubflow, def); n != 0 {
 		t.Fatalf("%d subflows opened on the default path while the detour carried", n)
 	}
 	stalled := -1
-	for i := 0; i < 60 && toServer() == 0; i++ {
+	for i := 0; i < 60 && s.toward(CreateSubflow, def) == 0; i++ {
 		s.run(100*time.Millisecond, func(sk subKey, sp *simPath) {
 			if sk == det {
 				sp.rate, sp.rtos = 0, 3 // the detour's path went silent
@@ -179,7 +176,7 @@ func TestGuardReopensShedDefaultPathWhenNothingElseIsLeft(t *testing.T) {
 	if stalled < 0 {
 		t.Fatalf("the silent detour was never closed; intents %v", s.ins)
 	}
-	if n := toServer(); n != 1 {
+	if n := s.toward(CreateSubflow, def); n != 1 {
 		t.Fatalf("%d subflows opened on the default path after the detour stalled, want 1; intents %v", n, s.ins)
 	}
 	for i := range s.ins {
@@ -317,34 +314,13 @@ func TestGuardWaitsForLongPathsSlowStart(t *testing.T) {
 // minute per connection and cannot be what brings it back).
 func TestGuardShedDetourRejoinsAfterHold(t *testing.T) {
 	s, def, det := newGuard(t)
-	p197 := paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false)
-	hold := s.p.cfg.Hold
-	for round := 1; round <= 4; round++ {
-		creates := s.count(CreateSubflow)
-		// Shed within a few seconds of joining (judged after twice its
-		// window, 2 x 1 s).
-		for joined := s.clk.t; s.destroys(det) < round && s.clk.t.Sub(joined) < 4*time.Second; {
-			s.run(100*time.Millisecond, p197)
-		}
-		if n := s.destroys(det); n != round {
-			t.Fatalf("round %d: %d destroys of the detour, want %d; intents %v", round, n, round, s.ins)
-		}
-		shedAt := s.clk.t
-		s.run(hold-time.Second, p197)
-		if n := s.count(CreateSubflow); n != creates {
-			t.Fatalf("round %d: the detour rejoined within Hold (%d creates, want %d)", round, n, creates)
-		}
-		// Rejoins within a probe interval of Hold (a few probes of slack).
-		for s.count(CreateSubflow) == creates && s.clk.t.Sub(shedAt) < hold+2*time.Second {
-			s.run(100*time.Millisecond, p197)
-		}
-		if n := s.count(CreateSubflow); n != creates+1 {
-			t.Fatalf("round %d: the shed detour did not rejoin within Hold + 2 s (%d creates, want %d)", round, n, creates+1)
-		}
+	// Shed within a few seconds of joining (judged after twice its window,
+	// 2 x 1 s).
+	rejoinRounds(t, s, det, 4, 4*time.Second, paths(s, def, 1.5e6, 47*time.Millisecond, 0.15e6, 135*time.Millisecond, false), func(round int) {
 		if _, ok := s.paths[det]; !ok {
 			t.Fatalf("round %d: the rejoined detour has no subflow", round)
 		}
-	}
+	})
 }
 
 // Two connections to one server shed the same detour a second apart: the
