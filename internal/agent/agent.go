@@ -139,7 +139,7 @@ func NewPolicy(cfg Options, log *slog.Logger, sources []detour.Source) *policy.E
 		OtherFamily: cfg.OtherFamily, SourceFor: cfg.SourceFor,
 		Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, ConnectTimeout: cfg.ConnectTimeout,
 		StallRetransmits: cfg.StallRetransmits, Watchdog: cfg.Watchdog, Window: cfg.Window, Hold: cfg.Hold,
-		GuardShare: cfg.GuardShare, GuardWindow: cfg.GuardWindow, GuardStarve: cfg.GuardStarve, GuardRTT: cfg.GuardRTT,
+		GuardShare: cfg.GuardShare, GuardWindow: cfg.GuardWindow, GuardStarve: cfg.GuardStarve, GuardRTT: cfg.GuardRTT, GuardOutage: cfg.GuardOutage,
 		SharedBottleneck: cfg.SharedBottleneck, SharedWindow: cfg.SharedWindow,
 		Log: log,
 	}, sources)

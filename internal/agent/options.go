@@ -55,7 +55,12 @@ type Options struct {
 	// GuardRTT: guard sheds only a subflow whose base RTT exceeds GuardRTT
 	// x the top subflow's (0: the policy's default, 1.25; negative: no RTT
 	// condition, the file's guard.rtt: 0).
-	GuardRTT       float64
+	GuardRTT float64
+	// GuardOutage: guard does not judge a subflow within two judging
+	// windows of GuardOutage consecutive retransmission timeouts (0: the
+	// policy's default, 2; negative: judged anyway, the file's
+	// guard.outage: 0).
+	GuardOutage    int
 	CommandWorkers int
 	// Nice, when non-zero, is applied to the agent's threads at start.
 	Nice int

@@ -168,6 +168,7 @@ type fileGuard struct {
 	Window *config.Duration `yaml:"window"`
 	Starve *float64         `yaml:"starve"`
 	RTT    *float64         `yaml:"rtt"`
+	Outage *int             `yaml:"outage"`
 }
 
 type fileClamp struct {
@@ -389,6 +390,16 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 				c.GuardRTT = *v
 			default:
 				return c, fmt.Errorf("guard.rtt: %g out of range (a subflow is shed only when its base RTT exceeds this many times the top subflow's: 1-10, e.g. 1.25; 0 sheds whatever its RTT)", *v)
+			}
+		}
+		if v := f.Guard.Outage; v != nil {
+			switch {
+			case *v == 0:
+				c.GuardOutage = -1 // judged through outages too
+			case *v >= 1 && *v <= 15:
+				c.GuardOutage = *v
+			default:
+				return c, fmt.Errorf("guard.outage: %d out of range (a subflow that had this many consecutive retransmission timeouts is in an outage and not judged until two judging windows later: 1-15, e.g. 2; 0 judges it anyway)", *v)
 			}
 		}
 	}

@@ -284,6 +284,13 @@ func TestParseConfigGuard(t *testing.T) {
 			t.Fatalf("%q: rtt %g, %v; want %g", in, c.Agent.GuardRTT, err, want)
 		}
 	}
+	// outage: 0 judges subflows through outages (negative for the policy),
+	// unset is the policy's default (0).
+	for in, want := range map[string]int{"policy: guard\nguard: {outage: 0}\n": -1, "policy: guard\nguard: {outage: 3}\n": 3, "policy: guard\nguard: {rtt: 0}\n": 0} {
+		if c, err := ParseConfig([]byte(in)); err != nil || c.Agent.GuardOutage != want {
+			t.Fatalf("%q: outage %d, %v; want %d", in, c.Agent.GuardOutage, err, want)
+		}
+	}
 	// An empty guard block under another policy is refused as a full one
 	// is, at its line.
 	for _, in := range []string{"policy: static\nguard:\n", "policy: adaptive\nguard: {}\n"} {
@@ -305,6 +312,9 @@ func TestParseConfigGuard(t *testing.T) {
 		"policy: guard\nguard: {starve: -1}":  "guard.starve: -1 out of range",
 		"policy: guard\nguard: {rtt: 0.5}":    "guard.rtt: 0.5 out of range",
 		"policy: guard\nguard: {rtt: 11}":     "guard.rtt: 11 out of range",
+		"policy: guard\nguard: {outage: 16}":  "guard.outage: 16 out of range",
+		"policy: guard\nguard: {outage: -1}":  "guard.outage: -1 out of range",
+		"policy: guard\nguard: {outage: 1.5}": "guard.outage",
 	} {
 		if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one containing %q", in, err, want)

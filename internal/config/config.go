@@ -393,7 +393,9 @@ var (
 	nodeType        = reflect.TypeOf(yaml.Node{})
 )
 
-// unknownKeys reports the first mapping key that t has no field for.
+// unknownKeys reports the first mapping key that t has no field for, and
+// the first number with a fraction given for a whole-number field (the
+// YAML library truncates 1.5 into 1 without a word).
 func unknownKeys(d *Doc, n *yaml.Node, t reflect.Type, path string) error {
 	for t.Kind() == reflect.Pointer {
 		if t.Implements(unmarshalerType) {
@@ -408,6 +410,12 @@ func unknownKeys(d *Doc, n *yaml.Node, t reflect.Type, path string) error {
 		n = n.Alias
 	}
 	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" {
+			return &Error{File: d.file, Line: n.Line, Col: n.Column,
+				Msg: fmt.Sprintf("%s: want %s, got %s", path, describeType(t), describeNode("!!float", n))}
+		}
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
 			return nil // the decoder reports the type mismatch

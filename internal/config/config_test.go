@@ -177,6 +177,27 @@ func TestTypeErrorsInOurWords(t *testing.T) {
 	}
 }
 
+// The YAML library truncates a number with a fraction into a whole-number
+// field (1.5 -> 1); the config layer refuses it at its line instead. A
+// whole number written as such, and a float field, still take it.
+func TestFractionForWholeNumber(t *testing.T) {
+	for src, want := range map[string]string{
+		"count: 1.5\n":                        "f.yaml:1:8: count: want a whole number, got the number 1.5",
+		"name: x\nsmall: 2.0\n":               "f.yaml:2:8: small: want a whole number 0..65535, got the number 2.0",
+		"count: 1e3\n":                        "count: want a whole number, got the number 1e3",
+		"map: {a: {address: x}}\ncount: .5\n": "f.yaml:2:8: count",
+	} {
+		var s sample
+		if _, err := Parse("f.yaml", []byte(src), &s); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", src, err, want)
+		}
+	}
+	var s sample
+	if _, err := Parse("f.yaml", []byte("count: 3\nsmall: 0x10\n"), &s); err != nil || s.Count != 3 || s.Small != 16 {
+		t.Errorf("whole numbers: %+v, %v", s, err)
+	}
+}
+
 func TestReadKeyFile(t *testing.T) {
 	dir := t.TempDir()
 	parse := func(s string) (string, error) {

@@ -79,6 +79,12 @@ type Config struct {
 	// condition, so that a tiny path slow from loss, not from length, is
 	// judged too (docs/results/design/tinypath-fresh)].
 	GuardRTT float64
+	// GuardOutage (guard): a subflow seen with GuardOutage consecutive
+	// retransmission timeouts is in an outage, not slow: it is not judged
+	// until two of its judging windows after (the kernel and the stall
+	// check handle outages; a path back from one delivers again) [2;
+	// negative: judged anyway, the rule before it].
+	GuardOutage int
 	// SharedBottleneck (static): two subflows whose queueing delays say
 	// they share a bottleneck keep only the faster one carrying data for
 	// Hold (shared_rule.go); SharedWindow is how long they are compared
@@ -289,6 +295,9 @@ func newEngine(cfg Config, sources []detour.Source) *Engine {
 	positive(&cfg.GuardStarve, defaultGuardStarve)
 	if cfg.GuardRTT == 0 {
 		cfg.GuardRTT = defaultGuardRTT
+	}
+	if cfg.GuardOutage == 0 {
+		cfg.GuardOutage = defaultGuardOutage
 	}
 	positive(&cfg.SharedWindow, DefaultSharedWindow)
 	if cfg.Now == nil {

@@ -75,6 +75,7 @@ const (
 	defaultGuardShare  = 0.25
 	defaultGuardWindow = time.Second
 	defaultGuardStarve = 0.5
+	defaultGuardOutage = 2
 )
 
 // gConn keeps each subflow's delivered bytes per probe over the last
@@ -86,6 +87,9 @@ type gConn struct {
 	// retry: a shed the kernel refused is tried again from here (one
 	// judging window later, not at every probe).
 	retry time.Time
+	// outage: when each subflow was last seen with GuardOutage
+	// consecutive retransmission timeouts.
+	outage map[subKey]time.Time
 }
 
 type gSample struct {
@@ -114,6 +118,12 @@ func (g *guard) measured(k *kconn, now time.Time) []Intent {
 	for sk, s := range k.subs {
 		if activePath(s) {
 			snap.bytes[sk] = s.m.BytesAcked + s.m.BytesReceived
+			if n := g.e.cfg.GuardOutage; n > 0 && s.probedAt == now && int(s.m.Retransmits) >= n {
+				if gc.outage == nil {
+					gc.outage = map[subKey]time.Time{}
+				}
+				gc.outage[sk] = now
+			}
 		}
 	}
 	gc.hist = append(gc.hist, snap)
@@ -156,6 +166,11 @@ func (g *guard) harmful(k *kconn, gc *gConn, cur gSample, now time.Time) (subKey
 		}
 		w := g.judgeWindow(s)
 		if now.Sub(s.upSince) < 2*w {
+			continue
+		}
+		if at, ok := gc.outage[sk]; ok && now.Sub(at) < 2*w {
+			// In an outage (a black-holed path), or just back from one:
+			// its share over the window says nothing about its speed.
 			continue
 		}
 		// The newest sample at least w old.

@@ -273,6 +273,43 @@ func TestGuardRTTCondition(t *testing.T) {
 	}
 }
 
+// The failover scenario with G15R (share 0.15, no starvation or RTT
+// condition; docs/results/current-build/guard-failover): two equal 10
+// Mbit/s paths, one black-holed for 4 s (the kernel in RTO backoff: 2
+// consecutive timeouts and more). Without the outage condition the
+// black-holed path is shed (and its capacity lost for Hold after it came
+// back); with it (the default, 2) neither path is shed, during the outage
+// or after. Default path and detour alike.
+func TestGuardDoesNotShedAPathInAnOutage(t *testing.T) {
+	for _, c := range []struct {
+		outage int
+		shed   bool
+	}{{0, false}, {2, false}, {-1, true}} {
+		for _, fail := range []string{"default", "detour"} {
+			s := newSimCfg(t, Config{Mode: Guard, GuardShare: 0.15, GuardStarve: 1, GuardRTT: -1, GuardOutage: c.outage})
+			def, det := key(client.Addr(), server), key(client.Addr(), d1.Remote)
+			dead := map[string]subKey{"default": def, "detour": det}[fail]
+			run := func(d time.Duration, black bool) {
+				s.run(d, func(sk subKey, sp *simPath) {
+					sp.rate, sp.rtt, sp.rtos = 1.25e6, 30*time.Millisecond, 0
+					if sk == det {
+						sp.rtt = 40 * time.Millisecond
+					}
+					if black && sk == dead {
+						sp.rate, sp.rtos = 0, 2
+					}
+				})
+			}
+			run(4*time.Second, false)
+			run(4*time.Second, true)
+			run(4*time.Second, false)
+			if got := s.destroys(dead) > 0; got != c.shed {
+				t.Errorf("outage %d, %s black-holed: %d destroys of it, want shed=%v; intents %v", c.outage, fail, s.destroys(dead), c.shed, s.ins)
+			}
+		}
+	}
+}
+
 // newSimCfg is newSimMode with a configuration (one detour, d1).
 func newSimCfg(t *testing.T, cfg Config) *sim {
 	clk := &clock{t: time.Unix(1000, 0)}

@@ -440,7 +440,7 @@ func FuzzParseProcedures(f *testing.F) {
 // error naming the valid mechanisms (or, for the cwnd clamp, why it does
 // not apply to a design's NAT detours).
 func TestParseProcedureMechanisms(t *testing.T) {
-	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat,mptcp-static+lowatrtt,mptcp+buffers+lowatrtt,mptcp-static+pace,mptcp-static+lowat+probe100,mptcp-guard+share15+starveoff,mptcp-guard+starve40+share10,mptcp-guard+share15+starveoff+rttoff", 2)
+	ps, err := ParseProcedures("mptcp-static,mptcp-static+buffers,mptcp-static+stale2,mptcp+stale3+buffers,mptcp-static+nobuffers,mptcp-guard+starveoff,mptcp-guard+starve30,mptcp-static+lowat,mptcp+lowat64+buffers,mptcp-static+nolowat,mptcp-static+lowatrtt,mptcp+buffers+lowatrtt,mptcp-static+pace,mptcp-static+lowat+probe100,mptcp-guard+share15+starveoff,mptcp-guard+starve40+share10,mptcp-guard+share15+starveoff+rttoff,mptcp-guard+share15+starveoff+rttoff+outageoff", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,6 +462,7 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		{"mptcp-guard+share15+starveoff", "guard", "policy: guard\nguard:\n  share: 0.15\n  starve: 1\n"},
 		{"mptcp-guard+starve40+share10", "guard", "policy: guard\nguard:\n  starve: 0.4\n  share: 0.1\n"},
 		{"mptcp-guard+share15+starveoff+rttoff", "guard", "policy: guard\nguard:\n  share: 0.15\n  starve: 1\n  rtt: 0\n"},
+		{"mptcp-guard+share15+starveoff+rttoff+outageoff", "guard", "policy: guard\nguard:\n  share: 0.15\n  starve: 1\n  rtt: 0\n  outage: 0\n"},
 	}
 	for i, w := range want {
 		p := ps[i]
@@ -497,6 +498,7 @@ func TestParseProcedureMechanisms(t *testing.T) {
 		"mptcp-guard+share100":           "shareN with N 1-99",
 		"mptcp-guard+share10+share20":    `mechanism "share" named twice`,
 		"mptcp-static+rttoff":            `mechanism "rttoff" tunes the guard policy's shed rule (guard.rtt): mptcp-guard only`,
+		"mptcp-static+outageoff":         `mechanism "outageoff" tunes the guard policy's shed rule (guard.outage): mptcp-guard only`,
 		"mptcp-static+lowat8":            "lowatN with N 16-65536",
 		"mptcp-static+lowat016":          "lowatN with N 16-65536",
 		"mptcp-static+lowat+lowat64":     `mechanism "lowat" named twice`,

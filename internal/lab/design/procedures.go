@@ -36,7 +36,7 @@ import (
 //     buffers = buffer_sizing (the default), nobuffers = without it,
 //     staleN = stale_loss_cnt N, ALGO = the congestion control of detour
 //     subflows, e.g. +bbr; starveN / starveoff = guard.starve N/100 / 1,
-//     shareN = guard.share N/100, rttoff = guard.rtt 0, policy guard only; lowat = subflow_lowat 128 KiB (the agent's
+//     shareN = guard.share N/100, rttoff = guard.rtt 0, outageoff = guard.outage 0, policy guard only; lowat = subflow_lowat 128 KiB (the agent's
 //     default, written out), lowatN = N KiB, lowatrtt = subflow_lowat
 //     128 KiB scaled to the subflows' RTTs (subflow_lowat_scale: rtt),
 //     nolowat = subflow_lowat 0, the agent without the limit (its default
@@ -102,6 +102,7 @@ const MechanismNames = "buffers (buffer_sizing: true, the agent's default), nobu
 	"starveN (policy guard: guard.starve N/100, N 1-99) or starveoff (guard.starve: 1, the shed rule without the starvation condition), " +
 	"shareN (policy guard: guard.share N/100, N 1-99: a slower subflow delivering below this share of the bytes is shed), " +
 	"rttoff (policy guard: guard.rtt: 0, the shed rule without its RTT condition), " +
+	"outageoff (policy guard: guard.outage: 0, the shed rule judging subflows in an outage too, the rule before the condition), " +
 	"lowat (subflow_lowat: 131072: every subflow keeps at most 128 KiB unsent, the agent's default written out) or lowatN (N KiB, 16-65536), " +
 	"lowatrtt (subflow_lowat: 131072 with subflow_lowat_scale: rtt: the limit scaled to the subflows' RTTs, 128 KiB its floor; it also sets probe_interval 100ms where static's default is 1s), " +
 	"nolowat (subflow_lowat: 0: the agent without the limit, its default before the limit was turned on), " +
@@ -141,6 +142,10 @@ func parseMechanism(f, m string) (Mechanism, error) {
 		// tiny path slow from loss, not length, is judged too
 		// (docs/results/design/tinypath-fresh).
 		return Mechanism{Name: m, Guard: "  rtt: 0\n"}, nil
+	case m == "outageoff":
+		// guard's shed rule judging a subflow in an outage too (the rule
+		// before guard.outage; docs/results/current-build/guard-failover).
+		return Mechanism{Name: m, Guard: "  outage: 0\n"}, nil
 	case strings.HasPrefix(m, "share"):
 		n, ok := numbered(m, "share", 1, 99)
 		if !ok {
@@ -335,7 +340,7 @@ func parseProc(f string, paths int) (Proc, error) {
 				key = "probe"
 			case strings.HasPrefix(key, "lowat"):
 				key = "lowat"
-			case strings.HasPrefix(key, "starve"), strings.HasPrefix(key, "share"), key == "rttoff":
+			case strings.HasPrefix(key, "starve"), strings.HasPrefix(key, "share"), key == "rttoff", key == "outageoff":
 				key = strings.TrimRightFunc(strings.TrimSuffix(key, "off"), unicode.IsDigit)
 				if p.Policy != policy.Guard.String() {
 					return Proc{}, fmt.Errorf("procedure %q: mechanism %q tunes the guard policy's shed rule (guard.%s): mptcp-guard only", f, m, key)
