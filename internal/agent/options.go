@@ -58,7 +58,7 @@ type Options struct {
 	GuardRTT float64
 	// GuardOutage: guard does not judge a subflow within two judging
 	// windows of GuardOutage consecutive retransmission timeouts (0: the
-	// policy's default, 2; negative: judged anyway, the file's
+	// policy's default, 1; negative: judged anyway, the file's
 	// guard.outage: 0).
 	GuardOutage    int
 	CommandWorkers int

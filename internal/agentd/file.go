@@ -399,7 +399,7 @@ func buildCore(f File, c agent.Options) (agent.Options, error) {
 			case *v >= 1 && *v <= 15:
 				c.GuardOutage = *v
 			default:
-				return c, fmt.Errorf("guard.outage: %d out of range (a subflow that had this many consecutive retransmission timeouts is in an outage and not judged until two judging windows later: 1-15, e.g. 2; 0 judges it anyway)", *v)
+				return c, fmt.Errorf("guard.outage: %d out of range (a subflow that had this many consecutive retransmission timeouts is in an outage and not judged until two judging windows later: 1-15, e.g. 1; 0 judges it anyway)", *v)
 			}
 		}
 	}

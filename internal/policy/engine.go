@@ -82,7 +82,7 @@ type Config struct {
 	// GuardOutage (guard): a subflow seen with GuardOutage consecutive
 	// retransmission timeouts is in an outage, not slow: it is not judged
 	// until two of its judging windows after (the kernel and the stall
-	// check handle outages; a path back from one delivers again) [2;
+	// check handle outages; a path back from one delivers again) [1;
 	// negative: judged anyway, the rule before it].
 	GuardOutage int
 	// SharedBottleneck (static): two subflows whose queueing delays say

@@ -75,7 +75,7 @@ const (
 	defaultGuardShare  = 0.25
 	defaultGuardWindow = time.Second
 	defaultGuardStarve = 0.5
-	defaultGuardOutage = 2
+	defaultGuardOutage = 1
 )
 
 // gConn keeps each subflow's delivered bytes per probe over the last
