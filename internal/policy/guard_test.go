@@ -39,7 +39,6 @@ func (s *sim) toward(a Action, remote subKey) int {
 // destroys counts the DestroySubflow intents toward remote.
 func (s *sim) destroys(remote subKey) int { return s.toward(DestroySubflow, remote) }
 
-
 // paths sets the default path's and the detour's rate (bytes/s) and RTT.
 func paths(s *sim, def subKey, defRate float64, defRTT time.Duration, detRate float64, detRTT time.Duration, down bool) func(subKey, *simPath) {
 	return func(sk subKey, sp *simPath) {
