@@ -271,20 +271,20 @@ func (g *guard) tick(now time.Time) []Intent {
 			delete(g.shedDefault, tok)
 			continue
 		}
-		other := false
+		other, onDefault := false, false
 		for _, s := range k.subs {
 			if s.up && !s.stale && !s.dead && !s.backup {
-				if s.redial {
-					// Rejoined: judged from here; a shed sets a new Hold.
-					delete(g.shedDefault, tok)
-				}
 				other = true
+				onDefault = onDefault || s.d == nil && (s.initial || s.redial)
 			}
 		}
-		if other && now.Before(at) {
+		if onDefault {
+			// Rejoined (judged from here; a shed sets a new Hold), or the
+			// shed was undone (the kernel refused the destroy).
+			delete(g.shedDefault, tok)
 			continue
 		}
-		if _, ok := g.shedDefault[tok]; !ok {
+		if other && now.Before(at) {
 			continue
 		}
 		why := "hold over"

@@ -145,6 +145,36 @@ func rejoinRounds(t *testing.T, s *sim, path subKey, rounds int, within time.Dur
 	}
 }
 
+// A shed of the default path the kernel refuses (EINVAL) is undone: the
+// default subflow stays. When the path then recovers (no further shed),
+// Hold passing opens no second subflow on the default path beside it.
+func TestGuardRefusedDefaultShedDoesNotRejoin(t *testing.T) {
+	s, def, _ := newGuard(t)
+	refused := 0
+	s.refuseDestroy = func(in Intent) error {
+		if in.Remote == server {
+			refused++
+			return syscall.EINVAL
+		}
+		return nil
+	}
+	p105 := paths(s, def, 0.15e6, 217*time.Millisecond, 5e6, 141*time.Millisecond, false)
+	for refused == 0 && s.clk.t.Before(time.Unix(1010, 0)) {
+		s.run(100*time.Millisecond, p105)
+	}
+	if refused != 1 {
+		t.Fatalf("%d refused sheds of the default path, want 1; intents %v", refused, s.ins)
+	}
+	// The default path recovers: as fast as the detour, judged again and kept.
+	s.run(s.p.cfg.Hold+10*time.Second, paths(s, def, 5e6, 141*time.Millisecond, 5e6, 141*time.Millisecond, false))
+	if n := s.toward(CreateSubflow, def); n != 0 {
+		t.Fatalf("%d subflows opened on the default path beside the one whose shed was refused; intents %v", n, s.ins)
+	}
+	if _, ok := s.paths[def]; !ok || refused != 1 {
+		t.Fatalf("the default subflow: open %v, refused sheds %d; want open, 1", ok, refused)
+	}
+}
+
 // The default path shed (p105), then the detour goes silent: static's
 // watchdog closes it after StallRetransmits RTOs and no detour is left
 // to replace it, so the shed default path is reopened (a fresh subflow,
