@@ -15,10 +15,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -29,6 +31,45 @@ import (
 )
 
 var counter atomic.Int64
+
+// live are the namespaces this process made and has not deleted yet: a
+// test binary interrupted (Ctrl-C, SIGTERM from a CI's timeout) runs no
+// t.Cleanup, so the first New installs a handler that deletes them before
+// the process dies of the signal.
+var (
+	liveMu   sync.Mutex
+	live     = map[string]bool{}
+	watchSig sync.Once
+)
+
+func track(name string) {
+	watchSig.Do(func() {
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+		go func() {
+			sig := <-c
+			liveMu.Lock()
+			for n := range live {
+				_ = netns.DeleteNamed(n)
+			}
+			liveMu.Unlock()
+			// Die of the signal, as without the handler.
+			signal.Reset(sig)
+			_ = syscall.Kill(os.Getpid(), sig.(syscall.Signal))
+			time.Sleep(time.Second)
+			os.Exit(2)
+		}()
+	})
+	liveMu.Lock()
+	live[name] = true
+	liveMu.Unlock()
+}
+
+func untrack(name string) {
+	liveMu.Lock()
+	delete(live, name)
+	liveMu.Unlock()
+}
 
 // NS is a named network namespace under /run/netns.
 type NS struct {
@@ -54,6 +95,7 @@ func New(t testing.TB, prefix string) *NS {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
 	ns := &NS{Name: name, Path: "/run/netns/" + name, t: t, h: h}
+	track(name)
 	t.Cleanup(func() {
 		if ns.nl != nil {
 			ns.nl.Close()
@@ -62,6 +104,7 @@ func New(t testing.TB, prefix string) *NS {
 		if err := netns.DeleteNamed(name); err != nil {
 			t.Errorf("delete namespace %s: %v", name, err)
 		}
+		untrack(name)
 	})
 	ns.nl, err = netlink.NewHandleAt(h)
 	if err != nil {
