@@ -165,6 +165,9 @@ func labBenchCommand() *cli.Command {
 				if binGiven {
 					again += " --bin " + bin
 				}
+				if agentFile != "" {
+					again += " --agent-config " + agentFile
+				}
 				return fmt.Errorf("interrupted; the lab is down; continue with: %s", again)
 			}
 			return err
