@@ -14,7 +14,8 @@ import json, math, os, statistics as st, sys
 from collections import defaultdict
 
 here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tools"))
+from tint import tint  # noqa: E402  (docs/results/tools/tint.py)
 rows = [json.loads(l) for l in open(os.path.join(here, "trials.jsonl")) if l.strip()]
 ok = [r for r in rows if r.get("status") == "ok"]
 g = defaultdict(dict)
@@ -31,13 +32,6 @@ def mean(c, p):
     v = list(g[(c, p)].values())
     return st.mean(v) if v else float("nan")
 
-
-def tint(x):
-    m = st.mean(x)
-    if len(x) < 2:
-        return m, float("nan"), float("nan")
-    h = T975.get(len(x) - 1, 2.0) * st.stdev(x) / math.sqrt(len(x))
-    return m, m - h, m + h
 
 
 loads = [r["loadavg_1m"] for r in ok]

@@ -15,11 +15,12 @@ the per-round ratios with a Student t 95 % interval over rounds.
 mptcp-1sf (MPTCP over the default path alone, no agent) is given against
 the same reference, so that MPTCP's own cost on the default path is beside
 the detour's effect."""
-import json, math, os, statistics as st
+import sys, json, math, os, statistics as st
 from collections import defaultdict
 
 here = os.path.dirname(os.path.abspath(__file__))
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tools"))
+from tint import tint  # noqa: E402  (docs/results/tools/tint.py)
 
 
 def load(path):
@@ -55,13 +56,6 @@ def mean(c, p, src=g):
     v = list(src[(c, p)].values()) if src is g else src[(c, p)]
     return st.mean(v) if v else float("nan")
 
-
-def tint(x):
-    m = st.mean(x)
-    if len(x) < 2:
-        return m, float("nan"), float("nan")
-    h = T975.get(len(x) - 1, 2.0) * st.stdev(x) / math.sqrt(len(x))
-    return m, m - h, m + h
 
 
 loads = [r["loadavg_1m"] for r in ok]

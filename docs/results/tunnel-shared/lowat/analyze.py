@@ -17,11 +17,12 @@ interval over rounds.
   same round.
 For context, the ratio of means of docs/results/current-build/brennan2017
 (mptcp-nat / mptcp-tunnel: the default policy, which is static) is given."""
-import json, math, os, re, statistics as st
+import sys, json, math, os, re, statistics as st
 from collections import defaultdict
 
 here = os.path.dirname(os.path.abspath(__file__))
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tools"))
+from tint import tint  # noqa: E402  (docs/results/tools/tint.py)
 
 
 def load(path):
@@ -56,13 +57,6 @@ def mean(src, c, p):
     v = list(src[(c, p)].values())
     return st.mean(v) if v else float("nan")
 
-
-def tint(x):
-    m = st.mean(x)
-    if len(x) < 2:
-        return m, float("nan"), float("nan")
-    h = T975[len(x) - 1] * st.stdev(x) / math.sqrt(len(x))
-    return m, m - h, m + h
 
 
 def rounds(c):
