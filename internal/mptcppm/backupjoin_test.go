@@ -15,6 +15,14 @@ import (
 // carries data once SET_FLAGS clears the flag. (The kernel's SUB_ESTABLISHED
 // for it says backup=0 on 6.18: logged, not relied on; the policy keeps
 // its own record.)
+//
+// "Carries no data" is read against the initial subflow: on a loaded
+// machine the kernel's MPTCP-level retransmission may pick the backup join
+// when the initial subflow looks stalled (mptcp_subflow_get_retrans uses a
+// backup when no active subflow makes progress), so a few segments on it
+// are the kernel working as designed. What backup must mean is a small
+// share: without the flag the lowest-linger-time scheduler splits two equal
+// veth paths about evenly.
 func TestBackupJoinCarriesDataOnlyOncePromoted(t *testing.T) {
 	p := newPair(t)
 	events := listen(t, p.c.Name, "client")
@@ -29,24 +37,34 @@ func TestBackupJoinCarriesDataOnlyOncePromoted(t *testing.T) {
 	}
 	sub := waitEvent(t, events, mptcppm.EventSubEstablished, tok)
 	t.Logf("SUB_ESTABLISHED of a join created with the backup flag: backup=%d", sub.Backup)
+	find := func(what string, l netip.AddrPort) mptcppm.Subflow {
+		t.Helper()
+		s, found, err := mptcppm.FindSubflow(mptcppm.Options{NetNS: p.c.Name}, local, func(s mptcppm.Subflow) bool { return s.Local == l })
+		if err != nil || !found {
+			t.Fatalf("the %s subflow in inet_diag: found %v, %v", what, found, err)
+		}
+		return s
+	}
 	acked := func() (uint64, bool) {
 		t.Helper()
-		s, found, err := mptcppm.FindSubflow(mptcppm.Options{NetNS: p.c.Name}, local, func(s mptcppm.Subflow) bool { return s.Local == sub.Local })
-		if err != nil || !found {
-			t.Fatalf("the backup subflow in inet_diag: found %v, %v", found, err)
-		}
+		s := find("backup", sub.Local)
 		return s.BytesAcked, s.Backup()
 	}
+	initial0 := find("initial", local).BytesAcked
 	stop := netnstest.KeepWriting(c)
 	time.Sleep(500 * time.Millisecond)
 	before, flagged := acked()
+	initial := find("initial", local).BytesAcked - initial0
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if before > 4096 {
-		t.Fatalf("the backup join carried %d bytes while the initial subflow worked", before)
+	if initial < 1<<20 {
+		t.Fatalf("the initial subflow carried %d bytes in 0.5 s of writing; the comparison needs at least 1 MiB", initial)
 	}
-	t.Logf("backup join: %d bytes acknowledged in 0.5 s of writing, inet_diag backup flag %v", before, flagged)
+	if before*20 > initial {
+		t.Fatalf("the backup join carried %d bytes while the initial subflow carried %d (more than 5 %%)", before, initial)
+	}
+	t.Logf("backup join: %d bytes acknowledged in 0.5 s of writing (initial subflow %d), inet_diag backup flag %v", before, initial, flagged)
 	if err := pm.SetBackup(tok, mptcppm.AddrFrom(sub.Local, 0), mptcppm.AddrFrom(sub.Remote, 0), false); err != nil {
 		t.Fatalf("SET_FLAGS backup off: %v", err)
 	}
