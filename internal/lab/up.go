@@ -245,6 +245,28 @@ func Down(name string) error {
 	return errors.Join(errs...)
 }
 
+// DownBuiltBy takes down every lab whose state names process pid as its
+// builder (complete or not). A test binary interrupted by a signal runs no
+// t.Cleanup; its handler calls this with its own pid so that the labs it
+// built do not outlive it (labtest.DownOnInterrupt).
+func DownBuiltBy(pid int) error {
+	names, err := List()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		st, err := loadState(name)
+		if err != nil || st.Builder != pid {
+			continue
+		}
+		if err := Down(name); err != nil {
+			errs = append(errs, fmt.Errorf("lab %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // builder holds what Up has opened while it builds.
 type builder struct {
 	ctx     context.Context

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpdetour/mpdetour/internal/lab"
+	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/relay"
 	"github.com/mpdetour/mpdetour/internal/relayd"
 )
@@ -45,6 +46,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	labtest.DownOnInterrupt() // the labs this process built go with it on Ctrl-C or SIGTERM
 	os.Exit(m.Run())
 }
 

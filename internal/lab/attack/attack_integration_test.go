@@ -18,6 +18,7 @@ import (
 
 func TestMain(m *testing.M) {
 	lab.Reexec()
+	labtest.DownOnInterrupt() // the labs this process built go with it on Ctrl-C or SIGTERM
 	os.Exit(m.Run())
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/results"
 	"github.com/mpdetour/mpdetour/internal/lab/bench/scenario"
+	"github.com/mpdetour/mpdetour/internal/lab/labtest"
 	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
@@ -97,6 +98,7 @@ func labBinary(t *testing.T) string {
 
 func TestMain(m *testing.M) {
 	lab.Reexec()
+	labtest.DownOnInterrupt() // the labs this process built go with it on Ctrl-C or SIGTERM
 	code := m.Run()
 	for _, d := range binDirs {
 		os.RemoveAll(d)

@@ -5,10 +5,12 @@ package labtest
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 
 	"github.com/mpdetour/mpdetour/internal/lab"
 	"github.com/mpdetour/mpdetour/internal/lab/topology"
+	"github.com/mpdetour/mpdetour/internal/testenv"
 )
 
 // UpDetours builds the built-in "detours" topology with the given number
@@ -37,4 +39,15 @@ func UpDetours(ctx context.Context, t testing.TB, name string, detours int) *lab
 		}
 	})
 	return l
+}
+
+// DownOnInterrupt makes this test process take down the labs it built
+// when it is interrupted (SIGINT, SIGTERM), which runs no t.Cleanup; call
+// it from TestMain after lab.Reexec. The process still dies of the signal.
+func DownOnInterrupt() {
+	testenv.OnInterrupt(func() {
+		if err := lab.DownBuiltBy(os.Getpid()); err != nil {
+			fmt.Fprintf(os.Stderr, "labtest: taking down this process's labs after a signal: %v\n", err)
+		}
+	})
 }

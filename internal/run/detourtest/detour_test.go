@@ -42,6 +42,7 @@ func TestMain(m *testing.M) {
 	}
 	// Detached supervisors are re-parented here; reapZombies collects them.
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	labtest.DownOnInterrupt() // the labs this process built go with it on Ctrl-C or SIGTERM
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

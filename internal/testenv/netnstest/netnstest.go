@@ -15,16 +15,15 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
 
+	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -34,8 +33,8 @@ var counter atomic.Int64
 
 // live are the namespaces this process made and has not deleted yet: a
 // test binary interrupted (Ctrl-C, SIGTERM from a CI's timeout) runs no
-// t.Cleanup, so the first New installs a handler that deletes them before
-// the process dies of the signal.
+// t.Cleanup, so the first New registers with testenv.OnInterrupt a
+// function that deletes them before the process dies of the signal.
 var (
 	liveMu   sync.Mutex
 	live     = map[string]bool{}
@@ -44,21 +43,13 @@ var (
 
 func track(name string) {
 	watchSig.Do(func() {
-		c := make(chan os.Signal, 1)
-		signal.Notify(c, os.Interrupt, syscall.SIGTERM)
-		go func() {
-			sig := <-c
+		testenv.OnInterrupt(func() {
 			liveMu.Lock()
 			for n := range live {
 				_ = netns.DeleteNamed(n)
 			}
 			liveMu.Unlock()
-			// Die of the signal, as without the handler.
-			signal.Reset(sig)
-			_ = syscall.Kill(os.Getpid(), sig.(syscall.Signal))
-			time.Sleep(time.Second)
-			os.Exit(2)
-		}()
+		})
 	})
 	liveMu.Lock()
 	live[name] = true

@@ -1,0 +1,57 @@
+package testenv
+
+import (
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// A test binary stopped by Ctrl-C (SIGINT) or a CI's timeout (SIGTERM) runs
+// no t.Cleanup and no deferred call. OnInterrupt is where the helpers that
+// create kernel state (netnstest's namespaces, labtest's labs) register what
+// must go in that case; one handler runs every registered function and then
+// lets the process die of the signal, so that two helpers cannot race each
+// other to the exit.
+var (
+	intMu    sync.Mutex
+	intFns   = map[int]func(){}
+	intNext  int
+	intWatch sync.Once
+)
+
+// OnInterrupt registers fn to run when this process receives SIGINT or
+// SIGTERM; after every registered function has returned (newest first),
+// the process dies of the signal as it would have without the handler.
+// remove unregisters fn (call it once the state fn would remove is gone).
+func OnInterrupt(fn func()) (remove func()) {
+	intWatch.Do(func() {
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+		go func() {
+			sig := <-c
+			intMu.Lock()
+			for k := intNext - 1; k >= 0; k-- {
+				if f := intFns[k]; f != nil {
+					f()
+				}
+			}
+			intMu.Unlock()
+			signal.Reset(sig)
+			_ = syscall.Kill(os.Getpid(), sig.(syscall.Signal))
+			time.Sleep(time.Second)
+			os.Exit(2)
+		}()
+	})
+	intMu.Lock()
+	k := intNext
+	intNext++
+	intFns[k] = fn
+	intMu.Unlock()
+	return func() {
+		intMu.Lock()
+		delete(intFns, k)
+		intMu.Unlock()
+	}
+}
