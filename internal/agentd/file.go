@@ -218,6 +218,24 @@ func LoadConfig(path string) (Config, error) {
 // ParseConfig parses YAML (errors are positioned in "config").
 func ParseConfig(b []byte) (Config, error) { return parseConfig("config", b) }
 
+// fragmentFill are the keys every agent file must give, with placeholder
+// values: what ParseFragment adds after a fragment.
+const fragmentFill = "socket: /tmp/x.sock\nsubflows: 1\n"
+
+// ParseFragment parses text, part of an agent file that a tool completes
+// with its own keys (the lab's procedures and mechanisms, the bench's
+// --agent-config): the keys every file must have (socket, subflows) are
+// added after it with placeholder values, so that an error names text's
+// own line and a key text gives that the tool also writes is "given
+// twice". It checks that this build's agent accepts text; the returned
+// Config is text's settings over the agent's defaults.
+func ParseFragment(text string) (Config, error) {
+	if text != "" && !strings.HasSuffix(text, "\n") {
+		text += "\n"
+	}
+	return ParseConfig([]byte(text + fragmentFill))
+}
+
 func parseConfig(name string, b []byte) (Config, error) {
 	var f File
 	doc, err := config.Parse(name, b, &f)

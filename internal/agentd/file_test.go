@@ -321,3 +321,28 @@ func TestParseConfigGuard(t *testing.T) {
 		}
 	}
 }
+
+// ParseFragment: a fragment's errors name its own lines, a key the filler
+// also writes is "given twice", and what the fragment sets is in the
+// Config (the defaults elsewhere).
+func TestParseFragment(t *testing.T) {
+	c, err := ParseFragment("policy: static\nsubflow_lowat: 0") // no final newline
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SubflowLowat != 0 || c.SubflowLowatDefault {
+		t.Errorf("subflow_lowat: 0 read as %d (default %v)", c.SubflowLowat, c.SubflowLowatDefault)
+	}
+	if _, err := ParseFragment(""); err != nil {
+		t.Errorf("empty fragment: %v", err)
+	}
+	for _, c := range []struct{ text, want string }{
+		{"policy: static\nbogus_key: 1\n", "config:2"},
+		{"subflows: 2\n", "given twice"},
+	} {
+		_, err := ParseFragment(c.text)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseFragment(%q) = %v, want an error with %q", c.text, err, c.want)
+		}
+	}
+}

@@ -437,11 +437,10 @@ func policyConfig(policy string) (string, error) {
 // `policy: POLICY` (the key is being added to the agent; until it is,
 // designs run `mptcp` with the agent's default policy).
 func AgentHasPolicy(policy string) error {
-	base := "socket: /tmp/x.sock\nsubflows: 1\n"
-	if _, err := agentd.ParseConfig([]byte(base)); err != nil {
+	if _, err := agentd.ParseFragment(""); err != nil {
 		return fmt.Errorf("checking the agent's policy key: %w", err)
 	}
-	if _, err := agentd.ParseConfig([]byte(base + "policy: " + policy + "\n")); err != nil {
+	if _, err := agentd.ParseFragment("policy: " + policy + "\n"); err != nil {
 		return fmt.Errorf("procedure mptcp-%s: this agent does not accept `policy: %s` (%v); run mptcp (the agent's default policy) instead", policy, policy, err)
 	}
 	return nil

@@ -224,7 +224,7 @@ func (p Proc) agentConfig() (string, error) {
 		cfg += "guard:\n" + guard
 	}
 	// This build's agent must accept them, before any lab is built.
-	if _, err := agentd.ParseConfig([]byte("socket: /tmp/x.sock\nsubflows: 1\n" + cfg)); err != nil {
+	if _, err := agentd.ParseFragment(cfg); err != nil {
 		return "", fmt.Errorf("procedure %s: this agent does not accept its mechanisms: %v", p.Name, err)
 	}
 	return cfg, nil
@@ -251,7 +251,7 @@ func EqualArms(procs []Proc) []string {
 		if err != nil {
 			continue
 		}
-		c, err := agentd.ParseConfig([]byte("socket: /tmp/x.sock\nsubflows: 1\n" + text))
+		c, err := agentd.ParseFragment(text)
 		if err != nil {
 			continue
 		}
