@@ -1,10 +1,13 @@
 package testenv
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"os/signal"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -53,5 +56,23 @@ func OnInterrupt(fn func()) (remove func()) {
 		intMu.Lock()
 		delete(intFns, k)
 		intMu.Unlock()
+	}
+}
+
+// InterruptChild sends sig to cmd, a started child process (a test binary
+// re-run as a helper), waits for it and fails t unless the child died of
+// sig: what a handler registered with OnInterrupt must still let happen.
+func InterruptChild(t testing.TB, cmd *exec.Cmd, sig syscall.Signal) {
+	t.Helper()
+	if err := cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("%v: child ended with %v, want killed by the signal", sig, err)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != sig {
+		t.Errorf("%v: child status %v, want killed by %v", sig, ee, sig)
 	}
 }

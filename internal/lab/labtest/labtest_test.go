@@ -72,17 +72,7 @@ func TestInterruptTakesDownLabs(t *testing.T) {
 		if len(labLeft(name)) == 0 {
 			t.Fatalf("%v: lab %s not there before the signal", sig, name)
 		}
-		if err := cmd.Process.Signal(sig); err != nil {
-			t.Fatal(err)
-		}
-		err = cmd.Wait()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) {
-			t.Fatalf("%v: child ended with %v, want killed by the signal", sig, err)
-		}
-		if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != sig {
-			t.Errorf("%v: child status %v, want killed by %v", sig, ee, sig)
-		}
+		testenv.InterruptChild(t, cmd, sig)
 		if left := labLeft(name); len(left) > 0 {
 			t.Errorf("%v: left after the signal: %v", sig, left)
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpdetour/mpdetour/internal/testenv"
 	"github.com/vishvananda/netns"
 )
 
@@ -53,17 +54,7 @@ func TestInterruptRemovesNamespaces(t *testing.T) {
 		if _, err := os.Stat("/run/netns/" + name); err != nil {
 			t.Fatalf("%v: namespace %s not there before the signal: %v", sig, name, err)
 		}
-		if err := cmd.Process.Signal(sig); err != nil {
-			t.Fatal(err)
-		}
-		err = cmd.Wait()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) {
-			t.Fatalf("%v: child ended with %v, want killed by the signal", sig, err)
-		}
-		if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != sig {
-			t.Errorf("%v: child status %v, want killed by %v", sig, ee, sig)
-		}
+		testenv.InterruptChild(t, cmd, sig)
 		if _, err := os.Stat("/run/netns/" + name); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%v: namespace %s still there after the signal (%v)", sig, name, err)
 		}
