@@ -1,5 +1,6 @@
 """Student t 95 % interval of a mean, for the results scripts that import it
-(current-build/brennan2017, current-build/brennan2017-lowat, tunnel-shared/lowat):
+(current-build/brennan2017, current-build/brennan2017-lowat, tunnel-shared/lowat,
+design/paired-paths3-fresh):
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tools"))
     from tint import tint

@@ -6,9 +6,11 @@ and the default / old default paired per point (geometric mean of the ratios of 
 t interval). Means of the ok trials per point; the harmed verdicts and per-point intervals are
 report.md's. Adapted from docs/results/design/paired-paths3-lowat/summary.py. Run from the
 repository root: python3 docs/results/design/paired-paths3-fresh/summary.py"""
-import collections, glob, json, math, statistics as st
+import collections, glob, json, math, os, statistics as st, sys
 
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tools"))
+from tint import tint
+
 TCPS = ["tcp-path1", "tcp-path2", "tcp-path3"]
 HERE = "docs/results/design/paired-paths3-fresh"
 NEW, OLD = "mptcp-static", "mptcp-static+nolowat"
@@ -25,12 +27,11 @@ def load(key):
             for p in sorted({p for p, _ in g}) if all(len(g[(p, c)]) >= 3 for c in P)}
 
 def gm(v):
-    lv = [math.log(x) for x in v]
-    m = st.mean(lv)
+    """Geometric mean with the Student t 95 % interval of the mean log (docs/results/tools/tint.py)."""
+    m, lo, hi = tint([math.log(x) for x in v])
     if len(v) < 2:
         return f"{math.exp(m):.3f}"
-    h = T975[len(v) - 2] * st.stdev(lv) / math.sqrt(len(v))
-    return f"{math.exp(m):.3f} [{math.exp(m - h):.3f}, {math.exp(m + h):.3f}]"
+    return f"{math.exp(m):.3f} [{math.exp(lo):.3f}, {math.exp(hi):.3f}]"
 
 def low_points():
     """Low-BDP as the design defines it: every path's BDP (capacity x RTT) at most low_bdp_bytes."""
