@@ -19,26 +19,24 @@ import (
 // other to the exit.
 var (
 	intMu    sync.Mutex
-	intFns   = map[int]func(){}
-	intNext  int
+	intFns   []func()
 	intWatch sync.Once
 )
 
 // OnInterrupt registers fn to run when this process receives SIGINT or
 // SIGTERM; after every registered function has returned (newest first),
 // the process dies of the signal as it would have without the handler.
-// remove unregisters fn (call it once the state fn would remove is gone).
-func OnInterrupt(fn func()) (remove func()) {
+// A registered fn must cope with its state being gone already (t.Cleanup
+// may have removed it): registrations are not taken back.
+func OnInterrupt(fn func()) {
 	intWatch.Do(func() {
 		c := make(chan os.Signal, 1)
 		signal.Notify(c, os.Interrupt, syscall.SIGTERM)
 		go func() {
 			sig := <-c
 			intMu.Lock()
-			for k := intNext - 1; k >= 0; k-- {
-				if f := intFns[k]; f != nil {
-					f()
-				}
+			for i := len(intFns) - 1; i >= 0; i-- {
+				intFns[i]()
 			}
 			intMu.Unlock()
 			signal.Reset(sig)
@@ -48,15 +46,8 @@ func OnInterrupt(fn func()) (remove func()) {
 		}()
 	})
 	intMu.Lock()
-	k := intNext
-	intNext++
-	intFns[k] = fn
+	intFns = append(intFns, fn)
 	intMu.Unlock()
-	return func() {
-		intMu.Lock()
-		delete(intFns, k)
-		intMu.Unlock()
-	}
 }
 
 // InterruptChild sends sig to cmd, a started child process (a test binary
